@@ -1,0 +1,30 @@
+# Two commands do all set-up on a fresh clone: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PLUGINS := $(wildcard plugins/ctxkernel-*)
+EXAMPLES := $(wildcard examples/ctxkernel-*)
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench install clean
+
+$(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml) $(wildcard examples/*/pyproject.toml) requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements-dev.txt -e . $(foreach p,$(PLUGINS) $(EXAMPLES),-e $(p))
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/ctxkernel simulate --workload coding-long --profile all
+
+test: $(STAMP)
+	bash scripts/test-services.sh $(PY) -m pytest
+
+bench: $(STAMP)
+	$(PY) -m pip install -q -r benchmarks/requirements.txt
+	$(PY) benchmarks/run.py
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,93 @@
+"""ctxkernel: context management for LLM agent harnesses.
+
+Integrators use :class:`Kernel` and :class:`Session`; strategy authors implement the hooks of
+:mod:`ctxkernel.hookspecs` with :data:`hookimpl` and declare themselves with
+:class:`StrategySpec`. Test helpers live in :mod:`ctxkernel.testing`.
+"""
+
+from .compaction import CommitResult, Region, Span, Summary, balanced_cut_at_or_before, head_region, whole_surface_but_last
+from .errors import (
+    CompactionBusyError,
+    CompactionError,
+    ConfigError,
+    ConflictError,
+    ContextOverflowError,
+    CorruptionError,
+    CtxKernelError,
+    EventError,
+    ModelError,
+    PluginConflictError,
+    ProfileError,
+    SessionExistsError,
+    SessionNotFoundError,
+    ShrinkCheckError,
+    StoreError,
+    SurfaceChangedError,
+    SurfaceError,
+    ToolError,
+    UnbalancedCutError,
+)
+from .events import Event
+from .hookspecs import hookimpl
+from .kernel import Kernel
+from .messages import Message, ReasoningBlock, Source, TextBlock, ToolCallBlock, ToolResultBlock
+from .meter import Pressure
+from .models import ModelAdapter, Reply, ScriptedModel
+from .plugins import NoSettings, StrategySpec
+from .profile import Profile, load_profile
+from .session import EventSpec, ReplyDraft, Request, Session, StepContext
+from .tools import Tool, ToolArgs, ToolOutcome
+
+__all__ = [
+    "CommitResult",
+    "CompactionBusyError",
+    "CompactionError",
+    "ConfigError",
+    "ConflictError",
+    "ContextOverflowError",
+    "CorruptionError",
+    "CtxKernelError",
+    "Event",
+    "EventError",
+    "EventSpec",
+    "Kernel",
+    "Message",
+    "ModelAdapter",
+    "ModelError",
+    "NoSettings",
+    "PluginConflictError",
+    "Pressure",
+    "Profile",
+    "ProfileError",
+    "ReasoningBlock",
+    "Region",
+    "Reply",
+    "ReplyDraft",
+    "Request",
+    "ScriptedModel",
+    "Session",
+    "SessionExistsError",
+    "SessionNotFoundError",
+    "ShrinkCheckError",
+    "Source",
+    "Span",
+    "StepContext",
+    "StoreError",
+    "StrategySpec",
+    "Summary",
+    "SurfaceChangedError",
+    "SurfaceError",
+    "TextBlock",
+    "Tool",
+    "ToolArgs",
+    "ToolCallBlock",
+    "ToolError",
+    "ToolOutcome",
+    "ToolResultBlock",
+    "UnbalancedCutError",
+    "balanced_cut_at_or_before",
+    "head_region",
+    "hookimpl",
+    "load_profile",
+    "whole_surface_but_last",
+]

@@ -1,0 +1,343 @@
+"""The compaction transaction (HOST-MODEL §3) and the helpers that choose balanced regions.
+
+Every strategy that changes the surface beyond appending goes through :func:`run_transaction`
+(via :meth:`Session.compact`): summaries, model-authored compressions, drops, window switches and
+chapter archives alike. The steps, in order:
+
+1. validate every span: it is on the surface, its edges are balanced cuts, spans do not overlap;
+2. refuse when another compaction is open, naming it;
+3. append ``compaction/start`` (the lock);
+4. price the spans with the meter;
+5. summarise (the ``summarize`` hook, or a summary the caller supplies);
+6. shrink check: the replacements cost fewer tokens than what they replace;
+7. stability check: the spans are still exactly on the surface, and no other replacement landed;
+8. commit ``compaction/summary``, the replacements and ``compaction/end`` as one atomic batch;
+9. on any failure after step 3: exactly one ``compaction/end {error}``; the surface is unchanged.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .errors import (
+    CompactionBusyError,
+    CompactionError,
+    ConflictError,
+    ShrinkCheckError,
+    SurfaceChangedError,
+    SurfaceError,
+    UnbalancedCutError,
+)
+from .events import COMPACTION_END, COMPACTION_START, COMPACTION_SUMMARY, SURFACE_DROP, USER_MESSAGE, remove_op, replace_op
+from .messages import Message, Source
+
+if TYPE_CHECKING:
+    from .session import EventSpec, Session
+    from .surface import Node, Surface
+
+CHECKPOINT_OPEN = "<context-checkpoint>"
+CHECKPOINT_CLOSE = "</context-checkpoint>"
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A summary and, when a model wrote it, who and at what cost."""
+
+    text: str
+    provider: str | None = None
+    model: str | None = None
+    usage: dict[str, int] | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Region:
+    """A contiguous run of surface nodes handed to ``summarize``."""
+
+    nodes: tuple[Node, ...]
+    tokens: int
+    strategy: str
+    kind: str
+
+    @property
+    def seqs(self) -> list[int]:
+        return [n.seq for n in self.nodes]
+
+    @property
+    def messages(self) -> list[Message]:
+        return [n.message for n in self.nodes]
+
+
+@dataclass
+class Span:
+    """One range a transaction replaces (``start``..``end`` are surface node seqs).
+
+    Give ``message`` for an exact replacement, or ``summary`` text to be wrapped by the
+    transaction's ``render``; with neither, the ``summarize`` hook writes it. ``remove`` drops
+    the range with no replacement (a cited ``surface/drop``).
+    """
+
+    start: int
+    end: int
+    summary: str | Summary | None = None
+    message: Message | None = None
+    remove: bool = False
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SpanResult:
+    cites: list[int]
+    replacement_seq: int | None
+    tokens_before: int
+    tokens_after: int
+    summary: Summary | None
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """What a committed transaction did (passed to the ``commit`` hook)."""
+
+    compaction_id: str
+    strategy: str
+    kind: str
+    spans: list[SpanResult]
+    start_seq: int
+    end_seq: int
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tokens_before(self) -> int:
+        return sum(s.tokens_before for s in self.spans)
+
+    @property
+    def tokens_after(self) -> int:
+        return sum(s.tokens_after for s in self.spans)
+
+    @property
+    def cites(self) -> list[int]:
+        return [c for s in self.spans for c in s.cites]
+
+
+def checkpoint_message(summary: Summary | str, strategy: str, form: str = "checkpoint") -> Message:
+    """The default replacement: the summary in a marked block, written as a plugin message."""
+    text = summary.text if isinstance(summary, Summary) else summary
+    return Message.user(f"{CHECKPOINT_OPEN}\n{text.strip()}\n{CHECKPOINT_CLOSE}", Source.plugin_form(strategy, form))
+
+
+Render = Callable[[Summary, "Region"], Message]
+
+
+def validate_spans(surface: Surface, spans: Sequence[Span]) -> list[list[Node]]:
+    """Step 1: every span on the surface, balanced, not overlapping. Nothing is written."""
+    if not spans:
+        msg = "a compaction needs at least one span"
+        raise CompactionError(msg)
+    taken: dict[int, int] = {}
+    resolved = []
+    for i, span in enumerate(spans):
+        try:
+            nodes = surface.span(span.start, span.end)
+        except SurfaceError as exc:
+            raise CompactionError(f"span {i} ({span.start}..{span.end}): {exc}") from None
+        try:
+            surface.check_range_closed(nodes)
+        except SurfaceError as exc:
+            raise UnbalancedCutError(f"span {i} ({span.start}..{span.end}) is not a balanced cut: {exc}") from None
+        for n in nodes:
+            if n.seq in taken:
+                msg = f"span {i} ({span.start}..{span.end}) overlaps span {taken[n.seq]} at seq {n.seq}"
+                raise CompactionError(msg)
+            taken[n.seq] = i
+        if span.remove and (span.message is not None or span.summary is not None):
+            msg = f"span {i}: a removal carries no summary or message"
+            raise CompactionError(msg)
+        resolved.append(nodes)
+    return resolved
+
+
+def open_compaction(session: Session) -> dict[str, Any] | None:
+    """The unmatched ``compaction/start`` data (with its seq), or None."""
+    return session.open_compaction
+
+
+def run_transaction(
+    session: Session,
+    spans: Sequence[Span],
+    *,
+    strategy: str,
+    kind: str = "summary",
+    render: Render | None = None,
+    check_shrink: bool = True,
+    data: dict[str, Any] | None = None,
+) -> CommitResult:
+    session.refresh()
+    surface = session.surface
+    resolved = validate_spans(surface, spans)  # 1
+    busy = session.open_compaction  # 2
+    if busy is not None:
+        msg = (
+            f"compaction {busy['compaction_id']} by strategy {busy['strategy']!r} is open since seq "
+            f"{busy['seq']} (holder {busy.get('holder', {})}); wait for it to end"
+        )
+        raise CompactionBusyError(msg)
+    compaction_id = uuid.uuid4().hex[:16]
+    version = surface.version
+    try:
+        start_seq = session.append_one(
+            COMPACTION_START,
+            {
+                "compaction_id": compaction_id,
+                "strategy": strategy,
+                "kind": kind,
+                "turn": session.turn,
+                "spans": [[s.start, s.end] for s in spans],
+                "holder": session.holder,
+            },
+        )  # 3: the lock
+    except ConflictError as exc:
+        session.refresh()
+        raise SurfaceChangedError(f"another writer appended before the compaction could start: {exc}") from None
+    try:
+        meter = session.meter
+        before = [sum(meter.node_tokens(n) for n in nodes) for nodes in resolved]  # 4
+        render = render or (lambda summary, region: checkpoint_message(summary, strategy))
+        replacements: list[tuple[Message | None, Summary | None]] = []
+        for span, nodes, tokens in zip(spans, resolved, before, strict=True):
+            if span.remove:
+                replacements.append((None, None))
+                continue
+            region = Region(tuple(nodes), tokens, strategy, kind)
+            summary = span.summary
+            if isinstance(summary, str):
+                summary = Summary(summary)
+            if span.message is None and summary is None:
+                summary = session.kernel.hooks.summarize(session, region)  # 5
+                if summary is None:
+                    msg = f"no summarize implementation answered for strategy {strategy!r}"
+                    raise CompactionError(msg)
+            message = span.message if span.message is not None else render(summary, region)
+            replacements.append((message, summary))
+        after = [0 if m is None else meter.count_message(m) for m, _ in replacements]
+        if check_shrink:  # 6
+            for i, (b, a) in enumerate(zip(before, after, strict=True)):
+                if a >= b:
+                    msg = (
+                        f"span {i} ({spans[i].start}..{spans[i].end}): the replacement costs {a} tokens, not "
+                        f"fewer than the {b} it replaces; choose a larger span or a shorter summary"
+                    )
+                    raise ShrinkCheckError(msg)
+        session.refresh()  # 7
+        if session.surface.version != version:
+            msg = "the surface changed since the compaction started (another replacement landed)"
+            raise SurfaceChangedError(msg)
+        for i, (span, nodes) in enumerate(zip(spans, resolved, strict=True)):
+            try:
+                now = [n.seq for n in session.surface.span(span.start, span.end)]
+            except SurfaceError:
+                now = []
+            if now != [n.seq for n in nodes]:
+                msg = f"span {i} ({span.start}..{span.end}) changed on the surface since the compaction started"
+                raise SurfaceChangedError(msg)
+        batch: list[EventSpec] = []  # 8
+        from .session import EventSpec
+
+        batch.append(
+            EventSpec(
+                COMPACTION_SUMMARY,
+                {
+                    "compaction_id": compaction_id,
+                    "strategy": strategy,
+                    "kind": kind,
+                    "summary": "\n\n".join(s.text for _, s in replacements if s is not None),
+                    "cites": [n.seq for nodes in resolved for n in nodes],
+                    "spans": [
+                        {
+                            "start": sp.start,
+                            "end": sp.end,
+                            "cites": [n.seq for n in nodes],
+                            "tokens_before": b,
+                            "tokens_after": a,
+                            "remove": sp.remove,
+                            **({"provider": s.provider, "model": s.model, "usage": s.usage} if s and s.provider else {}),
+                            **sp.data,
+                        }
+                        for sp, nodes, b, a, (_, s) in zip(spans, resolved, before, after, replacements, strict=True)
+                    ],
+                    "tokens_before": sum(before),
+                    "tokens_after": sum(after),
+                    **(data or {}),
+                },
+            )
+        )
+        for nodes, (message, _) in zip(resolved, replacements, strict=True):
+            cites = [n.seq for n in nodes]
+            if message is None:
+                batch.append(EventSpec(SURFACE_DROP, {"strategy": strategy, "compaction_id": compaction_id}, remove_op(cites)))
+            else:
+                batch.append(EventSpec(USER_MESSAGE, {"message": message.to_dict(), "compaction_id": compaction_id}, replace_op(cites)))
+        batch.append(EventSpec(COMPACTION_END, {"compaction_id": compaction_id}))
+        first = session.append(batch)
+    except BaseException as exc:
+        _fail(session, compaction_id, exc)
+        if isinstance(exc, ConflictError):
+            raise SurfaceChangedError(f"another writer appended during the compaction: {exc}") from None
+        raise
+    results = []
+    seq = first + 1
+    for nodes, b, a, (message, summary) in zip(resolved, before, after, replacements, strict=True):
+        results.append(SpanResult([n.seq for n in nodes], None if message is None else seq, b, a, summary))
+        seq += 1
+    result = CommitResult(compaction_id, strategy, kind, results, start_seq, seq, dict(data or {}))
+    session.kernel.hooks.commit(session, result)
+    return result
+
+
+def _fail(session: Session, compaction_id: str, exc: BaseException) -> None:
+    """Step 9: exactly one error end. Retried once through a conflict with another writer."""
+    error = f"{type(exc).__name__}: {exc}"
+    for _ in range(3):
+        try:
+            session.refresh()
+            session.append_one(COMPACTION_END, {"compaction_id": compaction_id, "error": error[:2000]})
+            return
+        except ConflictError:
+            continue
+
+
+# -- region selection helpers ---------------------------------------------------------------------
+def balanced_cut_at_or_before(surface: Surface, position: int) -> int:
+    """The largest balanced cut position ``<= position`` (0 is always balanced)."""
+    position = min(max(position, 0), len(surface.nodes))
+    while position > 0 and not surface.is_balanced_cut(position):
+        position -= 1
+    return position
+
+
+def head_region(surface: Surface, meter: Any, keep_tokens: int, *, min_nodes: int = 1) -> tuple[int, int] | None:
+    """The range from the surface head up to a balanced cut that keeps at least ``keep_tokens``
+    of the newest nodes verbatim (the cut moves toward the head until it is balanced).
+
+    Returns ``(start_seq, end_seq)``, or None when nothing can be compacted.
+    """
+    nodes = surface.nodes
+    kept = 0
+    cut = len(nodes)
+    while cut > 0 and kept < keep_tokens:
+        cut -= 1
+        kept += meter.node_tokens(nodes[cut])
+    cut = balanced_cut_at_or_before(surface, cut)
+    if cut < min_nodes:
+        return None
+    return nodes[0].seq, nodes[cut - 1].seq
+
+
+def whole_surface_but_last(surface: Surface, keep_last: int = 1) -> tuple[int, int] | None:
+    """Everything but the last ``keep_last`` nodes, moved to a balanced cut."""
+    cut = balanced_cut_at_or_before(surface, len(surface.nodes) - keep_last)
+    if cut < 1:
+        return None
+    return surface.nodes[0].seq, surface.nodes[cut - 1].seq

@@ -1,0 +1,1 @@
+"""Built-in strategies. Each is an ordinary plugin, listed in ``ctxkernel.plugins.DEFAULT_PLUGINS``."""

@@ -1,0 +1,245 @@
+"""The built-in ``basic`` strategy: native-style summary compaction (DSH's default engine).
+
+At ``threshold_ratio`` of the effective window it summarises the surface head and keeps a
+verbatim tail of ``retain_ratio`` of the window, cutting only at balanced points, with at most
+``compaction_retries`` + 1 attempts. On a provider context overflow it compacts harder and asks
+for a retry once the surface has actually shrunk.
+
+Summaries come from the ``summarize`` hook; this module's implementation is ``trylast`` so any
+installed strategy's summarizer wins. With a summarizer model it appends the eight-section
+directive after the replayed prefix (so a provider prefix cache serves the prefix); without one
+it builds a deterministic extractive summary with the same eight sections from the log.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+import ctxkernel
+from ctxkernel.compaction import CHECKPOINT_CLOSE, CHECKPOINT_OPEN, Span, Summary, head_region
+from ctxkernel.errors import CompactionError, ContextOverflowError, ModelError
+from ctxkernel.messages import Message
+
+if TYPE_CHECKING:
+    from ctxkernel.compaction import Region
+    from ctxkernel.session import Session, StepContext
+
+NAME = "basic"
+log = structlog.get_logger("ctxkernel.basic")
+
+SECTIONS = (
+    "Primary Request and Intent",
+    "Key Technical Concepts",
+    "Files and Code",
+    "Errors and Fixes",
+    "Pending Jobs",
+    "Current Work",
+    "Next Step",
+    "Critical Context",
+)
+
+DIRECTIVE = (
+    "Your task is to write a summary of the conversation so far that lets work continue "
+    "without it. Write exactly these eight sections, in this order, each as a '## ' heading, "
+    "writing '(none)' under a section with nothing to say and never dropping a section: "
+    + "; ".join(SECTIONS)
+    + ". Quote the user's instructions verbatim where they still apply. If the conversation "
+    "begins with an earlier summary, merge it into yours instead of copying it."
+)
+
+
+class BasicSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    #: compact automatically at this share of the effective window (False-y via ``auto``)
+    threshold_ratio: float = Field(default=0.8, gt=0, le=1)
+    #: share of the effective window kept verbatim after a compaction
+    retain_ratio: float = Field(default=0.16, ge=0, lt=1)
+    #: extra attempts when a compaction fails its shrink or stability check
+    compaction_retries: int = Field(default=1, ge=0, le=5)
+    #: extra attempts on a provider context overflow
+    overflow_retries: int = Field(default=1, ge=0, le=5)
+    #: compact automatically in pre_step (off: only on overflow or when asked)
+    auto: bool = True
+    #: characters of the extractive summary (bounded so the checkpoint always shrinks)
+    summary_max_chars: int = Field(default=12_000, ge=1_000, le=200_000)
+
+    @model_validator(mode="after")
+    def _retain_below_threshold(self) -> BasicSettings:
+        if self.retain_ratio >= self.threshold_ratio:
+            msg = f"retain_ratio ({self.retain_ratio}) must be below threshold_ratio ({self.threshold_ratio})"
+            raise ValueError(msg)
+        return self
+
+
+@ctxkernel.hookimpl
+def register_strategy(register: Any) -> None:
+    register(
+        ctxkernel.StrategySpec(
+            NAME,
+            settings=BasicSettings,
+            capabilities={"pressure", "overflow", "summary"},
+            description="native-style summary compaction: summarise the head, keep a verbatim tail",
+        )
+    )
+
+
+def compact(session: Session, keep_tokens: int, *, reason: str) -> bool:
+    """Summarise the head, keeping ``keep_tokens`` verbatim; True when the surface shrank."""
+    settings: BasicSettings = session.settings(NAME)  # type: ignore[assignment]
+    for attempt in range(settings.compaction_retries + 1):
+        region = head_region(session.surface, session.meter, keep_tokens, min_nodes=2)
+        if region is None:
+            return False
+        try:
+            session.compact(Span(*region), strategy=NAME, kind="summary", data={"reason": reason, "attempt": attempt})
+            return True
+        except CompactionError as exc:
+            log.warning("compaction failed", session=session.id, attempt=attempt, error=str(exc))
+            keep_tokens //= 2  # a smaller tail leaves more to summarise: more likely to shrink
+    return False
+
+
+@ctxkernel.hookimpl(trylast=True)
+def pre_step(session: Session, step: StepContext) -> None:
+    settings: BasicSettings = session.settings(NAME)  # type: ignore[assignment]
+    if not settings.auto or session.route is None:
+        return  # the first step of a fresh session has no routed request to price against
+    pressure = session.pressure()
+    if pressure.ratio >= settings.threshold_ratio:
+        compact(session, int(settings.retain_ratio * pressure.effective_window), reason="threshold")
+
+
+@ctxkernel.hookimpl(trylast=True)
+def request_error(session: Session, error: ModelError) -> bool | None:
+    if not isinstance(error, ContextOverflowError):
+        return None
+    settings: BasicSettings = session.settings(NAME)  # type: ignore[assignment]
+    overflows = session.state.setdefault(NAME, {}).get("overflow_streak", 0)
+    if overflows >= settings.overflow_retries:
+        session.state[NAME]["overflow_streak"] = 0
+        return False
+    session.state[NAME]["overflow_streak"] = overflows + 1
+    before = session.meter.surface_tokens()
+    keep = int(settings.retain_ratio * session.pressure().effective_window) // 2
+    shrank = compact(session, keep, reason="overflow") and session.meter.surface_tokens() < before
+    return shrank
+
+
+@ctxkernel.hookimpl
+def commit(session: Session, result: Any) -> None:
+    if result.strategy == NAME:
+        session.state.setdefault(NAME, {})["overflow_streak"] = 0
+
+
+@ctxkernel.hookimpl(trylast=True)
+def summarize(session: Session, region: Region) -> Summary | None:
+    model = session.kernel.summarizer
+    if model is not None:
+        return model_summary(session, region, model)
+    settings: BasicSettings = session.settings(NAME) if NAME in session.kernel.strategies else BasicSettings()  # type: ignore[assignment]
+    limit = min(settings.summary_max_chars, max(400, region.tokens * 2))
+    return Summary(extractive_summary(region.messages, max_chars=limit))
+
+
+def model_summary(session: Session, region: Region, model: Any) -> Summary:
+    """Ask the summarizer model: system and tools of the request header, the replayed region,
+    then the directive last, so the provider's prefix cache serves everything before it."""
+    system, tools, _, _ = session._system_and_tools()
+    messages = [*region.messages, Message.user(DIRECTIVE, ctxkernel.Source.plugin_form(NAME, "directive"))]
+    reply = model.complete(messages, system=system, tools=tools)
+    text = reply.message.text.strip()
+    if not text:
+        msg = "the summarizer model returned an empty summary"
+        raise CompactionError(msg)
+    return Summary(text, provider=reply.provider or model.provider, model=reply.model or model.model, usage=reply.usage)
+
+
+# -- the extractive summary -----------------------------------------------------------------------
+_PATH_KEYS = ("path", "file", "file_path", "filename", "filepath", "notebook_path")
+_COMMAND_KEYS = ("command", "cmd")
+_SECTION_RE = re.compile(r"^## (.+)$", re.MULTILINE)
+
+
+def _clip(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _previous_sections(text: str) -> dict[str, list[str]]:
+    """Bullets of an earlier checkpoint, by section, so they merge instead of nesting."""
+    body = text.split(CHECKPOINT_OPEN, 1)[-1].split(CHECKPOINT_CLOSE, 1)[0]
+    sections: dict[str, list[str]] = {}
+    current = None
+    for line in body.splitlines():
+        heading = _SECTION_RE.match(line)
+        if heading:
+            current = heading.group(1).strip()
+            sections.setdefault(current, [])
+        elif current and line.startswith("- "):
+            sections[current].append(line[2:])
+    return sections
+
+
+def extractive_summary(messages: list[Message], *, max_chars: int = 12_000) -> str:
+    """Eight sections built from the messages alone: deterministic and model-free."""
+    found: dict[str, list[str]] = {s: [] for s in SECTIONS}
+    last_assistant = ""
+    tools_used: list[str] = []
+    for message in messages:
+        src = message.source
+        if message.role == "user" and src.kind == "plugin" and CHECKPOINT_OPEN in message.text:
+            for section, bullets in _previous_sections(message.text).items():
+                if section in found:
+                    found[section].extend(bullets)
+            continue
+        if message.role == "user" and src.kind == "user":
+            found["Primary Request and Intent"].append(f"User: {_clip(message.text, 600)}")
+        elif message.role == "assistant":
+            if message.text.strip():
+                last_assistant = message.text
+            for call in message.tool_calls:
+                if call.name not in tools_used:
+                    tools_used.append(call.name)
+                for key in _PATH_KEYS:
+                    value = call.arguments.get(key)
+                    if isinstance(value, str):
+                        found["Files and Code"].append(f"{call.name}: {_clip(value, 200)}")
+                for key in _COMMAND_KEYS:
+                    value = call.arguments.get(key)
+                    if isinstance(value, str):
+                        found["Critical Context"].append(f"ran: {_clip(value, 200)}")
+        elif message.role == "tool":
+            result = message.tool_result
+            assert result is not None
+            first = result.content.strip().splitlines()[0] if result.content.strip() else ""
+            if result.is_error or re.search(r"\b(Error|Exception|Traceback|FAILED)\b", result.content[:2000]):
+                found["Errors and Fixes"].append(f"{result.name or result.call_id}: {_clip(first, 240)}")
+    if tools_used:
+        found["Key Technical Concepts"].append("tools used: " + ", ".join(tools_used[:30]))
+    if last_assistant:
+        found["Current Work"].append(_clip(last_assistant, 800))
+        tail = re.split(r"(?<=[.!?])\s+", last_assistant.strip())[-1]
+        found["Next Step"].append(f"continue from: {_clip(tail, 300)}")
+    budget = max_chars // len(SECTIONS)
+    parts = []
+    for section in SECTIONS:
+        bullets = list(dict.fromkeys(found[section]))  # de-duplicate, keep order
+        lines: list[str] = []
+        used = 0
+        # newest facts matter most: keep from the end, then restore order
+        for bullet in reversed(bullets):
+            line = f"- {bullet}"
+            if used + len(line) > budget and lines:
+                break
+            lines.append(line[:budget])
+            used += len(line) + 1
+        lines.reverse()
+        if len(lines) < len(bullets):
+            lines.insert(0, f"- ({len(bullets) - len(lines)} earlier item(s) omitted)")
+        parts.append(f"## {section}\n" + ("\n".join(lines) if lines else "(none)"))
+    return "\n\n".join(parts)

@@ -1,0 +1,192 @@
+"""The plugin contract: every hook a strategy can implement.
+
+This is the only module that defines hooks. Strategies implement them with
+``@ctxkernel.hookimpl`` on a module or an object that their entry point (group
+``ctxkernel.strategies``) names. The kernel calls them through the typed facade in
+:mod:`ctxkernel.plugins`, never through ``pm.hook`` directly.
+
+Call order: implementations run in the order the profile lists the strategies (the kernel
+registers them so that pluggy's last-registered-first rule yields profile order);
+``tryfirst``/``trylast`` move an implementation within that order. The built-in ``basic``
+strategy's fallbacks are ``trylast`` so an installed strategy wins.
+
+Lifecycle of one model request::
+
+    session.prepare_request()
+      ├─ pre_step(session, step)             may compact, switch windows, queue reminders
+      ├─ [step/start, request/header, request/context written when changed]
+      ├─ decorate_request(session, request)  presentation only, counted by the meter
+    harness calls the model with request.messages / request.tools
+    session.commit_reply(reply, usage)
+      ├─ sanitize_reply(session, reply)      clean the reply before it is written
+      └─ [assistant/message written]
+    (a provider error) session.request_failed(error)
+      └─ request_error(session, error)       first non-None wins: retry after shrinking?
+    after any compaction, switch or archive commits:
+      └─ commit(session, result)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .compaction import CommitResult, Region, Summary
+    from .errors import ModelError
+    from .plugins import StrategySpec
+    from .profile import Profile
+    from .session import ReplyDraft, Request, Session, StepContext
+    from .tools import Tool
+    from .validate import ValidationReport
+
+PROJECT = "ctxkernel"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def register_strategy(register: Callable[[StrategySpec], None]) -> None:
+    """Declare the strategy this plugin provides.
+
+    Called once when the plugin is loaded, before any session exists.
+
+    :param register: call it with a :class:`ctxkernel.StrategySpec` giving the strategy's
+        name (must equal its entry-point name), its settings model (a pydantic model whose
+        config forbids unknown keys) and the capabilities it claims (``pressure``,
+        ``overflow``, ``decoration``, ...). A name registered twice is an error naming both
+        distributions.
+    """
+
+
+@hookspec
+def session_opened(session: Session) -> None:
+    """A session was created or resumed, after its log was replayed.
+
+    Build per-session state here (keyed by the session, e.g. ``session.state["decay"]``),
+    from the log alone, so that a restart or a second process gets the same state.
+
+    :param session: the opened session; ``session.events`` holds its whole log.
+    """
+
+
+@hookspec
+def register_tools(register: Callable[[Tool], None], session: Session) -> None:
+    """Contribute model-callable tools to a session.
+
+    Called when a session opens and again whenever the set of enabled strategies changes
+    (the registry is rebuilt, so a re-enabled strategy has exactly one of each tool).
+
+    :param register: call it with a :class:`ctxkernel.Tool`; a name another strategy already
+        registered raises :class:`ctxkernel.PluginConflictError` naming both.
+    :param session: the session the tools are for.
+    """
+
+
+@hookspec
+def system_prompt(session: Session) -> str | None:
+    """Contribute a section to the system prompt (the strategy's instructions to the model).
+
+    Sections follow the profile's own ``system_prompt`` in profile order. The composed prompt is
+    part of the recorded ``request/header`` and is counted by the meter.
+
+    :return: the section text, or None for no section.
+    """
+
+
+@hookspec
+def pre_step(session: Session, step: StepContext) -> None:
+    """Before each model request, between steps: the place to manage context.
+
+    Runs before ``step/start`` is written. An implementation may open a compaction
+    transaction (:meth:`Session.compact`), switch windows, or queue a reminder with
+    ``step.remind(text)``. It never runs in the middle of a tool batch: every result of the
+    previous batch is committed when it is called.
+
+    :param session: the session; ``session.pressure()`` is current.
+    :param step: the step about to start (``turn``, ``step``, ``first_of_turn``, ``attempt``,
+        and ``remind``).
+    """
+
+
+@hookspec
+def decorate_request(session: Session, request: Request) -> None:
+    """Decorate the composed request for presentation only (e.g. position anchors).
+
+    Change messages only through ``request.decorate(index, message)``: the durable log is
+    never touched, and the meter counts each decorated message exactly as sent.
+
+    :param session: the session.
+    :param request: the request about to be returned to the harness.
+    """
+
+
+@hookspec(firstresult=True)
+def summarize(session: Session, region: Region) -> Summary | None:
+    """Write the summary that will replace ``region``.
+
+    Stops at the first non-None result. The built-in ``basic`` strategy's implementation is
+    ``trylast``: with a summarizer model configured it asks the model (the eight-section
+    directive after the replayed prefix), otherwise it builds a deterministic extractive
+    summary from the log.
+
+    :param session: the session.
+    :param region: the nodes to summarise, their seqs and token count.
+    :return: a :class:`ctxkernel.Summary`, or None to let the next implementation answer.
+    """
+
+
+@hookspec
+def sanitize_reply(session: Session, reply: ReplyDraft) -> None:
+    """Clean a model reply before it is committed to the log.
+
+    Set ``reply.message`` to a cleaned copy (e.g. strip anchors the model copied). Tool call ids
+    and order must not change. Implementations run in profile order, each seeing the previous
+    one's result.
+    """
+
+
+@hookspec(firstresult=True)
+def request_error(session: Session, error: ModelError) -> bool | None:
+    """React to a provider error for the last prepared request.
+
+    Stops at the first non-None result. Typical use: on
+    :class:`ctxkernel.ContextOverflowError`, compact and return True so the harness retries
+    after the surface actually shrank. Return False to say "handled, do not retry", None to
+    pass.
+
+    :return: True to ask for a retry, False to give up, None to let others decide.
+    """
+
+
+@hookspec
+def commit(session: Session, result: CommitResult) -> None:
+    """A compaction, window switch or archive has durably committed.
+
+    Called once per committed transaction, after its last event is written. Failed
+    transactions are not reported here.
+
+    :param result: what committed: ``kind``, ``strategy``, replaced seqs, tokens before and
+        after, the replacement's seq.
+    """
+
+
+@hookspec
+def project(session: Session) -> dict[str, Any] | None:
+    """Contribute status for ``ctxkernel inspect`` and reports.
+
+    :return: a JSON-serialisable dict shown under the strategy's name, or None.
+    """
+
+
+@hookspec
+def validate_profile(profile: Profile, report: ValidationReport) -> None:
+    """Strategy-specific preflight checks of a profile that names this strategy.
+
+    Add results with ``report.ok(...)``, ``report.warn(...)`` and ``report.fail(...)``
+    (each takes a check name, the strategy and a message naming the fix).
+    """
+

@@ -1,0 +1,161 @@
+"""The kernel: a profile, its strategies, a store and a tokenizer; it opens sessions."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import structlog
+from pydantic import BaseModel, ValidationError
+
+from .errors import ProfileError, SessionNotFoundError
+from .events import utc_now
+from .meter import Tokenizer, get_tokenizer
+from .plugins import StrategyManager, StrategySpec
+from .profile import Profile, format_validation_error, load_profile
+from .session import Session
+from .store.base import EventStore, SessionHeader, default_home, store_from_settings
+
+log = structlog.get_logger("ctxkernel.kernel")
+
+
+class Kernel:
+    """Build one per profile (``Kernel.from_profile("decay")``) and open sessions from it."""
+
+    def __init__(
+        self,
+        profile: Profile | None = None,
+        *,
+        store: EventStore | None = None,
+        home: str | os.PathLike[str] | None = None,
+        entry_points: bool = True,
+        plugins: list[tuple[str, Any]] | None = None,
+        load: bool = True,
+    ) -> None:
+        self.profile = profile or load_profile()
+        self.home = Path(home) if home else Path(self.profile.store.path or default_home())
+        self.store = store or store_from_settings(self.profile.store, self.home)
+        self.tokenizer: Tokenizer = get_tokenizer(self.profile.model.tokenizer)
+        self.plugins = StrategyManager(entry_points=entry_points)
+        self.hooks = self.plugins.hooks
+        self._settings_cache: dict[tuple[str, str, str], BaseModel] = {}
+        self._summarizer: Any = None
+        for name, plugin in plugins or []:
+            self.plugins.register(plugin, name, distribution="(registered in code)")
+        if load:
+            names = [n for n in self.profile.profile.strategies if n not in self.plugins.specs]
+            self.plugins.load(names)
+            for name in self.profile.profile.strategies:
+                self.strategy_settings(name)  # fail fast on bad settings
+            self._check_unknown_strategy_tables()
+
+    @classmethod
+    def from_profile(cls, name_or_path: str | os.PathLike[str] | None = None, **kwargs: Any) -> Kernel:
+        return cls(load_profile(name_or_path), **kwargs)
+
+    @property
+    def summarizer(self) -> Any:
+        """The model that writes summaries (``[summarizer]`` in the profile), or None for
+        extractive summaries. Tests and the simulator may assign a scripted model."""
+        if self._summarizer is None and self.profile.summarizer.kind == "openai":
+            from .models.openai_http import OpenAIChatModel
+
+            self._summarizer = OpenAIChatModel.from_settings(self.profile.summarizer)
+        return self._summarizer
+
+    @summarizer.setter
+    def summarizer(self, model: Any) -> None:
+        self._summarizer = model
+
+    # -- strategies ------------------------------------------------------------------------------
+    @property
+    def strategies(self) -> dict[str, StrategySpec]:
+        return self.plugins.specs
+
+    def strategy_settings(self, strategy: str, provider: str | None = None, model: str | None = None) -> BaseModel:
+        """Validated settings of a strategy, with the matching model policy applied (cached)."""
+        provider = provider or self.profile.model.provider
+        model = model or self.profile.model.name
+        key = (strategy, provider, model)
+        cached = self._settings_cache.get(key)
+        if cached is not None:
+            return cached
+        spec = self.plugins.specs.get(strategy)
+        if spec is None:
+            msg = f"strategy {strategy!r} is not loaded by {self.profile.where}; loaded: {list(self.plugins.specs)}"
+            raise ProfileError(msg)
+        raw = self.profile.strategy_settings(strategy, provider, model)
+        try:
+            settings = spec.settings.model_validate(raw)
+        except ValidationError as exc:
+            table = f"strategies.{strategy}"
+            raise ProfileError(format_validation_error(exc, self.profile.where, spec.settings, table)) from None
+        self._settings_cache[key] = settings
+        return settings
+
+    def _check_unknown_strategy_tables(self) -> None:
+        named = set(self.profile.profile.strategies)
+        stray = sorted(set(self.profile.strategies) - named)
+        for policy in self.profile.model_policies:
+            stray += sorted(set(policy.strategies) - named)
+        if stray:
+            msg = (
+                f"{self.profile.where}: settings for {sorted(set(stray))} but the profile's strategies are "
+                f"{self.profile.profile.strategies}; add them to [profile] strategies or remove the tables"
+            )
+            raise ProfileError(msg)
+
+    def set_strategy_enabled(self, name: str, enabled: bool) -> None:
+        """Enable or disable a loaded strategy for every session, without a restart."""
+        self.plugins.set_enabled(name, enabled)
+        log.info("strategy toggled", strategy=name, enabled=enabled)
+
+    # -- sessions ---------------------------------------------------------------------------------
+    def open_session(
+        self,
+        session_id: str | None = None,
+        *,
+        create: bool | None = None,
+        parent: str | None = None,
+        origin: str | None = None,
+        repair: bool = True,
+    ) -> Session:
+        """Open a session: a new one (no id, or ``create=True``) or an existing one by id.
+
+        Resuming replays the log; with ``repair`` (default) a torn tail is cut and whatever a
+        crashed writer left open is closed with synthetic events (HOST-MODEL §7).
+        """
+        if session_id is None or create:
+            header = SessionHeader(
+                id=session_id or new_session_id(),
+                created=utc_now(),
+                parent=parent,
+                origin=origin,
+                profile=self.profile.name,
+            )
+            self.store.create(header)
+            session = Session(self, header)
+            log.debug("session created", session=header.id)
+        else:
+            if not self.store.exists(session_id):
+                msg = f"no session {session_id!r} in the {self.store.backend} store"
+                raise SessionNotFoundError(msg)
+            if repair:
+                report = self.store.repair(session_id)
+                if report.repaired:
+                    log.warning("torn tail cut", session=session_id, bytes=report.truncated_bytes, reason=report.reason)
+            session = Session(self, self.store.header(session_id))
+            session.refresh()
+            if repair:
+                session.repair_after_crash()
+        self.hooks.session_opened(session)
+        return session
+
+    def sessions(self) -> list[str]:
+        return self.store.list_sessions()
+
+
+def new_session_id() -> str:
+    return uuid.uuid4().hex

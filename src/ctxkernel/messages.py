@@ -1,0 +1,226 @@
+"""Provider-neutral messages and their content blocks.
+
+A :class:`Message` has a role, a list of blocks and a :class:`Source` saying who wrote it. The
+kernel stores messages inside events as plain dicts (``to_dict``/``from_dict``) and converts them
+to and from the two dominant wire formats in :mod:`ctxkernel.convert`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, Union
+
+from .errors import EventError
+
+Role = Literal["user", "assistant", "tool"]
+ROLES: tuple[str, ...] = ("user", "assistant", "tool")
+SOURCE_KINDS: tuple[str, ...] = ("user", "model", "tool", "plugin")
+
+
+@dataclass(frozen=True, slots=True)
+class TextBlock:
+    text: str
+    type: Literal["text"] = "text"
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningBlock:
+    text: str
+    signature: str | None = None
+    type: Literal["reasoning"] = "reasoning"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallBlock:
+    id: str
+    name: str
+    arguments: dict[str, Any]
+    type: Literal["tool_call"] = "tool_call"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResultBlock:
+    call_id: str
+    content: str
+    is_error: bool = False
+    name: str | None = None
+    type: Literal["tool_result"] = "tool_result"
+
+
+Block = Union[TextBlock, ReasoningBlock, ToolCallBlock, ToolResultBlock]
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """Who wrote a message: ``user``, ``model`` (provider, model), ``tool`` (call id) or
+    ``plugin`` (plugin name and a form such as instructions, snapshot, notice, recall)."""
+
+    kind: str
+    provider: str | None = None
+    model: str | None = None
+    call_id: str | None = None
+    plugin: str | None = None
+    form: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k in _SOURCE_FIELDS if (v := getattr(self, k)) is not None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Source:
+        if not isinstance(data, dict) or data.get("kind") not in SOURCE_KINDS:
+            msg = f"message source must be an object with kind in {list(SOURCE_KINDS)}, got {data!r}"
+            raise EventError(msg)
+        unknown = set(data) - set(_SOURCE_FIELDS)
+        if unknown:
+            msg = f"message source has unknown keys {sorted(unknown)}; accepted: {list(_SOURCE_FIELDS)}"
+            raise EventError(msg)
+        return cls(**data)
+
+    @classmethod
+    def plugin_form(cls, plugin: str, form: str) -> Source:
+        return cls(kind="plugin", plugin=plugin, form=form)
+
+
+_SOURCE_FIELDS = ("kind", "provider", "model", "call_id", "plugin", "form")
+USER = Source(kind="user")
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    role: Role
+    content: tuple[Block, ...]
+    source: Source = field(default=USER)
+
+    # -- constructors -------------------------------------------------------------------------
+    @classmethod
+    def user(cls, text: str, source: Source = USER) -> Message:
+        return cls("user", (TextBlock(text),), source)
+
+    @classmethod
+    def assistant(
+        cls,
+        text: str = "",
+        tool_calls: list[ToolCallBlock] | tuple[ToolCallBlock, ...] = (),
+        *,
+        reasoning: str | None = None,
+        source: Source | None = None,
+    ) -> Message:
+        blocks: list[Block] = []
+        if reasoning:
+            blocks.append(ReasoningBlock(reasoning))
+        if text:
+            blocks.append(TextBlock(text))
+        blocks.extend(tool_calls)
+        return cls("assistant", tuple(blocks), source or Source(kind="model"))
+
+    @classmethod
+    def tool(cls, call_id: str, content: str, *, is_error: bool = False, name: str | None = None) -> Message:
+        return cls(
+            "tool",
+            (ToolResultBlock(call_id, content, is_error, name),),
+            Source(kind="tool", call_id=call_id),
+        )
+
+    # -- views --------------------------------------------------------------------------------
+    @property
+    def text(self) -> str:
+        """The concatenated text blocks (tool results contribute their content)."""
+        parts = []
+        for b in self.content:
+            if b.type == "text":
+                parts.append(b.text)
+            elif b.type == "tool_result":
+                parts.append(b.content)
+        return "\n".join(parts)
+
+    @property
+    def tool_calls(self) -> list[ToolCallBlock]:
+        return [b for b in self.content if b.type == "tool_call"]
+
+    @property
+    def tool_result(self) -> ToolResultBlock | None:
+        for b in self.content:
+            if b.type == "tool_result":
+                return b
+        return None
+
+    def with_content(self, content: tuple[Block, ...] | list[Block]) -> Message:
+        return replace(self, content=tuple(content))
+
+    # -- serialisation ------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "role": self.role,
+            "content": [_block_to_dict(b) for b in self.content],
+            "source": self.source.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Message:
+        if not isinstance(data, dict):
+            msg = f"a message must be an object, got {type(data).__name__}"
+            raise EventError(msg)
+        role = data.get("role")
+        if role not in ROLES:
+            msg = f"message role must be one of {list(ROLES)}, got {role!r}"
+            raise EventError(msg)
+        content = data.get("content")
+        if not isinstance(content, list):
+            msg = f"message content must be a list of blocks, got {type(content).__name__}"
+            raise EventError(msg)
+        blocks = tuple(_block_from_dict(b) for b in content)
+        if role == "tool" and (len(blocks) != 1 or blocks[0].type != "tool_result"):
+            msg = "a tool message holds exactly one tool_result block"
+            raise EventError(msg)
+        if role != "tool" and any(b.type == "tool_result" for b in blocks):
+            msg = f"a {role} message cannot hold a tool_result block; use a tool message"
+            raise EventError(msg)
+        if role == "user" and any(b.type in ("tool_call", "reasoning") for b in blocks):
+            msg = "a user message holds only text blocks"
+            raise EventError(msg)
+        return cls(role, blocks, Source.from_dict(data.get("source", {"kind": "user"})))
+
+
+_BLOCK_FIELDS: dict[str, tuple[type, dict[str, tuple[type, ...]], tuple[str, ...]]] = {
+    "text": (TextBlock, {"text": (str,)}, ("text",)),
+    "reasoning": (ReasoningBlock, {"text": (str,), "signature": (str, type(None))}, ("text",)),
+    "tool_call": (ToolCallBlock, {"id": (str,), "name": (str,), "arguments": (dict,)}, ("id", "name", "arguments")),
+    "tool_result": (
+        ToolResultBlock,
+        {"call_id": (str,), "content": (str,), "is_error": (bool,), "name": (str, type(None))},
+        ("call_id", "content"),
+    ),
+}
+
+
+def _block_to_dict(block: Block) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": block.type}
+    for name in _BLOCK_FIELDS[block.type][1]:
+        value = getattr(block, name)
+        if value is not None and value is not False:
+            out[name] = value
+    return out
+
+
+def _block_from_dict(data: Any) -> Block:
+    if not isinstance(data, dict) or data.get("type") not in _BLOCK_FIELDS:
+        msg = f"a content block must be an object with type in {list(_BLOCK_FIELDS)}, got {data!r:.200}"
+        raise EventError(msg)
+    cls, fields, required = _BLOCK_FIELDS[data["type"]]
+    kwargs = {}
+    for key, value in data.items():
+        if key == "type":
+            continue
+        if key not in fields:
+            msg = f"{data['type']} block has unknown key {key!r}; accepted: {['type', *fields]}"
+            raise EventError(msg)
+        if not isinstance(value, fields[key]):
+            names = [t.__name__ for t in fields[key]]
+            msg = f"{data['type']} block key {key!r} must be {' or '.join(names)}, got {type(value).__name__}"
+            raise EventError(msg)
+        kwargs[key] = value
+    missing = [k for k in required if k not in kwargs]
+    if missing:
+        msg = f"{data['type']} block is missing {missing}"
+        raise EventError(msg)
+    return cls(**kwargs)

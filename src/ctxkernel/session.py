@@ -1,0 +1,664 @@
+"""The Session API that integrators call, once per model request.
+
+::
+
+    session.user("Fix the failing test")
+    while True:
+        request = session.prepare_request()      # pre_step hooks, header, decorations, pressure
+        reply = my_model(request)                # the harness calls the model
+        session.commit_reply(reply, usage=...)   # sanitize_reply hooks, then assistant/message
+        if not session.wants_another_step: break
+        for call in session.pending_calls:       # the batch's tool calls, in the model's order
+            session.tool_result(call.id, session.run_tool(call) if session.owns_tool(call.name) else mine(call))
+    session.end_turn()
+
+Everything a session knows is derived from its log: opening it again (in this process or
+another) replays the same surface, pressure anchor, open turn and strategy state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import structlog
+
+from . import events as ev
+from .compaction import CommitResult, Span, run_transaction
+from .errors import ConflictError, CorruptionError, EventError, ModelError, SurfaceError, ToolError
+from .events import Event, validate_shape
+from .messages import Message, Source, ToolCallBlock
+from .meter import Meter, Pressure
+from .surface import Surface
+from .tools import Tool, ToolOutcome, ToolRegistry
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from .kernel import Kernel
+    from .profile import ModelSettings
+    from .store.base import SessionHeader
+
+log = structlog.get_logger("ctxkernel.session")
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    """An event to append; the session assigns its seq and time."""
+
+    type: str
+    data: dict[str, Any]
+    surface: dict[str, Any] | None = None
+    ignorable: bool = False
+
+
+@dataclass
+class StepContext:
+    """The step about to start, handed to ``pre_step``."""
+
+    turn: int
+    step: int
+    first_of_turn: bool
+    attempt: int = 0
+    reminders: list[tuple[str, str]] = field(default_factory=list)
+
+    def remind(self, text: str, *, strategy: str) -> None:
+        """Queue a notice for the model; it is written as a plugin message before the request."""
+        self.reminders.append((strategy, text))
+
+
+@dataclass
+class Request:
+    """A composed model request. ``messages[i]`` shows surface node ``seqs[i]``."""
+
+    messages: list[Message]
+    seqs: list[int]
+    system: str
+    tools: list[dict[str, Any]]
+    turn: int
+    step: int
+    pressure: Pressure
+    provider: str
+    model: str
+    decorated: dict[int, Message] = field(default_factory=dict)  # index -> undecorated original
+
+    def decorate(self, index: int, message: Message) -> None:
+        """Replace ``messages[index]`` for presentation only; tool ids and order must not change."""
+        original = self.decorated.get(index, self.messages[index])
+        if [c.id for c in message.tool_calls] != [c.id for c in original.tool_calls] or message.role != original.role:
+            msg = f"a decoration of message {index} changed its role or tool calls"
+            raise EventError(msg)
+        if original.tool_result and (message.tool_result is None or message.tool_result.call_id != original.tool_result.call_id):
+            msg = f"a decoration of message {index} changed its tool result pairing"
+            raise EventError(msg)
+        self.decorated.setdefault(index, original)
+        self.messages[index] = message
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.pressure.tokens
+
+    def to_openai(self) -> list[dict[str, Any]]:
+        from .convert import to_openai_messages
+
+        return to_openai_messages(self.messages, system=self.system)
+
+    def to_anthropic(self) -> dict[str, Any]:
+        from .convert import to_anthropic_request
+
+        return to_anthropic_request(self.messages, system=self.system, tools=self.tools)
+
+
+@dataclass
+class ReplyDraft:
+    """A model reply on its way to the log; ``sanitize_reply`` hooks may replace ``message``."""
+
+    message: Message
+    usage: dict[str, int] | None = None
+
+
+def normalize_usage(usage: Any) -> dict[str, int] | None:
+    """Provider usage as ``{input_tokens, output_tokens, cached_input_tokens}``.
+
+    Accepts OpenAI (prompt_tokens, completion_tokens, prompt_tokens_details.cached_tokens) and
+    Anthropic (input_tokens, output_tokens, cache_read/cache_creation_input_tokens) names.
+    """
+    if usage is None:
+        return None
+    if hasattr(usage, "model_dump"):
+        usage = usage.model_dump()
+    if not isinstance(usage, dict):
+        msg = f"usage must be a mapping of token counts, got {type(usage).__name__}"
+        raise EventError(msg)
+
+    def num(*keys: str) -> int:
+        for key in keys:
+            value = usage.get(key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                if value < 0:
+                    msg = f"usage.{key} must be >= 0, got {value}"
+                    raise EventError(msg)
+                return value
+        return 0
+
+    cached = num("cached_input_tokens", "cache_read_input_tokens")
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+        cached = details["cached_tokens"]
+    if "prompt_tokens" in usage:
+        input_tokens = num("prompt_tokens")
+    else:  # Anthropic counts cache reads and writes apart from input_tokens
+        input_tokens = num("input_tokens") + num("cache_read_input_tokens") + num("cache_creation_input_tokens")
+    return {
+        "input_tokens": input_tokens,
+        "output_tokens": num("completion_tokens", "output_tokens"),
+        "cached_input_tokens": cached,
+    }
+
+
+class Session:
+    """One agent session: its log, surface, meter and tools. Create it with ``Kernel.open_session``."""
+
+    def __init__(self, kernel: Kernel, header: SessionHeader) -> None:
+        self.kernel = kernel
+        self.store = kernel.store
+        self.header = header
+        self.id = header.id
+        self.events: list[Event] = []
+        self.surface = Surface()
+        self.meter = Meter(kernel.tokenizer)
+        self.surface.listeners.append(self.meter)
+        self.tools = ToolRegistry()
+        self.harness_tools: list[dict[str, Any]] = []
+        #: per-strategy state, keyed by strategy name; strategies rebuild it from the log
+        self.state: dict[str, Any] = {}
+        self.holder = {"host": socket.gethostname(), "pid": os.getpid()}
+        self._lock = threading.RLock()
+        # derived from the log by _track
+        self.turn = 0
+        self.turn_open = False
+        self.step = 0
+        self.step_open = False
+        self.open_compaction: dict[str, Any] | None = None
+        self.header_hash: str | None = None
+        self.route: dict[str, Any] | None = None  # last request/context data
+        self._anchor: tuple[int, int, str | None] | None = None  # (provider tokens, our estimate, header hash)
+        # this process's pending work (not durable by design: it lives within one step)
+        self.conclude_turn = False
+        self._deferred: list[tuple[str, str]] = []
+        self._last_decoration_delta = 0
+        self._system_cache: tuple[int, str, list[dict[str, Any]], str, int] | None = None
+        self._tools_generation = -1
+
+    # -- log access -------------------------------------------------------------------------------
+    @property
+    def next_seq(self) -> int:
+        return len(self.events)
+
+    def settings(self, strategy: str) -> BaseModel:
+        """The validated settings of ``strategy`` for the currently routed model."""
+        model = self.model_settings()
+        return self.kernel.strategy_settings(strategy, model.provider, model.name)
+
+    def model_settings(self) -> ModelSettings:
+        route = self.route or {}
+        return self.kernel.profile.model_for(route.get("provider"), route.get("model"))
+
+    def refresh(self) -> int:
+        """Fold events other writers appended since we last looked; returns how many."""
+        with self._lock:
+            if self.store.next_seq(self.id) == len(self.events):
+                return 0
+            new = list(self.store.read(self.id, len(self.events)))
+            for event in new:
+                self._fold(event)
+            return len(new)
+
+    def _fold(self, event: Event, message: Message | None = None, *, checked: bool = False) -> None:
+        if event.seq != len(self.events):
+            msg = f"session {self.id}: event seq {event.seq} does not follow {len(self.events) - 1}"
+            raise CorruptionError(msg)
+        if event.type not in ev.KERNEL_TYPES and not event.ignorable:
+            msg = f"session {self.id}: event {event.seq} has unknown type {event.type!r} and is not ignorable"
+            raise CorruptionError(msg)
+        try:
+            self.surface.apply(event, message, checked=checked)
+        except (SurfaceError, EventError) as exc:
+            msg = f"session {self.id}: event {event.seq} ({event.type}) cannot be replayed: {exc}"
+            raise CorruptionError(msg) from None
+        self.events.append(event)
+        self._track(event)
+
+    def _track(self, event: Event) -> None:
+        t, d = event.type, event.data
+        if t == ev.TURN_START:
+            self.turn, self.turn_open, self.step = d["turn"], True, 0
+        elif t == ev.TURN_END:
+            self.turn_open = False
+            self.step_open = False
+            self.conclude_turn = False
+        elif t == ev.STEP_START:
+            self.step, self.step_open = d["step"], True
+        elif t == ev.STEP_END:
+            self.step_open = False
+        elif t == ev.COMPACTION_START:
+            self.open_compaction = {**d, "seq": event.seq}
+        elif t == ev.COMPACTION_END:
+            if self.open_compaction and self.open_compaction["compaction_id"] == d["compaction_id"]:
+                self.open_compaction = None
+        elif t == ev.REQUEST_HEADER:
+            self.header_hash = d["hash"]
+        elif t == ev.REQUEST_CONTEXT:
+            self.route = d
+        elif t == ev.ASSISTANT_MESSAGE:
+            usage = d.get("usage")
+            estimate = d.get("estimate")
+            if usage and isinstance(estimate, int) and d.get("tokenizer") == self.meter.tokenizer.name:
+                tokens = usage.get("input_tokens", 0) + usage.get("output_tokens", 0)
+                self._anchor = (tokens, estimate, self.header_hash)
+
+    # -- appending ----------------------------------------------------------------------------------
+    def append(self, batch: Sequence[EventSpec]) -> int:
+        """Validate and durably append a batch (all or nothing); returns the first seq.
+
+        Every event is checked against the surface before anything is written, so a refused
+        batch leaves the log byte-identical.
+        """
+        with self._lock:
+            start = len(self.events)
+            time = ev.utc_now()
+            built = [Event(start + i, s.type, s.data, time, s.surface, s.ignorable) for i, s in enumerate(batch)]
+            for event in built:
+                validate_shape(event)
+                try:
+                    orjson.dumps(event.data)
+                except TypeError as exc:
+                    msg = f"{event.type} event data is not JSON-serialisable: {exc}"
+                    raise EventError(msg) from None
+            surface_events = [e for e in built if e.type in ev.MESSAGE_TYPES or e.type == ev.SURFACE_DROP]
+            messages: dict[int, Message | None] = {}
+            if len(surface_events) <= 1:
+                probe = self.surface
+                saved = probe.applied
+                probe.applied = start
+                try:
+                    for event in built:
+                        if event in surface_events:
+                            probe.applied = event.seq
+                            messages[event.seq] = probe.check(event)
+                finally:
+                    probe.applied = saved
+            else:
+                probe = _clone_surface(self.surface)
+                for event in built:
+                    messages[event.seq] = probe.check(event)
+                    probe.apply(event, messages[event.seq], checked=True)
+            self.store.append(self.id, built, start)
+            for event in built:
+                self._fold(event, messages.get(event.seq), checked=True)
+            return start
+
+    def append_one(self, type: str, data: dict[str, Any], surface: dict[str, Any] | None = None) -> int:
+        return self.append([EventSpec(type, data, surface)])
+
+    def emit(self, strategy: str, kind: str, data: dict[str, Any]) -> int:
+        """Append an ignorable plugin event ``<strategy>/<kind>``."""
+        return self.append([EventSpec(f"{strategy}/{kind}", data, ignorable=True)])
+
+    def add_message(self, message: Message, *, event_type: str = ev.USER_MESSAGE) -> int:
+        """Append a surface message (e.g. a plugin notice) and return its seq."""
+        return self.append_one(event_type, {"message": message.to_dict()}, ev.append_op())
+
+    # -- turns ---------------------------------------------------------------------------------------
+    def user(self, text: str | Message) -> int:
+        """Append the user's message, opening a turn if none is open. Returns its seq."""
+        message = text if isinstance(text, Message) else Message.user(text)
+        if message.role != "user":
+            msg = f"user() takes a user message, got role {message.role!r}"
+            raise EventError(msg)
+        batch = []
+        if not self.turn_open:
+            batch.append(EventSpec(ev.TURN_START, {"turn": self.turn + 1}))
+        batch.append(EventSpec(ev.USER_MESSAGE, {"message": message.to_dict()}, ev.append_op()))
+        return self.append(batch) + len(batch) - 1
+
+    def end_turn(self, reason: str = "completed") -> None:
+        """Close the turn. Calls still waiting get error results first, so pairing holds."""
+        if reason not in ev.TURN_END_REASONS:
+            msg = f"turn end reason must be one of {list(ev.TURN_END_REASONS)}, got {reason!r}"
+            raise EventError(msg)
+        if not self.turn_open:
+            return
+        batch = self._closers(reason, f"the turn ended ({reason}) before this call had a result")
+        batch.append(EventSpec(ev.TURN_END, {"turn": self.turn, "reason": reason}))
+        self.append(batch)
+        self.conclude_turn = False
+
+    def _closers(self, reason: str, result_text: str) -> list[EventSpec]:
+        batch = [
+            EventSpec(
+                ev.TOOL_RESULT,
+                {"message": Message.tool(call_id, result_text, is_error=True).to_dict(), "synthetic": True},
+                ev.append_op(),
+            )
+            for call_id in list(self.surface.pending_calls)
+        ]
+        if self.step_open:
+            batch.append(EventSpec(ev.STEP_END, {"turn": self.turn, "step": self.step, "reason": reason}))
+        return batch
+
+    @property
+    def pending_calls(self) -> list[ToolCallBlock]:
+        """Tool calls of the last reply still waiting for a result, in the model's order."""
+        pending = self.surface.pending_calls
+        if not pending:
+            return []
+        node = self.surface.node(next(iter(pending.values())))
+        return [c for c in node.message.tool_calls if c.id in pending] if node else []
+
+    @property
+    def wants_another_step(self) -> bool:
+        """True when the last step ended with tool results the model has not seen yet."""
+        if not self.turn_open or self.conclude_turn or self.surface.pending_calls:
+            return False
+        last = self.surface.nodes[-1] if self.surface.nodes else None
+        return last is not None and last.role == "tool"
+
+    # -- tools ---------------------------------------------------------------------------------------
+    def _sync_tools(self) -> None:
+        generation = self.kernel.plugins.generation
+        if generation == self._tools_generation:
+            return
+        registry = ToolRegistry()
+        manager = self.kernel.plugins
+
+        def register(tool: Tool) -> None:
+            if not isinstance(tool, Tool):
+                msg = f"register_tools must register ctxkernel.Tool objects, got {type(tool).__name__}"
+                raise ToolError(msg)
+            spec = manager.specs.get(tool.strategy)
+            if spec is not None and not tool.distribution:
+                tool.distribution = spec.distribution
+            registry.add(tool)
+
+        self.kernel.hooks.register_tools(self, register)
+        self.tools = registry
+        self._tools_generation = generation
+        self._system_cache = None
+
+    def owns_tool(self, name: str) -> bool:
+        self._sync_tools()
+        return name in self.tools
+
+    def run_tool(self, call: ToolCallBlock | dict[str, Any]) -> ToolOutcome:
+        """Run a kernel tool. Bad arguments give an error outcome; nothing is written for them."""
+        self._sync_tools()
+        if isinstance(call, dict):
+            call = ToolCallBlock(call["id"], call["name"], call.get("arguments") or {})
+        return self.tools.run(self, call)
+
+    def tool_result(self, call_id: str, result: str | ToolOutcome, *, is_error: bool = False) -> int:
+        """Commit the result of one pending call (in the model's order). Returns its seq."""
+        outcome = result if isinstance(result, ToolOutcome) else ToolOutcome(str(result), is_error=is_error)
+        pending = self.surface.pending_calls
+        if call_id not in pending:
+            msg = f"no pending tool call {call_id!r}; pending: {list(pending)}"
+            raise EventError(msg)
+        name = next((c.name for c in self.pending_calls if c.id == call_id), None)
+        message = Message.tool(call_id, outcome.content, is_error=outcome.is_error, name=name)
+        batch = [EventSpec(ev.TOOL_RESULT, {"message": message.to_dict()}, ev.append_op())]
+        if len(pending) == 1 and self.step_open:
+            batch.append(EventSpec(ev.STEP_END, {"turn": self.turn, "step": self.step}))
+        seq = self.append(batch)
+        if outcome.conclude_turn:
+            self.conclude_turn = True
+        if outcome.defer_message:
+            owner = self.tools.get(name or "")
+            self._deferred.append((owner.strategy if owner else "kernel", outcome.defer_message))
+        return seq
+
+    # -- requests ------------------------------------------------------------------------------------
+    def _system_and_tools(self) -> tuple[str, list[dict[str, Any]], str, int]:
+        """The composed system prompt, tool schemas, their hash and token count (cached)."""
+        self._sync_tools()
+        key = hash((self._tools_generation, len(self.harness_tools), id(self.harness_tools)))
+        if self._system_cache is None or self._system_cache[0] != key:
+            sections = [self.kernel.profile.profile.system_prompt, *self.kernel.hooks.system_prompt(self)]
+            system = "\n\n".join(s.strip() for s in sections if s and s.strip())
+            tools = self.tools.schemas() + list(self.harness_tools)
+            digest = hashlib.sha256(orjson.dumps([system, tools], option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
+            self._system_cache = (key, system, tools, digest, self.meter.count_header(system, tools))
+        _, system, tools, digest, tokens = self._system_cache
+        return system, tools, digest, tokens
+
+    def invalidate_header(self) -> None:
+        """Call when a strategy's system prompt section changed."""
+        self._system_cache = None
+
+    def set_harness_tools(self, schemas: list[dict[str, Any]]) -> None:
+        """The harness's own tool schemas: sent with every request and counted by the meter."""
+        self.harness_tools = list(schemas)
+        self._system_cache = None
+
+    def pressure(self) -> Pressure:
+        """How full the next request is, anchored on the provider's last usage figure."""
+        model = self.model_settings()
+        _, _, digest, header_tokens = self._system_and_tools()
+        estimate = header_tokens + self.meter.surface_tokens() + self._last_decoration_delta
+        anchored = False
+        tokens = estimate
+        if self._anchor is not None and self._anchor[2] == digest:
+            tokens = max(0, self._anchor[0] + estimate - self._anchor[1])
+            anchored = True
+        return Pressure(tokens, model.effective_window, model.context_window, model.reserved_output_tokens, anchored)
+
+    def set_route(self, provider: str, model: str, context_window: int | None = None) -> None:
+        """Route the next requests to another model (per-model policies apply from then on)."""
+        settings = self.kernel.profile.model_for(provider, model)
+        self._write_route(settings, context_window)
+
+    def _write_route(self, settings: ModelSettings, context_window: int | None = None) -> None:
+        data = {
+            "provider": settings.provider,
+            "model": settings.name,
+            "context_window": context_window or settings.context_window,
+            "reserved_output_tokens": settings.reserved_output_tokens,
+        }
+        if self.route != data:
+            self.append_one(ev.REQUEST_CONTEXT, data)
+
+    def prepare_request(self, *, attempt: int = 0) -> Request:
+        """Run the strategies and compose the next request from the surface."""
+        with self._lock:
+            self.refresh()
+            if not self.turn_open:
+                msg = "no open turn: call session.user(...) before prepare_request()"
+                raise EventError(msg)
+            if self.surface.pending_calls:
+                msg = f"tool calls {list(self.surface.pending_calls)} wait for results: commit them before the next request"
+                raise EventError(msg)
+            if self.step_open:  # a request that failed without request_failed(): close its step
+                self.append_one(ev.STEP_END, {"turn": self.turn, "step": self.step, "reason": "abandoned"})
+            self._flush_deferred()
+            step = StepContext(self.turn, self.step + 1, self.step == 0, attempt)
+            self.kernel.hooks.pre_step(self, step)
+            for strategy, text in step.reminders:
+                self._deferred.append((strategy, text))
+            self._flush_deferred()
+            system, tools, digest, header_tokens = self._system_and_tools()
+            batch = []
+            if digest != self.header_hash:
+                batch.append(EventSpec(ev.REQUEST_HEADER, {"system": system, "tools": tools, "hash": digest}))
+            if self.route is None:
+                self._write_route(self.model_settings())
+            batch.append(EventSpec(ev.STEP_START, {"turn": self.turn, "step": step.step}))
+            self.append(batch)
+            nodes = self.surface.nodes
+            request = Request(
+                messages=[n.message for n in nodes],
+                seqs=[n.seq for n in nodes],
+                system=system,
+                tools=tools,
+                turn=self.turn,
+                step=self.step,
+                pressure=self.pressure(),  # replaced below once decorations are known
+                provider=self.route["provider"] if self.route else "",
+                model=self.route["model"] if self.route else "",
+            )
+            self.kernel.hooks.decorate_request(self, request)
+            delta = 0
+            for index in request.decorated:
+                node = nodes[index]
+                delta += self.meter.decorated_tokens(node.seq, request.messages[index]) - self.meter.node_tokens(node)
+            self._last_decoration_delta = delta
+            request.pressure = self.pressure()
+            self._request_estimate = header_tokens + self.meter.surface_tokens() + delta
+            return request
+
+    def _flush_deferred(self) -> None:
+        if not self._deferred:
+            return
+        batch = [
+            EventSpec(ev.USER_MESSAGE, {"message": Message.user(text, Source.plugin_form(strategy, "notice")).to_dict()}, ev.append_op())
+            for strategy, text in self._deferred
+        ]
+        self._deferred = []
+        self.append(batch)
+
+    def commit_reply(self, reply: Message | dict[str, Any] | Any, usage: Any = None) -> Message:
+        """Commit the model's reply (after ``sanitize_reply``). Returns the committed message."""
+        from .convert import reply_to_message
+
+        with self._lock:
+            message = reply_to_message(reply)
+            if usage is None:
+                usage = getattr(reply, "usage", None)
+            if message.role != "assistant":
+                msg = f"commit_reply takes an assistant message, got role {message.role!r}"
+                raise EventError(msg)
+            if not self.step_open:
+                msg = "no open step: call prepare_request() before commit_reply()"
+                raise EventError(msg)
+            draft = ReplyDraft(message, normalize_usage(usage))
+            self.kernel.hooks.sanitize_reply(self, draft)
+            if [c.id for c in draft.message.tool_calls] != [c.id for c in message.tool_calls]:
+                msg = "a sanitize_reply hook changed the reply's tool calls; only text may be cleaned"
+                raise EventError(msg)
+            data: dict[str, Any] = {"message": draft.message.to_dict()}
+            if draft.usage:
+                data["usage"] = draft.usage
+                data["estimate"] = getattr(self, "_request_estimate", 0) + self.meter.count_message(draft.message)
+                data["tokenizer"] = self.meter.tokenizer.name
+            batch = [EventSpec(ev.ASSISTANT_MESSAGE, data, ev.append_op())]
+            if not draft.message.tool_calls:
+                batch.append(EventSpec(ev.STEP_END, {"turn": self.turn, "step": self.step}))
+            self.append(batch)
+            return draft.message
+
+    def request_failed(self, error: ModelError) -> bool:
+        """Report a provider error for the prepared request; True means "retry now".
+
+        Runs the ``request_error`` hooks (e.g. compact on context overflow). The step is closed;
+        the next ``prepare_request`` starts a new one.
+        """
+        with self._lock:
+            if self.step_open:
+                self.append_one(
+                    ev.STEP_END, {"turn": self.turn, "step": self.step, "error": f"{type(error).__name__}: {error}"[:2000]}
+                )
+            decision = self.kernel.hooks.request_error(self, error)
+            return bool(decision)
+
+    # -- compaction ------------------------------------------------------------------------------------
+    def compact(self, spans: Span | Sequence[Span], *, strategy: str, kind: str = "summary", **kwargs: Any) -> CommitResult:
+        """Run one compaction transaction (see :mod:`ctxkernel.compaction`)."""
+        with self._lock:
+            return run_transaction(self, [spans] if isinstance(spans, Span) else list(spans), strategy=strategy, kind=kind, **kwargs)
+
+    def replace_tool_result(self, seq: int, content: str, *, strategy: str, reason: str = "prune") -> int:
+        """Model-free shrink of one tool result (``compaction/prune`` + a one-node replacement)."""
+        node = self.surface.node(seq)
+        if node is None or node.role != "tool":
+            msg = f"seq {seq} is not a visible tool result"
+            raise SurfaceError(msg)
+        old = node.message.content[0]
+        message = Message.tool(old.call_id, content, is_error=old.is_error, name=old.name)  # type: ignore[union-attr]
+        return self.append(
+            [
+                EventSpec(ev.COMPACTION_PRUNE, {"target": seq, "strategy": strategy, "reason": reason, "chars_before": len(old.content), "chars_after": len(content)}),  # type: ignore[union-attr]
+                EventSpec(ev.TOOL_RESULT, {"message": message.to_dict(), "prune": True}, {"op": "replace", "start": seq, "end": seq, "cites": [seq]}),
+            ]
+        ) + 1
+
+    # -- recovery --------------------------------------------------------------------------------------
+    def repair_after_crash(self) -> list[int]:
+        """Close what a crashed writer left open: pending calls get error results, the step and
+        turn get ``interrupted`` closers, an abandoned compaction gets its error end."""
+        batch: list[EventSpec] = []
+        oc = self.open_compaction
+        if oc is not None and _holder_is_dead(oc.get("holder") or {}):
+            batch.append(EventSpec(ev.COMPACTION_END, {"compaction_id": oc["compaction_id"], "error": "interrupted: the writer died"}))
+        if self.turn_open and (self.surface.pending_calls or self.step_open):
+            batch += self._closers("interrupted", "outcome unknown: the session was interrupted before this call's result was recorded")
+            batch.append(EventSpec(ev.TURN_END, {"turn": self.turn, "reason": "interrupted"}))
+        if not batch:
+            return []
+        first = self.append(batch)
+        return list(range(first, first + len(batch)))
+
+    def project(self) -> dict[str, Any]:
+        """Status for ``ctxkernel inspect``: pressure, surface, compactions, strategy panels."""
+        compactions = [e.data for e in self.events if e.type == ev.COMPACTION_SUMMARY]
+        roles: dict[str, int] = {}
+        for node in self.surface.nodes:
+            roles[node.role] = roles.get(node.role, 0) + 1
+        return {
+            "session": self.id,
+            "events": len(self.events),
+            "turn": self.turn,
+            "pressure": self.pressure().to_dict(),
+            "surface": {"nodes": len(self.surface.nodes), "roles": roles, "tokens": self.meter.surface_tokens()},
+            "compactions": [
+                {"strategy": c.get("strategy"), "kind": c.get("kind"), "tokens_before": c.get("tokens_before"), "tokens_after": c.get("tokens_after"), "cites": len(c.get("cites", []))}
+                for c in compactions
+            ],
+            "strategies": self.kernel.hooks.project(self),
+        }
+
+
+def _holder_is_dead(holder: dict[str, Any]) -> bool:
+    if holder.get("host") != socket.gethostname():
+        return False  # another host: we cannot tell, so we never steal its lock
+    pid = holder.get("pid")
+    if not isinstance(pid, int):
+        return True
+    if pid == os.getpid():
+        return True  # our own process reopening: the holder is gone with the old session object
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _clone_surface(surface: Surface) -> Surface:
+    clone = Surface()
+    clone.nodes = list(surface.nodes)
+    clone.applied = surface.applied
+    clone.version = surface.version
+    clone._pos = None
+    clone.pending_calls = dict(surface.pending_calls)
+    clone.call_owner = dict(surface.call_owner)
+    clone.result_of = dict(surface.result_of)
+    return clone
+
+
+__all__ = ["EventSpec", "ReplyDraft", "Request", "Session", "StepContext", "normalize_usage", "ConflictError"]

@@ -1,0 +1,181 @@
+"""The ``EventStore`` protocol every backend implements.
+
+A store keeps, per session, a header and an append-only list of events with contiguous seqs, and
+a small key-value table shared by all sessions (chapter lineage, notes, registries). It is the
+only layer that touches disk or a database. Semantic repair (closing open tool calls and turns
+after a crash) belongs to the session; a store only guarantees that what it returns is a prefix
+of acknowledged batches, and that a defect it cannot explain raises :class:`CorruptionError`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from ..errors import StoreError
+from ..events import Event
+
+FORMAT_VERSION = 1
+_SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_KV_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,255}$")
+
+
+def check_session_id(session_id: str) -> str:
+    if not isinstance(session_id, str) or not _SESSION_ID.match(session_id) or ".." in session_id:
+        msg = (
+            f"invalid session id {session_id!r}: use 1-128 characters of letters, digits, '.', '_' "
+            "or '-', starting with a letter or digit"
+        )
+        raise StoreError(msg)
+    return session_id
+
+
+def check_kv_name(kind: str, value: str) -> str:
+    if not isinstance(value, str) or not _KV_NAME.match(value) or ".." in value.split("/"):
+        msg = f"invalid key-value {kind} {value!r}: letters, digits and . _ / - only, no '..' part"
+        raise StoreError(msg)
+    return value
+
+
+def default_home() -> Path:
+    """``$CTXKERNEL_HOME``, else the user's data directory (``$XDG_DATA_HOME/ctxkernel``)."""
+    if env := os.environ.get("CTXKERNEL_HOME"):
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "ctxkernel"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionHeader:
+    id: str
+    created: str
+    format_version: int = FORMAT_VERSION
+    parent: str | None = None
+    origin: str | None = None
+    profile: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"format_version": self.format_version, "id": self.id, "created": self.created}
+        for key in ("parent", "origin", "profile"):
+            if (value := getattr(self, key)) is not None:
+                out[key] = value
+        if self.extra:
+            out["extra"] = self.extra
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: Any, where: str = "header") -> SessionHeader:
+        from ..errors import CorruptionError
+
+        if not isinstance(raw, dict) or not isinstance(raw.get("id"), str):
+            msg = f"{where}: session header must be an object with an 'id', got {raw!r:.120}"
+            raise CorruptionError(msg)
+        version = raw.get("format_version")
+        if version != FORMAT_VERSION:
+            msg = f"{where}: unsupported session format_version {version!r}; this ctxkernel reads {FORMAT_VERSION}"
+            raise CorruptionError(msg)
+        known = {"format_version", "id", "created", "parent", "origin", "profile", "extra"}
+        if unknown := set(raw) - known:
+            msg = f"{where}: session header has unknown keys {sorted(unknown)}; accepted: {sorted(known)}"
+            raise CorruptionError(msg)
+        return cls(
+            id=raw["id"],
+            created=raw.get("created", ""),
+            parent=raw.get("parent"),
+            origin=raw.get("origin"),
+            profile=raw.get("profile"),
+            extra=raw.get("extra") or {},
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RepairReport:
+    """What a store cut off when it opened a session after a crash."""
+
+    truncated_bytes: int = 0
+    dropped_events: int = 0
+    reason: str = ""
+
+    @property
+    def repaired(self) -> bool:
+        return self.truncated_bytes > 0 or self.dropped_events > 0
+
+
+@runtime_checkable
+class EventStore(Protocol):
+    """Append-only session logs plus a key-value table. Backends: jsonl, sqlite, postgres."""
+
+    #: backend name as written in profiles (``[store] backend = ...``)
+    backend: str
+
+    def create(self, header: SessionHeader) -> None:
+        """Create a session atomically; :class:`SessionExistsError` if the id is taken."""
+
+    def exists(self, session_id: str) -> bool: ...
+
+    def header(self, session_id: str) -> SessionHeader: ...
+
+    def append(self, session_id: str, events: Sequence[Event], expected_seq: int) -> None:
+        """Durably append one batch, all or nothing.
+
+        ``expected_seq`` is the seq the caller believes comes next; when another writer appended
+        first, :class:`ConflictError` is raised and nothing is written.
+        """
+
+    def read(self, session_id: str, start: int = 0) -> Iterator[Event]:
+        """Yield validated events with ``seq >= start`` in order."""
+
+    def next_seq(self, session_id: str) -> int:
+        """The seq the next appended event must have (cheap: used to detect new events)."""
+
+    def list_sessions(self) -> list[str]: ...
+
+    def repair(self, session_id: str) -> RepairReport:
+        """Cut a torn tail left by a crash (never anything acknowledged); raise
+        :class:`CorruptionError` for any other defect, rewriting nothing."""
+
+    def kv_get(self, namespace: str, key: str) -> Any | None: ...
+
+    def kv_put(self, namespace: str, key: str, value: Any) -> None: ...
+
+    def kv_delete(self, namespace: str, key: str) -> None: ...
+
+    def kv_list(self, namespace: str, prefix: str = "") -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+def store_from_settings(settings: Any, home: Path | None = None) -> EventStore:
+    """Build the backend named by a profile's ``[store]`` settings."""
+    backend = getattr(settings, "backend", "jsonl")
+    home = Path(getattr(settings, "path", None) or home or default_home())
+    if backend == "jsonl":
+        from .jsonl import JsonlStore
+
+        return JsonlStore(home)
+    if backend == "sqlite":
+        from .sqlite import SqliteStore  # type: ignore[import-not-found]
+
+        return SqliteStore(home)
+    if backend == "postgres":
+        from .postgres import PostgresStore  # type: ignore[import-not-found]
+
+        return PostgresStore(getattr(settings, "dsn", None))
+    msg = f"unknown store backend {backend!r}; accepted: ['jsonl', 'sqlite', 'postgres']"
+    raise StoreError(msg)
+
+
+def check_batch(events: Sequence[Event], expected_seq: int) -> None:
+    """Shared pre-write check: a batch is non-empty and its seqs run on from ``expected_seq``."""
+    if not events:
+        msg = "append needs at least one event"
+        raise StoreError(msg)
+    for offset, event in enumerate(events):
+        if event.seq != expected_seq + offset:
+            msg = f"batch seqs must run on from {expected_seq}: event {offset} has seq {event.seq}"
+            raise StoreError(msg)

@@ -1,0 +1,306 @@
+"""The default ``jsonl`` backend: one file per session under the kernel home.
+
+File format: a header line ``{"format_version", "id", "created", ...}``, then one orjson event
+per line. Every event of a batch but the last carries ``"more": true`` so that a crash in the
+middle of a batch can be recognised and cut back to the last complete batch on open: a batch is
+all or nothing, which is what keeps a half-written compaction off the surface.
+
+Concurrency: a per-session :mod:`filelock` serialises writers across processes; the optimistic
+``expected_seq`` check turns a stale writer into a :class:`ConflictError` with nothing written.
+Readers take no lock: they stop at the last complete batch they see.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import urllib.parse
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from filelock import FileLock
+
+from ..errors import ConflictError, CorruptionError, EventError, SessionExistsError, SessionNotFoundError, StoreError
+from ..events import Event
+from .base import RepairReport, SessionHeader, check_batch, check_kv_name, check_session_id
+
+_MORE = "more"
+
+
+@dataclass(slots=True)
+class _Index:
+    """What this process knows of one file: byte offset of every event line, and where the
+    last complete batch ends. Lets an unchanged log be re-read without scanning anything."""
+
+    header_end: int
+    offsets: list[int] = field(default_factory=list)
+    end: int = 0  # byte just after the last complete batch
+
+
+class JsonlStore:
+    backend = "jsonl"
+
+    def __init__(self, home: str | os.PathLike[str], *, fsync: bool = True) -> None:
+        self.home = Path(home)
+        self.sessions_dir = self.home / "sessions"
+        self.kv_dir = self.home / "kv"
+        self.fsync = fsync
+        self._index: dict[str, _Index] = {}
+        self._mutex = threading.RLock()  # filelock is per-process reentrant; this guards _index
+
+    # -- paths ---------------------------------------------------------------------------------
+    def path(self, session_id: str) -> Path:
+        return self.sessions_dir / f"{check_session_id(session_id)}.jsonl"
+
+    def _lock(self, session_id: str) -> FileLock:
+        return FileLock(str(self.path(session_id)) + ".lock", timeout=60)
+
+    # -- sessions ------------------------------------------------------------------------------
+    def create(self, header: SessionHeader) -> None:
+        path = self.path(header.id)
+        self.sessions_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(orjson.dumps(header.to_dict()) + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            # link() publishes the complete file atomically and refuses an existing name
+            os.link(tmp, path)
+        except FileExistsError:
+            msg = f"session {header.id} already exists at {path}"
+            raise SessionExistsError(msg) from None
+        finally:
+            tmp.unlink(missing_ok=True)
+        self._fsync_dir(self.sessions_dir)
+
+    def exists(self, session_id: str) -> bool:
+        return self.path(session_id).exists()
+
+    def header(self, session_id: str) -> SessionHeader:
+        path = self._existing(session_id)
+        with open(path, "rb") as f:
+            line = f.readline()
+        try:
+            raw = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            msg = f"{path}:1: session header is not valid JSON ({exc})"
+            raise CorruptionError(msg) from None
+        return SessionHeader.from_dict(raw, where=f"{path}:1")
+
+    def list_sessions(self) -> list[str]:
+        if not self.sessions_dir.exists():
+            return []
+        return sorted(p.stem for p in self.sessions_dir.glob("*.jsonl") if not p.name.startswith("."))
+
+    def _existing(self, session_id: str) -> Path:
+        path = self.path(session_id)
+        if not path.exists():
+            msg = f"no session {session_id!r} in {self.sessions_dir}"
+            raise SessionNotFoundError(msg)
+        return path
+
+    # -- reading -------------------------------------------------------------------------------
+    def _scan(self, session_id: str, *, repair: bool = False) -> tuple[_Index, list[Event], RepairReport]:
+        """Bring this process's index up to the end of the file, returning the new events.
+
+        A line without its newline, or a batch without its last event, at the very end is a torn
+        tail: ignored by readers, cut off by ``repair``. Any other defect is corruption.
+        """
+        path = self._existing(session_id)
+        with self._mutex:
+            index = self._index.get(session_id)
+            with open(path, "rb") as f:
+                if index is None:
+                    first = f.readline()
+                    if not first.endswith(b"\n"):
+                        msg = f"{path}:1: session header line is incomplete"
+                        raise CorruptionError(msg)
+                    SessionHeader.from_dict(_loads(first, path, 1), where=f"{path}:1")
+                    index = _Index(header_end=len(first), end=len(first))
+                f.seek(index.end)
+                data = f.read()
+            events: list[Event] = []
+            pending_offsets: list[int] = []
+            pending: list[Event] = []
+            pos = 0
+            base = index.end
+            line_no = 2 + len(index.offsets)
+            committed = 0  # bytes of `data` that belong to complete batches
+            defect: str | None = None
+            while pos < len(data):
+                nl = data.find(b"\n", pos)
+                if nl < 0:
+                    defect = "torn last line (no newline)"
+                    break
+                raw_line = data[pos:nl]
+                try:
+                    raw = orjson.loads(raw_line)
+                    more = raw.pop(_MORE, False) if isinstance(raw, dict) else False
+                    event = Event.from_dict(raw)
+                except (orjson.JSONDecodeError, EventError) as exc:
+                    if data.find(b"\n", nl + 1) < 0 and not data[nl + 1 :].strip():
+                        defect = f"torn last line ({exc})"
+                        break
+                    msg = f"{path}:{line_no}: {exc}; the log is corrupt before its end and was not rewritten"
+                    raise CorruptionError(msg) from None
+                expected = len(index.offsets) + len(pending_offsets)
+                if event.seq != expected:
+                    msg = f"{path}:{line_no}: event seq {event.seq} where {expected} was expected"
+                    raise CorruptionError(msg)
+                pending_offsets.append(base + pos)
+                pending.append(event)
+                pos = nl + 1
+                line_no += 1
+                if not more:
+                    index.offsets.extend(pending_offsets)
+                    events.extend(pending)
+                    pending_offsets, pending = [], []
+                    committed = pos
+            if pending and defect is None:
+                defect = f"incomplete batch of {len(pending)} event(s) at the end"
+            index.end = base + committed
+            self._index[session_id] = index
+            report = RepairReport()
+            if defect is not None and repair:
+                cut = len(data) - committed
+                with open(path, "r+b") as f:
+                    f.truncate(index.end)
+                    f.flush()
+                    os.fsync(f.fileno())
+                report = RepairReport(truncated_bytes=cut, dropped_events=len(pending), reason=defect)
+            return index, events, report
+
+    def read(self, session_id: str, start: int = 0) -> Iterator[Event]:
+        index, _, _ = self._scan(session_id)
+        if start >= len(index.offsets):
+            return iter(())
+        path = self.path(session_id)
+        with open(path, "rb") as f:
+            f.seek(index.offsets[start])
+            data = f.read(index.end - index.offsets[start])
+        return self._parse(data)
+
+    @staticmethod
+    def _parse(data: bytes) -> Iterator[Event]:
+        for line in data.splitlines():
+            raw = orjson.loads(line)
+            raw.pop(_MORE, None)
+            yield Event.from_dict(raw)
+
+    def next_seq(self, session_id: str) -> int:
+        index, _, _ = self._scan(session_id)
+        return len(index.offsets)
+
+    def repair(self, session_id: str) -> RepairReport:
+        with self._lock(session_id):
+            _, _, report = self._scan(session_id, repair=True)
+            return report
+
+    # -- writing -------------------------------------------------------------------------------
+    def append(self, session_id: str, events: Sequence[Event], expected_seq: int) -> None:
+        check_batch(events, expected_seq)
+        lines = []
+        last = len(events) - 1
+        for i, event in enumerate(events):
+            raw = event.to_dict()
+            if i != last:
+                raw[_MORE] = True
+            lines.append(orjson.dumps(raw))
+        payload = b"\n".join(lines) + b"\n"
+        path = self._existing(session_id)
+        with self._lock(session_id):
+            index, _, _ = self._scan(session_id)
+            actual = len(index.offsets)
+            if actual != expected_seq:
+                raise ConflictError(session_id, expected_seq, actual)
+            with open(path, "r+b") as f:
+                # a torn tail left by a crashed writer is overwritten, never appended after
+                f.seek(index.end)
+                try:
+                    f.write(payload)
+                    f.truncate()
+                    f.flush()
+                    if self.fsync:
+                        os.fsync(f.fileno())
+                except OSError:
+                    f.truncate(index.end)
+                    raise
+            with self._mutex:
+                offset = index.end
+                for line in lines:
+                    index.offsets.append(offset)
+                    offset += len(line) + 1
+                index.end = offset
+
+    # -- key-value table -----------------------------------------------------------------------
+    def _kv_path(self, namespace: str, key: str) -> Path:
+        check_kv_name("namespace", namespace)
+        check_kv_name("key", key)
+        return self.kv_dir / urllib.parse.quote(namespace, safe="") / (urllib.parse.quote(key, safe="") + ".json")
+
+    def kv_get(self, namespace: str, key: str) -> Any | None:
+        path = self._kv_path(namespace, key)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            msg = f"{path}: key-value entry is not valid JSON ({exc})"
+            raise CorruptionError(msg) from None
+
+    def kv_put(self, namespace: str, key: str, value: Any) -> None:
+        path = self._kv_path(namespace, key)
+        try:
+            payload = orjson.dumps(value)
+        except TypeError as exc:
+            msg = f"key-value {namespace}/{key}: value is not JSON-serialisable ({exc})"
+            raise StoreError(msg) from None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(payload)
+            f.flush()
+            if self.fsync:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def kv_delete(self, namespace: str, key: str) -> None:
+        self._kv_path(namespace, key).unlink(missing_ok=True)
+
+    def kv_list(self, namespace: str, prefix: str = "") -> dict[str, Any]:
+        folder = self.kv_dir / urllib.parse.quote(check_kv_name("namespace", namespace), safe="")
+        if not folder.exists():
+            return {}
+        out = {}
+        for path in sorted(folder.glob("*.json")):
+            if path.name.startswith("."):
+                continue
+            key = urllib.parse.unquote(path.name[: -len(".json")])
+            if key.startswith(prefix):
+                out[key] = self.kv_get(namespace, key)
+        return out
+
+    def close(self) -> None:
+        self._index.clear()
+
+    @staticmethod
+    def _fsync_dir(folder: Path) -> None:
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _loads(line: bytes, path: Path, line_no: int) -> Any:
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        msg = f"{path}:{line_no}: not valid JSON ({exc})"
+        raise CorruptionError(msg) from None

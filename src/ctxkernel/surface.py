@@ -1,0 +1,293 @@
+"""The surface: the fold of a session log into the messages the model sees.
+
+Only ``user/message``, ``assistant/message`` and ``tool/result`` events carry a message, each with
+a surface operation (``append`` or ``replace``); the kernel's ``surface/drop`` removes a cited
+range without a replacement. Replaying a log from seq 0 always gives the same surface.
+
+The fold is incremental: an append costs O(1) amortised; a replacement costs O(surface), which is
+bounded by the context window and paid only when a strategy compacts. Every operation is checked
+(:meth:`Surface.check`) before it is applied, so an invalid event is refused before it is written
+and a stored log that breaks a rule is reported as corrupt rather than replayed differently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from .errors import SurfaceError
+from .events import ASSISTANT_MESSAGE, MESSAGE_TYPES, SURFACE_DROP, TOOL_RESULT, USER_MESSAGE, Event
+from .messages import Message
+
+
+class Node:
+    """One model-visible message, identified by the seq of the event that put it there."""
+
+    __slots__ = ("event", "message", "tokens")
+
+    def __init__(self, event: Event, message: Message) -> None:
+        self.event = event
+        self.message = message
+        self.tokens: int | None = None  # filled lazily by the meter
+
+    @property
+    def seq(self) -> int:
+        return self.event.seq
+
+    @property
+    def role(self) -> str:
+        return self.message.role
+
+    def __repr__(self) -> str:
+        return f"Node(seq={self.seq}, role={self.role})"
+
+
+class Surface:
+    """Model-visible nodes in order, plus the indexes that keep tool pairing checkable."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Node] = []
+        self.applied = 0  # next seq this surface expects
+        self.version = 0  # bumped by every replace/remove: lets a transaction detect changes
+        self._pos: dict[int, int] | None = {}
+        self.pending_calls: dict[str, int] = {}  # call id -> assistant seq, still waiting
+        self.call_owner: dict[str, int] = {}  # call id -> assistant seq, visible
+        self.result_of: dict[str, int] = {}  # call id -> tool result seq, visible
+        self.listeners: list[Any] = []  # objects with on_add(node) / on_remove(node)
+
+    # -- lookups --------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self.nodes)
+
+    def messages(self) -> list[Message]:
+        return [n.message for n in self.nodes]
+
+    def seqs(self) -> list[int]:
+        return [n.seq for n in self.nodes]
+
+    def position(self, seq: int) -> int | None:
+        """Index of the node with this seq on the surface, or None when it is not visible."""
+        if self._pos is None:
+            self._pos = {n.seq: i for i, n in enumerate(self.nodes)}
+        return self._pos.get(seq)
+
+    def node(self, seq: int) -> Node | None:
+        pos = self.position(seq)
+        return None if pos is None else self.nodes[pos]
+
+    def span(self, start: int, end: int) -> list[Node]:
+        """Nodes from seq ``start`` through seq ``end`` in surface order (raises if invalid)."""
+        a, b = self.position(start), self.position(end)
+        if a is None or b is None:
+            missing = start if a is None else end
+            msg = f"seq {missing} is not on the surface (visible: {self._describe_visible()})"
+            raise SurfaceError(msg)
+        if a > b:
+            msg = f"range start {start} comes after its end {end} on the surface"
+            raise SurfaceError(msg)
+        return self.nodes[a : b + 1]
+
+    def _describe_visible(self) -> str:
+        seqs = self.seqs()
+        if len(seqs) > 12:
+            return f"{seqs[:6]} … {seqs[-6:]} ({len(seqs)} nodes)"
+        return str(seqs)
+
+    # -- pairing --------------------------------------------------------------------------------
+    def is_balanced_cut(self, position: int) -> bool:
+        """True when cutting between ``nodes[position-1]`` and ``nodes[position]`` keeps every
+        tool call on the same side as all of its results.
+
+        Results are always committed right after their assistant message (and a content-only
+        replacement keeps their place), so a cut is unbalanced exactly when it lands on a tool
+        result or leaves a still-pending call before it.
+        """
+        if position < 0 or position > len(self.nodes):
+            return False
+        if position < len(self.nodes) and self.nodes[position].role == "tool":
+            return False
+        return not any(pos < position for pos in self._pending_positions())
+
+    def _pending_positions(self) -> Iterable[int]:
+        for seq in self.pending_calls.values():
+            pos = self.position(seq)
+            if pos is not None:
+                yield pos
+
+    def check_range_closed(self, nodes: list[Node]) -> None:
+        """A range is closed when every tool call in it has all its results in it and every
+        result in it has its call in it. Raise :class:`SurfaceError` naming the broken pair."""
+        inside = {n.seq for n in nodes}
+        for n in nodes:
+            if n.role == "assistant":
+                for call in n.message.tool_calls:
+                    if call.id in self.pending_calls:
+                        msg = f"tool call {call.id} (seq {n.seq}) has no result yet: the range would split it"
+                        raise SurfaceError(msg)
+                    rseq = self.result_of.get(call.id)
+                    if rseq is not None and rseq not in inside:
+                        msg = (
+                            f"tool call {call.id} (seq {n.seq}) has its result at seq {rseq} outside the "
+                            "range: a tool call and its results stay on one side of a cut"
+                        )
+                        raise SurfaceError(msg)
+            elif n.role == "tool":
+                call_id = n.message.content[0].call_id  # type: ignore[union-attr]
+                owner = self.call_owner.get(call_id)
+                if owner is not None and owner not in inside:
+                    msg = (
+                        f"tool result seq {n.seq} answers call {call_id} at seq {owner} outside the "
+                        "range: a tool call and its results stay on one side of a cut"
+                    )
+                    raise SurfaceError(msg)
+
+    # -- the fold -------------------------------------------------------------------------------
+    def check(self, event: Event) -> Message | None:
+        """Validate ``event`` against the current surface without changing it.
+
+        Returns the parsed message for message events. Raises :class:`SurfaceError`.
+        """
+        if event.seq != self.applied:
+            msg = f"event seq {event.seq} does not follow the surface's last applied seq {self.applied - 1}"
+            raise SurfaceError(msg)
+        if event.type not in MESSAGE_TYPES and event.type != SURFACE_DROP:
+            return None
+        message = Message.from_dict(event.data["message"]) if event.type != SURFACE_DROP else None
+        if message is not None:
+            expected_role = {USER_MESSAGE: "user", ASSISTANT_MESSAGE: "assistant", TOOL_RESULT: "tool"}[event.type]
+            if message.role != expected_role:
+                msg = f"{event.type} must carry a {expected_role} message, got role {message.role!r}"
+                raise SurfaceError(msg)
+        op = event.surface or {}
+        kind = op.get("op")
+        if kind == "append":
+            self._check_append(event, message)
+        else:
+            self._check_replace(event, message, op)
+        return message
+
+    def _check_append(self, event: Event, message: Message | None) -> None:
+        assert message is not None
+        if event.type == TOOL_RESULT:
+            call_id = message.content[0].call_id  # type: ignore[union-attr]
+            if call_id not in self.pending_calls:
+                if call_id in self.result_of:
+                    msg = f"tool call {call_id} already has a result (seq {self.result_of[call_id]})"
+                else:
+                    msg = f"tool result for unknown call {call_id}; pending calls: {sorted(self.pending_calls)}"
+                raise SurfaceError(msg)
+        elif self.pending_calls:
+            msg = (
+                f"cannot append a {message.role} message while tool calls {sorted(self.pending_calls)} "
+                "wait for results: commit every result of the batch first"
+            )
+            raise SurfaceError(msg)
+        if event.type == ASSISTANT_MESSAGE:
+            ids = [c.id for c in message.tool_calls]
+            if len(set(ids)) != len(ids):
+                msg = f"assistant message repeats a tool call id: {ids}"
+                raise SurfaceError(msg)
+            for call_id in ids:
+                if call_id in self.call_owner:
+                    msg = f"tool call id {call_id} is already used by seq {self.call_owner[call_id]}"
+                    raise SurfaceError(msg)
+
+    def _check_replace(self, event: Event, message: Message | None, op: dict[str, Any]) -> None:
+        nodes = self.span(op["start"], op["end"])
+        shadowed = [n.seq for n in nodes]
+        cites = op["cites"]
+        if len(cites) != len(shadowed) or set(cites) != set(shadowed):
+            missing = sorted(set(shadowed) - set(cites))
+            extra = sorted(set(cites) - set(shadowed))
+            parts = []
+            if missing:
+                parts.append(f"shadows {missing} without citing them")
+            if extra:
+                parts.append(f"cites {extra} which are not in the range")
+            msg = f"{op['op']} {op['start']}..{op['end']} " + " and ".join(parts) + f"; it must cite exactly {shadowed}"
+            raise SurfaceError(msg)
+        if event.type == TOOL_RESULT:
+            assert message is not None
+            if len(nodes) != 1 or nodes[0].role != "tool":
+                msg = "a tool/result replacement shadows exactly one tool result"
+                raise SurfaceError(msg)
+            old = nodes[0].message.content[0]
+            new = message.content[0]
+            if (old.call_id, old.is_error, old.name) != (new.call_id, new.is_error, new.name):  # type: ignore[union-attr]
+                msg = "a tool/result replacement may change only that result's content, not its call id, name or error flag"
+                raise SurfaceError(msg)
+            return
+        self.check_range_closed(nodes)
+        if message is not None and message.tool_calls:
+            msg = "a replacement message cannot carry tool calls"
+            raise SurfaceError(msg)
+
+    def apply(self, event: Event, message: Message | None = None, *, checked: bool = False) -> None:
+        """Fold one event into the surface (``check`` first unless ``checked``)."""
+        if not checked:
+            message = self.check(event)
+        elif message is None and event.type in MESSAGE_TYPES:
+            message = Message.from_dict(event.data["message"])
+        self.applied = event.seq + 1
+        if event.type not in MESSAGE_TYPES and event.type != SURFACE_DROP:
+            return
+        op = event.surface or {}
+        if op.get("op") == "append":
+            assert message is not None
+            node = Node(event, message)
+            if self._pos is not None:
+                self._pos[event.seq] = len(self.nodes)
+            self.nodes.append(node)
+            self._index_add(node)
+            for listener in self.listeners:
+                listener.on_add(node)
+            return
+        a = self.position(op["start"])
+        b = self.position(op["end"])
+        assert a is not None and b is not None
+        removed = self.nodes[a : b + 1]
+        replacement = [Node(event, message)] if message is not None else []
+        if event.type == TOOL_RESULT:
+            # a content-only replacement keeps the pairing of the call it answers
+            self.nodes[a : b + 1] = replacement
+            self.result_of[message.content[0].call_id] = event.seq  # type: ignore[union-attr]
+        else:
+            self.nodes[a : b + 1] = replacement
+            for n in removed:
+                self._index_remove(n)
+        self._pos = None
+        self.version += 1
+        for listener in self.listeners:
+            for n in removed:
+                listener.on_remove(n)
+            for n in replacement:
+                listener.on_add(n)
+
+    def _index_add(self, node: Node) -> None:
+        if node.role == "assistant":
+            for call in node.message.tool_calls:
+                self.pending_calls[call.id] = node.seq
+                self.call_owner[call.id] = node.seq
+        elif node.role == "tool":
+            call_id = node.message.content[0].call_id  # type: ignore[union-attr]
+            self.pending_calls.pop(call_id, None)
+            self.result_of[call_id] = node.seq
+
+    def _index_remove(self, node: Node) -> None:
+        if node.role == "assistant":
+            for call in node.message.tool_calls:
+                self.call_owner.pop(call.id, None)
+                self.pending_calls.pop(call.id, None)
+        elif node.role == "tool":
+            self.result_of.pop(node.message.content[0].call_id, None)  # type: ignore[union-attr]
+
+
+def replay(events: Iterable[Event]) -> Surface:
+    """Fold a whole log into a fresh surface."""
+    surface = Surface()
+    for event in events:
+        surface.apply(event)
+    return surface

@@ -1,0 +1,77 @@
+"""Public test helpers for strategy authors, shipped as a pytest plugin.
+
+Enable in a plugin's tests with one line in ``conftest.py``::
+
+    pytest_plugins = ["ctxkernel.testing"]
+
+(It is also registered through the ``pytest11`` entry point, so installing ctxkernel is enough.)
+
+Fixtures: ``ctx_home`` (a temporary kernel home), ``make_kernel`` (a kernel with entry-point
+discovery off, strategies given in code), ``scripted_model``. Helpers: :func:`throwaway_plugin`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .kernel import Kernel
+from .models.scripted import ScriptedModel
+from .profile import Profile, load_profile
+from .store.jsonl import JsonlStore
+
+
+def make_profile(path: Path | None = None, **overrides: Any) -> Profile:
+    """A profile from a file (or the built-in defaults) with top-level tables overridden."""
+    profile = load_profile(path) if path else load_profile("basic")
+    for key, value in overrides.items():
+        current = getattr(profile, key)
+        if hasattr(current, "model_copy") and isinstance(value, dict):
+            value = current.model_copy(update=value)
+        setattr(profile, key, value)
+    return profile
+
+
+def build_kernel(home: Path, *, strategies: list[str] | None = None, plugins: list[tuple[str, Any]] | None = None,
+                 entry_points: bool = False, profile: Profile | None = None, **profile_tables: Any) -> Kernel:
+    """A kernel on a jsonl store in ``home``. With ``entry_points=False`` only built-ins and the
+    ``plugins`` given here are available."""
+    profile = profile or make_profile(**profile_tables)
+    if strategies is not None:
+        profile.profile.strategies = strategies
+    return Kernel(profile, store=JsonlStore(home), home=home, entry_points=entry_points, plugins=plugins)
+
+
+@contextlib.contextmanager
+def throwaway_plugin(kernel: Kernel, plugin: Any, name: str) -> Iterator[Any]:
+    """Register ``plugin`` as strategy ``name`` for the block; always unregistered after."""
+    kernel.plugins.register(plugin, name, distribution="(throwaway)")
+    try:
+        yield plugin
+    finally:
+        kernel.plugins.unregister(name)
+
+
+@pytest.fixture
+def ctx_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "ctxkernel-home"
+    home.mkdir()
+    monkeypatch.setenv("CTXKERNEL_HOME", str(home))
+    return home
+
+
+@pytest.fixture
+def make_kernel(ctx_home: Path) -> Any:
+    def factory(**kwargs: Any) -> Kernel:
+        return build_kernel(ctx_home, **kwargs)
+
+    return factory
+
+
+@pytest.fixture
+def scripted_model() -> Any:
+    return ScriptedModel
