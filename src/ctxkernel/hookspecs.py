@@ -183,6 +183,22 @@ def project(session: Session) -> dict[str, Any] | None:
 
 
 @hookspec
+def steward_actions(session: Session, request: Request) -> list[dict[str, Any]] | None:
+    """In open-loop simulation, the context-management tool calls a model would make now.
+
+    ``ctxkernel simulate`` replays recorded assistant turns, which never call a strategy's
+    tools. Before each replayed request it asks every strategy for the calls a deterministic
+    steward would make (write a note, ``compress`` when reminded, ``new_context``,
+    ``chapters_continue``...). Each call is ``{"name": tool, "arguments": {...}}``; the
+    simulator runs them as a separate model step with the strategy's own tools. The default
+    policy is the strategy's; ``--steward`` replaces it.
+
+    :param request: the request just prepared (reminders and pressure are visible in it).
+    :return: tool calls to run before the recorded reply, or None.
+    """
+
+
+@hookspec
 def validate_profile(profile: Profile, report: ValidationReport) -> None:
     """Strategy-specific preflight checks of a profile that names this strategy.
 

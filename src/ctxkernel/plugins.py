@@ -280,6 +280,12 @@ class HookFacade:
                 out[self._pm.get_name(impl.plugin) or impl.plugin_name] = result
         return out
 
+    def steward_actions(self, session: Session, request: Request) -> list[dict[str, Any]]:
+        calls: list[dict[str, Any]] = []
+        for result in self._hook.steward_actions(session=session, request=request):
+            calls.extend(result or [])
+        return calls
+
     def validate_profile(self, profile: Profile, report: ValidationReport) -> None:
         self._hook.validate_profile(profile=profile, report=report)
 
