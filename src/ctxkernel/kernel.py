@@ -151,6 +151,8 @@ class Kernel:
             if repair:
                 session.repair_after_crash()
         self.hooks.session_opened(session)
+        if session.events:
+            session.restore_harness_tools()
         return session
 
     def sessions(self) -> list[str]:

@@ -195,6 +195,7 @@ class Session:
         self._last_decoration_delta = 0
         self._system_cache: tuple[int, str, list[dict[str, Any]], str, int] | None = None
         self._tools_generation = -1
+        self._header_tools: list[dict[str, Any]] = []
 
     # -- log access -------------------------------------------------------------------------------
     @property
@@ -254,6 +255,7 @@ class Session:
                 self.open_compaction = None
         elif t == ev.REQUEST_HEADER:
             self.header_hash = d["hash"]
+            self._header_tools = d["tools"]
         elif t == ev.REQUEST_CONTEXT:
             self.route = d
         elif t == ev.ASSISTANT_MESSAGE:
@@ -439,6 +441,14 @@ class Session:
 
     def invalidate_header(self) -> None:
         """Call when a strategy's system prompt section changed."""
+        self._system_cache = None
+
+    def restore_harness_tools(self) -> None:
+        """On resume, the harness's tools are those of the last recorded header that no
+        strategy owns, so a reopened session composes the same request as before."""
+        self._sync_tools()
+        own = set(self.tools.names())
+        self.harness_tools = [t for t in self._header_tools if t.get("function", {}).get("name") not in own]
         self._system_cache = None
 
     def set_harness_tools(self, schemas: list[dict[str, Any]]) -> None:

@@ -1,0 +1,232 @@
+"""The strategy conformance suite: the kernel's invariants, checked against any strategy.
+
+One call runs a long scripted session with large tool outputs through a profile and checks:
+
+- replay determinism and restart equivalence (surface, pressure and every strategy's panel are
+  the same when the session is reopened by a new kernel, at several points of the session);
+- no orphan tool call or result in any request the harness would send;
+- durable events are never mutated (what was appended is what the store returns at the end);
+- every tool refusal leaves the log byte-identical;
+- the effective window is never exceeded when a strategy claims the ``pressure`` capability;
+- every strategy's settings reject unknown keys.
+
+Strategy authors call :func:`check_conformance` from one test (see docs/testing-a-strategy.md).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+
+from .kernel import Kernel
+from .messages import Message, ToolCallBlock
+from .profile import Profile, load_profile
+from .session import Request, Session
+from .store.jsonl import JsonlStore
+
+
+class ConformanceError(AssertionError):
+    """A strategy broke a kernel invariant; the message names the check and the evidence."""
+
+
+@dataclass
+class ConformanceReport:
+    strategies: list[str]
+    requests: int = 0
+    events: int = 0
+    compactions: int = 0
+    peak_prompt_tokens: int = 0
+    effective_window: int = 0
+    restarts_checked: int = 0
+    refusals_checked: int = 0
+    checks: list[str] = field(default_factory=list)
+
+
+def request_orphans(request: Request) -> list[str]:
+    """Tool calls without their results, or results without their call, in one request."""
+    problems = []
+    open_calls: dict[str, int] = {}
+    for i, message in enumerate(request.messages):
+        if message.role == "tool":
+            call_id = message.content[0].call_id  # type: ignore[union-attr]
+            if call_id not in open_calls:
+                problems.append(f"message {i}: tool result {call_id} has no preceding call")
+            else:
+                del open_calls[call_id]
+            continue
+        if open_calls:
+            problems.append(f"message {i}: calls {sorted(open_calls)} have no results before it")
+            open_calls.clear()
+        for call in message.tool_calls:
+            open_calls[call.id] = i
+    if open_calls:
+        problems.append(f"end of request: calls {sorted(open_calls)} have no results")
+    return problems
+
+
+def _workload_reply(rng: random.Random, step: int, turn_steps: int) -> Message:
+    if step >= turn_steps:
+        return Message.assistant(f"Done with this part. Step {step} finished; the tests pass now.")
+    if rng.random() < 0.25:
+        calls = [
+            ToolCallBlock(f"t{rng.getrandbits(48):x}", "read_file", {"path": f"src/module_{rng.randrange(40)}.py"}),
+            ToolCallBlock(f"t{rng.getrandbits(48):x}", "run_tests", {"command": "pytest -q"}),
+        ]
+    else:
+        name = rng.choice(["read_file", "run_tests", "grep"])
+        args = {"read_file": {"path": f"src/module_{rng.randrange(40)}.py"}, "run_tests": {"command": "pytest -x"}, "grep": {"pattern": "def "}}[name]
+        calls = [ToolCallBlock(f"t{rng.getrandbits(48):x}", name, args)]
+    return Message.assistant(f"Looking at step {step}.", calls)
+
+
+def _harness_output(rng: random.Random, call: ToolCallBlock) -> str:
+    lines = rng.randrange(40, 400)
+    if call.name == "run_tests":
+        body = "\n".join(f"tests/test_{i}.py::test_case_{j} PASSED" for i in range(lines // 10) for j in range(10))
+        return body + ("\nFAILED tests/test_core.py::test_edge - AssertionError: 1 != 2" if rng.random() < 0.3 else "")
+    return "\n".join(f"{i:4d}    value_{i} = compute(value_{i - 1}, {rng.randrange(1000)})" for i in range(lines))
+
+
+def _log_bytes(session: Session) -> bytes:
+    store = session.store
+    if isinstance(store, JsonlStore):
+        return store.path(session.id).read_bytes()
+    return orjson.dumps([e.to_dict() for e in store.read(session.id)])
+
+
+def _snapshot(session: Session) -> dict[str, Any]:
+    return {
+        "surface": [(n.seq, n.message.to_dict()) for n in session.surface.nodes],
+        "pressure": session.pressure().to_dict(),
+        "panels": orjson.loads(orjson.dumps(session.kernel.hooks.project(session), default=str)),
+    }
+
+
+def check_conformance(
+    home: str | Path,
+    strategies: list[str],
+    *,
+    settings: dict[str, dict[str, Any]] | None = None,
+    profile: Profile | None = None,
+    plugins: list[tuple[str, Any]] | None = None,
+    entry_points: bool = True,
+    turns: int = 30,
+    context_window: int = 24_000,
+    reserved_output_tokens: int = 2_000,
+    seed: int = 7,
+) -> ConformanceReport:
+    """Run the suite; raise :class:`ConformanceError` on the first broken invariant."""
+    home = Path(home)
+
+    def new_kernel() -> Kernel:
+        prof = profile.model_copy(deep=True) if profile is not None else load_profile("basic")
+        prof.profile.strategies = list(strategies)
+        prof.strategies = dict(settings or {})
+        prof.model = prof.model.model_copy(update={"context_window": context_window, "reserved_output_tokens": reserved_output_tokens})
+        return Kernel(prof, store=JsonlStore(home), home=home, entry_points=entry_points, plugins=plugins)
+
+    kernel = new_kernel()
+    report = ConformanceReport(list(strategies))
+    for name in strategies:
+        spec = kernel.strategies[name]
+        try:
+            spec.settings.model_validate({"__conformance_unknown_key__": 1})
+        except ValidationError:
+            pass
+        else:
+            msg = f"settings: strategy {name!r} accepted an unknown key; its settings model must forbid extra keys"
+            raise ConformanceError(msg)
+    report.checks.append("settings reject unknown keys")
+    guards_window = any("pressure" in kernel.strategies[n].capabilities for n in strategies)
+
+    rng = random.Random(seed)
+    session = kernel.open_session()
+    session.set_harness_tools(
+        [
+            {"type": "function", "function": {"name": n, "description": f"harness tool {n}", "parameters": {"type": "object", "properties": {}}}}
+            for n in ("read_file", "run_tests", "grep")
+        ]
+    )
+    appended: list[dict[str, Any]] = []
+    restart_points = {turns // 3, (2 * turns) // 3, turns - 1}
+
+    def check_request(request: Request) -> None:
+        report.requests += 1
+        problems = request_orphans(request)
+        if problems:
+            msg = f"pairing: request {report.requests} of session {session.id}: " + "; ".join(problems[:5])
+            raise ConformanceError(msg)
+        report.peak_prompt_tokens = max(report.peak_prompt_tokens, request.pressure.tokens)
+        report.effective_window = request.pressure.effective_window
+        if guards_window and request.pressure.tokens > request.pressure.effective_window:
+            msg = (
+                f"window: request {report.requests} needs {request.pressure.tokens} tokens, over the effective "
+                f"window of {request.pressure.effective_window}, although {strategies} claim the pressure capability"
+            )
+            raise ConformanceError(msg)
+
+    def check_refusals() -> None:
+        for tool in list(session.tools):
+            before = _log_bytes(session)
+            outcome = session.run_tool(ToolCallBlock("conformance-probe", tool.name, {"__conformance_unknown_argument__": True}))
+            if not outcome.is_error:
+                msg = f"refusal: tool {tool.name!r} accepted an unknown argument"
+                raise ConformanceError(msg)
+            if _log_bytes(session) != before:
+                msg = f"refusal: tool {tool.name!r} changed the log while refusing bad arguments"
+                raise ConformanceError(msg)
+            report.refusals_checked += 1
+
+    for turn in range(turns):
+        session.user(f"Task {turn}: fix the failing case in module_{turn % 40}.py and keep the tests green.")
+        turn_steps = rng.randrange(2, 6)
+        step = 0
+        while True:
+            request = session.prepare_request()
+            check_request(request)
+            steward = session.kernel.hooks.steward_actions(session, request)
+            if steward:
+                calls = [ToolCallBlock(f"s{rng.getrandbits(48):x}", c["name"], c.get("arguments", {})) for c in steward]
+                reply = Message.assistant("Managing context.", calls)
+            else:
+                reply = _workload_reply(rng, step, turn_steps)
+                step += 1
+            session.commit_reply(reply)
+            for call in session.pending_calls:
+                if session.owns_tool(call.name):
+                    session.tool_result(call.id, session.run_tool(call))
+                else:
+                    session.tool_result(call.id, _harness_output(rng, call))
+            if not session.wants_another_step:
+                break
+        session.end_turn()
+        appended = [e.to_dict() for e in session.events]
+        if turn == 0:
+            check_refusals()
+        if turn in restart_points:
+            live = _snapshot(session)
+            reopened = new_kernel().open_session(session.id)
+            again = _snapshot(reopened)
+            if live != again:
+                diff = [k for k in live if live[k] != again[k]]
+                msg = f"restart: reopening session {session.id} after turn {turn} differs in {diff}"
+                raise ConformanceError(msg)
+            report.restarts_checked += 1
+    check_refusals()
+    report.checks += ["pairing in every request", "restart equivalence", "tool refusals leave the log byte-identical"]
+    stored = [e.to_dict() for e in session.store.read(session.id)]
+    if stored[: len(appended)] != appended:
+        first = next(i for i, (a, b) in enumerate(zip(stored, appended, strict=False)) if a != b)
+        msg = f"immutability: event {first} of session {session.id} changed after it was appended"
+        raise ConformanceError(msg)
+    report.checks.append("durable events never mutated")
+    if guards_window:
+        report.checks.append("effective window never exceeded")
+    report.events = len(session.events)
+    report.compactions = sum(1 for e in session.events if e.type == "compaction/summary")
+    return report
