@@ -1,0 +1,1 @@
+"""Recall capabilities shared by strategies: session notes (:mod:`.notes`) and paged history."""

@@ -1,0 +1,530 @@
+"""Session-private notes, stored in the session's own log.
+
+A note is a small named text (``path``, e.g. ``goal`` or ``plan/step-2``) with a stable id, the
+window it was written in, created/updated times and a trust mark saying who its text came from:
+
+* ``model-authored`` — the model wrote it with a notes tool;
+* ``user-injected`` — the user (or the integrator on the user's behalf) put it there;
+* ``tool-output`` — it holds text that came out of a tool. Such text must never pass as the
+  model's or the user's own words, so the mark is shown wherever a note is injected
+  (:func:`render_note`), and appending less-trusted text downgrades a note's mark.
+
+Storage: every change is an ignorable plugin event in the session log, ``notes/write`` or
+``notes/delete``. State is rebuilt by replaying the log (a cursor over ``session.events``), so a
+restart, a second process or a shared store backend all see the same notes, and a refused write
+leaves no trace (it is validated before its one event is appended). Nothing is overwritten:
+``write``/``update``/``append`` add a version, ``delete`` archives, and every earlier version
+stays retrievable with :meth:`Notes.versions`.
+
+Limits (per session, configurable): active note count, total active bytes and bytes per note.
+A write over a limit is refused with an error naming the limit and the fix; nothing is evicted.
+Listing and search are paged and bounded so a lookup cannot flood the context window.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..errors import CtxKernelError
+
+if TYPE_CHECKING:
+    from ..events import Event
+    from ..session import Session
+
+NAMESPACE = "notes"
+WRITE = f"{NAMESPACE}/write"
+DELETE = f"{NAMESPACE}/delete"
+STATE_KEY = "recall.notes"
+
+Trust = Literal["model-authored", "user-injected", "tool-output"]
+TRUST_MARKS: tuple[str, ...] = ("model-authored", "user-injected", "tool-output")
+# Appending text of a lower rank downgrades the note's mark: a note holding any tool output is
+# marked tool-output, so injected text can never borrow the authority of the model or the user.
+_TRUST_RANK = {"tool-output": 0, "model-authored": 1, "user-injected": 2}
+
+MAX_PATH_CHARS = 256
+MAX_PAGE = 200
+
+
+class NotesError(CtxKernelError):
+    """A notes operation was refused; nothing was written."""
+
+
+class NotePathError(NotesError):
+    """A note path is not acceptable."""
+
+
+class NotesLimitError(NotesError):
+    """A write would exceed a notes limit; nothing was evicted or written."""
+
+
+class NoteNotFoundError(NotesError):
+    """No note with that path or id."""
+
+
+@dataclass(frozen=True)
+class NotesLimits:
+    """Per-session bounds. Over-limit writes are refused, never evicted."""
+
+    max_files: int = 64
+    max_session_bytes: int = 4_000_000
+    max_note_bytes: int = 1_000_000
+
+
+@dataclass(frozen=True)
+class Note:
+    """One note as of its latest version (or of an earlier one from :meth:`Notes.versions`)."""
+
+    id: str
+    path: str
+    content: str
+    trust: str
+    window: str | None
+    created: str
+    updated: str
+    version: int
+    created_seq: int
+    updated_seq: int
+    archived: bool = False
+    #: windows that changed this note, oldest first (the first is where it was created)
+    windows: tuple[str, ...] = ()
+
+    @property
+    def size(self) -> int:
+        return len(self.content.encode())
+
+    @property
+    def created_window(self) -> str | None:
+        """The window the note was first written in."""
+        return self.windows[0] if self.windows else self.window
+
+    def to_dict(self, *, content: bool = True) -> dict[str, Any]:
+        out = {
+            "id": self.id,
+            "path": self.path,
+            "trust": self.trust,
+            "window": self.window,
+            "created_window": self.created_window,
+            "created": self.created,
+            "updated": self.updated,
+            "version": self.version,
+            "bytes": self.size,
+            "archived": self.archived,
+        }
+        if content:
+            out["content"] = self.content
+        return out
+
+
+@dataclass(frozen=True)
+class NotesPage:
+    items: list[Note]
+    next_cursor: str | None
+    total: int
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    id: str
+    path: str
+    trust: str
+    line: int  # 1-based
+    text: str
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    hits: list[SearchHit]
+    files_matched: int
+    truncated: bool  # more matches exist than the bounds let through
+
+
+def check_path(path: Any) -> str:
+    """Validate a note path: ``/``-separated names, no empty, ``.`` or ``..`` component."""
+    if not isinstance(path, str) or not path:
+        msg = f"a note path must be a non-empty string, got {path!r:.80}"
+        raise NotePathError(msg)
+    if len(path) > MAX_PATH_CHARS:
+        msg = f"note path is {len(path)} characters; at most {MAX_PATH_CHARS} are accepted"
+        raise NotePathError(msg)
+    if path.startswith("/") or path.startswith("\\") or (len(path) > 1 and path[1] == ":"):
+        msg = f"note path {path!r} is absolute; use a relative name such as 'goal' or 'plan/next'"
+        raise NotePathError(msg)
+    if any(ord(c) < 32 or c == "\\" for c in path):
+        msg = f"note path {path!r:.80} contains a control character or backslash; use '/' to separate names"
+        raise NotePathError(msg)
+    for part in path.split("/"):
+        if part in ("", ".", ".."):
+            msg = (
+                f"note path {path!r} has an empty, '.' or '..' component; "
+                "use '/'-separated names such as 'plan/next'"
+            )
+            raise NotePathError(msg)
+    return path
+
+
+def check_trust(trust: Any) -> str:
+    if trust not in TRUST_MARKS:
+        msg = f"trust mark must be one of {list(TRUST_MARKS)}, got {trust!r}"
+        raise NotesError(msg)
+    return trust
+
+
+def weaker_trust(a: str, b: str) -> str:
+    return a if _TRUST_RANK[a] <= _TRUST_RANK[b] else b
+
+
+def _escape(text: str) -> str:
+    # a note's text cannot close its own block or open a fake one with a better trust mark
+    return text.replace("<note", "&lt;note").replace("</note", "&lt;/note")
+
+
+def render_note(note: Note, *, max_chars: int | None = None) -> str:
+    """The note as injected into the model's context, trust mark first."""
+    content = note.content
+    if max_chars is not None and len(content) > max_chars:
+        content = content[:max_chars] + f"\n[… {len(note.content) - max_chars} more characters; read the note to see them]"
+    head = (
+        f'<note path="{note.path}" id="{note.id}" trust="{note.trust}" '
+        f'window="{note.window or "-"}" updated="{note.updated}" version="{note.version}">'
+    )
+    return f"{head}\n{_escape(content)}\n</note>"
+
+
+@dataclass
+class _State:
+    cursor: int = 0
+    active: dict[str, str] = field(default_factory=dict)  # path -> id
+    notes: dict[str, Note] = field(default_factory=dict)  # id -> latest (active or archived)
+    history: dict[str, list[int]] = field(default_factory=dict)  # id -> seqs of its events
+    total_bytes: int = 0
+
+
+class Notes:
+    """The notes of one session. Get it with :meth:`Notes.for_session`."""
+
+    def __init__(self, session: Session, limits: NotesLimits | None = None) -> None:
+        self.session = session
+        self.limits = limits or NotesLimits()
+        #: window id used when a write names none (a windowed strategy keeps it current)
+        self.current_window: str | None = None
+        self._state = _State()
+
+    @classmethod
+    def for_session(cls, session: Session, limits: NotesLimits | None = None) -> Notes:
+        """The session's notes object (one per session object, shared by every strategy)."""
+        notes = session.state.get(STATE_KEY)
+        if not isinstance(notes, Notes):
+            notes = cls(session, limits)
+            session.state[STATE_KEY] = notes
+        elif limits is not None:
+            notes.limits = limits
+        notes.sync()
+        return notes
+
+    # -- replay -----------------------------------------------------------------------------------
+    def sync(self) -> None:
+        """Fold the log events not seen yet (O(new events))."""
+        events = self.session.events
+        state = self._state
+        while state.cursor < len(events):
+            event = events[state.cursor]
+            state.cursor += 1
+            if event.type == WRITE or event.type == DELETE:
+                self._fold(event)
+
+    def _fold(self, event: Event) -> None:
+        state = self._state
+        d = event.data
+        note_id = d.get("id")
+        if not isinstance(note_id, str):
+            return  # not ours to interpret; replay never fails on a foreign event
+        previous = state.notes.get(note_id)
+        if event.type == DELETE:
+            if previous is None or previous.archived:
+                return
+            state.active.pop(previous.path, None)
+            state.total_bytes -= previous.size
+            state.notes[note_id] = replace(previous, archived=True, updated=event.time, updated_seq=event.seq)
+            state.history.setdefault(note_id, []).append(event.seq)
+            return
+        note = _apply_write(previous, event)
+        if previous is not None and not previous.archived:
+            state.total_bytes -= previous.size
+        state.notes[note_id] = note
+        state.active[note.path] = note_id
+        state.total_bytes += note.size
+        state.history.setdefault(note_id, []).append(event.seq)
+
+    def _refresh(self) -> None:
+        self.session.refresh()
+        self.sync()
+
+    # -- reading ----------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        self._refresh()
+        return len(self._state.active)
+
+    @property
+    def total_bytes(self) -> int:
+        self._refresh()
+        return self._state.total_bytes
+
+    def read(self, path: str) -> Note:
+        self._refresh()
+        note_id = self._state.active.get(check_path(path))
+        if note_id is None:
+            msg = f"no note at path {path!r}; {self._known_paths_hint()}"
+            raise NoteNotFoundError(msg)
+        return self._state.notes[note_id]
+
+    def exists(self, path: str) -> bool:
+        self._refresh()
+        return check_path(path) in self._state.active
+
+    def get(self, note_id: str) -> Note:
+        """A note by id, archived ones included (``note.archived`` says which)."""
+        self._refresh()
+        note = self._state.notes.get(note_id)
+        if note is None:
+            msg = f"no note with id {note_id!r}; {self._known_paths_hint()}"
+            raise NoteNotFoundError(msg)
+        return note
+
+    def active(self) -> list[Note]:
+        """Every active note, oldest update first."""
+        self._refresh()
+        notes = [self._state.notes[i] for i in self._state.active.values()]
+        return sorted(notes, key=lambda n: n.updated_seq)
+
+    def versions(self, note_id: str) -> list[Note]:
+        """Every version of a note, oldest first (the last one is current or archived)."""
+        self.get(note_id)
+        out: list[Note] = []
+        current: Note | None = None
+        by_seq = self.session.events
+        for seq in self._state.history[note_id]:
+            event = by_seq[seq]
+            if event.type == DELETE:
+                assert current is not None
+                current = replace(current, archived=True, updated=event.time, updated_seq=event.seq)
+            else:
+                current = _apply_write(current, event)
+            out.append(current)
+        return out
+
+    def list(self, prefix: str = "", *, limit: int = 50, cursor: str | None = None) -> NotesPage:
+        """Active notes whose path starts with ``prefix``, sorted by path, one page at a time.
+
+        ``cursor`` is the ``next_cursor`` of the previous page.
+        """
+        self._refresh()
+        if not 1 <= limit <= MAX_PAGE:
+            msg = f"list limit must be between 1 and {MAX_PAGE}, got {limit}"
+            raise NotesError(msg)
+        paths = sorted(p for p in self._state.active if p.startswith(prefix))
+        if cursor:
+            paths = [p for p in paths if p > cursor]
+        page = paths[:limit]
+        total = len(paths)
+        next_cursor = page[-1] if total > limit else None
+        return NotesPage([self._state.notes[self._state.active[p]] for p in page], next_cursor, total)
+
+    def search(
+        self,
+        query: str,
+        *,
+        prefix: str = "",
+        case_sensitive: bool = True,
+        max_files: int = 20,
+        max_lines_per_file: int = 10,
+        max_line_chars: int = 300,
+    ) -> SearchResult:
+        """Lines of active notes containing ``query`` (a plain substring), bounded three ways."""
+        self._refresh()
+        if not query:
+            msg = "search query must be a non-empty string"
+            raise NotesError(msg)
+        for name, value, top in (("max_files", max_files, MAX_PAGE), ("max_lines_per_file", max_lines_per_file, 1000),
+                                 ("max_line_chars", max_line_chars, 10_000)):
+            if not 1 <= value <= top:
+                msg = f"search {name} must be between 1 and {top}, got {value}"
+                raise NotesError(msg)
+        needle = query if case_sensitive else query.lower()
+        hits: list[SearchHit] = []
+        files = 0
+        truncated = False
+        for path in sorted(self._state.active):
+            if not path.startswith(prefix):
+                continue
+            note = self._state.notes[self._state.active[path]]
+            matched = 0
+            for number, line in enumerate(note.content.splitlines(), 1):
+                if needle in (line if case_sensitive else line.lower()):
+                    if matched == 0:
+                        if files == max_files:
+                            return SearchResult(hits, files, True)
+                        files += 1
+                    if matched == max_lines_per_file:
+                        truncated = True
+                        break
+                    matched += 1
+                    text = line if len(line) <= max_line_chars else line[:max_line_chars] + "…"
+                    hits.append(SearchHit(note.id, path, note.trust, number, text))
+        return SearchResult(hits, files, truncated)
+
+    # -- writing ----------------------------------------------------------------------------------
+    def write(self, path: str, content: str, *, trust: str = "model-authored", window: str | None = None,
+              strategy: str = "") -> Note:
+        """Create the note at ``path``, or add a version replacing its content (the old one stays
+        retrievable with :meth:`versions`)."""
+        self._refresh()
+        path = check_path(path)
+        check_trust(trust)
+        current = self._current(path)
+        op = "update" if current else "create"
+        return self._commit(op, current, path, content, trust, window, strategy)
+
+    def create(self, path: str, content: str, *, trust: str = "model-authored", window: str | None = None,
+               strategy: str = "") -> Note:
+        """Like :meth:`write`, but refuse when a note already exists at ``path``."""
+        self._refresh()
+        if self._current(check_path(path)) is not None:
+            msg = f"a note already exists at {path!r}; update it, append to it, or choose another path"
+            raise NotesError(msg)
+        return self.write(path, content, trust=trust, window=window, strategy=strategy)
+
+    def update(self, note_id: str, content: str, *, trust: str = "model-authored", window: str | None = None,
+               strategy: str = "") -> Note:
+        """Replace an active note's content by id (a new version; the old one stays retrievable)."""
+        note = self.get(note_id)
+        if note.archived:
+            msg = f"note {note_id} ({note.path!r}) is archived; write a new note instead"
+            raise NotesError(msg)
+        check_trust(trust)
+        return self._commit("update", note, note.path, content, trust, window, strategy)
+
+    def append(self, path: str, text: str, *, trust: str = "model-authored", window: str | None = None,
+               strategy: str = "") -> Note:
+        """Append ``text`` to the note at ``path`` (created when missing)."""
+        self._refresh()
+        path = check_path(path)
+        check_trust(trust)
+        current = self._current(path)
+        if current is None:
+            return self._commit("create", None, path, text, trust, window, strategy)
+        return self._commit("append", current, path, text, trust, window, strategy)
+
+    def delete(self, path_or_id: str, *, window: str | None = None, strategy: str = "") -> Note:
+        """Archive a note (by path or id). It leaves the active set; its versions stay readable."""
+        self._refresh()
+        note_id = self._state.active.get(path_or_id) or path_or_id
+        note = self._state.notes.get(note_id)
+        if note is None or note.archived:
+            msg = f"no active note {path_or_id!r}; {self._known_paths_hint()}"
+            raise NoteNotFoundError(msg)
+        data = {"id": note.id, "path": note.path, "window": window or self.current_window, "by": strategy}
+        self.session.emit(NAMESPACE, "delete", data)
+        self.sync()
+        return self._state.notes[note.id]
+
+    # -- internals ----------------------------------------------------------------------------------
+    def _current(self, path: str) -> Note | None:
+        note_id = self._state.active.get(path)
+        return None if note_id is None else self._state.notes[note_id]
+
+    def _commit(self, op: str, current: Note | None, path: str, text: str, trust: str, window: str | None,
+                strategy: str) -> Note:
+        if not isinstance(text, str):
+            msg = f"note content must be a string, got {type(text).__name__}"
+            raise NotesError(msg)
+        new_content = current.content + text if (op == "append" and current) else text
+        self._check_limits(current, path, new_content)
+        data = {
+            "id": current.id if current else "n_" + uuid.uuid4().hex[:16],
+            "path": path,
+            "op": op,
+            "trust": trust,
+            "window": window or self.current_window,
+            "by": strategy,
+        }
+        data["text" if op == "append" else "content"] = text
+        self.session.emit(NAMESPACE, "write", data)  # one event: written whole or not at all
+        self.sync()
+        return self._state.notes[data["id"]]
+
+    def _check_limits(self, current: Note | None, path: str, content: str) -> None:
+        limits = self.limits
+        size = len(content.encode())
+        if size > limits.max_note_bytes:
+            msg = (
+                f"note {path!r} would be {size} bytes; the limit is {limits.max_note_bytes} bytes per note. "
+                "Nothing was written: keep notes short, or split the text over several notes"
+            )
+            raise NotesLimitError(msg)
+        if current is None and len(self._state.active) >= limits.max_files:
+            msg = (
+                f"the session already has {len(self._state.active)} notes, the limit is {limits.max_files}. "
+                "Nothing was written: delete (archive) or merge notes first"
+            )
+            raise NotesLimitError(msg)
+        total = self._state.total_bytes - (current.size if current else 0) + size
+        if total > limits.max_session_bytes:
+            msg = (
+                f"the session's notes would hold {total} bytes; the limit is {limits.max_session_bytes}. "
+                "Nothing was written: delete (archive) or shorten notes first"
+            )
+            raise NotesLimitError(msg)
+
+    def _known_paths_hint(self) -> str:
+        paths = sorted(self._state.active)
+        if not paths:
+            return "there are no notes"
+        shown = ", ".join(repr(p) for p in paths[:10])
+        more = f" and {len(paths) - 10} more" if len(paths) > 10 else ""
+        return f"notes: {shown}{more}"
+
+
+def _apply_write(previous: Note | None, event: Event) -> Note:
+    d = event.data
+    trust = d.get("trust") if d.get("trust") in TRUST_MARKS else "tool-output"
+    window = d.get("window")
+    if previous is None or previous.archived:
+        content = d.get("content", d.get("text", ""))
+        return Note(
+            id=d["id"], path=d.get("path", ""), content=content if isinstance(content, str) else "",
+            trust=trust, window=window, created=event.time, updated=event.time, version=1,
+            created_seq=event.seq, updated_seq=event.seq, windows=(window,) if window else (),
+        )
+    if d.get("op") == "append":
+        content = previous.content + str(d.get("text", ""))
+        trust = weaker_trust(previous.trust, trust)
+    else:
+        content = str(d.get("content", ""))
+    windows = previous.windows if (not window or window in previous.windows) else (*previous.windows, window)
+    return replace(
+        previous, path=d.get("path", previous.path), content=content, trust=trust, window=window or previous.window,
+        updated=event.time, version=previous.version + 1, updated_seq=event.seq, windows=windows,
+    )
+
+
+__all__ = [
+    "DELETE",
+    "TRUST_MARKS",
+    "WRITE",
+    "Note",
+    "NoteNotFoundError",
+    "NotePathError",
+    "Notes",
+    "NotesError",
+    "NotesLimitError",
+    "NotesLimits",
+    "NotesPage",
+    "SearchHit",
+    "SearchResult",
+    "check_path",
+    "render_note",
+    "weaker_trust",
+]
