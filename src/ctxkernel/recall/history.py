@@ -1,0 +1,714 @@
+"""Paged recall over a session's own immutable log (the history behind every window switch).
+
+Strategies that take things off the surface (``handoff``, ``rollover``) give the model a way back:
+``item_<seq>`` is a stable address of one event of the log, and the queries here list, read and
+search those events with the seed's hard limits, so a recall never floods the context it was
+meant to relieve.
+
+The index is built incrementally: :meth:`History.for_session` keeps one :class:`History` per
+session object (in ``session.state``) with a cursor over ``session.events``, so each query folds
+only the events appended since the last one and an unchanged session scans 0 events (the
+``scanned`` counter proves it in tests and benchmarks). Event bodies are never copied: the log is
+the store, the index holds seqs.
+
+Windows are delimited by committed window switches: a ``compaction/summary`` event with
+``kind == "window"``. Events belong to the window that was current when they were appended, so
+old messages kept verbatim in a retained tail still belong to the window that produced them. The
+summary event closes the outgoing window; the handoff message right after it opens the next one.
+A switch may carry a window id in its data (``window_id``, e.g. rollover's UUIDv7).
+
+Ids that :meth:`History.read_item` resolves:
+
+``item_<seq>``          one event of the log
+``win_<n>``             window ``n`` (1 is the session's first)
+``win_<n>_summary``     the summary event of the switch that closed window ``n``
+``goal``                the session's goal: its first user instruction
+``checklist``           the latest todo list the model wrote (``TodoWrite``, ``update_plan``, ...)
+``todo_<seq>_<i>``      entry ``i`` of the todo list written at ``seq``
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from ..errors import ToolError
+from ..events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, TOOL_RESULT, USER_MESSAGE, Event
+
+if TYPE_CHECKING:
+    from ..session import Session
+
+# -- limits (the seed's table; every one has a test at and just past the bound) ---------------------
+LIST_DEFAULT = 20
+LIST_MAX = 50
+ITEM_CHARS_DEFAULT = 400
+ITEM_CHARS_MAX = 1_000
+SCAN_EVENTS_PER_PAGE = 2_000
+SCAN_CHARS_PER_PAGE = 2_000_000
+PREVIEW_CHARS_PER_PAGE = 12_000
+READ_CHARS_DEFAULT = 8_000
+READ_CHARS_MAX = 20_000
+#: longest search query accepted (a query longer than any preview could not be shown anyway)
+QUERY_MAX_CHARS = 1_000
+
+#: item roles a listing or search can filter on
+ROLES = ("user", "plugin", "assistant", "tool", "summary", "event")
+#: roles listed when no role filter is given: what was said and done, not the bookkeeping
+DEFAULT_ROLES = ("user", "plugin", "assistant", "tool", "summary")
+WINDOW_KIND = "window"
+STATE_KEY = "ctxkernel.recall.history"
+
+#: tool names whose arguments are the model's todo list, and the argument holding it
+TODO_TOOLS: dict[str, tuple[str, ...]] = {
+    "TodoWrite": ("todos",),
+    "todo_write": ("todos",),
+    "todowrite": ("todos",),
+    "update_plan": ("plan",),
+    "update_todos": ("todos",),
+    "set_todos": ("todos",),
+}
+_DONE = frozenset({"completed", "complete", "done", "cancelled", "canceled"})
+
+_ITEM_ID = re.compile(r"^item_(\d+)$")
+_WIN_ID = re.compile(r"^win_(\d+)(_summary)?$")
+_TODO_ID = re.compile(r"^todo_(\d+)_(\d+)$")
+_CURSOR = re.compile(r"^c(\d+)\.([0-9a-f]{8})$")
+
+
+class HistoryError(ToolError):
+    """A history query was refused (bad id, filter, cursor or limit); nothing was read."""
+
+
+@dataclass
+class Window:
+    """One context window: the contiguous seqs appended while it was current."""
+
+    number: int
+    start_seq: int
+    id: str | None = None
+    end_seq: int | None = None  # None while current
+    opened_by: int | None = None  # seq of the summary event of the switch that opened it
+    closed_by: int | None = None  # seq of the summary event of the switch that closed it
+    reason: str | None = None  # why the switch that opened it happened
+    strategy: str | None = None
+    started: str = ""
+    ended: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "window": self.number,
+            "ref": f"win_{self.number}",
+            "window_id": self.id,
+            "first_item": f"item_{self.start_seq}",
+            "last_item": None if self.end_seq is None else f"item_{self.end_seq}",
+            "current": self.end_seq is None,
+            "opened_by": None if self.opened_by is None else f"item_{self.opened_by}",
+            "summary_item": None if self.closed_by is None else f"item_{self.closed_by}",
+            "reason": self.reason,
+            "strategy": self.strategy,
+            "started": self.started,
+            "ended": self.ended or None,
+        }
+
+
+@dataclass
+class TodoEntry:
+    ref: str
+    text: str
+    status: str
+    seq: int
+
+    @property
+    def open(self) -> bool:
+        return self.status.lower() not in _DONE
+
+
+@dataclass
+class History:
+    """The incremental index of one session's log. Build it with :meth:`for_session`."""
+
+    session: Session
+    cursor: int = 0  # events folded so far
+    scanned: int = 0  # events folded over this object's life (0 more for an unchanged log)
+    windows: list[Window] = field(default_factory=list)
+    window_starts: list[int] = field(default_factory=list)
+    tool_names: dict[str, str] = field(default_factory=dict)  # call id -> tool name
+    call_seqs: dict[str, int] = field(default_factory=dict)  # call id -> assistant seq
+    instructions: list[int] = field(default_factory=list)  # seqs of user-written messages
+    todo_seq: int | None = None  # assistant seq of the latest todo-list call
+    todo_call: int = 0  # index of that call within the message
+
+    # -- construction --------------------------------------------------------------------------------
+    @classmethod
+    def for_session(cls, session: Session) -> History:
+        """The session's history index, brought up to date with its log (cached per session)."""
+        history = session.state.get(STATE_KEY)
+        if not isinstance(history, cls) or history.session is not session:
+            history = cls(session)
+            session.state[STATE_KEY] = history
+        history.sync()
+        return history
+
+    def sync(self) -> int:
+        """Fold the events appended since the last call; returns how many were scanned."""
+        events = self.session.events
+        if not self.windows:
+            self.windows.append(Window(1, 0, started=events[0].time if events else ""))
+            self.window_starts.append(0)
+        start = self.cursor
+        for event in events[start:]:
+            self._fold(event)
+        self.cursor = len(events)
+        self.scanned += self.cursor - start
+        return self.cursor - start
+
+    def _fold(self, event: Event) -> None:
+        t, d = event.type, event.data
+        if t == ASSISTANT_MESSAGE:
+            for i, block in enumerate(d["message"].get("content", ())):
+                if block.get("type") == "tool_call":
+                    call_id, name = block.get("id"), block.get("name")
+                    self.tool_names[call_id] = name
+                    self.call_seqs[call_id] = event.seq
+                    if name in TODO_TOOLS:
+                        self.todo_seq, self.todo_call = event.seq, i
+        elif t == USER_MESSAGE:
+            if _source_kind(d) == "user" and (event.surface or {}).get("op") == "append":
+                self.instructions.append(event.seq)
+        elif t == COMPACTION_SUMMARY and d.get("kind") == WINDOW_KIND:
+            outgoing = self.windows[-1]
+            outgoing.end_seq = event.seq
+            outgoing.closed_by = event.seq
+            outgoing.ended = event.time
+            window_id = d.get("window_id")
+            self.windows.append(
+                Window(
+                    outgoing.number + 1,
+                    event.seq + 1,
+                    id=window_id if isinstance(window_id, str) else None,
+                    opened_by=event.seq,
+                    reason=d.get("reason") if isinstance(d.get("reason"), str) else None,
+                    strategy=d.get("strategy"),
+                    started=event.time,
+                )
+            )
+            self.window_starts.append(event.seq + 1)
+        if event.seq == 0 and self.windows and not self.windows[0].started:
+            self.windows[0].started = event.time
+
+    # -- lookups --------------------------------------------------------------------------------------
+    @property
+    def current_window(self) -> Window:
+        return self.windows[-1]
+
+    def window_of(self, seq: int) -> int:
+        """The number of the window that was current when event ``seq`` was appended."""
+        return bisect.bisect_right(self.window_starts, seq)
+
+    def window(self, ref: int | str) -> Window:
+        """A window by number (``3``, ``"3"``, ``"win_3"``) or by the id its switch carried."""
+        if isinstance(ref, bool):
+            ref = str(ref)
+        if isinstance(ref, str):
+            text = ref.strip()
+            match = _WIN_ID.match(text)
+            if match and not match.group(2):
+                ref = int(match.group(1))
+            elif text.isdigit():
+                ref = int(text)
+            else:
+                for window in self.windows:
+                    if window.id == text:
+                        return window
+                known = [w.id for w in self.windows if w.id][-5:]
+                msg = (
+                    f"no window {text!r}: give a window number 1..{len(self.windows)}, 'win_<n>', or a window id"
+                    + (f" (latest ids: {known})" if known else "")
+                )
+                raise HistoryError(msg)
+        if not 1 <= ref <= len(self.windows):
+            msg = f"no window {ref}: this session has windows 1..{len(self.windows)}"
+            raise HistoryError(msg)
+        return self.windows[ref - 1]
+
+    def tool_name(self, call_id: str) -> str | None:
+        return self.tool_names.get(call_id)
+
+    def recent_instructions(self, count: int = 4) -> list[Event]:
+        """The last ``count`` user-written messages, oldest first."""
+        events = self.session.events
+        return [events[s] for s in self.instructions[-count:]] if count > 0 else []
+
+    def goal(self) -> Event | None:
+        """The session's goal: its first user-written instruction (None before there is one)."""
+        return self.session.events[self.instructions[0]] if self.instructions else None
+
+    def checklist(self) -> list[TodoEntry]:
+        """The latest todo list the model wrote, every entry with its ``todo_<seq>_<i>`` id."""
+        if self.todo_seq is None:
+            return []
+        event = self.session.events[self.todo_seq]
+        block = event.data["message"]["content"][self.todo_call]
+        args = block.get("arguments") or {}
+        if isinstance(args, str):
+            try:
+                args = orjson.loads(args)
+            except orjson.JSONDecodeError:
+                return []
+        entries = None
+        for key in TODO_TOOLS.get(block.get("name"), ()):
+            if isinstance(args, dict) and isinstance(args.get(key), list):
+                entries = args[key]
+        out = []
+        for i, raw in enumerate(entries or []):
+            if isinstance(raw, dict):
+                text = raw.get("content") or raw.get("step") or raw.get("text") or raw.get("title") or ""
+                status = raw.get("status") or "pending"
+            else:
+                text, status = str(raw), "pending"
+            out.append(TodoEntry(f"todo_{event.seq}_{i}", str(text), str(status), event.seq))
+        return out
+
+    # -- item views ------------------------------------------------------------------------------------
+    def role_of(self, event: Event) -> str:
+        t = event.type
+        if t == USER_MESSAGE:
+            return "user" if _source_kind(event.data) == "user" else "plugin"
+        if t == ASSISTANT_MESSAGE:
+            return "assistant"
+        if t == TOOL_RESULT:
+            return "tool"
+        if t == COMPACTION_SUMMARY:
+            return "summary"
+        return "event"
+
+    def text_of(self, event: Event) -> str:
+        """What a reader searches and previews: message text, reasoning, tool calls with their
+        arguments, tool output, summaries; other events as their JSON data."""
+        t, d = event.type, event.data
+        if t in (USER_MESSAGE, ASSISTANT_MESSAGE, TOOL_RESULT):
+            parts = []
+            for block in d["message"].get("content", ()):
+                kind = block.get("type")
+                if kind == "text":
+                    parts.append(block.get("text", ""))
+                elif kind == "reasoning":
+                    parts.append("[reasoning] " + block.get("text", ""))
+                elif kind == "tool_call":
+                    args = block.get("arguments")
+                    rendered = args if isinstance(args, str) else orjson.dumps(args).decode()
+                    parts.append(f"[call {block.get('name')} {block.get('id')}] {rendered}")
+                elif kind == "tool_result":
+                    parts.append(block.get("content", ""))
+            return "\n".join(parts)
+        if t == COMPACTION_SUMMARY:
+            return d.get("summary", "")
+        return orjson.dumps(d).decode()
+
+    def meta(self, event: Event) -> dict[str, Any]:
+        """Item metadata: id, seq, type, role, window, time, and the tool a result answers."""
+        out: dict[str, Any] = {
+            "id": f"item_{event.seq}",
+            "seq": event.seq,
+            "type": event.type,
+            "role": self.role_of(event),
+            "window": self.window_of(event.seq),
+            "time": event.time,
+        }
+        if event.type == TOOL_RESULT:
+            block = event.data["message"]["content"][0]
+            call_id = block.get("call_id")
+            out["call_id"] = call_id
+            out["tool"] = self.tool_names.get(call_id) or block.get("name")
+            out["call_item"] = f"item_{self.call_seqs[call_id]}" if call_id in self.call_seqs else None
+            if block.get("is_error"):
+                out["is_error"] = True
+        elif event.type == ASSISTANT_MESSAGE:
+            calls = [b.get("name") for b in event.data["message"].get("content", ()) if b.get("type") == "tool_call"]
+            if calls:
+                out["tools"] = calls
+        elif event.type == USER_MESSAGE:
+            source = event.data["message"].get("source") or {}
+            if source.get("kind") == "plugin":
+                out["source"] = f"{source.get('plugin')}/{source.get('form')}"
+            if (event.surface or {}).get("op") == "replace":
+                out["replaces"] = len(event.surface["cites"])  # type: ignore[index]
+        elif event.type == COMPACTION_SUMMARY:
+            out["kind"] = event.data.get("kind")
+            out["strategy"] = event.data.get("strategy")
+        return out
+
+    # -- queries ---------------------------------------------------------------------------------------
+    def list_windows(self, *, limit: int | None = None, cursor: str | None = None) -> dict[str, Any]:
+        """Windows oldest first, ``limit`` per page (20 default, 50 max)."""
+        self.sync()
+        limit = _limit(limit)
+        start = _decode_cursor(cursor, _fingerprint("windows")) if cursor else 1
+        page = self.windows[start - 1 : start - 1 + limit]
+        nxt = start + len(page)
+        has_more = nxt <= len(self.windows)
+        out: dict[str, Any] = {
+            "windows": [self._window_dict(w) for w in page],
+            "current_window": self.current_window.number,
+            "has_more": has_more,
+        }
+        if has_more:
+            out["next_cursor"] = _encode_cursor(nxt, _fingerprint("windows"))
+        return out
+
+    def _window_dict(self, window: Window) -> dict[str, Any]:
+        out = window.to_dict()
+        end = window.end_seq if window.end_seq is not None else self.cursor - 1
+        out["events"] = max(0, end - window.start_seq + 1)
+        return out
+
+    def list_items(
+        self,
+        *,
+        window: int | str | None = None,
+        role: str | list[str] | None = None,
+        seq_from: int | None = None,
+        seq_to: int | None = None,
+        limit: int | None = None,
+        max_chars: int | None = None,
+        cursor: str | None = None,
+        order: str = "asc",
+    ) -> dict[str, Any]:
+        """Items matching the filters, with a preview of ``max_chars`` each (400 default, 1,000 max).
+
+        One page scans at most 2,000 events or about 2,000,000 content characters (an event is
+        always checked in full) and shows at most 12,000 preview characters; ``has_more`` and
+        ``next_cursor`` continue it (keep the same filters and order).
+        """
+        return self._query(None, True, window, role, seq_from, seq_to, limit, max_chars, cursor, order)
+
+    def search(
+        self,
+        query: str,
+        *,
+        case_sensitive: bool = True,
+        window: int | str | None = None,
+        role: str | list[str] | None = None,
+        seq_from: int | None = None,
+        seq_to: int | None = None,
+        limit: int | None = None,
+        max_chars: int | None = None,
+        cursor: str | None = None,
+        order: str = "asc",
+    ) -> dict[str, Any]:
+        """Items whose text contains ``query`` (case-sensitive unless ``case_sensitive=False``),
+        each with a snippet around the first match; paging and limits as :meth:`list_items`."""
+        if not isinstance(query, str) or not query:
+            msg = "search needs a non-empty query string"
+            raise HistoryError(msg)
+        if len(query) > QUERY_MAX_CHARS:
+            msg = f"search query is {len(query)} characters; the limit is {QUERY_MAX_CHARS}: search for a shorter distinctive part"
+            raise HistoryError(msg)
+        return self._query(query, case_sensitive, window, role, seq_from, seq_to, limit, max_chars, cursor, order)
+
+    def _query(
+        self,
+        query: str | None,
+        case_sensitive: bool,
+        window: int | str | None,
+        role: str | list[str] | None,
+        seq_from: int | None,
+        seq_to: int | None,
+        limit: int | None,
+        max_chars: int | None,
+        cursor: str | None,
+        order: str,
+    ) -> dict[str, Any]:
+        self.sync()
+        limit = _limit(limit)
+        per_item = _chars(max_chars)
+        roles = _roles(role)
+        if order not in ("asc", "desc"):
+            msg = f"order must be 'asc' (oldest first) or 'desc' (newest first), got {order!r}"
+            raise HistoryError(msg)
+        lo, hi = 0, self.cursor - 1
+        win = None
+        if window is not None:
+            win = self.window(window)
+            lo = win.start_seq
+            hi = win.end_seq if win.end_seq is not None else hi
+        for name, value in (("seq_from", seq_from), ("seq_to", seq_to)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                msg = f"{name} must be a non-negative event seq, got {value!r}"
+                raise HistoryError(msg)
+        if seq_from is not None:
+            lo = max(lo, seq_from)
+        if seq_to is not None:
+            hi = min(hi, seq_to)
+        fingerprint = _fingerprint(query, case_sensitive, win.number if win else None, sorted(roles), seq_from, seq_to, order)
+        if cursor:
+            position = _decode_cursor(cursor, fingerprint)
+            if order == "asc":
+                lo = max(lo, position)
+            else:
+                hi = min(hi, position)
+        pattern = None
+        if query is not None:
+            pattern = re.compile(re.escape(query), 0 if case_sensitive else re.IGNORECASE)
+        events = self.session.events
+        seqs = range(lo, hi + 1) if order == "asc" else range(hi, lo - 1, -1)
+        items: list[dict[str, Any]] = []
+        scanned = chars = preview_used = 0
+        stopped_at: int | None = None
+        for seq in seqs:
+            if scanned >= SCAN_EVENTS_PER_PAGE or chars >= SCAN_CHARS_PER_PAGE or len(items) >= limit:
+                stopped_at = seq
+                break
+            if preview_used >= PREVIEW_CHARS_PER_PAGE:
+                stopped_at = seq
+                break
+            event = events[seq]
+            scanned += 1
+            if self.role_of(event) not in roles:
+                continue
+            text = self.text_of(event)
+            chars += len(text)
+            if pattern is None:
+                snippet, truncated = _head(text, per_item)
+                matches = None
+            else:
+                found = pattern.search(text)
+                if found is None:
+                    continue
+                snippet, truncated = _around(text, found.start(), found.end(), per_item)
+                matches = sum(1 for _ in pattern.finditer(text))
+            room = PREVIEW_CHARS_PER_PAGE - preview_used
+            if len(snippet) > room:
+                snippet, truncated = _clip_chars(snippet, room), True
+            preview_used += len(snippet)
+            item = self.meta(event)
+            item["chars"] = len(text)
+            item["preview" if pattern is None else "snippet"] = snippet
+            if truncated:
+                item["truncated"] = True
+            if matches is not None:
+                item["matches"] = matches
+            items.append(item)
+        out: dict[str, Any] = {"items": items, "scanned_events": scanned, "scanned_chars": chars, "has_more": stopped_at is not None}
+        if stopped_at is not None:
+            out["next_cursor"] = _encode_cursor(stopped_at, fingerprint)
+        if query is not None:
+            out["case_sensitive"] = case_sensitive
+        return out
+
+    def read_item(self, item_id: str, *, format: str = "text", offset_chars: int = 0, max_chars: int | None = None) -> dict[str, Any]:
+        """The body of an item (or of a window, goal or checklist id), ``max_chars`` at a time
+        (8,000 default, 20,000 max) from ``offset_chars``; ``format="json"`` pages the complete
+        raw event(s). ``next_offset_chars`` continues a long body."""
+        self.sync()
+        if format not in ("text", "json"):
+            msg = f"format must be 'text' or 'json', got {format!r}"
+            raise HistoryError(msg)
+        if not isinstance(offset_chars, int) or isinstance(offset_chars, bool) or offset_chars < 0:
+            msg = f"offset_chars must be a non-negative integer, got {offset_chars!r}"
+            raise HistoryError(msg)
+        if max_chars is None:
+            max_chars = READ_CHARS_DEFAULT
+        if not isinstance(max_chars, int) or isinstance(max_chars, bool) or not 1 <= max_chars <= READ_CHARS_MAX:
+            msg = f"max_chars must be 1..{READ_CHARS_MAX} (default {READ_CHARS_DEFAULT}), got {max_chars!r}"
+            raise HistoryError(msg)
+        meta, body = self._resolve(str(item_id).strip(), format)
+        if offset_chars > len(body):
+            msg = f"offset_chars {offset_chars} is past the end of {item_id} ({len(body)} characters)"
+            raise HistoryError(msg)
+        end = min(len(body), offset_chars + max_chars)
+        out = {**meta, "format": format, "total_chars": len(body), "offset_chars": offset_chars, "content": body[offset_chars:end]}
+        if end < len(body):
+            out["next_offset_chars"] = end
+        return out
+
+    def _resolve(self, ref: str, fmt: str) -> tuple[dict[str, Any], str]:
+        events = self.session.events
+        if match := _ITEM_ID.match(ref):
+            seq = int(match.group(1))
+            if seq >= self.cursor:
+                msg = f"no {ref}: this session's items are item_0..item_{self.cursor - 1}"
+                raise HistoryError(msg)
+            return self._event_body(events[seq], fmt)
+        if match := _WIN_ID.match(ref):
+            window = self.window(int(match.group(1)))
+            if match.group(2):
+                if window.closed_by is None:
+                    msg = f"window {window.number} is the current window: it has no summary yet (summaries exist for windows 1..{len(self.windows) - 1})"
+                    raise HistoryError(msg)
+                meta, body = self._event_body(events[window.closed_by], fmt)
+                return {**meta, "resolved_from": ref}, body
+            data = self._window_dict(window)
+            return {"id": ref, "role": "window", "window": window.number}, _render(data, fmt)
+        if ref == "goal":
+            goal = self.goal()
+            if goal is None:
+                msg = "no goal yet: the session has no user instruction"
+                raise HistoryError(msg)
+            meta, body = self._event_body(goal, fmt)
+            return {**meta, "resolved_from": ref}, body
+        if ref == "checklist":
+            entries = self.checklist()
+            if not entries:
+                msg = "no checklist: the model has not written a todo list in this session"
+                raise HistoryError(msg)
+            data = [{"id": e.ref, "status": e.status, "text": e.text} for e in entries]
+            body = orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() if fmt == "json" else "\n".join(
+                f"[{e.status}] {e.ref}: {e.text}" for e in entries
+            )
+            return {"id": ref, "role": "checklist", "item": f"item_{entries[0].seq}"}, body
+        if match := _TODO_ID.match(ref):
+            seq, index = int(match.group(1)), int(match.group(2))
+            entries = self.checklist() if seq == self.todo_seq else self._checklist_at(seq)
+            if index >= len(entries):
+                msg = f"no {ref}: the todo list at item_{seq} has {len(entries)} entries"
+                raise HistoryError(msg)
+            entry = entries[index]
+            data = {"id": entry.ref, "status": entry.status, "text": entry.text, "item": f"item_{seq}"}
+            return {"id": ref, "role": "todo", "item": f"item_{seq}"}, _render(data, fmt) if fmt == "json" else f"[{entry.status}] {entry.text}"
+        msg = (
+            f"unknown id {ref!r}: use item_<seq>, win_<n>, win_<n>_summary, goal, checklist or todo_<seq>_<i> "
+            "(ids are printed by history listings and handoffs)"
+        )
+        raise HistoryError(msg)
+
+    def _checklist_at(self, seq: int) -> list[TodoEntry]:
+        """The todo list written at an older seq (a handoff may print ids of an earlier list)."""
+        if seq >= self.cursor or self.session.events[seq].type != ASSISTANT_MESSAGE:
+            return []
+        saved = (self.todo_seq, self.todo_call)
+        for i, block in enumerate(self.session.events[seq].data["message"].get("content", ())):
+            if block.get("type") == "tool_call" and block.get("name") in TODO_TOOLS:
+                self.todo_seq, self.todo_call = seq, i
+        try:
+            return self.checklist() if self.todo_seq == seq else []
+        finally:
+            self.todo_seq, self.todo_call = saved
+
+    def _event_body(self, event: Event, fmt: str) -> tuple[dict[str, Any], str]:
+        meta = self.meta(event)
+        if fmt == "json":
+            return meta, orjson.dumps(event.to_dict(), option=orjson.OPT_INDENT_2).decode()
+        return meta, self.text_of(event)
+
+
+# -- helpers ---------------------------------------------------------------------------------------------
+def _source_kind(data: dict[str, Any]) -> str:
+    source = data["message"].get("source") or {}
+    return source.get("kind", "user")
+
+
+def _limit(limit: int | None) -> int:
+    if limit is None:
+        return LIST_DEFAULT
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= LIST_MAX:
+        msg = f"limit must be 1..{LIST_MAX} (default {LIST_DEFAULT}), got {limit!r}"
+        raise HistoryError(msg)
+    return limit
+
+
+def _chars(max_chars: int | None) -> int:
+    if max_chars is None:
+        return ITEM_CHARS_DEFAULT
+    if not isinstance(max_chars, int) or isinstance(max_chars, bool) or not 1 <= max_chars <= ITEM_CHARS_MAX:
+        msg = f"max_chars per item must be 1..{ITEM_CHARS_MAX} (default {ITEM_CHARS_DEFAULT}), got {max_chars!r}"
+        raise HistoryError(msg)
+    return max_chars
+
+
+def _roles(role: str | list[str] | None) -> frozenset[str]:
+    if role is None:
+        return frozenset(DEFAULT_ROLES)
+    wanted = [role] if isinstance(role, str) else list(role)
+    bad = [r for r in wanted if r not in ROLES]
+    if bad or not wanted:
+        msg = f"role must be one or more of {list(ROLES)}, got {role!r}"
+        raise HistoryError(msg)
+    return frozenset(wanted)
+
+
+def _fingerprint(*parts: Any) -> str:
+    return hashlib.sha256(orjson.dumps(list(parts))).hexdigest()[:8]
+
+
+def _encode_cursor(position: int, fingerprint: str) -> str:
+    return f"c{position}.{fingerprint}"
+
+
+def _decode_cursor(cursor: str, fingerprint: str) -> int:
+    match = _CURSOR.match(str(cursor))
+    if not match:
+        msg = f"cursor {cursor!r} is not one this history returned: pass next_cursor exactly, or omit it to start over"
+        raise HistoryError(msg)
+    if match.group(2) != fingerprint:
+        msg = f"cursor {cursor!r} belongs to a query with other filters or order: keep the same filters and order when continuing, or omit the cursor"
+        raise HistoryError(msg)
+    return int(match.group(1))
+
+
+def _clip_chars(text: str, limit: int) -> str:
+    """At most ``limit`` characters, never splitting a surrogate pair."""
+    if len(text) <= limit:
+        return text
+    cut = max(0, limit)
+    if cut and "\ud800" <= text[cut - 1] <= "\udbff":
+        cut -= 1
+    return text[:cut]
+
+
+def _head(text: str, limit: int) -> tuple[str, bool]:
+    if len(text) <= limit:
+        return text, False
+    return _clip_chars(text, max(0, limit - 1)) + "…", True
+
+
+def _around(text: str, start: int, end: int, limit: int) -> tuple[str, bool]:
+    """A snippet of at most ``limit`` characters around text[start:end]."""
+    if len(text) <= limit:
+        return text, False
+    if limit < 3:
+        return _clip_chars(text[start:], limit), True
+    lead = max(0, (limit - (end - start)) // 3)
+    a = max(0, start - lead)
+    b = min(len(text), a + limit)
+    a = max(0, b - limit)
+    snippet = text[a:b]
+    prefix = "…" if a > 0 else ""
+    suffix = "…" if b < len(text) else ""
+    room = limit - len(prefix) - len(suffix)
+    if len(snippet) > room:
+        # trim the far side of the match first so the match itself stays visible
+        excess = len(snippet) - room
+        before = min(excess, start - a)
+        snippet = snippet[before : len(snippet) - (excess - before)]
+    return prefix + snippet + suffix, True
+
+
+def _render(data: Any, fmt: str) -> str:
+    if fmt == "json":
+        return orjson.dumps(data, option=orjson.OPT_INDENT_2).decode()
+    if isinstance(data, dict):
+        return "\n".join(f"{k}: {v}" for k, v in data.items())
+    return str(data)
+
+
+__all__ = [
+    "History",
+    "HistoryError",
+    "TodoEntry",
+    "Window",
+    "ITEM_CHARS_DEFAULT",
+    "ITEM_CHARS_MAX",
+    "LIST_DEFAULT",
+    "LIST_MAX",
+    "PREVIEW_CHARS_PER_PAGE",
+    "READ_CHARS_DEFAULT",
+    "READ_CHARS_MAX",
+    "SCAN_CHARS_PER_PAGE",
+    "SCAN_EVENTS_PER_PAGE",
+]
