@@ -17,8 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from .kernel import Kernel
 from .models.scripted import ScriptedModel
 from .profile import Profile, load_profile
@@ -56,22 +54,43 @@ def throwaway_plugin(kernel: Kernel, plugin: Any, name: str) -> Iterator[Any]:
         kernel.plugins.unregister(name)
 
 
-@pytest.fixture
-def ctx_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    home = tmp_path / "ctxkernel-home"
-    home.mkdir()
-    monkeypatch.setenv("CTXKERNEL_HOME", str(home))
-    return home
+try:  # the helpers work without pytest; the fixtures need it
+    import pytest
+except ImportError:  # pragma: no cover
+    pytest = None  # type: ignore[assignment]
+
+if pytest is not None:
+
+    @pytest.fixture
+    def ctx_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+        home = tmp_path / "ctxkernel-home"
+        home.mkdir()
+        monkeypatch.setenv("CTXKERNEL_HOME", str(home))
+        return home
 
 
-@pytest.fixture
-def make_kernel(ctx_home: Path) -> Any:
-    def factory(**kwargs: Any) -> Kernel:
-        return build_kernel(ctx_home, **kwargs)
+    @pytest.fixture
+    def make_kernel(ctx_home: Path) -> Any:
+        def factory(**kwargs: Any) -> Kernel:
+            return build_kernel(ctx_home, **kwargs)
 
-    return factory
+        return factory
 
 
-@pytest.fixture
-def scripted_model() -> Any:
-    return ScriptedModel
+    @pytest.fixture
+    def scripted_model() -> Any:
+        return ScriptedModel
+
+
+# the conformance suite is public test API
+from .conformance import ConformanceError, ConformanceReport, check_conformance, request_orphans  # noqa: E402
+
+__all__ = [
+    "ConformanceError",
+    "ConformanceReport",
+    "build_kernel",
+    "check_conformance",
+    "make_profile",
+    "request_orphans",
+    "throwaway_plugin",
+]

@@ -1,0 +1,1 @@
+"""Example third-party strategy for ctxkernel: observation masking."""

@@ -1,0 +1,47 @@
+"""Observation masking: tool results older than the last ``keep_last`` are replaced by a short
+placeholder, through one-node tool-result replacements (the cheap, model-free reduction that
+OpenHands and SWE-agent ship). The call and its result stay paired; only the content changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+import ctxkernel
+
+NAME = "observation-mask"
+
+
+class MaskSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    #: how many of the newest tool results stay verbatim
+    keep_last: int = Field(default=5, ge=1)
+    #: results shorter than this many characters are never masked (a mask would not pay)
+    min_chars: int = Field(default=400, ge=0)
+    placeholder: str = "[output of {name} omitted: {chars} characters; re-run the tool to see it]"
+
+
+@ctxkernel.hookimpl
+def register_strategy(register: Any) -> None:
+    register(ctxkernel.StrategySpec(NAME, settings=MaskSettings, capabilities={"observation"}))
+
+
+@ctxkernel.hookimpl
+def pre_step(session: ctxkernel.Session, step: ctxkernel.StepContext) -> None:
+    settings: MaskSettings = session.settings(NAME)  # type: ignore[assignment]
+    results = [n for n in session.surface.nodes if n.role == "tool"]
+    for node in results[: -settings.keep_last]:
+        result = node.message.tool_result
+        if node.event.data.get("prune") or len(result.content) < settings.min_chars:
+            continue  # already masked, or too small to be worth it
+        text = settings.placeholder.format(name=result.name or "tool", chars=len(result.content))
+        session.replace_tool_result(node.seq, text, strategy=NAME, reason="mask")
+
+
+@ctxkernel.hookimpl
+def project(session: ctxkernel.Session) -> dict[str, Any]:
+    masked = sum(1 for n in session.surface.nodes if n.role == "tool" and n.event.data.get("prune"))
+    return {"masked_results": masked}
