@@ -35,7 +35,6 @@ COMPACTION_SUMMARY = "compaction/summary"
 COMPACTION_END = "compaction/end"
 COMPACTION_PRUNE = "compaction/prune"
 SURFACE_DROP = "surface/drop"
-STRATEGY_TOGGLE = "session/strategy"
 
 #: Event types whose message reaches the model.
 MESSAGE_TYPES = frozenset({USER_MESSAGE, ASSISTANT_MESSAGE, TOOL_RESULT})
@@ -56,7 +55,6 @@ KERNEL_TYPES = frozenset(
         COMPACTION_END,
         COMPACTION_PRUNE,
         SURFACE_DROP,
-        STRATEGY_TOGGLE,
     }
 )
 KERNEL_NAMESPACES = frozenset(t.split("/")[0] for t in KERNEL_TYPES)
@@ -79,7 +77,6 @@ _REQUIRED_DATA: dict[str, dict[str, type | tuple[type, ...]]] = {
     COMPACTION_END: {"compaction_id": str},
     COMPACTION_PRUNE: {"target": int, "strategy": str},
     SURFACE_DROP: {"strategy": str},
-    STRATEGY_TOGGLE: {"strategy": str, "enabled": bool},
 }
 
 
