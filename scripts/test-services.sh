@@ -1,5 +1,87 @@
 #!/usr/bin/env bash
-# Start what the tests need, then run the given test command.
-# Services are added here as the suite needs them (PostgreSQL, Chromium).
+# Start what the tests need, then run the given test command; stop the services on exit.
+# Usage: bash scripts/test-services.sh CMD [ARGS...]   (the Makefile's `make test` does this)
+# Each service is one start_* function below, called before the command runs.
 set -euo pipefail
-exec "$@"
+
+CLEANUPS=()
+cleanup() {
+    local rc=$?
+    local i
+    for ((i = ${#CLEANUPS[@]} - 1; i >= 0; i--)); do
+        eval "${CLEANUPS[$i]}" || true
+    done
+    return "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+say() { echo "test-services: $*" >&2; }
+
+# -- PostgreSQL (store tests: tests/store) --------------------------------------------------------
+# A throwaway cluster: initdb into a temp dir, loopback only, trust auth for 127.0.0.1 only.
+# Exports CTXKERNEL_TEST_PG_DSN. Skipped when that variable is already set (use your own server).
+# Installs Debian's postgresql when it is missing and we are root with apt-get (CI's machine).
+pg_bindir() {
+    local dir
+    dir=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
+    if [[ -n "$dir" && -x "$dir/initdb" ]]; then
+        echo "$dir"
+    elif command -v initdb >/dev/null 2>&1; then
+        dirname "$(command -v initdb)"
+    fi
+}
+
+start_postgres() {
+    if [[ -n "${CTXKERNEL_TEST_PG_DSN:-}" ]]; then
+        say "PostgreSQL: using CTXKERNEL_TEST_PG_DSN from the environment"
+        return 0
+    fi
+    local bindir
+    bindir=$(pg_bindir)
+    if [[ -z "$bindir" && "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        say "PostgreSQL: not installed; installing Debian's postgresql"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -q >/dev/null || say "apt-get update failed"
+        apt-get install -y -q --no-install-recommends postgresql >/dev/null \
+            || say "apt-get install postgresql failed"
+        bindir=$(pg_bindir)
+    fi
+    if [[ -z "$bindir" ]]; then
+        say "PostgreSQL: no server binaries (initdb) found; PostgreSQL tests will skip (and fail under CI=true)"
+        return 0
+    fi
+    local run=() owner=""
+    if [[ "$(id -u)" == 0 ]]; then
+        # initdb and postgres refuse to run as root: run them as the packaged postgres user
+        owner=postgres
+        getent passwd "$owner" >/dev/null || owner=nobody
+        if command -v runuser >/dev/null 2>&1; then
+            run=(runuser -u "$owner" --)
+        else
+            run=(setpriv --reuid="$owner" --regid="$(id -g "$owner")" --clear-groups)
+        fi
+    fi
+    local dir port
+    dir=$(mktemp -d "${TMPDIR:-/tmp}/ctxkernel-pg.XXXXXX")
+    [[ -n "$owner" ]] && chown "$owner" "$dir"
+    CLEANUPS+=("rm -rf '$dir'")
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    if ! "${run[@]}" "$bindir/initdb" -D "$dir/data" -U ctxkernel -A trust -E UTF8 --locale=C.UTF-8 --no-sync \
+        >"$dir/initdb.log" 2>&1; then
+        say "PostgreSQL: initdb failed:"; cat "$dir/initdb.log" >&2; return 0
+    fi
+    # trust, but only over the unix socket in our temp dir and from 127.0.0.1
+    printf 'local all all trust\nhost all all 127.0.0.1/32 trust\n' >"$dir/data/pg_hba.conf"
+    if ! "${run[@]}" "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
+        -o "-c listen_addresses=127.0.0.1 -p $port -k $dir -c max_connections=200" start >/dev/null; then
+        say "PostgreSQL: the server did not start:"; cat "$dir/server.log" >&2; return 0
+    fi
+    CLEANUPS+=("${run[*]} '$bindir/pg_ctl' -D '$dir/data' -m immediate -w stop >/dev/null 2>&1")
+    export CTXKERNEL_TEST_PG_DSN="postgresql://ctxkernel@127.0.0.1:$port/postgres"
+    say "PostgreSQL: throwaway cluster at $CTXKERNEL_TEST_PG_DSN"
+}
+
+start_postgres
+
+"$@"

@@ -19,6 +19,7 @@ from .logging import configure_logging
 #: modules that add subcommands (each defines ``register(subparsers)``)
 COMMAND_MODULES: tuple[str, ...] = (
     "ctxkernel.cli_commands",
+    "ctxkernel.store.cli",
 )
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2

@@ -1,0 +1,327 @@
+"""The ``postgres`` backend: one store shared by the harness processes of several hosts.
+
+Needs psycopg 3 (``pip install 'ctxkernel[postgres]'``). The connection string comes from the
+profile (``[store] dsn``) or ``CTXKERNEL_STORE__DSN``; any libpq form works (URI or
+``key=value``). Tables live in the connection's current schema (choose another one with libpq's
+``options=-csearch_path=...``), all prefixed ``ctxkernel_``::
+
+    ctxkernel_meta(name PRIMARY KEY, value)                       -- schema_version
+    ctxkernel_sessions(id PRIMARY KEY, header TEXT, next_seq BIGINT)
+    ctxkernel_events(session, seq, type, body TEXT, PRIMARY KEY (session, seq))
+    ctxkernel_kv(namespace, key, value TEXT, PRIMARY KEY (namespace, key))
+
+The schema is created (and its version checked) on first use, under an advisory lock so that
+workers starting together do not race. Event bodies are stored as JSON *text*, not ``jsonb``:
+``jsonb`` refuses ``\\u0000`` and reorders keys, and a store must return any Unicode exactly.
+
+Optimistic concurrency across hosts: a batch is one transaction that first moves
+``ctxkernel_sessions.next_seq`` from the expected value (``UPDATE ... WHERE next_seq = expected``:
+the row lock orders concurrent writers, and the loser sees the new value and matches nothing),
+then inserts the events; the primary key on ``(session, seq)`` backs this up. A stale writer gets
+:class:`ConflictError` with nothing written; a writer that dies mid-batch has its transaction
+rolled back by the server.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import orjson
+
+from ..errors import ConflictError, CorruptionError, SessionExistsError, SessionNotFoundError, StoreError
+from ..events import Event
+from .base import RepairReport, SessionHeader, check_batch, check_kv_name, check_session_id
+from .sqlite import decode_event, encode_event, encode_value
+
+SCHEMA_VERSION = 1
+READ_CHUNK = 5000
+DSN_ENV = "CTXKERNEL_STORE__DSN"
+
+_SCHEMA = [
+    "CREATE TABLE IF NOT EXISTS ctxkernel_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS ctxkernel_sessions (
+        id TEXT PRIMARY KEY,
+        header TEXT NOT NULL,
+        next_seq BIGINT NOT NULL DEFAULT 0,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now()
+    )""",
+    """CREATE TABLE IF NOT EXISTS ctxkernel_events (
+        session TEXT NOT NULL REFERENCES ctxkernel_sessions(id),
+        seq BIGINT NOT NULL,
+        type TEXT NOT NULL,
+        body TEXT NOT NULL,
+        PRIMARY KEY (session, seq)
+    )""",
+    """CREATE TABLE IF NOT EXISTS ctxkernel_kv (
+        namespace TEXT NOT NULL,
+        key TEXT NOT NULL,
+        value TEXT NOT NULL,
+        PRIMARY KEY (namespace, key)
+    )""",
+]
+
+
+def redact(dsn: str) -> str:
+    """The connection string without its password, for messages."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        parts = conninfo_to_dict(dsn)
+    except Exception:  # noqa: BLE001 - a malformed dsn is reported by connect() itself
+        return "<unparsable connection string>"
+    if "password" in parts:
+        parts["password"] = "***"
+    return make_conninfo(**{k: str(v) for k, v in parts.items()})
+
+
+class PostgresStore:
+    backend = "postgres"
+
+    def __init__(self, dsn: str | None = None, *, connect_timeout: int = 10) -> None:
+        dsn = dsn or os.environ.get(DSN_ENV)
+        if not dsn:
+            msg = (
+                "the postgres store needs a connection string: set [store] dsn in the profile or "
+                f"{DSN_ENV} (e.g. postgresql://user@host:5432/dbname)"
+            )
+            raise StoreError(msg)
+        try:
+            import psycopg
+        except ImportError:
+            msg = "the postgres store needs psycopg 3: pip install 'ctxkernel[postgres]'"
+            raise StoreError(msg) from None
+        self._psycopg = psycopg
+        self.dsn = dsn
+        self.where = redact(dsn)
+        self.connect_timeout = connect_timeout
+        self._mutex = threading.RLock()
+        self._conn: Any = None
+        self._connect()
+        self._migrate()
+
+    # -- connection ------------------------------------------------------------------------------
+    def _connect(self) -> Any:
+        if self._conn is not None and not self._conn.closed and not self._conn.broken:
+            return self._conn
+        try:
+            # autocommit: reads never leave a transaction open; writes use explicit transactions
+            self._conn = self._psycopg.connect(self.dsn, autocommit=True, connect_timeout=self.connect_timeout)
+        except self._psycopg.Error as exc:
+            msg = f"cannot connect to the postgres store {self.where}: {str(exc).strip()}"
+            raise StoreError(msg) from None
+        return self._conn
+
+    def _error(self, exc: Exception) -> StoreError:
+        return StoreError(f"postgres store {self.where}: {str(exc).strip()}")
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._mutex:
+            conn = self._connect()
+            try:
+                return conn.execute(sql, params).fetchall()
+            except self._psycopg.Error as exc:
+                raise self._error(exc) from None
+
+    def _migrate(self) -> None:
+        with self._mutex:
+            conn = self._connect()
+            try:
+                with conn.transaction():
+                    schema = conn.execute("SELECT current_schema()").fetchone()[0]
+                    if schema is None:
+                        msg = (
+                            f"postgres store {self.where}: the connection has no schema to create tables in; "
+                            "create the schema named by search_path or fix search_path"
+                        )
+                        raise StoreError(msg)
+                    conn.execute("SELECT pg_advisory_xact_lock(hashtext('ctxkernel schema ' || current_schema()))")
+                    for statement in _SCHEMA:
+                        conn.execute(statement)
+                    row = conn.execute("SELECT value FROM ctxkernel_meta WHERE name = 'schema_version'").fetchone()
+                    if row is None:
+                        conn.execute(
+                            "INSERT INTO ctxkernel_meta VALUES ('schema_version', %s)", (str(SCHEMA_VERSION),)
+                        )
+                    elif int(row[0]) > SCHEMA_VERSION:
+                        msg = (
+                            f"postgres store {self.where}: schema version {row[0]} is newer than this ctxkernel "
+                            f"reads ({SCHEMA_VERSION}); upgrade ctxkernel"
+                        )
+                        raise StoreError(msg)
+            except self._psycopg.Error as exc:
+                raise self._error(exc) from None
+            self.schema = schema
+
+    @property
+    def schema_version(self) -> int:
+        return int(self._query("SELECT value FROM ctxkernel_meta WHERE name = 'schema_version'")[0][0])
+
+    # -- sessions --------------------------------------------------------------------------------
+    def _not_found(self, session_id: str) -> SessionNotFoundError:
+        return SessionNotFoundError(f"no session {session_id!r} in the postgres store {self.where} ({self.schema})")
+
+    def create(self, header: SessionHeader) -> None:
+        check_session_id(header.id)
+        body = orjson.dumps(header.to_dict()).decode()
+        with self._mutex:
+            conn = self._connect()
+            try:
+                cur = conn.execute(
+                    "INSERT INTO ctxkernel_sessions (id, header) VALUES (%s, %s) ON CONFLICT (id) DO NOTHING",
+                    (header.id, body),
+                )
+            except self._psycopg.Error as exc:
+                raise self._error(exc) from None
+            if cur.rowcount != 1:
+                msg = f"session {header.id} already exists in the postgres store {self.where}"
+                raise SessionExistsError(msg)
+
+    def exists(self, session_id: str) -> bool:
+        return bool(self._query("SELECT 1 FROM ctxkernel_sessions WHERE id = %s", (check_session_id(session_id),)))
+
+    def header(self, session_id: str) -> SessionHeader:
+        rows = self._query("SELECT header FROM ctxkernel_sessions WHERE id = %s", (check_session_id(session_id),))
+        if not rows:
+            raise self._not_found(session_id)
+        where = f"postgres store {self.where}: session {session_id}"
+        try:
+            raw = orjson.loads(rows[0][0])
+        except orjson.JSONDecodeError as exc:
+            msg = f"{where}: header is not valid JSON ({exc})"
+            raise CorruptionError(msg) from None
+        return SessionHeader.from_dict(raw, where=where)
+
+    def list_sessions(self) -> list[str]:
+        return [row[0] for row in self._query("SELECT id FROM ctxkernel_sessions ORDER BY id COLLATE \"C\"")]
+
+    # -- reading ---------------------------------------------------------------------------------
+    def next_seq(self, session_id: str) -> int:
+        rows = self._query("SELECT next_seq FROM ctxkernel_sessions WHERE id = %s", (check_session_id(session_id),))
+        if not rows:
+            raise self._not_found(session_id)
+        return int(rows[0][0])
+
+    def read(self, session_id: str, start: int = 0) -> Iterator[Event]:
+        # the end is fixed now: the reader sees the batches committed when it asked, never part of one
+        end = self.next_seq(session_id)
+        return self._read(session_id, max(start, 0), end)
+
+    def _read(self, session_id: str, start: int, end: int) -> Iterator[Event]:
+        where = f"postgres store {self.where}: session {session_id}"
+        seq = start
+        while seq < end:
+            rows = self._query(
+                "SELECT seq, body FROM ctxkernel_events WHERE session = %s AND seq >= %s AND seq < %s "
+                "ORDER BY seq LIMIT %s",
+                (session_id, seq, end, READ_CHUNK),
+            )
+            if not rows:
+                msg = f"{where}: events {seq}..{end - 1} are missing"
+                raise CorruptionError(msg)
+            for stored_seq, body in rows:
+                if stored_seq != seq:
+                    msg = f"{where}: event {seq} is missing (found {stored_seq}); the log has a gap"
+                    raise CorruptionError(msg)
+                event = decode_event(body, f"{where} seq {seq}")
+                if event.seq != seq:
+                    msg = f"{where}: row {seq} holds an event with seq {event.seq}"
+                    raise CorruptionError(msg)
+                yield event
+                seq += 1
+
+    def repair(self, session_id: str) -> RepairReport:
+        """Transactions leave no torn tail; check the bookkeeping agrees with the rows."""
+        next_seq = self.next_seq(session_id)
+        count, top = self._query(
+            "SELECT count(*), max(seq) FROM ctxkernel_events WHERE session = %s", (session_id,)
+        )[0]
+        if count != next_seq or (top if top is not None else -1) != next_seq - 1:
+            msg = (
+                f"postgres store {self.where}: session {session_id} records next seq {next_seq} but holds "
+                f"{count} events (highest seq {top}); the database is corrupt and was not rewritten"
+            )
+            raise CorruptionError(msg)
+        return RepairReport()
+
+    # -- writing ---------------------------------------------------------------------------------
+    def append(self, session_id: str, events: Sequence[Event], expected_seq: int) -> None:
+        check_batch(events, expected_seq)
+        check_session_id(session_id)
+        rows = [(session_id, e.seq, e.type, encode_event(e)) for e in events]
+        psycopg = self._psycopg
+        with self._mutex:
+            conn = self._connect()
+            try:
+                with conn.transaction(), conn.cursor() as cur:
+                    cur.execute(
+                        "UPDATE ctxkernel_sessions SET next_seq = %s WHERE id = %s AND next_seq = %s RETURNING 1",
+                        (expected_seq + len(rows), session_id, expected_seq),
+                    )
+                    if cur.fetchone() is None:
+                        found = cur.execute(
+                            "SELECT next_seq FROM ctxkernel_sessions WHERE id = %s", (session_id,)
+                        ).fetchone()
+                        if found is None:
+                            raise self._not_found(session_id)
+                        raise ConflictError(session_id, expected_seq, int(found[0]))
+                    cur.executemany(
+                        "INSERT INTO ctxkernel_events (session, seq, type, body) VALUES (%s, %s, %s, %s)", rows
+                    )
+            except psycopg.errors.UniqueViolation as exc:
+                msg = (
+                    f"postgres store {self.where}: session {session_id} already holds seqs from {expected_seq} "
+                    f"although its next seq said otherwise ({str(exc).strip()}); corrupt"
+                )
+                raise CorruptionError(msg) from None
+            except psycopg.Error as exc:
+                raise self._error(exc) from None
+
+    # -- key-value table -------------------------------------------------------------------------
+    def kv_get(self, namespace: str, key: str) -> Any | None:
+        rows = self._query(
+            "SELECT value FROM ctxkernel_kv WHERE namespace = %s AND key = %s",
+            (check_kv_name("namespace", namespace), check_kv_name("key", key)),
+        )
+        if not rows:
+            return None
+        return _loads_value(rows[0][0], f"postgres store {self.where}: key-value {namespace}/{key}")
+
+    def kv_put(self, namespace: str, key: str, value: Any) -> None:
+        check_kv_name("namespace", namespace)
+        check_kv_name("key", key)
+        body = encode_value(namespace, key, value)
+        self._query(
+            "INSERT INTO ctxkernel_kv (namespace, key, value) VALUES (%s, %s, %s) "
+            "ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value RETURNING 1",
+            (namespace, key, body),
+        )
+
+    def kv_delete(self, namespace: str, key: str) -> None:
+        check_kv_name("namespace", namespace)
+        check_kv_name("key", key)
+        self._query("DELETE FROM ctxkernel_kv WHERE namespace = %s AND key = %s RETURNING 1", (namespace, key))
+
+    def kv_list(self, namespace: str, prefix: str = "") -> dict[str, Any]:
+        rows = self._query(
+            "SELECT key, value FROM ctxkernel_kv WHERE namespace = %s AND left(key, %s) = %s ORDER BY key COLLATE \"C\"",
+            (check_kv_name("namespace", namespace), len(prefix), prefix),
+        )
+        where = f"postgres store {self.where}: key-value {namespace}"
+        return {key: _loads_value(value, f"{where}/{key}") for key, value in rows}
+
+    def close(self) -> None:
+        with self._mutex:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+def _loads_value(body: str, where: str) -> Any:
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        msg = f"{where}: not valid JSON ({exc})"
+        raise CorruptionError(msg) from None

@@ -1,0 +1,307 @@
+"""The ``sqlite`` backend: one database under the kernel home, shared by many processes of a host.
+
+Layout (schema version :data:`SCHEMA_VERSION`, recorded in ``meta``)::
+
+    sessions(id PRIMARY KEY, header TEXT, next_seq INTEGER)
+    events(session, seq, type, body TEXT, PRIMARY KEY (session, seq))   -- body: the orjson event
+    kv(namespace, key, value TEXT, PRIMARY KEY (namespace, key))
+
+WAL mode lets readers run beside the one writer; ``synchronous=FULL`` makes every committed batch
+durable; the busy timeout makes a second process wait for the write lock instead of failing.
+A batch is one ``BEGIN IMMEDIATE`` transaction that checks and bumps ``sessions.next_seq`` and
+inserts the events, so a stale writer gets :class:`ConflictError` with nothing written, and a
+writer killed mid-batch leaves nothing behind (SQLite rolls the open transaction back).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ..errors import ConflictError, CorruptionError, EventError, SessionExistsError, SessionNotFoundError, StoreError
+from ..events import Event
+from .base import RepairReport, SessionHeader, check_batch, check_kv_name, check_session_id
+
+SCHEMA_VERSION = 1
+DATABASE_NAME = "ctxkernel.sqlite3"
+#: rows fetched per query while reading, so a long log never sits in memory twice
+READ_CHUNK = 5000
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY,
+    header TEXT NOT NULL,
+    next_seq INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS events (
+    session TEXT NOT NULL REFERENCES sessions(id),
+    seq INTEGER NOT NULL,
+    type TEXT NOT NULL,
+    body TEXT NOT NULL,
+    PRIMARY KEY (session, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS kv (
+    namespace TEXT NOT NULL,
+    key TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (namespace, key)
+) WITHOUT ROWID;
+"""
+
+
+def encode_event(event: Event) -> str:
+    """The stored form of an event (shared with the postgres backend)."""
+    try:
+        return orjson.dumps(event.to_dict()).decode()
+    except TypeError as exc:
+        msg = f"event {event.seq} ({event.type}) is not JSON-serialisable: {exc}; nothing was written"
+        raise StoreError(msg) from None
+
+
+def decode_event(body: str | bytes, where: str) -> Event:
+    try:
+        return Event.from_dict(orjson.loads(body))
+    except (orjson.JSONDecodeError, EventError) as exc:
+        msg = f"{where}: stored event is invalid ({exc})"
+        raise CorruptionError(msg) from None
+
+
+def encode_value(namespace: str, key: str, value: Any) -> str:
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError as exc:
+        msg = f"key-value {namespace}/{key}: value is not JSON-serialisable ({exc})"
+        raise StoreError(msg) from None
+
+
+class SqliteStore:
+    backend = "sqlite"
+
+    def __init__(self, home: str | os.PathLike[str], *, busy_timeout: float = 60.0, durable: bool = True) -> None:
+        self.home = Path(home)
+        self.path = self.home / DATABASE_NAME
+        self.busy_timeout = busy_timeout
+        self._mutex = threading.RLock()  # one connection per store, shared by this process's threads
+        self.home.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = sqlite3.connect(
+                self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
+            )
+            self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+            mode = self._db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            # FULL: a committed batch survives power loss in WAL mode too (NORMAL would not)
+            self._db.execute(f"PRAGMA synchronous = {'FULL' if durable else 'OFF'}")
+            self._db.execute("PRAGMA foreign_keys = ON")
+        except sqlite3.Error as exc:
+            msg = f"cannot open the sqlite store {self.path}: {exc}"
+            raise StoreError(msg) from None
+        if str(mode).lower() != "wal":
+            msg = f"{self.path}: could not switch the database to WAL mode (got {mode!r}); use a local file system"
+            raise StoreError(msg)
+        self._migrate()
+
+    # -- schema --------------------------------------------------------------------------------
+    def _migrate(self) -> None:
+        with self._write():
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    self._db.execute(statement)
+            row = self._db.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()
+            if row is None:
+                self._db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            elif int(row[0]) > SCHEMA_VERSION:
+                msg = (
+                    f"{self.path}: schema version {row[0]} is newer than this ctxkernel reads "
+                    f"({SCHEMA_VERSION}); upgrade ctxkernel"
+                )
+                raise StoreError(msg)
+
+    class _Txn:
+        def __init__(self, store: SqliteStore) -> None:
+            self.store = store
+
+        def __enter__(self) -> sqlite3.Connection:
+            self.store._mutex.acquire()
+            try:
+                # IMMEDIATE takes the write lock now, so the seq check and the insert see one state
+                self.store._db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                self.store._mutex.release()
+                msg = f"sqlite store {self.store.path}: cannot start a write ({exc}); another process holds the lock"
+                raise StoreError(msg) from None
+            except BaseException:
+                self.store._mutex.release()
+                raise
+            return self.store._db
+
+        def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+            try:
+                if exc_type is None:
+                    self.store._db.execute("COMMIT")
+                else:
+                    self.store._db.execute("ROLLBACK")
+            finally:
+                self.store._mutex.release()
+
+    def _write(self) -> SqliteStore._Txn:
+        return SqliteStore._Txn(self)
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._mutex:
+            try:
+                return self._db.execute(sql, params).fetchall()
+            except sqlite3.Error as exc:
+                msg = f"sqlite store {self.path}: {exc}"
+                raise StoreError(msg) from None
+
+    # -- sessions ------------------------------------------------------------------------------
+    def create(self, header: SessionHeader) -> None:
+        check_session_id(header.id)
+        body = orjson.dumps(header.to_dict()).decode()
+        try:
+            with self._write() as db:
+                db.execute("INSERT INTO sessions (id, header, next_seq) VALUES (?, ?, 0)", (header.id, body))
+        except sqlite3.IntegrityError:
+            msg = f"session {header.id} already exists in {self.path}"
+            raise SessionExistsError(msg) from None
+
+    def exists(self, session_id: str) -> bool:
+        check_session_id(session_id)
+        return bool(self._query("SELECT 1 FROM sessions WHERE id = ?", (session_id,)))
+
+    def header(self, session_id: str) -> SessionHeader:
+        rows = self._query("SELECT header FROM sessions WHERE id = ?", (check_session_id(session_id),))
+        if not rows:
+            raise self._not_found(session_id)
+        try:
+            raw = orjson.loads(rows[0][0])
+        except orjson.JSONDecodeError as exc:
+            msg = f"{self.path}: header of session {session_id} is not valid JSON ({exc})"
+            raise CorruptionError(msg) from None
+        return SessionHeader.from_dict(raw, where=f"{self.path}: session {session_id}")
+
+    def list_sessions(self) -> list[str]:
+        return [row[0] for row in self._query("SELECT id FROM sessions ORDER BY id")]
+
+    def _not_found(self, session_id: str) -> SessionNotFoundError:
+        return SessionNotFoundError(f"no session {session_id!r} in {self.path}")
+
+    # -- reading -------------------------------------------------------------------------------
+    def next_seq(self, session_id: str) -> int:
+        rows = self._query("SELECT next_seq FROM sessions WHERE id = ?", (check_session_id(session_id),))
+        if not rows:
+            raise self._not_found(session_id)
+        return int(rows[0][0])
+
+    def read(self, session_id: str, start: int = 0) -> Iterator[Event]:
+        # the end is fixed now: a reader sees the batches committed when it asked, never a part of one
+        end = self.next_seq(session_id)
+        return self._read(session_id, max(start, 0), end)
+
+    def _read(self, session_id: str, start: int, end: int) -> Iterator[Event]:
+        where = f"{self.path}: session {session_id}"
+        seq = start
+        while seq < end:
+            rows = self._query(
+                "SELECT seq, body FROM events WHERE session = ? AND seq >= ? AND seq < ? ORDER BY seq LIMIT ?",
+                (session_id, seq, end, READ_CHUNK),
+            )
+            for stored_seq, body in rows:
+                if stored_seq != seq:
+                    msg = f"{where}: event {seq} is missing (found {stored_seq}); the log has a gap"
+                    raise CorruptionError(msg)
+                event = decode_event(body, f"{where} seq {seq}")
+                if event.seq != seq:
+                    msg = f"{where}: row {seq} holds an event with seq {event.seq}"
+                    raise CorruptionError(msg)
+                yield event
+                seq += 1
+            if not rows:
+                msg = f"{where}: events {seq}..{end - 1} are missing"
+                raise CorruptionError(msg)
+
+    def repair(self, session_id: str) -> RepairReport:
+        """Transactions leave no torn tail; check the bookkeeping agrees with the rows."""
+        next_seq = self.next_seq(session_id)
+        count, top = self._query("SELECT count(*), max(seq) FROM events WHERE session = ?", (session_id,))[0]
+        if count != next_seq or (top if top is not None else -1) != next_seq - 1:
+            msg = (
+                f"{self.path}: session {session_id} records next seq {next_seq} but holds {count} events "
+                f"(highest seq {top}); the database is corrupt and was not rewritten"
+            )
+            raise CorruptionError(msg)
+        return RepairReport()
+
+    # -- writing -------------------------------------------------------------------------------
+    def append(self, session_id: str, events: Sequence[Event], expected_seq: int) -> None:
+        check_batch(events, expected_seq)
+        check_session_id(session_id)
+        rows = [(session_id, e.seq, e.type, encode_event(e)) for e in events]
+        with self._write() as db:
+            found = db.execute("SELECT next_seq FROM sessions WHERE id = ?", (session_id,)).fetchone()
+            if found is None:
+                raise self._not_found(session_id)
+            if found[0] != expected_seq:
+                raise ConflictError(session_id, expected_seq, found[0])
+            try:
+                db.executemany("INSERT INTO events (session, seq, type, body) VALUES (?, ?, ?, ?)", rows)
+            except sqlite3.IntegrityError as exc:
+                msg = f"{self.path}: session {session_id} already holds seqs from {expected_seq} ({exc}); corrupt"
+                raise CorruptionError(msg) from None
+            db.execute("UPDATE sessions SET next_seq = ? WHERE id = ?", (expected_seq + len(rows), session_id))
+
+    # -- key-value table -----------------------------------------------------------------------
+    def kv_get(self, namespace: str, key: str) -> Any | None:
+        rows = self._query(
+            "SELECT value FROM kv WHERE namespace = ? AND key = ?",
+            (check_kv_name("namespace", namespace), check_kv_name("key", key)),
+        )
+        if not rows:
+            return None
+        return _loads_value(rows[0][0], f"{self.path}: key-value {namespace}/{key}")
+
+    def kv_put(self, namespace: str, key: str, value: Any) -> None:
+        check_kv_name("namespace", namespace)
+        check_kv_name("key", key)
+        body = encode_value(namespace, key, value)
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO kv (namespace, key, value) VALUES (?, ?, ?) "
+                "ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value",
+                (namespace, key, body),
+            )
+
+    def kv_delete(self, namespace: str, key: str) -> None:
+        check_kv_name("namespace", namespace)
+        check_kv_name("key", key)
+        with self._write() as db:
+            db.execute("DELETE FROM kv WHERE namespace = ? AND key = ?", (namespace, key))
+
+    def kv_list(self, namespace: str, prefix: str = "") -> dict[str, Any]:
+        rows = self._query(
+            "SELECT key, value FROM kv WHERE namespace = ? AND substr(key, 1, ?) = ? ORDER BY key",
+            (check_kv_name("namespace", namespace), len(prefix), prefix),
+        )
+        return {key: _loads_value(value, f"{self.path}: key-value {namespace}/{key}") for key, value in rows}
+
+    def close(self) -> None:
+        with self._mutex:
+            try:
+                self._db.close()
+            except sqlite3.Error:
+                pass
+
+
+def _loads_value(body: str, where: str) -> Any:
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        msg = f"{where}: not valid JSON ({exc})"
+        raise CorruptionError(msg) from None
