@@ -30,15 +30,19 @@ from .errors import (
 from .events import Event
 from .hookspecs import hookimpl
 from .kernel import Kernel
+from .loop import AgentLoop, AsyncAgentLoop, AsyncSession, TurnResult
 from .messages import Message, ReasoningBlock, Source, TextBlock, ToolCallBlock, ToolResultBlock
 from .meter import Pressure
-from .models import ModelAdapter, Reply, ScriptedModel
+from .models import ModelAdapter, OpenAIChatModel, Reply, ScriptedModel
 from .plugins import NoSettings, StrategySpec
 from .profile import Profile, load_profile
 from .session import EventSpec, ReplyDraft, Request, Session, StepContext
 from .tools import Tool, ToolArgs, ToolOutcome
 
 __all__ = [
+    "AgentLoop",
+    "AsyncAgentLoop",
+    "AsyncSession",
     "CommitResult",
     "CompactionBusyError",
     "CompactionError",
@@ -55,6 +59,7 @@ __all__ = [
     "ModelAdapter",
     "ModelError",
     "NoSettings",
+    "OpenAIChatModel",
     "PluginConflictError",
     "Pressure",
     "Profile",
@@ -84,6 +89,7 @@ __all__ = [
     "ToolError",
     "ToolOutcome",
     "ToolResultBlock",
+    "TurnResult",
     "UnbalancedCutError",
     "balanced_cut_at_or_before",
     "head_region",

@@ -91,17 +91,36 @@ def from_openai_message(raw: dict[str, Any], *, where: str = "message") -> Messa
     raise EventError(msg)
 
 
-def to_openai_message(message: Message) -> dict[str, Any]:
+def _arguments_json(arguments: dict[str, Any]) -> str:
+    """Arguments as the JSON string the model sent; an unparsable string is sent back verbatim."""
+    if set(arguments) == {"_raw"} and isinstance(arguments["_raw"], str):
+        return arguments["_raw"]
+    if set(arguments) == {"_value"}:
+        return orjson.dumps(arguments["_value"]).decode()
+    return orjson.dumps(arguments).decode()
+
+
+def to_openai_message(message: Message, *, reasoning_content: bool = False) -> dict[str, Any]:
+    """One kernel message as a chat-completions message.
+
+    Reasoning is dropped unless ``reasoning_content`` (DeepSeek's thinking mode wants it back
+    within a tool-calling turn; other providers reject the field). A tool result's error flag
+    has no chat-completions field and is carried by its content.
+    """
     if message.role == "tool":
         result = message.content[0]
         assert isinstance(result, ToolResultBlock)
         return {"role": "tool", "tool_call_id": result.call_id, "content": result.content}
     text = "\n".join(b.text for b in message.content if isinstance(b, TextBlock))
     out: dict[str, Any] = {"role": message.role, "content": text}
+    if reasoning_content and message.role == "assistant":
+        reasoning = "\n".join(b.text for b in message.content if isinstance(b, ReasoningBlock))
+        if reasoning:
+            out["reasoning_content"] = reasoning
     calls = message.tool_calls
     if calls:
         out["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": orjson.dumps(c.arguments).decode()}}
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _arguments_json(c.arguments)}}
             for c in calls
         ]
         if not text:
@@ -109,40 +128,84 @@ def to_openai_message(message: Message) -> dict[str, Any]:
     return out
 
 
-def to_openai_messages(messages: list[Message], *, system: str = "") -> list[dict[str, Any]]:
+def to_openai_messages(messages: list[Message], *, system: str = "", reasoning_content: bool = False) -> list[dict[str, Any]]:
+    """A chat-completions ``messages`` list: the system prompt first (when any), then the messages."""
     out = [{"role": "system", "content": system}] if system else []
-    out.extend(to_openai_message(m) for m in messages)
+    out.extend(to_openai_message(m, reasoning_content=reasoning_content) for m in messages)
     return out
 
 
-# -- Anthropic messages ------------------------------------------------------------------------------
-def from_anthropic_message(raw: dict[str, Any], *, where: str = "message") -> list[Message]:
-    """One Anthropic message; a user message holding tool results becomes several messages."""
-    if not isinstance(raw, dict) or raw.get("role") not in ("user", "assistant"):
-        msg = f"{where}: expected an object with role 'user' or 'assistant'"
+def from_openai_messages(raw: list[dict[str, Any]]) -> tuple[str, list[Message]]:
+    """A chat-completions ``messages`` list as ``(system, messages)``.
+
+    ``system`` and ``developer`` messages are joined (blank line between) into the system text,
+    wherever they appear: the kernel keeps the system prompt in the request header, not on the
+    surface.
+    """
+    if not isinstance(raw, list):
+        msg = f"messages must be a list, got {type(raw).__name__}"
         raise EventError(msg)
-    content = raw.get("content")
+    system: list[str] = []
+    messages: list[Message] = []
+    for i, item in enumerate(raw):
+        where = f"messages[{i}]"
+        if isinstance(item, dict) and item.get("role") in ("system", "developer"):
+            text = _content_text(item.get("content"), where)
+            if text:
+                system.append(text)
+            continue
+        message = from_openai_message(item, where=where)
+        assert message is not None
+        messages.append(message)
+    return "\n\n".join(system), messages
+
+
+# -- Anthropic messages ------------------------------------------------------------------------------
+def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
     if isinstance(content, str):
-        content = [{"type": "text", "text": content}]
+        return [{"type": "text", "text": content}]
     if not isinstance(content, list):
         msg = f"{where}: content must be a string or a list of blocks"
         raise EventError(msg)
+    for i, block in enumerate(content):
+        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+            msg = f"{where}: content[{i}] must be an object with a 'type'"
+            raise EventError(msg)
+    return content
+
+
+def from_anthropic_message(raw: dict[str, Any], *, where: str = "message") -> list[Message]:
+    """One Anthropic message; a user message holding tool results becomes several messages.
+
+    Tool results come first (they answer the previous assistant turn), then the user's text.
+    ``redacted_thinking`` has no readable text and is kept as an empty reasoning block.
+    """
+    if not isinstance(raw, dict) or raw.get("role") not in ("user", "assistant"):
+        msg = f"{where}: expected an object with role 'user' or 'assistant'"
+        raise EventError(msg)
+    content = _blocks(raw.get("content"), where)
     if raw["role"] == "assistant":
         blocks: list[Any] = []
-        for block in content:
-            kind = block.get("type")
+        for i, block in enumerate(content):
+            kind = block["type"]
             if kind == "text":
                 blocks.append(TextBlock(block.get("text", "")))
             elif kind in ("thinking", "redacted_thinking"):
                 blocks.append(ReasoningBlock(block.get("thinking", ""), block.get("signature")))
             elif kind in ("tool_use", "server_tool_use"):
+                if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
+                    msg = f"{where}: content[{i}] ({kind}) needs a string 'id' and 'name'"
+                    raise EventError(msg)
                 blocks.append(ToolCallBlock(block["id"], block["name"], _parse_arguments(block.get("input"), where)))
         return [Message("assistant", tuple(blocks), Source(kind="model"))]
     out: list[Message] = []
     texts: list[str] = []
-    for block in content:
-        kind = block.get("type")
+    for i, block in enumerate(content):
+        kind = block["type"]
         if kind == "tool_result":
+            if not isinstance(block.get("tool_use_id"), str):
+                msg = f"{where}: content[{i}] (tool_result) needs a string 'tool_use_id'"
+                raise EventError(msg)
             out.append(
                 Message.tool(
                     block["tool_use_id"],
@@ -159,8 +222,29 @@ def from_anthropic_message(raw: dict[str, Any], *, where: str = "message") -> li
     return out
 
 
+def from_anthropic_request(body: dict[str, Any]) -> tuple[str, list[Message]]:
+    """An Anthropic request body (``system`` string or text blocks, ``messages``) as
+    ``(system, messages)``."""
+    system = body.get("system") or ""
+    if isinstance(system, list):
+        system = "\n\n".join(b.get("text", "") for b in system if isinstance(b, dict) and b.get("type") == "text")
+    if not isinstance(system, str):
+        msg = "system must be a string or a list of text blocks"
+        raise EventError(msg)
+    messages: list[Message] = []
+    for i, raw in enumerate(body.get("messages") or []):
+        messages.extend(from_anthropic_message(raw, where=f"messages[{i}]"))
+    return system, messages
+
+
 def to_anthropic_request(messages: list[Message], *, system: str = "", tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """``{"system", "messages", "tools"}`` with alternating roles (merged where needed)."""
+    """``{"system", "messages", "tools"}`` with alternating roles.
+
+    Consecutive same-role messages are merged into one (tool results become ``tool_result``
+    blocks of a user message, so a result and the user text after it share one message).
+    Reasoning is sent back only when it carries a provider signature, the form Anthropic
+    accepts; empty text blocks, which Anthropic rejects, are left out.
+    """
     out: list[dict[str, Any]] = []
     for message in messages:
         if message.role == "tool":
@@ -173,12 +257,14 @@ def to_anthropic_request(messages: list[Message], *, system: str = "", tools: li
         elif message.role == "assistant":
             role, blocks = "assistant", []
             for b in message.content:
-                if isinstance(b, TextBlock) and b.text:
+                if isinstance(b, ReasoningBlock) and b.signature:
+                    blocks.append({"type": "thinking", "thinking": b.text, "signature": b.signature})
+                elif isinstance(b, TextBlock) and b.text:
                     blocks.append({"type": "text", "text": b.text})
                 elif isinstance(b, ToolCallBlock):
                     blocks.append({"type": "tool_use", "id": b.id, "name": b.name, "input": b.arguments})
         else:
-            role, blocks = "user", [{"type": "text", "text": message.text}]
+            role, blocks = "user", ([{"type": "text", "text": message.text}] if message.text else [])
         if not blocks:
             continue
         if out and out[-1]["role"] == role:
@@ -186,11 +272,18 @@ def to_anthropic_request(messages: list[Message], *, system: str = "", tools: li
         else:
             out.append({"role": role, "content": blocks})
     anthropic_tools = [
-        {"name": t["function"]["name"], "description": t["function"].get("description", ""), "input_schema": t["function"]["parameters"]}
+        {
+            "name": t["function"]["name"],
+            "description": t["function"].get("description", ""),
+            "input_schema": t["function"].get("parameters") or {"type": "object", "properties": {}},
+        }
         for t in tools or []
         if t.get("type") == "function"
     ]
     return {"system": system, "messages": out, "tools": anthropic_tools}
+
+
+_ANTHROPIC_ONLY_BLOCKS = frozenset({"tool_use", "server_tool_use", "thinking", "redacted_thinking"})
 
 
 def reply_to_message(reply: Any) -> Message:
@@ -204,8 +297,9 @@ def reply_to_message(reply: Any) -> Message:
     if isinstance(reply, dict):
         if "choices" in reply:  # a whole chat-completions response
             reply = reply["choices"][0]["message"]
-        if isinstance(reply.get("content"), list) and any(
-            isinstance(b, dict) and b.get("type") in ("tool_use", "thinking") for b in reply["content"]
+        if isinstance(reply.get("content"), list) and (
+            reply.get("type") == "message"  # an Anthropic response object
+            or any(isinstance(b, dict) and b.get("type") in _ANTHROPIC_ONLY_BLOCKS for b in reply["content"])
         ):
             return from_anthropic_message(reply, where="reply")[0]
         converted = from_openai_message({**reply, "role": reply.get("role", "assistant")}, where="reply")
