@@ -33,13 +33,17 @@ class ToolOutcome:
     """What a tool returns to the kernel.
 
     ``conclude_turn`` ends the turn after the current batch of tool calls; ``defer_message`` is
-    shown to the model as a plugin notice at the next step (HOST-MODEL §5).
+    shown to the model as a plugin notice at the next step (HOST-MODEL §5). ``continue_in`` is
+    the id of a child session (same store) in which the conversation continues after this batch
+    (e.g. ``chapters_continue``): a harness, and ``ctxkernel simulate``, opens it with
+    ``kernel.open_session(id)`` and sends the next request from there.
     """
 
     content: str
     is_error: bool = False
     conclude_turn: bool = False
     defer_message: str | None = None
+    continue_in: str | None = None
 
 
 Handler = Callable[["Session", Any], "ToolOutcome | str"]
