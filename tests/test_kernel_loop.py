@@ -1,0 +1,284 @@
+"""AgentLoop and its asyncio facade over the scripted model."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+import ctxkernel
+from ctxkernel import (
+    AgentLoop,
+    AsyncAgentLoop,
+    AsyncSession,
+    ContextOverflowError,
+    Message,
+    ModelError,
+    ScriptedModel,
+    StrategySpec,
+    Tool,
+    ToolArgs,
+    ToolCallBlock,
+    ToolOutcome,
+)
+from ctxkernel.testing import build_kernel
+
+
+class NoteArgs(ToolArgs):
+    text: str
+
+
+class NotesPlugin:
+    """A throwaway strategy with one kernel tool; ``stop`` concludes the turn."""
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    @ctxkernel.hookimpl
+    def register_strategy(self, register: Any) -> None:
+        register(StrategySpec("notes"))
+
+    @ctxkernel.hookimpl
+    def register_tools(self, register: Any, session: Any) -> None:
+        def note(session: Any, args: NoteArgs) -> ToolOutcome:
+            self.notes.append(args.text)
+            return ToolOutcome("noted", conclude_turn=args.text == "stop")
+
+        register(Tool("note", "remember a line", NoteArgs, note, strategy="notes"))
+
+
+def call(call_id: str, name: str, **arguments: Any) -> ToolCallBlock:
+    return ToolCallBlock(call_id, name, arguments)
+
+
+def kernel_with_notes(tmp_path: Any) -> tuple[Any, NotesPlugin]:
+    plugin = NotesPlugin()
+    kernel = build_kernel(tmp_path, strategies=["basic", "notes"], plugins=[("notes", plugin)])
+    return kernel, plugin
+
+
+def test_kernel_and_harness_tools_in_one_batch(tmp_path: Any) -> None:
+    kernel, plugin = kernel_with_notes(tmp_path)
+    session = kernel.open_session()
+    model = ScriptedModel(
+        [
+            Message.assistant("working", [call("c1", "note", text="a"), call("c2", "shell", command="ls"), call("c3", "nope")]),
+            Message.assistant("done"),
+        ]
+    )
+    harness_calls: list[str] = []
+
+    def run_tool(c: ToolCallBlock) -> str:
+        harness_calls.append(c.name)
+        if c.name == "nope":
+            raise RuntimeError("no such tool here")
+        return "file.txt"
+
+    result = AgentLoop(session, model, run_tool, tools=[{"type": "function", "function": {"name": "shell", "parameters": {"type": "object"}}}]).run("go")
+
+    assert result.reason == "completed" and result.steps == 2 and result.text == "done"
+    assert plugin.notes == ["a"]
+    assert harness_calls == ["shell", "nope"]
+    results = [e.data["message"]["content"][0] for e in session.events if e.type == "tool/result"]
+    assert [(r["call_id"], r.get("is_error", False)) for r in results] == [("c1", False), ("c2", False), ("c3", True)]
+    assert "RuntimeError: no such tool here" in results[2]["content"]
+    # the harness's tool schema is sent and recorded in the header with the kernel's
+    header = next(e for e in session.events if e.type == "request/header")
+    assert [t["function"]["name"] for t in header.data["tools"]] == ["note", "shell"]
+    assert model.calls[0]["tools"] == header.data["tools"]
+    assert session.events[-1].type == "turn/end" and session.events[-1].data["reason"] == "completed"
+
+
+def test_unknown_tool_without_a_harness_runner_gets_an_error_result(tmp_path: Any) -> None:
+    session = build_kernel(tmp_path).open_session()
+    model = ScriptedModel([Message.assistant("", [call("c1", "shell")]), Message.assistant("ok")])
+    AgentLoop(session, model).run("go")
+    result = next(e for e in session.events if e.type == "tool/result").data["message"]["content"][0]
+    assert result["is_error"] and "unknown tool 'shell'" in result["content"]
+
+
+def test_conclude_turn_stops_after_the_batch(tmp_path: Any) -> None:
+    kernel, _ = kernel_with_notes(tmp_path)
+    session = kernel.open_session()
+    model = ScriptedModel([Message.assistant("", [call("c1", "note", text="stop"), call("c2", "note", text="x")])])
+    result = AgentLoop(session, model).run("go")
+    assert result.steps == 1 and len(model.calls) == 1  # no second request although tools ran
+    assert [e.type for e in session.events[-3:]] == ["tool/result", "step/end", "turn/end"]
+
+
+def test_max_steps_ends_the_turn_aborted(tmp_path: Any) -> None:
+    session = build_kernel(tmp_path).open_session()
+    counter = iter(range(100))
+    model = ScriptedModel(lambda m, s, t: Message.assistant("", [call(f"c{next(counter)}", "shell")]))
+    result = AgentLoop(session, model, lambda c: "ok", max_steps=3).run("loop forever")
+    assert result.reason == "aborted" and result.steps == 3
+    assert session.events[-1].data == {"turn": 1, "reason": "aborted"}
+
+
+class Decider:
+    """A strategy whose request_error answer is scripted, and which records what it saw."""
+
+    def __init__(self, answers: list[bool | None]) -> None:
+        self.answers = answers
+        self.errors: list[ModelError] = []
+
+    @ctxkernel.hookimpl
+    def register_strategy(self, register: Any) -> None:
+        register(StrategySpec("decider"))
+
+    @ctxkernel.hookimpl(tryfirst=True)
+    def request_error(self, session: Any, error: ModelError) -> bool | None:
+        self.errors.append(error)
+        return self.answers.pop(0)
+
+
+class FlakyModel:
+    provider, model = "flaky", "f-1"
+
+    def __init__(self, failures: list[ModelError]) -> None:
+        self.failures = failures
+        self.calls = 0
+
+    def complete(self, messages: list[Message], *, system: str = "", tools: Any = None) -> ctxkernel.Reply:
+        self.calls += 1
+        if self.failures:
+            raise self.failures.pop(0)
+        return ctxkernel.Reply(Message.assistant("fine"), {"input_tokens": 10, "output_tokens": 1})
+
+
+def test_retry_only_when_request_failed_says_so(tmp_path: Any) -> None:
+    decider = Decider([True, False])
+    kernel = build_kernel(tmp_path, strategies=["decider", "basic"], plugins=[("decider", decider)])
+    session = kernel.open_session()
+    model = FlakyModel([ModelError("boom 1"), ModelError("boom 2")])
+    with pytest.raises(ModelError, match="boom 2"):
+        AgentLoop(session, model).run("hi")
+    assert model.calls == 2 and len(decider.errors) == 2
+    assert session.events[-1].data["reason"] == "error"
+    errors = [e.data["error"] for e in session.events if e.type == "step/end" and "error" in e.data]
+    assert errors == ["ModelError: boom 1", "ModelError: boom 2"]
+
+
+def test_retries_are_capped_even_if_a_hook_always_asks(tmp_path: Any) -> None:
+    decider = Decider([True] * 10)
+    kernel = build_kernel(tmp_path, strategies=["decider", "basic"], plugins=[("decider", decider)])
+    session = kernel.open_session()
+    model = FlakyModel([ContextOverflowError("too big")] * 10)
+    with pytest.raises(ContextOverflowError):
+        AgentLoop(session, model, max_retries=2).run("hi")
+    assert model.calls == 3
+
+
+def test_a_crashing_model_leaves_a_closed_turn(tmp_path: Any) -> None:
+    session = build_kernel(tmp_path).open_session()
+
+    class Broken:
+        provider, model = "x", "y"
+
+        def complete(self, *a: Any, **k: Any) -> Any:
+            raise ValueError("adapter bug")
+
+    with pytest.raises(ValueError, match="adapter bug"):
+        AgentLoop(session, Broken()).run("hi")
+    assert not session.turn_open and session.events[-1].data["reason"] == "error"
+    # the session is usable afterwards
+    AgentLoop(session, ScriptedModel(["back"])).run("again")
+    assert session.events[-1].data == {"turn": 2, "reason": "completed"}
+
+
+def test_async_loop_with_async_model_and_tools(tmp_path: Any) -> None:
+    kernel, plugin = kernel_with_notes(tmp_path)
+    session = kernel.open_session()
+    loop_thread: list[int] = []
+    session_threads: set[int] = set()
+    original_append = session.append
+
+    def spy_append(batch: Any) -> int:
+        session_threads.add(threading.get_ident())
+        return original_append(batch)
+
+    session.append = spy_append  # type: ignore[method-assign]
+    script = ScriptedModel(
+        [Message.assistant("", [call("c1", "note", text="a"), call("c2", "fetch", url="u")]), Message.assistant("done")]
+    )
+
+    class AsyncModel:
+        provider, model = script.provider, script.model
+
+        async def acomplete(self, messages: list[Message], *, system: str = "", tools: Any = None) -> ctxkernel.Reply:
+            loop_thread.append(threading.get_ident())
+            await asyncio.sleep(0)
+            return script.complete(messages, system=system, tools=tools)
+
+    async def fetch(c: ToolCallBlock) -> str:
+        await asyncio.sleep(0)
+        return f"fetched {c.arguments['url']}"
+
+    async def main() -> Any:
+        result = await AsyncAgentLoop(session, AsyncModel(), fetch).run("go")
+        return result, threading.get_ident()
+
+    result, main_thread = asyncio.run(main())
+    assert result.reason == "completed" and result.text == "done" and plugin.notes == ["a"]
+    assert set(loop_thread) == {main_thread}  # the async model ran on the event loop
+    assert main_thread not in session_threads  # session writes never ran on the event loop
+    contents = [e.data["message"]["content"][0]["content"] for e in session.events if e.type == "tool/result"]
+    assert contents == ["noted", "fetched u"]
+
+
+def test_async_loop_with_sync_model_and_concurrent_sessions(tmp_path: Any) -> None:
+    kernel = build_kernel(tmp_path)
+    sessions = [kernel.open_session() for _ in range(4)]
+
+    async def main() -> list[Any]:
+        loops = [AsyncAgentLoop(s, ScriptedModel([Message.assistant("", [call("c", "t")]), "done"]), lambda c: "ok") for s in sessions]
+        return await asyncio.gather(*(loop.run(f"task {i}") for i, loop in enumerate(loops)))
+
+    results = asyncio.run(main())
+    assert [r.reason for r in results] == ["completed"] * 4
+    for s in sessions:
+        reopened = kernel.open_session(s.id)
+        assert [e.to_dict() for e in reopened.events] == [e.to_dict() for e in s.events]
+
+
+def test_async_session_serialises_concurrent_calls(tmp_path: Any) -> None:
+    """Many coroutines appending to one session at once: seqs stay contiguous and each call
+    happens whole (the facade holds the session lock in the worker thread)."""
+    session = build_kernel(tmp_path).open_session()
+    facade = AsyncSession(session)
+
+    async def main() -> None:
+        await facade.user("start")
+        await asyncio.gather(*(facade.call(session.emit, "test", "tick", {"i": i}) for i in range(40)))
+        await facade.end_turn()
+
+    asyncio.run(main())
+    ticks = sorted(e.data["i"] for e in session.events if e.type == "test/tick")
+    assert ticks == list(range(40))
+    assert [e.seq for e in session.events] == list(range(len(session.events)))
+    reopened = session.kernel.open_session(session.id)
+    assert len(reopened.events) == len(session.events)
+
+
+@pytest.mark.timeout(60)
+def test_async_cancellation_closes_the_turn_interrupted(tmp_path: Any) -> None:
+    session = build_kernel(tmp_path).open_session()
+
+    class Hanging:
+        provider, model = "h", "h"
+
+        async def acomplete(self, *a: Any, **k: Any) -> Any:
+            await asyncio.sleep(3600)
+
+    async def main() -> None:
+        task = asyncio.create_task(AsyncAgentLoop(session, Hanging()).run("hi"))
+        while not session.step_open:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert session.events[-1].type == "turn/end" and session.events[-1].data["reason"] == "interrupted"
