@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import orjson
 
+from .errors import CtxKernelError
 from .logging import configure_logging
 
 #: modules that add subcommands (each defines ``register(subparsers)``)
@@ -44,12 +45,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on bad usage (0 for --help): return it, so main() is callable
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     configure_logging(args.log_level)
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except CtxKernelError as exc:
+        # a kernel error a command did not handle is still reported as a message, not a traceback
+        sys.stderr.write(f"ctxkernel {args.command}: error: {exc}\n")
+        return EXIT_INVALID
 
 
 if __name__ == "__main__":  # pragma: no cover

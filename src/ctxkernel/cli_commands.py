@@ -1,33 +1,345 @@
-"""Core subcommands: plugins, profiles, validate, inspect, run."""
+"""Core subcommands: plugins, profiles, validate, inspect, run.
+
+Exit codes are shared by every command: 0 success, 1 invalid (a failed check, a model error),
+2 usage error (bad arguments, a profile or session that does not exist).
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
-from .cli import EXIT_OK, dump_json
+import orjson
+
+from .cli import EXIT_INVALID, EXIT_OK, EXIT_USAGE, dump_json
+from .errors import CtxKernelError, ProfileError, SessionNotFoundError
 from .plugins import StrategyManager
+from .profile import Profile, find_profile, list_profiles, load_profile, profile_search_path
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("plugins", help="list installed strategies as JSON")
     p.set_defaults(func=cmd_plugins)
 
+    p = sub.add_parser("profiles", help="list the profiles found on the profile search path")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_profiles)
 
+    p = sub.add_parser(
+        "validate",
+        help="check profiles before running them (exit 0 valid, 1 invalid, 2 usage error)",
+        description="Validate profiles by name or path; with none, every profile `ctxkernel profiles` lists.",
+    )
+    p.add_argument("profiles", nargs="*", metavar="PROFILE|PATH")
+    p.add_argument("--json", action="store_true", help="print JSON rows (profile, check, level, strategy, message)")
+    p.add_argument("--strict", action="store_true", help="treat warnings as failures")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("inspect", help="show a session's pressure, surface, compactions and strategy panels")
+    p.add_argument("session", metavar="SESSION")
+    p.add_argument("--profile", help="profile to open the session with (default: the one recorded in the session)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser(
+        "run",
+        help="run one agent turn with a model adapter",
+        description=(
+            "Run one turn of an AgentLoop. MODEL is scripted:<file.json> (a JSON list of replies: strings or "
+            "OpenAI assistant messages) or openai:<base_url>#<model> (the key is read from --api-key-env)."
+        ),
+    )
+    p.add_argument("prompt", nargs="*", help="the user's message (default: read stdin)")
+    p.add_argument("--profile", help="profile name or path (default: $CTXKERNEL_PROFILE or basic)")
+    p.add_argument("--model", required=True, metavar="MODEL")
+    p.add_argument("--session", help="continue this session instead of starting a new one")
+    p.add_argument("--max-steps", type=int, default=50)
+    p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="variable holding the API key (openai:)")
+    p.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    p.set_defaults(func=cmd_run)
+
+
+def usage_error(command: str, message: str) -> int:
+    sys.stderr.write(f"ctxkernel {command}: error: {message}\n")
+    return EXIT_USAGE
+
+
+def failure(command: str, message: str) -> int:
+    sys.stderr.write(f"ctxkernel {command}: {message}\n")
+    return EXIT_INVALID
+
+
+# -- plugins ----------------------------------------------------------------------------------------
 def cmd_plugins(args: argparse.Namespace) -> int:
-    manager = StrategyManager()
+    from .validate import throwaway_session, tools_by_strategy
+
+    discovered = StrategyManager()
+    rows: list[dict[str, Any]] = []
+    status = EXIT_OK
+    for name, offers in sorted(discovered.conflicts.items()):
+        status = EXIT_INVALID
+        for available in offers:
+            rows.append(
+                {
+                    "name": name,
+                    "distribution": available.distribution,
+                    "version": available.version,
+                    "error": f"strategy name {name!r} is offered by {[a.distribution for a in offers]}; uninstall all but one",
+                }
+            )
+    for name, available in sorted(discovered.available.items()):
+        row: dict[str, Any] = {"name": name, "distribution": available.distribution, "version": available.version}
+        # one manager per strategy: their tools are listed apart, so two strategies that share a
+        # tool name (which no profile may combine) still each show their own
+        manager = StrategyManager()
+        try:
+            spec = manager.register(available.load(), name, distribution=available.distribution, version=available.version)
+            row |= {"description": spec.description, "hooks": manager.hook_names(name), "capabilities": sorted(spec.capabilities)}
+            profile = Profile()
+            profile.profile.strategies = [name]
+            with tempfile.TemporaryDirectory(prefix="ctxkernel-plugins-") as tmp:
+                session = throwaway_session(profile, manager, Path(tmp))
+                row["tools"] = sorted(tools_by_strategy(manager, session).get(name, []))
+                session.store.close()
+        except Exception as exc:  # noqa: BLE001 - a broken plugin is listed with its error, not fatal
+            status = EXIT_INVALID
+            row["error"] = f"{type(exc).__name__}: {exc}"
+        rows.append(row)
+    dump_json(rows)
+    return status
+
+
+# -- profiles ---------------------------------------------------------------------------------------
+def cmd_profiles(args: argparse.Namespace) -> int:
     rows = []
-    for name, available in sorted(manager.available.items()):
-        spec = manager.register(available.load(), name, distribution=available.distribution, version=available.version)
-        rows.append(
+    for name, path in sorted(list_profiles().items()):
+        row: dict[str, Any] = {"name": name, "path": str(path)}
+        try:
+            profile = load_profile(path)
+            row |= {"description": profile.profile.description, "strategies": profile.profile.strategies}
+        except ProfileError as exc:
+            row |= {"description": "", "strategies": [], "error": str(exc).splitlines()[0]}
+        rows.append(row)
+    if args.json:
+        dump_json(rows)
+        return EXIT_OK
+    if not rows:
+        searched = ", ".join(str(p) for p in profile_search_path())
+        sys.stdout.write(f"no profiles found (searched {searched})\n")
+        return EXIT_OK
+    width = max(len(r["name"]) for r in rows)
+    pwidth = max(len(r["path"]) for r in rows)
+    for r in rows:
+        text = r["description"] if "error" not in r else f"INVALID: {r['error']}"
+        sys.stdout.write(f"{r['name']:<{width}}  {r['path']:<{pwidth}}  {text}\n")
+    return EXIT_OK
+
+
+# -- validate ---------------------------------------------------------------------------------------
+def cmd_validate(args: argparse.Namespace) -> int:
+    from .validate import validate_profile
+
+    targets = list(args.profiles)
+    if not targets:
+        targets = [str(p) for _, p in sorted(list_profiles().items())]
+        if not targets:
+            searched = ", ".join(str(p) for p in profile_search_path())
+            return usage_error("validate", f"no profile given and none found (searched {searched}); pass PROFILE or PATH")
+    # a name or path that does not exist is a usage error, told before any check runs
+    for target in targets:
+        try:
+            found = find_profile(target)
+        except ProfileError as exc:
+            return usage_error("validate", str(exc))
+        if found is None and target != "basic":
+            known = sorted(list_profiles())
+            return usage_error("validate", f"no profile named {target!r}; known profiles: {known}; or pass a path to a .toml file")
+    reports = [validate_profile(t, strict=args.strict) for t in targets]
+    if args.json:
+        dump_json([{"profile": r.where, **row} for r in reports for row in r.rows()])
+    else:
+        for report in reports:
+            _print_report(report)
+    return EXIT_OK if all(r.valid for r in reports) else EXIT_INVALID
+
+
+def _print_report(report: Any) -> None:
+    fails, warns = len(report.failures), len(report.warnings)
+    verdict = "valid" if report.valid else "INVALID"
+    out = sys.stdout
+    out.write(f"{report.where}: {verdict} ({fails} failed, {warns} warnings, {len(report.checks)} checks)\n")
+    rows = [(c.check, c.level.upper() if c.level != "pass" else "pass", c.strategy or "-", c.message) for c in report.checks]
+    widths = [max(len(r[i]) for r in [("check", "level", "strategy", ""), *rows]) for i in range(3)]
+    out.write(f"  {'check':<{widths[0]}}  {'level':<{widths[1]}}  {'strategy':<{widths[2]}}  message\n")
+    for check, level, strategy, message in rows:
+        out.write(f"  {check:<{widths[0]}}  {level:<{widths[1]}}  {strategy:<{widths[2]}}  {message}\n")
+
+
+# -- inspect ----------------------------------------------------------------------------------------
+def _kernel_for(profile_name: str | None) -> Any:
+    from .kernel import Kernel
+
+    return Kernel.from_profile(profile_name)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from .store.base import check_session_id
+
+    try:
+        check_session_id(args.session)
+    except CtxKernelError as exc:
+        return usage_error("inspect", str(exc))
+    try:
+        kernel = _kernel_for(args.profile)
+        if args.profile is None and kernel.store.exists(args.session):
+            # open the session with the profile it was written with, when that profile is here
+            recorded = kernel.store.header(args.session).profile
+            if recorded and recorded != kernel.profile.name and (recorded in list_profiles()):
+                kernel = _kernel_for(recorded)
+        # inspect only reads: no crash repair, which would append closing events
+        session = kernel.open_session(args.session, repair=False)
+    except SessionNotFoundError as exc:
+        where = getattr(kernel.store, "home", None) or kernel.store.backend
+        return usage_error("inspect", f"{exc} (store at {where}); list sessions with the store's home or CTXKERNEL_HOME set")
+    except ProfileError as exc:
+        return usage_error("inspect", str(exc))
+    except CtxKernelError as exc:
+        return failure("inspect", f"error: {exc}")
+    view = session.project()
+    view["profile"] = kernel.profile.name
+    if args.json:
+        dump_json(view)
+        return EXIT_OK
+    _print_inspect(view)
+    return EXIT_OK
+
+
+def _print_inspect(view: dict[str, Any]) -> None:
+    out = sys.stdout
+    p = view["pressure"]
+    out.write(f"session {view['session']}  (profile {view['profile']}, {view['events']} events, turn {view['turn']})\n")
+    anchored = "anchored on provider usage" if p["anchored"] else "estimated"
+    out.write(
+        f"pressure  {p['tokens']} / {p['effective_window']} tokens ({p['ratio']:.1%}, {anchored}); "
+        f"window {p['context_window']}, reserved output {p['reserved_output_tokens']}\n"
+    )
+    s = view["surface"]
+    roles = ", ".join(f"{n} {role}" for role, n in sorted(s["roles"].items()))
+    out.write(f"surface   {s['nodes']} messages ({roles or 'empty'}), {s['tokens']} tokens\n")
+    compactions = view["compactions"]
+    out.write(f"compactions  {len(compactions)}\n")
+    for i, c in enumerate(compactions, 1):
+        out.write(
+            f"  {i}. {c['strategy']}/{c['kind']}: {c['tokens_before']} -> {c['tokens_after']} tokens, {c['cites']} messages replaced\n"
+        )
+    for name, panel in view["strategies"].items():
+        out.write(f"[{name}]\n")
+        for key, value in panel.items():
+            text = value if isinstance(value, str) else orjson.dumps(value).decode()
+            out.write(f"  {key}: {text}\n")
+
+
+# -- run ----------------------------------------------------------------------------------------------
+def model_from_spec(spec: str, *, api_key_env: str = "OPENAI_API_KEY") -> Any:
+    """``scripted:<file.json>`` or ``openai:<base_url>#<model>``; raises ValueError on bad usage."""
+    scheme, sep, rest = spec.partition(":")
+    if not sep or scheme not in ("scripted", "openai") or not rest:
+        msg = f"--model {spec!r} is not understood; use scripted:<file.json> or openai:<base_url>#<model>"
+        raise ValueError(msg)
+    if scheme == "scripted":
+        return _scripted_model(Path(rest))
+    from .models.openai_http import OpenAIChatModel, _provider_from_url
+
+    base_url, hashmark, model = rest.partition("#")
+    if not hashmark or not model or not base_url.startswith(("http://", "https://")):
+        msg = f"--model {spec!r}: write openai:<base_url>#<model>, e.g. openai:http://127.0.0.1:8000/v1#qwen2.5"
+        raise ValueError(msg)
+    return OpenAIChatModel(model, base_url=base_url, api_key=os.environ.get(api_key_env) or None, provider=_provider_from_url(base_url))
+
+
+def _scripted_model(path: Path) -> Any:
+    from .convert import from_openai_message
+    from .messages import Message
+    from .models.scripted import ScriptedModel
+
+    try:
+        raw = orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        msg = f"scripted model file {path} does not exist"
+        raise ValueError(msg) from None
+    except orjson.JSONDecodeError as exc:
+        msg = f"scripted model file {path} is not JSON ({exc})"
+        raise ValueError(msg) from None
+    if not isinstance(raw, list) or not raw:
+        msg = f"scripted model file {path} must hold a non-empty JSON list of replies (strings or assistant messages)"
+        raise ValueError(msg)
+    replies: list[Message | str] = []
+    for i, item in enumerate(raw):
+        if isinstance(item, str):
+            replies.append(item)
+        elif isinstance(item, dict):
+            try:
+                message = from_openai_message({"role": "assistant", **item}, where=f"{path}[{i}]")
+            except CtxKernelError as exc:
+                raise ValueError(str(exc)) from None
+            if message is None or message.role != "assistant":
+                msg = f"{path}[{i}]: a reply must be an assistant message"
+                raise ValueError(msg)
+            replies.append(message)
+        else:
+            msg = f"{path}[{i}]: a reply is a string or an object like {{'content': ..., 'tool_calls': [...]}}"
+            raise ValueError(msg)
+    return ScriptedModel(replies)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .errors import ModelError
+    from .loop import AgentLoop
+
+    if args.max_steps < 1:
+        return usage_error("run", f"--max-steps must be at least 1, got {args.max_steps}")
+    prompt = " ".join(args.prompt).strip()
+    if not prompt or prompt == "-":
+        prompt = sys.stdin.read().strip()
+    if not prompt:
+        return usage_error("run", "no prompt: pass it as arguments or on stdin")
+    try:
+        model = model_from_spec(args.model, api_key_env=args.api_key_env)
+    except ValueError as exc:
+        return usage_error("run", str(exc))
+    try:
+        kernel = _kernel_for(args.profile)
+    except ProfileError as exc:
+        return usage_error("run", str(exc))
+    except CtxKernelError as exc:
+        return failure("run", f"error: {exc}")
+    try:
+        session = kernel.open_session(args.session) if args.session else kernel.open_session()
+    except SessionNotFoundError as exc:
+        return usage_error("run", str(exc))
+    if model.provider != "scripted":
+        # route to the model actually called, so its per-model policy applies
+        session.set_route(model.provider, model.model)
+    sys.stderr.write(f"session {session.id}\n")
+    try:
+        result = AgentLoop(session, model, max_steps=args.max_steps).run(prompt)
+    except ModelError as exc:
+        return failure("run", f"model error: {exc} (session {session.id})")
+    if args.json:
+        dump_json(
             {
-                "name": name,
-                "distribution": available.distribution,
-                "version": available.version,
-                "hooks": manager.hook_names(name),
-                "capabilities": sorted(spec.capabilities),
-                "tools": [],
+                "session": session.id,
+                "reason": result.reason,
+                "steps": result.steps,
+                "retries": result.retries,
+                "text": result.text,
+                "pressure": session.pressure().to_dict(),
             }
         )
-    dump_json(rows)
-    return EXIT_OK
+    else:
+        sys.stdout.write(result.text + ("\n" if not result.text.endswith("\n") else ""))
+    return EXIT_OK if result.reason == "completed" else EXIT_INVALID
