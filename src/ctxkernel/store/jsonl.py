@@ -284,7 +284,8 @@ class JsonlStore:
             key = urllib.parse.unquote(path.name[: -len(".json")])
             if key.startswith(prefix):
                 out[key] = self.kv_get(namespace, key)
-        return out
+        # by key, like the database backends (file names sort by their quoted form)
+        return dict(sorted(out.items()))
 
     def close(self) -> None:
         self._index.clear()

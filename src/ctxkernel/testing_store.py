@@ -1,0 +1,393 @@
+"""The store conformance suite, for ctxkernel's backends and for anyone writing another one.
+
+Subclass :class:`StoreConformance` in a test module and give it a ``store_factory`` fixture that
+returns a *callable*: each call opens a new store object on the same backing storage (the same
+home, database or schema), as a second process would::
+
+    import pytest
+    from ctxkernel.testing_store import StoreConformance
+
+    class TestMyStore(StoreConformance):
+        @pytest.fixture
+        def store_factory(self, tmp_path):
+            return lambda: MyStore(tmp_path)
+
+Every test then runs unchanged against that backend: create, append with the expected next seq,
+a stale writer's :class:`ConflictError` with nothing written, reads by range, session listing,
+the key-value table, 1 MB events, any Unicode, a 100,000-event session, racing writers and
+``repair()``.
+
+PostgreSQL helpers: :func:`postgres_dsn` returns ``$CTXKERNEL_TEST_PG_DSN`` when a server answers
+there, and otherwise skips the test with the reason, or fails it when ``CI`` is true (CI must run
+these tests). :func:`postgres_schema` gives a test its own schema, dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from .errors import ConflictError, SessionExistsError, SessionNotFoundError, StoreError
+from .events import Event
+from .store.base import EventStore, SessionHeader
+
+PG_DSN_ENV = "CTXKERNEL_TEST_PG_DSN"
+
+#: any Unicode scalar value (surrogates are not characters and cannot be encoded as UTF-8)
+unicode_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=200)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | unicode_text,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(unicode_text, inner, max_size=4),
+    max_leaves=12,
+)
+
+HARD_UNICODE = "\x00 nul · é · 日本語 · עברית · 👩‍👩‍👧 · e\u0301 · \ufeff · \uffff · \U0010ffff · \u2028\u2029 · \"\\"
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def postgres_dsn() -> str:
+    """The test server's connection string; skips (locally) or fails (under CI) without one."""
+    dsn = os.environ.get(PG_DSN_ENV)
+    problem = None
+    if not dsn:
+        problem = f"{PG_DSN_ENV} is not set (run the tests through scripts/test-services.sh, as `make test` does)"
+    else:
+        try:
+            import psycopg
+
+            psycopg.connect(dsn, connect_timeout=5).close()
+        except ImportError:
+            problem = "psycopg is not installed (pip install 'ctxkernel[postgres]')"
+        except Exception as exc:  # noqa: BLE001 - any failure to reach the server is the reason
+            problem = f"no PostgreSQL server answers at {PG_DSN_ENV}: {str(exc).strip()}"
+    if problem:
+        if in_ci():
+            pytest.fail(f"PostgreSQL tests must run under CI=true, but {problem}", pytrace=False)
+        pytest.skip(problem)
+    return dsn  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def postgres_schema(dsn: str) -> Iterator[str]:
+    """A connection string whose tables live in a fresh schema, dropped on exit."""
+    import psycopg
+    from psycopg.conninfo import make_conninfo
+
+    schema = f"ctxtest_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield make_conninfo(dsn, options=f"-csearch_path={schema}")
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+def event(seq: int, data: dict[str, Any] | None = None, kind: str = "test/note") -> Event:
+    """An ignorable plugin event: valid in any log, with any data."""
+    return Event(seq, kind, data if data is not None else {"n": seq}, "2026-01-01T00:00:00.000Z", None, True)
+
+
+def batch(start: int, count: int, **data: Any) -> list[Event]:
+    return [event(start + i, {"n": start + i, **data}) for i in range(count)]
+
+
+def header(session_id: str, **extra: Any) -> SessionHeader:
+    return SessionHeader(id=session_id, created="2026-01-01T00:00:00.000Z", **extra)
+
+
+def dump(store: EventStore, session_id: str, start: int = 0) -> list[dict[str, Any]]:
+    return [e.to_dict() for e in store.read(session_id, start)]
+
+
+class StoreConformance:
+    """The contract every :class:`EventStore` keeps. Provide ``store_factory`` (see module doc)."""
+
+    #: events in the long-session test; a backend's own suite may not lower it
+    LONG_SESSION_EVENTS = 100_000
+
+    @pytest.fixture
+    def store_factory(self) -> Callable[[], EventStore]:
+        msg = "subclasses of StoreConformance must define a store_factory fixture"
+        raise NotImplementedError(msg)
+
+    @pytest.fixture
+    def store(self, store_factory: Callable[[], EventStore]) -> Iterator[EventStore]:
+        store = store_factory()
+        yield store
+        store.close()
+
+    @pytest.fixture
+    def other(self, store_factory: Callable[[], EventStore]) -> Iterator[EventStore]:
+        """A second store object on the same storage: another process's view."""
+        store = store_factory()
+        yield store
+        store.close()
+
+    # -- sessions --------------------------------------------------------------------------------
+    def test_implements_the_protocol(self, store: EventStore) -> None:
+        assert isinstance(store, EventStore)
+        assert store.backend in ("jsonl", "sqlite", "postgres") or isinstance(store.backend, str)
+
+    def test_create_round_trips_the_header(self, store: EventStore, other: EventStore) -> None:
+        made = header("s1", parent="s0", origin="test", profile="basic", extra={"k": ["v", 1]})
+        assert not store.exists("s1")
+        store.create(made)
+        assert store.exists("s1") and other.exists("s1")
+        assert other.header("s1") == made
+        assert store.next_seq("s1") == 0
+        assert list(store.read("s1")) == []
+
+    def test_create_refuses_a_taken_id_and_keeps_the_first(self, store: EventStore, other: EventStore) -> None:
+        store.create(header("s1", origin="first"))
+        store.append("s1", batch(0, 2), 0)
+        with pytest.raises(SessionExistsError):
+            other.create(header("s1", origin="second"))
+        assert store.header("s1").origin == "first"
+        assert store.next_seq("s1") == 2
+
+    @pytest.mark.parametrize("bad", ["", "../escape", "a/b", "a b", "-lead", "x" * 129, "a..b"])
+    def test_invalid_session_ids_are_refused(self, store: EventStore, bad: str) -> None:
+        with pytest.raises(StoreError):
+            store.create(header(bad))
+        assert store.list_sessions() == []
+
+    def test_missing_session_is_reported(self, store: EventStore) -> None:
+        assert not store.exists("nope")
+        for call in (
+            lambda: store.header("nope"),
+            lambda: store.next_seq("nope"),
+            lambda: list(store.read("nope")),
+            lambda: store.append("nope", batch(0, 1), 0),
+            lambda: store.repair("nope"),
+        ):
+            with pytest.raises(SessionNotFoundError):
+                call()
+        assert not store.exists("nope")
+
+    def test_list_sessions_is_sorted_and_shared(self, store: EventStore, other: EventStore) -> None:
+        ids = ["b", "a", "C", "a-2", "a.1", "z_9"]
+        for session_id in ids:
+            store.create(header(session_id))
+        assert store.list_sessions() == sorted(ids)
+        assert other.list_sessions() == sorted(ids)
+
+    # -- appends ---------------------------------------------------------------------------------
+    def test_append_with_expected_next_seq(self, store: EventStore, other: EventStore) -> None:
+        store.create(header("s"))
+        store.append("s", batch(0, 3), 0)
+        store.append("s", batch(3, 1), 3)
+        assert store.next_seq("s") == 4 and other.next_seq("s") == 4
+        assert [e.seq for e in other.read("s")] == [0, 1, 2, 3]
+        assert dump(other, "s") == [e.to_dict() for e in batch(0, 3) + batch(3, 1)]
+
+    def test_stale_writer_conflicts_and_writes_nothing(self, store: EventStore, other: EventStore) -> None:
+        store.create(header("s"))
+        store.append("s", batch(0, 2), 0)
+        assert other.next_seq("s") == 2  # the other writer looked ...
+        store.append("s", batch(2, 1, by="first"), 2)  # ... and then someone else appended
+        before = dump(store, "s")
+        with pytest.raises(ConflictError) as info:
+            other.append("s", batch(2, 3, by="stale"), 2)
+        assert (info.value.session_id, info.value.expected_seq, info.value.actual_seq) == ("s", 2, 3)
+        assert isinstance(info.value, StoreError)
+        assert dump(store, "s") == before and dump(other, "s") == before
+        assert store.next_seq("s") == other.next_seq("s") == 3
+
+    def test_writer_ahead_of_the_log_conflicts(self, store: EventStore) -> None:
+        store.create(header("s"))
+        store.append("s", batch(0, 1), 0)
+        with pytest.raises(ConflictError):
+            store.append("s", batch(5, 1), 5)  # would leave a gap
+        assert store.next_seq("s") == 1
+
+    def test_malformed_batches_are_refused_before_writing(self, store: EventStore) -> None:
+        store.create(header("s"))
+        store.append("s", batch(0, 1), 0)
+        with pytest.raises(StoreError):
+            store.append("s", [], 1)
+        with pytest.raises(StoreError):
+            store.append("s", [event(1), event(3)], 1)  # seqs must run on
+        with pytest.raises((StoreError, TypeError)):
+            store.append("s", [event(1), event(2, {"bad": object()})], 1)  # not JSON: nothing written
+        assert store.next_seq("s") == 1
+        assert dump(store, "s") == [batch(0, 1)[0].to_dict()]
+        store.append("s", batch(1, 1), 1)  # and the log is still usable
+        assert store.next_seq("s") == 2
+
+    def test_racing_writers_leave_no_gap_or_duplicate(self, store_factory: Callable[[], EventStore]) -> None:
+        first = store_factory()
+        first.create(header("race"))
+        acked: dict[str, list[int]] = {}
+        errors: list[BaseException] = []
+
+        def writer(name: str) -> None:
+            store = store_factory()
+            mine = acked.setdefault(name, [])
+            try:
+                while len(mine) < 40:
+                    seq = store.next_seq("race")
+                    try:
+                        store.append("race", [event(seq, {"writer": name}), event(seq + 1, {"writer": name})], seq)
+                    except ConflictError:
+                        continue
+                    mine.append(seq)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+            finally:
+                store.close()
+
+        threads = [threading.Thread(target=writer, args=(f"w{i}",)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        events = list(first.read("race"))
+        assert [e.seq for e in events] == list(range(240))
+        for name, seqs in acked.items():
+            for seq in seqs:  # each acknowledged batch is in the log, whole, under its writer
+                assert events[seq].data["writer"] == events[seq + 1].data["writer"] == name
+        first.close()
+
+    # -- reads -----------------------------------------------------------------------------------
+    def test_reads_by_range(self, store: EventStore) -> None:
+        store.create(header("s"))
+        store.append("s", batch(0, 10), 0)
+        store.append("s", batch(10, 5), 10)
+        everything = dump(store, "s")
+        assert [e["seq"] for e in everything] == list(range(15))
+        for start in (0, 1, 9, 10, 11, 14):
+            assert dump(store, "s", start) == everything[start:]
+        assert dump(store, "s", 15) == []
+        assert dump(store, "s", 1000) == []
+
+    def test_read_is_a_snapshot_of_whole_batches(self, store: EventStore, other: EventStore) -> None:
+        store.create(header("s"))
+        store.append("s", batch(0, 3), 0)
+        reader = store.read("s")
+        first = next(reader)
+        other.append("s", batch(3, 3), 3)
+        rest = list(reader)
+        assert [first.seq, *[e.seq for e in rest]] in ([0, 1, 2], [0, 1, 2, 3, 4, 5])
+
+    def test_kernel_events_round_trip(self, store: EventStore) -> None:
+        store.create(header("s"))
+        events = [
+            Event(0, "turn/start", {"turn": 1}, "2026-01-01T00:00:00.000Z"),
+            Event(1, "user/message", {"message": {"role": "user", "content": [{"type": "text", "text": "hi"}]}},
+                  "2026-01-01T00:00:00.001Z", {"op": "append"}),
+            Event(2, "turn/end", {"turn": 1, "reason": "completed"}, "2026-01-01T00:00:00.002Z"),
+        ]
+        store.append("s", events, 0)
+        assert list(store.read("s")) == events
+
+    def test_one_megabyte_events(self, store: EventStore, other: EventStore) -> None:
+        store.create(header("big"))
+        big_ascii = "x" * (1 << 20)
+        big_wide = "日本語🙂" * (1 << 18)  # over 3 MB of UTF-8
+        store.append("big", [event(0, {"text": big_ascii}), event(1, {"text": big_wide})], 0)
+        store.append("big", [event(2, {"after": True})], 2)
+        got = list(other.read("big"))
+        assert got[0].data["text"] == big_ascii and got[1].data["text"] == big_wide
+        assert got[2].data == {"after": True}
+
+    def test_hard_unicode_round_trips(self, store: EventStore, other: EventStore) -> None:
+        store.create(header("u", extra={"note": HARD_UNICODE}))
+        data = {"text": HARD_UNICODE, HARD_UNICODE: [HARD_UNICODE]}
+        store.append("u", [event(0, data)], 0)
+        assert list(other.read("u"))[0].data == data
+        assert other.header("u").extra == {"note": HARD_UNICODE}
+        store.kv_put("ns", "k", {"v": HARD_UNICODE})
+        assert other.kv_get("ns", "k") == {"v": HARD_UNICODE}
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.differing_executors])
+    @given(payload=st.dictionaries(unicode_text, json_values, max_size=5), text=unicode_text)
+    def test_any_unicode_and_json_round_trips(self, store: EventStore, payload: dict[str, Any], text: str) -> None:
+        session_id = f"h{uuid.uuid4().hex}"
+        store.create(header(session_id, origin=text))
+        store.append(session_id, [event(0, payload), event(1, {"t": text})], 0)
+        got = list(store.read(session_id))
+        assert got[0].data == payload and got[1].data == {"t": text}
+        assert store.header(session_id).origin == text
+        store.kv_put("prop", session_id, payload)
+        assert store.kv_get("prop", session_id) == payload
+
+    def test_long_session(self, store: EventStore, other: EventStore) -> None:
+        total = self.LONG_SESSION_EVENTS
+        step = 1000
+        store.create(header("long"))
+        for start in range(0, total, step):
+            store.append("long", [event(s, {"n": s, "pad": "y" * 64}) for s in range(start, start + step)], start)
+        assert other.next_seq("long") == total
+        seen = 0
+        for expected, got in enumerate(other.read("long")):
+            assert got.seq == expected and got.data["n"] == expected
+            seen += 1
+        assert seen == total
+        assert [e.seq for e in other.read("long", total - 3)] == [total - 3, total - 2, total - 1]
+        other.append("long", [event(total)], total)
+        assert store.next_seq("long") == total + 1
+
+    # -- key-value table ---------------------------------------------------------------------------
+    def test_key_value_table(self, store: EventStore, other: EventStore) -> None:
+        assert store.kv_get("lineage", "a") is None
+        assert store.kv_list("lineage") == {}
+        store.kv_put("lineage", "a", {"parent": None, "chapters": [1, 2]})
+        store.kv_put("lineage", "a/b", [1, "two", 3.5, True, None])
+        store.kv_put("lineage", "b", "text")
+        store.kv_put("notes", "a", 42)
+        assert other.kv_get("lineage", "a") == {"parent": None, "chapters": [1, 2]}
+        assert other.kv_list("lineage") == {"a": {"parent": None, "chapters": [1, 2]}, "a/b": [1, "two", 3.5, True, None], "b": "text"}
+        assert list(other.kv_list("lineage")) == ["a", "a/b", "b"]
+        assert other.kv_list("lineage", "a") == {"a": {"parent": None, "chapters": [1, 2]}, "a/b": [1, "two", 3.5, True, None]}
+        assert other.kv_list("lineage", "a/") == {"a/b": [1, "two", 3.5, True, None]}
+        assert other.kv_list("notes") == {"a": 42}
+        other.kv_put("lineage", "a", {"replaced": True})
+        assert store.kv_get("lineage", "a") == {"replaced": True}
+        store.kv_delete("lineage", "a")
+        store.kv_delete("lineage", "never-there")
+        assert other.kv_get("lineage", "a") is None
+        assert set(other.kv_list("lineage")) == {"a/b", "b"}
+
+    def test_key_value_refuses_bad_names_and_values(self, store: EventStore) -> None:
+        for namespace, key in (("", "k"), ("ns", ""), ("ns", "../k"), ("n s", "k"), ("ns", "a/../b")):
+            with pytest.raises(StoreError):
+                store.kv_put(namespace, key, 1)
+        with pytest.raises(StoreError):
+            store.kv_put("ns", "k", {"bad": object()})
+        assert store.kv_get("ns", "k") is None
+
+    # -- repair and lifecycle --------------------------------------------------------------------------
+    def test_repair_of_a_clean_log_changes_nothing(self, store: EventStore) -> None:
+        store.create(header("s"))
+        assert not store.repair("s").repaired
+        store.append("s", batch(0, 4), 0)
+        before = dump(store, "s")
+        report = store.repair("s")
+        assert not report.repaired and report.dropped_events == 0 and report.truncated_bytes == 0
+        assert dump(store, "s") == before
+        store.append("s", batch(4, 1), 4)
+        assert store.next_seq("s") == 5
+
+    def test_reopen_after_close(self, store_factory: Callable[[], EventStore]) -> None:
+        store = store_factory()
+        store.create(header("s"))
+        store.append("s", batch(0, 2), 0)
+        store.kv_put("ns", "k", "v")
+        store.close()
+        again = store_factory()
+        assert dump(again, "s") == [e.to_dict() for e in batch(0, 2)]
+        assert again.kv_get("ns", "k") == "v"
+        again.close()
