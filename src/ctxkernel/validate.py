@@ -78,11 +78,12 @@ class ValidationReport:
 
     def _add(self, level: Level, check: str, strategy: str | None, message: str) -> Check:
         strategy = strategy or ""
-        if level != "pass" and not message.startswith(self.where):
+        if level != "pass":
             # one rule for every message, including the ones strategies write: name the file
             # and the strategy, so a CI log line is enough to find and fix the problem
-            who = f"strategy {strategy!r}: " if strategy and f"{strategy!r}" not in message else ""
-            message = f"{self.where}: {who}{message}"
+            body = message.removeprefix(f"{self.where}: ") if message.startswith(f"{self.where}: ") else message
+            who = f"strategy {strategy!r}: " if strategy and f"strategy {strategy!r}" not in body else ""
+            message = f"{self.where}: {who}{body}"
         item = Check(check, level, strategy, message)
         self.checks.append(item)
         return item
