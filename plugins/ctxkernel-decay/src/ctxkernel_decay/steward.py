@@ -1,0 +1,119 @@
+"""The deterministic steward: what a model would do with a decay reminder.
+
+``ctxkernel simulate`` replays recorded turns that never call ``compress``. When a decay
+reminder is visible in the request, the steward compresses the oldest compressible balanced
+span(s) with an extractive summary, enough to bring pressure down to ``steward_target_ratio``
+(and at least half of ``growth_tokens`` for a growth reminder). It goes through the very tool a
+model would call, so every check applies.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from .anchors import fmt, strip_anchors
+from .state import NAME, NOTICE_FORM
+
+if TYPE_CHECKING:
+    from ctxkernel import Message, Request, Session
+
+    from .plugin import DecaySettings
+    from .state import DecayState
+
+_ERROR = re.compile(r"\b(Error|Exception|Traceback|FAILED|error:)")
+_ARG_KEYS = ("path", "file_path", "file", "filename", "command", "cmd", "pattern", "query", "url")
+
+
+def _clip(text: str, limit: int) -> str:
+    text = " ".join(strip_anchors(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def extractive_summary(messages: list[Message], state_summaries: list[str], max_chars: int) -> str:
+    """What happened in a span, from the messages alone: requests, calls, errors, conclusions."""
+    lines: list[str] = []
+    for earlier in state_summaries:
+        lines.append(f"earlier: {_clip(earlier, 400)}")
+    for m in messages:
+        src = m.source
+        if m.role == "user" and src.kind == "plugin" and src.plugin == NAME and src.form == NOTICE_FORM:
+            continue  # our own reminders carry nothing worth keeping
+        if m.role == "user":
+            if src.kind == "plugin" and src.plugin == NAME:
+                continue  # a block: its summary came in through state_summaries
+            lines.append(f"{'user' if src.kind == 'user' else src.plugin or 'note'}: {_clip(m.text, 240)}")
+        elif m.role == "assistant":
+            if m.text.strip():
+                lines.append(f"assistant: {_clip(m.text, 200)}")
+            for call in m.tool_calls:
+                arg = next((str(call.arguments[k]) for k in _ARG_KEYS if k in call.arguments), "")
+                lines.append(f"called {call.name}" + (f"({_clip(arg, 100)})" if arg else ""))
+        else:
+            result = m.tool_result
+            if result is None:
+                continue
+            head = result.content.strip().splitlines()[0] if result.content.strip() else "(empty)"
+            if result.is_error or _ERROR.search(result.content[:2000]):
+                lines.append(f"error in {result.name or 'tool'}: {_clip(head, 160)}")
+    text = "\n".join(dict.fromkeys(lines))
+    if len(text) > max_chars:  # keep the newest facts
+        text = "…" + text[-(max_chars - 1) :]
+    return text or "(nothing worth keeping)"
+
+
+def plan_spans(session: Session, state: DecayState, settings: DecaySettings, need_tokens: int) -> list[dict[str, Any]]:
+    """One span from the oldest compressible node, long enough to save ``need_tokens``."""
+    from .tools import protected_start
+
+    nodes = session.surface.nodes
+    surface = session.surface
+    meter = session.meter
+    limit = protected_start(session, planning=not surface.pending_calls)
+    start = next((i for i in range(limit) if nodes[i].seq in state.anchor_of and surface.is_balanced_cut(i)), None)
+    if start is None:
+        return []
+    total = 0
+    best = None
+    for end in range(start, limit):
+        total += meter.node_tokens(nodes[end])
+        if not surface.is_balanced_cut(end + 1):
+            continue
+        best = end
+        # a summary costs roughly a fifth of what it replaces; stop once that saves enough
+        if total * 0.8 >= need_tokens:
+            break
+    if best is None:
+        return []
+    rng = nodes[start : best + 1]
+    last_anchor = next((state.anchor_of[n.seq] for n in reversed(rng) if n.seq in state.anchor_of), None)
+    to = state.blocks[rng[-1].seq].right if rng[-1].seq in state.blocks and state.blocks[rng[-1].seq].right else last_anchor
+    tokens = sum(meter.node_tokens(n) for n in rng)
+    max_chars = max(80, min(settings.summary_max_chars, tokens))  # ~4 chars a token: at most a quarter
+    summaries = [state.blocks[n.seq].summary for n in rng if n.seq in state.blocks]
+    summary = extractive_summary([n.message for n in rng if n.seq not in state.blocks], summaries, max_chars)
+    if meter.count_text(summary) + 24 >= tokens:
+        return []
+    return [{"from": fmt(state.anchor_of[rng[0].seq]), "to": fmt(to), "summary": summary, "topic": "steward"}]
+
+
+def actions(session: Session, request: Request) -> list[dict[str, Any]] | None:
+    from .plugin import current_state, settings_of
+
+    state = current_state(session)
+    holder = session.state[NAME]
+    newest = None
+    for seq, message in zip(request.seqs, request.messages, strict=True):
+        src = message.source
+        if src.kind == "plugin" and src.plugin == NAME and src.form == NOTICE_FORM:
+            newest = seq
+    if newest is None or newest <= holder.get("steward_seen", -1) or newest < state.last_compaction_seq:
+        return None
+    holder["steward_seen"] = newest
+    settings = settings_of(session)
+    pressure = request.pressure
+    need = max(pressure.tokens - int(settings.steward_target_ratio * pressure.effective_window), settings.growth_tokens // 2)
+    spans = plan_spans(session, state, settings, need)
+    if not spans:
+        return None
+    return [{"name": "compress", "arguments": {"spans": spans}}]

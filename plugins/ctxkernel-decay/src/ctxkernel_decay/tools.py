@@ -1,0 +1,319 @@
+"""The ``compress`` and ``drop`` tools.
+
+Every check runs before any event is written, so a refusal leaves the log byte-identical:
+anchor parsing, resolution by identity, the current-turn rule (with clipping), tool-group
+edges, overlaps, count and length limits, the shrink check and the optional cost guard. Only
+then do all spans of one call commit in a single kernel compaction transaction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ctxkernel import Message, Source, Span, Tool, ToolArgs, ToolOutcome
+
+from .anchors import describe_visible, fmt, parse_anchor, strip_anchors
+from .state import BLOCK_FORM, NAME
+
+if TYPE_CHECKING:
+    from ctxkernel import Session
+
+    from .plugin import DecaySettings
+    from .state import DecayState
+
+COMPRESS_DESCRIPTION = (
+    "Replace old context with your own summary. Each message starts with a position anchor ⟦pN⟧ "
+    "(an identity, not an order); a summary block shows its left and right anchors. A span runs from "
+    "`from` through `to`, inclusive. Keep a tool call and all its results in one span; the current "
+    "turn cannot be compressed. Summaries must stand alone: keep paths, decisions, errors and open "
+    "tasks. Pass every span in one call. Compress when reminded about context pressure."
+)
+DROP_DESCRIPTION = "Remove a summary block you no longer need, naming its exact left and right anchors."
+
+
+class SpanArg(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    from_: str | int = Field(alias="from", description="anchor of the first message, e.g. ⟦p12⟧")
+    to: str | int = Field(description="anchor of the last message (inclusive)")
+    summary: str
+    topic: str | None = None
+
+
+class CompressArgs(ToolArgs):
+    spans: list[SpanArg]
+
+
+class DropArgs(ToolArgs):
+    left: str | int = Field(description="the block's left anchor")
+    right: str | int = Field(description="the block's right anchor")
+
+
+class Refusal(Exception):
+    """A tool refusal: the message is returned to the model; nothing was written."""
+
+
+@dataclass
+class Planned:
+    start: int  # surface positions, inclusive
+    end: int
+    summary: str
+    topic: str | None
+    clipped: bool = False
+
+
+def protected_start(session: Session, *, planning: bool = False) -> int:
+    """Position where the current turn begins: the assistant turn in progress (the newest
+    assistant message; when ``planning`` a call that is not yet appended) plus the user-authored
+    message(s) right before it that it answers."""
+    nodes = session.surface.nodes
+    start = len(nodes)
+    if not planning:
+        for i in range(len(nodes) - 1, -1, -1):
+            if nodes[i].role == "assistant":
+                start = i
+                break
+    while start > 0 and nodes[start - 1].role == "user" and nodes[start - 1].message.source.kind == "user":
+        start -= 1
+    return start
+
+
+def first_anchor_at_or_after(state: DecayState, session: Session, position: int) -> int | None:
+    for node in session.surface.nodes[position:]:
+        pid = state.anchor_of.get(node.seq)
+        if pid is not None:
+            return pid
+    return None
+
+
+def describe_group(state: DecayState, session: Session, cut: int) -> str:
+    """Name the tool-call group an unbalanced cut falls into, by its edge anchors."""
+    nodes = session.surface.nodes
+    surface = session.surface
+    node = nodes[cut] if cut < len(nodes) else nodes[-1]
+    owner_seq = None
+    if node.role == "tool":
+        owner_seq = surface.call_owner.get(node.message.content[0].call_id)  # type: ignore[union-attr]
+    if owner_seq is None:  # a pending call before the cut
+        owner_seq = next(iter(surface.pending_calls.values()), None)
+    if owner_seq is None:
+        return "a tool-call group"
+    a = surface.position(owner_seq) or 0
+    b = a
+    while b + 1 < len(nodes) and nodes[b + 1].role == "tool":
+        b += 1
+    owner = nodes[a]
+    names = ", ".join(c.name for c in owner.message.tool_calls)
+    pid = state.anchor_of.get(owner.seq)
+    if pid is not None:
+        begin = f"starts at {fmt(pid)}"
+    else:
+        before = next((state.anchor_of[n.seq] for n in reversed(nodes[:a]) if n.seq in state.anchor_of), None)
+        begin = "starts at the unanchored tool-call turn" + (f" right after {fmt(before)}" if before else " at the head")
+    last = state.anchor_of.get(nodes[b].seq)
+    end = f"its last result is {fmt(last)}" if last is not None else "its results are pending"
+    after = next((state.anchor_of[n.seq] for n in nodes[b + 1 :] if n.seq in state.anchor_of), None)
+    hint = f"; the next boundary outside it is {fmt(after)}" if after is not None else ""
+    return f"the tool-call group ({names}) that {begin}; {end}{hint}"
+
+
+def _resolve(state: DecayState, session: Session, value: object, what: str, index: int) -> int:
+    """Surface position of the node an anchor argument names (by identity)."""
+    visible = lambda: describe_visible(state, session.surface.seqs())  # noqa: E731
+    pid = parse_anchor(value)
+    if pid is None:
+        msg = f"span {index} `{what}` = {value!r} is not an anchor; write it as \"⟦p12⟧\", \"p12\" or 12. Visible anchors: {visible()}"
+        raise Refusal(msg)
+    seq = state.resolve(pid)
+    position = session.surface.position(seq) if seq is not None else None
+    if position is None:
+        msg = (
+            f"span {index} `{what}` {fmt(pid)} is stale or unknown (it is not on the current context); "
+            f"use the anchors of the latest request. Visible anchors: {visible()}"
+        )
+        raise Refusal(msg)
+    return position
+
+
+def plan_compress(session: Session, state: DecayState, settings: DecaySettings, args: CompressArgs) -> list[Planned]:
+    """Validate a compress call; returns the spans to commit or raises :class:`Refusal`."""
+    if not 1 <= len(args.spans) <= settings.max_spans:
+        msg = f"compress takes 1 to {settings.max_spans} spans, got {len(args.spans)}; merge neighbouring spans"
+        raise Refusal(msg)
+    nodes = session.surface.nodes
+    protect = protected_start(session)
+    first_protected = first_anchor_at_or_after(state, session, protect)
+    planned: list[Planned] = []
+    for i, span in enumerate(args.spans):
+        summary = strip_anchors(span.summary)
+        if not summary:
+            msg = f"span {i} has an empty summary; write what the span held that is still needed"
+            raise Refusal(msg)
+        if len(summary) > settings.summary_max_chars:
+            msg = f"span {i} summary has {len(summary)} characters; the limit is {settings.summary_max_chars}: shorten it"
+            raise Refusal(msg)
+        topic = strip_anchors(span.topic)[: settings.topic_max_chars] if span.topic else None
+        start = _resolve(state, session, span.from_, "from", i)
+        end = _resolve(state, session, span.to, "to", i)
+        if state.anchor_of.get(nodes[end].seq) != parse_anchor(span.to):
+            pass  # `to` named a block's right edge: the span ends with that block, as intended
+        if start > end:
+            msg = (
+                f"span {i}: `from` {fmt(parse_anchor(span.from_))} comes after `to` {fmt(parse_anchor(span.to))} "  # type: ignore[arg-type]
+                "in the context (anchors are identities, not order); swap them"
+            )
+            raise Refusal(msg)
+        clipped = False
+        if end >= protect:
+            turn = f"the current turn (from {fmt(first_protected)})" if first_protected else "the current turn"
+            if start >= protect:
+                msg = f"span {i} starts inside {turn}, which is never compressed"
+                raise Refusal(msg)
+            if parse_anchor(span.to) == first_protected:
+                end = protect - 1  # keep the turn's unanchored prefix; clip to the last compressible node
+                clipped = True
+            else:
+                last_ok = next((state.anchor_of[n.seq] for n in reversed(nodes[:protect]) if n.seq in state.anchor_of), None)
+                msg = (
+                    f"span {i} reaches into {turn}, which is never compressed; end it at "
+                    f"{fmt(last_ok) if last_ok else 'an earlier anchor'} or earlier"
+                )
+                raise Refusal(msg)
+        for cut, side in ((start, "start"), (end + 1, "end")):
+            if not session.surface.is_balanced_cut(cut):
+                msg = (
+                    f"span {i}: its {side} falls inside {describe_group(state, session, cut)}. A tool call and all "
+                    "its results stay in one span: move the edge outside the group"
+                )
+                raise Refusal(msg)
+        planned.append(Planned(start, end, summary, topic, clipped))
+    ordered = sorted(range(len(planned)), key=lambda k: planned[k].start)
+    for a, b in zip(ordered, ordered[1:], strict=False):
+        if planned[b].start <= planned[a].end:
+            msg = (
+                f"spans {a} and {b} overlap; spans must be disjoint. Split them around what must stay live, "
+                "or merge them into one span"
+            )
+            raise Refusal(msg)
+    return planned
+
+
+def block_message(summary: str, topic: str | None, tier: int) -> Message:
+    head = f"[compressed · tier {tier}" + (f" · {topic}]" if topic else "]")
+    return Message.user(f"{head}\n{summary}", Source.plugin_form(NAME, BLOCK_FORM))
+
+
+def build_spans(session: Session, state: DecayState, planned: list[Planned]) -> list[tuple[Span, int, int]]:
+    """Kernel spans with their block messages; also (tokens before, tokens after) per span."""
+    nodes = session.surface.nodes
+    meter = session.meter
+    out = []
+    for p in planned:
+        rng = nodes[p.start : p.end + 1]
+        tier = 1 + max((state.blocks[n.seq].tier for n in rng if n.seq in state.blocks), default=0)
+        message = block_message(p.summary, p.topic, tier)
+        before = sum(meter.node_tokens(n) for n in rng)
+        after = meter.count_message(message)
+        edges = []
+        for n in rng:
+            if n.seq in state.anchor_of:
+                edges.append(state.anchor_of[n.seq])
+            if n.seq in state.blocks and state.blocks[n.seq].right is not None:
+                edges.append(state.blocks[n.seq].right)
+        data = {
+            "block_summary": p.summary,
+            "topic": p.topic,
+            "tier": tier,
+            "left": edges[0] if edges else None,
+            "right": edges[-1] if len(edges) > 1 else None,
+            "clipped": p.clipped,
+        }
+        out.append((Span(rng[0].seq, rng[-1].seq, message=message, data=data), before, after))
+    return out
+
+
+def check_cost(session: Session, settings: DecaySettings, planned: list[Planned], costs: list[tuple[Span, int, int]]) -> None:
+    """Shrink check and optional payback guard, before any event is written."""
+    for i, (_, before, after) in enumerate(costs):
+        if after >= before:
+            msg = (
+                f"span {i}: the summary costs {after} tokens, not fewer than the {before} it replaces; "
+                "choose a larger span or a shorter summary"
+            )
+            raise Refusal(msg)
+    if not settings.cost_guard:
+        return
+    pressure = session.pressure()
+    if pressure.ratio >= min(settings.warn_ratios, default=1.0):
+        return  # under pressure a compression is needed whatever it costs in cache misses
+    saved = sum(b - a for _, b, a in costs)
+    first = min(p.start for p in planned)
+    meter = session.meter
+    suffix = sum(meter.node_tokens(n) for n in session.surface.nodes[first:]) - saved
+    rate = settings.cached_input_ratio
+    # uncached re-read of everything after the first edge, paid once, against the cached-rate
+    # saving of every later request
+    payback = suffix * (1 - rate) / max(saved * rate, 1e-9)
+    if saved < settings.min_saving_tokens or payback > settings.payback_max_requests:
+        msg = (
+            f"the cost guard refused: this saves {saved} tokens per request but makes the next request re-read "
+            f"{suffix} uncached tokens, paying back after {payback:.0f} requests (limit {settings.payback_max_requests}, "
+            f"minimum saving {settings.min_saving_tokens}). Compress a larger span, move `to` later, or drop an "
+            "old block first"
+        )
+        raise Refusal(msg)
+
+
+def run_compress(session: Session, args: CompressArgs) -> ToolOutcome:
+    from .plugin import current_state, settings_of
+
+    state = current_state(session)
+    settings = settings_of(session)
+    try:
+        planned = plan_compress(session, state, settings, args)
+        costs = build_spans(session, state, planned)
+        check_cost(session, settings, planned, costs)
+    except Refusal as exc:
+        return ToolOutcome(f"compress refused: {exc}. Nothing was changed.", is_error=True)
+    result = session.compact([s for s, _, _ in costs], strategy=NAME, kind="compress", data={"tool": "compress"})
+    state = current_state(session)
+    lines = []
+    for span in result.spans:
+        block = state.blocks.get(span.replacement_seq or -1)
+        edge = f"{fmt(block.left)}…{fmt(block.right)}" if block and block.right is not None else fmt(block.left) if block else "?"
+        lines.append(f"{edge} tier {block.tier if block else '?'}: {span.tokens_before} → {span.tokens_after} tokens")
+    clipped = " (clipped before the current turn)" if any(p.clipped for p in planned) else ""
+    return ToolOutcome(f"compressed {len(lines)} span(s){clipped}: " + "; ".join(lines))
+
+
+def run_drop(session: Session, args: DropArgs) -> ToolOutcome:
+    from .plugin import current_state
+
+    state = current_state(session)
+    left, right = parse_anchor(args.left), parse_anchor(args.right)
+    live = [b for b in state.blocks.values() if session.surface.position(b.seq) is not None]
+    pairs = " ".join(f"{fmt(b.left)}…{fmt(b.right)}" if b.right is not None else f"{fmt(b.left)}…{fmt(b.left)}" for b in live)
+    match = next((b for b in live if b.left == left and (b.right if b.right is not None else b.left) == right), None)
+    if match is None:
+        msg = (
+            f"drop refused: {args.left!r}…{args.right!r} is not the exact left/right pair of a live block. "
+            f"Live blocks: {pairs or '(none)'}. Nothing was changed."
+        )
+        return ToolOutcome(msg, is_error=True)
+    tokens = session.meter.node_tokens(session.surface.node(match.seq))
+    session.compact(Span(match.seq, match.seq, remove=True), strategy=NAME, kind="drop", data={"tool": "drop"})
+    return ToolOutcome(f"dropped block {fmt(match.left)}…{fmt(right)} ({tokens} tokens); its anchors are free again")
+
+
+def tools_for(session: Session) -> list[Tool]:
+    return [
+        Tool("compress", COMPRESS_DESCRIPTION, CompressArgs, run_compress, strategy=NAME),
+        Tool("drop", DROP_DESCRIPTION, DropArgs, run_drop, strategy=NAME),
+    ]
+
+
+def span_args(spans: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"spans": spans}
