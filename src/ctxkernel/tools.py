@@ -144,6 +144,13 @@ class ToolRegistry:
                 arguments = orjson.loads(arguments)
             except orjson.JSONDecodeError as exc:
                 return ToolOutcome(f"{tool.name} refused: arguments are not valid JSON ({exc})", is_error=True)
+        if isinstance(arguments, dict) and set(arguments) == {"_raw"} and isinstance(arguments["_raw"], str):
+            # convert.py keeps arguments that did not parse as {"_raw": text}
+            return ToolOutcome(
+                f"{tool.name} refused: arguments are not valid JSON ({arguments['_raw'][:80]!r}); "
+                "send one JSON object of named arguments. Nothing was changed.",
+                is_error=True,
+            )
         try:
             args = tool.parameters.model_validate(arguments)
         except ValidationError as exc:
