@@ -21,6 +21,7 @@ from .logging import configure_logging
 COMMAND_MODULES: tuple[str, ...] = (
     "ctxkernel.cli_commands",
     "ctxkernel.store.cli",
+    "ctxkernel.simulate.cli",
 )
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2

@@ -1,0 +1,119 @@
+"""The ``ctxkernel simulate`` subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from ..errors import CtxKernelError
+from ..profile import Prices
+from . import compare, profile_names
+from .importers import load_recording
+from .recording import RecordingError
+from .replay import Options
+from .report import render_html, render_table
+from .steward import load_steward
+from .workloads import WORKLOADS, build_workload
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="compare strategies on a recorded session or a synthetic workload",
+        description=(
+            "Replay a recorded session (or a built-in synthetic workload) through one or more profiles "
+            "and compare what each strategy would have sent. The recorded assistant turns are replayed, "
+            "not regenerated. Exit status 1 when a profile fails or breaks an invariant."
+        ),
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--transcript", metavar="PATH", help="a recorded session: kernel log, OpenAI chat JSON, Claude Code or Codex JSONL")
+    src.add_argument("--workload", choices=sorted(WORKLOADS), help="a built-in synthetic workload")
+    p.add_argument("--run", type=int, metavar="N", help="which run of an OpenAI chat file holding several (default 0)")
+    p.add_argument("--seed", type=int, default=7, help="seed of the synthetic workload (default 7)")
+    p.add_argument("--profile", default="all", help="comma-separated profile names or paths, or 'all' (default)")
+    p.add_argument("--window", type=int, metavar="TOKENS", help="override every profile's context window")
+    p.add_argument("--format", choices=("table", "json"), default="table", help="output on stdout (default table)")
+    p.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report with a chart")
+    p.add_argument(
+        "--summarizer",
+        default="extractive",
+        help="extractive (default, no model), scripted (offline stand-in model) or openai:<model>[@<base_url>]",
+    )
+    p.add_argument("--steward", default="default", help="default (the strategies' steward_actions), none, or module:function")
+    p.add_argument("--prices", metavar="IN,CACHED,OUT", help="prices per million input, cached input and output tokens")
+    p.add_argument("--lenient", action="store_true", help="skip malformed transcript lines and count them")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.set_defaults(func=cmd_simulate)
+
+
+def parse_prices(text: str) -> Prices:
+    parts = text.split(",")
+    try:
+        values = [float(x) for x in parts]
+        if len(values) != 3:
+            raise ValueError
+        return Prices(input=values[0], cached_input=values[1], output=values[2])
+    except (ValueError, ValidationError):
+        msg = f"--prices {text!r}: expected three non-negative numbers 'input,cached,output' per million tokens, e.g. 2.5,1.25,10"
+        raise RecordingError(msg) from None
+
+
+class ProgressBar:
+    """A one-line progress bar on stderr, drawn only when stderr is a terminal."""
+
+    def __init__(self, stream: Any = None) -> None:
+        self.stream = stream or sys.stderr
+        self._last = 0.0
+
+    def __call__(self, label: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done < total and now - self._last < 0.1:
+            return
+        self._last = now
+        width = 30
+        filled = int(width * done / total) if total else width
+        self.stream.write(f"\r{label[:16]:<16} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+        if done >= total:
+            self.stream.write("\r" + " " * (width + 40) + "\r")
+        self.stream.flush()
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from ..cli import dump_json
+
+    try:
+        if args.workload:
+            if args.run is not None:
+                raise RecordingError("--run selects a run of a transcript; it does not apply to --workload")
+            recording = build_workload(args.workload, args.seed)
+        else:
+            recording = load_recording(args.transcript, run=args.run, lenient=args.lenient)
+        options = Options(
+            window=args.window,
+            summarizer=args.summarizer,
+            steward=load_steward(args.steward),
+            prices=parse_prices(args.prices) if args.prices else None,
+            progress=ProgressBar() if sys.stderr.isatty() and not args.no_progress else None,
+        )
+        if args.window is not None and args.window < 256:
+            raise RecordingError(f"--window {args.window}: a context window needs at least 256 tokens")
+        report = compare(profile_names(args.profile), recording, options)
+    except CtxKernelError as exc:
+        sys.stderr.write(f"ctxkernel simulate: {exc}\n")
+        return EXIT_USAGE
+    if args.format == "json":
+        dump_json(report)
+    else:
+        sys.stdout.write(render_table(report) + "\n")
+    if args.report:
+        Path(args.report).write_text(render_html(report), encoding="utf-8")
+    broken = [p for p in report["profiles"] if p["status"] == "failed" or (p["invariant_violations"] or 0) > 0]
+    return EXIT_FAILED if broken else EXIT_OK
