@@ -1,0 +1,149 @@
+"""Strategy tools and system-prompt sections: validation, run-time toggling, header and meter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+from pydantic import Field
+
+import ctxkernel
+from ctxkernel import Message, StrategySpec, Tool, ToolArgs, ToolCallBlock, ToolOutcome
+from ctxkernel.testing import build_kernel
+
+SECTION = "## Notes strategy\nUse the `note` tool to keep facts that must survive compaction."
+
+
+class NoteArgs(ToolArgs):
+    text: str = Field(min_length=1)
+    priority: Literal["low", "high"] = "low"
+    ttl: int = Field(default=3, ge=1)
+
+
+class NotesStrategy:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    @ctxkernel.hookimpl
+    def register_strategy(self, register: Any) -> None:
+        register(StrategySpec("notes"))
+
+    @ctxkernel.hookimpl
+    def register_tools(self, register: Any, session: Any) -> None:
+        def note(session: Any, args: NoteArgs) -> ToolOutcome:
+            self.calls += 1
+            session.emit("notes", "note", {"text": args.text})
+            return ToolOutcome("noted")
+
+        register(Tool("note", "keep a fact", NoteArgs, note, strategy="notes"))
+        register(Tool("forget", "drop a fact", NoteArgs, note, strategy="notes"))
+
+    @ctxkernel.hookimpl
+    def system_prompt(self, session: Any) -> str:
+        return SECTION
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> tuple[Any, Any, NotesStrategy]:
+    plugin = NotesStrategy()
+    kernel = build_kernel(tmp_path, strategies=["basic", "notes"], plugins=[("notes", plugin)])
+    session = kernel.open_session()
+    session.user("hello")
+    return kernel, session, plugin
+
+
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [
+        ({"txt": "typo"}, ["unknown argument 'txt'", "missing required argument 'text'"]),
+        ({"text": "x", "priority": "urgent"}, ["argument 'priority'", "'urgent'"]),
+        ({"text": "x", "ttl": 0}, ["argument 'ttl'"]),
+        ({"text": ""}, ["argument 'text'"]),
+        ({"_raw": "{text: oops"}, ["not valid JSON"]),
+    ],
+)
+def test_bad_arguments_give_an_error_outcome_naming_them_and_write_nothing(setup: Any, arguments: dict[str, Any], named: list[str]) -> None:
+    kernel, session, plugin = setup
+    path = kernel.store.path(session.id)
+    before = path.read_bytes()
+    outcome = session.run_tool(ToolCallBlock("c1", "note", arguments))
+    assert outcome.is_error
+    for fragment in named:
+        assert fragment in outcome.content
+    if "_raw" not in arguments:
+        assert "Accepted arguments: {text: string, priority:" in outcome.content and "ttl: integer" in outcome.content
+    assert plugin.calls == 0
+    assert path.read_bytes() == before
+
+
+def test_good_arguments_run_the_handler(setup: Any) -> None:
+    _, session, plugin = setup
+    outcome = session.run_tool({"id": "c1", "name": "note", "arguments": {"text": "keep me", "priority": "high"}})
+    assert (outcome.is_error, outcome.content, plugin.calls) == (False, "noted", 1)
+    assert session.events[-1].type == "notes/note"
+
+
+def test_unknown_tool_is_an_error_outcome_listing_kernel_tools(setup: Any) -> None:
+    _, session, _ = setup
+    outcome = session.run_tool(ToolCallBlock("c1", "nope", {}))
+    assert outcome.is_error and "'nope'" in outcome.content and "note" in outcome.content
+
+
+def test_section_is_in_the_request_and_its_header_and_counted(setup: Any) -> None:
+    kernel, session, _ = setup
+    request = session.prepare_request()
+    assert request.system.count(SECTION) == 1
+    assert request.system.startswith(kernel.profile.profile.system_prompt)
+    header = [e for e in session.events if e.type == "request/header"][-1]
+    assert header.data["system"] == request.system
+    assert [t["function"]["name"] for t in header.data["tools"]] == ["note", "forget"]
+    meter = session.meter
+    assert request.pressure.tokens == meter.count_header(request.system, request.tools) + meter.surface_tokens()
+    # the section's cost is in the pressure: without it the header is cheaper by at least its tokens
+    with_header = meter.count_header(request.system, request.tools)
+    session.commit_reply(Message.assistant("hi"))
+    kernel.set_strategy_enabled("notes", False)
+    session.user("again")
+    request = session.prepare_request()
+    assert SECTION not in request.system and request.tools == []
+    without_header = meter.count_header(request.system, [])
+    assert request.pressure.tokens == without_header + meter.surface_tokens()
+    assert with_header - without_header >= meter.count_text(SECTION)
+
+
+def test_disable_and_reenable_leaves_exactly_one_of_each_tool_and_section(setup: Any) -> None:
+    kernel, session, _ = setup
+    assert session.owns_tool("note")
+    for _ in range(3):
+        kernel.set_strategy_enabled("notes", False)
+        assert not session.owns_tool("note") and not session.owns_tool("forget")
+        assert session.kernel.hooks.system_prompt(session).count(SECTION) == 0
+        kernel.set_strategy_enabled("notes", True)
+        kernel.set_strategy_enabled("notes", True)  # enabling twice is a no-op
+    request = session.prepare_request()
+    assert session.tools.names() == ["note", "forget"]
+    assert request.system.count(SECTION) == 1
+    assert [t["function"]["name"] for t in request.tools] == ["note", "forget"]
+    assert kernel.hooks.system_prompt(session) == [SECTION]
+    # profile order of hooks is kept after re-registration: basic before notes
+    assert kernel.plugins.enabled_names() == ["basic", "notes"]
+    # and the tool still runs once per call
+    session.commit_reply(Message.assistant("", [ToolCallBlock("c1", "note", {"text": "t"})]))
+    session.tool_result("c1", session.run_tool(session.pending_calls[0]))
+    assert sum(e.type == "notes/note" for e in session.events) == 1
+
+
+def test_header_is_written_only_when_it_changes(setup: Any) -> None:
+    kernel, session, _ = setup
+    session.prepare_request()
+    session.commit_reply(Message.assistant("a"))
+    session.user("b")
+    session.prepare_request()
+    session.commit_reply(Message.assistant("c"))
+    assert sum(e.type == "request/header" for e in session.events) == 1
+    kernel.set_strategy_enabled("notes", False)
+    session.user("d")
+    session.prepare_request()
+    headers = [e for e in session.events if e.type == "request/header"]
+    assert len(headers) == 2 and SECTION not in headers[-1].data["system"]
