@@ -1,0 +1,124 @@
+"""The rollover state of one session, rebuilt from its log alone.
+
+Everything the strategy knows is folded from these events (a cursor keeps the work per request
+O(new events)):
+
+``rollover/window``          the session's first window id (written once, before the first step)
+``rollover/intent``          ``new_context`` was called: a switch is owed at the next pre-step
+``compaction/summary``       ``kind="window"`` by ``rollover``: a committed switch; its data holds the
+                             new, previous and first window ids and the intent it consumed
+``rollover/failed``          a switch that could not be done (fail loud); consumes its intent
+``user/message``             with ``data.rollover_reminder``: the single-shot reminder of a window
+
+A switch commits atomically (summary, seed and end in one batch), so a log cut at any point
+replays to the old window or the new one, never a mixture, and an intent consumed by a
+committed switch is never replayed into a second one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ctxkernel.events import COMPACTION_SUMMARY, USER_MESSAGE
+
+if TYPE_CHECKING:
+    from ctxkernel import Event, Session
+
+NAME = "rollover"
+WINDOW_EVENT = f"{NAME}/window"
+INTENT_EVENT = f"{NAME}/intent"
+FAILED_EVENT = f"{NAME}/failed"
+REMINDER_KEY = "rollover_reminder"
+WINDOW_KIND = "window"
+
+
+@dataclass
+class RolloverState:
+    cursor: int = 0
+    first: str | None = None
+    previous: str | None = None
+    current: str | None = None
+    chain: list[str] = field(default_factory=list)
+    #: seq of the summary that opened the current window (None for the first window)
+    opened_by: int | None = None
+    #: seq of the current window's seed message (None for the first window)
+    seed_seq: int | None = None
+    reminded: set[str] = field(default_factory=set)
+    pending: dict[str, Any] | None = None
+    resolved: set[str] = field(default_factory=set)
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    triggers: dict[str, int] = field(default_factory=dict)
+    # this process only (never needed after a restart): suppresses retrying a failed automatic
+    # switch on an unchanged surface, and counts overflow retries
+    last_failed_at: tuple[str | None, int] | None = None
+    overflow_streak: int = 0
+
+    @property
+    def number(self) -> int:
+        return len(self.chain)
+
+    def fold(self, event: Event) -> None:
+        t, d = event.type, event.data
+        if t == WINDOW_EVENT:
+            window_id = d.get("window_id")
+            if self.current is None and isinstance(window_id, str):
+                self.first = self.current = window_id
+                self.chain = [window_id]
+        elif t == INTENT_EVENT:
+            intent_id = d.get("intent_id")
+            if isinstance(intent_id, str) and intent_id not in self.resolved:
+                self.pending = {**d, "seq": event.seq}
+        elif t == COMPACTION_SUMMARY and d.get("kind") == WINDOW_KIND and d.get("strategy") == NAME:
+            window_id = d.get("window_id")
+            if not isinstance(window_id, str):
+                return
+            if self.first is None:
+                self.first = d.get("first_window_id") or d.get("previous_window_id") or window_id
+                self.chain = [self.first] if self.first != window_id else []
+            self.previous, self.current = self.current, window_id
+            self.chain.append(window_id)
+            self.opened_by, self.seed_seq = event.seq, event.seq + 1
+            self.triggers[d.get("trigger", "?")] = self.triggers.get(d.get("trigger", "?"), 0) + 1
+            self._resolve(d.get("intent_id"))
+        elif t == FAILED_EVENT:
+            self.failures.append({**d, "seq": event.seq})
+            self._resolve(d.get("intent_id"))
+        elif t == USER_MESSAGE and isinstance(d.get(REMINDER_KEY), str):
+            self.reminded.add(d[REMINDER_KEY])
+
+    def _resolve(self, intent_id: Any) -> None:
+        if isinstance(intent_id, str):
+            self.resolved.add(intent_id)
+            if self.pending is not None and self.pending.get("intent_id") == intent_id:
+                self.pending = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "first_window_id": self.first,
+            "previous_window_id": self.previous,
+            "current_window_id": self.current,
+            "window_number": self.number,
+            "rollovers": max(0, self.number - 1),
+            "triggers": dict(self.triggers),
+            "pending_intent": None if self.pending is None else {
+                "intent_id": self.pending.get("intent_id"),
+                "next_goal": self.pending.get("next_goal"),
+                "seq": self.pending.get("seq"),
+            },
+            "reminded_current_window": self.current in self.reminded,
+            "failures": len(self.failures),
+        }
+
+
+def state_of(session: Session) -> RolloverState:
+    """The session's rollover state, folded up to the end of its log."""
+    state = session.state.get(NAME)
+    if not isinstance(state, RolloverState):
+        state = RolloverState()
+        session.state[NAME] = state
+    events = session.events
+    while state.cursor < len(events):
+        state.fold(events[state.cursor])
+        state.cursor += 1
+    return state

@@ -1,0 +1,193 @@
+"""The window switch: one compaction transaction of kind ``window`` over the whole surface.
+
+It replaces every visible node with one seed message and cites each of them (the kernel refuses
+a replacement that leaves one out). The new window id, the previous and first ids, the trigger
+and the intent it consumes travel in the ``compaction/summary`` data, so the chain is part of
+the same atomic batch as the surface change. No model is ever called: the seed is built from the
+notes and the log, and nothing here falls back to a summary (§3.7 of the seed: fail loud).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from ctxkernel import CtxKernelError, Message, Source, Span
+from ctxkernel.events import TURN_START, USER_MESSAGE
+from ctxkernel.recall.history import History
+from ctxkernel.recall.notes import Notes, NotesLimits
+
+from .seed import REMAINING_PLACEHOLDER, SeedInput, render_seed
+from .state import NAME, WINDOW_EVENT, WINDOW_KIND, state_of
+from .window_ids import next_window_id
+
+if TYPE_CHECKING:
+    from ctxkernel import CommitResult, Session
+
+    from .plugin import RolloverSettings
+
+log = structlog.get_logger("ctxkernel.rollover")
+
+
+class RolloverError(CtxKernelError):
+    """A window switch could not be done; the surface is unchanged and nothing was summarised."""
+
+
+def settings_of(session: Session) -> RolloverSettings:
+    return session.settings(NAME)  # type: ignore[return-value]
+
+
+def notes_of(session: Session) -> Notes:
+    s = settings_of(session)
+    notes = Notes.for_session(session, NotesLimits(s.max_notes, s.max_notes_bytes, s.max_note_bytes))
+    state = state_of(session)
+    notes.current_window = state.current
+    return notes
+
+
+def ensure_window(session: Session) -> str:
+    """The current window id; the first window's id is recorded before it is first needed."""
+    state = state_of(session)
+    if state.current is None:
+        session.emit(NAME, "window", {"window_id": next_window_id(None), "first": True})
+        state = state_of(session)
+    assert state.current is not None
+    return state.current
+
+
+def current_turn_inputs(session: Session, limit: int = 8) -> list[tuple[int, str]]:
+    """The user's own messages of the open turn (what the model still has to act on)."""
+    if not session.turn_open:
+        return []
+    found: list[tuple[int, str]] = []
+    for event in reversed(session.events):
+        if event.type == TURN_START:
+            break
+        if event.type == USER_MESSAGE and (event.surface or {}).get("op") == "append":
+            source = event.data["message"].get("source", {})
+            if source.get("kind", "user") == "user":
+                message = Message.from_dict(event.data["message"])
+                found.append((event.seq, message.text))
+                if len(found) >= limit:
+                    break
+    return list(reversed(found))
+
+
+def _goal(session: Session, notes: Notes, next_goal: str | None) -> tuple[str | None, str]:
+    if next_goal and next_goal.strip():
+        return next_goal, "from new_context"
+    if notes.exists("goal"):
+        return notes.read("goal").content, "note 'goal'"
+    first = History.for_session(session).goal()
+    if first is not None:
+        return Message.from_dict(first.data["message"]).text, f"the session's first instruction, item_{first.seq}"
+    return None, "none recorded"
+
+
+def switch(session: Session, trigger: str, *, intent: dict[str, Any] | None = None, error: str | None = None) -> CommitResult:
+    """Start a new window now. Raises :class:`RolloverError` (after recording it) when it cannot."""
+    settings = settings_of(session)
+    state = state_of(session)
+    current = ensure_window(session)
+    state = state_of(session)
+    intent = intent if intent is not None else state.pending
+    try:
+        result = _switch(session, settings, trigger, intent, error)
+    except CtxKernelError as exc:
+        text = f"{type(exc).__name__}: {exc}"
+        session.emit(NAME, "failed", {
+            "trigger": trigger,
+            "window_id": current,
+            "intent_id": intent.get("intent_id") if intent else None,
+            "error": text[:2000],
+        })
+        last = session.surface.nodes[-1].seq if session.surface.nodes else -1
+        state_of(session).last_failed_at = (current, last)
+        log.error("rollover failed; the surface is unchanged and nothing was summarised", session=session.id,
+                  trigger=trigger, error=text)
+        msg = f"the {trigger} rollover of window {current} failed and the context is unchanged (nothing was summarised): {text}"
+        raise RolloverError(msg) from exc
+    log.info("rollover", session=session.id, trigger=trigger, window=state_of(session).current,
+             tokens_before=result.tokens_before, tokens_after=result.tokens_after)
+    return result
+
+
+def _switch(session: Session, settings: RolloverSettings, trigger: str, intent: dict[str, Any] | None,
+            error: str | None) -> CommitResult:
+    state = state_of(session)
+    nodes = session.surface.nodes
+    if not nodes:
+        msg = "the surface is empty: there is nothing to roll over"
+        raise RolloverError(msg)
+    if session.surface.pending_calls:
+        # never mid tool batch (§3.5): only pre_step and request_error call us, both between steps
+        msg = f"tool calls {sorted(session.surface.pending_calls)} still wait for results"
+        raise RolloverError(msg)
+    notes = notes_of(session)
+    pressure = session.pressure()
+    surface_tokens = session.meter.surface_tokens()
+    overhead = max(0, pressure.tokens - surface_tokens)  # system prompt, tools, anchor correction
+    budget = int(settings.seed_ratio * pressure.effective_window)
+    if trigger != "manual":
+        # an automatic switch must relieve the window: the seed stays well below what it replaces
+        budget = min(budget, int(surface_tokens * 0.8))
+    active = list(reversed(notes.active()))  # newest first
+    hidden: list[str] = []
+    if trigger == "overflow":
+        hidden = [n.path for n in active[settings.protective_keep_notes:]]
+        active = active[: settings.protective_keep_notes]
+    goal, goal_source = _goal(session, notes, (intent or {}).get("next_goal"))
+    new_id = next_window_id(state.current)
+    archived_from = state.seed_seq if state.seed_seq is not None else 0
+    seed = SeedInput(
+        current=new_id,
+        previous=state.current,
+        first=state.first or state.current or new_id,
+        number=state.number + 1,
+        trigger=trigger,
+        goal=goal,
+        goal_source=goal_source,
+        pending=current_turn_inputs(session),
+        notes=active,
+        archived_from=archived_from,
+        archived_to=session.next_seq - 1,
+        error=error,
+        hidden_note_paths=hidden,
+    )
+    count = session.meter.count_text
+    text = render_seed(seed, budget_tokens=max(budget, 1), count=count, goal_chars=settings.goal_chars,
+                       pending_chars=settings.pending_input_chars, note_chars=settings.seed_note_chars)
+    seed_tokens = session.meter.count_message(Message.user(text))
+    if seed_tokens > max(budget, 1) and trigger != "manual":
+        msg = (
+            f"the smallest seed costs {seed_tokens} tokens, over its budget of {budget} "
+            f"(seed_ratio {settings.seed_ratio} of {pressure.effective_window}, and below the {surface_tokens} "
+            "tokens it replaces); the window is too small for the system prompt, tools and pending input"
+        )
+        raise RolloverError(msg)
+    remaining = max(0, pressure.effective_window - overhead - seed_tokens)
+    text = text.replace(REMAINING_PLACEHOLDER, f"{remaining} of {pressure.effective_window}", 1)
+    message = Message.user(text, Source.plugin_form(NAME, "seed"))
+    data = {
+        "window_id": new_id,
+        "previous_window_id": state.current,
+        "first_window_id": seed.first,
+        "window_number": seed.number,
+        "trigger": trigger,
+        "reason": trigger,
+        "intent_id": intent.get("intent_id") if intent else None,
+        "notes": [n.id for n in active],
+        "goal_source": goal_source,
+        "summarized": False,
+    }
+    return session.compact(
+        Span(nodes[0].seq, nodes[-1].seq, message=message),
+        strategy=NAME,
+        kind=WINDOW_KIND,
+        data=data,
+        check_shrink=trigger != "manual",
+    )
+
+
+__all__ = ["RolloverError", "WINDOW_EVENT", "current_turn_inputs", "ensure_window", "notes_of", "switch"]

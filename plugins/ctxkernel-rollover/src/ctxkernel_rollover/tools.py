@@ -1,0 +1,257 @@
+"""The model's tools: notes, ``new_context``, ``context_remaining`` and scoped history lookup.
+
+Every refusal is an error result that leaves the log byte-identical: arguments are validated
+first, and each tool writes at most one event, after all its checks passed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Literal
+
+import orjson
+from pydantic import Field
+
+from ctxkernel import Tool, ToolArgs, ToolOutcome
+from ctxkernel.recall.history import History
+from ctxkernel.recall.notes import Note, NoteNotFoundError, render_note
+
+from .state import NAME, state_of
+from .switch import ensure_window, notes_of, settings_of
+
+if TYPE_CHECKING:
+    from ctxkernel import Session
+
+NEW_CONTEXT_ANSWER = "A new context window will start without summarizing conversation history."
+READ_CHARS_MAX = 20_000
+
+
+def _trust(from_tool_output: bool) -> str:
+    # the model cannot claim the user's authority; it can (and should) mark copied tool text
+    return "tool-output" if from_tool_output else "model-authored"
+
+
+def _resolve(session: Session, ref: str) -> Note:
+    notes = notes_of(session)
+    if ref.startswith("n_"):
+        try:
+            return notes.get(ref)
+        except NoteNotFoundError:
+            pass
+    return notes.read(ref)
+
+
+def _brief(note: Note) -> str:
+    return (
+        f"{note.path} (id {note.id}, trust {note.trust}, window {note.window or '-'}, "
+        f"version {note.version}, {note.size} bytes)"
+    )
+
+
+class NoteCreateArgs(ToolArgs):
+    path: str = Field(description="a short '/'-separated name, e.g. 'goal' or 'plan/next'")
+    content: str
+    from_tool_output: bool = Field(default=False, description="true when the text was copied from a tool's output")
+
+
+def note_create(session: Session, args: NoteCreateArgs) -> ToolOutcome:
+    ensure_window(session)
+    note = notes_of(session).create(args.path, args.content, trust=_trust(args.from_tool_output), strategy=NAME)
+    return ToolOutcome(f"created note {_brief(note)}")
+
+
+class NoteUpdateArgs(ToolArgs):
+    note: str = Field(description="the note's id (n_...) or path")
+    content: str = Field(description="the new full content; the previous version stays retrievable")
+    from_tool_output: bool = False
+
+
+def note_update(session: Session, args: NoteUpdateArgs) -> ToolOutcome:
+    ensure_window(session)
+    notes = notes_of(session)
+    note = _resolve(session, args.note)
+    if note.archived:
+        return ToolOutcome(f"note_update refused: note {note.id} ({note.path!r}) is archived; create a new note", is_error=True)
+    note = notes.update(note.id, args.content, trust=_trust(args.from_tool_output), strategy=NAME)
+    return ToolOutcome(f"updated note {_brief(note)}; earlier versions stay retrievable with note_get(version=...)")
+
+
+class NoteAppendArgs(ToolArgs):
+    path: str
+    text: str = Field(description="appended as is (add a leading newline if you want one)")
+    from_tool_output: bool = False
+
+
+def note_append(session: Session, args: NoteAppendArgs) -> ToolOutcome:
+    ensure_window(session)
+    note = notes_of(session).append(args.path, args.text, trust=_trust(args.from_tool_output), strategy=NAME)
+    return ToolOutcome(f"appended to note {_brief(note)}")
+
+
+class NoteGetArgs(ToolArgs):
+    note: str = Field(description="the note's id (n_...) or path")
+    version: int | None = Field(default=None, ge=1, description="an earlier version number; default the latest")
+    offset_chars: int = Field(default=0, ge=0)
+    max_chars: int = Field(default=8_000, ge=1, le=READ_CHARS_MAX)
+
+
+def note_get(session: Session, args: NoteGetArgs) -> ToolOutcome:
+    note = _resolve(session, args.note)
+    if args.version is not None:
+        versions = notes_of(session).versions(note.id)
+        if args.version > len(versions):
+            return ToolOutcome(f"note_get refused: note {note.id} has versions 1..{len(versions)}", is_error=True)
+        note = versions[args.version - 1]
+    body = note.content[args.offset_chars : args.offset_chars + args.max_chars]
+    end = args.offset_chars + len(body)
+    shown = Note(**{**note.__dict__, "content": body})
+    tail = f"\n(characters {args.offset_chars}..{end} of {len(note.content)}; continue with offset_chars={end})" if end < len(note.content) else ""
+    status = " [archived]" if note.archived else ""
+    return ToolOutcome(render_note(shown) + status + tail)
+
+
+class NoteDeleteArgs(ToolArgs):
+    note: str = Field(description="the note's id (n_...) or path")
+
+
+def note_delete(session: Session, args: NoteDeleteArgs) -> ToolOutcome:
+    ensure_window(session)
+    note = _resolve(session, args.note)
+    archived = notes_of(session).delete(note.id, strategy=NAME)
+    return ToolOutcome(f"archived note {_brief(archived)}; its versions stay readable with note_get('{archived.id}')")
+
+
+class NoteListArgs(ToolArgs):
+    prefix: str = ""
+    limit: int = Field(default=20, ge=1, le=50)
+    cursor: str | None = None
+
+
+def note_list(session: Session, args: NoteListArgs) -> ToolOutcome:
+    page = notes_of(session).list(args.prefix, limit=args.limit, cursor=args.cursor)
+    lines = [f"{page.total} note(s) under {args.prefix!r}:" if args.prefix else f"{page.total} note(s):"]
+    for note in page.items:
+        first = note.content.strip().splitlines()[0][:100] if note.content.strip() else ""
+        lines.append(f"- {_brief(note)}: {first}")
+    if page.next_cursor:
+        lines.append(f"more: note_list(cursor={page.next_cursor!r})")
+    return ToolOutcome("\n".join(lines))
+
+
+class NoteSearchArgs(ToolArgs):
+    query: str = Field(min_length=1, max_length=1_000)
+    case_sensitive: bool = True
+    prefix: str = ""
+
+
+def note_search(session: Session, args: NoteSearchArgs) -> ToolOutcome:
+    result = notes_of(session).search(args.query, prefix=args.prefix, case_sensitive=args.case_sensitive,
+                                      max_files=20, max_lines_per_file=5, max_line_chars=200)
+    if not result.hits:
+        return ToolOutcome(f"no note line contains {args.query!r}")
+    lines = [f"[{h.trust}] {h.path}:{h.line}: {h.text}" for h in result.hits]
+    if result.truncated:
+        lines.append("(more matches: narrow the query or the prefix)")
+    return ToolOutcome("\n".join(lines))
+
+
+class NewContextArgs(ToolArgs):
+    next_goal: str | None = Field(default=None, max_length=8_000, description="what the next window should continue with")
+
+
+def new_context(session: Session, args: NewContextArgs) -> ToolOutcome:
+    """Record the intent only (§3.5): the switch happens at the next pre-step, after the batch."""
+    current = ensure_window(session)
+    state = state_of(session)
+    if state.pending is not None:
+        return ToolOutcome(
+            f"new_context refused: a new context window is already pending (requested at item_{state.pending['seq']}); "
+            "it starts after this batch. Nothing was changed.",
+            is_error=True,
+        )
+    session.emit(NAME, "intent", {"intent_id": uuid.uuid4().hex, "next_goal": args.next_goal, "window_id": current})
+    return ToolOutcome(NEW_CONTEXT_ANSWER, conclude_turn=True)
+
+
+class NoArgs(ToolArgs):
+    pass
+
+
+def context_remaining(session: Session, args: NoArgs) -> ToolOutcome:
+    current = ensure_window(session)
+    state = state_of(session)
+    settings = settings_of(session)
+    p = session.pressure()
+    return ToolOutcome(
+        f"{p.remaining} tokens remain of the {p.effective_window}-token window ({p.tokens} used, {p.ratio:.0%}). "
+        f"Window {current} (number {state.number}). A reminder comes at {settings.reminder_ratio:.0%}; a new window "
+        f"starts automatically at {settings.rollover_ratio:.0%} with your notes as its seed."
+        + (" A new window is already pending." if state.pending else "")
+    )
+
+
+class HistoryLookupArgs(ToolArgs):
+    window: str | None = Field(default=None, description="a window id (UUID), 'win_<n>' or a number")
+    seq_from: int | None = Field(default=None, ge=0)
+    seq_to: int | None = Field(default=None, ge=0)
+    role: Literal["user", "plugin", "assistant", "tool", "summary", "event"] | None = None
+    query: str | None = Field(default=None, min_length=1, max_length=1_000, description="plain text to search for")
+    case_sensitive: bool = True
+    limit: int = Field(default=20, ge=1, le=50)
+    max_chars: int = Field(default=400, ge=1, le=1_000, description="preview characters per item")
+    cursor: str | None = None
+
+
+def _window_ref(session: Session, ref: str | None) -> str | int | None:
+    # the first window has no switch to carry its id: map it to window 1 for the history index
+    if ref is not None and ref == state_of(session).first:
+        return 1
+    return ref
+
+
+def history_lookup(session: Session, args: HistoryLookupArgs) -> ToolOutcome:
+    history = History.for_session(session)
+    common = {
+        "window": _window_ref(session, args.window),
+        "role": args.role,
+        "seq_from": args.seq_from,
+        "seq_to": args.seq_to,
+        "limit": args.limit,
+        "max_chars": args.max_chars,
+        "cursor": args.cursor,
+    }
+    if args.query:
+        out = history.search(args.query, case_sensitive=args.case_sensitive, **common)
+    else:
+        out = history.list_items(**common)
+    return ToolOutcome(orjson.dumps(out).decode())
+
+
+class HistoryReadArgs(ToolArgs):
+    item: str = Field(description="an item id from history_lookup, e.g. item_42")
+    offset_chars: int = Field(default=0, ge=0)
+    max_chars: int = Field(default=8_000, ge=1, le=READ_CHARS_MAX)
+
+
+def history_read(session: Session, args: HistoryReadArgs) -> ToolOutcome:
+    out = History.for_session(session).read_item(args.item, offset_chars=args.offset_chars, max_chars=args.max_chars)
+    return ToolOutcome(orjson.dumps(out).decode())
+
+
+TOOLS: tuple[tuple[str, str, type[ToolArgs], object], ...] = (
+    ("note_create", "Create a note that survives every new context window (shown at the start of each). Keep the goal, decisions, state and next steps here.", NoteCreateArgs, note_create),
+    ("note_update", "Replace a note's content (by id or path); the previous version stays retrievable.", NoteUpdateArgs, note_update),
+    ("note_append", "Append text to a note (created when missing).", NoteAppendArgs, note_append),
+    ("note_get", "Read a note (or an earlier version of it) by id or path, in pages.", NoteGetArgs, note_get),
+    ("note_delete", "Archive a note: it is no longer shown, its versions stay readable.", NoteDeleteArgs, note_delete),
+    ("note_list", "List notes by path prefix, one page at a time.", NoteListArgs, note_list),
+    ("note_search", "Search the notes' lines for plain text (bounded results).", NoteSearchArgs, note_search),
+    ("new_context", "Start a new context window after this batch of tool calls, without summarising: the next window begins with your notes, next_goal and the pending user input. Save what you need in notes first.", NewContextArgs, new_context),
+    ("context_remaining", "How many tokens are left in this context window.", NoArgs, context_remaining),
+    ("history_lookup", "List or search this session's archived raw history (earlier windows included) by window id, seq range and role; bounded pages.", HistoryLookupArgs, history_lookup),
+    ("history_read", "Read one history item (item_<seq>) in bounded pages.", HistoryReadArgs, history_read),
+)
+
+
+def build_tools() -> list[Tool]:
+    return [Tool(name, description, params, handler, strategy=NAME) for name, description, params, handler in TOOLS]  # type: ignore[arg-type]
