@@ -1,0 +1,131 @@
+"""Turning chapter plans into chapter files and registry records.
+
+Two phases so that a refusal writes nothing: :func:`prepare` renders every chapter in memory
+(file text, sha256, tokens, the artifacts it itemises), :func:`publish` stores the artifacts and
+writes the files atomically. Verified reads (:func:`read_verified`) check the registry's sha256
+and the file's own before anything is cited or served.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ctxkernel.events import utc_now
+
+from . import artifacts, disk
+from .chapter_file import ChapterFile, parse_chapter, render_chapter_file
+from .render import render_range
+from .toc import TOC_OPEN
+
+if TYPE_CHECKING:
+    from ctxkernel import Session
+
+    from .segment import ChapterPlan
+    from .settings import ChaptersSettings
+
+
+def archive_dir(session: Session, settings: ChaptersSettings) -> Path:
+    root = Path(settings.archive_root).expanduser()
+    return root if root.is_absolute() else Path(session.kernel.home) / root
+
+
+def archive_label(settings: ChaptersSettings) -> str:
+    """How chapter paths are shown to the model: relative to the kernel home when they are."""
+    return settings.archive_root.rstrip("/") or "."
+
+
+def slugify(title: str) -> str:
+    text = unicodedata.normalize("NFKD", title).encode("ascii", "ignore").decode().lower()
+    slug = re.sub(r"[^a-z0-9]+", "-", text).strip("-")[:40].strip("-")
+    return slug or "chapter"
+
+
+@dataclass
+class Prepared:
+    record: dict[str, Any]
+    text: str
+    artifacts: dict[str, str] = field(default_factory=dict)  # handle -> content
+
+
+def prepare(
+    session: Session,
+    settings: ChaptersSettings,
+    plans: list[ChapterPlan],
+    numbers: list[int],
+    *,
+    root: str,
+    status: str,
+    plan_id: str = "",
+    keep: frozenset[int] = frozenset(),
+) -> list[Prepared]:
+    """Render each planned chapter in memory; nothing is written."""
+    count = session.meter.count_text
+    out = []
+    for plan, number in zip(plans, numbers, strict=True):
+        found: dict[str, str] = {}
+
+        def defer(content: str, found: dict[str, str] = found) -> str:
+            handle = artifacts.handle_for(root, hashlib.sha256(content.encode("utf-8")).hexdigest())
+            found[handle] = content
+            return handle
+
+        prose, n_artifacts = render_range(
+            session.events, plan.start_seq, plan.end_seq, count=count,
+            floor_tokens=settings.tool_result_defer_floor_tokens, defer=defer, toc_marker=TOC_OPEN, keep=keep,
+        )
+        heading = " ".join(plan.title.split()) or f"Chapter {number}"
+        body = f"# {heading}\n\n{prose}"
+        tokens = count(body)
+        slug = slugify(plan.title)
+        name = f"{number:03d}-{slug}"
+        path = f"{root}/chapters/{name}.md"
+        created = utc_now()
+        text, digest = render_chapter_file(
+            chapter=name, title=plan.title, session=session.id, root=root, seq_range=(plan.start_seq, plan.end_seq),
+            tokens=tokens, generated_at=created, artifacts=n_artifacts, body=body,
+        )
+        record = {
+            "id": f"{session.id}/{number}",
+            "number": number,
+            "author_session": session.id,
+            "path": path,
+            "start_seq": plan.start_seq,
+            "end_seq": plan.end_seq,
+            "sha256": digest,
+            "tokens": tokens,
+            "title": plan.title,
+            "summary": plan.summary,
+            "artifacts": sorted(found),
+            "created": created,
+            "status": status,
+            "plan": plan_id,
+        }
+        out.append(Prepared(record, text, found))
+    return out
+
+
+def publish(archive: Path, prepared: list[Prepared]) -> None:
+    """Store the artifacts, then write each chapter file atomically."""
+    for item in prepared:
+        for handle, content in item.artifacts.items():
+            root = handle.split("/", 1)[0]
+            artifacts.store(archive, root, content)
+        disk.write_atomic(disk.contained(archive, item.record["path"]), item.text.encode("utf-8"))
+
+
+def remove(archive: Path, records: list[dict[str, Any]]) -> None:
+    """Delete the files of records that never became final (a failed in-place compaction)."""
+    for record in records:
+        disk.contained(archive, record["path"]).unlink(missing_ok=True)
+
+
+def read_verified(archive: Path, record: dict[str, Any]) -> ChapterFile:
+    """The chapter, after checking its body against the registry's sha256; raises
+    :class:`disk.IntegrityError` for a changed file (it is reported, never served)."""
+    raw = disk.read_bytes(archive, record["path"])
+    return parse_chapter(raw.decode("utf-8", errors="replace"), where=f"chapter {record['id']} ({record['path']})", expect_sha256=record["sha256"])

@@ -1,0 +1,92 @@
+"""The content-addressed artifact store: large tool results, kept verbatim, read in pages.
+
+An artifact lives at ``<archive>/<root>/artifacts/<sha256>.txt``; its handle is
+``<root>/artifacts/<sha256>.txt`` (a name relative to the archive). Reading verifies that the
+content still hashes to its name. Queries go through ``chapters_artifact`` (toc | search |
+read), which is read-only and resolves names with :func:`disk.contained`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+from . import disk
+from .disk import ArchiveError, IntegrityError
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/artifacts/([0-9a-f]{64})\.txt$")
+
+
+def handle_for(root: str, digest: str) -> str:
+    return f"{root}/artifacts/{digest}.txt"
+
+
+def store(archive: Path, root: str, content: str) -> tuple[str, str]:
+    """Store ``content`` (idempotent); returns ``(handle, sha256)``."""
+    data = content.encode("utf-8")
+    digest = hashlib.sha256(data).hexdigest()
+    handle = handle_for(root, digest)
+    path = disk.contained(archive, handle)
+    if not path.is_file():
+        disk.write_atomic(path, data, exclusive=True)
+    return handle, digest
+
+
+def load(archive: Path, handle: str) -> str:
+    """The artifact's text, after checking the name is a handle and the content its hash."""
+    path = disk.contained(archive, handle)  # refuses '..' and absolute paths first
+    match = _NAME.match(handle)
+    if not match:
+        msg = f"{handle!r} is not an artifact handle; handles look like '<root>/artifacts/<sha256>.txt'"
+        raise ArchiveError(msg)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        msg = f"artifact {handle!r} is not in the store"
+        raise ArchiveError(msg) from None
+    if hashlib.sha256(data).hexdigest() != match.group(1):
+        msg = f"artifact {handle!r} no longer matches its sha256: it was changed after it was stored; refused"
+        raise IntegrityError(msg)
+    return data.decode("utf-8")
+
+
+def list_handles(archive: Path, root: str) -> list[str]:
+    return disk.list_files(archive, f"{root}/artifacts", ".txt")
+
+
+def toc(text: str, *, max_entries: int = 60) -> str:
+    """An overview: size, then the lines that look like headings or section starts, with line numbers."""
+    lines = text.splitlines()
+    out = [f"{len(lines)} lines, {len(text)} characters"]
+    picks = []
+    for i, line in enumerate(lines, 1):
+        stripped = line.strip()
+        if re.match(r"^(#{1,6} |[A-Z][A-Za-z ]{2,40}:$|={3,}|-{3,}|diff --git|@@ |Traceback|[A-Za-z_./-]+\.\w+:\d+)", stripped):
+            picks.append(f"{i}: {stripped[:160]}")
+    if not picks:  # no structure: every nth line
+        step = max(1, len(lines) // max_entries)
+        picks = [f"{i + 1}: {lines[i].strip()[:160]}" for i in range(0, len(lines), step)]
+    if len(picks) > max_entries:
+        out.append(f"(showing {max_entries} of {len(picks)} entries)")
+        picks = picks[:max_entries]
+    return "\n".join(out + picks)
+
+
+def search(text: str, query: str, *, limit: int = 50) -> str:
+    needle = query.lower()
+    hits = [f"{i}: {line.strip()[:240]}" for i, line in enumerate(text.splitlines(), 1) if needle in line.lower()]
+    if not hits:
+        return f"no line contains {query!r}"
+    more = f"\n({len(hits) - limit} more matches; narrow the query)" if len(hits) > limit else ""
+    return f"{len(hits)} matching line(s):\n" + "\n".join(hits[:limit]) + more
+
+
+def page(text: str, offset: int, limit: int) -> str:
+    """Lines ``offset+1`` .. ``offset+limit`` with line numbers, and where the next page starts."""
+    lines = text.splitlines()
+    chunk = lines[offset : offset + limit]
+    body = "\n".join(f"{offset + i + 1}: {line}" for i, line in enumerate(chunk))
+    nxt = offset + len(chunk)
+    tail = f"\n(lines {offset + 1}-{nxt} of {len(lines)}; next page: offset={nxt})" if nxt < len(lines) else f"\n(end: {len(lines)} lines)"
+    return body + tail

@@ -1,0 +1,446 @@
+"""The ``chapters`` strategy: hooks and the automatic paths.
+
+* pre_step: large new tool results become artifacts (before the request is composed); at
+  ``compact_at_ratio`` the surface head is archived in place as chapters and replaced by a
+  deterministic table of contents; at ``pressure_suggestion_ratio`` the model is told that
+  ``chapters_continue`` is available.
+* request_error: a context overflow archives in place harder, then asks for a retry.
+* Tools (:mod:`ctxkernel_chapters.tools`): ``chapters_continue``, ``chapters_fork``,
+  ``chapters_read``, ``chapters_search``, ``chapters_artifact``.
+
+Per-session state lives in ``session.state["chapters"]``, rebuilt from the log with a cursor
+(O(new events) per request); chapter records and lineage live in the store's key-value table.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+import ctxkernel
+from ctxkernel import CompactionError, ContextOverflowError, Message, Source, Span, Summary
+from ctxkernel.compaction import head_region
+
+from . import archive, artifacts, toc
+from .registry import Registry
+from .segment import propose_chapters
+from .settings import ChaptersSettings
+
+if TYPE_CHECKING:
+    from ctxkernel import ModelError, Profile, Request, Session, StepContext
+
+NAME = "chapters"
+SUGGEST_MARK = "[chapters: continuation available]"
+log = structlog.get_logger("ctxkernel.chapters")
+
+
+@ctxkernel.hookimpl
+def register_strategy(register: Any) -> None:
+    register(
+        ctxkernel.StrategySpec(
+            NAME,
+            settings=ChaptersSettings,
+            capabilities={"pressure", "overflow", "archive", "tools"},
+            description="archive the conversation as Markdown chapters; continue from a table of contents",
+        )
+    )
+
+
+def settings_of(session: Session) -> ChaptersSettings:
+    return session.settings(NAME)  # type: ignore[return-value]
+
+
+# -- state, rebuilt from the log -----------------------------------------------------------------
+def state(session: Session) -> dict[str, Any]:
+    """``session.state["chapters"]``, brought up to date with the events appended since last time."""
+    st = session.state.get(NAME)
+    if st is None:
+        st = session.state[NAME] = {
+            "cursor": 0,
+            "artifact_done": set(),  # tool result seqs already moved to the artifact store
+            "candidates": [],  # tool result seqs not yet checked for the artifact band
+            "suggested": False,
+            "overflow_streak": 0,
+            "compactions": 0,
+            "continued_in": None,
+        }
+    events = session.events
+    for event in events[st["cursor"] :]:
+        t = event.type
+        if t == "tool/result" and (event.surface or {}).get("op") == "append":
+            st["candidates"].append(event.seq)
+        elif t == "compaction/prune" and event.data.get("strategy") == NAME:
+            st["artifact_done"].add(event.data["target"])
+        elif t == "compaction/summary" and event.data.get("strategy") == NAME:
+            st["suggested"] = False
+            st["compactions"] += 1
+        elif t == "user/message":
+            src = event.data["message"].get("source", {})
+            if src.get("plugin") == NAME and src.get("form") == "notice":
+                text = "".join(b.get("text", "") for b in event.data["message"].get("content", []))
+                if SUGGEST_MARK in text:
+                    st["suggested"] = True
+    st["cursor"] = len(events)
+    return st
+
+
+def archived_through(session: Session, registry: Registry | None = None) -> int:
+    """The last log seq covered by this session's final chapters (-1 when none)."""
+    registry = registry or Registry(session.store)
+    records = (registry.get(session.id) or {}).get("chapters", [])
+    return max((r["end_seq"] for r in records if r.get("status") == "final"), default=-1)
+
+
+def archive_ceiling(session: Session) -> int | None:
+    """Seq of the last ``turn/end``: session creation archives at or below it, never mid-turn."""
+    for event in reversed(session.events):
+        if event.type == "turn/end":
+            return event.seq
+    return None
+
+
+def header_tokens(session: Session) -> int:
+    """Tokens of the system prompt and tool schemas, from the last recorded request header."""
+    for event in reversed(session.events):
+        if event.type == "request/header":
+            return session.meter.count_header(event.data["system"], event.data["tools"])
+    system = session.kernel.profile.profile.system_prompt
+    return session.meter.count_header(system, session.tools.schemas() + list(session.harness_tools))
+
+
+@ctxkernel.hookimpl
+def session_opened(session: Session) -> None:
+    Registry(session.store).ensure(session.id)
+    state(session)
+
+
+@ctxkernel.hookimpl
+def register_tools(register: Any, session: Session) -> None:
+    from .tools import TOOLS
+
+    for tool in TOOLS:
+        register(tool())
+
+
+@ctxkernel.hookimpl
+def system_prompt(session: Session) -> str | None:
+    return (
+        "Context management (chapters): earlier parts of this conversation may be archived as Markdown "
+        "chapters listed in a table of contents. chapters_read and chapters_search read them; "
+        "chapters_artifact reads large tool outputs by handle. When told that a continuation is "
+        "available, you may call chapters_continue at a good stopping point to go on in a fresh session."
+    )
+
+
+# -- pre_step -----------------------------------------------------------------------------------
+@ctxkernel.hookimpl
+def pre_step(session: Session, step: StepContext) -> None:
+    settings = settings_of(session)
+    st = state(session)
+    move_large_results(session, settings, st)
+    if session.route is None:
+        return  # the first step of a fresh session has no routed request to price against
+    pressure = session.pressure()
+    if settings.auto and pressure.ratio >= settings.compact_at_ratio:
+        compact_in_place(session, int(settings.retain_ratio * pressure.effective_window), reason="pressure")
+        pressure = session.pressure()
+        state(session)
+    if pressure.ratio >= settings.pressure_suggestion_ratio and not st["suggested"] and archive_ceiling(session) is not None:
+        step.remind(suggestion(session, settings, pressure.ratio), strategy=NAME)
+        st["suggested"] = True  # the notice is written right after; state() would see it too
+
+
+def suggestion(session: Session, settings: ChaptersSettings, ratio: float) -> str:
+    ceiling = archive_ceiling(session)
+    floor = archived_through(session) + 1
+    return (
+        f"{SUGGEST_MARK} The context is {ratio:.0%} full. You can continue this work in a fresh session: "
+        f"call chapters_continue with a title, a handoff note (what is in progress, decisions held, the next "
+        f"step) and chapter ranges covering events {floor}..{ceiling} (ascending, no gaps or overlaps). "
+        f"At {settings.compact_at_ratio:.0%} the oldest part is archived in place automatically."
+    )
+
+
+def move_large_results(session: Session, settings: ChaptersSettings, st: dict[str, Any]) -> list[int]:
+    """Move tool results above the artifact band into the store, replacing each with a handle."""
+    candidates, st["candidates"] = st["candidates"], []
+    if not candidates:
+        return []
+    threshold = settings.artifact_threshold(session.model_settings().effective_window)
+    moved = []
+    registry = Registry(session.store)
+    for seq in candidates:
+        if seq in st["artifact_done"]:
+            continue
+        node = session.surface.node(seq)
+        if node is None or node.role != "tool":
+            continue
+        content = node.message.tool_result.content  # type: ignore[union-attr]
+        if len(content) <= threshold:
+            continue  # a token is at least one character
+        tokens = session.meter.node_tokens(node)
+        if tokens <= threshold:
+            continue
+        root = registry.root_of(session.id)
+        handle, _ = artifacts.store(archive.archive_dir(session, settings), root, content)
+        text = artifact_handle_text(handle, content, tokens, settings.artifact_preview_chars)
+        session.replace_tool_result(seq, text, strategy=NAME, reason="artifact")
+        st["artifact_done"].add(seq)
+        moved.append(seq)
+    return moved
+
+
+def artifact_handle_text(handle: str, content: str, tokens: int, preview_chars: int) -> str:
+    lines = content.count("\n") + 1
+    preview = content[:preview_chars]
+    cut = "…" if len(content) > preview_chars else ""
+    return (
+        f"[artifact {handle}: {tokens} tokens, {lines} lines, {len(content)} chars; moved out of the context. "
+        f'Read it with chapters_artifact(artifact="{handle}", op="toc"|"search"|"read").]\n'
+        f"Preview:\n{preview}{cut}"
+    )
+
+
+# -- in-place compaction ---------------------------------------------------------------------------
+def _is_chapters_toc(node: Any) -> bool:
+    src = node.message.source
+    return node.role == "user" and src.kind == "plugin" and src.plugin == NAME and toc.is_toc(node.message.text)
+
+
+def compact_in_place(session: Session, keep_tokens: int, *, reason: str) -> bool:
+    """Archive the surface head as chapters and replace it with a table of contents.
+
+    Zero model tokens. Retries (a smaller verbatim tail each time) reuse the same chapter
+    numbers; the records are finalised whatever happens, from the log: ``final`` when the
+    compaction committed (even if something raised after the commit), deleted otherwise.
+    """
+    settings = settings_of(session)
+    registry = Registry(session.store)
+    root = registry.root_of(session.id)
+    where = archive.archive_dir(session, settings)
+    plan_id = uuid.uuid4().hex[:16]
+    numbers: list[int] = []
+    try:
+        for attempt in range(settings.compaction_retries + 1):
+            region = head_region(session.surface, session.meter, keep_tokens, min_nodes=2)
+            if region is None:
+                return False
+            nodes = session.surface.span(*region)
+            tail = session.surface.nodes[len(nodes) :]
+            later = [n.seq for n in tail if not _is_chapters_toc(n)]
+            boundary = (min(later) - 1) if later else len(session.events) - 1
+            floor = archived_through(session, registry) + 1
+            plans = propose_chapters(
+                session.events, floor, boundary, count=session.meter.count_text,
+                target_tokens=settings.chapter_token_target, floor_tokens=settings.tool_result_defer_floor_tokens,
+            )
+            if len(numbers) < len(plans):
+                numbers += registry.allocate(root, len(plans) - len(numbers))
+            _drop_plan(session, registry, where, plan_id)  # an earlier attempt's files and records
+            prepared = archive.prepare(session, settings, plans, numbers[: len(plans)], root=root, status="pending", plan_id=plan_id)
+            archive.publish(where, prepared)
+            records = [p.record for p in prepared]
+            sstate = registry.ensure(session.id)
+            sstate["chapters"] = [*sstate["chapters"], *records]
+            registry.put(session.id, sstate)
+            text = toc_for_region(session, settings, nodes, records, boundary)
+            message = Message.user(text, Source.plugin_form(NAME, "toc"))
+            try:
+                session.compact(
+                    Span(region[0], region[1], message=message, summary=Summary(text)),
+                    strategy=NAME,
+                    kind="chapters",
+                    data={
+                        "reason": reason,
+                        "attempt": attempt,
+                        "plan": plan_id,
+                        "chapters": [r["id"] for r in records],
+                        "archive": {"from": floor, "through": boundary},
+                    },
+                )
+                return True
+            except CompactionError as exc:
+                log.warning("chapters compaction failed", session=session.id, attempt=attempt, error=str(exc))
+                keep_tokens //= 2  # a smaller tail leaves more to archive: more likely to shrink
+        return False
+    finally:
+        finalize(session, registry, where, plan_id, numbers, root)
+
+
+def toc_for_region(session: Session, settings: ChaptersSettings, nodes: list[Any], records: list[dict[str, Any]], boundary: int) -> str:
+    """Earlier tables of contents in the region merged with this session's chapters up to ``boundary``."""
+    previous = [n.message.text for n in nodes if _is_chapters_toc(n)]
+    # prose another strategy's checkpoint carried (a summary) is carried forward, never dropped
+    extra = [n.message.text for n in nodes if n.role == "user" and n.message.source.kind == "plugin"
+             and n.event.surface.get("op") == "replace" and not _is_chapters_toc(n)]
+    own = [r for r in (Registry(session.store).get(session.id) or {}).get("chapters", [])
+           if r.get("status") == "final" and r["end_seq"] <= boundary]
+    merged = toc.merged(previous, [*own, *records], archive.archive_label(settings), extra)
+    text, _ = toc.render(merged, count=session.meter.count_text, bullet_budget=settings.toc_bullet_budget_tokens)
+    return text
+
+
+def _drop_plan(session: Session, registry: Registry, where: Any, plan_id: str) -> None:
+    sstate = registry.ensure(session.id)
+    mine = [r for r in sstate["chapters"] if r.get("plan") == plan_id and r.get("status") == "pending"]
+    if mine:
+        archive.remove(where, mine)
+        sstate["chapters"] = [r for r in sstate["chapters"] if r not in mine]
+        registry.put(session.id, sstate)
+
+
+def finalize(session: Session, registry: Registry, where: Any, plan_id: str, numbers: list[int], root: str) -> None:
+    """Settle the plan's records from the log, on the success and the failure path alike."""
+    session.refresh()
+    committed = None
+    for event in reversed(session.events):
+        if event.type == "compaction/summary" and event.data.get("plan") == plan_id:
+            committed = event
+            break
+    sstate = registry.ensure(session.id)
+    mine = [r for r in sstate["chapters"] if r.get("plan") == plan_id]
+    if committed is not None:
+        ids = set(committed.data.get("chapters", []))
+        keep = []
+        for r in sstate["chapters"]:
+            if r.get("plan") == plan_id and r["id"] in ids:
+                r["status"] = "final"
+                r["compaction_id"] = committed.data["compaction_id"]
+            elif r.get("plan") == plan_id:
+                continue
+            keep.append(r)
+        sstate["chapters"] = keep
+        used = {r["number"] for r in keep if r.get("plan") == plan_id}
+    else:
+        archive.remove(where, mine)
+        sstate["chapters"] = [r for r in sstate["chapters"] if r.get("plan") != plan_id]
+        used = set()
+    sstate["next_chapter"] = max([sstate.get("next_chapter", 1), *(n + 1 for n in used)])
+    registry.put(session.id, sstate)
+    registry.release(root, [n for n in numbers if n not in used])
+
+
+@ctxkernel.hookimpl
+def request_error(session: Session, error: ModelError) -> bool | None:
+    if not isinstance(error, ContextOverflowError):
+        return None
+    settings = settings_of(session)
+    st = state(session)
+    if st["overflow_streak"] >= settings.overflow_retries:
+        st["overflow_streak"] = 0
+        return False
+    st["overflow_streak"] += 1
+    move_large_results(session, settings, st)
+    before = session.meter.surface_tokens()
+    keep = int(settings.retain_ratio * session.pressure().effective_window) // 2
+    compact_in_place(session, keep, reason="overflow")
+    return session.meter.surface_tokens() < before
+
+
+@ctxkernel.hookimpl
+def commit(session: Session, result: Any) -> None:
+    if result.strategy == NAME:
+        st = state(session)
+        st["overflow_streak"] = 0
+
+
+@ctxkernel.hookimpl
+def project(session: Session) -> dict[str, Any] | None:
+    settings = settings_of(session)
+    registry = Registry(session.store)
+    sstate = registry.ensure(session.id)
+    st = state(session)
+    window = session.model_settings().effective_window
+    return {
+        "root": sstate["root"],
+        "parent": sstate["parent"],
+        "chapters": len([r for r in sstate["chapters"] if r.get("status") == "final"]),
+        "lineage_chapters": len(registry.lineage_records(session.id)),
+        "archived_through": archived_through(session, registry),
+        "archive_ceiling": archive_ceiling(session),
+        "artifacts_moved": len(st["artifact_done"]),
+        "artifact_threshold_tokens": settings.artifact_threshold(window),
+        "compactions": st["compactions"],
+        "suggested": st["suggested"],
+        "archive": str(archive.archive_dir(session, settings)),
+    }
+
+
+# -- simulation ------------------------------------------------------------------------------------
+@ctxkernel.hookimpl
+def steward_actions(session: Session, request: Request) -> list[dict[str, Any]] | None:
+    """At the suggestion, a steward calls ``chapters_continue`` with the segmentation's ranges and a
+    handoff note built from the in-flight turn; the simulator follows ``continue_in`` into the child.
+    With ``steward = "compact"`` (or when nothing can be archived yet) it leaves the work to the
+    in-place compaction at ``compact_at_ratio``."""
+    settings = settings_of(session)
+    st = state(session)
+    if settings.steward != "continue" or st["continued_in"] is not None:
+        return None
+    if request.pressure.ratio < settings.pressure_suggestion_ratio or not st["suggested"]:
+        return None
+    from .tools import deterministic_continuation
+
+    arguments = deterministic_continuation(session, settings)
+    if arguments is None:
+        return None
+    return [{"name": "chapters_continue", "arguments": arguments}]
+
+
+# -- profile validation ---------------------------------------------------------------------------
+@ctxkernel.hookimpl
+def validate_profile(profile: Profile, report: Any) -> None:
+    if NAME not in profile.profile.strategies:
+        return
+    from pathlib import Path
+
+    from ctxkernel.store import default_home
+
+    variants = [(f"{profile.model.provider}/{profile.model.name}", profile.model.provider, profile.model.name)]
+    for policy in profile.model_policies:
+        provider = policy.match.provider or profile.model.provider
+        name = policy.match.name or profile.model.name
+        variants.append((f"{provider}/{name}", provider, name))
+    problems = 0
+    checked_roots = set()
+    for label, provider, name in variants:
+        try:
+            settings = ChaptersSettings.model_validate(profile.strategy_settings(NAME, provider, name))
+            model = profile.model_for(provider, name)
+        except Exception:  # noqa: BLE001 - the kernel's settings check reports these
+            continue
+        effective = model.effective_window
+        home = Path(profile.store.path or default_home()).expanduser()
+        root = Path(settings.archive_root).expanduser()
+        root = root if root.is_absolute() else home / root
+        if root not in checked_roots:
+            checked_roots.add(root)
+            from .disk import check_writable
+
+            reason = check_writable(root)
+            if reason:
+                problems += 1
+                report.fail("strategy", NAME, f"archive root {root} is not writable ({reason}). Fix: set [strategies.chapters] archive_root to a writable folder")
+            else:
+                report.ok("strategy", NAME, f"archive root {root} is writable")
+        threshold = settings.artifact_threshold(effective)
+        retain = int(settings.retain_ratio * effective)
+        checks = [
+            (settings.chapter_token_target >= effective,
+             f"chapter_token_target {settings.chapter_token_target} is not below the effective window {effective} of {label}. Fix: lower chapter_token_target in a model policy"),
+            (settings.toc_bullet_budget_tokens > settings.continuation_budget_ratio * effective,
+             f"toc_bullet_budget_tokens {settings.toc_bullet_budget_tokens} exceeds the continuation budget "
+             f"({settings.continuation_budget_ratio} x {effective} = {int(settings.continuation_budget_ratio * effective)}) of {label}: "
+             "a table of contents could never fit. Fix: lower toc_bullet_budget_tokens or raise continuation_budget_ratio"),
+            (threshold + retain >= int(settings.compact_at_ratio * effective),
+             f"the artifact band ({threshold} tokens) plus the kept tail ({retain}) reach compact_at_ratio of the window "
+             f"{effective} of {label}: one result could force a compaction that cannot shrink. Fix: lower tool_result_artifact_tokens or retain_ratio"),
+        ]
+        for failed, message in checks:
+            if failed:
+                problems += 1
+                report.fail("budgets", NAME, message)
+    if not problems:
+        report.ok("budgets", NAME, "chapter, table-of-contents, artifact and retain budgets fit every model window")

@@ -1,0 +1,136 @@
+"""Chapter records and lineage in the kernel store's key-value table (namespace ``chapters``).
+
+Keys: ``sessions/<id>`` holds one session's state (parent, root, next chapter number, origin,
+its chapter records); ``roots/<root>`` holds the lineage's chapter-number allocator (chapter
+files of a whole lineage share one folder, so numbers are unique per root). A shared backend
+(sqlite, postgres) therefore shares the registry. The registry is the only authority on
+ancestry: the session header's ``parent`` is informative, never read back.
+
+A record: ``id`` (``<authorSession>/<n>``), ``number``, ``author_session``, ``path`` (relative to
+the archive root), ``start_seq``, ``end_seq``, ``sha256``, ``tokens``, ``title``, ``summary``,
+``artifacts``, ``created``, ``status`` (``pending`` while an in-place compaction is open,
+``final`` once it committed or for a continuation).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ctxkernel.events import utc_now
+
+NAMESPACE = "chapters"
+
+
+class Registry:
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    # -- sessions -------------------------------------------------------------------------------
+    def get(self, session_id: str) -> dict[str, Any] | None:
+        return self.store.kv_get(NAMESPACE, f"sessions/{session_id}")
+
+    def put(self, session_id: str, state: dict[str, Any]) -> None:
+        self.store.kv_put(NAMESPACE, f"sessions/{session_id}", state)
+
+    def ensure(self, session_id: str) -> dict[str, Any]:
+        """This session's state; a session the registry never saw is the root of its own lineage."""
+        state = self.get(session_id)
+        if state is None:
+            state = new_state(session_id, parent=None, root=session_id, origin="root", next_chapter=1)
+            self.put(session_id, state)
+        return state
+
+    def root_of(self, session_id: str) -> str:
+        return self.ensure(session_id)["root"]
+
+    def lineage(self, session_id: str) -> list[str]:
+        """Session ids from the root down to ``session_id`` (ancestors first)."""
+        chain = []
+        seen = set()
+        current: str | None = session_id
+        while current is not None and current not in seen:
+            seen.add(current)
+            chain.append(current)
+            state = self.get(current)
+            current = state.get("parent") if state else None
+        return list(reversed(chain))
+
+    def lineage_records(self, session_id: str) -> list[dict[str, Any]]:
+        """Final chapter records of every session in the lineage, ancestors first."""
+        out = []
+        for sid in self.lineage(session_id):
+            state = self.get(sid) or {}
+            out.extend(r for r in state.get("chapters", []) if r.get("status") == "final")
+        return out
+
+    def find(self, session_id: str, chapter: str) -> dict[str, Any] | None:
+        """A final record of the lineage by id (``<author>/<n>``), number, ``NNN`` or path."""
+        for record in self.lineage_records(session_id):
+            if chapter in (record["id"], record["path"], str(record["number"]), f"{record['number']:03d}") or (
+                chapter.endswith(".md") and record["path"].endswith(chapter)
+            ):
+                return record
+        return None
+
+    # -- chapter numbers ------------------------------------------------------------------------
+    def allocate(self, root: str, count: int) -> list[int]:
+        key = f"roots/{root}"
+        state = self.store.kv_get(NAMESPACE, key) or {"next_chapter": 1}
+        first = state["next_chapter"]
+        state["next_chapter"] = first + count
+        self.store.kv_put(NAMESPACE, key, state)
+        return list(range(first, first + count))
+
+    def release(self, root: str, numbers: list[int]) -> None:
+        """Give back numbers nobody used, when they are the newest allocated (the usual case)."""
+        if not numbers:
+            return
+        key = f"roots/{root}"
+        state = self.store.kv_get(NAMESPACE, key) or {"next_chapter": 1}
+        if state["next_chapter"] == max(numbers) + 1:
+            state["next_chapter"] = min(numbers)
+            self.store.kv_put(NAMESPACE, key, state)
+
+    def next_number(self, root: str) -> int:
+        return (self.store.kv_get(NAMESPACE, f"roots/{root}") or {"next_chapter": 1})["next_chapter"]
+
+
+def new_state(session_id: str, *, parent: str | None, root: str, origin: str, next_chapter: int, title: str = "") -> dict[str, Any]:
+    return {
+        "session": session_id,
+        "parent": parent,
+        "root": root,
+        "origin": origin,
+        "title": title,
+        "created": utc_now(),
+        "next_chapter": next_chapter,
+        "children": [],
+        "chapters": [],
+    }
+
+
+def manifest(store: Any, session_id: str) -> dict[str, Any]:
+    """The chain from the root to ``session_id``: each session with its chapters and children.
+
+    This is the ``ctxkernel chapters manifest`` view; the web of forks is in ``children``.
+    """
+    registry = Registry(store)
+    chain = []
+    for sid in registry.lineage(session_id):
+        state = registry.get(sid) or {}
+        chain.append(
+            {
+                "session": sid,
+                "parent": state.get("parent"),
+                "origin": state.get("origin"),
+                "title": state.get("title", ""),
+                "created": state.get("created"),
+                "children": state.get("children", []),
+                "chapters": [
+                    {k: r.get(k) for k in ("id", "title", "path", "start_seq", "end_seq", "tokens", "sha256", "status", "summary")}
+                    for r in state.get("chapters", [])
+                ],
+            }
+        )
+    root = chain[0]["session"] if chain else session_id
+    return {"session": session_id, "root": root, "next_chapter": registry.next_number(root), "chain": chain}

@@ -1,0 +1,154 @@
+"""Segmentation as a plain function: chapter ranges and titles from a log, no agent turn needed.
+
+:func:`propose_chapters` is what the CLI, the automatic in-place path and the simulator's steward
+call. It aims at ``target_tokens`` per chapter and cuts after a ``turn/end``; only a turn larger
+than twice the target is split inside, after a ``step/end``. Titles and summaries are
+deterministic (from the first user message, the tools and the files of the chapter);
+:func:`model_titles` optionally asks a summarizer model, reusing the session's own system prompt
+and tools as the request prefix so a provider prefix cache serves it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import orjson
+
+from ctxkernel import Event, Message, Source
+
+from .render import Count, hash_only, render_event
+
+_PATH_KEYS = ("path", "file", "file_path", "filename", "filepath", "notebook_path")
+
+
+@dataclass(frozen=True)
+class ChapterPlan:
+    start_seq: int
+    end_seq: int
+    title: str
+    summary: str
+    tokens: int
+
+
+def _clip(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def describe(events: Sequence[Event], start: int, end: int) -> tuple[str, str]:
+    """A deterministic title and one-line summary for events ``start..end``."""
+    first_user = ""
+    last_text = ""
+    tools: dict[str, int] = {}
+    files: list[str] = []
+    for event in events[start : end + 1]:
+        if event.type not in ("user/message", "assistant/message") or (event.surface or {}).get("op") != "append":
+            continue
+        message = Message.from_dict(event.data["message"])
+        if event.type == "user/message" and message.source.kind == "user" and not first_user and message.text.strip():
+            first_user = message.text.strip()
+        if event.type == "assistant/message":
+            if message.text.strip():
+                last_text = message.text.strip()
+            for call in message.tool_calls:
+                tools[call.name] = tools.get(call.name, 0) + 1
+                for key in _PATH_KEYS:
+                    value = call.arguments.get(key) if isinstance(call.arguments, dict) else None
+                    if isinstance(value, str) and value not in files:
+                        files.append(value)
+    basis = first_user or last_text
+    words = re.findall(r"[^\s]+", basis)[:8]
+    title = " ".join(words).strip(" .,:;") if words else f"Events {start}–{end}"
+    title = _clip(title, 80)
+    parts = []
+    if first_user:
+        parts.append(f"asked: {_clip(first_user, 140)}")
+    if tools:
+        parts.append("tools: " + ", ".join(f"{k}×{v}" for k, v in list(tools.items())[:8]))
+    if files:
+        parts.append("files: " + ", ".join(_clip(f, 60) for f in files[:6]) + (f" (+{len(files) - 6})" if len(files) > 6 else ""))
+    if last_text and last_text != first_user:
+        parts.append(f"last: {_clip(last_text, 140)}")
+    return title, "; ".join(parts) or f"events {start}–{end} (no messages)"
+
+
+def event_tokens(events: Sequence[Event], start: int, end: int, *, count: Count, floor_tokens: int, root: str = "x") -> list[int]:
+    """Tokens each event contributes to a chapter body (artifacts counted as their handle line)."""
+    defer = hash_only(root)
+    out = []
+    for event in events[start : end + 1]:
+        text, _ = render_event(event, count=count, floor_tokens=floor_tokens, defer=defer, toc_marker="<chapters-toc>")
+        out.append(count(text) if text else 0)
+    return out
+
+
+def propose_chapters(
+    events: Sequence[Event],
+    start: int,
+    end: int,
+    *,
+    count: Count,
+    target_tokens: int = 8_000,
+    floor_tokens: int = 200,
+) -> list[ChapterPlan]:
+    """Chapter ranges covering exactly ``start..end`` (log seqs), in order, each with a title.
+
+    Deterministic: the same log gives the same plan.
+    """
+    if end < start:
+        return []
+    tokens = event_tokens(events, start, end, count=count, floor_tokens=floor_tokens)
+    plans: list[tuple[int, int, int]] = []
+    chunk_start = start
+    acc = 0
+    for offset, seq in enumerate(range(start, end + 1)):
+        acc += tokens[offset]
+        etype = events[seq].type
+        at_turn_end = etype == "turn/end"
+        at_step_end = etype == "step/end"
+        if seq < end and ((at_turn_end and acc >= target_tokens) or (at_step_end and acc >= 2 * target_tokens)):
+            plans.append((chunk_start, seq, acc))
+            chunk_start, acc = seq + 1, 0
+    plans.append((chunk_start, end, acc))
+    # a small last chapter (the tail of a region) joins the previous one unless that grows too big
+    if len(plans) >= 2 and plans[-1][2] < target_tokens // 4 and plans[-2][2] + plans[-1][2] <= 2 * target_tokens:
+        a, b = plans[-2], plans[-1]
+        plans[-2:] = [(a[0], b[1], a[2] + b[2])]
+    out = []
+    for s, e, t in plans:
+        title, summary = describe(events, s, e)
+        out.append(ChapterPlan(s, e, title, summary, t))
+    return out
+
+
+TITLE_DIRECTIVE = (
+    "The conversation above is to be archived as chapters. For each chapter listed below (by its "
+    "range of event numbers), write a short title (at most 8 words) and a one-sentence summary. "
+    'Answer with JSON only: a list of {"title": ..., "summary": ...} objects, one per chapter, in order.'
+)
+
+
+def model_titles(plans: list[ChapterPlan], bodies: list[str], model: Any, *, system: str, tools: list[dict[str, Any]]) -> tuple[list[ChapterPlan], dict[str, int] | None]:
+    """Ask ``model`` for titles and summaries; the session's system prompt and tools come first
+    (the cached prefix), the chapter texts and the directive last. Falls back to the
+    deterministic titles for any entry the model does not answer properly."""
+    messages = [Message.user(f"Chapter {i + 1} (events {p.start_seq}–{p.end_seq}):\n{b}", Source.plugin_form("chapters", "segment"))
+                for i, (p, b) in enumerate(zip(plans, bodies, strict=True))]
+    messages.append(Message.user(TITLE_DIRECTIVE, Source.plugin_form("chapters", "directive")))
+    reply = model.complete(messages, system=system, tools=tools)
+    text = reply.message.text.strip()
+    match = re.search(r"\[.*\]", text, re.DOTALL)
+    try:
+        answers = orjson.loads(match.group(0)) if match else []
+    except orjson.JSONDecodeError:
+        answers = []
+    out = []
+    for i, plan in enumerate(plans):
+        answer = answers[i] if i < len(answers) and isinstance(answers[i], dict) else {}
+        title = answer.get("title") if isinstance(answer.get("title"), str) and answer["title"].strip() else plan.title
+        summary = answer.get("summary") if isinstance(answer.get("summary"), str) and answer["summary"].strip() else plan.summary
+        out.append(replace(plan, title=_clip(title, 80), summary=_clip(summary, 400)))
+    return out, reply.usage

@@ -1,0 +1,130 @@
+"""The table of contents: the deterministic text that stands for archived chapters.
+
+It is the replacement message of an in-place compaction and the one seed event of a continued
+session. Bullets are keyed by chapter path: a later table of contents parses the earlier one
+it replaces and merges its bullets (de-duplicated by path) and its carried prose (never
+dropped; identical paragraphs kept once), so nothing archived earlier disappears from view.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+TOC_OPEN = "<chapters-toc>"
+TOC_CLOSE = "</chapters-toc>"
+CHAPTERS = "[[chapters]]"
+HANDOFF = "[[handoff note]]"
+CARRIED = "[[carried forward]]"
+_MARKERS = (TOC_OPEN, TOC_CLOSE, CHAPTERS, HANDOFF, CARRIED)
+INTRO = (
+    "Earlier parts of this conversation are archived as Markdown chapters. Read one with "
+    "chapters_read(chapter=<id>), search them all with chapters_search(query=...), and large tool "
+    "outputs with chapters_artifact."
+)
+_BULLET = re.compile(r"^- \[([^\]]+)\] ")
+
+
+@dataclass
+class Toc:
+    bullets: dict[str, str] = field(default_factory=dict)  # path -> bullet line, in order
+    carried: list[str] = field(default_factory=list)  # paragraphs, in order, unique
+
+    def add_bullet(self, path: str, line: str) -> None:
+        self.bullets[path] = line  # a re-written chapter keeps its place, newest text wins
+
+    def carry(self, text: str) -> None:
+        for paragraph in re.split(r"\n\s*\n", text.strip()):
+            paragraph = paragraph.strip()
+            if paragraph and paragraph not in self.carried:
+                self.carried.append(paragraph)
+
+
+def bullet(record: dict[str, Any], archive_label: str, *, with_summary: bool = True) -> str:
+    title = " ".join(str(record.get("title", "")).split())[:100]
+    line = (
+        f"- [{archive_label}/{record['path']}] {record['number']:03d} \"{title}\" · id {record['id']} · "
+        f"seqs {record['start_seq']}–{record['end_seq']} · {record['tokens']} tokens"
+    )
+    summary = " ".join(str(record.get("summary", "")).split())
+    if with_summary and summary:
+        line += f" — {summary[:400]}"
+    return line
+
+
+def _escape(text: str) -> str:
+    """Keep carried prose from being read as structure: a line equal to a marker gets a space."""
+    return "\n".join(f" {line}" if line.strip() in _MARKERS else line for line in text.splitlines())
+
+
+def is_toc(text: str) -> bool:
+    return text.lstrip().startswith(TOC_OPEN)
+
+
+def parse(text: str) -> Toc:
+    """Bullets and carried prose of a table of contents (handoff notes become carried prose)."""
+    toc = Toc()
+    body = text.split(TOC_OPEN, 1)[-1]
+    body = body.rsplit(TOC_CLOSE, 1)[0]
+    section = None
+    chunks: dict[str, list[str]] = {HANDOFF: [], CARRIED: []}
+    handoffs: list[str] = []
+    for line in body.splitlines():
+        stripped = line.strip()
+        if stripped in (CHAPTERS, HANDOFF, CARRIED):
+            if section == HANDOFF and chunks[HANDOFF]:
+                handoffs.append("\n".join(chunks[HANDOFF]))
+                chunks[HANDOFF] = []
+            section = stripped
+            continue
+        if section == CHAPTERS:
+            match = _BULLET.match(line)
+            if match:
+                toc.add_bullet(match.group(1), line)
+        elif section in chunks:
+            chunks[section].append(line[1:] if line.startswith(" ") and line[1:].strip() in _MARKERS else line)
+    if chunks[HANDOFF]:
+        handoffs.append("\n".join(chunks[HANDOFF]))
+    for note in handoffs:
+        toc.carry(note)
+    toc.carry("\n".join(chunks[CARRIED]))
+    return toc
+
+
+def render(toc: Toc, *, handoff: str = "", count: Callable[[str], int] | None = None, bullet_budget: int | None = None) -> tuple[str, int]:
+    """The table-of-contents text, and how many bullets lost their summary to the bullet budget."""
+    lines = list(toc.bullets.values())
+    shortened = 0
+    if count is not None and bullet_budget is not None:
+        # over budget: the oldest bullets lose their summaries first (reported, never silent)
+        while shortened < len(lines) and count("\n".join(lines)) > bullet_budget:
+            lines[shortened] = lines[shortened].split(" — ", 1)[0]
+            shortened += 1
+    parts = [TOC_OPEN, INTRO, "", CHAPTERS]
+    parts += lines or ["(no chapters yet)"]
+    if shortened:
+        parts.append(f"({shortened} older bullet(s) shortened to fit toc_bullet_budget_tokens; their summaries are in the manifest)")
+    if handoff.strip():
+        parts += ["", HANDOFF, _escape(handoff.strip())]
+    if toc.carried:
+        parts += ["", CARRIED, _escape("\n\n".join(toc.carried))]
+    parts.append(TOC_CLOSE)
+    return "\n".join(parts), shortened
+
+
+def merged(previous: Iterable[str], records: Iterable[dict[str, Any]], archive_label: str, extra_prose: Iterable[str] = ()) -> Toc:
+    """A table of contents from earlier ones (texts) plus chapter records, bullets keyed by path."""
+    toc = Toc()
+    for text in previous:
+        old = parse(text)
+        for path, line in old.bullets.items():
+            toc.add_bullet(path, line)
+        for paragraph in old.carried:
+            toc.carry(paragraph)
+    for record in records:
+        toc.add_bullet(f"{archive_label}/{record['path']}", bullet(record, archive_label))
+    for prose in extra_prose:
+        toc.carry(prose)
+    return toc

@@ -1,0 +1,379 @@
+"""The model-callable tools of the ``chapters`` strategy.
+
+``chapters_continue`` and ``chapters_fork`` create sessions; ``chapters_read``,
+``chapters_search`` and ``chapters_artifact`` are read-only and contained in the archive. Every
+refusal is an error outcome written before anything is: the log, the archive and the registry
+are unchanged.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any, Literal
+
+import orjson
+from pydantic import Field
+
+from ctxkernel import Message, Source, Tool, ToolArgs, ToolOutcome
+
+from . import archive, artifacts, toc
+from .disk import ArchiveError
+from .registry import Registry, new_state
+from .segment import ChapterPlan, describe, propose_chapters
+
+if TYPE_CHECKING:
+    from ctxkernel import Session
+
+    from .settings import ChaptersSettings
+
+NAME = "chapters"
+
+
+def _plugin() -> Any:
+    from . import plugin
+
+    return plugin
+
+
+def _json(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+# -- arguments ------------------------------------------------------------------------------------
+class ChapterRange(ToolArgs):
+    start_seq: int = Field(ge=0, description="first event (log seq) of the chapter")
+    end_seq: int = Field(ge=0, description="last event (log seq) of the chapter, inclusive")
+    title: str = Field(min_length=1, max_length=300)
+    summary: str = Field(default="", max_length=2000, description="one or two sentences")
+    keep_inline: list[int] = Field(default_factory=list, description="tool result seqs to keep inline instead of as artifacts")
+
+
+class ContinueArgs(ToolArgs):
+    title: str = Field(min_length=1, max_length=300, description="name of the continued session")
+    handoff_note: str = Field(
+        min_length=1,
+        description="state of play: what is in progress, decisions held, next step. As long as it needs to be: it is budget-checked, never truncated",
+    )
+    chapters: list[ChapterRange] = Field(
+        description="ranges ascending by start_seq, non-overlapping, all <= the archive ceiling (the last turn/end), covering every event from the first unarchived one to the ceiling",
+    )
+
+
+class ForkArgs(ToolArgs):
+    title: str = Field(min_length=1, max_length=300, description="name of the forked session")
+    handoff_note: str = Field(default="", description="what the fork should pursue")
+    chapters: list[ChapterRange] | None = Field(default=None, description="ranges as for chapters_continue; omitted: the deterministic segmentation")
+
+
+class ReadArgs(ToolArgs):
+    chapter: str = Field(min_length=1, description="chapter id (<session>/<n>), number, or path from the table of contents")
+    offset: int = Field(default=0, ge=0, description="first body line (0-based)")
+    limit: int | None = Field(default=None, ge=1, le=5000, description="lines per page")
+
+
+class SearchArgs(ToolArgs):
+    query: str = Field(min_length=1, max_length=500)
+    offset: int = Field(default=0, ge=0)
+    limit: int = Field(default=20, ge=1, le=200)
+
+
+class ArtifactArgs(ToolArgs):
+    op: Literal["toc", "search", "read"] = "toc"
+    artifact: str | None = Field(default=None, description="the handle from the result placeholder; omit with op=toc to list artifacts")
+    query: str | None = None
+    offset: int = Field(default=0, ge=0)
+    limit: int | None = Field(default=None, ge=1, le=5000)
+
+
+# -- session creation -----------------------------------------------------------------------------
+def check_ranges(ranges: list[ChapterRange], floor: int, ceiling: int | None) -> str | None:
+    """Why ``ranges`` cannot be archived, or None. Every event ``floor..ceiling`` is covered once."""
+    top = -1 if ceiling is None else ceiling
+    if top < floor:
+        if ranges:
+            what = "there is no completed turn yet" if ceiling is None else f"events up to {floor - 1} are already archived and the ceiling is {ceiling}"
+            return f"nothing can be archived ({what}); pass chapters=[] and put everything in the handoff note"
+        return None
+    if not ranges:
+        return f"chapters must cover events {floor}..{top} (the archive ceiling is the last turn/end, seq {top})"
+    expected = floor
+    for i, r in enumerate(ranges):
+        if r.end_seq < r.start_seq:
+            return f"chapter {i} ends (seq {r.end_seq}) before it starts (seq {r.start_seq})"
+        if r.end_seq > top:
+            return (
+                f"chapter {i} ({r.start_seq}..{r.end_seq}) goes past the archive ceiling {top} (the last turn/end); "
+                "the turn in progress belongs in the handoff note"
+            )
+        if r.start_seq < expected:
+            if i == 0:
+                return f"chapter 0 starts at {r.start_seq} but events up to {floor - 1} are already archived; start at {floor}"
+            return f"chapter {i} ({r.start_seq}..{r.end_seq}) overlaps chapter {i - 1}, which ends at {expected - 1}"
+        if r.start_seq > expected:
+            return f"gap: events {expected}..{r.start_seq - 1} are in no chapter; ranges must be contiguous from {floor} to {top}"
+        for seq in r.keep_inline:
+            if not r.start_seq <= seq <= r.end_seq:
+                return f"chapter {i}: keep_inline seq {seq} is outside the chapter ({r.start_seq}..{r.end_seq})"
+        expected = r.end_seq + 1
+    if expected <= top:
+        return f"gap: events {expected}..{top} are in no chapter; the last chapter must end at the ceiling {top}"
+    return None
+
+
+def _create_child(session: Session, args: ContinueArgs | ForkArgs, ranges: list[ChapterRange], *, origin: str) -> ToolOutcome:
+    plugin = _plugin()
+    settings: ChaptersSettings = plugin.settings_of(session)
+    registry = Registry(session.store)
+    sstate = registry.ensure(session.id)
+    root = sstate["root"]
+    floor = plugin.archived_through(session, registry) + 1
+    ceiling = plugin.archive_ceiling(session)
+    problem = check_ranges(ranges, floor, ceiling)
+    if problem:
+        return ToolOutcome(f"chapters_{origin} refused: {problem}. Nothing was written.", is_error=True)
+    for event in session.events[floor : (ceiling or -1) + 1]:
+        if event.type == "compaction/start" and not any(
+            e.type == "compaction/end" and e.data.get("compaction_id") == event.data["compaction_id"] for e in session.events[event.seq :]
+        ):
+            return ToolOutcome(f"chapters_{origin} refused: a compaction is open at seq {event.seq}. Nothing was written.", is_error=True)
+    plans = [ChapterPlan(r.start_seq, r.end_seq, r.title.strip(), r.summary.strip() or describe(session.events, r.start_seq, r.end_seq)[1], 0) for r in ranges]
+    keep = frozenset(s for r in ranges for s in r.keep_inline)
+    # numbers are only peeked here: allocation happens once the preflight passed
+    first = max(registry.next_number(root), sstate.get("next_chapter", 1))
+    numbers = list(range(first, first + len(plans)))
+    prepared = archive.prepare(session, settings, plans, numbers, root=root, status="final", keep=keep)
+    records = [p.record for p in prepared]
+    seed_text = _seed_toc(session, settings, registry, records, args.handoff_note)
+    seed = Message.user(seed_text, Source.plugin_form(NAME, "snapshot"))
+    # budget preflight: a share of the window left after the system prompt and tool schemas
+    effective = session.model_settings().effective_window
+    head = plugin.header_tokens(session)
+    budget = int(settings.continuation_budget_ratio * max(0, effective - head))
+    toc_tokens = session.meter.count_message(seed)
+    handoff_tokens = session.meter.count_text(args.handoff_note)
+    if toc_tokens > budget:
+        return ToolOutcome(
+            f"chapters_{origin} refused: the table of contents would cost {toc_tokens} tokens ({toc_tokens - handoff_tokens} "
+            f"for the chapter list, {handoff_tokens} for the handoff note), over the budget of {budget} "
+            f"(continuation_budget_ratio {settings.continuation_budget_ratio} x (effective window {effective} - "
+            f"system prompt and tools {head})). Shorten the handoff note or use fewer, larger chapters. Nothing was written.",
+            is_error=True,
+        )
+    # write: chapter files, then the registry, then the child with its one seed event
+    if plans:
+        allocated = registry.allocate(root, len(plans))
+        if allocated != numbers:  # another writer took numbers since the peek: render again
+            prepared = archive.prepare(session, settings, plans, allocated, root=root, status="final", keep=keep)
+            records = [p.record for p in prepared]
+            seed_text = _seed_toc(session, settings, registry, records, args.handoff_note)
+            seed = Message.user(seed_text, Source.plugin_form(NAME, "snapshot"))
+    archive.publish(archive.archive_dir(session, settings), prepared)
+    child_id = uuid.uuid4().hex
+    next_chapter = registry.next_number(root)
+    sstate = registry.ensure(session.id)
+    sstate["chapters"] = [*sstate["chapters"], *records]
+    sstate["children"] = [*sstate.get("children", []), {"session": child_id, "origin": origin, "title": args.title}]
+    sstate["next_chapter"] = next_chapter
+    registry.put(session.id, sstate)
+    registry.put(child_id, new_state(child_id, parent=session.id, root=root, origin=origin, next_chapter=next_chapter, title=args.title))
+    child = session.kernel.open_session(child_id, create=True, parent=session.id, origin=f"chapters:{origin}")
+    child.add_message(seed)
+    if session.harness_tools:
+        child.set_harness_tools(session.harness_tools)
+    _plugin().state(session)["continued_in" if origin == "continue" else "forked"] = child_id
+    result = {
+        "session": child_id,
+        "origin": origin,
+        "title": args.title,
+        "chapters": [{"id": r["id"], "path": r["path"], "seqs": [r["start_seq"], r["end_seq"]], "tokens": r["tokens"]} for r in records],
+        "toc_tokens": toc_tokens,
+        "budget": budget,
+    }
+    if origin == "continue":
+        return ToolOutcome(
+            _json(result | {"note": "continued in the new session; this session is left as it was"}),
+            conclude_turn=True,
+            continue_in=child_id,
+        )
+    return ToolOutcome(_json(result | {"note": "forked; this session goes on"}))
+
+
+def _seed_toc(session: Session, settings: ChaptersSettings, registry: Registry, records: list[dict[str, Any]], handoff: str) -> str:
+    """Every chapter of the lineage (ancestors' from this session's own tables of contents and the
+    registry), this session's carried prose, and the handoff note."""
+    plugin = _plugin()
+    previous = [n.message.text for n in session.surface.nodes if plugin._is_chapters_toc(n)]
+    lineage = registry.lineage_records(session.id)
+    merged = toc.merged(previous, [*lineage, *records], archive.archive_label(settings))
+    text, _ = toc.render(merged, handoff=handoff, count=session.meter.count_text, bullet_budget=settings.toc_bullet_budget_tokens)
+    return text
+
+
+def chapters_continue(session: Session, args: ContinueArgs) -> ToolOutcome:
+    return _create_child(session, args, args.chapters, origin="continue")
+
+
+def chapters_fork(session: Session, args: ForkArgs) -> ToolOutcome:
+    ranges = args.chapters
+    if ranges is None:
+        ranges = default_ranges(session)
+    return _create_child(session, args, ranges, origin="fork")
+
+
+def default_ranges(session: Session) -> list[ChapterRange]:
+    """The deterministic segmentation of everything archivable, as tool arguments."""
+    plugin = _plugin()
+    settings: ChaptersSettings = plugin.settings_of(session)
+    floor = plugin.archived_through(session) + 1
+    ceiling = plugin.archive_ceiling(session)
+    if ceiling is None or ceiling < floor:
+        return []
+    plans = propose_chapters(
+        session.events, floor, ceiling, count=session.meter.count_text,
+        target_tokens=settings.chapter_token_target, floor_tokens=settings.tool_result_defer_floor_tokens,
+    )
+    return [ChapterRange(start_seq=p.start_seq, end_seq=p.end_seq, title=p.title, summary=p.summary) for p in plans]
+
+
+def deterministic_continuation(session: Session, settings: ChaptersSettings) -> dict[str, Any] | None:
+    """Arguments a steward passes to ``chapters_continue``: segmentation ranges and a handoff note
+    quoting the in-flight turn's request and latest progress. None when nothing can be archived."""
+    plugin = _plugin()
+    ceiling = plugin.archive_ceiling(session)
+    if ceiling is None:
+        return None
+    ranges = default_ranges(session)
+    events = session.events[ceiling + 1 :]
+    asked = ""
+    latest = ""
+    for event in events:
+        if event.type in ("user/message", "assistant/message") and (event.surface or {}).get("op") == "append":
+            message = Message.from_dict(event.data["message"])
+            if event.type == "user/message" and message.source.kind == "user":
+                asked = message.text.strip()
+            elif event.type == "assistant/message" and message.text.strip():
+                latest = message.text.strip()
+    if not asked:  # between turns: the last completed turn's request is the context
+        title, summary = describe(session.events, max(0, ceiling - 40), ceiling)
+        asked = summary
+    budget_chars = 2_000
+    note = f"In progress: {asked[:budget_chars]}"
+    if latest:
+        note += f"\nLatest progress: {latest[-budget_chars:]}"
+    note += f"\nEvents after seq {ceiling} of session {session.id} are in that session's log."
+    return {
+        "title": f"Continuation of {session.id[:12]}",
+        "handoff_note": note,
+        "chapters": [r.model_dump() for r in ranges],
+    }
+
+
+# -- reading --------------------------------------------------------------------------------------
+def chapters_read(session: Session, args: ReadArgs) -> ToolOutcome:
+    plugin = _plugin()
+    settings: ChaptersSettings = plugin.settings_of(session)
+    registry = Registry(session.store)
+    record = registry.find(session.id, args.chapter.strip())
+    if record is None:
+        known = [r["id"] for r in registry.lineage_records(session.id)]
+        return ToolOutcome(f"chapters_read: no chapter {args.chapter!r} in this session's lineage; chapters: {known[:50]}", is_error=True)
+    try:
+        chapter = archive.read_verified(archive.archive_dir(session, settings), record)
+    except ArchiveError as exc:
+        return ToolOutcome(f"chapters_read refused: {exc}", is_error=True)
+    lines = chapter.body.splitlines()
+    limit = args.limit or settings.read_page_lines
+    chunk = lines[args.offset : args.offset + limit]
+    nxt = args.offset + len(chunk)
+    head = (
+        f"chapter {record['id']} \"{chapter.title}\" · seqs {chapter.seq_range[0]}–{chapter.seq_range[1]} · "
+        f"{chapter.tokens} tokens · sha256 verified · artifacts {chapter.artifacts}\n"
+    )
+    tail = f"\n(lines {args.offset + 1}-{nxt} of {len(lines)}; next page: offset={nxt})" if nxt < len(lines) else f"\n(end of chapter: {len(lines)} lines)"
+    return ToolOutcome(head + "\n".join(chunk) + tail)
+
+
+def chapters_search(session: Session, args: SearchArgs) -> ToolOutcome:
+    plugin = _plugin()
+    settings: ChaptersSettings = plugin.settings_of(session)
+    where = archive.archive_dir(session, settings)
+    needle = args.query.lower()
+    hits: list[str] = []
+    refused: list[str] = []
+    for record in Registry(session.store).lineage_records(session.id):
+        try:
+            chapter = archive.read_verified(where, record)
+        except ArchiveError as exc:
+            refused.append(f"{record['id']}: {exc}")
+            continue
+        for i, line in enumerate(chapter.body.splitlines()):
+            if needle in line.lower():
+                hits.append(f"{record['id']} line {i}: {' '.join(line.split())[:240]}")
+    page = hits[args.offset : args.offset + args.limit]
+    out = [f"{len(hits)} match(es) for {args.query!r}" + (f"; showing {args.offset + 1}-{args.offset + len(page)}" if page else "")]
+    out += page
+    if args.offset + len(page) < len(hits):
+        out.append(f"(next page: offset={args.offset + len(page)})")
+    if refused:
+        out.append("refused (integrity check failed, not searched): " + "; ".join(refused))
+    return ToolOutcome("\n".join(out))
+
+
+def chapters_artifact(session: Session, args: ArtifactArgs) -> ToolOutcome:
+    plugin = _plugin()
+    settings: ChaptersSettings = plugin.settings_of(session)
+    where = archive.archive_dir(session, settings)
+    root = Registry(session.store).root_of(session.id)
+    if args.artifact is None:
+        if args.op != "toc":
+            return ToolOutcome(f"chapters_artifact: op {args.op!r} needs an artifact handle", is_error=True)
+        handles = artifacts.list_handles(where, root)
+        page = handles[args.offset : args.offset + (args.limit or 100)]
+        return ToolOutcome(f"{len(handles)} artifact(s) in this lineage:\n" + "\n".join(page))
+    handle = args.artifact.strip()
+    try:
+        from .disk import contained
+
+        contained(where, handle)  # '..' and absolute paths are refused before anything else
+        if not handle.startswith(f"{root}/"):
+            return ToolOutcome(f"chapters_artifact refused: {handle!r} is not an artifact of this session's lineage ({root})", is_error=True)
+        text = artifacts.load(where, handle)
+    except ArchiveError as exc:
+        return ToolOutcome(f"chapters_artifact refused: {exc}", is_error=True)
+    if args.op == "toc":
+        return ToolOutcome(artifacts.toc(text))
+    if args.op == "search":
+        if not args.query:
+            return ToolOutcome("chapters_artifact: op 'search' needs a query", is_error=True)
+        return ToolOutcome(artifacts.search(text, args.query))
+    return ToolOutcome(artifacts.page(text, args.offset, args.limit or settings.read_page_lines))
+
+
+def _tool(name: str, description: str, params: type[ToolArgs], handler: Any) -> Any:
+    return lambda: Tool(name, description, params, handler, strategy=NAME)
+
+
+TOOLS = (
+    _tool(
+        "chapters_continue",
+        "Archive this conversation as Markdown chapters and open a new session that starts from their table of "
+        "contents and your handoff note. This session is left untouched. Supply event ranges, not text.",
+        ContinueArgs,
+        chapters_continue,
+    ),
+    _tool(
+        "chapters_fork",
+        "Archive this conversation as chapters and open a separate session from their table of contents; this session goes on.",
+        ForkArgs,
+        chapters_fork,
+    ),
+    _tool("chapters_read", "Read an archived chapter (paged), after verifying its integrity.", ReadArgs, chapters_read),
+    _tool("chapters_search", "Search every archived chapter of this session's lineage.", SearchArgs, chapters_search),
+    _tool(
+        "chapters_artifact",
+        "Read a large tool output moved to the artifact store: op=toc (overview, or list artifacts without a handle), "
+        "search (lines matching query), read (a page of lines from offset).",
+        ArtifactArgs,
+        chapters_artifact,
+    ),
+)
