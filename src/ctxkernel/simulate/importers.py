@@ -181,7 +181,7 @@ def import_kernel(path: Path, run: int | None, lenient: bool) -> Recording:
         item = _kernel_item(event)
         if item is not None:
             items.append(item)
-    return Recording(items, {}, lines.skipped)
+    return Recording(items, {}, skipped=lines.skipped)
 
 
 def _kernel_item(event: Event) -> Item | None:
@@ -262,7 +262,7 @@ def import_openai(path: Path, run: int | None, lenient: bool) -> Recording:
             result = message.tool_result
             assert result is not None
             items.append(ToolResultItem(result.call_id, result.content, result.is_error, result.name))
-    recording = Recording(items, source, skipped)
+    recording = Recording(items, source, skipped=skipped)
     if system_parts:
         recording.system = "\n\n".join(system_parts)
     return recording
@@ -375,7 +375,7 @@ def import_claude_code(path: Path, run: int | None, lenient: bool) -> Recording:
             elif m.text.strip():
                 items.append(UserItem(m.text, instruction=not raw.get("isMeta")))
     flush()
-    return Recording(items, {"chain_lines": len(chain)}, lines.skipped)
+    return Recording(items, {"chain_lines": len(chain)}, skipped=lines.skipped)
 
 
 # -- Codex CLI rollout JSONL ---------------------------------------------------------------------------
@@ -483,7 +483,7 @@ def import_codex(path: Path, run: int | None, lenient: bool) -> Recording:
         except (TypeError, AttributeError) as exc:
             lines.bad(lineno, f"a well-formed {item_type} response item", str(exc))
     flush()
-    recording = Recording(items, {}, lines.skipped)
+    recording = Recording(items, {}, skipped=lines.skipped)
     if system:
         recording.system = system
     return recording
