@@ -1,0 +1,212 @@
+"""Open-loop replay: Session API use, overflows, steward steps, child sessions, metrics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, ConfigDict
+
+import ctxkernel
+from ctxkernel import Message, Source, ToolCallBlock, ToolOutcome
+from ctxkernel.profile import Prices, load_profile
+from ctxkernel.simulate import METRIC_KEYS, AssistantItem, Options, Recording, ToolResultItem, UserItem, build_workload, compare
+from ctxkernel.simulate.checks import InvariantChecker
+from ctxkernel.simulate.replay import Replay, run_profile
+from ctxkernel.testing import build_kernel
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "simulate"
+
+
+def write_profile(tmp_path: Path, name: str, body: str) -> str:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(body)
+    return str(path)
+
+
+UNMANAGED = '[profile]\nstrategies = []\n'
+BASIC_OVERFLOW_ONLY = '[profile]\nstrategies = ["basic"]\n[strategies.basic]\nauto = false\n'
+
+
+def test_workloads_are_deterministic_from_the_seed():
+    a, b, c = build_workload("coding-long", 7), build_workload("coding-long", 7), build_workload("coding-long", 8)
+    assert a.items == b.items
+    assert a.items != c.items
+    assert a.requests >= 300  # hundreds of steps
+    users = [i.text for i in a.items if isinstance(i, UserItem)]
+    assert len(users) >= 5  # the task and several corrections
+    biggest = max(len(i.content) for i in a.items if isinstance(i, ToolResultItem))
+    assert biggest > 8_000  # test runs with large outputs
+
+
+def test_every_profile_gets_the_same_metric_keys(tmp_path):
+    report = compare(["basic", write_profile(tmp_path, "unmanaged", UNMANAGED)], build_workload("chat-short"))
+    assert [list(p) for p in report["profiles"]] == [list(METRIC_KEYS)] * 2
+    assert all(p["status"] == "ok" for p in report["profiles"])
+
+
+def test_unmanaged_profile_overflows_and_managed_one_does_not(tmp_path):
+    recording = build_workload("coding-long")
+    unmanaged = run_profile(write_profile(tmp_path, "unmanaged", UNMANAGED), recording, Options(window=40_000))
+    basic = run_profile("basic", recording, Options(window=40_000))
+    assert unmanaged["overflows"] > 0
+    assert unmanaged["peak_prompt_tokens"] > unmanaged["effective_window"]
+    assert basic["overflows"] == 0
+    assert basic["peak_prompt_tokens"] <= basic["effective_window"]
+    assert basic["compactions"].get("summary", 0) > 0
+    assert basic["invariant_violations"] == 0
+    # the window override reaches the profile: 40k minus the profile's 8192 reservation
+    assert basic["effective_window"] == 40_000 - 8_192
+    assert unmanaged["history_recoverable"] == 1.0 and basic["history_recoverable"] < 1.0
+
+
+def test_overflow_is_reported_to_the_session_and_retried(tmp_path):
+    # with automatic compaction off, basic only acts on the overflow the simulator reports
+    metrics = run_profile(write_profile(tmp_path, "late", BASIC_OVERFLOW_ONLY), build_workload("coding-long"), Options(window=40_000))
+    assert metrics["overflow_retries"] > 0
+    assert metrics["overflows"] == 0
+    assert metrics["compactions"]["summary"] == metrics["overflow_retries"]
+
+
+def test_cached_tokens_are_the_shared_prefix():
+    metrics = run_profile("basic", build_workload("chat-short"), Options())
+    # every request extends the previous one: all but the new messages is a shared prefix
+    assert 0 < metrics["cached_input_tokens"] < metrics["billed_input_tokens"]
+    tokens = metrics["prompt_tokens"]
+    assert metrics["cached_input_tokens"] <= sum(tokens[:-1])
+
+
+def test_prices_turn_tokens_into_money():
+    options = Options(prices=Prices(input=2.0, cached_input=0.5, output=8.0))
+    m = run_profile("basic", build_workload("chat-short"), options)
+    expected = ((m["billed_input_tokens"] - m["cached_input_tokens"]) * 2.0 + m["cached_input_tokens"] * 0.5 + m["output_tokens"] * 8.0) / 1e6
+    assert m["cost"] == pytest.approx(expected)
+    assert run_profile("basic", build_workload("chat-short"), Options())["cost"] is None
+
+
+def test_scripted_summarizer_counts_summary_calls():
+    m = run_profile("basic", build_workload("coding-long"), Options(window=60_000, summarizer="scripted"))
+    assert m["summary_calls"] == m["compactions"]["summary"] > 0
+    assert m["summary_input_tokens"] > m["summary_output_tokens"] > 0
+    plain = run_profile("basic", build_workload("coding-long"), Options(window=60_000))
+    assert plain["summary_calls"] == 0 and plain["summary_input_tokens"] == 0
+
+
+def test_unavailable_strategy_is_reported_not_raised(tmp_path):
+    path = write_profile(tmp_path, "ghost", '[profile]\nstrategies = ["no-such-strategy"]\n')
+    m = run_profile(path, build_workload("chat-short"), Options())
+    assert m["status"] == "unavailable"
+    assert "no-such-strategy" in m["error"]
+    assert list(m) == list(METRIC_KEYS)
+
+
+def test_orphan_calls_get_synthetic_results_and_instructions_are_measured():
+    call = ToolCallBlock("c1", "search", {"q": "x"})
+    recording = Recording(
+        [
+            UserItem("Always answer in French."),
+            AssistantItem(Message.assistant("", [call])),
+            # no result recorded for c1
+            UserItem("Continue."),
+            AssistantItem(Message.assistant("D'accord.")),
+        ]
+    )
+    m = run_profile("basic", recording, Options())
+    assert m["synthetic_results"] == 1
+    assert m["invariant_violations"] == 0
+    assert m["instructions_visible"] == 1.0
+
+
+# -- steward and child sessions -----------------------------------------------------------------------
+class _NoteArgs(ctxkernel.ToolArgs):
+    text: str
+
+
+class _Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StewardPlugin:
+    """A throwaway strategy with one tool that opens a child session to continue in."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    @ctxkernel.hookimpl
+    def register_strategy(self, register: Any) -> None:
+        register(ctxkernel.StrategySpec("stewardtest", settings=_Settings, capabilities={"recall"}))
+
+    @ctxkernel.hookimpl
+    def register_tools(self, register: Any, session: Any) -> None:
+        register(ctxkernel.Tool("move_on", "continue in a new session", _NoteArgs, self._move_on, strategy="stewardtest"))
+
+    def _move_on(self, session: Any, args: _NoteArgs) -> ToolOutcome:
+        self.calls.append(args.text)
+        child = session.kernel.open_session(parent=session.id, origin="stewardtest")
+        child.user(Message.user(f"continued: {args.text}", Source.plugin_form("stewardtest", "handoff")))
+        return ToolOutcome("moved", continue_in=child.id)
+
+    @ctxkernel.hookimpl
+    def steward_actions(self, session: Any, request: Any) -> list[dict[str, Any]] | None:
+        if len(session.surface.nodes) > 6 and not self.calls:
+            return [{"name": "move_on", "arguments": {"text": "the story so far"}}]
+        return None
+
+
+def test_steward_step_runs_strategy_tools_and_follows_the_child(tmp_path):
+    plugin = StewardPlugin()
+    profile = load_profile(write_profile(tmp_path, "stewardtest", '[profile]\nstrategies = ["stewardtest"]\n'))
+    kernel = build_kernel(tmp_path / "home", profile=profile, plugins=[("stewardtest", plugin)])
+    replay = Replay(kernel, build_workload("chat-short"), Options())
+    replay.run()
+    m = replay.metrics()
+    assert plugin.calls == ["the story so far"]
+    assert m["steward_requests"] == 1
+    assert m["requests"] == m["recorded_requests"] + 1
+    assert m["sessions"] == 2
+    assert replay.session.header.parent == replay.sessions[0].id
+    # the parent's step: an assistant message holding the steward's call, then its result
+    parent_roles = [n.role for n in replay.sessions[0].surface.nodes][-2:]
+    assert parent_roles == ["assistant", "tool"]
+    assert m["invariant_violations"] == 0
+    # a recall-capable strategy keeps the parent's events recoverable through the lineage
+    assert m["history_recoverable"] == 1.0
+
+
+def test_a_replaced_steward_is_used_and_unknown_tools_are_errors(tmp_path):
+    seen = []
+
+    def steward(session, request):
+        seen.append(request.step)
+        return [{"name": "no_such_tool", "arguments": {}}] if len(seen) == 1 else []
+
+    m = run_profile("basic", build_workload("chat-short"), Options(steward=steward))
+    assert m["steward_requests"] == 1 and m["steward_errors"] == 1
+    assert m["invariant_violations"] == 0
+
+
+# -- the independent checks can fail -----------------------------------------------------------------
+def test_checker_reports_orphans_split_groups_and_bad_citations(tmp_path):
+    kernel = build_kernel(tmp_path)
+    session = kernel.open_session()
+    session.user("hi")
+    request = session.prepare_request()
+    checker = InvariantChecker(session.id)
+    a = Message.assistant("", [ToolCallBlock("x", "t", {}), ToolCallBlock("y", "t", {})])
+    request.messages = [Message.user("hi"), a, Message.tool("x", "ok"), Message.user("cut"), Message.tool("y", "late")]
+    request.seqs = [1, 10, 11, 12, 13]
+    checker.check_request(session, request)
+    got = sorted({v["kind"] for v in checker.violations})
+    assert got == ["orphan_call", "orphan_result", "projection"]
+
+    class FakeEvent:
+        def __init__(self, seq, surface):
+            self.seq, self.surface = seq, surface
+
+    class FakeSession:
+        events = [FakeEvent(0, {"op": "append"}), FakeEvent(1, {"op": "append"}), FakeEvent(2, {"op": "replace", "start": 0, "end": 1, "cites": [0]})]
+
+    bad = InvariantChecker("fake")
+    bad.fold(FakeSession())
+    assert [v["kind"] for v in bad.violations] == ["citation"]
