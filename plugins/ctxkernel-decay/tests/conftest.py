@@ -25,6 +25,7 @@ def decay_kernel(home: Path, *, window: int = 20_000, reserve: int = 2_000, sett
     profile.profile.strategies = list(strategies)
     profile.profile.capability_order = list(strategies)
     profile.strategies = tables
+    profile.model_policies = []  # the repo basic profile has policies for its own tables
     return Kernel(profile, store=JsonlStore(home), home=home, entry_points=False, plugins=[("decay", decay_plugin)])
 
 
@@ -74,3 +75,25 @@ def session(kernel: Any) -> Any:
 @pytest.fixture
 def driver(session: Any) -> Driver:
     return Driver(session)
+
+
+@pytest.fixture
+def make_decay_kernel(tmp_path: Path) -> Any:
+    def factory(**kwargs: Any) -> Any:
+        return decay_kernel(tmp_path / "home", **kwargs)
+
+    return factory
+
+
+@pytest.fixture
+def make_driver() -> Any:
+    return Driver
+
+
+def log_bytes(session: Any) -> bytes:
+    return session.store.path(session.id).read_bytes()
+
+
+@pytest.fixture
+def read_log() -> Any:
+    return log_bytes

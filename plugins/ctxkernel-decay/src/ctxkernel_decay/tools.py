@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from ctxkernel import Message, Source, Span, Tool, ToolArgs, ToolOutcome
 
@@ -37,8 +37,8 @@ DROP_DESCRIPTION = "Remove a summary block you no longer need, naming its exact 
 class SpanArg(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    from_: str | int = Field(alias="from", description="anchor of the first message, e.g. ⟦p12⟧")
-    to: str | int = Field(description="anchor of the last message (inclusive)")
+    from_: StrictStr | StrictInt = Field(alias="from", description="anchor of the first message, e.g. ⟦p12⟧")
+    to: StrictStr | StrictInt = Field(description="anchor of the last message (inclusive)")
     summary: str
     topic: str | None = None
 
@@ -48,8 +48,8 @@ class CompressArgs(ToolArgs):
 
 
 class DropArgs(ToolArgs):
-    left: str | int = Field(description="the block's left anchor")
-    right: str | int = Field(description="the block's right anchor")
+    left: StrictStr | StrictInt = Field(description="the block's left anchor")
+    right: StrictStr | StrictInt = Field(description="the block's right anchor")
 
 
 class Refusal(Exception):
@@ -115,8 +115,11 @@ def describe_group(state: DecayState, session: Session, cut: int) -> str:
         begin = "starts at the unanchored tool-call turn" + (f" right after {fmt(before)}" if before else " at the head")
     last = state.anchor_of.get(nodes[b].seq)
     end = f"its last result is {fmt(last)}" if last is not None else "its results are pending"
-    after = next((state.anchor_of[n.seq] for n in nodes[b + 1 :] if n.seq in state.anchor_of), None)
-    hint = f"; the next boundary outside it is {fmt(after)}" if after is not None else ""
+    after = next(
+        (state.anchor_of[n.seq] for k, n in enumerate(nodes[b + 1 :], b + 1) if n.seq in state.anchor_of and surface.is_balanced_cut(k)),
+        None,
+    )
+    hint = f"; the next anchor outside any group is {fmt(after)}" if after is not None else ""
     return f"the tool-call group ({names}) that {begin}; {end}{hint}"
 
 

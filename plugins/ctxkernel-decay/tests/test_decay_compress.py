@@ -1,0 +1,200 @@
+"""The compress and drop tools: every refusal names the problem and leaves the log byte-identical."""
+
+from __future__ import annotations
+
+import pytest
+
+from ctxkernel import Message, ToolCallBlock
+from ctxkernel_decay import current_state
+
+
+def _history(driver, turns: int = 3) -> None:
+    # per turn: user ⟦a⟧, assistant text+2 calls ⟦a+1⟧, results ⟦a+2⟧ ⟦a+3⟧, a tool-call-only
+    # turn (no anchor) with its result ⟦a+4⟧, the final reply ⟦a+5⟧
+    for t in range(turns):
+        driver.user(f"task {t}")
+        driver.calls([f"result {t}a\n" * 30, f"result {t}b\n" * 30], text=f"reading for {t}")
+        driver.calls([f"more {t}\n" * 30])
+        driver.text(f"finished {t}")
+        driver.session.end_turn()
+
+
+@pytest.fixture
+def inflight(driver, session):
+    """Three finished turns, the user's new message ⟦p19⟧, and the model's compress call in flight."""
+    _history(driver, 3)
+    driver.user("now")
+    session.prepare_request()
+    session.commit_reply(Message.assistant("", [ToolCallBlock("k1", "compress", {})]))
+    return driver
+
+
+def _refused(driver, read_log, name, arguments, *phrases):
+    session = driver.session
+    before, count = read_log(session), len(session.events)
+    out = driver.run_tool(name, arguments)
+    assert out.is_error, out.content
+    for phrase in phrases:
+        assert phrase in out.content, out.content
+    assert "Nothing was changed" in out.content
+    assert read_log(session) == before and len(session.events) == count
+    return out.content
+
+
+def _span(a, b, summary="what this span held", **extra):
+    return {"spans": [{"from": a, "to": b, "summary": summary, **extra}]}
+
+
+def test_unknown_anchor_is_refused_listing_the_visible_anchors(inflight, read_log):
+    text = _refused(inflight, read_log, "compress", _span("p2", "p40"), "⟦p40⟧ is stale or unknown", "Visible anchors: ⟦p1⟧ ⟦p2⟧")
+    assert "⟦p19⟧" in text
+
+
+def test_stale_anchor_after_a_compression_is_refused(inflight, read_log):
+    out = inflight.run_tool("compress", _span("p2", "p6"))
+    assert not out.is_error, out.content
+    _refused(inflight, read_log, "compress", _span("p3", "p12"), "⟦p3⟧ is stale", "⟦p2⟧…⟦p6⟧")
+
+
+@pytest.mark.parametrize("bad", ["q5", "⟦5⟧", "p0", -3, "p", "[p5]"])
+def test_malformed_anchor_is_refused_with_the_accepted_forms(inflight, read_log, bad):
+    _refused(inflight, read_log, "compress", _span(bad, "p6"), "is not an anchor", '"⟦p12⟧", "p12" or 12')
+
+
+@pytest.mark.parametrize("form", ["⟦p2⟧", "p2", 2, " p2 "])
+def test_every_anchor_form_is_accepted(inflight, form):
+    out = inflight.run_tool("compress", _span(form, "⟦p6⟧"))
+    assert not out.is_error, out.content
+
+
+def test_tool_group_edge_is_refused_naming_the_group(inflight, read_log):
+    # ⟦p3⟧ is the first result of the calls made by ⟦p2⟧; ⟦p4⟧ is the last
+    _refused(inflight, read_log, "compress", _span("p3", "p6"), "its start falls inside the tool-call group (read, read)",
+             "starts at ⟦p2⟧", "last result is ⟦p4⟧")
+    _refused(inflight, read_log, "compress", _span("p1", "p3"), "its end falls inside", "last result is ⟦p4⟧")
+    _refused(inflight, read_log, "compress", _span("p1", "p2"), "its end falls inside", "starts at ⟦p2⟧")
+
+
+def test_an_unanchored_group_is_named_by_its_neighbour(inflight, read_log):
+    _refused(inflight, read_log, "compress", _span("p5", "p6"), "unanchored tool-call turn right after ⟦p4⟧",
+             "last result is ⟦p5⟧", "next anchor outside any group is ⟦p6⟧")
+
+
+def test_current_turn_edge_is_refused_naming_the_protected_turn(driver, session, read_log):
+    _history(driver, 3)
+    driver.user("now")
+    session.prepare_request()
+    session.commit_reply(Message.assistant("compressing first", [ToolCallBlock("k1", "compress", {})]))  # ⟦p20⟧
+    _refused(driver, read_log, "compress", _span("p1", "p20"), "reaches into the current turn (from ⟦p19⟧)", "end it at ⟦p18⟧")
+    _refused(driver, read_log, "compress", _span("p19", "p20"), "starts inside the current turn (from ⟦p19⟧)")
+
+
+def test_to_naming_the_current_turns_first_anchor_clips_before_the_turn(inflight, session):
+    now = session.surface.nodes[-2]
+    out = inflight.run_tool("compress", _span("p1", "p19"))
+    assert not out.is_error and "clipped before the current turn" in out.content, out.content
+    state = current_state(session)
+    (block,) = state.blocks.values()
+    assert (block.left, block.right) == (1, 18)
+    assert session.surface.nodes[-2].seq == now.seq  # the user's message in this turn stays verbatim
+
+
+def test_clipping_keeps_the_unanchored_prefix_of_the_turn_in_progress(driver, session):
+    _history(driver, 2)
+    driver.user("go on")
+    driver.calls(["partial\n" * 20], text="step")  # ⟦p14⟧ ⟦p15⟧ an earlier step of this turn
+    session.prepare_request()
+    # the model's turn in progress: a tool-call-only message (no anchor) whose first result is in
+    session.commit_reply(Message.assistant("", [ToolCallBlock("k0", "read", {"path": "x"}), ToolCallBlock("k1", "compress", {})]))
+    session.tool_result("k0", "file x")  # ⟦p16⟧: the turn's first visible anchor
+    inflight_seq = session.surface.nodes[-2].seq
+    out = driver.run_tool("compress", _span("p1", "p16"))
+    assert not out.is_error and "clipped" in out.content, out.content
+    (block,) = current_state(session).blocks.values()
+    assert (block.left, block.right) == (1, 15)
+    assert [n.seq for n in session.surface][-2] == inflight_seq  # the unanchored call message is kept
+
+
+def test_overlapping_spans_are_refused(inflight, read_log):
+    args = {"spans": [{"from": "p1", "to": "p6", "summary": "a"}, {"from": "p6", "to": "p12", "summary": "b"}]}
+    _refused(inflight, read_log, "compress", args, "spans 0 and 1 overlap", "Split them")
+
+
+def test_from_after_to_is_refused(inflight, read_log):
+    _refused(inflight, read_log, "compress", _span("p12", "p7"), "comes after `to`", "swap them")
+
+
+def test_count_and_length_limits(make_decay_kernel, make_driver, read_log):
+    session = make_decay_kernel(settings={"max_spans": 2, "summary_max_chars": 100}).open_session()
+    driver = make_driver(session)
+    _history(driver, 3)
+    driver.user("now")
+    three = {"spans": [{"from": f"p{a}", "to": f"p{a + 5}", "summary": "s"} for a in (1, 7, 13)]}
+    _refused(driver, read_log, "compress", three, "compress takes 1 to 2 spans, got 3")
+    _refused(driver, read_log, "compress", _span("p1", "p6", "x" * 101), "101 characters; the limit is 100")
+    _refused(driver, read_log, "compress", _span("p1", "p6", " ⟦p3⟧ ⟦p4⟧ "), "empty summary")
+    _refused(driver, read_log, "compress", {"spans": []}, "compress takes 1 to 2 spans, got 0")
+
+
+def test_a_summary_that_does_not_shrink_is_refused_before_any_event(inflight, read_log):
+    _refused(inflight, read_log, "compress", _span("p6", "p6", "a very long summary " * 30), "not fewer than the", "shorter summary")
+
+
+def test_cost_guard_refuses_with_the_suggestion(make_decay_kernel, make_driver, read_log):
+    session = make_decay_kernel(window=200_000, settings={"cost_guard": True, "payback_max_requests": 5}).open_session()
+    driver = make_driver(session)
+    _history(driver, 3)
+    driver.user("now")
+    text = _refused(driver, read_log, "compress", _span("p1", "p6", "tiny"), "cost guard refused",
+                    "Compress a larger span, move `to` later, or drop an old block first")
+    assert "pays back" in text or "paying back" in text
+
+
+def test_cost_guard_stands_aside_under_pressure(make_decay_kernel, make_driver):
+    session = make_decay_kernel(window=2_600, reserve=100, settings={"cost_guard": True, "payback_max_requests": 1},
+                                strategies=("decay",)).open_session()
+    driver = make_driver(session)
+    _history(driver, 3)
+    driver.user("now")
+    assert session.pressure().ratio >= 0.7
+    out = driver.run_tool("compress", _span("p1", "p6", "tiny"))
+    assert not out.is_error, out.content
+
+
+def test_all_spans_of_one_call_commit_in_one_transaction(inflight, session):
+    start = len(session.events)
+    args = {"spans": [{"from": "p1", "to": "p6", "summary": "turn 0", "topic": "setup ⟦p9⟧"},
+                      {"from": "p13", "to": "p18", "summary": "turn 2 ⟦p14⟧ done"}]}
+    out = inflight.run_tool("compress", args)
+    assert not out.is_error, out.content
+    types = [e.type for e in session.events[start:]]
+    assert types == ["compaction/start", "compaction/summary", "user/message", "user/message", "compaction/end"]
+    blocks = sorted(current_state(session).blocks.values(), key=lambda b: b.left)
+    assert [(b.left, b.right, b.topic) for b in blocks] == [(1, 6, "setup"), (13, 18, None)]
+    assert blocks[1].summary == "turn 2 done"  # anchors are stripped from summaries
+    # the gap between the spans stays live and visible
+    assert current_state(session).resolve(7) is not None
+
+
+def test_drop_needs_the_exact_live_pair(inflight, read_log, session):
+    assert not inflight.run_tool("compress", _span("p1", "p6")).is_error
+    _refused(inflight, read_log, "drop", {"left": "p1", "right": "p5"}, "not the exact left/right pair", "Live blocks: ⟦p1⟧…⟦p6⟧")
+    _refused(inflight, read_log, "drop", {"left": "p7", "right": "p12"}, "not the exact left/right pair")
+    start = len(session.events)
+    out = inflight.run_tool("drop", {"left": 1, "right": "⟦p6⟧"})
+    assert not out.is_error, out.content
+    types = [e.type for e in session.events[start:]]
+    assert types == ["compaction/start", "compaction/summary", "surface/drop", "compaction/end"]
+    assert session.surface.nodes[0].message.text == "task 1"  # no tombstone
+
+
+def test_bad_argument_shapes_are_refused_by_the_schema(inflight, read_log):
+    session = inflight.session
+    before = read_log(session)
+    out = inflight.run_tool("compress", {"spans": [{"from": "p1", "to": "p6"}]})
+    assert out.is_error and "summary" in out.content
+    out = inflight.run_tool("compress", {"spans": [{"start": "p1", "to": "p6", "summary": "x"}]})
+    assert out.is_error and "start" in out.content
+    out = inflight.run_tool("compress", _span(True, "p6"))  # JSON true is not the anchor 1
+    assert out.is_error and "from" in out.content
+    assert read_log(session) == before

@@ -1,0 +1,162 @@
+"""Position state: ids by replay, free list and reuse, blocks and tiers, restarts, snapshots."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from ctxkernel import Message, Span, ToolCallBlock
+from ctxkernel_decay import current_state, replay
+from ctxkernel_decay.plugin import SNAPSHOT_NAMESPACE
+
+
+def _history(driver, turns: int = 3) -> None:
+    for t in range(turns):
+        driver.user(f"task {t}")
+        driver.calls([f"result {t}a\n" * 30, f"result {t}b\n" * 30], text=f"reading for {t}")
+        driver.calls([f"more {t}\n" * 30])  # a tool-call-only turn: unanchored
+        driver.text(f"finished {t}")
+        driver.session.end_turn()
+
+
+def _anchors(session):
+    state = current_state(session)
+    return [(n.role, state.anchor_of.get(n.seq)) for n in session.surface]
+
+
+def _compress(driver, first, last, summary="summary of the span"):
+    out = driver.run_tool("compress", {"spans": [{"from": first, "to": last, "summary": summary}]})
+    assert not out.is_error, out.content
+    return out
+
+
+def test_every_addressable_node_gets_an_id_and_tool_call_only_turns_none(driver, session):
+    _history(driver, 1)
+    assert _anchors(session) == [
+        ("user", 1), ("assistant", 2), ("tool", 3), ("tool", 4), ("assistant", None), ("tool", 5), ("assistant", 6),
+    ]
+
+
+def test_compressed_interior_ids_are_freed_and_reused_smallest_first(driver, session):
+    _history(driver, 2)
+    driver.user("now")
+    _compress(driver, "p2", "p6")  # the first turn's assistant .. its final reply
+    state = current_state(session)
+    block = next(iter(state.blocks.values()))
+    assert (block.left, block.right, block.tier) == (2, 6, 1)
+    assert sorted(state.free) == [3, 4, 5]
+    driver.calls(["new result\n" * 5], text="again")
+    # the newest nodes took the freed ids: numeric order is not message order
+    assert [a for _, a in _anchors(session)][-2:] == [3, 4]
+    assert state.reuse_count == 2 and [pid for pid, _ in state.reused] == [3, 4]
+
+
+def test_recompressing_a_block_raises_its_tier_and_merges_edges(driver, session):
+    _history(driver, 3)
+    driver.user("now")
+    _compress(driver, "p2", "p6")
+    _compress(driver, "⟦p2⟧", "⟦p12⟧", "first two turns, merged")  # the block plus the second turn
+    state = current_state(session)
+    (block,) = state.blocks.values()
+    assert (block.left, block.right, block.tier) == (2, 12, 2)
+    assert block.summary == "first two turns, merged"
+    # a block stands for the original events, not for the earlier block
+    originals = [e.seq for e in session.events if e.type in ("assistant/message", "tool/result", "user/message")]
+    assert set(block.sources) <= set(originals) and len(block.sources) == 13  # 6 nodes of turn 1 after its user message, 7 of turn 2
+
+
+def test_naming_a_blocks_right_edge_as_to_ends_the_span_with_the_block(driver, session):
+    _history(driver, 3)
+    driver.user("now")
+    _compress(driver, "p8", "p12")
+    _compress(driver, 1, 12, "all of it")  # 12 is the block's right edge
+    (block,) = current_state(session).blocks.values()
+    assert (block.left, block.right, block.tier) == (1, 12, 2)
+
+
+def test_drop_frees_both_edges(driver, session):
+    _history(driver, 2)
+    driver.user("now")
+    _compress(driver, "p2", "p6")
+    out = driver.run_tool("drop", {"left": "⟦p2⟧", "right": "⟦p6⟧"})
+    assert not out.is_error, out.content
+    state = current_state(session)
+    assert not state.blocks and sorted(state.free) == [2, 3, 4, 5, 6]
+    assert all(n.message.source.plugin != "decay" for n in session.surface)
+
+
+def test_restart_and_a_second_process_rebuild_the_same_state(driver, session, make_decay_kernel, tmp_path):
+    _history(driver, 3)
+    driver.user("now")
+    _compress(driver, "p2", "p6")
+    driver.calls(["x\n" * 10], text="more")
+    live = current_state(session).to_dict()
+    assert replay(session.events).to_dict() == live
+    again = make_decay_kernel().open_session(session.id)
+    assert current_state(again).to_dict() == live
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); from conftest import decay_kernel; from pathlib import Path;"
+        "from ctxkernel_decay import current_state;"
+        "s = decay_kernel(Path(sys.argv[2]), settings={'snapshot': False}).open_session(sys.argv[3]);"
+        "print(json.dumps(current_state(s).to_dict()))"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(__import__("pathlib").Path(__file__).parent), str(tmp_path / "home"), session.id],
+                         capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == json.loads(json.dumps(live))
+
+
+def test_a_basic_checkpoint_is_an_ordinary_node_not_a_block(driver, session):
+    _history(driver, 2)
+    driver.user("now")
+    _compress(driver, "p2", "p6")
+    seqs = [n.seq for n in session.surface]
+    session.compact(Span(seqs[0], seqs[-2]), strategy="basic", kind="summary")
+    state = current_state(session)
+    assert not state.blocks  # the decay block was inside the checkpoint
+    checkpoint = session.surface.nodes[0]
+    assert checkpoint.message.source.plugin == "basic"
+    assert state.anchor_of[checkpoint.seq] == 1  # a fresh id for an ordinary node, reused smallest first
+    assert replay(session.events).to_dict() == state.to_dict()
+
+
+def test_a_pruned_tool_result_keeps_its_id(driver, session):
+    _history(driver, 1)
+    driver.user("now")
+    result = next(n for n in session.surface if n.role == "tool")
+    before = current_state(session).anchor_of[result.seq]
+    new_seq = session.replace_tool_result(result.seq, "short", strategy="test")
+    assert current_state(session).anchor_of[new_seq] == before
+
+
+def test_a_valid_snapshot_is_used_and_matches_replay(driver, session, make_decay_kernel):
+    _history(driver, 2)
+    driver.user("now")
+    _compress(driver, "p2", "p6")  # the commit hook writes the snapshot
+    assert session.store.kv_get(SNAPSHOT_NAMESPACE, session.id) is not None
+    again = make_decay_kernel().open_session(session.id)
+    assert again.state["decay"]["source"] == "snapshot"
+    assert current_state(again).to_dict() == replay(again.events).to_dict()
+
+
+def test_a_corrupt_snapshot_is_rejected_and_the_state_rebuilt_from_replay(driver, session, make_decay_kernel):
+    _history(driver, 2)
+    driver.user("now")
+    _compress(driver, "p2", "p6")
+    good = session.store.kv_get(SNAPSHOT_NAMESPACE, session.id)
+    tampered = json.loads(json.dumps(good))
+    tampered["state"]["next_id"] = 99  # content no longer matches its digest
+    forged = json.loads(json.dumps(good))
+    forged["state"]["next_id"] = 99
+    import hashlib
+
+    import orjson
+
+    forged["digest"] = hashlib.sha256(orjson.dumps(forged["state"], option=orjson.OPT_SORT_KEYS)).hexdigest()
+    forged["last_event"] = "0" * 32  # a consistent snapshot of another log
+    for bad in ("garbage", {"version": 1}, tampered, forged):
+        session.store.kv_put(SNAPSHOT_NAMESPACE, session.id, bad)
+        again = make_decay_kernel().open_session(session.id)
+        assert again.state["decay"]["source"].startswith("replay (snapshot rejected"), bad
+        assert current_state(again).to_dict() == replay(again.events).to_dict()
+        assert current_state(again).next_id != 99
