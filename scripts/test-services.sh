@@ -82,6 +82,40 @@ start_postgres() {
     say "PostgreSQL: throwaway cluster at $CTXKERNEL_TEST_PG_DSN"
 }
 
+# -- Chromium (simulate's HTML report: tests/test_simulate_report.py) ----------------------------
+# Headless Chromium renders the report page in a test. Installs Debian's chromium when it is
+# missing and we are root with apt-get; under CI=true a failed install is an error. Exports
+# CTXKERNEL_TEST_CHROMIUM with the binary's path.
+chromium_bin() {
+    local name
+    for name in chromium chromium-browser google-chrome; do
+        command -v "$name" 2>/dev/null && return 0
+    done
+    return 0
+}
+
+start_chromium() {
+    local bin
+    bin=$(chromium_bin)
+    if [[ -z "$bin" && "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        say "Chromium: not installed; installing Debian's chromium"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -q >/dev/null || say "apt-get update failed"
+        apt-get install -y -q --no-install-recommends chromium >/dev/null || say "apt-get install chromium failed"
+        bin=$(chromium_bin)
+    fi
+    if [[ -z "$bin" ]]; then
+        if [[ "${CI:-}" == "true" ]]; then
+            say "Chromium: not installed and could not be installed (CI=true)"; return 1
+        fi
+        say "Chromium: not found; the HTML report rendering test will skip"
+        return 0
+    fi
+    export CTXKERNEL_TEST_CHROMIUM="$bin"
+    say "Chromium: $bin"
+}
+
 start_postgres
+start_chromium
 
 "$@"

@@ -375,7 +375,7 @@ def import_claude_code(path: Path, run: int | None, lenient: bool) -> Recording:
             elif m.text.strip():
                 items.append(UserItem(m.text, instruction=not raw.get("isMeta")))
     flush()
-    return Recording(items, {"chain_lines": len(chain)}, skipped=lines.skipped)
+    return Recording(items, {}, skipped=lines.skipped)
 
 
 # -- Codex CLI rollout JSONL ---------------------------------------------------------------------------

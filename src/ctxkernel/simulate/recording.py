@@ -77,7 +77,7 @@ class Recording:
         return max(peaks) if peaks else None
 
     def describe(self) -> dict[str, Any]:
-        """The ``source`` object of the JSON report."""
+        """The ``source`` object of the JSON report (the same keys for every kind of input)."""
         counts = {"user": 0, "assistant": 0, "tool_result": 0, "marker": 0}
         tool_calls = 0
         for item in self.items:
@@ -90,8 +90,10 @@ class Recording:
                 counts["tool_result"] += 1
             else:
                 counts["marker"] += 1
+        base = dict.fromkeys(("kind", "format", "file", "run", "runs", "workload", "seed"))
         return {
-            **self.source,
+            **base,
+            **{k: v for k, v in self.source.items() if k in base},
             "system_prompt_chars": len(self.system or ""),
             "recorded_requests": counts["assistant"],
             "user_messages": counts["user"],

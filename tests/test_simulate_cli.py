@@ -1,0 +1,121 @@
+"""The `ctxkernel simulate` command: output formats, pinned JSON keys, errors, docs."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from ctxkernel.cli import COMMAND_MODULES, main
+from ctxkernel.simulate import METRIC_KEYS, REPORT_KEYS, build_workload
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures" / "simulate"
+
+#: the JSON contract; changing it is a breaking change for anyone who parses the report
+PINNED_METRIC_KEYS = [
+    "profile", "strategies", "status", "error", "requests", "recorded_requests", "steward_requests",
+    "peak_prompt_tokens", "mean_prompt_tokens", "effective_window", "overflows", "overflow_retries",
+    "compactions", "compaction_failures", "summary_calls", "summary_input_tokens", "summary_output_tokens",
+    "billed_input_tokens", "cached_input_tokens", "output_tokens", "cost", "invariant_violations",
+    "invariant_details", "instructions_visible", "history_recoverable", "synthetic_results", "sessions",
+    "steward_errors", "prompt_tokens", "wall_seconds",
+]
+PINNED_SOURCE_KEYS = [
+    "kind", "format", "file", "run", "runs", "workload", "seed", "system_prompt_chars", "recorded_requests",
+    "user_messages", "tool_calls", "tool_results", "markers", "recorded_peak_input_tokens", "skipped_lines",
+]
+PINNED_SETTINGS_KEYS = ["prices", "steward", "summarizer", "window"]
+
+
+def run_json(capsys, *args: str) -> tuple[int, dict]:
+    code = main(["simulate", *args, "--format", "json", "--no-progress"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_simulate_is_registered_through_command_modules():
+    assert "ctxkernel.simulate.cli" in COMMAND_MODULES
+
+
+def test_json_keys_are_pinned(capsys, tmp_path):
+    ghost = tmp_path / "ghost.toml"
+    ghost.write_text('[profile]\nstrategies = ["not-installed"]\n')
+    code, report = run_json(capsys, "--workload", "chat-short", "--profile", f"basic,{ghost}")
+    assert code == 0
+    assert sorted(report) == sorted(REPORT_KEYS)
+    assert list(METRIC_KEYS) == PINNED_METRIC_KEYS
+    for profile in report["profiles"]:
+        assert sorted(profile) == sorted(PINNED_METRIC_KEYS)  # identical keys, available or not
+    assert [p["status"] for p in report["profiles"]] == ["ok", "unavailable"]
+    assert sorted(report["source"]) == sorted(PINNED_SOURCE_KEYS)
+    assert sorted(report["settings"]) == PINNED_SETTINGS_KEYS
+    assert "replayed, not regenerated" in report["note"]
+
+
+def test_source_keys_are_the_same_for_transcripts(capsys):
+    code, report = run_json(capsys, "--transcript", str(FIXTURES / "openai-runs.json"), "--run", "1", "--profile", "basic")
+    assert code == 0
+    assert sorted(report["source"]) == sorted(PINNED_SOURCE_KEYS)
+    assert report["source"]["run"] == 1 and report["source"]["format"] == "openai-chat"
+
+
+def test_table_names_every_profile_and_says_it_is_a_replay(capsys):
+    assert main(["simulate", "--workload", "chat-short", "--profile", "basic", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^basic\s+ok\s+8\b", out, re.MULTILINE)
+    assert "replayed, not regenerated" in out
+
+
+def test_window_and_prices_flags(capsys):
+    code, report = run_json(capsys, "--workload", "coding-long", "--profile", "basic", "--window", "50000", "--prices", "2,0.5,8")
+    basic = report["profiles"][0]
+    assert code == 0
+    assert basic["effective_window"] == 50_000 - 8_192
+    assert basic["peak_prompt_tokens"] <= basic["effective_window"]
+    assert basic["cost"] > 0
+    assert report["settings"]["prices"] == {"input": 2.0, "cached_input": 0.5, "output": 8.0}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--transcript", str(FIXTURES / "claude-code-malformed.jsonl")], "claude-code-malformed.jsonl:14: expected one JSON object per line"),
+        (["--workload", "chat-short", "--prices", "1,2"], "expected three non-negative numbers"),
+        (["--workload", "chat-short", "--steward", "nomodule"], "expected 'default', 'none' or 'module:function'"),
+        (["--workload", "chat-short", "--summarizer", "gpt"], "expected 'extractive', 'scripted'"),
+        (["--workload", "chat-short", "--run", "1"], "does not apply to --workload"),
+    ],
+)
+def test_bad_input_is_a_usage_error_naming_the_problem(capsys, args, message):
+    assert main(["simulate", *args, "--profile", "basic", "--no-progress"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_lenient_skips_and_counts_malformed_lines(capsys):
+    code, report = run_json(capsys, "--transcript", str(FIXTURES / "claude-code-malformed.jsonl"), "--lenient", "--profile", "basic")
+    assert code == 0
+    assert report["source"]["skipped_lines"] == 1
+
+
+def test_steward_module_function_is_loaded(capsys):
+    code, report = run_json(capsys, "--workload", "chat-short", "--profile", "basic", "--steward", "ctxkernel.simulate.steward:no_steward")
+    assert code == 0
+    assert report["settings"]["steward"] == "ctxkernel.simulate.steward:no_steward"
+
+
+# -- docs keep up with the JSON -------------------------------------------------------------------------
+def test_docs_document_every_json_key_and_hold_a_real_example():
+    text = (REPO / "docs" / "simulate.md").read_text()
+    for key in [*PINNED_METRIC_KEYS, *PINNED_SOURCE_KEYS, *PINNED_SETTINGS_KEYS, *REPORT_KEYS]:
+        assert re.search(rf"^\|\s*`{key}`\s*\|", text, re.MULTILINE), f"docs/simulate.md has no table row for `{key}`"
+    example = re.search(r"```json\n(.*?)\n```", text, re.DOTALL)
+    assert example, "docs/simulate.md needs a worked JSON example"
+    shown = json.loads(example.group(1))
+    assert sorted(shown) == sorted(REPORT_KEYS)
+    assert sorted(shown["profiles"][0]) == sorted(PINNED_METRIC_KEYS)
+    # the example is a real run of the synthetic workload it names, not made-up numbers
+    source = shown["source"]
+    assert source["kind"] == "workload"
+    assert source["recorded_requests"] == build_workload(source["workload"], source["seed"]).requests
