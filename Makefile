@@ -6,7 +6,7 @@ PLUGINS := $(wildcard plugins/ctxkernel-*)
 EXAMPLES := $(wildcard examples/ctxkernel-*)
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench install clean
+.PHONY: demo test bench stress install clean
 
 $(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml) $(wildcard examples/*/pyproject.toml) requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m pip install -q -r benchmarks/requirements.txt
 	$(PY) benchmarks/run.py
+
+# crash proof at scale: 100+ SIGKILL trials per store backend (PostgreSQL from test-services.sh)
+stress: $(STAMP)
+	bash scripts/test-services.sh $(PY) benchmarks/stress_store.py --trials 100
 
 clean:
 	rm -rf $(VENV)

@@ -92,7 +92,7 @@ def writer_main(argv: Sequence[str]) -> int:
             for _ in range(rng.randint(1, 4)):
                 session.prepare_request()
                 n += 1
-                call = ToolCallBlock(f"c{n}", "read", {"path": f"f{n}.py"})
+                call = ToolCallBlock(f"c{os.getpid()}-{n}", "read", {"path": f"f{n}.py"})
                 session.commit_reply(Message.assistant(f"reading {n}", [call]), usage=None)
                 session.tool_result(call.id, "x = 1\n" * rng.randint(10, 150))
             session.prepare_request()
@@ -132,7 +132,7 @@ class TrialReport:
         return (
             f"crash trials [{self.backend}]: {self.trials} SIGKILLs, {self.acknowledged_batches} acknowledged "
             f"batches all present, {self.events} events, {self.compactions_committed} compactions committed, "
-            f"{self.compactions_interrupted} interrupted ({self.killed_inside_compaction} kills inside an open "
+            f"{self.compactions_interrupted} failed or interrupted ({self.killed_inside_compaction} kills inside an open "
             "compaction transaction)"
         )
 

@@ -1,0 +1,131 @@
+"""The postgres backend beyond the conformance suite: connection string, schema, errors."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+
+from ctxkernel import Kernel
+from ctxkernel.errors import CorruptionError, StoreError
+from ctxkernel.profile import StoreSettings, load_profile
+from ctxkernel.store import store_from_settings
+from ctxkernel.store.postgres import SCHEMA_VERSION, PostgresStore
+from ctxkernel.testing import make_profile
+from ctxkernel.testing_store import batch, header, postgres_dsn, postgres_schema
+
+
+def test_missing_connection_string_says_where_to_set_it(monkeypatch):
+    monkeypatch.delenv("CTXKERNEL_STORE__DSN", raising=False)
+    with pytest.raises(StoreError, match=r"\[store\] dsn.*CTXKERNEL_STORE__DSN"):
+        PostgresStore(None)
+
+
+def test_unreachable_server_is_a_store_error_without_the_password():
+    with pytest.raises(StoreError, match="cannot connect") as info:
+        PostgresStore("postgresql://someone:s3cret@127.0.0.1:1/db", connect_timeout=2)
+    assert "s3cret" not in str(info.value)
+
+
+def test_ci_requires_the_server(monkeypatch):
+    monkeypatch.delenv("CTXKERNEL_TEST_PG_DSN", raising=False)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="must run under CI=true"):
+        postgres_dsn()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="CTXKERNEL_TEST_PG_DSN is not set"):
+        postgres_dsn()
+
+
+@pytest.fixture
+def dsn():
+    with postgres_schema(postgres_dsn()) as schema_dsn:
+        yield schema_dsn
+
+
+def tables(dsn):
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() ORDER BY 1"
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
+@pytest.mark.postgres
+def test_schema_is_created_and_versioned_on_first_use(dsn):
+    assert tables(dsn) == []
+    store = PostgresStore(dsn)
+    assert tables(dsn) == ["ctxkernel_events", "ctxkernel_kv", "ctxkernel_meta", "ctxkernel_sessions"]
+    assert store.schema_version == SCHEMA_VERSION
+    store.close()
+    PostgresStore(dsn).close()  # a second start finds it in place
+
+
+@pytest.mark.postgres
+def test_workers_starting_together_create_the_schema_once(dsn):
+    errors, stores = [], []
+
+    def start():
+        try:
+            stores.append(PostgresStore(dsn))
+        except Exception as exc:  # noqa: BLE001 - asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(stores) == 6
+    for store in stores:
+        store.close()
+
+
+@pytest.mark.postgres
+def test_newer_schema_is_refused(dsn):
+    PostgresStore(dsn).close()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("UPDATE ctxkernel_meta SET value = '99' WHERE name = 'schema_version'")
+    with pytest.raises(StoreError, match="schema version 99 is newer"):
+        PostgresStore(dsn)
+
+
+@pytest.mark.postgres
+def test_connection_string_from_profile_or_environment(dsn, monkeypatch, tmp_path):
+    store = store_from_settings(StoreSettings(backend="postgres", dsn=dsn))
+    assert isinstance(store, PostgresStore)
+    store.close()
+    monkeypatch.setenv("CTXKERNEL_STORE__BACKEND", "postgres")
+    monkeypatch.setenv("CTXKERNEL_STORE__DSN", dsn)
+    profile = load_profile()
+    assert profile.store.dsn == dsn
+    kernel = Kernel(profile, home=tmp_path, entry_points=False)
+    assert kernel.store.backend == "postgres"
+    session = kernel.open_session()
+    session.user("stored in postgres")
+    assert Kernel(make_profile(store={"backend": "postgres", "dsn": dsn}), home=tmp_path, entry_points=False).sessions() == [session.id]
+
+
+@pytest.mark.postgres
+def test_a_missing_row_is_corruption_not_a_short_log(dsn):
+    store = PostgresStore(dsn)
+    store.create(header("s"))
+    store.append("s", batch(0, 5), 0)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM ctxkernel_events WHERE seq = 2")
+    with pytest.raises(CorruptionError, match="missing"):
+        list(store.read("s"))
+    with pytest.raises(CorruptionError, match="holds 4 events"):
+        store.repair("s")
+
+
+@pytest.mark.postgres
+def test_a_dropped_connection_is_reopened(dsn):
+    store = PostgresStore(dsn)
+    store.create(header("s"))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(%s)", (store._conn.info.backend_pid,))
+    with pytest.raises(StoreError):
+        store.next_seq("s")  # the call that finds the connection dead fails ...
+    assert store.next_seq("s") == 0  # ... and the next one reconnects

@@ -1,0 +1,89 @@
+"""The sqlite backend beyond the conformance suite: WAL, busy timeout, schema version, processes."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from ctxkernel import Kernel
+from ctxkernel.errors import CorruptionError, StoreError
+from ctxkernel.profile import StoreSettings
+from ctxkernel.store import store_from_settings
+from ctxkernel.store.sqlite import DATABASE_NAME, SqliteStore
+from ctxkernel.testing import make_profile
+from ctxkernel.testing_store import batch, header
+
+
+def test_one_database_under_the_home_in_wal_mode(tmp_path):
+    store = store_from_settings(StoreSettings(backend="sqlite"), tmp_path)
+    assert isinstance(store, SqliteStore) and store.path == tmp_path / DATABASE_NAME
+    store.create(header("s"))
+    with sqlite3.connect(tmp_path / DATABASE_NAME) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert store._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL: durable commits
+    assert store._db.execute("PRAGMA busy_timeout").fetchone()[0] == 60_000
+
+
+def test_kernel_uses_it_from_a_profile(tmp_path):
+    profile = make_profile(store={"backend": "sqlite", "path": str(tmp_path)})
+    kernel = Kernel(profile, entry_points=False)
+    assert kernel.store.backend == "sqlite"
+    session = kernel.open_session()
+    session.user("hello")
+    again = Kernel(profile, entry_points=False).open_session(session.id)
+    assert [e.to_dict() for e in again.events] == [e.to_dict() for e in session.events]
+
+
+def test_a_writer_waits_for_another_process_holding_the_lock(tmp_path):
+    store = SqliteStore(tmp_path)
+    store.create(header("s"))
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sqlite3, sys, time\n"
+            f"db = sqlite3.connect({str(tmp_path / DATABASE_NAME)!r}, isolation_level=None)\n"
+            "db.execute('BEGIN IMMEDIATE'); print('locked', flush=True); time.sleep(1); db.execute('COMMIT')\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline().strip() == "locked"
+    store.append("s", batch(0, 3), 0)  # waits for the lock instead of failing
+    assert holder.wait(30) == 0
+    assert store.next_seq("s") == 3
+
+
+def test_lock_held_past_the_busy_timeout_is_a_store_error(tmp_path):
+    store = SqliteStore(tmp_path, busy_timeout=0.05)
+    store.create(header("s"))
+    other = sqlite3.connect(tmp_path / DATABASE_NAME, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    with pytest.raises(StoreError, match="another process holds the lock"):
+        store.append("s", batch(0, 1), 0)
+    other.execute("ROLLBACK")
+    store.append("s", batch(0, 1), 0)
+    assert store.next_seq("s") == 1
+
+
+def test_newer_schema_is_refused(tmp_path):
+    SqliteStore(tmp_path).close()
+    with sqlite3.connect(tmp_path / DATABASE_NAME) as db:
+        db.execute("UPDATE meta SET value = '99' WHERE name = 'schema_version'")
+    with pytest.raises(StoreError, match="schema version 99 is newer"):
+        SqliteStore(tmp_path)
+
+
+def test_a_missing_row_is_corruption_not_a_short_log(tmp_path):
+    store = SqliteStore(tmp_path)
+    store.create(header("s"))
+    store.append("s", batch(0, 5), 0)
+    with sqlite3.connect(tmp_path / DATABASE_NAME) as db:
+        db.execute("DELETE FROM events WHERE seq = 2")
+    with pytest.raises(CorruptionError, match="missing"):
+        list(store.read("s"))
+    with pytest.raises(CorruptionError, match="holds 4 events"):
+        store.repair("s")
