@@ -1,0 +1,138 @@
+"""Overflow: protective rollover without any model call, no deadlock; failures are loud."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+from helpers_rollover import call, rollover_kernel, rollover_summaries, step
+
+import ctxkernel
+from ctxkernel import ContextOverflowError, Message, ScriptedModel
+
+
+class SummarizeSpy:
+    """A strategy whose summarize hook records every call (and would answer it)."""
+
+    def __init__(self):
+        self.calls = []
+
+    @ctxkernel.hookimpl
+    def register_strategy(self, register):
+        register(ctxkernel.StrategySpec("spy"))
+
+    @ctxkernel.hookimpl(tryfirst=True)
+    def summarize(self, session, region):
+        self.calls.append(region)
+        return ctxkernel.Summary("a summary that must never be asked for")
+
+
+@pytest.fixture
+def spied(tmp_path):
+    spy = SummarizeSpy()
+    kernel = rollover_kernel(tmp_path, window=12_000, reserve=1_000, plugins=[("spy", spy)], strategies=["rollover", "spy"])
+    summarizer = ScriptedModel(lambda *a: "never")
+    kernel.summarizer = summarizer
+    return kernel, spy, summarizer
+
+
+def run_with_retries(session, model, harness_output, attempts=5):
+    """One turn of a harness that retries when request_failed says so."""
+    errors = []
+    while True:
+        for attempt in range(attempts):
+            request = session.prepare_request(attempt=attempt)
+            try:
+                reply = model.complete(request.messages, system=request.system, tools=request.tools)
+            except ContextOverflowError as exc:
+                errors.append(exc)
+                if session.request_failed(exc):
+                    continue
+                session.end_turn("error")
+                return errors, False
+            break
+        session.commit_reply(reply.message, usage=reply.usage)
+        for c in session.pending_calls:
+            session.tool_result(c.id, session.run_tool(c) if session.owns_tool(c.name) else harness_output)
+        if not session.wants_another_step:
+            session.end_turn()
+            return errors, True
+
+
+def test_provider_overflow_rolls_over_without_any_model_call(spied):
+    kernel, spy, summarizer = spied
+    session = kernel.open_session()
+    count = {"n": 0}
+
+    def script(messages, system, tools):
+        count["n"] += 1
+        if count["n"] == 1:
+            return Message.assistant("", [call("g", "note_create", path="goal", content="KEEP-ME")])
+        if count["n"] > 12:
+            return Message.assistant("done")
+        return Message.assistant("", [call(f"r{count['n']}", "read_file", path="x")])
+
+    # the provider's real limit is below what the profile says: only an overflow reveals it
+    model = ScriptedModel(script, overflow_above=6_000)
+    session.user("work")
+    errors, finished = run_with_retries(session, model, "data line\n" * 300)
+    assert finished and errors
+    summaries = rollover_summaries(session)
+    assert summaries and summaries[0]["trigger"] == "overflow"
+    seed = next(e for e in session.events if e.type == "user/message" and e.data.get("compaction_id")).data["message"]["content"][0]["text"]
+    assert "The provider refused the request" in seed and "KEEP-ME" in seed
+    assert spy.calls == [] and summarizer.calls == []
+    assert all(e.data.get("summary") == "" for e in session.events if e.type == "compaction/summary")
+
+
+def test_oversized_tool_result_triggers_a_protective_rollover(spied):
+    kernel, spy, summarizer = spied
+    session = kernel.open_session()
+    session.user("dump the log")
+    model = ScriptedModel([
+        Message.assistant("", [call("g", "note_create", path="goal", content="find the crash")]),
+        Message.assistant("", [call("big", "cat", path="huge.log")]),
+        Message.assistant("I will read it in parts"),
+    ])
+    step(session, model)
+    step(session, model, harness=lambda c: "x" * 60_000)  # about 7,500 tokens, over half the window
+    request = session.prepare_request()
+    assert request.pressure.tokens <= request.pressure.effective_window
+    summaries = rollover_summaries(session)
+    assert [s["trigger"] for s in summaries] == ["overflow"]
+    seed = request.messages[0].text
+    big_seq = next(e.seq for e in session.events if e.type == "tool/result" and "xxxx" in e.data["message"]["content"][0]["content"])
+    assert f"item_{big_seq}" in seed and "history_read" in seed and "find the crash" in seed
+    assert spy.calls == [] and summarizer.calls == []
+
+
+def test_overflow_that_cannot_be_relieved_gives_up_instead_of_looping(spied):
+    kernel, spy, summarizer = spied
+    session = kernel.open_session()
+    model = ScriptedModel(lambda *a: Message.assistant("never reached"), overflow_above=50)  # below the header
+    session.user("hello")
+    errors, finished = run_with_retries(session, model, "", attempts=10)
+    assert not finished
+    assert 1 <= len(errors) <= 3  # a protective rollover was tried, then the error went to the harness
+    assert spy.calls == [] and summarizer.calls == []
+
+
+def test_a_rollover_that_cannot_be_done_fails_loud_and_leaves_the_surface(spied):
+    kernel, spy, summarizer = spied
+    session = kernel.open_session()
+    session.user("go")
+    step(session, ScriptedModel([Message.assistant("", [call("n", "new_context", next_goal="next")])]))
+    session.end_turn()
+    # another live writer holds the compaction lock: the switch must fail, not summarise
+    session.append_one("compaction/start", {"compaction_id": "other", "strategy": "someone", "holder": {"host": socket.gethostname(), "pid": os.getpid() + 1_000_000}})
+    session.user("continue")
+    visible = [n.seq for n in session.surface.nodes]
+    request = session.prepare_request()
+    assert not rollover_summaries(session)
+    failed = [e for e in session.events if e.type == "rollover/failed"]
+    assert len(failed) == 1 and "CompactionBusyError" in failed[0].data["error"]
+    assert [n.seq for n in session.surface.nodes][: len(visible)] == visible  # unchanged, plus the notice
+    assert "[rollover]" in request.messages[-1].text and "nothing was summarised" in request.messages[-1].text
+    assert spy.calls == [] and summarizer.calls == []
+    assert session.state["rollover"].pending is None  # the failed intent is not retried forever
