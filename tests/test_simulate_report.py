@@ -1,0 +1,112 @@
+"""The HTML report: self-contained, and rendered by headless Chromium into a real chart."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+import zlib
+from pathlib import Path
+
+import pytest
+
+from ctxkernel.cli import main
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+#: the first profile's line colour in the chart (report._COLORS[0])
+FIRST_LINE = (0x1F, 0x77, 0xB4)
+
+
+def chromium() -> str | None:
+    found = os.environ.get("CTXKERNEL_TEST_CHROMIUM")
+    if found and Path(found).exists():
+        return found
+    for name in BROWSERS:
+        if path := shutil.which(name):
+            return path
+    return None
+
+
+def decode_png(data: bytes) -> tuple[int, int, list[bytes]]:
+    """Width, height and unfiltered rows of an 8-bit RGB or RGBA PNG (what Chromium writes)."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, width = 8, b"", 0
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        body = data[pos + 8 : pos + 8 + length]
+        if kind == b"IHDR":
+            width, height, depth, color = struct.unpack(">IIBB", body[:10])
+            assert depth == 8 and color in (2, 6), f"unexpected PNG format depth={depth} color={color}"
+            channels = 3 if color == 2 else 4
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    raw = zlib.decompress(idat)
+    stride = width * channels
+    rows: list[bytes] = []
+    previous = bytearray(stride)
+    for y in range(height):
+        start = y * (stride + 1)
+        kind, line = raw[start], bytearray(raw[start + 1 : start + 1 + stride])
+        for x in range(stride):
+            left = line[x - channels] if x >= channels else 0
+            up = previous[x]
+            corner = previous[x - channels] if x >= channels else 0
+            if kind == 1:
+                line[x] = (line[x] + left) & 0xFF
+            elif kind == 2:
+                line[x] = (line[x] + up) & 0xFF
+            elif kind == 3:
+                line[x] = (line[x] + (left + up) // 2) & 0xFF
+            elif kind == 4:
+                p = left + up - corner
+                pa, pb, pc = abs(p - left), abs(p - up), abs(p - corner)
+                pred = left if pa <= pb and pa <= pc else (up if pb <= pc else corner)
+                line[x] = (line[x] + pred) & 0xFF
+        rows.append(bytes(line) if channels == 3 else bytes(b for i, b in enumerate(line) if i % 4 != 3))
+        previous = line
+    return width, height, rows
+
+
+def test_report_is_self_contained(tmp_path, capsys):
+    page = tmp_path / "report.html"
+    assert main(["simulate", "--workload", "chat-short", "--profile", "basic", "--report", str(page), "--no-progress"]) == 0
+    capsys.readouterr()
+    text = page.read_text()
+    assert "<svg" in text and 'class="profile"' in text and 'class="window"' in text
+    assert 'id="metrics"' in text
+    # nothing is fetched: no scripts, links or remote URLs (the SVG namespace is an identifier)
+    assert "<script" not in text and "<link" not in text
+    assert "http" not in text.replace('xmlns="http://www.w3.org/2000/svg"', "")
+
+
+def test_report_renders_in_headless_chromium(tmp_path, capsys):
+    browser = chromium()
+    if browser is None:
+        pytest.skip("no Chromium: install Debian's chromium (scripts/test-services.sh does it where apt is available)")
+    page = tmp_path / "report.html"
+    code = main(["simulate", "--workload", "coding-long", "--profile", "basic", "--window", "60000", "--report", str(page), "--no-progress"])
+    assert code == 0
+    capsys.readouterr()
+    shot = tmp_path / "shot.png"
+    common = [
+        browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ]
+    subprocess.run(
+        [*common, f"--screenshot={shot}", "--window-size=1000,700", page.as_uri()],
+        check=True, capture_output=True, timeout=120,
+    )
+    dom = subprocess.run([*common, "--dump-dom", page.as_uri()], check=True, capture_output=True, timeout=120, text=True).stdout
+    # the browser parsed the chart: one line per profile and the window line are in its DOM
+    assert dom.count('class="profile"') == 1 and 'class="window"' in dom and "<table" in dom
+    width, height, rows = decode_png(shot.read_bytes())
+    assert (width, height) == (1000, 700)
+    colours = {row[i : i + 3] for row in rows for i in range(0, len(row), 3)}
+    assert len(colours) > 20, "the screenshot is (nearly) blank"
+    # the profile's line was drawn: its exact colour appears in enough pixels to be a polyline
+    target = bytes(FIRST_LINE)
+    hits = sum(1 for row in rows for i in range(0, len(row), 3) if row[i : i + 3] == target)
+    assert hits > 200, f"only {hits} pixels of the profile's line colour"
