@@ -1,0 +1,85 @@
+"""Pressure reminders: growth, warning levels, cooldown, re-baselining; reminders never compress."""
+
+from __future__ import annotations
+
+from ctxkernel import Message, ToolCallBlock
+from ctxkernel_decay import current_state
+
+
+def _notices(session):
+    return [n.message.text for n in session.surface if n.message.source.plugin == "decay" and n.message.source.form == "notice"]
+
+
+def _reminders(session):
+    return [e.data for e in session.events if e.type == "decay/reminder"]
+
+
+def _grow(session, n: int, size: int, start: int = 0) -> list:
+    """``n`` steps, each adding one tool result of about ``size`` tokens."""
+    requests = []
+    for i in range(start, start + n):
+        requests.append(session.prepare_request())
+        session.commit_reply(Message.assistant("", [ToolCallBlock(f"g{i}", "read", {"path": f"{i}.txt"})]))
+        session.tool_result(f"g{i}", " ".join(f"w{i}x{k}" for k in range(size // 3)))
+    return requests
+
+
+def test_a_growth_reminder_then_warnings_per_level(make_decay_kernel):
+    session = make_decay_kernel(window=21_000, reserve=1_000, settings={"growth_tokens": 3_000, "cooldown_steps": 3}).open_session()
+    session.user("start")
+    _grow(session, 30, 600)
+    fired = _reminders(session)
+    levels = [r["level"] for r in fired]
+    assert levels[0] == 0  # growth first, long before any warning
+    assert 1 in levels and 2 in levels  # 70% then 81% of 20k
+    growth = [r for r in fired if r["level"] == 0]
+    assert all(r["grew"] >= 3_000 for r in growth)
+    # a warning names its level, and a growth reminder the growth
+    notes = _notices(session)
+    assert any("Warning 1/3" in t for t in notes) and any("grew" in t for t in notes)
+    # reminders never compress: the model decides (only basic's emergency fallback may act)
+    assert not any(e.type == "compaction/start" and e.data["strategy"] == "decay" for e in session.events)
+
+
+def test_cooldown_limits_one_reminder_per_level(make_decay_kernel):
+    session = make_decay_kernel(window=6_000, reserve=500, settings={"growth_tokens": 10**6, "cooldown_steps": 5},
+                                strategies=("decay",)).open_session()
+    session.user("start")
+    _grow(session, 14, 300)
+    steps_by_level: dict[int, list[int]] = {}
+    steps = 0
+    for e in session.events:
+        if e.type == "step/start":
+            steps += 1
+        elif e.type == "decay/reminder":
+            steps_by_level.setdefault(e.data["level"], []).append(steps)
+    assert steps_by_level, "no warning fired"
+    for fired in steps_by_level.values():
+        assert all(b - a >= 5 for a, b in zip(fired, fired[1:], strict=False)), fired
+
+
+def test_a_compression_rebaselines_growth(make_decay_kernel, make_driver):
+    session = make_decay_kernel(window=200_000, settings={"growth_tokens": 2_000, "cooldown_steps": 0}).open_session()
+    driver = make_driver(session)
+    session.user("start")
+    _grow(session, 8, 600)
+    first = _reminders(session)
+    assert first and first[-1]["level"] == 0
+    baseline = current_state(session).baseline
+    out = driver.run_tool("compress", {"spans": [{"from": "p1", "to": "p9", "summary": "read eight files"}]})
+    assert not out.is_error, out.content
+    session.prepare_request()  # pre_step notices the drop in pressure
+    rebased = [e.data for e in session.events if e.type == "decay/baseline"]
+    assert rebased and rebased[-1]["tokens"] < baseline
+    assert current_state(session).baseline == rebased[-1]["tokens"]
+
+
+def test_reminder_state_survives_a_restart(make_decay_kernel):
+    kernel = make_decay_kernel(window=21_000, reserve=1_000, settings={"growth_tokens": 3_000})
+    session = kernel.open_session()
+    session.user("start")
+    _grow(session, 12, 600)
+    live = current_state(session)
+    again = make_decay_kernel(window=21_000, reserve=1_000, settings={"growth_tokens": 3_000}).open_session(session.id)
+    state = current_state(again)
+    assert (state.baseline, state.fired, state.steps) == (live.baseline, live.fired, live.steps)
