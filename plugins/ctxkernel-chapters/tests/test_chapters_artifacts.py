@@ -1,0 +1,98 @@
+"""Artifacts: large results leave the context before the next request; reads stay in the store."""
+
+from __future__ import annotations
+
+import pytest
+from ctxkernel_chapters.archive import archive_dir
+from helpers_chapters import call_tool, chapters_kernel, do_turn, log_bytes
+
+from ctxkernel import Message, ScriptedModel, ToolCallBlock
+
+BIG = "\n".join(f"line {i}: value = {i * 7} # measurement" for i in range(3000))
+
+
+def _one_big_result(tmp_path, **settings):
+    kernel = chapters_kernel(tmp_path, window=60_000, **settings)
+    session = kernel.open_session()
+    model = ScriptedModel([Message.assistant("run it", [ToolCallBlock("c1", "bash", {"command": "dump"})]), Message.assistant("seen")])
+    do_turn(session, model, "dump the table", tool_output=lambda call: BIG)
+    return session, model
+
+
+def test_a_large_result_becomes_a_handle_before_the_next_request(tmp_path):
+    session, model = _one_big_result(tmp_path)
+    # the second request (after the result) already carried the handle, not the result
+    second = model.calls[1]["messages"]
+    shown = second[-1].tool_result.content
+    assert shown.startswith("[artifact ") and "chapters_artifact" in shown and len(shown) < 1200
+    prune = [e for e in session.events if e.type == "compaction/prune"]
+    assert len(prune) == 1 and prune[0].data["strategy"] == "chapters" and prune[0].data["reason"] == "artifact"
+    original = next(e for e in session.events if e.type == "tool/result" and e.surface == {"op": "append"})
+    assert original.data["message"]["content"][0]["content"] == BIG  # the log keeps the original
+
+
+def test_small_results_stay_inline(tmp_path):
+    kernel = chapters_kernel(tmp_path, window=60_000)
+    session = kernel.open_session()
+    model = ScriptedModel([Message.assistant("run", [ToolCallBlock("c1", "bash", {"command": "ls"})]), Message.assistant("ok")])
+    do_turn(session, model, "list", tool_output=lambda call: "a.py\nb.py")
+    assert not any(e.type == "compaction/prune" for e in session.events)
+
+
+def _handle(session) -> str:
+    text = session.surface.nodes[[n.role for n in session.surface.nodes].index("tool")].message.tool_result.content
+    return text.split("[artifact ", 1)[1].split(":", 1)[0]
+
+
+def test_artifact_tool_reads_toc_search_and_pages(tmp_path):
+    session, _ = _one_big_result(tmp_path)
+    handle = _handle(session)
+    listing = call_tool(session, "chapters_artifact", op="toc")
+    assert handle in listing.content
+    overview = call_tool(session, "chapters_artifact", op="toc", artifact=handle)
+    assert overview.content.startswith("3000 lines")
+    found = call_tool(session, "chapters_artifact", op="search", artifact=handle, query="value = 14000 ")
+    assert "2001: line 2000: value = 14000" in found.content
+    page = call_tool(session, "chapters_artifact", op="read", artifact=handle, offset=100, limit=5)
+    assert page.content.splitlines()[0] == "101: line 100: value = 700 # measurement"
+    assert "next page: offset=105" in page.content
+
+
+@pytest.mark.parametrize("name", ["../../sessions", "../x/artifacts/" + "0" * 64 + ".txt", "/etc/passwd", "{root}/../../kv", "{root}/artifacts/../../../etc/passwd"])
+def test_no_path_escapes(tmp_path, name):
+    session, _ = _one_big_result(tmp_path)
+    root = _handle(session).split("/", 1)[0]
+    before = log_bytes(session)
+    for op in ("read", "toc", "search"):
+        outcome = call_tool(session, "chapters_artifact", op=op, artifact=name.format(root=root), query="x")
+        assert outcome.is_error and "refused" in outcome.content, outcome.content
+        assert "absolute" in outcome.content or "'..'" in outcome.content
+    assert log_bytes(session) == before
+
+
+def test_symlink_out_of_the_store_is_refused(tmp_path):
+    session, _ = _one_big_result(tmp_path)
+    root = _handle(session).split("/", 1)[0]
+    secret = tmp_path / "secret.txt"
+    secret.write_text("secret")
+    link = archive_dir(session, session.settings("chapters")) / root / "artifacts" / ("f" * 64 + ".txt")
+    link.symlink_to(secret)
+    outcome = call_tool(session, "chapters_artifact", op="read", artifact=f"{root}/artifacts/{'f' * 64}.txt")
+    assert outcome.is_error and "outside the archive" in outcome.content
+
+
+def test_changed_artifact_is_refused(tmp_path):
+    session, _ = _one_big_result(tmp_path)
+    handle = _handle(session)
+    path = archive_dir(session, session.settings("chapters")) / handle
+    path.write_text("tampered")
+    outcome = call_tool(session, "chapters_artifact", op="read", artifact=handle)
+    assert outcome.is_error and "sha256" in outcome.content
+
+
+def test_restart_does_not_move_a_result_twice(tmp_path):
+    session, _ = _one_big_result(tmp_path)
+    again = session.kernel.open_session(session.id)
+    again.user("more")
+    again.prepare_request()
+    assert len([e for e in again.events if e.type == "compaction/prune"]) == 1

@@ -1,0 +1,224 @@
+"""chapters_continue and chapters_fork: range rules, budget preflight, the child session, lineage."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from ctxkernel_chapters import manifest
+from ctxkernel_chapters.archive import archive_dir
+from helpers_chapters import archive_files, call_tool, chapters_kernel, log_bytes, registry, result_json, run_turns
+
+from ctxkernel import Message, ScriptedModel, ToolCallBlock
+
+
+def _turn_ends(session) -> list[int]:
+    return [e.seq for e in session.events if e.type == "turn/end"]
+
+
+def _ranges(*pairs):
+    return [{"start_seq": a, "end_seq": b, "title": f"part {a}"} for a, b in pairs]
+
+
+@pytest.fixture
+def parent(tmp_path):
+    kernel = chapters_kernel(tmp_path)
+    session = kernel.open_session()
+    run_turns(session, 4)
+    return session
+
+
+@pytest.mark.parametrize(
+    ("shape", "reason"),
+    [
+        ("gap", "gap: events"),
+        ("overlap", "overlaps chapter 0"),
+        ("past", "past the archive ceiling"),
+        ("short", "gap: events"),
+        ("late_start", "gap: events 0.."),
+        ("backwards", "ends (seq"),
+    ],
+)
+def test_bad_ranges_are_refused_and_nothing_is_written(parent, tmp_path, shape, reason):
+    ends = _turn_ends(parent)
+    ceiling = ends[-1]
+    mid = ends[1]
+    ranges = {
+        "gap": _ranges((0, mid), (mid + 2, ceiling)),
+        "overlap": _ranges((0, mid), (mid, ceiling)),
+        "past": _ranges((0, mid), (mid + 1, ceiling + 1)),
+        "short": _ranges((0, mid)),
+        "late_start": _ranges((1, ceiling)),
+        "backwards": _ranges((0, mid), (ceiling, mid + 1)),
+    }[shape]
+    before_log = log_bytes(parent)
+    before_kv = registry(parent).get(parent.id)
+    sessions = parent.kernel.sessions()
+    outcome = call_tool(parent, "chapters_continue", title="next", handoff_note="carry on", chapters=ranges)
+    assert outcome.is_error
+    assert reason in outcome.content and "Nothing was written" in outcome.content
+    assert log_bytes(parent) == before_log
+    assert archive_files(tmp_path) == []
+    assert registry(parent).get(parent.id) == before_kv
+    assert parent.kernel.sessions() == sessions
+
+
+def test_over_budget_is_refused_with_the_numbers(parent, tmp_path):
+    ceiling = _turn_ends(parent)[-1]
+    before = log_bytes(parent)
+    note = "decision: keep the parser streaming. " * 2000
+    outcome = call_tool(parent, "chapters_continue", title="next", handoff_note=note, chapters=_ranges((0, ceiling)))
+    assert outcome.is_error
+    assert "over the budget of" in outcome.content and "continuation_budget_ratio 0.25" in outcome.content
+    assert "effective window 19000" in outcome.content and "system prompt and tools" in outcome.content
+    assert log_bytes(parent) == before and archive_files(tmp_path) == []
+
+
+def test_continue_writes_chapters_and_a_child_with_one_seed_event(parent, tmp_path):
+    ends = _turn_ends(parent)
+    before = log_bytes(parent)
+    outcome = call_tool(parent, "chapters_continue", title="Parser work, part 2", handoff_note="Next: wire the lexer into main().",
+                        chapters=_ranges((0, ends[1]), (ends[1] + 1, ends[-1])))
+    data = result_json(outcome)
+    assert outcome.conclude_turn and outcome.continue_in == data["session"]
+    assert log_bytes(parent) == before  # the parent is untouched (the harness writes the tool result)
+    assert len(data["chapters"]) == 2
+    child = parent.kernel.open_session(data["session"])
+    assert len(child.events) == 1
+    seed = child.events[0]
+    assert seed.seq == 0 and seed.type == "user/message" and seed.surface == {"op": "append"}
+    message = Message.from_dict(seed.data["message"])
+    assert message.source.plugin == "chapters" and message.source.form == "snapshot"
+    assert "Next: wire the lexer into main()." in message.text
+    for chapter in data["chapters"]:
+        assert chapter["path"] in message.text
+    assert child.header.parent == parent.id and child.header.profile == parent.header.profile
+    assert child.tools.names() == parent.tools.names()
+    state = registry(parent).get(child.id)
+    assert state["parent"] == parent.id and state["root"] == parent.id
+    assert [c["session"] for c in registry(parent).get(parent.id)["children"]] == [child.id]
+    assert len(archive_files(tmp_path)) >= 2
+
+
+def test_the_child_survives_a_process_restart_and_reads_every_ancestor_chapter(parent, tmp_path):
+    ends = _turn_ends(parent)
+    first = result_json(call_tool(parent, "chapters_continue", title="two", handoff_note="go on", chapters=_ranges((0, ends[-1]))))
+    child = parent.kernel.open_session(first["session"])
+    run_turns(child, 3, start=10)
+    child_ends = _turn_ends(child)
+    second = result_json(call_tool(child, "chapters_continue", title="three", handoff_note="still going", chapters=_ranges((0, child_ends[-1]))))
+    grandchild_id = second["session"]
+    expected = [c["id"] for c in first["chapters"]] + [c["id"] for c in second["chapters"]]
+    script = f"""
+import json, sys
+sys.path.insert(0, {str(tmp_path.parent)!r})
+from pathlib import Path
+sys.path.insert(0, {str(__import__('pathlib').Path(__file__).parent)!r})
+from helpers_chapters import chapters_kernel, call_tool
+kernel = chapters_kernel(Path({str(tmp_path)!r}))
+session = kernel.open_session({grandchild_id!r})
+out = {{"events": [e.type for e in session.events], "reads": {{}}}}
+for cid in {expected!r}:
+    outcome = call_tool(session, "chapters_read", chapter=cid)
+    out["reads"][cid] = [outcome.is_error, outcome.content[:400]]
+print(json.dumps(out))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["events"] == ["user/message"]
+    assert set(out["reads"]) == set(expected)
+    for cid, (is_error, text) in out["reads"].items():
+        assert not is_error, text
+        assert "sha256 verified" in text
+    # the grandchild's table of contents lists every ancestor chapter
+    seed = parent.kernel.open_session(grandchild_id).surface.nodes[0].message.text
+    for record in registry(parent).lineage_records(grandchild_id):
+        assert record["path"] in seed
+    chain = manifest(parent.store, grandchild_id)["chain"]
+    assert [c["session"] for c in chain] == [parent.id, child.id, grandchild_id]
+
+
+def test_tampered_chapter_is_refused_on_read_and_search(parent):
+    ends = _turn_ends(parent)
+    data = result_json(call_tool(parent, "chapters_continue", title="t", handoff_note="n", chapters=_ranges((0, ends[-1]))))
+    child = parent.kernel.open_session(data["session"])
+    record = registry(parent).lineage_records(child.id)[0]
+    path = archive_dir(child, child.settings("chapters")) / record["path"]
+    assert not call_tool(child, "chapters_read", chapter=record["id"]).is_error
+    path.write_text(path.read_text().replace("task 0", "task 9"))
+    outcome = call_tool(child, "chapters_read", chapter=record["id"])
+    assert outcome.is_error and "refused" in outcome.content and "sha256" in outcome.content
+    found = call_tool(child, "chapters_search", query="task")
+    assert "refused (integrity check failed" in found.content and record["id"] in found.content
+    assert "task 9" not in found.content
+
+
+def test_read_is_paged_and_contained(parent):
+    ends = _turn_ends(parent)
+    data = result_json(call_tool(parent, "chapters_continue", title="t", handoff_note="n", chapters=_ranges((0, ends[-1]))))
+    child = parent.kernel.open_session(data["session"])
+    cid = data["chapters"][0]["id"]
+    page = call_tool(child, "chapters_read", chapter=cid, offset=0, limit=10)
+    assert "next page: offset=10" in page.content
+    nxt = call_tool(child, "chapters_read", chapter=cid, offset=10, limit=10)
+    assert "11:" not in nxt.content.splitlines()[0]
+    for bad in ["../../sessions/x.jsonl", "/etc/passwd", "nope/1"]:
+        outcome = call_tool(child, "chapters_read", chapter=bad)
+        assert outcome.is_error and "no chapter" in outcome.content
+    hits = call_tool(child, "chapters_search", query="task 2")
+    assert "match(es)" in hits.content and cid in hits.content
+
+
+def test_ranges_must_be_empty_before_the_first_turn_ends(tmp_path):
+    kernel = chapters_kernel(tmp_path)
+    session = kernel.open_session()
+    session.user("start")
+    outcome = call_tool(session, "chapters_continue", title="t", handoff_note="n", chapters=_ranges((0, 1)))
+    assert outcome.is_error and "no completed turn" in outcome.content
+    data = result_json(call_tool(session, "chapters_continue", title="t", handoff_note="everything so far: start", chapters=[]))
+    assert data["chapters"] == []
+    child = kernel.open_session(data["session"])
+    assert len(child.events) == 1
+
+
+def test_fork_keeps_the_parent_going_and_registers_a_sibling(parent):
+    before = log_bytes(parent)
+    outcome = call_tool(parent, "chapters_fork", title="try the other approach")
+    data = result_json(outcome)
+    assert not outcome.conclude_turn and outcome.continue_in is None
+    assert log_bytes(parent) == before
+    fork = parent.kernel.open_session(data["session"])
+    assert len(fork.events) == 1
+    assert registry(parent).get(fork.id)["origin"] == "fork"
+    # a second fork archives nothing new: the first one's chapters are listed again
+    again = result_json(call_tool(parent, "chapters_fork", title="third way"))
+    assert again["chapters"] == []
+    seed = parent.kernel.open_session(again["session"]).surface.nodes[0].message.text
+    for chapter in data["chapters"]:
+        assert chapter["path"] in seed
+
+
+def test_the_model_can_continue_inside_a_turn(tmp_path):
+    """The call comes from the model mid-turn: the turn in progress goes to the handoff note."""
+    kernel = chapters_kernel(tmp_path)
+    session = kernel.open_session()
+    run_turns(session, 2)
+    ceiling = _turn_ends(session)[-1]
+    args = {"title": "t", "handoff_note": "was fixing the lexer", "chapters": _ranges((0, ceiling))}
+    model = ScriptedModel([Message.assistant("continuing", [ToolCallBlock("k1", "chapters_continue", args)])])
+    session.user("continue please")
+    request = session.prepare_request()
+    reply = model.complete(request.messages, system=request.system, tools=request.tools)
+    session.commit_reply(reply.message, usage=reply.usage)
+    outcome = session.run_tool(session.pending_calls[0])
+    session.tool_result("k1", outcome)
+    assert session.conclude_turn and not session.wants_another_step
+    session.end_turn()
+    child = kernel.open_session(outcome.continue_in)
+    child.user("go on")
+    request = child.prepare_request()
+    assert request.messages[0].source.form == "snapshot"
+    assert "was fixing the lexer" in request.messages[0].text

@@ -1,0 +1,90 @@
+"""First test: the installed distribution is discovered; its profile validates; bad budgets fail."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers_chapters import PROFILE, REPO
+
+from ctxkernel.profile import load_profile
+from ctxkernel.validate import ValidationReport
+
+CLI = [sys.executable, "-m", "ctxkernel.cli"]
+
+
+def test_ctxkernel_plugins_lists_chapters():
+    out = subprocess.run([*CLI, "plugins"], capture_output=True, text=True, check=True, cwd=REPO)
+    rows = {row["name"]: row for row in json.loads(out.stdout)}
+    assert "chapters" in rows
+    row = rows["chapters"]
+    assert row["distribution"] == "ctxkernel-chapters"
+    assert {"pre_step", "request_error", "register_tools", "steward_actions", "validate_profile", "project"} <= set(row["hooks"])
+    assert "pressure" in row["capabilities"]
+
+
+def test_ctxkernel_validate_chapters_passes(tmp_path):
+    env = {**os.environ, "CTXKERNEL_HOME": str(tmp_path)}
+    out = subprocess.run([*CLI, "validate", "chapters"], capture_output=True, text=True, cwd=REPO, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "archive root" in out.stdout
+
+
+def _validate(profile) -> ValidationReport:
+    from ctxkernel_chapters.plugin import validate_profile
+
+    report = ValidationReport(where=str(PROFILE))
+    validate_profile(profile, report)
+    return report
+
+
+def test_validate_profile_refuses_an_unwritable_archive_root(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    profile = load_profile(PROFILE)
+    profile.strategies = {"chapters": {"archive_root": str(blocker / "chapters")}}
+    report = _validate(profile)
+    fails = [c.message for c in report.failures]
+    assert any("not writable" in m and "archive_root" in m for m in fails), fails
+
+
+def test_validate_profile_refuses_budgets_that_cannot_fit(tmp_path):
+    profile = load_profile(PROFILE)
+    profile.store.path = str(tmp_path)
+    # an effective window of 6,000: its 6,000-token chapters and a 2,000-token bullet list do not fit
+    profile.model_policies[1].model = {"context_window": 7000, "reserved_output_tokens": 1000}
+    report = _validate(profile)
+    fails = [c.message for c in report.failures]
+    assert any("chapter_token_target" in m and "deepseek-reasoner" in m for m in fails), fails
+    assert any("toc_bullet_budget_tokens" in m for m in fails), fails
+    assert not any("deepseek-chat" in m for m in fails), fails  # the base model still fits
+
+
+def test_settings_refuse_inconsistent_ratios():
+    import pytest
+    from ctxkernel_chapters.settings import ChaptersSettings
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="pressure_suggestion_ratio"):
+        ChaptersSettings(pressure_suggestion_ratio=0.95, compact_at_ratio=0.9)
+    with pytest.raises(ValidationError, match="tool_result_defer_floor_tokens"):
+        ChaptersSettings(tool_result_defer_floor_tokens=500, tool_result_artifact_tokens=400)
+    with pytest.raises(ValidationError, match="extra"):
+        ChaptersSettings.model_validate({"artifactStoreRoot": "x"})
+
+
+def test_per_model_policy_changes_the_settings(tmp_path):
+    from helpers_chapters import chapters_kernel
+
+    kernel = chapters_kernel(
+        tmp_path,
+        policies=[{"match": {"provider": "scripted", "name": "small"}, "strategies": {"chapters": {"chapter_token_target": 1500}}}],
+    )
+    session = kernel.open_session()
+    assert session.settings("chapters").chapter_token_target == 8000
+    session.set_route("scripted", "small")
+    assert session.settings("chapters").chapter_token_target == 1500
+    assert Path(kernel.home) == tmp_path
