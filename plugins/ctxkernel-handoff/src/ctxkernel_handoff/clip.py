@@ -1,0 +1,294 @@
+"""Priority-aware clipping of a generated handoff body, with a mechanical clipping receipt.
+
+The host's directive asks for eight ``## `` sections and writes ``## Critical Context`` last, so a
+plain cut from the end deletes decisions, constraints and open questions first. Instead, every
+piece (the preamble before the first heading, and each ``## `` section) first keeps a reservation
+for the truncation marker, so the split never empties a piece without saying so, then a small
+floor of its own text; only the rest is split by weight, water-filling up to each piece's length.
+Critical Context, Next Step, Pending Jobs and Current Work get the larger weights; Files and Code
+(long paths and snippets) gives ground first. A floor is a share of the budget, not a promise that
+a whole bullet survives inside it.
+
+Cuts are safe for the text they land in: a cut inside a fenced code block closes it with a
+synthesized fence, or retreats out of the block when the fence does not fit (the receipt reports
+the retreat); when retreating would delete every remaining character the repair is refused and the
+excerpt is handed on as it stands. A cut never splits a grapheme (combining marks, joiners,
+variation selectors, emoji modifiers, regional-indicator pairs).
+
+The receipt is generated here, never by the model: it states how many source characters were kept,
+the pieces this clip shortened (kept/original lengths), the reason when the reply was not
+sectioned or the sectioned layout did not fit, and where the untrimmed reply can be read. Its
+reservation is taken only when the reply actually has to be clipped.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass, field
+
+MARKER = "… [truncated]"
+#: what a trimmed piece ends with: a line break, then the marker
+MARKER_TEXT = "\n" + MARKER
+#: characters of its own text each clipped piece keeps before the weighted split
+FLOOR = 48
+#: weight of each mandated section in the split (unknown headings and the preamble weigh 1)
+WEIGHTS: dict[str, float] = {
+    "Critical Context": 4.0,
+    "Next Step": 3.5,
+    "Pending Jobs": 3.0,
+    "Current Work": 3.0,
+    "Primary Request and Intent": 2.0,
+    "Errors and Fixes": 1.5,
+    "Key Technical Concepts": 1.0,
+    "Files and Code": 0.4,
+}
+_HEADING = re.compile(r"^## +(.+?)\s*$", re.MULTILINE)
+_FENCE = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,})")
+
+
+@dataclass
+class Piece:
+    name: str  # "(preamble)" or the heading text
+    heading: str  # the heading line with its newline ("" for the preamble)
+    body: str
+
+    @property
+    def text(self) -> str:
+        return self.heading + self.body
+
+
+@dataclass
+class ClipResult:
+    text: str
+    clipped: bool
+    source_chars: int
+    kept_chars: int
+    shortened: list[tuple[str, int, int]] = field(default_factory=list)  # (piece, kept, original)
+    reason: str | None = None  # why the layout was not (fully) used
+    notes: list[str] = field(default_factory=list)  # fence repairs
+    receipt: str = ""
+
+
+def split_pieces(text: str) -> list[Piece]:
+    """The preamble and each ``## `` section, in order; joined they give ``text`` back."""
+    matches = list(_HEADING.finditer(text))
+    if not matches:
+        return [Piece("(preamble)", "", text)]
+    pieces = []
+    if matches[0].start() > 0:
+        pieces.append(Piece("(preamble)", "", text[: matches[0].start()]))
+    for i, m in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
+        line_end = text.find("\n", m.start())
+        line_end = end if line_end == -1 or line_end > end else line_end + 1
+        pieces.append(Piece(m.group(1).strip(), text[m.start() : line_end], text[line_end:end]))
+    return pieces
+
+
+# -- safe cuts ---------------------------------------------------------------------------------------
+def _joins_previous(ch: str) -> bool:
+    """True when ``ch`` belongs to the grapheme of the character before it."""
+    cp = ord(ch)
+    return (
+        unicodedata.combining(ch) != 0
+        or unicodedata.category(ch) in ("Mn", "Me", "Mc")
+        or cp == 0x200D  # zero-width joiner
+        or 0xFE00 <= cp <= 0xFE0F  # variation selectors
+        or 0xE0100 <= cp <= 0xE01EF
+        or 0x1F3FB <= cp <= 0x1F3FF  # emoji skin-tone modifiers
+        or 0xE0020 <= cp <= 0xE007F  # emoji tag sequences
+        or 0xDC00 <= cp <= 0xDFFF  # a lone low surrogate (text decoded with surrogatepass)
+    )
+
+
+def _is_ri(ch: str) -> bool:
+    return 0x1F1E6 <= ord(ch) <= 0x1F1FF
+
+
+def safe_cut(text: str, position: int) -> int:
+    """The largest cut ``<= position`` that does not split a grapheme cluster."""
+    position = max(0, min(position, len(text)))
+    while 0 < position < len(text):
+        ch, prev = text[position], text[position - 1]
+        if _joins_previous(ch) or ord(prev) == 0x200D:
+            position -= 1
+            continue
+        if _is_ri(ch) and _is_ri(prev):
+            run = 0
+            i = position - 1
+            while i >= 0 and _is_ri(text[i]):
+                run += 1
+                i -= 1
+            if run % 2 == 1:  # the flag started before the cut: keep its pair together
+                position -= 1
+                continue
+        break
+    return position
+
+
+def open_fence(text: str) -> tuple[int, str] | None:
+    """Where the fenced code block still open at the end of ``text`` starts, and its fence."""
+    opened: tuple[int, str] | None = None
+    offset = 0
+    for line in text.splitlines(keepends=True):
+        m = _FENCE.match(line)
+        if m:
+            fence = m.group(1)
+            if opened is None:
+                opened = (offset, fence)
+            elif fence[0] == opened[1][0] and len(fence) >= len(opened[1]) and not line.strip()[len(fence) :].strip():
+                opened = None
+        offset += len(line)
+    return opened
+
+
+def cut_text(text: str, limit: int) -> tuple[str, str | None]:
+    """At most ``limit`` characters of ``text``, safe for graphemes and code fences.
+
+    Returns the excerpt and a note when the fence repair retreated or was refused.
+    """
+    if len(text) <= limit:
+        return text, None
+    cut = safe_cut(text, limit)
+    excerpt = text[:cut]
+    fence = open_fence(excerpt)
+    if fence is None:
+        return excerpt, None
+    start, delimiter = fence
+    closing = ("" if excerpt.endswith("\n") else "\n") + delimiter
+    room = safe_cut(text, limit - len(closing) - 1)
+    first_line_end = text.find("\n", start)
+    if first_line_end != -1 and room > first_line_end:
+        inner = text[:room]
+        return inner + ("" if inner.endswith("\n") else "\n") + delimiter, None
+    # the closing fence does not fit with any of the block's content: retreat out of the block
+    retreat = text[:start].rstrip("\n")
+    if not retreat.strip():
+        return excerpt, "fence repair refused (it would delete every remaining character); the excerpt ends inside a code block"
+    return retreat, f"retreated out of a code block, dropping {len(excerpt) - len(retreat)} characters"
+
+
+# -- the weighted split --------------------------------------------------------------------------------
+def _water_fill(demands: list[int], weights: list[float], amount: int) -> list[int]:
+    """Split ``amount`` by weight, capping each share at its demand and passing surplus on."""
+    shares = [0] * len(demands)
+    active = [i for i, d in enumerate(demands) if d > 0]
+    while amount > 0 and active:
+        total = sum(weights[i] for i in active)
+        given = 0
+        for i in active:
+            want = int(amount * weights[i] / total)
+            share = min(want, demands[i] - shares[i])
+            shares[i] += share
+            given += share
+        active = [i for i in active if shares[i] < demands[i]]
+        if given == 0:  # rounding left a few characters: hand them out one by one by weight
+            for i in sorted(active, key=lambda j: -weights[j]):
+                if amount - given <= 0:
+                    break
+                shares[i] += 1
+                given += 1
+            active = [i for i in active if shares[i] < demands[i]]
+        amount -= given
+    return shares
+
+
+def _weight(name: str) -> float:
+    return WEIGHTS.get(name, 1.0)
+
+
+def clip_sections(text: str, budget: int) -> ClipResult:
+    """Clip ``text`` to ``budget`` characters by priority (no receipt; see :func:`clip_with_receipt`)."""
+    source = len(text)
+    if source <= budget:
+        return ClipResult(text, False, source, source)
+    pieces = split_pieces(text)
+    sectioned = any(p.heading for p in pieces)
+    if not sectioned:
+        return _plain(text, budget, "the reply is not sectioned (no '## ' headings): clipped from the end")
+    bases: list[int] = []
+    for p in pieces:
+        full = len(p.text)
+        minimum = len(p.heading) + FLOOR + len(MARKER_TEXT)
+        bases.append(full if full <= minimum else minimum)
+    if sum(bases) > budget:
+        return _plain(
+            text,
+            budget,
+            f"the sectioned layout did not fit: {len(pieces)} pieces need {sum(bases)} characters for headings, "
+            f"markers and floors, the budget is {budget}; clipped from the end",
+        )
+    demands = [len(p.text) - b for p, b in zip(pieces, bases, strict=True)]
+    shares = _water_fill(demands, [_weight(p.name) for p in pieces], budget - sum(bases))
+    out: list[str] = []
+    result = ClipResult("", True, source, 0)
+    for piece, base, share in zip(pieces, bases, shares, strict=True):
+        allowed = base + share
+        if allowed >= len(piece.text):
+            out.append(piece.text)
+            continue
+        body_room = allowed - len(piece.heading) - len(MARKER_TEXT)
+        body, note = cut_text(piece.body, body_room)
+        body = body.rstrip("\n")
+        kept = piece.heading + body + MARKER_TEXT + ("\n\n" if len(out) < len(pieces) - 1 else "")
+        if len(kept) > allowed:  # the separator did not fit: keep the piece within its share
+            kept = piece.heading + body + MARKER_TEXT
+            if len(kept) < allowed:
+                kept += "\n"
+        out.append(kept)
+        result.shortened.append((piece.name, len(kept), len(piece.text)))
+        if note:
+            result.notes.append(f"{piece.name}: {note}")
+    result.text = "".join(out)
+    result.kept_chars = len(result.text)
+    return result
+
+
+def _plain(text: str, budget: int, reason: str) -> ClipResult:
+    room = max(0, budget - len(MARKER_TEXT))
+    body, note = cut_text(text, room)
+    clipped = body.rstrip("\n") + MARKER_TEXT if room > 0 else ""
+    result = ClipResult(clipped, True, len(text), len(clipped), [("(whole reply)", len(clipped), len(text))], reason)
+    if note:
+        result.notes.append(note)
+    return result
+
+
+def render_receipt(result: ClipResult, untrimmed: str) -> str:
+    """The one-line clipping receipt written beside the body."""
+    parts = [f"kept {result.kept_chars} of {result.source_chars} source characters"]
+    if result.shortened:
+        parts.append("shortened: " + "; ".join(f"{name} {kept}/{orig}" for name, kept, orig in result.shortened))
+    if result.reason:
+        parts.append(f"reason: {result.reason}")
+    if result.notes:
+        parts.append("code blocks: " + "; ".join(result.notes))
+    parts.append(f"untrimmed reply: {untrimmed}")
+    parts.append("this receipt describes this clip only; it cannot certify that the summarizer omitted nothing")
+    return "<clipping_receipt>" + " | ".join(parts) + "</clipping_receipt>"
+
+
+def clip_with_receipt(text: str, budget: int, untrimmed: str) -> ClipResult:
+    """Clip ``text`` so that body, a newline and receipt fit ``budget`` together.
+
+    Without clipping, the whole budget is the body's and no receipt is written.
+    """
+    if len(text) <= budget:
+        return ClipResult(text, False, len(text), len(text))
+    reserve = 400
+    for _ in range(6):
+        result = clip_sections(text, max(0, budget - reserve - 1))
+        receipt = render_receipt(result, untrimmed)
+        if len(result.text) + 1 + len(receipt) <= budget:
+            result.receipt = receipt
+            return result
+        reserve = len(receipt) + 16
+    # the receipt alone does not fit beside any usable body: keep what fits and still say so
+    result = clip_sections(text, max(0, budget // 2))
+    receipt = render_receipt(result, untrimmed)
+    result.receipt = receipt[: max(0, budget - len(result.text) - 1)]
+    return result
+
+
+__all__ = ["MARKER", "ClipResult", "Piece", "clip_sections", "clip_with_receipt", "cut_text", "open_fence", "render_receipt", "safe_cut", "split_pieces"]

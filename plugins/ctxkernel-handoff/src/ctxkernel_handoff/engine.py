@@ -1,0 +1,306 @@
+"""The window switch: one switch, four entry points.
+
+``new_context`` (requested, switched at the next step boundary), the pressure threshold, a manual
+:func:`compact_now` and a provider context overflow all end in :func:`switch`, one compaction
+transaction of kind ``window`` whose replacement is the bounded handoff. Pressure keeps the
+latest ``retain_ratio`` of the window verbatim; the other three keep only the last message (moved
+to a balanced cut, so a tool call and its results stay together). The window number is derived
+from committed ``compaction/summary`` events, so it advances only when the replacement commits:
+failure, cancellation and "nothing to compact" never report a switch.
+
+The threshold, the retained tail and ``auto`` are the host's settings (the ``basic`` strategy's
+``threshold_ratio``, ``retain_ratio``, ``auto``), which this strategy does not change. With the
+strategy off for a model (``native``), or its tools off, compaction is left to ``basic``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from ctxkernel import CompactionError, Span, head_region, whole_surface_but_last
+from ctxkernel.events import ASSISTANT_MESSAGE, REQUEST_HEADER, USER_MESSAGE
+from ctxkernel.recall.history import History
+from ctxkernel.recall.notes import Notes
+
+from .handoff import MIN_GENERATED_BODY, NAME, Generated, Handoff, assemble, call_summarizer
+from .settings import HandoffSettings
+
+if TYPE_CHECKING:
+    from ctxkernel import CommitResult, Session
+
+log = structlog.get_logger("ctxkernel_handoff")
+
+#: host defaults when the ``basic`` strategy is not loaded (DSH's defaults)
+HOST_THRESHOLD = 0.8
+HOST_RETAIN = 0.16
+#: the single-shot pressure reminder fires this far below the switch threshold
+REMINDER_LEAD = 0.1
+REMINDER_TAG = "[handoff: context pressure]"
+#: a handoff should cost well under what it replaces: characters allowed per token of the region
+CHARS_PER_REGION_TOKEN = 2.5
+#: and at most this share of the effective window (about 3.5 characters per token)
+WINDOW_SHARE = 0.25
+CHARS_PER_TOKEN = 3.5
+#: characters of the handoff's own wrapping around snapshot, notes and body
+WRAPPER_CHARS = 300
+#: the smallest handoff worth a switch
+MIN_HANDOFF_CHARS = 1_500
+
+
+@dataclass(frozen=True)
+class Mode:
+    """What the strategy does for a session's current model."""
+
+    enabled: bool
+    tools: bool  # the ten tools are registered
+    window: bool  # new_context switches windows
+    auto: bool  # pressure, manual and overflow compactions switch windows
+    why: str = ""  # why window switching is off, when it is
+
+
+@dataclass
+class HandoffState:
+    """Per-session state, rebuilt from the log (the pending request is transient by design)."""
+
+    cursor: int = 0
+    header_seq: int | None = None
+    reminded_window: int = 0  # window in which the pressure reminder was shown
+    last_assistant: int = -1
+    requested: dict[str, Any] | None = None  # never durable: not re-executed after a restart
+    overflow_at: int | None = None  # assistant count when the last overflow was handled
+    steward_window: int = 0  # window in which the simulation steward last acted
+    generation: int = -1
+    switches: int = 0
+    last_switch: dict[str, Any] | None = None
+    last_failure: str | None = None
+
+
+@dataclass
+class SwitchOutcome:
+    committed: bool
+    reason: str
+    window: int | None = None
+    detail: str = ""
+    result: CommitResult | None = None
+    record: dict[str, Any] = field(default_factory=dict)
+
+
+def settings_of(session: Session) -> HandoffSettings:
+    return session.settings(NAME)  # type: ignore[return-value]
+
+
+def mode_for(session: Session) -> Mode:
+    if not session.kernel.plugins.is_enabled(NAME):
+        return Mode(False, False, False, False, "the handoff strategy is disabled")
+    settings = settings_of(session)
+    if not settings.enabled:
+        return Mode(False, False, False, False, "[strategies.handoff] enabled = false")
+    if not settings.inject_tools:
+        return Mode(True, False, False, False, "inject_tools = false: compaction uses native summaries")
+    route = session.route or {}
+    model = session.model_settings()
+    strategy = settings.strategy_for(route.get("provider", model.provider), route.get("model", model.name))
+    if strategy == "native":
+        return Mode(True, True, False, False, f"model {model.provider}/{model.name} uses the native strategy")
+    return Mode(True, True, True, settings.override_compaction, "" if settings.override_compaction else "override_compaction = false")
+
+
+def host_settings(session: Session) -> tuple[float, float, bool]:
+    """The host's threshold_ratio, retain_ratio and auto (from ``basic`` when it is loaded)."""
+    if "basic" in session.kernel.strategies:
+        basic = session.settings("basic")
+        return basic.threshold_ratio, basic.retain_ratio, basic.auto  # type: ignore[attr-defined]
+    return HOST_THRESHOLD, HOST_RETAIN, True
+
+
+def state_for(session: Session) -> HandoffState:
+    """The session's handoff state, folded up to date with the log."""
+    state = session.state.get(NAME)
+    if not isinstance(state, HandoffState):
+        state = HandoffState()
+        session.state[NAME] = state
+    events = session.events
+    history = None
+    for event in events[state.cursor :]:
+        if event.type == REQUEST_HEADER:
+            state.header_seq = event.seq
+        elif event.type == ASSISTANT_MESSAGE:
+            state.last_assistant = event.seq
+        elif event.type == USER_MESSAGE:
+            source = event.data["message"].get("source") or {}
+            if source.get("plugin") == NAME and source.get("form") == "notice":
+                text = "".join(b.get("text", "") for b in event.data["message"].get("content", ()))
+                if text.startswith(REMINDER_TAG):
+                    history = history or History.for_session(session)
+                    state.reminded_window = history.window_of(event.seq)
+    state.cursor = len(events)
+    return state
+
+
+def request_header(session: Session, state: HandoffState) -> tuple[str, list[Any]]:
+    """System prompt and tools of the last request (what the summarizer call is prefixed with)."""
+    if state.header_seq is not None:
+        data = session.events[state.header_seq].data
+        return data["system"], data["tools"]
+    return session.kernel.profile.profile.system_prompt, []
+
+
+def notes_of(session: Session) -> Notes:
+    notes = Notes.for_session(session)
+    notes.current_window = f"win_{History.for_session(session).current_window.number}"
+    return notes
+
+
+# -- the switch --------------------------------------------------------------------------------------------
+def switch(session: Session, *, reason: str, keep_tokens: int | None = None) -> SwitchOutcome:
+    """Switch to a new window now. ``keep_tokens`` keeps that much of the newest surface verbatim
+    (the pressure path); None keeps only the last message. Never raises for an ordinary failure."""
+    session.refresh()
+    state = state_for(session)
+    history = History.for_session(session)
+    surface = session.surface
+    if keep_tokens is None:
+        region = whole_surface_but_last(surface, 1)
+    else:
+        region = head_region(surface, session.meter, keep_tokens, min_nodes=2)
+    if region is None:
+        return _failed(state, reason, "nothing to compact: no balanced cut leaves anything to replace")
+    nodes = surface.span(*region)
+    region_tokens = sum(session.meter.node_tokens(n) for n in nodes)
+    settings = settings_of(session)
+    effective = session.model_settings().effective_window
+    budget = min(
+        settings.handoff_max_chars,
+        int(region_tokens * CHARS_PER_REGION_TOKEN),
+        int(effective * WINDOW_SHARE * CHARS_PER_TOKEN),
+    )
+    if budget < MIN_HANDOFF_CHARS:
+        return _failed(state, reason, f"nothing to compact: the replaceable region holds {region_tokens} tokens, too little for a handoff")
+    notes = notes_of(session).active()
+    mode = settings.handoff_summary
+    generated: Generated | None = None
+    discarded = None
+    if mode == "generated":
+        # the call is made only when the budget can carry a usable generated body: price the
+        # mandatory snapshot and the note previews first with a model-free probe
+        probe = assemble(history, nodes, notes, budget=budget, mode="extractive", reason=reason, generated=None)
+        room = budget - probe.record["snapshot_chars"] - probe.record["notes_chars"] - WRAPPER_CHARS
+        if room >= MIN_GENERATED_BODY:
+            generated = call_summarizer(session, nodes, room, request_header(session, state))
+        else:
+            discarded = "budget"
+    handoff: Handoff | None = None
+    message = None
+    for _ in range(3):
+        handoff = assemble(history, nodes, notes, budget=budget, mode=mode, reason=reason, generated=generated, discarded=discarded)
+        message = handoff.message()
+        tokens = session.meter.count_message(message)
+        if len(handoff.text) > settings.handoff_max_chars:
+            return _failed(state, reason, f"the handoff needs {len(handoff.text)} characters, over handoff_max_chars {settings.handoff_max_chars}")
+        if tokens < region_tokens:
+            break
+        budget = int(budget * min(0.9, region_tokens / max(tokens, 1) * 0.9))
+        if budget < MIN_HANDOFF_CHARS:
+            break
+    assert handoff is not None and message is not None
+    new_window = history.current_window.number + 1
+    record = {
+        "window": new_window,
+        "reason": reason,
+        "window_record": {**handoff.record, "region_tokens": region_tokens, "region_items": [f"item_{nodes[0].seq}", f"item_{nodes[-1].seq}"]},
+    }
+    try:
+        result = session.compact(
+            Span(region[0], region[1], summary=handoff.summary, message=message),
+            strategy=NAME,
+            kind="window",
+            data=record,
+        )
+    except CompactionError as exc:
+        return _failed(state, reason, f"{type(exc).__name__}: {exc}", record=record)
+    state.requested = None
+    return SwitchOutcome(True, reason, new_window, "", result, record)
+
+
+def _failed(state: HandoffState, reason: str, detail: str, record: dict[str, Any] | None = None) -> SwitchOutcome:
+    state.last_failure = f"{reason}: {detail}"
+    log.info("window switch did not happen", reason=reason, detail=detail)
+    return SwitchOutcome(False, reason, None, detail, None, record or {})
+
+
+def after_commit(session: Session, result: CommitResult) -> None:
+    """After a committed switch: replace handoff.md, add a line to handoff-log.md (failures logged)."""
+    state = state_for(session)
+    history = History.for_session(session)
+    state.switches += 1
+    window = history.current_window
+    summary = result.spans[0].summary if result.spans else None
+    record = dict(result.data.get("window_record") or {})
+    state.last_switch = {"window": window.number, "reason": result.data.get("reason"), **record}
+    full = summary.text if summary is not None else ""
+    replacement = result.spans[0].replacement_seq if result.spans else None
+    if replacement is not None and record.get("handoff_summary") != "generated":
+        full = session.events[replacement].data["message"]["content"][0]["text"]
+    notes = notes_of(session)
+    first = next((line.strip() for line in full.splitlines() if line.strip()), "")[:200]
+    line = (
+        f"- win_{window.number} {session.events[-1].time} reason={result.data.get('reason')} "
+        f"summary=win_{window.number - 1}_summary (item_{window.opened_by}) {first}\n"
+    )
+    from .handoff import HANDOFF_LOG_NOTE, HANDOFF_NOTE
+
+    limit = notes.limits.max_note_bytes
+    body = full if len(full.encode()) <= limit else full.encode()[: limit - 64].decode(errors="ignore") + "\n… [clipped to the note limit]"
+    trust = "model-authored" if record.get("handoff_summary") == "generated" else "tool-output"
+    for path, write in ((HANDOFF_NOTE, lambda: notes.write(HANDOFF_NOTE, body, trust=trust, strategy=NAME)),
+                        (HANDOFF_LOG_NOTE, lambda: notes.append(HANDOFF_LOG_NOTE, line, trust="tool-output", strategy=NAME))):
+        try:
+            write()
+        except Exception as exc:  # noqa: BLE001 - a failed note write never blocks the switch
+            log.warning("handoff note write failed", session=session.id, path=path, error=f"{type(exc).__name__}: {exc}")
+
+
+# -- the entry points ----------------------------------------------------------------------------------
+def compact_now(session: Session) -> SwitchOutcome:
+    """Manual compaction (the seed's ``/compact``): a window switch keeping only the last message,
+    or a native summary when window switching is off for this session's model."""
+    mode = mode_for(session)
+    if not mode.enabled:
+        return SwitchOutcome(False, "manual", None, mode.why)
+    if mode.auto:
+        return switch(session, reason="manual")
+    _, retain, _ = host_settings(session)
+    keep = int(retain * session.pressure().effective_window)
+    region = head_region(session.surface, session.meter, keep, min_nodes=2)
+    if region is None:
+        return SwitchOutcome(False, "manual", None, "nothing to compact")
+    try:
+        result = session.compact(Span(*region), strategy=NAME, kind="summary", data={"reason": "manual", "native": True})
+    except CompactionError as exc:
+        return SwitchOutcome(False, "manual", None, f"{type(exc).__name__}: {exc} (native: {mode.why})")
+    return SwitchOutcome(True, "manual", None, f"native summary ({mode.why})", result)
+
+
+def request_new_context(session: Session, reason: str = "") -> str:
+    """Record a switch request (what ``new_context`` does); it runs at the next step boundary."""
+    mode = mode_for(session)
+    if not mode.window:
+        msg = f"new_context is not available in this session: {mode.why}. The notes_* and history_* tools still work"
+        from ctxkernel import ToolError
+
+        raise ToolError(msg)
+    state = state_for(session)
+    if state.requested is not None:
+        return "requested (already pending): the window switch happens at the next step boundary"
+    state.requested = {"reason": reason[:500], "at": len(session.events)}
+    return (
+        "requested: a new context window starts at the next step boundary, after every result of this batch is "
+        "committed. It opens with a handoff (goal, todos, your last instructions, recent notes and a summary); "
+        "exact details stay recoverable with history_* and notes_*. Save anything else you need in notes now."
+    )
+
+
+__all__ = ["Mode", "HandoffState", "SwitchOutcome", "after_commit", "compact_now", "host_settings", "mode_for", "request_new_context", "state_for", "switch"]

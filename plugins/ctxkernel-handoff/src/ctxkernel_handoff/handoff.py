@@ -1,0 +1,353 @@
+"""Building the bounded handoff that opens a new window.
+
+Layout, in this order, within ``handoff_max_chars``::
+
+    <window_handoff window="N+1" ...>
+    snapshot   window index, goal, open todos, the last four user instructions verbatim (mandatory)
+    notes      up to the 8 most recent notes, ~1,800 characters each (optional, a bounded share)
+    body       <generated_handoff> or <extractive_handoff>, every character left over
+    receipt    <clipping_receipt> only when the generated body had to be clipped
+    </window_handoff>
+
+The mandatory snapshot is rendered first and is bounded by construction (goal 1,000 characters,
+todos 1,200, four instructions of 1,000 each), so an unused allowance returns to the body; note
+previews take at most a third of what the snapshot leaves, so they cannot eat the body.
+
+``generated`` asks the summarizer model once and wraps its reply; ``extractive`` excerpts the
+region's records and never calls a model. A failed call, or a body budget too small for a usable
+generated body, falls back to extractive without blocking the switch and the window record says
+why (``generated_discarded``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import structlog
+
+from ctxkernel import Message, Source, Summary
+from ctxkernel.recall.history import History
+from ctxkernel.recall.notes import Note, render_note
+
+from .clip import clip_with_receipt, cut_text
+
+if TYPE_CHECKING:
+    from ctxkernel import Session
+    from ctxkernel.surface import Node
+
+NAME = "handoff"
+log = structlog.get_logger("ctxkernel_handoff")
+
+INSTRUCTIONS = 4
+INSTRUCTION_CHARS = 1_000
+GOAL_CHARS = 1_000
+TODO_ENTRIES = 12
+TODO_CHARS = 1_200
+NOTES_INJECTED = 8
+NOTE_PREVIEW_CHARS = 1_800
+#: share of what the snapshot leaves that note previews may take at most
+NOTES_SHARE = 1 / 3
+#: below this many characters a generated body is not usable: the handoff falls back to extractive
+MIN_GENERATED_BODY = 1_200
+#: notes the strategy writes itself; never injected (the body already carries the same text)
+HANDOFF_NOTE = "handoff.md"
+HANDOFF_LOG_NOTE = "handoff-log.md"
+NOTES_PREFIX = "self/notes/"
+
+SECTIONS = (
+    "Primary Request and Intent",
+    "Key Technical Concepts",
+    "Files and Code",
+    "Errors and Fixes",
+    "Pending Jobs",
+    "Current Work",
+    "Next Step",
+    "Critical Context",
+)
+
+
+def directive(budget: int) -> str:
+    return (
+        "Your task is to write the handoff for the next context window: a summary of the conversation so "
+        "far that lets the work continue without it. Write exactly these eight sections, in this order, "
+        "each as a '## ' heading, writing '(none)' under a section with nothing to say and never dropping "
+        "a section: " + "; ".join(SECTIONS) + ". Quote the user's instructions verbatim where they still "
+        "apply and name the item ids (item_<seq>) of evidence worth re-reading. If the conversation begins "
+        "with an earlier handoff, merge it into yours instead of copying it. Keep the whole summary under "
+        f"{budget} characters."
+    )
+
+
+@dataclass
+class Handoff:
+    """A built handoff: the message text, what is recorded, and the window record."""
+
+    text: str
+    full: str  # the unclipped handoff for handoff.md (a generated one: the summarizer's raw reply)
+    summary: Summary  # recorded in compaction/summary (untrimmed reply or extractive body)
+    record: dict[str, Any] = field(default_factory=dict)
+
+    def message(self) -> Message:
+        return Message.user(self.text, Source.plugin_form(NAME, "handoff"))
+
+
+@dataclass
+class Generated:
+    """The one summarizer call of a switch (made at most once, reused by every budget attempt)."""
+
+    text: str | None
+    provider: str | None = None
+    model: str | None = None
+    usage: dict[str, int] | None = None
+    error: str | None = None
+
+
+def call_summarizer(session: Session, nodes: list[Node], budget: int, header: tuple[str, list[Any]]) -> Generated:
+    """Ask the summarizer model once: request header, the outgoing region, then the directive last
+    (so a provider prefix cache serves everything before it)."""
+    model = session.kernel.summarizer
+    if model is None:
+        return Generated(None, error="no summarizer model is configured ([summarizer] kind is 'extractive')")
+    system, tools = header
+    messages = [n.message for n in nodes]
+    messages.append(Message.user(directive(budget), Source.plugin_form(NAME, "directive")))
+    try:
+        reply = model.complete(messages, system=system, tools=tools)
+    except Exception as exc:  # noqa: BLE001 - any failure falls back to extractive, never blocks the switch
+        log.warning("handoff summary call failed", session=session.id, error=f"{type(exc).__name__}: {exc}")
+        return Generated(
+            None, getattr(model, "provider", None), getattr(model, "model", None), None, f"{type(exc).__name__}: {exc}"[:500]
+        )
+    provider = reply.provider or getattr(model, "provider", None)
+    name = reply.model or getattr(model, "model", None)
+    text = reply.message.text.strip()
+    if not text:
+        return Generated(None, provider, name, reply.usage, "the summarizer returned an empty reply")
+    return Generated(text, provider, name, reply.usage)
+
+
+# -- the snapshot -----------------------------------------------------------------------------------
+def _clip(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    body, _ = cut_text(text, limit - 1)
+    return body + "…"
+
+
+def _one_line(text: str, limit: int) -> str:
+    return _clip(" ".join(text.split()), limit)
+
+
+def instruction_text(history: History, seq: int) -> str:
+    return history.text_of(history.session.events[seq])
+
+
+def render_snapshot(history: History, *, new_window: int, reason: str) -> str:
+    """Window index, goal, open todos and the last four user instructions (bounded)."""
+    current = history.current_window
+    lines = [
+        f"You are continuing in context window win_{new_window}. Earlier parts of this session were replaced by this "
+        "handoff; nothing was deleted: every event stays readable by its item id with the history_* tools.",
+        f"Window index: win_{new_window} opened by a {reason} switch from win_{current.number} "
+        f"(items item_{current.start_seq} onward; its summary: win_{current.number}_summary, read it with "
+        "history_read_item format json for the untrimmed text). history_list_windows lists every window.",
+    ]
+    instructions = history.instructions[-INSTRUCTIONS:]
+    goal = history.goal()
+    if goal is not None:
+        if goal.seq in instructions:
+            lines.append(f"Goal (goal = item_{goal.seq}): quoted below with the recent instructions.")
+        else:
+            lines.append(f"Goal (goal = item_{goal.seq}): {_clip(instruction_text(history, goal.seq), GOAL_CHARS)}")
+    todos = [t for t in history.checklist() if t.open]
+    if todos:
+        out = ["Open todos (checklist):"]
+        used = 0
+        for entry in todos[:TODO_ENTRIES]:
+            line = f"- [{entry.status}] {entry.ref}: {_one_line(entry.text, 160)}"
+            if used + len(line) > TODO_CHARS:
+                out.append(f"- … {len(todos) - len(out) + 1} more: history_read_item checklist")
+                break
+            out.append(line)
+            used += len(line) + 1
+        else:
+            if len(todos) > TODO_ENTRIES:
+                out.append(f"- … {len(todos) - TODO_ENTRIES} more: history_read_item checklist")
+        lines.append("\n".join(out))
+    if instructions:
+        out = ["Recent user instructions, oldest first, verbatim (a later instruction takes precedence over an earlier one it corrects):"]
+        for seq in instructions:
+            text = instruction_text(history, seq)
+            clipped = _clip(text, INSTRUCTION_CHARS)
+            more = f" [clipped: {len(text)} characters in item_{seq}]" if len(clipped) < len(text) else ""
+            out.append(f'<instruction item="item_{seq}" window="win_{history.window_of(seq)}">\n{clipped}\n</instruction>{more}')
+        lines.append("\n".join(out))
+    return "\n\n".join(lines)
+
+
+def render_notes(notes: list[Note], budget: int) -> str:
+    """Previews of the most recent notes within ``budget`` characters ("" when none fit)."""
+    chosen = [n for n in notes if n.path not in (HANDOFF_NOTE, HANDOFF_LOG_NOTE)][-NOTES_INJECTED:]
+    head = f"Recent notes (newest last; full text: notes_read_file with the path, under {NOTES_PREFIX}):"
+    while chosen:
+        per = min(NOTE_PREVIEW_CHARS, max(80, (budget - len(head)) // len(chosen) - 220))
+        blocks = [render_note(note, max_chars=per) for note in chosen]
+        text = head + "\n" + "\n".join(blocks)
+        if len(text) <= budget:
+            return text
+        chosen = chosen[1:]  # drop the oldest until the previews fit their share
+    return ""
+
+
+# -- the extractive body -------------------------------------------------------------------------------
+_PATH_KEYS = ("path", "file", "file_path", "filename", "filepath", "notebook_path")
+_FILES = "Files touched: "
+_CARRIED = "Carried from an earlier generated handoff"
+_PREVIOUS = re.compile(r"<(generated|extractive)_handoff>\n?(.*?)\n?</\1_handoff>", re.DOTALL)
+
+
+def extractive_body(history: History, nodes: list[Node], budget: int) -> str:
+    """Excerpts of the outgoing region with item ids, newest kept first.
+
+    A previous extractive handoff in the region is merged, not nested: its file list and activity
+    lines join this window's, so one chronological list spans the windows and loses its oldest
+    lines first. A previous generated handoff is carried as one clipped block.
+    """
+    carried = ""
+    entries: list[str] = []
+    files: dict[str, None] = {}
+    for node in nodes:
+        message = node.message
+        item = f"item_{node.seq}"
+        if message.role == "user":
+            if message.source.kind == "plugin":
+                found = _PREVIOUS.search(message.text)
+                if message.source.form == "handoff" and found:
+                    if found.group(1) == "extractive":
+                        for line in found.group(2).splitlines():
+                            if line.startswith(_FILES):
+                                files.update(dict.fromkeys(f.strip() for f in line[len(_FILES) :].split(", ") if f.strip()))
+                            elif line.startswith("- item_"):
+                                entries.append(line)
+                            elif line.startswith(_CARRIED):
+                                carried = line
+                    else:
+                        carried = f"{_CARRIED} ({item}): " + _one_line(found.group(2), 4_000)
+                elif message.source.form != "handoff":
+                    entries.append(f"- {item} notice: {_one_line(message.text, 200)}")
+                continue
+            entries.append(f"- {item} user: {_one_line(message.text, 300)}")
+        elif message.role == "assistant":
+            if message.text.strip():
+                entries.append(f"- {item} assistant: {_one_line(message.text, 300)}")
+            for call in message.tool_calls:
+                args = call.arguments if isinstance(call.arguments, dict) else {}
+                for key in _PATH_KEYS:
+                    if isinstance(args.get(key), str):
+                        files.pop(args[key], None)
+                        files[args[key]] = None
+                rendered = orjson.dumps(args).decode() if args else ""
+                entries.append(f"- {item} call {call.name} {_one_line(rendered, 160)}")
+        else:
+            result = message.tool_result
+            assert result is not None
+            name = history.tool_name(result.call_id) or result.name or "tool"
+            first = result.content.strip().splitlines()[0] if result.content.strip() else "(empty)"
+            flag = " ERROR" if result.is_error else ""
+            entries.append(f"- {item} result{flag} {name}: {_one_line(first, 160)} ({len(result.content)} chars)")
+    parts: list[str] = []
+    if files:
+        parts.append(_FILES + ", ".join(_clip(f, 120) for f in list(files)[-20:]))
+    if carried:
+        parts.append(_clip(carried, max(0, int((budget - sum(len(p) for p in parts)) * 0.3))))
+    fixed = sum(len(p) + 2 for p in parts)
+    head = "Activity so far, oldest first (read any item in full with history_read_item):"
+    room = budget - fixed - len(head) - 80
+    kept: list[str] = []
+    used = 0
+    for entry in reversed(entries):  # newest facts matter most
+        if used + len(entry) + 1 > room:
+            break
+        kept.append(entry)
+        used += len(entry) + 1
+    kept.reverse()
+    lines = [head]
+    if len(kept) < len(entries):
+        lines.append(f"(… {len(entries) - len(kept)} earlier entries omitted: history_list_items lists them)")
+    lines.extend(kept)
+    parts.append("\n".join(lines))
+    text = "\n\n".join(p for p in parts if p)
+    return text if len(text) <= budget else _clip(text, budget)
+
+
+# -- assembling --------------------------------------------------------------------------------------------
+def assemble(
+    history: History,
+    nodes: list[Node],
+    notes: list[Note],
+    *,
+    budget: int,
+    mode: str,
+    reason: str,
+    generated: Generated | None,
+    discarded: str | None = None,
+) -> Handoff:
+    """The handoff for opening window ``current + 1`` within ``budget`` characters."""
+    new_window = history.current_window.number + 1
+    summary_ref = f"win_{new_window - 1}_summary"
+    opening = f'<window_handoff window="win_{new_window}" previous="win_{new_window - 1}" reason="{reason}" summary_item="{summary_ref}">\n'
+    closing = "\n</window_handoff>"
+    snapshot = render_snapshot(history, new_window=new_window, reason=reason)
+    left = budget - len(opening) - len(closing) - len(snapshot) - 2
+    notes_text = render_notes(notes, int(max(0, left) * NOTES_SHARE))
+    left -= len(notes_text) + (2 if notes_text else 0)
+    record: dict[str, Any] = {"handoff_summary": mode, "budget_chars": budget}
+    body = ""
+    full = ""
+    summary: Summary
+    wrap_g = ("<generated_handoff>\n", "\n</generated_handoff>")
+    body_room = left - len(wrap_g[0]) - len(wrap_g[1])
+    if mode == "generated" and generated is not None and generated.text is not None and body_room >= MIN_GENERATED_BODY:
+        clip = clip_with_receipt(generated.text, body_room, f"history_read_item id={summary_ref} format=json")
+        body = wrap_g[0] + clip.text + wrap_g[1] + (("\n" + clip.receipt) if clip.receipt else "")
+        record["clipped"] = clip.clipped
+        if clip.clipped:
+            record["receipt"] = {
+                "kept_chars": clip.kept_chars,
+                "source_chars": clip.source_chars,
+                "shortened": [list(s) for s in clip.shortened],
+                "reason": clip.reason,
+                "code_blocks": clip.notes,
+            }
+        full = generated.text
+        summary = Summary(generated.text, provider=generated.provider, model=generated.model, usage=generated.usage)
+    else:
+        if mode == "generated":
+            if discarded:
+                record["generated_discarded"] = discarded
+            elif generated is not None and generated.error:
+                record["generated_discarded"] = f"error: {generated.error}"
+            else:
+                record["generated_discarded"] = "budget"
+            record["handoff_summary"] = "extractive"
+            record["requested_summary"] = "generated"
+        wrap = ("<extractive_handoff>\n", "\n</extractive_handoff>")
+        extract = extractive_body(history, nodes, max(0, left - len(wrap[0]) - len(wrap[1])))
+        body = wrap[0] + extract + wrap[1]
+        # a call that was made is accounted even when its text is not used
+        made = generated is not None and (generated.usage is not None or generated.provider is not None)
+        summary = Summary(
+            generated.text if (made and generated and generated.text) else extract,
+            provider=generated.provider if made and generated else None,
+            model=generated.model if made and generated else None,
+            usage=generated.usage if made and generated else None,
+        )
+    parts = [snapshot] + ([notes_text] if notes_text else []) + [body]
+    text = opening + "\n\n".join(parts) + closing
+    if not full:
+        full = text
+    record.update({"handoff_chars": len(text), "snapshot_chars": len(snapshot), "notes_chars": len(notes_text)})
+    return Handoff(text, full, summary, record)

@@ -1,0 +1,283 @@
+"""The ``handoff`` strategy's hook implementations (the entry point names this module)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+import ctxkernel
+from ctxkernel import ContextOverflowError, StrategySpec
+from ctxkernel.recall.history import History
+from ctxkernel.recall.notes import STATE_KEY as NOTES_STATE_KEY
+
+from .engine import (
+    REMINDER_LEAD,
+    REMINDER_TAG,
+    after_commit,
+    host_settings,
+    mode_for,
+    notes_of,
+    state_for,
+    switch,
+)
+from .handoff import NAME
+from .settings import HandoffSettings
+from .tools import TOOL_NAMES, build_tools
+
+if TYPE_CHECKING:
+    from ctxkernel import CommitResult, ModelError, Profile, Request, Session, StepContext
+
+log = structlog.get_logger("ctxkernel_handoff")
+
+PROMPT = (
+    "Context windows: this session runs in numbered context windows. When a window fills up, or when you call "
+    "new_context, older messages are replaced by a handoff (goal, open todos, your last user instructions verbatim, "
+    "recent notes and a summary) and a new window starts; the system prompt and tools stay the same. Nothing is "
+    "deleted: history_list_windows, history_list_items, history_search_contents and history_read_item recover any "
+    "earlier item exactly (item_<seq> ids). Keep durable facts, decisions and plans in your session-private notes "
+    "(notes_write_file, notes_append_to_file; paths under self/notes/); the most recent ones are carried into every "
+    "handoff. Call new_context at a natural stopping point when you are reminded that the window is filling up."
+)
+
+
+@ctxkernel.hookimpl
+def register_strategy(register: Any) -> None:
+    register(
+        StrategySpec(
+            NAME,
+            settings=HandoffSettings,
+            capabilities={"pressure", "overflow", "windows", "notes", "history"},
+            description="windowed handoff: bounded handoffs between context windows, session notes and history recall",
+        )
+    )
+
+
+@ctxkernel.hookimpl
+def session_opened(session: Session) -> None:
+    if not mode_for(session).enabled:
+        return
+    state_for(session)
+    History.for_session(session)
+    notes_of(session)
+
+
+@ctxkernel.hookimpl
+def register_tools(register: Any, session: Session) -> None:
+    mode = mode_for(session)
+    state = state_for(session)
+    generation = session.kernel.plugins.generation
+    if state.generation not in (-1, generation):
+        # the strategy set changed (a runtime toggle): notes are rebuilt from the log, and a
+        # switch requested before the toggle is dropped rather than run under other settings
+        session.state.pop(NOTES_STATE_KEY, None)
+        state.requested = None
+    state.generation = generation
+    if not mode.tools:
+        return
+    for tool in build_tools():
+        register(tool)
+
+
+@ctxkernel.hookimpl
+def system_prompt(session: Session) -> str | None:
+    return PROMPT if mode_for(session).tools else None
+
+
+@ctxkernel.hookimpl
+def pre_step(session: Session, step: StepContext) -> None:
+    mode = mode_for(session)
+    if not mode.enabled:
+        return
+    state = state_for(session)
+    if state.requested is not None:
+        # explicit requests are honoured even when automatic compaction is off
+        requested = state.requested
+        state.requested = None
+        if not mode.window:
+            step.remind(f"new_context: the requested window switch did not happen: {mode.why}.", strategy=NAME)
+            return
+        outcome = switch(session, reason="requested")
+        if not outcome.committed:
+            step.remind(
+                f"new_context: the requested window switch did not happen ({outcome.detail}); you are still in "
+                f"window win_{History.for_session(session).current_window.number}.",
+                strategy=NAME,
+            )
+        del requested
+        return
+    if session.route is None:
+        return  # the first step of a fresh session has no routed request to price against
+    threshold, retain, auto = host_settings(session)
+    pressure = session.pressure()
+    if mode.auto and auto and pressure.ratio >= threshold:
+        outcome = switch(session, reason="threshold", keep_tokens=int(retain * pressure.effective_window))
+        if outcome.committed:
+            return
+    if not mode.window:
+        return
+    history = History.for_session(session)
+    window = history.current_window.number
+    pressure = session.pressure()
+    if pressure.ratio >= max(0.0, threshold - REMINDER_LEAD) and state.reminded_window != window:
+        state.reminded_window = window  # single shot per window (the notice in the log restores it on restart)
+        step.remind(
+            f"{REMINDER_TAG} this window (win_{window}) is {pressure.ratio:.0%} full; at {threshold:.0%} it switches "
+            "automatically. Save what matters in notes (notes_write_file) and call new_context at a good stopping point.",
+            strategy=NAME,
+        )
+
+
+@ctxkernel.hookimpl
+def request_error(session: Session, error: ModelError) -> bool | None:
+    if not isinstance(error, ContextOverflowError):
+        return None
+    mode = mode_for(session)
+    if not mode.auto:
+        return None  # native: the basic strategy's overflow handling answers
+    state = state_for(session)
+    if state.overflow_at is not None and state.overflow_at == state.last_assistant:
+        state.overflow_at = None
+        return False  # one retry per overflow: the last switch did not make the request fit
+    before = session.meter.surface_tokens()
+    outcome = switch(session, reason="overflow")
+    if not outcome.committed:
+        return None
+    state.overflow_at = state.last_assistant
+    return session.meter.surface_tokens() < before
+
+
+@ctxkernel.hookimpl
+def commit(session: Session, result: CommitResult) -> None:
+    if result.strategy == NAME and result.kind == "window":
+        after_commit(session, result)
+
+
+@ctxkernel.hookimpl
+def project(session: Session) -> dict[str, Any] | None:
+    mode = mode_for(session)
+    if not mode.enabled:
+        return {"enabled": False, "why": mode.why}
+    state = state_for(session)
+    history = History.for_session(session)
+    notes = notes_of(session)
+    return {
+        "enabled": True,
+        "window": history.current_window.number,
+        "windows": len(history.windows),
+        "switching": "window" if mode.auto else ("explicit only" if mode.window else "native"),
+        "why": mode.why or None,
+        "requested": state.requested is not None,
+        "last_switch": state.last_switch,
+        "last_failure": state.last_failure,
+        "notes": len(notes),
+        "notes_bytes": notes.total_bytes,
+    }
+
+
+@ctxkernel.hookimpl
+def steward_actions(session: Session, request: Request) -> list[dict[str, Any]] | None:
+    """The deterministic steward: when the pressure reminder shows in this window, save a progress
+    note and ask for a new window (once per window)."""
+    mode = mode_for(session)
+    if not mode.window:
+        return None
+    state = state_for(session)
+    history = History.for_session(session)
+    window = history.current_window.number
+    if state.requested is not None or state.reminded_window != window or state.steward_window == window:
+        return None
+    state.steward_window = window
+    return [
+        {"name": "notes_write_file", "arguments": {"path": f"self/notes/progress/win_{window}.md", "content": _progress(history)}},
+        {"name": "new_context", "arguments": {"reason": f"pressure reminder in win_{window}"}},
+    ]
+
+
+def _progress(history: History) -> str:
+    """What a careful model would write down before switching: where things stand, with ids."""
+    events = history.session.events
+    lines = [f"Progress at the end of win_{history.current_window.number} (item_{len(events) - 1})."]
+    instructions = history.instructions[-1:]
+    for seq in instructions:
+        lines.append(f"Last instruction (item_{seq}): " + " ".join(history.text_of(events[seq]).split())[:600])
+    for event in reversed(events):
+        if event.type == "assistant/message":
+            text = " ".join(history.text_of(event).split())
+            if text:
+                lines.append(f"Last assistant step (item_{event.seq}): {text[:600]}")
+                break
+    todos = [t for t in history.checklist() if t.open]
+    if todos:
+        lines.append("Open todos: " + "; ".join(f"{t.ref} {t.text[:80]}" for t in todos[:8]))
+    return "\n".join(lines)
+
+
+@ctxkernel.hookimpl
+def validate_profile(profile: Profile, report: Any) -> None:
+    if NAME not in profile.profile.strategies:
+        return
+    settings = HandoffSettings.model_validate(profile.strategy_settings(NAME))
+    variants = [HandoffSettings.model_validate(profile.strategy_settings(NAME, p.match.provider, p.match.name)) for p in profile.model_policies if NAME in p.strategies]
+    every = [settings, *variants]
+    # tools: the recall tools are shared with rollover; both in one profile would register them twice
+    sharing = [s for s in profile.profile.strategies if s == "rollover"]
+    if sharing:
+        report.fail(
+            "tools",
+            NAME,
+            f"strategies {sharing} register new_context too, which collides with handoff's {list(TOOL_NAMES)}. "
+            "Fix: run only one windowed strategy (handoff or rollover) in a profile",
+        )
+    else:
+        report.ok("tools", NAME, f"registers {len(TOOL_NAMES)} tools: {', '.join(TOOL_NAMES)}")
+    # notes storage: notes are events in the session log, so the store must accept writes
+    store = profile.store
+    if store.backend in ("jsonl", "sqlite"):
+        from ctxkernel.store.base import default_home
+
+        home = Path(store.path or default_home())
+        probe = home
+        while not probe.exists() and probe.parent != probe:
+            probe = probe.parent
+        if os.access(probe, os.W_OK):
+            report.ok("store", NAME, f"notes are stored in the {store.backend} session logs under {home} (writable)")
+        else:
+            report.fail(
+                "store",
+                NAME,
+                f"notes storage {home} is not writable (checked {probe}). Fix: set [store] path or CTXKERNEL_HOME to a writable folder",
+            )
+    else:
+        report.ok("store", NAME, "notes are stored in the postgres session logs (checked by the kernel's store check)")
+    # generated handoffs need a summarizer model
+    if any(s.handoff_summary == "generated" for s in every) and profile.summarizer.kind == "extractive":
+        report.warn(
+            "strategy",
+            NAME,
+            "handoff_summary = 'generated' but [summarizer] kind = 'extractive': every switch will fall back to an "
+            "extractive handoff. Fix: configure [summarizer] (kind = 'openai', base_url, model), or set "
+            "handoff_summary = 'extractive'",
+        )
+    # native summaries come from the basic strategy
+    native = any(
+        not s.inject_tools or not s.override_compaction or s.default_strategy == "native" or any(p.strategy == "native" for p in s.model_policies)
+        for s in every
+    )
+    if "basic" not in profile.profile.strategies:
+        message = (
+            "native summaries (inject_tools = false, override_compaction = false, default_strategy = 'native', a native "
+            "model policy, or the runtime toggle) come from the 'basic' strategy, which this profile does not load. "
+            "Fix: add 'basic' after 'handoff' in [profile] strategies and capability_order"
+        )
+        (report.fail if native else report.warn)("strategy", NAME, message)
+    elif profile.profile.strategies.index("basic") < profile.profile.strategies.index(NAME):
+        report.fail(
+            "strategy",
+            NAME,
+            "'basic' is listed before 'handoff', so native summaries would pre-empt window switches. Fix: list 'handoff' first",
+        )
+    else:
+        report.ok("strategy", NAME, "native summaries fall back to 'basic'")

@@ -1,0 +1,308 @@
+"""The ten model-callable tools: ``new_context``, five ``notes_*`` and four ``history_*``.
+
+Notes are the session's own (``self/notes/<path>``, kept as events of its log by
+:mod:`ctxkernel.recall.notes`): no tool can name another session's notes. History reads the
+session's own immutable log through :mod:`ctxkernel.recall.history`. Every tool answers JSON; a
+refusal is an error result that says what was wrong and how to fix it, and writes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+import orjson
+from pydantic import Field
+
+from ctxkernel import Tool, ToolArgs, ToolError, ToolOutcome
+from ctxkernel.recall.history import History
+from ctxkernel.recall.notes import NotePathError
+
+from .engine import notes_of, request_new_context
+from .handoff import NAME, NOTES_PREFIX
+
+if TYPE_CHECKING:
+    from ctxkernel import Session
+
+NOTE_READ_DEFAULT = 8_000
+NOTE_READ_MAX = 20_000
+NOTE_LIST_DEFAULT = 20
+NOTE_LIST_MAX = 50
+NOTE_SEARCH_FILES = 10
+NOTE_SEARCH_LINES = 5
+NOTE_SEARCH_LINE_CHARS = 400
+
+TOOL_NAMES = (
+    "new_context",
+    "notes_write_file",
+    "notes_append_to_file",
+    "notes_read_file",
+    "notes_list_files_by_prefix",
+    "notes_search_contents",
+    "history_list_windows",
+    "history_list_items",
+    "history_read_item",
+    "history_search_contents",
+)
+
+
+def _json(data: Any) -> str:
+    return orjson.dumps(data).decode()
+
+
+def note_path(path: str) -> str:
+    """``self/notes/<path>`` or a bare ``<path>`` as the notes store's relative path."""
+    if not isinstance(path, str):
+        msg = f"a note path must be a string, got {type(path).__name__}"
+        raise NotePathError(msg)
+    text = path.strip()
+    if text.startswith(NOTES_PREFIX):
+        text = text[len(NOTES_PREFIX) :]
+    elif text.startswith("self/") or text == "self":
+        msg = f"note path {path!r}: this session's notes live under {NOTES_PREFIX!r}; write e.g. '{NOTES_PREFIX}plan.md'"
+        raise NotePathError(msg)
+    return text
+
+
+def _prefix(prefix: str) -> str:
+    text = prefix.strip()
+    if NOTES_PREFIX.startswith(text):  # "", "self", "self/notes", "self/notes/"
+        return ""
+    if text.startswith(NOTES_PREFIX):
+        return text[len(NOTES_PREFIX) :]
+    if text.startswith("/") or ".." in text.split("/"):
+        msg = f"prefix {prefix!r} is not a note path prefix: use a relative prefix such as '{NOTES_PREFIX}plan/'"
+        raise NotePathError(msg)
+    return text
+
+
+def _shown(path: str) -> str:
+    return NOTES_PREFIX + path
+
+
+# -- argument models ---------------------------------------------------------------------------------------
+class NewContextArgs(ToolArgs):
+    reason: str = Field(default="", max_length=500, description="why a fresh window helps now (kept in the log)")
+
+
+class NoteWriteArgs(ToolArgs):
+    path: str = Field(description="note path, e.g. 'self/notes/plan.md' (relative; no '..')")
+    content: str = Field(description="the whole new content (replaces the note)")
+
+
+class NoteAppendArgs(ToolArgs):
+    path: str = Field(description="note path, e.g. 'self/notes/log.md'; created when missing")
+    content: str = Field(description="text appended at the end of the note")
+
+
+class NoteReadArgs(ToolArgs):
+    path: str
+    offset_chars: int = Field(default=0, ge=0, description="continue from next_offset_chars")
+    max_chars: int = Field(default=NOTE_READ_DEFAULT, ge=1, le=NOTE_READ_MAX)
+
+
+class NoteListArgs(ToolArgs):
+    prefix: str = Field(default="", description="path prefix, e.g. 'self/notes/plan/' ('' lists all)")
+    limit: int = Field(default=NOTE_LIST_DEFAULT, ge=1, le=NOTE_LIST_MAX)
+    cursor: str | None = Field(default=None, description="next_cursor of the previous page")
+
+
+class NoteSearchArgs(ToolArgs):
+    query: str = Field(min_length=1, max_length=1_000)
+    case_sensitive: bool = True
+    prefix: str = ""
+
+
+class ListWindowsArgs(ToolArgs):
+    limit: int | None = Field(default=None, description="windows per page: 20 by default, at most 50")
+    cursor: str | None = None
+
+
+class _Filters(ToolArgs):
+    window: int | str | None = Field(default=None, description="window number, 'win_<n>' or window id")
+    role: str | list[str] | None = Field(
+        default=None, description="user, plugin, assistant, tool, summary or event (default: all but event)"
+    )
+    seq_from: int | None = Field(default=None, description="first event seq (inclusive)")
+    seq_to: int | None = Field(default=None, description="last event seq (inclusive)")
+    limit: int | None = Field(default=None, description="items per page: 20 by default, at most 50")
+    max_chars: int | None = Field(default=None, description="preview characters per item: 400 by default, at most 1000")
+    cursor: str | None = Field(default=None, description="next_cursor of the previous page (same filters and order)")
+    order: Literal["asc", "desc"] = "asc"
+
+
+class ListItemsArgs(_Filters):
+    pass
+
+
+class SearchArgs(_Filters):
+    query: str = Field(description="plain substring to find")
+    case_sensitive: bool = Field(default=True, description="false for a case-insensitive search")
+
+
+class ReadItemArgs(ToolArgs):
+    id: str = Field(description="item_<seq>, win_<n>, win_<n>_summary, goal, checklist or todo_<seq>_<i>")
+    format: Literal["text", "json"] = Field(default="text", description="json pages the complete raw event")
+    offset_chars: int = Field(default=0, description="continue from next_offset_chars")
+    max_chars: int | None = Field(default=None, description="characters per read: 8000 by default, at most 20000")
+
+
+# -- handlers ------------------------------------------------------------------------------------------------
+def _new_context(session: Session, args: NewContextArgs) -> ToolOutcome:
+    return ToolOutcome(request_new_context(session, args.reason))
+
+
+def _note_summary(note: Any, notes: Any) -> dict[str, Any]:
+    return {
+        "path": _shown(note.path),
+        "id": note.id,
+        "version": note.version,
+        "bytes": note.size,
+        "trust": note.trust,
+        "window": note.window,
+        "session_notes": len(notes),
+        "session_bytes": notes.total_bytes,
+    }
+
+
+def _notes_write(session: Session, args: NoteWriteArgs) -> str:
+    notes = notes_of(session)
+    note = notes.write(note_path(args.path), args.content, trust="model-authored", strategy=NAME)
+    return _json({"written": True, **_note_summary(note, notes)})
+
+
+def _notes_append(session: Session, args: NoteAppendArgs) -> str:
+    notes = notes_of(session)
+    note = notes.append(note_path(args.path), args.content, trust="model-authored", strategy=NAME)
+    return _json({"appended": len(args.content), **_note_summary(note, notes)})
+
+
+def _notes_read(session: Session, args: NoteReadArgs) -> str:
+    note = notes_of(session).read(note_path(args.path))
+    content = note.content
+    if args.offset_chars > len(content):
+        msg = f"offset_chars {args.offset_chars} is past the end of {_shown(note.path)} ({len(content)} characters)"
+        raise ToolError(msg)
+    end = min(len(content), args.offset_chars + args.max_chars)
+    out: dict[str, Any] = {
+        "path": _shown(note.path),
+        "id": note.id,
+        "trust": note.trust,
+        "version": note.version,
+        "updated": note.updated,
+        "total_chars": len(content),
+        "offset_chars": args.offset_chars,
+        "content": content[args.offset_chars : end],
+    }
+    if end < len(content):
+        out["next_offset_chars"] = end
+    return _json(out)
+
+
+def _notes_list(session: Session, args: NoteListArgs) -> str:
+    notes = notes_of(session)
+    cursor = note_path(args.cursor) if args.cursor else None
+    page = notes.list(_prefix(args.prefix), limit=args.limit, cursor=cursor)
+    return _json(
+        {
+            "files": [
+                {"path": _shown(n.path), "bytes": n.size, "updated": n.updated, "trust": n.trust, "window": n.window}
+                for n in page.items
+            ],
+            "total": page.total,
+            "has_more": page.next_cursor is not None,
+            **({"next_cursor": _shown(page.next_cursor)} if page.next_cursor else {}),
+        }
+    )
+
+
+def _notes_search(session: Session, args: NoteSearchArgs) -> str:
+    result = notes_of(session).search(
+        args.query,
+        prefix=_prefix(args.prefix),
+        case_sensitive=args.case_sensitive,
+        max_files=NOTE_SEARCH_FILES,
+        max_lines_per_file=NOTE_SEARCH_LINES,
+        max_line_chars=NOTE_SEARCH_LINE_CHARS,
+    )
+    return _json(
+        {
+            "hits": [{"path": _shown(h.path), "line": h.line, "text": h.text, "trust": h.trust} for h in result.hits],
+            "files_matched": result.files_matched,
+            "truncated": result.truncated,
+            "case_sensitive": args.case_sensitive,
+        }
+    )
+
+
+def _history_windows(session: Session, args: ListWindowsArgs) -> str:
+    return _json(History.for_session(session).list_windows(limit=args.limit, cursor=args.cursor))
+
+
+def _filters(args: _Filters) -> dict[str, Any]:
+    return {
+        "window": args.window,
+        "role": args.role,
+        "seq_from": args.seq_from,
+        "seq_to": args.seq_to,
+        "limit": args.limit,
+        "max_chars": args.max_chars,
+        "cursor": args.cursor,
+        "order": args.order,
+    }
+
+
+def _history_items(session: Session, args: ListItemsArgs) -> str:
+    return _json(History.for_session(session).list_items(**_filters(args)))
+
+
+def _history_search(session: Session, args: SearchArgs) -> str:
+    return _json(History.for_session(session).search(args.query, case_sensitive=args.case_sensitive, **_filters(args)))
+
+
+def _history_read(session: Session, args: ReadItemArgs) -> str:
+    return _json(
+        History.for_session(session).read_item(args.id, format=args.format, offset_chars=args.offset_chars, max_chars=args.max_chars)
+    )
+
+
+def build_tools() -> list[Tool]:
+    def tool(name: str, description: str, params: type[ToolArgs], handler: Any) -> Tool:
+        return Tool(name, description, params, handler, strategy=NAME)
+
+    return [
+        tool(
+            "new_context",
+            "Request a fresh context window at the next step boundary. Returns 'requested', not a reset: after this "
+            "step's results are committed, the window switches and opens with a handoff (goal, todos, your recent "
+            "instructions, notes, summary). Save what you need in notes first.",
+            NewContextArgs,
+            _new_context,
+        ),
+        tool("notes_write_file", "Create or replace a session-private note (self/notes/<path>); it survives window switches and restarts.", NoteWriteArgs, _notes_write),
+        tool("notes_append_to_file", "Append text to a session-private note (created when missing).", NoteAppendArgs, _notes_append),
+        tool("notes_read_file", "Read a note, 8000 characters at a time by default (20000 max); continue with next_offset_chars.", NoteReadArgs, _notes_read),
+        tool("notes_list_files_by_prefix", "List this session's notes whose path starts with a prefix (20 per page, 50 max).", NoteListArgs, _notes_list),
+        tool("notes_search_contents", "Search this session's notes for a substring: up to 10 files x 5 lines x 400 characters.", NoteSearchArgs, _notes_search),
+        tool("history_list_windows", "List this session's context windows with their item ranges and summary items.", ListWindowsArgs, _history_windows),
+        tool(
+            "history_list_items",
+            "List items (item_<seq>) of this session's complete raw history with previews, filtered by window, role and "
+            "seq range; page with next_cursor.",
+            ListItemsArgs,
+            _history_items,
+        ),
+        tool(
+            "history_read_item",
+            "Read one history item in full (text, or format json for the complete raw event); also resolves win_<n>, "
+            "win_<n>_summary, goal, checklist and todo_<seq>_<i> ids printed by handoffs. Continue with next_offset_chars.",
+            ReadItemArgs,
+            _history_read,
+        ),
+        tool(
+            "history_search_contents",
+            "Search this session's complete raw history for a substring (case-sensitive unless case_sensitive is false); "
+            "page with next_cursor.",
+            SearchArgs,
+            _history_search,
+        ),
+    ]
