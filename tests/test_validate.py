@@ -361,3 +361,14 @@ def test_report_prefixes_file_and_strategy_once():
     assert report.checks[0].message == "profiles/x.toml: strategy 'decay': needs anchors. Fix: set anchors = true"
     assert report.checks[1].message == "profiles/x.toml: already named"
     assert not report.valid
+
+
+def test_basic_warns_when_a_compaction_cannot_get_below_its_threshold(tmp_path):
+    path = write(tmp_path, "[model]\ncontext_window = 5000\nreserved_output_tokens = 1000\n")
+    report = validate_profile(path)
+    (warning,) = [c.message for c in report.warnings if c.check == "basic-budget"]
+    assert "640" in warning and "4000" in warning and "3200" in warning  # tail, summary bound, threshold
+    assert_names(warning, path, "basic")
+    assert report.valid and not validate_profile(path, strict=True).valid
+    roomy = write(tmp_path, "[model]\ncontext_window = 5000\nreserved_output_tokens = 1000\n[strategies.basic]\nsummary_max_chars = 3000\n", "r.toml")
+    assert validate_profile(roomy, strict=True).valid

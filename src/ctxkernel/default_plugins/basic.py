@@ -88,6 +88,36 @@ def register_strategy(register: Any) -> None:
     )
 
 
+#: a conservative characters-per-token ratio for sizing the extractive summary before it exists
+_CHARS_PER_TOKEN_LOW = 3
+
+
+@ctxkernel.hookimpl
+def validate_profile(profile: Any, report: Any) -> None:
+    """Refuse budgets under which a compaction cannot get back below the threshold (a loop)."""
+    routes = [(profile.model.provider, profile.model.name)]
+    for policy in profile.model_policies:
+        routes.append((policy.match.provider or profile.model.provider, policy.match.name or profile.model.name))
+    for provider, name in dict.fromkeys(routes):
+        model = profile.model_for(provider, name)
+        settings = BasicSettings.model_validate(profile.strategy_settings(NAME, provider, name))
+        window = model.effective_window
+        threshold = int(settings.threshold_ratio * window)
+        tail = int(settings.retain_ratio * window)
+        summary = settings.summary_max_chars // _CHARS_PER_TOKEN_LOW
+        if tail + summary >= threshold:
+            report.warn(
+                "basic-budget",
+                NAME,
+                f"for {provider}/{name} a compaction keeps a {tail}-token tail plus a summary of up to ~{summary} tokens "
+                f"({settings.summary_max_chars} chars), not below the {threshold}-token threshold "
+                f"({settings.threshold_ratio} of the effective window {window}): it may compact at every step. "
+                "Fix: lower retain_ratio or summary_max_chars, raise threshold_ratio, or use a larger window",
+            )
+        else:
+            report.ok("basic-budget", NAME, f"{provider}/{name}: tail {tail} + summary <= ~{summary} < threshold {threshold} tokens")
+
+
 def compact(session: Session, keep_tokens: int, *, reason: str) -> bool:
     """Summarise the head, keeping ``keep_tokens`` verbatim; True when the surface shrank."""
     settings: BasicSettings = session.settings(NAME)  # type: ignore[assignment]
