@@ -42,7 +42,7 @@ def register_strategy(register: Any) -> None:
         ctxkernel.StrategySpec(
             NAME,
             settings=ChaptersSettings,
-            capabilities={"pressure", "overflow", "archive", "tools"},
+            capabilities={"pressure", "overflow", "archive", "tools", "recall"},
             description="archive the conversation as Markdown chapters; continue from a table of contents",
         )
     )
@@ -245,7 +245,8 @@ def compact_in_place(session: Session, keep_tokens: int, *, reason: str) -> bool
             sstate = registry.ensure(session.id)
             sstate["chapters"] = [*sstate["chapters"], *records]
             registry.put(session.id, sstate)
-            text = toc_for_region(session, settings, nodes, records, boundary)
+            region_tokens = sum(session.meter.node_tokens(n) for n in nodes)
+            text = toc_for_region(session, settings, nodes, records, boundary, region_tokens)
             message = Message.user(text, Source.plugin_form(NAME, "toc"))
             try:
                 session.compact(
@@ -269,7 +270,9 @@ def compact_in_place(session: Session, keep_tokens: int, *, reason: str) -> bool
         finalize(session, registry, where, plan_id, numbers, root)
 
 
-def toc_for_region(session: Session, settings: ChaptersSettings, nodes: list[Any], records: list[dict[str, Any]], boundary: int) -> str:
+def toc_for_region(
+    session: Session, settings: ChaptersSettings, nodes: list[Any], records: list[dict[str, Any]], boundary: int, region_tokens: int
+) -> str:
     """Earlier tables of contents in the region merged with this session's chapters up to ``boundary``."""
     previous = [n.message.text for n in nodes if _is_chapters_toc(n)]
     # prose another strategy's checkpoint carried (a summary) is carried forward, never dropped
@@ -278,7 +281,10 @@ def toc_for_region(session: Session, settings: ChaptersSettings, nodes: list[Any
     own = [r for r in (Registry(session.store).get(session.id) or {}).get("chapters", [])
            if r.get("status") == "final" and r["end_seq"] <= boundary]
     merged = toc.merged(previous, [*own, *records], archive.archive_label(settings), extra)
-    text, _ = toc.render(merged, count=session.meter.count_text, bullet_budget=settings.toc_bullet_budget_tokens)
+    # the table of contents must cost less than the region it replaces (the shrink check): in a
+    # small window the oldest bullets give up their summaries first (the manifest keeps them)
+    budget = min(settings.toc_bullet_budget_tokens, max(50, region_tokens // 3))
+    text, _ = toc.render(merged, count=session.meter.count_text, bullet_budget=budget)
     return text
 
 
@@ -381,6 +387,10 @@ def steward_actions(session: Session, request: Request) -> list[dict[str, Any]] 
         return None
     if request.pressure.ratio < settings.pressure_suggestion_ratio or not st["suggested"]:
         return None
+    ceiling = archive_ceiling(session)
+    if ceiling is None or st.get("steward_tried") == ceiling:
+        return None  # one dry run per completed turn: the answer only changes when the ceiling moves
+    st["steward_tried"] = ceiling
     from .tools import deterministic_continuation
 
     arguments = deterministic_continuation(session, settings)

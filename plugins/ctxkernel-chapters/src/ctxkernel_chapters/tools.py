@@ -9,6 +9,7 @@ are unchanged.
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
@@ -40,46 +41,55 @@ def _json(value: Any) -> str:
 
 
 # -- arguments ------------------------------------------------------------------------------------
-class ChapterRange(ToolArgs):
-    start_seq: int = Field(ge=0, description="first event (log seq) of the chapter")
-    end_seq: int = Field(ge=0, description="last event (log seq) of the chapter, inclusive")
+def _untitled(node: Any) -> Any:
+    """A JSON schema without pydantic's generated titles (they cost tokens on every request)."""
+    if isinstance(node, dict):
+        return {k: _untitled(v) for k, v in node.items() if not (k == "title" and isinstance(v, str))}
+    if isinstance(node, list):
+        return [_untitled(v) for v in node]
+    return node
+
+
+class _Args(ToolArgs):
+    @classmethod
+    def model_json_schema(cls, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return _untitled(super().model_json_schema(*args, **kwargs))
+
+
+class ChapterRange(_Args):
+    start_seq: int = Field(ge=0)
+    end_seq: int = Field(ge=0, description="inclusive")
     title: str = Field(min_length=1, max_length=300)
-    summary: str = Field(default="", max_length=2000, description="one or two sentences")
-    keep_inline: list[int] = Field(default_factory=list, description="tool result seqs to keep inline instead of as artifacts")
+    summary: str = Field(default="", max_length=2000)
+    keep_inline: list[int] = Field(default_factory=list, description="tool result seqs kept inline, not as artifacts")
 
 
-class ContinueArgs(ToolArgs):
-    title: str = Field(min_length=1, max_length=300, description="name of the continued session")
-    handoff_note: str = Field(
-        min_length=1,
-        description="state of play: what is in progress, decisions held, next step. As long as it needs to be: it is budget-checked, never truncated",
-    )
-    chapters: list[ChapterRange] = Field(
-        description="ranges ascending by start_seq, non-overlapping, all <= the archive ceiling (the last turn/end), covering every event from the first unarchived one to the ceiling",
-    )
+class ContinueArgs(_Args):
+    title: str = Field(min_length=1, max_length=300)
+    handoff_note: str = Field(min_length=1, description="in progress, decisions held, next step; budget-checked, never truncated")
+    chapters: list[ChapterRange] = Field(description="event ranges: ascending, contiguous, from the first unarchived event to the last turn/end")
 
 
-class ForkArgs(ToolArgs):
-    title: str = Field(min_length=1, max_length=300, description="name of the forked session")
-    handoff_note: str = Field(default="", description="what the fork should pursue")
-    chapters: list[ChapterRange] | None = Field(default=None, description="ranges as for chapters_continue; omitted: the deterministic segmentation")
+class ForkArgs(_Args):
+    title: str = Field(min_length=1, max_length=300)
+    handoff_note: str = ""
 
 
-class ReadArgs(ToolArgs):
-    chapter: str = Field(min_length=1, description="chapter id (<session>/<n>), number, or path from the table of contents")
-    offset: int = Field(default=0, ge=0, description="first body line (0-based)")
-    limit: int | None = Field(default=None, ge=1, le=5000, description="lines per page")
+class ReadArgs(_Args):
+    chapter: str = Field(min_length=1, description="chapter id, number or path")
+    offset: int = Field(default=0, ge=0, description="first line")
+    limit: int | None = Field(default=None, ge=1, le=5000)
 
 
-class SearchArgs(ToolArgs):
+class SearchArgs(_Args):
     query: str = Field(min_length=1, max_length=500)
     offset: int = Field(default=0, ge=0)
     limit: int = Field(default=20, ge=1, le=200)
 
 
-class ArtifactArgs(ToolArgs):
+class ArtifactArgs(_Args):
     op: Literal["toc", "search", "read"] = "toc"
-    artifact: str | None = Field(default=None, description="the handle from the result placeholder; omit with op=toc to list artifacts")
+    artifact: str | None = Field(default=None, description="handle; omit with op=toc to list")
     query: str | None = None
     offset: int = Field(default=0, ge=0)
     limit: int | None = Field(default=None, ge=1, le=5000)
@@ -120,7 +130,24 @@ def check_ranges(ranges: list[ChapterRange], floor: int, ceiling: int | None) ->
     return None
 
 
-def _create_child(session: Session, args: ContinueArgs | ForkArgs, ranges: list[ChapterRange], *, origin: str) -> ToolOutcome:
+@dataclass
+class ChildPlan:
+    """A continuation that passed every check, rendered in memory; nothing written yet."""
+
+    plans: list[ChapterPlan]
+    numbers: list[int]
+    keep: frozenset[int]
+    prepared: list[archive.Prepared]
+    seed: Message
+    toc_tokens: int
+    budget: int
+
+
+def plan_child(session: Session, handoff_note: str, ranges: list[ChapterRange], *, origin: str) -> ChildPlan | str:
+    """Check the ranges and the budget and render the chapters and the seed in memory.
+
+    Returns the plan, or the reason for refusing. Writes nothing (the steward uses it as a dry run).
+    """
     plugin = _plugin()
     settings: ChaptersSettings = plugin.settings_of(session)
     registry = Registry(session.store)
@@ -130,43 +157,49 @@ def _create_child(session: Session, args: ContinueArgs | ForkArgs, ranges: list[
     ceiling = plugin.archive_ceiling(session)
     problem = check_ranges(ranges, floor, ceiling)
     if problem:
-        return ToolOutcome(f"chapters_{origin} refused: {problem}. Nothing was written.", is_error=True)
-    for event in session.events[floor : (ceiling or -1) + 1]:
-        if event.type == "compaction/start" and not any(
-            e.type == "compaction/end" and e.data.get("compaction_id") == event.data["compaction_id"] for e in session.events[event.seq :]
-        ):
-            return ToolOutcome(f"chapters_{origin} refused: a compaction is open at seq {event.seq}. Nothing was written.", is_error=True)
+        return problem
+    open_compaction = session.open_compaction
+    if open_compaction is not None:
+        return f"compaction {open_compaction['compaction_id']} is open since seq {open_compaction['seq']}"
     plans = [ChapterPlan(r.start_seq, r.end_seq, r.title.strip(), r.summary.strip() or describe(session.events, r.start_seq, r.end_seq)[1], 0) for r in ranges]
     keep = frozenset(s for r in ranges for s in r.keep_inline)
     # numbers are only peeked here: allocation happens once the preflight passed
     first = max(registry.next_number(root), sstate.get("next_chapter", 1))
     numbers = list(range(first, first + len(plans)))
     prepared = archive.prepare(session, settings, plans, numbers, root=root, status="final", keep=keep)
-    records = [p.record for p in prepared]
-    seed_text = _seed_toc(session, settings, registry, records, args.handoff_note)
-    seed = Message.user(seed_text, Source.plugin_form(NAME, "snapshot"))
+    seed = Message.user(_seed_toc(session, settings, registry, [p.record for p in prepared], handoff_note), Source.plugin_form(NAME, "snapshot"))
     # budget preflight: a share of the window left after the system prompt and tool schemas
     effective = session.model_settings().effective_window
     head = plugin.header_tokens(session)
     budget = int(settings.continuation_budget_ratio * max(0, effective - head))
     toc_tokens = session.meter.count_message(seed)
-    handoff_tokens = session.meter.count_text(args.handoff_note)
+    handoff_tokens = session.meter.count_text(handoff_note)
     if toc_tokens > budget:
-        return ToolOutcome(
-            f"chapters_{origin} refused: the table of contents would cost {toc_tokens} tokens ({toc_tokens - handoff_tokens} "
-            f"for the chapter list, {handoff_tokens} for the handoff note), over the budget of {budget} "
-            f"(continuation_budget_ratio {settings.continuation_budget_ratio} x (effective window {effective} - "
-            f"system prompt and tools {head})). Shorten the handoff note or use fewer, larger chapters. Nothing was written.",
-            is_error=True,
+        return (
+            f"the table of contents would cost {toc_tokens} tokens ({toc_tokens - handoff_tokens} for the chapter list, "
+            f"{handoff_tokens} for the handoff note), over the budget of {budget} (continuation_budget_ratio "
+            f"{settings.continuation_budget_ratio} x (effective window {effective} - system prompt and tools {head})). "
+            "Shorten the handoff note or use fewer, larger chapters"
         )
+    return ChildPlan(plans, numbers, keep, prepared, seed, toc_tokens, budget)
+
+
+def _create_child(session: Session, args: ContinueArgs | ForkArgs, ranges: list[ChapterRange], *, origin: str) -> ToolOutcome:
+    plan = plan_child(session, args.handoff_note, ranges, origin=origin)
+    if isinstance(plan, str):
+        return ToolOutcome(f"chapters_{origin} refused: {plan}. Nothing was written.", is_error=True)
+    plugin = _plugin()
+    settings: ChaptersSettings = plugin.settings_of(session)
+    registry = Registry(session.store)
+    root = registry.root_of(session.id)
+    prepared, seed = plan.prepared, plan.seed
     # write: chapter files, then the registry, then the child with its one seed event
-    if plans:
-        allocated = registry.allocate(root, len(plans))
-        if allocated != numbers:  # another writer took numbers since the peek: render again
-            prepared = archive.prepare(session, settings, plans, allocated, root=root, status="final", keep=keep)
-            records = [p.record for p in prepared]
-            seed_text = _seed_toc(session, settings, registry, records, args.handoff_note)
-            seed = Message.user(seed_text, Source.plugin_form(NAME, "snapshot"))
+    if plan.plans:
+        allocated = registry.allocate(root, len(plan.plans))
+        if allocated != plan.numbers:  # another writer took numbers since the peek: render again
+            prepared = archive.prepare(session, settings, plan.plans, allocated, root=root, status="final", keep=plan.keep)
+            seed = Message.user(_seed_toc(session, settings, registry, [p.record for p in prepared], args.handoff_note), Source.plugin_form(NAME, "snapshot"))
+    records = [p.record for p in prepared]
     archive.publish(archive.archive_dir(session, settings), prepared)
     child_id = uuid.uuid4().hex
     next_chapter = registry.next_number(root)
@@ -180,14 +213,14 @@ def _create_child(session: Session, args: ContinueArgs | ForkArgs, ranges: list[
     child.add_message(seed)
     if session.harness_tools:
         child.set_harness_tools(session.harness_tools)
-    _plugin().state(session)["continued_in" if origin == "continue" else "forked"] = child_id
+    plugin.state(session)["continued_in" if origin == "continue" else "forked"] = child_id
     result = {
         "session": child_id,
         "origin": origin,
         "title": args.title,
         "chapters": [{"id": r["id"], "path": r["path"], "seqs": [r["start_seq"], r["end_seq"]], "tokens": r["tokens"]} for r in records],
-        "toc_tokens": toc_tokens,
-        "budget": budget,
+        "toc_tokens": plan.toc_tokens,
+        "budget": plan.budget,
     }
     if origin == "continue":
         return ToolOutcome(
@@ -214,10 +247,7 @@ def chapters_continue(session: Session, args: ContinueArgs) -> ToolOutcome:
 
 
 def chapters_fork(session: Session, args: ForkArgs) -> ToolOutcome:
-    ranges = args.chapters
-    if ranges is None:
-        ranges = default_ranges(session)
-    return _create_child(session, args, ranges, origin="fork")
+    return _create_child(session, args, default_ranges(session), origin="fork")
 
 
 def default_ranges(session: Session) -> list[ChapterRange]:
@@ -261,6 +291,8 @@ def deterministic_continuation(session: Session, settings: ChaptersSettings) -> 
     if latest:
         note += f"\nLatest progress: {latest[-budget_chars:]}"
     note += f"\nEvents after seq {ceiling} of session {session.id} are in that session's log."
+    if isinstance(plan_child(session, note, ranges, origin="continue"), str):
+        return None  # it would be refused (e.g. over budget): the in-place archive acts instead
     return {
         "title": f"Continuation of {session.id[:12]}",
         "handoff_note": note,
@@ -356,23 +388,22 @@ def _tool(name: str, description: str, params: type[ToolArgs], handler: Any) -> 
 TOOLS = (
     _tool(
         "chapters_continue",
-        "Archive this conversation as Markdown chapters and open a new session that starts from their table of "
-        "contents and your handoff note. This session is left untouched. Supply event ranges, not text.",
+        "Archive this conversation as chapters and continue in a new session that starts from their table of "
+        "contents and your handoff note; this session is left as it is.",
         ContinueArgs,
         chapters_continue,
     ),
     _tool(
         "chapters_fork",
-        "Archive this conversation as chapters and open a separate session from their table of contents; this session goes on.",
+        "Like chapters_continue with automatic chapters, but this session goes on and the new one is a branch.",
         ForkArgs,
         chapters_fork,
     ),
-    _tool("chapters_read", "Read an archived chapter (paged), after verifying its integrity.", ReadArgs, chapters_read),
-    _tool("chapters_search", "Search every archived chapter of this session's lineage.", SearchArgs, chapters_search),
+    _tool("chapters_read", "Read an archived chapter, paged.", ReadArgs, chapters_read),
+    _tool("chapters_search", "Search the archived chapters.", SearchArgs, chapters_search),
     _tool(
         "chapters_artifact",
-        "Read a large tool output moved to the artifact store: op=toc (overview, or list artifacts without a handle), "
-        "search (lines matching query), read (a page of lines from offset).",
+        "Read a large tool output by its handle: toc (overview), search (query), read (lines from offset).",
         ArtifactArgs,
         chapters_artifact,
     ),
