@@ -372,3 +372,10 @@ def test_basic_warns_when_a_compaction_cannot_get_below_its_threshold(tmp_path):
     assert report.valid and not validate_profile(path, strict=True).valid
     roomy = write(tmp_path, "[model]\ncontext_window = 5000\nreserved_output_tokens = 1000\n[strategies.basic]\nsummary_max_chars = 3000\n", "r.toml")
     assert validate_profile(roomy, strict=True).valid
+
+
+def test_unknown_profile_name_fails_listing_what_exists(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    report = validate_profile("no-such-profile")
+    (message,) = failures(report, "profile")
+    assert "'no-such-profile'" in message and "'basic'" in message and "Fix:" in message

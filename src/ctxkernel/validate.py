@@ -132,6 +132,17 @@ def validate_profile(
         return report
     if path is not None:
         report.where, report.path = str(path), path
+    elif str(path_or_name) != "basic":  # only basic has built-in defaults to fall back on
+        from .profile import list_profiles, profile_search_path
+
+        searched = [str(p) for p in profile_search_path()]
+        report.fail(
+            "profile",
+            None,
+            f"no profile named {str(path_or_name)!r}; found {sorted(list_profiles())} in {searched}. "
+            "Fix: pass the path of the .toml file, or put it in one of those folders",
+        )
+        return report
     try:
         profile = load_profile(path if path is not None else path_or_name)
     except ProfileError as exc:
