@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 MARKER = "… [truncated]"
 #: what a trimmed piece ends with: a line break, then the marker
 MARKER_TEXT = "\n" + MARKER
+SEPARATOR = "\n\n"
 #: characters of its own text each clipped piece keeps before the weighted split
 FLOOR = 48
 #: weight of each mandated section in the split (unknown headings and the preamble weigh 1)
@@ -207,10 +208,14 @@ def clip_sections(text: str, budget: int) -> ClipResult:
     sectioned = any(p.heading for p in pieces)
     if not sectioned:
         return _plain(text, budget, "the reply is not sectioned (no '## ' headings): clipped from the end")
+    last = len(pieces) - 1
+    # a clipped piece ends with the marker and, unless it is the last, the blank line before the
+    # next heading: both are reserved, so a heading never lands on the marker's line
+    tails = [len(MARKER_TEXT) + (0 if i == last else len(SEPARATOR)) for i in range(len(pieces))]
     bases: list[int] = []
-    for p in pieces:
+    for p, tail in zip(pieces, tails, strict=True):
         full = len(p.text)
-        minimum = len(p.heading) + FLOOR + len(MARKER_TEXT)
+        minimum = len(p.heading) + FLOOR + tail
         bases.append(full if full <= minimum else minimum)
     if sum(bases) > budget:
         return _plain(
@@ -223,19 +228,13 @@ def clip_sections(text: str, budget: int) -> ClipResult:
     shares = _water_fill(demands, [_weight(p.name) for p in pieces], budget - sum(bases))
     out: list[str] = []
     result = ClipResult("", True, source, 0)
-    for piece, base, share in zip(pieces, bases, shares, strict=True):
+    for i, (piece, base, share) in enumerate(zip(pieces, bases, shares, strict=True)):
         allowed = base + share
         if allowed >= len(piece.text):
             out.append(piece.text)
             continue
-        body_room = allowed - len(piece.heading) - len(MARKER_TEXT)
-        body, note = cut_text(piece.body, body_room)
-        body = body.rstrip("\n")
-        kept = piece.heading + body + MARKER_TEXT + ("\n\n" if len(out) < len(pieces) - 1 else "")
-        if len(kept) > allowed:  # the separator did not fit: keep the piece within its share
-            kept = piece.heading + body + MARKER_TEXT
-            if len(kept) < allowed:
-                kept += "\n"
+        body, note = cut_text(piece.body, allowed - len(piece.heading) - tails[i])
+        kept = piece.heading + body.rstrip("\n") + MARKER_TEXT + ("" if i == last else SEPARATOR)
         out.append(kept)
         result.shortened.append((piece.name, len(kept), len(piece.text)))
         if note:

@@ -11,7 +11,7 @@ Layout, in this order, within ``handoff_max_chars``::
 
 The mandatory snapshot is rendered first and is bounded by construction (goal 1,000 characters,
 todos 1,200, four instructions of 1,000 each), so an unused allowance returns to the body; note
-previews take at most a third of what the snapshot leaves, so they cannot eat the body.
+previews take at most half of what the snapshot leaves, so they cannot eat the body.
 
 ``generated`` asks the summarizer model once and wraps its reply; ``extractive`` excerpts the
 region's records and never calls a model. A failed call, or a body budget too small for a usable
@@ -49,7 +49,7 @@ TODO_CHARS = 1_200
 NOTES_INJECTED = 8
 NOTE_PREVIEW_CHARS = 1_800
 #: share of what the snapshot leaves that note previews may take at most
-NOTES_SHARE = 1 / 3
+NOTES_SHARE = 0.5
 #: below this many characters a generated body is not usable: the handoff falls back to extractive
 MIN_GENERATED_BODY = 1_200
 #: notes the strategy writes itself; never injected (the body already carries the same text)
@@ -189,17 +189,41 @@ def render_snapshot(history: History, *, new_window: int, reason: str) -> str:
 
 
 def render_notes(notes: list[Note], budget: int) -> str:
-    """Previews of the most recent notes within ``budget`` characters ("" when none fit)."""
+    """Previews of the most recent notes within ``budget`` characters ("" when none fit).
+
+    Short notes keep their whole text; the room they leave is shared by the longer ones, each
+    capped at about 1,800 characters (water-filling).
+    """
     chosen = [n for n in notes if n.path not in (HANDOFF_NOTE, HANDOFF_LOG_NOTE)][-NOTES_INJECTED:]
     head = f"Recent notes (newest last; full text: notes_read_file with the path, under {NOTES_PREFIX}):"
     while chosen:
-        per = min(NOTE_PREVIEW_CHARS, max(80, (budget - len(head)) // len(chosen) - 220))
-        blocks = [render_note(note, max_chars=per) for note in chosen]
-        text = head + "\n" + "\n".join(blocks)
-        if len(text) <= budget:
-            return text
+        overhead = [len(render_note(n, max_chars=0)) + 80 for n in chosen]  # tag, attributes, clip notice
+        room = budget - len(head) - 1 - sum(overhead)
+        if room >= 80 * len(chosen):
+            wants = [min(len(n.content), NOTE_PREVIEW_CHARS) for n in chosen]
+            shares = _water_fill(wants, room)
+            blocks = [render_note(n, max_chars=share) for n, share in zip(chosen, shares, strict=True)]
+            text = head + "\n" + "\n".join(blocks)
+            if len(text) <= budget:
+                return text
         chosen = chosen[1:]  # drop the oldest until the previews fit their share
     return ""
+
+
+def _water_fill(wants: list[int], room: int) -> list[int]:
+    shares = [0] * len(wants)
+    open_ = [i for i, w in enumerate(wants) if w > 0]
+    while room > 0 and open_:
+        each = max(1, room // len(open_))
+        for i in list(open_):
+            give = min(each, wants[i] - shares[i], room)
+            shares[i] += give
+            room -= give
+            if shares[i] >= wants[i]:
+                open_.remove(i)
+            if room <= 0:
+                break
+    return shares
 
 
 # -- the extractive body -------------------------------------------------------------------------------
