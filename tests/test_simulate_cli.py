@@ -17,7 +17,7 @@ FIXTURES = REPO / "tests" / "fixtures" / "simulate"
 #: the JSON contract; changing it is a breaking change for anyone who parses the report
 PINNED_METRIC_KEYS = [
     "profile", "strategies", "status", "error", "requests", "recorded_requests", "steward_requests",
-    "peak_prompt_tokens", "mean_prompt_tokens", "effective_window", "overflows", "overflow_retries",
+    "peak_prompt_tokens", "mean_prompt_tokens", "effective_window", "header_tokens", "overflows", "overflow_retries",
     "compactions", "compaction_failures", "summary_calls", "summary_input_tokens", "summary_output_tokens",
     "billed_input_tokens", "cached_input_tokens", "output_tokens", "cost", "invariant_violations",
     "invariant_details", "instructions_visible", "history_recoverable", "synthetic_results", "sessions",

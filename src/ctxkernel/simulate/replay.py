@@ -54,6 +54,7 @@ METRIC_KEYS: tuple[str, ...] = (
     "peak_prompt_tokens",
     "mean_prompt_tokens",
     "effective_window",
+    "header_tokens",
     "overflows",
     "overflow_retries",
     "compactions",
@@ -76,6 +77,8 @@ METRIC_KEYS: tuple[str, ...] = (
     "wall_seconds",
 )
 
+#: a strategy claiming one of these capabilities gives the model tools that read hidden history back
+RECALL_CAPABILITIES = frozenset({"recall", "history"})
 _STEWARD_SOURCE = Source(kind="model", provider="simulate", model="steward")
 _MAX_STEWARD_ROUNDS = 3
 _MAX_OVERFLOW_RETRIES = 3
@@ -186,6 +189,7 @@ class _Counters:
     recorded_requests: int = 0
     steward_errors: int = 0
     synthetic_results: int = 0
+    header_tokens: int = 0
 
 
 class Replay:
@@ -366,6 +370,7 @@ class Replay:
         """Record one sent request: its tokens, the prefix it shares with the previous one, checks."""
         self.checkers[session.id].check_request(session, request)
         header = self._header(session, request)
+        self.counters.header_tokens = max(self.counters.header_tokens, header)
         per_message = [self._message_tokens(session, request, i) for i in range(len(request.messages))]
         tokens = header + sum(per_message)
         cached = 0
@@ -401,7 +406,7 @@ class Replay:
         session.owns_tool("")  # brings the registry up to date
         specs = self.kernel.strategies
         return sorted(
-            t.name for t in session.tools if "recall" in getattr(specs.get(t.strategy), "capabilities", frozenset())
+            t.name for t in session.tools if RECALL_CAPABILITIES & getattr(specs.get(t.strategy), "capabilities", frozenset())
         )
 
     def metrics(self) -> dict[str, Any]:
@@ -437,6 +442,8 @@ class Replay:
                     compactions["prune"] = compactions.get("prune", 0) + 1
                 elif event.type == COMPACTION_END and event.data.get("error"):
                     failures += 1
+        if len(self.sessions) > 1:  # each move into a child session is a context reset too
+            compactions["continue"] = len(self.sessions) - 1
         summarizer = self.kernel.summarizer
         if isinstance(summarizer, CountingModel):
             summary_calls, summary_in, summary_out = summarizer.calls, summarizer.input_tokens, summarizer.output_tokens
@@ -449,6 +456,7 @@ class Replay:
             "steward_requests": c.steward_requests,
             "peak_prompt_tokens": max(tokens) if tokens else 0,
             "mean_prompt_tokens": round(sum(tokens) / len(tokens)) if tokens else 0,
+            "header_tokens": c.header_tokens,
             "overflows": c.overflows,
             "overflow_retries": c.overflow_retries,
             "compactions": dict(sorted(compactions.items())),
