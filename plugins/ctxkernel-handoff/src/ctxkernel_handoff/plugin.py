@@ -242,7 +242,7 @@ def validate_profile(profile: Profile, report: Any) -> None:
         probe = home
         while not probe.exists() and probe.parent != probe:
             probe = probe.parent
-        if os.access(probe, os.W_OK):
+        if probe.is_dir() and os.access(probe, os.W_OK):
             report.ok("store", NAME, f"notes are stored in the {store.backend} session logs under {home} (writable)")
         else:
             report.fail(
