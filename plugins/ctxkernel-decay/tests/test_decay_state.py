@@ -96,12 +96,12 @@ def test_restart_and_a_second_process_rebuild_the_same_state(driver, session, ma
     again = make_decay_kernel().open_session(session.id)
     assert current_state(again).to_dict() == live
     code = (
-        "import json, sys; sys.path.insert(0, sys.argv[1]); from conftest import decay_kernel; from pathlib import Path;"
+        "import json, sys; from ctxkernel_decay.testing import decay_kernel; from pathlib import Path;"
         "from ctxkernel_decay import current_state;"
         "s = decay_kernel(Path(sys.argv[2]), settings={'snapshot': False}).open_session(sys.argv[3]);"
         "print(json.dumps(current_state(s).to_dict()))"
     )
-    out = subprocess.run([sys.executable, "-c", code, str(__import__("pathlib").Path(__file__).parent), str(tmp_path / "home"), session.id],
+    out = subprocess.run([sys.executable, "-c", code, "-", str(tmp_path / "home"), session.id],
                          capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == json.loads(json.dumps(live))
 

@@ -1,0 +1,68 @@
+"""Test helpers for the decay strategy: a kernel with decay registered in code, a session driver.
+
+Used by this distribution's tests and usable by integrators' tests::
+
+    from ctxkernel_decay.testing import decay_kernel, Driver
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ctxkernel import Kernel, Message, ToolCallBlock
+from ctxkernel.store.jsonl import JsonlStore
+from ctxkernel.testing import make_profile
+
+from . import plugin as decay_plugin
+
+
+def decay_kernel(home: Path, *, window: int = 20_000, reserve: int = 2_000, settings: dict[str, Any] | None = None,
+                 strategies: tuple[str, ...] = ("decay", "basic"), basic: dict[str, Any] | None = None) -> Any:
+    tables = {"decay": {"snapshot": True, **(settings or {})}}
+    if "basic" in strategies:
+        tables["basic"] = {"threshold_ratio": 0.97, "retain_ratio": 0.3, **(basic or {})}
+    profile = make_profile(model={"context_window": window, "reserved_output_tokens": reserve})
+    profile.profile.strategies = list(strategies)
+    profile.profile.capability_order = list(strategies)
+    profile.strategies = tables
+    profile.model_policies = []  # the repo basic profile has policies for its own tables
+    return Kernel(profile, store=JsonlStore(home), home=home, entry_points=False, plugins=[("decay", decay_plugin)])
+
+
+class Driver:
+    """Plays a model and a harness: user turns, assistant text, tool calls with results."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.n = 0
+
+    def step(self, reply: Message) -> Any:
+        request = self.session.prepare_request()
+        self.session.commit_reply(reply)
+        return request
+
+    def user(self, text: str) -> None:
+        self.session.user(text)
+
+    def text(self, text: str) -> Any:
+        return self.step(Message.assistant(text))
+
+    def calls(self, results: list[str], text: str = "", name: str = "read") -> Any:
+        calls = []
+        for r in results:
+            self.n += 1
+            calls.append(ToolCallBlock(f"c{self.n}", name, {"path": f"f{self.n}.py"}))
+        request = self.step(Message.assistant(text, calls))
+        for call, r in zip(calls, results, strict=True):
+            self.session.tool_result(call.id, r)
+        return request
+
+    def run_tool(self, name: str, arguments: dict[str, Any]) -> Any:
+        self.n += 1
+        return self.session.run_tool({"id": f"t{self.n}", "name": name, "arguments": arguments})
+
+
+def log_bytes(session: Any) -> bytes:
+    """The session's log file as stored (jsonl backend): refusals must leave it byte-identical."""
+    return session.store.path(session.id).read_bytes()

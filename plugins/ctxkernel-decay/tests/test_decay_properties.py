@@ -1,0 +1,161 @@
+"""Property tests over random sessions of appends, compressions, drops and foreign compactions.
+
+After every operation: the live state equals a replay of the log; visible anchors are unique;
+every visible node is addressable or deliberately unanchored; no block edge separates a tool
+call from its results. A refused tool call leaves the log byte-identical. At the end, another
+kernel opening the same session folds the same state.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ctxkernel import Message, Span, ToolCallBlock, whole_surface_but_last
+from ctxkernel_decay import current_state, replay
+from ctxkernel_decay.state import is_addressable
+
+from ctxkernel_decay.testing import decay_kernel, log_bytes
+
+OPS = ("user", "text", "calls", "end", "compress", "compress", "drop", "basic", "prune")
+
+
+def check_invariants(session) -> None:
+    state = current_state(session)
+    assert state.to_dict() == replay(session.events).to_dict()
+    surface = session.surface
+    visible = {n.seq for n in surface}
+    ids = []
+    for node in surface:
+        pid = state.anchor_of.get(node.seq)
+        if pid is None:
+            assert not is_addressable(node.message), f"addressable node {node.seq} has no anchor"
+        else:
+            ids.append(pid)
+        block = state.blocks.get(node.seq)
+        if block is not None and block.right is not None:
+            ids.append(block.right)
+    assert len(ids) == len(set(ids)), f"duplicate visible anchors {sorted(ids)}"
+    assert set(state.owner) == set(ids) and set(state.owner.values()) <= visible
+    assert set(state.anchor_of) <= visible and set(state.blocks) <= visible
+    assert not set(state.free) & set(ids)
+    # blocks never split a tool group: both edges of every block are balanced cuts
+    result_of = {}
+    for e in session.events:
+        if e.type == "tool/result" and (e.surface or {}).get("op") == "append":
+            result_of[e.data["message"]["content"][0]["call_id"]] = e.seq
+    by_seq = {e.seq: e for e in session.events}
+    for seq, block in state.blocks.items():
+        pos = surface.position(seq)
+        assert surface.is_balanced_cut(pos) and surface.is_balanced_cut(pos + 1)
+        sources = set(block.sources)
+        for s in block.sources:
+            event = by_seq[s]
+            if event.type == "assistant/message":
+                for call in Message.from_dict(event.data["message"]).tool_calls:
+                    assert result_of.get(call.id) in sources, f"call {call.id} in block {block.left} without its result"
+
+
+@settings(max_examples=35, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_random_sessions_keep_every_invariant(data):
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        kernel = decay_kernel(home, window=400_000, reserve=1_000, settings={"max_spans": 3})
+        session = kernel.open_session()
+        session.user("start")
+        n = 0
+        for _ in range(data.draw(st.integers(10, 45), label="ops")):
+            op = data.draw(st.sampled_from(OPS), label="op")
+            n += 1
+            if op == "user":
+                session.user(f"user says {n}")
+            elif op in ("text", "calls"):
+                if not session.turn_open:
+                    session.user(f"new turn {n}")
+                session.prepare_request()
+                if op == "text":
+                    session.commit_reply(Message.assistant(f"answer {n}"))
+                else:
+                    k = data.draw(st.integers(1, 3), label="calls")
+                    text = data.draw(st.sampled_from(["", "", f"calling {n}"]), label="text")
+                    calls = [ToolCallBlock(f"c{n}_{i}", "read", {"path": f"{n}.{i}"}) for i in range(k)]
+                    session.commit_reply(Message.assistant(text, calls))
+                    for call in calls:
+                        session.tool_result(call.id, f"output {call.id} " * data.draw(st.integers(1, 40), label="size"))
+            elif op == "end":
+                session.end_turn()
+            elif op == "compress":
+                _random_compress(session, data, n)
+            elif op == "drop":
+                _random_drop(session, data)
+            elif op == "basic":
+                region = whole_surface_but_last(session.surface, data.draw(st.integers(1, 6), label="keep"))
+                if region is not None and session.surface.position(region[1]) - session.surface.position(region[0]) >= 2:
+                    try:
+                        session.compact(Span(*region), strategy="basic", kind="summary")
+                    except Exception as exc:  # a summary that would not shrink is refused by the kernel
+                        assert "ShrinkCheck" in type(exc).__name__ or "fewer" in str(exc), exc
+            elif op == "prune":
+                tools = [node for node in session.surface if node.role == "tool"]
+                if tools:
+                    node = data.draw(st.sampled_from(tools), label="pruned")
+                    session.replace_tool_result(node.seq, "pruned", strategy="test")
+            check_invariants(session)
+        again = decay_kernel(home, window=400_000, reserve=1_000, settings={"max_spans": 3, "snapshot": False}).open_session(session.id)
+        assert current_state(again).to_dict() == current_state(session).to_dict()
+        assert [n.seq for n in again.surface] == [n.seq for n in session.surface]
+
+
+def _anchor_choices(session):
+    state = current_state(session)
+    out = []
+    for node in session.surface:
+        if node.seq in state.anchor_of:
+            out.append(state.anchor_of[node.seq])
+        if node.seq in state.blocks and state.blocks[node.seq].right is not None:
+            out.append(state.blocks[node.seq].right)
+    return out + [999]  # an unknown anchor now and then
+
+
+def _random_compress(session, data, n) -> None:
+    choices = _anchor_choices(session)
+    spans = []
+    for i in range(data.draw(st.integers(1, 3), label="spans")):
+        a = data.draw(st.sampled_from(choices), label="from")
+        b = data.draw(st.sampled_from(choices), label="to")
+        form = data.draw(st.sampled_from(["⟦p{}⟧", "p{}", "int"]), label="form")
+        spans.append({
+            "from": a if form == "int" else form.format(a),
+            "to": b if form == "int" else form.format(b),
+            "summary": data.draw(st.sampled_from(["s", f"summary {n}.{i} ⟦p3⟧", "x " * 30]), label="summary"),
+        })
+    before = log_bytes(session)
+    count = len(session.events)
+    out = session.run_tool({"id": f"k{n}", "name": "compress", "arguments": {"spans": spans}})
+    if out.is_error:
+        assert "Nothing was changed" in out.content, out.content
+        assert log_bytes(session) == before and len(session.events) == count
+    else:
+        starts = [e for e in session.events[count:] if e.type == "compaction/start"]
+        assert len(starts) == 1  # every span of one call in one transaction
+
+
+def _random_drop(session, data) -> None:
+    state = current_state(session)
+    blocks = list(state.blocks.values())
+    choices = _anchor_choices(session)
+    if blocks and data.draw(st.booleans(), label="exact"):
+        block = data.draw(st.sampled_from(blocks), label="block")
+        pair = (block.left, block.right if block.right is not None else block.left)
+    else:
+        pair = (data.draw(st.sampled_from(choices), label="left"), data.draw(st.sampled_from(choices), label="right"))
+    before = log_bytes(session)
+    out = session.run_tool({"id": "d", "name": "drop", "arguments": {"left": pair[0], "right": pair[1]}})
+    if out.is_error:
+        assert log_bytes(session) == before
+    else:
+        assert not any(b.left == pair[0] for b in current_state(session).blocks.values())
