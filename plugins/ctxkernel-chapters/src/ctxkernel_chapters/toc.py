@@ -25,6 +25,8 @@ INTRO = (
     "outputs with chapters_artifact."
 )
 _BULLET = re.compile(r"^- \[([^\]]+)\] ")
+_FOLD = re.compile(r"^- \[fold:([^\]]+)\] (\d+)–(\d+): (\d+) ")
+_NUMBER = re.compile(r"^- \[[^\]]+\] (\d+) ")
 
 
 @dataclass
@@ -45,7 +47,7 @@ class Toc:
 def bullet(record: dict[str, Any], archive_label: str, *, with_summary: bool = True) -> str:
     title = " ".join(str(record.get("title", "")).split())[:100]
     line = (
-        f"- [{archive_label}/{record['path']}] {record['number']:03d} \"{title}\" · id {record['id']} · "
+        f"- [{archive_label}/{record['path']}] {record['number']:03d} \"{title}\" · "
         f"seqs {record['start_seq']}–{record['end_seq']} · {record['tokens']} tokens"
     )
     summary = " ".join(str(record.get("summary", "")).split())
@@ -93,25 +95,74 @@ def parse(text: str) -> Toc:
     return toc
 
 
-def render(toc: Toc, *, handoff: str = "", count: Callable[[str], int] | None = None, bullet_budget: int | None = None) -> tuple[str, int]:
-    """The table-of-contents text, and how many bullets lost their summary to the bullet budget."""
-    lines = list(toc.bullets.values())
-    shortened = 0
-    if count is not None and bullet_budget is not None:
-        # over budget: the oldest bullets lose their summaries first (reported, never silent)
-        while shortened < len(lines) and count("\n".join(lines)) > bullet_budget:
-            lines[shortened] = lines[shortened].split(" — ", 1)[0]
+def _fold_line(folder: str, lo: int, hi: int, count: int) -> str:
+    return (
+        f"- [fold:{folder}] {lo:03d}–{hi:03d}: {count} earlier chapter(s) in {folder}/, listed with their summaries "
+        'in the manifest; read one with chapters_read(chapter="<number>") or search them with chapters_search'
+    )
+
+
+def _fit(entries: list[tuple[str, str]], count: Callable[[str], int], budget: int) -> tuple[list[tuple[str, str]], int, int]:
+    """Bring the bullets under ``budget``: the oldest lose their summaries first, then the oldest
+    fold into one line per folder (number range and count). Returns (entries, shortened, folded)."""
+    entries = list(entries)
+    shortened = folded = 0
+
+    cache: dict[str, int] = {}
+
+    def cost() -> int:
+        # lines are counted one by one (cached): a newline between lines is one token
+        total = 0
+        for _, line in entries:
+            if line not in cache:
+                cache[line] = count(line)
+            total += cache[line] + 1
+        return total
+
+    i = 0
+    while cost() > budget and i < len(entries):
+        key, line = entries[i]
+        if not key.startswith("fold:") and " — " in line:
+            entries[i] = (key, line.split(" — ", 1)[0])
             shortened += 1
+        i += 1
+    while cost() > budget:
+        index = next((k for k, (key, _) in enumerate(entries) if not key.startswith("fold:")), None)
+        if index is None or index == len(entries) - 1:
+            break  # keep the newest chapter's own bullet
+        key, line = entries.pop(index)
+        number = _NUMBER.match(line)
+        folder = key.rsplit("/", 1)[0]
+        fold_key = f"fold:{folder}"
+        n = int(number.group(1)) if number else 0
+        at = next((k for k, (other, _) in enumerate(entries) if other == fold_key), None)
+        if at is None:
+            entries.insert(0, (fold_key, _fold_line(folder, n, n, 1)))
+        else:
+            old = _FOLD.match(entries[at][1])
+            lo, hi, c = (int(old.group(2)), int(old.group(3)), int(old.group(4))) if old else (n, n, 0)
+            entries[at] = (fold_key, _fold_line(folder, min(lo, n), max(hi, n), c + 1))
+        folded += 1
+    return entries, shortened, folded
+
+
+def render(toc: Toc, *, handoff: str = "", count: Callable[[str], int] | None = None, bullet_budget: int | None = None) -> tuple[str, int]:
+    """The table-of-contents text, and how many bullets were shortened or folded to fit the budget."""
+    entries = list(toc.bullets.items())
+    shortened = folded = 0
+    if count is not None and bullet_budget is not None:
+        entries, shortened, folded = _fit(entries, count, bullet_budget)
+    lines = [line for _, line in entries]
     parts = [TOC_OPEN, INTRO, "", CHAPTERS]
     parts += lines or ["(no chapters yet)"]
-    if shortened:
-        parts.append(f"({shortened} older bullet(s) shortened to fit toc_bullet_budget_tokens; their summaries are in the manifest)")
+    if shortened or folded:
+        parts.append(f"({shortened} bullet(s) shortened, {folded} folded to fit the bullet budget; the manifest keeps every summary)")
     if handoff.strip():
         parts += ["", HANDOFF, _escape(handoff.strip())]
     if toc.carried:
         parts += ["", CARRIED, _escape("\n\n".join(toc.carried))]
     parts.append(TOC_CLOSE)
-    return "\n".join(parts), shortened
+    return "\n".join(parts), shortened + folded
 
 
 def merged(previous: Iterable[str], records: Iterable[dict[str, Any]], archive_label: str, extra_prose: Iterable[str] = ()) -> Toc:
