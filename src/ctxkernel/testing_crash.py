@@ -1,6 +1,6 @@
 """Crash proof for stores: SIGKILL a writer at random points and check what survives.
 
-A writer process (``python -m ctxkernel.testing_crash SPEC SESSION ACKS SEED``) runs an agent loop
+A writer process (``python -m ctxkernel.testing_crash SPEC SESSION ACKS SEED HOME``) runs an agent loop
 on the ``basic`` strategy with a small window, so it compacts every few steps, and after every
 batch the store acknowledges it appends ``first count sha256`` to the ACKS file. It sleeps a
 random moment inside each compaction transaction (right after ``compaction/start``), so that kills
@@ -74,7 +74,7 @@ class AckingStore:
 
 
 def writer_main(argv: Sequence[str]) -> int:
-    spec, session_id, acks, seed = argv[0], argv[1], Path(argv[2]), int(argv[3])
+    spec, session_id, acks, seed, home = argv[0], argv[1], Path(argv[2]), int(argv[3]), argv[4]
     from .kernel import Kernel
     from .messages import Message, ToolCallBlock
     from .testing import make_profile
@@ -82,22 +82,22 @@ def writer_main(argv: Sequence[str]) -> int:
     rng = random.Random(seed)
     store = AckingStore(open_store(spec), acks, rng, pause=0.03)
     profile = make_profile(model={"context_window": 3000, "reserved_output_tokens": 500})
-    with tempfile.TemporaryDirectory() as home:
-        kernel = Kernel(profile, store=store, home=home, entry_points=False)  # type: ignore[arg-type]
-        session = kernel.open_session(session_id, create=not store.exists(session_id))
-        store.ack(READY)
-        n = 0
-        while True:
-            session.user(f"task {n}: " + "please " * rng.randint(1, 30))
-            for _ in range(rng.randint(1, 4)):
-                session.prepare_request()
-                n += 1
-                call = ToolCallBlock(f"c{os.getpid()}-{n}", "read", {"path": f"f{n}.py"})
-                session.commit_reply(Message.assistant(f"reading {n}", [call]), usage=None)
-                session.tool_result(call.id, "x = 1\n" * rng.randint(10, 150))
+    # the home is the parent's scratch folder: a killed writer cleans nothing up
+    kernel = Kernel(profile, store=store, home=home, entry_points=False)  # type: ignore[arg-type]
+    session = kernel.open_session(session_id, create=not store.exists(session_id))
+    store.ack(READY)
+    n = 0
+    while True:
+        session.user(f"task {n}: " + "please " * rng.randint(1, 30))
+        for _ in range(rng.randint(1, 4)):
             session.prepare_request()
-            session.commit_reply(Message.assistant(f"done {n}"))
-            session.end_turn()
+            n += 1
+            call = ToolCallBlock(f"c{os.getpid()}-{n}", "read", {"path": f"f{n}.py"})
+            session.commit_reply(Message.assistant(f"reading {n}", [call]), usage=None)
+            session.tool_result(call.id, "x = 1\n" * rng.randint(10, 150))
+        session.prepare_request()
+        session.commit_reply(Message.assistant(f"done {n}"))
+        session.end_turn()
 
 
 @dataclass
@@ -229,7 +229,8 @@ def run_trials(spec: str, trials: int, *, seed: int = 0, max_delay: float = 0.4,
             err_path = Path(scratch) / f"stderr-{trial}"
             with open(err_path, "wb") as err_file:  # a file, not a pipe: a full pipe would stall the writer
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "ctxkernel.testing_crash", spec, session_id, str(ack_path), str(rng.randrange(2**31))],
+                    [sys.executable, "-m", "ctxkernel.testing_crash", spec, session_id, str(ack_path),
+                     str(rng.randrange(2**31)), scratch],
                     stdout=subprocess.DEVNULL,
                     stderr=err_file,
                 )

@@ -39,8 +39,8 @@ def main() -> int:
     sys.stdout = sys.stderr
     store = open_store(spec)
     profile = make_profile(model={"context_window": 4000, "reserved_output_tokens": 500})
-    home = tempfile.mkdtemp()
-    kernel = Kernel(profile, store=store, home=home, entry_points=False)
+    scratch = tempfile.TemporaryDirectory()  # the kernel home; the sessions live in the shared store
+    kernel = Kernel(profile, store=store, home=scratch.name, entry_points=False)
     session = None
     release = threading.Event()
     entered = threading.Event()
@@ -121,6 +121,7 @@ def main() -> int:
         except BaseException:  # noqa: BLE001 - the test shows it
             reply({"fatal": traceback.format_exc()})
     store.close()
+    scratch.cleanup()
     return 0
 
 
