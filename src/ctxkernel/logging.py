@@ -22,6 +22,8 @@ def configure_logging(level: str = "warning") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # look sys.stderr up when a logger is made, not now: a replaced or closed stream (pytest's
+        # capture, a daemon's redirect) must not break every later log call in the process
+        logger_factory=lambda *args: structlog.PrintLogger(file=sys.stderr),
         cache_logger_on_first_use=False,
     )

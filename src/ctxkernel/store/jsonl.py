@@ -49,6 +49,9 @@ class JsonlStore:
         self.kv_dir = self.home / "kv"
         self.fsync = fsync
         self._index: dict[str, _Index] = {}
+        # events a file's first scan parsed, kept until read() takes them: opening a session
+        # scans (repair) and then reads the same bytes; parsing them once halves a cold replay
+        self._fresh: dict[str, tuple[int, list[Event]]] = {}
         self._mutex = threading.RLock()  # filelock is per-process reentrant; this guards _index
 
     # -- paths ---------------------------------------------------------------------------------
@@ -113,6 +116,7 @@ class JsonlStore:
         path = self._existing(session_id)
         with self._mutex:
             index = self._index.get(session_id)
+            first_scan = index is None
             with open(path, "rb") as f:
                 if index is None:
                     first = f.readline()
@@ -164,6 +168,10 @@ class JsonlStore:
                 defect = f"incomplete batch of {len(pending)} event(s) at the end"
             index.end = base + committed
             self._index[session_id] = index
+            if events and first_scan:
+                # only a file's first scan is held (bounded by one log; a poller that never
+                # reads cannot make it grow): it is what opening a session reads right after
+                self._fresh[session_id] = (0, events)
             report = RepairReport()
             if defect is not None and repair:
                 cut = len(data) - committed
@@ -178,6 +186,10 @@ class JsonlStore:
         index, _, _ = self._scan(session_id)
         if start >= len(index.offsets):
             return iter(())
+        with self._mutex:
+            fresh = self._fresh.pop(session_id, None)
+        if fresh is not None and fresh[0] <= start and fresh[0] + len(fresh[1]) == len(index.offsets):
+            return iter(fresh[1][start - fresh[0] :])
         path = self.path(session_id)
         with open(path, "rb") as f:
             f.seek(index.offsets[start])
@@ -289,6 +301,7 @@ class JsonlStore:
 
     def close(self) -> None:
         self._index.clear()
+        self._fresh.clear()
 
     @staticmethod
     def _fsync_dir(folder: Path) -> None:
