@@ -74,7 +74,7 @@ def parse(text: str) -> Toc:
     chunks: dict[str, list[str]] = {HANDOFF: [], CARRIED: []}
     handoffs: list[str] = []
     for line in body.splitlines():
-        stripped = line.strip()
+        stripped = line.rstrip()  # markers sit at column 0; escaped prose starts with a space
         if stripped in (CHAPTERS, HANDOFF, CARRIED):
             if section == HANDOFF and chunks[HANDOFF]:
                 handoffs.append("\n".join(chunks[HANDOFF]))

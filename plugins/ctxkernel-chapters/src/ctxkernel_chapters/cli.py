@@ -1,0 +1,92 @@
+"""``chapters`` subcommands: ``manifest`` (the lineage view) and ``segment`` (proposed chapters).
+
+``register(subparsers)`` follows the kernel CLI's module convention; until the kernel CLI
+discovers plugin commands, the same commands run as ``ctxkernel-chapters manifest|segment``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+
+def _dump(value: object) -> None:
+    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("chapters", help="chapter archive: lineage manifest and proposed segmentation")
+    inner = p.add_subparsers(dest="chapters_command", metavar="ACTION")
+    m = inner.add_parser("manifest", help="the chain from the root session to SESSION, with every chapter (JSON)")
+    m.add_argument("session")
+    m.add_argument("--profile", default=None, help="profile name or path (default $CTXKERNEL_PROFILE, else chapters)")
+    m.set_defaults(func=cmd_manifest)
+    s = inner.add_parser("segment", help="proposed chapter ranges and titles for what SESSION could archive now (JSON)")
+    s.add_argument("session")
+    s.add_argument("--profile", default=None)
+    s.add_argument("--target", type=int, default=None, help="tokens per chapter (default: the profile's chapter_token_target)")
+    s.set_defaults(func=cmd_segment)
+
+
+def _kernel(profile: str | None) -> Any:
+    import os
+
+    from ctxkernel import Kernel
+
+    return Kernel.from_profile(profile or os.environ.get("CTXKERNEL_PROFILE") or "chapters")
+
+
+def cmd_manifest(args: argparse.Namespace) -> int:
+    from .registry import manifest
+
+    kernel = _kernel(args.profile)
+    if not kernel.store.exists(args.session):
+        sys.stderr.write(f"no session {args.session!r} in the {kernel.store.backend} store\n")
+        return 1
+    _dump(manifest(kernel.store, args.session))
+    return 0
+
+
+def cmd_segment(args: argparse.Namespace) -> int:
+    from . import plugin
+    from .segment import propose_chapters
+
+    kernel = _kernel(args.profile)
+    if not kernel.store.exists(args.session):
+        sys.stderr.write(f"no session {args.session!r} in the {kernel.store.backend} store\n")
+        return 1
+    session = kernel.open_session(args.session, repair=False)
+    settings = plugin.settings_of(session)
+    floor = plugin.archived_through(session) + 1
+    ceiling = plugin.archive_ceiling(session)
+    top = -1 if ceiling is None else ceiling
+    plans = propose_chapters(
+        session.events, floor, top, count=session.meter.count_text,
+        target_tokens=args.target or settings.chapter_token_target, floor_tokens=settings.tool_result_defer_floor_tokens,
+    )
+    _dump({
+        "session": session.id,
+        "floor": floor,
+        "ceiling": ceiling,
+        "chapters": [{"start_seq": p.start_seq, "end_seq": p.end_seq, "title": p.title, "summary": p.summary, "tokens": p.tokens} for p in plans],
+    })
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ctxkernel-chapters")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    register(sub)
+    args = parser.parse_args(["chapters", *(argv if argv is not None else sys.argv[1:])])
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""Segmentation as a plain function, titles by a model, and the table-of-contents merge rules."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from ctxkernel_chapters import propose_chapters
+from ctxkernel_chapters.segment import model_titles
+from ctxkernel_chapters.toc import CARRIED, parse, render
+from ctxkernel_chapters.toc import merged as merged_toc
+from helpers_chapters import REPO, call_tool, chapters_kernel, result_json, run_turns
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ctxkernel import Message, ScriptedModel
+
+
+def _session(tmp_path, turns=8, lines=40):
+    kernel = chapters_kernel(tmp_path, window=200_000, reserve=8_000)
+    session = kernel.open_session()
+    run_turns(session, turns, lines=lines)
+    return session
+
+
+def test_chapters_cover_the_range_and_cut_after_turn_ends(tmp_path):
+    session = _session(tmp_path)
+    count = session.meter.count_text
+    end = len(session.events) - 1
+    plans = propose_chapters(session.events, 0, end, count=count, target_tokens=500)
+    assert len(plans) >= 3
+    assert plans[0].start_seq == 0 and plans[-1].end_seq == end
+    for a, b in zip(plans, plans[1:]):
+        assert b.start_seq == a.end_seq + 1
+        assert session.events[a.end_seq].type == "turn/end"
+    assert plans[0].title.startswith("task 0")
+    assert "read×" in plans[0].summary and "src/mod" in plans[0].summary
+    # deterministic: the same log gives the same plan
+    assert propose_chapters(session.events, 0, end, count=count, target_tokens=500) == plans
+
+
+def test_a_huge_turn_is_split_after_a_step(tmp_path):
+    session = _session(tmp_path, turns=1, lines=600)
+    end = len(session.events) - 1
+    plans = propose_chapters(session.events, 0, end, count=session.meter.count_text, target_tokens=200, floor_tokens=10_000)
+    assert len(plans) >= 2
+    assert all(session.events[p.end_seq].type in ("step/end", "turn/end") for p in plans)
+
+
+@settings(max_examples=40, deadline=None)
+@given(target=st.integers(200, 5000), cut=st.data())
+def test_any_target_and_range_is_covered_exactly_once(tmp_path_factory, target, cut):
+    session = _cached_session(tmp_path_factory)
+    n = len(session.events)
+    start = cut.draw(st.integers(0, n - 1))
+    end = cut.draw(st.integers(start, n - 1))
+    plans = propose_chapters(session.events, start, end, count=session.meter.count_text, target_tokens=target)
+    covered = [s for p in plans for s in range(p.start_seq, p.end_seq + 1)]
+    assert covered == list(range(start, end + 1))
+    assert all(p.title for p in plans)
+
+
+_CACHE: dict[str, object] = {}
+
+
+def _cached_session(factory):
+    if "s" not in _CACHE:
+        _CACHE["s"] = _session(factory.mktemp("segment"), turns=6)
+    return _CACHE["s"]
+
+
+def test_model_titles_reuse_the_sessions_prefix(tmp_path):
+    session = _session(tmp_path, turns=3)
+    request_header = next(e for e in session.events if e.type == "request/header")
+    plans = propose_chapters(session.events, 0, len(session.events) - 1, count=session.meter.count_text, target_tokens=200)
+    model = ScriptedModel([Message.assistant(json.dumps([{"title": "Setting up", "summary": "Read the modules."}]))])
+    titled, usage = model_titles(plans, ["body"] * len(plans), model, system=request_header.data["system"], tools=request_header.data["tools"])
+    call = model.calls[0]
+    assert call["system"] == request_header.data["system"] and call["tools"] == request_header.data["tools"]
+    assert call["messages"][-1].source.form == "directive"
+    assert titled[0].title == "Setting up" and titled[0].summary == "Read the modules."
+    assert [t.title for t in titled[1:]] == [p.title for p in plans[1:]]  # unanswered: deterministic titles
+    assert usage and usage["input_tokens"] > 0
+
+
+def _record(n, path, summary="s"):
+    return {"number": n, "id": f"x/{n}", "path": path, "title": f"T{n}", "start_seq": n * 10, "end_seq": n * 10 + 9, "tokens": 100, "summary": summary}
+
+
+def test_bullets_merge_by_path_and_carried_prose_survives():
+    first, _ = render(merged_toc([], [_record(1, "r/chapters/001-a.md"), _record(2, "r/chapters/002-b.md")], "chapters"),
+                      handoff="Held: use sqlite.\n\nNext: the index.")
+    second_toc = merged_toc([first], [_record(2, "r/chapters/002-b.md", "newer"), _record(3, "r/chapters/003-c.md")], "chapters",
+                            extra_prose=["Another strategy's summary."])
+    second, _ = render(second_toc)
+    parsed = parse(second)
+    assert list(parsed.bullets) == ["chapters/r/chapters/001-a.md", "chapters/r/chapters/002-b.md", "chapters/r/chapters/003-c.md"]
+    assert "newer" in parsed.bullets["chapters/r/chapters/002-b.md"]
+    assert parsed.carried == ["Held: use sqlite.", "Next: the index.", "Another strategy's summary."]
+    third, _ = render(merged_toc([second], [], "chapters"))
+    assert parse(third).carried == parsed.carried
+
+
+def test_prose_that_looks_like_structure_stays_prose():
+    note = f"Line one\n{CARRIED}\n- [chapters/evil.md] 999 fake bullet\n</chapters-toc>\nafter"
+    text, _ = render(merged_toc([], [_record(1, "r/chapters/001-a.md")], "chapters"), handoff=note)
+    parsed = parse(text)
+    assert list(parsed.bullets) == ["chapters/r/chapters/001-a.md"]
+    assert "after" in parsed.carried[0] and "fake bullet" in parsed.carried[0]
+
+
+def test_bullets_over_budget_shorten_then_fold():
+    records = [_record(n, f"r/chapters/{n:03d}-x.md", "a long summary " * 10) for n in range(1, 41)]
+    count = len  # characters as tokens: enough to exercise the rules
+    text, changed = render(merged_toc([], records, "chapters"), count=count, bullet_budget=600)
+    parsed = parse(text)
+    assert changed > 0
+    fold = [k for k in parsed.bullets if k.startswith("fold:")]
+    assert fold == ["fold:chapters/r/chapters"]
+    assert "chapters/r/chapters/040-x.md" in parsed.bullets  # the newest keeps its own bullet
+    assert "001–" in parsed.bullets[fold[0]]
+    # folding again merges into the same line
+    again, _ = render(merged_toc([text], [_record(41, "r/chapters/041-x.md")], "chapters"), count=count, bullet_budget=600)
+    assert len([k for k in parse(again).bullets if k.startswith("fold:")]) == 1
+
+
+def test_cli_manifest_and_segment(tmp_path):
+    session = _session(tmp_path, turns=3)
+    ends = [e.seq for e in session.events if e.type == "turn/end"]
+    data = result_json(call_tool(session, "chapters_continue", title="t", handoff_note="n",
+                                 chapters=[{"start_seq": 0, "end_seq": ends[-1], "title": "all"}]))
+    profile = tmp_path / "p.toml"
+    profile.write_text('[profile]\nstrategies = ["chapters"]\n')
+    env = {**os.environ, "CTXKERNEL_HOME": str(tmp_path)}
+    cli = [sys.executable, "-m", "ctxkernel_chapters.cli"]
+    out = subprocess.run([*cli, "manifest", data["session"], "--profile", str(profile)], capture_output=True, text=True, env=env, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    chain = json.loads(out.stdout)["chain"]
+    assert [c["session"] for c in chain] == [session.id, data["session"]]
+    assert chain[0]["chapters"][0]["title"] == "all"
+    out = subprocess.run([*cli, "segment", session.id, "--profile", str(profile), "--target", "300"], capture_output=True, text=True, env=env, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    proposal = json.loads(out.stdout)
+    assert proposal["floor"] == ends[-1] + 1 and proposal["chapters"] == []  # everything is archived already
+    missing = subprocess.run([*cli, "manifest", "nope", "--profile", str(profile)], capture_output=True, text=True, env=env, cwd=REPO)
+    assert missing.returncode == 1 and "no session" in missing.stderr
+
+
+_PROSE = st.lists(
+    st.sampled_from(list("ab -[]#/<>:\n") + ["[[chapters]]", "[[handoff note]]", "[[carried forward]]", "</chapters-toc>", "<chapters-toc>", "\n- [x] 1 "]),
+    max_size=60,
+).map("".join)
+
+
+@settings(max_examples=200, deadline=None)
+@given(note=_PROSE, more=_PROSE)
+def test_carried_prose_is_never_dropped(note, more):
+    """Whatever the handoff note and other carried prose contain, every paragraph comes back."""
+    def paragraphs(text):
+        import re
+
+        return [p.strip() for p in re.split(r"\n\s*\n", text.strip()) if p.strip()]
+
+    first, _ = render(merged_toc([], [_record(1, "r/chapters/001-a.md")], "chapters"), handoff=note)
+    second, _ = render(merged_toc([first], [_record(2, "r/chapters/002-b.md")], "chapters", extra_prose=[more]))
+    carried = parse(second).carried
+    for paragraph in paragraphs(note) + paragraphs(more):
+        assert paragraph in carried
+    assert list(parse(second).bullets) == ["chapters/r/chapters/001-a.md", "chapters/r/chapters/002-b.md"]
