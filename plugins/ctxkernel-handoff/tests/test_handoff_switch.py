@@ -206,7 +206,7 @@ def test_restart_replays_windows_and_notes_exactly(handoff_kernel, agent, tmp_pa
     kernel = handoff_kernel()
     session = kernel.open_session()
     a = agent(session)
-    for t in range(10):
+    for t in range(16):
         a.turn(f"instruction {t} " + "detail " * 20)
         Notes.for_session(session).write(f"log/{t}.md", f"note {t}")
     windows = History.for_session(session).list_windows(limit=50)

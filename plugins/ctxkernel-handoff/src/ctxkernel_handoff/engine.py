@@ -39,6 +39,8 @@ HOST_RETAIN = 0.16
 #: the single-shot pressure reminder fires this far below the switch threshold
 REMINDER_LEAD = 0.1
 REMINDER_TAG = "[handoff: context pressure]"
+#: and only once the window has grown by this share of the effective window since it opened
+REMINDER_GROWTH = 0.05
 #: a handoff should cost well under what it replaces: characters allowed per token of the region
 CHARS_PER_REGION_TOKEN = 2.5
 #: and at most this share of the effective window (about 3.5 characters per token)
@@ -46,8 +48,12 @@ WINDOW_SHARE = 0.25
 CHARS_PER_TOKEN = 3.5
 #: characters of the handoff's own wrapping around snapshot, notes and body
 WRAPPER_CHARS = 300
+#: the new window opens at least this far below the threshold
+TARGET_MARGIN = 0.05
+#: characters per token assumed when fitting the handoff under the threshold (conservative)
+CHARS_PER_FIT_TOKEN = 3.0
 #: the smallest handoff worth a switch
-MIN_HANDOFF_CHARS = 1_500
+MIN_HANDOFF_CHARS = 600
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,7 @@ class HandoffState:
     requested: dict[str, Any] | None = None  # never durable: not re-executed after a restart
     overflow_at: int | None = None  # assistant count when the last overflow was handled
     steward_window: int = 0  # window in which the simulation steward last acted
+    window_open_ratio: dict[int, float] = field(default_factory=dict)  # pressure when first seen, by window
     generation: int = -1
     switches: int = 0
     last_switch: dict[str, Any] | None = None
@@ -172,13 +179,24 @@ def switch(session: Session, *, reason: str, keep_tokens: int | None = None) -> 
     region_tokens = sum(session.meter.node_tokens(n) for n in nodes)
     settings = settings_of(session)
     effective = session.model_settings().effective_window
+    # the new window must open below the threshold, or every step would switch again: the handoff
+    # may take what the kept tail and the request header leave under it
+    threshold, _, _ = host_settings(session)
+    target = int((threshold - TARGET_MARGIN) * effective)
+    rest = session.pressure().tokens - region_tokens
     budget = min(
         settings.handoff_max_chars,
         int(region_tokens * CHARS_PER_REGION_TOKEN),
         int(effective * WINDOW_SHARE * CHARS_PER_TOKEN),
+        int((target - rest) * CHARS_PER_FIT_TOKEN),
     )
     if budget < MIN_HANDOFF_CHARS:
-        return _failed(state, reason, f"nothing to compact: the replaceable region holds {region_tokens} tokens, too little for a handoff")
+        return _failed(
+            state,
+            reason,
+            f"nothing to compact: replacing {region_tokens} tokens leaves no room for a handoff under the threshold "
+            f"({rest} tokens stay: request header and the kept messages)",
+        )
     notes = notes_of(session).active()
     mode = settings.handoff_summary
     generated: Generated | None = None
@@ -200,9 +218,9 @@ def switch(session: Session, *, reason: str, keep_tokens: int | None = None) -> 
         tokens = session.meter.count_message(message)
         if len(handoff.text) > settings.handoff_max_chars:
             return _failed(state, reason, f"the handoff needs {len(handoff.text)} characters, over handoff_max_chars {settings.handoff_max_chars}")
-        if tokens < region_tokens:
+        if tokens < region_tokens and rest + tokens <= target:
             break
-        budget = int(budget * min(0.9, region_tokens / max(tokens, 1) * 0.9))
+        budget = int(budget * min(0.9, min(region_tokens, max(1, target - rest)) / max(tokens, 1) * 0.9))
         if budget < MIN_HANDOFF_CHARS:
             break
     assert handoff is not None and message is not None

@@ -145,15 +145,21 @@ def instruction_text(history: History, seq: int) -> str:
     return history.text_of(history.session.events[seq])
 
 
-def render_snapshot(history: History, *, new_window: int, reason: str) -> str:
-    """Window index, goal, open todos and the last four user instructions (bounded)."""
+def render_snapshot(history: History, *, new_window: int, reason: str, budget: int = 16_000) -> str:
+    """Window index, goal, open todos and the last four user instructions (bounded).
+
+    At the seed's budgets (8,000 characters and up) the caps are the seed's; a handoff squeezed by
+    a small window (the switch never lets it take more than a quarter of the window) scales them
+    down so the body keeps room.
+    """
+    instruction_chars = min(INSTRUCTION_CHARS, budget // 8)
+    goal_chars = min(GOAL_CHARS, budget // 8)
+    todo_chars = min(TODO_CHARS, budget // 7)
     current = history.current_window
     lines = [
-        f"You are continuing in context window win_{new_window}. Earlier parts of this session were replaced by this "
-        "handoff; nothing was deleted: every event stays readable by its item id with the history_* tools.",
-        f"Window index: win_{new_window} opened by a {reason} switch from win_{current.number} "
-        f"(items item_{current.start_seq} onward; its summary: win_{current.number}_summary, read it with "
-        "history_read_item format json for the untrimmed text). history_list_windows lists every window.",
+        f"Context window win_{new_window} (a {reason} switch from win_{current.number}, whose items start at "
+        f"item_{current.start_seq}). Earlier messages were replaced by this handoff; nothing was deleted: the history_* "
+        f"tools read any item_<seq>, and win_{current.number}_summary is the untrimmed summary (history_read_item, format json)."
     ]
     instructions = history.instructions[-INSTRUCTIONS:]
     goal = history.goal()
@@ -161,14 +167,14 @@ def render_snapshot(history: History, *, new_window: int, reason: str) -> str:
         if goal.seq in instructions:
             lines.append(f"Goal (goal = item_{goal.seq}): quoted below with the recent instructions.")
         else:
-            lines.append(f"Goal (goal = item_{goal.seq}): {_clip(instruction_text(history, goal.seq), GOAL_CHARS)}")
+            lines.append(f"Goal (goal = item_{goal.seq}): {_clip(instruction_text(history, goal.seq), goal_chars)}")
     todos = [t for t in history.checklist() if t.open]
     if todos:
         out = ["Open todos (checklist):"]
         used = 0
         for entry in todos[:TODO_ENTRIES]:
             line = f"- [{entry.status}] {entry.ref}: {_one_line(entry.text, 160)}"
-            if used + len(line) > TODO_CHARS:
+            if used + len(line) > todo_chars:
                 out.append(f"- … {len(todos) - len(out) + 1} more: history_read_item checklist")
                 break
             out.append(line)
@@ -181,7 +187,7 @@ def render_snapshot(history: History, *, new_window: int, reason: str) -> str:
         out = ["Recent user instructions, oldest first, verbatim (a later instruction takes precedence over an earlier one it corrects):"]
         for seq in instructions:
             text = instruction_text(history, seq)
-            clipped = _clip(text, INSTRUCTION_CHARS)
+            clipped = _clip(text, instruction_chars)
             more = f" [clipped: {len(text)} characters in item_{seq}]" if len(clipped) < len(text) else ""
             out.append(f'<instruction item="item_{seq}" window="win_{history.window_of(seq)}">\n{clipped}\n</instruction>{more}')
         lines.append("\n".join(out))
@@ -324,7 +330,7 @@ def assemble(
     summary_ref = f"win_{new_window - 1}_summary"
     opening = f'<window_handoff window="win_{new_window}" previous="win_{new_window - 1}" reason="{reason}" summary_item="{summary_ref}">\n'
     closing = "\n</window_handoff>"
-    snapshot = render_snapshot(history, new_window=new_window, reason=reason)
+    snapshot = render_snapshot(history, new_window=new_window, reason=reason, budget=budget)
     left = budget - len(opening) - len(closing) - len(snapshot) - 2
     notes_text = render_notes(notes, int(max(0, left) * NOTES_SHARE))
     left -= len(notes_text) + (2 if notes_text else 0)

@@ -14,6 +14,7 @@ from ctxkernel.recall.history import History
 from ctxkernel.recall.notes import STATE_KEY as NOTES_STATE_KEY
 
 from .engine import (
+    REMINDER_GROWTH,
     REMINDER_LEAD,
     REMINDER_TAG,
     after_commit,
@@ -121,7 +122,11 @@ def pre_step(session: Session, step: StepContext) -> None:
     history = History.for_session(session)
     window = history.current_window.number
     pressure = session.pressure()
-    if pressure.ratio >= max(0.0, threshold - REMINDER_LEAD) and state.reminded_window != window:
+    opened = state.window_open_ratio.setdefault(window, pressure.ratio)
+    # remind only when this window itself has grown: a window that opens near the threshold (a
+    # tiny context) would otherwise remind, and be switched by the steward, at every step
+    grown = pressure.ratio - opened >= REMINDER_GROWTH
+    if pressure.ratio >= max(0.0, threshold - REMINDER_LEAD) and grown and state.reminded_window != window:
         state.reminded_window = window  # single shot per window (the notice in the log restores it on restart)
         step.remind(
             f"{REMINDER_TAG} this window (win_{window}) is {pressure.ratio:.0%} full; at {threshold:.0%} it switches "

@@ -81,29 +81,29 @@ def _shown(path: str) -> str:
 
 # -- argument models ---------------------------------------------------------------------------------------
 class NewContextArgs(ToolArgs):
-    reason: str = Field(default="", max_length=500, description="why a fresh window helps now (kept in the log)")
+    reason: str = Field(default="", max_length=500)
 
 
 class NoteWriteArgs(ToolArgs):
-    path: str = Field(description="note path, e.g. 'self/notes/plan.md' (relative; no '..')")
-    content: str = Field(description="the whole new content (replaces the note)")
+    path: str = Field(description="e.g. self/notes/plan.md")
+    content: str = Field()
 
 
 class NoteAppendArgs(ToolArgs):
-    path: str = Field(description="note path, e.g. 'self/notes/log.md'; created when missing")
-    content: str = Field(description="text appended at the end of the note")
+    path: str = Field(description="e.g. self/notes/log.md")
+    content: str = Field()
 
 
 class NoteReadArgs(ToolArgs):
     path: str
-    offset_chars: int = Field(default=0, ge=0, description="continue from next_offset_chars")
+    offset_chars: int = Field(default=0, ge=0, description="next_offset_chars")
     max_chars: int = Field(default=NOTE_READ_DEFAULT, ge=1, le=NOTE_READ_MAX)
 
 
 class NoteListArgs(ToolArgs):
-    prefix: str = Field(default="", description="path prefix, e.g. 'self/notes/plan/' ('' lists all)")
+    prefix: str = Field(default="", description="e.g. self/notes/plan/")
     limit: int = Field(default=NOTE_LIST_DEFAULT, ge=1, le=NOTE_LIST_MAX)
-    cursor: str | None = Field(default=None, description="next_cursor of the previous page")
+    cursor: str | None = Field(default=None)
 
 
 class NoteSearchArgs(ToolArgs):
@@ -113,20 +113,18 @@ class NoteSearchArgs(ToolArgs):
 
 
 class ListWindowsArgs(ToolArgs):
-    limit: int | None = Field(default=None, description="windows per page: 20 by default, at most 50")
+    limit: int | None = Field(default=None, description="20 default, 50 max")
     cursor: str | None = None
 
 
 class _Filters(ToolArgs):
-    window: int | str | None = Field(default=None, description="window number, 'win_<n>' or window id")
-    role: str | list[str] | None = Field(
-        default=None, description="user, plugin, assistant, tool, summary or event (default: all but event)"
-    )
-    seq_from: int | None = Field(default=None, description="first event seq (inclusive)")
-    seq_to: int | None = Field(default=None, description="last event seq (inclusive)")
-    limit: int | None = Field(default=None, description="items per page: 20 by default, at most 50")
-    max_chars: int | None = Field(default=None, description="preview characters per item: 400 by default, at most 1000")
-    cursor: str | None = Field(default=None, description="next_cursor of the previous page (same filters and order)")
+    window: int | str | None = Field(default=None, description="number, win_<n> or window id")
+    role: str | None = Field(default=None, description="user,plugin,assistant,tool,summary,event (comma-separated; default all but event)")
+    seq_from: int | None = Field(default=None, description="first seq")
+    seq_to: int | None = Field(default=None, description="last seq")
+    limit: int | None = Field(default=None, description="20 default, 50 max")
+    max_chars: int | None = Field(default=None, description="per item, 400 default, 1000 max")
+    cursor: str | None = Field(default=None, description="next_cursor; keep filters and order")
     order: Literal["asc", "desc"] = "asc"
 
 
@@ -135,15 +133,15 @@ class ListItemsArgs(_Filters):
 
 
 class SearchArgs(_Filters):
-    query: str = Field(description="plain substring to find")
-    case_sensitive: bool = Field(default=True, description="false for a case-insensitive search")
+    query: str = Field(description="substring")
+    case_sensitive: bool = Field(default=True)
 
 
 class ReadItemArgs(ToolArgs):
-    id: str = Field(description="item_<seq>, win_<n>, win_<n>_summary, goal, checklist or todo_<seq>_<i>")
-    format: Literal["text", "json"] = Field(default="text", description="json pages the complete raw event")
-    offset_chars: int = Field(default=0, description="continue from next_offset_chars")
-    max_chars: int | None = Field(default=None, description="characters per read: 8000 by default, at most 20000")
+    id: str = Field(description="item_<seq>, win_<n>, win_<n>_summary, goal, checklist, todo_<seq>_<i>")
+    format: Literal["text", "json"] = Field(default="text", description="json: the complete raw event")
+    offset_chars: int = Field(default=0, description="next_offset_chars")
+    max_chars: int | None = Field(default=None, description="8000 default, 20000 max")
 
 
 # -- handlers ------------------------------------------------------------------------------------------------
@@ -241,7 +239,7 @@ def _history_windows(session: Session, args: ListWindowsArgs) -> str:
 def _filters(args: _Filters) -> dict[str, Any]:
     return {
         "window": args.window,
-        "role": args.role,
+        "role": [r.strip() for r in args.role.split(",")] if args.role else None,
         "seq_from": args.seq_from,
         "seq_to": args.seq_to,
         "limit": args.limit,
@@ -265,44 +263,63 @@ def _history_read(session: Session, args: ReadItemArgs) -> str:
     )
 
 
+def compact_schema(node: Any) -> Any:
+    """A JSON schema without what the model does not need: titles, null branches of optional
+    arguments and null defaults. The schemas are sent with every request and counted against the
+    window, so ten tools must stay small."""
+    if isinstance(node, list):
+        return [compact_schema(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in ("title", "additionalProperties") or (key == "default" and value is None):
+            continue
+        if key == "anyOf" and isinstance(value, list):
+            branches = [b for b in value if b != {"type": "null"}]
+            if len(branches) == 1:
+                out.update(compact_schema(branches[0]))
+                continue
+            if all(set(b) == {"type"} and isinstance(b["type"], str) for b in branches):
+                out["type"] = [b["type"] for b in branches]
+                continue
+            value = branches
+        out[key] = compact_schema(value)
+    return out
+
+
+class CompactTool(Tool):
+    """A tool whose schema is :func:`compact_schema` of the pydantic one."""
+
+    def schema(self) -> dict[str, Any]:
+        full = Tool.schema(self)
+        return {"type": "function", "function": {**full["function"], "parameters": compact_schema(full["function"]["parameters"])}}
+
+
 def build_tools() -> list[Tool]:
     def tool(name: str, description: str, params: type[ToolArgs], handler: Any) -> Tool:
-        return Tool(name, description, params, handler, strategy=NAME)
+        return CompactTool(name, description, params, handler, strategy=NAME)
 
     return [
         tool(
             "new_context",
-            "Request a fresh context window at the next step boundary. Returns 'requested', not a reset: after this "
-            "step's results are committed, the window switches and opens with a handoff (goal, todos, your recent "
-            "instructions, notes, summary). Save what you need in notes first.",
+            "Ask for a fresh context window. Answers 'requested': after this step's results, the window switches and "
+            "opens with a handoff (goal, todos, recent instructions, notes, summary). Save what you need in notes first.",
             NewContextArgs,
             _new_context,
         ),
-        tool("notes_write_file", "Create or replace a session-private note (self/notes/<path>); it survives window switches and restarts.", NoteWriteArgs, _notes_write),
-        tool("notes_append_to_file", "Append text to a session-private note (created when missing).", NoteAppendArgs, _notes_append),
-        tool("notes_read_file", "Read a note, 8000 characters at a time by default (20000 max); continue with next_offset_chars.", NoteReadArgs, _notes_read),
-        tool("notes_list_files_by_prefix", "List this session's notes whose path starts with a prefix (20 per page, 50 max).", NoteListArgs, _notes_list),
-        tool("notes_search_contents", "Search this session's notes for a substring: up to 10 files x 5 lines x 400 characters.", NoteSearchArgs, _notes_search),
-        tool("history_list_windows", "List this session's context windows with their item ranges and summary items.", ListWindowsArgs, _history_windows),
-        tool(
-            "history_list_items",
-            "List items (item_<seq>) of this session's complete raw history with previews, filtered by window, role and "
-            "seq range; page with next_cursor.",
-            ListItemsArgs,
-            _history_items,
-        ),
+        tool("notes_write_file", "Create or replace a private note (self/notes/<path>); survives window switches.", NoteWriteArgs, _notes_write),
+        tool("notes_append_to_file", "Append to a private note (created when missing).", NoteAppendArgs, _notes_append),
+        tool("notes_read_file", "Read a note; continue with next_offset_chars.", NoteReadArgs, _notes_read),
+        tool("notes_list_files_by_prefix", "List notes by path prefix.", NoteListArgs, _notes_list),
+        tool("notes_search_contents", "Search notes for a substring (10 files x 5 lines).", NoteSearchArgs, _notes_search),
+        tool("history_list_windows", "List this session's context windows.", ListWindowsArgs, _history_windows),
+        tool("history_list_items", "List items (item_<seq>) of this session's full raw history with previews.", ListItemsArgs, _history_items),
         tool(
             "history_read_item",
-            "Read one history item in full (text, or format json for the complete raw event); also resolves win_<n>, "
-            "win_<n>_summary, goal, checklist and todo_<seq>_<i> ids printed by handoffs. Continue with next_offset_chars.",
+            "Read a history item in full, or a win_<n>, win_<n>_summary, goal, checklist or todo id from a handoff.",
             ReadItemArgs,
             _history_read,
         ),
-        tool(
-            "history_search_contents",
-            "Search this session's complete raw history for a substring (case-sensitive unless case_sensitive is false); "
-            "page with next_cursor.",
-            SearchArgs,
-            _history_search,
-        ),
+        tool("history_search_contents", "Search this session's full raw history for a substring (case-sensitive by default).", SearchArgs, _history_search),
     ]
