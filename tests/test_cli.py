@@ -37,7 +37,17 @@ def env(tmp_path, monkeypatch):
     return home
 
 
+@pytest.fixture(autouse=True)
+def reset_logging():
+    # main() configures structlog for the process; leave the defaults to the next test
+    import structlog
+
+    yield
+    structlog.reset_defaults()
+
+
 def run_cli(capsys, *argv):
+    capsys.readouterr()  # drop what the test printed before (logs of kernels it built itself)
     code = main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
