@@ -119,3 +119,19 @@ def test_docs_document_every_json_key_and_hold_a_real_example():
     source = shown["source"]
     assert source["kind"] == "workload"
     assert source["recorded_requests"] == build_workload(source["workload"], source["seed"]).requests
+
+
+def test_progress_bar_only_on_a_terminal(capsys):
+    import io
+
+    from ctxkernel.simulate.cli import ProgressBar
+
+    assert main(["simulate", "--workload", "chat-short", "--profile", "basic"]) == 0
+    assert capsys.readouterr().err == ""  # stderr is not a terminal under pytest: no bar
+    stream = io.StringIO()
+    bar = ProgressBar(stream)
+    bar("basic", 1, 4)
+    bar("basic", 4, 4)
+    drawn = stream.getvalue()
+    assert "basic" in drawn and "1/4" in drawn and "4/4" in drawn
+    assert drawn.endswith("\r")  # the finished bar is wiped so the table starts clean

@@ -210,3 +210,67 @@ def test_checker_reports_orphans_split_groups_and_bad_citations(tmp_path):
     bad = InvariantChecker("fake")
     bad.fold(FakeSession())
     assert [v["kind"] for v in bad.violations] == ["citation"]
+
+
+# -- a summarizer model over HTTP (a loopback stand-in for an OpenAI-compatible server) -------------
+def test_openai_summarizer_calls_are_counted(monkeypatch):
+    import http.server
+    import json
+    import threading
+
+    served = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            served.append(body["model"])
+            answer = {
+                "choices": [{"message": {"role": "assistant", "content": "## Primary Request and Intent\n- streaming parser"}}],
+                "usage": {"prompt_tokens": 1000 + len(served), "completion_tokens": 50},
+                "model": body["model"],
+            }
+            data = json.dumps(answer).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        m = run_profile("basic", build_workload("coding-long"), Options(window=60_000, summarizer=f"openai:tiny-model@{url}"))
+    finally:
+        server.shutdown()
+        server.server_close()
+    calls = len(served)
+    assert calls > 0 and set(served) == {"tiny-model"}
+    assert m["summary_calls"] == calls == m["compactions"]["summary"]
+    assert m["summary_input_tokens"] == sum(1000 + i for i in range(1, calls + 1))
+    assert m["summary_output_tokens"] == 50 * calls
+    assert m["billed_input_tokens"] == sum(m["prompt_tokens"]) + m["summary_input_tokens"]
+
+
+def test_summarizer_that_cannot_be_built_makes_the_profile_unavailable(monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    m = run_profile("basic", build_workload("chat-short"), Options(summarizer="openai:gpt-4o-mini"))
+    assert m["status"] == "unavailable" and "OPENAI_API_KEY" in m["error"]
+
+
+def test_a_simulated_session_log_replays_again(tmp_path):
+    kernel = build_kernel(tmp_path / "home")
+    replay = Replay(kernel, build_workload("chat-short"), Options())
+    replay.run()
+    from ctxkernel.simulate import load_recording
+
+    log = kernel.store.path(replay.session.id)
+    again = load_recording(log)
+    assert again.source["format"] == "kernel"
+    assert again.requests == build_workload("chat-short").requests
+    assert [i.text for i in again.items if isinstance(i, UserItem)] == [i.text for i in build_workload("chat-short").items if isinstance(i, UserItem)]

@@ -501,13 +501,13 @@ def run_profile(name: str, recording: Recording, options: Options) -> dict[str, 
         try:
             profile = prepare_profile(name, recording, options, home)
             kernel = Kernel(profile, store=JsonlStore(home, fsync=False), home=home)
+            if options.summarizer == "scripted":
+                kernel.summarizer = ExtractiveModel(_meter_of(kernel))
+            if kernel.summarizer is not None:  # builds a configured model: may refuse (no key)
+                kernel.summarizer = CountingModel(kernel.summarizer, _meter_of(kernel))
         except (ConfigError, ProfileError) as exc:
             return empty_metrics(name, "unavailable", str(exc))
         strategies = list(profile.profile.strategies)
-        if options.summarizer == "scripted":
-            kernel.summarizer = ExtractiveModel(_meter_of(kernel))
-        if kernel.summarizer is not None:
-            kernel.summarizer = CountingModel(kernel.summarizer, _meter_of(kernel))
         replay = Replay(kernel, recording, options, label=name)
         try:
             replay.run()
