@@ -173,7 +173,14 @@ def run_transaction(
     render: Render | None = None,
     check_shrink: bool = True,
     data: dict[str, Any] | None = None,
+    single_batch: bool = False,
 ) -> CommitResult:
+    """Run the transaction. ``single_batch`` (only when every span's replacement is given, so
+    no summarize step runs between lock and commit) writes ``compaction/start`` in the same
+    durable batch as the commit: the store's expected-seq check then plays the lock's part, a
+    model-free switch costs one durable write instead of two, and a refusal writes nothing."""
+    from .session import EventSpec
+
     session.refresh()
     surface = session.surface
     resolved = validate_spans(surface, spans)  # 1
@@ -186,21 +193,28 @@ def run_transaction(
         raise CompactionBusyError(msg)
     compaction_id = uuid.uuid4().hex[:16]
     version = surface.version
-    try:
-        start_seq = session.append_one(
-            COMPACTION_START,
-            {
-                "compaction_id": compaction_id,
-                "strategy": strategy,
-                "kind": kind,
-                "turn": session.turn,
-                "spans": [[s.start, s.end] for s in spans],
-                "holder": session.holder,
-            },
-        )  # 3: the lock
-    except ConflictError as exc:
-        session.refresh()
-        raise SurfaceChangedError(f"another writer appended before the compaction could start: {exc}") from None
+    start_event = EventSpec(
+        COMPACTION_START,
+        {
+            "compaction_id": compaction_id,
+            "strategy": strategy,
+            "kind": kind,
+            "turn": session.turn,
+            "spans": [[s.start, s.end] for s in spans],
+            "holder": session.holder,
+        },
+    )
+    if single_batch:
+        if any(not span.remove and span.message is None for span in spans):
+            msg = "single_batch needs every span's replacement message given: a summary step needs the lock first"
+            raise CompactionError(msg)
+        start_seq = session.next_seq
+    else:
+        try:
+            start_seq = session.append([start_event])  # 3: the lock
+        except ConflictError as exc:
+            session.refresh()
+            raise SurfaceChangedError(f"another writer appended before the compaction could start: {exc}") from None
     try:
         meter = session.meter
         before = [sum(meter.node_tokens(n) for n in nodes) for nodes in resolved]  # 4
@@ -242,9 +256,7 @@ def run_transaction(
             if now != [n.seq for n in nodes]:
                 msg = f"span {i} ({span.start}..{span.end}) changed on the surface since the compaction started"
                 raise SurfaceChangedError(msg)
-        batch: list[EventSpec] = []  # 8
-        from .session import EventSpec
-
+        batch: list[EventSpec] = [start_event] if single_batch else []  # 8
         batch.append(
             EventSpec(
                 COMPACTION_SUMMARY,
@@ -280,9 +292,10 @@ def run_transaction(
             else:
                 batch.append(EventSpec(USER_MESSAGE, {"message": message.to_dict(), "compaction_id": compaction_id}, replace_op(cites)))
         batch.append(EventSpec(COMPACTION_END, {"compaction_id": compaction_id}))
-        first = session.append(batch)
+        first = session.append(batch) + (1 if single_batch else 0)  # the summary's seq
     except BaseException as exc:
-        _fail(session, compaction_id, exc)
+        if not single_batch:  # a single batch wrote nothing, so there is nothing to end
+            _fail(session, compaction_id, exc)
         if isinstance(exc, ConflictError):
             raise SurfaceChangedError(f"another writer appended during the compaction: {exc}") from None
         raise

@@ -29,6 +29,18 @@ CHILD = textwrap.dedent(
     from ctxkernel import Message, ScriptedModel
     from ctxkernel.store.jsonl import JsonlStore
 
+    when, kill_at = {when!r}, {kill_at!r}
+    original = JsonlStore.append
+
+    def append(self, session_id, events, expected_seq):
+        if kill_at in [e.type for e in events]:
+            if when == "before":
+                os._exit(9)  # killed before this batch reached the disk
+            original(self, session_id, events, expected_seq)
+            os._exit(9)  # killed right after this batch became durable
+        return original(self, session_id, events, expected_seq)
+
+    JsonlStore.append = append
     home = Path({home!r})
     kernel = rollover_kernel(home, window=32_000, reserve=2_000)
     session = kernel.open_session("crashy", create=True)
@@ -39,38 +51,29 @@ CHILD = textwrap.dedent(
     ])]))
     session.end_turn()
     session.user("resume please")
-    kill_at = {kill_at!r}
-    original = JsonlStore.append
-
-    def append(self, session_id, events, expected_seq):
-        types = [e.type for e in events]
-        if kill_at in types:
-            if kill_at == "compaction/summary":
-                os._exit(9)  # killed after the lock, before the switch's batch reached the disk
-            original(self, session_id, events, expected_seq)
-            os._exit(9)  # killed right after the batch is durable
-        return original(self, session_id, events, expected_seq)
-
-    JsonlStore.append = append
     session.prepare_request()
     os._exit(0)
     """
 )
 
 
-@pytest.mark.parametrize("kill_at", ["compaction/start", "compaction/summary", "step/start"])
-def test_kill_between_intent_and_switch_resumes_old_or_new_window_once(tmp_path, kill_at):
-    child = CHILD.format(here=str(HERE), home=str(tmp_path), kill_at=kill_at)
+@pytest.mark.parametrize(("when", "kill_at", "switched"), [
+    ("after", "rollover/intent", False),     # the intent is durable, its tool result is not
+    ("before", "compaction/start", False),   # the switch's batch never reached the disk
+    ("after", "compaction/end", True),       # the switch committed, nothing after it did
+])
+def test_kill_between_intent_and_switch_resumes_old_or_new_window_once(tmp_path, when, kill_at, switched):
+    child = CHILD.format(here=str(HERE), home=str(tmp_path), when=when, kill_at=kill_at)
     done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
     assert done.returncode == 9, done.stderr
     kernel = rollover_kernel(tmp_path, window=32_000, reserve=2_000)
     session = kernel.open_session("crashy")
     state = session.state["rollover"]
     committed = rollover_summaries(session)
-    if kill_at == "step/start":  # the switch committed before the kill: the new window
+    if switched:  # the new window, the intent consumed
         assert len(committed) == 1 and state.pending is None and state.number == 2
         assert session.surface.nodes[0].message.source.form == "seed"
-    else:  # the switch never committed: the old window, intent still owed
+    else:  # the old window, the intent still owed
         assert committed == [] and state.pending is not None and state.number == 1
         assert all(n.message.source.form != "seed" for n in session.surface.nodes)
     assert Notes.for_session(session).read("goal").content == "SURVIVES"

@@ -53,6 +53,8 @@ class RolloverState:
     # switch on an unchanged surface, and counts overflow retries
     last_failed_at: tuple[str | None, int] | None = None
     overflow_streak: int = 0
+    #: rendered seed blocks of notes and their token counts, by (note id, version, chars shown)
+    note_blocks: dict[tuple[str, int, int], tuple[str, int]] = field(default_factory=dict)
 
     @property
     def number(self) -> int:

@@ -15,6 +15,7 @@ import structlog
 
 from ctxkernel import CtxKernelError, Message, Source, Span
 from ctxkernel.events import TURN_START, USER_MESSAGE
+from ctxkernel.meter import MESSAGE_OVERHEAD
 from ctxkernel.recall.history import History
 from ctxkernel.recall.notes import Notes, NotesLimits
 
@@ -155,10 +156,15 @@ def _switch(session: Session, settings: RolloverSettings, trigger: str, intent: 
         error=error,
         hidden_note_paths=hidden,
     )
-    count = session.meter.count_text
-    text = render_seed(seed, budget_tokens=max(budget, 1), count=count, goal_chars=settings.goal_chars,
-                       pending_chars=settings.pending_input_chars, note_chars=settings.seed_note_chars)
-    seed_tokens = session.meter.count_message(Message.user(text))
+    text, seed_tokens, exact = render_seed(
+        seed, budget_tokens=max(budget, 1), count=session.meter.count_text, goal_chars=settings.goal_chars,
+        pending_chars=settings.pending_input_chars, note_chars=settings.seed_note_chars,
+        note_cache=state.note_blocks,
+    )
+    if not exact and seed_tokens > 0.02 * pressure.effective_window:
+        # the byte bound would understate the remaining room by more than 2% of the window
+        seed_tokens = session.meter.count_text(text)
+    seed_tokens += MESSAGE_OVERHEAD
     if seed_tokens > max(budget, 1) and trigger != "manual":
         msg = (
             f"the smallest seed costs {seed_tokens} tokens, over its budget of {budget} "
@@ -187,6 +193,9 @@ def _switch(session: Session, settings: RolloverSettings, trigger: str, intent: 
         kind=WINDOW_KIND,
         data=data,
         check_shrink=trigger != "manual",
+        # nothing slow runs between validation and commit (no summary), so the lock and the
+        # commit go in one durable batch: the whole switch is one local write (seed §4)
+        single_batch=True,
     )
 
 
