@@ -43,10 +43,10 @@ def check_invariants(session) -> None:
     assert set(state.anchor_of) <= visible and set(state.blocks) <= visible
     assert not set(state.free) & set(ids)
     # blocks never split a tool group: both edges of every block are balanced cuts
-    result_of = {}
+    results_of: dict[str, set[int]] = {}  # call id -> its result's seqs (the original and any pruned copy)
     for e in session.events:
-        if e.type == "tool/result" and (e.surface or {}).get("op") == "append":
-            result_of[e.data["message"]["content"][0]["call_id"]] = e.seq
+        if e.type == "tool/result":
+            results_of.setdefault(e.data["message"]["content"][0]["call_id"], set()).add(e.seq)
     by_seq = {e.seq: e for e in session.events}
     for seq, block in state.blocks.items():
         pos = surface.position(seq)
@@ -56,7 +56,7 @@ def check_invariants(session) -> None:
             event = by_seq[s]
             if event.type == "assistant/message":
                 for call in Message.from_dict(event.data["message"]).tool_calls:
-                    assert result_of.get(call.id) in sources, f"call {call.id} in block {block.left} without its result"
+                    assert results_of.get(call.id, set()) & sources, f"call {call.id} in block {block.left} without its result"
 
 
 @settings(max_examples=35, deadline=None, suppress_health_check=[HealthCheck.too_slow])

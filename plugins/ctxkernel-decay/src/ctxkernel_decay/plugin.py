@@ -180,7 +180,8 @@ def pre_step(session: Session, step: StepContext) -> None:
     pressure = session.pressure()
     if state.last_compaction_seq > state.baseline_seq and pressure.tokens < state.baseline:
         # a compression lowered pressure: growth is measured from here on
-        session.emit(NAME, "baseline", {"tokens": pressure.tokens})
+        rearm = [0] + [i + 1 for i, r in enumerate(settings.warn_ratios) if pressure.ratio < r]
+        session.emit(NAME, "baseline", {"tokens": pressure.tokens, "ratio": round(pressure.ratio, 4), "rearm": rearm})
         state = current_state(session)
     level = sum(1 for r in settings.warn_ratios if pressure.ratio >= r)
     grew = pressure.tokens - state.baseline

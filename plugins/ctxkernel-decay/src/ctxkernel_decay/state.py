@@ -122,8 +122,12 @@ class DecayState:
             self.baseline_seq = event.seq
             self.last_reminder_seq = event.seq
         elif etype == BASELINE_EVENT:
+            # a compression lowered pressure: growth is measured from here, and every level it
+            # brought pressure back under may remind again as soon as it is crossed again
             self.baseline = int(data["tokens"])
             self.baseline_seq = event.seq
+            for level in data.get("rearm", []):
+                self.fired.pop(int(level), None)
         elif etype == COMPACTION_SUMMARY:
             self.last_compaction_seq = event.seq
             if data.get("strategy") == NAME:

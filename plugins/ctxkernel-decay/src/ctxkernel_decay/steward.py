@@ -89,7 +89,13 @@ def plan_spans(session: Session, state: DecayState, settings: DecaySettings, nee
     last_anchor = next((state.anchor_of[n.seq] for n in reversed(rng) if n.seq in state.anchor_of), None)
     to = state.blocks[rng[-1].seq].right if rng[-1].seq in state.blocks and state.blocks[rng[-1].seq].right else last_anchor
     tokens = sum(meter.node_tokens(n) for n in rng)
-    max_chars = max(80, min(settings.summary_max_chars, tokens))  # ~4 chars a token: at most a quarter
+    # ~4 characters a token: at most a quarter of the span, and at most a fifth of the room the
+    # request header leaves in the window, so merged blocks stay small when the window is tight
+    # (the summary is paid twice: in the call's arguments and in the block)
+    pressure = session.pressure()
+    header = pressure.tokens - meter.surface_tokens()
+    room = max(0, pressure.effective_window - header)
+    max_chars = max(80, min(settings.summary_max_chars, tokens, int(4 * 0.2 * room)))
     summaries = [state.blocks[n.seq].summary for n in rng if n.seq in state.blocks]
     summary = extractive_summary([n.message for n in rng if n.seq not in state.blocks], summaries, max_chars)
     if meter.count_text(summary) + 24 >= tokens:

@@ -25,31 +25,50 @@ if TYPE_CHECKING:
     from .state import DecayState
 
 COMPRESS_DESCRIPTION = (
-    "Replace old context with your own summary. Each message starts with a position anchor ⟦pN⟧ "
-    "(an identity, not an order); a summary block shows its left and right anchors. A span runs from "
-    "`from` through `to`, inclusive. Keep a tool call and all its results in one span; the current "
-    "turn cannot be compressed. Summaries must stand alone: keep paths, decisions, errors and open "
-    "tasks. Pass every span in one call. Compress when reminded about context pressure."
+    "Replace old messages with your summary. Anchors ⟦pN⟧ mark messages (ids, not order); a summary "
+    "block shows its left and right anchors. A span covers `from` through `to`. Keep each tool call with "
+    "its results; the current turn stays. Summaries must stand alone (paths, decisions, errors, open "
+    "tasks). Pass all spans in one call."
 )
-DROP_DESCRIPTION = "Remove a summary block you no longer need, naming its exact left and right anchors."
+DROP_DESCRIPTION = "Remove a summary block by its exact left and right anchors."
+
+
+def _compact_schema(schema: dict[str, Any]) -> None:
+    """Tool schemas are sent with every request: drop generated titles and write unions as
+    type lists, which says the same in fewer tokens."""
+    schema.pop("title", None)
+    for prop in schema.get("properties", {}).values():
+        prop.pop("title", None)
+        prop.pop("default", None)
+        variants = prop.pop("anyOf", None)
+        if variants is not None:
+            types = [v["type"] for v in variants if v.get("type") != "null"]
+            prop["type"] = types[0] if len(types) == 1 else types
+
+
+_SCHEMA = ConfigDict(extra="forbid", populate_by_name=True, json_schema_extra=lambda schema, _cls: _compact_schema(schema))
 
 
 class SpanArg(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = _SCHEMA
 
-    from_: StrictStr | StrictInt = Field(alias="from", description="anchor of the first message, e.g. ⟦p12⟧")
-    to: StrictStr | StrictInt = Field(description="anchor of the last message (inclusive)")
+    from_: StrictStr | StrictInt = Field(alias="from", description="first anchor, e.g. ⟦p12⟧")
+    to: StrictStr | StrictInt = Field(description="last anchor, inclusive")
     summary: str
     topic: str | None = None
 
 
 class CompressArgs(ToolArgs):
+    model_config = _SCHEMA
+
     spans: list[SpanArg]
 
 
 class DropArgs(ToolArgs):
-    left: StrictStr | StrictInt = Field(description="the block's left anchor")
-    right: StrictStr | StrictInt = Field(description="the block's right anchor")
+    model_config = _SCHEMA
+
+    left: StrictStr | StrictInt
+    right: StrictStr | StrictInt
 
 
 class Refusal(Exception):

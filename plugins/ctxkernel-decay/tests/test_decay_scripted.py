@@ -1,0 +1,82 @@
+"""A scripted model works through several hundred steps with large tool outputs and compresses
+whenever a decay reminder appears. It never exceeds the effective window, basic's emergency
+fallback is never needed, and no request holds an orphan tool call or result."""
+
+from __future__ import annotations
+
+import random
+
+from ctxkernel import Message, ScriptedModel, ToolCallBlock
+from ctxkernel_decay import current_state, replay
+from ctxkernel_decay.steward import actions
+
+WINDOW, RESERVE = 26_000, 2_000
+
+
+def assert_paired(messages: list[Message]) -> None:
+    """Every tool call is answered right after its message; every result follows its call."""
+    i = 0
+    while i < len(messages):
+        message = messages[i]
+        assert message.role != "tool", f"orphan tool result at index {i}"
+        calls = [c.id for c in message.tool_calls]
+        i += 1
+        answered = []
+        while i < len(messages) and messages[i].role == "tool":
+            answered.append(messages[i].tool_result.call_id)
+            i += 1
+        assert answered == calls, f"calls {calls} answered by {answered}"
+
+
+def test_several_hundred_steps_stay_inside_the_window(make_decay_kernel):
+    kernel = make_decay_kernel(window=WINDOW, reserve=RESERVE, settings={"growth_tokens": 6_000, "cooldown_steps": 2})
+    session = kernel.open_session()
+    rng = random.Random(20261129)
+    state = {"request": None, "n": 0}
+
+    def script(messages, system, tools):
+        calls = actions(session, state["request"])  # the model answers a reminder with compress
+        state["n"] += 1
+        n = state["n"]
+        if calls:
+            return Message.assistant("Compressing old context.", [ToolCallBlock(f"z{n}", c["name"], c["arguments"]) for c in calls])
+        if rng.random() < 0.12:
+            return Message.assistant(f"Finished part {n}.")
+        k = rng.choice([1, 1, 2])
+        return Message.assistant(rng.choice(["", f"Reading more ({n})."]), [ToolCallBlock(f"c{n}_{i}", "read", {"path": f"src/m{n}_{i}.py"}) for i in range(k)])
+
+    model = ScriptedModel(script, overflow_above=WINDOW - RESERVE)
+    requests = 0
+    peak = 0.0
+    turn = 0
+    while requests < 420:
+        turn += 1
+        session.user(f"Task {turn}: keep going through the code base.")
+        for _ in range(25):
+            request = session.prepare_request()
+            state["request"] = request
+            requests += 1
+            peak = max(peak, request.pressure.ratio)
+            assert request.pressure.tokens <= request.pressure.effective_window, request.pressure
+            assert_paired(request.messages)
+            reply = model.complete(request.messages, system=request.system, tools=request.tools)  # raises on overflow
+            assert reply.usage["input_tokens"] == request.pressure.tokens  # the meter counts what was sent
+            session.commit_reply(reply.message, usage=reply.usage)
+            for call in session.pending_calls:
+                if session.owns_tool(call.name):
+                    outcome = session.run_tool(call)
+                    assert not outcome.is_error, outcome.content
+                    session.tool_result(call.id, outcome)
+                else:
+                    lines = rng.randint(40, 260)  # about 600 to 4,000 tokens
+                    session.tool_result(call.id, "\n".join(f"def f{j}(x): return x * {j}  # {call.id}" for j in range(lines)))
+            if not session.wants_another_step:
+                break
+        session.end_turn()
+    starts = [e.data for e in session.events if e.type == "compaction/start"]
+    assert sum(s["strategy"] == "decay" for s in starts) >= 10
+    assert not [s for s in starts if s["strategy"] == "basic"], "the emergency fallback was needed"
+    assert peak > 0.6, peak  # the run really was under pressure
+    assert current_state(session).to_dict() == replay(session.events).to_dict()
+    tiers = [b.tier for b in current_state(session).blocks.values()]
+    assert tiers and max(tiers) >= 2  # old blocks were compressed again
