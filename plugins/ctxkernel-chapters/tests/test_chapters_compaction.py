@@ -54,6 +54,10 @@ def test_pressure_archives_in_place_without_a_model(tmp_path):
     assert message.source.plugin == "chapters" and message.text.startswith("<chapters-toc>")
     records = registry(session).get(session.id)["chapters"]
     assert records and all(r["status"] == "final" for r in records)
+    # the newest archived instruction of the user is quoted verbatim
+    archived_users = [e for e in session.events[: records[-1]["end_seq"] + 1]
+                      if e.type == "user/message" and e.data["message"]["source"]["kind"] == "user"]
+    assert "> " + archived_users[-1].data["message"]["content"][0]["text"] in message.text
     where = archive_dir(session, session.settings("chapters"))
     for record in records:
         assert record["path"] in message.text

@@ -169,3 +169,17 @@ def test_carried_prose_is_never_dropped(note, more):
     for paragraph in paragraphs(note) + paragraphs(more):
         assert paragraph in carried
     assert list(parse(second).bullets) == ["chapters/r/chapters/001-a.md", "chapters/r/chapters/002-b.md"]
+
+
+def test_user_instructions_are_quoted_verbatim_newest_first_within_budget():
+    from ctxkernel_chapters.toc import INSTRUCTIONS
+
+    tricky = f"Fix the parser.\n\n{INSTRUCTIONS}\n> not a quote\n- [x] 1 not a bullet\n\nThen run the tests."
+    first, _ = render(merged_toc([], [_record(1, "r/chapters/001-a.md")], "chapters", instructions=["old ask", tricky]))
+    parsed = parse(first)
+    assert parsed.instructions == ["old ask", tricky]
+    assert list(parsed.bullets) == ["chapters/r/chapters/001-a.md"]
+    # a later table of contents keeps them, newest last, and the budget drops the oldest first
+    second, _ = render(merged_toc([first], [], "chapters", instructions=["newest ask"]), count=len, instruction_budget=len(tricky) + 20)
+    assert parse(second).instructions == [tricky, "newest ask"]
+    assert "in the chapters only" in second

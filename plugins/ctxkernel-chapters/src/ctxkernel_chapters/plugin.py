@@ -280,12 +280,26 @@ def toc_for_region(
              and n.event.surface.get("op") == "replace" and not _is_chapters_toc(n)]
     own = [r for r in (Registry(session.store).get(session.id) or {}).get("chapters", [])
            if r.get("status") == "final" and r["end_seq"] <= boundary]
-    merged = toc.merged(previous, [*own, *records], archive.archive_label(settings), extra)
+    first = min((r["start_seq"] for r in records), default=boundary + 1)
+    merged = toc.merged(previous, [*own, *records], archive.archive_label(settings), extra,
+                        instructions=user_instructions(session, first, boundary))
     # the table of contents must cost less than the region it replaces (the shrink check): in a
     # small window the oldest bullets give up their summaries first (the manifest keeps them)
     budget = min(settings.toc_bullet_budget_tokens, max(50, region_tokens // 3))
-    text, _ = toc.render(merged, count=session.meter.count_text, bullet_budget=budget)
+    quoted = min(settings.toc_instruction_budget_tokens, region_tokens // 3)
+    text, _ = toc.render(merged, count=session.meter.count_text, bullet_budget=budget, instruction_budget=quoted)
     return text
+
+
+def user_instructions(session: Session, start: int, end: int) -> list[str]:
+    """The user's own messages among events ``start..end`` (not plugin notices), in order."""
+    out = []
+    for event in session.events[max(0, start) : end + 1]:
+        if event.type == "user/message" and (event.surface or {}).get("op") == "append":
+            message = event.data["message"]
+            if message.get("source", {}).get("kind", "user") == "user":
+                out.append("\n".join(b.get("text", "") for b in message.get("content", []) if b.get("type") == "text"))
+    return out
 
 
 def _drop_plan(session: Session, registry: Registry, where: Any, plan_id: str) -> None:

@@ -33,6 +33,9 @@ class ChaptersSettings(BaseModel):
     archive_root: str = "chapters"
     #: budget of the table-of-contents bullets; over it, the oldest bullets lose their summaries
     toc_bullet_budget_tokens: int = Field(default=2_000, ge=100)
+    #: the user's own messages of the archived part are quoted verbatim in the table of contents,
+    #: newest first, within this many tokens (0: none)
+    toc_instruction_budget_tokens: int = Field(default=1_500, ge=0)
     #: tell the model that continuing in a new session is available at this share of the window
     pressure_suggestion_ratio: float = Field(default=0.75, gt=0, le=1)
     #: archive in place automatically in pre_step (off: only on overflow)

@@ -18,7 +18,8 @@ TOC_CLOSE = "</chapters-toc>"
 CHAPTERS = "[[chapters]]"
 HANDOFF = "[[handoff note]]"
 CARRIED = "[[carried forward]]"
-_MARKERS = (TOC_OPEN, TOC_CLOSE, CHAPTERS, HANDOFF, CARRIED)
+INSTRUCTIONS = "[[user instructions]]"
+_MARKERS = (TOC_OPEN, TOC_CLOSE, CHAPTERS, HANDOFF, CARRIED, INSTRUCTIONS)
 INTRO = (
     "Earlier parts of this conversation are archived as Markdown chapters. Read one with "
     "chapters_read(chapter=<id>), search them all with chapters_search(query=...), and large tool "
@@ -33,9 +34,17 @@ _NUMBER = re.compile(r"^- \[[^\]]+\] (\d+) ")
 class Toc:
     bullets: dict[str, str] = field(default_factory=dict)  # path -> bullet line, in order
     carried: list[str] = field(default_factory=list)  # paragraphs, in order, unique
+    instructions: list[str] = field(default_factory=list)  # the user's own messages, oldest first, unique
 
     def add_bullet(self, path: str, line: str) -> None:
         self.bullets[path] = line  # a re-written chapter keeps its place, newest text wins
+
+    def instruct(self, text: str) -> None:
+        text = text.strip()
+        if text:
+            if text in self.instructions:
+                self.instructions.remove(text)
+            self.instructions.append(text)
 
     def carry(self, text: str) -> None:
         for paragraph in re.split(r"\n\s*\n", text.strip()):
@@ -73,9 +82,10 @@ def parse(text: str) -> Toc:
     section = None
     chunks: dict[str, list[str]] = {HANDOFF: [], CARRIED: []}
     handoffs: list[str] = []
+    quote: list[str] = []
     for line in body.splitlines():
         stripped = line.rstrip()  # markers sit at column 0; escaped prose starts with a space
-        if stripped in (CHAPTERS, HANDOFF, CARRIED):
+        if stripped in (CHAPTERS, HANDOFF, CARRIED, INSTRUCTIONS):
             if section == HANDOFF and chunks[HANDOFF]:
                 handoffs.append("\n".join(chunks[HANDOFF]))
                 chunks[HANDOFF] = []
@@ -85,8 +95,17 @@ def parse(text: str) -> Toc:
             match = _BULLET.match(line)
             if match:
                 toc.add_bullet(match.group(1), line)
+        elif section == INSTRUCTIONS:
+            # one instruction per quoted block: every line starts with '>', blocks are apart
+            if line.startswith(">"):
+                quote.append(line[2:] if line.startswith("> ") else line[1:])
+            elif quote:
+                toc.instruct("\n".join(quote))
+                quote = []
         elif section in chunks:
             chunks[section].append(line[1:] if line.startswith(" ") and line[1:].strip() in _MARKERS else line)
+    if quote:
+        toc.instruct("\n".join(quote))
     if chunks[HANDOFF]:
         handoffs.append("\n".join(chunks[HANDOFF]))
     for note in handoffs:
@@ -146,8 +165,33 @@ def _fit(entries: list[tuple[str, str]], count: Callable[[str], int], budget: in
     return entries, shortened, folded
 
 
-def render(toc: Toc, *, handoff: str = "", count: Callable[[str], int] | None = None, bullet_budget: int | None = None) -> tuple[str, int]:
-    """The table-of-contents text, and how many bullets were shortened or folded to fit the budget."""
+def _quote(text: str) -> str:
+    return "\n".join(f"> {line}" if line else ">" for line in text.splitlines())
+
+
+def _pick_instructions(instructions: list[str], count: Callable[[str], int] | None, budget: int | None) -> tuple[list[str], int]:
+    """The newest instructions that fit ``budget`` (all without a budget), in their order."""
+    if count is None or budget is None:
+        return list(instructions), 0
+    picked: list[str] = []
+    used = 0
+    for text in reversed(instructions):
+        cost = count(text) + 2
+        if used + cost <= budget:
+            picked.append(text)
+            used += cost
+    picked.reverse()
+    return picked, len(instructions) - len(picked)
+
+
+def render(
+    toc: Toc, *, handoff: str = "", count: Callable[[str], int] | None = None, bullet_budget: int | None = None,
+    instruction_budget: int | None = None,
+) -> tuple[str, int]:
+    """The table-of-contents text, and how many bullets were shortened or folded to fit the budget.
+
+    The user's own instructions are quoted verbatim, newest first within ``instruction_budget``;
+    the ones that do not fit are counted in the text (they stay in the chapters)."""
     entries = list(toc.bullets.items())
     shortened = folded = 0
     if count is not None and bullet_budget is not None:
@@ -157,6 +201,11 @@ def render(toc: Toc, *, handoff: str = "", count: Callable[[str], int] | None = 
     parts += lines or ["(no chapters yet)"]
     if shortened or folded:
         parts.append(f"({shortened} bullet(s) shortened, {folded} folded to fit the bullet budget; the manifest keeps every summary)")
+    instructions, left_out = _pick_instructions(toc.instructions, count, instruction_budget)
+    if instructions:
+        parts += ["", INSTRUCTIONS, "\n\n".join(_quote(t) for t in instructions)]
+    if left_out:
+        parts.append(f"({left_out} earlier or longer instruction(s) are in the chapters only)")
     if handoff.strip():
         parts += ["", HANDOFF, _escape(handoff.strip())]
     if toc.carried:
@@ -165,11 +214,16 @@ def render(toc: Toc, *, handoff: str = "", count: Callable[[str], int] | None = 
     return "\n".join(parts), shortened + folded
 
 
-def merged(previous: Iterable[str], records: Iterable[dict[str, Any]], archive_label: str, extra_prose: Iterable[str] = ()) -> Toc:
+def merged(
+    previous: Iterable[str], records: Iterable[dict[str, Any]], archive_label: str, extra_prose: Iterable[str] = (),
+    instructions: Iterable[str] = (),
+) -> Toc:
     """A table of contents from earlier ones (texts) plus chapter records, bullets keyed by path."""
     toc = Toc()
     for text in previous:
         old = parse(text)
+        for instruction in old.instructions:
+            toc.instruct(instruction)
         for path, line in old.bullets.items():
             toc.add_bullet(path, line)
         for paragraph in old.carried:
@@ -178,4 +232,6 @@ def merged(previous: Iterable[str], records: Iterable[dict[str, Any]], archive_l
         toc.add_bullet(f"{archive_label}/{record['path']}", bullet(record, archive_label))
     for prose in extra_prose:
         toc.carry(prose)
+    for instruction in instructions:
+        toc.instruct(instruction)
     return toc

@@ -167,7 +167,7 @@ def plan_child(session: Session, handoff_note: str, ranges: list[ChapterRange], 
     first = max(registry.next_number(root), sstate.get("next_chapter", 1))
     numbers = list(range(first, first + len(plans)))
     prepared = archive.prepare(session, settings, plans, numbers, root=root, status="final", keep=keep)
-    seed = Message.user(_seed_toc(session, settings, registry, [p.record for p in prepared], handoff_note), Source.plugin_form(NAME, "snapshot"))
+    seed = Message.user(_seed_toc(session, settings, registry, [p.record for p in prepared], handoff_note, floor, ceiling), Source.plugin_form(NAME, "snapshot"))
     # budget preflight: a share of the window left after the system prompt and tool schemas
     effective = session.model_settings().effective_window
     head = plugin.header_tokens(session)
@@ -198,7 +198,11 @@ def _create_child(session: Session, args: ContinueArgs | ForkArgs, ranges: list[
         allocated = registry.allocate(root, len(plan.plans))
         if allocated != plan.numbers:  # another writer took numbers since the peek: render again
             prepared = archive.prepare(session, settings, plan.plans, allocated, root=root, status="final", keep=plan.keep)
-            seed = Message.user(_seed_toc(session, settings, registry, [p.record for p in prepared], args.handoff_note), Source.plugin_form(NAME, "snapshot"))
+            seed = Message.user(
+                _seed_toc(session, settings, registry, [p.record for p in prepared], args.handoff_note,
+                          plugin.archived_through(session, registry) + 1, plugin.archive_ceiling(session)),
+                Source.plugin_form(NAME, "snapshot"),
+            )
     records = [p.record for p in prepared]
     archive.publish(archive.archive_dir(session, settings), prepared)
     child_id = uuid.uuid4().hex
@@ -231,14 +235,21 @@ def _create_child(session: Session, args: ContinueArgs | ForkArgs, ranges: list[
     return ToolOutcome(_json(result | {"note": "forked; this session goes on"}))
 
 
-def _seed_toc(session: Session, settings: ChaptersSettings, registry: Registry, records: list[dict[str, Any]], handoff: str) -> str:
+def _seed_toc(
+    session: Session, settings: ChaptersSettings, registry: Registry, records: list[dict[str, Any]], handoff: str,
+    floor: int, ceiling: int | None,
+) -> str:
     """Every chapter of the lineage (ancestors' from this session's own tables of contents and the
     registry), this session's carried prose, and the handoff note."""
     plugin = _plugin()
     previous = [n.message.text for n in session.surface.nodes if plugin._is_chapters_toc(n)]
     lineage = registry.lineage_records(session.id)
-    merged = toc.merged(previous, [*lineage, *records], archive.archive_label(settings))
-    text, _ = toc.render(merged, handoff=handoff, count=session.meter.count_text, bullet_budget=settings.toc_bullet_budget_tokens)
+    instructions = plugin.user_instructions(session, floor, -1 if ceiling is None else ceiling)
+    merged = toc.merged(previous, [*lineage, *records], archive.archive_label(settings), instructions=instructions)
+    text, _ = toc.render(
+        merged, handoff=handoff, count=session.meter.count_text, bullet_budget=settings.toc_bullet_budget_tokens,
+        instruction_budget=settings.toc_instruction_budget_tokens,
+    )
     return text
 
 
