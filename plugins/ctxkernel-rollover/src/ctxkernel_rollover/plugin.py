@@ -48,6 +48,9 @@ class RolloverSettings(BaseModel):
     goal_chars: int = Field(default=4_000, ge=200, le=100_000)
     #: characters of the pending user input shown in a seed (the full text stays in the history)
     pending_input_chars: int = Field(default=16_000, ge=200, le=400_000)
+    #: earlier user instructions repeated verbatim in a seed (the user's words, never summarised)
+    instructions_count: int = Field(default=8, ge=0, le=50)
+    instructions_chars: int = Field(default=6_000, ge=0, le=200_000)
     #: notes kept in the seed of a protective (overflow) rollover, newest first
     protective_keep_notes: int = Field(default=8, ge=0, le=64)
     #: a tool result over this share of the effective window forces a protective rollover
@@ -89,7 +92,7 @@ def register_strategy(register: Any) -> None:
         ctxkernel.StrategySpec(
             NAME,
             settings=RolloverSettings,
-            capabilities={"pressure", "overflow", "windows", "notes"},
+            capabilities={"pressure", "overflow", "windows", "notes", "history"},
             description="summary-free rollover: a new window seeded with model-authored notes, never a summary",
         )
     )
@@ -143,6 +146,9 @@ def pre_step(session: Session, step: StepContext) -> None:
             return
         oversized = _oversized_result(session, settings)
         pressure = session.pressure()
+        if oversized is None and pressure.tokens <= pressure.effective_window and _fresh(session):
+            # nothing has happened in this window yet: a reminder or another switch cannot help
+            return
         if oversized is None and pressure.ratio < settings.rollover_ratio:
             if pressure.ratio >= settings.reminder_ratio and current not in state.reminded:
                 _remind(session, current, pressure)
@@ -159,6 +165,15 @@ def pre_step(session: Session, step: StepContext) -> None:
             switch(session, "auto")
     except RolloverError as exc:
         step.remind(f"[rollover] {exc}", strategy=NAME)
+
+
+def _fresh(session: Session) -> bool:
+    """True when the model has not answered yet in this window (only the seed and new input)."""
+    state = state_of(session)
+    nodes = session.surface.nodes
+    if state.seed_seq is not None and (not nodes or nodes[0].seq != state.seed_seq):
+        return False
+    return not any(n.role == "assistant" for n in nodes)
 
 
 def _remind(session: Session, window: str, pressure: Any) -> None:
@@ -179,8 +194,7 @@ def request_error(session: Session, error: ModelError) -> bool | None:
         return None
     state = state_of(session)
     settings: RolloverSettings = session.settings(NAME)  # type: ignore[assignment]
-    nodes = session.surface.nodes
-    fresh = bool(nodes) and nodes[0].seq == state.seed_seq and not any(n.role == "assistant" for n in nodes[1:])
+    fresh = state.seed_seq is not None and _fresh(session)
     if state.overflow_streak >= settings.overflow_retries + 1 or (fresh and state.overflow_streak > 0):
         state.overflow_streak = 0
         return False  # the seed itself does not fit: give the error to the harness (fail loud)

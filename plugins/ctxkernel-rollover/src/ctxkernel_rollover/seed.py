@@ -42,6 +42,10 @@ class SeedInput:
     archived_to: int | None
     error: str | None = None
     hidden_note_paths: list[str] = field(default_factory=list)
+    #: earlier user-written instructions of the session (seq, text), oldest first
+    instructions: list[tuple[int, str]] = field(default_factory=list)
+    instructions_chars: int = 6_000
+    pending_base: int = 16_000
 
 
 def _clip(text: str, limit: int, where: str) -> str:
@@ -97,6 +101,11 @@ def _hidden_any(text: str) -> bool:
     return NOT_SHOWN in text
 
 
+def seed_pending_base(seed: SeedInput) -> int:
+    """The unscaled pending-input budget, so instructions shrink in step with it on a retry."""
+    return seed.pending_base
+
+
 def _compose(seed: SeedInput, budget: int, count: Callable[[str], int], goal_chars: int, pending_chars: int,
              note_chars: int, cache: dict[tuple[str, int, int], tuple[str, int]] | None) -> tuple[str, int]:
     head = (
@@ -128,6 +137,12 @@ def _compose(seed: SeedInput, budget: int, count: Callable[[str], int], goal_cha
             lines.append(f'<user-input item="item_{seq}">\n{_escape(_clip(text, share, f"item_{seq} (history_read)"))}\n</user-input>')
     else:
         lines.append("(none)")
+    if seed.instructions:
+        lines.append("")
+        lines.append("## Earlier user instructions (verbatim, oldest first; older ones are in the history)")
+        share = max(200, int(seed.instructions_chars * pending_chars / max(1, seed_pending_base(seed))) // len(seed.instructions))
+        for seq, text in seed.instructions:
+            lines.append(f'<user-input item="item_{seq}">\n{_escape(_clip(text, share, f"item_{seq} (history_read)"))}\n</user-input>')
     if seed.error:
         lines.append("")
         lines.append("## Error that forced this rollover")

@@ -75,6 +75,16 @@ def current_turn_inputs(session: Session, limit: int = 8) -> list[tuple[int, str
     return list(reversed(found))
 
 
+def _earlier_instructions(session: Session, count: int) -> list[tuple[int, str]]:
+    """The user's own recent instructions before the open turn (the open turn's are pending)."""
+    if count <= 0:
+        return []
+    pending = {seq for seq, _ in current_turn_inputs(session)}
+    events = History.for_session(session).recent_instructions(count + len(pending))
+    found = [(e.seq, Message.from_dict(e.data["message"]).text) for e in events if e.seq not in pending]
+    return found[-count:]
+
+
 def _goal(session: Session, notes: Notes, next_goal: str | None) -> tuple[str | None, str]:
     if next_goal and next_goal.strip():
         return next_goal, "from new_context"
@@ -155,6 +165,9 @@ def _switch(session: Session, settings: RolloverSettings, trigger: str, intent: 
         archived_to=session.next_seq - 1,
         error=error,
         hidden_note_paths=hidden,
+        instructions=_earlier_instructions(session, settings.instructions_count),
+        instructions_chars=settings.instructions_chars,
+        pending_base=settings.pending_input_chars,
     )
     text, seed_tokens, exact = render_seed(
         seed, budget_tokens=max(budget, 1), count=session.meter.count_text, goal_chars=settings.goal_chars,
