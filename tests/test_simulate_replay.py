@@ -274,3 +274,21 @@ def test_a_simulated_session_log_replays_again(tmp_path):
     assert again.source["format"] == "kernel"
     assert again.requests == build_workload("chat-short").requests
     assert [i.text for i in again.items if isinstance(i, UserItem)] == [i.text for i in build_workload("chat-short").items if isinstance(i, UserItem)]
+
+
+def test_a_strategy_that_raises_fails_its_profile_only(tmp_path, monkeypatch):
+    import ctxkernel.default_plugins.basic as basic
+
+    @ctxkernel.hookimpl(trylast=True)
+    def broken(session, step):
+        if session.turn > 2:
+            raise ValueError("strategy bug")
+
+    # pluggy reads the module's hook implementations when a kernel registers it
+    monkeypatch.setattr(basic, "pre_step", broken)
+    report = compare(["basic", write_profile(tmp_path, "unmanaged", UNMANAGED)], build_workload("chat-short"))
+    failed, unmanaged = report["profiles"]
+    assert failed["status"] == "failed"
+    assert "ValueError: strategy bug" in failed["error"] and "test_simulate_replay.py" in failed["error"]
+    assert list(failed) == list(METRIC_KEYS)
+    assert unmanaged["status"] == "ok" and unmanaged["requests"] == 8

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, ContextOverflowError, CtxKernelError, ProfileError
+from ..errors import ConfigError, ContextOverflowError, ProfileError
 from ..events import COMPACTION_END, COMPACTION_PRUNE, COMPACTION_SUMMARY
 from ..kernel import Kernel
 from ..messages import Message, Source, ToolCallBlock
@@ -511,8 +511,9 @@ def run_profile(name: str, recording: Recording, options: Options) -> dict[str, 
         replay = Replay(kernel, recording, options, label=name)
         try:
             replay.run()
-        except CtxKernelError as exc:
-            out = empty_metrics(name, "failed", f"{type(exc).__name__}: {exc}", strategies)
+        except Exception as exc:  # noqa: BLE001 - one broken strategy must not hide the others' results
+            where = _origin(exc)
+            out = empty_metrics(name, "failed", f"{type(exc).__name__}: {exc}{where}", strategies)
             out["wall_seconds"] = round(time.perf_counter() - started, 3)
             return out
         result = replay.metrics()
@@ -530,6 +531,14 @@ def run_profile(name: str, recording: Recording, options: Options) -> dict[str, 
     }
     out["cost"] = cost(out, options.prices or profile.prices)
     return {key: out.get(key) for key in METRIC_KEYS}
+
+
+def _origin(exc: BaseException) -> str:
+    """`` (at file:line)`` of the innermost frame, so a failed profile's report points at the bug."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return f" (at {tb.tb_frame.f_code.co_filename}:{tb.tb_lineno})" if tb is not None else ""
 
 
 def _meter_of(kernel: Kernel) -> Any:
