@@ -27,7 +27,8 @@ def decay_kernel(home: Path, *, window: int = 20_000, reserve: int = 2_000, sett
     profile.profile.capability_order = list(strategies)
     profile.strategies = tables
     profile.model_policies = []  # the repo basic profile has policies for its own tables
-    return Kernel(profile, store=JsonlStore(home), home=home, entry_points=False, plugins=[("decay", decay_plugin)])
+    # tests need no fsync: durability is the store's own tests' business
+    return Kernel(profile, store=JsonlStore(home, fsync=False), home=home, entry_points=False, plugins=[("decay", decay_plugin)])
 
 
 class Driver:

@@ -1,0 +1,52 @@
+"""``ctxkernel simulate`` on the real transcripts: with a window well below each session's peak,
+the decay profile (its steward answering reminders with ``compress``) has 0 overflows and 0
+invariant violations. Reads ../shared/transcripts at run time; skipped when it is absent."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+TRANSCRIPTS = REPO.parent / "shared" / "transcripts"
+FILES = sorted(p for p in TRANSCRIPTS.rglob("*") if p.is_file() and p.suffix in (".json", ".jsonl")) if TRANSCRIPTS.is_dir() else []
+
+pytestmark = [
+    pytest.mark.transcripts,
+    pytest.mark.skipif(not FILES, reason=f"no transcripts in {TRANSCRIPTS} (they are not part of the repository)"),
+]
+
+
+def _window_well_below_peak(recording) -> tuple[int, int]:
+    """A quarter of the unmanaged peak, but never less than the request header plus half of the
+    conversation: below that, sessions whose header dominates (tau-bench's long policy prompt)
+    cannot fit even one exchange, whatever the strategy."""
+    from ctxkernel.simulate.replay import Options, run_profile
+    from ctxkernel.simulate.steward import no_steward
+
+    unmanaged = run_profile("decay", recording, Options(steward=no_steward))
+    assert unmanaged["status"] == "ok", unmanaged["error"]
+    peak, first = unmanaged["peak_prompt_tokens"], unmanaged["prompt_tokens"][0]
+    # the simulator reserves an eighth of a small window for the reply
+    return peak, max(peak // 4, int((first + (peak - first) / 2) * 8 / 7))
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.name[:24] for p in FILES])
+def test_decay_simulates_every_transcript_without_overflow_or_violation(path, monkeypatch, tmp_path):
+    from ctxkernel.simulate.importers import load_recording
+    from ctxkernel.simulate.replay import Options, run_profile
+
+    monkeypatch.chdir(REPO)  # the decay profile is found in ./profiles
+    recording = load_recording(path)
+    peak, window = _window_well_below_peak(recording)
+    assert window < peak * 0.8
+    windows = sorted({window, 8_000} if peak > 32_000 else {window})
+    for w in windows:
+        out = run_profile("decay", recording, Options(window=w, workdir=tmp_path))
+        summary = {k: out[k] for k in ("status", "error", "requests", "peak_prompt_tokens", "overflows", "compactions", "invariant_violations", "steward_errors")}
+        assert out["status"] == "ok", summary
+        assert out["overflows"] == 0, (w, peak, summary)
+        assert out["invariant_violations"] == 0, out["invariant_details"][:3]
+        assert out["steward_errors"] == 0, summary
+        assert out["compactions"].get("compress", 0) > 0, summary  # decay, not the fallback, did the work
