@@ -41,4 +41,5 @@ def next_window_id(previous: str | None = None) -> str:
     # the clock is behind the chain (another host, or a clock step back): advance the chain's
     # own millisecond so order still follows the chain, as RFC 9562 §6.2 allows
     ts = ((prev.int >> _TS_SHIFT) + 1) & ((1 << 48) - 1)
-    return str(uuid.UUID(int=(ts << _TS_SHIFT) | secrets.randbits(76), version=7))
+    # uuid6.UUID accepts version 7 on every Python (the standard class only from 3.14)
+    return str(uuid6.UUID(int=(ts << _TS_SHIFT) | secrets.randbits(76), version=7))
