@@ -222,3 +222,22 @@ def test_the_model_can_continue_inside_a_turn(tmp_path):
     request = child.prepare_request()
     assert request.messages[0].source.form == "snapshot"
     assert "was fixing the lexer" in request.messages[0].text
+
+
+def test_a_tampered_ancestor_chapter_is_reported_not_cited(parent):
+    ends = _turn_ends(parent)
+    first = result_json(call_tool(parent, "chapters_continue", title="t", handoff_note="n",
+                                  chapters=_ranges((0, ends[1]), (ends[1] + 1, ends[-1]))))
+    child = parent.kernel.open_session(first["session"])
+    bad = registry(parent).lineage_records(child.id)[0]
+    path = archive_dir(child, child.settings("chapters")) / bad["path"]
+    path.write_text(path.read_text() + "\nappended later")
+    run_turns(child, 2, start=20)
+    ceiling = _turn_ends(child)[-1]
+    second = result_json(call_tool(child, "chapters_continue", title="t2", handoff_note="n2", chapters=_ranges((0, ceiling))))
+    seed = parent.kernel.open_session(second["session"]).events[0].data["message"]["content"][0]["text"]
+    assert "Not cited (integrity check failed)" in seed and bad["id"] in seed
+    good = registry(parent).lineage_records(child.id)[1]
+    assert f"[chapters/{good['path']}]" in seed
+    # its bullet from the child's own table of contents is withdrawn too
+    assert f"[chapters/{bad['path']}]" not in seed

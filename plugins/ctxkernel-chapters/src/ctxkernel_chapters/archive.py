@@ -129,3 +129,18 @@ def read_verified(archive: Path, record: dict[str, Any]) -> ChapterFile:
     :class:`disk.IntegrityError` for a changed file (it is reported, never served)."""
     raw = disk.read_bytes(archive, record["path"])
     return parse_chapter(raw.decode("utf-8", errors="replace"), where=f"chapter {record['id']} ({record['path']})", expect_sha256=record["sha256"])
+
+
+def verified(archive: Path, records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str]]]:
+    """The records whose files pass the integrity check, and each that does not with the reason:
+    a chapter is verified before it is cited in a table of contents."""
+    ok: list[dict[str, Any]] = []
+    bad: list[tuple[dict[str, Any], str]] = []
+    for record in records:
+        try:
+            read_verified(archive, record)
+        except disk.ArchiveError as exc:
+            bad.append((record, str(exc)))
+            continue
+        ok.append(record)
+    return ok, bad

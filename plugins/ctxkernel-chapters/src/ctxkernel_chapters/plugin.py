@@ -280,6 +280,12 @@ def toc_for_region(
              and n.event.surface.get("op") == "replace" and not _is_chapters_toc(n)]
     own = [r for r in (Registry(session.store).get(session.id) or {}).get("chapters", [])
            if r.get("status") == "final" and r["end_seq"] <= boundary]
+    cited = {key for text in previous for key in toc.parse(text).bullets}
+    label = archive.archive_label(settings)
+    fresh = [r for r in own if f"{label}/{r['path']}" not in cited]
+    checked, refused = archive.verified(archive.archive_dir(session, settings), fresh)
+    own = [r for r in own if f"{label}/{r['path']}" in cited] + checked
+    extra += [f"Not cited (integrity check failed): {reason}" for _, reason in refused]
     first = min((r["start_seq"] for r in records), default=boundary + 1)
     merged = toc.merged(previous, [*own, *records], archive.archive_label(settings), extra,
                         instructions=user_instructions(session, first, boundary))

@@ -228,8 +228,17 @@ def merged(
             toc.add_bullet(path, line)
         for paragraph in old.carried:
             toc.carry(paragraph)
+    folds = {}
+    for key, line in toc.bullets.items():
+        match = _FOLD.match(line)
+        if key.startswith("fold:") and match:
+            folds[key[len("fold:") :]] = (int(match.group(2)), int(match.group(3)))
     for record in records:
-        toc.add_bullet(f"{archive_label}/{record['path']}", bullet(record, archive_label))
+        key = f"{archive_label}/{record['path']}"
+        lo, hi = folds.get(key.rsplit("/", 1)[0], (1, 0))
+        if key not in toc.bullets and lo <= record["number"] <= hi:
+            continue  # already counted in a folded line
+        toc.add_bullet(key, bullet(record, archive_label))
     for prose in extra_prose:
         toc.carry(prose)
     for instruction in instructions:

@@ -243,9 +243,12 @@ def _seed_toc(
     registry), this session's carried prose, and the handoff note."""
     plugin = _plugin()
     previous = [n.message.text for n in session.surface.nodes if plugin._is_chapters_toc(n)]
-    lineage = registry.lineage_records(session.id)
+    lineage, refused = archive.verified(archive.archive_dir(session, settings), registry.lineage_records(session.id))
     instructions = plugin.user_instructions(session, floor, -1 if ceiling is None else ceiling)
     merged = toc.merged(previous, [*lineage, *records], archive.archive_label(settings), instructions=instructions)
+    for record, reason in refused:  # reported in the table of contents, never cited
+        merged.bullets.pop(f"{archive.archive_label(settings)}/{record['path']}", None)
+        merged.carry(f"Not cited (integrity check failed): {reason}")
     text, _ = toc.render(
         merged, handoff=handoff, count=session.meter.count_text, bullet_budget=settings.toc_bullet_budget_tokens,
         instruction_budget=settings.toc_instruction_budget_tokens,
