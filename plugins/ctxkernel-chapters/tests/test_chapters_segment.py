@@ -183,3 +183,17 @@ def test_user_instructions_are_quoted_verbatim_newest_first_within_budget():
     second, _ = render(merged_toc([first], [], "chapters", instructions=["newest ask"]), count=len, instruction_budget=len(tricky) + 20)
     assert parse(second).instructions == [tricky, "newest ask"]
     assert "in the chapters only" in second
+
+
+def test_segment_command_titles_from_a_model_write_nothing(tmp_path):
+    from ctxkernel_chapters.cli import _titles
+    from helpers_chapters import archive_files
+
+    session = _session(tmp_path, turns=3)
+    settings_ = session.settings("chapters")
+    plans = propose_chapters(session.events, 0, len(session.events) - 1, count=session.meter.count_text, target_tokens=300)
+    model = ScriptedModel([Message.assistant(json.dumps([{"title": f"Part {i}", "summary": "s"} for i in range(len(plans))]))])
+    titled, usage = _titles(session, settings_, plans, model)
+    assert [t.title for t in titled] == [f"Part {i}" for i in range(len(plans))]
+    assert "**User** #" in model.calls[0]["messages"][0].text  # the chapter text went to the model
+    assert archive_files(tmp_path) == []
