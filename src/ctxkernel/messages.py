@@ -70,11 +70,24 @@ class Source:
         if not isinstance(data, dict) or data.get("kind") not in SOURCE_KINDS:
             msg = f"message source must be an object with kind in {list(SOURCE_KINDS)}, got {data!r}"
             raise EventError(msg)
-        unknown = set(data) - set(_SOURCE_FIELDS)
-        if unknown:
+        if not _SOURCE_KEYS.issuperset(data):
+            unknown = set(data) - _SOURCE_KEYS
             msg = f"message source has unknown keys {sorted(unknown)}; accepted: {list(_SOURCE_FIELDS)}"
             raise EventError(msg)
-        return cls(**data)
+        if "call_id" in data:
+            return cls(**data)
+        # replay builds one per message; user and model sources repeat, and a Source is immutable
+        key = (data.get("kind"), data.get("provider"), data.get("model"), data.get("plugin"), data.get("form"))
+        try:
+            cached = _SOURCE_CACHE.get(key)
+        except TypeError:  # an unhashable value: build it uncached
+            return cls(**data)
+        if cached is None:
+            cached = cls(**data)
+            if len(_SOURCE_CACHE) >= 1024:
+                _SOURCE_CACHE.clear()
+            _SOURCE_CACHE[key] = cached
+        return cached
 
     @classmethod
     def plugin_form(cls, plugin: str, form: str) -> Source:
@@ -82,6 +95,8 @@ class Source:
 
 
 _SOURCE_FIELDS = ("kind", "provider", "model", "call_id", "plugin", "form")
+_SOURCE_KEYS = frozenset(_SOURCE_FIELDS)
+_SOURCE_CACHE: dict[tuple[Any, ...], Source] = {}
 USER = Source(kind="user")
 
 
@@ -168,17 +183,22 @@ class Message:
         if not isinstance(content, list):
             msg = f"message content must be a list of blocks, got {type(content).__name__}"
             raise EventError(msg)
-        blocks = tuple(_block_from_dict(b) for b in content)
-        if role == "tool" and (len(blocks) != 1 or blocks[0].type != "tool_result"):
-            msg = "a tool message holds exactly one tool_result block"
-            raise EventError(msg)
-        if role != "tool" and any(b.type == "tool_result" for b in blocks):
-            msg = f"a {role} message cannot hold a tool_result block; use a tool message"
-            raise EventError(msg)
-        if role == "user" and any(b.type in ("tool_call", "reasoning") for b in blocks):
-            msg = "a user message holds only text blocks"
-            raise EventError(msg)
-        return cls(role, blocks, Source.from_dict(data.get("source", {"kind": "user"})))
+        blocks = tuple([_block_from_dict(b) for b in content])
+        if role == "tool":
+            if len(blocks) != 1 or blocks[0].type != "tool_result":
+                msg = "a tool message holds exactly one tool_result block"
+                raise EventError(msg)
+        else:
+            # one pass over the blocks (replay parses every message: keep this loop cheap)
+            for b in blocks:
+                if b.type == "tool_result":
+                    msg = f"a {role} message cannot hold a tool_result block; use a tool message"
+                    raise EventError(msg)
+                if role == "user" and b.type != "text":
+                    msg = "a user message holds only text blocks"
+                    raise EventError(msg)
+        source = data.get("source")
+        return cls(role, blocks, USER if source is None else Source.from_dict(source))
 
 
 _BLOCK_FIELDS: dict[str, tuple[type, dict[str, tuple[type, ...]], tuple[str, ...]]] = {
@@ -203,6 +223,26 @@ def _block_to_dict(block: Block) -> dict[str, Any]:
 
 
 def _block_from_dict(data: Any) -> Block:
+    # fast paths for the shapes _block_to_dict writes most; anything else takes the checked path
+    if type(data) is dict:
+        kind = data.get("type")
+        if kind == "text" and len(data) == 2 and type(text := data.get("text")) is str:
+            return TextBlock(text)
+        if kind == "tool_call" and len(data) == 4:
+            call_id, name, arguments = data.get("id"), data.get("name"), data.get("arguments")
+            if type(call_id) is str and type(name) is str and type(arguments) is dict:
+                return ToolCallBlock(call_id, name, arguments)
+        if kind == "tool_result":
+            call_id, content, name = data.get("call_id"), data.get("content"), data.get("name")
+            is_error = data.get("is_error", False)
+            if (
+                type(call_id) is str
+                and type(content) is str
+                and (name is None or type(name) is str)
+                and type(is_error) is bool
+                and len(data) == 3 + ("name" in data) + ("is_error" in data)
+            ):
+                return ToolResultBlock(call_id, content, is_error, name)
     if not isinstance(data, dict) or data.get("type") not in _BLOCK_FIELDS:
         msg = f"a content block must be an object with type in {list(_BLOCK_FIELDS)}, got {data!r:.200}"
         raise EventError(msg)
@@ -211,10 +251,12 @@ def _block_from_dict(data: Any) -> Block:
     for key, value in data.items():
         if key == "type":
             continue
-        if key not in fields:
+        allowed = fields.get(key)
+        if allowed is None:
             msg = f"{data['type']} block has unknown key {key!r}; accepted: {['type', *fields]}"
             raise EventError(msg)
-        if not isinstance(value, fields[key]):
+        # exact-type membership first: replay parses every block, and this is its common case
+        if type(value) not in allowed and not isinstance(value, allowed):
             names = [t.__name__ for t in fields[key]]
             msg = f"{data['type']} block key {key!r} must be {' or '.join(names)}, got {type(value).__name__}"
             raise EventError(msg)

@@ -20,6 +20,10 @@ from .events import ASSISTANT_MESSAGE, MESSAGE_TYPES, SURFACE_DROP, TOOL_RESULT,
 from .messages import Message
 
 
+#: The message role each message event type carries.
+_ROLE_OF = {USER_MESSAGE: "user", ASSISTANT_MESSAGE: "assistant", TOOL_RESULT: "tool"}
+
+
 class Node:
     """One model-visible message, identified by the seq of the event that put it there."""
 
@@ -157,7 +161,7 @@ class Surface:
             return None
         message = Message.from_dict(event.data["message"]) if event.type != SURFACE_DROP else None
         if message is not None:
-            expected_role = {USER_MESSAGE: "user", ASSISTANT_MESSAGE: "assistant", TOOL_RESULT: "tool"}[event.type]
+            expected_role = _ROLE_OF[event.type]
             if message.role != expected_role:
                 msg = f"{event.type} must carry a {expected_role} message, got role {message.role!r}"
                 raise SurfaceError(msg)

@@ -128,42 +128,50 @@ class JsonlStore:
                 f.seek(index.end)
                 data = f.read()
             events: list[Event] = []
+            offsets = index.offsets
             pending_offsets: list[int] = []
             pending: list[Event] = []
-            pos = 0
             base = index.end
-            line_no = 2 + len(index.offsets)
+            first_line_no = 2 + len(offsets)
             committed = 0  # bytes of `data` that belong to complete batches
             defect: str | None = None
-            while pos < len(data):
-                nl = data.find(b"\n", pos)
-                if nl < 0:
-                    defect = "torn last line (no newline)"
-                    break
-                raw_line = data[pos:nl]
+            # split once (as the orjson floor does) rather than find() per line: replay is hot
+            lines = data.split(b"\n")
+            tail = lines.pop()  # the bytes after the last newline: empty when the file ends cleanly
+            last = len(lines) - 1
+            loads, from_dict = orjson.loads, Event.from_dict
+            pos = 0
+            for i, raw_line in enumerate(lines):
                 try:
-                    raw = orjson.loads(raw_line)
-                    more = raw.pop(_MORE, False) if isinstance(raw, dict) else False
-                    event = Event.from_dict(raw)
+                    raw = loads(raw_line)
+                    more = raw.pop(_MORE, False) if type(raw) is dict else False
+                    event = from_dict(raw)
                 except (orjson.JSONDecodeError, EventError) as exc:
-                    if data.find(b"\n", nl + 1) < 0 and not data[nl + 1 :].strip():
+                    if i == last and not tail.strip():
                         defect = f"torn last line ({exc})"
                         break
-                    msg = f"{path}:{line_no}: {exc}; the log is corrupt before its end and was not rewritten"
+                    msg = f"{path}:{first_line_no + i}: {exc}; the log is corrupt before its end and was not rewritten"
                     raise CorruptionError(msg) from None
-                expected = len(index.offsets) + len(pending_offsets)
+                expected = len(offsets) + len(pending)
                 if event.seq != expected:
-                    msg = f"{path}:{line_no}: event seq {event.seq} where {expected} was expected"
+                    msg = f"{path}:{first_line_no + i}: event seq {event.seq} where {expected} was expected"
                     raise CorruptionError(msg)
-                pending_offsets.append(base + pos)
-                pending.append(event)
-                pos = nl + 1
-                line_no += 1
-                if not more:
-                    index.offsets.extend(pending_offsets)
+                if more:
+                    pending_offsets.append(base + pos)
+                    pending.append(event)
+                    pos += len(raw_line) + 1
+                    continue
+                if pending:
+                    offsets.extend(pending_offsets)
                     events.extend(pending)
                     pending_offsets, pending = [], []
-                    committed = pos
+                offsets.append(base + pos)
+                events.append(event)
+                pos += len(raw_line) + 1
+                committed = pos
+            else:
+                if tail:
+                    defect = "torn last line (no newline)"
             if pending and defect is None:
                 defect = f"incomplete batch of {len(pending)} event(s) at the end"
             index.end = base + committed
