@@ -160,3 +160,14 @@ def test_a_corrupt_snapshot_is_rejected_and_the_state_rebuilt_from_replay(driver
         assert again.state["decay"]["source"].startswith("replay (snapshot rejected"), bad
         assert current_state(again).to_dict() == replay(again.events).to_dict()
         assert current_state(again).next_id != 99
+
+
+def test_a_kernel_without_the_decoration_seam_is_refused_at_activation(make_decay_kernel, monkeypatch):
+    import pytest
+
+    from ctxkernel import ConfigError, Request
+
+    kernel = make_decay_kernel()
+    monkeypatch.delattr(Request, "decorate")
+    with pytest.raises(ConfigError, match=r"decoration seam.*Request\.decorate"):
+        kernel.open_session()

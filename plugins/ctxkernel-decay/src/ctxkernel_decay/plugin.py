@@ -159,8 +159,27 @@ def save_snapshot(session: Session, state: DecayState) -> None:
 
 
 # -- hooks -------------------------------------------------------------------------------------------
+def check_host_seam(session: Session) -> None:
+    """Anchors need the kernel's presentation seam: decorations applied to the request and
+    counted by the meter. Without it the model would see undecorated messages whose anchors it
+    could never name, so activation fails loudly instead."""
+    from ctxkernel import Request
+
+    hooks = session.kernel.plugins.pm.hook
+    missing = [name for name in ("decorate_request", "sanitize_reply") if not hasattr(hooks, name)]
+    if not callable(getattr(Request, "decorate", None)):
+        missing.append("Request.decorate")
+    if missing:
+        msg = (
+            f"strategy 'decay' needs the kernel's decoration seam, but this ctxkernel lacks {missing}; "
+            "upgrade ctxkernel or remove 'decay' from the profile's strategies"
+        )
+        raise ctxkernel.ConfigError(msg)
+
+
 @ctxkernel.hookimpl
 def session_opened(session: Session) -> None:
+    check_host_seam(session)
     session.state.pop(NAME, None)
     current_state(session)
 
