@@ -15,12 +15,13 @@ strategy off for a model (``native``), or its tools off, compaction is left to `
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from ctxkernel import CompactionError, Span, head_region, whole_surface_but_last
+from ctxkernel import CompactionError, CtxKernelError, Span, head_region, whole_surface_but_last
 from ctxkernel.events import ASSISTANT_MESSAGE, REQUEST_HEADER, USER_MESSAGE
 from ctxkernel.recall.history import History
 from ctxkernel.recall.notes import Notes
@@ -169,21 +170,25 @@ def switch(session: Session, *, reason: str, keep_tokens: int | None = None) -> 
     state = state_for(session)
     history = History.for_session(session)
     surface = session.surface
-    if keep_tokens is None:
-        region = whole_surface_but_last(surface, 1)
-    else:
-        region = head_region(surface, session.meter, keep_tokens, min_nodes=2)
-    if region is None:
-        return _failed(state, reason, "nothing to compact: no balanced cut leaves anything to replace")
-    nodes = surface.span(*region)
-    region_tokens = sum(session.meter.node_tokens(n) for n in nodes)
     settings = settings_of(session)
     effective = session.model_settings().effective_window
     # the new window must open below the threshold, or every step would switch again: the handoff
     # may take what the kept tail and the request header leave under it
     threshold, _, _ = host_settings(session)
     target = int((threshold - TARGET_MARGIN) * effective)
-    rest = session.pressure().tokens - region_tokens
+    for attempt in range(2):
+        if keep_tokens is None:
+            region = whole_surface_but_last(surface, 1)
+        else:
+            region = head_region(surface, session.meter, keep_tokens, min_nodes=2)
+        if region is None:
+            return _failed(state, reason, "nothing to compact: no balanced cut leaves anything to replace")
+        nodes = surface.span(*region)
+        region_tokens = sum(session.meter.node_tokens(n) for n in nodes)
+        rest = session.pressure().tokens - region_tokens
+        deficit = rest + int(MIN_HANDOFF_CHARS / CHARS_PER_FIT_TOKEN) - target
+        if attempt or deficit <= 0 or not shrink_kept_results(session, after=nodes[-1].seq, tokens=deficit):
+            break
     budget = min(
         settings.handoff_max_chars,
         int(region_tokens * CHARS_PER_REGION_TOKEN),
@@ -241,6 +246,52 @@ def switch(session: Session, *, reason: str, keep_tokens: int | None = None) -> 
         return _failed(state, reason, f"{type(exc).__name__}: {exc}", record=record)
     state.requested = None
     return SwitchOutcome(True, reason, new_window, "", result, record)
+
+
+_SHRUNK = re.compile(r"the full result is (item_\d+)")
+#: a kept tool result smaller than this is never shrunk
+SHRINK_MIN_CHARS = 2_000
+
+
+def shrink_kept_results(session: Session, *, after: int, tokens: int) -> bool:
+    """Shrink the largest visible tool results after seq ``after`` (the kept tail) model-free until
+    about ``tokens`` are freed: head and tail kept, a marker naming the item that holds the full
+    text (the log keeps it; ``history_read_item`` reads it). True when anything shrank.
+
+    Used only when the kept tail alone would leave no room under the threshold (a small window and a
+    large result), where the alternative is a context overflow.
+    """
+    position = session.surface.position(after)
+    kept = session.surface.nodes[(position + 1 if position is not None else 0) :]
+    candidates = sorted(
+        (n for n in kept if n.role == "tool" and len(n.message.tool_result.content) > SHRINK_MIN_CHARS),  # type: ignore[union-attr]
+        key=lambda n: -session.meter.node_tokens(n),
+    )
+    shrank = False
+    for node in candidates:
+        if tokens <= 0:
+            break
+        content = node.message.tool_result.content  # type: ignore[union-attr]
+        before = session.meter.node_tokens(node)
+        keep_tokens = max(250, before - tokens)
+        keep_chars = int(keep_tokens * CHARS_PER_FIT_TOKEN)
+        if keep_chars >= len(content) - 200:
+            continue
+        found = _SHRUNK.search(content)
+        original = found.group(1) if found else f"item_{node.seq}"
+        head, tail = content[: keep_chars * 3 // 4], content[len(content) - keep_chars // 4 :]
+        marker = (
+            f"\n[… {len(content) - len(head) - len(tail)} characters omitted to fit the context window; "
+            f"the full result is {original}: history_read_item id={original}]\n"
+        )
+        try:
+            seq = session.replace_tool_result(node.seq, head + marker + tail, strategy=NAME, reason="fit")
+        except CtxKernelError as exc:
+            log.info("could not shrink a kept tool result", seq=node.seq, error=str(exc))
+            continue
+        tokens -= before - session.meter.node_tokens(session.surface.node(seq))
+        shrank = True
+    return shrank
 
 
 def _failed(state: HandoffState, reason: str, detail: str, record: dict[str, Any] | None = None) -> SwitchOutcome:
