@@ -63,7 +63,8 @@ start_postgres() {
         fi
     fi
     local dir port
-    dir=$(mktemp -d "${TMPDIR:-/tmp}/ctxkernel-pg.XXXXXX")
+    # as root the server runs as another user, who must reach the folder: /tmp always allows that
+    if [[ -n "$owner" ]]; then dir=$(mktemp -d /tmp/ctxkernel-pg.XXXXXX); else dir=$(mktemp -d "${TMPDIR:-/tmp}/ctxkernel-pg.XXXXXX"); fi
     [[ -n "$owner" ]] && chown "$owner" "$dir"
     CLEANUPS+=("rm -rf '$dir'")
     port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
