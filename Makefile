@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml) $(wildcard example
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/ctxkernel simulate --workload coding-long --profile all
+	$(VENV)/bin/ctxkernel simulate --workload coding-long --profile none,all
 
 test: $(STAMP)
 	bash scripts/test-services.sh $(PY) -m pytest

@@ -135,3 +135,20 @@ def test_progress_bar_only_on_a_terminal(capsys):
     drawn = stream.getvalue()
     assert "basic" in drawn and "1/4" in drawn and "4/4" in drawn
     assert drawn.endswith("\r")  # the finished bar is wiped so the table starts clean
+
+
+def test_profile_lists_expand_all_and_keep_order():
+    from ctxkernel.profile import list_profiles
+    from ctxkernel.simulate import profile_names
+
+    shipped = sorted(list_profiles())
+    expanded = profile_names("none,all")
+    assert expanded[0] == "none" and "basic" in expanded
+    assert set(shipped) <= set(expanded)
+    assert profile_names("decay, basic,decay") == ["decay", "basic"]
+
+
+def test_make_demo_compares_every_shipped_profile_on_the_long_workload():
+    makefile = (REPO / "Makefile").read_text()
+    demo = re.search(r"^demo:.*\n((?:\t.*\n)+)", makefile, re.MULTILINE)
+    assert demo and "simulate --workload coding-long --profile none,all" in demo.group(1)

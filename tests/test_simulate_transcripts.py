@@ -57,9 +57,7 @@ def first_request_tokens(profile: str, recording: Recording) -> int:
 @pytest.mark.parametrize(("path", "run"), CASES, ids=[f"{p.parent.name}-run{r}" if r is not None else p.parent.name for p, r in CASES] or None)
 def test_every_profile_on_real_transcript(path, run, tmp_path):
     recording = load_recording(path, run=run)
-    bare = tmp_path / "unmanaged.toml"
-    bare.write_text('[profile]\nstrategies = []\n')
-    baseline = run_profile(str(bare), recording, Options(window=10_000_000))
+    baseline = run_profile("none", recording, Options(window=10_000_000))
     assert baseline["status"] == "ok" and baseline["invariant_violations"] == 0
     conversation = baseline["peak_prompt_tokens"] - baseline["prompt_tokens"][0]
     failures = []

@@ -30,15 +30,19 @@ REPORT_KEYS: tuple[str, ...] = ("source", "settings", "profiles", "note")
 
 
 def profile_names(spec: str) -> list[str]:
-    """``all`` (every profile found, plus the built-in ``basic``) or a comma-separated list."""
-    if spec.strip() == "all":
-        names = sorted(list_profiles())
-        return names if "basic" in names else ["basic", *names]
-    names = [n.strip() for n in spec.split(",") if n.strip()]
+    """A comma-separated list of profile names or paths; ``all`` in it stands for every profile
+    found (plus the built-in ``basic``), ``none`` for the unmanaged baseline."""
+    names: list[str] = []
+    for part in (n.strip() for n in spec.split(",")):
+        if part == "all":
+            found = sorted(list_profiles())
+            names += found if "basic" in found else ["basic", *found]
+        elif part:
+            names.append(part)
     if not names:
         msg = f"--profile {spec!r}: give 'all' or a comma-separated list of profile names or paths"
         raise RecordingError(msg)
-    return names
+    return list(dict.fromkeys(names))
 
 
 def compare(profiles: Sequence[str], recording: Recording, options: Options | None = None) -> dict[str, Any]:

@@ -77,6 +77,8 @@ METRIC_KEYS: tuple[str, ...] = (
     "wall_seconds",
 )
 
+#: the built-in pseudo-profile with no strategy (a baseline row; not part of ``all``)
+UNMANAGED = "none"
 #: a strategy claiming one of these capabilities gives the model tools that read hidden history back
 RECALL_CAPABILITIES = frozenset({"recall", "history"})
 _STEWARD_SOURCE = Source(kind="model", provider="simulate", model="steward")
@@ -157,7 +159,15 @@ def summarizer_settings(spec: str) -> SummarizerSettings | None:
 def prepare_profile(name: str, recording: Recording, options: Options, home: Path) -> Profile:
     """The profile as the simulation runs it: window override, the recording's system prompt,
     a private store, and the chosen summarizer (extractive unless asked: offline by default)."""
-    profile = load_profile(name)
+    if name == UNMANAGED:
+        # basic's model settings and no strategy: what the session needs when nothing manages it
+        profile = load_profile("basic")
+        profile.profile.strategies = []
+        profile.strategies = {}
+        for policy in profile.model_policies:
+            policy.strategies = {}
+    else:
+        profile = load_profile(name)
     if options.window is not None:
         model = profile.model.model_dump()
         reserved = model["reserved_output_tokens"]

@@ -3,7 +3,7 @@
 ``coding-long``  a long coding session: hundreds of model requests that read files, grep, edit and
                  run a test suite whose output is large, across several user turns, some of them
                  corrections the agent must keep obeying (what ``instructions_visible`` measures).
-                 Unmanaged, its prompt grows to about three times a 128k window.
+                 Unmanaged, its prompt grows past 500k tokens, over four 128k windows.
 ``chat-short``   a short conversation with no tools, far below any window.
 
 The same name and seed always give the same recording (``random.Random(seed)`` is the only source
