@@ -161,16 +161,22 @@ class History:
             self.windows.append(Window(1, 0, started=events[0].time if events else ""))
             self.window_starts.append(0)
         start = self.cursor
-        for event in events[start:]:
-            self._fold(event)
-        self.cursor = len(events)
-        self.scanned += self.cursor - start
-        return self.cursor - start
+        end = len(events)
+        if start == end:
+            return 0
+        if not self.windows[0].started:
+            self.windows[0].started = events[0].time
+        fold = self._fold
+        for i in range(start, end):
+            fold(events[i])
+        self.cursor = end
+        self.scanned += end - start
+        return end - start
 
     def _fold(self, event: Event) -> None:
-        t, d = event.type, event.data
+        t = event.type
         if t == ASSISTANT_MESSAGE:
-            for i, block in enumerate(d["message"].get("content", ())):
+            for i, block in enumerate(event.data["message"].get("content", ())):
                 if block.get("type") == "tool_call":
                     call_id, name = block.get("id"), block.get("name")
                     self.tool_names[call_id] = name
@@ -178,9 +184,10 @@ class History:
                     if name in TODO_TOOLS:
                         self.todo_seq, self.todo_call = event.seq, i
         elif t == USER_MESSAGE:
-            if _source_kind(d) == "user" and (event.surface or {}).get("op") == "append":
+            if (event.surface or {}).get("op") == "append" and _source_kind(event.data) == "user":
                 self.instructions.append(event.seq)
-        elif t == COMPACTION_SUMMARY and d.get("kind") == WINDOW_KIND:
+        elif t == COMPACTION_SUMMARY and event.data.get("kind") == WINDOW_KIND:
+            d = event.data
             outgoing = self.windows[-1]
             outgoing.end_seq = event.seq
             outgoing.closed_by = event.seq
@@ -198,8 +205,6 @@ class History:
                 )
             )
             self.window_starts.append(event.seq + 1)
-        if event.seq == 0 and self.windows and not self.windows[0].started:
-            self.windows[0].started = event.time
 
     # -- lookups --------------------------------------------------------------------------------------
     @property
