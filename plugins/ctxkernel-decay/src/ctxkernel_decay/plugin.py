@@ -19,7 +19,7 @@ import ctxkernel
 
 from . import steward
 from .anchors import decorate_message, fmt, sanitize_assistant
-from .state import BASELINE_EVENT, NAME, NOTICE_FORM, DecayState, event_digest, replay
+from .state import NAME, NOTICE_FORM, DecayState, event_digest, replay
 from .tools import tools_for
 
 if TYPE_CHECKING:
@@ -121,8 +121,8 @@ def load_state(session: Session) -> dict[str, Any]:
 def _snapshots_on(session: Session) -> bool:
     try:
         return settings_of(session).snapshot
-    except Exception:
-        return True
+    except ctxkernel.CtxKernelError:  # settings are reported where they are used; a snapshot is optional
+        return False
 
 
 def _digest(payload: Any) -> str:
@@ -339,4 +339,4 @@ def is_decay_notice(message: ctxkernel.Message) -> bool:
     return message.source.kind == "plugin" and message.source.plugin == NAME and message.source.form == NOTICE_FORM
 
 
-__all__ = ["BASELINE_EVENT", "DecaySettings", "current_state", "is_decay_notice"]
+__all__ = ["DecaySettings", "current_state", "is_decay_notice"]

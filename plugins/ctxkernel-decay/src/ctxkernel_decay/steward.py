@@ -31,18 +31,22 @@ def _clip(text: str, limit: int) -> str:
 
 
 def extractive_summary(messages: list[Message], state_summaries: list[str], max_chars: int) -> str:
-    """What happened in a span, from the messages alone: requests, calls, errors, conclusions."""
+    """What happened in a span, from the messages alone: requests, calls, errors, conclusions.
+
+    Lines of earlier blocks are carried over as they are, so a merged block keeps what its
+    parts kept. The user's requests are written out (up to 600 characters, as the basic
+    checkpoint does) and are the last lines given up when the summary must shrink: the oldest
+    other lines go first.
+    """
     lines: list[str] = []
     for earlier in state_summaries:
-        lines.append(f"earlier: {_clip(earlier, 400)}")
+        lines.extend(line for line in earlier.splitlines() if line.strip())
     for m in messages:
         src = m.source
-        if m.role == "user" and src.kind == "plugin" and src.plugin == NAME and src.form == NOTICE_FORM:
-            continue  # our own reminders carry nothing worth keeping
         if m.role == "user":
             if src.kind == "plugin" and src.plugin == NAME:
-                continue  # a block: its summary came in through state_summaries
-            lines.append(f"{'user' if src.kind == 'user' else src.plugin or 'note'}: {_clip(m.text, 240)}")
+                continue  # our reminders carry nothing worth keeping; blocks come in state_summaries
+            lines.append(f"{'user' if src.kind == 'user' else src.plugin or 'note'}: {_clip(m.text, 600 if src.kind == 'user' else 240)}")
         elif m.role == "assistant":
             if m.text.strip():
                 lines.append(f"assistant: {_clip(m.text, 200)}")
@@ -56,9 +60,19 @@ def extractive_summary(messages: list[Message], state_summaries: list[str], max_
             head = result.content.strip().splitlines()[0] if result.content.strip() else "(empty)"
             if result.is_error or _ERROR.search(result.content[:2000]):
                 lines.append(f"error in {result.name or 'tool'}: {_clip(head, 160)}")
-    text = "\n".join(dict.fromkeys(lines))
-    if len(text) > max_chars:  # keep the newest facts
-        text = "…" + text[-(max_chars - 1) :]
+    lines = list(dict.fromkeys(lines))
+    size = sum(len(line) + 1 for line in lines)
+    for keep_users in (True, False):
+        i = 0
+        while size > max_chars and i < len(lines):
+            if keep_users and lines[i].startswith("user: "):
+                i += 1
+                continue
+            size -= len(lines[i]) + 1
+            del lines[i]
+    text = "\n".join(lines)
+    if len(text) > max_chars:  # one line longer than the whole budget
+        text = text[: max_chars - 1] + "…"
     return text or "(nothing worth keeping)"
 
 
@@ -89,13 +103,13 @@ def plan_spans(session: Session, state: DecayState, settings: DecaySettings, nee
     last_anchor = next((state.anchor_of[n.seq] for n in reversed(rng) if n.seq in state.anchor_of), None)
     to = state.blocks[rng[-1].seq].right if rng[-1].seq in state.blocks and state.blocks[rng[-1].seq].right else last_anchor
     tokens = sum(meter.node_tokens(n) for n in rng)
-    # ~4 characters a token: at most a quarter of the span, and at most a fifth of the room the
+    # ~4 characters a token: at most a quarter of the span, and at most a tenth of the room the
     # request header leaves in the window, so merged blocks stay small when the window is tight
     # (the summary is paid twice: in the call's arguments and in the block)
     pressure = session.pressure()
     header = pressure.tokens - meter.surface_tokens()
     room = max(0, pressure.effective_window - header)
-    max_chars = max(80, min(settings.summary_max_chars, tokens, int(4 * 0.2 * room)))
+    max_chars = max(80, min(settings.summary_max_chars, tokens, int(4 * 0.1 * room)))
     summaries = [state.blocks[n.seq].summary for n in rng if n.seq in state.blocks]
     summary = extractive_summary([n.message for n in rng if n.seq not in state.blocks], summaries, max_chars)
     if meter.count_text(summary) + 24 >= tokens:

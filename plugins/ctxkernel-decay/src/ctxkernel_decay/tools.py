@@ -180,8 +180,6 @@ def plan_compress(session: Session, state: DecayState, settings: DecaySettings, 
         topic = strip_anchors(span.topic)[: settings.topic_max_chars] if span.topic else None
         start = _resolve(state, session, span.from_, "from", i)
         end = _resolve(state, session, span.to, "to", i)
-        if state.anchor_of.get(nodes[end].seq) != parse_anchor(span.to):
-            pass  # `to` named a block's right edge: the span ends with that block, as intended
         if start > end:
             msg = (
                 f"span {i}: `from` {fmt(parse_anchor(span.from_))} comes after `to` {fmt(parse_anchor(span.to))} "  # type: ignore[arg-type]
@@ -335,7 +333,3 @@ def tools_for(session: Session) -> list[Tool]:
         Tool("compress", COMPRESS_DESCRIPTION, CompressArgs, run_compress, strategy=NAME),
         Tool("drop", DROP_DESCRIPTION, DropArgs, run_drop, strategy=NAME),
     ]
-
-
-def span_args(spans: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"spans": spans}
