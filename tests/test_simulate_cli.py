@@ -115,10 +115,25 @@ def test_docs_document_every_json_key_and_hold_a_real_example():
     shown = json.loads(example.group(1))
     assert sorted(shown) == sorted(REPORT_KEYS)
     assert sorted(shown["profiles"][0]) == sorted(PINNED_METRIC_KEYS)
-    # the example is a real run of the synthetic workload it names, not made-up numbers
-    source = shown["source"]
-    assert source["kind"] == "workload"
-    assert source["recorded_requests"] == build_workload(source["workload"], source["seed"]).requests
+    # the example is a real run: the command above it, run again, gives the same numbers
+    command = re.search(r"```\nctxkernel (simulate .*?)\n```", text).group(1).split()
+    assert command[-2:] == ["--format", "json"]
+    fresh = json.loads(_run(command[1:]))
+    for report in (shown, fresh):
+        for profile in report["profiles"]:
+            profile.pop("wall_seconds")
+    assert shown == fresh, "docs/simulate.md's example is stale: re-run its command and paste the output"
+    assert shown["source"]["recorded_requests"] == build_workload(shown["source"]["workload"], shown["source"]["seed"]).requests
+
+
+def _run(args: list[str]) -> str:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["simulate", *args, "--no-progress"]) == 0
+    return out.getvalue()
 
 
 def test_progress_bar_only_on_a_terminal(capsys):
