@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from ctxkernel_rollover.state import state_of
 from helpers_rollover import call, log_bytes, rollover_kernel, rollover_summaries, step
 
 from ctxkernel import Message, ScriptedModel
@@ -65,7 +66,7 @@ def test_window_chain_ids_are_uuid7_monotonic_and_recorded(kernel):
         session.end_turn()
     session.user("last")
     step(session, model)
-    state = session.state["rollover"]
+    state = state_of(session)
     assert state.number == 5
     assert all(is_uuid7(w) for w in state.chain)
     assert state.chain == sorted(state.chain)
@@ -130,7 +131,7 @@ def test_notes_carry_their_window_and_trust_marks(kernel):
         Message.assistant("done"),
     ])
     step(session, model)
-    first_window = session.state["rollover"].current
+    first_window = state_of(session).current
     session.end_turn()
     from ctxkernel_rollover import inject_note
 
@@ -140,7 +141,7 @@ def test_notes_carry_their_window_and_trust_marks(kernel):
     step(session, model)
     notes = Notes.for_session(session)
     plan = notes.read("plan")
-    assert plan.created_window == first_window and plan.window == session.state["rollover"].current
+    assert plan.created_window == first_window and plan.window == state_of(session).current
     assert notes.read("log").trust == "tool-output"
     assert notes.read("user/pref").trust == "user-injected"
     seed = session.surface.nodes[0].message.text

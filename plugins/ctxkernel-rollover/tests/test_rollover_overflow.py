@@ -6,6 +6,7 @@ import os
 import socket
 
 import pytest
+from ctxkernel_rollover.state import state_of
 from helpers_rollover import call, rollover_kernel, rollover_summaries, step
 
 import ctxkernel
@@ -135,4 +136,4 @@ def test_a_rollover_that_cannot_be_done_fails_loud_and_leaves_the_surface(spied)
     assert [n.seq for n in session.surface.nodes][: len(visible)] == visible  # unchanged, plus the notice
     assert "[rollover]" in request.messages[-1].text and "nothing was summarised" in request.messages[-1].text
     assert spy.calls == [] and summarizer.calls == []
-    assert session.state["rollover"].pending is None  # the failed intent is not retried forever
+    assert state_of(session).pending is None  # the failed intent is not retried forever

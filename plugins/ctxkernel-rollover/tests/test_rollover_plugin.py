@@ -55,3 +55,11 @@ def test_settings_reject_unknown_keys_and_disordered_ratios(tmp_path):
         rollover_kernel(tmp_path, reminder_ratio=0.95, rollover_ratio=0.9)
     with pytest.raises(ProfileError, match="summarize_with"):
         rollover_kernel(tmp_path, summarize_with="gpt")
+
+
+def test_rollover_passes_the_kernel_conformance_suite(tmp_path):
+    from ctxkernel.testing import check_conformance
+
+    report = check_conformance(tmp_path, ["rollover"])
+    assert report.compactions >= 2 and report.peak_prompt_tokens <= report.effective_window
+    assert report.restarts_checked and report.refusals_checked

@@ -8,6 +8,7 @@ import uuid6
 
 import orjson
 import pytest
+from ctxkernel_rollover.state import state_of
 from helpers_rollover import call, rollover_kernel, step
 from hypothesis import given
 from hypothesis import strategies as st
@@ -42,7 +43,7 @@ def run(session, name, **arguments):
 
 def test_history_lookup_by_window_id_role_and_seq_range_is_bounded(tmp_path):
     session = two_windows(rollover_kernel(tmp_path, window=32_000, reserve=2_000))
-    state = session.state["rollover"]
+    state = state_of(session)
     first = orjson.loads(run(session, "history_lookup", window=state.first, role="tool").content)
     assert [i["id"] for i in first["items"]] and all(i["role"] == "tool" for i in first["items"])
     assert "a.py" in orjson.dumps(first["items"]).decode() and "b.py" not in orjson.dumps(first["items"]).decode()
@@ -65,7 +66,7 @@ def test_context_remaining_reports_the_window_and_the_thresholds(tmp_path):
     text = run(session, "context_remaining").content
     p = session.pressure()
     assert f"{p.remaining} tokens remain of the 30000-token window" in text
-    assert session.state["rollover"].current in text and "75%" in text and "90%" in text
+    assert state_of(session).current in text and "75%" in text and "90%" in text
     seed = session.surface.nodes[0].message.text
     assert "Context remaining: about " in seed and " of 30000 tokens" in seed
 
