@@ -265,3 +265,32 @@ def test_overflow_that_cannot_be_fixed_ends_the_turn_with_error(provider: FakePr
     assert len(provider.requests) == 1
     assert session.events[-1].type == "turn/end" and session.events[-1].data["reason"] == "error"
     assert not any(e.type == "compaction/summary" for e in session.events)
+
+
+def test_a_summarizer_profile_calls_the_http_model_with_the_directive_last(provider: FakeProvider, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SUMMARY_KEY", "sk-sum")
+    kernel = build_kernel(
+        tmp_path,
+        summarizer={"kind": "openai", "base_url": provider.base_url, "model": "sum-1", "api_key_env": "SUMMARY_KEY"},
+    )
+    assert isinstance(kernel.summarizer, OpenAIChatModel)
+    kernel.summarizer.backoff_seconds = 0
+    session = kernel.open_session()
+    provider.responder = lambda body: (200, completion("## Primary Request and Intent\n- fix it", usage={"prompt_tokens": 300, "completion_tokens": 12}, model="sum-1"))
+    for i in range(3):
+        session.user(f"request {i} " + "words " * 100)
+        session.prepare_request()
+        session.commit_reply(Message.assistant(f"reply {i} " + "more " * 100))
+        session.end_turn()
+    session.user("next")
+    seqs = [n.seq for n in session.surface]
+    result = session.compact(ctxkernel.Span(seqs[0], seqs[-2]), strategy="basic")
+    sent = provider.requests[-1]["body"]
+    assert sent["model"] == "sum-1" and provider.headers[-1]["Authorization"] == "Bearer sk-sum"
+    assert sent["messages"][0]["role"] == "system"
+    assert sent["messages"][1]["content"].startswith("request 0")  # the replayed prefix first...
+    assert "Primary Request and Intent" in sent["messages"][-1]["content"]  # ...the directive last
+    summary = next(e for e in session.events if e.type == "compaction/summary")
+    span = summary.data["spans"][0]
+    assert (span["provider"], span["model"], span["usage"]["input_tokens"]) == ("openai-compatible", "sum-1", 300)
+    assert result.spans[0].summary is not None and "fix it" in result.spans[0].summary.text
