@@ -330,6 +330,7 @@ class Replay:
             window = request.pressure.effective_window
             if tokens <= window:
                 return request
+            self.checkers[session.id].check_request(session, request)  # refused, but still checked
             error = ContextOverflowError(
                 f"simulated provider: prompt of {tokens} tokens exceeds the effective window of {window}",
                 prompt_tokens=tokens,
