@@ -30,7 +30,7 @@ from .handoff import MIN_GENERATED_BODY, NAME, Generated, Handoff, assemble, cal
 from .settings import HandoffSettings
 
 if TYPE_CHECKING:
-    from ctxkernel import CommitResult, Session
+    from ctxkernel import CommitResult, Region, Session, Summary
 
 log = structlog.get_logger("ctxkernel_handoff")
 
@@ -84,6 +84,7 @@ class HandoffState:
     switches: int = 0
     last_switch: dict[str, Any] | None = None
     last_failure: str | None = None
+    plan: SwitchPlan | None = None  # the switch in progress (within one transaction)
 
 
 @dataclass
@@ -202,50 +203,86 @@ def switch(session: Session, *, reason: str, keep_tokens: int | None = None) -> 
             f"nothing to compact: replacing {region_tokens} tokens leaves no room for a handoff under the threshold "
             f"({rest} tokens stay: request header and the kept messages)",
         )
+    new_window = history.current_window.number + 1
+    record: dict[str, Any] = {"window": new_window, "reason": reason}
+    # the handoff is built by this strategy's summarize hook, inside the transaction: the summary
+    # call runs under the compaction lock, and a cancellation during it ends the transaction with
+    # its error end, so nothing switches
+    state.plan = SwitchPlan(reason, budget, region_tokens, rest, target, record)
+    try:
+        result = session.compact(
+            Span(region[0], region[1]),
+            strategy=NAME,
+            kind="window",
+            data=record,
+            render=lambda summary, region_: state.plan.handoff.message(),  # type: ignore[union-attr]
+        )
+    except CompactionError as exc:
+        return _failed(state, reason, f"{type(exc).__name__}: {exc}", record=record)
+    finally:
+        state.plan = None
+    state.requested = None
+    return SwitchOutcome(True, reason, new_window, "", result, record)
+
+
+@dataclass
+class SwitchPlan:
+    """What :func:`switch` decided, for the summarize hook that builds the handoff."""
+
+    reason: str
+    budget: int
+    region_tokens: int
+    rest: int  # tokens that stay: request header and the kept messages
+    target: int  # the new window must open at or below this many tokens
+    record: dict[str, Any]  # the compaction/summary data; the hook adds the window record
+    handoff: Handoff | None = None
+
+
+def build_handoff(session: Session, region: Region) -> Summary:
+    """The ``summarize`` hook's answer for a window switch: build the handoff (one summarizer call
+    when generated), fitted under the threshold, and return what compaction/summary records."""
+    state = state_for(session)
+    plan = state.plan
+    if plan is None:
+        msg = "a handoff window switch must be started by ctxkernel_handoff.switch(); no switch is planned"
+        raise CompactionError(msg)
+    history = History.for_session(session)
+    settings = settings_of(session)
+    nodes = list(region.nodes)
     notes = notes_of(session).active()
     mode = settings.handoff_summary
+    budget = plan.budget
     generated: Generated | None = None
     discarded = None
     if mode == "generated":
         # the call is made only when the budget can carry a usable generated body: price the
         # mandatory snapshot and the note previews first with a model-free probe
-        probe = assemble(history, nodes, notes, budget=budget, mode="extractive", reason=reason, generated=None)
+        probe = assemble(history, nodes, notes, budget=budget, mode="extractive", reason=plan.reason, generated=None)
         room = budget - probe.record["snapshot_chars"] - probe.record["notes_chars"] - WRAPPER_CHARS
         if room >= MIN_GENERATED_BODY:
             generated = call_summarizer(session, nodes, room, request_header(session, state))
         else:
             discarded = "budget"
     handoff: Handoff | None = None
-    message = None
     for _ in range(3):
-        handoff = assemble(history, nodes, notes, budget=budget, mode=mode, reason=reason, generated=generated, discarded=discarded)
-        message = handoff.message()
-        tokens = session.meter.count_message(message)
+        handoff = assemble(history, nodes, notes, budget=budget, mode=mode, reason=plan.reason, generated=generated, discarded=discarded)
         if len(handoff.text) > settings.handoff_max_chars:
-            return _failed(state, reason, f"the handoff needs {len(handoff.text)} characters, over handoff_max_chars {settings.handoff_max_chars}")
-        if tokens < region_tokens and rest + tokens <= target:
+            msg = f"the handoff needs {len(handoff.text)} characters, over handoff_max_chars {settings.handoff_max_chars}"
+            raise CompactionError(msg)
+        tokens = session.meter.count_message(handoff.message())
+        if tokens < plan.region_tokens and plan.rest + tokens <= plan.target:
             break
-        budget = int(budget * min(0.9, min(region_tokens, max(1, target - rest)) / max(tokens, 1) * 0.9))
+        budget = int(budget * min(0.9, min(plan.region_tokens, max(1, plan.target - plan.rest)) / max(tokens, 1) * 0.9))
         if budget < MIN_HANDOFF_CHARS:
             break
-    assert handoff is not None and message is not None
-    new_window = history.current_window.number + 1
-    record = {
-        "window": new_window,
-        "reason": reason,
-        "window_record": {**handoff.record, "region_tokens": region_tokens, "region_items": [f"item_{nodes[0].seq}", f"item_{nodes[-1].seq}"]},
+    assert handoff is not None
+    plan.handoff = handoff
+    plan.record["window_record"] = {
+        **handoff.record,
+        "region_tokens": plan.region_tokens,
+        "region_items": [f"item_{nodes[0].seq}", f"item_{nodes[-1].seq}"],
     }
-    try:
-        result = session.compact(
-            Span(region[0], region[1], summary=handoff.summary, message=message),
-            strategy=NAME,
-            kind="window",
-            data=record,
-        )
-    except CompactionError as exc:
-        return _failed(state, reason, f"{type(exc).__name__}: {exc}", record=record)
-    state.requested = None
-    return SwitchOutcome(True, reason, new_window, "", result, record)
+    return handoff.summary
 
 
 _SHRUNK = re.compile(r"the full result is (item_\d+)")

@@ -18,6 +18,7 @@ from .engine import (
     REMINDER_LEAD,
     REMINDER_TAG,
     after_commit,
+    build_handoff,
     host_settings,
     mode_for,
     notes_of,
@@ -29,7 +30,7 @@ from .settings import HandoffSettings
 from .tools import TOOL_NAMES, build_tools
 
 if TYPE_CHECKING:
-    from ctxkernel import CommitResult, ModelError, Profile, Request, Session, StepContext
+    from ctxkernel import CommitResult, ModelError, Profile, Region, Request, Session, StepContext, Summary
 
 log = structlog.get_logger("ctxkernel_handoff")
 
@@ -152,6 +153,13 @@ def request_error(session: Session, error: ModelError) -> bool | None:
         return None
     state.overflow_at = state.last_assistant
     return session.meter.surface_tokens() < before
+
+
+@ctxkernel.hookimpl(tryfirst=True)
+def summarize(session: Session, region: Region) -> Summary | None:
+    if region.strategy != NAME or region.kind != "window":
+        return None  # native summaries are the basic strategy's
+    return build_handoff(session, region)
 
 
 @ctxkernel.hookimpl
