@@ -274,3 +274,71 @@ def test_steward_writes_a_note_and_requests_a_switch_when_reminded(handoff_kerne
     assert [c["name"] for c in calls] == ["notes_write_file", "new_context"]
     # once per window
     assert kernel.hooks.steward_actions(session, request) == []
+
+
+def test_a_cancelled_summary_call_ends_the_transaction_without_a_switch(handoff_kernel, agent):
+    kernel = handoff_kernel(window=100_000, handoff={"handoff_summary": "generated"})
+    session = kernel.open_session()
+    fill(agent(session), 4)
+
+    def interrupted(messages, system, tools):
+        raise KeyboardInterrupt
+
+    kernel.summarizer = ScriptedModel(interrupted)
+    try:
+        ctxkernel_handoff.compact_now(session)
+    except KeyboardInterrupt:
+        pass
+    else:  # pragma: no cover - the interrupt must reach the caller
+        raise AssertionError("the cancellation was swallowed")
+    ends = [e for e in session.events if e.type == "compaction/end"]
+    assert ends and "KeyboardInterrupt" in ends[-1].data["error"]
+    assert not window_events(session) and History.for_session(session).current_window.number == 1
+    assert session.open_compaction is None
+    # the next attempt works and calls the summarizer exactly once
+    kernel.summarizer = ScriptedModel(["## Current Work\nstill going"])
+    assert ctxkernel_handoff.compact_now(session).committed
+    assert len(kernel.summarizer.calls) == 1
+
+
+def test_generated_pressure_switches_call_the_summarizer_once_each(handoff_kernel, agent):
+    kernel = handoff_kernel(handoff={"handoff_summary": "generated"})
+    summarizer = ScriptedModel(lambda m, s, t: "## Current Work\nreading files\n\n## Next Step\nread more")
+    kernel.summarizer = summarizer
+    session = kernel.open_session()
+    fill(agent(session), 24)
+    switches = window_events(session)
+    assert len(switches) >= 2
+    assert len(summarizer.calls) == len(switches)
+    assert all(e.data["spans"][0]["provider"] == "scripted" for e in switches)
+
+
+def test_an_oversized_kept_result_is_shrunk_to_fit_and_stays_recoverable(handoff_kernel):
+    kernel = handoff_kernel(window=8_000, reserve=1_000)
+    session = kernel.open_session()
+    for i in range(3):
+        session.user(f"step {i} " + "words " * 300)
+        session.prepare_request()
+        session.commit_reply(Message.assistant(f"ok {i}"))
+        session.end_turn()
+    session.user("read the big file")
+    session.prepare_request()
+    session.commit_reply(Message.assistant("reading", [ToolCallBlock("big", "read", {"path": "big.txt"})]))
+    big = "".join(f"line {i} of a very large file\n" for i in range(900))
+    original = session.tool_result("big", big)
+    outcome = ctxkernel_handoff.compact_now(session)
+    assert outcome.committed, outcome.detail
+    kept = session.surface.nodes[-1].message.tool_result
+    assert kept.call_id == "big" and len(kept.content) < len(big)
+    assert f"the full result is item_{original}" in kept.content
+    assert History.for_session(session).read_item(f"item_{original}", max_chars=20_000)["total_chars"] == len(big)
+    assert session.pressure().ratio < 0.8
+
+
+def test_notes_are_durable_through_the_store_for_another_kernel(handoff_kernel, tmp_path):
+    first = handoff_kernel(home=tmp_path / "shared")
+    session = first.open_session()
+    session.run_tool(ToolCallBlock("w", "notes_write_file", {"path": "self/notes/shared.md", "content": "from process one"}))
+    other = handoff_kernel(home=tmp_path / "shared").open_session(session.id)
+    outcome = other.run_tool(ToolCallBlock("r", "notes_read_file", {"path": "self/notes/shared.md"}))
+    assert "from process one" in outcome.content
