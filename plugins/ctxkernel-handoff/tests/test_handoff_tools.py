@@ -75,7 +75,8 @@ def test_notes_of_session_a_are_unreachable_from_session_b(kernel):
 def test_note_size_limit_at_and_past_the_bound(kernel):
     session = kernel.open_session()
     ok(session, "notes_write_file", path="big.md", content="a" * 1_000_000)
-    message = refused(session, "notes_write_file", path="big2.md", content="é" * 500_001)  # 1,000,002 bytes
+    ok(session, "notes_write_file", path="wide.md", content="é" * 500_000)  # 1,000,000 bytes in 500,000 characters
+    message = refused(session, "notes_write_file", path="big2.md", content="é" * 500_000 + "a")  # 1,000,001 bytes
     assert "1000000 bytes per note" in message
     # an append that would cross the bound is refused and the note keeps its saved content
     refused(session, "notes_append_to_file", path="big.md", content="b")
