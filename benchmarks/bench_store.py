@@ -43,9 +43,9 @@ from ctxkernel.store.sqlite import SqliteStore
 
 #: least accepted ratios (see the module doc); set from measurements with a wide margin
 TARGETS = {
-    "append": {"jsonl": 0.5, "sqlite": 0.2, "postgres": 0.1},
-    "append_batch100": {"jsonl": 0.3, "sqlite": 0.1, "postgres": 0.05},
-    "cold_read": {"jsonl": 0.15, "sqlite": 0.1, "postgres": 0.05},
+    "append": {"jsonl": 0.3, "sqlite": 0.3, "postgres": 0.15},
+    "append_batch100": {"jsonl": 0.3, "sqlite": 0.3, "postgres": 0.1},
+    "cold_read": {"jsonl": 0.1, "sqlite": 0.1, "postgres": 0.1},
 }
 PAYLOAD = "x" * 160  # about the size of a small kernel event
 
@@ -129,9 +129,10 @@ def run(bench: Any) -> None:
     """Entry point for ``benchmarks/run.py`` (see ``_bench.py``): wall-clock rounds, alternating
     subject and floor, median of the per-round ratios (CPU time would miss fsync waits and the
     PostgreSQL server's work)."""
-    appends = 300 if bench.quick else 1000
+    # short rounds, many of them: a shared disk's fsync latency drifts, and alternating often cancels it
+    appends = 50 if bench.quick else 200
     events = 10_000 if bench.quick else 100_000
-    rounds = 3 if bench.quick else 5
+    rounds = 3 if bench.quick else 9
     with tempfile.TemporaryDirectory(dir=bench.scratch or None) as tmp, contextlib.ExitStack() as stack:
         scratch = Path(tmp)
         stores = backends(scratch, stack)
@@ -153,7 +154,7 @@ def run(bench: Any) -> None:
         jsonl_file = scratch / "jsonl" / "sessions" / f"long-{run_id}.jsonl"
         for backend, opener in stores.items():
             ratios, times, floors = [], [], []
-            for _ in range(rounds):
+            for _ in range(max(3, rounds // 2)):
                 floor = floor_read(jsonl_file)
                 seconds = cold_read(opener, f"long-{run_id}", events)
                 ratios.append(floor / seconds)

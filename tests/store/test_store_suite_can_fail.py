@@ -1,0 +1,53 @@
+"""The conformance suite can fail: broken stores are caught by the tests meant for them."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from ctxkernel.store.sqlite import SqliteStore, encode_event
+from ctxkernel.testing_store import StoreConformance
+
+
+class NoConflictCheck(SqliteStore):
+    """Appends after whatever is there, ignoring the writer's expected seq."""
+
+    def append(self, session_id, events, expected_seq):
+        actual = self.next_seq(session_id)
+        moved = [type(e)(actual + i, e.type, e.data, e.time, e.surface, e.ignorable) for i, e in enumerate(events)]
+        super().append(session_id, moved, actual)
+
+
+class NotAtomic(SqliteStore):
+    """Writes a batch one event at a time: a failure midway leaves part of it."""
+
+    def append(self, session_id, events, expected_seq):
+        for event in events:
+            encode_event(event)
+            super().append(session_id, [event], event.seq)
+
+
+class UnsortedListing(SqliteStore):
+    """Lists sessions in insertion order, not sorted."""
+
+    def list_sessions(self):
+        return [row[0] for row in self._query("SELECT id FROM sessions ORDER BY rowid")]
+
+
+@pytest.mark.parametrize(
+    ("broken", "test"),
+    [
+        (NoConflictCheck, "test_stale_writer_conflicts_and_writes_nothing"),
+        (NoConflictCheck, "test_writer_ahead_of_the_log_conflicts"),
+        (NotAtomic, "test_malformed_batches_are_refused_before_writing"),
+        (UnsortedListing, "test_list_sessions_is_sorted_and_shared"),
+    ],
+)
+def test_suite_catches(broken, test, tmp_path):
+    suite = StoreConformance()
+    method = getattr(suite, test)
+    wants = inspect.signature(method).parameters
+    args = {name: broken(tmp_path) for name in ("store", "other") if name in wants}
+    with pytest.raises((AssertionError, pytest.fail.Exception)):
+        method(**args)
