@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from .kernel import Kernel
 from .messages import Message, ToolCallBlock
-from .profile import Profile, load_profile
+from .profile import Profile, builtin_profile
 from .session import Request, Session
 from .store.jsonl import JsonlStore
 
@@ -124,7 +124,7 @@ def check_conformance(
     home = Path(home)
 
     def new_kernel() -> Kernel:
-        prof = profile.model_copy(deep=True) if profile is not None else load_profile("basic")
+        prof = profile.model_copy(deep=True) if profile is not None else builtin_profile()
         prof.profile.strategies = list(strategies)
         prof.strategies = dict(settings or {})
         prof.model = prof.model.model_copy(update={"context_window": context_window, "reserved_output_tokens": reserved_output_tokens})

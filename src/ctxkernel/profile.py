@@ -291,6 +291,20 @@ def load_profile(name_or_path: str | os.PathLike[str] | None = None) -> Profile:
     return profile
 
 
+def builtin_profile() -> Profile:
+    """The built-in defaults (the ``basic`` strategy), ignoring any profile file on the search
+    path: what test helpers start from, so a local ``profiles/basic.toml`` cannot change them."""
+    _LOADING["path"] = None
+    try:
+        profile = Profile()
+    except ValidationError as exc:
+        raise ProfileError(format_validation_error(exc, "built-in defaults", Profile)) from None
+    finally:
+        _LOADING.clear()
+    profile._name = "basic"
+    return profile
+
+
 def accepted_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None:
     """Field names accepted at ``loc`` inside ``model`` (None when not a model there)."""
     current: Any = model

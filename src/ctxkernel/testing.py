@@ -19,13 +19,13 @@ from typing import Any
 
 from .kernel import Kernel
 from .models.scripted import ScriptedModel
-from .profile import Profile, load_profile
+from .profile import Profile, builtin_profile, load_profile
 from .store.jsonl import JsonlStore
 
 
 def make_profile(path: Path | None = None, **overrides: Any) -> Profile:
     """A profile from a file (or the built-in defaults) with top-level tables overridden."""
-    profile = load_profile(path) if path else load_profile("basic")
+    profile = load_profile(path) if path else builtin_profile()
     for key, value in overrides.items():
         current = getattr(profile, key)
         if hasattr(current, "model_copy") and isinstance(value, dict):
