@@ -1,36 +1,44 @@
 """Rollover commit cost versus one durable append of the same bytes (target: within 2x).
 
-    python benchmarks/bench_rollover.py [--repeat 15] [--nodes 200] [--notes 20]
+    python benchmarks/run.py -k rollover          # or: python benchmarks/bench_rollover.py [--quick]
 
-A window switch is local event writes only, no model call (seed 002 §4: "microseconds/milliseconds
-of local event writes"). This measures, side by side in one run on the same jsonl store with
-fsync on, the wall time of a whole manual rollover (building the seed from the notes and the log,
-the compaction transaction: lock event, validation, commit batch) against one durable append of
-a single event carrying as many bytes as the rollover wrote. The transaction writes two durable
-batches (the lock, then the commit), so 2x is the honest floor for the fsync share of it.
-Prints one JSON line per measure: name, ratio, target, unit and the raw medians.
+A window switch is local event writes only, no model call (seed 002 §4: "microseconds to
+milliseconds of local event writes"). Each round builds a session (a surface of 200 messages and
+20 notes, on a jsonl store with fsync on), then times side by side:
+
+* subject: a whole manual rollover — the seed built from the notes and the log, the compaction
+  transaction (validation, lock and commit in one durable batch), the surface replacement;
+* baseline: one durable append of a single event carrying as many bytes as the rollover wrote.
+
+Wall time, not CPU time: what a durable write costs is mostly the wait for ``fsync``, which CPU
+time does not see. ``ratio`` is the median of the per-round ratios; the CPU-time ratio is printed
+beside it (``cpu_ratio``) to show the share of the cost that is computation.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from ctxkernel import EventSpec, Kernel, Message, ToolCallBlock
-from ctxkernel.recall.notes import Notes
-from ctxkernel.store.jsonl import JsonlStore
-from ctxkernel.testing import make_profile
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _bench import Bench  # noqa: E402
+
+from ctxkernel import EventSpec, Kernel, Message, ToolCallBlock  # noqa: E402
+from ctxkernel.recall.notes import Notes  # noqa: E402
+from ctxkernel.store.jsonl import JsonlStore  # noqa: E402
+from ctxkernel.testing import make_profile  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def build(home: Path, nodes: int, notes: int):
-    profile = make_profile(REPO / "profiles" / "rollover.toml", model={"context_window": 1_000_000, "reserved_output_tokens": 8_000})
+    profile = make_profile(REPO / "profiles" / "rollover.toml",
+                           model={"context_window": 1_000_000, "reserved_output_tokens": 8_000})
     kernel = Kernel(profile, store=JsonlStore(home), home=home)
     session = kernel.open_session()
     session.user("benchmark the rollover")
@@ -46,48 +54,59 @@ def build(home: Path, nodes: int, notes: int):
     return kernel, session
 
 
-def one(nodes: int, notes: int) -> tuple[float, float, int]:
+def one_round(scratch: Path, nodes: int, notes: int) -> dict[str, float]:
     from ctxkernel_rollover.switch import switch
 
-    with tempfile.TemporaryDirectory() as scratch:
-        kernel, session = build(Path(scratch), nodes, notes)
-        size_before = session.store.path(session.id).stat().st_size
-        t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(dir=scratch) as folder:
+        kernel, session = build(Path(folder), nodes, notes)
+        path = session.store.path(session.id)
+        size_before = path.stat().st_size
+        cpu, wall = time.process_time(), time.perf_counter()
         switch(session, "manual")
-        rollover = time.perf_counter() - t0
-        written = session.store.path(session.id).stat().st_size - size_before
+        rollover_wall, rollover_cpu = time.perf_counter() - wall, time.process_time() - cpu
+        written = path.stat().st_size - size_before
         other = kernel.open_session()
-        payload = "x" * max(1, written - 120)  # the envelope of one event is about 120 bytes
-        t0 = time.perf_counter()
+        payload = "x" * max(1, written - 120)  # the envelope of one event line is about 120 bytes
+        cpu, wall = time.process_time(), time.perf_counter()
         other.append([EventSpec("bench/blob", {"blob": payload}, ignorable=True)])
-        append = time.perf_counter() - t0
-        return rollover, append, written
+        append_wall, append_cpu = time.perf_counter() - wall, time.process_time() - cpu
+        return {"rw": rollover_wall, "rc": rollover_cpu, "aw": append_wall, "ac": append_cpu, "bytes": written}
+
+
+def run(bench: Bench) -> None:
+    from ctxkernel.logging import configure_logging
+
+    configure_logging("warning")  # a log line per switch is the operator's choice, not commit cost
+    repeat = 5 if bench.quick else 15
+    nodes, notes = (60, 8) if bench.quick else (200, 20)
+    scratch = bench.scratch if str(bench.scratch) not in ("", ".") else Path(tempfile.gettempdir())
+    one_round(scratch, 20, 2)  # warm imports, tokenizer and caches
+    rounds = [one_round(scratch, nodes, notes) for _ in range(repeat)]
+    ratios = [r["rw"] / r["aw"] for r in rounds]
+    ratio = statistics.median(ratios)
+    bench.report(
+        "rollover_commit_vs_durable_append",
+        ratio,
+        ("<=", 2),
+        "s",
+        statistics.median(r["rw"] for r in rounds),
+        (max(ratios) - min(ratios)) / ratio if ratio else 0.0,
+        baseline_median=float(f"{statistics.median(r['aw'] for r in rounds):.6g}"),
+        cpu_ratio=round(statistics.median(r["rc"] / max(r["ac"], 1e-9) for r in rounds), 3),
+        bytes=int(statistics.median(r["bytes"] for r in rounds)),
+        surface_nodes=nodes,
+        notes=notes,
+        timing="wall",
+        repeat=repeat,
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeat", type=int, default=15)
-    parser.add_argument("--nodes", type=int, default=200)
-    parser.add_argument("--notes", type=int, default=20)
+    parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
-    one(20, 2)  # warm imports, tokenizer and caches
-    runs = [one(args.nodes, args.notes) for _ in range(args.repeat)]
-    rollover = statistics.median(r[0] for r in runs)
-    append = statistics.median(r[1] for r in runs)
-    ratio = statistics.median(r[0] / r[1] for r in runs)
-    print(json.dumps({
-        "name": "rollover_commit_vs_durable_append",
-        "ratio": round(ratio, 3),
-        "target": 2.0,
-        "unit": "x",
-        "ok": ratio <= 2.0,
-        "rollover_ms": round(rollover * 1000, 3),
-        "append_ms": round(append * 1000, 3),
-        "bytes": int(statistics.median(r[2] for r in runs)),
-        "surface_nodes": args.nodes,
-        "notes": args.notes,
-        "repeat": args.repeat,
-    }))
+    with tempfile.TemporaryDirectory() as scratch:
+        run(Bench(quick=args.quick, scratch=Path(scratch)))
     return 0
 
 

@@ -31,6 +31,8 @@ INTENT_EVENT = f"{NAME}/intent"
 FAILED_EVENT = f"{NAME}/failed"
 REMINDER_KEY = "rollover_reminder"
 WINDOW_KIND = "window"
+#: recent user instructions kept in the state (the seed shows at most 50)
+MAX_INSTRUCTIONS = 64
 
 
 @dataclass
@@ -53,6 +55,9 @@ class RolloverState:
     # switch on an unchanged surface, and counts overflow retries
     last_failed_at: tuple[str | None, int] | None = None
     overflow_streak: int = 0
+    #: seqs of the user's own messages: the first one, and the most recent ones
+    first_instruction: int | None = None
+    instructions: list[int] = field(default_factory=list)
     #: rendered seed blocks of notes and their token counts, by (note id, version, chars shown)
     note_blocks: dict[tuple[str, int, int], tuple[str, int]] = field(default_factory=dict)
 
@@ -86,8 +91,16 @@ class RolloverState:
         elif t == FAILED_EVENT:
             self.failures.append({**d, "seq": event.seq})
             self._resolve(d.get("intent_id"))
-        elif t == USER_MESSAGE and isinstance(d.get(REMINDER_KEY), str):
-            self.reminded.add(d[REMINDER_KEY])
+        elif t == USER_MESSAGE:
+            if isinstance(d.get(REMINDER_KEY), str):
+                self.reminded.add(d[REMINDER_KEY])
+            elif (event.surface or {}).get("op") == "append" and d["message"].get("source", {}).get("kind", "user") == "user":
+                # the user's own words: the seed repeats recent ones verbatim (never summarised)
+                if self.first_instruction is None:
+                    self.first_instruction = event.seq
+                self.instructions.append(event.seq)
+                if len(self.instructions) > 2 * MAX_INSTRUCTIONS:
+                    del self.instructions[:-MAX_INSTRUCTIONS]
 
     def _resolve(self, intent_id: Any) -> None:
         if isinstance(intent_id, str):

@@ -16,7 +16,6 @@ import structlog
 from ctxkernel import CtxKernelError, Message, Source, Span
 from ctxkernel.events import TURN_START, USER_MESSAGE
 from ctxkernel.meter import MESSAGE_OVERHEAD
-from ctxkernel.recall.history import History
 from ctxkernel.recall.notes import Notes, NotesLimits
 
 from .seed import REMAINING_PLACEHOLDER, SeedInput, render_seed
@@ -80,9 +79,8 @@ def _earlier_instructions(session: Session, count: int) -> list[tuple[int, str]]
     if count <= 0:
         return []
     pending = {seq for seq, _ in current_turn_inputs(session)}
-    events = History.for_session(session).recent_instructions(count + len(pending))
-    found = [(e.seq, Message.from_dict(e.data["message"]).text) for e in events if e.seq not in pending]
-    return found[-count:]
+    seqs = [s for s in state_of(session).instructions if s not in pending][-count:]
+    return [(s, Message.from_dict(session.events[s].data["message"]).text) for s in seqs]
 
 
 def _goal(session: Session, notes: Notes, next_goal: str | None) -> tuple[str | None, str]:
@@ -90,9 +88,10 @@ def _goal(session: Session, notes: Notes, next_goal: str | None) -> tuple[str | 
         return next_goal, "from new_context"
     if notes.exists("goal"):
         return notes.read("goal").content, "note 'goal'"
-    first = History.for_session(session).goal()
+    first = state_of(session).first_instruction
     if first is not None:
-        return Message.from_dict(first.data["message"]).text, f"the session's first instruction, item_{first.seq}"
+        text = Message.from_dict(session.events[first].data["message"]).text
+        return text, f"the session's first instruction, item_{first}"
     return None, "none recorded"
 
 
