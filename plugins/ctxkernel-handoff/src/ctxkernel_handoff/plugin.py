@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
+from pydantic import ValidationError
 
 import ctxkernel
 from ctxkernel import ContextOverflowError, StrategySpec
@@ -232,8 +233,15 @@ def _progress(history: History) -> str:
 def validate_profile(profile: Profile, report: Any) -> None:
     if NAME not in profile.profile.strategies:
         return
-    settings = HandoffSettings.model_validate(profile.strategy_settings(NAME))
-    variants = [HandoffSettings.model_validate(profile.strategy_settings(NAME, p.match.provider, p.match.name)) for p in profile.model_policies if NAME in p.strategies]
+    try:
+        settings = HandoffSettings.model_validate(profile.strategy_settings(NAME))
+        variants = [
+            HandoffSettings.model_validate(profile.strategy_settings(NAME, p.match.provider, p.match.name))
+            for p in profile.model_policies
+            if NAME in p.strategies
+        ]
+    except ValidationError:
+        return  # the kernel's settings check reports the invalid table with the file and the key
     every = [settings, *variants]
     # tools: the recall tools are shared with rollover; both in one profile would register them twice
     sharing = [s for s in profile.profile.strategies if s == "rollover"]
