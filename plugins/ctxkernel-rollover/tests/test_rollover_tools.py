@@ -46,9 +46,11 @@ def test_history_lookup_by_window_id_role_and_seq_range_is_bounded(tmp_path):
     state = state_of(session)
     first = orjson.loads(run(session, "history_lookup", window=state.first, role="tool").content)
     assert [i["id"] for i in first["items"]] and all(i["role"] == "tool" for i in first["items"])
+    assert {i["window_id"] for i in first["items"]} == {state.first}
     assert "a.py" in orjson.dumps(first["items"]).decode() and "b.py" not in orjson.dumps(first["items"]).decode()
     second = orjson.loads(run(session, "history_lookup", window=state.current, role="tool").content)
     assert "b.py" in orjson.dumps(second["items"]).decode() and "a.py" not in orjson.dumps(second["items"]).decode()
+    assert {i["window_id"] for i in second["items"]} == {state.current}
     found = orjson.loads(run(session, "history_lookup", query="first window request", role="user").content)
     assert len(found["items"]) == 1
     ranged = orjson.loads(run(session, "history_lookup", seq_from=0, seq_to=3, limit=2, max_chars=10).content)

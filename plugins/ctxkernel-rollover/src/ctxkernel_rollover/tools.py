@@ -224,6 +224,11 @@ def history_lookup(session: Session, args: HistoryLookupArgs) -> ToolOutcome:
         out = history.search(args.query, case_sensitive=args.case_sensitive, **common)
     else:
         out = history.list_items(**common)
+    # attribute every item to its window id (the first window's id is ours: no switch carries it)
+    ids = {w.number: w.id for w in history.windows if w.id}
+    ids.setdefault(1, state_of(session).first)
+    for item in out.get("items", ()):
+        item["window_id"] = ids.get(item.get("window"))
     return ToolOutcome(orjson.dumps(out).decode())
 
 
