@@ -20,6 +20,7 @@ from .events import ASSISTANT_MESSAGE, MESSAGE_TYPES, SURFACE_DROP, TOOL_RESULT,
 from .messages import Message
 
 
+_SURFACE_TYPES = MESSAGE_TYPES | {SURFACE_DROP}
 #: The message role each message event type carries.
 _ROLE_OF = {USER_MESSAGE: "user", ASSISTANT_MESSAGE: "assistant", TOOL_RESULT: "tool"}
 
@@ -231,6 +232,12 @@ class Surface:
 
     def apply(self, event: Event, message: Message | None = None, *, checked: bool = False) -> None:
         """Fold one event into the surface (``check`` first unless ``checked``)."""
+        if event.type not in _SURFACE_TYPES:
+            # most of a log (turns, steps, headers, plugin events): only the seq order matters
+            if not checked and event.seq != self.applied:
+                self.check(event)  # raises, with the message
+            self.applied = event.seq + 1
+            return
         if not checked:
             message = self.check(event)
         elif message is None and event.type in MESSAGE_TYPES:
