@@ -233,13 +233,24 @@ def reminder_text(level: int, pressure: ctxkernel.Pressure, grew: int, settings:
 @ctxkernel.hookimpl
 def decorate_request(session: Session, request: Request) -> None:
     state = current_state(session)
+    # decorated copies are reused while a node keeps its anchors: a request costs O(surface)
+    # lookups, and only new or re-anchored nodes are rebuilt
+    cache: dict[int, tuple[int, int | None, ctxkernel.Message | None]] = session.state[NAME].setdefault("decorated", {})
+    if len(cache) > 2 * len(request.seqs) + 64:
+        visible = set(request.seqs)
+        for seq in [s for s in cache if s not in visible]:
+            del cache[seq]
     for index, seq in enumerate(request.seqs):
         left = state.anchor_of.get(seq)
         if left is None:
             continue
-        decorated = decorate_message(request.messages[index], left, state.right_of(seq))
-        if decorated is not None:
-            request.decorate(index, decorated)
+        right = state.right_of(seq)
+        hit = cache.get(seq)
+        if hit is None or hit[0] != left or hit[1] != right:
+            hit = (left, right, decorate_message(request.messages[index], left, right))
+            cache[seq] = hit
+        if hit[2] is not None:
+            request.decorate(index, hit[2])
     if settings_of(session).audit:
         audit(session, {"kind": "request", "turn": request.turn, "step": request.step, "messages": len(request.messages),
                         "anchors": sum(1 for s in request.seqs if s in state.anchor_of), "blocks": len(state.blocks),

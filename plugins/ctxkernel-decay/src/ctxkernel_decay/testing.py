@@ -19,7 +19,11 @@ from . import plugin as decay_plugin
 
 def decay_kernel(home: Path, *, window: int = 20_000, reserve: int = 2_000, settings: dict[str, Any] | None = None,
                  strategies: tuple[str, ...] = ("decay", "basic"), basic: dict[str, Any] | None = None) -> Any:
-    tables = {"decay": {"snapshot": True, **(settings or {})}}
+    """A kernel on a jsonl store in ``home`` whose profile runs ``strategies`` (decay, then basic as
+    the emergency fallback at 97% by default) on a small window."""
+    tables: dict[str, dict[str, Any]] = {}
+    if "decay" in strategies:
+        tables["decay"] = dict(settings or {})
     if "basic" in strategies:
         tables["basic"] = {"threshold_ratio": 0.97, "retain_ratio": 0.3, **(basic or {})}
     profile = make_profile(model={"context_window": window, "reserved_output_tokens": reserve})
