@@ -69,6 +69,7 @@ def test_goal_todos_and_window_index_are_in_the_snapshot(handoff_kernel, agent):
     todo_id = re.search(r"(todo_\d+_1)", text).group(1)
     assert history.read_item(todo_id)["content"] == "[in_progress] fix lexer"
     assert "window win_2" in text and "win_1_summary" in text
+    assert "Window index: win_1 item_0-item_" in text and "win_2 (this window)" in text
     assert json.loads(history.read_item("win_1_summary", format="json")["content"])["type"] == "compaction/summary"
 
 

@@ -42,6 +42,8 @@ NAME = "handoff"
 log = structlog.get_logger("ctxkernel_handoff")
 
 INSTRUCTIONS = 4
+#: windows listed in the handoff's window index (the newest; history_list_windows has them all)
+WINDOW_INDEX = 6
 INSTRUCTION_CHARS = 1_000
 GOAL_CHARS = 1_000
 TODO_ENTRIES = 12
@@ -161,6 +163,12 @@ def render_snapshot(history: History, *, new_window: int, reason: str, budget: i
         f"item_{current.start_seq}). Earlier messages were replaced by this handoff; nothing was deleted: the history_* "
         f"tools read any item_<seq>, and win_{current.number}_summary is the untrimmed summary (history_read_item, format json)."
     ]
+    index = [f"win_{w.number} item_{w.start_seq}-item_{w.end_seq if w.end_seq is not None else history.cursor - 1}" for w in history.windows[-WINDOW_INDEX:]]
+    earlier = len(history.windows) - WINDOW_INDEX
+    lines.append(
+        "Window index: " + ("… " if earlier > 0 else "") + " · ".join(index) + f" · win_{new_window} (this window)"
+        + ("; history_list_windows lists all" if earlier > 0 else "")
+    )
     instructions = history.instructions[-INSTRUCTIONS:]
     goal = history.goal()
     if goal is not None:
