@@ -88,3 +88,11 @@ def test_per_model_policy_changes_the_settings(tmp_path):
     session.set_route("scripted", "small")
     assert session.settings("chapters").chapter_token_target == 1500
     assert Path(kernel.home) == tmp_path
+
+
+def test_chapters_passes_the_kernel_conformance_suite(tmp_path):
+    from ctxkernel.testing import check_conformance
+
+    report = check_conformance(tmp_path, ["chapters"])
+    assert report.compactions >= 2 and report.peak_prompt_tokens <= report.effective_window
+    assert report.restarts_checked and report.refusals_checked
