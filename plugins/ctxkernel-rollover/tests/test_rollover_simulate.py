@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[3]
 PROFILE = str(REPO / "profiles" / "rollover.toml")
 TRANSCRIPTS = REPO.parent / "shared" / "transcripts"
 # (format folder, windows to try): each well below the recorded session's peak prompt size
-CASES = {"claude-code": (40_000, 24_000), "codex": (40_000, 24_000), "openai-chat": (5_500, 4_500)}
+CASES = {"claude-code": (40_000, 24_000), "codex": (40_000, 24_000), "openai-chat": (5_000, 4_000)}
 
 
 def assert_clean(report):

@@ -7,7 +7,7 @@ first, and each tool writes at most one event, after all its checks passed.
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 from pydantic import Field
@@ -49,9 +49,9 @@ def _brief(note: Note) -> str:
 
 
 class NoteCreateArgs(ToolArgs):
-    path: str = Field(description="a short '/'-separated name, e.g. 'goal' or 'plan/next'")
+    path: str = Field(description="e.g. 'goal' or 'plan/next'")
     content: str
-    from_tool_output: bool = Field(default=False, description="true when the text was copied from a tool's output")
+    from_tool_output: bool = Field(default=False, description="true if copied from tool output")
 
 
 def note_create(session: Session, args: NoteCreateArgs) -> ToolOutcome:
@@ -62,7 +62,7 @@ def note_create(session: Session, args: NoteCreateArgs) -> ToolOutcome:
 
 class NoteUpdateArgs(ToolArgs):
     note: str = Field(description="the note's id (n_...) or path")
-    content: str = Field(description="the new full content; the previous version stays retrievable")
+    content: str
     from_tool_output: bool = False
 
 
@@ -78,7 +78,7 @@ def note_update(session: Session, args: NoteUpdateArgs) -> ToolOutcome:
 
 class NoteAppendArgs(ToolArgs):
     path: str
-    text: str = Field(description="appended as is (add a leading newline if you want one)")
+    text: str
     from_tool_output: bool = False
 
 
@@ -90,7 +90,7 @@ def note_append(session: Session, args: NoteAppendArgs) -> ToolOutcome:
 
 class NoteGetArgs(ToolArgs):
     note: str = Field(description="the note's id (n_...) or path")
-    version: int | None = Field(default=None, ge=1, description="an earlier version number; default the latest")
+    version: int | None = Field(default=None, ge=1, description="default: latest")
     offset_chars: int = Field(default=0, ge=0)
     max_chars: int = Field(default=8_000, ge=1, le=READ_CHARS_MAX)
 
@@ -156,7 +156,7 @@ def note_search(session: Session, args: NoteSearchArgs) -> ToolOutcome:
 
 
 class NewContextArgs(ToolArgs):
-    next_goal: str | None = Field(default=None, max_length=8_000, description="what the next window should continue with")
+    next_goal: str | None = Field(default=None, max_length=8_000)
 
 
 def new_context(session: Session, args: NewContextArgs) -> ToolOutcome:
@@ -191,14 +191,14 @@ def context_remaining(session: Session, args: NoArgs) -> ToolOutcome:
 
 
 class HistoryLookupArgs(ToolArgs):
-    window: str | None = Field(default=None, description="a window id (UUID), 'win_<n>' or a number")
+    window: str | None = Field(default=None, description="window id, win_<n> or number")
     seq_from: int | None = Field(default=None, ge=0)
     seq_to: int | None = Field(default=None, ge=0)
     role: Literal["user", "plugin", "assistant", "tool", "summary", "event"] | None = None
-    query: str | None = Field(default=None, min_length=1, max_length=1_000, description="plain text to search for")
+    query: str | None = Field(default=None, min_length=1, max_length=1_000)
     case_sensitive: bool = True
     limit: int = Field(default=20, ge=1, le=50)
-    max_chars: int = Field(default=400, ge=1, le=1_000, description="preview characters per item")
+    max_chars: int = Field(default=400, ge=1, le=1_000, description="preview per item")
     cursor: str | None = None
 
 
@@ -233,7 +233,7 @@ def history_lookup(session: Session, args: HistoryLookupArgs) -> ToolOutcome:
 
 
 class HistoryReadArgs(ToolArgs):
-    item: str = Field(description="an item id from history_lookup, e.g. item_42")
+    item: str = Field(description="e.g. item_42")
     offset_chars: int = Field(default=0, ge=0)
     max_chars: int = Field(default=8_000, ge=1, le=READ_CHARS_MAX)
 
@@ -244,19 +244,47 @@ def history_read(session: Session, args: HistoryReadArgs) -> ToolOutcome:
 
 
 TOOLS: tuple[tuple[str, str, type[ToolArgs], object], ...] = (
-    ("note_create", "Create a note that survives every new context window (shown at the start of each). Keep the goal, decisions, state and next steps here.", NoteCreateArgs, note_create),
-    ("note_update", "Replace a note's content (by id or path); the previous version stays retrievable.", NoteUpdateArgs, note_update),
+    ("note_create", "Create a note; notes open every new context window. Keep goal, decisions, state, next steps.", NoteCreateArgs, note_create),
+    ("note_update", "Replace a note's content (id or path); old versions stay readable.", NoteUpdateArgs, note_update),
     ("note_append", "Append text to a note (created when missing).", NoteAppendArgs, note_append),
-    ("note_get", "Read a note (or an earlier version of it) by id or path, in pages.", NoteGetArgs, note_get),
-    ("note_delete", "Archive a note: it is no longer shown, its versions stay readable.", NoteDeleteArgs, note_delete),
-    ("note_list", "List notes by path prefix, one page at a time.", NoteListArgs, note_list),
-    ("note_search", "Search the notes' lines for plain text (bounded results).", NoteSearchArgs, note_search),
-    ("new_context", "Start a new context window after this batch of tool calls, without summarising: the next window begins with your notes, next_goal and the pending user input. Save what you need in notes first.", NewContextArgs, new_context),
-    ("context_remaining", "How many tokens are left in this context window.", NoArgs, context_remaining),
-    ("history_lookup", "List or search this session's archived raw history (earlier windows included) by window id, seq range and role; bounded pages.", HistoryLookupArgs, history_lookup),
-    ("history_read", "Read one history item (item_<seq>) in bounded pages.", HistoryReadArgs, history_read),
+    ("note_get", "Read a note or an earlier version, in pages.", NoteGetArgs, note_get),
+    ("note_delete", "Archive a note (versions stay readable).", NoteDeleteArgs, note_delete),
+    ("note_list", "List notes by path prefix.", NoteListArgs, note_list),
+    ("note_search", "Search notes for plain text.", NoteSearchArgs, note_search),
+    ("new_context", "Start a new context window after this batch, without summarising: it opens with your notes, next_goal and pending user input. Save notes first.", NewContextArgs, new_context),
+    ("context_remaining", "Tokens left in this context window.", NoArgs, context_remaining),
+    ("history_lookup", "List or search this session's raw history (all windows) by window id, seq range, role or text; bounded pages.", HistoryLookupArgs, history_lookup),
+    ("history_read", "Read a history item (item_<seq>) in pages.", HistoryReadArgs, history_read),
 )
 
 
+def compact_schema(node: Any) -> Any:
+    """The JSON schema minus what the model does not need (titles, null branches and null
+    defaults of optional arguments): tool schemas go with every request and count against the
+    window, which matters most in the small windows where rollover runs often."""
+    if isinstance(node, list):
+        return [compact_schema(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in ("title", "additionalProperties") or (key == "default" and value is None):
+            continue
+        if key == "anyOf" and isinstance(value, list):
+            branches = [b for b in value if b != {"type": "null"}]
+            if len(branches) == 1:
+                out.update(compact_schema(branches[0]))
+                continue
+            value = branches
+        out[key] = compact_schema(value)
+    return out
+
+
+class _CompactTool(Tool):
+    def schema(self) -> dict[str, Any]:
+        full = Tool.schema(self)["function"]
+        return {"type": "function", "function": {**full, "parameters": compact_schema(full["parameters"])}}
+
+
 def build_tools() -> list[Tool]:
-    return [Tool(name, description, params, handler, strategy=NAME) for name, description, params, handler in TOOLS]  # type: ignore[arg-type]
+    return [_CompactTool(name, description, params, handler, strategy=NAME) for name, description, params, handler in TOOLS]  # type: ignore[arg-type]
