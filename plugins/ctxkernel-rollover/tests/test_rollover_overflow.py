@@ -137,3 +137,20 @@ def test_a_rollover_that_cannot_be_done_fails_loud_and_leaves_the_surface(spied)
     assert "[rollover]" in request.messages[-1].text and "nothing was summarised" in request.messages[-1].text
     assert spy.calls == [] and summarizer.calls == []
     assert state_of(session).pending is None  # the failed intent is not retried forever
+
+
+def test_each_new_overflow_gets_its_own_protective_rollover(spied):
+    kernel, spy, summarizer = spied
+    session = kernel.open_session()
+    count = {"n": 0}
+
+    def script(messages, system, tools):
+        count["n"] += 1
+        return Message.assistant("", [call(f"r{count['n']}", "read_file", path="x")]) if count["n"] < 40 else Message.assistant("done")
+
+    model = ScriptedModel(script, overflow_above=4_000)  # far below the profile's window: many overflows
+    session.user("work")
+    errors, finished = run_with_retries(session, model, "data line\n" * 300)
+    assert finished and len(errors) >= 3
+    assert sum(s["trigger"] == "overflow" for s in rollover_summaries(session)) == len(errors)
+    assert spy.calls == [] and summarizer.calls == []

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 import ctxkernel
 from ctxkernel import ContextOverflowError, EventSpec, Message, Source
-from ctxkernel.events import USER_MESSAGE, append_op
+from ctxkernel.events import ASSISTANT_MESSAGE, USER_MESSAGE, append_op
 
 from .state import NAME, REMINDER_KEY, state_of
 from .switch import RolloverError, ensure_window, notes_of, switch
@@ -194,6 +194,9 @@ def request_error(session: Session, error: ModelError) -> bool | None:
         return None
     state = state_of(session)
     settings: RolloverSettings = session.settings(NAME)  # type: ignore[assignment]
+    if state.overflow_streak and any(e.type == ASSISTANT_MESSAGE for e in session.events[state.overflow_at:]):
+        state.overflow_streak = 0  # the model answered since the last overflow: this one is new
+    state.overflow_at = session.next_seq
     fresh = state.seed_seq is not None and _fresh(session)
     if state.overflow_streak >= settings.overflow_retries + 1 or (fresh and state.overflow_streak > 0):
         state.overflow_streak = 0

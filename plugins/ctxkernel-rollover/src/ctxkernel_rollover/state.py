@@ -55,6 +55,7 @@ class RolloverState:
     # switch on an unchanged surface, and counts overflow retries
     last_failed_at: tuple[str | None, int] | None = None
     overflow_streak: int = 0
+    overflow_at: int = 0  # log length when the last overflow was handled
     #: seqs of the user's own messages: the first one, and the most recent ones
     first_instruction: int | None = None
     instructions: list[int] = field(default_factory=list)
