@@ -15,7 +15,6 @@ import structlog
 
 from ctxkernel import CtxKernelError, Message, Source, Span
 from ctxkernel.events import TURN_START, USER_MESSAGE
-from ctxkernel.meter import MESSAGE_OVERHEAD
 from ctxkernel.recall.notes import Notes, NotesLimits
 
 from .seed import REMAINING_PLACEHOLDER, SeedInput, render_seed
@@ -176,7 +175,7 @@ def _switch(session: Session, settings: RolloverSettings, trigger: str, intent: 
     if not exact and seed_tokens > 0.02 * pressure.effective_window:
         # the byte bound would understate the remaining room by more than 2% of the window
         seed_tokens = session.meter.count_text(text)
-    seed_tokens += MESSAGE_OVERHEAD
+    seed_tokens += session.meter.count_message(Message.user(""))  # the per-message framing
     if seed_tokens > max(budget, 1) and trigger != "manual":
         msg = (
             f"the smallest seed costs {seed_tokens} tokens, over its budget of {budget} "
