@@ -45,7 +45,7 @@ from ctxkernel.store.sqlite import SqliteStore
 TARGETS = {
     "append": {"jsonl": 0.3, "sqlite": 0.3, "postgres": 0.15},
     "append_batch100": {"jsonl": 0.3, "sqlite": 0.3, "postgres": 0.1},
-    "cold_read": {"jsonl": 0.1, "sqlite": 0.1, "postgres": 0.1},
+    "cold_read": {"jsonl": 0.1, "sqlite": 0.1, "postgres": 0.05},
 }
 PAYLOAD = "x" * 160  # about the size of a small kernel event
 
