@@ -24,7 +24,8 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m pip install -q -r benchmarks/requirements.txt
-	$(PY) benchmarks/run.py
+	$(PY) benchmarks/run.py --out benchmarks/results/latest.jsonl
+	$(PY) benchmarks/tables.py benchmarks/results/latest.jsonl > benchmarks/results/latest.md
 
 # crash proof at scale: 100+ SIGKILL trials per store backend (PostgreSQL from test-services.sh)
 stress: $(STAMP)
