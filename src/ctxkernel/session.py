@@ -22,6 +22,8 @@ import hashlib
 import os
 import socket
 import threading
+import uuid
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -178,7 +180,11 @@ class Session:
         self.harness_tools: list[dict[str, Any]] = []
         #: per-strategy state, keyed by strategy name; strategies rebuild it from the log
         self.state: dict[str, Any] = {}
-        self.holder = {"host": socket.gethostname(), "pid": os.getpid()}
+        # who holds a compaction lock: host and pid, plus a token naming this Session object so a
+        # second Session on the same id in this process does not take a live lock for a dead one
+        self.holder = {"host": socket.gethostname(), "pid": os.getpid(), "token": uuid.uuid4().hex}
+        _LIVE_HOLDERS.add(self.holder["token"])
+        weakref.finalize(self, _LIVE_HOLDERS.discard, self.holder["token"])
         self._lock = threading.RLock()
         # derived from the log by _track
         self.turn = 0
@@ -609,7 +615,11 @@ class Session:
     # -- recovery --------------------------------------------------------------------------------------
     def repair_after_crash(self) -> list[int]:
         """Close what a crashed writer left open: pending calls get error results, the step and
-        turn get ``interrupted`` closers, an abandoned compaction gets its error end."""
+        turn get ``interrupted`` closers, an abandoned compaction gets its error end.
+
+        A turn that waits between steps (no step open, no call pending) is left open: it is a
+        consistent state the harness can continue with ``prepare_request`` or close with
+        ``end_turn``, and closing it would break a worker that is still using it."""
         batch: list[EventSpec] = []
         oc = self.open_compaction
         if oc is not None and _holder_is_dead(oc.get("holder") or {}):
@@ -642,6 +652,9 @@ class Session:
         }
 
 
+_LIVE_HOLDERS: set[str] = set()
+
+
 def _holder_is_dead(holder: dict[str, Any]) -> bool:
     if holder.get("host") != socket.gethostname():
         return False  # another host: we cannot tell, so we never steal its lock
@@ -649,7 +662,8 @@ def _holder_is_dead(holder: dict[str, Any]) -> bool:
     if not isinstance(pid, int):
         return True
     if pid == os.getpid():
-        return True  # our own process reopening: the holder is gone with the old session object
+        # our own process: dead unless the Session object that took the lock is still alive
+        return holder.get("token") not in _LIVE_HOLDERS
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -155,7 +155,10 @@ def request_error(session: Session, error: ModelError) -> bool | None:
         return False
     session.state[NAME]["overflow_streak"] = overflows + 1
     before = session.meter.surface_tokens()
-    keep = int(settings.retain_ratio * session.pressure().effective_window) // 2
+    window = session.pressure().effective_window
+    if error.limit:  # the provider's real limit wins over a profile that overstates the window
+        window = min(window, error.limit)
+    keep = int(settings.retain_ratio * window) // 2
     shrank = compact(session, keep, reason="overflow") and session.meter.surface_tokens() < before
     return shrank
 
