@@ -14,6 +14,7 @@ Per-session state lives in ``session.state["chapters"]``, rebuilt from the log w
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -184,8 +185,13 @@ def move_large_results(session: Session, settings: ChaptersSettings, st: dict[st
         if tokens <= threshold:
             continue
         root = registry.root_of(session.id)
-        handle, _ = artifacts.store(archive.archive_dir(session, settings), root, content)
-        text = artifact_handle_text(handle, content, tokens, settings.artifact_preview_chars)
+        handle = artifacts.handle_for(root, hashlib.sha256(content.encode("utf-8")).hexdigest())
+        # the preview stays well inside the band, and a handle that would not save tokens (a tiny
+        # window) leaves the result where it is
+        text = artifact_handle_text(handle, content, tokens, min(settings.artifact_preview_chars, threshold // 2))
+        if session.meter.count_text(text) >= tokens:
+            continue
+        artifacts.store(archive.archive_dir(session, settings), root, content)
         session.replace_tool_result(seq, text, strategy=NAME, reason="artifact")
         st["artifact_done"].add(seq)
         moved.append(seq)
@@ -279,7 +285,7 @@ def toc_for_region(
     extra = [n.message.text for n in nodes if n.role == "user" and n.message.source.kind == "plugin"
              and n.event.surface.get("op") == "replace" and not _is_chapters_toc(n)]
     own = [r for r in (Registry(session.store).get(session.id) or {}).get("chapters", [])
-           if r.get("status") == "final" and r["end_seq"] <= boundary]
+           if r.get("status") == "final" and r["start_seq"] <= boundary]
     cited = {key for text in previous for key in toc.parse(text).bullets}
     label = archive.archive_label(settings)
     fresh = [r for r in own if f"{label}/{r['path']}" not in cited]
