@@ -241,3 +241,29 @@ def test_a_tampered_ancestor_chapter_is_reported_not_cited(parent):
     assert f"[chapters/{good['path']}]" in seed
     # its bullet from the child's own table of contents is withdrawn too
     assert f"[chapters/{bad['path']}]" not in seed
+
+
+def test_the_handoff_note_is_never_truncated(parent):
+    ends = _turn_ends(parent)
+    note = "\n\n".join(f"Point {i}: the lexer keeps state {i} across calls; see commit {i:04x}." for i in range(40))
+    data = result_json(call_tool(parent, "chapters_continue", title="t", handoff_note=note, chapters=_ranges((0, ends[-1]))))
+    seed = parent.kernel.open_session(data["session"]).events[0].data["message"]["content"][0]["text"]
+    assert note in seed
+
+
+def test_the_steward_does_not_try_a_continuation_that_would_be_refused(tmp_path):
+    from ctxkernel_chapters import plugin as chapters_plugin
+
+    kernel = chapters_kernel(tmp_path, window=6_000, continuation_budget_ratio=0.01, pressure_suggestion_ratio=0.3)
+    session = kernel.open_session()
+    model = None
+    for t in range(40):
+        model = run_turns(session, 1, start=t, model=model)
+        if chapters_plugin.state(session)["suggested"]:
+            break
+    session.user("next")
+    request = session.prepare_request()
+    before = log_bytes(session)
+    assert session.kernel.hooks.steward_actions(session, request) == []
+    assert log_bytes(session) == before
+    assert not [f for f in archive_files(tmp_path) if "/chapters/" in f]  # the dry run wrote no chapter
