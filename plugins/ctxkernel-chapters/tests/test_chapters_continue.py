@@ -263,6 +263,7 @@ def test_the_steward_does_not_try_a_continuation_that_would_be_refused(tmp_path)
             break
     session.user("next")
     request = session.prepare_request()
+    assert chapters_plugin.state(session)["suggested"] and request.pressure.ratio >= 0.3
     before = log_bytes(session)
     assert session.kernel.hooks.steward_actions(session, request) == []
     assert log_bytes(session) == before
