@@ -96,3 +96,11 @@ def test_chapters_passes_the_kernel_conformance_suite(tmp_path):
     report = check_conformance(tmp_path, ["chapters"])
     assert report.compactions >= 2 and report.peak_prompt_tokens <= report.effective_window
     assert report.restarts_checked and report.refusals_checked
+
+
+def test_every_setting_is_documented_in_the_readme():
+    from ctxkernel_chapters.settings import ChaptersSettings
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    missing = [name for name in ChaptersSettings.model_fields if f"`{name}`" not in readme]
+    assert not missing, f"README.md does not document {missing}"
