@@ -4,7 +4,8 @@ A writer process (``python -m ctxkernel.testing_crash SPEC SESSION ACKS SEED HOM
 on the ``basic`` strategy with a small window, so it compacts every few steps, and after every
 batch the store acknowledges it appends ``first count sha256`` to the ACKS file. It sleeps a
 random moment inside each compaction transaction (right after ``compaction/start``), so that kills
-land there too. The parent kills it with SIGKILL after a random delay, then checks
+land there too. The parent kills it with SIGKILL after a random delay (and every few trials, for
+certain, while it waits inside a compaction transaction), then checks
 (:func:`verify_session`):
 
 * the log reads back as contiguous seqs and replays into a surface (no corruption);
@@ -40,6 +41,7 @@ from .store.base import EventStore
 from .store.cli import event_bytes, open_store
 
 READY = "ready"
+INSIDE = "inside"  # written when a compaction transaction is open and the writer waits in it
 
 
 def batch_hash(events: Sequence[Event]) -> str:
@@ -52,12 +54,13 @@ def batch_hash(events: Sequence[Event]) -> str:
 class AckingStore:
     """Wraps a store: records each acknowledged batch, and dawdles inside compactions."""
 
-    def __init__(self, inner: EventStore, acks: Path, rng: random.Random, pause: float) -> None:
+    def __init__(self, inner: EventStore, acks: Path, rng: random.Random, pause: float, hold: bool = False) -> None:
         self._inner = inner
         self.backend = inner.backend
         self._fd = os.open(acks, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._rng = rng
         self._pause = pause
+        self._hold = hold
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -70,17 +73,21 @@ class AckingStore:
         self._inner.append(session_id, events, expected_seq)
         self.ack(f"{events[0].seq} {len(events)} {batch_hash(events)}")
         if events[-1].type == COMPACTION_START:
+            if self._hold:  # the parent kills us here, for sure inside the transaction
+                self.ack(INSIDE)
+                time.sleep(60)
             time.sleep(self._rng.uniform(0, self._pause))  # inside the transaction: a kill lands here
 
 
 def writer_main(argv: Sequence[str]) -> int:
     spec, session_id, acks, seed, home = argv[0], argv[1], Path(argv[2]), int(argv[3]), argv[4]
+    hold = len(argv) > 5 and argv[5] == "hold"
     from .kernel import Kernel
     from .messages import Message, ToolCallBlock
     from .testing import make_profile
 
     rng = random.Random(seed)
-    store = AckingStore(open_store(spec), acks, rng, pause=0.03)
+    store = AckingStore(open_store(spec), acks, rng, pause=0.03, hold=hold)
     profile = make_profile(model={"context_window": 3000, "reserved_output_tokens": 500})
     # the home is the parent's scratch folder: a killed writer cleans nothing up
     kernel = Kernel(profile, store=store, home=home, entry_points=False)  # type: ignore[arg-type]
@@ -104,14 +111,14 @@ def writer_main(argv: Sequence[str]) -> int:
 class Acks:
     batches: list[tuple[int, int, str]] = field(default_factory=list)
 
-    def read(self, path: Path) -> bool:
-        """Add the acknowledged batches in ``path``; True when the writer got ready."""
+    def read(self, path: Path, marker: str = READY) -> bool:
+        """Add the acknowledged batches in ``path``; True when the writer wrote ``marker``."""
         ready = False
         if not path.exists():
             return False
         for line in path.read_text().splitlines():
-            if line == READY:
-                ready = True
+            if line in (READY, INSIDE):
+                ready = ready or line == marker
             elif line:
                 first, count, digest = line.split()
                 self.batches.append((int(first), int(count), digest))
@@ -217,8 +224,14 @@ def _check_compactions(events: Sequence[Event]) -> dict[str, Any]:
     return {"committed_ids": committed, "interrupted": interrupted}
 
 
-def run_trials(spec: str, trials: int, *, seed: int = 0, max_delay: float = 0.4, session_id: str = "crash") -> TrialReport:
-    """SIGKILL ``trials`` writers on the store ``spec`` and verify after each one."""
+def run_trials(
+    spec: str, trials: int, *, seed: int = 0, max_delay: float = 0.4, session_id: str = "crash", hold_every: int = 4
+) -> TrialReport:
+    """SIGKILL ``trials`` writers on the store ``spec`` and verify after each one.
+
+    Most kills come after a random delay; every ``hold_every``-th trial instead waits until the
+    writer is inside a compaction transaction and kills it there, so that case is always covered.
+    """
     rng = random.Random(seed)
     store = open_store(spec)
     report = TrialReport(backend=store.backend)
@@ -226,11 +239,12 @@ def run_trials(spec: str, trials: int, *, seed: int = 0, max_delay: float = 0.4,
     with tempfile.TemporaryDirectory() as scratch:
         for trial in range(trials):
             ack_path = Path(scratch) / f"acks-{trial}"
+            hold = hold_every > 0 and trial % hold_every == hold_every - 1
             err_path = Path(scratch) / f"stderr-{trial}"
             with open(err_path, "wb") as err_file:  # a file, not a pipe: a full pipe would stall the writer
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "ctxkernel.testing_crash", spec, session_id, str(ack_path),
-                     str(rng.randrange(2**31)), scratch],
+                     str(rng.randrange(2**31)), scratch, "hold" if hold else "random"],
                     stdout=subprocess.DEVNULL,
                     stderr=err_file,
                 )
@@ -242,7 +256,16 @@ def run_trials(spec: str, trials: int, *, seed: int = 0, max_delay: float = 0.4,
                     err = err_path.read_text(errors="replace")
                     raise CrashCheckError(f"trial {trial}: the writer did not start (exit {proc.returncode}):\n{err[-3000:]}")
                 time.sleep(0.005)
-            time.sleep(rng.uniform(0, max_delay))
+            if hold:
+                while not Acks().read(ack_path, INSIDE):
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        proc.kill()
+                        proc.wait()
+                        err = err_path.read_text(errors="replace")
+                        raise CrashCheckError(f"trial {trial}: the writer never opened a compaction:\n{err[-3000:]}")
+                    time.sleep(0.005)
+            else:
+                time.sleep(rng.uniform(0, max_delay))
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             if proc.returncode != -signal.SIGKILL:

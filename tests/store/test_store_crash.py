@@ -17,12 +17,14 @@ def test_jsonl_survives_sigkill(tmp_path, proof_line):
     report = run_trials(f"jsonl:{tmp_path}", TRIALS, seed=1)
     proof_line(report.line())
     assert report.trials == TRIALS and report.acknowledged_batches > 0 and report.compactions_committed > 0
+    assert report.killed_inside_compaction >= 1  # the held trial dies inside a transaction
 
 
 def test_sqlite_survives_sigkill(tmp_path, proof_line):
     report = run_trials(f"sqlite:{tmp_path}", TRIALS, seed=2)
     proof_line(report.line())
     assert report.trials == TRIALS and report.acknowledged_batches > 0 and report.compactions_committed > 0
+    assert report.killed_inside_compaction >= 1  # the held trial dies inside a transaction
 
 
 @pytest.mark.postgres
@@ -31,6 +33,7 @@ def test_postgres_survives_sigkill(proof_line):
         report = run_trials(f"postgres:{dsn}", TRIALS, seed=3)
     proof_line(report.line())
     assert report.trials == TRIALS and report.acknowledged_batches > 0 and report.compactions_committed > 0
+    assert report.killed_inside_compaction >= 1  # the held trial dies inside a transaction
 
 
 def test_verifier_catches_a_lost_acknowledged_batch(tmp_path):
