@@ -15,7 +15,7 @@ from .events import utc_now
 from .meter import Tokenizer, get_tokenizer
 from .plugins import StrategyManager, StrategySpec
 from .profile import Profile, format_validation_error, load_profile
-from .session import Session
+from .session import Session, gc_paused
 from .store.base import EventStore, SessionHeader, default_home, store_from_settings
 
 log = structlog.get_logger("ctxkernel.kernel")
@@ -142,17 +142,22 @@ class Kernel:
             if not self.store.exists(session_id):
                 msg = f"no session {session_id!r} in the {self.store.backend} store"
                 raise SessionNotFoundError(msg)
-            if repair:
-                report = self.store.repair(session_id)
-                if report.repaired:
-                    log.warning("torn tail cut", session=session_id, bytes=report.truncated_bytes, reason=report.reason)
-            session = Session(self, self.store.header(session_id))
-            session.refresh()
-            if repair:
-                session.repair_after_crash()
+            with gc_paused():
+                session = self._resume(session_id, repair)
         self.hooks.session_opened(session)
         if session.events:
             session.restore_harness_tools()
+        return session
+
+    def _resume(self, session_id: str, repair: bool) -> Session:
+        if repair:
+            report = self.store.repair(session_id)
+            if report.repaired:
+                log.warning("torn tail cut", session=session_id, bytes=report.truncated_bytes, reason=report.reason)
+        session = Session(self, self.store.header(session_id))
+        session.refresh()
+        if repair:
+            session.repair_after_crash()
         return session
 
     def sessions(self) -> list[str]:

@@ -18,13 +18,15 @@ another) replays the same surface, pressure anchor, open turn and strategy state
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import os
 import socket
 import threading
 import uuid
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -220,11 +222,13 @@ class Session:
     def refresh(self) -> int:
         """Fold events other writers appended since we last looked; returns how many."""
         with self._lock:
-            if self.store.next_seq(self.id) == len(self.events):
+            behind = self.store.next_seq(self.id) - len(self.events)
+            if behind <= 0:
                 return 0
-            new = list(self.store.read(self.id, len(self.events)))
-            for event in new:
-                self._fold(event)
+            with gc_paused(behind > 1_000):
+                new = list(self.store.read(self.id, len(self.events)))
+                for event in new:
+                    self._fold(event)
             return len(new)
 
     def _fold(self, event: Event, message: Message | None = None, *, checked: bool = False) -> None:
@@ -653,6 +657,22 @@ class Session:
 
 
 _LIVE_HOLDERS: set[str] = set()
+
+
+@contextlib.contextmanager
+def gc_paused(pause: bool = True) -> Iterator[None]:
+    """Pause cyclic garbage collection for a bulk load.
+
+    A cold open allocates an object graph per event and none of it is garbage; collections
+    during the load only rescan it (measured: about half of a 100k-event open)."""
+    if not pause or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def _holder_is_dead(holder: dict[str, Any]) -> bool:
