@@ -1,14 +1,17 @@
 """The ``ctxkernel`` command.
 
 Each subcommand lives in a module with ``register(subparsers)`` that adds its parser and sets
-``func``; :data:`COMMAND_MODULES` lists them so that features (simulate, store) keep their
-command next to their code.
+``func``; :data:`COMMAND_MODULES` lists the kernel's own, so that features (simulate, store) keep
+their command next to their code. Installed distributions add theirs through entry points of
+group ``ctxkernel.commands`` naming such a module (``ctxkernel chapters manifest`` comes from the
+chapters strategy this way).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 from collections.abc import Sequence
 
@@ -23,6 +26,9 @@ COMMAND_MODULES: tuple[str, ...] = (
     "ctxkernel.store.cli",
     "ctxkernel.simulate.cli",
 )
+
+#: entry-point group through which installed distributions add subcommands
+COMMAND_ENTRY_POINTS = "ctxkernel.commands"
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 
@@ -41,6 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
         except ModuleNotFoundError as exc:
             if exc.name != module:
                 raise
+    for ep in sorted(importlib.metadata.entry_points(group=COMMAND_ENTRY_POINTS), key=lambda e: e.name):
+        try:
+            ep.load().register(sub)
+        except Exception as exc:  # a broken plugin must not take the whole CLI down: say which one
+            print(f"ctxkernel: command plugin {ep.name!r} ({ep.value}) failed to load: {exc}", file=sys.stderr)
     return parser
 
 

@@ -146,6 +146,11 @@ def test_cli_manifest_and_segment(tmp_path):
     assert proposal["floor"] == ends[-1] + 1 and proposal["chapters"] == []  # everything is archived already
     missing = subprocess.run([*cli, "manifest", "nope", "--profile", str(profile)], capture_output=True, text=True, env=env, cwd=REPO)
     assert missing.returncode == 1 and "no session" in missing.stderr
+    # the same command through the kernel's CLI (entry-point group ctxkernel.commands)
+    kernel_cli = [sys.executable, "-m", "ctxkernel.cli", "chapters"]
+    out = subprocess.run([*kernel_cli, "manifest", data["session"], "--profile", str(profile)], capture_output=True, text=True, env=env, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert [c["session"] for c in json.loads(out.stdout)["chain"]] == [session.id, data["session"]]
 
 
 _PROSE = st.lists(
