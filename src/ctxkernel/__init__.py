@@ -5,7 +5,16 @@ Integrators use :class:`Kernel` and :class:`Session`; strategy authors implement
 :class:`StrategySpec`. Test helpers live in :mod:`ctxkernel.testing`.
 """
 
-from .compaction import CommitResult, Region, Span, Summary, balanced_cut_at_or_before, head_region, whole_surface_but_last
+from .compaction import (
+    SUMMARY_SECTIONS,
+    CommitResult,
+    Region,
+    Span,
+    Summary,
+    balanced_cut_at_or_before,
+    head_region,
+    whole_surface_but_last,
+)
 from .errors import (
     CompactionBusyError,
     CompactionError,
@@ -78,6 +87,7 @@ __all__ = [
     "Span",
     "StepContext",
     "StoreError",
+    "SUMMARY_SECTIONS",
     "StrategySpec",
     "Summary",
     "SurfaceChangedError",

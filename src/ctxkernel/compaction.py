@@ -41,6 +41,19 @@ if TYPE_CHECKING:
 CHECKPOINT_OPEN = "<context-checkpoint>"
 CHECKPOINT_CLOSE = "</context-checkpoint>"
 
+#: the eight headings of a summary, in order: the built-in ``basic`` directive and extractive
+#: summary and the handoff strategy both use them, so a summary from either reads the same
+SUMMARY_SECTIONS: tuple[str, ...] = (
+    "Primary Request and Intent",
+    "Key Technical Concepts",
+    "Files and Code",
+    "Errors and Fixes",
+    "Pending Jobs",
+    "Current Work",
+    "Next Step",
+    "Critical Context",
+)
+
 
 @dataclass(frozen=True)
 class Summary:

@@ -7,6 +7,8 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ctxkernel import SUMMARY_SECTIONS
+
 from ctxkernel_handoff.clip import (
     MARKER,
     clip_sections,
@@ -17,20 +19,9 @@ from ctxkernel_handoff.clip import (
     split_pieces,
 )
 
-SECTIONS = (
-    "Primary Request and Intent",
-    "Key Technical Concepts",
-    "Files and Code",
-    "Errors and Fixes",
-    "Pending Jobs",
-    "Current Work",
-    "Next Step",
-    "Critical Context",
-)
-
 
 def reply(sizes: dict[str, int], preamble: str = "") -> str:
-    return preamble + "\n\n".join(f"## {name}\n" + ("x" * sizes.get(name, 300)) for name in SECTIONS)
+    return preamble + "\n\n".join(f"## {name}\n" + ("x" * sizes.get(name, 300)) for name in SUMMARY_SECTIONS)
 
 
 def kept_of(result, name):
@@ -47,7 +38,7 @@ def test_every_section_keeps_its_heading_and_files_give_ground_first():
     text = reply({"Files and Code": 6_000, "Critical Context": 2_000, "Next Step": 2_000})
     result = clip_sections(text, 4_000)
     assert len(result.text) <= 4_000
-    for name in SECTIONS:
+    for name in SUMMARY_SECTIONS:
         assert f"## {name}\n" in result.text
     files_kept, files_orig = kept_of(result, "Files and Code")
     critical_kept, critical_orig = kept_of(result, "Critical Context")
@@ -62,7 +53,7 @@ def test_every_section_keeps_its_heading_and_files_give_ground_first():
 
 
 def test_critical_context_written_last_survives_an_overrun():
-    text = reply({name: 1_500 for name in SECTIONS})
+    text = reply({name: 1_500 for name in SUMMARY_SECTIONS})
     result = clip_sections(text, 5_000)
     tail = result.text.split("## Critical Context\n")[1]
     assert len(tail) > 600  # a plain tail cut would have deleted it entirely
@@ -138,7 +129,7 @@ def test_split_pieces_round_trips():
     text = "preamble\n" + reply({"Files and Code": 50})
     pieces = split_pieces(text)
     assert "".join(p.text for p in pieces) == text
-    assert pieces[0].name == "(preamble)" and [p.name for p in pieces[1:]] == list(SECTIONS)
+    assert pieces[0].name == "(preamble)" and [p.name for p in pieces[1:]] == list(SUMMARY_SECTIONS)
 
 
 section_text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=600)
@@ -152,7 +143,7 @@ section_text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)),
 )
 def test_clip_properties(bodies, fenced, budget):
     text = "\n\n".join(
-        f"## {SECTIONS[i]}\n" + (f"```\n{body}\n```" if fenced[i] else body) for i, body in enumerate(bodies)
+        f"## {SUMMARY_SECTIONS[i]}\n" + (f"```\n{body}\n```" if fenced[i] else body) for i, body in enumerate(bodies)
     )
     result = clip_with_receipt(text, budget, "win_1_summary")
     # within budget, receipt included
@@ -166,7 +157,7 @@ def test_clip_properties(bodies, fenced, budget):
         source = {p.name: p for p in split_pieces(text)}
         clipped = {name for name, _, _ in result.shortened}
         for i in range(len(bodies)):
-            assert re.search(rf"(^|\n)## {re.escape(SECTIONS[i])}\n", result.text)
+            assert re.search(rf"(^|\n)## {re.escape(SUMMARY_SECTIONS[i])}\n", result.text)
         for piece in split_pieces(result.text):
             if piece.name in clipped and piece.name in source and open_fence(source[piece.name].body) is None and not any("refused" in n for n in result.notes):
                 assert open_fence(piece.body.replace(MARKER, "")) is None

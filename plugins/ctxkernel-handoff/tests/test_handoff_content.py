@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from ctxkernel import Message, ModelError, Reply, ScriptedModel, ToolCallBlock
+from ctxkernel import SUMMARY_SECTIONS, Message, ModelError, Reply, ScriptedModel, ToolCallBlock
 from ctxkernel.recall.history import History
 from ctxkernel.recall.notes import Notes
 
@@ -104,9 +104,7 @@ def test_note_previews_cannot_eat_the_body(handoff_kernel, agent):
     assert len(body) > 1_000
 
 
-SECTIONED = "\n\n".join(f"## {name}\n" + f"{name} detail. " * 20 for name in (
-    "Primary Request and Intent", "Key Technical Concepts", "Files and Code", "Errors and Fixes",
-    "Pending Jobs", "Current Work", "Next Step", "Critical Context"))
+SECTIONED = "\n\n".join(f"## {name}\n" + f"{name} detail. " * 20 for name in SUMMARY_SECTIONS)
 
 
 def test_generated_calls_the_summarizer_exactly_once_and_records_it(handoff_kernel, agent):
@@ -183,8 +181,7 @@ def test_a_long_generated_reply_is_clipped_by_priority_with_a_receipt(handoff_ke
     kernel, session, _ = build_session(handoff_kernel, agent, max_chars=8_000, summary="generated", instruction_chars=200)
     big = "\n\n".join(
         f"## {name}\n" + (f"{name} line.\n" * (400 if name == "Files and Code" else 30))
-        for name in ("Primary Request and Intent", "Key Technical Concepts", "Files and Code", "Errors and Fixes",
-                     "Pending Jobs", "Current Work", "Next Step", "Critical Context")
+        for name in SUMMARY_SECTIONS
     )
     kernel.summarizer = ScriptedModel([big])
     assert ctxkernel_handoff.compact_now(session).committed

@@ -20,7 +20,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 import ctxkernel
-from ctxkernel.compaction import CHECKPOINT_CLOSE, CHECKPOINT_OPEN, Span, Summary, head_region
+from ctxkernel.compaction import CHECKPOINT_CLOSE, CHECKPOINT_OPEN, SUMMARY_SECTIONS, Span, Summary, head_region
 from ctxkernel.errors import CompactionError, ContextOverflowError, ModelError
 from ctxkernel.messages import Message
 
@@ -31,22 +31,11 @@ if TYPE_CHECKING:
 NAME = "basic"
 log = structlog.get_logger("ctxkernel.basic")
 
-SECTIONS = (
-    "Primary Request and Intent",
-    "Key Technical Concepts",
-    "Files and Code",
-    "Errors and Fixes",
-    "Pending Jobs",
-    "Current Work",
-    "Next Step",
-    "Critical Context",
-)
-
 DIRECTIVE = (
     "Your task is to write a summary of the conversation so far that lets work continue "
     "without it. Write exactly these eight sections, in this order, each as a '## ' heading, "
     "writing '(none)' under a section with nothing to say and never dropping a section: "
-    + "; ".join(SECTIONS)
+    + "; ".join(SUMMARY_SECTIONS)
     + ". Quote the user's instructions verbatim where they still apply. If the conversation "
     "begins with an earlier summary, merge it into yours instead of copying it."
 )
@@ -220,7 +209,7 @@ def _previous_sections(text: str) -> dict[str, list[str]]:
 
 def extractive_summary(messages: list[Message], *, max_chars: int = 12_000) -> str:
     """Eight sections built from the messages alone: deterministic and model-free."""
-    found: dict[str, list[str]] = {s: [] for s in SECTIONS}
+    found: dict[str, list[str]] = {s: [] for s in SUMMARY_SECTIONS}
     last_assistant = ""
     tools_used: list[str] = []
     for message in messages:
@@ -258,9 +247,9 @@ def extractive_summary(messages: list[Message], *, max_chars: int = 12_000) -> s
         found["Current Work"].append(_clip(last_assistant, 800))
         tail = re.split(r"(?<=[.!?])\s+", last_assistant.strip())[-1]
         found["Next Step"].append(f"continue from: {_clip(tail, 300)}")
-    budget = max_chars // len(SECTIONS)
+    budget = max_chars // len(SUMMARY_SECTIONS)
     parts = []
-    for section in SECTIONS:
+    for section in SUMMARY_SECTIONS:
         bullets = list(dict.fromkeys(found[section]))  # de-duplicate, keep order
         lines: list[str] = []
         used = 0

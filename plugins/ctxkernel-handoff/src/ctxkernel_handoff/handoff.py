@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import structlog
 
-from ctxkernel import Message, Source, Summary
+from ctxkernel import SUMMARY_SECTIONS, Message, Source, Summary
 from ctxkernel.recall.history import History
 from ctxkernel.recall.notes import Note, render_note
 
@@ -59,24 +59,13 @@ HANDOFF_NOTE = "handoff.md"
 HANDOFF_LOG_NOTE = "handoff-log.md"
 NOTES_PREFIX = "self/notes/"
 
-SECTIONS = (
-    "Primary Request and Intent",
-    "Key Technical Concepts",
-    "Files and Code",
-    "Errors and Fixes",
-    "Pending Jobs",
-    "Current Work",
-    "Next Step",
-    "Critical Context",
-)
-
 
 def directive(budget: int) -> str:
     return (
         "Your task is to write the handoff for the next context window: a summary of the conversation so "
         "far that lets the work continue without it. Write exactly these eight sections, in this order, "
         "each as a '## ' heading, writing '(none)' under a section with nothing to say and never dropping "
-        "a section: " + "; ".join(SECTIONS) + ". Quote the user's instructions verbatim where they still "
+        "a section: " + "; ".join(SUMMARY_SECTIONS) + ". Quote the user's instructions verbatim where they still "
         "apply and name the item ids (item_<seq>) of evidence worth re-reading. If the conversation begins "
         "with an earlier handoff, merge it into yours instead of copying it. Keep the whole summary under "
         f"{budget} characters."
