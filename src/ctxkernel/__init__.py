@@ -46,13 +46,14 @@ from .models import ModelAdapter, OpenAIChatModel, Reply, ScriptedModel
 from .plugins import NoSettings, StrategySpec
 from .profile import Profile, load_profile
 from .session import EventSpec, ReplyDraft, Request, Session, StepContext
-from .tools import Tool, ToolArgs, ToolOutcome
+from .tools import CompactTool, Tool, ToolArgs, ToolOutcome, compact_schema
 
 __all__ = [
     "AgentLoop",
     "AsyncAgentLoop",
     "AsyncSession",
     "CommitResult",
+    "CompactTool",
     "CompactionBusyError",
     "CompactionError",
     "ConfigError",
@@ -102,6 +103,7 @@ __all__ = [
     "TurnResult",
     "UnbalancedCutError",
     "balanced_cut_at_or_before",
+    "compact_schema",
     "head_region",
     "hookimpl",
     "load_profile",

@@ -76,6 +76,40 @@ class Tool:
         return self._schema
 
 
+def compact_schema(node: Any) -> Any:
+    """A JSON schema without what a model does not need: titles, ``additionalProperties``, null
+    branches of optional arguments and null defaults; a union of plain types becomes a type list.
+    Tool schemas go with every request and count against the window, so this is worth their tokens."""
+    if isinstance(node, list):
+        return [compact_schema(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in ("title", "additionalProperties") or (key == "default" and value is None):
+            continue
+        if key == "anyOf" and isinstance(value, list):
+            branches = [b for b in value if b != {"type": "null"}]
+            if len(branches) == 1:
+                out.update(compact_schema(branches[0]))
+                continue
+            if all(set(b) == {"type"} and isinstance(b["type"], str) for b in branches):
+                out["type"] = [b["type"] for b in branches]
+                continue
+            value = branches
+        out[key] = compact_schema(value)
+    return out
+
+
+class CompactTool(Tool):
+    """A tool whose schema is :func:`compact_schema` of the pydantic one (validation is unchanged:
+    arguments are still checked against the full pydantic model)."""
+
+    def schema(self) -> dict[str, Any]:
+        function = Tool.schema(self)["function"]
+        return {"type": "function", "function": {**function, "parameters": compact_schema(function["parameters"])}}
+
+
 def describe_validation_error(tool: Tool, exc: ValidationError) -> str:
     """Say which arguments were wrong and what the tool accepts."""
     props = tool.parameters.model_json_schema().get("properties", {})

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import orjson
 from pydantic import Field
 
-from ctxkernel import Tool, ToolArgs, ToolError, ToolOutcome
+from ctxkernel import CompactTool, Tool, ToolArgs, ToolError, ToolOutcome
 from ctxkernel.recall.history import History
 from ctxkernel.recall.notes import NotePathError
 
@@ -261,39 +261,6 @@ def _history_read(session: Session, args: ReadItemArgs) -> str:
     return _json(
         History.for_session(session).read_item(args.id, format=args.format, offset_chars=args.offset_chars, max_chars=args.max_chars)
     )
-
-
-def compact_schema(node: Any) -> Any:
-    """A JSON schema without what the model does not need: titles, null branches of optional
-    arguments and null defaults. The schemas are sent with every request and counted against the
-    window, so ten tools must stay small."""
-    if isinstance(node, list):
-        return [compact_schema(n) for n in node]
-    if not isinstance(node, dict):
-        return node
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        if key in ("title", "additionalProperties") or (key == "default" and value is None):
-            continue
-        if key == "anyOf" and isinstance(value, list):
-            branches = [b for b in value if b != {"type": "null"}]
-            if len(branches) == 1:
-                out.update(compact_schema(branches[0]))
-                continue
-            if all(set(b) == {"type"} and isinstance(b["type"], str) for b in branches):
-                out["type"] = [b["type"] for b in branches]
-                continue
-            value = branches
-        out[key] = compact_schema(value)
-    return out
-
-
-class CompactTool(Tool):
-    """A tool whose schema is :func:`compact_schema` of the pydantic one."""
-
-    def schema(self) -> dict[str, Any]:
-        full = Tool.schema(self)
-        return {"type": "function", "function": {**full["function"], "parameters": compact_schema(full["function"]["parameters"])}}
 
 
 def build_tools() -> list[Tool]:

@@ -7,12 +7,12 @@ first, and each tool writes at most one event, after all its checks passed.
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import orjson
 from pydantic import Field
 
-from ctxkernel import Tool, ToolArgs, ToolOutcome
+from ctxkernel import CompactTool, Tool, ToolArgs, ToolOutcome
 from ctxkernel.recall.history import History
 from ctxkernel.recall.notes import Note, NoteNotFoundError, render_note
 
@@ -258,33 +258,5 @@ TOOLS: tuple[tuple[str, str, type[ToolArgs], object], ...] = (
 )
 
 
-def compact_schema(node: Any) -> Any:
-    """The JSON schema minus what the model does not need (titles, null branches and null
-    defaults of optional arguments): tool schemas go with every request and count against the
-    window, which matters most in the small windows where rollover runs often."""
-    if isinstance(node, list):
-        return [compact_schema(n) for n in node]
-    if not isinstance(node, dict):
-        return node
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        if key in ("title", "additionalProperties") or (key == "default" and value is None):
-            continue
-        if key == "anyOf" and isinstance(value, list):
-            branches = [b for b in value if b != {"type": "null"}]
-            if len(branches) == 1:
-                out.update(compact_schema(branches[0]))
-                continue
-            value = branches
-        out[key] = compact_schema(value)
-    return out
-
-
-class _CompactTool(Tool):
-    def schema(self) -> dict[str, Any]:
-        full = Tool.schema(self)["function"]
-        return {"type": "function", "function": {**full, "parameters": compact_schema(full["parameters"])}}
-
-
 def build_tools() -> list[Tool]:
-    return [_CompactTool(name, description, params, handler, strategy=NAME) for name, description, params, handler in TOOLS]  # type: ignore[arg-type]
+    return [CompactTool(name, description, params, handler, strategy=NAME) for name, description, params, handler in TOOLS]  # type: ignore[arg-type]
