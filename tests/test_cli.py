@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ctxkernel import Kernel, Message, ScriptedModel, ToolCallBlock, load_profile
+from ctxkernel import Kernel, Message, ScriptedModel, load_profile
 from ctxkernel.cli import main
 from ctxkernel.store.jsonl import JsonlStore
 

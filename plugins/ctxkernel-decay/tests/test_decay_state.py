@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from ctxkernel import Message, Span, ToolCallBlock
+from ctxkernel import Span
 from ctxkernel_decay import current_state, replay
 from ctxkernel_decay.plugin import SNAPSHOT_NAMESPACE
 

@@ -7,7 +7,6 @@ import uuid
 import uuid6
 
 import orjson
-import pytest
 from ctxkernel_rollover.state import state_of
 from helpers_rollover import call, rollover_kernel, step
 from hypothesis import given

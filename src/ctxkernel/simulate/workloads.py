@@ -70,7 +70,7 @@ def _test_output(rng: random.Random, failing: int, total: int) -> str:
         lines.append(f"tests/test_{module}.py::test_{_ident(rng)}_{i} {'FAILED' if i in failures else 'PASSED'}")
     for i in sorted(failures):
         lines += ["", f"___________________________ test_case_{i} ___________________________", ""]
-        for depth in range(rng.randint(6, 16)):
+        for _ in range(rng.randint(6, 16)):
             module = rng.choice(_MODULES)
             lines.append(f"src/app/{module}.py:{rng.randint(10, 900)}: in {_ident(rng)}")
             lines.append(f"    {rng.choice(_NOUNS)} = {_ident(rng)}({rng.choice(_NOUNS)}, limit={rng.randint(1, 64)})")

@@ -55,7 +55,7 @@ class Driver:
 
     def calls(self, results: list[str], text: str = "", name: str = "read") -> Any:
         calls = []
-        for r in results:
+        for _ in results:
             self.n += 1
             calls.append(ToolCallBlock(f"c{self.n}", name, {"path": f"f{self.n}.py"}))
         request = self.step(Message.assistant(text, calls))
