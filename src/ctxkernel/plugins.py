@@ -224,12 +224,6 @@ class StrategyManager:
     def is_enabled(self, name: str) -> bool:
         return name in self.specs and name not in self.disabled
 
-    def spec_of(self, plugin: Any) -> StrategySpec | None:
-        for spec in self.specs.values():
-            if spec.plugin is plugin:
-                return spec
-        return None
-
     def hook_names(self, name: str) -> list[str]:
         spec = self.specs[name]
         callers = self.pm.get_hookcallers(spec.plugin) or []

@@ -161,10 +161,6 @@ class ToolRegistry:
             raise PluginConflictError(msg)
         self._tools[tool.name] = tool
 
-    def remove_strategy(self, strategy: str) -> None:
-        for name in [n for n, t in self._tools.items() if t.strategy == strategy]:
-            del self._tools[name]
-
     def schemas(self) -> list[dict[str, Any]]:
         return [t.schema() for t in self._tools.values()]
 

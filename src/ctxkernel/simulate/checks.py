@@ -17,8 +17,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..session import Request, Session
 
-KINDS = ("orphan_call", "orphan_result", "split_group", "citation", "projection")
-
 
 class InvariantChecker:
     """Folds one session's log with its own code and checks each request against it."""
