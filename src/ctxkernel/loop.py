@@ -156,7 +156,36 @@ class _Turn:
         return result
 
 
-class AgentLoop:
+class _LoopBase:
+    """What both loops share: the settings checked once and a fresh :class:`_Turn` per run."""
+
+    def __init__(
+        self,
+        session: Session,
+        model: Any,
+        run_tool: Any,
+        *,
+        tools: list[dict[str, Any]] | None,
+        max_steps: int,
+        max_retries: int,
+    ) -> None:
+        if max_steps < 1:
+            msg = f"max_steps must be at least 1, got {max_steps}"
+            raise ConfigError(msg)
+        self.session = session
+        self.model = model
+        self.run_tool = run_tool
+        self.max_steps = max_steps
+        self.max_retries = max_retries
+        if tools is not None:
+            session.set_harness_tools(tools)
+
+    def _start_turn(self, user: str | Message | None) -> Generator[_Action, Any, TurnResult]:
+        turn = _Turn(self.session, max_steps=self.max_steps, max_retries=self.max_retries, has_tool_runner=self.run_tool is not None)
+        return turn.run(user)
+
+
+class AgentLoop(_LoopBase):
     """Run turns of ``session`` against ``model`` (any :class:`ctxkernel.ModelAdapter`).
 
     :param run_tool: the harness's own tools: called with each call the kernel does not own;
@@ -178,22 +207,12 @@ class AgentLoop:
         max_steps: int = 50,
         max_retries: int = 3,
     ) -> None:
-        if max_steps < 1:
-            msg = f"max_steps must be at least 1, got {max_steps}"
-            raise ConfigError(msg)
-        self.session = session
-        self.model = model
-        self.run_tool = run_tool
-        self.max_steps = max_steps
-        self.max_retries = max_retries
-        if tools is not None:
-            session.set_harness_tools(tools)
+        super().__init__(session, model, run_tool, tools=tools, max_steps=max_steps, max_retries=max_retries)
 
     def run(self, user: str | Message | None = None) -> TurnResult:
         """Run one turn: append ``user`` (or continue a turn already opened) and loop until the
         model owes nothing more. Raises the model error when it was not retried."""
-        turn = _Turn(self.session, max_steps=self.max_steps, max_retries=self.max_retries, has_tool_runner=self.run_tool is not None)
-        gen = turn.run(user)
+        gen = self._start_turn(user)
         send: Any = None
         throw: BaseException | None = None
         while True:
@@ -271,7 +290,7 @@ class AsyncSession:
         return self.session.pending_calls
 
 
-class AsyncAgentLoop:
+class AsyncAgentLoop(_LoopBase):
     """:class:`AgentLoop` for asyncio harnesses.
 
     ``model`` may be synchronous (``complete`` runs in a thread) or asynchronous (an
@@ -290,17 +309,8 @@ class AsyncAgentLoop:
         max_steps: int = 50,
         max_retries: int = 3,
     ) -> None:
-        if max_steps < 1:
-            msg = f"max_steps must be at least 1, got {max_steps}"
-            raise ConfigError(msg)
-        self.session = session
+        super().__init__(session, model, run_tool, tools=tools, max_steps=max_steps, max_retries=max_retries)
         self.facade = AsyncSession(session)
-        self.model = model
-        self.run_tool = run_tool
-        self.max_steps = max_steps
-        self.max_retries = max_retries
-        if tools is not None:
-            session.set_harness_tools(tools)
 
     async def _complete(self, action: _CallModel) -> Reply:
         acomplete = getattr(self.model, "acomplete", None)
@@ -321,8 +331,7 @@ class AsyncAgentLoop:
 
     async def run(self, user: str | Message | None = None) -> TurnResult:
         """Run one turn (see :meth:`AgentLoop.run`)."""
-        turn = _Turn(self.session, max_steps=self.max_steps, max_retries=self.max_retries, has_tool_runner=self.run_tool is not None)
-        gen = turn.run(user)
+        gen = self._start_turn(user)
         send: Any = None
         throw: BaseException | None = None
 
