@@ -17,20 +17,24 @@ from .errors import EventError
 from .messages import Message, ReasoningBlock, Source, TextBlock, ToolCallBlock, ToolResultBlock
 
 
+def arguments_from_json(text: str) -> dict[str, Any]:
+    """Tool call arguments from the JSON string a provider sent: an object as is, any other JSON
+    value as ``{"_value": value}``, and text that does not parse as ``{"_raw": text}`` (kept as
+    the model sent it, so the tool layer can report it as invalid JSON)."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return {"_raw": text}
+    return value if isinstance(value, dict) else {"_value": value}
+
+
 def _parse_arguments(raw: Any, where: str) -> dict[str, Any]:
     if raw is None or raw == "":
         return {}
     if isinstance(raw, dict):
         return raw
     if isinstance(raw, str):
-        try:
-            value = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            # keep what the model sent: the tool layer reports it as invalid JSON
-            return {"_raw": raw}
-        if isinstance(value, dict):
-            return value
-        return {"_value": value}
+        return arguments_from_json(raw)
     msg = f"{where}: tool call arguments must be a JSON object or string, got {type(raw).__name__}"
     raise EventError(msg)
 

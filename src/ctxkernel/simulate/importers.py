@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from ..convert import _content_text, from_anthropic_message, from_openai_message
+from ..convert import _content_text, arguments_from_json, from_anthropic_message, from_openai_message
 from ..errors import EventError
 from ..events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, TOOL_RESULT, TURN_END, USER_MESSAGE, Event
 from ..messages import Message, ReasoningBlock, Source, TextBlock, ToolCallBlock
@@ -490,14 +490,11 @@ def import_codex(path: Path, run: int | None, lenient: bool) -> Recording:
 
 
 def _json_arguments(raw: Any) -> dict[str, Any]:
+    # lenient, unlike convert's: a recording with odd arguments still replays
     if isinstance(raw, dict):
         return raw
     if isinstance(raw, str):
-        try:
-            value = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            return {"_raw": raw}
-        return value if isinstance(value, dict) else {"_value": value}
+        return arguments_from_json(raw)
     return {}
 
 
