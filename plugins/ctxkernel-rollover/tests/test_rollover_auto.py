@@ -77,7 +77,7 @@ def test_reminder_is_not_repeated_after_a_restart(tmp_path):
     assert len(reminders(reopened)) == 1
 
 
-def steward_model(window_id_of):
+def steward_model():
     """A model that keeps notes and calls new_context when reminded, but sometimes ignores the
     reminder so the automatic path runs too."""
     count = {"n": 0, "reminders": 0}
@@ -110,7 +110,7 @@ def test_long_session_five_rollovers_never_exceeds_the_window_and_keeps_window_1
     effective = 11_000
     summarizer_calls = []
     kernel.summarizer = ScriptedModel(lambda *a: summarizer_calls.append(a) or "never")
-    model = ScriptedModel(steward_model(None), overflow_above=effective)
+    model = ScriptedModel(steward_model(), overflow_above=effective)
     session = kernel.open_session()
     requests = []
     turn = 0
