@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..conformance import pairing_problems
+
 if TYPE_CHECKING:
     from ..session import Request, Session
 
@@ -58,26 +60,15 @@ class InvariantChecker:
         self.fold(session)
         if list(request.seqs) != self.seqs:
             self._violation("projection", f"request shows {len(request.seqs)} nodes that differ from the log's fold ({len(self.seqs)} nodes)")
-        messages = request.messages
-        i, n = 0, len(messages)
-        while i < n:
-            message = messages[i]
-            if message.role == "tool":
-                result = message.tool_result
-                self._violation("orphan_result", f"tool result for {result.call_id if result else '?'} at request index {i} has no call before it")
-                i += 1
-                continue
-            calls = [c.id for c in message.tool_calls] if message.role == "assistant" else []
-            i += 1
-            if not calls:
-                continue
-            answered: set[str] = set()
-            while i < n and messages[i].role == "tool":
-                result = messages[i].tool_result
-                call_id = result.call_id if result else ""
-                if call_id not in calls or call_id in answered:
-                    self._violation("split_group", f"tool result for {call_id} at request index {i} sits in the group of calls {calls}")
-                answered.add(call_id)
-                i += 1
-            for missing in [c for c in calls if c not in answered]:
-                self._violation("orphan_call", f"tool call {missing} has no result in the request")
+        for problem in pairing_problems(request.messages):
+            if problem.kind == "orphan_result":
+                call_id = "?" if problem.call_ids[0] is None else problem.call_ids[0]
+                self._violation("orphan_result", f"tool result for {call_id} at request index {problem.index} has no call before it")
+            elif problem.kind == "split_group":
+                call_id = "" if problem.call_ids[0] is None else problem.call_ids[0]
+                self._violation(
+                    "split_group", f"tool result for {call_id} at request index {problem.index} sits in the group of calls {list(problem.group)}"
+                )
+            else:
+                for missing in problem.call_ids:
+                    self._violation("orphan_call", f"tool call {missing} has no result in the request")
