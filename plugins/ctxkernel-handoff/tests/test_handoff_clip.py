@@ -11,6 +11,7 @@ from ctxkernel import SUMMARY_SECTIONS
 
 from ctxkernel_handoff.clip import (
     MARKER,
+    WEIGHTS,
     clip_sections,
     clip_with_receipt,
     cut_text,
@@ -161,3 +162,7 @@ def test_clip_properties(bodies, fenced, budget):
         for piece in split_pieces(result.text):
             if piece.name in clipped and piece.name in source and open_fence(source[piece.name].body) is None and not any("refused" in n for n in result.notes):
                 assert open_fence(piece.body.replace(MARKER, "")) is None
+
+
+def test_every_summary_section_has_a_clipping_weight():
+    assert set(WEIGHTS) == set(SUMMARY_SECTIONS)
