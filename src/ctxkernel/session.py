@@ -269,6 +269,7 @@ class Session:
         elif t == ev.REQUEST_CONTEXT:
             self.route = d
         elif t == ev.ASSISTANT_MESSAGE:
+            self._last_decoration_delta = d.get("decoration_tokens", 0)
             usage = d.get("usage")
             estimate = d.get("estimate")
             if usage and isinstance(estimate, int) and d.get("tokenizer") == self.meter.tokenizer.name:
@@ -575,6 +576,9 @@ class Session:
                 data["usage"] = draft.usage
                 data["estimate"] = getattr(self, "_request_estimate", 0) + self.meter.count_message(draft.message)
                 data["tokenizer"] = self.meter.tokenizer.name
+            if self._last_decoration_delta:
+                # recorded so that a reopened session prices decorations like the live one
+                data["decoration_tokens"] = self._last_decoration_delta
             batch = [EventSpec(ev.ASSISTANT_MESSAGE, data, ev.append_op())]
             if not draft.message.tool_calls:
                 batch.append(EventSpec(ev.STEP_END, {"turn": self.turn, "step": self.step}))

@@ -297,7 +297,6 @@ def _now() -> str:
 @ctxkernel.hookimpl
 def project(session: Session) -> dict[str, Any]:
     state = current_state(session)
-    holder = session.state[NAME]
     pressure = session.pressure()
     meter = session.meter
     positions = []
@@ -326,7 +325,6 @@ def project(session: Session) -> dict[str, Any]:
         "positions": positions,
         "ids": {"next": state.next_id, "free": sorted(state.free), "reused": state.reuse_count},
         "reminders": {"last_seq": state.last_reminder_seq, "fired": {str(k): v for k, v in state.fired.items()}},
-        "state_source": holder.get("source", "replay"),
     }
 
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from ctxkernel import CompactionError, CtxKernelError, Span, head_region, whole_surface_but_last
-from ctxkernel.events import ASSISTANT_MESSAGE, REQUEST_HEADER, USER_MESSAGE
+from ctxkernel.events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, REQUEST_HEADER, USER_MESSAGE
 from ctxkernel.recall.history import History
 from ctxkernel.recall.notes import Notes
 
@@ -138,6 +138,11 @@ def state_for(session: Session) -> HandoffState:
             state.header_seq = event.seq
         elif event.type == ASSISTANT_MESSAGE:
             state.last_assistant = event.seq
+        elif event.type == COMPACTION_SUMMARY and event.data.get("strategy") == NAME and event.data.get("kind") == "window":
+            # the panel's last switch comes from the log, so a reopened session shows the same
+            history = history or History.for_session(session)
+            record = dict(event.data.get("window_record") or {})
+            state.last_switch = {"window": history.window_of(event.seq + 1), "reason": event.data.get("reason"), **record}
         elif event.type == USER_MESSAGE:
             source = event.data["message"].get("source") or {}
             if source.get("plugin") == NAME and source.get("form") == "notice":
@@ -345,7 +350,6 @@ def after_commit(session: Session, result: CommitResult) -> None:
     window = history.current_window
     summary = result.spans[0].summary if result.spans else None
     record = dict(result.data.get("window_record") or {})
-    state.last_switch = {"window": window.number, "reason": result.data.get("reason"), **record}
     full = summary.text if summary is not None else ""
     replacement = result.spans[0].replacement_seq if result.spans else None
     if replacement is not None and record.get("handoff_summary") != "generated":
