@@ -3,7 +3,9 @@
 At ``threshold_ratio`` of the effective window it summarises the surface head and keeps a
 verbatim tail of ``retain_ratio`` of the window, cutting only at balanced points, with at most
 ``compaction_retries`` + 1 attempts. On a provider context overflow it compacts harder and asks
-for a retry once the surface has actually shrunk.
+for a retry once the surface has actually shrunk. After any compaction it compacts by threshold
+again only once the surface has grown by ``regrow_ratio`` of the window, so a compaction that
+cannot lower the pressure does not repeat at every step (overflow handling is not held back).
 
 Summaries come from the ``summarize`` hook; this module's implementation is ``trylast`` so any
 installed strategy's summarizer wins. With a summarizer model it appends the eight-section
@@ -22,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 import ctxkernel
 from ctxkernel.compaction import CHECKPOINT_CLOSE, CHECKPOINT_OPEN, SUMMARY_SECTIONS, Span, Summary, head_region
 from ctxkernel.errors import CompactionError, ContextOverflowError, ModelError
+from ctxkernel.events import COMPACTION_END, COMPACTION_START
 from ctxkernel.messages import Message
 
 if TYPE_CHECKING:
@@ -56,6 +59,9 @@ class BasicSettings(BaseModel):
     auto: bool = True
     #: characters of the extractive summary (bounded so the checkpoint always shrinks)
     summary_max_chars: int = Field(default=12_000, ge=1_000, le=200_000)
+    #: after a compaction, compact by threshold again only once the surface has grown by this
+    #: share of the effective window (0: no back-off); overflow handling is not held back
+    regrow_ratio: float = Field(default=0.1, ge=0, lt=1)
 
     @model_validator(mode="after")
     def _retain_below_threshold(self) -> BasicSettings:
@@ -129,8 +135,44 @@ def pre_step(session: Session, step: StepContext) -> None:
     if not settings.auto or session.route is None:
         return  # the first step of a fresh session has no routed request to price against
     pressure = session.pressure()
-    if pressure.ratio >= settings.threshold_ratio:
-        compact(session, int(settings.retain_ratio * pressure.effective_window), reason="threshold")
+    if pressure.ratio < settings.threshold_ratio:
+        return
+    # a compaction that left the pressure at (or within regrow_ratio of) the threshold, or failed,
+    # would run again at every step without lowering it (a compaction loop): wait until the
+    # surface has grown materially; the provider's context overflow still compacts (request_error)
+    needed = int(settings.regrow_ratio * pressure.effective_window)
+    mark = last_compaction_mark(session)
+    if needed and mark is not None and grown_since(session, mark, needed) < needed:
+        log.debug("threshold compaction held back", session=session.id, since=mark, ratio=round(pressure.ratio, 3))
+        return
+    compact(session, int(settings.retain_ratio * pressure.effective_window), reason="threshold")
+
+
+def last_compaction_mark(session: Session) -> int | None:
+    """Seq at which this strategy's last compaction attempt ended (committed or failed), folded
+    from the log with a cursor, so a reopened session holds back exactly like the live one."""
+    state = session.state.setdefault(NAME, {})
+    events = session.events
+    for event in events[state.get("cursor", 0) :]:
+        if event.type == COMPACTION_START and event.data.get("strategy") == NAME:
+            state["open_id"] = event.data.get("compaction_id")
+            state["mark"] = event.seq
+        elif event.type == COMPACTION_END and event.data.get("compaction_id") == state.get("open_id"):
+            state["open_id"] = None
+            state["mark"] = event.seq
+    state["cursor"] = len(events)
+    return state.get("mark")
+
+
+def grown_since(session: Session, mark: int, enough: int) -> int:
+    """Tokens of surface nodes appended after seq ``mark``, counted from the newest and stopping
+    at ``enough`` (so the work is bounded by the growth that matters)."""
+    grown = 0
+    for node in reversed(session.surface.nodes):
+        if node.seq <= mark or grown >= enough:
+            break
+        grown += session.meter.node_tokens(node)
+    return grown
 
 
 @ctxkernel.hookimpl(trylast=True)
