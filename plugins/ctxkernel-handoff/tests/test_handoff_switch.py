@@ -342,3 +342,30 @@ def test_notes_are_durable_through_the_store_for_another_kernel(handoff_kernel, 
     other = handoff_kernel(home=tmp_path / "shared").open_session(session.id)
     outcome = other.run_tool(ToolCallBlock("r", "notes_read_file", {"path": "self/notes/shared.md"}))
     assert "from process one" in outcome.content
+
+
+def test_no_switch_when_what_stays_outside_the_surface_is_over_the_target(handoff_kernel):
+    # the provider reports far more than the surface holds (a header, decorations, usage no switch
+    # can remove): the pressure switch says so instead of shrinking kept results for nothing, and
+    # basic compacts at most once per 10% of the window of growth instead of at every request
+    kernel = handoff_kernel(window=20_000, reserve=1_000)  # effective 19,000: threshold 15,200, target 14,250
+    session = kernel.open_session()
+    big = "".join(f"line {i} of a large file\n" for i in range(400))
+    for n in range(40):
+        session.user(f"request {n}: " + " ".join(f"word{n}_{i}" for i in range(30)))
+        session.prepare_request()
+        if n % 10 == 0:
+            session.commit_reply(Message.assistant("reading", [ToolCallBlock(f"r{n}", "read", {"path": "f.txt"})]),
+                                 usage={"prompt_tokens": 30_000, "completion_tokens": 30})
+            session.tool_result(f"r{n}", big)
+            session.prepare_request()
+        session.commit_reply(Message.assistant(f"answer {n}: " + " ".join(f"fact{n}_{i}" for i in range(30))),
+                             usage={"prompt_tokens": 30_000, "completion_tokens": 30})
+        session.end_turn()
+    assert session.pressure().ratio >= 0.8
+    assert "no room for a new window" in state_for(session).last_failure
+    assert "provider-reported usage" in state_for(session).last_failure
+    assert not window_events(session)
+    assert not [e for e in session.events if e.data.get("strategy") == "handoff" and e.data.get("reason") == "fit"]
+    native = [e for e in session.events if e.type == "compaction/summary" and e.data.get("strategy") == "basic"]
+    assert 1 <= len(native) <= 10, len(native)

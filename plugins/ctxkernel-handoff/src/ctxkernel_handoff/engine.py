@@ -182,6 +182,20 @@ def switch(session: Session, *, reason: str, keep_tokens: int | None = None) -> 
     # may take what the kept tail and the request header leave under it
     threshold, _, _ = host_settings(session)
     target = int((threshold - TARGET_MARGIN) * effective)
+    # what no switch can remove: the request header, decorations and the gap between the
+    # provider's last reported usage and our estimate (the pressure anchor). When that alone
+    # leaves no room for a handoff, a switch could only fail its fit, after shrinking kept results
+    # for nothing: say so instead (basic then compacts once and backs off; an overflow still switches)
+    pressure = session.pressure()
+    fixed = pressure.tokens - session.meter.surface_tokens()
+    if keep_tokens is not None and fixed + int(MIN_HANDOFF_CHARS / CHARS_PER_FIT_TOKEN) > target:
+        return _failed(
+            state,
+            reason,
+            f"no room for a new window: {fixed} of the {pressure.tokens} tokens are outside the surface (request "
+            f"header{', and the provider-reported usage above our estimate' if pressure.anchored else ''}), over the "
+            f"{target}-token target below the threshold",
+        )
     for attempt in range(2):
         if keep_tokens is None:
             region = whole_surface_but_last(surface, 1)
