@@ -153,10 +153,10 @@ def pre_step(session: Session, step: StepContext) -> None:
             if pressure.ratio >= settings.reminder_ratio and current not in state.reminded:
                 _remind(session, current, pressure)
             return
-        last = session.surface.nodes[-1].seq if session.surface.nodes else -1
-        if state.last_failed_at == (current, last):
-            return  # failed on this very surface already; the failure was reported (fail loud, no loop)
-        if oversized is not None or pressure.tokens > pressure.effective_window:
+        trigger = "overflow" if oversized is not None or pressure.tokens > pressure.effective_window else "auto"
+        if _backing_off(session, state.last_failure, current, trigger, pressure.effective_window):
+            return  # the same switch failed on much the same surface; that failure was reported (fail loud, no loop)
+        if trigger == "overflow":
             error = oversized or (
                 f"The context reached {pressure.tokens} tokens, over the {pressure.effective_window}-token window."
             )
@@ -165,6 +165,25 @@ def pre_step(session: Session, step: StepContext) -> None:
             switch(session, "auto")
     except RolloverError as exc:
         step.remind(f"[rollover] {exc}", strategy=NAME)
+
+
+#: an automatic switch that failed is retried once the surface has grown by this share of what
+#: it was at the failure (and by at least RETRY_MIN_GROWTH of the effective window)
+RETRY_GROWTH = 0.5
+RETRY_MIN_GROWTH = 1 / 32
+
+
+def _backing_off(session: Session, failure: dict[str, Any] | None, window: str, trigger: str, effective_window: int) -> bool:
+    """True while the last failed switch's situation still holds: same window, same trigger, same
+    model window, and a surface that has not grown materially since. Retrying then would fail the
+    same way on every request (each attempt costing a seed render)."""
+    if failure is None or failure.get("window_id") != window or failure.get("trigger") != trigger:
+        return False
+    failed_tokens = failure.get("surface_tokens")
+    if not isinstance(failed_tokens, int) or failure.get("effective_window") != effective_window:
+        return False  # an older failure without the figures, or another model: try again
+    growth = max(int(failed_tokens * RETRY_GROWTH), int(effective_window * RETRY_MIN_GROWTH))
+    return session.meter.surface_tokens() < failed_tokens + growth
 
 
 def _fresh(session: Session) -> bool:

@@ -19,6 +19,10 @@ if TYPE_CHECKING:
 
 REMAINING_PLACEHOLDER = "\x00REMAINING\x00"
 NOT_SHOWN = "Not shown here (read them with note_get)"
+#: the minimal seed: characters of the goal and of each pending input, pending inputs, note ids
+MINIMAL_CHARS = 200
+MINIMAL_PENDING = 2
+MINIMAL_NOTES = 8
 
 TRIGGER_TEXT = {
     "manual": "you called new_context",
@@ -92,9 +96,42 @@ def render_seed(
         text, tokens = _compose(seed, budget_tokens, count, int(goal_chars * scale), int(pending_chars * scale),
                                 max(200, int(note_chars * scale)), cache)
         if tokens <= budget_tokens:
-            break
+            return text, tokens, True
         scale /= 2
-    return text, tokens, True
+    # the earlier instructions and note bodies have floors that can exceed a small budget (a
+    # window whose surface is already small): the minimal seed drops them, every note is named
+    # by id, and everything it leaves out stays readable in the history and with note_get
+    text = minimal_seed(seed)
+    return text, count(text) + 4, True
+
+
+def minimal_seed(seed: SeedInput) -> str:
+    """The smallest seed the strategy builds: the window ids, the remaining-tokens line, the goal
+    and the pending input (both clipped short, pointing at where the full text is) and the notes
+    listed by id. Its size does not grow with the notes' or the instructions' text."""
+    lines = [
+        f'<context-window current="{seed.current}" previous="{seed.previous or "-"}" '
+        f'first="{seed.first}" number="{seed.number}">',
+        f"New window ({seed.trigger}); nothing was summarised. The previous window is archived unchanged: "
+        f'history_lookup(window="{seed.previous or "-"}"), history_read(item=...).',
+        f"Context remaining: about {REMAINING_PLACEHOLDER} tokens.",
+        "## Goal",
+        _escape(_clip(seed.goal, MINIMAL_CHARS, "in the notes or the history")) if seed.goal else "(none recorded)",
+        "## Pending user input",
+    ]
+    for seq, text in seed.pending[-MINIMAL_PENDING:]:
+        lines.append(f'<user-input item="item_{seq}">\n{_escape(_clip(text, MINIMAL_CHARS, f"item_{seq}"))}\n</user-input>')
+    if not seed.pending:
+        lines.append("(none)")
+    elif len(seed.pending) > MINIMAL_PENDING:
+        lines.append(f"(earlier pending input from item_{seed.pending[0][0]} is in the history)")
+    ids = [n.id for n in seed.notes]
+    total = len(ids) + len(seed.hidden_note_paths)
+    listed = ", ".join(ids[:MINIMAL_NOTES])
+    more = f" and {total - min(len(ids), MINIMAL_NOTES)} more (note_list)" if total > min(len(ids), MINIMAL_NOTES) else ""
+    lines.append(f"## Notes ({total} active, newest first; {NOT_SHOWN}): {listed or '-'}{more}")
+    lines.append("</context-window>")
+    return "\n".join(lines)
 
 
 def _hidden_any(text: str) -> bool:

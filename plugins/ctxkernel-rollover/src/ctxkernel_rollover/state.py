@@ -51,9 +51,11 @@ class RolloverState:
     resolved: set[str] = field(default_factory=set)
     failures: list[dict[str, Any]] = field(default_factory=list)
     triggers: dict[str, int] = field(default_factory=dict)
-    # this process only (never needed after a restart): suppresses retrying a failed automatic
-    # switch on an unchanged surface, and counts overflow retries
-    last_failed_at: tuple[str | None, int] | None = None
+    #: the latest ``rollover/failed`` event's data (window, trigger, surface size): an automatic
+    #: switch is not retried until the situation differs from it (folded from the log, so a
+    #: restarted process backs off the same way)
+    last_failure: dict[str, Any] | None = None
+    # this process only (never needed after a restart): counts overflow retries
     overflow_streak: int = 0
     overflow_at: int = 0  # log length when the last overflow was handled
     #: seqs of the user's own messages: the first one, and the most recent ones
@@ -91,6 +93,7 @@ class RolloverState:
             self._resolve(d.get("intent_id"))
         elif t == FAILED_EVENT:
             self.failures.append({**d, "seq": event.seq})
+            self.last_failure = {**d, "seq": event.seq}
             self._resolve(d.get("intent_id"))
         elif t == USER_MESSAGE:
             if isinstance(d.get(REMINDER_KEY), str):

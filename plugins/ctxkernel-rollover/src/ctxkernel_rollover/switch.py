@@ -110,9 +110,11 @@ def switch(session: Session, trigger: str, *, intent: dict[str, Any] | None = No
             "window_id": current,
             "intent_id": intent.get("intent_id") if intent else None,
             "error": text[:2000],
+            # what an automatic retry is measured against (see plugin.pre_step: back off until
+            # the surface has grown materially or the window, trigger or model changed)
+            "surface_tokens": session.meter.surface_tokens(),
+            "effective_window": session.pressure().effective_window,
         })
-        last = session.surface.nodes[-1].seq if session.surface.nodes else -1
-        state_of(session).last_failed_at = (current, last)
         log.error("rollover failed; the surface is unchanged and nothing was summarised", session=session.id,
                   trigger=trigger, error=text)
         msg = f"the {trigger} rollover of window {current} failed and the context is unchanged (nothing was summarised): {text}"
@@ -167,20 +169,36 @@ def _switch(session: Session, settings: RolloverSettings, trigger: str, intent: 
         instructions_chars=settings.instructions_chars,
         pending_base=settings.pending_input_chars,
     )
+    framing = session.meter.count_message(Message.user(""))  # the per-message framing
     text, seed_tokens, exact = render_seed(
-        seed, budget_tokens=max(budget, 1), count=session.meter.count_text, goal_chars=settings.goal_chars,
+        seed, budget_tokens=max(budget - framing, 1), count=session.meter.count_text, goal_chars=settings.goal_chars,
         pending_chars=settings.pending_input_chars, note_chars=settings.seed_note_chars,
         note_cache=state.note_blocks,
     )
     if not exact and seed_tokens > 0.02 * pressure.effective_window:
         # the byte bound would understate the remaining room by more than 2% of the window
         seed_tokens = session.meter.count_text(text)
-    seed_tokens += session.meter.count_message(Message.user(""))  # the per-message framing
-    if seed_tokens > max(budget, 1) and trigger != "manual":
+    seed_tokens += framing
+    # the budget always admits the minimal seed (render_seed falls back to it when nothing else
+    # fits); what an automatic switch cannot do is replace the surface with something no smaller
+    if seed_tokens >= surface_tokens and trigger != "manual":
         msg = (
-            f"the smallest seed costs {seed_tokens} tokens, over its budget of {budget} "
-            f"(seed_ratio {settings.seed_ratio} of {pressure.effective_window}, and below the {surface_tokens} "
-            "tokens it replaces); the window is too small for the system prompt, tools and pending input"
+            f"the smallest seed costs {seed_tokens} tokens, not fewer than the {surface_tokens} tokens of the "
+            f"window it would replace, so a new window cannot relieve this one: the other "
+            f"{overhead} of the {pressure.tokens} tokens are the system prompt, the tools and the provider's "
+            "count. Shorten the pending input, the system prompt or the tools, or use a model with a larger window"
+        )
+        raise RolloverError(msg)
+    start = overhead + seed_tokens
+    if trigger == "auto" and start >= settings.reminder_ratio * pressure.effective_window:
+        # the new window would open already past its reminder: switching again and again would
+        # only churn windows; the protective (overflow) switch still runs at the window's limit
+        msg = (
+            f"a new window would start at {start} tokens ({start / pressure.effective_window:.0%} of "
+            f"{pressure.effective_window}), past its reminder_ratio {settings.reminder_ratio}, so it cannot relieve "
+            f"this one: {overhead} of the {pressure.tokens} tokens are the system prompt, the tools and the "
+            f"provider's count, not the {surface_tokens}-token surface. Shorten the system prompt or the tools, "
+            "or use a model with a larger window"
         )
         raise RolloverError(msg)
     remaining = max(0, pressure.effective_window - overhead - seed_tokens)
