@@ -89,9 +89,7 @@ def state(session: Session) -> dict[str, Any]:
 
 def archived_through(session: Session, registry: Registry | None = None) -> int:
     """The last log seq covered by this session's final chapters (-1 when none)."""
-    registry = registry or Registry(session.store)
-    records = (registry.get(session.id) or {}).get("chapters", [])
-    return max((r["end_seq"] for r in records if r.get("status") == "final"), default=-1)
+    return (registry or Registry(session.store)).archived_through(session.id)
 
 
 def archive_ceiling(session: Session) -> int | None:
@@ -219,8 +217,9 @@ def compact_in_place(session: Session, keep_tokens: int, *, reason: str) -> bool
     """Archive the surface head as chapters and replace it with a table of contents.
 
     Zero model tokens. Retries (a smaller verbatim tail each time) reuse the same chapter
-    numbers; the records are finalised whatever happens, from the log: ``final`` when the
-    compaction committed (even if something raised after the commit), deleted otherwise.
+    numbers; the plan is settled whatever happens, from the log: its records are written
+    ``final`` when the compaction committed (even if something raised after the commit), its
+    files deleted otherwise. Until then the records live only here, so each is written once.
     """
     settings = settings_of(session)
     registry = Registry(session.store)
@@ -228,6 +227,7 @@ def compact_in_place(session: Session, keep_tokens: int, *, reason: str) -> bool
     where = archive.archive_dir(session, settings)
     plan_id = uuid.uuid4().hex[:16]
     numbers: list[int] = []
+    records: list[dict[str, Any]] = []
     try:
         for attempt in range(settings.compaction_retries + 1):
             region = head_region(session.surface, session.meter, keep_tokens, min_nodes=2)
@@ -244,13 +244,11 @@ def compact_in_place(session: Session, keep_tokens: int, *, reason: str) -> bool
             )
             if len(numbers) < len(plans):
                 numbers += registry.allocate(root, len(plans) - len(numbers))
-            _drop_plan(session, registry, where, plan_id)  # an earlier attempt's files and records
+            archive.remove(where, records)  # an earlier attempt's files
+            records = []
             prepared = archive.prepare(session, settings, plans, numbers[: len(plans)], root=root, status="pending", plan_id=plan_id)
-            archive.publish(where, prepared)
             records = [p.record for p in prepared]
-            sstate = registry.ensure(session.id)
-            sstate["chapters"] = [*sstate["chapters"], *records]
-            registry.put(session.id, sstate)
+            archive.publish(where, prepared)
             region_tokens = sum(session.meter.node_tokens(n) for n in nodes)
             text = toc_for_region(session, settings, nodes, records, boundary, region_tokens)
             message = Message.user(text, Source.plugin_form(NAME, "toc"))
@@ -273,7 +271,7 @@ def compact_in_place(session: Session, keep_tokens: int, *, reason: str) -> bool
                 keep_tokens //= 2  # a smaller tail leaves more to archive: more likely to shrink
         return False
     finally:
-        finalize(session, registry, where, plan_id, numbers, root)
+        finalize(session, registry, where, plan_id, numbers, root, records)
 
 
 def toc_for_region(
@@ -284,13 +282,24 @@ def toc_for_region(
     # prose another strategy's checkpoint carried (a summary) is carried forward, never dropped
     extra = [n.message.text for n in nodes if n.role == "user" and n.message.source.kind == "plugin"
              and n.event.surface.get("op") == "replace" and not _is_chapters_toc(n)]
-    own = [r for r in (Registry(session.store).get(session.id) or {}).get("chapters", [])
+    own = [r for r in Registry(session.store).records(session.id)
            if r.get("status") == "final" and r["start_seq"] <= boundary]
-    cited = {key for text in previous for key in toc.parse(text).bullets}
+    cited: dict[str, str] = {}
+    for text in previous:
+        cited.update(toc.parse(text).bullets)
+    folds = toc.fold_ranges(cited)
     label = archive.archive_label(settings)
-    fresh = [r for r in own if f"{label}/{r['path']}" not in cited]
+
+    def listed(record: dict[str, Any]) -> bool:
+        # cited by an earlier table of contents, as a bullet or inside a folded line: it was
+        # verified when first cited, and a folded one is not cited again (toc.merged skips it),
+        # so only new chapters are read back (reading them all made each compaction O(chapters))
+        key = f"{label}/{record['path']}"
+        return key in cited or toc.in_fold(folds, key, record["number"])
+
+    fresh = [r for r in own if not listed(r)]
     checked, refused = archive.verified(archive.archive_dir(session, settings), fresh)
-    own = [r for r in own if f"{label}/{r['path']}" in cited] + checked
+    own = [r for r in own if listed(r)] + checked
     extra += [f"Not cited (integrity check failed): {reason}" for _, reason in refused]
     first = min((r["start_seq"] for r in records), default=boundary + 1)
     merged = toc.merged(previous, [*own, *records], archive.archive_label(settings), extra,
@@ -314,43 +323,26 @@ def user_instructions(session: Session, start: int, end: int) -> list[str]:
     return out
 
 
-def _drop_plan(session: Session, registry: Registry, where: Any, plan_id: str) -> None:
-    sstate = registry.ensure(session.id)
-    mine = [r for r in sstate["chapters"] if r.get("plan") == plan_id and r.get("status") == "pending"]
-    if mine:
-        archive.remove(where, mine)
-        sstate["chapters"] = [r for r in sstate["chapters"] if r not in mine]
-        registry.put(session.id, sstate)
-
-
-def finalize(session: Session, registry: Registry, where: Any, plan_id: str, numbers: list[int], root: str) -> None:
-    """Settle the plan's records from the log, on the success and the failure path alike."""
+def finalize(
+    session: Session, registry: Registry, where: Any, plan_id: str, numbers: list[int], root: str, records: list[dict[str, Any]]
+) -> None:
+    """Settle the plan from the log, on the success and the failure path alike: the committed
+    chapters are written to the registry as final records, the files of any other are deleted."""
     session.refresh()
     committed = None
     for event in reversed(session.events):
         if event.type == "compaction/summary" and event.data.get("plan") == plan_id:
             committed = event
             break
-    sstate = registry.ensure(session.id)
-    mine = [r for r in sstate["chapters"] if r.get("plan") == plan_id]
-    if committed is not None:
-        ids = set(committed.data.get("chapters", []))
-        keep = []
-        for r in sstate["chapters"]:
-            if r.get("plan") == plan_id and r["id"] in ids:
-                r["status"] = "final"
-                r["compaction_id"] = committed.data["compaction_id"]
-            elif r.get("plan") == plan_id:
-                continue
-            keep.append(r)
-        sstate["chapters"] = keep
-        used = {r["number"] for r in keep if r.get("plan") == plan_id}
-    else:
-        archive.remove(where, mine)
-        sstate["chapters"] = [r for r in sstate["chapters"] if r.get("plan") != plan_id]
-        used = set()
-    sstate["next_chapter"] = max([sstate.get("next_chapter", 1), *(n + 1 for n in used)])
-    registry.put(session.id, sstate)
+    ids = set(committed.data.get("chapters", [])) if committed is not None else set()
+    kept = [r for r in records if r["id"] in ids]
+    archive.remove(where, [r for r in records if r["id"] not in ids])
+    for r in kept:
+        r["status"] = "final"
+        r["compaction_id"] = committed.data["compaction_id"]  # type: ignore[union-attr]
+    if kept:
+        registry.add_final(session.id, kept)
+    used = {r["number"] for r in kept}
     registry.release(root, [n for n in numbers if n not in used])
 
 
@@ -388,7 +380,7 @@ def project(session: Session) -> dict[str, Any] | None:
     return {
         "root": sstate["root"],
         "parent": sstate["parent"],
-        "chapters": len([r for r in sstate["chapters"] if r.get("status") == "final"]),
+        "chapters": len([r for r in registry.records(session.id) if r.get("status") == "final"]),
         "lineage_chapters": len(registry.lineage_records(session.id)),
         "archived_through": archived_through(session, registry),
         "archive_ceiling": archive_ceiling(session),

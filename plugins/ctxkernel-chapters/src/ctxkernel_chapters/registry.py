@@ -1,15 +1,19 @@
 """Chapter records and lineage in the kernel store's key-value table (namespace ``chapters``).
 
-Keys: ``sessions/<id>`` holds one session's state (parent, root, next chapter number, origin,
-its chapter records); ``roots/<root>`` holds the lineage's chapter-number allocator (chapter
-files of a whole lineage share one folder, so numbers are unique per root). A shared backend
-(sqlite, postgres) therefore shares the registry. The registry is the only authority on
-ancestry: the session header's ``parent`` is informative, never read back.
+Keys: ``sessions/<id>`` holds one session's small state (parent, root, origin, title, next
+chapter number, children, how far its final chapters reach); ``records/<id>/<nnnnnn>`` holds
+one chapter record each (``<id>`` is the author session, ``<nnnnnn>`` the zero-padded chapter
+number, so a listing comes back in chapter order); ``roots/<root>`` holds the lineage's
+chapter-number allocator (chapter files of a whole lineage share one folder, so numbers are
+unique per root). A compaction therefore writes bytes in proportion to the chapters it creates,
+never to the chapters archived before. A shared backend (sqlite, postgres) shares the registry.
+The registry is the only authority on ancestry: the session header's ``parent`` is
+informative, never read back.
 
 A record: ``id`` (``<authorSession>/<n>``), ``number``, ``author_session``, ``path`` (relative to
 the archive root), ``start_seq``, ``end_seq``, ``sha256``, ``tokens``, ``title``, ``summary``,
-``artifacts``, ``created``, ``status`` (``pending`` while an in-place compaction is open,
-``final`` once it committed or for a continuation).
+``artifacts``, ``created``, ``status`` (``final``: an in-place compaction's records are written
+only once it committed, so a record is never rewritten).
 """
 
 from __future__ import annotations
@@ -21,20 +25,43 @@ from ctxkernel.events import utc_now
 NAMESPACE = "chapters"
 
 
+def record_key(session_id: str, number: int) -> str:
+    return f"records/{session_id}/{number:06d}"
+
+
 class Registry:
     def __init__(self, store: Any) -> None:
         self.store = store
 
     # -- sessions -------------------------------------------------------------------------------
+    def state(self, session_id: str) -> dict[str, Any] | None:
+        """The small per-session state (no chapter records); an old single-record layout is
+        split into per-chapter keys the first time it is read."""
+        state = self.store.kv_get(NAMESPACE, f"sessions/{session_id}")
+        if state is not None and "chapters" in state:
+            legacy = state.pop("chapters")
+            for record in legacy:
+                self.store.kv_put(NAMESPACE, record_key(session_id, record["number"]), record)
+            final = [r for r in legacy if r.get("status") == "final"]
+            state["archived_through"] = max((r["end_seq"] for r in final), default=-1)
+            self.put(session_id, state)
+        return state
+
     def get(self, session_id: str) -> dict[str, Any] | None:
-        return self.store.kv_get(NAMESPACE, f"sessions/{session_id}")
+        """The session's state with its chapter records listed under ``chapters`` (a read view:
+        costs one read per record; the compaction path uses :meth:`state`)."""
+        state = self.state(session_id)
+        if state is None:
+            return None
+        return {**state, "chapters": self.records(session_id)}
 
     def put(self, session_id: str, state: dict[str, Any]) -> None:
-        self.store.kv_put(NAMESPACE, f"sessions/{session_id}", state)
+        small = {k: v for k, v in state.items() if k != "chapters"}
+        self.store.kv_put(NAMESPACE, f"sessions/{session_id}", small)
 
     def ensure(self, session_id: str) -> dict[str, Any]:
         """This session's state; a session the registry never saw is the root of its own lineage."""
-        state = self.get(session_id)
+        state = self.state(session_id)
         if state is None:
             state = new_state(session_id, parent=None, root=session_id, origin="root", next_chapter=1)
             self.put(session_id, state)
@@ -51,16 +78,37 @@ class Registry:
         while current is not None and current not in seen:
             seen.add(current)
             chain.append(current)
-            state = self.get(current)
+            state = self.state(current)
             current = state.get("parent") if state else None
         return list(reversed(chain))
+
+    # -- records --------------------------------------------------------------------------------
+    def records(self, session_id: str) -> list[dict[str, Any]]:
+        """The chapter records this session authored, in chapter order."""
+        # sorted by number, not key: the padding orders keys only up to 999,999 chapters
+        return sorted(self.store.kv_list(NAMESPACE, f"records/{session_id}/").values(), key=lambda r: r["number"])
+
+    def add_final(self, session_id: str, records: list[dict[str, Any]], *, next_chapter: int | None = None) -> dict[str, Any]:
+        """Write final records (one write each), then the session state that counts them."""
+        for record in records:
+            self.store.kv_put(NAMESPACE, record_key(session_id, record["number"]), record)
+        state = self.ensure(session_id)
+        if records:
+            state["archived_through"] = max([state.get("archived_through", -1), *(r["end_seq"] for r in records)])
+        state["next_chapter"] = max([state.get("next_chapter", 1), *(r["number"] + 1 for r in records)]
+                                    + ([next_chapter] if next_chapter is not None else []))
+        self.put(session_id, state)
+        return state
+
+    def archived_through(self, session_id: str) -> int:
+        """The last log seq covered by this session's final chapters (-1 when none)."""
+        return self.ensure(session_id).get("archived_through", -1)
 
     def lineage_records(self, session_id: str) -> list[dict[str, Any]]:
         """Final chapter records of every session in the lineage, ancestors first."""
         out = []
         for sid in self.lineage(session_id):
-            state = self.get(sid) or {}
-            out.extend(r for r in state.get("chapters", []) if r.get("status") == "final")
+            out.extend(r for r in self.records(sid) if r.get("status") == "final")
         return out
 
     def find(self, session_id: str, chapter: str) -> dict[str, Any] | None:
@@ -105,7 +153,7 @@ def new_state(session_id: str, *, parent: str | None, root: str, origin: str, ne
         "created": utc_now(),
         "next_chapter": next_chapter,
         "children": [],
-        "chapters": [],
+        "archived_through": -1,
     }
 
 
@@ -117,7 +165,7 @@ def manifest(store: Any, session_id: str) -> dict[str, Any]:
     registry = Registry(store)
     chain = []
     for sid in registry.lineage(session_id):
-        state = registry.get(sid) or {}
+        state = registry.state(sid) or {}
         chain.append(
             {
                 "session": sid,
@@ -128,7 +176,7 @@ def manifest(store: Any, session_id: str) -> dict[str, Any]:
                 "children": state.get("children", []),
                 "chapters": [
                     {k: r.get(k) for k in ("id", "title", "path", "start_seq", "end_seq", "tokens", "sha256", "status", "summary")}
-                    for r in state.get("chapters", [])
+                    for r in registry.records(sid)
                 ],
             }
         )

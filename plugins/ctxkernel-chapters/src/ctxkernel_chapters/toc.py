@@ -214,6 +214,21 @@ def render(
     return "\n".join(parts), shortened + folded
 
 
+def fold_ranges(bullets: dict[str, str]) -> dict[str, tuple[int, int]]:
+    """Folder -> (lowest, highest) chapter number of each folded line among ``bullets``."""
+    folds = {}
+    for key, line in bullets.items():
+        match = _FOLD.match(line)
+        if key.startswith("fold:") and match:
+            folds[key[len("fold:") :]] = (int(match.group(2)), int(match.group(3)))
+    return folds
+
+
+def in_fold(folds: dict[str, tuple[int, int]], key: str, number: int) -> bool:
+    lo, hi = folds.get(key.rsplit("/", 1)[0], (1, 0))
+    return lo <= number <= hi
+
+
 def merged(
     previous: Iterable[str], records: Iterable[dict[str, Any]], archive_label: str, extra_prose: Iterable[str] = (),
     instructions: Iterable[str] = (),
@@ -228,15 +243,10 @@ def merged(
             toc.add_bullet(path, line)
         for paragraph in old.carried:
             toc.carry(paragraph)
-    folds = {}
-    for key, line in toc.bullets.items():
-        match = _FOLD.match(line)
-        if key.startswith("fold:") and match:
-            folds[key[len("fold:") :]] = (int(match.group(2)), int(match.group(3)))
+    folds = fold_ranges(toc.bullets)
     for record in records:
         key = f"{archive_label}/{record['path']}"
-        lo, hi = folds.get(key.rsplit("/", 1)[0], (1, 0))
-        if key not in toc.bullets and lo <= record["number"] <= hi:
+        if key not in toc.bullets and in_fold(folds, key, record["number"]):
             continue  # already counted in a folded line
         toc.add_bullet(key, bullet(record, archive_label))
     for prose in extra_prose:

@@ -19,7 +19,7 @@ from ctxkernel import Message, Source, Tool, ToolArgs, ToolOutcome
 
 from . import archive, artifacts, toc
 from .disk import ArchiveError
-from .registry import Registry, new_state
+from .registry import NAMESPACE, Registry, new_state, record_key
 from .segment import ChapterPlan, describe, propose_chapters
 
 if TYPE_CHECKING:
@@ -207,8 +207,11 @@ def _create_child(session: Session, args: ContinueArgs | ForkArgs, ranges: list[
     archive.publish(archive.archive_dir(session, settings), prepared)
     child_id = uuid.uuid4().hex
     next_chapter = registry.next_number(root)
+    for record in records:
+        registry.store.kv_put(NAMESPACE, record_key(session.id, record["number"]), record)
     sstate = registry.ensure(session.id)
-    sstate["chapters"] = [*sstate["chapters"], *records]
+    if records:
+        sstate["archived_through"] = max([sstate.get("archived_through", -1), *(r["end_seq"] for r in records)])
     sstate["children"] = [*sstate.get("children", []), {"session": child_id, "origin": origin, "title": args.title}]
     sstate["next_chapter"] = next_chapter
     registry.put(session.id, sstate)
