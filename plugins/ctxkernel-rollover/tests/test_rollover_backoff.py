@@ -7,7 +7,6 @@ from __future__ import annotations
 from ctxkernel_rollover.plugin import RETRY_GROWTH, RETRY_MIN_GROWTH
 from ctxkernel_rollover.seed import NOT_SHOWN
 from ctxkernel_rollover.state import state_of
-from ctxkernel_rollover.switch import switch
 from helpers_rollover import rollover_kernel, rollover_summaries
 
 from ctxkernel import Message

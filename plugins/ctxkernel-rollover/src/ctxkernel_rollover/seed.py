@@ -110,10 +110,10 @@ def minimal_seed(seed: SeedInput) -> str:
     and the pending input (both clipped short, pointing at where the full text is) and the notes
     listed by id. Its size does not grow with the notes' or the instructions' text."""
     lines = [
-        f'<context-window current="{seed.current}" previous="{seed.previous or "-"}" '
-        f'first="{seed.first}" number="{seed.number}">',
-        f"New window ({seed.trigger}); nothing was summarised. The previous window is archived unchanged: "
-        f'history_lookup(window="{seed.previous or "-"}"), history_read(item=...).',
+        (f'<context-window current="{seed.current}" previous="{seed.previous or "-"}" '
+         f'first="{seed.first}" number="{seed.number}">'),
+        (f"New window ({seed.trigger}); nothing was summarised. The previous window is archived unchanged: "
+         f'history_lookup(window="{seed.previous or "-"}"), history_read(item=...).'),
         f"Context remaining: about {REMAINING_PLACEHOLDER} tokens.",
         "## Goal",
         _escape(_clip(seed.goal, MINIMAL_CHARS, "in the notes or the history")) if seed.goal else "(none recorded)",
