@@ -43,6 +43,13 @@ class Built:
 _CACHE: dict[tuple[str, str, bool], dict[int, Built]] = {}
 
 
+
+def usage_for(session, request, reply):
+    """Provider usage as a real provider would report it: the prompt as sent and the reply's
+    own size. (Echoing the anchored pressure back with a made-up completion count fed each
+    reply's error into the next anchor, and the drift grew with the session.)"""
+    return {"prompt_tokens": request.pressure.tokens, "completion_tokens": session.meter.count_message(reply)}
+
 def sizes(bench: Any) -> tuple[int, ...]:
     return QUICK_SIZES if bench.quick else FULL_SIZES
 
@@ -62,10 +69,12 @@ def turn(session: Any, n: int) -> None:
         request = session.prepare_request()
         call_id = f"c{n}_{k}"
         call = ToolCallBlock(call_id, "read_file", {"path": f"src/m{(n + k) % 50}.py"})
-        session.commit_reply(Message.assistant(text(6, n + k), [call]), usage={"prompt_tokens": request.pressure.tokens, "completion_tokens": 20})
+        reply = Message.assistant(text(6, n + k), [call])
+        session.commit_reply(reply, usage=usage_for(session, request, reply))
         session.tool_result(call_id, LARGE_RESULT[(n * 7) % 400 :] if large else text(30, n + k))
     request = session.prepare_request()
-    session.commit_reply(Message.assistant(text(15, n + 3)), usage={"prompt_tokens": request.pressure.tokens, "completion_tokens": 40})
+    reply = Message.assistant(text(15, n + 3))
+    session.commit_reply(reply, usage=usage_for(session, request, reply))
     session.end_turn()
 
 

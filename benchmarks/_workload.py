@@ -21,6 +21,13 @@ WORDS = (
 ).split()
 
 
+
+def usage_for(session, request, reply):
+    """Provider usage as a real provider would report it: the prompt as sent and the reply's
+    own size. (Echoing the anchored pressure back with a made-up completion count fed each
+    reply's error into the next anchor, and the drift grew with the session.)"""
+    return {"prompt_tokens": request.pressure.tokens, "completion_tokens": session.meter.count_message(reply)}
+
 def text(n_words: int, seed: int) -> str:
     return " ".join(WORDS[(seed * 7 + i * 13) % len(WORDS)] + (str(seed % 97) if i % 5 == 0 else "") for i in range(n_words))
 
@@ -37,11 +44,13 @@ def one_turn(session: Any, n: int) -> None:
     session.user(f"step {n}: " + text(40, n))
     request = session.prepare_request()
     calls = [ToolCallBlock(f"c{n}a", "read_file", {"path": f"src/mod{n % 50}.py"}), ToolCallBlock(f"c{n}b", "run", {"command": f"pytest -k t{n}"})]
-    session.commit_reply(Message.assistant(text(20, n + 1), calls), usage={"prompt_tokens": request.pressure.tokens, "completion_tokens": 60})
+    reply = Message.assistant(text(20, n + 1), calls)
+    session.commit_reply(reply, usage=usage_for(session, request, reply))
     session.tool_result(f"c{n}a", "\n".join(text(12, n + k) for k in range(8)))
     session.tool_result(f"c{n}b", "\n".join(text(10, n + 2 * k) for k in range(5)))
     request = session.prepare_request()
-    session.commit_reply(Message.assistant(text(30, n + 3)), usage={"prompt_tokens": request.pressure.tokens, "completion_tokens": 40})
+    reply = Message.assistant(text(30, n + 3))
+    session.commit_reply(reply, usage=usage_for(session, request, reply))
     session.end_turn()
 
 
