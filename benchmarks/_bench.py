@@ -72,10 +72,10 @@ class Bench:
         for _ in range(repeat):
             if setup is not None:
                 setup()
-            b = _time(baseline)
+            b = cpu_seconds(baseline)
             if setup is not None:
                 setup()
-            s = _time(subject)
+            s = cpu_seconds(subject)
             subject_times.append(s)
             baseline_times.append(b)
             ratios.append(b / s if invert else s / b)
@@ -94,7 +94,7 @@ class Bench:
         )
 
 
-def _time(fn: Callable[[], Any]) -> float:
+def cpu_seconds(fn: Callable[[], Any]) -> float:
     """CPU seconds of this process running ``fn`` (with the cyclic collector paused).
 
     CPU time rather than wall time: on a shared machine (CI, two cores) other processes steal

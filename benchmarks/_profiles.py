@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _workload import text
+from _workload import text, usage_for
 
 from ctxkernel import Kernel, Message, ToolCallBlock
 from ctxkernel.store.jsonl import JsonlStore
@@ -42,13 +42,6 @@ class Built:
 
 _CACHE: dict[tuple[str, str, bool], dict[int, Built]] = {}
 
-
-
-def usage_for(session, request, reply):
-    """Provider usage as a real provider would report it: the prompt as sent and the reply's
-    own size. (Echoing the anchored pressure back with a made-up completion count fed each
-    reply's error into the next anchor, and the drift grew with the session.)"""
-    return {"prompt_tokens": request.pressure.tokens, "completion_tokens": session.meter.count_message(reply)}
 
 def sizes(bench: Any) -> tuple[int, ...]:
     return QUICK_SIZES if bench.quick else FULL_SIZES

@@ -21,12 +21,12 @@ WORDS = (
 ).split()
 
 
-
-def usage_for(session, request, reply):
+def usage_for(session: Any, request: Any, reply: Any) -> dict[str, int]:
     """Provider usage as a real provider would report it: the prompt as sent and the reply's
     own size. (Echoing the anchored pressure back with a made-up completion count fed each
     reply's error into the next anchor, and the drift grew with the session.)"""
     return {"prompt_tokens": request.pressure.tokens, "completion_tokens": session.meter.count_message(reply)}
+
 
 def text(n_words: int, seed: int) -> str:
     return " ".join(WORDS[(seed * 7 + i * 13) % len(WORDS)] + (str(seed % 97) if i % 5 == 0 else "") for i in range(n_words))

@@ -32,6 +32,7 @@ from typing import Any
 
 from _bench import Bench
 from _profiles import open_kernel, turn
+from _workload import usage_for
 
 from ctxkernel import EventSpec, Message, ToolCallBlock
 
@@ -62,7 +63,8 @@ def decay(session: Any) -> Callable[[], Any]:
     spans = plan_spans(session, current_state(session), settings_of(session), session.meter.surface_tokens() // 2)
     assert spans, "decay planned no span"
     call = ToolCallBlock("bench_compress", "compress", {"spans": spans})
-    session.commit_reply(Message.assistant("", [call]), usage={"prompt_tokens": request.pressure.tokens, "completion_tokens": 10})
+    reply = Message.assistant("", [call])
+    session.commit_reply(reply, usage=usage_for(session, request, reply))
     return lambda: session.run_tool(call)
 
 

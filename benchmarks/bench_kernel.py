@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 from _bench import Bench, per_call
-from _workload import build_session, kernel_for, text
+from _workload import build_session, kernel_for, text, usage_for
 
 from ctxkernel import Message
 from ctxkernel.meter import message_text_for_count
@@ -77,7 +77,8 @@ def step_cost(bench: Bench, sessions: dict[int, tuple[Path, str, int]]) -> None:
         n = next(counter)
         session.user(f"quick question {n}: " + text(15, n))
         request = session.prepare_request()
-        session.commit_reply(Message.assistant(text(25, n)), usage={"prompt_tokens": request.pressure.tokens, "completion_tokens": 30})
+        reply = Message.assistant(text(25, n))
+        session.commit_reply(reply, usage=usage_for(session, request, reply))
         session.end_turn()
 
     number = 20 if bench.quick else 50

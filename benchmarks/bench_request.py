@@ -33,9 +33,9 @@ import statistics
 import time
 from typing import Any
 
-from _bench import Bench
+from _bench import Bench, cpu_seconds as cpu
 from _profiles import PROFILES, built, open_kernel, sizes
-from _workload import text
+from _workload import text, usage_for
 
 from ctxkernel import Message
 from ctxkernel.meter import message_text_for_count
@@ -63,16 +63,6 @@ def to_langchain(messages: list[Message]) -> list[Any]:
     return out
 
 
-def cpu(fn: Any) -> float:
-    gc.collect()
-    gc.disable()
-    try:
-        start = time.process_time()
-        fn()
-        return time.process_time() - start
-    finally:
-        gc.enable()
-
 
 def request_round(session: Any, steps: int, counter: list[int]) -> float:
     """CPU seconds per request, mean over ``steps`` requests."""
@@ -84,7 +74,7 @@ def request_round(session: Any, steps: int, counter: list[int]) -> float:
         gc.disable()
         start = time.process_time()
         request = session.prepare_request()
-        session.commit_reply(reply, usage={"prompt_tokens": request.pressure.tokens, "completion_tokens": 30})
+        session.commit_reply(reply, usage=usage_for(session, request, reply))
         total += time.process_time() - start
         gc.enable()
         session.end_turn()
