@@ -6,7 +6,8 @@ import inspect
 
 import pytest
 
-from ctxkernel.store.sqlite import SqliteStore, encode_event
+from ctxkernel.store.rows import encode_event
+from ctxkernel.store.sqlite import SqliteStore
 from ctxkernel.testing_store import StoreConformance
 
 

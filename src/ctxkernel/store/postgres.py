@@ -34,10 +34,9 @@ import orjson
 from ..errors import ConflictError, CorruptionError, SessionExistsError, SessionNotFoundError, StoreError
 from ..events import Event
 from .base import RepairReport, SessionHeader, check_batch, check_kv_name, check_session_id
-from .sqlite import decode_event, encode_event, encode_value
+from .rows import check_bookkeeping, decode_header, decode_value, encode_event, encode_value, read_events
 
 SCHEMA_VERSION = 1
-READ_CHUNK = 5000
 DSN_ENV = "CTXKERNEL_STORE__DSN"
 
 _SCHEMA = [
@@ -186,13 +185,7 @@ class PostgresStore:
         rows = self._query("SELECT header FROM ctxkernel_sessions WHERE id = %s", (check_session_id(session_id),))
         if not rows:
             raise self._not_found(session_id)
-        where = f"postgres store {self.where}: session {session_id}"
-        try:
-            raw = orjson.loads(rows[0][0])
-        except orjson.JSONDecodeError as exc:
-            msg = f"{where}: header is not valid JSON ({exc})"
-            raise CorruptionError(msg) from None
-        return SessionHeader.from_dict(raw, where=where)
+        return decode_header(rows[0][0], f"postgres store {self.where}: session {session_id}")
 
     def list_sessions(self) -> list[str]:
         return [row[0] for row in self._query("SELECT id FROM ctxkernel_sessions ORDER BY id COLLATE \"C\"")]
@@ -210,41 +203,21 @@ class PostgresStore:
         return self._read(session_id, max(start, 0), end)
 
     def _read(self, session_id: str, start: int, end: int) -> Iterator[Event]:
-        where = f"postgres store {self.where}: session {session_id}"
-        seq = start
-        while seq < end:
-            rows = self._query(
+        def fetch(seq: int, end: int, limit: int) -> list[tuple[int, Any]]:
+            return self._query(
                 "SELECT seq, body FROM ctxkernel_events WHERE session = %s AND seq >= %s AND seq < %s "
                 "ORDER BY seq LIMIT %s",
-                (session_id, seq, end, READ_CHUNK),
+                (session_id, seq, end, limit),
             )
-            if not rows:
-                msg = f"{where}: events {seq}..{end - 1} are missing"
-                raise CorruptionError(msg)
-            for stored_seq, body in rows:
-                if stored_seq != seq:
-                    msg = f"{where}: event {seq} is missing (found {stored_seq}); the log has a gap"
-                    raise CorruptionError(msg)
-                event = decode_event(body, f"{where} seq {seq}")
-                if event.seq != seq:
-                    msg = f"{where}: row {seq} holds an event with seq {event.seq}"
-                    raise CorruptionError(msg)
-                yield event
-                seq += 1
+
+        return read_events(fetch, start, end, f"postgres store {self.where}: session {session_id}")
 
     def repair(self, session_id: str) -> RepairReport:
-        """Transactions leave no torn tail; check the bookkeeping agrees with the rows."""
         next_seq = self.next_seq(session_id)
         count, top = self._query(
             "SELECT count(*), max(seq) FROM ctxkernel_events WHERE session = %s", (session_id,)
         )[0]
-        if count != next_seq or (top if top is not None else -1) != next_seq - 1:
-            msg = (
-                f"postgres store {self.where}: session {session_id} records next seq {next_seq} but holds "
-                f"{count} events (highest seq {top}); the database is corrupt and was not rewritten"
-            )
-            raise CorruptionError(msg)
-        return RepairReport()
+        return check_bookkeeping(next_seq, count, top, f"postgres store {self.where}: session {session_id}")
 
     # -- writing ---------------------------------------------------------------------------------
     def append(self, session_id: str, events: Sequence[Event], expected_seq: int) -> None:
@@ -287,7 +260,7 @@ class PostgresStore:
         )
         if not rows:
             return None
-        return _loads_value(rows[0][0], f"postgres store {self.where}: key-value {namespace}/{key}")
+        return decode_value(rows[0][0], f"postgres store {self.where}: key-value {namespace}/{key}")
 
     def kv_put(self, namespace: str, key: str, value: Any) -> None:
         check_kv_name("namespace", namespace)
@@ -310,7 +283,7 @@ class PostgresStore:
             (check_kv_name("namespace", namespace), len(prefix), prefix),
         )
         where = f"postgres store {self.where}: key-value {namespace}"
-        return {key: _loads_value(value, f"{where}/{key}") for key, value in rows}
+        return {key: decode_value(value, f"{where}/{key}") for key, value in rows}
 
     def close(self) -> None:
         with self._mutex:
@@ -318,10 +291,3 @@ class PostgresStore:
                 self._conn.close()
                 self._conn = None
 
-
-def _loads_value(body: str, where: str) -> Any:
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        msg = f"{where}: not valid JSON ({exc})"
-        raise CorruptionError(msg) from None

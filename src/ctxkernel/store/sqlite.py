@@ -24,14 +24,13 @@ from typing import Any
 
 import orjson
 
-from ..errors import ConflictError, CorruptionError, EventError, SessionExistsError, SessionNotFoundError, StoreError
+from ..errors import ConflictError, CorruptionError, SessionExistsError, SessionNotFoundError, StoreError
 from ..events import Event
 from .base import RepairReport, SessionHeader, check_batch, check_kv_name, check_session_id
+from .rows import check_bookkeeping, decode_header, decode_value, encode_event, encode_value, read_events
 
 SCHEMA_VERSION = 1
 DATABASE_NAME = "ctxkernel.sqlite3"
-#: rows fetched per query while reading, so a long log never sits in memory twice
-READ_CHUNK = 5000
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -54,31 +53,6 @@ CREATE TABLE IF NOT EXISTS kv (
     PRIMARY KEY (namespace, key)
 ) WITHOUT ROWID;
 """
-
-
-def encode_event(event: Event) -> str:
-    """The stored form of an event (shared with the postgres backend)."""
-    try:
-        return orjson.dumps(event.to_dict()).decode()
-    except TypeError as exc:
-        msg = f"event {event.seq} ({event.type}) is not JSON-serialisable: {exc}; nothing was written"
-        raise StoreError(msg) from None
-
-
-def decode_event(body: str | bytes, where: str) -> Event:
-    try:
-        return Event.from_dict(orjson.loads(body))
-    except (orjson.JSONDecodeError, EventError) as exc:
-        msg = f"{where}: stored event is invalid ({exc})"
-        raise CorruptionError(msg) from None
-
-
-def encode_value(namespace: str, key: str, value: Any) -> str:
-    try:
-        return orjson.dumps(value).decode()
-    except TypeError as exc:
-        msg = f"key-value {namespace}/{key}: value is not JSON-serialisable ({exc})"
-        raise StoreError(msg) from None
 
 
 class SqliteStore:
@@ -180,12 +154,7 @@ class SqliteStore:
         rows = self._query("SELECT header FROM sessions WHERE id = ?", (check_session_id(session_id),))
         if not rows:
             raise self._not_found(session_id)
-        try:
-            raw = orjson.loads(rows[0][0])
-        except orjson.JSONDecodeError as exc:
-            msg = f"{self.path}: header of session {session_id} is not valid JSON ({exc})"
-            raise CorruptionError(msg) from None
-        return SessionHeader.from_dict(raw, where=f"{self.path}: session {session_id}")
+        return decode_header(rows[0][0], f"{self.path}: session {session_id}")
 
     def list_sessions(self) -> list[str]:
         return [row[0] for row in self._query("SELECT id FROM sessions ORDER BY id")]
@@ -206,38 +175,18 @@ class SqliteStore:
         return self._read(session_id, max(start, 0), end)
 
     def _read(self, session_id: str, start: int, end: int) -> Iterator[Event]:
-        where = f"{self.path}: session {session_id}"
-        seq = start
-        while seq < end:
-            rows = self._query(
+        def fetch(seq: int, end: int, limit: int) -> list[tuple[int, Any]]:
+            return self._query(
                 "SELECT seq, body FROM events WHERE session = ? AND seq >= ? AND seq < ? ORDER BY seq LIMIT ?",
-                (session_id, seq, end, READ_CHUNK),
+                (session_id, seq, end, limit),
             )
-            for stored_seq, body in rows:
-                if stored_seq != seq:
-                    msg = f"{where}: event {seq} is missing (found {stored_seq}); the log has a gap"
-                    raise CorruptionError(msg)
-                event = decode_event(body, f"{where} seq {seq}")
-                if event.seq != seq:
-                    msg = f"{where}: row {seq} holds an event with seq {event.seq}"
-                    raise CorruptionError(msg)
-                yield event
-                seq += 1
-            if not rows:
-                msg = f"{where}: events {seq}..{end - 1} are missing"
-                raise CorruptionError(msg)
+
+        return read_events(fetch, start, end, f"{self.path}: session {session_id}")
 
     def repair(self, session_id: str) -> RepairReport:
-        """Transactions leave no torn tail; check the bookkeeping agrees with the rows."""
         next_seq = self.next_seq(session_id)
         count, top = self._query("SELECT count(*), max(seq) FROM events WHERE session = ?", (session_id,))[0]
-        if count != next_seq or (top if top is not None else -1) != next_seq - 1:
-            msg = (
-                f"{self.path}: session {session_id} records next seq {next_seq} but holds {count} events "
-                f"(highest seq {top}); the database is corrupt and was not rewritten"
-            )
-            raise CorruptionError(msg)
-        return RepairReport()
+        return check_bookkeeping(next_seq, count, top, f"{self.path}: session {session_id}")
 
     # -- writing -------------------------------------------------------------------------------
     def append(self, session_id: str, events: Sequence[Event], expected_seq: int) -> None:
@@ -265,7 +214,7 @@ class SqliteStore:
         )
         if not rows:
             return None
-        return _loads_value(rows[0][0], f"{self.path}: key-value {namespace}/{key}")
+        return decode_value(rows[0][0], f"{self.path}: key-value {namespace}/{key}")
 
     def kv_put(self, namespace: str, key: str, value: Any) -> None:
         check_kv_name("namespace", namespace)
@@ -289,7 +238,7 @@ class SqliteStore:
             "SELECT key, value FROM kv WHERE namespace = ? AND substr(key, 1, ?) = ? ORDER BY key",
             (check_kv_name("namespace", namespace), len(prefix), prefix),
         )
-        return {key: _loads_value(value, f"{self.path}: key-value {namespace}/{key}") for key, value in rows}
+        return {key: decode_value(value, f"{self.path}: key-value {namespace}/{key}") for key, value in rows}
 
     def close(self) -> None:
         with self._mutex:
@@ -298,10 +247,3 @@ class SqliteStore:
             except sqlite3.Error:
                 pass
 
-
-def _loads_value(body: str, where: str) -> Any:
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        msg = f"{where}: not valid JSON ({exc})"
-        raise CorruptionError(msg) from None
