@@ -312,7 +312,11 @@ class StoreConformance:
         store.kv_put("ns", "k", {"v": HARD_UNICODE})
         assert other.kv_get("ns", "k") == {"v": HARD_UNICODE}
 
-    @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.differing_executors])
+    @settings(
+        max_examples=25,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.differing_executors, HealthCheck.too_slow],
+    )
     @given(payload=st.dictionaries(unicode_text, json_values, max_size=5), text=unicode_text)
     def test_any_unicode_and_json_round_trips(self, store: EventStore, payload: dict[str, Any], text: str) -> None:
         session_id = f"h{uuid.uuid4().hex}"
