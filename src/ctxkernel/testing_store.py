@@ -13,9 +13,9 @@ home, database or schema), as a second process would::
             return lambda: MyStore(tmp_path)
 
 Every test then runs unchanged against that backend: create, append with the expected next seq,
-a stale writer's :class:`ConflictError` with nothing written, reads by range, session listing,
-the key-value table, 1 MB events, any Unicode, a 100,000-event session, racing writers and
-``repair()``.
+a stale writer's :class:`ConflictError` with nothing written, reads by range (bounded by an end
+too), session listing, the key-value table, 1 MB events, any Unicode, a 100,000-event session,
+racing writers and ``repair()``.
 
 PostgreSQL helpers: :func:`postgres_dsn` returns ``$CTXKERNEL_TEST_PG_DSN`` when a server answers
 there, and otherwise skips the test with the reason, or fails it when ``CI`` is true (CI must run
@@ -272,6 +272,24 @@ class StoreConformance:
             assert dump(store, "s", start) == everything[start:]
         assert dump(store, "s", 15) == []
         assert dump(store, "s", 1000) == []
+
+    def test_bounded_reads(self, store: EventStore, other: EventStore) -> None:
+        store.create(header("s"))
+        store.append("s", batch(0, 10), 0)
+        store.append("s", batch(10, 5), 10)
+        everything = dump(store, "s")
+        for start, end in ((0, 1), (0, 10), (3, 7), (9, 11), (10, 15), (14, 15), (0, 15)):
+            assert [e.to_dict() for e in store.read("s", start, end)] == everything[start:end]
+            assert [e.to_dict() for e in other.read("s", start, end)] == everything[start:end]
+        # an end past the log stops at the log; an empty or reversed range reads nothing
+        assert [e.seq for e in store.read("s", 12, 1000)] == [12, 13, 14]
+        assert list(store.read("s", 5, 5)) == [] and list(store.read("s", 7, 3)) == []
+        assert list(store.read("s", 15, 20)) == []
+        # a bounded read never yields an event appended after it was asked for past its end
+        reader = store.read("s", 13, 16)
+        other.append("s", batch(15, 3), 15)
+        assert [e.seq for e in reader] in ([13, 14], [13, 14, 15])
+        assert [e.seq for e in store.read("s", 14, 17)] == [14, 15, 16]
 
     def test_read_is_a_snapshot_of_whole_batches(self, store: EventStore, other: EventStore) -> None:
         store.create(header("s"))

@@ -36,6 +36,13 @@ class UnsortedListing(SqliteStore):
         return [row[0] for row in self._query("SELECT id FROM sessions ORDER BY rowid")]
 
 
+class IgnoresEnd(SqliteStore):
+    """Reads to the end of the log whatever end the caller asked for."""
+
+    def read(self, session_id, start=0, end=None):
+        return super().read(session_id, start)
+
+
 @pytest.mark.parametrize(
     ("broken", "test"),
     [
@@ -43,6 +50,7 @@ class UnsortedListing(SqliteStore):
         (NoConflictCheck, "test_writer_ahead_of_the_log_conflicts"),
         (NotAtomic, "test_malformed_batches_are_refused_before_writing"),
         (UnsortedListing, "test_list_sessions_is_sorted_and_shared"),
+        (IgnoresEnd, "test_bounded_reads"),
     ],
 )
 def test_suite_catches(broken, test, tmp_path):

@@ -127,8 +127,10 @@ class EventStore(Protocol):
         first, :class:`ConflictError` is raised and nothing is written.
         """
 
-    def read(self, session_id: str, start: int = 0) -> Iterator[Event]:
-        """Yield validated events with ``seq >= start`` in order."""
+    def read(self, session_id: str, start: int = 0, end: int | None = None) -> Iterator[Event]:
+        """Yield validated events with ``start <= seq < end`` (``end`` None: to the last) in order.
+
+        A bounded read touches only the events it returns (the inspector pages a long log this way)."""
 
     def next_seq(self, session_id: str) -> int:
         """The seq the next appended event must have (cheap: used to detect new events)."""

@@ -190,18 +190,23 @@ class JsonlStore:
                 report = RepairReport(truncated_bytes=cut, dropped_events=len(pending), reason=defect)
             return index, events, report
 
-    def read(self, session_id: str, start: int = 0) -> Iterator[Event]:
+    def read(self, session_id: str, start: int = 0, end: int | None = None) -> Iterator[Event]:
         index, _, _ = self._scan(session_id)
-        if start >= len(index.offsets):
+        count = len(index.offsets)
+        start = max(start, 0)
+        end = count if end is None else min(end, count)
+        if start >= end:
             return iter(())
-        with self._mutex:
-            fresh = self._fresh.pop(session_id, None)
-        if fresh is not None and fresh[0] <= start and fresh[0] + len(fresh[1]) == len(index.offsets):
-            return iter(fresh[1][start - fresh[0] :])
+        if end == count:  # only a read to the end is what opening a session does right after a scan
+            with self._mutex:
+                fresh = self._fresh.pop(session_id, None)
+            if fresh is not None and fresh[0] <= start and fresh[0] + len(fresh[1]) == count:
+                return iter(fresh[1][start - fresh[0] :])
+        stop = index.end if end == count else index.offsets[end]
         path = self.path(session_id)
         with open(path, "rb") as f:
             f.seek(index.offsets[start])
-            data = f.read(index.end - index.offsets[start])
+            data = f.read(stop - index.offsets[start])
         return self._parse(data)
 
     @staticmethod

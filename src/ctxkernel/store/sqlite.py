@@ -169,10 +169,10 @@ class SqliteStore:
             raise self._not_found(session_id)
         return int(rows[0][0])
 
-    def read(self, session_id: str, start: int = 0) -> Iterator[Event]:
+    def read(self, session_id: str, start: int = 0, end: int | None = None) -> Iterator[Event]:
         # the end is fixed now: a reader sees the batches committed when it asked, never a part of one
-        end = self.next_seq(session_id)
-        return self._read(session_id, max(start, 0), end)
+        last = self.next_seq(session_id)
+        return self._read(session_id, max(start, 0), last if end is None else min(end, last))
 
     def _read(self, session_id: str, start: int, end: int) -> Iterator[Event]:
         def fetch(seq: int, end: int, limit: int) -> list[tuple[int, Any]]:
