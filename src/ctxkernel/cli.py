@@ -25,6 +25,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "ctxkernel.cli_commands",
     "ctxkernel.store.cli",
     "ctxkernel.simulate.cli",
+    "ctxkernel.ui.cli",
 )
 
 #: entry-point group through which installed distributions add subcommands

@@ -1,0 +1,122 @@
+"""The Compare page's data: a ``simulate --format json`` report file, or a replay run here.
+
+Paths come from the page, so they are confined to the directories the server was started with
+(``read_roots``, default the working directory): a path outside them, a directory, a missing or an
+oversized file is refused with a message naming what is accepted. A replay runs one at a time
+(they are CPU-bound) on the embedded defaults, offline: extractive summaries, the default steward.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ..errors import CtxKernelError
+
+#: the largest report file the page loads
+MAX_REPORT_BYTES = 64 * 1024 * 1024
+#: replay results kept for the page (oldest dropped first)
+KEEP_RESULTS = 8
+
+
+class CompareError(Exception):
+    """A report or replay request that cannot be served; the message says why."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def confine(path_text: str, roots: list[Path]) -> Path:
+    """The resolved file ``path_text`` names, when it lies inside one of ``roots``."""
+    if not path_text or "\x00" in path_text:
+        raise CompareError("give the path of a file")
+    path = Path(os.path.expanduser(path_text))
+    resolved = path.resolve() if path.is_absolute() else (roots[0] / path).resolve()
+    if not any(resolved.is_relative_to(root) for root in roots):
+        raise CompareError(f"{path_text!r} is outside the directories this server reads: {[str(r) for r in roots]} (start it with --read-root)")
+    if not resolved.is_file():
+        raise CompareError(f"{path_text!r} is not a file")
+    return resolved
+
+
+def check_report(report: Any, where: str) -> dict[str, Any]:
+    """A ``simulate --format json`` report: its profiles and source, each of the right shape."""
+    if not isinstance(report, dict) or not isinstance(report.get("profiles"), list) or not isinstance(report.get("source"), dict):
+        raise CompareError(f"{where} is not a simulate report: expected the JSON of `ctxkernel simulate --format json` (keys source, profiles)")
+    for i, p in enumerate(report["profiles"]):
+        if not isinstance(p, dict) or not isinstance(p.get("profile"), str):
+            raise CompareError(f"{where}: profiles[{i}] must be an object with a 'profile' name")
+        tokens = p.get("prompt_tokens", [])
+        if not isinstance(tokens, list) or not all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in tokens):
+            raise CompareError(f"{where}: profiles[{i}].prompt_tokens must be a list of numbers")
+        window = p.get("effective_window")
+        if window is not None and (not isinstance(window, (int, float)) or isinstance(window, bool)):
+            raise CompareError(f"{where}: profiles[{i}].effective_window must be a number")
+    return report
+
+
+def load_report(path_text: str, roots: list[Path]) -> dict[str, Any]:
+    path = confine(path_text, roots)
+    if path.stat().st_size > MAX_REPORT_BYTES:
+        raise CompareError(f"{path_text!r} is larger than {MAX_REPORT_BYTES // (1024 * 1024)} MB")
+    try:
+        report = orjson.loads(path.read_bytes())
+    except orjson.JSONDecodeError as exc:
+        raise CompareError(f"{path_text!r} is not JSON ({exc}); save a report with `ctxkernel simulate --format json > report.json`") from None
+    return check_report(report, repr(path_text))
+
+
+class Replays:
+    """Replays started from the page, one at a time, their reports kept by id."""
+
+    def __init__(self, roots: list[Path]) -> None:
+        self.roots = roots
+        self._busy = threading.Lock()
+        self._results: OrderedDict[str, dict[str, Any]] = OrderedDict()
+
+    def get(self, job: str) -> dict[str, Any]:
+        try:
+            return self._results[job]
+        except KeyError:
+            raise CompareError(f"no replay {job!r} here (results are kept in memory for the last {KEEP_RESULTS})", 404) from None
+
+    def run(self, *, transcript: str = "", workload: str = "", profiles: str, window: str = "") -> str:
+        from ..simulate import Options, build_workload, compare, load_recording, profile_names
+        from ..simulate.workloads import WORKLOADS
+
+        if bool(transcript) == bool(workload):
+            raise CompareError("give either a transcript path or a built-in workload")
+        size = None
+        if window.strip():
+            try:
+                size = int(window)
+            except ValueError:
+                raise CompareError(f"window {window!r} must be a whole number of tokens") from None
+            if size < 256:
+                raise CompareError(f"window {size}: a context window needs at least 256 tokens")
+        if not self._busy.acquire(blocking=False):
+            raise CompareError("a replay is already running; try again when it is done", 409)
+        try:
+            if workload:
+                if workload not in WORKLOADS:
+                    raise CompareError(f"unknown workload {workload!r}; accepted: {sorted(WORKLOADS)}")
+                recording = build_workload(workload, 7)
+            else:
+                recording = load_recording(str(confine(transcript, self.roots)))
+            report = compare(profile_names(profiles), recording, Options(window=size))
+        except CtxKernelError as exc:
+            raise CompareError(str(exc)) from None
+        finally:
+            self._busy.release()
+        job = uuid.uuid4().hex[:12]
+        self._results[job] = report
+        while len(self._results) > KEEP_RESULTS:
+            self._results.popitem(last=False)
+        return job

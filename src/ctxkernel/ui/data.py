@@ -1,0 +1,379 @@
+"""What the inspector shows, computed from the kernel: no figure is derived twice.
+
+An :class:`Inspector` keeps the sessions it opened (least recently used first out) and brings an
+open one up to date with :meth:`Session.refresh`, which reads only the events appended since; the
+timeline and the compaction transactions fold the same new events. The log view never uses the
+open session: it reads one page from the store with a bounded read, so paging a 100k-event log
+costs a page, not the log.
+
+Everything here returns plain JSON values. Session content (messages, notes, titles) is passed
+through as data; the pages put it into the document as text, never as markup.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from .. import events as ev
+from ..errors import ProfileError, SessionNotFoundError
+from ..events import Event
+from ..kernel import Kernel
+from ..meter import message_text_for_count
+from ..profile import list_profiles, load_profile
+from ..session import Session
+from ..store.base import check_session_id
+
+#: sessions kept open (each holds its log in memory); the least recently used is closed first
+CACHE_SIZE = 8
+#: events per log page at most, and events a filtered page scans at most before it answers
+MAX_PAGE = 500
+MAX_SCAN = 5_000
+#: characters of one event's JSON, and of one surface message's text, sent to the page
+EVENT_CHARS = 20_000
+TEXT_CHARS = 4_000
+#: settings, by name, that are pressure thresholds (a share of the effective window): the
+#: timeline draws every one the session's strategies define
+THRESHOLD_SETTINGS = (
+    "threshold_ratio",
+    "warn_ratios",
+    "reminder_ratio",
+    "rollover_ratio",
+    "pressure_suggestion_ratio",
+    "compact_at_ratio",
+)
+
+
+def clip(text: str, limit: int) -> dict[str, Any]:
+    """``{"text", "chars"}``: the text cut at ``limit`` characters and its full length."""
+    return {"text": text[:limit], "chars": len(text)}
+
+
+def event_json(event: Event) -> dict[str, Any]:
+    """One log row: envelope fields, a one-line preview and the data as (bounded) JSON text."""
+    body = orjson.dumps(event.data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()
+    return {
+        "seq": event.seq,
+        "type": event.type,
+        "time": event.time,
+        "surface": event.surface,
+        "ignorable": event.ignorable,
+        "preview": _preview(event),
+        "data": clip(body, EVENT_CHARS),
+    }
+
+
+def _preview(event: Event) -> str:
+    d = event.data
+    message = event.message_dict
+    if message is not None:
+        parts = []
+        for block in message.get("content") or []:
+            if not isinstance(block, dict):
+                continue
+            if block.get("type") in ("text", "reasoning"):
+                parts.append(str(block.get("text", "")))
+            elif block.get("type") == "tool_call":
+                parts.append(f"{block.get('name')}(…)")
+            else:
+                parts.append(str(block.get("content", "")))
+        return " ".join(" ".join(parts).split())[:200]
+    if event.type == ev.COMPACTION_SUMMARY:
+        return f"{d.get('strategy')}/{d.get('kind')}: {d.get('tokens_before')} -> {d.get('tokens_after')} tokens"
+    if event.type in (ev.TURN_START, ev.TURN_END, ev.STEP_START, ev.STEP_END):
+        return " ".join(f"{k}={d[k]}" for k in ("turn", "step", "reason") if k in d)
+    return " ".join(orjson.dumps(d).decode().split())[:200]
+
+
+@dataclass
+class Derived:
+    """Figures folded from the log once, then from each new event only."""
+
+    folded: int = 0
+    window: int | None = None  # effective window of the current route
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    markers: list[dict[str, Any]] = field(default_factory=list)
+    transactions: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def fold(self, events: Iterable[Event]) -> None:
+        for event in events:
+            self._one(event)
+            self.folded = event.seq + 1
+
+    def _one(self, event: Event) -> None:
+        t, d = event.type, event.data
+        if t == ev.REQUEST_CONTEXT:
+            window = d["context_window"] - d["reserved_output_tokens"]
+            if self.window is not None and window != self.window:
+                self.markers.append({"seq": event.seq, "request": len(self.requests), "kind": "route", "label": f"{d['provider']}/{d['model']}"})
+            self.window = window
+        elif t == ev.ASSISTANT_MESSAGE:
+            usage = d.get("usage") or {}
+            tokens = usage.get("input_tokens")
+            self.requests.append({"seq": event.seq, "tokens": tokens if isinstance(tokens, int) else None, "window": self.window})
+        elif t == ev.COMPACTION_START:
+            self.transactions[d["compaction_id"]] = {
+                "id": d["compaction_id"], "strategy": d["strategy"], "start": event.seq, "time": event.time,
+                "kind": None, "summary_seq": None, "end": None, "outcome": "open", "error": None,
+                "tokens_before": None, "tokens_after": None, "cites": 0,
+            }
+        elif t == ev.COMPACTION_SUMMARY:
+            txn = self.transactions.get(d["compaction_id"])
+            if txn is not None:
+                txn.update(kind=d.get("kind"), summary_seq=event.seq, tokens_before=d.get("tokens_before"),
+                           tokens_after=d.get("tokens_after"), cites=len(d["cites"]))
+            kind = "window" if d.get("kind") == "window" else "compaction"
+            label = f"{d.get('strategy')}/{d.get('kind')}"
+            self.markers.append({"seq": event.seq, "request": len(self.requests), "kind": kind, "label": label})
+        elif t == ev.COMPACTION_END:
+            txn = self.transactions.get(d["compaction_id"])
+            if txn is not None:
+                error = d.get("error")
+                txn.update(end=event.seq, error=error, outcome="failed" if error else ("committed" if txn["summary_seq"] is not None else "empty"))
+        elif t == ev.COMPACTION_PRUNE:
+            self.markers.append({"seq": event.seq, "request": len(self.requests), "kind": "prune", "label": f"{d['strategy']} prune {d['target']}"})
+        elif t == ev.SURFACE_DROP:
+            self.markers.append({"seq": event.seq, "request": len(self.requests), "kind": "drop", "label": f"{d['strategy']} drop"})
+        elif event.ignorable and ("window" in t or "continu" in t):
+            # strategies' own switch records (rollover/window, chapters continuations)
+            self.markers.append({"seq": event.seq, "request": len(self.requests), "kind": "window", "label": t})
+
+
+@dataclass
+class Opened:
+    session: Session
+    derived: Derived
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+
+class Inspector:
+    """The read side of the inspector over one kernel's store."""
+
+    def __init__(self, kernel: Kernel, *, cache_size: int = CACHE_SIZE) -> None:
+        self.kernel = kernel
+        self.store = kernel.store
+        self.cache_size = cache_size
+        self._opened: OrderedDict[str, Opened] = OrderedDict()
+        self._kernels: dict[str, Kernel] = {kernel.profile.name: kernel}
+        self._lock = threading.RLock()
+        #: counts of what the store was asked for (tests check that pages read bounded data)
+        self.stats = {"opens": 0, "events_read": 0}
+
+    # -- sessions ---------------------------------------------------------------------------------
+    def kernel_for(self, recorded: str | None) -> Kernel:
+        """The kernel a session is opened with: the profile it was recorded with when that
+        profile is on the search path (as ``ctxkernel inspect`` does), else ours; always over
+        this inspector's store."""
+        if not recorded or recorded == self.kernel.profile.name or recorded not in list_profiles():
+            return self.kernel
+        with self._lock:
+            if recorded not in self._kernels:
+                try:
+                    self._kernels[recorded] = Kernel(load_profile(recorded), store=self.store, home=self.kernel.home)
+                except ProfileError:
+                    self._kernels[recorded] = self.kernel
+            return self._kernels[recorded]
+
+    def session_ids(self) -> list[str]:
+        return self.store.list_sessions()
+
+    def row(self, session_id: str) -> dict[str, Any]:
+        """A session list row from the store alone (header, size, last event): no replay."""
+        header = self.store.header(session_id)
+        count = self.store.next_seq(session_id)
+        last = self._read(session_id, count - 1, count) if count else []
+        row: dict[str, Any] = {
+            "id": session_id,
+            "profile": header.profile,
+            "parent": header.parent,
+            "created": header.created,
+            "events": count,
+            "last_activity": last[0].time if last else header.created,
+        }
+        with self._lock:
+            opened = self._opened.get(session_id)
+        if opened is not None:
+            row["summary"] = self.summary(session_id)
+        return row
+
+    def open(self, session_id: str) -> Opened:
+        """The open session, brought up to date (only new events are read)."""
+        check_session_id(session_id)
+        with self._lock:
+            opened = self._opened.get(session_id)
+            if opened is not None:
+                self._opened.move_to_end(session_id)
+        if opened is None:
+            if not self.store.exists(session_id):
+                msg = f"no session {session_id!r} in the {self.store.backend} store"
+                raise SessionNotFoundError(msg)
+            kernel = self.kernel_for(self.store.header(session_id).profile)
+            # the inspector only reads: no crash repair, which would append closing events
+            session = kernel.open_session(session_id, repair=False)
+            self.stats["opens"] += 1
+            self.stats["events_read"] += len(session.events)
+            derived = Derived()
+            derived.fold(session.events)
+            opened = Opened(session, derived)
+            with self._lock:
+                opened = self._opened.setdefault(session_id, opened)
+                while len(self._opened) > self.cache_size:
+                    self._opened.popitem(last=False)
+        with opened.lock:
+            self.stats["events_read"] += opened.session.refresh()
+            if opened.derived.folded < len(opened.session.events):
+                opened.derived.fold(opened.session.events[opened.derived.folded :])
+        return opened
+
+    def view(self, session_id: str) -> dict[str, Any]:
+        """Exactly what ``ctxkernel inspect --json`` prints for the session."""
+        opened = self.open(session_id)
+        with opened.lock:
+            view = opened.session.project()
+            view["profile"] = opened.session.kernel.profile.name
+        return view
+
+    def summary(self, session_id: str) -> dict[str, Any]:
+        """The session list's figures: pressure, windows or chapters, compactions."""
+        view = self.view(session_id)
+        panels = view["strategies"]
+        windows = next((p[k] for p in panels.values() if isinstance(p, dict) for k in ("windows", "chapters") if isinstance(p.get(k), int)), None)
+        return {
+            "profile": view["profile"],
+            "events": view["events"],
+            "pressure": view["pressure"],
+            "windows": windows,
+            "compactions": len(view["compactions"]),
+        }
+
+    # -- the session page ---------------------------------------------------------------------------
+    def timeline(self, session_id: str) -> dict[str, Any]:
+        opened = self.open(session_id)
+        with opened.lock:
+            session = opened.session
+            thresholds = []
+            for name in session.kernel.plugins.enabled_names():
+                try:
+                    settings = session.settings(name).model_dump()
+                except ProfileError:
+                    continue
+                for key in THRESHOLD_SETTINGS:
+                    value = settings.get(key)
+                    for ratio in value if isinstance(value, list) else [value]:
+                        if isinstance(ratio, (int, float)) and not isinstance(ratio, bool):
+                            thresholds.append({"strategy": name, "setting": key, "ratio": ratio})
+            d = opened.derived
+            return {
+                "events": len(session.events),
+                "requests": d.requests,
+                "markers": d.markers,
+                "effective_window": session.pressure().effective_window,
+                "thresholds": thresholds,
+            }
+
+    def transactions(self, session_id: str) -> list[dict[str, Any]]:
+        opened = self.open(session_id)
+        with opened.lock:
+            return [dict(t) for t in opened.derived.transactions.values()]
+
+    def surface(self, session_id: str) -> dict[str, Any]:
+        """The surface as the model sees it now, block by block."""
+        opened = self.open(session_id)
+        with opened.lock:
+            session = opened.session
+            decay = self._decay_marks(session)
+            nodes = []
+            for node in session.surface.nodes:
+                message = node.message
+                op = node.event.surface or {}
+                cites = op.get("cites") or []
+                item: dict[str, Any] = {
+                    "seq": node.seq,
+                    "event": node.event.type,
+                    "role": node.role,
+                    "source": message.source.to_dict(),
+                    "tokens": session.meter.node_tokens(node),
+                    "text": clip(message_text_for_count(message), TEXT_CHARS),
+                    "tool_calls": [{"id": c.id, "name": c.name} for c in message.tool_calls],
+                    "tool_result": message.tool_result.call_id if message.tool_result else None,
+                    # a replacement cites the log events it stands for
+                    "replaces": {"op": op.get("op"), "count": len(cites), "first": cites[0], "last": cites[-1], "cites": cites[:50]} if cites else None,
+                }
+                if node.seq in decay:
+                    item["decay"] = decay[node.seq]
+                nodes.append(item)
+            return {"events": len(session.events), "tokens": session.meter.surface_tokens(), "nodes": nodes}
+
+    @staticmethod
+    def _decay_marks(session: Session) -> dict[int, dict[str, Any]]:
+        if not session.kernel.plugins.is_enabled("decay"):
+            return {}
+        panel = session.kernel.hooks.project(session).get("decay") or {}
+        marks: dict[int, dict[str, Any]] = {}
+        for position in panel.get("positions") or []:
+            marks[position["seq"]] = {"anchor": position.get("anchor"), "kind": position.get("kind")}
+        for block in panel.get("blocks") or []:
+            if isinstance(block.get("seq"), int):
+                marks.setdefault(block["seq"], {})["tier"] = block.get("tier")
+        return marks
+
+    # -- the log: bounded reads only -------------------------------------------------------------------
+    def _read(self, session_id: str, start: int, end: int) -> list[Event]:
+        events = list(self.store.read(session_id, start, end))
+        self.stats["events_read"] += len(events)
+        return events
+
+    def log_page(self, session_id: str, *, start: int | None = None, limit: int = 100, types: list[str] | None = None) -> dict[str, Any]:
+        """One page of the log from ``start`` (default: the last page), optionally only the
+        given event types (a type ending in ``/`` matches a namespace). A filtered page scans at
+        most :data:`MAX_SCAN` events and says where to continue."""
+        check_session_id(session_id)
+        if not self.store.exists(session_id):
+            msg = f"no session {session_id!r} in the {self.store.backend} store"
+            raise SessionNotFoundError(msg)
+        count = self.store.next_seq(session_id)
+        limit = max(1, min(limit, MAX_PAGE))
+        if start is None:
+            start = max(0, count - limit) if not types else 0
+        start = max(0, min(start, count))
+        if not types:
+            rows = self._read(session_id, start, min(count, start + limit))
+            end = start + len(rows)
+        else:
+            wanted = [t for t in types if t]
+
+            def match(event_type: str) -> bool:
+                return any(event_type == t or (t.endswith("/") and event_type.startswith(t)) for t in wanted)
+
+            rows, end = [], start
+            while end < count and len(rows) < limit and end - start < MAX_SCAN:
+                chunk = self._read(session_id, end, min(count, end + limit, start + MAX_SCAN))
+                for event in chunk:
+                    end = event.seq + 1
+                    if match(event.type):
+                        rows.append(event)
+                        if len(rows) == limit:
+                            break
+        return {
+            "events": count,
+            "start": start,
+            "end": end,
+            "limit": limit,
+            "types": types or [],
+            "rows": [event_json(e) for e in rows],
+            "previous": max(0, start - limit) if start > 0 else None,
+            "next": end if end < count else None,
+        }
+
+    def event(self, session_id: str, seq: int) -> dict[str, Any]:
+        check_session_id(session_id)
+        rows = self._read(session_id, seq, seq + 1) if seq >= 0 else []
+        if not rows:
+            msg = f"session {session_id!r} has no event {seq}"
+            raise SessionNotFoundError(msg)
+        return event_json(rows[0])

@@ -1,0 +1,295 @@
+"""The inspector's server side: the figures are ``ctxkernel inspect``'s, reads are bounded, ids are
+validated, actions are POST-only and CSRF-protected. The pages in a real browser: test_ui_browser.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("starlette", reason="the inspector needs the 'ui' extra")
+from starlette.testclient import TestClient  # noqa: E402
+
+from ctxkernel.cli import main  # noqa: E402
+from ctxkernel.ui import create_app  # noqa: E402
+from ctxkernel.ui.data import MAX_SCAN  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("ctxkernel_tests_ui_support", Path(__file__).with_name("ui_support.py"))
+support = sys.modules.get(_spec.name) or importlib.util.module_from_spec(_spec)
+if _spec.name not in sys.modules:
+    sys.modules[_spec.name] = support
+    _spec.loader.exec_module(support)
+
+LOCAL = "http://127.0.0.1"
+
+
+@pytest.fixture(autouse=True)
+def env(tmp_path, monkeypatch):
+    for key in list(os.environ):
+        if key.startswith("CTXKERNEL_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("CTXKERNEL_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)  # no profile of the repository on the search path
+
+
+@pytest.fixture(autouse=True)
+def reset_logging():
+    import structlog
+
+    yield
+    structlog.reset_defaults()
+
+
+@pytest.fixture
+def handoff(tmp_path):
+    """A handoff session over a small window: window switches, a note, compactions."""
+    profile = support.write_profile(tmp_path / "profiles", "uitest", tmp_path / "store", ["handoff", "basic"], window=6_000, reserved=1_000)
+    kernel = support.kernel_for(profile)
+    session = kernel.open_session()
+    support.model_tool_turn(session, 0, "notes_write_file", {"path": "self/notes/plan.md", "content": "the plan " + support.PAYLOAD})
+    for n in range(1, 25):
+        support.one_turn(session, n)
+    return profile, kernel, session
+
+
+def client(kernel, **kwargs):
+    return TestClient(create_app(kernel, **kwargs), base_url=LOCAL)
+
+
+def inspect_json(capsys, profile, session_id):
+    capsys.readouterr()
+    assert main(["inspect", session_id, "--profile", str(profile), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_session_view_is_what_inspect_prints(handoff, capsys):
+    profile, kernel, session = handoff
+    expected = inspect_json(capsys, profile, session.id)
+    # the server opens its own kernel from the profile, as `ctxkernel ui --profile` does
+    with TestClient(create_app(str(profile)), base_url=LOCAL) as c:
+        view = c.get(f"/api/sessions/{session.id}").json()
+        summary = c.get(f"/api/sessions/{session.id}/summary").json()
+        rows = c.get("/api/sessions").json()["sessions"]
+    assert view == expected
+    assert expected["compactions"], "the session was meant to switch windows"
+    assert summary["pressure"] == expected["pressure"]
+    assert summary["compactions"] == len(expected["compactions"])
+    assert summary["windows"] == expected["strategies"]["handoff"]["windows"] > 1
+    (row,) = rows
+    assert row["id"] == session.id and row["events"] == expected["events"] and row["profile"] == "uitest"
+    assert row["last_activity"] == session.events[-1].time
+
+
+def test_timeline_and_transactions_follow_the_log(handoff):
+    _, kernel, session = handoff
+    with client(kernel) as c:
+        timeline = c.get(f"/api/sessions/{session.id}/timeline").json()
+        txns = c.get(f"/api/sessions/{session.id}/transactions").json()["transactions"]
+    replies = [e for e in session.events if e.type == "assistant/message"]
+    assert [r["seq"] for r in timeline["requests"]] == [e.seq for e in replies]
+    assert [r["tokens"] for r in timeline["requests"]] == [e.data["usage"]["input_tokens"] for e in replies]
+    assert timeline["effective_window"] == 5_000
+    assert {"strategy": "basic", "setting": "threshold_ratio", "ratio": 0.8} in timeline["thresholds"]
+    summaries = [e for e in session.events if e.type == "compaction/summary"]
+    windows = [m for m in timeline["markers"] if m["kind"] == "window"]
+    assert [m["seq"] for m in windows] == [e.seq for e in summaries if e.data["kind"] == "window"]
+    assert {t["summary_seq"] for t in txns if t["outcome"] == "committed"} == {e.seq for e in summaries}
+    ends = {e.data["compaction_id"]: e for e in session.events if e.type == "compaction/end"}
+    for t in txns:
+        assert t["end"] == ends[t["id"]].seq
+        assert t["outcome"] == ("failed" if ends[t["id"]].data.get("error") else "committed" if t["summary_seq"] else "empty")
+
+
+def test_surface_is_the_models_view(handoff):
+    _, kernel, session = handoff
+    with client(kernel) as c:
+        surface = c.get(f"/api/sessions/{session.id}/surface").json()
+    nodes = session.surface.nodes
+    assert [n["seq"] for n in surface["nodes"]] == [n.seq for n in nodes]
+    assert [n["role"] for n in surface["nodes"]] == [n.role for n in nodes]
+    assert [n["tokens"] for n in surface["nodes"]] == [session.meter.node_tokens(n) for n in nodes]
+    assert surface["tokens"] == session.meter.surface_tokens()
+    replaced = [n for n in surface["nodes"] if n["replaces"]]
+    assert replaced, "a window switch leaves a replacement on the surface"
+    for item in replaced:
+        op = session.events[item["seq"]].surface
+        assert (item["replaces"]["first"], item["replaces"]["last"], item["replaces"]["count"]) == (op["cites"][0], op["cites"][-1], len(op["cites"]))
+
+
+def test_live_session_is_refreshed_not_reopened(handoff):
+    _, kernel, session = handoff
+    app = create_app(kernel)
+    with TestClient(app, base_url=LOCAL) as c:
+        before = c.get(f"/api/sessions/{session.id}").json()["events"]
+        stats = app.state.inspector.stats
+        assert stats["opens"] == 1
+        read = stats["events_read"]
+        support.one_turn(session, 99)
+        assert c.get(f"/api/sessions/{session.id}/head").json()["events"] == len(session.events)
+        after = c.get(f"/api/sessions/{session.id}").json()
+        timeline = c.get(f"/api/sessions/{session.id}/timeline").json()
+    assert after["events"] == len(session.events) > before
+    assert stats["opens"] == 1, "the open session is refreshed, not replayed again"
+    assert stats["events_read"] - read == len(session.events) - before, "only the new events were read"
+    assert timeline["requests"][-1]["seq"] == [e.seq for e in session.events if e.type == "assistant/message"][-1]
+
+
+def test_log_pages_read_only_the_page(tmp_path):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        from _workload import build_session
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    kernel, session_id, _ = build_session(tmp_path / "big", 100_000, context_window=32_000)
+    total = kernel.store.next_seq(session_id)
+    app = create_app(kernel)
+    stats = app.state.inspector.stats
+    with TestClient(app, base_url=LOCAL) as c:
+        last = c.get(f"/api/sessions/{session_id}/log").json()
+        assert stats == {"opens": 0, "events_read": 100}
+        assert [r["seq"] for r in last["rows"]] == list(range(total - 100, total)) and last["next"] is None
+        page = c.get(f"/api/sessions/{session_id}/log", params={"start": 50_000, "limit": 25}).json()
+        assert [r["seq"] for r in page["rows"]] == list(range(50_000, 50_025))
+        assert (page["previous"], page["next"]) == (49_975, 50_025)
+        assert stats["events_read"] == 125
+        # a filter scans at most MAX_SCAN events and says where to go on
+        filtered = c.get(f"/api/sessions/{session_id}/log", params={"type": "compaction/summary", "limit": 5}).json()
+        assert all(r["type"] == "compaction/summary" for r in filtered["rows"])
+        assert stats["events_read"] - 125 <= MAX_SCAN
+        assert filtered["next"] is not None and filtered["end"] <= MAX_SCAN
+        one = c.get(f"/api/sessions/{session_id}/events/77777").json()
+        assert one["seq"] == 77_777
+        rows = c.get("/api/sessions").json()["sessions"]
+        assert rows[0]["events"] == total
+        assert stats["opens"] == 0, "listing sessions and paging the log never replay a session"
+        assert stats["events_read"] - 125 <= MAX_SCAN + 2
+
+
+def test_session_ids_are_validated(handoff):
+    _, kernel, session = handoff
+    with client(kernel) as c:
+        # a slash, even escaped, never reaches a session route
+        assert c.get("/api/sessions/a%2F..%2Fb").status_code == 404
+        for bad in ("a b", "-x", "x" * 200, "%2e%2e", ".hidden", "a%00b"):
+            for path in (f"/api/sessions/{bad}", f"/api/sessions/{bad}/log", f"/api/sessions/{bad}/head", f"/api/sessions/{bad}/surface"):
+                r = c.get(path)
+                assert r.status_code == 400, (path, r.status_code)
+                assert "invalid session id" in r.json()["error"]
+        assert c.get("/sessions/a%20b").status_code == 400
+        assert c.get("/sessions/nosuch").status_code == 404
+        assert c.get("/api/sessions/nosuch").json() == {"error": "no session 'nosuch' in the jsonl store"}
+        r = c.get(f"/api/sessions/{session.id}/log", params={"limit": "lots"})
+        assert r.status_code == 400 and "limit" in r.json()["error"]
+        assert c.get(f"/api/sessions/{session.id}/log", params={"limit": 100_000}).status_code == 400
+
+
+def test_only_local_hosts_are_answered(handoff):
+    _, kernel, _ = handoff
+    with client(kernel) as c:
+        assert c.get("/", headers={"Host": "attacker.example"}).status_code == 400
+        assert c.get("/", headers={"Host": "localhost:8788"}).status_code == 200
+
+
+def test_pages_escape_and_forbid_inline_script(handoff):
+    _, kernel, session = handoff
+    with client(kernel) as c:
+        page = c.get(f"/sessions/{session.id}")
+        surface = c.get(f"/api/sessions/{session.id}/surface")
+    csp = page.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "unsafe-inline" not in csp
+    assert page.headers["x-content-type-options"] == "nosniff"
+    # session content travels as JSON strings, never as markup in the page
+    assert "<script>window" not in page.text
+    assert surface.headers["content-type"] == "application/json"
+
+
+def test_actions_are_off_by_default(handoff):
+    _, kernel, session = handoff
+    with client(kernel) as c:
+        c.get("/")
+        token = c.app.state.csrf_token
+        r = c.post(f"/api/sessions/{session.id}/actions/compact", headers={"X-CSRF-Token": token})
+    assert r.status_code == 403 and "--allow-actions" in r.json()["error"]
+
+
+def test_actions_need_post_token_and_same_origin(handoff):
+    _, kernel, session = handoff
+    events = kernel.store.next_seq(session.id)
+    with client(kernel, allow_actions=True) as c:
+        url = f"/api/sessions/{session.id}/actions/compact"
+        assert c.get(url).status_code == 405
+        # no cookie yet, no token
+        assert c.post(url).status_code == 403
+        page = c.get("/")
+        token = c.app.state.csrf_token
+        cookie = page.cookies.get("ctxkernel_csrf")
+        assert cookie == token
+        assert "samesite=strict" in page.headers["set-cookie"].lower()
+        assert c.post(url, headers={"X-CSRF-Token": "wrong"}).status_code == 403
+        assert c.post(url, headers={"X-CSRF-Token": token, "Origin": "https://attacker.example"}).status_code == 403
+        assert c.post(url, headers={"X-CSRF-Token": token, "Sec-Fetch-Site": "cross-site"}).status_code == 403
+        assert kernel.store.next_seq(session.id) == events, "refused actions write nothing"
+        listing = c.get(f"/api/sessions/{session.id}/actions").json()
+        assert listing["actions"]["compact"] == {"available": True, "by": "handoff"}
+        assert listing["actions"]["strategy-toggle"]["available"] is False
+        r = c.post(url, headers={"X-CSRF-Token": token, "Origin": LOCAL})
+        assert r.status_code == 200, r.text
+        done = r.json()
+        toggle = c.post(f"/api/sessions/{session.id}/actions/strategy-toggle", headers={"X-CSRF-Token": token})
+    assert done["by"] == "handoff" and done["ok"] is True and done["events_written"] > 0
+    session.refresh()
+    last = [e for e in session.events if e.type == "compaction/summary"][-1]
+    assert last.data["strategy"] == "handoff"
+    assert kernel.store.next_seq(session.id) == events + done["events_written"]
+    assert toggle.status_code == 501 and "#15" in toggle.json()["error"]
+
+
+def test_compare_page_reads_reports_only_under_its_roots(tmp_path, capsys):
+    report = tmp_path / "reports" / "r.json"
+    report.parent.mkdir()
+    capsys.readouterr()
+    assert main(["simulate", "--workload", "chat-short", "--profile", "basic", "--format", "json", "--no-progress"]) == 0
+    report.write_text(capsys.readouterr().out)
+    outside = tmp_path / "elsewhere.json"
+    outside.write_text(report.read_text())
+    from ctxkernel import Kernel
+
+    kernel = Kernel.from_profile(None)
+    with TestClient(create_app(kernel, read_roots=[tmp_path / "reports"]), base_url=LOCAL) as c:
+        ok = c.get("/simulate", params={"report": str(report)})
+        refused = c.get("/simulate", params={"report": str(outside)})
+        dotted = c.get("/simulate", params={"report": str(tmp_path / "reports" / ".." / "elsewhere.json")})
+        missing = c.get("/simulate", params={"report": "nope.json"})
+    assert ok.status_code == 200 and 'class="profile"' in ok.text and 'id="metrics"' in ok.text
+    for r in (refused, dotted):
+        assert "outside the directories this server reads" in r.text and 'id="metrics"' not in r.text
+    assert "is not a file" in missing.text
+
+
+def test_compare_replay_is_a_protected_post(tmp_path):
+    from ctxkernel import Kernel
+
+    kernel = Kernel.from_profile(None)
+    with TestClient(create_app(kernel), base_url=LOCAL) as c:
+        c.get("/simulate")
+        token = c.app.state.csrf_token
+        refused = c.post("/simulate", data={"workload": "chat-short", "profiles": "basic"})
+        assert refused.status_code == 403
+        r = c.post("/simulate", data={"workload": "chat-short", "profiles": "basic", "csrf": token}, follow_redirects=False)
+        assert r.status_code == 303 and "/simulate?job=" in r.headers["location"]
+        page = c.get(r.headers["location"])
+        bad = c.post("/simulate", data={"workload": "nope", "profiles": "basic", "csrf": token})
+    assert 'class="profile"' in page.text and "chat-short" in page.text
+    assert bad.status_code == 400 and "unknown workload" in bad.text
+
+
+def test_ui_command_needs_a_profile(capsys):
+    assert main(["ui"]) == 2
+    assert "--profile" in capsys.readouterr().err
+    assert main(["ui", "--profile", "no-such-profile-here"]) == 2
+    assert "no-such-profile-here" in capsys.readouterr().err
