@@ -403,7 +403,13 @@ function sessionPage() {
     loadLog(id);
   });
   document.getElementById("log-first").addEventListener("click", () => { logState.start = 0; loadLog(id); });
-  document.getElementById("log-last").addEventListener("click", () => { logState.start = null; loadLog(id); });
+  document.getElementById("log-last").addEventListener("click", () => {
+    // the end of the whole log, followed live (a filtered view pages forward from its start)
+    logState.start = null;
+    logState.types = "";
+    document.getElementById("log-types").value = "";
+    loadLog(id);
+  });
   document.getElementById("log-prev").addEventListener("click", () => {
     if (logState.page && logState.page.previous !== null) { logState.start = logState.page.previous; loadLog(id); }
   });

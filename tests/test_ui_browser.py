@@ -1,0 +1,258 @@
+"""The inspector's pages in headless Chromium (Playwright driving the system browser).
+
+Each test starts ``ctxkernel ui`` as its own process over a store the test writes, loads the pages,
+checks the figures shown against ``ctxkernel inspect --json``, watches the page follow events the
+test appends, and checks that hostile session content is shown as text and never runs. Screenshots
+go to the test's tmp dir (``screenshots/``); set ``CTXKERNEL_UI_SCREENSHOTS=DIR`` to copy them there
+(docs/ui/ holds a few).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("starlette", reason="the inspector needs the 'ui' extra")
+playwright = pytest.importorskip("playwright.sync_api", reason="browser tests need playwright (requirements-dev.txt)")
+
+_spec = importlib.util.spec_from_file_location("ctxkernel_tests_ui_support", Path(__file__).with_name("ui_support.py"))
+support = sys.modules.get(_spec.name) or importlib.util.module_from_spec(_spec)
+if _spec.name not in sys.modules:
+    sys.modules[_spec.name] = support
+    _spec.loader.exec_module(support)
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--no-first-run"]
+#: every element and attribute a hostile message could have smuggled in, checked in the live DOM
+DOM_CHECK = """() => {
+  const bad = [];
+  for (const node of document.querySelectorAll('*')) {
+    for (const attr of node.attributes) {
+      if (attr.name.startsWith('on')) bad.push(`${node.tagName} ${attr.name}`);
+      if (/^\\s*javascript:/i.test(attr.value) && ['href', 'src', 'action', 'xlink:href'].includes(attr.name)) bad.push(`${node.tagName} ${attr.name}=${attr.value}`);
+    }
+  }
+  const scripts = [...document.scripts].map((s) => s.src);
+  return {bad, scripts, images: document.images.length, pwned: window.__pwned === undefined ? null : String(window.__pwned)};
+}"""
+
+
+def chromium() -> str | None:
+    found = os.environ.get("CTXKERNEL_TEST_CHROMIUM")
+    if found and Path(found).exists():
+        return found
+    for name in BROWSERS:
+        if path := shutil.which(name):
+            return path
+    return None
+
+
+@pytest.fixture(autouse=True)
+def env(tmp_path, monkeypatch):
+    for key in list(os.environ):
+        if key.startswith("CTXKERNEL_") and key not in ("CTXKERNEL_TEST_CHROMIUM", "CTXKERNEL_UI_SCREENSHOTS"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("CTXKERNEL_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture
+def browser(tmp_path):
+    path = chromium()
+    if path is None:
+        pytest.skip("no Chromium: scripts/test-services.sh installs Debian's chromium and exports CTXKERNEL_TEST_CHROMIUM")
+    with playwright.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=path, args=ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+class Shots:
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self.copy_to = os.environ.get("CTXKERNEL_UI_SCREENSHOTS")
+
+    def take(self, page, name: str, **kwargs) -> Path:
+        path = self.folder / f"{name}.png"
+        page.screenshot(path=str(path), **kwargs)
+        assert path.stat().st_size > 5_000, f"screenshot {name} is (nearly) empty"
+        if self.copy_to:
+            Path(self.copy_to).mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, Path(self.copy_to) / path.name)
+        return path
+
+
+@pytest.fixture
+def shots(tmp_path):
+    return Shots(tmp_path / "screenshots")
+
+
+def open_page(browser, base: str):
+    """A page that may talk to the inspector only: anything else is aborted and recorded."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    record = {"dialogs": [], "errors": [], "outside": []}
+    page.on("dialog", lambda d: (record["dialogs"].append(d.message), d.dismiss()))
+    page.on("pageerror", lambda e: record["errors"].append(str(e)))
+
+    def route(r):
+        if r.request.url.startswith(base + "/"):
+            r.continue_()
+        else:
+            record["outside"].append(r.request.url)
+            r.abort()
+
+    page.route("**/*", route)
+    return page, record
+
+
+def inspect_json(profile: Path, session_id: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-m", "ctxkernel.cli", "inspect", session_id, "--profile", str(profile), "--json"],
+        check=True, capture_output=True, text=True, timeout=120,
+    ).stdout
+    return json.loads(out)
+
+
+def n(value: int) -> str:
+    return f"{value:,}"
+
+
+@pytest.fixture
+def hostile(tmp_path):
+    """A handoff session whose messages, tool output and notes carry script payloads."""
+    profile = support.write_profile(tmp_path / "profiles", "uitest", tmp_path / "store", ["handoff", "basic"], window=6_000, reserved=1_000)
+    kernel = support.kernel_for(profile)
+    session = kernel.open_session()
+    support.model_tool_turn(session, 0, "notes_write_file", {"path": "self/notes/plan.md", "content": "plan " + support.PAYLOAD})
+    for i in range(1, 16):
+        support.one_turn(session, i, hostile=i % 3 == 0)
+    return profile, kernel, session
+
+
+def test_pages_show_inspect_figures_update_live_and_run_nothing(browser, hostile, shots):
+    profile, kernel, session = hostile
+    expected = inspect_json(profile, session.id)
+    with support.ui_server(profile) as base:
+        page, record = open_page(browser, base)
+        # -- sessions ----------------------------------------------------------------------------
+        page.goto(f"{base}/ui/")
+        row = page.locator(f'tr[data-session="{session.id}"]')
+        row.locator("td.pressure .gauge-text").wait_for()
+        p = expected["pressure"]
+        assert row.locator("td.events").inner_text() == n(expected["events"])
+        assert row.locator("td.pressure .gauge-text").inner_text() == f"{n(p['tokens'])} / {n(p['effective_window'])} ({p['ratio'] * 100:.1f}%)"
+        assert row.locator("td.compactions").inner_text() == n(len(expected["compactions"]))
+        assert row.locator("td.windows").inner_text() == n(expected["strategies"]["handoff"]["windows"])
+        page.fill("#search", "no-such-id")
+        assert page.locator("#sessions tbody tr").count() == 0
+        page.fill("#search", session.id[:6])
+        assert page.locator("#sessions tbody tr").count() == 1
+        shots.take(page, "sessions")
+
+        # -- session -------------------------------------------------------------------------------
+        row.locator("a.session-link").click()
+        page.wait_for_url(f"{base}/ui/sessions/{session.id}")
+        page.locator("#surface-table").wait_for()
+        assert page.inner_text("#pressure-tokens") == n(p["tokens"])
+        assert page.inner_text("#effective-window") == n(p["effective_window"])
+        assert page.inner_text("#events-count") == n(expected["events"])
+        assert page.inner_text("#compactions-count") == n(len(expected["compactions"]))
+        assert page.inner_text("#surface-summary") == f"{n(expected['surface']['nodes'])} messages, {n(expected['surface']['tokens'])} tokens"
+        assert page.locator("#surface-table tbody tr").count() == expected["surface"]["nodes"]
+        handoff_panel = page.locator('section.strategy[data-strategy="handoff"]')
+        assert f"windows: {expected['strategies']['handoff']['windows']}" in handoff_panel.inner_text()
+        # the timeline: one point per reply with usage, the window line, a marker per switch
+        replies = [e for e in session.events if e.type == "assistant/message"]
+        points = page.get_attribute("#timeline-chart polyline.tokens-line", "points").split()
+        assert len(points) == len(replies)
+        switches = sum(1 for c in expected["compactions"] if c["kind"] == "window")
+        assert switches > 0 and page.locator("#timeline-chart line.marker-window").count() == switches
+        assert page.locator("#timeline-chart line.threshold").count() >= 1
+        assert page.locator("#transactions-table tbody tr").count() >= len(expected["compactions"])
+        shots.take(page, "session", full_page=True)
+
+        # the log pages; a filter shows only that type; an event expands
+        assert page.locator("#log-rows details.event").count() == min(100, expected["events"])
+        page.fill("#log-types", "compaction/summary")
+        page.click("#log-apply")
+        page.wait_for_function("() => [...document.querySelectorAll('#log-rows details.event')].every(d => d.dataset.type === 'compaction/summary')")
+        assert page.locator("#log-rows details.event").count() == len(expected["compactions"])
+        first = page.locator("#log-rows details.event").first
+        first.locator("summary").click()
+        assert '"summary"' in first.locator("pre").inner_text()
+        page.click("#log-last")
+
+        # hostile content is on the page as text, and nothing of it ran
+        text = page.evaluate("() => document.body.textContent")
+        assert support.XSS[0] in text or "<script>window.__pwned" in text
+        page.locator("details.message").nth(0).locator("summary").click()
+        result = page.evaluate(DOM_CHECK)
+        assert result["bad"] == [] and result["images"] == 0 and result["pwned"] is None
+        assert all(src.endswith("/ui/static/ui.js") for src in result["scripts"])
+
+        # -- live: the page follows new events without a reload ------------------------------------
+        page.evaluate("() => { window.__same_document = true; }")
+        before = expected["events"]
+        support.one_turn(session, 50, hostile=True)
+        support.one_turn(session, 51)
+        after = inspect_json(profile, session.id)
+        page.wait_for_function(f"() => document.getElementById('events-count').textContent === '{n(after['events'])}'", timeout=20_000)
+        assert after["events"] > before
+        assert page.evaluate("() => window.__same_document") is True
+        assert page.inner_text("#pressure-tokens") == n(after["pressure"]["tokens"])
+        assert page.locator("#surface-table tbody tr").count() == after["surface"]["nodes"]
+        assert page.locator("#log-rows details.event").last.get_attribute("data-seq") == str(after["events"] - 1)
+        result = page.evaluate(DOM_CHECK)
+        assert result["bad"] == [] and result["images"] == 0 and result["pwned"] is None
+
+        # -- compare: a replay started from the page ------------------------------------------------
+        page.goto(f"{base}/ui/simulate")
+        page.select_option('select[name="workload"]', "chat-short")
+        page.fill('input[name="profiles"]', "basic")
+        page.click('#replay-form button[type="submit"]')
+        page.wait_for_url("**/ui/simulate?job=*")
+        assert page.locator("svg#chart polyline.profile").count() == 1
+        assert page.locator("#metrics tbody tr").count() == 1
+        shots.take(page, "compare", full_page=True)
+        # a bad id in the URL is refused with the rule
+        page.goto(f"{base}/ui/sessions/bad%20id")
+        assert "invalid session id" in page.inner_text("#error")
+
+    assert record["dialogs"] == [] and record["errors"] == []
+    assert record["outside"] == [], "the pages fetched something from outside the inspector"
+
+
+def test_compact_now_from_the_page(browser, hostile, shots):
+    profile, kernel, session = hostile
+    before = inspect_json(profile, session.id)
+    with support.ui_server(profile, "--allow-actions") as base:
+        page, record = open_page(browser, base)
+        page.goto(f"{base}/ui/sessions/{session.id}")
+        button = page.locator("#action-compact")
+        button.wait_for()
+        assert "strategy-toggle" in page.inner_text("#actions") and "#15" in page.inner_text("#actions")
+        button.click()
+        page.wait_for_function("() => document.getElementById('action-result').textContent.startsWith('compact: done')", timeout=30_000)
+        after = inspect_json(profile, session.id)
+        page.wait_for_function(f"() => document.getElementById('compactions-count').textContent === '{n(len(after['compactions']))}'")
+        shots.take(page, "actions")
+        # a cross-site form post (no token, another Origin) is refused and writes nothing
+        status = page.evaluate(
+            """async (url) => (await fetch(url, {method: 'POST', headers: {'X-CSRF-Token': 'forged'}})).status""",
+            f"{base}/ui/api/sessions/{session.id}/actions/compact",
+        )
+        assert status == 403
+    assert len(after["compactions"]) == len(before["compactions"]) + 1
+    assert after["compactions"][-1]["strategy"] == "handoff"
+    assert inspect_json(profile, session.id)["events"] == after["events"]
+    assert record["dialogs"] == [] and record["errors"] == []
