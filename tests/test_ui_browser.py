@@ -139,6 +139,27 @@ def hostile(tmp_path):
     return profile, kernel, session
 
 
+@pytest.fixture
+def chapters(tmp_path):
+    """A chapters session continued by the model into a child, with hostile chapter titles; the
+    second chapter's file is then changed on disk (its hash no longer matches)."""
+    from ctxkernel_chapters.plugin import settings_of
+    from ctxkernel_chapters.tools import deterministic_continuation
+
+    profile = support.write_profile(tmp_path / "profiles", "chaptest", tmp_path / "store", ["chapters"], window=8_000, reserved=1_000)
+    kernel = support.kernel_for(profile)
+    session = kernel.open_session()
+    for i in range(8):
+        support.one_turn(session, i, hostile=i % 2 == 0)
+    args = deterministic_continuation(session, settings_of(session))
+    args["title"] = "next " + support.XSS[0]
+    for chapter in args["chapters"]:
+        chapter["title"] = support.XSS[1] + " " + chapter["title"][:40]
+    outcome = support.model_tool_turn(session, 20, "chapters_continue", args)
+    assert outcome.continue_in, outcome.content
+    return profile, kernel, session.id, outcome.continue_in
+
+
 def test_pages_show_inspect_figures_update_live_and_run_nothing(browser, hostile, shots):
     profile, kernel, session = hostile
     expected = inspect_json(profile, session.id)
@@ -256,3 +277,53 @@ def test_compact_now_from_the_page(browser, hostile, shots):
     assert after["compactions"][-1]["strategy"] == "handoff"
     assert inspect_json(profile, session.id)["events"] == after["events"]
     assert record["dialogs"] == [] and record["errors"] == []
+
+
+def test_strategy_panels_show_chapters_notes_and_windows_as_text(browser, hostile, chapters, shots):
+    profile, kernel, session = hostile
+    chapter_profile, _, parent, child = chapters
+    first = inspect_json(chapter_profile, parent)
+    toc = first["strategies"]["chapters"]["toc"]
+    assert [c["hash"] for c in toc] == ["ok"]
+    # change the archived chapter behind the registry's back: the panel must say so
+    chapter_file = Path(first["strategies"]["chapters"]["archive"]) / toc[0]["path"]
+    chapter_file.write_text(chapter_file.read_text() + "\nedited later\n")
+    expected = inspect_json(chapter_profile, parent)
+    (entry,) = expected["strategies"]["chapters"]["toc"]
+    assert entry["hash"] != "ok"
+    handoff_view = inspect_json(profile, session.id)
+    with support.ui_server(profile) as base:
+        page, record = open_page(browser, base)
+        page.goto(f"{base}/ui/")
+        child_row = page.locator(f'tr[data-session="{child}"]')
+        child_row.wait_for()
+        assert child_row.locator(f'a[href="/ui/sessions/{parent}"]').count() == 1
+
+        page.goto(f"{base}/ui/sessions/{parent}")
+        panel = page.locator('section.strategy[data-strategy="chapters"] .panel-toc')
+        panel.wait_for()
+        cells = panel.locator("tbody tr").first.locator("td")
+        headers = [h.inner_text() for h in panel.locator("thead th").all()]
+        assert cells.nth(headers.index("title")).inner_text() == entry["title"]
+        assert support.XSS[1] in entry["title"]
+        assert cells.nth(headers.index("hash")).inner_text() == entry["hash"]
+        assert page.inner_text("#events-count") == n(expected["events"])
+        shots.take(page, "chapters", full_page=True)
+        result = page.evaluate(DOM_CHECK)
+        assert result["bad"] == [] and result["images"] == 0 and result["pwned"] is None
+
+        page.goto(f"{base}/ui/sessions/{session.id}")
+        notes = page.locator('section.strategy[data-strategy="handoff"] .panel-notes_list')
+        notes.wait_for()
+        headers = [h.inner_text() for h in notes.locator("thead th").all()]
+        rows = notes.locator("tbody tr")
+        expected_notes = handoff_view["strategies"]["handoff"]["notes_list"]
+        assert rows.count() == len(expected_notes) >= 1
+        for i, note in enumerate(expected_notes):
+            assert rows.nth(i).locator("td").nth(headers.index("trust")).inner_text() == note["trust"]
+            assert rows.nth(i).locator("td").nth(headers.index("path")).inner_text() == note["path"]
+        windows = page.locator('section.strategy[data-strategy="handoff"] .panel-window_list > table > tbody > tr')
+        assert windows.count() == handoff_view["strategies"]["handoff"]["windows"]
+        result = page.evaluate(DOM_CHECK)
+        assert result["bad"] == [] and result["images"] == 0 and result["pwned"] is None
+    assert record["dialogs"] == [] and record["errors"] == [] and record["outside"] == []

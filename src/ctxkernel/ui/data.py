@@ -242,7 +242,7 @@ class Inspector:
         """The session list's figures: pressure, windows or chapters, compactions."""
         view = self.view(session_id)
         panels = view["strategies"]
-        windows = next((p[k] for p in panels.values() if isinstance(p, dict) for k in ("windows", "chapters") if isinstance(p.get(k), int)), None)
+        windows = next((p[k] for p in panels.values() if isinstance(p, dict) for k in ("windows", "window_number", "chapters") if isinstance(p.get(k), int)), None)
         return {
             "profile": view["profile"],
             "events": view["events"],

@@ -389,7 +389,21 @@ def project(session: Session) -> dict[str, Any] | None:
         "compactions": st["compactions"],
         "suggested": st["suggested"],
         "archive": str(archive.archive_dir(session, settings)),
+        "toc": _toc(session, settings, registry),
     }
+
+
+#: chapters listed in the ``project`` panel at most (the newest are kept)
+PANEL_ROWS = 200
+
+
+def _toc(session: Session, settings: Any, registry: Registry) -> list[dict[str, Any]]:
+    """The lineage's final chapters, each with the state of its file against the recorded sha256."""
+    records = registry.lineage_records(session.id)[-PANEL_ROWS:]
+    _, bad = archive.verified(archive.archive_dir(session, settings), records)
+    problems = {r["id"]: reason for r, reason in bad}
+    keys = ("id", "number", "title", "start_seq", "end_seq", "tokens", "path", "author_session")
+    return [{**{k: r.get(k) for k in keys}, "hash": problems.get(r["id"], "ok")} for r in records]
 
 
 # -- simulation ------------------------------------------------------------------------------------

@@ -188,7 +188,23 @@ def project(session: Session) -> dict[str, Any] | None:
         "last_failure": state.last_failure,
         "notes": len(notes),
         "notes_bytes": notes.total_bytes,
+        # the inspector's panels: each window with the receipt of the switch that opened it,
+        # and the notes with their trust marks (newest last, bounded)
+        "window_list": [_window_row(session, w) for w in history.windows[-PANEL_ROWS:]],
+        "notes_list": [n.to_dict(content=False) for n in notes.active()[-PANEL_ROWS:]],
     }
+
+
+#: rows of a list in the ``project`` panel at most (the newest are kept)
+PANEL_ROWS = 100
+
+
+def _window_row(session: Session, window: Any) -> dict[str, Any]:
+    row = window.to_dict()
+    if window.opened_by is not None:
+        data = session.events[window.opened_by].data
+        row["receipt"] = {"tokens_before": data.get("tokens_before"), "tokens_after": data.get("tokens_after"), **(data.get("window_record") or {})}
+    return row
 
 
 @ctxkernel.hookimpl

@@ -239,7 +239,18 @@ def commit(session: Session, result: Any) -> None:
 def project(session: Session) -> dict[str, Any] | None:
     state = state_of(session)
     notes = notes_of(session)
-    return {**state.to_dict(), "notes": len(notes), "notes_bytes": notes.total_bytes}
+    # the inspector's panels: the chain of window ids, and the notes with their trust marks
+    return {
+        **state.to_dict(),
+        "notes": len(notes),
+        "notes_bytes": notes.total_bytes,
+        "window_chain": state.chain[-PANEL_ROWS:],
+        "notes_list": [n.to_dict(content=False) for n in notes.active()[-PANEL_ROWS:]],
+    }
+
+
+#: rows of a list in the ``project`` panel at most (the newest are kept)
+PANEL_ROWS = 100
 
 
 @ctxkernel.hookimpl
