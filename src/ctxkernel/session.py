@@ -194,6 +194,8 @@ class Session:
         self.step = 0
         self.step_open = False
         self.open_compaction: dict[str, Any] | None = None
+        #: data of every compaction/summary event, in log order (``project`` lists them per call)
+        self.compaction_summaries: list[dict[str, Any]] = []
         self.header_hash: str | None = None
         self.route: dict[str, Any] | None = None  # last request/context data
         self._anchor: tuple[int, int, str | None] | None = None  # (provider tokens, our estimate, header hash)
@@ -260,6 +262,8 @@ class Session:
             self.step_open = False
         elif t == ev.COMPACTION_START:
             self.open_compaction = {**d, "seq": event.seq}
+        elif t == ev.COMPACTION_SUMMARY:
+            self.compaction_summaries.append(d)
         elif t == ev.COMPACTION_END:
             if self.open_compaction and self.open_compaction["compaction_id"] == d["compaction_id"]:
                 self.open_compaction = None
@@ -642,7 +646,7 @@ class Session:
 
     def project(self) -> dict[str, Any]:
         """Status for ``ctxkernel inspect``: pressure, surface, compactions, strategy panels."""
-        compactions = [e.data for e in self.events if e.type == ev.COMPACTION_SUMMARY]
+        compactions = self.compaction_summaries
         roles: dict[str, int] = {}
         for node in self.surface.nodes:
             roles[node.role] = roles.get(node.role, 0) + 1

@@ -93,7 +93,8 @@ def compact_now(session: Session) -> dict[str, Any]:
         import ctxkernel_handoff
 
         outcome = ctxkernel_handoff.compact_now(session)
-        result = {"ok": outcome.committed, "by": "handoff", "detail": outcome.detail}
+        detail = outcome.detail or (f"switched to window {outcome.window}" if outcome.window else outcome.reason)
+        result = {"ok": outcome.committed, "by": "handoff", "detail": detail}
     elif plugins.is_enabled("basic"):
         from ..default_plugins import basic
 

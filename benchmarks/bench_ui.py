@@ -1,0 +1,102 @@
+"""The web inspector on long sessions: its pages' data cost a page, not the log.
+
+    python benchmarks/run.py -k ui
+
+Sessions: the ``handoff`` profile's realistic mix (``_profiles.py``) at the smallest and largest
+size of the preset (1,000 and 100,000 events; quick: 500 and 5,000). Each is served by
+``ctxkernel.ui.create_app`` through Starlette's test client (the ASGI stack without a socket).
+
+``ui_log_page_flat``: one log page (100 events from the middle) of the large session against the
+same page of the small one; target <= 1.5 (a page reads only its events).
+
+``ui_poll_flat``: one live-update cycle of the session page with the session already open and no
+new event (head, view, timeline, surface, compactions, the last log page) on the large session
+against the small one. The timeline carries one point per request, so it grows with the log;
+target <= 3.
+
+``ui_update_after_turn``: the update cycle right after a harness appended a turn (the open session
+folds only the new events) against the same cycle with nothing new, on the large session;
+target <= 1.5.
+
+``ui_first_view``: the first view of a large session (a fresh app: the store read, replay, meter
+and projection) against ``Kernel.open_session`` alone; target <= 1.3 (the page adds little to the
+open, which is the kernel's cost: see cold_replay in bench_kernel.py).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from typing import Any
+
+from _bench import Bench, cpu_seconds
+from _profiles import built, open_kernel, sizes, turn
+
+PROFILE = "handoff"
+
+
+def run(bench: Bench) -> None:
+    try:
+        from starlette.testclient import TestClient
+
+        from ctxkernel.ui import create_app
+    except ImportError:
+        print(json.dumps({"name": "ui", "skipped": "needs the 'ui' extra: pip install 'ctxkernel[ui]'"}), flush=True)
+        return
+    preset = sizes(bench)
+    small, large = preset[0], preset[-1]
+    sessions = built(bench, PROFILE)
+    repeat = 3 if bench.quick else 5
+    base = "http://127.0.0.1"
+
+    clients: dict[int, Any] = {}
+    for size in (small, large):
+        b = sessions[size]
+        client = TestClient(create_app(open_kernel(PROFILE, b.home)), base_url=base)
+        client.__enter__()
+        clients[size] = (client, b.session_id, b.events)
+    try:
+
+        def page(size: int) -> None:
+            client, sid, events = clients[size]
+            r = client.get(f"/api/sessions/{sid}/log", params={"start": events // 2, "limit": 100})
+            assert r.status_code == 200 and len(r.json()["rows"]) == 100
+
+        bench.compare("ui_log_page_flat", lambda: page(large), lambda: page(small), target=("<=", 1.5), repeat=repeat * 4,
+                      unit="s", events=sessions[large].events, small_events=sessions[small].events)
+
+        def poll(size: int) -> None:
+            client, sid, _ = clients[size]
+            for path in ("/head", "", "/timeline", "/surface", "/transactions", "/log"):
+                r = client.get(f"/api/sessions/{sid}{path}")
+                assert r.status_code == 200, r.text
+
+        poll(small), poll(large)  # open both sessions before timing
+        bench.compare("ui_poll_flat", lambda: poll(large), lambda: poll(small), target=("<=", 3), repeat=repeat,
+                      unit="s", events=sessions[large].events, small_events=sessions[small].events)
+
+        # a harness appends a turn; the page's next update folds only it (no replay)
+        writer = open_kernel(PROFILE, sessions[large].home).open_session(sessions[large].session_id)
+        ratios, after, idle = [], [], []
+        for k in range(repeat):
+            turn(writer, 10**6 + k)
+            after.append(cpu_seconds(lambda: poll(large)))
+            idle.append(cpu_seconds(lambda: poll(large)))
+            ratios.append(after[-1] / idle[-1])
+        ratio = statistics.median(ratios)
+        bench.report("ui_update_after_turn", ratio, ("<=", 1.5), "s", statistics.median(after), (max(ratios) - min(ratios)) / ratio,
+                     baseline_median=round(statistics.median(idle), 6), repeat=repeat, events=sessions[large].events)
+
+        b = sessions[large]
+
+        def first_view() -> None:
+            with TestClient(create_app(open_kernel(PROFILE, b.home)), base_url=base) as client:
+                assert client.get(f"/api/sessions/{b.session_id}").status_code == 200
+
+        def open_only() -> None:
+            open_kernel(PROFILE, b.home).open_session(b.session_id, repair=False)
+
+        bench.compare("ui_first_view", first_view, open_only, target=("<=", 1.3), repeat=3, unit="s", events=b.events)
+    finally:
+        for client, _, _ in clients.values():
+            client.__exit__(None, None, None)
