@@ -320,3 +320,25 @@ def test_ui_command_needs_a_profile(capsys):
     assert "--profile" in capsys.readouterr().err
     assert main(["ui", "--profile", "no-such-profile-here"]) == 2
     assert "no-such-profile-here" in capsys.readouterr().err
+
+
+def test_docs_list_every_api_route_and_option():
+    from starlette.routing import Route
+
+    from ctxkernel.cli import build_parser
+
+    text = (REPO / "docs" / "ui.md").read_text()
+    app = create_app(support.kernel_for(support.write_profile(Path.cwd() / "p", "docs", Path.cwd() / "s", ["basic"])))
+    api = [r for r in app.routes if isinstance(r, Route) and r.path.startswith("/api")]
+    assert api
+    for route in api:
+        path = route.path.replace("{session_id}", "{id}")
+        for method in sorted(route.methods - {"HEAD"}):
+            assert f"`{method} {path}`" in text or f"`{method} {path}?" in text, f"docs/ui.md does not list {method} {path}"
+    sub = next(a for a in build_parser()._subparsers._group_actions[0].choices.items() if a[0] == "ui")[1]
+    for action in sub._actions:
+        for option in action.option_strings:
+            if option.startswith("--") and option != "--help":
+                assert f"`{option}" in text, f"docs/ui.md does not explain {option}"
+    for image in ("sessions", "session", "compare", "chapters-panel"):
+        assert f"(ui/{image}.png)" in text and (REPO / "docs" / "ui" / f"{image}.png").exists()

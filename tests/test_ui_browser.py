@@ -86,8 +86,15 @@ class Shots:
         path = self.folder / f"{name}.png"
         page.screenshot(path=str(path), **kwargs)
         assert path.stat().st_size > 5_000, f"screenshot {name} is (nearly) empty"
-        if self.copy_to:
+        if self.copy_to:  # for the docs: the first screenful only, to keep the files small
             Path(self.copy_to).mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(Path(self.copy_to) / path.name))
+        return path
+
+    def element(self, locator, name: str) -> Path:
+        path = self.folder / f"{name}.png"
+        locator.screenshot(path=str(path))
+        if self.copy_to:
             shutil.copy(path, Path(self.copy_to) / path.name)
         return path
 
@@ -178,7 +185,7 @@ def test_pages_show_inspect_figures_update_live_and_run_nothing(browser, hostile
         assert page.locator("#sessions tbody tr").count() == 0
         page.fill("#search", session.id[:6])
         assert page.locator("#sessions tbody tr").count() == 1
-        shots.take(page, "sessions")
+        shots.take(page, "sessions-search")
 
         # -- session -------------------------------------------------------------------------------
         row.locator("a.session-link").click()
@@ -298,6 +305,8 @@ def test_strategy_panels_show_chapters_notes_and_windows_as_text(browser, hostil
         child_row = page.locator(f'tr[data-session="{child}"]')
         child_row.wait_for()
         assert child_row.locator(f'a[href="/ui/sessions/{parent}"]').count() == 1
+        page.locator(f'tr[data-session="{parent}"] td.pressure .gauge-text').wait_for()
+        shots.take(page, "sessions")
 
         page.goto(f"{base}/ui/sessions/{parent}")
         panel = page.locator('section.strategy[data-strategy="chapters"] .panel-toc')
@@ -308,7 +317,10 @@ def test_strategy_panels_show_chapters_notes_and_windows_as_text(browser, hostil
         assert support.XSS[1] in entry["title"]
         assert cells.nth(headers.index("hash")).inner_text() == entry["hash"]
         assert page.inner_text("#events-count") == n(expected["events"])
+        # the continuation is marked on the parent's timeline
+        assert page.locator("#timeline-chart line.marker-continuation").count() == 1
         shots.take(page, "chapters", full_page=True)
+        shots.element(page.locator('section.strategy[data-strategy="chapters"]'), "chapters-panel")
         result = page.evaluate(DOM_CHECK)
         assert result["bad"] == [] and result["images"] == 0 and result["pwned"] is None
 
@@ -322,6 +334,7 @@ def test_strategy_panels_show_chapters_notes_and_windows_as_text(browser, hostil
         for i, note in enumerate(expected_notes):
             assert rows.nth(i).locator("td").nth(headers.index("trust")).inner_text() == note["trust"]
             assert rows.nth(i).locator("td").nth(headers.index("path")).inner_text() == note["path"]
+        shots.element(page.locator('section.strategy[data-strategy="handoff"]'), "handoff-panel")
         windows = page.locator('section.strategy[data-strategy="handoff"] .panel-window_list > table > tbody > tr')
         assert windows.count() == handoff_view["strategies"]["handoff"]["windows"]
         result = page.evaluate(DOM_CHECK)

@@ -49,6 +49,10 @@ THRESHOLD_SETTINGS = (
 )
 
 
+#: tools whose successful result means the session continued in a new session (chapters)
+CONTINUATION_TOOLS = frozenset({"chapters_continue", "chapters_fork"})
+
+
 def clip(text: str, limit: int) -> dict[str, Any]:
     """``{"text", "chars"}``: the text cut at ``limit`` characters and its full length."""
     return {"text": text[:limit], "chars": len(text)}
@@ -139,6 +143,11 @@ class Derived:
             self.markers.append({"seq": event.seq, "request": len(self.requests), "kind": "prune", "label": f"{d['strategy']} prune {d['target']}"})
         elif t == ev.SURFACE_DROP:
             self.markers.append({"seq": event.seq, "request": len(self.requests), "kind": "drop", "label": f"{d['strategy']} drop"})
+        elif t == ev.TOOL_RESULT:
+            block = (d["message"].get("content") or [{}])[0]
+            if isinstance(block, dict) and block.get("name") in CONTINUATION_TOOLS and not block.get("is_error"):
+                # the session went on in a new one (its header names this one as parent)
+                self.markers.append({"seq": event.seq, "request": len(self.requests), "kind": "continuation", "label": str(block["name"])})
         elif event.ignorable and ("window" in t or "continu" in t):
             # strategies' own switch records (rollover/window, chapters continuations)
             self.markers.append({"seq": event.seq, "request": len(self.requests), "kind": "window", "label": t})

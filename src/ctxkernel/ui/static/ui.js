@@ -268,7 +268,16 @@ function tableOf(items) {
   const keys = [...new Set(items.flatMap((i) => Object.keys(i)))];
   return el("table", { class: "panel-table" },
     el("thead", {}, el("tr", {}, ...keys.map((k) => el("th", { text: k })))),
-    el("tbody", {}, ...items.slice(0, 500).map((item) => el("tr", {}, ...keys.map((k) => el("td", {}, valueView(item[k])))))));
+    el("tbody", {}, ...items.slice(0, 500).map((item) => el("tr", {}, ...keys.map((k) => el("td", {}, cellView(item[k])))))));
+}
+
+function cellView(value) {
+  // nested records stay folded inside a table cell, so rows keep one line each
+  if (value && typeof value === "object" && (!Array.isArray(value) || value.some((v) => v && typeof v === "object"))) {
+    const size = Array.isArray(value) ? value.length : Object.keys(value).length;
+    return el("details", { class: "cell" }, el("summary", { text: `${size} ${Array.isArray(value) ? "items" : "fields"}` }), valueView(value));
+  }
+  return valueView(value);
 }
 
 function kvTable(obj) {
