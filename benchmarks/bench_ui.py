@@ -62,8 +62,16 @@ def run(bench: Bench) -> None:
             r = client.get(f"/api/sessions/{sid}/log", params={"start": events // 2, "limit": 100})
             assert r.status_code == 200 and len(r.json()["rows"]) == 100
 
-        bench.compare("ui_log_page_flat", lambda: page(large), lambda: page(small), target=("<=", 1.5), repeat=repeat * 4,
-                      unit="s", events=sessions[large].events, small_events=sessions[small].events)
+        bench.compare(
+            "ui_log_page_flat",
+            lambda: page(large),
+            lambda: page(small),
+            target=("<=", 1.5),
+            repeat=repeat * 4,
+            unit="s",
+            events=sessions[large].events,
+            small_events=sessions[small].events,
+        )
 
         def poll(size: int) -> None:
             client, sid, _ = clients[size]
@@ -72,8 +80,16 @@ def run(bench: Bench) -> None:
                 assert r.status_code == 200, r.text
 
         poll(small), poll(large)  # open both sessions before timing
-        bench.compare("ui_poll_flat", lambda: poll(large), lambda: poll(small), target=("<=", 3), repeat=repeat,
-                      unit="s", events=sessions[large].events, small_events=sessions[small].events)
+        bench.compare(
+            "ui_poll_flat",
+            lambda: poll(large),
+            lambda: poll(small),
+            target=("<=", 3),
+            repeat=repeat,
+            unit="s",
+            events=sessions[large].events,
+            small_events=sessions[small].events,
+        )
 
         # a harness appends a turn; the page's next update folds only it (no replay)
         writer = open_kernel(PROFILE, sessions[large].home).open_session(sessions[large].session_id)
@@ -84,8 +100,17 @@ def run(bench: Bench) -> None:
             idle.append(cpu_seconds(lambda: poll(large)))
             ratios.append(after[-1] / idle[-1])
         ratio = statistics.median(ratios)
-        bench.report("ui_update_after_turn", ratio, ("<=", 1.5), "s", statistics.median(after), (max(ratios) - min(ratios)) / ratio,
-                     baseline_median=round(statistics.median(idle), 6), repeat=repeat, events=sessions[large].events)
+        bench.report(
+            "ui_update_after_turn",
+            ratio,
+            ("<=", 1.5),
+            "s",
+            statistics.median(after),
+            (max(ratios) - min(ratios)) / ratio,
+            baseline_median=round(statistics.median(idle), 6),
+            repeat=repeat,
+            events=sessions[large].events,
+        )
 
         b = sessions[large]
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("starlette", reason="the inspector needs the 'ui' extra")
-from starlette.testclient import TestClient  # noqa: E402
+from starlette.testclient import TestClient
 
-from ctxkernel.cli import main  # noqa: E402
-from ctxkernel.ui import create_app  # noqa: E402
-from ctxkernel.ui.data import MAX_SCAN  # noqa: E402
+from ctxkernel.cli import main
+from ctxkernel.ui import create_app
+from ctxkernel.ui.data import MAX_SCAN
 
 REPO = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("ctxkernel_tests_ui_support", Path(__file__).with_name("ui_support.py"))
@@ -48,10 +48,14 @@ def reset_logging():
 @pytest.fixture
 def handoff(tmp_path):
     """A handoff session over a small window: window switches, a note, compactions."""
-    profile = support.write_profile(tmp_path / "profiles", "uitest", tmp_path / "store", ["handoff", "basic"], window=6_000, reserved=1_000)
+    profile = support.write_profile(
+        tmp_path / "profiles", "uitest", tmp_path / "store", ["handoff", "basic"], window=6_000, reserved=1_000
+    )
     kernel = support.kernel_for(profile)
     session = kernel.open_session()
-    support.model_tool_turn(session, 0, "notes_write_file", {"path": "self/notes/plan.md", "content": "the plan " + support.PAYLOAD})
+    support.model_tool_turn(
+        session, 0, "notes_write_file", {"path": "self/notes/plan.md", "content": "the plan " + support.PAYLOAD}
+    )
     for n in range(1, 25):
         support.one_turn(session, n)
     return profile, kernel, session
@@ -68,7 +72,7 @@ def inspect_json(capsys, profile, session_id):
 
 
 def test_session_view_is_what_inspect_prints(handoff, capsys):
-    profile, kernel, session = handoff
+    profile, _, session = handoff
     expected = inspect_json(capsys, profile, session.id)
     # the server opens its own kernel from the profile, as `ctxkernel ui --profile` does
     with TestClient(create_app(str(profile)), base_url=LOCAL) as c:
@@ -102,7 +106,9 @@ def test_timeline_and_transactions_follow_the_log(handoff):
     ends = {e.data["compaction_id"]: e for e in session.events if e.type == "compaction/end"}
     for t in txns:
         assert t["end"] == ends[t["id"]].seq
-        assert t["outcome"] == ("failed" if ends[t["id"]].data.get("error") else "committed" if t["summary_seq"] else "empty")
+        assert t["outcome"] == (
+            "failed" if ends[t["id"]].data.get("error") else "committed" if t["summary_seq"] else "empty"
+        )
 
 
 def test_surface_is_the_models_view(handoff):
@@ -118,7 +124,11 @@ def test_surface_is_the_models_view(handoff):
     assert replaced, "a window switch leaves a replacement on the surface"
     for item in replaced:
         op = session.events[item["seq"]].surface
-        assert (item["replaces"]["first"], item["replaces"]["last"], item["replaces"]["count"]) == (op["cites"][0], op["cites"][-1], len(op["cites"]))
+        assert (item["replaces"]["first"], item["replaces"]["last"], item["replaces"]["count"]) == (
+            op["cites"][0],
+            op["cites"][-1],
+            len(op["cites"]),
+        )
 
 
 def test_live_session_is_refreshed_not_reopened(handoff):
@@ -151,8 +161,16 @@ def big_log(store, session_id: str, events: int) -> None:
         turn += 1
         for type_, data, op in (
             ("turn/start", {"turn": turn}, None),
-            ("user/message", {"message": {"role": "user", "content": [{"type": "text", "text": f"question {turn}"}]}}, {"op": "append"}),
-            ("assistant/message", {"message": {"role": "assistant", "content": [{"type": "text", "text": f"answer {turn}"}]}}, {"op": "append"}),
+            (
+                "user/message",
+                {"message": {"role": "user", "content": [{"type": "text", "text": f"question {turn}"}]}},
+                {"op": "append"},
+            ),
+            (
+                "assistant/message",
+                {"message": {"role": "assistant", "content": [{"type": "text", "text": f"answer {turn}"}]}},
+                {"op": "append"},
+            ),
             ("turn/end", {"turn": turn, "reason": "completed"}, None),
         ):
             batch.append(Event(seq, type_, data, "2026-01-01T00:00:00.000Z", op))
@@ -191,8 +209,16 @@ def test_log_pages_read_only_the_page(tmp_path):
         one = c.get("/api/sessions/big/events/77777").json()
         assert one["seq"] == 77_777
         rows = c.get("/api/sessions").json()["sessions"]
-        assert rows == [{"id": "big", "profile": "big", "parent": None, "created": "2026-01-01T00:00:00.000Z",
-                         "events": total, "last_activity": "2026-01-01T00:00:00.000Z"}]
+        assert rows == [
+            {
+                "id": "big",
+                "profile": "big",
+                "parent": None,
+                "created": "2026-01-01T00:00:00.000Z",
+                "events": total,
+                "last_activity": "2026-01-01T00:00:00.000Z",
+            }
+        ]
         assert stats["opens"] == 0, "listing sessions and paging the log never replay a session"
         assert stats["events_read"] <= 125 + 25 + MAX_SCAN + 2
 
@@ -203,7 +229,12 @@ def test_session_ids_are_validated(handoff):
         # a slash, even escaped, never reaches a session route
         assert c.get("/api/sessions/a%2F..%2Fb").status_code == 404
         for bad in ("a b", "-x", "x" * 200, "%2e%2e", ".hidden", "a%00b"):
-            for path in (f"/api/sessions/{bad}", f"/api/sessions/{bad}/log", f"/api/sessions/{bad}/head", f"/api/sessions/{bad}/surface"):
+            for path in (
+                f"/api/sessions/{bad}",
+                f"/api/sessions/{bad}/log",
+                f"/api/sessions/{bad}/head",
+                f"/api/sessions/{bad}/surface",
+            ):
                 r = c.get(path)
                 assert r.status_code == 400, (path, r.status_code)
                 assert "invalid session id" in r.json()["error"]
@@ -280,7 +311,9 @@ def test_compare_page_reads_reports_only_under_its_roots(tmp_path, capsys):
     report = tmp_path / "reports" / "r.json"
     report.parent.mkdir()
     capsys.readouterr()
-    assert main(["simulate", "--workload", "chat-short", "--profile", "basic", "--format", "json", "--no-progress"]) == 0
+    assert (
+        main(["simulate", "--workload", "chat-short", "--profile", "basic", "--format", "json", "--no-progress"]) == 0
+    )
     report.write_text(capsys.readouterr().out)
     outside = tmp_path / "elsewhere.json"
     outside.write_text(report.read_text())
@@ -307,7 +340,9 @@ def test_compare_replay_is_a_protected_post(tmp_path):
         token = c.app.state.csrf_token
         refused = c.post("/simulate", data={"workload": "chat-short", "profiles": "basic"})
         assert refused.status_code == 403
-        r = c.post("/simulate", data={"workload": "chat-short", "profiles": "basic", "csrf": token}, follow_redirects=False)
+        r = c.post(
+            "/simulate", data={"workload": "chat-short", "profiles": "basic", "csrf": token}, follow_redirects=False
+        )
         assert r.status_code == 303 and "/simulate?job=" in r.headers["location"]
         page = c.get(r.headers["location"])
         bad = c.post("/simulate", data={"workload": "nope", "profiles": "basic", "csrf": token})
@@ -334,7 +369,9 @@ def test_docs_list_every_api_route_and_option():
     for route in api:
         path = route.path.replace("{session_id}", "{id}")
         for method in sorted(route.methods - {"HEAD"}):
-            assert f"`{method} {path}`" in text or f"`{method} {path}?" in text, f"docs/ui.md does not list {method} {path}"
+            assert f"`{method} {path}`" in text or f"`{method} {path}?" in text, (
+                f"docs/ui.md does not list {method} {path}"
+            )
     sub = next(a for a in build_parser()._subparsers._group_actions[0].choices.items() if a[0] == "ui")[1]
     for action in sub._actions:
         for option in action.option_strings:

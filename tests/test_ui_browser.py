@@ -29,7 +29,14 @@ if _spec.name not in sys.modules:
     _spec.loader.exec_module(support)
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--no-first-run"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
 #: every element and attribute a hostile message could have smuggled in, checked in the live DOM
 DOM_CHECK = """() => {
   const bad = [];
@@ -67,7 +74,9 @@ def env(tmp_path, monkeypatch):
 def browser(tmp_path):
     path = chromium()
     if path is None:
-        pytest.skip("no Chromium: scripts/test-services.sh installs Debian's chromium and exports CTXKERNEL_TEST_CHROMIUM")
+        pytest.skip(
+            "no Chromium: scripts/test-services.sh installs Debian's chromium and exports CTXKERNEL_TEST_CHROMIUM"
+        )
     with playwright.sync_playwright() as p:
         b = p.chromium.launch(executable_path=path, args=ARGS)
         try:
@@ -125,7 +134,10 @@ def open_page(browser, base: str):
 def inspect_json(profile: Path, session_id: str) -> dict:
     out = subprocess.run(
         [sys.executable, "-m", "ctxkernel.cli", "inspect", session_id, "--profile", str(profile), "--json"],
-        check=True, capture_output=True, text=True, timeout=120,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
     ).stdout
     return json.loads(out)
 
@@ -137,10 +149,14 @@ def n(value: int) -> str:
 @pytest.fixture
 def hostile(tmp_path):
     """A handoff session whose messages, tool output and notes carry script payloads."""
-    profile = support.write_profile(tmp_path / "profiles", "uitest", tmp_path / "store", ["handoff", "basic"], window=6_000, reserved=1_000)
+    profile = support.write_profile(
+        tmp_path / "profiles", "uitest", tmp_path / "store", ["handoff", "basic"], window=6_000, reserved=1_000
+    )
     kernel = support.kernel_for(profile)
     session = kernel.open_session()
-    support.model_tool_turn(session, 0, "notes_write_file", {"path": "self/notes/plan.md", "content": "plan " + support.PAYLOAD})
+    support.model_tool_turn(
+        session, 0, "notes_write_file", {"path": "self/notes/plan.md", "content": "plan " + support.PAYLOAD}
+    )
     for i in range(1, 16):
         support.one_turn(session, i, hostile=i % 3 == 0)
     return profile, kernel, session
@@ -153,7 +169,9 @@ def chapters(tmp_path):
     from ctxkernel_chapters.plugin import settings_of
     from ctxkernel_chapters.tools import deterministic_continuation
 
-    profile = support.write_profile(tmp_path / "profiles", "chaptest", tmp_path / "store", ["chapters"], window=8_000, reserved=1_000)
+    profile = support.write_profile(
+        tmp_path / "profiles", "chaptest", tmp_path / "store", ["chapters"], window=8_000, reserved=1_000
+    )
     kernel = support.kernel_for(profile)
     session = kernel.open_session()
     for i in range(8):
@@ -168,7 +186,7 @@ def chapters(tmp_path):
 
 
 def test_pages_show_inspect_figures_update_live_and_run_nothing(browser, hostile, shots):
-    profile, kernel, session = hostile
+    profile, _, session = hostile
     expected = inspect_json(profile, session.id)
     with support.ui_server(profile) as base:
         page, record = open_page(browser, base)
@@ -178,7 +196,10 @@ def test_pages_show_inspect_figures_update_live_and_run_nothing(browser, hostile
         row.locator("td.pressure .gauge-text").wait_for()
         p = expected["pressure"]
         assert row.locator("td.events").inner_text() == n(expected["events"])
-        assert row.locator("td.pressure .gauge-text").inner_text() == f"{n(p['tokens'])} / {n(p['effective_window'])} ({p['ratio'] * 100:.1f}%)"
+        assert (
+            row.locator("td.pressure .gauge-text").inner_text()
+            == f"{n(p['tokens'])} / {n(p['effective_window'])} ({p['ratio'] * 100:.1f}%)"
+        )
         assert row.locator("td.compactions").inner_text() == n(len(expected["compactions"]))
         assert row.locator("td.windows").inner_text() == n(expected["strategies"]["handoff"]["windows"])
         page.fill("#search", "no-such-id")
@@ -195,7 +216,10 @@ def test_pages_show_inspect_figures_update_live_and_run_nothing(browser, hostile
         assert page.inner_text("#effective-window") == n(p["effective_window"])
         assert page.inner_text("#events-count") == n(expected["events"])
         assert page.inner_text("#compactions-count") == n(len(expected["compactions"]))
-        assert page.inner_text("#surface-summary") == f"{n(expected['surface']['nodes'])} messages, {n(expected['surface']['tokens'])} tokens"
+        assert (
+            page.inner_text("#surface-summary")
+            == f"{n(expected['surface']['nodes'])} messages, {n(expected['surface']['tokens'])} tokens"
+        )
         assert page.locator("#surface-table tbody tr").count() == expected["surface"]["nodes"]
         handoff_panel = page.locator('section.strategy[data-strategy="handoff"]')
         assert f"windows: {expected['strategies']['handoff']['windows']}" in handoff_panel.inner_text()
@@ -213,7 +237,9 @@ def test_pages_show_inspect_figures_update_live_and_run_nothing(browser, hostile
         assert page.locator("#log-rows details.event").count() == min(100, expected["events"])
         page.fill("#log-types", "compaction/summary")
         page.click("#log-apply")
-        page.wait_for_function("() => [...document.querySelectorAll('#log-rows details.event')].every(d => d.dataset.type === 'compaction/summary')")
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('#log-rows details.event')].every(d => d.dataset.type === 'compaction/summary')"
+        )
         assert page.locator("#log-rows details.event").count() == len(expected["compactions"])
         first = page.locator("#log-rows details.event").first
         first.locator("summary").click()
@@ -234,7 +260,9 @@ def test_pages_show_inspect_figures_update_live_and_run_nothing(browser, hostile
         support.one_turn(session, 50, hostile=True)
         support.one_turn(session, 51)
         after = inspect_json(profile, session.id)
-        page.wait_for_function(f"() => document.getElementById('events-count').textContent === '{n(after['events'])}'", timeout=20_000)
+        page.wait_for_function(
+            f"() => document.getElementById('events-count').textContent === '{n(after['events'])}'", timeout=20_000
+        )
         assert after["events"] > before
         assert page.evaluate("() => window.__same_document") is True
         assert page.inner_text("#pressure-tokens") == n(after["pressure"]["tokens"])
@@ -261,7 +289,7 @@ def test_pages_show_inspect_figures_update_live_and_run_nothing(browser, hostile
 
 
 def test_compact_now_from_the_page(browser, hostile, shots):
-    profile, kernel, session = hostile
+    profile, _, session = hostile
     before = inspect_json(profile, session.id)
     with support.ui_server(profile, "--allow-actions") as base:
         page, record = open_page(browser, base)
@@ -270,9 +298,13 @@ def test_compact_now_from_the_page(browser, hostile, shots):
         button.wait_for()
         assert "strategy-toggle" in page.inner_text("#actions") and "#15" in page.inner_text("#actions")
         button.click()
-        page.wait_for_function("() => document.getElementById('action-result').textContent.startsWith('compact: done')", timeout=30_000)
+        page.wait_for_function(
+            "() => document.getElementById('action-result').textContent.startsWith('compact: done')", timeout=30_000
+        )
         after = inspect_json(profile, session.id)
-        page.wait_for_function(f"() => document.getElementById('compactions-count').textContent === '{n(len(after['compactions']))}'")
+        page.wait_for_function(
+            f"() => document.getElementById('compactions-count').textContent === '{n(len(after['compactions']))}'"
+        )
         shots.take(page, "actions")
         # a cross-site form post (no token, another Origin) is refused and writes nothing
         status = page.evaluate(
@@ -287,7 +319,7 @@ def test_compact_now_from_the_page(browser, hostile, shots):
 
 
 def test_strategy_panels_show_chapters_notes_and_windows_as_text(browser, hostile, chapters, shots):
-    profile, kernel, session = hostile
+    profile, _, session = hostile
     chapter_profile, _, parent, child = chapters
     first = inspect_json(chapter_profile, parent)
     toc = first["strategies"]["chapters"]["toc"]

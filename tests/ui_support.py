@@ -18,22 +18,44 @@ from ctxkernel import Kernel, Message, ToolCallBlock
 #: untrusted text of every shape that could run if it reached the page as markup
 XSS = (
     "<script>window.__pwned = 'script'; alert('script')</script>",
-    '"><img src=x onerror="window.__pwned=\'img\'; alert(\'img\')">',
+    "\"><img src=x onerror=\"window.__pwned='img'; alert('img')\">",
     "javascript:window.__pwned='link'",
     "<a href=\"javascript:window.__pwned='anchor'\">click me</a>",
     "<svg onload=\"window.__pwned='svg'\"></svg>",
 )
 PAYLOAD = " ".join(XSS)
 
-WORDS = "parser token module function error test fixture config request header surface event replay".split()
+WORDS = [
+    "parser",
+    "token",
+    "module",
+    "function",
+    "error",
+    "test",
+    "fixture",
+    "config",
+    "request",
+    "header",
+    "surface",
+    "event",
+    "replay",
+]
 
 
 def text(n_words: int, seed: int) -> str:
     return " ".join(WORDS[(seed * 7 + i * 13) % len(WORDS)] for i in range(n_words))
 
 
-def write_profile(folder: Path, name: str, home: Path, strategies: list[str], *, window: int = 12_000, reserved: int = 2_000,
-                  extra: str = "") -> Path:
+def write_profile(
+    folder: Path,
+    name: str,
+    home: Path,
+    strategies: list[str],
+    *,
+    window: int = 12_000,
+    reserved: int = 2_000,
+    extra: str = "",
+) -> Path:
     """A profile file (stem ``name``) whose jsonl store lives in ``home``."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.toml"
@@ -69,7 +91,10 @@ def one_turn(session: Any, n: int, *, hostile: bool = False) -> None:
     extra = f" {PAYLOAD}" if hostile else ""
     session.user(f"step {n}: {text(30, n)}{extra}")
     request = session.prepare_request()
-    calls = [ToolCallBlock(f"c{n}a", "read_file", {"path": f"src/mod{n}.py"}), ToolCallBlock(f"c{n}b", "run", {"command": f"pytest -k t{n}"})]
+    calls = [
+        ToolCallBlock(f"c{n}a", "read_file", {"path": f"src/mod{n}.py"}),
+        ToolCallBlock(f"c{n}b", "run", {"command": f"pytest -k t{n}"}),
+    ]
     reply = Message.assistant(text(20, n + 1) + extra, calls)
     session.commit_reply(reply, usage=usage(session, request, reply))
     session.tool_result(f"c{n}a", "\n".join(text(12, n + k) for k in range(6)) + extra)
@@ -107,7 +132,9 @@ def ui_server(profile: Path, *args: str, env: dict[str, str] | None = None) -> I
     """``ctxkernel ui`` as its own process on a free loopback port; yields its base URL."""
     port = free_port()
     command = [sys.executable, "-m", "ctxkernel.cli", "ui", "--profile", str(profile), "--port", str(port), *args]
-    process = subprocess.Popen(command, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        command, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -119,7 +146,7 @@ def ui_server(profile: Path, *args: str, env: dict[str, str] | None = None) -> I
             except OSError:
                 pass
             if process.poll() is not None:
-                out, err = process.communicate()
+                _, err = process.communicate()
                 raise RuntimeError(f"ctxkernel ui exited with {process.returncode}: {err.decode()[-2000:]}")
             if time.monotonic() > deadline:
                 raise RuntimeError("ctxkernel ui did not answer within 60 s")

@@ -107,7 +107,10 @@ def create_app(
     roots = [Path(r).expanduser().resolve() for r in (read_roots or [Path.cwd()])]
     replays = Replays(roots)
     token = actions.new_token()
-    env = Environment(loader=PackageLoader("ctxkernel.ui", "templates"), autoescape=select_autoescape(default=True, default_for_string=True))
+    env = Environment(
+        loader=PackageLoader("ctxkernel.ui", "templates"),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+    )
     templates = Jinja2Templates(env=env)
 
     def page(request: Request, name: str, **context: Any) -> Response:
@@ -137,7 +140,12 @@ def create_app(
         except StoreError as exc:
             return page(request, "error.html", message=str(exc), status=400)
         if not await run_in_threadpool(kernel.store.exists, session_id):
-            return page(request, "error.html", message=f"no session {session_id!r} in the {kernel.store.backend} store", status=404)
+            return page(
+                request,
+                "error.html",
+                message=f"no session {session_id!r} in the {kernel.store.backend} store",
+                status=404,
+            )
         return page(request, "session.html", session_id=session_id)
 
     async def simulate_page(request: Request) -> Response:
@@ -152,11 +160,21 @@ def create_app(
                 report, where = replays.get(job), f"replay {job}"
         except CompareError as exc:
             error = str(exc)
-        context: dict[str, Any] = {"error": error, "where": where, "workloads": sorted(WORKLOADS), "note": REPLAY_NOTE, "roots": [str(r) for r in roots]}
+        context: dict[str, Any] = {
+            "error": error,
+            "where": where,
+            "workloads": sorted(WORKLOADS),
+            "note": REPLAY_NOTE,
+            "roots": [str(r) for r in roots],
+        }
         if report is not None:
             try:
                 # the chart is the simulate report's own SVG (it escapes every name it prints)
-                context |= {"chart": Markup(render_chart(report)), "rows": table_rows(report), "source": describe_source(report["source"])}
+                context |= {
+                    "chart": Markup(render_chart(report)),
+                    "rows": table_rows(report),
+                    "source": describe_source(report["source"]),
+                }
             except (KeyError, TypeError, ValueError) as exc:
                 context["error"] = f"{where}: the report could not be drawn ({type(exc).__name__}: {exc})"
         return page(request, "simulate.html", **context)
@@ -177,13 +195,18 @@ def create_app(
                 window=str(form.get("window", "")),
             )
         except CompareError as exc:
+            from ..simulate.report import REPLAY_NOTE
             from ..simulate.workloads import WORKLOADS
 
-            from ..simulate.report import REPLAY_NOTE
-
             return page(
-                request, "simulate.html", error=str(exc), where="", workloads=sorted(WORKLOADS), note=REPLAY_NOTE,
-                roots=[str(r) for r in roots], status=exc.status,
+                request,
+                "simulate.html",
+                error=str(exc),
+                where="",
+                workloads=sorted(WORKLOADS),
+                note=REPLAY_NOTE,
+                roots=[str(r) for r in roots],
+                status=exc.status,
             )
         return RedirectResponse(f"{base}/simulate?job={job}", status_code=303)
 
@@ -200,7 +223,11 @@ def create_app(
 
     async def api_sessions(request: Request) -> Response:
         def rows() -> dict[str, Any]:
-            return {"profile": kernel.profile.name, "store": kernel.store.backend, "sessions": [inspector.row(i) for i in inspector.session_ids()]}
+            return {
+                "profile": kernel.profile.name,
+                "store": kernel.store.backend,
+                "sessions": [inspector.row(i) for i in inspector.session_ids()],
+            }
 
         return await call(rows)
 
@@ -308,7 +335,9 @@ def create_app(
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     hosts = list(allowed_hosts) if allowed_hosts is not None else list(LOCAL_HOSTS)
-    app = Starlette(routes=routes, middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=hosts), Middleware(SecurityHeaders)])
+    app = Starlette(
+        routes=routes, middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=hosts), Middleware(SecurityHeaders)]
+    )
     app.state.inspector = inspector
     app.state.csrf_token = token
     return app

@@ -22,9 +22,13 @@ def register(sub: Any) -> None:
     p.add_argument("--profile", required=True, metavar="NAME_OR_PATH", help="the profile whose store is inspected")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8788, help="port (default 8788)")
-    p.add_argument("--allow-actions", action="store_true", help="offer the manual controls (compact now), CSRF-protected")
     p.add_argument(
-        "--read-root", action="append", metavar="DIR",
+        "--allow-actions", action="store_true", help="offer the manual controls (compact now), CSRF-protected"
+    )
+    p.add_argument(
+        "--read-root",
+        action="append",
+        metavar="DIR",
         help="a directory the Compare page may read reports and transcripts from (repeatable; default the working directory)",
     )
     p.set_defaults(func=cmd_ui)
@@ -42,7 +46,9 @@ def build_app(args: argparse.Namespace) -> Any:
     hosts = list(LOCAL_HOSTS)
     if args.host not in hosts:
         hosts.append(args.host)
-    inspector = create_app(args.profile, allow_actions=args.allow_actions, allowed_hosts=hosts, read_roots=args.read_root)
+    inspector = create_app(
+        args.profile, allow_actions=args.allow_actions, allowed_hosts=hosts, read_roots=args.read_root
+    )
 
     async def to_ui(request: Any) -> RedirectResponse:
         return RedirectResponse("/ui/", status_code=307)
@@ -70,7 +76,11 @@ def cmd_ui(args: argparse.Namespace) -> int:
         sys.stderr.write(f"ctxkernel ui: {exc}\n")
         return EXIT_INVALID
     if args.host not in ("127.0.0.1", "localhost", "::1"):
-        sys.stderr.write(f"ctxkernel ui: warning: serving on {args.host}: anyone who can reach it can read every session\n")
-    sys.stderr.write(f"ctxkernel ui: http://{args.host}:{args.port}/ui/ ({'actions on' if args.allow_actions else 'read-only'})\n")
+        sys.stderr.write(
+            f"ctxkernel ui: warning: serving on {args.host}: anyone who can reach it can read every session\n"
+        )
+    sys.stderr.write(
+        f"ctxkernel ui: http://{args.host}:{args.port}/ui/ ({'actions on' if args.allow_actions else 'read-only'})\n"
+    )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return EXIT_OK

@@ -40,7 +40,9 @@ def confine(path_text: str, roots: list[Path]) -> Path:
     path = Path(os.path.expanduser(path_text))
     resolved = path.resolve() if path.is_absolute() else (roots[0] / path).resolve()
     if not any(resolved.is_relative_to(root) for root in roots):
-        raise CompareError(f"{path_text!r} is outside the directories this server reads: {[str(r) for r in roots]} (start it with --read-root)")
+        raise CompareError(
+            f"{path_text!r} is outside the directories this server reads: {[str(r) for r in roots]} (start it with --read-root)"
+        )
     if not resolved.is_file():
         raise CompareError(f"{path_text!r} is not a file")
     return resolved
@@ -48,13 +50,21 @@ def confine(path_text: str, roots: list[Path]) -> Path:
 
 def check_report(report: Any, where: str) -> dict[str, Any]:
     """A ``simulate --format json`` report: its profiles and source, each of the right shape."""
-    if not isinstance(report, dict) or not isinstance(report.get("profiles"), list) or not isinstance(report.get("source"), dict):
-        raise CompareError(f"{where} is not a simulate report: expected the JSON of `ctxkernel simulate --format json` (keys source, profiles)")
+    if (
+        not isinstance(report, dict)
+        or not isinstance(report.get("profiles"), list)
+        or not isinstance(report.get("source"), dict)
+    ):
+        raise CompareError(
+            f"{where} is not a simulate report: expected the JSON of `ctxkernel simulate --format json` (keys source, profiles)"
+        )
     for i, p in enumerate(report["profiles"]):
         if not isinstance(p, dict) or not isinstance(p.get("profile"), str):
             raise CompareError(f"{where}: profiles[{i}] must be an object with a 'profile' name")
         tokens = p.get("prompt_tokens", [])
-        if not isinstance(tokens, list) or not all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in tokens):
+        if not isinstance(tokens, list) or not all(
+            isinstance(t, (int, float)) and not isinstance(t, bool) for t in tokens
+        ):
             raise CompareError(f"{where}: profiles[{i}].prompt_tokens must be a list of numbers")
         window = p.get("effective_window")
         if window is not None and (not isinstance(window, (int, float)) or isinstance(window, bool)):
@@ -69,7 +79,9 @@ def load_report(path_text: str, roots: list[Path]) -> dict[str, Any]:
     try:
         report = orjson.loads(path.read_bytes())
     except orjson.JSONDecodeError as exc:
-        raise CompareError(f"{path_text!r} is not JSON ({exc}); save a report with `ctxkernel simulate --format json > report.json`") from None
+        raise CompareError(
+            f"{path_text!r} is not JSON ({exc}); save a report with `ctxkernel simulate --format json > report.json`"
+        ) from None
     return check_report(report, repr(path_text))
 
 
@@ -85,7 +97,9 @@ class Replays:
         try:
             return self._results[job]
         except KeyError:
-            raise CompareError(f"no replay {job!r} here (results are kept in memory for the last {KEEP_RESULTS})", 404) from None
+            raise CompareError(
+                f"no replay {job!r} here (results are kept in memory for the last {KEEP_RESULTS})", 404
+            ) from None
 
     def run(self, *, transcript: str = "", workload: str = "", profiles: str, window: str = "") -> str:
         from ..simulate import Options, build_workload, compare, load_recording, profile_names

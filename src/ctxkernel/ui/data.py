@@ -114,23 +114,46 @@ class Derived:
         if t == ev.REQUEST_CONTEXT:
             window = d["context_window"] - d["reserved_output_tokens"]
             if self.window is not None and window != self.window:
-                self.markers.append({"seq": event.seq, "request": len(self.requests), "kind": "route", "label": f"{d['provider']}/{d['model']}"})
+                self.markers.append(
+                    {
+                        "seq": event.seq,
+                        "request": len(self.requests),
+                        "kind": "route",
+                        "label": f"{d['provider']}/{d['model']}",
+                    }
+                )
             self.window = window
         elif t == ev.ASSISTANT_MESSAGE:
             usage = d.get("usage") or {}
             tokens = usage.get("input_tokens")
-            self.requests.append({"seq": event.seq, "tokens": tokens if isinstance(tokens, int) else None, "window": self.window})
+            self.requests.append(
+                {"seq": event.seq, "tokens": tokens if isinstance(tokens, int) else None, "window": self.window}
+            )
         elif t == ev.COMPACTION_START:
             self.transactions[d["compaction_id"]] = {
-                "id": d["compaction_id"], "strategy": d["strategy"], "start": event.seq, "time": event.time,
-                "kind": None, "summary_seq": None, "end": None, "outcome": "open", "error": None,
-                "tokens_before": None, "tokens_after": None, "cites": 0,
+                "id": d["compaction_id"],
+                "strategy": d["strategy"],
+                "start": event.seq,
+                "time": event.time,
+                "kind": None,
+                "summary_seq": None,
+                "end": None,
+                "outcome": "open",
+                "error": None,
+                "tokens_before": None,
+                "tokens_after": None,
+                "cites": 0,
             }
         elif t == ev.COMPACTION_SUMMARY:
             txn = self.transactions.get(d["compaction_id"])
             if txn is not None:
-                txn.update(kind=d.get("kind"), summary_seq=event.seq, tokens_before=d.get("tokens_before"),
-                           tokens_after=d.get("tokens_after"), cites=len(d["cites"]))
+                txn.update(
+                    kind=d.get("kind"),
+                    summary_seq=event.seq,
+                    tokens_before=d.get("tokens_before"),
+                    tokens_after=d.get("tokens_after"),
+                    cites=len(d["cites"]),
+                )
             kind = "window" if d.get("kind") == "window" else "compaction"
             label = f"{d.get('strategy')}/{d.get('kind')}"
             self.markers.append({"seq": event.seq, "request": len(self.requests), "kind": kind, "label": label})
@@ -138,16 +161,36 @@ class Derived:
             txn = self.transactions.get(d["compaction_id"])
             if txn is not None:
                 error = d.get("error")
-                txn.update(end=event.seq, error=error, outcome="failed" if error else ("committed" if txn["summary_seq"] is not None else "empty"))
+                txn.update(
+                    end=event.seq,
+                    error=error,
+                    outcome="failed" if error else ("committed" if txn["summary_seq"] is not None else "empty"),
+                )
         elif t == ev.COMPACTION_PRUNE:
-            self.markers.append({"seq": event.seq, "request": len(self.requests), "kind": "prune", "label": f"{d['strategy']} prune {d['target']}"})
+            self.markers.append(
+                {
+                    "seq": event.seq,
+                    "request": len(self.requests),
+                    "kind": "prune",
+                    "label": f"{d['strategy']} prune {d['target']}",
+                }
+            )
         elif t == ev.SURFACE_DROP:
-            self.markers.append({"seq": event.seq, "request": len(self.requests), "kind": "drop", "label": f"{d['strategy']} drop"})
+            self.markers.append(
+                {"seq": event.seq, "request": len(self.requests), "kind": "drop", "label": f"{d['strategy']} drop"}
+            )
         elif t == ev.TOOL_RESULT:
             block = (d["message"].get("content") or [{}])[0]
             if isinstance(block, dict) and block.get("name") in CONTINUATION_TOOLS and not block.get("is_error"):
                 # the session went on in a new one (its header names this one as parent)
-                self.markers.append({"seq": event.seq, "request": len(self.requests), "kind": "continuation", "label": str(block["name"])})
+                self.markers.append(
+                    {
+                        "seq": event.seq,
+                        "request": len(self.requests),
+                        "kind": "continuation",
+                        "label": str(block["name"]),
+                    }
+                )
         elif event.ignorable and ("window" in t or "continu" in t):
             # strategies' own switch records (rollover/window, chapters continuations)
             self.markers.append({"seq": event.seq, "request": len(self.requests), "kind": "window", "label": t})
@@ -251,7 +294,16 @@ class Inspector:
         """The session list's figures: pressure, windows or chapters, compactions."""
         view = self.view(session_id)
         panels = view["strategies"]
-        windows = next((p[k] for p in panels.values() if isinstance(p, dict) for k in ("windows", "window_number", "chapters") if isinstance(p.get(k), int)), None)
+        windows = next(
+            (
+                p[k]
+                for p in panels.values()
+                if isinstance(p, dict)
+                for k in ("windows", "window_number", "chapters")
+                if isinstance(p.get(k), int)
+            ),
+            None,
+        )
         return {
             "profile": view["profile"],
             "events": view["events"],
@@ -311,7 +363,15 @@ class Inspector:
                     "tool_calls": [{"id": c.id, "name": c.name} for c in message.tool_calls],
                     "tool_result": message.tool_result.call_id if message.tool_result else None,
                     # a replacement cites the log events it stands for
-                    "replaces": {"op": op.get("op"), "count": len(cites), "first": cites[0], "last": cites[-1], "cites": cites[:50]} if cites else None,
+                    "replaces": {
+                        "op": op.get("op"),
+                        "count": len(cites),
+                        "first": cites[0],
+                        "last": cites[-1],
+                        "cites": cites[:50],
+                    }
+                    if cites
+                    else None,
                 }
                 if node.seq in decay:
                     item["decay"] = decay[node.seq]
@@ -337,7 +397,9 @@ class Inspector:
         self.stats["events_read"] += len(events)
         return events
 
-    def log_page(self, session_id: str, *, start: int | None = None, limit: int = 100, types: list[str] | None = None) -> dict[str, Any]:
+    def log_page(
+        self, session_id: str, *, start: int | None = None, limit: int = 100, types: list[str] | None = None
+    ) -> dict[str, Any]:
         """One page of the log from ``start`` (default: the last page), optionally only the
         given event types (a type ending in ``/`` matches a namespace). A filtered page scans at
         most :data:`MAX_SCAN` events and says where to continue."""
