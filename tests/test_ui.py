@@ -379,3 +379,29 @@ def test_docs_list_every_api_route_and_option():
                 assert f"`{option}" in text, f"docs/ui.md does not explain {option}"
     for image in ("sessions", "session", "compare", "chapters-panel"):
         assert f"(ui/{image}.png)" in text and (REPO / "docs" / "ui" / f"{image}.png").exists()
+
+
+def test_surface_shows_decay_anchors_as_the_decay_panel_has_them(tmp_path):
+    profile = support.write_profile(tmp_path / "profiles", "decaytest", tmp_path / "store", ["decay", "basic"])
+    kernel = support.kernel_for(profile)
+    session = kernel.open_session()
+    for n in range(6):
+        support.one_turn(session, n)
+    # the model compresses its oldest messages into a block (decay's tool, as a model calls it)
+    anchors = [p["anchor"] for p in reversed(session.project()["strategies"]["decay"]["positions"]) if p["anchor"]]
+    span = {"from": anchors[1], "to": anchors[8], "summary": "early work " + support.PAYLOAD, "topic": "setup"}
+    outcome = support.model_tool_turn(session, 7, "compress", {"spans": [span]})
+    assert not outcome.is_error, outcome.content
+    with client(kernel) as c:
+        surface = c.get(f"/api/sessions/{session.id}/surface").json()
+        panel = c.get(f"/api/sessions/{session.id}").json()["strategies"]["decay"]
+    positions = {p["seq"]: p for p in panel["positions"]}
+    assert positions and len(positions) == len(surface["nodes"])
+    for node in surface["nodes"]:
+        assert node["decay"]["anchor"] == positions[node["seq"]]["anchor"]
+        assert node["decay"]["kind"] == positions[node["seq"]]["kind"]
+    assert any(node["decay"]["anchor"] for node in surface["nodes"])
+    (block,) = panel["blocks"]
+    (shown,) = [node for node in surface["nodes"] if node["seq"] == block["seq"]]
+    assert shown["decay"]["tier"] == block["tier"] and shown["decay"]["kind"] == "block"
+    assert shown["replaces"]["count"] == block["sources"]

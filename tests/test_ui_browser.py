@@ -339,6 +339,12 @@ def test_strategy_panels_show_chapters_notes_and_windows_as_text(browser, hostil
         assert child_row.locator(f'a[href="/ui/sessions/{parent}"]').count() == 1
         page.locator(f'tr[data-session="{parent}"] td.pressure .gauge-text').wait_for()
         shots.take(page, "sessions")
+        # sortable: by events, up then down
+        events_column = page.locator('#sessions th[data-key="events"]')
+        for click, direction in ((1, 1), (2, -1)):
+            events_column.click()
+            shown = [int(t.replace(",", "")) for t in page.locator("#sessions tbody td.events").all_inner_texts()]
+            assert len(shown) == 3 and shown == sorted(shown, reverse=direction < 0), (click, shown)
 
         page.goto(f"{base}/ui/sessions/{parent}")
         panel = page.locator('section.strategy[data-strategy="chapters"] .panel-toc')
