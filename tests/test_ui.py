@@ -31,7 +31,7 @@ LOCAL = "http://127.0.0.1"
 @pytest.fixture(autouse=True)
 def env(tmp_path, monkeypatch):
     for key in list(os.environ):
-        if key.startswith("CTXKERNEL_"):
+        if key.startswith("CTXKERNEL_") and not key.startswith("CTXKERNEL_TEST_"):
             monkeypatch.delenv(key)
     monkeypatch.setenv("CTXKERNEL_HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)  # no profile of the repository on the search path
@@ -405,3 +405,54 @@ def test_surface_shows_decay_anchors_as_the_decay_panel_has_them(tmp_path):
     (shown,) = [node for node in surface["nodes"] if node["seq"] == block["seq"]]
     assert shown["decay"]["tier"] == block["tier"] and shown["decay"]["kind"] == "block"
     assert shown["replaces"]["count"] == block["sources"]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def row_store_profile(request, tmp_path):
+    """A profile on the sqlite store, or on a throwaway PostgreSQL schema."""
+    if request.param == "postgres":
+        from ctxkernel.testing_store import postgres_dsn, postgres_schema
+
+        with postgres_schema(postgres_dsn()) as dsn:
+            yield support.write_profile(
+                tmp_path / "p",
+                "rows",
+                tmp_path / "store",
+                ["handoff", "basic"],
+                window=6_000,
+                reserved=1_000,
+                backend="postgres",
+                dsn=dsn,
+            )
+        return
+    yield support.write_profile(
+        tmp_path / "p", "rows", tmp_path / "store", ["handoff", "basic"], window=6_000, reserved=1_000, backend="sqlite"
+    )
+
+
+def test_database_stores_serve_the_same_figures_and_bounded_pages(row_store_profile, capsys):
+    kernel = support.kernel_for(row_store_profile)
+    assert kernel.store.backend in ("sqlite", "postgres")
+    session = kernel.open_session()
+    for n in range(12):
+        support.one_turn(session, n)
+    expected = inspect_json(capsys, row_store_profile, session.id)
+    app = create_app(str(row_store_profile))
+    stats = app.state.inspector.stats
+    with TestClient(app, base_url=LOCAL) as c:
+        page = c.get(f"/api/sessions/{session.id}/log", params={"start": 10, "limit": 7}).json()
+        assert [r["seq"] for r in page["rows"]] == list(range(10, 17)) and stats["events_read"] == 7
+        assert c.get(f"/api/sessions/{session.id}").json() == expected
+    assert expected["compactions"]
+
+
+def test_an_unreadable_session_is_listed_with_the_reason(handoff):
+    _, kernel, session = handoff
+    broken = kernel.store.sessions_dir / "broken.jsonl"
+    broken.write_text('{"format_version": 99, "id": "broken"}\n')
+    with client(kernel) as c:
+        rows = {r["id"]: r for r in c.get("/api/sessions").json()["sessions"]}
+        view = c.get("/api/sessions/broken")
+    assert rows[session.id]["events"] == len(session.events)
+    assert "format_version" in rows["broken"]["error"]
+    assert view.status_code == 500 and "format_version" in view.json()["error"]

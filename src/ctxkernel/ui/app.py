@@ -222,11 +222,17 @@ def create_app(
             return _error(500, f"{type(exc).__name__}: {exc}")
 
     async def api_sessions(request: Request) -> Response:
+        def row(session_id: str) -> dict[str, Any]:
+            try:
+                return inspector.row(session_id)
+            except CtxKernelError as exc:  # one unreadable session is listed with why, not hiding the rest
+                return {"id": session_id, "error": f"{type(exc).__name__}: {exc}"}
+
         def rows() -> dict[str, Any]:
             return {
                 "profile": kernel.profile.name,
                 "store": kernel.store.backend,
-                "sessions": [inspector.row(i) for i in inspector.session_ids()],
+                "sessions": [row(i) for i in inspector.session_ids()],
             }
 
         return await call(rows)

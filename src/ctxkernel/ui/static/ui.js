@@ -96,6 +96,7 @@ function sessionsPage() {
       const url = sessionUrl(row.id);
       const idCell = url ? el("a", { href: url, class: "session-link" }, row.id) : row.id;
       const parent = row.parent ? el("div", { class: "muted" }, "continues ", sessionUrl(row.parent) ? el("a", { href: sessionUrl(row.parent) }, row.parent) : row.parent) : null;
+      if (row.error) return el("tr", { "data-session": row.id, class: "broken" }, el("td", {}, idCell), el("td", { colspan: 6, class: "error", text: row.error }));
       return el("tr", { "data-session": row.id },
         el("td", {}, idCell, parent),
         el("td", { text: (s && s.profile) || row.profile || "–" }),
@@ -111,7 +112,7 @@ function sessionsPage() {
   async function fillSummaries() {
     // one at a time: each may replay a session the first time it is asked for
     for (const row of rows) {
-      if (summaries.has(row.id) || row.summary) continue;
+      if (summaries.has(row.id) || row.summary || row.error) continue;
       try {
         summaries.set(row.id, await getJSON(`/api/sessions/${encodeURIComponent(row.id)}/summary`));
       } catch (err) {
