@@ -33,6 +33,8 @@ import re
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
+import structlog
+
 MASK = "***"
 
 _SECRET_NAMES = (
@@ -107,21 +109,26 @@ def redact_headers(headers: Mapping[str, str]) -> dict[str, str]:
 
 
 def redact_value(value: Any) -> Any:
-    """Strings redacted, containers walked (lists, tuples, dicts); other values as they are."""
+    """For log fields: strings redacted, containers walked, numbers, booleans and None kept,
+    anything else (an exception, a URL object, a path) turned into redacted text."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
     if isinstance(value, str):
         return redact(value)
-    if isinstance(value, BaseException):
-        return redact(f"{type(value).__name__}: {value}")
     if isinstance(value, dict):
         return {key: redact_value(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(redact_value(item) for item in value)
-    return value
+        return [redact_value(item) for item in value]
+    if isinstance(value, BaseException):
+        return redact(f"{type(value).__name__}: {value}")
+    return redact(str(value))
 
 
 def structlog_processor(logger: Any, method: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    """A structlog processor that redacts every string field of a log line (and ``exc_info``
-    text rendered before it, when placed after ``format_exc_info``)."""
+    """A structlog processor that redacts every field of a log line. An ``exc_info`` is rendered
+    here (as structlog's ``format_exc_info`` would) so that its traceback text is redacted too."""
+    if event_dict.get("exc_info"):
+        event_dict = structlog.processors.format_exc_info(logger, method, event_dict)
     for key, value in list(event_dict.items()):
         event_dict[key] = redact_value(value)
     return event_dict
