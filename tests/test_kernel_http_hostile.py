@@ -389,3 +389,22 @@ def test_a_model_copy_gets_its_own_connection_pool(serve) -> None:
     with original:
         pass
     assert duplicate._client is not original._client and original._client is None
+
+
+@pytest.mark.timeout(60)
+def test_ctxkernel_run_reports_malformed_http_as_a_model_error(serve, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    import structlog
+
+    from ctxkernel.cli import main
+
+    monkeypatch.setenv("CTXKERNEL_HOME", str(tmp_path))
+    monkeypatch.setenv("HOSTILE_KEY", KEY)
+    server = serve(lambda conn, n, s: conn.sendall(MALFORMED["incomplete body"]))
+    try:
+        code = main(["run", "--profile", "basic", "--model", f"openai:{server.base_url}#m", "--api-key-env", "HOSTILE_KEY", "hello"])
+    finally:
+        structlog.reset_defaults()
+    err = capsys.readouterr().err
+    assert code == 1 and "model error:" in err and "request failed after 3 attempt(s)" in err
+    assert "Traceback" not in err and KEY not in err
+    assert len(server.requests) == 3  # the default max_retries = 2
