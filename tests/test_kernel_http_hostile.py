@@ -25,7 +25,13 @@ from ctxkernel.models.openai_http import DEFAULT_MAX_RESPONSE_BYTES
 from ctxkernel.testing import build_kernel
 
 KEY = "sk-test-hostile0123456789abcdef"
-REPLY = orjson.dumps({"id": "c1", "model": "m", "choices": [{"index": 0, "message": {"role": "assistant", "content": "fine"}, "finish_reason": "stop"}]})
+REPLY = orjson.dumps(
+    {
+        "id": "c1",
+        "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "fine"}, "finish_reason": "stop"}],
+    }
+)
 
 Behaviour = Callable[[socket.socket, int, "RawServer"], None]
 
@@ -111,7 +117,8 @@ def serve() -> Iterator[Callable[[Behaviour], RawServer]]:
 def answer(conn: socket.socket, status: str = "200 OK", body: bytes = REPLY, headers: str = "") -> None:
     conn.sendall(
         f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n{headers}"
-        "Connection: close\r\n\r\n".encode() + body
+        "Connection: close\r\n\r\n".encode()
+        + body
     )
 
 
@@ -123,7 +130,10 @@ def model(server: RawServer, **kwargs: Any) -> OpenAIChatModel:
 
 
 # -- item 1: redirects -------------------------------------------------------------------------------
-@pytest.mark.parametrize("status", ["301 Moved Permanently", "302 Found", "303 See Other", "307 Temporary Redirect", "308 Permanent Redirect"])
+@pytest.mark.parametrize(
+    "status",
+    ["301 Moved Permanently", "302 Found", "303 See Other", "307 Temporary Redirect", "308 Permanent Redirect"],
+)
 def test_a_redirect_to_another_origin_is_refused_and_the_key_never_leaves(serve, status: str) -> None:
     other = serve(lambda conn, n, s: answer(conn))
     # the Location carries credentials of its own: they must not show up in the message either
@@ -144,7 +154,13 @@ def test_a_redirect_to_another_origin_is_refused_and_the_key_never_leaves(serve,
 
 
 def test_a_same_origin_redirect_is_not_followed_either(serve) -> None:
-    server = serve(lambda conn, n, s: answer(conn, "307 Temporary Redirect", b"", "Location: /v2/chat/completions\r\n") if n == 0 else answer(conn))
+    server = serve(
+        lambda conn, n, s: (
+            answer(conn, "307 Temporary Redirect", b"", "Location: /v2/chat/completions\r\n")
+            if n == 0
+            else answer(conn)
+        )
+    )
     with pytest.raises(HTTPModelError, match="redirect to a path on the same server"):
         model(server).complete([Message.user("hi")])
     assert [r["path"] for r in server.requests] == ["/v1/chat/completions"]
@@ -194,7 +210,11 @@ def test_the_cap_is_configurable_and_a_reply_under_it_is_read(serve) -> None:
 
 
 def test_a_huge_error_body_is_read_only_up_to_its_excerpt(serve) -> None:
-    server = serve(lambda conn, n, s: _endless(conn, b"HTTP/1.1 500 Internal Server Error\r\nConnection: close\r\n\r\n", b"E" * 65536, s))
+    server = serve(
+        lambda conn, n, s: _endless(
+            conn, b"HTTP/1.1 500 Internal Server Error\r\nConnection: close\r\n\r\n", b"E" * 65536, s
+        )
+    )
     with pytest.raises(HTTPModelError) as info:
         model(server).complete([Message.user("hi")])
     assert info.value.status == 500 and len(info.value.body) == 500
@@ -242,7 +262,9 @@ MALFORMED: dict[str, bytes] = {
     "bad status line": b"HTTP/1.1 OK-ish\r\n\r\n",
     "not HTTP": b"\x00\xff\xfe garbage \x00\r\n\r\n",
     "header line too long": b"HTTP/1.1 200 OK\r\nX-Long: " + b"a" * 200_000 + b"\r\n\r\n",
-    "too many headers": b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 50) for i in range(5000)) + b"\r\n",
+    "too many headers": b"HTTP/1.1 200 OK\r\n"
+    + b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 50) for i in range(5000))
+    + b"\r\n",
     "broken chunking": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
     "no answer at all": b"",
 }
@@ -307,7 +329,12 @@ def test_a_200k_digit_overflow_body_from_a_server_is_classified(serve) -> None:
 
 # -- item 16: secrets in errors and in the log ----------------------------------------------------------
 ECHO = orjson.dumps(
-    {"error": {"message": f"Incorrect API key provided: {KEY}. You sent Authorization: Bearer {KEY}", "code": "invalid_api_key"}}
+    {
+        "error": {
+            "message": f"Incorrect API key provided: {KEY}. You sent Authorization: Bearer {KEY}",
+            "code": "invalid_api_key",
+        }
+    }
 )
 
 
@@ -392,7 +419,9 @@ def test_a_model_copy_gets_its_own_connection_pool(serve) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_ctxkernel_run_reports_malformed_http_as_a_model_error(serve, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+def test_ctxkernel_run_reports_malformed_http_as_a_model_error(
+    serve, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
     import structlog
 
     from ctxkernel.cli import main
@@ -401,7 +430,18 @@ def test_ctxkernel_run_reports_malformed_http_as_a_model_error(serve, tmp_path: 
     monkeypatch.setenv("HOSTILE_KEY", KEY)
     server = serve(lambda conn, n, s: conn.sendall(MALFORMED["incomplete body"]))
     try:
-        code = main(["run", "--profile", "basic", "--model", f"openai:{server.base_url}#m", "--api-key-env", "HOSTILE_KEY", "hello"])
+        code = main(
+            [
+                "run",
+                "--profile",
+                "basic",
+                "--model",
+                f"openai:{server.base_url}#m",
+                "--api-key-env",
+                "HOSTILE_KEY",
+                "hello",
+            ]
+        )
     finally:
         structlog.reset_defaults()
     err = capsys.readouterr().err

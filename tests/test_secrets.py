@@ -43,7 +43,9 @@ def reset_logging():
 
 # -- the redaction module --------------------------------------------------------------------------
 token = st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789", min_size=12, max_size=40)
-password = st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789!$%^*()_-+~.", min_size=8, max_size=30)
+password = st.text(
+    alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789!$%^*()_-+~.", min_size=8, max_size=30
+)
 noise = st.text(max_size=60)
 SECRET_FORMS = [
     "Bearer {s}",
@@ -123,7 +125,14 @@ def test_what_is_kept_names_the_place() -> None:
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize(
     "hostile",
-    ["1" * 200_000, "://a:" + "b" * 200_000, "password=" * 20_000, "a://b:" * 30_000, "password='" + "\\x" * 100_000, "sk-" * 60_000],
+    [
+        "1" * 200_000,
+        "://a:" + "b" * 200_000,
+        "password=" * 20_000,
+        "a://b:" * 30_000,
+        "password='" + "\\x" * 100_000,
+        "sk-" * 60_000,
+    ],
 )
 def test_redaction_of_hostile_text_returns(hostile: str) -> None:
     assert isinstance(redact(hostile), str)
@@ -148,7 +157,9 @@ def test_log_lines_are_redacted_including_tracebacks(capsys) -> None:
 
 
 def test_the_processor_walks_nested_values() -> None:
-    out = structlog_processor(None, "info", {"event": "x", "data": {"list": [f"password={PASSWORD}", 3, None]}, "n": 1.5})
+    out = structlog_processor(
+        None, "info", {"event": "x", "data": {"list": [f"password={PASSWORD}", 3, None]}, "n": 1.5}
+    )
     assert out == {"event": "x", "data": {"list": ["password=***", 3, None]}, "n": 1.5}
 
 
@@ -192,7 +203,9 @@ def test_validate_fail_path_never_prints_the_password_from_the_profile(tmp_path,
 
 
 @pytest.mark.parametrize("dsn", UNREACHABLE[:2])
-def test_validate_fail_path_never_prints_the_password_from_the_environment(tmp_path, capsys, monkeypatch, dsn: str) -> None:
+def test_validate_fail_path_never_prints_the_password_from_the_environment(
+    tmp_path, capsys, monkeypatch, dsn: str
+) -> None:
     monkeypatch.setenv("CTXKERNEL_STORE__DSN", dsn)
     printed, messages = _validate_everywhere(capsys, _profile(tmp_path, None))
     assert any("not reachable" in m for m in messages), messages
@@ -220,7 +233,9 @@ def test_validate_pass_path_never_prints_the_password(tmp_path, capsys, monkeypa
 
 def test_store_copy_never_prints_the_password(capsys, tmp_path) -> None:
     capsys.readouterr()
-    code = main(["store", "copy", f"postgresql://app:{PASSWORD}@127.0.0.1:1/app?connect_timeout=2", f"jsonl:{tmp_path}/x"])
+    code = main(
+        ["store", "copy", f"postgresql://app:{PASSWORD}@127.0.0.1:1/app?connect_timeout=2", f"jsonl:{tmp_path}/x"]
+    )
     out, err = capsys.readouterr()
     assert code != 0 and "127.0.0.1" in err
     assert PASSWORD not in out + err
@@ -238,7 +253,9 @@ def test_a_model_error_echoing_a_key_is_stored_redacted_whatever_the_adapter(tmp
         provider, model = "leaky", "m"
 
         def complete(self, *args, **kwargs):
-            raise ModelError(f"401 from https://svc:{PASSWORD}@api.example/v1: invalid key {key} (Authorization: Bearer {key})")
+            raise ModelError(
+                f"401 from https://svc:{PASSWORD}@api.example/v1: invalid key {key} (Authorization: Bearer {key})"
+            )
 
     session = build_kernel(tmp_path).open_session()
     with pytest.raises(ModelError):

@@ -46,7 +46,10 @@ _SECRET_HEADERS = r"proxy-authorization|authorization|x-api-key|api-key|x-goog-a
 _PATTERNS: list[tuple[re.Pattern[str], Any]] = [
     # userinfo password of a URL or DSN: scheme://user:PASSWORD@host. The password runs to the
     # last "@" before the path (an unescaped "@" in a password is common in hand-written DSNs).
-    (re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]{0,30}://[^\s/:@?#]*:)(?P<secret>[^\s/?#]*)(?=@)"), r"\g<head>" + MASK),
+    (
+        re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]{0,30}://[^\s/:@?#]*:)(?P<secret>[^\s/?#]*)(?=@)"),
+        r"\g<head>" + MASK,
+    ),
     # secret query parameters: ?password=..., &api_key=..., &token=..., &sig=...
     (
         re.compile(rf"(?P<head>[?&;](?:{_SECRET_NAMES}|token|sig|signature)=)(?P<secret>[^&#\s\"']*)", re.IGNORECASE),
@@ -54,7 +57,9 @@ _PATTERNS: list[tuple[re.Pattern[str], Any]] = [
     ),
     # header lines and JSON/dict header entries: Authorization: Bearer x, "x-api-key": "y"
     (
-        re.compile(rf"(?P<head>\b(?:{_SECRET_HEADERS})[\"']?\s*[:=]\s*)(?P<q>[\"']?)(?P<secret>[^\r\n\"']+)", re.IGNORECASE),
+        re.compile(
+            rf"(?P<head>\b(?:{_SECRET_HEADERS})[\"']?\s*[:=]\s*)(?P<q>[\"']?)(?P<secret>[^\r\n\"']+)", re.IGNORECASE
+        ),
         r"\g<head>\g<q>" + MASK,
     ),
     # key=value / "key": "value" pairs, quoted (libpq allows \' inside; the quotes are kept) or bare
@@ -70,8 +75,14 @@ _PATTERNS: list[tuple[re.Pattern[str], Any]] = [
     (re.compile(r"(?P<head>\bBearer\s+)(?P<secret>[A-Za-z0-9._~+/=-]{8,})", re.IGNORECASE), r"\g<head>" + MASK),
     (re.compile(r"(?P<head>\bBasic\s+)(?P<secret>(?=[A-Za-z0-9+/]*[0-9+/=])[A-Za-z0-9+/]{8,}=*)"), r"\g<head>" + MASK),
     # API keys by shape, keeping the public prefix
-    (re.compile(r"\b(?P<head>sk-(?:ant-(?:api\d\d-)?|proj-|or-(?:v1-)?)?+)(?P<secret>[A-Za-z0-9_-]{8,})"), r"\g<head>" + MASK),
-    (re.compile(r"\b(?P<head>gsk_|hf_|ghp_|gho_|ghs_|ghu_|github_pat_)(?P<secret>[A-Za-z0-9_]{8,})"), r"\g<head>" + MASK),
+    (
+        re.compile(r"\b(?P<head>sk-(?:ant-(?:api\d\d-)?|proj-|or-(?:v1-)?)?+)(?P<secret>[A-Za-z0-9_-]{8,})"),
+        r"\g<head>" + MASK,
+    ),
+    (
+        re.compile(r"\b(?P<head>gsk_|hf_|ghp_|gho_|ghs_|ghu_|github_pat_)(?P<secret>[A-Za-z0-9_]{8,})"),
+        r"\g<head>" + MASK,
+    ),
     (re.compile(r"\b(?P<head>xox[abposr]-)(?P<secret>[A-Za-z0-9-]{8,})"), r"\g<head>" + MASK),
     (re.compile(r"\b(?P<head>AKIA)(?P<secret>[0-9A-Z]{16})\b"), r"\g<head>" + MASK),
     (re.compile(r"\b(?P<head>AIza)(?P<secret>[0-9A-Za-z_-]{35})"), r"\g<head>" + MASK),

@@ -68,7 +68,9 @@ class _DeadlineStream(httpcore.NetworkStream):
     def close(self) -> None:
         self._stream.close()
 
-    def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None) -> httpcore.NetworkStream:
+    def start_tls(
+        self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore.NetworkStream:
         inner = self._stream.start_tls(ssl_context, server_hostname, _capped(timeout, httpcore.ConnectTimeout))
         return _DeadlineStream(inner)
 
@@ -88,10 +90,14 @@ class _DeadlineBackend(httpcore.NetworkBackend):
         local_address: str | None = None,
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.NetworkStream:
-        stream = self._backend.connect_tcp(host, port, _capped(timeout, httpcore.ConnectTimeout), local_address, socket_options)
+        stream = self._backend.connect_tcp(
+            host, port, _capped(timeout, httpcore.ConnectTimeout), local_address, socket_options
+        )
         return _DeadlineStream(stream)
 
-    def connect_unix_socket(self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None) -> httpcore.NetworkStream:
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.NetworkStream:
         stream = self._backend.connect_unix_socket(path, _capped(timeout, httpcore.ConnectTimeout), socket_options)
         return _DeadlineStream(stream)
 
@@ -107,7 +113,10 @@ class DeadlineTransport(httpx.HTTPTransport):
         pool = getattr(self, "_pool", None)
         backend = getattr(pool, "_network_backend", None)
         if backend is None:  # a future httpx moved its pool: the adapter's between-chunk check still applies
-            log.warning("httpx transport layout not recognised; the deadline is checked between reads only", httpx=httpx.__version__)
+            log.warning(
+                "httpx transport layout not recognised; the deadline is checked between reads only",
+                httpx=httpx.__version__,
+            )
             return
         pool._network_backend = _DeadlineBackend(backend)  # type: ignore[union-attr]
 

@@ -42,7 +42,7 @@ import os
 import re
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import orjson
 import structlog
@@ -64,7 +64,9 @@ DEFAULT_BASE_URL = "https://api.openai.com/v1"
 #: statuses worth retrying unchanged: rate limits and transient server trouble
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 #: error codes providers use for "the prompt does not fit"
-OVERFLOW_CODES = frozenset({"context_length_exceeded", "context_window_exceeded", "prompt_too_long", "request_too_large"})
+OVERFLOW_CODES = frozenset(
+    {"context_length_exceeded", "context_window_exceeded", "prompt_too_long", "request_too_large"}
+)
 _OVERFLOW_MESSAGE = re.compile(
     r"maximum context length|context length|context window|prompt is too long|too many tokens|"
     r"input is too long|exceeds? the (?:model's )?(?:maximum|context)|reduce the length",
@@ -92,7 +94,13 @@ class HTTPModelError(ModelError):
     """
 
     def __init__(
-        self, message: str, *, status: int | None = None, body: str = "", code: str | None = None, retryable: bool = False
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        body: str = "",
+        code: str | None = None,
+        retryable: bool = False,
     ) -> None:
         self.status = status
         self.body = body
@@ -304,7 +312,7 @@ class OpenAIChatModel:
         if client is not None:
             client.close()
 
-    def __enter__(self) -> OpenAIChatModel:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -322,7 +330,9 @@ class OpenAIChatModel:
         self._client_lock = threading.Lock()
 
     # -- the call -----------------------------------------------------------------------------
-    def request_body(self, messages: list[Message], *, system: str = "", tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    def request_body(
+        self, messages: list[Message], *, system: str = "", tools: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.model,
             "messages": to_openai_messages(messages, system=system, reasoning_content=self.send_reasoning),
@@ -334,7 +344,9 @@ class OpenAIChatModel:
         body.update(self.extra_body)
         return body
 
-    def complete(self, messages: list[Message], *, system: str = "", tools: list[dict[str, Any]] | None = None) -> Reply:
+    def complete(
+        self, messages: list[Message], *, system: str = "", tools: list[dict[str, Any]] | None = None
+    ) -> Reply:
         """Send one request; raises :class:`ContextOverflowError` or :class:`HTTPModelError`."""
         payload = orjson.dumps(self.request_body(messages, system=system, tools=tools))
         raw = self._post(payload)
@@ -342,7 +354,12 @@ class OpenAIChatModel:
 
     def _post(self, payload: bytes) -> dict[str, Any]:
         # identity: the size cap must count the bytes that are parsed, not compressed ones
-        headers = {"Content-Type": "application/json", "Accept": "application/json", "Accept-Encoding": "identity", **self.headers}
+        headers = {
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+            "Accept-Encoding": "identity",
+            **self.headers,
+        }
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         attempt = 0
@@ -354,14 +371,19 @@ class OpenAIChatModel:
                 if getattr(error, "retryable", False) and attempt < self.max_retries:
                     attempt += 1
                     log.warning(
-                        "model request failed; retrying", provider=self.provider, url=self.where, attempt=attempt, error=str(error)
+                        "model request failed; retrying",
+                        provider=self.provider,
+                        url=self.where,
+                        attempt=attempt,
+                        error=str(error),
                     )
                     self._sleep(attempt, refused.retry_after)
                     continue
                 if isinstance(error, HTTPModelError) and error.status is None:  # no answer: say how often it was tried
                     detail = str(error).removeprefix(f"{self.where}: ")
                     error = HTTPModelError(
-                        f"{self.where}: request failed after {attempt + 1} attempt(s): {detail}", retryable=error.retryable
+                        f"{self.where}: request failed after {attempt + 1} attempt(s): {detail}",
+                        retryable=error.retryable,
                     )
                 raise error from None
             return self._json_object(status, body)
@@ -375,18 +397,26 @@ class OpenAIChatModel:
         timeout = httpx.Timeout(self.timeout)
         with deadline(self.timeout) as at:
             try:
-                with self._http().stream("POST", self.url, content=payload, headers=headers, timeout=timeout) as response:
+                with self._http().stream(
+                    "POST", self.url, content=payload, headers=headers, timeout=timeout
+                ) as response:
                     status = response.status_code
                     if 300 <= status < 400:
                         raise _Refused(self._redirect_error(response))
                     if status >= 400:
                         body = self._read(response, ERROR_BODY_BYTES, at, truncate=True)
-                        raise _Refused(classify_http_error(status, body, url=self.url), response.headers.get("Retry-After"))
+                        raise _Refused(
+                            classify_http_error(status, body, url=self.url), response.headers.get("Retry-After")
+                        )
                     return status, self._read(response, self.max_response_bytes, at, truncate=False)
             except _Refused:
                 raise
             except httpx.TimeoutException as exc:
-                raise _Refused(self._transport_error(exc, f"no complete answer within the {self.timeout:g} s timeout", retryable=True)) from None
+                raise _Refused(
+                    self._transport_error(
+                        exc, f"no complete answer within the {self.timeout:g} s timeout", retryable=True
+                    )
+                ) from None
             except (httpx.LocalProtocolError, httpx.UnsupportedProtocol) as exc:
                 # the request itself cannot be sent (a bad header value, a scheme httpx refuses)
                 raise _Refused(self._transport_error(exc, "the request could not be sent", retryable=False)) from None
@@ -395,7 +425,7 @@ class OpenAIChatModel:
                 raise _Refused(self._transport_error(exc, "transport failure", retryable=True)) from None
             except httpx.HTTPError as exc:
                 raise _Refused(self._transport_error(exc, "unreadable answer", retryable=False)) from None
-            except Exception as exc:  # noqa: BLE001 - a provider must never raise into the harness
+            except Exception as exc:  # a provider must never raise into the harness: logged, then classified
                 log.exception("model request failed unexpectedly", provider=self.provider, url=self.where)
                 raise _Refused(self._transport_error(exc, "unexpected failure", retryable=False)) from None
 
@@ -424,7 +454,11 @@ class OpenAIChatModel:
                 raise _Refused(self._too_large(response.status_code, f"sent more than {limit} bytes"))
             chunks.append(chunk)
             if time.monotonic() > at:
-                error = self._transport_error(TimeoutError("deadline"), f"no complete answer within the {self.timeout:g} s timeout", retryable=True)
+                error = self._transport_error(
+                    TimeoutError("deadline"),
+                    f"no complete answer within the {self.timeout:g} s timeout",
+                    retryable=True,
+                )
                 raise _Refused(error)
         return b"".join(chunks)
 
@@ -493,7 +527,7 @@ class OpenAIChatModel:
             parsed = from_openai_message({**message_raw, "role": "assistant"}, where=f"{self.where} reply")
         except ModelError:
             raise
-        except Exception as exc:  # an EventError: the server sent a malformed message
+        except Exception as exc:  # noqa: BLE001 - an EventError: the server sent a malformed message
             raise HTTPModelError(f"{self.where}: unreadable reply message: {str(exc)[:_BODY_EXCERPT]}") from None
         assert parsed is not None
         # the model name is recorded on the message's source: only a plausible name is taken
@@ -502,8 +536,8 @@ class OpenAIChatModel:
         message = Message(parsed.role, parsed.content, Source(kind="model", provider=self.provider, model=model))
         try:
             usage = normalize_usage(raw.get("usage"))
-        except Exception:
-            usage = None  # a provider's malformed usage must not lose the reply
+        except Exception:  # noqa: BLE001 - a provider's malformed usage must not lose the reply
+            usage = None
         finish = choice.get("finish_reason")
         return Reply(message, usage, self.provider, model, raw={"finish_reason": finish, "id": raw.get("id")})
 
