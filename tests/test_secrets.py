@@ -264,3 +264,11 @@ def test_a_model_error_echoing_a_key_is_stored_redacted_whatever_the_adapter(tmp
     assert "401 from https://svc:***@api.example/v1" in error
     stored = b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
     assert key.encode() not in stored and PASSWORD.encode() not in stored
+
+
+def test_a_dsn_misplaced_in_a_profile_key_is_echoed_redacted(tmp_path, capsys) -> None:
+    path = tmp_path / "misplaced.toml"
+    path.write_text(f'[store]\nbackend = "postgresql://app:{PASSWORD}@db/app"\n')
+    printed, messages = _validate_everywhere(capsys, path)
+    assert any("store.backend" in m and "postgresql://app:***@db/app" in m for m in messages), messages
+    assert PASSWORD not in printed
