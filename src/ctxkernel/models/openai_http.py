@@ -465,7 +465,7 @@ class OpenAIChatModel:
     def _too_large(self, status: int, what: str) -> HTTPModelError:
         msg = (
             f"{self.where}: HTTP {status} reply {what}, over the limit of {self.max_response_bytes} bytes "
-            "(max_response_bytes); the reply was dropped unread"
+            "(max_response_bytes); the rest was not read and the reply was dropped"
         )
         return HTTPModelError(msg, status=status)
 
@@ -474,7 +474,8 @@ class OpenAIChatModel:
         target = url_origin(location) or ("a path on the same server" if location else "no Location")
         msg = (
             f"{self.where}: HTTP {response.status_code} redirect to {target}; redirects are not followed for a model "
-            "request (the API key would go to the new address, and the POST would become a GET). "
+            "request (the API key would go to the new address, and after a 301, 302 or 303 the POST would become "
+            "a GET whose answer would be taken for the model's). "
             "Fix: set base_url to the address the provider redirects to, if you trust it"
         )
         return HTTPModelError(msg, status=response.status_code)
