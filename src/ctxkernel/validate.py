@@ -34,7 +34,15 @@ from pydantic import BaseModel, ValidationError
 from . import hookspecs
 from .errors import ConfigError, CtxKernelError, ProfileError
 from .plugins import EXCLUSIVE_CAPABILITIES, StrategyManager, StrategySpec
-from .profile import ModelSettings, Profile, deep_merge, find_profile, format_validation_error, load_profile
+from .profile import (
+    ModelSettings,
+    Profile,
+    deep_merge,
+    find_profile,
+    format_validation_error,
+    load_profile,
+    strategy_settings_from,
+)
 
 if TYPE_CHECKING:
     from .session import Session
@@ -341,9 +349,9 @@ class _Validator:
 
     def _settings_problem(self, spec: StrategySpec, raw: dict[str, Any], table: str) -> str | None:
         try:
-            spec.settings.model_validate(raw)
-        except ValidationError as exc:
-            return format_validation_error(exc, self.where, spec.settings, table)
+            strategy_settings_from(spec.settings, raw, self.where, table)
+        except ProfileError as exc:
+            return str(exc)
         return None
 
     def _check_policy_reach(self) -> None:
