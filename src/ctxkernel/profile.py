@@ -23,6 +23,7 @@ from pydantic_settings import (
     EnvSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     TomlConfigSettingsSource,
 )
 
@@ -217,6 +218,20 @@ class _ProfileEnvSource(EnvSettingsSource):
         for key in _NOT_PROFILE_KEYS:
             self.env_vars.pop(key, None)  # type: ignore[attr-defined]
 
+    def decode_complex_value(self, field_name: str, field: Any, value: Any) -> Any:
+        # a table given whole in one variable (CTXKERNEL_MODEL='{...}') must be JSON; say which
+        # variable is wrong instead of pydantic-settings' traceback, which stopped every command
+        try:
+            return super().decode_complex_value(field_name, field, value)
+        except ValueError as exc:
+            names = [k.upper() for k, v in self.env_vars.items() if v == value]  # type: ignore[attr-defined]
+            variable = names[0] if names else f"{ENV_PREFIX}{field_name}".upper()
+            msg = (
+                f"environment variable {variable}: not valid JSON ({exc}); a variable that sets a whole "
+                f"table or list ({field_name!r}) holds JSON; set one key with {variable}__<KEY>=... instead"
+            )
+            raise ProfileError(msg) from None
+
 
 _LOADING: dict[str, Any] = {}
 
@@ -286,13 +301,13 @@ def load_profile(name_or_path: str | os.PathLike[str] | None = None) -> Profile:
         except tomllib.TOMLDecodeError as exc:
             msg = f"{path}: not valid TOML ({exc})"
             raise ProfileError(msg) from None
-    _LOADING["path"] = path
-    try:
-        profile = Profile()
-    except ValidationError as exc:
-        raise ProfileError(format_validation_error(exc, where, Profile)) from None
-    finally:
-        _LOADING.clear()
+        except UnicodeDecodeError as exc:
+            msg = f"{path}: not UTF-8 text (byte {exc.start} is {exc.object[exc.start:exc.start + 1]!r}); a profile is a UTF-8 TOML file"
+            raise ProfileError(msg) from None
+        except OSError as exc:
+            msg = f"{path}: cannot read the profile ({exc.strerror or exc})"
+            raise ProfileError(msg) from None
+    profile = _build(path, where)
     profile._name = path.stem if path else str(name_or_path)
     profile._path = path
     return profile
@@ -301,15 +316,24 @@ def load_profile(name_or_path: str | os.PathLike[str] | None = None) -> Profile:
 def builtin_profile() -> Profile:
     """The built-in defaults (the ``basic`` strategy), ignoring any profile file on the search
     path: what test helpers start from, so a local ``profiles/basic.toml`` cannot change them."""
-    _LOADING["path"] = None
-    try:
-        profile = Profile()
-    except ValidationError as exc:
-        raise ProfileError(format_validation_error(exc, "built-in defaults", Profile)) from None
-    finally:
-        _LOADING.clear()
+    profile = _build(None, "built-in defaults")
     profile._name = "basic"
     return profile
+
+
+def _build(path: Path | None, where: str) -> Profile:
+    """The profile from ``path`` (or the defaults) and the environment; every defect a ProfileError."""
+    _LOADING["path"] = path
+    try:
+        return Profile()
+    except ValidationError as exc:
+        raise ProfileError(format_validation_error(exc, where, Profile)) from None
+    except SettingsError as exc:  # an environment value pydantic-settings could not parse
+        variables = sorted(k for k in os.environ if k.upper().startswith(ENV_PREFIX) and k.lower() not in _NOT_PROFILE_KEYS)
+        msg = f"{where}: {exc}; check the environment overrides {variables}"
+        raise ProfileError(msg) from None
+    finally:
+        _LOADING.clear()
 
 
 def accepted_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None:

@@ -175,6 +175,10 @@ def _fix_for(line: str) -> str:
         return "rename the key to one of the accepted keys, or remove it"
     if "not valid TOML" in line:
         return "correct the TOML syntax at the position given"
+    if "not UTF-8 text" in line:
+        return "save the file as UTF-8"
+    if "environment variable" in line or "environment overrides" in line:
+        return "correct the variable's value or unset it"
     if "reserved_output_tokens" in line and "context_window" in line:
         return "lower [model] reserved_output_tokens or raise [model] context_window"
     return "set the key to a value of the accepted type and range (see docs/profiles.md)"

@@ -102,12 +102,17 @@ class JsonlStore:
     # -- sessions ------------------------------------------------------------------------------
     def create(self, header: SessionHeader) -> None:
         path = self.path(header.id)
-        self.sessions_dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        with open(tmp, "wb") as f:
-            f.write(orjson.dumps(header.to_dict()) + b"\n")
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            self.sessions_dir.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(orjson.dumps(header.to_dict()) + b"\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            msg = f"cannot create session {header.id} in {self.sessions_dir}: {exc.strerror or exc}"
+            raise StoreError(msg) from None
         try:
             # link() publishes the complete file atomically and refuses an existing name
             os.link(tmp, path)
