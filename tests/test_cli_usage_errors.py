@@ -58,6 +58,7 @@ CASES: list[tuple[list[str], str]] = [
     (["run", "--model", "scripted:{tmp}/replies.json", "--session", "abc\n", "hi"], "--session"),
     (["run", "--model", "scripted:{tmp}/replies.json", "--session", "../x", "hi"], "--session"),
     (["run", "hi"], "--model"),
+    (["run", "--model", "scripted:{tmp}/replies.json", "bad \udcff byte"], "not UTF-8"),
     # inspect
     (["inspect", "../etc"], "invalid session id"),
     (["inspect", "abc\n"], "invalid session id"),

@@ -316,6 +316,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not prompt:
         return usage_error("run", "no prompt: pass it as arguments or on stdin")
     try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:  # undecodable bytes reach Python as lone surrogates
+        return usage_error("run", f"the prompt is not UTF-8 text (character {exc.start}); pass UTF-8 text")
+    try:
         model = model_from_spec(args.model, api_key_env=args.api_key_env)
     except ValueError as exc:
         return usage_error("run", str(exc))
