@@ -43,6 +43,7 @@ from .profile import (
     load_profile,
     strategy_settings_from,
 )
+from .redact import redact
 
 if TYPE_CHECKING:
     from .session import Session
@@ -85,6 +86,9 @@ class ValidationReport:
     checks: list[Check] = field(default_factory=list)
 
     def _add(self, level: Level, check: str, strategy: str | None, message: str) -> Check:
+        # CI logs are where validate runs: no check, the kernel's or a strategy's, prints a
+        # credential (a DSN's password, a key echoed by a driver's error)
+        message = redact(message)
         strategy = strategy or ""
         if level != "pass":
             # one rule for every message, including the ones strategies write: name the file
@@ -488,10 +492,11 @@ class _Validator:
 
     def check_store(self) -> None:
         from .store.base import default_home, store_from_settings
+        from .store.postgres import DSN_ENV
 
         settings = self.profile.store
         home = Path(settings.path or default_home())
-        target = settings.dsn if settings.backend == "postgres" else str(home)
+        target = redact(settings.dsn or "$" + DSN_ENV) if settings.backend == "postgres" else str(home)
         try:
             store = store_from_settings(settings, home)
             key = f"probe-{uuid.uuid4().hex}"

@@ -12,9 +12,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..cli import bounded_int
-from ..errors import CtxKernelError
-from ..errors import ProfileError
+from ..errors import CtxKernelError, ProfileError
 from ..profile import MAX_TOKENS, Prices, load_profile
+from ..redact import redact
 from . import compare, profile_names
 from .importers import load_recording
 from .recording import RecordingError
@@ -144,7 +144,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         check_named_profiles(args.profile)
         report = compare(names, recording, options)
     except CtxKernelError as exc:
-        sys.stderr.write(f"ctxkernel simulate: {exc}\n")
+        sys.stderr.write(f"ctxkernel simulate: {redact(str(exc))}\n")
         return EXIT_USAGE
     if args.format == "json":
         dump_json(report)

@@ -25,6 +25,7 @@ import orjson
 
 from ..errors import StoreError
 from ..events import COMPACTION_END, COMPACTION_START, Event
+from ..redact import redact
 from .base import EventStore, SessionHeader
 
 #: a chunk is appended once it holds this many bytes or events (and no compaction is open)
@@ -41,7 +42,7 @@ def parse_store_spec(spec: str) -> tuple[str, str]:
     backend, sep, target = spec.partition(":")
     if not sep or backend not in BACKENDS or not target:
         msg = (
-            f"store {spec!r} is not BACKEND:WHERE; accepted: jsonl:PATH, sqlite:PATH, postgres:DSN "
+            f"store {redact(spec)!r} is not BACKEND:WHERE; accepted: jsonl:PATH, sqlite:PATH, postgres:DSN "
             "(or a postgresql:// URI)"
         )
         raise StoreError(msg)
@@ -208,7 +209,7 @@ def cmd_copy(args: argparse.Namespace) -> int:
         for namespace in args.kv_namespace:
             check_kv_name("namespace", namespace)
     except StoreError as exc:
-        sys.stderr.write(f"ctxkernel store copy: error: {exc}\n")
+        sys.stderr.write(f"ctxkernel store copy: error: {redact(str(exc))}\n")
         return EXIT_USAGE
     opened: list[EventStore] = []
     try:
@@ -216,7 +217,7 @@ def cmd_copy(args: argparse.Namespace) -> int:
             try:
                 opened.append(open_store(spec))
             except StoreError as exc:  # a well-formed store that cannot be opened (missing, refused)
-                sys.stderr.write(f"ctxkernel store copy: {one_line(exc)}\n")
+                sys.stderr.write(f"ctxkernel store copy: {one_line(redact(str(exc)))}\n")
                 return EXIT_INVALID
     finally:
         if len(opened) < 2:
@@ -233,8 +234,8 @@ def cmd_copy(args: argparse.Namespace) -> int:
             progress=lambda r: (copied.append(r), sys.stderr.write(f"{r.session}: {r.status}, {r.events} events\n")),
         )
     except StoreError as exc:
-        sys.stderr.write(f"ctxkernel store copy: {exc}\n")
-        dump_json({"ok": False, "sessions": [asdict(r) for r in copied], "error": str(exc)})
+        sys.stderr.write(f"ctxkernel store copy: {redact(str(exc))}\n")
+        dump_json({"ok": False, "sessions": [asdict(r) for r in copied], "error": redact(str(exc))})
         return EXIT_INVALID
     finally:
         source.close()
