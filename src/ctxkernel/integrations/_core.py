@@ -80,11 +80,11 @@ class ManagedSession:
         return self.session.id
 
     # -- the per-call sequence ------------------------------------------------------------------------
-    def sync(self, history: Sequence[Message]) -> int:
+    def sync(self, history: Sequence[Message], usages: dict[int, Any] | None = None) -> int:
         """Append what ``history`` holds that the log does not (see :func:`reconcile`)."""
         with self._lock:
             session = self.session
-            appended = reconcile(session, history, self._index, self._outcomes)
+            appended = reconcile(session, history, self._index, self._outcomes, usages)
             for call_id in [c for c in self._outcomes if c in self._index.resolved]:
                 del self._outcomes[call_id]
             return appended
@@ -95,6 +95,7 @@ class ManagedSession:
         *,
         system: str | None = None,
         harness_tools: list[dict[str, Any]] | None = None,
+        usages: dict[int, Any] | None = None,
     ) -> Request:
         """Reconcile, then let the strategies compose the next request from the surface.
 
@@ -104,7 +105,7 @@ class ManagedSession:
         """
         with self._lock:
             session = self.session
-            self.sync(history)
+            self.sync(history, usages)
             session.set_harness_system(system)
             if harness_tools is not None and harness_tools != self._harness_tools:
                 session.set_harness_tools(harness_tools)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import events as ev
 from ..errors import CtxKernelError
@@ -112,6 +112,7 @@ def reconcile(
     history: Sequence[Message],
     index: LogIndex,
     outcomes: Mapping[str, ToolOutcome] | None = None,
+    usages: Mapping[int, Any] | None = None,
 ) -> int:
     """Append to ``session`` what ``history`` (the framework's messages, system prompt removed)
     holds that the log does not. Returns how many messages were appended.
@@ -174,7 +175,7 @@ def reconcile(
                 if not session.turn_open:
                     session.user(Message.user("(the conversation continues)", _CONTINUES))
                 session.prepare_request()
-            session.commit_reply(message)
+            session.commit_reply(message, usage=(usages or {}).get(offset))
             index.update(session)
             index.alias(message, index.replies[-1])
         appended += 1
