@@ -80,11 +80,11 @@ class ManagedSession:
         return self.session.id
 
     # -- the per-call sequence ------------------------------------------------------------------------
-    def sync(self, history: Sequence[Message], usages: dict[int, Any] | None = None) -> int:
+    def sync(self, history: Sequence[Message], usages: dict[int, Any] | None = None, *, partial: bool = False) -> int:
         """Append what ``history`` holds that the log does not (see :func:`reconcile`)."""
         with self._lock:
             session = self.session
-            appended = reconcile(session, history, self._index, self._outcomes, usages)
+            appended = reconcile(session, history, self._index, self._outcomes, usages, partial=partial)
             for call_id in [c for c in self._outcomes if c in self._index.resolved]:
                 del self._outcomes[call_id]
             return appended

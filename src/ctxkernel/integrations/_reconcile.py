@@ -113,6 +113,8 @@ def reconcile(
     index: LogIndex,
     outcomes: Mapping[str, ToolOutcome] | None = None,
     usages: Mapping[int, Any] | None = None,
+    *,
+    partial: bool = False,
 ) -> int:
     """Append to ``session`` what ``history`` (the framework's messages, system prompt removed)
     holds that the log does not. Returns how many messages were appended.
@@ -131,7 +133,7 @@ def reconcile(
             if seq is not None:
                 anchor_at, anchor_seq = i, seq
                 break
-    if anchor_at < 0 and index.replies and any(m.role == "assistant" for m in history):
+    if anchor_at < 0 and index.replies and not partial and any(m.role == "assistant" for m in history):
         unknown = next(m for m in history if m.role == "assistant")
         msg = (
             f"the framework's history does not continue session {session.id!r}: none of its assistant messages is in "
