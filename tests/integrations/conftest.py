@@ -1,0 +1,100 @@
+"""Shared set-up for the framework adapter tests: a small-window handoff profile, large tool
+results, and a probe that measures every model call in the profile's own tokens."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctxkernel import Message
+from ctxkernel.meter import Meter, get_tokenizer
+from ctxkernel.profile import load_profile
+
+REPO = Path(__file__).resolve().parents[2]
+CHILD = Path(__file__).with_name("resume_child.py")
+
+#: small enough that 60 steps of large tool results overflow it several times over
+CONTEXT_WINDOW = 16000
+RESERVED = 2048
+STEPS = 60
+NOTE = "PLAN-MARKER-7731: refactor the parser, then the lexer"
+
+
+def big_result(i: int) -> str:
+    """A tool result of about 1,400 tokens, different for every ``i``."""
+    lines = [f"line {j}: value_{i}_{j} = compute({j}, {i}) + offset_{(i * 31 + j) % 97}" for j in range(90)]
+    return f"# src/module_{i}.py\n" + "\n".join(lines)
+
+
+@dataclass
+class Probe:
+    """Records what each model call received, measured with the profile's tokenizer."""
+
+    meter: Meter
+    window: int
+    sizes: list[int] = field(default_factory=list)
+
+    def measure(self, system: str, messages: list[Message], tools: list[dict[str, Any]]) -> int:
+        tokens = self.meter.count_header(system, tools) + sum(self.meter.count_message(m) for m in messages)
+        self.sizes.append(tokens)
+        return tokens
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("CTXKERNEL_HOME", str(home))
+    monkeypatch.delenv("CTXKERNEL_PROFILE", raising=False)
+    monkeypatch.chdir(REPO)
+    return home
+
+
+@pytest.fixture
+def profile_path(tmp_path: Path) -> Path:
+    """profiles/handoff.toml with a 16k window: the shipped strategy, settings and store."""
+    text = (REPO / "profiles" / "handoff.toml").read_text()
+    text, n = re.subn(r"(?m)^context_window = \d+", f"context_window = {CONTEXT_WINDOW}", text)
+    assert n == 1
+    text, n = re.subn(r"(?m)^reserved_output_tokens = \d+", f"reserved_output_tokens = {RESERVED}", text)
+    assert n == 1
+    path = tmp_path / "small-handoff.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def probe(profile_path: Path) -> Probe:
+    profile = load_profile(profile_path)
+    return Probe(Meter(get_tokenizer(profile.model.tokenizer)), profile.model.effective_window)
+
+
+def run_child(framework: str, home: Path, profile: Path, session_id: str) -> dict[str, Any]:
+    """Continue ``session_id`` in a new Python process; returns what the child reports."""
+    env = {**os.environ, "CTXKERNEL_HOME": str(home), "OPENAI_AGENTS_DISABLE_TRACING": "1"}
+    done = subprocess.run(
+        [sys.executable, str(CHILD), framework, str(profile), session_id],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def event_types(home: Path, session_id: str) -> list[dict[str, Any]]:
+    """The session's log as (type, data) dicts, read from the store as another process would."""
+    from ctxkernel.store.jsonl import JsonlStore
+
+    return [{"type": e.type, "data": e.data} for e in JsonlStore(home).read(session_id, 0)]
