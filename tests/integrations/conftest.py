@@ -98,3 +98,48 @@ def event_types(home: Path, session_id: str) -> list[dict[str, Any]]:
     from ctxkernel.store.jsonl import JsonlStore
 
     return [{"type": e.type, "data": e.data} for e in JsonlStore(home).read(session_id, 0)]
+
+
+# -- hypothesis: kernel conversations as a framework would hold them ---------------------------------------
+from hypothesis import strategies as st  # noqa: E402
+
+from ctxkernel import ReasoningBlock, Source, TextBlock, ToolCallBlock  # noqa: E402
+
+texts = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=30)
+names = st.from_regex(r"[a-z][a-z_]{0,15}", fullmatch=True)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.floats(allow_nan=False, allow_infinity=False) | texts,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(texts, inner, max_size=3),
+    max_leaves=8,
+)
+arguments = st.dictionaries(names, json_values, max_size=4)
+#: text a provider sent as arguments that is not JSON (kept as {"_raw": text})
+raw_arguments = texts.map(lambda t: "{" + t)
+
+
+@st.composite
+def conversations(draw: Any, *, tool_names: bool = True, errors: bool = True, raw: bool = True, signatures: bool = True) -> list[Message]:
+    """User turns, each with assistant steps whose tool calls all get results, ending in a reply."""
+    out: list[Message] = []
+    counter = 0
+    for _ in range(draw(st.integers(1, 3))):
+        out.append(Message.user(draw(texts)))
+        for last in [False] * draw(st.integers(0, 2)) + [True]:
+            blocks: list[Any] = []
+            for _ in range(draw(st.integers(0, 2))):
+                signature = draw(st.none() | texts) if signatures else None
+                blocks.append(ReasoningBlock(draw(texts), signature))
+            blocks += [TextBlock(draw(texts)) for _ in range(draw(st.integers(0, 2)))]
+            calls = []
+            if not last:
+                for _ in range(draw(st.integers(1, 2))):
+                    counter += 1
+                    args = {"_raw": draw(raw_arguments)} if raw and draw(st.booleans()) else draw(arguments)
+                    calls.append(ToolCallBlock(f"call_{counter}", draw(names), args))
+                # providers put malformed calls after well-formed ones (LangChain keeps them apart)
+                calls.sort(key=lambda c: set(c.arguments) == {"_raw"})
+            out.append(Message("assistant", tuple(blocks + calls), Source(kind="model")))
+            for call in calls:
+                is_error = draw(st.booleans()) if errors else False
+                out.append(Message.tool(call.id, draw(texts), is_error=is_error, name=call.name if tool_names else None))
+    return out

@@ -102,7 +102,12 @@ def from_items(items: Sequence[Any]) -> tuple[str, list[Message]]:
         kind = _kind(item)
         role = item.get("role")
         if kind == "message" and role == "assistant":
-            for text in _content_text(item.get("content"), where, ("output_text", "text", "input_text")):
+            content = item.get("content")
+            if content == []:  # an empty reply is a message of its own
+                flush()
+                out.append(Message("assistant", (), Source(kind="model")))
+                continue
+            for text in _content_text(content, where, ("output_text", "text", "input_text")):
                 pending.append(TextBlock(text))
         elif kind == "reasoning":
             summary = item.get("summary") or []
@@ -154,6 +159,8 @@ def to_items(messages: Sequence[Message]) -> list[dict[str, Any]]:
             assert result is not None
             out.append({"type": "function_call_output", "call_id": result.call_id, "output": result.content})
             continue
+        if not message.content:
+            out.append({"type": "message", "role": "assistant", "content": []})
         for block in message.content:
             if isinstance(block, TextBlock):
                 out.append({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": block.text, "annotations": []}]})
