@@ -58,7 +58,7 @@ class LogIndex:
     resolved: set[str] = field(default_factory=set)  # call ids with a result in the log
     reply_texts: dict[str, int] = field(default_factory=dict)  # text of a reply without calls -> last seq
     replies: list[int] = field(default_factory=list)  # seqs of assistant messages
-    users: list[tuple[int, str]] = field(default_factory=list)  # (seq, text) of user messages
+    users: list[tuple[int, str, bool]] = field(default_factory=list)  # (seq, text, from the user) of user messages
 
     def update(self, session: Session) -> LogIndex:
         events = session.events
@@ -79,7 +79,8 @@ class LogIndex:
                     if b.get("type") == "tool_result":
                         self.resolved.add(b["call_id"])
             else:
-                self.users.append((event.seq, _text_of(blocks)))
+                from_user = (message.get("source") or {}).get("kind", "user") == "user"
+                self.users.append((event.seq, _text_of(blocks), from_user))
         self.scanned = len(events)
         return self
 
@@ -97,6 +98,16 @@ class LogIndex:
             seqs.discard(None)
             return max(seqs) if seqs else None  # type: ignore[type-var]
         return self.reply_texts.get(_text_of_message(message))
+
+    def consistent(self, seq: int, tail: Sequence[Message]) -> bool:
+        """Can a history whose messages after a reply are ``tail`` have that reply at ``seq``?
+
+        A reply without tool calls is matched by its text, and two replies may read the same
+        ("OK"). The user's own messages the log holds after ``seq`` must then be in ``tail``, in
+        order: a framework never loses what its user said after a reply it shows."""
+        later = [text for s, text, from_user in self.users if s > seq and from_user]
+        shown = iter(m.text for m in tail if m.role == "user")
+        return all(any(text == s for s in shown) for text in later)
 
 
 def _text_of(blocks: list[dict]) -> str:
@@ -130,7 +141,7 @@ def reconcile(
     for i in range(len(history) - 1, -1, -1):
         if history[i].role == "assistant":
             seq = index.known_reply(history[i])
-            if seq is not None:
+            if seq is not None and (history[i].tool_calls or index.consistent(seq, history[i + 1 :])):
                 anchor_at, anchor_seq = i, seq
                 break
     if anchor_at < 0 and index.replies and not partial and any(m.role == "assistant" for m in history):
@@ -143,7 +154,7 @@ def reconcile(
         raise IntegrationError(msg)
     if anchor_at < 0 and index.replies:
         anchor_seq = index.replies[-1]
-    expected_users = [text for seq, text in index.users if seq > anchor_seq]
+    expected_users = [text for seq, text, _ in index.users if seq > anchor_seq]
     appended = 0
     for offset, message in enumerate(history[anchor_at + 1 :], start=anchor_at + 1):
         where = f"history[{offset}]"
