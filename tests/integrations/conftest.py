@@ -101,9 +101,9 @@ def event_types(home: Path, session_id: str) -> list[dict[str, Any]]:
 
 
 # -- hypothesis: kernel conversations as a framework would hold them ---------------------------------------
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import strategies as st
 
-from ctxkernel import ReasoningBlock, Source, TextBlock, ToolCallBlock  # noqa: E402
+from ctxkernel import ReasoningBlock, Source, TextBlock, ToolCallBlock
 
 texts = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=30)
 names = st.from_regex(r"[a-z][a-z_]{0,15}", fullmatch=True)
@@ -118,7 +118,9 @@ raw_arguments = texts.map(lambda t: "{" + t)
 
 
 @st.composite
-def conversations(draw: Any, *, tool_names: bool = True, errors: bool = True, raw: bool = True, signatures: bool = True) -> list[Message]:
+def conversations(
+    draw: Any, *, tool_names: bool = True, errors: bool = True, raw: bool = True, signatures: bool = True
+) -> list[Message]:
     """User turns, each with assistant steps whose tool calls all get results, ending in a reply."""
     out: list[Message] = []
     counter = 0
@@ -141,5 +143,7 @@ def conversations(draw: Any, *, tool_names: bool = True, errors: bool = True, ra
             out.append(Message("assistant", tuple(blocks + calls), Source(kind="model")))
             for call in calls:
                 is_error = draw(st.booleans()) if errors else False
-                out.append(Message.tool(call.id, draw(texts), is_error=is_error, name=call.name if tool_names else None))
+                out.append(
+                    Message.tool(call.id, draw(texts), is_error=is_error, name=call.name if tool_names else None)
+                )
     return out

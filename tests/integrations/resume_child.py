@@ -41,7 +41,9 @@ def langchain(profile: str, session_id: str) -> dict[str, Any]:
             seen.append((list(messages), list(kwargs.get("tools") or [])))
             return super()._generate(messages, stop, run_manager, **kwargs)
 
-    agent = create_agent(Model(messages=iter([AIMessage("summary")])), [], middleware=[ContextMiddleware(profile=profile)])
+    agent = create_agent(
+        Model(messages=iter([AIMessage("summary")])), [], middleware=[ContextMiddleware(profile=profile)]
+    )
     agent.invoke({"messages": [HumanMessage(PROMPT)]}, {"configurable": {"thread_id": session_id}})
     system, history = from_langchain(seen[0][0])
     return {"seen": [m.text for m in history], "prompt_tokens": measure(profile, system, history, seen[0][1])}
@@ -83,7 +85,9 @@ def openai_agents(profile: str, session_id: str) -> dict[str, Any]:
 
     session = ContextSession(session_id, profile=profile)
     agent = Agent(name="coder", model=ScriptedModel([ModelStep.respond(reply)]), tools=session.tools())
-    asyncio.run(Runner.run(agent, PROMPT, session=session, run_config=RunConfig(call_model_input_filter=session.input_filter)))
+    asyncio.run(
+        Runner.run(agent, PROMPT, session=session, run_config=RunConfig(call_model_input_filter=session.input_filter))
+    )
     system, history = from_items(seen[0].input)
     system = "\n\n".join(s for s in (seen[0].system_instructions or "", system) if s)
     return {"seen": [m.text for m in history], "prompt_tokens": measure(profile, system, history, [])}
@@ -91,5 +95,7 @@ def openai_agents(profile: str, session_id: str) -> dict[str, Any]:
 
 if __name__ == "__main__":
     framework, profile_path, sid = sys.argv[1:4]
-    result = {"langchain": langchain, "pydantic-ai": pydantic_ai, "openai-agents": openai_agents}[framework](profile_path, sid)
+    result = {"langchain": langchain, "pydantic-ai": pydantic_ai, "openai-agents": openai_agents}[framework](
+        profile_path, sid
+    )
     print(json.dumps(result))

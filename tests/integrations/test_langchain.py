@@ -7,27 +7,25 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from langchain.agents import create_agent
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.tools import tool
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from langgraph.checkpoint.memory import InMemorySaver
+from pydantic import Field
 
-pytest.importorskip("langchain")
+from ctxkernel.integrations import IntegrationError
+from ctxkernel.integrations.langchain import ContextMiddleware, from_langchain
 
-from langchain.agents import create_agent  # noqa: E402
-from langchain_core.language_models.fake_chat_models import GenericFakeChatModel  # noqa: E402
-from langchain_core.messages import AIMessage, HumanMessage, ToolMessage  # noqa: E402
-from langchain_core.tools import tool  # noqa: E402
-from langchain_core.utils.function_calling import convert_to_openai_tool  # noqa: E402
-from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
-
-from ctxkernel.integrations import IntegrationError  # noqa: E402
-from ctxkernel.integrations.langchain import ContextMiddleware, from_langchain  # noqa: E402
-
-from .conftest import NOTE, STEPS, big_result, event_types, run_child  # noqa: E402
+from .conftest import NOTE, STEPS, big_result, event_types, run_child
 
 
 class ToolCallingFakeModel(GenericFakeChatModel):
     """GenericFakeChatModel that accepts tools (bind_tools, as a real chat model does) and
     records every call's messages and tools; its replies come from ``messages``."""
 
-    calls: list[tuple[list[Any], list[dict[str, Any]]]] = []
+    calls: list[tuple[list[Any], list[dict[str, Any]]]] = Field(default_factory=list)
 
     def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
         return self.bind(tools=[convert_to_openai_tool(t) for t in tools], **kwargs)
@@ -42,13 +40,27 @@ def scripted_replies(model_calls: list[Any]) -> Iterator[AIMessage]:
     while True:
         k = len(model_calls) - 1
         if k == 5:
-            yield AIMessage("", tool_calls=[{"id": "note-w", "name": "notes_write_file", "args": {"path": "self/notes/plan.md", "content": NOTE}}])
+            yield AIMessage(
+                "",
+                tool_calls=[
+                    {
+                        "id": "note-w",
+                        "name": "notes_write_file",
+                        "args": {"path": "self/notes/plan.md", "content": NOTE},
+                    }
+                ],
+            )
         elif k == 50:
-            yield AIMessage("", tool_calls=[{"id": "note-r", "name": "notes_read_file", "args": {"path": "self/notes/plan.md"}}])
+            yield AIMessage(
+                "", tool_calls=[{"id": "note-r", "name": "notes_read_file", "args": {"path": "self/notes/plan.md"}}]
+            )
         elif k > STEPS:
             yield AIMessage("done: every module read")
         else:
-            yield AIMessage(f"reading module {k}", tool_calls=[{"id": f"read-{k}", "name": "read_file", "args": {"path": f"src/module_{k}.py"}}])
+            yield AIMessage(
+                f"reading module {k}",
+                tool_calls=[{"id": f"read-{k}", "name": "read_file", "args": {"path": f"src/module_{k}.py"}}],
+            )
 
 
 def test_a_long_agent_stays_within_the_window(home, profile_path, probe):
@@ -65,7 +77,9 @@ def test_a_long_agent_stays_within_the_window(home, profile_path, probe):
     model.calls = calls
     model.messages = scripted_replies(calls)
     middleware = ContextMiddleware(profile=profile_path)
-    agent = create_agent(model, [read_file], middleware=[middleware], system_prompt="You refactor code.", checkpointer=InMemorySaver())
+    agent = create_agent(
+        model, [read_file], middleware=[middleware], system_prompt="You refactor code.", checkpointer=InMemorySaver()
+    )
     config = {"configurable": {"thread_id": "lc-thread-1"}, "recursion_limit": 1000}
     out = agent.invoke({"messages": [HumanMessage("Read every module of the project.")]}, config)
 
@@ -103,7 +117,9 @@ def test_a_long_agent_stays_within_the_window(home, profile_path, probe):
 
 
 def test_a_message_the_kernel_cannot_hold_is_refused_by_name():
-    image = HumanMessage(content=[{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "data:,"}}])
+    image = HumanMessage(
+        content=[{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "data:,"}}]
+    )
     with pytest.raises(IntegrationError, match=r"messages\[0\] \(HumanMessage\): content\[1\] is a 'image_url' part"):
         from_langchain([image])
 
@@ -124,7 +140,7 @@ def test_without_a_thread_id_the_middleware_keeps_one_session_across_invocations
     agent.invoke({"messages": [HumanMessage("first question")]})
     agent.invoke({"messages": [HumanMessage("second question")]})
     # no checkpointer: the second run's state holds only its own message, the session has both
-    texts = [m.content for m in calls[1][0] if not m.type == "system"]
+    texts = [m.content for m in calls[1][0] if m.type != "system"]
     assert texts == ["first question", "first answer", "second question"]
     session = middleware.managed(None).session
     assert [e.type for e in session.events].count("turn/start") == 2

@@ -4,17 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
-pytest.importorskip("langchain_core")
+from ctxkernel.integrations.langchain import from_langchain, to_langchain
 
-from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from langchain_core.messages import AIMessage, HumanMessage, ToolMessage  # noqa: E402
-
-from ctxkernel.integrations.langchain import from_langchain, to_langchain  # noqa: E402
-
-from .conftest import arguments, conversations, names, texts  # noqa: E402
+from .conftest import arguments, conversations, names, texts
 
 
 @given(conversations())
@@ -58,9 +54,16 @@ def test_langchain_messages_survive_a_trip_through_the_kernel(message):
     back = to_langchain(kernel)
     assert type(back) is type(message)
     if isinstance(message, AIMessage):
-        assert [(c["id"], c["name"], c["args"]) for c in back.tool_calls] == [(c["id"], c["name"], c["args"]) for c in message.tool_calls]
+        assert [(c["id"], c["name"], c["args"]) for c in back.tool_calls] == [
+            (c["id"], c["name"], c["args"]) for c in message.tool_calls
+        ]
         assert _parts(back) == _parts(message)
     elif isinstance(message, ToolMessage):
-        assert (back.content, back.tool_call_id, back.name, back.status) == (message.content, message.tool_call_id, message.name, message.status)
+        assert (back.content, back.tool_call_id, back.name, back.status) == (
+            message.content,
+            message.tool_call_id,
+            message.name,
+            message.status,
+        )
     else:
         assert back.content == message.content

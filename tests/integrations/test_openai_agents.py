@@ -7,16 +7,13 @@ import asyncio
 from typing import Any
 
 import pytest
+from agents import Agent, RunConfig, Runner, function_tool, set_tracing_disabled
+from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
 
-pytest.importorskip("agents")
+from ctxkernel.integrations import IntegrationError
+from ctxkernel.integrations.openai_agents import ContextSession, from_items
 
-from agents import Agent, RunConfig, Runner, function_tool, set_tracing_disabled  # noqa: E402
-from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call  # noqa: E402
-
-from ctxkernel.integrations import IntegrationError  # noqa: E402
-from ctxkernel.integrations.openai_agents import ContextSession, from_items  # noqa: E402
-
-from .conftest import NOTE, STEPS, big_result, event_types, run_child  # noqa: E402
+from .conftest import NOTE, STEPS, big_result, event_types, run_child
 
 set_tracing_disabled(True)
 
@@ -25,7 +22,10 @@ def _measure(probe: Any, call: ModelCall) -> int:
     system, history = from_items(call.input)
     system = "\n\n".join(s for s in (call.system_instructions or "", system) if s)
     tools = [
-        {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.params_json_schema}}
+        {
+            "type": "function",
+            "function": {"name": t.name, "description": t.description, "parameters": t.params_json_schema},
+        }
         for t in call.tools
     ]
     return probe.measure(system, history, tools)
@@ -42,7 +42,11 @@ def _reader(reads: list[str]) -> Any:
 
 
 def _output(call: ModelCall, call_id: str) -> str:
-    return next(i["output"] for i in call.input if isinstance(i, dict) and i.get("type") == "function_call_output" and i.get("call_id") == call_id)
+    return next(
+        i["output"]
+        for i in call.input
+        if isinstance(i, dict) and i.get("type") == "function_call_output" and i.get("call_id") == call_id
+    )
 
 
 def test_one_long_run_stays_within_the_window(home, profile_path, probe):
@@ -52,19 +56,30 @@ def test_one_long_run_stays_within_the_window(home, profile_path, probe):
         calls.append(call)
         k = len(calls) - 1
         if k == 5:
-            return [function_call("notes_write_file", {"path": "self/notes/plan.md", "content": NOTE}, call_id="note-w")]
+            return [
+                function_call("notes_write_file", {"path": "self/notes/plan.md", "content": NOTE}, call_id="note-w")
+            ]
         if k == 50:
             return [function_call("notes_read_file", {"path": "self/notes/plan.md"}, call_id="note-r")]
         if k > STEPS:
             return [assistant_message("done: every module read")]
-        return [assistant_message(f"reading module {k}", item_id=f"msg-{k}"), function_call("read_file", {"path": f"src/module_{k}.py"}, call_id=f"read-{k}")]
+        return [
+            assistant_message(f"reading module {k}", item_id=f"msg-{k}"),
+            function_call("read_file", {"path": f"src/module_{k}.py"}, call_id=f"read-{k}"),
+        ]
 
     session = ContextSession("oa-long", profile=profile_path)
     reads: list[str] = []
     model = ScriptedModel([ModelStep.respond(respond) for _ in range(STEPS + 2)])
-    agent = Agent(name="coder", instructions="You refactor code.", model=model, tools=[_reader(reads), *session.tools()])
+    agent = Agent(
+        name="coder", instructions="You refactor code.", model=model, tools=[_reader(reads), *session.tools()]
+    )
     run_config = RunConfig(call_model_input_filter=session.input_filter)
-    result = asyncio.run(Runner.run(agent, "Read every module of the project.", session=session, run_config=run_config, max_turns=STEPS + 10))
+    result = asyncio.run(
+        Runner.run(
+            agent, "Read every module of the project.", session=session, run_config=run_config, max_turns=STEPS + 10
+        )
+    )
 
     assert result.final_output == "done: every module read"
     model.assert_complete()
@@ -98,7 +113,9 @@ def test_sixty_one_step_runs_on_one_session_stay_within_the_window(home, profile
         if k % 2:
             return [assistant_message(f"module {run} read")]
         if run == 5:
-            return [function_call("notes_write_file", {"path": "self/notes/plan.md", "content": NOTE}, call_id="note-w")]
+            return [
+                function_call("notes_write_file", {"path": "self/notes/plan.md", "content": NOTE}, call_id="note-w")
+            ]
         if run == 50:
             return [function_call("notes_read_file", {"path": "self/notes/plan.md"}, call_id="note-r")]
         return [function_call("read_file", {"path": f"src/module_{run}.py"}, call_id=f"read-{run}")]
@@ -106,7 +123,9 @@ def test_sixty_one_step_runs_on_one_session_stay_within_the_window(home, profile
     session = ContextSession("oa-runs", profile=profile_path)
     reads: list[str] = []
     model = ScriptedModel([ModelStep.respond(respond) for _ in range(2 * STEPS)])
-    agent = Agent(name="coder", instructions="You refactor code.", model=model, tools=[_reader(reads), *session.tools()])
+    agent = Agent(
+        name="coder", instructions="You refactor code.", model=model, tools=[_reader(reads), *session.tools()]
+    )
 
     async def runs() -> None:
         for run in range(STEPS):
@@ -122,7 +141,11 @@ def test_sixty_one_step_runs_on_one_session_stay_within_the_window(home, profile
     assert sum(e["type"] == "compaction/summary" for e in events) >= 3
     assert sum(e["type"] == "assistant/message" for e in events) == 2 * STEPS
     assert sum(e["type"] == "turn/start" for e in events) == STEPS
-    user_texts = [e["data"]["message"]["content"][0]["text"] for e in events if e["type"] == "user/message" and e["data"]["message"]["source"]["kind"] == "user"]
+    user_texts = [
+        e["data"]["message"]["content"][0]["text"]
+        for e in events
+        if e["type"] == "user/message" and e["data"]["message"]["source"]["kind"] == "user"
+    ]
     assert user_texts == [f"Read module {run}." for run in range(STEPS)]
 
 

@@ -5,16 +5,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-pytest.importorskip("agents")
+from ctxkernel.integrations.openai_agents import from_items, to_items
 
-from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from ctxkernel.integrations.openai_agents import from_items, to_items  # noqa: E402
-
-from .conftest import arguments, conversations, names, raw_arguments, texts  # noqa: E402
+from .conftest import arguments, conversations, names, raw_arguments, texts
 
 
 @given(conversations(tool_names=False, errors=False))
@@ -27,24 +23,40 @@ def test_kernel_messages_survive_a_trip_through_the_sdk(messages):
 
 
 def _assistant_item(text: str, n_parts: int) -> dict[str, Any]:
-    return {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text, "annotations": []}] * n_parts}
+    return {
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": []}] * n_parts,
+    }
 
 
 user_items = st.builds(lambda t: {"role": "user", "content": t}, texts) | st.builds(
-    lambda ts: {"role": "user", "content": [{"type": "input_text", "text": t} for t in ts]}, st.lists(texts, min_size=1, max_size=2)
+    lambda ts: {"role": "user", "content": [{"type": "input_text", "text": t} for t in ts]},
+    st.lists(texts, min_size=1, max_size=2),
 )
 reasoning_items = st.builds(
-    lambda t, sig: {"type": "reasoning", "summary": [{"type": "summary_text", "text": t}], **({"encrypted_content": sig} if sig else {})},
+    lambda t, sig: {
+        "type": "reasoning",
+        "summary": [{"type": "summary_text", "text": t}],
+        **({"encrypted_content": sig} if sig else {}),
+    },
     texts,
     st.none() | texts,
 )
 call_items = st.builds(
-    lambda n, a, i: {"type": "function_call", "call_id": f"call_{i}", "name": n, "arguments": a if isinstance(a, str) else json.dumps(a)},
+    lambda n, a, i: {
+        "type": "function_call",
+        "call_id": f"call_{i}",
+        "name": n,
+        "arguments": a if isinstance(a, str) else json.dumps(a),
+    },
     names,
     arguments | raw_arguments,
     st.integers(0, 99),
 )
-output_items = st.builds(lambda t, i: {"type": "function_call_output", "call_id": f"call_{i}", "output": t}, texts, st.integers(0, 99))
+output_items = st.builds(
+    lambda t, i: {"type": "function_call_output", "call_id": f"call_{i}", "output": t}, texts, st.integers(0, 99)
+)
 assistant_items = st.builds(_assistant_item, texts, st.integers(1, 2))
 
 

@@ -6,12 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-pytest.importorskip("pydantic_ai")
-
-from pydantic_ai import Agent, UsageLimits  # noqa: E402
-from pydantic_ai.capabilities import ProcessHistory  # noqa: E402
-from pydantic_ai.messages import (  # noqa: E402
+from pydantic_ai import Agent, UsageLimits
+from pydantic_ai.capabilities import ProcessHistory
+from pydantic_ai.messages import (
     ImageUrl,
     ModelRequest,
     ModelResponse,
@@ -21,17 +18,20 @@ from pydantic_ai.messages import (  # noqa: E402
     ToolReturnPart,
     UserPromptPart,
 )
-from pydantic_ai.models.function import AgentInfo, FunctionModel  # noqa: E402
+from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from ctxkernel.integrations import IntegrationError  # noqa: E402
-from ctxkernel.integrations.pydantic_ai import ContextProcessor, from_pydantic_ai  # noqa: E402
+from ctxkernel.integrations import IntegrationError
+from ctxkernel.integrations.pydantic_ai import ContextProcessor, from_pydantic_ai
 
-from .conftest import NOTE, STEPS, big_result, event_types, run_child  # noqa: E402
+from .conftest import NOTE, STEPS, big_result, event_types, run_child
 
 
 def _schemas(info: AgentInfo) -> list[dict[str, Any]]:
     return [
-        {"type": "function", "function": {"name": t.name, "description": t.description or "", "parameters": t.parameters_json_schema}}
+        {
+            "type": "function",
+            "function": {"name": t.name, "description": t.description or "", "parameters": t.parameters_json_schema},
+        }
         for t in [*info.function_tools, *info.output_tools]
     ]
 
@@ -47,13 +47,18 @@ def test_a_long_agent_stays_within_the_window(home, profile_path, probe):
         # the double reports usage as a provider would: the size of what it was sent
         usage = RequestUsage(input_tokens=probe.measure(system, history, _schemas(info)), output_tokens=20)
         if k == 5:
-            parts: list[Any] = [ToolCallPart("notes_write_file", {"path": "self/notes/plan.md", "content": NOTE}, tool_call_id="note-w")]
+            parts: list[Any] = [
+                ToolCallPart("notes_write_file", {"path": "self/notes/plan.md", "content": NOTE}, tool_call_id="note-w")
+            ]
         elif k == 50:
             parts = [ToolCallPart("notes_read_file", {"path": "self/notes/plan.md"}, tool_call_id="note-r")]
         elif k > STEPS:
             parts = [TextPart("done: every module read")]
         else:
-            parts = [TextPart(f"reading module {k}"), ToolCallPart("read_file", {"path": f"src/module_{k}.py"}, tool_call_id=f"read-{k}")]
+            parts = [
+                TextPart(f"reading module {k}"),
+                ToolCallPart("read_file", {"path": f"src/module_{k}.py"}, tool_call_id=f"read-{k}"),
+            ]
         return ModelResponse(parts=parts, usage=usage)
 
     processor = ContextProcessor(profile=profile_path, session_id="pai-1")
@@ -81,7 +86,11 @@ def test_a_long_agent_stays_within_the_window(home, profile_path, probe):
     assert max(probe.sizes) <= probe.window
     assert {"notes_write_file", "new_context"} <= {t.name for t in seen[0][1].function_tools}
     answer = next(
-        p for m in seen[51][0] if isinstance(m, ModelRequest) for p in m.parts if isinstance(p, ToolReturnPart) and p.tool_call_id == "note-r"
+        p
+        for m in seen[51][0]
+        if isinstance(m, ModelRequest)
+        for p in m.parts
+        if isinstance(p, ToolReturnPart) and p.tool_call_id == "note-r"
     )
     assert NOTE in answer.content and answer.outcome == "success"
     # the final reply is in no later request: sync() commits it from the run's messages
@@ -96,7 +105,9 @@ def test_a_long_agent_stays_within_the_window(home, profile_path, probe):
     assert child["prompt_tokens"] <= probe.window
     after = event_types(home, "pai-1")
     assert after[: len(events)] == events
-    surface_events = [e["type"] for e in after[len(events) :] if e["type"].endswith("message") or e["type"] == "tool/result"]
+    surface_events = [
+        e["type"] for e in after[len(events) :] if e["type"].endswith("message") or e["type"] == "tool/result"
+    ]
     assert surface_events == ["user/message"]  # the child's reply is committed by its next request or sync
     assert any("done: every module read" in text for text in child["seen"])
 
@@ -121,7 +132,9 @@ def test_passing_the_run_history_back_continues_the_session(home, profile_path):
 
 def test_a_part_the_kernel_cannot_hold_is_refused_by_name():
     request = ModelRequest(parts=[UserPromptPart(["look", ImageUrl("https://example.invalid/a.png")])])
-    with pytest.raises(IntegrationError, match=r"messages\[0\]\.parts\[0\] \(UserPromptPart\): content\[1\] is ImageUrl"):
+    with pytest.raises(
+        IntegrationError, match=r"messages\[0\]\.parts\[0\] \(UserPromptPart\): content\[1\] is ImageUrl"
+    ):
         from_pydantic_ai([request])
 
 
@@ -135,7 +148,10 @@ def test_a_foreign_history_is_refused_not_dropped(home, profile_path):
     agent.run_sync("hello")
     processor.sync([ModelRequest(parts=[UserPromptPart("hello")]), ModelResponse(parts=[TextPart("ok")])])
     before = len(processor.managed.session.events)
-    stranger = [ModelRequest(parts=[UserPromptPart("x")]), ModelResponse(parts=[TextPart("a reply this session never gave")])]
+    stranger = [
+        ModelRequest(parts=[UserPromptPart("x")]),
+        ModelResponse(parts=[TextPart("a reply this session never gave")]),
+    ]
     with pytest.raises(IntegrationError, match="does not continue session"):
         processor.sync(stranger)
     assert len(processor.managed.session.events) == before

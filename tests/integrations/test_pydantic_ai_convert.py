@@ -4,13 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
-pytest.importorskip("pydantic_ai")
-
-from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from pydantic_ai.messages import (  # noqa: E402
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic_ai.messages import (
     ModelRequest,
     ModelResponse,
     TextPart,
@@ -20,9 +16,9 @@ from pydantic_ai.messages import (  # noqa: E402
     UserPromptPart,
 )
 
-from ctxkernel.integrations.pydantic_ai import from_pydantic_ai, to_pydantic_ai  # noqa: E402
+from ctxkernel.integrations.pydantic_ai import from_pydantic_ai, to_pydantic_ai
 
-from .conftest import arguments, conversations, names, raw_arguments, texts  # noqa: E402
+from .conftest import arguments, conversations, names, raw_arguments, texts
 
 
 @given(conversations())
@@ -35,7 +31,12 @@ def test_kernel_messages_survive_a_trip_through_pydantic_ai(messages):
 response_parts = st.one_of(
     st.builds(TextPart, texts),
     st.builds(lambda t, s: ThinkingPart(t, signature=s), texts, st.none() | texts),
-    st.builds(lambda n, a, i: ToolCallPart(n, a, tool_call_id=f"call_{i}"), names, arguments | raw_arguments, st.integers(0, 99)),
+    st.builds(
+        lambda n, a, i: ToolCallPart(n, a, tool_call_id=f"call_{i}"),
+        names,
+        arguments | raw_arguments,
+        st.integers(0, 99),
+    ),
 )
 request_parts = st.one_of(
     st.builds(UserPromptPart, texts),

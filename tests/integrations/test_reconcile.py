@@ -42,7 +42,11 @@ def test_a_result_for_a_call_the_session_never_made_is_refused_and_nothing_is_wr
     managed.prepare([Message.user("go")])
     managed.commit(Message.assistant("", [ToolCallBlock("c1", "grep", {"q": "x"})]))
     before = list(managed.session.events)
-    stray = [Message.user("go"), Message.assistant("", [ToolCallBlock("c1", "grep", {"q": "x"})]), Message.tool("c9", "?")]
+    stray = [
+        Message.user("go"),
+        Message.assistant("", [ToolCallBlock("c1", "grep", {"q": "x"})]),
+        Message.tool("c9", "?"),
+    ]
     try:
         managed.sync(stray)
     except IntegrationError as exc:

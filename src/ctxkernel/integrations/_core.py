@@ -23,6 +23,7 @@ from ._reconcile import _CONTINUES, IntegrationError, LogIndex, reconcile
 
 ProfileArg = "str | os.PathLike[str] | Kernel"
 
+
 def open_kernel(profile: str | os.PathLike[str] | Kernel) -> Kernel:
     """A kernel for ``profile``: a profile name (searched as ``Kernel.from_profile`` does), a
     path to a TOML file, or a :class:`~ctxkernel.Kernel` already built."""
@@ -33,12 +34,14 @@ def open_kernel(profile: str | os.PathLike[str] | Kernel) -> Kernel:
         raise IntegrationError(msg)
     return Kernel.from_profile(profile)
 
+
 def strategy_tool_schemas(kernel: Kernel) -> list[dict[str, Any]]:
     """The profile's strategy tools (OpenAI function schemas), for frameworks that need the tool
     list before any session exists. Asked of a session object that is never stored."""
     probe = Session(kernel, SessionHeader(id="integrations-probe", created=utc_now(), profile=kernel.profile.name))
     probe.owns_tool("")  # registers the strategies' tools
     return [dict(schema) for schema in probe.tools.schemas()]
+
 
 class ManagedSession:
     """One framework conversation bound to one ctxkernel session.
@@ -159,5 +162,6 @@ class ManagedSession:
         session = self.session
         session.owns_tool("")
         return [dict(s) for s in session.tools.schemas()]
+
 
 __all__ = ["IntegrationError", "ManagedSession", "open_kernel", "strategy_tool_schemas"]

@@ -144,7 +144,12 @@ def to_langchain(message: Message) -> BaseMessage:
     if message.role == "tool":
         result = message.tool_result
         assert result is not None
-        return ToolMessage(result.content, tool_call_id=result.call_id, name=result.name, status="error" if result.is_error else "success")
+        return ToolMessage(
+            result.content,
+            tool_call_id=result.call_id,
+            name=result.name,
+            status="error" if result.is_error else "success",
+        )
     parts: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
     invalid: list[dict[str, Any]] = []
@@ -159,7 +164,9 @@ def to_langchain(message: Message) -> BaseMessage:
         elif isinstance(block, ToolCallBlock):
             raw = block.arguments.get("_raw") if set(block.arguments) == {"_raw"} else None
             if isinstance(raw, str):
-                invalid.append({"type": "invalid_tool_call", "id": block.id, "name": block.name, "args": raw, "error": None})
+                invalid.append(
+                    {"type": "invalid_tool_call", "id": block.id, "name": block.name, "args": raw, "error": None}
+                )
             else:
                 calls.append({"type": "tool_call", "id": block.id, "name": block.name, "args": dict(block.arguments)})
     content: str | list[Any]
@@ -187,7 +194,9 @@ class StrategyTool(BaseTool):
 
 def _strategy_tool(schema: dict[str, Any]) -> StrategyTool:
     function = schema["function"]
-    return StrategyTool(name=function["name"], description=function.get("description", ""), args_schema=function.get("parameters") or {})
+    return StrategyTool(
+        name=function["name"], description=function.get("description", ""), args_schema=function.get("parameters") or {}
+    )
 
 
 def _tool_name(tool: Any) -> str | None:
@@ -271,7 +280,9 @@ class ContextMiddleware(AgentMiddleware):
         self._commit(managed, response)
         return response
 
-    async def awrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], Awaitable[ModelResponse]]) -> Any:
+    async def awrap_model_call(
+        self, request: ModelRequest, handler: Callable[[ModelRequest], Awaitable[ModelResponse]]
+    ) -> Any:
         managed = self.managed(self._config())
         # the session fsyncs and tokenises: keep that off the event loop
         managed_request = await asyncio.to_thread(self._managed_request, request, managed)
@@ -283,7 +294,12 @@ class ContextMiddleware(AgentMiddleware):
         call = request.tool_call
         managed = self.managed(getattr(request.runtime, "config", None) if request.runtime is not None else None)
         outcome = managed.run_tool(call["id"], call["name"], call.get("args") or {})
-        return ToolMessage(outcome.content, tool_call_id=call["id"], name=call["name"], status="error" if outcome.is_error else "success")
+        return ToolMessage(
+            outcome.content,
+            tool_call_id=call["id"],
+            name=call["name"],
+            status="error" if outcome.is_error else "success",
+        )
 
     def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
         if request.tool_call["name"] in self._own:

@@ -121,7 +121,9 @@ def from_items(items: Sequence[Any]) -> tuple[str, list[Message]]:
                 msg = f"{where}: a function_call needs a string 'call_id' and 'name'"
                 raise IntegrationError(msg)
             arguments = item.get("arguments")
-            pending.append(ToolCallBlock(call_id, name, arguments_from_json(arguments) if isinstance(arguments, str) else {}))
+            pending.append(
+                ToolCallBlock(call_id, name, arguments_from_json(arguments) if isinstance(arguments, str) else {})
+            )
         elif kind == "function_call_output":
             flush()
             call_id = item.get("call_id")
@@ -129,7 +131,11 @@ def from_items(items: Sequence[Any]) -> tuple[str, list[Message]]:
                 msg = f"{where}: a function_call_output needs a string 'call_id'"
                 raise IntegrationError(msg)
             output = item.get("output")
-            text = output if isinstance(output, str) else "\n".join(_content_text(output, where, ("input_text", "output_text", "text")))
+            text = (
+                output
+                if isinstance(output, str)
+                else "\n".join(_content_text(output, where, ("input_text", "output_text", "text")))
+            )
             out.append(Message.tool(call_id, text))
         elif kind == "message" and role in ("system", "developer"):
             flush()
@@ -163,7 +169,13 @@ def to_items(messages: Sequence[Message]) -> list[dict[str, Any]]:
             out.append({"type": "message", "role": "assistant", "content": []})
         for block in message.content:
             if isinstance(block, TextBlock):
-                out.append({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": block.text, "annotations": []}]})
+                out.append(
+                    {
+                        "type": "message",
+                        "role": "assistant",
+                        "content": [{"type": "output_text", "text": block.text, "annotations": []}],
+                    }
+                )
             elif isinstance(block, ReasoningBlock):
                 item: dict[str, Any] = {"type": "reasoning", "summary": [{"type": "summary_text", "text": block.text}]}
                 if block.signature is not None:
@@ -263,7 +275,9 @@ class ContextSession:
             session.end_turn()
             nodes = session.surface.nodes
             if nodes:
-                session.compact(Span(nodes[0].seq, nodes[-1].seq, remove=True), strategy=_DROPPER, kind="drop", check_shrink=False)
+                session.compact(
+                    Span(nodes[0].seq, nodes[-1].seq, remove=True), strategy=_DROPPER, kind="drop", check_shrink=False
+                )
 
     # -- the per-call seam -----------------------------------------------------------------------------
     def input_filter(self, data: CallModelData[Any]) -> ModelInputData:
@@ -278,7 +292,11 @@ class ContextSession:
         instructions = data.model_data.instructions or ""
         self._instructions = instructions
         own = "\n\n".join(s for s in (instructions, system) if s and s.strip()) or None
-        harness = [_tool_schema(t) for t in getattr(data.agent, "tools", []) if isinstance(t, FunctionTool) and t.name not in self._own]
+        harness = [
+            _tool_schema(t)
+            for t in getattr(data.agent, "tools", [])
+            if isinstance(t, FunctionTool) and t.name not in self._own
+        ]
         request = self.managed.prepare(history, system=own, harness_tools=harness)
         return ModelInputData(input=to_items(request.messages), instructions=request.system or None)
 
@@ -317,7 +335,10 @@ def _without_prefix(system: str, prefix: str) -> str:
 
 
 def _tool_schema(tool: FunctionTool) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": tool.name, "description": tool.description, "parameters": tool.params_json_schema}}
+    return {
+        "type": "function",
+        "function": {"name": tool.name, "description": tool.description, "parameters": tool.params_json_schema},
+    }
 
 
 __all__ = ["ContextSession", "from_items", "to_items"]

@@ -89,7 +89,11 @@ def from_pydantic_ai(messages: Sequence[ModelMessage]) -> tuple[str, list[Messag
             where = f"messages[{i}] (ModelResponse)"
             usage = message.usage
             if usage.input_tokens or usage.output_tokens:
-                usages[len(out)] = {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens, "cached_input_tokens": usage.cache_read_tokens}
+                usages[len(out)] = {
+                    "input_tokens": usage.input_tokens,
+                    "output_tokens": usage.output_tokens,
+                    "cached_input_tokens": usage.cache_read_tokens,
+                }
             out.append(Message("assistant", tuple(_response_blocks(message.parts, where)), Source(kind="model")))
             continue
         if not isinstance(message, ModelRequest):
@@ -103,7 +107,11 @@ def from_pydantic_ai(messages: Sequence[ModelMessage]) -> tuple[str, list[Messag
             elif isinstance(part, UserPromptPart):
                 out.append(Message.user(_user_text(part.content, where)))
             elif isinstance(part, ToolReturnPart):
-                out.append(Message.tool(part.tool_call_id, _tool_content(part), is_error=part.outcome != "success", name=part.tool_name))
+                out.append(
+                    Message.tool(
+                        part.tool_call_id, _tool_content(part), is_error=part.outcome != "success", name=part.tool_name
+                    )
+                )
             elif isinstance(part, RetryFeedbackPart):
                 out.append(Message.user(part.model_response()))
             else:
@@ -135,7 +143,9 @@ def _response_blocks(parts: Sequence[ModelResponsePart], where: str) -> list[Blo
     return blocks
 
 
-def to_pydantic_ai(messages: Sequence[Message], *, system: str = "", instructions: str | None = None) -> list[ModelMessage]:
+def to_pydantic_ai(
+    messages: Sequence[Message], *, system: str = "", instructions: str | None = None
+) -> list[ModelMessage]:
     """Kernel messages as Pydantic AI messages: consecutive user and tool messages share one
     ``ModelRequest`` (the first holds ``system`` as a ``SystemPromptPart``; the last carries
     ``instructions``); each assistant message is a ``ModelResponse``."""
@@ -156,13 +166,24 @@ def to_pydantic_ai(messages: Sequence[Message], *, system: str = "", instruction
                 elif isinstance(block, ToolCallBlock):
                     names[block.id] = block.name
                     raw = block.arguments.get("_raw") if set(block.arguments) == {"_raw"} else None
-                    response.append(ToolCallPart(block.name, raw if isinstance(raw, str) else dict(block.arguments), tool_call_id=block.id))
+                    response.append(
+                        ToolCallPart(
+                            block.name, raw if isinstance(raw, str) else dict(block.arguments), tool_call_id=block.id
+                        )
+                    )
             out.append(ModelResponse(parts=response))
         elif message.role == "tool":
             result = message.tool_result
             assert result is not None
             name = result.name or names.get(result.call_id, "")
-            parts.append(ToolReturnPart(name, result.content, tool_call_id=result.call_id, outcome="failed" if result.is_error else "success"))
+            parts.append(
+                ToolReturnPart(
+                    name,
+                    result.content,
+                    tool_call_id=result.call_id,
+                    outcome="failed" if result.is_error else "success",
+                )
+            )
         else:
             parts.append(UserPromptPart(message.text))
     if parts:
@@ -220,7 +241,13 @@ class ContextProcessor:
             self.sync(ctx.messages)
             return self.managed.run_tool(call_id, name, arguments).content
 
-        return Tool.from_schema(run, name=name, description=function.get("description"), json_schema=function.get("parameters") or {}, takes_ctx=True)
+        return Tool.from_schema(
+            run,
+            name=name,
+            description=function.get("description"),
+            json_schema=function.get("parameters") or {},
+            takes_ctx=True,
+        )
 
     def sync(self, messages: Sequence[ModelMessage]) -> int:
         """Append what ``messages`` hold that the log does not, e.g. ``result.all_messages()``
