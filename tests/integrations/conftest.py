@@ -114,7 +114,15 @@ json_values = st.recursive(
 )
 arguments = st.dictionaries(names, json_values, max_size=4)
 #: text a provider sent as arguments that is not JSON (kept as {"_raw": text})
-raw_arguments = texts.map(lambda t: "{" + t)
+raw_arguments = texts.map(lambda t: "{" + t).filter(lambda text: not _is_json(text))
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 @st.composite
