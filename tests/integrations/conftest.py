@@ -18,6 +18,9 @@ from ctxkernel import Message
 from ctxkernel.meter import Meter, get_tokenizer
 from ctxkernel.profile import load_profile
 
+# the Agents SDK would export traces of the test runs to OpenAI; these tests stay on loopback
+os.environ["OPENAI_AGENTS_DISABLE_TRACING"] = "1"
+
 REPO = Path(__file__).resolve().parents[2]
 CHILD = Path(__file__).with_name("resume_child.py")
 

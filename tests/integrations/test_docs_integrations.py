@@ -6,7 +6,7 @@ import asyncio
 import re
 from typing import Any
 
-from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
+from agents.testing import ScriptedModel, assistant_message, function_call
 from langchain_core.messages import AIMessage
 from langchain_core.tools import tool
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
