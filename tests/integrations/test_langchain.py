@@ -144,3 +144,18 @@ def test_without_a_thread_id_the_middleware_keeps_one_session_across_invocations
     assert texts == ["first question", "first answer", "second question"]
     session = middleware.managed(None).session
     assert [e.type for e in session.events].count("turn/start") == 2
+
+
+def test_the_middleware_keeps_a_bounded_number_of_thread_sessions_open(home, profile_path, monkeypatch):
+    from ctxkernel.integrations import langchain as adapter
+
+    monkeypatch.setattr(adapter, "OPEN_SESSIONS", 2)
+    middleware = ContextMiddleware(profile=profile_path)
+    first = middleware.managed({"configurable": {"thread_id": "t1"}})
+    first.prepare(from_langchain([HumanMessage("hello")])[1])
+    for thread in ("t2", "t3"):
+        middleware.managed({"configurable": {"thread_id": thread}})
+    assert list(middleware._sessions) == ["t2", "t3"]
+    again = middleware.managed({"configurable": {"thread_id": "t1"}})
+    assert again is not first
+    assert [n.message.text for n in again.session.surface.nodes] == ["hello"]  # reopened from the store

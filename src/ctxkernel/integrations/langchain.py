@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -42,6 +44,8 @@ from ._core import ManagedSession, open_kernel, strategy_tool_schemas
 from ._reconcile import IntegrationError
 
 _ORIGIN = "langchain"
+#: sessions kept open per middleware (by thread id); the least recently used is closed first
+OPEN_SESSIONS = 128
 
 
 # -- messages --------------------------------------------------------------------------------------------
@@ -221,7 +225,8 @@ class ContextMiddleware(AgentMiddleware):
         super().__init__()
         self.kernel = open_kernel(profile)
         self.session_id = session_id
-        self._sessions: dict[str | None, ManagedSession] = {}
+        self._sessions: OrderedDict[str | None, ManagedSession] = OrderedDict()
+        self._sessions_lock = threading.Lock()
         self.tools = [_strategy_tool(schema) for schema in strategy_tool_schemas(self.kernel)]
         self._own = {tool.name: tool for tool in self.tools}
 
@@ -232,10 +237,15 @@ class ContextMiddleware(AgentMiddleware):
         if session_id is None and config:
             thread = (config.get("configurable") or {}).get("thread_id")
             session_id = str(thread) if thread is not None else None
-        managed = self._sessions.get(session_id)
-        if managed is None:
-            managed = self._sessions.setdefault(session_id, ManagedSession(self.kernel, session_id, origin=_ORIGIN))
-        return managed
+        with self._sessions_lock:
+            managed = self._sessions.get(session_id)
+            if managed is None:
+                managed = self._sessions[session_id] = ManagedSession(self.kernel, session_id, origin=_ORIGIN)
+                # a server runs many threads: keep the recent ones open, reopen others from the store
+                while len(self._sessions) > OPEN_SESSIONS:
+                    self._sessions.popitem(last=False)
+            self._sessions.move_to_end(session_id)
+            return managed
 
     def _config(self) -> dict[str, Any] | None:
         try:
