@@ -172,3 +172,15 @@ def test_an_item_the_kernel_cannot_hold_is_refused_by_name():
     image = [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]
     with pytest.raises(IntegrationError, match=r"input\[0\]: content\[0\] is a 'input_image' part"):
         from_items(image)
+
+
+def test_a_limited_read_never_starts_with_a_tool_output(home, profile_path):
+    session = ContextSession("oa-limit", profile=profile_path)
+    reads: list[str] = []
+    model = ScriptedModel([[function_call("read_file", {"path": "src/module_1.py"}, call_id="r1")], [assistant_message("read")]])
+    agent = Agent(name="a", model=model, tools=[_reader(reads)])
+    asyncio.run(Runner.run(agent, "read module 1", session=session))
+    # the surface: user, call, output, reply; the last two items would start with the output
+    items = asyncio.run(session.get_items(limit=2))
+    assert [i.get("type", "message") for i in items] == ["message"]
+    assert items[0]["content"][0]["text"] == "read"

@@ -233,6 +233,9 @@ class ContextSession:
             items += to_items(messages)
             if limit is not None:
                 items = items[-limit:] if limit > 0 else []
+                # a limit must not leave a tool output without the call it answers
+                while items and items[0].get("type") == "function_call_output":
+                    items.pop(0)
             self._served = [_fingerprint(i) for i in items]
             return items
 
@@ -280,9 +283,13 @@ class ContextSession:
                 )
 
     # -- the per-call seam -----------------------------------------------------------------------------
-    def input_filter(self, data: CallModelData[Any]) -> ModelInputData:
+    async def input_filter(self, data: CallModelData[Any]) -> ModelInputData:
         """``RunConfig(call_model_input_filter=session.input_filter)``: the managed surface for
         every model call of a run."""
+        # the session fsyncs and tokenises: keep that off the event loop
+        return await asyncio.to_thread(self._filter, data)
+
+    def _filter(self, data: CallModelData[Any]) -> ModelInputData:
         items = list(data.model_data.input)
         fingerprints = [_fingerprint(i) for i in items]
         served = self._served
