@@ -78,3 +78,17 @@ def test_two_replies_that_read_the_same_are_both_kept(tmp_path):
     managed.prepare(second)
     replies = [e for e in managed.session.events if e.type == "assistant/message"]
     assert len(replies) == 2
+
+
+def test_the_package_imports_without_any_framework():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "for name in ('langchain', 'langchain_core', 'langgraph', 'pydantic_ai', 'agents'): sys.modules[name] = None\n"
+        "import ctxkernel.integrations as i; print(sorted(i.__all__))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "ManagedSession" in done.stdout
