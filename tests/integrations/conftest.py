@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from ctxkernel import Message
+from ctxkernel.conformance import pairing_problems
 from ctxkernel.meter import Meter, get_tokenizer
 from ctxkernel.profile import load_profile
 
@@ -44,8 +45,11 @@ class Probe:
     meter: Meter
     window: int
     sizes: list[int] = field(default_factory=list)
+    #: tool calls without results (or results without calls) in what a model was sent
+    unpaired: list[Any] = field(default_factory=list)
 
     def measure(self, system: str, messages: list[Message], tools: list[dict[str, Any]]) -> int:
+        self.unpaired += pairing_problems(messages)
         tokens = self.meter.count_header(system, tools) + sum(self.meter.count_message(m) for m in messages)
         self.sizes.append(tokens)
         return tokens

@@ -92,6 +92,7 @@ def test_a_long_agent_stays_within_the_window(home, profile_path, probe):
     for messages, tools in calls:
         system, history = from_langchain(messages)
         assert probe.measure(system, history, tools) <= probe.window
+    assert probe.unpaired == []
     # the strategy's tools were offered, and the model's calls to them ran through the tool node
     assert {"notes_write_file", "new_context"} <= {t["function"]["name"] for t in calls[0][1]}
     after_read = calls[51][0]

@@ -87,6 +87,7 @@ def test_one_long_run_stays_within_the_window(home, profile_path, probe):
     unmanaged = sum(probe.meter.count_text(big_result(i)) for i in range(STEPS))
     assert unmanaged > 4 * probe.window
     assert max(_measure(probe, c) for c in calls) <= probe.window
+    assert probe.unpaired == []
     assert {"notes_write_file", "new_context"} <= {t.name for t in calls[0].tools}
     assert NOTE in _output(calls[51], "note-r")
     events = event_types(home, "oa-long")
@@ -136,6 +137,7 @@ def test_sixty_one_step_runs_on_one_session_stay_within_the_window(home, profile
     model.assert_complete()
     assert len(reads) == STEPS - 2
     assert max(_measure(probe, c) for c in calls) <= probe.window
+    assert probe.unpaired == []
     assert NOTE in _output(calls[101], "note-r")
     events = event_types(home, "oa-runs")
     assert sum(e["type"] == "compaction/summary" for e in events) >= 3

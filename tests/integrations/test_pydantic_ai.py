@@ -84,6 +84,7 @@ def test_a_long_agent_stays_within_the_window(home, profile_path, probe):
     unmanaged = sum(probe.meter.count_text(big_result(i)) for i in range(STEPS))
     assert unmanaged > 4 * probe.window
     assert max(probe.sizes) <= probe.window
+    assert probe.unpaired == []
     assert {"notes_write_file", "new_context"} <= {t.name for t in seen[0][1].function_tools}
     answer = next(
         p
