@@ -160,3 +160,25 @@ def test_the_middleware_keeps_a_bounded_number_of_thread_sessions_open(home, pro
     again = middleware.managed({"configurable": {"thread_id": "t1"}})
     assert again is not first
     assert [n.message.text for n in again.session.surface.nodes] == ["hello"]  # reopened from the store
+
+
+def test_the_async_agent_takes_the_same_path(home, profile_path):
+    import asyncio
+
+    calls: list[Any] = []
+    replies = iter(
+        [
+            AIMessage("", tool_calls=[{"id": "w1", "name": "notes_write_file", "args": {"path": "self/notes/a.md", "content": NOTE}}]),
+            AIMessage("saved"),
+        ]
+    )
+    model = ToolCallingFakeModel(messages=replies)
+    model.calls = calls
+    middleware = ContextMiddleware(profile=profile_path, session_id="lc-async")
+    agent = create_agent(model, [], middleware=[middleware])
+    out = asyncio.run(agent.ainvoke({"messages": [HumanMessage("save the plan")]}))
+    assert out["messages"][-1].content == "saved"
+    result = next(m for m in out["messages"] if isinstance(m, ToolMessage))
+    assert result.status == "success" and '"written":true' in result.content.replace(" ", "")
+    events = [e["type"] for e in event_types(home, "lc-async")]
+    assert events.count("assistant/message") == 2 and "notes/write" in events
