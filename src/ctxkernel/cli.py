@@ -25,6 +25,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "ctxkernel.cli_commands",
     "ctxkernel.store.cli",
     "ctxkernel.simulate.cli",
+    "ctxkernel.serve.cli",
 )
 
 #: entry-point group through which installed distributions add subcommands

@@ -180,6 +180,8 @@ class Session:
         self.surface.listeners.append(self.meter)
         self.tools = ToolRegistry()
         self.harness_tools: list[dict[str, Any]] = []
+        #: the harness's own system prompt; None means the profile's ``system_prompt``
+        self.harness_system: str | None = None
         #: per-strategy state, keyed by strategy name; strategies rebuild it from the log
         self.state: dict[str, Any] = {}
         # who holds a compaction lock: host and pid, plus a token naming this Session object so a
@@ -366,6 +368,68 @@ class Session:
             batch.append(EventSpec(ev.STEP_END, {"turn": self.turn, "step": self.step, "reason": reason}))
         return batch
 
+    def abandon_step(self, reason: str = "interrupted") -> None:
+        """Close the open step without ending the turn: calls still waiting get error results,
+        then ``step/end {reason}``. For a harness whose step was cut short (a client that went
+        away mid-reply): the turn stays open, so the next ``prepare_request`` continues it."""
+        with self._lock:
+            batch = self._closers(reason, f"the step was abandoned ({reason}) before this call had a result")
+            if batch:
+                self.append(batch)
+
+    def append_history(self, messages: Sequence[Message], *, trailer: Sequence[EventSpec] = ()) -> list[int]:
+        """Append messages the harness already holds (e.g. the history a proxy's client sent), in
+        one durable batch, and return the seq of each message.
+
+        Assistant messages are written as they are (no model call, no ``sanitize_reply``); a user
+        message after a final reply (one with no tool calls) closes that turn and opens the next;
+        a tool result that answers the last waiting call closes its step. Pairing is checked as
+        for any append: a result for an unknown call, or a user message while calls wait, is
+        refused with nothing written. ``trailer`` events (e.g. a front door's bookkeeping) end the
+        same batch, so they are durable exactly when the messages are.
+        """
+        with self._lock:
+            batch: list[EventSpec] = []
+            seqs: list[int] = []
+            start = len(self.events)
+            turn, turn_open, step_open = self.turn, self.turn_open, self.step_open
+            waiting = set(self.surface.pending_calls)
+            last = self.surface.nodes[-1] if self.surface.nodes else None
+            replied = last is not None and last.role == "assistant" and not last.message.tool_calls
+            for message in messages:
+                if message.role == "user" and turn_open and replied and not waiting:
+                    batch.append(EventSpec(ev.TURN_END, {"turn": turn, "reason": "completed"}))
+                    turn_open = step_open = False
+                if not turn_open:
+                    turn += 1
+                    turn_open = True
+                    batch.append(EventSpec(ev.TURN_START, {"turn": turn}))
+                if message.role == "tool":
+                    call_id = message.content[0].call_id  # type: ignore[union-attr]
+                    seqs.append(start + len(batch))
+                    batch.append(EventSpec(ev.TOOL_RESULT, {"message": message.to_dict()}, ev.append_op()))
+                    waiting.discard(call_id)
+                    if not waiting and step_open:
+                        batch.append(EventSpec(ev.STEP_END, {"turn": turn, "step": self.step}))
+                        step_open = False
+                    replied = False
+                    continue
+                event_type = ev.USER_MESSAGE if message.role == "user" else ev.ASSISTANT_MESSAGE
+                if event_type == ev.ASSISTANT_MESSAGE and step_open and not waiting:
+                    batch.append(EventSpec(ev.STEP_END, {"turn": turn, "step": self.step, "reason": "abandoned"}))
+                    step_open = False
+                seqs.append(start + len(batch))
+                batch.append(EventSpec(event_type, {"message": message.to_dict()}, ev.append_op()))
+                if message.role == "assistant":
+                    waiting = {c.id for c in message.tool_calls}
+                    replied = not waiting
+                else:
+                    replied = False
+            batch.extend(trailer)
+            if batch:
+                self.append(batch)
+            return seqs
+
     @property
     def pending_calls(self) -> list[ToolCallBlock]:
         """Tool calls of the last reply still waiting for a result, in the model's order."""
@@ -440,9 +504,10 @@ class Session:
     def _system_and_tools(self) -> tuple[str, list[dict[str, Any]], str, int]:
         """The composed system prompt, tool schemas, their hash and token count (cached)."""
         self._sync_tools()
-        key = hash((self._tools_generation, len(self.harness_tools), id(self.harness_tools)))
+        key = hash((self._tools_generation, len(self.harness_tools), id(self.harness_tools), self.harness_system))
         if self._system_cache is None or self._system_cache[0] != key:
-            sections = [self.kernel.profile.profile.system_prompt, *self.kernel.hooks.system_prompt(self)]
+            own = self.kernel.profile.profile.system_prompt if self.harness_system is None else self.harness_system
+            sections = [own, *self.kernel.hooks.system_prompt(self)]
             system = "\n\n".join(s.strip() for s in sections if s and s.strip())
             tools = self.tools.schemas() + list(self.harness_tools)
             digest = hashlib.sha256(orjson.dumps([system, tools], option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
@@ -466,6 +531,14 @@ class Session:
         """The harness's own tool schemas: sent with every request and counted by the meter."""
         self.harness_tools = list(schemas)
         self._system_cache = None
+
+    def set_harness_system(self, system: str | None) -> None:
+        """The harness's own system prompt, used instead of the profile's ``system_prompt``
+        (strategies still add their sections after it). None restores the profile's. A proxy
+        sets the prompt its client sent, before each ``prepare_request``."""
+        if system != self.harness_system:
+            self.harness_system = system
+            self._system_cache = None
 
     def pressure(self) -> Pressure:
         """How full the next request is, anchored on the provider's last usage figure."""
@@ -621,18 +694,21 @@ class Session:
         ) + 1
 
     # -- recovery --------------------------------------------------------------------------------------
-    def repair_after_crash(self) -> list[int]:
+    def repair_after_crash(self, *, keep_waiting_calls: bool = False) -> list[int]:
         """Close what a crashed writer left open: pending calls get error results, the step and
         turn get ``interrupted`` closers, an abandoned compaction gets its error end.
 
         A turn that waits between steps (no step open, no call pending) is left open: it is a
         consistent state the harness can continue with ``prepare_request`` or close with
-        ``end_turn``, and closing it would break a worker that is still using it."""
+        ``end_turn``, and closing it would break a worker that is still using it.
+        ``keep_waiting_calls`` also leaves open a step whose tool calls wait for results: for a
+        harness whose tools run elsewhere (a proxy's client), that is a normal state to resume."""
         batch: list[EventSpec] = []
         oc = self.open_compaction
         if oc is not None and _holder_is_dead(oc.get("holder") or {}):
             batch.append(EventSpec(ev.COMPACTION_END, {"compaction_id": oc["compaction_id"], "error": "interrupted: the writer died"}))
-        if self.turn_open and (self.surface.pending_calls or self.step_open):
+        waiting = keep_waiting_calls and bool(self.surface.pending_calls)
+        if self.turn_open and not waiting and (self.surface.pending_calls or self.step_open):
             batch += self._closers("interrupted", "outcome unknown: the session was interrupted before this call's result was recorded")
             batch.append(EventSpec(ev.TURN_END, {"turn": self.turn, "reason": "interrupted"}))
         if not batch:
