@@ -23,13 +23,20 @@ import uvicorn  # noqa: E402
 
 from ctxkernel.serve.app import ServeConfig, create_app  # noqa: E402
 
-# the fake provider is a plain module next to this file; test modules import it by this name
-_spec = importlib.util.spec_from_file_location("serve_fake_upstream", Path(__file__).with_name("fake_upstream.py"))
-assert _spec is not None and _spec.loader is not None
-fake_upstream = importlib.util.module_from_spec(_spec)
-sys.modules["serve_fake_upstream"] = fake_upstream
-_spec.loader.exec_module(fake_upstream)
-FakeUpstream = fake_upstream.FakeUpstream
+
+
+def _load(name: str, filename: str) -> Any:
+    # helper modules are plain files next to this one; test modules import them by these names
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(filename))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+FakeUpstream = _load("serve_fake_upstream", "fake_upstream.py").FakeUpstream
+_load("serve_clients", "serve_clients.py")
 
 
 class ServerThread:
