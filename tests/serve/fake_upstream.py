@@ -8,6 +8,7 @@ provider's own context-overflow error. Usage reports the counted prompt tokens.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import threading
 from collections.abc import Callable
@@ -52,6 +53,7 @@ class FakeUpstream:
         self.meter = Meter(get_tokenizer(tokenizer))
         self.script: Callable[[str, dict[str, Any]], Reply] = lambda api, body: Reply("ok")
         self.limit: int | None = None
+        self.delay = 0.0  # seconds between streamed chunks
         self.received: list[Received] = []
         self.refused: list[Received] = []
         self.fail_next: list[tuple[int, Any]] = []  # (status, body) answered before the script runs
@@ -117,6 +119,8 @@ class FakeUpstream:
         async def events() -> Any:
             yield chunk({"role": "assistant", "content": ""})
             for piece in _pieces(reply.text):
+                if self.delay:
+                    await asyncio.sleep(self.delay)
                 yield chunk({"content": piece})
             for i, call in enumerate(calls):
                 yield chunk({"tool_calls": [{"index": i, "id": call["id"], "type": "function", "function": {"name": call["function"]["name"], "arguments": ""}}]})
@@ -159,6 +163,8 @@ class FakeUpstream:
                 if block["type"] == "text":
                     yield event("content_block_start", {"index": index, "content_block": {"type": "text", "text": ""}})
                     for piece in _pieces(block["text"]):
+                        if self.delay:
+                            await asyncio.sleep(self.delay)
                         yield event("content_block_delta", {"index": index, "delta": {"type": "text_delta", "text": piece}})
                 else:
                     yield event("content_block_start", {"index": index, "content_block": {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}})
