@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..compaction import Span
-from ..errors import CompactionError
+from ..errors import CompactionError, EventError
 from ..events import MESSAGE_TYPES
 from ..messages import Message
 from ..session import EventSpec
@@ -137,11 +137,38 @@ class Reconciled:
     at: int = 0
 
 
+def check_history(messages: list[Message]) -> None:
+    """Refuse (EventError) a history whose tool calls and results do not pair up: a result for
+    no earlier call, a call answered twice, a reused call id, or a message other than a result
+    while calls wait. Checked before anything is written, so a refused request changes nothing."""
+    waiting: set[str] = set()
+    seen: set[str] = set()
+    for i, message in enumerate(messages):
+        if message.role == "tool":
+            call_id = message.content[0].call_id  # type: ignore[union-attr]
+            if call_id not in waiting:
+                why = "was already answered" if call_id in seen else "answers no earlier tool call"
+                msg = f"message {i}: the tool result for call {call_id!r} {why}"
+                raise EventError(msg)
+            waiting.discard(call_id)
+            continue
+        if waiting:
+            msg = f"message {i} ({message.role}) comes while tool calls {sorted(waiting)} still wait for their results"
+            raise EventError(msg)
+        for call in message.tool_calls:
+            if call.id in seen:
+                msg = f"message {i}: tool call id {call.id!r} is used twice"
+                raise EventError(msg)
+            seen.add(call.id)
+            waiting.add(call.id)
+
+
 def reconcile(session: Session, incoming: list[Message]) -> Reconciled:
     """Append the client's new messages; apply the rewrite policy when its history diverged.
 
     Returns ``rewrite="fork"`` without writing anything when only a fork can keep the log whole
     (the caller opens the child session and reconciles again there)."""
+    check_history(incoming)
     ledger = ledger_for(session)
     hashes = [message_hash(m) for m in incoming]
     k = ledger.matched(incoming, hashes)
