@@ -625,8 +625,10 @@ class Session:
         self._deferred = []
         self.append(batch)
 
-    def commit_reply(self, reply: Message | dict[str, Any] | Any, usage: Any = None) -> Message:
-        """Commit the model's reply (after ``sanitize_reply``). Returns the committed message."""
+    def commit_reply(self, reply: Message | dict[str, Any] | Any, usage: Any = None, *, trailer: Sequence[EventSpec] = ()) -> Message:
+        """Commit the model's reply (after ``sanitize_reply``). Returns the committed message.
+
+        ``trailer`` events (a front door's bookkeeping) end the same durable batch."""
         from .convert import reply_to_message
 
         with self._lock:
@@ -655,6 +657,7 @@ class Session:
             batch = [EventSpec(ev.ASSISTANT_MESSAGE, data, ev.append_op())]
             if not draft.message.tool_calls:
                 batch.append(EventSpec(ev.STEP_END, {"turn": self.turn, "step": self.step}))
+            batch.extend(trailer)
             self.append(batch)
             return draft.message
 

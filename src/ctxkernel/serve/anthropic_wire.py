@@ -16,11 +16,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..convert import arguments_from_json, from_anthropic_message, to_anthropic_request
+from ..convert import arguments_from_json, from_anthropic_message, merge_anthropic_blocks, to_anthropic_blocks, to_anthropic_request
 from ..errors import EventError
 from ..messages import Message, ReasoningBlock, TextBlock, ToolCallBlock
 from ..session import Request
-from .wire import ClientRequest, WireError, add_usage, check_model, expect, load_json_object, sse
+from .reconcile import message_hash
+from .wire import ClientRequest, MessageMemo, WireError, add_usage, check_model, expect, load_json_object, sse
 
 API = "anthropic"
 UPSTREAM_PATH = "/v1/messages"
@@ -50,7 +51,7 @@ def _has_cache_marks(messages: list[Any]) -> bool:
     return False
 
 
-def parse_request(raw: bytes) -> ClientRequest:
+def parse_request(raw: bytes, memo: MessageMemo | None = None) -> ClientRequest:
     """A Messages API body, checked; a 400 names the field that is wrong."""
     body = load_json_object(raw)
     model = check_model(body)
@@ -72,10 +73,14 @@ def parse_request(raw: bytes) -> ClientRequest:
             tools.append(
                 {"type": "function", "function": {"name": tool["name"], "description": tool.get("description", ""), "parameters": schema}}
             )
+    memo = memo or MessageMemo()
     converted: list[Message] = []
+    hashes: list[str] = []
     try:
         for i, item in enumerate(messages):
-            converted.extend(from_anthropic_message(item, where=f"messages.{i}"))
+            found, digests = memo.convert(item, lambda m, i=i: from_anthropic_message(m, where=f"messages.{i}"), message_hash)
+            converted += found
+            hashes += digests
     except EventError as exc:
         raise WireError(400, str(exc), param="messages") from None
     if not converted or messages[-1].get("role") != "user":
@@ -83,16 +88,31 @@ def parse_request(raw: bytes) -> ClientRequest:
             400, "messages: the last message must have role 'user' (an assistant prefill is not supported)", param="messages"
         )
     return ClientRequest(
-        API, body, model, system, converted, tools, raw_tools, stream, extra={"cache_marks": _has_cache_marks(messages)}
+        API, body, model, system, converted, tools, raw_tools, stream, extra={"cache_marks": _has_cache_marks(messages)}, hashes=hashes
     )
 
 
-def upstream_body(client: ClientRequest, request: Request, strategy_tools: list[dict[str, Any]], *, stream: bool) -> dict[str, Any]:
+def upstream_body(
+    client: ClientRequest, request: Request, strategy_tools: list[dict[str, Any]], *, stream: bool, cache: dict[int, Any] | None = None
+) -> dict[str, Any]:
     """The client's body with the managed messages, its own system blocks (strategy sections
-    appended as one more block) and its own tools followed by the strategy's."""
+    appended as one more block) and its own tools followed by the strategy's. ``cache`` (one
+    per session) keeps each surface node's blocks between requests."""
     body = dict(client.body)
-    converted = to_anthropic_request(request.messages, system=request.system, tools=strategy_tools)
-    messages = converted["messages"]
+    cache = {} if cache is None else cache
+    parts = []
+    for seq, message in zip(request.seqs, request.messages, strict=True):
+        hit = cache.get(seq)
+        if hit is None or hit[0] is not message:
+            hit = (message, to_anthropic_blocks(message))
+            cache[seq] = hit
+        parts.append(hit[1])
+    if len(cache) > 2 * len(request.seqs) + 64:  # forget nodes that left the surface
+        keep = set(request.seqs)
+        for seq in [s for s in cache if s not in keep]:
+            del cache[seq]
+    messages = merge_anthropic_blocks(parts)
+    converted = to_anthropic_request([], tools=strategy_tools)
     if client.extra.get("cache_marks") and messages:
         last = messages[-1]["content"][-1]
         messages[-1]["content"][-1] = {**last, "cache_control": {"type": "ephemeral"}}

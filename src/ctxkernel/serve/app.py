@@ -52,9 +52,9 @@ from ..session import Request, Session
 from . import anthropic_wire, openai_wire
 from .identity import session_key
 from .metrics import Metrics
-from .reconcile import inherit, ledger_for, reconcile, record_reply
+from .reconcile import inherit, ledger_for, reconcile, record_follow, reply_record
 from .upstream import Limits, Upstream, UpstreamError, join_url
-from .wire import MAX_BODY_BYTES, ClientRequest, WireError, add_usage, iter_sse
+from .wire import MAX_BODY_BYTES, ClientRequest, MessageMemo, WireError, add_usage, iter_sse
 
 log = structlog.get_logger("ctxkernel.serve")
 
@@ -164,6 +164,10 @@ class Proxy:
         # a semaphore of one, not a Lock: a streamed reply releases it from the response's task
         self._locks: weakref.WeakValueDictionary[str, anyio.Semaphore] = weakref.WeakValueDictionary()
         self._header_tokens: OrderedDict[bytes, int] = OrderedDict()
+        self.memo = MessageMemo()
+        # routes read from the store on every request when other processes may move them (a
+        # store that orders requests across processes); else this process is their only writer
+        self._routes: dict[str, str] | None = None if hasattr(kernel.store, "hold_lock") else {}
 
     # -- locks ---------------------------------------------------------------------------------------
     async def acquire(self, key: str) -> Lease:
@@ -205,8 +209,14 @@ class Proxy:
 
     def _open(self, key: str) -> Session:
         store = self.kernel.store
-        route = store.kv_get("serve", self._route_key(key))
-        session_id = route["session"] if isinstance(route, dict) and isinstance(route.get("session"), str) else key
+        session_id = self._routes.get(key) if self._routes is not None else None
+        if session_id is None:
+            route = store.kv_get("serve", self._route_key(key))
+            session_id = route["session"] if isinstance(route, dict) and isinstance(route.get("session"), str) else key
+            if self._routes is not None:
+                self._routes[key] = session_id
+                while len(self._routes) > 16 * SESSION_CACHE:
+                    del self._routes[next(iter(self._routes))]
         session = self.sessions.get(session_id)
         if session is None:
             if store.exists(session_id):
@@ -227,18 +237,20 @@ class Proxy:
 
     def _point(self, key: str, session: Session) -> None:
         self.kernel.store.kv_put("serve", self._route_key(key), {"session": session.id})
+        if self._routes is not None:
+            self._routes[key] = session.id
         self._cache(session)
 
     def _begin(self, key: str, client: ClientRequest) -> Session:
         session = self._open(key)
-        result = reconcile(session, client.messages)
+        result = reconcile(session, client.messages, client.hashes)
         if result.rewrite == "fork":
             session.end_turn("aborted")
             child = self.kernel.open_session(create=True, parent=session.id, origin="serve:rewrite")
             log.info("client history rewritten: forked", session=session.id, child=child.id, at=result.at)
             self._point(key, child)
             session = child
-            result = reconcile(session, client.messages)
+            result = reconcile(session, client.messages, client.hashes)
         ledger = ledger_for(session)
         if ledger.follow and not session.surface.pending_calls:
             session = self._follow(key, session, ledger.follow)
@@ -286,10 +298,16 @@ class Proxy:
         the client's view of the reply into the ledger: all in one worker-thread call, so a
         client that disconnects meanwhile leaves no half-done round."""
         session = turn.session
-        committed = session.commit_reply(message, usage=usage)
+        at = len(turn.client.messages)
+        names = [c.name for c in message.tool_calls]
+        # known before committing: a reply with a client call, or with no call, ends the request;
+        # its ledger record then goes in the same durable batch as the reply
+        final = last_round or not names or any(n not in turn.strategy_tools for n in names)
+        trailer = [reply_record(session, at, view() if callable(view) else view, turn.first_seq)] if final else []
+        committed = session.commit_reply(message, usage=usage, trailer=trailer)
         first_seq = turn.first_seq
         if first_seq is None:
-            first_seq = next(e.seq for e in reversed(session.events[-3:]) if e.type == ASSISTANT_MESSAGE)
+            first_seq = next(e.seq for e in reversed(session.events[-4:]) if e.type == ASSISTANT_MESSAGE)
         client_calls = [c for c in committed.tool_calls if c.name not in turn.strategy_tools]
         child = None
         for call in session.pending_calls:
@@ -297,14 +315,17 @@ class Proxy:
                 outcome = session.run_tool(call)
                 session.tool_result(call.id, outcome)
                 child = outcome.continue_in or child
-        concluded = session.conclude_turn
-        done = bool(client_calls) or not committed.tool_calls or concluded or last_round
-        if done:
-            if concluded and not client_calls:
-                session.end_turn()
-            record_reply(session, len(turn.client.messages), view() if callable(view) else view, first_seq, child if client_calls else None)
-            if child and not client_calls:
-                self._follow(turn.key, session, child)
+        ledger_for(session)
+        if final:
+            if child and client_calls:
+                record_follow(session, child)
+            elif child:
+                return Round(self._follow(turn.key, session, child), True, first_seq)
+            return Round(session, True, first_seq)
+        if session.conclude_turn:  # a strategy tool ended the turn: answer with what there is
+            session.end_turn()
+            session.append([reply_record(session, at, view() if callable(view) else view, first_seq)])
+            ledger_for(session)
             return Round(session, True, first_seq)
         if child:
             return Round(self._follow(turn.key, session, child), False, None)
@@ -363,6 +384,11 @@ class Proxy:
         elif "authorization" in headers:
             out["authorization"] = headers["authorization"]
         return out
+
+
+def wire_cache(turn: Turn) -> dict[int, Any]:
+    """The session's cache of surface nodes in the turn's wire format."""
+    return turn.session.state.setdefault(f"serve.{turn.wire.API}", {})
 
 
 # -- responses -------------------------------------------------------------------------------------------
@@ -426,7 +452,7 @@ class Handler:
 
     async def _serve(self, wire: Any, request: HTTPRequest) -> Response:
         proxy = self.proxy
-        client = wire.parse_request(await read_body(request))
+        client = wire.parse_request(await read_body(request), proxy.memo)
         key = session_key(request.headers, wire.API, client.system, client.messages)
         lease = await proxy.acquire(key)
         handed_over = False
@@ -462,7 +488,7 @@ class Handler:
             except Overflow as over:
                 proxy.metrics.errors.labels("window_refused").inc()
                 return JSONResponse(wire.overflow_error(over.tokens, over.window), status_code=400)
-            body = wire.upstream_body(turn.client, prepared, turn.strategy_schemas, stream=False)
+            body = wire.upstream_body(turn.client, prepared, turn.strategy_schemas, stream=False, cache=wire_cache(turn))
             try:
                 answer = await proxy.upstream.request("POST", url, headers, body)
             except UpstreamError as exc:
@@ -553,7 +579,7 @@ class Handler:
             except Overflow as over:
                 proxy.metrics.errors.labels("window_refused").inc()
                 return (400, orjson.dumps(wire.overflow_error(over.tokens, over.window)), None)
-            body = wire.upstream_body(turn.client, prepared, turn.strategy_schemas, stream=True)
+            body = wire.upstream_body(turn.client, prepared, turn.strategy_schemas, stream=True, cache=wire_cache(turn))
             try:
                 handle = await stack.enter_async_context(proxy.upstream.stream(url, headers, body))
             except UpstreamError as exc:

@@ -10,11 +10,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..convert import arguments_from_json, from_openai_message, from_openai_messages, to_openai_messages
+from ..convert import _content_text, arguments_from_json, from_openai_message, to_openai_message
 from ..errors import EventError
 from ..messages import Message, ToolCallBlock
 from ..session import Request
-from .wire import ClientRequest, WireError, add_usage, check_model, expect, load_json_object, sse
+from .reconcile import message_hash
+from .wire import ClientRequest, MessageMemo, WireError, add_usage, check_model, expect, load_json_object, sse
 
 API = "openai"
 UPSTREAM_PATH = "/chat/completions"
@@ -22,7 +23,12 @@ UPSTREAM_PATH = "/chat/completions"
 FORWARD_HEADERS = ("openai-organization", "openai-project", "openai-beta")
 
 
-def parse_request(raw: bytes) -> ClientRequest:
+def _convert(raw: Any, where: str) -> list[Message]:
+    message = from_openai_message(raw, where=where)
+    return [message] if message is not None else []
+
+
+def parse_request(raw: bytes, memo: MessageMemo | None = None) -> ClientRequest:
     """A chat-completions body, checked; a 400 names the field that is wrong."""
     body = load_json_object(raw)
     model = check_model(body)
@@ -46,23 +52,54 @@ def parse_request(raw: bytes) -> ClientRequest:
         tools.append(tool)
     if "functions" in body:
         raise WireError(400, "functions: the legacy functions field is not supported; send tools", param="functions")
+    memo = memo or MessageMemo()
+    system_parts: list[str] = []
+    converted: list[Message] = []
+    hashes: list[str] = []
     try:
-        system, converted = from_openai_messages(messages)
+        for i, item in enumerate(messages):
+            if isinstance(item, dict) and item.get("role") in ("system", "developer"):
+                # the system prompt goes in the request header, not on the surface
+                text = _content_text(item.get("content"), f"messages[{i}]")
+                if text:
+                    system_parts.append(text)
+                continue
+            found, digests = memo.convert(item, lambda m, i=i: _convert(m, f"messages[{i}]"), message_hash)
+            converted += found
+            hashes += digests
     except EventError as exc:
         raise WireError(400, f"{exc}", param="messages") from None
+    system = "\n\n".join(system_parts)
     if not converted or converted[-1].role == "assistant":
         raise WireError(
             400,
             "messages: the last message must be a user or tool message (an assistant prefill is not supported)",
             param="messages",
         )
-    return ClientRequest(API, body, model, system, converted, tools, raw_tools, stream, include_usage)
+    return ClientRequest(API, body, model, system, converted, tools, raw_tools, stream, include_usage, hashes=hashes)
 
 
-def upstream_body(client: ClientRequest, request: Request, strategy_tools: list[dict[str, Any]], *, stream: bool) -> dict[str, Any]:
-    """The client's body with the managed messages, and the client's tools plus the strategy's."""
+def upstream_body(
+    client: ClientRequest, request: Request, strategy_tools: list[dict[str, Any]], *, stream: bool, cache: dict[int, Any] | None = None
+) -> dict[str, Any]:
+    """The client's body with the managed messages, and the client's tools plus the strategy's.
+
+    ``cache`` (one per session) keeps each surface node's wire form, so an unchanged surface is
+    not converted again on every request."""
     body = dict(client.body)
-    body["messages"] = to_openai_messages(request.messages, system=request.system)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": request.system}] if request.system else []
+    cache = {} if cache is None else cache
+    for seq, message in zip(request.seqs, request.messages, strict=True):
+        hit = cache.get(seq)
+        if hit is None or hit[0] is not message:
+            hit = (message, to_openai_message(message))
+            cache[seq] = hit
+        messages.append(hit[1])
+    if len(cache) > 2 * len(request.seqs) + 64:  # forget nodes that left the surface
+        keep = set(request.seqs)
+        for seq in [s for s in cache if s not in keep]:
+            del cache[seq]
+    body["messages"] = messages
     tools = list(client.raw_tools) + strategy_tools
     if tools:
         body["tools"] = tools

@@ -163,14 +163,16 @@ def check_history(messages: list[Message]) -> None:
             waiting.add(call.id)
 
 
-def reconcile(session: Session, incoming: list[Message]) -> Reconciled:
+def reconcile(session: Session, incoming: list[Message], hashes: list[str] | None = None) -> Reconciled:
     """Append the client's new messages; apply the rewrite policy when its history diverged.
 
     Returns ``rewrite="fork"`` without writing anything when only a fork can keep the log whole
-    (the caller opens the child session and reconciles again there)."""
+    (the caller opens the child session and reconciles again there). ``hashes`` are the
+    messages' :func:`message_hash` when the caller has them already."""
     check_history(incoming)
     ledger = ledger_for(session)
-    hashes = [message_hash(m) for m in incoming]
+    if hashes is None:
+        hashes = [message_hash(m) for m in incoming]
     k = ledger.matched(incoming, hashes)
     result = Reconciled(at=k)
     if k < len(ledger.hashes):
@@ -212,18 +214,24 @@ def _drop_branch(session: Session, ledger: Ledger, k: int) -> bool:
     return True
 
 
-def record_reply(session: Session, at: int, view: Message, first_seq: int | None, follow: str | None = None) -> None:
-    """Put the reply the client got (its view: visible text, its own calls) at position ``at``."""
+def reply_record(session: Session, at: int, view: Message, first_seq: int | None) -> EventSpec:
+    """The ledger event putting the reply the client got (its view: visible text, its own calls)
+    at position ``at``. Without ``first_seq`` it cites the message event just before it, so it
+    can end the batch that commits that reply (both durable, or neither)."""
     data: dict[str, Any] = {
         "at": at,
         "hashes": [message_hash(view)],
         "ids": [[c.id for c in view.tool_calls] if view.tool_calls else None],
         "tokens": [session.meter.count_message(view)],
-        "seqs": [first_seq],
     }
-    if follow is not None:
-        data["follow"] = follow
-    session.emit("serve", "ledger", data)
+    if first_seq is not None:
+        data["seqs"] = [first_seq]
+    return EventSpec(LEDGER_EVENT, data, ignorable=True)
+
+
+def record_follow(session: Session, child: str) -> None:
+    """Remember to continue in ``child`` once the client's results for this reply are in."""
+    session.emit("serve", "ledger", {"at": len(ledger_for(session).hashes), "hashes": [], "follow": child})
     ledger_for(session)
 
 

@@ -9,7 +9,9 @@ stream. It holds no context logic: that is the Session API's.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import hashlib
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +71,8 @@ class ClientRequest:
     stream: bool
     include_usage: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    #: ``reconcile.message_hash`` of each of ``messages`` (from the memo: computed once per message)
+    hashes: list[str] | None = None
 
     @property
     def tool_names(self) -> set[str]:
@@ -106,6 +110,37 @@ def check_model(body: dict[str, Any]) -> str:
     if not model or len(model) > MAX_MODEL_CHARS:
         raise WireError(400, f"model: expected 1-{MAX_MODEL_CHARS} characters, got {len(model)}", param="model")
     return model
+
+
+class MessageMemo:
+    """Wire messages already converted, keyed by a digest of their JSON: a client re-sends its
+    whole history every time, and converting (and hashing) only the messages never seen before
+    keeps a request's cost flat in the history's length (``bench_serve.py``). Kernel messages
+    are immutable, so sessions may share an entry. Bounded (least recently used goes first)."""
+
+    def __init__(self, limit: int = 200_000) -> None:
+        self.limit = limit
+        self._entries: OrderedDict[bytes, tuple[tuple[Message, ...], tuple[str, ...]]] = OrderedDict()
+
+    def convert(
+        self, raw: Any, convert: Callable[[Any], list[Message]], hasher: Callable[[Message], str]
+    ) -> tuple[tuple[Message, ...], tuple[str, ...]]:
+        """``convert(raw)`` and the hash of each result, from the memo when it has them."""
+        try:
+            key = hashlib.blake2b(orjson.dumps(raw), digest_size=16).digest()
+        except TypeError:  # not JSON-encodable as parsed (cannot happen for a parsed body): convert uncached
+            messages = tuple(convert(raw))
+            return messages, tuple(hasher(m) for m in messages)
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+            return entry
+        messages = tuple(convert(raw))
+        entry = (messages, tuple(hasher(m) for m in messages))
+        self._entries[key] = entry
+        if len(self._entries) > self.limit:
+            self._entries.popitem(last=False)
+        return entry
 
 
 # -- usage -------------------------------------------------------------------------------------------
