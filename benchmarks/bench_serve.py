@@ -43,7 +43,9 @@ REPLY = {
     "object": "chat.completion",
     "created": 1700000000,
     "model": "bench-model",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "Done: " + text(30, 1)}, "finish_reason": "stop"}],
+    "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "Done: " + text(30, 1)}, "finish_reason": "stop"}
+    ],
     "usage": {"prompt_tokens": 1000, "completion_tokens": 40, "total_tokens": 1040},
 }
 
@@ -54,14 +56,35 @@ def history(tokens: int) -> list[dict[str, Any]]:
     n = 0
     while n * 600 < tokens:
         out.append({"role": "user", "content": f"step {n}: " + text(40, n)})
-        out.append({"role": "assistant", "content": text(20, n + 1), "tool_calls": [{"id": f"c{n}", "type": "function", "function": {"name": "read_file", "arguments": orjson.dumps({"path": f"src/m{n}.py"}).decode()}}]})
+        out.append(
+            {
+                "role": "assistant",
+                "content": text(20, n + 1),
+                "tool_calls": [
+                    {
+                        "id": f"c{n}",
+                        "type": "function",
+                        "function": {"name": "read_file", "arguments": orjson.dumps({"path": f"src/m{n}.py"}).decode()},
+                    }
+                ],
+            }
+        )
         out.append({"role": "tool", "tool_call_id": f"c{n}", "content": "\n".join(text(12, n + k) for k in range(30))})
         out.append({"role": "assistant", "content": text(30, n + 3)})
         n += 1
     return out
 
 
-TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        },
+    }
+]
 
 
 class Client:
@@ -79,7 +102,11 @@ class Client:
         return orjson.dumps({"model": "bench-model", "messages": self.messages, "tools": TOOLS})
 
     async def send(self, client: httpx.AsyncClient, body: bytes) -> None:
-        response = await client.post("/v1/chat/completions", content=body, headers={"X-Ctxkernel-Session": self.session, "content-type": "application/json"})
+        response = await client.post(
+            "/v1/chat/completions",
+            content=body,
+            headers={"X-Ctxkernel-Session": self.session, "content-type": "application/json"},
+        )
         response.raise_for_status()
         self.messages.append(response.json()["choices"][0]["message"])
 
@@ -97,7 +124,12 @@ def run(bench: Bench) -> None:
     try:
         app = build_app(bench.scratch / "serve")
     except ImportError as exc:
-        print(orjson.dumps({"name": "serve_overhead_flat_100k_vs_1k", "skipped": f"the serve extra is not installed ({exc})"}).decode(), flush=True)
+        print(
+            orjson.dumps(
+                {"name": "serve_overhead_flat_100k_vs_1k", "skipped": f"the serve extra is not installed ({exc})"}
+            ).decode(),
+            flush=True,
+        )
         return
     rounds = 5 if bench.quick else 9
     steps = 4 if bench.quick else 10
@@ -141,14 +173,32 @@ def run(bench: Bench) -> None:
     small, large = per_size[sizes[0]], per_size[sizes[-1]]
     flat = [a / b for a, b in zip(large, small, strict=True)]
     ratio = statistics.median(flat)
-    bench.report("serve_overhead_flat_100k_vs_1k", ratio, ("<=", 2), "s per request", statistics.median(large),
-                 (max(flat) - min(flat)) / ratio, baseline_median=round(statistics.median(small), 6), repeat=rounds,
-                 steps_per_round=steps, history_messages=len(clients[sizes[-1]].messages))
+    bench.report(
+        "serve_overhead_flat_100k_vs_1k",
+        ratio,
+        ("<=", 2),
+        "s per request",
+        statistics.median(large),
+        (max(flat) - min(flat)) / ratio,
+        baseline_median=round(statistics.median(small), 6),
+        repeat=rounds,
+        steps_per_round=steps,
+        history_messages=len(clients[sizes[-1]].messages),
+    )
     floor = [a / b for a, b in zip(large, floors, strict=True)]
     ratio = statistics.median(floor)
-    bench.report("serve_overhead_100k_vs_orjson_floor", ratio, ("<=", 3), "s per request", statistics.median(large),
-                 (max(floor) - min(floor)) / ratio, baseline_median=round(statistics.median(floors), 6), repeat=rounds,
-                 steps_per_round=steps, body_bytes=len(clients[sizes[-1]].body()))
+    bench.report(
+        "serve_overhead_100k_vs_orjson_floor",
+        ratio,
+        ("<=", 3),
+        "s per request",
+        statistics.median(large),
+        (max(floor) - min(floor)) / ratio,
+        baseline_median=round(statistics.median(floors), 6),
+        repeat=rounds,
+        steps_per_round=steps,
+        body_bytes=len(clients[sizes[-1]].body()),
+    )
 
 
 if __name__ == "__main__":

@@ -19,10 +19,9 @@ pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 anthropic = pytest.importorskip("anthropic")
 
-import uvicorn  # noqa: E402
+import uvicorn
 
-from ctxkernel.serve.app import ServeConfig, create_app  # noqa: E402
-
+from ctxkernel.serve.app import ServeConfig, create_app
 
 
 def _load(name: str, filename: str) -> Any:
@@ -136,7 +135,12 @@ class Serve:
         self.start()
 
     def start(self) -> None:
-        config = ServeConfig(profile=str(self.profile), upstream=f"{self.upstream_url}/v1", anthropic_upstream=self.upstream_url, **self.config)
+        config = ServeConfig(
+            profile=str(self.profile),
+            upstream=f"{self.upstream_url}/v1",
+            anthropic_upstream=self.upstream_url,
+            **self.config,
+        )
         self.app = create_app(config)
         self.server = ServerThread(self.app)
 
@@ -160,16 +164,30 @@ class Serve:
 
     def openai(self, session: str | None = None, **kwargs: Any) -> Any:
         headers = {"X-Ctxkernel-Session": session} if session else {}
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="sk-test-client", default_headers=headers, max_retries=0, timeout=60, **kwargs)
+        return openai.OpenAI(
+            base_url=f"{self.url}/v1",
+            api_key="sk-test-client",
+            default_headers=headers,
+            max_retries=0,
+            timeout=60,
+            **kwargs,
+        )
 
     def anthropic(self, session: str | None = None, **kwargs: Any) -> Any:
         headers = {"X-Ctxkernel-Session": session} if session else {}
-        return anthropic.Anthropic(base_url=self.url, api_key="sk-ant-test-client", default_headers=headers, max_retries=0, timeout=60, **kwargs)
+        return anthropic.Anthropic(
+            base_url=self.url,
+            api_key="sk-ant-test-client",
+            default_headers=headers,
+            max_retries=0,
+            timeout=60,
+            **kwargs,
+        )
 
 
 @pytest.fixture
 def serve_factory(fake, tmp_path) -> Iterator[Callable[..., Serve]]:
-    upstream, server = fake
+    _, server = fake
     started: list[Serve] = []
 
     def make(profile: Path | None = None, **config: Any) -> Serve:

@@ -43,7 +43,14 @@ def _tools_as_functions(api: str, tools: list[dict[str, Any]]) -> list[dict[str,
     if api == "openai":
         return tools
     return [
-        {"type": "function", "function": {"name": t["name"], "description": t.get("description", ""), "parameters": t.get("input_schema", {})}}
+        {
+            "type": "function",
+            "function": {
+                "name": t["name"],
+                "description": t.get("description", ""),
+                "parameters": t.get("input_schema", {}),
+            },
+        }
         for t in tools
     ]
 
@@ -87,9 +94,22 @@ class FakeUpstream:
             if self.limit is not None and tokens > self.limit:
                 self.refused.append(got)
                 if api == "openai":
-                    error = {"error": {"message": f"This model's maximum context length is {self.limit} tokens. However, your messages resulted in {tokens} tokens.", "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}
+                    error = {
+                        "error": {
+                            "message": f"This model's maximum context length is {self.limit} tokens. However, your messages resulted in {tokens} tokens.",
+                            "type": "invalid_request_error",
+                            "param": "messages",
+                            "code": "context_length_exceeded",
+                        }
+                    }
                 else:
-                    error = {"type": "error", "error": {"type": "invalid_request_error", "message": f"prompt is too long: {tokens} tokens > {self.limit} maximum"}}
+                    error = {
+                        "type": "error",
+                        "error": {
+                            "type": "invalid_request_error",
+                            "message": f"prompt is too long: {tokens} tokens > {self.limit} maximum",
+                        },
+                    }
                 return got, JSONResponse(error, status_code=400)
             self.received.append(got)
         return got, None
@@ -102,18 +122,42 @@ class FakeUpstream:
             return refusal
         reply = self.script("openai", body)
         n = next(self._ids)
-        calls = [{"id": f"call_{n}_{i}", "type": "function", "function": {"name": name, "arguments": orjson.dumps(args).decode()}} for i, (name, args) in enumerate(reply.calls)]
-        output = self.meter.count_text(reply.text) + sum(self.meter.count_text(c["function"]["arguments"]) for c in calls)
+        calls = [
+            {
+                "id": f"call_{n}_{i}",
+                "type": "function",
+                "function": {"name": name, "arguments": orjson.dumps(args).decode()},
+            }
+            for i, (name, args) in enumerate(reply.calls)
+        ]
+        output = self.meter.count_text(reply.text) + sum(
+            self.meter.count_text(c["function"]["arguments"]) for c in calls
+        )
         usage = {"prompt_tokens": got.tokens, "completion_tokens": output, "total_tokens": got.tokens + output}
         finish = "tool_calls" if calls else "stop"
         if not body.get("stream"):
             message: dict[str, Any] = {"role": "assistant", "content": reply.text or None}
             if calls:
                 message["tool_calls"] = calls
-            return JSONResponse({"id": f"chatcmpl-{n}", "object": "chat.completion", "created": 1700000000, "model": body["model"], "choices": [{"index": 0, "message": message, "finish_reason": finish}], "usage": usage})
+            return JSONResponse(
+                {
+                    "id": f"chatcmpl-{n}",
+                    "object": "chat.completion",
+                    "created": 1700000000,
+                    "model": body["model"],
+                    "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                    "usage": usage,
+                }
+            )
 
         def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
-            data = {"id": f"chatcmpl-{n}", "object": "chat.completion.chunk", "created": 1700000000, "model": body["model"], "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}
+            data = {
+                "id": f"chatcmpl-{n}",
+                "object": "chat.completion.chunk",
+                "created": 1700000000,
+                "model": body["model"],
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+            }
             return b"data: " + orjson.dumps(data) + b"\n\n"
 
         async def events() -> Any:
@@ -123,12 +167,36 @@ class FakeUpstream:
                     await asyncio.sleep(self.delay)
                 yield chunk({"content": piece})
             for i, call in enumerate(calls):
-                yield chunk({"tool_calls": [{"index": i, "id": call["id"], "type": "function", "function": {"name": call["function"]["name"], "arguments": ""}}]})
+                yield chunk(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": i,
+                                "id": call["id"],
+                                "type": "function",
+                                "function": {"name": call["function"]["name"], "arguments": ""},
+                            }
+                        ]
+                    }
+                )
                 for piece in _pieces(call["function"]["arguments"]):
                     yield chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]})
             yield chunk({}, finish)
             if (body.get("stream_options") or {}).get("include_usage"):
-                yield b"data: " + orjson.dumps({"id": f"chatcmpl-{n}", "object": "chat.completion.chunk", "created": 1700000000, "model": body["model"], "choices": [], "usage": usage}) + b"\n\n"
+                yield (
+                    b"data: "
+                    + orjson.dumps(
+                        {
+                            "id": f"chatcmpl-{n}",
+                            "object": "chat.completion.chunk",
+                            "created": 1700000000,
+                            "model": body["model"],
+                            "choices": [],
+                            "usage": usage,
+                        }
+                    )
+                    + b"\n\n"
+                )
             yield b"data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
@@ -146,10 +214,21 @@ class FakeUpstream:
             content.append({"type": "text", "text": reply.text})
         for i, (name, args) in enumerate(reply.calls):
             content.append({"type": "tool_use", "id": f"toolu_{n}_{i}", "name": name, "input": args})
-        output = self.meter.count_text(reply.text) + sum(self.meter.count_text(orjson.dumps(a).decode()) for _, a in reply.calls)
+        output = self.meter.count_text(reply.text) + sum(
+            self.meter.count_text(orjson.dumps(a).decode()) for _, a in reply.calls
+        )
         stop = "tool_use" if reply.calls else "end_turn"
         usage = {"input_tokens": got.tokens, "output_tokens": output}
-        message = {"id": f"msg_{n}", "type": "message", "role": "assistant", "model": body["model"], "content": content, "stop_reason": stop, "stop_sequence": None, "usage": usage}
+        message = {
+            "id": f"msg_{n}",
+            "type": "message",
+            "role": "assistant",
+            "model": body["model"],
+            "content": content,
+            "stop_reason": stop,
+            "stop_sequence": None,
+            "usage": usage,
+        }
         if not body.get("stream"):
             return JSONResponse(message)
 
@@ -157,7 +236,17 @@ class FakeUpstream:
             return f"event: {kind}\n".encode() + b"data: " + orjson.dumps({"type": kind, **data}) + b"\n\n"
 
         async def events() -> Any:
-            yield event("message_start", {"message": {**message, "content": [], "stop_reason": None, "usage": {"input_tokens": got.tokens, "output_tokens": 1}}})
+            yield event(
+                "message_start",
+                {
+                    "message": {
+                        **message,
+                        "content": [],
+                        "stop_reason": None,
+                        "usage": {"input_tokens": got.tokens, "output_tokens": 1},
+                    }
+                },
+            )
             yield event("ping", {})
             for index, block in enumerate(content):
                 if block["type"] == "text":
@@ -165,19 +254,40 @@ class FakeUpstream:
                     for piece in _pieces(block["text"]):
                         if self.delay:
                             await asyncio.sleep(self.delay)
-                        yield event("content_block_delta", {"index": index, "delta": {"type": "text_delta", "text": piece}})
+                        yield event(
+                            "content_block_delta", {"index": index, "delta": {"type": "text_delta", "text": piece}}
+                        )
                 else:
-                    yield event("content_block_start", {"index": index, "content_block": {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}})
+                    yield event(
+                        "content_block_start",
+                        {
+                            "index": index,
+                            "content_block": {
+                                "type": "tool_use",
+                                "id": block["id"],
+                                "name": block["name"],
+                                "input": {},
+                            },
+                        },
+                    )
                     for piece in _pieces(orjson.dumps(block["input"]).decode()):
-                        yield event("content_block_delta", {"index": index, "delta": {"type": "input_json_delta", "partial_json": piece}})
+                        yield event(
+                            "content_block_delta",
+                            {"index": index, "delta": {"type": "input_json_delta", "partial_json": piece}},
+                        )
                 yield event("content_block_stop", {"index": index})
-            yield event("message_delta", {"delta": {"stop_reason": stop, "stop_sequence": None}, "usage": {"output_tokens": output}})
+            yield event(
+                "message_delta",
+                {"delta": {"stop_reason": stop, "stop_sequence": None}, "usage": {"output_tokens": output}},
+            )
             yield event("message_stop", {})
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
     async def models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": "fake-model", "object": "model", "created": 0, "owned_by": "tests"}]})
+        return JSONResponse(
+            {"object": "list", "data": [{"id": "fake-model", "object": "model", "created": 0, "owned_by": "tests"}]}
+        )
 
 
 def _pieces(text: str, size: int = 7) -> list[str]:

@@ -35,7 +35,12 @@ class Agent:
         if not self.with_tools:
             return []
         if self.api == "openai":
-            return [{"type": "function", "function": {"name": "read_file", "description": "Read a file", "parameters": READ_FILE_SCHEMA}}]
+            return [
+                {
+                    "type": "function",
+                    "function": {"name": "read_file", "description": "Read a file", "parameters": READ_FILE_SCHEMA},
+                }
+            ]
         return [{"name": "read_file", "description": "Read a file", "input_schema": READ_FILE_SCHEMA}]
 
     def user(self, text: str) -> None:
@@ -45,7 +50,14 @@ class Agent:
         if self.api == "openai":
             self.history += [{"role": "tool", "tool_call_id": call_id, "content": text} for call_id, text in results]
         else:
-            self.history.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id, "content": text} for call_id, text in results]})
+            self.history.append(
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": call_id, "content": text} for call_id, text in results
+                    ],
+                }
+            )
 
     def step(self, **extra: Any) -> tuple[str, list[tuple[str, str, Any]]]:
         """One request; the reply is appended to the history. Returns its text and calls."""
@@ -71,7 +83,9 @@ class Agent:
                 delta = choice.delta
                 text += delta.content or ""
                 for tc in delta.tool_calls or []:
-                    call = calls.setdefault(tc.index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+                    call = calls.setdefault(
+                        tc.index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+                    )
                     call["id"] = tc.id or call["id"]
                     if tc.function is not None:
                         call["function"]["name"] += tc.function.name or ""
@@ -83,7 +97,13 @@ class Agent:
         return message
 
     def _anthropic(self, **extra: Any) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"model": self.model, "max_tokens": 1024, "system": self.system, "messages": self.history, **extra}
+        kwargs: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": 1024,
+            "system": self.system,
+            "messages": self.history,
+            **extra,
+        }
         if self.tools:
             kwargs["tools"] = self.tools
         if not self.stream:
@@ -108,5 +128,8 @@ def calls_of(api: str, message: dict[str, Any]) -> list[tuple[str, str, Any]]:
     import orjson
 
     if api == "openai":
-        return [(c["id"], c["function"]["name"], orjson.loads(c["function"]["arguments"] or "{}")) for c in message.get("tool_calls") or []]
+        return [
+            (c["id"], c["function"]["name"], orjson.loads(c["function"]["arguments"] or "{}"))
+            for c in message.get("tool_calls") or []
+        ]
     return [(b["id"], b["name"], b["input"]) for b in message["content"] if b["type"] == "tool_use"]

@@ -40,12 +40,16 @@ def test_fifty_steps_never_exceed_the_window(fake, serve_factory, api, stream):
         return Reply(f"reading file {steps['n']}", [("read_file", {"path": f"src/mod_{steps['n']}.py"})])
 
     upstream.script = script
-    client = serve.openai(session=f"long-{api}-{stream}") if api == "openai" else serve.anthropic(session=f"long-{api}-{stream}")
+    client = (
+        serve.openai(session=f"long-{api}-{stream}")
+        if api == "openai"
+        else serve.anthropic(session=f"long-{api}-{stream}")
+    )
     agent = Agent(api, client, stream=stream)
     agent.user("Refactor every module under src/.")
     taken = 0
     while taken < STEPS:
-        text, calls = agent.step()
+        _, calls = agent.step()
         taken += 1
         if not calls:
             agent.user("Now the second half, please.")

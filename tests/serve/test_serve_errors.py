@@ -29,9 +29,17 @@ OPENAI_BAD = [
     (b'{"model": "m", "n": 2, "messages": [{"role": "user", "content": "x"}]}', "n", "n=1"),
     (b'{"model": "m", "stream": "yes", "messages": [{"role": "user", "content": "x"}]}', "stream", "boolean"),
     (b'{"model": "m", "messages": [{"role": "wizard", "content": "x"}]}', "messages", "unknown role"),
-    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}', "tools[0]", "function"),
+    (
+        b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}',
+        "tools[0]",
+        "function",
+    ),
     (b'{"model": "m", "messages": [{"role": "tool", "tool_call_id": "nope", "content": "x"}]}', "messages", "nope"),
-    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "pre"}]}', "messages", "prefill"),
+    (
+        b'{"model": "m", "messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "pre"}]}',
+        "messages",
+        "prefill",
+    ),
 ]
 
 
@@ -41,7 +49,11 @@ def test_openai_bad_input_is_a_400_naming_the_field(fake, serve_factory, raw, pa
     # a session with some history: the refusal must leave its log byte-identical
     serve.openai(session="kept").chat.completions.create(model="m", messages=[{"role": "user", "content": "before"}])
     before = stored_bytes(serve)
-    r = httpx.post(f"{serve.url}/v1/chat/completions", content=raw, headers={"X-Ctxkernel-Session": "kept", "content-type": "application/json"})
+    r = httpx.post(
+        f"{serve.url}/v1/chat/completions",
+        content=raw,
+        headers={"X-Ctxkernel-Session": "kept", "content-type": "application/json"},
+    )
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error"
@@ -53,7 +65,9 @@ def test_openai_bad_input_is_a_400_naming_the_field(fake, serve_factory, raw, pa
 def test_openai_sdk_raises_bad_request_with_the_param(fake, serve_factory):
     serve = serve_factory()
     with pytest.raises(openai.BadRequestError) as info:
-        serve.openai(session="sdk-bad").chat.completions.create(model="m", n=3, messages=[{"role": "user", "content": "x"}])
+        serve.openai(session="sdk-bad").chat.completions.create(
+            model="m", n=3, messages=[{"role": "user", "content": "x"}]
+        )
     assert info.value.body["param"] == "n"
 
 
@@ -62,7 +76,10 @@ ANTHROPIC_BAD = [
     (b'{"model": "m", "max_tokens": "ten", "messages": [{"role": "user", "content": "x"}]}', "max_tokens"),
     (b'{"model": "m", "max_tokens": 5, "system": 7, "messages": [{"role": "user", "content": "x"}]}', "system"),
     (b'{"model": "m", "max_tokens": 5, "messages": [{"role": "robot", "content": "x"}]}', "messages"),
-    (b'{"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "tool_result"}]}]}', "tool_use_id"),
+    (
+        b'{"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "tool_result"}]}]}',
+        "tool_use_id",
+    ),
 ]
 
 
@@ -80,7 +97,11 @@ def test_anthropic_bad_input_is_a_400_in_its_shape(fake, serve_factory, raw, wor
 
 def test_a_bad_session_header_is_refused(fake, serve_factory):
     serve = serve_factory()
-    r = httpx.post(f"{serve.url}/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x"}]}, headers={"X-Ctxkernel-Session": "../../etc/passwd"})
+    r = httpx.post(
+        f"{serve.url}/v1/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
+        headers={"X-Ctxkernel-Session": "../../etc/passwd"},
+    )
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "X-Ctxkernel-Session"
 
@@ -91,14 +112,23 @@ def test_upstream_errors_reach_the_client_with_their_status(fake, serve_factory,
     upstream, _ = fake
     serve = serve_factory()
     if api == "openai":
-        upstream.fail_next = [(429, {"error": {"message": "slow down", "type": "rate_limit_error", "param": None, "code": "rate_limited"}})]
+        upstream.fail_next = [
+            (
+                429,
+                {"error": {"message": "slow down", "type": "rate_limit_error", "param": None, "code": "rate_limited"}},
+            )
+        ]
         with pytest.raises(openai.RateLimitError) as info:
-            serve.openai(session=f"e-{api}-{stream}").chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], stream=stream)
+            serve.openai(session=f"e-{api}-{stream}").chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "x"}], stream=stream
+            )
         assert info.value.body["message"] == "slow down"
     else:
         upstream.fail_next = [(529, {"type": "error", "error": {"type": "overloaded_error", "message": "overloaded"}})]
         with pytest.raises(anthropic.APIStatusError) as info:
-            serve.anthropic(session=f"e-{api}-{stream}").messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "x"}], stream=stream)
+            serve.anthropic(session=f"e-{api}-{stream}").messages.create(
+                model="m", max_tokens=5, messages=[{"role": "user", "content": "x"}], stream=stream
+            )
         assert info.value.status_code == 529
         assert "overloaded" in str(info.value)
     # the step is closed with the error, the turn stays open: the retry succeeds
@@ -106,10 +136,14 @@ def test_upstream_errors_reach_the_client_with_their_status(fake, serve_factory,
     assert session.events[-1].type == "step/end" and "HTTP" in session.events[-1].data["error"]
     upstream.script = lambda api_name, body: Reply("fine now")
     if api == "openai":
-        reply = serve.openai(session=f"e-{api}-{stream}").chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+        reply = serve.openai(session=f"e-{api}-{stream}").chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}]
+        )
         assert reply.choices[0].message.content == "fine now"
     else:
-        reply = serve.anthropic(session=f"e-{api}-{stream}").messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "x"}])
+        reply = serve.anthropic(session=f"e-{api}-{stream}").messages.create(
+            model="m", max_tokens=5, messages=[{"role": "user", "content": "x"}]
+        )
         assert reply.content[0].text == "fine now"
 
 
@@ -128,7 +162,9 @@ def test_credentials_reach_the_upstream_and_nothing_else(fake, serve_factory):
     upstream, _ = fake
     serve = serve_factory()
     serve.openai(session="creds").chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
-    serve.anthropic(session="creds-a").messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "x"}])
+    serve.anthropic(session="creds-a").messages.create(
+        model="m", max_tokens=5, messages=[{"role": "user", "content": "x"}]
+    )
     assert upstream.received[0].headers["authorization"] == "Bearer sk-test-client"
     # the anthropic SDK sends its key as x-api-key or (newer versions) as a bearer token
     sent = upstream.received[1].headers
@@ -145,7 +181,9 @@ def test_api_key_env_replaces_the_client_credential(fake, serve_factory, monkeyp
     monkeypatch.setenv("SERVE_TEST_KEY", "sk-server-side")
     serve = serve_factory(api_key_env="SERVE_TEST_KEY")
     serve.openai(session="server-key").chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
-    serve.anthropic(session="server-key-a").messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "x"}])
+    serve.anthropic(session="server-key-a").messages.create(
+        model="m", max_tokens=5, messages=[{"role": "user", "content": "x"}]
+    )
     assert upstream.received[0].headers["authorization"] == "Bearer sk-server-side"
     assert upstream.received[1].headers["x-api-key"] == "sk-server-side"
     assert "authorization" not in upstream.received[1].headers
@@ -157,13 +195,27 @@ def test_models_healthz_and_metrics(fake, serve_factory):
     assert [m.id for m in models.data] == ["fake-model"]
     health = httpx.get(f"{serve.url}/healthz").json()
     assert health == {"status": "ok", "profile": "serve-test", "store": "jsonl"}
-    serve.openai(session="metered").chat.completions.create(model="m", messages=[{"role": "user", "content": "count me"}])
+    serve.openai(session="metered").chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "count me"}]
+    )
     httpx.post(f"{serve.url}/v1/chat/completions", content=b"{")
     text = httpx.get(f"{serve.url}/metrics").text
     assert 'ctxkernel_serve_requests_total{route="/v1/chat/completions",status="200"} 1.0' in text
     assert 'ctxkernel_serve_requests_total{route="/v1/chat/completions",status="400"} 1.0' in text
     assert 'ctxkernel_serve_errors_total{kind="bad_request"} 1.0' in text
     assert "ctxkernel_serve_upstream_latency_seconds_count" in text
-    client = float(next(line.split()[-1] for line in text.splitlines() if line.startswith("ctxkernel_serve_client_prompt_tokens_total{")))
-    sent = float(next(line.split()[-1] for line in text.splitlines() if line.startswith("ctxkernel_serve_upstream_prompt_tokens_total{")))
+    client = float(
+        next(
+            line.split()[-1]
+            for line in text.splitlines()
+            if line.startswith("ctxkernel_serve_client_prompt_tokens_total{")
+        )
+    )
+    sent = float(
+        next(
+            line.split()[-1]
+            for line in text.splitlines()
+            if line.startswith("ctxkernel_serve_upstream_prompt_tokens_total{")
+        )
+    )
     assert client > 0 and sent > 0

@@ -88,7 +88,7 @@ def test_two_concurrent_clients_keep_their_sessions_apart(fake, serve_factory):
             for i in range(8):
                 agent.user(f"{name} message {i}")
                 agent.step()
-        except BaseException as exc:  # reported by the main thread
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
             errors.append(exc)
 
     threads = [threading.Thread(target=run, args=(n, f"sk-{n}")) for n in ("alpha", "beta")]
@@ -101,13 +101,16 @@ def test_two_concurrent_clients_keep_their_sessions_apart(fake, serve_factory):
     sessions = [s for s in kernel.sessions() if s.startswith("fp-")]
     assert len(sessions) == 2
     for sid in sessions:
-        texts = [e.data["message"]["content"][0]["text"] for e in kernel.open_session(sid, repair=False).events if e.type == "user/message"]
+        texts = [
+            e.data["message"]["content"][0]["text"]
+            for e in kernel.open_session(sid, repair=False).events
+            if e.type == "user/message"
+        ]
         owners = {t.split()[0] for t in texts}
         assert len(owners) == 1 and len(texts) == 8, texts
 
 
-def test_same_prompt_different_credentials_never_share_a_session(fake, serve_factory):
-    upstream, _ = fake
+def test_same_prompt_different_credentials_never_share_a_session(serve_factory):
     serve = serve_factory()
     import openai
 
@@ -143,7 +146,19 @@ def test_a_concurrent_request_for_a_busy_session_waits_then_gets_409(fake, serve
     # waiting within the bound succeeds: the requests are served in turn
     upstream.script = lambda api, body: Reply("quick")
     serve.proxy.config.lock_wait_seconds = 10
-    r = httpx.post(url, json={**body, "messages": [*body["messages"], {"role": "assistant", "content": "slow"}, {"role": "user", "content": "next"}]}, headers=headers, timeout=30)
+    r = httpx.post(
+        url,
+        json={
+            **body,
+            "messages": [
+                *body["messages"],
+                {"role": "assistant", "content": "slow"},
+                {"role": "user", "content": "next"},
+            ],
+        },
+        headers=headers,
+        timeout=30,
+    )
     assert r.status_code == 200
 
 
@@ -176,7 +191,9 @@ def test_a_request_that_cannot_fit_is_refused_before_the_upstream(fake, serve_fa
 
     client = serve.openai(session="too-big")
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": big_result(1, lines=200)}])
+        client.chat.completions.create(
+            model="fake-model", messages=[{"role": "user", "content": big_result(1, lines=200)}]
+        )
     assert info.value.body["code"] == "context_length_exceeded"
     assert not upstream.received and not upstream.refused
 
@@ -222,7 +239,10 @@ def test_client_compacting_its_own_history_forks_a_child_session(fake, serve_fac
     assert any(e.type == "compaction/summary" for e in parent.events)  # its first messages are gone from the surface
     parent_events = len(parent.events)
     # the client replaces its history with its own summary
-    agent.history = [{"role": "user", "content": "Summary of our work so far: read 30 files."}, {"role": "user", "content": "continue"}]
+    agent.history = [
+        {"role": "user", "content": "Summary of our work so far: read 30 files."},
+        {"role": "user", "content": "continue"},
+    ]
     upstream.script = lambda api, body: Reply("continuing")
     text, _ = agent.step()
     assert text == "continuing"
@@ -251,13 +271,20 @@ def test_client_disconnect_mid_stream_leaves_the_log_consistent(fake, serve_fact
         body = {"model": "fake-model", "stream": True, "messages": [{"role": "user", "content": "talk"}]}
     else:
         url = f"{serve.url}/v1/messages"
-        body = {"model": "fake-model", "max_tokens": 100, "stream": True, "messages": [{"role": "user", "content": "talk"}]}
+        body = {
+            "model": "fake-model",
+            "max_tokens": 100,
+            "stream": True,
+            "messages": [{"role": "user", "content": "talk"}],
+        }
     sid = f"gone-{api}"
-    with httpx.Client(timeout=30) as http:
-        with http.stream("POST", url, json=body, headers={"X-Ctxkernel-Session": sid}) as response:
-            assert response.status_code == 200
-            for _ in response.iter_bytes():
-                break  # the client goes away after the first bytes
+    with (
+        httpx.Client(timeout=30) as http,
+        http.stream("POST", url, json=body, headers={"X-Ctxkernel-Session": sid}) as response,
+    ):
+        assert response.status_code == 200
+        for _ in response.iter_bytes():
+            break  # the client goes away after the first bytes
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         events = log_of(serve, sid).events

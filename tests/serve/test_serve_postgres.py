@@ -38,7 +38,19 @@ class Worker:
         self.port = free_port()
         ctxkernel = Path(sys.executable).with_name("ctxkernel")
         self.proc = subprocess.Popen(
-            [str(ctxkernel), "serve", "--profile", str(profile), "--port", str(self.port), "--upstream", f"{upstream}/v1", "--anthropic-upstream", upstream, *extra],
+            [
+                str(ctxkernel),
+                "serve",
+                "--profile",
+                str(profile),
+                "--port",
+                str(self.port),
+                "--upstream",
+                f"{upstream}/v1",
+                "--anthropic-upstream",
+                upstream,
+                *extra,
+            ],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -98,7 +110,15 @@ def test_two_workers_share_sessions_without_sticky_routing(fake, pg_profile):
     try:
         import openai
 
-        clients = [openai.OpenAI(base_url=f"{w.url}/v1", api_key="sk-pg", default_headers={"X-Ctxkernel-Session": "shared"}, max_retries=0) for w in workers]
+        clients = [
+            openai.OpenAI(
+                base_url=f"{w.url}/v1",
+                api_key="sk-pg",
+                default_headers={"X-Ctxkernel-Session": "shared"},
+                max_retries=0,
+            )
+            for w in workers
+        ]
         agent = Agent("openai", clients[0])
         agent.user("go")
         for i in range(24):
@@ -122,11 +142,20 @@ def test_two_workers_share_sessions_without_sticky_routing(fake, pg_profile):
 
         upstream.script = slow
         agent.user("one more")
-        body = {"model": "fake-model", "messages": [{"role": "system", "content": agent.system}, *agent.history], "tools": agent.tools}
+        body = {
+            "model": "fake-model",
+            "messages": [{"role": "system", "content": agent.system}, *agent.history],
+            "tools": agent.tools,
+        }
         answers: dict[int, httpx.Response] = {}
 
         def post(i: int) -> None:
-            answers[i] = httpx.post(f"{workers[i].url}/v1/chat/completions", json=body, headers={"X-Ctxkernel-Session": "shared"}, timeout=60)
+            answers[i] = httpx.post(
+                f"{workers[i].url}/v1/chat/completions",
+                json=body,
+                headers={"X-Ctxkernel-Session": "shared"},
+                timeout=60,
+            )
 
         threads = [threading.Thread(target=post, args=(i,)) for i in (0, 1)]
         for t in threads:
@@ -159,7 +188,11 @@ def test_a_busy_session_on_another_worker_gets_409(fake, pg_profile):
         body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
         headers = {"X-Ctxkernel-Session": "contended"}
         first: dict = {}
-        t = threading.Thread(target=lambda: first.update(r=httpx.post(f"{workers[0].url}/v1/chat/completions", json=body, headers=headers, timeout=60)))
+        t = threading.Thread(
+            target=lambda: first.update(
+                r=httpx.post(f"{workers[0].url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+            )
+        )
         t.start()
         time.sleep(0.8)
         second = httpx.post(f"{workers[1].url}/v1/chat/completions", json=body, headers=headers, timeout=60)

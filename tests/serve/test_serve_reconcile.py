@@ -83,8 +83,18 @@ def test_a_rewrite_never_changes_what_was_written(shapes, keep, extra):
     [
         ([Message.tool("x", "r")], "answers no earlier tool call"),
         ([Message.assistant("", [ToolCallBlock("a", "f", {})]), Message.user("hi")], "still wait"),
-        ([Message.assistant("", [ToolCallBlock("a", "f", {})]), Message.tool("a", "1"), Message.tool("a", "2")], "already answered"),
-        ([Message.assistant("", [ToolCallBlock("a", "f", {})]), Message.tool("a", "1"), Message.assistant("", [ToolCallBlock("a", "f", {})])], "used twice"),
+        (
+            [Message.assistant("", [ToolCallBlock("a", "f", {})]), Message.tool("a", "1"), Message.tool("a", "2")],
+            "already answered",
+        ),
+        (
+            [
+                Message.assistant("", [ToolCallBlock("a", "f", {})]),
+                Message.tool("a", "1"),
+                Message.assistant("", [ToolCallBlock("a", "f", {})]),
+            ],
+            "used twice",
+        ),
     ],
 )
 def test_histories_that_do_not_pair_are_refused(history, words):

@@ -13,8 +13,14 @@ def test_openai_non_stream_and_stream(fake, serve_factory):
     reply = client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "hi"}])
     assert reply.choices[0].message.content == "hello there, friend"
     assert reply.usage.prompt_tokens == upstream.received[-1].tokens
-    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there, friend"}, {"role": "user", "content": "again"}]
-    stream = client.chat.completions.create(model="fake-model", messages=history, stream=True, stream_options={"include_usage": True})
+    history = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello there, friend"},
+        {"role": "user", "content": "again"},
+    ]
+    stream = client.chat.completions.create(
+        model="fake-model", messages=history, stream=True, stream_options={"include_usage": True}
+    )
     text = ""
     usage = None
     for chunk in stream:
@@ -33,7 +39,11 @@ def test_anthropic_non_stream_and_stream(fake, serve_factory):
     upstream.script = lambda api, body: Reply("bonjour")
     reply = client.messages.create(model="fake-model", max_tokens=100, messages=[{"role": "user", "content": "hi"}])
     assert reply.content[0].text == "bonjour"
-    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "bonjour"}, {"role": "user", "content": "again"}]
+    history = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "bonjour"},
+        {"role": "user", "content": "again"},
+    ]
     with client.messages.stream(model="fake-model", max_tokens=100, messages=history) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()

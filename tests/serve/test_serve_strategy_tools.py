@@ -14,7 +14,12 @@ from ctxkernel.profile import load_profile
 
 from .conftest import write_profile
 
-HANDOFF = dict(strategies='["handoff", "basic"]', extra_profile='capability_order = ["handoff", "basic"]', window=32000, reserved=2000)
+HANDOFF = {
+    "strategies": '["handoff", "basic"]',
+    "extra_profile": 'capability_order = ["handoff", "basic"]',
+    "window": 32000,
+    "reserved": 2000,
+}
 
 
 def upstream_messages(received):
@@ -37,7 +42,13 @@ def test_strategy_calls_run_in_the_proxy(fake, serve_factory, tmp_path, api, str
         [
             Reply("Noting the plan.", [("notes_write_file", {"path": "plan.md", "content": "1. read main.py"})]),
             Reply("", [("read_file", {"path": "main.py"})]),
-            Reply("Both at once.", [("notes_append_to_file", {"path": "plan.md", "content": "\n2. read util.py"}), ("read_file", {"path": "util.py"})]),
+            Reply(
+                "Both at once.",
+                [
+                    ("notes_append_to_file", {"path": "plan.md", "content": "\n2. read util.py"}),
+                    ("read_file", {"path": "util.py"}),
+                ],
+            ),
             Reply("All done."),
         ]
     )

@@ -13,10 +13,15 @@ Claude Code and the SDK examples put their rolling breakpoint.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from ..convert import arguments_from_json, from_anthropic_message, merge_anthropic_blocks, to_anthropic_blocks, to_anthropic_request
+from ..convert import (
+    arguments_from_json,
+    from_anthropic_message,
+    merge_anthropic_blocks,
+    to_anthropic_blocks,
+    to_anthropic_request,
+)
 from ..errors import EventError
 from ..messages import Message, ReasoningBlock, TextBlock, ToolCallBlock
 from ..session import Request
@@ -37,10 +42,14 @@ def _system_text(system: Any) -> str:
         parts = []
         for i, block in enumerate(system):
             if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
-                raise WireError(400, f"system[{i}]: expected a text block {{'type': 'text', 'text': ...}}", param=f"system[{i}]")
+                raise WireError(
+                    400, f"system[{i}]: expected a text block {{'type': 'text', 'text': ...}}", param=f"system[{i}]"
+                )
             parts.append(block["text"])
         return "\n\n".join(parts)
-    raise WireError(400, f"system: expected a string or a list of text blocks, got {type(system).__name__}", param="system")
+    raise WireError(
+        400, f"system: expected a string or a list of text blocks, got {type(system).__name__}", param="system"
+    )
 
 
 def _has_cache_marks(messages: list[Any]) -> bool:
@@ -71,29 +80,54 @@ def parse_request(raw: bytes, memo: MessageMemo | None = None) -> ClientRequest:
             if not isinstance(schema, dict):
                 raise WireError(400, f"tools.{i}.input_schema: expected an object", param=f"tools.{i}.input_schema")
             tools.append(
-                {"type": "function", "function": {"name": tool["name"], "description": tool.get("description", ""), "parameters": schema}}
+                {
+                    "type": "function",
+                    "function": {
+                        "name": tool["name"],
+                        "description": tool.get("description", ""),
+                        "parameters": schema,
+                    },
+                }
             )
     memo = memo or MessageMemo()
     converted: list[Message] = []
     hashes: list[str] = []
     try:
         for i, item in enumerate(messages):
-            found, digests = memo.convert(item, lambda m, i=i: from_anthropic_message(m, where=f"messages.{i}"), message_hash)
+            found, digests = memo.convert(
+                item, lambda m, i=i: from_anthropic_message(m, where=f"messages.{i}"), message_hash
+            )
             converted += found
             hashes += digests
     except EventError as exc:
         raise WireError(400, str(exc), param="messages") from None
     if not converted or messages[-1].get("role") != "user":
         raise WireError(
-            400, "messages: the last message must have role 'user' (an assistant prefill is not supported)", param="messages"
+            400,
+            "messages: the last message must have role 'user' (an assistant prefill is not supported)",
+            param="messages",
         )
     return ClientRequest(
-        API, body, model, system, converted, tools, raw_tools, stream, extra={"cache_marks": _has_cache_marks(messages)}, hashes=hashes
+        API,
+        body,
+        model,
+        system,
+        converted,
+        tools,
+        raw_tools,
+        stream,
+        extra={"cache_marks": _has_cache_marks(messages)},
+        hashes=hashes,
     )
 
 
 def upstream_body(
-    client: ClientRequest, request: Request, strategy_tools: list[dict[str, Any]], *, stream: bool, cache: dict[int, Any] | None = None
+    client: ClientRequest,
+    request: Request,
+    strategy_tools: list[dict[str, Any]],
+    *,
+    stream: bool,
+    cache: dict[int, Any] | None = None,
 ) -> dict[str, Any]:
     """The client's body with the managed messages, its own system blocks (strategy sections
     appended as one more block) and its own tools followed by the strategy's. ``cache`` (one
@@ -136,9 +170,11 @@ def read_reply(payload: Any) -> tuple[Message, dict[str, Any] | None, dict[str, 
     """``(message, usage, raw)`` of a Messages response; ValueError when it is something else."""
     if not isinstance(payload, dict) or not isinstance(payload.get("content"), list):
         msg = "the upstream reply has no content list"
-        raise ValueError(msg)
+        raise ValueError(msg)  # noqa: TRY004 - every unreadable reply is one kind of error to the caller
     try:
-        message = from_anthropic_message({"role": "assistant", "content": payload["content"]}, where="upstream reply")[0]
+        message = from_anthropic_message({"role": "assistant", "content": payload["content"]}, where="upstream reply")[
+            0
+        ]
     except EventError as exc:
         raise ValueError(str(exc)) from None
     usage = payload.get("usage")
@@ -180,7 +216,9 @@ def client_view(blocks: list[dict[str, Any]]) -> Message:
     return from_anthropic_message({"role": "assistant", "content": blocks}, where="reply")[0]
 
 
-def error_body(message: str, *, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None) -> dict[str, Any]:
+def error_body(
+    message: str, *, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
     del code  # the Messages API's errors carry a type and a message only
     text = f"{param}: {message}" if param and not message.startswith(param) else message
     return {"type": "error", "error": {"type": kind, "message": text}}
@@ -229,12 +267,21 @@ class StreamTranslator:
             index, block = data.get("index"), data.get("content_block")
             if not isinstance(index, int) or not isinstance(block, dict):
                 return out
-            state = {"block": dict(block), "parts": [], "held": block.get("type") == "tool_use" and block.get("name") in self.strategy_tools}
+            state = {
+                "block": dict(block),
+                "parts": [],
+                "held": block.get("type") == "tool_use" and block.get("name") in self.strategy_tools,
+            }
             self.round[index] = state
             if not state["held"]:
                 state["client_index"] = self.next_index
                 self.next_index += 1
-                out.append(sse({"type": "content_block_start", "index": state["client_index"], "content_block": block}, "content_block_start"))
+                out.append(
+                    sse(
+                        {"type": "content_block_start", "index": state["client_index"], "content_block": block},
+                        "content_block_start",
+                    )
+                )
         elif kind == "content_block_delta":
             state = self.round.get(data.get("index"))  # type: ignore[arg-type]
             delta = data.get("delta")
@@ -242,7 +289,12 @@ class StreamTranslator:
                 return out
             state["parts"].append(delta)
             if not state["held"]:
-                out.append(sse({"type": "content_block_delta", "index": state["client_index"], "delta": delta}, "content_block_delta"))
+                out.append(
+                    sse(
+                        {"type": "content_block_delta", "index": state["client_index"], "delta": delta},
+                        "content_block_delta",
+                    )
+                )
         elif kind == "content_block_stop":
             state = self.round.get(data.get("index"))  # type: ignore[arg-type]
             if state is not None and not state["held"]:
@@ -275,11 +327,22 @@ class StreamTranslator:
 
     def finish_stream(self) -> list[bytes]:
         has_calls = any(b.get("type") == "tool_use" for b in self.blocks)
-        reason = "tool_use" if has_calls else (self.stop_reason if self.stop_reason not in (None, "tool_use") else "end_turn")
+        reason = (
+            "tool_use"
+            if has_calls
+            else (self.stop_reason if self.stop_reason not in (None, "tool_use") else "end_turn")
+        )
         usage = dict(self.usage or {})
         usage.setdefault("output_tokens", 0)
         return [
-            sse({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": self.stop_sequence}, "usage": usage}, "message_delta"),
+            sse(
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": reason, "stop_sequence": self.stop_sequence},
+                    "usage": usage,
+                },
+                "message_delta",
+            ),
             sse({"type": "message_stop"}, "message_stop"),
         ]
 
@@ -307,4 +370,3 @@ def _assemble(state: dict[str, Any]) -> dict[str, Any]:
         raw = block.pop("_json")
         block["input"] = arguments_from_json(raw) if raw else {}
     return block
-

@@ -79,7 +79,18 @@ class ServeConfig:
     limits: Limits = field(default_factory=Limits)
 
     def to_json(self) -> str:
-        data = {k: getattr(self, k) for k in ("profile", "window", "upstream", "anthropic_upstream", "api_key_env", "lock_wait_seconds", "max_inner_rounds")}
+        data = {
+            k: getattr(self, k)
+            for k in (
+                "profile",
+                "window",
+                "upstream",
+                "anthropic_upstream",
+                "api_key_env",
+                "lock_wait_seconds",
+                "max_inner_rounds",
+            )
+        }
         data["limits"] = self.limits.__dict__
         return orjson.dumps(data).decode()
 
@@ -152,7 +163,9 @@ class Proxy:
         self.metrics = Metrics()
         profile_serve = kernel.profile.serve
         self.openai_base = config.upstream or profile_serve.upstream or DEFAULT_OPENAI_UPSTREAM
-        self.anthropic_base = config.anthropic_upstream or profile_serve.anthropic_upstream or DEFAULT_ANTHROPIC_UPSTREAM
+        self.anthropic_base = (
+            config.anthropic_upstream or profile_serve.anthropic_upstream or DEFAULT_ANTHROPIC_UPSTREAM
+        )
         self.server_key: str | None = None
         key_env = config.api_key_env or profile_serve.api_key_env
         if key_env:
@@ -393,7 +406,9 @@ def wire_cache(turn: Turn) -> dict[int, Any]:
 
 # -- responses -------------------------------------------------------------------------------------------
 def error_response(wire: Any, error: WireError) -> JSONResponse:
-    return JSONResponse(wire.error_body(error.message, kind=error.kind, param=error.param, code=error.code), status_code=error.status)
+    return JSONResponse(
+        wire.error_body(error.message, kind=error.kind, param=error.param, code=error.code), status_code=error.status
+    )
 
 
 def passthrough_error(wire: Any, status: int, body: bytes, headers: Any = None) -> Response:
@@ -405,14 +420,18 @@ def passthrough_error(wire: Any, status: int, body: bytes, headers: Any = None) 
         orjson.loads(body)
     except orjson.JSONDecodeError:
         text = body.decode("utf-8", "replace")[:500] or f"HTTP {status}"
-        return JSONResponse(wire.error_body(f"upstream error: {text}", kind="api_error"), status_code=status, headers=extra)
+        return JSONResponse(
+            wire.error_body(f"upstream error: {text}", kind="api_error"), status_code=status, headers=extra
+        )
     return Response(body, status_code=status, media_type="application/json", headers=extra)
 
 
 async def read_body(request: HTTPRequest) -> bytes:
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-        raise WireError(413, f"the request body has {length} bytes; the limit is {MAX_BODY_BYTES}", kind="request_too_large")
+        raise WireError(
+            413, f"the request body has {length} bytes; the limit is {MAX_BODY_BYTES}", kind="request_too_large"
+        )
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -445,7 +464,10 @@ class Handler:
             log.exception("serve: request failed", route=route, error=f"{type(exc).__name__}: {exc}"[:500])
             metrics.errors.labels("internal").inc()
             response = JSONResponse(
-                wire.error_body(f"ctxkernel serve: internal error: {type(exc).__name__}: {exc}"[:1000], kind="api_error"), status_code=500
+                wire.error_body(
+                    f"ctxkernel serve: internal error: {type(exc).__name__}: {exc}"[:1000], kind="api_error"
+                ),
+                status_code=500,
             )
         metrics.requests.labels(route, str(response.status_code)).inc()
         return response
@@ -464,7 +486,9 @@ class Handler:
                     raise WireError(400, f"messages: {exc}", param="messages") from None
                 raise
             turn = Turn(wire, client, key, session, {session.id: len(session.events)})
-            proxy.metrics.client_tokens.labels(wire.API).inc(await anyio.to_thread.run_sync(proxy._client_tokens, session, client))
+            proxy.metrics.client_tokens.labels(wire.API).inc(
+                await anyio.to_thread.run_sync(proxy._client_tokens, session, client)
+            )
             if client.stream:
                 response = await self._stream(turn, request, lease)
                 handed_over = isinstance(response, StreamingResponse)
@@ -488,7 +512,9 @@ class Handler:
             except Overflow as over:
                 proxy.metrics.errors.labels("window_refused").inc()
                 return JSONResponse(wire.overflow_error(over.tokens, over.window), status_code=400)
-            body = wire.upstream_body(turn.client, prepared, turn.strategy_schemas, stream=False, cache=wire_cache(turn))
+            body = wire.upstream_body(
+                turn.client, prepared, turn.strategy_schemas, stream=False, cache=wire_cache(turn)
+            )
             try:
                 answer = await proxy.upstream.request("POST", url, headers, body)
             except UpstreamError as exc:
@@ -504,9 +530,14 @@ class Handler:
                 payload = answer.json()
                 message, usage, raw = wire.read_reply(payload)
             except ValueError as exc:
-                await anyio.to_thread.run_sync(proxy._failed, turn.session, ModelError(f"unreadable upstream reply: {exc}"))
+                await anyio.to_thread.run_sync(
+                    proxy._failed, turn.session, ModelError(f"unreadable upstream reply: {exc}")
+                )
                 proxy.metrics.errors.labels("upstream_unreadable").inc()
-                return JSONResponse(wire.error_body(f"the upstream sent an unreadable reply: {exc}"[:1000], kind="api_error"), status_code=502)
+                return JSONResponse(
+                    wire.error_body(f"the upstream sent an unreadable reply: {exc}"[:1000], kind="api_error"),
+                    status_code=502,
+                )
             self._count_usage(turn, usage)
             names = turn.strategy_tools
             if wire is openai_wire:
@@ -528,7 +559,9 @@ class Handler:
             out = openai_wire.client_reply(payload, "\n\n".join(text_parts), client_calls, turn.usage)
         else:
             out = anthropic_wire.client_reply(payload, blocks, turn.usage)
-        return JSONResponse(out, headers={"x-ctxkernel-session": turn.session.id, "x-ctxkernel-upstream-calls": str(turn.rounds + 1)})
+        return JSONResponse(
+            out, headers={"x-ctxkernel-session": turn.session.id, "x-ctxkernel-upstream-calls": str(turn.rounds + 1)}
+        )
 
     def _advance(self, turn: Turn, round_: Round) -> None:
         if round_.session is not turn.session:
@@ -544,7 +577,10 @@ class Handler:
         if usage:
             prompt = usage.get("prompt_tokens")
             if prompt is None:
-                prompt = sum(usage.get(k) or 0 for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"))
+                prompt = sum(
+                    usage.get(k) or 0
+                    for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+                )
             if isinstance(prompt, int):
                 self.proxy.metrics.upstream_tokens.labels(turn.wire.API).inc(prompt)
 
@@ -621,8 +657,12 @@ class Handler:
                         if not isinstance(data, dict):
                             continue
                         if "error" in data and (wire is openai_wire or data.get("type") == "error"):
-                            raise UpstreamError(f"the upstream stream reported an error: {orjson.dumps(data['error']).decode()[:500]}")
-                        chunks = translator.feed(data) if wire is openai_wire else translator.feed_event(event.event, data)
+                            raise UpstreamError(
+                                f"the upstream stream reported an error: {orjson.dumps(data['error']).decode()[:500]}"
+                            )
+                        chunks = (
+                            translator.feed(data) if wire is openai_wire else translator.feed_event(event.event, data)
+                        )
                         for chunk in chunks:
                             yield chunk
                     proxy.metrics.upstream_latency.labels(wire.API).observe(handle.seconds)
@@ -632,7 +672,9 @@ class Handler:
                         yield chunk
                     self._count_usage(turn, usage)
                     last = turn.rounds >= proxy.config.max_inner_rounds
-                    round_ = await anyio.to_thread.run_sync(proxy._commit, turn, message, usage, translator.client_view, last)
+                    round_ = await anyio.to_thread.run_sync(
+                        proxy._commit, turn, message, usage, translator.client_view, last
+                    )
                     committed = True
                     self._advance(turn, round_)
                     if round_.done:
@@ -640,7 +682,9 @@ class Handler:
                     opened_next = await self._open_round(turn, request, stack)
                     if isinstance(opened_next, tuple):
                         status, body, _ = opened_next
-                        for chunk in translator.error_event(f"upstream error (HTTP {status}): {body.decode('utf-8', 'replace')[:500]}"):
+                        for chunk in translator.error_event(
+                            f"upstream error (HTTP {status}): {body.decode('utf-8', 'replace')[:500]}"
+                        ):
                             yield chunk
                         return
                     handle = opened_next

@@ -23,13 +23,37 @@ def register(sub: Any) -> None:
     p.add_argument("--profile", required=True, metavar="NAME_OR_PATH", help="profile name or path")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: loopback only)")
     p.add_argument("--port", type=int, default=8787)
-    p.add_argument("--upstream", metavar="URL", help="OpenAI-compatible base URL (default: profile [serve], else https://api.openai.com/v1)")
-    p.add_argument("--anthropic-upstream", metavar="URL", help="Anthropic base URL (default: profile [serve], else https://api.anthropic.com)")
+    p.add_argument(
+        "--upstream",
+        metavar="URL",
+        help="OpenAI-compatible base URL (default: profile [serve], else https://api.openai.com/v1)",
+    )
+    p.add_argument(
+        "--anthropic-upstream",
+        metavar="URL",
+        help="Anthropic base URL (default: profile [serve], else https://api.anthropic.com)",
+    )
     p.add_argument("--window", type=int, metavar="TOKENS", help="override the profile's context window")
-    p.add_argument("--workers", type=int, default=1, metavar="N", help="worker processes (N > 1 needs the postgres store)")
-    p.add_argument("--api-key-env", metavar="VAR", help="send the key in $VAR upstream instead of the clients' credentials")
-    p.add_argument("--lock-wait", type=float, default=30.0, metavar="SECONDS", help="how long a request waits for its session's previous one before a 409 (default 30)")
-    p.add_argument("--max-inner-rounds", type=int, default=8, metavar="N", help="upstream calls for strategy tools per client request (default 8)")
+    p.add_argument(
+        "--workers", type=int, default=1, metavar="N", help="worker processes (N > 1 needs the postgres store)"
+    )
+    p.add_argument(
+        "--api-key-env", metavar="VAR", help="send the key in $VAR upstream instead of the clients' credentials"
+    )
+    p.add_argument(
+        "--lock-wait",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long a request waits for its session's previous one before a 409 (default 30)",
+    )
+    p.add_argument(
+        "--max-inner-rounds",
+        type=int,
+        default=8,
+        metavar="N",
+        help="upstream calls for strategy tools per client request (default 8)",
+    )
     p.set_defaults(func=cmd_serve)
 
 
@@ -74,5 +98,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 0
     kernel.store.close()
     os.environ[CONFIG_ENV] = config.to_json()
-    uvicorn.run("ctxkernel.serve.app:app_from_env", factory=True, host=args.host, port=args.port, workers=args.workers, log_level="warning")
+    uvicorn.run(
+        "ctxkernel.serve.app:app_from_env",
+        factory=True,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        log_level="warning",
+    )
     return 0

@@ -13,7 +13,9 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("ctxkernel_serve_requests_total", "Requests by route and status", ["route", "status"], registry=r)
+        self.requests = Counter(
+            "ctxkernel_serve_requests_total", "Requests by route and status", ["route", "status"], registry=r
+        )
         self.upstream_latency = Histogram(
             "ctxkernel_serve_upstream_latency_seconds",
             "Latency of upstream calls (to the end of the body or stream)",
@@ -34,10 +36,16 @@ class Metrics:
             registry=r,
         )
         self.compactions = Counter(
-            "ctxkernel_serve_compactions_total", "Committed compactions by strategy and kind", ["strategy", "kind"], registry=r
+            "ctxkernel_serve_compactions_total",
+            "Committed compactions by strategy and kind",
+            ["strategy", "kind"],
+            registry=r,
         )
         self.inner_rounds = Counter(
-            "ctxkernel_serve_inner_rounds_total", "Upstream calls made for strategy tools, inside the proxy", ["api"], registry=r
+            "ctxkernel_serve_inner_rounds_total",
+            "Upstream calls made for strategy tools, inside the proxy",
+            ["api"],
+            registry=r,
         )
         self.errors = Counter("ctxkernel_serve_errors_total", "Errors by kind", ["kind"], registry=r)
 

@@ -37,7 +37,9 @@ def parse_request(raw: bytes, memo: MessageMemo | None = None) -> ClientRequest:
         raise WireError(400, "messages: at least one message is required", param="messages")
     n = expect(body, "n", int, "an integer")
     if n is not None and n != 1:
-        raise WireError(400, f"n: only n=1 is supported by ctxkernel serve (one session, one reply), got {n}", param="n")
+        raise WireError(
+            400, f"n: only n=1 is supported by ctxkernel serve (one session, one reply), got {n}", param="n"
+        )
     stream = expect(body, "stream", bool, "a boolean") or False
     options = expect(body, "stream_options", dict, "an object") or {}
     include_usage = options.get("include_usage", False)
@@ -47,8 +49,15 @@ def parse_request(raw: bytes, memo: MessageMemo | None = None) -> ClientRequest:
     tools = []
     for i, tool in enumerate(raw_tools):
         fn = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise WireError(400, f"tools[{i}]: expected {{'type': 'function', 'function': {{'name': ...}}}}", param=f"tools[{i}]")
+        if (
+            not isinstance(tool, dict)
+            or tool.get("type") != "function"
+            or not isinstance(fn, dict)
+            or not isinstance(fn.get("name"), str)
+        ):
+            raise WireError(
+                400, f"tools[{i}]: expected {{'type': 'function', 'function': {{'name': ...}}}}", param=f"tools[{i}]"
+            )
         tools.append(tool)
     if "functions" in body:
         raise WireError(400, "functions: the legacy functions field is not supported; send tools", param="functions")
@@ -80,7 +89,12 @@ def parse_request(raw: bytes, memo: MessageMemo | None = None) -> ClientRequest:
 
 
 def upstream_body(
-    client: ClientRequest, request: Request, strategy_tools: list[dict[str, Any]], *, stream: bool, cache: dict[int, Any] | None = None
+    client: ClientRequest,
+    request: Request,
+    strategy_tools: list[dict[str, Any]],
+    *,
+    stream: bool,
+    cache: dict[int, Any] | None = None,
 ) -> dict[str, Any]:
     """The client's body with the managed messages, and the client's tools plus the strategy's.
 
@@ -121,7 +135,7 @@ def read_reply(payload: Any) -> tuple[Message, dict[str, Any] | None, dict[str, 
     raw = choices[0].get("message")
     if not isinstance(raw, dict):
         msg = "the upstream reply has no choices[0].message"
-        raise ValueError(msg)
+        raise ValueError(msg)  # noqa: TRY004 - every unreadable reply is one kind of error to the caller
     try:
         message = from_openai_message({**raw, "role": "assistant"}, where="upstream reply")
     except EventError as exc:
@@ -131,7 +145,9 @@ def read_reply(payload: Any) -> tuple[Message, dict[str, Any] | None, dict[str, 
     return message, usage if isinstance(usage, dict) else None, raw
 
 
-def client_reply(payload: dict[str, Any], text: str, client_calls: list[dict[str, Any]], usage: dict[str, Any] | None) -> dict[str, Any]:
+def client_reply(
+    payload: dict[str, Any], text: str, client_calls: list[dict[str, Any]], usage: dict[str, Any] | None
+) -> dict[str, Any]:
     """The response the client gets: the last upstream response with the visible text of every
     round, only the client's tool calls, and the summed usage."""
     out = dict(payload)
@@ -169,7 +185,9 @@ def call_name(raw_call: dict[str, Any]) -> str:
     return fn.get("name", "") if isinstance(fn, dict) else ""
 
 
-def error_body(message: str, *, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None) -> dict[str, Any]:
+def error_body(
+    message: str, *, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
@@ -273,7 +291,9 @@ class StreamTranslator:
         for other, call in self.calls.items():  # a new call starting means earlier names are whole
             if other != index and call["owner"] is None:
                 self._decide(call)
-        call = self.calls.setdefault(index, {"id": "", "name": "", "args": [], "owner": None, "client_index": None, "sent": 0})
+        call = self.calls.setdefault(
+            index, {"id": "", "name": "", "args": [], "owner": None, "client_index": None, "sent": 0}
+        )
         if isinstance(tc.get("id"), str):
             call["id"] = tc["id"]
         fn = tc.get("function") if isinstance(tc.get("function"), dict) else {}
@@ -289,7 +309,9 @@ class StreamTranslator:
         call["owner"] = "strategy" if call["name"] in self.strategy_tools else "client"
         if call["owner"] == "client":
             call["client_index"] = len(self.client_calls)
-            self.client_calls.append({"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": ""}})
+            self.client_calls.append(
+                {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": ""}}
+            )
 
     def _flush(self, call: dict[str, Any]) -> list[bytes]:
         if call["owner"] != "client":
@@ -301,11 +323,22 @@ class StreamTranslator:
             call["announced"] = True
             out.append(
                 self._chunk(
-                    {"tool_calls": [{"index": call["client_index"], "id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": pending}}]}
+                    {
+                        "tool_calls": [
+                            {
+                                "index": call["client_index"],
+                                "id": call["id"],
+                                "type": "function",
+                                "function": {"name": call["name"], "arguments": pending},
+                            }
+                        ]
+                    }
                 )
             )
         elif pending:
-            out.append(self._chunk({"tool_calls": [{"index": call["client_index"], "function": {"arguments": pending}}]}))
+            out.append(
+                self._chunk({"tool_calls": [{"index": call["client_index"], "function": {"arguments": pending}}]})
+            )
         call["sent"] = len(call["args"])
         self.client_calls[call["client_index"]]["function"]["arguments"] += pending
         return out
@@ -318,7 +351,9 @@ class StreamTranslator:
             if call["owner"] is None:
                 self._decide(call)
             out.extend(self._flush(call))
-        blocks = [ToolCallBlock(c["id"], c["name"], arguments_from_json("".join(c["args"]))) for c in self.calls.values()]
+        blocks = [
+            ToolCallBlock(c["id"], c["name"], arguments_from_json("".join(c["args"]))) for c in self.calls.values()
+        ]
         # the round's own text, without the separator the client got between rounds
         text = "".join(self.round_text)
         if text.startswith("\n\n") and self.text != text:
@@ -336,7 +371,16 @@ class StreamTranslator:
         out = [self._chunk({}, finish=reason)]
         if self.include_usage:
             out.append(
-                sse({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model, "choices": [], "usage": self.usage})
+                sse(
+                    {
+                        "id": self.id,
+                        "object": "chat.completion.chunk",
+                        "created": self.created,
+                        "model": self.model,
+                        "choices": [],
+                        "usage": self.usage,
+                    }
+                )
             )
         out.append(b"data: [DONE]\n\n")
         return out

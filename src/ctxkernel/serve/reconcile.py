@@ -110,7 +110,11 @@ class Ledger:
             if self.hashes[k] != hashes[k]:
                 message = incoming[k]
                 # an assistant message the client re-serialised: the logged one by its call ids
-                if not (message.role == "assistant" and message.tool_calls and self.ids[k] == [c.id for c in message.tool_calls]):
+                if not (
+                    message.role == "assistant"
+                    and message.tool_calls
+                    and self.ids[k] == [c.id for c in message.tool_calls]
+                ):
                     break
             k += 1
         return k

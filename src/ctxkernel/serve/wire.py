@@ -90,7 +90,9 @@ def load_json_object(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def expect(body: dict[str, Any], name: str, kinds: type | tuple[type, ...], what: str, *, required: bool = False) -> Any:
+def expect(
+    body: dict[str, Any], name: str, kinds: type | tuple[type, ...], what: str, *, required: bool = False
+) -> Any:
     """``body[name]`` when it has one of ``kinds`` (bools are never numbers), else a 400."""
     if name not in body or body[name] is None:
         if required:
@@ -187,8 +189,7 @@ async def iter_sse(lines: AsyncIterator[str]) -> AsyncIterator[SSEEvent]:
         if line.startswith(":"):
             continue
         name, _, value = line.partition(":")
-        if value.startswith(" "):
-            value = value[1:]
+        value = value.removeprefix(" ")
         if name == "event":
             event = value
         elif name == "data":

@@ -329,7 +329,7 @@ class AdvisoryLock:
             return
         try:
             conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (f"ctxkernel lock {self.name}",))
-        except Exception:  # noqa: BLE001 - closing the connection below releases the lock anyway
+        except Exception:  # noqa: BLE001, S110 - closing the connection below releases the lock anyway
             pass
         finally:
             conn.close()
