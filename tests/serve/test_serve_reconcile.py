@@ -33,6 +33,14 @@ def history_from(shapes: list[tuple[int, int]]) -> list[Message]:
     return out
 
 
+def clean_cut(history: list[Message], cut: int) -> int:
+    """The longest prefix up to ``cut`` that leaves no tool call waiting (what a client sends)."""
+    cut = min(cut, len(history))
+    while cut and (history[cut - 1].tool_calls or (cut < len(history) and history[cut].role == "tool")):
+        cut -= 1
+    return cut
+
+
 shapes = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2)), min_size=1, max_size=5)
 
 
@@ -46,7 +54,7 @@ def test_growing_prefixes_log_the_history_once(shapes, cuts):
     history = history_from(shapes)
     with tempfile.TemporaryDirectory() as home:
         session = build_kernel(Path(home)).open_session("p", create=True)
-        for cut in sorted({min(c, len(history)) for c in cuts}) + [len(history)]:
+        for cut in sorted({clean_cut(history, c) for c in cuts}) + [len(history)]:
             reconcile(session, history[:cut])
         assert logged(session) == [message_hash(m) for m in history]
         assert ledger_for(session).hashes == [message_hash(m) for m in history]
@@ -63,10 +71,7 @@ def test_a_rewrite_never_changes_what_was_written(shapes, keep, extra):
         session = build_kernel(Path(home)).open_session("p", create=True)
         reconcile(session, history)
         before = [(e.seq, e.type, e.data) for e in session.events]
-        keep = min(keep, len(history))
-        # keep a prefix that ends cleanly (no call left waiting), then say something else
-        while keep and (history[keep - 1].tool_calls or (keep < len(history) and history[keep].role == "tool")):
-            keep -= 1
+        keep = clean_cut(history, keep)  # then the client says something else
         rewritten = history[:keep] + [Message.user(f"instead {i}") for i in range(extra)]
         result = reconcile(session, rewritten)
         assert [(e.seq, e.type, e.data) for e in session.events[: len(before)]] == before
@@ -108,3 +113,9 @@ def test_hash_ignores_spelling_but_not_content():
     assert message_hash(a) == message_hash(b)
     assert message_hash(a) != message_hash(Message.assistant("hi", [ToolCallBlock("1", "f", {"a": [1, 2], "b": 2})]))
     assert message_hash(Message.user("x")) != message_hash(Message.assistant("x"))
+
+
+def test_a_batch_with_missing_results_is_refused():
+    calls = [ToolCallBlock("a", "f", {}), ToolCallBlock("b", "f", {})]
+    with pytest.raises(EventError, match="have no results"):
+        check_history([Message.user("go"), Message.assistant("", calls), Message.tool("a", "1")])

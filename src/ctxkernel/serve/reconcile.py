@@ -165,6 +165,9 @@ def check_history(messages: list[Message]) -> None:
                 raise EventError(msg)
             seen.add(call.id)
             waiting.add(call.id)
+    if waiting:
+        msg = f"tool calls {sorted(waiting)} have no results: send every result of the batch"
+        raise EventError(msg)
 
 
 def reconcile(session: Session, incoming: list[Message], hashes: list[str] | None = None) -> Reconciled:
