@@ -61,6 +61,7 @@ class FakeUpstream:
         self.script: Callable[[str, dict[str, Any]], Reply] = lambda api, body: Reply("ok")
         self.limit: int | None = None
         self.delay = 0.0  # seconds between streamed chunks
+        self.cut_stream = False  # end streams after the text, as a dropped connection would
         self.received: list[Received] = []
         self.refused: list[Received] = []
         self.fail_next: list[tuple[int, Any]] = []  # (status, body) answered before the script runs
@@ -166,6 +167,8 @@ class FakeUpstream:
                 if self.delay:
                     await asyncio.sleep(self.delay)
                 yield chunk({"content": piece})
+            if self.cut_stream:
+                return
             for i, call in enumerate(calls):
                 yield chunk(
                     {
@@ -276,6 +279,8 @@ class FakeUpstream:
                             {"index": index, "delta": {"type": "input_json_delta", "partial_json": piece}},
                         )
                 yield event("content_block_stop", {"index": index})
+            if self.cut_stream:
+                return
             yield event(
                 "message_delta",
                 {"delta": {"stop_reason": stop, "stop_sequence": None}, "usage": {"output_tokens": output}},

@@ -219,3 +219,26 @@ def test_models_healthz_and_metrics(fake, serve_factory):
         )
     )
     assert client > 0 and sent > 0
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_a_stream_cut_short_is_an_error_and_commits_nothing(fake, serve_factory, api):
+    upstream, _ = fake
+    upstream.script = lambda api_name, body: Reply("half of a reply")
+    upstream.cut_stream = True
+    serve = serve_factory()
+    sid = f"cut-{api}"
+    with pytest.raises((openai.APIError, anthropic.APIError)):
+        if api == "openai":
+            for _ in serve.openai(session=sid).chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "x"}], stream=True
+            ):
+                pass
+        else:
+            with serve.anthropic(session=sid).messages.stream(
+                model="m", max_tokens=5, messages=[{"role": "user", "content": "x"}]
+            ) as stream:
+                stream.get_final_message()
+    events = Kernel(load_profile(serve.profile)).open_session(sid, repair=False).events
+    assert "assistant/message" not in [e.type for e in events]
+    assert events[-1].type == "step/end" and "before the reply was complete" in events[-1].data["error"]

@@ -253,6 +253,7 @@ class StreamTranslator:
     def begin_round(self) -> None:
         self.round: dict[int, dict[str, Any]] = {}  # upstream index -> block state
         self.round_usage: dict[str, Any] | None = None
+        self.round_complete = False  # message_stop seen: the reply is whole
 
     def feed_event(self, event: str | None, data: dict[str, Any]) -> list[bytes]:
         kind = data.get("type") or event
@@ -306,6 +307,8 @@ class StreamTranslator:
             self.stop_sequence = delta.get("stop_sequence")
             if isinstance(data.get("usage"), dict):
                 self.round_usage = {**(self.round_usage or {}), **data["usage"]}
+        elif kind == "message_stop":
+            self.round_complete = True
         elif kind == "ping":
             out.append(sse({"type": "ping"}, "ping"))
         return out

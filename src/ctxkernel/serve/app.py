@@ -665,6 +665,8 @@ class Handler:
                         )
                         for chunk in chunks:
                             yield chunk
+                    if not translator.round_complete:  # a cut connection is not a reply
+                        raise UpstreamError("the upstream stream ended before the reply was complete")
                     proxy.metrics.upstream_latency.labels(wire.API).observe(handle.seconds)
                     await stack.aclose()
                     out, message, usage, _ = translator.end_round()

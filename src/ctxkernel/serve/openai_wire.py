@@ -231,6 +231,11 @@ class StreamTranslator:
         self.round_usage: dict[str, Any] | None = None
         self._separated = not self.text
 
+    @property
+    def round_complete(self) -> bool:
+        """The upstream said the round is over (a finish reason), not just stopped sending."""
+        return self.finish is not None
+
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
         if not self.sent_role:
             delta = {"role": "assistant", **delta}
