@@ -7,7 +7,7 @@ trickles bytes forever still ends), and a cap on the response size (a reply larg
 Credentials: the client's ``Authorization`` / ``x-api-key`` are forwarded as they came, unless
 the server was started with ``--api-key-env VAR``: then the key in ``$VAR`` replaces them. They
 are only ever put in the outgoing request's headers: never in a log, an event, a metric or an
-error message (:func:`redact_headers` is what any diagnostic output must go through).
+error message (any diagnostic output goes through :func:`ctxkernel.redact.redact_headers`).
 """
 
 from __future__ import annotations
@@ -21,15 +21,6 @@ from typing import Any
 import anyio
 import httpx
 import orjson
-
-#: header names that carry a credential (lower case)
-CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key", "api-key", "proxy-authorization", "cookie"})
-
-
-def redact_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    """Headers safe to print: every credential replaced by ``***``."""
-    return {k: ("***" if k.lower() in CREDENTIAL_HEADERS else v) for k, v in headers.items()}
-
 
 class UpstreamError(Exception):
     """The upstream could not be reached or sent something unusable (reported as 502/504)."""
