@@ -22,6 +22,7 @@ import anyio
 import httpx
 import orjson
 
+
 class UpstreamError(Exception):
     """The upstream could not be reached or sent something unusable (reported as 502/504)."""
 
