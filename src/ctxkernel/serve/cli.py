@@ -7,7 +7,28 @@ import os
 import sys
 from typing import Any
 
+from ..cli import bounded_int
+from ..profile import MAX_TOKENS
+
 MISSING_EXTRA = "ctxkernel serve needs the serve extra: pip install 'ctxkernel[serve]'"
+
+
+def bounded_float(low: float, high: float) -> Any:
+    """An argparse type: a finite number in ``low..high``, refused naming the range otherwise."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            msg = f"{text!r} is not a number; accepted: a number from {low:g} to {high:g}"
+            raise argparse.ArgumentTypeError(msg) from None
+        if not low <= value <= high:  # also refuses nan
+            msg = f"{text} is out of range; accepted: a number from {low:g} to {high:g}"
+            raise argparse.ArgumentTypeError(msg)
+        return value
+
+    parse.__name__ = "number"
+    return parse
 
 
 def register(sub: Any) -> None:
@@ -22,7 +43,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--profile", required=True, metavar="NAME_OR_PATH", help="profile name or path")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: loopback only)")
-    p.add_argument("--port", type=int, default=8787)
+    p.add_argument("--port", type=bounded_int(0, 65535), default=8787)
     p.add_argument(
         "--upstream",
         metavar="URL",
@@ -33,23 +54,29 @@ def register(sub: Any) -> None:
         metavar="URL",
         help="Anthropic base URL (default: profile [serve], else https://api.anthropic.com)",
     )
-    p.add_argument("--window", type=int, metavar="TOKENS", help="override the profile's context window")
     p.add_argument(
-        "--workers", type=int, default=1, metavar="N", help="worker processes (N > 1 needs the postgres store)"
+        "--window", type=bounded_int(256, MAX_TOKENS), metavar="TOKENS", help="override the profile's context window"
+    )
+    p.add_argument(
+        "--workers",
+        type=bounded_int(1, 64),
+        default=1,
+        metavar="N",
+        help="worker processes (N > 1 needs the postgres store)",
     )
     p.add_argument(
         "--api-key-env", metavar="VAR", help="send the key in $VAR upstream instead of the clients' credentials"
     )
     p.add_argument(
         "--lock-wait",
-        type=float,
+        type=bounded_float(0.001, 3600.0),
         default=30.0,
         metavar="SECONDS",
         help="how long a request waits for its session's previous one before a 409 (default 30)",
     )
     p.add_argument(
         "--max-inner-rounds",
-        type=int,
+        type=bounded_int(0, 64),
         default=8,
         metavar="N",
         help="upstream calls for strategy tools per client request (default 8)",
@@ -67,9 +94,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from .app import CONFIG_ENV, ServeConfig, build_kernel, create_app
     except ImportError:
         sys.stderr.write(MISSING_EXTRA + "\n")
-        return EXIT_USAGE
-    if args.workers < 1 or args.max_inner_rounds < 0 or args.lock_wait <= 0:
-        sys.stderr.write("ctxkernel serve: error: --workers must be >= 1, --max-inner-rounds >= 0, --lock-wait > 0\n")
         return EXIT_USAGE
     config = ServeConfig(
         profile=args.profile,
