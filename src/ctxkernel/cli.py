@@ -29,6 +29,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "ctxkernel.store.cli",
     "ctxkernel.simulate.cli",
     "ctxkernel.ui.cli",
+    "ctxkernel.serve.cli",
 )
 
 #: entry-point group through which installed distributions add subcommands

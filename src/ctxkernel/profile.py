@@ -104,6 +104,17 @@ class SummarizerSettings(_Strict):
     timeout_seconds: float = Field(default=120.0, gt=0, le=86_400)
 
 
+class ServeSettings(_Strict):
+    """Defaults for ``ctxkernel serve``; its command-line flags win over them."""
+
+    #: base URL of an OpenAI-compatible provider (``/chat/completions`` is appended)
+    upstream: str | None = None
+    #: base URL of an Anthropic Messages provider (``/v1/messages`` is appended)
+    anthropic_upstream: str | None = None
+    #: variable holding a server-side key that replaces the clients' credentials
+    api_key_env: str | None = None
+
+
 class Prices(_Strict):
     """Optional prices per million tokens, used by reports; none are built in."""
 
@@ -143,6 +154,7 @@ class Profile(BaseSettings):
     model: ModelSettings = Field(default_factory=ModelSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
     summarizer: SummarizerSettings = Field(default_factory=SummarizerSettings)
+    serve: ServeSettings = Field(default_factory=ServeSettings)
     prices: Prices | None = None
     strategies: dict[str, dict[str, Any]] = Field(default_factory=dict)
     model_policies: list[ModelPolicy] = Field(default_factory=list)
@@ -312,6 +324,26 @@ def load_profile(name_or_path: str | os.PathLike[str] | None = None) -> Profile:
     profile._name = path.stem if path else str(name_or_path)
     profile._path = path
     return profile
+
+
+def override_window(profile: Profile, window: int) -> None:
+    """Set every model window of ``profile`` to ``window`` tokens, in place (``--window``).
+
+    The reservation for output stays unless it would take half the window or more; then it is
+    an eighth of it, so that a small test window keeps a proportionate reservation. Per-model
+    policies that pin a window get the override too, so it holds for any routed model."""
+    if window < 256:
+        msg = f"--window {window}: a context window needs at least 256 tokens"
+        raise ProfileError(msg)
+    model = profile.model.model_dump()
+    reserved = model["reserved_output_tokens"]
+    if reserved >= window // 2:
+        reserved = window // 8
+    model.update(context_window=window, reserved_output_tokens=reserved)
+    profile.model = ModelSettings(**model)
+    for policy in profile.model_policies:
+        if policy.model:
+            policy.model = {**policy.model, "context_window": window, "reserved_output_tokens": reserved}
 
 
 def builtin_profile() -> Profile:

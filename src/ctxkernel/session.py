@@ -373,6 +373,68 @@ class Session:
             batch.append(EventSpec(ev.STEP_END, {"turn": self.turn, "step": self.step, "reason": reason}))
         return batch
 
+    def abandon_step(self, reason: str = "interrupted") -> None:
+        """Close the open step without ending the turn: calls still waiting get error results,
+        then ``step/end {reason}``. For a harness whose step was cut short (a client that went
+        away mid-reply): the turn stays open, so the next ``prepare_request`` continues it."""
+        with self._lock:
+            batch = self._closers(reason, f"the step was abandoned ({reason}) before this call had a result")
+            if batch:
+                self.append(batch)
+
+    def append_history(self, messages: Sequence[Message], *, trailer: Sequence[EventSpec] = ()) -> list[int]:
+        """Append messages the harness already holds (e.g. the history a proxy's client sent), in
+        one durable batch, and return the seq of each message.
+
+        Assistant messages are written as they are (no model call, no ``sanitize_reply``); a user
+        message after a final reply (one with no tool calls) closes that turn and opens the next;
+        a tool result that answers the last waiting call closes its step. Pairing is checked as
+        for any append: a result for an unknown call, or a user message while calls wait, is
+        refused with nothing written. ``trailer`` events (e.g. a front door's bookkeeping) end the
+        same batch, so they are durable exactly when the messages are.
+        """
+        with self._lock:
+            batch: list[EventSpec] = []
+            seqs: list[int] = []
+            start = len(self.events)
+            turn, turn_open, step_open = self.turn, self.turn_open, self.step_open
+            waiting = set(self.surface.pending_calls)
+            last = self.surface.nodes[-1] if self.surface.nodes else None
+            replied = last is not None and last.role == "assistant" and not last.message.tool_calls
+            for message in messages:
+                if message.role == "user" and turn_open and replied and not waiting:
+                    batch.append(EventSpec(ev.TURN_END, {"turn": turn, "reason": "completed"}))
+                    turn_open = step_open = False
+                if not turn_open:
+                    turn += 1
+                    turn_open = True
+                    batch.append(EventSpec(ev.TURN_START, {"turn": turn}))
+                if message.role == "tool":
+                    call_id = message.content[0].call_id  # type: ignore[union-attr]
+                    seqs.append(start + len(batch))
+                    batch.append(EventSpec(ev.TOOL_RESULT, {"message": message.to_dict()}, ev.append_op()))
+                    waiting.discard(call_id)
+                    if not waiting and step_open:
+                        batch.append(EventSpec(ev.STEP_END, {"turn": turn, "step": self.step}))
+                        step_open = False
+                    replied = False
+                    continue
+                event_type = ev.USER_MESSAGE if message.role == "user" else ev.ASSISTANT_MESSAGE
+                if event_type == ev.ASSISTANT_MESSAGE and step_open and not waiting:
+                    batch.append(EventSpec(ev.STEP_END, {"turn": turn, "step": self.step, "reason": "abandoned"}))
+                    step_open = False
+                seqs.append(start + len(batch))
+                batch.append(EventSpec(event_type, {"message": message.to_dict()}, ev.append_op()))
+                if message.role == "assistant":
+                    waiting = {c.id for c in message.tool_calls}
+                    replied = not waiting
+                else:
+                    replied = False
+            batch.extend(trailer)
+            if batch:
+                self.append(batch)
+            return seqs
+
     @property
     def pending_calls(self) -> list[ToolCallBlock]:
         """Tool calls of the last reply still waiting for a result, in the model's order."""
@@ -568,8 +630,10 @@ class Session:
         self._deferred = []
         self.append(batch)
 
-    def commit_reply(self, reply: Message | dict[str, Any] | Any, usage: Any = None) -> Message:
-        """Commit the model's reply (after ``sanitize_reply``). Returns the committed message."""
+    def commit_reply(self, reply: Message | dict[str, Any] | Any, usage: Any = None, *, trailer: Sequence[EventSpec] = ()) -> Message:
+        """Commit the model's reply (after ``sanitize_reply``). Returns the committed message.
+
+        ``trailer`` events (a front door's bookkeeping) end the same durable batch."""
         from .convert import reply_to_message
 
         with self._lock:
@@ -598,6 +662,7 @@ class Session:
             batch = [EventSpec(ev.ASSISTANT_MESSAGE, data, ev.append_op())]
             if not draft.message.tool_calls:
                 batch.append(EventSpec(ev.STEP_END, {"turn": self.turn, "step": self.step}))
+            batch.extend(trailer)
             self.append(batch)
             return draft.message
 
@@ -637,18 +702,21 @@ class Session:
         ) + 1
 
     # -- recovery --------------------------------------------------------------------------------------
-    def repair_after_crash(self) -> list[int]:
+    def repair_after_crash(self, *, keep_waiting_calls: bool = False) -> list[int]:
         """Close what a crashed writer left open: pending calls get error results, the step and
         turn get ``interrupted`` closers, an abandoned compaction gets its error end.
 
         A turn that waits between steps (no step open, no call pending) is left open: it is a
         consistent state the harness can continue with ``prepare_request`` or close with
-        ``end_turn``, and closing it would break a worker that is still using it."""
+        ``end_turn``, and closing it would break a worker that is still using it.
+        ``keep_waiting_calls`` also leaves open a step whose tool calls wait for results: for a
+        harness whose tools run elsewhere (a proxy's client), that is a normal state to resume."""
         batch: list[EventSpec] = []
         oc = self.open_compaction
         if oc is not None and _holder_is_dead(oc.get("holder") or {}):
             batch.append(EventSpec(ev.COMPACTION_END, {"compaction_id": oc["compaction_id"], "error": "interrupted: the writer died"}))
-        if self.turn_open and (self.surface.pending_calls or self.step_open):
+        waiting = keep_waiting_calls and bool(self.surface.pending_calls)
+        if self.turn_open and not waiting and (self.surface.pending_calls or self.step_open):
             batch += self._closers("interrupted", "outcome unknown: the session was interrupted before this call's result was recorded")
             batch.append(EventSpec(ev.TURN_END, {"turn": self.turn, "reason": "interrupted"}))
         if not batch:
