@@ -456,3 +456,11 @@ def test_an_unreadable_session_is_listed_with_the_reason(handoff):
     assert rows[session.id]["events"] == len(session.events)
     assert "format_version" in rows["broken"]["error"]
     assert view.status_code == 500 and "format_version" in view.json()["error"]
+
+
+def test_create_app_takes_the_kernel_by_keyword_as_serve_mounts_it(handoff):
+    _, kernel, session = handoff
+    with pytest.raises(TypeError, match="needs a Kernel"):
+        create_app()
+    with TestClient(create_app(kernel=kernel), base_url=LOCAL) as c:
+        assert c.get(f"/api/sessions/{session.id}/head").json() == {"events": len(session.events)}

@@ -90,8 +90,9 @@ def _int(request: Request, name: str, default: int | None, *, low: int = 0, high
 
 
 def create_app(
-    kernel_or_profile: Kernel | str | os.PathLike[str],
+    kernel_or_profile: Kernel | str | os.PathLike[str] | None = None,
     *,
+    kernel: Kernel | None = None,
     allow_actions: bool = False,
     allowed_hosts: list[str] | None = None,
     read_roots: list[str | os.PathLike[str]] | None = None,
@@ -99,10 +100,15 @@ def create_app(
 ) -> Starlette:
     """The inspector over a kernel's store (or the store of the profile named or at a path).
 
+    The kernel may be given by keyword (``create_app(kernel=k)``, as ``ctxkernel serve`` mounts it).
     ``allow_actions`` enables the manual controls (POST, CSRF-protected); ``allowed_hosts`` are the
     Host names answered (default loopback only); ``read_roots`` the directories the Compare page
     may read reports and transcripts from (default the working directory)."""
-    kernel = kernel_or_profile if isinstance(kernel_or_profile, Kernel) else Kernel.from_profile(kernel_or_profile)
+    source = kernel if kernel is not None else kernel_or_profile
+    if source is None:
+        msg = "create_app needs a Kernel, or a profile name or path"
+        raise TypeError(msg)
+    kernel = source if isinstance(source, Kernel) else Kernel.from_profile(source)
     inspector = Inspector(kernel)
     roots = [Path(r).expanduser().resolve() for r in (read_roots or [Path.cwd()])]
     replays = Replays(roots)
