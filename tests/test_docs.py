@@ -67,6 +67,13 @@ def test_firstresult_hooks_say_so():
         assert ("*First result.*" in body[signature]) == first, f"{signature}: first-result note does not match the hookspec"
 
 
+def test_every_hook_states_its_stability():
+    text = (DOCS / "hooks.md").read_text()
+    table = sections(text, "##")["Stability"]
+    rows = dict(re.findall(r"^\| `(\w+)` \| (stable|provisional)\b", table, re.MULTILINE))
+    assert set(rows) == set(hookspec_signatures()), "docs/hooks.md: the Stability table must list every hook once"
+
+
 def test_architecture_has_the_lifecycle_diagram():
     text = (DOCS / "architecture.md").read_text()
     order = [text.find(step) for step in ("pre_step", "decorate_request", "model", "sanitize_reply", "commit")]
