@@ -174,9 +174,11 @@ def test_every_validation_check_is_documented():
 
 def test_ci_job_is_ten_lines_and_validates_strictly():
     text = (DOCS / "profiles.md").read_text()
-    (job,) = re.findall(r"```yaml\n(.*?)```", text, re.DOTALL)
+    (job,) = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.DOTALL) if "jobs:" in b]
     assert len(job.strip().splitlines()) == 10
-    assert "ctxkernel validate --strict profiles/*.toml" in job
+    # the job runs the repository's pre-commit hook, which is `ctxkernel validate --strict`
+    assert "pre-commit run ctxkernel-validate --all-files" in job
+    assert "entry: ctxkernel validate --strict" in (REPO / ".pre-commit-hooks.yaml").read_text()
 
 
 # -- README ------------------------------------------------------------------------------------------------
