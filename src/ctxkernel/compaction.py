@@ -31,11 +31,20 @@ from .errors import (
     SurfaceError,
     UnbalancedCutError,
 )
-from .events import COMPACTION_END, COMPACTION_START, COMPACTION_SUMMARY, SURFACE_DROP, USER_MESSAGE, remove_op, replace_op
+from .events import (
+    COMPACTION_END,
+    COMPACTION_START,
+    COMPACTION_SUMMARY,
+    SURFACE_DROP,
+    USER_MESSAGE,
+    EventSpec,
+    remove_op,
+    replace_op,
+)
 from .messages import Message, Source
 
 if TYPE_CHECKING:
-    from .session import EventSpec, Session
+    from .session import Session
     from .surface import Node, Surface
 
 CHECKPOINT_OPEN = "<context-checkpoint>"
@@ -192,8 +201,6 @@ def run_transaction(
     no summarize step runs between lock and commit) writes ``compaction/start`` in the same
     durable batch as the commit: the store's expected-seq check then plays the lock's part, a
     model-free switch costs one durable write instead of two, and a refusal writes nothing."""
-    from .session import EventSpec
-
     session.refresh()
     surface = session.surface
     resolved = validate_spans(surface, spans)  # 1

@@ -80,6 +80,16 @@ _REQUIRED_DATA: dict[str, dict[str, type | tuple[type, ...]]] = {
 }
 
 
+@dataclass(frozen=True)
+class EventSpec:
+    """An event to append; the session assigns its seq and time."""
+
+    type: str
+    data: dict[str, Any]
+    surface: dict[str, Any] | None = None
+    ignorable: bool = False
+
+
 def utc_now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 

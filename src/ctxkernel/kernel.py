@@ -16,7 +16,7 @@ from .meter import Tokenizer, get_tokenizer
 from .plugins import StrategyManager, StrategySpec
 from .profile import Profile, format_validation_error, load_profile
 from .session import Session, gc_paused
-from .store.base import EventStore, SessionHeader, default_home, store_from_settings
+from .store import EventStore, SessionHeader, default_home, store_from_settings
 
 log = structlog.get_logger("ctxkernel.kernel")
 

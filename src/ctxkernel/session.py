@@ -36,7 +36,7 @@ import structlog
 from . import events as ev
 from .compaction import CommitResult, Span, run_transaction
 from .errors import ConflictError, CorruptionError, EventError, ModelError, SurfaceError, ToolError
-from .events import Event, validate_shape
+from .events import Event, EventSpec, validate_shape
 from .messages import Message, Source, ToolCallBlock
 from .meter import Meter, Pressure
 from .surface import Surface
@@ -50,16 +50,6 @@ if TYPE_CHECKING:
     from .store.base import SessionHeader
 
 log = structlog.get_logger("ctxkernel.session")
-
-
-@dataclass(frozen=True)
-class EventSpec:
-    """An event to append; the session assigns its seq and time."""
-
-    type: str
-    data: dict[str, Any]
-    surface: dict[str, Any] | None = None
-    ignorable: bool = False
 
 
 @dataclass

@@ -475,7 +475,7 @@ class _Validator:
                 self.report.ok("tokenizer", None, f"{tokenizer.name} counts offline")
 
     def check_store(self) -> None:
-        from .store.base import default_home, store_from_settings
+        from .store import default_home, store_from_settings
 
         settings = self.profile.store
         home = Path(settings.path or default_home())

@@ -188,9 +188,15 @@ def register(sub: Any) -> None:
     store.set_defaults(func=lambda args: (store.print_help(sys.stderr), 2)[1])
 
 
-def cmd_copy(args: argparse.Namespace) -> int:
-    from ..cli import EXIT_INVALID, EXIT_OK, dump_json
+#: the `ctxkernel` command's exit statuses (cli.py): the store layer imports nothing above it
+EXIT_OK, EXIT_INVALID = 0, 1
 
+
+def dump_json(value: object) -> None:
+    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode() + "\n")
+
+
+def cmd_copy(args: argparse.Namespace) -> int:
     try:
         source = open_store(args.source)
         target = open_store(args.target)
