@@ -46,7 +46,9 @@ from .models import ModelAdapter, OpenAIChatModel, Reply, ScriptedModel
 from .plugins import NoSettings, StrategySpec
 from .profile import Profile, load_profile
 from .session import EventSpec, ReplyDraft, Request, Session, StepContext
+from .surface import Node
 from .tools import CompactTool, Tool, ToolArgs, ToolOutcome, compact_schema
+from .validate import ValidationReport
 
 __all__ = [
     "AgentLoop",
@@ -68,6 +70,7 @@ __all__ = [
     "Message",
     "ModelAdapter",
     "ModelError",
+    "Node",
     "NoSettings",
     "OpenAIChatModel",
     "PluginConflictError",
@@ -102,6 +105,7 @@ __all__ = [
     "ToolResultBlock",
     "TurnResult",
     "UnbalancedCutError",
+    "ValidationReport",
     "balanced_cut_at_or_before",
     "compact_schema",
     "head_region",

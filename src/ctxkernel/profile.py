@@ -195,6 +195,13 @@ class Profile(BaseSettings):
         except ValidationError as exc:
             raise ProfileError(format_validation_error(exc, self.where, ModelSettings, "model_policies.model")) from None
 
+    def store_home(self) -> Path:
+        """The folder a file-based store (jsonl, sqlite) of this profile writes under:
+        ``[store] path``, else the kernel home (``$CTXKERNEL_HOME``)."""
+        from .store.base import default_home
+
+        return Path(self.store.path or default_home()).expanduser()
+
     def strategy_settings(self, strategy: str, provider: str | None = None, name: str | None = None) -> dict[str, Any]:
         """Raw settings of one strategy, deep-merged with the matching policy's table."""
         merged = dict(self.strategies.get(strategy, {}))

@@ -75,6 +75,12 @@ class ValidationReport:
     strict: bool = False
     path: Path | None = None
     checks: list[Check] = field(default_factory=list)
+    #: capabilities each strategy of the profile that loaded claims (for strategies' own checks)
+    capabilities: dict[str, frozenset[str]] = field(default_factory=dict)
+
+    def strategies_claiming(self, capability: str) -> list[str]:
+        """The profile's loaded strategies that claim ``capability``, in profile order."""
+        return [name for name, claimed in self.capabilities.items() if capability in claimed]
 
     def _add(self, level: Level, check: str, strategy: str | None, message: str) -> Check:
         strategy = strategy or ""
@@ -285,6 +291,7 @@ class _Validator:
             self.loaded[name] = spec
             self.report.ok("hooks", name, f"{len(impls)} hook implementations match hookspecs: {sorted(impls)}")
         self.loaded = {n: self.loaded[n] for n in self.names if n in self.loaded}
+        self.report.capabilities = {n: frozenset(spec.capabilities) for n, spec in self.loaded.items()}
 
     # -- settings and policies -----------------------------------------------------------------------
     def check_settings(self) -> None:

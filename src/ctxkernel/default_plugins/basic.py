@@ -15,17 +15,17 @@ it builds a deterministic extractive summary with the same eight sections from t
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, Any
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 import ctxkernel
-from ctxkernel.compaction import CHECKPOINT_CLOSE, CHECKPOINT_OPEN, SUMMARY_SECTIONS, Span, Summary, head_region
+from ctxkernel.compaction import SUMMARY_SECTIONS, Span, Summary, head_region
 from ctxkernel.errors import CompactionError, ContextOverflowError, ModelError
 from ctxkernel.events import COMPACTION_END, COMPACTION_START
 from ctxkernel.messages import Message
+from ctxkernel.text import extractive_summary
 
 if TYPE_CHECKING:
     from ctxkernel.compaction import Region
@@ -221,89 +221,3 @@ def model_summary(session: Session, region: Region, model: Any) -> Summary:
         msg = "the summarizer model returned an empty summary"
         raise CompactionError(msg)
     return Summary(text, provider=reply.provider or model.provider, model=reply.model or model.model, usage=reply.usage)
-
-
-# -- the extractive summary -----------------------------------------------------------------------
-_PATH_KEYS = ("path", "file", "file_path", "filename", "filepath", "notebook_path")
-_COMMAND_KEYS = ("command", "cmd")
-_SECTION_RE = re.compile(r"^## (.+)$", re.MULTILINE)
-
-
-def _clip(text: str, limit: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _previous_sections(text: str) -> dict[str, list[str]]:
-    """Bullets of an earlier checkpoint, by section, so they merge instead of nesting."""
-    body = text.split(CHECKPOINT_OPEN, 1)[-1].split(CHECKPOINT_CLOSE, 1)[0]
-    sections: dict[str, list[str]] = {}
-    current = None
-    for line in body.splitlines():
-        heading = _SECTION_RE.match(line)
-        if heading:
-            current = heading.group(1).strip()
-            sections.setdefault(current, [])
-        elif current and line.startswith("- "):
-            sections[current].append(line[2:])
-    return sections
-
-
-def extractive_summary(messages: list[Message], *, max_chars: int = 12_000) -> str:
-    """Eight sections built from the messages alone: deterministic and model-free."""
-    found: dict[str, list[str]] = {s: [] for s in SUMMARY_SECTIONS}
-    last_assistant = ""
-    tools_used: list[str] = []
-    for message in messages:
-        src = message.source
-        if message.role == "user" and src.kind == "plugin" and CHECKPOINT_OPEN in message.text:
-            for section, bullets in _previous_sections(message.text).items():
-                if section in found:
-                    found[section].extend(bullets)
-            continue
-        if message.role == "user" and src.kind == "user":
-            found["Primary Request and Intent"].append(f"User: {_clip(message.text, 600)}")
-        elif message.role == "assistant":
-            if message.text.strip():
-                last_assistant = message.text
-            for call in message.tool_calls:
-                if call.name not in tools_used:
-                    tools_used.append(call.name)
-                for key in _PATH_KEYS:
-                    value = call.arguments.get(key)
-                    if isinstance(value, str):
-                        found["Files and Code"].append(f"{call.name}: {_clip(value, 200)}")
-                for key in _COMMAND_KEYS:
-                    value = call.arguments.get(key)
-                    if isinstance(value, str):
-                        found["Critical Context"].append(f"ran: {_clip(value, 200)}")
-        elif message.role == "tool":
-            result = message.tool_result
-            assert result is not None
-            first = result.content.strip().splitlines()[0] if result.content.strip() else ""
-            if result.is_error or re.search(r"\b(Error|Exception|Traceback|FAILED)\b", result.content[:2000]):
-                found["Errors and Fixes"].append(f"{result.name or result.call_id}: {_clip(first, 240)}")
-    if tools_used:
-        found["Key Technical Concepts"].append("tools used: " + ", ".join(tools_used[:30]))
-    if last_assistant:
-        found["Current Work"].append(_clip(last_assistant, 800))
-        tail = re.split(r"(?<=[.!?])\s+", last_assistant.strip())[-1]
-        found["Next Step"].append(f"continue from: {_clip(tail, 300)}")
-    budget = max_chars // len(SUMMARY_SECTIONS)
-    parts = []
-    for section in SUMMARY_SECTIONS:
-        bullets = list(dict.fromkeys(found[section]))  # de-duplicate, keep order
-        lines: list[str] = []
-        used = 0
-        # newest facts matter most: keep from the end, then restore order
-        for bullet in reversed(bullets):
-            line = f"- {bullet}"
-            if used + len(line) > budget and lines:
-                break
-            lines.append(line[:budget])
-            used += len(line) + 1
-        lines.reverse()
-        if len(lines) < len(bullets):
-            lines.insert(0, f"- ({len(bullets) - len(lines)} earlier item(s) omitted)")
-        parts.append(f"## {section}\n" + ("\n".join(lines) if lines else "(none)"))
-    return "\n\n".join(parts)

@@ -21,8 +21,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 import ctxkernel
-from ctxkernel import CompactionError, ContextOverflowError, Message, Source, Span, Summary
-from ctxkernel.compaction import head_region
+from ctxkernel import CompactionError, ContextOverflowError, Message, Source, Span, Summary, head_region
 
 from . import archive, artifacts, toc
 from .registry import Registry
@@ -424,8 +423,6 @@ def validate_profile(profile: Profile, report: Any) -> None:
         return
     from pathlib import Path
 
-    from ctxkernel.store import default_home
-
     variants = [(f"{profile.model.provider}/{profile.model.name}", profile.model.provider, profile.model.name)]
     for policy in profile.model_policies:
         provider = policy.match.provider or profile.model.provider
@@ -440,7 +437,7 @@ def validate_profile(profile: Profile, report: Any) -> None:
         except Exception:  # noqa: BLE001 - the kernel's settings check reports these
             continue
         effective = model.effective_window
-        home = Path(profile.store.path or default_home()).expanduser()
+        home = profile.store_home()
         root = Path(settings.archive_root).expanduser()
         root = root if root.is_absolute() else home / root
         if root not in checked_roots:

@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from ctxkernel import Event, Message, Source
+from ctxkernel.text import clip
 
 from .render import Count, hash_only, render_event
 
@@ -34,8 +35,7 @@ class ChapterPlan:
 
 
 def _clip(text: str, limit: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return clip(text, limit, single_line=True)
 
 
 def describe(events: Sequence[Event], start: int, end: int) -> tuple[str, str]:

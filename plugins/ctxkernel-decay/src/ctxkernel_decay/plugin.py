@@ -165,10 +165,9 @@ def check_host_seam(session: Session) -> None:
     could never name, so activation fails loudly instead."""
     from ctxkernel import Request
 
-    hooks = session.kernel.plugins.pm.hook
-    missing = [name for name in ("decorate_request", "sanitize_reply") if not hasattr(hooks, name)]
-    if not callable(getattr(Request, "decorate", None)):
-        missing.append("Request.decorate")
+    # the hooks come with the pinned kernel range (ctxkernel>=0.2,<0.3); the seam's method is
+    # what an older or patched kernel could lack
+    missing = [] if callable(getattr(Request, "decorate", None)) else ["Request.decorate"]
     if missing:
         msg = (
             f"strategy 'decay' needs the kernel's decoration seam, but this ctxkernel lacks {missing}; "

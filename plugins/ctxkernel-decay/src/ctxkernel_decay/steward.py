@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
+from ctxkernel.text import clip
+
 from .anchors import fmt, strip_anchors
 from .state import NAME, NOTICE_FORM
 
@@ -26,8 +28,7 @@ _ARG_KEYS = ("path", "file_path", "file", "filename", "command", "cmd", "pattern
 
 
 def _clip(text: str, limit: int) -> str:
-    text = " ".join(strip_anchors(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return clip(strip_anchors(text), limit, single_line=True)
 
 
 def extractive_summary(messages: list[Message], state_summaries: list[str], max_chars: int) -> str:

@@ -257,9 +257,7 @@ def validate_profile(profile: Profile, report: Any) -> None:
     # notes storage: notes are events in the session log, so the store must accept writes
     store = profile.store
     if store.backend in ("jsonl", "sqlite"):
-        from ctxkernel.store.base import default_home
-
-        home = Path(store.path or default_home())
+        home = profile.store_home()
         probe = home
         while not probe.exists() and probe.parent != probe:
             probe = probe.parent

@@ -30,7 +30,7 @@ from .tools import build_tools
 
 if TYPE_CHECKING:
     from ctxkernel import ModelError, Profile, Request, Session, StepContext
-    from ctxkernel.validate import ValidationReport
+    from ctxkernel import ValidationReport
 
 
 class RolloverSettings(BaseModel):
@@ -276,7 +276,7 @@ def validate_profile(profile: Profile, report: ValidationReport) -> None:
         return
     raw = profile.strategies.get(NAME, {})
     allowed = bool(raw.get("allow_summary_fallback", False))
-    summarising = _summarising_strategies(profile)
+    summarising = _summarising_strategies(report)
     if summarising and not allowed:
         report.fail(
             "strategy",
@@ -303,21 +303,9 @@ def validate_profile(profile: Profile, report: ValidationReport) -> None:
         )
 
 
-def _summarising_strategies(profile: Profile) -> list[str]:
-    from ctxkernel.plugins import StrategyManager
-
-    manager = StrategyManager()
-    found = []
-    for name in profile.profile.strategies:
-        if name == NAME:
-            continue
-        try:
-            spec = manager.specs.get(name) or manager.register(manager.resolve(name).load(), name)
-        except Exception:  # noqa: BLE001 - the resolve/hooks checks report strategies that do not load
-            continue
-        if "summary" in spec.capabilities:
-            found.append(name)
-    return found
+def _summarising_strategies(report: ctxkernel.ValidationReport) -> list[str]:
+    # strategies that failed to load are reported by the kernel's resolve/hooks checks
+    return [name for name in report.strategies_claiming("summary") if name != NAME]
 
 
 def inject_note(session: Session, path: str, content: str) -> Any:
