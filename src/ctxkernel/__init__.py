@@ -37,6 +37,7 @@ from .errors import (
     UnbalancedCutError,
 )
 from .events import Event
+from .handle import Strategy, StrategyHandle, StrategyNotes
 from .hookspecs import hookimpl
 from .kernel import Kernel
 from .loop import AgentLoop, AsyncAgentLoop, AsyncSession, TurnResult
@@ -45,7 +46,7 @@ from .meter import Pressure
 from .models import ModelAdapter, OpenAIChatModel, Reply, ScriptedModel
 from .plugins import NoSettings, StrategySpec
 from .profile import Profile, load_profile
-from .session import EventSpec, ReplyDraft, Request, Session, StepContext
+from .session import EventSpec, ReplyDraft, Request, RequestHeader, Session, StepContext
 from .surface import Node
 from .tools import CompactTool, Tool, ToolArgs, ToolOutcome, compact_schema
 from .validate import ValidationReport
@@ -82,6 +83,7 @@ __all__ = [
     "Reply",
     "ReplyDraft",
     "Request",
+    "RequestHeader",
     "ScriptedModel",
     "Session",
     "SessionExistsError",
@@ -92,6 +94,9 @@ __all__ = [
     "StepContext",
     "StoreError",
     "SUMMARY_SECTIONS",
+    "Strategy",
+    "StrategyHandle",
+    "StrategyNotes",
     "StrategySpec",
     "Summary",
     "SurfaceChangedError",

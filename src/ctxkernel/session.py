@@ -52,6 +52,16 @@ if TYPE_CHECKING:
 log = structlog.get_logger("ctxkernel.session")
 
 
+@dataclass(frozen=True)
+class RequestHeader:
+    """What every request carries before the surface: the composed system prompt, the tool
+    schemas (strategies' and the harness's) and their token count."""
+
+    system: str
+    tools: list[dict[str, Any]]
+    tokens: int
+
+
 @dataclass
 class StepContext:
     """The step about to start, handed to ``pre_step``."""
@@ -439,6 +449,11 @@ class Session:
             self._system_cache = (key, system, tools, digest, self.meter.count_header(system, tools))
         _, system, tools, digest, tokens = self._system_cache
         return system, tools, digest, tokens
+
+    def request_header(self) -> RequestHeader:
+        """The system prompt and tool schemas every request carries, and their token count."""
+        system, tools, _, tokens = self._system_and_tools()
+        return RequestHeader(system, tools, tokens)
 
     def invalidate_header(self) -> None:
         """Call when a strategy's system prompt section changed."""

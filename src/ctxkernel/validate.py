@@ -602,7 +602,7 @@ class _Validator:
 
     def check_header(self, session: Session) -> None:
         """The system prompt and tool schemas are sent with every request: they must leave room."""
-        _, _, _, header_tokens = session._system_and_tools()
+        header_tokens = session.request_header().tokens
         for label, model in self._model_variants():
             effective = model.effective_window
             if header_tokens >= effective:
