@@ -110,10 +110,11 @@ def test_header_pressure_and_route_come_from_the_session(session):
 
 MIGRATED = [
     REPO / "examples/ctxkernel-observation-mask/src",
+    REPO / "src/ctxkernel/default_plugins",
 ]
 
 
-@pytest.mark.parametrize("root", MIGRATED, ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("root", MIGRATED, ids=lambda p: p.parent.name if p.name == "src" else p.name)
 def test_migrated_strategies_never_pass_their_own_name_by_hand(root):
     """`strategy=NAME`, `emit(NAME, ...)`, `session.state[NAME]`, `session.settings(NAME)`: the
     handle carries the name; a plugin that writes it again has bypassed the handle."""

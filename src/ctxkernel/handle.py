@@ -118,6 +118,17 @@ class StrategyHandle(Generic[S]):
         return settings
 
     @property
+    def active(self) -> bool:
+        """True when the strategy runs in this session's profile (a built-in fallback hook may be
+        called without it: then it has no settings table and falls back to its defaults)."""
+        return self.name in self.session.kernel.strategies
+
+    @property
+    def summarizer(self) -> Any:
+        """The profile's summarizer model (``[summarizer]``), or None for extractive summaries."""
+        return self.session.kernel.summarizer
+
+    @property
     def state(self) -> dict[str, Any]:
         """This process's state for the strategy in this session (rebuild it from the log: it is
         not persisted)."""

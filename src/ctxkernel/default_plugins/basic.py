@@ -21,15 +21,12 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 import ctxkernel
-from ctxkernel.compaction import SUMMARY_SECTIONS, Span, Summary, head_region
-from ctxkernel.errors import CompactionError, ContextOverflowError, ModelError
+from ctxkernel import SUMMARY_SECTIONS, CompactionError, ContextOverflowError, Message, ModelError, Span, Summary, head_region
 from ctxkernel.events import COMPACTION_END, COMPACTION_START
-from ctxkernel.messages import Message
 from ctxkernel.text import extractive_summary
 
 if TYPE_CHECKING:
-    from ctxkernel.compaction import Region
-    from ctxkernel.session import Session, StepContext
+    from ctxkernel import Region, Session, StepContext
 
 NAME = "basic"
 log = structlog.get_logger("ctxkernel.basic")
@@ -71,16 +68,17 @@ class BasicSettings(BaseModel):
         return self
 
 
+STRATEGY = ctxkernel.Strategy(
+    NAME,
+    BasicSettings,
+    capabilities={"pressure", "overflow", "summary"},
+    description="native-style summary compaction: summarise the head, keep a verbatim tail",
+)
+
+
 @ctxkernel.hookimpl
 def register_strategy(register: Any) -> None:
-    register(
-        ctxkernel.StrategySpec(
-            NAME,
-            settings=BasicSettings,
-            capabilities={"pressure", "overflow", "summary"},
-            description="native-style summary compaction: summarise the head, keep a verbatim tail",
-        )
-    )
+    register(STRATEGY.spec)
 
 
 #: a conservative characters-per-token ratio for sizing the extractive summary before it exists
@@ -115,13 +113,13 @@ def validate_profile(profile: Any, report: Any) -> None:
 
 def compact(session: Session, keep_tokens: int, *, reason: str) -> bool:
     """Summarise the head, keeping ``keep_tokens`` verbatim; True when the surface shrank."""
-    settings: BasicSettings = session.settings(NAME)  # type: ignore[assignment]
-    for attempt in range(settings.compaction_retries + 1):
+    basic = STRATEGY.on(session)
+    for attempt in range(basic.settings.compaction_retries + 1):
         region = head_region(session.surface, session.meter, keep_tokens, min_nodes=2)
         if region is None:
             return False
         try:
-            session.compact(Span(*region), strategy=NAME, kind="summary", data={"reason": reason, "attempt": attempt})
+            basic.compact(Span(*region), kind="summary", data={"reason": reason, "attempt": attempt})
             return True
         except CompactionError as exc:
             log.warning("compaction failed", session=session.id, attempt=attempt, error=str(exc))
@@ -131,10 +129,11 @@ def compact(session: Session, keep_tokens: int, *, reason: str) -> bool:
 
 @ctxkernel.hookimpl(trylast=True)
 def pre_step(session: Session, step: StepContext) -> None:
-    settings: BasicSettings = session.settings(NAME)  # type: ignore[assignment]
-    if not settings.auto or session.route is None:
+    basic = STRATEGY.on(session)
+    settings = basic.settings
+    if not settings.auto or basic.route is None:
         return  # the first step of a fresh session has no routed request to price against
-    pressure = session.pressure()
+    pressure = basic.pressure()
     if pressure.ratio < settings.threshold_ratio:
         return
     # a compaction that left the pressure at (or within regrow_ratio of) the threshold, or failed,
@@ -151,7 +150,7 @@ def pre_step(session: Session, step: StepContext) -> None:
 def last_compaction_mark(session: Session) -> int | None:
     """Seq at which this strategy's last compaction attempt ended (committed or failed), folded
     from the log with a cursor, so a reopened session holds back exactly like the live one."""
-    state = session.state.setdefault(NAME, {})
+    state = STRATEGY.on(session).state
     events = session.events
     for event in events[state.get("cursor", 0) :]:
         if event.type == COMPACTION_START and event.data.get("strategy") == NAME:
@@ -179,14 +178,15 @@ def grown_since(session: Session, mark: int, enough: int) -> int:
 def request_error(session: Session, error: ModelError) -> bool | None:
     if not isinstance(error, ContextOverflowError):
         return None
-    settings: BasicSettings = session.settings(NAME)  # type: ignore[assignment]
-    overflows = session.state.setdefault(NAME, {}).get("overflow_streak", 0)
+    basic = STRATEGY.on(session)
+    settings = basic.settings
+    overflows = basic.state.get("overflow_streak", 0)
     if overflows >= settings.overflow_retries:
-        session.state[NAME]["overflow_streak"] = 0
+        basic.state["overflow_streak"] = 0
         return False
-    session.state[NAME]["overflow_streak"] = overflows + 1
+    basic.state["overflow_streak"] = overflows + 1
     before = session.meter.surface_tokens()
-    window = session.pressure().effective_window
+    window = basic.pressure().effective_window
     if error.limit:  # the provider's real limit wins over a profile that overstates the window
         window = min(window, error.limit)
     keep = int(settings.retain_ratio * window) // 2
@@ -197,15 +197,16 @@ def request_error(session: Session, error: ModelError) -> bool | None:
 @ctxkernel.hookimpl
 def commit(session: Session, result: Any) -> None:
     if result.strategy == NAME:
-        session.state.setdefault(NAME, {})["overflow_streak"] = 0
+        STRATEGY.on(session).state["overflow_streak"] = 0
 
 
 @ctxkernel.hookimpl(trylast=True)
 def summarize(session: Session, region: Region) -> Summary | None:
-    model = session.kernel.summarizer
+    basic = STRATEGY.on(session)
+    model = basic.summarizer
     if model is not None:
         return model_summary(session, region, model)
-    settings: BasicSettings = session.settings(NAME) if NAME in session.kernel.strategies else BasicSettings()  # type: ignore[assignment]
+    settings = basic.settings if basic.active else BasicSettings()
     limit = min(settings.summary_max_chars, max(400, region.tokens * 2))
     return Summary(extractive_summary(region.messages, max_chars=limit))
 
@@ -213,7 +214,8 @@ def summarize(session: Session, region: Region) -> Summary | None:
 def model_summary(session: Session, region: Region, model: Any) -> Summary:
     """Ask the summarizer model: system and tools of the request header, the replayed region,
     then the directive last, so the provider's prefix cache serves everything before it."""
-    system, tools, _, _ = session._system_and_tools()
+    header = STRATEGY.on(session).request_header()
+    system, tools = header.system, header.tools
     messages = [*region.messages, Message.user(DIRECTIVE, ctxkernel.Source.plugin_form(NAME, "directive"))]
     reply = model.complete(messages, system=system, tools=tools)
     text = reply.message.text.strip()
