@@ -111,6 +111,7 @@ def test_header_pressure_and_route_come_from_the_session(session):
 MIGRATED = [
     REPO / "examples/ctxkernel-observation-mask/src",
     REPO / "src/ctxkernel/default_plugins",
+    REPO / "plugins/ctxkernel-decay/src",
 ]
 
 

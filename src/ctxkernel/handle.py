@@ -27,6 +27,7 @@ from .errors import ConfigError
 from .plugins import NoSettings, StrategySpec
 from .recall.history import History
 from .recall.notes import Note, Notes, NotesLimits
+from .tools import Tool
 
 if TYPE_CHECKING:
     from .meter import Pressure
@@ -55,6 +56,10 @@ class Strategy(Generic[S]):
     def spec(self) -> StrategySpec:
         """What ``register_strategy`` registers (a new object each time: the manager fills it in)."""
         return StrategySpec(self.name, settings=self.settings, capabilities=self.capabilities, description=self.description)
+
+    def tool(self, name: str, description: str, parameters: type[BaseModel], handler: Any) -> Tool:
+        """A model-callable tool owned by this strategy (for ``register_tools``)."""
+        return Tool(name, description, parameters, handler, strategy=self.name)
 
     def on(self, session: Session) -> StrategyHandle[S]:
         """This strategy's handle for ``session``."""

@@ -16,12 +16,14 @@ from ctxkernel.text import clip
 
 from .anchors import fmt, strip_anchors
 from .state import NAME, NOTICE_FORM
+from .strategy import STRATEGY, current_state, settings_of
+from .tools import protected_start
 
 if TYPE_CHECKING:
     from ctxkernel import Message, Request, Session
 
-    from .plugin import DecaySettings
     from .state import DecayState
+    from .strategy import DecaySettings
 
 _ERROR = re.compile(r"\b(Error|Exception|Traceback|FAILED|error:)")
 _ARG_KEYS = ("path", "file_path", "file", "filename", "command", "cmd", "pattern", "query", "url")
@@ -79,7 +81,6 @@ def extractive_summary(messages: list[Message], state_summaries: list[str], max_
 
 def plan_spans(session: Session, state: DecayState, settings: DecaySettings, need_tokens: int) -> list[dict[str, Any]]:
     """One span from the oldest compressible node, long enough to save ``need_tokens``."""
-    from .tools import protected_start
 
     nodes = session.surface.nodes
     surface = session.surface
@@ -119,10 +120,9 @@ def plan_spans(session: Session, state: DecayState, settings: DecaySettings, nee
 
 
 def actions(session: Session, request: Request) -> list[dict[str, Any]] | None:
-    from .plugin import current_state, settings_of
 
     state = current_state(session)
-    holder = session.state[NAME]
+    holder = STRATEGY.on(session).state
     newest = None
     for seq, message in zip(request.seqs, request.messages, strict=True):
         src = message.source

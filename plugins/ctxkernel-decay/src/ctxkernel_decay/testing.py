@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ctxkernel import Kernel, Message, ToolCallBlock
+from ctxkernel import Message, ToolCallBlock
 from ctxkernel.testing import build_kernel, make_profile
 
 from . import plugin as decay_plugin
