@@ -46,6 +46,7 @@ def test_every_profile_gets_the_same_metric_keys(tmp_path):
     assert all(p["status"] == "ok" for p in report["profiles"])
 
 
+@pytest.mark.slow
 def test_unmanaged_profile_overflows_and_managed_one_does_not(tmp_path):
     recording = build_workload("coding-long")
     unmanaged = run_profile("none", recording, Options(window=40_000))

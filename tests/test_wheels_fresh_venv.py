@@ -19,7 +19,8 @@ REPO = Path(__file__).resolve().parents[1]
 DISTRIBUTIONS = [REPO, *sorted((REPO / "plugins").glob("ctxkernel-*")), *sorted((REPO / "examples").glob("ctxkernel-*"))]
 SHIPPED = sorted(p.stem for p in (REPO / "profiles").glob("*.toml"))
 
-pytestmark = pytest.mark.slow
+# building six distributions and a fresh venv takes a minute on a quiet machine
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -127,6 +127,8 @@ def full_log(home: Path) -> Path:
     return session.store.path(session.id)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_every_crash_point_replays_to_a_whole_window(tmp_path):
     log = full_log(tmp_path / "full")
     lines = log.read_bytes().splitlines(keepends=True)
