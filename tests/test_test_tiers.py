@@ -29,6 +29,7 @@ def test_make_test_runs_every_tier_after_the_static_checks_and_test_fast_skips_s
     assert fast and '-m "not slow"' in fast.group(1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("plugin", PLUGINS, ids=lambda p: p.name)
 def test_a_plugins_tests_run_from_its_own_folder(plugin):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
