@@ -389,3 +389,20 @@ def test_console_script_runs_plugins_and_validate(tmp_path, env):
     assert all(row["level"] == "pass" for row in json.loads(checked.stdout))
     bad = subprocess.run([str(script), "validate", "nope"], capture_output=True, text=True, cwd=REPO, env=environment, timeout=120)
     assert bad.returncode == 2 and "nope" in bad.stderr
+
+
+# -- strategies' commands (the register_commands hook) -----------------------------------------------
+def test_strategies_add_commands_through_the_hook_and_a_broken_one_is_named(capsys, monkeypatch):
+    import ctxkernel.plugins as plugins_module
+    from ctxkernel.plugins import Available
+
+    real = plugins_module.discover
+
+    def with_broken(*, entry_points: bool = True):
+        available, conflicts = real(entry_points=entry_points)
+        return available | {"broken": Available("broken", "ctxkernel-broken", "0.0.1", "ctxkernel_no_such_module")}, conflicts
+
+    monkeypatch.setattr(plugins_module, "discover", with_broken)
+    code, out, err = run_cli(capsys, "chapters", "--help")
+    assert code == 0 and "manifest" in out  # chapters' command, through its hook
+    assert "strategy 'broken' (ctxkernel-broken) failed to load" in err

@@ -2,16 +2,15 @@
 
 Each subcommand lives in a module with ``register(subparsers)`` that adds its parser and sets
 ``func``; :data:`COMMAND_MODULES` lists the kernel's own, so that features (simulate, store) keep
-their command next to their code. Installed distributions add theirs through entry points of
-group ``ctxkernel.commands`` naming such a module (``ctxkernel chapters manifest`` comes from the
-chapters strategy this way).
+their command next to their code. Installed strategies add theirs through the
+``register_commands`` hook (``ctxkernel chapters manifest`` comes from the chapters strategy this
+way), called on every installed strategy through the typed hook facade.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.metadata
 import sys
 from collections.abc import Sequence
 
@@ -19,6 +18,7 @@ import orjson
 
 from .errors import CtxKernelError
 from .logging import configure_logging
+from .plugins import StrategyManager
 
 #: modules that add subcommands (each defines ``register(subparsers)``)
 COMMAND_MODULES: tuple[str, ...] = (
@@ -26,9 +26,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "ctxkernel.store.cli",
     "ctxkernel.simulate.cli",
 )
-
-#: entry-point group through which installed distributions add subcommands
-COMMAND_ENTRY_POINTS = "ctxkernel.commands"
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 
@@ -47,12 +44,20 @@ def build_parser() -> argparse.ArgumentParser:
         except ModuleNotFoundError as exc:
             if exc.name != module:
                 raise
-    for ep in sorted(importlib.metadata.entry_points(group=COMMAND_ENTRY_POINTS), key=lambda e: e.name):
-        try:
-            ep.load().register(sub)
-        except Exception as exc:  # a broken plugin must not take the whole CLI down: say which one
-            print(f"ctxkernel: command plugin {ep.name!r} ({ep.value}) failed to load: {exc}", file=sys.stderr)
+    register_strategy_commands(sub)
     return parser
+
+
+def register_strategy_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Every installed strategy's ``register_commands`` hook, in name order."""
+    manager = StrategyManager()
+    for name in sorted(manager.available):
+        available = manager.available[name]
+        try:
+            manager.register(available.load(), name, distribution=available.distribution, version=available.version)
+        except Exception as exc:  # a broken plugin must not take the whole CLI down: say which one
+            print(f"ctxkernel: strategy {name!r} ({available.distribution}) failed to load: {exc}", file=sys.stderr)
+    manager.hooks.register_commands(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

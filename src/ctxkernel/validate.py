@@ -626,20 +626,17 @@ class _Validator:
     def check_strategy_hooks(self) -> None:
         # call each implementation on its own so a crash is attributed to its strategy and the
         # other strategies still get to check
-        for impl in reversed(self.manager.pm.hook.validate_profile.get_hookimpls()):
-            name = self.manager.pm.get_name(impl.plugin) or impl.plugin_name
-            before = len(self.report.checks)
-            try:
-                impl.function(profile=self.profile, report=self.report)
-            except Exception as exc:  # noqa: BLE001
+        before = len(self.report.checks)
+        for name, exc in self.manager.hooks.validate_profile_each(self.profile, self.report):
+            if exc is not None:
                 self.report.fail(
                     "strategy",
                     name,
                     f"its validate_profile hook raised {type(exc).__name__}: {exc}. Fix: report it to the strategy's authors",
                 )
-                continue
-            if len(self.report.checks) == before:
+            elif len(self.report.checks) == before:
                 self.report.ok("strategy", name, "validate_profile reported no problem")
+            before = len(self.report.checks)  # the next strategy's hook runs when the loop moves on
 
 
 def throwaway_session(profile: Profile, manager: StrategyManager, home: Path) -> Session:
@@ -656,12 +653,7 @@ def throwaway_session(profile: Profile, manager: StrategyManager, home: Path) ->
 
 def tools_by_strategy(manager: StrategyManager, session: Session) -> dict[str, list[str]]:
     """Tool names each loaded strategy registers for ``session`` (duplicates kept, not refused)."""
-    owners: dict[str, list[str]] = {}
-    for impl in reversed(manager.pm.hook.register_tools.get_hookimpls()):
-        name = manager.pm.get_name(impl.plugin) or impl.plugin_name
-        found = owners.setdefault(name, [])
-        impl.function(register=lambda tool, found=found: found.append(tool.name), session=session)
-    return owners
+    return {name: [tool.name for tool in tools] for name, tools in manager.hooks.register_tools_each(session).items()}
 
 
 @contextlib.contextmanager

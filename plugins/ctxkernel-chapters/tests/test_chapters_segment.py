@@ -148,7 +148,7 @@ def test_cli_manifest_and_segment(tmp_path):
     assert proposal["floor"] == ends[-1] + 1 and proposal["chapters"] == []  # everything is archived already
     missing = subprocess.run([*cli, "manifest", "nope", "--profile", str(profile)], capture_output=True, text=True, env=env, cwd=REPO)
     assert missing.returncode == 1 and "no session" in missing.stderr
-    # the same command through the kernel's CLI (entry-point group ctxkernel.commands)
+    # the same command through the kernel's CLI (the plugin's register_commands hook)
     kernel_cli = [sys.executable, "-m", "ctxkernel.cli", "chapters"]
     out = subprocess.run([*kernel_cli, "manifest", data["session"], "--profile", str(profile)], capture_output=True, text=True, env=env, cwd=REPO)
     assert out.returncode == 0, out.stderr

@@ -1,7 +1,7 @@
 """``chapters`` subcommands: ``manifest`` (the lineage view) and ``segment`` (proposed chapters).
 
-``register(subparsers)`` follows the kernel CLI's module convention; until the kernel CLI
-discovers plugin commands, the same commands run as ``ctxkernel-chapters manifest|segment``.
+The plugin's ``register_commands`` hook adds them to ``ctxkernel`` (``ctxkernel chapters ...``);
+the same commands also run as ``ctxkernel-chapters manifest|segment``.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def cmd_manifest(args: argparse.Namespace) -> int:
 
 
 def cmd_segment(args: argparse.Namespace) -> int:
-    from . import plugin
+    from . import strategy as plugin
     from .segment import propose_chapters
 
     kernel = _kernel(args.profile)

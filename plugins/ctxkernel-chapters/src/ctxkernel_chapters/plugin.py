@@ -24,7 +24,7 @@ import structlog
 import ctxkernel
 from ctxkernel import CompactionError, ContextOverflowError, Message, Source, Span, Summary, head_region
 
-from . import archive, artifacts, toc
+from . import archive, artifacts, cli, toc
 from .registry import Registry
 from .segment import propose_chapters
 from .settings import ChaptersSettings
@@ -49,6 +49,12 @@ log = structlog.get_logger("ctxkernel.chapters")
 @ctxkernel.hookimpl
 def register_strategy(register: Any) -> None:
     register(STRATEGY.spec)
+
+
+@ctxkernel.hookimpl
+def register_commands(subparsers: Any) -> None:
+    """``ctxkernel chapters manifest|segment``."""
+    cli.register(subparsers)
 
 
 @ctxkernel.hookimpl
