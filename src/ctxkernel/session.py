@@ -219,6 +219,12 @@ class Session:
         route = self.route or {}
         return self.kernel.profile.model_for(route.get("provider"), route.get("model"))
 
+    @property
+    def lock(self) -> threading.RLock:
+        """The session's re-entrant lock: hold it to make several calls one atomic unit within
+        this process (every mutating call takes it too)."""
+        return self._lock
+
     def refresh(self) -> int:
         """Fold events other writers appended since we last looked; returns how many."""
         with self._lock:
