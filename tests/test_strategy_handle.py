@@ -112,6 +112,7 @@ MIGRATED = [
     REPO / "examples/ctxkernel-observation-mask/src",
     REPO / "src/ctxkernel/default_plugins",
     REPO / "plugins/ctxkernel-decay/src",
+    REPO / "plugins/ctxkernel-handoff/src",
 ]
 
 

@@ -26,11 +26,13 @@ from .compaction import CommitResult, Span
 from .errors import ConfigError
 from .plugins import NoSettings, StrategySpec
 from .recall.history import History
+from .recall.notes import STATE_KEY as NOTES_STATE_KEY
 from .recall.notes import Note, Notes, NotesLimits
 from .tools import Tool
 
 if TYPE_CHECKING:
     from .meter import Pressure
+    from .profile import ModelSettings
     from .session import RequestHeader, Session, StepContext
 
 S = TypeVar("S", bound=BaseModel)
@@ -57,9 +59,10 @@ class Strategy(Generic[S]):
         """What ``register_strategy`` registers (a new object each time: the manager fills it in)."""
         return StrategySpec(self.name, settings=self.settings, capabilities=self.capabilities, description=self.description)
 
-    def tool(self, name: str, description: str, parameters: type[BaseModel], handler: Any) -> Tool:
-        """A model-callable tool owned by this strategy (for ``register_tools``)."""
-        return Tool(name, description, parameters, handler, strategy=self.name)
+    def tool(self, name: str, description: str, parameters: type[BaseModel], handler: Any, *, cls: type[Tool] = Tool) -> Tool:
+        """A model-callable tool owned by this strategy (for ``register_tools``); ``cls`` may be
+        a :class:`Tool` subclass such as :class:`ctxkernel.CompactTool`."""
+        return cls(name, description, parameters, handler, strategy=self.name)
 
     def on(self, session: Session) -> StrategyHandle[S]:
         """This strategy's handle for ``session``."""
@@ -96,9 +99,19 @@ class StrategyNotes:
     def delete(self, path_or_id: str, **kwargs: Any) -> Note:
         return self._notes.delete(path_or_id, strategy=self._strategy, **kwargs)
 
+    def __len__(self) -> int:
+        return len(self._notes)
+
     def __getattr__(self, name: str) -> Any:
-        # reads (read, exists, active, list, search, current_window...) are the shared object's
+        # reads (read, exists, active, list, search, limits...) are the shared object's
         return getattr(self._notes, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # the window stamp (current_window) and limits belong to the shared object
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._notes, name, value)
 
 
 class StrategyHandle(Generic[S]):
@@ -127,6 +140,38 @@ class StrategyHandle(Generic[S]):
         """True when the strategy runs in this session's profile (a built-in fallback hook may be
         called without it: then it has no settings table and falls back to its defaults)."""
         return self.name in self.session.kernel.strategies
+
+    @property
+    def enabled(self) -> bool:
+        """False while the strategy is switched off at run time (its hooks do not run then, but
+        its tools' handlers or an integrator's call may still reach it)."""
+        return self.session.kernel.plugins.is_enabled(self.name)
+
+    def runs(self, strategy: str) -> bool:
+        """True when ``strategy`` (another strategy's name) runs in this session's profile."""
+        return strategy in self.session.kernel.strategies
+
+    def peer_settings(self, strategy: str) -> BaseModel | None:
+        """Another running strategy's settings for the routed model (None when it does not run),
+        for a strategy that must agree with its neighbour's thresholds."""
+        return self.session.settings(strategy) if self.runs(strategy) else None
+
+    @property
+    def strategies_generation(self) -> int:
+        """A counter that changes whenever the set of enabled strategies changes (to rebuild
+        what depends on it, e.g. tool sets)."""
+        return self.session.kernel.plugins.generation
+
+    @property
+    def model(self) -> ModelSettings:
+        """The routed model's settings (window, reserve, tokenizer), per-model policies applied."""
+        return self.session.model_settings()
+
+    @property
+    def base_system_prompt(self) -> str:
+        """The integrator's own system prompt (``[profile] system_prompt``), without the
+        sections strategies add."""
+        return self.session.kernel.profile.profile.system_prompt
 
     @property
     def summarizer(self) -> Any:
@@ -189,6 +234,11 @@ class StrategyHandle(Generic[S]):
     def notes(self, limits: NotesLimits | None = None) -> StrategyNotes:
         """The session's notes (shared by every strategy), writes signed with this strategy."""
         return StrategyNotes(Notes.for_session(self.session, limits), self.name)
+
+    def forget_notes(self) -> None:
+        """Drop this process's notes index; the next :meth:`notes` rebuilds it from the log (after
+        a run-time change of the strategy set, say)."""
+        self.session.state.pop(NOTES_STATE_KEY, None)
 
     def history(self) -> History:
         """The session's history index, up to date with its log."""

@@ -34,12 +34,11 @@ from ctxkernel.recall.notes import Note, render_note
 from ctxkernel.text import clip
 
 from .clip import clip_with_receipt
+from .strategy import NAME, STRATEGY
 
 if TYPE_CHECKING:
-    from ctxkernel import Session
-    from ctxkernel import Node
+    from ctxkernel import Node, Session
 
-NAME = "handoff"
 log = structlog.get_logger("ctxkernel_handoff")
 
 INSTRUCTIONS = 4
@@ -100,7 +99,7 @@ class Generated:
 def call_summarizer(session: Session, nodes: list[Node], budget: int, header: tuple[str, list[Any]]) -> Generated:
     """Ask the summarizer model once: request header, the outgoing region, then the directive last
     (so a provider prefix cache serves everything before it)."""
-    model = session.kernel.summarizer
+    model = STRATEGY.on(session).summarizer
     if model is None:
         return Generated(None, error="no summarizer model is configured ([summarizer] kind is 'extractive')")
     system, tools = header
