@@ -113,6 +113,8 @@ MIGRATED = [
     REPO / "src/ctxkernel/default_plugins",
     REPO / "plugins/ctxkernel-decay/src",
     REPO / "plugins/ctxkernel-handoff/src",
+    REPO / "plugins/ctxkernel-rollover/src",
+    REPO / "plugins/ctxkernel-chapters/src",
 ]
 
 

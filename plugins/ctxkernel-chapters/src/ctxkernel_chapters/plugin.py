@@ -95,7 +95,7 @@ def pre_step(session: Session, step: StepContext) -> None:
         pressure = session.pressure()
         state(session)
     if pressure.ratio >= settings.pressure_suggestion_ratio and not st["suggested"] and archive_ceiling(session) is not None:
-        step.remind(suggestion(session, settings, pressure.ratio), strategy=NAME)
+        STRATEGY.on(session).remind(step, suggestion(session, settings, pressure.ratio))
         st["suggested"] = True  # the notice is written right after; state() would see it too
 
 
@@ -138,7 +138,7 @@ def move_large_results(session: Session, settings: ChaptersSettings, st: dict[st
         if session.meter.count_text(text) >= tokens:
             continue
         artifacts.store(archive.archive_dir(session, settings), root, content)
-        session.replace_tool_result(seq, text, strategy=NAME, reason="artifact")
+        STRATEGY.on(session).replace_tool_result(seq, text, reason="artifact")
         st["artifact_done"].add(seq)
         moved.append(seq)
     return moved
@@ -196,9 +196,8 @@ def compact_in_place(session: Session, keep_tokens: int, *, reason: str) -> bool
             text = toc_for_region(session, settings, nodes, records, boundary, region_tokens)
             message = Message.user(text, Source.plugin_form(NAME, "toc"))
             try:
-                session.compact(
+                STRATEGY.on(session).compact(
                     Span(region[0], region[1], message=message, summary=Summary(text)),
-                    strategy=NAME,
                     kind="chapters",
                     data={
                         "reason": reason,
