@@ -11,7 +11,16 @@ from pydantic import BaseModel, ConfigDict
 import ctxkernel
 from ctxkernel import Message, Source, ToolCallBlock, ToolOutcome
 from ctxkernel.profile import Prices, load_profile
-from ctxkernel.simulate import METRIC_KEYS, AssistantItem, Options, Recording, ToolResultItem, UserItem, build_workload, compare
+from ctxkernel.simulate import (
+    METRIC_KEYS,
+    AssistantItem,
+    Options,
+    Recording,
+    ToolResultItem,
+    UserItem,
+    build_workload,
+    compare,
+)
 from ctxkernel.simulate.checks import InvariantChecker
 from ctxkernel.simulate.replay import Replay, run_profile
 from ctxkernel.testing import build_kernel

@@ -253,7 +253,10 @@ def run_transaction(
                 if summary is None:
                     msg = f"no summarize implementation answered for strategy {strategy!r}"
                     raise CompactionError(msg)
-            message = span.message if span.message is not None else render(summary, region)
+            message: Message | None = span.message
+            if message is None:
+                assert summary is not None  # given, or written by the summarize hook just above
+                message = render(summary, region)
             replacements.append((message, summary))
         after = [0 if m is None else meter.count_message(m) for m, _ in replacements]
         if check_shrink:  # 6

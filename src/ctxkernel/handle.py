@@ -185,7 +185,7 @@ class StrategyHandle(Generic[S]):
         holder = self.session.state.get(self.name)
         if holder is None:
             holder = self.session.state[self.name] = {}
-        return holder  # type: ignore[no-any-return]
+        return holder
 
     # -- acting on the session ----------------------------------------------------------------------
     def emit(self, kind: str, data: dict[str, Any]) -> int:

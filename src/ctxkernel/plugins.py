@@ -270,7 +270,7 @@ class HookFacade:
         out: dict[str, dict[str, Any]] = {}
         # walk the implementations in call order so each contribution keeps its owner's name
         for impl in reversed(self._hook.project.get_hookimpls()):
-            result = impl.function(session=session)
+            result: Any = impl.function(session=session)
             if result:
                 out[self._pm.get_name(impl.plugin) or impl.plugin_name] = result
         return out

@@ -184,7 +184,7 @@ class Session:
         self.state: dict[str, Any] = {}
         # who holds a compaction lock: host and pid, plus a token naming this Session object so a
         # second Session on the same id in this process does not take a live lock for a dead one
-        self.holder = {"host": socket.gethostname(), "pid": os.getpid(), "token": uuid.uuid4().hex}
+        self.holder: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid(), "token": uuid.uuid4().hex}
         _LIVE_HOLDERS.add(self.holder["token"])
         weakref.finalize(self, _LIVE_HOLDERS.discard, self.holder["token"])
         self._lock = threading.RLock()

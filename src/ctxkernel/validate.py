@@ -667,8 +667,8 @@ def network_disabled() -> Iterator[None]:
     saved = socket.socket.connect, socket.socket.connect_ex, socket.create_connection, socket.getaddrinfo
     socket.socket.connect = refuse  # type: ignore[method-assign]
     socket.socket.connect_ex = refuse  # type: ignore[method-assign]
-    socket.create_connection = refuse  # type: ignore[assignment]
-    socket.getaddrinfo = refuse  # type: ignore[assignment]
+    socket.create_connection = refuse
+    socket.getaddrinfo = refuse
     try:
         yield
     finally:

@@ -12,12 +12,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from ctxkernel_rollover.state import state_of
 from helpers_rollover import call, rollover_kernel, rollover_summaries, step
 
 from ctxkernel import Message, ScriptedModel
 from ctxkernel.recall.notes import Notes
 from ctxkernel.surface import replay
+from ctxkernel_rollover.state import state_of
 
 HERE = Path(__file__).resolve().parent
 

@@ -21,7 +21,16 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 import ctxkernel
-from ctxkernel import SUMMARY_SECTIONS, CompactionError, ContextOverflowError, Message, ModelError, Span, Summary, head_region
+from ctxkernel import (
+    SUMMARY_SECTIONS,
+    CompactionError,
+    ContextOverflowError,
+    Message,
+    ModelError,
+    Span,
+    Summary,
+    head_region,
+)
 from ctxkernel.events import COMPACTION_END, COMPACTION_START
 from ctxkernel.text import extractive_summary
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -236,7 +235,7 @@ class OpenAIChatModel:
                     self._sleep(attempt, exc.headers.get("Retry-After") if exc.headers else None)
                     continue
                 raise error from None
-            except (urllib.error.URLError, TimeoutError, socket.timeout, ConnectionError) as exc:
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
                 if attempt < self.max_retries:
                     attempt += 1
                     self._sleep(attempt, None)

@@ -91,7 +91,7 @@ def sniff(path: str | os.PathLike[str]) -> str:
         if isinstance(obj, dict) and any(k in obj for k in _RUN_KEYS):
             return "openai-chat"
         msg = f"{path}: a JSON object without a messages list is not a recording format this kernel reads"
-        raise RecordingError(msg)
+        raise RecordingError(msg) from None
     if not isinstance(obj, dict):
         msg = f"{path}:1: expected a JSON object, got {type(obj).__name__}"
         raise RecordingError(msg)

@@ -59,4 +59,4 @@ def load_steward(spec: str | None) -> Steward:
     if not callable(obj):
         msg = f"--steward {spec!r} is not callable; it must be a function (session, request) -> list of calls"
         raise RecordingError(msg)
-    return obj  # type: ignore[no-any-return]
+    return obj

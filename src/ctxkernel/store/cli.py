@@ -204,13 +204,18 @@ def cmd_copy(args: argparse.Namespace) -> int:
         sys.stderr.write(f"ctxkernel store copy: {exc}\n")
         return EXIT_INVALID
     copied: list[CopyResult] = []
+
+    def progress(result: CopyResult) -> None:
+        copied.append(result)
+        sys.stderr.write(f"{result.session}: {result.status}, {result.events} events\n")
+
     try:
         copy_sessions(
             source,
             target,
             args.session or None,
             kv_namespaces=args.kv_namespace,
-            progress=lambda r: (copied.append(r), sys.stderr.write(f"{r.session}: {r.status}, {r.events} events\n")),
+            progress=progress,
         )
     except StoreError as exc:
         sys.stderr.write(f"ctxkernel store copy: {exc}\n")

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import ctxkernel
 
+
 class MaskSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -150,5 +150,5 @@ def model_titles(plans: list[ChapterPlan], bodies: list[str], model: Any, *, sys
         answer = answers[i] if i < len(answers) and isinstance(answers[i], dict) else {}
         title = answer.get("title") if isinstance(answer.get("title"), str) and answer["title"].strip() else plan.title
         summary = answer.get("summary") if isinstance(answer.get("summary"), str) and answer["summary"].strip() else plan.summary
-        out.append(replace(plan, title=_clip(title, 80), summary=_clip(summary, 400)))
+        out.append(replace(plan, title=_clip(str(title), 80), summary=_clip(str(summary), 400)))
     return out, reply.usage

@@ -182,9 +182,9 @@ def project(session: Session) -> dict[str, Any]:
         })
     blocks = []
     for seq, block in state.blocks.items():
-        node = session.surface.node(seq)
+        block_node = session.surface.node(seq)
         blocks.append({"left": block.left, "right": block.right, "tier": block.tier, "topic": block.topic,
-                       "tokens": meter.node_tokens(node) if node else 0, "sources": len(block.sources),
+                       "tokens": meter.node_tokens(block_node) if block_node else 0, "sources": len(block.sources),
                        "source_seqs": [block.sources[0], block.sources[-1]] if block.sources else [],
                        "summary": block.summary[:160]})
     return {

@@ -104,6 +104,8 @@ def plan_spans(session: Session, state: DecayState, settings: DecaySettings, nee
     rng = nodes[start : best + 1]
     last_anchor = next((state.anchor_of[n.seq] for n in reversed(rng) if n.seq in state.anchor_of), None)
     to = state.blocks[rng[-1].seq].right if rng[-1].seq in state.blocks and state.blocks[rng[-1].seq].right else last_anchor
+    if to is None:
+        return []  # nothing in the span carries an anchor the call could name
     tokens = sum(meter.node_tokens(n) for n in rng)
     # ~4 characters a token: at most a quarter of the span, and at most a tenth of the room the
     # request header leaves in the window, so merged blocks stay small when the window is tight

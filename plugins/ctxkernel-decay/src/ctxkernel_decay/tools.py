@@ -242,8 +242,9 @@ def build_spans(session: Session, state: DecayState, planned: list[Planned]) -> 
         for n in rng:
             if n.seq in state.anchor_of:
                 edges.append(state.anchor_of[n.seq])
-            if n.seq in state.blocks and state.blocks[n.seq].right is not None:
-                edges.append(state.blocks[n.seq].right)
+            block = state.blocks.get(n.seq)
+            if block is not None and block.right is not None:
+                edges.append(block.right)
         data = {
             "block_summary": p.summary,
             "topic": p.topic,
@@ -322,7 +323,8 @@ def run_drop(session: Session, args: DropArgs) -> ToolOutcome:
         return ToolOutcome(msg, is_error=True)
     tokens = session.meter.node_tokens(session.surface.node(match.seq))
     STRATEGY.on(session).compact(Span(match.seq, match.seq, remove=True), kind="drop", data={"tool": "drop"})
-    return ToolOutcome(f"dropped block {fmt(match.left)}…{fmt(right)} ({tokens} tokens); its anchors are free again")
+    end = match.right if match.right is not None else match.left  # equals `right`: that is how it matched
+    return ToolOutcome(f"dropped block {fmt(match.left)}…{fmt(end)} ({tokens} tokens); its anchors are free again")
 
 
 def tools_for(session: Session) -> list[Tool]:

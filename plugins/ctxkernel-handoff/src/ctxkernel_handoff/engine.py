@@ -229,6 +229,7 @@ def switch(session: Session, *, reason: str, keep_tokens: int | None = None) -> 
     # the handoff is built by this strategy's summarize hook, inside the transaction: the summary
     # call runs under the compaction lock, and a cancellation during it ends the transaction with
     # its error end, so nothing switches
+    assert region is not None  # every pass of the loop above returned when it found no region
     state.plan = SwitchPlan(reason, budget, region_tokens, rest, target, record)
     try:
         result = STRATEGY.on(session).compact(

@@ -7,7 +7,7 @@ first, and each tool writes at most one event, after all its checks passed.
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 from pydantic import Field
@@ -212,7 +212,7 @@ def _window_ref(session: Session, ref: str | None) -> str | int | None:
 
 def history_lookup(session: Session, args: HistoryLookupArgs) -> ToolOutcome:
     history = History.for_session(session)
-    common = {
+    common: dict[str, Any] = {
         "window": _window_ref(session, args.window),
         "role": args.role,
         "seq_from": args.seq_from,
@@ -227,7 +227,9 @@ def history_lookup(session: Session, args: HistoryLookupArgs) -> ToolOutcome:
         out = history.list_items(**common)
     # attribute every item to its window id (the first window's id is ours: no switch carries it)
     ids = {w.number: w.id for w in history.windows if w.id}
-    ids.setdefault(1, state_of(session).first)
+    first = state_of(session).first
+    if first is not None:
+        ids.setdefault(1, first)
     for item in out.get("items", ()):
         item["window_id"] = ids.get(item.get("window"))
     return ToolOutcome(orjson.dumps(out).decode())
