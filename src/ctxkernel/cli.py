@@ -19,6 +19,7 @@ import orjson
 from .errors import CtxKernelError
 from .logging import configure_logging
 from .plugins import StrategyManager
+from .redact import redact
 
 #: modules that add subcommands (each defines ``register(subparsers)``)
 COMMAND_MODULES: tuple[str, ...] = (
@@ -56,7 +57,7 @@ def register_strategy_commands(sub: argparse._SubParsersAction) -> None:
         try:
             manager.register(available.load(), name, distribution=available.distribution, version=available.version)
         except Exception as exc:  # a broken plugin must not take the whole CLI down: say which one
-            print(f"ctxkernel: strategy {name!r} ({available.distribution}) failed to load: {exc}", file=sys.stderr)
+            print(f"ctxkernel: strategy {name!r} ({available.distribution}) failed to load: {redact(str(exc))}", file=sys.stderr)
     manager.hooks.register_commands(sub)
 
 
@@ -74,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except CtxKernelError as exc:
         # a kernel error a command did not handle is still reported as a message, not a traceback
-        sys.stderr.write(f"ctxkernel {args.command}: error: {exc}\n")
+        sys.stderr.write(f"ctxkernel {args.command}: error: {redact(str(exc))}\n")
         return EXIT_INVALID
 
 

@@ -42,6 +42,7 @@ from .events import (
     replace_op,
 )
 from .messages import Message, Source
+from .redact import redact
 
 if TYPE_CHECKING:
     from .session import Session
@@ -334,7 +335,7 @@ def run_transaction(
 
 def _fail(session: Session, compaction_id: str, exc: BaseException) -> None:
     """Step 9: exactly one error end. Retried once through a conflict with another writer."""
-    error = f"{type(exc).__name__}: {exc}"
+    error = redact(f"{type(exc).__name__}: {exc}"[:4000])  # a summarizer's error may echo a key
     for _ in range(3):
         try:
             session.refresh()
