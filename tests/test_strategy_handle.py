@@ -62,6 +62,16 @@ def test_every_record_carries_the_strategys_name(session):
     assert written and written[-1].data.get("by") == "probe"
 
 
+def test_strategy_notes_share_the_sessions_notes_object(session):
+    """The window stamp set through a strategy's notes is the session's (handoff and rollover
+    stamp every write with the current window this way)."""
+    notes = PROBE.on(session).notes()
+    notes.current_window = "win_7"
+    assert notes.shared.current_window == "win_7" and PROBE.on(session).notes().current_window == "win_7"
+    assert notes.write("a", "x").window == "win_7"
+    assert len(notes) == len(notes.shared) == 1
+
+
 def test_storage_is_namespaced_by_the_strategy(session):
     handle = PROBE.on(session)
     handle.kv_put("k", {"v": 1})
