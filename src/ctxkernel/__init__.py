@@ -47,6 +47,7 @@ from .models import ModelAdapter, OpenAIChatModel, Reply, ScriptedModel
 from .plugins import NoSettings, StrategySpec
 from .profile import Profile, load_profile
 from .session import EventSpec, ReplyDraft, Request, RequestHeader, Session, StepContext
+from .store.base import check_session_id
 from .surface import Node
 from .tools import CompactTool, Tool, ToolArgs, ToolOutcome, compact_schema
 from .validate import ValidationReport
@@ -112,6 +113,7 @@ __all__ = [
     "UnbalancedCutError",
     "ValidationReport",
     "balanced_cut_at_or_before",
+    "check_session_id",
     "compact_schema",
     "head_region",
     "hookimpl",

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
-import orjson
-
-from .errors import CtxKernelError
+from .errors import CtxKernelError, ProfileError
+from .exits import EXIT_INVALID, EXIT_OK, EXIT_USAGE, dump_json, one_line
 from .logging import configure_logging
 from .plugins import StrategyManager
 from .redact import redact
@@ -28,16 +30,37 @@ COMMAND_MODULES: tuple[str, ...] = (
     "ctxkernel.simulate.cli",
 )
 
-EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (the usage block is one ``--help`` away); subcommand
+    parsers inherit it, including those that installed distributions add."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def dump_json(value: object) -> None:
-    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode() + "\n")
+def bounded_int(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer in ``low..high``, refused naming the range otherwise."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            msg = f"{text!r} is not an integer; accepted: an integer from {low} to {high}"
+            raise argparse.ArgumentTypeError(msg) from None
+        if not low <= value <= high:
+            msg = f"{value} is out of range; accepted: an integer from {low} to {high}"
+            raise argparse.ArgumentTypeError(msg)
+        return value
+
+    parse.__name__ = "integer"
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ctxkernel", description="Context management for LLM agent harnesses")
-    parser.add_argument("--log-level", default="warning", help="debug, info, warning (default) or error")
+    parser = Parser(prog="ctxkernel", description="Context management for LLM agent harnesses")
+    parser.add_argument(
+        "--log-level", default="warning", choices=("debug", "info", "warning", "error"), help="debug, info, warning (default) or error"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMAND_MODULES:
         try:
@@ -69,7 +92,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     configure_logging(args.log_level)
     if not getattr(args, "func", None):
-        parser.print_help(sys.stderr)
+        if args.command:  # a command group (store, chapters) without its subcommand
+            sys.stderr.write(f"ctxkernel {args.command}: error: choose a subcommand (see ctxkernel {args.command} --help)\n")
+        else:
+            parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        # the CTXKERNEL_* environment overrides every profile: a bad value is a usage error of
+        # whatever command runs, told once, before the command does any work
+        from .profile import builtin_profile
+
+        builtin_profile()
+    except ProfileError as exc:
+        message = redact(one_line(exc))
+        if "environment variable" not in message:  # the defaults are valid: the overrides are not
+            from .profile import ENV_PREFIX
+
+            overrides = sorted(k for k in os.environ if k.upper().startswith(ENV_PREFIX))
+            message = f"{message} (from the environment overrides {overrides})"
+        sys.stderr.write(f"ctxkernel {args.command}: error: {message}\n")
         return EXIT_USAGE
     try:
         return int(args.func(args) or 0)
@@ -77,6 +118,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # a kernel error a command did not handle is still reported as a message, not a traceback
         sys.stderr.write(f"ctxkernel {args.command}: error: {redact(str(exc))}\n")
         return EXIT_INVALID
+
+
+__all__ = ["EXIT_INVALID", "EXIT_OK", "EXIT_USAGE", "Parser", "bounded_int", "build_parser", "dump_json", "main", "one_line"]
 
 
 if __name__ == "__main__":  # pragma: no cover
