@@ -37,6 +37,7 @@ from .errors import (
     UnbalancedCutError,
 )
 from .events import Event
+from .handle import Strategy, StrategyHandle, StrategyNotes
 from .hookspecs import hookimpl
 from .kernel import Kernel
 from .loop import AgentLoop, AsyncAgentLoop, AsyncSession, TurnResult
@@ -45,8 +46,11 @@ from .meter import Pressure
 from .models import ModelAdapter, OpenAIChatModel, Reply, ScriptedModel
 from .plugins import NoSettings, StrategySpec
 from .profile import Profile, load_profile
-from .session import EventSpec, ReplyDraft, Request, Session, StepContext
+from .session import EventSpec, ReplyDraft, Request, RequestHeader, Session, StepContext
+from .store.base import check_session_id
+from .surface import Node
 from .tools import CompactTool, Tool, ToolArgs, ToolOutcome, compact_schema
+from .validate import ValidationReport
 
 __all__ = [
     "AgentLoop",
@@ -68,6 +72,7 @@ __all__ = [
     "Message",
     "ModelAdapter",
     "ModelError",
+    "Node",
     "NoSettings",
     "OpenAIChatModel",
     "PluginConflictError",
@@ -79,6 +84,7 @@ __all__ = [
     "Reply",
     "ReplyDraft",
     "Request",
+    "RequestHeader",
     "ScriptedModel",
     "Session",
     "SessionExistsError",
@@ -89,6 +95,9 @@ __all__ = [
     "StepContext",
     "StoreError",
     "SUMMARY_SECTIONS",
+    "Strategy",
+    "StrategyHandle",
+    "StrategyNotes",
     "StrategySpec",
     "Summary",
     "SurfaceChangedError",
@@ -102,7 +111,9 @@ __all__ = [
     "ToolResultBlock",
     "TurnResult",
     "UnbalancedCutError",
+    "ValidationReport",
     "balanced_cut_at_or_before",
+    "check_session_id",
     "compact_schema",
     "head_region",
     "hookimpl",

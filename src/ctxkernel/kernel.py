@@ -16,7 +16,7 @@ from .meter import Tokenizer, get_tokenizer
 from .plugins import StrategyManager, StrategySpec
 from .profile import Profile, load_profile, strategy_settings_from
 from .session import Session, gc_paused
-from .store.base import EventStore, SessionHeader, default_home, store_from_settings
+from .store import EventStore, SessionHeader, default_home, store_from_settings
 
 log = structlog.get_logger("ctxkernel.kernel")
 

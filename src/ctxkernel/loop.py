@@ -250,7 +250,7 @@ class AsyncSession:
 
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn(*args, **kwargs)`` in a thread under the session's lock."""
-        lock = self.session._lock
+        lock = self.session.lock
 
         def locked() -> T:
             with lock:

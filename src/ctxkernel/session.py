@@ -36,7 +36,7 @@ import structlog
 from . import events as ev
 from .compaction import CommitResult, Span, run_transaction
 from .errors import ConflictError, CorruptionError, EventError, ModelError, SurfaceError, ToolError
-from .events import Event, validate_shape
+from .events import Event, EventSpec, validate_shape
 from .messages import Message, Source, ToolCallBlock
 from .meter import Meter, Pressure
 from .redact import redact
@@ -54,13 +54,13 @@ log = structlog.get_logger("ctxkernel.session")
 
 
 @dataclass(frozen=True)
-class EventSpec:
-    """An event to append; the session assigns its seq and time."""
+class RequestHeader:
+    """What every request carries before the surface: the composed system prompt, the tool
+    schemas (strategies' and the harness's) and their token count."""
 
-    type: str
-    data: dict[str, Any]
-    surface: dict[str, Any] | None = None
-    ignorable: bool = False
+    system: str
+    tools: list[dict[str, Any]]
+    tokens: int
 
 
 @dataclass
@@ -187,7 +187,7 @@ class Session:
         self.state: dict[str, Any] = {}
         # who holds a compaction lock: host and pid, plus a token naming this Session object so a
         # second Session on the same id in this process does not take a live lock for a dead one
-        self.holder = {"host": socket.gethostname(), "pid": os.getpid(), "token": uuid.uuid4().hex}
+        self.holder: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid(), "token": uuid.uuid4().hex}
         _LIVE_HOLDERS.add(self.holder["token"])
         weakref.finalize(self, _LIVE_HOLDERS.discard, self.holder["token"])
         self._lock = threading.RLock()
@@ -221,6 +221,12 @@ class Session:
     def model_settings(self) -> ModelSettings:
         route = self.route or {}
         return self.kernel.profile.model_for(route.get("provider"), route.get("model"))
+
+    @property
+    def lock(self) -> threading.RLock:
+        """The session's re-entrant lock: hold it to make several calls one atomic unit within
+        this process (every mutating call takes it too)."""
+        return self._lock
 
     def refresh(self) -> int:
         """Fold events other writers appended since we last looked; returns how many."""
@@ -515,6 +521,11 @@ class Session:
             self._system_cache = (key, system, tools, digest, self.meter.count_header(system, tools))
         _, system, tools, digest, tokens = self._system_cache
         return system, tools, digest, tokens
+
+    def request_header(self) -> RequestHeader:
+        """The system prompt and tool schemas every request carries, and their token count."""
+        system, tools, _, tokens = self._system_and_tools()
+        return RequestHeader(system, tools, tokens)
 
     def invalidate_header(self) -> None:
         """Call when a strategy's system prompt section changed."""

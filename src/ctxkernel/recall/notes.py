@@ -453,7 +453,7 @@ class Notes:
         data["text" if op == "append" else "content"] = text
         self.session.emit(NAMESPACE, "write", data)  # one event: written whole or not at all
         self.sync()
-        return self._state.notes[data["id"]]
+        return self._state.notes[str(data["id"])]
 
     def _check_limits(self, current: Note | None, path: str, content: str) -> None:
         limits = self.limits
@@ -489,7 +489,8 @@ class Notes:
 
 def _apply_write(previous: Note | None, event: Event) -> Note:
     d = event.data
-    trust = d.get("trust") if d.get("trust") in TRUST_MARKS else "tool-output"
+    raw_trust = d.get("trust")
+    trust: str = raw_trust if isinstance(raw_trust, str) and raw_trust in TRUST_MARKS else "tool-output"
     window = d.get("window")
     if previous is None or previous.archived:
         content = d.get("content", d.get("text", ""))

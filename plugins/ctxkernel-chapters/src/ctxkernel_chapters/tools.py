@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any, Literal
 import orjson
 from pydantic import Field
 
-from ctxkernel import Message, Source, Tool, ToolArgs, ToolOutcome
+from ctxkernel import Message, Source, ToolArgs, ToolOutcome
 
 from . import archive, artifacts, toc
+from . import strategy as chapters
 from .disk import ArchiveError
 from .registry import NAMESPACE, Registry, new_state, record_key
 from .segment import ChapterPlan, describe, propose_chapters
@@ -28,12 +29,6 @@ if TYPE_CHECKING:
     from .settings import ChaptersSettings
 
 NAME = "chapters"
-
-
-def _plugin() -> Any:
-    from . import plugin
-
-    return plugin
 
 
 def _json(value: Any) -> str:
@@ -148,13 +143,12 @@ def plan_child(session: Session, handoff_note: str, ranges: list[ChapterRange], 
 
     Returns the plan, or the reason for refusing. Writes nothing (the steward uses it as a dry run).
     """
-    plugin = _plugin()
-    settings: ChaptersSettings = plugin.settings_of(session)
+    settings: ChaptersSettings = chapters.settings_of(session)
     registry = Registry(session.store)
     sstate = registry.ensure(session.id)
     root = sstate["root"]
-    floor = plugin.archived_through(session, registry) + 1
-    ceiling = plugin.archive_ceiling(session)
+    floor = chapters.archived_through(session, registry) + 1
+    ceiling = chapters.archive_ceiling(session)
     problem = check_ranges(ranges, floor, ceiling)
     if problem:
         return problem
@@ -170,7 +164,7 @@ def plan_child(session: Session, handoff_note: str, ranges: list[ChapterRange], 
     seed = Message.user(_seed_toc(session, settings, registry, [p.record for p in prepared], handoff_note, floor, ceiling), Source.plugin_form(NAME, "snapshot"))
     # budget preflight: a share of the window left after the system prompt and tool schemas
     effective = session.model_settings().effective_window
-    head = plugin.header_tokens(session)
+    head = chapters.header_tokens(session)
     budget = int(settings.continuation_budget_ratio * max(0, effective - head))
     toc_tokens = session.meter.count_message(seed)
     handoff_tokens = session.meter.count_text(handoff_note)
@@ -188,8 +182,7 @@ def _create_child(session: Session, args: ContinueArgs | ForkArgs, ranges: list[
     plan = plan_child(session, args.handoff_note, ranges, origin=origin)
     if isinstance(plan, str):
         return ToolOutcome(f"chapters_{origin} refused: {plan}. Nothing was written.", is_error=True)
-    plugin = _plugin()
-    settings: ChaptersSettings = plugin.settings_of(session)
+    settings: ChaptersSettings = chapters.settings_of(session)
     registry = Registry(session.store)
     root = registry.root_of(session.id)
     prepared, seed = plan.prepared, plan.seed
@@ -200,7 +193,7 @@ def _create_child(session: Session, args: ContinueArgs | ForkArgs, ranges: list[
             prepared = archive.prepare(session, settings, plan.plans, allocated, root=root, status="final", keep=plan.keep)
             seed = Message.user(
                 _seed_toc(session, settings, registry, [p.record for p in prepared], args.handoff_note,
-                          plugin.archived_through(session, registry) + 1, plugin.archive_ceiling(session)),
+                          chapters.archived_through(session, registry) + 1, chapters.archive_ceiling(session)),
                 Source.plugin_form(NAME, "snapshot"),
             )
     records = [p.record for p in prepared]
@@ -220,7 +213,7 @@ def _create_child(session: Session, args: ContinueArgs | ForkArgs, ranges: list[
     child.add_message(seed)
     if session.harness_tools:
         child.set_harness_tools(session.harness_tools)
-    plugin.state(session)["continued_in" if origin == "continue" else "forked"] = child_id
+    chapters.state(session)["continued_in" if origin == "continue" else "forked"] = child_id
     result = {
         "session": child_id,
         "origin": origin,
@@ -244,10 +237,9 @@ def _seed_toc(
 ) -> str:
     """Every chapter of the lineage (ancestors' from this session's own tables of contents and the
     registry), this session's carried prose, and the handoff note."""
-    plugin = _plugin()
-    previous = [n.message.text for n in session.surface.nodes if plugin._is_chapters_toc(n)]
+    previous = [n.message.text for n in session.surface.nodes if chapters.is_chapters_toc(n)]
     lineage, refused = archive.verified(archive.archive_dir(session, settings), registry.lineage_records(session.id))
-    instructions = plugin.user_instructions(session, floor, -1 if ceiling is None else ceiling)
+    instructions = chapters.user_instructions(session, floor, -1 if ceiling is None else ceiling)
     merged = toc.merged(previous, [*lineage, *records], archive.archive_label(settings), instructions=instructions)
     for record, reason in refused:  # reported in the table of contents, never cited
         merged.bullets.pop(f"{archive.archive_label(settings)}/{record['path']}", None)
@@ -269,10 +261,9 @@ def chapters_fork(session: Session, args: ForkArgs) -> ToolOutcome:
 
 def default_ranges(session: Session) -> list[ChapterRange]:
     """The deterministic segmentation of everything archivable, as tool arguments."""
-    plugin = _plugin()
-    settings: ChaptersSettings = plugin.settings_of(session)
-    floor = plugin.archived_through(session) + 1
-    ceiling = plugin.archive_ceiling(session)
+    settings: ChaptersSettings = chapters.settings_of(session)
+    floor = chapters.archived_through(session) + 1
+    ceiling = chapters.archive_ceiling(session)
     if ceiling is None or ceiling < floor:
         return []
     plans = propose_chapters(
@@ -285,8 +276,7 @@ def default_ranges(session: Session) -> list[ChapterRange]:
 def deterministic_continuation(session: Session, settings: ChaptersSettings) -> dict[str, Any] | None:
     """Arguments a steward passes to ``chapters_continue``: segmentation ranges and a handoff note
     quoting the in-flight turn's request and latest progress. None when nothing can be archived."""
-    plugin = _plugin()
-    ceiling = plugin.archive_ceiling(session)
+    ceiling = chapters.archive_ceiling(session)
     if ceiling is None:
         return None
     ranges = default_ranges(session)
@@ -319,8 +309,7 @@ def deterministic_continuation(session: Session, settings: ChaptersSettings) -> 
 
 # -- reading --------------------------------------------------------------------------------------
 def chapters_read(session: Session, args: ReadArgs) -> ToolOutcome:
-    plugin = _plugin()
-    settings: ChaptersSettings = plugin.settings_of(session)
+    settings: ChaptersSettings = chapters.settings_of(session)
     registry = Registry(session.store)
     record = registry.find(session.id, args.chapter.strip())
     if record is None:
@@ -343,8 +332,7 @@ def chapters_read(session: Session, args: ReadArgs) -> ToolOutcome:
 
 
 def chapters_search(session: Session, args: SearchArgs) -> ToolOutcome:
-    plugin = _plugin()
-    settings: ChaptersSettings = plugin.settings_of(session)
+    settings: ChaptersSettings = chapters.settings_of(session)
     where = archive.archive_dir(session, settings)
     needle = args.query.lower()
     hits: list[str] = []
@@ -369,8 +357,7 @@ def chapters_search(session: Session, args: SearchArgs) -> ToolOutcome:
 
 
 def chapters_artifact(session: Session, args: ArtifactArgs) -> ToolOutcome:
-    plugin = _plugin()
-    settings: ChaptersSettings = plugin.settings_of(session)
+    settings: ChaptersSettings = chapters.settings_of(session)
     where = archive.archive_dir(session, settings)
     root = Registry(session.store).root_of(session.id)
     if args.artifact is None:
@@ -399,7 +386,7 @@ def chapters_artifact(session: Session, args: ArtifactArgs) -> ToolOutcome:
 
 
 def _tool(name: str, description: str, params: type[ToolArgs], handler: Any) -> Any:
-    return lambda: Tool(name, description, params, handler, strategy=NAME)
+    return lambda: chapters.STRATEGY.tool(name, description, params, handler)
 
 
 TOOLS = (

@@ -17,12 +17,13 @@ from ctxkernel import Message, Source, Span, Tool, ToolArgs, ToolOutcome
 
 from .anchors import describe_visible, fmt, parse_anchor, strip_anchors
 from .state import BLOCK_FORM, NAME
+from .strategy import STRATEGY, current_state, settings_of
 
 if TYPE_CHECKING:
     from ctxkernel import Session
 
-    from .plugin import DecaySettings
     from .state import DecayState
+    from .strategy import DecaySettings
 
 COMPRESS_DESCRIPTION = (
     "Replace old messages with your summary. Anchors ⟦pN⟧ mark messages (ids, not order); a summary "
@@ -241,8 +242,9 @@ def build_spans(session: Session, state: DecayState, planned: list[Planned]) -> 
         for n in rng:
             if n.seq in state.anchor_of:
                 edges.append(state.anchor_of[n.seq])
-            if n.seq in state.blocks and state.blocks[n.seq].right is not None:
-                edges.append(state.blocks[n.seq].right)
+            block = state.blocks.get(n.seq)
+            if block is not None and block.right is not None:
+                edges.append(block.right)
         data = {
             "block_summary": p.summary,
             "topic": p.topic,
@@ -288,8 +290,6 @@ def check_cost(session: Session, settings: DecaySettings, planned: list[Planned]
 
 
 def run_compress(session: Session, args: CompressArgs) -> ToolOutcome:
-    from .plugin import current_state, settings_of
-
     state = current_state(session)
     settings = settings_of(session)
     try:
@@ -298,7 +298,7 @@ def run_compress(session: Session, args: CompressArgs) -> ToolOutcome:
         check_cost(session, settings, planned, costs)
     except Refusal as exc:
         return ToolOutcome(f"compress refused: {exc}. Nothing was changed.", is_error=True)
-    result = session.compact([s for s, _, _ in costs], strategy=NAME, kind="compress", data={"tool": "compress"})
+    result = STRATEGY.on(session).compact([s for s, _, _ in costs], kind="compress", data={"tool": "compress"})
     state = current_state(session)
     lines = []
     for span in result.spans:
@@ -310,8 +310,6 @@ def run_compress(session: Session, args: CompressArgs) -> ToolOutcome:
 
 
 def run_drop(session: Session, args: DropArgs) -> ToolOutcome:
-    from .plugin import current_state
-
     state = current_state(session)
     left, right = parse_anchor(args.left), parse_anchor(args.right)
     live = [b for b in state.blocks.values() if session.surface.position(b.seq) is not None]
@@ -324,12 +322,13 @@ def run_drop(session: Session, args: DropArgs) -> ToolOutcome:
         )
         return ToolOutcome(msg, is_error=True)
     tokens = session.meter.node_tokens(session.surface.node(match.seq))
-    session.compact(Span(match.seq, match.seq, remove=True), strategy=NAME, kind="drop", data={"tool": "drop"})
-    return ToolOutcome(f"dropped block {fmt(match.left)}…{fmt(right)} ({tokens} tokens); its anchors are free again")
+    STRATEGY.on(session).compact(Span(match.seq, match.seq, remove=True), kind="drop", data={"tool": "drop"})
+    end = match.right if match.right is not None else match.left  # equals `right`: that is how it matched
+    return ToolOutcome(f"dropped block {fmt(match.left)}…{fmt(end)} ({tokens} tokens); its anchors are free again")
 
 
 def tools_for(session: Session) -> list[Tool]:
     return [
-        Tool("compress", COMPRESS_DESCRIPTION, CompressArgs, run_compress, strategy=NAME),
-        Tool("drop", DROP_DESCRIPTION, DropArgs, run_drop, strategy=NAME),
+        STRATEGY.tool("compress", COMPRESS_DESCRIPTION, CompressArgs, run_compress),
+        STRATEGY.tool("drop", DROP_DESCRIPTION, DropArgs, run_drop),
     ]

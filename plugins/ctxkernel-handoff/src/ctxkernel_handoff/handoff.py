@@ -32,14 +32,14 @@ from ctxkernel import SUMMARY_SECTIONS, Message, Source, Summary
 from ctxkernel.recall.history import History
 from ctxkernel.recall.notes import Note, render_note
 from ctxkernel.redact import redact
+from ctxkernel.text import clip
 
-from .clip import clip_with_receipt, cut_text
+from .clip import clip_with_receipt
+from .strategy import NAME, STRATEGY
 
 if TYPE_CHECKING:
-    from ctxkernel import Session
-    from ctxkernel.surface import Node
+    from ctxkernel import Node, Session
 
-NAME = "handoff"
 log = structlog.get_logger("ctxkernel_handoff")
 
 INSTRUCTIONS = 4
@@ -100,7 +100,7 @@ class Generated:
 def call_summarizer(session: Session, nodes: list[Node], budget: int, header: tuple[str, list[Any]]) -> Generated:
     """Ask the summarizer model once: request header, the outgoing region, then the directive last
     (so a provider prefix cache serves everything before it)."""
-    model = session.kernel.summarizer
+    model = STRATEGY.on(session).summarizer
     if model is None:
         return Generated(None, error="no summarizer model is configured ([summarizer] kind is 'extractive')")
     system, tools = header
@@ -123,14 +123,11 @@ def call_summarizer(session: Session, nodes: list[Node], budget: int, header: tu
 
 # -- the snapshot -----------------------------------------------------------------------------------
 def _clip(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    body, _ = cut_text(text, limit - 1)
-    return body + "…"
+    return clip(text, limit)
 
 
 def _one_line(text: str, limit: int) -> str:
-    return _clip(" ".join(text.split()), limit)
+    return clip(text, limit, single_line=True)
 
 
 def instruction_text(history: History, seq: int) -> str:

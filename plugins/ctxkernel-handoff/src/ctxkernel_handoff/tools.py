@@ -17,8 +17,8 @@ from ctxkernel import CompactTool, Tool, ToolArgs, ToolError, ToolOutcome
 from ctxkernel.recall.history import History
 from ctxkernel.recall.notes import NotePathError
 
-from .engine import notes_of, request_new_context
-from .handoff import NAME, NOTES_PREFIX
+from .engine import STRATEGY, notes_of, request_new_context
+from .handoff import NOTES_PREFIX
 
 if TYPE_CHECKING:
     from ctxkernel import Session
@@ -164,13 +164,13 @@ def _note_summary(note: Any, notes: Any) -> dict[str, Any]:
 
 def _notes_write(session: Session, args: NoteWriteArgs) -> str:
     notes = notes_of(session)
-    note = notes.write(note_path(args.path), args.content, trust="model-authored", strategy=NAME)
+    note = notes.write(note_path(args.path), args.content, trust="model-authored")
     return _json({"written": True, **_note_summary(note, notes)})
 
 
 def _notes_append(session: Session, args: NoteAppendArgs) -> str:
     notes = notes_of(session)
-    note = notes.append(note_path(args.path), args.content, trust="model-authored", strategy=NAME)
+    note = notes.append(note_path(args.path), args.content, trust="model-authored")
     return _json({"appended": len(args.content), **_note_summary(note, notes)})
 
 
@@ -265,7 +265,7 @@ def _history_read(session: Session, args: ReadItemArgs) -> str:
 
 def build_tools() -> list[Tool]:
     def tool(name: str, description: str, params: type[ToolArgs], handler: Any) -> Tool:
-        return CompactTool(name, description, params, handler, strategy=NAME)
+        return STRATEGY.tool(name, description, params, handler, cls=CompactTool)
 
     return [
         tool(

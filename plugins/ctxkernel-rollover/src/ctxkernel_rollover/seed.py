@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ctxkernel.recall.notes import Note, render_note
+from ctxkernel.text import clip
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -53,10 +54,7 @@ class SeedInput:
 
 
 def _clip(text: str, limit: int, where: str) -> str:
-    text = text.strip()
-    if len(text) <= limit:
-        return text
-    return text[:limit] + f"\n[… {len(text) - limit} more characters; the full text is {where}]"
+    return clip(text.strip(), limit, overflow=f"the full text is {where}")
 
 
 def _escape(text: str) -> str:

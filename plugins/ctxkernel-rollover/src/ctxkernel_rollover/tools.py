@@ -7,7 +7,7 @@ first, and each tool writes at most one event, after all its checks passed.
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 from pydantic import Field
@@ -16,7 +16,8 @@ from ctxkernel import CompactTool, Tool, ToolArgs, ToolOutcome
 from ctxkernel.recall.history import History
 from ctxkernel.recall.notes import Note, NoteNotFoundError, render_note
 
-from .state import NAME, state_of
+from .state import state_of
+from .strategy import STRATEGY
 from .switch import ensure_window, notes_of, settings_of
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ class NoteCreateArgs(ToolArgs):
 
 def note_create(session: Session, args: NoteCreateArgs) -> ToolOutcome:
     ensure_window(session)
-    note = notes_of(session).create(args.path, args.content, trust=_trust(args.from_tool_output), strategy=NAME)
+    note = notes_of(session).create(args.path, args.content, trust=_trust(args.from_tool_output))
     return ToolOutcome(f"created note {_brief(note)}")
 
 
@@ -72,7 +73,7 @@ def note_update(session: Session, args: NoteUpdateArgs) -> ToolOutcome:
     note = _resolve(session, args.note)
     if note.archived:
         return ToolOutcome(f"note_update refused: note {note.id} ({note.path!r}) is archived; create a new note", is_error=True)
-    note = notes.update(note.id, args.content, trust=_trust(args.from_tool_output), strategy=NAME)
+    note = notes.update(note.id, args.content, trust=_trust(args.from_tool_output))
     return ToolOutcome(f"updated note {_brief(note)}; earlier versions stay retrievable with note_get(version=...)")
 
 
@@ -84,7 +85,7 @@ class NoteAppendArgs(ToolArgs):
 
 def note_append(session: Session, args: NoteAppendArgs) -> ToolOutcome:
     ensure_window(session)
-    note = notes_of(session).append(args.path, args.text, trust=_trust(args.from_tool_output), strategy=NAME)
+    note = notes_of(session).append(args.path, args.text, trust=_trust(args.from_tool_output))
     return ToolOutcome(f"appended to note {_brief(note)}")
 
 
@@ -117,7 +118,7 @@ class NoteDeleteArgs(ToolArgs):
 def note_delete(session: Session, args: NoteDeleteArgs) -> ToolOutcome:
     ensure_window(session)
     note = _resolve(session, args.note)
-    archived = notes_of(session).delete(note.id, strategy=NAME)
+    archived = notes_of(session).delete(note.id)
     return ToolOutcome(f"archived note {_brief(archived)}; its versions stay readable with note_get('{archived.id}')")
 
 
@@ -169,7 +170,7 @@ def new_context(session: Session, args: NewContextArgs) -> ToolOutcome:
             "it starts after this batch. Nothing was changed.",
             is_error=True,
         )
-    session.emit(NAME, "intent", {"intent_id": uuid.uuid4().hex, "next_goal": args.next_goal, "window_id": current})
+    STRATEGY.on(session).emit("intent", {"intent_id": uuid.uuid4().hex, "next_goal": args.next_goal, "window_id": current})
     return ToolOutcome(NEW_CONTEXT_ANSWER, conclude_turn=True)
 
 
@@ -211,7 +212,7 @@ def _window_ref(session: Session, ref: str | None) -> str | int | None:
 
 def history_lookup(session: Session, args: HistoryLookupArgs) -> ToolOutcome:
     history = History.for_session(session)
-    common = {
+    common: dict[str, Any] = {
         "window": _window_ref(session, args.window),
         "role": args.role,
         "seq_from": args.seq_from,
@@ -226,7 +227,9 @@ def history_lookup(session: Session, args: HistoryLookupArgs) -> ToolOutcome:
         out = history.list_items(**common)
     # attribute every item to its window id (the first window's id is ours: no switch carries it)
     ids = {w.number: w.id for w in history.windows if w.id}
-    ids.setdefault(1, state_of(session).first)
+    first = state_of(session).first
+    if first is not None:
+        ids.setdefault(1, first)
     for item in out.get("items", ()):
         item["window_id"] = ids.get(item.get("window"))
     return ToolOutcome(orjson.dumps(out).decode())
@@ -259,4 +262,4 @@ TOOLS: tuple[tuple[str, str, type[ToolArgs], object], ...] = (
 
 
 def build_tools() -> list[Tool]:
-    return [CompactTool(name, description, params, handler, strategy=NAME) for name, description, params, handler in TOOLS]  # type: ignore[arg-type]
+    return [STRATEGY.tool(name, description, params, handler, cls=CompactTool) for name, description, params, handler in TOOLS]
