@@ -39,6 +39,7 @@ from .errors import (
 from .events import Event
 from .hookspecs import hookimpl
 from .kernel import Kernel
+from .logging import get_logger
 from .loop import AgentLoop, AsyncAgentLoop, AsyncSession, TurnResult
 from .messages import Message, ReasoningBlock, Source, TextBlock, ToolCallBlock, ToolResultBlock
 from .meter import Pressure
@@ -46,7 +47,7 @@ from .models import ModelAdapter, OpenAIChatModel, Reply, ScriptedModel
 from .plugins import NoSettings, StrategySpec
 from .profile import Profile, load_profile
 from .session import EventSpec, ReplyDraft, Request, Session, StepContext
-from .tools import CompactTool, Tool, ToolArgs, ToolOutcome, compact_schema
+from .tools import MAX_INT_ARG, CompactTool, Tool, ToolArgs, ToolOutcome, compact_schema
 
 __all__ = [
     "AgentLoop",
@@ -102,8 +103,10 @@ __all__ = [
     "ToolResultBlock",
     "TurnResult",
     "UnbalancedCutError",
+    "MAX_INT_ARG",
     "balanced_cut_at_or_before",
     "compact_schema",
+    "get_logger",
     "head_region",
     "hookimpl",
     "load_profile",

@@ -7,9 +7,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import structlog
 from pydantic import BaseModel, ValidationError
 
+from .logging import get_logger
 from .errors import ProfileError, SessionNotFoundError
 from .events import utc_now
 from .meter import Tokenizer, get_tokenizer
@@ -18,7 +18,7 @@ from .profile import Profile, format_validation_error, load_profile
 from .session import Session, gc_paused
 from .store.base import EventStore, SessionHeader, default_home, store_from_settings
 
-log = structlog.get_logger("ctxkernel.kernel")
+log = get_logger("ctxkernel.kernel")
 
 
 class Kernel:

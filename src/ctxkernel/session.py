@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
-import structlog
 
+from .logging import get_logger
 from . import events as ev
 from .compaction import CommitResult, Span, run_transaction
 from .errors import ConflictError, CorruptionError, EventError, ModelError, SurfaceError, ToolError
@@ -40,6 +40,7 @@ from .events import Event, validate_shape
 from .messages import Message, Source, ToolCallBlock
 from .meter import Meter, Pressure
 from .surface import Surface
+from .text import storable
 from .tools import Tool, ToolOutcome, ToolRegistry
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
     from .profile import ModelSettings
     from .store.base import SessionHeader
 
-log = structlog.get_logger("ctxkernel.session")
+log = get_logger("ctxkernel.session")
 
 
 @dataclass(frozen=True)
@@ -287,13 +288,20 @@ class Session:
             start = len(self.events)
             time = ev.utc_now()
             built = [Event(start + i, s.type, s.data, time, s.surface, s.ignorable) for i, s in enumerate(batch)]
-            for event in built:
+            for i, event in enumerate(built):
                 validate_shape(event)
                 try:
                     orjson.dumps(event.data)
                 except TypeError as exc:
-                    msg = f"{event.type} event data is not JSON-serialisable: {exc}"
-                    raise EventError(msg) from None
+                    # the one place every text enters the log: a lone surrogate (a non-UTF-8 file
+                    # name, a "\ud800" escape from a server) becomes U+FFFD instead of failing the turn
+                    cleaned = storable(event.data)
+                    try:
+                        orjson.dumps(cleaned)
+                    except TypeError:
+                        msg = f"{event.type} event data is not JSON-serialisable: {exc}"
+                        raise EventError(msg) from None
+                    built[i] = event = Event(event.seq, event.type, cleaned, event.time, event.surface, event.ignorable)
             surface_events = [e for e in built if e.type in ev.MESSAGE_TYPES or e.type == ev.SURFACE_DROP]
             messages: dict[int, Message | None] = {}
             if len(surface_events) <= 1:
@@ -464,7 +472,7 @@ class Session:
 
     def set_harness_tools(self, schemas: list[dict[str, Any]]) -> None:
         """The harness's own tool schemas: sent with every request and counted by the meter."""
-        self.harness_tools = list(schemas)
+        self.harness_tools = storable(list(schemas))
         self._system_cache = None
 
     def pressure(self) -> Pressure:
@@ -557,7 +565,8 @@ class Session:
         from .convert import reply_to_message
 
         with self._lock:
-            message = reply_to_message(reply)
+            # untrusted text: lone surrogates become U+FFFD before hooks, the meter or the log see it
+            message = _storable_message(reply_to_message(reply))
             if usage is None:
                 usage = getattr(reply, "usage", None)
             if message.role != "assistant":
@@ -661,6 +670,13 @@ class Session:
 
 
 _LIVE_HOLDERS: set[str] = set()
+
+
+def _storable_message(message: Message) -> Message:
+    """``message`` with lone surrogates in any of its text replaced (the same object when clean)."""
+    data = message.to_dict()
+    cleaned = storable(data)
+    return message if cleaned is data else Message.from_dict(cleaned)
 
 
 @contextlib.contextmanager

@@ -18,13 +18,13 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-import structlog
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 import ctxkernel
 from ctxkernel.compaction import CHECKPOINT_CLOSE, CHECKPOINT_OPEN, SUMMARY_SECTIONS, Span, Summary, head_region
 from ctxkernel.errors import CompactionError, ContextOverflowError, ModelError
 from ctxkernel.events import COMPACTION_END, COMPACTION_START
+from ctxkernel.logging import get_logger
 from ctxkernel.messages import Message
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from ctxkernel.session import Session, StepContext
 
 NAME = "basic"
-log = structlog.get_logger("ctxkernel.basic")
+log = get_logger("ctxkernel.basic")
 
 DIRECTIVE = (
     "Your task is to write a summary of the conversation so far that lets work continue "

@@ -74,10 +74,15 @@ TODO_TOOLS: dict[str, tuple[str, ...]] = {
 }
 _DONE = frozenset({"completed", "complete", "done", "cancelled", "canceled"})
 
-_ITEM_ID = re.compile(r"^item_(\d+)$")
-_WIN_ID = re.compile(r"^win_(\d+)(_summary)?$")
-_TODO_ID = re.compile(r"^todo_(\d+)_(\d+)$")
-_CURSOR = re.compile(r"^c(\d+)\.([0-9a-f]{8})$")
+# ids come from the model: ASCII digits only (``\d`` also matches other scripts' digits, and
+# ``str.isdigit`` superscripts that int() refuses) and at most 16 of them, far below the
+# 4,300-digit limit past which int() raises
+_N = "([0-9]{1,16})"
+_ITEM_ID = re.compile(rf"^item_{_N}$")
+_WIN_ID = re.compile(rf"^win_{_N}(_summary)?$")
+_WIN_NUMBER = re.compile(rf"^{_N}$")
+_TODO_ID = re.compile(rf"^todo_{_N}_{_N}$")
+_CURSOR = re.compile(rf"^c{_N}\.([0-9a-f]{{8}})$")
 
 
 class HistoryError(ToolError):
@@ -227,7 +232,7 @@ class History:
             match = _WIN_ID.match(text)
             if match and not match.group(2):
                 ref = int(match.group(1))
-            elif text.isdigit():
+            elif _WIN_NUMBER.match(text):
                 ref = int(text)
             else:
                 for window in self.windows:

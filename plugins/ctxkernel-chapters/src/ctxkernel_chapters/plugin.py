@@ -18,10 +18,9 @@ import hashlib
 import uuid
 from typing import TYPE_CHECKING, Any
 
-import structlog
 
 import ctxkernel
-from ctxkernel import CompactionError, ContextOverflowError, Message, Source, Span, Summary
+from ctxkernel import CompactionError, ContextOverflowError, Message, Source, Span, Summary, get_logger
 from ctxkernel.compaction import head_region
 
 from . import archive, artifacts, toc
@@ -34,7 +33,7 @@ if TYPE_CHECKING:
 
 NAME = "chapters"
 SUGGEST_MARK = "[chapters: continuation available]"
-log = structlog.get_logger("ctxkernel.chapters")
+log = get_logger("ctxkernel.chapters")
 
 
 @ctxkernel.hookimpl

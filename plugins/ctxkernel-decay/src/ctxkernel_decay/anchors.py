@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 OPEN, CLOSE = "⟦", "⟧"
 _ANY_ANCHOR = re.compile(r"\s*⟦p\d+⟧\s*")
 _LEADING_RUN = re.compile(r"^\s*(?:⟦p\d+⟧\s*)+")
-_ARG_FORMS = (re.compile(r"^⟦p(\d+)⟧$"), re.compile(r"^p(\d+)$"), re.compile(r"^(\d+)$"))
+# ASCII digits, at most 16 of them: int() of a model-sent number never meets Python's 4,300-digit limit
+_ARG_FORMS = (re.compile(r"^⟦p([0-9]{1,16})⟧$"), re.compile(r"^p([0-9]{1,16})$"), re.compile(r"^([0-9]{1,16})$"))
 
 
 def fmt(pid: int) -> str:

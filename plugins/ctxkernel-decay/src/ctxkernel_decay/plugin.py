@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
-import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 import ctxkernel
+from ctxkernel import get_logger
 
 from . import steward
 from .anchors import decorate_message, fmt, sanitize_assistant
@@ -25,7 +25,7 @@ from .tools import tools_for
 if TYPE_CHECKING:
     from ctxkernel import CommitResult, ReplyDraft, Request, Session, StepContext
 
-log = structlog.get_logger("ctxkernel.decay")
+log = get_logger("ctxkernel.decay")
 SNAPSHOT_NAMESPACE = NAME
 SNAPSHOT_VERSION = 1
 
@@ -42,8 +42,8 @@ class DecaySettings(BaseModel):
     #: spans per compress call
     max_spans: int = Field(default=8, ge=1, le=64)
     #: characters per span summary (after anchors are stripped)
-    summary_max_chars: int = Field(default=6_000, ge=100)
-    topic_max_chars: int = Field(default=80, ge=1)
+    summary_max_chars: int = Field(default=6_000, ge=100, le=100_000)  # le: the compress schema's cap
+    topic_max_chars: int = Field(default=80, ge=1, le=1_000)
     #: refuse compressions that do not pay back their prefix-cache miss (below the first warning)
     cost_guard: bool = False
     #: price of a cached input token relative to an uncached one

@@ -19,9 +19,8 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import structlog
 
-from ctxkernel import CompactionError, CtxKernelError, Span, head_region, whole_surface_but_last
+from ctxkernel import CompactionError, CtxKernelError, Span, get_logger, head_region, whole_surface_but_last
 from ctxkernel.events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, REQUEST_HEADER, USER_MESSAGE
 from ctxkernel.recall.history import History
 from ctxkernel.recall.notes import Notes
@@ -32,7 +31,7 @@ from .settings import HandoffSettings
 if TYPE_CHECKING:
     from ctxkernel import CommitResult, Region, Session, Summary
 
-log = structlog.get_logger("ctxkernel_handoff")
+log = get_logger("ctxkernel.handoff")
 
 #: host defaults when the ``basic`` strategy is not loaded (DSH's defaults)
 HOST_THRESHOLD = 0.8

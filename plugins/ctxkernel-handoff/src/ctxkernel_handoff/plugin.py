@@ -6,11 +6,10 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import structlog
 from pydantic import ValidationError
 
 import ctxkernel
-from ctxkernel import ContextOverflowError, StrategySpec
+from ctxkernel import ContextOverflowError, StrategySpec, get_logger
 from ctxkernel.recall.history import History
 from ctxkernel.recall.notes import STATE_KEY as NOTES_STATE_KEY
 
@@ -33,7 +32,7 @@ from .tools import TOOL_NAMES, build_tools
 if TYPE_CHECKING:
     from ctxkernel import CommitResult, ModelError, Profile, Region, Request, Session, StepContext, Summary
 
-log = structlog.get_logger("ctxkernel_handoff")
+log = get_logger("ctxkernel.handoff")
 
 PROMPT = (
     "Context windows: this session runs in numbered context windows. When a window fills up, or when you call "

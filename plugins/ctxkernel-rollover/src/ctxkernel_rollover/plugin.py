@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 import ctxkernel
 from ctxkernel import ContextOverflowError, EventSpec, Message, Source
 from ctxkernel.events import ASSISTANT_MESSAGE, USER_MESSAGE, append_op
+from ctxkernel.text import tag
 
 from .state import NAME, REMINDER_KEY, state_of
 from .switch import RolloverError, ensure_window, notes_of, switch
@@ -197,7 +198,7 @@ def _fresh(session: Session) -> bool:
 
 def _remind(session: Session, window: str, pressure: Any) -> None:
     text = (
-        f"<rollover-reminder window=\"{window}\">This context window is {pressure.ratio:.0%} full "
+        f"{tag('rollover-reminder', window=window)}This context window is {pressure.ratio:.0%} full "
         f"({pressure.remaining} tokens left). Save what the next window needs in notes (the goal, decisions, "
         "current state, next steps), then call new_context(next_goal=...). If you do not, a new window starts "
         "automatically near the limit with your notes as its seed. Nothing is summarised.</rollover-reminder>"
