@@ -121,6 +121,7 @@ def _check(session: Session, home: Path, name: str, arguments: Any) -> ToolOutco
     orjson.dumps(storable_text(outcome.content))
     if outcome.is_error:
         assert _snapshot(home) == before, f"{name} refused ({outcome.content[:200]!r}) but changed the store"
+        assert len(outcome.content) <= 4_000, f"a refusal of {name} floods the context: {outcome.content[:300]!r}"
     return outcome
 
 
@@ -143,8 +144,11 @@ def test_every_killer_value_in_every_argument_of_every_tool_is_answered(hostile_
             for value in KILLERS:
                 _check(session, home, name, {prop: value})
         # whole-argument forms: not an object, JSON text with a 5,000-digit number, extra keys
-        for arguments in ([1, 2], 10**5000, None, "[", '{"a": ' + DIGITS + "}", {"_raw": "{"}, {"extra_key": 1, **{p: 1 for p in props}}):
+        for arguments in ([1, 2], 10**5000, None, "[", '{"a": ' + DIGITS + "}", {"_raw": "{"}, {"extra_key": 1, **{p: 1 for p in props}},
+                          {"k" * 100_000: 1}, {f"extra{i}": i for i in range(1_000)}):
             _check(session, home, name, arguments)
+    # a malformed call (no id or name) is answered too
+    assert session.run_tool({"arguments": {}}).is_error
 
 
 def test_hostile_arguments_never_escape_run_tool(hostile_session):

@@ -41,7 +41,7 @@ from .messages import Message, Source, ToolCallBlock
 from .meter import Meter, Pressure
 from .surface import Surface
 from .text import storable
-from .tools import Tool, ToolOutcome, ToolRegistry
+from .tools import Tool, ToolOutcome, ToolRegistry, preview
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -421,7 +421,10 @@ class Session:
         """Run a kernel tool. Bad arguments give an error outcome; nothing is written for them."""
         self._sync_tools()
         if isinstance(call, dict):
-            call = ToolCallBlock(call["id"], call["name"], call.get("arguments") or {})
+            call_id, name = call.get("id"), call.get("name")
+            if not isinstance(call_id, str) or not isinstance(name, str):
+                return ToolOutcome(f"a tool call needs a string 'id' and 'name', got keys {preview(sorted(map(str, call))[:10], 200)}", is_error=True)
+            call = ToolCallBlock(call_id, name, call.get("arguments") or {})
         return self.tools.run(self, call)
 
     def tool_result(self, call_id: str, result: str | ToolOutcome, *, is_error: bool = False) -> int:

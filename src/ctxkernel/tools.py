@@ -108,12 +108,33 @@ def compact_schema(node: Any) -> Any:
             if len(branches) == 1:
                 out.update(compact_schema(branches[0]))
                 continue
-            if all(set(b) == {"type"} and isinstance(b["type"], str) for b in branches):
+            if _mergeable(branches):
+                # bounds are type-specific keywords (minimum applies to numbers, maxLength to
+                # strings): one type list with all of them says the same in fewer tokens
                 out["type"] = [b["type"] for b in branches]
+                for branch in branches:
+                    out.update({k: compact_schema(v) for k, v in branch.items() if k not in ("type", "title")})
                 continue
             value = branches
         out[key] = compact_schema(value)
     return out
+
+
+_STRING_KEYS = frozenset({"minLength", "maxLength", "pattern", "format"})
+_NUMBER_KEYS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
+
+
+def _mergeable(branches: list[Any]) -> bool:
+    """Plain-typed branches whose other keywords each apply to one JSON type only."""
+    if not all(isinstance(b, dict) and isinstance(b.get("type"), str) for b in branches):
+        return False
+    types = [b["type"] for b in branches]
+    if len(set(types)) != len(types):
+        return False
+    allowed = {"string": _STRING_KEYS, "integer": _NUMBER_KEYS, "number": _NUMBER_KEYS, "boolean": frozenset()}
+    return all(b["type"] in allowed and set(b) - {"type", "title"} <= allowed[b["type"]] for b in branches) and not (
+        "integer" in types and "number" in types
+    )
 
 
 class CompactTool(Tool):
@@ -171,15 +192,23 @@ def _accepts(spec: Any, defs: dict[str, Any], depth: int = 0) -> str:
 def describe_validation_error(tool: Tool, exc: ValidationError) -> str:
     """Say which arguments were wrong and what the tool accepts."""
     problems = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "(arguments)"
+    errors = exc.errors()
+    for err in errors[:MAX_PROBLEMS]:
+        # a location may hold a model-chosen key of any length: previewed like a value
+        where = preview(".".join(str(p) for p in err["loc"]) or "(arguments)")
         if err["type"] == "extra_forbidden":
-            problems.append(f"unknown argument {where!r}")
+            problems.append(f"unknown argument {where}")
         elif err["type"] == "missing":
-            problems.append(f"missing required argument {where!r}")
+            problems.append(f"missing required argument {where}")
         else:
-            problems.append(f"argument {where!r}: {err['msg']} (got {preview(err.get('input'))})")
+            problems.append(f"argument {where}: {err['msg']} (got {preview(err.get('input'))})")
+    if len(errors) > MAX_PROBLEMS:
+        problems.append(f"and {len(errors) - MAX_PROBLEMS} more problems")
     return f"{tool.name} refused: " + "; ".join(problems) + f". {accepted_arguments(tool)}. Nothing was changed."
+
+
+#: problems listed in one refusal (a 1,000-item list can have 1,000; the first ones say enough)
+MAX_PROBLEMS = 8
 
 
 def accepted_arguments(tool: Tool) -> str:

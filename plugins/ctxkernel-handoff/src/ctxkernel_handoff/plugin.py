@@ -184,7 +184,10 @@ def project(session: Session) -> dict[str, Any] | None:
         "why": mode.why or None,
         "requested": state.requested is not None,
         "last_switch": state.last_switch,
-        "last_failure": state.last_failure,
+        # not last_failure: it lives in this process only (the log records no failed switch), so
+        # a reopened session, or `ctxkernel inspect` in another process, could never show it; a
+        # panel shows what the log holds (the conformance restart check compares them). The
+        # failure is logged ("window switch did not happen") and kept on state_for(session).
         "notes": len(notes),
         "notes_bytes": notes.total_bytes,
     }
