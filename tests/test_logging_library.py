@@ -10,6 +10,7 @@ import logging
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import structlog
@@ -109,7 +110,7 @@ def test_a_tool_that_raises_gives_an_error_outcome_and_a_logged_traceback(tmp_pa
     record = next(r for r in caplog.records if r.name == "ctxkernel.tools")
     assert record.levelno == logging.ERROR
     # the traceback is on the record (exc_info), or rendered into it when structlog is configured
-    assert "Traceback" in caplog.text and 'raise RuntimeError("a bug in the tool")' in caplog.text
+    assert "in explode" in caplog.text and "RuntimeError: a bug in the tool" in caplog.text
 
 
 @pytest.fixture
@@ -142,3 +143,17 @@ def test_the_cli_level_filters_and_a_second_configure_replaces_the_first(cli_log
     _, err = capsys.readouterr()
     assert [json.loads(line)["event"] for line in err.splitlines()] == ["shown"]
     assert structlog.is_configured()
+
+
+def test_the_ctxkernel_command_keeps_its_log_lines_on_stderr(tmp_path):
+    repo = Path(__file__).resolve().parents[1]
+    home = tmp_path / "home"
+    home.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "ctxkernel.cli", "--log-level", "debug", "validate", str(repo / "profiles" / "basic.toml")],
+        capture_output=True, text=True, timeout=120, env={"CTXKERNEL_HOME": str(home), "PATH": "/usr/bin:/bin"}, cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "session created" not in done.stdout
+    events = [json.loads(line) for line in done.stderr.splitlines()]
+    assert any(e["event"] == "session created" and e["level"] == "debug" and "timestamp" in e for e in events)
