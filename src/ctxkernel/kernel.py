@@ -9,9 +9,9 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from .logging import get_logger
 from .errors import ProfileError, SessionNotFoundError
 from .events import utc_now
+from .logging import get_logger
 from .meter import Tokenizer, get_tokenizer
 from .plugins import StrategyManager, StrategySpec
 from .profile import Profile, format_validation_error, load_profile

@@ -35,9 +35,8 @@ from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-
-from .logging import get_logger
 from .errors import ConfigError, ModelError
+from .logging import get_logger
 from .messages import Message, ToolCallBlock
 from .models.base import ModelAdapter, Reply
 from .session import Session

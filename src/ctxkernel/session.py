@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from .logging import get_logger
 from . import events as ev
 from .compaction import CommitResult, Span, run_transaction
 from .errors import ConflictError, CorruptionError, EventError, ModelError, SurfaceError, ToolError
 from .events import Event, validate_shape
+from .logging import get_logger
 from .messages import Message, Source, ToolCallBlock
 from .meter import Meter, Pressure
 from .surface import Surface

@@ -158,8 +158,8 @@ def preview(value: Any, limit: int = 60) -> str:
 
 
 def _accepts(spec: Any, defs: dict[str, Any], depth: int = 0) -> str:
-    """One schema property as a model reads it: ``integer 0..20000``, ``string of 1-256 chars``,
-    ``array of at most 64 {from: ..., to: ...}``."""
+    """One schema property as a model reads it: ``integer (0..20000)``, ``string (1-256 chars)``,
+    ``array (at most 64 items) of {from: ..., to: ...}``."""
     if not isinstance(spec, dict):
         return "any"
     if "$ref" in spec:
@@ -189,6 +189,10 @@ def _accepts(spec: Any, defs: dict[str, Any], depth: int = 0) -> str:
     return text
 
 
+#: problems listed in one refusal (a 1,000-item list can have 1,000; the first ones say enough)
+MAX_PROBLEMS = 8
+
+
 def describe_validation_error(tool: Tool, exc: ValidationError) -> str:
     """Say which arguments were wrong and what the tool accepts."""
     problems = []
@@ -206,9 +210,6 @@ def describe_validation_error(tool: Tool, exc: ValidationError) -> str:
         problems.append(f"and {len(errors) - MAX_PROBLEMS} more problems")
     return f"{tool.name} refused: " + "; ".join(problems) + f". {accepted_arguments(tool)}. Nothing was changed."
 
-
-#: problems listed in one refusal (a 1,000-item list can have 1,000; the first ones say enough)
-MAX_PROBLEMS = 8
 
 
 def accepted_arguments(tool: Tool) -> str:
