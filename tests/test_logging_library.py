@@ -157,3 +157,15 @@ def test_the_ctxkernel_command_keeps_its_log_lines_on_stderr(tmp_path):
     assert "session created" not in done.stdout
     events = [json.loads(line) for line in done.stderr.splitlines()]
     assert any(e["event"] == "session created" and e["level"] == "debug" and "timestamp" in e for e in events)
+
+
+def test_library_log_lines_are_redacted_too(caplog):
+    caplog.set_level(logging.WARNING, logger="ctxkernel")
+    log = get_logger("ctxkernel.store")
+    log.warning("connect failed", dsn="postgresql://app:s3cretpassw0rd@db/app")
+    try:
+        raise RuntimeError("connect failed for postgresql://app:s3cretpassw0rd@db/app")
+    except RuntimeError:
+        log.error("store failed", exc_info=True)
+    assert "s3cretpassw0rd" not in caplog.text
+    assert "postgresql://app:***@db/app" in caplog.text and "RuntimeError" in caplog.text

@@ -19,6 +19,7 @@ import orjson
 
 from .errors import CtxKernelError
 from .logging import configure_logging
+from .redact import redact
 
 #: modules that add subcommands (each defines ``register(subparsers)``)
 COMMAND_MODULES: tuple[str, ...] = (
@@ -51,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             ep.load().register(sub)
         except Exception as exc:  # a broken plugin must not take the whole CLI down: say which one
-            print(f"ctxkernel: command plugin {ep.name!r} ({ep.value}) failed to load: {exc}", file=sys.stderr)
+            print(f"ctxkernel: command plugin {ep.name!r} ({ep.value}) failed to load: {redact(str(exc))}", file=sys.stderr)
     return parser
 
 
@@ -69,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except CtxKernelError as exc:
         # a kernel error a command did not handle is still reported as a message, not a traceback
-        sys.stderr.write(f"ctxkernel {args.command}: error: {exc}\n")
+        sys.stderr.write(f"ctxkernel {args.command}: error: {redact(str(exc))}\n")
         return EXIT_INVALID
 
 

@@ -19,6 +19,7 @@ from .cli import EXIT_INVALID, EXIT_OK, EXIT_USAGE, dump_json
 from .errors import CtxKernelError, ProfileError, SessionNotFoundError
 from .plugins import StrategyManager
 from .profile import Profile, find_profile, list_profiles, load_profile, profile_search_path
+from .redact import redact
 
 
 def register(sub: Any) -> None:
@@ -64,12 +65,12 @@ def register(sub: Any) -> None:
 
 
 def usage_error(command: str, message: str) -> int:
-    sys.stderr.write(f"ctxkernel {command}: error: {message}\n")
+    sys.stderr.write(f"ctxkernel {command}: error: {redact(message)}\n")
     return EXIT_USAGE
 
 
 def failure(command: str, message: str) -> int:
-    sys.stderr.write(f"ctxkernel {command}: {message}\n")
+    sys.stderr.write(f"ctxkernel {command}: {redact(message)}\n")
     return EXIT_INVALID
 
 
@@ -107,7 +108,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
                 session.store.close()
         except Exception as exc:  # noqa: BLE001 - a broken plugin is listed with its error, not fatal
             status = EXIT_INVALID
-            row["error"] = f"{type(exc).__name__}: {exc}"
+            row["error"] = redact(f"{type(exc).__name__}: {exc}")
         rows.append(row)
     dump_json(rows)
     return status
@@ -122,7 +123,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
             profile = load_profile(path)
             row |= {"description": profile.profile.description, "strategies": profile.profile.strategies}
         except ProfileError as exc:
-            row |= {"description": "", "strategies": [], "error": str(exc).splitlines()[0]}
+            row |= {"description": "", "strategies": [], "error": redact(str(exc).splitlines()[0])}
         rows.append(row)
     if args.json:
         dump_json(rows)

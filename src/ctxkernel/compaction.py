@@ -33,6 +33,7 @@ from .errors import (
 )
 from .events import COMPACTION_END, COMPACTION_START, COMPACTION_SUMMARY, SURFACE_DROP, USER_MESSAGE, remove_op, replace_op
 from .messages import Message, Source
+from .redact import redact
 
 if TYPE_CHECKING:
     from .session import EventSpec, Session
@@ -324,7 +325,7 @@ def run_transaction(
 
 def _fail(session: Session, compaction_id: str, exc: BaseException) -> None:
     """Step 9: exactly one error end. Retried once through a conflict with another writer."""
-    error = f"{type(exc).__name__}: {exc}"
+    error = redact(f"{type(exc).__name__}: {exc}"[:4000])  # a summarizer's error may echo a key
     for _ in range(3):
         try:
             session.refresh()

@@ -12,8 +12,10 @@ Event dicts are shaped by structlog's configured processors when the application
 own chain, which renders ``event key=value ...`` into the record's message. Either way the
 record goes to the stdlib logger.
 
-The ``ctxkernel`` command calls :func:`configure_logging`: a stderr handler on the ``ctxkernel``
-logger at the chosen level, JSON lines when stderr is not a terminal, readable lines when it is.
+The ``ctxkernel`` command calls :func:`configure_logging`: a stderr handler on the root logger,
+the ``ctxkernel`` loggers at the chosen level, JSON lines when stderr is not a terminal, readable
+lines when it is. Every field of every line, tracebacks included, passes through
+:func:`ctxkernel.redact.structlog_processor` first.
 """
 
 from __future__ import annotations
@@ -24,17 +26,24 @@ from typing import Any
 
 import structlog
 
+from .redact import structlog_processor
+
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 ROOT = "ctxkernel"
 
 
 def _render_for_stdlib(_: Any, __: str, event_dict: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The last processor when structlog is unconfigured: one readable message for any handler
-    (``session created session='…'``); a traceback asked for with ``exc_info`` goes to the record."""
+    (``session created session='…'``), the traceback (already formatted and redacted by the
+    redaction processor) on the lines after it."""
     kwargs = {key: event_dict.pop(key) for key in ("exc_info", "stack_info") if key in event_dict}
     event = str(event_dict.pop("event", ""))
+    traceback = event_dict.pop("exception", None)
     fields = " ".join(f"{key}={_short_repr(value)}" for key, value in event_dict.items())
-    return ((f"{event} {fields}" if fields else event),), kwargs
+    message = f"{event} {fields}" if fields else event
+    if isinstance(traceback, str) and traceback:
+        message += "\n" + traceback
+    return (message,), kwargs
 
 
 def _short_repr(value: Any) -> str:
@@ -46,8 +55,9 @@ def _short_repr(value: Any) -> str:
 
 
 #: the chain used while structlog is unconfigured; the level check comes first, so a debug call
-#: under an application that shows warnings costs one ``isEnabledFor``
-_LIBRARY_PROCESSORS = [structlog.stdlib.filter_by_level, _render_for_stdlib]
+#: under an application that shows warnings costs one ``isEnabledFor``; then no field (nor a
+#: traceback) carries a credential
+_LIBRARY_PROCESSORS = [structlog.stdlib.filter_by_level, structlog_processor, _render_for_stdlib]
 
 
 class LibraryLogger(structlog.stdlib.BoundLogger):
@@ -98,6 +108,8 @@ def configure_logging(level: str = "warning") -> None:
             structlog.stdlib.filter_by_level,
             structlog.processors.add_log_level,
             stamp,
+            # last before rendering: no field of any log line carries a credential
+            structlog_processor,
             structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
         ],
         wrapper_class=structlog.stdlib.BoundLogger,
@@ -111,25 +123,30 @@ def configure_logging(level: str = "warning") -> None:
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                 *renderer,
             ],
-            # records from plain stdlib loggers under "ctxkernel" get the same fields
-            foreign_pre_chain=[structlog.processors.add_log_level, stamp],
+            # records from plain stdlib loggers get the same fields, redacted too
+            foreign_pre_chain=[structlog.processors.add_log_level, stamp, structlog_processor],
         )
     )
     handler._ctxkernel_cli = True  # type: ignore[attr-defined]  # found and replaced by the next call
-    logger = logging.getLogger(ROOT)
-    for old in [h for h in logger.handlers if getattr(h, "_ctxkernel_cli", False)]:
-        logger.removeHandler(old)
-    logger.addHandler(handler)
-    logger.setLevel(_LEVELS[level])
+    # the command is the application: its handler sits on the root logger, so every record at
+    # the chosen level reaches stderr; other libraries stay at warning (a debug run shows the
+    # kernel's records, not every file lock's)
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, "_ctxkernel_cli", False)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(max(_LEVELS[level], logging.WARNING))
+    logging.getLogger(ROOT).setLevel(_LEVELS[level])
 
 
 def reset_logging() -> None:
-    """Undo :func:`configure_logging` (tests): structlog's defaults, no CLI handler, no level."""
+    """Undo :func:`configure_logging` (tests): structlog's defaults, no CLI handler, no levels."""
     structlog.reset_defaults()
-    logger = logging.getLogger(ROOT)
-    for old in [h for h in logger.handlers if getattr(h, "_ctxkernel_cli", False)]:
-        logger.removeHandler(old)
-    logger.setLevel(logging.NOTSET)
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, "_ctxkernel_cli", False)]:
+        root.removeHandler(old)
+    root.setLevel(logging.WARNING)
+    logging.getLogger(ROOT).setLevel(logging.NOTSET)
 
 
 __all__ = ["LibraryLogger", "configure_logging", "get_logger", "reset_logging"]

@@ -26,6 +26,7 @@ from pydantic_settings import (
 )
 
 from .errors import ProfileError
+from .redact import redact
 
 ENV_PREFIX = "CTXKERNEL_"
 #: Variables that share the prefix but are not profile keys.
@@ -344,5 +345,7 @@ def format_validation_error(exc: ValidationError, where: str, model: type[BaseMo
             accepted = accepted_keys(model, loc[:-1])
             lines.append(f"{where}: unknown key {full!r}; accepted keys: {accepted}")
         else:
-            lines.append(f"{where}: {full or '(top level)'}: {err['msg']} (got {err.get('input')!r:.80})")
+            # the value is echoed to help: a misplaced DSN or URL must not bring its password along
+            got = redact(repr(err.get("input"))[:400])[:80]
+            lines.append(f"{where}: {full or '(top level)'}: {err['msg']} (got {got})")
     return "\n".join(lines)

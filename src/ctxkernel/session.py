@@ -39,6 +39,7 @@ from .events import Event, validate_shape
 from .logging import get_logger
 from .messages import Message, Source, ToolCallBlock
 from .meter import Meter, Pressure
+from .redact import redact
 from .surface import Surface
 from .text import storable
 from .tools import Tool, ToolOutcome, ToolRegistry, preview
@@ -605,9 +606,9 @@ class Session:
         """
         with self._lock:
             if self.step_open:
-                self.append_one(
-                    ev.STEP_END, {"turn": self.turn, "step": self.step, "error": f"{type(error).__name__}: {error}"[:2000]}
-                )
+                # the log is permanent: a provider error that echoes a key must not reach it
+                text = redact(f"{type(error).__name__}: {error}"[:4000])[:2000]
+                self.append_one(ev.STEP_END, {"turn": self.turn, "step": self.step, "error": text})
             decision = self.kernel.hooks.request_error(self, error)
             return bool(decision)
 

@@ -35,6 +35,7 @@ from . import hookspecs
 from .errors import ConfigError, CtxKernelError, ProfileError
 from .plugins import EXCLUSIVE_CAPABILITIES, StrategyManager, StrategySpec
 from .profile import ModelSettings, Profile, deep_merge, find_profile, format_validation_error, load_profile
+from .redact import redact
 
 if TYPE_CHECKING:
     from .session import Session
@@ -77,6 +78,9 @@ class ValidationReport:
     checks: list[Check] = field(default_factory=list)
 
     def _add(self, level: Level, check: str, strategy: str | None, message: str) -> Check:
+        # CI logs are where validate runs: no check, the kernel's or a strategy's, prints a
+        # credential (a DSN's password, a key echoed by a driver's error)
+        message = redact(message)
         strategy = strategy or ""
         if level != "pass":
             # one rule for every message, including the ones strategies write: name the file
@@ -476,10 +480,11 @@ class _Validator:
 
     def check_store(self) -> None:
         from .store.base import default_home, store_from_settings
+        from .store.postgres import DSN_ENV
 
         settings = self.profile.store
         home = Path(settings.path or default_home())
-        target = settings.dsn if settings.backend == "postgres" else str(home)
+        target = redact(settings.dsn or "$" + DSN_ENV) if settings.backend == "postgres" else str(home)
         try:
             store = store_from_settings(settings, home)
             key = f"probe-{uuid.uuid4().hex}"

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from ..errors import CtxKernelError
 from ..profile import Prices
+from ..redact import redact
 from . import compare, profile_names
 from .importers import load_recording
 from .recording import RecordingError
@@ -107,7 +108,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             raise RecordingError(f"--window {args.window}: a context window needs at least 256 tokens")
         report = compare(profile_names(args.profile), recording, options)
     except CtxKernelError as exc:
-        sys.stderr.write(f"ctxkernel simulate: {exc}\n")
+        sys.stderr.write(f"ctxkernel simulate: {redact(str(exc))}\n")
         return EXIT_USAGE
     if args.format == "json":
         dump_json(report)

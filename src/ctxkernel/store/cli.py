@@ -25,6 +25,7 @@ import orjson
 
 from ..errors import StoreError
 from ..events import COMPACTION_END, COMPACTION_START, Event
+from ..redact import redact
 from .base import EventStore, SessionHeader
 
 #: a chunk is appended once it holds this many bytes or events (and no compaction is open)
@@ -42,7 +43,7 @@ def open_store(spec: str) -> EventStore:
         backend, sep, target = spec.partition(":")
         if not sep or backend not in BACKENDS or not target:
             msg = (
-                f"store {spec!r} is not BACKEND:WHERE; accepted: jsonl:PATH, sqlite:PATH, postgres:DSN "
+                f"store {redact(spec)!r} is not BACKEND:WHERE; accepted: jsonl:PATH, sqlite:PATH, postgres:DSN "
                 "(or a postgresql:// URI)"
             )
             raise StoreError(msg)
@@ -195,7 +196,7 @@ def cmd_copy(args: argparse.Namespace) -> int:
         source = open_store(args.source)
         target = open_store(args.target)
     except StoreError as exc:
-        sys.stderr.write(f"ctxkernel store copy: {exc}\n")
+        sys.stderr.write(f"ctxkernel store copy: {redact(str(exc))}\n")
         return EXIT_INVALID
     copied: list[CopyResult] = []
     try:
@@ -207,8 +208,8 @@ def cmd_copy(args: argparse.Namespace) -> int:
             progress=lambda r: (copied.append(r), sys.stderr.write(f"{r.session}: {r.status}, {r.events} events\n")),
         )
     except StoreError as exc:
-        sys.stderr.write(f"ctxkernel store copy: {exc}\n")
-        dump_json({"ok": False, "sessions": [asdict(r) for r in copied], "error": str(exc)})
+        sys.stderr.write(f"ctxkernel store copy: {redact(str(exc))}\n")
+        dump_json({"ok": False, "sessions": [asdict(r) for r in copied], "error": redact(str(exc))})
         return EXIT_INVALID
     finally:
         source.close()

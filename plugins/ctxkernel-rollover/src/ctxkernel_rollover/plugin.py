@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 import ctxkernel
 from ctxkernel import ContextOverflowError, EventSpec, Message, Source
 from ctxkernel.events import ASSISTANT_MESSAGE, USER_MESSAGE, append_op
+from ctxkernel.redact import redact
 from ctxkernel.text import tag
 
 from .state import NAME, REMINDER_KEY, state_of
@@ -224,7 +225,7 @@ def request_error(session: Session, error: ModelError) -> bool | None:
     state.overflow_streak += 1
     before = session.meter.surface_tokens()
     try:
-        switch(session, "overflow", error=f"The provider refused the request: {error}")
+        switch(session, "overflow", error=redact(f"The provider refused the request: {error}"))
     except RolloverError:
         return False
     return session.meter.surface_tokens() < before
