@@ -34,7 +34,15 @@ from pydantic import BaseModel, ValidationError
 from . import hookspecs
 from .errors import ConfigError, CtxKernelError, ProfileError
 from .plugins import EXCLUSIVE_CAPABILITIES, StrategyManager, StrategySpec
-from .profile import ModelSettings, Profile, deep_merge, find_profile, format_validation_error, load_profile
+from .profile import (
+    ModelSettings,
+    Profile,
+    deep_merge,
+    find_profile,
+    format_validation_error,
+    load_profile,
+    strategy_settings_from,
+)
 from .redact import redact
 
 if TYPE_CHECKING:
@@ -171,6 +179,10 @@ def _fix_for(line: str) -> str:
         return "rename the key to one of the accepted keys, or remove it"
     if "not valid TOML" in line:
         return "correct the TOML syntax at the position given"
+    if "not UTF-8 text" in line:
+        return "save the file as UTF-8"
+    if "environment variable" in line or "environment overrides" in line:
+        return "correct the variable's value or unset it"
     if "reserved_output_tokens" in line and "context_window" in line:
         return "lower [model] reserved_output_tokens or raise [model] context_window"
     return "set the key to a value of the accepted type and range (see docs/profiles.md)"
@@ -345,9 +357,9 @@ class _Validator:
 
     def _settings_problem(self, spec: StrategySpec, raw: dict[str, Any], table: str) -> str | None:
         try:
-            spec.settings.model_validate(raw)
-        except ValidationError as exc:
-            return format_validation_error(exc, self.where, spec.settings, table)
+            strategy_settings_from(spec.settings, raw, self.where, table)
+        except ProfileError as exc:
+            return str(exc)
         return None
 
     def _check_policy_reach(self) -> None:

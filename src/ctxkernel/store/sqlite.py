@@ -63,7 +63,11 @@ class SqliteStore:
         self.path = self.home / DATABASE_NAME
         self.busy_timeout = busy_timeout
         self._mutex = threading.RLock()  # one connection per store, shared by this process's threads
-        self.home.mkdir(parents=True, exist_ok=True)
+        try:
+            self.home.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            msg = f"cannot create the sqlite store's folder {self.home}: {exc.strerror or exc}"
+            raise StoreError(msg) from None
         try:
             self._db = sqlite3.connect(
                 self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False

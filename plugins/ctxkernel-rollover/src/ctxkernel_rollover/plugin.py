@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 
 class RolloverSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     #: share of the effective window at which the single reminder of a window is shown
     reminder_ratio: float = Field(default=0.75, gt=0, lt=1)
@@ -61,8 +61,8 @@ class RolloverSettings(BaseModel):
     overflow_retries: int = Field(default=1, ge=0, le=5)
     #: notes limits (per session): count, total bytes, bytes per note; over-limit writes are refused
     max_notes: int = Field(default=64, ge=1, le=10_000)
-    max_notes_bytes: int = Field(default=4_000_000, ge=1_000)
-    max_note_bytes: int = Field(default=1_000_000, ge=100)
+    max_notes_bytes: int = Field(default=4_000_000, ge=1_000, le=1_000_000_000)
+    max_note_bytes: int = Field(default=1_000_000, ge=100, le=1_000_000_000)
     #: a profile that also runs a summarising strategy must say so here (seed §3.7)
     allow_summary_fallback: bool = False
 
