@@ -39,11 +39,12 @@ def env(tmp_path, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def reset_logging():
-    # main() configures structlog for the process; leave the defaults to the next test
-    import structlog
+    # main() configures logging for the process (structlog and a stderr handler on the
+    # "ctxkernel" logger); leave the library defaults to the next test
+    from ctxkernel.logging import reset_logging
 
     yield
-    structlog.reset_defaults()
+    reset_logging()
 
 
 def run_cli(capsys, *argv):

@@ -40,6 +40,7 @@ from .events import Event
 from .handle import Strategy, StrategyHandle, StrategyNotes
 from .hookspecs import hookimpl
 from .kernel import Kernel
+from .logging import get_logger
 from .loop import AgentLoop, AsyncAgentLoop, AsyncSession, TurnResult
 from .messages import Message, ReasoningBlock, Source, TextBlock, ToolCallBlock, ToolResultBlock
 from .meter import Pressure
@@ -49,7 +50,7 @@ from .profile import Profile, load_profile
 from .session import EventSpec, ReplyDraft, Request, RequestHeader, Session, StepContext
 from .store.base import check_session_id
 from .surface import Node
-from .tools import CompactTool, Tool, ToolArgs, ToolOutcome, compact_schema
+from .tools import MAX_INT_ARG, CompactTool, Tool, ToolArgs, ToolOutcome, compact_schema
 from .validate import ValidationReport
 
 __all__ = [
@@ -112,9 +113,11 @@ __all__ = [
     "TurnResult",
     "UnbalancedCutError",
     "ValidationReport",
+    "MAX_INT_ARG",
     "balanced_cut_at_or_before",
     "check_session_id",
     "compact_schema",
+    "get_logger",
     "head_region",
     "hookimpl",
     "load_profile",

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import structlog
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 import ctxkernel
@@ -38,7 +37,7 @@ if TYPE_CHECKING:
     from ctxkernel import Region, Session, StepContext
 
 NAME = "basic"
-log = structlog.get_logger("ctxkernel.basic")
+log = ctxkernel.get_logger("ctxkernel.basic")
 
 DIRECTIVE = (
     "Your task is to write a summary of the conversation so far that lets work continue "

@@ -45,10 +45,10 @@ import time
 from typing import TYPE_CHECKING, Any, Self
 
 import orjson
-import structlog
 
 from ..convert import from_openai_message, to_openai_messages
 from ..errors import ConfigError, ContextOverflowError, ModelError
+from ..logging import get_logger
 from ..messages import Message, Source
 from ..redact import redact, redact_url, url_origin
 from .base import Reply
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
     from ..profile import SummarizerSettings
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 #: statuses worth retrying unchanged: rate limits and transient server trouble

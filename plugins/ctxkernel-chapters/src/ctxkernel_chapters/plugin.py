@@ -19,10 +19,8 @@ import hashlib
 import uuid
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
 import ctxkernel
-from ctxkernel import CompactionError, ContextOverflowError, Message, Source, Span, Summary, head_region
+from ctxkernel import CompactionError, ContextOverflowError, Message, Source, Span, Summary, get_logger, head_region
 
 from . import archive, artifacts, cli, toc
 from .registry import Registry
@@ -43,7 +41,7 @@ from .strategy import (
 if TYPE_CHECKING:
     from ctxkernel import ModelError, Profile, Request, Session, StepContext
 
-log = structlog.get_logger("ctxkernel.chapters")
+log = get_logger("ctxkernel.chapters")
 
 
 @ctxkernel.hookimpl

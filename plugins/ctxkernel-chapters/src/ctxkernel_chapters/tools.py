@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import orjson
 from pydantic import Field
 
-from ctxkernel import Message, Source, ToolArgs, ToolOutcome
+from ctxkernel import MAX_INT_ARG, Message, Source, ToolArgs, ToolOutcome
+from ctxkernel.text import attr
 
 from . import archive, artifacts, toc
 from . import strategy as chapters
@@ -51,42 +52,51 @@ class _Args(ToolArgs):
         return _untitled(super().model_json_schema(*args, **kwargs))
 
 
+#: hard caps of the schema: the continuation budget refuses a long handoff note well inside them
+HANDOFF_NOTE_CHARS = 200_000
+CHAPTERS_CAP = 1_000
+KEEP_INLINE_CAP = 1_000
+HANDLE_CHARS = 500
+
+Seq = Annotated[int, Field(ge=0, le=MAX_INT_ARG)]
+
+
 class ChapterRange(_Args):
-    start_seq: int = Field(ge=0)
-    end_seq: int = Field(ge=0, description="inclusive")
+    start_seq: Seq
+    end_seq: Seq = Field(description="inclusive")
     title: str = Field(min_length=1, max_length=300)
     summary: str = Field(default="", max_length=2000)
-    keep_inline: list[int] = Field(default_factory=list, description="tool result seqs kept inline, not as artifacts")
+    keep_inline: list[Seq] = Field(default_factory=list, max_length=KEEP_INLINE_CAP, description="tool result seqs kept inline, not as artifacts")
 
 
 class ContinueArgs(_Args):
     title: str = Field(min_length=1, max_length=300)
-    handoff_note: str = Field(min_length=1, description="in progress, decisions held, next step; budget-checked, never truncated")
-    chapters: list[ChapterRange] = Field(description="event ranges: ascending, contiguous, from the first unarchived event to the last turn/end")
+    handoff_note: str = Field(min_length=1, max_length=HANDOFF_NOTE_CHARS, description="in progress, decisions held, next step; budget-checked, never truncated")
+    chapters: list[ChapterRange] = Field(max_length=CHAPTERS_CAP, description="event ranges: ascending, contiguous, from the first unarchived event to the last turn/end")
 
 
 class ForkArgs(_Args):
     title: str = Field(min_length=1, max_length=300)
-    handoff_note: str = ""
+    handoff_note: str = Field(default="", max_length=HANDOFF_NOTE_CHARS)
 
 
 class ReadArgs(_Args):
-    chapter: str = Field(min_length=1, description="chapter id, number or path")
-    offset: int = Field(default=0, ge=0, description="first line")
+    chapter: str = Field(min_length=1, max_length=HANDLE_CHARS, description="chapter id, number or path")
+    offset: int = Field(default=0, ge=0, le=MAX_INT_ARG, description="first line")
     limit: int | None = Field(default=None, ge=1, le=5000)
 
 
 class SearchArgs(_Args):
     query: str = Field(min_length=1, max_length=500)
-    offset: int = Field(default=0, ge=0)
+    offset: int = Field(default=0, ge=0, le=MAX_INT_ARG)
     limit: int = Field(default=20, ge=1, le=200)
 
 
 class ArtifactArgs(_Args):
     op: Literal["toc", "search", "read"] = "toc"
-    artifact: str | None = Field(default=None, description="handle; omit with op=toc to list")
-    query: str | None = None
-    offset: int = Field(default=0, ge=0)
+    artifact: str | None = Field(default=None, max_length=HANDLE_CHARS, description="handle; omit with op=toc to list")
+    query: str | None = Field(default=None, max_length=500)
+    offset: int = Field(default=0, ge=0, le=MAX_INT_ARG)
     limit: int | None = Field(default=None, ge=1, le=5000)
 
 
@@ -324,7 +334,7 @@ def chapters_read(session: Session, args: ReadArgs) -> ToolOutcome:
     chunk = lines[args.offset : args.offset + limit]
     nxt = args.offset + len(chunk)
     head = (
-        f"chapter {record['id']} \"{chapter.title}\" · seqs {chapter.seq_range[0]}–{chapter.seq_range[1]} · "
+        f"chapter {record['id']} \"{attr(' '.join(chapter.title.split()))}\" · seqs {chapter.seq_range[0]}–{chapter.seq_range[1]} · "
         f"{chapter.tokens} tokens · sha256 verified · artifacts {chapter.artifacts}\n"
     )
     tail = f"\n(lines {args.offset + 1}-{nxt} of {len(lines)}; next page: offset={nxt})" if nxt < len(lines) else f"\n(end of chapter: {len(lines)} lines)"

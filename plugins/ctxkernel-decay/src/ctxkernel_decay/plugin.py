@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 import ctxkernel
+from ctxkernel import get_logger
 
 from . import steward
 from .anchors import decorate_message, fmt, sanitize_assistant
@@ -22,6 +23,7 @@ from .tools import tools_for
 if TYPE_CHECKING:
     from ctxkernel import CommitResult, ReplyDraft, Request, Session, StepContext
 
+log = get_logger("ctxkernel.decay")
 
 @ctxkernel.hookimpl
 def register_strategy(register: Any) -> None:

@@ -12,7 +12,6 @@ import hashlib
 from typing import TYPE_CHECKING, Any
 
 import orjson
-import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 import ctxkernel
@@ -22,7 +21,7 @@ from .state import NAME, DecayState, event_digest, replay
 if TYPE_CHECKING:
     from ctxkernel import Session
 
-log = structlog.get_logger("ctxkernel.decay")
+log = ctxkernel.get_logger("ctxkernel.decay")
 #: the snapshot is kept in the handle's key-value namespace, which is the strategy's name
 SNAPSHOT_NAMESPACE = NAME
 SNAPSHOT_VERSION = 1
@@ -44,8 +43,9 @@ class DecaySettings(BaseModel):
     #: spans per compress call
     max_spans: int = Field(default=8, ge=1, le=64)
     #: characters per span summary (after anchors are stripped)
-    summary_max_chars: int = Field(default=6_000, ge=100, le=1_000_000)
-    topic_max_chars: int = Field(default=80, ge=1, le=10_000)
+    # le: the compress schema's caps (tools.SUMMARY_CHARS_CAP, TOPIC_CHARS_CAP) bound what a profile may allow
+    summary_max_chars: int = Field(default=6_000, ge=100, le=100_000)
+    topic_max_chars: int = Field(default=80, ge=1, le=1_000)
     #: refuse compressions that do not pay back their prefix-cache miss (below the first warning)
     cost_guard: bool = False
     #: price of a cached input token relative to an uncached one

@@ -9,11 +9,11 @@ then do all spans of one call commit in a single kernel compaction transaction.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
-from ctxkernel import Message, Source, Span, Tool, ToolArgs, ToolOutcome
+from ctxkernel import MAX_INT_ARG, Message, Source, Span, Tool, ToolArgs, ToolOutcome
 
 from .anchors import describe_visible, fmt, parse_anchor, strip_anchors
 from .state import BLOCK_FORM, NAME
@@ -45,31 +45,42 @@ def _compact_schema(schema: dict[str, Any]) -> None:
         if variants is not None:
             types = [v["type"] for v in variants if v.get("type") != "null"]
             prop["type"] = types[0] if len(types) == 1 else types
+            for variant in variants:  # bounds are type-specific keywords: they merge without clashing
+                prop.update({k: v for k, v in variant.items() if k != "type"})
 
 
 _SCHEMA = ConfigDict(extra="forbid", populate_by_name=True, json_schema_extra=lambda schema, _cls: _compact_schema(schema))
 
 
+#: hard caps of the schema; the profile's settings (``summary_max_chars`` ≤ this, ``max_spans``
+#: ≤ 64, ``topic_max_chars``) refuse or clip further inside them
+SUMMARY_CHARS_CAP = 100_000
+TOPIC_CHARS_CAP = 1_000
+SPANS_CAP = 64
+#: an anchor as text ("⟦p12⟧", "p12", "12") or as a number
+Anchor = Annotated[StrictStr, Field(max_length=32)] | Annotated[StrictInt, Field(ge=1, le=MAX_INT_ARG)]
+
+
 class SpanArg(BaseModel):
     model_config = _SCHEMA
 
-    from_: StrictStr | StrictInt = Field(alias="from", description="first anchor, e.g. ⟦p12⟧")
-    to: StrictStr | StrictInt = Field(description="last anchor, inclusive")
-    summary: str
-    topic: str | None = None
+    from_: Anchor = Field(alias="from", description="first anchor, e.g. ⟦p12⟧")
+    to: Anchor = Field(description="last anchor, inclusive")
+    summary: str = Field(max_length=SUMMARY_CHARS_CAP)
+    topic: str | None = Field(default=None, max_length=TOPIC_CHARS_CAP)
 
 
 class CompressArgs(ToolArgs):
     model_config = _SCHEMA
 
-    spans: list[SpanArg]
+    spans: list[SpanArg] = Field(max_length=SPANS_CAP)
 
 
 class DropArgs(ToolArgs):
     model_config = _SCHEMA
 
-    left: StrictStr | StrictInt
-    right: StrictStr | StrictInt
+    left: Anchor
+    right: Anchor
 
 
 class Refusal(Exception):
@@ -178,7 +189,7 @@ def plan_compress(session: Session, state: DecayState, settings: DecaySettings, 
         if len(summary) > settings.summary_max_chars:
             msg = f"span {i} summary has {len(summary)} characters; the limit is {settings.summary_max_chars}: shorten it"
             raise Refusal(msg)
-        topic = strip_anchors(span.topic)[: settings.topic_max_chars] if span.topic else None
+        topic = header_topic(span.topic)[: settings.topic_max_chars] if span.topic else None
         start = _resolve(state, session, span.from_, "from", i)
         end = _resolve(state, session, span.to, "to", i)
         if start > end:
@@ -220,6 +231,15 @@ def plan_compress(session: Session, state: DecayState, settings: DecaySettings, 
             )
             raise Refusal(msg)
     return planned
+
+
+def header_topic(topic: str) -> str:
+    """A topic as it may stand in a block's ``[compressed · tier N · topic]`` header: one line, no
+    anchors, no brackets (a model-written topic cannot end the header and forge a second one)."""
+    return " ".join(strip_anchors(topic).translate(_BRACKETS).split())
+
+
+_BRACKETS = str.maketrans({"[": "(", "]": ")"})
 
 
 def block_message(summary: str, topic: str | None, tier: int) -> Message:

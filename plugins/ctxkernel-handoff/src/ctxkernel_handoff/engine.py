@@ -19,9 +19,15 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
-from ctxkernel import CompactionError, CtxKernelError, Span, StrategyNotes, head_region, whole_surface_but_last
+from ctxkernel import (
+    CompactionError,
+    CtxKernelError,
+    Span,
+    StrategyNotes,
+    get_logger,
+    head_region,
+    whole_surface_but_last,
+)
 from ctxkernel.events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, REQUEST_HEADER, USER_MESSAGE
 from ctxkernel.recall.history import History
 
@@ -32,7 +38,7 @@ from .strategy import STRATEGY
 if TYPE_CHECKING:
     from ctxkernel import CommitResult, Region, Session, Summary
 
-log = structlog.get_logger("ctxkernel_handoff")
+log = get_logger("ctxkernel.handoff")
 
 #: host defaults when the ``basic`` strategy is not loaded (DSH's defaults)
 HOST_THRESHOLD = 0.8

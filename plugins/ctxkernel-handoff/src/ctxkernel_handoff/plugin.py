@@ -5,11 +5,10 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-import structlog
 from pydantic import ValidationError
 
 import ctxkernel
-from ctxkernel import ContextOverflowError
+from ctxkernel import ContextOverflowError, get_logger
 from ctxkernel.recall.history import History
 
 from .engine import (
@@ -32,7 +31,7 @@ from .tools import TOOL_NAMES, build_tools
 if TYPE_CHECKING:
     from ctxkernel import CommitResult, ModelError, Profile, Region, Request, Session, StepContext, Summary
 
-log = structlog.get_logger("ctxkernel_handoff")
+log = get_logger("ctxkernel.handoff")
 
 PROMPT = (
     "Context windows: this session runs in numbered context windows. When a window fills up, or when you call "
@@ -178,7 +177,10 @@ def project(session: Session) -> dict[str, Any] | None:
         "why": mode.why or None,
         "requested": state.requested is not None,
         "last_switch": state.last_switch,
-        "last_failure": state.last_failure,
+        # not last_failure: it lives in this process only (the log records no failed switch), so
+        # a reopened session, or `ctxkernel inspect` in another process, could never show it; a
+        # panel shows what the log holds (the conformance restart check compares them). The
+        # failure is logged ("window switch did not happen") and kept on state_for(session).
         "notes": len(notes),
         "notes_bytes": notes.total_bytes,
     }

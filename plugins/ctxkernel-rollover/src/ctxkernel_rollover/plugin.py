@@ -22,6 +22,7 @@ import ctxkernel
 from ctxkernel import ContextOverflowError, EventSpec, Message, Source
 from ctxkernel.events import ASSISTANT_MESSAGE, USER_MESSAGE, append_op
 from ctxkernel.redact import redact
+from ctxkernel.text import tag
 
 from .settings import RolloverSettings
 from .state import NAME, REMINDER_KEY, state_of
@@ -148,7 +149,7 @@ def _fresh(session: Session) -> bool:
 
 def _remind(session: Session, window: str, pressure: Any) -> None:
     text = (
-        f"<rollover-reminder window=\"{window}\">This context window is {pressure.ratio:.0%} full "
+        f"{tag('rollover-reminder', window=window)}This context window is {pressure.ratio:.0%} full "
         f"({pressure.remaining} tokens left). Save what the next window needs in notes (the goal, decisions, "
         "current state, next steps), then call new_context(next_goal=...). If you do not, a new window starts "
         "automatically near the limit with your notes as its seed. Nothing is summarised.</rollover-reminder>"

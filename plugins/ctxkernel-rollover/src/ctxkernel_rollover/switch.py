@@ -11,9 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
-from ctxkernel import CtxKernelError, Message, Source, Span, StrategyNotes
+from ctxkernel import CtxKernelError, Message, Source, Span, StrategyNotes, get_logger
 from ctxkernel.events import TURN_START, USER_MESSAGE
 from ctxkernel.recall.notes import NotesLimits
 
@@ -27,7 +25,7 @@ if TYPE_CHECKING:
 
     from .settings import RolloverSettings
 
-log = structlog.get_logger("ctxkernel.rollover")
+log = get_logger("ctxkernel.rollover")
 
 
 class RolloverError(CtxKernelError):

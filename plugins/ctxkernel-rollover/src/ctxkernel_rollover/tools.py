@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import orjson
 from pydantic import Field
 
-from ctxkernel import CompactTool, Tool, ToolArgs, ToolOutcome
-from ctxkernel.recall.history import History
-from ctxkernel.recall.notes import Note, NoteNotFoundError, render_note
+from ctxkernel import MAX_INT_ARG, CompactTool, Tool, ToolArgs, ToolOutcome
+from ctxkernel.recall.history import ITEM_CHARS_MAX, LIST_MAX, QUERY_MAX_CHARS, History
+from ctxkernel.recall.notes import MAX_PATH_CHARS, Note, NoteNotFoundError, NotesLimits, render_note
 
 from .state import state_of
 from .strategy import STRATEGY
@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 
 NEW_CONTEXT_ANSWER = "A new context window will start without summarizing conversation history."
 READ_CHARS_MAX = 20_000
+#: longest note content argument: the notes store's default per-note limit (bytes >= characters)
+CONTENT_ARG_CHARS = NotesLimits.max_note_bytes
+#: history ids (item_<seq>), cursors and window ids
+ID_ARG_CHARS = 128
 
 
 def _trust(from_tool_output: bool) -> str:
@@ -50,8 +54,8 @@ def _brief(note: Note) -> str:
 
 
 class NoteCreateArgs(ToolArgs):
-    path: str = Field(description="e.g. 'goal' or 'plan/next'")
-    content: str
+    path: str = Field(max_length=MAX_PATH_CHARS, description="e.g. 'goal' or 'plan/next'")
+    content: str = Field(max_length=CONTENT_ARG_CHARS)
     from_tool_output: bool = Field(default=False, description="true if copied from tool output")
 
 
@@ -62,8 +66,8 @@ def note_create(session: Session, args: NoteCreateArgs) -> ToolOutcome:
 
 
 class NoteUpdateArgs(ToolArgs):
-    note: str = Field(description="the note's id (n_...) or path")
-    content: str
+    note: str = Field(max_length=MAX_PATH_CHARS, description="the note's id (n_...) or path")
+    content: str = Field(max_length=CONTENT_ARG_CHARS)
     from_tool_output: bool = False
 
 
@@ -78,8 +82,8 @@ def note_update(session: Session, args: NoteUpdateArgs) -> ToolOutcome:
 
 
 class NoteAppendArgs(ToolArgs):
-    path: str
-    text: str
+    path: str = Field(max_length=MAX_PATH_CHARS)
+    text: str = Field(max_length=CONTENT_ARG_CHARS)
     from_tool_output: bool = False
 
 
@@ -90,9 +94,9 @@ def note_append(session: Session, args: NoteAppendArgs) -> ToolOutcome:
 
 
 class NoteGetArgs(ToolArgs):
-    note: str = Field(description="the note's id (n_...) or path")
-    version: int | None = Field(default=None, ge=1, description="default: latest")
-    offset_chars: int = Field(default=0, ge=0)
+    note: str = Field(max_length=MAX_PATH_CHARS, description="the note's id (n_...) or path")
+    version: int | None = Field(default=None, ge=1, le=MAX_INT_ARG, description="default: latest")
+    offset_chars: int = Field(default=0, ge=0, le=MAX_INT_ARG)
     max_chars: int = Field(default=8_000, ge=1, le=READ_CHARS_MAX)
 
 
@@ -112,7 +116,7 @@ def note_get(session: Session, args: NoteGetArgs) -> ToolOutcome:
 
 
 class NoteDeleteArgs(ToolArgs):
-    note: str = Field(description="the note's id (n_...) or path")
+    note: str = Field(max_length=MAX_PATH_CHARS, description="the note's id (n_...) or path")
 
 
 def note_delete(session: Session, args: NoteDeleteArgs) -> ToolOutcome:
@@ -123,9 +127,9 @@ def note_delete(session: Session, args: NoteDeleteArgs) -> ToolOutcome:
 
 
 class NoteListArgs(ToolArgs):
-    prefix: str = ""
+    prefix: str = Field(default="", max_length=MAX_PATH_CHARS)
     limit: int = Field(default=20, ge=1, le=50)
-    cursor: str | None = None
+    cursor: str | None = Field(default=None, max_length=MAX_PATH_CHARS)
 
 
 def note_list(session: Session, args: NoteListArgs) -> ToolOutcome:
@@ -142,7 +146,7 @@ def note_list(session: Session, args: NoteListArgs) -> ToolOutcome:
 class NoteSearchArgs(ToolArgs):
     query: str = Field(min_length=1, max_length=1_000)
     case_sensitive: bool = True
-    prefix: str = ""
+    prefix: str = Field(default="", max_length=MAX_PATH_CHARS)
 
 
 def note_search(session: Session, args: NoteSearchArgs) -> ToolOutcome:
@@ -192,15 +196,15 @@ def context_remaining(session: Session, args: NoArgs) -> ToolOutcome:
 
 
 class HistoryLookupArgs(ToolArgs):
-    window: str | None = Field(default=None, description="window id, win_<n> or number")
-    seq_from: int | None = Field(default=None, ge=0)
-    seq_to: int | None = Field(default=None, ge=0)
+    window: str | None = Field(default=None, max_length=ID_ARG_CHARS, description="window id, win_<n> or number")
+    seq_from: int | None = Field(default=None, ge=0, le=MAX_INT_ARG)
+    seq_to: int | None = Field(default=None, ge=0, le=MAX_INT_ARG)
     role: Literal["user", "plugin", "assistant", "tool", "summary", "event"] | None = None
-    query: str | None = Field(default=None, min_length=1, max_length=1_000)
+    query: str | None = Field(default=None, min_length=1, max_length=QUERY_MAX_CHARS)
     case_sensitive: bool = True
-    limit: int = Field(default=20, ge=1, le=50)
-    max_chars: int = Field(default=400, ge=1, le=1_000, description="preview per item")
-    cursor: str | None = None
+    limit: int = Field(default=20, ge=1, le=LIST_MAX)
+    max_chars: int = Field(default=400, ge=1, le=ITEM_CHARS_MAX, description="preview per item")
+    cursor: str | None = Field(default=None, max_length=ID_ARG_CHARS)
 
 
 def _window_ref(session: Session, ref: str | None) -> str | int | None:
@@ -236,8 +240,8 @@ def history_lookup(session: Session, args: HistoryLookupArgs) -> ToolOutcome:
 
 
 class HistoryReadArgs(ToolArgs):
-    item: str = Field(description="e.g. item_42")
-    offset_chars: int = Field(default=0, ge=0)
+    item: str = Field(max_length=ID_ARG_CHARS, description="e.g. item_42")
+    offset_chars: int = Field(default=0, ge=0, le=MAX_INT_ARG)
     max_chars: int = Field(default=8_000, ge=1, le=READ_CHARS_MAX)
 
 
