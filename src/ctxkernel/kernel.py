@@ -7,18 +7,18 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import structlog
 from pydantic import BaseModel
 
 from .errors import ProfileError, SessionNotFoundError
 from .events import utc_now
+from .logging import get_logger
 from .meter import Tokenizer, get_tokenizer
 from .plugins import StrategyManager, StrategySpec
 from .profile import Profile, load_profile, strategy_settings_from
 from .session import Session, gc_paused
-from .store.base import EventStore, SessionHeader, default_home, store_from_settings
+from .store import EventStore, SessionHeader, default_home, store_from_settings
 
-log = structlog.get_logger("ctxkernel.kernel")
+log = get_logger("ctxkernel.kernel")
 
 
 class Kernel:

@@ -11,6 +11,8 @@ This is the only module that reads profile files.
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import math
 import os
 import tomllib
@@ -214,6 +216,13 @@ class Profile(BaseSettings):
         except ValidationError as exc:
             raise ProfileError(format_validation_error(exc, self.where, ModelSettings, "model_policies.model")) from None
 
+    def store_home(self) -> Path:
+        """The folder a file-based store (jsonl, sqlite) of this profile writes under:
+        ``[store] path``, else the kernel home (``$CTXKERNEL_HOME``)."""
+        from .store.base import default_home
+
+        return Path(self.store.path or default_home()).expanduser()
+
     def strategy_settings(self, strategy: str, provider: str | None = None, name: str | None = None) -> dict[str, Any]:
         """Raw settings of one strategy, deep-merged with the matching policy's table."""
         merged = dict(self.strategies.get(strategy, {}))
@@ -237,7 +246,7 @@ class _ProfileEnvSource(EnvSettingsSource):
         try:
             return super().decode_complex_value(field_name, field, value)
         except ValueError as exc:
-            names = [k.upper() for k, v in self.env_vars.items() if v == value]  # type: ignore[attr-defined]
+            names = [k.upper() for k, v in self.env_vars.items() if v == value]
             variable = names[0] if names else f"{ENV_PREFIX}{field_name}".upper()
             msg = (
                 f"environment variable {variable}: not valid JSON ({exc}); a variable that sets a whole "
@@ -259,14 +268,49 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
     return out
 
 
+#: Entry-point group through which a distribution ships profiles: the value names a top-level
+#: package whose ``profiles/`` folder holds ``<name>.toml`` files (``decay = "ctxkernel_decay"``).
+PROFILE_ENTRY_POINT_GROUP = "ctxkernel.profiles"
+#: The kernel's own shipped profiles (``basic``) live in this package's ``profiles/`` folder.
+KERNEL_PACKAGE = "ctxkernel"
+
+
+def _package_profiles(package: str) -> Path | None:
+    # find_spec locates a top-level package without importing it, so listing profiles never runs
+    # a plugin's code (and works the same for wheels and editable installs)
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / "profiles"
+
+
+def installed_profile_dirs() -> list[Path]:
+    """The ``profiles/`` folders shipped inside installed distributions: the kernel's first, then
+    each ``ctxkernel.profiles`` entry point's, sorted by entry-point name."""
+    packages = [KERNEL_PACKAGE]
+    entry_points = importlib.metadata.entry_points(group=PROFILE_ENTRY_POINT_GROUP)
+    packages += [ep.value.partition(":")[0] for ep in sorted(entry_points, key=lambda ep: ep.name)]
+    dirs: list[Path] = []
+    for package in packages:
+        folder = _package_profiles(package)
+        if folder is not None and folder not in dirs:
+            dirs.append(folder)
+    return dirs
+
+
 def profile_search_path() -> list[Path]:
-    """Folders searched for ``<name>.toml``: ``$CTXKERNEL_PROFILE_PATH`` (os.pathsep-separated),
-    ``./profiles``, then ``$CTXKERNEL_HOME/profiles``."""
+    """Folders searched for ``<name>.toml``, first match wins: ``$CTXKERNEL_PROFILE_PATH``
+    (os.pathsep-separated), ``./profiles``, ``$CTXKERNEL_HOME/profiles``, then the profiles the
+    installed distributions ship (:func:`installed_profile_dirs`)."""
     from .store.base import default_home
 
     dirs = [Path(p) for p in os.environ.get("CTXKERNEL_PROFILE_PATH", "").split(os.pathsep) if p]
     dirs.append(Path.cwd() / "profiles")
     dirs.append(default_home() / "profiles")
+    dirs.extend(installed_profile_dirs())
     return dirs
 
 

@@ -31,17 +31,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
-import structlog
 
 from . import events as ev
 from .compaction import CommitResult, Span, run_transaction
 from .errors import ConflictError, CorruptionError, EventError, ModelError, SurfaceError, ToolError
-from .events import Event, validate_shape
+from .events import Event, EventSpec, validate_shape
+from .logging import get_logger
 from .messages import Message, Source, ToolCallBlock
 from .meter import Meter, Pressure
 from .redact import redact
 from .surface import Surface
-from .tools import Tool, ToolOutcome, ToolRegistry
+from .text import storable
+from .tools import Tool, ToolOutcome, ToolRegistry, preview
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -50,17 +51,17 @@ if TYPE_CHECKING:
     from .profile import ModelSettings
     from .store.base import SessionHeader
 
-log = structlog.get_logger("ctxkernel.session")
+log = get_logger("ctxkernel.session")
 
 
 @dataclass(frozen=True)
-class EventSpec:
-    """An event to append; the session assigns its seq and time."""
+class RequestHeader:
+    """What every request carries before the surface: the composed system prompt, the tool
+    schemas (strategies' and the harness's) and their token count."""
 
-    type: str
-    data: dict[str, Any]
-    surface: dict[str, Any] | None = None
-    ignorable: bool = False
+    system: str
+    tools: list[dict[str, Any]]
+    tokens: int
 
 
 @dataclass
@@ -187,7 +188,7 @@ class Session:
         self.state: dict[str, Any] = {}
         # who holds a compaction lock: host and pid, plus a token naming this Session object so a
         # second Session on the same id in this process does not take a live lock for a dead one
-        self.holder = {"host": socket.gethostname(), "pid": os.getpid(), "token": uuid.uuid4().hex}
+        self.holder: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid(), "token": uuid.uuid4().hex}
         _LIVE_HOLDERS.add(self.holder["token"])
         weakref.finalize(self, _LIVE_HOLDERS.discard, self.holder["token"])
         self._lock = threading.RLock()
@@ -223,6 +224,12 @@ class Session:
     def model_settings(self) -> ModelSettings:
         route = self.route or {}
         return self.kernel.profile.model_for(route.get("provider"), route.get("model"))
+
+    @property
+    def lock(self) -> threading.RLock:
+        """The session's re-entrant lock: hold it to make several calls one atomic unit within
+        this process (every mutating call takes it too)."""
+        return self._lock
 
     def refresh(self) -> int:
         """Fold events other writers appended since we last looked; returns how many."""
@@ -294,13 +301,20 @@ class Session:
             start = len(self.events)
             time = ev.utc_now()
             built = [Event(start + i, s.type, s.data, time, s.surface, s.ignorable) for i, s in enumerate(batch)]
-            for event in built:
+            for i, event in enumerate(built):
                 validate_shape(event)
                 try:
                     orjson.dumps(event.data)
                 except TypeError as exc:
-                    msg = f"{event.type} event data is not JSON-serialisable: {exc}"
-                    raise EventError(msg) from None
+                    # the one place every text enters the log: a lone surrogate (a non-UTF-8 file
+                    # name, a "\ud800" escape from a server) becomes U+FFFD instead of failing the turn
+                    cleaned = storable(event.data)
+                    try:
+                        orjson.dumps(cleaned)
+                    except TypeError:
+                        msg = f"{event.type} event data is not JSON-serialisable: {exc}"
+                        raise EventError(msg) from None
+                    built[i] = event = Event(event.seq, event.type, cleaned, event.time, event.surface, event.ignorable)
             surface_events = [e for e in built if e.type in ev.MESSAGE_TYPES or e.type == ev.SURFACE_DROP]
             messages: dict[int, Message | None] = {}
             if len(surface_events) <= 1:
@@ -482,7 +496,10 @@ class Session:
         """Run a kernel tool. Bad arguments give an error outcome; nothing is written for them."""
         self._sync_tools()
         if isinstance(call, dict):
-            call = ToolCallBlock(call["id"], call["name"], call.get("arguments") or {})
+            call_id, name = call.get("id"), call.get("name")
+            if not isinstance(call_id, str) or not isinstance(name, str):
+                return ToolOutcome(f"a tool call needs a string 'id' and 'name', got keys {preview(sorted(map(str, call))[:10], 200)}", is_error=True)
+            call = ToolCallBlock(call_id, name, call.get("arguments") or {})
         return self.tools.run(self, call)
 
     def tool_result(self, call_id: str, result: str | ToolOutcome, *, is_error: bool = False) -> int:
@@ -520,6 +537,11 @@ class Session:
         _, system, tools, digest, tokens = self._system_cache
         return system, tools, digest, tokens
 
+    def request_header(self) -> RequestHeader:
+        """The system prompt and tool schemas every request carries, and their token count."""
+        system, tools, _, tokens = self._system_and_tools()
+        return RequestHeader(system, tools, tokens)
+
     def invalidate_header(self) -> None:
         """Call when a strategy's system prompt section changed."""
         self._system_cache = None
@@ -534,7 +556,7 @@ class Session:
 
     def set_harness_tools(self, schemas: list[dict[str, Any]]) -> None:
         """The harness's own tool schemas: sent with every request and counted by the meter."""
-        self.harness_tools = list(schemas)
+        self.harness_tools = storable(list(schemas))
         self._system_cache = None
 
     def set_harness_system(self, system: str | None) -> None:
@@ -637,7 +659,8 @@ class Session:
         from .convert import reply_to_message
 
         with self._lock:
-            message = reply_to_message(reply)
+            # untrusted text: lone surrogates become U+FFFD before hooks, the meter or the log see it
+            message = _storable_message(reply_to_message(reply))
             if usage is None:
                 usage = getattr(reply, "usage", None)
             if message.role != "assistant":
@@ -745,6 +768,13 @@ class Session:
 
 
 _LIVE_HOLDERS: set[str] = set()
+
+
+def _storable_message(message: Message) -> Message:
+    """``message`` with lone surrogates in any of its text replaced (the same object when clean)."""
+    data = message.to_dict()
+    cleaned = storable(data)
+    return message if cleaned is data else Message.from_dict(cleaned)
 
 
 @contextlib.contextmanager

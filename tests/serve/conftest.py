@@ -12,13 +12,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
+import openai
 import pytest
-
-pytest.importorskip("starlette")
-pytest.importorskip("uvicorn")
-openai = pytest.importorskip("openai")
-anthropic = pytest.importorskip("anthropic")
-
 import uvicorn
 
 from ctxkernel.serve.app import ServeConfig, create_app

@@ -36,7 +36,6 @@ from typing import Any
 
 import anyio
 import orjson
-import structlog
 from starlette.applications import Starlette
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -45,6 +44,7 @@ from starlette.routing import Mount, Route
 from ..errors import ContextOverflowError, CtxKernelError, EventError, ModelError
 from ..events import ASSISTANT_MESSAGE, COMPACTION_START, COMPACTION_SUMMARY
 from ..kernel import Kernel
+from ..logging import get_logger
 from ..messages import Message, Source
 from ..models.openai_http import classify_http_error
 from ..profile import load_profile, override_window
@@ -56,7 +56,7 @@ from .reconcile import inherit, ledger_for, reconcile, record_follow, reply_reco
 from .upstream import Limits, Upstream, UpstreamError, join_url
 from .wire import MAX_BODY_BYTES, ClientRequest, MessageMemo, WireError, add_usage, iter_sse
 
-log = structlog.get_logger("ctxkernel.serve")
+log = get_logger("ctxkernel.serve")
 
 DEFAULT_OPENAI_UPSTREAM = "https://api.openai.com/v1"
 DEFAULT_ANTHROPIC_UPSTREAM = "https://api.anthropic.com"

@@ -210,12 +210,13 @@ def _drop_branch(session: Session, ledger: Ledger, k: int) -> bool:
     """Drop ledger positions k.. (and everything after them) from the surface, if they are all
     still visible and start at a balanced cut; False when only a fork can do."""
     seqs = ledger.seqs[k:]
-    if any(seq is None or session.surface.node(seq) is None for seq in seqs):
+    first = seqs[0] if seqs else None
+    if first is None or any(seq is None or session.surface.node(seq) is None for seq in seqs):
         return False
     session.abandon_step("rewritten")
     nodes = session.surface.nodes
     try:
-        session.compact(Span(seqs[0], nodes[-1].seq, remove=True), strategy="serve", kind="rewrite", single_batch=True)
+        session.compact(Span(first, nodes[-1].seq, remove=True), strategy="serve", kind="rewrite", single_batch=True)
     except CompactionError:
         return False
     return True
