@@ -25,7 +25,6 @@ one at a time per session because of the lock above.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import time
 import weakref
@@ -745,12 +744,14 @@ class Handler:
 
 
 def ui_mount(kernel: Kernel) -> list[Mount]:
-    """The web inspector at ``/ui`` when ``ctxkernel.ui`` is installed, else nothing."""
-    if importlib.util.find_spec("ctxkernel.ui") is None:
+    """The web inspector at ``/ui`` when the ``ui`` extra (Jinja2) is installed, else nothing."""
+    # imported here, not at the top: the inspector's dependencies are an extra of their own
+    try:
+        from ..ui import create_app as create_ui_app
+    except ImportError as exc:
+        log.info("serve.ui_not_mounted", reason=str(exc))
         return []
-    from .. import ui  # type: ignore[attr-defined]
-
-    return [Mount("/ui", app=ui.create_app(kernel=kernel))]
+    return [Mount("/ui", app=create_ui_app(kernel=kernel))]
 
 
 def build_kernel(config: ServeConfig) -> Kernel:
