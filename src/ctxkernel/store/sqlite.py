@@ -6,7 +6,9 @@ Layout (schema version :data:`SCHEMA_VERSION`, recorded in ``meta``)::
     events(session, seq, type, body TEXT, PRIMARY KEY (session, seq))   -- body: the orjson event
     kv(namespace, key, value TEXT, PRIMARY KEY (namespace, key))
 
-WAL mode lets readers run beside the one writer; ``synchronous=FULL`` makes every committed batch
+Opening (connect, the switch to WAL, the schema) is serialised across processes by a lock file
+beside the database (``ctxkernel.sqlite3.init.lock``): SQLite fails one of two connections that
+switch a fresh database to WAL at once without waiting. WAL mode lets readers run beside the one writer; ``synchronous=FULL`` makes every committed batch
 durable; the busy timeout makes a second process wait for the write lock instead of failing.
 A batch is one ``BEGIN IMMEDIATE`` transaction that checks and bumps ``sessions.next_seq`` and
 inserts the events, so a stale writer gets :class:`ConflictError` with nothing written, and a
@@ -23,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from filelock import FileLock
+from filelock import Timeout as FileLockTimeout
 
 from ..errors import ConflictError, CorruptionError, SessionExistsError, SessionNotFoundError, StoreError
 from ..events import Event
@@ -64,11 +68,25 @@ class SqliteStore:
         self.busy_timeout = busy_timeout
         self._mutex = threading.RLock()  # one connection per store, shared by this process's threads
         self.home.mkdir(parents=True, exist_ok=True)
+        # Opening is serialised across processes by a lock file beside the database. Two processes
+        # switching a fresh database to WAL at once both hold a SHARED lock and both ask for the
+        # EXCLUSIVE one; SQLite breaks that deadlock by failing one of them at once with "database
+        # is locked", without calling the busy handler, so busy_timeout cannot help (the cause of
+        # the two-worker test's broken pipes: a worker died while opening its store).
+        init_lock = FileLock(str(self.path) + ".init.lock", timeout=busy_timeout)
+        try:
+            with init_lock:
+                self._open(durable)
+        except FileLockTimeout:
+            msg = f"cannot open the sqlite store {self.path}: another process held {init_lock.lock_file} for {busy_timeout} s"
+            raise StoreError(msg) from None
+
+    def _open(self, durable: bool) -> None:
         try:
             self._db = sqlite3.connect(
-                self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
+                self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
             )
-            self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+            self._db.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
             mode = self._db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             # FULL: a committed batch survives power loss in WAL mode too (NORMAL would not)
             self._db.execute(f"PRAGMA synchronous = {'FULL' if durable else 'OFF'}")
