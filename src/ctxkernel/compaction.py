@@ -38,7 +38,7 @@ from .errors import (
     SurfaceError,
     UnbalancedCutError,
 )
-from .events import COMPACTION_END, COMPACTION_START, COMPACTION_SUMMARY, SURFACE_DROP, USER_MESSAGE, remove_op, replace_op
+from .events import COMPACTION_END, COMPACTION_START, COMPACTION_SUMMARY, SURFACE_DROP, TOOL_RESULT, USER_MESSAGE, remove_op, replace_op
 from .messages import Message, Source
 
 if TYPE_CHECKING:
@@ -98,7 +98,9 @@ class Span:
     """One range a transaction replaces (``start``..``end`` are surface node seqs).
 
     Give ``message`` for an exact replacement, or ``summary`` text to be wrapped by the
-    transaction's ``render``; with neither, the ``summarize`` hook writes it. ``remove`` drops
+    transaction's ``render``; with neither, the ``summarize`` hook writes it. A span of one tool
+    result whose ``message`` is a tool message rewrites that result's content in place (same call
+    id, name and error flag), keeping its pairing. ``remove`` drops
     the range with no replacement (a cited ``surface/drop``).
     """
 
@@ -165,10 +167,18 @@ def validate_spans(surface: Surface, spans: Sequence[Span]) -> list[list[Node]]:
             nodes = surface.span(span.start, span.end)
         except SurfaceError as exc:
             raise CompactionError(f"span {i} ({span.start}..{span.end}): {exc}") from None
-        try:
-            surface.check_range_closed(nodes)
-        except SurfaceError as exc:
-            raise UnbalancedCutError(f"span {i} ({span.start}..{span.end}) is not a balanced cut: {exc}") from None
+        if span.message is not None and span.message.role == "tool" and not _is_result_rewrite(span, nodes):
+            msg = f"span {i} ({span.start}..{span.end}): a tool message can replace only one tool result"
+            raise CompactionError(msg)
+        if _is_result_rewrite(span, nodes):
+            # a content-only replacement of one tool result keeps its pairing (the surface checks
+            # that the call id, name and error flag are unchanged), so it is not a cut at all
+            pass
+        else:
+            try:
+                surface.check_range_closed(nodes)
+            except SurfaceError as exc:
+                raise UnbalancedCutError(f"span {i} ({span.start}..{span.end}) is not a balanced cut: {exc}") from None
         for n in nodes:
             if n.seq in taken:
                 msg = f"span {i} ({span.start}..{span.end}) overlaps span {taken[n.seq]} at seq {n.seq}"
@@ -179,6 +189,16 @@ def validate_spans(surface: Surface, spans: Sequence[Span]) -> list[list[Node]]:
             raise CompactionError(msg)
         resolved.append(nodes)
     return resolved
+
+
+def _is_result_rewrite(span: Span, nodes: list[Node]) -> bool:
+    """True for a span that replaces one tool result with a tool message (new content only)."""
+    return (
+        len(nodes) == 1
+        and nodes[0].role == "tool"
+        and span.message is not None
+        and span.message.role == "tool"
+    )
 
 
 def open_compaction(session: Session) -> dict[str, Any] | None:
@@ -315,7 +335,8 @@ def run_transaction(
             if message is None:
                 batch.append(EventSpec(SURFACE_DROP, {"strategy": strategy, "compaction_id": compaction_id}, remove_op(cites)))
             else:
-                batch.append(EventSpec(USER_MESSAGE, {"message": message.to_dict(), "compaction_id": compaction_id}, replace_op(cites)))
+                kind_of = TOOL_RESULT if message.role == "tool" else USER_MESSAGE
+                batch.append(EventSpec(kind_of, {"message": message.to_dict(), "compaction_id": compaction_id}, replace_op(cites)))
         batch.append(EventSpec(COMPACTION_END, {"compaction_id": compaction_id}))
         first = session.append(batch) + (1 if single_batch else 0)  # the summary's seq
     except BaseException as exc:

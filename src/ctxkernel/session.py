@@ -35,8 +35,9 @@ import structlog
 
 from . import events as ev
 from .compaction import CommitResult, Span, run_transaction
-from .errors import ConflictError, CorruptionError, EventError, ModelError, SurfaceError, ToolError
+from .errors import ConflictError, ContextOverflowError, CorruptionError, EventError, ModelError, SurfaceError, ToolError
 from .events import Event, validate_shape
+from .guard import excerpt_oversized, shrink_to_fit
 from .messages import Message, Source, ToolCallBlock
 from .meter import USAGE_SLACK_TOKENS, USAGE_TOLERANCE_FACTOR, Meter, Pressure, usage_in_band
 from .surface import Surface
@@ -526,6 +527,7 @@ class Session:
             for strategy, text in step.reminders:
                 self._deferred.append((strategy, text))
             self._flush_deferred()
+            excerpt_oversized(self)  # the kernel's bound: no message over half the window (guard.py)
             system, tools, digest, header_tokens = self._system_and_tools()
             batch = []
             if digest != self.header_hash:
@@ -611,7 +613,19 @@ class Session:
                     ev.STEP_END, {"turn": self.turn, "step": self.step, "error": f"{type(error).__name__}: {error}"[:2000]}
                 )
             decision = self.kernel.hooks.request_error(self, error)
+            if not decision and isinstance(error, ContextOverflowError) and self.kernel.plugins.enabled_names():
+                # no strategy could shrink the surface: the kernel's fallback excerpts the largest
+                # messages (guard.py); a retry is worth it only when that saved something
+                return self._shrink_after_overflow(error)
             return bool(decision)
+
+    def _shrink_after_overflow(self, error: ContextOverflowError) -> bool:
+        pressure = self.pressure()
+        limit = error.limit if error.limit and error.limit > 0 else None
+        excess = pressure.tokens - min(pressure.effective_window, limit or pressure.effective_window)
+        if error.prompt_tokens and limit:
+            excess = max(excess, error.prompt_tokens - limit)  # the provider's own count of the excess
+        return shrink_to_fit(self, max(excess, 1), limit=limit) is not None
 
     # -- compaction ------------------------------------------------------------------------------------
     def compact(self, spans: Span | Sequence[Span], *, strategy: str, kind: str = "summary", **kwargs: Any) -> CommitResult:

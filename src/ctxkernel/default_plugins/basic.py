@@ -25,6 +25,7 @@ import ctxkernel
 from ctxkernel.compaction import CHECKPOINT_CLOSE, CHECKPOINT_OPEN, SUMMARY_SECTIONS, Span, Summary, head_region
 from ctxkernel.errors import CompactionError, ContextOverflowError, ModelError
 from ctxkernel.events import COMPACTION_END, COMPACTION_START
+from ctxkernel.guard import excerpt_oversized
 from ctxkernel.messages import Message
 
 if TYPE_CHECKING:
@@ -134,6 +135,9 @@ def pre_step(session: Session, step: StepContext) -> None:
     settings: BasicSettings = session.settings(NAME)  # type: ignore[assignment]
     if not settings.auto or session.route is None:
         return  # the first step of a fresh session has no routed request to price against
+    # a message over the kernel's per-message bound sits in the verbatim tail, where no summary of
+    # the head can reach it: excerpt it first (with a pointer to the full item) and price after
+    excerpt_oversized(session)
     pressure = session.pressure()
     if pressure.ratio < settings.threshold_ratio:
         return
