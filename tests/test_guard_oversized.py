@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from ctxkernel import ContextOverflowError, Kernel, Message, ToolCallBlock
 from ctxkernel.guard import EXCERPT_SHARE, MAX_MESSAGE_SHARE, excerpt_budget
-from ctxkernel.meter import EXACT_COUNT_CHARS, bounded_count, get_tokenizer
+from ctxkernel.meter import EXACT_COUNT_CHARS, LARGE_NODE_TOKENS, bounded_count, get_tokenizer
 from ctxkernel.store.jsonl import JsonlStore
 from ctxkernel.testing import build_kernel, make_profile, request_orphans
 
@@ -90,6 +90,9 @@ def test_a_50_mb_tool_result_is_excerpted_and_every_request_fits(tmp_path: Path,
         last = small_turn(session, n)
 
     reopened = kernel_for(profile, tmp_path).open_session(session.id)
+    for s in (session, reopened):  # the meter's index of large nodes is exactly what a scan finds
+        s.meter.surface_tokens()
+        assert set(s.meter.large) == {n.seq for n in s.surface if s.meter.node_tokens(n) >= LARGE_NODE_TOKENS}
     assert [n.seq for n in reopened.surface] == [n.seq for n in session.surface]
     assert [n.message.to_dict() for n in reopened.surface] == [n.message.to_dict() for n in session.surface]
     assert reopened.pressure() == session.pressure()
@@ -220,3 +223,19 @@ def test_the_estimate_beyond_the_exact_part_is_an_upper_bound(piece: str, repeat
 def test_the_excerpt_budget_is_a_share_of_the_window() -> None:
     assert excerpt_budget(119_808) == int(EXCERPT_SHARE * 119_808) == 7_488
     assert excerpt_budget(2_000) == 256
+
+
+def test_a_window_too_small_for_the_meter_index_is_scanned_whole(tmp_path: Path) -> None:
+    # effective window 900: the bound (450 tokens) is below the meter's large-node index (512), so
+    # the kernel looks at every node; a ~480-token result is still excerpted
+    profile = make_profile(model={"context_window": 1_000, "reserved_output_tokens": 100})
+    session = build_kernel(tmp_path, strategies=[], profile=profile).open_session()
+    session.user("read")
+    session.prepare_request()
+    session.commit_reply(Message.assistant("", [ToolCallBlock("c", "read", {})]))
+    seq = session.tool_result("c", "".join(f"row {j}\n" for j in range(120)))
+    tokens = session.meter.node_tokens(session.surface.node(seq))
+    assert MAX_MESSAGE_SHARE * 900 < tokens < LARGE_NODE_TOKENS
+    request = session.prepare_request()
+    check(request)
+    assert session.surface.nodes[-1].seq != seq and f"item_{seq}" in request.messages[-1].tool_result.content

@@ -33,7 +33,7 @@ import structlog
 from .compaction import CommitResult, Span
 from .errors import CompactionError
 from .events import TOOL_RESULT
-from .meter import message_text_for_count
+from .meter import LARGE_NODE_TOKENS, message_text_for_count
 from .messages import Message, Source
 
 if TYPE_CHECKING:
@@ -66,11 +66,20 @@ def excerpt_oversized(session: Session) -> CommitResult | None:
     keeps a verbatim tail (``basic``) calls it before it prices a compaction, so an oversized result
     is excerpted instead of the head being summarised around it. Returns the committed
     transaction, or None when nothing was over the bound (or the transaction was refused)."""
-    window = session.pressure().effective_window
+    window = session.pressure().effective_window  # also counts every new node
     cap = int(MAX_MESSAGE_SHARE * window)
-    meter = session.meter
-    chosen = [n for n in session.surface.nodes if meter.node_tokens(n) > cap]
+    chosen = [n for n in _large_nodes(session, cap) if session.meter.node_tokens(n) > cap]
     return _excerpt(session, chosen, window, reason="oversized") if chosen else None
+
+
+def _large_nodes(session: Session, above: int) -> list[Node]:
+    """Visible nodes that may have more than ``above`` tokens: the meter's index of large nodes
+    (a few, whatever the surface's length), or the whole surface for a window too small for it."""
+    meter = session.meter
+    meter.surface_tokens()  # counts new nodes, which keeps the index current
+    if above >= LARGE_NODE_TOKENS:
+        return list(meter.large.values())
+    return list(session.surface.nodes)
 
 
 def shrink_to_fit(session: Session, excess: int, *, limit: int | None = None) -> CommitResult | None:
@@ -82,7 +91,7 @@ def shrink_to_fit(session: Session, excess: int, *, limit: int | None = None) ->
         window = min(window, limit)
     budget = excerpt_budget(window)
     meter = session.meter
-    candidates = [n for n in session.surface.nodes if meter.node_tokens(n) > 2 * budget]
+    candidates = [n for n in _large_nodes(session, 2 * budget) if meter.node_tokens(n) > 2 * budget]
     candidates.sort(key=lambda n: (-meter.node_tokens(n), n.seq))
     chosen: list[Node] = []
     for node in candidates:

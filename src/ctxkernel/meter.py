@@ -147,6 +147,11 @@ def message_text_for_count(message: Message) -> str:
     return "\n".join(parts)
 
 
+#: visible nodes of at least this many tokens are indexed (:attr:`Meter.large`), so the kernel's
+#: per-request bound on message size looks at a handful of nodes instead of the whole surface
+LARGE_NODE_TOKENS = 512
+
+
 class Meter:
     """Counts messages and keeps the surface total current (a surface listener)."""
 
@@ -154,6 +159,8 @@ class Meter:
         self.tokenizer = tokenizer
         self.total = 0  # tokens of counted visible nodes
         self._uncounted: dict[int, Any] = {}  # seq -> node, visible but not yet counted
+        #: seq -> node: counted visible nodes of at least LARGE_NODE_TOKENS (current after surface_tokens())
+        self.large: dict[int, Any] = {}
         self._decorated: dict[tuple[int, int], int] = {}  # (seq, hash of decorated text) -> tokens
 
     # -- counting -------------------------------------------------------------------------------
@@ -194,8 +201,11 @@ class Meter:
             self._uncounted[node.seq] = node
         else:
             self.total += node.tokens
+            if node.tokens >= LARGE_NODE_TOKENS:
+                self.large[node.seq] = node
 
     def on_remove(self, node: Any) -> None:
+        self.large.pop(node.seq, None)
         if self._uncounted.pop(node.seq, None) is None:
             self.total -= self.node_tokens(node)
 
@@ -203,7 +213,10 @@ class Meter:
         """Tokens of the whole visible surface; counts only nodes never counted before."""
         if self._uncounted:
             for node in self._uncounted.values():
-                self.total += self.node_tokens(node)
+                tokens = self.node_tokens(node)
+                self.total += tokens
+                if tokens >= LARGE_NODE_TOKENS:
+                    self.large[node.seq] = node
             self._uncounted.clear()
         return self.total
 
