@@ -38,7 +38,16 @@ from .errors import (
     SurfaceError,
     UnbalancedCutError,
 )
-from .events import COMPACTION_END, COMPACTION_START, COMPACTION_SUMMARY, SURFACE_DROP, TOOL_RESULT, USER_MESSAGE, remove_op, replace_op
+from .events import (
+    COMPACTION_END,
+    COMPACTION_START,
+    COMPACTION_SUMMARY,
+    SURFACE_DROP,
+    TOOL_RESULT,
+    USER_MESSAGE,
+    remove_op,
+    replace_op,
+)
 from .messages import Message, Source
 
 if TYPE_CHECKING:
@@ -336,7 +345,8 @@ def run_transaction(
                 batch.append(EventSpec(SURFACE_DROP, {"strategy": strategy, "compaction_id": compaction_id}, remove_op(cites)))
             else:
                 kind_of = TOOL_RESULT if message.role == "tool" else USER_MESSAGE
-                batch.append(EventSpec(kind_of, {"message": message.to_dict(), "compaction_id": compaction_id}, replace_op(cites)))
+                body = {"message": message.to_dict(), "compaction_id": compaction_id}
+                batch.append(EventSpec(kind_of, body, replace_op(cites)))
         batch.append(EventSpec(COMPACTION_END, {"compaction_id": compaction_id}))
         first = session.append(batch) + (1 if single_batch else 0)  # the summary's seq
     except BaseException as exc:
@@ -385,7 +395,13 @@ def _fail(session: Session, compaction_id: str, exc: BaseException) -> None:
             return
         except Exception as exc_end:  # noqa: BLE001 - a store error of any kind: retried, then logged
             end_error = exc_end
-            log.warning("compaction end not written, retrying", session=session.id, compaction_id=compaction_id, attempt=attempt, error=f"{type(exc_end).__name__}: {exc_end}")
+            log.warning(
+                "compaction end not written",
+                session=session.id,
+                compaction_id=compaction_id,
+                attempt=attempt,
+                error=f"{type(exc_end).__name__}: {exc_end}",
+            )
     with _ABANDONED_LOCK:
         _ABANDONED.add((session.id, compaction_id))
     log.error(

@@ -100,7 +100,11 @@ def shrink_to_fit(session: Session, excess: int, *, limit: int | None = None) ->
         chosen.append(node)
         excess -= meter.node_tokens(node) - budget
     if not chosen:
-        log.warning("the request is over the window and no single message is large enough to excerpt", session=session.id, effective_window=window)
+        log.warning(
+            "the request is over the window and no single message is large enough to excerpt",
+            session=session.id,
+            effective_window=window,
+        )
         return None
     return _excerpt(session, chosen, window, reason="overflow")
 
@@ -108,9 +112,11 @@ def shrink_to_fit(session: Session, excess: int, *, limit: int | None = None) ->
 def _excerpt(session: Session, chosen: list[Node], window: int, *, reason: str) -> CommitResult | None:
     spans = _spans(session, chosen, excerpt_budget(window), int(MAX_MESSAGE_SHARE * window), window)
     try:
-        result = session.compact(spans, strategy=KERNEL, kind="excerpt", single_batch=True, data={"reason": reason, "effective_window": window})
+        data = {"reason": reason, "effective_window": window}
+        result = session.compact(spans, strategy=KERNEL, kind="excerpt", single_batch=True, data=data)
     except CompactionError as exc:
-        log.warning("messages could not be excerpted", session=session.id, reason=reason, error=f"{type(exc).__name__}: {exc}")
+        error = f"{type(exc).__name__}: {exc}"
+        log.warning("messages could not be excerpted", session=session.id, reason=reason, error=error)
         return None
     log.warning(
         "messages excerpted",
@@ -148,12 +154,13 @@ def _spans(session: Session, chosen: list[Node], budget: int, cap: int, window: 
                 continue  # excerpted with its reply
         elif node.role == "assistant" and node.message.tool_calls:
             ids = {c.id for c in node.message.tool_calls}
-            position = surface.position(node.seq) or 0
-            following = surface.nodes[position + 1 :]
-            for after in following:
-                if after.role != "tool" or after.message.tool_result is None or after.message.tool_result.call_id not in ids:
+            after = (surface.position(node.seq) or 0) + 1
+            while after < len(surface.nodes):  # its results follow it directly
+                result = surface.nodes[after].message.tool_result
+                if result is None or result.call_id not in ids:
                     break
-                nodes.append(after)
+                nodes.append(surface.nodes[after])
+                after += 1
         covered.update(n.seq for n in nodes)
         tokens = sum(session.meter.node_tokens(n) for n in nodes)
         message = excerpt_message(session, nodes, tokens, budget, cap, window, history=history)
@@ -179,7 +186,10 @@ def excerpt_message(
     a kernel notice in a user message."""
     text = "\n".join(message_text_for_count(n.message) for n in nodes)
     first = nodes[0]
-    what = "This tool result" if first.role == "tool" else ("This reply and its tool results" if len(nodes) > 1 else f"This {first.role} message")
+    if first.role == "tool":
+        what = "This tool result"
+    else:
+        what = "This reply and its tool results" if len(nodes) > 1 else f"This {first.role} message"
     originals = [original_seq(session, n.seq) for n in nodes]
     items = ", ".join(f"item_{seq}" for seq in originals)
     where = f"event seq {originals[0]}" if len(nodes) == 1 else f"event seqs {originals[0]}..{originals[-1]}"
@@ -200,7 +210,10 @@ def excerpt_message(
             f"first {len(head):,} and last {len(tail):,} characters. The full text is unchanged in the session log "
             f"as {items} ({where}). {recall}"
         )
-        body = f"{notice}\n--- first {len(head):,} characters ---\n{head}\n--- last {len(tail):,} characters ---\n{tail}\n[end of excerpt]"
+        body = (
+            f"{notice}\n--- first {len(head):,} characters ---\n{head}\n"
+            f"--- last {len(tail):,} characters ---\n{tail}\n[end of excerpt]"
+        )
         if first.role == "tool" and len(nodes) == 1:
             result = first.message.tool_result
             assert result is not None

@@ -43,7 +43,8 @@ def usage_in_band(reported: int, counted: int) -> bool:
     """True when a provider's ``reported`` tokens are plausible for what the meter ``counted``:
     ``counted / F - S <= reported <= counted * F + S`` (F = :data:`USAGE_TOLERANCE_FACTOR`,
     S = :data:`USAGE_SLACK_TOKENS`)."""
-    return counted / USAGE_TOLERANCE_FACTOR - USAGE_SLACK_TOKENS <= reported <= counted * USAGE_TOLERANCE_FACTOR + USAGE_SLACK_TOKENS
+    low = counted / USAGE_TOLERANCE_FACTOR - USAGE_SLACK_TOKENS
+    return low <= reported <= counted * USAGE_TOLERANCE_FACTOR + USAGE_SLACK_TOKENS
 
 
 #: Texts longer than this many characters are counted exactly up to here and estimated beyond it

@@ -35,7 +35,15 @@ import structlog
 
 from . import events as ev
 from .compaction import CommitResult, Span, run_transaction
-from .errors import ConflictError, ContextOverflowError, CorruptionError, EventError, ModelError, SurfaceError, ToolError
+from .errors import (
+    ConflictError,
+    ContextOverflowError,
+    CorruptionError,
+    EventError,
+    ModelError,
+    SurfaceError,
+    ToolError,
+)
 from .events import Event, validate_shape
 from .guard import excerpt_oversized, shrink_to_fit
 from .messages import Message, Source, ToolCallBlock

@@ -8,7 +8,9 @@ Layout (schema version :data:`SCHEMA_VERSION`, recorded in ``meta``)::
 
 Opening (connect, the switch to WAL, the schema) is serialised across processes by a lock file
 beside the database (``ctxkernel.sqlite3.init.lock``): SQLite fails one of two connections that
-switch a fresh database to WAL at once without waiting. WAL mode lets readers run beside the one writer; ``synchronous=FULL`` makes every committed batch
+switch a fresh database to WAL at once without waiting.
+
+WAL mode lets readers run beside the one writer; ``synchronous=FULL`` makes every committed batch
 durable; the busy timeout makes a second process wait for the write lock instead of failing.
 A batch is one ``BEGIN IMMEDIATE`` transaction that checks and bumps ``sessions.next_seq`` and
 inserts the events, so a stale writer gets :class:`ConflictError` with nothing written, and a
@@ -78,7 +80,10 @@ class SqliteStore:
             with init_lock:
                 self._open(durable)
         except FileLockTimeout:
-            msg = f"cannot open the sqlite store {self.path}: another process held {init_lock.lock_file} for {busy_timeout} s"
+            msg = (
+                f"cannot open the sqlite store {self.path}: another process held "
+                f"{init_lock.lock_file} for {busy_timeout} s"
+            )
             raise StoreError(msg) from None
 
     def _open(self, durable: bool) -> None:
