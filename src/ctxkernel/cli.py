@@ -12,13 +12,16 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.metadata
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 import orjson
 
-from .errors import CtxKernelError
+from .errors import CtxKernelError, ProfileError
 from .logging import configure_logging
+from .redact import redact
 
 #: modules that add subcommands (each defines ``register(subparsers)``)
 COMMAND_MODULES: tuple[str, ...] = (
@@ -37,9 +40,42 @@ def dump_json(value: object) -> None:
     sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode() + "\n")
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (the usage block is one ``--help`` away); subcommand
+    parsers inherit it, including those that installed distributions add."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def bounded_int(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer in ``low..high``, refused naming the range otherwise."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            msg = f"{text!r} is not an integer; accepted: an integer from {low} to {high}"
+            raise argparse.ArgumentTypeError(msg) from None
+        if not low <= value <= high:
+            msg = f"{value} is out of range; accepted: an integer from {low} to {high}"
+            raise argparse.ArgumentTypeError(msg)
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def one_line(text: str) -> str:
+    """A multi-line error (several profile problems) as one line of a usage error."""
+    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ctxkernel", description="Context management for LLM agent harnesses")
-    parser.add_argument("--log-level", default="warning", help="debug, info, warning (default) or error")
+    parser = Parser(prog="ctxkernel", description="Context management for LLM agent harnesses")
+    parser.add_argument(
+        "--log-level", default="warning", choices=("debug", "info", "warning", "error"), help="debug, info, warning (default) or error"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMAND_MODULES:
         try:
@@ -51,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             ep.load().register(sub)
         except Exception as exc:  # a broken plugin must not take the whole CLI down: say which one
-            print(f"ctxkernel: command plugin {ep.name!r} ({ep.value}) failed to load: {exc}", file=sys.stderr)
+            print(f"ctxkernel: command plugin {ep.name!r} ({ep.value}) failed to load: {redact(str(exc))}", file=sys.stderr)
     return parser
 
 
@@ -63,13 +99,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     configure_logging(args.log_level)
     if not getattr(args, "func", None):
-        parser.print_help(sys.stderr)
+        if args.command:  # a command group (store, chapters) without its subcommand
+            sys.stderr.write(f"ctxkernel {args.command}: error: choose a subcommand (see ctxkernel {args.command} --help)\n")
+        else:
+            parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        # the CTXKERNEL_* environment overrides every profile: a bad value is a usage error of
+        # whatever command runs, told once, before the command does any work
+        from .profile import builtin_profile
+
+        builtin_profile()
+    except ProfileError as exc:
+        message = redact(one_line(exc))
+        if "environment variable" not in message:  # the defaults are valid: the overrides are not
+            from .profile import ENV_PREFIX
+
+            overrides = sorted(k for k in os.environ if k.upper().startswith(ENV_PREFIX))
+            message = f"{message} (from the environment overrides {overrides})"
+        sys.stderr.write(f"ctxkernel {args.command}: error: {message}\n")
         return EXIT_USAGE
     try:
         return int(args.func(args) or 0)
     except CtxKernelError as exc:
         # a kernel error a command did not handle is still reported as a message, not a traceback
-        sys.stderr.write(f"ctxkernel {args.command}: error: {exc}\n")
+        sys.stderr.write(f"ctxkernel {args.command}: error: {redact(str(exc))}\n")
         return EXIT_INVALID
 
 

@@ -15,10 +15,11 @@ from typing import Any
 
 import orjson
 
-from .cli import EXIT_INVALID, EXIT_OK, EXIT_USAGE, dump_json
+from .cli import EXIT_INVALID, EXIT_OK, EXIT_USAGE, bounded_int, dump_json, one_line
 from .errors import CtxKernelError, ProfileError, SessionNotFoundError
 from .plugins import StrategyManager
 from .profile import Profile, find_profile, list_profiles, load_profile, profile_search_path
+from .redact import redact
 
 
 def register(sub: Any) -> None:
@@ -57,19 +58,19 @@ def register(sub: Any) -> None:
     p.add_argument("--profile", help="profile name or path (default: $CTXKERNEL_PROFILE or basic)")
     p.add_argument("--model", required=True, metavar="MODEL")
     p.add_argument("--session", help="continue this session instead of starting a new one")
-    p.add_argument("--max-steps", type=int, default=50)
+    p.add_argument("--max-steps", type=bounded_int(1, 10_000), default=50, help="model steps before the turn is cut off (default 50)")
     p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="variable holding the API key (openai:)")
     p.add_argument("--json", action="store_true", help="print the outcome as JSON")
     p.set_defaults(func=cmd_run)
 
 
 def usage_error(command: str, message: str) -> int:
-    sys.stderr.write(f"ctxkernel {command}: error: {message}\n")
+    sys.stderr.write(f"ctxkernel {command}: error: {one_line(redact(message))}\n")
     return EXIT_USAGE
 
 
 def failure(command: str, message: str) -> int:
-    sys.stderr.write(f"ctxkernel {command}: {message}\n")
+    sys.stderr.write(f"ctxkernel {command}: {redact(message)}\n")
     return EXIT_INVALID
 
 
@@ -107,7 +108,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
                 session.store.close()
         except Exception as exc:  # noqa: BLE001 - a broken plugin is listed with its error, not fatal
             status = EXIT_INVALID
-            row["error"] = f"{type(exc).__name__}: {exc}"
+            row["error"] = redact(f"{type(exc).__name__}: {exc}")
         rows.append(row)
     dump_json(rows)
     return status
@@ -122,7 +123,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
             profile = load_profile(path)
             row |= {"description": profile.profile.description, "strategies": profile.profile.strategies}
         except ProfileError as exc:
-            row |= {"description": "", "strategies": [], "error": str(exc).splitlines()[0]}
+            row |= {"description": "", "strategies": [], "error": redact(str(exc).splitlines()[0])}
         rows.append(row)
     if args.json:
         dump_json(rows)
@@ -271,6 +272,9 @@ def _scripted_model(path: Path) -> Any:
     except FileNotFoundError:
         msg = f"scripted model file {path} does not exist"
         raise ValueError(msg) from None
+    except OSError as exc:
+        msg = f"scripted model file {path} cannot be read ({exc.strerror or exc}); give a JSON file"
+        raise ValueError(msg) from None
     except orjson.JSONDecodeError as exc:
         msg = f"scripted model file {path} is not JSON ({exc})"
         raise ValueError(msg) from None
@@ -300,13 +304,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .errors import ModelError
     from .loop import AgentLoop
 
-    if args.max_steps < 1:
-        return usage_error("run", f"--max-steps must be at least 1, got {args.max_steps}")
+    from .store.base import check_session_id
+
+    if args.session is not None:
+        try:
+            check_session_id(args.session)
+        except CtxKernelError as exc:
+            return usage_error("run", f"--session: {exc}")
     prompt = " ".join(args.prompt).strip()
     if not prompt or prompt == "-":
         prompt = sys.stdin.read().strip()
     if not prompt:
         return usage_error("run", "no prompt: pass it as arguments or on stdin")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:  # undecodable bytes reach Python as lone surrogates
+        return usage_error("run", f"the prompt is not UTF-8 text (character {exc.start}); pass UTF-8 text")
     try:
         model = model_from_spec(args.model, api_key_env=args.api_key_env)
     except ValueError as exc:

@@ -49,6 +49,7 @@ from .events import (
     replace_op,
 )
 from .messages import Message, Source
+from .redact import redact
 
 if TYPE_CHECKING:
     from .session import EventSpec, Session
@@ -384,7 +385,7 @@ def _fail(session: Session, compaction_id: str, exc: BaseException) -> None:
     process writes its error end first (:func:`_end_abandoned`), and a process that opens the
     session after this one has exited closes it through ``repair_after_crash``.
     """
-    error = f"{type(exc).__name__}: {exc}"
+    error = redact(f"{type(exc).__name__}: {exc}"[:4000])  # a summarizer's error may echo a key
     end_error: Exception | None = None
     for attempt in range(1, END_ATTEMPTS + 1):
         try:

@@ -39,6 +39,18 @@ def _parse_arguments(raw: Any, where: str) -> dict[str, Any]:
     raise EventError(msg)
 
 
+def _string(block: dict[str, Any], key: str, where: str, *, optional: bool = False) -> Any:
+    """``block[key]`` when it is a string (missing: ``""``, or None when ``optional``); any other
+    value is refused naming the field, never turned into text with ``str()``."""
+    value = block.get(key)
+    if value is None:
+        return None if optional else ""
+    if not isinstance(value, str):
+        msg = f"{where}.{key} must be a string{' or null' if optional else ''}, got {type(value).__name__} {value!r:.60}"
+        raise EventError(msg)
+    return value
+
+
 def _content_text(content: Any, where: str) -> str:
     if content is None:
         return ""
@@ -46,15 +58,17 @@ def _content_text(content: Any, where: str) -> str:
         return content
     if isinstance(content, list):
         parts = []
-        for part in content:
+        for i, part in enumerate(content):
             if isinstance(part, str):
                 parts.append(part)
-            elif isinstance(part, dict) and part.get("type") in ("text", "input_text", "output_text"):
-                parts.append(str(part.get("text", "")))
-            elif isinstance(part, dict) and "text" in part:
-                parts.append(str(part["text"]))
+            elif isinstance(part, dict) and ("text" in part or part.get("type") in ("text", "input_text", "output_text")):
+                parts.append(_string(part, "text", f"{where}: content[{i}]"))
             elif isinstance(part, dict):
-                parts.append(f"[{part.get('type', 'part')}]")
+                kind = part.get("type")
+                parts.append(f"[{kind if isinstance(kind, str) else 'part'}]")
+            else:
+                msg = f"{where}: content[{i}] must be a string or an object, got {type(part).__name__}"
+                raise EventError(msg)
         return "\n".join(parts)
     msg = f"{where}: message content must be a string or a list of parts, got {type(content).__name__}"
     raise EventError(msg)
@@ -73,9 +87,13 @@ def from_openai_message(raw: dict[str, Any], *, where: str = "message") -> Messa
         return Message.user(_content_text(raw.get("content"), where))
     if role == "assistant":
         calls = []
-        for i, call in enumerate(raw.get("tool_calls") or []):
-            fn = call.get("function") or {}
-            if not isinstance(call.get("id"), str) or not isinstance(fn.get("name"), str):
+        tool_calls = raw.get("tool_calls") or []
+        if not isinstance(tool_calls, list):
+            msg = f"{where}: tool_calls must be a list, got {type(tool_calls).__name__}"
+            raise EventError(msg)
+        for i, call in enumerate(tool_calls):
+            fn = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(fn, dict) or not isinstance(call.get("id"), str) or not isinstance(fn.get("name"), str):
                 msg = f"{where}: tool_calls[{i}] needs an 'id' and a 'function.name'"
                 raise EventError(msg)
             calls.append(ToolCallBlock(call["id"], fn["name"], _parse_arguments(fn.get("arguments"), where)))
@@ -90,7 +108,7 @@ def from_openai_message(raw: dict[str, Any], *, where: str = "message") -> Messa
         if not isinstance(call_id, str):
             msg = f"{where}: a tool message needs a string 'tool_call_id'"
             raise EventError(msg)
-        return Message.tool(call_id, _content_text(raw.get("content"), where), name=raw.get("name"))
+        return Message.tool(call_id, _content_text(raw.get("content"), where), name=_string(raw, "name", where, optional=True))
     msg = f"{where}: unknown role {role!r}; accepted: system, developer, user, assistant, tool"
     raise EventError(msg)
 
@@ -192,10 +210,11 @@ def from_anthropic_message(raw: dict[str, Any], *, where: str = "message") -> li
         blocks: list[Any] = []
         for i, block in enumerate(content):
             kind = block["type"]
+            at = f"{where}: content[{i}]"
             if kind == "text":
-                blocks.append(TextBlock(block.get("text", "")))
+                blocks.append(TextBlock(_string(block, "text", at)))
             elif kind in ("thinking", "redacted_thinking"):
-                blocks.append(ReasoningBlock(block.get("thinking", ""), block.get("signature")))
+                blocks.append(ReasoningBlock(_string(block, "thinking", at), _string(block, "signature", at, optional=True)))
             elif kind in ("tool_use", "server_tool_use"):
                 if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
                     msg = f"{where}: content[{i}] ({kind}) needs a string 'id' and 'name'"
@@ -210,15 +229,13 @@ def from_anthropic_message(raw: dict[str, Any], *, where: str = "message") -> li
             if not isinstance(block.get("tool_use_id"), str):
                 msg = f"{where}: content[{i}] (tool_result) needs a string 'tool_use_id'"
                 raise EventError(msg)
-            out.append(
-                Message.tool(
-                    block["tool_use_id"],
-                    _content_text(block.get("content"), where),
-                    is_error=bool(block.get("is_error", False)),
-                )
-            )
+            is_error = block.get("is_error")
+            if is_error is not None and not isinstance(is_error, bool):
+                msg = f"{where}: content[{i}].is_error must be true, false or null, got {is_error!r:.60}"
+                raise EventError(msg)
+            out.append(Message.tool(block["tool_use_id"], _content_text(block.get("content"), where), is_error=bool(is_error)))
         elif kind == "text":
-            texts.append(block.get("text", ""))
+            texts.append(_string(block, "text", f"{where}: content[{i}]"))
         else:
             texts.append(f"[{kind}]")
     if texts:

@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from .errors import ProfileError, SessionNotFoundError
 from .events import utc_now
 from .meter import Tokenizer, get_tokenizer
 from .plugins import StrategyManager, StrategySpec
-from .profile import Profile, format_validation_error, load_profile
+from .profile import Profile, load_profile, strategy_settings_from
 from .session import Session, gc_paused
 from .store.base import EventStore, SessionHeader, default_home, store_from_settings
 
@@ -87,11 +87,7 @@ class Kernel:
             msg = f"strategy {strategy!r} is not loaded by {self.profile.where}; loaded: {list(self.plugins.specs)}"
             raise ProfileError(msg)
         raw = self.profile.strategy_settings(strategy, provider, model)
-        try:
-            settings = spec.settings.model_validate(raw)
-        except ValidationError as exc:
-            table = f"strategies.{strategy}"
-            raise ProfileError(format_validation_error(exc, self.profile.where, spec.settings, table)) from None
+        settings = strategy_settings_from(spec.settings, raw, self.profile.where, f"strategies.{strategy}")
         self._settings_cache[key] = settings
         return settings
 

@@ -7,6 +7,8 @@ import sys
 
 import structlog
 
+from .redact import structlog_processor
+
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
@@ -19,6 +21,8 @@ def configure_logging(level: str = "warning") -> None:
         processors=[
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
+            # last before rendering: no field of any log line carries a credential
+            structlog_processor,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),

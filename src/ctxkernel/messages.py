@@ -243,7 +243,7 @@ def _block_from_dict(data: Any) -> Block:
                 and len(data) == 3 + ("name" in data) + ("is_error" in data)
             ):
                 return ToolResultBlock(call_id, content, is_error, name)
-    if not isinstance(data, dict) or data.get("type") not in _BLOCK_FIELDS:
+    if not isinstance(data, dict) or not isinstance(data.get("type"), str) or data["type"] not in _BLOCK_FIELDS:
         msg = f"a content block must be an object with type in {list(_BLOCK_FIELDS)}, got {data!r:.200}"
         raise EventError(msg)
     cls, fields, required = _BLOCK_FIELDS[data["type"]]

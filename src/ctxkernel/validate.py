@@ -34,7 +34,16 @@ from pydantic import BaseModel, ValidationError
 from . import hookspecs
 from .errors import ConfigError, CtxKernelError, ProfileError
 from .plugins import EXCLUSIVE_CAPABILITIES, StrategyManager, StrategySpec
-from .profile import ModelSettings, Profile, deep_merge, find_profile, format_validation_error, load_profile
+from .profile import (
+    ModelSettings,
+    Profile,
+    deep_merge,
+    find_profile,
+    format_validation_error,
+    load_profile,
+    strategy_settings_from,
+)
+from .redact import redact
 
 if TYPE_CHECKING:
     from .session import Session
@@ -77,6 +86,9 @@ class ValidationReport:
     checks: list[Check] = field(default_factory=list)
 
     def _add(self, level: Level, check: str, strategy: str | None, message: str) -> Check:
+        # CI logs are where validate runs: no check, the kernel's or a strategy's, prints a
+        # credential (a DSN's password, a key echoed by a driver's error)
+        message = redact(message)
         strategy = strategy or ""
         if level != "pass":
             # one rule for every message, including the ones strategies write: name the file
@@ -167,6 +179,10 @@ def _fix_for(line: str) -> str:
         return "rename the key to one of the accepted keys, or remove it"
     if "not valid TOML" in line:
         return "correct the TOML syntax at the position given"
+    if "not UTF-8 text" in line:
+        return "save the file as UTF-8"
+    if "environment variable" in line or "environment overrides" in line:
+        return "correct the variable's value or unset it"
     if "reserved_output_tokens" in line and "context_window" in line:
         return "lower [model] reserved_output_tokens or raise [model] context_window"
     return "set the key to a value of the accepted type and range (see docs/profiles.md)"
@@ -341,9 +357,9 @@ class _Validator:
 
     def _settings_problem(self, spec: StrategySpec, raw: dict[str, Any], table: str) -> str | None:
         try:
-            spec.settings.model_validate(raw)
-        except ValidationError as exc:
-            return format_validation_error(exc, self.where, spec.settings, table)
+            strategy_settings_from(spec.settings, raw, self.where, table)
+        except ProfileError as exc:
+            return str(exc)
         return None
 
     def _check_policy_reach(self) -> None:
@@ -476,10 +492,11 @@ class _Validator:
 
     def check_store(self) -> None:
         from .store.base import default_home, store_from_settings
+        from .store.postgres import DSN_ENV
 
         settings = self.profile.store
         home = Path(settings.path or default_home())
-        target = settings.dsn if settings.backend == "postgres" else str(home)
+        target = redact(settings.dsn or "$" + DSN_ENV) if settings.backend == "postgres" else str(home)
         try:
             store = store_from_settings(settings, home)
             key = f"probe-{uuid.uuid4().hex}"

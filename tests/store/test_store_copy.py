@@ -154,6 +154,6 @@ def test_diverged_target_is_refused_and_left_alone(source, tmp_path):
 
 
 def test_bad_store_spec_is_explained(capsys):
-    assert main(["store", "copy", "mysql:x", "jsonl:/tmp/x"]) == 1
+    assert main(["store", "copy", "mysql:x", "jsonl:/tmp/x"]) == 2  # a malformed argument: usage error
     err = capsys.readouterr().err
     assert "jsonl:PATH, sqlite:PATH, postgres:DSN" in err

@@ -46,7 +46,7 @@ DIRECTIVE = (
 
 
 class BasicSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     #: compact automatically at this share of the effective window (False-y via ``auto``)
     threshold_ratio: float = Field(default=0.8, gt=0, le=1)

@@ -74,10 +74,13 @@ TODO_TOOLS: dict[str, tuple[str, ...]] = {
 }
 _DONE = frozenset({"completed", "complete", "done", "cancelled", "canceled"})
 
-_ITEM_ID = re.compile(r"^item_(\d+)$")
-_WIN_ID = re.compile(r"^win_(\d+)(_summary)?$")
-_TODO_ID = re.compile(r"^todo_(\d+)_(\d+)$")
-_CURSOR = re.compile(r"^c(\d+)\.([0-9a-f]{8})$")
+# matched whole (fullmatch: '$' would accept a trailing newline); ASCII digits, at most 18 of them, so
+# that int() never sees a Unicode digit or a number past its digit limit sent by a model
+_ITEM_ID = re.compile(r"item_([0-9]{1,18})")
+_WIN_ID = re.compile(r"win_([0-9]{1,18})(_summary)?")
+_WIN_NUMBER = re.compile(r"[0-9]{1,18}")
+_TODO_ID = re.compile(r"todo_([0-9]{1,18})_([0-9]{1,18})")
+_CURSOR = re.compile(r"c([0-9]{1,18})\.([0-9a-f]{8})")
 
 
 class HistoryError(ToolError):
@@ -224,10 +227,10 @@ class History:
             ref = str(ref)
         if isinstance(ref, str):
             text = ref.strip()
-            match = _WIN_ID.match(text)
+            match = _WIN_ID.fullmatch(text)
             if match and not match.group(2):
                 ref = int(match.group(1))
-            elif text.isdigit():
+            elif _WIN_NUMBER.fullmatch(text):
                 ref = int(text)
             else:
                 for window in self.windows:
@@ -549,13 +552,13 @@ class History:
 
     def _resolve(self, ref: str, fmt: str) -> tuple[dict[str, Any], str]:
         events = self.session.events
-        if match := _ITEM_ID.match(ref):
+        if match := _ITEM_ID.fullmatch(ref):
             seq = int(match.group(1))
             if seq >= self.cursor:
                 msg = f"no {ref}: this session's items are item_0..item_{self.cursor - 1}"
                 raise HistoryError(msg)
             return self._event_body(events[seq], fmt)
-        if match := _WIN_ID.match(ref):
+        if match := _WIN_ID.fullmatch(ref):
             window = self.window(int(match.group(1)))
             if match.group(2):
                 if window.closed_by is None:
@@ -582,7 +585,7 @@ class History:
                 f"[{e.status}] {e.ref}: {e.text}" for e in entries
             )
             return {"id": ref, "role": "checklist", "item": f"item_{entries[0].seq}"}, body
-        if match := _TODO_ID.match(ref):
+        if match := _TODO_ID.fullmatch(ref):
             seq, index = int(match.group(1)), int(match.group(2))
             entries = self.checklist() if seq == self.todo_seq else self._checklist_at(seq)
             if index >= len(entries):
@@ -661,7 +664,7 @@ def _encode_cursor(position: int, fingerprint: str) -> str:
 
 
 def _decode_cursor(cursor: str, fingerprint: str) -> int:
-    match = _CURSOR.match(str(cursor))
+    match = _CURSOR.fullmatch(str(cursor))
     if not match:
         msg = f"cursor {cursor!r} is not one this history returned: pass next_cursor exactly, or omit it to start over"
         raise HistoryError(msg)

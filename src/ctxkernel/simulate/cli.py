@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -10,17 +11,21 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..errors import CtxKernelError
-from ..profile import Prices
+from ..cli import bounded_int
+from ..errors import CtxKernelError, ProfileError
+from ..profile import MAX_TOKENS, Prices, load_profile
+from ..redact import redact
 from . import compare, profile_names
 from .importers import load_recording
 from .recording import RecordingError
-from .replay import Options
+from .replay import UNMANAGED, Options
 from .report import render_html, render_table
 from .steward import load_steward
 from .workloads import WORKLOADS, build_workload
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+#: the smallest context window a simulation runs with
+MIN_WINDOW = 256
 
 
 def register(sub: Any) -> None:
@@ -36,10 +41,12 @@ def register(sub: Any) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--transcript", metavar="PATH", help="a recorded session: kernel log, OpenAI chat JSON, Claude Code or Codex JSONL")
     src.add_argument("--workload", choices=sorted(WORKLOADS), help="a built-in synthetic workload")
-    p.add_argument("--run", type=int, metavar="N", help="which run of an OpenAI chat file holding several (default 0)")
-    p.add_argument("--seed", type=int, default=7, help="seed of the synthetic workload (default 7)")
+    p.add_argument("--run", type=bounded_int(0, 10**9), metavar="N", help="which run of an OpenAI chat file holding several (default 0)")
+    p.add_argument("--seed", type=bounded_int(0, 2**63 - 1), default=7, help="seed of the synthetic workload (default 7)")
     p.add_argument("--profile", default="all", help="comma-separated profile names or paths, or 'all' (default)")
-    p.add_argument("--window", type=int, metavar="TOKENS", help="override every profile's context window")
+    p.add_argument(
+        "--window", type=bounded_int(MIN_WINDOW, MAX_TOKENS), metavar="TOKENS", help="override every profile's context window"
+    )
     p.add_argument("--format", choices=("table", "json"), default="table", help="output on stdout (default table)")
     p.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report with a chart")
     p.add_argument(
@@ -64,6 +71,34 @@ def parse_prices(text: str) -> Prices:
     except (ValueError, ValidationError):
         msg = f"--prices {text!r}: expected three non-negative numbers 'input,cached,output' per million tokens, e.g. 2.5,1.25,10"
         raise RecordingError(msg) from None
+
+
+def check_named_profiles(spec: str) -> None:
+    """A profile named on ``--profile`` whose file cannot be read or parsed is bad input (exit 2);
+    one that parses but needs a strategy that is not installed is still an ``unavailable`` row."""
+    for name in (n.strip() for n in spec.split(",")):
+        if name and name not in ("all", UNMANAGED):
+            try:
+                load_profile(name)
+            except ProfileError as exc:
+                msg = f"--profile {name}: " + "; ".join(line for line in str(exc).splitlines() if line.strip())
+                raise RecordingError(msg) from None
+
+
+def check_report_path(text: str) -> None:
+    """Refuse a ``--report`` path that cannot be written, naming why."""
+    path = Path(text)
+    folder = path.parent
+    if path.is_dir():
+        problem = "it is a directory"
+    elif not folder.is_dir():
+        problem = f"the folder {folder} does not exist"
+    elif not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        problem = "it is not writable"
+    else:
+        return
+    msg = f"--report {text}: cannot write the HTML report there ({problem}); accepted: a file path in a writable folder"
+    raise RecordingError(msg)
 
 
 class ProgressBar:
@@ -103,17 +138,23 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             prices=parse_prices(args.prices) if args.prices else None,
             progress=ProgressBar() if sys.stderr.isatty() and not args.no_progress else None,
         )
-        if args.window is not None and args.window < 256:
-            raise RecordingError(f"--window {args.window}: a context window needs at least 256 tokens")
-        report = compare(profile_names(args.profile), recording, options)
+        if args.report:
+            check_report_path(args.report)  # before the simulation, not after it has run
+        names = profile_names(args.profile)
+        check_named_profiles(args.profile)
+        report = compare(names, recording, options)
     except CtxKernelError as exc:
-        sys.stderr.write(f"ctxkernel simulate: {exc}\n")
+        sys.stderr.write(f"ctxkernel simulate: {redact(str(exc))}\n")
         return EXIT_USAGE
     if args.format == "json":
         dump_json(report)
     else:
         sys.stdout.write(render_table(report) + "\n")
     if args.report:
-        Path(args.report).write_text(render_html(report), encoding="utf-8")
+        try:
+            Path(args.report).write_text(render_html(report), encoding="utf-8")
+        except OSError as exc:
+            sys.stderr.write(f"ctxkernel simulate: --report {args.report}: cannot write the report ({exc.strerror or exc})\n")
+            return EXIT_FAILED
     broken = [p for p in report["profiles"] if p["status"] == "failed" or (p["invariant_violations"] or 0) > 0]
     return EXIT_FAILED if broken else EXIT_OK

@@ -11,8 +11,11 @@ The format is sniffed from the file's content, never from its name:
 ``codex``        Codex CLI rollout JSONL: ``response_item`` messages, reasoning, function calls and
                  outputs; ``token_count`` events give the usage of the reply they belong to
 
-A malformed line raises :class:`RecordingError` naming the file, the line and what was expected;
-with ``lenient=True`` it is skipped and listed in ``Recording.skipped``.
+A malformed line raises :class:`RecordingError` naming the file, the line, the field, what was
+found and what is accepted; with ``lenient=True`` it is skipped and listed in
+``Recording.skipped``. Every item an importer produces is checked (:func:`check_item`) before it
+joins the recording, so a clean import always holds well-typed items: bad input is an import
+error, never an assertion or a replay that fails later.
 """
 
 from __future__ import annotations
@@ -31,6 +34,20 @@ from ..messages import Message, ReasoningBlock, Source, TextBlock, ToolCallBlock
 from ..session import normalize_usage
 from .recording import AssistantItem, Item, MarkerItem, Recording, RecordingError, ToolResultItem, UserItem
 
+#: what an importer's own checks, and the converters it calls, raise for a malformed value
+_SHAPE_ERRORS = (EventError, TypeError, ValueError, AttributeError, KeyError)
+#: the usage counters :func:`normalize_usage` reads; each must be a non-negative integer when present
+_USAGE_COUNTERS = (
+    "input_tokens",
+    "output_tokens",
+    "cached_input_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+    "prompt_tokens",
+    "completion_tokens",
+)
+_MAX_TOKENS = 2**53  # a token count past this is not a count
+
 FORMATS = ("kernel", "openai-chat", "claude-code", "codex")
 _RUN_KEYS = ("traj", "messages", "trajectory")
 _CLAUDE_TYPES = frozenset({"user", "assistant", "system", "progress", "summary", "file-history-snapshot", "queue-operation"})
@@ -45,12 +62,21 @@ class _Lines:
         self.lenient = lenient
         self.skipped: list[dict[str, Any]] = []
 
-    def bad(self, lineno: int, expected: str, got: str) -> None:
+    def bad(self, lineno: int | str, expected: str, got: str) -> None:
         if self.lenient:
             self.skipped.append({"line": lineno, "expected": expected, "got": got[:200]})
             return
-        msg = f"{self.path}:{lineno}: expected {expected}, got {got[:200]}; fix the line or pass --lenient to skip it"
+        where = f"{self.path}:{lineno}" if isinstance(lineno, int) else f"{self.path}: {lineno}"
+        msg = f"{where}: expected {expected}, got {got[:200]}; fix the line or pass --lenient to skip it"
         raise RecordingError(msg)
+
+    def add(self, items: list[Item], where: int | str, item: Item) -> None:
+        """Append ``item`` after checking its shape; a bad one is refused (or skipped) naming ``where``."""
+        problem = check_item(item)
+        if problem is None:
+            items.append(item)
+        else:
+            self.bad(where, problem[0], problem[1])
 
     def __iter__(self) -> Iterator[tuple[int, dict[str, Any]]]:
         with open(self.path, "rb") as f:
@@ -74,12 +100,9 @@ def sniff(path: str | os.PathLike[str]) -> str:
     if not path.is_file():
         msg = f"{path}: no such file; pass a recorded session (kernel log, OpenAI chat JSON, Claude Code or Codex JSONL)"
         raise RecordingError(msg)
-    with open(path, "rb") as f:
-        head = f.read(65536)
-    stripped = head.lstrip()
-    if stripped.startswith(b"["):
+    first = _first_line(path)
+    if first.startswith(b"["):
         return "openai-chat"
-    first = stripped.split(b"\n", 1)[0]
     try:
         obj = orjson.loads(first)
     except orjson.JSONDecodeError:
@@ -95,11 +118,12 @@ def sniff(path: str | os.PathLike[str]) -> str:
     if not isinstance(obj, dict):
         msg = f"{path}:1: expected a JSON object, got {type(obj).__name__}"
         raise RecordingError(msg)
+    kind = obj.get("type") if isinstance(obj.get("type"), str) else None  # a list or object is no type
     if "format_version" in obj and "id" in obj and "created" in obj:
         return "kernel"
-    if {"type", "payload"} <= set(obj) and obj.get("type") in _CODEX_TYPES:
+    if {"type", "payload"} <= set(obj) and kind in _CODEX_TYPES:
         return "codex"
-    if obj.get("type") in _CLAUDE_TYPES or "parentUuid" in obj or "sessionId" in obj:
+    if kind in _CLAUDE_TYPES or "parentUuid" in obj or "sessionId" in obj:
         return "claude-code"
     if "role" in obj:
         return "openai-chat"
@@ -109,6 +133,27 @@ def sniff(path: str | os.PathLike[str]) -> str:
         f"{path}:1: cannot tell the format: expected a kernel session header, a Codex rollout line "
         f"({{type, payload}}), a Claude Code line (type, uuid, parentUuid) or chat messages; got keys {sorted(obj)[:12]}"
     )
+    raise RecordingError(msg)
+
+
+#: the longest first line sniff reads: a Codex session_meta or a pasted first message can be far
+#: longer than a buffer, but a line past this is not a recording line
+SNIFF_LINE_LIMIT = 64 * 1024 * 1024
+
+
+def _first_line(path: Path) -> bytes:
+    """The first non-blank line, whole (without surrounding whitespace), read up to its newline."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(iter(lambda: f.readline(SNIFF_LINE_LIMIT + 1), b""), 1):
+            if len(raw) > SNIFF_LINE_LIMIT:
+                msg = (
+                    f"{path}:{lineno}: the first line is longer than {SNIFF_LINE_LIMIT // (1024 * 1024)} MiB; "
+                    "a recording line must be shorter than that"
+                )
+                raise RecordingError(msg)
+            if raw.strip():
+                return raw.strip()
+    msg = f"{path}: the file is empty; pass a recorded session (kernel log, OpenAI chat JSON, Claude Code or Codex JSONL)"
     raise RecordingError(msg)
 
 
@@ -126,6 +171,64 @@ def load_recording(path: str | os.PathLike[str], *, run: int | None = None, leni
     recording.items = unique_call_ids(recording.items)
     recording.source = {"kind": "transcript", "format": fmt, "file": path.name, **recording.source}
     return recording
+
+
+def check_usage(raw: Any, field: str = "usage") -> dict[str, int] | None:
+    """Recorded usage in the kernel's form; a counter that is not a non-negative integer is refused."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        msg = f"{field} must be an object of token counts, got {type(raw).__name__}"
+        raise EventError(msg)
+    counters = [(k, raw.get(k)) for k in _USAGE_COUNTERS]
+    details = raw.get("prompt_tokens_details")
+    if details is not None:
+        if not isinstance(details, dict):
+            msg = f"{field}.prompt_tokens_details must be an object, got {type(details).__name__}"
+            raise EventError(msg)
+        counters.append(("prompt_tokens_details.cached_tokens", details.get("cached_tokens")))
+    for key, value in counters:
+        if value is not None and (type(value) is not int or not 0 <= value < _MAX_TOKENS):
+            msg = f"{field}.{key} must be a non-negative integer token count, got {value!r:.60}"
+            raise EventError(msg)
+    return normalize_usage(raw)
+
+
+def check_item(item: Item) -> tuple[str, str] | None:
+    """``(what is accepted, what was found)`` when an item is not well-typed, else None."""
+    if isinstance(item, UserItem):
+        if not isinstance(item.text, str):
+            return "a user message whose text is a string", type(item.text).__name__
+        return None
+    if isinstance(item, ToolResultItem):
+        for name, value, types in (
+            ("call_id", item.call_id, (str,)),
+            ("content", item.content, (str,)),
+            ("is_error", item.is_error, (bool,)),
+            ("name", item.name, (str, type(None))),
+        ):
+            if not isinstance(value, types):
+                return f"a tool result whose {name} is {' or '.join(t.__name__ for t in types)}", f"{type(value).__name__} {value!r:.60}"
+        return None
+    if isinstance(item, AssistantItem):
+        message = item.message
+        if not isinstance(message, Message) or message.role != "assistant":
+            return "an assistant message", repr(message)[:120]
+        try:
+            Message.from_dict(message.to_dict())  # the kernel's own check of every block's fields
+            source = message.source
+            if not all(v is None or isinstance(v, str) for v in (source.provider, source.model)):
+                msg = f"the message's model must be a string, got {source.model!r:.60}"
+                raise EventError(msg)
+            check_usage(item.usage)
+        except EventError as exc:
+            return "a well-typed assistant message", str(exc)
+        return None
+    if isinstance(item, MarkerItem):
+        if not isinstance(item.kind, str) or not isinstance(item.data, dict):
+            return "a marker", repr(item)[:120]
+        return None
+    return "a recording item", type(item).__name__
 
 
 def unique_call_ids(items: list[Item]) -> list[Item]:
@@ -174,35 +277,51 @@ def import_kernel(path: Path, run: int | None, lenient: bool) -> Recording:
             continue
         raw.pop("more", None)
         try:
-            event = Event.from_dict(raw)
+            item = _kernel_item(Event.from_dict(raw))
         except EventError as exc:
             lines.bad(lineno, "a kernel event", str(exc))
             continue
-        item = _kernel_item(event)
         if item is not None:
-            items.append(item)
+            lines.add(items, lineno, item)
     return Recording(items, {}, skipped=lines.skipped)
+
+
+#: the message role each replayed event type carries
+_KERNEL_ROLES = {USER_MESSAGE: "user", ASSISTANT_MESSAGE: "assistant", TOOL_RESULT: "tool"}
 
 
 def _kernel_item(event: Event) -> Item | None:
     # only what the harness and the model wrote is replayed; strategy artifacts (checkpoints,
     # notices, replacements) are produced afresh by the profile under test
+    def text_or_none(key: str) -> Any:
+        value = event.data.get(key)
+        if value is not None and not isinstance(value, str):
+            msg = f"{event.type} data.{key} must be a string, got {type(value).__name__} {value!r:.60}"
+            raise EventError(msg)
+        return value
+
     if event.type == TURN_END:
-        return MarkerItem("turn_end", {"reason": event.data.get("reason")})
+        return MarkerItem("turn_end", {"reason": text_or_none("reason")})
     if event.type == COMPACTION_SUMMARY:
-        return MarkerItem("compaction", {"strategy": event.data.get("strategy"), "kind": event.data.get("kind")})
-    if event.type not in (USER_MESSAGE, ASSISTANT_MESSAGE, TOOL_RESULT) or (event.surface or {}).get("op") != "append":
+        return MarkerItem("compaction", {"strategy": text_or_none("strategy"), "kind": text_or_none("kind")})
+    if event.type not in _KERNEL_ROLES or (event.surface or {}).get("op") != "append":
         return None
-    message = Message.from_dict(event.data["message"])
+    try:
+        message = Message.from_dict(event.data["message"])
+    except EventError as exc:
+        msg = f"{event.type} data.message: {exc}"
+        raise EventError(msg) from None
+    if message.role != _KERNEL_ROLES[event.type]:
+        msg = f"a {event.type} event holds a {_KERNEL_ROLES[event.type]} message, got data.message.role {message.role!r}"
+        raise EventError(msg)
     if event.type == USER_MESSAGE:
         if message.source.kind != "user":
             return None
         return UserItem(message.text)
     if event.type == ASSISTANT_MESSAGE:
-        return AssistantItem(message, event.data.get("usage"))
-    result = message.tool_result
-    assert result is not None
-    return ToolResultItem(result.call_id, result.content, result.is_error, result.name)
+        return AssistantItem(message, check_usage(event.data.get("usage"), "data.usage"))
+    result = message.content[0]  # Message.from_dict: a tool message holds exactly one tool_result
+    return ToolResultItem(result.call_id, result.content, result.is_error, result.name)  # type: ignore[union-attr]
 
 
 # -- OpenAI chat completions ---------------------------------------------------------------------------
@@ -214,7 +333,7 @@ def import_openai(path: Path, run: int | None, lenient: bool) -> Recording:
     source: dict[str, Any] = {}
     if data is None:  # one chat message per line
         lines = _Lines(path, lenient)
-        messages = [(f"line {n}", raw) for n, raw in lines]
+        messages: list[tuple[int | str, Any]] = list(lines)  # (line number, message)
         skipped = lines.skipped
     else:
         skipped = []
@@ -240,28 +359,32 @@ def import_openai(path: Path, run: int | None, lenient: bool) -> Recording:
             messages = [(f"message {i}", m) for i, m in enumerate(data)]
     items: list[Item] = []
     system_parts: list[str] = []
-    for where, raw in messages:
+    checker = _Lines(path, lenient)
+    checker.skipped = skipped
+    for at, raw in messages:
+        where = f"line {at}" if isinstance(at, int) else at
         try:
             if isinstance(raw, dict) and raw.get("role") in ("system", "developer"):
                 system_parts.append(_content_text(raw.get("content"), where))
                 continue
-            message = from_openai_message(raw, where=f"{path}: {where}")
-        except (EventError, AttributeError, TypeError) as exc:
-            if lenient:
-                skipped.append({"line": where, "expected": "an OpenAI chat message", "got": str(exc)[:200]})
+            message = from_openai_message(raw, where=where)
+            if message is None:
                 continue
-            msg = f"{path}: {where}: expected an OpenAI chat message {{role, content, tool_calls?}}: {exc}"
-            raise RecordingError(msg) from None
-        if message is None:
+            if message.role == "user":
+                item: Item = UserItem(message.text)
+            elif message.role == "assistant":
+                model = raw.get("model")
+                if model is not None and not isinstance(model, str):
+                    msg = f"{where}.model must be a string, got {type(model).__name__}"
+                    raise EventError(msg)
+                item = AssistantItem(message, check_usage(raw.get("usage"), f"{where}.usage"))
+            else:
+                result = message.content[0]  # Message.tool: exactly one tool_result block
+                item = ToolResultItem(result.call_id, result.content, result.is_error, result.name)  # type: ignore[union-attr]
+        except _SHAPE_ERRORS as exc:
+            checker.bad(at, "an OpenAI chat message {role, content, tool_calls?}", str(exc))
             continue
-        if message.role == "user":
-            items.append(UserItem(message.text))
-        elif message.role == "assistant":
-            items.append(AssistantItem(message, normalize_usage(raw.get("usage")) if isinstance(raw.get("usage"), dict) else None))
-        else:
-            result = message.tool_result
-            assert result is not None
-            items.append(ToolResultItem(result.call_id, result.content, result.is_error, result.name))
+        checker.add(items, at, item)
     recording = Recording(items, source, skipped=skipped)
     if system_parts:
         recording.system = "\n\n".join(system_parts)
@@ -282,10 +405,14 @@ def import_claude_code(path: Path, run: int | None, lenient: bool) -> Recording:
         if uuid is None:
             continue  # snapshots, summaries, queue operations: not part of the conversation chain
         if not isinstance(uuid, str):
-            lines.bad(lineno, "a string 'uuid'", repr(uuid))
+            lines.bad(lineno, "a string 'uuid'", repr(uuid)[:120])
             continue
         if kind in ("user", "assistant") and not isinstance(raw.get("message"), dict):
             lines.bad(lineno, f"a {kind} line with a 'message' object", str(sorted(raw))[:120])
+            continue
+        parents = {key: raw.get(key) for key in ("parentUuid", "logicalParentUuid")}
+        if not all(value is None or isinstance(value, str) for value in parents.values()):
+            lines.bad(lineno, "'parentUuid' and 'logicalParentUuid' as strings or null", repr(parents)[:120])
             continue
         by_uuid[uuid] = (lineno, raw)
         if kind in ("user", "assistant", "system") and not raw.get("isSidechain"):
@@ -303,79 +430,93 @@ def import_claude_code(path: Path, run: int | None, lenient: bool) -> Recording:
     chain.reverse()
     items: list[Item] = []
     group: dict[str, Any] | None = None  # the assistant API message being assembled
-    deferred: list[ToolResultItem] = []
+    deferred: list[tuple[int, ToolResultItem]] = []
 
     def flush() -> None:
         nonlocal group
         if group is not None:
             message = Message("assistant", tuple(group["blocks"]), Source(kind="model", provider="anthropic", model=group["model"]))
-            items.append(AssistantItem(message, group["usage"]))
+            lines.add(items, group["line"], AssistantItem(message, group["usage"]))
             group = None
-        items.extend(deferred)
+        for lineno, result in deferred:
+            lines.add(items, lineno, result)
         deferred.clear()
 
     for lineno, raw in chain:
-        kind = raw["type"]
-        if raw.get("isSidechain") or kind == "progress":
-            continue
-        if kind == "system":
-            if raw.get("subtype") == "compact_boundary":
-                flush()
-                meta = raw.get("compactMetadata") or {}
-                items.append(MarkerItem("compact_boundary", {"trigger": meta.get("trigger"), "pre_tokens": meta.get("preTokens")}))
-            continue
-        message = raw["message"]
-        if kind == "assistant":
-            mid = message.get("id") or raw.get("requestId") or raw["uuid"]
-            try:
-                converted = from_anthropic_message({"role": "assistant", "content": message.get("content") or []}, where=f"{path}:{lineno}")
-            except (EventError, KeyError, AttributeError, TypeError) as exc:
-                lines.bad(lineno, "an assistant message with text, thinking and tool_use blocks", str(exc))
-                continue
-            usage = normalize_usage(message.get("usage")) if isinstance(message.get("usage"), dict) else None
-            if group is None or group["id"] != mid:
-                flush()
-                group = {"id": mid, "blocks": [], "usage": usage, "model": message.get("model")}
+        try:
+            group = _claude_line(path, lineno, raw, items, group, deferred, flush, lines)
+        except _SHAPE_ERRORS as exc:
+            lines.bad(lineno, f"a well-formed Claude Code {raw['type']} line", str(exc))
+    flush()
+    return Recording(items, {}, skipped=lines.skipped)
+
+
+def _claude_line(
+    path: Path,
+    lineno: int,
+    raw: dict[str, Any],
+    items: list[Item],
+    group: dict[str, Any] | None,
+    deferred: list[tuple[int, ToolResultItem]],
+    flush: Callable[[], None],
+    lines: _Lines,
+) -> dict[str, Any] | None:
+    """One line of the main chain; returns the assistant message being assembled afterwards."""
+    kind = raw["type"]
+    where = f"{path}:{lineno}"
+    if raw.get("isSidechain") or kind == "progress":
+        return group
+    if kind == "system":
+        if raw.get("subtype") == "compact_boundary":
+            meta = raw.get("compactMetadata") or {}
+            if not isinstance(meta, dict):
+                msg = f"compactMetadata must be an object, got {type(meta).__name__}"
+                raise EventError(msg)
+            flush()
+            items.append(MarkerItem("compact_boundary", {"trigger": meta.get("trigger"), "pre_tokens": meta.get("preTokens")}))
+            return None
+        return group
+    message = raw["message"]
+    if kind == "assistant":
+        mid = message.get("id") or raw.get("requestId") or raw["uuid"]
+        model = message.get("model")
+        if not isinstance(mid, str) or not (model is None or isinstance(model, str)):
+            msg = f"message.id (or requestId) and message.model must be strings, got {mid!r:.60} and {model!r:.60}"
+            raise EventError(msg)
+        converted = from_anthropic_message({"role": "assistant", "content": message.get("content") or []}, where="message")
+        usage = check_usage(message.get("usage"), "message.usage")
+        if group is not None and group["id"] == mid:
             # one API message is written as one line per content block; results of its earlier
             # tool calls may sit between them, and are committed after the whole message
             group["blocks"].extend(converted[0].content)
             group["usage"] = usage or group["usage"]
-            continue
-        if kind != "user":
-            continue
-        content = message.get("content")
-        if raw.get("isCompactSummary"):
-            flush()
-            items.append(MarkerItem("compact_summary", {"chars": len(content) if isinstance(content, str) else 0}))
-            continue
-        if isinstance(content, list) and content and all(isinstance(b, dict) and b.get("type") == "tool_result" for b in content):
-            for block in content:
-                try:
-                    tool = from_anthropic_message({"role": "user", "content": [block]}, where=f"{path}:{lineno}")[0]
-                except (EventError, KeyError, TypeError) as exc:
-                    lines.bad(lineno, "a tool_result block with tool_use_id and content", str(exc))
-                    continue
-                result = tool.tool_result
-                assert result is not None
-                deferred.append(ToolResultItem(result.call_id, result.content, result.is_error))
-            if group is None:
-                flush()
-            continue
+            group["line"] = lineno
+            return group
         flush()
-        try:
-            converted = from_anthropic_message({"role": "user", "content": content if content is not None else ""}, where=f"{path}:{lineno}")
-        except (EventError, KeyError, TypeError) as exc:
-            lines.bad(lineno, "a user message with string or block content", str(exc))
-            continue
-        for m in converted:
-            if m.role == "tool":
-                r = m.tool_result
-                assert r is not None
-                items.append(ToolResultItem(r.call_id, r.content, r.is_error))
-            elif m.text.strip():
-                items.append(UserItem(m.text, instruction=not raw.get("isMeta")))
+        return {"id": mid, "blocks": list(converted[0].content), "usage": usage, "model": model, "line": lineno}
+    if kind != "user":
+        return group
+    content = message.get("content")
+    if raw.get("isCompactSummary"):
+        flush()
+        items.append(MarkerItem("compact_summary", {"chars": len(content) if isinstance(content, str) else 0}))
+        return None
+    if isinstance(content, list) and content and all(isinstance(b, dict) and b.get("type") == "tool_result" for b in content):
+        # every block is converted before any is kept: a bad line is refused (or skipped) whole
+        results = [m.content[0] for m in from_anthropic_message({"role": "user", "content": content}, where="message")]
+        deferred.extend((lineno, ToolResultItem(r.call_id, r.content, r.is_error)) for r in results)  # type: ignore[union-attr]
+        if group is None:
+            flush()
+        return group
+    converted = from_anthropic_message({"role": "user", "content": content if content is not None else ""}, where="message")
     flush()
-    return Recording(items, {}, skipped=lines.skipped)
+    for m in converted:
+        if m.role == "tool":
+            r = m.content[0]
+            lines.add(items, lineno, ToolResultItem(r.call_id, r.content, r.is_error))  # type: ignore[union-attr]
+        elif m.text.strip():
+            lines.add(items, lineno, UserItem(m.text, instruction=not raw.get("isMeta")))
+    return None
 
 
 # -- Codex CLI rollout JSONL ---------------------------------------------------------------------------
@@ -383,18 +524,21 @@ def import_codex(path: Path, run: int | None, lenient: bool) -> Recording:
     lines = _Lines(path, lenient)
     items: list[Item] = []
     blocks: list[Any] = []
+    blocks_line = 0
     usage: dict[str, int] | None = None
     pending_usage: dict[str, int] | None = None
-    deferred: list[ToolResultItem] = []
+    deferred: list[tuple[int, ToolResultItem]] = []
     system: str | None = None
     model: str | None = None
 
     def flush() -> None:
         nonlocal blocks, usage
         if blocks:
-            items.append(AssistantItem(Message("assistant", tuple(blocks), Source(kind="model", provider="openai", model=model)), usage))
+            message = Message("assistant", tuple(blocks), Source(kind="model", provider="openai", model=model))
+            lines.add(items, blocks_line, AssistantItem(message, usage))
         blocks, usage = [], None
-        items.extend(deferred)
+        for lineno, result in deferred:
+            lines.add(items, lineno, result)
         deferred.clear()
 
     for lineno, raw in lines:
@@ -402,91 +546,120 @@ def import_codex(path: Path, run: int | None, lenient: bool) -> Recording:
         if not isinstance(kind, str) or not isinstance(payload, dict):
             lines.bad(lineno, "a rollout line {timestamp, type, payload}", str(sorted(raw))[:120])
             continue
-        if kind == "session_meta":
-            if isinstance(payload.get("instructions"), str):
-                system = payload["instructions"]
-            continue
-        if kind == "turn_context":
-            model = payload.get("model") if isinstance(payload.get("model"), str) else model
-            continue
-        if kind == "compacted":
-            flush()
-            items.append(MarkerItem("compact_boundary", {"trigger": "codex"}))
-            continue
-        if kind == "event_msg":
-            if payload.get("type") == "token_count" and isinstance(payload.get("info"), dict):
-                last = payload["info"].get("last_token_usage")
-                if isinstance(last, dict):
-                    found = normalize_usage({k: v for k, v in last.items() if k in ("input_tokens", "cached_input_tokens", "output_tokens")})
-                    # the count belongs to the reply being assembled, or (as cli 0.40 writes it
-                    # before the reply's items) to the next one
-                    if blocks and usage is None:
-                        usage = found
-                    else:
-                        pending_usage = found
-            continue
-        if kind != "response_item":
-            continue
-        item_type = payload.get("type")
         try:
+            if kind == "session_meta":
+                instructions = payload.get("instructions")
+                if instructions is not None and not isinstance(instructions, str):
+                    msg = f"payload.instructions must be a string or null, got {type(instructions).__name__}"
+                    raise EventError(msg)
+                system = instructions if instructions is not None else system
+                continue
+            if kind == "turn_context":
+                found_model = payload.get("model")
+                if found_model is not None and not isinstance(found_model, str):
+                    msg = f"payload.model must be a string, got {type(found_model).__name__}"
+                    raise EventError(msg)
+                model = found_model or model
+                continue
+            if kind == "compacted":
+                flush()
+                items.append(MarkerItem("compact_boundary", {"trigger": "codex"}))
+                continue
+            if kind == "event_msg":
+                info = payload.get("info")
+                if payload.get("type") == "token_count" and isinstance(info, dict):
+                    last = info.get("last_token_usage")
+                    if last is not None:
+                        if not isinstance(last, dict):
+                            msg = f"payload.info.last_token_usage must be an object, got {type(last).__name__}"
+                            raise EventError(msg)
+                        counts = {k: v for k, v in last.items() if k in ("input_tokens", "cached_input_tokens", "output_tokens")}
+                        found = check_usage(counts, "payload.info.last_token_usage")
+                        # the count belongs to the reply being assembled, or (as cli 0.40 writes it
+                        # before the reply's items) to the next one
+                        if blocks and usage is None:
+                            usage = found
+                        else:
+                            pending_usage = found
+                continue
+            if kind != "response_item":
+                continue
+            item_type = payload.get("type")
             if item_type == "message":
                 role = payload.get("role")
-                text = "\n".join(
-                    str(p.get("text", "")) for p in payload.get("content") or [] if isinstance(p, dict) and "text" in p
-                )
+                if role not in ("user", "assistant", "developer", "system"):
+                    msg = f"payload.role must be user, assistant, developer or system, got {role!r:.60}"
+                    raise EventError(msg)
+                text = "\n".join(_codex_texts(payload, "content"))
                 if role == "assistant":
                     if not blocks and pending_usage is not None:
                         usage, pending_usage = pending_usage, None
                     blocks.append(TextBlock(text))
-                elif role in ("user", "developer", "system"):
+                    blocks_line = lineno
+                else:
                     flush()
                     instruction = role == "user" and not text.lstrip().startswith(("<environment_context>", "<user_instructions>"))
                     if text.strip():
-                        items.append(UserItem(text, instruction=instruction))
-                else:
-                    lines.bad(lineno, "a message with role user, assistant, developer or system", repr(role))
+                        lines.add(items, lineno, UserItem(text, instruction=instruction))
             elif item_type == "reasoning":
+                summary = "\n".join(_codex_texts(payload, "summary"))
                 if deferred:
                     flush()
                 if not blocks and pending_usage is not None:
                     usage, pending_usage = pending_usage, None
-                summary = "\n".join(
-                    str(p.get("text", "")) for p in payload.get("summary") or [] if isinstance(p, dict)
-                )
                 blocks.append(ReasoningBlock(summary))
+                blocks_line = lineno
             elif item_type in ("function_call", "custom_tool_call", "local_shell_call"):
-                if deferred:
-                    flush()
-                if not blocks and pending_usage is not None:
-                    usage, pending_usage = pending_usage, None
                 call_id = payload.get("call_id") or payload.get("id")
                 name = payload.get("name") or ("shell" if item_type == "local_shell_call" else None)
                 if not isinstance(call_id, str) or not isinstance(name, str):
-                    lines.bad(lineno, f"a {item_type} with string 'call_id' and 'name'", str(sorted(payload))[:120])
-                    continue
+                    msg = f"a {item_type} needs string 'call_id' and 'name', got {call_id!r:.60} and {name!r:.60}"
+                    raise EventError(msg)
                 if item_type == "function_call":
                     arguments = _json_arguments(payload.get("arguments"))
                 elif item_type == "custom_tool_call":
                     arguments = {"input": payload.get("input", "")}
                 else:
                     arguments = {"action": payload.get("action")}
+                if deferred:
+                    flush()
+                if not blocks and pending_usage is not None:
+                    usage, pending_usage = pending_usage, None
                 blocks.append(ToolCallBlock(call_id, name, arguments))
+                blocks_line = lineno
             elif item_type in ("function_call_output", "custom_tool_call_output"):
                 call_id = payload.get("call_id")
                 if not isinstance(call_id, str):
-                    lines.bad(lineno, f"a {item_type} with a string 'call_id'", str(sorted(payload))[:120])
-                    continue
+                    msg = f"a {item_type} needs a string 'call_id', got {call_id!r:.60}"
+                    raise EventError(msg)
                 output = payload.get("output")
                 if isinstance(output, dict):
                     output = output.get("content", orjson.dumps(output).decode())
-                deferred.append(ToolResultItem(call_id, output if isinstance(output, str) else orjson.dumps(output).decode()))
-        except (TypeError, AttributeError) as exc:
-            lines.bad(lineno, f"a well-formed {item_type} response item", str(exc))
+                content = output if isinstance(output, str) else orjson.dumps(output).decode()
+                deferred.append((lineno, ToolResultItem(call_id, content)))
+        except _SHAPE_ERRORS as exc:
+            lines.bad(lineno, f"a well-formed Codex {kind} line", str(exc))
     flush()
     recording = Recording(items, {}, skipped=lines.skipped)
     if system:
         recording.system = system
     return recording
+
+
+def _codex_texts(payload: dict[str, Any], key: str) -> list[str]:
+    """The ``text`` of every part of ``payload[key]`` (a list of objects), each a string."""
+    parts = payload.get(key) or []
+    if not isinstance(parts, list):
+        msg = f"payload.{key} must be a list of parts, got {type(parts).__name__}"
+        raise EventError(msg)
+    texts = []
+    for i, part in enumerate(parts):
+        if isinstance(part, dict) and "text" in part:
+            if not isinstance(part["text"], str):
+                msg = f"payload.{key}[{i}].text must be a string, got {type(part['text']).__name__} {part['text']!r:.60}"
+                raise EventError(msg)
+            texts.append(part["text"])
+    return texts
 
 
 def _json_arguments(raw: Any) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from ..kernel import Kernel
 from ..messages import Message, Source, ToolCallBlock
 from ..models.base import Reply
 from ..profile import ModelSettings, Prices, Profile, SummarizerSettings, load_profile
+from ..redact import redact
 from ..session import Request, Session
 from ..store.jsonl import JsonlStore
 from ..tools import ToolOutcome
@@ -500,7 +501,8 @@ def cost(metrics: dict[str, Any], prices: Prices | None) -> float | None:
 
 def empty_metrics(name: str, status: str, error: str, strategies: list[str] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = dict.fromkeys(METRIC_KEYS)
-    out.update(profile=name, status=status, error=error, strategies=strategies or [], compactions={}, invariant_details=[], prompt_tokens=[])
+    # the report is shared and kept: a summarizer's error (or a base_url) must not carry a key into it
+    out.update(profile=name, status=status, error=redact(error), strategies=strategies or [], compactions={}, invariant_details=[], prompt_tokens=[])
     return out
 
 

@@ -18,6 +18,7 @@ as a separate model step, an assistant message holding those calls whose results
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -59,4 +60,11 @@ def load_steward(spec: str | None) -> Steward:
     if not callable(obj):
         msg = f"--steward {spec!r} is not callable; it must be a function (session, request) -> list of calls"
         raise RecordingError(msg)
+    try:
+        inspect.signature(obj).bind(None, None)
+    except TypeError:
+        msg = f"--steward {spec!r} does not take (session, request); it must be a function (session, request) -> list of calls"
+        raise RecordingError(msg) from None
+    except ValueError:
+        pass  # no signature to check (some builtins): the call itself will tell
     return obj  # type: ignore[no-any-return]

@@ -20,12 +20,12 @@ from ..errors import StoreError
 from ..events import Event
 
 FORMAT_VERSION = 1
-_SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_KV_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,255}$")
+_SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_KV_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,255}")
 
 
 def check_session_id(session_id: str) -> str:
-    if not isinstance(session_id, str) or not _SESSION_ID.match(session_id) or ".." in session_id:
+    if not isinstance(session_id, str) or not _SESSION_ID.fullmatch(session_id) or ".." in session_id:
         msg = (
             f"invalid session id {session_id!r}: use 1-128 characters of letters, digits, '.', '_' "
             "or '-', starting with a letter or digit"
@@ -35,7 +35,7 @@ def check_session_id(session_id: str) -> str:
 
 
 def check_kv_name(kind: str, value: str) -> str:
-    if not isinstance(value, str) or not _KV_NAME.match(value) or ".." in value.split("/"):
+    if not isinstance(value, str) or not _KV_NAME.fullmatch(value) or ".." in value.split("/"):
         msg = f"invalid key-value {kind} {value!r}: letters, digits and . _ / - only, no '..' part"
         raise StoreError(msg)
     return value

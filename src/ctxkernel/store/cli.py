@@ -25,6 +25,7 @@ import orjson
 
 from ..errors import StoreError
 from ..events import COMPACTION_END, COMPACTION_START, Event
+from ..redact import redact
 from .base import EventStore, SessionHeader
 
 #: a chunk is appended once it holds this many bytes or events (and no compaction is open)
@@ -34,18 +35,23 @@ CHUNK_EVENTS = 5000
 BACKENDS = ("jsonl", "sqlite", "postgres")
 
 
+def parse_store_spec(spec: str) -> tuple[str, str]:
+    """``(backend, where)`` from ``jsonl:PATH``, ``sqlite:PATH``, ``postgres:DSN`` or a URI."""
+    if spec.startswith(("postgresql://", "postgres://")):
+        return "postgres", spec
+    backend, sep, target = spec.partition(":")
+    if not sep or backend not in BACKENDS or not target:
+        msg = (
+            f"store {redact(spec)!r} is not BACKEND:WHERE; accepted: jsonl:PATH, sqlite:PATH, postgres:DSN "
+            "(or a postgresql:// URI)"
+        )
+        raise StoreError(msg)
+    return backend, target
+
+
 def open_store(spec: str) -> EventStore:
     """A store from ``jsonl:PATH``, ``sqlite:PATH``, ``postgres:DSN`` or a ``postgresql://`` URI."""
-    if spec.startswith(("postgresql://", "postgres://")):
-        backend, target = "postgres", spec
-    else:
-        backend, sep, target = spec.partition(":")
-        if not sep or backend not in BACKENDS or not target:
-            msg = (
-                f"store {spec!r} is not BACKEND:WHERE; accepted: jsonl:PATH, sqlite:PATH, postgres:DSN "
-                "(or a postgresql:// URI)"
-            )
-            raise StoreError(msg)
+    backend, target = parse_store_spec(spec)
     if backend == "jsonl":
         from .jsonl import JsonlStore
 
@@ -185,18 +191,39 @@ def register(sub: Any) -> None:
     p.add_argument("--session", action="append", default=[], help="copy only this session id (repeatable)")
     p.add_argument("--kv-namespace", action="append", default=[], help="also copy this key-value namespace")
     p.set_defaults(func=cmd_copy)
-    store.set_defaults(func=lambda args: (store.print_help(sys.stderr), 2)[1])
 
 
 def cmd_copy(args: argparse.Namespace) -> int:
-    from ..cli import EXIT_INVALID, EXIT_OK, dump_json
+    from ..cli import EXIT_INVALID, EXIT_OK, EXIT_USAGE, dump_json, one_line
+    from .base import check_kv_name, check_session_id
 
+    # every argument is checked before either store is opened: a bad one is a usage error
     try:
-        source = open_store(args.source)
-        target = open_store(args.target)
+        for name, spec in (("SOURCE", args.source), ("TARGET", args.target)):
+            try:
+                parse_store_spec(spec)
+            except StoreError as exc:
+                raise StoreError(f"{name}: {exc}") from None
+        for session_id in args.session:
+            check_session_id(session_id)
+        for namespace in args.kv_namespace:
+            check_kv_name("namespace", namespace)
     except StoreError as exc:
-        sys.stderr.write(f"ctxkernel store copy: {exc}\n")
-        return EXIT_INVALID
+        sys.stderr.write(f"ctxkernel store copy: error: {redact(str(exc))}\n")
+        return EXIT_USAGE
+    opened: list[EventStore] = []
+    try:
+        for spec in (args.source, args.target):
+            try:
+                opened.append(open_store(spec))
+            except StoreError as exc:  # a well-formed store that cannot be opened (missing, refused)
+                sys.stderr.write(f"ctxkernel store copy: {one_line(redact(str(exc)))}\n")
+                return EXIT_INVALID
+    finally:
+        if len(opened) < 2:
+            for store in opened:
+                store.close()
+    source, target = opened
     copied: list[CopyResult] = []
     try:
         copy_sessions(
@@ -207,8 +234,8 @@ def cmd_copy(args: argparse.Namespace) -> int:
             progress=lambda r: (copied.append(r), sys.stderr.write(f"{r.session}: {r.status}, {r.events} events\n")),
         )
     except StoreError as exc:
-        sys.stderr.write(f"ctxkernel store copy: {exc}\n")
-        dump_json({"ok": False, "sessions": [asdict(r) for r in copied], "error": str(exc)})
+        sys.stderr.write(f"ctxkernel store copy: {redact(str(exc))}\n")
+        dump_json({"ok": False, "sessions": [asdict(r) for r in copied], "error": redact(str(exc))})
         return EXIT_INVALID
     finally:
         source.close()

@@ -5,15 +5,21 @@ per line. Every event of a batch but the last carries ``"more": true`` so that a
 middle of a batch can be recognised and cut back to the last complete batch on open: a batch is
 all or nothing, which is what keeps a half-written compaction off the surface.
 
-Concurrency: a per-session :mod:`filelock` serialises writers across processes; the optimistic
+Concurrency: a writer holds an exclusive ``flock`` on the log file itself while it checks the seq
+and appends, so writers of one session are serialised across processes and threads; the optimistic
 ``expected_seq`` check turns a stale writer into a :class:`ConflictError` with nothing written.
-Readers take no lock: they stop at the last complete batch they see.
+The lock is on the log, not on a separate lock file: a lock file can be deleted while a writer
+holds it, letting a second writer take a fresh one and overwrite an acknowledged batch. Readers
+take no lock: they stop at the last complete batch they see.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from filelock import FileLock
 
 from ..errors import ConflictError, CorruptionError, EventError, SessionExistsError, SessionNotFoundError, StoreError
 from ..events import Event
@@ -43,8 +48,10 @@ class _Index:
 class JsonlStore:
     backend = "jsonl"
 
-    def __init__(self, home: str | os.PathLike[str], *, fsync: bool = True) -> None:
+    def __init__(self, home: str | os.PathLike[str], *, fsync: bool = True, lock_timeout: float = 60.0) -> None:
         self.home = Path(home)
+        #: seconds a writer waits for another writer of the same session before a StoreError
+        self.lock_timeout = lock_timeout
         self.sessions_dir = self.home / "sessions"
         self.kv_dir = self.home / "kv"
         self.fsync = fsync
@@ -52,24 +59,60 @@ class JsonlStore:
         # events a file's first scan parsed, kept until read() takes them: opening a session
         # scans (repair) and then reads the same bytes; parsing them once halves a cold replay
         self._fresh: dict[str, tuple[int, list[Event]]] = {}
-        self._mutex = threading.RLock()  # filelock is per-process reentrant; this guards _index
+        self._mutex = threading.RLock()  # guards _index and _fresh between this process's threads
 
     # -- paths ---------------------------------------------------------------------------------
     def path(self, session_id: str) -> Path:
         return self.sessions_dir / f"{check_session_id(session_id)}.jsonl"
 
-    def _lock(self, session_id: str) -> FileLock:
-        return FileLock(str(self.path(session_id)) + ".lock", timeout=60)
+    @contextlib.contextmanager
+    def _locked(self, session_id: str) -> Iterator[Any]:
+        """The session's log opened for writing, under an exclusive ``flock`` on that very file.
+
+        Separate ``open()`` calls get separate locks, so threads of one process exclude each
+        other as processes do; closing the file releases the lock, also when the process dies.
+        """
+        path = self._existing(session_id)
+        f = open(path, "r+b")  # noqa: SIM115 - closed in finally, which is what releases the lock
+        try:
+            deadline = time.monotonic() + self.lock_timeout
+            while True:
+                try:
+                    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        msg = (
+                            f"{path}: another writer held the session's lock for {self.lock_timeout:g} s; "
+                            "nothing was written (retry, or find the stuck process)"
+                        )
+                        raise StoreError(msg) from None
+                    time.sleep(0.005)
+            try:
+                same = os.path.samestat(os.fstat(f.fileno()), os.stat(path))
+            except FileNotFoundError:
+                same = False
+            if not same:
+                msg = f"{path}: the log file was deleted or replaced while this writer waited; nothing was written"
+                raise CorruptionError(msg)
+            yield f
+        finally:
+            f.close()
 
     # -- sessions ------------------------------------------------------------------------------
     def create(self, header: SessionHeader) -> None:
         path = self.path(header.id)
-        self.sessions_dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        with open(tmp, "wb") as f:
-            f.write(orjson.dumps(header.to_dict()) + b"\n")
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            self.sessions_dir.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(orjson.dumps(header.to_dict()) + b"\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            msg = f"cannot create session {header.id} in {self.sessions_dir}: {exc.strerror or exc}"
+            raise StoreError(msg) from None
         try:
             # link() publishes the complete file atomically and refuses an existing name
             os.link(tmp, path)
@@ -111,7 +154,9 @@ class JsonlStore:
         """Bring this process's index up to the end of the file, returning the new events.
 
         A line without its newline, or a batch without its last event, at the very end is a torn
-        tail: ignored by readers, cut off by ``repair``. Any other defect is corruption.
+        tail: ignored by readers, cut off by ``repair``. Any other defect is corruption, including
+        a damaged line that ends in its newline, the last one too: a crash mid-write leaves the last
+        line without its newline, so a terminated line was written whole and may be acknowledged.
         """
         path = self._existing(session_id)
         with self._mutex:
@@ -138,7 +183,6 @@ class JsonlStore:
             # split once (as the orjson floor does) rather than find() per line: replay is hot
             lines = data.split(b"\n")
             tail = lines.pop()  # the bytes after the last newline: empty when the file ends cleanly
-            last = len(lines) - 1
             loads, from_dict = orjson.loads, Event.from_dict
             pos = 0
             for i, raw_line in enumerate(lines):
@@ -147,10 +191,10 @@ class JsonlStore:
                     more = raw.pop(_MORE, False) if type(raw) is dict else False
                     event = from_dict(raw)
                 except (orjson.JSONDecodeError, EventError) as exc:
-                    if i == last and not tail.strip():
-                        defect = f"torn last line ({exc})"
-                        break
-                    msg = f"{path}:{first_line_no + i}: {exc}; the log is corrupt before its end and was not rewritten"
+                    msg = (
+                        f"{path}:{first_line_no + i}: {exc}; a complete (newline-terminated) line is damaged, "
+                        "so the log is corrupt, not torn by a crash, and was not rewritten"
+                    )
                     raise CorruptionError(msg) from None
                 expected = len(offsets) + len(pending)
                 if event.seq != expected:
@@ -216,7 +260,7 @@ class JsonlStore:
         return len(index.offsets)
 
     def repair(self, session_id: str) -> RepairReport:
-        with self._lock(session_id):
+        with self._locked(session_id):
             _, _, report = self._scan(session_id, repair=True)
             return report
 
@@ -231,24 +275,22 @@ class JsonlStore:
                 raw[_MORE] = True
             lines.append(orjson.dumps(raw))
         payload = b"\n".join(lines) + b"\n"
-        path = self._existing(session_id)
-        with self._lock(session_id):
+        with self._locked(session_id) as f:
             index, _, _ = self._scan(session_id)
             actual = len(index.offsets)
             if actual != expected_seq:
                 raise ConflictError(session_id, expected_seq, actual)
-            with open(path, "r+b") as f:
-                # a torn tail left by a crashed writer is overwritten, never appended after
-                f.seek(index.end)
-                try:
-                    f.write(payload)
-                    f.truncate()
-                    f.flush()
-                    if self.fsync:
-                        os.fsync(f.fileno())
-                except OSError:
-                    f.truncate(index.end)
-                    raise
+            # a torn tail left by a crashed writer is overwritten, never appended after
+            f.seek(index.end)
+            try:
+                f.write(payload)
+                f.truncate()
+                f.flush()
+                if self.fsync:
+                    os.fsync(f.fileno())
+            except OSError:
+                f.truncate(index.end)
+                raise
             with self._mutex:
                 offset = index.end
                 for line in lines:

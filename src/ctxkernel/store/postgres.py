@@ -33,6 +33,7 @@ import orjson
 
 from ..errors import ConflictError, CorruptionError, SessionExistsError, SessionNotFoundError, StoreError
 from ..events import Event
+from ..redact import redact
 from .base import RepairReport, SessionHeader, check_batch, check_kv_name, check_session_id
 from .rows import check_bookkeeping, decode_header, decode_value, encode_event, encode_value, read_events
 
@@ -63,17 +64,10 @@ _SCHEMA = [
 ]
 
 
-def redact(dsn: str) -> str:
-    """The connection string without its password, for messages."""
-    try:
-        from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
-        parts = conninfo_to_dict(dsn)
-    except Exception:  # noqa: BLE001 - a malformed dsn is reported by connect() itself
-        return "<unparsable connection string>"
-    if "password" in parts:
-        parts["password"] = "***"
-    return make_conninfo(**{k: str(v) for k, v in parts.items()})
+def redact_dsn(dsn: str) -> str:
+    """The connection string as messages show it: the password masked, whatever the form (URI
+    userinfo, ``password=`` pair or query parameter), even when libpq cannot parse it."""
+    return redact(dsn)
 
 
 class PostgresStore:
@@ -94,7 +88,7 @@ class PostgresStore:
             raise StoreError(msg) from None
         self._psycopg = psycopg
         self.dsn = dsn
-        self.where = redact(dsn)
+        self.where = redact_dsn(dsn)
         self.connect_timeout = connect_timeout
         self._mutex = threading.RLock()
         self._conn: Any = None
@@ -109,12 +103,13 @@ class PostgresStore:
             # autocommit: reads never leave a transaction open; writes use explicit transactions
             self._conn = self._psycopg.connect(self.dsn, autocommit=True, connect_timeout=self.connect_timeout)
         except self._psycopg.Error as exc:
-            msg = f"cannot connect to the postgres store {self.where}: {str(exc).strip()}"
+            # libpq quotes a malformed connection string in its error: redact that too
+            msg = f"cannot connect to the postgres store {self.where}: {redact(str(exc).strip())}"
             raise StoreError(msg) from None
         return self._conn
 
     def _error(self, exc: Exception) -> StoreError:
-        return StoreError(f"postgres store {self.where}: {str(exc).strip()}")
+        return StoreError(f"postgres store {self.where}: {redact(str(exc).strip())}")
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._mutex:

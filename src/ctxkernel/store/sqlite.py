@@ -19,16 +19,17 @@ writer killed mid-batch leaves nothing behind (SQLite rolls the open transaction
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
-from filelock import FileLock
-from filelock import Timeout as FileLockTimeout
 
 from ..errors import ConflictError, CorruptionError, SessionExistsError, SessionNotFoundError, StoreError
 from ..events import Event
@@ -37,6 +38,8 @@ from .rows import check_bookkeeping, decode_header, decode_value, encode_event, 
 
 SCHEMA_VERSION = 1
 DATABASE_NAME = "ctxkernel.sqlite3"
+#: the lock file beside the database that serialises opening it
+INIT_LOCK_SUFFIX = ".init.lock"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -69,22 +72,49 @@ class SqliteStore:
         self.path = self.home / DATABASE_NAME
         self.busy_timeout = busy_timeout
         self._mutex = threading.RLock()  # one connection per store, shared by this process's threads
-        self.home.mkdir(parents=True, exist_ok=True)
+        try:
+            self.home.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            msg = f"cannot create the sqlite store's folder {self.home}: {exc.strerror or exc}"
+            raise StoreError(msg) from None
         # Opening is serialised across processes by a lock file beside the database. Two processes
         # switching a fresh database to WAL at once both hold a SHARED lock and both ask for the
         # EXCLUSIVE one; SQLite breaks that deadlock by failing one of them at once with "database
         # is locked", without calling the busy handler, so busy_timeout cannot help (the cause of
         # the two-worker test's broken pipes: a worker died while opening its store).
-        init_lock = FileLock(str(self.path) + ".init.lock", timeout=busy_timeout)
+        with self._opening_lock():
+            self._open(durable)
+
+    @contextlib.contextmanager
+    def _opening_lock(self) -> Iterator[None]:
+        """An exclusive ``flock`` on ``<database>.init.lock``, waited for up to the busy timeout.
+
+        Separate ``open()`` calls get separate locks, so threads exclude each other as processes
+        do; closing the file releases the lock, also when the process dies. The file is never
+        deleted (deleting a lock file lets a second holder in)."""
+        path = Path(str(self.path) + INIT_LOCK_SUFFIX)
         try:
-            with init_lock:
-                self._open(durable)
-        except FileLockTimeout:
-            msg = (
-                f"cannot open the sqlite store {self.path}: another process held "
-                f"{init_lock.lock_file} for {busy_timeout} s"
-            )
+            f = open(path, "a+b")  # noqa: SIM115 - closed in finally, which releases the lock
+        except OSError as exc:
+            msg = f"cannot open the sqlite store's lock file {path}: {exc.strerror or exc}"
             raise StoreError(msg) from None
+        try:
+            deadline = time.monotonic() + self.busy_timeout
+            while True:
+                try:
+                    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        msg = (
+                            f"cannot open the sqlite store {self.path}: another process held {path} "
+                            f"for {self.busy_timeout:g} s while opening it"
+                        )
+                        raise StoreError(msg) from None
+                    time.sleep(0.005)
+            yield
+        finally:
+            f.close()
 
     def _open(self, durable: bool) -> None:
         try:

@@ -15,12 +15,12 @@ NAME = "observation-mask"
 
 
 class MaskSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     #: how many of the newest tool results stay verbatim
-    keep_last: int = Field(default=5, ge=1)
+    keep_last: int = Field(default=5, ge=1, le=100_000)
     #: results shorter than this many characters are never masked (a mask would not pay)
-    min_chars: int = Field(default=400, ge=0)
+    min_chars: int = Field(default=400, ge=0, le=100_000_000)
     placeholder: str = "[output of {name} omitted: {chars} characters; re-run the tool to see it]"
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from . import disk
 from .disk import ArchiveError, IntegrityError
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/artifacts/([0-9a-f]{64})\.txt$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/artifacts/([0-9a-f]{64})\.txt")
 
 
 def handle_for(root: str, digest: str) -> str:
@@ -36,7 +36,7 @@ def store(archive: Path, root: str, content: str) -> tuple[str, str]:
 def load(archive: Path, handle: str) -> str:
     """The artifact's text, after checking the name is a handle and the content its hash."""
     path = disk.contained(archive, handle)  # refuses '..' and absolute paths first
-    match = _NAME.match(handle)
+    match = _NAME.fullmatch(handle)
     if not match:
         msg = f"{handle!r} is not an artifact handle; handles look like '<root>/artifacts/<sha256>.txt'"
         raise ArchiveError(msg)

@@ -28,10 +28,25 @@ def register(sub: Any) -> None:
     s = inner.add_parser("segment", help="proposed chapter ranges and titles for what SESSION could archive now (JSON)")
     s.add_argument("session")
     s.add_argument("--profile", default=None)
-    s.add_argument("--target", type=int, default=None, help="tokens per chapter (default: the profile's chapter_token_target)")
+    s.add_argument(
+        "--target", type=_target_tokens, default=None, help="tokens per chapter (default: the profile's chapter_token_target)"
+    )
     s.add_argument("--model-titles", action="store_true",
                    help="ask the profile's [summarizer] model for titles and summaries (the session's prompt is the cached prefix)")
     s.set_defaults(func=cmd_segment)
+
+
+def _target_tokens(text: str) -> int:
+    from .settings import MAX_TOKENS
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 200 <= value <= MAX_TOKENS:
+        msg = f"{text!r}: accepted: an integer from 200 to {MAX_TOKENS} (tokens per chapter)"
+        raise argparse.ArgumentTypeError(msg)
+    return value
 
 
 def _kernel(profile: str | None) -> Any:
@@ -42,10 +57,26 @@ def _kernel(profile: str | None) -> Any:
     return Kernel.from_profile(profile or os.environ.get("CTXKERNEL_PROFILE") or "chapters")
 
 
+def _usage_error(args: argparse.Namespace) -> tuple[Any, int | None]:
+    """The kernel for ``--profile``, or exit 2 with one line when the arguments are bad."""
+    from ctxkernel.errors import ConfigError, StoreError
+    from ctxkernel.store.base import check_session_id
+
+    try:
+        check_session_id(args.session)
+        return _kernel(args.profile), None
+    except (ConfigError, StoreError) as exc:
+        text = "; ".join(line for line in str(exc).splitlines() if line.strip())
+        sys.stderr.write(f"ctxkernel chapters {args.chapters_command}: error: {text}\n")
+        return None, 2
+
+
 def cmd_manifest(args: argparse.Namespace) -> int:
     from .registry import manifest
 
-    kernel = _kernel(args.profile)
+    kernel, status = _usage_error(args)
+    if status is not None:
+        return status
     if not kernel.store.exists(args.session):
         sys.stderr.write(f"no session {args.session!r} in the {kernel.store.backend} store\n")
         return 1
@@ -57,7 +88,9 @@ def cmd_segment(args: argparse.Namespace) -> int:
     from . import plugin
     from .segment import propose_chapters
 
-    kernel = _kernel(args.profile)
+    kernel, status = _usage_error(args)
+    if status is not None:
+        return status
     if not kernel.store.exists(args.session):
         sys.stderr.write(f"no session {args.session!r} in the {kernel.store.backend} store\n")
         return 1

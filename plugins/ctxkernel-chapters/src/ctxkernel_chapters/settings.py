@@ -6,11 +6,17 @@ models have huge windows, some 32K, and one flat number serves neither).
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
+#: the largest token count a setting may hold (no model window comes near it)
+MAX_TOKENS = 100_000_000
+
+
 class ChaptersSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     #: archive the head of the surface as chapters at this share of the effective window
     compact_at_ratio: float = Field(default=0.90, gt=0, le=1)
@@ -20,11 +26,11 @@ class ChaptersSettings(BaseModel):
     #: the system prompt and tool schemas (a continuation preflight, never a truncation)
     continuation_budget_ratio: float = Field(default=0.25, gt=0, le=1)
     #: segmentation aims at chapters of about this many tokens, split at turn boundaries
-    chapter_token_target: int = Field(default=8_000, ge=200)
+    chapter_token_target: int = Field(default=8_000, ge=200, le=MAX_TOKENS)
     #: tool results at or below this stay inline in chapters; larger ones are itemised as artifacts
-    tool_result_defer_floor_tokens: int = Field(default=200, ge=0)
+    tool_result_defer_floor_tokens: int = Field(default=200, ge=0, le=MAX_TOKENS)
     #: a tool result above this is moved to the artifact store before the next request
-    tool_result_artifact_tokens: int = Field(default=6_000, ge=1)
+    tool_result_artifact_tokens: int = Field(default=6_000, ge=1, le=MAX_TOKENS)
     #: ... or above this share of the effective window, whichever is smaller (small windows)
     tool_result_artifact_ratio: float = Field(default=0.2, gt=0, le=1)
     #: characters of a result kept as a preview in its artifact handle
@@ -32,10 +38,10 @@ class ChaptersSettings(BaseModel):
     #: folder of chapter files and artifacts; relative paths are under the kernel home
     archive_root: str = "chapters"
     #: budget of the table-of-contents bullets; over it, the oldest bullets lose their summaries
-    toc_bullet_budget_tokens: int = Field(default=2_000, ge=100)
+    toc_bullet_budget_tokens: int = Field(default=2_000, ge=100, le=MAX_TOKENS)
     #: the user's own messages of the archived part are quoted verbatim in the table of contents,
     #: newest first, within this many tokens (0: none)
-    toc_instruction_budget_tokens: int = Field(default=1_500, ge=0)
+    toc_instruction_budget_tokens: int = Field(default=1_500, ge=0, le=MAX_TOKENS)
     #: tell the model that continuing in a new session is available at this share of the window
     pressure_suggestion_ratio: float = Field(default=0.75, gt=0, le=1)
     #: archive in place automatically in pre_step (off: only on overflow)
@@ -46,7 +52,7 @@ class ChaptersSettings(BaseModel):
     overflow_retries: int = Field(default=1, ge=0, le=5)
     #: what the simulator's steward does at the suggestion: "continue" (call chapters_continue)
     #: or "compact" (leave it to the in-place compaction)
-    steward: str = Field(default="continue", pattern="^(continue|compact)$")
+    steward: Literal["continue", "compact"] = "continue"
     #: lines returned by one page of chapters_read / chapters_artifact read
     read_page_lines: int = Field(default=200, ge=10, le=5_000)
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 OPEN, CLOSE = "⟦", "⟧"
 _ANY_ANCHOR = re.compile(r"\s*⟦p\d+⟧\s*")
 _LEADING_RUN = re.compile(r"^\s*(?:⟦p\d+⟧\s*)+")
-_ARG_FORMS = (re.compile(r"^⟦p(\d+)⟧$"), re.compile(r"^p(\d+)$"), re.compile(r"^(\d+)$"))
+_ARG_FORMS = (re.compile(r"⟦p([0-9]{1,18})⟧"), re.compile(r"p([0-9]{1,18})"), re.compile(r"([0-9]{1,18})"))
 
 
 def fmt(pid: int) -> str:
@@ -34,7 +34,7 @@ def parse_anchor(value: object) -> int | None:
     if isinstance(value, str):
         text = value.strip()
         for form in _ARG_FORMS:
-            match = form.match(text)
+            match = form.fullmatch(text)
             if match:
                 number = int(match.group(1))
                 return number if number > 0 else None

@@ -30,26 +30,30 @@ SNAPSHOT_NAMESPACE = NAME
 SNAPSHOT_VERSION = 1
 
 
+#: the largest token count a setting may hold (no model window comes near it)
+MAX_TOKENS = 100_000_000
+
+
 class DecaySettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     #: a normal reminder after this much growth (tokens) since the last reminder or compression
-    growth_tokens: int = Field(default=24_000, ge=1)
+    growth_tokens: int = Field(default=24_000, ge=1, le=MAX_TOKENS)
     #: warning levels as fractions of the effective window
-    warn_ratios: list[float] = Field(default_factory=lambda: [0.70, 0.81, 0.95])
+    warn_ratios: list[float] = Field(default_factory=lambda: [0.70, 0.81, 0.95], max_length=16)
     #: steps before the same reminder level may fire again
-    cooldown_steps: int = Field(default=4, ge=0)
+    cooldown_steps: int = Field(default=4, ge=0, le=10_000)
     #: spans per compress call
     max_spans: int = Field(default=8, ge=1, le=64)
     #: characters per span summary (after anchors are stripped)
-    summary_max_chars: int = Field(default=6_000, ge=100)
-    topic_max_chars: int = Field(default=80, ge=1)
+    summary_max_chars: int = Field(default=6_000, ge=100, le=1_000_000)
+    topic_max_chars: int = Field(default=80, ge=1, le=10_000)
     #: refuse compressions that do not pay back their prefix-cache miss (below the first warning)
     cost_guard: bool = False
     #: price of a cached input token relative to an uncached one
     cached_input_ratio: float = Field(default=0.1, gt=0, lt=1)
-    payback_max_requests: int = Field(default=50, ge=1)
-    min_saving_tokens: int = Field(default=1, ge=1)
+    payback_max_requests: int = Field(default=50, ge=1, le=1_000_000)
+    min_saving_tokens: int = Field(default=1, ge=1, le=MAX_TOKENS)
     #: the steward (simulation) compresses down to this share of the effective window
     steward_target_ratio: float = Field(default=0.45, gt=0, lt=1)
     #: one JSONL record per request and compression under $CTXKERNEL_HOME/decay/audit.jsonl

@@ -31,6 +31,7 @@ import structlog
 from ctxkernel import SUMMARY_SECTIONS, Message, Source, Summary
 from ctxkernel.recall.history import History
 from ctxkernel.recall.notes import Note, render_note
+from ctxkernel.redact import redact
 
 from .clip import clip_with_receipt, cut_text
 
@@ -109,9 +110,9 @@ def call_summarizer(session: Session, nodes: list[Node], budget: int, header: tu
         reply = model.complete(messages, system=system, tools=tools)
     except Exception as exc:  # noqa: BLE001 - any failure falls back to extractive, never blocks the switch
         log.warning("handoff summary call failed", session=session.id, error=f"{type(exc).__name__}: {exc}")
-        return Generated(
-            None, getattr(model, "provider", None), getattr(model, "model", None), None, f"{type(exc).__name__}: {exc}"[:500]
-        )
+        # the reason is stored in the session log: a provider error may echo a key
+        reason = redact(f"{type(exc).__name__}: {exc}"[:2000])[:500]
+        return Generated(None, getattr(model, "provider", None), getattr(model, "model", None), None, reason)
     provider = reply.provider or getattr(model, "provider", None)
     name = reply.model or getattr(model, "model", None)
     text = reply.message.text.strip()

@@ -36,7 +36,7 @@ class HandoffSettings(BaseModel):
     ``handoff_max_chars``   the whole handoff's character budget, 8,000-32,000
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     enabled: bool = True
     override_compaction: bool = True

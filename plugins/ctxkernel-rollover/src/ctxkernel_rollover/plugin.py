@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 import ctxkernel
 from ctxkernel import ContextOverflowError, EventSpec, Message, Source
 from ctxkernel.events import ASSISTANT_MESSAGE, USER_MESSAGE, append_op
+from ctxkernel.redact import redact
 
 from .state import NAME, REMINDER_KEY, state_of
 from .switch import RolloverError, ensure_window, notes_of, switch
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 
 
 class RolloverSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     #: share of the effective window at which the single reminder of a window is shown
     reminder_ratio: float = Field(default=0.75, gt=0, lt=1)
@@ -59,8 +60,8 @@ class RolloverSettings(BaseModel):
     overflow_retries: int = Field(default=1, ge=0, le=5)
     #: notes limits (per session): count, total bytes, bytes per note; over-limit writes are refused
     max_notes: int = Field(default=64, ge=1, le=10_000)
-    max_notes_bytes: int = Field(default=4_000_000, ge=1_000)
-    max_note_bytes: int = Field(default=1_000_000, ge=100)
+    max_notes_bytes: int = Field(default=4_000_000, ge=1_000, le=1_000_000_000)
+    max_note_bytes: int = Field(default=1_000_000, ge=100, le=1_000_000_000)
     #: a profile that also runs a summarising strategy must say so here (seed §3.7)
     allow_summary_fallback: bool = False
 
@@ -223,7 +224,7 @@ def request_error(session: Session, error: ModelError) -> bool | None:
     state.overflow_streak += 1
     before = session.meter.surface_tokens()
     try:
-        switch(session, "overflow", error=f"The provider refused the request: {error}")
+        switch(session, "overflow", error=redact(f"The provider refused the request: {error}"))
     except RolloverError:
         return False
     return session.meter.surface_tokens() < before

@@ -1,0 +1,142 @@
+"""jsonl store under hostile conditions: a deleted lock file, a damaged complete line."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from ctxkernel.errors import ConflictError, CorruptionError, StoreError
+from ctxkernel.store.jsonl import JsonlStore
+from ctxkernel.testing_store import event, header
+
+
+def test_deleting_lock_files_cannot_let_a_second_writer_in(tmp_path):
+    """Writer A has checked the seq inside the lock and is about to write; the lock files are
+    deleted and writer B (another store object, as another process would be) appends. B must not
+    get in while A holds the lock: every acknowledged batch ends up in the log."""
+    a, b = JsonlStore(tmp_path), JsonlStore(tmp_path)
+    a.create(header("s"))
+    a.append("s", [event(0), event(1)], 0)
+    b.lock_timeout = 0.3  # B gives up instead of waiting for A; with the bug it never waits at all
+
+    a_checked, release_a = threading.Event(), threading.Event()
+    scan = a._scan
+
+    def scan_then_pause(session_id, **kwargs):
+        out = scan(session_id, **kwargs)
+        a_checked.set()  # A's seq check is done: it is inside the lock, before its write
+        assert release_a.wait(30)
+        return out
+
+    a._scan = scan_then_pause  # type: ignore[method-assign]
+    acknowledged: dict[str, dict] = {}
+    outcome: dict[str, BaseException] = {}
+
+    def write(name, store, data):
+        try:
+            store.append("s", [event(2, data)], 2)
+            acknowledged[name] = data
+        except (StoreError, ConflictError) as exc:
+            outcome[name] = exc
+
+    writer_a = threading.Thread(target=write, args=("a", a, {"by": "a"}))
+    writer_a.start()
+    assert a_checked.wait(30)
+    for lock_file in (tmp_path / "sessions").glob("*.lock"):
+        lock_file.unlink()
+    writer_b = threading.Thread(target=write, args=("b", b, {"by": "b"}))
+    writer_b.start()
+    writer_b.join(30)  # B is done (acknowledged or refused) before A writes: the race, pinned
+    release_a.set()
+    writer_a.join(30)
+
+    assert not writer_a.is_alive() and not writer_b.is_alive()
+    assert acknowledged.get("a") == {"by": "a"}, outcome
+    assert "b" not in acknowledged and isinstance(outcome["b"], StoreError)
+    events = list(JsonlStore(tmp_path).read("s"))
+    assert [e.seq for e in events] == [0, 1, 2]
+    for data in acknowledged.values():
+        assert any(e.seq == 2 and e.data == data for e in events)
+
+
+def test_a_waiting_writer_gets_a_conflict_after_the_holder_commits(tmp_path):
+    a, b = JsonlStore(tmp_path), JsonlStore(tmp_path)
+    a.create(header("s"))
+    with a._locked("s"):
+        b.lock_timeout = 0.05
+        with pytest.raises(StoreError, match="held the session's lock"):
+            b.append("s", [event(0)], 0)
+    assert list(b.read("s")) == []  # nothing was written
+    b.lock_timeout = 60
+    a.append("s", [event(0)], 0)
+    with pytest.raises(ConflictError):
+        b.append("s", [event(0)], 0)
+
+
+def test_a_log_replaced_while_waiting_is_refused(tmp_path, monkeypatch):
+    store = JsonlStore(tmp_path)
+    store.create(header("s"))
+    store.append("s", [event(0)], 0)
+    path = store.path("s")
+    data = path.read_bytes()
+    from ctxkernel.store import jsonl
+
+    real_flock = jsonl.fcntl.flock
+
+    def replace_then_lock(fd, operation):
+        # while this writer waited, the file it opened was deleted and a copy put at the path
+        path.unlink()
+        path.write_bytes(data)
+        monkeypatch.setattr(jsonl.fcntl, "flock", real_flock)
+        return real_flock(fd, operation)
+
+    monkeypatch.setattr(jsonl.fcntl, "flock", replace_then_lock)
+    with pytest.raises(CorruptionError, match="deleted or replaced"):
+        store.append("s", [event(1)], 1)
+    assert path.read_bytes() == data
+
+
+def _log_with_three_batches(tmp_path):
+    store = JsonlStore(tmp_path)
+    store.create(header("s"))
+    for seq in range(3):
+        store.append("s", [event(seq)], seq)
+    return store.path("s")
+
+
+def _flip_in_line(path, line_index):
+    lines = path.read_bytes().split(b"\n")
+    line = bytearray(lines[line_index])
+    line[line.index(b'"seq"') + 1] ^= 0x20  # "seq" -> "Seq": one bit, still JSON, an unknown key
+    lines[line_index] = bytes(line)
+    path.write_bytes(b"\n".join(lines))
+
+
+@pytest.mark.parametrize("line_index", [-2, -3], ids=["last line", "line before it"])
+def test_a_damaged_complete_line_is_corruption_wherever_it_is(tmp_path, line_index):
+    path = _log_with_three_batches(tmp_path)
+    _flip_in_line(path, line_index)  # index -1 is the empty string after the final newline
+    before = path.read_bytes()
+    with pytest.raises(CorruptionError, match="corrupt, not torn"):
+        JsonlStore(tmp_path).repair("s")
+    with pytest.raises(CorruptionError):
+        list(JsonlStore(tmp_path).read("s"))
+    assert path.read_bytes() == before  # refused: nothing rewritten
+
+
+def test_a_damaged_last_line_that_is_not_json_is_corruption_too(tmp_path):
+    path = _log_with_three_batches(tmp_path)
+    data = path.read_bytes()
+    path.write_bytes(data[:-5] + b"\xff" + data[-4:])
+    with pytest.raises(CorruptionError):
+        JsonlStore(tmp_path).repair("s")
+
+
+def test_an_unterminated_tail_is_still_a_torn_write(tmp_path):
+    path = _log_with_three_batches(tmp_path)
+    data = path.read_bytes()
+    path.write_bytes(data[:-3])  # the last line lost its end and its newline
+    report = JsonlStore(tmp_path).repair("s")
+    assert report.repaired and "torn" in report.reason
+    assert [e.seq for e in JsonlStore(tmp_path).read("s")] == [0, 1]
