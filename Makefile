@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml) $(wildcard examples/*/pyproject.toml) requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements-dev.txt -e '.[deepseek]' $(foreach p,$(PLUGINS) $(EXAMPLES),-e $(p))
+	$(PY) -m pip install -q -r requirements-dev.txt -e '.[deepseek,langchain,pydantic-ai,openai-agents]' $(foreach p,$(PLUGINS) $(EXAMPLES),-e $(p))
 	touch $(STAMP)
 
 install: $(STAMP)

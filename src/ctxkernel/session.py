@@ -190,6 +190,8 @@ class Session:
         self.surface.listeners.append(self.meter)
         self.tools = ToolRegistry()
         self.harness_tools: list[dict[str, Any]] = []
+        #: the harness's own system prompt; None means the profile's ``system_prompt``
+        self.harness_system: str | None = None
         #: per-strategy state, keyed by strategy name; strategies rebuild it from the log
         self.state: dict[str, Any] = {}
         # who holds a compaction lock: host and pid, plus a token naming this Session object so a
@@ -451,9 +453,10 @@ class Session:
     def _system_and_tools(self) -> tuple[str, list[dict[str, Any]], str, int]:
         """The composed system prompt, tool schemas, their hash and token count (cached)."""
         self._sync_tools()
-        key = hash((self._tools_generation, len(self.harness_tools), id(self.harness_tools)))
+        key = hash((self._tools_generation, len(self.harness_tools), id(self.harness_tools), self.harness_system))
         if self._system_cache is None or self._system_cache[0] != key:
-            sections = [self.kernel.profile.profile.system_prompt, *self.kernel.hooks.system_prompt(self)]
+            own = self.kernel.profile.profile.system_prompt if self.harness_system is None else self.harness_system
+            sections = [own, *self.kernel.hooks.system_prompt(self)]
             system = "\n\n".join(s.strip() for s in sections if s and s.strip())
             tools = self.tools.schemas() + list(self.harness_tools)
             digest = hashlib.sha256(orjson.dumps([system, tools], option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
@@ -477,6 +480,14 @@ class Session:
         """The harness's own tool schemas: sent with every request and counted by the meter."""
         self.harness_tools = list(schemas)
         self._system_cache = None
+
+    def set_harness_system(self, system: str | None) -> None:
+        """The harness's own system prompt, used instead of the profile's ``system_prompt``
+        (strategies still add their sections after it). None restores the profile's. A proxy
+        sets the prompt its client sent, before each ``prepare_request``."""
+        if system != self.harness_system:
+            self.harness_system = system
+            self._system_cache = None
 
     def pressure(self) -> Pressure:
         """How full the next request is, anchored on the provider's last usage figure when that

@@ -1,0 +1,188 @@
+"""OpenAI Agents SDK: ContextSession keeps one 60-step run (with its input filter) and 60
+one-step runs (the session alone) within the profile's window, on the SDK's ScriptedModel."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from agents import Agent, RunConfig, Runner, function_tool, set_tracing_disabled
+from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
+
+from ctxkernel.integrations import IntegrationError
+from ctxkernel.integrations.openai_agents import ContextSession, from_items
+
+from .conftest import NOTE, STEPS, big_result, event_types, run_child
+
+set_tracing_disabled(True)
+
+
+def _measure(probe: Any, call: ModelCall) -> int:
+    system, history = from_items(call.input)
+    system = "\n\n".join(s for s in (call.system_instructions or "", system) if s)
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": t.name, "description": t.description, "parameters": t.params_json_schema},
+        }
+        for t in call.tools
+    ]
+    return probe.measure(system, history, tools)
+
+
+def _reader(reads: list[str]) -> Any:
+    @function_tool
+    def read_file(path: str) -> str:
+        """Read a source file."""
+        reads.append(path)
+        return big_result(int(path.split("_")[1].split(".")[0]))
+
+    return read_file
+
+
+def _output(call: ModelCall, call_id: str) -> str:
+    return next(
+        i["output"]
+        for i in call.input
+        if isinstance(i, dict) and i.get("type") == "function_call_output" and i.get("call_id") == call_id
+    )
+
+
+def test_one_long_run_stays_within_the_window(home, profile_path, probe):
+    calls: list[ModelCall] = []
+
+    def respond(call: ModelCall) -> Any:
+        calls.append(call)
+        k = len(calls) - 1
+        if k == 5:
+            return [
+                function_call("notes_write_file", {"path": "self/notes/plan.md", "content": NOTE}, call_id="note-w")
+            ]
+        if k == 50:
+            return [function_call("notes_read_file", {"path": "self/notes/plan.md"}, call_id="note-r")]
+        if k > STEPS:
+            return [assistant_message("done: every module read")]
+        return [
+            assistant_message(f"reading module {k}", item_id=f"msg-{k}"),
+            function_call("read_file", {"path": f"src/module_{k}.py"}, call_id=f"read-{k}"),
+        ]
+
+    session = ContextSession("oa-long", profile=profile_path)
+    reads: list[str] = []
+    model = ScriptedModel([ModelStep.respond(respond) for _ in range(STEPS + 2)])
+    agent = Agent(
+        name="coder", instructions="You refactor code.", model=model, tools=[_reader(reads), *session.tools()]
+    )
+    run_config = RunConfig(call_model_input_filter=session.input_filter)
+    result = asyncio.run(
+        Runner.run(
+            agent, "Read every module of the project.", session=session, run_config=run_config, max_turns=STEPS + 10
+        )
+    )
+
+    assert result.final_output == "done: every module read"
+    model.assert_complete()
+    assert len(reads) == STEPS - 1
+    unmanaged = sum(probe.meter.count_text(big_result(i)) for i in range(STEPS))
+    assert unmanaged > 4 * probe.window
+    assert max(_measure(probe, c) for c in calls) <= probe.window
+    assert probe.unpaired == []
+    assert {"notes_write_file", "new_context"} <= {t.name for t in calls[0].tools}
+    assert NOTE in _output(calls[51], "note-r")
+    events = event_types(home, "oa-long")
+    assert sum(e["type"] == "compaction/summary" for e in events) >= 3
+    assert sum(e["type"] == "tool/result" for e in events) == STEPS + 1
+    assert sum(e["type"] == "assistant/message" for e in events) == STEPS + 2
+
+    child = run_child("openai-agents", home, profile_path, "oa-long")
+    assert child["prompt_tokens"] <= probe.window
+    after = event_types(home, "oa-long")
+    assert after[: len(events)] == events
+    new = [e["type"] for e in after[len(events) :] if e["type"].endswith("message") or e["type"] == "tool/result"]
+    assert new == ["user/message", "assistant/message"]
+    assert any("done: every module read" in text for text in child["seen"])
+
+
+def test_sixty_one_step_runs_on_one_session_stay_within_the_window(home, profile_path, probe):
+    calls: list[ModelCall] = []
+
+    def respond(call: ModelCall) -> Any:
+        calls.append(call)
+        k = len(calls) - 1
+        run = k // 2
+        if k % 2:
+            return [assistant_message(f"module {run} read")]
+        if run == 5:
+            return [
+                function_call("notes_write_file", {"path": "self/notes/plan.md", "content": NOTE}, call_id="note-w")
+            ]
+        if run == 50:
+            return [function_call("notes_read_file", {"path": "self/notes/plan.md"}, call_id="note-r")]
+        return [function_call("read_file", {"path": f"src/module_{run}.py"}, call_id=f"read-{run}")]
+
+    session = ContextSession("oa-runs", profile=profile_path)
+    reads: list[str] = []
+    model = ScriptedModel([ModelStep.respond(respond) for _ in range(2 * STEPS)])
+    agent = Agent(
+        name="coder", instructions="You refactor code.", model=model, tools=[_reader(reads), *session.tools()]
+    )
+
+    async def runs() -> None:
+        for run in range(STEPS):
+            # the session alone: the SDK reads it when each run starts
+            await Runner.run(agent, f"Read module {run}.", session=session)
+
+    asyncio.run(runs())
+    model.assert_complete()
+    assert len(reads) == STEPS - 2
+    assert max(_measure(probe, c) for c in calls) <= probe.window
+    assert probe.unpaired == []
+    assert NOTE in _output(calls[101], "note-r")
+    events = event_types(home, "oa-runs")
+    assert sum(e["type"] == "compaction/summary" for e in events) >= 3
+    assert sum(e["type"] == "assistant/message" for e in events) == 2 * STEPS
+    assert sum(e["type"] == "turn/start" for e in events) == STEPS
+    user_texts = [
+        e["data"]["message"]["content"][0]["text"]
+        for e in events
+        if e["type"] == "user/message" and e["data"]["message"]["source"]["kind"] == "user"
+    ]
+    assert user_texts == [f"Read module {run}." for run in range(STEPS)]
+
+
+def test_pop_and_clear_take_items_off_the_surface_but_not_out_of_the_log(home, profile_path):
+    session = ContextSession("oa-pop", profile=profile_path)
+    model = ScriptedModel([ModelStep.respond(lambda call: [assistant_message("hi there")])])
+    agent = Agent(name="a", model=model)
+    asyncio.run(Runner.run(agent, "hello", session=session))
+    kernel_session = session.managed.session
+    logged = len(kernel_session.events)
+    popped = asyncio.run(session.pop_item())
+    assert popped["content"][0]["text"] == "hi there"
+    assert [n.message.text for n in kernel_session.surface.nodes] == ["hello"]
+    asyncio.run(session.clear_session())
+    assert asyncio.run(session.get_items()) == []
+    assert len(kernel_session.events) > logged
+    assert any(e.type == "assistant/message" for e in kernel_session.events)
+
+
+def test_an_item_the_kernel_cannot_hold_is_refused_by_name():
+    items = [{"role": "user", "content": "hi"}, {"type": "computer_call", "call_id": "c1", "action": {}}]
+    with pytest.raises(IntegrationError, match=r"input\[1\]: ctxkernel cannot hold a 'computer_call' item"):
+        from_items(items)
+    image = [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]
+    with pytest.raises(IntegrationError, match=r"input\[0\]: content\[0\] is a 'input_image' part"):
+        from_items(image)
+
+
+def test_a_limited_read_never_starts_with_a_tool_output(home, profile_path):
+    session = ContextSession("oa-limit", profile=profile_path)
+    reads: list[str] = []
+    model = ScriptedModel([[function_call("read_file", {"path": "src/module_1.py"}, call_id="r1")], [assistant_message("read")]])
+    agent = Agent(name="a", model=model, tools=[_reader(reads)])
+    asyncio.run(Runner.run(agent, "read module 1", session=session))
+    # the surface: user, call, output, reply; the last two items would start with the output
+    items = asyncio.run(session.get_items(limit=2))
+    assert [i.get("type", "message") for i in items] == ["message"]
+    assert items[0]["content"][0]["text"] == "read"
