@@ -6,12 +6,12 @@ PLUGINS := $(wildcard plugins/ctxkernel-*)
 EXAMPLES := $(wildcard examples/ctxkernel-*)
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench stress install clean
+.PHONY: demo test test-fast lint bench stress install clean
 
 $(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml) $(wildcard examples/*/pyproject.toml) requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements-dev.txt -e '.[deepseek,langchain,pydantic-ai,openai-agents]' $(foreach p,$(PLUGINS) $(EXAMPLES),-e $(p))
+	$(PY) -m pip install -q -r requirements-dev.txt -e '.[deepseek,serve,langchain,pydantic-ai,openai-agents]' $(foreach p,$(PLUGINS) $(EXAMPLES),-e $(p))
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -19,8 +19,19 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/ctxkernel simulate --workload coding-long --profile none,all
 
-test: $(STAMP)
+# ruff format --check joins `make lint` once the tree has been formatted (LINT_FORMAT=1)
+LINT_FORMAT ?= 0
+
+lint: $(STAMP)
+	CTXKERNEL_LINT_FORMAT=$(LINT_FORMAT) bash scripts/lint.sh $(PY)
+
+# everything: the static checks, then every test tier (slow ones included)
+test: lint
 	bash scripts/test-services.sh $(PY) -m pytest
+
+# the quick tier while working: no static checks, no tests marked slow
+test-fast: $(STAMP)
+	bash scripts/test-services.sh $(PY) -m pytest -m "not slow"
 
 bench: $(STAMP)
 	$(PY) -m pip install -q -r benchmarks/requirements.txt

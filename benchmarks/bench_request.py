@@ -33,7 +33,8 @@ import statistics
 import time
 from typing import Any
 
-from _bench import Bench, cpu_seconds as cpu
+from _bench import Bench
+from _bench import cpu_seconds as cpu
 from _profiles import PROFILES, built, open_kernel, sizes
 from _workload import text, usage_for
 

@@ -39,11 +39,12 @@ def env(tmp_path, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def reset_logging():
-    # main() configures structlog for the process; leave the defaults to the next test
-    import structlog
+    # main() configures logging for the process (structlog and a stderr handler on the
+    # "ctxkernel" logger); leave the library defaults to the next test
+    from ctxkernel.logging import reset_logging
 
     yield
-    structlog.reset_defaults()
+    reset_logging()
 
 
 def run_cli(capsys, *argv):
@@ -164,8 +165,23 @@ def test_validate_usage_errors_exit_2(capsys, argv):
 
 def test_validate_with_no_profiles_anywhere_is_a_usage_error(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("ctxkernel.profile.installed_profile_dirs", lambda: [])
     code, _, err = run_cli(capsys, "validate")
     assert code == 2 and "none found" in err
+
+
+def test_outside_a_checkout_the_installed_distributions_profiles_are_found(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CTXKERNEL_HOME", str(tmp_path / "home"))
+    code, out, _ = run_cli(capsys, "profiles", "--json")
+    assert code == 0
+    rows = {r["name"]: r for r in json.loads(out)}
+    assert sorted(rows) == sorted(p.stem for p in (REPO / "profiles").glob("*.toml"))
+    for name, row in rows.items():  # the package's copy is the repository's file (a symlink in the tree)
+        assert Path(row["path"]).read_bytes() == (REPO / "profiles" / f"{name}.toml").read_bytes()
+        assert not Path(row["path"]).is_relative_to(tmp_path)
+    code, out, _ = run_cli(capsys, "validate", "--json")
+    assert code == 0 and {Path(r["profile"]).stem for r in json.loads(out)} == set(rows)
 
 
 # -- inspect ------------------------------------------------------------------------------------------
@@ -374,3 +390,20 @@ def test_console_script_runs_plugins_and_validate(tmp_path, env):
     assert all(row["level"] == "pass" for row in json.loads(checked.stdout))
     bad = subprocess.run([str(script), "validate", "nope"], capture_output=True, text=True, cwd=REPO, env=environment, timeout=120)
     assert bad.returncode == 2 and "nope" in bad.stderr
+
+
+# -- strategies' commands (the register_commands hook) -----------------------------------------------
+def test_strategies_add_commands_through_the_hook_and_a_broken_one_is_named(capsys, monkeypatch):
+    import ctxkernel.plugins as plugins_module
+    from ctxkernel.plugins import Available
+
+    real = plugins_module.discover
+
+    def with_broken(*, entry_points: bool = True):
+        available, conflicts = real(entry_points=entry_points)
+        return available | {"broken": Available("broken", "ctxkernel-broken", "0.0.1", "ctxkernel_no_such_module")}, conflicts
+
+    monkeypatch.setattr(plugins_module, "discover", with_broken)
+    code, out, err = run_cli(capsys, "chapters", "--help")
+    assert code == 0 and "manifest" in out  # chapters' command, through its hook
+    assert "strategy 'broken' (ctxkernel-broken) failed to load" in err

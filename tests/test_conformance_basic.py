@@ -1,5 +1,5 @@
 from ctxkernel import Message, ToolCallBlock
-from ctxkernel.conformance import PairingProblem, pairing_problems
+from ctxkernel.pairing import PairingProblem, pairing_problems
 from ctxkernel.testing import check_conformance
 
 

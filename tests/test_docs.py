@@ -67,6 +67,13 @@ def test_firstresult_hooks_say_so():
         assert ("*First result.*" in body[signature]) == first, f"{signature}: first-result note does not match the hookspec"
 
 
+def test_every_hook_states_its_stability():
+    text = (DOCS / "hooks.md").read_text()
+    table = sections(text, "##")["Stability"]
+    rows = dict(re.findall(r"^\| `(\w+)` \| (stable|provisional)\b", table, re.MULTILINE))
+    assert set(rows) == set(hookspec_signatures()), "docs/hooks.md: the Stability table must list every hook once"
+
+
 def test_architecture_has_the_lifecycle_diagram():
     text = (DOCS / "architecture.md").read_text()
     order = [text.find(step) for step in ("pre_step", "decorate_request", "model", "sanitize_reply", "commit")]
@@ -167,9 +174,11 @@ def test_every_validation_check_is_documented():
 
 def test_ci_job_is_ten_lines_and_validates_strictly():
     text = (DOCS / "profiles.md").read_text()
-    (job,) = re.findall(r"```yaml\n(.*?)```", text, re.DOTALL)
+    (job,) = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.DOTALL) if "jobs:" in b]
     assert len(job.strip().splitlines()) == 10
-    assert "ctxkernel validate --strict profiles/*.toml" in job
+    # the job runs the repository's pre-commit hook, which is `ctxkernel validate --strict`
+    assert "pre-commit run ctxkernel-validate --all-files" in job
+    assert "entry: ctxkernel validate --strict" in (REPO / ".pre-commit-hooks.yaml").read_text()
 
 
 # -- README ------------------------------------------------------------------------------------------------

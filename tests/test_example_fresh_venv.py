@@ -22,6 +22,8 @@ print(json.dumps({"requests": report.requests, "checks": report.checks}))
 """
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_example_in_fresh_venv_passes_conformance(tmp_path):
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)

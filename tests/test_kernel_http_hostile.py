@@ -422,9 +422,8 @@ def test_a_model_copy_gets_its_own_connection_pool(serve) -> None:
 def test_ctxkernel_run_reports_malformed_http_as_a_model_error(
     serve, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
-    import structlog
-
     from ctxkernel.cli import main
+    from ctxkernel.logging import reset_logging
 
     monkeypatch.setenv("CTXKERNEL_HOME", str(tmp_path))
     monkeypatch.setenv("HOSTILE_KEY", KEY)
@@ -443,7 +442,7 @@ def test_ctxkernel_run_reports_malformed_http_as_a_model_error(
             ]
         )
     finally:
-        structlog.reset_defaults()
+        reset_logging()
     err = capsys.readouterr().err
     assert code == 1 and "model error:" in err and "request failed after 3 attempt(s)" in err
     assert "Traceback" not in err and KEY not in err

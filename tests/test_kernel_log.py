@@ -16,7 +16,16 @@ from typing import Any
 import orjson
 import pytest
 
-from ctxkernel import AgentLoop, ConflictError, CorruptionError, EventSpec, Message, ScriptedModel, SurfaceError, ToolCallBlock
+from ctxkernel import (
+    AgentLoop,
+    ConflictError,
+    CorruptionError,
+    EventSpec,
+    Message,
+    ScriptedModel,
+    SurfaceError,
+    ToolCallBlock,
+)
 from ctxkernel.store.jsonl import JsonlStore
 from ctxkernel.surface import replay
 from ctxkernel.testing import build_kernel

@@ -7,12 +7,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ctxkernel.recall.notes import (
+    NoteNotFoundError,
     NotePathError,
     Notes,
     NotesError,
     NotesLimitError,
     NotesLimits,
-    NoteNotFoundError,
     render_note,
 )
 from ctxkernel.testing import build_kernel

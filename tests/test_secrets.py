@@ -35,10 +35,11 @@ def env(tmp_path, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def reset_logging():
-    import structlog
+    # configure_logging sets up structlog and a stderr handler; leave the library defaults behind
+    from ctxkernel.logging import reset_logging
 
     yield
-    structlog.reset_defaults()
+    reset_logging()
 
 
 # -- the redaction module --------------------------------------------------------------------------

@@ -12,8 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ctxkernel.cli import main
-from ctxkernel.simulate import Options, RecordingError, compare, load_recording, sniff
-from ctxkernel.simulate import importers
+from ctxkernel.simulate import Options, RecordingError, compare, importers, load_recording, sniff
 from ctxkernel.simulate.importers import check_item
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "simulate"

@@ -6,7 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from ctxkernel.simulate import AssistantItem, MarkerItem, RecordingError, ToolResultItem, UserItem, load_recording, sniff
+from ctxkernel.simulate import (
+    AssistantItem,
+    MarkerItem,
+    RecordingError,
+    ToolResultItem,
+    UserItem,
+    load_recording,
+    sniff,
+)
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "simulate"
 

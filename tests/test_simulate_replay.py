@@ -11,7 +11,16 @@ from pydantic import BaseModel, ConfigDict
 import ctxkernel
 from ctxkernel import Message, Source, ToolCallBlock, ToolOutcome
 from ctxkernel.profile import Prices, load_profile
-from ctxkernel.simulate import METRIC_KEYS, AssistantItem, Options, Recording, ToolResultItem, UserItem, build_workload, compare
+from ctxkernel.simulate import (
+    METRIC_KEYS,
+    AssistantItem,
+    Options,
+    Recording,
+    ToolResultItem,
+    UserItem,
+    build_workload,
+    compare,
+)
 from ctxkernel.simulate.checks import InvariantChecker
 from ctxkernel.simulate.replay import Replay, run_profile
 from ctxkernel.testing import build_kernel
@@ -46,6 +55,7 @@ def test_every_profile_gets_the_same_metric_keys(tmp_path):
     assert all(p["status"] == "ok" for p in report["profiles"])
 
 
+@pytest.mark.slow
 def test_unmanaged_profile_overflows_and_managed_one_does_not(tmp_path):
     recording = build_workload("coding-long")
     unmanaged = run_profile("none", recording, Options(window=40_000))

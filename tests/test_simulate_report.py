@@ -81,6 +81,7 @@ def test_report_is_self_contained(tmp_path, capsys):
     assert "http" not in text.replace('xmlns="http://www.w3.org/2000/svg"', "")
 
 
+@pytest.mark.slow
 def test_report_renders_in_headless_chromium(tmp_path, capsys):
     browser = chromium()
     if browser is None:

@@ -10,9 +10,8 @@ from ctxkernel.errors import StoreError
 from ctxkernel.events import append_op
 from ctxkernel.recall.history import History, HistoryError, _decode_cursor, _encode_cursor
 from ctxkernel.session import EventSpec
-from ctxkernel.store.base import check_kv_name, check_session_id
+from ctxkernel.store.base import SessionHeader, check_kv_name, check_session_id
 from ctxkernel.store.jsonl import JsonlStore
-from ctxkernel.store.base import SessionHeader
 from ctxkernel.testing import build_kernel
 
 

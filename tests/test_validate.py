@@ -66,6 +66,7 @@ def test_shipped_profile_passes_strict(path):
 
 def test_builtin_defaults_validate_without_a_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no ./profiles here
+    monkeypatch.setattr("ctxkernel.profile.installed_profile_dirs", lambda: [])  # nor a shipped basic.toml
     report = validate_profile("basic")
     assert report.valid, [c.message for c in report.failures]
     assert "built-in defaults" in report.where

@@ -37,16 +37,21 @@ from .errors import (
     UnbalancedCutError,
 )
 from .events import Event
+from .handle import Strategy, StrategyHandle, StrategyNotes
 from .hookspecs import hookimpl
 from .kernel import Kernel
+from .logging import get_logger
 from .loop import AgentLoop, AsyncAgentLoop, AsyncSession, TurnResult
 from .messages import Message, ReasoningBlock, Source, TextBlock, ToolCallBlock, ToolResultBlock
 from .meter import Pressure
 from .models import ModelAdapter, OpenAIChatModel, Reply, ScriptedModel
 from .plugins import NoSettings, StrategySpec
 from .profile import Profile, load_profile
-from .session import EventSpec, ReplyDraft, Request, Session, StepContext
-from .tools import CompactTool, Tool, ToolArgs, ToolOutcome, compact_schema
+from .session import EventSpec, ReplyDraft, Request, RequestHeader, Session, StepContext
+from .store.base import check_session_id
+from .surface import Node
+from .tools import MAX_INT_ARG, CompactTool, Tool, ToolArgs, ToolOutcome, compact_schema
+from .validate import ValidationReport
 
 __all__ = [
     "AgentLoop",
@@ -68,6 +73,7 @@ __all__ = [
     "Message",
     "ModelAdapter",
     "ModelError",
+    "Node",
     "NoSettings",
     "OpenAIChatModel",
     "PluginConflictError",
@@ -79,6 +85,7 @@ __all__ = [
     "Reply",
     "ReplyDraft",
     "Request",
+    "RequestHeader",
     "ScriptedModel",
     "Session",
     "SessionExistsError",
@@ -89,6 +96,9 @@ __all__ = [
     "StepContext",
     "StoreError",
     "SUMMARY_SECTIONS",
+    "Strategy",
+    "StrategyHandle",
+    "StrategyNotes",
     "StrategySpec",
     "Summary",
     "SurfaceChangedError",
@@ -102,8 +112,12 @@ __all__ = [
     "ToolResultBlock",
     "TurnResult",
     "UnbalancedCutError",
+    "ValidationReport",
+    "MAX_INT_ARG",
     "balanced_cut_at_or_before",
+    "check_session_id",
     "compact_schema",
+    "get_logger",
     "head_region",
     "hookimpl",
     "load_profile",

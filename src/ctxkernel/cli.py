@@ -2,9 +2,9 @@
 
 Each subcommand lives in a module with ``register(subparsers)`` that adds its parser and sets
 ``func``; :data:`COMMAND_MODULES` lists the kernel's own, so that features (simulate, store) keep
-their command next to their code. Installed distributions add theirs through entry points of
-group ``ctxkernel.commands`` naming such a module (``ctxkernel chapters manifest`` comes from the
-chapters strategy this way).
+their command next to their code. Installed strategies add theirs through the
+``register_commands`` hook (``ctxkernel chapters manifest`` comes from the chapters strategy this
+way), called on every installed strategy through the typed hook facade.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-import orjson
-
 from .errors import CtxKernelError, ProfileError
+from .exits import EXIT_INVALID, EXIT_OK, EXIT_USAGE, dump_json, one_line
 from .logging import configure_logging
+from .plugins import StrategyManager
 from .redact import redact
 
 #: modules that add subcommands (each defines ``register(subparsers)``)
@@ -28,17 +28,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "ctxkernel.cli_commands",
     "ctxkernel.store.cli",
     "ctxkernel.simulate.cli",
+    "ctxkernel.serve.cli",
 )
-
-#: entry-point group through which installed distributions add subcommands
-COMMAND_ENTRY_POINTS = "ctxkernel.commands"
-
-EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
-
-
-def dump_json(value: object) -> None:
-    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode() + "\n")
-
 
 class Parser(argparse.ArgumentParser):
     """argparse with a one-line error (the usage block is one ``--help`` away); subcommand
@@ -66,11 +57,6 @@ def bounded_int(low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
-def one_line(text: str) -> str:
-    """A multi-line error (several profile problems) as one line of a usage error."""
-    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="ctxkernel", description="Context management for LLM agent harnesses")
     parser.add_argument(
@@ -83,12 +69,20 @@ def build_parser() -> argparse.ArgumentParser:
         except ModuleNotFoundError as exc:
             if exc.name != module:
                 raise
-    for ep in sorted(importlib.metadata.entry_points(group=COMMAND_ENTRY_POINTS), key=lambda e: e.name):
-        try:
-            ep.load().register(sub)
-        except Exception as exc:  # a broken plugin must not take the whole CLI down: say which one
-            print(f"ctxkernel: command plugin {ep.name!r} ({ep.value}) failed to load: {redact(str(exc))}", file=sys.stderr)
+    register_strategy_commands(sub)
     return parser
+
+
+def register_strategy_commands(sub: argparse._SubParsersAction) -> None:
+    """Every installed strategy's ``register_commands`` hook, in name order."""
+    manager = StrategyManager()
+    for name in sorted(manager.available):
+        available = manager.available[name]
+        try:
+            manager.register(available.load(), name, distribution=available.distribution, version=available.version)
+        except Exception as exc:  # a broken plugin must not take the whole CLI down: say which one
+            print(f"ctxkernel: strategy {name!r} ({available.distribution}) failed to load: {redact(str(exc))}", file=sys.stderr)
+    manager.hooks.register_commands(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -125,6 +119,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # a kernel error a command did not handle is still reported as a message, not a traceback
         sys.stderr.write(f"ctxkernel {args.command}: error: {redact(str(exc))}\n")
         return EXIT_INVALID
+
+
+__all__ = ["EXIT_INVALID", "EXIT_OK", "EXIT_USAGE", "Parser", "bounded_int", "build_parser", "dump_json", "main", "one_line"]
 
 
 if __name__ == "__main__":  # pragma: no cover

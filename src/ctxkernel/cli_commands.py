@@ -303,7 +303,6 @@ def _scripted_model(path: Path) -> Any:
 def cmd_run(args: argparse.Namespace) -> int:
     from .errors import ModelError
     from .loop import AgentLoop
-
     from .store.base import check_session_id
 
     if args.session is not None:

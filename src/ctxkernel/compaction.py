@@ -27,8 +27,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
 from .errors import (
     CompactionBusyError,
     CompactionError,
@@ -45,17 +43,19 @@ from .events import (
     SURFACE_DROP,
     TOOL_RESULT,
     USER_MESSAGE,
+    EventSpec,
     remove_op,
     replace_op,
 )
+from .logging import get_logger
 from .messages import Message, Source
 from .redact import redact
 
 if TYPE_CHECKING:
-    from .session import EventSpec, Session
+    from .session import Session
     from .surface import Node, Surface
 
-log = structlog.get_logger("ctxkernel.compaction")
+log = get_logger("ctxkernel.compaction")
 
 CHECKPOINT_OPEN = "<context-checkpoint>"
 CHECKPOINT_CLOSE = "</context-checkpoint>"
@@ -231,8 +231,6 @@ def run_transaction(
     no summarize step runs between lock and commit) writes ``compaction/start`` in the same
     durable batch as the commit: the store's expected-seq check then plays the lock's part, a
     model-free switch costs one durable write instead of two, and a refusal writes nothing."""
-    from .session import EventSpec
-
     session.refresh()
     surface = session.surface
     resolved = validate_spans(surface, spans)  # 1
@@ -288,7 +286,10 @@ def run_transaction(
                 if summary is None:
                     msg = f"no summarize implementation answered for strategy {strategy!r}"
                     raise CompactionError(msg)
-            message = span.message if span.message is not None else render(summary, region)
+            message: Message | None = span.message
+            if message is None:
+                assert summary is not None  # given, or written by the summarize hook just above
+                message = render(summary, region)
             replacements.append((message, summary))
         after = [0 if m is None else meter.count_message(m) for m, _ in replacements]
         if check_shrink:  # 6

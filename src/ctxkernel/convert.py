@@ -258,6 +258,43 @@ def from_anthropic_request(body: dict[str, Any]) -> tuple[str, list[Message]]:
     return system, messages
 
 
+def to_anthropic_blocks(message: Message) -> tuple[str, list[dict[str, Any]]]:
+    """One kernel message as ``(role, content blocks)`` of an Anthropic message (tool results
+    are ``tool_result`` blocks of a user message; empty text and unsigned reasoning left out)."""
+    if message.role == "tool":
+        r = message.content[0]
+        assert isinstance(r, ToolResultBlock)
+        block: dict[str, Any] = {"type": "tool_result", "tool_use_id": r.call_id, "content": r.content}
+        if r.is_error:
+            block["is_error"] = True
+        return "user", [block]
+    if message.role == "assistant":
+        blocks: list[dict[str, Any]] = []
+        for b in message.content:
+            if isinstance(b, ReasoningBlock) and b.signature:
+                blocks.append({"type": "thinking", "thinking": b.text, "signature": b.signature})
+            elif isinstance(b, TextBlock) and b.text:
+                blocks.append({"type": "text", "text": b.text})
+            elif isinstance(b, ToolCallBlock):
+                blocks.append({"type": "tool_use", "id": b.id, "name": b.name, "input": b.arguments})
+        return "assistant", blocks
+    return "user", ([{"type": "text", "text": message.text}] if message.text else [])
+
+
+def merge_anthropic_blocks(parts: Any) -> list[dict[str, Any]]:
+    """``(role, blocks)`` pairs as alternating Anthropic messages: consecutive same-role parts
+    share one message. The block lists given are not modified."""
+    out: list[dict[str, Any]] = []
+    for role, blocks in parts:
+        if not blocks:
+            continue
+        if out and out[-1]["role"] == role:
+            out[-1]["content"] = [*out[-1]["content"], *blocks]
+        else:
+            out.append({"role": role, "content": list(blocks)})
+    return out
+
+
 def to_anthropic_request(messages: list[Message], *, system: str = "", tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """``{"system", "messages", "tools"}`` with alternating roles.
 
@@ -266,32 +303,7 @@ def to_anthropic_request(messages: list[Message], *, system: str = "", tools: li
     Reasoning is sent back only when it carries a provider signature, the form Anthropic
     accepts; empty text blocks, which Anthropic rejects, are left out.
     """
-    out: list[dict[str, Any]] = []
-    for message in messages:
-        if message.role == "tool":
-            r = message.content[0]
-            assert isinstance(r, ToolResultBlock)
-            block: dict[str, Any] = {"type": "tool_result", "tool_use_id": r.call_id, "content": r.content}
-            if r.is_error:
-                block["is_error"] = True
-            role, blocks = "user", [block]
-        elif message.role == "assistant":
-            role, blocks = "assistant", []
-            for b in message.content:
-                if isinstance(b, ReasoningBlock) and b.signature:
-                    blocks.append({"type": "thinking", "thinking": b.text, "signature": b.signature})
-                elif isinstance(b, TextBlock) and b.text:
-                    blocks.append({"type": "text", "text": b.text})
-                elif isinstance(b, ToolCallBlock):
-                    blocks.append({"type": "tool_use", "id": b.id, "name": b.name, "input": b.arguments})
-        else:
-            role, blocks = "user", ([{"type": "text", "text": message.text}] if message.text else [])
-        if not blocks:
-            continue
-        if out and out[-1]["role"] == role:
-            out[-1]["content"].extend(blocks)
-        else:
-            out.append({"role": role, "content": blocks})
+    out = merge_anthropic_blocks(to_anthropic_blocks(m) for m in messages)
     anthropic_tools = [
         {
             "name": t["function"]["name"],

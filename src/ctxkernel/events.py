@@ -80,6 +80,16 @@ _REQUIRED_DATA: dict[str, dict[str, type | tuple[type, ...]]] = {
 }
 
 
+@dataclass(frozen=True)
+class EventSpec:
+    """An event to append; the session assigns its seq and time."""
+
+    type: str
+    data: dict[str, Any]
+    surface: dict[str, Any] | None = None
+    ignorable: bool = False
+
+
 def utc_now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -117,7 +127,7 @@ class Event:
         if type(seq) is not int or seq < 0:  # exact type: bool is an int subclass and not a seq
             msg = f"event seq must be a non-negative integer, got {seq!r}"
             raise EventError(msg)
-        get = raw.get
+        get: Any = raw.get  # validate_shape checks every field's type right after
         # positional: a frozen dataclass's keyword init is measurably slower, and replay makes one per event
         event = cls(seq, get("type"), get("data"), get("time", ""), get("surface"), get("ignorable", False))
         validate_shape(event)

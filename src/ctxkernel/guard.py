@@ -28,11 +28,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import structlog
-
 from .compaction import CommitResult, Span
 from .errors import CompactionError
 from .events import TOOL_RESULT
+from .logging import get_logger
 from .meter import LARGE_NODE_TOKENS, message_text_for_count
 from .messages import Message, Source
 
@@ -40,7 +39,7 @@ if TYPE_CHECKING:
     from .session import Session
     from .surface import Node
 
-log = structlog.get_logger("ctxkernel.guard")
+log = get_logger("ctxkernel.guard")
 
 #: a message over this share of the effective window is excerpted (the rollover strategy's own
 #: protective switch uses the same default, and runs first)

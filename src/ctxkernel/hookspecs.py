@@ -201,6 +201,20 @@ def steward_actions(session: Session, request: Request) -> list[dict[str, Any]] 
 
 
 @hookspec
+def register_commands(subparsers: Any) -> None:
+    """Add subcommands to the ``ctxkernel`` command line.
+
+    Called once when ``ctxkernel`` builds its parser, on every installed strategy (not only a
+    profile's), after the kernel's own commands. Add a parser with
+    ``subparsers.add_parser(name, help=...)`` and set ``func`` (``set_defaults(func=...)``) to a
+    callable taking the parsed arguments and returning the exit status. A strategy that fails to
+    load is named on stderr and the other commands still work.
+
+    :param subparsers: the ``argparse`` subparsers action of the ``ctxkernel`` parser.
+    """
+
+
+@hookspec
 def validate_profile(profile: Profile, report: ValidationReport) -> None:
     """Strategy-specific preflight checks of a profile that names this strategy.
 

@@ -7,18 +7,18 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import structlog
 from pydantic import BaseModel
 
 from .errors import ProfileError, SessionNotFoundError
 from .events import utc_now
+from .logging import get_logger
 from .meter import Tokenizer, get_tokenizer
 from .plugins import StrategyManager, StrategySpec
 from .profile import Profile, load_profile, strategy_settings_from
 from .session import Session, gc_paused
-from .store.base import EventStore, SessionHeader, default_home, store_from_settings
+from .store import EventStore, SessionHeader, default_home, store_from_settings
 
-log = structlog.get_logger("ctxkernel.kernel")
+log = get_logger("ctxkernel.kernel")
 
 
 class Kernel:
@@ -117,11 +117,14 @@ class Kernel:
         parent: str | None = None,
         origin: str | None = None,
         repair: bool = True,
+        keep_waiting_calls: bool = False,
     ) -> Session:
         """Open a session: a new one (no id, or ``create=True``) or an existing one by id.
 
         Resuming replays the log; with ``repair`` (default) a torn tail is cut and whatever a
-        crashed writer left open is closed with synthetic events (HOST-MODEL §7).
+        crashed writer left open is closed with synthetic events (HOST-MODEL §7);
+        ``keep_waiting_calls`` leaves tool calls that wait for the harness's results open
+        (see :meth:`Session.repair_after_crash`).
         """
         if session_id is None or create:
             header = SessionHeader(
@@ -139,13 +142,13 @@ class Kernel:
                 msg = f"no session {session_id!r} in the {self.store.backend} store"
                 raise SessionNotFoundError(msg)
             with gc_paused():
-                session = self._resume(session_id, repair)
+                session = self._resume(session_id, repair, keep_waiting_calls)
         self.hooks.session_opened(session)
         if session.events:
             session.restore_harness_tools()
         return session
 
-    def _resume(self, session_id: str, repair: bool) -> Session:
+    def _resume(self, session_id: str, repair: bool, keep_waiting_calls: bool = False) -> Session:
         if repair:
             report = self.store.repair(session_id)
             if report.repaired:
@@ -153,7 +156,7 @@ class Kernel:
         session = Session(self, self.store.header(session_id))
         session.refresh()
         if repair:
-            session.repair_after_crash()
+            session.repair_after_crash(keep_waiting_calls=keep_waiting_calls)
         return session
 
     def sessions(self) -> list[str]:

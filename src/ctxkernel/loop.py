@@ -35,15 +35,14 @@ from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import structlog
-
 from .errors import ConfigError, ModelError
+from .logging import get_logger
 from .messages import Message, ToolCallBlock
 from .models.base import ModelAdapter, Reply
 from .session import Session
 from .tools import ToolOutcome
 
-log = structlog.get_logger("ctxkernel.loop")
+log = get_logger("ctxkernel.loop")
 
 T = TypeVar("T")
 #: A harness tool: takes the call, returns the result text or a ToolOutcome.
@@ -250,7 +249,7 @@ class AsyncSession:
 
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn(*args, **kwargs)`` in a thread under the session's lock."""
-        lock = self.session._lock
+        lock = self.session.lock
 
         def locked() -> T:
             with lock:

@@ -8,7 +8,7 @@ to and from the two dominant wire formats in :mod:`ctxkernel.convert`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from .errors import EventError
 
@@ -47,7 +47,7 @@ class ToolResultBlock:
     type: Literal["tool_result"] = "tool_result"
 
 
-Block = Union[TextBlock, ReasoningBlock, ToolCallBlock, ToolResultBlock]
+Block = TextBlock | ReasoningBlock | ToolCallBlock | ToolResultBlock
 
 
 @dataclass(frozen=True, slots=True)

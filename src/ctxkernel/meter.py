@@ -95,7 +95,7 @@ class HuggingFaceTokenizer:
 
     def __init__(self, path: str | None = None) -> None:
         try:
-            from tokenizers import Tokenizer as _HFTokenizer  # type: ignore[import-not-found]
+            from tokenizers import Tokenizer as _HFTokenizer
         except ImportError:
             msg = "the 'deepseek' tokenizer needs the extra: pip install 'ctxkernel[deepseek]'"
             raise ConfigError(msg) from None

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .errors import ModelError
     from .profile import Profile
     from .session import ReplyDraft, Request, Session, StepContext
+    from .tools import Tool
     from .validate import ValidationReport
 
 ENTRY_POINT_GROUP = "ctxkernel.strategies"
@@ -269,7 +270,7 @@ class HookFacade:
         out: dict[str, dict[str, Any]] = {}
         # walk the implementations in call order so each contribution keeps its owner's name
         for impl in reversed(self._hook.project.get_hookimpls()):
-            result = impl.function(session=session)
+            result: Any = impl.function(session=session)
             if result:
                 out[self._pm.get_name(impl.plugin) or impl.plugin_name] = result
         return out
@@ -280,6 +281,32 @@ class HookFacade:
             calls.extend(result or [])
         return calls
 
+    def register_commands(self, subparsers: Any) -> None:
+        self._hook.register_commands(subparsers=subparsers)
+
     def validate_profile(self, profile: Profile, report: ValidationReport) -> None:
         self._hook.validate_profile(profile=profile, report=report)
+
+    def validate_profile_each(self, profile: Profile, report: ValidationReport) -> Iterator[tuple[str, BaseException | None]]:
+        """Call each strategy's ``validate_profile`` on its own, in profile order, yielding its
+        name and the exception it raised (None when it returned): a crash is attributed to its
+        strategy and the others still get to check."""
+        for impl in reversed(self._hook.validate_profile.get_hookimpls()):
+            name = self._pm.get_name(impl.plugin) or impl.plugin_name
+            try:
+                impl.function(profile=profile, report=report)
+            except Exception as exc:  # noqa: BLE001 - handed to the caller, which reports it
+                yield name, exc
+            else:
+                yield name, None
+
+    def register_tools_each(self, session: Session) -> dict[str, list[Tool]]:
+        """The tools each strategy registers for ``session``, by strategy, duplicates kept (for
+        ``ctxkernel validate``, which reports collisions instead of refusing them)."""
+        owners: dict[str, list[Tool]] = {}
+        for impl in reversed(self._hook.register_tools.get_hookimpls()):
+            name = self._pm.get_name(impl.plugin) or impl.plugin_name
+            found = owners.setdefault(name, [])
+            impl.function(register=found.append, session=session)
+        return owners
 

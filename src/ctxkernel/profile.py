@@ -11,6 +11,8 @@ This is the only module that reads profile files.
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import math
 import os
 import tomllib
@@ -104,6 +106,17 @@ class SummarizerSettings(_Strict):
     timeout_seconds: float = Field(default=120.0, gt=0, le=86_400)
 
 
+class ServeSettings(_Strict):
+    """Defaults for ``ctxkernel serve``; its command-line flags win over them."""
+
+    #: base URL of an OpenAI-compatible provider (``/chat/completions`` is appended)
+    upstream: str | None = None
+    #: base URL of an Anthropic Messages provider (``/v1/messages`` is appended)
+    anthropic_upstream: str | None = None
+    #: variable holding a server-side key that replaces the clients' credentials
+    api_key_env: str | None = None
+
+
 class Prices(_Strict):
     """Optional prices per million tokens, used by reports; none are built in."""
 
@@ -143,6 +156,7 @@ class Profile(BaseSettings):
     model: ModelSettings = Field(default_factory=ModelSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
     summarizer: SummarizerSettings = Field(default_factory=SummarizerSettings)
+    serve: ServeSettings = Field(default_factory=ServeSettings)
     prices: Prices | None = None
     strategies: dict[str, dict[str, Any]] = Field(default_factory=dict)
     model_policies: list[ModelPolicy] = Field(default_factory=list)
@@ -202,6 +216,13 @@ class Profile(BaseSettings):
         except ValidationError as exc:
             raise ProfileError(format_validation_error(exc, self.where, ModelSettings, "model_policies.model")) from None
 
+    def store_home(self) -> Path:
+        """The folder a file-based store (jsonl, sqlite) of this profile writes under:
+        ``[store] path``, else the kernel home (``$CTXKERNEL_HOME``)."""
+        from .store.base import default_home
+
+        return Path(self.store.path or default_home()).expanduser()
+
     def strategy_settings(self, strategy: str, provider: str | None = None, name: str | None = None) -> dict[str, Any]:
         """Raw settings of one strategy, deep-merged with the matching policy's table."""
         merged = dict(self.strategies.get(strategy, {}))
@@ -225,7 +246,7 @@ class _ProfileEnvSource(EnvSettingsSource):
         try:
             return super().decode_complex_value(field_name, field, value)
         except ValueError as exc:
-            names = [k.upper() for k, v in self.env_vars.items() if v == value]  # type: ignore[attr-defined]
+            names = [k.upper() for k, v in self.env_vars.items() if v == value]
             variable = names[0] if names else f"{ENV_PREFIX}{field_name}".upper()
             msg = (
                 f"environment variable {variable}: not valid JSON ({exc}); a variable that sets a whole "
@@ -247,14 +268,49 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
     return out
 
 
+#: Entry-point group through which a distribution ships profiles: the value names a top-level
+#: package whose ``profiles/`` folder holds ``<name>.toml`` files (``decay = "ctxkernel_decay"``).
+PROFILE_ENTRY_POINT_GROUP = "ctxkernel.profiles"
+#: The kernel's own shipped profiles (``basic``) live in this package's ``profiles/`` folder.
+KERNEL_PACKAGE = "ctxkernel"
+
+
+def _package_profiles(package: str) -> Path | None:
+    # find_spec locates a top-level package without importing it, so listing profiles never runs
+    # a plugin's code (and works the same for wheels and editable installs)
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / "profiles"
+
+
+def installed_profile_dirs() -> list[Path]:
+    """The ``profiles/`` folders shipped inside installed distributions: the kernel's first, then
+    each ``ctxkernel.profiles`` entry point's, sorted by entry-point name."""
+    packages = [KERNEL_PACKAGE]
+    entry_points = importlib.metadata.entry_points(group=PROFILE_ENTRY_POINT_GROUP)
+    packages += [ep.value.partition(":")[0] for ep in sorted(entry_points, key=lambda ep: ep.name)]
+    dirs: list[Path] = []
+    for package in packages:
+        folder = _package_profiles(package)
+        if folder is not None and folder not in dirs:
+            dirs.append(folder)
+    return dirs
+
+
 def profile_search_path() -> list[Path]:
-    """Folders searched for ``<name>.toml``: ``$CTXKERNEL_PROFILE_PATH`` (os.pathsep-separated),
-    ``./profiles``, then ``$CTXKERNEL_HOME/profiles``."""
+    """Folders searched for ``<name>.toml``, first match wins: ``$CTXKERNEL_PROFILE_PATH``
+    (os.pathsep-separated), ``./profiles``, ``$CTXKERNEL_HOME/profiles``, then the profiles the
+    installed distributions ship (:func:`installed_profile_dirs`)."""
     from .store.base import default_home
 
     dirs = [Path(p) for p in os.environ.get("CTXKERNEL_PROFILE_PATH", "").split(os.pathsep) if p]
     dirs.append(Path.cwd() / "profiles")
     dirs.append(default_home() / "profiles")
+    dirs.extend(installed_profile_dirs())
     return dirs
 
 
@@ -312,6 +368,26 @@ def load_profile(name_or_path: str | os.PathLike[str] | None = None) -> Profile:
     profile._name = path.stem if path else str(name_or_path)
     profile._path = path
     return profile
+
+
+def override_window(profile: Profile, window: int) -> None:
+    """Set every model window of ``profile`` to ``window`` tokens, in place (``--window``).
+
+    The reservation for output stays unless it would take half the window or more; then it is
+    an eighth of it, so that a small test window keeps a proportionate reservation. Per-model
+    policies that pin a window get the override too, so it holds for any routed model."""
+    if window < 256:
+        msg = f"--window {window}: a context window needs at least 256 tokens"
+        raise ProfileError(msg)
+    model = profile.model.model_dump()
+    reserved = model["reserved_output_tokens"]
+    if reserved >= window // 2:
+        reserved = window // 8
+    model.update(context_window=window, reserved_output_tokens=reserved)
+    profile.model = ModelSettings(**model)
+    for policy in profile.model_policies:
+        if policy.model:
+            policy.model = {**policy.model, "context_window": window, "reserved_output_tokens": reserved}
 
 
 def builtin_profile() -> Profile:

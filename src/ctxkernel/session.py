@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
-import structlog
 
 from . import events as ev
 from .compaction import CommitResult, Span, run_transaction
@@ -44,13 +43,15 @@ from .errors import (
     SurfaceError,
     ToolError,
 )
-from .events import Event, validate_shape
+from .events import Event, EventSpec, validate_shape
 from .guard import excerpt_oversized, shrink_to_fit
+from .logging import get_logger
 from .messages import Message, Source, ToolCallBlock
 from .meter import USAGE_SLACK_TOKENS, USAGE_TOLERANCE_FACTOR, Meter, Pressure, usage_in_band
 from .redact import redact
 from .surface import Surface
-from .tools import Tool, ToolOutcome, ToolRegistry
+from .text import storable
+from .tools import Tool, ToolOutcome, ToolRegistry, preview
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -59,17 +60,17 @@ if TYPE_CHECKING:
     from .profile import ModelSettings
     from .store.base import SessionHeader
 
-log = structlog.get_logger("ctxkernel.session")
+log = get_logger("ctxkernel.session")
 
 
 @dataclass(frozen=True)
-class EventSpec:
-    """An event to append; the session assigns its seq and time."""
+class RequestHeader:
+    """What every request carries before the surface: the composed system prompt, the tool
+    schemas (strategies' and the harness's) and their token count."""
 
-    type: str
-    data: dict[str, Any]
-    surface: dict[str, Any] | None = None
-    ignorable: bool = False
+    system: str
+    tools: list[dict[str, Any]]
+    tokens: int
 
 
 @dataclass
@@ -196,7 +197,7 @@ class Session:
         self.state: dict[str, Any] = {}
         # who holds a compaction lock: host and pid, plus a token naming this Session object so a
         # second Session on the same id in this process does not take a live lock for a dead one
-        self.holder = {"host": socket.gethostname(), "pid": os.getpid(), "token": uuid.uuid4().hex}
+        self.holder: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid(), "token": uuid.uuid4().hex}
         _LIVE_HOLDERS.add(self.holder["token"])
         weakref.finalize(self, _LIVE_HOLDERS.discard, self.holder["token"])
         self._lock = threading.RLock()
@@ -231,6 +232,12 @@ class Session:
     def model_settings(self) -> ModelSettings:
         route = self.route or {}
         return self.kernel.profile.model_for(route.get("provider"), route.get("model"))
+
+    @property
+    def lock(self) -> threading.RLock:
+        """The session's re-entrant lock: hold it to make several calls one atomic unit within
+        this process (every mutating call takes it too)."""
+        return self._lock
 
     def refresh(self) -> int:
         """Fold events other writers appended since we last looked; returns how many."""
@@ -300,13 +307,20 @@ class Session:
             start = len(self.events)
             time = ev.utc_now()
             built = [Event(start + i, s.type, s.data, time, s.surface, s.ignorable) for i, s in enumerate(batch)]
-            for event in built:
+            for i, event in enumerate(built):
                 validate_shape(event)
                 try:
                     orjson.dumps(event.data)
                 except TypeError as exc:
-                    msg = f"{event.type} event data is not JSON-serialisable: {exc}"
-                    raise EventError(msg) from None
+                    # the one place every text enters the log: a lone surrogate (a non-UTF-8 file
+                    # name, a "\ud800" escape from a server) becomes U+FFFD instead of failing the turn
+                    cleaned = storable(event.data)
+                    try:
+                        orjson.dumps(cleaned)
+                    except TypeError:
+                        msg = f"{event.type} event data is not JSON-serialisable: {exc}"
+                        raise EventError(msg) from None
+                    built[i] = event = Event(event.seq, event.type, cleaned, event.time, event.surface, event.ignorable)
             surface_events = [e for e in built if e.type in ev.MESSAGE_TYPES or e.type == ev.SURFACE_DROP]
             messages: dict[int, Message | None] = {}
             if len(surface_events) <= 1:
@@ -379,6 +393,68 @@ class Session:
             batch.append(EventSpec(ev.STEP_END, {"turn": self.turn, "step": self.step, "reason": reason}))
         return batch
 
+    def abandon_step(self, reason: str = "interrupted") -> None:
+        """Close the open step without ending the turn: calls still waiting get error results,
+        then ``step/end {reason}``. For a harness whose step was cut short (a client that went
+        away mid-reply): the turn stays open, so the next ``prepare_request`` continues it."""
+        with self._lock:
+            batch = self._closers(reason, f"the step was abandoned ({reason}) before this call had a result")
+            if batch:
+                self.append(batch)
+
+    def append_history(self, messages: Sequence[Message], *, trailer: Sequence[EventSpec] = ()) -> list[int]:
+        """Append messages the harness already holds (e.g. the history a proxy's client sent), in
+        one durable batch, and return the seq of each message.
+
+        Assistant messages are written as they are (no model call, no ``sanitize_reply``); a user
+        message after a final reply (one with no tool calls) closes that turn and opens the next;
+        a tool result that answers the last waiting call closes its step. Pairing is checked as
+        for any append: a result for an unknown call, or a user message while calls wait, is
+        refused with nothing written. ``trailer`` events (e.g. a front door's bookkeeping) end the
+        same batch, so they are durable exactly when the messages are.
+        """
+        with self._lock:
+            batch: list[EventSpec] = []
+            seqs: list[int] = []
+            start = len(self.events)
+            turn, turn_open, step_open = self.turn, self.turn_open, self.step_open
+            waiting = set(self.surface.pending_calls)
+            last = self.surface.nodes[-1] if self.surface.nodes else None
+            replied = last is not None and last.role == "assistant" and not last.message.tool_calls
+            for message in messages:
+                if message.role == "user" and turn_open and replied and not waiting:
+                    batch.append(EventSpec(ev.TURN_END, {"turn": turn, "reason": "completed"}))
+                    turn_open = step_open = False
+                if not turn_open:
+                    turn += 1
+                    turn_open = True
+                    batch.append(EventSpec(ev.TURN_START, {"turn": turn}))
+                if message.role == "tool":
+                    call_id = message.content[0].call_id  # type: ignore[union-attr]
+                    seqs.append(start + len(batch))
+                    batch.append(EventSpec(ev.TOOL_RESULT, {"message": message.to_dict()}, ev.append_op()))
+                    waiting.discard(call_id)
+                    if not waiting and step_open:
+                        batch.append(EventSpec(ev.STEP_END, {"turn": turn, "step": self.step}))
+                        step_open = False
+                    replied = False
+                    continue
+                event_type = ev.USER_MESSAGE if message.role == "user" else ev.ASSISTANT_MESSAGE
+                if event_type == ev.ASSISTANT_MESSAGE and step_open and not waiting:
+                    batch.append(EventSpec(ev.STEP_END, {"turn": turn, "step": self.step, "reason": "abandoned"}))
+                    step_open = False
+                seqs.append(start + len(batch))
+                batch.append(EventSpec(event_type, {"message": message.to_dict()}, ev.append_op()))
+                if message.role == "assistant":
+                    waiting = {c.id for c in message.tool_calls}
+                    replied = not waiting
+                else:
+                    replied = False
+            batch.extend(trailer)
+            if batch:
+                self.append(batch)
+            return seqs
+
     @property
     def pending_calls(self) -> list[ToolCallBlock]:
         """Tool calls of the last reply still waiting for a result, in the model's order."""
@@ -426,7 +502,10 @@ class Session:
         """Run a kernel tool. Bad arguments give an error outcome; nothing is written for them."""
         self._sync_tools()
         if isinstance(call, dict):
-            call = ToolCallBlock(call["id"], call["name"], call.get("arguments") or {})
+            call_id, name = call.get("id"), call.get("name")
+            if not isinstance(call_id, str) or not isinstance(name, str):
+                return ToolOutcome(f"a tool call needs a string 'id' and 'name', got keys {preview(sorted(map(str, call))[:10], 200)}", is_error=True)
+            call = ToolCallBlock(call_id, name, call.get("arguments") or {})
         return self.tools.run(self, call)
 
     def tool_result(self, call_id: str, result: str | ToolOutcome, *, is_error: bool = False) -> int:
@@ -464,6 +543,11 @@ class Session:
         _, system, tools, digest, tokens = self._system_cache
         return system, tools, digest, tokens
 
+    def request_header(self) -> RequestHeader:
+        """The system prompt and tool schemas every request carries, and their token count."""
+        system, tools, _, tokens = self._system_and_tools()
+        return RequestHeader(system, tools, tokens)
+
     def invalidate_header(self) -> None:
         """Call when a strategy's system prompt section changed."""
         self._system_cache = None
@@ -478,7 +562,7 @@ class Session:
 
     def set_harness_tools(self, schemas: list[dict[str, Any]]) -> None:
         """The harness's own tool schemas: sent with every request and counted by the meter."""
-        self.harness_tools = list(schemas)
+        self.harness_tools = storable(list(schemas))
         self._system_cache = None
 
     def set_harness_system(self, system: str | None) -> None:
@@ -588,12 +672,15 @@ class Session:
         self._deferred = []
         self.append(batch)
 
-    def commit_reply(self, reply: Message | dict[str, Any] | Any, usage: Any = None) -> Message:
-        """Commit the model's reply (after ``sanitize_reply``). Returns the committed message."""
+    def commit_reply(self, reply: Message | dict[str, Any] | Any, usage: Any = None, *, trailer: Sequence[EventSpec] = ()) -> Message:
+        """Commit the model's reply (after ``sanitize_reply``). Returns the committed message.
+
+        ``trailer`` events (a front door's bookkeeping) end the same durable batch."""
         from .convert import reply_to_message
 
         with self._lock:
-            message = reply_to_message(reply)
+            # untrusted text: lone surrogates become U+FFFD before hooks, the meter or the log see it
+            message = _storable_message(reply_to_message(reply))
             if usage is None:
                 usage = getattr(reply, "usage", None)
             if message.role != "assistant":
@@ -618,6 +705,7 @@ class Session:
             batch = [EventSpec(ev.ASSISTANT_MESSAGE, data, ev.append_op())]
             if not draft.message.tool_calls:
                 batch.append(EventSpec(ev.STEP_END, {"turn": self.turn, "step": self.step}))
+            batch.extend(trailer)
             self.append(batch)
             return draft.message
 
@@ -669,18 +757,21 @@ class Session:
         ) + 1
 
     # -- recovery --------------------------------------------------------------------------------------
-    def repair_after_crash(self) -> list[int]:
+    def repair_after_crash(self, *, keep_waiting_calls: bool = False) -> list[int]:
         """Close what a crashed writer left open: pending calls get error results, the step and
         turn get ``interrupted`` closers, an abandoned compaction gets its error end.
 
         A turn that waits between steps (no step open, no call pending) is left open: it is a
         consistent state the harness can continue with ``prepare_request`` or close with
-        ``end_turn``, and closing it would break a worker that is still using it."""
+        ``end_turn``, and closing it would break a worker that is still using it.
+        ``keep_waiting_calls`` also leaves open a step whose tool calls wait for results: for a
+        harness whose tools run elsewhere (a proxy's client), that is a normal state to resume."""
         batch: list[EventSpec] = []
         oc = self.open_compaction
         if oc is not None and _holder_is_dead(oc.get("holder") or {}):
             batch.append(EventSpec(ev.COMPACTION_END, {"compaction_id": oc["compaction_id"], "error": "interrupted: the writer died"}))
-        if self.turn_open and (self.surface.pending_calls or self.step_open):
+        waiting = keep_waiting_calls and bool(self.surface.pending_calls)
+        if self.turn_open and not waiting and (self.surface.pending_calls or self.step_open):
             batch += self._closers("interrupted", "outcome unknown: the session was interrupted before this call's result was recorded")
             batch.append(EventSpec(ev.TURN_END, {"turn": self.turn, "reason": "interrupted"}))
         if not batch:
@@ -709,6 +800,13 @@ class Session:
 
 
 _LIVE_HOLDERS: set[str] = set()
+
+
+def _storable_message(message: Message) -> Message:
+    """``message`` with lone surrogates in any of its text replaced (the same object when clean)."""
+    data = message.to_dict()
+    cleaned = storable(data)
+    return message if cleaned is data else Message.from_dict(cleaned)
 
 
 @contextlib.contextmanager

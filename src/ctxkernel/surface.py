@@ -19,7 +19,6 @@ from .errors import SurfaceError
 from .events import ASSISTANT_MESSAGE, MESSAGE_TYPES, SURFACE_DROP, TOOL_RESULT, USER_MESSAGE, Event
 from .messages import Message
 
-
 _SURFACE_TYPES = MESSAGE_TYPES | {SURFACE_DROP}
 #: The message role each message event type carries.
 _ROLE_OF = {USER_MESSAGE: "user", ASSISTANT_MESSAGE: "assistant", TOOL_RESULT: "tool"}

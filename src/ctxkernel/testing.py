@@ -35,13 +35,15 @@ def make_profile(path: Path | None = None, **overrides: Any) -> Profile:
 
 
 def build_kernel(home: Path, *, strategies: list[str] | None = None, plugins: list[tuple[str, Any]] | None = None,
-                 entry_points: bool = False, profile: Profile | None = None, **profile_tables: Any) -> Kernel:
+                 entry_points: bool = False, profile: Profile | None = None, fsync: bool = True,
+                 **profile_tables: Any) -> Kernel:
     """A kernel on a jsonl store in ``home``. With ``entry_points=False`` only built-ins and the
-    ``plugins`` given here are available."""
+    ``plugins`` given here are available. ``fsync=False`` skips the store's fsyncs (tests whose
+    subject is not durability run faster)."""
     profile = profile or make_profile(**profile_tables)
     if strategies is not None:
         profile.profile.strategies = strategies
-    return Kernel(profile, store=JsonlStore(home), home=home, entry_points=entry_points, plugins=plugins)
+    return Kernel(profile, store=JsonlStore(home, fsync=fsync), home=home, entry_points=entry_points, plugins=plugins)
 
 
 @contextlib.contextmanager

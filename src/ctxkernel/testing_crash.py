@@ -90,7 +90,7 @@ def writer_main(argv: Sequence[str]) -> int:
     store = AckingStore(open_store(spec), acks, rng, pause=0.03, hold=hold)
     profile = make_profile(model={"context_window": 3000, "reserved_output_tokens": 500})
     # the home is the parent's scratch folder: a killed writer cleans nothing up
-    kernel = Kernel(profile, store=store, home=home, entry_points=False)  # type: ignore[arg-type]
+    kernel = Kernel(profile, store=store, home=home, entry_points=False)
     session = kernel.open_session(session_id, create=not store.exists(session_id))
     store.ack(READY)
     n = 0

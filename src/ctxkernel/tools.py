@@ -4,6 +4,11 @@ A strategy contributes tools through the ``register_tools`` hook. Arguments are 
 the tool's pydantic model before the handler runs: a bad argument becomes an error tool result
 that says what was wrong and what is accepted. It never raises into the harness, and since the
 handler never ran, nothing was written.
+
+Arguments come from the model, so they are hostile: every numeric argument of a shipped tool has
+pydantic bounds (:data:`MAX_INT_ARG` at most) and every string a maximum length, and the bounds
+appear in the JSON schema the model sees. Whatever a handler raises despite that becomes an error
+outcome too (logged with its traceback); :meth:`ToolRegistry.run` never raises.
 """
 
 from __future__ import annotations
@@ -16,10 +21,20 @@ import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .errors import CtxKernelError, PluginConflictError, ToolError
+from .logging import get_logger
 from .messages import ToolCallBlock
 
 if TYPE_CHECKING:
     from .session import Session
+
+
+log = get_logger("ctxkernel.tools")
+
+#: The largest integer argument a shipped tool accepts: nine digits, more than any session's seqs,
+#: any note's or item's characters or any anchor id, and short (the bound is sent with every
+#: request). Seqs, offsets and ids are bounded by it, so no arithmetic, ``int()`` or ``repr`` of
+#: a model-sent number can blow up (Python refuses to print ints past 4,300 digits).
+MAX_INT_ARG = 999_999_999
 
 
 class ToolArgs(BaseModel):
@@ -93,12 +108,33 @@ def compact_schema(node: Any) -> Any:
             if len(branches) == 1:
                 out.update(compact_schema(branches[0]))
                 continue
-            if all(set(b) == {"type"} and isinstance(b["type"], str) for b in branches):
+            if _mergeable(branches):
+                # bounds are type-specific keywords (minimum applies to numbers, maxLength to
+                # strings): one type list with all of them says the same in fewer tokens
                 out["type"] = [b["type"] for b in branches]
+                for branch in branches:
+                    out.update({k: compact_schema(v) for k, v in branch.items() if k not in ("type", "title")})
                 continue
             value = branches
         out[key] = compact_schema(value)
     return out
+
+
+_STRING_KEYS = frozenset({"minLength", "maxLength", "pattern", "format"})
+_NUMBER_KEYS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
+
+
+def _mergeable(branches: list[Any]) -> bool:
+    """Plain-typed branches whose other keywords each apply to one JSON type only."""
+    if not all(isinstance(b, dict) and isinstance(b.get("type"), str) for b in branches):
+        return False
+    types = [b["type"] for b in branches]
+    if len(set(types)) != len(types):
+        return False
+    allowed = {"string": _STRING_KEYS, "integer": _NUMBER_KEYS, "number": _NUMBER_KEYS, "boolean": frozenset()}
+    return all(b["type"] in allowed and set(b) - {"type", "title"} <= allowed[b["type"]] for b in branches) and not (
+        "integer" in types and "number" in types
+    )
 
 
 class CompactTool(Tool):
@@ -110,23 +146,78 @@ class CompactTool(Tool):
         return {"type": "function", "function": {**function, "parameters": compact_schema(function["parameters"])}}
 
 
+def preview(value: Any, limit: int = 60) -> str:
+    """A short, always printable ``repr`` of a model-sent value (a huge int has no repr)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"<an integer of {value.bit_length()} bits>"
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a value whose repr fails is described by its type
+        return f"<a {type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _accepts(spec: Any, defs: dict[str, Any], depth: int = 0) -> str:
+    """One schema property as a model reads it: ``integer (0..20000)``, ``string (1-256 chars)``,
+    ``array (at most 64 items) of {from: ..., to: ...}``."""
+    if not isinstance(spec, dict):
+        return "any"
+    if "$ref" in spec:
+        spec = defs.get(str(spec["$ref"]).rsplit("/", 1)[-1], {})
+    if "anyOf" in spec:
+        return " or ".join(_accepts(b, defs, depth) for b in spec["anyOf"] if b != {"type": "null"}) or "null"
+    if "enum" in spec:
+        return "|".join(repr(v) for v in spec["enum"])
+    if "const" in spec:
+        return repr(spec["const"])
+    kind = spec.get("type", "object" if "properties" in spec else "any")
+    if isinstance(kind, list):
+        kind = " or ".join(str(k) for k in kind if k != "null")
+    bounds = []
+    lo, hi = spec.get("minimum"), spec.get("maximum")
+    if lo is not None or hi is not None:
+        bounds.append(f"{'' if lo is None else lo}..{'' if hi is None else hi}")
+    if spec.get("maxLength") is not None:
+        bounds.append(f"{spec.get('minLength', 0)}-{spec['maxLength']} chars")
+    if spec.get("maxItems") is not None:
+        bounds.append(f"at most {spec['maxItems']} items")
+    text = f"{kind} ({', '.join(bounds)})" if bounds else str(kind)
+    if "properties" in spec and depth < 2:
+        text = "{" + ", ".join(f"{k}: {_accepts(v, defs, depth + 1)}" for k, v in spec["properties"].items()) + "}"
+    if spec.get("items") and depth < 2:
+        text += " of " + _accepts(spec["items"], defs, depth + 1)
+    return text
+
+
+#: problems listed in one refusal (a 1,000-item list can have 1,000; the first ones say enough)
+MAX_PROBLEMS = 8
+
+
 def describe_validation_error(tool: Tool, exc: ValidationError) -> str:
     """Say which arguments were wrong and what the tool accepts."""
-    props = tool.parameters.model_json_schema().get("properties", {})
     problems = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "(arguments)"
+    errors = exc.errors()
+    for err in errors[:MAX_PROBLEMS]:
+        # a location may hold a model-chosen key of any length: previewed like a value
+        where = preview(".".join(str(p) for p in err["loc"]) or "(arguments)")
         if err["type"] == "extra_forbidden":
-            problems.append(f"unknown argument {where!r}")
+            problems.append(f"unknown argument {where}")
         elif err["type"] == "missing":
-            problems.append(f"missing required argument {where!r}")
+            problems.append(f"missing required argument {where}")
         else:
-            problems.append(f"argument {where!r}: {err['msg']} (got {err.get('input')!r:.60})")
-    accepted = ", ".join(
-        f"{name}: {spec.get('type', spec.get('anyOf', 'any')) if isinstance(spec, dict) else spec}"
-        for name, spec in props.items()
-    )
-    return f"{tool.name} refused: " + "; ".join(problems) + f". Accepted arguments: {{{accepted}}}. Nothing was changed."
+            problems.append(f"argument {where}: {err['msg']} (got {preview(err.get('input'))})")
+    if len(errors) > MAX_PROBLEMS:
+        problems.append(f"and {len(errors) - MAX_PROBLEMS} more problems")
+    return f"{tool.name} refused: " + "; ".join(problems) + f". {accepted_arguments(tool)}. Nothing was changed."
+
+
+
+def accepted_arguments(tool: Tool) -> str:
+    """``Accepted arguments: {name: what, ...}`` from the tool's JSON schema (bounds included)."""
+    schema = tool.parameters.model_json_schema()
+    defs = schema.get("$defs", {})
+    props = schema.get("properties", {})
+    return "Accepted arguments: {" + ", ".join(f"{name}: {_accepts(spec, defs)}" for name, spec in props.items()) + "}"
 
 
 class ToolRegistry:
@@ -165,20 +256,41 @@ class ToolRegistry:
         return [t.schema() for t in self._tools.values()]
 
     def run(self, session: Session, call: ToolCallBlock) -> ToolOutcome:
+        """Validate the arguments and run the tool. Never raises: a refusal or a failure of the
+        tool becomes an error outcome (a failure is logged with its traceback)."""
         tool = self._tools.get(call.name)
         if tool is None:
-            return ToolOutcome(f"unknown tool {call.name!r}; kernel tools: {self.names()}", is_error=True)
+            return ToolOutcome(f"unknown tool {preview(call.name)}; kernel tools: {self.names()}", is_error=True)
+        before = session.next_seq
+        try:
+            return self._run(session, tool, call)
+        except Exception as exc:
+            # a tool promises an outcome; whatever escaped it is a bug to log, not the harness's crash
+            log.error("tool raised", tool=tool.name, strategy=tool.strategy, session=session.id, exc_info=True)
+            written = session.next_seq - before
+            what = "Nothing was written" if written == 0 else f"{written} event(s) were written before it failed"
+            return ToolOutcome(
+                f"{tool.name} failed: {type(exc).__name__}: {_safe_str(exc)[:300]}. {what}. "
+                f"{accepted_arguments(tool)}.",
+                is_error=True,
+            )
+
+    def _run(self, session: Session, tool: Tool, call: ToolCallBlock) -> ToolOutcome:
         arguments = call.arguments
         if isinstance(arguments, str):  # some providers send a JSON string
             try:
                 arguments = orjson.loads(arguments)
             except orjson.JSONDecodeError as exc:
-                return ToolOutcome(f"{tool.name} refused: arguments are not valid JSON ({exc})", is_error=True)
+                return ToolOutcome(
+                    f"{tool.name} refused: arguments are not valid JSON ({exc}); send one JSON object of named "
+                    f"arguments. {accepted_arguments(tool)}. Nothing was changed.",
+                    is_error=True,
+                )
         if isinstance(arguments, dict) and set(arguments) == {"_raw"} and isinstance(arguments["_raw"], str):
             # convert.py keeps arguments that did not parse as {"_raw": text}
             return ToolOutcome(
                 f"{tool.name} refused: arguments are not valid JSON ({arguments['_raw'][:80]!r}); "
-                "send one JSON object of named arguments. Nothing was changed.",
+                f"send one JSON object of named arguments. {accepted_arguments(tool)}. Nothing was changed.",
                 is_error=True,
             )
         try:
@@ -191,3 +303,10 @@ class ToolRegistry:
             # a refusal by the kernel (stale anchor, busy compaction...) is the model's to read
             return ToolOutcome(f"{tool.name} refused: {exc}", is_error=True)
         return result if isinstance(result, ToolOutcome) else ToolOutcome(str(result))
+
+
+def _safe_str(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - an exception whose message cannot be built is named by its type
+        return "(no message)"

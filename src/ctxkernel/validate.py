@@ -84,6 +84,12 @@ class ValidationReport:
     strict: bool = False
     path: Path | None = None
     checks: list[Check] = field(default_factory=list)
+    #: capabilities each strategy of the profile that loaded claims (for strategies' own checks)
+    capabilities: dict[str, frozenset[str]] = field(default_factory=dict)
+
+    def strategies_claiming(self, capability: str) -> list[str]:
+        """The profile's loaded strategies that claim ``capability``, in profile order."""
+        return [name for name, claimed in self.capabilities.items() if capability in claimed]
 
     def _add(self, level: Level, check: str, strategy: str | None, message: str) -> Check:
         # CI logs are where validate runs: no check, the kernel's or a strategy's, prints a
@@ -301,6 +307,7 @@ class _Validator:
             self.loaded[name] = spec
             self.report.ok("hooks", name, f"{len(impls)} hook implementations match hookspecs: {sorted(impls)}")
         self.loaded = {n: self.loaded[n] for n in self.names if n in self.loaded}
+        self.report.capabilities = {n: frozenset(spec.capabilities) for n, spec in self.loaded.items()}
 
     # -- settings and policies -----------------------------------------------------------------------
     def check_settings(self) -> None:
@@ -491,7 +498,7 @@ class _Validator:
                 self.report.ok("tokenizer", None, f"{tokenizer.name} counts offline")
 
     def check_store(self) -> None:
-        from .store.base import default_home, store_from_settings
+        from .store import default_home, store_from_settings
         from .store.postgres import DSN_ENV
 
         settings = self.profile.store
@@ -612,7 +619,7 @@ class _Validator:
 
     def check_header(self, session: Session) -> None:
         """The system prompt and tool schemas are sent with every request: they must leave room."""
-        _, _, _, header_tokens = session._system_and_tools()
+        header_tokens = session.request_header().tokens
         for label, model in self._model_variants():
             effective = model.effective_window
             if header_tokens >= effective:
@@ -636,20 +643,17 @@ class _Validator:
     def check_strategy_hooks(self) -> None:
         # call each implementation on its own so a crash is attributed to its strategy and the
         # other strategies still get to check
-        for impl in reversed(self.manager.pm.hook.validate_profile.get_hookimpls()):
-            name = self.manager.pm.get_name(impl.plugin) or impl.plugin_name
-            before = len(self.report.checks)
-            try:
-                impl.function(profile=self.profile, report=self.report)
-            except Exception as exc:  # noqa: BLE001
+        before = len(self.report.checks)
+        for name, exc in self.manager.hooks.validate_profile_each(self.profile, self.report):
+            if exc is not None:
                 self.report.fail(
                     "strategy",
                     name,
                     f"its validate_profile hook raised {type(exc).__name__}: {exc}. Fix: report it to the strategy's authors",
                 )
-                continue
-            if len(self.report.checks) == before:
+            elif len(self.report.checks) == before:
                 self.report.ok("strategy", name, "validate_profile reported no problem")
+            before = len(self.report.checks)  # the next strategy's hook runs when the loop moves on
 
 
 def throwaway_session(profile: Profile, manager: StrategyManager, home: Path) -> Session:
@@ -666,12 +670,7 @@ def throwaway_session(profile: Profile, manager: StrategyManager, home: Path) ->
 
 def tools_by_strategy(manager: StrategyManager, session: Session) -> dict[str, list[str]]:
     """Tool names each loaded strategy registers for ``session`` (duplicates kept, not refused)."""
-    owners: dict[str, list[str]] = {}
-    for impl in reversed(manager.pm.hook.register_tools.get_hookimpls()):
-        name = manager.pm.get_name(impl.plugin) or impl.plugin_name
-        found = owners.setdefault(name, [])
-        impl.function(register=lambda tool, found=found: found.append(tool.name), session=session)
-    return owners
+    return {name: [tool.name for tool in tools] for name, tools in manager.hooks.register_tools_each(session).items()}
 
 
 @contextlib.contextmanager
@@ -685,8 +684,8 @@ def network_disabled() -> Iterator[None]:
     saved = socket.socket.connect, socket.socket.connect_ex, socket.create_connection, socket.getaddrinfo
     socket.socket.connect = refuse  # type: ignore[method-assign]
     socket.socket.connect_ex = refuse  # type: ignore[method-assign]
-    socket.create_connection = refuse  # type: ignore[assignment]
-    socket.getaddrinfo = refuse  # type: ignore[assignment]
+    socket.create_connection = refuse
+    socket.getaddrinfo = refuse
     try:
         yield
     finally:

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import strategies as st
 
-from ctxkernel import Message
+from ctxkernel import Message, ReasoningBlock, Source, TextBlock, ToolCallBlock
 from ctxkernel.conformance import pairing_problems
 from ctxkernel.meter import Meter, get_tokenizer
 from ctxkernel.profile import load_profile
@@ -108,10 +109,6 @@ def event_types(home: Path, session_id: str) -> list[dict[str, Any]]:
 
 
 # -- hypothesis: kernel conversations as a framework would hold them ---------------------------------------
-from hypothesis import strategies as st
-
-from ctxkernel import ReasoningBlock, Source, TextBlock, ToolCallBlock
-
 texts = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=30)
 names = st.from_regex(r"[a-z][a-z_]{0,15}", fullmatch=True)
 json_values = st.recursive(

@@ -80,7 +80,7 @@ def main() -> int:
                     release.wait(60)
                     return checkpoint_message(summary, "basic")
 
-                def run():
+                def run(session=session, start=start, end=end):
                     try:
                         holder["result"] = session.compact(Span(start, end, summary="held summary"), strategy="basic", render=render)
                     except BaseException as exc:  # noqa: BLE001 - reported on release

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import ctxkernel_chapters.plugin as chapters_plugin
-
 from ctxkernel import Kernel, Message, ScriptedModel, ToolCallBlock
 from ctxkernel.store.jsonl import JsonlStore
 from ctxkernel.testing import make_profile

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from ctxkernel_chapters.archive import archive_dir
 from helpers_chapters import call_tool, chapters_kernel, do_turn, log_bytes
 
 from ctxkernel import Message, ScriptedModel, ToolCallBlock
+from ctxkernel_chapters.archive import archive_dir
 
 BIG = "\n".join(f"line {i}: value = {i * 7} # measurement" for i in range(3000))
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from ctxkernel_chapters import plugin as chapters_plugin
-from ctxkernel_chapters.archive import archive_dir, read_verified
-from ctxkernel_chapters.toc import parse
 from helpers_chapters import archive_files, call_tool, chapters_kernel, registry, result_json, run_turns
 
 import ctxkernel
 from ctxkernel import ContextOverflowError, ShrinkCheckError
+from ctxkernel_chapters import plugin as chapters_plugin
+from ctxkernel_chapters.archive import archive_dir, read_verified
+from ctxkernel_chapters.toc import parse
 
 
 class NoModel:
@@ -78,7 +78,7 @@ def test_bullets_accumulate_and_are_unique_by_path(tmp_path):
     # archived ranges are contiguous from seq 0
     ranges = sorted((r["start_seq"], r["end_seq"]) for r in registry(session).get(session.id)["chapters"])
     assert ranges[0][0] == 0
-    for (a, b), (c, d) in zip(ranges, ranges[1:]):
+    for (_, b), (c, _) in zip(ranges, ranges[1:]):
         assert c == b + 1
 
 
@@ -99,7 +99,7 @@ def test_a_continued_sessions_handoff_note_is_carried_through_compactions(tmp_pa
 
 def test_a_retry_reuses_the_chapter_numbers(tmp_path, monkeypatch):
     session = _session(tmp_path, auto=False)
-    model = run_turns(session, 6)
+    run_turns(session, 6)
     root = registry(session).root_of(session.id)
     first = registry(session).next_number(root)
     real = type(session).compact
@@ -125,7 +125,7 @@ def test_a_retry_reuses_the_chapter_numbers(tmp_path, monkeypatch):
 
 def test_a_failed_compaction_leaves_no_records_files_or_numbers(tmp_path, monkeypatch):
     session = _session(tmp_path, auto=False)
-    model = run_turns(session, 6)
+    run_turns(session, 6)
     root = registry(session).root_of(session.id)
     first = registry(session).next_number(root)
 

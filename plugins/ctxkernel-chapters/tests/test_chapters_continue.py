@@ -7,11 +7,11 @@ import subprocess
 import sys
 
 import pytest
-from ctxkernel_chapters import manifest
-from ctxkernel_chapters.archive import archive_dir
 from helpers_chapters import archive_files, call_tool, chapters_kernel, log_bytes, registry, result_json, run_turns
 
 from ctxkernel import Message, ScriptedModel, ToolCallBlock
+from ctxkernel_chapters import manifest
+from ctxkernel_chapters.archive import archive_dir
 
 
 def _turn_ends(session) -> list[int]:
@@ -130,7 +130,7 @@ print(json.dumps(out))
     out = json.loads(proc.stdout)
     assert out["events"] == ["user/message"]
     assert set(out["reads"]) == set(expected)
-    for cid, (is_error, text) in out["reads"].items():
+    for is_error, text in out["reads"].values():
         assert not is_error, text
         assert "sha256 verified" in text
     # the grandchild's table of contents lists every ancestor chapter

@@ -6,10 +6,11 @@ import hashlib
 
 import pytest
 import yaml
-from ctxkernel_chapters.chapter_file import parse_chapter, render_chapter_file
-from ctxkernel_chapters.disk import ArchiveError, IntegrityError
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from ctxkernel_chapters.chapter_file import parse_chapter, render_chapter_file
+from ctxkernel_chapters.disk import ArchiveError, IntegrityError
 
 
 def _file(title: str, body: str = "# T\n\n**User** #1: hi\n") -> str:

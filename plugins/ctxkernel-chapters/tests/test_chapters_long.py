@@ -3,11 +3,12 @@ original event stays recoverable from verified chapters (or the log, which is ne
 
 from __future__ import annotations
 
-from ctxkernel_chapters.archive import archive_dir, read_verified
-from ctxkernel_chapters.artifacts import load
+import pytest
 from helpers_chapters import chapters_kernel, registry
 
 from ctxkernel import ContextOverflowError, Message, ScriptedModel, ToolCallBlock
+from ctxkernel_chapters.archive import archive_dir, read_verified
+from ctxkernel_chapters.artifacts import load
 
 
 def _output(n: int) -> str:
@@ -16,6 +17,7 @@ def _output(n: int) -> str:
     return f"## output {n}\n" + "\n".join(f"{n}.{i}: status=ok value={i * n % 997}" for i in range(lines))
 
 
+@pytest.mark.slow
 def test_hundreds_of_steps_stay_inside_the_window_and_remain_recoverable(tmp_path):
     window, reserve = 12_000, 2_000
     kernel = chapters_kernel(tmp_path, window=window, reserve=reserve)

@@ -65,8 +65,9 @@ def test_validate_profile_refuses_budgets_that_cannot_fit(tmp_path):
 
 def test_settings_refuse_inconsistent_ratios():
     import pytest
-    from ctxkernel_chapters.settings import ChaptersSettings
     from pydantic import ValidationError
+
+    from ctxkernel_chapters.settings import ChaptersSettings
 
     with pytest.raises(ValidationError, match="pressure_suggestion_ratio"):
         ChaptersSettings(pressure_suggestion_ratio=0.95, compact_at_ratio=0.9)

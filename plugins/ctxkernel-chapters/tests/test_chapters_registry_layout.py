@@ -5,13 +5,13 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from ctxkernel_chapters import plugin as chapters_plugin
-from ctxkernel_chapters.registry import NAMESPACE, Registry, record_key
 from helpers_chapters import chapters_kernel, registry, run_turns
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ctxkernel.store.jsonl import JsonlStore
+from ctxkernel_chapters import plugin as chapters_plugin
+from ctxkernel_chapters.registry import NAMESPACE, Registry, record_key
 
 
 def _session(tmp_path):

@@ -7,15 +7,16 @@ import os
 import subprocess
 import sys
 
-from ctxkernel_chapters import propose_chapters
-from ctxkernel_chapters.segment import model_titles
-from ctxkernel_chapters.toc import CARRIED, parse, render
-from ctxkernel_chapters.toc import merged as merged_toc
+import pytest
 from helpers_chapters import REPO, call_tool, chapters_kernel, result_json, run_turns
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ctxkernel import Message, ScriptedModel
+from ctxkernel_chapters import propose_chapters
+from ctxkernel_chapters.segment import model_titles
+from ctxkernel_chapters.toc import CARRIED, parse, render
+from ctxkernel_chapters.toc import merged as merged_toc
 
 
 def _session(tmp_path, turns=8, lines=40):
@@ -126,6 +127,7 @@ def test_bullets_over_budget_shorten_then_fold():
     assert len([k for k in parse(again).bullets if k.startswith("fold:")]) == 1
 
 
+@pytest.mark.slow
 def test_cli_manifest_and_segment(tmp_path):
     session = _session(tmp_path, turns=3)
     ends = [e.seq for e in session.events if e.type == "turn/end"]
@@ -146,7 +148,7 @@ def test_cli_manifest_and_segment(tmp_path):
     assert proposal["floor"] == ends[-1] + 1 and proposal["chapters"] == []  # everything is archived already
     missing = subprocess.run([*cli, "manifest", "nope", "--profile", str(profile)], capture_output=True, text=True, env=env, cwd=REPO)
     assert missing.returncode == 1 and "no session" in missing.stderr
-    # the same command through the kernel's CLI (entry-point group ctxkernel.commands)
+    # the same command through the kernel's CLI (the plugin's register_commands hook)
     kernel_cli = [sys.executable, "-m", "ctxkernel.cli", "chapters"]
     out = subprocess.run([*kernel_cli, "manifest", data["session"], "--profile", str(profile)], capture_output=True, text=True, env=env, cwd=REPO)
     assert out.returncode == 0, out.stderr
@@ -162,7 +164,11 @@ _PROSE = st.lists(
 @settings(max_examples=200, deadline=None)
 @given(note=_PROSE, more=_PROSE)
 def test_carried_prose_is_never_dropped(note, more):
-    """Whatever the handoff note and other carried prose contain, every paragraph comes back."""
+    """Whatever the handoff note and other carried prose contain, every paragraph comes back (a
+    tag that would open or close the table of contents comes back neutralised, issue #13)."""
+    from ctxkernel.text import guard
+    from ctxkernel_chapters.toc import FRAMES
+
     def paragraphs(text):
         import re
 
@@ -172,7 +178,7 @@ def test_carried_prose_is_never_dropped(note, more):
     second, _ = render(merged_toc([first], [_record(2, "r/chapters/002-b.md")], "chapters", extra_prose=[more]))
     carried = parse(second).carried
     for paragraph in paragraphs(note) + paragraphs(more):
-        assert paragraph in carried
+        assert guard(paragraph, *FRAMES) in carried
     assert list(parse(second).bullets) == ["chapters/r/chapters/001-a.md", "chapters/r/chapters/002-b.md"]
 
 
@@ -191,8 +197,9 @@ def test_user_instructions_are_quoted_verbatim_newest_first_within_budget():
 
 
 def test_segment_command_titles_from_a_model_write_nothing(tmp_path):
-    from ctxkernel_chapters.cli import _titles
     from helpers_chapters import archive_files
+
+    from ctxkernel_chapters.cli import _titles
 
     session = _session(tmp_path, turns=3)
     settings_ = session.settings("chapters")

@@ -56,9 +56,16 @@ def test_stale_anchor_after_a_compression_is_refused(inflight, read_log):
     _refused(inflight, read_log, "compress", _span("p3", "p12"), "⟦p3⟧ is stale", "⟦p2⟧…⟦p6⟧")
 
 
-@pytest.mark.parametrize("bad", ["q5", "⟦5⟧", "p0", -3, "p", "[p5]"])
+@pytest.mark.parametrize("bad", ["q5", "⟦5⟧", "p0", "p", "[p5]", "p" + "9" * 20])
 def test_malformed_anchor_is_refused_with_the_accepted_forms(inflight, read_log, bad):
     _refused(inflight, read_log, "compress", _span(bad, "p6"), "is not an anchor", '"⟦p12⟧", "p12" or 12')
+
+
+@pytest.mark.parametrize("digits", [0, 1, 5_000])
+def test_an_anchor_number_outside_the_schema_bounds_is_refused_with_the_bounds(inflight, read_log, digits):
+    # the schema the model sees says 1..999999999; a 5,000-digit number is refused, never printed
+    bad = -3 if digits == 0 else 0 if digits == 1 else 10**digits
+    _refused(inflight, read_log, "compress", _span(bad, "p6"), "integer (1..999999999, 0-32 chars)")
 
 
 @pytest.mark.parametrize("form", ["⟦p2⟧", "p2", 2, " p2 "])

@@ -11,13 +11,13 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ctxkernel import Message, Span, ToolCallBlock, whole_surface_but_last
 from ctxkernel_decay import current_state, replay
 from ctxkernel_decay.state import is_addressable
-
 from ctxkernel_decay.testing import decay_kernel, log_bytes
 
 OPS = ("user", "text", "calls", "end", "compress", "compress", "drop", "basic", "prune")
@@ -59,6 +59,7 @@ def check_invariants(session) -> None:
                     assert results_of.get(call.id, set()) & sources, f"call {call.id} in block {block.left} without its result"
 
 
+@pytest.mark.slow
 @settings(max_examples=35, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_random_sessions_keep_every_invariant(data):

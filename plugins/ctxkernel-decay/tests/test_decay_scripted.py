@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from ctxkernel import Message, ScriptedModel, ToolCallBlock
 from ctxkernel_decay import current_state, replay
 from ctxkernel_decay.steward import actions
@@ -28,6 +30,7 @@ def assert_paired(messages: list[Message]) -> None:
         assert answered == calls, f"calls {calls} answered by {answered}"
 
 
+@pytest.mark.slow
 def test_several_hundred_steps_stay_inside_the_window(make_decay_kernel):
     kernel = make_decay_kernel(window=WINDOW, reserve=RESERVE, settings={"growth_tokens": 6_000, "cooldown_steps": 2})
     session = kernel.open_session()

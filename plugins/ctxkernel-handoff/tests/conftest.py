@@ -11,7 +11,6 @@ from ctxkernel import Message, ScriptedModel, Session, ToolCallBlock
 from ctxkernel.store.jsonl import JsonlStore
 
 
-
 def surface_is_paired(session: Session) -> bool:
     """Every assistant tool call is followed by exactly its results, before anything else."""
     nodes = session.surface.nodes

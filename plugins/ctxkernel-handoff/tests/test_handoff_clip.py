@@ -8,7 +8,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ctxkernel import SUMMARY_SECTIONS
-
 from ctxkernel_handoff.clip import (
     MARKER,
     WEIGHTS,

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+import ctxkernel_handoff
 from ctxkernel import ProfileError, ToolCallBlock
 from ctxkernel.recall.notes import Notes
 from ctxkernel.validate import validate_profile
-
-import ctxkernel_handoff
 from ctxkernel_handoff import TOOL_NAMES
 
 

@@ -7,11 +7,10 @@ import re
 
 import pytest
 
+import ctxkernel_handoff
 from ctxkernel import SUMMARY_SECTIONS, Message, ModelError, Reply, ScriptedModel, ToolCallBlock
 from ctxkernel.recall.history import History
 from ctxkernel.recall.notes import Notes
-
-import ctxkernel_handoff
 from ctxkernel_handoff.handoff import NOTE_PREVIEW_CHARS
 
 
@@ -86,8 +85,8 @@ def test_at_most_eight_recent_notes_are_injected_with_bounded_previews(handoff_k
         assert f"NOTE{i} " in text
     # a note over the preview size is clipped and says where the rest is
     # at the preview bound a note is whole; one character past it, it is clipped and says so
-    assert re.search(r"NOTE8 z{%d}\n</note>" % (NOTE_PREVIEW_CHARS - 6), text)
-    assert re.search(r"NOTE9 z{%d}\n\[… 1 more characters" % (NOTE_PREVIEW_CHARS - 6), text)
+    assert re.search(rf"NOTE8 z{{{NOTE_PREVIEW_CHARS - 6}}}\n</note>", text)
+    assert re.search(rf"NOTE9 z{{{NOTE_PREVIEW_CHARS - 6}}}\n\[… 1 more characters", text)
 
 
 def test_note_previews_cannot_eat_the_body(handoff_kernel, agent):

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import ctxkernel_handoff
 from ctxkernel import ContextOverflowError, Message, ScriptedModel, ToolCallBlock
 from ctxkernel.recall.history import History
 from ctxkernel.recall.notes import Notes
-
-import ctxkernel_handoff
 from ctxkernel_handoff.engine import REMINDER_TAG, state_for
 
 

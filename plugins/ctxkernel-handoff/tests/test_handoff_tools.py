@@ -138,7 +138,7 @@ def test_history_tools_page_the_raw_log(kernel):
     listed = ok(session, "history_list_items")
     assert len(listed["items"]) == 20 and listed["has_more"] and listed["items"][0]["id"] == "item_0"
     assert len(ok(session, "history_list_items", limit=50)["items"]) == 50
-    assert "limit must be 1..50" in refused(session, "history_list_items", limit=51)
+    assert "limit: integer (1..50)" in refused(session, "history_list_items", limit=51)  # the schema's bound
     refused(session, "history_list_items", max_chars=1_001)
     found = ok(session, "history_search_contents", query="MSG 5", case_sensitive=False)
     assert [i["id"] for i in found["items"]] == ["item_5"] + [f"item_{i}" for i in range(50, 60)]

@@ -9,7 +9,6 @@ from ctxkernel import Kernel, Message, ToolCallBlock
 from ctxkernel.store.jsonl import JsonlStore
 from ctxkernel.testing import make_profile
 
-
 PROFILE = Path(__file__).resolve().parents[3] / "profiles" / "rollover.toml"
 
 

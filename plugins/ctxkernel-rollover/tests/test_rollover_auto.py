@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from ctxkernel_rollover.state import state_of
 from helpers_rollover import call, rollover_kernel, rollover_summaries
 
 from ctxkernel import Message, ScriptedModel
 from ctxkernel.recall.notes import Notes
+from ctxkernel_rollover.state import state_of
 
 FILE = "def f(x):\n    return x * 2  # a line of code\n" * 40  # about 600 tokens
 

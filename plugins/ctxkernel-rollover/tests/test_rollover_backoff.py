@@ -8,12 +8,12 @@ profile's system prompt until the request reaches a given share of the effective
 
 from __future__ import annotations
 
-from ctxkernel_rollover.plugin import RETRY_GROWTH, RETRY_MIN_GROWTH
-from ctxkernel_rollover.seed import NOT_SHOWN
-from ctxkernel_rollover.state import state_of
 from helpers_rollover import rollover_kernel, rollover_summaries
 
 from ctxkernel import Message
+from ctxkernel_rollover.plugin import RETRY_GROWTH, RETRY_MIN_GROWTH
+from ctxkernel_rollover.seed import NOT_SHOWN
+from ctxkernel_rollover.state import state_of
 
 # effective window 5,000 tokens; the automatic switch is due at 4,500
 WINDOW, RESERVE = 6_000, 1_000

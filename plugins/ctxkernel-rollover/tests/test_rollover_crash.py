@@ -12,12 +12,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from ctxkernel_rollover.state import state_of
 from helpers_rollover import call, rollover_kernel, rollover_summaries, step
 
 from ctxkernel import Message, ScriptedModel
 from ctxkernel.recall.notes import Notes
 from ctxkernel.surface import replay
+from ctxkernel_rollover.state import state_of
 
 HERE = Path(__file__).resolve().parent
 
@@ -127,6 +127,8 @@ def full_log(home: Path) -> Path:
     return session.store.path(session.id)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_every_crash_point_replays_to_a_whole_window(tmp_path):
     log = full_log(tmp_path / "full")
     lines = log.read_bytes().splitlines(keepends=True)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from ctxkernel_rollover.state import state_of
 from helpers_rollover import call, log_bytes, rollover_kernel, rollover_summaries, step
 
 from ctxkernel import Message, ScriptedModel
 from ctxkernel.recall.history import History
 from ctxkernel.recall.notes import Notes
 from ctxkernel_rollover import is_uuid7
+from ctxkernel_rollover.state import state_of
 from ctxkernel_rollover.tools import NEW_CONTEXT_ANSWER
 
 

@@ -6,11 +6,11 @@ import os
 import socket
 
 import pytest
-from ctxkernel_rollover.state import state_of
 from helpers_rollover import call, rollover_kernel, rollover_summaries, step
 
 import ctxkernel
 from ctxkernel import ContextOverflowError, Message, ScriptedModel
+from ctxkernel_rollover.state import state_of
 
 
 class SummarizeSpy:

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import uuid
 
-import uuid6
-
 import orjson
-from ctxkernel_rollover.state import state_of
+import uuid6
 from helpers_rollover import call, rollover_kernel, step
 from hypothesis import given
 from hypothesis import strategies as st
 
 from ctxkernel import Message, ScriptedModel
 from ctxkernel_rollover import is_uuid7, next_window_id
+from ctxkernel_rollover.state import state_of
 from ctxkernel_rollover.window_ids import timestamp_ms
 
 

@@ -15,25 +15,30 @@ it builds a deterministic extractive summary with the same eight sections from t
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, Any
 
-import structlog
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 import ctxkernel
-from ctxkernel.compaction import CHECKPOINT_CLOSE, CHECKPOINT_OPEN, SUMMARY_SECTIONS, Span, Summary, head_region
-from ctxkernel.errors import CompactionError, ContextOverflowError, ModelError
+from ctxkernel import (
+    SUMMARY_SECTIONS,
+    CompactionError,
+    ContextOverflowError,
+    Message,
+    ModelError,
+    Span,
+    Summary,
+    head_region,
+)
 from ctxkernel.events import COMPACTION_END, COMPACTION_START
 from ctxkernel.guard import excerpt_oversized
-from ctxkernel.messages import Message
+from ctxkernel.text import extractive_summary
 
 if TYPE_CHECKING:
-    from ctxkernel.compaction import Region
-    from ctxkernel.session import Session, StepContext
+    from ctxkernel import Region, Session, StepContext
 
 NAME = "basic"
-log = structlog.get_logger("ctxkernel.basic")
+log = ctxkernel.get_logger("ctxkernel.basic")
 
 DIRECTIVE = (
     "Your task is to write a summary of the conversation so far that lets work continue "
@@ -72,16 +77,17 @@ class BasicSettings(BaseModel):
         return self
 
 
+STRATEGY = ctxkernel.Strategy(
+    NAME,
+    BasicSettings,
+    capabilities={"pressure", "overflow", "summary"},
+    description="native-style summary compaction: summarise the head, keep a verbatim tail",
+)
+
+
 @ctxkernel.hookimpl
 def register_strategy(register: Any) -> None:
-    register(
-        ctxkernel.StrategySpec(
-            NAME,
-            settings=BasicSettings,
-            capabilities={"pressure", "overflow", "summary"},
-            description="native-style summary compaction: summarise the head, keep a verbatim tail",
-        )
-    )
+    register(STRATEGY.spec)
 
 
 #: a conservative characters-per-token ratio for sizing the extractive summary before it exists
@@ -116,13 +122,13 @@ def validate_profile(profile: Any, report: Any) -> None:
 
 def compact(session: Session, keep_tokens: int, *, reason: str) -> bool:
     """Summarise the head, keeping ``keep_tokens`` verbatim; True when the surface shrank."""
-    settings: BasicSettings = session.settings(NAME)  # type: ignore[assignment]
-    for attempt in range(settings.compaction_retries + 1):
+    basic = STRATEGY.on(session)
+    for attempt in range(basic.settings.compaction_retries + 1):
         region = head_region(session.surface, session.meter, keep_tokens, min_nodes=2)
         if region is None:
             return False
         try:
-            session.compact(Span(*region), strategy=NAME, kind="summary", data={"reason": reason, "attempt": attempt})
+            basic.compact(Span(*region), kind="summary", data={"reason": reason, "attempt": attempt})
             return True
         except CompactionError as exc:
             log.warning("compaction failed", session=session.id, attempt=attempt, error=str(exc))
@@ -132,13 +138,14 @@ def compact(session: Session, keep_tokens: int, *, reason: str) -> bool:
 
 @ctxkernel.hookimpl(trylast=True)
 def pre_step(session: Session, step: StepContext) -> None:
-    settings: BasicSettings = session.settings(NAME)  # type: ignore[assignment]
-    if not settings.auto or session.route is None:
+    basic = STRATEGY.on(session)
+    settings = basic.settings
+    if not settings.auto or basic.route is None:
         return  # the first step of a fresh session has no routed request to price against
     # a message over the kernel's per-message bound sits in the verbatim tail, where no summary of
     # the head can reach it: excerpt it first (with a pointer to the full item) and price after
     excerpt_oversized(session)
-    pressure = session.pressure()
+    pressure = basic.pressure()
     if pressure.ratio < settings.threshold_ratio:
         return
     # a compaction that left the pressure at (or within regrow_ratio of) the threshold, or failed,
@@ -155,7 +162,7 @@ def pre_step(session: Session, step: StepContext) -> None:
 def last_compaction_mark(session: Session) -> int | None:
     """Seq at which this strategy's last compaction attempt ended (committed or failed), folded
     from the log with a cursor, so a reopened session holds back exactly like the live one."""
-    state = session.state.setdefault(NAME, {})
+    state = STRATEGY.on(session).state
     events = session.events
     for event in events[state.get("cursor", 0) :]:
         if event.type == COMPACTION_START and event.data.get("strategy") == NAME:
@@ -183,14 +190,15 @@ def grown_since(session: Session, mark: int, enough: int) -> int:
 def request_error(session: Session, error: ModelError) -> bool | None:
     if not isinstance(error, ContextOverflowError):
         return None
-    settings: BasicSettings = session.settings(NAME)  # type: ignore[assignment]
-    overflows = session.state.setdefault(NAME, {}).get("overflow_streak", 0)
+    basic = STRATEGY.on(session)
+    settings = basic.settings
+    overflows = basic.state.get("overflow_streak", 0)
     if overflows >= settings.overflow_retries:
-        session.state[NAME]["overflow_streak"] = 0
+        basic.state["overflow_streak"] = 0
         return False
-    session.state[NAME]["overflow_streak"] = overflows + 1
+    basic.state["overflow_streak"] = overflows + 1
     before = session.meter.surface_tokens()
-    window = session.pressure().effective_window
+    window = basic.pressure().effective_window
     if error.limit:  # the provider's real limit wins over a profile that overstates the window
         window = min(window, error.limit)
     keep = int(settings.retain_ratio * window) // 2
@@ -201,15 +209,16 @@ def request_error(session: Session, error: ModelError) -> bool | None:
 @ctxkernel.hookimpl
 def commit(session: Session, result: Any) -> None:
     if result.strategy == NAME:
-        session.state.setdefault(NAME, {})["overflow_streak"] = 0
+        STRATEGY.on(session).state["overflow_streak"] = 0
 
 
 @ctxkernel.hookimpl(trylast=True)
 def summarize(session: Session, region: Region) -> Summary | None:
-    model = session.kernel.summarizer
+    basic = STRATEGY.on(session)
+    model = basic.summarizer
     if model is not None:
         return model_summary(session, region, model)
-    settings: BasicSettings = session.settings(NAME) if NAME in session.kernel.strategies else BasicSettings()  # type: ignore[assignment]
+    settings = basic.settings if basic.active else BasicSettings()
     limit = min(settings.summary_max_chars, max(400, region.tokens * 2))
     return Summary(extractive_summary(region.messages, max_chars=limit))
 
@@ -217,7 +226,8 @@ def summarize(session: Session, region: Region) -> Summary | None:
 def model_summary(session: Session, region: Region, model: Any) -> Summary:
     """Ask the summarizer model: system and tools of the request header, the replayed region,
     then the directive last, so the provider's prefix cache serves everything before it."""
-    system, tools, _, _ = session._system_and_tools()
+    header = STRATEGY.on(session).request_header()
+    system, tools = header.system, header.tools
     messages = [*region.messages, Message.user(DIRECTIVE, ctxkernel.Source.plugin_form(NAME, "directive"))]
     reply = model.complete(messages, system=system, tools=tools)
     text = reply.message.text.strip()
@@ -225,89 +235,3 @@ def model_summary(session: Session, region: Region, model: Any) -> Summary:
         msg = "the summarizer model returned an empty summary"
         raise CompactionError(msg)
     return Summary(text, provider=reply.provider or model.provider, model=reply.model or model.model, usage=reply.usage)
-
-
-# -- the extractive summary -----------------------------------------------------------------------
-_PATH_KEYS = ("path", "file", "file_path", "filename", "filepath", "notebook_path")
-_COMMAND_KEYS = ("command", "cmd")
-_SECTION_RE = re.compile(r"^## (.+)$", re.MULTILINE)
-
-
-def _clip(text: str, limit: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _previous_sections(text: str) -> dict[str, list[str]]:
-    """Bullets of an earlier checkpoint, by section, so they merge instead of nesting."""
-    body = text.split(CHECKPOINT_OPEN, 1)[-1].split(CHECKPOINT_CLOSE, 1)[0]
-    sections: dict[str, list[str]] = {}
-    current = None
-    for line in body.splitlines():
-        heading = _SECTION_RE.match(line)
-        if heading:
-            current = heading.group(1).strip()
-            sections.setdefault(current, [])
-        elif current and line.startswith("- "):
-            sections[current].append(line[2:])
-    return sections
-
-
-def extractive_summary(messages: list[Message], *, max_chars: int = 12_000) -> str:
-    """Eight sections built from the messages alone: deterministic and model-free."""
-    found: dict[str, list[str]] = {s: [] for s in SUMMARY_SECTIONS}
-    last_assistant = ""
-    tools_used: list[str] = []
-    for message in messages:
-        src = message.source
-        if message.role == "user" and src.kind == "plugin" and CHECKPOINT_OPEN in message.text:
-            for section, bullets in _previous_sections(message.text).items():
-                if section in found:
-                    found[section].extend(bullets)
-            continue
-        if message.role == "user" and src.kind == "user":
-            found["Primary Request and Intent"].append(f"User: {_clip(message.text, 600)}")
-        elif message.role == "assistant":
-            if message.text.strip():
-                last_assistant = message.text
-            for call in message.tool_calls:
-                if call.name not in tools_used:
-                    tools_used.append(call.name)
-                for key in _PATH_KEYS:
-                    value = call.arguments.get(key)
-                    if isinstance(value, str):
-                        found["Files and Code"].append(f"{call.name}: {_clip(value, 200)}")
-                for key in _COMMAND_KEYS:
-                    value = call.arguments.get(key)
-                    if isinstance(value, str):
-                        found["Critical Context"].append(f"ran: {_clip(value, 200)}")
-        elif message.role == "tool":
-            result = message.tool_result
-            assert result is not None
-            first = result.content.strip().splitlines()[0] if result.content.strip() else ""
-            if result.is_error or re.search(r"\b(Error|Exception|Traceback|FAILED)\b", result.content[:2000]):
-                found["Errors and Fixes"].append(f"{result.name or result.call_id}: {_clip(first, 240)}")
-    if tools_used:
-        found["Key Technical Concepts"].append("tools used: " + ", ".join(tools_used[:30]))
-    if last_assistant:
-        found["Current Work"].append(_clip(last_assistant, 800))
-        tail = re.split(r"(?<=[.!?])\s+", last_assistant.strip())[-1]
-        found["Next Step"].append(f"continue from: {_clip(tail, 300)}")
-    budget = max_chars // len(SUMMARY_SECTIONS)
-    parts = []
-    for section in SUMMARY_SECTIONS:
-        bullets = list(dict.fromkeys(found[section]))  # de-duplicate, keep order
-        lines: list[str] = []
-        used = 0
-        # newest facts matter most: keep from the end, then restore order
-        for bullet in reversed(bullets):
-            line = f"- {bullet}"
-            if used + len(line) > budget and lines:
-                break
-            lines.append(line[:budget])
-            used += len(line) + 1
-        lines.reverse()
-        if len(lines) < len(bullets):
-            lines.insert(0, f"- ({len(bullets) - len(lines)} earlier item(s) omitted)")
-        parts.append(f"## {section}\n" + ("\n".join(lines) if lines else "(none)"))
-    return "\n\n".join(parts)

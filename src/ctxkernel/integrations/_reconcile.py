@@ -115,7 +115,7 @@ def _text_of(blocks: list[dict]) -> str:
 
 
 def _text_of_message(message: Message) -> str:
-    return "\n".join(b.text for b in message.content if b.type == "text")  # type: ignore[union-attr]
+    return "\n".join(b.text for b in message.content if b.type == "text")
 
 
 def reconcile(

@@ -24,9 +24,10 @@ from typing import Any
 
 import httpcore
 import httpx
-import structlog
 
-log = structlog.get_logger(__name__)
+from ..logging import get_logger
+
+log = get_logger(__name__)
 
 #: the monotonic deadline of the request under way in this thread (None: no deadline)
 _DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("ctxkernel_http_deadline", default=None)

@@ -45,10 +45,10 @@ import time
 from typing import TYPE_CHECKING, Any, Self
 
 import orjson
-import structlog
 
 from ..convert import from_openai_message, to_openai_messages
 from ..errors import ConfigError, ContextOverflowError, ModelError
+from ..logging import get_logger
 from ..messages import Message, Source
 from ..redact import redact, redact_url, url_origin
 from .base import Reply
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
     from ..profile import SummarizerSettings
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 #: statuses worth retrying unchanged: rate limits and transient server trouble
@@ -235,7 +235,7 @@ class OpenAIChatModel:
         if not model:
             msg = "OpenAIChatModel needs a model name (e.g. model='gpt-4o-mini')"
             raise ConfigError(msg)
-        httpx = _httpx()
+        http = _httpx()  # not named httpx: the annotations below name the module's types
         self.model = model
         self.provider = provider
         self.base_url = base_url.rstrip("/")
@@ -243,8 +243,8 @@ class OpenAIChatModel:
         #: the URL as messages show it (no password, no query)
         self.where = redact_url(self.url)
         try:
-            parsed = httpx.URL(self.url)
-        except httpx.InvalidURL as exc:
+            parsed = http.URL(self.url)
+        except http.InvalidURL as exc:
             msg = f"base_url {redact_url(base_url)!r} is not a URL ({redact(str(exc))}); write e.g. https://api.openai.com/v1"
             raise ConfigError(msg) from None
         if parsed.scheme not in ("http", "https") or not parsed.host:

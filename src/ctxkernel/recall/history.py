@@ -580,8 +580,8 @@ class History:
             if not entries:
                 msg = "no checklist: the model has not written a todo list in this session"
                 raise HistoryError(msg)
-            data = [{"id": e.ref, "status": e.status, "text": e.text} for e in entries]
-            body = orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() if fmt == "json" else "\n".join(
+            rows = [{"id": e.ref, "status": e.status, "text": e.text} for e in entries]
+            body = orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() if fmt == "json" else "\n".join(
                 f"[{e.status}] {e.ref}: {e.text}" for e in entries
             )
             return {"id": ref, "role": "checklist", "item": f"item_{entries[0].seq}"}, body

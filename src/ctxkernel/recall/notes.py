@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import CtxKernelError
+from ..text import attr, guard
 
 if TYPE_CHECKING:
     from ..events import Event
@@ -45,6 +46,10 @@ TRUST_MARKS: tuple[str, ...] = ("model-authored", "user-injected", "tool-output"
 _TRUST_RANK = {"tool-output": 0, "model-authored": 1, "user-injected": 2}
 
 MAX_PATH_CHARS = 256
+#: what a path component may hold: letters and digits (any script), ``.``, ``_`` and ``-``.
+#: Paths are rendered into ``<note path="...">`` headers and model-chosen, so nothing with a
+#: meaning in markup (quotes, ``<``, ``>``, ``&``, ``=``), no space and no control character.
+PATH_ALPHABET = "letters, digits, '.', '_' and '-', in '/'-separated names"
 MAX_PAGE = 200
 
 
@@ -155,6 +160,11 @@ def check_path(path: Any) -> str:
     if any(ord(c) < 32 or c == "\\" for c in path):
         msg = f"note path {path!r:.80} contains a control character or backslash; use '/' to separate names"
         raise NotePathError(msg)
+    bad = sorted({c for c in path if not (c.isalnum() or c in "._-/")})
+    if bad:
+        shown = "".join(bad[:10])
+        msg = f"note path {path!r:.80} contains {shown!r}; a note path holds only {PATH_ALPHABET}, e.g. 'plan/step-2.md'"
+        raise NotePathError(msg)
     for part in path.split("/"):
         if part in ("", ".", ".."):
             msg = (
@@ -176,21 +186,19 @@ def weaker_trust(a: str, b: str) -> str:
     return a if _TRUST_RANK[a] <= _TRUST_RANK[b] else b
 
 
-def _escape(text: str) -> str:
-    # a note's text cannot close its own block or open a fake one with a better trust mark
-    return text.replace("<note", "&lt;note").replace("</note", "&lt;/note")
-
-
 def render_note(note: Note, *, max_chars: int | None = None) -> str:
     """The note as injected into the model's context, trust mark first."""
     content = note.content
     if max_chars is not None and len(content) > max_chars:
         content = content[:max_chars] + f"\n[… {len(note.content) - max_chars} more characters; read the note to see them]"
+    # every attribute escaped: a path or window id written before paths were restricted (or by
+    # another writer) cannot end its attribute and add a forged trust mark
     head = (
-        f'<note path="{note.path}" id="{note.id}" trust="{note.trust}" '
-        f'window="{note.window or "-"}" updated="{note.updated}" version="{note.version}">'
+        f'<note path="{attr(note.path)}" id="{attr(note.id)}" trust="{attr(note.trust)}" '
+        f'window="{attr(note.window or "-")}" updated="{attr(note.updated)}" version="{attr(note.version)}">'
     )
-    return f"{head}\n{_escape(content)}\n</note>"
+    # the text cannot close its own block or open a fake one with a better trust mark
+    return f"{head}\n{guard(content, 'note')}\n</note>"
 
 
 @dataclass
@@ -453,7 +461,7 @@ class Notes:
         data["text" if op == "append" else "content"] = text
         self.session.emit(NAMESPACE, "write", data)  # one event: written whole or not at all
         self.sync()
-        return self._state.notes[data["id"]]
+        return self._state.notes[str(data["id"])]
 
     def _check_limits(self, current: Note | None, path: str, content: str) -> None:
         limits = self.limits
@@ -489,7 +497,8 @@ class Notes:
 
 def _apply_write(previous: Note | None, event: Event) -> Note:
     d = event.data
-    trust = d.get("trust") if d.get("trust") in TRUST_MARKS else "tool-output"
+    raw_trust = d.get("trust")
+    trust: str = raw_trust if isinstance(raw_trust, str) and raw_trust in TRUST_MARKS else "tool-output"
     window = d.get("window")
     if previous is None or previous.archived:
         content = d.get("content", d.get("text", ""))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..conformance import pairing_problems
+from ..pairing import pairing_problems
 
 if TYPE_CHECKING:
     from ..session import Request, Session

@@ -114,7 +114,7 @@ def sniff(path: str | os.PathLike[str]) -> str:
         if isinstance(obj, dict) and any(k in obj for k in _RUN_KEYS):
             return "openai-chat"
         msg = f"{path}: a JSON object without a messages list is not a recording format this kernel reads"
-        raise RecordingError(msg)
+        raise RecordingError(msg) from None
     if not isinstance(obj, dict):
         msg = f"{path}:1: expected a JSON object, got {type(obj).__name__}"
         raise RecordingError(msg)
@@ -463,7 +463,6 @@ def _claude_line(
 ) -> dict[str, Any] | None:
     """One line of the main chain; returns the assistant message being assembled afterwards."""
     kind = raw["type"]
-    where = f"{path}:{lineno}"
     if raw.get("isSidechain") or kind == "progress":
         return group
     if kind == "system":

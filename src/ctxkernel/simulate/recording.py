@@ -10,7 +10,7 @@ such as the point where the recording harness compacted its own context.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from ..errors import CtxKernelError
 from ..messages import Message
@@ -52,7 +52,7 @@ class MarkerItem:
     data: dict[str, Any] = field(default_factory=dict)
 
 
-Item = Union[UserItem, AssistantItem, ToolResultItem, MarkerItem]
+Item = UserItem | AssistantItem | ToolResultItem | MarkerItem
 
 
 @dataclass

@@ -38,6 +38,7 @@ from ..profile import ModelSettings, Prices, Profile, SummarizerSettings, load_p
 from ..redact import redact
 from ..session import Request, Session
 from ..store.jsonl import JsonlStore
+from ..text import extractive_summary
 from ..tools import ToolOutcome
 from .checks import InvariantChecker
 from .recording import AssistantItem, MarkerItem, Recording, RecordingError, ToolResultItem, UserItem
@@ -112,8 +113,6 @@ class ExtractiveModel:
         self._meter = meter
 
     def complete(self, messages: list[Message], *, system: str = "", tools: list[dict[str, Any]] | None = None) -> Reply:
-        from ..default_plugins.basic import extractive_summary
-
         text = extractive_summary(messages[:-1], max_chars=6000)
         prompt = self._meter.count_header(system, tools or []) + sum(self._meter.count_message(m) for m in messages)
         reply = Message.assistant(text, source=Source(kind="model", provider=self.provider, model=self.model))

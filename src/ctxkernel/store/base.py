@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from ..errors import StoreError
+from ..errors import CorruptionError, StoreError
 from ..events import Event
 
 FORMAT_VERSION = 1
@@ -70,8 +70,6 @@ class SessionHeader:
 
     @classmethod
     def from_dict(cls, raw: Any, where: str = "header") -> SessionHeader:
-        from ..errors import CorruptionError
-
         if not isinstance(raw, dict) or not isinstance(raw.get("id"), str):
             msg = f"{where}: session header must be an object with an 'id', got {raw!r:.120}"
             raise CorruptionError(msg)
@@ -148,26 +146,6 @@ class EventStore(Protocol):
     def kv_list(self, namespace: str, prefix: str = "") -> dict[str, Any]: ...
 
     def close(self) -> None: ...
-
-
-def store_from_settings(settings: Any, home: Path | None = None) -> EventStore:
-    """Build the backend named by a profile's ``[store]`` settings."""
-    backend = getattr(settings, "backend", "jsonl")
-    home = Path(getattr(settings, "path", None) or home or default_home())
-    if backend == "jsonl":
-        from .jsonl import JsonlStore
-
-        return JsonlStore(home)
-    if backend == "sqlite":
-        from .sqlite import SqliteStore  # type: ignore[import-not-found]
-
-        return SqliteStore(home)
-    if backend == "postgres":
-        from .postgres import PostgresStore  # type: ignore[import-not-found]
-
-        return PostgresStore(getattr(settings, "dsn", None))
-    msg = f"unknown store backend {backend!r}; accepted: ['jsonl', 'sqlite', 'postgres']"
-    raise StoreError(msg)
 
 
 def check_batch(events: Sequence[Event], expected_seq: int) -> None:

@@ -194,7 +194,7 @@ def register(sub: Any) -> None:
 
 
 def cmd_copy(args: argparse.Namespace) -> int:
-    from ..cli import EXIT_INVALID, EXIT_OK, EXIT_USAGE, dump_json, one_line
+    from ..exits import EXIT_INVALID, EXIT_OK, EXIT_USAGE, dump_json, one_line
     from .base import check_kv_name, check_session_id
 
     # every argument is checked before either store is opened: a bad one is a usage error
@@ -225,13 +225,18 @@ def cmd_copy(args: argparse.Namespace) -> int:
                 store.close()
     source, target = opened
     copied: list[CopyResult] = []
+
+    def progress(result: CopyResult) -> None:
+        copied.append(result)
+        sys.stderr.write(f"{result.session}: {result.status}, {result.events} events\n")
+
     try:
         copy_sessions(
             source,
             target,
             args.session or None,
             kv_namespaces=args.kv_namespace,
-            progress=lambda r: (copied.append(r), sys.stderr.write(f"{r.session}: {r.status}, {r.events} events\n")),
+            progress=progress,
         )
     except StoreError as exc:
         sys.stderr.write(f"ctxkernel store copy: {redact(str(exc))}\n")

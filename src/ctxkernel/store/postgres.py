@@ -280,9 +280,51 @@ class PostgresStore:
         where = f"postgres store {self.where}: key-value {namespace}"
         return {key: decode_value(value, f"{where}/{key}") for key, value in rows}
 
+    # -- cross-process locks ---------------------------------------------------------------------
+    def hold_lock(self, name: str, timeout: float) -> AdvisoryLock | None:
+        """Take the advisory lock ``name`` (any text) on a connection of its own, waiting at
+        most ``timeout`` seconds; None when another holder still has it then.
+
+        Front doors use it to order the requests of one session across processes and hosts
+        (``ctxkernel serve`` with several workers). The lock is the server's: it is released by
+        :meth:`AdvisoryLock.release`, when its connection closes, and when its holder dies."""
+        try:
+            conn = self._psycopg.connect(self.dsn, autocommit=True, connect_timeout=self.connect_timeout)
+        except self._psycopg.Error as exc:
+            msg = f"cannot connect to the postgres store {self.where}: {str(exc).strip()}"
+            raise StoreError(msg) from None
+        try:
+            conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{max(1, int(timeout * 1000))}ms",))
+            conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (f"ctxkernel lock {name}",))
+        except self._psycopg.errors.LockNotAvailable:
+            conn.close()
+            return None
+        except self._psycopg.Error as exc:
+            conn.close()
+            raise self._error(exc) from None
+        return AdvisoryLock(conn, name)
+
     def close(self) -> None:
         with self._mutex:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
 
+
+class AdvisoryLock:
+    """A held :meth:`PostgresStore.hold_lock`; ``release()`` may be called more than once."""
+
+    def __init__(self, conn: Any, name: str) -> None:
+        self._conn = conn
+        self.name = name
+
+    def release(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        try:
+            conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (f"ctxkernel lock {self.name}",))
+        except Exception:  # noqa: BLE001, S110 - closing the connection below releases the lock anyway
+            pass
+        finally:
+            conn.close()

@@ -11,8 +11,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import ctxkernel
 
-NAME = "observation-mask"
-
 
 class MaskSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -24,21 +22,25 @@ class MaskSettings(BaseModel):
     placeholder: str = "[output of {name} omitted: {chars} characters; re-run the tool to see it]"
 
 
+STRATEGY = ctxkernel.Strategy("observation-mask", MaskSettings, capabilities={"observation"})
+
+
 @ctxkernel.hookimpl
 def register_strategy(register: Any) -> None:
-    register(ctxkernel.StrategySpec(NAME, settings=MaskSettings, capabilities={"observation"}))
+    register(STRATEGY.spec)
 
 
 @ctxkernel.hookimpl
 def pre_step(session: ctxkernel.Session, step: ctxkernel.StepContext) -> None:
-    settings: MaskSettings = session.settings(NAME)  # type: ignore[assignment]
+    mask = STRATEGY.on(session)
+    settings = mask.settings  # a MaskSettings, validated for the routed model
     results = [n for n in session.surface.nodes if n.role == "tool"]
     for node in results[: -settings.keep_last]:
         result = node.message.tool_result
-        if node.event.data.get("prune") or len(result.content) < settings.min_chars:
+        if result is None or node.event.data.get("prune") or len(result.content) < settings.min_chars:
             continue  # already masked, or too small to be worth it
         text = settings.placeholder.format(name=result.name or "tool", chars=len(result.content))
-        session.replace_tool_result(node.seq, text, strategy=NAME, reason="mask")
+        mask.replace_tool_result(node.seq, text, reason="mask")
 
 
 @ctxkernel.hookimpl

@@ -1,7 +1,7 @@
 """``chapters`` subcommands: ``manifest`` (the lineage view) and ``segment`` (proposed chapters).
 
-``register(subparsers)`` follows the kernel CLI's module convention; until the kernel CLI
-discovers plugin commands, the same commands run as ``ctxkernel-chapters manifest|segment``.
+The plugin's ``register_commands`` hook adds them to ``ctxkernel`` (``ctxkernel chapters ...``);
+the same commands also run as ``ctxkernel-chapters manifest|segment``.
 """
 
 from __future__ import annotations
@@ -59,8 +59,7 @@ def _kernel(profile: str | None) -> Any:
 
 def _usage_error(args: argparse.Namespace) -> tuple[Any, int | None]:
     """The kernel for ``--profile``, or exit 2 with one line when the arguments are bad."""
-    from ctxkernel.errors import ConfigError, StoreError
-    from ctxkernel.store.base import check_session_id
+    from ctxkernel import ConfigError, StoreError, check_session_id
 
     try:
         check_session_id(args.session)
@@ -85,7 +84,7 @@ def cmd_manifest(args: argparse.Namespace) -> int:
 
 
 def cmd_segment(args: argparse.Namespace) -> int:
-    from . import plugin
+    from . import strategy as plugin
     from .segment import propose_chapters
 
     kernel, status = _usage_error(args)

@@ -8,8 +8,9 @@
 * Tools (:mod:`ctxkernel_chapters.tools`): ``chapters_continue``, ``chapters_fork``,
   ``chapters_read``, ``chapters_search``, ``chapters_artifact``.
 
-Per-session state lives in ``session.state["chapters"]``, rebuilt from the log with a cursor
-(O(new events) per request); chapter records and lineage live in the store's key-value table.
+Per-session state lives in the strategy handle's ``state``, rebuilt from the log with a cursor
+(O(new events) per request; :mod:`ctxkernel_chapters.strategy`, shared with the tools); chapter
+records and lineage live in the store's key-value table.
 """
 
 from __future__ import annotations
@@ -18,95 +19,40 @@ import hashlib
 import uuid
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
 import ctxkernel
-from ctxkernel import CompactionError, ContextOverflowError, Message, Source, Span, Summary
-from ctxkernel.compaction import head_region
+from ctxkernel import CompactionError, ContextOverflowError, Message, Source, Span, Summary, get_logger, head_region
 
-from . import archive, artifacts, toc
+from . import archive, artifacts, cli, toc
 from .registry import Registry
 from .segment import propose_chapters
 from .settings import ChaptersSettings
+from .strategy import (
+    NAME,
+    STRATEGY,
+    SUGGEST_MARK,
+    archive_ceiling,
+    archived_through,
+    is_chapters_toc,
+    settings_of,
+    state,
+    user_instructions,
+)
 
 if TYPE_CHECKING:
     from ctxkernel import ModelError, Profile, Request, Session, StepContext
 
-NAME = "chapters"
-SUGGEST_MARK = "[chapters: continuation available]"
-log = structlog.get_logger("ctxkernel.chapters")
+log = get_logger("ctxkernel.chapters")
 
 
 @ctxkernel.hookimpl
 def register_strategy(register: Any) -> None:
-    register(
-        ctxkernel.StrategySpec(
-            NAME,
-            settings=ChaptersSettings,
-            capabilities={"pressure", "overflow", "archive", "tools", "recall"},
-            description="archive the conversation as Markdown chapters; continue from a table of contents",
-        )
-    )
+    register(STRATEGY.spec)
 
 
-def settings_of(session: Session) -> ChaptersSettings:
-    return session.settings(NAME)  # type: ignore[return-value]
-
-
-# -- state, rebuilt from the log -----------------------------------------------------------------
-def state(session: Session) -> dict[str, Any]:
-    """``session.state["chapters"]``, brought up to date with the events appended since last time."""
-    st = session.state.get(NAME)
-    if st is None:
-        st = session.state[NAME] = {
-            "cursor": 0,
-            "artifact_done": set(),  # tool result seqs already moved to the artifact store
-            "candidates": [],  # tool result seqs not yet checked for the artifact band
-            "suggested": False,
-            "overflow_streak": 0,
-            "compactions": 0,
-            "continued_in": None,
-        }
-    events = session.events
-    for event in events[st["cursor"] :]:
-        t = event.type
-        if t == "tool/result" and (event.surface or {}).get("op") == "append":
-            st["candidates"].append(event.seq)
-        elif t == "compaction/prune" and event.data.get("strategy") == NAME:
-            st["artifact_done"].add(event.data["target"])
-        elif t == "compaction/summary" and event.data.get("strategy") == NAME:
-            st["suggested"] = False
-            st["compactions"] += 1
-        elif t == "user/message":
-            src = event.data["message"].get("source", {})
-            if src.get("plugin") == NAME and src.get("form") == "notice":
-                text = "".join(b.get("text", "") for b in event.data["message"].get("content", []))
-                if SUGGEST_MARK in text:
-                    st["suggested"] = True
-    st["cursor"] = len(events)
-    return st
-
-
-def archived_through(session: Session, registry: Registry | None = None) -> int:
-    """The last log seq covered by this session's final chapters (-1 when none)."""
-    return (registry or Registry(session.store)).archived_through(session.id)
-
-
-def archive_ceiling(session: Session) -> int | None:
-    """Seq of the last ``turn/end``: session creation archives at or below it, never mid-turn."""
-    for event in reversed(session.events):
-        if event.type == "turn/end":
-            return event.seq
-    return None
-
-
-def header_tokens(session: Session) -> int:
-    """Tokens of the system prompt and tool schemas, from the last recorded request header."""
-    for event in reversed(session.events):
-        if event.type == "request/header":
-            return session.meter.count_header(event.data["system"], event.data["tools"])
-    system = session.kernel.profile.profile.system_prompt
-    return session.meter.count_header(system, session.tools.schemas() + list(session.harness_tools))
+@ctxkernel.hookimpl
+def register_commands(subparsers: Any) -> None:
+    """``ctxkernel chapters manifest|segment``."""
+    cli.register(subparsers)
 
 
 @ctxkernel.hookimpl
@@ -147,7 +93,7 @@ def pre_step(session: Session, step: StepContext) -> None:
         pressure = session.pressure()
         state(session)
     if pressure.ratio >= settings.pressure_suggestion_ratio and not st["suggested"] and archive_ceiling(session) is not None:
-        step.remind(suggestion(session, settings, pressure.ratio), strategy=NAME)
+        STRATEGY.on(session).remind(step, suggestion(session, settings, pressure.ratio))
         st["suggested"] = True  # the notice is written right after; state() would see it too
 
 
@@ -190,7 +136,7 @@ def move_large_results(session: Session, settings: ChaptersSettings, st: dict[st
         if session.meter.count_text(text) >= tokens:
             continue
         artifacts.store(archive.archive_dir(session, settings), root, content)
-        session.replace_tool_result(seq, text, strategy=NAME, reason="artifact")
+        STRATEGY.on(session).replace_tool_result(seq, text, reason="artifact")
         st["artifact_done"].add(seq)
         moved.append(seq)
     return moved
@@ -208,11 +154,6 @@ def artifact_handle_text(handle: str, content: str, tokens: int, preview_chars: 
 
 
 # -- in-place compaction ---------------------------------------------------------------------------
-def _is_chapters_toc(node: Any) -> bool:
-    src = node.message.source
-    return node.role == "user" and src.kind == "plugin" and src.plugin == NAME and toc.is_toc(node.message.text)
-
-
 def compact_in_place(session: Session, keep_tokens: int, *, reason: str) -> bool:
     """Archive the surface head as chapters and replace it with a table of contents.
 
@@ -235,7 +176,7 @@ def compact_in_place(session: Session, keep_tokens: int, *, reason: str) -> bool
                 return False
             nodes = session.surface.span(*region)
             tail = session.surface.nodes[len(nodes) :]
-            later = [n.seq for n in tail if not _is_chapters_toc(n)]
+            later = [n.seq for n in tail if not is_chapters_toc(n)]
             boundary = (min(later) - 1) if later else len(session.events) - 1
             floor = archived_through(session, registry) + 1
             plans = propose_chapters(
@@ -253,9 +194,8 @@ def compact_in_place(session: Session, keep_tokens: int, *, reason: str) -> bool
             text = toc_for_region(session, settings, nodes, records, boundary, region_tokens)
             message = Message.user(text, Source.plugin_form(NAME, "toc"))
             try:
-                session.compact(
+                STRATEGY.on(session).compact(
                     Span(region[0], region[1], message=message, summary=Summary(text)),
-                    strategy=NAME,
                     kind="chapters",
                     data={
                         "reason": reason,
@@ -278,10 +218,10 @@ def toc_for_region(
     session: Session, settings: ChaptersSettings, nodes: list[Any], records: list[dict[str, Any]], boundary: int, region_tokens: int
 ) -> str:
     """Earlier tables of contents in the region merged with this session's chapters up to ``boundary``."""
-    previous = [n.message.text for n in nodes if _is_chapters_toc(n)]
+    previous = [n.message.text for n in nodes if is_chapters_toc(n)]
     # prose another strategy's checkpoint carried (a summary) is carried forward, never dropped
     extra = [n.message.text for n in nodes if n.role == "user" and n.message.source.kind == "plugin"
-             and n.event.surface.get("op") == "replace" and not _is_chapters_toc(n)]
+             and n.event.surface.get("op") == "replace" and not is_chapters_toc(n)]
     own = [r for r in Registry(session.store).records(session.id)
            if r.get("status") == "final" and r["start_seq"] <= boundary]
     cited: dict[str, str] = {}
@@ -310,17 +250,6 @@ def toc_for_region(
     quoted = min(settings.toc_instruction_budget_tokens, region_tokens // 3)
     text, _ = toc.render(merged, count=session.meter.count_text, bullet_budget=budget, instruction_budget=quoted)
     return text
-
-
-def user_instructions(session: Session, start: int, end: int) -> list[str]:
-    """The user's own messages among events ``start..end`` (not plugin notices), in order."""
-    out = []
-    for event in session.events[max(0, start) : end + 1]:
-        if event.type == "user/message" and (event.surface or {}).get("op") == "append":
-            message = event.data["message"]
-            if message.get("source", {}).get("kind", "user") == "user":
-                out.append("\n".join(b.get("text", "") for b in message.get("content", []) if b.get("type") == "text"))
-    return out
 
 
 def finalize(
@@ -424,8 +353,6 @@ def validate_profile(profile: Profile, report: Any) -> None:
         return
     from pathlib import Path
 
-    from ctxkernel.store import default_home
-
     variants = [(f"{profile.model.provider}/{profile.model.name}", profile.model.provider, profile.model.name)]
     for policy in profile.model_policies:
         provider = policy.match.provider or profile.model.provider
@@ -440,7 +367,7 @@ def validate_profile(profile: Profile, report: Any) -> None:
         except Exception:  # noqa: BLE001 - the kernel's settings check reports these
             continue
         effective = model.effective_window
-        home = Path(profile.store.path or default_home()).expanduser()
+        home = profile.store_home()
         root = Path(settings.archive_root).expanduser()
         root = root if root.is_absolute() else home / root
         if root not in checked_roots:

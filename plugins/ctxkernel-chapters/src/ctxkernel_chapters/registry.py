@@ -106,7 +106,7 @@ class Registry:
 
     def lineage_records(self, session_id: str) -> list[dict[str, Any]]:
         """Final chapter records of every session in the lineage, ancestors first."""
-        out = []
+        out: list[dict[str, Any]] = []
         for sid in self.lineage(session_id):
             out.extend(r for r in self.records(sid) if r.get("status") == "final")
         return out

@@ -46,9 +46,9 @@ def render_event(
         if t == "tool/result":
             return "", 0  # a shrunk copy of a result rendered in full at its own seq
         cites = (event.surface or {}).get("cites") or []
-        src = message.source.plugin or "?"
+        by = message.source.plugin or "?"
         span = f"{cites[0]}–{cites[-1]}" if cites else "?"
-        return f"*(#{event.seq}: checkpoint by {src} replacing seqs {span}; the replaced events are rendered at their own seqs)*\n", 0
+        return f"*(#{event.seq}: checkpoint by {by} replacing seqs {span}; the replaced events are rendered at their own seqs)*\n", 0
     if t == "user/message":
         src = message.source
         if src.kind == "user":

@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from ctxkernel import Event, Message, Source
+from ctxkernel.text import clip
 
 from .render import Count, hash_only, render_event
 
@@ -34,8 +35,7 @@ class ChapterPlan:
 
 
 def _clip(text: str, limit: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return clip(text, limit, single_line=True)
 
 
 def describe(events: Sequence[Event], start: int, end: int) -> tuple[str, str]:
@@ -150,5 +150,5 @@ def model_titles(plans: list[ChapterPlan], bodies: list[str], model: Any, *, sys
         answer = answers[i] if i < len(answers) and isinstance(answers[i], dict) else {}
         title = answer.get("title") if isinstance(answer.get("title"), str) and answer["title"].strip() else plan.title
         summary = answer.get("summary") if isinstance(answer.get("summary"), str) and answer["summary"].strip() else plan.summary
-        out.append(replace(plan, title=_clip(title, 80), summary=_clip(summary, 400)))
+        out.append(replace(plan, title=_clip(str(title), 80), summary=_clip(str(summary), 400)))
     return out, reply.usage

@@ -10,7 +10,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-
 #: the largest token count a setting may hold (no model window comes near it)
 MAX_TOKENS = 100_000_000
 

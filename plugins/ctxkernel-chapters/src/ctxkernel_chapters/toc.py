@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ctxkernel.text import attr, guard
+
 TOC_OPEN = "<chapters-toc>"
 TOC_CLOSE = "</chapters-toc>"
 CHAPTERS = "[[chapters]]"
@@ -20,6 +22,8 @@ HANDOFF = "[[handoff note]]"
 CARRIED = "[[carried forward]]"
 INSTRUCTIONS = "[[user instructions]]"
 _MARKERS = (TOC_OPEN, TOC_CLOSE, CHAPTERS, HANDOFF, CARRIED, INSTRUCTIONS)
+#: the pseudo-XML frame of a table of contents: text inside it may neither open nor close one
+FRAMES = ("chapters-toc",)
 INTRO = (
     "Earlier parts of this conversation are archived as Markdown chapters. Read one with "
     "chapters_read(chapter=<id>), search them all with chapters_search(query=...), and large tool "
@@ -54,20 +58,23 @@ class Toc:
 
 
 def bullet(record: dict[str, Any], archive_label: str, *, with_summary: bool = True) -> str:
-    title = " ".join(str(record.get("title", "")).split())[:100]
+    # the title is model-written: escaped like an attribute, it cannot end its quotes and forge
+    # the seqs or token count after it, nor close the table of contents
+    title = attr(" ".join(str(record.get("title", "")).split())[:100])
     line = (
         f"- [{archive_label}/{record['path']}] {record['number']:03d} \"{title}\" · "
         f"seqs {record['start_seq']}–{record['end_seq']} · {record['tokens']} tokens"
     )
-    summary = " ".join(str(record.get("summary", "")).split())
+    summary = guard(" ".join(str(record.get("summary", "")).split()), *FRAMES)
     if with_summary and summary:
         line += f" — {summary[:400]}"
     return line
 
 
 def _escape(text: str) -> str:
-    """Keep carried prose from being read as structure: a line equal to a marker gets a space."""
-    return "\n".join(f" {line}" if line.strip() in _MARKERS else line for line in text.splitlines())
+    """Keep carried prose from being read as structure: a line equal to a marker gets a space, and
+    no line may open or close the table of contents."""
+    return "\n".join(f" {line}" if line.strip() in _MARKERS else line for line in guard(text, *FRAMES).splitlines())
 
 
 def is_toc(text: str) -> bool:
@@ -166,7 +173,7 @@ def _fit(entries: list[tuple[str, str]], count: Callable[[str], int], budget: in
 
 
 def _quote(text: str) -> str:
-    return "\n".join(f"> {line}" if line else ">" for line in text.splitlines())
+    return "\n".join(f"> {line}" if line else ">" for line in guard(text, *FRAMES).splitlines())
 
 
 def _pick_instructions(instructions: list[str], count: Callable[[str], int] | None, budget: int | None) -> tuple[list[str], int]:

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import orjson
 from pydantic import Field
 
-from ctxkernel import Message, Source, Tool, ToolArgs, ToolOutcome
+from ctxkernel import MAX_INT_ARG, Message, Source, ToolArgs, ToolOutcome
+from ctxkernel.text import attr
 
 from . import archive, artifacts, toc
+from . import strategy as chapters
 from .disk import ArchiveError
 from .registry import NAMESPACE, Registry, new_state, record_key
 from .segment import ChapterPlan, describe, propose_chapters
@@ -28,12 +30,6 @@ if TYPE_CHECKING:
     from .settings import ChaptersSettings
 
 NAME = "chapters"
-
-
-def _plugin() -> Any:
-    from . import plugin
-
-    return plugin
 
 
 def _json(value: Any) -> str:
@@ -56,42 +52,51 @@ class _Args(ToolArgs):
         return _untitled(super().model_json_schema(*args, **kwargs))
 
 
+#: hard caps of the schema: the continuation budget refuses a long handoff note well inside them
+HANDOFF_NOTE_CHARS = 200_000
+CHAPTERS_CAP = 1_000
+KEEP_INLINE_CAP = 1_000
+HANDLE_CHARS = 500
+
+Seq = Annotated[int, Field(ge=0, le=MAX_INT_ARG)]
+
+
 class ChapterRange(_Args):
-    start_seq: int = Field(ge=0)
-    end_seq: int = Field(ge=0, description="inclusive")
+    start_seq: Seq
+    end_seq: Seq = Field(description="inclusive")
     title: str = Field(min_length=1, max_length=300)
     summary: str = Field(default="", max_length=2000)
-    keep_inline: list[int] = Field(default_factory=list, description="tool result seqs kept inline, not as artifacts")
+    keep_inline: list[Seq] = Field(default_factory=list, max_length=KEEP_INLINE_CAP, description="tool result seqs kept inline, not as artifacts")
 
 
 class ContinueArgs(_Args):
     title: str = Field(min_length=1, max_length=300)
-    handoff_note: str = Field(min_length=1, description="in progress, decisions held, next step; budget-checked, never truncated")
-    chapters: list[ChapterRange] = Field(description="event ranges: ascending, contiguous, from the first unarchived event to the last turn/end")
+    handoff_note: str = Field(min_length=1, max_length=HANDOFF_NOTE_CHARS, description="in progress, decisions held, next step; budget-checked, never truncated")
+    chapters: list[ChapterRange] = Field(max_length=CHAPTERS_CAP, description="event ranges: ascending, contiguous, from the first unarchived event to the last turn/end")
 
 
 class ForkArgs(_Args):
     title: str = Field(min_length=1, max_length=300)
-    handoff_note: str = ""
+    handoff_note: str = Field(default="", max_length=HANDOFF_NOTE_CHARS)
 
 
 class ReadArgs(_Args):
-    chapter: str = Field(min_length=1, description="chapter id, number or path")
-    offset: int = Field(default=0, ge=0, description="first line")
+    chapter: str = Field(min_length=1, max_length=HANDLE_CHARS, description="chapter id, number or path")
+    offset: int = Field(default=0, ge=0, le=MAX_INT_ARG, description="first line")
     limit: int | None = Field(default=None, ge=1, le=5000)
 
 
 class SearchArgs(_Args):
     query: str = Field(min_length=1, max_length=500)
-    offset: int = Field(default=0, ge=0)
+    offset: int = Field(default=0, ge=0, le=MAX_INT_ARG)
     limit: int = Field(default=20, ge=1, le=200)
 
 
 class ArtifactArgs(_Args):
     op: Literal["toc", "search", "read"] = "toc"
-    artifact: str | None = Field(default=None, description="handle; omit with op=toc to list")
-    query: str | None = None
-    offset: int = Field(default=0, ge=0)
+    artifact: str | None = Field(default=None, max_length=HANDLE_CHARS, description="handle; omit with op=toc to list")
+    query: str | None = Field(default=None, max_length=500)
+    offset: int = Field(default=0, ge=0, le=MAX_INT_ARG)
     limit: int | None = Field(default=None, ge=1, le=5000)
 
 
@@ -148,13 +153,12 @@ def plan_child(session: Session, handoff_note: str, ranges: list[ChapterRange], 
 
     Returns the plan, or the reason for refusing. Writes nothing (the steward uses it as a dry run).
     """
-    plugin = _plugin()
-    settings: ChaptersSettings = plugin.settings_of(session)
+    settings: ChaptersSettings = chapters.settings_of(session)
     registry = Registry(session.store)
     sstate = registry.ensure(session.id)
     root = sstate["root"]
-    floor = plugin.archived_through(session, registry) + 1
-    ceiling = plugin.archive_ceiling(session)
+    floor = chapters.archived_through(session, registry) + 1
+    ceiling = chapters.archive_ceiling(session)
     problem = check_ranges(ranges, floor, ceiling)
     if problem:
         return problem
@@ -170,7 +174,7 @@ def plan_child(session: Session, handoff_note: str, ranges: list[ChapterRange], 
     seed = Message.user(_seed_toc(session, settings, registry, [p.record for p in prepared], handoff_note, floor, ceiling), Source.plugin_form(NAME, "snapshot"))
     # budget preflight: a share of the window left after the system prompt and tool schemas
     effective = session.model_settings().effective_window
-    head = plugin.header_tokens(session)
+    head = chapters.header_tokens(session)
     budget = int(settings.continuation_budget_ratio * max(0, effective - head))
     toc_tokens = session.meter.count_message(seed)
     handoff_tokens = session.meter.count_text(handoff_note)
@@ -188,8 +192,7 @@ def _create_child(session: Session, args: ContinueArgs | ForkArgs, ranges: list[
     plan = plan_child(session, args.handoff_note, ranges, origin=origin)
     if isinstance(plan, str):
         return ToolOutcome(f"chapters_{origin} refused: {plan}. Nothing was written.", is_error=True)
-    plugin = _plugin()
-    settings: ChaptersSettings = plugin.settings_of(session)
+    settings: ChaptersSettings = chapters.settings_of(session)
     registry = Registry(session.store)
     root = registry.root_of(session.id)
     prepared, seed = plan.prepared, plan.seed
@@ -200,7 +203,7 @@ def _create_child(session: Session, args: ContinueArgs | ForkArgs, ranges: list[
             prepared = archive.prepare(session, settings, plan.plans, allocated, root=root, status="final", keep=plan.keep)
             seed = Message.user(
                 _seed_toc(session, settings, registry, [p.record for p in prepared], args.handoff_note,
-                          plugin.archived_through(session, registry) + 1, plugin.archive_ceiling(session)),
+                          chapters.archived_through(session, registry) + 1, chapters.archive_ceiling(session)),
                 Source.plugin_form(NAME, "snapshot"),
             )
     records = [p.record for p in prepared]
@@ -220,7 +223,7 @@ def _create_child(session: Session, args: ContinueArgs | ForkArgs, ranges: list[
     child.add_message(seed)
     if session.harness_tools:
         child.set_harness_tools(session.harness_tools)
-    plugin.state(session)["continued_in" if origin == "continue" else "forked"] = child_id
+    chapters.state(session)["continued_in" if origin == "continue" else "forked"] = child_id
     result = {
         "session": child_id,
         "origin": origin,
@@ -244,10 +247,9 @@ def _seed_toc(
 ) -> str:
     """Every chapter of the lineage (ancestors' from this session's own tables of contents and the
     registry), this session's carried prose, and the handoff note."""
-    plugin = _plugin()
-    previous = [n.message.text for n in session.surface.nodes if plugin._is_chapters_toc(n)]
+    previous = [n.message.text for n in session.surface.nodes if chapters.is_chapters_toc(n)]
     lineage, refused = archive.verified(archive.archive_dir(session, settings), registry.lineage_records(session.id))
-    instructions = plugin.user_instructions(session, floor, -1 if ceiling is None else ceiling)
+    instructions = chapters.user_instructions(session, floor, -1 if ceiling is None else ceiling)
     merged = toc.merged(previous, [*lineage, *records], archive.archive_label(settings), instructions=instructions)
     for record, reason in refused:  # reported in the table of contents, never cited
         merged.bullets.pop(f"{archive.archive_label(settings)}/{record['path']}", None)
@@ -269,10 +271,9 @@ def chapters_fork(session: Session, args: ForkArgs) -> ToolOutcome:
 
 def default_ranges(session: Session) -> list[ChapterRange]:
     """The deterministic segmentation of everything archivable, as tool arguments."""
-    plugin = _plugin()
-    settings: ChaptersSettings = plugin.settings_of(session)
-    floor = plugin.archived_through(session) + 1
-    ceiling = plugin.archive_ceiling(session)
+    settings: ChaptersSettings = chapters.settings_of(session)
+    floor = chapters.archived_through(session) + 1
+    ceiling = chapters.archive_ceiling(session)
     if ceiling is None or ceiling < floor:
         return []
     plans = propose_chapters(
@@ -285,8 +286,7 @@ def default_ranges(session: Session) -> list[ChapterRange]:
 def deterministic_continuation(session: Session, settings: ChaptersSettings) -> dict[str, Any] | None:
     """Arguments a steward passes to ``chapters_continue``: segmentation ranges and a handoff note
     quoting the in-flight turn's request and latest progress. None when nothing can be archived."""
-    plugin = _plugin()
-    ceiling = plugin.archive_ceiling(session)
+    ceiling = chapters.archive_ceiling(session)
     if ceiling is None:
         return None
     ranges = default_ranges(session)
@@ -319,8 +319,7 @@ def deterministic_continuation(session: Session, settings: ChaptersSettings) -> 
 
 # -- reading --------------------------------------------------------------------------------------
 def chapters_read(session: Session, args: ReadArgs) -> ToolOutcome:
-    plugin = _plugin()
-    settings: ChaptersSettings = plugin.settings_of(session)
+    settings: ChaptersSettings = chapters.settings_of(session)
     registry = Registry(session.store)
     record = registry.find(session.id, args.chapter.strip())
     if record is None:
@@ -335,7 +334,7 @@ def chapters_read(session: Session, args: ReadArgs) -> ToolOutcome:
     chunk = lines[args.offset : args.offset + limit]
     nxt = args.offset + len(chunk)
     head = (
-        f"chapter {record['id']} \"{chapter.title}\" · seqs {chapter.seq_range[0]}–{chapter.seq_range[1]} · "
+        f"chapter {record['id']} \"{attr(' '.join(chapter.title.split()))}\" · seqs {chapter.seq_range[0]}–{chapter.seq_range[1]} · "
         f"{chapter.tokens} tokens · sha256 verified · artifacts {chapter.artifacts}\n"
     )
     tail = f"\n(lines {args.offset + 1}-{nxt} of {len(lines)}; next page: offset={nxt})" if nxt < len(lines) else f"\n(end of chapter: {len(lines)} lines)"
@@ -343,8 +342,7 @@ def chapters_read(session: Session, args: ReadArgs) -> ToolOutcome:
 
 
 def chapters_search(session: Session, args: SearchArgs) -> ToolOutcome:
-    plugin = _plugin()
-    settings: ChaptersSettings = plugin.settings_of(session)
+    settings: ChaptersSettings = chapters.settings_of(session)
     where = archive.archive_dir(session, settings)
     needle = args.query.lower()
     hits: list[str] = []
@@ -369,8 +367,7 @@ def chapters_search(session: Session, args: SearchArgs) -> ToolOutcome:
 
 
 def chapters_artifact(session: Session, args: ArtifactArgs) -> ToolOutcome:
-    plugin = _plugin()
-    settings: ChaptersSettings = plugin.settings_of(session)
+    settings: ChaptersSettings = chapters.settings_of(session)
     where = archive.archive_dir(session, settings)
     root = Registry(session.store).root_of(session.id)
     if args.artifact is None:
@@ -399,7 +396,7 @@ def chapters_artifact(session: Session, args: ArtifactArgs) -> ToolOutcome:
 
 
 def _tool(name: str, description: str, params: type[ToolArgs], handler: Any) -> Any:
-    return lambda: Tool(name, description, params, handler, strategy=NAME)
+    return lambda: chapters.STRATEGY.tool(name, description, params, handler)
 
 
 TOOLS = (

@@ -12,22 +12,25 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
+from ctxkernel.text import clip
+
 from .anchors import fmt, strip_anchors
 from .state import NAME, NOTICE_FORM
+from .strategy import STRATEGY, current_state, settings_of
+from .tools import protected_start
 
 if TYPE_CHECKING:
     from ctxkernel import Message, Request, Session
 
-    from .plugin import DecaySettings
     from .state import DecayState
+    from .strategy import DecaySettings
 
 _ERROR = re.compile(r"\b(Error|Exception|Traceback|FAILED|error:)")
 _ARG_KEYS = ("path", "file_path", "file", "filename", "command", "cmd", "pattern", "query", "url")
 
 
 def _clip(text: str, limit: int) -> str:
-    text = " ".join(strip_anchors(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return clip(strip_anchors(text), limit, single_line=True)
 
 
 def extractive_summary(messages: list[Message], state_summaries: list[str], max_chars: int) -> str:
@@ -78,7 +81,6 @@ def extractive_summary(messages: list[Message], state_summaries: list[str], max_
 
 def plan_spans(session: Session, state: DecayState, settings: DecaySettings, need_tokens: int) -> list[dict[str, Any]]:
     """One span from the oldest compressible node, long enough to save ``need_tokens``."""
-    from .tools import protected_start
 
     nodes = session.surface.nodes
     surface = session.surface
@@ -102,6 +104,8 @@ def plan_spans(session: Session, state: DecayState, settings: DecaySettings, nee
     rng = nodes[start : best + 1]
     last_anchor = next((state.anchor_of[n.seq] for n in reversed(rng) if n.seq in state.anchor_of), None)
     to = state.blocks[rng[-1].seq].right if rng[-1].seq in state.blocks and state.blocks[rng[-1].seq].right else last_anchor
+    if to is None:
+        return []  # nothing in the span carries an anchor the call could name
     tokens = sum(meter.node_tokens(n) for n in rng)
     # ~4 characters a token: at most a quarter of the span, and at most a tenth of the room the
     # request header leaves in the window, so merged blocks stay small when the window is tight
@@ -118,10 +122,9 @@ def plan_spans(session: Session, state: DecayState, settings: DecaySettings, nee
 
 
 def actions(session: Session, request: Request) -> list[dict[str, Any]] | None:
-    from .plugin import current_state, settings_of
 
     state = current_state(session)
-    holder = session.state[NAME]
+    holder = STRATEGY.on(session).state
     newest = None
     for seq, message in zip(request.seqs, request.messages, strict=True):
         src = message.source

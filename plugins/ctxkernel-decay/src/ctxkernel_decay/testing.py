@@ -10,9 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ctxkernel import Kernel, Message, ToolCallBlock
-from ctxkernel.store.jsonl import JsonlStore
-from ctxkernel.testing import make_profile
+from ctxkernel import Message, ToolCallBlock
+from ctxkernel.testing import build_kernel, make_profile
 
 from . import plugin as decay_plugin
 
@@ -32,7 +31,7 @@ def decay_kernel(home: Path, *, window: int = 20_000, reserve: int = 2_000, sett
     profile.strategies = tables
     profile.model_policies = []  # the repo basic profile has policies for its own tables
     # tests need no fsync: durability is the store's own tests' business
-    return Kernel(profile, store=JsonlStore(home, fsync=False), home=home, entry_points=False, plugins=[("decay", decay_plugin)])
+    return build_kernel(home, profile=profile, fsync=False, plugins=[("decay", decay_plugin)])
 
 
 class Driver:

@@ -9,20 +9,21 @@ then do all spans of one call commit in a single kernel compaction transaction.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
-from ctxkernel import Message, Source, Span, Tool, ToolArgs, ToolOutcome
+from ctxkernel import MAX_INT_ARG, Message, Source, Span, Tool, ToolArgs, ToolOutcome
 
 from .anchors import describe_visible, fmt, parse_anchor, strip_anchors
 from .state import BLOCK_FORM, NAME
+from .strategy import STRATEGY, current_state, settings_of
 
 if TYPE_CHECKING:
     from ctxkernel import Session
 
-    from .plugin import DecaySettings
     from .state import DecayState
+    from .strategy import DecaySettings
 
 COMPRESS_DESCRIPTION = (
     "Replace old messages with your summary. Anchors ⟦pN⟧ mark messages (ids, not order); a summary "
@@ -44,31 +45,42 @@ def _compact_schema(schema: dict[str, Any]) -> None:
         if variants is not None:
             types = [v["type"] for v in variants if v.get("type") != "null"]
             prop["type"] = types[0] if len(types) == 1 else types
+            for variant in variants:  # bounds are type-specific keywords: they merge without clashing
+                prop.update({k: v for k, v in variant.items() if k != "type"})
 
 
 _SCHEMA = ConfigDict(extra="forbid", populate_by_name=True, json_schema_extra=lambda schema, _cls: _compact_schema(schema))
 
 
+#: hard caps of the schema; the profile's settings (``summary_max_chars`` ≤ this, ``max_spans``
+#: ≤ 64, ``topic_max_chars``) refuse or clip further inside them
+SUMMARY_CHARS_CAP = 100_000
+TOPIC_CHARS_CAP = 1_000
+SPANS_CAP = 64
+#: an anchor as text ("⟦p12⟧", "p12", "12") or as a number
+Anchor = Annotated[StrictStr, Field(max_length=32)] | Annotated[StrictInt, Field(ge=1, le=MAX_INT_ARG)]
+
+
 class SpanArg(BaseModel):
     model_config = _SCHEMA
 
-    from_: StrictStr | StrictInt = Field(alias="from", description="first anchor, e.g. ⟦p12⟧")
-    to: StrictStr | StrictInt = Field(description="last anchor, inclusive")
-    summary: str
-    topic: str | None = None
+    from_: Anchor = Field(alias="from", description="first anchor, e.g. ⟦p12⟧")
+    to: Anchor = Field(description="last anchor, inclusive")
+    summary: str = Field(max_length=SUMMARY_CHARS_CAP)
+    topic: str | None = Field(default=None, max_length=TOPIC_CHARS_CAP)
 
 
 class CompressArgs(ToolArgs):
     model_config = _SCHEMA
 
-    spans: list[SpanArg]
+    spans: list[SpanArg] = Field(max_length=SPANS_CAP)
 
 
 class DropArgs(ToolArgs):
     model_config = _SCHEMA
 
-    left: StrictStr | StrictInt
-    right: StrictStr | StrictInt
+    left: Anchor
+    right: Anchor
 
 
 class Refusal(Exception):
@@ -177,7 +189,7 @@ def plan_compress(session: Session, state: DecayState, settings: DecaySettings, 
         if len(summary) > settings.summary_max_chars:
             msg = f"span {i} summary has {len(summary)} characters; the limit is {settings.summary_max_chars}: shorten it"
             raise Refusal(msg)
-        topic = strip_anchors(span.topic)[: settings.topic_max_chars] if span.topic else None
+        topic = header_topic(span.topic)[: settings.topic_max_chars] if span.topic else None
         start = _resolve(state, session, span.from_, "from", i)
         end = _resolve(state, session, span.to, "to", i)
         if start > end:
@@ -221,6 +233,15 @@ def plan_compress(session: Session, state: DecayState, settings: DecaySettings, 
     return planned
 
 
+def header_topic(topic: str) -> str:
+    """A topic as it may stand in a block's ``[compressed · tier N · topic]`` header: one line, no
+    anchors, no brackets (a model-written topic cannot end the header and forge a second one)."""
+    return " ".join(strip_anchors(topic).translate(_BRACKETS).split())
+
+
+_BRACKETS = str.maketrans({"[": "(", "]": ")"})
+
+
 def block_message(summary: str, topic: str | None, tier: int) -> Message:
     head = f"[compressed · tier {tier}" + (f" · {topic}]" if topic else "]")
     return Message.user(f"{head}\n{summary}", Source.plugin_form(NAME, BLOCK_FORM))
@@ -241,8 +262,9 @@ def build_spans(session: Session, state: DecayState, planned: list[Planned]) -> 
         for n in rng:
             if n.seq in state.anchor_of:
                 edges.append(state.anchor_of[n.seq])
-            if n.seq in state.blocks and state.blocks[n.seq].right is not None:
-                edges.append(state.blocks[n.seq].right)
+            block = state.blocks.get(n.seq)
+            if block is not None and block.right is not None:
+                edges.append(block.right)
         data = {
             "block_summary": p.summary,
             "topic": p.topic,
@@ -288,8 +310,6 @@ def check_cost(session: Session, settings: DecaySettings, planned: list[Planned]
 
 
 def run_compress(session: Session, args: CompressArgs) -> ToolOutcome:
-    from .plugin import current_state, settings_of
-
     state = current_state(session)
     settings = settings_of(session)
     try:
@@ -298,7 +318,7 @@ def run_compress(session: Session, args: CompressArgs) -> ToolOutcome:
         check_cost(session, settings, planned, costs)
     except Refusal as exc:
         return ToolOutcome(f"compress refused: {exc}. Nothing was changed.", is_error=True)
-    result = session.compact([s for s, _, _ in costs], strategy=NAME, kind="compress", data={"tool": "compress"})
+    result = STRATEGY.on(session).compact([s for s, _, _ in costs], kind="compress", data={"tool": "compress"})
     state = current_state(session)
     lines = []
     for span in result.spans:
@@ -310,8 +330,6 @@ def run_compress(session: Session, args: CompressArgs) -> ToolOutcome:
 
 
 def run_drop(session: Session, args: DropArgs) -> ToolOutcome:
-    from .plugin import current_state
-
     state = current_state(session)
     left, right = parse_anchor(args.left), parse_anchor(args.right)
     live = [b for b in state.blocks.values() if session.surface.position(b.seq) is not None]
@@ -324,12 +342,13 @@ def run_drop(session: Session, args: DropArgs) -> ToolOutcome:
         )
         return ToolOutcome(msg, is_error=True)
     tokens = session.meter.node_tokens(session.surface.node(match.seq))
-    session.compact(Span(match.seq, match.seq, remove=True), strategy=NAME, kind="drop", data={"tool": "drop"})
-    return ToolOutcome(f"dropped block {fmt(match.left)}…{fmt(right)} ({tokens} tokens); its anchors are free again")
+    STRATEGY.on(session).compact(Span(match.seq, match.seq, remove=True), kind="drop", data={"tool": "drop"})
+    end = match.right if match.right is not None else match.left  # equals `right`: that is how it matched
+    return ToolOutcome(f"dropped block {fmt(match.left)}…{fmt(end)} ({tokens} tokens); its anchors are free again")
 
 
 def tools_for(session: Session) -> list[Tool]:
     return [
-        Tool("compress", COMPRESS_DESCRIPTION, CompressArgs, run_compress, strategy=NAME),
-        Tool("drop", DROP_DESCRIPTION, DropArgs, run_drop, strategy=NAME),
+        STRATEGY.tool("compress", COMPRESS_DESCRIPTION, CompressArgs, run_compress),
+        STRATEGY.tool("drop", DROP_DESCRIPTION, DropArgs, run_drop),
     ]

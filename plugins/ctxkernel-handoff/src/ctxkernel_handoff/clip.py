@@ -24,8 +24,9 @@ reservation is taken only when the reply actually has to be clipped.
 from __future__ import annotations
 
 import re
-import unicodedata
 from dataclasses import dataclass, field
+
+from ctxkernel.text import cut_text, open_fence, safe_cut
 
 MARKER = "… [truncated]"
 #: what a trimmed piece ends with: a line break, then the marker
@@ -45,7 +46,6 @@ WEIGHTS: dict[str, float] = {
     "Files and Code": 0.4,
 }
 _HEADING = re.compile(r"^## +(.+?)\s*$", re.MULTILINE)
-_FENCE = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,})")
 
 
 @dataclass
@@ -85,89 +85,6 @@ def split_pieces(text: str) -> list[Piece]:
         line_end = end if line_end == -1 or line_end > end else line_end + 1
         pieces.append(Piece(m.group(1).strip(), text[m.start() : line_end], text[line_end:end]))
     return pieces
-
-
-# -- safe cuts ---------------------------------------------------------------------------------------
-def _joins_previous(ch: str) -> bool:
-    """True when ``ch`` belongs to the grapheme of the character before it."""
-    cp = ord(ch)
-    return (
-        unicodedata.combining(ch) != 0
-        or unicodedata.category(ch) in ("Mn", "Me", "Mc")
-        or cp == 0x200D  # zero-width joiner
-        or 0xFE00 <= cp <= 0xFE0F  # variation selectors
-        or 0xE0100 <= cp <= 0xE01EF
-        or 0x1F3FB <= cp <= 0x1F3FF  # emoji skin-tone modifiers
-        or 0xE0020 <= cp <= 0xE007F  # emoji tag sequences
-        or 0xDC00 <= cp <= 0xDFFF  # a lone low surrogate (text decoded with surrogatepass)
-    )
-
-
-def _is_ri(ch: str) -> bool:
-    return 0x1F1E6 <= ord(ch) <= 0x1F1FF
-
-
-def safe_cut(text: str, position: int) -> int:
-    """The largest cut ``<= position`` that does not split a grapheme cluster."""
-    position = max(0, min(position, len(text)))
-    while 0 < position < len(text):
-        ch, prev = text[position], text[position - 1]
-        if _joins_previous(ch) or ord(prev) == 0x200D:
-            position -= 1
-            continue
-        if _is_ri(ch) and _is_ri(prev):
-            run = 0
-            i = position - 1
-            while i >= 0 and _is_ri(text[i]):
-                run += 1
-                i -= 1
-            if run % 2 == 1:  # the flag started before the cut: keep its pair together
-                position -= 1
-                continue
-        break
-    return position
-
-
-def open_fence(text: str) -> tuple[int, str] | None:
-    """Where the fenced code block still open at the end of ``text`` starts, and its fence."""
-    opened: tuple[int, str] | None = None
-    offset = 0
-    for line in text.splitlines(keepends=True):
-        m = _FENCE.match(line)
-        if m:
-            fence = m.group(1)
-            if opened is None:
-                opened = (offset, fence)
-            elif fence[0] == opened[1][0] and len(fence) >= len(opened[1]) and not line.strip()[len(fence) :].strip():
-                opened = None
-        offset += len(line)
-    return opened
-
-
-def cut_text(text: str, limit: int) -> tuple[str, str | None]:
-    """At most ``limit`` characters of ``text``, safe for graphemes and code fences.
-
-    Returns the excerpt and a note when the fence repair retreated or was refused.
-    """
-    if len(text) <= limit:
-        return text, None
-    cut = safe_cut(text, limit)
-    excerpt = text[:cut]
-    fence = open_fence(excerpt)
-    if fence is None:
-        return excerpt, None
-    start, delimiter = fence
-    closing = ("" if excerpt.endswith("\n") else "\n") + delimiter
-    room = safe_cut(text, limit - len(closing) - 1)
-    first_line_end = text.find("\n", start)
-    if first_line_end != -1 and room > first_line_end:
-        inner = text[:room]
-        return inner + ("" if inner.endswith("\n") else "\n") + delimiter, None
-    # the closing fence does not fit with any of the block's content: retreat out of the block
-    retreat = text[:start].rstrip("\n")
-    if not retreat.strip():
-        return excerpt, "fence repair refused (it would delete every remaining character); the excerpt ends inside a code block"
-    return retreat, f"retreated out of a code block, dropping {len(excerpt) - len(retreat)} characters"
 
 
 # -- the weighted split --------------------------------------------------------------------------------

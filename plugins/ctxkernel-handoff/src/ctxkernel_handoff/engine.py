@@ -19,20 +19,26 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
-from ctxkernel import CompactionError, CtxKernelError, Span, head_region, whole_surface_but_last
+from ctxkernel import (
+    CompactionError,
+    CtxKernelError,
+    Span,
+    StrategyNotes,
+    get_logger,
+    head_region,
+    whole_surface_but_last,
+)
 from ctxkernel.events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, REQUEST_HEADER, USER_MESSAGE
 from ctxkernel.recall.history import History
-from ctxkernel.recall.notes import Notes
 
 from .handoff import MIN_GENERATED_BODY, NAME, Generated, Handoff, assemble, call_summarizer
 from .settings import HandoffSettings
+from .strategy import STRATEGY
 
 if TYPE_CHECKING:
     from ctxkernel import CommitResult, Region, Session, Summary
 
-log = structlog.get_logger("ctxkernel_handoff")
+log = get_logger("ctxkernel.handoff")
 
 #: host defaults when the ``basic`` strategy is not loaded (DSH's defaults)
 HOST_THRESHOLD = 0.8
@@ -98,11 +104,11 @@ class SwitchOutcome:
 
 
 def settings_of(session: Session) -> HandoffSettings:
-    return session.settings(NAME)  # type: ignore[return-value]
+    return STRATEGY.on(session).settings
 
 
 def mode_for(session: Session) -> Mode:
-    if not session.kernel.plugins.is_enabled(NAME):
+    if not STRATEGY.on(session).enabled:
         return Mode(False, False, False, False, "the handoff strategy is disabled")
     settings = settings_of(session)
     if not settings.enabled:
@@ -110,7 +116,7 @@ def mode_for(session: Session) -> Mode:
     if not settings.inject_tools:
         return Mode(True, False, False, False, "inject_tools = false: compaction uses native summaries")
     route = session.route or {}
-    model = session.model_settings()
+    model = STRATEGY.on(session).model
     strategy = settings.strategy_for(route.get("provider", model.provider), route.get("model", model.name))
     if strategy == "native":
         return Mode(True, True, False, False, f"model {model.provider}/{model.name} uses the native strategy")
@@ -119,18 +125,18 @@ def mode_for(session: Session) -> Mode:
 
 def host_settings(session: Session) -> tuple[float, float, bool]:
     """The host's threshold_ratio, retain_ratio and auto (from ``basic`` when it is loaded)."""
-    if "basic" in session.kernel.strategies:
-        basic = session.settings("basic")
-        return basic.threshold_ratio, basic.retain_ratio, basic.auto  # type: ignore[attr-defined]
+    basic: Any = STRATEGY.on(session).peer_settings("basic")
+    if basic is not None:
+        return basic.threshold_ratio, basic.retain_ratio, basic.auto
     return HOST_THRESHOLD, HOST_RETAIN, True
 
 
 def state_for(session: Session) -> HandoffState:
     """The session's handoff state, folded up to date with the log."""
-    state = session.state.get(NAME)
+    holder = STRATEGY.on(session).state
+    state = holder.get("state")
     if not isinstance(state, HandoffState):
-        state = HandoffState()
-        session.state[NAME] = state
+        state = holder["state"] = HandoffState()
     events = session.events
     history = None
     for event in events[state.cursor :]:
@@ -140,7 +146,7 @@ def state_for(session: Session) -> HandoffState:
             state.last_assistant = event.seq
         elif event.type == COMPACTION_SUMMARY and event.data.get("strategy") == NAME and event.data.get("kind") == "window":
             # the panel's last switch comes from the log, so a reopened session shows the same
-            history = history or History.for_session(session)
+            history = history or STRATEGY.on(session).history()
             record = dict(event.data.get("window_record") or {})
             state.last_switch = {"window": history.window_of(event.seq + 1), "reason": event.data.get("reason"), **record}
         elif event.type == USER_MESSAGE:
@@ -148,7 +154,7 @@ def state_for(session: Session) -> HandoffState:
             if source.get("plugin") == NAME and source.get("form") == "notice":
                 text = "".join(b.get("text", "") for b in event.data["message"].get("content", ()))
                 if text.startswith(REMINDER_TAG):
-                    history = history or History.for_session(session)
+                    history = history or STRATEGY.on(session).history()
                     state.reminded_window = history.window_of(event.seq)
     state.cursor = len(events)
     return state
@@ -159,12 +165,14 @@ def request_header(session: Session, state: HandoffState) -> tuple[str, list[Any
     if state.header_seq is not None:
         data = session.events[state.header_seq].data
         return data["system"], data["tools"]
-    return session.kernel.profile.profile.system_prompt, []
+    return STRATEGY.on(session).base_system_prompt, []
 
 
-def notes_of(session: Session) -> Notes:
-    notes = Notes.for_session(session)
-    notes.current_window = f"win_{History.for_session(session).current_window.number}"
+def notes_of(session: Session) -> StrategyNotes:
+    """The session's notes, writes signed by handoff, stamped with the current window."""
+    handoff = STRATEGY.on(session)
+    notes = handoff.notes()
+    notes.current_window = f"win_{handoff.history().current_window.number}"
     return notes
 
 
@@ -227,11 +235,11 @@ def switch(session: Session, *, reason: str, keep_tokens: int | None = None) -> 
     # the handoff is built by this strategy's summarize hook, inside the transaction: the summary
     # call runs under the compaction lock, and a cancellation during it ends the transaction with
     # its error end, so nothing switches
+    assert region is not None  # every pass of the loop above returned when it found no region
     state.plan = SwitchPlan(reason, budget, region_tokens, rest, target, record)
     try:
-        result = session.compact(
+        result = STRATEGY.on(session).compact(
             Span(region[0], region[1]),
-            strategy=NAME,
             kind="window",
             data=record,
             render=lambda summary, region_: state.plan.handoff.message(),  # type: ignore[union-attr]
@@ -341,7 +349,7 @@ def shrink_kept_results(session: Session, *, after: int, tokens: int) -> bool:
             f"the full result is {original}: history_read_item id={original}]\n"
         )
         try:
-            seq = session.replace_tool_result(node.seq, head + marker + tail, strategy=NAME, reason="fit")
+            seq = STRATEGY.on(session).replace_tool_result(node.seq, head + marker + tail, reason="fit")
         except CtxKernelError as exc:
             log.info("could not shrink a kept tool result", seq=node.seq, error=str(exc))
             continue
@@ -379,8 +387,8 @@ def after_commit(session: Session, result: CommitResult) -> None:
     limit = notes.limits.max_note_bytes
     body = full if len(full.encode()) <= limit else full.encode()[: limit - 64].decode(errors="ignore") + "\n… [clipped to the note limit]"
     trust = "model-authored" if record.get("handoff_summary") == "generated" else "tool-output"
-    for path, write in ((HANDOFF_NOTE, lambda: notes.write(HANDOFF_NOTE, body, trust=trust, strategy=NAME)),
-                        (HANDOFF_LOG_NOTE, lambda: notes.append(HANDOFF_LOG_NOTE, line, trust="tool-output", strategy=NAME))):
+    for path, write in ((HANDOFF_NOTE, lambda: notes.write(HANDOFF_NOTE, body, trust=trust)),
+                        (HANDOFF_LOG_NOTE, lambda: notes.append(HANDOFF_LOG_NOTE, line, trust="tool-output"))):
         try:
             write()
         except Exception as exc:  # noqa: BLE001 - a failed note write never blocks the switch
@@ -402,7 +410,7 @@ def compact_now(session: Session) -> SwitchOutcome:
     if region is None:
         return SwitchOutcome(False, "manual", None, "nothing to compact")
     try:
-        result = session.compact(Span(*region), strategy=NAME, kind="summary", data={"reason": "manual", "native": True})
+        result = STRATEGY.on(session).compact(Span(*region), kind="summary", data={"reason": "manual", "native": True})
     except CompactionError as exc:
         return SwitchOutcome(False, "manual", None, f"{type(exc).__name__}: {exc} (native: {mode.why})")
     return SwitchOutcome(True, "manual", None, f"native summary ({mode.why})", result)

@@ -26,21 +26,20 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
-import structlog
 
-from ctxkernel import SUMMARY_SECTIONS, Message, Source, Summary
+from ctxkernel import SUMMARY_SECTIONS, Message, Source, Summary, get_logger
 from ctxkernel.recall.history import History
 from ctxkernel.recall.notes import Note, render_note
 from ctxkernel.redact import redact
+from ctxkernel.text import clip, guard, tag
 
-from .clip import clip_with_receipt, cut_text
+from .clip import clip_with_receipt
+from .strategy import NAME, STRATEGY
 
 if TYPE_CHECKING:
-    from ctxkernel import Session
-    from ctxkernel.surface import Node
+    from ctxkernel import Node, Session
 
-NAME = "handoff"
-log = structlog.get_logger("ctxkernel_handoff")
+log = get_logger("ctxkernel.handoff")
 
 INSTRUCTIONS = 4
 #: windows listed in the handoff's window index (the newest; history_list_windows has them all)
@@ -59,6 +58,9 @@ MIN_GENERATED_BODY = 1_200
 HANDOFF_NOTE = "handoff.md"
 HANDOFF_LOG_NOTE = "handoff-log.md"
 NOTES_PREFIX = "self/notes/"
+#: the frames a handoff draws; text inside it (instructions, notes, summaries, excerpts) may
+#: neither open nor close one (``note`` first: render_note guards it itself)
+FRAMES = ("note", "window_handoff", "instruction", "generated_handoff", "extractive_handoff")
 
 
 def directive(budget: int) -> str:
@@ -100,7 +102,7 @@ class Generated:
 def call_summarizer(session: Session, nodes: list[Node], budget: int, header: tuple[str, list[Any]]) -> Generated:
     """Ask the summarizer model once: request header, the outgoing region, then the directive last
     (so a provider prefix cache serves everything before it)."""
-    model = session.kernel.summarizer
+    model = STRATEGY.on(session).summarizer
     if model is None:
         return Generated(None, error="no summarizer model is configured ([summarizer] kind is 'extractive')")
     system, tools = header
@@ -123,14 +125,11 @@ def call_summarizer(session: Session, nodes: list[Node], budget: int, header: tu
 
 # -- the snapshot -----------------------------------------------------------------------------------
 def _clip(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    body, _ = cut_text(text, limit - 1)
-    return body + "…"
+    return clip(text, limit)
 
 
 def _one_line(text: str, limit: int) -> str:
-    return _clip(" ".join(text.split()), limit)
+    return clip(text, limit, single_line=True)
 
 
 def instruction_text(history: History, seq: int) -> str:
@@ -187,7 +186,8 @@ def render_snapshot(history: History, *, new_window: int, reason: str, budget: i
             text = instruction_text(history, seq)
             clipped = _clip(text, instruction_chars)
             more = f" [clipped: {len(text)} characters in item_{seq}]" if len(clipped) < len(text) else ""
-            out.append(f'<instruction item="item_{seq}" window="win_{history.window_of(seq)}">\n{clipped}\n</instruction>{more}')
+            opening = tag("instruction", item=f"item_{seq}", window=f"win_{history.window_of(seq)}")
+            out.append(f"{opening}\n{guard(clipped, *FRAMES)}\n</instruction>{more}")
         lines.append("\n".join(out))
     return "\n\n".join(lines)
 
@@ -206,7 +206,8 @@ def render_notes(notes: list[Note], budget: int) -> str:
         if room >= 80 * len(chosen):
             wants = [min(len(n.content), NOTE_PREVIEW_CHARS) for n in chosen]
             shares = _water_fill(wants, room)
-            blocks = [render_note(n, max_chars=share) for n, share in zip(chosen, shares, strict=True)]
+            # render_note guards its own frame; the handoff's frames are guarded here
+            blocks = [guard(render_note(n, max_chars=share), *FRAMES[1:]) for n, share in zip(chosen, shares, strict=True)]
             text = head + "\n" + "\n".join(blocks)
             if len(text) <= budget:
                 return text
@@ -307,7 +308,8 @@ def extractive_body(history: History, nodes: list[Node], budget: int) -> str:
         lines.append(f"(… {len(entries) - len(kept)} earlier entries omitted: history_list_items lists them)")
     lines.extend(kept)
     parts.append("\n".join(lines))
-    text = "\n\n".join(p for p in parts if p)
+    # excerpts of messages and results cannot close or open the handoff's frames
+    text = guard("\n\n".join(p for p in parts if p), *FRAMES)
     return text if len(text) <= budget else _clip(text, budget)
 
 
@@ -326,7 +328,7 @@ def assemble(
     """The handoff for opening window ``current + 1`` within ``budget`` characters."""
     new_window = history.current_window.number + 1
     summary_ref = f"win_{new_window - 1}_summary"
-    opening = f'<window_handoff window="win_{new_window}" previous="win_{new_window - 1}" reason="{reason}" summary_item="{summary_ref}">\n'
+    opening = tag("window_handoff", window=f"win_{new_window}", previous=f"win_{new_window - 1}", reason=reason, summary_item=summary_ref) + "\n"
     closing = "\n</window_handoff>"
     snapshot = render_snapshot(history, new_window=new_window, reason=reason, budget=budget)
     left = budget - len(opening) - len(closing) - len(snapshot) - 2
@@ -339,7 +341,8 @@ def assemble(
     wrap_g = ("<generated_handoff>\n", "\n</generated_handoff>")
     body_room = left - len(wrap_g[0]) - len(wrap_g[1])
     if mode == "generated" and generated is not None and generated.text is not None and body_room >= MIN_GENERATED_BODY:
-        clip = clip_with_receipt(generated.text, body_room, f"history_read_item id={summary_ref} format=json")
+        # the summarizer's text is model output: it cannot close or open the handoff's frames
+        clip = clip_with_receipt(guard(generated.text, *FRAMES), body_room, f"history_read_item id={summary_ref} format=json")
         body = wrap_g[0] + clip.text + wrap_g[1] + (("\n" + clip.receipt) if clip.receipt else "")
         record["clipped"] = clip.clipped
         if clip.clipped:

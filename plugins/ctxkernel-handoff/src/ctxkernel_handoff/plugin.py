@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import structlog
 from pydantic import ValidationError
 
 import ctxkernel
-from ctxkernel import ContextOverflowError, StrategySpec
+from ctxkernel import ContextOverflowError, get_logger
 from ctxkernel.recall.history import History
-from ctxkernel.recall.notes import STATE_KEY as NOTES_STATE_KEY
 
 from .engine import (
     REMINDER_GROWTH,
     REMINDER_LEAD,
     REMINDER_TAG,
+    STRATEGY,
     after_commit,
     build_handoff,
     host_settings,
@@ -33,7 +31,7 @@ from .tools import TOOL_NAMES, build_tools
 if TYPE_CHECKING:
     from ctxkernel import CommitResult, ModelError, Profile, Region, Request, Session, StepContext, Summary
 
-log = structlog.get_logger("ctxkernel_handoff")
+log = get_logger("ctxkernel.handoff")
 
 PROMPT = (
     "Context windows: this session runs in numbered context windows. When a window fills up, or when you call "
@@ -48,14 +46,7 @@ PROMPT = (
 
 @ctxkernel.hookimpl
 def register_strategy(register: Any) -> None:
-    register(
-        StrategySpec(
-            NAME,
-            settings=HandoffSettings,
-            capabilities={"pressure", "overflow", "windows", "notes", "history"},
-            description="windowed handoff: bounded handoffs between context windows, session notes and history recall",
-        )
-    )
+    register(STRATEGY.spec)
 
 
 @ctxkernel.hookimpl
@@ -71,11 +62,12 @@ def session_opened(session: Session) -> None:
 def register_tools(register: Any, session: Session) -> None:
     mode = mode_for(session)
     state = state_for(session)
-    generation = session.kernel.plugins.generation
+    handoff = STRATEGY.on(session)
+    generation = handoff.strategies_generation
     if state.generation not in (-1, generation):
         # the strategy set changed (a runtime toggle): notes are rebuilt from the log, and a
         # switch requested before the toggle is dropped rather than run under other settings
-        session.state.pop(NOTES_STATE_KEY, None)
+        handoff.forget_notes()
         state.requested = None
     state.generation = generation
     if not mode.tools:
@@ -100,14 +92,14 @@ def pre_step(session: Session, step: StepContext) -> None:
         requested = state.requested
         state.requested = None
         if not mode.window:
-            step.remind(f"new_context: the requested window switch did not happen: {mode.why}.", strategy=NAME)
+            STRATEGY.on(session).remind(step, f"new_context: the requested window switch did not happen: {mode.why}.")
             return
         outcome = switch(session, reason="requested")
         if not outcome.committed:
-            step.remind(
+            STRATEGY.on(session).remind(
+                step,
                 f"new_context: the requested window switch did not happen ({outcome.detail}); you are still in "
                 f"window win_{History.for_session(session).current_window.number}.",
-                strategy=NAME,
             )
         del requested
         return
@@ -130,10 +122,10 @@ def pre_step(session: Session, step: StepContext) -> None:
     grown = pressure.ratio - opened >= REMINDER_GROWTH
     if pressure.ratio >= max(0.0, threshold - REMINDER_LEAD) and grown and state.reminded_window != window:
         state.reminded_window = window  # single shot per window (the notice in the log restores it on restart)
-        step.remind(
+        STRATEGY.on(session).remind(
+            step,
             f"{REMINDER_TAG} this window (win_{window}) is {pressure.ratio:.0%} full; at {threshold:.0%} it switches "
             "automatically. Save what matters in notes (notes_write_file) and call new_context at a good stopping point.",
-            strategy=NAME,
         )
 
 
@@ -185,7 +177,10 @@ def project(session: Session) -> dict[str, Any] | None:
         "why": mode.why or None,
         "requested": state.requested is not None,
         "last_switch": state.last_switch,
-        "last_failure": state.last_failure,
+        # not last_failure: it lives in this process only (the log records no failed switch), so
+        # a reopened session, or `ctxkernel inspect` in another process, could never show it; a
+        # panel shows what the log holds (the conformance restart check compares them). The
+        # failure is logged ("window switch did not happen") and kept on state_for(session).
         "notes": len(notes),
         "notes_bytes": notes.total_bytes,
     }
@@ -257,9 +252,7 @@ def validate_profile(profile: Profile, report: Any) -> None:
     # notes storage: notes are events in the session log, so the store must accept writes
     store = profile.store
     if store.backend in ("jsonl", "sqlite"):
-        from ctxkernel.store.base import default_home
-
-        home = Path(store.path or default_home())
+        home = profile.store_home()
         probe = home
         while not probe.exists() and probe.parent != probe:
             probe = probe.parent

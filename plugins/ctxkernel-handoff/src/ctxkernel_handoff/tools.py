@@ -8,17 +8,17 @@ refusal is an error result that says what was wrong and how to fix it, and write
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import orjson
 from pydantic import Field
 
-from ctxkernel import CompactTool, Tool, ToolArgs, ToolError, ToolOutcome
-from ctxkernel.recall.history import History
-from ctxkernel.recall.notes import NotePathError
+from ctxkernel import MAX_INT_ARG, CompactTool, Tool, ToolArgs, ToolError, ToolOutcome
+from ctxkernel.recall.history import ITEM_CHARS_MAX, LIST_MAX, QUERY_MAX_CHARS, READ_CHARS_MAX, History
+from ctxkernel.recall.notes import MAX_PATH_CHARS, NotePathError, NotesLimits
 
-from .engine import notes_of, request_new_context
-from .handoff import NAME, NOTES_PREFIX
+from .engine import STRATEGY, notes_of, request_new_context
+from .handoff import NOTES_PREFIX
 
 if TYPE_CHECKING:
     from ctxkernel import Session
@@ -30,6 +30,12 @@ NOTE_LIST_MAX = 50
 NOTE_SEARCH_FILES = 10
 NOTE_SEARCH_LINES = 5
 NOTE_SEARCH_LINE_CHARS = 400
+#: longest note path argument: the prefix plus the notes store's own limit
+PATH_ARG_CHARS = len(NOTES_PREFIX) + MAX_PATH_CHARS
+#: longest note content argument: the notes store's default per-note limit (bytes >= characters)
+CONTENT_ARG_CHARS = NotesLimits.max_note_bytes
+#: history ids (item_<seq>, win_<n>_summary, todo_<seq>_<i>, goal, checklist), cursors, window ids
+ID_ARG_CHARS = 128
 
 TOOL_NAMES = (
     "new_context",
@@ -85,46 +91,50 @@ class NewContextArgs(ToolArgs):
 
 
 class NoteWriteArgs(ToolArgs):
-    path: str = Field(description="e.g. self/notes/plan.md")
-    content: str = Field()
+    path: str = Field(max_length=PATH_ARG_CHARS, description="e.g. self/notes/plan.md")
+    content: str = Field(max_length=CONTENT_ARG_CHARS)
 
 
 class NoteAppendArgs(ToolArgs):
-    path: str = Field(description="e.g. self/notes/log.md")
-    content: str = Field()
+    path: str = Field(max_length=PATH_ARG_CHARS, description="e.g. self/notes/log.md")
+    content: str = Field(max_length=CONTENT_ARG_CHARS)
 
 
 class NoteReadArgs(ToolArgs):
-    path: str
-    offset_chars: int = Field(default=0, ge=0, description="next_offset_chars")
+    path: str = Field(max_length=PATH_ARG_CHARS)
+    offset_chars: int = Field(default=0, ge=0, le=MAX_INT_ARG, description="next_offset_chars")
     max_chars: int = Field(default=NOTE_READ_DEFAULT, ge=1, le=NOTE_READ_MAX)
 
 
 class NoteListArgs(ToolArgs):
-    prefix: str = Field(default="", description="e.g. self/notes/plan/")
+    prefix: str = Field(default="", max_length=PATH_ARG_CHARS, description="e.g. self/notes/plan/")
     limit: int = Field(default=NOTE_LIST_DEFAULT, ge=1, le=NOTE_LIST_MAX)
-    cursor: str | None = Field(default=None)
+    cursor: str | None = Field(default=None, max_length=PATH_ARG_CHARS)
 
 
 class NoteSearchArgs(ToolArgs):
     query: str = Field(min_length=1, max_length=1_000)
     case_sensitive: bool = True
-    prefix: str = ""
+    prefix: str = Field(default="", max_length=PATH_ARG_CHARS)
 
 
 class ListWindowsArgs(ToolArgs):
-    limit: int | None = Field(default=None, description="20 default, 50 max")
-    cursor: str | None = None
+    limit: int | None = Field(default=None, ge=1, le=LIST_MAX, description="20 default, 50 max")
+    cursor: str | None = Field(default=None, max_length=ID_ARG_CHARS)
 
 
 class _Filters(ToolArgs):
-    window: int | str | None = Field(default=None, description="number, win_<n> or window id")
-    role: str | None = Field(default=None, description="user,plugin,assistant,tool,summary,event (comma-separated; default all but event)")
-    seq_from: int | None = Field(default=None, description="first seq")
-    seq_to: int | None = Field(default=None, description="last seq")
-    limit: int | None = Field(default=None, description="20 default, 50 max")
-    max_chars: int | None = Field(default=None, description="per item, 400 default, 1000 max")
-    cursor: str | None = Field(default=None, description="next_cursor; keep filters and order")
+    window: Annotated[int, Field(ge=1, le=MAX_INT_ARG)] | Annotated[str, Field(max_length=ID_ARG_CHARS)] | None = Field(
+        default=None, description="number, win_<n> or window id"
+    )
+    role: str | None = Field(
+        default=None, max_length=ID_ARG_CHARS, description="user,plugin,assistant,tool,summary,event (comma-separated; default all but event)"
+    )
+    seq_from: int | None = Field(default=None, ge=0, le=MAX_INT_ARG, description="first seq")
+    seq_to: int | None = Field(default=None, ge=0, le=MAX_INT_ARG, description="last seq")
+    limit: int | None = Field(default=None, ge=1, le=LIST_MAX, description="20 default, 50 max")
+    max_chars: int | None = Field(default=None, ge=1, le=ITEM_CHARS_MAX, description="per item, 400 default, 1000 max")
+    cursor: str | None = Field(default=None, max_length=ID_ARG_CHARS, description="next_cursor; keep filters and order")
     order: Literal["asc", "desc"] = "asc"
 
 
@@ -133,15 +143,15 @@ class ListItemsArgs(_Filters):
 
 
 class SearchArgs(_Filters):
-    query: str = Field(description="substring")
+    query: str = Field(min_length=1, max_length=QUERY_MAX_CHARS, description="substring")
     case_sensitive: bool = Field(default=True)
 
 
 class ReadItemArgs(ToolArgs):
-    id: str = Field(description="item_<seq>, win_<n>, win_<n>_summary, goal, checklist, todo_<seq>_<i>")
+    id: str = Field(max_length=ID_ARG_CHARS, description="item_<seq>, win_<n>, win_<n>_summary, goal, checklist, todo_<seq>_<i>")
     format: Literal["text", "json"] = Field(default="text", description="json: the complete raw event")
-    offset_chars: int = Field(default=0, description="next_offset_chars")
-    max_chars: int | None = Field(default=None, description="8000 default, 20000 max")
+    offset_chars: int = Field(default=0, ge=0, le=MAX_INT_ARG, description="next_offset_chars")
+    max_chars: int | None = Field(default=None, ge=1, le=READ_CHARS_MAX, description="8000 default, 20000 max")
 
 
 # -- handlers ------------------------------------------------------------------------------------------------
@@ -164,13 +174,13 @@ def _note_summary(note: Any, notes: Any) -> dict[str, Any]:
 
 def _notes_write(session: Session, args: NoteWriteArgs) -> str:
     notes = notes_of(session)
-    note = notes.write(note_path(args.path), args.content, trust="model-authored", strategy=NAME)
+    note = notes.write(note_path(args.path), args.content, trust="model-authored")
     return _json({"written": True, **_note_summary(note, notes)})
 
 
 def _notes_append(session: Session, args: NoteAppendArgs) -> str:
     notes = notes_of(session)
-    note = notes.append(note_path(args.path), args.content, trust="model-authored", strategy=NAME)
+    note = notes.append(note_path(args.path), args.content, trust="model-authored")
     return _json({"appended": len(args.content), **_note_summary(note, notes)})
 
 
@@ -265,7 +275,7 @@ def _history_read(session: Session, args: ReadItemArgs) -> str:
 
 def build_tools() -> list[Tool]:
     def tool(name: str, description: str, params: type[ToolArgs], handler: Any) -> Tool:
-        return CompactTool(name, description, params, handler, strategy=NAME)
+        return STRATEGY.tool(name, description, params, handler, cls=CompactTool)
 
     return [
         tool(

@@ -18,62 +18,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
 import ctxkernel
 from ctxkernel import ContextOverflowError, EventSpec, Message, Source
 from ctxkernel.events import ASSISTANT_MESSAGE, USER_MESSAGE, append_op
 from ctxkernel.redact import redact
+from ctxkernel.text import tag
 
+from .settings import RolloverSettings
 from .state import NAME, REMINDER_KEY, state_of
+from .strategy import STRATEGY
 from .switch import RolloverError, ensure_window, notes_of, switch
 from .tools import build_tools
 
 if TYPE_CHECKING:
-    from ctxkernel import ModelError, Profile, Request, Session, StepContext
-    from ctxkernel.validate import ValidationReport
-
-
-class RolloverSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    #: share of the effective window at which the single reminder of a window is shown
-    reminder_ratio: float = Field(default=0.75, gt=0, lt=1)
-    #: share of the effective window at which a new window starts by itself
-    rollover_ratio: float = Field(default=0.90, gt=0, le=1)
-    #: most of the effective window a seed message may take
-    seed_ratio: float = Field(default=0.25, gt=0, le=0.5)
-    #: characters of one note shown in a seed (the rest is read with note_get)
-    seed_note_chars: int = Field(default=8_000, ge=200, le=200_000)
-    #: characters of the goal shown in a seed
-    goal_chars: int = Field(default=4_000, ge=200, le=100_000)
-    #: characters of the pending user input shown in a seed (the full text stays in the history)
-    pending_input_chars: int = Field(default=16_000, ge=200, le=400_000)
-    #: earlier user instructions repeated verbatim in a seed (the user's words, never summarised)
-    instructions_count: int = Field(default=8, ge=0, le=50)
-    instructions_chars: int = Field(default=6_000, ge=0, le=200_000)
-    #: notes kept in the seed of a protective (overflow) rollover, newest first
-    protective_keep_notes: int = Field(default=8, ge=0, le=64)
-    #: a tool result over this share of the effective window forces a protective rollover
-    oversized_tool_result_ratio: float = Field(default=0.5, gt=0, le=1)
-    #: protective rollovers in a row on provider overflows before the error is given up on
-    overflow_retries: int = Field(default=1, ge=0, le=5)
-    #: notes limits (per session): count, total bytes, bytes per note; over-limit writes are refused
-    max_notes: int = Field(default=64, ge=1, le=10_000)
-    max_notes_bytes: int = Field(default=4_000_000, ge=1_000, le=1_000_000_000)
-    max_note_bytes: int = Field(default=1_000_000, ge=100, le=1_000_000_000)
-    #: a profile that also runs a summarising strategy must say so here (seed §3.7)
-    allow_summary_fallback: bool = False
-
-    @model_validator(mode="after")
-    def _ordered(self) -> RolloverSettings:
-        if self.reminder_ratio >= self.rollover_ratio:
-            msg = f"reminder_ratio ({self.reminder_ratio}) must be below rollover_ratio ({self.rollover_ratio})"
-            raise ValueError(msg)
-        if self.max_note_bytes > self.max_notes_bytes:
-            msg = f"max_note_bytes ({self.max_note_bytes}) cannot exceed max_notes_bytes ({self.max_notes_bytes})"
-            raise ValueError(msg)
-        return self
+    from ctxkernel import ModelError, Profile, Request, Session, StepContext, ValidationReport
 
 
 SYSTEM_PROMPT = (
@@ -89,14 +47,7 @@ SYSTEM_PROMPT = (
 
 @ctxkernel.hookimpl
 def register_strategy(register: Any) -> None:
-    register(
-        ctxkernel.StrategySpec(
-            NAME,
-            settings=RolloverSettings,
-            capabilities={"pressure", "overflow", "windows", "notes", "history"},
-            description="summary-free rollover: a new window seeded with model-authored notes, never a summary",
-        )
-    )
+    register(STRATEGY.spec)
 
 
 @ctxkernel.hookimpl
@@ -140,7 +91,7 @@ def _oversized_result(session: Session, settings: RolloverSettings) -> str | Non
 def pre_step(session: Session, step: StepContext) -> None:
     state = state_of(session)
     current = ensure_window(session)
-    settings: RolloverSettings = session.settings(NAME)  # type: ignore[assignment]
+    settings = STRATEGY.on(session).settings
     try:
         if state.pending is not None:
             switch(session, "manual", intent=state.pending)
@@ -165,7 +116,7 @@ def pre_step(session: Session, step: StepContext) -> None:
         else:
             switch(session, "auto")
     except RolloverError as exc:
-        step.remind(f"[rollover] {exc}", strategy=NAME)
+        STRATEGY.on(session).remind(step, f"[rollover] {exc}")
 
 
 #: an automatic switch that failed is retried once the surface has grown by this share of what
@@ -198,7 +149,7 @@ def _fresh(session: Session) -> bool:
 
 def _remind(session: Session, window: str, pressure: Any) -> None:
     text = (
-        f"<rollover-reminder window=\"{window}\">This context window is {pressure.ratio:.0%} full "
+        f"{tag('rollover-reminder', window=window)}This context window is {pressure.ratio:.0%} full "
         f"({pressure.remaining} tokens left). Save what the next window needs in notes (the goal, decisions, "
         "current state, next steps), then call new_context(next_goal=...). If you do not, a new window starts "
         "automatically near the limit with your notes as its seed. Nothing is summarised.</rollover-reminder>"
@@ -213,7 +164,7 @@ def request_error(session: Session, error: ModelError) -> bool | None:
     if not isinstance(error, ContextOverflowError):
         return None
     state = state_of(session)
-    settings: RolloverSettings = session.settings(NAME)  # type: ignore[assignment]
+    settings = STRATEGY.on(session).settings
     if state.overflow_streak and any(e.type == ASSISTANT_MESSAGE for e in session.events[state.overflow_at:]):
         state.overflow_streak = 0  # the model answered since the last overflow: this one is new
     state.overflow_at = session.next_seq
@@ -277,7 +228,7 @@ def validate_profile(profile: Profile, report: ValidationReport) -> None:
         return
     raw = profile.strategies.get(NAME, {})
     allowed = bool(raw.get("allow_summary_fallback", False))
-    summarising = _summarising_strategies(profile)
+    summarising = _summarising_strategies(report)
     if summarising and not allowed:
         report.fail(
             "strategy",
@@ -304,27 +255,15 @@ def validate_profile(profile: Profile, report: ValidationReport) -> None:
         )
 
 
-def _summarising_strategies(profile: Profile) -> list[str]:
-    from ctxkernel.plugins import StrategyManager
-
-    manager = StrategyManager()
-    found = []
-    for name in profile.profile.strategies:
-        if name == NAME:
-            continue
-        try:
-            spec = manager.specs.get(name) or manager.register(manager.resolve(name).load(), name)
-        except Exception:  # noqa: BLE001 - the resolve/hooks checks report strategies that do not load
-            continue
-        if "summary" in spec.capabilities:
-            found.append(name)
-    return found
+def _summarising_strategies(report: ctxkernel.ValidationReport) -> list[str]:
+    # strategies that failed to load are reported by the kernel's resolve/hooks checks
+    return [name for name in report.strategies_claiming("summary") if name != NAME]
 
 
 def inject_note(session: Session, path: str, content: str) -> Any:
     """Put a note in the session on the user's behalf (trust mark ``user-injected``)."""
     ensure_window(session)
-    return notes_of(session).write(path, content, trust="user-injected", strategy=NAME)
+    return notes_of(session).write(path, content, trust="user-injected")
 
 
 __all__ = ["RolloverSettings", "inject_note"]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ctxkernel.recall.notes import Note, render_note
+from ctxkernel.text import clip, guard, tag
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -53,15 +54,24 @@ class SeedInput:
 
 
 def _clip(text: str, limit: int, where: str) -> str:
-    text = text.strip()
-    if len(text) <= limit:
-        return text
-    return text[:limit] + f"\n[… {len(text) - limit} more characters; the full text is {where}]"
+    return clip(text.strip(), limit, overflow=f"the full text is {where}")
+
+
+#: the frames the seed draws; no text inside it may open or close one
+FRAMES = ("context-window", "user-input", "note")
 
 
 def _escape(text: str) -> str:
-    # pending input and goals cannot close the blocks that frame them
-    return text.replace("</user-input", "&lt;/user-input").replace("</context-window", "&lt;/context-window")
+    # pending input, goals and errors cannot close the blocks that frame them or open forged ones
+    return guard(text, *FRAMES)
+
+
+def _head(seed: SeedInput) -> str:
+    return tag("context-window", current=seed.current, previous=seed.previous or "-", first=seed.first, number=seed.number)
+
+
+def _user_input(seq: int, text: str) -> str:
+    return f"{tag('user-input', item=f'item_{seq}')}\n{_escape(text)}\n</user-input>"
 
 
 def byte_bound(text: str) -> int:
@@ -110,8 +120,7 @@ def minimal_seed(seed: SeedInput) -> str:
     and the pending input (both clipped short, pointing at where the full text is) and the notes
     listed by id. Its size does not grow with the notes' or the instructions' text."""
     lines = [
-        (f'<context-window current="{seed.current}" previous="{seed.previous or "-"}" '
-         f'first="{seed.first}" number="{seed.number}">'),
+        _head(seed),
         (f"New window ({seed.trigger}); nothing was summarised. The previous window is archived unchanged: "
          f'history_lookup(window="{seed.previous or "-"}"), history_read(item=...).'),
         f"Context remaining: about {REMAINING_PLACEHOLDER} tokens.",
@@ -120,7 +129,7 @@ def minimal_seed(seed: SeedInput) -> str:
         "## Pending user input",
     ]
     for seq, text in seed.pending[-MINIMAL_PENDING:]:
-        lines.append(f'<user-input item="item_{seq}">\n{_escape(_clip(text, MINIMAL_CHARS, f"item_{seq}"))}\n</user-input>')
+        lines.append(_user_input(seq, _clip(text, MINIMAL_CHARS, f"item_{seq}")))
     if not seed.pending:
         lines.append("(none)")
     elif len(seed.pending) > MINIMAL_PENDING:
@@ -145,12 +154,8 @@ def seed_pending_base(seed: SeedInput) -> int:
 
 def _compose(seed: SeedInput, budget: int, count: Callable[[str], int], goal_chars: int, pending_chars: int,
              note_chars: int, cache: dict[tuple[str, int, int], tuple[str, int]] | None) -> tuple[str, int]:
-    head = (
-        f'<context-window current="{seed.current}" previous="{seed.previous or "-"}" '
-        f'first="{seed.first}" number="{seed.number}">'
-    )
     lines = [
-        head,
+        _head(seed),
         f"A new context window has started because {TRIGGER_TEXT.get(seed.trigger, seed.trigger)}. "
         "Nothing was summarised: the previous window's messages are archived unchanged in this "
         "session's log",
@@ -171,7 +176,7 @@ def _compose(seed: SeedInput, budget: int, count: Callable[[str], int], goal_cha
     if seed.pending:
         share = max(200, pending_chars // len(seed.pending))
         for seq, text in seed.pending:
-            lines.append(f'<user-input item="item_{seq}">\n{_escape(_clip(text, share, f"item_{seq} (history_read)"))}\n</user-input>')
+            lines.append(_user_input(seq, _clip(text, share, f"item_{seq} (history_read)")))
     else:
         lines.append("(none)")
     if seed.instructions:
@@ -179,7 +184,7 @@ def _compose(seed: SeedInput, budget: int, count: Callable[[str], int], goal_cha
         lines.append("## Earlier user instructions (verbatim, oldest first; older ones are in the history)")
         share = max(200, int(seed.instructions_chars * pending_chars / max(1, seed_pending_base(seed))) // len(seed.instructions))
         for seq, text in seed.instructions:
-            lines.append(f'<user-input item="item_{seq}">\n{_escape(_clip(text, share, f"item_{seq} (history_read)"))}\n</user-input>')
+            lines.append(_user_input(seq, _clip(text, share, f"item_{seq} (history_read)")))
     if seed.error:
         lines.append("")
         lines.append("## Error that forced this rollover")
@@ -199,7 +204,8 @@ def _compose(seed: SeedInput, budget: int, count: Callable[[str], int], goal_cha
         key = (note.id, note.version, note_chars)
         cached = cache.get(key) if cache is not None else None
         if cached is None:
-            block = render_note(note, max_chars=note_chars)
+            # render_note guards its own frame; the seed's frames are guarded here
+            block = guard(render_note(note, max_chars=note_chars), "context-window", "user-input")
             cached = (block, count(block) + 1)
             if cache is not None:
                 cache[key] = cached

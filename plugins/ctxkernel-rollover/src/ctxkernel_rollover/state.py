@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 from ctxkernel.events import COMPACTION_SUMMARY, USER_MESSAGE
 
+from .strategy import NAME, STRATEGY
+
 if TYPE_CHECKING:
     from ctxkernel import Event, Session
 
-NAME = "rollover"
 WINDOW_EVENT = f"{NAME}/window"
 INTENT_EVENT = f"{NAME}/intent"
 FAILED_EVENT = f"{NAME}/failed"
@@ -132,10 +133,10 @@ class RolloverState:
 
 def state_of(session: Session) -> RolloverState:
     """The session's rollover state, folded up to the end of its log."""
-    state = session.state.get(NAME)
+    holder = STRATEGY.on(session).state
+    state = holder.get("state")
     if not isinstance(state, RolloverState):
-        state = RolloverState()
-        session.state[NAME] = state
+        state = holder["state"] = RolloverState()
     events = session.events
     while state.cursor < len(events):
         state.fold(events[state.cursor])

@@ -11,22 +11,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
-from ctxkernel import CtxKernelError, Message, Source, Span
+from ctxkernel import CtxKernelError, Message, Source, Span, StrategyNotes, get_logger
 from ctxkernel.events import TURN_START, USER_MESSAGE
-from ctxkernel.recall.notes import Notes, NotesLimits
+from ctxkernel.recall.notes import NotesLimits
 
 from .seed import REMAINING_PLACEHOLDER, SeedInput, render_seed
 from .state import NAME, WINDOW_EVENT, WINDOW_KIND, state_of
+from .strategy import STRATEGY
 from .window_ids import next_window_id
 
 if TYPE_CHECKING:
     from ctxkernel import CommitResult, Session
 
-    from .plugin import RolloverSettings
+    from .settings import RolloverSettings
 
-log = structlog.get_logger("ctxkernel.rollover")
+log = get_logger("ctxkernel.rollover")
 
 
 class RolloverError(CtxKernelError):
@@ -34,12 +33,14 @@ class RolloverError(CtxKernelError):
 
 
 def settings_of(session: Session) -> RolloverSettings:
-    return session.settings(NAME)  # type: ignore[return-value]
+    return STRATEGY.on(session).settings
 
 
-def notes_of(session: Session) -> Notes:
-    s = settings_of(session)
-    notes = Notes.for_session(session, NotesLimits(s.max_notes, s.max_notes_bytes, s.max_note_bytes))
+def notes_of(session: Session) -> StrategyNotes:
+    """The session's notes, writes signed by rollover, stamped with the current window."""
+    rollover = STRATEGY.on(session)
+    s = rollover.settings
+    notes = rollover.notes(NotesLimits(s.max_notes, s.max_notes_bytes, s.max_note_bytes))
     state = state_of(session)
     notes.current_window = state.current
     return notes
@@ -49,7 +50,7 @@ def ensure_window(session: Session) -> str:
     """The current window id; the first window's id is recorded before it is first needed."""
     state = state_of(session)
     if state.current is None:
-        session.emit(NAME, "window", {"window_id": next_window_id(None), "first": True})
+        STRATEGY.on(session).emit("window", {"window_id": next_window_id(None), "first": True})
         state = state_of(session)
     assert state.current is not None
     return state.current
@@ -82,7 +83,7 @@ def _earlier_instructions(session: Session, count: int) -> list[tuple[int, str]]
     return [(s, Message.from_dict(session.events[s].data["message"]).text) for s in seqs]
 
 
-def _goal(session: Session, notes: Notes, next_goal: str | None) -> tuple[str | None, str]:
+def _goal(session: Session, notes: StrategyNotes, next_goal: str | None) -> tuple[str | None, str]:
     if next_goal and next_goal.strip():
         return next_goal, "from new_context"
     if notes.exists("goal"):
@@ -105,7 +106,7 @@ def switch(session: Session, trigger: str, *, intent: dict[str, Any] | None = No
         result = _switch(session, settings, trigger, intent, error)
     except CtxKernelError as exc:
         text = f"{type(exc).__name__}: {exc}"
-        session.emit(NAME, "failed", {
+        STRATEGY.on(session).emit("failed", {
             "trigger": trigger,
             "window_id": current,
             "intent_id": intent.get("intent_id") if intent else None,
@@ -216,9 +217,8 @@ def _switch(session: Session, settings: RolloverSettings, trigger: str, intent: 
         "goal_source": goal_source,
         "summarized": False,
     }
-    return session.compact(
+    return STRATEGY.on(session).compact(
         Span(nodes[0].seq, nodes[-1].seq, message=message),
-        strategy=NAME,
         kind=WINDOW_KIND,
         data=data,
         check_shrink=trigger != "manual",

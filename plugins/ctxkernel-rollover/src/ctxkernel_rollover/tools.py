@@ -7,16 +7,17 @@ first, and each tool writes at most one event, after all its checks passed.
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 from pydantic import Field
 
-from ctxkernel import CompactTool, Tool, ToolArgs, ToolOutcome
-from ctxkernel.recall.history import History
-from ctxkernel.recall.notes import Note, NoteNotFoundError, render_note
+from ctxkernel import MAX_INT_ARG, CompactTool, Tool, ToolArgs, ToolOutcome
+from ctxkernel.recall.history import ITEM_CHARS_MAX, LIST_MAX, QUERY_MAX_CHARS, History
+from ctxkernel.recall.notes import MAX_PATH_CHARS, Note, NoteNotFoundError, NotesLimits, render_note
 
-from .state import NAME, state_of
+from .state import state_of
+from .strategy import STRATEGY
 from .switch import ensure_window, notes_of, settings_of
 
 if TYPE_CHECKING:
@@ -24,6 +25,10 @@ if TYPE_CHECKING:
 
 NEW_CONTEXT_ANSWER = "A new context window will start without summarizing conversation history."
 READ_CHARS_MAX = 20_000
+#: longest note content argument: the notes store's default per-note limit (bytes >= characters)
+CONTENT_ARG_CHARS = NotesLimits.max_note_bytes
+#: history ids (item_<seq>), cursors and window ids
+ID_ARG_CHARS = 128
 
 
 def _trust(from_tool_output: bool) -> str:
@@ -49,20 +54,20 @@ def _brief(note: Note) -> str:
 
 
 class NoteCreateArgs(ToolArgs):
-    path: str = Field(description="e.g. 'goal' or 'plan/next'")
-    content: str
+    path: str = Field(max_length=MAX_PATH_CHARS, description="e.g. 'goal' or 'plan/next'")
+    content: str = Field(max_length=CONTENT_ARG_CHARS)
     from_tool_output: bool = Field(default=False, description="true if copied from tool output")
 
 
 def note_create(session: Session, args: NoteCreateArgs) -> ToolOutcome:
     ensure_window(session)
-    note = notes_of(session).create(args.path, args.content, trust=_trust(args.from_tool_output), strategy=NAME)
+    note = notes_of(session).create(args.path, args.content, trust=_trust(args.from_tool_output))
     return ToolOutcome(f"created note {_brief(note)}")
 
 
 class NoteUpdateArgs(ToolArgs):
-    note: str = Field(description="the note's id (n_...) or path")
-    content: str
+    note: str = Field(max_length=MAX_PATH_CHARS, description="the note's id (n_...) or path")
+    content: str = Field(max_length=CONTENT_ARG_CHARS)
     from_tool_output: bool = False
 
 
@@ -72,26 +77,26 @@ def note_update(session: Session, args: NoteUpdateArgs) -> ToolOutcome:
     note = _resolve(session, args.note)
     if note.archived:
         return ToolOutcome(f"note_update refused: note {note.id} ({note.path!r}) is archived; create a new note", is_error=True)
-    note = notes.update(note.id, args.content, trust=_trust(args.from_tool_output), strategy=NAME)
+    note = notes.update(note.id, args.content, trust=_trust(args.from_tool_output))
     return ToolOutcome(f"updated note {_brief(note)}; earlier versions stay retrievable with note_get(version=...)")
 
 
 class NoteAppendArgs(ToolArgs):
-    path: str
-    text: str
+    path: str = Field(max_length=MAX_PATH_CHARS)
+    text: str = Field(max_length=CONTENT_ARG_CHARS)
     from_tool_output: bool = False
 
 
 def note_append(session: Session, args: NoteAppendArgs) -> ToolOutcome:
     ensure_window(session)
-    note = notes_of(session).append(args.path, args.text, trust=_trust(args.from_tool_output), strategy=NAME)
+    note = notes_of(session).append(args.path, args.text, trust=_trust(args.from_tool_output))
     return ToolOutcome(f"appended to note {_brief(note)}")
 
 
 class NoteGetArgs(ToolArgs):
-    note: str = Field(description="the note's id (n_...) or path")
-    version: int | None = Field(default=None, ge=1, description="default: latest")
-    offset_chars: int = Field(default=0, ge=0)
+    note: str = Field(max_length=MAX_PATH_CHARS, description="the note's id (n_...) or path")
+    version: int | None = Field(default=None, ge=1, le=MAX_INT_ARG, description="default: latest")
+    offset_chars: int = Field(default=0, ge=0, le=MAX_INT_ARG)
     max_chars: int = Field(default=8_000, ge=1, le=READ_CHARS_MAX)
 
 
@@ -111,20 +116,20 @@ def note_get(session: Session, args: NoteGetArgs) -> ToolOutcome:
 
 
 class NoteDeleteArgs(ToolArgs):
-    note: str = Field(description="the note's id (n_...) or path")
+    note: str = Field(max_length=MAX_PATH_CHARS, description="the note's id (n_...) or path")
 
 
 def note_delete(session: Session, args: NoteDeleteArgs) -> ToolOutcome:
     ensure_window(session)
     note = _resolve(session, args.note)
-    archived = notes_of(session).delete(note.id, strategy=NAME)
+    archived = notes_of(session).delete(note.id)
     return ToolOutcome(f"archived note {_brief(archived)}; its versions stay readable with note_get('{archived.id}')")
 
 
 class NoteListArgs(ToolArgs):
-    prefix: str = ""
+    prefix: str = Field(default="", max_length=MAX_PATH_CHARS)
     limit: int = Field(default=20, ge=1, le=50)
-    cursor: str | None = None
+    cursor: str | None = Field(default=None, max_length=MAX_PATH_CHARS)
 
 
 def note_list(session: Session, args: NoteListArgs) -> ToolOutcome:
@@ -141,7 +146,7 @@ def note_list(session: Session, args: NoteListArgs) -> ToolOutcome:
 class NoteSearchArgs(ToolArgs):
     query: str = Field(min_length=1, max_length=1_000)
     case_sensitive: bool = True
-    prefix: str = ""
+    prefix: str = Field(default="", max_length=MAX_PATH_CHARS)
 
 
 def note_search(session: Session, args: NoteSearchArgs) -> ToolOutcome:
@@ -169,7 +174,7 @@ def new_context(session: Session, args: NewContextArgs) -> ToolOutcome:
             "it starts after this batch. Nothing was changed.",
             is_error=True,
         )
-    session.emit(NAME, "intent", {"intent_id": uuid.uuid4().hex, "next_goal": args.next_goal, "window_id": current})
+    STRATEGY.on(session).emit("intent", {"intent_id": uuid.uuid4().hex, "next_goal": args.next_goal, "window_id": current})
     return ToolOutcome(NEW_CONTEXT_ANSWER, conclude_turn=True)
 
 
@@ -191,15 +196,15 @@ def context_remaining(session: Session, args: NoArgs) -> ToolOutcome:
 
 
 class HistoryLookupArgs(ToolArgs):
-    window: str | None = Field(default=None, description="window id, win_<n> or number")
-    seq_from: int | None = Field(default=None, ge=0)
-    seq_to: int | None = Field(default=None, ge=0)
+    window: str | None = Field(default=None, max_length=ID_ARG_CHARS, description="window id, win_<n> or number")
+    seq_from: int | None = Field(default=None, ge=0, le=MAX_INT_ARG)
+    seq_to: int | None = Field(default=None, ge=0, le=MAX_INT_ARG)
     role: Literal["user", "plugin", "assistant", "tool", "summary", "event"] | None = None
-    query: str | None = Field(default=None, min_length=1, max_length=1_000)
+    query: str | None = Field(default=None, min_length=1, max_length=QUERY_MAX_CHARS)
     case_sensitive: bool = True
-    limit: int = Field(default=20, ge=1, le=50)
-    max_chars: int = Field(default=400, ge=1, le=1_000, description="preview per item")
-    cursor: str | None = None
+    limit: int = Field(default=20, ge=1, le=LIST_MAX)
+    max_chars: int = Field(default=400, ge=1, le=ITEM_CHARS_MAX, description="preview per item")
+    cursor: str | None = Field(default=None, max_length=ID_ARG_CHARS)
 
 
 def _window_ref(session: Session, ref: str | None) -> str | int | None:
@@ -211,7 +216,7 @@ def _window_ref(session: Session, ref: str | None) -> str | int | None:
 
 def history_lookup(session: Session, args: HistoryLookupArgs) -> ToolOutcome:
     history = History.for_session(session)
-    common = {
+    common: dict[str, Any] = {
         "window": _window_ref(session, args.window),
         "role": args.role,
         "seq_from": args.seq_from,
@@ -226,15 +231,17 @@ def history_lookup(session: Session, args: HistoryLookupArgs) -> ToolOutcome:
         out = history.list_items(**common)
     # attribute every item to its window id (the first window's id is ours: no switch carries it)
     ids = {w.number: w.id for w in history.windows if w.id}
-    ids.setdefault(1, state_of(session).first)
+    first = state_of(session).first
+    if first is not None:
+        ids.setdefault(1, first)
     for item in out.get("items", ()):
         item["window_id"] = ids.get(item.get("window"))
     return ToolOutcome(orjson.dumps(out).decode())
 
 
 class HistoryReadArgs(ToolArgs):
-    item: str = Field(description="e.g. item_42")
-    offset_chars: int = Field(default=0, ge=0)
+    item: str = Field(max_length=ID_ARG_CHARS, description="e.g. item_42")
+    offset_chars: int = Field(default=0, ge=0, le=MAX_INT_ARG)
     max_chars: int = Field(default=8_000, ge=1, le=READ_CHARS_MAX)
 
 
@@ -259,4 +266,4 @@ TOOLS: tuple[tuple[str, str, type[ToolArgs], object], ...] = (
 
 
 def build_tools() -> list[Tool]:
-    return [CompactTool(name, description, params, handler, strategy=NAME) for name, description, params, handler in TOOLS]  # type: ignore[arg-type]
+    return [STRATEGY.tool(name, description, params, handler, cls=CompactTool) for name, description, params, handler in TOOLS]

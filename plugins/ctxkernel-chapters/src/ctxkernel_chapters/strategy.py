@@ -1,0 +1,101 @@
+"""The ``chapters`` strategy's declaration and the per-session pieces its hooks and tools share:
+settings, the state folded from the log, the archive bounds and the table-of-contents predicate."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import ctxkernel
+
+from . import toc
+from .registry import Registry
+from .settings import ChaptersSettings
+
+if TYPE_CHECKING:
+    from ctxkernel import Session
+
+NAME = "chapters"
+SUGGEST_MARK = "[chapters: continuation available]"
+STRATEGY = ctxkernel.Strategy(
+    NAME,
+    ChaptersSettings,
+    capabilities={"pressure", "overflow", "archive", "tools", "recall"},
+    description="archive the conversation as Markdown chapters; continue from a table of contents",
+)
+
+
+def settings_of(session: Session) -> ChaptersSettings:
+    return STRATEGY.on(session).settings
+
+
+# -- state, rebuilt from the log -----------------------------------------------------------------
+def state(session: Session) -> dict[str, Any]:
+    """The handle's state, brought up to date with the events appended since last time."""
+    st = STRATEGY.on(session).state
+    if not st:
+        st.update({
+            "cursor": 0,
+            "artifact_done": set(),  # tool result seqs already moved to the artifact store
+            "candidates": [],  # tool result seqs not yet checked for the artifact band
+            "suggested": False,
+            "overflow_streak": 0,
+            "compactions": 0,
+            "continued_in": None,
+        })
+    events = session.events
+    for event in events[st["cursor"] :]:
+        t = event.type
+        if t == "tool/result" and (event.surface or {}).get("op") == "append":
+            st["candidates"].append(event.seq)
+        elif t == "compaction/prune" and event.data.get("strategy") == NAME:
+            st["artifact_done"].add(event.data["target"])
+        elif t == "compaction/summary" and event.data.get("strategy") == NAME:
+            st["suggested"] = False
+            st["compactions"] += 1
+        elif t == "user/message":
+            src = event.data["message"].get("source", {})
+            if src.get("plugin") == NAME and src.get("form") == "notice":
+                text = "".join(b.get("text", "") for b in event.data["message"].get("content", []))
+                if SUGGEST_MARK in text:
+                    st["suggested"] = True
+    st["cursor"] = len(events)
+    return st
+
+
+def archived_through(session: Session, registry: Registry | None = None) -> int:
+    """The last log seq covered by this session's final chapters (-1 when none)."""
+    return (registry or Registry(session.store)).archived_through(session.id)
+
+
+def archive_ceiling(session: Session) -> int | None:
+    """Seq of the last ``turn/end``: session creation archives at or below it, never mid-turn."""
+    for event in reversed(session.events):
+        if event.type == "turn/end":
+            return event.seq
+    return None
+
+
+def header_tokens(session: Session) -> int:
+    """Tokens of the system prompt and tool schemas, from the last recorded request header."""
+    for event in reversed(session.events):
+        if event.type == "request/header":
+            return session.meter.count_header(event.data["system"], event.data["tools"])
+    system = session.kernel.profile.profile.system_prompt
+    return session.meter.count_header(system, session.tools.schemas() + list(session.harness_tools))
+
+
+def is_chapters_toc(node: Any) -> bool:
+    """True for a table of contents this strategy put on the surface."""
+    src = node.message.source
+    return node.role == "user" and src.kind == "plugin" and src.plugin == NAME and toc.is_toc(node.message.text)
+
+
+def user_instructions(session: Session, start: int, end: int) -> list[str]:
+    """The user's own messages among events ``start..end`` (not plugin notices), in order."""
+    out = []
+    for event in session.events[max(0, start) : end + 1]:
+        if event.type == "user/message" and (event.surface or {}).get("op") == "append":
+            message = event.data["message"]
+            if message.get("source", {}).get("kind", "user") == "user":
+                out.append("\n".join(b.get("text", "") for b in message.get("content", []) if b.get("type") == "text"))
+    return out

@@ -1,0 +1,375 @@
+"""The Anthropic Messages wire format: requests, replies, errors and the SSE stream.
+
+Error shape (what the ``anthropic`` SDK reads)::
+
+    {"type": "error", "error": {"type": "invalid_request_error", "message": "..."}}
+
+``cache_control`` passes through on the system blocks and on the client's tools as sent. The
+messages the upstream receives are the session's surface, rebuilt from the log, so a client's
+``cache_control`` marks on message blocks cannot be carried block by block: when the client
+marked any, the last block of the last message gets ``{"type": "ephemeral"}``, which is where
+Claude Code and the SDK examples put their rolling breakpoint.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..convert import (
+    arguments_from_json,
+    from_anthropic_message,
+    merge_anthropic_blocks,
+    to_anthropic_blocks,
+    to_anthropic_request,
+)
+from ..errors import EventError
+from ..messages import Message, ReasoningBlock, TextBlock, ToolCallBlock
+from ..session import Request
+from .reconcile import message_hash
+from .wire import ClientRequest, MessageMemo, WireError, add_usage, check_model, expect, load_json_object, sse
+
+API = "anthropic"
+UPSTREAM_PATH = "/v1/messages"
+FORWARD_HEADERS = ("anthropic-version", "anthropic-beta")
+
+
+def _system_text(system: Any) -> str:
+    if system is None:
+        return ""
+    if isinstance(system, str):
+        return system
+    if isinstance(system, list):
+        parts = []
+        for i, block in enumerate(system):
+            if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
+                raise WireError(
+                    400, f"system[{i}]: expected a text block {{'type': 'text', 'text': ...}}", param=f"system[{i}]"
+                )
+            parts.append(block["text"])
+        return "\n\n".join(parts)
+    raise WireError(
+        400, f"system: expected a string or a list of text blocks, got {type(system).__name__}", param="system"
+    )
+
+
+def _has_cache_marks(messages: list[Any]) -> bool:
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list) and any(isinstance(b, dict) and "cache_control" in b for b in content):
+            return True
+    return False
+
+
+def parse_request(raw: bytes, memo: MessageMemo | None = None) -> ClientRequest:
+    """A Messages API body, checked; a 400 names the field that is wrong."""
+    body = load_json_object(raw)
+    model = check_model(body)
+    expect(body, "max_tokens", int, "an integer", required=True)
+    messages = expect(body, "messages", list, "a list of messages", required=True)
+    if not messages:
+        raise WireError(400, "messages: at least one message is required", param="messages")
+    stream = expect(body, "stream", bool, "a boolean") or False
+    system = _system_text(body.get("system"))
+    raw_tools = expect(body, "tools", list, "a list of tools") or []
+    tools = []
+    for i, tool in enumerate(raw_tools):
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+            raise WireError(400, f"tools.{i}: expected an object with a 'name'", param=f"tools.{i}")
+        if "input_schema" in tool:  # a custom tool; server tools (type web_search_... ) pass through as sent
+            schema = tool["input_schema"]
+            if not isinstance(schema, dict):
+                raise WireError(400, f"tools.{i}.input_schema: expected an object", param=f"tools.{i}.input_schema")
+            tools.append(
+                {
+                    "type": "function",
+                    "function": {
+                        "name": tool["name"],
+                        "description": tool.get("description", ""),
+                        "parameters": schema,
+                    },
+                }
+            )
+    memo = memo or MessageMemo()
+    converted: list[Message] = []
+    hashes: list[str] = []
+    try:
+        for i, item in enumerate(messages):
+            found, digests = memo.convert(
+                item, lambda m, i=i: from_anthropic_message(m, where=f"messages.{i}"), message_hash
+            )
+            converted += found
+            hashes += digests
+    except EventError as exc:
+        raise WireError(400, str(exc), param="messages") from None
+    if not converted or messages[-1].get("role") != "user":
+        raise WireError(
+            400,
+            "messages: the last message must have role 'user' (an assistant prefill is not supported)",
+            param="messages",
+        )
+    return ClientRequest(
+        API,
+        body,
+        model,
+        system,
+        converted,
+        tools,
+        raw_tools,
+        stream,
+        extra={"cache_marks": _has_cache_marks(messages)},
+        hashes=hashes,
+    )
+
+
+def upstream_body(
+    client: ClientRequest,
+    request: Request,
+    strategy_tools: list[dict[str, Any]],
+    *,
+    stream: bool,
+    cache: dict[int, Any] | None = None,
+) -> dict[str, Any]:
+    """The client's body with the managed messages, its own system blocks (strategy sections
+    appended as one more block) and its own tools followed by the strategy's. ``cache`` (one
+    per session) keeps each surface node's blocks between requests."""
+    body = dict(client.body)
+    cache = {} if cache is None else cache
+    parts = []
+    for seq, message in zip(request.seqs, request.messages, strict=True):
+        hit = cache.get(seq)
+        if hit is None or hit[0] is not message:
+            hit = (message, to_anthropic_blocks(message))
+            cache[seq] = hit
+        parts.append(hit[1])
+    if len(cache) > 2 * len(request.seqs) + 64:  # forget nodes that left the surface
+        keep = set(request.seqs)
+        for seq in [s for s in cache if s not in keep]:
+            del cache[seq]
+    messages = merge_anthropic_blocks(parts)
+    converted = to_anthropic_request([], tools=strategy_tools)
+    if client.extra.get("cache_marks") and messages:
+        last = messages[-1]["content"][-1]
+        messages[-1]["content"][-1] = {**last, "cache_control": {"type": "ephemeral"}}
+    body["messages"] = messages
+    added = request.system[len(client.system) :].strip() if request.system.startswith(client.system) else request.system
+    raw_system = client.body.get("system")
+    if added and isinstance(raw_system, list):  # the client's blocks keep their cache_control
+        body["system"] = [*raw_system, {"type": "text", "text": added}]
+    elif added:
+        body["system"] = request.system
+    elif raw_system is None:
+        body.pop("system", None)
+    tools = list(client.raw_tools) + converted["tools"]
+    if tools:
+        body["tools"] = tools
+    body["stream"] = stream
+    return body
+
+
+def read_reply(payload: Any) -> tuple[Message, dict[str, Any] | None, dict[str, Any]]:
+    """``(message, usage, raw)`` of a Messages response; ValueError when it is something else."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("content"), list):
+        msg = "the upstream reply has no content list"
+        raise ValueError(msg)  # noqa: TRY004 - every unreadable reply is one kind of error to the caller
+    try:
+        message = from_anthropic_message({"role": "assistant", "content": payload["content"]}, where="upstream reply")[
+            0
+        ]
+    except EventError as exc:
+        raise ValueError(str(exc)) from None
+    usage = payload.get("usage")
+    return message, usage if isinstance(usage, dict) else None, payload
+
+
+def raw_calls(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    return [b for b in raw.get("content") or [] if isinstance(b, dict) and b.get("type") == "tool_use"]
+
+
+def call_name(raw_call: dict[str, Any]) -> str:
+    name = raw_call.get("name")
+    return name if isinstance(name, str) else ""
+
+
+def visible_blocks(raw: dict[str, Any], strategy_tools: set[str]) -> list[dict[str, Any]]:
+    """The content blocks the client may see: all but strategy ``tool_use`` blocks."""
+    return [
+        b
+        for b in raw.get("content") or []
+        if isinstance(b, dict) and not (b.get("type") == "tool_use" and b.get("name") in strategy_tools)
+    ]
+
+
+def client_reply(payload: dict[str, Any], blocks: list[dict[str, Any]], usage: dict[str, Any] | None) -> dict[str, Any]:
+    out = dict(payload)
+    out["content"] = blocks
+    has_calls = any(b.get("type") == "tool_use" for b in blocks)
+    if has_calls:
+        out["stop_reason"] = "tool_use"
+    elif out.get("stop_reason") == "tool_use":
+        out["stop_reason"] = "end_turn"
+    if usage is not None:
+        out["usage"] = usage
+    return out
+
+
+def client_view(blocks: list[dict[str, Any]]) -> Message:
+    return from_anthropic_message({"role": "assistant", "content": blocks}, where="reply")[0]
+
+
+def error_body(
+    message: str, *, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    del code  # the Messages API's errors carry a type and a message only
+    text = f"{param}: {message}" if param and not message.startswith(param) else message
+    return {"type": "error", "error": {"type": kind, "message": text}}
+
+
+def overflow_error(tokens: int, window: int) -> dict[str, Any]:
+    return error_body(
+        f"prompt is too long: {tokens} tokens > {window} maximum (after ctxkernel's context management; "
+        "the profile's strategies could not shrink it further)"
+    )
+
+
+class StreamTranslator:
+    """Turns the upstream's events (one or more rounds) into the client's single message stream.
+
+    The client gets one ``message_start`` (the first round's), every text and thinking block as
+    it arrives, the client's ``tool_use`` blocks (renumbered), never a strategy's, and one
+    ``message_delta`` + ``message_stop`` after the last round.
+    """
+
+    def __init__(self, include_usage: bool, strategy_tools: set[str]) -> None:
+        del include_usage  # the Messages stream always reports usage
+        self.strategy_tools = strategy_tools
+        self.started = False
+        self.next_index = 0  # the client's next block index
+        self.blocks: list[dict[str, Any]] = []  # every block the client got, as a reply holds them
+        self.usage: dict[str, Any] | None = None
+        self.stop_reason: str | None = None
+        self.stop_sequence: Any = None
+        self.begin_round()
+
+    def begin_round(self) -> None:
+        self.round: dict[int, dict[str, Any]] = {}  # upstream index -> block state
+        self.round_usage: dict[str, Any] | None = None
+        self.round_complete = False  # message_stop seen: the reply is whole
+
+    def feed_event(self, event: str | None, data: dict[str, Any]) -> list[bytes]:
+        kind = data.get("type") or event
+        out: list[bytes] = []
+        if kind == "message_start":
+            message = data.get("message") if isinstance(data.get("message"), dict) else {}
+            self.round_usage = dict(message.get("usage") or {}) if isinstance(message.get("usage"), dict) else {}
+            if not self.started:
+                self.started = True
+                out.append(sse({"type": "message_start", "message": {**message, "content": []}}, "message_start"))
+        elif kind == "content_block_start":
+            index, block = data.get("index"), data.get("content_block")
+            if not isinstance(index, int) or not isinstance(block, dict):
+                return out
+            state = {
+                "block": dict(block),
+                "parts": [],
+                "held": block.get("type") == "tool_use" and block.get("name") in self.strategy_tools,
+            }
+            self.round[index] = state
+            if not state["held"]:
+                state["client_index"] = self.next_index
+                self.next_index += 1
+                out.append(
+                    sse(
+                        {"type": "content_block_start", "index": state["client_index"], "content_block": block},
+                        "content_block_start",
+                    )
+                )
+        elif kind == "content_block_delta":
+            state = self.round.get(data.get("index"))  # type: ignore[arg-type]
+            delta = data.get("delta")
+            if state is None or not isinstance(delta, dict):
+                return out
+            state["parts"].append(delta)
+            if not state["held"]:
+                out.append(
+                    sse(
+                        {"type": "content_block_delta", "index": state["client_index"], "delta": delta},
+                        "content_block_delta",
+                    )
+                )
+        elif kind == "content_block_stop":
+            state = self.round.get(data.get("index"))  # type: ignore[arg-type]
+            if state is not None and not state["held"]:
+                out.append(sse({"type": "content_block_stop", "index": state["client_index"]}, "content_block_stop"))
+                self.blocks.append(_assemble(state))
+        elif kind == "message_delta":
+            delta = data.get("delta") if isinstance(data.get("delta"), dict) else {}
+            self.stop_reason = delta.get("stop_reason") or self.stop_reason
+            self.stop_sequence = delta.get("stop_sequence")
+            if isinstance(data.get("usage"), dict):
+                self.round_usage = {**(self.round_usage or {}), **data["usage"]}
+        elif kind == "message_stop":
+            self.round_complete = True
+        elif kind == "ping":
+            out.append(sse({"type": "ping"}, "ping"))
+        return out
+
+    def end_round(self) -> tuple[list[bytes], Message, dict[str, Any] | None, list[str]]:
+        blocks: list[Any] = []
+        names: list[str] = []
+        for _, state in sorted(self.round.items()):
+            block = _assemble(state)
+            if block["type"] == "text" and block.get("text"):
+                blocks.append(TextBlock(block["text"]))
+            elif block["type"] in ("thinking", "redacted_thinking"):
+                blocks.append(ReasoningBlock(block.get("thinking", ""), block.get("signature")))
+            elif block["type"] in ("tool_use", "server_tool_use"):
+                names.append(block.get("name", ""))
+                blocks.append(ToolCallBlock(block.get("id", ""), block.get("name", ""), block.get("input") or {}))
+        self.usage = add_usage(self.usage, self.round_usage)
+        return [], Message("assistant", tuple(blocks)), self.round_usage, names
+
+    def finish_stream(self) -> list[bytes]:
+        has_calls = any(b.get("type") == "tool_use" for b in self.blocks)
+        reason = (
+            "tool_use"
+            if has_calls
+            else (self.stop_reason if self.stop_reason not in (None, "tool_use") else "end_turn")
+        )
+        usage = dict(self.usage or {})
+        usage.setdefault("output_tokens", 0)
+        return [
+            sse(
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": reason, "stop_sequence": self.stop_sequence},
+                    "usage": usage,
+                },
+                "message_delta",
+            ),
+            sse({"type": "message_stop"}, "message_stop"),
+        ]
+
+    def error_event(self, message: str, kind: str = "api_error") -> list[bytes]:
+        return [sse({"type": "error", "error": {"type": kind, "message": message}}, "error")]
+
+    def client_view(self) -> Message:
+        return client_view(self.blocks)
+
+
+def _assemble(state: dict[str, Any]) -> dict[str, Any]:
+    """A content block from its start and deltas, as a non-streamed reply would hold it."""
+    block = dict(state["block"])
+    for delta in state["parts"]:
+        kind = delta.get("type")
+        if kind == "text_delta":
+            block["text"] = block.get("text", "") + str(delta.get("text", ""))
+        elif kind == "thinking_delta":
+            block["thinking"] = block.get("thinking", "") + str(delta.get("thinking", ""))
+        elif kind == "signature_delta":
+            block["signature"] = str(delta.get("signature", ""))
+        elif kind == "input_json_delta":
+            block["_json"] = block.get("_json", "") + str(delta.get("partial_json", ""))
+    if "_json" in block:
+        raw = block.pop("_json")
+        block["input"] = arguments_from_json(raw) if raw else {}
+    return block

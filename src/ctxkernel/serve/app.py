@@ -1,0 +1,803 @@
+"""The ``ctxkernel serve`` ASGI app: an OpenAI Chat Completions and Anthropic Messages proxy.
+
+One client request, in order (docs/serve.md has the long form)::
+
+    parse + check the body (400 in the API's own error shape, naming the field)
+    session key: X-Ctxkernel-Session, else a fingerprint (identity.py)
+    take the session's turn: an asyncio lock per key; on postgres also an advisory lock, so that
+        several processes order one session's requests; waiting is bounded (--lock-wait), then 409
+    reconcile: append only the client's new messages (reconcile.py)
+    loop (bounded):
+        prepare_request()  → the upstream body: managed messages, client + strategy tools
+            refused before sending when it exceeds the effective window and the strategies
+            cannot shrink it
+        upstream call      → provider error: request_failed(); on context overflow the
+                             strategy's overflow path runs and the call is retried once
+        commit_reply()     → strategy-owned tool calls run here (run_tool + tool_result)
+        only strategy calls → call the upstream again; otherwise answer the client with its
+                             own calls only
+    the reply as the client holds it goes into the ledger
+
+The front door is thin (STYLE.md #15): every context decision is the Session API's. Session
+calls are synchronous (fsync, tokenising): they run in worker threads (``anyio.to_thread``),
+one at a time per session because of the lock above.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+import weakref
+from collections import OrderedDict
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+
+from ..errors import ContextOverflowError, CtxKernelError, EventError, ModelError
+from ..events import ASSISTANT_MESSAGE, COMPACTION_START, COMPACTION_SUMMARY
+from ..kernel import Kernel
+from ..logging import get_logger
+from ..messages import Message, Source
+from ..models.openai_http import classify_http_error
+from ..profile import load_profile, override_window
+from ..session import Request, Session
+from . import anthropic_wire, openai_wire
+from .identity import session_key
+from .metrics import Metrics
+from .reconcile import inherit, ledger_for, reconcile, record_follow, reply_record
+from .upstream import Limits, Upstream, UpstreamError, join_url
+from .wire import MAX_BODY_BYTES, ClientRequest, MessageMemo, WireError, add_usage, iter_sse
+
+log = get_logger("ctxkernel.serve")
+
+DEFAULT_OPENAI_UPSTREAM = "https://api.openai.com/v1"
+DEFAULT_ANTHROPIC_UPSTREAM = "https://api.anthropic.com"
+DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
+#: sessions kept open in memory; others are reopened from the store (snapshot + tail)
+SESSION_CACHE = 256
+
+
+@dataclass
+class ServeConfig:
+    """What ``ctxkernel serve`` was started with (the CLI flags)."""
+
+    profile: str = "basic"
+    window: int | None = None
+    upstream: str | None = None
+    anthropic_upstream: str | None = None
+    api_key_env: str | None = None
+    lock_wait_seconds: float = 30.0
+    max_inner_rounds: int = 8
+    limits: Limits = field(default_factory=Limits)
+
+    def to_json(self) -> str:
+        data = {
+            k: getattr(self, k)
+            for k in (
+                "profile",
+                "window",
+                "upstream",
+                "anthropic_upstream",
+                "api_key_env",
+                "lock_wait_seconds",
+                "max_inner_rounds",
+            )
+        }
+        data["limits"] = self.limits.__dict__
+        return orjson.dumps(data).decode()
+
+    @classmethod
+    def from_json(cls, text: str) -> ServeConfig:
+        data = orjson.loads(text)
+        limits = Limits(**data.pop("limits", {}))
+        return cls(**data, limits=limits)
+
+
+class Overflow(Exception):
+    def __init__(self, tokens: int, window: int) -> None:
+        super().__init__(f"{tokens} tokens > {window}")
+        self.tokens = tokens
+        self.window = window
+
+
+@dataclass
+class Round:
+    """What one committed upstream reply means for the client request."""
+
+    session: Session
+    done: bool
+    first_seq: int | None
+
+
+@dataclass
+class Turn:
+    """One client request's progress across upstream rounds."""
+
+    wire: Any
+    client: ClientRequest
+    key: str
+    session: Session
+    started_len: dict[str, int]
+    strategy_tools: set[str] = field(default_factory=set)
+    strategy_schemas: list[dict[str, Any]] = field(default_factory=list)
+    rounds: int = 0
+    overflow_retried: bool = False
+    first_seq: int | None = None
+    usage: dict[str, Any] | None = None
+
+
+class Lease:
+    """A held session turn: the in-process lock and, on postgres, the advisory lock."""
+
+    def __init__(self, lock: anyio.Semaphore, advisory: Any) -> None:
+        self._lock: anyio.Semaphore | None = lock
+        self._advisory = advisory
+
+    async def release(self) -> None:
+        lock, self._lock = self._lock, None
+        if lock is None:
+            return
+        try:
+            if self._advisory is not None:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(self._advisory.release)
+        finally:
+            lock.release()
+
+
+class Proxy:
+    """The state of one ``serve`` process: kernel, upstream client, sessions, locks, metrics."""
+
+    def __init__(self, config: ServeConfig, kernel: Kernel, upstream: Upstream) -> None:
+        self.config = config
+        self.kernel = kernel
+        self.upstream = upstream
+        self.metrics = Metrics()
+        profile_serve = kernel.profile.serve
+        self.openai_base = config.upstream or profile_serve.upstream or DEFAULT_OPENAI_UPSTREAM
+        self.anthropic_base = (
+            config.anthropic_upstream or profile_serve.anthropic_upstream or DEFAULT_ANTHROPIC_UPSTREAM
+        )
+        self.server_key: str | None = None
+        key_env = config.api_key_env or profile_serve.api_key_env
+        if key_env:
+            self.server_key = os.environ.get(key_env)
+            if not self.server_key:
+                msg = f"--api-key-env {key_env}: the variable is not set or empty"
+                raise CtxKernelError(msg)
+        self.sessions: OrderedDict[str, Session] = OrderedDict()
+        # a semaphore of one, not a Lock: a streamed reply releases it from the response's task
+        self._locks: weakref.WeakValueDictionary[str, anyio.Semaphore] = weakref.WeakValueDictionary()
+        self._header_tokens: OrderedDict[bytes, int] = OrderedDict()
+        self.memo = MessageMemo()
+        # routes read from the store on every request when other processes may move them (a
+        # store that orders requests across processes); else this process is their only writer
+        self._routes: dict[str, str] | None = None if hasattr(kernel.store, "hold_lock") else {}
+
+    # -- locks ---------------------------------------------------------------------------------------
+    async def acquire(self, key: str) -> Lease:
+        """This session's turn, waiting at most ``lock_wait_seconds``; else a 409."""
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = anyio.Semaphore(1)
+            self._locks[key] = lock
+        started = time.monotonic()
+        wait = self.config.lock_wait_seconds
+        busy = WireError(
+            409,
+            f"session {key} is busy with another request (waited {wait:g} s); requests of one session are "
+            "served one at a time: retry when the other one has finished",
+            kind="conflict_error",
+            code="session_busy",
+        )
+        with anyio.move_on_after(wait) as scope:
+            await lock.acquire()
+        if scope.cancelled_caught:
+            raise busy
+        hold = getattr(self.kernel.store, "hold_lock", None)
+        advisory = None
+        if hold is not None:
+            remaining = max(0.001, wait - (time.monotonic() - started))
+            try:
+                advisory = await anyio.to_thread.run_sync(hold, f"serve/{key}", remaining)
+            except BaseException:
+                lock.release()
+                raise
+            if advisory is None:
+                lock.release()
+                raise busy
+        return Lease(lock, advisory)
+
+    # -- sessions (these run in worker threads) -------------------------------------------------------
+    def _route_key(self, key: str) -> str:
+        return f"route/{key}"
+
+    def _open(self, key: str) -> Session:
+        store = self.kernel.store
+        session_id = self._routes.get(key) if self._routes is not None else None
+        if session_id is None:
+            route = store.kv_get("serve", self._route_key(key))
+            session_id = route["session"] if isinstance(route, dict) and isinstance(route.get("session"), str) else key
+            if self._routes is not None:
+                self._routes[key] = session_id
+                while len(self._routes) > 16 * SESSION_CACHE:
+                    del self._routes[next(iter(self._routes))]
+        session = self.sessions.get(session_id)
+        if session is None:
+            if store.exists(session_id):
+                session = self.kernel.open_session(session_id, keep_waiting_calls=True)
+            else:
+                session = self.kernel.open_session(session_id, create=True, origin="serve")
+            self._cache(session)
+        else:
+            self.sessions.move_to_end(session_id)
+            session.refresh()  # what other workers appended
+        return session
+
+    def _cache(self, session: Session) -> None:
+        self.sessions[session.id] = session
+        self.sessions.move_to_end(session.id)
+        while len(self.sessions) > SESSION_CACHE:
+            self.sessions.popitem(last=False)
+
+    def _point(self, key: str, session: Session) -> None:
+        self.kernel.store.kv_put("serve", self._route_key(key), {"session": session.id})
+        if self._routes is not None:
+            self._routes[key] = session.id
+        self._cache(session)
+
+    def _begin(self, key: str, client: ClientRequest) -> Session:
+        session = self._open(key)
+        result = reconcile(session, client.messages, client.hashes)
+        if result.rewrite == "fork":
+            session.end_turn("aborted")
+            child = self.kernel.open_session(create=True, parent=session.id, origin="serve:rewrite")
+            log.info("client history rewritten: forked", session=session.id, child=child.id, at=result.at)
+            self._point(key, child)
+            session = child
+            result = reconcile(session, client.messages, client.hashes)
+        ledger = ledger_for(session)
+        if ledger.follow and not session.surface.pending_calls:
+            session = self._follow(key, session, ledger.follow)
+        return session
+
+    def _follow(self, key: str, session: Session, child_id: str) -> Session:
+        """Continue in the child session a strategy tool switched to (ToolOutcome.continue_in)."""
+        ledger = ledger_for(session)
+        session.end_turn()
+        child = self.kernel.open_session(child_id, keep_waiting_calls=True)
+        inherit(child, ledger)
+        if not child.turn_open:
+            child.user(Message.user("(continuing in a new session)", Source.plugin_form("serve", "notice")))
+        self._point(key, child)
+        return child
+
+    def _prepare(self, turn: Turn) -> Request:
+        session, client = turn.session, turn.client
+        session.set_harness_system(client.system)
+        if session.harness_tools != client.tools:
+            session.set_harness_tools(client.tools)
+        route = session.route
+        if route is None or route.get("model") != client.model:
+            session.set_route(self.kernel.profile.model.provider, client.model)
+        for attempt in range(2):
+            request = session.prepare_request(attempt=attempt)
+            pressure = request.pressure
+            if pressure.tokens <= pressure.effective_window:
+                break
+            # the upstream never receives more than the effective window: the strategies'
+            # overflow path gets one chance to shrink the surface first
+            error = ContextOverflowError(
+                f"ctxkernel serve: a prompt of {pressure.tokens} tokens exceeds the effective window of {pressure.effective_window}",
+                prompt_tokens=pressure.tokens,
+                limit=pressure.effective_window,
+            )
+            if not session.request_failed(error) or attempt == 1:
+                raise Overflow(pressure.tokens, pressure.effective_window)
+        turn.strategy_tools = set(session.tools.names())
+        turn.strategy_schemas = [t for t in request.tools if t.get("function", {}).get("name") in turn.strategy_tools]
+        return request
+
+    def _commit(self, turn: Turn, message: Message, usage: dict[str, Any] | None, view: Any, last_round: bool) -> Round:
+        """Commit a reply, run its strategy calls, and (when the client request ends here) put
+        the client's view of the reply into the ledger: all in one worker-thread call, so a
+        client that disconnects meanwhile leaves no half-done round."""
+        session = turn.session
+        at = len(turn.client.messages)
+        names = [c.name for c in message.tool_calls]
+        # known before committing: a reply with a client call, or with no call, ends the request;
+        # its ledger record then goes in the same durable batch as the reply
+        final = last_round or not names or any(n not in turn.strategy_tools for n in names)
+        trailer = [reply_record(session, at, view() if callable(view) else view, turn.first_seq)] if final else []
+        committed = session.commit_reply(message, usage=usage, trailer=trailer)
+        first_seq = turn.first_seq
+        if first_seq is None:
+            first_seq = next(e.seq for e in reversed(session.events[-4:]) if e.type == ASSISTANT_MESSAGE)
+        client_calls = [c for c in committed.tool_calls if c.name not in turn.strategy_tools]
+        child = None
+        for call in session.pending_calls:
+            if session.owns_tool(call.name):
+                outcome = session.run_tool(call)
+                session.tool_result(call.id, outcome)
+                child = outcome.continue_in or child
+        ledger_for(session)
+        if final:
+            if child and client_calls:
+                record_follow(session, child)
+            elif child:
+                return Round(self._follow(turn.key, session, child), True, first_seq)
+            return Round(session, True, first_seq)
+        if session.conclude_turn:  # a strategy tool ended the turn: answer with what there is
+            session.end_turn()
+            session.append([reply_record(session, at, view() if callable(view) else view, first_seq)])
+            ledger_for(session)
+            return Round(session, True, first_seq)
+        if child:
+            return Round(self._follow(turn.key, session, child), False, None)
+        return Round(session, False, first_seq)
+
+    def _failed(self, session: Session, error: ModelError) -> bool:
+        return session.request_failed(error)
+
+    def _abandon(self, session: Session) -> None:
+        """A client went away mid-reply: close the open step (the turn stays open)."""
+        if session.step_open and not session.surface.pending_calls:
+            session.abandon_step("interrupted")
+
+    def _client_tokens(self, session: Session, client: ClientRequest) -> int:
+        key = orjson.dumps([client.system, client.tools])
+        tokens = self._header_tokens.get(key)
+        if tokens is None:
+            tokens = session.meter.count_header(client.system, client.tools)
+            self._header_tokens[key] = tokens
+            while len(self._header_tokens) > 64:
+                self._header_tokens.popitem(last=False)
+        return tokens + ledger_for(session).client_tokens
+
+    def _count_compactions(self, turn: Turn) -> list[tuple[str, str]]:
+        found = []
+        session = turn.session
+        since = turn.started_len.get(session.id, 0)
+        kinds: dict[str, str] = {}
+        for event in session.events[since:]:
+            if event.type == COMPACTION_START:
+                kinds[event.data["compaction_id"]] = str(event.data.get("kind", ""))
+            elif event.type == COMPACTION_SUMMARY:
+                found.append((str(event.data.get("strategy", "")), kinds.get(event.data["compaction_id"], "")))
+        return found
+
+    # -- the upstream -----------------------------------------------------------------------------------
+    def upstream_url(self, wire: Any) -> str:
+        base = self.openai_base if wire is openai_wire else self.anthropic_base
+        return join_url(base, wire.UPSTREAM_PATH)
+
+    def upstream_headers(self, wire: Any, headers: Any, *, stream: bool) -> dict[str, str]:
+        out = {"content-type": "application/json", "accept": "text/event-stream" if stream else "application/json"}
+        for name in wire.FORWARD_HEADERS:
+            if name in headers:
+                out[name] = headers[name]
+        if wire is anthropic_wire:
+            out.setdefault("anthropic-version", DEFAULT_ANTHROPIC_VERSION)
+            if self.server_key:
+                out["x-api-key"] = self.server_key
+            else:
+                for name in ("x-api-key", "authorization"):
+                    if name in headers:
+                        out[name] = headers[name]
+        elif self.server_key:
+            out["authorization"] = f"Bearer {self.server_key}"
+        elif "authorization" in headers:
+            out["authorization"] = headers["authorization"]
+        return out
+
+
+def wire_cache(turn: Turn) -> dict[int, Any]:
+    """The session's cache of surface nodes in the turn's wire format."""
+    return turn.session.state.setdefault(f"serve.{turn.wire.API}", {})
+
+
+# -- responses -------------------------------------------------------------------------------------------
+def error_response(wire: Any, error: WireError) -> JSONResponse:
+    return JSONResponse(
+        wire.error_body(error.message, kind=error.kind, param=error.param, code=error.code), status_code=error.status
+    )
+
+
+def passthrough_error(wire: Any, status: int, body: bytes, headers: Any = None) -> Response:
+    """An upstream error for the client: its status, its body when that is JSON, else our shape."""
+    extra = {}
+    if headers is not None and "retry-after" in headers:
+        extra["retry-after"] = headers["retry-after"]
+    try:
+        orjson.loads(body)
+    except orjson.JSONDecodeError:
+        text = body.decode("utf-8", "replace")[:500] or f"HTTP {status}"
+        return JSONResponse(
+            wire.error_body(f"upstream error: {text}", kind="api_error"), status_code=status, headers=extra
+        )
+    return Response(body, status_code=status, media_type="application/json", headers=extra)
+
+
+async def read_body(request: HTTPRequest) -> bytes:
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise WireError(
+            413, f"the request body has {length} bytes; the limit is {MAX_BODY_BYTES}", kind="request_too_large"
+        )
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise WireError(413, f"the request body exceeds {MAX_BODY_BYTES} bytes", kind="request_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class Handler:
+    """The HTTP side: one method per route, each in the API's own shapes."""
+
+    def __init__(self, proxy: Proxy) -> None:
+        self.proxy = proxy
+
+    async def chat_completions(self, request: HTTPRequest) -> Response:
+        return await self._handle(openai_wire, "/v1/chat/completions", request)
+
+    async def messages(self, request: HTTPRequest) -> Response:
+        return await self._handle(anthropic_wire, "/v1/messages", request)
+
+    async def _handle(self, wire: Any, route: str, request: HTTPRequest) -> Response:
+        metrics = self.proxy.metrics
+        try:
+            response = await self._serve(wire, request)
+        except WireError as error:
+            metrics.errors.labels("busy" if error.status == 409 else "bad_request").inc()
+            response = error_response(wire, error)
+        except Exception as exc:  # reported to the client in its API's shape, and logged
+            log.exception("serve: request failed", route=route, error=f"{type(exc).__name__}: {exc}"[:500])
+            metrics.errors.labels("internal").inc()
+            response = JSONResponse(
+                wire.error_body(
+                    f"ctxkernel serve: internal error: {type(exc).__name__}: {exc}"[:1000], kind="api_error"
+                ),
+                status_code=500,
+            )
+        metrics.requests.labels(route, str(response.status_code)).inc()
+        return response
+
+    async def _serve(self, wire: Any, request: HTTPRequest) -> Response:
+        proxy = self.proxy
+        client = wire.parse_request(await read_body(request), proxy.memo)
+        key = session_key(request.headers, wire.API, client.system, client.messages)
+        lease = await proxy.acquire(key)
+        handed_over = False
+        try:
+            try:
+                session = await anyio.to_thread.run_sync(proxy._begin, key, client)
+            except (EventError, CtxKernelError) as exc:
+                if isinstance(exc, EventError):
+                    raise WireError(400, f"messages: {exc}", param="messages") from None
+                raise
+            turn = Turn(wire, client, key, session, {session.id: len(session.events)})
+            proxy.metrics.client_tokens.labels(wire.API).inc(
+                await anyio.to_thread.run_sync(proxy._client_tokens, session, client)
+            )
+            if client.stream:
+                response = await self._stream(turn, request, lease)
+                handed_over = isinstance(response, StreamingResponse)
+                return response
+            return await self._complete(turn, request)
+        finally:
+            if not handed_over:
+                await lease.release()
+
+    # -- non-streaming -------------------------------------------------------------------------------------
+    async def _complete(self, turn: Turn, request: HTTPRequest) -> Response:
+        proxy, wire = self.proxy, turn.wire
+        url = proxy.upstream_url(wire)
+        headers = proxy.upstream_headers(wire, request.headers, stream=False)
+        text_parts: list[str] = []
+        blocks: list[dict[str, Any]] = []
+        client_calls: list[dict[str, Any]] = []
+        while True:
+            try:
+                prepared = await anyio.to_thread.run_sync(proxy._prepare, turn)
+            except Overflow as over:
+                proxy.metrics.errors.labels("window_refused").inc()
+                return JSONResponse(wire.overflow_error(over.tokens, over.window), status_code=400)
+            body = wire.upstream_body(
+                turn.client, prepared, turn.strategy_schemas, stream=False, cache=wire_cache(turn)
+            )
+            try:
+                answer = await proxy.upstream.request("POST", url, headers, body)
+            except UpstreamError as exc:
+                await anyio.to_thread.run_sync(proxy._failed, turn.session, ModelError(str(exc)))
+                proxy.metrics.errors.labels("upstream_unreachable").inc()
+                return JSONResponse(wire.error_body(str(exc), kind="api_error"), status_code=exc.status)
+            proxy.metrics.upstream_latency.labels(wire.API).observe(answer.seconds)
+            if answer.status >= 400:
+                if await self._upstream_failed(turn, answer.status, answer.body, url):
+                    continue
+                return passthrough_error(wire, answer.status, answer.body, answer.headers)
+            try:
+                payload = answer.json()
+                message, usage, raw = wire.read_reply(payload)
+            except ValueError as exc:
+                await anyio.to_thread.run_sync(
+                    proxy._failed, turn.session, ModelError(f"unreadable upstream reply: {exc}")
+                )
+                proxy.metrics.errors.labels("upstream_unreadable").inc()
+                return JSONResponse(
+                    wire.error_body(f"the upstream sent an unreadable reply: {exc}"[:1000], kind="api_error"),
+                    status_code=502,
+                )
+            self._count_usage(turn, usage)
+            names = turn.strategy_tools
+            if wire is openai_wire:
+                content = raw.get("content")
+                if isinstance(content, str) and content:
+                    text_parts.append(content)
+                client_calls += [c for c in openai_wire.raw_calls(raw) if openai_wire.call_name(c) not in names]
+                view = openai_wire.client_view("\n\n".join(text_parts), client_calls)
+            else:
+                blocks += anthropic_wire.visible_blocks(raw, names)
+                view = anthropic_wire.client_view(blocks)
+            last = turn.rounds >= proxy.config.max_inner_rounds
+            round_ = await anyio.to_thread.run_sync(proxy._commit, turn, message, usage, view, last)
+            self._advance(turn, round_)
+            if round_.done:
+                break
+        self._finish_metrics(turn)
+        if wire is openai_wire:
+            out = openai_wire.client_reply(payload, "\n\n".join(text_parts), client_calls, turn.usage)
+        else:
+            out = anthropic_wire.client_reply(payload, blocks, turn.usage)
+        return JSONResponse(
+            out, headers={"x-ctxkernel-session": turn.session.id, "x-ctxkernel-upstream-calls": str(turn.rounds + 1)}
+        )
+
+    def _advance(self, turn: Turn, round_: Round) -> None:
+        if round_.session is not turn.session:
+            turn.session = round_.session
+            turn.started_len.setdefault(round_.session.id, 0)
+        turn.first_seq = round_.first_seq
+        if not round_.done:
+            turn.rounds += 1
+            self.proxy.metrics.inner_rounds.labels(turn.wire.API).inc()
+
+    def _count_usage(self, turn: Turn, usage: dict[str, Any] | None) -> None:
+        turn.usage = add_usage(turn.usage, usage)
+        if usage:
+            prompt = usage.get("prompt_tokens")
+            if prompt is None:
+                prompt = sum(
+                    usage.get(k) or 0
+                    for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+                )
+            if isinstance(prompt, int):
+                self.proxy.metrics.upstream_tokens.labels(turn.wire.API).inc(prompt)
+
+    def _finish_metrics(self, turn: Turn) -> None:
+        for strategy, kind in self.proxy._count_compactions(turn):
+            self.proxy.metrics.compactions.labels(strategy, kind).inc()
+
+    async def _upstream_failed(self, turn: Turn, status: int, body: bytes, url: str) -> bool:
+        """Report an upstream error to the session; True when the call should be retried (a
+        context overflow the strategies shrank, once per client request)."""
+        error = classify_http_error(status, body, url=url)
+        retry = await anyio.to_thread.run_sync(self.proxy._failed, turn.session, error)
+        if isinstance(error, ContextOverflowError):
+            self.proxy.metrics.errors.labels("upstream_overflow").inc()
+            if retry and not turn.overflow_retried:
+                turn.overflow_retried = True
+                return True
+        else:
+            self.proxy.metrics.errors.labels("upstream_status").inc()
+        return False
+
+    # -- streaming ------------------------------------------------------------------------------------------
+    async def _open_round(self, turn: Turn, request: HTTPRequest, stack: AsyncExitStack) -> Any:
+        """Prepare and open one streamed upstream call; returns the stream handle, or a
+        :class:`WireError`/(status, body, headers) describing why there is none."""
+        proxy, wire = self.proxy, turn.wire
+        url = proxy.upstream_url(wire)
+        headers = proxy.upstream_headers(wire, request.headers, stream=True)
+        while True:
+            try:
+                prepared = await anyio.to_thread.run_sync(proxy._prepare, turn)
+            except Overflow as over:
+                proxy.metrics.errors.labels("window_refused").inc()
+                return (400, orjson.dumps(wire.overflow_error(over.tokens, over.window)), None)
+            body = wire.upstream_body(turn.client, prepared, turn.strategy_schemas, stream=True, cache=wire_cache(turn))
+            try:
+                handle = await stack.enter_async_context(proxy.upstream.stream(url, headers, body))
+            except UpstreamError as exc:
+                await anyio.to_thread.run_sync(proxy._failed, turn.session, ModelError(str(exc)))
+                proxy.metrics.errors.labels("upstream_unreachable").inc()
+                return (exc.status, orjson.dumps(wire.error_body(str(exc), kind="api_error")), None)
+            if handle.status < 400:
+                return handle
+            status, error_body, error_headers = handle.status, handle.body, handle.headers
+            await stack.aclose()
+            if await self._upstream_failed(turn, status, error_body, url):
+                continue
+            return (status, error_body, error_headers)
+
+    async def _stream(self, turn: Turn, request: HTTPRequest, lease: Lease) -> Response:
+        proxy, wire = self.proxy, turn.wire
+        stack = AsyncExitStack()
+        opened = await self._open_round(turn, request, stack)
+        if isinstance(opened, tuple):
+            await stack.aclose()
+            return passthrough_error(wire, *opened)
+        translator = wire.StreamTranslator(turn.client.include_usage, turn.strategy_tools)
+
+        async def pump() -> Any:
+            handle = opened
+            committed = True
+            try:
+                while True:
+                    translator.strategy_tools = turn.strategy_tools
+                    translator.begin_round()
+                    committed = False
+                    async for event in iter_sse(handle.lines()):
+                        if event.data == "[DONE]":
+                            break
+                        try:
+                            data = orjson.loads(event.data)
+                        except orjson.JSONDecodeError:
+                            raise UpstreamError("the upstream stream sent an event that is not JSON") from None
+                        if not isinstance(data, dict):
+                            continue
+                        if "error" in data and (wire is openai_wire or data.get("type") == "error"):
+                            raise UpstreamError(
+                                f"the upstream stream reported an error: {orjson.dumps(data['error']).decode()[:500]}"
+                            )
+                        chunks = (
+                            translator.feed(data) if wire is openai_wire else translator.feed_event(event.event, data)
+                        )
+                        for chunk in chunks:
+                            yield chunk
+                    if not translator.round_complete:  # a cut connection is not a reply
+                        raise UpstreamError("the upstream stream ended before the reply was complete")
+                    proxy.metrics.upstream_latency.labels(wire.API).observe(handle.seconds)
+                    await stack.aclose()
+                    out, message, usage, _ = translator.end_round()
+                    for chunk in out:
+                        yield chunk
+                    self._count_usage(turn, usage)
+                    last = turn.rounds >= proxy.config.max_inner_rounds
+                    round_ = await anyio.to_thread.run_sync(
+                        proxy._commit, turn, message, usage, translator.client_view, last
+                    )
+                    committed = True
+                    self._advance(turn, round_)
+                    if round_.done:
+                        break
+                    opened_next = await self._open_round(turn, request, stack)
+                    if isinstance(opened_next, tuple):
+                        status, body, _ = opened_next
+                        for chunk in translator.error_event(
+                            f"upstream error (HTTP {status}): {body.decode('utf-8', 'replace')[:500]}"
+                        ):
+                            yield chunk
+                        return
+                    handle = opened_next
+                for chunk in translator.finish_stream():
+                    yield chunk
+                self._finish_metrics(turn)
+            except UpstreamError as exc:
+                proxy.metrics.errors.labels("upstream_stream").inc()
+                if not committed:
+                    with anyio.CancelScope(shield=True):
+                        await anyio.to_thread.run_sync(proxy._failed, turn.session, ModelError(str(exc)))
+                    committed = True
+                for chunk in translator.error_event(str(exc)):
+                    yield chunk
+            finally:
+                # a client that went away mid-stream: the uncommitted reply is dropped and its
+                # step closed, so the log holds no half reply and no split pair
+                with anyio.CancelScope(shield=True):
+                    if not committed:
+                        proxy.metrics.errors.labels("client_disconnected").inc()
+                        await anyio.to_thread.run_sync(proxy._abandon, turn.session)
+                    await stack.aclose()
+                    await lease.release()
+
+        return StreamingResponse(
+            pump(),
+            media_type="text/event-stream",
+            headers={"cache-control": "no-cache", "x-ctxkernel-session": turn.session.id},
+        )
+
+    # -- the rest ---------------------------------------------------------------------------------------------
+    async def models(self, request: HTTPRequest) -> Response:
+        proxy = self.proxy
+        anthropic = "x-api-key" in request.headers or "anthropic-version" in request.headers
+        wire = anthropic_wire if anthropic else openai_wire
+        base = proxy.anthropic_base if anthropic else proxy.openai_base
+        url = join_url(base, "/v1/models" if anthropic else "/models")
+        headers = proxy.upstream_headers(wire, request.headers, stream=False)
+        headers.pop("content-type", None)
+        try:
+            answer = await proxy.upstream.request("GET", url, headers)
+        except UpstreamError as exc:
+            response: Response = JSONResponse(wire.error_body(str(exc), kind="api_error"), status_code=exc.status)
+        else:
+            response = Response(answer.body, status_code=answer.status, media_type="application/json")
+        proxy.metrics.requests.labels("/v1/models", str(response.status_code)).inc()
+        return response
+
+    async def healthz(self, request: HTTPRequest) -> Response:
+        kernel = self.proxy.kernel
+        return JSONResponse({"status": "ok", "profile": kernel.profile.name, "store": kernel.store.backend})
+
+    async def metrics(self, request: HTTPRequest) -> Response:
+        body, content_type = self.proxy.metrics.render()
+        return Response(body, media_type=content_type)
+
+
+def ui_mount(kernel: Kernel) -> list[Mount]:
+    """The web inspector at ``/ui`` when ``ctxkernel.ui`` is installed, else nothing."""
+    if importlib.util.find_spec("ctxkernel.ui") is None:
+        return []
+    from .. import ui  # type: ignore[attr-defined]
+
+    return [Mount("/ui", app=ui.create_app(kernel=kernel))]
+
+
+def build_kernel(config: ServeConfig) -> Kernel:
+    profile = load_profile(config.profile)
+    if config.window is not None:
+        override_window(profile, config.window)
+    return Kernel(profile)
+
+
+def create_app(config: ServeConfig | None = None, *, kernel: Kernel | None = None, transport: Any = None) -> Starlette:
+    """The Starlette app of ``ctxkernel serve``. ``transport`` replaces the upstream's HTTP
+    transport (tests use :class:`httpx.MockTransport`)."""
+    config = config or ServeConfig()
+    kernel = kernel or build_kernel(config)
+    upstream = Upstream(config.limits, transport=transport)
+    proxy = Proxy(config, kernel, upstream)
+    handler = Handler(proxy)
+    routes = [
+        Route("/v1/chat/completions", handler.chat_completions, methods=["POST"]),
+        Route("/chat/completions", handler.chat_completions, methods=["POST"]),
+        Route("/v1/messages", handler.messages, methods=["POST"]),
+        Route("/v1/models", handler.models, methods=["GET"]),
+        Route("/healthz", handler.healthz, methods=["GET"]),
+        Route("/metrics", handler.metrics, methods=["GET"]),
+        *ui_mount(kernel),
+    ]
+
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> Any:
+        try:
+            yield
+        finally:
+            await upstream.aclose()
+            kernel.store.close()
+
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.proxy = proxy
+    return app
+
+
+CONFIG_ENV = "CTXKERNEL_SERVE_CONFIG"
+
+
+def app_from_env() -> Starlette:
+    """The app factory uvicorn's worker processes call (``--workers N``): the config comes from
+    ``$CTXKERNEL_SERVE_CONFIG`` (JSON, written by the CLI; it never holds a key, only the name
+    of the variable that does)."""
+    return create_app(ServeConfig.from_json(os.environ[CONFIG_ENV]))

@@ -1,0 +1,133 @@
+"""The ``ctxkernel serve`` subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from ..cli import bounded_int
+from ..profile import MAX_TOKENS
+
+MISSING_EXTRA = "ctxkernel serve needs the serve extra: pip install 'ctxkernel[serve]'"
+
+
+def bounded_float(low: float, high: float) -> Any:
+    """An argparse type: a finite number in ``low..high``, refused naming the range otherwise."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            msg = f"{text!r} is not a number; accepted: a number from {low:g} to {high:g}"
+            raise argparse.ArgumentTypeError(msg) from None
+        if not low <= value <= high:  # also refuses nan
+            msg = f"{text} is out of range; accepted: a number from {low:g} to {high:g}"
+            raise argparse.ArgumentTypeError(msg)
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="run the OpenAI / Anthropic proxy that manages every session's context with a profile",
+        description=(
+            "Point an agent's base URL at this server (OPENAI_BASE_URL=http://HOST:PORT/v1, "
+            "ANTHROPIC_BASE_URL=http://HOST:PORT) and every request is managed by the profile's strategies. "
+            "See docs/serve.md."
+        ),
+    )
+    p.add_argument("--profile", required=True, metavar="NAME_OR_PATH", help="profile name or path")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: loopback only)")
+    p.add_argument("--port", type=bounded_int(0, 65535), default=8787)
+    p.add_argument(
+        "--upstream",
+        metavar="URL",
+        help="OpenAI-compatible base URL (default: profile [serve], else https://api.openai.com/v1)",
+    )
+    p.add_argument(
+        "--anthropic-upstream",
+        metavar="URL",
+        help="Anthropic base URL (default: profile [serve], else https://api.anthropic.com)",
+    )
+    p.add_argument(
+        "--window", type=bounded_int(256, MAX_TOKENS), metavar="TOKENS", help="override the profile's context window"
+    )
+    p.add_argument(
+        "--workers",
+        type=bounded_int(1, 64),
+        default=1,
+        metavar="N",
+        help="worker processes (N > 1 needs the postgres store)",
+    )
+    p.add_argument(
+        "--api-key-env", metavar="VAR", help="send the key in $VAR upstream instead of the clients' credentials"
+    )
+    p.add_argument(
+        "--lock-wait",
+        type=bounded_float(0.001, 3600.0),
+        default=30.0,
+        metavar="SECONDS",
+        help="how long a request waits for its session's previous one before a 409 (default 30)",
+    )
+    p.add_argument(
+        "--max-inner-rounds",
+        type=bounded_int(0, 64),
+        default=8,
+        metavar="N",
+        help="upstream calls for strategy tools per client request (default 8)",
+    )
+    p.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from ..cli import EXIT_USAGE
+    from ..errors import CtxKernelError
+
+    try:
+        import uvicorn
+
+        from .app import CONFIG_ENV, ServeConfig, build_kernel, create_app
+    except ImportError:
+        sys.stderr.write(MISSING_EXTRA + "\n")
+        return EXIT_USAGE
+    config = ServeConfig(
+        profile=args.profile,
+        window=args.window,
+        upstream=args.upstream,
+        anthropic_upstream=args.anthropic_upstream,
+        api_key_env=args.api_key_env,
+        lock_wait_seconds=args.lock_wait,
+        max_inner_rounds=args.max_inner_rounds,
+    )
+    try:
+        kernel = build_kernel(config)  # fail fast on a bad profile, store or window
+        if args.workers > 1 and kernel.store.backend != "postgres":
+            sys.stderr.write(
+                f"ctxkernel serve: error: --workers {args.workers} needs the postgres store (its advisory locks order one "
+                f"session's requests across processes); the profile uses {kernel.store.backend!r}\n"
+            )
+            return EXIT_USAGE
+        if args.workers == 1:
+            app = create_app(config, kernel=kernel)
+    except CtxKernelError as exc:
+        sys.stderr.write(f"ctxkernel serve: error: {exc}\n")
+        return EXIT_USAGE
+    if args.workers == 1:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        return 0
+    kernel.store.close()
+    os.environ[CONFIG_ENV] = config.to_json()
+    uvicorn.run(
+        "ctxkernel.serve.app:app_from_env",
+        factory=True,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        log_level="warning",
+    )
+    return 0

@@ -1,0 +1,42 @@
+"""Which session a request belongs to.
+
+1. The header ``X-Ctxkernel-Session: <id>`` names it. The id is checked like any session id
+   (1-128 letters, digits, ``.``, ``_``, ``-``); a bad one is a 400.
+2. Without the header, a fingerprint picks it: ``fp-`` followed by the first 32 hex digits of
+   SHA-256 over the API name, a SHA-256 of the client's credential (``Authorization`` or
+   ``x-api-key``), the system prompt and the first user message. Two tenants (two credentials)
+   never share a session; one client that starts a new conversation (another first message)
+   gets a new session; one that continues a conversation finds it again. The credential itself
+   is never stored: only this hash of a hash is.
+
+The key maps to the session's id in the store (the first session of a key has the key as its
+id); a fork or a strategy's switch to a child session moves the mapping (``app.py``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+
+from ..errors import StoreError
+from ..messages import Message
+from ..store.base import check_session_id
+from .wire import WireError
+
+SESSION_HEADER = "x-ctxkernel-session"
+
+
+def session_key(headers: Mapping[str, str], api: str, system: str, messages: list[Message]) -> str:
+    named = headers.get(SESSION_HEADER)
+    if named is not None:
+        try:
+            return check_session_id(named.strip())
+        except StoreError as exc:
+            raise WireError(400, f"X-Ctxkernel-Session: {exc}", param="X-Ctxkernel-Session") from None
+    credential = headers.get("authorization") or headers.get("x-api-key") or ""
+    first_user = next((m.text for m in messages if m.role == "user"), "")
+    digest = hashlib.sha256()
+    for part in (api, hashlib.sha256(credential.encode()).hexdigest(), system, first_user):
+        digest.update(part.encode("utf-8", "surrogatepass"))
+        digest.update(b"\x00")
+    return "fp-" + digest.hexdigest()[:32]

@@ -1,0 +1,397 @@
+"""The OpenAI Chat Completions wire format: requests, replies, errors and the SSE stream.
+
+Error shape (what the ``openai`` SDK reads)::
+
+    {"error": {"message": "...", "type": "invalid_request_error", "param": "n", "code": null}}
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..convert import _content_text, arguments_from_json, from_openai_message, to_openai_message
+from ..errors import EventError
+from ..messages import Message, ToolCallBlock
+from ..session import Request
+from .reconcile import message_hash
+from .wire import ClientRequest, MessageMemo, WireError, add_usage, check_model, expect, load_json_object, sse
+
+API = "openai"
+UPSTREAM_PATH = "/chat/completions"
+#: client headers forwarded to the upstream (credentials are handled apart, see upstream.py)
+FORWARD_HEADERS = ("openai-organization", "openai-project", "openai-beta")
+
+
+def _convert(raw: Any, where: str) -> list[Message]:
+    message = from_openai_message(raw, where=where)
+    return [message] if message is not None else []
+
+
+def parse_request(raw: bytes, memo: MessageMemo | None = None) -> ClientRequest:
+    """A chat-completions body, checked; a 400 names the field that is wrong."""
+    body = load_json_object(raw)
+    model = check_model(body)
+    messages = expect(body, "messages", list, "a list of messages", required=True)
+    if not messages:
+        raise WireError(400, "messages: at least one message is required", param="messages")
+    n = expect(body, "n", int, "an integer")
+    if n is not None and n != 1:
+        raise WireError(
+            400, f"n: only n=1 is supported by ctxkernel serve (one session, one reply), got {n}", param="n"
+        )
+    stream = expect(body, "stream", bool, "a boolean") or False
+    options = expect(body, "stream_options", dict, "an object") or {}
+    include_usage = options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise WireError(400, "stream_options.include_usage: expected a boolean", param="stream_options.include_usage")
+    raw_tools = expect(body, "tools", list, "a list of tools") or []
+    tools = []
+    for i, tool in enumerate(raw_tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if (
+            not isinstance(tool, dict)
+            or tool.get("type") != "function"
+            or not isinstance(fn, dict)
+            or not isinstance(fn.get("name"), str)
+        ):
+            raise WireError(
+                400, f"tools[{i}]: expected {{'type': 'function', 'function': {{'name': ...}}}}", param=f"tools[{i}]"
+            )
+        tools.append(tool)
+    if "functions" in body:
+        raise WireError(400, "functions: the legacy functions field is not supported; send tools", param="functions")
+    memo = memo or MessageMemo()
+    system_parts: list[str] = []
+    converted: list[Message] = []
+    hashes: list[str] = []
+    try:
+        for i, item in enumerate(messages):
+            if isinstance(item, dict) and item.get("role") in ("system", "developer"):
+                # the system prompt goes in the request header, not on the surface
+                text = _content_text(item.get("content"), f"messages[{i}]")
+                if text:
+                    system_parts.append(text)
+                continue
+            found, digests = memo.convert(item, lambda m, i=i: _convert(m, f"messages[{i}]"), message_hash)
+            converted += found
+            hashes += digests
+    except EventError as exc:
+        raise WireError(400, f"{exc}", param="messages") from None
+    system = "\n\n".join(system_parts)
+    if not converted or converted[-1].role == "assistant":
+        raise WireError(
+            400,
+            "messages: the last message must be a user or tool message (an assistant prefill is not supported)",
+            param="messages",
+        )
+    return ClientRequest(API, body, model, system, converted, tools, raw_tools, stream, include_usage, hashes=hashes)
+
+
+def upstream_body(
+    client: ClientRequest,
+    request: Request,
+    strategy_tools: list[dict[str, Any]],
+    *,
+    stream: bool,
+    cache: dict[int, Any] | None = None,
+) -> dict[str, Any]:
+    """The client's body with the managed messages, and the client's tools plus the strategy's.
+
+    ``cache`` (one per session) keeps each surface node's wire form, so an unchanged surface is
+    not converted again on every request."""
+    body = dict(client.body)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": request.system}] if request.system else []
+    cache = {} if cache is None else cache
+    for seq, message in zip(request.seqs, request.messages, strict=True):
+        hit = cache.get(seq)
+        if hit is None or hit[0] is not message:
+            hit = (message, to_openai_message(message))
+            cache[seq] = hit
+        messages.append(hit[1])
+    if len(cache) > 2 * len(request.seqs) + 64:  # forget nodes that left the surface
+        keep = set(request.seqs)
+        for seq in [s for s in cache if s not in keep]:
+            del cache[seq]
+    body["messages"] = messages
+    tools = list(client.raw_tools) + strategy_tools
+    if tools:
+        body["tools"] = tools
+    else:
+        body.pop("tools", None)
+    body["stream"] = stream
+    if stream:  # always asked for: the usage anchors the session's pressure
+        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+    return body
+
+
+def read_reply(payload: Any) -> tuple[Message, dict[str, Any] | None, dict[str, Any]]:
+    """``(message, usage, raw message)`` of a chat-completions response; ValueError when the
+    upstream sent something else."""
+    choices = payload.get("choices") if isinstance(payload, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        msg = "the upstream reply has no choices[0]"
+        raise ValueError(msg)
+    raw = choices[0].get("message")
+    if not isinstance(raw, dict):
+        msg = "the upstream reply has no choices[0].message"
+        raise ValueError(msg)  # noqa: TRY004 - every unreadable reply is one kind of error to the caller
+    try:
+        message = from_openai_message({**raw, "role": "assistant"}, where="upstream reply")
+    except EventError as exc:
+        raise ValueError(str(exc)) from None
+    assert message is not None
+    usage = payload.get("usage")
+    return message, usage if isinstance(usage, dict) else None, raw
+
+
+def client_reply(
+    payload: dict[str, Any], text: str, client_calls: list[dict[str, Any]], usage: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The response the client gets: the last upstream response with the visible text of every
+    round, only the client's tool calls, and the summed usage."""
+    out = dict(payload)
+    choice = dict(payload["choices"][0])
+    message = dict(choice["message"])
+    message["content"] = text if text or not client_calls else None
+    if client_calls:
+        message["tool_calls"] = client_calls
+        choice["finish_reason"] = "tool_calls"
+    else:
+        message.pop("tool_calls", None)
+        if choice.get("finish_reason") == "tool_calls":
+            choice["finish_reason"] = "stop"
+    choice["message"] = message
+    out["choices"] = [choice]
+    if usage is not None:
+        out["usage"] = usage
+    return out
+
+
+def client_view(text: str, client_calls: list[dict[str, Any]]) -> Message:
+    """The assistant message as the client holds it (what it will send back)."""
+    message = from_openai_message({"role": "assistant", "content": text, "tool_calls": client_calls})
+    assert message is not None
+    return message
+
+
+def raw_calls(raw_message: dict[str, Any]) -> list[dict[str, Any]]:
+    calls = raw_message.get("tool_calls")
+    return [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+
+
+def call_name(raw_call: dict[str, Any]) -> str:
+    fn = raw_call.get("function")
+    return fn.get("name", "") if isinstance(fn, dict) else ""
+
+
+def error_body(
+    message: str, *, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def overflow_error(tokens: int, window: int) -> dict[str, Any]:
+    return error_body(
+        f"This model's maximum context length is {window} tokens. However, your messages resulted in {tokens} "
+        "tokens after ctxkernel's context management; the profile's strategies could not shrink them further.",
+        param="messages",
+        code="context_length_exceeded",
+    )
+
+
+class StreamTranslator:
+    """Turns the upstream's chunks (one or more rounds) into the client's single stream.
+
+    Text and reasoning deltas go out as they arrive. A tool call is held until its name is
+    known; a client tool's deltas then go out (renumbered so the client's calls count from 0),
+    a strategy tool's never do. The client's ``finish_reason`` and usage chunk come at the end,
+    after the last round.
+    """
+
+    def __init__(self, include_usage: bool, strategy_tools: set[str]) -> None:
+        self.include_usage = include_usage
+        self.strategy_tools = strategy_tools
+        self.id = f"chatcmpl-ctxkernel-{time.time_ns()}"
+        self.model = ""
+        self.created = int(time.time())
+        self.fingerprint: Any = None
+        self.sent_role = False
+        self.text = ""  # every round's visible text, as the client has it
+        self.client_calls: list[dict[str, Any]] = []
+        self.usage: dict[str, Any] | None = None
+        self._first_round = True
+        self.begin_round()
+
+    def begin_round(self) -> None:
+        self.round_text: list[str] = []
+        self.round_reasoning: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.finish: str | None = None
+        self.round_usage: dict[str, Any] | None = None
+        self._separated = not self.text
+
+    @property
+    def round_complete(self) -> bool:
+        """The upstream said the round is over (a finish reason), not just stopped sending."""
+        return self.finish is not None
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        if not self.sent_role:
+            delta = {"role": "assistant", **delta}
+            self.sent_role = True
+        chunk = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        }
+        if self.fingerprint is not None:
+            chunk["system_fingerprint"] = self.fingerprint
+        return sse(chunk)
+
+    def feed(self, data: dict[str, Any]) -> list[bytes]:
+        """One upstream chunk in; the bytes to send to the client out."""
+        out: list[bytes] = []
+        if self._first_round:
+            self._first_round = False
+            if isinstance(data.get("id"), str):
+                self.id = data["id"]
+            if isinstance(data.get("created"), int):
+                self.created = data["created"]
+            self.fingerprint = data.get("system_fingerprint")
+        if isinstance(data.get("model"), str):
+            self.model = data["model"]
+        if isinstance(data.get("usage"), dict):
+            self.round_usage = data["usage"]
+        choices = data.get("choices")
+        for choice in choices if isinstance(choices, list) else []:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+            reasoning = delta.get("reasoning_content")
+            if isinstance(reasoning, str) and reasoning:
+                self.round_reasoning.append(reasoning)
+                out.append(self._chunk({"reasoning_content": reasoning}))
+            content = delta.get("content")
+            if isinstance(content, str) and content:
+                if not self._separated:  # a later round's text starts a new paragraph
+                    content = "\n\n" + content
+                    self._separated = True
+                self.round_text.append(content)
+                self.text += content
+                out.append(self._chunk({"content": content}))
+            calls = delta.get("tool_calls")
+            for tc in calls if isinstance(calls, list) else []:
+                out.extend(self._tool_delta(tc))
+            if isinstance(choice.get("finish_reason"), str):
+                self.finish = choice["finish_reason"]
+        return out
+
+    def _tool_delta(self, tc: Any) -> list[bytes]:
+        if not isinstance(tc, dict) or not isinstance(tc.get("index"), int):
+            return []
+        index = tc["index"]
+        for other, call in self.calls.items():  # a new call starting means earlier names are whole
+            if other != index and call["owner"] is None:
+                self._decide(call)
+        call = self.calls.setdefault(
+            index, {"id": "", "name": "", "args": [], "owner": None, "client_index": None, "sent": 0}
+        )
+        if isinstance(tc.get("id"), str):
+            call["id"] = tc["id"]
+        fn = tc.get("function") if isinstance(tc.get("function"), dict) else {}
+        if isinstance(fn.get("name"), str):
+            call["name"] += fn["name"]
+        if isinstance(fn.get("arguments"), str):
+            call["args"].append(fn["arguments"])
+        if call["owner"] is None and call["name"] and call["args"]:
+            self._decide(call)
+        return self._flush(call)
+
+    def _decide(self, call: dict[str, Any]) -> None:
+        call["owner"] = "strategy" if call["name"] in self.strategy_tools else "client"
+        if call["owner"] == "client":
+            call["client_index"] = len(self.client_calls)
+            self.client_calls.append(
+                {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": ""}}
+            )
+
+    def _flush(self, call: dict[str, Any]) -> list[bytes]:
+        if call["owner"] != "client":
+            return []
+        out = []
+        pending = "".join(call["args"][call["sent"] :])
+        first = call["sent"] == 0 and not call.get("announced")
+        if first:
+            call["announced"] = True
+            out.append(
+                self._chunk(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": call["client_index"],
+                                "id": call["id"],
+                                "type": "function",
+                                "function": {"name": call["name"], "arguments": pending},
+                            }
+                        ]
+                    }
+                )
+            )
+        elif pending:
+            out.append(
+                self._chunk({"tool_calls": [{"index": call["client_index"], "function": {"arguments": pending}}]})
+            )
+        call["sent"] = len(call["args"])
+        self.client_calls[call["client_index"]]["function"]["arguments"] += pending
+        return out
+
+    def end_round(self) -> tuple[list[bytes], Message, dict[str, Any] | None, list[str]]:
+        """Close a round: flush held calls now decided; return the bytes still to send, the
+        round's whole message (for the log), its usage and the names of its calls."""
+        out: list[bytes] = []
+        for call in self.calls.values():
+            if call["owner"] is None:
+                self._decide(call)
+            out.extend(self._flush(call))
+        blocks = [
+            ToolCallBlock(c["id"], c["name"], arguments_from_json("".join(c["args"]))) for c in self.calls.values()
+        ]
+        # the round's own text, without the separator the client got between rounds
+        text = "".join(self.round_text)
+        if text.startswith("\n\n") and self.text != text:
+            text = text[2:]
+        message = Message.assistant(text, blocks, reasoning="".join(self.round_reasoning) or None)
+        self.usage = add_usage(self.usage, self.round_usage)
+        return out, message, self.round_usage, [c["name"] for c in self.calls.values()]
+
+    def finish_stream(self) -> list[bytes]:
+        """The closing chunks: the finish reason, the usage (when asked for) and ``[DONE]``."""
+        if self.client_calls:
+            reason = "tool_calls"
+        else:
+            reason = self.finish if self.finish and self.finish != "tool_calls" else "stop"
+        out = [self._chunk({}, finish=reason)]
+        if self.include_usage:
+            out.append(
+                sse(
+                    {
+                        "id": self.id,
+                        "object": "chat.completion.chunk",
+                        "created": self.created,
+                        "model": self.model,
+                        "choices": [],
+                        "usage": self.usage,
+                    }
+                )
+            )
+        out.append(b"data: [DONE]\n\n")
+        return out
+
+    def error_event(self, message: str, kind: str = "api_error") -> list[bytes]:
+        return [sse(error_body(message, kind=kind))]
+
+    def client_view(self) -> Message:
+        return client_view(self.text, self.client_calls)

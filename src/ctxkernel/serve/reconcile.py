@@ -1,0 +1,261 @@
+"""Reconcile: fold a client's whole history into the session log, appending only what is new.
+
+A proxy's client sends its entire history with every request. The session keeps a *ledger* of
+the client's view: for each position of the client's history, the hash of that message (its
+normalised content, :func:`message_hash`) and the log seq that holds it. The ledger lives in the
+session log itself, as ignorable ``serve/ledger`` events, so any worker and a restarted
+``serve`` read the same one::
+
+    serve/ledger {"at": k, "hashes": [...], "ids": [...], "tokens": [...], "seqs": [...]?}
+
+means "client positions k.. are these messages" (anything the ledger held from k on is replaced).
+Without ``seqs`` the entries are the message events just before the ledger event, written in the
+same batch.
+
+On each request the client's history is matched against the ledger from the start. An assistant
+message also matches by its tool-call ids, so a client that re-serialises what it got back (other
+JSON spacing, ``content: null`` for ``""``) still matches. Then:
+
+- the ledger is a prefix of the history: the rest is new and is appended (one batch);
+- the history diverges at position k (the client compacted its own history, edited or retried a
+  turn): the **rewrite policy** applies. When everything from k on is still visible on the
+  surface and starts at a balanced cut, that branch is dropped from the surface with a cited
+  ``surface/drop`` (a ``serve`` compaction of kind ``rewrite``: the events stay in the log, only
+  the surface forgets them) and the client's messages from k on are appended. Otherwise (part
+  of the branch was already compacted, or lives in a parent session) the session is *forked*: a
+  new child session (``parent`` = the old one) is seeded with the client's whole history, and
+  the client's key points to it from then on. Nothing already in a log is ever lost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from ..compaction import Span
+from ..errors import CompactionError, EventError
+from ..events import MESSAGE_TYPES
+from ..messages import Message
+from ..session import EventSpec
+
+if TYPE_CHECKING:
+    from ..session import Session
+
+LEDGER_EVENT = "serve/ledger"
+
+
+def message_hash(message: Message) -> str:
+    """A hash of what a message says, independent of how a wire format spelled it: the role, the
+    text blocks, tool calls (id, name, parsed arguments) and tool results. Reasoning is left
+    out, since clients commonly drop it when they send a history back."""
+    if message.role == "tool":
+        result = message.tool_result
+        assert result is not None
+        key: list[Any] = ["tool", result.call_id, result.content, result.is_error]
+    else:
+        text = "\n".join(b.text for b in message.content if b.type == "text" and b.text)
+        key = [message.role, text, [[c.id, c.name, c.arguments] for c in message.tool_calls]]
+    return hashlib.sha256(orjson.dumps(key, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
+
+
+@dataclass
+class Ledger:
+    """The client's view of one session, folded from its ``serve/ledger`` events."""
+
+    hashes: list[str] = field(default_factory=list)
+    ids: list[list[str] | None] = field(default_factory=list)
+    seqs: list[int | None] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    follow: str | None = None  # a child session to continue in once no client call waits
+    scanned: int = 0
+
+    def sync(self, session: Session) -> None:
+        """Fold the ledger events appended since the last call (by any worker)."""
+        events = session.events
+        for index in range(self.scanned, len(events)):
+            event = events[index]
+            if event.type == LEDGER_EVENT:
+                self._apply(events, index, event.data)
+        self.scanned = len(events)
+
+    def _apply(self, events: list[Any], index: int, data: dict[str, Any]) -> None:
+        at = data.get("at", 0)
+        hashes = list(data.get("hashes") or [])
+        seqs = data.get("seqs")
+        if seqs is None:  # the message events written just before, in the same batch
+            found: list[int] = []
+            i = index - 1
+            while len(found) < len(hashes) and i >= 0:
+                if events[i].type in MESSAGE_TYPES:
+                    found.append(events[i].seq)
+                i -= 1
+            seqs = list(reversed(found))
+        ids = data.get("ids") or [None] * len(hashes)
+        tokens = data.get("tokens") or [0] * len(hashes)
+        del self.hashes[at:], self.ids[at:], self.seqs[at:], self.tokens[at:]
+        self.hashes += hashes
+        self.ids += ids
+        self.seqs += seqs
+        self.tokens += tokens
+        if "follow" in data:
+            self.follow = data["follow"]
+
+    def matched(self, incoming: list[Message], hashes: list[str]) -> int:
+        """How many leading messages of the client's history the ledger already holds."""
+        k, n = 0, min(len(self.hashes), len(hashes))
+        while k < n:
+            if self.hashes[k] != hashes[k]:
+                message = incoming[k]
+                # an assistant message the client re-serialised: the logged one by its call ids
+                if not (
+                    message.role == "assistant"
+                    and message.tool_calls
+                    and self.ids[k] == [c.id for c in message.tool_calls]
+                ):
+                    break
+            k += 1
+        return k
+
+    @property
+    def client_tokens(self) -> int:
+        return sum(self.tokens)
+
+
+def ledger_for(session: Session) -> Ledger:
+    """The session's ledger, kept on the session object and brought up to date."""
+    ledger = session.state.get("serve")
+    if not isinstance(ledger, Ledger):
+        ledger = Ledger()
+        session.state["serve"] = ledger
+    ledger.sync(session)
+    return ledger
+
+
+@dataclass
+class Reconciled:
+    appended: int = 0
+    rewrite: str | None = None  # None, "drop" or "fork"
+    at: int = 0
+
+
+def check_history(messages: list[Message]) -> None:
+    """Refuse (EventError) a history whose tool calls and results do not pair up: a result for
+    no earlier call, a call answered twice, a reused call id, or a message other than a result
+    while calls wait. Checked before anything is written, so a refused request changes nothing."""
+    waiting: set[str] = set()
+    seen: set[str] = set()
+    for i, message in enumerate(messages):
+        if message.role == "tool":
+            call_id = message.content[0].call_id  # type: ignore[union-attr]
+            if call_id not in waiting:
+                why = "was already answered" if call_id in seen else "answers no earlier tool call"
+                msg = f"message {i}: the tool result for call {call_id!r} {why}"
+                raise EventError(msg)
+            waiting.discard(call_id)
+            continue
+        if waiting:
+            msg = f"message {i} ({message.role}) comes while tool calls {sorted(waiting)} still wait for their results"
+            raise EventError(msg)
+        for call in message.tool_calls:
+            if call.id in seen:
+                msg = f"message {i}: tool call id {call.id!r} is used twice"
+                raise EventError(msg)
+            seen.add(call.id)
+            waiting.add(call.id)
+    if waiting:
+        msg = f"tool calls {sorted(waiting)} have no results: send every result of the batch"
+        raise EventError(msg)
+
+
+def reconcile(session: Session, incoming: list[Message], hashes: list[str] | None = None) -> Reconciled:
+    """Append the client's new messages; apply the rewrite policy when its history diverged.
+
+    Returns ``rewrite="fork"`` without writing anything when only a fork can keep the log whole
+    (the caller opens the child session and reconciles again there). ``hashes`` are the
+    messages' :func:`message_hash` when the caller has them already."""
+    check_history(incoming)
+    ledger = ledger_for(session)
+    if hashes is None:
+        hashes = [message_hash(m) for m in incoming]
+    k = ledger.matched(incoming, hashes)
+    result = Reconciled(at=k)
+    if k < len(ledger.hashes):
+        if not _drop_branch(session, ledger, k):
+            result.rewrite = "fork"
+            return result
+        result.rewrite = "drop"
+    new = incoming[k:]
+    if not new and result.rewrite is None:
+        return result
+    record = EventSpec(
+        LEDGER_EVENT,
+        {
+            "at": k,
+            "hashes": hashes[k:],
+            "ids": [[c.id for c in m.tool_calls] if m.tool_calls else None for m in new],
+            "tokens": [session.meter.count_message(m) for m in new],
+        },
+        ignorable=True,
+    )
+    session.append_history(new, trailer=[record])
+    ledger.sync(session)
+    result.appended = len(new)
+    return result
+
+
+def _drop_branch(session: Session, ledger: Ledger, k: int) -> bool:
+    """Drop ledger positions k.. (and everything after them) from the surface, if they are all
+    still visible and start at a balanced cut; False when only a fork can do."""
+    seqs = ledger.seqs[k:]
+    first = seqs[0] if seqs else None
+    if first is None or any(seq is None or session.surface.node(seq) is None for seq in seqs):
+        return False
+    session.abandon_step("rewritten")
+    nodes = session.surface.nodes
+    try:
+        session.compact(Span(first, nodes[-1].seq, remove=True), strategy="serve", kind="rewrite", single_batch=True)
+    except CompactionError:
+        return False
+    return True
+
+
+def reply_record(session: Session, at: int, view: Message, first_seq: int | None) -> EventSpec:
+    """The ledger event putting the reply the client got (its view: visible text, its own calls)
+    at position ``at``. Without ``first_seq`` it cites the message event just before it, so it
+    can end the batch that commits that reply (both durable, or neither)."""
+    data: dict[str, Any] = {
+        "at": at,
+        "hashes": [message_hash(view)],
+        "ids": [[c.id for c in view.tool_calls] if view.tool_calls else None],
+        "tokens": [session.meter.count_message(view)],
+    }
+    if first_seq is not None:
+        data["seqs"] = [first_seq]
+    return EventSpec(LEDGER_EVENT, data, ignorable=True)
+
+
+def record_follow(session: Session, child: str) -> None:
+    """Remember to continue in ``child`` once the client's results for this reply are in."""
+    session.emit("serve", "ledger", {"at": len(ledger_for(session).hashes), "hashes": [], "follow": child})
+    ledger_for(session)
+
+
+def inherit(child: Session, parent_ledger: Ledger) -> None:
+    """A child session a strategy switched to holds the client's history only in its ancestors:
+    its ledger starts with the parent's hashes, with no seqs (a rewrite reaching them forks)."""
+    child.emit(
+        "serve",
+        "ledger",
+        {
+            "at": 0,
+            "hashes": list(parent_ledger.hashes),
+            "ids": list(parent_ledger.ids),
+            "tokens": list(parent_ledger.tokens),
+            "seqs": [None] * len(parent_ledger.hashes),
+            "follow": None,
+        },
+    )
+    ledger_for(child)

@@ -1,0 +1,205 @@
+"""What the two wire formats share: the parsed client request, request errors, SSE framing,
+and usage arithmetic.
+
+A wire module (:mod:`.openai_wire`, :mod:`.anthropic_wire`) turns a client's body into a
+:class:`ClientRequest` (kernel messages plus what must pass through untouched), composes the
+upstream body from a prepared :class:`ctxkernel.Request`, reads replies, and translates a
+stream. It holds no context logic: that is the Session API's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from ..messages import Message
+
+#: a client body larger than this is refused with 413 (a 100k-token history is about 0.5 MB)
+MAX_BODY_BYTES = 64 * 1024 * 1024
+#: one SSE line from the upstream longer than this ends the stream as an upstream error
+MAX_SSE_LINE = 8 * 1024 * 1024
+#: bound on the model name a client may route to (it is written to the log)
+MAX_MODEL_CHARS = 200
+
+
+class WireError(Exception):
+    """A request the proxy refuses, reported in the client's API error shape.
+
+    ``param`` names the offending field (``messages``, ``n``, ``stream`` ...); ``kind`` is the
+    API's error type (``invalid_request_error`` and so on); ``code`` an optional error code.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.kind = kind
+        self.code = code
+
+
+@dataclass
+class ClientRequest:
+    """One client request, parsed and checked.
+
+    ``messages`` are the client's history as kernel messages (system text apart); ``tools`` the
+    client's tools as OpenAI function schemas (what the session's meter counts);
+    ``raw_tools`` the client's tools exactly as sent (what the upstream receives back);
+    ``body`` the client's whole body, whose unknown fields pass through to the upstream.
+    """
+
+    api: str
+    body: dict[str, Any]
+    model: str
+    system: str
+    messages: list[Message]
+    tools: list[dict[str, Any]]
+    raw_tools: list[dict[str, Any]]
+    stream: bool
+    include_usage: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+    #: ``reconcile.message_hash`` of each of ``messages`` (from the memo: computed once per message)
+    hashes: list[str] | None = None
+
+    @property
+    def tool_names(self) -> set[str]:
+        return {t["function"]["name"] for t in self.tools}
+
+
+def load_json_object(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object, or a 400 naming what is wrong with it."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise WireError(400, f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise WireError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def expect(
+    body: dict[str, Any], name: str, kinds: type | tuple[type, ...], what: str, *, required: bool = False
+) -> Any:
+    """``body[name]`` when it has one of ``kinds`` (bools are never numbers), else a 400."""
+    if name not in body or body[name] is None:
+        if required:
+            raise WireError(400, f"{name}: field required ({what})", param=name)
+        return None
+    value = body[name]
+    kinds_tuple = kinds if isinstance(kinds, tuple) else (kinds,)
+    if isinstance(value, bool) and bool not in kinds_tuple:
+        raise WireError(400, f"{name}: expected {what}, got a boolean", param=name)
+    if not isinstance(value, kinds_tuple):
+        raise WireError(400, f"{name}: expected {what}, got {type(value).__name__}", param=name)
+    return value
+
+
+def check_model(body: dict[str, Any]) -> str:
+    model = expect(body, "model", str, "a model name string", required=True)
+    if not model or len(model) > MAX_MODEL_CHARS:
+        raise WireError(400, f"model: expected 1-{MAX_MODEL_CHARS} characters, got {len(model)}", param="model")
+    return model
+
+
+class MessageMemo:
+    """Wire messages already converted, keyed by a digest of their JSON: a client re-sends its
+    whole history every time, and converting (and hashing) only the messages never seen before
+    keeps a request's cost flat in the history's length (``bench_serve.py``). Kernel messages
+    are immutable, so sessions may share an entry. Bounded (least recently used goes first)."""
+
+    def __init__(self, limit: int = 200_000) -> None:
+        self.limit = limit
+        self._entries: OrderedDict[bytes, tuple[tuple[Message, ...], tuple[str, ...]]] = OrderedDict()
+
+    def convert(
+        self, raw: Any, convert: Callable[[Any], list[Message]], hasher: Callable[[Message], str]
+    ) -> tuple[tuple[Message, ...], tuple[str, ...]]:
+        """``convert(raw)`` and the hash of each result, from the memo when it has them."""
+        try:
+            key = hashlib.blake2b(orjson.dumps(raw), digest_size=16).digest()
+        except TypeError:  # not JSON-encodable as parsed (cannot happen for a parsed body): convert uncached
+            messages = tuple(convert(raw))
+            return messages, tuple(hasher(m) for m in messages)
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+            return entry
+        messages = tuple(convert(raw))
+        entry = (messages, tuple(hasher(m) for m in messages))
+        self._entries[key] = entry
+        if len(self._entries) > self.limit:
+            self._entries.popitem(last=False)
+        return entry
+
+
+# -- usage -------------------------------------------------------------------------------------------
+def add_usage(total: dict[str, Any] | None, usage: Any) -> dict[str, Any] | None:
+    """The sum of two provider usage objects, key by key (nested counts too)."""
+    if not isinstance(usage, dict):
+        return total
+    out: dict[str, Any] = dict(total or {})
+    for key, value in usage.items():
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int):
+            previous = out.get(key)
+            out[key] = (previous if isinstance(previous, int) and not isinstance(previous, bool) else 0) + value
+        elif isinstance(value, dict):
+            previous = out.get(key)
+            out[key] = add_usage(previous if isinstance(previous, dict) else None, value)
+        elif key not in out:
+            out[key] = value
+    return out
+
+
+# -- server-sent events --------------------------------------------------------------------------------
+@dataclass
+class SSEEvent:
+    event: str | None
+    data: str
+
+
+async def iter_sse(lines: AsyncIterator[str]) -> AsyncIterator[SSEEvent]:
+    """Server-sent events from a stream of lines (the WHATWG framing: ``event:``, ``data:``,
+    a blank line ends an event; comments and unknown fields are skipped)."""
+    event: str | None = None
+    data: list[str] = []
+    async for line in lines:
+        if len(line) > MAX_SSE_LINE:
+            msg = f"the upstream sent an event line of {len(line)} characters (limit {MAX_SSE_LINE})"
+            raise ValueError(msg)
+        if not line:
+            if data:
+                yield SSEEvent(event, "\n".join(data))
+            event, data = None, []
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "event":
+            event = value
+        elif name == "data":
+            data.append(value)
+    if data:
+        yield SSEEvent(event, "\n".join(data))
+
+
+def sse(data: Any, event: str | None = None) -> bytes:
+    """One server-sent event; ``data`` is JSON-encoded unless it is already a string."""
+    payload = data if isinstance(data, str) else orjson.dumps(data).decode()
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {payload}\n\n".encode()

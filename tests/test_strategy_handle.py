@@ -1,0 +1,144 @@
+"""The strategy handle (issue #14 item 1): one typed object per strategy and session that carries
+the strategy's name into everything it does."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, ConfigDict, Field
+
+import ctxkernel
+from ctxkernel import ConfigError, Message, Span, Summary
+from ctxkernel.testing import build_kernel, throwaway_plugin
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class ProbeSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    level: int = Field(default=3, ge=0)
+
+
+PROBE = ctxkernel.Strategy("probe", ProbeSettings, capabilities={"observation"}, description="test probe")
+
+
+class ProbePlugin:
+    @ctxkernel.hookimpl
+    def register_strategy(self, register: Any) -> None:
+        register(PROBE.spec)
+
+
+@pytest.fixture
+def session(tmp_path):
+    kernel = build_kernel(tmp_path, strategies=["basic"], fsync=False)
+    with throwaway_plugin(kernel, ProbePlugin(), "probe"):
+        kernel.profile.strategies["probe"] = {"level": 7}
+        yield kernel.open_session()
+
+
+def test_settings_are_the_declared_model_validated_for_the_route(session):
+    handle = PROBE.on(session)
+    assert isinstance(handle.settings, ProbeSettings) and handle.settings.level == 7
+
+
+def test_a_handle_declared_with_another_settings_model_is_refused(session):
+    class Other(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+
+    with pytest.raises(ConfigError, match="probe.*ProbeSettings.*Other"):
+        _ = ctxkernel.Strategy("probe", Other).on(session).settings
+
+
+def test_every_record_carries_the_strategys_name(session):
+    handle = PROBE.on(session)
+    seq = handle.emit("mark", {"n": 1})
+    assert session.events[seq].type == "probe/mark" and session.events[seq].ignorable
+    note = handle.notes().write("plan", "step one")
+    assert note.path == "plan"
+    written = [e for e in session.events if e.type.startswith("notes/")]
+    assert written and written[-1].data.get("by") == "probe"
+
+
+def test_strategy_notes_share_the_sessions_notes_object(session):
+    """The window stamp set through a strategy's notes is the session's (handoff and rollover
+    stamp every write with the current window this way)."""
+    notes = PROBE.on(session).notes()
+    notes.current_window = "win_7"
+    assert notes.shared.current_window == "win_7" and PROBE.on(session).notes().current_window == "win_7"
+    assert notes.write("a", "x").window == "win_7"
+    assert len(notes) == len(notes.shared) == 1
+
+
+def test_storage_is_namespaced_by_the_strategy(session):
+    handle = PROBE.on(session)
+    handle.kv_put("k", {"v": 1})
+    assert handle.kv_get("k") == {"v": 1}
+    assert session.store.kv_get("probe", "k") == {"v": 1}
+    assert handle.kv_list() == {"k": {"v": 1}}
+    handle.kv_delete("k")
+    assert handle.kv_get("k") is None
+    assert handle.files == Path(session.kernel.home) / "probe"
+
+
+def test_state_is_per_strategy_and_session(session):
+    handle = PROBE.on(session)
+    handle.state["seen"] = 1
+    assert PROBE.on(session).state == {"seen": 1}
+    assert session.state["probe"] is handle.state
+
+
+def test_compact_and_replace_are_recorded_in_the_strategys_name(session):
+    handle = PROBE.on(session)
+    session.user("read the file")
+    call = ctxkernel.ToolCallBlock("c1", "read", {"path": "a.py"})
+    session.prepare_request()
+    session.commit_reply(Message.assistant("", tool_calls=[call]))
+    session.tool_result("c1", "x" * 2000)
+    session.prepare_request()
+    session.commit_reply(Message.assistant("done"))
+    session.end_turn()
+    tool_seq = next(n.seq for n in session.surface.nodes if n.role == "tool")
+    handle.replace_tool_result(tool_seq, "[masked]", reason="mask")
+    prune = next(e for e in session.events if e.type == "compaction/prune")
+    assert prune.data["strategy"] == "probe" and prune.data["reason"] == "mask"
+    nodes = session.surface.nodes
+    result = handle.compact(Span(nodes[0].seq, nodes[-2].seq, summary=Summary("earlier work")), check_shrink=False)
+    assert result.strategy == "probe"
+
+
+def test_header_pressure_and_route_come_from_the_session(session):
+    handle = PROBE.on(session)
+    header = handle.request_header()
+    assert header.tokens > 0 and header.system.startswith(session.kernel.profile.profile.system_prompt)
+    assert handle.pressure().tokens >= header.tokens
+    handle.set_route("openai", "gpt-4o")
+    assert handle.route is not None and handle.route["model"] == "gpt-4o"
+
+
+MIGRATED = [
+    REPO / "examples/ctxkernel-observation-mask/src",
+    REPO / "src/ctxkernel/default_plugins",
+    REPO / "plugins/ctxkernel-decay/src",
+    REPO / "plugins/ctxkernel-handoff/src",
+    REPO / "plugins/ctxkernel-rollover/src",
+    REPO / "plugins/ctxkernel-chapters/src",
+]
+
+
+@pytest.mark.parametrize("root", MIGRATED, ids=lambda p: p.parent.name if p.name == "src" else p.name)
+def test_migrated_strategies_never_pass_their_own_name_by_hand(root):
+    """`strategy=NAME`, `emit(NAME, ...)`, `session.state[NAME]`, `session.settings(NAME)`: the
+    handle carries the name; a plugin that writes it again has bypassed the handle."""
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                by_keyword = any(k.arg == "strategy" for k in node.keywords)
+                # session.emit(name, kind, data) / session.settings(name); the handle's emit takes (kind, data)
+                by_position = (node.func.attr == "emit" and len(node.args) >= 3) or (node.func.attr == "settings" and node.args)
+                assert not (by_keyword or by_position), f"{path}:{node.lineno} passes the strategy name by hand"
+            target = node.value if isinstance(node, ast.Subscript) else None
+            if isinstance(target, ast.Attribute) and target.attr == "state" and ast.unparse(target.value) == "session":
+                raise AssertionError(f"{path}:{node.lineno} indexes session.state by hand")
