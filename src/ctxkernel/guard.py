@@ -32,8 +32,8 @@ from .compaction import CommitResult, Span
 from .errors import CompactionError
 from .events import TOOL_RESULT
 from .logging import get_logger
-from .meter import LARGE_NODE_TOKENS, message_text_for_count
 from .messages import Message, Source
+from .meter import LARGE_NODE_TOKENS, message_text_for_count
 
 if TYPE_CHECKING:
     from .session import Session
