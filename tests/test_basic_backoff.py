@@ -8,22 +8,24 @@ from ctxkernel.testing import build_kernel, make_profile
 
 WINDOW = 20_000
 RESERVED = 1_000  # effective window 19,000; threshold 0.8 = 15,200 tokens
-#: what the provider reports for every request: above the threshold whatever the surface holds
-#: (a header, decorations or usage that no compaction can remove)
-STUCK_PROMPT_TOKENS = 17_000
+#: a system prompt of ~16,000 tokens keeps every request above the threshold whatever the surface
+#: holds (a header no compaction can remove); the provider reports usage honestly
+STUCK_SYSTEM_PROMPT = "alpha " * 16_000
 TURNS = 60
 
 
 def _kernel(home, **basic):
     profile = make_profile(model={"context_window": WINDOW, "reserved_output_tokens": RESERVED}, strategies={"basic": basic})
+    profile.profile.system_prompt = STUCK_SYSTEM_PROMPT
     return build_kernel(home, strategies=["basic"], profile=profile)
 
 
 def _turn(session, n: int) -> None:
     session.user(f"request {n}: " + " ".join(f"word{n}_{i}" for i in range(30)))
-    session.prepare_request()
+    request = session.prepare_request()
     reply = Message.assistant(f"answer {n}: " + " ".join(f"fact{n}_{i}" for i in range(30)))
-    session.commit_reply(reply, usage={"prompt_tokens": STUCK_PROMPT_TOKENS, "completion_tokens": 30})
+    usage = {"prompt_tokens": request.pressure.tokens, "completion_tokens": session.meter.count_message(reply)}
+    session.commit_reply(reply, usage=usage)
     session.end_turn()
 
 

@@ -13,10 +13,15 @@ chapter archives alike. The steps, in order:
 7. stability check: the spans are still exactly on the surface, and no other replacement landed;
 8. commit ``compaction/summary``, the replacements and ``compaction/end`` as one atomic batch;
 9. on any failure after step 3: exactly one ``compaction/end {error}``; the surface is unchanged.
+   When even that end cannot be written (the store keeps failing), the failure is logged as an
+   error and the compaction is remembered as abandoned in this process: the next transaction on
+   the session, from any ``Session`` object of this process, writes its error end before it
+   starts, so a failed end never leaves the session busy for good (see :func:`_fail`).
 """
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -36,17 +41,21 @@ from .events import (
     COMPACTION_START,
     COMPACTION_SUMMARY,
     SURFACE_DROP,
+    TOOL_RESULT,
     USER_MESSAGE,
     EventSpec,
     remove_op,
     replace_op,
 )
+from .logging import get_logger
 from .messages import Message, Source
 from .redact import redact
 
 if TYPE_CHECKING:
     from .session import Session
     from .surface import Node, Surface
+
+log = get_logger("ctxkernel.compaction")
 
 CHECKPOINT_OPEN = "<context-checkpoint>"
 CHECKPOINT_CLOSE = "</context-checkpoint>"
@@ -99,7 +108,9 @@ class Span:
     """One range a transaction replaces (``start``..``end`` are surface node seqs).
 
     Give ``message`` for an exact replacement, or ``summary`` text to be wrapped by the
-    transaction's ``render``; with neither, the ``summarize`` hook writes it. ``remove`` drops
+    transaction's ``render``; with neither, the ``summarize`` hook writes it. A span of one tool
+    result whose ``message`` is a tool message rewrites that result's content in place (same call
+    id, name and error flag), keeping its pairing. ``remove`` drops
     the range with no replacement (a cited ``surface/drop``).
     """
 
@@ -166,10 +177,18 @@ def validate_spans(surface: Surface, spans: Sequence[Span]) -> list[list[Node]]:
             nodes = surface.span(span.start, span.end)
         except SurfaceError as exc:
             raise CompactionError(f"span {i} ({span.start}..{span.end}): {exc}") from None
-        try:
-            surface.check_range_closed(nodes)
-        except SurfaceError as exc:
-            raise UnbalancedCutError(f"span {i} ({span.start}..{span.end}) is not a balanced cut: {exc}") from None
+        if span.message is not None and span.message.role == "tool" and not _is_result_rewrite(span, nodes):
+            msg = f"span {i} ({span.start}..{span.end}): a tool message can replace only one tool result"
+            raise CompactionError(msg)
+        if _is_result_rewrite(span, nodes):
+            # a content-only replacement of one tool result keeps its pairing (the surface checks
+            # that the call id, name and error flag are unchanged), so it is not a cut at all
+            pass
+        else:
+            try:
+                surface.check_range_closed(nodes)
+            except SurfaceError as exc:
+                raise UnbalancedCutError(f"span {i} ({span.start}..{span.end}) is not a balanced cut: {exc}") from None
         for n in nodes:
             if n.seq in taken:
                 msg = f"span {i} ({span.start}..{span.end}) overlaps span {taken[n.seq]} at seq {n.seq}"
@@ -180,6 +199,16 @@ def validate_spans(surface: Surface, spans: Sequence[Span]) -> list[list[Node]]:
             raise CompactionError(msg)
         resolved.append(nodes)
     return resolved
+
+
+def _is_result_rewrite(span: Span, nodes: list[Node]) -> bool:
+    """True for a span that replaces one tool result with a tool message (new content only)."""
+    return (
+        len(nodes) == 1
+        and nodes[0].role == "tool"
+        and span.message is not None
+        and span.message.role == "tool"
+    )
 
 
 def open_compaction(session: Session) -> dict[str, Any] | None:
@@ -206,6 +235,9 @@ def run_transaction(
     surface = session.surface
     resolved = validate_spans(surface, spans)  # 1
     busy = session.open_compaction  # 2
+    if busy is not None and _is_abandoned(session.id, busy["compaction_id"]):
+        _end_abandoned(session, busy)
+        busy = session.open_compaction
     if busy is not None:
         msg = (
             f"compaction {busy['compaction_id']} by strategy {busy['strategy']!r} is open since seq "
@@ -314,7 +346,9 @@ def run_transaction(
             if message is None:
                 batch.append(EventSpec(SURFACE_DROP, {"strategy": strategy, "compaction_id": compaction_id}, remove_op(cites)))
             else:
-                batch.append(EventSpec(USER_MESSAGE, {"message": message.to_dict(), "compaction_id": compaction_id}, replace_op(cites)))
+                kind_of = TOOL_RESULT if message.role == "tool" else USER_MESSAGE
+                body = {"message": message.to_dict(), "compaction_id": compaction_id}
+                batch.append(EventSpec(kind_of, body, replace_op(cites)))
         batch.append(EventSpec(COMPACTION_END, {"compaction_id": compaction_id}))
         first = session.append(batch) + (1 if single_batch else 0)  # the summary's seq
     except BaseException as exc:
@@ -333,16 +367,70 @@ def run_transaction(
     return result
 
 
+#: attempts at writing a failed transaction's error end (step 9) before it is given up on
+END_ATTEMPTS = 3
+
+#: (session id, compaction id) of transactions in this process whose error end could not be written
+_ABANDONED: set[tuple[str, str]] = set()
+_ABANDONED_LOCK = threading.Lock()
+
+
 def _fail(session: Session, compaction_id: str, exc: BaseException) -> None:
-    """Step 9: exactly one error end. Retried once through a conflict with another writer."""
+    """Step 9: write exactly one ``compaction/end {error}`` for a transaction that failed after
+    its start was written. Never raises, so the caller re-raises the transaction's own error.
+
+    Each of up to :data:`END_ATTEMPTS` attempts folds what other writers appended first, so a
+    conflict with another writer or a passing store error is retried. When every attempt fails,
+    the failure is logged as an error (the compaction, the transaction's error and the store's)
+    and the compaction is recorded as abandoned: the next transaction on this session in this
+    process writes its error end first (:func:`_end_abandoned`), and a process that opens the
+    session after this one has exited closes it through ``repair_after_crash``.
+    """
     error = redact(f"{type(exc).__name__}: {exc}"[:4000])  # a summarizer's error may echo a key
-    for _ in range(3):
+    end_error: Exception | None = None
+    for attempt in range(1, END_ATTEMPTS + 1):
         try:
             session.refresh()
+            if session.open_compaction is None or session.open_compaction["compaction_id"] != compaction_id:
+                return  # already ended (an earlier attempt's write landed before its error was raised)
             session.append_one(COMPACTION_END, {"compaction_id": compaction_id, "error": error[:2000]})
             return
-        except ConflictError:
-            continue
+        except Exception as exc_end:  # noqa: BLE001 - a store error of any kind: retried, then logged
+            end_error = exc_end
+            log.warning(
+                "compaction end not written",
+                session=session.id,
+                compaction_id=compaction_id,
+                attempt=attempt,
+                error=f"{type(exc_end).__name__}: {exc_end}",
+            )
+    with _ABANDONED_LOCK:
+        _ABANDONED.add((session.id, compaction_id))
+    log.error(
+        "compaction end could not be written; the next compaction of this session in this process ends it first",
+        session=session.id,
+        compaction_id=compaction_id,
+        error=error,
+        end_error=f"{type(end_error).__name__}: {end_error}",
+        attempts=END_ATTEMPTS,
+    )
+
+
+def _is_abandoned(session_id: str, compaction_id: str) -> bool:
+    with _ABANDONED_LOCK:
+        return (session_id, compaction_id) in _ABANDONED
+
+
+def _end_abandoned(session: Session, busy: dict[str, Any]) -> None:
+    """Write the error end that :func:`_fail` could not; a store error here propagates."""
+    compaction_id = busy["compaction_id"]
+    session.append_one(
+        COMPACTION_END,
+        {"compaction_id": compaction_id, "error": "abandoned: its error end could not be written when it failed"},
+    )
+    with _ABANDONED_LOCK:
+        _ABANDONED.discard((session.id, compaction_id))
+    log.warning("abandoned compaction ended", session=session.id, compaction_id=compaction_id)
 
 
 # -- region selection helpers ---------------------------------------------------------------------

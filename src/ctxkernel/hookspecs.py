@@ -156,7 +156,9 @@ def request_error(session: Session, error: ModelError) -> bool | None:
     Stops at the first non-None result. Typical use: on
     :class:`ctxkernel.ContextOverflowError`, compact and return True so the harness retries
     after the surface actually shrank. Return False to say "handled, do not retry", None to
-    pass.
+    pass. When no result asks for a retry on a context overflow, the kernel's fallback
+    (:func:`ctxkernel.guard.shrink_to_fit`) excerpts the largest messages and asks for it itself
+    when that saved something.
 
     :return: True to ask for a retry, False to give up, None to let others decide.
     """

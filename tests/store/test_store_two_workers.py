@@ -28,8 +28,11 @@ class Worker:
         )
 
     def send(self, **cmd):
-        self.proc.stdin.write(orjson.dumps(cmd).decode() + "\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(orjson.dumps(cmd).decode() + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:  # the worker died; its traceback is in the captured stderr
+            raise AssertionError(f"worker exited with {self.proc.wait()} before {cmd['op']!r}") from None
 
     def recv(self):
         line = self.proc.stdout.readline()

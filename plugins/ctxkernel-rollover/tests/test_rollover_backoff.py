@@ -1,6 +1,10 @@
-"""Automatic rollover when the window is full but its surface is small (the provider's count, the
-system prompt and the tools take the rest): the minimal seed is always admitted, and a switch
-that cannot help is reported once and not retried on every request."""
+"""Automatic rollover when the window is full but its surface is small (the system prompt and the
+tools take the rest): the minimal seed is always admitted, and a switch that cannot help is
+reported once and not retried on every request.
+
+The provider reports usage honestly here (a figure far from the meter's count is set aside, see
+docs/security.md), so the header is what fills the window: :func:`fill_window` grows the
+profile's system prompt until the request reaches a given share of the effective window."""
 
 from __future__ import annotations
 
@@ -19,13 +23,33 @@ def instruction(n: int) -> str:
     return f"instruction {n}: " + "keep the parser strict about trailing commas and report the line " * 2
 
 
-def small_turn(session, text: str, *, prompt_tokens: int | None = None) -> None:
-    """A user message and one reply; ``prompt_tokens`` is what the provider says the request cost."""
+def small_turn(session, text: str) -> None:
+    """A user message and one reply, with the usage an honest provider reports."""
     session.user(text)
-    session.prepare_request()
-    usage = None if prompt_tokens is None else {"prompt_tokens": prompt_tokens, "completion_tokens": 5}
-    session.commit_reply(Message.assistant("ok"), usage=usage)
+    request = session.prepare_request()
+    reply = Message.assistant("ok")
+    session.commit_reply(reply, usage={"prompt_tokens": request.pressure.tokens, "completion_tokens": session.meter.count_message(reply)})
     session.end_turn()
+
+
+#: one token per repetition with cl100k (checked by fill_window)
+FILLER = "alpha "
+
+
+def fill_window(session, ratio: float) -> str:
+    """Grow the system prompt so the next request is ``ratio`` of the effective window; returns
+    the prompt (a reopened kernel needs it too)."""
+    kernel = session.kernel
+    base = kernel.profile.profile.system_prompt.split("\n" + FILLER, 1)[0]
+    kernel.profile.profile.system_prompt = base
+    session.invalidate_header()
+    pressure = session.pressure()
+    missing = int(ratio * pressure.effective_window) - pressure.tokens
+    assert missing > 0, (ratio, pressure)
+    kernel.profile.profile.system_prompt = base + "\n" + FILLER * missing
+    session.invalidate_header()
+    assert abs(session.pressure().tokens - int(ratio * pressure.effective_window)) <= 3
+    return kernel.profile.profile.system_prompt
 
 
 def failures(session):
@@ -44,7 +68,8 @@ def test_the_seed_budget_admits_the_minimal_seed(tmp_path):
         small_turn(session, instruction(n))
     surface = session.meter.surface_tokens()
     assert surface < 0.9 * (WINDOW - RESERVE)
-    small_turn(session, "one more small step", prompt_tokens=int(0.93 * (WINDOW - RESERVE)))
+    small_turn(session, "one more small step")
+    fill_window(session, 0.93)
     session.user("and the next one")
     session.prepare_request()
     assert failures(session) == [], failures(session)
@@ -57,9 +82,10 @@ def test_the_seed_budget_admits_the_minimal_seed(tmp_path):
 def test_a_failed_automatic_switch_backs_off_until_the_surface_grows(tmp_path):
     window, reserve = 20_000, 1_000
     session = rollover_kernel(tmp_path, window=window, reserve=reserve).open_session()
-    # the provider says the window is nearly full while the surface is a few dozen tokens: a new
-    # window could not relieve it, so the automatic switch fails (loudly) ...
-    small_turn(session, "hi", prompt_tokens=int(0.93 * (window - reserve)))
+    # the header fills the window while the surface is a few dozen tokens: a new window could not
+    # relieve it, so the automatic switch fails (loudly) ...
+    small_turn(session, "hi")
+    prompt = fill_window(session, 0.93)
     session.user("go on")
     session.prepare_request()
     assert [d["trigger"] for d in failures(session)] == ["auto"]
@@ -77,7 +103,9 @@ def test_a_failed_automatic_switch_backs_off_until_the_surface_grows(tmp_path):
     assert requests >= 3
     assert len(failures(session)) == 1
     # a restarted process folds the failure from the log and backs off the same way
-    reopened = rollover_kernel(tmp_path, window=window, reserve=reserve).open_session(session.id)
+    kernel = rollover_kernel(tmp_path, window=window, reserve=reserve)
+    kernel.profile.profile.system_prompt = prompt
+    reopened = kernel.open_session(session.id)
     assert state_of(reopened).last_failure is not None
     reopened.user("after the restart")
     reopened.prepare_request()
@@ -93,12 +121,14 @@ def test_a_failed_automatic_switch_backs_off_until_the_surface_grows(tmp_path):
 
 def test_the_protective_overflow_switch_is_not_held_back_by_an_automatic_failure(tmp_path):
     session = rollover_kernel(tmp_path).open_session()
-    small_turn(session, "hi", prompt_tokens=int(0.93 * (WINDOW - RESERVE)))
+    small_turn(session, "hi")
+    fill_window(session, 0.93)
     session.user("go on")
     session.prepare_request()
     assert [d["trigger"] for d in failures(session)] == ["auto"]
-    session.commit_reply(Message.assistant("ok"), usage={"prompt_tokens": WINDOW, "completion_tokens": 5})
+    session.commit_reply(Message.assistant("ok"))
     session.end_turn()
+    fill_window(session, 1.05)
     session.user("next")
     session.prepare_request()  # over the window now: a different situation, so it is tried
     assert [d["trigger"] for d in failures(session)] == ["auto", "overflow"]

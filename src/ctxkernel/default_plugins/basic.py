@@ -31,6 +31,7 @@ from ctxkernel import (
     head_region,
 )
 from ctxkernel.events import COMPACTION_END, COMPACTION_START
+from ctxkernel.guard import excerpt_oversized
 from ctxkernel.text import extractive_summary
 
 if TYPE_CHECKING:
@@ -141,6 +142,9 @@ def pre_step(session: Session, step: StepContext) -> None:
     settings = basic.settings
     if not settings.auto or basic.route is None:
         return  # the first step of a fresh session has no routed request to price against
+    # a message over the kernel's per-message bound sits in the verbatim tail, where no summary of
+    # the head can reach it: excerpt it first (with a pointer to the full item) and price after
+    excerpt_oversized(session)
     pressure = basic.pressure()
     if pressure.ratio < settings.threshold_ratio:
         return

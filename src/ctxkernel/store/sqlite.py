@@ -6,6 +6,10 @@ Layout (schema version :data:`SCHEMA_VERSION`, recorded in ``meta``)::
     events(session, seq, type, body TEXT, PRIMARY KEY (session, seq))   -- body: the orjson event
     kv(namespace, key, value TEXT, PRIMARY KEY (namespace, key))
 
+Opening (connect, the switch to WAL, the schema) is serialised across processes by a lock file
+beside the database (``ctxkernel.sqlite3.init.lock``): SQLite fails one of two connections that
+switch a fresh database to WAL at once without waiting.
+
 WAL mode lets readers run beside the one writer; ``synchronous=FULL`` makes every committed batch
 durable; the busy timeout makes a second process wait for the write lock instead of failing.
 A batch is one ``BEGIN IMMEDIATE`` transaction that checks and bumps ``sessions.next_seq`` and
@@ -15,9 +19,12 @@ writer killed mid-batch leaves nothing behind (SQLite rolls the open transaction
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +38,8 @@ from .rows import check_bookkeeping, decode_header, decode_value, encode_event, 
 
 SCHEMA_VERSION = 1
 DATABASE_NAME = "ctxkernel.sqlite3"
+#: the lock file beside the database that serialises opening it
+INIT_LOCK_SUFFIX = ".init.lock"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -68,11 +77,51 @@ class SqliteStore:
         except OSError as exc:
             msg = f"cannot create the sqlite store's folder {self.home}: {exc.strerror or exc}"
             raise StoreError(msg) from None
+        # Opening is serialised across processes by a lock file beside the database. Two processes
+        # switching a fresh database to WAL at once both hold a SHARED lock and both ask for the
+        # EXCLUSIVE one; SQLite breaks that deadlock by failing one of them at once with "database
+        # is locked", without calling the busy handler, so busy_timeout cannot help (the cause of
+        # the two-worker test's broken pipes: a worker died while opening its store).
+        with self._opening_lock():
+            self._open(durable)
+
+    @contextlib.contextmanager
+    def _opening_lock(self) -> Iterator[None]:
+        """An exclusive ``flock`` on ``<database>.init.lock``, waited for up to the busy timeout.
+
+        Separate ``open()`` calls get separate locks, so threads exclude each other as processes
+        do; closing the file releases the lock, also when the process dies. The file is never
+        deleted (deleting a lock file lets a second holder in)."""
+        path = Path(str(self.path) + INIT_LOCK_SUFFIX)
+        try:
+            f = open(path, "a+b")  # noqa: SIM115 - closed in finally, which releases the lock
+        except OSError as exc:
+            msg = f"cannot open the sqlite store's lock file {path}: {exc.strerror or exc}"
+            raise StoreError(msg) from None
+        try:
+            deadline = time.monotonic() + self.busy_timeout
+            while True:
+                try:
+                    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        msg = (
+                            f"cannot open the sqlite store {self.path}: another process held {path} "
+                            f"for {self.busy_timeout:g} s while opening it"
+                        )
+                        raise StoreError(msg) from None
+                    time.sleep(0.005)
+            yield
+        finally:
+            f.close()
+
+    def _open(self, durable: bool) -> None:
         try:
             self._db = sqlite3.connect(
-                self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
+                self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
             )
-            self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+            self._db.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
             mode = self._db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             # FULL: a committed batch survives power loss in WAL mode too (NORMAL would not)
             self._db.execute(f"PRAGMA synchronous = {'FULL' if durable else 'OFF'}")
