@@ -7,7 +7,7 @@ Layout (schema version :data:`SCHEMA_VERSION`, recorded in ``meta``)::
     kv(namespace, key, value TEXT, PRIMARY KEY (namespace, key))
 
 Opening (connect, the switch to WAL, the schema) is serialised across processes by a lock file
-beside the database (``ctxkernel.sqlite3.init.lock``): SQLite fails one of two connections that
+beside the database (``ctxkernel.sqlite3.init.lock``, a :mod:`filelock` lock): SQLite fails one of two connections that
 switch a fresh database to WAL at once without waiting.
 
 WAL mode lets readers run beside the one writer; ``synchronous=FULL`` makes every committed batch
@@ -20,16 +20,15 @@ writer killed mid-batch leaves nothing behind (SQLite rolls the open transaction
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import sqlite3
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
+from filelock import FileLock, Timeout
 
 from ..errors import ConflictError, CorruptionError, SessionExistsError, SessionNotFoundError, StoreError
 from ..events import Event
@@ -87,34 +86,29 @@ class SqliteStore:
 
     @contextlib.contextmanager
     def _opening_lock(self) -> Iterator[None]:
-        """An exclusive ``flock`` on ``<database>.init.lock``, waited for up to the busy timeout.
+        """An exclusive :class:`filelock.FileLock` on ``<database>.init.lock``, waited for up to
+        the busy timeout.
 
-        Separate ``open()`` calls get separate locks, so threads exclude each other as processes
-        do; closing the file releases the lock, also when the process dies. The file is never
-        deleted (deleting a lock file lets a second holder in)."""
+        Each opening makes its own lock object, so threads exclude each other as processes do;
+        the operating system releases the lock when its holder dies. The file is kept
+        (``preserve_lock_file``): deleting a lock file lets a second holder in."""
         path = Path(str(self.path) + INIT_LOCK_SUFFIX)
+        lock = FileLock(path, timeout=self.busy_timeout, poll_interval=0.005, preserve_lock_file=True)
         try:
-            f = open(path, "a+b")  # noqa: SIM115 - closed in finally, which releases the lock
+            lock.acquire()
+        except Timeout:
+            msg = (
+                f"cannot open the sqlite store {self.path}: another process held {path} "
+                f"for {self.busy_timeout:g} s while opening it"
+            )
+            raise StoreError(msg) from None
         except OSError as exc:
             msg = f"cannot open the sqlite store's lock file {path}: {exc.strerror or exc}"
             raise StoreError(msg) from None
         try:
-            deadline = time.monotonic() + self.busy_timeout
-            while True:
-                try:
-                    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        msg = (
-                            f"cannot open the sqlite store {self.path}: another process held {path} "
-                            f"for {self.busy_timeout:g} s while opening it"
-                        )
-                        raise StoreError(msg) from None
-                    time.sleep(0.005)
             yield
         finally:
-            f.close()
+            lock.release()
 
     def _open(self, durable: bool) -> None:
         try:
