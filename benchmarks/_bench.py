@@ -30,7 +30,9 @@ class Bench:
     results: list[dict[str, Any]] = field(default_factory=list)
     out: Any = sys.stdout
 
-    def report(self, name: str, ratio: float, target: Target, unit: str, median: float, spread: float, **extra: Any) -> dict[str, Any]:
+    def report(
+        self, name: str, ratio: float, target: Target, unit: str, median: float, spread: float, **extra: Any
+    ) -> dict[str, Any]:
         """Print one JSON line ``{name, ratio, target, unit, median, spread, met, ...}``."""
         op, value = target
         met = ratio >= value if op == ">=" else ratio <= value

@@ -90,8 +90,12 @@ def built(bench: Any, profile: str) -> dict[int, Built]:
         if size != wanted[-1]:
             copy = root / f"{size}"
             shutil.copytree(home, copy)
-            out[size] = Built(profile, size, copy, session.id, len(session.events), session.store.path(session.id).stat().st_size)
-    out[wanted[-1]] = Built(profile, wanted[-1], home, session.id, len(session.events), session.store.path(session.id).stat().st_size)
+            out[size] = Built(
+                profile, size, copy, session.id, len(session.events), session.store.path(session.id).stat().st_size
+            )
+    out[wanted[-1]] = Built(
+        profile, wanted[-1], home, session.id, len(session.events), session.store.path(session.id).stat().st_size
+    )
     close = getattr(kernel.store, "close", None)
     if close:
         close()

@@ -29,7 +29,9 @@ def usage_for(session: Any, request: Any, reply: Any) -> dict[str, int]:
 
 
 def text(n_words: int, seed: int) -> str:
-    return " ".join(WORDS[(seed * 7 + i * 13) % len(WORDS)] + (str(seed % 97) if i % 5 == 0 else "") for i in range(n_words))
+    return " ".join(
+        WORDS[(seed * 7 + i * 13) % len(WORDS)] + (str(seed % 97) if i % 5 == 0 else "") for i in range(n_words)
+    )
 
 
 def kernel_for(home: Path, *, context_window: int = 128_000, auto: bool = True, fsync: bool = False) -> Kernel:
@@ -43,7 +45,10 @@ def kernel_for(home: Path, *, context_window: int = 128_000, auto: bool = True, 
 def one_turn(session: Any, n: int) -> None:
     session.user(f"step {n}: " + text(40, n))
     request = session.prepare_request()
-    calls = [ToolCallBlock(f"c{n}a", "read_file", {"path": f"src/mod{n % 50}.py"}), ToolCallBlock(f"c{n}b", "run", {"command": f"pytest -k t{n}"})]
+    calls = [
+        ToolCallBlock(f"c{n}a", "read_file", {"path": f"src/mod{n % 50}.py"}),
+        ToolCallBlock(f"c{n}b", "run", {"command": f"pytest -k t{n}"}),
+    ]
     reply = Message.assistant(text(20, n + 1), calls)
     session.commit_reply(reply, usage=usage_for(session, request, reply))
     session.tool_result(f"c{n}a", "\n".join(text(12, n + k) for k in range(8)))

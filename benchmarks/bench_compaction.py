@@ -81,7 +81,12 @@ def chapters(session: Any) -> Callable[[], Any]:
     return lambda: compact_in_place(session, keep, reason="manual")
 
 
-STRATEGIES: dict[str, Callable[[Any], Callable[[], Any]]] = {"basic": basic, "decay": decay, "handoff": handoff, "chapters": chapters}
+STRATEGIES: dict[str, Callable[[Any], Callable[[], Any]]] = {
+    "basic": basic,
+    "decay": decay,
+    "handoff": handoff,
+    "chapters": chapters,
+}
 
 
 def one_round(scratch: Path, profile: str) -> dict[str, float]:
@@ -102,8 +107,15 @@ def one_round(scratch: Path, profile: str) -> dict[str, float]:
         cpu, wall = time.process_time(), time.perf_counter()
         other.append([EventSpec("bench/blob", {"blob": payload}, ignorable=True)])
         append_wall, append_cpu = time.perf_counter() - wall, time.process_time() - cpu
-        return {"cw": compaction_wall, "cc": compaction_cpu, "aw": append_wall, "ac": append_cpu, "bytes": written,
-                "nodes": surface_before, "after": len(session.surface)}
+        return {
+            "cw": compaction_wall,
+            "cc": compaction_cpu,
+            "aw": append_wall,
+            "ac": append_cpu,
+            "bytes": written,
+            "nodes": surface_before,
+            "after": len(session.surface),
+        }
 
 
 def run(bench: Bench) -> None:
@@ -115,14 +127,19 @@ def run(bench: Bench) -> None:
         ratios = [r["cw"] / r["aw"] for r in rounds]
         ratio = statistics.median(ratios)
         bench.report(
-            f"compaction_{profile}_vs_durable_append", ratio, ("<=", 3), "s", statistics.median(r["cw"] for r in rounds),
+            f"compaction_{profile}_vs_durable_append",
+            ratio,
+            ("<=", 3),
+            "s",
+            statistics.median(r["cw"] for r in rounds),
             (max(ratios) - min(ratios)) / ratio,
             baseline_median=float(f"{statistics.median(r['aw'] for r in rounds):.6g}"),
             cpu_ratio=round(statistics.median(r["cc"] / max(r["ac"], 1e-9) for r in rounds), 3),
             bytes=int(statistics.median(r["bytes"] for r in rounds)),
             surface_before=int(statistics.median(r["nodes"] for r in rounds)),
             surface_after=int(statistics.median(r["after"] for r in rounds)),
-            timing="wall", repeat=repeat,
+            timing="wall",
+            repeat=repeat,
         )
 
 

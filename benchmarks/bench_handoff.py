@@ -39,10 +39,24 @@ def synthetic_session(home: Path, events: int):
     batch: list[EventSpec] = []
     i = 0
     while len(session.events) + len(batch) < events:
-        batch.append(EventSpec("user/message", {"message": Message.user(f"instruction {i}: fix module {i}").to_dict()}, append_op()))
+        batch.append(
+            EventSpec(
+                "user/message", {"message": Message.user(f"instruction {i}: fix module {i}").to_dict()}, append_op()
+            )
+        )
         call = ToolCallBlock(f"c{i}", "read_file", {"path": f"src/m{i}.py"})
-        batch.append(EventSpec("assistant/message", {"message": Message.assistant(f"reading {i}", [call]).to_dict()}, append_op()))
-        batch.append(EventSpec("tool/result", {"message": Message.tool(f"c{i}", "def f():\n    return 42\n" * 4).to_dict()}, append_op()))
+        batch.append(
+            EventSpec(
+                "assistant/message", {"message": Message.assistant(f"reading {i}", [call]).to_dict()}, append_op()
+            )
+        )
+        batch.append(
+            EventSpec(
+                "tool/result",
+                {"message": Message.tool(f"c{i}", "def f():\n    return 42\n" * 4).to_dict()},
+                append_op(),
+            )
+        )
         batch.append(EventSpec("assistant/message", {"message": Message.assistant(f"done {i}").to_dict()}, append_op()))
         i += 1
         if len(batch) >= 2_000:
@@ -88,7 +102,9 @@ def run(bench: Bench) -> None:
     session.append([EventSpec("user/message", {"message": Message.user("one more").to_dict()}, append_op())])
     before = history.scanned
     History.for_session(session)
-    bench.report("history re-read after 1 new event: events scanned", history.scanned - before, ("<=", 1), "events", 0.0, 0.0)
+    bench.report(
+        "history re-read after 1 new event: events scanned", history.scanned - before, ("<=", 1), "events", 0.0, 0.0
+    )
 
     bench.compare(
         "history search page vs one bare pass",

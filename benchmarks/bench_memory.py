@@ -54,11 +54,19 @@ def run(bench: Bench) -> None:
     peak = [s["after_kib"] * 1024 / b.log_bytes for s in samples]
     ratio = statistics.median(grown)
     label = f"{size // 1000}k" if size % 1000 == 0 else str(size)
-    bench.report(f"memory_open_{label}_vs_log_size", ratio, ("<=", 4), "bytes grown (ratio: per log byte)",
-                 statistics.median((s["after_kib"] - s["before_kib"]) * 1024 for s in samples),
-                 (max(grown) - min(grown)) / ratio if ratio else 0.0,
-                 peak_vs_log=round(statistics.median(peak), 3), log_bytes=b.log_bytes, events=samples[0]["events"],
-                 peak_rss_bytes=int(statistics.median(s["after_kib"] for s in samples) * 1024), repeat=repeat)
+    bench.report(
+        f"memory_open_{label}_vs_log_size",
+        ratio,
+        ("<=", 4),
+        "bytes grown (ratio: per log byte)",
+        statistics.median((s["after_kib"] - s["before_kib"]) * 1024 for s in samples),
+        (max(grown) - min(grown)) / ratio if ratio else 0.0,
+        peak_vs_log=round(statistics.median(peak), 3),
+        log_bytes=b.log_bytes,
+        events=samples[0]["events"],
+        peak_rss_bytes=int(statistics.median(s["after_kib"] for s in samples) * 1024),
+        repeat=repeat,
+    )
 
 
 if __name__ == "__main__":

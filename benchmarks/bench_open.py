@@ -59,7 +59,12 @@ def backends(scratch: Path, stack: contextlib.ExitStack, size: int) -> dict[str,
         schema_dsn = stack.enter_context(postgres_schema(dsn))
         found["postgres"] = lambda: PostgresStore(schema_dsn)
     elif size == 0:
-        print(json.dumps({"name": "cold_open_postgres", "skipped": "set CTXKERNEL_TEST_PG_DSN (scripts/test-services.sh does)"}), flush=True)
+        print(
+            json.dumps(
+                {"name": "cold_open_postgres", "skipped": "set CTXKERNEL_TEST_PG_DSN (scripts/test-services.sh does)"}
+            ),
+            flush=True,
+        )
     return found
 
 
@@ -83,7 +88,9 @@ def run(bench: Bench) -> None:
                 def floor(path: Path = path) -> Any:
                     return [orjson.loads(line) for line in path.read_bytes().splitlines()]
 
-                def cold_open(kernel: Any = kernel, opener: Callable[[], Any] = opener, session_id: str = b.session_id) -> Any:
+                def cold_open(
+                    kernel: Any = kernel, opener: Callable[[], Any] = opener, session_id: str = b.session_id
+                ) -> Any:
                     kernel.store.close()
                     kernel.store = opener()  # a new store object: no cache, no index
                     return kernel.open_session(session_id, repair=True)
@@ -96,8 +103,16 @@ def run(bench: Bench) -> None:
                     cold_open()
                     walls.append((time.perf_counter() - middle) / (middle - start))
                 label = f"{size // 1000}k" if size % 1000 == 0 else str(size)
-                bench.compare(f"cold_open_{backend}_{label}", cold_open, floor, target=("<=", 3), repeat=repeat,
-                              events=copied, bytes=path.stat().st_size, wall_ratio=round(statistics.median(walls), 3))
+                bench.compare(
+                    f"cold_open_{backend}_{label}",
+                    cold_open,
+                    floor,
+                    target=("<=", 3),
+                    repeat=repeat,
+                    events=copied,
+                    bytes=path.stat().st_size,
+                    wall_ratio=round(statistics.median(walls), 3),
+                )
                 kernel.store.close()
 
 

@@ -57,8 +57,16 @@ def history_search(bench: Bench, size: int, label: str, repeat: int) -> None:
         return [i for i, t in enumerate(texts) if ABSENT in t]
 
     pages = search_all()
-    bench.compare(f"recall_history_search_{label}_vs_scan", search_all, scan, target=("<=", 3), repeat=repeat,
-                  events=len(session.events), pages=pages, chars=sum(len(t) for t in texts))
+    bench.compare(
+        f"recall_history_search_{label}_vs_scan",
+        search_all,
+        scan,
+        target=("<=", 3),
+        repeat=repeat,
+        events=len(session.events),
+        pages=pages,
+        chars=sum(len(t) for t in texts),
+    )
 
     cursors: list[str | None] = [None]
     while True:
@@ -67,8 +75,14 @@ def history_search(bench: Bench, size: int, label: str, repeat: int) -> None:
             break
         cursors.append(page["next_cursor"])
     late = cursors[int(len(cursors) * 0.95)]
-    bench.compare("recall_history_page_last_vs_first", lambda: history.list_items(limit=50, cursor=late),
-                  lambda: history.list_items(limit=50), target=("<=", 1.5), repeat=repeat * 3, pages=len(cursors))
+    bench.compare(
+        "recall_history_page_last_vs_first",
+        lambda: history.list_items(limit=50, cursor=late),
+        lambda: history.list_items(limit=50),
+        target=("<=", 1.5),
+        repeat=repeat * 3,
+        pages=len(cursors),
+    )
 
 
 def chapter_search(bench: Bench, size: int, label: str, repeat: int) -> None:
@@ -91,11 +105,26 @@ def chapter_search(bench: Bench, size: int, label: str, repeat: int) -> None:
 
     outcome = search()
     if outcome.is_error or not files:
-        bench.report(f"recall_chapter_search_{label}_vs_scan", float("inf"), ("<=", 3), "s", 0.0, 0.0,
-                     error=f"no chapters to search ({len(files)} files; {str(outcome)[:200]})")
+        bench.report(
+            f"recall_chapter_search_{label}_vs_scan",
+            float("inf"),
+            ("<=", 3),
+            "s",
+            0.0,
+            0.0,
+            error=f"no chapters to search ({len(files)} files; {str(outcome)[:200]})",
+        )
         return
-    bench.compare(f"recall_chapter_search_{label}_vs_scan", search, scan, target=("<=", 3), repeat=repeat,
-                  events=b.events, chapter_files=len(files), chapter_bytes=sum(p.stat().st_size for p in files))
+    bench.compare(
+        f"recall_chapter_search_{label}_vs_scan",
+        search,
+        scan,
+        target=("<=", 3),
+        repeat=repeat,
+        events=b.events,
+        chapter_files=len(files),
+        chapter_bytes=sum(p.stat().st_size for p in files),
+    )
 
 
 if __name__ == "__main__":

@@ -60,9 +60,10 @@ def to_langchain(messages: list[Message]) -> list[Any]:
             out.append(AIMessage(m.text, tool_calls=calls))
         else:
             result = m.tool_result
-            out.append(ToolMessage(result.content if result else m.text, tool_call_id=result.call_id if result else "x"))
+            out.append(
+                ToolMessage(result.content if result else m.text, tool_call_id=result.call_id if result else "x")
+            )
     return out
-
 
 
 def request_round(session: Any, steps: int, counter: list[int]) -> float:
@@ -109,8 +110,14 @@ def run(bench: Bench) -> None:
             return sum(tokenizer.count(message_text_for_count(m)) for m in messages)
 
         def trim(lc: Any = lc, window: int = window) -> Any:
-            return trim_messages(lc, max_tokens=window, token_counter=count_tokens_approximately, strategy="last",
-                                 start_on="human", allow_partial=False)
+            return trim_messages(
+                lc,
+                max_tokens=window,
+                token_counter=count_tokens_approximately,
+                strategy="last",
+                start_on="human",
+                allow_partial=False,
+            )
 
         times: dict[str, list[float]] = {"recount": [], "trim": [], "messages": [len(messages)]}
         recount()  # warm: imports, the tokenizer's caches
@@ -153,15 +160,30 @@ def run(bench: Bench) -> None:
                 extra["trim_messages_ratio"] = round(trim_median / statistics.median(ours), 3)
             else:
                 extra["trim_messages_skipped"] = skipped
-            bench.report(f"request_{profile}_{_label(size)}_vs_recount", ratio, (">=", 50 if size == large else 1), "s per request",
-                         statistics.median(ours), (max(ratios) - min(ratios)) / ratio, **extra)
+            bench.report(
+                f"request_{profile}_{_label(size)}_vs_recount",
+                ratio,
+                (">=", 50 if size == large else 1),
+                "s per request",
+                statistics.median(ours),
+                (max(ratios) - min(ratios)) / ratio,
+                **extra,
+            )
         flat = [a / b for a, b in zip(per_size[large], per_size[small], strict=True)]
         mid = [a / b for a, b in zip(per_size[preset[1]], per_size[small], strict=True)]
         ratio = statistics.median(flat)
-        bench.report(f"request_{profile}_flat_{_label(large)}_vs_{_label(small)}", ratio, ("<=", 2), "s per request",
-                     statistics.median(per_size[large]), (max(flat) - min(flat)) / ratio,
-                     baseline_median=round(statistics.median(per_size[small]), 6),
-                     ratio_middle_vs_smallest=round(statistics.median(mid), 3), repeat=rounds, steps_per_round=steps)
+        bench.report(
+            f"request_{profile}_flat_{_label(large)}_vs_{_label(small)}",
+            ratio,
+            ("<=", 2),
+            "s per request",
+            statistics.median(per_size[large]),
+            (max(flat) - min(flat)) / ratio,
+            baseline_median=round(statistics.median(per_size[small]), 6),
+            ratio_middle_vs_smallest=round(statistics.median(mid), 3),
+            repeat=rounds,
+            steps_per_round=steps,
+        )
         del sessions
 
 

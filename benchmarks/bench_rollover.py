@@ -37,14 +37,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def build(home: Path, nodes: int, notes: int):
-    profile = make_profile(REPO / "profiles" / "rollover.toml",
-                           model={"context_window": 1_000_000, "reserved_output_tokens": 8_000})
+    profile = make_profile(
+        REPO / "profiles" / "rollover.toml", model={"context_window": 1_000_000, "reserved_output_tokens": 8_000}
+    )
     kernel = Kernel(profile, store=JsonlStore(home), home=home)
     session = kernel.open_session()
     session.user("benchmark the rollover")
     for i in range(nodes // 2):
         session.prepare_request()
-        session.commit_reply(Message.assistant(f"step {i}", [ToolCallBlock(f"c{i}", "read_file", {"path": f"src/m{i}.py"})]))
+        session.commit_reply(
+            Message.assistant(f"step {i}", [ToolCallBlock(f"c{i}", "read_file", {"path": f"src/m{i}.py"})])
+        )
         session.tool_result(f"c{i}", "def function():\n    return 42\n" * 20)
     notes_api = Notes.for_session(session)
     for i in range(notes):

@@ -60,7 +60,12 @@ def sources(bench: Bench) -> list[tuple[str, Any]]:
         try:
             recording = load_recording(path)
         except Exception as exc:  # noqa: BLE001 - one unreadable file is reported, the rest still run
-            print(json.dumps({"name": f"simulate_transcript_{path.parent.name}", "skipped": f"cannot load: {type(exc).__name__}"}), flush=True)
+            print(
+                json.dumps(
+                    {"name": f"simulate_transcript_{path.parent.name}", "skipped": f"cannot load: {type(exc).__name__}"}
+                ),
+                flush=True,
+            )
             continue
         # named by format only: transcript file names stay out of the record
         found.append((f"transcript_{path.parent.name}".replace("-", "_"), recording))
@@ -82,9 +87,17 @@ def run(bench: Bench) -> None:
         for name in PROFILES:
             ratios = [a / b for a, b in zip(rates[name], rates["none"], strict=True)]
             ratio = statistics.median(ratios)
-            bench.report(f"simulate_{label}_{name}", ratio, (">=", 0.25), "events/s", statistics.median(rates[name]),
-                         (max(ratios) - min(ratios)) / ratio, baseline_median=round(statistics.median(rates["none"]), 1),
-                         requests=recording.requests, repeat=rounds)
+            bench.report(
+                f"simulate_{label}_{name}",
+                ratio,
+                (">=", 0.25),
+                "events/s",
+                statistics.median(rates[name]),
+                (max(ratios) - min(ratios)) / ratio,
+                baseline_median=round(statistics.median(rates["none"]), 1),
+                requests=recording.requests,
+                repeat=rounds,
+            )
 
 
 if __name__ == "__main__":

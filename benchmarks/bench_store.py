@@ -147,8 +147,17 @@ def run(bench: Any) -> None:
                     ratios.append(rate / floor)
                     rates.append(rate)
                     floors.append(floor)
-                _report(bench, f"store_{kind}_{backend}", ratios, TARGETS[kind][backend], "events/s", rates,
-                        floor_events_per_s=round(statistics.median(floors), 1), per_batch=per_batch, events=count)
+                _report(
+                    bench,
+                    f"store_{kind}_{backend}",
+                    ratios,
+                    TARGETS[kind][backend],
+                    "events/s",
+                    rates,
+                    floor_events_per_s=round(statistics.median(floors), 1),
+                    per_batch=per_batch,
+                    events=count,
+                )
             fill(store, f"long-{run_id}", events)
             store.close()
         jsonl_file = scratch / "jsonl" / "sessions" / f"long-{run_id}.jsonl"
@@ -160,12 +169,22 @@ def run(bench: Any) -> None:
                 ratios.append(floor / seconds)
                 times.append(seconds)
                 floors.append(floor)
-            _report(bench, f"store_cold_read_{backend}", ratios, TARGETS["cold_read"][backend], "s", times,
-                    floor_s=round(statistics.median(floors), 4), events=events,
-                    events_per_s=round(events / statistics.median(times)))
+            _report(
+                bench,
+                f"store_cold_read_{backend}",
+                ratios,
+                TARGETS["cold_read"][backend],
+                "s",
+                times,
+                floor_s=round(statistics.median(floors), 4),
+                events=events,
+                events_per_s=round(events / statistics.median(times)),
+            )
 
 
-def _report(bench: Any, name: str, ratios: list[float], target: float, unit: str, values: list[float], **extra: Any) -> None:
+def _report(
+    bench: Any, name: str, ratios: list[float], target: float, unit: str, values: list[float], **extra: Any
+) -> None:
     ratio = statistics.median(ratios)
     spread = (max(ratios) - min(ratios)) / ratio if ratio else 0.0
     bench.report(name, ratio, (">=", target), unit, statistics.median(values), spread, **extra)

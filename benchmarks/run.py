@@ -46,7 +46,12 @@ def main() -> int:
 
     configure_logging("warning")
     modules = sorted(p for p in HERE.glob("bench_*.py") if args.keyword in p.stem)
-    machine = {"python": platform.python_version(), "machine": platform.machine(), "cpus": _cpus(), "system": platform.system()}
+    machine = {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": _cpus(),
+        "system": platform.system(),
+    }
     print(json.dumps({"machine": machine, "modules": [p.stem for p in modules], "quick": args.quick}), flush=True)
     scratch = Path(tempfile.mkdtemp(prefix="ctxkernel-bench-"))
     bench = Bench(quick=args.quick, scratch=scratch)
@@ -63,7 +68,11 @@ def main() -> int:
             except Exception:
                 traceback.print_exc()
                 failed_modules.append(path.stem)
-            print(json.dumps({"module": path.stem, "seconds": round(time.perf_counter() - started, 1)}), file=sys.stderr, flush=True)
+            print(
+                json.dumps({"module": path.stem, "seconds": round(time.perf_counter() - started, 1)}),
+                file=sys.stderr,
+                flush=True,
+            )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if args.out:

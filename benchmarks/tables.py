@@ -17,7 +17,11 @@ from pathlib import Path
 #: (title, name prefixes, module keyword for ``run.py -k``): the issue's measures, in its order
 MEASURES = (
     ("1. Per-request overhead (prepare_request + commit_reply)", ("request_", "step_cost", "pressure_"), None),
-    ("2. Cold open (read + repair + replay + meter) vs orjson-parsing the same bytes", ("cold_open_", "cold_replay_", "store_cold_read_"), None),
+    (
+        "2. Cold open (read + repair + replay + meter) vs orjson-parsing the same bytes",
+        ("cold_open_", "cold_replay_", "store_cold_read_"),
+        None,
+    ),
     ("3. Compaction transaction vs one durable append of the same bytes", ("compaction_", "rollover_commit"), None),
     ("4. Recall vs a raw substring scan; paging vs position", ("recall_", "history "), None),
     ("5. Memory opening a session vs its log size", ("memory_",), None),
@@ -25,9 +29,18 @@ MEASURES = (
     ("Store appends (durable) vs raw write+fsync", ("store_append",), None),
 )
 MODULE_OF = {
-    "request_": "request", "step_cost": "kernel", "pressure_": "kernel", "cold_open_": "open", "cold_replay_": "kernel",
-    "store_": "store", "compaction_": "compaction", "rollover_": "rollover", "recall_": "recall", "history ": "handoff",
-    "memory_": "memory", "simulate_": "simulate",
+    "request_": "request",
+    "step_cost": "kernel",
+    "pressure_": "kernel",
+    "cold_open_": "open",
+    "cold_replay_": "kernel",
+    "store_": "store",
+    "compaction_": "compaction",
+    "rollover_": "rollover",
+    "recall_": "recall",
+    "history ": "handoff",
+    "memory_": "memory",
+    "simulate_": "simulate",
 }
 
 
@@ -53,11 +66,18 @@ def render(lines: list[dict]) -> str:
         rows = [r for r in results if r["name"].startswith(prefixes) and r["name"] not in used]
         if not rows:
             continue
-        out += [f"### {title}", "", "| name | median | unit | spread | ratio | target | met | reproduce |", "|---|---|---|---|---|---|---|---|"]
+        out += [
+            f"### {title}",
+            "",
+            "| name | median | unit | spread | ratio | target | met | reproduce |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for r in rows:
             used.add(r["name"])
             met = "yes" if r.get("met") else "**missing**"
-            out.append(f"| {r['name']} | {fmt(r.get('median'))} | {r.get('unit', '')} | {fmt(r.get('spread'))} | {fmt(r['ratio'])} | {r.get('target', '')} | {met} | {command(r['name'])} |")
+            out.append(
+                f"| {r['name']} | {fmt(r.get('median'))} | {r.get('unit', '')} | {fmt(r.get('spread'))} | {fmt(r['ratio'])} | {r.get('target', '')} | {met} | {command(r['name'])} |"
+            )
         out.append("")
     rest = [r for r in results if r["name"] not in used]
     if rest:

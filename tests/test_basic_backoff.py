@@ -15,7 +15,9 @@ TURNS = 60
 
 
 def _kernel(home, **basic):
-    profile = make_profile(model={"context_window": WINDOW, "reserved_output_tokens": RESERVED}, strategies={"basic": basic})
+    profile = make_profile(
+        model={"context_window": WINDOW, "reserved_output_tokens": RESERVED}, strategies={"basic": basic}
+    )
     profile.profile.system_prompt = STUCK_SYSTEM_PROMPT
     return build_kernel(home, strategies=["basic"], profile=profile)
 

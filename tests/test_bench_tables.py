@@ -20,8 +20,24 @@ def load_tables():  # noqa: ANN201
 def test_a_missed_target_is_marked_missing_and_a_skip_is_listed() -> None:
     tables = load_tables()
     lines = [
-        {"name": "request_basic_flat_100k_vs_1k", "ratio": 1.01, "target": "<= 2", "unit": "s", "median": 0.0006, "spread": 0.9, "met": True},
-        {"name": "request_handoff_flat_100k_vs_1k", "ratio": 2.3, "target": "<= 2", "unit": "s", "median": 0.0015, "spread": 0.3, "met": False},
+        {
+            "name": "request_basic_flat_100k_vs_1k",
+            "ratio": 1.01,
+            "target": "<= 2",
+            "unit": "s",
+            "median": 0.0006,
+            "spread": 0.9,
+            "met": True,
+        },
+        {
+            "name": "request_handoff_flat_100k_vs_1k",
+            "ratio": 2.3,
+            "target": "<= 2",
+            "unit": "s",
+            "median": 0.0015,
+            "spread": 0.3,
+            "met": False,
+        },
         {"name": "cold_open_postgres", "skipped": "set CTXKERNEL_TEST_PG_DSN"},
     ]
     out = tables.render(lines)

@@ -19,7 +19,9 @@ from ctxkernel.cli import main
 from ctxkernel.store.jsonl import JsonlStore
 
 REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("ctxkernel_tests_validate_support", Path(__file__).with_name("validate_support.py"))
+_spec = importlib.util.spec_from_file_location(
+    "ctxkernel_tests_validate_support", Path(__file__).with_name("validate_support.py")
+)
 support = sys.modules.get(_spec.name) or importlib.util.module_from_spec(_spec)
 if _spec.name not in sys.modules:
     sys.modules[_spec.name] = support
@@ -156,7 +158,9 @@ def test_validate_strict_turns_warnings_into_exit_1(capsys, tmp_path):
     assert run_cli(capsys, "validate", "--strict", str(shadowed))[0] == 1
 
 
-@pytest.mark.parametrize("argv", [["validate", "no-such-profile"], ["validate", "/no/such/file.toml"], ["validate", "--bogus"]])
+@pytest.mark.parametrize(
+    "argv", [["validate", "no-such-profile"], ["validate", "/no/such/file.toml"], ["validate", "--bogus"]]
+)
 def test_validate_usage_errors_exit_2(capsys, argv):
     code, out, err = run_cli(capsys, *argv)
     assert code == 2
@@ -241,7 +245,10 @@ def test_run_scripted_prompt_from_arguments(capsys, tmp_path, env):
     script = script_file(
         tmp_path,
         [
-            {"content": "let me look", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "grep", "arguments": "{}"}}]},
+            {
+                "content": "let me look",
+                "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "grep", "arguments": "{}"}}],
+            },
             "All done.",
         ],
     )
@@ -319,7 +326,13 @@ class _Provider:
                     {
                         "id": "x",
                         "model": body["model"],
-                        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "from http"}}],
+                        "choices": [
+                            {
+                                "index": 0,
+                                "finish_reason": "stop",
+                                "message": {"role": "assistant", "content": "from http"},
+                            }
+                        ],
                         "usage": {"prompt_tokens": 30, "completion_tokens": 3, "total_tokens": 33},
                     }
                 ).encode()
@@ -347,7 +360,14 @@ def test_run_against_an_openai_compatible_server(capsys, monkeypatch):
     monkeypatch.setenv("MY_KEY", "secret")
     try:
         code, out, err = run_cli(
-            capsys, "run", "--model", f"openai:{provider.base_url}#tiny-model", "--api-key-env", "MY_KEY", "--json", "ping"
+            capsys,
+            "run",
+            "--model",
+            f"openai:{provider.base_url}#tiny-model",
+            "--api-key-env",
+            "MY_KEY",
+            "--json",
+            "ping",
         )
     finally:
         provider.close()
@@ -379,16 +399,24 @@ def test_console_script_runs_plugins_and_validate(tmp_path, env):
     script = Path(sys.executable).with_name("ctxkernel")
     assert script.exists(), f"console script missing next to {sys.executable}: pip install -e ."
     environment = {**os.environ, "CTXKERNEL_HOME": str(env)}
-    listed = subprocess.run([str(script), "plugins"], capture_output=True, text=True, cwd=REPO, env=environment, timeout=120)
+    listed = subprocess.run(
+        [str(script), "plugins"], capture_output=True, text=True, cwd=REPO, env=environment, timeout=120
+    )
     assert listed.returncode == 0, listed.stderr
     assert "basic" in {row["name"] for row in json.loads(listed.stdout)}
     checked = subprocess.run(
         [str(script), "validate", "--strict", "--json", "profiles/basic.toml"],
-        capture_output=True, text=True, cwd=REPO, env=environment, timeout=120,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=environment,
+        timeout=120,
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert all(row["level"] == "pass" for row in json.loads(checked.stdout))
-    bad = subprocess.run([str(script), "validate", "nope"], capture_output=True, text=True, cwd=REPO, env=environment, timeout=120)
+    bad = subprocess.run(
+        [str(script), "validate", "nope"], capture_output=True, text=True, cwd=REPO, env=environment, timeout=120
+    )
     assert bad.returncode == 2 and "nope" in bad.stderr
 
 
@@ -401,7 +429,9 @@ def test_strategies_add_commands_through_the_hook_and_a_broken_one_is_named(caps
 
     def with_broken(*, entry_points: bool = True):
         available, conflicts = real(entry_points=entry_points)
-        return available | {"broken": Available("broken", "ctxkernel-broken", "0.0.1", "ctxkernel_no_such_module")}, conflicts
+        return available | {
+            "broken": Available("broken", "ctxkernel-broken", "0.0.1", "ctxkernel_no_such_module")
+        }, conflicts
 
     monkeypatch.setattr(plugins_module, "discover", with_broken)
     code, out, err = run_cli(capsys, "chapters", "--help")

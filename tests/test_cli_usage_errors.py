@@ -152,7 +152,9 @@ def test_the_report_path_is_checked_before_the_simulation_runs(where, capsys):
 def test_the_installed_command_gives_the_same_one_line_error(where, argv):
     """Through a real process (the console script's entry point): no traceback reaches the user."""
     command = [sys.executable, "-c", "import sys; from ctxkernel.cli import main; sys.exit(main())"]
-    done = subprocess.run([*command, *(a.format(**where) for a in argv)], capture_output=True, text=True, timeout=120, cwd=where["tmp"])
+    done = subprocess.run(
+        [*command, *(a.format(**where) for a in argv)], capture_output=True, text=True, timeout=120, cwd=where["tmp"]
+    )
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert "Traceback" not in done.stderr
     if argv[0] == "validate":  # an unreadable profile is an invalid profile: validate's exit 1, reported

@@ -27,8 +27,12 @@ def test_one_store_append_for_the_whole_transaction(session, monkeypatch):
 
     monkeypatch.setattr(session.store, "append", counting)
     nodes = session.surface.nodes
-    result = session.compact(Span(nodes[0].seq, nodes[-1].seq, message=Message.user("seed", Source.plugin_form("t", "seed"))),
-                             strategy="t", kind="window", single_batch=True)
+    result = session.compact(
+        Span(nodes[0].seq, nodes[-1].seq, message=Message.user("seed", Source.plugin_form("t", "seed"))),
+        strategy="t",
+        kind="window",
+        single_batch=True,
+    )
     assert calls == [["compaction/start", "compaction/summary", "user/message", "compaction/end"]]
     assert result.start_seq == session.events[-4].seq and result.spans[0].replacement_seq == session.events[-2].seq
     assert session.open_compaction is None
@@ -40,7 +44,9 @@ def test_a_refused_single_batch_writes_nothing(session):
     before = path.read_bytes()
     nodes = session.surface.nodes
     with pytest.raises(ShrinkCheckError):
-        session.compact(Span(nodes[0].seq, nodes[0].seq, message=Message.user("long " * 500)), strategy="t", single_batch=True)
+        session.compact(
+            Span(nodes[0].seq, nodes[0].seq, message=Message.user("long " * 500)), strategy="t", single_batch=True
+        )
     with pytest.raises(CompactionError, match="single_batch"):
         session.compact(Span(nodes[0].seq, nodes[-1].seq), strategy="t", single_batch=True)
     assert path.read_bytes() == before

@@ -12,7 +12,13 @@ def test_basic_passes_the_conformance_suite(tmp_path):
 
 def test_pairing_problems_names_each_kind_in_order():
     calls = Message.assistant("", [ToolCallBlock("x", "t", {}), ToolCallBlock("y", "t", {})])
-    messages = [Message.tool("z", "early"), calls, Message.tool("x", "ok"), Message.tool("x", "twice"), Message.user("cut")]
+    messages = [
+        Message.tool("z", "early"),
+        calls,
+        Message.tool("x", "ok"),
+        Message.tool("x", "twice"),
+        Message.user("cut"),
+    ]
     assert pairing_problems(messages) == [
         PairingProblem("orphan_result", 0, ("z",)),
         PairingProblem("split_group", 3, ("x",), ("x", "y")),

@@ -64,7 +64,9 @@ def test_firstresult_hooks_say_so():
     body = {t.strip("`"): b for t, b in sections(text, "##").items()}
     for name, signature in hookspec_signatures().items():
         first = pm.parse_hookspec_opts(hookspecs, name)["firstresult"]
-        assert ("*First result.*" in body[signature]) == first, f"{signature}: first-result note does not match the hookspec"
+        assert ("*First result.*" in body[signature]) == first, (
+            f"{signature}: first-result note does not match the hookspec"
+        )
 
 
 def test_every_hook_states_its_stability():

@@ -38,7 +38,9 @@ def test_example_in_fresh_venv_passes_conformance(tmp_path):
         if os.environ.get("CI") == "true":
             pytest.fail(f"pip install into a fresh venv failed in CI:\n{install.stderr[-3000:]}")
         pytest.skip(f"cannot install into a fresh venv here (no package index?): {install.stderr[-500:]}")
-    listed = subprocess.run([str(python), "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True, check=True)
+    listed = subprocess.run(
+        [str(python), "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True, check=True
+    )
     names = {line.split("==")[0].lower() for line in listed.stdout.splitlines()}
     assert "ctxkernel-decay" not in names and "ctxkernel-observation-mask" in names
     result = subprocess.run([str(python), "-c", CHECK], capture_output=True, text=True, cwd=tmp_path)

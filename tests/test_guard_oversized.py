@@ -80,7 +80,9 @@ def test_a_50_mb_tool_result_is_excerpted_and_every_request_fits(tmp_path: Path,
     # the log keeps the result whole; the surface shows no message over the per-message bound
     assert session.events[big_seq].data["message"]["content"][0]["content"] == BIG
     assert all(session.meter.node_tokens(n) <= MAX_MESSAGE_SHARE * window for n in session.surface)
-    sent = "\n".join(m.text + "".join(b.content for b in m.content if b.type == "tool_result") for m in request.messages)
+    sent = "\n".join(
+        m.text + "".join(b.content for b in m.content if b.type == "tool_result") for m in request.messages
+    )
     assert "BUILD FAILED" not in sent or f"item_{big_seq}" in sent  # any part of it shown comes with its pointer
     reply = Message.assistant("the build failed in its last step")
     session.commit_reply(reply, usage=honest(session, request, reply))
@@ -143,7 +145,10 @@ def test_a_reply_with_oversized_tool_arguments_is_excerpted_with_its_results(tmp
     session = build_kernel(tmp_path, strategies=["basic"], profile=profile).open_session()
     session.user("write the file")
     session.prepare_request()
-    calls = [ToolCallBlock("w", "write_file", {"path": "a.txt", "content": "data " * 30_000}), ToolCallBlock("v", "view", {})]
+    calls = [
+        ToolCallBlock("w", "write_file", {"path": "a.txt", "content": "data " * 30_000}),
+        ToolCallBlock("v", "view", {}),
+    ]
     session.commit_reply(Message.assistant("writing", calls))
     first = session.tool_result("w", "written")
     session.tool_result("v", "ok")
@@ -157,7 +162,9 @@ def test_a_reply_with_oversized_tool_arguments_is_excerpted_with_its_results(tmp
 def overflowing_session(tmp_path: Path, strategies: list[str], **basic: Any) -> tuple[Any, int]:
     """Five medium results, none over half the window, together over it (no automatic compaction);
     returns the session and the seq of the largest result."""
-    profile = make_profile(model={"context_window": 20_000, "reserved_output_tokens": 1_000}, strategies={"basic": basic} if basic else {})
+    profile = make_profile(
+        model={"context_window": 20_000, "reserved_output_tokens": 1_000}, strategies={"basic": basic} if basic else {}
+    )
     session = build_kernel(tmp_path, strategies=strategies, profile=profile).open_session()
     session.user("read everything")
     largest = 0
@@ -178,8 +185,15 @@ def test_an_overflow_no_strategy_could_relieve_excerpts_the_largest_results(tmp_
     assert request.pressure.tokens > window
     error = ContextOverflowError("too long", prompt_tokens=request.pressure.tokens, limit=window)
     assert session.request_failed(error) is True
-    excerpted = [c for e in session.events if e.type == "compaction/summary" and e.data["strategy"] == "kernel" for c in e.data["cites"]]
-    smallest = next(e.seq for e in session.events if e.type == "tool/result" and e.data["message"]["content"][0]["call_id"] == "c0")
+    excerpted = [
+        c
+        for e in session.events
+        if e.type == "compaction/summary" and e.data["strategy"] == "kernel"
+        for c in e.data["cites"]
+    ]
+    smallest = next(
+        e.seq for e in session.events if e.type == "tool/result" and e.data["message"]["content"][0]["call_id"] == "c0"
+    )
     assert largest in excerpted and smallest not in excerpted  # largest first, only as many as needed
     request = session.prepare_request(attempt=1)
     check(request)
@@ -187,7 +201,9 @@ def test_an_overflow_no_strategy_could_relieve_excerpts_the_largest_results(tmp_
     # enough; then the error goes to the harness (no loop)
     answers = []
     while not answers or answers[-1]:
-        answers.append(session.request_failed(ContextOverflowError("still too long", prompt_tokens=window + 1, limit=window)))
+        answers.append(
+            session.request_failed(ContextOverflowError("still too long", prompt_tokens=window + 1, limit=window))
+        )
         assert len(answers) <= 5
     budget = excerpt_budget(window)
     assert all(session.meter.node_tokens(n) <= 2 * budget for n in session.surface)
@@ -198,7 +214,10 @@ def test_a_profile_without_strategies_is_left_unmanaged_on_overflow(tmp_path: Pa
     session, _ = overflowing_session(tmp_path, [])
     request = session.prepare_request()
     window = request.pressure.effective_window
-    assert session.request_failed(ContextOverflowError("too long", prompt_tokens=request.pressure.tokens, limit=window)) is False
+    assert (
+        session.request_failed(ContextOverflowError("too long", prompt_tokens=request.pressure.tokens, limit=window))
+        is False
+    )
     assert not [e for e in session.events if e.type.startswith("compaction/")]
 
 

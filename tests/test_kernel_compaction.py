@@ -26,7 +26,11 @@ def conversation(session: Any) -> None:
     """user, assistant(2 calls), result, result, assistant(1 call), result, assistant, user."""
     session.user("fix the parser " + "please " * 40)
     session.prepare_request()
-    session.commit_reply(Message.assistant("looking " * 30, [ToolCallBlock("a", "read", {"path": "p.py"}), ToolCallBlock("b", "grep", {"q": "x"})]))
+    session.commit_reply(
+        Message.assistant(
+            "looking " * 30, [ToolCallBlock("a", "read", {"path": "p.py"}), ToolCallBlock("b", "grep", {"q": "x"})]
+        )
+    )
     session.tool_result("a", "def parse():\n" + "    pass\n" * 80)
     session.tool_result("b", "p.py:1: x\n" * 40)
     session.prepare_request()
@@ -66,7 +70,9 @@ def compaction_events(session: Any, since: int) -> list[Any]:
         (2, 4, "answers call"),  # starts on a tool result whose call is before the range
     ],
 )
-def test_an_unbalanced_range_is_refused_and_nothing_is_written(session: Any, start_index: int, end_index: int, why: str) -> None:
+def test_an_unbalanced_range_is_refused_and_nothing_is_written(
+    session: Any, start_index: int, end_index: int, why: str
+) -> None:
     path = session.store.path(session.id)
     before = path.read_bytes()
     surface = snapshot(session)

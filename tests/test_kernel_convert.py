@@ -25,7 +25,10 @@ MODEL = Source(kind="model")
 def conversation() -> list[Message]:
     return [
         Message.user("fix parser.py"),
-        Message.assistant("I'll look.", [ToolCallBlock("c1", "read", {"path": "parser.py"}), ToolCallBlock("c2", "grep", {"q": "def"})]),
+        Message.assistant(
+            "I'll look.",
+            [ToolCallBlock("c1", "read", {"path": "parser.py"}), ToolCallBlock("c2", "grep", {"q": "def"})],
+        ),
         Message.tool("c1", "def parse(): ..."),
         Message.tool("c2", "no match", is_error=True),
         Message.assistant("", [ToolCallBlock("c3", "edit", {"path": "parser.py", "line": 3})]),
@@ -42,9 +45,23 @@ def strip_sources(messages: list[Message]) -> list[tuple[str, tuple[Any, ...]]]:
 def test_openai_round_trip_keeps_calls_results_and_order() -> None:
     wire = to_openai_messages(conversation(), system="You are terse.")
     assert wire[0] == {"role": "system", "content": "You are terse."}
-    assert wire[2]["tool_calls"][0] == {"id": "c1", "type": "function", "function": {"name": "read", "arguments": '{"path":"parser.py"}'}}
+    assert wire[2]["tool_calls"][0] == {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "read", "arguments": '{"path":"parser.py"}'},
+    }
     assert wire[5]["content"] is None  # tool-call-only assistant message: null content, as the API wants
-    assert [m["role"] for m in wire] == ["system", "user", "assistant", "tool", "tool", "assistant", "tool", "assistant", "user"]
+    assert [m["role"] for m in wire] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "tool",
+        "assistant",
+        "tool",
+        "assistant",
+        "user",
+    ]
     system, back = from_openai_messages(wire)
     assert system == "You are terse."
     expected = conversation()
@@ -55,14 +72,22 @@ def test_openai_round_trip_keeps_calls_results_and_order() -> None:
 
 def test_openai_system_and_developer_messages_join_into_the_system_text() -> None:
     system, messages = from_openai_messages(
-        [{"role": "system", "content": "a"}, {"role": "user", "content": "hi"}, {"role": "developer", "content": [{"type": "text", "text": "b"}]}]
+        [
+            {"role": "system", "content": "a"},
+            {"role": "user", "content": "hi"},
+            {"role": "developer", "content": [{"type": "text", "text": "b"}]},
+        ]
     )
     assert system == "a\n\nb" and strip_sources(messages) == strip_sources([Message.user("hi")])
     assert to_openai_messages([Message.user("x")]) == [{"role": "user", "content": "x"}]  # no empty system message
 
 
 def test_openai_unparsable_arguments_survive_a_round_trip() -> None:
-    raw = {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{not json"}}]}
+    raw = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{not json"}}],
+    }
     message = from_openai_message(raw)
     assert message is not None and message.tool_calls[0].arguments == {"_raw": "{not json"}
     assert to_openai_messages([message])[0]["tool_calls"][0]["function"]["arguments"] == "{not json"
@@ -93,7 +118,16 @@ def test_anthropic_request_alternates_roles_and_nests_tool_results() -> None:
     body = to_anthropic_request(
         conversation(),
         system="You are terse.",
-        tools=[{"type": "function", "function": {"name": "read", "description": "read a file", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}],
+        tools=[
+            {
+                "type": "function",
+                "function": {
+                    "name": "read",
+                    "description": "read a file",
+                    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+                },
+            }
+        ],
     )
     assert body["system"] == "You are terse."
     roles = [m["role"] for m in body["messages"]]
@@ -104,8 +138,19 @@ def test_anthropic_request_alternates_roles_and_nests_tool_results() -> None:
         {"type": "tool_result", "tool_use_id": "c1", "content": "def parse(): ..."},
         {"type": "tool_result", "tool_use_id": "c2", "content": "no match", "is_error": True},
     ]
-    assert body["messages"][1]["content"][1] == {"type": "tool_use", "id": "c1", "name": "read", "input": {"path": "parser.py"}}
-    assert body["tools"] == [{"name": "read", "description": "read a file", "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}]
+    assert body["messages"][1]["content"][1] == {
+        "type": "tool_use",
+        "id": "c1",
+        "name": "read",
+        "input": {"path": "parser.py"},
+    }
+    assert body["tools"] == [
+        {
+            "name": "read",
+            "description": "read a file",
+            "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}},
+        }
+    ]
 
 
 def test_anthropic_round_trip() -> None:
@@ -127,7 +172,10 @@ def test_anthropic_merges_a_user_message_after_tool_results_and_consecutive_user
     assert body["messages"] == [
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
         {"role": "assistant", "content": [{"type": "tool_use", "id": "c1", "name": "f", "input": {}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1", "content": "r"}, {"type": "text", "text": "next"}]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "c1", "content": "r"}, {"type": "text", "text": "next"}],
+        },
     ]
     # reading it back splits the results from the user's text again, results first
     _, back = from_anthropic_request(body)
@@ -152,7 +200,10 @@ def test_anthropic_thinking_is_sent_back_only_with_a_signature_and_empty_text_is
 
 def test_anthropic_system_blocks_and_string_content() -> None:
     system, messages = from_anthropic_request(
-        {"system": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}], "messages": [{"role": "user", "content": "hi"}]}
+        {
+            "system": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}],
+            "messages": [{"role": "user", "content": "hi"}],
+        }
     )
     assert system == "one\n\ntwo" and messages[0].text == "hi"
 
@@ -172,11 +223,24 @@ def test_anthropic_malformed_messages_are_refused(raw: dict[str, Any], match: st
 
 
 def test_reply_to_message_reads_both_formats() -> None:
-    openai_response = {"choices": [{"message": {"role": "assistant", "content": "hi", "tool_calls": [{"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}}]}
+    openai_response = {
+        "choices": [
+            {
+                "message": {
+                    "role": "assistant",
+                    "content": "hi",
+                    "tool_calls": [{"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+                }
+            }
+        ]
+    }
     assert reply_to_message(openai_response).tool_calls == [ToolCallBlock("a", "f", {})]
     anthropic_text_only = {"type": "message", "role": "assistant", "content": [{"type": "text", "text": "hello"}]}
     assert reply_to_message(anthropic_text_only).text == "hello"
-    anthropic_tool = {"role": "assistant", "content": [{"type": "text", "text": "x"}, {"type": "tool_use", "id": "t", "name": "g", "input": {"k": 1}}]}
+    anthropic_tool = {
+        "role": "assistant",
+        "content": [{"type": "text", "text": "x"}, {"type": "tool_use", "id": "t", "name": "g", "input": {"k": 1}}],
+    }
     assert reply_to_message(anthropic_tool).tool_calls == [ToolCallBlock("t", "g", {"k": 1})]
     with pytest.raises(EventError, match="cannot read a model reply"):
         reply_to_message(42)
@@ -184,7 +248,9 @@ def test_reply_to_message_reads_both_formats() -> None:
 
 # -- property: any well-formed conversation survives both round trips -------------------------------
 _text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=30)
-_args = st.dictionaries(st.text(min_size=1, max_size=8), st.one_of(st.integers(-(2**63), 2**63 - 1), _text, st.booleans()), max_size=3)
+_args = st.dictionaries(
+    st.text(min_size=1, max_size=8), st.one_of(st.integers(-(2**63), 2**63 - 1), _text, st.booleans()), max_size=3
+)
 
 
 @st.composite
@@ -195,7 +261,10 @@ def conversations(draw: Any) -> list[Message]:
         out.append(Message.user(draw(_text)))
         for _ in range(draw(st.integers(0, 3))):
             k = draw(st.integers(0, 3))
-            calls = [ToolCallBlock(f"call{n_call + i}", draw(st.sampled_from(["read", "edit", "run"])), draw(_args)) for i in range(k)]
+            calls = [
+                ToolCallBlock(f"call{n_call + i}", draw(st.sampled_from(["read", "edit", "run"])), draw(_args))
+                for i in range(k)
+            ]
             n_call += k
             text = draw(st.one_of(st.just(""), _text))
             if not calls and not text:
@@ -226,5 +295,7 @@ def test_property_round_trips(messages: list[Message]) -> None:
     roles = [m["role"] for m in to_anthropic_request(messages)["messages"]]
     assert all(a != b for a, b in zip(roles, roles[1:]))
     _, via_openai = from_openai_messages(to_openai_messages(messages))
-    no_error_flags = [Message.tool(m.content[0].call_id, m.content[0].content) if m.role == "tool" else m for m in messages]  # type: ignore[union-attr]
+    no_error_flags = [
+        Message.tool(m.content[0].call_id, m.content[0].content) if m.role == "tool" else m for m in messages
+    ]  # type: ignore[union-attr]
     assert strip_sources(via_openai) == strip_sources(no_error_flags)

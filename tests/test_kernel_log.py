@@ -42,7 +42,10 @@ def scripted_work(turns: int, kernel: Any, session: Any) -> None:
         counter["n"] += 1
         n = counter["n"]
         if n % 3:
-            return Message.assistant(f"reading {n}", [ToolCallBlock(f"c{n}a", "read", {"path": f"f{n}.py"}), ToolCallBlock(f"c{n}b", "grep", {"q": str(n)})])
+            return Message.assistant(
+                f"reading {n}",
+                [ToolCallBlock(f"c{n}a", "read", {"path": f"f{n}.py"}), ToolCallBlock(f"c{n}b", "grep", {"q": str(n)})],
+            )
         return Message.assistant(f"done {n}")
 
     loop = AgentLoop(session, ScriptedModel(script), lambda call: f"{call.name} output\n" + "x = 1\n" * 60)
@@ -94,7 +97,13 @@ def test_same_log_same_surface_after_a_process_restart(worked: tuple[Any, Any, P
         """
     )
     before = kernel.store.path(session.id).read_bytes()
-    proc = subprocess.run([sys.executable, "-c", code, str(kernel.home), session.id], capture_output=True, text=True, timeout=120, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(kernel.home), session.id],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == json.loads(orjson.dumps(surface_snapshot(session)))
     assert kernel.store.path(session.id).read_bytes() == before  # a clean log is only read
@@ -110,9 +119,23 @@ def test_a_replace_that_omits_a_shadowed_citation_is_rejected(worked: tuple[Any,
     surface_before = surface_snapshot(session)
     replacement = {"message": Message.user("summary").to_dict()}
     with pytest.raises(SurfaceError, match=rf"shadows \[{seqs[1]}\] without citing them"):
-        session.append([EventSpec("user/message", replacement, {"op": "replace", "start": start, "end": end, "cites": [start, end]})])
+        session.append(
+            [
+                EventSpec(
+                    "user/message", replacement, {"op": "replace", "start": start, "end": end, "cites": [start, end]}
+                )
+            ]
+        )
     with pytest.raises(SurfaceError, match="not in the range"):
-        session.append([EventSpec("user/message", replacement, {"op": "replace", "start": start, "end": end, "cites": [*seqs[:3], 10**6]})])
+        session.append(
+            [
+                EventSpec(
+                    "user/message",
+                    replacement,
+                    {"op": "replace", "start": start, "end": end, "cites": [*seqs[:3], 10**6]},
+                )
+            ]
+        )
     assert path.read_bytes() == before
     assert surface_snapshot(session) == surface_before
 
@@ -125,8 +148,13 @@ def test_a_stored_replace_without_full_citations_is_reported_not_replayed(tmp_pa
     session.end_turn()
     path = kernel.store.path(session.id)
     # hand-write what the kernel would refuse: seq 2 and 3 shadowed, only 2 cited
-    bad = {"seq": len(session.events), "type": "user/message", "time": "2026-01-01T00:00:00.000Z",
-           "data": {"message": Message.user("s").to_dict()}, "surface": {"op": "replace", "start": 2, "end": 3, "cites": [2]}}
+    bad = {
+        "seq": len(session.events),
+        "type": "user/message",
+        "time": "2026-01-01T00:00:00.000Z",
+        "data": {"message": Message.user("s").to_dict()},
+        "surface": {"op": "replace", "start": 2, "end": 3, "cites": [2]},
+    }
     end = {"seq": bad["seq"] + 1, "type": "turn/start", "time": "2026-01-01T00:00:00.000Z", "data": {"turn": 2}}
     with open(path, "ab") as f:
         f.write(orjson.dumps(bad) + b"\n" + orjson.dumps(end) + b"\n")
@@ -146,7 +174,9 @@ def last_batch_lines(data: bytes) -> tuple[bytes, list[bytes]]:
     return b"".join(lines[:i]), lines[i:]
 
 
-def test_a_cut_at_every_byte_of_the_last_line_reopens_to_the_last_complete_event(worked: tuple[Any, Any, Path], tmp_path: Path) -> None:
+def test_a_cut_at_every_byte_of_the_last_line_reopens_to_the_last_complete_event(
+    worked: tuple[Any, Any, Path], tmp_path: Path
+) -> None:
     kernel, session, path = worked
     data = path.read_bytes()
     prefix, batch = last_batch_lines(data)
@@ -196,7 +226,9 @@ def test_a_batch_cut_midway_is_dropped_whole(tmp_path: Path) -> None:
 
 # -- corruption -----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("defect", ["bad json", "wrong seq", "unknown type"])
-def test_a_defect_before_the_end_names_file_and_line_and_rewrites_nothing(worked: tuple[Any, Any, Path], defect: str) -> None:
+def test_a_defect_before_the_end_names_file_and_line_and_rewrites_nothing(
+    worked: tuple[Any, Any, Path], defect: str
+) -> None:
     kernel, session, path = worked
     lines = path.read_bytes().splitlines(keepends=True)
     n = len(lines) // 2  # a line in the middle, well before the last turn/end
@@ -293,5 +325,7 @@ def test_copy_of_a_log_is_a_byte_for_byte_replay(worked: tuple[Any, Any, Path], 
     other = tmp_path / "copy"
     (other / "sessions").mkdir(parents=True)
     shutil.copy(path, other / "sessions" / path.name)
-    assert surface_snapshot(build_kernel(other, model=SMALL_WINDOW).open_session(session.id)) == surface_snapshot(session)
+    assert surface_snapshot(build_kernel(other, model=SMALL_WINDOW).open_session(session.id)) == surface_snapshot(
+        session
+    )
     assert os.path.getsize(other / "sessions" / path.name) == os.path.getsize(path)

@@ -64,7 +64,9 @@ def test_kernel_and_harness_tools_in_one_batch(tmp_path: Any) -> None:
     session = kernel.open_session()
     model = ScriptedModel(
         [
-            Message.assistant("working", [call("c1", "note", text="a"), call("c2", "shell", command="ls"), call("c3", "nope")]),
+            Message.assistant(
+                "working", [call("c1", "note", text="a"), call("c2", "shell", command="ls"), call("c3", "nope")]
+            ),
             Message.assistant("done"),
         ]
     )
@@ -76,7 +78,12 @@ def test_kernel_and_harness_tools_in_one_batch(tmp_path: Any) -> None:
             raise RuntimeError("no such tool here")
         return "file.txt"
 
-    result = AgentLoop(session, model, run_tool, tools=[{"type": "function", "function": {"name": "shell", "parameters": {"type": "object"}}}]).run("go")
+    result = AgentLoop(
+        session,
+        model,
+        run_tool,
+        tools=[{"type": "function", "function": {"name": "shell", "parameters": {"type": "object"}}}],
+    ).run("go")
 
     assert result.reason == "completed" and result.steps == 2 and result.text == "done"
     assert plugin.notes == ["a"]
@@ -233,7 +240,10 @@ def test_async_loop_with_sync_model_and_concurrent_sessions(tmp_path: Any) -> No
     sessions = [kernel.open_session() for _ in range(4)]
 
     async def main() -> list[Any]:
-        loops = [AsyncAgentLoop(s, ScriptedModel([Message.assistant("", [call("c", "t")]), "done"]), lambda c: "ok") for s in sessions]
+        loops = [
+            AsyncAgentLoop(s, ScriptedModel([Message.assistant("", [call("c", "t")]), "done"]), lambda c: "ok")
+            for s in sessions
+        ]
         return await asyncio.gather(*(loop.run(f"task {i}") for i, loop in enumerate(loops)))
 
     results = asyncio.run(main())

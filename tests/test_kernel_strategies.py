@@ -63,7 +63,9 @@ def setup(tmp_path: Path) -> tuple[Any, Any, NotesStrategy]:
         ({"_raw": "{text: oops"}, ["not valid JSON"]),
     ],
 )
-def test_bad_arguments_give_an_error_outcome_naming_them_and_write_nothing(setup: Any, arguments: dict[str, Any], named: list[str]) -> None:
+def test_bad_arguments_give_an_error_outcome_naming_them_and_write_nothing(
+    setup: Any, arguments: dict[str, Any], named: list[str]
+) -> None:
     kernel, session, plugin = setup
     path = kernel.store.path(session.id)
     before = path.read_bytes()

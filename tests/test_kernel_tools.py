@@ -26,4 +26,6 @@ def test_compact_tool_sends_the_compact_schema_and_keeps_name_and_description():
     tool = CompactTool("t", "d", Args, lambda s, a: "")
     function = tool.schema()["function"]
     assert function["name"] == "t" and function["description"] == "d"
-    assert function["parameters"] == compact_schema(Tool("t", "d", Args, lambda s, a: "").schema()["function"]["parameters"])
+    assert function["parameters"] == compact_schema(
+        Tool("t", "d", Args, lambda s, a: "").schema()["function"]["parameters"]
+    )

@@ -76,7 +76,9 @@ def test_records_reach_stdlib_logging_with_level_and_logger_name(caplog):
 def test_capture_logs_still_captures_kernel_events(make_kernel):
     with capture_logs() as logs:
         make_kernel().open_session()
-    assert {"event": "session created", "log_level": "debug"}.items() <= next(e for e in logs if e["event"] == "session created").items()
+    assert {"event": "session created", "log_level": "debug"}.items() <= next(
+        e for e in logs if e["event"] == "session created"
+    ).items()
 
 
 class _Args(ToolArgs):
@@ -150,8 +152,20 @@ def test_the_ctxkernel_command_keeps_its_log_lines_on_stderr(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     done = subprocess.run(
-        [sys.executable, "-m", "ctxkernel.cli", "--log-level", "debug", "validate", str(repo / "profiles" / "basic.toml")],
-        capture_output=True, text=True, timeout=120, env={"CTXKERNEL_HOME": str(home), "PATH": "/usr/bin:/bin"}, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "ctxkernel.cli",
+            "--log-level",
+            "debug",
+            "validate",
+            str(repo / "profiles" / "basic.toml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"CTXKERNEL_HOME": str(home), "PATH": "/usr/bin:/bin"},
+        cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr
     assert "session created" not in done.stdout

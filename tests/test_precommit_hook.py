@@ -30,8 +30,14 @@ def run_like_pre_commit(repo: Path, staged: list[str]) -> subprocess.CompletedPr
     selected = [f for f in staged if re.search(spec["files"], f)]
     if not selected:
         return None
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "CTXKERNEL_HOME": str(repo / ".home")}
-    return subprocess.run([*shlex.split(spec["entry"]), *selected], cwd=repo, capture_output=True, text=True, env=env, timeout=300)
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "CTXKERNEL_HOME": str(repo / ".home"),
+    }
+    return subprocess.run(
+        [*shlex.split(spec["entry"]), *selected], cwd=repo, capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 def test_the_hook_is_a_python_hook_running_validate():

@@ -21,14 +21,18 @@ def session(tmp_path):
 
 def users(session, texts):
     """Append user messages in one batch (one fsync), returning their seqs."""
-    start = session.append([EventSpec("user/message", {"message": Message.user(t).to_dict()}, append_op()) for t in texts])
+    start = session.append(
+        [EventSpec("user/message", {"message": Message.user(t).to_dict()}, append_op()) for t in texts]
+    )
     return list(range(start, start + len(texts)))
 
 
 def window_switch(session, keep_last=1, window_id=None):
     nodes = session.surface.nodes
     data = {"window_id": window_id} if window_id else {}
-    return session.compact(Span(nodes[0].seq, nodes[-1 - keep_last].seq, summary="handoff"), strategy="test", kind="window", data=data)
+    return session.compact(
+        Span(nodes[0].seq, nodes[-1 - keep_last].seq, summary="handoff"), strategy="test", kind="window", data=data
+    )
 
 
 def test_incremental_index_scans_only_new_events(session):

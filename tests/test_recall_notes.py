@@ -41,7 +41,12 @@ def test_write_read_update_append_delete_and_versions(kernel):
     assert notes.read("goal").version == 3
     archived = notes.delete("goal")
     assert archived.archived and not notes.exists("goal")
-    assert [v.content for v in notes.versions(first.id)] == ["ship it", "ship it today", "ship it today\nthen rest", "ship it today\nthen rest"]
+    assert [v.content for v in notes.versions(first.id)] == [
+        "ship it",
+        "ship it today",
+        "ship it today\nthen rest",
+        "ship it today\nthen rest",
+    ]
     assert notes.get(first.id).archived
     with pytest.raises(NoteNotFoundError):
         notes.read("goal")
@@ -132,8 +137,14 @@ def test_list_pages_and_search_bounds(kernel):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["write", "append", "delete"]), st.sampled_from(["a", "b", "c/d"]),
-                          st.text(max_size=20)), max_size=25))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["write", "append", "delete"]), st.sampled_from(["a", "b", "c/d"]), st.text(max_size=20)
+        ),
+        max_size=25,
+    )
+)
 def test_replay_equals_live_state(tmp_path_factory, ops):
     kernel = build_kernel(tmp_path_factory.mktemp("notes"))
     session = kernel.open_session()

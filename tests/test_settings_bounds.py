@@ -87,7 +87,9 @@ def test_the_walk_covers_every_shipped_settings_model():
     assert len(CASES) > 200
 
 
-@pytest.mark.parametrize(("strategy", "table", "key", "literal", "base"), CASES, ids=[f"{c[1]}.{c[2]}={c[3]}" for c in CASES])
+@pytest.mark.parametrize(
+    ("strategy", "table", "key", "literal", "base"), CASES, ids=[f"{c[1]}.{c[2]}={c[3]}" for c in CASES]
+)
 def test_validate_refuses_the_value_naming_the_key(tmp_path, monkeypatch, strategy, table, key, literal, base):
     monkeypatch.setenv("CTXKERNEL_HOME", str(tmp_path / "home"))
     lines = base.splitlines()
@@ -121,6 +123,8 @@ def test_timeout_inf_is_refused_before_it_reaches_a_request(tmp_path, monkeypatc
     """The reported case: ``summarizer.timeout_seconds = inf`` used to pass and then overflow."""
     monkeypatch.setenv("CTXKERNEL_HOME", str(tmp_path / "home"))
     path = tmp_path / "p.toml"
-    path.write_text('[summarizer]\nkind = "openai"\nmodel = "m"\nbase_url = "http://127.0.0.1:9/v1"\ntimeout_seconds = inf\n')
+    path.write_text(
+        '[summarizer]\nkind = "openai"\nmodel = "m"\nbase_url = "http://127.0.0.1:9/v1"\ntimeout_seconds = inf\n'
+    )
     report = validate_profile(path)
     assert any("summarizer.timeout_seconds" in c.message and "finite" in c.message for c in report.failures)

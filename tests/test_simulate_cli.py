@@ -16,16 +16,54 @@ FIXTURES = REPO / "tests" / "fixtures" / "simulate"
 
 #: the JSON contract; changing it is a breaking change for anyone who parses the report
 PINNED_METRIC_KEYS = [
-    "profile", "strategies", "status", "error", "requests", "recorded_requests", "steward_requests",
-    "peak_prompt_tokens", "mean_prompt_tokens", "effective_window", "header_tokens", "overflows", "overflow_retries",
-    "compactions", "compaction_failures", "summary_calls", "summary_input_tokens", "summary_output_tokens",
-    "billed_input_tokens", "cached_input_tokens", "output_tokens", "cost", "invariant_violations",
-    "invariant_details", "instructions_visible", "history_recoverable", "synthetic_results", "sessions",
-    "steward_errors", "prompt_tokens", "wall_seconds",
+    "profile",
+    "strategies",
+    "status",
+    "error",
+    "requests",
+    "recorded_requests",
+    "steward_requests",
+    "peak_prompt_tokens",
+    "mean_prompt_tokens",
+    "effective_window",
+    "header_tokens",
+    "overflows",
+    "overflow_retries",
+    "compactions",
+    "compaction_failures",
+    "summary_calls",
+    "summary_input_tokens",
+    "summary_output_tokens",
+    "billed_input_tokens",
+    "cached_input_tokens",
+    "output_tokens",
+    "cost",
+    "invariant_violations",
+    "invariant_details",
+    "instructions_visible",
+    "history_recoverable",
+    "synthetic_results",
+    "sessions",
+    "steward_errors",
+    "prompt_tokens",
+    "wall_seconds",
 ]
 PINNED_SOURCE_KEYS = [
-    "kind", "format", "file", "run", "runs", "workload", "seed", "system_prompt_chars", "recorded_requests",
-    "user_messages", "tool_calls", "tool_results", "markers", "recorded_peak_input_tokens", "skipped_lines",
+    "kind",
+    "format",
+    "file",
+    "run",
+    "runs",
+    "workload",
+    "seed",
+    "system_prompt_chars",
+    "recorded_requests",
+    "user_messages",
+    "tool_calls",
+    "tool_results",
+    "markers",
+    "recorded_peak_input_tokens",
+    "skipped_lines",
 ]
 PINNED_SETTINGS_KEYS = ["prices", "steward", "summarizer", "window"]
 
@@ -55,7 +93,9 @@ def test_json_keys_are_pinned(capsys, tmp_path):
 
 
 def test_source_keys_are_the_same_for_transcripts(capsys):
-    code, report = run_json(capsys, "--transcript", str(FIXTURES / "openai-runs.json"), "--run", "1", "--profile", "basic")
+    code, report = run_json(
+        capsys, "--transcript", str(FIXTURES / "openai-runs.json"), "--run", "1", "--profile", "basic"
+    )
     assert code == 0
     assert sorted(report["source"]) == sorted(PINNED_SOURCE_KEYS)
     assert report["source"]["run"] == 1 and report["source"]["format"] == "openai-chat"
@@ -69,7 +109,9 @@ def test_table_names_every_profile_and_says_it_is_a_replay(capsys):
 
 
 def test_window_and_prices_flags(capsys):
-    code, report = run_json(capsys, "--workload", "coding-long", "--profile", "basic", "--window", "50000", "--prices", "2,0.5,8")
+    code, report = run_json(
+        capsys, "--workload", "coding-long", "--profile", "basic", "--window", "50000", "--prices", "2,0.5,8"
+    )
     basic = report["profiles"][0]
     assert code == 0
     assert basic["effective_window"] == 50_000 - 8_192
@@ -81,7 +123,10 @@ def test_window_and_prices_flags(capsys):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--transcript", str(FIXTURES / "claude-code-malformed.jsonl")], "claude-code-malformed.jsonl:14: expected one JSON object per line"),
+        (
+            ["--transcript", str(FIXTURES / "claude-code-malformed.jsonl")],
+            "claude-code-malformed.jsonl:14: expected one JSON object per line",
+        ),
         (["--workload", "chat-short", "--prices", "1,2"], "expected three non-negative numbers"),
         (["--workload", "chat-short", "--steward", "nomodule"], "expected 'default', 'none' or 'module:function'"),
         (["--workload", "chat-short", "--summarizer", "gpt"], "expected 'extractive', 'scripted'"),
@@ -94,13 +139,17 @@ def test_bad_input_is_a_usage_error_naming_the_problem(capsys, args, message):
 
 
 def test_lenient_skips_and_counts_malformed_lines(capsys):
-    code, report = run_json(capsys, "--transcript", str(FIXTURES / "claude-code-malformed.jsonl"), "--lenient", "--profile", "basic")
+    code, report = run_json(
+        capsys, "--transcript", str(FIXTURES / "claude-code-malformed.jsonl"), "--lenient", "--profile", "basic"
+    )
     assert code == 0
     assert report["source"]["skipped_lines"] == 1
 
 
 def test_steward_module_function_is_loaded(capsys):
-    code, report = run_json(capsys, "--workload", "chat-short", "--profile", "basic", "--steward", "ctxkernel.simulate.steward:no_steward")
+    code, report = run_json(
+        capsys, "--workload", "chat-short", "--profile", "basic", "--steward", "ctxkernel.simulate.steward:no_steward"
+    )
     assert code == 0
     assert report["settings"]["steward"] == "ctxkernel.simulate.steward:no_steward"
 
@@ -123,7 +172,10 @@ def test_docs_document_every_json_key_and_hold_a_real_example():
         for profile in report["profiles"]:
             profile.pop("wall_seconds")
     assert shown == fresh, "docs/simulate.md's example is stale: re-run its command and paste the output"
-    assert shown["source"]["recorded_requests"] == build_workload(shown["source"]["workload"], shown["source"]["seed"]).requests
+    assert (
+        shown["source"]["recorded_requests"]
+        == build_workload(shown["source"]["workload"], shown["source"]["seed"]).requests
+    )
 
 
 def _run(args: list[str]) -> str:

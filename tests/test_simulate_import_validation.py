@@ -33,7 +33,11 @@ def _write_lines(path: Path, values: list[Any]) -> Path:
 def test_a_kernel_tool_result_holding_a_user_message_is_an_import_error(tmp_path):
     values = _lines("kernel-session.jsonl")
     at = next(i for i, v in enumerate(values) if v.get("type") == "tool/result")
-    values[at]["data"]["message"] = {"role": "user", "content": [{"type": "text", "text": "hi"}], "source": {"kind": "user"}}
+    values[at]["data"]["message"] = {
+        "role": "user",
+        "content": [{"type": "text", "text": "hi"}],
+        "source": {"kind": "user"},
+    }
     path = _write_lines(tmp_path / "k.jsonl", values)
     with pytest.raises(RecordingError, match=rf"k\.jsonl:{at + 1}: .*data\.message\.role 'user'"):
         load_recording(path)
@@ -61,7 +65,11 @@ def test_lenient_skips_the_bad_line_and_counts_it(tmp_path):
 
 @pytest.mark.parametrize(
     ("usage", "field"),
-    [({"input_tokens": -1}, "input_tokens"), ({"output_tokens": "9"}, "output_tokens"), ({"input_tokens": True}, "input_tokens")],
+    [
+        ({"input_tokens": -1}, "input_tokens"),
+        ({"output_tokens": "9"}, "output_tokens"),
+        ({"input_tokens": True}, "input_tokens"),
+    ],
 )
 def test_usage_counts_must_be_non_negative_integers(tmp_path, usage, field):
     values = _lines("claude-code.jsonl")
@@ -106,8 +114,15 @@ def test_an_empty_file_is_refused(tmp_path):
 
 # -- every mutation of a valid line is a clean import or an import error ----------------------------
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**63) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(["type", "text", "role", "content", "id"]), inner, max_size=3),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.sampled_from(["type", "text", "role", "content", "id"]), inner, max_size=3)
+    ),
     max_leaves=6,
 )
 

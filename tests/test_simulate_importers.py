@@ -60,8 +60,14 @@ def test_openai_messages_keep_system_prompt_and_pairing():
     rec = load_recording(FIXTURES / "openai-chat.json")
     assert rec.system.startswith("You are a booking assistant")
     assert kinds(rec) == [
-        "user", "assistant:call_a", "result:call_a", "assistant:", "user",
-        "assistant:call_b,call_c", "result:call_b", "assistant:",
+        "user",
+        "assistant:call_a",
+        "result:call_a",
+        "assistant:",
+        "user",
+        "assistant:call_b,call_c",
+        "result:call_b",
+        "assistant:",
     ]
     assert rec.items[1].message.tool_calls[0].arguments == {"id": "ABC123"}
 

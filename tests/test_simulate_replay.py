@@ -34,7 +34,7 @@ def write_profile(tmp_path: Path, name: str, body: str) -> str:
     return str(path)
 
 
-UNMANAGED = '[profile]\nstrategies = []\n'
+UNMANAGED = "[profile]\nstrategies = []\n"
 BASIC_OVERFLOW_ONLY = '[profile]\nstrategies = ["basic"]\n[strategies.basic]\nauto = false\n'
 
 
@@ -74,7 +74,9 @@ def test_unmanaged_profile_overflows_and_managed_one_does_not(tmp_path):
 
 def test_overflow_is_reported_to_the_session_and_retried(tmp_path):
     # with automatic compaction off, basic only acts on the overflow the simulator reports
-    metrics = run_profile(write_profile(tmp_path, "late", BASIC_OVERFLOW_ONLY), build_workload("coding-long"), Options(window=40_000))
+    metrics = run_profile(
+        write_profile(tmp_path, "late", BASIC_OVERFLOW_ONLY), build_workload("coding-long"), Options(window=40_000)
+    )
     assert metrics["overflow_retries"] > 0
     assert metrics["overflows"] == 0
     assert metrics["compactions"]["summary"] == metrics["overflow_retries"]
@@ -91,7 +93,11 @@ def test_cached_tokens_are_the_shared_prefix():
 def test_prices_turn_tokens_into_money():
     options = Options(prices=Prices(input=2.0, cached_input=0.5, output=8.0))
     m = run_profile("basic", build_workload("chat-short"), options)
-    expected = ((m["billed_input_tokens"] - m["cached_input_tokens"]) * 2.0 + m["cached_input_tokens"] * 0.5 + m["output_tokens"] * 8.0) / 1e6
+    expected = (
+        (m["billed_input_tokens"] - m["cached_input_tokens"]) * 2.0
+        + m["cached_input_tokens"] * 0.5
+        + m["output_tokens"] * 8.0
+    ) / 1e6
     assert m["cost"] == pytest.approx(expected)
     assert run_profile("basic", build_workload("chat-short"), Options())["cost"] is None
 
@@ -150,7 +156,9 @@ class StewardPlugin:
 
     @ctxkernel.hookimpl
     def register_tools(self, register: Any, session: Any) -> None:
-        register(ctxkernel.Tool("move_on", "continue in a new session", _NoteArgs, self._move_on, strategy="stewardtest"))
+        register(
+            ctxkernel.Tool("move_on", "continue in a new session", _NoteArgs, self._move_on, strategy="stewardtest")
+        )
 
     def _move_on(self, session: Any, args: _NoteArgs) -> ToolOutcome:
         self.calls.append(args.text)
@@ -216,7 +224,11 @@ def test_checker_reports_orphans_split_groups_and_bad_citations(tmp_path):
             self.seq, self.surface = seq, surface
 
     class FakeSession:
-        events = [FakeEvent(0, {"op": "append"}), FakeEvent(1, {"op": "append"}), FakeEvent(2, {"op": "replace", "start": 0, "end": 1, "cites": [0]})]
+        events = [
+            FakeEvent(0, {"op": "append"}),
+            FakeEvent(1, {"op": "append"}),
+            FakeEvent(2, {"op": "replace", "start": 0, "end": 1, "cites": [0]}),
+        ]
 
     bad = InvariantChecker("fake")
     bad.fold(FakeSession())
@@ -236,7 +248,9 @@ def test_openai_summarizer_calls_are_counted(monkeypatch):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             served.append(body["model"])
             answer = {
-                "choices": [{"message": {"role": "assistant", "content": "## Primary Request and Intent\n- streaming parser"}}],
+                "choices": [
+                    {"message": {"role": "assistant", "content": "## Primary Request and Intent\n- streaming parser"}}
+                ],
                 "usage": {"prompt_tokens": 1000 + len(served), "completion_tokens": 50},
                 "model": body["model"],
             }
@@ -256,7 +270,9 @@ def test_openai_summarizer_calls_are_counted(monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-        m = run_profile("basic", build_workload("coding-long"), Options(window=60_000, summarizer=f"openai:tiny-model@{url}"))
+        m = run_profile(
+            "basic", build_workload("coding-long"), Options(window=60_000, summarizer=f"openai:tiny-model@{url}")
+        )
     finally:
         server.shutdown()
         server.server_close()
@@ -284,7 +300,9 @@ def test_a_simulated_session_log_replays_again(tmp_path):
     again = load_recording(log)
     assert again.source["format"] == "kernel"
     assert again.requests == build_workload("chat-short").requests
-    assert [i.text for i in again.items if isinstance(i, UserItem)] == [i.text for i in build_workload("chat-short").items if isinstance(i, UserItem)]
+    assert [i.text for i in again.items if isinstance(i, UserItem)] == [
+        i.text for i in build_workload("chat-short").items if isinstance(i, UserItem)
+    ]
 
 
 def test_a_strategy_that_raises_fails_its_profile_only(tmp_path, monkeypatch):

@@ -71,7 +71,10 @@ def decode_png(data: bytes) -> tuple[int, int, list[bytes]]:
 
 def test_report_is_self_contained(tmp_path, capsys):
     page = tmp_path / "report.html"
-    assert main(["simulate", "--workload", "chat-short", "--profile", "basic", "--report", str(page), "--no-progress"]) == 0
+    assert (
+        main(["simulate", "--workload", "chat-short", "--profile", "basic", "--report", str(page), "--no-progress"])
+        == 0
+    )
     capsys.readouterr()
     text = page.read_text()
     assert "<svg" in text and 'class="profile"' in text and 'class="window"' in text
@@ -87,20 +90,44 @@ def test_report_renders_in_headless_chromium(tmp_path, capsys):
     if browser is None:
         pytest.skip("no Chromium: install Debian's chromium (scripts/test-services.sh does it where apt is available)")
     page = tmp_path / "report.html"
-    code = main(["simulate", "--workload", "coding-long", "--profile", "basic", "--window", "60000", "--report", str(page), "--no-progress"])
+    code = main(
+        [
+            "simulate",
+            "--workload",
+            "coding-long",
+            "--profile",
+            "basic",
+            "--window",
+            "60000",
+            "--report",
+            str(page),
+            "--no-progress",
+        ]
+    )
     assert code == 0
     capsys.readouterr()
     shot = tmp_path / "shot.png"
     common = [
-        browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--hide-scrollbars",
         f"--user-data-dir={tmp_path / 'profile'}",
     ]
     subprocess.run(
         [*common, f"--screenshot={shot}", "--window-size=1000,700", page.as_uri()],
-        check=True, capture_output=True, timeout=120,
+        check=True,
+        capture_output=True,
+        timeout=120,
     )
-    dom = subprocess.run([*common, "--dump-dom", page.as_uri()], check=True, capture_output=True, timeout=120, text=True).stdout
+    dom = subprocess.run(
+        [*common, "--dump-dom", page.as_uri()], check=True, capture_output=True, timeout=120, text=True
+    ).stdout
     # the browser parsed the chart: one line per profile and the window line are in its DOM
     assert dom.count('class="profile"') == 1 and 'class="window"' in dom and "<table" in dom
     width, height, rows = decode_png(shot.read_bytes())

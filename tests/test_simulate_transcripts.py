@@ -54,7 +54,11 @@ def first_request_tokens(profile: str, recording: Recording) -> int:
 
 
 @pytest.mark.skipif(not CASES, reason=f"no real transcripts at {TRANSCRIPTS} (they are not part of the project)")
-@pytest.mark.parametrize(("path", "run"), CASES, ids=[f"{p.parent.name}-run{r}" if r is not None else p.parent.name for p, r in CASES] or None)
+@pytest.mark.parametrize(
+    ("path", "run"),
+    CASES,
+    ids=[f"{p.parent.name}-run{r}" if r is not None else p.parent.name for p, r in CASES] or None,
+)
 def test_every_profile_on_real_transcript(path, run, tmp_path):
     recording = load_recording(path, run=run)
     baseline = run_profile("none", recording, Options(window=10_000_000))
@@ -72,7 +76,9 @@ def test_every_profile_on_real_transcript(path, run, tmp_path):
             problems.append(f"status {metrics['status']}: {metrics['error']}")
         else:
             if metrics["invariant_violations"]:
-                problems.append(f"{metrics['invariant_violations']} invariant violations: {metrics['invariant_details'][:3]}")
+                problems.append(
+                    f"{metrics['invariant_violations']} invariant violations: {metrics['invariant_details'][:3]}"
+                )
             if metrics["strategies"] and metrics["overflows"]:
                 problems.append(f"{metrics['overflows']} overflows at effective window {effective}")
         if problems:

@@ -137,7 +137,9 @@ def test_migrated_strategies_never_pass_their_own_name_by_hand(root):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
                 by_keyword = any(k.arg == "strategy" for k in node.keywords)
                 # session.emit(name, kind, data) / session.settings(name); the handle's emit takes (kind, data)
-                by_position = (node.func.attr == "emit" and len(node.args) >= 3) or (node.func.attr == "settings" and node.args)
+                by_position = (node.func.attr == "emit" and len(node.args) >= 3) or (
+                    node.func.attr == "settings" and node.args
+                )
                 assert not (by_keyword or by_position), f"{path}:{node.lineno} passes the strategy name by hand"
             target = node.value if isinstance(node, ast.Subscript) else None
             if isinstance(target, ast.Attribute) and target.attr == "state" and ast.unparse(target.value) == "session":

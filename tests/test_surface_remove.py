@@ -39,7 +39,9 @@ def test_remove_is_carried_only_by_surface_drop():
     with pytest.raises(EventError, match="only removes"):
         validate_shape(Event(5, SURFACE_DROP, {"strategy": "s"}, "", {"op": "append"}))
     with pytest.raises(EventError, match="cites"):
-        validate_shape(Event(5, SURFACE_DROP, {"strategy": "s"}, "", {"op": "remove", "start": 1, "end": 2, "cites": []}))
+        validate_shape(
+            Event(5, SURFACE_DROP, {"strategy": "s"}, "", {"op": "remove", "start": 1, "end": 2, "cites": []})
+        )
 
 
 def test_drop_removes_the_cited_range_with_no_replacement(tmp_path):
@@ -60,7 +62,11 @@ def test_drop_removes_the_cited_range_with_no_replacement(tmp_path):
 def test_drop_and_replace_commit_in_one_transaction_and_replay(tmp_path):
     session = _session(tmp_path)
     seqs = _seqs(session)
-    session.compact([Span(seqs[0], seqs[0], remove=True), Span(seqs[1], seqs[3], summary="read a.py; done")], strategy="t", kind="mixed")
+    session.compact(
+        [Span(seqs[0], seqs[0], remove=True), Span(seqs[1], seqs[3], summary="read a.py; done")],
+        strategy="t",
+        kind="mixed",
+    )
     assert sum(e.type == "compaction/start" for e in session.events) == 1
     live = _seqs(session)
     assert seqs[0] not in live and seqs[1] not in live and len(live) == 2
@@ -101,6 +107,8 @@ def test_surface_refuses_an_uncited_removal():
     surface.apply(Event(0, "user/message", {"message": Message.user("a").to_dict()}, "", {"op": "append"}))
     surface.apply(Event(1, "user/message", {"message": Message.user("b").to_dict()}, "", {"op": "append"}))
     with pytest.raises(SurfaceError, match="without citing"):
-        surface.check(Event(2, SURFACE_DROP, {"strategy": "t"}, "", {"op": "remove", "start": 0, "end": 1, "cites": [0]}))
+        surface.check(
+            Event(2, SURFACE_DROP, {"strategy": "t"}, "", {"op": "remove", "start": 0, "end": 1, "cites": [0]})
+        )
     surface.apply(Event(2, SURFACE_DROP, {"strategy": "t"}, "", remove_op([0, 1])))
     assert len(surface) == 0 and surface.version == 1

@@ -35,7 +35,11 @@ def test_a_plugins_tests_run_from_its_own_folder(plugin):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
     collected = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
-        cwd=plugin, capture_output=True, text=True, env=env, timeout=300,
+        cwd=plugin,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert collected.returncode == 0, collected.stdout[-2000:] + collected.stderr[-2000:]
     # ids are relative to the repository's root (its pyproject holds the pytest settings)

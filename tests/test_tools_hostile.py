@@ -31,15 +31,65 @@ PROFILES = [*SHIPPED, "observation-mask"]
 # values a model (or a hostile server speaking for it) can put in a JSON object
 DIGITS = "9" * 5_000
 KILLERS: list[Any] = [
-    10**5000, -(10**5000), 2**64, MAX_INT_ARG + 1, -1, 0, 1, 2, True, None,
-    math.nan, math.inf, -math.inf, 1e308, -0.0, 1.5,
-    DIGITS, "-" + DIGITS, "p" + DIGITS, "⟦p" + DIGITS + "⟧", "item_" + DIGITS, "win_" + DIGITS,
-    "win_" + DIGITS + "_summary", "todo_" + DIGITS + "_1", "todo_1_" + DIGITS, "c" + DIGITS + ".deadbeef",
-    "²", "٣", "item_٣", "win_²", "p²", "9999999999999999", "item_9999999999999999",
-    "x" * 1_000_000, "\udcff" * 8, "a\ud800b", "\ud83d\ude00", "\x00", "", " ",
-    '"><note trust="user-injected">', "self/notes/a\"b", "../../etc/passwd", "/abs/path", "C:\\x",
-    "goal", "checklist", "item_1", "win_1", "win_1_summary", "todo_1_0", "p1", "⟦p1⟧", "n_0000000000000000",
-    [], [1] * 1_000, {}, {"a": {"b": [None]}}, [{"from": DIGITS, "to": 10**5000, "summary": "s"}],
+    10**5000,
+    -(10**5000),
+    2**64,
+    MAX_INT_ARG + 1,
+    -1,
+    0,
+    1,
+    2,
+    True,
+    None,
+    math.nan,
+    math.inf,
+    -math.inf,
+    1e308,
+    -0.0,
+    1.5,
+    DIGITS,
+    "-" + DIGITS,
+    "p" + DIGITS,
+    "⟦p" + DIGITS + "⟧",
+    "item_" + DIGITS,
+    "win_" + DIGITS,
+    "win_" + DIGITS + "_summary",
+    "todo_" + DIGITS + "_1",
+    "todo_1_" + DIGITS,
+    "c" + DIGITS + ".deadbeef",
+    "²",
+    "٣",
+    "item_٣",
+    "win_²",
+    "p²",
+    "9999999999999999",
+    "item_9999999999999999",
+    "x" * 1_000_000,
+    "\udcff" * 8,
+    "a\ud800b",
+    "\ud83d\ude00",
+    "\x00",
+    "",
+    " ",
+    '"><note trust="user-injected">',
+    'self/notes/a"b',
+    "../../etc/passwd",
+    "/abs/path",
+    "C:\\x",
+    "goal",
+    "checklist",
+    "item_1",
+    "win_1",
+    "win_1_summary",
+    "todo_1_0",
+    "p1",
+    "⟦p1⟧",
+    "n_0000000000000000",
+    [],
+    [1] * 1_000,
+    {},
+    {"a": {"b": [None]}},
+    [{"from": DIGITS, "to": 10**5000, "summary": "s"}],
 ]
 
 
@@ -79,7 +129,9 @@ def _history_script(tools: set[str]) -> list[Message]:
     for i in range(3):
         calls = [ToolCallBlock(f"h{i}", "shell", {"cmd": f"ls {i}"})]
         if "notes_write_file" in tools:
-            calls.append(ToolCallBlock(f"n{i}", "notes_write_file", {"path": f"self/notes/plan{i}.md", "content": "plan\nstep"}))
+            calls.append(
+                ToolCallBlock(f"n{i}", "notes_write_file", {"path": f"self/notes/plan{i}.md", "content": "plan\nstep"})
+            )
         if "note_create" in tools:
             calls.append(ToolCallBlock(f"n{i}", "note_create", {"path": f"plan/{i}", "content": "plan\nstep"}))
         replies.append(Message.assistant(f"step {i}", tool_calls=calls))
@@ -98,7 +150,12 @@ def _session(home: Path, profile_name: str) -> Session:
     session.owns_tool("")  # brings the session's tool registry up to date
     tools = set(session.tools.names())
     model = ScriptedModel(_history_script(tools))
-    loop = AgentLoop(session, model, _harness_tool, tools=[{"type": "function", "function": {"name": "shell", "parameters": {"type": "object"}}}])
+    loop = AgentLoop(
+        session,
+        model,
+        _harness_tool,
+        tools=[{"type": "function", "function": {"name": "shell", "parameters": {"type": "object"}}}],
+    )
     for turn in range(3):
         loop.run(f"task {turn}: fix the parser")
     # a turn in progress: the model's reply with a call waiting for its result, as when a
@@ -110,7 +167,9 @@ def _session(home: Path, profile_name: str) -> Session:
 
 
 def _snapshot(home: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(home)): p.read_bytes() for p in sorted(home.rglob("*")) if p.is_file() and p.suffix != ".lock"}
+    return {
+        str(p.relative_to(home)): p.read_bytes() for p in sorted(home.rglob("*")) if p.is_file() and p.suffix != ".lock"
+    }
 
 
 def _check(session: Session, home: Path, name: str, arguments: Any) -> ToolOutcome:
@@ -144,8 +203,17 @@ def test_every_killer_value_in_every_argument_of_every_tool_is_answered(hostile_
             for value in KILLERS:
                 _check(session, home, name, {prop: value})
         # whole-argument forms: not an object, JSON text with a 5,000-digit number, extra keys
-        for arguments in ([1, 2], 10**5000, None, "[", '{"a": ' + DIGITS + "}", {"_raw": "{"}, {"extra_key": 1, **{p: 1 for p in props}},
-                          {"k" * 100_000: 1}, {f"extra{i}": i for i in range(1_000)}):
+        for arguments in (
+            [1, 2],
+            10**5000,
+            None,
+            "[",
+            '{"a": ' + DIGITS + "}",
+            {"_raw": "{"},
+            {"extra_key": 1, **{p: 1 for p in props}},
+            {"k" * 100_000: 1},
+            {f"extra{i}": i for i in range(1_000)},
+        ):
             _check(session, home, name, arguments)
     # a malformed call (no id or name) is answered too
     assert session.run_tool({"arguments": {}}).is_error
@@ -162,7 +230,11 @@ def test_hostile_arguments_never_escape_run_tool(hostile_session):
     def run(data):
         name = data.draw(st.sampled_from(names))
         props = list(_properties(session, name))
-        keys = data.draw(st.lists(st.sampled_from([*props, "extra", "from"]), max_size=len(props) + 1, unique=True)) if props else ["extra"]
+        keys = (
+            data.draw(st.lists(st.sampled_from([*props, "extra", "from"]), max_size=len(props) + 1, unique=True))
+            if props
+            else ["extra"]
+        )
         arguments = {key: data.draw(values) for key in keys}
         _check(session, home, name, arguments)
 
@@ -194,7 +266,11 @@ def test_every_numeric_argument_is_bounded_and_every_string_has_a_maximum_length
     for profile_name in PROFILES:
         home = tmp_path / profile_name
         home.mkdir()
-        profile = ctxkernel.load_profile(REPO / "profiles" / f"{profile_name}.toml") if profile_name in SHIPPED else make_profile()
+        profile = (
+            ctxkernel.load_profile(REPO / "profiles" / f"{profile_name}.toml")
+            if profile_name in SHIPPED
+            else make_profile()
+        )
         if profile_name not in SHIPPED:
             profile.profile.strategies = [profile_name]
         session = Kernel(profile, store=JsonlStore(home), home=home).open_session()
@@ -231,7 +307,9 @@ def test_issue_13_reproductions_get_an_error_outcome_in_the_agent_loop(tmp_path,
     """The reported crashes, through AgentLoop: the turn completes and the model reads an error."""
     home = tmp_path / "home"
     home.mkdir()
-    session = Kernel(ctxkernel.load_profile(REPO / "profiles" / f"{profile_name}.toml"), store=JsonlStore(home), home=home).open_session()
+    session = Kernel(
+        ctxkernel.load_profile(REPO / "profiles" / f"{profile_name}.toml"), store=JsonlStore(home), home=home
+    ).open_session()
     model = ScriptedModel([Message.assistant("", tool_calls=[ToolCallBlock("c1", tool, arguments)]), "ok"])
     result = AgentLoop(session, model).run("go")
     assert result.reason == "completed"

@@ -48,7 +48,9 @@ def history(tmp_path):
     return History.for_session(session)
 
 
-@pytest.mark.parametrize("ref", ["item_٠", "item_0x", "item_" + "9" * 5000, "win_" + "9" * 5000, "todo_0_" + "9" * 5000])
+@pytest.mark.parametrize(
+    "ref", ["item_٠", "item_0x", "item_" + "9" * 5000, "win_" + "9" * 5000, "todo_0_" + "9" * 5000]
+)
 def test_history_ids_are_matched_whole(history, ref):
     # surrounding whitespace is stripped on purpose (a model pads ids); what remains must match whole
     assert history.read_item(" item_0\n")["content"] == "hello"
@@ -100,7 +102,9 @@ def test_chapters_steward_setting_is_matched_whole():
     settings = pytest.importorskip("ctxkernel_chapters.settings")
     from pydantic import ValidationError
 
-    model = next(v for v in vars(settings).values() if isinstance(v, type) and "steward" in getattr(v, "model_fields", {}))
+    model = next(
+        v for v in vars(settings).values() if isinstance(v, type) and "steward" in getattr(v, "model_fields", {})
+    )
     assert model(steward="compact").steward == "compact"
     with pytest.raises(ValidationError):
         model(steward="compact\n")

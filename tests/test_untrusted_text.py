@@ -34,7 +34,11 @@ def _reference(text: str) -> str:
     return "".join(out)
 
 
-@given(st.lists(st.one_of(texts, st.sampled_from(["\ud800", "\udcff", "\udfff", "\ud83d\ude00", "\ude00\ud83d"])), max_size=6))
+@given(
+    st.lists(
+        st.one_of(texts, st.sampled_from(["\ud800", "\udcff", "\udfff", "\ud83d\ude00", "\ude00\ud83d"])), max_size=6
+    )
+)
 def test_storable_text_always_encodes_and_changes_only_surrogates(parts):
     text = "".join(parts)
     out = storable_text(text)
@@ -85,12 +89,17 @@ def test_every_entry_point_stores_surrogates_as_replacement_characters(make_kern
     session.user("user \udcff")
     session.prepare_request()
     committed = session.commit_reply(
-        Message.assistant("reply \ud800", tool_calls=[ToolCallBlock("c\udcff", "ls", {"path": "caf\udce9", "n\udcff": ["\udfff"]})])
+        Message.assistant(
+            "reply \ud800", tool_calls=[ToolCallBlock("c\udcff", "ls", {"path": "caf\udce9", "n\udcff": ["\udfff"]})]
+        )
     )
     # the committed message is the stored one
     assert committed.text == f"reply {REPLACEMENT}"
     call = session.pending_calls[0]
-    assert call.id == f"c{REPLACEMENT}" and call.arguments == {"path": f"caf{REPLACEMENT}", f"n{REPLACEMENT}": [REPLACEMENT]}
+    assert call.id == f"c{REPLACEMENT}" and call.arguments == {
+        "path": f"caf{REPLACEMENT}",
+        f"n{REPLACEMENT}": [REPLACEMENT],
+    }
     session.tool_result(call.id, ToolOutcome("out \udcff", defer_message="later \ud800"))
     session.emit("basic", "note", {"text": "plugin \udcff"})
     session.set_harness_tools([{"type": "function", "function": {"name": "ls", "description": "caf\udce9"}}])

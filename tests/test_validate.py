@@ -11,7 +11,9 @@ import pytest
 from ctxkernel.validate import ValidationReport, network_disabled, validate_profile
 
 REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("ctxkernel_tests_validate_support", Path(__file__).with_name("validate_support.py"))
+_spec = importlib.util.spec_from_file_location(
+    "ctxkernel_tests_validate_support", Path(__file__).with_name("validate_support.py")
+)
 support = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = support
 _spec.loader.exec_module(support)
@@ -61,7 +63,15 @@ def test_shipped_profile_passes_strict(path):
     report = validate_profile(path, strict=True)
     problems = [c.message for c in report.checks if c.level != "pass"]
     assert report.valid, problems
-    assert {c.check for c in report.checks} >= {"profile", "resolve", "hooks", "settings", "tokenizer", "store", "budgets"}
+    assert {c.check for c in report.checks} >= {
+        "profile",
+        "resolve",
+        "hooks",
+        "settings",
+        "tokenizer",
+        "store",
+        "budgets",
+    }
 
 
 def test_builtin_defaults_validate_without_a_file(tmp_path, monkeypatch):
@@ -139,7 +149,9 @@ def test_hook_implementation_with_unknown_argument_fails(tmp_path, site):
 
 
 def test_settings_model_that_accepts_unknown_keys_fails(tmp_path, site):
-    source = support.TEMPLATE.format(name="loose", capabilities=set(), tools=[]).replace('extra="forbid"', 'extra="allow"')
+    source = support.TEMPLATE.format(name="loose", capabilities=set(), tools=[]).replace(
+        'extra="forbid"', 'extra="allow"'
+    )
     site.install("loose", source=source)
     path = write(tmp_path, '[profile]\nstrategies = ["loose"]\n')
     (message,) = failures(validate_profile(path), "hooks")
@@ -149,7 +161,7 @@ def test_settings_model_that_accepts_unknown_keys_fails(tmp_path, site):
 
 # -- settings and policies --------------------------------------------------------------------------
 def test_unknown_strategy_key_names_file_table_key_and_accepted_keys(tmp_path):
-    path = write(tmp_path, '[strategies.basic]\nthreshold = 0.7\n')
+    path = write(tmp_path, "[strategies.basic]\nthreshold = 0.7\n")
     report = validate_profile(path)
     (message,) = failures(report, "settings")
     assert "'strategies.basic.threshold'" in message
@@ -158,14 +170,14 @@ def test_unknown_strategy_key_names_file_table_key_and_accepted_keys(tmp_path):
 
 
 def test_strategy_setting_out_of_range_fails_with_numbers(tmp_path):
-    path = write(tmp_path, '[strategies.basic]\nthreshold_ratio = 0.5\nretain_ratio = 0.6\n')
+    path = write(tmp_path, "[strategies.basic]\nthreshold_ratio = 0.5\nretain_ratio = 0.6\n")
     (message,) = failures(validate_profile(path), "settings")
     assert "0.6" in message and "0.5" in message
     assert_names(message, path, "basic")
 
 
 def test_settings_for_a_strategy_not_in_the_profile_fail(tmp_path):
-    path = write(tmp_path, '[strategies.decay]\nanchors = true\n')
+    path = write(tmp_path, "[strategies.decay]\nanchors = true\n")
     (message,) = failures(validate_profile(path), "settings")
     assert_names(message, path, "decay")
 
@@ -184,7 +196,7 @@ def test_policy_strategy_key_is_checked_like_the_table(tmp_path):
 def test_policy_settings_merged_with_the_table_must_validate(tmp_path):
     path = write(
         tmp_path,
-        '[strategies.basic]\nretain_ratio = 0.3\n'
+        "[strategies.basic]\nretain_ratio = 0.3\n"
         '[[model_policies]]\nmatch = { name = "small" }\nstrategies.basic = { threshold_ratio = 0.2 }\n',
     )
     (message,) = failures(validate_profile(path), "settings")
@@ -220,7 +232,9 @@ def test_duplicate_tool_names_fail_naming_both_strategies(tmp_path, site):
     path = write(tmp_path, '[profile]\nstrategies = ["alpha", "beta"]\n')
     report = validate_profile(path)
     (message,) = failures(report, "tools")
-    assert "'note'" in message and "'alpha' (ctxkernel-alpha 1.0)" in message and "'beta' (ctxkernel-beta 1.0)" in message
+    assert (
+        "'note'" in message and "'alpha' (ctxkernel-alpha 1.0)" in message and "'beta' (ctxkernel-beta 1.0)" in message
+    )
     assert_names(message, path, "beta")
 
 
@@ -230,7 +244,9 @@ def test_two_pressure_strategies_fail_unless_ordered(tmp_path, site):
     (message,) = failures(validate_profile(path), "capabilities")
     assert "'pressure'" in message and "capability_order" in message
     assert_names(message, path, "squeeze")
-    ordered = write(tmp_path, '[profile]\nstrategies = ["basic", "squeeze"]\ncapability_order = ["squeeze", "basic"]\n', "o.toml")
+    ordered = write(
+        tmp_path, '[profile]\nstrategies = ["basic", "squeeze"]\ncapability_order = ["squeeze", "basic"]\n', "o.toml"
+    )
     report = validate_profile(ordered)
     assert report.valid, [c.message for c in report.failures]
 
@@ -264,7 +280,10 @@ def test_non_positive_budget_fails(tmp_path, site):
 
 def test_request_header_larger_than_the_window_fails(tmp_path):
     prompt = "word " * 3000
-    path = write(tmp_path, f'[profile]\nsystem_prompt = "{prompt}"\n[model]\ncontext_window = 3000\nreserved_output_tokens = 500\n')
+    path = write(
+        tmp_path,
+        f'[profile]\nsystem_prompt = "{prompt}"\n[model]\ncontext_window = 3000\nreserved_output_tokens = 500\n',
+    )
     (message,) = failures(validate_profile(path), "budgets")
     assert "2500" in message and "system_prompt" in message
     assert_names(message, path, None)
@@ -330,12 +349,12 @@ def test_malformed_requirement_fails(tmp_path):
 def test_strategy_validate_profile_hook_reports_through_the_report(tmp_path, site):
     site.install(
         "picky",
-        extra='''
+        extra="""
 @ctxkernel.hookimpl
 def validate_profile(profile, report):
     if profile.model.context_window < 100000:
         report.fail("picky-window", "picky", f"needs a window of 100000, got {profile.model.context_window}. Fix: raise context_window")
-''',
+""",
     )
     path = write(tmp_path, '[profile]\nstrategies = ["picky"]\n[model]\ncontext_window = 32000\n')
     report = validate_profile(path)
@@ -347,7 +366,10 @@ def validate_profile(profile, report):
 
 
 def test_strategy_validate_profile_hook_that_raises_is_attributed(tmp_path, site):
-    site.install("crashy", extra="\n@ctxkernel.hookimpl\ndef validate_profile(profile, report):\n    raise RuntimeError('boom')\n")
+    site.install(
+        "crashy",
+        extra="\n@ctxkernel.hookimpl\ndef validate_profile(profile, report):\n    raise RuntimeError('boom')\n",
+    )
     path = write(tmp_path, '[profile]\nstrategies = ["basic", "crashy"]\ncapability_order = []\n')
     report = validate_profile(path)
     (message,) = failures(report, "strategy")
@@ -371,7 +393,11 @@ def test_basic_warns_when_a_compaction_cannot_get_below_its_threshold(tmp_path):
     assert "640" in warning and "4000" in warning and "3200" in warning  # tail, summary bound, threshold
     assert_names(warning, path, "basic")
     assert report.valid and not validate_profile(path, strict=True).valid
-    roomy = write(tmp_path, "[model]\ncontext_window = 5000\nreserved_output_tokens = 1000\n[strategies.basic]\nsummary_max_chars = 3000\n", "r.toml")
+    roomy = write(
+        tmp_path,
+        "[model]\ncontext_window = 5000\nreserved_output_tokens = 1000\n[strategies.basic]\nsummary_max_chars = 3000\n",
+        "r.toml",
+    )
     assert validate_profile(roomy, strict=True).valid
 
 

@@ -16,7 +16,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-DISTRIBUTIONS = [REPO, *sorted((REPO / "plugins").glob("ctxkernel-*")), *sorted((REPO / "examples").glob("ctxkernel-*"))]
+DISTRIBUTIONS = [
+    REPO,
+    *sorted((REPO / "plugins").glob("ctxkernel-*")),
+    *sorted((REPO / "examples").glob("ctxkernel-*")),
+]
 SHIPPED = sorted(p.stem for p in (REPO / "profiles").glob("*.toml"))
 
 # building six distributions and a fresh venv takes a minute on a quiet machine
@@ -39,7 +43,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dic
     dist = tmp_path / "dist"
     for project in DISTRIBUTIONS:
         # sdist first, then the wheel from the unpacked sdist: proves both carry the profiles
-        built = _run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist), str(project)], cwd=tmp_path)
+        built = _run(
+            [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist), str(project)], cwd=tmp_path
+        )
         assert built.returncode == 0, f"python -m build {project.name}:\n{built.stdout[-2000:]}\n{built.stderr[-3000:]}"
     wheels = sorted(dist.glob("*.whl"))
     assert len(wheels) == len(DISTRIBUTIONS), [w.name for w in wheels]
@@ -70,7 +76,15 @@ def test_every_distribution_is_versioned_alike_and_pins_a_compatible_kernel():
 
 def test_wheels_install_outside_the_checkout(installed):
     env_dir, outside, env = installed
-    where = _run([str(env_dir / "bin" / "python"), "-c", "import ctxkernel, ctxkernel_decay; print(ctxkernel.__file__); print(ctxkernel_decay.__file__)"], outside, env)
+    where = _run(
+        [
+            str(env_dir / "bin" / "python"),
+            "-c",
+            "import ctxkernel, ctxkernel_decay; print(ctxkernel.__file__); print(ctxkernel_decay.__file__)",
+        ],
+        outside,
+        env,
+    )
     assert where.returncode == 0, where.stderr
     for line in where.stdout.splitlines():
         assert Path(line).resolve().is_relative_to(env_dir.resolve()), line  # not editable, not the checkout
@@ -94,13 +108,35 @@ def test_every_shipped_profile_is_found_and_valid(installed):
         assert Path(row["path"]).resolve().is_relative_to(env_dir.resolve()), row
     checked = _run([str(env_dir / "bin" / "ctxkernel"), "validate", "--strict", *SHIPPED], outside, env)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    opened = _run([str(env_dir / "bin" / "python"), "-c", "import ctxkernel; print(ctxkernel.Kernel.from_profile('handoff').profile.name)"], outside, env)
+    opened = _run(
+        [
+            str(env_dir / "bin" / "python"),
+            "-c",
+            "import ctxkernel; print(ctxkernel.Kernel.from_profile('handoff').profile.name)",
+        ],
+        outside,
+        env,
+    )
     assert opened.returncode == 0 and opened.stdout.strip() == "handoff", opened.stderr
 
 
 def test_a_short_simulation_runs_through_every_shipped_profile(installed):
     env_dir, outside, env = installed
-    ran = _run([str(env_dir / "bin" / "ctxkernel"), "simulate", "--workload", "chat-short", "--profile", "all", "--format", "json", "--no-progress"], outside, env)
+    ran = _run(
+        [
+            str(env_dir / "bin" / "ctxkernel"),
+            "simulate",
+            "--workload",
+            "chat-short",
+            "--profile",
+            "all",
+            "--format",
+            "json",
+            "--no-progress",
+        ],
+        outside,
+        env,
+    )
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert ran.stdout.strip(), "simulate printed nothing"
     for name in SHIPPED:

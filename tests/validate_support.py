@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-TEMPLATE = '''
+TEMPLATE = """
 import ctxkernel
 from pydantic import BaseModel, ConfigDict
 
@@ -36,7 +36,7 @@ def register_strategy(register):
 def register_tools(register, session):
     for tool in {tools!r}:
         register(ctxkernel.Tool(tool, "a test tool", Args, lambda s, a: "ok", strategy={name!r}))
-'''
+"""
 
 
 class FakeSite:
@@ -64,7 +64,11 @@ class FakeSite:
         dist = dist or f"ctxkernel-{name}"
         # module names are unique per test folder so that sys.modules never serves a stale one
         module = f"fake_{name.replace('-', '_')}_{self._count}_{abs(hash(str(self.root))) % 10**8}"
-        code = source if source is not None else TEMPLATE.format(name=name, capabilities=set(capabilities), tools=list(tools))
+        code = (
+            source
+            if source is not None
+            else TEMPLATE.format(name=name, capabilities=set(capabilities), tools=list(tools))
+        )
         (self.root / f"{module}.py").write_text(code + textwrap.dedent(extra))
         # the folder name is what importlib.metadata.version() looks a distribution up by
         info = self.root / f"{dist.replace('-', '_')}-{version}.dist-info"

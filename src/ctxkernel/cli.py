@@ -32,6 +32,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "ctxkernel.serve.cli",
 )
 
+
 class Parser(argparse.ArgumentParser):
     """argparse with a one-line error (the usage block is one ``--help`` away); subcommand
     parsers inherit it, including those that installed distributions add."""
@@ -61,7 +62,10 @@ def bounded_int(low: int, high: int) -> Callable[[str], int]:
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="ctxkernel", description="Context management for LLM agent harnesses")
     parser.add_argument(
-        "--log-level", default="warning", choices=("debug", "info", "warning", "error"), help="debug, info, warning (default) or error"
+        "--log-level",
+        default="warning",
+        choices=("debug", "info", "warning", "error"),
+        help="debug, info, warning (default) or error",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMAND_MODULES:
@@ -82,7 +86,10 @@ def register_strategy_commands(sub: argparse._SubParsersAction) -> None:
         try:
             manager.register(available.load(), name, distribution=available.distribution, version=available.version)
         except Exception as exc:  # a broken plugin must not take the whole CLI down: say which one
-            print(f"ctxkernel: strategy {name!r} ({available.distribution}) failed to load: {redact(str(exc))}", file=sys.stderr)
+            print(
+                f"ctxkernel: strategy {name!r} ({available.distribution}) failed to load: {redact(str(exc))}",
+                file=sys.stderr,
+            )
     manager.hooks.register_commands(sub)
 
 
@@ -95,7 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(args.log_level)
     if not getattr(args, "func", None):
         if args.command:  # a command group (store, chapters) without its subcommand
-            sys.stderr.write(f"ctxkernel {args.command}: error: choose a subcommand (see ctxkernel {args.command} --help)\n")
+            sys.stderr.write(
+                f"ctxkernel {args.command}: error: choose a subcommand (see ctxkernel {args.command} --help)\n"
+            )
         else:
             parser.print_help(sys.stderr)
         return EXIT_USAGE
@@ -122,7 +131,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INVALID
 
 
-__all__ = ["EXIT_INVALID", "EXIT_OK", "EXIT_USAGE", "Parser", "bounded_int", "build_parser", "dump_json", "main", "one_line"]
+__all__ = [
+    "EXIT_INVALID",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "Parser",
+    "bounded_int",
+    "build_parser",
+    "dump_json",
+    "main",
+    "one_line",
+]
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -58,7 +58,12 @@ def register(sub: Any) -> None:
     p.add_argument("--profile", help="profile name or path (default: $CTXKERNEL_PROFILE or basic)")
     p.add_argument("--model", required=True, metavar="MODEL")
     p.add_argument("--session", help="continue this session instead of starting a new one")
-    p.add_argument("--max-steps", type=bounded_int(1, 10_000), default=50, help="model steps before the turn is cut off (default 50)")
+    p.add_argument(
+        "--max-steps",
+        type=bounded_int(1, 10_000),
+        default=50,
+        help="model steps before the turn is cut off (default 50)",
+    )
     p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="variable holding the API key (openai:)")
     p.add_argument("--json", action="store_true", help="print the outcome as JSON")
     p.set_defaults(func=cmd_run)
@@ -98,8 +103,14 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         # tool name (which no profile may combine) still each show their own
         manager = StrategyManager()
         try:
-            spec = manager.register(available.load(), name, distribution=available.distribution, version=available.version)
-            row |= {"description": spec.description, "hooks": manager.hook_names(name), "capabilities": sorted(spec.capabilities)}
+            spec = manager.register(
+                available.load(), name, distribution=available.distribution, version=available.version
+            )
+            row |= {
+                "description": spec.description,
+                "hooks": manager.hook_names(name),
+                "capabilities": sorted(spec.capabilities),
+            }
             profile = Profile()
             profile.profile.strategies = [name]
             with tempfile.TemporaryDirectory(prefix="ctxkernel-plugins-") as tmp:
@@ -149,7 +160,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         targets = [str(p) for _, p in sorted(list_profiles().items())]
         if not targets:
             searched = ", ".join(str(p) for p in profile_search_path())
-            return usage_error("validate", f"no profile given and none found (searched {searched}); pass PROFILE or PATH")
+            return usage_error(
+                "validate", f"no profile given and none found (searched {searched}); pass PROFILE or PATH"
+            )
     # a name or path that does not exist is a usage error, told before any check runs
     for target in targets:
         try:
@@ -158,7 +171,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
             return usage_error("validate", str(exc))
         if found is None and target != "basic":
             known = sorted(list_profiles())
-            return usage_error("validate", f"no profile named {target!r}; known profiles: {known}; or pass a path to a .toml file")
+            return usage_error(
+                "validate", f"no profile named {target!r}; known profiles: {known}; or pass a path to a .toml file"
+            )
     reports = [validate_profile(t, strict=args.strict) for t in targets]
     if args.json:
         dump_json([{"profile": r.where, **row} for r in reports for row in r.rows()])
@@ -173,7 +188,9 @@ def _print_report(report: Any) -> None:
     verdict = "valid" if report.valid else "INVALID"
     out = sys.stdout
     out.write(f"{report.where}: {verdict} ({fails} failed, {warns} warnings, {len(report.checks)} checks)\n")
-    rows = [(c.check, c.level.upper() if c.level != "pass" else "pass", c.strategy or "-", c.message) for c in report.checks]
+    rows = [
+        (c.check, c.level.upper() if c.level != "pass" else "pass", c.strategy or "-", c.message) for c in report.checks
+    ]
     widths = [max(len(r[i]) for r in [("check", "level", "strategy", ""), *rows]) for i in range(3)]
     out.write(f"  {'check':<{widths[0]}}  {'level':<{widths[1]}}  {'strategy':<{widths[2]}}  message\n")
     for check, level, strategy, message in rows:
@@ -205,7 +222,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         session = kernel.open_session(args.session, repair=False)
     except SessionNotFoundError as exc:
         where = getattr(kernel.store, "home", None) or kernel.store.backend
-        return usage_error("inspect", f"{exc} (store at {where}); list sessions with the store's home or CTXKERNEL_HOME set")
+        return usage_error(
+            "inspect", f"{exc} (store at {where}); list sessions with the store's home or CTXKERNEL_HOME set"
+        )
     except ProfileError as exc:
         return usage_error("inspect", str(exc))
     except CtxKernelError as exc:
@@ -259,7 +278,9 @@ def model_from_spec(spec: str, *, api_key_env: str = "OPENAI_API_KEY") -> Any:
     if not hashmark or not model or not base_url.startswith(("http://", "https://")):
         msg = f"--model {spec!r}: write openai:<base_url>#<model>, e.g. openai:http://127.0.0.1:8000/v1#qwen2.5"
         raise ValueError(msg)
-    return OpenAIChatModel(model, base_url=base_url, api_key=os.environ.get(api_key_env) or None, provider=_provider_from_url(base_url))
+    return OpenAIChatModel(
+        model, base_url=base_url, api_key=os.environ.get(api_key_env) or None, provider=_provider_from_url(base_url)
+    )
 
 
 def _scripted_model(path: Path) -> Any:

@@ -203,12 +203,7 @@ def validate_spans(surface: Surface, spans: Sequence[Span]) -> list[list[Node]]:
 
 def _is_result_rewrite(span: Span, nodes: list[Node]) -> bool:
     """True for a span that replaces one tool result with a tool message (new content only)."""
-    return (
-        len(nodes) == 1
-        and nodes[0].role == "tool"
-        and span.message is not None
-        and span.message.role == "tool"
-    )
+    return len(nodes) == 1 and nodes[0].role == "tool" and span.message is not None and span.message.role == "tool"
 
 
 def open_compaction(session: Session) -> dict[str, Any] | None:
@@ -330,7 +325,9 @@ def run_transaction(
                             "tokens_before": b,
                             "tokens_after": a,
                             "remove": sp.remove,
-                            **({"provider": s.provider, "model": s.model, "usage": s.usage} if s and s.provider else {}),
+                            **(
+                                {"provider": s.provider, "model": s.model, "usage": s.usage} if s and s.provider else {}
+                            ),
                             **sp.data,
                         }
                         for sp, nodes, b, a, (_, s) in zip(spans, resolved, before, after, replacements, strict=True)
@@ -344,7 +341,9 @@ def run_transaction(
         for nodes, (message, _) in zip(resolved, replacements, strict=True):
             cites = [n.seq for n in nodes]
             if message is None:
-                batch.append(EventSpec(SURFACE_DROP, {"strategy": strategy, "compaction_id": compaction_id}, remove_op(cites)))
+                batch.append(
+                    EventSpec(SURFACE_DROP, {"strategy": strategy, "compaction_id": compaction_id}, remove_op(cites))
+                )
             else:
                 kind_of = TOOL_RESULT if message.role == "tool" else USER_MESSAGE
                 body = {"message": message.to_dict(), "compaction_id": compaction_id}

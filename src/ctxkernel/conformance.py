@@ -71,7 +71,11 @@ def _workload_reply(rng: random.Random, step: int, turn_steps: int) -> Message:
         ]
     else:
         name = rng.choice(["read_file", "run_tests", "grep"])
-        args = {"read_file": {"path": f"src/module_{rng.randrange(40)}.py"}, "run_tests": {"command": "pytest -x"}, "grep": {"pattern": "def "}}[name]
+        args = {
+            "read_file": {"path": f"src/module_{rng.randrange(40)}.py"},
+            "run_tests": {"command": "pytest -x"},
+            "grep": {"pattern": "def "},
+        }[name]
         calls = [ToolCallBlock(f"t{rng.getrandbits(48):x}", name, args)]
     return Message.assistant(f"Looking at step {step}.", calls)
 
@@ -119,7 +123,9 @@ def check_conformance(
         prof = profile.model_copy(deep=True) if profile is not None else builtin_profile()
         prof.profile.strategies = list(strategies)
         prof.strategies = dict(settings or {})
-        prof.model = prof.model.model_copy(update={"context_window": context_window, "reserved_output_tokens": reserved_output_tokens})
+        prof.model = prof.model.model_copy(
+            update={"context_window": context_window, "reserved_output_tokens": reserved_output_tokens}
+        )
         return Kernel(prof, store=JsonlStore(home), home=home, entry_points=entry_points, plugins=plugins)
 
     kernel = new_kernel()
@@ -140,7 +146,14 @@ def check_conformance(
     session = kernel.open_session()
     session.set_harness_tools(
         [
-            {"type": "function", "function": {"name": n, "description": f"harness tool {n}", "parameters": {"type": "object", "properties": {}}}}
+            {
+                "type": "function",
+                "function": {
+                    "name": n,
+                    "description": f"harness tool {n}",
+                    "parameters": {"type": "object", "properties": {}},
+                },
+            }
             for n in ("read_file", "run_tests", "grep")
         ]
     )
@@ -165,7 +178,9 @@ def check_conformance(
     def check_refusals() -> None:
         for tool in list(session.tools):
             before = _log_bytes(session)
-            outcome = session.run_tool(ToolCallBlock("conformance-probe", tool.name, {"__conformance_unknown_argument__": True}))
+            outcome = session.run_tool(
+                ToolCallBlock("conformance-probe", tool.name, {"__conformance_unknown_argument__": True})
+            )
             if not outcome.is_error:
                 msg = f"refusal: tool {tool.name!r} accepted an unknown argument"
                 raise ConformanceError(msg)

@@ -46,7 +46,9 @@ def _string(block: dict[str, Any], key: str, where: str, *, optional: bool = Fal
     if value is None:
         return None if optional else ""
     if not isinstance(value, str):
-        msg = f"{where}.{key} must be a string{' or null' if optional else ''}, got {type(value).__name__} {value!r:.60}"
+        msg = (
+            f"{where}.{key} must be a string{' or null' if optional else ''}, got {type(value).__name__} {value!r:.60}"
+        )
         raise EventError(msg)
     return value
 
@@ -61,7 +63,9 @@ def _content_text(content: Any, where: str) -> str:
         for i, part in enumerate(content):
             if isinstance(part, str):
                 parts.append(part)
-            elif isinstance(part, dict) and ("text" in part or part.get("type") in ("text", "input_text", "output_text")):
+            elif isinstance(part, dict) and (
+                "text" in part or part.get("type") in ("text", "input_text", "output_text")
+            ):
                 parts.append(_string(part, "text", f"{where}: content[{i}]"))
             elif isinstance(part, dict):
                 kind = part.get("type")
@@ -108,7 +112,9 @@ def from_openai_message(raw: dict[str, Any], *, where: str = "message") -> Messa
         if not isinstance(call_id, str):
             msg = f"{where}: a tool message needs a string 'tool_call_id'"
             raise EventError(msg)
-        return Message.tool(call_id, _content_text(raw.get("content"), where), name=_string(raw, "name", where, optional=True))
+        return Message.tool(
+            call_id, _content_text(raw.get("content"), where), name=_string(raw, "name", where, optional=True)
+        )
     msg = f"{where}: unknown role {role!r}; accepted: system, developer, user, assistant, tool"
     raise EventError(msg)
 
@@ -150,7 +156,9 @@ def to_openai_message(message: Message, *, reasoning_content: bool = False) -> d
     return out
 
 
-def to_openai_messages(messages: list[Message], *, system: str = "", reasoning_content: bool = False) -> list[dict[str, Any]]:
+def to_openai_messages(
+    messages: list[Message], *, system: str = "", reasoning_content: bool = False
+) -> list[dict[str, Any]]:
     """A chat-completions ``messages`` list: the system prompt first (when any), then the messages."""
     out = [{"role": "system", "content": system}] if system else []
     out.extend(to_openai_message(m, reasoning_content=reasoning_content) for m in messages)
@@ -214,7 +222,9 @@ def from_anthropic_message(raw: dict[str, Any], *, where: str = "message") -> li
             if kind == "text":
                 blocks.append(TextBlock(_string(block, "text", at)))
             elif kind in ("thinking", "redacted_thinking"):
-                blocks.append(ReasoningBlock(_string(block, "thinking", at), _string(block, "signature", at, optional=True)))
+                blocks.append(
+                    ReasoningBlock(_string(block, "thinking", at), _string(block, "signature", at, optional=True))
+                )
             elif kind in ("tool_use", "server_tool_use"):
                 if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
                     msg = f"{where}: content[{i}] ({kind}) needs a string 'id' and 'name'"
@@ -233,7 +243,9 @@ def from_anthropic_message(raw: dict[str, Any], *, where: str = "message") -> li
             if is_error is not None and not isinstance(is_error, bool):
                 msg = f"{where}: content[{i}].is_error must be true, false or null, got {is_error!r:.60}"
                 raise EventError(msg)
-            out.append(Message.tool(block["tool_use_id"], _content_text(block.get("content"), where), is_error=bool(is_error)))
+            out.append(
+                Message.tool(block["tool_use_id"], _content_text(block.get("content"), where), is_error=bool(is_error))
+            )
         elif kind == "text":
             texts.append(_string(block, "text", f"{where}: content[{i}]"))
         else:
@@ -295,7 +307,9 @@ def merge_anthropic_blocks(parts: Any) -> list[dict[str, Any]]:
     return out
 
 
-def to_anthropic_request(messages: list[Message], *, system: str = "", tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def to_anthropic_request(
+    messages: list[Message], *, system: str = "", tools: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """``{"system", "messages", "tools"}`` with alternating roles.
 
     Consecutive same-role messages are merged into one (tool results become ``tool_result``

@@ -215,7 +215,11 @@ def _validate_surface_op(event: Event) -> None:
             msg = f"{kind} needs integer '{key}' (a surface node's seq), got {op.get(key)!r}"
             raise EventError(msg)
     cites = op.get("cites")
-    if not isinstance(cites, list) or not cites or not all(isinstance(c, int) and not isinstance(c, bool) for c in cites):
+    if (
+        not isinstance(cites, list)
+        or not cites
+        or not all(isinstance(c, int) and not isinstance(c, bool) for c in cites)
+    ):
         msg = f"{kind} needs 'cites': the non-empty list of every shadowed node's seq, got {cites!r:.120}"
         raise EventError(msg)
     extra = set(op) - {"op", "start", "end", "cites"}

@@ -57,9 +57,13 @@ class Strategy(Generic[S]):
     @property
     def spec(self) -> StrategySpec:
         """What ``register_strategy`` registers (a new object each time: the manager fills it in)."""
-        return StrategySpec(self.name, settings=self.settings, capabilities=self.capabilities, description=self.description)
+        return StrategySpec(
+            self.name, settings=self.settings, capabilities=self.capabilities, description=self.description
+        )
 
-    def tool(self, name: str, description: str, parameters: type[BaseModel], handler: Any, *, cls: type[Tool] = Tool) -> Tool:
+    def tool(
+        self, name: str, description: str, parameters: type[BaseModel], handler: Any, *, cls: type[Tool] = Tool
+    ) -> Tool:
         """A model-callable tool owned by this strategy (for ``register_tools``); ``cls`` may be
         a :class:`Tool` subclass such as :class:`ctxkernel.CompactTool`."""
         return cls(name, description, parameters, handler, strategy=self.name)

@@ -221,4 +221,3 @@ def validate_profile(profile: Profile, report: ValidationReport) -> None:
     Add results with ``report.ok(...)``, ``report.warn(...)`` and ``report.fail(...)``
     (each takes a check name, the strategy and a message naming the fix).
     """
-

@@ -101,7 +101,11 @@ def configure_logging(level: str = "warning") -> None:
         raise SystemExit(msg)
     tty = sys.stderr.isatty()
     # the console renderer prints tracebacks itself; JSON needs them formatted into a field
-    renderer = [structlog.dev.ConsoleRenderer()] if tty else [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
+    renderer = (
+        [structlog.dev.ConsoleRenderer()]
+        if tty
+        else [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
+    )
     stamp = structlog.processors.TimeStamper(fmt="iso", utc=True)
     structlog.configure(
         processors=[

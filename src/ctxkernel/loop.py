@@ -135,7 +135,9 @@ class _Turn:
                             outcome = yield _RunHarnessTool(call)
                         except Exception as exc:  # a harness tool's failure is the model's to read
                             log.warning("harness tool failed", session=session.id, tool=call.name, error=repr(exc))
-                            outcome = ToolOutcome(f"tool {call.name} failed: {type(exc).__name__}: {exc}", is_error=True)
+                            outcome = ToolOutcome(
+                                f"tool {call.name} failed: {type(exc).__name__}: {exc}", is_error=True
+                            )
                     else:
                         outcome = ToolOutcome(
                             f"unknown tool {call.name!r}: this harness runs no tools of its own; "
@@ -180,7 +182,12 @@ class _LoopBase:
             session.set_harness_tools(tools)
 
     def _start_turn(self, user: str | Message | None) -> Generator[_Action, Any, TurnResult]:
-        turn = _Turn(self.session, max_steps=self.max_steps, max_retries=self.max_retries, has_tool_runner=self.run_tool is not None)
+        turn = _Turn(
+            self.session,
+            max_steps=self.max_steps,
+            max_retries=self.max_retries,
+            has_tool_runner=self.run_tool is not None,
+        )
         return turn.run(user)
 
 

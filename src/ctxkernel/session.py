@@ -109,7 +109,9 @@ class Request:
         if [c.id for c in message.tool_calls] != [c.id for c in original.tool_calls] or message.role != original.role:
             msg = f"a decoration of message {index} changed its role or tool calls"
             raise EventError(msg)
-        if original.tool_result and (message.tool_result is None or message.tool_result.call_id != original.tool_result.call_id):
+        if original.tool_result and (
+            message.tool_result is None or message.tool_result.call_id != original.tool_result.call_id
+        ):
             msg = f"a decoration of message {index} changed its tool result pairing"
             raise EventError(msg)
         self.decorated.setdefault(index, original)
@@ -508,7 +510,10 @@ class Session:
         if isinstance(call, dict):
             call_id, name = call.get("id"), call.get("name")
             if not isinstance(call_id, str) or not isinstance(name, str):
-                return ToolOutcome(f"a tool call needs a string 'id' and 'name', got keys {preview(sorted(map(str, call))[:10], 200)}", is_error=True)
+                return ToolOutcome(
+                    f"a tool call needs a string 'id' and 'name', got keys {preview(sorted(map(str, call))[:10], 200)}",
+                    is_error=True,
+                )
             call = ToolCallBlock(call_id, name, call.get("arguments") or {})
         return self.tools.run(self, call)
 
@@ -670,13 +675,19 @@ class Session:
         if not self._deferred:
             return
         batch = [
-            EventSpec(ev.USER_MESSAGE, {"message": Message.user(text, Source.plugin_form(strategy, "notice")).to_dict()}, ev.append_op())
+            EventSpec(
+                ev.USER_MESSAGE,
+                {"message": Message.user(text, Source.plugin_form(strategy, "notice")).to_dict()},
+                ev.append_op(),
+            )
             for strategy, text in self._deferred
         ]
         self._deferred = []
         self.append(batch)
 
-    def commit_reply(self, reply: Message | dict[str, Any] | Any, usage: Any = None, *, trailer: Sequence[EventSpec] = ()) -> Message:
+    def commit_reply(
+        self, reply: Message | dict[str, Any] | Any, usage: Any = None, *, trailer: Sequence[EventSpec] = ()
+    ) -> Message:
         """Commit the model's reply (after ``sanitize_reply``). Returns the committed message.
 
         ``trailer`` events (a front door's bookkeeping) end the same durable batch."""
@@ -740,10 +751,14 @@ class Session:
         return shrink_to_fit(self, max(excess, 1), limit=limit) is not None
 
     # -- compaction ------------------------------------------------------------------------------------
-    def compact(self, spans: Span | Sequence[Span], *, strategy: str, kind: str = "summary", **kwargs: Any) -> CommitResult:
+    def compact(
+        self, spans: Span | Sequence[Span], *, strategy: str, kind: str = "summary", **kwargs: Any
+    ) -> CommitResult:
         """Run one compaction transaction (see :mod:`ctxkernel.compaction`)."""
         with self._lock:
-            return run_transaction(self, [spans] if isinstance(spans, Span) else list(spans), strategy=strategy, kind=kind, **kwargs)
+            return run_transaction(
+                self, [spans] if isinstance(spans, Span) else list(spans), strategy=strategy, kind=kind, **kwargs
+            )
 
     def replace_tool_result(self, seq: int, content: str, *, strategy: str, reason: str = "prune") -> int:
         """Model-free shrink of one tool result (``compaction/prune`` + a one-node replacement)."""
@@ -753,12 +768,28 @@ class Session:
             raise SurfaceError(msg)
         old = node.message.content[0]
         message = Message.tool(old.call_id, content, is_error=old.is_error, name=old.name)  # type: ignore[union-attr]
-        return self.append(
-            [
-                EventSpec(ev.COMPACTION_PRUNE, {"target": seq, "strategy": strategy, "reason": reason, "chars_before": len(old.content), "chars_after": len(content)}),  # type: ignore[union-attr]
-                EventSpec(ev.TOOL_RESULT, {"message": message.to_dict(), "prune": True}, {"op": "replace", "start": seq, "end": seq, "cites": [seq]}),
-            ]
-        ) + 1
+        return (
+            self.append(
+                [
+                    EventSpec(
+                        ev.COMPACTION_PRUNE,
+                        {
+                            "target": seq,
+                            "strategy": strategy,
+                            "reason": reason,
+                            "chars_before": len(old.content),
+                            "chars_after": len(content),
+                        },
+                    ),  # type: ignore[union-attr]
+                    EventSpec(
+                        ev.TOOL_RESULT,
+                        {"message": message.to_dict(), "prune": True},
+                        {"op": "replace", "start": seq, "end": seq, "cites": [seq]},
+                    ),
+                ]
+            )
+            + 1
+        )
 
     # -- recovery --------------------------------------------------------------------------------------
     def repair_after_crash(self, *, keep_waiting_calls: bool = False) -> list[int]:
@@ -773,10 +804,16 @@ class Session:
         batch: list[EventSpec] = []
         oc = self.open_compaction
         if oc is not None and _holder_is_dead(oc.get("holder") or {}):
-            batch.append(EventSpec(ev.COMPACTION_END, {"compaction_id": oc["compaction_id"], "error": "interrupted: the writer died"}))
+            batch.append(
+                EventSpec(
+                    ev.COMPACTION_END, {"compaction_id": oc["compaction_id"], "error": "interrupted: the writer died"}
+                )
+            )
         waiting = keep_waiting_calls and bool(self.surface.pending_calls)
         if self.turn_open and not waiting and (self.surface.pending_calls or self.step_open):
-            batch += self._closers("interrupted", "outcome unknown: the session was interrupted before this call's result was recorded")
+            batch += self._closers(
+                "interrupted", "outcome unknown: the session was interrupted before this call's result was recorded"
+            )
             batch.append(EventSpec(ev.TURN_END, {"turn": self.turn, "reason": "interrupted"}))
         if not batch:
             return []
@@ -796,7 +833,13 @@ class Session:
             "pressure": self.pressure().to_dict(),
             "surface": {"nodes": len(self.surface.nodes), "roles": roles, "tokens": self.meter.surface_tokens()},
             "compactions": [
-                {"strategy": c.get("strategy"), "kind": c.get("kind"), "tokens_before": c.get("tokens_before"), "tokens_after": c.get("tokens_after"), "cites": len(c.get("cites", []))}
+                {
+                    "strategy": c.get("strategy"),
+                    "kind": c.get("kind"),
+                    "tokens_before": c.get("tokens_before"),
+                    "tokens_after": c.get("tokens_after"),
+                    "cites": len(c.get("cites", [])),
+                }
                 for c in compactions
             ],
             "strategies": self.kernel.hooks.project(self),

@@ -34,9 +34,16 @@ def make_profile(path: Path | None = None, **overrides: Any) -> Profile:
     return profile
 
 
-def build_kernel(home: Path, *, strategies: list[str] | None = None, plugins: list[tuple[str, Any]] | None = None,
-                 entry_points: bool = False, profile: Profile | None = None, fsync: bool = True,
-                 **profile_tables: Any) -> Kernel:
+def build_kernel(
+    home: Path,
+    *,
+    strategies: list[str] | None = None,
+    plugins: list[tuple[str, Any]] | None = None,
+    entry_points: bool = False,
+    profile: Profile | None = None,
+    fsync: bool = True,
+    **profile_tables: Any,
+) -> Kernel:
     """A kernel on a jsonl store in ``home``. With ``entry_points=False`` only built-ins and the
     ``plugins`` given here are available. ``fsync=False`` skips the store's fsyncs (tests whose
     subject is not durability run faster)."""
@@ -70,14 +77,12 @@ if pytest is not None:
         monkeypatch.setenv("CTXKERNEL_HOME", str(home))
         return home
 
-
     @pytest.fixture
     def make_kernel(ctx_home: Path) -> Any:
         def factory(**kwargs: Any) -> Kernel:
             return build_kernel(ctx_home, **kwargs)
 
         return factory
-
 
     @pytest.fixture
     def scripted_model() -> Any:

@@ -243,8 +243,17 @@ def run_trials(
             err_path = Path(scratch) / f"stderr-{trial}"
             with open(err_path, "wb") as err_file:  # a file, not a pipe: a full pipe would stall the writer
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "ctxkernel.testing_crash", spec, session_id, str(ack_path),
-                     str(rng.randrange(2**31)), scratch, "hold" if hold else "random"],
+                    [
+                        sys.executable,
+                        "-m",
+                        "ctxkernel.testing_crash",
+                        spec,
+                        session_id,
+                        str(ack_path),
+                        str(rng.randrange(2**31)),
+                        scratch,
+                        "hold" if hold else "random",
+                    ],
                     stdout=subprocess.DEVNULL,
                     stderr=err_file,
                 )
@@ -254,7 +263,9 @@ def run_trials(
                     proc.kill()
                     proc.wait()
                     err = err_path.read_text(errors="replace")
-                    raise CrashCheckError(f"trial {trial}: the writer did not start (exit {proc.returncode}):\n{err[-3000:]}")
+                    raise CrashCheckError(
+                        f"trial {trial}: the writer did not start (exit {proc.returncode}):\n{err[-3000:]}"
+                    )
                 time.sleep(0.005)
             if hold:
                 while not Acks().read(ack_path, INSIDE):

@@ -49,7 +49,7 @@ json_values = st.recursive(
     max_leaves=12,
 )
 
-HARD_UNICODE = "\x00 nul · é · 日本語 · עברית · 👩‍👩‍👧 · e\u0301 · \ufeff · \uffff · \U0010ffff · \u2028\u2029 · \"\\"
+HARD_UNICODE = '\x00 nul · é · 日本語 · עברית · 👩‍👩‍👧 · e\u0301 · \ufeff · \uffff · \U0010ffff · \u2028\u2029 · "\\'
 
 
 def in_ci() -> bool:
@@ -304,8 +304,13 @@ class StoreConformance:
         store.create(header("s"))
         events = [
             Event(0, "turn/start", {"turn": 1}, "2026-01-01T00:00:00.000Z"),
-            Event(1, "user/message", {"message": {"role": "user", "content": [{"type": "text", "text": "hi"}]}},
-                  "2026-01-01T00:00:00.001Z", {"op": "append"}),
+            Event(
+                1,
+                "user/message",
+                {"message": {"role": "user", "content": [{"type": "text", "text": "hi"}]}},
+                "2026-01-01T00:00:00.001Z",
+                {"op": "append"},
+            ),
             Event(2, "turn/end", {"turn": 1, "reason": "completed"}, "2026-01-01T00:00:00.002Z"),
         ]
         store.append("s", events, 0)
@@ -333,7 +338,11 @@ class StoreConformance:
     @settings(
         max_examples=25,
         deadline=None,
-        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.differing_executors, HealthCheck.too_slow],
+        suppress_health_check=[
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.differing_executors,
+            HealthCheck.too_slow,
+        ],
     )
     @given(payload=st.dictionaries(unicode_text, json_values, max_size=5), text=unicode_text)
     def test_any_unicode_and_json_round_trips(self, store: EventStore, payload: dict[str, Any], text: str) -> None:
@@ -371,9 +380,16 @@ class StoreConformance:
         store.kv_put("lineage", "b", "text")
         store.kv_put("notes", "a", 42)
         assert other.kv_get("lineage", "a") == {"parent": None, "chapters": [1, 2]}
-        assert other.kv_list("lineage") == {"a": {"parent": None, "chapters": [1, 2]}, "a/b": [1, "two", 3.5, True, None], "b": "text"}
+        assert other.kv_list("lineage") == {
+            "a": {"parent": None, "chapters": [1, 2]},
+            "a/b": [1, "two", 3.5, True, None],
+            "b": "text",
+        }
         assert list(other.kv_list("lineage")) == ["a", "a/b", "b"]
-        assert other.kv_list("lineage", "a") == {"a": {"parent": None, "chapters": [1, 2]}, "a/b": [1, "two", 3.5, True, None]}
+        assert other.kv_list("lineage", "a") == {
+            "a": {"parent": None, "chapters": [1, 2]},
+            "a/b": [1, "two", 3.5, True, None],
+        }
         assert other.kv_list("lineage", "a/") == {"a/b": [1, "two", 3.5, True, None]}
         assert other.kv_list("notes") == {"a": 42}
         other.kv_put("lineage", "a", {"replaced": True})

@@ -211,7 +211,6 @@ def describe_validation_error(tool: Tool, exc: ValidationError) -> str:
     return f"{tool.name} refused: " + "; ".join(problems) + f". {accepted_arguments(tool)}. Nothing was changed."
 
 
-
 def accepted_arguments(tool: Tool) -> str:
     """``Accepted arguments: {name: what, ...}`` from the tool's JSON schema (bounds included)."""
     schema = tool.parameters.model_json_schema()

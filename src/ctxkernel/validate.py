@@ -51,17 +51,17 @@ if TYPE_CHECKING:
 Level = Literal["pass", "warn", "fail"]
 #: Table of checks in the order they run (also the ``check`` column's vocabulary).
 CHECKS = (
-    "profile",       # the file parses and its kernel tables validate
-    "resolve",       # each strategy name -> exactly one installed distribution
-    "hooks",         # every hook implementation matches a hookspec
-    "settings",      # strategy tables and per-model policies validate
+    "profile",  # the file parses and its kernel tables validate
+    "resolve",  # each strategy name -> exactly one installed distribution
+    "hooks",  # every hook implementation matches a hookspec
+    "settings",  # strategy tables and per-model policies validate
     "capabilities",  # exclusive capabilities claimed once, or ordered
-    "requires",      # [profile] requires against installed distributions
-    "tokenizer",     # counts with the network disabled
-    "store",         # reachable and writable
-    "budgets",       # window, reserve, strategy token budgets, request header size
-    "tools",         # no tool name registered twice
-    "strategy",      # the strategies' own validate_profile checks
+    "requires",  # [profile] requires against installed distributions
+    "tokenizer",  # counts with the network disabled
+    "store",  # reachable and writable
+    "budgets",  # window, reserve, strategy token budgets, request header size
+    "tools",  # no tool name registered twice
+    "strategy",  # the strategies' own validate_profile checks
 )
 
 
@@ -217,9 +217,7 @@ class _Validator:
         self.check_tokenizer()
         self.check_store()
         self.check_budgets()
-        session_checks_possible = (
-            len(self.loaded) == len(self.names) and self.settings_ok and self.tokenizer_ok
-        )
+        session_checks_possible = len(self.loaded) == len(self.names) and self.settings_ok and self.tokenizer_ok
         if session_checks_possible:
             self.check_with_session()
         else:
@@ -270,7 +268,9 @@ class _Validator:
             try:
                 plugin = available.load()
             except ConfigError as exc:
-                self.report.fail("hooks", name, f"{exc}. Fix: reinstall {available.distribution} or report it to its authors")
+                self.report.fail(
+                    "hooks", name, f"{exc}. Fix: reinstall {available.distribution} or report it to its authors"
+                )
                 continue
             impls = {}
             for attr in dir(plugin):
@@ -292,7 +292,9 @@ class _Validator:
             if unknown:
                 continue
             try:
-                spec = self.manager.register(plugin, name, distribution=available.distribution, version=available.version)
+                spec = self.manager.register(
+                    plugin, name, distribution=available.distribution, version=available.version
+                )
             except pluggy.PluginValidationError as exc:
                 self.report.fail(
                     "hooks",
@@ -329,7 +331,9 @@ class _Validator:
             if problem:
                 self.settings_ok = False
                 for line in problem.splitlines():
-                    self.report.fail("settings", name, f"{line}. Fix: {_settings_fix(line, spec, f'[strategies.{name}]')}")
+                    self.report.fail(
+                        "settings", name, f"{line}. Fix: {_settings_fix(line, spec, f'[strategies.{name}]')}"
+                    )
             else:
                 self.report.ok("settings", name, f"[strategies.{name}] validates against {spec.settings.__name__}")
         for index, policy in enumerate(profile.model_policies):
@@ -414,7 +418,9 @@ class _Validator:
                 )
             else:
                 ranked = sorted(claim, key=order.index)
-                self.report.ok("capabilities", None, f"{capability!r} is claimed by {ranked}, ordered by capability_order")
+                self.report.ok(
+                    "capabilities", None, f"{capability!r} is claimed by {ranked}, ordered by capability_order"
+                )
 
     # -- requires --------------------------------------------------------------------------------------
     def check_requires(self) -> None:
@@ -493,7 +499,11 @@ class _Validator:
                 continue
             if count <= 0:
                 self.tokenizer_ok = False
-                self.report.fail("tokenizer", None, f"tokenizer {spec!r} counted {count} tokens for a probe sentence. Fix: use another tokenizer")
+                self.report.fail(
+                    "tokenizer",
+                    None,
+                    f"tokenizer {spec!r} counted {count} tokens for a probe sentence. Fix: use another tokenizer",
+                )
             else:
                 self.report.ok("tokenizer", None, f"{tokenizer.name} counts offline")
 
@@ -544,7 +554,9 @@ class _Validator:
             window, reserve = model.context_window, model.reserved_output_tokens
             effective = model.effective_window
             self.report.ok(
-                "budgets", None, f"{label}: context_window {window} - reserved_output_tokens {reserve} = effective window {effective}"
+                "budgets",
+                None,
+                f"{label}: context_window {window} - reserved_output_tokens {reserve} = effective window {effective}",
             )
             for name, spec in self.loaded.items():
                 raw = self.profile.strategy_settings(name, model.provider, model.name)
@@ -605,7 +617,9 @@ class _Validator:
         for tool, strategies in claimed.items():
             if len(strategies) > 1:
                 clean = False
-                who = " and ".join(f"{s!r} ({self.loaded[s].distribution} {self.loaded[s].version})" for s in strategies)
+                who = " and ".join(
+                    f"{s!r} ({self.loaded[s].distribution} {self.loaded[s].version})" for s in strategies
+                )
                 self.report.fail(
                     "tools",
                     strategies[-1],
@@ -699,4 +713,12 @@ def _settings_fix(line: str, spec: StrategySpec, table: str) -> str:
     return f"set a value the {spec.settings.__name__} model accepts in {table} (keys: {fields})"
 
 
-__all__ = ["CHECKS", "Check", "ValidationReport", "network_disabled", "throwaway_session", "tools_by_strategy", "validate_profile"]
+__all__ = [
+    "CHECKS",
+    "Check",
+    "ValidationReport",
+    "network_disabled",
+    "throwaway_session",
+    "tools_by_strategy",
+    "validate_profile",
+]

@@ -168,7 +168,12 @@ def test_the_async_agent_takes_the_same_path(home, profile_path):
     calls: list[Any] = []
     replies = iter(
         [
-            AIMessage("", tool_calls=[{"id": "w1", "name": "notes_write_file", "args": {"path": "self/notes/a.md", "content": NOTE}}]),
+            AIMessage(
+                "",
+                tool_calls=[
+                    {"id": "w1", "name": "notes_write_file", "args": {"path": "self/notes/a.md", "content": NOTE}}
+                ],
+            ),
             AIMessage("saved"),
         ]
     )

@@ -179,7 +179,9 @@ def test_an_item_the_kernel_cannot_hold_is_refused_by_name():
 def test_a_limited_read_never_starts_with_a_tool_output(home, profile_path):
     session = ContextSession("oa-limit", profile=profile_path)
     reads: list[str] = []
-    model = ScriptedModel([[function_call("read_file", {"path": "src/module_1.py"}, call_id="r1")], [assistant_message("read")]])
+    model = ScriptedModel(
+        [[function_call("read_file", {"path": "src/module_1.py"}, call_id="r1")], [assistant_message("read")]]
+    )
     agent = Agent(name="a", model=model, tools=[_reader(reads)])
     asyncio.run(Runner.run(agent, "read module 1", session=session))
     # the surface: user, call, output, reply; the last two items would start with the output

@@ -41,7 +41,9 @@ def surface_of(store, session_id, tmp_path):
 
 
 def same(a, b, session_id):
-    return session_hash(a.header(session_id), a.read(session_id)) == session_hash(b.header(session_id), b.read(session_id))
+    return session_hash(a.header(session_id), a.read(session_id)) == session_hash(
+        b.header(session_id), b.read(session_id)
+    )
 
 
 @pytest.fixture

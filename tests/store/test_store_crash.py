@@ -63,8 +63,13 @@ def test_verifier_catches_a_half_committed_compaction(tmp_path):
         Event(1, "user/message", {"message": msg}, t, {"op": "append"}),
         Event(2, "compaction/start", {"compaction_id": "c1", "strategy": "basic"}, t),
         # a replacement that claims the compaction but with no summary: half-committed
-        Event(3, "user/message", {"message": {**msg, "content": [{"type": "text", "text": "s"}]}, "compaction_id": "c1"},
-              t, {"op": "replace", "start": 1, "end": 1, "cites": [1]}),
+        Event(
+            3,
+            "user/message",
+            {"message": {**msg, "content": [{"type": "text", "text": "s"}]}, "compaction_id": "c1"},
+            t,
+            {"op": "replace", "start": 1, "end": 1, "cites": [1]},
+        ),
         Event(4, "compaction/end", {"compaction_id": "c1", "error": "boom"}, t),
     ]
     store.append("s", events, 0)

@@ -104,7 +104,9 @@ def test_connection_string_from_profile_or_environment(dsn, monkeypatch, tmp_pat
     assert kernel.store.backend == "postgres"
     session = kernel.open_session()
     session.user("stored in postgres")
-    assert Kernel(make_profile(store={"backend": "postgres", "dsn": dsn}), home=tmp_path, entry_points=False).sessions() == [session.id]
+    assert Kernel(
+        make_profile(store={"backend": "postgres", "dsn": dsn}), home=tmp_path, entry_points=False
+    ).sessions() == [session.id]
 
 
 @pytest.mark.postgres

@@ -82,7 +82,9 @@ def main() -> int:
 
                 def run(session=session, start=start, end=end):
                     try:
-                        holder["result"] = session.compact(Span(start, end, summary="held summary"), strategy="basic", render=render)
+                        holder["result"] = session.compact(
+                            Span(start, end, summary="held summary"), strategy="basic", render=render
+                        )
                     except BaseException as exc:  # noqa: BLE001 - reported on release
                         holder["error"] = f"{type(exc).__name__}: {exc}"
 

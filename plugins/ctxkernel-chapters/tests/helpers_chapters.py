@@ -15,10 +15,24 @@ REPO = Path(__file__).resolve().parents[3]
 PROFILE = REPO / "profiles" / "chapters.toml"
 
 
-def chapters_kernel(home: Path, *, window: int = 20_000, reserve: int = 1_000, plugins: list[tuple[str, Any]] | None = None,
-                    policies: list[dict[str, Any]] | None = None, **settings: Any) -> Kernel:
+def chapters_kernel(
+    home: Path,
+    *,
+    window: int = 20_000,
+    reserve: int = 1_000,
+    plugins: list[tuple[str, Any]] | None = None,
+    policies: list[dict[str, Any]] | None = None,
+    **settings: Any,
+) -> Kernel:
     """A kernel on a jsonl store in ``home`` running only ``chapters`` (registered in code)."""
-    tables: dict[str, Any] = {"model": {"provider": "scripted", "name": "scripted-1", "context_window": window, "reserved_output_tokens": reserve}}
+    tables: dict[str, Any] = {
+        "model": {
+            "provider": "scripted",
+            "name": "scripted-1",
+            "context_window": window,
+            "reserved_output_tokens": reserve,
+        }
+    }
     profile = make_profile(PROFILE, **tables)
     profile.strategies = {"chapters": settings}
     profile.model_policies = []
@@ -26,8 +40,13 @@ def chapters_kernel(home: Path, *, window: int = 20_000, reserve: int = 1_000, p
         from ctxkernel.profile import ModelPolicy
 
         profile.model_policies = [ModelPolicy.model_validate(p) for p in policies]
-    return Kernel(profile, store=JsonlStore(home), home=home, entry_points=False,
-                  plugins=[("chapters", chapters_plugin), *(plugins or [])])
+    return Kernel(
+        profile,
+        store=JsonlStore(home),
+        home=home,
+        entry_points=False,
+        plugins=[("chapters", chapters_plugin), *(plugins or [])],
+    )
 
 
 def log_bytes(session) -> bytes:
@@ -77,7 +96,12 @@ def reading_script(calls_per_turn: int = 2):
 def run_turns(session, turns: int, *, start: int = 0, lines: int = 40, calls_per_turn: int = 2, model=None) -> Any:
     model = model or reading_script(calls_per_turn)
     for t in range(start, start + turns):
-        do_turn(session, model, f"task {t}: look at module {t}", tool_output=lambda call: f"# {call.arguments['path']}\n" + "x = compute(1, 2)\n" * lines)
+        do_turn(
+            session,
+            model,
+            f"task {t}: look at module {t}",
+            tool_output=lambda call: f"# {call.arguments['path']}\n" + "x = compute(1, 2)\n" * lines,
+        )
     return model
 
 

@@ -14,7 +14,9 @@ BIG = "\n".join(f"line {i}: value = {i * 7} # measurement" for i in range(3000))
 def _one_big_result(tmp_path, **settings):
     kernel = chapters_kernel(tmp_path, window=60_000, **settings)
     session = kernel.open_session()
-    model = ScriptedModel([Message.assistant("run it", [ToolCallBlock("c1", "bash", {"command": "dump"})]), Message.assistant("seen")])
+    model = ScriptedModel(
+        [Message.assistant("run it", [ToolCallBlock("c1", "bash", {"command": "dump"})]), Message.assistant("seen")]
+    )
     do_turn(session, model, "dump the table", tool_output=lambda call: BIG)
     return session, model
 
@@ -34,7 +36,9 @@ def test_a_large_result_becomes_a_handle_before_the_next_request(tmp_path):
 def test_small_results_stay_inline(tmp_path):
     kernel = chapters_kernel(tmp_path, window=60_000)
     session = kernel.open_session()
-    model = ScriptedModel([Message.assistant("run", [ToolCallBlock("c1", "bash", {"command": "ls"})]), Message.assistant("ok")])
+    model = ScriptedModel(
+        [Message.assistant("run", [ToolCallBlock("c1", "bash", {"command": "ls"})]), Message.assistant("ok")]
+    )
     do_turn(session, model, "list", tool_output=lambda call: "a.py\nb.py")
     assert not any(e.type == "compaction/prune" for e in session.events)
 
@@ -58,7 +62,16 @@ def test_artifact_tool_reads_toc_search_and_pages(tmp_path):
     assert "next page: offset=105" in page.content
 
 
-@pytest.mark.parametrize("name", ["../../sessions", "../x/artifacts/" + "0" * 64 + ".txt", "/etc/passwd", "{root}/../../kv", "{root}/artifacts/../../../etc/passwd"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "../../sessions",
+        "../x/artifacts/" + "0" * 64 + ".txt",
+        "/etc/passwd",
+        "{root}/../../kv",
+        "{root}/artifacts/../../../etc/passwd",
+    ],
+)
 def test_no_path_escapes(tmp_path, name):
     session, _ = _one_big_result(tmp_path)
     root = _handle(session).split("/", 1)[0]

@@ -55,8 +55,11 @@ def test_pressure_archives_in_place_without_a_model(tmp_path):
     records = registry(session).get(session.id)["chapters"]
     assert records and all(r["status"] == "final" for r in records)
     # the newest archived instruction of the user is quoted verbatim
-    archived_users = [e for e in session.events[: records[-1]["end_seq"] + 1]
-                      if e.type == "user/message" and e.data["message"]["source"]["kind"] == "user"]
+    archived_users = [
+        e
+        for e in session.events[: records[-1]["end_seq"] + 1]
+        if e.type == "user/message" and e.data["message"]["source"]["kind"] == "user"
+    ]
     assert "> " + archived_users[-1].data["message"]["content"][0]["text"] in message.text
     where = archive_dir(session, session.settings("chapters"))
     for record in records:
@@ -87,8 +90,15 @@ def test_a_continued_sessions_handoff_note_is_carried_through_compactions(tmp_pa
     run_turns(session, 2)
     ceiling = [e.seq for e in session.events if e.type == "turn/end"][-1]
     note = "Decision held: never touch the vendored parser.\n\nNext: port the lexer tests."
-    data = result_json(call_tool(session, "chapters_continue", title="t", handoff_note=note,
-                                 chapters=[{"start_seq": 0, "end_seq": ceiling, "title": "start"}]))
+    data = result_json(
+        call_tool(
+            session,
+            "chapters_continue",
+            title="t",
+            handoff_note=note,
+            chapters=[{"start_seq": 0, "end_seq": ceiling, "title": "start"}],
+        )
+    )
     child = session.kernel.open_session(data["session"])
     _run_until(child, lambda: len(_summaries(child)) >= 2, limit=120)
     head = child.surface.nodes[0].message.text
@@ -193,4 +203,6 @@ def test_the_steward_continues_at_the_suggestion(tmp_path):
     assert [a["name"] for a in actions] == ["chapters_continue"]
     outcome = call_tool(session, "chapters_continue", **actions[0]["arguments"])
     assert not outcome.is_error, outcome.content
-    assert "one more" in session.kernel.open_session(outcome.continue_in).events[0].data["message"]["content"][0]["text"]
+    assert (
+        "one more" in session.kernel.open_session(outcome.continue_in).events[0].data["message"]["content"][0]["text"]
+    )

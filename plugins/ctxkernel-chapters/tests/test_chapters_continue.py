@@ -79,8 +79,13 @@ def test_over_budget_is_refused_with_the_numbers(parent, tmp_path):
 def test_continue_writes_chapters_and_a_child_with_one_seed_event(parent, tmp_path):
     ends = _turn_ends(parent)
     before = log_bytes(parent)
-    outcome = call_tool(parent, "chapters_continue", title="Parser work, part 2", handoff_note="Next: wire the lexer into main().",
-                        chapters=_ranges((0, ends[1]), (ends[1] + 1, ends[-1])))
+    outcome = call_tool(
+        parent,
+        "chapters_continue",
+        title="Parser work, part 2",
+        handoff_note="Next: wire the lexer into main().",
+        chapters=_ranges((0, ends[1]), (ends[1] + 1, ends[-1])),
+    )
     data = result_json(outcome)
     assert outcome.conclude_turn and outcome.continue_in == data["session"]
     assert log_bytes(parent) == before  # the parent is untouched (the harness writes the tool result)
@@ -104,18 +109,24 @@ def test_continue_writes_chapters_and_a_child_with_one_seed_event(parent, tmp_pa
 
 def test_the_child_survives_a_process_restart_and_reads_every_ancestor_chapter(parent, tmp_path):
     ends = _turn_ends(parent)
-    first = result_json(call_tool(parent, "chapters_continue", title="two", handoff_note="go on", chapters=_ranges((0, ends[-1]))))
+    first = result_json(
+        call_tool(parent, "chapters_continue", title="two", handoff_note="go on", chapters=_ranges((0, ends[-1])))
+    )
     child = parent.kernel.open_session(first["session"])
     run_turns(child, 3, start=10)
     child_ends = _turn_ends(child)
-    second = result_json(call_tool(child, "chapters_continue", title="three", handoff_note="still going", chapters=_ranges((0, child_ends[-1]))))
+    second = result_json(
+        call_tool(
+            child, "chapters_continue", title="three", handoff_note="still going", chapters=_ranges((0, child_ends[-1]))
+        )
+    )
     grandchild_id = second["session"]
     expected = [c["id"] for c in first["chapters"]] + [c["id"] for c in second["chapters"]]
     script = f"""
 import json, sys
 sys.path.insert(0, {str(tmp_path.parent)!r})
 from pathlib import Path
-sys.path.insert(0, {str(__import__('pathlib').Path(__file__).parent)!r})
+sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent)!r})
 from helpers_chapters import chapters_kernel, call_tool
 kernel = chapters_kernel(Path({str(tmp_path)!r}))
 session = kernel.open_session({grandchild_id!r})
@@ -143,7 +154,9 @@ print(json.dumps(out))
 
 def test_tampered_chapter_is_refused_on_read_and_search(parent):
     ends = _turn_ends(parent)
-    data = result_json(call_tool(parent, "chapters_continue", title="t", handoff_note="n", chapters=_ranges((0, ends[-1]))))
+    data = result_json(
+        call_tool(parent, "chapters_continue", title="t", handoff_note="n", chapters=_ranges((0, ends[-1])))
+    )
     child = parent.kernel.open_session(data["session"])
     record = registry(parent).lineage_records(child.id)[0]
     path = archive_dir(child, child.settings("chapters")) / record["path"]
@@ -158,7 +171,9 @@ def test_tampered_chapter_is_refused_on_read_and_search(parent):
 
 def test_read_is_paged_and_contained(parent):
     ends = _turn_ends(parent)
-    data = result_json(call_tool(parent, "chapters_continue", title="t", handoff_note="n", chapters=_ranges((0, ends[-1]))))
+    data = result_json(
+        call_tool(parent, "chapters_continue", title="t", handoff_note="n", chapters=_ranges((0, ends[-1])))
+    )
     child = parent.kernel.open_session(data["session"])
     cid = data["chapters"][0]["id"]
     page = call_tool(child, "chapters_read", chapter=cid, offset=0, limit=10)
@@ -178,7 +193,9 @@ def test_ranges_must_be_empty_before_the_first_turn_ends(tmp_path):
     session.user("start")
     outcome = call_tool(session, "chapters_continue", title="t", handoff_note="n", chapters=_ranges((0, 1)))
     assert outcome.is_error and "no completed turn" in outcome.content
-    data = result_json(call_tool(session, "chapters_continue", title="t", handoff_note="everything so far: start", chapters=[]))
+    data = result_json(
+        call_tool(session, "chapters_continue", title="t", handoff_note="everything so far: start", chapters=[])
+    )
     assert data["chapters"] == []
     child = kernel.open_session(data["session"])
     assert len(child.events) == 1
@@ -226,15 +243,24 @@ def test_the_model_can_continue_inside_a_turn(tmp_path):
 
 def test_a_tampered_ancestor_chapter_is_reported_not_cited(parent):
     ends = _turn_ends(parent)
-    first = result_json(call_tool(parent, "chapters_continue", title="t", handoff_note="n",
-                                  chapters=_ranges((0, ends[1]), (ends[1] + 1, ends[-1]))))
+    first = result_json(
+        call_tool(
+            parent,
+            "chapters_continue",
+            title="t",
+            handoff_note="n",
+            chapters=_ranges((0, ends[1]), (ends[1] + 1, ends[-1])),
+        )
+    )
     child = parent.kernel.open_session(first["session"])
     bad = registry(parent).lineage_records(child.id)[0]
     path = archive_dir(child, child.settings("chapters")) / bad["path"]
     path.write_text(path.read_text() + "\nappended later")
     run_turns(child, 2, start=20)
     ceiling = _turn_ends(child)[-1]
-    second = result_json(call_tool(child, "chapters_continue", title="t2", handoff_note="n2", chapters=_ranges((0, ceiling))))
+    second = result_json(
+        call_tool(child, "chapters_continue", title="t2", handoff_note="n2", chapters=_ranges((0, ceiling)))
+    )
     seed = parent.kernel.open_session(second["session"]).events[0].data["message"]["content"][0]["text"]
     assert "Not cited (integrity check failed)" in seed and bad["id"] in seed
     good = registry(parent).lineage_records(child.id)[1]
@@ -246,7 +272,9 @@ def test_a_tampered_ancestor_chapter_is_reported_not_cited(parent):
 def test_the_handoff_note_is_never_truncated(parent):
     ends = _turn_ends(parent)
     note = "\n\n".join(f"Point {i}: the lexer keeps state {i} across calls; see commit {i:04x}." for i in range(40))
-    data = result_json(call_tool(parent, "chapters_continue", title="t", handoff_note=note, chapters=_ranges((0, ends[-1]))))
+    data = result_json(
+        call_tool(parent, "chapters_continue", title="t", handoff_note=note, chapters=_ranges((0, ends[-1])))
+    )
     seed = parent.kernel.open_session(data["session"]).events[0].data["message"]["content"][0]["text"]
     assert note in seed
 

@@ -15,8 +15,15 @@ from ctxkernel_chapters.disk import ArchiveError, IntegrityError
 
 def _file(title: str, body: str = "# T\n\n**User** #1: hi\n") -> str:
     text, _ = render_chapter_file(
-        chapter="003-x", title=title, session="s1", root="r0", seq_range=(184, 231), tokens=7420,
-        generated_at="2026-09-15T17:22:04Z", artifacts=2, body=body,
+        chapter="003-x",
+        title=title,
+        session="s1",
+        root="r0",
+        seq_range=(184, 231),
+        tokens=7420,
+        generated_at="2026-09-15T17:22:04Z",
+        artifacts=2,
+        body=body,
     )
     return text
 
@@ -36,7 +43,20 @@ def test_frontmatter_round_trips_any_title(title, body):
     assert front["seqRange"] == [184, 231] and front["tokens"] == 7420 and front["artifacts"] == 2
 
 
-@pytest.mark.parametrize("title", ["a\n---\nb", "---", "key: value", "'quoted' \"double\"", "2026-01-01", "yes", "\x00\x1f", "# heading", "</chapters-toc>"])
+@pytest.mark.parametrize(
+    "title",
+    [
+        "a\n---\nb",
+        "---",
+        "key: value",
+        "'quoted' \"double\"",
+        "2026-01-01",
+        "yes",
+        "\x00\x1f",
+        "# heading",
+        "</chapters-toc>",
+    ],
+)
 def test_awkward_titles_round_trip(title):
     assert parse_chapter(_file(title)).title == title
 

@@ -86,10 +86,16 @@ def test_hundreds_of_steps_stay_inside_the_window_and_remain_recoverable(tmp_pat
         assert event.seq <= covered_through, f"event {event.seq} left the surface without being archived"
         body = next(b for s, e, b in bodies if s <= event.seq <= e)
         message = Message.from_dict(event.data["message"])
-        marker = {"user/message": "**User**", "assistant/message": "**Assistant**", "tool/result": "**Result**"}[event.type]
+        marker = {"user/message": "**User**", "assistant/message": "**Assistant**", "tool/result": "**Result**"}[
+            event.type
+        ]
         if event.type == "user/message" and message.source.kind == "plugin":
             marker = "**Table of contents**" if message.text.startswith("<chapters-toc>") else "**Notice**"
-        line = next(line for line in body.splitlines() if line.startswith(f"{marker} #{event.seq} ") or line.startswith(f"{marker} #{event.seq}:"))
+        line = next(
+            line
+            for line in body.splitlines()
+            if line.startswith(f"{marker} #{event.seq} ") or line.startswith(f"{marker} #{event.seq}:")
+        )
         if event.type == "tool/result":
             content = message.tool_result.content
             if "[artifact `" in line:

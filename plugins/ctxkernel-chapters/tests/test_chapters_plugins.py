@@ -22,7 +22,9 @@ def test_ctxkernel_plugins_lists_chapters():
     assert "chapters" in rows
     row = rows["chapters"]
     assert row["distribution"] == "ctxkernel-chapters"
-    assert {"pre_step", "request_error", "register_tools", "steward_actions", "validate_profile", "project"} <= set(row["hooks"])
+    assert {"pre_step", "request_error", "register_tools", "steward_actions", "validate_profile", "project"} <= set(
+        row["hooks"]
+    )
     assert "pressure" in row["capabilities"]
 
 
@@ -82,7 +84,12 @@ def test_per_model_policy_changes_the_settings(tmp_path):
 
     kernel = chapters_kernel(
         tmp_path,
-        policies=[{"match": {"provider": "scripted", "name": "small"}, "strategies": {"chapters": {"chapter_token_target": 1500}}}],
+        policies=[
+            {
+                "match": {"provider": "scripted", "name": "small"},
+                "strategies": {"chapters": {"chapter_token_target": 1500}},
+            }
+        ],
     )
     session = kernel.open_session()
     assert session.settings("chapters").chapter_token_target == 8000

@@ -45,7 +45,9 @@ def test_chapters_cover_the_range_and_cut_after_turn_ends(tmp_path):
 def test_a_huge_turn_is_split_after_a_step(tmp_path):
     session = _session(tmp_path, turns=1, lines=600)
     end = len(session.events) - 1
-    plans = propose_chapters(session.events, 0, end, count=session.meter.count_text, target_tokens=200, floor_tokens=10_000)
+    plans = propose_chapters(
+        session.events, 0, end, count=session.meter.count_text, target_tokens=200, floor_tokens=10_000
+    )
     assert len(plans) >= 2
     assert all(session.events[p.end_seq].type in ("step/end", "turn/end") for p in plans)
 
@@ -75,9 +77,13 @@ def _cached_session(factory):
 def test_model_titles_reuse_the_sessions_prefix(tmp_path):
     session = _session(tmp_path, turns=3)
     request_header = next(e for e in session.events if e.type == "request/header")
-    plans = propose_chapters(session.events, 0, len(session.events) - 1, count=session.meter.count_text, target_tokens=200)
+    plans = propose_chapters(
+        session.events, 0, len(session.events) - 1, count=session.meter.count_text, target_tokens=200
+    )
     model = ScriptedModel([Message.assistant(json.dumps([{"title": "Setting up", "summary": "Read the modules."}]))])
-    titled, usage = model_titles(plans, ["body"] * len(plans), model, system=request_header.data["system"], tools=request_header.data["tools"])
+    titled, usage = model_titles(
+        plans, ["body"] * len(plans), model, system=request_header.data["system"], tools=request_header.data["tools"]
+    )
     call = model.calls[0]
     assert call["system"] == request_header.data["system"] and call["tools"] == request_header.data["tools"]
     assert call["messages"][-1].source.form == "directive"
@@ -87,17 +93,36 @@ def test_model_titles_reuse_the_sessions_prefix(tmp_path):
 
 
 def _record(n, path, summary="s"):
-    return {"number": n, "id": f"x/{n}", "path": path, "title": f"T{n}", "start_seq": n * 10, "end_seq": n * 10 + 9, "tokens": 100, "summary": summary}
+    return {
+        "number": n,
+        "id": f"x/{n}",
+        "path": path,
+        "title": f"T{n}",
+        "start_seq": n * 10,
+        "end_seq": n * 10 + 9,
+        "tokens": 100,
+        "summary": summary,
+    }
 
 
 def test_bullets_merge_by_path_and_carried_prose_survives():
-    first, _ = render(merged_toc([], [_record(1, "r/chapters/001-a.md"), _record(2, "r/chapters/002-b.md")], "chapters"),
-                      handoff="Held: use sqlite.\n\nNext: the index.")
-    second_toc = merged_toc([first], [_record(2, "r/chapters/002-b.md", "newer"), _record(3, "r/chapters/003-c.md")], "chapters",
-                            extra_prose=["Another strategy's summary."])
+    first, _ = render(
+        merged_toc([], [_record(1, "r/chapters/001-a.md"), _record(2, "r/chapters/002-b.md")], "chapters"),
+        handoff="Held: use sqlite.\n\nNext: the index.",
+    )
+    second_toc = merged_toc(
+        [first],
+        [_record(2, "r/chapters/002-b.md", "newer"), _record(3, "r/chapters/003-c.md")],
+        "chapters",
+        extra_prose=["Another strategy's summary."],
+    )
     second, _ = render(second_toc)
     parsed = parse(second)
-    assert list(parsed.bullets) == ["chapters/r/chapters/001-a.md", "chapters/r/chapters/002-b.md", "chapters/r/chapters/003-c.md"]
+    assert list(parsed.bullets) == [
+        "chapters/r/chapters/001-a.md",
+        "chapters/r/chapters/002-b.md",
+        "chapters/r/chapters/003-c.md",
+    ]
     assert "newer" in parsed.bullets["chapters/r/chapters/002-b.md"]
     assert parsed.carried == ["Held: use sqlite.", "Next: the index.", "Another strategy's summary."]
     third, _ = render(merged_toc([second], [], "chapters"))
@@ -123,7 +148,9 @@ def test_bullets_over_budget_shorten_then_fold():
     assert "chapters/r/chapters/040-x.md" in parsed.bullets  # the newest keeps its own bullet
     assert "001–" in parsed.bullets[fold[0]]
     # folding again merges into the same line
-    again, _ = render(merged_toc([text], [_record(41, "r/chapters/041-x.md")], "chapters"), count=count, bullet_budget=600)
+    again, _ = render(
+        merged_toc([text], [_record(41, "r/chapters/041-x.md")], "chapters"), count=count, bullet_budget=600
+    )
     assert len([k for k in parse(again).bullets if k.startswith("fold:")]) == 1
 
 
@@ -131,32 +158,62 @@ def test_bullets_over_budget_shorten_then_fold():
 def test_cli_manifest_and_segment(tmp_path):
     session = _session(tmp_path, turns=3)
     ends = [e.seq for e in session.events if e.type == "turn/end"]
-    data = result_json(call_tool(session, "chapters_continue", title="t", handoff_note="n",
-                                 chapters=[{"start_seq": 0, "end_seq": ends[-1], "title": "all"}]))
+    data = result_json(
+        call_tool(
+            session,
+            "chapters_continue",
+            title="t",
+            handoff_note="n",
+            chapters=[{"start_seq": 0, "end_seq": ends[-1], "title": "all"}],
+        )
+    )
     profile = tmp_path / "p.toml"
     profile.write_text('[profile]\nstrategies = ["chapters"]\n')
     env = {**os.environ, "CTXKERNEL_HOME": str(tmp_path)}
     cli = [sys.executable, "-m", "ctxkernel_chapters.cli"]
-    out = subprocess.run([*cli, "manifest", data["session"], "--profile", str(profile)], capture_output=True, text=True, env=env, cwd=REPO)
+    out = subprocess.run(
+        [*cli, "manifest", data["session"], "--profile", str(profile)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
     assert out.returncode == 0, out.stderr
     chain = json.loads(out.stdout)["chain"]
     assert [c["session"] for c in chain] == [session.id, data["session"]]
     assert chain[0]["chapters"][0]["title"] == "all"
-    out = subprocess.run([*cli, "segment", session.id, "--profile", str(profile), "--target", "300"], capture_output=True, text=True, env=env, cwd=REPO)
+    out = subprocess.run(
+        [*cli, "segment", session.id, "--profile", str(profile), "--target", "300"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
     assert out.returncode == 0, out.stderr
     proposal = json.loads(out.stdout)
     assert proposal["floor"] == ends[-1] + 1 and proposal["chapters"] == []  # everything is archived already
-    missing = subprocess.run([*cli, "manifest", "nope", "--profile", str(profile)], capture_output=True, text=True, env=env, cwd=REPO)
+    missing = subprocess.run(
+        [*cli, "manifest", "nope", "--profile", str(profile)], capture_output=True, text=True, env=env, cwd=REPO
+    )
     assert missing.returncode == 1 and "no session" in missing.stderr
     # the same command through the kernel's CLI (the plugin's register_commands hook)
     kernel_cli = [sys.executable, "-m", "ctxkernel.cli", "chapters"]
-    out = subprocess.run([*kernel_cli, "manifest", data["session"], "--profile", str(profile)], capture_output=True, text=True, env=env, cwd=REPO)
+    out = subprocess.run(
+        [*kernel_cli, "manifest", data["session"], "--profile", str(profile)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
     assert out.returncode == 0, out.stderr
     assert [c["session"] for c in json.loads(out.stdout)["chain"]] == [session.id, data["session"]]
 
 
 _PROSE = st.lists(
-    st.sampled_from(list("ab -[]#/<>:\n") + ["[[chapters]]", "[[handoff note]]", "[[carried forward]]", "</chapters-toc>", "<chapters-toc>", "\n- [x] 1 "]),
+    st.sampled_from(
+        list("ab -[]#/<>:\n")
+        + ["[[chapters]]", "[[handoff note]]", "[[carried forward]]", "</chapters-toc>", "<chapters-toc>", "\n- [x] 1 "]
+    ),
     max_size=60,
 ).map("".join)
 
@@ -191,7 +248,9 @@ def test_user_instructions_are_quoted_verbatim_newest_first_within_budget():
     assert parsed.instructions == ["old ask", tricky]
     assert list(parsed.bullets) == ["chapters/r/chapters/001-a.md"]
     # a later table of contents keeps them, newest last, and the budget drops the oldest first
-    second, _ = render(merged_toc([first], [], "chapters", instructions=["newest ask"]), count=len, instruction_budget=len(tricky) + 20)
+    second, _ = render(
+        merged_toc([first], [], "chapters", instructions=["newest ask"]), count=len, instruction_budget=len(tricky) + 20
+    )
     assert parse(second).instructions == [tricky, "newest ask"]
     assert "in the chapters only" in second
 
@@ -203,8 +262,12 @@ def test_segment_command_titles_from_a_model_write_nothing(tmp_path):
 
     session = _session(tmp_path, turns=3)
     settings_ = session.settings("chapters")
-    plans = propose_chapters(session.events, 0, len(session.events) - 1, count=session.meter.count_text, target_tokens=300)
-    model = ScriptedModel([Message.assistant(json.dumps([{"title": f"Part {i}", "summary": "s"} for i in range(len(plans))]))])
+    plans = propose_chapters(
+        session.events, 0, len(session.events) - 1, count=session.meter.count_text, target_tokens=300
+    )
+    model = ScriptedModel(
+        [Message.assistant(json.dumps([{"title": f"Part {i}", "summary": "s"} for i in range(len(plans))]))]
+    )
     titled, usage = _titles(session, settings_, plans, model)
     assert [t.title for t in titled] == [f"Part {i}" for i in range(len(plans))]
     assert "**User** #" in model.calls[0]["messages"][0].text  # the chapter text went to the model

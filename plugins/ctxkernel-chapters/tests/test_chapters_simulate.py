@@ -35,9 +35,25 @@ def test_simulated_replay_never_overflows(tmp_path, folder, window):
     transcript = _transcript(folder)
     env = {**os.environ, "CTXKERNEL_HOME": str(tmp_path)}
     out = subprocess.run(
-        [sys.executable, "-m", "ctxkernel.cli", "simulate", "--profile", str(PROFILE), "--transcript", str(transcript),
-         "--window", str(window), "--format", "json", "--no-progress"],
-        capture_output=True, text=True, cwd=REPO, env=env,
+        [
+            sys.executable,
+            "-m",
+            "ctxkernel.cli",
+            "simulate",
+            "--profile",
+            str(PROFILE),
+            "--transcript",
+            str(transcript),
+            "--window",
+            str(window),
+            "--format",
+            "json",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
     )
     assert out.returncode == 0, out.stderr[-2000:]
     row = json.loads(out.stdout)["profiles"][0]

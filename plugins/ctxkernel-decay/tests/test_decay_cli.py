@@ -18,7 +18,9 @@ def test_ctxkernel_plugins_lists_decay():
     assert "decay" in rows
     decay = rows["decay"]
     assert decay["distribution"] == "ctxkernel-decay"
-    assert {"decorate_request", "sanitize_reply", "pre_step", "project", "steward_actions", "register_tools"} <= set(decay["hooks"])
+    assert {"decorate_request", "sanitize_reply", "pre_step", "project", "steward_actions", "register_tools"} <= set(
+        decay["hooks"]
+    )
     assert "pressure" in decay["capabilities"]
 
 

@@ -46,7 +46,9 @@ def _span(a, b, summary="what this span held", **extra):
 
 
 def test_unknown_anchor_is_refused_listing_the_visible_anchors(inflight, read_log):
-    text = _refused(inflight, read_log, "compress", _span("p2", "p40"), "⟦p40⟧ is stale or unknown", "Visible anchors: ⟦p1⟧ ⟦p2⟧")
+    text = _refused(
+        inflight, read_log, "compress", _span("p2", "p40"), "⟦p40⟧ is stale or unknown", "Visible anchors: ⟦p1⟧ ⟦p2⟧"
+    )
     assert "⟦p19⟧" in text
 
 
@@ -76,15 +78,29 @@ def test_every_anchor_form_is_accepted(inflight, form):
 
 def test_tool_group_edge_is_refused_naming_the_group(inflight, read_log):
     # ⟦p3⟧ is the first result of the calls made by ⟦p2⟧; ⟦p4⟧ is the last
-    _refused(inflight, read_log, "compress", _span("p3", "p6"), "its start falls inside the tool-call group (read, read)",
-             "starts at ⟦p2⟧", "last result is ⟦p4⟧")
+    _refused(
+        inflight,
+        read_log,
+        "compress",
+        _span("p3", "p6"),
+        "its start falls inside the tool-call group (read, read)",
+        "starts at ⟦p2⟧",
+        "last result is ⟦p4⟧",
+    )
     _refused(inflight, read_log, "compress", _span("p1", "p3"), "its end falls inside", "last result is ⟦p4⟧")
     _refused(inflight, read_log, "compress", _span("p1", "p2"), "its end falls inside", "starts at ⟦p2⟧")
 
 
 def test_an_unanchored_group_is_named_by_its_neighbour(inflight, read_log):
-    _refused(inflight, read_log, "compress", _span("p5", "p6"), "unanchored tool-call turn right after ⟦p4⟧",
-             "last result is ⟦p5⟧", "next anchor outside any group is ⟦p6⟧")
+    _refused(
+        inflight,
+        read_log,
+        "compress",
+        _span("p5", "p6"),
+        "unanchored tool-call turn right after ⟦p4⟧",
+        "last result is ⟦p5⟧",
+        "next anchor outside any group is ⟦p6⟧",
+    )
 
 
 def test_current_turn_edge_is_refused_naming_the_protected_turn(driver, session, read_log):
@@ -92,7 +108,14 @@ def test_current_turn_edge_is_refused_naming_the_protected_turn(driver, session,
     driver.user("now")
     session.prepare_request()
     session.commit_reply(Message.assistant("compressing first", [ToolCallBlock("k1", "compress", {})]))  # ⟦p20⟧
-    _refused(driver, read_log, "compress", _span("p1", "p20"), "reaches into the current turn (from ⟦p19⟧)", "end it at ⟦p18⟧")
+    _refused(
+        driver,
+        read_log,
+        "compress",
+        _span("p1", "p20"),
+        "reaches into the current turn (from ⟦p19⟧)",
+        "end it at ⟦p18⟧",
+    )
     _refused(driver, read_log, "compress", _span("p19", "p20"), "starts inside the current turn (from ⟦p19⟧)")
 
 
@@ -112,7 +135,9 @@ def test_clipping_keeps_the_unanchored_prefix_of_the_turn_in_progress(driver, se
     driver.calls(["partial\n" * 20], text="step")  # ⟦p14⟧ ⟦p15⟧ an earlier step of this turn
     session.prepare_request()
     # the model's turn in progress: a tool-call-only message (no anchor) whose first result is in
-    session.commit_reply(Message.assistant("", [ToolCallBlock("k0", "read", {"path": "x"}), ToolCallBlock("k1", "compress", {})]))
+    session.commit_reply(
+        Message.assistant("", [ToolCallBlock("k0", "read", {"path": "x"}), ToolCallBlock("k1", "compress", {})])
+    )
     session.tool_result("k0", "file x")  # ⟦p16⟧: the turn's first visible anchor
     inflight_seq = session.surface.nodes[-2].seq
     out = driver.run_tool("compress", _span("p1", "p16"))
@@ -144,7 +169,14 @@ def test_count_and_length_limits(make_decay_kernel, make_driver, read_log):
 
 
 def test_a_summary_that_does_not_shrink_is_refused_before_any_event(inflight, read_log):
-    _refused(inflight, read_log, "compress", _span("p6", "p6", "a very long summary " * 30), "not fewer than the", "shorter summary")
+    _refused(
+        inflight,
+        read_log,
+        "compress",
+        _span("p6", "p6", "a very long summary " * 30),
+        "not fewer than the",
+        "shorter summary",
+    )
 
 
 def test_cost_guard_refuses_with_the_suggestion(make_decay_kernel, make_driver, read_log):
@@ -152,14 +184,21 @@ def test_cost_guard_refuses_with_the_suggestion(make_decay_kernel, make_driver, 
     driver = make_driver(session)
     _history(driver, 3)
     driver.user("now")
-    text = _refused(driver, read_log, "compress", _span("p1", "p6", "tiny"), "cost guard refused",
-                    "Compress a larger span, move `to` later, or drop an old block first")
+    text = _refused(
+        driver,
+        read_log,
+        "compress",
+        _span("p1", "p6", "tiny"),
+        "cost guard refused",
+        "Compress a larger span, move `to` later, or drop an old block first",
+    )
     assert "pays back" in text or "paying back" in text
 
 
 def test_cost_guard_stands_aside_under_pressure(make_decay_kernel, make_driver):
-    session = make_decay_kernel(window=2_600, reserve=100, settings={"cost_guard": True, "payback_max_requests": 1},
-                                strategies=("decay",)).open_session()
+    session = make_decay_kernel(
+        window=2_600, reserve=100, settings={"cost_guard": True, "payback_max_requests": 1}, strategies=("decay",)
+    ).open_session()
     driver = make_driver(session)
     _history(driver, 3)
     driver.user("now")
@@ -170,8 +209,12 @@ def test_cost_guard_stands_aside_under_pressure(make_decay_kernel, make_driver):
 
 def test_all_spans_of_one_call_commit_in_one_transaction(inflight, session):
     start = len(session.events)
-    args = {"spans": [{"from": "p1", "to": "p6", "summary": "turn 0", "topic": "setup ⟦p9⟧"},
-                      {"from": "p13", "to": "p18", "summary": "turn 2 ⟦p14⟧ done"}]}
+    args = {
+        "spans": [
+            {"from": "p1", "to": "p6", "summary": "turn 0", "topic": "setup ⟦p9⟧"},
+            {"from": "p13", "to": "p18", "summary": "turn 2 ⟦p14⟧ done"},
+        ]
+    }
     out = inflight.run_tool("compress", args)
     assert not out.is_error, out.content
     types = [e.type for e in session.events[start:]]
@@ -185,7 +228,14 @@ def test_all_spans_of_one_call_commit_in_one_transaction(inflight, session):
 
 def test_drop_needs_the_exact_live_pair(inflight, read_log, session):
     assert not inflight.run_tool("compress", _span("p1", "p6")).is_error
-    _refused(inflight, read_log, "drop", {"left": "p1", "right": "p5"}, "not the exact left/right pair", "Live blocks: ⟦p1⟧…⟦p6⟧")
+    _refused(
+        inflight,
+        read_log,
+        "drop",
+        {"left": "p1", "right": "p5"},
+        "not the exact left/right pair",
+        "Live blocks: ⟦p1⟧…⟦p6⟧",
+    )
     _refused(inflight, read_log, "drop", {"left": "p7", "right": "p12"}, "not the exact left/right pair")
     start = len(session.events)
     out = inflight.run_tool("drop", {"left": 1, "right": "⟦p6⟧"})

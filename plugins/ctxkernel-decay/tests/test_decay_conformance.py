@@ -10,8 +10,6 @@ PROFILE = Path(__file__).resolve().parents[3] / "profiles" / "decay.toml"
 
 def test_decay_profile_passes_the_conformance_suite(tmp_path):
     profile = load_profile(PROFILE)
-    report = check_conformance(
-        tmp_path, profile.profile.strategies, settings=profile.strategies, profile=profile
-    )
+    report = check_conformance(tmp_path, profile.profile.strategies, settings=profile.strategies, profile=profile)
     assert report.compactions > 0  # the workload needed management, and got it
     assert "effective window never exceeded" in report.checks

@@ -18,7 +18,9 @@ def test_prefixes_suffixes_and_unanchored_tool_call_turns(driver, session):
     _turn(driver)
     _turn(driver)
     driver.user("next")
-    assert not driver.run_tool("compress", {"spans": [{"from": "p1", "to": "p6", "summary": "looked at alpha beta gamma"}]}).is_error
+    assert not driver.run_tool(
+        "compress", {"spans": [{"from": "p1", "to": "p6", "summary": "looked at alpha beta gamma"}]}
+    ).is_error
     request = session.prepare_request()
     texts = [m.text for m in request.messages]
     assert texts[0] == "⟦p1⟧ [compressed · tier 1]\nlooked at alpha beta gamma ⟦p6⟧"
@@ -51,7 +53,9 @@ def test_the_meter_counts_decorated_messages_exactly_as_sent(driver, session):
     sent = meter.count_header(request.system, request.tools) + sum(meter.count_message(m) for m in request.messages)
     assert not request.pressure.anchored
     assert request.pressure.tokens == sent
-    undecorated = meter.count_header(request.system, request.tools) + sum(meter.count_message(n.message) for n in session.surface)
+    undecorated = meter.count_header(request.system, request.tools) + sum(
+        meter.count_message(n.message) for n in session.surface
+    )
     assert sent > undecorated
 
 

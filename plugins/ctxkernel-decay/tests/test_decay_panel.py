@@ -26,7 +26,13 @@ def _work(session) -> None:
         session.commit_reply(Message.assistant(f"done {t}"))
         session.end_turn()
     session.user("now")
-    out = session.run_tool({"id": "k", "name": "compress", "arguments": {"spans": [{"from": "p1", "to": "p4", "summary": "read a", "topic": "reading"}]}})
+    out = session.run_tool(
+        {
+            "id": "k",
+            "name": "compress",
+            "arguments": {"spans": [{"from": "p1", "to": "p4", "summary": "read a", "topic": "reading"}]},
+        }
+    )
     assert not out.is_error, out.content
 
 
@@ -41,7 +47,9 @@ def test_project_shows_pressure_blocks_and_positions_newest_first(driver, sessio
     positions = panel["positions"]
     # surface order reversed (the block replaced the oldest nodes, so its seq is not the smallest)
     assert [p["seq"] for p in positions] == [n.seq for n in reversed(session.surface.nodes)]
-    assert positions[0]["anchor"] == "⟦p9⟧" and positions[-1]["anchor"] == "⟦p1⟧…⟦p4⟧" and positions[-1]["kind"] == "block"
+    assert (
+        positions[0]["anchor"] == "⟦p9⟧" and positions[-1]["anchor"] == "⟦p1⟧…⟦p4⟧" and positions[-1]["kind"] == "block"
+    )
     assert panel["ids"]["free"] == [2, 3]
     assert "state_source" not in panel  # how this process got its state is not part of the log's view
     assert session.state["decay"]["source"] == "replay"

@@ -7,7 +7,11 @@ from ctxkernel_decay import current_state
 
 
 def _notices(session):
-    return [n.message.text for n in session.surface if n.message.source.plugin == "decay" and n.message.source.form == "notice"]
+    return [
+        n.message.text
+        for n in session.surface
+        if n.message.source.plugin == "decay" and n.message.source.form == "notice"
+    ]
 
 
 def _reminders(session):
@@ -25,7 +29,9 @@ def _grow(session, n: int, size: int, start: int = 0) -> list:
 
 
 def test_a_growth_reminder_then_warnings_per_level(make_decay_kernel):
-    session = make_decay_kernel(window=21_000, reserve=1_000, settings={"growth_tokens": 3_000, "cooldown_steps": 3}).open_session()
+    session = make_decay_kernel(
+        window=21_000, reserve=1_000, settings={"growth_tokens": 3_000, "cooldown_steps": 3}
+    ).open_session()
     session.user("start")
     _grow(session, 30, 600)
     fired = _reminders(session)
@@ -42,8 +48,9 @@ def test_a_growth_reminder_then_warnings_per_level(make_decay_kernel):
 
 
 def test_cooldown_limits_one_reminder_per_level(make_decay_kernel):
-    session = make_decay_kernel(window=6_000, reserve=500, settings={"growth_tokens": 10**6, "cooldown_steps": 5},
-                                strategies=("decay",)).open_session()
+    session = make_decay_kernel(
+        window=6_000, reserve=500, settings={"growth_tokens": 10**6, "cooldown_steps": 5}, strategies=("decay",)
+    ).open_session()
     session.user("start")
     _grow(session, 14, 300)
     steps_by_level: dict[int, list[int]] = {}

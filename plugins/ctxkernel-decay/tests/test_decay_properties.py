@@ -56,7 +56,9 @@ def check_invariants(session) -> None:
             event = by_seq[s]
             if event.type == "assistant/message":
                 for call in Message.from_dict(event.data["message"]).tool_calls:
-                    assert results_of.get(call.id, set()) & sources, f"call {call.id} in block {block.left} without its result"
+                    assert results_of.get(call.id, set()) & sources, (
+                        f"call {call.id} in block {block.left} without its result"
+                    )
 
 
 @pytest.mark.slow
@@ -95,7 +97,10 @@ def test_random_sessions_keep_every_invariant(data):
                 _random_drop(session, data)
             elif op == "basic":
                 region = whole_surface_but_last(session.surface, data.draw(st.integers(1, 6), label="keep"))
-                if region is not None and session.surface.position(region[1]) - session.surface.position(region[0]) >= 2:
+                if (
+                    region is not None
+                    and session.surface.position(region[1]) - session.surface.position(region[0]) >= 2
+                ):
                     try:
                         session.compact(Span(*region), strategy="basic", kind="summary")
                     except Exception as exc:  # a summary that would not shrink is refused by the kernel
@@ -106,7 +111,9 @@ def test_random_sessions_keep_every_invariant(data):
                     node = data.draw(st.sampled_from(tools), label="pruned")
                     session.replace_tool_result(node.seq, "pruned", strategy="test")
             check_invariants(session)
-        again = decay_kernel(home, window=400_000, reserve=1_000, settings={"max_spans": 3, "snapshot": False}).open_session(session.id)
+        again = decay_kernel(
+            home, window=400_000, reserve=1_000, settings={"max_spans": 3, "snapshot": False}
+        ).open_session(session.id)
         assert current_state(again).to_dict() == current_state(session).to_dict()
         assert [n.seq for n in again.surface] == [n.seq for n in session.surface]
 
@@ -129,11 +136,13 @@ def _random_compress(session, data, n) -> None:
         a = data.draw(st.sampled_from(choices), label="from")
         b = data.draw(st.sampled_from(choices), label="to")
         form = data.draw(st.sampled_from(["⟦p{}⟧", "p{}", "int"]), label="form")
-        spans.append({
-            "from": a if form == "int" else form.format(a),
-            "to": b if form == "int" else form.format(b),
-            "summary": data.draw(st.sampled_from(["s", f"summary {n}.{i} ⟦p3⟧", "x " * 30]), label="summary"),
-        })
+        spans.append(
+            {
+                "from": a if form == "int" else form.format(a),
+                "to": b if form == "int" else form.format(b),
+                "summary": data.draw(st.sampled_from(["s", f"summary {n}.{i} ⟦p3⟧", "x " * 30]), label="summary"),
+            }
+        )
     before = log_bytes(session)
     count = len(session.events)
     out = session.run_tool({"id": f"k{n}", "name": "compress", "arguments": {"spans": spans}})

@@ -42,11 +42,16 @@ def test_several_hundred_steps_stay_inside_the_window(make_decay_kernel):
         state["n"] += 1
         n = state["n"]
         if calls:
-            return Message.assistant("Compressing old context.", [ToolCallBlock(f"z{n}", c["name"], c["arguments"]) for c in calls])
+            return Message.assistant(
+                "Compressing old context.", [ToolCallBlock(f"z{n}", c["name"], c["arguments"]) for c in calls]
+            )
         if rng.random() < 0.12:
             return Message.assistant(f"Finished part {n}.")
         k = rng.choice([1, 1, 2])
-        return Message.assistant(rng.choice(["", f"Reading more ({n})."]), [ToolCallBlock(f"c{n}_{i}", "read", {"path": f"src/m{n}_{i}.py"}) for i in range(k)])
+        return Message.assistant(
+            rng.choice(["", f"Reading more ({n})."]),
+            [ToolCallBlock(f"c{n}_{i}", "read", {"path": f"src/m{n}_{i}.py"}) for i in range(k)],
+        )
 
     model = ScriptedModel(script, overflow_above=WINDOW - RESERVE)
     requests = 0
@@ -72,7 +77,9 @@ def test_several_hundred_steps_stay_inside_the_window(make_decay_kernel):
                     session.tool_result(call.id, outcome)
                 else:
                     lines = rng.randint(40, 260)  # about 600 to 4,000 tokens
-                    session.tool_result(call.id, "\n".join(f"def f{j}(x): return x * {j}  # {call.id}" for j in range(lines)))
+                    session.tool_result(
+                        call.id, "\n".join(f"def f{j}(x): return x * {j}  # {call.id}" for j in range(lines))
+                    )
             if not session.wants_another_step:
                 break
         session.end_turn()

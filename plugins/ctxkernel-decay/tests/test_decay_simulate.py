@@ -10,7 +10,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 TRANSCRIPTS = REPO.parent / "shared" / "transcripts"
-FILES = sorted(p for p in TRANSCRIPTS.rglob("*") if p.is_file() and p.suffix in (".json", ".jsonl")) if TRANSCRIPTS.is_dir() else []
+FILES = (
+    sorted(p for p in TRANSCRIPTS.rglob("*") if p.is_file() and p.suffix in (".json", ".jsonl"))
+    if TRANSCRIPTS.is_dir()
+    else []
+)
 
 pytestmark = [
     pytest.mark.transcripts,
@@ -44,7 +48,19 @@ def test_decay_simulates_every_transcript_without_overflow_or_violation(path, mo
     windows = sorted({window, 8_000} if peak > 32_000 else {window})
     for w in windows:
         out = run_profile("decay", recording, Options(window=w, workdir=tmp_path))
-        summary = {k: out[k] for k in ("status", "error", "requests", "peak_prompt_tokens", "overflows", "compactions", "invariant_violations", "steward_errors")}
+        summary = {
+            k: out[k]
+            for k in (
+                "status",
+                "error",
+                "requests",
+                "peak_prompt_tokens",
+                "overflows",
+                "compactions",
+                "invariant_violations",
+                "steward_errors",
+            )
+        }
         assert out["status"] == "ok", summary
         assert out["overflows"] == 0, (w, peak, summary)
         assert out["invariant_violations"] == 0, out["invariant_details"][:3]

@@ -34,7 +34,13 @@ def _compress(driver, first, last, summary="summary of the span"):
 def test_every_addressable_node_gets_an_id_and_tool_call_only_turns_none(driver, session):
     _history(driver, 1)
     assert _anchors(session) == [
-        ("user", 1), ("assistant", 2), ("tool", 3), ("tool", 4), ("assistant", None), ("tool", 5), ("assistant", 6),
+        ("user", 1),
+        ("assistant", 2),
+        ("tool", 3),
+        ("tool", 4),
+        ("assistant", None),
+        ("tool", 5),
+        ("assistant", 6),
     ]
 
 
@@ -63,7 +69,9 @@ def test_recompressing_a_block_raises_its_tier_and_merges_edges(driver, session)
     assert block.summary == "first two turns, merged"
     # a block stands for the original events, not for the earlier block
     originals = [e.seq for e in session.events if e.type in ("assistant/message", "tool/result", "user/message")]
-    assert set(block.sources) <= set(originals) and len(block.sources) == 13  # 6 nodes of turn 1 after its user message, 7 of turn 2
+    assert (
+        set(block.sources) <= set(originals) and len(block.sources) == 13
+    )  # 6 nodes of turn 1 after its user message, 7 of turn 2
 
 
 def test_naming_a_blocks_right_edge_as_to_ends_the_span_with_the_block(driver, session):
@@ -101,8 +109,12 @@ def test_restart_and_a_second_process_rebuild_the_same_state(driver, session, ma
         "s = decay_kernel(Path(sys.argv[2]), settings={'snapshot': False}).open_session(sys.argv[3]);"
         "print(json.dumps(current_state(s).to_dict()))"
     )
-    out = subprocess.run([sys.executable, "-c", code, "-", str(tmp_path / "home"), session.id],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code, "-", str(tmp_path / "home"), session.id],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert json.loads(out.stdout.strip().splitlines()[-1]) == json.loads(json.dumps(live))
 
 

@@ -79,8 +79,15 @@ def reading_script(result_every: int = 3) -> Callable[..., Message]:
 def handoff_kernel(tmp_path: Path) -> Callable[..., Any]:
     """A kernel running handoff then basic (entry points on: the installed plugin is used)."""
 
-    def factory(*, window: int = 20_000, reserve: int = 2_000, handoff: dict[str, Any] | None = None,
-                basic: dict[str, Any] | None = None, strategies: list[str] | None = None, home: Path | None = None) -> Any:
+    def factory(
+        *,
+        window: int = 20_000,
+        reserve: int = 2_000,
+        handoff: dict[str, Any] | None = None,
+        basic: dict[str, Any] | None = None,
+        strategies: list[str] | None = None,
+        home: Path | None = None,
+    ) -> Any:
         tables: dict[str, dict[str, Any]] = {}
         if handoff:
             tables["handoff"] = handoff
@@ -106,8 +113,13 @@ def _kernel(home: Path, strategies: list[str], window: int, reserve: int, tables
 
 @pytest.fixture
 def agent() -> Callable[..., Agent]:
-    def factory(session: Session, script: Any = None, *, tool_output: Callable[[ToolCallBlock], str] | None = None,
-                overflow_above: int | None = None) -> Agent:
+    def factory(
+        session: Session,
+        script: Any = None,
+        *,
+        tool_output: Callable[[ToolCallBlock], str] | None = None,
+        overflow_above: int | None = None,
+    ) -> Agent:
         model = ScriptedModel(script or reading_script(), overflow_above=overflow_above)
         return Agent(session, model, tool_output or (lambda call: "line of code\n" * 150))
 

@@ -159,7 +159,12 @@ def test_clip_properties(bodies, fenced, budget):
         for i in range(len(bodies)):
             assert re.search(rf"(^|\n)## {re.escape(SUMMARY_SECTIONS[i])}\n", result.text)
         for piece in split_pieces(result.text):
-            if piece.name in clipped and piece.name in source and open_fence(source[piece.name].body) is None and not any("refused" in n for n in result.notes):
+            if (
+                piece.name in clipped
+                and piece.name in source
+                and open_fence(source[piece.name].body) is None
+                and not any("refused" in n for n in result.notes)
+            ):
                 assert open_fence(piece.body.replace(MARKER, "")) is None
 
 

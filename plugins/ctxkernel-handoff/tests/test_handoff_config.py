@@ -69,7 +69,10 @@ def test_default_strategy_native_and_model_policies(handoff_kernel, agent):
     assert all(k == ("basic", "summary") for k in kinds(session))
     model = kernel.profile.model
     listed = handoff_kernel(
-        handoff={"default_strategy": "native", "model_policies": [{"provider": model.provider, "model": model.name, "strategy": "window"}]},
+        handoff={
+            "default_strategy": "native",
+            "model_policies": [{"provider": model.provider, "model": model.name, "strategy": "window"}],
+        },
         home=kernel.home / "listed",
     )
     other = listed.open_session()
@@ -120,7 +123,7 @@ capability_order = {[s for s in strategies if s in ("handoff", "basic", "rollove
 
 [store]
 backend = "jsonl"
-path = "{tmp_path / 'home'}"
+path = "{tmp_path / "home"}"
 
 [strategies.handoff]
 {handoff}
@@ -132,25 +135,37 @@ path = "{tmp_path / 'home'}"
 
 
 def handoff_checks(report):
-    return [(c.level, c.check, c.message) for c in report.checks if c.strategy == "handoff" and c.check in ("tools", "store", "strategy")]
+    return [
+        (c.level, c.check, c.message)
+        for c in report.checks
+        if c.strategy == "handoff" and c.check in ("tools", "store", "strategy")
+    ]
 
 
 def test_validate_warns_when_generated_has_no_summarizer(tmp_path):
     report = validate_profile(write_profile(tmp_path, ["handoff", "basic"], 'handoff_summary = "generated"'))
     assert any(level == "warn" and "fall back to an extractive handoff" in m for level, _, m in handoff_checks(report))
-    clean = validate_profile(write_profile(tmp_path, ["handoff", "basic"], 'handoff_summary = "extractive"'), strict=True)
+    clean = validate_profile(
+        write_profile(tmp_path, ["handoff", "basic"], 'handoff_summary = "extractive"'), strict=True
+    )
     assert clean.valid, clean.rows()
 
 
 def test_validate_fails_without_basic_when_native_is_needed(tmp_path):
-    report = validate_profile(write_profile(tmp_path, ["handoff"], 'handoff_summary = "extractive"\ninject_tools = false'))
+    report = validate_profile(
+        write_profile(tmp_path, ["handoff"], 'handoff_summary = "extractive"\ninject_tools = false')
+    )
     assert any(level == "fail" and "'basic'" in m for level, _, m in handoff_checks(report))
     assert not report.valid
 
 
 def test_validate_fails_on_tool_collision_with_rollover(tmp_path):
-    report = validate_profile(write_profile(tmp_path, ["handoff", "rollover", "basic"], 'handoff_summary = "extractive"'))
-    assert any(level == "fail" and check == "tools" and "new_context" in m for level, check, m in handoff_checks(report))
+    report = validate_profile(
+        write_profile(tmp_path, ["handoff", "rollover", "basic"], 'handoff_summary = "extractive"')
+    )
+    assert any(
+        level == "fail" and check == "tools" and "new_context" in m for level, check, m in handoff_checks(report)
+    )
 
 
 def test_validate_fails_when_notes_storage_is_not_writable(tmp_path):
@@ -162,4 +177,6 @@ def test_validate_fails_when_notes_storage_is_not_writable(tmp_path):
         f'[store]\nbackend = "jsonl"\npath = "{blocker / "home"}"\n[strategies.handoff]\nhandoff_summary = "extractive"\n'
     )
     report = validate_profile(path)
-    assert any(level == "fail" and check == "store" and "not writable" in m for level, check, m in handoff_checks(report))
+    assert any(
+        level == "fail" and check == "store" and "not writable" in m for level, check, m in handoff_checks(report)
+    )

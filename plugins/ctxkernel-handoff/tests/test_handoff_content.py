@@ -14,7 +14,9 @@ from ctxkernel.recall.notes import Notes
 from ctxkernel_handoff.handoff import NOTE_PREVIEW_CHARS
 
 
-def build_session(handoff_kernel, agent, *, max_chars=16_000, summary="extractive", turns=6, instruction_chars=1_400, window=200_000):
+def build_session(
+    handoff_kernel, agent, *, max_chars=16_000, summary="extractive", turns=6, instruction_chars=1_400, window=200_000
+):
     kernel = handoff_kernel(window=window, handoff={"handoff_max_chars": max_chars, "handoff_summary": summary})
     session = kernel.open_session()
     a = agent(session)
@@ -52,8 +54,13 @@ def test_handoffs_within_budget_keep_the_last_four_instructions(handoff_kernel, 
 def test_goal_todos_and_window_index_are_in_the_snapshot(handoff_kernel, agent):
     kernel = handoff_kernel(window=200_000)
     session = kernel.open_session()
-    todo = {"todos": [{"content": "write parser", "status": "completed"}, {"content": "fix lexer", "status": "in_progress"}]}
-    replies = [[Message.assistant("plan", [ToolCallBlock(f"t{i}", "TodoWrite", todo)]), Message.assistant("ok")] for i in range(6)]
+    todo = {
+        "todos": [{"content": "write parser", "status": "completed"}, {"content": "fix lexer", "status": "in_progress"}]
+    }
+    replies = [
+        [Message.assistant("plan", [ToolCallBlock(f"t{i}", "TodoWrite", todo)]), Message.assistant("ok")]
+        for i in range(6)
+    ]
     steps = iter([r for pair in replies for r in pair])
     a = agent(session, lambda m, s, t: next(steps))
     a.turn("GOAL: build a parser " + "x " * 300)
@@ -151,7 +158,9 @@ def test_a_failed_summary_call_falls_back_to_extractive_without_blocking(handoff
 
 def test_an_unusable_reply_is_discarded_but_its_usage_is_recorded(handoff_kernel, agent):
     kernel, session, _ = build_session(handoff_kernel, agent, summary="generated", instruction_chars=300)
-    kernel.summarizer = ScriptedModel([Reply(Message.assistant(" "), {"input_tokens": 900, "output_tokens": 1}, "prov", "m-2")])
+    kernel.summarizer = ScriptedModel(
+        [Reply(Message.assistant(" "), {"input_tokens": 900, "output_tokens": 1}, "prov", "m-2")]
+    )
     assert ctxkernel_handoff.compact_now(session).committed
     summary = next(e for e in session.events if e.type == "compaction/summary")
     span = summary.data["spans"][0]
@@ -160,7 +169,9 @@ def test_an_unusable_reply_is_discarded_but_its_usage_is_recorded(handoff_kernel
 
 
 def test_a_budget_too_small_for_a_generated_body_falls_back_without_a_call(handoff_kernel, agent):
-    kernel, session, _ = build_session(handoff_kernel, agent, max_chars=8_000, summary="generated", instruction_chars=1_400)
+    kernel, session, _ = build_session(
+        handoff_kernel, agent, max_chars=8_000, summary="generated", instruction_chars=1_400
+    )
     todo = {"todos": [{"content": f"task {i} " + "t" * 150, "status": "pending"} for i in range(12)]}
     steps = iter([Message.assistant("plan", [ToolCallBlock("td", "TodoWrite", todo)]), Message.assistant("ok")])
     agent(session, lambda m, s, t: next(steps)).turn("FIRST GOAL " + "g " * 600)
@@ -177,10 +188,11 @@ def test_a_budget_too_small_for_a_generated_body_falls_back_without_a_call(hando
 
 
 def test_a_long_generated_reply_is_clipped_by_priority_with_a_receipt(handoff_kernel, agent):
-    kernel, session, _ = build_session(handoff_kernel, agent, max_chars=8_000, summary="generated", instruction_chars=200)
+    kernel, session, _ = build_session(
+        handoff_kernel, agent, max_chars=8_000, summary="generated", instruction_chars=200
+    )
     big = "\n\n".join(
-        f"## {name}\n" + (f"{name} line.\n" * (400 if name == "Files and Code" else 30))
-        for name in SUMMARY_SECTIONS
+        f"## {name}\n" + (f"{name} line.\n" * (400 if name == "Files and Code" else 30)) for name in SUMMARY_SECTIONS
     )
     kernel.summarizer = ScriptedModel([big])
     assert ctxkernel_handoff.compact_now(session).committed
@@ -198,7 +210,9 @@ def test_a_long_generated_reply_is_clipped_by_priority_with_a_receipt(handoff_ke
     raw = summary["content"]
     offset = summary.get("next_offset_chars")
     while offset:
-        page = History.for_session(session).read_item("win_1_summary", format="json", offset_chars=offset, max_chars=20_000)
+        page = History.for_session(session).read_item(
+            "win_1_summary", format="json", offset_chars=offset, max_chars=20_000
+        )
         raw += page["content"]
         offset = page.get("next_offset_chars")
     assert json.loads(raw)["data"]["summary"] == big.strip()

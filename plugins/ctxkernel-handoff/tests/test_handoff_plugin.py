@@ -26,5 +26,10 @@ def test_ctxkernel_plugins_lists_handoff_with_its_ten_tools():
 
 def test_shipped_profile_validates():
     exe = Path(sys.executable).with_name("ctxkernel")
-    out = subprocess.run([str(exe), "validate", "--strict", str(REPO / "profiles" / "handoff.toml")], capture_output=True, text=True, cwd=REPO)
+    out = subprocess.run(
+        [str(exe), "validate", "--strict", str(REPO / "profiles" / "handoff.toml")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert out.returncode == 0, out.stdout + out.stderr

@@ -29,13 +29,25 @@ def test_pressure_switch_keeps_the_retained_tail_verbatim(handoff_kernel, agent,
     assert first.data["reason"] == "threshold" and first.data["window"] == 2
     # the replacement is the handoff, and what follows it on the surface was never rewritten
     handoff_seq = first.seq + 1
-    assert session.events[handoff_seq].data["message"]["source"] == {"kind": "plugin", "plugin": "handoff", "form": "handoff"}
+    assert session.events[handoff_seq].data["message"]["source"] == {
+        "kind": "plugin",
+        "plugin": "handoff",
+        "form": "handoff",
+    }
     effective = session.pressure().effective_window
     cited = set(first.data["cites"])
-    kept_after = [e for e in session.events[: first.seq] if e.type in ("user/message", "assistant/message", "tool/result") and e.seq not in cited]
+    kept_after = [
+        e
+        for e in session.events[: first.seq]
+        if e.type in ("user/message", "assistant/message", "tool/result") and e.seq not in cited
+    ]
     assert kept_after, "the pressure switch keeps a verbatim tail"
     # the tail is at least the retain share (16% of the window), measured as the transaction saw it
-    kept_tokens = sum(session.meter.count_message(Message.from_dict(e.data["message"])) for e in kept_after if e.surface == {"op": "append"})
+    kept_tokens = sum(
+        session.meter.count_message(Message.from_dict(e.data["message"]))
+        for e in kept_after
+        if e.surface == {"op": "append"}
+    )
     assert kept_tokens >= 0.16 * effective * 0.5
     assert paired(session)
     assert History.for_session(session).current_window.number == len(switches) + 1
@@ -53,7 +65,9 @@ def test_new_context_in_a_mixed_batch_switches_after_every_result(handoff_kernel
                 [
                     ToolCallBlock("b1", "read", {"path": "b.py"}),
                     ToolCallBlock("nc", "new_context", {"reason": "phase done"}),
-                    ToolCallBlock("b2", "notes_write_file", {"path": "self/notes/plan.md", "content": "next: write tests"}),
+                    ToolCallBlock(
+                        "b2", "notes_write_file", {"path": "self/notes/plan.md", "content": "next: write tests"}
+                    ),
                     ToolCallBlock("b3", "read", {"path": "c.py"}),
                 ],
             ),
@@ -130,7 +144,9 @@ def test_a_failed_switch_does_not_advance_the_window_and_tells_the_model(handoff
     a = agent(session)
     fill(a, 3)
     # another writer's compaction is open: the transaction must refuse, and nothing switches
-    session.append_one("compaction/start", {"compaction_id": "other", "strategy": "someone", "holder": {"host": "elsewhere", "pid": 1}})
+    session.append_one(
+        "compaction/start", {"compaction_id": "other", "strategy": "someone", "holder": {"host": "elsewhere", "pid": 1}}
+    )
     ctxkernel_handoff.request_new_context(session, "try")
     session.user("go on")
     request = session.prepare_request()
@@ -337,7 +353,9 @@ def test_an_oversized_kept_result_is_shrunk_to_fit_and_stays_recoverable(handoff
 def test_notes_are_durable_through_the_store_for_another_kernel(handoff_kernel, tmp_path):
     first = handoff_kernel(home=tmp_path / "shared")
     session = first.open_session()
-    session.run_tool(ToolCallBlock("w", "notes_write_file", {"path": "self/notes/shared.md", "content": "from process one"}))
+    session.run_tool(
+        ToolCallBlock("w", "notes_write_file", {"path": "self/notes/shared.md", "content": "from process one"})
+    )
     other = handoff_kernel(home=tmp_path / "shared").open_session(session.id)
     outcome = other.run_tool(ToolCallBlock("r", "notes_read_file", {"path": "self/notes/shared.md"}))
     assert "from process one" in outcome.content

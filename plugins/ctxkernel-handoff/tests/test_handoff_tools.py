@@ -53,7 +53,9 @@ def test_notes_round_trip_under_self_notes(kernel):
     assert ok(session, "notes_search_contents", query="STEP")["hits"] == []
 
 
-@pytest.mark.parametrize("path", ["../other/notes/x", "/etc/passwd", "self/notes/a//b", "", "self/other/x", "a/./b", "self/notes/../x"])
+@pytest.mark.parametrize(
+    "path", ["../other/notes/x", "/etc/passwd", "self/notes/a//b", "", "self/other/x", "a/./b", "self/notes/../x"]
+)
 def test_bad_note_paths_are_refused_and_write_nothing(kernel, path):
     session = kernel.open_session()
     message = refused(session, "notes_write_file", path=path, content="x")
@@ -134,7 +136,9 @@ def test_note_search_bounds_files_lines_and_line_chars(kernel):
 
 def test_history_tools_page_the_raw_log(kernel):
     session = kernel.open_session()
-    session.append([EventSpec("user/message", {"message": Message.user(f"msg {i}").to_dict()}, append_op()) for i in range(60)])
+    session.append(
+        [EventSpec("user/message", {"message": Message.user(f"msg {i}").to_dict()}, append_op()) for i in range(60)]
+    )
     listed = ok(session, "history_list_items")
     assert len(listed["items"]) == 20 and listed["has_more"] and listed["items"][0]["id"] == "item_0"
     assert len(ok(session, "history_list_items", limit=50)["items"]) == 50

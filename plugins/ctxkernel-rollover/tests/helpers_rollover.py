@@ -12,10 +12,20 @@ from ctxkernel.testing import make_profile
 PROFILE = Path(__file__).resolve().parents[3] / "profiles" / "rollover.toml"
 
 
-def rollover_kernel(home: Path, *, window: int = 6_000, reserve: int = 1_000, plugins: list[tuple[str, Any]] | None = None,
-                    strategies: list[str] | None = None, **settings: Any) -> Kernel:
-    profile = make_profile(PROFILE, model={"context_window": window, "reserved_output_tokens": reserve},
-                           strategies={"rollover": settings} if settings else {})
+def rollover_kernel(
+    home: Path,
+    *,
+    window: int = 6_000,
+    reserve: int = 1_000,
+    plugins: list[tuple[str, Any]] | None = None,
+    strategies: list[str] | None = None,
+    **settings: Any,
+) -> Kernel:
+    profile = make_profile(
+        PROFILE,
+        model={"context_window": window, "reserved_output_tokens": reserve},
+        strategies={"rollover": settings} if settings else {},
+    )
     profile.profile.strategies = strategies or ["rollover"]
     return Kernel(profile, store=JsonlStore(home), home=home, entry_points=True, plugins=plugins)
 

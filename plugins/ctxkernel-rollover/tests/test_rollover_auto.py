@@ -67,7 +67,11 @@ def test_reminder_is_not_repeated_after_a_restart(tmp_path):
     read = reader(100)
 
     def until_reminded(messages, system, tools):
-        return Message.assistant("stopping") if "<rollover-reminder" in messages[-1].text else read(messages, system, tools)
+        return (
+            Message.assistant("stopping")
+            if "<rollover-reminder" in messages[-1].text
+            else read(messages, system, tools)
+        )
 
     run_turn(session, ScriptedModel(until_reminded))
     assert len(reminders(session)) == 1 and not rollover_summaries(session)
@@ -86,18 +90,24 @@ def steward_model():
         count["n"] += 1
         n = count["n"]
         if n == 1:
-            return Message.assistant("noting the goal", [
-                call("g", "note_create", path="goal", content="GOAL-FROM-WINDOW-1: port the parser to rust"),
-                call("h", "note_create", path="decisions", content="keep the public API"),
-            ])
+            return Message.assistant(
+                "noting the goal",
+                [
+                    call("g", "note_create", path="goal", content="GOAL-FROM-WINDOW-1: port the parser to rust"),
+                    call("h", "note_create", path="decisions", content="keep the public API"),
+                ],
+            )
         last = messages[-1].text
         if "<rollover-reminder" in last:
             count["reminders"] += 1
             if count["reminders"] % 2:
-                return Message.assistant("saving and rolling over", [
-                    call(f"p{n}", "note_append", path="progress", text=f"\nstep {n} done"),
-                    call(f"nc{n}", "new_context", next_goal="continue porting"),
-                ])
+                return Message.assistant(
+                    "saving and rolling over",
+                    [
+                        call(f"p{n}", "note_append", path="progress", text=f"\nstep {n} done"),
+                        call(f"nc{n}", "new_context", next_goal="continue porting"),
+                    ],
+                )
         if n >= 400:
             return Message.assistant("finished")
         return Message.assistant("reading", [call(f"r{n}", "read_file", path=f"f{n}.py")])
@@ -126,8 +136,13 @@ def test_long_session_five_rollovers_never_exceeds_the_window_and_keeps_window_1
     state = state_of(session)
     assert state.number >= 6
     # notes written in window 1 are still visible in window 5 and later
-    window_5_seed = next(e for e in session.events if e.type == "user/message"
-                         and e.data.get("compaction_id") and state.chain[4] in e.data["message"]["content"][0]["text"][:400])
+    window_5_seed = next(
+        e
+        for e in session.events
+        if e.type == "user/message"
+        and e.data.get("compaction_id")
+        and state.chain[4] in e.data["message"]["content"][0]["text"][:400]
+    )
     assert "GOAL-FROM-WINDOW-1" in window_5_seed.data["message"]["content"][0]["text"]
     goal = Notes.for_session(session).read("goal")
     assert goal.created_window == state.chain[0]

@@ -28,7 +28,9 @@ def small_turn(session, text: str) -> None:
     session.user(text)
     request = session.prepare_request()
     reply = Message.assistant("ok")
-    session.commit_reply(reply, usage={"prompt_tokens": request.pressure.tokens, "completion_tokens": session.meter.count_message(reply)})
+    session.commit_reply(
+        reply, usage={"prompt_tokens": request.pressure.tokens, "completion_tokens": session.meter.count_message(reply)}
+    )
     session.end_turn()
 
 
@@ -57,7 +59,11 @@ def failures(session):
 
 
 def notices(session):
-    return [e for e in session.events if e.type == "user/message" and "[rollover]" in Message.from_dict(e.data["message"]).text]
+    return [
+        e
+        for e in session.events
+        if e.type == "user/message" and "[rollover]" in Message.from_dict(e.data["message"]).text
+    ]
 
 
 def test_the_seed_budget_admits_the_minimal_seed(tmp_path):

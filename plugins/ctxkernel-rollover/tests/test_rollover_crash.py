@@ -58,11 +58,14 @@ CHILD = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize(("when", "kill_at", "switched"), [
-    ("after", "rollover/intent", False),     # the intent is durable, its tool result is not
-    ("before", "compaction/start", False),   # the switch's batch never reached the disk
-    ("after", "compaction/end", True),       # the switch committed, nothing after it did
-])
+@pytest.mark.parametrize(
+    ("when", "kill_at", "switched"),
+    [
+        ("after", "rollover/intent", False),  # the intent is durable, its tool result is not
+        ("before", "compaction/start", False),  # the switch's batch never reached the disk
+        ("after", "compaction/end", True),  # the switch committed, nothing after it did
+    ],
+)
 def test_kill_between_intent_and_switch_resumes_old_or_new_window_once(tmp_path, when, kill_at, switched):
     child = CHILD.format(here=str(HERE), home=str(tmp_path), when=when, kill_at=kill_at)
     done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
@@ -88,7 +91,9 @@ def test_kill_between_intent_and_switch_resumes_old_or_new_window_once(tmp_path,
     step_seq = len(again.events)
     assert len(rollover_summaries(again)) == 1  # exactly one switch for the one intent
     assert again.surface.nodes[0].message.source.form == "seed"
-    assert "after the crash" in again.surface.nodes[0].message.text and "SURVIVES" in again.surface.nodes[0].message.text
+    assert (
+        "after the crash" in again.surface.nodes[0].message.text and "SURVIVES" in again.surface.nodes[0].message.text
+    )
     again.end_turn()
     third = rollover_kernel(tmp_path, window=32_000, reserve=2_000).open_session("crashy")
     third.user("more")
@@ -109,9 +114,14 @@ def full_log(home: Path) -> Path:
         if n == 1:
             return Message.assistant("", [call("g", "note_create", path="goal", content="G1")])
         if n % 25 == 0:
-            return Message.assistant("", [call(f"w{n}", "note_append", path="goal", text=f"+{n}"),
-                                          call(f"c{n}", "new_context", next_goal=f"goal {n}"),
-                                          call(f"x{n}", "run", cmd="ls")])
+            return Message.assistant(
+                "",
+                [
+                    call(f"w{n}", "note_append", path="goal", text=f"+{n}"),
+                    call(f"c{n}", "new_context", next_goal=f"goal {n}"),
+                    call(f"x{n}", "run", cmd="ls"),
+                ],
+            )
         return Message.assistant("", [call(f"r{n}", "read_file", path="f")])
 
     model = ScriptedModel(script)

@@ -21,17 +21,25 @@ def kernel(tmp_path):
 def test_mixed_batch_stays_balanced_and_switches_at_the_next_pre_step(kernel):
     session = kernel.open_session()
     session.user("Refactor the parser")
-    model = ScriptedModel([
-        Message.assistant("saving and rolling over", [
-            call("c1", "note_create", path="goal", content="refactor parser; next: tokenizer"),
-            call("c2", "new_context", next_goal="finish the tokenizer"),
-            call("c3", "run_command", command="pytest -q"),
-        ]),
-        Message.assistant("continuing in the new window"),
-    ])
+    model = ScriptedModel(
+        [
+            Message.assistant(
+                "saving and rolling over",
+                [
+                    call("c1", "note_create", path="goal", content="refactor parser; next: tokenizer"),
+                    call("c2", "new_context", next_goal="finish the tokenizer"),
+                    call("c3", "run_command", command="pytest -q"),
+                ],
+            ),
+            Message.assistant("continuing in the new window"),
+        ]
+    )
     step(session, model)
-    results = {e.data["message"]["content"][0]["call_id"]: e.data["message"]["content"][0]["content"]
-               for e in session.events if e.type == "tool/result"}
+    results = {
+        e.data["message"]["content"][0]["call_id"]: e.data["message"]["content"][0]["content"]
+        for e in session.events
+        if e.type == "tool/result"
+    }
     assert results["c2"] == NEW_CONTEXT_ANSWER
     assert set(results) == {"c1", "c2", "c3"}
     # the tool only recorded the intent and concluded the turn: no switch yet
@@ -59,7 +67,9 @@ def test_mixed_batch_stays_balanced_and_switches_at_the_next_pre_step(kernel):
 
 def test_window_chain_ids_are_uuid7_monotonic_and_recorded(kernel):
     session = kernel.open_session()
-    model = ScriptedModel([Message.assistant("", [call(f"n{i}", "new_context")]) for i in range(4)] + [Message.assistant("ok")])
+    model = ScriptedModel(
+        [Message.assistant("", [call(f"n{i}", "new_context")]) for i in range(4)] + [Message.assistant("ok")]
+    )
     for turn in range(4):
         session.user(f"task {turn}")
         step(session, model)
@@ -77,7 +87,11 @@ def test_window_chain_ids_are_uuid7_monotonic_and_recorded(kernel):
     assert [s["previous_window_id"] for s in summaries] == state.chain[:-1]
     assert {s["first_window_id"] for s in summaries} == {state.first}
     seed = session.surface.nodes[0].message.text
-    assert f'current="{state.current}"' in seed and f'previous="{state.previous}"' in seed and f'first="{state.first}"' in seed
+    assert (
+        f'current="{state.current}"' in seed
+        and f'previous="{state.previous}"' in seed
+        and f'first="{state.first}"' in seed
+    )
     # every history item is attributable to a window: the index knows the same ids
     history = History.for_session(session)
     assert [w.id for w in history.windows[1:]] == state.chain[1:]
@@ -100,16 +114,19 @@ def test_second_new_context_in_a_batch_is_refused_and_leaves_the_log_identical(k
     assert sum(e.type == "rollover/intent" for e in session.events) == 1
 
 
-@pytest.mark.parametrize(("name", "arguments"), [
-    ("note_create", {"path": "../etc", "content": "x"}),
-    ("note_create", {"path": "a", "content": "x", "trust": "user-injected"}),
-    ("note_update", {"note": "nope", "content": "x"}),
-    ("note_get", {"note": "n_missing"}),
-    ("note_delete", {"note": "missing"}),
-    ("history_read", {"item": "item_999999"}),
-    ("history_lookup", {"window": "no-such-window"}),
-    ("new_context", {"next_goal": 3}),
-])
+@pytest.mark.parametrize(
+    ("name", "arguments"),
+    [
+        ("note_create", {"path": "../etc", "content": "x"}),
+        ("note_create", {"path": "a", "content": "x", "trust": "user-injected"}),
+        ("note_update", {"note": "nope", "content": "x"}),
+        ("note_get", {"note": "n_missing"}),
+        ("note_delete", {"note": "missing"}),
+        ("history_read", {"item": "item_999999"}),
+        ("history_lookup", {"window": "no-such-window"}),
+        ("new_context", {"next_goal": 3}),
+    ],
+)
 def test_tool_refusals_leave_the_log_byte_identical(kernel, name, arguments):
     session = kernel.open_session()
     session.user("go")
@@ -123,13 +140,20 @@ def test_tool_refusals_leave_the_log_byte_identical(kernel, name, arguments):
 def test_notes_carry_their_window_and_trust_marks(kernel):
     session = kernel.open_session()
     session.user("go")
-    model = ScriptedModel([
-        Message.assistant("", [call("a", "note_create", path="plan", content="step 1"),
-                               call("b", "note_create", path="log", content="copied", from_tool_output=True),
-                               call("c", "new_context")]),
-        Message.assistant("", [call("d", "note_append", path="plan", text="\nstep 2")]),
-        Message.assistant("done"),
-    ])
+    model = ScriptedModel(
+        [
+            Message.assistant(
+                "",
+                [
+                    call("a", "note_create", path="plan", content="step 1"),
+                    call("b", "note_create", path="log", content="copied", from_tool_output=True),
+                    call("c", "new_context"),
+                ],
+            ),
+            Message.assistant("", [call("d", "note_append", path="plan", text="\nstep 2")]),
+            Message.assistant("done"),
+        ]
+    )
     step(session, model)
     first_window = state_of(session).current
     session.end_turn()

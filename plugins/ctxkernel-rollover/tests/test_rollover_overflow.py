@@ -32,7 +32,9 @@ class SummarizeSpy:
 @pytest.fixture
 def spied(tmp_path):
     spy = SummarizeSpy()
-    kernel = rollover_kernel(tmp_path, window=12_000, reserve=1_000, plugins=[("spy", spy)], strategies=["rollover", "spy"])
+    kernel = rollover_kernel(
+        tmp_path, window=12_000, reserve=1_000, plugins=[("spy", spy)], strategies=["rollover", "spy"]
+    )
     summarizer = ScriptedModel(lambda *a: "never")
     kernel.summarizer = summarizer
     return kernel, spy, summarizer
@@ -81,7 +83,9 @@ def test_provider_overflow_rolls_over_without_any_model_call(spied):
     assert finished and errors
     summaries = rollover_summaries(session)
     assert summaries and summaries[0]["trigger"] == "overflow"
-    seed = next(e for e in session.events if e.type == "user/message" and e.data.get("compaction_id")).data["message"]["content"][0]["text"]
+    seed = next(e for e in session.events if e.type == "user/message" and e.data.get("compaction_id")).data["message"][
+        "content"
+    ][0]["text"]
     assert "The provider refused the request" in seed and "KEEP-ME" in seed
     assert spy.calls == [] and summarizer.calls == []
     assert all(e.data.get("summary") == "" for e in session.events if e.type == "compaction/summary")
@@ -91,11 +95,13 @@ def test_oversized_tool_result_triggers_a_protective_rollover(spied):
     kernel, spy, summarizer = spied
     session = kernel.open_session()
     session.user("dump the log")
-    model = ScriptedModel([
-        Message.assistant("", [call("g", "note_create", path="goal", content="find the crash")]),
-        Message.assistant("", [call("big", "cat", path="huge.log")]),
-        Message.assistant("I will read it in parts"),
-    ])
+    model = ScriptedModel(
+        [
+            Message.assistant("", [call("g", "note_create", path="goal", content="find the crash")]),
+            Message.assistant("", [call("big", "cat", path="huge.log")]),
+            Message.assistant("I will read it in parts"),
+        ]
+    )
     step(session, model)
     step(session, model, harness=lambda c: "x" * 60_000)  # about 7,500 tokens, over half the window
     request = session.prepare_request()
@@ -103,7 +109,11 @@ def test_oversized_tool_result_triggers_a_protective_rollover(spied):
     summaries = rollover_summaries(session)
     assert [s["trigger"] for s in summaries] == ["overflow"]
     seed = request.messages[0].text
-    big_seq = next(e.seq for e in session.events if e.type == "tool/result" and "xxxx" in e.data["message"]["content"][0]["content"])
+    big_seq = next(
+        e.seq
+        for e in session.events
+        if e.type == "tool/result" and "xxxx" in e.data["message"]["content"][0]["content"]
+    )
     assert f"item_{big_seq}" in seed and "history_read" in seed and "find the crash" in seed
     assert spy.calls == [] and summarizer.calls == []
 
@@ -126,7 +136,14 @@ def test_a_rollover_that_cannot_be_done_fails_loud_and_leaves_the_surface(spied)
     step(session, ScriptedModel([Message.assistant("", [call("n", "new_context", next_goal="next")])]))
     session.end_turn()
     # another live writer holds the compaction lock: the switch must fail, not summarise
-    session.append_one("compaction/start", {"compaction_id": "other", "strategy": "someone", "holder": {"host": socket.gethostname(), "pid": os.getpid() + 1_000_000}})
+    session.append_one(
+        "compaction/start",
+        {
+            "compaction_id": "other",
+            "strategy": "someone",
+            "holder": {"host": socket.gethostname(), "pid": os.getpid() + 1_000_000},
+        },
+    )
     session.user("continue")
     visible = [n.seq for n in session.surface.nodes]
     request = session.prepare_request()
@@ -146,7 +163,11 @@ def test_each_new_overflow_gets_its_own_protective_rollover(spied):
 
     def script(messages, system, tools):
         count["n"] += 1
-        return Message.assistant("", [call(f"r{count['n']}", "read_file", path="x")]) if count["n"] < 40 else Message.assistant("done")
+        return (
+            Message.assistant("", [call(f"r{count['n']}", "read_file", path="x")])
+            if count["n"] < 40
+            else Message.assistant("done")
+        )
 
     model = ScriptedModel(script, overflow_above=4_000)  # far below the profile's window: many overflows
     session.user("work")

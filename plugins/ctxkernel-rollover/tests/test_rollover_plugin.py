@@ -16,7 +16,9 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def test_ctxkernel_plugins_lists_rollover():
-    out = subprocess.run([sys.executable, "-m", "ctxkernel.cli", "plugins"], capture_output=True, text=True, check=True, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-m", "ctxkernel.cli", "plugins"], capture_output=True, text=True, check=True, cwd=REPO
+    )
     listed = {p["name"]: p for p in json.loads(out.stdout)}
     assert "rollover" in listed
     assert listed["rollover"]["distribution"] == "ctxkernel-rollover"
@@ -31,7 +33,9 @@ def test_shipped_profile_validates():
 
 def _profile(tmp_path, strategies, table=""):
     path = tmp_path / "combo.toml"
-    path.write_text(f'[profile]\nstrategies = {json.dumps(strategies)}\ncapability_order = {json.dumps(strategies)}\n{table}')
+    path.write_text(
+        f"[profile]\nstrategies = {json.dumps(strategies)}\ncapability_order = {json.dumps(strategies)}\n{table}"
+    )
     return path
 
 

@@ -33,8 +33,14 @@ def reply_for(action, n):
         return Message.assistant("", [call(f"n{n}", "note_append", path=action[1], text=action[2])])
     if kind == "new_context":
         return Message.assistant("", [call(f"c{n}", "new_context", next_goal=f"goal {n}")])
-    return Message.assistant("", [call(f"m{n}a", "note_create", path=f"m/{n}", content="x"),
-                                  call(f"m{n}b", "new_context"), call(f"m{n}c", "run", cmd="ls")])
+    return Message.assistant(
+        "",
+        [
+            call(f"m{n}a", "note_create", path=f"m/{n}", content="x"),
+            call(f"m{n}b", "new_context"),
+            call(f"m{n}c", "run", cmd="ls"),
+        ],
+    )
 
 
 def check_state(session):
@@ -47,7 +53,9 @@ def check_state(session):
         assert session.surface.nodes[0].seq == state.seed_seq
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(st.lists(ACTION, min_size=1, max_size=24))
 def test_rollover_invariants_hold_for_any_session(tmp_path_factory, actions):
     home = tmp_path_factory.mktemp("prop")

@@ -19,12 +19,14 @@ from ctxkernel_rollover.window_ids import timestamp_ms
 def two_windows(kernel):
     session = kernel.open_session()
     session.user("first window request")
-    model = ScriptedModel([
-        Message.assistant("", [call("r1", "read_file", path="a.py")]),
-        Message.assistant("", [call("n", "new_context", next_goal="second")]),
-        Message.assistant("in window two", [call("r2", "read_file", path="b.py")]),
-        Message.assistant("done"),
-    ])
+    model = ScriptedModel(
+        [
+            Message.assistant("", [call("r1", "read_file", path="a.py")]),
+            Message.assistant("", [call("n", "new_context", next_goal="second")]),
+            Message.assistant("in window two", [call("r2", "read_file", path="b.py")]),
+            Message.assistant("done"),
+        ]
+    )
     step(session, model, harness=lambda c: f"contents of {c.arguments['path']} " * 50)
     step(session, model)
     session.end_turn()

@@ -117,7 +117,11 @@ def validate_profile(profile: Any, report: Any) -> None:
                 "Fix: lower retain_ratio or summary_max_chars, raise threshold_ratio, or use a larger window",
             )
         else:
-            report.ok("basic-budget", NAME, f"{provider}/{name}: tail {tail} + summary <= ~{summary} < threshold {threshold} tokens")
+            report.ok(
+                "basic-budget",
+                NAME,
+                f"{provider}/{name}: tail {tail} + summary <= ~{summary} < threshold {threshold} tokens",
+            )
 
 
 def compact(session: Session, keep_tokens: int, *, reason: str) -> bool:

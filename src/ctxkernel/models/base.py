@@ -24,5 +24,7 @@ class ModelAdapter(Protocol):
     provider: str
     model: str
 
-    def complete(self, messages: list[Message], *, system: str = "", tools: list[dict[str, Any]] | None = None) -> Reply:
+    def complete(
+        self, messages: list[Message], *, system: str = "", tools: list[dict[str, Any]] | None = None
+    ) -> Reply:
         """Send one request; raise :class:`ctxkernel.ContextOverflowError` when it does not fit."""

@@ -40,7 +40,9 @@ class ScriptedModel:
     def prompt_tokens(self, messages: list[Message], system: str, tools: list[dict[str, Any]]) -> int:
         return self._meter.count_header(system, tools) + sum(self._meter.count_message(m) for m in messages)
 
-    def complete(self, messages: list[Message], *, system: str = "", tools: list[dict[str, Any]] | None = None) -> Reply:
+    def complete(
+        self, messages: list[Message], *, system: str = "", tools: list[dict[str, Any]] | None = None
+    ) -> Reply:
         tools = tools or []
         prompt = self.prompt_tokens(messages, system, tools)
         self.calls.append({"messages": list(messages), "system": system, "tools": tools, "prompt_tokens": prompt})
@@ -61,6 +63,8 @@ class ScriptedModel:
             return answer
         message = answer if isinstance(answer, Message) else Message.assistant(str(answer))
         if message.source.kind != "model" or message.source.provider is None:
-            message = Message(message.role, message.content, Source(kind="model", provider=self.provider, model=self.model))
+            message = Message(
+                message.role, message.content, Source(kind="model", provider=self.provider, model=self.model)
+            )
         usage = {"input_tokens": prompt, "output_tokens": self._meter.count_message(message), "cached_input_tokens": 0}
         return Reply(message, usage, self.provider, self.model)

@@ -237,9 +237,8 @@ class History:
                     if window.id == text:
                         return window
                 known = [w.id for w in self.windows if w.id][-5:]
-                msg = (
-                    f"no window {text!r}: give a window number 1..{len(self.windows)}, 'win_<n>', or a window id"
-                    + (f" (latest ids: {known})" if known else "")
+                msg = f"no window {text!r}: give a window number 1..{len(self.windows)}, 'win_<n>', or a window id" + (
+                    f" (latest ids: {known})" if known else ""
                 )
                 raise HistoryError(msg)
         if not 1 <= ref <= len(self.windows):
@@ -462,7 +461,9 @@ class History:
             lo = max(lo, seq_from)
         if seq_to is not None:
             hi = min(hi, seq_to)
-        fingerprint = _fingerprint(query, case_sensitive, win.number if win else None, sorted(roles), seq_from, seq_to, order)
+        fingerprint = _fingerprint(
+            query, case_sensitive, win.number if win else None, sorted(roles), seq_from, seq_to, order
+        )
         if cursor:
             position = _decode_cursor(cursor, fingerprint)
             if order == "asc":
@@ -517,14 +518,21 @@ class History:
             if matches is not None:
                 item["matches"] = matches
             items.append(item)
-        out: dict[str, Any] = {"items": items, "scanned_events": scanned, "scanned_chars": chars, "has_more": stopped_at is not None}
+        out: dict[str, Any] = {
+            "items": items,
+            "scanned_events": scanned,
+            "scanned_chars": chars,
+            "has_more": stopped_at is not None,
+        }
         if stopped_at is not None:
             out["next_cursor"] = _encode_cursor(stopped_at, fingerprint)
         if query is not None:
             out["case_sensitive"] = case_sensitive
         return out
 
-    def read_item(self, item_id: str, *, format: str = "text", offset_chars: int = 0, max_chars: int | None = None) -> dict[str, Any]:
+    def read_item(
+        self, item_id: str, *, format: str = "text", offset_chars: int = 0, max_chars: int | None = None
+    ) -> dict[str, Any]:
         """The body of an item (or of a window, goal or checklist id), ``max_chars`` at a time
         (8,000 default, 20,000 max) from ``offset_chars``; ``format="json"`` pages the complete
         raw event(s). ``next_offset_chars`` continues a long body."""
@@ -545,7 +553,13 @@ class History:
             msg = f"offset_chars {offset_chars} is past the end of {item_id} ({len(body)} characters)"
             raise HistoryError(msg)
         end = min(len(body), offset_chars + max_chars)
-        out = {**meta, "format": format, "total_chars": len(body), "offset_chars": offset_chars, "content": body[offset_chars:end]}
+        out = {
+            **meta,
+            "format": format,
+            "total_chars": len(body),
+            "offset_chars": offset_chars,
+            "content": body[offset_chars:end],
+        }
         if end < len(body):
             out["next_offset_chars"] = end
         return out
@@ -581,8 +595,10 @@ class History:
                 msg = "no checklist: the model has not written a todo list in this session"
                 raise HistoryError(msg)
             rows = [{"id": e.ref, "status": e.status, "text": e.text} for e in entries]
-            body = orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() if fmt == "json" else "\n".join(
-                f"[{e.status}] {e.ref}: {e.text}" for e in entries
+            body = (
+                orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode()
+                if fmt == "json"
+                else "\n".join(f"[{e.status}] {e.ref}: {e.text}" for e in entries)
             )
             return {"id": ref, "role": "checklist", "item": f"item_{entries[0].seq}"}, body
         if match := _TODO_ID.fullmatch(ref):
@@ -593,7 +609,9 @@ class History:
                 raise HistoryError(msg)
             entry = entries[index]
             data = {"id": entry.ref, "status": entry.status, "text": entry.text, "item": f"item_{seq}"}
-            return {"id": ref, "role": "todo", "item": f"item_{seq}"}, _render(data, fmt) if fmt == "json" else f"[{entry.status}] {entry.text}"
+            return {"id": ref, "role": "todo", "item": f"item_{seq}"}, _render(
+                data, fmt
+            ) if fmt == "json" else f"[{entry.status}] {entry.text}"
         msg = (
             f"unknown id {ref!r}: use item_<seq>, win_<n>, win_<n>_summary, goal, checklist or todo_<seq>_<i> "
             "(ids are printed by history listings and handoffs)"

@@ -163,14 +163,13 @@ def check_path(path: Any) -> str:
     bad = sorted({c for c in path if not (c.isalnum() or c in "._-/")})
     if bad:
         shown = "".join(bad[:10])
-        msg = f"note path {path!r:.80} contains {shown!r}; a note path holds only {PATH_ALPHABET}, e.g. 'plan/step-2.md'"
+        msg = (
+            f"note path {path!r:.80} contains {shown!r}; a note path holds only {PATH_ALPHABET}, e.g. 'plan/step-2.md'"
+        )
         raise NotePathError(msg)
     for part in path.split("/"):
         if part in ("", ".", ".."):
-            msg = (
-                f"note path {path!r} has an empty, '.' or '..' component; "
-                "use '/'-separated names such as 'plan/next'"
-            )
+            msg = f"note path {path!r} has an empty, '.' or '..' component; use '/'-separated names such as 'plan/next'"
             raise NotePathError(msg)
     return path
 
@@ -190,7 +189,9 @@ def render_note(note: Note, *, max_chars: int | None = None) -> str:
     """The note as injected into the model's context, trust mark first."""
     content = note.content
     if max_chars is not None and len(content) > max_chars:
-        content = content[:max_chars] + f"\n[… {len(note.content) - max_chars} more characters; read the note to see them]"
+        content = (
+            content[:max_chars] + f"\n[… {len(note.content) - max_chars} more characters; read the note to see them]"
+        )
     # every attribute escaped: a path or window id written before paths were restricted (or by
     # another writer) cannot end its attribute and add a forged trust mark
     head = (
@@ -355,8 +356,11 @@ class Notes:
         if not query:
             msg = "search query must be a non-empty string"
             raise NotesError(msg)
-        for name, value, top in (("max_files", max_files, MAX_PAGE), ("max_lines_per_file", max_lines_per_file, 1000),
-                                 ("max_line_chars", max_line_chars, 10_000)):
+        for name, value, top in (
+            ("max_files", max_files, MAX_PAGE),
+            ("max_lines_per_file", max_lines_per_file, 1000),
+            ("max_line_chars", max_line_chars, 10_000),
+        ):
             if not 1 <= value <= top:
                 msg = f"search {name} must be between 1 and {top}, got {value}"
                 raise NotesError(msg)
@@ -384,8 +388,9 @@ class Notes:
         return SearchResult(hits, files, truncated)
 
     # -- writing ----------------------------------------------------------------------------------
-    def write(self, path: str, content: str, *, trust: str = "model-authored", window: str | None = None,
-              strategy: str = "") -> Note:
+    def write(
+        self, path: str, content: str, *, trust: str = "model-authored", window: str | None = None, strategy: str = ""
+    ) -> Note:
         """Create the note at ``path``, or add a version replacing its content (the old one stays
         retrievable with :meth:`versions`)."""
         self._refresh()
@@ -395,8 +400,9 @@ class Notes:
         op = "update" if current else "create"
         return self._commit(op, current, path, content, trust, window, strategy)
 
-    def create(self, path: str, content: str, *, trust: str = "model-authored", window: str | None = None,
-               strategy: str = "") -> Note:
+    def create(
+        self, path: str, content: str, *, trust: str = "model-authored", window: str | None = None, strategy: str = ""
+    ) -> Note:
         """Like :meth:`write`, but refuse when a note already exists at ``path``."""
         self._refresh()
         if self._current(check_path(path)) is not None:
@@ -404,8 +410,15 @@ class Notes:
             raise NotesError(msg)
         return self.write(path, content, trust=trust, window=window, strategy=strategy)
 
-    def update(self, note_id: str, content: str, *, trust: str = "model-authored", window: str | None = None,
-               strategy: str = "") -> Note:
+    def update(
+        self,
+        note_id: str,
+        content: str,
+        *,
+        trust: str = "model-authored",
+        window: str | None = None,
+        strategy: str = "",
+    ) -> Note:
         """Replace an active note's content by id (a new version; the old one stays retrievable)."""
         note = self.get(note_id)
         if note.archived:
@@ -414,8 +427,9 @@ class Notes:
         check_trust(trust)
         return self._commit("update", note, note.path, content, trust, window, strategy)
 
-    def append(self, path: str, text: str, *, trust: str = "model-authored", window: str | None = None,
-               strategy: str = "") -> Note:
+    def append(
+        self, path: str, text: str, *, trust: str = "model-authored", window: str | None = None, strategy: str = ""
+    ) -> Note:
         """Append ``text`` to the note at ``path`` (created when missing)."""
         self._refresh()
         path = check_path(path)
@@ -443,8 +457,9 @@ class Notes:
         note_id = self._state.active.get(path)
         return None if note_id is None else self._state.notes[note_id]
 
-    def _commit(self, op: str, current: Note | None, path: str, text: str, trust: str, window: str | None,
-                strategy: str) -> Note:
+    def _commit(
+        self, op: str, current: Note | None, path: str, text: str, trust: str, window: str | None, strategy: str
+    ) -> Note:
         if not isinstance(text, str):
             msg = f"note content must be a string, got {type(text).__name__}"
             raise NotesError(msg)
@@ -503,9 +518,17 @@ def _apply_write(previous: Note | None, event: Event) -> Note:
     if previous is None or previous.archived:
         content = d.get("content", d.get("text", ""))
         return Note(
-            id=d["id"], path=d.get("path", ""), content=content if isinstance(content, str) else "",
-            trust=trust, window=window, created=event.time, updated=event.time, version=1,
-            created_seq=event.seq, updated_seq=event.seq, windows=(window,) if window else (),
+            id=d["id"],
+            path=d.get("path", ""),
+            content=content if isinstance(content, str) else "",
+            trust=trust,
+            window=window,
+            created=event.time,
+            updated=event.time,
+            version=1,
+            created_seq=event.seq,
+            updated_seq=event.seq,
+            windows=(window,) if window else (),
         )
     if d.get("op") == "append":
         content = previous.content + str(d.get("text", ""))
@@ -514,8 +537,15 @@ def _apply_write(previous: Note | None, event: Event) -> Note:
         content = str(d.get("content", ""))
     windows = previous.windows if (not window or window in previous.windows) else (*previous.windows, window)
     return replace(
-        previous, path=d.get("path", previous.path), content=content, trust=trust, window=window or previous.window,
-        updated=event.time, version=previous.version + 1, updated_seq=event.seq, windows=windows,
+        previous,
+        path=d.get("path", previous.path),
+        content=content,
+        trust=trust,
+        window=window or previous.window,
+        updated=event.time,
+        version=previous.version + 1,
+        updated_seq=event.seq,
+        windows=windows,
     )
 
 

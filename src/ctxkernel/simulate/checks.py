@@ -45,7 +45,9 @@ class InvariantChecker:
             try:
                 a, b = self.seqs.index(op["start"]), self.seqs.index(op["end"])
             except ValueError:
-                self._violation("citation", f"seq {event.seq} replaces {op['start']}..{op['end']}, which is not on the surface")
+                self._violation(
+                    "citation", f"seq {event.seq} replaces {op['start']}..{op['end']}, which is not on the surface"
+                )
                 continue
             shadowed = self.seqs[a : b + 1]
             if sorted(op.get("cites") or []) != sorted(shadowed):
@@ -59,15 +61,21 @@ class InvariantChecker:
     def check_request(self, session: Session, request: Request) -> None:
         self.fold(session)
         if list(request.seqs) != self.seqs:
-            self._violation("projection", f"request shows {len(request.seqs)} nodes that differ from the log's fold ({len(self.seqs)} nodes)")
+            self._violation(
+                "projection",
+                f"request shows {len(request.seqs)} nodes that differ from the log's fold ({len(self.seqs)} nodes)",
+            )
         for problem in pairing_problems(request.messages):
             if problem.kind == "orphan_result":
                 call_id = "?" if problem.call_ids[0] is None else problem.call_ids[0]
-                self._violation("orphan_result", f"tool result for {call_id} at request index {problem.index} has no call before it")
+                self._violation(
+                    "orphan_result", f"tool result for {call_id} at request index {problem.index} has no call before it"
+                )
             elif problem.kind == "split_group":
                 call_id = "" if problem.call_ids[0] is None else problem.call_ids[0]
                 self._violation(
-                    "split_group", f"tool result for {call_id} at request index {problem.index} sits in the group of calls {list(problem.group)}"
+                    "split_group",
+                    f"tool result for {call_id} at request index {problem.index} sits in the group of calls {list(problem.group)}",
                 )
             else:
                 for missing in problem.call_ids:

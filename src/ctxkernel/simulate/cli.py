@@ -39,13 +39,27 @@ def register(sub: Any) -> None:
         ),
     )
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--transcript", metavar="PATH", help="a recorded session: kernel log, OpenAI chat JSON, Claude Code or Codex JSONL")
+    src.add_argument(
+        "--transcript",
+        metavar="PATH",
+        help="a recorded session: kernel log, OpenAI chat JSON, Claude Code or Codex JSONL",
+    )
     src.add_argument("--workload", choices=sorted(WORKLOADS), help="a built-in synthetic workload")
-    p.add_argument("--run", type=bounded_int(0, 10**9), metavar="N", help="which run of an OpenAI chat file holding several (default 0)")
-    p.add_argument("--seed", type=bounded_int(0, 2**63 - 1), default=7, help="seed of the synthetic workload (default 7)")
+    p.add_argument(
+        "--run",
+        type=bounded_int(0, 10**9),
+        metavar="N",
+        help="which run of an OpenAI chat file holding several (default 0)",
+    )
+    p.add_argument(
+        "--seed", type=bounded_int(0, 2**63 - 1), default=7, help="seed of the synthetic workload (default 7)"
+    )
     p.add_argument("--profile", default="all", help="comma-separated profile names or paths, or 'all' (default)")
     p.add_argument(
-        "--window", type=bounded_int(MIN_WINDOW, MAX_TOKENS), metavar="TOKENS", help="override every profile's context window"
+        "--window",
+        type=bounded_int(MIN_WINDOW, MAX_TOKENS),
+        metavar="TOKENS",
+        help="override every profile's context window",
     )
     p.add_argument("--format", choices=("table", "json"), default="table", help="output on stdout (default table)")
     p.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report with a chart")
@@ -54,7 +68,9 @@ def register(sub: Any) -> None:
         default="extractive",
         help="extractive (default, no model), scripted (offline stand-in model) or openai:<model>[@<base_url>]",
     )
-    p.add_argument("--steward", default="default", help="default (the strategies' steward_actions), none, or module:function")
+    p.add_argument(
+        "--steward", default="default", help="default (the strategies' steward_actions), none, or module:function"
+    )
     p.add_argument("--prices", metavar="IN,CACHED,OUT", help="prices per million input, cached input and output tokens")
     p.add_argument("--lenient", action="store_true", help="skip malformed transcript lines and count them")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -154,7 +170,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         try:
             Path(args.report).write_text(render_html(report), encoding="utf-8")
         except OSError as exc:
-            sys.stderr.write(f"ctxkernel simulate: --report {args.report}: cannot write the report ({exc.strerror or exc})\n")
+            sys.stderr.write(
+                f"ctxkernel simulate: --report {args.report}: cannot write the report ({exc.strerror or exc})\n"
+            )
             return EXIT_FAILED
     broken = [p for p in report["profiles"] if p["status"] == "failed" or (p["invariant_violations"] or 0) > 0]
     return EXIT_FAILED if broken else EXIT_OK

@@ -50,7 +50,9 @@ _MAX_TOKENS = 2**53  # a token count past this is not a count
 
 FORMATS = ("kernel", "openai-chat", "claude-code", "codex")
 _RUN_KEYS = ("traj", "messages", "trajectory")
-_CLAUDE_TYPES = frozenset({"user", "assistant", "system", "progress", "summary", "file-history-snapshot", "queue-operation"})
+_CLAUDE_TYPES = frozenset(
+    {"user", "assistant", "system", "progress", "summary", "file-history-snapshot", "queue-operation"}
+)
 _CODEX_TYPES = frozenset({"session_meta", "response_item", "event_msg", "turn_context", "compacted"})
 
 
@@ -98,7 +100,9 @@ def sniff(path: str | os.PathLike[str]) -> str:
     """The format of a recording, read from its first bytes (see :data:`FORMATS`)."""
     path = Path(path)
     if not path.is_file():
-        msg = f"{path}: no such file; pass a recorded session (kernel log, OpenAI chat JSON, Claude Code or Codex JSONL)"
+        msg = (
+            f"{path}: no such file; pass a recorded session (kernel log, OpenAI chat JSON, Claude Code or Codex JSONL)"
+        )
         raise RecordingError(msg)
     first = _first_line(path)
     if first.startswith(b"["):
@@ -153,11 +157,15 @@ def _first_line(path: Path) -> bytes:
                 raise RecordingError(msg)
             if raw.strip():
                 return raw.strip()
-    msg = f"{path}: the file is empty; pass a recorded session (kernel log, OpenAI chat JSON, Claude Code or Codex JSONL)"
+    msg = (
+        f"{path}: the file is empty; pass a recorded session (kernel log, OpenAI chat JSON, Claude Code or Codex JSONL)"
+    )
     raise RecordingError(msg)
 
 
-def load_recording(path: str | os.PathLike[str], *, run: int | None = None, lenient: bool = False, format: str | None = None) -> Recording:
+def load_recording(
+    path: str | os.PathLike[str], *, run: int | None = None, lenient: bool = False, format: str | None = None
+) -> Recording:
     """Read a recorded session in any supported format (sniffed unless ``format`` is given)."""
     path = Path(path)
     fmt = format or sniff(path)
@@ -208,7 +216,10 @@ def check_item(item: Item) -> tuple[str, str] | None:
             ("name", item.name, (str, type(None))),
         ):
             if not isinstance(value, types):
-                return f"a tool result whose {name} is {' or '.join(t.__name__ for t in types)}", f"{type(value).__name__} {value!r:.60}"
+                return (
+                    f"a tool result whose {name} is {' or '.join(t.__name__ for t in types)}",
+                    f"{type(value).__name__} {value!r:.60}",
+                )
         return None
     if isinstance(item, AssistantItem):
         message = item.message
@@ -312,7 +323,9 @@ def _kernel_item(event: Event) -> Item | None:
         msg = f"{event.type} data.message: {exc}"
         raise EventError(msg) from None
     if message.role != _KERNEL_ROLES[event.type]:
-        msg = f"a {event.type} event holds a {_KERNEL_ROLES[event.type]} message, got data.message.role {message.role!r}"
+        msg = (
+            f"a {event.type} event holds a {_KERNEL_ROLES[event.type]} message, got data.message.role {message.role!r}"
+        )
         raise EventError(msg)
     if event.type == USER_MESSAGE:
         if message.source.kind != "user":
@@ -353,7 +366,9 @@ def import_openai(path: Path, run: int | None, lenient: bool) -> Recording:
             source = {"run": index, "runs": len(runs)}
             messages = [(f"run {index} {key}[{i}]", m) for i, m in enumerate(chosen[key])]
         elif run is not None:
-            msg = f"{path}: --run needs a list of runs (objects with 'traj' or 'messages'); this file is one message list"
+            msg = (
+                f"{path}: --run needs a list of runs (objects with 'traj' or 'messages'); this file is one message list"
+            )
             raise RecordingError(msg)
         else:
             messages = [(f"message {i}", m) for i, m in enumerate(data)]
@@ -435,7 +450,9 @@ def import_claude_code(path: Path, run: int | None, lenient: bool) -> Recording:
     def flush() -> None:
         nonlocal group
         if group is not None:
-            message = Message("assistant", tuple(group["blocks"]), Source(kind="model", provider="anthropic", model=group["model"]))
+            message = Message(
+                "assistant", tuple(group["blocks"]), Source(kind="model", provider="anthropic", model=group["model"])
+            )
             lines.add(items, group["line"], AssistantItem(message, group["usage"]))
             group = None
         for lineno, result in deferred:
@@ -472,7 +489,9 @@ def _claude_line(
                 msg = f"compactMetadata must be an object, got {type(meta).__name__}"
                 raise EventError(msg)
             flush()
-            items.append(MarkerItem("compact_boundary", {"trigger": meta.get("trigger"), "pre_tokens": meta.get("preTokens")}))
+            items.append(
+                MarkerItem("compact_boundary", {"trigger": meta.get("trigger"), "pre_tokens": meta.get("preTokens")})
+            )
             return None
         return group
     message = raw["message"]
@@ -482,7 +501,9 @@ def _claude_line(
         if not isinstance(mid, str) or not (model is None or isinstance(model, str)):
             msg = f"message.id (or requestId) and message.model must be strings, got {mid!r:.60} and {model!r:.60}"
             raise EventError(msg)
-        converted = from_anthropic_message({"role": "assistant", "content": message.get("content") or []}, where="message")
+        converted = from_anthropic_message(
+            {"role": "assistant", "content": message.get("content") or []}, where="message"
+        )
         usage = check_usage(message.get("usage"), "message.usage")
         if group is not None and group["id"] == mid:
             # one API message is written as one line per content block; results of its earlier
@@ -500,14 +521,20 @@ def _claude_line(
         flush()
         items.append(MarkerItem("compact_summary", {"chars": len(content) if isinstance(content, str) else 0}))
         return None
-    if isinstance(content, list) and content and all(isinstance(b, dict) and b.get("type") == "tool_result" for b in content):
+    if (
+        isinstance(content, list)
+        and content
+        and all(isinstance(b, dict) and b.get("type") == "tool_result" for b in content)
+    ):
         # every block is converted before any is kept: a bad line is refused (or skipped) whole
         results = [m.content[0] for m in from_anthropic_message({"role": "user", "content": content}, where="message")]
         deferred.extend((lineno, ToolResultItem(r.call_id, r.content, r.is_error)) for r in results)  # type: ignore[union-attr]
         if group is None:
             flush()
         return group
-    converted = from_anthropic_message({"role": "user", "content": content if content is not None else ""}, where="message")
+    converted = from_anthropic_message(
+        {"role": "user", "content": content if content is not None else ""}, where="message"
+    )
     flush()
     for m in converted:
         if m.role == "tool":
@@ -572,7 +599,11 @@ def import_codex(path: Path, run: int | None, lenient: bool) -> Recording:
                         if not isinstance(last, dict):
                             msg = f"payload.info.last_token_usage must be an object, got {type(last).__name__}"
                             raise EventError(msg)
-                        counts = {k: v for k, v in last.items() if k in ("input_tokens", "cached_input_tokens", "output_tokens")}
+                        counts = {
+                            k: v
+                            for k, v in last.items()
+                            if k in ("input_tokens", "cached_input_tokens", "output_tokens")
+                        }
                         found = check_usage(counts, "payload.info.last_token_usage")
                         # the count belongs to the reply being assembled, or (as cli 0.40 writes it
                         # before the reply's items) to the next one
@@ -597,7 +628,9 @@ def import_codex(path: Path, run: int | None, lenient: bool) -> Recording:
                     blocks_line = lineno
                 else:
                     flush()
-                    instruction = role == "user" and not text.lstrip().startswith(("<environment_context>", "<user_instructions>"))
+                    instruction = role == "user" and not text.lstrip().startswith(
+                        ("<environment_context>", "<user_instructions>")
+                    )
                     if text.strip():
                         lines.add(items, lineno, UserItem(text, instruction=instruction))
             elif item_type == "reasoning":
@@ -655,7 +688,9 @@ def _codex_texts(payload: dict[str, Any], key: str) -> list[str]:
     for i, part in enumerate(parts):
         if isinstance(part, dict) and "text" in part:
             if not isinstance(part["text"], str):
-                msg = f"payload.{key}[{i}].text must be a string, got {type(part['text']).__name__} {part['text']!r:.60}"
+                msg = (
+                    f"payload.{key}[{i}].text must be a string, got {type(part['text']).__name__} {part['text']!r:.60}"
+                )
                 raise EventError(msg)
             texts.append(part["text"])
     return texts

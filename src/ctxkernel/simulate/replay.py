@@ -112,7 +112,9 @@ class ExtractiveModel:
     def __init__(self, meter: Any) -> None:
         self._meter = meter
 
-    def complete(self, messages: list[Message], *, system: str = "", tools: list[dict[str, Any]] | None = None) -> Reply:
+    def complete(
+        self, messages: list[Message], *, system: str = "", tools: list[dict[str, Any]] | None = None
+    ) -> Reply:
         text = extractive_summary(messages[:-1], max_chars=6000)
         prompt = self._meter.count_header(system, tools or []) + sum(self._meter.count_message(m) for m in messages)
         reply = Message.assistant(text, source=Source(kind="model", provider=self.provider, model=self.model))
@@ -132,7 +134,9 @@ class CountingModel:
         self.input_tokens = 0
         self.output_tokens = 0
 
-    def complete(self, messages: list[Message], *, system: str = "", tools: list[dict[str, Any]] | None = None) -> Reply:
+    def complete(
+        self, messages: list[Message], *, system: str = "", tools: list[dict[str, Any]] | None = None
+    ) -> Reply:
         reply = self.inner.complete(messages, system=system, tools=tools)
         usage = reply.usage or {}
         self.calls += 1
@@ -286,14 +290,18 @@ class Replay:
         """Prepare the next request; first let the steward take its context-management steps."""
         for _ in range(_MAX_STEWARD_ROUNDS):
             request = self._prepare()
-            calls = [c for c in (self.options.steward(self.session, request) or []) if isinstance(c, dict) and c.get("name")]
+            calls = [
+                c for c in (self.options.steward(self.session, request) or []) if isinstance(c, dict) and c.get("name")
+            ]
             if not calls:
                 return request
             session = self.session
             blocks = []
             for call in calls:
                 self._call_no += 1
-                blocks.append(ToolCallBlock(f"steward_{self._call_no:05d}", str(call["name"]), dict(call.get("arguments") or {})))
+                blocks.append(
+                    ToolCallBlock(f"steward_{self._call_no:05d}", str(call["name"]), dict(call.get("arguments") or {}))
+                )
             self.counters.steward_requests += 1
             self._commit(session, Message("assistant", tuple(blocks), _STEWARD_SOURCE), request)
             child = None
@@ -301,7 +309,9 @@ class Replay:
                 if session.owns_tool(block.name):
                     outcome = session.run_tool(block)
                 else:
-                    outcome = ToolOutcome(f"unknown tool {block.name!r}; kernel tools: {session.tools.names()}", is_error=True)
+                    outcome = ToolOutcome(
+                        f"unknown tool {block.name!r}; kernel tools: {session.tools.names()}", is_error=True
+                    )
                 if outcome.is_error:
                     self.counters.steward_errors += 1
                 session.tool_result(block.id, outcome)
@@ -356,7 +366,9 @@ class Replay:
         tokens, cached = self._account(session, request)
         output = session.meter.count_message(message)
         self.counters.output += output
-        session.commit_reply(message, usage={"input_tokens": tokens, "output_tokens": output, "cached_input_tokens": cached})
+        session.commit_reply(
+            message, usage={"input_tokens": tokens, "output_tokens": output, "cached_input_tokens": cached}
+        )
 
     # -- measuring -------------------------------------------------------------------------------------
     def _message_tokens(self, session: Session, request: Request, index: int) -> int:
@@ -364,7 +376,11 @@ class Replay:
         if index in request.decorated:
             return session.meter.decorated_tokens(seq, request.messages[index])
         node = session.surface.node(seq)
-        return session.meter.node_tokens(node) if node is not None else session.meter.count_message(request.messages[index])
+        return (
+            session.meter.node_tokens(node)
+            if node is not None
+            else session.meter.count_message(request.messages[index])
+        )
 
     def _header(self, session: Session, request: Request) -> int:
         key = (request.system, id(request.tools))
@@ -375,7 +391,9 @@ class Replay:
         return tokens
 
     def _prompt_tokens(self, session: Session, request: Request) -> int:
-        return self._header(session, request) + sum(self._message_tokens(session, request, i) for i in range(len(request.messages)))
+        return self._header(session, request) + sum(
+            self._message_tokens(session, request, i) for i in range(len(request.messages))
+        )
 
     def _account(self, session: Session, request: Request) -> tuple[int, int]:
         """Record one sent request: its tokens, the prefix it shares with the previous one, checks."""
@@ -417,7 +435,9 @@ class Replay:
         session.owns_tool("")  # brings the registry up to date
         specs = self.kernel.strategies
         return sorted(
-            t.name for t in session.tools if RECALL_CAPABILITIES & getattr(specs.get(t.strategy), "capabilities", frozenset())
+            t.name
+            for t in session.tools
+            if RECALL_CAPABILITIES & getattr(specs.get(t.strategy), "capabilities", frozenset())
         )
 
     def metrics(self) -> dict[str, Any]:
@@ -431,9 +451,7 @@ class Replay:
         lineage = self._lineage()
         recall = bool(self._recall_tools())
         recoverable = sum(
-            1
-            for sid, seq in self.originals
-            if (sid == final.id and seq in visible_seqs) or (recall and sid in lineage)
+            1 for sid, seq in self.originals if (sid == final.id and seq in visible_seqs) or (recall and sid in lineage)
         )
         compactions: dict[str, int] = {}
         failures = 0
@@ -494,14 +512,26 @@ def cost(metrics: dict[str, Any], prices: Prices | None) -> float | None:
     if prices is None or metrics.get("status") != "ok":
         return None
     uncached = metrics["billed_input_tokens"] - metrics["cached_input_tokens"]
-    total = uncached * prices.input + metrics["cached_input_tokens"] * prices.cached_input + metrics["output_tokens"] * prices.output
+    total = (
+        uncached * prices.input
+        + metrics["cached_input_tokens"] * prices.cached_input
+        + metrics["output_tokens"] * prices.output
+    )
     return round(total / 1_000_000, 6)
 
 
 def empty_metrics(name: str, status: str, error: str, strategies: list[str] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = dict.fromkeys(METRIC_KEYS)
     # the report is shared and kept: a summarizer's error (or a base_url) must not carry a key into it
-    out.update(profile=name, status=status, error=redact(error), strategies=strategies or [], compactions={}, invariant_details=[], prompt_tokens=[])
+    out.update(
+        profile=name,
+        status=status,
+        error=redact(error),
+        strategies=strategies or [],
+        compactions={},
+        invariant_details=[],
+        prompt_tokens=[],
+    )
     return out
 
 

@@ -67,7 +67,11 @@ def render_table(report: dict[str, Any]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []
     for n, row in enumerate(rows):
-        lines.append("  ".join(c.ljust(w) if i == 0 or n == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+        lines.append(
+            "  ".join(
+                c.ljust(w) if i == 0 or n == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     source = report["source"]
@@ -126,7 +130,9 @@ def render_chart(report: dict[str, Any], *, width: int = 900, height: int = 360)
     tick = 0.0
     while tick <= y_max + 1e-9:
         parts.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y(tick):.1f}" y2="{y(tick):.1f}" stroke="#e4e4e4"/>')
-        parts.append(f'<text x="{left - 6}" y="{y(tick) + 4:.1f}" font-size="11" text-anchor="end">{int(tick):,}</text>')
+        parts.append(
+            f'<text x="{left - 6}" y="{y(tick) + 4:.1f}" font-size="11" text-anchor="end">{int(tick):,}</text>'
+        )
         tick += step
     parts.append(f'<text x="{left + plot_w / 2}" y="{height - 8}" font-size="12" text-anchor="middle">request</text>')
     for w in windows:
@@ -137,7 +143,9 @@ def render_chart(report: dict[str, Any], *, width: int = 900, height: int = 360)
     for i, p in enumerate(profiles):
         color = _COLORS[i % len(_COLORS)]
         points = " ".join(f"{x(j):.1f},{y(v):.1f}" for j, v in enumerate(p["prompt_tokens"]))
-        parts.append(f'<polyline class="profile" data-profile="{html.escape(p["profile"])}" fill="none" stroke="{color}" stroke-width="1.6" points="{points}"/>')
+        parts.append(
+            f'<polyline class="profile" data-profile="{html.escape(p["profile"])}" fill="none" stroke="{color}" stroke-width="1.6" points="{points}"/>'
+        )
         parts.append(f'<rect x="{left + 10}" y="{top + 8 + 16 * i}" width="12" height="4" fill="{color}"/>')
         parts.append(f'<text x="{left + 28}" y="{top + 13 + 16 * i}" font-size="12">{html.escape(p["profile"])}</text>')
     parts.append("</svg>")

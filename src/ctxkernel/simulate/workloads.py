@@ -20,10 +20,46 @@ from .recording import AssistantItem, Item, Recording, RecordingError, ToolResul
 
 _MODEL = Source(kind="model", provider="synthetic", model="synthetic-agent")
 
-_NOUNS = ("parser", "token", "buffer", "record", "schema", "cursor", "header", "frame", "index", "cache",
-          "window", "segment", "packet", "ledger", "route", "policy", "batch", "stream", "node", "table")
-_VERBS = ("parse", "load", "emit", "merge", "split", "render", "check", "flush", "resolve", "encode",
-          "decode", "scan", "apply", "build", "clamp", "align")
+_NOUNS = (
+    "parser",
+    "token",
+    "buffer",
+    "record",
+    "schema",
+    "cursor",
+    "header",
+    "frame",
+    "index",
+    "cache",
+    "window",
+    "segment",
+    "packet",
+    "ledger",
+    "route",
+    "policy",
+    "batch",
+    "stream",
+    "node",
+    "table",
+)
+_VERBS = (
+    "parse",
+    "load",
+    "emit",
+    "merge",
+    "split",
+    "render",
+    "check",
+    "flush",
+    "resolve",
+    "encode",
+    "decode",
+    "scan",
+    "apply",
+    "build",
+    "clamp",
+    "align",
+)
 _MODULES = ("parser", "lexer", "schema", "cache", "router", "ledger", "stream", "render", "config", "cli")
 
 _TASK = (
@@ -55,15 +91,20 @@ def _source_file(rng: random.Random, module: str, functions: int) -> str:
         for _ in range(rng.randint(4, 14)):
             var = rng.choice(_NOUNS)
             op = rng.choice(("+", "-", "*", "//", "%", "^"))
-            lines.append(f"    {var}_{rng.randint(0, 9)} = len({arg}) {op} {rng.randint(1, 997)}  # {rng.choice(_VERBS)} step")
+            lines.append(
+                f"    {var}_{rng.randint(0, 9)} = len({arg}) {op} {rng.randint(1, 997)}  # {rng.choice(_VERBS)} step"
+            )
         lines.append(f"    return [b for b in {arg}[:limit] if b {rng.choice(('<', '>', '!='))} {rng.randint(0, 255)}]")
         lines.append("")
     return "\n".join(lines)
 
 
 def _test_output(rng: random.Random, failing: int, total: int) -> str:
-    lines = ["============================= test session starts ==============================",
-             f"collected {total} items", ""]
+    lines = [
+        "============================= test session starts ==============================",
+        f"collected {total} items",
+        "",
+    ]
     failures = set(rng.sample(range(total), failing)) if failing else set()
     for i in range(total):
         module = rng.choice(_MODULES)
@@ -100,7 +141,11 @@ def coding_long(seed: int = 7, *, turns: int = 6, steps_per_turn: int = 55) -> R
             roll = rng.random()
             module = rng.choice(_MODULES)
             if roll < 0.34:
-                block = call("read_file", {"path": f"src/app/{module}.py"}, "Let me look at the current code." if step % 9 == 0 else "")
+                block = call(
+                    "read_file",
+                    {"path": f"src/app/{module}.py"},
+                    "Let me look at the current code." if step % 9 == 0 else "",
+                )
                 items.append(ToolResultItem(block.id, _source_file(rng, module, rng.randint(4, 14)), name="read_file"))
             elif roll < 0.52:
                 failing = max(0, failing + rng.choice((-1, -1, 0, 1)))
@@ -122,13 +167,22 @@ def coding_long(seed: int = 7, *, turns: int = 6, steps_per_turn: int = 55) -> R
             else:
                 # a batch of two reads in one reply: results are committed in the model's order
                 a = ToolCallBlock(f"call_{call_no + 1:04d}", "read_file", {"path": f"tests/test_{module}.py"})
-                b = ToolCallBlock(f"call_{call_no + 2:04d}", "read_file", {"path": f"src/app/{rng.choice(_MODULES)}.py"})
+                b = ToolCallBlock(
+                    f"call_{call_no + 2:04d}", "read_file", {"path": f"src/app/{rng.choice(_MODULES)}.py"}
+                )
                 call_no += 2
-                items.append(AssistantItem(Message.assistant("Comparing the test with the code.", [a, b], source=_MODEL)))
+                items.append(
+                    AssistantItem(Message.assistant("Comparing the test with the code.", [a, b], source=_MODEL))
+                )
                 items.append(ToolResultItem(a.id, _source_file(rng, module, rng.randint(3, 10)), name="read_file"))
                 items.append(ToolResultItem(b.id, _source_file(rng, module, rng.randint(3, 10)), name="read_file"))
         items.append(
-            AssistantItem(Message.assistant(f"Turn {turn + 1} done: {failing} tests still failing; next I will continue with the stream reader.", source=_MODEL))
+            AssistantItem(
+                Message.assistant(
+                    f"Turn {turn + 1} done: {failing} tests still failing; next I will continue with the stream reader.",
+                    source=_MODEL,
+                )
+            )
         )
     return Recording(items, {"kind": "workload", "workload": "coding-long", "seed": seed})
 

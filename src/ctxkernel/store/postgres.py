@@ -136,9 +136,7 @@ class PostgresStore:
                         conn.execute(statement)
                     row = conn.execute("SELECT value FROM ctxkernel_meta WHERE name = 'schema_version'").fetchone()
                     if row is None:
-                        conn.execute(
-                            "INSERT INTO ctxkernel_meta VALUES ('schema_version', %s)", (str(SCHEMA_VERSION),)
-                        )
+                        conn.execute("INSERT INTO ctxkernel_meta VALUES ('schema_version', %s)", (str(SCHEMA_VERSION),))
                     elif int(row[0]) > SCHEMA_VERSION:
                         msg = (
                             f"postgres store {self.where}: schema version {row[0]} is newer than this ctxkernel "
@@ -183,7 +181,7 @@ class PostgresStore:
         return decode_header(rows[0][0], f"postgres store {self.where}: session {session_id}")
 
     def list_sessions(self) -> list[str]:
-        return [row[0] for row in self._query("SELECT id FROM ctxkernel_sessions ORDER BY id COLLATE \"C\"")]
+        return [row[0] for row in self._query('SELECT id FROM ctxkernel_sessions ORDER BY id COLLATE "C"')]
 
     # -- reading ---------------------------------------------------------------------------------
     def next_seq(self, session_id: str) -> int:
@@ -209,9 +207,7 @@ class PostgresStore:
 
     def repair(self, session_id: str) -> RepairReport:
         next_seq = self.next_seq(session_id)
-        count, top = self._query(
-            "SELECT count(*), max(seq) FROM ctxkernel_events WHERE session = %s", (session_id,)
-        )[0]
+        count, top = self._query("SELECT count(*), max(seq) FROM ctxkernel_events WHERE session = %s", (session_id,))[0]
         return check_bookkeeping(next_seq, count, top, f"postgres store {self.where}: session {session_id}")
 
     # -- writing ---------------------------------------------------------------------------------
@@ -274,7 +270,7 @@ class PostgresStore:
 
     def kv_list(self, namespace: str, prefix: str = "") -> dict[str, Any]:
         rows = self._query(
-            "SELECT key, value FROM ctxkernel_kv WHERE namespace = %s AND left(key, %s) = %s ORDER BY key COLLATE \"C\"",
+            'SELECT key, value FROM ctxkernel_kv WHERE namespace = %s AND left(key, %s) = %s ORDER BY key COLLATE "C"',
             (check_kv_name("namespace", namespace), len(prefix), prefix),
         )
         where = f"postgres store {self.where}: key-value {namespace}"

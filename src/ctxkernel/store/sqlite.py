@@ -293,4 +293,3 @@ class SqliteStore:
                 self._db.close()
             except sqlite3.Error:
                 pass
-

@@ -75,8 +75,14 @@ def prepare(
             return handle
 
         prose, n_artifacts = render_range(
-            session.events, plan.start_seq, plan.end_seq, count=count,
-            floor_tokens=settings.tool_result_defer_floor_tokens, defer=defer, toc_marker=TOC_OPEN, keep=keep,
+            session.events,
+            plan.start_seq,
+            plan.end_seq,
+            count=count,
+            floor_tokens=settings.tool_result_defer_floor_tokens,
+            defer=defer,
+            toc_marker=TOC_OPEN,
+            keep=keep,
         )
         heading = " ".join(plan.title.split()) or f"Chapter {number}"
         body = f"# {heading}\n\n{prose}"
@@ -86,8 +92,15 @@ def prepare(
         path = f"{root}/chapters/{name}.md"
         created = utc_now()
         text, digest = render_chapter_file(
-            chapter=name, title=plan.title, session=session.id, root=root, seq_range=(plan.start_seq, plan.end_seq),
-            tokens=tokens, generated_at=created, artifacts=n_artifacts, body=body,
+            chapter=name,
+            title=plan.title,
+            session=session.id,
+            root=root,
+            seq_range=(plan.start_seq, plan.end_seq),
+            tokens=tokens,
+            generated_at=created,
+            artifacts=n_artifacts,
+            body=body,
         )
         record = {
             "id": f"{session.id}/{number}",
@@ -128,10 +141,16 @@ def read_verified(archive: Path, record: dict[str, Any]) -> ChapterFile:
     """The chapter, after checking its body against the registry's sha256; raises
     :class:`disk.IntegrityError` for a changed file (it is reported, never served)."""
     raw = disk.read_bytes(archive, record["path"])
-    return parse_chapter(raw.decode("utf-8", errors="replace"), where=f"chapter {record['id']} ({record['path']})", expect_sha256=record["sha256"])
+    return parse_chapter(
+        raw.decode("utf-8", errors="replace"),
+        where=f"chapter {record['id']} ({record['path']})",
+        expect_sha256=record["sha256"],
+    )
 
 
-def verified(archive: Path, records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str]]]:
+def verified(
+    archive: Path, records: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str]]]:
     """The records whose files pass the integrity check, and each that does not with the reason:
     a chapter is verified before it is cited in a table of contents."""
     ok: list[dict[str, Any]] = []

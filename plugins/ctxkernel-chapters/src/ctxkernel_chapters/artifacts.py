@@ -62,7 +62,9 @@ def toc(text: str, *, max_entries: int = 60) -> str:
     picks = []
     for i, line in enumerate(lines, 1):
         stripped = line.strip()
-        if re.match(r"^(#{1,6} |[A-Z][A-Za-z ]{2,40}:$|={3,}|-{3,}|diff --git|@@ |Traceback|[A-Za-z_./-]+\.\w+:\d+)", stripped):
+        if re.match(
+            r"^(#{1,6} |[A-Z][A-Za-z ]{2,40}:$|={3,}|-{3,}|diff --git|@@ |Traceback|[A-Za-z_./-]+\.\w+:\d+)", stripped
+        ):
             picks.append(f"{i}: {stripped[:160]}")
     if not picks:  # no structure: every nth line
         step = max(1, len(lines) // max_entries)
@@ -88,5 +90,9 @@ def page(text: str, offset: int, limit: int) -> str:
     chunk = lines[offset : offset + limit]
     body = "\n".join(f"{offset + i + 1}: {line}" for i, line in enumerate(chunk))
     nxt = offset + len(chunk)
-    tail = f"\n(lines {offset + 1}-{nxt} of {len(lines)}; next page: offset={nxt})" if nxt < len(lines) else f"\n(end: {len(lines)} lines)"
+    tail = (
+        f"\n(lines {offset + 1}-{nxt} of {len(lines)}; next page: offset={nxt})"
+        if nxt < len(lines)
+        else f"\n(end: {len(lines)} lines)"
+    )
     return body + tail

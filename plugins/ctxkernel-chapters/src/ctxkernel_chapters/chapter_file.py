@@ -78,8 +78,16 @@ def body_sha256(body: str) -> str:
 
 
 def render_chapter_file(
-    *, chapter: str, title: str, session: str, root: str, seq_range: tuple[int, int], tokens: int,
-    generated_at: str, artifacts: int, body: str,
+    *,
+    chapter: str,
+    title: str,
+    session: str,
+    root: str,
+    seq_range: tuple[int, int],
+    tokens: int,
+    generated_at: str,
+    artifacts: int,
+    body: str,
 ) -> tuple[str, str]:
     """The file text and the body's sha256."""
     digest = body_sha256(body)
@@ -94,7 +102,9 @@ def render_chapter_file(
         "generatedAt": _Quoted(generated_at),
         "artifacts": int(artifacts),
     }
-    head = yaml.dump(front, Dumper=_Dumper, allow_unicode=True, sort_keys=False, width=float("inf"), default_flow_style=None)
+    head = yaml.dump(
+        front, Dumper=_Dumper, allow_unicode=True, sort_keys=False, width=float("inf"), default_flow_style=None
+    )
     return f"---\n{head}---\n{body}", digest
 
 

@@ -29,10 +29,16 @@ def register(sub: Any) -> None:
     s.add_argument("session")
     s.add_argument("--profile", default=None)
     s.add_argument(
-        "--target", type=_target_tokens, default=None, help="tokens per chapter (default: the profile's chapter_token_target)"
+        "--target",
+        type=_target_tokens,
+        default=None,
+        help="tokens per chapter (default: the profile's chapter_token_target)",
     )
-    s.add_argument("--model-titles", action="store_true",
-                   help="ask the profile's [summarizer] model for titles and summaries (the session's prompt is the cached prefix)")
+    s.add_argument(
+        "--model-titles",
+        action="store_true",
+        help="ask the profile's [summarizer] model for titles and summaries (the session's prompt is the cached prefix)",
+    )
     s.set_defaults(func=cmd_segment)
 
 
@@ -99,23 +105,38 @@ def cmd_segment(args: argparse.Namespace) -> int:
     ceiling = plugin.archive_ceiling(session)
     top = -1 if ceiling is None else ceiling
     plans = propose_chapters(
-        session.events, floor, top, count=session.meter.count_text,
-        target_tokens=args.target or settings.chapter_token_target, floor_tokens=settings.tool_result_defer_floor_tokens,
+        session.events,
+        floor,
+        top,
+        count=session.meter.count_text,
+        target_tokens=args.target or settings.chapter_token_target,
+        floor_tokens=settings.tool_result_defer_floor_tokens,
     )
     usage = None
     if args.model_titles and plans:
         model = kernel.summarizer
         if model is None:
-            sys.stderr.write("--model-titles needs a [summarizer] model in the profile (kind = \"openai\")\n")
+            sys.stderr.write('--model-titles needs a [summarizer] model in the profile (kind = "openai")\n')
             return 1
         plans, usage = _titles(session, settings, plans, model)
-    _dump({
-        "session": session.id,
-        "usage": usage,
-        "floor": floor,
-        "ceiling": ceiling,
-        "chapters": [{"start_seq": p.start_seq, "end_seq": p.end_seq, "title": p.title, "summary": p.summary, "tokens": p.tokens} for p in plans],
-    })
+    _dump(
+        {
+            "session": session.id,
+            "usage": usage,
+            "floor": floor,
+            "ceiling": ceiling,
+            "chapters": [
+                {
+                    "start_seq": p.start_seq,
+                    "end_seq": p.end_seq,
+                    "title": p.title,
+                    "summary": p.summary,
+                    "tokens": p.tokens,
+                }
+                for p in plans
+            ],
+        }
+    )
     return 0
 
 
@@ -126,7 +147,10 @@ def _titles(session: Any, settings: Any, plans: list[Any], model: Any) -> tuple[
     header = next((e for e in reversed(session.events) if e.type == "request/header"), None)
     system, tools = (header.data["system"], header.data["tools"]) if header else ("", [])
     # rendered in memory with placeholder numbers: nothing is written
-    bodies = [p.text.split("\n---\n", 1)[1] for p in prepare(session, settings, plans, list(range(1, len(plans) + 1)), root="preview", status="preview")]
+    bodies = [
+        p.text.split("\n---\n", 1)[1]
+        for p in prepare(session, settings, plans, list(range(1, len(plans) + 1)), root="preview", status="preview")
+    ]
     return model_titles(plans, bodies, model, system=system, tools=tools)
 
 

@@ -92,7 +92,11 @@ def pre_step(session: Session, step: StepContext) -> None:
         compact_in_place(session, int(settings.retain_ratio * pressure.effective_window), reason="pressure")
         pressure = session.pressure()
         state(session)
-    if pressure.ratio >= settings.pressure_suggestion_ratio and not st["suggested"] and archive_ceiling(session) is not None:
+    if (
+        pressure.ratio >= settings.pressure_suggestion_ratio
+        and not st["suggested"]
+        and archive_ceiling(session) is not None
+    ):
         STRATEGY.on(session).remind(step, suggestion(session, settings, pressure.ratio))
         st["suggested"] = True  # the notice is written right after; state() would see it too
 
@@ -180,14 +184,20 @@ def compact_in_place(session: Session, keep_tokens: int, *, reason: str) -> bool
             boundary = (min(later) - 1) if later else len(session.events) - 1
             floor = archived_through(session, registry) + 1
             plans = propose_chapters(
-                session.events, floor, boundary, count=session.meter.count_text,
-                target_tokens=settings.chapter_token_target, floor_tokens=settings.tool_result_defer_floor_tokens,
+                session.events,
+                floor,
+                boundary,
+                count=session.meter.count_text,
+                target_tokens=settings.chapter_token_target,
+                floor_tokens=settings.tool_result_defer_floor_tokens,
             )
             if len(numbers) < len(plans):
                 numbers += registry.allocate(root, len(plans) - len(numbers))
             archive.remove(where, records)  # an earlier attempt's files
             records = []
-            prepared = archive.prepare(session, settings, plans, numbers[: len(plans)], root=root, status="pending", plan_id=plan_id)
+            prepared = archive.prepare(
+                session, settings, plans, numbers[: len(plans)], root=root, status="pending", plan_id=plan_id
+            )
             records = [p.record for p in prepared]
             archive.publish(where, prepared)
             region_tokens = sum(session.meter.node_tokens(n) for n in nodes)
@@ -215,15 +225,29 @@ def compact_in_place(session: Session, keep_tokens: int, *, reason: str) -> bool
 
 
 def toc_for_region(
-    session: Session, settings: ChaptersSettings, nodes: list[Any], records: list[dict[str, Any]], boundary: int, region_tokens: int
+    session: Session,
+    settings: ChaptersSettings,
+    nodes: list[Any],
+    records: list[dict[str, Any]],
+    boundary: int,
+    region_tokens: int,
 ) -> str:
     """Earlier tables of contents in the region merged with this session's chapters up to ``boundary``."""
     previous = [n.message.text for n in nodes if is_chapters_toc(n)]
     # prose another strategy's checkpoint carried (a summary) is carried forward, never dropped
-    extra = [n.message.text for n in nodes if n.role == "user" and n.message.source.kind == "plugin"
-             and n.event.surface.get("op") == "replace" and not is_chapters_toc(n)]
-    own = [r for r in Registry(session.store).records(session.id)
-           if r.get("status") == "final" and r["start_seq"] <= boundary]
+    extra = [
+        n.message.text
+        for n in nodes
+        if n.role == "user"
+        and n.message.source.kind == "plugin"
+        and n.event.surface.get("op") == "replace"
+        and not is_chapters_toc(n)
+    ]
+    own = [
+        r
+        for r in Registry(session.store).records(session.id)
+        if r.get("status") == "final" and r["start_seq"] <= boundary
+    ]
     cited: dict[str, str] = {}
     for text in previous:
         cited.update(toc.parse(text).bullets)
@@ -242,8 +266,13 @@ def toc_for_region(
     own = [r for r in own if listed(r)] + checked
     extra += [f"Not cited (integrity check failed): {reason}" for _, reason in refused]
     first = min((r["start_seq"] for r in records), default=boundary + 1)
-    merged = toc.merged(previous, [*own, *records], archive.archive_label(settings), extra,
-                        instructions=user_instructions(session, first, boundary))
+    merged = toc.merged(
+        previous,
+        [*own, *records],
+        archive.archive_label(settings),
+        extra,
+        instructions=user_instructions(session, first, boundary),
+    )
     # the table of contents must cost less than the region it replaces (the shrink check): in a
     # small window the oldest bullets give up their summaries first (the manifest keeps them)
     budget = min(settings.toc_bullet_budget_tokens, max(50, region_tokens // 3))
@@ -253,7 +282,13 @@ def toc_for_region(
 
 
 def finalize(
-    session: Session, registry: Registry, where: Any, plan_id: str, numbers: list[int], root: str, records: list[dict[str, Any]]
+    session: Session,
+    registry: Registry,
+    where: Any,
+    plan_id: str,
+    numbers: list[int],
+    root: str,
+    records: list[dict[str, Any]],
 ) -> None:
     """Settle the plan from the log, on the success and the failure path alike: the committed
     chapters are written to the registry as final records, the files of any other are deleted."""
@@ -391,21 +426,31 @@ def validate_profile(profile: Profile, report: Any) -> None:
             reason = check_writable(root)
             if reason:
                 problems += 1
-                report.fail("strategy", NAME, f"archive root {root} is not writable ({reason}). Fix: set [strategies.chapters] archive_root to a writable folder")
+                report.fail(
+                    "strategy",
+                    NAME,
+                    f"archive root {root} is not writable ({reason}). Fix: set [strategies.chapters] archive_root to a writable folder",
+                )
             else:
                 report.ok("strategy", NAME, f"archive root {root} is writable")
         threshold = settings.artifact_threshold(effective)
         retain = int(settings.retain_ratio * effective)
         checks = [
-            (settings.chapter_token_target >= effective,
-             f"chapter_token_target {settings.chapter_token_target} is not below the effective window {effective} of {label}. Fix: lower chapter_token_target in a model policy"),
-            (settings.toc_bullet_budget_tokens > settings.continuation_budget_ratio * effective,
-             f"toc_bullet_budget_tokens {settings.toc_bullet_budget_tokens} exceeds the continuation budget "
-             f"({settings.continuation_budget_ratio} x {effective} = {int(settings.continuation_budget_ratio * effective)}) of {label}: "
-             "a table of contents could never fit. Fix: lower toc_bullet_budget_tokens or raise continuation_budget_ratio"),
-            (threshold + retain >= int(settings.compact_at_ratio * effective),
-             f"the artifact band ({threshold} tokens) plus the kept tail ({retain}) reach compact_at_ratio of the window "
-             f"{effective} of {label}: one result could force a compaction that cannot shrink. Fix: lower tool_result_artifact_tokens or retain_ratio"),
+            (
+                settings.chapter_token_target >= effective,
+                f"chapter_token_target {settings.chapter_token_target} is not below the effective window {effective} of {label}. Fix: lower chapter_token_target in a model policy",
+            ),
+            (
+                settings.toc_bullet_budget_tokens > settings.continuation_budget_ratio * effective,
+                f"toc_bullet_budget_tokens {settings.toc_bullet_budget_tokens} exceeds the continuation budget "
+                f"({settings.continuation_budget_ratio} x {effective} = {int(settings.continuation_budget_ratio * effective)}) of {label}: "
+                "a table of contents could never fit. Fix: lower toc_bullet_budget_tokens or raise continuation_budget_ratio",
+            ),
+            (
+                threshold + retain >= int(settings.compact_at_ratio * effective),
+                f"the artifact band ({threshold} tokens) plus the kept tail ({retain}) reach compact_at_ratio of the window "
+                f"{effective} of {label}: one result could force a compaction that cannot shrink. Fix: lower tool_result_artifact_tokens or retain_ratio",
+            ),
         ]
         for failed, message in checks:
             if failed:

@@ -88,15 +88,19 @@ class Registry:
         # sorted by number, not key: the padding orders keys only up to 999,999 chapters
         return sorted(self.store.kv_list(NAMESPACE, f"records/{session_id}/").values(), key=lambda r: r["number"])
 
-    def add_final(self, session_id: str, records: list[dict[str, Any]], *, next_chapter: int | None = None) -> dict[str, Any]:
+    def add_final(
+        self, session_id: str, records: list[dict[str, Any]], *, next_chapter: int | None = None
+    ) -> dict[str, Any]:
         """Write final records (one write each), then the session state that counts them."""
         for record in records:
             self.store.kv_put(NAMESPACE, record_key(session_id, record["number"]), record)
         state = self.ensure(session_id)
         if records:
             state["archived_through"] = max([state.get("archived_through", -1), *(r["end_seq"] for r in records)])
-        state["next_chapter"] = max([state.get("next_chapter", 1), *(r["number"] + 1 for r in records)]
-                                    + ([next_chapter] if next_chapter is not None else []))
+        state["next_chapter"] = max(
+            [state.get("next_chapter", 1), *(r["number"] + 1 for r in records)]
+            + ([next_chapter] if next_chapter is not None else [])
+        )
         self.put(session_id, state)
         return state
 
@@ -143,7 +147,9 @@ class Registry:
         return (self.store.kv_get(NAMESPACE, f"roots/{root}") or {"next_chapter": 1})["next_chapter"]
 
 
-def new_state(session_id: str, *, parent: str | None, root: str, origin: str, next_chapter: int, title: str = "") -> dict[str, Any]:
+def new_state(
+    session_id: str, *, parent: str | None, root: str, origin: str, next_chapter: int, title: str = ""
+) -> dict[str, Any]:
     return {
         "session": session_id,
         "parent": parent,
@@ -175,7 +181,20 @@ def manifest(store: Any, session_id: str) -> dict[str, Any]:
                 "created": state.get("created"),
                 "children": state.get("children", []),
                 "chapters": [
-                    {k: r.get(k) for k in ("id", "title", "path", "start_seq", "end_seq", "tokens", "sha256", "status", "summary")}
+                    {
+                        k: r.get(k)
+                        for k in (
+                            "id",
+                            "title",
+                            "path",
+                            "start_seq",
+                            "end_seq",
+                            "tokens",
+                            "sha256",
+                            "status",
+                            "summary",
+                        )
+                    }
                     for r in registry.records(sid)
                 ],
             }

@@ -48,7 +48,10 @@ def render_event(
         cites = (event.surface or {}).get("cites") or []
         by = message.source.plugin or "?"
         span = f"{cites[0]}–{cites[-1]}" if cites else "?"
-        return f"*(#{event.seq}: checkpoint by {by} replacing seqs {span}; the replaced events are rendered at their own seqs)*\n", 0
+        return (
+            f"*(#{event.seq}: checkpoint by {by} replacing seqs {span}; the replaced events are rendered at their own seqs)*\n",
+            0,
+        )
     if t == "user/message":
         src = message.source
         if src.kind == "user":
@@ -66,7 +69,9 @@ def render_event(
         for call in message.tool_calls:
             args = orjson.dumps(call.arguments).decode()
             if len(args) > ARGS_INLINE_CHARS:
-                args = args[:ARGS_INLINE_CHARS] + f"… ({len(args)} chars; the full call is in the log at seq {event.seq})"
+                args = (
+                    args[:ARGS_INLINE_CHARS] + f"… ({len(args)} chars; the full call is in the log at seq {event.seq})"
+                )
             prefix = "" if text or len(parts) else f"**Assistant** #{event.seq}: "
             parts.append(f"{prefix}→ `{call.name}` {args}")
         return "\n".join(parts) + "\n", 0

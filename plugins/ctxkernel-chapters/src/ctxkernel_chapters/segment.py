@@ -69,13 +69,17 @@ def describe(events: Sequence[Event], start: int, end: int) -> tuple[str, str]:
     if tools:
         parts.append("tools: " + ", ".join(f"{k}×{v}" for k, v in list(tools.items())[:8]))
     if files:
-        parts.append("files: " + ", ".join(_clip(f, 60) for f in files[:6]) + (f" (+{len(files) - 6})" if len(files) > 6 else ""))
+        parts.append(
+            "files: " + ", ".join(_clip(f, 60) for f in files[:6]) + (f" (+{len(files) - 6})" if len(files) > 6 else "")
+        )
     if last_text and last_text != first_user:
         parts.append(f"last: {_clip(last_text, 140)}")
     return title, "; ".join(parts) or f"events {start}–{end} (no messages)"
 
 
-def event_tokens(events: Sequence[Event], start: int, end: int, *, count: Count, floor_tokens: int, root: str = "x") -> list[int]:
+def event_tokens(
+    events: Sequence[Event], start: int, end: int, *, count: Count, floor_tokens: int, root: str = "x"
+) -> list[int]:
     """Tokens each event contributes to a chapter body (artifacts counted as their handle line)."""
     defer = hash_only(root)
     out = []
@@ -131,12 +135,18 @@ TITLE_DIRECTIVE = (
 )
 
 
-def model_titles(plans: list[ChapterPlan], bodies: list[str], model: Any, *, system: str, tools: list[dict[str, Any]]) -> tuple[list[ChapterPlan], dict[str, int] | None]:
+def model_titles(
+    plans: list[ChapterPlan], bodies: list[str], model: Any, *, system: str, tools: list[dict[str, Any]]
+) -> tuple[list[ChapterPlan], dict[str, int] | None]:
     """Ask ``model`` for titles and summaries; the session's system prompt and tools come first
     (the cached prefix), the chapter texts and the directive last. Falls back to the
     deterministic titles for any entry the model does not answer properly."""
-    messages = [Message.user(f"Chapter {i + 1} (events {p.start_seq}–{p.end_seq}):\n{b}", Source.plugin_form("chapters", "segment"))
-                for i, (p, b) in enumerate(zip(plans, bodies, strict=True))]
+    messages = [
+        Message.user(
+            f"Chapter {i + 1} (events {p.start_seq}–{p.end_seq}):\n{b}", Source.plugin_form("chapters", "segment")
+        )
+        for i, (p, b) in enumerate(zip(plans, bodies, strict=True))
+    ]
     messages.append(Message.user(TITLE_DIRECTIVE, Source.plugin_form("chapters", "directive")))
     reply = model.complete(messages, system=system, tools=tools)
     text = reply.message.text.strip()
@@ -149,6 +159,10 @@ def model_titles(plans: list[ChapterPlan], bodies: list[str], model: Any, *, sys
     for i, plan in enumerate(plans):
         answer = answers[i] if i < len(answers) and isinstance(answers[i], dict) else {}
         title = answer.get("title") if isinstance(answer.get("title"), str) and answer["title"].strip() else plan.title
-        summary = answer.get("summary") if isinstance(answer.get("summary"), str) and answer["summary"].strip() else plan.summary
+        summary = (
+            answer.get("summary")
+            if isinstance(answer.get("summary"), str) and answer["summary"].strip()
+            else plan.summary
+        )
         out.append(replace(plan, title=_clip(str(title), 80), summary=_clip(str(summary), 400)))
     return out, reply.usage

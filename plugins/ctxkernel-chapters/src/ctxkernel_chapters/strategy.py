@@ -33,15 +33,17 @@ def state(session: Session) -> dict[str, Any]:
     """The handle's state, brought up to date with the events appended since last time."""
     st = STRATEGY.on(session).state
     if not st:
-        st.update({
-            "cursor": 0,
-            "artifact_done": set(),  # tool result seqs already moved to the artifact store
-            "candidates": [],  # tool result seqs not yet checked for the artifact band
-            "suggested": False,
-            "overflow_streak": 0,
-            "compactions": 0,
-            "continued_in": None,
-        })
+        st.update(
+            {
+                "cursor": 0,
+                "artifact_done": set(),  # tool result seqs already moved to the artifact store
+                "candidates": [],  # tool result seqs not yet checked for the artifact band
+                "suggested": False,
+                "overflow_streak": 0,
+                "compactions": 0,
+                "continued_in": None,
+            }
+        )
     events = session.events
     for event in events[st["cursor"] :]:
         t = event.type

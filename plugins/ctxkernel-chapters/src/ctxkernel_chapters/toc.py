@@ -62,7 +62,7 @@ def bullet(record: dict[str, Any], archive_label: str, *, with_summary: bool = T
     # the seqs or token count after it, nor close the table of contents
     title = attr(" ".join(str(record.get("title", "")).split())[:100])
     line = (
-        f"- [{archive_label}/{record['path']}] {record['number']:03d} \"{title}\" · "
+        f'- [{archive_label}/{record["path"]}] {record["number"]:03d} "{title}" · '
         f"seqs {record['start_seq']}–{record['end_seq']} · {record['tokens']} tokens"
     )
     summary = guard(" ".join(str(record.get("summary", "")).split()), *FRAMES)
@@ -128,7 +128,9 @@ def _fold_line(folder: str, lo: int, hi: int, count: int) -> str:
     )
 
 
-def _fit(entries: list[tuple[str, str]], count: Callable[[str], int], budget: int) -> tuple[list[tuple[str, str]], int, int]:
+def _fit(
+    entries: list[tuple[str, str]], count: Callable[[str], int], budget: int
+) -> tuple[list[tuple[str, str]], int, int]:
     """Bring the bullets under ``budget``: the oldest lose their summaries first, then the oldest
     fold into one line per folder (number range and count). Returns (entries, shortened, folded)."""
     entries = list(entries)
@@ -176,7 +178,9 @@ def _quote(text: str) -> str:
     return "\n".join(f"> {line}" if line else ">" for line in guard(text, *FRAMES).splitlines())
 
 
-def _pick_instructions(instructions: list[str], count: Callable[[str], int] | None, budget: int | None) -> tuple[list[str], int]:
+def _pick_instructions(
+    instructions: list[str], count: Callable[[str], int] | None, budget: int | None
+) -> tuple[list[str], int]:
     """The newest instructions that fit ``budget`` (all without a budget), in their order."""
     if count is None or budget is None:
         return list(instructions), 0
@@ -192,7 +196,11 @@ def _pick_instructions(instructions: list[str], count: Callable[[str], int] | No
 
 
 def render(
-    toc: Toc, *, handoff: str = "", count: Callable[[str], int] | None = None, bullet_budget: int | None = None,
+    toc: Toc,
+    *,
+    handoff: str = "",
+    count: Callable[[str], int] | None = None,
+    bullet_budget: int | None = None,
     instruction_budget: int | None = None,
 ) -> tuple[str, int]:
     """The table-of-contents text, and how many bullets were shortened or folded to fit the budget.
@@ -207,7 +215,9 @@ def render(
     parts = [TOC_OPEN, INTRO, "", CHAPTERS]
     parts += lines or ["(no chapters yet)"]
     if shortened or folded:
-        parts.append(f"({shortened} bullet(s) shortened, {folded} folded to fit the bullet budget; the manifest keeps every summary)")
+        parts.append(
+            f"({shortened} bullet(s) shortened, {folded} folded to fit the bullet budget; the manifest keeps every summary)"
+        )
     instructions, left_out = _pick_instructions(toc.instructions, count, instruction_budget)
     if instructions:
         parts += ["", INSTRUCTIONS, "\n\n".join(_quote(t) for t in instructions)]
@@ -237,7 +247,10 @@ def in_fold(folds: dict[str, tuple[int, int]], key: str, number: int) -> bool:
 
 
 def merged(
-    previous: Iterable[str], records: Iterable[dict[str, Any]], archive_label: str, extra_prose: Iterable[str] = (),
+    previous: Iterable[str],
+    records: Iterable[dict[str, Any]],
+    archive_label: str,
+    extra_prose: Iterable[str] = (),
     instructions: Iterable[str] = (),
 ) -> Toc:
     """A table of contents from earlier ones (texts) plus chapter records, bullets keyed by path."""

@@ -66,13 +66,22 @@ class ChapterRange(_Args):
     end_seq: Seq = Field(description="inclusive")
     title: str = Field(min_length=1, max_length=300)
     summary: str = Field(default="", max_length=2000)
-    keep_inline: list[Seq] = Field(default_factory=list, max_length=KEEP_INLINE_CAP, description="tool result seqs kept inline, not as artifacts")
+    keep_inline: list[Seq] = Field(
+        default_factory=list, max_length=KEEP_INLINE_CAP, description="tool result seqs kept inline, not as artifacts"
+    )
 
 
 class ContinueArgs(_Args):
     title: str = Field(min_length=1, max_length=300)
-    handoff_note: str = Field(min_length=1, max_length=HANDOFF_NOTE_CHARS, description="in progress, decisions held, next step; budget-checked, never truncated")
-    chapters: list[ChapterRange] = Field(max_length=CHAPTERS_CAP, description="event ranges: ascending, contiguous, from the first unarchived event to the last turn/end")
+    handoff_note: str = Field(
+        min_length=1,
+        max_length=HANDOFF_NOTE_CHARS,
+        description="in progress, decisions held, next step; budget-checked, never truncated",
+    )
+    chapters: list[ChapterRange] = Field(
+        max_length=CHAPTERS_CAP,
+        description="event ranges: ascending, contiguous, from the first unarchived event to the last turn/end",
+    )
 
 
 class ForkArgs(_Args):
@@ -106,7 +115,11 @@ def check_ranges(ranges: list[ChapterRange], floor: int, ceiling: int | None) ->
     top = -1 if ceiling is None else ceiling
     if top < floor:
         if ranges:
-            what = "there is no completed turn yet" if ceiling is None else f"events up to {floor - 1} are already archived and the ceiling is {ceiling}"
+            what = (
+                "there is no completed turn yet"
+                if ceiling is None
+                else f"events up to {floor - 1} are already archived and the ceiling is {ceiling}"
+            )
             return f"nothing can be archived ({what}); pass chapters=[] and put everything in the handoff note"
         return None
     if not ranges:
@@ -165,13 +178,25 @@ def plan_child(session: Session, handoff_note: str, ranges: list[ChapterRange], 
     open_compaction = session.open_compaction
     if open_compaction is not None:
         return f"compaction {open_compaction['compaction_id']} is open since seq {open_compaction['seq']}"
-    plans = [ChapterPlan(r.start_seq, r.end_seq, r.title.strip(), r.summary.strip() or describe(session.events, r.start_seq, r.end_seq)[1], 0) for r in ranges]
+    plans = [
+        ChapterPlan(
+            r.start_seq,
+            r.end_seq,
+            r.title.strip(),
+            r.summary.strip() or describe(session.events, r.start_seq, r.end_seq)[1],
+            0,
+        )
+        for r in ranges
+    ]
     keep = frozenset(s for r in ranges for s in r.keep_inline)
     # numbers are only peeked here: allocation happens once the preflight passed
     first = max(registry.next_number(root), sstate.get("next_chapter", 1))
     numbers = list(range(first, first + len(plans)))
     prepared = archive.prepare(session, settings, plans, numbers, root=root, status="final", keep=keep)
-    seed = Message.user(_seed_toc(session, settings, registry, [p.record for p in prepared], handoff_note, floor, ceiling), Source.plugin_form(NAME, "snapshot"))
+    seed = Message.user(
+        _seed_toc(session, settings, registry, [p.record for p in prepared], handoff_note, floor, ceiling),
+        Source.plugin_form(NAME, "snapshot"),
+    )
     # budget preflight: a share of the window left after the system prompt and tool schemas
     effective = session.model_settings().effective_window
     head = chapters.header_tokens(session)
@@ -188,7 +213,9 @@ def plan_child(session: Session, handoff_note: str, ranges: list[ChapterRange], 
     return ChildPlan(plans, numbers, keep, prepared, seed, toc_tokens, budget)
 
 
-def _create_child(session: Session, args: ContinueArgs | ForkArgs, ranges: list[ChapterRange], *, origin: str) -> ToolOutcome:
+def _create_child(
+    session: Session, args: ContinueArgs | ForkArgs, ranges: list[ChapterRange], *, origin: str
+) -> ToolOutcome:
     plan = plan_child(session, args.handoff_note, ranges, origin=origin)
     if isinstance(plan, str):
         return ToolOutcome(f"chapters_{origin} refused: {plan}. Nothing was written.", is_error=True)
@@ -200,10 +227,19 @@ def _create_child(session: Session, args: ContinueArgs | ForkArgs, ranges: list[
     if plan.plans:
         allocated = registry.allocate(root, len(plan.plans))
         if allocated != plan.numbers:  # another writer took numbers since the peek: render again
-            prepared = archive.prepare(session, settings, plan.plans, allocated, root=root, status="final", keep=plan.keep)
+            prepared = archive.prepare(
+                session, settings, plan.plans, allocated, root=root, status="final", keep=plan.keep
+            )
             seed = Message.user(
-                _seed_toc(session, settings, registry, [p.record for p in prepared], args.handoff_note,
-                          chapters.archived_through(session, registry) + 1, chapters.archive_ceiling(session)),
+                _seed_toc(
+                    session,
+                    settings,
+                    registry,
+                    [p.record for p in prepared],
+                    args.handoff_note,
+                    chapters.archived_through(session, registry) + 1,
+                    chapters.archive_ceiling(session),
+                ),
                 Source.plugin_form(NAME, "snapshot"),
             )
     records = [p.record for p in prepared]
@@ -218,7 +254,10 @@ def _create_child(session: Session, args: ContinueArgs | ForkArgs, ranges: list[
     sstate["children"] = [*sstate.get("children", []), {"session": child_id, "origin": origin, "title": args.title}]
     sstate["next_chapter"] = next_chapter
     registry.put(session.id, sstate)
-    registry.put(child_id, new_state(child_id, parent=session.id, root=root, origin=origin, next_chapter=next_chapter, title=args.title))
+    registry.put(
+        child_id,
+        new_state(child_id, parent=session.id, root=root, origin=origin, next_chapter=next_chapter, title=args.title),
+    )
     child = session.kernel.open_session(child_id, create=True, parent=session.id, origin=f"chapters:{origin}")
     child.add_message(seed)
     if session.harness_tools:
@@ -228,7 +267,10 @@ def _create_child(session: Session, args: ContinueArgs | ForkArgs, ranges: list[
         "session": child_id,
         "origin": origin,
         "title": args.title,
-        "chapters": [{"id": r["id"], "path": r["path"], "seqs": [r["start_seq"], r["end_seq"]], "tokens": r["tokens"]} for r in records],
+        "chapters": [
+            {"id": r["id"], "path": r["path"], "seqs": [r["start_seq"], r["end_seq"]], "tokens": r["tokens"]}
+            for r in records
+        ],
         "toc_tokens": plan.toc_tokens,
         "budget": plan.budget,
     }
@@ -242,8 +284,13 @@ def _create_child(session: Session, args: ContinueArgs | ForkArgs, ranges: list[
 
 
 def _seed_toc(
-    session: Session, settings: ChaptersSettings, registry: Registry, records: list[dict[str, Any]], handoff: str,
-    floor: int, ceiling: int | None,
+    session: Session,
+    settings: ChaptersSettings,
+    registry: Registry,
+    records: list[dict[str, Any]],
+    handoff: str,
+    floor: int,
+    ceiling: int | None,
 ) -> str:
     """Every chapter of the lineage (ancestors' from this session's own tables of contents and the
     registry), this session's carried prose, and the handoff note."""
@@ -255,7 +302,10 @@ def _seed_toc(
         merged.bullets.pop(f"{archive.archive_label(settings)}/{record['path']}", None)
         merged.carry(f"Not cited (integrity check failed): {reason}")
     text, _ = toc.render(
-        merged, handoff=handoff, count=session.meter.count_text, bullet_budget=settings.toc_bullet_budget_tokens,
+        merged,
+        handoff=handoff,
+        count=session.meter.count_text,
+        bullet_budget=settings.toc_bullet_budget_tokens,
         instruction_budget=settings.toc_instruction_budget_tokens,
     )
     return text
@@ -277,8 +327,12 @@ def default_ranges(session: Session) -> list[ChapterRange]:
     if ceiling is None or ceiling < floor:
         return []
     plans = propose_chapters(
-        session.events, floor, ceiling, count=session.meter.count_text,
-        target_tokens=settings.chapter_token_target, floor_tokens=settings.tool_result_defer_floor_tokens,
+        session.events,
+        floor,
+        ceiling,
+        count=session.meter.count_text,
+        target_tokens=settings.chapter_token_target,
+        floor_tokens=settings.tool_result_defer_floor_tokens,
     )
     return [ChapterRange(start_seq=p.start_seq, end_seq=p.end_seq, title=p.title, summary=p.summary) for p in plans]
 
@@ -324,7 +378,10 @@ def chapters_read(session: Session, args: ReadArgs) -> ToolOutcome:
     record = registry.find(session.id, args.chapter.strip())
     if record is None:
         known = [r["id"] for r in registry.lineage_records(session.id)]
-        return ToolOutcome(f"chapters_read: no chapter {args.chapter!r} in this session's lineage; chapters: {known[:50]}", is_error=True)
+        return ToolOutcome(
+            f"chapters_read: no chapter {args.chapter!r} in this session's lineage; chapters: {known[:50]}",
+            is_error=True,
+        )
     try:
         chapter = archive.read_verified(archive.archive_dir(session, settings), record)
     except ArchiveError as exc:
@@ -334,10 +391,14 @@ def chapters_read(session: Session, args: ReadArgs) -> ToolOutcome:
     chunk = lines[args.offset : args.offset + limit]
     nxt = args.offset + len(chunk)
     head = (
-        f"chapter {record['id']} \"{attr(' '.join(chapter.title.split()))}\" · seqs {chapter.seq_range[0]}–{chapter.seq_range[1]} · "
+        f'chapter {record["id"]} "{attr(" ".join(chapter.title.split()))}" · seqs {chapter.seq_range[0]}–{chapter.seq_range[1]} · '
         f"{chapter.tokens} tokens · sha256 verified · artifacts {chapter.artifacts}\n"
     )
-    tail = f"\n(lines {args.offset + 1}-{nxt} of {len(lines)}; next page: offset={nxt})" if nxt < len(lines) else f"\n(end of chapter: {len(lines)} lines)"
+    tail = (
+        f"\n(lines {args.offset + 1}-{nxt} of {len(lines)}; next page: offset={nxt})"
+        if nxt < len(lines)
+        else f"\n(end of chapter: {len(lines)} lines)"
+    )
     return ToolOutcome(head + "\n".join(chunk) + tail)
 
 
@@ -357,7 +418,10 @@ def chapters_search(session: Session, args: SearchArgs) -> ToolOutcome:
             if needle in line.lower():
                 hits.append(f"{record['id']} line {i}: {' '.join(line.split())[:240]}")
     page = hits[args.offset : args.offset + args.limit]
-    out = [f"{len(hits)} match(es) for {args.query!r}" + (f"; showing {args.offset + 1}-{args.offset + len(page)}" if page else "")]
+    out = [
+        f"{len(hits)} match(es) for {args.query!r}"
+        + (f"; showing {args.offset + 1}-{args.offset + len(page)}" if page else "")
+    ]
     out += page
     if args.offset + len(page) < len(hits):
         out.append(f"(next page: offset={args.offset + len(page)})")
@@ -382,7 +446,10 @@ def chapters_artifact(session: Session, args: ArtifactArgs) -> ToolOutcome:
 
         contained(where, handle)  # '..' and absolute paths are refused before anything else
         if not handle.startswith(f"{root}/"):
-            return ToolOutcome(f"chapters_artifact refused: {handle!r} is not an artifact of this session's lineage ({root})", is_error=True)
+            return ToolOutcome(
+                f"chapters_artifact refused: {handle!r} is not an artifact of this session's lineage ({root})",
+                is_error=True,
+            )
         text = artifacts.load(where, handle)
     except ArchiveError as exc:
         return ToolOutcome(f"chapters_artifact refused: {exc}", is_error=True)

@@ -62,12 +62,16 @@ def decorate_message(message: Message, left: int, right: int | None) -> Message 
     if message.role == "tool":
         result = blocks[0]
         assert isinstance(result, ToolResultBlock)
-        return message.with_content([ToolResultBlock(result.call_id, prefix + result.content, result.is_error, result.name)])
+        return message.with_content(
+            [ToolResultBlock(result.call_id, prefix + result.content, result.is_error, result.name)]
+        )
     texts = [i for i, b in enumerate(blocks) if b.type == "text" and (message.role != "assistant" or b.text.strip())]
     if not texts:
         if message.role == "assistant":
             return None
-        return message.with_content([TextBlock(prefix.strip() + (f" {fmt(right)}" if right is not None else "")), *blocks])
+        return message.with_content(
+            [TextBlock(prefix.strip() + (f" {fmt(right)}" if right is not None else "")), *blocks]
+        )
     first, last = texts[0], texts[-1]
     blocks[first] = TextBlock(prefix + blocks[first].text)  # type: ignore[union-attr]
     if right is not None:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 log = get_logger("ctxkernel.decay")
 
+
 @ctxkernel.hookimpl
 def register_strategy(register: Any) -> None:
     register(STRATEGY.spec)
@@ -107,7 +108,9 @@ def decorate_request(session: Session, request: Request) -> None:
     state = current_state(session)
     # decorated copies are reused while a node keeps its anchors: a request costs O(surface)
     # lookups, and only new or re-anchored nodes are rebuilt
-    cache: dict[int, tuple[int, int | None, ctxkernel.Message | None]] = STRATEGY.on(session).state.setdefault("decorated", {})
+    cache: dict[int, tuple[int, int | None, ctxkernel.Message | None]] = STRATEGY.on(session).state.setdefault(
+        "decorated", {}
+    )
     if len(cache) > 2 * len(request.seqs) + 64:
         visible = set(request.seqs)
         for seq in [s for s in cache if s not in visible]:
@@ -124,9 +127,18 @@ def decorate_request(session: Session, request: Request) -> None:
         if hit[2] is not None:
             request.decorate(index, hit[2])
     if settings_of(session).audit:
-        audit(session, {"kind": "request", "turn": request.turn, "step": request.step, "messages": len(request.messages),
-                        "anchors": sum(1 for s in request.seqs if s in state.anchor_of), "blocks": len(state.blocks),
-                        "pressure": request.pressure.to_dict()})
+        audit(
+            session,
+            {
+                "kind": "request",
+                "turn": request.turn,
+                "step": request.step,
+                "messages": len(request.messages),
+                "anchors": sum(1 for s in request.seqs if s in state.anchor_of),
+                "blocks": len(state.blocks),
+                "pressure": request.pressure.to_dict(),
+            },
+        )
 
 
 @ctxkernel.hookimpl
@@ -142,9 +154,17 @@ def commit(session: Session, result: CommitResult) -> None:
     save_snapshot(session, state)
     if settings_of(session).audit:
         blocks = [state.blocks[s.replacement_seq] for s in result.spans if s.replacement_seq in state.blocks]
-        audit(session, {"kind": result.kind, "compaction_id": result.compaction_id, "tokens_before": result.tokens_before,
-                        "tokens_after": result.tokens_after, "cites": result.cites,
-                        "blocks": [{"left": b.left, "right": b.right, "tier": b.tier, "topic": b.topic} for b in blocks]})
+        audit(
+            session,
+            {
+                "kind": result.kind,
+                "compaction_id": result.compaction_id,
+                "tokens_before": result.tokens_before,
+                "tokens_after": result.tokens_after,
+                "cites": result.cites,
+                "blocks": [{"left": b.left, "right": b.right, "tier": b.tier, "topic": b.topic} for b in blocks],
+            },
+        )
 
 
 def audit_path(session: Session) -> Path:
@@ -175,24 +195,43 @@ def project(session: Session) -> dict[str, Any]:
     for node in reversed(session.surface.nodes):  # newest at the top
         left = state.anchor_of.get(node.seq)
         block = state.blocks.get(node.seq)
-        positions.append({
-            "anchor": (f"{fmt(left)}…{fmt(block.right)}" if block and block.right is not None else fmt(left)) if left else None,
-            "seq": node.seq,
-            "role": node.role,
-            "kind": "block" if block else ("unanchored" if left is None else "node"),
-            "tokens": meter.node_tokens(node),
-        })
+        positions.append(
+            {
+                "anchor": (f"{fmt(left)}…{fmt(block.right)}" if block and block.right is not None else fmt(left))
+                if left
+                else None,
+                "seq": node.seq,
+                "role": node.role,
+                "kind": "block" if block else ("unanchored" if left is None else "node"),
+                "tokens": meter.node_tokens(node),
+            }
+        )
     blocks = []
     for seq, block in state.blocks.items():
         block_node = session.surface.node(seq)
-        blocks.append({"seq": seq, "left": block.left, "right": block.right, "tier": block.tier, "topic": block.topic,
-                       "tokens": meter.node_tokens(block_node) if block_node else 0, "sources": len(block.sources),
-                       "source_seqs": [block.sources[0], block.sources[-1]] if block.sources else [],
-                       "summary": block.summary[:160]})
+        blocks.append(
+            {
+                "seq": seq,
+                "left": block.left,
+                "right": block.right,
+                "tier": block.tier,
+                "topic": block.topic,
+                "tokens": meter.node_tokens(block_node) if block_node else 0,
+                "sources": len(block.sources),
+                "source_seqs": [block.sources[0], block.sources[-1]] if block.sources else [],
+                "summary": block.summary[:160],
+            }
+        )
     return {
-        "pressure": {"ratio": round(pressure.ratio, 4), "tokens": pressure.tokens, "effective_window": pressure.effective_window,
-                     "context_window": pressure.context_window, "reserved_output_tokens": pressure.reserved_output_tokens,
-                     "total_occupancy": round(pressure.total_occupancy, 4), "baseline": state.baseline},
+        "pressure": {
+            "ratio": round(pressure.ratio, 4),
+            "tokens": pressure.tokens,
+            "effective_window": pressure.effective_window,
+            "context_window": pressure.context_window,
+            "reserved_output_tokens": pressure.reserved_output_tokens,
+            "total_occupancy": round(pressure.total_occupancy, 4),
+            "baseline": state.baseline,
+        },
         "blocks": blocks,
         "positions": positions,
         "ids": {"next": state.next_id, "free": sorted(state.free), "reused": state.reuse_count},
@@ -211,7 +250,11 @@ def validate_profile(profile: ctxkernel.Profile, report: Any) -> None:
     if NAME not in strategies:
         return
     if "basic" not in strategies:
-        report.warn("fallback", NAME, "decay only reminds; add 'basic' after it as the emergency fallback for hard budget protection")
+        report.warn(
+            "fallback",
+            NAME,
+            "decay only reminds; add 'basic' after it as the emergency fallback for hard budget protection",
+        )
     else:
         report.ok("fallback", NAME, "basic is the emergency fallback")
 

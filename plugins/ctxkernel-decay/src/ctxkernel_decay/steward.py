@@ -49,7 +49,9 @@ def extractive_summary(messages: list[Message], state_summaries: list[str], max_
         if m.role == "user":
             if src.kind == "plugin" and src.plugin == NAME:
                 continue  # our reminders carry nothing worth keeping; blocks come in state_summaries
-            lines.append(f"{'user' if src.kind == 'user' else src.plugin or 'note'}: {_clip(m.text, 600 if src.kind == 'user' else 240)}")
+            lines.append(
+                f"{'user' if src.kind == 'user' else src.plugin or 'note'}: {_clip(m.text, 600 if src.kind == 'user' else 240)}"
+            )
         elif m.role == "assistant":
             if m.text.strip():
                 lines.append(f"assistant: {_clip(m.text, 200)}")
@@ -103,7 +105,11 @@ def plan_spans(session: Session, state: DecayState, settings: DecaySettings, nee
         return []
     rng = nodes[start : best + 1]
     last_anchor = next((state.anchor_of[n.seq] for n in reversed(rng) if n.seq in state.anchor_of), None)
-    to = state.blocks[rng[-1].seq].right if rng[-1].seq in state.blocks and state.blocks[rng[-1].seq].right else last_anchor
+    to = (
+        state.blocks[rng[-1].seq].right
+        if rng[-1].seq in state.blocks and state.blocks[rng[-1].seq].right
+        else last_anchor
+    )
     if to is None:
         return []  # nothing in the span carries an anchor the call could name
     tokens = sum(meter.node_tokens(n) for n in rng)
@@ -135,7 +141,9 @@ def actions(session: Session, request: Request) -> list[dict[str, Any]] | None:
     holder["steward_seen"] = newest
     settings = settings_of(session)
     pressure = request.pressure
-    need = max(pressure.tokens - int(settings.steward_target_ratio * pressure.effective_window), settings.growth_tokens // 2)
+    need = max(
+        pressure.tokens - int(settings.steward_target_ratio * pressure.effective_window), settings.growth_tokens // 2
+    )
     spans = plan_spans(session, state, settings, need)
     if not spans:
         return None

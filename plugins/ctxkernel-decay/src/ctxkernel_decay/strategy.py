@@ -153,5 +153,10 @@ def save_snapshot(session: Session, state: DecayState) -> None:
     payload = state.to_dict()
     STRATEGY.on(session).kv_put(
         session.id,
-        {"version": SNAPSHOT_VERSION, "state": payload, "digest": _digest(payload), "last_event": event_digest(session.events[state.cursor - 1])},
+        {
+            "version": SNAPSHOT_VERSION,
+            "state": payload,
+            "digest": _digest(payload),
+            "last_event": event_digest(session.events[state.cursor - 1]),
+        },
     )

@@ -16,8 +16,15 @@ from ctxkernel.testing import build_kernel, make_profile
 from . import plugin as decay_plugin
 
 
-def decay_kernel(home: Path, *, window: int = 20_000, reserve: int = 2_000, settings: dict[str, Any] | None = None,
-                 strategies: tuple[str, ...] = ("decay", "basic"), basic: dict[str, Any] | None = None) -> Any:
+def decay_kernel(
+    home: Path,
+    *,
+    window: int = 20_000,
+    reserve: int = 2_000,
+    settings: dict[str, Any] | None = None,
+    strategies: tuple[str, ...] = ("decay", "basic"),
+    basic: dict[str, Any] | None = None,
+) -> Any:
     """A kernel on a jsonl store in ``home`` whose profile runs ``strategies`` (decay, then basic as
     the emergency fallback at 97% by default) on a small window."""
     tables: dict[str, dict[str, Any]] = {}

@@ -49,7 +49,9 @@ def _compact_schema(schema: dict[str, Any]) -> None:
                 prop.update({k: v for k, v in variant.items() if k != "type"})
 
 
-_SCHEMA = ConfigDict(extra="forbid", populate_by_name=True, json_schema_extra=lambda schema, _cls: _compact_schema(schema))
+_SCHEMA = ConfigDict(
+    extra="forbid", populate_by_name=True, json_schema_extra=lambda schema, _cls: _compact_schema(schema)
+)
 
 
 #: hard caps of the schema; the profile's settings (``summary_max_chars`` ≤ this, ``max_spans``
@@ -143,11 +145,17 @@ def describe_group(state: DecayState, session: Session, cut: int) -> str:
         begin = f"starts at {fmt(pid)}"
     else:
         before = next((state.anchor_of[n.seq] for n in reversed(nodes[:a]) if n.seq in state.anchor_of), None)
-        begin = "starts at the unanchored tool-call turn" + (f" right after {fmt(before)}" if before else " at the head")
+        begin = "starts at the unanchored tool-call turn" + (
+            f" right after {fmt(before)}" if before else " at the head"
+        )
     last = state.anchor_of.get(nodes[b].seq)
     end = f"its last result is {fmt(last)}" if last is not None else "its results are pending"
     after = next(
-        (state.anchor_of[n.seq] for k, n in enumerate(nodes[b + 1 :], b + 1) if n.seq in state.anchor_of and surface.is_balanced_cut(k)),
+        (
+            state.anchor_of[n.seq]
+            for k, n in enumerate(nodes[b + 1 :], b + 1)
+            if n.seq in state.anchor_of and surface.is_balanced_cut(k)
+        ),
         None,
     )
     hint = f"; the next anchor outside any group is {fmt(after)}" if after is not None else ""
@@ -159,7 +167,7 @@ def _resolve(state: DecayState, session: Session, value: object, what: str, inde
     visible = lambda: describe_visible(state, session.surface.seqs())  # noqa: E731
     pid = parse_anchor(value)
     if pid is None:
-        msg = f"span {index} `{what}` = {value!r} is not an anchor; write it as \"⟦p12⟧\", \"p12\" or 12. Visible anchors: {visible()}"
+        msg = f'span {index} `{what}` = {value!r} is not an anchor; write it as "⟦p12⟧", "p12" or 12. Visible anchors: {visible()}'
         raise Refusal(msg)
     seq = state.resolve(pid)
     position = session.surface.position(seq) if seq is not None else None
@@ -187,7 +195,9 @@ def plan_compress(session: Session, state: DecayState, settings: DecaySettings, 
             msg = f"span {i} has an empty summary; write what the span held that is still needed"
             raise Refusal(msg)
         if len(summary) > settings.summary_max_chars:
-            msg = f"span {i} summary has {len(summary)} characters; the limit is {settings.summary_max_chars}: shorten it"
+            msg = (
+                f"span {i} summary has {len(summary)} characters; the limit is {settings.summary_max_chars}: shorten it"
+            )
             raise Refusal(msg)
         topic = header_topic(span.topic)[: settings.topic_max_chars] if span.topic else None
         start = _resolve(state, session, span.from_, "from", i)
@@ -208,7 +218,9 @@ def plan_compress(session: Session, state: DecayState, settings: DecaySettings, 
                 end = protect - 1  # keep the turn's unanchored prefix; clip to the last compressible node
                 clipped = True
             else:
-                last_ok = next((state.anchor_of[n.seq] for n in reversed(nodes[:protect]) if n.seq in state.anchor_of), None)
+                last_ok = next(
+                    (state.anchor_of[n.seq] for n in reversed(nodes[:protect]) if n.seq in state.anchor_of), None
+                )
                 msg = (
                     f"span {i} reaches into {turn}, which is never compressed; end it at "
                     f"{fmt(last_ok) if last_ok else 'an earlier anchor'} or earlier"
@@ -277,7 +289,9 @@ def build_spans(session: Session, state: DecayState, planned: list[Planned]) -> 
     return out
 
 
-def check_cost(session: Session, settings: DecaySettings, planned: list[Planned], costs: list[tuple[Span, int, int]]) -> None:
+def check_cost(
+    session: Session, settings: DecaySettings, planned: list[Planned], costs: list[tuple[Span, int, int]]
+) -> None:
     """Shrink check and optional payback guard, before any event is written."""
     for i, (_, before, after) in enumerate(costs):
         if after >= before:
@@ -323,7 +337,13 @@ def run_compress(session: Session, args: CompressArgs) -> ToolOutcome:
     lines = []
     for span in result.spans:
         block = state.blocks.get(span.replacement_seq or -1)
-        edge = f"{fmt(block.left)}…{fmt(block.right)}" if block and block.right is not None else fmt(block.left) if block else "?"
+        edge = (
+            f"{fmt(block.left)}…{fmt(block.right)}"
+            if block and block.right is not None
+            else fmt(block.left)
+            if block
+            else "?"
+        )
         lines.append(f"{edge} tier {block.tier if block else '?'}: {span.tokens_before} → {span.tokens_after} tokens")
     clipped = " (clipped before the current turn)" if any(p.clipped for p in planned) else ""
     return ToolOutcome(f"compressed {len(lines)} span(s){clipped}: " + "; ".join(lines))
@@ -333,7 +353,9 @@ def run_drop(session: Session, args: DropArgs) -> ToolOutcome:
     state = current_state(session)
     left, right = parse_anchor(args.left), parse_anchor(args.right)
     live = [b for b in state.blocks.values() if session.surface.position(b.seq) is not None]
-    pairs = " ".join(f"{fmt(b.left)}…{fmt(b.right)}" if b.right is not None else f"{fmt(b.left)}…{fmt(b.left)}" for b in live)
+    pairs = " ".join(
+        f"{fmt(b.left)}…{fmt(b.right)}" if b.right is not None else f"{fmt(b.left)}…{fmt(b.left)}" for b in live
+    )
     match = next((b for b in live if b.left == left and (b.right if b.right is not None else b.left) == right), None)
     if match is None:
         msg = (

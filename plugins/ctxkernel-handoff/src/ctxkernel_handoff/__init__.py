@@ -8,4 +8,14 @@ from .engine import Mode, SwitchOutcome, compact_now, mode_for, request_new_cont
 from .settings import HandoffSettings, ModelStrategy
 from .tools import TOOL_NAMES
 
-__all__ = ["TOOL_NAMES", "HandoffSettings", "Mode", "ModelStrategy", "SwitchOutcome", "compact_now", "mode_for", "request_new_context", "switch"]
+__all__ = [
+    "TOOL_NAMES",
+    "HandoffSettings",
+    "Mode",
+    "ModelStrategy",
+    "SwitchOutcome",
+    "compact_now",
+    "mode_for",
+    "request_new_context",
+    "switch",
+]

@@ -207,4 +207,15 @@ def clip_with_receipt(text: str, budget: int, untrimmed: str) -> ClipResult:
     return result
 
 
-__all__ = ["MARKER", "ClipResult", "Piece", "clip_sections", "clip_with_receipt", "cut_text", "open_fence", "render_receipt", "safe_cut", "split_pieces"]
+__all__ = [
+    "MARKER",
+    "ClipResult",
+    "Piece",
+    "clip_sections",
+    "clip_with_receipt",
+    "cut_text",
+    "open_fence",
+    "render_receipt",
+    "safe_cut",
+    "split_pieces",
+]

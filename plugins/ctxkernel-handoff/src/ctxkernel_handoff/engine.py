@@ -120,7 +120,13 @@ def mode_for(session: Session) -> Mode:
     strategy = settings.strategy_for(route.get("provider", model.provider), route.get("model", model.name))
     if strategy == "native":
         return Mode(True, True, False, False, f"model {model.provider}/{model.name} uses the native strategy")
-    return Mode(True, True, True, settings.override_compaction, "" if settings.override_compaction else "override_compaction = false")
+    return Mode(
+        True,
+        True,
+        True,
+        settings.override_compaction,
+        "" if settings.override_compaction else "override_compaction = false",
+    )
 
 
 def host_settings(session: Session) -> tuple[float, float, bool]:
@@ -144,11 +150,19 @@ def state_for(session: Session) -> HandoffState:
             state.header_seq = event.seq
         elif event.type == ASSISTANT_MESSAGE:
             state.last_assistant = event.seq
-        elif event.type == COMPACTION_SUMMARY and event.data.get("strategy") == NAME and event.data.get("kind") == "window":
+        elif (
+            event.type == COMPACTION_SUMMARY
+            and event.data.get("strategy") == NAME
+            and event.data.get("kind") == "window"
+        ):
             # the panel's last switch comes from the log, so a reopened session shows the same
             history = history or STRATEGY.on(session).history()
             record = dict(event.data.get("window_record") or {})
-            state.last_switch = {"window": history.window_of(event.seq + 1), "reason": event.data.get("reason"), **record}
+            state.last_switch = {
+                "window": history.window_of(event.seq + 1),
+                "reason": event.data.get("reason"),
+                **record,
+            }
         elif event.type == USER_MESSAGE:
             source = event.data["message"].get("source") or {}
             if source.get("plugin") == NAME and source.get("form") == "notice":
@@ -292,9 +306,20 @@ def build_handoff(session: Session, region: Region) -> Summary:
             discarded = "budget"
     handoff: Handoff | None = None
     for _ in range(3):
-        handoff = assemble(history, nodes, notes, budget=budget, mode=mode, reason=plan.reason, generated=generated, discarded=discarded)
+        handoff = assemble(
+            history,
+            nodes,
+            notes,
+            budget=budget,
+            mode=mode,
+            reason=plan.reason,
+            generated=generated,
+            discarded=discarded,
+        )
         if len(handoff.text) > settings.handoff_max_chars:
-            msg = f"the handoff needs {len(handoff.text)} characters, over handoff_max_chars {settings.handoff_max_chars}"
+            msg = (
+                f"the handoff needs {len(handoff.text)} characters, over handoff_max_chars {settings.handoff_max_chars}"
+            )
             raise CompactionError(msg)
         tokens = session.meter.count_message(handoff.message())
         if tokens < plan.region_tokens and plan.rest + tokens <= plan.target:
@@ -385,14 +410,22 @@ def after_commit(session: Session, result: CommitResult) -> None:
     from .handoff import HANDOFF_LOG_NOTE, HANDOFF_NOTE
 
     limit = notes.limits.max_note_bytes
-    body = full if len(full.encode()) <= limit else full.encode()[: limit - 64].decode(errors="ignore") + "\n… [clipped to the note limit]"
+    body = (
+        full
+        if len(full.encode()) <= limit
+        else full.encode()[: limit - 64].decode(errors="ignore") + "\n… [clipped to the note limit]"
+    )
     trust = "model-authored" if record.get("handoff_summary") == "generated" else "tool-output"
-    for path, write in ((HANDOFF_NOTE, lambda: notes.write(HANDOFF_NOTE, body, trust=trust)),
-                        (HANDOFF_LOG_NOTE, lambda: notes.append(HANDOFF_LOG_NOTE, line, trust="tool-output"))):
+    for path, write in (
+        (HANDOFF_NOTE, lambda: notes.write(HANDOFF_NOTE, body, trust=trust)),
+        (HANDOFF_LOG_NOTE, lambda: notes.append(HANDOFF_LOG_NOTE, line, trust="tool-output")),
+    ):
         try:
             write()
         except Exception as exc:  # noqa: BLE001 - a failed note write never blocks the switch
-            log.warning("handoff note write failed", session=session.id, path=path, error=f"{type(exc).__name__}: {exc}")
+            log.warning(
+                "handoff note write failed", session=session.id, path=path, error=f"{type(exc).__name__}: {exc}"
+            )
 
 
 # -- the entry points ----------------------------------------------------------------------------------
@@ -435,4 +468,15 @@ def request_new_context(session: Session, reason: str = "") -> str:
     )
 
 
-__all__ = ["Mode", "HandoffState", "SwitchOutcome", "after_commit", "compact_now", "host_settings", "mode_for", "request_new_context", "state_for", "switch"]
+__all__ = [
+    "Mode",
+    "HandoffState",
+    "SwitchOutcome",
+    "after_commit",
+    "compact_now",
+    "host_settings",
+    "mode_for",
+    "request_new_context",
+    "state_for",
+    "switch",
+]

@@ -152,10 +152,16 @@ def render_snapshot(history: History, *, new_window: int, reason: str, budget: i
         f"item_{current.start_seq}). Earlier messages were replaced by this handoff; nothing was deleted: the history_* "
         f"tools read any item_<seq>, and win_{current.number}_summary is the untrimmed summary (history_read_item, format json)."
     ]
-    index = [f"win_{w.number} item_{w.start_seq}-item_{w.end_seq if w.end_seq is not None else history.cursor - 1}" for w in history.windows[-WINDOW_INDEX:]]
+    index = [
+        f"win_{w.number} item_{w.start_seq}-item_{w.end_seq if w.end_seq is not None else history.cursor - 1}"
+        for w in history.windows[-WINDOW_INDEX:]
+    ]
     earlier = len(history.windows) - WINDOW_INDEX
     lines.append(
-        "Window index: " + ("… " if earlier > 0 else "") + " · ".join(index) + f" · win_{new_window} (this window)"
+        "Window index: "
+        + ("… " if earlier > 0 else "")
+        + " · ".join(index)
+        + f" · win_{new_window} (this window)"
         + ("; history_list_windows lists all" if earlier > 0 else "")
     )
     instructions = history.instructions[-INSTRUCTIONS:]
@@ -181,7 +187,9 @@ def render_snapshot(history: History, *, new_window: int, reason: str, budget: i
                 out.append(f"- … {len(todos) - TODO_ENTRIES} more: history_read_item checklist")
         lines.append("\n".join(out))
     if instructions:
-        out = ["Recent user instructions, oldest first, verbatim (a later instruction takes precedence over an earlier one it corrects):"]
+        out = [
+            "Recent user instructions, oldest first, verbatim (a later instruction takes precedence over an earlier one it corrects):"
+        ]
         for seq in instructions:
             text = instruction_text(history, seq)
             clipped = _clip(text, instruction_chars)
@@ -207,7 +215,9 @@ def render_notes(notes: list[Note], budget: int) -> str:
             wants = [min(len(n.content), NOTE_PREVIEW_CHARS) for n in chosen]
             shares = _water_fill(wants, room)
             # render_note guards its own frame; the handoff's frames are guarded here
-            blocks = [guard(render_note(n, max_chars=share), *FRAMES[1:]) for n, share in zip(chosen, shares, strict=True)]
+            blocks = [
+                guard(render_note(n, max_chars=share), *FRAMES[1:]) for n, share in zip(chosen, shares, strict=True)
+            ]
             text = head + "\n" + "\n".join(blocks)
             if len(text) <= budget:
                 return text
@@ -258,7 +268,9 @@ def extractive_body(history: History, nodes: list[Node], budget: int) -> str:
                     if found.group(1) == "extractive":
                         for line in found.group(2).splitlines():
                             if line.startswith(_FILES):
-                                files.update(dict.fromkeys(f.strip() for f in line[len(_FILES) :].split(", ") if f.strip()))
+                                files.update(
+                                    dict.fromkeys(f.strip() for f in line[len(_FILES) :].split(", ") if f.strip())
+                                )
                             elif line.startswith("- item_"):
                                 entries.append(line)
                             elif line.startswith(_CARRIED):
@@ -328,7 +340,16 @@ def assemble(
     """The handoff for opening window ``current + 1`` within ``budget`` characters."""
     new_window = history.current_window.number + 1
     summary_ref = f"win_{new_window - 1}_summary"
-    opening = tag("window_handoff", window=f"win_{new_window}", previous=f"win_{new_window - 1}", reason=reason, summary_item=summary_ref) + "\n"
+    opening = (
+        tag(
+            "window_handoff",
+            window=f"win_{new_window}",
+            previous=f"win_{new_window - 1}",
+            reason=reason,
+            summary_item=summary_ref,
+        )
+        + "\n"
+    )
     closing = "\n</window_handoff>"
     snapshot = render_snapshot(history, new_window=new_window, reason=reason, budget=budget)
     left = budget - len(opening) - len(closing) - len(snapshot) - 2
@@ -342,7 +363,9 @@ def assemble(
     body_room = left - len(wrap_g[0]) - len(wrap_g[1])
     if mode == "generated" and generated is not None and generated.text is not None and body_room >= MIN_GENERATED_BODY:
         # the summarizer's text is model output: it cannot close or open the handoff's frames
-        clip = clip_with_receipt(guard(generated.text, *FRAMES), body_room, f"history_read_item id={summary_ref} format=json")
+        clip = clip_with_receipt(
+            guard(generated.text, *FRAMES), body_room, f"history_read_item id={summary_ref} format=json"
+        )
         body = wrap_g[0] + clip.text + wrap_g[1] + (("\n" + clip.receipt) if clip.receipt else "")
         record["clipped"] = clip.clipped
         if clip.clipped:

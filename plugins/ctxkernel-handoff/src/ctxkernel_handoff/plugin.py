@@ -198,7 +198,11 @@ def _window_row(session: Session, window: Any) -> dict[str, Any]:
     row = window.to_dict()
     if window.opened_by is not None:
         data = session.events[window.opened_by].data
-        row["receipt"] = {"tokens_before": data.get("tokens_before"), "tokens_after": data.get("tokens_after"), **(data.get("window_record") or {})}
+        row["receipt"] = {
+            "tokens_before": data.get("tokens_before"),
+            "tokens_after": data.get("tokens_after"),
+            **(data.get("window_record") or {}),
+        }
     return row
 
 
@@ -216,7 +220,10 @@ def steward_actions(session: Session, request: Request) -> list[dict[str, Any]] 
         return None
     state.steward_window = window
     return [
-        {"name": "notes_write_file", "arguments": {"path": f"self/notes/progress/win_{window}.md", "content": _progress(history)}},
+        {
+            "name": "notes_write_file",
+            "arguments": {"path": f"self/notes/progress/win_{window}.md", "content": _progress(history)},
+        },
         {"name": "new_context", "arguments": {"reason": f"pressure reminder in win_{window}"}},
     ]
 
@@ -293,7 +300,10 @@ def validate_profile(profile: Profile, report: Any) -> None:
         )
     # native summaries come from the basic strategy
     native = any(
-        not s.inject_tools or not s.override_compaction or s.default_strategy == "native" or any(p.strategy == "native" for p in s.model_policies)
+        not s.inject_tools
+        or not s.override_compaction
+        or s.default_strategy == "native"
+        or any(p.strategy == "native" for p in s.model_policies)
         for s in every
     )
     if "basic" not in profile.profile.strategies:

@@ -64,7 +64,9 @@ def note_path(path: str) -> str:
     if text.startswith(NOTES_PREFIX):
         text = text[len(NOTES_PREFIX) :]
     elif text.startswith("self/") or text == "self":
-        msg = f"note path {path!r}: this session's notes live under {NOTES_PREFIX!r}; write e.g. '{NOTES_PREFIX}plan.md'"
+        msg = (
+            f"note path {path!r}: this session's notes live under {NOTES_PREFIX!r}; write e.g. '{NOTES_PREFIX}plan.md'"
+        )
         raise NotePathError(msg)
     return text
 
@@ -128,7 +130,9 @@ class _Filters(ToolArgs):
         default=None, description="number, win_<n> or window id"
     )
     role: str | None = Field(
-        default=None, max_length=ID_ARG_CHARS, description="user,plugin,assistant,tool,summary,event (comma-separated; default all but event)"
+        default=None,
+        max_length=ID_ARG_CHARS,
+        description="user,plugin,assistant,tool,summary,event (comma-separated; default all but event)",
     )
     seq_from: int | None = Field(default=None, ge=0, le=MAX_INT_ARG, description="first seq")
     seq_to: int | None = Field(default=None, ge=0, le=MAX_INT_ARG, description="last seq")
@@ -148,7 +152,9 @@ class SearchArgs(_Filters):
 
 
 class ReadItemArgs(ToolArgs):
-    id: str = Field(max_length=ID_ARG_CHARS, description="item_<seq>, win_<n>, win_<n>_summary, goal, checklist, todo_<seq>_<i>")
+    id: str = Field(
+        max_length=ID_ARG_CHARS, description="item_<seq>, win_<n>, win_<n>_summary, goal, checklist, todo_<seq>_<i>"
+    )
     format: Literal["text", "json"] = Field(default="text", description="json: the complete raw event")
     offset_chars: int = Field(default=0, ge=0, le=MAX_INT_ARG, description="next_offset_chars")
     max_chars: int | None = Field(default=None, ge=1, le=READ_CHARS_MAX, description="8000 default, 20000 max")
@@ -269,7 +275,9 @@ def _history_search(session: Session, args: SearchArgs) -> str:
 
 def _history_read(session: Session, args: ReadItemArgs) -> str:
     return _json(
-        History.for_session(session).read_item(args.id, format=args.format, offset_chars=args.offset_chars, max_chars=args.max_chars)
+        History.for_session(session).read_item(
+            args.id, format=args.format, offset_chars=args.offset_chars, max_chars=args.max_chars
+        )
     )
 
 
@@ -285,18 +293,35 @@ def build_tools() -> list[Tool]:
             NewContextArgs,
             _new_context,
         ),
-        tool("notes_write_file", "Create or replace a private note (self/notes/<path>); survives window switches.", NoteWriteArgs, _notes_write),
+        tool(
+            "notes_write_file",
+            "Create or replace a private note (self/notes/<path>); survives window switches.",
+            NoteWriteArgs,
+            _notes_write,
+        ),
         tool("notes_append_to_file", "Append to a private note (created when missing).", NoteAppendArgs, _notes_append),
         tool("notes_read_file", "Read a note; continue with next_offset_chars.", NoteReadArgs, _notes_read),
         tool("notes_list_files_by_prefix", "List notes by path prefix.", NoteListArgs, _notes_list),
-        tool("notes_search_contents", "Search notes for a substring (10 files x 5 lines).", NoteSearchArgs, _notes_search),
+        tool(
+            "notes_search_contents", "Search notes for a substring (10 files x 5 lines).", NoteSearchArgs, _notes_search
+        ),
         tool("history_list_windows", "List this session's context windows.", ListWindowsArgs, _history_windows),
-        tool("history_list_items", "List items (item_<seq>) of this session's full raw history with previews.", ListItemsArgs, _history_items),
+        tool(
+            "history_list_items",
+            "List items (item_<seq>) of this session's full raw history with previews.",
+            ListItemsArgs,
+            _history_items,
+        ),
         tool(
             "history_read_item",
             "Read a history item in full, or a win_<n>, win_<n>_summary, goal, checklist or todo id from a handoff.",
             ReadItemArgs,
             _history_read,
         ),
-        tool("history_search_contents", "Search this session's full raw history for a substring (case-sensitive by default).", SearchArgs, _history_search),
+        tool(
+            "history_search_contents",
+            "Search this session's full raw history for a substring (case-sensitive by default).",
+            SearchArgs,
+            _history_search,
+        ),
     ]

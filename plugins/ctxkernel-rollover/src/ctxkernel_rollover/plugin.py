@@ -125,7 +125,9 @@ RETRY_GROWTH = 0.5
 RETRY_MIN_GROWTH = 1 / 32
 
 
-def _backing_off(session: Session, failure: dict[str, Any] | None, window: str, trigger: str, effective_window: int) -> bool:
+def _backing_off(
+    session: Session, failure: dict[str, Any] | None, window: str, trigger: str, effective_window: int
+) -> bool:
     """True while the last failed switch's situation still holds: same window, same trigger, same
     model window, and a surface that has not grown materially since. Retrying then would fail the
     same way on every request (each attempt costing a seed render)."""
@@ -165,7 +167,7 @@ def request_error(session: Session, error: ModelError) -> bool | None:
         return None
     state = state_of(session)
     settings = STRATEGY.on(session).settings
-    if state.overflow_streak and any(e.type == ASSISTANT_MESSAGE for e in session.events[state.overflow_at:]):
+    if state.overflow_streak and any(e.type == ASSISTANT_MESSAGE for e in session.events[state.overflow_at :]):
         state.overflow_streak = 0  # the model answered since the last overflow: this one is new
     state.overflow_at = session.next_seq
     fresh = state.seed_seq is not None and _fresh(session)

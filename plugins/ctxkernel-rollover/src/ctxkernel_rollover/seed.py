@@ -67,7 +67,9 @@ def _escape(text: str) -> str:
 
 
 def _head(seed: SeedInput) -> str:
-    return tag("context-window", current=seed.current, previous=seed.previous or "-", first=seed.first, number=seed.number)
+    return tag(
+        "context-window", current=seed.current, previous=seed.previous or "-", first=seed.first, number=seed.number
+    )
 
 
 def _user_input(seq: int, text: str) -> str:
@@ -103,8 +105,15 @@ def render_seed(
     cache = note_cache if note_cache is not None else {}
     tokens = 0
     for _ in range(8):
-        text, tokens = _compose(seed, budget_tokens, count, int(goal_chars * scale), int(pending_chars * scale),
-                                max(200, int(note_chars * scale)), cache)
+        text, tokens = _compose(
+            seed,
+            budget_tokens,
+            count,
+            int(goal_chars * scale),
+            int(pending_chars * scale),
+            max(200, int(note_chars * scale)),
+            cache,
+        )
         if tokens <= budget_tokens:
             return text, tokens, True
         scale /= 2
@@ -121,8 +130,10 @@ def minimal_seed(seed: SeedInput) -> str:
     listed by id. Its size does not grow with the notes' or the instructions' text."""
     lines = [
         _head(seed),
-        (f"New window ({seed.trigger}); nothing was summarised. The previous window is archived unchanged: "
-         f'history_lookup(window="{seed.previous or "-"}"), history_read(item=...).'),
+        (
+            f"New window ({seed.trigger}); nothing was summarised. The previous window is archived unchanged: "
+            f'history_lookup(window="{seed.previous or "-"}"), history_read(item=...).'
+        ),
         f"Context remaining: about {REMAINING_PLACEHOLDER} tokens.",
         "## Goal",
         _escape(_clip(seed.goal, MINIMAL_CHARS, "in the notes or the history")) if seed.goal else "(none recorded)",
@@ -137,7 +148,9 @@ def minimal_seed(seed: SeedInput) -> str:
     ids = [n.id for n in seed.notes]
     total = len(ids) + len(seed.hidden_note_paths)
     listed = ", ".join(ids[:MINIMAL_NOTES])
-    more = f" and {total - min(len(ids), MINIMAL_NOTES)} more (note_list)" if total > min(len(ids), MINIMAL_NOTES) else ""
+    more = (
+        f" and {total - min(len(ids), MINIMAL_NOTES)} more (note_list)" if total > min(len(ids), MINIMAL_NOTES) else ""
+    )
     lines.append(f"## Notes ({total} active, newest first; {NOT_SHOWN}): {listed or '-'}{more}")
     lines.append("</context-window>")
     return "\n".join(lines)
@@ -152,8 +165,15 @@ def seed_pending_base(seed: SeedInput) -> int:
     return seed.pending_base
 
 
-def _compose(seed: SeedInput, budget: int, count: Callable[[str], int], goal_chars: int, pending_chars: int,
-             note_chars: int, cache: dict[tuple[str, int, int], tuple[str, int]] | None) -> tuple[str, int]:
+def _compose(
+    seed: SeedInput,
+    budget: int,
+    count: Callable[[str], int],
+    goal_chars: int,
+    pending_chars: int,
+    note_chars: int,
+    cache: dict[tuple[str, int, int], tuple[str, int]] | None,
+) -> tuple[str, int]:
     lines = [
         _head(seed),
         f"A new context window has started because {TRIGGER_TEXT.get(seed.trigger, seed.trigger)}. "
@@ -167,10 +187,16 @@ def _compose(seed: SeedInput, budget: int, count: Callable[[str], int], goal_cha
         )
     else:
         lines[-1] += "; look details up with history_lookup and history_read."
-    lines.append(f"Context remaining: about {REMAINING_PLACEHOLDER} tokens in this window (ask context_remaining for an exact figure).")
+    lines.append(
+        f"Context remaining: about {REMAINING_PLACEHOLDER} tokens in this window (ask context_remaining for an exact figure)."
+    )
     lines.append("")
     lines.append(f"## Goal ({seed.goal_source})")
-    lines.append(_escape(_clip(seed.goal, goal_chars, "in the notes or the history")) if seed.goal else "(none recorded: continue from the notes and the pending input)")
+    lines.append(
+        _escape(_clip(seed.goal, goal_chars, "in the notes or the history"))
+        if seed.goal
+        else "(none recorded: continue from the notes and the pending input)"
+    )
     lines.append("")
     lines.append("## Pending user input")
     if seed.pending:
@@ -182,7 +208,10 @@ def _compose(seed: SeedInput, budget: int, count: Callable[[str], int], goal_cha
     if seed.instructions:
         lines.append("")
         lines.append("## Earlier user instructions (verbatim, oldest first; older ones are in the history)")
-        share = max(200, int(seed.instructions_chars * pending_chars / max(1, seed_pending_base(seed))) // len(seed.instructions))
+        share = max(
+            200,
+            int(seed.instructions_chars * pending_chars / max(1, seed_pending_base(seed))) // len(seed.instructions),
+        )
         for seq, text in seed.instructions:
             lines.append(_user_input(seq, _clip(text, share, f"item_{seq} (history_read)")))
     if seed.error:

@@ -99,7 +99,9 @@ class RolloverState:
         elif t == USER_MESSAGE:
             if isinstance(d.get(REMINDER_KEY), str):
                 self.reminded.add(d[REMINDER_KEY])
-            elif (event.surface or {}).get("op") == "append" and d["message"].get("source", {}).get("kind", "user") == "user":
+            elif (event.surface or {}).get("op") == "append" and d["message"].get("source", {}).get(
+                "kind", "user"
+            ) == "user":
                 # the user's own words: the seed repeats recent ones verbatim (never summarised)
                 if self.first_instruction is None:
                     self.first_instruction = event.seq
@@ -121,7 +123,9 @@ class RolloverState:
             "window_number": self.number,
             "rollovers": max(0, self.number - 1),
             "triggers": dict(self.triggers),
-            "pending_intent": None if self.pending is None else {
+            "pending_intent": None
+            if self.pending is None
+            else {
                 "intent_id": self.pending.get("intent_id"),
                 "next_goal": self.pending.get("next_goal"),
                 "seq": self.pending.get("seq"),

@@ -95,7 +95,9 @@ def _goal(session: Session, notes: StrategyNotes, next_goal: str | None) -> tupl
     return None, "none recorded"
 
 
-def switch(session: Session, trigger: str, *, intent: dict[str, Any] | None = None, error: str | None = None) -> CommitResult:
+def switch(
+    session: Session, trigger: str, *, intent: dict[str, Any] | None = None, error: str | None = None
+) -> CommitResult:
     """Start a new window now. Raises :class:`RolloverError` (after recording it) when it cannot."""
     settings = settings_of(session)
     state = state_of(session)
@@ -106,27 +108,41 @@ def switch(session: Session, trigger: str, *, intent: dict[str, Any] | None = No
         result = _switch(session, settings, trigger, intent, error)
     except CtxKernelError as exc:
         text = f"{type(exc).__name__}: {exc}"
-        STRATEGY.on(session).emit("failed", {
-            "trigger": trigger,
-            "window_id": current,
-            "intent_id": intent.get("intent_id") if intent else None,
-            "error": text[:2000],
-            # what an automatic retry is measured against (see plugin.pre_step: back off until
-            # the surface has grown materially or the window, trigger or model changed)
-            "surface_tokens": session.meter.surface_tokens(),
-            "effective_window": session.pressure().effective_window,
-        })
-        log.error("rollover failed; the surface is unchanged and nothing was summarised", session=session.id,
-                  trigger=trigger, error=text)
+        STRATEGY.on(session).emit(
+            "failed",
+            {
+                "trigger": trigger,
+                "window_id": current,
+                "intent_id": intent.get("intent_id") if intent else None,
+                "error": text[:2000],
+                # what an automatic retry is measured against (see plugin.pre_step: back off until
+                # the surface has grown materially or the window, trigger or model changed)
+                "surface_tokens": session.meter.surface_tokens(),
+                "effective_window": session.pressure().effective_window,
+            },
+        )
+        log.error(
+            "rollover failed; the surface is unchanged and nothing was summarised",
+            session=session.id,
+            trigger=trigger,
+            error=text,
+        )
         msg = f"the {trigger} rollover of window {current} failed and the context is unchanged (nothing was summarised): {text}"
         raise RolloverError(msg) from exc
-    log.info("rollover", session=session.id, trigger=trigger, window=state_of(session).current,
-             tokens_before=result.tokens_before, tokens_after=result.tokens_after)
+    log.info(
+        "rollover",
+        session=session.id,
+        trigger=trigger,
+        window=state_of(session).current,
+        tokens_before=result.tokens_before,
+        tokens_after=result.tokens_after,
+    )
     return result
 
 
-def _switch(session: Session, settings: RolloverSettings, trigger: str, intent: dict[str, Any] | None,
-            error: str | None) -> CommitResult:
+def _switch(
+    session: Session, settings: RolloverSettings, trigger: str, intent: dict[str, Any] | None, error: str | None
+) -> CommitResult:
     state = state_of(session)
     nodes = session.surface.nodes
     if not nodes:
@@ -147,7 +163,7 @@ def _switch(session: Session, settings: RolloverSettings, trigger: str, intent: 
     active = list(reversed(notes.active()))  # newest first
     hidden: list[str] = []
     if trigger == "overflow":
-        hidden = [n.path for n in active[settings.protective_keep_notes:]]
+        hidden = [n.path for n in active[settings.protective_keep_notes :]]
         active = active[: settings.protective_keep_notes]
     goal, goal_source = _goal(session, notes, (intent or {}).get("next_goal"))
     new_id = next_window_id(state.current)
@@ -172,8 +188,12 @@ def _switch(session: Session, settings: RolloverSettings, trigger: str, intent: 
     )
     framing = session.meter.count_message(Message.user(""))  # the per-message framing
     text, seed_tokens, exact = render_seed(
-        seed, budget_tokens=max(budget - framing, 1), count=session.meter.count_text, goal_chars=settings.goal_chars,
-        pending_chars=settings.pending_input_chars, note_chars=settings.seed_note_chars,
+        seed,
+        budget_tokens=max(budget - framing, 1),
+        count=session.meter.count_text,
+        goal_chars=settings.goal_chars,
+        pending_chars=settings.pending_input_chars,
+        note_chars=settings.seed_note_chars,
         note_cache=state.note_blocks,
     )
     if not exact and seed_tokens > 0.02 * pressure.effective_window:

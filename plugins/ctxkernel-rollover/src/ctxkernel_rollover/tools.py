@@ -76,7 +76,9 @@ def note_update(session: Session, args: NoteUpdateArgs) -> ToolOutcome:
     notes = notes_of(session)
     note = _resolve(session, args.note)
     if note.archived:
-        return ToolOutcome(f"note_update refused: note {note.id} ({note.path!r}) is archived; create a new note", is_error=True)
+        return ToolOutcome(
+            f"note_update refused: note {note.id} ({note.path!r}) is archived; create a new note", is_error=True
+        )
     note = notes.update(note.id, args.content, trust=_trust(args.from_tool_output))
     return ToolOutcome(f"updated note {_brief(note)}; earlier versions stay retrievable with note_get(version=...)")
 
@@ -110,7 +112,11 @@ def note_get(session: Session, args: NoteGetArgs) -> ToolOutcome:
     body = note.content[args.offset_chars : args.offset_chars + args.max_chars]
     end = args.offset_chars + len(body)
     shown = Note(**{**note.__dict__, "content": body})
-    tail = f"\n(characters {args.offset_chars}..{end} of {len(note.content)}; continue with offset_chars={end})" if end < len(note.content) else ""
+    tail = (
+        f"\n(characters {args.offset_chars}..{end} of {len(note.content)}; continue with offset_chars={end})"
+        if end < len(note.content)
+        else ""
+    )
     status = " [archived]" if note.archived else ""
     return ToolOutcome(render_note(shown) + status + tail)
 
@@ -150,8 +156,14 @@ class NoteSearchArgs(ToolArgs):
 
 
 def note_search(session: Session, args: NoteSearchArgs) -> ToolOutcome:
-    result = notes_of(session).search(args.query, prefix=args.prefix, case_sensitive=args.case_sensitive,
-                                      max_files=20, max_lines_per_file=5, max_line_chars=200)
+    result = notes_of(session).search(
+        args.query,
+        prefix=args.prefix,
+        case_sensitive=args.case_sensitive,
+        max_files=20,
+        max_lines_per_file=5,
+        max_line_chars=200,
+    )
     if not result.hits:
         return ToolOutcome(f"no note line contains {args.query!r}")
     lines = [f"[{h.trust}] {h.path}:{h.line}: {h.text}" for h in result.hits]
@@ -174,7 +186,9 @@ def new_context(session: Session, args: NewContextArgs) -> ToolOutcome:
             "it starts after this batch. Nothing was changed.",
             is_error=True,
         )
-    STRATEGY.on(session).emit("intent", {"intent_id": uuid.uuid4().hex, "next_goal": args.next_goal, "window_id": current})
+    STRATEGY.on(session).emit(
+        "intent", {"intent_id": uuid.uuid4().hex, "next_goal": args.next_goal, "window_id": current}
+    )
     return ToolOutcome(NEW_CONTEXT_ANSWER, conclude_turn=True)
 
 
@@ -251,19 +265,37 @@ def history_read(session: Session, args: HistoryReadArgs) -> ToolOutcome:
 
 
 TOOLS: tuple[tuple[str, str, type[ToolArgs], object], ...] = (
-    ("note_create", "Create a note; notes open every new context window. Keep goal, decisions, state, next steps.", NoteCreateArgs, note_create),
+    (
+        "note_create",
+        "Create a note; notes open every new context window. Keep goal, decisions, state, next steps.",
+        NoteCreateArgs,
+        note_create,
+    ),
     ("note_update", "Replace a note's content (id or path); old versions stay readable.", NoteUpdateArgs, note_update),
     ("note_append", "Append text to a note (created when missing).", NoteAppendArgs, note_append),
     ("note_get", "Read a note or an earlier version, in pages.", NoteGetArgs, note_get),
     ("note_delete", "Archive a note (versions stay readable).", NoteDeleteArgs, note_delete),
     ("note_list", "List notes by path prefix.", NoteListArgs, note_list),
     ("note_search", "Search notes for plain text.", NoteSearchArgs, note_search),
-    ("new_context", "Start a new context window after this batch, without summarising: it opens with your notes, next_goal and pending user input. Save notes first.", NewContextArgs, new_context),
+    (
+        "new_context",
+        "Start a new context window after this batch, without summarising: it opens with your notes, next_goal and pending user input. Save notes first.",
+        NewContextArgs,
+        new_context,
+    ),
     ("context_remaining", "Tokens left in this context window.", NoArgs, context_remaining),
-    ("history_lookup", "List or search this session's raw history (all windows) by window id, seq range, role or text; bounded pages.", HistoryLookupArgs, history_lookup),
+    (
+        "history_lookup",
+        "List or search this session's raw history (all windows) by window id, seq range, role or text; bounded pages.",
+        HistoryLookupArgs,
+        history_lookup,
+    ),
     ("history_read", "Read a history item (item_<seq>) in pages.", HistoryReadArgs, history_read),
 )
 
 
 def build_tools() -> list[Tool]:
-    return [STRATEGY.tool(name, description, params, handler, cls=CompactTool) for name, description, params, handler in TOOLS]
+    return [
+        STRATEGY.tool(name, description, params, handler, cls=CompactTool)
+        for name, description, params, handler in TOOLS
+    ]
