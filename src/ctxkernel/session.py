@@ -46,7 +46,7 @@ from .errors import (
 from .events import Event, EventSpec, validate_shape
 from .guard import excerpt_oversized, shrink_to_fit
 from .logging import get_logger
-from .messages import Message, Source, ToolCallBlock
+from .messages import Message, Source, ToolCallBlock, ToolResultBlock
 from .meter import USAGE_SLACK_TOKENS, USAGE_TOLERANCE_FACTOR, Meter, Pressure, usage_in_band
 from .redact import redact
 from .surface import Surface
@@ -767,7 +767,10 @@ class Session:
             msg = f"seq {seq} is not a visible tool result"
             raise SurfaceError(msg)
         old = node.message.content[0]
-        message = Message.tool(old.call_id, content, is_error=old.is_error, name=old.name)  # type: ignore[union-attr]
+        if not isinstance(old, ToolResultBlock):
+            msg = f"seq {seq} holds no tool result block"
+            raise SurfaceError(msg)
+        message = Message.tool(old.call_id, content, is_error=old.is_error, name=old.name)
         return (
             self.append(
                 [
@@ -780,7 +783,7 @@ class Session:
                             "chars_before": len(old.content),
                             "chars_after": len(content),
                         },
-                    ),  # type: ignore[union-attr]
+                    ),
                     EventSpec(
                         ev.TOOL_RESULT,
                         {"message": message.to_dict(), "prune": True},
