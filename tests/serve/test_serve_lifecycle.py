@@ -185,6 +185,7 @@ def test_upstream_overflow_runs_the_strategy_and_retries_once_unseen(fake, serve
 
 
 def test_a_request_that_cannot_fit_is_refused_before_the_upstream(fake, serve_factory, tmp_path):
+    # the client's own system prompt alone is over the window: no strategy can shrink it
     upstream, _ = fake
     serve = serve_factory(write_profile(tmp_path, window=1000, reserved=200))
     import openai
@@ -192,10 +193,26 @@ def test_a_request_that_cannot_fit_is_refused_before_the_upstream(fake, serve_fa
     client = serve.openai(session="too-big")
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(
-            model="fake-model", messages=[{"role": "user", "content": big_result(1, lines=200)}]
+            model="fake-model",
+            messages=[{"role": "system", "content": big_result(1, lines=200)}, {"role": "user", "content": "hi"}],
         )
     assert info.value.body["code"] == "context_length_exceeded"
     assert not upstream.received and not upstream.refused
+
+
+def test_one_oversized_message_is_excerpted_not_refused(fake, serve_factory, tmp_path):
+    # the kernel's guard (security.md, "Oversized content") excerpts a single message over half
+    # the window, so the upstream gets a request within the window instead of a refusal
+    upstream, _ = fake
+    upstream.script = lambda api_name, body: Reply("read it")
+    serve = serve_factory(write_profile(tmp_path, window=1000, reserved=200))
+    client = serve.openai(session="one-big")
+    reply = client.chat.completions.create(
+        model="fake-model", messages=[{"role": "user", "content": big_result(1, lines=200)}]
+    )
+    assert reply.choices[0].message.content == "read it"
+    assert len(upstream.received) == 1
+    assert upstream.received[0].tokens <= 800
 
 
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
