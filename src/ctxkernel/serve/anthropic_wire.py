@@ -26,7 +26,17 @@ from ..errors import EventError
 from ..messages import Message, ReasoningBlock, TextBlock, ToolCallBlock
 from ..session import Request
 from .reconcile import message_hash
-from .wire import ClientRequest, MessageMemo, WireError, add_usage, check_model, expect, load_json_object, sse
+from .wire import (
+    ClientRequest,
+    MessageMemo,
+    WireError,
+    add_usage,
+    check_model,
+    expect,
+    load_json_object,
+    sse,
+    wire_forms,
+)
 
 API = "anthropic"
 UPSTREAM_PATH = "/v1/messages"
@@ -134,17 +144,7 @@ def upstream_body(
     per session) keeps each surface node's blocks between requests."""
     body = dict(client.body)
     cache = {} if cache is None else cache
-    parts = []
-    for seq, message in zip(request.seqs, request.messages, strict=True):
-        hit = cache.get(seq)
-        if hit is None or hit[0] is not message:
-            hit = (message, to_anthropic_blocks(message))
-            cache[seq] = hit
-        parts.append(hit[1])
-    if len(cache) > 2 * len(request.seqs) + 64:  # forget nodes that left the surface
-        keep = set(request.seqs)
-        for seq in [s for s in cache if s not in keep]:
-            del cache[seq]
+    parts = wire_forms(request.seqs, request.messages, cache, to_anthropic_blocks)
     messages = merge_anthropic_blocks(parts)
     converted = to_anthropic_request([], tools=strategy_tools)
     if client.extra.get("cache_marks") and messages:

@@ -15,7 +15,17 @@ from ..errors import EventError
 from ..messages import Message, ToolCallBlock
 from ..session import Request
 from .reconcile import message_hash
-from .wire import ClientRequest, MessageMemo, WireError, add_usage, check_model, expect, load_json_object, sse
+from .wire import (
+    ClientRequest,
+    MessageMemo,
+    WireError,
+    add_usage,
+    check_model,
+    expect,
+    load_json_object,
+    sse,
+    wire_forms,
+)
 
 API = "openai"
 UPSTREAM_PATH = "/chat/completions"
@@ -103,16 +113,7 @@ def upstream_body(
     body = dict(client.body)
     messages: list[dict[str, Any]] = [{"role": "system", "content": request.system}] if request.system else []
     cache = {} if cache is None else cache
-    for seq, message in zip(request.seqs, request.messages, strict=True):
-        hit = cache.get(seq)
-        if hit is None or hit[0] is not message:
-            hit = (message, to_openai_message(message))
-            cache[seq] = hit
-        messages.append(hit[1])
-    if len(cache) > 2 * len(request.seqs) + 64:  # forget nodes that left the surface
-        keep = set(request.seqs)
-        for seq in [s for s in cache if s not in keep]:
-            del cache[seq]
+    messages.extend(wire_forms(request.seqs, request.messages, cache, to_openai_message))
     body["messages"] = messages
     tools = list(client.raw_tools) + strategy_tools
     if tools:

@@ -198,6 +198,26 @@ async def iter_sse(lines: AsyncIterator[str]) -> AsyncIterator[SSEEvent]:
         yield SSEEvent(event, "\n".join(data))
 
 
+def wire_forms(
+    seqs: list[int], messages: list[Message], cache: dict[int, tuple[Message, Any]], convert: Callable[[Message], Any]
+) -> list[Any]:
+    """Each surface message in its wire form, converted once per node: ``cache`` (per session)
+    maps a node's seq to the message object it was converted from and the result, so a request
+    costs the new nodes only; entries for nodes that left the surface are dropped."""
+    forms = []
+    for seq, message in zip(seqs, messages, strict=True):
+        hit = cache.get(seq)
+        if hit is None or hit[0] is not message:
+            hit = (message, convert(message))
+            cache[seq] = hit
+        forms.append(hit[1])
+    if len(cache) > 2 * len(seqs) + 64:  # forget nodes that left the surface
+        keep = set(seqs)
+        for seq in [s for s in cache if s not in keep]:
+            del cache[seq]
+    return forms
+
+
 def sse(data: Any, event: str | None = None) -> bytes:
     """One server-sent event; ``data`` is JSON-encoded unless it is already a string."""
     payload = data if isinstance(data, str) else orjson.dumps(data).decode()

@@ -34,7 +34,7 @@ from ..events import COMPACTION_END, COMPACTION_PRUNE, COMPACTION_SUMMARY
 from ..kernel import Kernel
 from ..messages import Message, Source, ToolCallBlock
 from ..models.base import Reply
-from ..profile import ModelSettings, Prices, Profile, SummarizerSettings, load_profile
+from ..profile import Prices, Profile, SummarizerSettings, load_profile, override_window
 from ..redact import redact
 from ..session import Request, Session
 from ..store.jsonl import JsonlStore
@@ -173,16 +173,7 @@ def prepare_profile(name: str, recording: Recording, options: Options, home: Pat
     else:
         profile = load_profile(name)
     if options.window is not None:
-        model = profile.model.model_dump()
-        reserved = model["reserved_output_tokens"]
-        if reserved >= options.window // 2:  # a small window keeps a proportionate reservation
-            reserved = options.window // 8
-        model.update(context_window=options.window, reserved_output_tokens=reserved)
-        profile.model = ModelSettings(**model)
-        # per-model policies may pin a window: the override wins for the routed model too
-        for policy in profile.model_policies:
-            if policy.model:
-                policy.model = {**policy.model, "context_window": options.window, "reserved_output_tokens": reserved}
+        override_window(profile, options.window)
     if recording.system:
         profile.profile.system_prompt = recording.system
     profile.store = profile.store.model_copy(update={"backend": "jsonl", "path": str(home), "dsn": None})
