@@ -48,7 +48,7 @@ from .models import ModelAdapter, OpenAIChatModel, Reply, ScriptedModel
 from .plugins import NoSettings, StrategySpec
 from .profile import Profile, load_profile
 from .session import EventSpec, ReplyDraft, Request, RequestHeader, Session, StepContext
-from .store.base import BlobInfo, check_session_id
+from .store.base import BlobInfo, check_blob_key, check_session_id
 from .surface import Node
 from .tools import MAX_INT_ARG, CompactTool, Tool, ToolArgs, ToolOutcome, compact_schema
 from .validate import ValidationReport
@@ -117,6 +117,7 @@ __all__ = [
     "ValidationReport",
     "MAX_INT_ARG",
     "balanced_cut_at_or_before",
+    "check_blob_key",
     "check_session_id",
     "compact_schema",
     "get_logger",

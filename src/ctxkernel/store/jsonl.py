@@ -396,6 +396,10 @@ class JsonlStore:
     def blob_get(self, key: str) -> bytes | None:
         path = self.blob_path(key)
         try:
+            # a link planted under the home must not serve a file from elsewhere
+            if self.blobs_dir.resolve() not in path.resolve().parents:
+                msg = f"blob {key}: {path} resolves outside the store's blobs folder (through a link); refused"
+                raise StoreError(msg)
             return path.read_bytes()
         except (FileNotFoundError, NotADirectoryError):
             return None
