@@ -22,9 +22,11 @@ def chapters_kernel(
     reserve: int = 1_000,
     plugins: list[tuple[str, Any]] | None = None,
     policies: list[dict[str, Any]] | None = None,
+    store: Any = None,
     **settings: Any,
 ) -> Kernel:
-    """A kernel on a jsonl store in ``home`` running only ``chapters`` (registered in code)."""
+    """A kernel on a jsonl store in ``home`` (or on ``store``) running only ``chapters``
+    (registered in code)."""
     tables: dict[str, Any] = {
         "model": {
             "provider": "scripted",
@@ -42,7 +44,7 @@ def chapters_kernel(
         profile.model_policies = [ModelPolicy.model_validate(p) for p in policies]
     return Kernel(
         profile,
-        store=JsonlStore(home),
+        store=store if store is not None else JsonlStore(home),
         home=home,
         entry_points=False,
         plugins=[("chapters", chapters_plugin), *(plugins or [])],
