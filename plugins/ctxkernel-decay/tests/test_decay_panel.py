@@ -82,6 +82,8 @@ def test_audit_writes_one_record_per_request_and_compression(make_decay_kernel):
     compression = next(r for r in records if r["kind"] == "compress")
     assert compression["blocks"] == [{"left": 1, "right": 4, "tier": 1, "topic": "reading"}]
     assert all(r["session"] == session.id for r in records)
+    # ctxkernel export writes them as the seed lays the audit out
+    assert session.kernel.hooks.export_files(session)["decay"] == {"decay/audit.jsonl": audit_jsonl(session)}
 
 
 def test_no_audit_file_unless_enabled(make_decay_kernel):

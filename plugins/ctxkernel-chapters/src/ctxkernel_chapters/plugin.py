@@ -370,6 +370,21 @@ def _toc(session: Session, settings: Any, registry: Registry) -> list[dict[str, 
     return [{**{k: r.get(k) for k in keys}, "hash": problems.get(r["id"], "ok")} for r in records]
 
 
+@ctxkernel.hookimpl
+def export_files(session: Session) -> dict[str, bytes] | None:
+    """The lineage's chapter files and artifacts as the seed lays them out:
+    ``<archive_root>/<root>/chapters/NNN-slug.md`` and ``<archive_root>/<root>/artifacts/<sha256>.txt``."""
+    root = registry_of(session).root_of(session.id)
+    blobs = STRATEGY.on(session).blobs
+    label = archive.archive_label(settings_of(session))
+    files = {}
+    for info in blobs.list(f"{root}/"):
+        data = blobs.get(info.key)
+        if data is not None:  # deleted since the listing (a failed compaction's file)
+            files[f"{label}/{info.key}"] = data
+    return files or None
+
+
 # -- simulation ------------------------------------------------------------------------------------
 @ctxkernel.hookimpl
 def steward_actions(session: Session, request: Request) -> list[dict[str, Any]] | None:

@@ -191,6 +191,13 @@ def audit_jsonl(session: Session) -> bytes:
     return b"".join(blobs.get(info.key) or b"" for info in blobs.list(f"{AUDIT_PREFIX}/{session.id}/"))
 
 
+@ctxkernel.hookimpl
+def export_files(session: Session) -> dict[str, bytes] | None:
+    """``decay/audit.jsonl``: the session's audit records, as the seed lays the audit out."""
+    data = audit_jsonl(session)
+    return {f"{NAME}/audit.jsonl": data} if data else None
+
+
 def _now() -> str:
     import datetime as dt
 
