@@ -32,6 +32,17 @@ if TYPE_CHECKING:
 
 #: parsed chapters that passed verification, by (path, stored sha256, registry sha256)
 VERIFIED = VerifiedCache()
+#: lower-cased chapter bodies for search, by the body's sha256
+LOWERED = VerifiedCache()
+
+
+def lowered_body(chapter: ChapterFile) -> str:
+    """The verified chapter's body in lower case (computed once per body)."""
+    text = LOWERED.get(chapter.sha256)
+    if text is None:
+        text = chapter.body.lower()
+        LOWERED.put(chapter.sha256, text)
+    return str(text)
 
 
 def archive_label(settings: ChaptersSettings) -> str:

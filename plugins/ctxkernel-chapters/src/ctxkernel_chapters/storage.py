@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -122,21 +122,22 @@ class Archive:
 
 
 class VerifiedCache:
-    """Results of verified reads keyed by content: ``(name, sha256 of the stored bytes, sha256 the
-    registry expects)``. The same bytes verify the same way, so a search reads and re-hashes a
-    chapter only when its stored digest changed; bounded, least recently used out first."""
+    """Results keyed by content hashes, e.g. verified reads by ``(name, sha256 of the stored
+    bytes, sha256 the registry expects)``: the same bytes verify the same way, so a search reads
+    and re-hashes a chapter only when its stored digest changed. Bounded, least recently used out
+    first."""
 
     def __init__(self, limit: int = 1024) -> None:
         self.limit = limit
-        self._items: OrderedDict[tuple[str, str, str], Any] = OrderedDict()
+        self._items: OrderedDict[Hashable, Any] = OrderedDict()
 
-    def get(self, key: tuple[str, str, str]) -> Any | None:
+    def get(self, key: Hashable) -> Any | None:
         value = self._items.get(key)
         if value is not None:
             self._items.move_to_end(key)
         return value
 
-    def put(self, key: tuple[str, str, str], value: Any) -> None:
+    def put(self, key: Hashable, value: Any) -> None:
         self._items[key] = value
         self._items.move_to_end(key)
         while len(self._items) > self.limit:
