@@ -13,6 +13,7 @@ Claude Code and the SDK examples put their rolling breakpoint.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ..convert import (
@@ -99,18 +100,19 @@ def parse_request(raw: bytes, memo: MessageMemo | None = None) -> ClientRequest:
                     },
                 }
             )
-    memo = memo or MessageMemo()
-    converted: list[Message] = []
-    hashes: list[str] = []
+    memo = MessageMemo() if memo is None else memo
+
+    def one(i: int, item: Any) -> tuple[Sequence[Message], Sequence[str], str | None]:
+        found, digests = memo.convert(
+            item, lambda m: from_anthropic_message(m, where=f"messages.{i}"), message_hash, api=b"anthropic"
+        )
+        return found, digests, None
+
     try:
-        for i, item in enumerate(messages):
-            found, digests = memo.convert(
-                item, lambda m, i=i: from_anthropic_message(m, where=f"messages.{i}"), message_hash
-            )
-            converted += found
-            hashes += digests
+        history = memo.convert_history(b"anthropic", messages, one)
     except EventError as exc:
         raise WireError(400, str(exc), param="messages") from None
+    converted, hashes = list(history.messages), list(history.hashes)
     if not converted or messages[-1].get("role") != "user":
         raise WireError(
             400,
