@@ -35,6 +35,7 @@ from .wire import (
     check_model,
     expect,
     load_json_object,
+    obj,
     sse,
     wire_forms,
 )
@@ -260,9 +261,10 @@ class StreamTranslator:
     def feed_event(self, event: str | None, data: dict[str, Any]) -> list[bytes]:
         kind = data.get("type") or event
         out: list[bytes] = []
+        state: dict[str, Any] | None
         if kind == "message_start":
-            message = data.get("message") if isinstance(data.get("message"), dict) else {}
-            self.round_usage = dict(message.get("usage") or {}) if isinstance(message.get("usage"), dict) else {}
+            message = obj(data.get("message"))
+            self.round_usage = dict(obj(message.get("usage")))
             if not self.started:
                 self.started = True
                 out.append(sse({"type": "message_start", "message": {**message, "content": []}}, "message_start"))
@@ -286,7 +288,8 @@ class StreamTranslator:
                     )
                 )
         elif kind == "content_block_delta":
-            state = self.round.get(data.get("index"))  # type: ignore[arg-type]
+            index = data.get("index")
+            state = self.round.get(index) if isinstance(index, int) else None
             delta = data.get("delta")
             if state is None or not isinstance(delta, dict):
                 return out
@@ -299,12 +302,13 @@ class StreamTranslator:
                     )
                 )
         elif kind == "content_block_stop":
-            state = self.round.get(data.get("index"))  # type: ignore[arg-type]
+            index = data.get("index")
+            state = self.round.get(index) if isinstance(index, int) else None
             if state is not None and not state["held"]:
                 out.append(sse({"type": "content_block_stop", "index": state["client_index"]}, "content_block_stop"))
                 self.blocks.append(_assemble(state))
         elif kind == "message_delta":
-            delta = data.get("delta") if isinstance(data.get("delta"), dict) else {}
+            delta = obj(data.get("delta"))
             self.stop_reason = delta.get("stop_reason") or self.stop_reason
             self.stop_sequence = delta.get("stop_sequence")
             if isinstance(data.get("usage"), dict):

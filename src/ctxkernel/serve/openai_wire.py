@@ -24,6 +24,7 @@ from .wire import (
     check_model,
     expect,
     load_json_object,
+    obj,
     sse,
     wire_forms,
 )
@@ -268,7 +269,7 @@ class StreamTranslator:
         for choice in choices if isinstance(choices, list) else []:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
-            delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+            delta = obj(choice.get("delta"))
             reasoning = delta.get("reasoning_content")
             if isinstance(reasoning, str) and reasoning:
                 self.round_reasoning.append(reasoning)
@@ -300,7 +301,7 @@ class StreamTranslator:
         )
         if isinstance(tc.get("id"), str):
             call["id"] = tc["id"]
-        fn = tc.get("function") if isinstance(tc.get("function"), dict) else {}
+        fn = obj(tc.get("function"))
         if isinstance(fn.get("name"), str):
             call["name"] += fn["name"]
         if isinstance(fn.get("arguments"), str):

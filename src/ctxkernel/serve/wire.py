@@ -78,6 +78,12 @@ class ClientRequest:
         return {t["function"]["name"] for t in self.tools}
 
 
+def obj(value: Any) -> dict[str, Any]:
+    """``value`` when it is a JSON object, else an empty one: what the wire code walks an
+    untrusted body with, so a missing or mistyped field reads as absent."""
+    return value if isinstance(value, dict) else {}
+
+
 def load_json_object(raw: bytes) -> dict[str, Any]:
     """The request body as a JSON object, or a 400 naming what is wrong with it."""
     try:
