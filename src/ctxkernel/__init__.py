@@ -37,7 +37,7 @@ from .errors import (
     UnbalancedCutError,
 )
 from .events import Event
-from .handle import Strategy, StrategyHandle, StrategyNotes
+from .handle import Strategy, StrategyChecks, StrategyHandle, StrategyNotes
 from .hookspecs import hookimpl
 from .kernel import Kernel
 from .logging import get_logger
@@ -97,6 +97,7 @@ __all__ = [
     "StoreError",
     "SUMMARY_SECTIONS",
     "Strategy",
+    "StrategyChecks",
     "StrategyHandle",
     "StrategyNotes",
     "StrategySpec",
