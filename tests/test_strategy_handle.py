@@ -171,3 +171,35 @@ def test_migrated_strategies_never_pass_their_own_name_by_hand(root):
             target = node.value if isinstance(node, ast.Subscript) else None
             if isinstance(target, ast.Attribute) and target.attr == "state" and ast.unparse(target.value) == "session":
                 raise AssertionError(f"{path}:{node.lineno} indexes session.state by hand")
+
+
+def test_validating_signs_every_check_with_the_strategys_name(tmp_path):
+    from ctxkernel.validate import ValidationReport
+
+    kernel = build_kernel(tmp_path, strategies=["basic"], fsync=False)
+    report = ValidationReport(where="probe.toml")
+    assert PROBE.validating(kernel.profile, report) is None, "a profile without the strategy has nothing to check"
+    kernel.profile.profile.strategies.append("probe")
+    checks = PROBE.validating(kernel.profile, report)
+    assert checks is not None and checks.report is report
+    checks.ok("budgets", "fits")
+    checks.warn("fallback", "no fallback")
+    checks.fail("store", "not writable")
+    assert [(c.check, c.level, c.strategy) for c in report.checks] == [
+        ("budgets", "pass", "probe"),
+        ("fallback", "warn", "probe"),
+        ("store", "fail", "probe"),
+    ]
+    assert "strategy 'probe'" in report.checks[-1].message
+
+
+@pytest.mark.parametrize("root", MIGRATED[2:5], ids=lambda p: p.parent.name)
+def test_validate_profile_records_checks_through_the_handle(root):
+    """decay, handoff and rollover: `validate_profile` records through `Strategy.validating`, never
+    `report.ok/warn/fail(check, NAME, ...)` with the name written again (chapters: branch `blobs`)."""
+    for path in root.rglob("plugin.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                owner = ast.unparse(node.func.value)
+                if owner == "report" and node.func.attr in ("ok", "warn", "fail"):
+                    raise AssertionError(f"{path}:{node.lineno} signs a check by hand")

@@ -37,7 +37,7 @@ from .errors import (
     UnbalancedCutError,
 )
 from .events import Event
-from .handle import Strategy, StrategyBlobs, StrategyHandle, StrategyNotes
+from .handle import Strategy, StrategyBlobs, StrategyChecks, StrategyHandle, StrategyNotes
 from .hookspecs import hookimpl
 from .kernel import Kernel
 from .logging import get_logger
@@ -99,6 +99,7 @@ __all__ = [
     "SUMMARY_SECTIONS",
     "Strategy",
     "StrategyBlobs",
+    "StrategyChecks",
     "StrategyHandle",
     "StrategyNotes",
     "StrategySpec",

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from .meter import Pressure
     from .profile import ModelSettings, Profile
     from .session import RequestHeader, Session, StepContext
+    from .validate import ValidationReport
 
 S = TypeVar("S", bound=BaseModel)
 
@@ -62,6 +63,13 @@ class Strategy(Generic[S]):
             self.name, settings=self.settings, capabilities=self.capabilities, description=self.description
         )
 
+    def validating(self, profile: Profile, report: ValidationReport) -> StrategyChecks | None:
+        """This strategy's side of ``validate_profile``: its checks, signed with its name, or None
+        when ``profile`` does not list the strategy (nothing to check)."""
+        if self.name not in profile.profile.strategies:
+            return None
+        return StrategyChecks(self.name, report)
+
     def tool(
         self, name: str, description: str, parameters: type[BaseModel], handler: Any, *, cls: type[Tool] = Tool
     ) -> Tool:
@@ -83,6 +91,28 @@ class Strategy(Generic[S]):
 
     def __repr__(self) -> str:
         return f"Strategy({self.name!r}, {self.settings.__name__})"
+
+
+class StrategyChecks:
+    """What a strategy's ``validate_profile`` records, each check signed with the strategy's
+    name (``Strategy.validating``); ``report`` is the whole :class:`ctxkernel.ValidationReport`,
+    e.g. for ``strategies_claiming``."""
+
+    def __init__(self, name: str, report: ValidationReport) -> None:
+        self.name = name
+        self.report = report
+
+    def ok(self, check: str, message: str) -> None:
+        """A passed check."""
+        self.report.ok(check, self.name, message)
+
+    def warn(self, check: str, message: str) -> None:
+        """A problem that does not stop the profile from running (fails under ``--strict``)."""
+        self.report.warn(check, self.name, message)
+
+    def fail(self, check: str, message: str) -> None:
+        """A problem that makes the profile unusable; say how to fix it."""
+        self.report.fail(check, self.name, message)
 
 
 class StrategyNotes:

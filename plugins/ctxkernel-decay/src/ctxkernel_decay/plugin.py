@@ -264,17 +264,17 @@ def steward_actions(session: Session, request: Request) -> list[dict[str, Any]] 
 
 @ctxkernel.hookimpl
 def validate_profile(profile: ctxkernel.Profile, report: Any) -> None:
-    strategies = profile.profile.strategies
-    if NAME not in strategies:
+    checks = STRATEGY.validating(profile, report)
+    if checks is None:
         return
+    strategies = profile.profile.strategies
     if "basic" not in strategies:
-        report.warn(
+        checks.warn(
             "fallback",
-            NAME,
             "decay only reminds; add 'basic' after it as the emergency fallback for hard budget protection",
         )
     else:
-        report.ok("fallback", NAME, "basic is the emergency fallback")
+        checks.ok("fallback", "basic is the emergency fallback")
 
 
 def is_decay_notice(message: ctxkernel.Message) -> bool:
