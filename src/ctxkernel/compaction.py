@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import instructions
 from .errors import (
     CompactionBusyError,
     CompactionError,
@@ -286,9 +287,17 @@ def run_transaction(
                 assert summary is not None  # given, or written by the summarize hook just above
                 message = render(summary, region)
             replacements.append((message, summary))
+        # 5b: the user's protected instructions this commit would take off the surface go,
+        # verbatim, into its first replacement (instructions.py); the shrink check below judges
+        # the strategy's own replacements, the kernel's block is bounded by the budget
+        cited = {n.seq for nodes in resolved for n in nodes}
+        strategy_after = [0 if m is None else meter.count_message(m) for m, _ in replacements]
+        pinned_messages, pinned, carrier = instructions.pin_lost(session, cited, [m for m, _ in replacements])
+        if pinned:
+            replacements[carrier] = (pinned_messages[carrier], replacements[carrier][1])
         after = [0 if m is None else meter.count_message(m) for m, _ in replacements]
         if check_shrink:  # 6
-            for i, (b, a) in enumerate(zip(before, after, strict=True)):
+            for i, (b, a) in enumerate(zip(before, strategy_after, strict=True)):
                 if a >= b:
                     msg = (
                         f"span {i} ({spans[i].start}..{spans[i].end}): the replacement costs {a} tokens, not "
@@ -334,6 +343,7 @@ def run_transaction(
                     ],
                     "tokens_before": sum(before),
                     "tokens_after": sum(after),
+                    **({"instructions": {"pinned": [i.ref for i in pinned], "span": carrier}} if pinned else {}),
                     **(data or {}),
                 },
             )

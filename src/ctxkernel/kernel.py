@@ -9,8 +9,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from . import instructions
 from .errors import ProfileError, SessionNotFoundError
-from .events import utc_now
+from .events import USER_MESSAGE, EventSpec, append_op, utc_now
 from .logging import get_logger
 from .meter import Tokenizer, get_tokenizer
 from .plugins import StrategyManager, StrategySpec
@@ -137,6 +138,8 @@ class Kernel:
             self.store.create(header)
             session = Session(self, header)
             log.debug("session created", session=header.id)
+            if parent is not None:
+                self._inherit_instructions(session, parent)
         else:
             if not self.store.exists(session_id):
                 msg = f"no session {session_id!r} in the {self.store.backend} store"
@@ -147,6 +150,27 @@ class Kernel:
         if session.events:
             session.restore_harness_tools()
         return session
+
+    def _inherit_instructions(self, session: Session, parent: str) -> None:
+        """A child session opens with its parent's newest instructions within its budget, so a
+        continuation cannot leave them behind (see :mod:`ctxkernel.instructions`)."""
+        if not self.store.exists(parent):
+            return  # a parent in another store: the integrator carries what it needs
+        with gc_paused():
+            ledger = instructions.ledger_of(parent, self.store.read(parent, 0))
+        opening = instructions.inherited_block(session, ledger)
+        if opening is None:
+            return
+        message, kept = opening
+        session.append(
+            [
+                EventSpec(
+                    USER_MESSAGE,
+                    {"message": message.to_dict(), instructions.INHERITED_KEY: [i.to_dict() for i in kept]},
+                    append_op(),
+                )
+            ]
+        )
 
     def _resume(self, session_id: str, repair: bool, keep_waiting_calls: bool = False) -> Session:
         if repair:

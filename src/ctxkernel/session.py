@@ -35,6 +35,7 @@ import orjson
 from . import events as ev
 from .compaction import CommitResult, Span, run_transaction
 from .errors import (
+    ConfigError,
     ConflictError,
     ContextOverflowError,
     CorruptionError,
@@ -45,6 +46,7 @@ from .errors import (
 )
 from .events import Event, EventSpec, validate_shape
 from .guard import excerpt_oversized, shrink_to_fit
+from .instructions import Instruction, inherited_of, instruction_of
 from .logging import get_logger
 from .messages import Message, Source, ToolCallBlock, ToolResultBlock
 from .meter import USAGE_SLACK_TOKENS, USAGE_TOLERANCE_FACTOR, Meter, Pressure, usage_in_band
@@ -61,6 +63,9 @@ if TYPE_CHECKING:
     from .store.base import SessionHeader
 
 log = get_logger("ctxkernel.session")
+
+#: the ``request/context`` key of a window given with the route (``set_route(..., context_window=)``)
+ROUTE_WINDOW_KEY = "routed_window"
 
 
 @dataclass(frozen=True)
@@ -211,6 +216,10 @@ class Session:
         self.open_compaction: dict[str, Any] | None = None
         #: data of every compaction/summary event, in log order (``project`` lists them per call)
         self.compaction_summaries: list[dict[str, Any]] = []
+        #: the user's instructions, oldest first: inherited from a parent, then this session's own
+        #: (the ledger the instruction budget protects, see :mod:`ctxkernel.instructions`)
+        self.instructions: list[Instruction] = []
+        self.instruction_costs: dict[tuple[str, int], int] = {}  # (session, seq) -> tokens
         self.header_hash: str | None = None
         self.route: dict[str, Any] | None = None  # last request/context data
         self._anchor: tuple[int, int, str | None] | None = None  # (provider tokens, our estimate, header hash)
@@ -234,8 +243,15 @@ class Session:
         return self.kernel.strategy_settings(strategy, model.provider, model.name)
 
     def model_settings(self) -> ModelSettings:
+        """The routed model's settings: the profile's ``[model]`` with the matching per-model
+        policy applied, and the window a route gave explicitly (``set_route(...,
+        context_window=...)``, folded from the log, so a reopened session keeps it)."""
         route = self.route or {}
-        return self.kernel.profile.model_for(route.get("provider"), route.get("model"))
+        settings = self.kernel.profile.model_for(route.get("provider"), route.get("model"))
+        window = route.get(ROUTE_WINDOW_KEY)
+        if isinstance(window, int) and window != settings.context_window:
+            return settings.with_window(window)
+        return settings
 
     @property
     def lock(self) -> threading.RLock:
@@ -294,6 +310,13 @@ class Session:
             self._header_tools = d["tools"]
         elif t == ev.REQUEST_CONTEXT:
             self.route = d
+        elif t == ev.USER_MESSAGE:
+            inherited = inherited_of(event)
+            if inherited:
+                self.instructions[:0] = inherited
+            instruction = instruction_of(self.id, event)
+            if instruction is not None:
+                self.instructions.append(instruction)
         elif t == ev.ASSISTANT_MESSAGE:
             self._last_decoration_delta = d.get("decoration_tokens", 0)
             usage = d.get("usage")
@@ -608,17 +631,30 @@ class Session:
         return Pressure(tokens, model.effective_window, model.context_window, model.reserved_output_tokens, anchored)
 
     def set_route(self, provider: str, model: str, context_window: int | None = None) -> None:
-        """Route the next requests to another model (per-model policies apply from then on)."""
-        settings = self.kernel.profile.model_for(provider, model)
-        self._write_route(settings, context_window)
+        """Route the next requests to another model (per-model policies apply from then on).
 
-    def _write_route(self, settings: ModelSettings, context_window: int | None = None) -> None:
-        data = {
+        ``context_window`` is the routed model's total window when the profile does not know it:
+        pressure, every strategy threshold and the instruction budget follow it from the next
+        request on (the output reservation shrinks to an eighth of a window it would take half
+        of). It is recorded in the log, so a reopened session keeps it."""
+        settings = self.kernel.profile.model_for(provider, model)
+        if context_window is not None:
+            try:
+                settings = settings.with_window(context_window)
+            except ConfigError as exc:
+                msg = f"set_route({provider!r}, {model!r}): {exc}; nothing was recorded"
+                raise ConfigError(msg) from None
+        self._write_route(settings, pinned=context_window is not None)
+
+    def _write_route(self, settings: ModelSettings, *, pinned: bool = False) -> None:
+        data: dict[str, Any] = {
             "provider": settings.provider,
             "model": settings.name,
-            "context_window": context_window or settings.context_window,
+            "context_window": settings.context_window,
             "reserved_output_tokens": settings.reserved_output_tokens,
         }
+        if pinned:  # the window came with the route, not from the profile: it outlives profile edits
+            data[ROUTE_WINDOW_KEY] = settings.context_window
         if self.route != data:
             self.append_one(ev.REQUEST_CONTEXT, data)
 
