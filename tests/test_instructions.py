@@ -20,6 +20,7 @@ from ctxkernel.events import COMPACTION_SUMMARY
 from ctxkernel.instructions import BLOCK_OPEN, missing, normalized, protected
 from ctxkernel.profile import load_profile
 from ctxkernel.testing import build_kernel
+from ctxkernel.validate import validate_profile
 
 WINDOW = {"context_window": 4000, "reserved_output_tokens": 500}  # effective 3500
 
@@ -235,3 +236,14 @@ def test_after_any_compactions_the_newest_instructions_within_budget_are_verbati
                         assert session.meter.count_text(item.text) > budget - sum(
                             session.meter.count_text(k.text) for k in keep if k.seq > item.seq
                         )
+
+
+def test_validate_warns_when_the_budget_leaves_basic_no_room(tmp_path):
+    path = tmp_path / "tight.toml"
+    path.write_text(
+        "[model]\ncontext_window = 5000\nreserved_output_tokens = 1000\n[strategies.basic]\nsummary_max_chars = 3000\n"
+    )
+    assert not [c for c in validate_profile(path).warnings if c.check == "basic-budget"]
+    path.write_text(path.read_text() + "[instructions]\nbudget_ratio = 0.4\n")
+    (warning,) = [c.message for c in validate_profile(path).warnings if c.check == "basic-budget"]
+    assert "budget_ratio 0.4" in warning and "1600 tokens of user instructions" in warning
