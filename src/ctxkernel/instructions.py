@@ -7,8 +7,8 @@ or a tool result. That is what ``ctxkernel simulate`` counts in ``instructions_v
 The kernel keeps a ledger of them per session, folded from the log: the session's own user
 messages, after the ones it inherited from its parent (a chapters continuation or fork). The
 *protected* instructions are the newest of the ledger whose tokens fit the budget
-(``[instructions] budget_ratio`` of the routed model's effective window): newest first, an
-instruction larger than what is left of the budget is passed over for older, smaller ones.
+(``[instructions] budget_ratio`` of the routed model's effective window), newest first up to the
+first that does not fit; one larger than the whole budget is passed over.
 
 Every compaction transaction (:func:`ctxkernel.compaction.run_transaction`, the one path by
 which any strategy changes the surface beyond appending) calls :func:`pin_lost` before it
@@ -23,7 +23,7 @@ in the log, where the history tools (``item_<seq>``) and ``search`` reach them.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .events import USER_MESSAGE, Event
@@ -97,6 +97,34 @@ def inherited_of(event: Event) -> list[Instruction]:
     return out
 
 
+@dataclass
+class Ledger:
+    """A session's instructions, built from its log on demand and extended incrementally (a
+    cursor over ``session.events``, like the history index), so it needs no state of its own in
+    the log or a snapshot: any process that can read the events rebuilds it."""
+
+    cursor: int = 0
+    inherited: list[Instruction] = field(default_factory=list)
+    own: list[Instruction] = field(default_factory=list)
+    #: (session, seq) -> tokens, counted once per process
+    costs: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def sync(self, session_id: str, events: Sequence[Event]) -> list[Instruction]:
+        """The ledger, oldest first, after folding the events appended since the last call."""
+        for seq in range(self.cursor, len(events)):
+            event = events[seq]
+            if event.type != USER_MESSAGE:
+                continue
+            inherited = inherited_of(event)
+            if inherited:
+                self.inherited = inherited
+            item = instruction_of(session_id, event)
+            if item is not None:
+                self.own.append(item)
+        self.cursor = len(events)
+        return self.inherited + self.own
+
+
 def budget_tokens(session: Session) -> int:
     """The budget of the routed model: ``budget_ratio`` x its effective window."""
     ratio = session.kernel.profile.instructions.budget_ratio
@@ -114,7 +142,11 @@ def within(
     ledger: Sequence[Instruction], budget: int, costs: dict[tuple[str, int], int], count: Any
 ) -> list[Instruction]:
     """Newest first, the instructions of ``ledger`` whose tokens (``count``, cached in ``costs``)
-    fit ``budget``; returned oldest first."""
+    fit ``budget``, up to the first that does not; returned oldest first.
+
+    One larger than the whole budget is passed over (it could never be kept, and must not hide
+    the older ones). Stopping at the first that does not fit keeps the choice monotonic: an
+    instruction a compaction left out never becomes protected again by a newer one arriving."""
     if budget <= 0:
         return []
     chosen: list[Instruction] = []
@@ -124,25 +156,19 @@ def within(
         cost = costs.get(key)
         if cost is None:
             cost = costs[key] = count(item.text)
-        if cost <= left:
-            chosen.append(item)
-            left -= cost
+        if cost > budget:
+            continue
+        if cost > left:
+            break
+        chosen.append(item)
+        left -= cost
     chosen.reverse()
     return chosen
 
 
-def ledger_of(session_id: str, events: Iterable[Event]) -> list[Instruction]:
+def ledger_of(session_id: str, events: Sequence[Event]) -> list[Instruction]:
     """A session's ledger read from its events (for a parent not open in this process)."""
-    inherited: list[Instruction] = []
-    own: list[Instruction] = []
-    for event in events:
-        if event.type != USER_MESSAGE:
-            continue
-        inherited = inherited_of(event) or inherited
-        item = instruction_of(session_id, event)
-        if item is not None:
-            own.append(item)
-    return inherited + own
+    return Ledger().sync(session_id, events)
 
 
 def missing(items: Sequence[Instruction], texts: Iterable[str]) -> list[Instruction]:

@@ -119,6 +119,7 @@ class Kernel:
         origin: str | None = None,
         repair: bool = True,
         keep_waiting_calls: bool = False,
+        instructions_from: str | None = None,
     ) -> Session:
         """Open a session: a new one (no id, or ``create=True``) or an existing one by id.
 
@@ -126,6 +127,10 @@ class Kernel:
         crashed writer left open is closed with synthetic events (HOST-MODEL §7);
         ``keep_waiting_calls`` leaves tool calls that wait for the harness's results open
         (see :meth:`Session.repair_after_crash`).
+
+        A new session that continues another one (``instructions_from``, else ``parent``) opens
+        with that session's newest user instructions within its budget (``[instructions]``), so
+        a continuation cannot leave them behind.
         """
         if session_id is None or create:
             header = SessionHeader(
@@ -138,8 +143,9 @@ class Kernel:
             self.store.create(header)
             session = Session(self, header)
             log.debug("session created", session=header.id)
-            if parent is not None:
-                self._inherit_instructions(session, parent)
+            source = instructions_from or parent
+            if source is not None:
+                self._inherit_instructions(session, source)
         else:
             if not self.store.exists(session_id):
                 msg = f"no session {session_id!r} in the {self.store.backend} store"
@@ -157,7 +163,7 @@ class Kernel:
         if not self.store.exists(parent):
             return  # a parent in another store: the integrator carries what it needs
         with gc_paused():
-            ledger = instructions.ledger_of(parent, self.store.read(parent, 0))
+            ledger = instructions.ledger_of(parent, list(self.store.read(parent, 0)))
         opening = instructions.inherited_block(session, ledger)
         if opening is None:
             return

@@ -46,7 +46,7 @@ from .errors import (
 )
 from .events import Event, EventSpec, validate_shape
 from .guard import excerpt_oversized, shrink_to_fit
-from .instructions import Instruction, inherited_of, instruction_of
+from .instructions import Instruction, Ledger
 from .logging import get_logger
 from .messages import Message, Source, ToolCallBlock, ToolResultBlock
 from .meter import USAGE_SLACK_TOKENS, USAGE_TOLERANCE_FACTOR, Meter, Pressure, usage_in_band
@@ -216,10 +216,7 @@ class Session:
         self.open_compaction: dict[str, Any] | None = None
         #: data of every compaction/summary event, in log order (``project`` lists them per call)
         self.compaction_summaries: list[dict[str, Any]] = []
-        #: the user's instructions, oldest first: inherited from a parent, then this session's own
-        #: (the ledger the instruction budget protects, see :mod:`ctxkernel.instructions`)
-        self.instructions: list[Instruction] = []
-        self.instruction_costs: dict[tuple[str, int], int] = {}  # (session, seq) -> tokens
+        self._instructions = Ledger()  # built from the log on demand (see the instructions property)
         self.header_hash: str | None = None
         self.route: dict[str, Any] | None = None  # last request/context data
         self._anchor: tuple[int, int, str | None] | None = None  # (provider tokens, our estimate, header hash)
@@ -236,6 +233,17 @@ class Session:
     @property
     def next_seq(self) -> int:
         return len(self.events)
+
+    @property
+    def instructions(self) -> list[Instruction]:
+        """The user's instructions, oldest first: those inherited from the session this one
+        continues, then its own (the ledger ``[instructions]`` protects, :mod:`ctxkernel.instructions`)."""
+        return self._instructions.sync(self.id, self.events)
+
+    @property
+    def instruction_costs(self) -> dict[tuple[str, int], int]:
+        """Tokens of each instruction, by (session, seq), counted once per process."""
+        return self._instructions.costs
 
     def settings(self, strategy: str) -> BaseModel:
         """The validated settings of ``strategy`` for the currently routed model."""
@@ -310,13 +318,6 @@ class Session:
             self._header_tools = d["tools"]
         elif t == ev.REQUEST_CONTEXT:
             self.route = d
-        elif t == ev.USER_MESSAGE:
-            inherited = inherited_of(event)
-            if inherited:
-                self.instructions[:0] = inherited
-            instruction = instruction_of(self.id, event)
-            if instruction is not None:
-                self.instructions.append(instruction)
         elif t == ev.ASSISTANT_MESSAGE:
             self._last_decoration_delta = d.get("decoration_tokens", 0)
             usage = d.get("usage")

@@ -258,7 +258,10 @@ def _create_child(
         child_id,
         new_state(child_id, parent=session.id, root=root, origin=origin, next_chapter=next_chapter, title=args.title),
     )
-    child = session.kernel.open_session(child_id, create=True, parent=session.id, origin=f"chapters:{origin}")
+    # instructions_from: the child opens with the user's instructions (the kernel's budget)
+    child = session.kernel.open_session(
+        child_id, create=True, parent=session.id, origin=f"chapters:{origin}", instructions_from=session.id
+    )
     child.add_message(seed)
     if session.harness_tools:
         child.set_harness_tools(session.harness_tools)
