@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ctxkernel import CompactionError, Message, Span, ToolCallBlock, balanced_cut_at_or_before
-from ctxkernel.errors import ProfileError
+from ctxkernel import CompactionError, Message, Source, Span, ToolCallBlock, balanced_cut_at_or_before
+from ctxkernel.errors import ProfileError, SessionNotFoundError
 from ctxkernel.events import COMPACTION_SUMMARY
 from ctxkernel.instructions import BLOCK_OPEN, missing, normalized, protected
 from ctxkernel.profile import load_profile
@@ -115,19 +115,43 @@ def test_budget_zero_turns_the_protection_off(tmp_path):
     assert not any("a rule" in t for t in visible_texts(session))
 
 
-def test_a_child_session_opens_with_its_parents_instructions(tmp_path):
+def test_a_continuation_inherits_its_sources_instructions_before_its_first_request(tmp_path):
     kernel = build_kernel(tmp_path, model=WINDOW)
     parent = kernel.open_session()
     chat(parent, "use the staging database")
-    child = kernel.open_session(create=True, parent=parent.id)
-    (node,) = child.surface.nodes
-    assert "use the staging database" in node.message.text
-    assert [(i.session, i.text) for i in child.instructions] == [(parent.id, "use the staging database")]
+    chat(parent, "and never deploy on a Friday")
+    child = kernel.open_session(create=True, instructions_from=parent.id)
+    assert child.events == []  # nothing before the strategy's seed
+    child.add_message(Message.user("seed: and never deploy on a Friday", Source.plugin_form("t", "seed")))
     chat(child, "now deploy")
+    texts = visible_texts(child)
+    # the one the seed does not show is pinned, once; the one it shows is not repeated
+    assert sum("use the staging database" in t for t in texts) == 1
+    assert sum("never deploy on a Friday" in t for t in texts) == 1
+    assert [(i.session, i.text) for i in child.instructions] == [
+        (parent.id, "use the staging database"),
+        (parent.id, "and never deploy on a Friday"),
+        (child.id, "now deploy"),
+    ]
+    # the inheritance is in the log: a reopened child, and its own continuation, know it
+    reopened = kernel.open_session(child.id)
+    assert [i.text for i in reopened.instructions] == [i.text for i in child.instructions]
     grandchild = kernel.open_session(create=True, parent=child.id)
-    assert [i.text for i in grandchild.instructions] == ["use the staging database", "now deploy"]
-    reopened = kernel.open_session(grandchild.id)
-    assert [i.text for i in reopened.instructions] == ["use the staging database", "now deploy"]
+    grandchild.user("go")
+    grandchild.prepare_request()
+    assert [i.text for i in grandchild.instructions] == [
+        "use the staging database",
+        "and never deploy on a Friday",
+        "now deploy",
+        "go",
+    ]
+    assert not missing(protected(grandchild), visible_texts(grandchild))
+
+
+def test_a_continuation_of_an_unknown_session_is_refused(tmp_path):
+    kernel = build_kernel(tmp_path, model=WINDOW)
+    with pytest.raises(SessionNotFoundError, match="instructions_from='nope'"):
+        kernel.open_session(create=True, instructions_from="nope")
 
 
 @pytest.mark.parametrize("ratio", [-0.1, 0.51, float("nan")])
@@ -235,3 +259,14 @@ def test_after_any_compactions_the_newest_instructions_within_budget_are_verbati
                 older = fitting[len(fitting) - len(keep) - 1]
                 used = sum(session.meter.count_text(i.text) for i in keep)
                 assert session.meter.count_text(older.text) > budget - used
+
+
+def test_validate_warns_when_the_budget_leaves_basic_no_room(tmp_path):
+    path = tmp_path / "tight.toml"
+    path.write_text(
+        "[model]\ncontext_window = 5000\nreserved_output_tokens = 1000\n[strategies.basic]\nsummary_max_chars = 3000\n"
+    )
+    assert not [c for c in validate_profile(path).warnings if c.check == "basic-budget"]
+    path.write_text(path.read_text() + "[instructions]\nbudget_ratio = 0.4\n")
+    (warning,) = [c.message for c in validate_profile(path).warnings if c.check == "basic-budget"]
+    assert "budget_ratio 0.4" in warning and "1600 tokens of user instructions" in warning

@@ -15,8 +15,10 @@ which any strategy changes the surface beyond appending) calls :func:`pin_lost` 
 commits: each protected instruction that would no longer be on the surface verbatim after the
 commit (not in a kept message, not quoted by a replacement) is written, verbatim, into a
 ``<user-instructions>`` block at the end of the transaction's first replacement. So no strategy
-can compact an instruction away, and none has to remember to carry them. A session created with
-a parent starts with such a block (:func:`inherited_block`). Instructions outside the budget stay
+can compact an instruction away, and none has to remember to carry them. A session that continues
+another (``open_session(..., instructions_from=...)``, or ``parent``) inherits that session's
+newest instructions: before its first request the kernel records them (``instructions/inherited``)
+and pins, in a block of their own, those its seed does not already show. Instructions outside the budget stay
 in the log, where the history tools (``item_<seq>``) and ``search`` reach them.
 """
 
@@ -26,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .events import USER_MESSAGE, Event
+from .events import USER_MESSAGE, Event, EventSpec, append_op
 from .messages import Message, Source, TextBlock
 
 if TYPE_CHECKING:
@@ -40,8 +42,9 @@ BLOCK_INTRO = (
     "The user's own messages of this session, verbatim, oldest first. They were compacted out of "
     "the context above and still apply; any other earlier message can be found with the history tools."
 )
-#: ``user/message`` data key of a block that opens a child session: the inherited ledger
-INHERITED_KEY = "inherited_instructions"
+#: the ignorable event with which a continuation records the instructions it inherited
+#: (``{"instructions": [{"session", "seq", "text"}, ...]}``), written before its first request
+INHERITED_EVENT = "instructions/inherited"
 
 
 @dataclass(frozen=True)
@@ -79,10 +82,10 @@ def instruction_of(session_id: str, event: Event) -> Instruction | None:
 
 
 def inherited_of(event: Event) -> list[Instruction]:
-    """The ledger a child session's opening block carries (empty for any other event)."""
-    if event.type != USER_MESSAGE:
+    """The ledger a continuation inherited (empty for any other event)."""
+    if event.type != INHERITED_EVENT:
         return []
-    raw = event.data.get(INHERITED_KEY)
+    raw = event.data.get("instructions")
     if not isinstance(raw, list):
         return []
     out = []
@@ -113,11 +116,9 @@ class Ledger:
         """The ledger, oldest first, after folding the events appended since the last call."""
         for seq in range(self.cursor, len(events)):
             event = events[seq]
-            if event.type != USER_MESSAGE:
+            if event.type == INHERITED_EVENT:
+                self.inherited = inherited_of(event)
                 continue
-            inherited = inherited_of(event)
-            if inherited:
-                self.inherited = inherited
             item = instruction_of(session_id, event)
             if item is not None:
                 self.own.append(item)
@@ -228,13 +229,18 @@ def pin_lost(
     return replacements, [], -1
 
 
-def inherited_block(session: Session, parent_ledger: Sequence[Instruction]) -> tuple[Message, list[Instruction]] | None:
-    """The opening block of a child session: its parent's newest instructions within the
-    child's budget. None when there are none."""
-    keep = within(parent_ledger, budget_tokens(session), session.instruction_costs, session.meter.count_text)
-    if not keep:
-        return None
-    return block_message(keep, session.id), keep
+def inherited(session: Session, source_ledger: Sequence[Instruction]) -> list[Instruction]:
+    """What a continuation inherits: the newest of its source's instructions within its budget."""
+    return within(source_ledger, budget_tokens(session), session.instruction_costs, session.meter.count_text)
+
+
+def inheritance_batch(session: Session, kept: Sequence[Instruction]) -> list[EventSpec]:
+    """The events that record ``kept`` as inherited and pin those not on the surface."""
+    batch = [EventSpec(INHERITED_EVENT, {"instructions": [i.to_dict() for i in kept]}, ignorable=True)]
+    lost = missing(kept, [n.message.text for n in session.surface.nodes])
+    if lost:
+        batch.append(EventSpec(USER_MESSAGE, {"message": block_message(lost, session.id).to_dict()}, append_op()))
+    return batch
 
 
 __all__ = [

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from . import instructions
 from .errors import ProfileError, SessionNotFoundError
-from .events import USER_MESSAGE, EventSpec, append_op, utc_now
+from .events import utc_now
 from .logging import get_logger
 from .meter import Tokenizer, get_tokenizer
 from .plugins import StrategyManager, StrategySpec
@@ -157,26 +157,16 @@ class Kernel:
             session.restore_harness_tools()
         return session
 
-    def _inherit_instructions(self, session: Session, parent: str) -> None:
-        """A child session opens with its parent's newest instructions within its budget, so a
-        continuation cannot leave them behind (see :mod:`ctxkernel.instructions`)."""
-        if not self.store.exists(parent):
-            return  # a parent in another store: the integrator carries what it needs
+    def _inherit_instructions(self, session: Session, source: str) -> None:
+        """A session that continues ``source`` inherits its newest instructions within its own
+        budget: read now, recorded (and pinned where its seed does not show them) before its
+        first request, after the strategy that created it has written its seed."""
+        if not self.store.exists(source):
+            msg = f"instructions_from={source!r}: no such session in the {self.store.backend} store"
+            raise SessionNotFoundError(msg)
         with gc_paused():
-            ledger = instructions.ledger_of(parent, list(self.store.read(parent, 0)))
-        opening = instructions.inherited_block(session, ledger)
-        if opening is None:
-            return
-        message, kept = opening
-        session.append(
-            [
-                EventSpec(
-                    USER_MESSAGE,
-                    {"message": message.to_dict(), instructions.INHERITED_KEY: [i.to_dict() for i in kept]},
-                    append_op(),
-                )
-            ]
-        )
+            ledger = instructions.ledger_of(source, list(self.store.read(source, 0)))
+        session.inherit_instructions(instructions.inherited(session, ledger))
 
     def _resume(self, session_id: str, repair: bool, keep_waiting_calls: bool = False) -> Session:
         if repair:
