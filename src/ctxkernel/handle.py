@@ -24,6 +24,7 @@ from pydantic import BaseModel
 
 from .compaction import CommitResult, Span
 from .errors import ConfigError
+from .instructions import pin_cost
 from .plugins import NoSettings, StrategySpec
 from .recall.history import History
 from .recall.notes import STATE_KEY as NOTES_STATE_KEY
@@ -199,6 +200,12 @@ class StrategyHandle(Generic[S]):
     def compact(self, spans: Span | Sequence[Span], *, kind: str = "summary", **kwargs: Any) -> CommitResult:
         """Run one compaction transaction (see :mod:`ctxkernel.compaction`) in the strategy's name."""
         return self.session.compact(spans, strategy=self.name, kind=kind, **kwargs)
+
+    def pinned_instructions_tokens(self, start: int, end: int) -> int:
+        """At most how many tokens the kernel adds to a compaction of surface nodes
+        ``start..end`` to keep the user's instructions they hold (``[instructions]``): leave room
+        for it when sizing a replacement to a target."""
+        return pin_cost(self.session, {n.seq for n in self.session.surface.span(start, end)})
 
     def replace_tool_result(self, seq: int, content: str, *, reason: str = "prune") -> int:
         """Model-free shrink of one visible tool result; returns the replacement's seq."""

@@ -229,6 +229,17 @@ def pin_lost(
     return replacements, [], -1
 
 
+def pin_cost(session: Session, cited: set[int]) -> int:
+    """Tokens the block of a compaction replacing the nodes ``cited`` would cost at most (the
+    protected instructions only those nodes show, counted as if the replacement quoted none of
+    them): what a strategy sizing its replacement to a target must leave room for."""
+    keep = protected(session)
+    if not keep:
+        return 0
+    lost = missing(keep, [n.message.text for n in session.surface.nodes if n.seq not in cited])
+    return session.meter.count_text(block_text(lost, session.id)) if lost else 0
+
+
 def inherited(session: Session, source_ledger: Sequence[Instruction]) -> list[Instruction]:
     """What a continuation inherits: the newest of its source's instructions within its budget."""
     return within(source_ledger, budget_tokens(session), session.instruction_costs, session.meter.count_text)
