@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import ctxkernel
+from ctxkernel import NoSettings
 from ctxkernel.recall.history import History
 from ctxkernel.recall.history_tools import SYSTEM_SECTION, history_tools
 
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 
 NAME = "history"
 
-STRATEGY = ctxkernel.Strategy(
+STRATEGY: ctxkernel.Strategy[NoSettings] = ctxkernel.Strategy(
     NAME,
     capabilities={"history", "tools"},
     description="history recall: page, search and read the session's whole log (any profile can add it)",
