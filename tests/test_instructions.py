@@ -246,7 +246,7 @@ def test_after_any_compactions_the_newest_instructions_within_budget_are_verbati
         for n, op in enumerate(sequence):
             session = apply(kernel, session, op, n)
             keep = protected(session)
-            budget = int(0.15 * 3500)
+            budget = int(kernel.profile.instructions.budget_ratio * 3500)
             assert sum(session.meter.count_text(i.text) for i in keep) <= budget
             lost = missing(keep, visible_texts(session))
             assert not lost, f"after {op}: {[normalized(i.text)[:40] for i in lost]} are not on the surface"
@@ -270,3 +270,18 @@ def test_validate_warns_when_the_budget_leaves_basic_no_room(tmp_path):
     path.write_text(path.read_text() + "[instructions]\nbudget_ratio = 0.4\n")
     (warning,) = [c.message for c in validate_profile(path).warnings if c.check == "basic-budget"]
     assert "budget_ratio 0.4" in warning and "1600 tokens of user instructions" in warning
+
+
+def test_the_inheritance_survives_until_the_first_request_in_another_process(tmp_path):
+    kernel = build_kernel(tmp_path, model=WINDOW)
+    parent = kernel.open_session()
+    chat(parent, "deploy only from the release branch")
+    created = kernel.open_session(create=True, instructions_from=parent.id)
+    created.add_message(Message.user("seed", Source.plugin_form("t", "seed")))
+    del created
+    # another process: a new kernel on the same store opens the continuation by id
+    child = build_kernel(tmp_path, model=WINDOW).open_session(next(s for s in kernel.sessions() if s != parent.id))
+    chat(child, "go on")
+    assert [i.text for i in child.instructions] == ["deploy only from the release branch", "go on"]
+    assert any("deploy only from the release branch" in t for t in visible_texts(child))
+    assert kernel.store.kv_get("ctxkernel.instructions", child.id) is None  # written once, then gone

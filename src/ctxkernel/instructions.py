@@ -45,6 +45,10 @@ BLOCK_INTRO = (
 #: the ignorable event with which a continuation records the instructions it inherited
 #: (``{"instructions": [{"session", "seq", "text"}, ...]}``), written before its first request
 INHERITED_EVENT = "instructions/inherited"
+#: the store's key-value namespace holding a new continuation's inheritance until its first
+#: request writes it to its log (durable across processes, and out of the log until then, so the
+#: strategy's seed stays the continuation's first event)
+PENDING_NAMESPACE = "ctxkernel.instructions"
 
 
 @dataclass(frozen=True)
@@ -243,6 +247,13 @@ def pin_cost(session: Session, cited: set[int]) -> int:
 def inherited(session: Session, source_ledger: Sequence[Instruction]) -> list[Instruction]:
     """What a continuation inherits: the newest of its source's instructions within its budget."""
     return within(source_ledger, budget_tokens(session), session.instruction_costs, session.meter.count_text)
+
+
+def pending_of(raw: Any) -> list[Instruction]:
+    """The inheritance kept in the store for a continuation (a list of instruction dicts)."""
+    if not isinstance(raw, list):
+        return []
+    return inherited_of(Event(0, INHERITED_EVENT, {"instructions": raw}, "", None, True))
 
 
 def inheritance_batch(session: Session, kept: Sequence[Instruction]) -> list[EventSpec]:

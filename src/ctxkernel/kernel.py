@@ -159,14 +159,17 @@ class Kernel:
 
     def _inherit_instructions(self, session: Session, source: str) -> None:
         """A session that continues ``source`` inherits its newest instructions within its own
-        budget: read now, recorded (and pinned where its seed does not show them) before its
-        first request, after the strategy that created it has written its seed."""
+        budget: read now and kept in the store, then recorded in its log (and pinned where its
+        seed does not show them) before its first request, after the strategy that created it
+        has written its seed, by whichever process makes that request."""
         if not self.store.exists(source):
             msg = f"instructions_from={source!r}: no such session in the {self.store.backend} store"
             raise SessionNotFoundError(msg)
         with gc_paused():
             ledger = instructions.ledger_of(source, list(self.store.read(source, 0)))
-        session.inherit_instructions(instructions.inherited(session, ledger))
+        kept = instructions.inherited(session, ledger)
+        if kept:
+            self.store.kv_put(instructions.PENDING_NAMESPACE, session.id, [i.to_dict() for i in kept])
 
     def _resume(self, session_id: str, repair: bool, keep_waiting_calls: bool = False) -> Session:
         if repair:

@@ -137,7 +137,7 @@ class InstructionSettings(_Strict):
 
     #: share of the routed model's effective window within which every compaction keeps the
     #: user's newest instructions verbatim on the surface; 0 turns the protection off
-    budget_ratio: float = Field(default=0.15, ge=0, le=0.5)
+    budget_ratio: float = Field(default=0.2, ge=0, le=0.5)
 
 
 class Prices(_Strict):

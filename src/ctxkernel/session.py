@@ -46,7 +46,7 @@ from .errors import (
 )
 from .events import Event, EventSpec, validate_shape
 from .guard import excerpt_oversized, shrink_to_fit
-from .instructions import Instruction, Ledger, inheritance_batch
+from .instructions import PENDING_NAMESPACE, Instruction, Ledger, inheritance_batch, pending_of
 from .logging import get_logger
 from .messages import Message, Source, ToolCallBlock, ToolResultBlock
 from .meter import USAGE_SLACK_TOKENS, USAGE_TOLERANCE_FACTOR, Meter, Pressure, usage_in_band
@@ -217,7 +217,7 @@ class Session:
         #: data of every compaction/summary event, in log order (``project`` lists them per call)
         self.compaction_summaries: list[dict[str, Any]] = []
         self._instructions = Ledger()  # built from the log on demand (see the instructions property)
-        self._inherit: list[Instruction] = []  # a continuation's inheritance, written before its first request
+        self._inheritance_checked = False  # a continuation's pending inheritance (instructions.py)
         self.header_hash: str | None = None
         self.route: dict[str, Any] | None = None  # last request/context data
         self._anchor: tuple[int, int, str | None] | None = None  # (provider tokens, our estimate, header hash)
@@ -240,12 +240,6 @@ class Session:
         """The user's instructions, oldest first: those inherited from the session this one
         continues, then its own (the ledger ``[instructions]`` protects, :mod:`ctxkernel.instructions`)."""
         return self._instructions.sync(self.id, self.events)
-
-    def inherit_instructions(self, items: Sequence[Instruction]) -> None:
-        """Instructions this session inherits from the one it continues: recorded, and pinned
-        where the surface does not show them, before the next request (the kernel calls this
-        for ``open_session(..., instructions_from=...)``)."""
-        self._inherit = list(items)
 
     @property
     def instruction_costs(self) -> dict[tuple[str, int], int]:
@@ -679,9 +673,8 @@ class Session:
             if self.step_open:  # a request that failed without request_failed(): close its step
                 self.append_one(ev.STEP_END, {"turn": self.turn, "step": self.step, "reason": "abandoned"})
             self._flush_deferred()
-            if self._inherit:  # a continuation's first request: after its seed, before any strategy acts
-                self.append(inheritance_batch(self, self._inherit))
-                self._inherit = []
+            if not self._inheritance_checked:
+                self._write_inheritance()
             step = StepContext(self.turn, self.step + 1, self.step == 0, attempt)
             self.kernel.hooks.pre_step(self, step)
             for strategy, text in step.reminders:
@@ -717,6 +710,20 @@ class Session:
             request.pressure = self.pressure()
             self._request_estimate = header_tokens + self.meter.surface_tokens() + delta
             return request
+
+    def _write_inheritance(self) -> None:
+        """A continuation's first request: record the instructions it inherited (kept in the
+        store by ``open_session(..., instructions_from=...)``), after its seed and before any
+        strategy acts. Checked once per Session object."""
+        self._inheritance_checked = True
+        raw = self.store.kv_get(PENDING_NAMESPACE, self.id)
+        if raw is None:
+            return
+        pending = pending_of(raw)
+        if pending:
+            self.append(inheritance_batch(self, pending))
+        # after the append: a crash in between writes it again, and the ledger keeps the last
+        self.store.kv_delete(PENDING_NAMESPACE, self.id)
 
     def _flush_deferred(self) -> None:
         if not self._deferred:
