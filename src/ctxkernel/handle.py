@@ -207,7 +207,14 @@ class StrategyHandle(Generic[S]):
         return self.session.emit(self.name, kind, data)
 
     def compact(self, spans: Span | Sequence[Span], *, kind: str = "summary", **kwargs: Any) -> CommitResult:
-        """Run one compaction transaction (see :mod:`ctxkernel.compaction`) in the strategy's name."""
+        """Run one compaction transaction (see :mod:`ctxkernel.compaction`) in the strategy's name.
+        The user's instructions within the budget are always kept (``[instructions]``)."""
+        if "keep_instructions" in kwargs:
+            msg = (
+                f"strategy {self.name!r}: compact() keeps the user's instructions within the budget; "
+                "keep_instructions is only for a front door replaying the client's own edit"
+            )
+            raise ConfigError(msg)
         return self.session.compact(spans, strategy=self.name, kind=kind, **kwargs)
 
     def pinned_instructions_tokens(self, start: int, end: int) -> int:
