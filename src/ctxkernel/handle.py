@@ -23,6 +23,7 @@ from pydantic import BaseModel
 
 from .compaction import CommitResult, Span
 from .errors import ConfigError
+from .instructions import pin_cost
 from .plugins import NoSettings, StrategySpec
 from .profile import strategy_settings_from
 from .recall.history import History
@@ -274,8 +275,21 @@ class StrategyHandle(Generic[S]):
         return self.session.emit(self.name, kind, data)
 
     def compact(self, spans: Span | Sequence[Span], *, kind: str = "summary", **kwargs: Any) -> CommitResult:
-        """Run one compaction transaction (see :mod:`ctxkernel.compaction`) in the strategy's name."""
+        """Run one compaction transaction (see :mod:`ctxkernel.compaction`) in the strategy's name.
+        The user's instructions within the budget are always kept (``[instructions]``)."""
+        if "keep_instructions" in kwargs:
+            msg = (
+                f"strategy {self.name!r}: compact() keeps the user's instructions within the budget; "
+                "keep_instructions is only for a front door replaying the client's own edit"
+            )
+            raise ConfigError(msg)
         return self.session.compact(spans, strategy=self.name, kind=kind, **kwargs)
+
+    def pinned_instructions_tokens(self, start: int, end: int) -> int:
+        """At most how many tokens the kernel adds to a compaction of surface nodes
+        ``start..end`` to keep the user's instructions they hold (``[instructions]``): leave room
+        for it when sizing a replacement to a target."""
+        return pin_cost(self.session, {n.seq for n in self.session.surface.span(start, end)})
 
     def replace_tool_result(self, seq: int, content: str, *, reason: str = "prune") -> int:
         """Model-free shrink of one visible tool result; returns the replacement's seq."""
@@ -309,8 +323,16 @@ class StrategyHandle(Generic[S]):
     def open_continuation(self, session_id: str, *, origin: str, parent: str | None = None) -> Session:
         """Create and open a new session of the same kernel for the strategy to continue in (a
         continuation or a fork); its header records ``origin`` as ``<strategy>:<origin>`` and
-        ``parent`` when given. :class:`SessionExistsError` when the id is taken."""
-        return self.session.kernel.open_session(session_id, create=True, parent=parent, origin=f"{self.name}:{origin}")
+        ``parent`` when given. :class:`SessionExistsError` when the id is taken. It inherits this
+        session's newest user instructions within its budget (``[instructions]``), recorded before
+        its first request."""
+        return self.session.kernel.open_session(
+            session_id,
+            create=True,
+            parent=parent,
+            origin=f"{self.name}:{origin}",
+            instructions_from=self.session.id,
+        )
 
     # -- recall ---------------------------------------------------------------------------------------
     def notes(self, limits: NotesLimits | None = None) -> StrategyNotes:

@@ -34,7 +34,10 @@ if TYPE_CHECKING:
 ENTRY_POINT_GROUP = "ctxkernel.strategies"
 KERNEL_DISTRIBUTION = "ctxkernel"
 #: Built-in strategies: (entry-point style name, module path), registered like any plugin.
-DEFAULT_PLUGINS: tuple[tuple[str, str], ...] = (("basic", "ctxkernel.default_plugins.basic"),)
+DEFAULT_PLUGINS: tuple[tuple[str, str], ...] = (
+    ("basic", "ctxkernel.default_plugins.basic"),
+    ("history", "ctxkernel.default_plugins.history"),
+)
 #: Capabilities of which a profile may run only one strategy unless it orders them explicitly.
 EXCLUSIVE_CAPABILITIES = frozenset({"pressure"})
 

@@ -266,7 +266,13 @@ class ContextSession:
                 )
                 raise IntegrationError(msg)
             items = to_items([last.message])
-            session.compact(Span(last.seq, last.seq, remove=True), strategy=_DROPPER, kind="drop", check_shrink=False)
+            session.compact(
+                Span(last.seq, last.seq, remove=True),
+                strategy=_DROPPER,
+                kind="drop",
+                check_shrink=False,
+                keep_instructions=False,
+            )
             return items[-1] if items else None
 
     async def clear_session(self) -> None:
@@ -280,7 +286,11 @@ class ContextSession:
             nodes = session.surface.nodes
             if nodes:
                 session.compact(
-                    Span(nodes[0].seq, nodes[-1].seq, remove=True), strategy=_DROPPER, kind="drop", check_shrink=False
+                    Span(nodes[0].seq, nodes[-1].seq, remove=True),
+                    strategy=_DROPPER,
+                    kind="drop",
+                    check_shrink=False,
+                    keep_instructions=False,
                 )
 
     # -- the per-call seam -----------------------------------------------------------------------------

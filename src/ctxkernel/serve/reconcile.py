@@ -220,7 +220,14 @@ def _drop_branch(session: Session, ledger: Ledger, k: int) -> bool:
     session.abandon_step("rewritten")
     nodes = session.surface.nodes
     try:
-        session.compact(Span(first, nodes[-1].seq, remove=True), strategy="serve", kind="rewrite", single_batch=True)
+        # the client's own edit: what it took away stays away (no instruction is pinned back)
+        session.compact(
+            Span(first, nodes[-1].seq, remove=True),
+            strategy="serve",
+            kind="rewrite",
+            single_batch=True,
+            keep_instructions=False,
+        )
     except CompactionError:
         return False
     return True
