@@ -16,6 +16,7 @@ from ..errors import StoreError
 from .base import (
     FORMAT_VERSION,
     EventStore,
+    Lease,
     RepairReport,
     SessionHeader,
     default_home,
@@ -37,7 +38,7 @@ def store_from_settings(settings: Any, home: Path | None = None) -> EventStore:
     if backend == "postgres":
         from .postgres import PostgresStore
 
-        return PostgresStore(getattr(settings, "dsn", None))
+        return PostgresStore(getattr(settings, "dsn", None), pool_size=getattr(settings, "pool_size", 4))
     msg = f"unknown store backend {backend!r}; accepted: ['jsonl', 'sqlite', 'postgres']"
     raise StoreError(msg)
 
@@ -46,6 +47,7 @@ __all__ = [
     "FORMAT_VERSION",
     "EventStore",
     "JsonlStore",
+    "Lease",
     "RepairReport",
     "SessionHeader",
     "default_home",

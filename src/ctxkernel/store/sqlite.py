@@ -5,6 +5,7 @@ Layout (schema version :data:`SCHEMA_VERSION`, recorded in ``meta``)::
     sessions(id PRIMARY KEY, header TEXT, next_seq INTEGER)
     events(session, seq, type, body TEXT, PRIMARY KEY (session, seq))   -- body: the orjson event
     kv(namespace, key, value TEXT, PRIMARY KEY (namespace, key))
+    leases(name PRIMARY KEY, token, holder TEXT, expires REAL)        -- schema 2; this host's clock
 
 Opening (connect, the switch to WAL, the schema) is serialised across processes by a lock file
 beside the database (``ctxkernel.sqlite3.init.lock``, a :mod:`filelock` lock): SQLite fails one of two connections that
@@ -23,6 +24,7 @@ import contextlib
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,10 +34,18 @@ from filelock import FileLock, Timeout
 
 from ..errors import ConflictError, CorruptionError, SessionExistsError, SessionNotFoundError, StoreError
 from ..events import Event
-from .base import RepairReport, SessionHeader, check_batch, check_kv_name, check_session_id
+from .base import (
+    Lease,
+    RepairReport,
+    SessionHeader,
+    check_batch,
+    check_kv_name,
+    check_lease_request,
+    check_session_id,
+)
 from .rows import check_bookkeeping, decode_header, decode_value, encode_event, encode_value, read_events
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DATABASE_NAME = "ctxkernel.sqlite3"
 #: the lock file beside the database that serialises opening it
 INIT_LOCK_SUFFIX = ".init.lock"
@@ -59,6 +69,12 @@ CREATE TABLE IF NOT EXISTS kv (
     key TEXT NOT NULL,
     value TEXT NOT NULL,
     PRIMARY KEY (namespace, key)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS leases (
+    name TEXT PRIMARY KEY,
+    token TEXT NOT NULL,
+    holder TEXT NOT NULL,
+    expires REAL NOT NULL
 ) WITHOUT ROWID;
 """
 
@@ -135,14 +151,17 @@ class SqliteStore:
                 if statement.strip():
                     self._db.execute(statement)
             row = self._db.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()
-            if row is None:
-                self._db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            elif int(row[0]) > SCHEMA_VERSION:
+            if row is not None and int(row[0]) > SCHEMA_VERSION:
                 msg = (
                     f"{self.path}: schema version {row[0]} is newer than this ctxkernel reads "
                     f"({SCHEMA_VERSION}); upgrade ctxkernel"
                 )
                 raise StoreError(msg)
+            # the statements above are idempotent (IF NOT EXISTS): an older schema is now upgraded
+            self._db.execute(
+                "INSERT INTO meta VALUES ('schema_version', ?) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                (str(SCHEMA_VERSION),),
+            )
 
     class _Txn:
         def __init__(self, store: SqliteStore) -> None:
@@ -286,6 +305,38 @@ class SqliteStore:
             (check_kv_name("namespace", namespace), len(prefix), prefix),
         )
         return {key: decode_value(value, f"{self.path}: key-value {namespace}/{key}") for key, value in rows}
+
+    # -- leases ------------------------------------------------------------------------------
+    # One database serves one host, so expiry is this host's wall clock.
+    def lease_acquire(self, name: str, holder: dict[str, Any], seconds: float, *, replace: str | None = None) -> Lease:
+        token = check_lease_request(name, holder, seconds)
+        with self._write() as db:
+            now = time.time()
+            row = db.execute("SELECT token, holder, expires FROM leases WHERE name = ?", (name,)).fetchone()
+            if row is not None and row[0] and row[0] != token and row[2] > now and row[0] != replace:
+                return Lease(name, decode_value(row[1], f"{self.path}: lease {name}"), False, row[2] - now)
+            db.execute(
+                "INSERT INTO leases VALUES (?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET token = excluded.token, "
+                "holder = excluded.holder, expires = excluded.expires",
+                (name, token, orjson.dumps(holder).decode(), now + seconds),
+            )
+        previous = None
+        if row is not None and row[0] and row[0] != token:
+            previous = decode_value(row[1], f"{self.path}: lease {name}")
+        return Lease(name, holder, True, float(seconds), previous)
+
+    def lease_renew(self, name: str, token: str, seconds: float) -> bool:
+        check_lease_request(name, {"token": token}, seconds)
+        with self._write() as db:
+            cur = db.execute(
+                "UPDATE leases SET expires = ? WHERE name = ? AND token = ?", (time.time() + seconds, name, token)
+            )
+            return cur.rowcount == 1
+
+    def lease_release(self, name: str, token: str) -> None:
+        check_lease_request(name, {"token": token}, 1)
+        with self._write() as db:
+            db.execute("DELETE FROM leases WHERE name = ? AND token = ?", (name, token))
 
     def close(self) -> None:
         with self._mutex:
