@@ -224,7 +224,7 @@ class PostgresStore:
             self.dropped_connections += 1
             msg = (
                 f"postgres store {self.where}: the connection dropped twice during {what} "
-                f"({redact(str(second.error).strip())}); a write is applied wholly or not at all, "
+                f"({redact(' '.join(str(second.error).split()))}); a write is applied wholly or not at all, "
                 "so read the store to see which"
             )
             raise StoreError(msg) from None
