@@ -142,7 +142,8 @@ def _serve_turn(kernels: dict[str, Any], store: Any, session_id: str, turn: int)
     kernel = kernels[profile]
     session = kernel.open_session(session_id)  # repair: a dead worker's open turn is closed here
     # a turn served again after its worker died makes new call ids, as a real model would
-    model = ScriptedModel(_reply_script(f"{session_id}/{turn}/{os.urandom(8).hex()}"))
+    nonce = os.urandom(6).hex()
+    model = ScriptedModel(_reply_script(f"{session_id}/{turn}/{nonce}"))
     touched = [session.id]
     session.user(f"Turn {turn}: continue the refactoring; keep the tests green. " + "Details. " * 20)
     for step in range(8):
@@ -150,7 +151,7 @@ def _serve_turn(kernels: dict[str, Any], store: Any, session_id: str, turn: int)
         actions = [a for a in kernel.hooks.steward_actions(session, request) or [] if a.get("name")]
         if actions:
             blocks = [
-                ToolCallBlock(f"steward_{turn}_{step}_{i}", str(a["name"]), dict(a.get("arguments") or {}))
+                ToolCallBlock(f"steward_{nonce}_{step}_{i}", str(a["name"]), dict(a.get("arguments") or {}))
                 for i, a in enumerate(actions)
             ]
             session.commit_reply(Message("assistant", tuple(blocks), Source(kind="model")))
