@@ -80,7 +80,34 @@ def test_storage_is_namespaced_by_the_strategy(session):
     assert handle.kv_list() == {"k": {"v": 1}}
     handle.kv_delete("k")
     assert handle.kv_get("k") is None
-    assert handle.files == Path(session.kernel.home) / "probe"
+
+
+def test_blobs_are_namespaced_by_the_strategy(session):
+    blobs = PROBE.on(session).blobs
+    info = blobs.put("reports/a.md", "# é")
+    assert info == ctxkernel.BlobInfo.of("reports/a.md", "# é".encode())
+    assert session.store.blob_get("probe/reports/a.md") == "# é".encode()
+    assert blobs.get("reports/a.md") == "# é".encode() and blobs.stat("reports/a.md") == info
+    blobs.put("reports/b.md", b"b")
+    assert [i.key for i in blobs.list("reports/")] == ["reports/a.md", "reports/b.md"]
+    blobs.delete("reports/a.md")
+    assert blobs.get("reports/a.md") is None and [i.key for i in blobs.list()] == ["reports/b.md"]
+
+
+@pytest.mark.parametrize("bad", ["../other/x", "/abs", "a/../../x", ""])
+def test_blob_keys_cannot_leave_the_strategys_namespace(session, bad):
+    with pytest.raises(ctxkernel.StoreError, match="invalid blob key"):
+        PROBE.on(session).blobs.put(bad, b"x")
+    assert session.store.blob_list() == []
+
+
+def test_open_continuation_creates_a_session_tagged_with_the_strategy(session):
+    child = PROBE.on(session).open_continuation("child-1", origin="continue", parent=session.id)
+    assert child.id == "child-1" and child.kernel is session.kernel
+    header = session.store.header("child-1")
+    assert header.origin == "probe:continue" and header.parent == session.id
+    with pytest.raises(ctxkernel.SessionExistsError):
+        PROBE.on(session).open_continuation("child-1", origin="fork")
 
 
 def test_state_is_per_strategy_and_session(session):

@@ -57,6 +57,8 @@ def test_schema_is_created_and_versioned_on_first_use(dsn):
     assert tables(dsn) == []
     store = PostgresStore(dsn)
     assert tables(dsn) == [
+        "ctxkernel_blob_chunks",
+        "ctxkernel_blobs",
         "ctxkernel_events",
         "ctxkernel_kv",
         "ctxkernel_leases",
@@ -66,6 +68,22 @@ def test_schema_is_created_and_versioned_on_first_use(dsn):
     assert store.schema_version == SCHEMA_VERSION
     store.close()
     PostgresStore(dsn).close()  # a second start finds it in place
+
+
+@pytest.mark.postgres
+def test_a_version_1_schema_is_upgraded_in_place(dsn):
+    store = PostgresStore(dsn)
+    store.create(header("s"))
+    store.append("s", batch(0, 3), 0)
+    store.close()
+    with psycopg.connect(dsn, autocommit=True) as conn:  # as ctxkernel 0.2 left it: no lease table
+        conn.execute("DROP TABLE ctxkernel_leases")
+        conn.execute("UPDATE ctxkernel_meta SET value = '1' WHERE name = 'schema_version'")
+    upgraded = PostgresStore(dsn)
+    assert upgraded.schema_version == SCHEMA_VERSION == 2
+    assert "ctxkernel_leases" in tables(dsn)
+    assert [e.seq for e in upgraded.read("s")] == [0, 1, 2]  # the log is untouched
+    upgraded.close()
 
 
 @pytest.mark.postgres

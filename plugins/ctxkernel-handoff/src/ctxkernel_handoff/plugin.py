@@ -207,6 +207,21 @@ def _window_row(session: Session, window: Any) -> dict[str, Any]:
 
 
 @ctxkernel.hookimpl
+def export_files(session: Session) -> dict[str, bytes] | None:
+    """``handoff/handoff.md`` and ``handoff/handoff-log.md``, as the seed names them: the notes
+    written after each committed switch (they live in the session log, so in the store)."""
+    from .handoff import HANDOFF_LOG_NOTE, HANDOFF_NOTE
+
+    notes = STRATEGY.on(session).notes()
+    files = {
+        f"{NAME}/{path}": notes.read(path).content.encode("utf-8")
+        for path in (HANDOFF_NOTE, HANDOFF_LOG_NOTE)
+        if notes.exists(path)
+    }
+    return files or None
+
+
+@ctxkernel.hookimpl
 def steward_actions(session: Session, request: Request) -> list[dict[str, Any]] | None:
     """The deterministic steward: when the pressure reminder shows in this window, save a progress
     note and ask for a new window (once per window)."""
