@@ -23,7 +23,9 @@ Afterwards (:func:`verify_fleet`): every acknowledged batch is in the store byte
 log's seqs run without gap or duplicate; every compaction has one start and one end, and commits
 at most once as one contiguous batch (none applied twice); no surface has a tool call split from
 its result; and every worker, the restarted victim included, reopens every session to the same
-surface (hash of its messages) as the parent does.
+surface (hash of its messages) as the parent does, and reads the same strategy files (every file
+a strategy hands over for export, by sha256, and every chapter through the ``chapters_read`` tool):
+nothing a session needs lives in a worker's kernel home.
 """
 
 from __future__ import annotations
@@ -188,6 +190,28 @@ def surface_digest(session: Any) -> str:
     return digest.hexdigest()
 
 
+def strategy_files(session: Any) -> dict[str, Any]:
+    """What a worker reads of a session's strategy files through the public read paths: every
+    file each strategy hands over for export (chapters, artifacts, handoff files, decay's audit),
+    by sha256, and every chapter of the lineage read with the ``chapters_read`` tool."""
+    from .messages import ToolCallBlock
+
+    files = {
+        f"{strategy}/{path}": hashlib.sha256(data).hexdigest()
+        for strategy, found in session.kernel.hooks.export_files(session).items()
+        for path, data in found.items()
+    }
+    reads = {}
+    panel = session.kernel.hooks.project(session).get("chapters") or {}
+    for row in panel.get("toc", []):
+        call = ToolCallBlock(f"fleet_read_{row['id']}", "chapters_read", {"chapter": row["id"]})
+        outcome = session.run_tool(call)  # a read: nothing is appended to the log
+        reads[row["id"]] = (
+            "error: " + outcome.content if outcome.is_error else hashlib.sha256(outcome.content.encode()).hexdigest()
+        )
+    return {"files": files, "chapter_reads": reads}
+
+
 def worker_main(argv: Sequence[str]) -> int:
     spec, home, host, acks, profiles_dir = argv[0], Path(argv[1]), argv[2], Path(argv[3]), Path(argv[4])
     dawdle = float(argv[5]) if len(argv) > 5 else 0.0
@@ -213,6 +237,7 @@ def worker_main(argv: Sequence[str]) -> int:
             else:  # "view": reopen a session and describe what every worker must agree on
                 session = kernels[store.header(cmd["session"]).profile].open_session(cmd["session"])
                 answer = {"ok": True, "surface": surface_digest(session), "events": session.next_seq}
+                answer.update(strategy_files(session))
         except CompactionBusyError as exc:  # a dead worker's lease has not expired yet: retried later
             answer = {"ok": False, "busy": True, "error": str(exc)}
         except CtxKernelError as exc:
@@ -238,6 +263,8 @@ class FleetReport:
     busy_retries: int = 0
     compactions: dict[str, int] = field(default_factory=dict)
     continuations: int = 0
+    strategy_files: int = 0  # files the strategies hand over for export, per session, read on every worker
+    chapter_reads: int = 0  # chapters read with chapters_read on every worker
     seconds: float = 0.0
 
     def line(self) -> str:
@@ -249,6 +276,7 @@ class FleetReport:
             f"({self.kills_inside_compaction} inside a compaction transaction), {self.takeovers} lease takeovers "
             f"({self.takeovers_after_expiry} by another host after expiry), "
             f"{self.busy_retries} turns retried while a lease was live; compactions committed: {kinds}; "
+            f"{self.strategy_files} strategy files and {self.chapter_reads} chapter reads identical on every worker; "
             f"{self.seconds:.1f} s"
         )
 
@@ -456,6 +484,12 @@ def verify_fleet(store: EventStore, pool: list[_Worker], scratch: Path, report: 
             raise CrashCheckError(f"session {session_id}: a tool call is split from its result: {problems[0]}")
         report.events += len(events)
         expected = surface_digest(session)
+        readable = strategy_files(session)
+        report.strategy_files += len(readable["files"])
+        report.chapter_reads += len(readable["chapter_reads"])
+        for chapter, read in readable["chapter_reads"].items():
+            if read.startswith("error: "):
+                raise CrashCheckError(f"session {session_id}: chapter {chapter} is not readable: {read}")
         for worker in pool:  # side by side
             worker.send({"op": "view", "session": session_id})
         for worker in pool:
@@ -463,6 +497,10 @@ def verify_fleet(store: EventStore, pool: list[_Worker], scratch: Path, report: 
             worker.job = None
             if not answer["ok"] or answer["surface"] != expected:
                 raise CrashCheckError(f"session {session_id}: worker {worker.host} sees another surface: {answer}")
+            if answer["files"] != readable["files"] or answer["chapter_reads"] != readable["chapter_reads"]:
+                raise CrashCheckError(
+                    f"session {session_id}: worker {worker.host} reads other strategy files: {answer} vs {readable}"
+                )
 
 
 def main(argv: Sequence[str]) -> int:

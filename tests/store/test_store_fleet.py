@@ -20,6 +20,7 @@ def test_fleet_quick_tier(proof_line):
     proof_line(report.line())
     assert report.sessions >= 20 and report.turns >= 40 and report.kills >= 1
     assert len({kind.split("/")[0] for kind in report.compactions}) >= 4, report.compactions
+    assert report.strategy_files >= 1  # strategy files, read alike on every worker
 
 
 @pytest.mark.slow
@@ -34,3 +35,4 @@ def test_fleet_of_three_workers_with_kills(proof_line):
     assert strategies == {"basic", "decay", "handoff", "rollover", "chapters"}, report.compactions
     assert report.compactions.get("handoff/window") and report.compactions.get("rollover/window")  # switches
     assert report.continuations >= 1  # chapters continued into a child session
+    assert report.chapter_reads >= 1 and report.strategy_files >= report.chapter_reads  # read on every worker
