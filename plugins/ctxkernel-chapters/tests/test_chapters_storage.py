@@ -12,7 +12,13 @@ from ctxkernel_chapters.storage import Archive, NotInArchiveError, PathEscapeErr
 
 @pytest.mark.parametrize(
     ("name", "why"),
-    [("/etc/passwd", "absolute"), ("C:\\x", "absolute"), ("a/../../b", "'..'"), (".hidden", "not a name"), ("", "not a name")],
+    [
+        ("/etc/passwd", "absolute"),
+        ("C:\\x", "absolute"),
+        ("a/../../b", "'..'"),
+        (".hidden", "not a name"),
+        ("", "not a name"),
+    ],
 )
 def test_names_outside_the_archive_are_refused(name, why):
     with pytest.raises(PathEscapeError, match=why):
