@@ -391,12 +391,10 @@ class JsonlStore:
             yield path, current
 
     def _write_lease(self, path: Path, entry: dict[str, Any]) -> None:
+        # atomic (rename) but not fsynced: a lease only matters while its holder lives, and a
+        # power loss that could lose it ends every holder on this host too
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        with open(tmp, "wb") as f:
-            f.write(orjson.dumps(entry))
-            f.flush()
-            if self.fsync:
-                os.fsync(f.fileno())
+        tmp.write_bytes(orjson.dumps(entry))
         os.replace(tmp, path)
 
     def lease_acquire(self, name: str, holder: dict[str, Any], seconds: float, *, replace: str | None = None) -> Lease:

@@ -441,13 +441,28 @@ class PostgresStore:
 
     # -- leases ------------------------------------------------------------------------------------
     # Expiry is the server's clock_timestamp(), never a worker's clock: workers on hosts whose
-    # clocks disagree still agree on whether a lease has expired.
+    # clocks disagree still agree on whether a lease has expired. Lease writes commit without
+    # waiting for the WAL flush (synchronous_commit off, for that transaction only): the WAL is
+    # written in order, so the lease is durable before the compaction/start appended after it,
+    # and a lease a server crash loses at most lets a worker take over early, which the log's seq
+    # check still fences.
+    _LEASE_WRITE = "SET LOCAL synchronous_commit = off"
+
+    def _lease_write(self, sql: str, params: Sequence[Any], what: str) -> bool:
+        def write(conn: Any) -> bool:
+            with conn.transaction():
+                conn.execute(self._LEASE_WRITE)
+                return conn.execute(sql, params).rowcount == 1
+
+        return self._retrying(write, what=what)
+
     def lease_acquire(self, name: str, holder: dict[str, Any], seconds: float, *, replace: str | None = None) -> Lease:
         token = check_lease_request(name, holder, seconds)
         body = orjson.dumps(holder).decode()
 
         def acquire(conn: Any) -> Lease:
             with conn.transaction():
+                conn.execute(self._LEASE_WRITE)
                 # the row exists (free: token '') before it is locked, so two first takers queue on it
                 conn.execute(
                     "INSERT INTO ctxkernel_leases VALUES (%s, '', '{}', '-infinity') ON CONFLICT (name) DO NOTHING",
@@ -473,16 +488,18 @@ class PostgresStore:
 
     def lease_renew(self, name: str, token: str, seconds: float) -> bool:
         check_lease_request(name, {"token": token}, seconds)
-        rows = self._query(
+        return self._lease_write(
             "UPDATE ctxkernel_leases SET expires = clock_timestamp() + make_interval(secs => %s) "
-            "WHERE name = %s AND token = %s RETURNING 1",
+            "WHERE name = %s AND token = %s",
             (float(seconds), name, token),
+            f"renewing lease {name}",
         )
-        return bool(rows)
 
     def lease_release(self, name: str, token: str) -> None:
         check_lease_request(name, {"token": token}, 1)
-        self._query("DELETE FROM ctxkernel_leases WHERE name = %s AND token = %s RETURNING 1", (name, token))
+        self._lease_write(
+            "DELETE FROM ctxkernel_leases WHERE name = %s AND token = %s", (name, token), f"releasing lease {name}"
+        )
 
     # -- blobs -------------------------------------------------------------------------------------
     def blob_put(self, key: str, data: bytes) -> BlobInfo:

@@ -161,7 +161,8 @@ class SqliteStore:
             self._db.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
             mode = self._db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             # FULL: a committed batch survives power loss in WAL mode too (NORMAL would not)
-            self._db.execute(f"PRAGMA synchronous = {'FULL' if durable else 'OFF'}")
+            self._synchronous = "FULL" if durable else "OFF"
+            self._db.execute(f"PRAGMA synchronous = {self._synchronous}")
             self._db.execute("PRAGMA foreign_keys = ON")
         except sqlite3.Error as exc:
             msg = f"cannot open the sqlite store {self.path}: {exc}"
@@ -334,10 +335,23 @@ class SqliteStore:
         return {key: decode_value(value, f"{self.path}: key-value {namespace}/{key}") for key, value in rows}
 
     # -- leases ------------------------------------------------------------------------------
-    # One database serves one host, so expiry is this host's wall clock.
+    # One database serves one host, so expiry is this host's wall clock. Lease writes commit with
+    # synchronous=NORMAL (in WAL mode: no fsync at commit, never a corrupt database): a lease
+    # only matters while its holder lives, and a power loss that could lose it ends every holder
+    # on this host too.
+    @contextlib.contextmanager
+    def _lease_write(self) -> Iterator[sqlite3.Connection]:
+        with self._mutex:
+            self._db.execute("PRAGMA synchronous = NORMAL")
+            try:
+                with self._write() as db:
+                    yield db
+            finally:
+                self._db.execute(f"PRAGMA synchronous = {self._synchronous}")
+
     def lease_acquire(self, name: str, holder: dict[str, Any], seconds: float, *, replace: str | None = None) -> Lease:
         token = check_lease_request(name, holder, seconds)
-        with self._write() as db:
+        with self._lease_write() as db:
             now = time.time()
             row = db.execute("SELECT token, holder, expires FROM leases WHERE name = ?", (name,)).fetchone()
             if row is not None and row[0] and row[0] != token and row[2] > now and row[0] != replace:
@@ -354,7 +368,7 @@ class SqliteStore:
 
     def lease_renew(self, name: str, token: str, seconds: float) -> bool:
         check_lease_request(name, {"token": token}, seconds)
-        with self._write() as db:
+        with self._lease_write() as db:
             cur = db.execute(
                 "UPDATE leases SET expires = ? WHERE name = ? AND token = ?", (time.time() + seconds, name, token)
             )
@@ -362,7 +376,7 @@ class SqliteStore:
 
     def lease_release(self, name: str, token: str) -> None:
         check_lease_request(name, {"token": token}, 1)
-        with self._write() as db:
+        with self._lease_write() as db:
             db.execute("DELETE FROM leases WHERE name = ? AND token = ?", (name, token))
 
     # -- blobs -----------------------------------------------------------------------------------
