@@ -220,8 +220,9 @@ def _kernel_for(profile_name: str | None) -> Any:
 
 
 def _open_recorded(command: str, session_id: str, profile: str | None) -> Any:
-    """The session opened read-only with ``profile`` or the profile it was written with (when
-    that profile is here); an exit status instead when it cannot be opened."""
+    """``(session, source)``: the session opened read-only with ``profile``, or else with the
+    profile it was written with (refused when that profile is not here), and where the profile
+    came from; an exit status instead when it cannot be opened."""
     from .store.base import check_session_id
 
     try:
@@ -230,13 +231,30 @@ def _open_recorded(command: str, session_id: str, profile: str | None) -> Any:
         return usage_error(command, str(exc))
     try:
         kernel = _kernel_for(profile)
-        if profile is None and kernel.store.exists(session_id):
-            # open the session with the profile it was written with, when that profile is here
-            recorded = kernel.store.header(session_id).profile
-            if recorded and recorded != kernel.profile.name and (recorded in list_profiles()):
-                kernel = _kernel_for(recorded)
+        recorded = kernel.store.header(session_id).profile if kernel.store.exists(session_id) else None
+        source = "--profile" if profile is not None else "default"
+        if profile is None and recorded and recorded != kernel.profile.name:
+            # the session's strategies (and their panels) come from the profile it was written
+            # with: use that one, or refuse; a guess would show another strategy's view
+            found = list_profiles()
+            if recorded not in found:
+                searched = [str(p) for p in profile_search_path()]
+                return usage_error(
+                    command,
+                    f"session {session_id} was recorded with profile {recorded!r}, which is not on the "
+                    f"profile search path (found {sorted(found)} in {searched}). Fix: pass --profile with "
+                    "that profile's name or .toml path (or another profile to read the session with)",
+                )
+            kernel = _kernel_for(str(found[recorded]))  # by its path: a recorded name is never a path
+        if profile is None:
+            source = "recorded with the session" if recorded else "default: the session records no profile"
+        elif recorded and recorded != kernel.profile.name:
+            sys.stderr.write(
+                f"ctxkernel {command}: note: session recorded with profile {one_line(recorded)!r}; "
+                f"read with {kernel.profile.name!r} ({source})\n"
+            )
         # only reads: no crash repair, which would append closing events
-        return kernel.open_session(session_id, repair=False)
+        return kernel.open_session(session_id, repair=False), source
     except SessionNotFoundError as exc:
         where = getattr(kernel.store, "home", None) or kernel.store.backend
         return usage_error(
@@ -249,25 +267,27 @@ def _open_recorded(command: str, session_id: str, profile: str | None) -> Any:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    session = _open_recorded("inspect", args.session, args.profile)
-    if isinstance(session, int):
-        return session
+    opened = _open_recorded("inspect", args.session, args.profile)
+    if isinstance(opened, int):
+        return opened
+    session, source = opened
     kernel = session.kernel
     view = session.project()
     view["profile"] = kernel.profile.name
     if args.json:
-        dump_json(view)
+        dump_json(view)  # the same view the web inspector serves (the source is on stderr when it differs)
         return EXIT_OK
-    _print_inspect(view)
+    _print_inspect(view, source)
     return EXIT_OK
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from .store.export import write_export
 
-    session = _open_recorded("export", args.session, args.profile)
-    if isinstance(session, int):
-        return session
+    opened = _open_recorded("export", args.session, args.profile)
+    if isinstance(opened, int):
+        return opened
+    session, _ = opened
     try:
         files = session.kernel.hooks.export_files(session)
         written = write_export(Path(args.to).expanduser(), files)
@@ -286,10 +306,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _print_inspect(view: dict[str, Any]) -> None:
+def _print_inspect(view: dict[str, Any], source: str) -> None:
     out = sys.stdout
     p = view["pressure"]
-    out.write(f"session {view['session']}  (profile {view['profile']}, {view['events']} events, turn {view['turn']})\n")
+    profile = f"profile {view['profile']} ({source})"
+    out.write(f"session {view['session']}  ({profile}, {view['events']} events, turn {view['turn']})\n")
     anchored = "anchored on provider usage" if p["anchored"] else "estimated"
     out.write(
         f"pressure  {p['tokens']} / {p['effective_window']} tokens ({p['ratio']:.1%}, {anchored}); "
