@@ -38,9 +38,11 @@ bench: $(STAMP)
 	$(PY) benchmarks/run.py --out benchmarks/results/latest.jsonl
 	$(PY) benchmarks/tables.py benchmarks/results/latest.jsonl > benchmarks/results/latest.md
 
-# crash proof at scale: 100+ SIGKILL trials per store backend (PostgreSQL from test-services.sh)
+# crash proof at scale: 100+ SIGKILL trials per store backend (PostgreSQL from test-services.sh),
+# then the fleet proof: 4 workers, 40 sessions, a worker SIGKILLed 24 times
 stress: $(STAMP)
 	bash scripts/test-services.sh $(PY) benchmarks/stress_store.py --trials 100
+	bash scripts/test-services.sh $(PY) benchmarks/stress_fleet.py
 
 clean:
 	rm -rf $(VENV)

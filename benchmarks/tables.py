@@ -27,6 +27,7 @@ MEASURES = (
     ("5. Memory opening a session vs its log size", ("memory_",), None),
     ("6. Simulation throughput (events/s) vs the unmanaged kernel", ("simulate_",), None),
     ("Store appends (durable) vs raw write+fsync", ("store_append",), None),
+    ("Fleet: requests/s with 2 and 4 worker processes on one PostgreSQL vs 1", ("fleet_",), None),
 )
 MODULE_OF = {
     "request_": "request",
@@ -41,6 +42,7 @@ MODULE_OF = {
     "history ": "handoff",
     "memory_": "memory",
     "simulate_": "simulate",
+    "fleet_": "fleet",
 }
 
 

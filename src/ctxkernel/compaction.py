@@ -5,8 +5,10 @@ Every strategy that changes the surface beyond appending goes through :func:`run
 chapter archives alike. The steps, in order:
 
 1. validate every span: it is on the surface, its edges are balanced cuts, spans do not overlap;
-2. refuse when another compaction is open, naming it;
-3. append ``compaction/start`` (the lock);
+2. take the session's compaction lease (lease.py): refused as busy, naming the holder, while a
+   live holder has it; an open compaction whose holder lost its lease (dead, or expired by the
+   store's clock) is ended with an error end that records the takeover;
+3. append ``compaction/start`` (the lock in the log; the lease is renewed while the transaction runs);
 4. price the spans with the meter;
 5. summarise (the ``summarize`` hook, or a summary the caller supplies);
 6. shrink check: the replacements cost fewer tokens than what they replace;
@@ -14,14 +16,13 @@ chapter archives alike. The steps, in order:
 8. commit ``compaction/summary``, the replacements and ``compaction/end`` as one atomic batch;
 9. on any failure after step 3: exactly one ``compaction/end {error}``; the surface is unchanged.
    When even that end cannot be written (the store keeps failing), the failure is logged as an
-   error and the compaction is remembered as abandoned in this process: the next transaction on
-   the session, from any ``Session`` object of this process, writes its error end before it
-   starts, so a failed end never leaves the session busy for good (see :func:`_fail`).
+   error and the lease is given up anyway: the next transaction or opening of the session, in
+   any process, takes the compaction over, so a failed end never leaves the session busy for
+   good (see :func:`_fail`).
 """
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,7 +30,6 @@ from typing import TYPE_CHECKING, Any
 
 from . import instructions
 from .errors import (
-    CompactionBusyError,
     CompactionError,
     ConflictError,
     ShrinkCheckError,
@@ -48,6 +48,7 @@ from .events import (
     remove_op,
     replace_op,
 )
+from .lease import CompactionLease
 from .logging import get_logger
 from .messages import Message, Source
 from .redact import redact
@@ -232,18 +233,39 @@ def run_transaction(
     history (a retried turn, a popped item): the user took those messages away, so the
     instruction budget does not bring them back. Strategies cannot pass it (the handle refuses)."""
     session.refresh()
+    validate_spans(session.surface, spans)  # 1, before any store write: a bad span costs nothing
+    lease = CompactionLease(session)
+    lease.acquire()  # 2: a live holder's lease refuses us as busy
+    try:
+        return _run_leased(session, spans, lease, strategy, kind, render, check_shrink, data, single_batch)
+    finally:
+        lease.release()
+
+
+def _run_leased(
+    session: Session,
+    spans: Sequence[Span],
+    lease: CompactionLease,
+    strategy: str,
+    kind: str,
+    render: Render | None,
+    check_shrink: bool,
+    data: dict[str, Any] | None,
+    single_batch: bool,
+) -> CommitResult:
+    """Steps 1-9 while holding the session's compaction lease."""
+    session.refresh()  # another writer may have appended while the lease was taken
     surface = session.surface
-    resolved = validate_spans(surface, spans)  # 1
-    busy = session.open_compaction  # 2
-    if busy is not None and _is_abandoned(session.id, busy["compaction_id"]):
-        _end_abandoned(session, busy)
-        busy = session.open_compaction
+    resolved = validate_spans(surface, spans)
+    busy = session.open_compaction
     if busy is not None:
-        msg = (
-            f"compaction {busy['compaction_id']} by strategy {busy['strategy']!r} is open since seq "
-            f"{busy['seq']} (holder {busy.get('holder', {})}); wait for it to end"
-        )
-        raise CompactionBusyError(msg)
+        # we hold the lease, so the open compaction's holder does not: it died or stalled past
+        # its expiry. Its error end records the takeover; the log's seq check keeps it unique.
+        try:
+            session.append([lease.takeover_end(busy)])
+        except ConflictError as exc:
+            session.refresh()
+            raise SurfaceChangedError(f"another writer appended while taking over a compaction: {exc}") from None
     compaction_id = uuid.uuid4().hex[:16]
     version = surface.version
     start_event = EventSpec(
@@ -313,6 +335,12 @@ def run_transaction(
                     )
                     raise ShrinkCheckError(msg)
         session.refresh()  # 7
+        if lease.lost.is_set() or (
+            not single_batch
+            and (session.open_compaction is None or session.open_compaction["compaction_id"] != compaction_id)
+        ):
+            msg = f"compaction {compaction_id}: its lease expired and another worker took it over; nothing committed"
+            raise CompactionError(msg)
         if session.surface.version != version:
             msg = "the surface changed since the compaction started (another replacement landed)"
             raise SurfaceChangedError(msg)
@@ -387,10 +415,6 @@ def run_transaction(
 #: attempts at writing a failed transaction's error end (step 9) before it is given up on
 END_ATTEMPTS = 3
 
-#: (session id, compaction id) of transactions in this process whose error end could not be written
-_ABANDONED: set[tuple[str, str]] = set()
-_ABANDONED_LOCK = threading.Lock()
-
 
 def _fail(session: Session, compaction_id: str, exc: BaseException) -> None:
     """Step 9: write exactly one ``compaction/end {error}`` for a transaction that failed after
@@ -398,10 +422,9 @@ def _fail(session: Session, compaction_id: str, exc: BaseException) -> None:
 
     Each of up to :data:`END_ATTEMPTS` attempts folds what other writers appended first, so a
     conflict with another writer or a passing store error is retried. When every attempt fails,
-    the failure is logged as an error (the compaction, the transaction's error and the store's)
-    and the compaction is recorded as abandoned: the next transaction on this session in this
-    process writes its error end first (:func:`_end_abandoned`), and a process that opens the
-    session after this one has exited closes it through ``repair_after_crash``.
+    the failure is logged as an error (the compaction, the transaction's error and the store's);
+    the caller then gives the lease up, so the next transaction or opening of the session takes
+    the compaction over and writes its end.
     """
     error = redact(f"{type(exc).__name__}: {exc}"[:4000])  # a summarizer's error may echo a key
     end_error: Exception | None = None
@@ -421,33 +444,14 @@ def _fail(session: Session, compaction_id: str, exc: BaseException) -> None:
                 attempt=attempt,
                 error=f"{type(exc_end).__name__}: {exc_end}",
             )
-    with _ABANDONED_LOCK:
-        _ABANDONED.add((session.id, compaction_id))
     log.error(
-        "compaction end could not be written; the next compaction of this session in this process ends it first",
+        "compaction end could not be written; the next compaction or opening of this session ends it",
         session=session.id,
         compaction_id=compaction_id,
         error=error,
         end_error=f"{type(end_error).__name__}: {end_error}",
         attempts=END_ATTEMPTS,
     )
-
-
-def _is_abandoned(session_id: str, compaction_id: str) -> bool:
-    with _ABANDONED_LOCK:
-        return (session_id, compaction_id) in _ABANDONED
-
-
-def _end_abandoned(session: Session, busy: dict[str, Any]) -> None:
-    """Write the error end that :func:`_fail` could not; a store error here propagates."""
-    compaction_id = busy["compaction_id"]
-    session.append_one(
-        COMPACTION_END,
-        {"compaction_id": compaction_id, "error": "abandoned: its error end could not be written when it failed"},
-    )
-    with _ABANDONED_LOCK:
-        _ABANDONED.discard((session.id, compaction_id))
-    log.warning("abandoned compaction ended", session=session.id, compaction_id=compaction_id)
 
 
 # -- region selection helpers ---------------------------------------------------------------------

@@ -109,6 +109,13 @@ class StoreSettings(_Strict):
     path: str | None = None
     #: PostgreSQL connection string (postgres backend)
     dsn: str | None = None
+    #: connections each process's pool keeps at most (postgres backend)
+    pool_size: int = Field(default=4, ge=1, le=1000)
+    #: seconds a compaction's lease lasts unless renewed (it is renewed every third of that while
+    #: the transaction runs); a dead holder's compaction is taken over once it has expired
+    lease_seconds: float = Field(default=30.0, ge=0.1, le=3600)
+    #: this worker's host id in lease holders; default the machine's host name
+    host_id: str | None = Field(default=None, min_length=1, max_length=255)
 
 
 class SummarizerSettings(_Strict):

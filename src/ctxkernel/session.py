@@ -22,10 +22,8 @@ import contextlib
 import gc
 import hashlib
 import os
-import socket
 import threading
 import uuid
-import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -47,6 +45,7 @@ from .errors import (
 from .events import Event, EventSpec, validate_shape
 from .guard import excerpt_oversized, shrink_to_fit
 from .instructions import PENDING_NAMESPACE, Instruction, Ledger, inheritance_batch, pending_of
+from .lease import CompactionLease, host_id
 from .logging import get_logger
 from .messages import Message, Source, ToolCallBlock, ToolResultBlock
 from .meter import USAGE_SLACK_TOKENS, USAGE_TOLERANCE_FACTOR, Meter, Pressure, usage_in_band
@@ -202,11 +201,13 @@ class Session:
         self.harness_system: str | None = None
         #: per-strategy state, keyed by strategy name; strategies rebuild it from the log
         self.state: dict[str, Any] = {}
-        # who holds a compaction lock: host and pid, plus a token naming this Session object so a
-        # second Session on the same id in this process does not take a live lock for a dead one
-        self.holder: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid(), "token": uuid.uuid4().hex}
-        _LIVE_HOLDERS.add(self.holder["token"])
-        weakref.finalize(self, _LIVE_HOLDERS.discard, self.holder["token"])
+        # who runs a compaction (written in its start event): host id, pid and this Session object;
+        # whether that holder is alive is the compaction lease's business (lease.py)
+        self.holder: dict[str, Any] = {
+            "host": host_id(kernel.profile.store),
+            "pid": os.getpid(),
+            "token": uuid.uuid4().hex,
+        }
         self._lock = threading.RLock()
         # derived from the log by _track
         self.turn = 0
@@ -858,14 +859,25 @@ class Session:
         ``end_turn``, and closing it would break a worker that is still using it.
         ``keep_waiting_calls`` also leaves open a step whose tool calls wait for results: for a
         harness whose tools run elsewhere (a proxy's client), that is a normal state to resume."""
+        with self._lock:
+            lease = None
+            if self.open_compaction is not None:
+                # an open compaction is abandoned when nobody live holds its lease (lease.py)
+                lease = CompactionLease(self)
+                if not lease.try_acquire().acquired:
+                    lease = None
+            try:
+                return self._repair(lease, keep_waiting_calls)
+            finally:
+                if lease is not None:
+                    lease.release()
+
+    def _repair(self, lease: CompactionLease | None, keep_waiting_calls: bool) -> list[int]:
         batch: list[EventSpec] = []
-        oc = self.open_compaction
-        if oc is not None and _holder_is_dead(oc.get("holder") or {}):
-            batch.append(
-                EventSpec(
-                    ev.COMPACTION_END, {"compaction_id": oc["compaction_id"], "error": "interrupted: the writer died"}
-                )
-            )
+        if lease is not None:
+            self.refresh()  # the holder may have ended it just before we took the lease
+            if self.open_compaction is not None:
+                batch.append(lease.takeover_end(self.open_compaction))
         waiting = keep_waiting_calls and bool(self.surface.pending_calls)
         if self.turn_open and not waiting and (self.surface.pending_calls or self.step_open):
             batch += self._closers(
@@ -903,9 +915,6 @@ class Session:
         }
 
 
-_LIVE_HOLDERS: set[str] = set()
-
-
 def _storable_message(message: Message) -> Message:
     """``message`` with lone surrogates in any of its text replaced (the same object when clean)."""
     data = message.to_dict()
@@ -927,24 +936,6 @@ def gc_paused(pause: bool = True) -> Iterator[None]:
         yield
     finally:
         gc.enable()
-
-
-def _holder_is_dead(holder: dict[str, Any]) -> bool:
-    if holder.get("host") != socket.gethostname():
-        return False  # another host: we cannot tell, so we never steal its lock
-    pid = holder.get("pid")
-    if not isinstance(pid, int):
-        return True
-    if pid == os.getpid():
-        # our own process: dead unless the Session object that took the lock is still alive
-        return holder.get("token") not in _LIVE_HOLDERS
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
 
 
 def _clone_surface(surface: Surface) -> Surface:

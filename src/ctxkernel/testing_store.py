@@ -14,8 +14,9 @@ home, database or schema), as a second process would::
 
 Every test then runs unchanged against that backend: create, append with the expected next seq,
 a stale writer's :class:`ConflictError` with nothing written, reads by range (bounded by an end
-too), session listing, the key-value table, 1 MB events, any Unicode, a 100,000-event session,
-racing writers, ``repair()`` and the blob table (put/get/stat/list/delete, chunked values,
+too), session listing, the key-value table, leases (exclusive, taken over after expiry or by
+token), 1 MB events, any Unicode, a 100,000-event session, racing writers, ``repair()`` and the
+blob table (put/get/stat/list/delete, chunked values,
 refused keys and sizes, readers that never see part of a write).
 
 PostgreSQL helpers: :func:`postgres_dsn` returns ``$CTXKERNEL_TEST_PG_DSN`` when a server answers
@@ -29,6 +30,7 @@ import contextlib
 import hashlib
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -107,6 +109,11 @@ def batch(start: int, count: int, **data: Any) -> list[Event]:
 
 def header(session_id: str, **extra: Any) -> SessionHeader:
     return SessionHeader(id=session_id, created="2026-01-01T00:00:00.000Z", **extra)
+
+
+def holder(name: str) -> dict[str, Any]:
+    """A lease holder as the kernel writes one (host, pid, start, token)."""
+    return {"host": f"host-{name}", "pid": 1000, "started": "2026-01-01T00:00:00Z", "token": f"token-{name}"}
 
 
 def dump(store: EventStore, session_id: str, start: int = 0) -> list[dict[str, Any]]:
@@ -408,6 +415,53 @@ class StoreConformance:
         with pytest.raises(StoreError):
             store.kv_put("ns", "k", {"bad": object()})
         assert store.kv_get("ns", "k") is None
+
+    # -- leases --------------------------------------------------------------------------------------
+    def test_lease_is_exclusive_until_released(self, store: EventStore, other: EventStore) -> None:
+        a, b = holder("a"), holder("b")
+        taken = store.lease_acquire("compaction/s", a, 30)
+        assert taken.acquired and taken.holder == a and taken.previous is None
+        refused = other.lease_acquire("compaction/s", b, 30)
+        assert not refused.acquired and refused.holder == a and 0 < refused.remaining <= 30
+        assert other.lease_acquire("compaction/s", a, 30).acquired  # a retried call by the holder
+        assert other.lease_renew("compaction/s", a["token"], 30)
+        assert not store.lease_renew("compaction/s", b["token"], 30)
+        other.lease_release("compaction/s", b["token"])  # not b's: a no-op
+        assert not store.lease_acquire("compaction/s", b, 30).acquired
+        store.lease_release("compaction/s", a["token"])
+        after = other.lease_acquire("compaction/s", b, 30)
+        assert after.acquired and after.previous is None  # released, so nobody lost it
+        assert store.lease_acquire("compaction/other", a, 30).acquired  # leases are per name
+
+    def test_an_expired_lease_is_taken_over_naming_who_lost_it(self, store: EventStore, other: EventStore) -> None:
+        a, b = holder("a"), holder("b")
+        assert store.lease_acquire("compaction/s", a, 0.3).acquired
+        assert not other.lease_acquire("compaction/s", b, 30).acquired
+        time.sleep(0.5)
+        taken = other.lease_acquire("compaction/s", b, 30)
+        assert taken.acquired and taken.holder == b and taken.previous == a
+        assert not store.lease_renew("compaction/s", a["token"], 30)  # the old holder finds out
+        store.lease_release("compaction/s", a["token"])  # and its release takes nothing from b
+        assert not store.lease_acquire("compaction/s", holder("c"), 30).acquired
+
+    def test_a_lease_is_replaced_only_for_the_token_named(self, store: EventStore, other: EventStore) -> None:
+        a, b = holder("a"), holder("b")
+        store.lease_acquire("compaction/s", a, 30)
+        assert not other.lease_acquire("compaction/s", b, 30, replace="someone-else").acquired
+        taken = other.lease_acquire("compaction/s", b, 30, replace=a["token"])
+        assert taken.acquired and taken.previous == a
+
+    def test_lease_requests_are_checked(self, store: EventStore) -> None:
+        for name, who, seconds in (
+            ("../x", holder("a"), 1),
+            ("ok", {"host": "h"}, 1),
+            ("ok", {"token": ""}, 1),
+            ("ok", holder("a"), 0),
+            ("ok", holder("a"), -1),
+            ("ok", holder("a"), float("nan")),
+        ):
+            with pytest.raises(StoreError):
+                store.lease_acquire(name, who, seconds)
 
     # -- repair and lifecycle --------------------------------------------------------------------------
     def test_repair_of_a_clean_log_changes_nothing(self, store: EventStore) -> None:

@@ -61,12 +61,29 @@ def test_schema_is_created_and_versioned_on_first_use(dsn):
         "ctxkernel_blobs",
         "ctxkernel_events",
         "ctxkernel_kv",
+        "ctxkernel_leases",
         "ctxkernel_meta",
         "ctxkernel_sessions",
     ]
     assert store.schema_version == SCHEMA_VERSION
     store.close()
     PostgresStore(dsn).close()  # a second start finds it in place
+
+
+@pytest.mark.postgres
+def test_a_version_1_schema_is_upgraded_in_place(dsn):
+    store = PostgresStore(dsn)
+    store.create(header("s"))
+    store.append("s", batch(0, 3), 0)
+    store.close()
+    with psycopg.connect(dsn, autocommit=True) as conn:  # as ctxkernel 0.2 left it: no lease table
+        conn.execute("DROP TABLE ctxkernel_leases")
+        conn.execute("UPDATE ctxkernel_meta SET value = '1' WHERE name = 'schema_version'")
+    upgraded = PostgresStore(dsn)
+    assert upgraded.schema_version == SCHEMA_VERSION == 2
+    assert "ctxkernel_leases" in tables(dsn)
+    assert [e.seq for e in upgraded.read("s")] == [0, 1, 2]  # the log is untouched
+    upgraded.close()
 
 
 @pytest.mark.postgres
@@ -130,11 +147,13 @@ def test_a_missing_row_is_corruption_not_a_short_log(dsn):
 
 
 @pytest.mark.postgres
-def test_a_dropped_connection_is_reopened(dsn):
-    store = PostgresStore(dsn)
+def test_a_dropped_connection_is_replaced_and_the_call_retried(dsn):
+    store = PostgresStore(dsn, pool_size=1)
     store.create(header("s"))
+    with store._pool.connection() as pooled:  # the pool's only connection
+        backend = pooled.info.backend_pid
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("SELECT pg_terminate_backend(%s)", (store._conn.info.backend_pid,))
-    with pytest.raises(StoreError):
-        store.next_seq("s")  # the call that finds the connection dead fails ...
-    assert store.next_seq("s") == 0  # ... and the next one reconnects
+        conn.execute("SELECT pg_terminate_backend(%s)", (backend,))
+    assert store.next_seq("s") == 0  # the call that finds its connection dead retries on a new one
+    assert store.dropped_connections == 1
+    store.close()

@@ -37,8 +37,14 @@ def main() -> int:
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
+    if offset := float(os.environ.get("WORKER_CLOCK_OFFSET", "0")):  # a host whose clock is wrong
+        real_time = time.time
+        time.time = lambda: real_time() + offset
     store = open_store(spec)
-    profile = make_profile(model={"context_window": 4000, "reserved_output_tokens": 500})
+    leases = {"lease_seconds": float(os.environ.get("WORKER_LEASE_SECONDS", "30"))}
+    if host := os.environ.get("WORKER_HOST_ID"):  # two worker processes standing in for two hosts
+        leases["host_id"] = host
+    profile = make_profile(model={"context_window": 4000, "reserved_output_tokens": 500}, store=leases)
     scratch = tempfile.TemporaryDirectory()  # the kernel home; the sessions live in the shared store
     kernel = Kernel(profile, store=store, home=scratch.name, entry_points=False)
     session = None

@@ -143,10 +143,11 @@ def test_a_failed_switch_does_not_advance_the_window_and_tells_the_model(handoff
     session = kernel.open_session()
     a = agent(session)
     fill(a, 3)
-    # another writer's compaction is open: the transaction must refuse, and nothing switches
-    session.append_one(
-        "compaction/start", {"compaction_id": "other", "strategy": "someone", "holder": {"host": "elsewhere", "pid": 1}}
-    )
+    # another live writer's compaction is open (it holds the session's compaction lease): the
+    # transaction must refuse, and nothing switches
+    holder = {"host": "elsewhere", "pid": 1, "started": "2026-01-01T00:00:00Z", "token": "other"}
+    assert session.kernel.store.lease_acquire(f"compaction/{session.id}", holder, 600).acquired
+    session.append_one("compaction/start", {"compaction_id": "other", "strategy": "someone", "holder": holder})
     ctxkernel_handoff.request_new_context(session, "try")
     session.user("go on")
     request = session.prepare_request()

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import socket
-
 import pytest
 from helpers_rollover import call, rollover_kernel, rollover_summaries, step
 
@@ -135,15 +132,10 @@ def test_a_rollover_that_cannot_be_done_fails_loud_and_leaves_the_surface(spied)
     session.user("go")
     step(session, ScriptedModel([Message.assistant("", [call("n", "new_context", next_goal="next")])]))
     session.end_turn()
-    # another live writer holds the compaction lock: the switch must fail, not summarise
-    session.append_one(
-        "compaction/start",
-        {
-            "compaction_id": "other",
-            "strategy": "someone",
-            "holder": {"host": socket.gethostname(), "pid": os.getpid() + 1_000_000},
-        },
-    )
+    # another live writer holds the compaction lock (and its lease): the switch must fail, not summarise
+    holder = {"host": "elsewhere", "pid": 1, "started": "2026-01-01T00:00:00Z", "token": "other"}
+    assert session.kernel.store.lease_acquire(f"compaction/{session.id}", holder, 600).acquired
+    session.append_one("compaction/start", {"compaction_id": "other", "strategy": "someone", "holder": holder})
     session.user("continue")
     visible = [n.seq for n in session.surface.nodes]
     request = session.prepare_request()

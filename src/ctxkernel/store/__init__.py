@@ -18,6 +18,7 @@ from .base import (
     MAX_BLOB_BYTES,
     BlobInfo,
     EventStore,
+    Lease,
     RepairReport,
     SessionHeader,
     default_home,
@@ -39,7 +40,7 @@ def store_from_settings(settings: Any, home: Path | None = None) -> EventStore:
     if backend == "postgres":
         from .postgres import PostgresStore
 
-        return PostgresStore(getattr(settings, "dsn", None))
+        return PostgresStore(getattr(settings, "dsn", None), pool_size=getattr(settings, "pool_size", 4))
     msg = f"unknown store backend {backend!r}; accepted: ['jsonl', 'sqlite', 'postgres']"
     raise StoreError(msg)
 
@@ -50,6 +51,7 @@ __all__ = [
     "BlobInfo",
     "EventStore",
     "JsonlStore",
+    "Lease",
     "RepairReport",
     "SessionHeader",
     "default_home",

@@ -206,6 +206,20 @@ class EventStore(Protocol):
 
     def kv_list(self, namespace: str, prefix: str = "") -> dict[str, Any]: ...
 
+    def lease_acquire(self, name: str, holder: dict[str, Any], seconds: float, *, replace: str | None = None) -> Lease:
+        """Take the lease ``name`` for ``holder`` (whose ``token`` names it) for ``seconds``.
+
+        It is taken when nobody holds it, when its holder's expiry has passed (judged by the
+        store's clock: the database server's for postgres), when ``holder`` already holds it
+        (a retried call), or when its holder's token is ``replace`` (a holder known dead). The
+        answer says who holds it now and, when an expired or replaced holder lost it, who."""
+
+    def lease_renew(self, name: str, token: str, seconds: float) -> bool:
+        """Move the expiry ``seconds`` ahead; False when ``token`` no longer holds the lease."""
+
+    def lease_release(self, name: str, token: str) -> None:
+        """Give the lease up if ``token`` holds it (a no-op otherwise)."""
+
     def blob_put(self, key: str, data: bytes) -> BlobInfo:
         """Store ``data`` under ``key`` (replacing any value) durably and atomically: a reader sees
         the old value or the whole new one, never a part. Keys: :func:`check_blob_key`; at most
@@ -225,6 +239,33 @@ class EventStore(Protocol):
         """Remove ``key`` (nothing when absent)."""
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A store's answer to :meth:`EventStore.lease_acquire`."""
+
+    name: str
+    #: the holder now (``host``, ``pid``, ``started``, ``token``): the caller when ``acquired``
+    holder: dict[str, Any]
+    acquired: bool
+    #: seconds until the holder's lease expires, by the store's clock
+    remaining: float
+    #: the holder that lost the lease to this call (its expiry had passed, or it was replaced)
+    previous: dict[str, Any] | None = None
+
+
+def check_lease_request(name: str, holder: dict[str, Any], seconds: float) -> str:
+    """Shared pre-write check of a lease request; returns the holder's token."""
+    check_kv_name("lease name", name)
+    token = holder.get("token") if isinstance(holder, dict) else None
+    if not isinstance(token, str) or not token:
+        msg = f"lease {name}: the holder must be a dict with a non-empty 'token', got {holder!r:.200}"
+        raise StoreError(msg)
+    if not isinstance(seconds, int | float) or not 0 < seconds <= 86_400:
+        msg = f"lease {name}: seconds must be a number in (0, 86400], got {seconds!r}"
+        raise StoreError(msg)
+    return token
 
 
 def check_batch(events: Sequence[Event], expected_seq: int) -> None:

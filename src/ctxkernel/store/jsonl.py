@@ -32,6 +32,7 @@ from ..errors import ConflictError, CorruptionError, EventError, SessionExistsEr
 from ..events import Event
 from .base import (
     BlobInfo,
+    Lease,
     RepairReport,
     SessionHeader,
     check_batch,
@@ -39,6 +40,7 @@ from .base import (
     check_blob_key,
     check_blob_prefix,
     check_kv_name,
+    check_lease_request,
     check_session_id,
 )
 
@@ -367,6 +369,57 @@ class JsonlStore:
                 out[key] = self.kv_get(namespace, key)
         # by key, like the database backends (file names sort by their quoted form)
         return dict(sorted(out.items()))
+
+    # -- leases ------------------------------------------------------------------------------
+    # ``leases/<name>.json`` ({token, holder, expires}) is replaced atomically, read and written
+    # under a flock on ``<name>.lock`` beside it (kept for good: deleting a held lock file would
+    # let a second taker in). A kernel home serves one host, so expiry is this host's wall clock.
+    @contextlib.contextmanager
+    def _lease_file(self, name: str) -> Iterator[tuple[Path, dict[str, Any] | None]]:
+        check_kv_name("lease name", name)
+        path = self.home / "leases" / (urllib.parse.quote(name, safe="") + ".json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_suffix(".lock"), "a+b") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # held for one read-modify-write: never long
+            try:
+                current = orjson.loads(path.read_bytes())
+            except FileNotFoundError:
+                current = None
+            except orjson.JSONDecodeError as exc:
+                msg = f"{path}: lease entry is not valid JSON ({exc})"
+                raise CorruptionError(msg) from None
+            yield path, current
+
+    def _write_lease(self, path: Path, entry: dict[str, Any]) -> None:
+        # atomic (rename) but not fsynced: a lease only matters while its holder lives, and a
+        # power loss that could lose it ends every holder on this host too
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_bytes(orjson.dumps(entry))
+        os.replace(tmp, path)
+
+    def lease_acquire(self, name: str, holder: dict[str, Any], seconds: float, *, replace: str | None = None) -> Lease:
+        token = check_lease_request(name, holder, seconds)
+        with self._lease_file(name) as (path, current):
+            now = time.time()
+            held = current is not None and current["token"] != token
+            if held and current["expires"] > now and current["token"] != replace:  # type: ignore[index]
+                return Lease(name, current["holder"], False, current["expires"] - now)  # type: ignore[index]
+            self._write_lease(path, {"token": token, "holder": holder, "expires": now + seconds})
+        return Lease(name, holder, True, float(seconds), current["holder"] if held else None)  # type: ignore[index]
+
+    def lease_renew(self, name: str, token: str, seconds: float) -> bool:
+        check_lease_request(name, {"token": token}, seconds)
+        with self._lease_file(name) as (path, current):
+            if current is None or current["token"] != token:
+                return False
+            self._write_lease(path, {**current, "expires": time.time() + seconds})
+            return True
+
+    def lease_release(self, name: str, token: str) -> None:
+        check_lease_request(name, {"token": token}, 1)
+        with self._lease_file(name) as (path, current):
+            if current is not None and current["token"] == token:
+                path.unlink()
 
     # -- blobs: plain files under <home>/blobs, named by their key ---------------------------------
     def blob_path(self, key: str) -> Path:

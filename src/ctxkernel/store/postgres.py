@@ -11,9 +11,11 @@ profile (``[store] dsn``) or ``CTXKERNEL_STORE__DSN``; any libpq form works (URI
     ctxkernel_kv(namespace, key, value TEXT, PRIMARY KEY (namespace, key))
     ctxkernel_blobs(key PRIMARY KEY, size BIGINT, sha256 TEXT, chunks INT)
     ctxkernel_blob_chunks(key, idx, data BYTEA, PRIMARY KEY (key, idx))   -- at most 1 MiB a row
+    ctxkernel_leases(name PRIMARY KEY, token, holder TEXT, expires TIMESTAMPTZ)  -- schema 2
 
-The schema is created (and its version checked) on first use, under an advisory lock so that
-workers starting together do not race. Event bodies are stored as JSON *text*, not ``jsonb``:
+The schema is created, upgraded (every step is ``IF NOT EXISTS``) and its version checked on first
+use, under an advisory lock so that workers starting together do not race; a schema newer than
+this ctxkernel is refused. Event bodies are stored as JSON *text*, not ``jsonb``:
 ``jsonb`` refuses ``\\u0000`` and reorders keys, and a store must return any Unicode exactly.
 
 Optimistic concurrency across hosts: a batch is one transaction that first moves
@@ -22,14 +24,23 @@ the row lock orders concurrent writers, and the loser sees the new value and mat
 then inserts the events; the primary key on ``(session, seq)`` backs this up. A stale writer gets
 :class:`ConflictError` with nothing written; a writer that dies mid-batch has its transaction
 rolled back by the server.
+
+Connections: each store object keeps a :mod:`psycopg_pool` pool (``pool_size`` connections at
+most, one opened eagerly). A call whose connection drops is retried once on a fresh connection;
+the server rolled back the dropped transaction, and a drop during COMMIT (outcome unknown) is
+settled by comparing what the store holds with the batch. Leases (``lease_*``) expire by the
+server's clock.
 """
 
 from __future__ import annotations
 
+import itertools
+import logging
 import os
 import threading
-from collections.abc import Iterator, Sequence
-from typing import Any
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import orjson
 
@@ -38,6 +49,7 @@ from ..events import Event
 from ..redact import redact
 from .base import (
     BlobInfo,
+    Lease,
     RepairReport,
     SessionHeader,
     check_batch,
@@ -45,6 +57,7 @@ from .base import (
     check_blob_key,
     check_blob_prefix,
     check_kv_name,
+    check_lease_request,
     check_session_id,
 )
 from .rows import (
@@ -58,8 +71,15 @@ from .rows import (
     read_events,
 )
 
-SCHEMA_VERSION = 1
+T = TypeVar("T")
+_log = logging.getLogger("ctxkernel.store.postgres")
+
+SCHEMA_VERSION = 2
 DSN_ENV = "CTXKERNEL_STORE__DSN"
+#: connections each process's pool keeps at most (one per thread working on the store at once)
+DEFAULT_POOL_SIZE = 4
+#: attempts at a statement or transaction whose connection dropped (the first try included)
+ATTEMPTS = 2
 
 _SCHEMA = [
     "CREATE TABLE IF NOT EXISTS ctxkernel_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -82,6 +102,13 @@ _SCHEMA = [
         value TEXT NOT NULL,
         PRIMARY KEY (namespace, key)
     )""",
+    # schema 2: leases (expiry by the server's clock; token '' = free)
+    """CREATE TABLE IF NOT EXISTS ctxkernel_leases (
+        name TEXT PRIMARY KEY,
+        token TEXT NOT NULL,
+        holder TEXT NOT NULL,
+        expires TIMESTAMPTZ NOT NULL
+    )""",
     """CREATE TABLE IF NOT EXISTS ctxkernel_blobs (
         key TEXT PRIMARY KEY,
         size BIGINT NOT NULL,
@@ -103,10 +130,31 @@ def redact_dsn(dsn: str) -> str:
     return redact(dsn)
 
 
+_POOL_NUMBERS = itertools.count(1)
+
+
+def _close_pool(pool: Any) -> None:
+    """Close ``pool``; from one of its own threads (where the garbage collector may drop it) in a
+    new thread, since a pool cannot join the thread that closes it."""
+    if threading.current_thread().name.startswith(f"{pool.name}-"):
+        threading.Thread(target=pool.close, name=f"{pool.name}-close", daemon=True).start()
+    else:
+        pool.close()
+
+
+class _Dropped(Exception):  # noqa: N818 - internal signal, never raised out of this module
+    """The connection broke under a call; carries the driver's error."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
 class PostgresStore:
     backend = "postgres"
 
-    def __init__(self, dsn: str | None = None, *, connect_timeout: int = 10) -> None:
+    def __init__(
+        self, dsn: str | None = None, *, connect_timeout: int = 10, pool_size: int = DEFAULT_POOL_SIZE
+    ) -> None:
         dsn = dsn or os.environ.get(DSN_ENV)
         if not dsn:
             msg = (
@@ -116,69 +164,134 @@ class PostgresStore:
             raise StoreError(msg)
         try:
             import psycopg
+            from psycopg_pool import ConnectionPool
         except ImportError:
-            msg = "the postgres store needs psycopg 3: pip install 'ctxkernel[postgres]'"
+            msg = "the postgres store needs psycopg 3 and psycopg-pool: pip install 'ctxkernel[postgres]'"
             raise StoreError(msg) from None
+        if not isinstance(pool_size, int) or not 1 <= pool_size <= 1000:
+            msg = f"postgres store: pool_size must be an integer from 1 to 1000, got {pool_size!r}"
+            raise StoreError(msg)
         self._psycopg = psycopg
         self.dsn = dsn
         self.where = redact_dsn(dsn)
         self.connect_timeout = connect_timeout
-        self._mutex = threading.RLock()
-        self._conn: Any = None
-        self._connect()
-        self._migrate()
+        self.pool_size = pool_size
+        #: connections that broke under a call (each was retried once on a fresh one)
+        self.dropped_connections = 0
+        # one direct connection first: it migrates the schema, and a bad connection string or an
+        # unreachable server fails here with libpq's own reason (a pool would only time out)
+        conn = self._connect()
+        try:
+            self._migrate(conn)
+        finally:
+            conn.close()
+        # autocommit: reads never leave a transaction open; writes use explicit transactions
+        self._pool = ConnectionPool(
+            dsn,
+            min_size=1,
+            max_size=pool_size,
+            kwargs={"autocommit": True, "connect_timeout": connect_timeout},
+            timeout=max(connect_timeout, 1) * 3,
+            name=f"ctxkernel-pool-{next(_POOL_NUMBERS)}",
+            open=True,
+        )
+        # a store dropped without close() still closes its pool (and its connections)
+        weakref.finalize(self, _close_pool, self._pool)
 
     # -- connection ------------------------------------------------------------------------------
     def _connect(self) -> Any:
-        if self._conn is not None and not self._conn.closed and not self._conn.broken:
-            return self._conn
         try:
-            # autocommit: reads never leave a transaction open; writes use explicit transactions
-            self._conn = self._psycopg.connect(self.dsn, autocommit=True, connect_timeout=self.connect_timeout)
+            return self._psycopg.connect(self.dsn, autocommit=True, connect_timeout=self.connect_timeout)
         except self._psycopg.Error as exc:
             # libpq quotes a malformed connection string in its error: redact that too
             msg = f"cannot connect to the postgres store {self.where}: {redact(str(exc).strip())}"
             raise StoreError(msg) from None
-        return self._conn
 
     def _error(self, exc: Exception) -> StoreError:
         return StoreError(f"postgres store {self.where}: {redact(str(exc).strip())}")
 
-    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        with self._mutex:
-            conn = self._connect()
-            try:
-                return conn.execute(sql, params).fetchall()
-            except self._psycopg.Error as exc:
-                raise self._error(exc) from None
+    def _once(self, work: Callable[[Any], T]) -> T:
+        """Run ``work`` on a pooled connection; a connection that broke under it is
+        :class:`_Dropped` (the pool discards it), any other driver error a :class:`StoreError`."""
+        from psycopg_pool import PoolTimeout
 
-    def _migrate(self) -> None:
-        with self._mutex:
-            conn = self._connect()
-            try:
-                with conn.transaction():
-                    schema = conn.execute("SELECT current_schema()").fetchone()[0]
-                    if schema is None:
-                        msg = (
-                            f"postgres store {self.where}: the connection has no schema to create tables in; "
-                            "create the schema named by search_path or fix search_path"
-                        )
-                        raise StoreError(msg)
-                    conn.execute("SELECT pg_advisory_xact_lock(hashtext('ctxkernel schema ' || current_schema()))")
-                    for statement in _SCHEMA:
-                        conn.execute(statement)
-                    row = conn.execute("SELECT value FROM ctxkernel_meta WHERE name = 'schema_version'").fetchone()
-                    if row is None:
-                        conn.execute("INSERT INTO ctxkernel_meta VALUES ('schema_version', %s)", (str(SCHEMA_VERSION),))
-                    elif int(row[0]) > SCHEMA_VERSION:
-                        msg = (
-                            f"postgres store {self.where}: schema version {row[0]} is newer than this ctxkernel "
-                            f"reads ({SCHEMA_VERSION}); upgrade ctxkernel"
-                        )
-                        raise StoreError(msg)
-            except self._psycopg.Error as exc:
-                raise self._error(exc) from None
-            self.schema = schema
+        try:
+            with self._pool.connection() as conn:
+                try:
+                    return work(conn)
+                except self._psycopg.Error as exc:
+                    if conn.broken or conn.closed:
+                        raise _Dropped(exc) from None
+                    raise self._error(exc) from None
+        except PoolTimeout as exc:
+            msg = (
+                f"postgres store {self.where}: no connection within {self._pool.timeout:g} s "
+                f"(all {self.pool_size} of this process's pool busy, or the server unreachable: {exc})"
+            )
+            raise StoreError(msg) from None
+        except self._psycopg.OperationalError as exc:  # the pool could not hand out a live connection
+            raise _Dropped(exc) from None
+
+    def _retrying(self, work: Callable[[Any], T], *, what: str, settle: Callable[[Any], T] | None = None) -> T:
+        """Run ``work`` (one statement, or one transaction) and retry it once on a fresh
+        connection when its connection dropped. The server rolls back a transaction whose
+        connection drops, so a retry never doubles a write; only a drop during COMMIT leaves the
+        outcome unknown, and ``settle`` (run instead of ``work`` on the retry) decides it from
+        what the store holds. A second drop is a :class:`StoreError` saying so."""
+        try:
+            return self._once(work)
+        except _Dropped as first:
+            self.dropped_connections += 1
+            _log.warning(
+                "postgres store %s: connection dropped during %s (%s); retrying", self.where, what, first.error
+            )
+        try:
+            return self._once(settle or work)
+        except _Dropped as second:
+            self.dropped_connections += 1
+            msg = (
+                f"postgres store {self.where}: the connection dropped twice during {what} "
+                f"({redact(' '.join(str(second.error).split()))}); a write is applied wholly or not at all, "
+                "so read the store to see which"
+            )
+            raise StoreError(msg) from None
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return self._retrying(lambda conn: conn.execute(sql, params).fetchall(), what="query")
+
+    def _migrate(self, conn: Any) -> None:
+        try:
+            with conn.transaction():
+                schema = conn.execute("SELECT current_schema()").fetchone()[0]
+                if schema is None:
+                    msg = (
+                        f"postgres store {self.where}: the connection has no schema to create tables in; "
+                        "create the schema named by search_path or fix search_path"
+                    )
+                    raise StoreError(msg)
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext('ctxkernel schema ' || current_schema()))")
+                row = conn.execute(
+                    "SELECT value FROM ctxkernel_meta WHERE name = 'schema_version'"
+                    if conn.execute("SELECT to_regclass('ctxkernel_meta')").fetchone()[0]
+                    else "SELECT NULL WHERE false"
+                ).fetchone()
+                if row is not None and int(row[0]) > SCHEMA_VERSION:
+                    msg = (
+                        f"postgres store {self.where}: schema version {row[0]} is newer than this ctxkernel "
+                        f"reads ({SCHEMA_VERSION}); upgrade ctxkernel"
+                    )
+                    raise StoreError(msg)
+                # every step is idempotent (IF NOT EXISTS): a newer version only adds to the schema
+                for statement in _SCHEMA:
+                    conn.execute(statement)
+                conn.execute(
+                    "INSERT INTO ctxkernel_meta VALUES ('schema_version', %s) "
+                    "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                    (str(SCHEMA_VERSION),),
+                )
+        except self._psycopg.Error as exc:
+            raise self._error(exc) from None
+        self.schema = schema
 
     @property
     def schema_version(self) -> int:
@@ -191,18 +304,20 @@ class PostgresStore:
     def create(self, header: SessionHeader) -> None:
         check_session_id(header.id)
         body = orjson.dumps(header.to_dict()).decode()
-        with self._mutex:
-            conn = self._connect()
-            try:
-                cur = conn.execute(
-                    "INSERT INTO ctxkernel_sessions (id, header) VALUES (%s, %s) ON CONFLICT (id) DO NOTHING",
-                    (header.id, body),
-                )
-            except self._psycopg.Error as exc:
-                raise self._error(exc) from None
-            if cur.rowcount != 1:
-                msg = f"session {header.id} already exists in the postgres store {self.where}"
-                raise SessionExistsError(msg)
+
+        def insert(conn: Any) -> bool:
+            sql = "INSERT INTO ctxkernel_sessions (id, header) VALUES (%s, %s) ON CONFLICT (id) DO NOTHING"
+            return conn.execute(sql, (header.id, body)).rowcount == 1
+
+        def settle(conn: Any) -> bool:  # after a drop: our own insert may have committed
+            if insert(conn):
+                return True
+            row = conn.execute("SELECT header FROM ctxkernel_sessions WHERE id = %s", (header.id,)).fetchone()
+            return row is not None and row[0] == body
+
+        if not self._retrying(insert, what=f"creating session {header.id}", settle=settle):
+            msg = f"session {header.id} already exists in the postgres store {self.where}"
+            raise SessionExistsError(msg)
 
     def exists(self, session_id: str) -> bool:
         return bool(self._query("SELECT 1 FROM ctxkernel_sessions WHERE id = %s", (check_session_id(session_id),)))
@@ -249,32 +364,47 @@ class PostgresStore:
         check_session_id(session_id)
         rows = [(session_id, e.seq, e.type, encode_event(e)) for e in events]
         psycopg = self._psycopg
-        with self._mutex:
-            conn = self._connect()
-            try:
-                with conn.transaction(), conn.cursor() as cur:
-                    cur.execute(
-                        "UPDATE ctxkernel_sessions SET next_seq = %s WHERE id = %s AND next_seq = %s RETURNING 1",
-                        (expected_seq + len(rows), session_id, expected_seq),
-                    )
-                    if cur.fetchone() is None:
-                        found = cur.execute(
-                            "SELECT next_seq FROM ctxkernel_sessions WHERE id = %s", (session_id,)
-                        ).fetchone()
-                        if found is None:
-                            raise self._not_found(session_id)
-                        raise ConflictError(session_id, expected_seq, int(found[0]))
-                    cur.executemany(
-                        "INSERT INTO ctxkernel_events (session, seq, type, body) VALUES (%s, %s, %s, %s)", rows
-                    )
-            except psycopg.errors.UniqueViolation as exc:
-                msg = (
-                    f"postgres store {self.where}: session {session_id} already holds seqs from {expected_seq} "
-                    f"although its next seq said otherwise ({str(exc).strip()}); corrupt"
+
+        def write(conn: Any, *, after_drop: bool = False) -> None:
+            with conn.transaction(), conn.cursor() as cur:
+                cur.execute(
+                    "UPDATE ctxkernel_sessions SET next_seq = %s WHERE id = %s AND next_seq = %s RETURNING 1",
+                    (expected_seq + len(rows), session_id, expected_seq),
                 )
-                raise CorruptionError(msg) from None
-            except psycopg.Error as exc:
-                raise self._error(exc) from None
+                if cur.fetchone() is not None:
+                    try:
+                        cur.executemany(
+                            "INSERT INTO ctxkernel_events (session, seq, type, body) VALUES (%s, %s, %s, %s)", rows
+                        )
+                    except psycopg.errors.UniqueViolation as exc:
+                        msg = (
+                            f"postgres store {self.where}: session {session_id} already holds seqs from "
+                            f"{expected_seq} although its next seq said otherwise ({str(exc).strip()}); corrupt"
+                        )
+                        raise CorruptionError(msg) from None
+                    return
+                found = cur.execute("SELECT next_seq FROM ctxkernel_sessions WHERE id = %s", (session_id,)).fetchone()
+                if found is None:
+                    raise self._not_found(session_id)
+                if after_drop and self._holds_batch(cur, rows):
+                    return  # the first attempt's COMMIT landed before its connection dropped
+                raise ConflictError(session_id, expected_seq, int(found[0]))
+
+        self._retrying(
+            write,
+            what=f"appending seqs {expected_seq}..{expected_seq + len(rows) - 1} to session {session_id}",
+            settle=lambda conn: write(conn, after_drop=True),
+        )
+
+    @staticmethod
+    def _holds_batch(cur: Any, rows: Sequence[tuple[str, int, str, str]]) -> bool:
+        """True when the store holds exactly this batch (same seqs, same bytes)."""
+        session_id, first, last = rows[0][0], rows[0][1], rows[-1][1]
+        stored = cur.execute(
+            "SELECT seq, body FROM ctxkernel_events WHERE session = %s AND seq >= %s AND seq <= %s ORDER BY seq",
+            (session_id, first, last),
+        ).fetchall()
+        return [(seq, body) for seq, body in stored] == [(seq, body) for _, seq, _, body in rows]
 
     # -- key-value table -------------------------------------------------------------------------
     def kv_get(self, namespace: str, key: str) -> Any | None:
@@ -309,31 +439,92 @@ class PostgresStore:
         where = f"postgres store {self.where}: key-value {namespace}"
         return {key: decode_value(value, f"{where}/{key}") for key, value in rows}
 
+    # -- leases ------------------------------------------------------------------------------------
+    # Expiry is the server's clock_timestamp(), never a worker's clock: workers on hosts whose
+    # clocks disagree still agree on whether a lease has expired. Lease writes commit without
+    # waiting for the WAL flush (synchronous_commit off, for that transaction only): the WAL is
+    # written in order, so the lease is durable before the compaction/start appended after it,
+    # and a lease a server crash loses at most lets a worker take over early, which the log's seq
+    # check still fences.
+    _LEASE_WRITE = "SET LOCAL synchronous_commit = off"
+
+    def _lease_write(self, sql: str, params: Sequence[Any], what: str) -> bool:
+        def write(conn: Any) -> bool:
+            with conn.transaction():
+                conn.execute(self._LEASE_WRITE)
+                return conn.execute(sql, params).rowcount == 1
+
+        return self._retrying(write, what=what)
+
+    def lease_acquire(self, name: str, holder: dict[str, Any], seconds: float, *, replace: str | None = None) -> Lease:
+        token = check_lease_request(name, holder, seconds)
+        body = orjson.dumps(holder).decode()
+
+        def acquire(conn: Any) -> Lease:
+            with conn.transaction():
+                conn.execute(self._LEASE_WRITE)
+                # the row exists (free: token '') before it is locked, so two first takers queue on it
+                conn.execute(
+                    "INSERT INTO ctxkernel_leases VALUES (%s, '', '{}', '-infinity') ON CONFLICT (name) DO NOTHING",
+                    (name,),
+                )
+                cur_token, cur_holder, expired, remaining = conn.execute(
+                    "SELECT token, holder, expires <= clock_timestamp(), "
+                    "extract(epoch FROM greatest(expires, clock_timestamp()) - clock_timestamp()) "
+                    "FROM ctxkernel_leases WHERE name = %s FOR UPDATE",
+                    (name,),
+                ).fetchone()
+                if cur_token and cur_token != token and not expired and cur_token != replace:
+                    return Lease(name, decode_value(cur_holder, f"lease {name}"), False, float(remaining))
+                conn.execute(
+                    "UPDATE ctxkernel_leases SET token = %s, holder = %s, "
+                    "expires = clock_timestamp() + make_interval(secs => %s) WHERE name = %s",
+                    (token, body, float(seconds), name),
+                )
+                previous = decode_value(cur_holder, f"lease {name}") if cur_token and cur_token != token else None
+                return Lease(name, holder, True, float(seconds), previous)
+
+        return self._retrying(acquire, what=f"taking lease {name}")
+
+    def lease_renew(self, name: str, token: str, seconds: float) -> bool:
+        check_lease_request(name, {"token": token}, seconds)
+        return self._lease_write(
+            "UPDATE ctxkernel_leases SET expires = clock_timestamp() + make_interval(secs => %s) "
+            "WHERE name = %s AND token = %s",
+            (float(seconds), name, token),
+            f"renewing lease {name}",
+        )
+
+    def lease_release(self, name: str, token: str) -> None:
+        check_lease_request(name, {"token": token}, 1)
+        self._lease_write(
+            "DELETE FROM ctxkernel_leases WHERE name = %s AND token = %s", (name, token), f"releasing lease {name}"
+        )
+
     # -- blobs -------------------------------------------------------------------------------------
     def blob_put(self, key: str, data: bytes) -> BlobInfo:
         check_blob_key(key)
         data = check_blob_data(key, data)
         info = BlobInfo.of(key, data)
         chunks = blob_chunks(data)
-        with self._mutex:
-            conn = self._connect()
-            try:
-                with conn.transaction(), conn.cursor() as cur:
-                    # the upsert locks the key's row first, so two writers of one key take turns
-                    # and the second replaces the first's chunks whole
-                    cur.execute(
-                        "INSERT INTO ctxkernel_blobs (key, size, sha256, chunks) VALUES (%s, %s, %s, %s) "
-                        "ON CONFLICT (key) DO UPDATE SET size = excluded.size, sha256 = excluded.sha256, "
-                        "chunks = excluded.chunks",
-                        (key, info.size, info.sha256, len(chunks)),
-                    )
-                    cur.execute("DELETE FROM ctxkernel_blob_chunks WHERE key = %s", (key,))
-                    cur.executemany(
-                        "INSERT INTO ctxkernel_blob_chunks (key, idx, data) VALUES (%s, %s, %s)",
-                        [(key, i, chunk) for i, chunk in enumerate(chunks)],
-                    )
-            except self._psycopg.Error as exc:
-                raise self._error(exc) from None
+
+        def put(conn: Any) -> None:  # replaces the whole value: a retry after a lost COMMIT is harmless
+            with conn.transaction(), conn.cursor() as cur:
+                # the upsert locks the key's row first, so two writers of one key take turns
+                # and the second replaces the first's chunks whole
+                cur.execute(
+                    "INSERT INTO ctxkernel_blobs (key, size, sha256, chunks) VALUES (%s, %s, %s, %s) "
+                    "ON CONFLICT (key) DO UPDATE SET size = excluded.size, sha256 = excluded.sha256, "
+                    "chunks = excluded.chunks",
+                    (key, info.size, info.sha256, len(chunks)),
+                )
+                cur.execute("DELETE FROM ctxkernel_blob_chunks WHERE key = %s", (key,))
+                cur.executemany(
+                    "INSERT INTO ctxkernel_blob_chunks (key, idx, data) VALUES (%s, %s, %s)",
+                    [(key, i, chunk) for i, chunk in enumerate(chunks)],
+                )
+
+        self._retrying(put, what=f"writing blob {key}")
         return info
 
     def blob_stat(self, key: str) -> BlobInfo | None:
@@ -342,18 +533,18 @@ class PostgresStore:
 
     def blob_get(self, key: str) -> bytes | None:
         check_blob_key(key)
-        with self._mutex:
-            conn = self._connect()
-            try:
-                # one repeatable-read snapshot: the row and its chunks come from the same write
-                with conn.transaction():
-                    conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                    row = conn.execute("SELECT size, sha256 FROM ctxkernel_blobs WHERE key = %s", (key,)).fetchone()
-                    chunks = conn.execute(
-                        "SELECT idx, data FROM ctxkernel_blob_chunks WHERE key = %s ORDER BY idx", (key,)
-                    ).fetchall()
-            except self._psycopg.Error as exc:
-                raise self._error(exc) from None
+
+        def get(conn: Any) -> tuple[Any, list[Any]]:
+            # one repeatable-read snapshot: the row and its chunks come from the same write
+            with conn.transaction():
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                row = conn.execute("SELECT size, sha256 FROM ctxkernel_blobs WHERE key = %s", (key,)).fetchone()
+                chunks = conn.execute(
+                    "SELECT idx, data FROM ctxkernel_blob_chunks WHERE key = %s ORDER BY idx", (key,)
+                ).fetchall()
+            return row, chunks
+
+        row, chunks = self._retrying(get, what=f"reading blob {key}")
         if row is None:
             return None
         return join_blob(BlobInfo(key, int(row[0]), row[1]), chunks, f"postgres store {self.where}")
@@ -367,14 +558,13 @@ class PostgresStore:
 
     def blob_delete(self, key: str) -> None:
         check_blob_key(key)
-        with self._mutex:
-            conn = self._connect()
-            try:
-                with conn.transaction():
-                    conn.execute("DELETE FROM ctxkernel_blobs WHERE key = %s", (key,))
-                    conn.execute("DELETE FROM ctxkernel_blob_chunks WHERE key = %s", (key,))
-            except self._psycopg.Error as exc:
-                raise self._error(exc) from None
+
+        def delete(conn: Any) -> None:
+            with conn.transaction():
+                conn.execute("DELETE FROM ctxkernel_blobs WHERE key = %s", (key,))
+                conn.execute("DELETE FROM ctxkernel_blob_chunks WHERE key = %s", (key,))
+
+        self._retrying(delete, what=f"deleting blob {key}")
 
     # -- cross-process locks ---------------------------------------------------------------------
     def hold_lock(self, name: str, timeout: float) -> AdvisoryLock | None:
@@ -401,10 +591,7 @@ class PostgresStore:
         return AdvisoryLock(conn, name)
 
     def close(self) -> None:
-        with self._mutex:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+        self._pool.close()
 
 
 class AdvisoryLock:

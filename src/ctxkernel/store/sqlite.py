@@ -5,6 +5,7 @@ Layout (schema version :data:`SCHEMA_VERSION`, recorded in ``meta``)::
     sessions(id PRIMARY KEY, header TEXT, next_seq INTEGER)
     events(session, seq, type, body TEXT, PRIMARY KEY (session, seq))   -- body: the orjson event
     kv(namespace, key, value TEXT, PRIMARY KEY (namespace, key))
+    leases(name PRIMARY KEY, token, holder TEXT, expires REAL)        -- schema 2; this host's clock
     blobs(key PRIMARY KEY, size INTEGER, sha256 TEXT, chunks INTEGER)
     blob_chunks(key, idx, data BLOB, PRIMARY KEY (key, idx))        -- at most 1 MiB a row
 
@@ -25,6 +26,7 @@ import contextlib
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ from ..errors import ConflictError, CorruptionError, SessionExistsError, Session
 from ..events import Event
 from .base import (
     BlobInfo,
+    Lease,
     RepairReport,
     SessionHeader,
     check_batch,
@@ -43,6 +46,7 @@ from .base import (
     check_blob_key,
     check_blob_prefix,
     check_kv_name,
+    check_lease_request,
     check_session_id,
 )
 from .rows import (
@@ -56,7 +60,7 @@ from .rows import (
     read_events,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DATABASE_NAME = "ctxkernel.sqlite3"
 #: the lock file beside the database that serialises opening it
 INIT_LOCK_SUFFIX = ".init.lock"
@@ -80,6 +84,12 @@ CREATE TABLE IF NOT EXISTS kv (
     key TEXT NOT NULL,
     value TEXT NOT NULL,
     PRIMARY KEY (namespace, key)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS leases (
+    name TEXT PRIMARY KEY,
+    token TEXT NOT NULL,
+    holder TEXT NOT NULL,
+    expires REAL NOT NULL
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS blobs (
     key TEXT PRIMARY KEY,
@@ -151,7 +161,8 @@ class SqliteStore:
             self._db.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
             mode = self._db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             # FULL: a committed batch survives power loss in WAL mode too (NORMAL would not)
-            self._db.execute(f"PRAGMA synchronous = {'FULL' if durable else 'OFF'}")
+            self._synchronous = "FULL" if durable else "OFF"
+            self._db.execute(f"PRAGMA synchronous = {self._synchronous}")
             self._db.execute("PRAGMA foreign_keys = ON")
         except sqlite3.Error as exc:
             msg = f"cannot open the sqlite store {self.path}: {exc}"
@@ -168,14 +179,17 @@ class SqliteStore:
                 if statement.strip():
                     self._db.execute(statement)
             row = self._db.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()
-            if row is None:
-                self._db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            elif int(row[0]) > SCHEMA_VERSION:
+            if row is not None and int(row[0]) > SCHEMA_VERSION:
                 msg = (
                     f"{self.path}: schema version {row[0]} is newer than this ctxkernel reads "
                     f"({SCHEMA_VERSION}); upgrade ctxkernel"
                 )
                 raise StoreError(msg)
+            # the statements above are idempotent (IF NOT EXISTS): an older schema is now upgraded
+            self._db.execute(
+                "INSERT INTO meta VALUES ('schema_version', ?) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                (str(SCHEMA_VERSION),),
+            )
 
     class _Txn:
         def __init__(self, store: SqliteStore) -> None:
@@ -319,6 +333,51 @@ class SqliteStore:
             (check_kv_name("namespace", namespace), len(prefix), prefix),
         )
         return {key: decode_value(value, f"{self.path}: key-value {namespace}/{key}") for key, value in rows}
+
+    # -- leases ------------------------------------------------------------------------------
+    # One database serves one host, so expiry is this host's wall clock. Lease writes commit with
+    # synchronous=NORMAL (in WAL mode: no fsync at commit, never a corrupt database): a lease
+    # only matters while its holder lives, and a power loss that could lose it ends every holder
+    # on this host too.
+    @contextlib.contextmanager
+    def _lease_write(self) -> Iterator[sqlite3.Connection]:
+        with self._mutex:
+            self._db.execute("PRAGMA synchronous = NORMAL")
+            try:
+                with self._write() as db:
+                    yield db
+            finally:
+                self._db.execute(f"PRAGMA synchronous = {self._synchronous}")
+
+    def lease_acquire(self, name: str, holder: dict[str, Any], seconds: float, *, replace: str | None = None) -> Lease:
+        token = check_lease_request(name, holder, seconds)
+        with self._lease_write() as db:
+            now = time.time()
+            row = db.execute("SELECT token, holder, expires FROM leases WHERE name = ?", (name,)).fetchone()
+            if row is not None and row[0] and row[0] != token and row[2] > now and row[0] != replace:
+                return Lease(name, decode_value(row[1], f"{self.path}: lease {name}"), False, row[2] - now)
+            db.execute(
+                "INSERT INTO leases VALUES (?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET token = excluded.token, "
+                "holder = excluded.holder, expires = excluded.expires",
+                (name, token, orjson.dumps(holder).decode(), now + seconds),
+            )
+        previous = None
+        if row is not None and row[0] and row[0] != token:
+            previous = decode_value(row[1], f"{self.path}: lease {name}")
+        return Lease(name, holder, True, float(seconds), previous)
+
+    def lease_renew(self, name: str, token: str, seconds: float) -> bool:
+        check_lease_request(name, {"token": token}, seconds)
+        with self._lease_write() as db:
+            cur = db.execute(
+                "UPDATE leases SET expires = ? WHERE name = ? AND token = ?", (time.time() + seconds, name, token)
+            )
+            return cur.rowcount == 1
+
+    def lease_release(self, name: str, token: str) -> None:
+        check_lease_request(name, {"token": token}, 1)
+        with self._lease_write() as db:
+            db.execute("DELETE FROM leases WHERE name = ? AND token = ?", (name, token))
 
     # -- blobs -----------------------------------------------------------------------------------
     def blob_put(self, key: str, data: bytes) -> BlobInfo:

@@ -1,0 +1,149 @@
+"""The compaction lease: who may run a compaction transaction on a session, across hosts.
+
+The ``compaction/start`` event in the log marks a transaction open (HOST-MODEL §3); the lease
+``compaction/<session id>`` in the store says whether its holder is still alive. A transaction
+takes the lease before it writes its start and gives it up after its end; while it runs, a
+thread renews the lease every third of ``[store] lease_seconds``. A holder that dies stops
+renewing, and once its lease has expired (judged by the store's clock: the database server's for
+postgres, so workers' clocks never matter) the next transaction or the next opening of the
+session takes the lease over and ends the abandoned compaction with an error end that records
+the takeover (``compaction/end {error, takeover}``).
+
+The log, not the lease, keeps a stale holder out: every write is appended against the seq its
+writer last saw, so of a holder that stalled past its expiry and the worker that took over,
+only one can end the compaction.
+
+A holder on this host whose process is gone is taken over at once (its pid is not alive); the
+lease of a holder on another host is only ever taken over after its expiry.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from .errors import CompactionBusyError
+from .events import COMPACTION_END, EventSpec, utc_now
+from .logging import get_logger
+
+if TYPE_CHECKING:
+    from .session import Session
+    from .store import Lease
+
+log = get_logger("ctxkernel.lease")
+
+
+def host_id(settings: Any) -> str:
+    """The host id holders carry: ``[store] host_id``, else the machine's host name."""
+    return getattr(settings, "host_id", None) or socket.gethostname()
+
+
+def _pid_is_dead(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
+        return False  # this process's own transactions always give their lease up
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+class CompactionLease:
+    """The lease of one compaction transaction (or of one takeover) on ``session``."""
+
+    def __init__(self, session: Session) -> None:
+        settings = session.kernel.profile.store
+        self.session = session
+        self.store = session.store
+        self.name = f"compaction/{session.id}"
+        self.seconds = float(settings.lease_seconds)
+        self.holder: dict[str, Any] = {
+            "host": session.holder["host"],
+            "pid": os.getpid(),
+            "started": utc_now(),
+            "token": uuid.uuid4().hex,
+        }
+        #: the holder whose lease this one replaced (expired, or dead on this host), if any
+        self.previous: dict[str, Any] | None = None
+        #: set when a renewal found the lease taken over: the transaction must not commit
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    def try_acquire(self) -> Lease:
+        """Take the lease if nobody live holds it; the store's answer either way."""
+        lease = self.store.lease_acquire(self.name, self.holder, self.seconds)
+        other = lease.holder
+        if not lease.acquired and other.get("host") == self.holder["host"] and _pid_is_dead(other.get("pid")):
+            lease = self.store.lease_acquire(self.name, self.holder, self.seconds, replace=other.get("token"))
+        if lease.acquired:
+            self.previous = lease.previous
+        return lease
+
+    def acquire(self) -> None:
+        """Take the lease and start renewing it; :class:`CompactionBusyError` when held."""
+        lease = self.try_acquire()
+        if not lease.acquired:
+            other, busy = lease.holder, self.session.open_compaction
+            what = "a compaction is starting"
+            if busy is not None:
+                what = f"compaction {busy['compaction_id']} by strategy {busy['strategy']!r} is open since seq {busy['seq']}"
+            msg = (
+                f"session {self.session.id}: {what} (lease holder: host {other.get('host')!r} pid "
+                f"{other.get('pid')} since {other.get('started')}, valid {lease.remaining:.1f} s more unless "
+                "renewed); wait for it to end"
+            )
+            raise CompactionBusyError(msg)
+        self._renewer = threading.Thread(target=self._renew, name=f"ctxkernel lease {self.name}", daemon=True)
+        self._renewer.start()
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.seconds / 3):
+            try:
+                if not self.store.lease_renew(self.name, self.holder["token"], self.seconds):
+                    self.lost.set()
+                    log.error("compaction lease lost: another worker took it over", lease=self.name)
+                    return
+            except Exception as exc:  # noqa: BLE001 - a store error: logged, retried at the next tick
+                log.warning("compaction lease not renewed", lease=self.name, error=f"{type(exc).__name__}: {exc}")
+
+    def release(self) -> None:
+        """Stop renewing and give the lease up. A store error is logged, never raised: the
+        lease then expires on its own."""
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join()
+        try:
+            self.store.lease_release(self.name, self.holder["token"])
+        except Exception as exc:  # noqa: BLE001 - the lease expires by itself; the caller's outcome stands
+            log.warning("compaction lease not released", lease=self.name, error=f"{type(exc).__name__}: {exc}")
+
+    def takeover_end(self, open_compaction: dict[str, Any]) -> EventSpec:
+        """The error end of a compaction whose holder no longer holds the lease (this one does)."""
+        before = open_compaction.get("holder") or {}
+        if self.previous is None:
+            why = "its holder gave up the lease without writing its end"
+        elif self.previous.get("host") == self.holder["host"] and _pid_is_dead(self.previous.get("pid")):
+            why = "its holder's process is gone"
+        else:
+            why = "its holder's lease expired"
+        log.warning(
+            "compaction taken over",
+            session=self.session.id,
+            compaction_id=open_compaction["compaction_id"],
+            holder=before,
+            reason=why,
+        )
+        return EventSpec(
+            COMPACTION_END,
+            {
+                "compaction_id": open_compaction["compaction_id"],
+                "error": f"interrupted: taken over by host {self.holder['host']!r} pid {self.holder['pid']}; {why}",
+                "takeover": {"holder": before, "lease": self.previous, "by": self.holder, "reason": why},
+            },
+        )
