@@ -237,7 +237,9 @@ def run_transaction(
     lease = CompactionLease(session)
     lease.acquire()  # 2: a live holder's lease refuses us as busy
     try:
-        return _run_leased(session, spans, lease, strategy, kind, render, check_shrink, data, single_batch)
+        return _run_leased(
+            session, spans, lease, strategy, kind, render, check_shrink, data, single_batch, keep_instructions
+        )
     finally:
         lease.release()
 
@@ -252,6 +254,7 @@ def _run_leased(
     check_shrink: bool,
     data: dict[str, Any] | None,
     single_batch: bool,
+    keep_instructions: bool,
 ) -> CommitResult:
     """Steps 1-9 while holding the session's compaction lease."""
     session.refresh()  # another writer may have appended while the lease was taken
