@@ -94,6 +94,9 @@ class StoreSettings(_Strict):
     path: str | None = None
     #: PostgreSQL connection string (postgres backend)
     dsn: str | None = None
+    #: write a snapshot of the folded session state every this many events (and at each
+    #: compaction commit), so opening a session replays only what follows it; 0 turns snapshots off
+    snapshot_every: int = Field(default=1000, ge=0, le=10_000_000)
 
 
 class SummarizerSettings(_Strict):

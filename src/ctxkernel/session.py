@@ -40,6 +40,7 @@ from .errors import (
     CorruptionError,
     EventError,
     ModelError,
+    StoreError,
     SurfaceError,
     ToolError,
 )
@@ -49,6 +50,9 @@ from .logging import get_logger
 from .messages import Message, Source, ToolCallBlock, ToolResultBlock
 from .meter import USAGE_SLACK_TOKENS, USAGE_TOLERANCE_FACTOR, Meter, Pressure, usage_in_band
 from .redact import redact
+from .snapshot import LazyEvents, SnapshotRejected, SnapshotWriter
+from .snapshot import decode as decode_snapshot
+from .snapshot import restore as restore_snapshot
 from .surface import Surface
 from .text import storable
 from .tools import Tool, ToolOutcome, ToolRegistry, preview
@@ -187,7 +191,9 @@ class Session:
         self.store = kernel.store
         self.header = header
         self.id = header.id
-        self.events: list[Event] = []
+        #: the whole log in order; opened from a snapshot, a :class:`LazyEvents` that reads the
+        #: events before the snapshot from the store on first use
+        self.events: list[Event] | LazyEvents = []
         self.surface = Surface()
         self.meter = Meter(kernel.tokenizer)
         self.surface.listeners.append(self.meter)
@@ -222,6 +228,8 @@ class Session:
         self._system_cache: tuple[int, str, list[dict[str, Any]], str, int] | None = None
         self._tools_generation = -1
         self._header_tools: list[dict[str, Any]] = []
+        self._snapshots = SnapshotWriter()
+        self._snapshot_at = 0  # events covered by the newest snapshot written or loaded
 
     # -- log access -------------------------------------------------------------------------------
     @property
@@ -348,7 +356,34 @@ class Session:
             self.store.append(self.id, built, start)
             for event in built:
                 self._fold(event, messages.get(event.seq), checked=True)
+            every = self.kernel.profile.store.snapshot_every
+            if every and (
+                len(self.events) - self._snapshot_at >= every or any(e.type == ev.COMPACTION_END for e in built)
+            ):
+                self._write_snapshot()
             return start
+
+    def _write_snapshot(self) -> None:
+        """After the batch is durable: a failed snapshot only makes the next open replay more."""
+        self._snapshot_at = len(self.events)
+        try:
+            self.store.snapshot_put(self.id, len(self.events), self._snapshots.encode(self))
+        except (StoreError, OSError) as exc:
+            log.warning("snapshot not written", session=self.id, seq=len(self.events), error=str(exc))
+
+    def open_from_snapshot(self, covers: int, payload: bytes) -> bool:
+        """Install a stored snapshot of the first ``covers`` events into this fresh session
+        (see :mod:`ctxkernel.snapshot`); False, with a warning naming the reason, when it cannot
+        be trusted, and the session is untouched for a full replay."""
+        try:
+            body = decode_snapshot(payload, self.id, covers, self.store.next_seq(self.id))
+            last = next(iter(self.store.read(self.id, covers - 1, covers)), None)
+            restore_snapshot(self, body, last)
+        except SnapshotRejected as exc:
+            log.warning("snapshot set aside; replaying the whole log", session=self.id, reason=str(exc))
+            return False
+        self._snapshot_at = covers
+        return True
 
     def append_one(self, type: str, data: dict[str, Any], surface: dict[str, Any] | None = None) -> int:
         return self.append([EventSpec(type, data, surface)])

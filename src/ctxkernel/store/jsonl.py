@@ -37,12 +37,19 @@ _MORE = "more"
 
 @dataclass(slots=True)
 class _Index:
-    """What this process knows of one file: byte offset of every event line, and where the
-    last complete batch ends. Lets an unchanged log be re-read without scanning anything."""
+    """What this process knows of one file: byte offset of every event line from seq ``base``
+    on, and where the last complete batch ends. Lets an unchanged log be re-read without
+    scanning anything. ``base`` is 0 after a full scan; a verified snapshot position starts the
+    index at the last event the snapshot covers, so opening a session never reads what lies
+    before it (a read further back scans the whole file then)."""
 
-    header_end: int
     offsets: list[int] = field(default_factory=list)
     end: int = 0  # byte just after the last complete batch
+    base: int = 0  # seq of the event at offsets[0]
+
+    @property
+    def count(self) -> int:
+        return self.base + len(self.offsets)
 
 
 class JsonlStore:
@@ -59,11 +66,15 @@ class JsonlStore:
         # events a file's first scan parsed, kept until read() takes them: opening a session
         # scans (repair) and then reads the same bytes; parsing them once halves a cold replay
         self._fresh: dict[str, tuple[int, list[Event]]] = {}
+        self._primed: set[str] = set()  # sessions whose index starts at a snapshot, not yet scanned
         self._mutex = threading.RLock()  # guards _index and _fresh between this process's threads
 
     # -- paths ---------------------------------------------------------------------------------
     def path(self, session_id: str) -> Path:
         return self.sessions_dir / f"{check_session_id(session_id)}.jsonl"
+
+    def snapshot_path(self, session_id: str) -> Path:
+        return self.sessions_dir / f"{check_session_id(session_id)}.snapshot"
 
     @contextlib.contextmanager
     def _locked(self, session_id: str) -> Iterator[Any]:
@@ -161,7 +172,8 @@ class JsonlStore:
         path = self._existing(session_id)
         with self._mutex:
             index = self._index.get(session_id)
-            first_scan = index is None
+            first_scan = index is None or session_id in self._primed
+            self._primed.discard(session_id)
             with open(path, "rb") as f:
                 if index is None:
                     first = f.readline()
@@ -169,7 +181,7 @@ class JsonlStore:
                         msg = f"{path}:1: session header line is incomplete"
                         raise CorruptionError(msg)
                     SessionHeader.from_dict(_loads(first, path, 1), where=f"{path}:1")
-                    index = _Index(header_end=len(first), end=len(first))
+                    index = _Index(end=len(first))
                 f.seek(index.end)
                 data = f.read()
             events: list[Event] = []
@@ -177,7 +189,8 @@ class JsonlStore:
             pending_offsets: list[int] = []
             pending: list[Event] = []
             base = index.end
-            first_line_no = 2 + len(offsets)
+            first_seq = index.count
+            first_line_no = 2 + first_seq  # the header is line 1, event seq k is line k + 2
             committed = 0  # bytes of `data` that belong to complete batches
             defect: str | None = None
             # split once (as the orjson floor does) rather than find() per line: replay is hot
@@ -196,7 +209,7 @@ class JsonlStore:
                         "so the log is corrupt, not torn by a crash, and was not rewritten"
                     )
                     raise CorruptionError(msg) from None
-                expected = len(offsets) + len(pending)
+                expected = index.count + len(pending)
                 if event.seq != expected:
                     msg = f"{path}:{first_line_no + i}: event seq {event.seq} where {expected} was expected"
                     raise CorruptionError(msg)
@@ -223,7 +236,7 @@ class JsonlStore:
             if events and first_scan:
                 # only a file's first scan is held (bounded by one log; a poller that never
                 # reads cannot make it grow): it is what opening a session reads right after
-                self._fresh[session_id] = (0, events)
+                self._fresh[session_id] = (first_seq, events)
             report = RepairReport()
             if defect is not None and repair:
                 cut = len(data) - committed
@@ -236,8 +249,14 @@ class JsonlStore:
 
     def read(self, session_id: str, start: int = 0, end: int | None = None) -> Iterator[Event]:
         index, _, _ = self._scan(session_id)
-        count = len(index.offsets)
         start = max(start, 0)
+        if start < index.base:
+            # the index starts at a snapshot: reading further back needs the whole file's offsets
+            with self._mutex:
+                self._index.pop(session_id, None)
+                self._fresh.pop(session_id, None)
+            index, _, _ = self._scan(session_id)
+        count = index.count
         end = count if end is None else min(end, count)
         if start >= end:
             return iter(())
@@ -246,11 +265,12 @@ class JsonlStore:
                 fresh = self._fresh.pop(session_id, None)
             if fresh is not None and fresh[0] <= start and fresh[0] + len(fresh[1]) == count:
                 return iter(fresh[1][start - fresh[0] :])
-        stop = index.end if end == count else index.offsets[end]
+        first = index.offsets[start - index.base]
+        stop = index.end if end == count else index.offsets[end - index.base]
         path = self.path(session_id)
         with open(path, "rb") as f:
-            f.seek(index.offsets[start])
-            data = f.read(stop - index.offsets[start])
+            f.seek(first)
+            data = f.read(stop - first)
         return self._parse(data)
 
     @staticmethod
@@ -262,7 +282,7 @@ class JsonlStore:
 
     def next_seq(self, session_id: str) -> int:
         index, _, _ = self._scan(session_id)
-        return len(index.offsets)
+        return index.count
 
     def repair(self, session_id: str) -> RepairReport:
         with self._locked(session_id):
@@ -282,7 +302,7 @@ class JsonlStore:
         payload = b"\n".join(lines) + b"\n"
         with self._locked(session_id) as f:
             index, _, _ = self._scan(session_id)
-            actual = len(index.offsets)
+            actual = index.count
             if actual != expected_seq:
                 raise ConflictError(session_id, expected_seq, actual)
             # a torn tail left by a crashed writer is overwritten, never appended after
@@ -302,6 +322,72 @@ class JsonlStore:
                     index.offsets.append(offset)
                     offset += len(line) + 1
                 index.end = offset
+
+    # -- snapshots -----------------------------------------------------------------------------
+    # ``<id>.snapshot`` beside the log: a position line {"covers", "at", "end"} (the byte range of
+    # the last event it covers), then the kernel's snapshot body. Written without fsync: it is a
+    # cache that is verified on load, so a lost or torn one only costs a full replay.
+    def snapshot_put(self, session_id: str, covers: int, body: bytes) -> None:
+        index, _, _ = self._scan(session_id)
+        with self._mutex:
+            if not index.base < covers <= index.count:
+                msg = (
+                    f"session {session_id}: cannot place a snapshot of {covers} events "
+                    f"(this store knows the offsets of events {index.base}..{index.count - 1})"
+                )
+                raise StoreError(msg)
+            at = index.offsets[covers - 1 - index.base]
+            end = index.end if covers == index.count else index.offsets[covers - index.base]
+        position = orjson.dumps({"covers": covers, "at": at, "end": end})
+        path = self.snapshot_path(session_id)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(position + b"\n" + body)
+            os.replace(tmp, path)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            msg = f"cannot write the snapshot {path}: {exc.strerror or exc}"
+            raise StoreError(msg) from None
+
+    def snapshot_get(self, session_id: str) -> tuple[int, bytes] | None:
+        path = self.snapshot_path(session_id)
+        log_path = self._existing(session_id)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        line, _, body = data.partition(b"\n")
+        try:
+            position = orjson.loads(line)
+            covers, at, end = position["covers"], position["at"], position["end"]
+        except (orjson.JSONDecodeError, TypeError, KeyError):
+            msg = f"{path}: the snapshot's position line is damaged"
+            raise CorruptionError(msg) from None
+        if not all(type(v) is int for v in (covers, at, end)) or not (covers >= 1 and 0 < at < end):
+            msg = f"{path}: the snapshot's position {position!r:.120} is not a byte range"
+            raise CorruptionError(msg)
+        # the last event it covers must sit whole at that place in the log (the kernel then
+        # compares its hash): a snapshot of a log rewritten since is stale, not a crash
+        with open(log_path, "rb") as f:
+            f.seek(at - 1)
+            last = f.read(end - at + 1)
+        try:
+            raw = orjson.loads(last[1:]) if last[:1] == b"\n" and last.endswith(b"\n") else None
+        except orjson.JSONDecodeError:
+            raw = None
+        if type(raw) is not dict or raw.get("seq") != covers - 1 or _MORE in raw:
+            msg = f"{path}: the snapshot's last event (seq {covers - 1}) is not at bytes {at}..{end} of {log_path}"
+            raise CorruptionError(msg)
+        with self._mutex:
+            if session_id not in self._index:
+                # later reads and the repair scan start at the snapshot, not at the first event
+                self._index[session_id] = _Index(offsets=[at], end=end, base=covers - 1)
+                self._primed.add(session_id)
+        return covers, body
+
+    def snapshot_delete(self, session_id: str) -> None:
+        self.snapshot_path(session_id).unlink(missing_ok=True)
 
     # -- key-value table -----------------------------------------------------------------------
     def _kv_path(self, namespace: str, key: str) -> Path:
@@ -357,6 +443,7 @@ class JsonlStore:
     def close(self) -> None:
         self._index.clear()
         self._fresh.clear()
+        self._primed.clear()
 
     @staticmethod
     def _fsync_dir(folder: Path) -> None:

@@ -61,6 +61,11 @@ _SCHEMA = [
         value TEXT NOT NULL,
         PRIMARY KEY (namespace, key)
     )""",
+    """CREATE TABLE IF NOT EXISTS ctxkernel_snapshots (
+        session TEXT PRIMARY KEY REFERENCES ctxkernel_sessions(id),
+        covers BIGINT NOT NULL,
+        body BYTEA NOT NULL
+    )""",
 ]
 
 
@@ -242,6 +247,36 @@ class PostgresStore:
                 raise CorruptionError(msg) from None
             except psycopg.Error as exc:
                 raise self._error(exc) from None
+
+    # -- snapshots -------------------------------------------------------------------------------
+    def snapshot_put(self, session_id: str, covers: int, body: bytes) -> None:
+        check_session_id(session_id)
+        with self._mutex:
+            conn = self._connect()
+            try:
+                with conn.transaction():
+                    # a snapshot is a cache verified on load: its commit need not wait for the WAL flush
+                    conn.execute("SET LOCAL synchronous_commit = off")
+                    conn.execute(
+                        "INSERT INTO ctxkernel_snapshots (session, covers, body) VALUES (%s, %s, %s) "
+                        "ON CONFLICT (session) DO UPDATE SET covers = excluded.covers, body = excluded.body "
+                        "WHERE excluded.covers >= ctxkernel_snapshots.covers",
+                        (session_id, covers, body),
+                    )
+            except self._psycopg.Error as exc:
+                raise self._error(exc) from None
+
+    def snapshot_get(self, session_id: str) -> tuple[int, bytes] | None:
+        rows = self._query(
+            "SELECT covers, body FROM ctxkernel_snapshots WHERE session = %s", (check_session_id(session_id),)
+        )
+        if not rows:
+            return None
+        covers, body = rows[0]
+        return int(covers), bytes(body)
+
+    def snapshot_delete(self, session_id: str) -> None:
+        self._query("DELETE FROM ctxkernel_snapshots WHERE session = %s RETURNING 1", (check_session_id(session_id),))
 
     # -- key-value table -------------------------------------------------------------------------
     def kv_get(self, namespace: str, key: str) -> Any | None:

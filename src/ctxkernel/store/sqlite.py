@@ -5,6 +5,7 @@ Layout (schema version :data:`SCHEMA_VERSION`, recorded in ``meta``)::
     sessions(id PRIMARY KEY, header TEXT, next_seq INTEGER)
     events(session, seq, type, body TEXT, PRIMARY KEY (session, seq))   -- body: the orjson event
     kv(namespace, key, value TEXT, PRIMARY KEY (namespace, key))
+    snapshots(session PRIMARY KEY, covers INTEGER, body BLOB)          -- the newest, a verified cache
 
 Opening (connect, the switch to WAL, the schema) is serialised across processes by a lock file
 beside the database (``ctxkernel.sqlite3.init.lock``, a :mod:`filelock` lock): SQLite fails one of two connections that
@@ -60,6 +61,11 @@ CREATE TABLE IF NOT EXISTS kv (
     value TEXT NOT NULL,
     PRIMARY KEY (namespace, key)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS snapshots (
+    session TEXT PRIMARY KEY REFERENCES sessions(id),
+    covers INTEGER NOT NULL,
+    body BLOB NOT NULL
+);
 """
 
 
@@ -118,7 +124,8 @@ class SqliteStore:
             self._db.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
             mode = self._db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             # FULL: a committed batch survives power loss in WAL mode too (NORMAL would not)
-            self._db.execute(f"PRAGMA synchronous = {'FULL' if durable else 'OFF'}")
+            self._synchronous = "FULL" if durable else "OFF"
+            self._db.execute(f"PRAGMA synchronous = {self._synchronous}")
             self._db.execute("PRAGMA foreign_keys = ON")
         except sqlite3.Error as exc:
             msg = f"cannot open the sqlite store {self.path}: {exc}"
@@ -252,6 +259,39 @@ class SqliteStore:
                 msg = f"{self.path}: session {session_id} already holds seqs from {expected_seq} ({exc}); corrupt"
                 raise CorruptionError(msg) from None
             db.execute("UPDATE sessions SET next_seq = ? WHERE id = ?", (expected_seq + len(rows), session_id))
+
+    # -- snapshots -----------------------------------------------------------------------------
+    def snapshot_put(self, session_id: str, covers: int, body: bytes) -> None:
+        check_session_id(session_id)
+        with self._mutex:
+            # not synchronous: a snapshot is a cache verified on load, and a lost one costs a full
+            # replay; the next durable commit's WAL sync carries its pages anyway
+            self._db.execute("PRAGMA synchronous = OFF")
+            try:
+                with self._write() as db:
+                    db.execute(
+                        "INSERT INTO snapshots (session, covers, body) VALUES (?, ?, ?) "
+                        "ON CONFLICT (session) DO UPDATE SET covers = excluded.covers, body = excluded.body "
+                        "WHERE excluded.covers >= snapshots.covers",
+                        (session_id, covers, body),
+                    )
+            except sqlite3.Error as exc:
+                msg = f"sqlite store {self.path}: cannot write the snapshot of {session_id}: {exc}"
+                raise StoreError(msg) from None
+            finally:
+                self._db.execute(f"PRAGMA synchronous = {self._synchronous}")
+
+    def snapshot_get(self, session_id: str) -> tuple[int, bytes] | None:
+        rows = self._query("SELECT covers, body FROM snapshots WHERE session = ?", (check_session_id(session_id),))
+        if not rows:
+            return None
+        covers, body = rows[0]
+        return int(covers), bytes(body)
+
+    def snapshot_delete(self, session_id: str) -> None:
+        check_session_id(session_id)
+        with self._write() as db:
+            db.execute("DELETE FROM snapshots WHERE session = ?", (session_id,))
 
     # -- key-value table -----------------------------------------------------------------------
     def kv_get(self, namespace: str, key: str) -> Any | None:
