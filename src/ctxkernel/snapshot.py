@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, overload
 import orjson
 
 from .errors import CorruptionError
-from .events import Event
+from .events import KERNEL_TYPES, Event
 from .messages import Message
 from .surface import Node
 
@@ -200,28 +200,41 @@ def restore(session: Session, body: dict[str, Any], last: Event | None) -> None:
 
 class LazyEvents(Sequence[Event]):
     """``session.events`` of a session opened from a snapshot: the events from ``base`` on are held
-    as they fold; those before it are read from the store, all at once, on first use."""
+    as they fold; those before it are read from the store on first use, in aligned chunks back
+    from ``base`` (a strategy whose cursor lags the snapshot by a few events reads only those)."""
+
+    #: events before ``base`` are loaded from a multiple of this seq
+    CHUNK = 1024
 
     def __init__(self, load: Callable[[int, int], Iterable[Event]], base: int) -> None:
         self._load = load
         self.base = base
-        self._head: list[Event] | None = None
+        self._head: list[Event] = []  # events [base - len(_head), base), loaded on demand
         self._tail: list[Event] = []
 
     @property
-    def loaded(self) -> bool:
-        return self._head is not None
+    def loaded(self) -> int:
+        """How many events before ``base`` have been read from the store."""
+        return len(self._head)
 
-    def _head_events(self) -> list[Event]:
-        if self._head is None:
+    def _head_from(self, start: int) -> list[Event]:
+        """The loaded head, extended back to hold seq ``start``."""
+        first = self.base - len(self._head)
+        if start < first:
+            start -= start % self.CHUNK
             from .session import gc_paused
 
-            with gc_paused(self.base > 1_000):
-                head = list(self._load(0, self.base))
-            if len(head) != self.base or any(e.seq != i for i, e in enumerate(head)):
-                msg = f"the log's first {self.base} events could not be read back in order (got {len(head)})"
+            with gc_paused(first - start > 1_000):
+                more = list(self._load(start, first))
+            if len(more) != first - start or any(e.seq != start + i for i, e in enumerate(more)):
+                msg = f"the log's events {start}..{first - 1} could not be read back in order (got {len(more)})"
                 raise CorruptionError(msg)
-            self._head = head
+            # the check a replay makes of each event (Session._fold), for the events it skipped
+            for event in more:
+                if event.type not in KERNEL_TYPES and not event.ignorable:
+                    msg = f"event {event.seq} has unknown type {event.type!r} and is not ignorable"
+                    raise CorruptionError(msg)
+            self._head = more + self._head
         return self._head
 
     def __len__(self) -> int:
@@ -238,24 +251,31 @@ class LazyEvents(Sequence[Event]):
             start, stop, step = index.indices(len(self))
             if step == 1 and start >= self.base:
                 return self._tail[start - self.base : max(start, stop) - self.base]
-            return (self._head_events() + self._tail)[index]
+            if step != 1:
+                return (self._head_from(0) + self._tail)[index]
+            if stop <= start:
+                return []
+            head = self._head_from(start)
+            offset = self.base - len(head)
+            return (head + self._tail)[start - offset : stop - offset]
         if index < 0:
             index += len(self)
         if index >= self.base:
             return self._tail[index - self.base]
         if index < 0:
             raise IndexError("event index out of range")
-        return self._head_events()[index]
+        head = self._head_from(index)
+        return head[index - (self.base - len(head))]
 
     def __iter__(self) -> Iterator[Event]:
         if self.base:
-            yield from self._head_events()
+            yield from self._head_from(0)
         yield from self._tail
 
     def __reversed__(self) -> Iterator[Event]:
         yield from reversed(self._tail)
-        if self.base:
-            yield from reversed(self._head_events())
+        for seq in range(self.base - 1, -1, -1):
+            yield self[seq]
 
     def __bool__(self) -> bool:
         return len(self) > 0

@@ -251,11 +251,7 @@ class JsonlStore:
         index, _, _ = self._scan(session_id)
         start = max(start, 0)
         if start < index.base:
-            # the index starts at a snapshot: reading further back needs the whole file's offsets
-            with self._mutex:
-                self._index.pop(session_id, None)
-                self._fresh.pop(session_id, None)
-            index, _, _ = self._scan(session_id)
+            self._extend_back(session_id, index, start)
         count = index.count
         end = count if end is None else min(end, count)
         if start >= end:
@@ -271,14 +267,51 @@ class JsonlStore:
         with open(path, "rb") as f:
             f.seek(first)
             data = f.read(stop - first)
-        return self._parse(data)
+        return self._parse(data, start, path)
+
+    def _extend_back(self, session_id: str, index: _Index, start: int) -> None:
+        """Add the offsets of events ``start..base-1`` to an index that starts at a snapshot,
+        reading the file backwards from there in growing blocks (never past what is needed)."""
+        path = self.path(session_id)
+        with self._mutex, open(path, "rb") as f:
+            need = index.base - start
+            top = index.offsets[0]  # the byte after the newline that ends event base - 1
+            block = 1 << 16
+            while True:
+                low = max(0, top - block)
+                f.seek(low)
+                data = f.read(top - low)
+                starts = [low + i + 1 for i in _newlines(data)][:-1]  # the line after the last newline is `top`'s
+                if len(starts) >= need or low == 0:
+                    break
+                block *= 4
+            starts = starts[-need:]
+            if len(starts) != need:
+                msg = f"{path}: found {len(starts)} event lines before seq {index.base} where {need} were expected"
+                raise CorruptionError(msg)
+            # the first line found must hold `start` (the reader checks every event's seq after)
+            first = _loads(data[starts[0] - low : (starts[1] if need > 1 else top) - low], path, start + 2)
+            if type(first) is not dict or first.get("seq") != start:
+                msg = f"{path}:{start + 2}: the line there is not event seq {start}; the log is corrupt"
+                raise CorruptionError(msg)
+            index.offsets[:0] = starts
+            index.base = start
 
     @staticmethod
-    def _parse(data: bytes) -> Iterator[Event]:
-        for line in data.splitlines():
-            raw = orjson.loads(line)
-            raw.pop(_MORE, None)
-            yield Event.from_dict(raw)
+    def _parse(data: bytes, first_seq: int, path: Path) -> Iterator[Event]:
+        for seq, line in enumerate(data.splitlines(), first_seq):
+            try:
+                raw = orjson.loads(line)
+                if type(raw) is dict:
+                    raw.pop(_MORE, None)
+                event = Event.from_dict(raw)
+            except (orjson.JSONDecodeError, EventError) as exc:
+                msg = f"{path}:{seq + 2}: {exc}; a complete (newline-terminated) line is damaged, so the log is corrupt"
+                raise CorruptionError(msg) from None
+            if event.seq != seq:  # offsets found by a backward read are only as good as the lines
+                msg = f"{path}:{seq + 2}: event seq {event.seq} where {seq} was expected"
+                raise CorruptionError(msg)
+            yield event
 
     def next_seq(self, session_id: str) -> int:
         index, _, _ = self._scan(session_id)
@@ -452,6 +485,15 @@ class JsonlStore:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _newlines(data: bytes) -> list[int]:
+    """Positions of every newline in ``data``."""
+    found, at = [], data.find(b"\n")
+    while at != -1:
+        found.append(at)
+        at = data.find(b"\n", at + 1)
+    return found
 
 
 def _loads(line: bytes, path: Path, line_no: int) -> Any:
