@@ -371,6 +371,10 @@ class Session:
         except (StoreError, OSError) as exc:
             log.warning("snapshot not written", session=self.id, seq=len(self.events), error=str(exc))
 
+    def _read_before_snapshot(self, start: int, end: int) -> list[Event]:
+        with gc_paused(end - start > 1_000):
+            return list(self.store.read(self.id, start, end))
+
     def open_from_snapshot(self, covers: int, payload: bytes) -> bool:
         """Install a stored snapshot of the first ``covers`` events into this fresh session
         (see :mod:`ctxkernel.snapshot`); False, with a warning naming the reason, when it cannot
@@ -378,7 +382,7 @@ class Session:
         try:
             body = decode_snapshot(payload, self.id, covers, self.store.next_seq(self.id))
             last = next(iter(self.store.read(self.id, covers - 1, covers)), None)
-            restore_snapshot(self, body, last)
+            restore_snapshot(self, body, last, self._read_before_snapshot)
         except SnapshotRejected as exc:
             log.warning("snapshot set aside; replaying the whole log", session=self.id, reason=str(exc))
             return False

@@ -140,8 +140,11 @@ def decode(payload: bytes, session_id: str, covers: int, log_length: int) -> dic
     return body
 
 
-def restore(session: Session, body: dict[str, Any], last: Event | None) -> None:
-    """Install a decoded snapshot into a fresh ``session`` (nothing folded yet).
+def restore(
+    session: Session, body: dict[str, Any], last: Event | None, load: Callable[[int, int], Iterable[Event]]
+) -> None:
+    """Install a decoded snapshot into a fresh ``session`` (nothing folded yet); ``load(start,
+    end)`` reads the events before it when they are first needed.
 
     Everything is built first and assigned last, so a snapshot that fails any check leaves the
     session untouched for the full replay. Raises :class:`SnapshotRejected`."""
@@ -185,7 +188,7 @@ def restore(session: Session, body: dict[str, Any], last: Event | None) -> None:
     for node in nodes:
         for listener in s.listeners:
             listener.on_add(node)
-    session.events = LazyEvents(lambda start, end: session.store.read(session.id, start, end), covers)
+    session.events = LazyEvents(load, covers)
     session.turn, session.turn_open = track["turn"], track["turn_open"]
     session.step, session.step_open = track["step"], track["step_open"]
     session.open_compaction = track["open_compaction"]
@@ -193,7 +196,7 @@ def restore(session: Session, body: dict[str, Any], last: Event | None) -> None:
     session.header_hash = track["header_hash"]
     session._header_tools = track["header_tools"]
     session.route = track["route"]
-    session._anchor = tuple(anchor) if anchor is not None else None  # type: ignore[assignment]
+    session._anchor = tuple(anchor) if anchor is not None else None
     session._last_decoration_delta = track["last_decoration_delta"]
     session.state.update(state)
 
@@ -222,10 +225,7 @@ class LazyEvents(Sequence[Event]):
         first = self.base - len(self._head)
         if start < first:
             start -= start % self.CHUNK
-            from .session import gc_paused
-
-            with gc_paused(first - start > 1_000):
-                more = list(self._load(start, first))
+            more = list(self._load(start, first))
             if len(more) != first - start or any(e.seq != start + i for i, e in enumerate(more)):
                 msg = f"the log's events {start}..{first - 1} could not be read back in order (got {len(more)})"
                 raise CorruptionError(msg)
