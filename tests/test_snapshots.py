@@ -187,11 +187,16 @@ def test_jsonl_snapshot_of_a_rewritten_log_is_set_aside(tmp_path, caplog):
     assert reopened.events[covers - 1].time == last["time"]
 
 
-def test_jsonl_damaged_position_line_falls_back(tmp_path, caplog):
+def test_jsonl_damaged_or_torn_snapshot_file_falls_back(tmp_path, caplog):
     factory = lambda: JsonlStore(tmp_path / "home", fsync=False)  # noqa: E731
     session, sid = built(factory, tmp_path, turns=20)
     path = factory().snapshot_path(sid)
-    for damaged in (b"{not json\n" + path.read_bytes().partition(b"\n")[2], b'{"covers": 3, "at": 1, "end": 99}\nx'):
+    whole = path.read_bytes()
+    for damaged in (
+        b"{not json\n" + whole.partition(b"\n")[2],
+        b'{"covers": 3, "at": 1, "end": 99, "length": 1}\nx',
+        whole[: len(whole) // 2],  # torn: shorter than its recorded length
+    ):
         path.write_bytes(damaged)
         with caplog.at_level(logging.WARNING):
             reopened = kernel(factory(), tmp_path).open_session(sid)
