@@ -33,6 +33,7 @@ import bisect
 import hashlib
 import itertools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -506,6 +507,7 @@ class History:
         if full < len(wanted):  # the chars budget is spent at that event: stop at the next one
             wanted, texts = wanted[: full + 1], texts[: full + 1]
             stop = min(stop, wanted[-1] + 1) if stop is not None else wanted[-1] + 1
+        hits: Sequence[int]
         if pattern is None:
             hits = range(len(wanted))
         elif case_sensitive:  # a literal test is several times faster than the regex engine
