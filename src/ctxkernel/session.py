@@ -215,7 +215,9 @@ class Session:
         self.step = 0
         self.step_open = False
         self.open_compaction: dict[str, Any] | None = None
-        #: data of every compaction/summary event, in log order (``project`` lists them per call)
+        #: one row per compaction/summary event, in log order: what ``project`` lists (strategy,
+        #: kind, tokens before and after, how many seqs it cites), not the event's whole data, so
+        #: a snapshot and memory stay small however many compactions a session has had
         self.compaction_summaries: list[dict[str, Any]] = []
         self.header_hash: str | None = None
         self.route: dict[str, Any] | None = None  # last request/context data
@@ -293,7 +295,15 @@ class Session:
         elif t == ev.COMPACTION_START:
             self.open_compaction = {**d, "seq": event.seq}
         elif t == ev.COMPACTION_SUMMARY:
-            self.compaction_summaries.append(d)
+            self.compaction_summaries.append(
+                {
+                    "strategy": d.get("strategy"),
+                    "kind": d.get("kind"),
+                    "tokens_before": d.get("tokens_before"),
+                    "tokens_after": d.get("tokens_after"),
+                    "cites": len(d.get("cites") or ()),
+                }
+            )
         elif t == ev.COMPACTION_END:
             if self.open_compaction and self.open_compaction["compaction_id"] == d["compaction_id"]:
                 self.open_compaction = None
@@ -864,7 +874,6 @@ class Session:
 
     def project(self) -> dict[str, Any]:
         """Status for ``ctxkernel inspect``: pressure, surface, compactions, strategy panels."""
-        compactions = self.compaction_summaries
         roles: dict[str, int] = {}
         for node in self.surface.nodes:
             roles[node.role] = roles.get(node.role, 0) + 1
@@ -874,16 +883,7 @@ class Session:
             "turn": self.turn,
             "pressure": self.pressure().to_dict(),
             "surface": {"nodes": len(self.surface.nodes), "roles": roles, "tokens": self.meter.surface_tokens()},
-            "compactions": [
-                {
-                    "strategy": c.get("strategy"),
-                    "kind": c.get("kind"),
-                    "tokens_before": c.get("tokens_before"),
-                    "tokens_after": c.get("tokens_after"),
-                    "cites": len(c.get("cites", [])),
-                }
-                for c in compactions
-            ],
+            "compactions": [dict(row) for row in self.compaction_summaries],
             "strategies": self.kernel.hooks.project(self),
         }
 
