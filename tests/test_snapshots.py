@@ -45,7 +45,8 @@ def work(session: Any, turns: int, seed: int = 0) -> None:
 def state_of(session: Any) -> dict[str, Any]:
     """Everything a reopened session must agree on with the live one."""
     return {
-        "surface": [(n.seq, n.message.to_dict()) for n in session.surface.nodes],
+        "surface": [(n.seq, n.message.to_dict(), n.turn, n.step) for n in session.surface.nodes],
+        "surface_place": (session.surface.turn, session.surface.step),
         "indexes": (session.surface.pending_calls, session.surface.call_owner, session.surface.result_of),
         "applied": session.surface.applied,
         "tokens": session.meter.surface_tokens(),

@@ -75,7 +75,7 @@ class SnapshotWriter:
         for node in nodes:
             blob = encoded.get(node.seq)
             if blob is None:
-                blob = orjson.dumps([node.event.to_dict(), node.tokens])
+                blob = orjson.dumps([node.event.to_dict(), node.tokens, node.turn, node.step])
             fresh[node.seq] = blob
         self._encoded = fresh  # drops the nodes a compaction took off the surface
         surface = session.surface
@@ -89,6 +89,8 @@ class SnapshotWriter:
             "surface": {
                 "applied": surface.applied,
                 "version": surface.version,
+                "turn": surface.turn,
+                "step": surface.step,
                 "nodes": orjson.Fragment(b"[" + b",".join(fresh.values()) + b"]"),
                 "pending_calls": surface.pending_calls,
                 "call_owner": surface.call_owner,
@@ -156,15 +158,16 @@ def restore(
         surface = body["surface"]
         same_tokenizer = body["tokenizer"] == session.meter.tokenizer.name
         nodes = []
-        for raw, tokens in surface["nodes"]:
+        for raw, tokens, turn, step in surface["nodes"]:
             event = Event.from_dict(raw)
-            node = Node(event, Message.from_dict(event.data["message"]))
+            node = Node(event, Message.from_dict(event.data["message"]), int(turn), int(step))
             if same_tokenizer and type(tokens) is int and tokens >= 0:
                 node.tokens = tokens
             nodes.append(node)
         indexes = [
             {str(k): int(v) for k, v in surface[name].items()} for name in ("pending_calls", "call_owner", "result_of")
         ]
+        place = (int(surface["turn"]), int(surface["step"]))
         track = body["track"]
         anchor = track["anchor"]
         state = body["state"]
@@ -184,6 +187,7 @@ def restore(
         raise SnapshotRejected(msg) from None
     s = session.surface
     s.nodes, s.applied, s.version, s._pos = nodes, covers, surface["version"], None
+    s.turn, s.step = place
     s.pending_calls, s.call_owner, s.result_of = indexes
     for node in nodes:
         for listener in s.listeners:
