@@ -57,6 +57,8 @@ def test_schema_is_created_and_versioned_on_first_use(dsn):
     assert tables(dsn) == []
     store = PostgresStore(dsn)
     assert tables(dsn) == [
+        "ctxkernel_blob_chunks",
+        "ctxkernel_blobs",
         "ctxkernel_events",
         "ctxkernel_kv",
         "ctxkernel_meta",
