@@ -34,10 +34,14 @@ def text(n_words: int, seed: int) -> str:
     )
 
 
-def kernel_for(home: Path, *, context_window: int = 128_000, auto: bool = True, fsync: bool = False) -> Kernel:
+def kernel_for(
+    home: Path, *, context_window: int = 128_000, auto: bool = True, fsync: bool = False, snapshot_every: int = 1000
+) -> Kernel:
+    """``snapshot_every=0``: no snapshots written or read (every open replays the whole log)."""
     profile = make_profile(
         model={"context_window": context_window, "reserved_output_tokens": 8192},
         strategies={"basic": {"auto": auto}},
+        store={"snapshot_every": snapshot_every},
     )
     return Kernel(profile, store=JsonlStore(home, fsync=fsync), home=home, entry_points=False)
 

@@ -33,6 +33,7 @@ MODULE_OF = {
     "request_": "request",
     "step_cost": "kernel",
     "pressure_": "kernel",
+    "cold_open_snapshot_": "snapshot",  # before "cold_open_": the first matching prefix wins
     "cold_open_": "open",
     "cold_replay_": "kernel",
     "store_": "store",

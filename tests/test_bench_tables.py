@@ -52,3 +52,9 @@ def test_a_missed_target_is_marked_missing_and_a_skip_is_listed() -> None:
 def test_an_unknown_result_is_still_shown() -> None:
     out = load_tables().render([{"name": "something_new", "ratio": 3.0, "target": ">= 1", "met": True}])
     assert "something_new" in out
+
+
+def test_snapshot_rows_name_their_own_module() -> None:
+    tables = load_tables()
+    assert "-k snapshot" in tables.command("cold_open_snapshot_100k")
+    assert "-k open" in tables.command("cold_open_sqlite_100k")

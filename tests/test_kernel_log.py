@@ -26,6 +26,7 @@ from ctxkernel import (
     SurfaceError,
     ToolCallBlock,
 )
+from ctxkernel.snapshot import LazyEvents
 from ctxkernel.store.jsonl import JsonlStore
 from ctxkernel.surface import replay
 from ctxkernel.testing import build_kernel
@@ -244,8 +245,16 @@ def test_a_defect_before_the_end_names_file_and_line_and_rewrites_nothing(
     path.write_bytes(b"".join(lines))
     before = path.read_bytes()
     with pytest.raises(CorruptionError) as info:
-        build_kernel(kernel.home, model=SMALL_WINDOW).open_session(session.id)
+        build_kernel(kernel.home, model=SMALL_WINDOW, store={"snapshot_every": 0}).open_session(session.id)
     assert f"{path}:{n + 1}:" in str(info.value)
+    assert path.read_bytes() == before
+    # opened from a snapshot, the damaged part of the history is read (and refused) on first use
+    with pytest.raises(CorruptionError) as info:
+        reopened = build_kernel(kernel.home, model=SMALL_WINDOW).open_session(session.id)
+        assert isinstance(reopened.events, LazyEvents) and reopened.events.base > n
+        list(reopened.events)
+    # named by file and line (the store's check) or by seq (the kernel's type check)
+    assert f"{path}:{n + 1}:" in str(info.value) or f"event {n - 1} has unknown type" in str(info.value)
     assert path.read_bytes() == before
 
 

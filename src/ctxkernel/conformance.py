@@ -3,7 +3,8 @@
 One call runs a long scripted session with large tool outputs through a profile and checks:
 
 - replay determinism and restart equivalence (surface, pressure and every strategy's panel are
-  the same when the session is reopened by a new kernel, at several points of the session);
+  the same when the session is reopened by a new kernel, at several points of the session, both
+  from its snapshot and by a full replay of its log);
 - no orphan tool call or result in any request the harness would send;
 - durable events are never mutated (what was appended is what the store returns at the end);
 - every tool refusal leaves the log byte-identical;
@@ -29,6 +30,8 @@ from .messages import Message, ToolCallBlock
 from .pairing import pairing_problems
 from .profile import Profile, builtin_profile
 from .session import Request, Session
+from .snapshot import LazyEvents
+from .store.base import EventStore
 from .store.jsonl import JsonlStore
 
 
@@ -57,6 +60,8 @@ class ConformanceReport:
     peak_prompt_tokens: int = 0
     effective_window: int = 0
     restarts_checked: int = 0
+    #: restarts that opened from a snapshot (the rest of ``restarts_checked`` replayed the log)
+    snapshot_restarts: int = 0
     refusals_checked: int = 0
     #: the scripted strategy tool calls (``tool_calls=``) that ran and succeeded
     tool_calls_checked: int = 0
@@ -135,23 +140,31 @@ def check_conformance(
     reserved_output_tokens: int = 2_000,
     seed: int = 7,
     tool_calls: Callable[[ConformanceStep], list[dict[str, Any]] | None] | None = None,
+    store_factory: Callable[[], EventStore] | None = None,
+    snapshot_every: int = 40,
 ) -> ConformanceReport:
     """Run the suite; raise :class:`ConformanceError` on the first broken invariant.
 
     ``tool_calls`` scripts the model's calls of strategy tools: called before each request with a
     :class:`ConformanceStep`, it returns ``[{"name": tool, "arguments": {...}}, ...]`` for the
     model to call now (or ``None``). Each scripted call must name a strategy tool and succeed, so
-    the tool's success path runs under every invariant (restarts included)."""
+    the tool's success path runs under every invariant (restarts included).
+
+    ``store_factory`` opens a new store object on the same storage for each kernel (default: a
+    jsonl store in ``home``); ``snapshot_every`` is the session's ``[store] snapshot_every``
+    (small, so that restarts open from a snapshot with a tail to replay)."""
     home = Path(home)
 
-    def new_kernel() -> Kernel:
+    def new_kernel(snapshots: int = snapshot_every) -> Kernel:
         prof = profile.model_copy(deep=True) if profile is not None else builtin_profile()
         prof.profile.strategies = list(strategies)
         prof.strategies = dict(settings or {})
         prof.model = prof.model.model_copy(
             update={"context_window": context_window, "reserved_output_tokens": reserved_output_tokens}
         )
-        return Kernel(prof, store=JsonlStore(home), home=home, entry_points=entry_points, plugins=plugins)
+        prof.store = prof.store.model_copy(update={"snapshot_every": snapshots})
+        store = store_factory() if store_factory is not None else JsonlStore(home)
+        return Kernel(prof, store=store, home=home, entry_points=entry_points, plugins=plugins)
 
     kernel = new_kernel()
     report = ConformanceReport(list(strategies))
@@ -280,13 +293,16 @@ def check_conformance(
             check_refusals()
         if turn in restart_points:
             live = _snapshot(session)
-            reopened = new_kernel().open_session(session.id)
-            again = _snapshot(reopened)
-            if live != again:
-                diff = [k for k in live if live[k] != again[k]]
-                msg = f"restart: reopening session {session.id} after turn {turn} differs in {diff}"
-                raise ConformanceError(msg)
-            report.restarts_checked += 1
+            # from the newest snapshot plus the tail, then by replaying the whole log
+            for snapshots, how in ((snapshot_every, "from its snapshot"), (0, "by a full replay")):
+                reopened = new_kernel(snapshots).open_session(session.id)
+                again = _snapshot(reopened)
+                if live != again:
+                    diff = [k for k in live if live[k] != again[k]]
+                    msg = f"restart: reopening session {session.id} {how} after turn {turn} differs in {diff}"
+                    raise ConformanceError(msg)
+                report.restarts_checked += 1
+                report.snapshot_restarts += isinstance(reopened.events, LazyEvents)
     check_refusals()
     report.checks += ["pairing in every request", "restart equivalence", "tool refusals leave the log byte-identical"]
     if report.tool_calls_checked:

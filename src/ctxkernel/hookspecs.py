@@ -69,7 +69,9 @@ def session_opened(session: Session) -> None:
     Build per-session state here (keyed by the session, e.g. ``session.state["decay"]``),
     from the log alone, so that a restart or a second process gets the same state.
 
-    :param session: the opened session; ``session.events`` holds its whole log.
+    :param session: the opened session; ``session.events`` holds its whole log (opened from a
+        snapshot, the events before it are read from the store on first use: a hook that folds
+        the whole log here makes every open cost the history again; fold lazily, from a cursor).
     """
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from . import instructions
-from .errors import ProfileError, SessionNotFoundError
+from .errors import CorruptionError, ProfileError, SessionNotFoundError
 from .events import utc_now
 from .logging import get_logger
 from .meter import Tokenizer, get_tokenizer
@@ -172,11 +172,20 @@ class Kernel:
             self.store.kv_put(instructions.PENDING_NAMESPACE, session.id, [i.to_dict() for i in kept])
 
     def _resume(self, session_id: str, repair: bool, keep_waiting_calls: bool = False) -> Session:
+        # the snapshot first: a store may start its reads (and the repair scan) where it ends
+        snapshot = None
+        if self.profile.store.snapshot_every:
+            try:
+                snapshot = self.store.snapshot_get(session_id)
+            except CorruptionError as exc:
+                log.warning("snapshot set aside; replaying the whole log", session=session_id, reason=str(exc))
         if repair:
             report = self.store.repair(session_id)
             if report.repaired:
                 log.warning("torn tail cut", session=session_id, bytes=report.truncated_bytes, reason=report.reason)
         session = Session(self, self.store.header(session_id))
+        if snapshot is not None:
+            session.open_from_snapshot(*snapshot)
         session.refresh()
         if repair:
             session.repair_after_crash(keep_waiting_calls=keep_waiting_calls)

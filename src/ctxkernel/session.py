@@ -39,6 +39,7 @@ from .errors import (
     CorruptionError,
     EventError,
     ModelError,
+    StoreError,
     SurfaceError,
     ToolError,
 )
@@ -50,6 +51,9 @@ from .logging import get_logger
 from .messages import Message, Source, ToolCallBlock, ToolResultBlock
 from .meter import USAGE_SLACK_TOKENS, USAGE_TOLERANCE_FACTOR, Meter, Pressure, usage_in_band
 from .redact import redact
+from .snapshot import LazyEvents, SnapshotRejected, SnapshotWriter
+from .snapshot import decode as decode_snapshot
+from .snapshot import restore as restore_snapshot
 from .surface import Surface
 from .text import storable
 from .tools import Tool, ToolOutcome, ToolRegistry, preview
@@ -191,7 +195,9 @@ class Session:
         self.store = kernel.store
         self.header = header
         self.id = header.id
-        self.events: list[Event] = []
+        #: the whole log in order; opened from a snapshot, a :class:`LazyEvents` that reads the
+        #: events before the snapshot from the store on first use
+        self.events: list[Event] | LazyEvents = []
         self.surface = Surface()
         self.meter = Meter(kernel.tokenizer)
         self.surface.listeners.append(self.meter)
@@ -215,7 +221,9 @@ class Session:
         self.step = 0
         self.step_open = False
         self.open_compaction: dict[str, Any] | None = None
-        #: data of every compaction/summary event, in log order (``project`` lists them per call)
+        #: one row per compaction/summary event, in log order: what ``project`` lists (strategy,
+        #: kind, tokens before and after, how many seqs it cites), not the event's whole data, so
+        #: a snapshot and memory stay small however many compactions a session has had
         self.compaction_summaries: list[dict[str, Any]] = []
         self._instructions = Ledger()  # built from the log on demand (see the instructions property)
         self._inheritance_checked = False  # a continuation's pending inheritance (instructions.py)
@@ -230,6 +238,8 @@ class Session:
         self._system_cache: tuple[int, str, list[dict[str, Any]], str, int] | None = None
         self._tools_generation = -1
         self._header_tools: list[dict[str, Any]] = []
+        self._snapshots = SnapshotWriter()
+        self._snapshot_at = 0  # events covered by the newest snapshot written or loaded
 
     # -- log access -------------------------------------------------------------------------------
     @property
@@ -311,7 +321,15 @@ class Session:
         elif t == ev.COMPACTION_START:
             self.open_compaction = {**d, "seq": event.seq}
         elif t == ev.COMPACTION_SUMMARY:
-            self.compaction_summaries.append(d)
+            self.compaction_summaries.append(
+                {
+                    "strategy": d.get("strategy"),
+                    "kind": d.get("kind"),
+                    "tokens_before": d.get("tokens_before"),
+                    "tokens_after": d.get("tokens_after"),
+                    "cites": len(d.get("cites") or ()),
+                }
+            )
         elif t == ev.COMPACTION_END:
             if self.open_compaction and self.open_compaction["compaction_id"] == d["compaction_id"]:
                 self.open_compaction = None
@@ -374,7 +392,38 @@ class Session:
             self.store.append(self.id, built, start)
             for event in built:
                 self._fold(event, messages.get(event.seq), checked=True)
+            every = self.kernel.profile.store.snapshot_every
+            if every and (
+                len(self.events) - self._snapshot_at >= every or any(e.type == ev.COMPACTION_END for e in built)
+            ):
+                self._write_snapshot()
             return start
+
+    def _write_snapshot(self) -> None:
+        """After the batch is durable: a failed snapshot only makes the next open replay more."""
+        self._snapshot_at = len(self.events)
+        try:
+            self.store.snapshot_put(self.id, len(self.events), self._snapshots.encode(self))
+        except (StoreError, OSError) as exc:
+            log.warning("snapshot not written", session=self.id, seq=len(self.events), error=str(exc))
+
+    def _read_before_snapshot(self, start: int, end: int) -> list[Event]:
+        with gc_paused(end - start > 1_000):
+            return list(self.store.read(self.id, start, end))
+
+    def open_from_snapshot(self, covers: int, payload: bytes) -> bool:
+        """Install a stored snapshot of the first ``covers`` events into this fresh session
+        (see :mod:`ctxkernel.snapshot`); False, with a warning naming the reason, when it cannot
+        be trusted, and the session is untouched for a full replay."""
+        try:
+            body = decode_snapshot(payload, self.id, covers, self.store.next_seq(self.id))
+            last = next(iter(self.store.read(self.id, covers - 1, covers)), None)
+            restore_snapshot(self, body, last, self._read_before_snapshot)
+        except SnapshotRejected as exc:
+            log.warning("snapshot set aside; replaying the whole log", session=self.id, reason=str(exc))
+            return False
+        self._snapshot_at = covers
+        return True
 
     def append_one(self, type: str, data: dict[str, Any], surface: dict[str, Any] | None = None) -> int:
         return self.append([EventSpec(type, data, surface)])
@@ -891,7 +940,6 @@ class Session:
 
     def project(self) -> dict[str, Any]:
         """Status for ``ctxkernel inspect``: pressure, surface, compactions, strategy panels."""
-        compactions = self.compaction_summaries
         roles: dict[str, int] = {}
         for node in self.surface.nodes:
             roles[node.role] = roles.get(node.role, 0) + 1
@@ -901,16 +949,7 @@ class Session:
             "turn": self.turn,
             "pressure": self.pressure().to_dict(),
             "surface": {"nodes": len(self.surface.nodes), "roles": roles, "tokens": self.meter.surface_tokens()},
-            "compactions": [
-                {
-                    "strategy": c.get("strategy"),
-                    "kind": c.get("kind"),
-                    "tokens_before": c.get("tokens_before"),
-                    "tokens_after": c.get("tokens_after"),
-                    "cites": len(c.get("cites", [])),
-                }
-                for c in compactions
-            ],
+            "compactions": [dict(row) for row in self.compaction_summaries],
             "strategies": self.kernel.hooks.project(self),
         }
 

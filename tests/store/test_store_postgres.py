@@ -64,6 +64,7 @@ def test_schema_is_created_and_versioned_on_first_use(dsn):
         "ctxkernel_leases",
         "ctxkernel_meta",
         "ctxkernel_sessions",
+        "ctxkernel_snapshots",
     ]
     assert store.schema_version == SCHEMA_VERSION
     store.close()

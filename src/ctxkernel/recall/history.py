@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import itertools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -149,6 +151,8 @@ class History:
     # searchable text per seq, built on first use: a log never changes, so neither does this,
     # and searching again costs a scan, not a re-render (single-block messages share the string)
     _texts: dict[int, str] = field(default_factory=dict, repr=False)
+    # role of every folded event by seq (search filters on it without looking at the event)
+    _role_by_seq: list[str] = field(default_factory=list, repr=False)
 
     # -- construction --------------------------------------------------------------------------------
     @classmethod
@@ -173,9 +177,11 @@ class History:
             return 0
         if not self.windows[0].started:
             self.windows[0].started = events[0].time
-        fold = self._fold
+        fold, role_of, roles = self._fold, self.role_of, self._role_by_seq
         for i in range(start, end):
-            fold(events[i])
+            event = events[i]
+            fold(event)
+            roles.append(role_of(event))
         self.cursor = end
         self.scanned += end - start
         return end - start
@@ -305,6 +311,16 @@ class History:
         if text is None:
             text = self._texts[event.seq] = self._render(event)
         return text
+
+    def _texts_for(self, seqs: list[int]) -> list[str]:
+        """:meth:`text_of` of each seq, rendering only those never rendered."""
+        cache = self._texts
+        missing = [seq for seq in seqs if seq not in cache]
+        if missing:
+            events = self.session.events
+            for seq in missing:
+                cache[seq] = self._render(events[seq])
+        return [cache[seq] for seq in seqs]
 
     def _render(self, event: Event) -> str:
         t, d = event.type, event.data
@@ -476,41 +492,53 @@ class History:
             pattern = re.compile(re.escape(query), 0 if case_sensitive else re.IGNORECASE)
         events = self.session.events
         seqs = range(lo, hi + 1) if order == "asc" else range(hi, lo - 1, -1)
+        # The page scans at most SCAN_EVENTS_PER_PAGE events and stops once SCAN_CHARS_PER_PAGE
+        # characters of wanted roles were scanned, or at the event after the one that filled the
+        # item limit or the preview budget. The candidates are found first, in bulk (a role
+        # filter and a substring test per text, as a raw scan does), then only matches are
+        # turned into items; the stop, scanned_events and scanned_chars are those of a
+        # one-event-at-a-time loop.
+        block = seqs[:SCAN_EVENTS_PER_PAGE]
+        role_by_seq = self._role_by_seq
+        wanted = [p for p, seq in enumerate(block) if role_by_seq[seq] in roles]  # positions in block
+        texts = self._texts_for([block[p] for p in wanted])
+        sizes = list(itertools.accumulate(map(len, texts)))  # chars scanned after each wanted event
+        stop = SCAN_EVENTS_PER_PAGE if len(seqs) > SCAN_EVENTS_PER_PAGE else None
+        full = bisect.bisect_left(sizes, SCAN_CHARS_PER_PAGE)
+        if full < len(wanted):  # the chars budget is spent at that event: stop at the next one
+            wanted, texts = wanted[: full + 1], texts[: full + 1]
+            stop = min(stop, wanted[-1] + 1) if stop is not None else wanted[-1] + 1
+        hits: Sequence[int]
+        if pattern is None:
+            hits = range(len(wanted))
+        elif case_sensitive:  # a literal test is several times faster than the regex engine
+            hits = [k for k, text in enumerate(texts) if query in text]  # type: ignore[operator]
+        else:
+            search = pattern.search
+            hits = [k for k, text in enumerate(texts) if search(text) is not None]
         items: list[dict[str, Any]] = []
-        scanned = chars = preview_used = 0
-        stopped_at: int | None = None
-        for seq in seqs:
-            if scanned >= SCAN_EVENTS_PER_PAGE or chars >= SCAN_CHARS_PER_PAGE or len(items) >= limit:
-                stopped_at = seq
+        preview_used = 0
+        for k in hits:
+            if stop is not None and wanted[k] >= stop:
                 break
-            if preview_used >= PREVIEW_CHARS_PER_PAGE:
-                stopped_at = seq
-                break
-            event = events[seq]
-            scanned += 1
-            if self.role_of(event) not in roles:
-                continue
-            text = self.text_of(event)
-            chars += len(text)
+            text = texts[k]
             if pattern is None:
                 snippet, truncated = _head(text, per_item)
                 matches = None
-            elif case_sensitive:  # a literal find is several times faster than the regex engine
+            elif case_sensitive:
                 at = text.find(query)  # type: ignore[arg-type]
-                if at < 0:
-                    continue
                 snippet, truncated = _around(text, at, at + len(query), per_item)  # type: ignore[arg-type]
                 matches = text.count(query)  # type: ignore[arg-type]
             else:
                 found = pattern.search(text)
-                if found is None:
-                    continue
+                assert found is not None
                 snippet, truncated = _around(text, found.start(), found.end(), per_item)
                 matches = sum(1 for _ in pattern.finditer(text))
             room = PREVIEW_CHARS_PER_PAGE - preview_used
             if len(snippet) > room:
                 snippet, truncated = _clip_chars(snippet, room), True
             preview_used += len(snippet)
+            event = events[block[wanted[k]]]
             item = self.meta(event)
             item["chars"] = len(text)
             item["preview" if pattern is None else "snippet"] = snippet
@@ -519,6 +547,15 @@ class History:
             if matches is not None:
                 item["matches"] = matches
             items.append(item)
+            if len(items) >= limit or preview_used >= PREVIEW_CHARS_PER_PAGE:
+                stop = min(stop, wanted[k] + 1) if stop is not None else wanted[k] + 1
+                break
+        if stop is not None and stop >= len(seqs):
+            stop = None  # the limit was reached on the last event: nothing is left to page to
+        scanned = len(block) if stop is None else stop
+        counted = bisect.bisect_left(wanted, scanned)  # wanted events before the stop
+        chars = sizes[counted - 1] if counted else 0
+        stopped_at = None if stop is None else seqs[stop]
         out: dict[str, Any] = {
             "items": items,
             "scanned_events": scanned,

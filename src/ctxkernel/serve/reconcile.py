@@ -30,6 +30,7 @@ JSON spacing, ``content: null`` for ``""``) still matches. Then:
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -81,7 +82,7 @@ class Ledger:
                 self._apply(events, index, event.data)
         self.scanned = len(events)
 
-    def _apply(self, events: list[Any], index: int, data: dict[str, Any]) -> None:
+    def _apply(self, events: Sequence[Any], index: int, data: dict[str, Any]) -> None:
         at = data.get("at", 0)
         hashes = list(data.get("hashes") or [])
         seqs = data.get("seqs")

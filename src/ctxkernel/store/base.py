@@ -198,6 +198,17 @@ class EventStore(Protocol):
         """Cut a torn tail left by a crash (never anything acknowledged); raise
         :class:`CorruptionError` for any other defect, rewriting nothing."""
 
+    def snapshot_put(self, session_id: str, covers: int, body: bytes) -> None:
+        """Keep ``body`` as the session's snapshot of its first ``covers`` events, replacing an
+        older one. Not durable by design: the kernel verifies a snapshot on load and replays the
+        whole log when it is missing, stale or damaged."""
+
+    def snapshot_get(self, session_id: str) -> tuple[int, bytes] | None:
+        """``(covers, body)`` of the newest snapshot, or None; :class:`CorruptionError` when the
+        store can tell it is damaged. A store may use it to start reading at ``covers``."""
+
+    def snapshot_delete(self, session_id: str) -> None: ...
+
     def kv_get(self, namespace: str, key: str) -> Any | None: ...
 
     def kv_put(self, namespace: str, key: str, value: Any) -> None: ...

@@ -109,6 +109,11 @@ _SCHEMA = [
         holder TEXT NOT NULL,
         expires TIMESTAMPTZ NOT NULL
     )""",
+    """CREATE TABLE IF NOT EXISTS ctxkernel_snapshots (
+        session TEXT PRIMARY KEY REFERENCES ctxkernel_sessions(id),
+        covers BIGINT NOT NULL,
+        body BYTEA NOT NULL
+    )""",
     """CREATE TABLE IF NOT EXISTS ctxkernel_blobs (
         key TEXT PRIMARY KEY,
         size BIGINT NOT NULL,
@@ -405,6 +410,35 @@ class PostgresStore:
             (session_id, first, last),
         ).fetchall()
         return [(seq, body) for seq, body in stored] == [(seq, body) for _, seq, _, body in rows]
+
+    # -- snapshots -------------------------------------------------------------------------------
+    def snapshot_put(self, session_id: str, covers: int, body: bytes) -> None:
+        check_session_id(session_id)
+
+        def put(conn: Any) -> None:  # replaces the newer-or-equal snapshot whole: a retry is harmless
+            with conn.transaction():
+                # a snapshot is a cache verified on load: its commit need not wait for the WAL flush
+                conn.execute("SET LOCAL synchronous_commit = off")
+                conn.execute(
+                    "INSERT INTO ctxkernel_snapshots (session, covers, body) VALUES (%s, %s, %s) "
+                    "ON CONFLICT (session) DO UPDATE SET covers = excluded.covers, body = excluded.body "
+                    "WHERE excluded.covers >= ctxkernel_snapshots.covers",
+                    (session_id, covers, body),
+                )
+
+        self._retrying(put, what=f"writing the snapshot of session {session_id}")
+
+    def snapshot_get(self, session_id: str) -> tuple[int, bytes] | None:
+        rows = self._query(
+            "SELECT covers, body FROM ctxkernel_snapshots WHERE session = %s", (check_session_id(session_id),)
+        )
+        if not rows:
+            return None
+        covers, body = rows[0]
+        return int(covers), bytes(body)
+
+    def snapshot_delete(self, session_id: str) -> None:
+        self._query("DELETE FROM ctxkernel_snapshots WHERE session = %s RETURNING 1", (check_session_id(session_id),))
 
     # -- key-value table -------------------------------------------------------------------------
     def kv_get(self, namespace: str, key: str) -> Any | None:

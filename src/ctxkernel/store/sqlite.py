@@ -6,6 +6,7 @@ Layout (schema version :data:`SCHEMA_VERSION`, recorded in ``meta``)::
     events(session, seq, type, body TEXT, PRIMARY KEY (session, seq))   -- body: the orjson event
     kv(namespace, key, value TEXT, PRIMARY KEY (namespace, key))
     leases(name PRIMARY KEY, token, holder TEXT, expires REAL)        -- schema 2; this host's clock
+    snapshots(session PRIMARY KEY, covers INTEGER, body BLOB)          -- the newest, a verified cache
     blobs(key PRIMARY KEY, size INTEGER, sha256 TEXT, chunks INTEGER)
     blob_chunks(key, idx, data BLOB, PRIMARY KEY (key, idx))        -- at most 1 MiB a row
 
@@ -91,6 +92,11 @@ CREATE TABLE IF NOT EXISTS leases (
     holder TEXT NOT NULL,
     expires REAL NOT NULL
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS snapshots (
+    session TEXT PRIMARY KEY REFERENCES sessions(id),
+    covers INTEGER NOT NULL,
+    body BLOB NOT NULL
+);
 CREATE TABLE IF NOT EXISTS blobs (
     key TEXT PRIMARY KEY,
     size INTEGER NOT NULL,
@@ -299,6 +305,39 @@ class SqliteStore:
                 msg = f"{self.path}: session {session_id} already holds seqs from {expected_seq} ({exc}); corrupt"
                 raise CorruptionError(msg) from None
             db.execute("UPDATE sessions SET next_seq = ? WHERE id = ?", (expected_seq + len(rows), session_id))
+
+    # -- snapshots -----------------------------------------------------------------------------
+    def snapshot_put(self, session_id: str, covers: int, body: bytes) -> None:
+        check_session_id(session_id)
+        with self._mutex:
+            # not synchronous: a snapshot is a cache verified on load, and a lost one costs a full
+            # replay; the next durable commit's WAL sync carries its pages anyway
+            self._db.execute("PRAGMA synchronous = OFF")
+            try:
+                with self._write() as db:
+                    db.execute(
+                        "INSERT INTO snapshots (session, covers, body) VALUES (?, ?, ?) "
+                        "ON CONFLICT (session) DO UPDATE SET covers = excluded.covers, body = excluded.body "
+                        "WHERE excluded.covers >= snapshots.covers",
+                        (session_id, covers, body),
+                    )
+            except sqlite3.Error as exc:
+                msg = f"sqlite store {self.path}: cannot write the snapshot of {session_id}: {exc}"
+                raise StoreError(msg) from None
+            finally:
+                self._db.execute(f"PRAGMA synchronous = {self._synchronous}")
+
+    def snapshot_get(self, session_id: str) -> tuple[int, bytes] | None:
+        rows = self._query("SELECT covers, body FROM snapshots WHERE session = ?", (check_session_id(session_id),))
+        if not rows:
+            return None
+        covers, body = rows[0]
+        return int(covers), bytes(body)
+
+    def snapshot_delete(self, session_id: str) -> None:
+        check_session_id(session_id)
+        with self._write() as db:
+            db.execute("DELETE FROM snapshots WHERE session = ?", (session_id,))
 
     # -- key-value table -----------------------------------------------------------------------
     def kv_get(self, namespace: str, key: str) -> Any | None:

@@ -7,7 +7,7 @@ through a callback (the planner passes one that only hashes, the writer one that
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import orjson
 
@@ -87,7 +87,7 @@ def render_event(
     return f"{label}: [artifact `{handle}`, {len(content)} chars] {preview}\n", 1
 
 
-def render_range(events: list[Event], start: int, end: int, **kw: object) -> tuple[str, int]:
+def render_range(events: Sequence[Event], start: int, end: int, **kw: object) -> tuple[str, int]:
     """Prose for events ``start..end`` (inclusive) and the number of artifacts it itemised."""
     parts = []
     artifacts = 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -104,7 +105,7 @@ class DecayState:
             self._release(block.right)
 
     # -- the fold -----------------------------------------------------------------------------------
-    def fold(self, events: list[Event]) -> int:
+    def fold(self, events: Sequence[Event]) -> int:
         """Fold ``events[self.cursor:]``; returns how many were new. O(new events)."""
         start = self.cursor
         for event in events[start:]:
@@ -268,7 +269,7 @@ def event_digest(event: Event) -> str:
     return hashlib.sha256(orjson.dumps(event.to_dict(), option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
 
 
-def replay(events: list[Event]) -> DecayState:
+def replay(events: Sequence[Event]) -> DecayState:
     state = DecayState()
     state.fold(events)
     return state

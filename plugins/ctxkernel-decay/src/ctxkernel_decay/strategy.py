@@ -9,6 +9,7 @@ is rejected, then rebuilt from replay, when it is malformed or does not match th
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -129,7 +130,7 @@ def _digest(payload: Any) -> str:
     return hashlib.sha256(orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
-def _from_snapshot(raw: Any, events: list[ctxkernel.Event]) -> DecayState:
+def _from_snapshot(raw: Any, events: Sequence[ctxkernel.Event]) -> DecayState:
     if not isinstance(raw, dict) or raw.get("version") != SNAPSHOT_VERSION:
         msg = f"snapshot version {raw.get('version') if isinstance(raw, dict) else raw!r} is not {SNAPSHOT_VERSION}"
         raise ValueError(msg)

@@ -1,0 +1,89 @@
+"""Opening a session from its snapshot: the cost of the surface, not of the history (issue 21).
+
+    python benchmarks/run.py -k snapshot
+
+Sessions of the realistic mix (``_workload.py``, ``basic`` compacting) at 10,000, 100,000 and
+300,000 events on the jsonl store, with the default ``[store] snapshot_every = 1000``. Each is
+built to its size, then run on to the end of the turn that writes the next snapshot, then five
+more turns: every size opens with a tail of ~55-65 events, so the sizes differ only in history.
+
+1. ``cold_open_snapshot_100k``: ``Kernel.open_session(id)`` on a new store object (nothing
+   cached: the snapshot is read and verified, the tail repaired and replayed) against the floor
+   of reading the whole 100,000-event file and ``orjson``-parsing every line. Target <= 0.25.
+2. ``cold_open_snapshot_flat_300k_vs_10k``: the same open at 300,000 events against 10,000.
+   Target <= 1.5 (flat).
+
+CPU time, alternating rounds (``_bench.py``).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import orjson
+from _bench import Bench
+from _workload import build_session, kernel_for, one_turn
+
+from ctxkernel.store.jsonl import JsonlStore
+
+TAIL_TURNS = 5
+
+
+def built_with_tail(bench: Bench, size: int) -> tuple[Path, str, int]:
+    home = Path(tempfile.mkdtemp(prefix=f"snap{size}-", dir=bench.scratch))
+    kernel, session_id, n = build_session(home, size)
+    session = kernel.open_session(session_id)
+    store = kernel.store
+    before = store.snapshot_get(session_id)
+    while store.snapshot_get(session_id) == before:  # run on until the turn that writes one
+        one_turn(session, n)
+        n += 1
+    for _ in range(TAIL_TURNS):
+        one_turn(session, n)
+        n += 1
+    return home, session_id, len(session.events)
+
+
+def opener(home: Path, session_id: str) -> Any:
+    kernel = kernel_for(home)
+
+    def open_cold() -> Any:
+        kernel.store = JsonlStore(home, fsync=False)  # nothing cached
+        return kernel.open_session(session_id, repair=True)
+
+    return open_cold
+
+
+def run(bench: Bench) -> None:
+    small, middle, large = (2_000, 10_000, 30_000) if bench.quick else (10_000, 100_000, 300_000)
+    repeat = 3 if bench.quick else 7
+    sessions = {size: built_with_tail(bench, size) for size in (small, middle, large)}
+
+    home, session_id, events = sessions[middle]
+    path = JsonlStore(home).path(session_id)
+
+    def floor() -> Any:
+        return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+    covers = JsonlStore(home).snapshot_get(session_id)
+    bench.compare(
+        f"cold_open_snapshot_{middle // 1000}k",
+        opener(home, session_id),
+        floor,
+        target=("<=", 0.25),
+        repeat=repeat,
+        events=events,
+        tail=events - (covers[0] if covers else 0),
+        bytes=path.stat().st_size,
+    )
+    bench.compare(
+        f"cold_open_snapshot_flat_{large // 1000}k_vs_{small // 1000}k",
+        opener(*sessions[large][:2]),
+        opener(*sessions[small][:2]),
+        target=("<=", 1.5),
+        repeat=repeat,
+        events=sessions[large][2],
+        baseline_events=sessions[small][2],
+    )

@@ -1,0 +1,294 @@
+"""Session snapshots: opening a session costs its surface plus the tail of its log, not its history.
+
+A snapshot is the folded state of a log prefix: the surface (every visible node's event and its
+cached token count), the pairing indexes, the session's turn/step/compaction/header/route/anchor
+tracking, and each strategy's state when it is plain JSON data. The session writes one at each
+compaction commit and every ``[store] snapshot_every`` events (:meth:`Session.append`), through
+the store's ``snapshot_put`` (only ``store/`` touches disk). Opening a session loads the newest
+one and replays only the events after it.
+
+Format: one line ``ctxkernel-snapshot <version> <sha256 of the body>``, then the body (an orjson
+object). A snapshot is trusted only when its digest matches its body, its version is
+:data:`SNAPSHOT_VERSION`, it names the session, it covers no more events than the log holds, and
+the hash of the last event it covers (:func:`event_hash`) equals that event as the log holds it
+now. Anything else (missing, stale, corrupt, another version) is set aside with a warning naming
+the reason, and the whole log is replayed: the result is the same session either way.
+
+Strategy state that is not plain JSON (objects, sets) is left out; such a strategy rebuilds it from
+``session.events`` as it does after a full replay. ``session.events`` of a session opened from a
+snapshot is a :class:`LazyEvents`: the events before the snapshot are read from the store the
+first time something looks at them (history recall, a strategy's first fold), not at open.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, overload
+
+import orjson
+
+from .errors import CorruptionError
+from .events import KERNEL_TYPES, Event
+from .messages import Message
+from .surface import Node
+
+if TYPE_CHECKING:
+    from .session import Session
+
+SNAPSHOT_VERSION = 1
+_MAGIC = b"ctxkernel-snapshot"
+
+
+class SnapshotRejected(Exception):  # noqa: N818 - a reason to replay, never raised to a caller
+    """Why a stored snapshot cannot be used (the open falls back to a full replay)."""
+
+
+def event_hash(event: Event) -> str:
+    """SHA-256 of the event's canonical JSON: what a snapshot records of the last event it covers."""
+    return hashlib.sha256(orjson.dumps(event.to_dict(), option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def _plain(value: Any, depth: int = 0) -> bool:
+    """True for JSON data that survives a round trip unchanged (no sets, tuples or objects)."""
+    if value is None or type(value) in (str, int, float, bool):
+        return True
+    if depth > 32:
+        return False
+    if type(value) is list:
+        return all(_plain(v, depth + 1) for v in value)
+    if type(value) is dict:
+        return all(type(k) is str and _plain(v, depth + 1) for k, v in value.items())
+    return False
+
+
+class SnapshotWriter:
+    """Builds a session's snapshots. Each node's event is serialised once and kept while the node
+    is visible, so a snapshot costs the nodes appended since the last one plus one join."""
+
+    def __init__(self) -> None:
+        self._encoded: dict[int, bytes] = {}
+
+    def encode(self, session: Session) -> bytes:
+        nodes = session.surface.nodes
+        encoded, fresh = self._encoded, {}
+        for node in nodes:
+            blob = encoded.get(node.seq)
+            if blob is None:
+                blob = orjson.dumps([node.event.to_dict(), node.tokens, node.turn, node.step])
+            fresh[node.seq] = blob
+        self._encoded = fresh  # drops the nodes a compaction took off the surface
+        surface = session.surface
+        strategies = set(session.kernel.strategies)
+        body = {
+            "version": SNAPSHOT_VERSION,
+            "session": session.id,
+            "covers": len(session.events),
+            "last_hash": event_hash(session.events[-1]),
+            "tokenizer": session.meter.tokenizer.name,
+            "surface": {
+                "applied": surface.applied,
+                "version": surface.version,
+                "turn": surface.turn,
+                "step": surface.step,
+                "nodes": orjson.Fragment(b"[" + b",".join(fresh.values()) + b"]"),
+                "pending_calls": surface.pending_calls,
+                "call_owner": surface.call_owner,
+                "result_of": surface.result_of,
+            },
+            "track": {
+                "turn": session.turn,
+                "turn_open": session.turn_open,
+                "step": session.step,
+                "step_open": session.step_open,
+                "open_compaction": session.open_compaction,
+                "compaction_summaries": session.compaction_summaries,
+                "header_hash": session.header_hash,
+                "header_tools": session._header_tools,
+                "route": session.route,
+                "anchor": list(session._anchor) if session._anchor is not None else None,
+                "last_decoration_delta": session._last_decoration_delta,
+            },
+            "state": {k: v for k, v in session.state.items() if k in strategies and _plain(v)},
+        }
+        data = orjson.dumps(body)
+        return b"%s %d %s\n" % (_MAGIC, SNAPSHOT_VERSION, hashlib.sha256(data).hexdigest().encode()) + data
+
+
+def decode(payload: bytes, session_id: str, covers: int, log_length: int) -> dict[str, Any]:
+    """The checked body of a stored snapshot; :class:`SnapshotRejected` says why it cannot be used."""
+    line, newline, data = payload.partition(b"\n")
+    parts = line.split(b" ")
+    if not newline or len(parts) != 3 or parts[0] != _MAGIC:
+        msg = "not a ctxkernel snapshot (damaged first line)"
+        raise SnapshotRejected(msg)
+    if parts[1] != str(SNAPSHOT_VERSION).encode():
+        msg = f"snapshot format version {parts[1][:16]!r}, this ctxkernel reads {SNAPSHOT_VERSION}"
+        raise SnapshotRejected(msg)
+    if hashlib.sha256(data).hexdigest().encode() != parts[2]:
+        msg = "the snapshot's digest does not match its body (damaged or torn)"
+        raise SnapshotRejected(msg)
+    try:
+        body = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        msg = f"the snapshot body is not JSON ({exc})"
+        raise SnapshotRejected(msg) from None
+    if type(body) is not dict or body.get("session") != session_id or body.get("covers") != covers:
+        msg = "the snapshot names another session or another length than the store recorded"
+        raise SnapshotRejected(msg)
+    if not 0 < covers <= log_length:
+        msg = f"the snapshot covers {covers} events but the log holds {log_length} (stale)"
+        raise SnapshotRejected(msg)
+    return body
+
+
+def restore(
+    session: Session, body: dict[str, Any], last: Event | None, load: Callable[[int, int], Iterable[Event]]
+) -> None:
+    """Install a decoded snapshot into a fresh ``session`` (nothing folded yet); ``load(start,
+    end)`` reads the events before it when they are first needed.
+
+    Everything is built first and assigned last, so a snapshot that fails any check leaves the
+    session untouched for the full replay. Raises :class:`SnapshotRejected`."""
+    covers = body["covers"]
+    if last is None or last.seq != covers - 1 or event_hash(last) != body.get("last_hash"):
+        msg = f"the log's event {covers - 1} is not the one the snapshot covers (stale: the log was rewritten)"
+        raise SnapshotRejected(msg)
+    try:
+        surface = body["surface"]
+        same_tokenizer = body["tokenizer"] == session.meter.tokenizer.name
+        nodes = []
+        for raw, tokens, turn, step in surface["nodes"]:
+            event = Event.from_dict(raw)
+            node = Node(event, Message.from_dict(event.data["message"]), int(turn), int(step))
+            if same_tokenizer and type(tokens) is int and tokens >= 0:
+                node.tokens = tokens
+            nodes.append(node)
+        indexes = [
+            {str(k): int(v) for k, v in surface[name].items()} for name in ("pending_calls", "call_owner", "result_of")
+        ]
+        place = (int(surface["turn"]), int(surface["step"]))
+        track = body["track"]
+        anchor = track["anchor"]
+        state = body["state"]
+        if (
+            surface["applied"] != covers
+            or type(surface["version"]) is not int
+            or not isinstance(state, dict)
+            or not isinstance(track["compaction_summaries"], list)
+            or (anchor is not None and len(anchor) != 3)
+        ):
+            msg = "the snapshot's fields do not fit together"
+            raise SnapshotRejected(msg)
+    except SnapshotRejected:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any defect in a verified-digest body still only costs a replay
+        msg = f"the snapshot body is malformed ({type(exc).__name__}: {exc})"
+        raise SnapshotRejected(msg) from None
+    s = session.surface
+    s.nodes, s.applied, s.version, s._pos = nodes, covers, surface["version"], None
+    s.turn, s.step = place
+    s.pending_calls, s.call_owner, s.result_of = indexes
+    for node in nodes:
+        for listener in s.listeners:
+            listener.on_add(node)
+    session.events = LazyEvents(load, covers)
+    session.turn, session.turn_open = track["turn"], track["turn_open"]
+    session.step, session.step_open = track["step"], track["step_open"]
+    session.open_compaction = track["open_compaction"]
+    session.compaction_summaries = track["compaction_summaries"]
+    session.header_hash = track["header_hash"]
+    session._header_tools = track["header_tools"]
+    session.route = track["route"]
+    session._anchor = tuple(anchor) if anchor is not None else None
+    session._last_decoration_delta = track["last_decoration_delta"]
+    session.state.update(state)
+
+
+class LazyEvents(Sequence[Event]):
+    """``session.events`` of a session opened from a snapshot: the events from ``base`` on are held
+    as they fold; those before it are read from the store on first use, in aligned chunks back
+    from ``base`` (a strategy whose cursor lags the snapshot by a few events reads only those)."""
+
+    #: events before ``base`` are loaded from a multiple of this seq
+    CHUNK = 1024
+
+    def __init__(self, load: Callable[[int, int], Iterable[Event]], base: int) -> None:
+        self._load = load
+        self.base = base
+        self._head: list[Event] = []  # events [base - len(_head), base), loaded on demand
+        self._tail: list[Event] = []
+
+    @property
+    def loaded(self) -> int:
+        """How many events before ``base`` have been read from the store."""
+        return len(self._head)
+
+    def _head_from(self, start: int) -> list[Event]:
+        """The loaded head, extended back to hold seq ``start``."""
+        first = self.base - len(self._head)
+        if start < first:
+            start -= start % self.CHUNK
+            more = list(self._load(start, first))
+            if len(more) != first - start or any(e.seq != start + i for i, e in enumerate(more)):
+                msg = f"the log's events {start}..{first - 1} could not be read back in order (got {len(more)})"
+                raise CorruptionError(msg)
+            # the check a replay makes of each event (Session._fold), for the events it skipped
+            for event in more:
+                if event.type not in KERNEL_TYPES and not event.ignorable:
+                    msg = f"event {event.seq} has unknown type {event.type!r} and is not ignorable"
+                    raise CorruptionError(msg)
+            self._head = more + self._head
+        return self._head
+
+    def __len__(self) -> int:
+        return self.base + len(self._tail)
+
+    @overload
+    def __getitem__(self, index: int) -> Event: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Event]: ...
+
+    def __getitem__(self, index: int | slice) -> Event | list[Event]:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step == 1 and start >= self.base:
+                return self._tail[start - self.base : max(start, stop) - self.base]
+            if step != 1:
+                return (self._head_from(0) + self._tail)[index]
+            if stop <= start:
+                return []
+            head = self._head_from(start)
+            offset = self.base - len(head)
+            return (head + self._tail)[start - offset : stop - offset]
+        if index < 0:
+            index += len(self)
+        if index >= self.base:
+            return self._tail[index - self.base]
+        if index < 0:
+            raise IndexError("event index out of range")
+        head = self._head_from(index)
+        return head[index - (self.base - len(head))]
+
+    def __iter__(self) -> Iterator[Event]:
+        if self.base:
+            yield from self._head_from(0)
+        yield from self._tail
+
+    def __reversed__(self) -> Iterator[Event]:
+        yield from reversed(self._tail)
+        for seq in range(self.base - 1, -1, -1):
+            yield self[seq]
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def append(self, event: Event) -> None:
+        self._tail.append(event)
+
+    def __repr__(self) -> str:
+        return f"LazyEvents(base={self.base}, loaded={self.loaded}, tail={len(self._tail)})"
+
+
+__all__ = ["SNAPSHOT_VERSION", "LazyEvents", "SnapshotRejected", "SnapshotWriter", "decode", "event_hash", "restore"]

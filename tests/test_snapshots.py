@@ -1,0 +1,269 @@
+"""Session snapshots (issue 21): opening from a snapshot is the same session as replaying the whole
+log, on every backend, and any snapshot that cannot be trusted falls back to the full replay."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ctxkernel import CorruptionError, Kernel, Message, ToolCallBlock
+from ctxkernel.snapshot import SNAPSHOT_VERSION, LazyEvents
+from ctxkernel.store.jsonl import JsonlStore
+from ctxkernel.store.sqlite import SqliteStore
+from ctxkernel.testing import check_conformance, make_profile
+from ctxkernel.testing_store import postgres_dsn, postgres_schema
+
+SMALL_WINDOW = {"context_window": 6000, "reserved_output_tokens": 1000}
+
+
+def kernel(store: Any, home: Path, snapshot_every: int = 25) -> Kernel:
+    profile = make_profile(model=SMALL_WINDOW, store={"snapshot_every": snapshot_every})
+    return Kernel(profile, store=store, home=home, entry_points=False)
+
+
+def work(session: Any, turns: int, seed: int = 0) -> None:
+    """Tool-calling turns that overflow the small window, so ``basic`` compacts."""
+    for n in range(turns):
+        session.user(f"task {seed}.{n}: " + "fix the parser and keep the tests green " * 4)
+        session.prepare_request()
+        calls = [ToolCallBlock(f"c{seed}x{n}a", "read_file", {"path": f"m{n}.py"})]
+        session.commit_reply(Message.assistant(f"reading {n}", calls), usage={"prompt_tokens": 900})
+        session.tool_result(f"c{seed}x{n}a", f"line {seed} {n} of the file, with some words\n" * (20 + n % 7))
+        session.prepare_request()
+        session.commit_reply(Message.assistant(f"done {n}"))
+        session.end_turn()
+
+
+def state_of(session: Any) -> dict[str, Any]:
+    """Everything a reopened session must agree on with the live one."""
+    return {
+        "surface": [(n.seq, n.message.to_dict(), n.turn, n.step) for n in session.surface.nodes],
+        "surface_place": (session.surface.turn, session.surface.step),
+        "indexes": (session.surface.pending_calls, session.surface.call_owner, session.surface.result_of),
+        "applied": session.surface.applied,
+        "tokens": session.meter.surface_tokens(),
+        "pressure": session.pressure().to_dict(),
+        "track": (
+            session.turn,
+            session.turn_open,
+            session.step,
+            session.step_open,
+            session.open_compaction,
+            session.header_hash,
+            session.route,
+            session._anchor,
+        ),
+        "summaries": session.compaction_summaries,
+        "events": len(session.events),
+        "project": orjson.loads(orjson.dumps(session.project(), default=str)),
+    }
+
+
+@pytest.fixture(params=["jsonl", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    if request.param == "jsonl":
+        yield lambda: JsonlStore(tmp_path / "home", fsync=False)
+    elif request.param == "sqlite":
+        yield lambda: SqliteStore(tmp_path / "home", durable=False)
+    else:
+        from ctxkernel.store.postgres import PostgresStore
+
+        with postgres_schema(postgres_dsn()) as dsn:
+            yield lambda: PostgresStore(dsn)
+
+
+def built(store_factory: Callable[[], Any], tmp_path: Path, turns: int = 30) -> tuple[Any, str]:
+    session = kernel(store_factory(), tmp_path).open_session()
+    work(session, turns)
+    assert any(e.type == "compaction/end" for e in session.events)
+    return session, session.id
+
+
+def test_open_from_snapshot_equals_full_replay_on_every_backend(store_factory, tmp_path):
+    session, sid = built(store_factory, tmp_path)
+    live = state_of(session)
+    covers, _ = store_factory().snapshot_get(sid)
+    assert 0 < covers <= len(session.events)
+    reopened = kernel(store_factory(), tmp_path).open_session(sid)
+    assert isinstance(reopened.events, LazyEvents) and reopened.events.base == covers
+    assert reopened.events.loaded == 0  # the open read nothing before the snapshot
+    assert state_of(reopened) == live
+    replayed = kernel(store_factory(), tmp_path, snapshot_every=0).open_session(sid)
+    assert type(replayed.events) is list and state_of(replayed) == live
+    # the whole log reads back the same through the lazy prefix, and work goes on from it
+    assert [e.to_dict() for e in reopened.events] == [e.to_dict() for e in session.events]
+    work(reopened, 5, seed=1)
+    again = kernel(store_factory(), tmp_path, snapshot_every=0).open_session(sid)
+    assert state_of(again) == state_of(reopened)
+
+
+def test_restart_equivalence_with_and_without_snapshots_on_every_backend(store_factory, tmp_path):
+    report = check_conformance(tmp_path / "conf", ["basic"], entry_points=False, store_factory=store_factory, turns=12)
+    assert report.restarts_checked == 6 and report.snapshot_restarts == 3
+
+
+def _rewrite(payload: bytes, change: Callable[[dict[str, Any]], None], version: int = SNAPSHOT_VERSION) -> bytes:
+    body = orjson.loads(payload.partition(b"\n")[2])
+    change(body)
+    data = orjson.dumps(body)
+    return b"ctxkernel-snapshot %d %s\n" % (version, hashlib.sha256(data).hexdigest().encode()) + data
+
+
+def _flip_a_byte(payload: bytes) -> bytes:
+    at = len(payload) // 2
+    return payload[:at] + bytes([payload[at] ^ 0x01]) + payload[at + 1 :]
+
+
+DEFECTS: dict[str, tuple[Callable[[bytes], bytes], str]] = {
+    "corrupt": (_flip_a_byte, "digest does not match"),
+    "torn": (lambda p: p[: len(p) // 3], "digest does not match"),
+    "version": (lambda p: _rewrite(p, lambda b: None, version=SNAPSHOT_VERSION + 1), "format version"),
+    "stale": (lambda p: _rewrite(p, lambda b: b.update(last_hash="0" * 64)), "stale"),
+    "malformed": (lambda p: _rewrite(p, lambda b: b["surface"].update(nodes=[[{"seq": "x"}, 1]])), "malformed"),
+    "other session": (lambda p: _rewrite(p, lambda b: b.update(session="someone-else")), "another session"),
+}
+
+
+@pytest.mark.parametrize("defect", sorted(DEFECTS))
+def test_an_untrusted_snapshot_falls_back_to_full_replay(store_factory, tmp_path, caplog, defect):
+    session, sid = built(store_factory, tmp_path, turns=20)
+    live = state_of(session)
+    store = store_factory()
+    covers, payload = store.snapshot_get(sid)
+    damage, reason = DEFECTS[defect]
+    store.snapshot_put(sid, covers, damage(payload))
+    before = [e.to_dict() for e in store.read(sid)]
+    with caplog.at_level(logging.WARNING):
+        reopened = kernel(store_factory(), tmp_path).open_session(sid)
+    assert type(reopened.events) is list  # replayed from the first event
+    assert state_of(reopened) == live
+    assert any("snapshot set aside" in r.getMessage() and reason in r.getMessage() for r in caplog.records), [
+        r.getMessage() for r in caplog.records
+    ]
+    assert [e.to_dict() for e in store_factory().read(sid)] == before  # the open wrote nothing
+
+
+def test_a_missing_snapshot_replays_the_log(store_factory, tmp_path):
+    session, sid = built(store_factory, tmp_path, turns=20)
+    store_factory().snapshot_delete(sid)
+    reopened = kernel(store_factory(), tmp_path).open_session(sid)
+    assert type(reopened.events) is list and state_of(reopened) == state_of(session)
+
+
+def test_a_snapshot_beyond_the_log_is_stale(tmp_path):
+    factory = lambda: SqliteStore(tmp_path / "home", durable=False)  # noqa: E731 - jsonl refuses to place it
+    session, sid = built(factory, tmp_path, turns=20)
+    store = factory()
+    covers, payload = store.snapshot_get(sid)
+    store.snapshot_put(sid, covers + 50, _rewrite(payload, lambda b: b.update(covers=covers + 50)))
+    reopened = kernel(factory(), tmp_path).open_session(sid)
+    assert type(reopened.events) is list and state_of(reopened) == state_of(session)
+
+
+def test_jsonl_snapshot_of_a_rewritten_log_is_set_aside(tmp_path, caplog):
+    """The log changed under the snapshot (same length, other text): the position check passes,
+    the last event's hash does not."""
+    factory = lambda: JsonlStore(tmp_path / "home", fsync=False)  # noqa: E731
+    session, sid = built(factory, tmp_path, turns=20)
+    covers, _ = factory().snapshot_get(sid)
+    path = factory().path(sid)
+    lines = path.read_bytes().splitlines(keepends=True)
+    last = orjson.loads(lines[covers])  # line covers + 1 holds event covers - 1
+    assert last["seq"] == covers - 1
+    last["time"] = last["time"][:-2] + ("00" if last["time"][-2:] != "00" else "01")
+    lines[covers] = orjson.dumps(last) + b"\n"
+    path.write_bytes(b"".join(lines))
+    with caplog.at_level(logging.WARNING):
+        reopened = kernel(factory(), tmp_path).open_session(sid)
+    assert type(reopened.events) is list
+    assert any("stale" in r.getMessage() for r in caplog.records)
+    assert reopened.events[covers - 1].time == last["time"]
+
+
+def test_jsonl_damaged_or_torn_snapshot_file_falls_back(tmp_path, caplog):
+    factory = lambda: JsonlStore(tmp_path / "home", fsync=False)  # noqa: E731
+    session, sid = built(factory, tmp_path, turns=20)
+    path = factory().snapshot_path(sid)
+    whole = path.read_bytes()
+    for damaged in (
+        b"{not json\n" + whole.partition(b"\n")[2],
+        b'{"covers": 3, "at": 1, "end": 99, "length": 1}\nx',
+        whole[: len(whole) // 2],  # torn: shorter than its recorded length
+    ):
+        path.write_bytes(damaged)
+        with caplog.at_level(logging.WARNING):
+            reopened = kernel(factory(), tmp_path).open_session(sid)
+        assert type(reopened.events) is list and state_of(reopened) == state_of(session)
+        assert any("snapshot set aside" in r.getMessage() for r in caplog.records)
+
+
+def test_snapshots_off_writes_none(tmp_path):
+    factory = lambda: JsonlStore(tmp_path / "home", fsync=False)  # noqa: E731
+    session = kernel(factory(), tmp_path, snapshot_every=0).open_session()
+    work(session, 20)
+    assert factory().snapshot_get(session.id) is None
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(turns=st.integers(1, 24), every=st.integers(1, 60), seed=st.integers(0, 3), more=st.integers(0, 4))
+def test_property_open_from_snapshot_equals_full_replay(tmp_path_factory, turns, every, seed, more):
+    home = tmp_path_factory.mktemp("prop")
+    factory = lambda: JsonlStore(home, fsync=False)  # noqa: E731
+    session = kernel(factory(), home, snapshot_every=every).open_session()
+    work(session, turns, seed)
+    session.user("one more instruction, left open")  # an open turn is folded state too
+    reopened = kernel(factory(), home, snapshot_every=every).open_session(session.id, repair=False)
+    replayed = kernel(factory(), home, snapshot_every=0).open_session(session.id, repair=False)
+    assert state_of(reopened) == state_of(replayed) == state_of(session)
+    # and they stay the same as work goes on in the reopened one
+    work(reopened, more, seed + 10)
+    replayed = kernel(factory(), home, snapshot_every=0).open_session(session.id, repair=False)
+    assert state_of(reopened) == state_of(replayed)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    base=st.integers(0, 3000),
+    tail=st.integers(0, 40),
+    ops=st.lists(st.tuples(st.integers(-3100, 3100), st.integers(-3100, 3100), st.sampled_from([1, 1, 2, -1]))),
+)
+def test_property_lazy_events_behave_as_the_list(base, tail, ops):
+    from ctxkernel.events import Event
+
+    whole = [Event(i, "test/x", {}, "", None, True) for i in range(base + tail)]
+    loads: list[tuple[int, int]] = []
+
+    def load(start: int, end: int) -> list[Event]:
+        loads.append((start, end))
+        return whole[start:end]
+
+    lazy = LazyEvents(load, base)
+    for event in whole[base:]:
+        lazy.append(event)
+    assert len(lazy) == len(whole) and not loads
+    assert lazy[base:] == whole[base:] and not loads  # the tail never reads the store
+    for a, b, step in ops:
+        assert lazy[a:b:step] == whole[a:b:step]
+        if -len(whole) <= a < len(whole):
+            assert lazy[a] is whole[a]
+        else:
+            with pytest.raises(IndexError):
+                lazy[a]
+    assert list(lazy) == whole and list(reversed(lazy)) == whole[::-1]
+    assert all(end - start <= base for start, end in loads)
+
+
+def test_lazy_events_refuse_a_prefix_out_of_order():
+    from ctxkernel.events import Event
+
+    lazy = LazyEvents(lambda start, end: [Event(0, "test/x", {}, "", None, True)] * (end - start), 5)
+    with pytest.raises(CorruptionError, match="in order"):
+        lazy[2]
