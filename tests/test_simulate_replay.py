@@ -189,8 +189,12 @@ def test_steward_step_runs_strategy_tools_and_follows_the_child(tmp_path):
     parent_roles = [n.role for n in replay.sessions[0].surface.nodes][-2:]
     assert parent_roles == ["assistant", "tool"]
     assert m["invariant_violations"] == 0
-    # a recall-capable strategy keeps the parent's events recoverable through the lineage
-    assert m["history_recoverable"] == 1.0
+    # a recall-capable strategy declares the parent's events recoverable through the lineage...
+    assert m["history_recoverable_declared"] == 1.0
+    # ...but it has no recall tool that fetches them back: measured, only the child's surface counts
+    assert m["recall_method"] is None
+    assert m["recall_calls"] == 0
+    assert m["history_recoverable"] < 1.0
 
 
 def test_a_replaced_steward_is_used_and_unknown_tools_are_errors(tmp_path):

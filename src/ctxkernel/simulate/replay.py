@@ -40,6 +40,7 @@ from ..session import Request, Session
 from ..store.jsonl import JsonlStore
 from ..text import extractive_summary
 from ..tools import ToolOutcome
+from . import recall
 from .checks import InvariantChecker
 from .recording import AssistantItem, MarkerItem, Recording, RecordingError, ToolResultItem, UserItem
 from .steward import Steward, default_steward
@@ -72,6 +73,11 @@ METRIC_KEYS: tuple[str, ...] = (
     "invariant_details",
     "instructions_visible",
     "history_recoverable",
+    "history_recoverable_declared",
+    "recall_calls",
+    "recall_tokens",
+    "recall_method",
+    "recall_probed",
     "synthetic_results",
     "sessions",
     "steward_errors",
@@ -431,6 +437,26 @@ class Replay:
             if RECALL_CAPABILITIES & getattr(specs.get(t.strategy), "capabilities", frozenset())
         )
 
+    def _measure_recall(self, visible_seqs: set[int]) -> dict[str, Any]:
+        """``history_recoverable`` as measured by fetching hidden messages back (see :mod:`.recall`)."""
+        final = self.session
+        by_id = {s.id: s for s in self.sessions}
+        targets = [
+            (sid, seq, Message.from_dict(by_id[sid].events[seq].data["message"]))
+            for sid, seq in self.originals
+            if not (sid == final.id and seq in visible_seqs)
+        ]
+        found = recall.measure(final, targets)
+        scale = len(targets) / found.probed if found.probed else 0.0
+        recovered = len(self.originals) - len(targets) + len(found.recovered) * scale
+        return {
+            "history_recoverable": round(recovered / len(self.originals), 4) if self.originals else 1.0,
+            "recall_calls": round(found.calls * scale),
+            "recall_tokens": round(found.tokens * scale),
+            "recall_method": found.method,
+            "recall_probed": found.probed,
+        }
+
     def metrics(self) -> dict[str, Any]:
         c = self.counters
         final = self.session
@@ -440,10 +466,13 @@ class Replay:
         shown = sum(1 for t in instructions if t in normalized)
         visible_seqs = {n.seq for n in final.surface.nodes}
         lineage = self._lineage()
-        recall = bool(self._recall_tools())
-        recoverable = sum(
-            1 for sid, seq in self.originals if (sid == final.id and seq in visible_seqs) or (recall and sid in lineage)
+        has_recall = bool(self._recall_tools())
+        declared = sum(
+            1
+            for sid, seq in self.originals
+            if (sid == final.id and seq in visible_seqs) or (has_recall and sid in lineage)
         )
+        measured = self._measure_recall(visible_seqs)
         compactions: dict[str, int] = {}
         failures = 0
         summary_calls = summary_in = summary_out = 0
@@ -490,7 +519,8 @@ class Replay:
             "invariant_violations": len(violations),
             "invariant_details": violations[:20],
             "instructions_visible": round(shown / len(instructions), 4) if instructions else 1.0,
-            "history_recoverable": round(recoverable / len(self.originals), 4) if self.originals else 1.0,
+            **measured,
+            "history_recoverable_declared": round(declared / len(self.originals), 4) if self.originals else 1.0,
             "synthetic_results": c.synthetic_results,
             "sessions": len(self.sessions),
             "steward_errors": c.steward_errors,
