@@ -72,6 +72,11 @@ def register(sub: Any) -> None:
         "--steward", default="default", help="default (the strategies' steward_actions), none, or module:function"
     )
     p.add_argument("--prices", metavar="IN,CACHED,OUT", help="prices per million input, cached input and output tokens")
+    p.add_argument(
+        "--keep-sessions",
+        metavar="DIR",
+        help="keep the replayed sessions in a jsonl store at DIR (open them with CTXKERNEL_HOME=DIR ctxkernel inspect ID)",
+    )
     p.add_argument("--lenient", action="store_true", help="skip malformed transcript lines and count them")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=cmd_simulate)
@@ -117,6 +122,22 @@ def check_report_path(text: str) -> None:
     raise RecordingError(msg)
 
 
+def keep_sessions_dir(text: str) -> Path:
+    """The ``--keep-sessions`` folder, created when missing; refused when it cannot be a store."""
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        problem = "it is a file"
+    elif not path.exists() and not path.parent.is_dir():
+        problem = f"the folder {path.parent} does not exist"
+    elif not os.access(path if path.exists() else path.parent, os.W_OK | os.X_OK):
+        problem = "it is not writable"
+    else:
+        path.mkdir(exist_ok=True)
+        return path
+    msg = f"--keep-sessions {text}: cannot keep the sessions there ({problem}); accepted: a writable folder, new or existing"
+    raise RecordingError(msg)
+
+
 class ProgressBar:
     """A one-line progress bar on stderr, drawn only when stderr is a terminal."""
 
@@ -156,6 +177,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         )
         if args.report:
             check_report_path(args.report)  # before the simulation, not after it has run
+        if args.keep_sessions:
+            options.keep_sessions = keep_sessions_dir(args.keep_sessions)
         names = profile_names(args.profile)
         check_named_profiles(args.profile)
         report = compare(names, recording, options)

@@ -22,6 +22,7 @@ session of the same store: later requests are prepared there.
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import time
 from collections.abc import Callable
@@ -80,6 +81,7 @@ METRIC_KEYS: tuple[str, ...] = (
     "recall_probed",
     "synthetic_results",
     "sessions",
+    "session_ids",
     "steward_errors",
     "prompt_tokens",
     "wall_seconds",
@@ -103,6 +105,8 @@ class Options:
     steward: Steward = default_steward
     prices: Prices | None = None
     workdir: Path | None = None
+    #: keep the replayed sessions in a jsonl store (the kernel home) at this folder
+    keep_sessions: Path | None = None
     progress: Callable[[str, int, int], None] | None = None
 
 
@@ -559,7 +563,13 @@ def empty_metrics(name: str, status: str, error: str, strategies: list[str] | No
 def run_profile(name: str, recording: Recording, options: Options) -> dict[str, Any]:
     """Replay ``recording`` through profile ``name``; a profile that cannot load is reported, not raised."""
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="ctxkernel-simulate-", dir=options.workdir) as tmp:
+    kept = options.keep_sessions
+    home_of = (
+        contextlib.nullcontext(str(kept))
+        if kept is not None
+        else tempfile.TemporaryDirectory(prefix="ctxkernel-simulate-", dir=options.workdir)
+    )
+    with home_of as tmp:
         home = Path(tmp)
         try:
             profile = prepare_profile(name, recording, options, home)
@@ -577,9 +587,11 @@ def run_profile(name: str, recording: Recording, options: Options) -> dict[str, 
         except Exception as exc:  # noqa: BLE001 - one broken strategy must not hide the others' results
             where = _origin(exc)
             out = empty_metrics(name, "failed", f"{type(exc).__name__}: {exc}{where}", strategies)
+            out["session_ids"] = [s.id for s in replay.sessions] if kept is not None else None  # to inspect the failure
             out["wall_seconds"] = round(time.perf_counter() - started, 3)
             return out
         result = replay.metrics()
+        result["session_ids"] = [s.id for s in replay.sessions] if kept is not None else None
         store_close = getattr(kernel.store, "close", None)
         if store_close:
             store_close()
