@@ -47,6 +47,7 @@ PINNED_METRIC_KEYS = [
     "recall_tokens",
     "recall_method",
     "recall_probed",
+    "probes",
     "synthetic_results",
     "sessions",
     "session_ids",

@@ -90,3 +90,13 @@ def test_sample_is_evenly_spaced_and_bounded():
     assert picked == sorted(set(picked))
     assert picked[0] == 0
     assert picked[-1] > 800
+
+
+@pytest.mark.slow
+def test_errors_seen_leave_the_surface_and_come_back_only_through_tools(long_report):
+    unmanaged, basic, handoff = (_row(long_report, n)["probes"]["errors_seen"] for n in ("none", "basic", "handoff"))
+    assert unmanaged["count"] > 20
+    assert unmanaged["visible"] == unmanaged["recoverable"] == 1.0
+    assert basic["visible"] == basic["recoverable"] < 0.5  # summarised away, no tool to fetch them
+    assert handoff["visible"] < 0.5
+    assert handoff["recoverable"] == 1.0

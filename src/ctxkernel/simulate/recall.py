@@ -78,6 +78,8 @@ class RecallResult:
     calls: int = 0
     tokens: int = 0
     probed: int = 0
+    fetched: int = 0  # targets fetched: the sample plus the extra ones
+    sampled: set[tuple[str, int]] = field(default_factory=set)  # the evenly spaced sample of targets
     recovered: set[tuple[str, int]] = field(default_factory=set)
 
 
@@ -224,8 +226,11 @@ def sample(items: list[Any], cap: int) -> list[Any]:
     return [items[int(i * step)] for i in range(cap)]
 
 
-def measure(final: Session, targets: list[tuple[str, int, Message]]) -> RecallResult:
-    """Fetch ``targets`` (session id, seq, message) back through ``final``'s recall tools."""
+def measure(
+    final: Session, targets: list[tuple[str, int, Message]], also: Iterable[tuple[str, int, Message]] = ()
+) -> RecallResult:
+    """Fetch ``targets`` (session id, seq, message) back through ``final``'s recall tools: a sample
+    of at most :data:`MAX_TARGETS` of them, plus every one of ``also`` (the retention probes' sources)."""
     result = RecallResult()
     if not targets:
         return result
@@ -233,6 +238,13 @@ def measure(final: Session, targets: list[tuple[str, int, Message]]) -> RecallRe
     names = set(final.tools.names())
     chosen = sample(targets, MAX_TARGETS)
     result.probed = len(chosen)
+    result.sampled = {(sid, seq) for sid, seq, _ in chosen}
+    extra: dict[tuple[str, int], tuple[str, int, Message]] = {}
+    for sid, seq, message in also:
+        if (sid, seq) not in result.sampled:
+            extra.setdefault((sid, seq), (sid, seq, message))
+    chosen += list(extra.values())[:MAX_TARGETS]
+    result.fetched = len(chosen)
     prober = _Prober(final, result)
     own = [(seq, fragments(m)) for sid, seq, m in chosen if sid == final.id]
     if {"history_list_items", "history_read_item"} <= names:

@@ -41,7 +41,7 @@ from ..session import Request, Session
 from ..store.jsonl import JsonlStore
 from ..text import extractive_summary
 from ..tools import ToolOutcome
-from . import recall
+from . import probes, recall
 from .checks import InvariantChecker
 from .recording import AssistantItem, MarkerItem, Recording, RecordingError, ToolResultItem, UserItem
 from .steward import Steward, default_steward
@@ -79,6 +79,7 @@ METRIC_KEYS: tuple[str, ...] = (
     "recall_tokens",
     "recall_method",
     "recall_probed",
+    "probes",
     "synthetic_results",
     "sessions",
     "session_ids",
@@ -221,6 +222,7 @@ class Replay:
         self.counters = _Counters()
         self.instructions: list[str] = []
         self.originals: list[tuple[str, int]] = []  # (session id, seq) of every replayed message
+        self.item_seqs: dict[int, tuple[str, int]] = {}  # recording item index -> where it was replayed
         self._last_was_final_reply = False
         self._previous: tuple[str, Any, list[Message], list[int]] | None = None
         self._header_tokens: dict[tuple[str, int], int] = {}
@@ -232,21 +234,28 @@ class Replay:
         items = self.recording.items
         total = self.recording.requests
         done = 0
-        for item in items:
-            if isinstance(item, UserItem):
-                self._user(item)
-            elif isinstance(item, AssistantItem):
-                self._assistant(item)
+        for index, item in enumerate(items):
+            replayed = len(self.originals)
+            self._item(item)
+            if isinstance(item, AssistantItem):
                 done += 1
                 if self.options.progress:
                     self.options.progress(self.label, done, total)
-            elif isinstance(item, ToolResultItem):
-                self._tool_result(item)
-            elif isinstance(item, MarkerItem) and item.kind == "turn_end":
-                self._close_pending()
-                self.session.end_turn()
+            if len(self.originals) > replayed:
+                self.item_seqs[index] = self.originals[-1]
         self._close_pending()
         self.session.end_turn()
+
+    def _item(self, item: Any) -> None:
+        if isinstance(item, UserItem):
+            self._user(item)
+        elif isinstance(item, AssistantItem):
+            self._assistant(item)
+        elif isinstance(item, ToolResultItem):
+            self._tool_result(item)
+        elif isinstance(item, MarkerItem) and item.kind == "turn_end":
+            self._close_pending()
+            self.session.end_turn()
 
     def _user(self, item: UserItem) -> None:
         self._close_pending()
@@ -442,23 +451,37 @@ class Replay:
         )
 
     def _measure_recall(self, visible_seqs: set[int]) -> dict[str, Any]:
-        """``history_recoverable`` as measured by fetching hidden messages back (see :mod:`.recall`)."""
+        """``history_recoverable`` measured by fetching hidden messages back (see :mod:`.recall`),
+        and the retention probes (see :mod:`.probes`)."""
         final = self.session
         by_id = {s.id: s for s in self.sessions}
-        targets = [
-            (sid, seq, Message.from_dict(by_id[sid].events[seq].data["message"]))
-            for sid, seq in self.originals
-            if not (sid == final.id and seq in visible_seqs)
-        ]
-        found = recall.measure(final, targets)
+
+        def target(where: tuple[str, int]) -> tuple[str, int, Message]:
+            sid, seq = where
+            return sid, seq, Message.from_dict(by_id[sid].events[seq].data["message"])
+
+        def hidden(where: tuple[str, int]) -> bool:
+            return not (where[0] == final.id and where[1] in visible_seqs)
+
+        targets = [target(w) for w in self.originals if hidden(w)]
+        found_probes = probes.extract(self.recording)
+        sources = {self.item_seqs[i] for p in found_probes for i in p.items if i in self.item_seqs}
+        found = recall.measure(final, targets, [target(w) for w in sorted(sources) if hidden(w)])
+        fetched = len(found.recovered & found.sampled)
         scale = len(targets) / found.probed if found.probed else 0.0
-        recovered = len(self.originals) - len(targets) + len(found.recovered) * scale
+        cost_scale = len(targets) / found.fetched if found.fetched else 0.0  # the calls fetched all of these
+        recovered = len(self.originals) - len(targets) + fetched * scale
+        reachable = {i for i, where in self.item_seqs.items() if not hidden(where) or where in found.recovered}
+        surface = [self._last_system]
+        for node in final.surface.nodes:
+            surface += probes.message_texts(node.message)
         return {
             "history_recoverable": round(recovered / len(self.originals), 4) if self.originals else 1.0,
-            "recall_calls": round(found.calls * scale),
-            "recall_tokens": round(found.tokens * scale),
+            "recall_calls": round(found.calls * cost_scale),
+            "recall_tokens": round(found.tokens * cost_scale),
             "recall_method": found.method,
             "recall_probed": found.probed,
+            "probes": probes.score(found_probes, probes.visible_text(surface), reachable),
         }
 
     def metrics(self) -> dict[str, Any]:

@@ -11,6 +11,8 @@ import html
 import math
 from typing import Any
 
+from .probes import KINDS
+
 REPLAY_NOTE = (
     "Open-loop replay: the recorded assistant turns are replayed, not regenerated. Each profile "
     "changes what the model would have been shown, never what the recording's model answered; "
@@ -34,6 +36,7 @@ _COLUMNS: tuple[tuple[str, str], ...] = (
     ("violations", "invariant_violations"),
     ("instr. visible", "instructions_visible"),
     ("recoverable", "history_recoverable"),
+    ("recall calls", "recall_calls"),
     ("seconds", "wall_seconds"),
 )
 
@@ -61,9 +64,28 @@ def table_rows(report: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-def render_table(report: dict[str, Any]) -> str:
-    """The terminal table, followed by the replay note and any profile that could not run."""
-    rows = table_rows(report)
+def probe_rows(report: dict[str, Any]) -> list[list[str]]:
+    """The retention probes per profile: ``visible / recoverable`` per kind (``-`` without probes)."""
+    rows = [["probes: visible / recoverable", *(f"{k} ({_probe_count(report, k)})" for k in KINDS)]]
+    for metrics in report["profiles"]:
+        kinds = metrics.get("probes") or {}
+        cells = []
+        for kind in KINDS:
+            figures = kinds.get(kind) or {}
+            if figures.get("visible") is None:
+                cells.append("-")
+            else:
+                cells.append(f"{figures['visible']:.0%} / {figures['recoverable']:.0%}")
+        rows.append([str(metrics["profile"]), *cells])
+    return rows
+
+
+def _probe_count(report: dict[str, Any], kind: str) -> int:
+    counts = [((p.get("probes") or {}).get(kind) or {}).get("count") for p in report["profiles"]]
+    return max((c for c in counts if isinstance(c, int)), default=0)
+
+
+def _aligned(rows: list[list[str]]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []
     for n, row in enumerate(rows):
@@ -74,6 +96,14 @@ def render_table(report: dict[str, Any]) -> str:
         )
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
+    return lines
+
+
+def render_table(report: dict[str, Any]) -> str:
+    """The terminal table and the retention probes, then the replay note and any profile that could not run."""
+    lines = _aligned(table_rows(report))
+    lines.append("")
+    lines += _aligned(probe_rows(report))
     source = report["source"]
     lines.append("")
     lines.append(f"source: {describe_source(source)}")
@@ -152,10 +182,13 @@ def render_chart(report: dict[str, Any], *, width: int = 900, height: int = 360)
     return "\n".join(parts)
 
 
-def render_html(report: dict[str, Any]) -> str:
-    rows = table_rows(report)
+def _html_table(table_id: str, rows: list[list[str]]) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in rows[0])
     body = "\n".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows[1:])
+    return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>\n{body}\n</tbody></table>'
+
+
+def render_html(report: dict[str, Any]) -> str:
     errors = "".join(
         f"<li>{html.escape(p['profile'])}: {html.escape(str(p['status']))}: {html.escape(str(p['error']))}</li>"
         for p in report["profiles"]
@@ -176,9 +209,10 @@ th:first-child, td:first-child {{ text-align: left; }}
 <h2>Prompt tokens per request</h2>
 {render_chart(report)}
 <h2>Comparison</h2>
-<table id="metrics"><thead><tr>{head}</tr></thead><tbody>
-{body}
-</tbody></table>
+{_html_table("metrics", table_rows(report))}
+<h2>Retention probes</h2>
+<p class="note">Per kind, the share of the probes extracted from the recording still visible at the end / recoverable through the strategy's tools.</p>
+{_html_table("probes", probe_rows(report))}
 {"<ul>" + errors + "</ul>" if errors else ""}
 <p class="note">{html.escape(REPLAY_NOTE)}</p>
 </body></html>
