@@ -34,6 +34,7 @@ PINNED_METRIC_KEYS = [
     "summary_calls",
     "summary_input_tokens",
     "summary_output_tokens",
+    "summarizer",
     "billed_input_tokens",
     "cached_input_tokens",
     "output_tokens",

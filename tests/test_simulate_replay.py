@@ -110,6 +110,23 @@ def test_scripted_summarizer_counts_summary_calls():
     assert plain["summary_calls"] == 0 and plain["summary_input_tokens"] == 0
 
 
+def test_scripted_summaries_are_priced_and_the_row_says_which_summarizer_ran():
+    prices = Prices(input=2.5, cached_input=1.25, output=10)
+    recording = build_workload("coding-long")
+    scripted = run_profile("basic", recording, Options(window=60_000, summarizer="scripted", prices=prices))
+    plain = run_profile("basic", recording, Options(window=60_000, prices=prices))
+    assert (scripted["summarizer"], plain["summarizer"]) == ("scripted", "extractive")
+    # the model calls a harness would pay: input billed on top of the requests, output on top of the replies
+    assert scripted["billed_input_tokens"] == sum(scripted["prompt_tokens"]) + scripted["summary_input_tokens"]
+    assert plain["billed_input_tokens"] == sum(plain["prompt_tokens"])
+    summary_cost = (scripted["summary_input_tokens"] * 2.5 + scripted["summary_output_tokens"] * 10) / 1e6
+    request_cost = scripted["cost"] - summary_cost
+    assert scripted["cost"] > plain["cost"] > 0
+    assert request_cost == pytest.approx(plain["cost"], rel=0.05)  # same summaries, the calls are the difference
+    # a strategy that writes its own summaries runs no summarizer
+    assert run_profile("handoff", recording, Options(window=60_000, summarizer="scripted"))["summarizer"] is None
+
+
 def test_unavailable_strategy_is_reported_not_raised(tmp_path):
     path = write_profile(tmp_path, "ghost", '[profile]\nstrategies = ["no-such-strategy"]\n')
     m = run_profile(path, build_workload("chat-short"), Options())

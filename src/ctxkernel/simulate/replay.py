@@ -66,6 +66,7 @@ METRIC_KEYS: tuple[str, ...] = (
     "summary_calls",
     "summary_input_tokens",
     "summary_output_tokens",
+    "summarizer",
     "billed_input_tokens",
     "cached_input_tokens",
     "output_tokens",
@@ -523,6 +524,12 @@ class Replay:
         summarizer = self.kernel.summarizer
         if isinstance(summarizer, CountingModel):
             summary_calls, summary_in, summary_out = summarizer.calls, summarizer.input_tokens, summarizer.output_tokens
+        if summary_calls:
+            used: str | None = self.options.summarizer  # scripted or openai:<model>: priced model calls
+        elif compactions.get("summary"):
+            used = "extractive"  # the kernel's summaries, written without a model: not priced
+        else:
+            used = None  # no kernel summary: the strategy (or the steward's tool calls) wrote its own
         violations = [v for checker in self.checkers.values() for v in checker.violations]
         tokens = c.prompt_tokens
         billed = sum(tokens) + summary_in
@@ -540,6 +547,7 @@ class Replay:
             "summary_calls": summary_calls,
             "summary_input_tokens": summary_in,
             "summary_output_tokens": summary_out,
+            "summarizer": used,
             "billed_input_tokens": billed,
             "cached_input_tokens": c.cached,
             "output_tokens": c.output + summary_out,

@@ -30,6 +30,7 @@ _COLUMNS: tuple[tuple[str, str], ...] = (
     ("overflows", "overflows"),
     ("compactions", "compactions"),
     ("summaries", "summary_calls"),
+    ("summarizer", "summarizer"),
     ("billed in", "billed_input_tokens"),
     ("cached in", "cached_input_tokens"),
     ("cost", "cost"),
