@@ -16,8 +16,14 @@ from ctxkernel.simulate import Options, RecordingError, compare, importers, load
 from ctxkernel.simulate.importers import check_item
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "simulate"
-JSONL_FIXTURES = ["kernel-session.jsonl", "claude-code.jsonl", "codex-rollout.jsonl"]
-JSON_FIXTURES = ["openai-chat.json", "openai-runs.json"]
+JSONL_FIXTURES = ["kernel-session.jsonl", "claude-code.jsonl", "codex-rollout.jsonl", "openhands-run.jsonl"]
+JSON_FIXTURES = [
+    "openai-chat.json",
+    "openai-runs.json",
+    "swe-agent.traj",
+    "swe-agent-trajectory-only.traj",
+    "openhands-events.json",
+]
 
 
 def _lines(name: str) -> list[Any]:

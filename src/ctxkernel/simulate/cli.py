@@ -42,7 +42,7 @@ def register(sub: Any) -> None:
     src.add_argument(
         "--transcript",
         metavar="PATH",
-        help="a recorded session: kernel log, OpenAI chat JSON, Claude Code or Codex JSONL",
+        help="a recorded session: kernel log, OpenAI chat JSON, Claude Code or Codex JSONL, SWE-agent .traj, OpenHands events",
     )
     src.add_argument("--workload", choices=sorted(WORKLOADS), help="a built-in synthetic workload")
     p.add_argument(

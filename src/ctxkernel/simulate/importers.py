@@ -1,4 +1,4 @@
-"""Importers: recorded sessions in four formats, read into a :class:`Recording`.
+"""Importers: recorded sessions in six formats, read into a :class:`Recording`.
 
 The format is sniffed from the file's content, never from its name:
 
@@ -10,6 +10,9 @@ The format is sniffed from the file's content, never from its name:
                  ``compact_boundary`` kept as a marker
 ``codex``        Codex CLI rollout JSONL: ``response_item`` messages, reasoning, function calls and
                  outputs; ``token_count`` events give the usage of the reply they belong to
+``swe-agent``    a SWE-agent ``.traj`` trajectory (:mod:`.agent_logs`)
+``openhands``    an OpenHands event stream JSON, or a benchmark run's JSONL of instances picked with
+                 ``run`` (:mod:`.agent_logs`)
 
 A malformed line raises :class:`RecordingError` naming the file, the line, the field, what was
 found and what is accepted; with ``lenient=True`` it is skipped and listed in
@@ -32,6 +35,7 @@ from ..errors import EventError
 from ..events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, TOOL_RESULT, TURN_END, USER_MESSAGE, Event
 from ..messages import Message, ReasoningBlock, Source, TextBlock, ToolCallBlock
 from ..session import normalize_usage
+from . import agent_logs
 from .recording import AssistantItem, Item, MarkerItem, Recording, RecordingError, ToolResultItem, UserItem
 
 #: what an importer's own checks, and the converters it calls, raise for a malformed value
@@ -48,7 +52,9 @@ _USAGE_COUNTERS = (
 )
 _MAX_TOKENS = 2**53  # a token count past this is not a count
 
-FORMATS = ("kernel", "openai-chat", "claude-code", "codex")
+FORMATS = ("kernel", "openai-chat", "claude-code", "codex", "swe-agent", "openhands")
+#: formats whose files hold several runs, one picked with ``--run``
+MULTI_RUN_FORMATS = ("openai-chat", "openhands")
 _RUN_KEYS = ("traj", "messages", "trajectory")
 _CLAUDE_TYPES = frozenset(
     {"user", "assistant", "system", "progress", "summary", "file-history-snapshot", "queue-operation"}
@@ -106,7 +112,12 @@ def sniff(path: str | os.PathLike[str]) -> str:
         raise RecordingError(msg)
     first = _first_line(path)
     if first.startswith(b"["):
-        return "openai-chat"
+        try:
+            whole = orjson.loads(path.read_bytes())
+        except orjson.JSONDecodeError:
+            return "openai-chat"  # its importer names what is wrong
+        head = whole[0] if isinstance(whole, list) and whole else None
+        return "openhands" if agent_logs.is_openhands_event(head) else "openai-chat"
     try:
         obj = orjson.loads(first)
     except orjson.JSONDecodeError:
@@ -115,6 +126,10 @@ def sniff(path: str | os.PathLike[str]) -> str:
         except orjson.JSONDecodeError:
             msg = f"{path}:1: expected a JSON list of chat messages or JSON lines, got {first[:80]!r}"
             raise RecordingError(msg) from None
+        if agent_logs.is_swe_agent(obj):
+            return "swe-agent"
+        if agent_logs.is_openhands_instance(obj):
+            return "openhands"
         if isinstance(obj, dict) and any(k in obj for k in _RUN_KEYS):
             return "openai-chat"
         msg = f"{path}: a JSON object without a messages list is not a recording format this kernel reads"
@@ -125,6 +140,10 @@ def sniff(path: str | os.PathLike[str]) -> str:
     kind = obj.get("type") if isinstance(obj.get("type"), str) else None  # a list or object is no type
     if "format_version" in obj and "id" in obj and "created" in obj:
         return "kernel"
+    if agent_logs.is_swe_agent(obj):
+        return "swe-agent"
+    if agent_logs.is_openhands_instance(obj):
+        return "openhands"
     if {"type", "payload"} <= set(obj) and kind in _CODEX_TYPES:
         return "codex"
     if kind in _CLAUDE_TYPES or "parentUuid" in obj or "sessionId" in obj:
@@ -135,7 +154,8 @@ def sniff(path: str | os.PathLike[str]) -> str:
         return "openai-chat"
     msg = (
         f"{path}:1: cannot tell the format: expected a kernel session header, a Codex rollout line "
-        f"({{type, payload}}), a Claude Code line (type, uuid, parentUuid) or chat messages; got keys {sorted(obj)[:12]}"
+        f"({{type, payload}}), a Claude Code line (type, uuid, parentUuid), chat messages, a SWE-agent trajectory "
+        f"(history, trajectory) or an OpenHands instance (instance_id, history); got keys {sorted(obj)[:12]}"
     )
     raise RecordingError(msg)
 
@@ -172,8 +192,11 @@ def load_recording(
     if fmt not in _IMPORTERS:
         msg = f"unknown recording format {fmt!r}; accepted: {list(FORMATS)}"
         raise RecordingError(msg)
-    if run is not None and fmt != "openai-chat":
-        msg = f"{path}: --run selects one run of an OpenAI chat file holding several; this file is {fmt}"
+    if run is not None and fmt not in MULTI_RUN_FORMATS:
+        msg = (
+            f"{path}: --run selects one run of a file holding several (OpenAI chat runs, an OpenHands "
+            f"benchmark run's JSONL); this file is {fmt}"
+        )
         raise RecordingError(msg)
     recording = _IMPORTERS[fmt](path, run, lenient)
     recording.items = unique_call_ids(recording.items)
@@ -705,9 +728,53 @@ def _json_arguments(raw: Any) -> dict[str, Any]:
     return {}
 
 
+# -- SWE-agent and OpenHands (see :mod:`.agent_logs`) ---------------------------------------------------
+def import_swe_agent(path: Path, run: int | None, lenient: bool) -> Recording:
+    data = agent_logs.load_json(path)
+    if not isinstance(data, dict):
+        msg = f"{path}: expected a SWE-agent trajectory object, got a JSON {type(data).__name__}"
+        raise RecordingError(msg)
+    return agent_logs.import_swe_agent(path, data, _Lines(path, lenient))
+
+
+def import_openhands(path: Path, run: int | None, lenient: bool) -> Recording:
+    lines = _Lines(path, lenient)
+    if _first_line(path).startswith(b"["):  # one event stream
+        if run is not None:
+            msg = (
+                f"{path}: --run picks an instance of an OpenHands benchmark run (JSONL); this file is one event stream"
+            )
+            raise RecordingError(msg)
+        events = agent_logs.load_json(path)
+        return agent_logs.import_openhands(agent_logs.openhands_events(events, "event"), lines, {})
+    index = 0 if run is None else run
+    try:
+        whole = orjson.loads(path.read_bytes())  # one pretty-printed instance
+    except orjson.JSONDecodeError:
+        whole = None
+    instances = [(1, whole)] if isinstance(whole, dict) else lines
+    chosen: tuple[int, dict[str, Any]] | None = None
+    total = 0
+    for lineno, raw in instances:
+        if not agent_logs.is_openhands_instance(raw):
+            lines.bad(lineno, "an OpenHands instance {instance_id, history: [events]}", str(sorted(raw))[:120])
+            continue
+        if total == index:
+            chosen = (lineno, raw)
+        total += 1
+    if chosen is None:
+        msg = f"{path}: --run {index} is out of range: the file holds {total} instances (0..{total - 1})"
+        raise RecordingError(msg)
+    lineno, raw = chosen
+    events = agent_logs.openhands_events(raw["history"], f"line {lineno} history")
+    return agent_logs.import_openhands(events, lines, {"run": index, "runs": total})
+
+
 _IMPORTERS: dict[str, Callable[[Path, int | None, bool], Recording]] = {
     "kernel": import_kernel,
     "openai-chat": import_openai,
     "claude-code": import_claude_code,
     "codex": import_codex,
+    "swe-agent": import_swe_agent,
+    "openhands": import_openhands,
 }

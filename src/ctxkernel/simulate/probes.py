@@ -164,10 +164,10 @@ def extract(recording: Recording) -> list[Probe]:
         elif isinstance(item, ToolResultItem):
             if line := error_line(item.content, item.is_error):
                 add("errors_seen", line, index)
-            call = shell_calls.pop(item.call_id, None)
-            if call is not None and _worked(item):
-                add("commands_worked", call[1], call[0])
-                found[("commands_worked", _clip(call[1]))].append(index)
+            shell = shell_calls.pop(item.call_id, None)
+            if shell is not None and _worked(item):
+                add("commands_worked", shell[1], shell[0])
+                found[("commands_worked", _clip(shell[1]))].append(index)
     if todos is not None:
         for entry in todos[1]:
             add("open_todos", entry, todos[0])
