@@ -97,3 +97,9 @@ def test_probes_are_visible_unmanaged_and_recoverable_through_history_tools():
     # handoff moved them off the surface, and its history tools bring them back
     assert handoff["decisions"]["visible"] < 1.0
     assert handoff["decisions"]["recoverable"] == 1.0
+
+
+def test_malformed_editor_arguments_give_no_probe_and_do_not_raise():
+    # found by the property test: a model can send a list where a command string belongs
+    items = [_call("c1", "str_replace_editor", command=["create"], path="a.py"), ToolResultItem("c1", "ok")]
+    assert [p for p in extract(Recording(items)) if p.kind == "files_changed"] == []

@@ -91,8 +91,9 @@ def _edited_paths(name: str, arguments: dict[str, Any]) -> list[str]:
     if lowered == "apply_patch":
         patch = arguments.get("input", arguments.get("patch", ""))
         return _PATCH_FILE.findall(patch) if isinstance(patch, str) else []
-    if lowered in _EDITOR_TOOLS and arguments.get("command") not in _EDITOR_WRITES:
-        return []
+    command = arguments.get("command")
+    if lowered in _EDITOR_TOOLS and not (isinstance(command, str) and command in _EDITOR_WRITES):
+        return []  # a view, or arguments a model sent malformed
     if lowered not in _EDIT_TOOLS and lowered not in _EDITOR_TOOLS:
         return []
     return [v for k in _PATH_ARGS if isinstance(v := arguments.get(k), str) and v.strip()][:1]
