@@ -73,7 +73,7 @@ PINNED_SOURCE_KEYS = [
     "recorded_peak_input_tokens",
     "skipped_lines",
 ]
-PINNED_SETTINGS_KEYS = ["prices", "steward", "summarizer", "window"]
+PINNED_SETTINGS_KEYS = ["prices", "steward", "summarizer", "window", "window_share"]
 
 
 def run_json(capsys, *args: str) -> tuple[int, dict]:

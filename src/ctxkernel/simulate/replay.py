@@ -89,6 +89,8 @@ METRIC_KEYS: tuple[str, ...] = (
     "wall_seconds",
 )
 
+#: the smallest context window a simulation runs with
+MIN_WINDOW = 256
 #: the built-in pseudo-profile with no strategy (a baseline row; not part of ``all``)
 UNMANAGED = "none"
 #: a strategy claiming one of these capabilities gives the model tools that read hidden history back
@@ -103,6 +105,8 @@ class Options:
     """How to run a comparison (the ``ctxkernel simulate`` flags)."""
 
     window: int | None = None
+    #: ``--window 0.5x``: each recording's window is this share of its own unmanaged peak
+    window_share: float | None = None
     summarizer: str = "extractive"
     steward: Steward = default_steward
     prices: Prices | None = None
