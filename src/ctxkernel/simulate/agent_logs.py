@@ -31,16 +31,14 @@ import error naming the file, the position and what is accepted (or skipped with
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
 from ..errors import EventError
 from ..messages import Message, Source, TextBlock, ToolCallBlock
+from .reading import SHAPE_ERRORS, Lines, check_usage, json_arguments
 from .recording import AssistantItem, Item, MarkerItem, Recording, RecordingError, ToolResultItem, UserItem
-
-if TYPE_CHECKING:
-    from .importers import _Lines
 
 #: OpenHands actions that are conversation, not tool calls
 _OH_TEXT_ACTIONS = frozenset({"message", "system"})
@@ -85,12 +83,10 @@ def _string(raw: dict[str, Any], key: str, where: str, *, required: bool = False
 
 
 def _arguments(raw: Any, where: str) -> dict[str, Any]:
-    from .importers import _json_arguments
-
     if raw is not None and not isinstance(raw, str | dict):
         msg = f"{where}.arguments must be a JSON string or an object, got {type(raw).__name__}"
         raise EventError(msg)
-    return _json_arguments(raw)
+    return json_arguments(raw)
 
 
 def _openai_calls(raw: Any, where: str) -> list[ToolCallBlock]:
@@ -131,7 +127,7 @@ def is_swe_agent(obj: Any) -> bool:
     )
 
 
-def import_swe_agent(path: Path, data: dict[str, Any], lines: _Lines) -> Recording:
+def import_swe_agent(path: Path, data: dict[str, Any], lines: Lines) -> Recording:
     history = data.get("history")
     if isinstance(history, list) and history:
         return _swe_history(history, lines, "history")
@@ -142,9 +138,7 @@ def import_swe_agent(path: Path, data: dict[str, Any], lines: _Lines) -> Recordi
     return _swe_trajectory(steps, lines)
 
 
-def _swe_history(history: list[Any], lines: _Lines, key: str) -> Recording:
-    from .importers import _SHAPE_ERRORS
-
+def _swe_history(history: list[Any], lines: Lines, key: str) -> Recording:
     items: list[Item] = []
     system: list[str] = []
     pending: list[str] = []  # call ids of the last assistant message still unanswered
@@ -184,7 +178,7 @@ def _swe_history(history: list[Any], lines: _Lines, key: str) -> Recording:
             else:
                 msg = f"{where}.role must be 'system', 'user', 'assistant' or 'tool', got {role!r:.60}"
                 raise EventError(msg)
-        except _SHAPE_ERRORS as exc:
+        except SHAPE_ERRORS as exc:
             lines.bad(where, "a SWE-agent history message {role, content, message_type}", str(exc))
     recording = Recording(items, {}, skipped=lines.skipped)
     if system:
@@ -192,9 +186,7 @@ def _swe_history(history: list[Any], lines: _Lines, key: str) -> Recording:
     return recording
 
 
-def _swe_trajectory(steps: list[Any], lines: _Lines) -> Recording:
-    from .importers import _SHAPE_ERRORS
-
+def _swe_trajectory(steps: list[Any], lines: Lines) -> Recording:
     items: list[Item] = []
     system: list[str] = []
     for i, step in enumerate(steps):
@@ -223,7 +215,7 @@ def _swe_trajectory(steps: list[Any], lines: _Lines) -> Recording:
             lines.add(items, where, AssistantItem(_assistant(thought, [call] if action.strip() else [])))
             if action.strip():
                 lines.add(items, where, ToolResultItem(call.id, observation))
-        except _SHAPE_ERRORS as exc:
+        except SHAPE_ERRORS as exc:
             lines.bad(where, "a SWE-agent trajectory step {thought, action, observation}", str(exc))
     recording = Recording(items, {}, skipped=lines.skipped)
     if system:
@@ -257,9 +249,7 @@ def openhands_events(history: list[Any], where: str) -> list[tuple[str, Any]]:
     return out
 
 
-def import_openhands(events: list[tuple[str, Any]], lines: _Lines, source: dict[str, Any]) -> Recording:
-    from .importers import _SHAPE_ERRORS, check_usage
-
+def import_openhands(events: list[tuple[str, Any]], lines: Lines, source: dict[str, Any]) -> Recording:
     items: list[Item] = []
     system: list[str] = []
     calls_of: dict[int, str] = {}  # action event id -> the call id the replay gave it
@@ -293,7 +283,7 @@ def import_openhands(events: list[tuple[str, Any]], lines: _Lines, source: dict[
             else:
                 msg = f"{where} must have an 'action' or an 'observation', got keys {sorted(event)[:12]}"
                 raise EventError(msg)
-        except _SHAPE_ERRORS as exc:
+        except SHAPE_ERRORS as exc:
             lines.bad(where, "an OpenHands event {id, source, action|observation, ...}", str(exc))
     flush()
     recording = Recording(items, source, skipped=lines.skipped)
@@ -310,7 +300,7 @@ def _oh_action(
     calls_of: dict[int, str],
     group: dict[str, Any] | None,
     flush: Any,
-    lines: _Lines,
+    lines: Lines,
     check_usage: Any,
 ) -> dict[str, Any] | None:
     kind = str(_string(event, "action", where, required=True))
