@@ -213,11 +213,28 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         return usage_error("inspect", str(exc))
     try:
         kernel = _kernel_for(args.profile)
-        if args.profile is None and kernel.store.exists(args.session):
-            # open the session with the profile it was written with, when that profile is here
-            recorded = kernel.store.header(args.session).profile
-            if recorded and recorded != kernel.profile.name and (recorded in list_profiles()):
-                kernel = _kernel_for(recorded)
+        recorded = kernel.store.header(args.session).profile if kernel.store.exists(args.session) else None
+        source = "--profile" if args.profile is not None else "default"
+        if args.profile is None and recorded and recorded != kernel.profile.name:
+            # the session's strategies (and their panels) come from the profile it was written
+            # with: use that one, or refuse; a guess would show another strategy's view
+            found = list_profiles()
+            if recorded not in found:
+                searched = [str(p) for p in profile_search_path()]
+                return usage_error(
+                    "inspect",
+                    f"session {args.session} was recorded with profile {recorded!r}, which is not on the "
+                    f"profile search path (found {sorted(found)} in {searched}). Fix: pass --profile with "
+                    "that profile's name or .toml path (or another profile to read the session with)",
+                )
+            kernel = _kernel_for(str(found[recorded]))  # by its path: a recorded name is never a path
+        if args.profile is None:
+            source = "recorded with the session" if recorded else "default: the session records no profile"
+        elif recorded and recorded != kernel.profile.name:
+            sys.stderr.write(
+                f"ctxkernel inspect: note: session recorded with profile {one_line(recorded)!r}; "
+                f"read with {kernel.profile.name!r} ({source})\n"
+            )
         # inspect only reads: no crash repair, which would append closing events
         session = kernel.open_session(args.session, repair=False)
     except SessionNotFoundError as exc:
@@ -232,16 +249,17 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     view = session.project()
     view["profile"] = kernel.profile.name
     if args.json:
-        dump_json(view)
+        dump_json(view)  # the same view the web inspector serves (the source is on stderr when it differs)
         return EXIT_OK
-    _print_inspect(view)
+    _print_inspect(view, source)
     return EXIT_OK
 
 
-def _print_inspect(view: dict[str, Any]) -> None:
+def _print_inspect(view: dict[str, Any], source: str) -> None:
     out = sys.stdout
     p = view["pressure"]
-    out.write(f"session {view['session']}  (profile {view['profile']}, {view['events']} events, turn {view['turn']})\n")
+    profile = f"profile {view['profile']} ({source})"
+    out.write(f"session {view['session']}  ({profile}, {view['events']} events, turn {view['turn']})\n")
     anchored = "anchored on provider usage" if p["anchored"] else "estimated"
     out.write(
         f"pressure  {p['tokens']} / {p['effective_window']} tokens ({p['ratio']:.1%}, {anchored}); "
