@@ -100,3 +100,14 @@ def test_errors_seen_leave_the_surface_and_come_back_only_through_tools(long_rep
     assert basic["visible"] == basic["recoverable"] < 0.5  # summarised away, no tool to fetch them
     assert handoff["visible"] < 0.5
     assert handoff["recoverable"] == 1.0
+
+
+def test_folded_chapters_of_a_long_table_of_contents_are_read_too():
+    # regression: a folded line names a range of chapter numbers, which the prober used to skip
+    toc = (
+        "<chapters-toc>\n"
+        "- [fold:archive/s1] 001–004: 4 earlier chapter(s) in archive/s1/, listed with their summaries\n"
+        '- [archive/s1/005.md] 005 "Fix the parser" · seqs 40–52 · 300 tokens\n'
+        "</chapters-toc>"
+    )
+    assert recall.chapter_numbers(toc) == ["5", "1", "2", "3", "4"]

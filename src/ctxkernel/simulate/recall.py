@@ -45,6 +45,8 @@ MAX_CALLS = 2_000
 MAX_PAGES = 20
 
 _CHAPTER_NUMBER = re.compile(r"^- \[[^\]]+\] (\d{1,9}) ", re.MULTILINE)
+# a long table of contents folds older chapters into one line per folder: "- [fold:<dir>] 001–015: 15 ..."
+_CHAPTER_FOLD = re.compile(r"^- \[fold:[^\]]+\] (\d{1,9})–(\d{1,9}): ", re.MULTILINE)
 _SEGMENT = re.compile(r"^\*\*(?:User|Assistant|Result|Notice|Table of contents)\*\* #(\d{1,18})\b", re.MULTILINE)
 _ARTIFACT = re.compile(r"\[artifact `([^`\s]{1,300})`")
 _PAGE_LINE = re.compile(r"^\d{1,9}: ", re.MULTILINE)
@@ -190,12 +192,21 @@ def _artifact_text(prober: _Prober, handle: str) -> str:
     return "\n".join(parts)
 
 
+def chapter_numbers(surface_text: str) -> list[str]:
+    """Chapter numbers a model reads off the table of contents: each bullet's, and every number of a
+    folded range (at most :data:`MAX_CALLS` of them)."""
+    numbers = list(_CHAPTER_NUMBER.findall(surface_text))
+    for low, high in _CHAPTER_FOLD.findall(surface_text):
+        numbers += [str(n) for n in range(int(low), min(int(high), int(low) + MAX_CALLS) + 1)]
+    return list(dict.fromkeys(str(int(n)) for n in numbers))[:MAX_CALLS]
+
+
 def _chapters(
     prober: _Prober, surface_text: str, targets: list[tuple[str, int, list[str]]]
 ) -> Iterable[tuple[str, int]]:
     """Targets whose content the chapters named by the table of contents (and their artifacts) hold."""
     segments: dict[tuple[str, int], str] = {}
-    for number in dict.fromkeys(_CHAPTER_NUMBER.findall(surface_text)):
+    for number in chapter_numbers(surface_text):
         read = _chapter_pages(prober, number)
         if read is None:
             continue
