@@ -36,7 +36,8 @@ def test_one_store_append_for_the_whole_transaction(session, monkeypatch):
     assert calls == [["compaction/start", "compaction/summary", "user/message", "compaction/end"]]
     assert result.start_seq == session.events[-4].seq and result.spans[0].replacement_seq == session.events[-2].seq
     assert session.open_compaction is None
-    assert [n.message.text for n in session.surface.nodes] == ["seed"]
+    # the seed, with the user's instructions it replaced kept after it (the kernel's budget)
+    assert [n.message.content[0].text for n in session.surface.nodes] == ["seed"]
 
 
 def test_a_refused_single_batch_writes_nothing(session):

@@ -124,7 +124,8 @@ def test_basic_excerpts_the_result_and_keeps_the_head_verbatim(tmp_path: Path) -
     result = shown.tool_result
     assert result is not None and result.call_id == "big" and result.name == "shell"
     assert "HEAD line 0" in result.content and "BUILD FAILED" in result.content
-    assert f"item_{big_seq}" in result.content and "no history tool" in result.content
+    # the shipped basic profile carries the history tools: the excerpt names the one that reads the rest
+    assert f"item_{big_seq}" in result.content and "history_read_item" in result.content
     assert session.meter.count_message(shown) <= excerpt_budget(request.pressure.effective_window)
 
 

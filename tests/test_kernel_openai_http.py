@@ -280,8 +280,12 @@ def test_overflow_triggers_request_error_and_a_retry_after_the_surface_shrank(
 ) -> None:
     """A provider that refuses prompts over a limit: the basic strategy compacts in its
     request_error hook, and the loop retries once the surface is smaller."""
-    # the window is large enough that basic never compacts by threshold (only on overflow)
-    kernel = build_kernel(tmp_path, model={"context_window": 20_000, "reserved_output_tokens": 1000})
+    # the window is large enough that basic never compacts by threshold (only on overflow); the
+    # user's messages are this session's bulk, so the instruction budget is kept small (5% keeps
+    # the newest three): the provider's real limit is far below the configured window
+    kernel = build_kernel(
+        tmp_path, model={"context_window": 20_000, "reserved_output_tokens": 1000}, instructions={"budget_ratio": 0.05}
+    )
     session = kernel.open_session()
     model = model_for(provider)
     limit = {"tokens": 10**9}

@@ -69,7 +69,8 @@ def test_unmanaged_profile_overflows_and_managed_one_does_not(tmp_path):
     assert basic["invariant_violations"] == 0
     # the window override reaches the profile: 40k minus the profile's 8192 reservation
     assert basic["effective_window"] == 40_000 - 8_192
-    assert unmanaged["history_recoverable"] == 1.0 and basic["history_recoverable"] < 1.0
+    # basic's summaries take messages off the surface; the history tools of its profile reach them
+    assert unmanaged["history_recoverable"] == 1.0 and basic["history_recoverable"] == 1.0
 
 
 def test_overflow_is_reported_to_the_session_and_retried(tmp_path):
@@ -98,7 +99,7 @@ def test_prices_turn_tokens_into_money():
         + m["cached_input_tokens"] * 0.5
         + m["output_tokens"] * 8.0
     ) / 1e6
-    assert m["cost"] == pytest.approx(expected)
+    assert m["cost"] == pytest.approx(expected, abs=1e-6)  # the report rounds to six decimals
     assert run_profile("basic", build_workload("chat-short"), Options())["cost"] is None
 
 

@@ -12,7 +12,11 @@ from ctxkernel.testing import build_kernel
 
 
 def _session(tmp_path):
-    kernel = build_kernel(tmp_path, model={"context_window": 50_000, "reserved_output_tokens": 1_000})
+    # no instruction budget: these tests are about removal itself (a removal that would take a
+    # protected instruction away is tests/test_instructions.py's subject)
+    kernel = build_kernel(
+        tmp_path, model={"context_window": 50_000, "reserved_output_tokens": 1_000}, instructions={"budget_ratio": 0}
+    )
     session = kernel.open_session()
     session.user("first task")
     session.prepare_request()

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import instructions
 from .errors import (
     CompactionBusyError,
     CompactionError,
@@ -221,11 +222,15 @@ def run_transaction(
     check_shrink: bool = True,
     data: dict[str, Any] | None = None,
     single_batch: bool = False,
+    keep_instructions: bool = True,
 ) -> CommitResult:
     """Run the transaction. ``single_batch`` (only when every span's replacement is given, so
     no summarize step runs between lock and commit) writes ``compaction/start`` in the same
     durable batch as the commit: the store's expected-seq check then plays the lock's part, a
-    model-free switch costs one durable write instead of two, and a refusal writes nothing."""
+    model-free switch costs one durable write instead of two, and a refusal writes nothing.
+    ``keep_instructions=False`` is for a front door replaying the client's own edit of its
+    history (a retried turn, a popped item): the user took those messages away, so the
+    instruction budget does not bring them back. Strategies cannot pass it (the handle refuses)."""
     session.refresh()
     surface = session.surface
     resolved = validate_spans(surface, spans)  # 1
@@ -286,9 +291,21 @@ def run_transaction(
                 assert summary is not None  # given, or written by the summarize hook just above
                 message = render(summary, region)
             replacements.append((message, summary))
+        # 5b: the user's protected instructions this commit would take off the surface go,
+        # verbatim, into its first replacement (instructions.py); the shrink check below judges
+        # the strategy's own replacements, the kernel's block is bounded by the budget
+        cited = {n.seq for nodes in resolved for n in nodes}
+        strategy_after = [0 if m is None else meter.count_message(m) for m, _ in replacements]
+        pinned_messages, pinned, carrier = (
+            instructions.pin_lost(session, cited, [m for m, _ in replacements])
+            if keep_instructions
+            else ([m for m, _ in replacements], [], -1)
+        )
+        if pinned:
+            replacements[carrier] = (pinned_messages[carrier], replacements[carrier][1])
         after = [0 if m is None else meter.count_message(m) for m, _ in replacements]
         if check_shrink:  # 6
-            for i, (b, a) in enumerate(zip(before, after, strict=True)):
+            for i, (b, a) in enumerate(zip(before, strategy_after, strict=True)):
                 if a >= b:
                     msg = (
                         f"span {i} ({spans[i].start}..{spans[i].end}): the replacement costs {a} tokens, not "
@@ -334,6 +351,7 @@ def run_transaction(
                     ],
                     "tokens_before": sum(before),
                     "tokens_after": sum(after),
+                    **({"instructions": {"pinned": [i.ref for i in pinned], "span": carrier}} if pinned else {}),
                     **(data or {}),
                 },
             )

@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from . import instructions
 from .errors import ProfileError, SessionNotFoundError
 from .events import utc_now
 from .logging import get_logger
@@ -118,6 +119,7 @@ class Kernel:
         origin: str | None = None,
         repair: bool = True,
         keep_waiting_calls: bool = False,
+        instructions_from: str | None = None,
     ) -> Session:
         """Open a session: a new one (no id, or ``create=True``) or an existing one by id.
 
@@ -125,6 +127,10 @@ class Kernel:
         crashed writer left open is closed with synthetic events (HOST-MODEL §7);
         ``keep_waiting_calls`` leaves tool calls that wait for the harness's results open
         (see :meth:`Session.repair_after_crash`).
+
+        A new session that continues another one (``instructions_from``, else ``parent``) opens
+        with that session's newest user instructions within its budget (``[instructions]``), so
+        a continuation cannot leave them behind.
         """
         if session_id is None or create:
             header = SessionHeader(
@@ -137,6 +143,9 @@ class Kernel:
             self.store.create(header)
             session = Session(self, header)
             log.debug("session created", session=header.id)
+            source = instructions_from or parent
+            if source is not None:
+                self._inherit_instructions(session, source)
         else:
             if not self.store.exists(session_id):
                 msg = f"no session {session_id!r} in the {self.store.backend} store"
@@ -147,6 +156,20 @@ class Kernel:
         if session.events:
             session.restore_harness_tools()
         return session
+
+    def _inherit_instructions(self, session: Session, source: str) -> None:
+        """A session that continues ``source`` inherits its newest instructions within its own
+        budget: read now and kept in the store, then recorded in its log (and pinned where its
+        seed does not show them) before its first request, after the strategy that created it
+        has written its seed, by whichever process makes that request."""
+        if not self.store.exists(source):
+            msg = f"instructions_from={source!r}: no such session in the {self.store.backend} store"
+            raise SessionNotFoundError(msg)
+        with gc_paused():
+            ledger = instructions.ledger_of(source, list(self.store.read(source, 0)))
+        kept = instructions.inherited(session, ledger)
+        if kept:
+            self.store.kv_put(instructions.PENDING_NAMESPACE, session.id, [i.to_dict() for i in kept])
 
     def _resume(self, session_id: str, repair: bool, keep_waiting_calls: bool = False) -> Session:
         if repair:

@@ -34,7 +34,10 @@ if TYPE_CHECKING:
 ENTRY_POINT_GROUP = "ctxkernel.strategies"
 KERNEL_DISTRIBUTION = "ctxkernel"
 #: Built-in strategies: (entry-point style name, module path), registered like any plugin.
-DEFAULT_PLUGINS: tuple[tuple[str, str], ...] = (("basic", "ctxkernel.default_plugins.basic"),)
+DEFAULT_PLUGINS: tuple[tuple[str, str], ...] = (
+    ("basic", "ctxkernel.default_plugins.basic"),
+    ("history", "ctxkernel.default_plugins.history"),
+)
 #: Capabilities of which a profile may run only one strategy unless it orders them explicitly.
 EXCLUSIVE_CAPABILITIES = frozenset({"pressure"})
 
@@ -273,6 +276,20 @@ class HookFacade:
             result: Any = impl.function(session=session)
             if result:
                 out[self._pm.get_name(impl.plugin) or impl.plugin_name] = result
+        return out
+
+    def export_files(self, session: Session) -> dict[str, dict[str, bytes]]:
+        """Each strategy's files for ``ctxkernel export``, keyed by strategy name, in profile order."""
+        out: dict[str, dict[str, bytes]] = {}
+        for impl in reversed(self._hook.export_files.get_hookimpls()):
+            name = self._pm.get_name(impl.plugin) or impl.plugin_name
+            try:
+                result: Any = impl.function(session=session)
+            except Exception as exc:  # a strategy's failure is named, never a bare traceback
+                msg = f"strategy {name!r} could not hand over its files for export: {type(exc).__name__}: {exc}"
+                raise ConfigError(msg) from exc
+            if result:
+                out[name] = result
         return out
 
     def steward_actions(self, session: Session, request: Request) -> list[dict[str, Any]]:

@@ -29,12 +29,14 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from .errors import ProfileError
+from .errors import ConfigError, ProfileError
 from .redact import redact
 
 ENV_PREFIX = "CTXKERNEL_"
 #: the largest token count a setting may hold (no model window comes near it)
 MAX_TOKENS = 100_000_000
+#: the smallest context window a profile, ``--window`` or a route may give
+MIN_WINDOW = 256
 #: the largest price per million tokens a profile may state
 MAX_PRICE = 1_000_000.0
 #: Variables that share the prefix but are not profile keys.
@@ -87,6 +89,19 @@ class ModelSettings(_Strict):
     def effective_window(self) -> int:
         return self.context_window - self.reserved_output_tokens
 
+    def with_window(self, window: int) -> ModelSettings:
+        """These settings for a model whose total window is ``window`` tokens (a routed model's
+        window, or ``--window``): the output reservation stays unless it would take half the
+        window or more, then it is an eighth of it, so a small window keeps a proportionate
+        reservation."""
+        if isinstance(window, bool) or not isinstance(window, int) or not MIN_WINDOW <= window <= MAX_TOKENS:
+            msg = f"context_window must be a whole number of tokens from {MIN_WINDOW} to {MAX_TOKENS}, got {window!r}"
+            raise ConfigError(msg)
+        reserved = self.reserved_output_tokens
+        if reserved >= window // 2:
+            reserved = window // 8
+        return self.model_copy(update={"context_window": window, "reserved_output_tokens": reserved})
+
 
 class StoreSettings(_Strict):
     backend: Literal["jsonl", "sqlite", "postgres"] = "jsonl"
@@ -115,6 +130,14 @@ class ServeSettings(_Strict):
     anthropic_upstream: str | None = None
     #: variable holding a server-side key that replaces the clients' credentials
     api_key_env: str | None = None
+
+
+class InstructionSettings(_Strict):
+    """The kernel's budget for the user's own messages (see :mod:`ctxkernel.instructions`)."""
+
+    #: share of the routed model's effective window within which every compaction keeps the
+    #: user's newest instructions verbatim on the surface; 0 turns the protection off
+    budget_ratio: float = Field(default=0.2, ge=0, le=0.5)
 
 
 class Prices(_Strict):
@@ -157,6 +180,7 @@ class Profile(BaseSettings):
     store: StoreSettings = Field(default_factory=StoreSettings)
     summarizer: SummarizerSettings = Field(default_factory=SummarizerSettings)
     serve: ServeSettings = Field(default_factory=ServeSettings)
+    instructions: InstructionSettings = Field(default_factory=InstructionSettings)
     prices: Prices | None = None
     strategies: dict[str, dict[str, Any]] = Field(default_factory=dict)
     model_policies: list[ModelPolicy] = Field(default_factory=list)
@@ -439,15 +463,11 @@ def override_window(profile: Profile, window: int) -> None:
     The reservation for output stays unless it would take half the window or more; then it is
     an eighth of it, so that a small test window keeps a proportionate reservation. Per-model
     policies that pin a window get the override too, so it holds for any routed model."""
-    if window < 256:
-        msg = f"--window {window}: a context window needs at least 256 tokens"
+    if window < MIN_WINDOW:
+        msg = f"--window {window}: a context window needs at least {MIN_WINDOW} tokens"
         raise ProfileError(msg)
-    model = profile.model.model_dump()
-    reserved = model["reserved_output_tokens"]
-    if reserved >= window // 2:
-        reserved = window // 8
-    model.update(context_window=window, reserved_output_tokens=reserved)
-    profile.model = ModelSettings(**model)
+    profile.model = profile.model.with_window(window)
+    reserved = profile.model.reserved_output_tokens
     for policy in profile.model_policies:
         if policy.model:
             policy.model = {**policy.model, "context_window": window, "reserved_output_tokens": reserved}

@@ -35,6 +35,7 @@ import orjson
 from . import events as ev
 from .compaction import CommitResult, Span, run_transaction
 from .errors import (
+    ConfigError,
     ConflictError,
     ContextOverflowError,
     CorruptionError,
@@ -45,6 +46,7 @@ from .errors import (
 )
 from .events import Event, EventSpec, validate_shape
 from .guard import excerpt_oversized, shrink_to_fit
+from .instructions import PENDING_NAMESPACE, Instruction, Ledger, inheritance_batch, pending_of
 from .logging import get_logger
 from .messages import Message, Source, ToolCallBlock, ToolResultBlock
 from .meter import USAGE_SLACK_TOKENS, USAGE_TOLERANCE_FACTOR, Meter, Pressure, usage_in_band
@@ -61,6 +63,9 @@ if TYPE_CHECKING:
     from .store.base import SessionHeader
 
 log = get_logger("ctxkernel.session")
+
+#: the ``request/context`` key of a window given with the route (``set_route(..., context_window=)``)
+ROUTE_WINDOW_KEY = "routed_window"
 
 
 @dataclass(frozen=True)
@@ -211,6 +216,8 @@ class Session:
         self.open_compaction: dict[str, Any] | None = None
         #: data of every compaction/summary event, in log order (``project`` lists them per call)
         self.compaction_summaries: list[dict[str, Any]] = []
+        self._instructions = Ledger()  # built from the log on demand (see the instructions property)
+        self._inheritance_checked = False  # a continuation's pending inheritance (instructions.py)
         self.header_hash: str | None = None
         self.route: dict[str, Any] | None = None  # last request/context data
         self._anchor: tuple[int, int, str | None] | None = None  # (provider tokens, our estimate, header hash)
@@ -228,14 +235,32 @@ class Session:
     def next_seq(self) -> int:
         return len(self.events)
 
+    @property
+    def instructions(self) -> list[Instruction]:
+        """The user's instructions, oldest first: those inherited from the session this one
+        continues, then its own (the ledger ``[instructions]`` protects, :mod:`ctxkernel.instructions`)."""
+        return self._instructions.sync(self.id, self.events)
+
+    @property
+    def instruction_costs(self) -> dict[tuple[str, int], int]:
+        """Tokens of each instruction, by (session, seq), counted once per process."""
+        return self._instructions.costs
+
     def settings(self, strategy: str) -> BaseModel:
         """The validated settings of ``strategy`` for the currently routed model."""
         model = self.model_settings()
         return self.kernel.strategy_settings(strategy, model.provider, model.name)
 
     def model_settings(self) -> ModelSettings:
+        """The routed model's settings: the profile's ``[model]`` with the matching per-model
+        policy applied, and the window a route gave explicitly (``set_route(...,
+        context_window=...)``, folded from the log, so a reopened session keeps it)."""
         route = self.route or {}
-        return self.kernel.profile.model_for(route.get("provider"), route.get("model"))
+        settings = self.kernel.profile.model_for(route.get("provider"), route.get("model"))
+        window = route.get(ROUTE_WINDOW_KEY)
+        if isinstance(window, int) and window != settings.context_window:
+            return settings.with_window(window)
+        return settings
 
     @property
     def lock(self) -> threading.RLock:
@@ -608,17 +633,30 @@ class Session:
         return Pressure(tokens, model.effective_window, model.context_window, model.reserved_output_tokens, anchored)
 
     def set_route(self, provider: str, model: str, context_window: int | None = None) -> None:
-        """Route the next requests to another model (per-model policies apply from then on)."""
-        settings = self.kernel.profile.model_for(provider, model)
-        self._write_route(settings, context_window)
+        """Route the next requests to another model (per-model policies apply from then on).
 
-    def _write_route(self, settings: ModelSettings, context_window: int | None = None) -> None:
-        data = {
+        ``context_window`` is the routed model's total window when the profile does not know it:
+        pressure, every strategy threshold and the instruction budget follow it from the next
+        request on (the output reservation shrinks to an eighth of a window it would take half
+        of). It is recorded in the log, so a reopened session keeps it."""
+        settings = self.kernel.profile.model_for(provider, model)
+        if context_window is not None:
+            try:
+                settings = settings.with_window(context_window)
+            except ConfigError as exc:
+                msg = f"set_route({provider!r}, {model!r}): {exc}; nothing was recorded"
+                raise ConfigError(msg) from None
+        self._write_route(settings, pinned=context_window is not None)
+
+    def _write_route(self, settings: ModelSettings, *, pinned: bool = False) -> None:
+        data: dict[str, Any] = {
             "provider": settings.provider,
             "model": settings.name,
-            "context_window": context_window or settings.context_window,
+            "context_window": settings.context_window,
             "reserved_output_tokens": settings.reserved_output_tokens,
         }
+        if pinned:  # the window came with the route, not from the profile: it outlives profile edits
+            data[ROUTE_WINDOW_KEY] = settings.context_window
         if self.route != data:
             self.append_one(ev.REQUEST_CONTEXT, data)
 
@@ -635,6 +673,8 @@ class Session:
             if self.step_open:  # a request that failed without request_failed(): close its step
                 self.append_one(ev.STEP_END, {"turn": self.turn, "step": self.step, "reason": "abandoned"})
             self._flush_deferred()
+            if not self._inheritance_checked:
+                self._write_inheritance()
             step = StepContext(self.turn, self.step + 1, self.step == 0, attempt)
             self.kernel.hooks.pre_step(self, step)
             for strategy, text in step.reminders:
@@ -670,6 +710,20 @@ class Session:
             request.pressure = self.pressure()
             self._request_estimate = header_tokens + self.meter.surface_tokens() + delta
             return request
+
+    def _write_inheritance(self) -> None:
+        """A continuation's first request: record the instructions it inherited (kept in the
+        store by ``open_session(..., instructions_from=...)``), after its seed and before any
+        strategy acts. Checked once per Session object."""
+        self._inheritance_checked = True
+        raw = self.store.kv_get(PENDING_NAMESPACE, self.id)
+        if raw is None:
+            return
+        pending = pending_of(raw)
+        if pending:
+            self.append(inheritance_batch(self, pending))
+        # after the append: a crash in between writes it again, and the ledger keeps the last
+        self.store.kv_delete(PENDING_NAMESPACE, self.id)
 
     def _flush_deferred(self) -> None:
         if not self._deferred:

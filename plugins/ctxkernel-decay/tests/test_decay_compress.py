@@ -241,8 +241,12 @@ def test_drop_needs_the_exact_live_pair(inflight, read_log, session):
     out = inflight.run_tool("drop", {"left": 1, "right": "⟦p6⟧"})
     assert not out.is_error, out.content
     types = [e.type for e in session.events[start:]]
-    assert types == ["compaction/start", "compaction/summary", "surface/drop", "compaction/end"]
-    assert session.surface.nodes[0].message.text == "task 1"  # no tombstone
+    # the compressed block carried the user's instruction of p1..p6 (the kernel's budget): the
+    # drop leaves that instruction in place of the block, and nothing else (no tombstone)
+    assert types == ["compaction/start", "compaction/summary", "user/message", "compaction/end"]
+    kept = session.surface.nodes[0].message
+    assert kept.source.plugin == "kernel" and kept.text.startswith("<user-instructions>")
+    assert session.surface.nodes[1].message.text == "task 1"
 
 
 def test_bad_argument_shapes_are_refused_by_the_schema(inflight, read_log):

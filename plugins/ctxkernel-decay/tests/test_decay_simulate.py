@@ -44,7 +44,9 @@ def test_decay_simulates_every_transcript_without_overflow_or_violation(path, mo
     monkeypatch.chdir(REPO)  # the decay profile is found in ./profiles
     recording = load_recording(path)
     peak, window = _window_well_below_peak(recording)
-    assert window < peak * 0.8
+    # below the peak, so the strategy must act (a header-heavy session such as tau-bench's, whose
+    # request also carries the history tools' schemas, leaves little room below it)
+    assert window < peak * 0.85
     windows = sorted({window, 8_000} if peak > 32_000 else {window})
     for w in windows:
         out = run_profile("decay", recording, Options(window=w, workdir=tmp_path))

@@ -30,7 +30,8 @@ def build_session(
 
 
 def handoff_text(session):
-    return next(n.message.text for n in session.surface.nodes if n.message.source.form == "handoff")
+    """The handoff's own text (the kernel may append the user's instructions as a block of its own)."""
+    return next(n.message.content[0].text for n in session.surface.nodes if n.message.source.form == "handoff")
 
 
 @pytest.mark.parametrize("max_chars", [8_000, 16_000, 32_000])

@@ -179,6 +179,9 @@ def test_overflow_from_the_scripted_provider_is_recovered(handoff_kernel, agent)
     kernel = handoff_kernel(window=200_000, basic={"auto": False})
     session = kernel.open_session()
     model = ScriptedModel(lambda m, s, t: Message.assistant("ok " * 5), overflow_above=6_000)
+    # the provider's real window, which the user's instruction budget is a share of (the profile
+    # says 200,000: a budget of that size would keep more instructions than this provider takes)
+    session.set_route(session.model_settings().provider, session.model_settings().name, context_window=12_000)
     session.user("big " * 3000)
     retried = False
     for _ in range(3):

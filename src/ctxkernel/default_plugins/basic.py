@@ -107,20 +107,25 @@ def validate_profile(profile: Any, report: Any) -> None:
         threshold = int(settings.threshold_ratio * window)
         tail = int(settings.retain_ratio * window)
         summary = settings.summary_max_chars // _CHARS_PER_TOKEN_LOW
-        if tail + summary >= threshold:
+        # the user's instructions the kernel keeps through a compaction come on top (instructions.py)
+        kept = int(profile.instructions.budget_ratio * window)
+        if tail + summary + kept >= threshold:
             report.warn(
                 "basic-budget",
                 NAME,
                 f"for {provider}/{name} a compaction keeps a {tail}-token tail plus a summary of up to ~{summary} tokens "
-                f"({settings.summary_max_chars} chars), not below the {threshold}-token threshold "
-                f"({settings.threshold_ratio} of the effective window {window}): it may compact at every step. "
-                "Fix: lower retain_ratio or summary_max_chars, raise threshold_ratio, or use a larger window",
+                f"({settings.summary_max_chars} chars) plus up to {kept} tokens of user instructions "
+                f"([instructions] budget_ratio {profile.instructions.budget_ratio}), not below the {threshold}-token "
+                f"threshold ({settings.threshold_ratio} of the effective window {window}): it may compact at every "
+                "step. Fix: lower retain_ratio, summary_max_chars or budget_ratio, raise threshold_ratio, or use a "
+                "larger window",
             )
         else:
             report.ok(
                 "basic-budget",
                 NAME,
-                f"{provider}/{name}: tail {tail} + summary <= ~{summary} < threshold {threshold} tokens",
+                f"{provider}/{name}: tail {tail} + summary <= ~{summary} + instructions <= {kept} < threshold "
+                f"{threshold} tokens",
             )
 
 

@@ -106,6 +106,8 @@ class Ledger:
     def matched(self, incoming: list[Message], hashes: list[str]) -> int:
         """How many leading messages of the client's history the ledger already holds."""
         k, n = 0, min(len(self.hashes), len(hashes))
+        if self.hashes[:n] == hashes[:n]:  # the usual case, compared in C: the client only added
+            return n
         while k < n:
             if self.hashes[k] != hashes[k]:
                 message = incoming[k]
@@ -149,7 +151,9 @@ def check_history(messages: list[Message]) -> None:
     seen: set[str] = set()
     for i, message in enumerate(messages):
         if message.role == "tool":
-            call_id = message.content[0].call_id  # type: ignore[union-attr]
+            answered = message.tool_result
+            assert answered is not None  # a tool message holds exactly one result
+            call_id = answered.call_id
             if call_id not in waiting:
                 why = "was already answered" if call_id in seen else "answers no earlier tool call"
                 msg = f"message {i}: the tool result for call {call_id!r} {why}"
@@ -216,7 +220,14 @@ def _drop_branch(session: Session, ledger: Ledger, k: int) -> bool:
     session.abandon_step("rewritten")
     nodes = session.surface.nodes
     try:
-        session.compact(Span(first, nodes[-1].seq, remove=True), strategy="serve", kind="rewrite", single_batch=True)
+        # the client's own edit: what it took away stays away (no instruction is pinned back)
+        session.compact(
+            Span(first, nodes[-1].seq, remove=True),
+            strategy="serve",
+            kind="rewrite",
+            single_batch=True,
+            keep_instructions=False,
+        )
     except CompactionError:
         return False
     return True

@@ -227,7 +227,8 @@ def switch(session: Session, *, reason: str, keep_tokens: int | None = None) -> 
             return _failed(state, reason, "nothing to compact: no balanced cut leaves anything to replace")
         nodes = surface.span(*region)
         region_tokens = sum(session.meter.node_tokens(n) for n in nodes)
-        rest = session.pressure().tokens - region_tokens
+        # the user's instructions the kernel keeps through the switch stay in the new window too
+        rest = session.pressure().tokens - region_tokens + STRATEGY.on(session).pinned_instructions_tokens(*region)
         deficit = rest + int(MIN_HANDOFF_CHARS / CHARS_PER_FIT_TOKEN) - target
         if attempt or deficit <= 0 or not shrink_kept_results(session, after=nodes[-1].seq, tokens=deficit):
             break

@@ -1,4 +1,5 @@
-"""The ten model-callable tools: ``new_context``, five ``notes_*`` and four ``history_*``.
+"""The ten model-callable tools: ``new_context``, five ``notes_*`` and the kernel's four ``history_*``
+(:mod:`ctxkernel.recall.history_tools`, shared with the built-in ``history`` strategy).
 
 Notes are the session's own (``self/notes/<path>``, kept as events of its log by
 :mod:`ctxkernel.recall.notes`): no tool can name another session's notes. History reads the
@@ -8,13 +9,13 @@ refusal is an error result that says what was wrong and how to fix it, and write
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from pydantic import Field
 
 from ctxkernel import MAX_INT_ARG, CompactTool, Tool, ToolArgs, ToolError, ToolOutcome
-from ctxkernel.recall.history import ITEM_CHARS_MAX, LIST_MAX, QUERY_MAX_CHARS, READ_CHARS_MAX, History
+from ctxkernel.recall.history_tools import history_tools
 from ctxkernel.recall.notes import MAX_PATH_CHARS, NotePathError, NotesLimits
 
 from .engine import STRATEGY, notes_of, request_new_context
@@ -34,8 +35,6 @@ NOTE_SEARCH_LINE_CHARS = 400
 PATH_ARG_CHARS = len(NOTES_PREFIX) + MAX_PATH_CHARS
 #: longest note content argument: the notes store's default per-note limit (bytes >= characters)
 CONTENT_ARG_CHARS = NotesLimits.max_note_bytes
-#: history ids (item_<seq>, win_<n>_summary, todo_<seq>_<i>, goal, checklist), cursors, window ids
-ID_ARG_CHARS = 128
 
 TOOL_NAMES = (
     "new_context",
@@ -118,46 +117,6 @@ class NoteSearchArgs(ToolArgs):
     query: str = Field(min_length=1, max_length=1_000)
     case_sensitive: bool = True
     prefix: str = Field(default="", max_length=PATH_ARG_CHARS)
-
-
-class ListWindowsArgs(ToolArgs):
-    limit: int | None = Field(default=None, ge=1, le=LIST_MAX, description="20 default, 50 max")
-    cursor: str | None = Field(default=None, max_length=ID_ARG_CHARS)
-
-
-class _Filters(ToolArgs):
-    window: Annotated[int, Field(ge=1, le=MAX_INT_ARG)] | Annotated[str, Field(max_length=ID_ARG_CHARS)] | None = Field(
-        default=None, description="number, win_<n> or window id"
-    )
-    role: str | None = Field(
-        default=None,
-        max_length=ID_ARG_CHARS,
-        description="user,plugin,assistant,tool,summary,event (comma-separated; default all but event)",
-    )
-    seq_from: int | None = Field(default=None, ge=0, le=MAX_INT_ARG, description="first seq")
-    seq_to: int | None = Field(default=None, ge=0, le=MAX_INT_ARG, description="last seq")
-    limit: int | None = Field(default=None, ge=1, le=LIST_MAX, description="20 default, 50 max")
-    max_chars: int | None = Field(default=None, ge=1, le=ITEM_CHARS_MAX, description="per item, 400 default, 1000 max")
-    cursor: str | None = Field(default=None, max_length=ID_ARG_CHARS, description="next_cursor; keep filters and order")
-    order: Literal["asc", "desc"] = "asc"
-
-
-class ListItemsArgs(_Filters):
-    pass
-
-
-class SearchArgs(_Filters):
-    query: str = Field(min_length=1, max_length=QUERY_MAX_CHARS, description="substring")
-    case_sensitive: bool = Field(default=True)
-
-
-class ReadItemArgs(ToolArgs):
-    id: str = Field(
-        max_length=ID_ARG_CHARS, description="item_<seq>, win_<n>, win_<n>_summary, goal, checklist, todo_<seq>_<i>"
-    )
-    format: Literal["text", "json"] = Field(default="text", description="json: the complete raw event")
-    offset_chars: int = Field(default=0, ge=0, le=MAX_INT_ARG, description="next_offset_chars")
-    max_chars: int | None = Field(default=None, ge=1, le=READ_CHARS_MAX, description="8000 default, 20000 max")
 
 
 # -- handlers ------------------------------------------------------------------------------------------------
@@ -248,39 +207,6 @@ def _notes_search(session: Session, args: NoteSearchArgs) -> str:
     )
 
 
-def _history_windows(session: Session, args: ListWindowsArgs) -> str:
-    return _json(History.for_session(session).list_windows(limit=args.limit, cursor=args.cursor))
-
-
-def _filters(args: _Filters) -> dict[str, Any]:
-    return {
-        "window": args.window,
-        "role": [r.strip() for r in args.role.split(",")] if args.role else None,
-        "seq_from": args.seq_from,
-        "seq_to": args.seq_to,
-        "limit": args.limit,
-        "max_chars": args.max_chars,
-        "cursor": args.cursor,
-        "order": args.order,
-    }
-
-
-def _history_items(session: Session, args: ListItemsArgs) -> str:
-    return _json(History.for_session(session).list_items(**_filters(args)))
-
-
-def _history_search(session: Session, args: SearchArgs) -> str:
-    return _json(History.for_session(session).search(args.query, case_sensitive=args.case_sensitive, **_filters(args)))
-
-
-def _history_read(session: Session, args: ReadItemArgs) -> str:
-    return _json(
-        History.for_session(session).read_item(
-            args.id, format=args.format, offset_chars=args.offset_chars, max_chars=args.max_chars
-        )
-    )
-
-
 def build_tools() -> list[Tool]:
     def tool(name: str, description: str, params: type[ToolArgs], handler: Any) -> Tool:
         return STRATEGY.tool(name, description, params, handler, cls=CompactTool)
@@ -305,23 +231,5 @@ def build_tools() -> list[Tool]:
         tool(
             "notes_search_contents", "Search notes for a substring (10 files x 5 lines).", NoteSearchArgs, _notes_search
         ),
-        tool("history_list_windows", "List this session's context windows.", ListWindowsArgs, _history_windows),
-        tool(
-            "history_list_items",
-            "List items (item_<seq>) of this session's full raw history with previews.",
-            ListItemsArgs,
-            _history_items,
-        ),
-        tool(
-            "history_read_item",
-            "Read a history item in full, or a win_<n>, win_<n>_summary, goal, checklist or todo id from a handoff.",
-            ReadItemArgs,
-            _history_read,
-        ),
-        tool(
-            "history_search_contents",
-            "Search this session's full raw history for a substring (case-sensitive by default).",
-            SearchArgs,
-            _history_search,
-        ),
+        *history_tools(STRATEGY),
     ]

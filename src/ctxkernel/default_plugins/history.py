@@ -1,0 +1,50 @@
+"""The built-in ``history`` strategy: history recall that any profile can add.
+
+It compacts nothing. It gives the model the four history tools of
+:mod:`ctxkernel.recall.history_tools` (list windows, list items, read an item, search), so that
+whatever a compaction took off the surface (a ``basic`` summary's head, a ``decay`` compression)
+stays reachable: by the ``item_<seq>`` ids the surface shows, by words the model saw, or by
+paging through the log in order. ``handoff`` offers the same four tools itself; a profile lists
+``history`` next to a strategy that does not (the shipped ``basic`` and ``decay`` profiles do).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import ctxkernel
+from ctxkernel import NoSettings
+from ctxkernel.recall.history import History
+from ctxkernel.recall.history_tools import SYSTEM_SECTION, history_tools
+
+if TYPE_CHECKING:
+    from ctxkernel import Session
+
+NAME = "history"
+
+STRATEGY: ctxkernel.Strategy[NoSettings] = ctxkernel.Strategy(
+    NAME,
+    capabilities={"history", "tools"},
+    description="history recall: page, search and read the session's whole log (any profile can add it)",
+)
+
+
+@ctxkernel.hookimpl
+def register_strategy(register: Any) -> None:
+    register(STRATEGY.spec)
+
+
+@ctxkernel.hookimpl
+def session_opened(session: Session) -> None:
+    History.for_session(session)  # the index is built once per Session, then folded incrementally
+
+
+@ctxkernel.hookimpl
+def register_tools(register: Any, session: Session) -> None:
+    for tool in history_tools(STRATEGY):
+        register(tool)
+
+
+@ctxkernel.hookimpl
+def system_prompt(session: Session) -> str | None:
+    return SYSTEM_SECTION

@@ -1,0 +1,278 @@
+"""The user's instructions survive every compaction (the kernel's budget, ``[instructions]``).
+
+An *instruction* is a message the user wrote: a ``user/message`` appended with a ``user``
+source (``session.user(...)``, a proxy client's user turn), never a plugin notice, a summary
+or a tool result. That is what ``ctxkernel simulate`` counts in ``instructions_visible``.
+
+The kernel keeps a ledger of them per session, folded from the log: the session's own user
+messages, after the ones it inherited from its parent (a chapters continuation or fork). The
+*protected* instructions are the newest of the ledger whose tokens fit the budget
+(``[instructions] budget_ratio`` of the routed model's effective window), newest first up to the
+first that does not fit; one larger than the whole budget is passed over.
+
+Every compaction transaction (:func:`ctxkernel.compaction.run_transaction`, the one path by
+which any strategy changes the surface beyond appending) calls :func:`pin_lost` before it
+commits: each protected instruction that would no longer be on the surface verbatim after the
+commit (not in a kept message, not quoted by a replacement) is written, verbatim, into a
+``<user-instructions>`` block at the end of the transaction's first replacement. So no strategy
+can compact an instruction away, and none has to remember to carry them. A session that continues
+another (``open_session(..., instructions_from=...)``, or ``parent``) inherits that session's
+newest instructions: before its first request the kernel records them (``instructions/inherited``)
+and pins, in a block of their own, those its seed does not already show. Instructions outside the budget stay
+in the log, where the history tools (``item_<seq>``) and ``search`` reach them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .events import USER_MESSAGE, Event, EventSpec, append_op
+from .messages import Message, Source, TextBlock
+
+if TYPE_CHECKING:
+    from .session import Session
+
+KERNEL = "kernel"
+FORM = "instructions"
+BLOCK_OPEN = "<user-instructions>"
+BLOCK_CLOSE = "</user-instructions>"
+BLOCK_INTRO = (
+    "The user's own messages of this session, verbatim, oldest first. They were compacted out of "
+    "the context above and still apply; any other earlier message can be found with the history tools."
+)
+#: the ignorable event with which a continuation records the instructions it inherited
+#: (``{"instructions": [{"session", "seq", "text"}, ...]}``), written before its first request
+INHERITED_EVENT = "instructions/inherited"
+#: the store's key-value namespace holding a new continuation's inheritance until its first
+#: request writes it to its log (durable across processes, and out of the log until then, so the
+#: strategy's seed stays the continuation's first event)
+PENDING_NAMESPACE = "ctxkernel.instructions"
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """One user message: the session whose log holds it, its seq there, and its text."""
+
+    session: str
+    seq: int
+    text: str
+
+    @property
+    def ref(self) -> str:
+        return f"item_{self.seq}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"session": self.session, "seq": self.seq, "text": self.text}
+
+
+def normalized(text: str) -> str:
+    """Whitespace collapsed: how verbatim presence is judged (as ``instructions_visible`` does)."""
+    return " ".join(text.split())
+
+
+def instruction_of(session_id: str, event: Event) -> Instruction | None:
+    """The instruction ``event`` appends, or None (not a user-written message)."""
+    if event.type != USER_MESSAGE or (event.surface or {}).get("op") != "append":
+        return None
+    message = event.data.get("message")
+    if not isinstance(message, dict) or (message.get("source") or {}).get("kind", "user") != "user":
+        return None
+    text = "\n".join(
+        b.get("text", "") for b in message.get("content") or () if isinstance(b, dict) and b.get("type") == "text"
+    )
+    return Instruction(session_id, event.seq, text) if text.strip() else None
+
+
+def inherited_of(event: Event) -> list[Instruction]:
+    """The ledger a continuation inherited (empty for any other event)."""
+    if event.type != INHERITED_EVENT:
+        return []
+    raw = event.data.get("instructions")
+    if not isinstance(raw, list):
+        return []
+    out = []
+    for item in raw:
+        if (
+            isinstance(item, dict)
+            and isinstance(item.get("session"), str)
+            and isinstance(item.get("seq"), int)
+            and isinstance(item.get("text"), str)
+        ):
+            out.append(Instruction(item["session"], item["seq"], item["text"]))
+    return out
+
+
+@dataclass
+class Ledger:
+    """A session's instructions, built from its log on demand and extended incrementally (a
+    cursor over ``session.events``, like the history index), so it needs no state of its own in
+    the log or a snapshot: any process that can read the events rebuilds it."""
+
+    cursor: int = 0
+    inherited: list[Instruction] = field(default_factory=list)
+    own: list[Instruction] = field(default_factory=list)
+    #: (session, seq) -> tokens, counted once per process
+    costs: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def sync(self, session_id: str, events: Sequence[Event]) -> list[Instruction]:
+        """The ledger, oldest first, after folding the events appended since the last call."""
+        for seq in range(self.cursor, len(events)):
+            event = events[seq]
+            if event.type == INHERITED_EVENT:
+                self.inherited = inherited_of(event)
+                continue
+            item = instruction_of(session_id, event)
+            if item is not None:
+                self.own.append(item)
+        self.cursor = len(events)
+        return self.inherited + self.own
+
+
+def budget_tokens(session: Session) -> int:
+    """The budget of the routed model: ``budget_ratio`` x its effective window."""
+    ratio = session.kernel.profile.instructions.budget_ratio
+    return int(ratio * session.model_settings().effective_window)
+
+
+def protected(session: Session, budget: int | None = None) -> list[Instruction]:
+    """The newest instructions of the session's ledger within ``budget`` tokens (default: the
+    profile's budget for the routed model), oldest first."""
+    budget = budget_tokens(session) if budget is None else budget
+    return within(session.instructions, budget, session.instruction_costs, session.meter.count_text)
+
+
+def within(
+    ledger: Sequence[Instruction], budget: int, costs: dict[tuple[str, int], int], count: Any
+) -> list[Instruction]:
+    """Newest first, the instructions of ``ledger`` whose tokens (``count``, cached in ``costs``)
+    fit ``budget``, up to the first that does not; returned oldest first.
+
+    One larger than the whole budget is passed over (it could never be kept, and must not hide
+    the older ones). Stopping at the first that does not fit keeps the choice monotonic: an
+    instruction a compaction left out never becomes protected again by a newer one arriving."""
+    if budget <= 0:
+        return []
+    chosen: list[Instruction] = []
+    left = budget
+    for item in reversed(ledger):
+        key = (item.session, item.seq)
+        cost = costs.get(key)
+        if cost is None:
+            cost = costs[key] = count(item.text)
+        if cost > budget:
+            continue
+        if cost > left:
+            break
+        chosen.append(item)
+        left -= cost
+    chosen.reverse()
+    return chosen
+
+
+def ledger_of(session_id: str, events: Sequence[Event]) -> list[Instruction]:
+    """A session's ledger read from its events (for a parent not open in this process)."""
+    return Ledger().sync(session_id, events)
+
+
+def missing(items: Sequence[Instruction], texts: Iterable[str]) -> list[Instruction]:
+    """The ``items`` none of ``texts`` contains verbatim (whitespace aside)."""
+    if not items:
+        return []
+    # one message's text per line: a normalised instruction holds no newline, so it can only
+    # match inside one message, never across two
+    visible = "\n".join(normalized(t) for t in texts)
+    return [i for i in items if normalized(i.text) not in visible]
+
+
+def block_text(items: Sequence[Instruction], session_id: str) -> str:
+    lines = [BLOCK_OPEN, BLOCK_INTRO]
+    for item in items:
+        # an id only for this session's own messages: the history tools read this session's log
+        prefix = f"[{item.ref}] " if item.session == session_id else ""
+        lines.append(f"{prefix}{item.text.strip()}")
+    lines.append(BLOCK_CLOSE)
+    return "\n".join(lines)
+
+
+def with_block(message: Message, items: Sequence[Instruction], session_id: str) -> Message:
+    """``message`` with the block appended as one more text block."""
+    return Message(message.role, (*message.content, TextBlock(block_text(items, session_id))), message.source)
+
+
+def block_message(items: Sequence[Instruction], session_id: str) -> Message:
+    """A replacement of its own for a transaction that only removes."""
+    return Message.user(block_text(items, session_id), Source.plugin_form(KERNEL, FORM))
+
+
+def pin_lost(
+    session: Session, cited: set[int], replacements: list[Message | None]
+) -> tuple[list[Message | None], list[Instruction], int]:
+    """Step 5b of the transaction: carry into ``replacements`` every protected instruction the
+    commit would take off the surface. Returns the new replacements, the instructions pinned and
+    the index of the replacement that carries them (-1 when none)."""
+    keep = protected(session)
+    if not keep:
+        return replacements, [], -1
+    texts = [n.message.text for n in session.surface.nodes if n.seq not in cited]
+    texts += [m.text for m in replacements if m is not None]
+    lost = missing(keep, texts)
+    if not lost:
+        return replacements, [], -1
+    out = list(replacements)
+    for i, message in enumerate(out):
+        if message is not None and message.role != "tool":
+            out[i] = with_block(message, lost, session.id)
+            return out, lost, i
+    for i, message in enumerate(out):
+        if message is None:  # a transaction of removals only: the first becomes the block
+            out[i] = block_message(lost, session.id)
+            return out, lost, i
+    # only tool-result rewrites: they cannot take a user message off the surface
+    return replacements, [], -1
+
+
+def pin_cost(session: Session, cited: set[int]) -> int:
+    """Tokens the block of a compaction replacing the nodes ``cited`` would cost at most (the
+    protected instructions only those nodes show, counted as if the replacement quoted none of
+    them): what a strategy sizing its replacement to a target must leave room for."""
+    keep = protected(session)
+    if not keep:
+        return 0
+    lost = missing(keep, [n.message.text for n in session.surface.nodes if n.seq not in cited])
+    return session.meter.count_text(block_text(lost, session.id)) if lost else 0
+
+
+def inherited(session: Session, source_ledger: Sequence[Instruction]) -> list[Instruction]:
+    """What a continuation inherits: the newest of its source's instructions within its budget."""
+    return within(source_ledger, budget_tokens(session), session.instruction_costs, session.meter.count_text)
+
+
+def pending_of(raw: Any) -> list[Instruction]:
+    """The inheritance kept in the store for a continuation (a list of instruction dicts)."""
+    if not isinstance(raw, list):
+        return []
+    return inherited_of(Event(0, INHERITED_EVENT, {"instructions": raw}, "", None, True))
+
+
+def inheritance_batch(session: Session, kept: Sequence[Instruction]) -> list[EventSpec]:
+    """The events that record ``kept`` as inherited and pin those not on the surface."""
+    batch = [EventSpec(INHERITED_EVENT, {"instructions": [i.to_dict() for i in kept]}, ignorable=True)]
+    lost = missing(kept, [n.message.text for n in session.surface.nodes])
+    if lost:
+        batch.append(EventSpec(USER_MESSAGE, {"message": block_message(lost, session.id).to_dict()}, append_op()))
+    return batch
+
+
+__all__ = [
+    "BLOCK_CLOSE",
+    "BLOCK_OPEN",
+    "Instruction",
+    "budget_tokens",
+    "instruction_of",
+    "missing",
+    "normalized",
+    "pin_lost",
+    "protected",
+]
