@@ -12,6 +12,13 @@ continues in a child session counts both). CPU time per replay, rounds alternati
 (``none``: the kernel with no strategy) on the same recording, in the same round: the share of
 the kernel's speed a strategy keeps. Target >= 0.25 (ours: the issue names no number; a strategy
 may cost up to 4x the bare kernel per event). ``median`` is events/s.
+
+``simulate_corpus_jobs2_vs_jobs1``: corpus mode (``--transcripts``) on 100 seeded
+coding sessions (OpenAI chat files written from ``coding-long`` with two turns of twelve steps),
+each through ``none`` and ``basic``: ``ratio`` = the wall time with ``--jobs 2`` over ``--jobs 1``
+(wall time, not CPU time: the work moves to worker processes). Target <= 0.8 (ours: two workers
+on two cores would ideally halve it; process start-up and a shared machine take some of that).
+``median`` is the ``--jobs 2`` wall seconds; ``--quick`` replays 20 sessions.
 """
 
 from __future__ import annotations
@@ -28,8 +35,11 @@ from _bench import Bench
 from _profiles import PROFILES, REPO
 
 from ctxkernel import Kernel
-from ctxkernel.simulate import Options, build_workload, load_recording
+from ctxkernel.convert import to_openai_message
+from ctxkernel.simulate import AssistantItem, Options, ToolResultItem, UserItem, build_workload, load_recording
+from ctxkernel.simulate.corpus import find_files, plan, run_corpus
 from ctxkernel.simulate.replay import Replay, prepare_profile
+from ctxkernel.simulate.workloads import coding_long
 from ctxkernel.store.jsonl import JsonlStore
 
 TRANSCRIPTS = REPO.parent / "shared" / "transcripts"
@@ -72,7 +82,50 @@ def sources(bench: Bench) -> list[tuple[str, Any]]:
     return found
 
 
+def write_corpus(folder: Path, sessions: int) -> None:
+    """``sessions`` seeded coding sessions as OpenAI chat files (what ``--transcripts`` reads)."""
+    for seed in range(sessions):
+        messages: list[dict[str, Any]] = []
+        for item in coding_long(seed, turns=2, steps_per_turn=12).items:
+            if isinstance(item, UserItem):
+                messages.append({"role": "user", "content": item.text})
+            elif isinstance(item, AssistantItem):
+                messages.append(to_openai_message(item.message))
+            elif isinstance(item, ToolResultItem):
+                messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.content})
+        (folder / f"session-{seed:03d}.json").write_text(json.dumps(messages))
+
+
+def corpus_scaling(bench: Bench) -> None:
+    sessions = 20 if bench.quick else 100
+    rounds = 1 if bench.quick else 2
+    with tempfile.TemporaryDirectory(dir=bench.scratch) as folder:
+        write_corpus(Path(folder), sessions)
+        tasks = plan(find_files(folder))
+        walls: dict[int, list[float]] = {1: [], 2: []}
+        for _ in range(rounds):
+            for jobs in (1, 2):
+                start = time.perf_counter()
+                results = run_corpus(tasks, ["none", "basic"], Options(), jobs=jobs)
+                walls[jobs].append(time.perf_counter() - start)
+                assert all(p["status"] == "ok" for s in results for p in s["profiles"])
+    ratios = [two / one for one, two in zip(walls[1], walls[2], strict=True)]
+    ratio = statistics.median(ratios)
+    bench.report(
+        "simulate_corpus_jobs2_vs_jobs1",  # a stable name: the size is in "sessions"
+        ratio,
+        ("<=", 0.8),
+        "s",
+        statistics.median(walls[2]),
+        (max(ratios) - min(ratios)) / ratio,
+        baseline_median=round(statistics.median(walls[1]), 3),
+        sessions=sessions,
+        repeat=rounds,
+    )
+
+
 def run(bench: Bench) -> None:
+    corpus_scaling(bench)
     rounds = 2 if bench.quick else 3
     scratch = Path(bench.scratch)
     for label, recording in sources(bench):

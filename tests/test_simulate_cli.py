@@ -34,6 +34,7 @@ PINNED_METRIC_KEYS = [
     "summary_calls",
     "summary_input_tokens",
     "summary_output_tokens",
+    "summarizer",
     "billed_input_tokens",
     "cached_input_tokens",
     "output_tokens",
@@ -42,8 +43,15 @@ PINNED_METRIC_KEYS = [
     "invariant_details",
     "instructions_visible",
     "history_recoverable",
+    "history_recoverable_declared",
+    "recall_calls",
+    "recall_tokens",
+    "recall_method",
+    "recall_probed",
+    "probes",
     "synthetic_results",
     "sessions",
+    "session_ids",
     "steward_errors",
     "prompt_tokens",
     "wall_seconds",
@@ -65,7 +73,7 @@ PINNED_SOURCE_KEYS = [
     "recorded_peak_input_tokens",
     "skipped_lines",
 ]
-PINNED_SETTINGS_KEYS = ["prices", "steward", "summarizer", "window"]
+PINNED_SETTINGS_KEYS = ["prices", "steward", "summarizer", "window", "window_share"]
 
 
 def run_json(capsys, *args: str) -> tuple[int, dict]:
@@ -136,6 +144,50 @@ def test_window_and_prices_flags(capsys):
 def test_bad_input_is_a_usage_error_naming_the_problem(capsys, args, message):
     assert main(["simulate", *args, "--profile", "basic", "--no-progress"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_keep_sessions_keeps_every_replayed_session_for_inspect(capsys, tmp_path, monkeypatch):
+    kept = tmp_path / "kept"
+    code, report = run_json(
+        capsys,
+        "--workload",
+        "chat-short",
+        "--profile",
+        "none,basic,handoff",
+        "--window",
+        "700",
+        "--keep-sessions",
+        str(kept),
+    )
+    assert code == 0
+    ids = [p["session_ids"] for p in report["profiles"]]
+    assert all(len(i) == p["sessions"] for i, p in zip(ids, report["profiles"], strict=True))
+    assert sorted(f.stem for f in (kept / "sessions").iterdir()) == sorted(i for row in ids for i in row)
+    monkeypatch.setenv("CTXKERNEL_HOME", str(kept))
+    monkeypatch.chdir(tmp_path)
+    for row, profile in zip(report["profiles"], ("basic", "basic", "handoff"), strict=True):
+        (session_id,) = row["session_ids"]
+        assert main(["inspect", session_id, "--json"]) == 0
+        view = json.loads(capsys.readouterr().out)
+        assert view["session"] == session_id
+        assert view["profile"] == profile  # opened with the profile it was replayed with
+        assert view["turn"] == report["source"]["user_messages"]
+        assert len(view["compactions"]) == sum(row["compactions"].values())
+    assert "handoff" in view["strategies"]  # the last one: its strategy panel is there
+
+
+def test_without_keep_sessions_no_ids_are_listed(capsys):
+    _, report = run_json(capsys, "--workload", "chat-short", "--profile", "basic")
+    assert report["profiles"][0]["session_ids"] is None
+
+
+@pytest.mark.parametrize("bad", ["file", "missing/deeper"])
+def test_keep_sessions_refuses_a_folder_it_cannot_use(capsys, tmp_path, bad):
+    (tmp_path / "file").write_text("x")
+    code = main(["simulate", "--workload", "chat-short", "--profile", "basic", "--keep-sessions", str(tmp_path / bad)])
+    assert code == 2
+    assert "--keep-sessions" in capsys.readouterr().err
+    assert not (tmp_path / "missing").exists()
 
 
 def test_lenient_skips_and_counts_malformed_lines(capsys):

@@ -13,11 +13,17 @@ from hypothesis import strategies as st
 
 from ctxkernel.cli import main
 from ctxkernel.simulate import Options, RecordingError, compare, importers, load_recording, sniff
-from ctxkernel.simulate.importers import check_item
+from ctxkernel.simulate.reading import check_item
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "simulate"
-JSONL_FIXTURES = ["kernel-session.jsonl", "claude-code.jsonl", "codex-rollout.jsonl"]
-JSON_FIXTURES = ["openai-chat.json", "openai-runs.json"]
+JSONL_FIXTURES = ["kernel-session.jsonl", "claude-code.jsonl", "codex-rollout.jsonl", "openhands-run.jsonl"]
+JSON_FIXTURES = [
+    "openai-chat.json",
+    "openai-runs.json",
+    "swe-agent.traj",
+    "swe-agent-trajectory-only.traj",
+    "openhands-events.json",
+]
 
 
 def _lines(name: str) -> list[Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,10 @@ def kinds(recording):
         ("openai-runs.json", "openai-chat"),
         ("claude-code.jsonl", "claude-code"),
         ("codex-rollout.jsonl", "codex"),
+        ("swe-agent.traj", "swe-agent"),
+        ("swe-agent-trajectory-only.traj", "swe-agent"),
+        ("openhands-events.json", "openhands"),
+        ("openhands-run.jsonl", "openhands"),
     ],
 )
 def test_sniff_reads_the_content_not_the_name(tmp_path, name, fmt):
@@ -143,3 +148,116 @@ def test_missing_or_unknown_files_are_refused(tmp_path):
         load_recording(odd)
     with pytest.raises(RecordingError, match="--run selects one run"):
         load_recording(FIXTURES / "codex-rollout.jsonl", run=1)
+
+
+# -- SWE-agent and OpenHands (fixtures built from the formats' public code: fixtures/simulate/SOURCES.md) ----------
+def test_swe_agent_history_replays_the_chat_the_model_saw():
+    rec = load_recording(FIXTURES / "swe-agent.traj")
+    assert rec.source["format"] == "swe-agent"
+    assert rec.system.startswith("You are a helpful assistant")
+    assert kinds(rec) == [
+        "user",
+        "assistant:call_v1",
+        "result:call_v1",
+        "assistant:call_r1",
+        "result:call_r1",
+        "assistant:call_e1",
+        "result:call_e1",
+        "assistant:call_r2,call_t1",  # two calls of one reply, answered in order
+        "result:call_r2",
+        "result:call_t1",
+        "assistant:call_s1",
+        "result:call_s1",
+    ]
+    assert "Do not modify the tests." in rec.items[0].text and rec.items[0].instruction
+    edit = rec.items[5].message.tool_calls[0]
+    assert (edit.name, edit.arguments["command"], edit.arguments["path"]) == (
+        "str_replace_editor",
+        "str_replace",
+        "/testbed/src/lexer.py",
+    )
+    assert rec.recorded_peak_input_tokens is None  # SWE-agent records no per-request usage
+
+
+def test_swe_agent_trajectory_without_history_replays_its_steps():
+    rec = load_recording(FIXTURES / "swe-agent-trajectory-only.traj")
+    assert rec.system.startswith("SETTING: You are an autonomous programmer")
+    assert kinds(rec) == ["user", "assistant:swe_00001", "result:swe_00001"] + [
+        "assistant:swe_00002",
+        "result:swe_00002",
+        "assistant:swe_00003",
+        "result:swe_00003",
+    ]
+    call = rec.items[1].message
+    assert call.text == "First I list the repository."
+    assert (call.tool_calls[0].name, call.tool_calls[0].arguments) == ("bash", {"command": "ls /repo"})
+    with pytest.raises(RecordingError, match="--run selects one run"):
+        load_recording(FIXTURES / "swe-agent.traj", run=0)
+
+
+def test_openhands_event_stream_groups_one_model_response_and_skips_bookkeeping():
+    rec = load_recording(FIXTURES / "openhands-events.json")
+    assert rec.system.startswith("You are OpenHands agent")
+    assert kinds(rec) == [
+        "user",  # the recall action and its observation are not replayed
+        "assistant:toolu_01",
+        "result:toolu_01",
+        "assistant:toolu_02,toolu_03",  # two read actions of one model response are one reply
+        "result:toolu_02",
+        "result:toolu_03",
+        "assistant:toolu_04",
+        "result:toolu_04",
+        "assistant:toolu_05",
+        "result:toolu_05",
+        "assistant:toolu_06",  # finish: answered by the replay's synthetic result
+    ]
+    first = rec.items[1]
+    assert first.usage == {"input_tokens": 5200, "output_tokens": 40, "cached_input_tokens": 0}
+    assert first.message.text == "Let me run the tests first."
+    # the arguments the model wrote, not OpenHands' action fields
+    assert first.message.tool_calls[0].arguments == {"command": "cd /workspace && python -m pytest -q"}
+    assert rec.items[2].content.endswith("[Command finished with exit code 1]")
+    with pytest.raises(RecordingError, match="one event stream"):
+        load_recording(FIXTURES / "openhands-events.json", run=1)
+
+
+def test_openhands_benchmark_run_picks_an_instance_with_run():
+    first = load_recording(FIXTURES / "openhands-run.jsonl")
+    assert (first.source["run"], first.source["runs"]) == (0, 2)
+    assert kinds(first) == kinds(load_recording(FIXTURES / "openhands-events.json"))
+    older = load_recording(FIXTURES / "openhands-run.jsonl", run=1)  # [action, observation] pairs, no metadata
+    assert kinds(older) == ["user", "assistant:oh_1", "result:oh_1", "assistant:"]
+    call = older.items[1].message
+    assert call.text == "Find the parser."
+    assert (call.tool_calls[0].name, call.tool_calls[0].arguments["command"]) == ("run", "grep -n argparse cli.py")
+    with pytest.raises(RecordingError, match=r"--run 2 is out of range: the file holds 2 instances \(0\.\.1\)"):
+        load_recording(FIXTURES / "openhands-run.jsonl", run=2)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"history": [{"role": "robot", "content": "x", "message_type": "action"}]}', "history[0].role must be"),
+        (
+            '{"history": [{"role": "user", "content": [{"type": "text", "text": 7}], "message_type": "observation"}]}',
+            "history[0].content[0].text must be a string",
+        ),
+        (
+            '[{"id": "x", "source": "agent", "action": "run", "args": {"command": "ls"}}]',
+            "event[0].id must be an integer event id",
+        ),
+        (
+            '[{"id": 1, "source": "agent", "action": "run", "args": {}, "tool_call_metadata": {"tool_call_id": 5}}]',
+            "tool_call_metadata.tool_call_id must be a string",
+        ),
+        ('{"instance_id": "a", "history": []}\n{"instance_id": "b"}\n', ":2: expected an OpenHands instance"),
+    ],
+)
+def test_hostile_agent_logs_are_refused_naming_where(tmp_path, text, message):
+    path = tmp_path / "log"
+    path.write_text(text)
+    with pytest.raises(RecordingError, match=re.escape(message)) as info:
+        load_recording(path)
+    assert str(info.value).startswith(str(path))
+    if "--lenient" in str(info.value):
+        assert load_recording(path, lenient=True).skipped

@@ -111,6 +111,23 @@ def test_scripted_summarizer_counts_summary_calls():
     assert plain["summary_calls"] == 0 and plain["summary_input_tokens"] == 0
 
 
+def test_scripted_summaries_are_priced_and_the_row_says_which_summarizer_ran():
+    prices = Prices(input=2.5, cached_input=1.25, output=10)
+    recording = build_workload("coding-long")
+    scripted = run_profile("basic", recording, Options(window=60_000, summarizer="scripted", prices=prices))
+    plain = run_profile("basic", recording, Options(window=60_000, prices=prices))
+    assert (scripted["summarizer"], plain["summarizer"]) == ("scripted", "extractive")
+    # the model calls a harness would pay: input billed on top of the requests, output on top of the replies
+    assert scripted["billed_input_tokens"] == sum(scripted["prompt_tokens"]) + scripted["summary_input_tokens"]
+    assert plain["billed_input_tokens"] == sum(plain["prompt_tokens"])
+    summary_cost = (scripted["summary_input_tokens"] * 2.5 + scripted["summary_output_tokens"] * 10) / 1e6
+    request_cost = scripted["cost"] - summary_cost
+    assert scripted["cost"] > plain["cost"] > 0
+    assert request_cost == pytest.approx(plain["cost"], rel=0.05)  # same summaries, the calls are the difference
+    # a strategy that writes its own summaries runs no summarizer
+    assert run_profile("handoff", recording, Options(window=60_000, summarizer="scripted"))["summarizer"] is None
+
+
 def test_unavailable_strategy_is_reported_not_raised(tmp_path):
     path = write_profile(tmp_path, "ghost", '[profile]\nstrategies = ["no-such-strategy"]\n')
     m = run_profile(path, build_workload("chat-short"), Options())
@@ -190,8 +207,12 @@ def test_steward_step_runs_strategy_tools_and_follows_the_child(tmp_path):
     parent_roles = [n.role for n in replay.sessions[0].surface.nodes][-2:]
     assert parent_roles == ["assistant", "tool"]
     assert m["invariant_violations"] == 0
-    # a recall-capable strategy keeps the parent's events recoverable through the lineage
-    assert m["history_recoverable"] == 1.0
+    # a recall-capable strategy declares the parent's events recoverable through the lineage...
+    assert m["history_recoverable_declared"] == 1.0
+    # ...but it has no recall tool that fetches them back: measured, only the child's surface counts
+    assert m["recall_method"] is None
+    assert m["recall_calls"] == 0
+    assert m["history_recoverable"] < 1.0
 
 
 def test_a_replaced_steward_is_used_and_unknown_tools_are_errors(tmp_path):

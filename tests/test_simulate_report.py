@@ -79,6 +79,8 @@ def test_report_is_self_contained(tmp_path, capsys):
     text = page.read_text()
     assert "<svg" in text and 'class="profile"' in text and 'class="window"' in text
     assert 'id="metrics"' in text
+    # the retention probes: chat-short's two decisions, both still visible with a large window
+    assert 'id="probes"' in text and "decisions (2)" in text and "100% / 100%" in text
     # nothing is fetched: no scripts, links or remote URLs (the SVG namespace is an identifier)
     assert "<script" not in text and "<link" not in text
     assert "http" not in text.replace('xmlns="http://www.w3.org/2000/svg"', "")

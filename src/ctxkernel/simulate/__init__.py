@@ -6,7 +6,7 @@
     report = compare(["basic", "decay"], load_recording("session.jsonl"), Options(window=60_000))
     report["profiles"][0]["peak_prompt_tokens"]
 
-Pieces: :mod:`.importers` (four recording formats, sniffed), :mod:`.workloads` (synthetic,
+Pieces: :mod:`.importers` (six recording formats, sniffed; SWE-agent and OpenHands in :mod:`.agent_logs`; shared checks in :mod:`.reading`), :mod:`.workloads` (synthetic,
 seeded), :mod:`.steward` (the replaceable context-management policy), :mod:`.replay` (open-loop
 replay and metrics), :mod:`.checks` (independent invariant checks), :mod:`.report` (table, JSON,
 HTML). The assistant turns are replayed, not regenerated.
@@ -14,13 +14,15 @@ HTML). The assistant turns are replayed, not regenerated.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
-from ..profile import list_profiles
+from ..profile import MAX_TOKENS, list_profiles
 from .importers import FORMATS, load_recording, sniff
 from .recording import AssistantItem, MarkerItem, Recording, RecordingError, ToolResultItem, UserItem
-from .replay import METRIC_KEYS, Options, run_profile
+from .replay import METRIC_KEYS, MIN_WINDOW, UNMANAGED, Options, run_profile
 from .report import REPLAY_NOTE, render_html, render_table
 from .steward import default_steward, load_steward, no_steward
 from .workloads import WORKLOADS, build_workload
@@ -45,15 +47,27 @@ def profile_names(spec: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def window_for(recording: Recording, options: Options) -> int | None:
+    """The window to replay with: ``--window`` as given, or for ``--window <share>x`` that share of
+    the recording's own unmanaged peak (one extra replay through ``none``), at least ``MIN_WINDOW``."""
+    if options.window_share is None:
+        return options.window
+    baseline = run_profile(UNMANAGED, recording, replace(options, window=None, window_share=None, keep_sessions=None))
+    peak = baseline["peak_prompt_tokens"] or 0
+    return min(MAX_TOKENS, max(MIN_WINDOW, math.ceil(peak * options.window_share)))
+
+
 def compare(profiles: Sequence[str], recording: Recording, options: Options | None = None) -> dict[str, Any]:
     """Replay ``recording`` through every profile; the JSON report as a dict."""
     options = options or Options()
+    options = replace(options, window=window_for(recording, options))
     results = [run_profile(name, recording, options) for name in profiles]
     steward = options.steward
     return {
         "source": recording.describe(),
         "settings": {
             "window": options.window,
+            "window_share": options.window_share,
             "summarizer": options.summarizer,
             "steward": f"{steward.__module__}:{steward.__qualname__}",
             "prices": options.prices.model_dump() if options.prices else None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -16,16 +17,19 @@ from ..errors import CtxKernelError, ProfileError
 from ..profile import MAX_TOKENS, Prices, load_profile
 from ..redact import redact
 from . import compare, profile_names
+from .corpus import aggregate, find_files, plan, run_corpus
 from .importers import load_recording
 from .recording import RecordingError
-from .replay import UNMANAGED, Options
-from .report import render_html, render_table
+from .replay import MIN_WINDOW, UNMANAGED, Options
+from .report import REPLAY_NOTE, render_corpus_html, render_corpus_table, render_html, render_table
 from .steward import load_steward
 from .workloads import WORKLOADS, build_workload
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-#: the smallest context window a simulation runs with
-MIN_WINDOW = 256
+#: the largest ``--window <share>x``
+MAX_WINDOW_SHARE = 16.0
+#: the most worker processes ``--jobs`` starts
+MAX_JOBS = 64
 
 
 def register(sub: Any) -> None:
@@ -42,9 +46,21 @@ def register(sub: Any) -> None:
     src.add_argument(
         "--transcript",
         metavar="PATH",
-        help="a recorded session: kernel log, OpenAI chat JSON, Claude Code or Codex JSONL",
+        help="a recorded session: kernel log, OpenAI chat JSON, Claude Code or Codex JSONL, SWE-agent .traj, OpenHands events",
+    )
+    src.add_argument(
+        "--transcripts",
+        metavar="DIR_OR_GLOB",
+        help="corpus mode: every recording in a folder (*.jsonl, *.json, *.traj, recursively) or matched by a glob",
     )
     src.add_argument("--workload", choices=sorted(WORKLOADS), help="a built-in synthetic workload")
+    p.add_argument(
+        "--jobs",
+        type=bounded_int(1, MAX_JOBS),
+        default=1,
+        metavar="N",
+        help="corpus mode: worker processes replaying sessions in parallel (default 1)",
+    )
     p.add_argument(
         "--run",
         type=bounded_int(0, 10**9),
@@ -57,9 +73,9 @@ def register(sub: Any) -> None:
     p.add_argument("--profile", default="all", help="comma-separated profile names or paths, or 'all' (default)")
     p.add_argument(
         "--window",
-        type=bounded_int(MIN_WINDOW, MAX_TOKENS),
-        metavar="TOKENS",
-        help="override every profile's context window",
+        type=window_arg,
+        metavar="TOKENS|SHAREx",
+        help="override every profile's context window: tokens, or e.g. 0.5x for half of each session's unmanaged peak",
     )
     p.add_argument("--format", choices=("table", "json"), default="table", help="output on stdout (default table)")
     p.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report with a chart")
@@ -72,9 +88,28 @@ def register(sub: Any) -> None:
         "--steward", default="default", help="default (the strategies' steward_actions), none, or module:function"
     )
     p.add_argument("--prices", metavar="IN,CACHED,OUT", help="prices per million input, cached input and output tokens")
+    p.add_argument(
+        "--keep-sessions",
+        metavar="DIR",
+        help="keep the replayed sessions in a jsonl store at DIR (open them with CTXKERNEL_HOME=DIR ctxkernel inspect ID)",
+    )
     p.add_argument("--lenient", action="store_true", help="skip malformed transcript lines and count them")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=cmd_simulate)
+
+
+def window_arg(text: str) -> tuple[int | None, float | None]:
+    """``--window``: ``TOKENS`` (MIN_WINDOW..MAX_TOKENS) or ``<share>x`` (0 < share <= MAX_WINDOW_SHARE)."""
+    if text.strip().lower().endswith("x"):
+        try:
+            share = float(text.strip()[:-1])
+        except ValueError:
+            share = math.nan
+        if not 0 < share <= MAX_WINDOW_SHARE:  # also refuses nan and inf
+            msg = f"expected a share of the unmanaged peak such as 0.5x (more than 0, at most {MAX_WINDOW_SHARE:g}x), got {text!r}"
+            raise argparse.ArgumentTypeError(msg)
+        return None, share
+    return bounded_int(MIN_WINDOW, MAX_TOKENS)(text), None
 
 
 def parse_prices(text: str) -> Prices:
@@ -117,6 +152,22 @@ def check_report_path(text: str) -> None:
     raise RecordingError(msg)
 
 
+def keep_sessions_dir(text: str) -> Path:
+    """The ``--keep-sessions`` folder, created when missing; refused when it cannot be a store."""
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        problem = "it is a file"
+    elif not path.exists() and not path.parent.is_dir():
+        problem = f"the folder {path.parent} does not exist"
+    elif not os.access(path if path.exists() else path.parent, os.W_OK | os.X_OK):
+        problem = "it is not writable"
+    else:
+        path.mkdir(exist_ok=True)
+        return path
+    msg = f"--keep-sessions {text}: cannot keep the sessions there ({problem}); accepted: a writable folder, new or existing"
+    raise RecordingError(msg)
+
+
 class ProgressBar:
     """A one-line progress bar on stderr, drawn only when stderr is a terminal."""
 
@@ -140,15 +191,14 @@ class ProgressBar:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from ..cli import dump_json
 
+    window, share = args.window or (None, None)
     try:
-        if args.workload:
-            if args.run is not None:
-                raise RecordingError("--run selects a run of a transcript; it does not apply to --workload")
-            recording = build_workload(args.workload, args.seed)
-        else:
-            recording = load_recording(args.transcript, run=args.run, lenient=args.lenient)
+        if args.run is not None and not args.transcript:
+            what = "--workload" if args.workload else "--transcripts (every run of a file is replayed)"
+            raise RecordingError(f"--run selects a run of a transcript; it does not apply to {what}")
         options = Options(
-            window=args.window,
+            window=window,
+            window_share=share,
             summarizer=args.summarizer,
             steward=load_steward(args.steward),
             prices=parse_prices(args.prices) if args.prices else None,
@@ -156,23 +206,64 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         )
         if args.report:
             check_report_path(args.report)  # before the simulation, not after it has run
+        if args.keep_sessions:
+            options.keep_sessions = keep_sessions_dir(args.keep_sessions)
         names = profile_names(args.profile)
         check_named_profiles(args.profile)
-        report = compare(names, recording, options)
+        if args.transcripts:
+            report = corpus_report(args, names, options)
+        else:
+            if args.workload:
+                recording = build_workload(args.workload, args.seed)
+            else:
+                recording = load_recording(args.transcript, run=args.run, lenient=args.lenient)
+            report = compare(names, recording, options)
     except CtxKernelError as exc:
         sys.stderr.write(f"ctxkernel simulate: {redact(str(exc))}\n")
         return EXIT_USAGE
+    corpus = args.transcripts is not None
     if args.format == "json":
         dump_json(report)
     else:
-        sys.stdout.write(render_table(report) + "\n")
+        sys.stdout.write((render_corpus_table(report) if corpus else render_table(report)) + "\n")
     if args.report:
         try:
-            Path(args.report).write_text(render_html(report), encoding="utf-8")
+            page = render_corpus_html(report) if corpus else render_html(report)
+            Path(args.report).write_text(page, encoding="utf-8")
         except OSError as exc:
             sys.stderr.write(
                 f"ctxkernel simulate: --report {args.report}: cannot write the report ({exc.strerror or exc})\n"
             )
             return EXIT_FAILED
-    broken = [p for p in report["profiles"] if p["status"] == "failed" or (p["invariant_violations"] or 0) > 0]
-    return EXIT_FAILED if broken else EXIT_OK
+    rows = [p for s in report["sessions"] for p in s["profiles"]] if corpus else report["profiles"]
+    broken = [p for p in rows if p["status"] == "failed" or (p["invariant_violations"] or 0) > 0]
+    unreadable = [s for s in report["sessions"] if s["error"]] if corpus else []
+    return EXIT_FAILED if broken or unreadable else EXIT_OK
+
+
+def corpus_report(args: argparse.Namespace, names: list[str], options: Options) -> dict[str, Any]:
+    """Corpus mode (``--transcripts``): every session replayed, per-session entries and an aggregate."""
+    files = find_files(args.transcripts)
+    tasks = plan(files, lenient=args.lenient)
+    progress = options.progress
+    sessions = run_corpus(tasks, names, options, jobs=args.jobs, lenient=args.lenient, progress=progress)
+    steward = options.steward
+    return {
+        "corpus": {
+            "transcripts": args.transcripts,
+            "files": len(files),
+            "sessions": len(sessions),
+            "unreadable": sum(1 for s in sessions if s["error"]),
+            "jobs": args.jobs,
+        },
+        "settings": {
+            "window": options.window,
+            "window_share": options.window_share,
+            "summarizer": options.summarizer,
+            "steward": f"{steward.__module__}:{steward.__qualname__}",
+            "prices": options.prices.model_dump() if options.prices else None,
+        },
+        "sessions": sessions,
+        "aggregate": aggregate(sessions, names),
+        "note": REPLAY_NOTE,
+    }

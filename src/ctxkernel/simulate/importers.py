@@ -1,4 +1,4 @@
-"""Importers: recorded sessions in four formats, read into a :class:`Recording`.
+"""Importers: recorded sessions in six formats, read into a :class:`Recording`.
 
 The format is sniffed from the file's content, never from its name:
 
@@ -10,6 +10,9 @@ The format is sniffed from the file's content, never from its name:
                  ``compact_boundary`` kept as a marker
 ``codex``        Codex CLI rollout JSONL: ``response_item`` messages, reasoning, function calls and
                  outputs; ``token_count`` events give the usage of the reply they belong to
+``swe-agent``    a SWE-agent ``.traj`` trajectory (:mod:`.agent_logs`)
+``openhands``    an OpenHands event stream JSON, or a benchmark run's JSONL of instances picked with
+                 ``run`` (:mod:`.agent_logs`)
 
 A malformed line raises :class:`RecordingError` naming the file, the line, the field, what was
 found and what is accepted; with ``lenient=True`` it is skipped and listed in
@@ -21,79 +24,28 @@ error, never an assertion or a replay that fails later.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from ..convert import _content_text, arguments_from_json, from_anthropic_message, from_openai_message
+from ..convert import _content_text, from_anthropic_message, from_openai_message
 from ..errors import EventError
 from ..events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, TOOL_RESULT, TURN_END, USER_MESSAGE, Event
 from ..messages import Message, ReasoningBlock, Source, TextBlock, ToolCallBlock
-from ..session import normalize_usage
+from . import agent_logs
+from .reading import SHAPE_ERRORS, Lines, check_usage, json_arguments
 from .recording import AssistantItem, Item, MarkerItem, Recording, RecordingError, ToolResultItem, UserItem
 
-#: what an importer's own checks, and the converters it calls, raise for a malformed value
-_SHAPE_ERRORS = (EventError, TypeError, ValueError, AttributeError, KeyError)
-#: the usage counters :func:`normalize_usage` reads; each must be a non-negative integer when present
-_USAGE_COUNTERS = (
-    "input_tokens",
-    "output_tokens",
-    "cached_input_tokens",
-    "cache_read_input_tokens",
-    "cache_creation_input_tokens",
-    "prompt_tokens",
-    "completion_tokens",
-)
-_MAX_TOKENS = 2**53  # a token count past this is not a count
-
-FORMATS = ("kernel", "openai-chat", "claude-code", "codex")
+FORMATS = ("kernel", "openai-chat", "claude-code", "codex", "swe-agent", "openhands")
+#: formats whose files hold several runs, one picked with ``--run``
+MULTI_RUN_FORMATS = ("openai-chat", "openhands")
 _RUN_KEYS = ("traj", "messages", "trajectory")
 _CLAUDE_TYPES = frozenset(
     {"user", "assistant", "system", "progress", "summary", "file-history-snapshot", "queue-operation"}
 )
 _CODEX_TYPES = frozenset({"session_meta", "response_item", "event_msg", "turn_context", "compacted"})
-
-
-class _Lines:
-    """JSON lines of a file with their numbers; malformed ones raise or are skipped (lenient)."""
-
-    def __init__(self, path: Path, lenient: bool) -> None:
-        self.path = path
-        self.lenient = lenient
-        self.skipped: list[dict[str, Any]] = []
-
-    def bad(self, lineno: int | str, expected: str, got: str) -> None:
-        if self.lenient:
-            self.skipped.append({"line": lineno, "expected": expected, "got": got[:200]})
-            return
-        where = f"{self.path}:{lineno}" if isinstance(lineno, int) else f"{self.path}: {lineno}"
-        msg = f"{where}: expected {expected}, got {got[:200]}; fix the line or pass --lenient to skip it"
-        raise RecordingError(msg)
-
-    def add(self, items: list[Item], where: int | str, item: Item) -> None:
-        """Append ``item`` after checking its shape; a bad one is refused (or skipped) naming ``where``."""
-        problem = check_item(item)
-        if problem is None:
-            items.append(item)
-        else:
-            self.bad(where, problem[0], problem[1])
-
-    def __iter__(self) -> Iterator[tuple[int, dict[str, Any]]]:
-        with open(self.path, "rb") as f:
-            for lineno, raw in enumerate(f, 1):
-                if not raw.strip():
-                    continue
-                try:
-                    value = orjson.loads(raw)
-                except orjson.JSONDecodeError as exc:
-                    self.bad(lineno, "one JSON object per line", f"invalid JSON ({exc})")
-                    continue
-                if not isinstance(value, dict):
-                    self.bad(lineno, "a JSON object", type(value).__name__)
-                    continue
-                yield lineno, value
 
 
 def sniff(path: str | os.PathLike[str]) -> str:
@@ -106,7 +58,12 @@ def sniff(path: str | os.PathLike[str]) -> str:
         raise RecordingError(msg)
     first = _first_line(path)
     if first.startswith(b"["):
-        return "openai-chat"
+        try:
+            whole = orjson.loads(path.read_bytes())
+        except orjson.JSONDecodeError:
+            return "openai-chat"  # its importer names what is wrong
+        head = whole[0] if isinstance(whole, list) and whole else None
+        return "openhands" if agent_logs.is_openhands_event(head) else "openai-chat"
     try:
         obj = orjson.loads(first)
     except orjson.JSONDecodeError:
@@ -115,6 +72,10 @@ def sniff(path: str | os.PathLike[str]) -> str:
         except orjson.JSONDecodeError:
             msg = f"{path}:1: expected a JSON list of chat messages or JSON lines, got {first[:80]!r}"
             raise RecordingError(msg) from None
+        if agent_logs.is_swe_agent(obj):
+            return "swe-agent"
+        if agent_logs.is_openhands_instance(obj):
+            return "openhands"
         if isinstance(obj, dict) and any(k in obj for k in _RUN_KEYS):
             return "openai-chat"
         msg = f"{path}: a JSON object without a messages list is not a recording format this kernel reads"
@@ -125,6 +86,10 @@ def sniff(path: str | os.PathLike[str]) -> str:
     kind = obj.get("type") if isinstance(obj.get("type"), str) else None  # a list or object is no type
     if "format_version" in obj and "id" in obj and "created" in obj:
         return "kernel"
+    if agent_logs.is_swe_agent(obj):
+        return "swe-agent"
+    if agent_logs.is_openhands_instance(obj):
+        return "openhands"
     if {"type", "payload"} <= set(obj) and kind in _CODEX_TYPES:
         return "codex"
     if kind in _CLAUDE_TYPES or "parentUuid" in obj or "sessionId" in obj:
@@ -135,7 +100,8 @@ def sniff(path: str | os.PathLike[str]) -> str:
         return "openai-chat"
     msg = (
         f"{path}:1: cannot tell the format: expected a kernel session header, a Codex rollout line "
-        f"({{type, payload}}), a Claude Code line (type, uuid, parentUuid) or chat messages; got keys {sorted(obj)[:12]}"
+        f"({{type, payload}}), a Claude Code line (type, uuid, parentUuid), chat messages, a SWE-agent trajectory "
+        f"(history, trajectory) or an OpenHands instance (instance_id, history); got keys {sorted(obj)[:12]}"
     )
     raise RecordingError(msg)
 
@@ -172,74 +138,16 @@ def load_recording(
     if fmt not in _IMPORTERS:
         msg = f"unknown recording format {fmt!r}; accepted: {list(FORMATS)}"
         raise RecordingError(msg)
-    if run is not None and fmt != "openai-chat":
-        msg = f"{path}: --run selects one run of an OpenAI chat file holding several; this file is {fmt}"
+    if run is not None and fmt not in MULTI_RUN_FORMATS:
+        msg = (
+            f"{path}: --run selects one run of a file holding several (OpenAI chat runs, an OpenHands "
+            f"benchmark run's JSONL); this file is {fmt}"
+        )
         raise RecordingError(msg)
     recording = _IMPORTERS[fmt](path, run, lenient)
     recording.items = unique_call_ids(recording.items)
     recording.source = {"kind": "transcript", "format": fmt, "file": path.name, **recording.source}
     return recording
-
-
-def check_usage(raw: Any, field: str = "usage") -> dict[str, int] | None:
-    """Recorded usage in the kernel's form; a counter that is not a non-negative integer is refused."""
-    if raw is None:
-        return None
-    if not isinstance(raw, dict):
-        msg = f"{field} must be an object of token counts, got {type(raw).__name__}"
-        raise EventError(msg)
-    counters = [(k, raw.get(k)) for k in _USAGE_COUNTERS]
-    details = raw.get("prompt_tokens_details")
-    if details is not None:
-        if not isinstance(details, dict):
-            msg = f"{field}.prompt_tokens_details must be an object, got {type(details).__name__}"
-            raise EventError(msg)
-        counters.append(("prompt_tokens_details.cached_tokens", details.get("cached_tokens")))
-    for key, value in counters:
-        if value is not None and (type(value) is not int or not 0 <= value < _MAX_TOKENS):
-            msg = f"{field}.{key} must be a non-negative integer token count, got {value!r:.60}"
-            raise EventError(msg)
-    return normalize_usage(raw)
-
-
-def check_item(item: Item) -> tuple[str, str] | None:
-    """``(what is accepted, what was found)`` when an item is not well-typed, else None."""
-    if isinstance(item, UserItem):
-        if not isinstance(item.text, str):
-            return "a user message whose text is a string", type(item.text).__name__
-        return None
-    if isinstance(item, ToolResultItem):
-        for name, value, types in (
-            ("call_id", item.call_id, (str,)),
-            ("content", item.content, (str,)),
-            ("is_error", item.is_error, (bool,)),
-            ("name", item.name, (str, type(None))),
-        ):
-            if not isinstance(value, types):
-                return (
-                    f"a tool result whose {name} is {' or '.join(t.__name__ for t in types)}",
-                    f"{type(value).__name__} {value!r:.60}",
-                )
-        return None
-    if isinstance(item, AssistantItem):
-        message = item.message
-        if not isinstance(message, Message) or message.role != "assistant":
-            return "an assistant message", repr(message)[:120]
-        try:
-            Message.from_dict(message.to_dict())  # the kernel's own check of every block's fields
-            source = message.source
-            if not all(v is None or isinstance(v, str) for v in (source.provider, source.model)):
-                msg = f"the message's model must be a string, got {source.model!r:.60}"
-                raise EventError(msg)
-            check_usage(item.usage)
-        except EventError as exc:
-            return "a well-typed assistant message", str(exc)
-        return None
-    if isinstance(item, MarkerItem):
-        if not isinstance(item.kind, str) or not isinstance(item.data, dict):
-            return "a marker", repr(item)[:120]
-        return None
-    return "a recording item", type(item).__name__
 
 
 def unique_call_ids(items: list[Item]) -> list[Item]:
@@ -277,7 +185,7 @@ def unique_call_ids(items: list[Item]) -> list[Item]:
 
 # -- kernel session log ------------------------------------------------------------------------------
 def import_kernel(path: Path, run: int | None, lenient: bool) -> Recording:
-    lines = _Lines(path, lenient)
+    lines = Lines(path, lenient)
     items: list[Item] = []
     header_seen = False
     for lineno, raw in lines:
@@ -345,7 +253,7 @@ def import_openai(path: Path, run: int | None, lenient: bool) -> Recording:
         data = None
     source: dict[str, Any] = {}
     if data is None:  # one chat message per line
-        lines = _Lines(path, lenient)
+        lines = Lines(path, lenient)
         messages: list[tuple[int | str, Any]] = list(lines)  # (line number, message)
         skipped = lines.skipped
     else:
@@ -374,7 +282,7 @@ def import_openai(path: Path, run: int | None, lenient: bool) -> Recording:
             messages = [(f"message {i}", m) for i, m in enumerate(data)]
     items: list[Item] = []
     system_parts: list[str] = []
-    checker = _Lines(path, lenient)
+    checker = Lines(path, lenient)
     checker.skipped = skipped
     for at, raw in messages:
         where = f"line {at}" if isinstance(at, int) else at
@@ -396,7 +304,7 @@ def import_openai(path: Path, run: int | None, lenient: bool) -> Recording:
             else:
                 result = message.content[0]  # Message.tool: exactly one tool_result block
                 item = ToolResultItem(result.call_id, result.content, result.is_error, result.name)  # type: ignore[union-attr]
-        except _SHAPE_ERRORS as exc:
+        except SHAPE_ERRORS as exc:
             checker.bad(at, "an OpenAI chat message {role, content, tool_calls?}", str(exc))
             continue
         checker.add(items, at, item)
@@ -408,7 +316,7 @@ def import_openai(path: Path, run: int | None, lenient: bool) -> Recording:
 
 # -- Claude Code session JSONL -------------------------------------------------------------------------
 def import_claude_code(path: Path, run: int | None, lenient: bool) -> Recording:
-    lines = _Lines(path, lenient)
+    lines = Lines(path, lenient)
     by_uuid: dict[str, tuple[int, dict[str, Any]]] = {}
     leaf: str | None = None
     for lineno, raw in lines:
@@ -462,7 +370,7 @@ def import_claude_code(path: Path, run: int | None, lenient: bool) -> Recording:
     for lineno, raw in chain:
         try:
             group = _claude_line(path, lineno, raw, items, group, deferred, flush, lines)
-        except _SHAPE_ERRORS as exc:
+        except SHAPE_ERRORS as exc:
             lines.bad(lineno, f"a well-formed Claude Code {raw['type']} line", str(exc))
     flush()
     return Recording(items, {}, skipped=lines.skipped)
@@ -476,7 +384,7 @@ def _claude_line(
     group: dict[str, Any] | None,
     deferred: list[tuple[int, ToolResultItem]],
     flush: Callable[[], None],
-    lines: _Lines,
+    lines: Lines,
 ) -> dict[str, Any] | None:
     """One line of the main chain; returns the assistant message being assembled afterwards."""
     kind = raw["type"]
@@ -547,7 +455,7 @@ def _claude_line(
 
 # -- Codex CLI rollout JSONL ---------------------------------------------------------------------------
 def import_codex(path: Path, run: int | None, lenient: bool) -> Recording:
-    lines = _Lines(path, lenient)
+    lines = Lines(path, lenient)
     items: list[Item] = []
     blocks: list[Any] = []
     blocks_line = 0
@@ -648,7 +556,7 @@ def import_codex(path: Path, run: int | None, lenient: bool) -> Recording:
                     msg = f"a {item_type} needs string 'call_id' and 'name', got {call_id!r:.60} and {name!r:.60}"
                     raise EventError(msg)
                 if item_type == "function_call":
-                    arguments = _json_arguments(payload.get("arguments"))
+                    arguments = json_arguments(payload.get("arguments"))
                 elif item_type == "custom_tool_call":
                     arguments = {"input": payload.get("input", "")}
                 else:
@@ -669,7 +577,7 @@ def import_codex(path: Path, run: int | None, lenient: bool) -> Recording:
                     output = output.get("content", orjson.dumps(output).decode())
                 content = output if isinstance(output, str) else orjson.dumps(output).decode()
                 deferred.append((lineno, ToolResultItem(call_id, content)))
-        except _SHAPE_ERRORS as exc:
+        except SHAPE_ERRORS as exc:
             lines.bad(lineno, f"a well-formed Codex {kind} line", str(exc))
     flush()
     recording = Recording(items, {}, skipped=lines.skipped)
@@ -696,13 +604,46 @@ def _codex_texts(payload: dict[str, Any], key: str) -> list[str]:
     return texts
 
 
-def _json_arguments(raw: Any) -> dict[str, Any]:
-    # lenient, unlike convert's: a recording with odd arguments still replays
-    if isinstance(raw, dict):
-        return raw
-    if isinstance(raw, str):
-        return arguments_from_json(raw)
-    return {}
+# -- SWE-agent and OpenHands (see :mod:`.agent_logs`) ---------------------------------------------------
+def import_swe_agent(path: Path, run: int | None, lenient: bool) -> Recording:
+    data = agent_logs.load_json(path)
+    if not isinstance(data, dict):
+        msg = f"{path}: expected a SWE-agent trajectory object, got a JSON {type(data).__name__}"
+        raise RecordingError(msg)
+    return agent_logs.import_swe_agent(path, data, Lines(path, lenient))
+
+
+def import_openhands(path: Path, run: int | None, lenient: bool) -> Recording:
+    lines = Lines(path, lenient)
+    if _first_line(path).startswith(b"["):  # one event stream
+        if run is not None:
+            msg = (
+                f"{path}: --run picks an instance of an OpenHands benchmark run (JSONL); this file is one event stream"
+            )
+            raise RecordingError(msg)
+        events = agent_logs.load_json(path)
+        return agent_logs.import_openhands(agent_logs.openhands_events(events, "event"), lines, {})
+    index = 0 if run is None else run
+    try:
+        whole = orjson.loads(path.read_bytes())  # one pretty-printed instance
+    except orjson.JSONDecodeError:
+        whole = None
+    instances = [(1, whole)] if isinstance(whole, dict) else lines
+    chosen: tuple[int, dict[str, Any]] | None = None
+    total = 0
+    for lineno, raw in instances:
+        if not agent_logs.is_openhands_instance(raw):
+            lines.bad(lineno, "an OpenHands instance {instance_id, history: [events]}", str(sorted(raw))[:120])
+            continue
+        if total == index:
+            chosen = (lineno, raw)
+        total += 1
+    if chosen is None:
+        msg = f"{path}: --run {index} is out of range: the file holds {total} instances (0..{total - 1})"
+        raise RecordingError(msg)
+    lineno, raw = chosen
+    events = agent_logs.openhands_events(raw["history"], f"line {lineno} history")
+    return agent_logs.import_openhands(events, lines, {"run": index, "runs": total})
 
 
 _IMPORTERS: dict[str, Callable[[Path, int | None, bool], Recording]] = {
@@ -710,4 +651,6 @@ _IMPORTERS: dict[str, Callable[[Path, int | None, bool], Recording]] = {
     "openai-chat": import_openai,
     "claude-code": import_claude_code,
     "codex": import_codex,
+    "swe-agent": import_swe_agent,
+    "openhands": import_openhands,
 }

@@ -22,6 +22,7 @@ session of the same store: later requests are prepared there.
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import time
 from collections.abc import Callable
@@ -40,6 +41,7 @@ from ..session import Request, Session
 from ..store.jsonl import JsonlStore
 from ..text import extractive_summary
 from ..tools import ToolOutcome
+from . import probes, recall
 from .checks import InvariantChecker
 from .recording import AssistantItem, MarkerItem, Recording, RecordingError, ToolResultItem, UserItem
 from .steward import Steward, default_steward
@@ -64,6 +66,7 @@ METRIC_KEYS: tuple[str, ...] = (
     "summary_calls",
     "summary_input_tokens",
     "summary_output_tokens",
+    "summarizer",
     "billed_input_tokens",
     "cached_input_tokens",
     "output_tokens",
@@ -72,13 +75,22 @@ METRIC_KEYS: tuple[str, ...] = (
     "invariant_details",
     "instructions_visible",
     "history_recoverable",
+    "history_recoverable_declared",
+    "recall_calls",
+    "recall_tokens",
+    "recall_method",
+    "recall_probed",
+    "probes",
     "synthetic_results",
     "sessions",
+    "session_ids",
     "steward_errors",
     "prompt_tokens",
     "wall_seconds",
 )
 
+#: the smallest context window a simulation runs with
+MIN_WINDOW = 256
 #: the built-in pseudo-profile with no strategy (a baseline row; not part of ``all``)
 UNMANAGED = "none"
 #: a strategy claiming one of these capabilities gives the model tools that read hidden history back
@@ -93,10 +105,14 @@ class Options:
     """How to run a comparison (the ``ctxkernel simulate`` flags)."""
 
     window: int | None = None
+    #: ``--window 0.5x``: each recording's window is this share of its own unmanaged peak
+    window_share: float | None = None
     summarizer: str = "extractive"
     steward: Steward = default_steward
     prices: Prices | None = None
     workdir: Path | None = None
+    #: keep the replayed sessions in a jsonl store (the kernel home) at this folder
+    keep_sessions: Path | None = None
     progress: Callable[[str, int, int], None] | None = None
 
 
@@ -211,6 +227,7 @@ class Replay:
         self.counters = _Counters()
         self.instructions: list[str] = []
         self.originals: list[tuple[str, int]] = []  # (session id, seq) of every replayed message
+        self.item_seqs: dict[int, tuple[str, int]] = {}  # recording item index -> where it was replayed
         self._last_was_final_reply = False
         self._previous: tuple[str, Any, list[Message], list[int]] | None = None
         self._header_tokens: dict[tuple[str, int], int] = {}
@@ -222,21 +239,28 @@ class Replay:
         items = self.recording.items
         total = self.recording.requests
         done = 0
-        for item in items:
-            if isinstance(item, UserItem):
-                self._user(item)
-            elif isinstance(item, AssistantItem):
-                self._assistant(item)
+        for index, item in enumerate(items):
+            replayed = len(self.originals)
+            self._item(item)
+            if isinstance(item, AssistantItem):
                 done += 1
                 if self.options.progress:
                     self.options.progress(self.label, done, total)
-            elif isinstance(item, ToolResultItem):
-                self._tool_result(item)
-            elif isinstance(item, MarkerItem) and item.kind == "turn_end":
-                self._close_pending()
-                self.session.end_turn()
+            if len(self.originals) > replayed:
+                self.item_seqs[index] = self.originals[-1]
         self._close_pending()
         self.session.end_turn()
+
+    def _item(self, item: Any) -> None:
+        if isinstance(item, UserItem):
+            self._user(item)
+        elif isinstance(item, AssistantItem):
+            self._assistant(item)
+        elif isinstance(item, ToolResultItem):
+            self._tool_result(item)
+        elif isinstance(item, MarkerItem) and item.kind == "turn_end":
+            self._close_pending()
+            self.session.end_turn()
 
     def _user(self, item: UserItem) -> None:
         self._close_pending()
@@ -431,6 +455,40 @@ class Replay:
             if RECALL_CAPABILITIES & getattr(specs.get(t.strategy), "capabilities", frozenset())
         )
 
+    def _measure_recall(self, visible_seqs: set[int]) -> dict[str, Any]:
+        """``history_recoverable`` measured by fetching hidden messages back (see :mod:`.recall`),
+        and the retention probes (see :mod:`.probes`)."""
+        final = self.session
+        by_id = {s.id: s for s in self.sessions}
+
+        def target(where: tuple[str, int]) -> tuple[str, int, Message]:
+            sid, seq = where
+            return sid, seq, Message.from_dict(by_id[sid].events[seq].data["message"])
+
+        def hidden(where: tuple[str, int]) -> bool:
+            return not (where[0] == final.id and where[1] in visible_seqs)
+
+        targets = [target(w) for w in self.originals if hidden(w)]
+        found_probes = probes.extract(self.recording)
+        sources = {self.item_seqs[i] for p in found_probes for i in p.items if i in self.item_seqs}
+        found = recall.measure(final, targets, [target(w) for w in sorted(sources) if hidden(w)])
+        fetched = len(found.recovered & found.sampled)
+        scale = len(targets) / found.probed if found.probed else 0.0
+        cost_scale = len(targets) / found.fetched if found.fetched else 0.0  # the calls fetched all of these
+        recovered = len(self.originals) - len(targets) + fetched * scale
+        reachable = {i for i, where in self.item_seqs.items() if not hidden(where) or where in found.recovered}
+        surface = [self._last_system]
+        for node in final.surface.nodes:
+            surface += probes.message_texts(node.message)
+        return {
+            "history_recoverable": round(recovered / len(self.originals), 4) if self.originals else 1.0,
+            "recall_calls": round(found.calls * cost_scale),
+            "recall_tokens": round(found.tokens * cost_scale),
+            "recall_method": found.method,
+            "recall_probed": found.probed,
+            "probes": probes.score(found_probes, probes.visible_text(surface), reachable),
+        }
+
     def metrics(self) -> dict[str, Any]:
         c = self.counters
         final = self.session
@@ -440,10 +498,13 @@ class Replay:
         shown = sum(1 for t in instructions if t in normalized)
         visible_seqs = {n.seq for n in final.surface.nodes}
         lineage = self._lineage()
-        recall = bool(self._recall_tools())
-        recoverable = sum(
-            1 for sid, seq in self.originals if (sid == final.id and seq in visible_seqs) or (recall and sid in lineage)
+        has_recall = bool(self._recall_tools())
+        declared = sum(
+            1
+            for sid, seq in self.originals
+            if (sid == final.id and seq in visible_seqs) or (has_recall and sid in lineage)
         )
+        measured = self._measure_recall(visible_seqs)
         compactions: dict[str, int] = {}
         failures = 0
         summary_calls = summary_in = summary_out = 0
@@ -467,6 +528,12 @@ class Replay:
         summarizer = self.kernel.summarizer
         if isinstance(summarizer, CountingModel):
             summary_calls, summary_in, summary_out = summarizer.calls, summarizer.input_tokens, summarizer.output_tokens
+        if summary_calls:
+            used: str | None = self.options.summarizer  # scripted or openai:<model>: priced model calls
+        elif compactions.get("summary"):
+            used = "extractive"  # the kernel's summaries, written without a model: not priced
+        else:
+            used = None  # no kernel summary: the strategy (or the steward's tool calls) wrote its own
         violations = [v for checker in self.checkers.values() for v in checker.violations]
         tokens = c.prompt_tokens
         billed = sum(tokens) + summary_in
@@ -484,13 +551,15 @@ class Replay:
             "summary_calls": summary_calls,
             "summary_input_tokens": summary_in,
             "summary_output_tokens": summary_out,
+            "summarizer": used,
             "billed_input_tokens": billed,
             "cached_input_tokens": c.cached,
             "output_tokens": c.output + summary_out,
             "invariant_violations": len(violations),
             "invariant_details": violations[:20],
             "instructions_visible": round(shown / len(instructions), 4) if instructions else 1.0,
-            "history_recoverable": round(recoverable / len(self.originals), 4) if self.originals else 1.0,
+            **measured,
+            "history_recoverable_declared": round(declared / len(self.originals), 4) if self.originals else 1.0,
             "synthetic_results": c.synthetic_results,
             "sessions": len(self.sessions),
             "steward_errors": c.steward_errors,
@@ -529,7 +598,13 @@ def empty_metrics(name: str, status: str, error: str, strategies: list[str] | No
 def run_profile(name: str, recording: Recording, options: Options) -> dict[str, Any]:
     """Replay ``recording`` through profile ``name``; a profile that cannot load is reported, not raised."""
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="ctxkernel-simulate-", dir=options.workdir) as tmp:
+    kept = options.keep_sessions
+    home_of = (
+        contextlib.nullcontext(str(kept))
+        if kept is not None
+        else tempfile.TemporaryDirectory(prefix="ctxkernel-simulate-", dir=options.workdir)
+    )
+    with home_of as tmp:
         home = Path(tmp)
         try:
             profile = prepare_profile(name, recording, options, home)
@@ -547,9 +622,11 @@ def run_profile(name: str, recording: Recording, options: Options) -> dict[str, 
         except Exception as exc:  # noqa: BLE001 - one broken strategy must not hide the others' results
             where = _origin(exc)
             out = empty_metrics(name, "failed", f"{type(exc).__name__}: {exc}{where}", strategies)
+            out["session_ids"] = [s.id for s in replay.sessions] if kept is not None else None  # to inspect the failure
             out["wall_seconds"] = round(time.perf_counter() - started, 3)
             return out
         result = replay.metrics()
+        result["session_ids"] = [s.id for s in replay.sessions] if kept is not None else None
         store_close = getattr(kernel.store, "close", None)
         if store_close:
             store_close()

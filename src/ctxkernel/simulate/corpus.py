@@ -1,0 +1,222 @@
+"""Corpus mode: many recorded sessions replayed in parallel worker processes, then aggregated.
+
+``ctxkernel simulate --transcripts DIR_OR_GLOB [--jobs N]``: every ``*.jsonl``, ``*.json`` and
+``*.traj`` file under a folder (recursively), or every file a glob matches, is one or more sessions
+(each run of an OpenAI chat file of runs, each instance of an OpenHands benchmark run). Each
+session is replayed through every profile (:func:`.compare`) in a worker process; the report has
+one entry per session and an aggregate per profile: sum, median and p90 of each figure over the
+sessions the profile replayed, compactions and retention probes pooled.
+
+A session that cannot be read is an entry with its ``error`` (and no profiles); it does not stop
+the others.
+"""
+
+from __future__ import annotations
+
+import glob
+import math
+import statistics
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import CtxKernelError
+from ..redact import redact
+from .importers import MULTI_RUN_FORMATS, load_recording, sniff
+from .probes import KINDS
+from .recording import RecordingError
+from .replay import Options
+
+#: file name endings a folder is searched for
+SUFFIXES = (".jsonl", ".json", ".traj")
+#: most sessions one corpus run replays
+MAX_SESSIONS = 100_000
+#: figures aggregated with sum, median and p90 (the numeric metrics of one profile)
+FIGURES: tuple[str, ...] = (
+    "requests",
+    "peak_prompt_tokens",
+    "mean_prompt_tokens",
+    "effective_window",
+    "header_tokens",
+    "overflows",
+    "overflow_retries",
+    "compaction_failures",
+    "summary_calls",
+    "summary_input_tokens",
+    "summary_output_tokens",
+    "billed_input_tokens",
+    "cached_input_tokens",
+    "output_tokens",
+    "cost",
+    "invariant_violations",
+    "instructions_visible",
+    "history_recoverable",
+    "history_recoverable_declared",
+    "recall_calls",
+    "recall_tokens",
+    "steward_requests",
+    "sessions",
+    "wall_seconds",
+)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One session of the corpus: a file and, for a file of several, which run."""
+
+    index: int
+    path: str
+    run: int | None = None
+    error: str | None = None
+
+
+def find_files(spec: str) -> list[Path]:
+    """The files of a corpus: a folder's ``*.jsonl``/``*.json``/``*.traj`` (recursively), or a glob's matches."""
+    root = Path(spec).expanduser()
+    if root.is_dir():
+        files = sorted(
+            p for p in root.rglob("*") if p.is_file() and p.suffix in SUFFIXES and not p.name.startswith(".")
+        )
+    else:
+        files = sorted(Path(p) for p in glob.glob(str(root), recursive=True) if Path(p).is_file())
+    if not files:
+        what = (
+            f"the folder has no {', '.join('*' + s for s in SUFFIXES)} file" if root.is_dir() else "it matches no file"
+        )
+        msg = f"--transcripts {spec}: {what}; accepted: a folder of recordings or a glob such as 'runs/**/*.jsonl'"
+        raise RecordingError(msg)
+    return files
+
+
+def plan(files: list[Path], lenient: bool = False) -> list[Task]:
+    """One task per session: every run of a file of runs, else one per file; unreadable files
+    are tasks with their error."""
+    tasks: list[Task] = []
+    for path in files:
+        try:
+            runs = 1
+            if sniff(path) in MULTI_RUN_FORMATS:
+                runs = load_recording(path, lenient=lenient).source.get("runs") or 1
+            for run in range(runs):
+                tasks.append(Task(len(tasks), str(path), run if runs > 1 else None))
+        except CtxKernelError as exc:
+            tasks.append(Task(len(tasks), str(path), error=redact(str(exc))))
+        if len(tasks) > MAX_SESSIONS:
+            msg = f"--transcripts: more than {MAX_SESSIONS:,} sessions; narrow the folder or the glob"
+            raise RecordingError(msg)
+    return tasks
+
+
+def replay_task(task: Task, profiles: list[str], options: Options, lenient: bool) -> dict[str, Any]:
+    """Replay one session through every profile (runs in a worker process)."""
+    from . import compare
+
+    entry: dict[str, Any] = {"file": Path(task.path).name, "path": task.path, "run": task.run, "error": task.error}
+    if task.error is None:
+        try:
+            recording = load_recording(task.path, run=task.run, lenient=lenient)
+            if options.keep_sessions is not None:  # one store per session: workers never share a file
+                folder = options.keep_sessions / f"session-{task.index:05d}"
+                folder.mkdir(exist_ok=True)
+                options = replace(options, keep_sessions=folder)
+            report = compare(profiles, recording, options)
+        except CtxKernelError as exc:
+            entry["error"] = redact(str(exc))
+        else:
+            entry.update(source=report["source"], window=report["settings"]["window"], profiles=report["profiles"])
+            if options.keep_sessions is not None:
+                entry["kept_in"] = str(options.keep_sessions)
+            return entry
+    entry.update(source=None, window=None, profiles=[])
+    return entry
+
+
+def run_corpus(
+    tasks: list[Task],
+    profiles: list[str],
+    options: Options,
+    *,
+    jobs: int = 1,
+    lenient: bool = False,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Every task replayed, in task order; ``jobs`` worker processes (1: in this process)."""
+    worker_options = replace(options, progress=None)  # a per-request bar per worker would interleave
+    results: list[dict[str, Any]] = []
+    if jobs <= 1:
+        for task in tasks:
+            results.append(replay_task(task, profiles, worker_options, lenient))
+            if progress:
+                progress("sessions", len(results), len(tasks))
+        return results
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(replay_task, t, profiles, worker_options, lenient) for t in tasks]
+        for done, future in enumerate(futures, 1):
+            results.append(future.result())
+            if progress:
+                progress("sessions", done, len(tasks))
+    return results
+
+
+def _p90(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)]
+
+
+def _round(value: float) -> float | int:
+    return int(value) if float(value).is_integer() else round(value, 6)
+
+
+def aggregate(sessions: list[dict[str, Any]], profiles: list[str]) -> dict[str, Any]:
+    """Per profile: how many sessions it replayed (``ok``), failed or could not run, and for each
+    figure its ``sum``, ``median`` and ``p90`` over the ``ok`` sessions; ``overflows`` and
+    ``invariant_violations`` summed; ``compactions`` summed per kind; ``probes`` pooled per kind
+    (shares over all the probes of all sessions)."""
+    out: dict[str, Any] = {}
+    for name in profiles:
+        rows = [p for s in sessions for p in s["profiles"] if p["profile"] == name]
+        ok = [r for r in rows if r["status"] == "ok"]
+        figures: dict[str, dict[str, float | int] | None] = {}
+        for key in FIGURES:
+            values = [r[key] for r in ok if isinstance(r.get(key), int | float) and not isinstance(r.get(key), bool)]
+            figures[key] = (
+                {
+                    "sum": _round(sum(values)),
+                    "median": _round(statistics.median(values)),
+                    "p90": _round(_p90(values)),
+                }
+                if values
+                else None
+            )
+        compactions: dict[str, int] = {}
+        for r in ok:
+            for kind, n in (r.get("compactions") or {}).items():
+                compactions[kind] = compactions.get(kind, 0) + n
+        probes: dict[str, dict[str, float | int | None]] = {}
+        for kind in KINDS:
+            count = visible = recoverable = 0.0
+            for r in ok:
+                figures_of = (r.get("probes") or {}).get(kind) or {}
+                n = figures_of.get("count") or 0
+                if n:
+                    count += n
+                    visible += figures_of["visible"] * n
+                    recoverable += figures_of["recoverable"] * n
+            probes[kind] = {
+                "count": int(count),
+                "visible": round(visible / count, 4) if count else None,
+                "recoverable": round(recoverable / count, 4) if count else None,
+            }
+        out[name] = {
+            "ok": len(ok),
+            "failed": sum(1 for r in rows if r["status"] == "failed"),
+            "unavailable": sum(1 for r in rows if r["status"] == "unavailable"),
+            "overflows": sum(r["overflows"] or 0 for r in ok),
+            "invariant_violations": sum(r["invariant_violations"] or 0 for r in rows),
+            "compactions": dict(sorted(compactions.items())),
+            "probes": probes,
+            "figures": figures,
+        }
+    return out

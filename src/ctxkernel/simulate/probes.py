@@ -1,0 +1,230 @@
+"""Retention probes: the concrete things an agent must not forget, extracted from a recording.
+
+Deterministic rules, one per kind, applied to the recording's tool calls and results and the
+user's messages (never to what a strategy wrote). Every probe is a short text and the recording
+items it came from:
+
+``files_changed``   the path of every file an editing tool changed: a call named ``edit``, ``write``,
+                    ``multiedit``, ``notebookedit``, ``edit_file``, ``write_file``, ``create_file``,
+                    ``str_replace_editor`` / ``str_replace_based_edit_tool`` (commands ``create``,
+                    ``str_replace``, ``insert``), its ``file_path``, ``path``, ``notebook_path``,
+                    ``filename`` or ``target_file`` argument; ``apply_patch`` input's
+                    ``*** Add|Update|Delete File:`` lines
+``errors_seen``     per tool result, the last line naming an error: an ``...Error``/``...Exception``
+                    name, or a line starting ``FAILED``, ``ERROR``, ``error:``, ``error[...]:`` or
+                    ``fatal:``; for an error result with no such line, its first non-empty line
+``commands_worked`` the command of every shell call (``bash``, ``shell``, ``run``, ``exec_command``,
+                    ``execute_bash``, ``run_command``, ``run_terminal_cmd``, ``local_shell``) whose
+                    result is not an error, names no error line, and reports no non-zero exit code
+``decisions``       sentences of the user's instructions that constrain the work: they contain
+                    ``don't``, ``do not``, ``never``, ``always``, ``must``, ``instead``, ``make sure``,
+                    ``prefer``, ``avoid``, ``from now on`` or ``only``
+``open_todos``      entries of the last todo list the model wrote (``TodoWrite``, ``update_plan``,
+                    ... as :data:`ctxkernel.recall.history.TODO_TOOLS`) not marked done
+
+Texts are whitespace-normalized and clipped to 200 characters; equal texts of one kind are one
+probe (its items are all the places it came from). At most :data:`MAX_PER_KIND` probes per kind
+(an evenly spaced sample of them).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from ..recall.history import TODO_TOOLS
+from .recording import AssistantItem, Item, Recording, ToolResultItem, UserItem
+
+KINDS: tuple[str, ...] = ("files_changed", "errors_seen", "commands_worked", "decisions", "open_todos")
+MAX_PER_KIND = 200
+TEXT_CHARS = 200
+
+_EDIT_TOOLS = frozenset(
+    {"edit", "write", "multiedit", "notebookedit", "edit_file", "write_file", "create_file", "replace_in_file"}
+)
+_EDITOR_TOOLS = frozenset({"str_replace_editor", "str_replace_based_edit_tool"})
+_EDITOR_WRITES = frozenset({"create", "str_replace", "insert"})
+_PATH_ARGS = ("file_path", "path", "notebook_path", "filename", "target_file")
+_SHELL_TOOLS = frozenset(
+    {"bash", "shell", "run", "exec_command", "execute_bash", "run_command", "run_terminal_cmd", "local_shell"}
+)
+_SHELLS = frozenset({"bash", "sh", "zsh", "/bin/bash", "/bin/sh"})
+_PATCH_FILE = re.compile(r"^\*\*\* (?:Add|Update|Delete) File: (.+)$", re.MULTILINE)
+_ERROR_LINE = re.compile(
+    r"\b[A-Z][A-Za-z]*(?:Error|Exception)\b|^\s*(?:FAILED|ERROR)\b|^\s*(?:error|fatal)(?:\[[\w-]+\])?:"
+)
+_EXIT_CODE = re.compile(r"(?:exit(?:ed with)?[ _]code|exit status)[\"': ]*(-?\d+)", re.IGNORECASE)
+_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+_DECISION = re.compile(
+    r"\b(?:don't|do not|never|always|must|instead|make sure|prefer|avoid|from now on|only)\b", re.IGNORECASE
+)
+_DONE = frozenset({"completed", "complete", "done", "cancelled", "canceled"})
+
+
+@dataclass(frozen=True)
+class Probe:
+    kind: str
+    text: str
+    items: tuple[int, ...]  # indexes of the recording items it came from
+
+
+def _clip(text: str) -> str:
+    return " ".join(text.split())[:TEXT_CHARS]
+
+
+def _command(arguments: dict[str, Any]) -> str:
+    command = arguments.get("command", arguments.get("cmd"))
+    if isinstance(command, list) and all(isinstance(c, str) for c in command):
+        # ["bash", "-lc", "make test"] runs its last element
+        if len(command) >= 3 and command[0] in _SHELLS and command[1] in ("-c", "-lc"):
+            return command[-1]
+        return " ".join(command)
+    return command if isinstance(command, str) else ""
+
+
+def _edited_paths(name: str, arguments: dict[str, Any]) -> list[str]:
+    lowered = name.lower()
+    if lowered == "apply_patch":
+        patch = arguments.get("input", arguments.get("patch", ""))
+        return _PATCH_FILE.findall(patch) if isinstance(patch, str) else []
+    command = arguments.get("command")
+    if lowered in _EDITOR_TOOLS and not (isinstance(command, str) and command in _EDITOR_WRITES):
+        return []  # a view, or arguments a model sent malformed
+    if lowered not in _EDIT_TOOLS and lowered not in _EDITOR_TOOLS:
+        return []
+    return [v for k in _PATH_ARGS if isinstance(v := arguments.get(k), str) and v.strip()][:1]
+
+
+def error_line(content: str, is_error: bool) -> str:
+    """The last line of a tool result naming an error ('' when none); see the module docstring."""
+    found = ""
+    for line in content.splitlines():
+        if _ERROR_LINE.search(line):
+            found = line
+    if not found and is_error:
+        found = next((line for line in content.splitlines() if line.strip()), "")
+    return _clip(found)
+
+
+def _worked(result: ToolResultItem) -> bool:
+    if result.is_error or error_line(result.content, False):
+        return False
+    codes = _EXIT_CODE.findall(result.content)
+    return not codes or codes[-1] == "0"
+
+
+def _todo_entries(name: str, arguments: dict[str, Any]) -> list[str] | None:
+    entries = None
+    for key in TODO_TOOLS.get(name, ()):
+        if isinstance(arguments.get(key), list):
+            entries = arguments[key]
+    if entries is None:
+        return None
+    out = []
+    for raw in entries:
+        if isinstance(raw, dict):
+            text = raw.get("content") or raw.get("step") or raw.get("text") or raw.get("title") or ""
+            if str(raw.get("status") or "pending").lower() not in _DONE:
+                out.append(str(text))
+        else:
+            out.append(str(raw))
+    return out
+
+
+def extract(recording: Recording) -> list[Probe]:
+    """Every probe of ``recording``, by the rules of the module docstring, in kind order."""
+    found: dict[tuple[str, str], list[int]] = {}
+
+    def add(kind: str, text: str, index: int) -> None:
+        text = _clip(text)
+        if text:
+            found.setdefault((kind, text), []).append(index)
+
+    items: list[Item] = recording.items
+    shell_calls: dict[str, tuple[int, str]] = {}  # call id -> (item index, command)
+    todos: tuple[int, list[str]] | None = None
+    for index, item in enumerate(items):
+        if isinstance(item, UserItem) and item.instruction:
+            for sentence in _SENTENCE.split(item.text):
+                if _DECISION.search(sentence) and len(sentence.strip()) >= 10:
+                    add("decisions", sentence, index)
+        elif isinstance(item, AssistantItem):
+            for call in item.message.tool_calls:
+                arguments = call.arguments if isinstance(call.arguments, dict) else {}
+                for path in _edited_paths(call.name, arguments):
+                    add("files_changed", path, index)
+                if call.name.lower() in _SHELL_TOOLS and (command := _command(arguments)):
+                    shell_calls[call.id] = (index, command)
+                entries = _todo_entries(call.name, arguments)
+                if entries is not None:
+                    todos = (index, entries)
+        elif isinstance(item, ToolResultItem):
+            if line := error_line(item.content, item.is_error):
+                add("errors_seen", line, index)
+            shell = shell_calls.pop(item.call_id, None)
+            if shell is not None and _worked(item):
+                add("commands_worked", shell[1], shell[0])
+                found[("commands_worked", _clip(shell[1]))].append(index)
+    if todos is not None:
+        for entry in todos[1]:
+            add("open_todos", entry, todos[0])
+    probes = [Probe(kind, text, tuple(dict.fromkeys(where))) for (kind, text), where in found.items()]
+    out: list[Probe] = []
+    for kind in KINDS:
+        of_kind = [p for p in probes if p.kind == kind]
+        if len(of_kind) > MAX_PER_KIND:
+            step = len(of_kind) / MAX_PER_KIND
+            of_kind = [of_kind[int(i * step)] for i in range(MAX_PER_KIND)]
+        out += of_kind
+    return out
+
+
+def visible_text(texts: Iterable[str]) -> str:
+    """The normalized corpus a probe is looked for in."""
+    return " ".join(" ".join(t.split()) for t in texts)
+
+
+def message_texts(message: Any) -> list[str]:
+    """Text blocks, tool results, and every string inside tool-call arguments (a path, a command)."""
+    out: list[str] = []
+    for block in message.content:
+        if block.type == "text":
+            out.append(block.text)
+        elif block.type == "tool_result":
+            out.append(block.content)
+        elif block.type == "tool_call":
+            out += list(_strings(block.arguments))
+            out.append(orjson.dumps(block.arguments).decode())
+    return out
+
+
+def _strings(value: Any) -> Iterable[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+def score(probes: list[Probe], visible: str, reachable: set[int]) -> dict[str, dict[str, float | int | None]]:
+    """Per kind: ``count``, the share ``visible`` at the end and the share ``recoverable`` (visible,
+    or one of its items was fetched back through the recall tools); shares are null with no probe."""
+    out: dict[str, dict[str, float | int | None]] = {}
+    for kind in KINDS:
+        of_kind = [p for p in probes if p.kind == kind]
+        shown = [p for p in of_kind if p.text in visible]
+        back = [p for p in of_kind if p in shown or reachable.intersection(p.items)]
+        n = len(of_kind)
+        out[kind] = {
+            "count": n,
+            "visible": round(len(shown) / n, 4) if n else None,
+            "recoverable": round(len(back) / n, 4) if n else None,
+        }
+    return out

@@ -1,0 +1,144 @@
+"""What every importer shares: JSON lines with their numbers (:class:`Lines`), and the checks of
+usage and of each item before it joins a recording (:func:`check_usage`, :func:`check_item`).
+
+A malformed value raises :class:`RecordingError` naming the file, the line (or position), what was
+expected and what was found; with ``lenient`` it is skipped and listed instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ..convert import arguments_from_json
+from ..errors import EventError
+from ..messages import Message
+from ..session import normalize_usage
+from .recording import AssistantItem, Item, MarkerItem, RecordingError, ToolResultItem, UserItem
+
+#: what an importer's own checks, and the converters it calls, raise for a malformed value
+SHAPE_ERRORS = (EventError, TypeError, ValueError, AttributeError, KeyError)
+#: the usage counters :func:`normalize_usage` reads; each must be a non-negative integer when present
+_USAGE_COUNTERS = (
+    "input_tokens",
+    "output_tokens",
+    "cached_input_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+    "prompt_tokens",
+    "completion_tokens",
+)
+_MAX_TOKENS = 2**53  # a token count past this is not a count
+
+
+class Lines:
+    """JSON lines of a file with their numbers; malformed ones raise or are skipped (lenient)."""
+
+    def __init__(self, path: Path, lenient: bool) -> None:
+        self.path = path
+        self.lenient = lenient
+        self.skipped: list[dict[str, Any]] = []
+
+    def bad(self, lineno: int | str, expected: str, got: str) -> None:
+        if self.lenient:
+            self.skipped.append({"line": lineno, "expected": expected, "got": got[:200]})
+            return
+        where = f"{self.path}:{lineno}" if isinstance(lineno, int) else f"{self.path}: {lineno}"
+        msg = f"{where}: expected {expected}, got {got[:200]}; fix the line or pass --lenient to skip it"
+        raise RecordingError(msg)
+
+    def add(self, items: list[Item], where: int | str, item: Item) -> None:
+        """Append ``item`` after checking its shape; a bad one is refused (or skipped) naming ``where``."""
+        problem = check_item(item)
+        if problem is None:
+            items.append(item)
+        else:
+            self.bad(where, problem[0], problem[1])
+
+    def __iter__(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        with open(self.path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                if not raw.strip():
+                    continue
+                try:
+                    value = orjson.loads(raw)
+                except orjson.JSONDecodeError as exc:
+                    self.bad(lineno, "one JSON object per line", f"invalid JSON ({exc})")
+                    continue
+                if not isinstance(value, dict):
+                    self.bad(lineno, "a JSON object", type(value).__name__)
+                    continue
+                yield lineno, value
+
+
+def check_usage(raw: Any, field: str = "usage") -> dict[str, int] | None:
+    """Recorded usage in the kernel's form; a counter that is not a non-negative integer is refused."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        msg = f"{field} must be an object of token counts, got {type(raw).__name__}"
+        raise EventError(msg)
+    counters = [(k, raw.get(k)) for k in _USAGE_COUNTERS]
+    details = raw.get("prompt_tokens_details")
+    if details is not None:
+        if not isinstance(details, dict):
+            msg = f"{field}.prompt_tokens_details must be an object, got {type(details).__name__}"
+            raise EventError(msg)
+        counters.append(("prompt_tokens_details.cached_tokens", details.get("cached_tokens")))
+    for key, value in counters:
+        if value is not None and (type(value) is not int or not 0 <= value < _MAX_TOKENS):
+            msg = f"{field}.{key} must be a non-negative integer token count, got {value!r:.60}"
+            raise EventError(msg)
+    return normalize_usage(raw)
+
+
+def check_item(item: Item) -> tuple[str, str] | None:
+    """``(what is accepted, what was found)`` when an item is not well-typed, else None."""
+    if isinstance(item, UserItem):
+        if not isinstance(item.text, str):
+            return "a user message whose text is a string", type(item.text).__name__
+        return None
+    if isinstance(item, ToolResultItem):
+        for name, value, types in (
+            ("call_id", item.call_id, (str,)),
+            ("content", item.content, (str,)),
+            ("is_error", item.is_error, (bool,)),
+            ("name", item.name, (str, type(None))),
+        ):
+            if not isinstance(value, types):
+                return (
+                    f"a tool result whose {name} is {' or '.join(t.__name__ for t in types)}",
+                    f"{type(value).__name__} {value!r:.60}",
+                )
+        return None
+    if isinstance(item, AssistantItem):
+        message = item.message
+        if not isinstance(message, Message) or message.role != "assistant":
+            return "an assistant message", repr(message)[:120]
+        try:
+            Message.from_dict(message.to_dict())  # the kernel's own check of every block's fields
+            source = message.source
+            if not all(v is None or isinstance(v, str) for v in (source.provider, source.model)):
+                msg = f"the message's model must be a string, got {source.model!r:.60}"
+                raise EventError(msg)
+            check_usage(item.usage)
+        except EventError as exc:
+            return "a well-typed assistant message", str(exc)
+        return None
+    if isinstance(item, MarkerItem):
+        if not isinstance(item.kind, str) or not isinstance(item.data, dict):
+            return "a marker", repr(item)[:120]
+        return None
+    return "a recording item", type(item).__name__
+
+
+def json_arguments(raw: Any) -> dict[str, Any]:
+    # lenient, unlike convert's: a recording with odd arguments still replays
+    if isinstance(raw, dict):
+        return raw
+    if isinstance(raw, str):
+        return arguments_from_json(raw)
+    return {}

@@ -1,0 +1,273 @@
+"""Measured recall: fetch hidden messages back through the strategy's own tools, as a model would.
+
+After a replay, every replayed message that is not on the final surface is a *target*. The prober
+calls the final session's recall tools through ``session.run_tool`` with only what a model could
+know from what it sees: item ids printed by a history listing, chapter numbers printed by the
+table of contents on the surface, artifact handles printed in a chapter. A target counts as
+recovered only when its content comes back: every text block, tool-call argument object and tool
+result of the message, whitespace aside, is found in what the tools returned for it.
+
+Tool families measured (the shipped recall tools; another family's targets count as not
+recoverable, and the report says which family was used in ``recall_method``):
+
+``history``   ``history_list_items`` + ``history_read_item`` (handoff, and any strategy using
+              :mod:`ctxkernel.recall.history` with those names): list every item page by page
+              (``next_cursor``), then read each target's ``item_<seq>`` in pages (``next_offset_chars``)
+``lookup``    ``history_lookup`` + ``history_read`` (rollover): the same with its argument names
+``chapters``  ``chapters_read`` + ``chapters_artifact``: read every chapter numbered in the table of
+              contents on the surface, in pages, and every artifact a target's rendering points at
+
+The work is bounded per profile: at most :data:`MAX_TARGETS` targets are fetched (an evenly spaced
+sample when there are more, the share and the costs scaled to all targets) and at most
+:data:`MAX_CALLS` tool calls are made; targets not reached within the calls count as not
+recovered.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from ..messages import Message, ToolCallBlock
+
+if TYPE_CHECKING:
+    from ..session import Session
+
+#: most hidden messages fetched per profile (an evenly spaced sample beyond it)
+MAX_TARGETS = 400
+#: most recall tool calls per profile
+MAX_CALLS = 2_000
+#: most pages read for one item, chapter or artifact
+MAX_PAGES = 20
+
+_CHAPTER_NUMBER = re.compile(r"^- \[[^\]]+\] (\d{1,9}) ", re.MULTILINE)
+# a long table of contents folds older chapters into one line per folder: "- [fold:<dir>] 001–015: 15 ..."
+_CHAPTER_FOLD = re.compile(r"^- \[fold:[^\]]+\] (\d{1,9})–(\d{1,9}): ", re.MULTILINE)
+_SEGMENT = re.compile(r"^\*\*(?:User|Assistant|Result|Notice|Table of contents)\*\* #(\d{1,18})\b", re.MULTILINE)
+_ARTIFACT = re.compile(r"\[artifact `([^`\s]{1,300})`")
+_PAGE_LINE = re.compile(r"^\d{1,9}: ", re.MULTILINE)
+_CHAPTER_TAIL = re.compile(r"\n\((?:lines \d+-\d+ of \d+; next page: offset=\d+|end of chapter: \d+ lines)\)$")
+_ARTIFACT_TAIL = re.compile(r"\n\((?:lines \d+-(\d+) of \d+; next page: offset=\d+|end: \d+ lines)\)$")
+_NEXT_OFFSET = re.compile(r"next page: offset=(\d+)\)$")
+
+
+def normalize(text: str) -> str:
+    return " ".join(text.split())
+
+
+def fragments(message: Message) -> list[str]:
+    """What must come back for ``message`` to count as recovered (normalized, non-empty)."""
+    parts: list[str] = []
+    for block in message.content:
+        if block.type == "text":
+            parts.append(block.text)
+        elif block.type == "tool_call":
+            parts.append(orjson.dumps(block.arguments).decode())
+        elif block.type == "tool_result":
+            parts.append(block.content)
+    return [p for p in (normalize(p) for p in parts) if p]
+
+
+@dataclass
+class RecallResult:
+    """What measuring cost and found; ``recovered`` holds the (session id, seq) of recovered targets."""
+
+    method: str | None = None
+    calls: int = 0
+    tokens: int = 0
+    probed: int = 0
+    fetched: int = 0  # targets fetched: the sample plus the extra ones
+    sampled: set[tuple[str, int]] = field(default_factory=set)  # the evenly spaced sample of targets
+    recovered: set[tuple[str, int]] = field(default_factory=set)
+
+
+class _Prober:
+    def __init__(self, session: Session, result: RecallResult) -> None:
+        self.session = session
+        self.result = result
+        self._call_no = 0
+
+    def call(self, name: str, arguments: dict[str, Any]) -> str | None:
+        """One tool call as the model would make it; None when refused or over the call cap."""
+        if self.result.calls >= MAX_CALLS:
+            return None
+        self._call_no += 1
+        self.result.calls += 1
+        block = ToolCallBlock(f"recall_{self._call_no:06d}", name, arguments)
+        outcome = self.session.run_tool(block)
+        meter = self.session.meter
+        self.result.tokens += meter.count_text(name + orjson.dumps(arguments).decode()) + meter.count_text(
+            outcome.content
+        )
+        return None if outcome.is_error else outcome.content
+
+
+def _json(text: str | None) -> dict[str, Any]:
+    if text is None:
+        return {}
+    try:
+        data = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _paged_history(
+    prober: _Prober,
+    targets: list[tuple[int, list[str]]],
+    *,
+    list_tool: str,
+    read_tool: str,
+    id_arg: str,
+) -> Iterable[int]:
+    """Seqs of ``targets`` whose content a history listing and paged reads bring back."""
+    listed: set[str] = set()
+    cursor: str | None = None
+    for _ in range(MAX_CALLS):
+        args: dict[str, Any] = {"limit": 50, "max_chars": 1}
+        if cursor:
+            args["cursor"] = cursor
+        page = _json(prober.call(list_tool, args))
+        listed.update(str(item.get("id")) for item in page.get("items") or () if isinstance(item, dict))
+        cursor = page.get("next_cursor") if isinstance(page.get("next_cursor"), str) else None
+        if not cursor:
+            break
+    for seq, needles in targets:
+        ref = f"item_{seq}"
+        if ref not in listed:
+            continue  # the model never saw this id
+        body: list[str] = []
+        offset = 0
+        for _ in range(MAX_PAGES):
+            page = _json(prober.call(read_tool, {id_arg: ref, "offset_chars": offset, "max_chars": 20_000}))
+            if not isinstance(page.get("content"), str):
+                break
+            body.append(page["content"])
+            nxt = page.get("next_offset_chars")
+            if not isinstance(nxt, int) or nxt <= offset:
+                break
+            offset = nxt
+        text = normalize("".join(body))
+        if body and all(n in text for n in needles):
+            yield seq
+
+
+def _chapter_pages(prober: _Prober, number: str) -> tuple[str, str] | None:
+    """(author session, body) of one chapter read in pages, or None when refused."""
+    lines: list[str] = []
+    author = ""
+    offset = 0
+    for _ in range(MAX_PAGES):
+        out = prober.call("chapters_read", {"chapter": number, "offset": offset, "limit": 5000})
+        if out is None:
+            return None
+        head, _, rest = out.partition("\n")
+        if not author:
+            match = re.match(r"chapter (\S+)/\d+ ", head)
+            author = match.group(1) if match else ""
+        nxt = _NEXT_OFFSET.search(rest)
+        lines.append(_CHAPTER_TAIL.sub("", rest))
+        if not nxt or int(nxt.group(1)) <= offset:
+            break
+        offset = int(nxt.group(1))
+    return author, "\n".join(lines)
+
+
+def _artifact_text(prober: _Prober, handle: str) -> str:
+    parts: list[str] = []
+    offset = 0
+    for _ in range(MAX_PAGES):
+        out = prober.call("chapters_artifact", {"op": "read", "artifact": handle, "offset": offset, "limit": 5000})
+        if out is None:
+            break
+        tail = _ARTIFACT_TAIL.search(out)
+        parts.append(_PAGE_LINE.sub("", _ARTIFACT_TAIL.sub("", out)))
+        if not tail or not tail.group(1) or int(tail.group(1)) <= offset:
+            break
+        offset = int(tail.group(1))
+    return "\n".join(parts)
+
+
+def chapter_numbers(surface_text: str) -> list[str]:
+    """Chapter numbers a model reads off the table of contents: each bullet's, and every number of a
+    folded range (at most :data:`MAX_CALLS` of them)."""
+    numbers = list(_CHAPTER_NUMBER.findall(surface_text))
+    for low, high in _CHAPTER_FOLD.findall(surface_text):
+        numbers += [str(n) for n in range(int(low), min(int(high), int(low) + MAX_CALLS) + 1)]
+    return list(dict.fromkeys(str(int(n)) for n in numbers))[:MAX_CALLS]
+
+
+def _chapters(
+    prober: _Prober, surface_text: str, targets: list[tuple[str, int, list[str]]]
+) -> Iterable[tuple[str, int]]:
+    """Targets whose content the chapters named by the table of contents (and their artifacts) hold."""
+    segments: dict[tuple[str, int], str] = {}
+    for number in chapter_numbers(surface_text):
+        read = _chapter_pages(prober, number)
+        if read is None:
+            continue
+        author, body = read
+        marks = list(_SEGMENT.finditer(body))
+        for i, mark in enumerate(marks):
+            end = marks[i + 1].start() if i + 1 < len(marks) else len(body)
+            key = (author, int(mark.group(1)))
+            segments[key] = segments.get(key, "") + "\n" + body[mark.start() : end]
+    for sid, seq, needles in targets:
+        segment = segments.get((sid, seq))
+        if segment is None:
+            continue
+        text = normalize(segment)
+        if not all(n in text for n in needles):
+            # a large tool result is an artifact: the model follows the handle its rendering shows
+            extra = [_artifact_text(prober, h) for h in dict.fromkeys(_ARTIFACT.findall(segment))]
+            text = normalize(segment + "\n" + "\n".join(extra))
+        if all(n in text for n in needles):
+            yield sid, seq
+
+
+def sample(items: list[Any], cap: int) -> list[Any]:
+    """At most ``cap`` items, evenly spaced (deterministic)."""
+    if len(items) <= cap:
+        return list(items)
+    step = len(items) / cap
+    return [items[int(i * step)] for i in range(cap)]
+
+
+def measure(
+    final: Session, targets: list[tuple[str, int, Message]], also: Iterable[tuple[str, int, Message]] = ()
+) -> RecallResult:
+    """Fetch ``targets`` (session id, seq, message) back through ``final``'s recall tools: a sample
+    of at most :data:`MAX_TARGETS` of them, plus every one of ``also`` (the retention probes' sources)."""
+    result = RecallResult()
+    if not targets:
+        return result
+    final.owns_tool("")  # brings the tool registry up to date
+    names = set(final.tools.names())
+    chosen = sample(targets, MAX_TARGETS)
+    result.probed = len(chosen)
+    result.sampled = {(sid, seq) for sid, seq, _ in chosen}
+    extra: dict[tuple[str, int], tuple[str, int, Message]] = {}
+    for sid, seq, message in also:
+        if (sid, seq) not in result.sampled:
+            extra.setdefault((sid, seq), (sid, seq, message))
+    chosen += list(extra.values())[:MAX_TARGETS]
+    result.fetched = len(chosen)
+    prober = _Prober(final, result)
+    own = [(seq, fragments(m)) for sid, seq, m in chosen if sid == final.id]
+    if {"history_list_items", "history_read_item"} <= names:
+        result.method = "history"
+        found = _paged_history(prober, own, list_tool="history_list_items", read_tool="history_read_item", id_arg="id")
+        result.recovered.update((final.id, seq) for seq in found)
+    elif {"history_lookup", "history_read"} <= names:
+        result.method = "lookup"
+        found = _paged_history(prober, own, list_tool="history_lookup", read_tool="history_read", id_arg="item")
+        result.recovered.update((final.id, seq) for seq in found)
+    elif "chapters_read" in names:
+        result.method = "chapters"
+        surface = "\n".join(n.message.text for n in final.surface.nodes)
+        result.recovered.update(_chapters(prober, surface, [(sid, seq, fragments(m)) for sid, seq, m in chosen]))
+    return result
