@@ -296,7 +296,7 @@ def test_compact_now_from_the_page(browser, hostile, shots):
         page.goto(f"{base}/ui/sessions/{session.id}")
         button = page.locator("#action-compact")
         button.wait_for()
-        assert "strategy-toggle" in page.inner_text("#actions") and "#15" in page.inner_text("#actions")
+        assert page.locator("#strategy-toggles li").count() == 2  # the profile's handoff and basic
         button.click()
         page.wait_for_function(
             "() => document.getElementById('action-result').textContent.startsWith('compact: done')", timeout=30_000
@@ -305,7 +305,19 @@ def test_compact_now_from_the_page(browser, hostile, shots):
         page.wait_for_function(
             f"() => document.getElementById('compactions-count').textContent === '{n(len(after['compactions']))}'"
         )
+        # disable handoff for this session: logged, and the panel shows the new state
+        page.locator("#toggle-handoff").click()
+        page.wait_for_function(
+            "() => document.getElementById('action-result').textContent.startsWith('disable handoff: done')"
+        )
+        page.wait_for_function(
+            "() => document.querySelector('#strategy-toggles li[data-strategy=handoff]').dataset.enabled === 'false'"
+        )
+        assert "Compact now (basic)" in page.inner_text("#actions")
         shots.take(page, "actions")
+        session.refresh()
+        assert session.events[-1].data == {"strategy": "handoff", "enabled": False, "by": "ui"}
+        after = inspect_json(profile, session.id)
         # a cross-site form post (no token, another Origin) is refused and writes nothing
         status = page.evaluate(
             """async (url) => (await fetch(url, {method: 'POST', headers: {'X-CSRF-Token': 'forged'}})).status""",

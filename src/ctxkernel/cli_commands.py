@@ -1,4 +1,4 @@
-"""Core subcommands: plugins, profiles, validate, inspect, run.
+"""Core subcommands: plugins, profiles, validate, inspect, compact, strategy, run.
 
 Exit codes are shared by every command: 0 success, 1 invalid (a failed check, a model error),
 2 usage error (bad arguments, a profile or session that does not exist).
@@ -16,7 +16,8 @@ from typing import Any
 import orjson
 
 from .cli import EXIT_INVALID, EXIT_OK, EXIT_USAGE, bounded_int, dump_json, one_line
-from .errors import CtxKernelError, ProfileError, SessionNotFoundError
+from .controls import MANUAL_ACTIONS
+from .errors import ControlError, CtxKernelError, ProfileError, SessionBusyError, SessionNotFoundError
 from .plugins import StrategyManager
 from .profile import Profile, find_profile, list_profiles, load_profile, profile_search_path
 from .redact import redact
@@ -45,6 +46,37 @@ def register(sub: Any) -> None:
     p.add_argument("--profile", help="profile to open the session with (default: the one recorded in the session)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser(
+        "compact",
+        help="compact a session now, by hand, in its strategies' own terms",
+        description=(
+            "Ask the session's enabled strategies to compact now (basic: summarise; decay: a checkpoint before the "
+            "current turn; handoff, rollover: switch windows; chapters: continue in a new session, or --action "
+            "archive to archive in place). Refused while the session is mid-step. Exit 0 when something was "
+            "compacted, 1 when nothing was or the session is busy, 2 on a usage error."
+        ),
+    )
+    p.add_argument("session", metavar="SESSION")
+    p.add_argument("--profile", help="profile to open the session with (default: the one recorded in the session)")
+    p.add_argument("--action", default="compact", choices=list(MANUAL_ACTIONS), help="what to do (default compact)")
+    p.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    p.set_defaults(func=cmd_compact)
+
+    p = sub.add_parser(
+        "strategy",
+        help="enable or disable a strategy for one session (recorded in its log)",
+        description=(
+            "Enable or disable a strategy of the session's profile for that session only. The change is written "
+            "to the session's log: a running harness picks it up at its next step, and it survives a restart."
+        ),
+    )
+    p.add_argument("toggle", choices=["enable", "disable"])
+    p.add_argument("name", metavar="NAME", help="a strategy of the session's profile")
+    p.add_argument("--session", required=True, metavar="ID")
+    p.add_argument("--profile", help="profile to open the session with (default: the one recorded in the session)")
+    p.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    p.set_defaults(func=cmd_strategy)
 
     p = sub.add_parser(
         "run",
@@ -204,31 +236,50 @@ def _kernel_for(profile_name: str | None) -> Any:
     return Kernel.from_profile(profile_name)
 
 
-def cmd_inspect(args: argparse.Namespace) -> int:
+class _Refused(Exception):
+    """A command's early exit with its status (the message is already on stderr)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+def _open_recorded(command: str, session_id: str, profile_name: str | None) -> Any:
+    """Open ``session_id`` read-as-is (no crash repair: a live harness may hold it) with
+    ``profile_name``, else the profile recorded in the session when it is on the search path."""
     from .store.base import check_session_id
 
     try:
-        check_session_id(args.session)
+        check_session_id(session_id)
     except CtxKernelError as exc:
-        return usage_error("inspect", str(exc))
+        raise _Refused(usage_error(command, str(exc))) from None
+    kernel = None
     try:
-        kernel = _kernel_for(args.profile)
-        if args.profile is None and kernel.store.exists(args.session):
+        kernel = _kernel_for(profile_name)
+        if profile_name is None and kernel.store.exists(session_id):
             # open the session with the profile it was written with, when that profile is here
-            recorded = kernel.store.header(args.session).profile
+            recorded = kernel.store.header(session_id).profile
             if recorded and recorded != kernel.profile.name and (recorded in list_profiles()):
                 kernel = _kernel_for(recorded)
-        # inspect only reads: no crash repair, which would append closing events
-        session = kernel.open_session(args.session, repair=False)
+        # no crash repair, which would append closing events (and close a live harness's step)
+        return kernel.open_session(session_id, repair=False)
     except SessionNotFoundError as exc:
-        where = getattr(kernel.store, "home", None) or kernel.store.backend
-        return usage_error(
-            "inspect", f"{exc} (store at {where}); list sessions with the store's home or CTXKERNEL_HOME set"
-        )
+        where = (getattr(kernel.store, "home", None) or kernel.store.backend) if kernel else "?"
+        raise _Refused(
+            usage_error(command, f"{exc} (store at {where}); list sessions with the store's home or CTXKERNEL_HOME set")
+        ) from None
     except ProfileError as exc:
-        return usage_error("inspect", str(exc))
+        raise _Refused(usage_error(command, str(exc))) from None
     except CtxKernelError as exc:
-        return failure("inspect", f"error: {exc}")
+        raise _Refused(failure(command, f"error: {exc}")) from None
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    try:
+        session = _open_recorded("inspect", args.session, args.profile)
+    except _Refused as refused:
+        return refused.status
+    kernel = session.kernel
     view = session.project()
     view["profile"] = kernel.profile.name
     if args.json:
@@ -261,6 +312,64 @@ def _print_inspect(view: dict[str, Any]) -> None:
         for key, value in panel.items():
             text = value if isinstance(value, str) else orjson.dumps(value).decode()
             out.write(f"  {key}: {text}\n")
+
+
+# -- manual controls ------------------------------------------------------------------------------------
+def cmd_compact(args: argparse.Namespace) -> int:
+    try:
+        session = _open_recorded("compact", args.session, args.profile)
+    except _Refused as refused:
+        return refused.status
+    try:
+        outcome = session.compact_now(args.action, by="cli")
+    except SessionBusyError as exc:
+        return failure("compact", f"busy: {exc}")
+    except ControlError as exc:
+        return usage_error("compact", str(exc))
+    except CtxKernelError as exc:
+        return failure("compact", f"{type(exc).__name__}: {exc}")
+    view = {"session": session.id, "action": args.action, **outcome.to_dict()}
+    if args.json:
+        dump_json(view)
+    else:
+        state = "compacted" if outcome.committed else "nothing compacted"
+        sys.stdout.write(
+            f"{state} by {outcome.strategy}: {outcome.detail} "
+            f"({outcome.tokens_before} -> {outcome.tokens_after} prompt tokens)\n"
+        )
+    return EXIT_OK if outcome.committed else EXIT_INVALID
+
+
+def cmd_strategy(args: argparse.Namespace) -> int:
+    try:
+        session = _open_recorded("strategy", args.session, args.profile)
+    except _Refused as refused:
+        return refused.status
+    enabled = args.toggle == "enable"
+    try:
+        changed = session.set_strategy_enabled(args.name, enabled, by="cli")
+    except SessionBusyError as exc:
+        return failure("strategy", f"busy: {exc}")
+    except ControlError as exc:
+        return usage_error("strategy", str(exc))
+    except CtxKernelError as exc:
+        return failure("strategy", f"{type(exc).__name__}: {exc}")
+    view = {
+        "session": session.id,
+        "strategy": args.name,
+        "enabled": enabled,
+        "changed": changed,
+        "enabled_strategies": session.enabled_strategies(),
+    }
+    if args.json:
+        dump_json(view)
+    else:
+        already = "" if changed else " (already)"
+        sys.stdout.write(
+            f"{args.name} {'enabled' if enabled else 'disabled'}{already} for session {session.id}; "
+            f"running: {', '.join(view['enabled_strategies']) or 'none'}\n"
+        )
+    return EXIT_OK
 
 
 # -- run ----------------------------------------------------------------------------------------------

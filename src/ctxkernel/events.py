@@ -35,6 +35,8 @@ COMPACTION_SUMMARY = "compaction/summary"
 COMPACTION_END = "compaction/end"
 COMPACTION_PRUNE = "compaction/prune"
 SURFACE_DROP = "surface/drop"
+#: a person enabled or disabled a strategy for this session (manual controls, ``controls.py``)
+SESSION_STRATEGY = "session/strategy"
 
 #: Event types whose message reaches the model.
 MESSAGE_TYPES = frozenset({USER_MESSAGE, ASSISTANT_MESSAGE, TOOL_RESULT})
@@ -55,6 +57,7 @@ KERNEL_TYPES = frozenset(
         COMPACTION_END,
         COMPACTION_PRUNE,
         SURFACE_DROP,
+        SESSION_STRATEGY,
     }
 )
 KERNEL_NAMESPACES = frozenset(t.split("/")[0] for t in KERNEL_TYPES)
@@ -77,6 +80,7 @@ _REQUIRED_DATA: dict[str, dict[str, type | tuple[type, ...]]] = {
     COMPACTION_END: {"compaction_id": str},
     COMPACTION_PRUNE: {"target": int, "strategy": str},
     SURFACE_DROP: {"strategy": str},
+    SESSION_STRATEGY: {"strategy": str, "enabled": bool},
 }
 
 

@@ -258,8 +258,12 @@ def _create_child(
         child_id,
         new_state(child_id, parent=session.id, root=root, origin=origin, next_chapter=next_chapter, title=args.title),
     )
-    child = session.kernel.open_session(child_id, create=True, parent=session.id, origin=f"chapters:{origin}")
+    # no ``parent`` in the child's header: the registry is the sole authority on ancestry (seed 003)
+    child = session.kernel.open_session(child_id, create=True, origin=f"chapters:{origin}")
     child.add_message(seed)
+    route = session.route
+    if route is not None:  # the model selection goes with the work (seed 003): same model, same window
+        child.set_route(route["provider"], route["model"], route["context_window"])
     if session.harness_tools:
         child.set_harness_tools(session.harness_tools)
     chapters.state(session)["continued_in" if origin == "continue" else "forked"] = child_id

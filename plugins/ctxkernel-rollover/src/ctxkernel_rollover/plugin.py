@@ -31,7 +31,7 @@ from .switch import RolloverError, ensure_window, notes_of, switch
 from .tools import build_tools
 
 if TYPE_CHECKING:
-    from ctxkernel import ModelError, Profile, Request, Session, StepContext, ValidationReport
+    from ctxkernel import ManualCompaction, ModelError, Profile, Request, Session, StepContext, ValidationReport
 
 
 SYSTEM_PROMPT = (
@@ -48,6 +48,19 @@ SYSTEM_PROMPT = (
 @ctxkernel.hookimpl
 def register_strategy(register: Any) -> None:
     register(STRATEGY.spec)
+
+
+@ctxkernel.hookimpl
+def compact_now(session: Session, request: ManualCompaction) -> ctxkernel.ManualOutcome | None:
+    """A person's ``compact``: switch windows now (a failure is recorded and reported, as for
+    every trigger; the surface stays as it was)."""
+    if request.action != "compact":
+        return None
+    try:
+        result = switch(session, "manual")
+    except RolloverError as exc:
+        return ctxkernel.ManualOutcome(False, str(exc))
+    return ctxkernel.ManualOutcome(True, f"started window {state_of(session).current}", result)
 
 
 @ctxkernel.hookimpl
