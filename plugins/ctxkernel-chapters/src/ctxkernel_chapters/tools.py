@@ -69,6 +69,11 @@ class ChapterRange(_Args):
     keep_inline: list[Seq] = Field(
         default_factory=list, max_length=KEEP_INLINE_CAP, description="tool result seqs kept inline, not as artifacts"
     )
+    defer: list[Seq] = Field(
+        default_factory=list,
+        max_length=KEEP_INLINE_CAP,
+        description="tool result seqs moved to artifacts even when small (the keep/defer decision is yours)",
+    )
 
 
 class ContinueArgs(_Args):
@@ -139,9 +144,13 @@ def check_ranges(ranges: list[ChapterRange], floor: int, ceiling: int | None) ->
             return f"chapter {i} ({r.start_seq}..{r.end_seq}) overlaps chapter {i - 1}, which ends at {expected - 1}"
         if r.start_seq > expected:
             return f"gap: events {expected}..{r.start_seq - 1} are in no chapter; ranges must be contiguous from {floor} to {top}"
-        for seq in r.keep_inline:
-            if not r.start_seq <= seq <= r.end_seq:
-                return f"chapter {i}: keep_inline seq {seq} is outside the chapter ({r.start_seq}..{r.end_seq})"
+        for field, seqs in (("keep_inline", r.keep_inline), ("defer", r.defer)):
+            for seq in seqs:
+                if not r.start_seq <= seq <= r.end_seq:
+                    return f"chapter {i}: {field} seq {seq} is outside the chapter ({r.start_seq}..{r.end_seq})"
+        both = sorted(set(r.keep_inline) & set(r.defer))
+        if both:
+            return f"chapter {i}: seqs {both[:10]} are both in keep_inline and defer; choose one for each result"
         expected = r.end_seq + 1
     if expected <= top:
         return f"gap: events {expected}..{top} are in no chapter; the last chapter must end at the ceiling {top}"
@@ -155,6 +164,7 @@ class ChildPlan:
     plans: list[ChapterPlan]
     numbers: list[int]
     keep: frozenset[int]
+    defer: frozenset[int]
     prepared: list[archive.Prepared]
     seed: Message
     toc_tokens: int
@@ -189,10 +199,13 @@ def plan_child(session: Session, handoff_note: str, ranges: list[ChapterRange], 
         for r in ranges
     ]
     keep = frozenset(s for r in ranges for s in r.keep_inline)
+    defer = frozenset(s for r in ranges for s in r.defer)
     # numbers are only peeked here: allocation happens once the preflight passed
     first = max(registry.next_number(root), sstate.get("next_chapter", 1))
     numbers = list(range(first, first + len(plans)))
-    prepared = archive.prepare(session, settings, plans, numbers, root=root, status="final", keep=keep)
+    prepared = archive.prepare(
+        session, settings, plans, numbers, root=root, status="final", keep=keep, force_defer=defer
+    )
     seed = Message.user(
         _seed_toc(session, settings, registry, [p.record for p in prepared], handoff_note, floor, ceiling),
         Source.plugin_form(NAME, "snapshot"),
@@ -210,7 +223,7 @@ def plan_child(session: Session, handoff_note: str, ranges: list[ChapterRange], 
             f"{settings.continuation_budget_ratio} x (effective window {effective} - system prompt and tools {head})). "
             "Shorten the handoff note or use fewer, larger chapters"
         )
-    return ChildPlan(plans, numbers, keep, prepared, seed, toc_tokens, budget)
+    return ChildPlan(plans, numbers, keep, defer, prepared, seed, toc_tokens, budget)
 
 
 def _create_child(
@@ -228,7 +241,14 @@ def _create_child(
         allocated = registry.allocate(root, len(plan.plans))
         if allocated != plan.numbers:  # another writer took numbers since the peek: render again
             prepared = archive.prepare(
-                session, settings, plan.plans, allocated, root=root, status="final", keep=plan.keep
+                session,
+                settings,
+                plan.plans,
+                allocated,
+                root=root,
+                status="final",
+                keep=plan.keep,
+                force_defer=plan.defer,
             )
             seed = Message.user(
                 _seed_toc(
