@@ -37,6 +37,8 @@ COMPACTION_PRUNE = "compaction/prune"
 SURFACE_DROP = "surface/drop"
 #: a person enabled or disabled a strategy for this session (manual controls, ``controls.py``)
 SESSION_STRATEGY = "session/strategy"
+#: the harness set the session's task state: goal and/or todos (``Session.set_task``)
+SESSION_TASK = "session/task"
 
 #: Event types whose message reaches the model.
 MESSAGE_TYPES = frozenset({USER_MESSAGE, ASSISTANT_MESSAGE, TOOL_RESULT})
@@ -58,6 +60,7 @@ KERNEL_TYPES = frozenset(
         COMPACTION_PRUNE,
         SURFACE_DROP,
         SESSION_STRATEGY,
+        SESSION_TASK,
     }
 )
 KERNEL_NAMESPACES = frozenset(t.split("/")[0] for t in KERNEL_TYPES)
@@ -81,6 +84,7 @@ _REQUIRED_DATA: dict[str, dict[str, type | tuple[type, ...]]] = {
     COMPACTION_PRUNE: {"target": int, "strategy": str},
     SURFACE_DROP: {"strategy": str},
     SESSION_STRATEGY: {"strategy": str, "enabled": bool},
+    SESSION_TASK: {"by": str},
 }
 
 

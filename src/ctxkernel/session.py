@@ -217,6 +217,8 @@ class Session:
         #: strategies a person disabled for this session (``session/strategy`` events)
         self.disabled_strategies: frozenset[str] = frozenset()
         self.strategy_toggles = 0  # how many such events: what depends on the set rebuilds when it moves
+        #: the task state the harness set (``session/task``): ``goal`` and ``todos`` when set
+        self.task: dict[str, Any] = {}
         self._anchor: tuple[int, int, str | None] | None = None  # (provider tokens, our estimate, header hash)
         self._implausible_usage_warned = False  # the out-of-band warning is logged once per Session
         # this process's pending work (not durable by design: it lives within one step)
@@ -303,6 +305,8 @@ class Session:
             off = self.disabled_strategies
             self.disabled_strategies = off - {name} if d["enabled"] else off | {name}
             self.strategy_toggles += 1
+        elif t == ev.SESSION_TASK:
+            self.task = {**self.task, **{k: d[k] for k in ("goal", "todos") if k in d}}
         elif t == ev.ASSISTANT_MESSAGE:
             self._last_decoration_delta = d.get("decoration_tokens", 0)
             usage = d.get("usage")
@@ -635,6 +639,7 @@ class Session:
         """Run the strategies and compose the next request from the surface."""
         with self._lock:
             self.refresh()
+            self.kernel.refresh_profile()  # edited settings apply from this step on
             if not self.turn_open:
                 msg = "no open turn: call session.user(...) before prepare_request()"
                 raise EventError(msg)
@@ -758,6 +763,16 @@ class Session:
         if error.prompt_tokens and limit:
             excess = max(excess, error.prompt_tokens - limit)  # the provider's own count of the excess
         return shrink_to_fit(self, max(excess, 1), limit=limit) is not None
+
+    # -- task state (task.py) --------------------------------------------------------------------------
+    def set_task(self, goal: str | None = None, todos: Sequence[Any] | None = None, *, by: str = "api") -> int:
+        """Set the session's goal and/or todo list (``None`` leaves a part as it is, ``""`` and
+        ``[]`` clear it). Handoff, rollover and chapters carry them across a context switch.
+        Each todo is a string or ``{"text": ..., "status": "pending"|"in_progress"|"completed"}``.
+        Returns the seq of the ``session/task`` event."""
+        from .task import task_data
+
+        return self.append_one(ev.SESSION_TASK, task_data(goal, todos, by))
 
     # -- manual controls (controls.py) -----------------------------------------------------------------
     @property

@@ -383,6 +383,13 @@ def deterministic_continuation(session: Session, settings: ChaptersSettings) -> 
         asked = summary
     budget_chars = 2_000
     note = f"In progress: {asked[:budget_chars]}"
+    history = chapters.STRATEGY.on(session).history()  # the task state (goal, todos), seed 001's host state
+    goal = history.goal_text()
+    todos = [f"- [{t.status}] {t.text[:200]}" for t in history.checklist() if t.open][:20]
+    if goal and goal.strip() != asked:
+        note = f"Goal: {goal[:budget_chars]}\n{note}"
+    if todos:
+        note += "\nOpen todos:\n" + "\n".join(todos)
     if latest:
         note += f"\nLatest progress: {latest[-budget_chars:]}"
     note += f"\nEvents after seq {ceiling} of session {session.id} are in that session's log."

@@ -118,6 +118,11 @@ def decorate_request(session: Session, request: Request) -> None:
     for index, seq in enumerate(request.seqs):
         left = state.anchor_of.get(seq)
         if left is None:
+            message = request.messages[index]
+            if message.role == "assistant":  # no anchor of its own, but maybe a copied run (seed §3)
+                cleaned = sanitize_assistant(message)
+                if cleaned is not message:
+                    request.decorate(index, cleaned)
             continue
         right = state.right_of(seq)
         hit = cache.get(seq)
