@@ -228,6 +228,45 @@ def test_inspect_text_and_read_only(capsys, env):
     assert log.read_bytes() == before
 
 
+def test_inspect_says_the_profile_came_from_the_session(capsys, env):
+    session_id = make_session(env)
+    code, out, err = run_cli(capsys, "inspect", session_id)
+    assert code == 0 and not err
+    assert out.startswith(f"session {session_id}  (profile basic (recorded with the session),")
+
+
+def ghost_session(home: Path, tmp_path: Path) -> str:
+    """A session recorded with profile 'ghost', whose file is not on the profile search path."""
+    path = tmp_path / "elsewhere" / "ghost.toml"
+    path.parent.mkdir()
+    path.write_text((REPO / "profiles" / "basic.toml").read_text())
+    kernel = Kernel(load_profile(path), store=JsonlStore(home), entry_points=False)
+    session = kernel.open_session()
+    session.user("hello")
+    session.end_turn()
+    return session.id
+
+
+def test_inspect_refuses_to_guess_when_the_recorded_profile_is_missing(capsys, env, tmp_path):
+    session_id = ghost_session(env, tmp_path)
+    log = env / "sessions" / f"{session_id}.jsonl"
+    before = log.read_bytes()
+    code, out, err = run_cli(capsys, "inspect", session_id, "--json")
+    assert code == 2 and not out
+    assert "recorded with profile 'ghost'" in err and "not on the profile search path" in err
+    assert "--profile" in err
+    assert log.read_bytes() == before
+
+
+def test_inspect_with_profile_uses_it_and_says_so(capsys, env, tmp_path):
+    session_id = ghost_session(env, tmp_path)
+    code, out, err = run_cli(capsys, "inspect", session_id, "--profile", str(tmp_path / "elsewhere" / "ghost.toml"))
+    assert code == 0 and not err and "profile ghost (--profile)" in out
+    code, out, err = run_cli(capsys, "inspect", session_id, "--profile", "basic", "--json")
+    assert code == 0 and json.loads(out)["profile"] == "basic"
+    assert "session recorded with profile 'ghost'; read with 'basic' (--profile)" in err
+
+
 @pytest.mark.parametrize("session_id", ["missing-session", "../etc"])
 def test_inspect_unknown_or_invalid_session_exits_2(capsys, session_id):
     code, out, err = run_cli(capsys, "inspect", session_id)

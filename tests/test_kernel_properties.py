@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from ctxkernel import CompactionError, Message, Span, ToolCallBlock, balanced_cut_at_or_before
+from ctxkernel import events as ev
 from ctxkernel.testing import build_kernel
 
 WINDOW = {"context_window": 3000, "reserved_output_tokens": 500}
@@ -62,7 +63,24 @@ def snapshot(session: Any) -> dict[str, Any]:
         "messages": [n.message.to_dict() for n in session.surface],
         "pressure": session.pressure(),
         "pending": dict(session.surface.pending_calls),
+        "places": [(n.turn, n.step) for n in session.surface],
     }
+
+
+def check_places(session: Any) -> None:
+    """Each node's turn and step are those of the turn/start and step/start before the message
+    it stands for (a replacement: the first node it replaced), folded here from the typed views."""
+    turn = step = 0
+    place: dict[int, tuple[int, int]] = {}
+    for logged in session.events:
+        typed = ev.view(logged)
+        if isinstance(typed, ev.TurnStart):
+            turn, step = typed.turn, 0
+        elif isinstance(typed, ev.StepStart):
+            step = typed.step
+        elif isinstance(typed, ev.MessageRecord):
+            place[logged.seq] = place[typed.cites[0]] if typed.cites else (turn, step)
+    assert [(n.turn, n.step) for n in session.surface] == [place[n.seq] for n in session.surface]
 
 
 def apply(kernel: Any, session: Any, op: tuple[Any, ...], counter: list[int]) -> Any:
@@ -142,6 +160,7 @@ def test_random_sessions_replay_pair_and_meter_consistently(sequence: list[tuple
         for op in sequence:
             session = apply(kernel, session, op, counter)
             check_pairing(session)
+        check_places(session)
         live = snapshot(session)
         summaries = sum(e.type == "compaction/summary" for e in session.events)
         event(f"compactions: {min(summaries, 3)}{'+' if summaries >= 3 else ''}")

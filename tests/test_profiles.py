@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel, ConfigDict
 
+import ctxkernel
 from ctxkernel import Kernel, ProfileError, load_profile
 from ctxkernel.store.jsonl import JsonlStore
 
@@ -69,6 +73,76 @@ def test_env_override_with_an_unknown_key_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("CTXKERNEL_MODEL__WINDOW", "64000")
     with pytest.raises(ProfileError, match="'model.window'"):
         load_profile(path)
+
+
+class PinAndTrimSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    keep_turns: int = 4
+    min_chars: int = 100
+
+
+PIN_AND_TRIM = ctxkernel.Strategy("pin-and-trim", PinAndTrimSettings)
+
+
+class PinAndTrim:
+    @ctxkernel.hookimpl
+    def register_strategy(self, register):
+        register(PIN_AND_TRIM.spec)
+
+
+def test_env_override_reaches_a_hyphenated_strategy(tmp_path, monkeypatch):
+    path = write(
+        tmp_path, "[profile]\nstrategies = ['pin-and-trim', 'basic']\n[strategies.pin-and-trim]\nmin_chars = 50\n"
+    )
+    # bash cannot export a hyphen: the variable's underscores stand for the name's hyphens
+    monkeypatch.setenv("CTXKERNEL_STRATEGIES__PIN_AND_TRIM__KEEP_TURNS", "9")
+    profile = load_profile(path)
+    assert profile.strategies == {"pin-and-trim": {"keep_turns": "9", "min_chars": 50}}
+    kernel = Kernel(
+        profile, store=JsonlStore(tmp_path / "s"), entry_points=False, plugins=[("pin-and-trim", PinAndTrim())]
+    )
+    assert kernel.strategy_settings("pin-and-trim") == PinAndTrimSettings(keep_turns=9, min_chars=50)
+
+
+def test_env_override_maps_to_a_strategy_named_only_by_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("CTXKERNEL_PROFILE__STRATEGIES", '["pin-and-trim", "basic"]')
+    monkeypatch.setenv("CTXKERNEL_STRATEGIES__PIN_AND_TRIM__KEEP_TURNS", "2")
+    assert load_profile(write(tmp_path, "")).strategies == {"pin-and-trim": {"keep_turns": "2"}}
+
+
+def test_env_override_that_could_name_two_strategies_is_refused(tmp_path, monkeypatch):
+    path = write(tmp_path, "[profile]\nstrategies = ['pin-and-trim', 'pin_and_trim', 'basic']\n")
+    monkeypatch.setenv("CTXKERNEL_STRATEGIES__PIN_AND_TRIM__KEEP_TURNS", "9")
+    with pytest.raises(ProfileError) as info:
+        load_profile(path)
+    message = str(info.value)
+    assert "CTXKERNEL_STRATEGIES__PIN_AND_TRIM__KEEP_TURNS" in message
+    assert "['pin-and-trim', 'pin_and_trim']" in message and "profile file" in message
+
+
+def test_env_override_for_a_strategy_the_profile_does_not_run_is_still_refused(tmp_path, monkeypatch):
+    path = write(tmp_path, "[profile]\nstrategies = ['basic']\n")
+    monkeypatch.setenv("CTXKERNEL_STRATEGIES__PIN_AND_TRIM__KEEP_TURNS", "9")
+    profile = load_profile(path)
+    assert profile.strategies == {"pin_and_trim": {"keep_turns": "9"}}  # nothing to map it to
+    with pytest.raises(ProfileError, match="pin_and_trim"):
+        Kernel(profile, store=JsonlStore(tmp_path / "s"), entry_points=False)
+
+
+_segment = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789", min_size=1, max_size=6)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(parts=st.lists(_segment, min_size=1, max_size=4), seps=st.lists(st.sampled_from("-_"), min_size=3, max_size=3))
+def test_every_strategy_name_is_reachable_from_the_environment(tmp_path, monkeypatch, parts, seps):
+    name = parts[0] + "".join(sep + part for sep, part in zip(seps, parts[1:], strict=False))
+    path = write(tmp_path, f"[profile]\nstrategies = [{name!r}, 'basic']\n")
+    variable = f"CTXKERNEL_STRATEGIES__{name.replace('-', '_').upper()}__KEEP_TURNS"
+    monkeypatch.setenv(variable, "1")
+    try:
+        assert load_profile(path).strategies == {name: {"keep_turns": "1"}}
+    finally:
+        monkeypatch.delenv(variable)
 
 
 def test_variables_choosing_profile_and_home_are_not_profile_keys(tmp_path, monkeypatch):

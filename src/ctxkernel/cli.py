@@ -26,6 +26,7 @@ from .redact import redact
 #: modules that add subcommands (each defines ``register(subparsers)``)
 COMMAND_MODULES: tuple[str, ...] = (
     "ctxkernel.cli_commands",
+    "ctxkernel.scaffold",
     "ctxkernel.store.cli",
     "ctxkernel.simulate.cli",
     "ctxkernel.ui.cli",

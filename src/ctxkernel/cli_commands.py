@@ -244,9 +244,10 @@ class _Refused(Exception):
         self.status = status
 
 
-def _open_recorded(command: str, session_id: str, profile_name: str | None) -> Any:
-    """Open ``session_id`` read-as-is (no crash repair: a live harness may hold it) with
-    ``profile_name``, else the profile recorded in the session when it is on the search path."""
+def _open_recorded(command: str, session_id: str, profile_name: str | None) -> tuple[Any, str]:
+    """Open ``session_id`` as it is (no crash repair: a live harness may hold it) with
+    ``profile_name``, else the profile recorded in the session, which must be on the search path.
+    Returns the session and where its profile came from."""
     from .store.base import check_session_id
 
     try:
@@ -256,13 +257,32 @@ def _open_recorded(command: str, session_id: str, profile_name: str | None) -> A
     kernel = None
     try:
         kernel = _kernel_for(profile_name)
-        if profile_name is None and kernel.store.exists(session_id):
-            # open the session with the profile it was written with, when that profile is here
-            recorded = kernel.store.header(session_id).profile
-            if recorded and recorded != kernel.profile.name and (recorded in list_profiles()):
-                kernel = _kernel_for(recorded)
+        recorded = kernel.store.header(session_id).profile if kernel.store.exists(session_id) else None
+        source = "--profile" if profile_name is not None else "default"
+        if profile_name is None and recorded and recorded != kernel.profile.name:
+            # the session's strategies (and their panels) come from the profile it was written
+            # with: use that one, or refuse; a guess would show another strategy's view
+            found = list_profiles()
+            if recorded not in found:
+                searched = [str(p) for p in profile_search_path()]
+                raise _Refused(
+                    usage_error(
+                        command,
+                        f"session {session_id} was recorded with profile {recorded!r}, which is not on the "
+                        f"profile search path (found {sorted(found)} in {searched}). Fix: pass --profile with "
+                        "that profile's name or .toml path (or another profile to read the session with)",
+                    )
+                )
+            kernel = _kernel_for(str(found[recorded]))  # by its path: a recorded name is never a path
+        if profile_name is None:
+            source = "recorded with the session" if recorded else "default: the session records no profile"
+        elif recorded and recorded != kernel.profile.name:
+            sys.stderr.write(
+                f"ctxkernel {command}: note: session recorded with profile {one_line(recorded)!r}; "
+                f"read with {kernel.profile.name!r} ({source})\n"
+            )
         # no crash repair, which would append closing events (and close a live harness's step)
-        return kernel.open_session(session_id, repair=False)
+        return kernel.open_session(session_id, repair=False), source
     except SessionNotFoundError as exc:
         where = (getattr(kernel.store, "home", None) or kernel.store.backend) if kernel else "?"
         raise _Refused(
@@ -276,23 +296,23 @@ def _open_recorded(command: str, session_id: str, profile_name: str | None) -> A
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     try:
-        session = _open_recorded("inspect", args.session, args.profile)
+        session, source = _open_recorded("inspect", args.session, args.profile)
     except _Refused as refused:
         return refused.status
-    kernel = session.kernel
     view = session.project()
-    view["profile"] = kernel.profile.name
+    view["profile"] = session.kernel.profile.name
     if args.json:
-        dump_json(view)
+        dump_json(view)  # the same view the web inspector serves (the source is on stderr when it differs)
         return EXIT_OK
-    _print_inspect(view)
+    _print_inspect(view, source)
     return EXIT_OK
 
 
-def _print_inspect(view: dict[str, Any]) -> None:
+def _print_inspect(view: dict[str, Any], source: str) -> None:
     out = sys.stdout
     p = view["pressure"]
-    out.write(f"session {view['session']}  (profile {view['profile']}, {view['events']} events, turn {view['turn']})\n")
+    profile = f"profile {view['profile']} ({source})"
+    out.write(f"session {view['session']}  ({profile}, {view['events']} events, turn {view['turn']})\n")
     anchored = "anchored on provider usage" if p["anchored"] else "estimated"
     out.write(
         f"pressure  {p['tokens']} / {p['effective_window']} tokens ({p['ratio']:.1%}, {anchored}); "
@@ -317,7 +337,7 @@ def _print_inspect(view: dict[str, Any]) -> None:
 # -- manual controls ------------------------------------------------------------------------------------
 def cmd_compact(args: argparse.Namespace) -> int:
     try:
-        session = _open_recorded("compact", args.session, args.profile)
+        session, _ = _open_recorded("compact", args.session, args.profile)
     except _Refused as refused:
         return refused.status
     try:
@@ -342,7 +362,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
 
 def cmd_strategy(args: argparse.Namespace) -> int:
     try:
-        session = _open_recorded("strategy", args.session, args.profile)
+        session, _ = _open_recorded("strategy", args.session, args.profile)
     except _Refused as refused:
         return refused.status
     enabled = args.toggle == "enable"

@@ -16,6 +16,7 @@ Strategy authors call :func:`check_conformance` from one test (see docs/testing-
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,18 @@ class ConformanceError(AssertionError):
     """A strategy broke a kernel invariant; the message names the check and the evidence."""
 
 
+@dataclass(frozen=True)
+class ConformanceStep:
+    """Where the scripted session is when ``check_conformance`` asks for the model's tool calls:
+    the session, the request about to be answered, the turn (from 0) and how many replies the
+    model has already given in this turn."""
+
+    session: Session
+    request: Request
+    turn: int
+    step: int
+
+
 @dataclass
 class ConformanceReport:
     strategies: list[str]
@@ -45,7 +58,13 @@ class ConformanceReport:
     effective_window: int = 0
     restarts_checked: int = 0
     refusals_checked: int = 0
+    #: the scripted strategy tool calls (``tool_calls=``) that ran and succeeded
+    tool_calls_checked: int = 0
     checks: list[str] = field(default_factory=list)
+
+
+#: a turn of the scripted workload takes at most 5 replies; far more means a loop
+_MAX_REPLIES_PER_TURN = 64
 
 
 def request_orphans(request: Request) -> list[str]:
@@ -115,8 +134,14 @@ def check_conformance(
     context_window: int = 24_000,
     reserved_output_tokens: int = 2_000,
     seed: int = 7,
+    tool_calls: Callable[[ConformanceStep], list[dict[str, Any]] | None] | None = None,
 ) -> ConformanceReport:
-    """Run the suite; raise :class:`ConformanceError` on the first broken invariant."""
+    """Run the suite; raise :class:`ConformanceError` on the first broken invariant.
+
+    ``tool_calls`` scripts the model's calls of strategy tools: called before each request with a
+    :class:`ConformanceStep`, it returns ``[{"name": tool, "arguments": {...}}, ...]`` for the
+    model to call now (or ``None``). Each scripted call must name a strategy tool and succeed, so
+    the tool's success path runs under every invariant (restarts included)."""
     home = Path(home)
 
     def new_kernel() -> Kernel:
@@ -189,15 +214,44 @@ def check_conformance(
                 raise ConformanceError(msg)
             report.refusals_checked += 1
 
+    def scripted_calls(request: Request, turn: int, replies: int) -> list[ToolCallBlock]:
+        if tool_calls is None:
+            return []
+        asked = tool_calls(ConformanceStep(session, request, turn, replies)) or []
+        calls = []
+        for item in asked:
+            name = item.get("name") if isinstance(item, dict) else None
+            arguments = item.get("arguments", {}) if isinstance(item, dict) else None
+            if not isinstance(name, str) or not isinstance(arguments, dict) or not session.owns_tool(name):
+                owned = sorted(t.name for t in session.tools)
+                msg = (
+                    f"tool_calls: turn {turn} step {replies} asks for {item!r:.200}; each scripted call is "
+                    f'{{"name": <a strategy tool>, "arguments": {{...}}}} and the strategy tools are {owned}'
+                )
+                raise ConformanceError(msg)
+            calls.append(ToolCallBlock(f"m{rng.getrandbits(48):x}", name, dict(arguments)))
+        return calls
+
     for turn in range(turns):
         session.user(f"Task {turn}: fix the failing case in module_{turn % 40}.py and keep the tests green.")
         turn_steps = rng.randrange(2, 6)
         step = 0
+        replies = 0
         while True:
             request = session.prepare_request()
             check_request(request)
-            steward = session.kernel.hooks.steward_actions(session, request)
-            if steward:
+            scripted = scripted_calls(request, turn, replies)
+            replies += 1
+            if replies > _MAX_REPLIES_PER_TURN:
+                msg = (
+                    f"steps: turn {turn} reached {_MAX_REPLIES_PER_TURN} model replies; the scripted tool calls or "
+                    "steward_actions never let it finish (return calls for one step, not for every step)"
+                )
+                raise ConformanceError(msg)
+            steward = None if scripted else session.kernel.hooks.steward_actions(session, request)
+            if scripted:
+                reply = Message.assistant("Calling a strategy tool.", scripted)
+            elif steward:
                 calls = [ToolCallBlock(f"s{rng.getrandbits(48):x}", c["name"], c.get("arguments", {})) for c in steward]
                 reply = Message.assistant("Managing context.", calls)
             else:
@@ -206,7 +260,16 @@ def check_conformance(
             session.commit_reply(reply)
             for call in session.pending_calls:
                 if session.owns_tool(call.name):
-                    session.tool_result(call.id, session.run_tool(call))
+                    outcome = session.run_tool(call)
+                    if call.id in {c.id for c in scripted}:
+                        if outcome.is_error:
+                            msg = (
+                                f"tool_calls: {call.name}({orjson.dumps(call.arguments).decode():.200}) at turn {turn} "
+                                f"failed: {outcome.content[:300]}"
+                            )
+                            raise ConformanceError(msg)
+                        report.tool_calls_checked += 1
+                    session.tool_result(call.id, outcome)
                 else:
                     session.tool_result(call.id, _harness_output(rng, call))
             if not session.wants_another_step:
@@ -226,6 +289,8 @@ def check_conformance(
             report.restarts_checked += 1
     check_refusals()
     report.checks += ["pairing in every request", "restart equivalence", "tool refusals leave the log byte-identical"]
+    if report.tool_calls_checked:
+        report.checks.append("scripted strategy tool calls succeed")
     stored = [e.to_dict() for e in session.store.read(session.id)]
     if stored[: len(appended)] != appended:
         first = next(i for i, (a, b) in enumerate(zip(stored, appended, strict=False)) if a != b)

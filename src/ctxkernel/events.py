@@ -1,4 +1,4 @@
-"""The event envelope and the kernel's event vocabulary.
+"""The event envelope and the kernel's event vocabulary (public: strategies import it).
 
 A session is an append-only log of events. Every event has a contiguous ``seq`` (its index), a
 ``type``, a UTC ``time``, a JSON ``data`` payload and, on the three surface event types, a
@@ -10,13 +10,18 @@ Surface operations (HOST-MODEL §2)::
     {"op": "append"}                                        push this event's message
     {"op": "replace", "start": S, "end": E, "cites": [...]} nodes S..E (surface order) become this one
     {"op": "remove",  "start": S, "end": E, "cites": [...]} nodes S..E leave the surface (kernel `surface/drop`)
+
+Read an event through :func:`view` (one frozen dataclass per kernel event type, and
+:class:`PluginRecord` for ``<plugin>/<kind>`` events) rather than its raw ``data`` dict;
+:func:`views` filters a log by view class. Only the names in ``__all__`` are public.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from .errors import EventError
 
@@ -246,3 +251,294 @@ def replace_op(cites: list[int]) -> dict[str, Any]:
 
 def remove_op(cites: list[int]) -> dict[str, Any]:
     return {"op": "remove", "start": cites[0], "end": cites[-1], "cites": list(cites)}
+
+
+# -- typed views ----------------------------------------------------------------------------------
+# The required keys of each type are checked by validate_shape before an event joins a log; the
+# optional ones are read defensively (older logs lack them), so a view never raises.
+
+
+@dataclass(frozen=True, slots=True)
+class TurnStart:
+    """``turn/start``: a user turn opens (turns count from 1)."""
+
+    turn: int
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEnd:
+    """``turn/end``: the turn closed, with one of :data:`TURN_END_REASONS`."""
+
+    turn: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class StepStart:
+    """``step/start``: a model request of the turn (steps count from 1)."""
+
+    turn: int
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepEnd:
+    """``step/end``: the step closed; ``reason`` is ``abandoned`` etc., ``None`` for a normal end."""
+
+    turn: int
+    step: int
+    reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRecord:
+    """``user/message``, ``assistant/message`` or ``tool/result``: a message on the surface.
+    ``message`` is its JSON form (the surface node holds the parsed ``Message``); ``cites`` are
+    the seqs it replaced (empty for an appended message); ``pruned`` marks a tool result shrunk by
+    ``replace_tool_result``."""
+
+    role: str
+    message: dict[str, Any]
+    cites: tuple[int, ...]
+    pruned: bool
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderRecord:
+    """``request/header``: the system prompt and tool schemas every request carries from here on."""
+
+    system: str
+    tools: list[Any]
+    hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRecord:
+    """``request/context``: the provider, model and window requests are routed to from here on."""
+
+    provider: str
+    model: str
+    context_window: int
+    reserved_output_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionStart:
+    """``compaction/start``: a compaction transaction took the session's lock."""
+
+    compaction_id: str
+    strategy: str
+    kind: str
+    turn: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionSummary:
+    """``compaction/summary``: what the transaction wrote (its replacements follow it)."""
+
+    compaction_id: str
+    strategy: str
+    kind: str
+    summary: str
+    cites: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionEnd:
+    """``compaction/end``: the transaction closed; ``error`` says why when it failed."""
+
+    compaction_id: str
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionPrune:
+    """``compaction/prune``: one tool result (seq ``target``) is shrunk by the next event."""
+
+    target: int
+    strategy: str
+    reason: str
+    chars_before: int | None
+    chars_after: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class SurfaceDrop:
+    """``surface/drop``: the cited nodes left the surface with no replacement."""
+
+    strategy: str
+    cites: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StrategyToggle:
+    """``session/strategy``: a person enabled or disabled a strategy for this session."""
+
+    strategy: str
+    enabled: bool
+    by: str
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRecord:
+    """``session/task``: the harness set the goal and/or the todos (None: left as they were)."""
+
+    goal: str | None
+    todos: tuple[dict[str, Any], ...] | None
+    by: str
+
+
+@dataclass(frozen=True, slots=True)
+class PluginRecord:
+    """An ignorable ``<strategy>/<kind>`` event a strategy emitted (``handle.emit``)."""
+
+    strategy: str
+    kind: str
+    data: dict[str, Any]
+
+
+EventView = (
+    TurnStart
+    | TurnEnd
+    | StepStart
+    | StepEnd
+    | MessageRecord
+    | HeaderRecord
+    | RouteRecord
+    | CompactionStart
+    | CompactionSummary
+    | CompactionEnd
+    | CompactionPrune
+    | SurfaceDrop
+    | StrategyToggle
+    | TaskRecord
+    | PluginRecord
+)
+V = TypeVar("V", bound=EventView)
+
+
+def _opt(data: dict[str, Any], key: str, typ: type) -> Any:
+    value = data.get(key)
+    return value if isinstance(value, typ) and not (typ is int and isinstance(value, bool)) else None
+
+
+def _cites(event: Event) -> tuple[int, ...]:
+    op = event.surface
+    return tuple(op["cites"]) if op is not None and op.get("op") != "append" else ()
+
+
+def view(event: Event) -> EventView:
+    """The typed view of one event of a log."""
+    d, t = event.data, event.type
+    if t in MESSAGE_TYPES:
+        return MessageRecord(_ROLE_OF[t], d["message"], _cites(event), d.get("prune") is True)
+    if t == TURN_START:
+        return TurnStart(d["turn"])
+    if t == TURN_END:
+        return TurnEnd(d["turn"], d["reason"])
+    if t == STEP_START:
+        return StepStart(d["turn"], d["step"])
+    if t == STEP_END:
+        return StepEnd(d["turn"], d["step"], _opt(d, "reason", str))
+    if t == REQUEST_HEADER:
+        return HeaderRecord(d["system"], d["tools"], d["hash"])
+    if t == REQUEST_CONTEXT:
+        return RouteRecord(d["provider"], d["model"], d["context_window"], d["reserved_output_tokens"])
+    if t == COMPACTION_START:
+        return CompactionStart(
+            d["compaction_id"], d["strategy"], _opt(d, "kind", str) or "summary", _opt(d, "turn", int)
+        )
+    if t == COMPACTION_SUMMARY:
+        strategy, kind = _opt(d, "strategy", str) or "", _opt(d, "kind", str) or "summary"
+        return CompactionSummary(d["compaction_id"], strategy, kind, d["summary"], tuple(d["cites"]))
+    if t == COMPACTION_END:
+        return CompactionEnd(d["compaction_id"], _opt(d, "error", str))
+    if t == COMPACTION_PRUNE:
+        reason = _opt(d, "reason", str) or "prune"
+        return CompactionPrune(
+            d["target"], d["strategy"], reason, _opt(d, "chars_before", int), _opt(d, "chars_after", int)
+        )
+    if t == SURFACE_DROP:
+        return SurfaceDrop(d["strategy"], _cites(event))
+    if t == SESSION_STRATEGY:
+        return StrategyToggle(d["strategy"], d["enabled"], d.get("by", "api"))
+    if t == SESSION_TASK:
+        todos = d.get("todos")
+        return TaskRecord(_opt(d, "goal", str), tuple(todos) if isinstance(todos, list) else None, d["by"])
+    strategy, _, kind = t.partition("/")
+    return PluginRecord(strategy, kind, d)
+
+
+def views(events: Iterable[Event], cls: type[V]) -> Iterator[tuple[Event, V]]:
+    """Each event of ``events`` whose view is a ``cls``, with that view, in log order:
+    ``for event, prune in views(session.events, CompactionPrune)``."""
+    types = _TYPES_OF.get(cls)
+    for event in events:
+        if types is None or event.type in types:
+            typed = view(event)
+            if isinstance(typed, cls):
+                yield event, typed
+
+
+_ROLE_OF = {USER_MESSAGE: "user", ASSISTANT_MESSAGE: "assistant", TOOL_RESULT: "tool"}
+#: the event types each kernel view comes from (PluginRecord: any other type)
+_TYPES_OF: dict[type, frozenset[str]] = {
+    TurnStart: frozenset({TURN_START}),
+    TurnEnd: frozenset({TURN_END}),
+    StepStart: frozenset({STEP_START}),
+    StepEnd: frozenset({STEP_END}),
+    MessageRecord: MESSAGE_TYPES,
+    HeaderRecord: frozenset({REQUEST_HEADER}),
+    RouteRecord: frozenset({REQUEST_CONTEXT}),
+    CompactionStart: frozenset({COMPACTION_START}),
+    CompactionSummary: frozenset({COMPACTION_SUMMARY}),
+    CompactionEnd: frozenset({COMPACTION_END}),
+    CompactionPrune: frozenset({COMPACTION_PRUNE}),
+    SurfaceDrop: frozenset({SURFACE_DROP}),
+    StrategyToggle: frozenset({SESSION_STRATEGY}),
+    TaskRecord: frozenset({SESSION_TASK}),
+}
+
+__all__ = [
+    "ASSISTANT_MESSAGE",
+    "COMPACTION_END",
+    "COMPACTION_PRUNE",
+    "COMPACTION_START",
+    "COMPACTION_SUMMARY",
+    "KERNEL_TYPES",
+    "MESSAGE_TYPES",
+    "REQUEST_CONTEXT",
+    "REQUEST_HEADER",
+    "SESSION_STRATEGY",
+    "SESSION_TASK",
+    "STEP_END",
+    "STEP_START",
+    "SURFACE_DROP",
+    "TOOL_RESULT",
+    "TURN_END",
+    "TURN_END_REASONS",
+    "TURN_START",
+    "USER_MESSAGE",
+    "CompactionEnd",
+    "CompactionPrune",
+    "CompactionStart",
+    "CompactionSummary",
+    "Event",
+    "EventSpec",
+    "EventView",
+    "HeaderRecord",
+    "MessageRecord",
+    "PluginRecord",
+    "RouteRecord",
+    "StepEnd",
+    "StepStart",
+    "StrategyToggle",
+    "SurfaceDrop",
+    "TaskRecord",
+    "TurnEnd",
+    "TurnStart",
+    "append_op",
+    "utc_now",
+    "view",
+    "views",
+]

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from pydantic import BaseModel
 
 from .compaction import CommitResult, Span
 from .errors import ConfigError
 from .plugins import NoSettings, StrategySpec
+from .profile import strategy_settings_from
 from .recall.history import History
 from .recall.notes import STATE_KEY as NOTES_STATE_KEY
 from .recall.notes import Note, Notes, NotesLimits
@@ -32,7 +33,7 @@ from .tools import Tool
 
 if TYPE_CHECKING:
     from .meter import Pressure
-    from .profile import ModelSettings
+    from .profile import ModelSettings, Profile
     from .session import RequestHeader, Session, StepContext
 
 S = TypeVar("S", bound=BaseModel)
@@ -71,6 +72,14 @@ class Strategy(Generic[S]):
     def on(self, session: Session) -> StrategyHandle[S]:
         """This strategy's handle for ``session``."""
         return StrategyHandle(session, self.name, self.settings)
+
+    def settings_for(self, profile: Profile, provider: str | None = None, model: str | None = None) -> S:
+        """The strategy's settings in ``profile`` for one model (the profile's own model by
+        default), per-model policies applied, validated by the settings model: what
+        ``validate_profile`` reads, where no session exists yet. A bad table raises
+        :class:`ctxkernel.ProfileError` naming the file, the key and what is accepted."""
+        raw = profile.strategy_settings(self.name, provider, model)
+        return cast(S, strategy_settings_from(self.settings, raw, profile.where, f"strategies.{self.name}"))
 
     def __repr__(self) -> str:
         return f"Strategy({self.name!r}, {self.settings.__name__})"

@@ -242,6 +242,36 @@ class _ProfileEnvSource(EnvSettingsSource):
         for key in _NOT_PROFILE_KEYS:
             self.env_vars.pop(key, None)  # type: ignore[attr-defined]
 
+    def __call__(self) -> dict[str, Any]:
+        data = super().__call__()
+        tables = data.get("strategies")
+        if isinstance(tables, dict) and tables:
+            data["strategies"] = self._strategy_names(tables, _strategy_names_in(data, _LOADING.get("path")))
+        return data
+
+    def _strategy_names(self, tables: dict[str, Any], known: set[str]) -> dict[str, Any]:
+        """Map each variable's strategy segment to the strategy it names: a variable name cannot
+        hold a hyphen (bash refuses to export one), so its underscores stand for the name's
+        hyphens or underscores (``..._PIN_AND_TRIM__...`` is ``pin-and-trim``)."""
+        out: dict[str, Any] = {}
+        for segment, table in tables.items():
+            matches = sorted(name for name in known if _env_form(name) == segment.lower())
+            if len(matches) > 1:
+                variables = sorted(
+                    k.upper() for k in self.env_vars if k.startswith(f"{ENV_PREFIX.lower()}strategies__{segment}")
+                )
+                msg = (
+                    f"environment variable {', '.join(variables) or segment}: {segment!r} could name any of the "
+                    f"strategies {matches} (a variable's underscores stand for hyphens or underscores); "
+                    "set that strategy's table in the profile file instead"
+                )
+                raise ProfileError(msg)
+            name = matches[0] if matches else segment
+            out[name] = (
+                deep_merge(out[name], table) if isinstance(out.get(name), dict) and isinstance(table, dict) else table
+            )
+        return out
+
     def decode_complex_value(self, field_name: str, field: Any, value: Any) -> Any:
         # a table given whole in one variable (CTXKERNEL_MODEL='{...}') must be JSON; say which
         # variable is wrong instead of pydantic-settings' traceback, which stopped every command
@@ -258,6 +288,37 @@ class _ProfileEnvSource(EnvSettingsSource):
 
 
 _LOADING: dict[str, Any] = {}
+
+
+def _env_form(strategy: str) -> str:
+    """How an environment variable spells a strategy's name (lower case, hyphens as underscores)."""
+    return strategy.replace("-", "_").lower()
+
+
+def _strategy_names_in(env_data: dict[str, Any], path: Path | None) -> set[str]:
+    """The strategy names a profile mentions: its ``[profile] strategies`` (from the environment
+    or the file, else the default ``basic``), its ``[strategies.<name>]`` tables and its policies'."""
+    names: set[str] = set()
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                raw = tomllib.load(f)
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            raw = {}  # the file's own source reports what is wrong with it
+    for source in (env_data, raw):
+        listed = source.get("profile", {}).get("strategies") if isinstance(source.get("profile"), dict) else None
+        if isinstance(listed, list):
+            names.update(n for n in listed if isinstance(n, str))
+    tables = raw.get("strategies")
+    if isinstance(tables, dict):
+        names.update(tables)
+    for policy in raw.get("model_policies", []) if isinstance(raw.get("model_policies"), list) else []:
+        if isinstance(policy, dict) and isinstance(policy.get("strategies"), dict):
+            names.update(policy["strategies"])
+    if not names:
+        names.update(ProfileInfo().strategies)
+    return names
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

@@ -953,6 +953,7 @@ def _clone_surface(surface: Surface) -> Surface:
     clone = Surface()
     clone.nodes = list(surface.nodes)
     clone.applied = surface.applied
+    clone.turn, clone.step = surface.turn, surface.step
     clone.version = surface.version
     clone._pos = None
     clone.pending_calls = dict(surface.pending_calls)

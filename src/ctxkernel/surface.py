@@ -16,7 +16,16 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from .errors import SurfaceError
-from .events import ASSISTANT_MESSAGE, MESSAGE_TYPES, SURFACE_DROP, TOOL_RESULT, USER_MESSAGE, Event
+from .events import (
+    ASSISTANT_MESSAGE,
+    MESSAGE_TYPES,
+    STEP_START,
+    SURFACE_DROP,
+    TOOL_RESULT,
+    TURN_START,
+    USER_MESSAGE,
+    Event,
+)
 from .messages import Message
 
 _SURFACE_TYPES = MESSAGE_TYPES | {SURFACE_DROP}
@@ -25,13 +34,20 @@ _ROLE_OF = {USER_MESSAGE: "user", ASSISTANT_MESSAGE: "assistant", TOOL_RESULT: "
 
 
 class Node:
-    """One model-visible message, identified by the seq of the event that put it there."""
+    """One model-visible message, identified by the seq of the event that put it there.
 
-    __slots__ = ("event", "message", "tokens")
+    ``turn`` and ``step`` say where in the conversation it belongs: the user's message has the
+    turn's number and step 0, an assistant message and its tool results the step that produced
+    them. A replacement takes the place, and so the turn and step, of the first node it replaced.
+    """
 
-    def __init__(self, event: Event, message: Message) -> None:
+    __slots__ = ("event", "message", "step", "tokens", "turn")
+
+    def __init__(self, event: Event, message: Message, turn: int = 0, step: int = 0) -> None:
         self.event = event
         self.message = message
+        self.turn = turn
+        self.step = step
         self.tokens: int | None = None  # filled lazily by the meter
 
     @property
@@ -41,6 +57,17 @@ class Node:
     @property
     def role(self) -> str:
         return self.message.role
+
+    @property
+    def cites(self) -> tuple[int, ...]:
+        """The seqs this node replaced (empty for a message appended as it was sent)."""
+        op = self.event.surface
+        return tuple(op["cites"]) if op is not None and op.get("op") != "append" else ()
+
+    @property
+    def pruned(self) -> bool:
+        """True for a tool result shrunk in place by ``replace_tool_result`` (a masked output)."""
+        return self.event.type == TOOL_RESULT and self.event.data.get("prune") is True
 
     def __repr__(self) -> str:
         return f"Node(seq={self.seq}, role={self.role})"
@@ -58,6 +85,8 @@ class Surface:
         self.call_owner: dict[str, int] = {}  # call id -> assistant seq, visible
         self.result_of: dict[str, int] = {}  # call id -> tool result seq, visible
         self.listeners: list[Any] = []  # objects with on_add(node) / on_remove(node)
+        self.turn = 0  # the turn and step the next appended node belongs to
+        self.step = 0
 
     # -- lookups --------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -232,9 +261,14 @@ class Surface:
     def apply(self, event: Event, message: Message | None = None, *, checked: bool = False) -> None:
         """Fold one event into the surface (``check`` first unless ``checked``)."""
         if event.type not in _SURFACE_TYPES:
-            # most of a log (turns, steps, headers, plugin events): only the seq order matters
+            # most of a log (turns, steps, headers, plugin events): only the seq order matters,
+            # and where the next message belongs
             if not checked and event.seq != self.applied:
                 self.check(event)  # raises, with the message
+            if event.type == TURN_START:
+                self.turn, self.step = event.data["turn"], 0
+            elif event.type == STEP_START:
+                self.step = event.data["step"]
             self.applied = event.seq + 1
             return
         if not checked:
@@ -247,7 +281,7 @@ class Surface:
         op = event.surface or {}
         if op.get("op") == "append":
             assert message is not None
-            node = Node(event, message)
+            node = Node(event, message, self.turn, self.step)
             if self._pos is not None:
                 self._pos[event.seq] = len(self.nodes)
             self.nodes.append(node)
@@ -259,7 +293,8 @@ class Surface:
         b = self.position(op["end"])
         assert a is not None and b is not None
         removed = self.nodes[a : b + 1]
-        replacement = [Node(event, message)] if message is not None else []
+        first = self.nodes[a]
+        replacement = [Node(event, message, first.turn, first.step)] if message is not None else []
         if event.type == TOOL_RESULT:
             # a content-only replacement keeps the pairing of the call it answers
             self.nodes[a : b + 1] = replacement

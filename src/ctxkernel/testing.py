@@ -41,15 +41,27 @@ def build_kernel(
     plugins: list[tuple[str, Any]] | None = None,
     entry_points: bool = False,
     profile: Profile | None = None,
+    settings: dict[str, dict[str, Any]] | None = None,
     fsync: bool = True,
     **profile_tables: Any,
 ) -> Kernel:
-    """A kernel on a jsonl store in ``home``. With ``entry_points=False`` only built-ins and the
-    ``plugins`` given here are available. ``fsync=False`` skips the store's fsyncs (tests whose
-    subject is not durability run faster)."""
+    """A kernel on a jsonl store in ``home``. ``strategies`` lists the profile's strategies and
+    ``settings`` holds their ``[strategies.<name>]`` tables (as in :func:`check_conformance`).
+    With ``entry_points=False`` only built-ins and the ``plugins`` given here are available.
+    ``fsync=False`` skips the store's fsyncs (tests whose subject is not durability run faster)."""
+    if strategies is not None and (
+        isinstance(strategies, (str, dict)) or not all(isinstance(s, str) for s in strategies)
+    ):
+        msg = (
+            f"build_kernel(strategies=...) takes the list of strategy names, got {strategies!r:.120}; "
+            'give their [strategies.<name>] tables as settings={"<name>": {...}}'
+        )
+        raise TypeError(msg)
     profile = profile or make_profile(**profile_tables)
     if strategies is not None:
-        profile.profile.strategies = strategies
+        profile.profile.strategies = list(strategies)
+    if settings is not None:
+        profile.strategies = {**profile.strategies, **settings}
     return Kernel(profile, store=JsonlStore(home, fsync=fsync), home=home, entry_points=entry_points, plugins=plugins)
 
 
@@ -90,11 +102,18 @@ if pytest is not None:
 
 
 # the conformance suite is public test API
-from .conformance import ConformanceError, ConformanceReport, check_conformance, request_orphans  # noqa: E402
+from .conformance import (  # noqa: E402
+    ConformanceError,
+    ConformanceReport,
+    ConformanceStep,
+    check_conformance,
+    request_orphans,
+)
 
 __all__ = [
     "ConformanceError",
     "ConformanceReport",
+    "ConformanceStep",
     "build_kernel",
     "check_conformance",
     "make_profile",

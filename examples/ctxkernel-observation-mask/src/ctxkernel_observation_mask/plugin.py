@@ -37,7 +37,7 @@ def pre_step(session: ctxkernel.Session, step: ctxkernel.StepContext) -> None:
     results = [n for n in session.surface.nodes if n.role == "tool"]
     for node in results[: -settings.keep_last]:
         result = node.message.tool_result
-        if result is None or node.event.data.get("prune") or len(result.content) < settings.min_chars:
+        if result is None or node.pruned or len(result.content) < settings.min_chars:
             continue  # already masked, or too small to be worth it
         text = settings.placeholder.format(name=result.name or "tool", chars=len(result.content))
         mask.replace_tool_result(node.seq, text, reason="mask")
@@ -45,5 +45,5 @@ def pre_step(session: ctxkernel.Session, step: ctxkernel.StepContext) -> None:
 
 @ctxkernel.hookimpl
 def project(session: ctxkernel.Session) -> dict[str, Any]:
-    masked = sum(1 for n in session.surface.nodes if n.role == "tool" and n.event.data.get("prune"))
+    masked = sum(1 for n in session.surface.nodes if n.pruned)
     return {"masked_results": masked}
