@@ -70,9 +70,7 @@ class ChapterRange(_Args):
         default_factory=list, max_length=KEEP_INLINE_CAP, description="tool result seqs kept inline, not as artifacts"
     )
     defer: list[Seq] = Field(
-        default_factory=list,
-        max_length=KEEP_INLINE_CAP,
-        description="tool result seqs moved to artifacts even when small (the keep/defer decision is yours)",
+        default_factory=list, max_length=KEEP_INLINE_CAP, description="tool result seqs made artifacts even if small"
     )
 
 
