@@ -116,7 +116,41 @@ start_chromium() {
     say "Chromium: $bin"
 }
 
+# -- Firefox (the web inspector's pages: tests/test_ui_firefox.py) ------------------------------------
+# Debian's firefox-esr, driven headless over WebDriver BiDi (its own protocol, no geckodriver and
+# no Playwright build of Firefox, which needs a download). Installed like Chromium; exports
+# CTXKERNEL_TEST_FIREFOX with the binary's path.
+firefox_bin() {
+    local name
+    for name in firefox-esr firefox; do
+        command -v "$name" 2>/dev/null && return 0
+    done
+    return 0
+}
+
+start_firefox() {
+    local bin
+    bin=$(firefox_bin)
+    if [[ -z "$bin" && "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        say "Firefox: not installed; installing Debian's firefox-esr"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -q >/dev/null || say "apt-get update failed"
+        apt-get install -y -q --no-install-recommends firefox-esr >/dev/null || say "apt-get install firefox-esr failed"
+        bin=$(firefox_bin)
+    fi
+    if [[ -z "$bin" ]]; then
+        if [[ "${CI:-}" == "true" ]]; then
+            say "Firefox: not installed and could not be installed (CI=true)"; return 1
+        fi
+        say "Firefox: not found; the inspector's Firefox test will skip"
+        return 0
+    fi
+    export CTXKERNEL_TEST_FIREFOX="$bin"
+    say "Firefox: $bin"
+}
+
 start_postgres
 start_chromium
+start_firefox
 
 "$@"

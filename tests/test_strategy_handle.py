@@ -80,7 +80,34 @@ def test_storage_is_namespaced_by_the_strategy(session):
     assert handle.kv_list() == {"k": {"v": 1}}
     handle.kv_delete("k")
     assert handle.kv_get("k") is None
-    assert handle.files == Path(session.kernel.home) / "probe"
+
+
+def test_blobs_are_namespaced_by_the_strategy(session):
+    blobs = PROBE.on(session).blobs
+    info = blobs.put("reports/a.md", "# é")
+    assert info == ctxkernel.BlobInfo.of("reports/a.md", "# é".encode())
+    assert session.store.blob_get("probe/reports/a.md") == "# é".encode()
+    assert blobs.get("reports/a.md") == "# é".encode() and blobs.stat("reports/a.md") == info
+    blobs.put("reports/b.md", b"b")
+    assert [i.key for i in blobs.list("reports/")] == ["reports/a.md", "reports/b.md"]
+    blobs.delete("reports/a.md")
+    assert blobs.get("reports/a.md") is None and [i.key for i in blobs.list()] == ["reports/b.md"]
+
+
+@pytest.mark.parametrize("bad", ["../other/x", "/abs", "a/../../x", ""])
+def test_blob_keys_cannot_leave_the_strategys_namespace(session, bad):
+    with pytest.raises(ctxkernel.StoreError, match="invalid blob key"):
+        PROBE.on(session).blobs.put(bad, b"x")
+    assert session.store.blob_list() == []
+
+
+def test_open_continuation_creates_a_session_tagged_with_the_strategy(session):
+    child = PROBE.on(session).open_continuation("child-1", origin="continue", parent=session.id)
+    assert child.id == "child-1" and child.kernel is session.kernel
+    header = session.store.header("child-1")
+    assert header.origin == "probe:continue" and header.parent == session.id
+    with pytest.raises(ctxkernel.SessionExistsError):
+        PROBE.on(session).open_continuation("child-1", origin="fork")
 
 
 def test_state_is_per_strategy_and_session(session):
@@ -144,3 +171,35 @@ def test_migrated_strategies_never_pass_their_own_name_by_hand(root):
             target = node.value if isinstance(node, ast.Subscript) else None
             if isinstance(target, ast.Attribute) and target.attr == "state" and ast.unparse(target.value) == "session":
                 raise AssertionError(f"{path}:{node.lineno} indexes session.state by hand")
+
+
+def test_validating_signs_every_check_with_the_strategys_name(tmp_path):
+    from ctxkernel.validate import ValidationReport
+
+    kernel = build_kernel(tmp_path, strategies=["basic"], fsync=False)
+    report = ValidationReport(where="probe.toml")
+    assert PROBE.validating(kernel.profile, report) is None, "a profile without the strategy has nothing to check"
+    kernel.profile.profile.strategies.append("probe")
+    checks = PROBE.validating(kernel.profile, report)
+    assert checks is not None and checks.report is report
+    checks.ok("budgets", "fits")
+    checks.warn("fallback", "no fallback")
+    checks.fail("store", "not writable")
+    assert [(c.check, c.level, c.strategy) for c in report.checks] == [
+        ("budgets", "pass", "probe"),
+        ("fallback", "warn", "probe"),
+        ("store", "fail", "probe"),
+    ]
+    assert "strategy 'probe'" in report.checks[-1].message
+
+
+@pytest.mark.parametrize("root", MIGRATED[2:5], ids=lambda p: p.parent.name)
+def test_validate_profile_records_checks_through_the_handle(root):
+    """decay, handoff and rollover: `validate_profile` records through `Strategy.validating`, never
+    `report.ok/warn/fail(check, NAME, ...)` with the name written again (chapters: branch `blobs`)."""
+    for path in root.rglob("plugin.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                owner = ast.unparse(node.func.value)
+                if owner == "report" and node.func.attr in ("ok", "warn", "fail"):
+                    raise AssertionError(f"{path}:{node.lineno} signs a check by hand")

@@ -11,7 +11,17 @@ from hypothesis import strategies as st
 
 from ctxkernel import Message, ToolCallBlock
 from ctxkernel.compaction import SUMMARY_SECTIONS
-from ctxkernel.text import ELLIPSIS, clip, extractive_summary, safe_cut
+from ctxkernel.text import (
+    COMMAND_KEYS,
+    ELLIPSIS,
+    clip,
+    extractive_summary,
+    failed,
+    first_line,
+    keep_newest,
+    safe_cut,
+    string_arguments,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 GRAPHEMES = st.sampled_from(["a", "é", "e\u0301", "👍🏽", "🇫🇷", "👨\u200d👩\u200d👧", "\n", " ", "```\n", "x" * 7])
@@ -66,3 +76,66 @@ def test_no_strategy_keeps_its_own_clip():
                 assert len(node.body) == 1 and "clip" in calls, f"{path}:{node.lineno} {node.name} is its own copy"
     basic = (REPO / "src/ctxkernel/default_plugins/basic.py").read_text()
     assert "def extractive_summary" not in basic and "from ctxkernel.text import extractive_summary" in basic
+
+
+LINES = st.lists(st.sampled_from(["user: a", "user: a longer request", "called x", "assistant: ok", "e" * 30]))
+
+
+@given(LINES, st.integers(min_value=-5, max_value=120))
+def test_keep_newest_keeps_the_longest_suffix_that_fits(lines, budget):
+    kept = keep_newest(lines, budget)
+    assert kept == lines[len(lines) - len(kept) :]
+    assert sum(len(line) + 1 for line in kept) <= max(budget, 0)
+    if len(kept) < len(lines):  # one more line would not have fitted
+        assert sum(len(line) + 1 for line in lines[len(lines) - len(kept) - 1 :]) > budget
+
+
+@given(LINES, st.integers(min_value=-5, max_value=120))
+def test_keep_newest_gives_up_spared_lines_last(lines, budget):
+    spare = lambda line: line.startswith("user: ")  # noqa: E731
+    kept = keep_newest(lines, budget, spare=spare)
+    assert sum(len(line) + 1 for line in kept) <= max(budget, 0)
+    it = iter(lines)
+    assert all(line in it for line in kept), "kept lines stay in their order"
+    if any(spare(line) for line in lines) and len([x for x in kept if spare(x)]) < len([x for x in lines if spare(x)]):
+        assert all(spare(line) for line in kept), "a spared line went while another line stayed"
+
+
+def test_extraction_helpers():
+    assert first_line("\n  first\nsecond") == "first" and first_line(" \n", "(empty)") == "(empty)"
+    call = ToolCallBlock("c", "run", {"command": "pytest", "path": "a.py", "cmd": 3})
+    assert string_arguments(call) == ["a.py"] and string_arguments(call, COMMAND_KEYS) == ["pytest"]
+    assert string_arguments(ToolCallBlock("c", "run", ["not", "an", "object"])) == []  # type: ignore[arg-type]
+    result = Message.tool("c", "ok\nTraceback (most recent call last)").tool_result
+    assert result is not None and failed(result)
+    clean = Message.tool("c", "all good").tool_result
+    assert clean is not None and not failed(clean)
+
+
+def test_strategies_summarise_with_the_toolkit():
+    """decay's steward and handoff's extractive body build their own lines (their formats differ)
+    but extract and trim with the toolkit: no first-line, path-key or newest-first code of their own."""
+    for path in (
+        "plugins/ctxkernel-decay/src/ctxkernel_decay/steward.py",
+        "plugins/ctxkernel-handoff/src/ctxkernel_handoff/handoff.py",
+    ):
+        source = (REPO / path).read_text()
+        assert "keep_newest(" in source and "first_line(" in source, path
+        assert ".splitlines()[0]" not in source and "_PATH_KEYS" not in source, path
+        assert "reversed(entries)" not in source, path
+
+
+def test_no_hand_made_ellipsis_clip_outside_the_toolkit():
+    """A clip is ``ctxkernel.text.clip`` (or ``safe_cut`` + ``ELLIPSIS``), not ``text[:n] + "…"``,
+    which can split a grapheme. logging.py is the exception: it sits below every module (text.py
+    included) and bounds log values, which no model reads."""
+    sources = [*REPO.glob("src/ctxkernel/**/*.py"), *REPO.glob("plugins/*/src/**/*.py"), *REPO.glob("examples/**/*.py")]
+    allowed = {REPO / "src/ctxkernel/logging.py", REPO / "src/ctxkernel/text.py"}
+    found = []
+    for path in sources:
+        if path in allowed:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if '] + "…"' in line or '] + "\\u2026"' in line:
+                found.append(f"{path.relative_to(REPO)}:{number}")
+    assert not found, found

@@ -83,10 +83,14 @@ def test_cursor_with_a_trailing_newline_is_refused():
 
 def test_artifact_handle_with_a_trailing_newline_is_refused(tmp_path):
     artifacts = pytest.importorskip("ctxkernel_chapters.artifacts")
-    handle, _ = artifacts.store(tmp_path, "root", "content")
-    assert artifacts.load(tmp_path, handle) == "content"
+    from ctxkernel import StrategyBlobs
+    from ctxkernel_chapters.storage import Archive
+
+    archive = Archive(StrategyBlobs(JsonlStore(tmp_path), "chapters"))
+    handle, _ = artifacts.store(archive, "root", "content")
+    assert artifacts.load(archive, handle) == "content"
     with pytest.raises(artifacts.ArchiveError):
-        artifacts.load(tmp_path, handle + "\n")
+        artifacts.load(archive, handle + "\n")
 
 
 def test_decay_anchor_argument_is_matched_whole():

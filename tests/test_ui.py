@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("starlette", reason="the inspector needs the 'ui' extra")
 from starlette.testclient import TestClient
 
+from ctxkernel import Message, ToolCallBlock
 from ctxkernel.cli import main
 from ctxkernel.ui import create_app
 from ctxkernel.ui.data import MAX_SCAN
@@ -494,3 +495,40 @@ def test_create_app_takes_the_kernel_by_keyword_as_serve_mounts_it(handoff):
         create_app()
     with TestClient(create_app(kernel=kernel), base_url=LOCAL) as c:
         assert c.get(f"/api/sessions/{session.id}/head").json() == {"events": len(session.events)}
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` with its bytes: what "nothing was written" is checked against."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("strategies", [["basic"], ["decay"], ["handoff", "basic"], ["rollover"], ["chapters"]])
+def test_inspecting_a_session_with_waiting_calls_writes_nothing(tmp_path, capsys, strategies):
+    """A live proxy's session waits for the client's tool results; `inspect` and the ui only read:
+    opening it must not close the waiting calls (crash repair) nor write anything else."""
+    profile = support.write_profile(tmp_path / "profiles", "waiting", tmp_path / "store", strategies)
+    kernel = support.kernel_for(profile)
+    session = kernel.open_session()
+    support.one_turn(session, 0)
+    session.user("step 1: read two files")
+    request = session.prepare_request()
+    calls = [ToolCallBlock("w1", "read_file", {"path": "a.py"}), ToolCallBlock("w2", "read_file", {"path": "b.py"})]
+    reply = Message.assistant("reading", calls)
+    session.commit_reply(reply, usage=support.usage(session, request, reply))
+    session.tool_result("w1", "first file")  # w2 still waits, as it does while the client runs it
+    assert session.surface.pending_calls
+    before = _tree(tmp_path / "store")
+
+    view = inspect_json(capsys, profile, session.id)
+    assert _tree(tmp_path / "store") == before, "ctxkernel inspect wrote to the store"
+    assert view["events"] == len(session.events)
+    with TestClient(create_app(str(profile)), base_url=LOCAL) as c:
+        for path in ("", "/summary", "/surface", "/timeline", "/transactions", "/log", "/head", "/events/0"):
+            assert c.get(f"/api/sessions/{session.id}{path}").status_code == 200, path
+        for page in ("/", f"/sessions/{session.id}", "/api/sessions"):
+            assert c.get(page).status_code == 200, page
+    assert _tree(tmp_path / "store") == before, "the inspector wrote to the store"
+
+    # the session goes on where it was: the client's result for the waiting call is accepted
+    session.tool_result("w2", "second file")
+    assert not session.surface.pending_calls

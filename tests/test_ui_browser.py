@@ -332,12 +332,13 @@ def test_compact_now_from_the_page(browser, hostile, shots):
 
 def test_strategy_panels_show_chapters_notes_and_windows_as_text(browser, hostile, chapters, shots):
     profile, _, session = hostile
-    chapter_profile, _, parent, child = chapters
+    chapter_profile, chapter_kernel, parent, child = chapters
     first = inspect_json(chapter_profile, parent)
     toc = first["strategies"]["chapters"]["toc"]
     assert [c["hash"] for c in toc] == ["ok"]
-    # change the archived chapter behind the registry's back: the panel must say so
-    chapter_file = Path(first["strategies"]["chapters"]["archive"]) / toc[0]["path"]
+    # change the archived chapter behind the registry's back (a blob file of the jsonl store):
+    # the panel must say so
+    chapter_file = chapter_kernel.store.blob_path(f"chapters/{toc[0]['path']}")
     chapter_file.write_text(chapter_file.read_text() + "\nedited later\n")
     expected = inspect_json(chapter_profile, parent)
     (entry,) = expected["strategies"]["chapters"]["toc"]

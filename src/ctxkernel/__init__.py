@@ -40,7 +40,7 @@ from .errors import (
     UnbalancedCutError,
 )
 from .events import Event
-from .handle import Strategy, StrategyHandle, StrategyNotes
+from .handle import Strategy, StrategyBlobs, StrategyChecks, StrategyHandle, StrategyNotes
 from .hookspecs import hookimpl
 from .kernel import Kernel
 from .logging import get_logger
@@ -51,7 +51,7 @@ from .models import ModelAdapter, OpenAIChatModel, Reply, ScriptedModel
 from .plugins import NoSettings, StrategySpec
 from .profile import Profile, load_profile
 from .session import EventSpec, ReplyDraft, Request, RequestHeader, Session, StepContext
-from .store.base import check_session_id
+from .store.base import BlobInfo, check_blob_key, check_session_id
 from .surface import Node
 from .tools import MAX_INT_ARG, CompactTool, Tool, ToolArgs, ToolOutcome, compact_schema
 from .validate import ValidationReport
@@ -60,6 +60,7 @@ __all__ = [
     "AgentLoop",
     "AsyncAgentLoop",
     "AsyncSession",
+    "BlobInfo",
     "CommitResult",
     "CompactTool",
     "CompactionBusyError",
@@ -105,6 +106,8 @@ __all__ = [
     "StoreError",
     "SUMMARY_SECTIONS",
     "Strategy",
+    "StrategyBlobs",
+    "StrategyChecks",
     "StrategyHandle",
     "StrategyNotes",
     "StrategySpec",
@@ -123,6 +126,7 @@ __all__ = [
     "ValidationReport",
     "MAX_INT_ARG",
     "balanced_cut_at_or_before",
+    "check_blob_key",
     "check_session_id",
     "compact_schema",
     "get_logger",

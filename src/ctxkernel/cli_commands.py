@@ -79,6 +79,21 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_strategy)
 
     p = sub.add_parser(
+        "export",
+        help="write a session's strategy files (chapters, artifacts, handoff notes, audit) to a folder",
+        description=(
+            "Strategies keep their files in the store. Export writes one session's files under DIR as the "
+            "seeds lay them out (chapters/<root>/chapters/*.md and artifacts/, handoff/handoff.md and "
+            "handoff-log.md, decay/audit.jsonl), each read back and checked by sha256, and prints what it wrote."
+        ),
+    )
+    p.add_argument("session", metavar="SESSION")
+    p.add_argument("--to", required=True, metavar="DIR", help="target folder (created if missing)")
+    p.add_argument("--profile", help="profile to open the session with (default: the one recorded in the session)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser(
         "run",
         help="run one agent turn with a model adapter",
         description=(
@@ -236,75 +251,88 @@ def _kernel_for(profile_name: str | None) -> Any:
     return Kernel.from_profile(profile_name)
 
 
-class _Refused(Exception):
-    """A command's early exit with its status (the message is already on stderr)."""
-
-    def __init__(self, status: int) -> None:
-        super().__init__(status)
-        self.status = status
-
-
-def _open_recorded(command: str, session_id: str, profile_name: str | None) -> tuple[Any, str]:
-    """Open ``session_id`` as it is (no crash repair: a live harness may hold it) with
-    ``profile_name``, else the profile recorded in the session, which must be on the search path.
-    Returns the session and where its profile came from."""
+def _open_recorded(command: str, session_id: str, profile: str | None) -> tuple[Any, str] | int:
+    """The session opened read-only, with ``--profile`` or else the profile it was recorded
+    with, and where that profile came from; an exit status when it cannot be opened."""
     from .store.base import check_session_id
 
     try:
         check_session_id(session_id)
     except CtxKernelError as exc:
-        raise _Refused(usage_error(command, str(exc))) from None
-    kernel = None
+        return usage_error(command, str(exc))
     try:
-        kernel = _kernel_for(profile_name)
+        kernel = _kernel_for(profile)
         recorded = kernel.store.header(session_id).profile if kernel.store.exists(session_id) else None
-        source = "--profile" if profile_name is not None else "default"
-        if profile_name is None and recorded and recorded != kernel.profile.name:
+        source = "--profile" if profile is not None else "default"
+        if profile is None and recorded and recorded != kernel.profile.name:
             # the session's strategies (and their panels) come from the profile it was written
             # with: use that one, or refuse; a guess would show another strategy's view
             found = list_profiles()
             if recorded not in found:
                 searched = [str(p) for p in profile_search_path()]
-                raise _Refused(
-                    usage_error(
-                        command,
-                        f"session {session_id} was recorded with profile {recorded!r}, which is not on the "
-                        f"profile search path (found {sorted(found)} in {searched}). Fix: pass --profile with "
-                        "that profile's name or .toml path (or another profile to read the session with)",
-                    )
+                return usage_error(
+                    command,
+                    f"session {session_id} was recorded with profile {recorded!r}, which is not on the "
+                    f"profile search path (found {sorted(found)} in {searched}). Fix: pass --profile with "
+                    "that profile's name or .toml path (or another profile to read the session with)",
                 )
             kernel = _kernel_for(str(found[recorded]))  # by its path: a recorded name is never a path
-        if profile_name is None:
+        if profile is None:
             source = "recorded with the session" if recorded else "default: the session records no profile"
         elif recorded and recorded != kernel.profile.name:
             sys.stderr.write(
                 f"ctxkernel {command}: note: session recorded with profile {one_line(recorded)!r}; "
                 f"read with {kernel.profile.name!r} ({source})\n"
             )
-        # no crash repair, which would append closing events (and close a live harness's step)
+        # only reads: no crash repair, which would append closing events
         return kernel.open_session(session_id, repair=False), source
     except SessionNotFoundError as exc:
-        where = (getattr(kernel.store, "home", None) or kernel.store.backend) if kernel else "?"
-        raise _Refused(
-            usage_error(command, f"{exc} (store at {where}); list sessions with the store's home or CTXKERNEL_HOME set")
-        ) from None
+        where = getattr(kernel.store, "home", None) or kernel.store.backend
+        return usage_error(
+            command, f"{exc} (store at {where}); list sessions with the store's home or CTXKERNEL_HOME set"
+        )
     except ProfileError as exc:
-        raise _Refused(usage_error(command, str(exc))) from None
+        return usage_error(command, str(exc))
     except CtxKernelError as exc:
-        raise _Refused(failure(command, f"error: {exc}")) from None
+        return failure(command, f"error: {exc}")
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    try:
-        session, source = _open_recorded("inspect", args.session, args.profile)
-    except _Refused as refused:
-        return refused.status
+    opened = _open_recorded("inspect", args.session, args.profile)
+    if isinstance(opened, int):
+        return opened
+    session, source = opened
     view = session.project()
     view["profile"] = session.kernel.profile.name
     if args.json:
         dump_json(view)  # the same view the web inspector serves (the source is on stderr when it differs)
         return EXIT_OK
     _print_inspect(view, source)
+    return EXIT_OK
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .store.export import write_export
+
+    opened = _open_recorded("export", args.session, args.profile)
+    if isinstance(opened, int):
+        return opened
+    session, _ = opened
+    try:
+        files = session.kernel.hooks.export_files(session)
+        written = write_export(Path(args.to).expanduser(), files)
+    except CtxKernelError as exc:
+        return failure("export", f"error: {exc}")
+    rows: list[dict[str, Any]] = [
+        {"path": f.path, "strategy": f.strategy, "bytes": f.size, "sha256": f.sha256} for f in written
+    ]
+    if args.json:
+        dump_json({"session": session.id, "to": str(Path(args.to).expanduser()), "files": rows})
+        return EXIT_OK
+    out = sys.stdout
+    out.write(f"exported {len(rows)} file(s) of session {session.id} to {args.to} (each verified by sha256)\n")
+    for row in rows:
+        out.write(f"  {row['path']}  {row['bytes']} bytes  {row['sha256'][:16]}\n")
     return EXIT_OK
 
 
@@ -336,10 +364,10 @@ def _print_inspect(view: dict[str, Any], source: str) -> None:
 
 # -- manual controls ------------------------------------------------------------------------------------
 def cmd_compact(args: argparse.Namespace) -> int:
-    try:
-        session, _ = _open_recorded("compact", args.session, args.profile)
-    except _Refused as refused:
-        return refused.status
+    opened = _open_recorded("compact", args.session, args.profile)
+    if isinstance(opened, int):
+        return opened
+    session, _ = opened
     try:
         outcome = session.compact_now(args.action, by="cli")
     except SessionBusyError as exc:
@@ -361,10 +389,10 @@ def cmd_compact(args: argparse.Namespace) -> int:
 
 
 def cmd_strategy(args: argparse.Namespace) -> int:
-    try:
-        session, _ = _open_recorded("strategy", args.session, args.profile)
-    except _Refused as refused:
-        return refused.status
+    opened = _open_recorded("strategy", args.session, args.profile)
+    if isinstance(opened, int):
+        return opened
+    session, _ = opened
     enabled = args.toggle == "enable"
     try:
         changed = session.set_strategy_enabled(args.name, enabled, by="cli")

@@ -17,7 +17,6 @@ This module sits above the core and ``recall``: the core never imports it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from pydantic import BaseModel
@@ -29,12 +28,14 @@ from .profile import strategy_settings_from
 from .recall.history import History
 from .recall.notes import STATE_KEY as NOTES_STATE_KEY
 from .recall.notes import Note, Notes, NotesLimits
+from .store.base import BlobInfo, EventStore
 from .tools import Tool
 
 if TYPE_CHECKING:
     from .meter import Pressure
     from .profile import ModelSettings, Profile
     from .session import RequestHeader, Session, StepContext
+    from .validate import ValidationReport
 
 S = TypeVar("S", bound=BaseModel)
 
@@ -62,6 +63,13 @@ class Strategy(Generic[S]):
             self.name, settings=self.settings, capabilities=self.capabilities, description=self.description
         )
 
+    def validating(self, profile: Profile, report: ValidationReport) -> StrategyChecks | None:
+        """This strategy's side of ``validate_profile``: its checks, signed with its name, or None
+        when ``profile`` does not list the strategy (nothing to check)."""
+        if self.name not in profile.profile.strategies:
+            return None
+        return StrategyChecks(self.name, report)
+
     def tool(
         self, name: str, description: str, parameters: type[BaseModel], handler: Any, *, cls: type[Tool] = Tool
     ) -> Tool:
@@ -83,6 +91,28 @@ class Strategy(Generic[S]):
 
     def __repr__(self) -> str:
         return f"Strategy({self.name!r}, {self.settings.__name__})"
+
+
+class StrategyChecks:
+    """What a strategy's ``validate_profile`` records, each check signed with the strategy's
+    name (``Strategy.validating``); ``report`` is the whole :class:`ctxkernel.ValidationReport`,
+    e.g. for ``strategies_claiming``."""
+
+    def __init__(self, name: str, report: ValidationReport) -> None:
+        self.name = name
+        self.report = report
+
+    def ok(self, check: str, message: str) -> None:
+        """A passed check."""
+        self.report.ok(check, self.name, message)
+
+    def warn(self, check: str, message: str) -> None:
+        """A problem that does not stop the profile from running (fails under ``--strict``)."""
+        self.report.warn(check, self.name, message)
+
+    def fail(self, check: str, message: str) -> None:
+        """A problem that makes the profile unusable; say how to fix it."""
+        self.report.fail(check, self.name, message)
 
 
 class StrategyNotes:
@@ -125,6 +155,44 @@ class StrategyNotes:
             object.__setattr__(self, name, value)
         else:
             setattr(self._notes, name, value)
+
+
+class StrategyBlobs:
+    """The strategy's persisted bytes (chapter files, artifacts, audits) in the store's blob table,
+    under keys ``<strategy>/<key>``: on the store's backend, so every worker of a fleet sees them.
+
+    Keys are relative, ``/``-separated names (see :func:`ctxkernel.store.base.check_blob_key`);
+    a key that would leave the strategy's namespace ('..', an absolute path) is refused with a
+    :class:`StoreError`. Values are bytes (text is stored as UTF-8), at most 64 MiB each.
+    ``ctxkernel export`` writes them out as files."""
+
+    def __init__(self, store: EventStore, strategy: str) -> None:
+        self._store = store
+        self._prefix = f"{strategy}/"
+
+    def put(self, key: str, data: bytes | str) -> BlobInfo:
+        """Store ``data`` under ``key`` durably and atomically (replacing any value)."""
+        raw = data.encode("utf-8") if isinstance(data, str) else data
+        return self._relative(self._store.blob_put(self._prefix + key, raw))
+
+    def get(self, key: str) -> bytes | None:
+        """The value under ``key``, or None."""
+        return self._store.blob_get(self._prefix + key)
+
+    def stat(self, key: str) -> BlobInfo | None:
+        """Size and sha256 of the value under ``key`` without reading it (None when absent)."""
+        info = self._store.blob_stat(self._prefix + key)
+        return None if info is None else self._relative(info)
+
+    def list(self, prefix: str = "") -> list[BlobInfo]:
+        """The strategy's blobs whose key starts with ``prefix``, sorted by key."""
+        return [self._relative(info) for info in self._store.blob_list(self._prefix + prefix)]
+
+    def delete(self, key: str) -> None:
+        self._store.blob_delete(self._prefix + key)
+
+    def _relative(self, info: BlobInfo) -> BlobInfo:
+        return BlobInfo(info.key[len(self._prefix) :], info.size, info.sha256)
 
 
 class StrategyHandle(Generic[S]):
@@ -232,16 +300,17 @@ class StrategyHandle(Generic[S]):
         return self.session.store.kv_list(self.name, prefix)
 
     @property
-    def files(self) -> Path:
-        """The strategy's folder for human-readable files (audits, exports): ``<home>/<name>``.
-        Not created until written to."""
-        return Path(self.session.kernel.home) / self.name
+    def blobs(self) -> StrategyBlobs:
+        """The strategy's files (chapters, artifacts, audits) in the store's blob table, on every
+        backend; ``ctxkernel export`` writes them out."""
+        return StrategyBlobs(self.session.store, self.name)
 
-    @property
-    def home(self) -> Path:
-        """The kernel home (the store's folder for file-based backends), for settings that are
-        paths relative to it."""
-        return Path(self.session.kernel.home)
+    # -- sessions -------------------------------------------------------------------------------------
+    def open_continuation(self, session_id: str, *, origin: str, parent: str | None = None) -> Session:
+        """Create and open a new session of the same kernel for the strategy to continue in (a
+        continuation or a fork); its header records ``origin`` as ``<strategy>:<origin>`` and
+        ``parent`` when given. :class:`SessionExistsError` when the id is taken."""
+        return self.session.kernel.open_session(session_id, create=True, parent=parent, origin=f"{self.name}:{origin}")
 
     # -- recall ---------------------------------------------------------------------------------------
     def notes(self, limits: NotesLimits | None = None) -> StrategyNotes:
@@ -284,4 +353,4 @@ class StrategyHandle(Generic[S]):
         return f"StrategyHandle({self.name!r}, session={self.session.id!r})"
 
 
-__all__ = ["Strategy", "StrategyHandle", "StrategyNotes"]
+__all__ = ["Strategy", "StrategyBlobs", "StrategyHandle", "StrategyNotes"]

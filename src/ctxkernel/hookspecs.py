@@ -204,6 +204,18 @@ def project(session: Session) -> dict[str, Any] | None:
 
 
 @hookspec
+def export_files(session: Session) -> dict[str, bytes] | None:
+    """The strategy's persisted files for ``ctxkernel export``, laid out as the seeds lay them out.
+
+    Strategies keep their files in the store (the handle's ``blobs``); export writes them out for
+    people. Return ``{relative path: bytes}`` (paths such as ``chapters/<root>/chapters/001-x.md``
+    or ``decay/audit.jsonl``: '/'-separated parts of letters, digits, '.', '_' and '-'), or None.
+    The export refuses any other path, a path two strategies both claim, and a file whose bytes
+    do not read back with the same sha256.
+    """
+
+
+@hookspec
 def steward_actions(session: Session, request: Request) -> list[dict[str, Any]] | None:
     """In open-loop simulation, the context-management tool calls a model would make now.
 

@@ -310,6 +310,20 @@ class HookFacade:
                 out[owner] = result
         return out
 
+    def export_files(self, session: Session) -> dict[str, dict[str, bytes]]:
+        """Each strategy's files for ``ctxkernel export``, keyed by strategy name, in profile order."""
+        out: dict[str, dict[str, bytes]] = {}
+        for impl in reversed(self._hook.export_files.get_hookimpls()):
+            name = self._pm.get_name(impl.plugin) or impl.plugin_name
+            try:
+                result: Any = impl.function(session=session)
+            except Exception as exc:  # a strategy's failure is named, never a bare traceback
+                msg = f"strategy {name!r} could not hand over its files for export: {type(exc).__name__}: {exc}"
+                raise ConfigError(msg) from exc
+            if result:
+                out[name] = result
+        return out
+
     def steward_actions(self, session: Session, request: Request) -> list[dict[str, Any]]:
         calls: list[dict[str, Any]] = []
         for result in self._caller("steward_actions", session)(session=session, request=request):

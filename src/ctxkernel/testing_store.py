@@ -15,7 +15,8 @@ home, database or schema), as a second process would::
 Every test then runs unchanged against that backend: create, append with the expected next seq,
 a stale writer's :class:`ConflictError` with nothing written, reads by range (bounded by an end
 too), session listing, the key-value table, 1 MB events, any Unicode, a 100,000-event session,
-racing writers and ``repair()``.
+racing writers, ``repair()`` and the blob table (put/get/stat/list/delete, chunked values,
+refused keys and sizes, readers that never see part of a write).
 
 PostgreSQL helpers: :func:`postgres_dsn` returns ``$CTXKERNEL_TEST_PG_DSN`` when a server answers
 there, and otherwise skips the test with the reason, or fails it when ``CI`` is true (CI must run
@@ -25,6 +26,7 @@ these tests). :func:`postgres_schema` gives a test its own schema, dropped after
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import threading
 import uuid
@@ -37,7 +39,7 @@ from hypothesis import strategies as st
 
 from .errors import ConflictError, SessionExistsError, SessionNotFoundError, StoreError
 from .events import Event
-from .store.base import EventStore, SessionHeader
+from .store.base import BLOB_CHUNK_BYTES, MAX_BLOB_BYTES, MAX_BLOB_KEY, BlobInfo, EventStore, SessionHeader
 
 PG_DSN_ENV = "CTXKERNEL_TEST_PG_DSN"
 
@@ -428,4 +430,156 @@ class StoreConformance:
         again = store_factory()
         assert dump(again, "s") == [e.to_dict() for e in batch(0, 2)]
         assert again.kv_get("ns", "k") == "v"
+        again.close()
+
+    # -- blobs -----------------------------------------------------------------------------------------
+    def test_blob_round_trip(self, store: EventStore, other: EventStore) -> None:
+        assert store.blob_get("chapters/r/chapters/001-a.md") is None
+        assert store.blob_stat("chapters/r/chapters/001-a.md") is None
+        assert store.blob_list() == []
+        info = store.blob_put("chapters/r/chapters/001-a.md", "# A\n\nbody é".encode())
+        assert info == BlobInfo.of("chapters/r/chapters/001-a.md", "# A\n\nbody é".encode())
+        assert other.blob_get("chapters/r/chapters/001-a.md") == "# A\n\nbody é".encode()
+        assert other.blob_stat("chapters/r/chapters/001-a.md") == info
+        store.blob_put("empty", b"")
+        assert other.blob_get("empty") == b"" and other.blob_stat("empty") == BlobInfo.of("empty", b"")
+        store.blob_delete("empty")
+        store.blob_delete("never-there")
+        assert other.blob_get("empty") is None and other.blob_stat("empty") is None
+
+    def test_blob_overwrite_replaces_the_whole_value(self, store: EventStore, other: EventStore) -> None:
+        big = bytes(range(256)) * (BLOB_CHUNK_BYTES // 128 + 3)  # over two chunks
+        store.blob_put("k", big)
+        assert other.blob_get("k") == big
+        store.blob_put("k", b"small")
+        assert other.blob_get("k") == b"small"
+        assert other.blob_stat("k") == BlobInfo.of("k", b"small")
+        assert [i.key for i in other.blob_list()] == ["k"]
+
+    def test_blob_chunk_boundaries(self, store: EventStore, other: EventStore) -> None:
+        for size in (1, BLOB_CHUNK_BYTES - 1, BLOB_CHUNK_BYTES, BLOB_CHUNK_BYTES + 1, 3 * BLOB_CHUNK_BYTES + 7):
+            data = os.urandom(size)
+            store.blob_put(f"sizes/{size}", data)
+            got = other.blob_get(f"sizes/{size}")
+            assert got is not None and len(got) == size and got == data
+            assert other.blob_stat(f"sizes/{size}") == BlobInfo(f"sizes/{size}", size, hashlib.sha256(data).hexdigest())
+
+    def test_blob_list_by_prefix(self, store: EventStore, other: EventStore) -> None:
+        keys = ["b/x", "a/2", "a/1", "ab", "a/sub/deep.md", "A"]
+        for key in keys:
+            store.blob_put(key, key.encode())
+        assert [i.key for i in other.blob_list()] == sorted(keys)
+        assert [i.key for i in other.blob_list("a/")] == ["a/1", "a/2", "a/sub/deep.md"]
+        assert [i.key for i in other.blob_list("a")] == ["a/1", "a/2", "a/sub/deep.md", "ab"]
+        assert [i.key for i in other.blob_list("a/sub/")] == ["a/sub/deep.md"]
+        assert other.blob_list("zz/") == []
+        assert {i.key: i for i in other.blob_list()}["ab"] == BlobInfo.of("ab", b"ab")
+
+    @pytest.mark.parametrize(
+        "bad",
+        [
+            "",
+            "/abs",
+            "../x",
+            "a/../b",
+            "a/..",
+            "a//b",
+            "a/",
+            ".hidden",
+            "a/.tmp",
+            "a b",
+            "a\\b",
+            "a\x00b",
+            "é",
+            "x" * (MAX_BLOB_KEY + 1),
+        ],
+    )
+    def test_blob_keys_are_checked(self, store: EventStore, bad: str) -> None:
+        for call in (
+            lambda: store.blob_put(bad, b"x"),
+            lambda: store.blob_get(bad),
+            lambda: store.blob_stat(bad),
+            lambda: store.blob_delete(bad),
+        ):
+            with pytest.raises(StoreError, match="letters, digits"):
+                call()
+        assert store.blob_list() == []
+
+    def test_blob_size_is_bounded(self, store: EventStore) -> None:
+        store.blob_put("k", b"before")
+        with pytest.raises(StoreError, match=f"limit of {MAX_BLOB_BYTES} bytes"):
+            store.blob_put("k", b"x" * (MAX_BLOB_BYTES + 1))
+        with pytest.raises(StoreError, match="must be bytes"):
+            store.blob_put("k", "text")  # type: ignore[arg-type]
+        assert store.blob_get("k") == b"before"
+
+    @settings(
+        max_examples=25,
+        deadline=None,
+        suppress_health_check=[
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.differing_executors,
+            HealthCheck.too_slow,
+        ],
+    )
+    @given(data=st.binary(max_size=4096), part=st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,20}", fullmatch=True))
+    def test_any_bytes_round_trip(self, store: EventStore, data: bytes, part: str) -> None:
+        if ".." in part:
+            return
+        key = f"prop/{uuid.uuid4().hex}/{part}"
+        assert store.blob_put(key, data) == BlobInfo.of(key, data)
+        assert store.blob_get(key) == data
+        assert store.blob_stat(key) == BlobInfo.of(key, data)
+
+    def test_blob_readers_never_see_part_of_a_write(self, store_factory: Callable[[], EventStore]) -> None:
+        values = [bytes([n]) * (BLOB_CHUNK_BYTES + 1000 * n) for n in range(1, 4)]  # two chunks each
+        first = store_factory()
+        first.blob_put("hot", values[0])
+        errors: list[BaseException] = []
+        seen: list[bytes] = []
+        stop = threading.Event()
+
+        def writer(n: int) -> None:
+            store = store_factory()
+            try:
+                for _ in range(8):
+                    store.blob_put("hot", values[n])
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+            finally:
+                store.close()
+
+        def reader() -> None:
+            store = store_factory()
+            try:
+                while not stop.is_set():
+                    got = store.blob_get("hot")
+                    assert got is not None
+                    seen.append(got)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+            finally:
+                store.close()
+
+        writers = [threading.Thread(target=writer, args=(n,)) for n in range(3)]
+        readers = [threading.Thread(target=reader) for _ in range(2)]
+        for t in readers + writers:
+            t.start()
+        for t in writers:
+            t.join()
+        stop.set()
+        for t in readers:
+            t.join()
+        assert not errors
+        assert seen and all(got in values for got in seen)
+        assert first.blob_get("hot") in values
+        first.close()
+
+    def test_blobs_survive_reopen(self, store_factory: Callable[[], EventStore]) -> None:
+        store = store_factory()
+        store.blob_put("a/b", b"kept")
+        store.close()
+        again = store_factory()
+        assert again.blob_get("a/b") == b"kept"
+        assert [i.key for i in again.blob_list()] == ["a/b"]
         again.close()

@@ -7,7 +7,10 @@ halves) and, for multi-line text, without leaving a fenced code block open. ``ex
 is the deterministic, model-free eight-section summary (the ``SUMMARY_SECTIONS`` of a
 ``compaction/summary``) that ``basic`` writes without a summarizer model and that
 ``ctxkernel simulate`` uses as its offline summarizer model; it folds an earlier checkpoint's
-bullets in instead of nesting them.
+bullets in instead of nesting them. A strategy with a summary format of its own (decay's block
+lines, handoff's item-cited activity list) builds it from the same pieces: ``first_line`` of a
+result, ``string_arguments`` of a call (``PATH_KEYS``, ``COMMAND_KEYS``), ``failed`` for an
+error result, and ``keep_newest`` to fit a budget, giving up the oldest lines first.
 
 For untrusted text, two jobs (text that came from a model, a tool or a file rather than from
 kernel code):
@@ -31,10 +34,11 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Callable
 from typing import Any
 
 from .compaction import CHECKPOINT_CLOSE, CHECKPOINT_OPEN, SUMMARY_SECTIONS
-from .messages import Message
+from .messages import Message, ToolCallBlock, ToolResultBlock
 
 #: what a clipped line ends with
 ELLIPSIS = "…"
@@ -150,9 +154,52 @@ def clip(text: str, limit: int, *, single_line: bool = False, overflow: str | No
     return body + ELLIPSIS
 
 
+# -- extracting from messages ----------------------------------------------------------------------
+#: tool-call argument keys that name a file
+PATH_KEYS = ("path", "file", "file_path", "filename", "filepath", "notebook_path")
+#: tool-call argument keys that hold a shell command
+COMMAND_KEYS = ("command", "cmd")
+#: words that mark a tool result as a failure when the tool did not flag it (searched in its
+#: first 2,000 characters)
+ERROR_MARKERS = re.compile(r"\b(Error|Exception|Traceback|FAILED)\b")
+
+
+def first_line(text: str, empty: str = "") -> str:
+    """The first line of ``text`` once stripped, or ``empty`` when nothing is left."""
+    stripped = text.strip()
+    return stripped.splitlines()[0] if stripped else empty
+
+
+def string_arguments(call: ToolCallBlock, keys: tuple[str, ...] = PATH_KEYS) -> list[str]:
+    """The string values of a tool call's arguments under ``keys``, in the order of ``keys``
+    (arguments that are not an object give none)."""
+    args = call.arguments if isinstance(call.arguments, dict) else {}
+    return [value for key in keys if isinstance(value := args.get(key), str)]
+
+
+def failed(result: ToolResultBlock, markers: re.Pattern[str] = ERROR_MARKERS) -> bool:
+    """True when a tool result is an error: flagged so, or its start shows ``markers``."""
+    return result.is_error or bool(markers.search(result.content[:2000]))
+
+
+def keep_newest(lines: list[str], budget: int, *, spare: Callable[[str], bool] | None = None) -> list[str]:
+    """The newest of ``lines`` that fit in ``budget`` characters (each line counts its length
+    plus one for its line break), in their order: the oldest go first. With ``spare``, lines it
+    accepts go last: every other line is given up, oldest first, before the oldest spared one."""
+    kept = list(lines)
+    size = sum(len(line) + 1 for line in kept)
+    for sparing in (True, False) if spare is not None else (False,):
+        i = 0
+        while size > budget and i < len(kept):
+            if sparing and spare is not None and spare(kept[i]):
+                i += 1
+                continue
+            size -= len(kept[i]) + 1
+            del kept[i]
+    return kept
+
+
 # -- the extractive summary -----------------------------------------------------------------------
-_PATH_KEYS = ("path", "file", "file_path", "filename", "filepath", "notebook_path")
-_COMMAND_KEYS = ("command", "cmd")
 _SECTION_RE = re.compile(r"^## (.+)$", re.MULTILINE)
 
 
@@ -191,21 +238,16 @@ def extractive_summary(messages: list[Message], *, max_chars: int = 12_000) -> s
             for call in message.tool_calls:
                 if call.name not in tools_used:
                     tools_used.append(call.name)
-                for key in _PATH_KEYS:
-                    value = call.arguments.get(key)
-                    if isinstance(value, str):
-                        found["Files and Code"].append(f"{call.name}: {clip(value, 200, single_line=True)}")
-                for key in _COMMAND_KEYS:
-                    value = call.arguments.get(key)
-                    if isinstance(value, str):
-                        found["Critical Context"].append(f"ran: {clip(value, 200, single_line=True)}")
+                for value in string_arguments(call, PATH_KEYS):
+                    found["Files and Code"].append(f"{call.name}: {clip(value, 200, single_line=True)}")
+                for value in string_arguments(call, COMMAND_KEYS):
+                    found["Critical Context"].append(f"ran: {clip(value, 200, single_line=True)}")
         elif message.role == "tool":
             result = message.tool_result
             assert result is not None
-            first = result.content.strip().splitlines()[0] if result.content.strip() else ""
-            if result.is_error or re.search(r"\b(Error|Exception|Traceback|FAILED)\b", result.content[:2000]):
+            if failed(result):
                 found["Errors and Fixes"].append(
-                    f"{result.name or result.call_id}: {clip(first, 240, single_line=True)}"
+                    f"{result.name or result.call_id}: {clip(first_line(result.content), 240, single_line=True)}"
                 )
     if tools_used:
         found["Key Technical Concepts"].append("tools used: " + ", ".join(tools_used[:30]))
@@ -312,17 +354,24 @@ def _guard_pattern(names: tuple[str, ...]) -> re.Pattern[str]:
 
 
 __all__ = [
+    "COMMAND_KEYS",
     "ELLIPSIS",
+    "ERROR_MARKERS",
+    "PATH_KEYS",
     "REPLACEMENT",
     "attr",
     "clip",
     "cut_text",
     "extractive_summary",
+    "failed",
+    "first_line",
     "guard",
+    "keep_newest",
     "one_line",
     "open_fence",
     "safe_cut",
     "storable",
     "storable_text",
+    "string_arguments",
     "tag",
 ]

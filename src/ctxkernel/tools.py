@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from .errors import CtxKernelError, PluginConflictError, ToolError
 from .logging import get_logger
 from .messages import ToolCallBlock
+from .text import clip
 
 if TYPE_CHECKING:
     from .session import Session
@@ -154,7 +155,7 @@ def preview(value: Any, limit: int = 60) -> str:
         text = repr(value)
     except Exception:  # noqa: BLE001 - a value whose repr fails is described by its type
         return f"<a {type(value).__name__}>"
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return clip(text, limit)
 
 
 def _accepts(spec: Any, defs: dict[str, Any], depth: int = 0) -> str:

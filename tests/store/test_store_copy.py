@@ -52,6 +52,8 @@ def source(tmp_path):
     for sid, turns in (("alpha", 12), ("beta", 3), ("gamma", 0)):
         fill(store, sid, turns, tmp_path)
     store.kv_put("lineage", "alpha", {"chapters": ["alpha"]})
+    store.blob_put("chapters/alpha/chapters/001-a.md", b"# A\n" * 1000)
+    store.blob_put("decay/audit/alpha/1.json", b"{}\n")
     return store
 
 
@@ -66,6 +68,8 @@ def test_jsonl_to_sqlite_and_back(source, tmp_path):
         assert same(source, middle, sid) and same(source, back, sid)
         assert surface_of(back, sid, tmp_path) == surface_of(source, sid, tmp_path)
     assert back.kv_get("lineage", "alpha") == {"chapters": ["alpha"]}
+    assert back.blob_list() == []  # blobs are copied only when asked for
+
     # the copy is byte-identical apart from batch markers: same canonical events
     assert [e.to_dict() for e in back.read("alpha")] == [e.to_dict() for e in source.read("alpha")]
 
@@ -159,3 +163,16 @@ def test_bad_store_spec_is_explained(capsys):
     assert main(["store", "copy", "mysql:x", "jsonl:/tmp/x"]) == 2  # a malformed argument: usage error
     err = capsys.readouterr().err
     assert "jsonl:PATH, sqlite:PATH, postgres:DSN" in err
+
+
+def test_blobs_are_copied_by_prefix_verified_and_skipped_when_present(source, tmp_path):
+    from ctxkernel.store.cli import copy_blobs
+
+    target = open_store(f"sqlite:{tmp_path / 'mid'}")
+    copy_sessions(source, target, ["alpha"], blob_prefixes=["chapters/"])
+    assert target.blob_list() == source.blob_list("chapters/")
+    assert target.blob_get("chapters/alpha/chapters/001-a.md") == b"# A\n" * 1000
+    assert copy_blobs(source, target, "chapters/") == 0  # resumed: nothing to write again
+    source.blob_put("chapters/alpha/chapters/001-a.md", b"changed")
+    assert copy_blobs(source, target, "") == 2  # the changed one and the decay record
+    assert target.blob_get("chapters/alpha/chapters/001-a.md") == b"changed"

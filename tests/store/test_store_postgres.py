@@ -56,7 +56,14 @@ def tables(dsn):
 def test_schema_is_created_and_versioned_on_first_use(dsn):
     assert tables(dsn) == []
     store = PostgresStore(dsn)
-    assert tables(dsn) == ["ctxkernel_events", "ctxkernel_kv", "ctxkernel_meta", "ctxkernel_sessions"]
+    assert tables(dsn) == [
+        "ctxkernel_blob_chunks",
+        "ctxkernel_blobs",
+        "ctxkernel_events",
+        "ctxkernel_kv",
+        "ctxkernel_meta",
+        "ctxkernel_sessions",
+    ]
     assert store.schema_version == SCHEMA_VERSION
     store.close()
     PostgresStore(dsn).close()  # a second start finds it in place

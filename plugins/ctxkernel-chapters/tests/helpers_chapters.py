@@ -22,9 +22,11 @@ def chapters_kernel(
     reserve: int = 1_000,
     plugins: list[tuple[str, Any]] | None = None,
     policies: list[dict[str, Any]] | None = None,
+    store: Any = None,
     **settings: Any,
 ) -> Kernel:
-    """A kernel on a jsonl store in ``home`` running only ``chapters`` (registered in code)."""
+    """A kernel on a jsonl store in ``home`` (or on ``store``) running only ``chapters``
+    (registered in code)."""
     tables: dict[str, Any] = {
         "model": {
             "provider": "scripted",
@@ -42,7 +44,7 @@ def chapters_kernel(
         profile.model_policies = [ModelPolicy.model_validate(p) for p in policies]
     return Kernel(
         profile,
-        store=JsonlStore(home),
+        store=store if store is not None else JsonlStore(home),
         home=home,
         entry_points=False,
         plugins=[("chapters", chapters_plugin), *(plugins or [])],
@@ -54,8 +56,14 @@ def log_bytes(session) -> bytes:
 
 
 def archive_files(home: Path) -> list[str]:
-    root = home / "chapters"
+    """Names in the chapters archive: the strategy's blobs, files under <home>/blobs/chapters on jsonl."""
+    root = home / "blobs" / "chapters"
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()) if root.exists() else []
+
+
+def archive_file(session, name: str) -> Path:
+    """Where the jsonl store keeps the archive's ``name`` (to tamper with it in a test)."""
+    return session.store.blob_path(f"chapters/{name}")
 
 
 def do_turn(session, model, user_text: str, *, tool_output=None, harness_calls: int = 0) -> None:
@@ -116,6 +124,6 @@ def result_json(outcome) -> dict[str, Any]:
 
 
 def registry(session):
-    from ctxkernel_chapters.registry import Registry
+    from ctxkernel_chapters.strategy import registry_of
 
-    return Registry(session.store)
+    return registry_of(session)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from helpers_chapters import call_tool, chapters_kernel, do_turn, log_bytes
+from helpers_chapters import archive_file, call_tool, chapters_kernel, do_turn, log_bytes
 
 from ctxkernel import Message, ScriptedModel, ToolCallBlock
-from ctxkernel_chapters.archive import archive_dir
 
 BIG = "\n".join(f"line {i}: value = {i * 7} # measurement" for i in range(3000))
 
@@ -88,16 +87,17 @@ def test_symlink_out_of_the_store_is_refused(tmp_path):
     root = _handle(session).split("/", 1)[0]
     secret = tmp_path / "secret.txt"
     secret.write_text("secret")
-    link = archive_dir(session, session.settings("chapters")) / root / "artifacts" / ("f" * 64 + ".txt")
+    link = archive_file(session, f"{root}/artifacts/{'f' * 64}.txt")
     link.symlink_to(secret)
     outcome = call_tool(session, "chapters_artifact", op="read", artifact=f"{root}/artifacts/{'f' * 64}.txt")
-    assert outcome.is_error and "outside the archive" in outcome.content
+    assert outcome.is_error and "outside the store's blobs folder" in outcome.content
+    assert "secret" not in outcome.content.replace("secret.txt", "")
 
 
 def test_changed_artifact_is_refused(tmp_path):
     session, _ = _one_big_result(tmp_path)
     handle = _handle(session)
-    path = archive_dir(session, session.settings("chapters")) / handle
+    path = archive_file(session, handle)
     path.write_text("tampered")
     outcome = call_tool(session, "chapters_artifact", op="read", artifact=handle)
     assert outcome.is_error and "sha256" in outcome.content

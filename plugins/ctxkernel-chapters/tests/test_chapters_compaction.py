@@ -8,7 +8,8 @@ from helpers_chapters import archive_files, call_tool, chapters_kernel, registry
 import ctxkernel
 from ctxkernel import ContextOverflowError, ShrinkCheckError
 from ctxkernel_chapters import plugin as chapters_plugin
-from ctxkernel_chapters.archive import archive_dir, read_verified
+from ctxkernel_chapters.archive import read_verified
+from ctxkernel_chapters.storage import Archive
 from ctxkernel_chapters.toc import parse
 
 
@@ -61,7 +62,7 @@ def test_pressure_archives_in_place_without_a_model(tmp_path):
         if e.type == "user/message" and e.data["message"]["source"]["kind"] == "user"
     ]
     assert "> " + archived_users[-1].data["message"]["content"][0]["text"] in message.text
-    where = archive_dir(session, session.settings("chapters"))
+    where = Archive.of(session)
     for record in records:
         assert record["path"] in message.text
         read_verified(where, record)

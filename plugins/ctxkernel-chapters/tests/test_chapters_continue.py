@@ -7,11 +7,19 @@ import subprocess
 import sys
 
 import pytest
-from helpers_chapters import archive_files, call_tool, chapters_kernel, log_bytes, registry, result_json, run_turns
+from helpers_chapters import (
+    archive_file,
+    archive_files,
+    call_tool,
+    chapters_kernel,
+    log_bytes,
+    registry,
+    result_json,
+    run_turns,
+)
 
 from ctxkernel import Message, ScriptedModel, ToolCallBlock
 from ctxkernel_chapters import manifest
-from ctxkernel_chapters.archive import archive_dir
 
 
 def _turn_ends(session) -> list[int]:
@@ -152,7 +160,7 @@ print(json.dumps(out))
     seed = parent.kernel.open_session(grandchild_id).surface.nodes[0].message.text
     for record in registry(parent).lineage_records(grandchild_id):
         assert record["path"] in seed
-    chain = manifest(parent.store, grandchild_id)["chain"]
+    chain = manifest(registry(parent).kv, grandchild_id)["chain"]
     assert [c["session"] for c in chain] == [parent.id, child.id, grandchild_id]
 
 
@@ -163,7 +171,7 @@ def test_tampered_chapter_is_refused_on_read_and_search(parent):
     )
     child = parent.kernel.open_session(data["session"])
     record = registry(parent).lineage_records(child.id)[0]
-    path = archive_dir(child, child.settings("chapters")) / record["path"]
+    path = archive_file(child, record["path"])
     assert not call_tool(child, "chapters_read", chapter=record["id"]).is_error
     path.write_text(path.read_text().replace("task 0", "task 9"))
     outcome = call_tool(child, "chapters_read", chapter=record["id"])
@@ -258,7 +266,7 @@ def test_a_tampered_ancestor_chapter_is_reported_not_cited(parent):
     )
     child = parent.kernel.open_session(first["session"])
     bad = registry(parent).lineage_records(child.id)[0]
-    path = archive_dir(child, child.settings("chapters")) / bad["path"]
+    path = archive_file(child, bad["path"])
     path.write_text(path.read_text() + "\nappended later")
     run_turns(child, 2, start=20)
     ceiling = _turn_ends(child)[-1]
@@ -327,7 +335,7 @@ def test_the_model_can_defer_a_result_below_the_size_floor_and_keep_one_above_it
             chapters=[{"start_seq": 0, "end_seq": end, "title": "all", "defer": small[:1]}],
         )
     )
-    text = (archive_dir(session, kernel.strategy_settings("chapters")) / data["chapters"][0]["path"]).read_text()
+    text = archive_file(session, data["chapters"][0]["path"]).read_text()
     assert f"**Result** #{small[0]} (" in text
     deferred, kept = (next(line for line in text.splitlines() if f"#{seq} (" in line) for seq in small[:2])
     assert "[artifact `" in deferred and "[artifact" not in kept

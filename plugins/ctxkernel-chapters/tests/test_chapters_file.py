@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ctxkernel_chapters.chapter_file import parse_chapter, render_chapter_file
-from ctxkernel_chapters.disk import ArchiveError, IntegrityError
+from ctxkernel_chapters.storage import ArchiveError, IntegrityError
 
 
 def _file(title: str, body: str = "# T\n\n**User** #1: hi\n") -> str:

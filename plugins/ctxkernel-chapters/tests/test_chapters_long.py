@@ -7,8 +7,9 @@ import pytest
 from helpers_chapters import chapters_kernel, registry
 
 from ctxkernel import ContextOverflowError, Message, ScriptedModel, ToolCallBlock
-from ctxkernel_chapters.archive import archive_dir, read_verified
+from ctxkernel_chapters.archive import read_verified
 from ctxkernel_chapters.artifacts import load
+from ctxkernel_chapters.storage import Archive
 
 
 def _output(n: int) -> str:
@@ -64,7 +65,7 @@ def test_hundreds_of_steps_stay_inside_the_window_and_remain_recoverable(tmp_pat
 
     # every original message is on the surface, or in a verified chapter (its big results as artifacts)
     records = registry(session).get(session.id)["chapters"]
-    where = archive_dir(session, session.settings("chapters"))
+    where = Archive.of(session)
     bodies = []
     for record in sorted(records, key=lambda r: r["start_seq"]):
         chapter = read_verified(where, record)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from helpers_chapters import PROFILE, REPO
 
 from ctxkernel.profile import load_profile
@@ -32,7 +33,7 @@ def test_ctxkernel_validate_chapters_passes(tmp_path):
     env = {**os.environ, "CTXKERNEL_HOME": str(tmp_path)}
     out = subprocess.run([*CLI, "validate", "chapters"], capture_output=True, text=True, cwd=REPO, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "archive root" in out.stdout
+    assert "chapters are stored in the jsonl store's blobs" in out.stdout
 
 
 def _validate(profile) -> ValidationReport:
@@ -43,14 +44,20 @@ def _validate(profile) -> ValidationReport:
     return report
 
 
-def test_validate_profile_refuses_an_unwritable_archive_root(tmp_path):
-    blocker = tmp_path / "a-file"
-    blocker.write_text("not a folder")
+@pytest.mark.parametrize("root", ["/abs/chapters", "../out", "a b"])
+def test_validate_profile_refuses_an_archive_root_that_is_not_a_relative_name(root):
+    """Chapters live in the store; archive_root only names the folder they are shown under and
+    exported to, so it must be a relative name that cannot leave the export folder."""
     profile = load_profile(PROFILE)
-    profile.strategies = {"chapters": {"archive_root": str(blocker / "chapters")}}
+    profile.strategies = {"chapters": {"archive_root": root}}
     report = _validate(profile)
     fails = [c.message for c in report.failures]
-    assert any("not writable" in m and "archive_root" in m for m in fails), fails
+    assert any("archive_root" in m and "relative folder name" in m for m in fails), fails
+
+
+def test_validate_profile_accepts_the_default_archive_root():
+    report = _validate(load_profile(PROFILE))
+    assert not [c.message for c in report.failures if "archive_root" in c.message]
 
 
 def test_validate_profile_refuses_budgets_that_cannot_fit(tmp_path):

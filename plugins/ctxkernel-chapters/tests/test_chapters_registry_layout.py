@@ -14,6 +14,22 @@ from ctxkernel_chapters import plugin as chapters_plugin
 from ctxkernel_chapters.registry import NAMESPACE, Registry, record_key
 
 
+class _StoreTable:
+    """A store's ``chapters`` namespace, as the strategy handle gives it (no session needed)."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def kv_get(self, key):
+        return self.store.kv_get(NAMESPACE, key)
+
+    def kv_put(self, key, value):
+        self.store.kv_put(NAMESPACE, key, value)
+
+    def kv_list(self, prefix=""):
+        return self.store.kv_list(NAMESPACE, prefix)
+
+
 def _session(tmp_path):
     kernel = chapters_kernel(tmp_path, window=6_000, reserve=1_000, auto=False)
     return kernel.open_session()
@@ -69,7 +85,7 @@ def test_an_old_single_record_layout_is_split_on_first_read(tmp_path):
     session = _session(tmp_path)
     run_turns(session, 6)
     assert chapters_plugin.compact_in_place(session, 800, reason="test")
-    reg = Registry(session.store)
+    reg = registry(session)
     records = reg.records(session.id)
     state = reg.state(session.id)
     legacy = {k: v for k, v in state.items() if k != "archived_through"} | {"chapters": records}
@@ -85,7 +101,7 @@ def test_an_old_single_record_layout_is_split_on_first_read(tmp_path):
 @given(st.lists(st.integers(min_value=1, max_value=2_000_000), min_size=1, max_size=12, unique=True))
 def test_records_list_in_chapter_order_and_archived_through_is_the_furthest_end(numbers):
     with tempfile.TemporaryDirectory() as home:
-        reg = Registry(JsonlStore(Path(home), fsync=False))
+        reg = Registry(_StoreTable(JsonlStore(Path(home), fsync=False)))
         for n in numbers:  # written in any order, one compaction each
             reg.add_final("s1", [{"id": f"s1/{n}", "number": n, "end_seq": n * 3, "status": "final"}])
         reg.add_final("s10", [{"id": "s10/1", "number": 1, "end_seq": 10**9, "status": "final"}])  # a prefix sibling

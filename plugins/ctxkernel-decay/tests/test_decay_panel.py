@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 
 from ctxkernel import Kernel, Message, ToolCallBlock
-from ctxkernel_decay.plugin import audit_path
+from ctxkernel_decay.plugin import audit_jsonl
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -74,17 +74,19 @@ def test_ctxkernel_inspect_shows_the_panel(tmp_path, monkeypatch):
 def test_audit_writes_one_record_per_request_and_compression(make_decay_kernel):
     session = make_decay_kernel(settings={"audit": True}).open_session()
     _work(session)
-    path = audit_path(session)
-    assert path == Path(session.kernel.home) / "decay" / "audit.jsonl"
-    records = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    # the records are in the store's blob table (files under <home>/blobs on jsonl), in order
+    assert [i.key.split("/")[:2] for i in session.store.blob_list("decay/")] == [["decay", "audit"]] * 5
+    records = [orjson.loads(line) for line in audit_jsonl(session).splitlines()]
     kinds = [r["kind"] for r in records]
     assert kinds.count("request") == 4 and kinds.count("compress") == 1
     compression = next(r for r in records if r["kind"] == "compress")
     assert compression["blocks"] == [{"left": 1, "right": 4, "tier": 1, "topic": "reading"}]
     assert all(r["session"] == session.id for r in records)
+    # ctxkernel export writes them as the seed lays the audit out
+    assert session.kernel.hooks.export_files(session)["decay"] == {"decay/audit.jsonl": audit_jsonl(session)}
 
 
 def test_no_audit_file_unless_enabled(make_decay_kernel):
     session = make_decay_kernel().open_session()
     _work(session)
-    assert not audit_path(session).exists()
+    assert audit_jsonl(session) == b"" and session.store.blob_list() == []

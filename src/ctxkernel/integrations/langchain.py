@@ -22,7 +22,7 @@ import asyncio
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
@@ -33,6 +33,7 @@ from langchain_core.messages import (
     SystemMessage,
     ToolMessage,
 )
+from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.config import get_config
@@ -104,12 +105,14 @@ def _assistant_blocks(message: AIMessage, where: str) -> list[Block]:
             msg = f"{where}: tool call {call.get('name')!r} has no id; ctxkernel pairs results by call id"
             raise IntegrationError(msg)
         blocks.append(ToolCallBlock(call["id"], call["name"], dict(call.get("args") or {})))
-    for call in message.invalid_tool_calls:
-        if not isinstance(call.get("id"), str) or not call["id"]:
-            msg = f"{where}: invalid tool call {call.get('name')!r} has no id; ctxkernel pairs results by call id"
+    for invalid in message.invalid_tool_calls:
+        if not isinstance(invalid.get("id"), str) or not invalid["id"]:
+            msg = f"{where}: invalid tool call {invalid.get('name')!r} has no id; ctxkernel pairs results by call id"
             raise IntegrationError(msg)
         # kept as the model sent it; the tool layer reports it as invalid JSON
-        blocks.append(ToolCallBlock(call["id"], call.get("name") or "", arguments_from_json(call.get("args") or "")))
+        blocks.append(
+            ToolCallBlock(str(invalid["id"]), invalid.get("name") or "", arguments_from_json(invalid.get("args") or ""))
+        )
     return blocks
 
 
@@ -141,7 +144,7 @@ def from_langchain(messages: Sequence[BaseMessage]) -> tuple[str, list[Message]]
     return "\n\n".join(system), out
 
 
-def to_langchain(message: Message) -> BaseMessage:
+def to_langchain(message: Message) -> HumanMessage | ToolMessage | AIMessage:
     """One kernel message as a LangChain message (a plugin's message becomes a HumanMessage)."""
     if message.role == "user":
         return HumanMessage(message.text)
@@ -173,13 +176,13 @@ def to_langchain(message: Message) -> BaseMessage:
                 )
             else:
                 calls.append({"type": "tool_call", "id": block.id, "name": block.name, "args": dict(block.arguments)})
-    content: str | list[Any]
+    content: str | list[str | dict[Any, Any]]
     if len(parts) == 1 and parts[0]["type"] == "text" and parts[0]["text"]:
         content = parts[0]["text"]
     elif not parts:
         content = ""
     else:
-        content = parts
+        content = [*parts]
     return AIMessage(content=content, tool_calls=calls, invalid_tool_calls=invalid)
 
 
@@ -230,7 +233,7 @@ class ContextMiddleware(AgentMiddleware):
         self.tools = [_strategy_tool(schema) for schema in strategy_tool_schemas(self.kernel)]
         self._own = {tool.name: tool for tool in self.tools}
 
-    def managed(self, config: dict[str, Any] | None = None) -> ManagedSession:
+    def managed(self, config: Mapping[str, Any] | None = None) -> ManagedSession:
         """The session for a run's config: ``session_id``, else the thread id, else this
         middleware's own new session."""
         session_id = self.session_id
@@ -247,7 +250,7 @@ class ContextMiddleware(AgentMiddleware):
             self._sessions.move_to_end(session_id)
             return managed
 
-    def _config(self) -> dict[str, Any] | None:
+    def _config(self) -> RunnableConfig | None:
         try:
             return get_config()
         except RuntimeError:  # called outside a graph run

@@ -27,10 +27,11 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from agents import FunctionTool, RunContextWrapper
+from agents.items import TResponseInputItem
 from agents.run_config import CallModelData, ModelInputData
 from agents.tool_context import ToolContext
 
@@ -305,7 +306,10 @@ class ContextSession:
             if isinstance(t, FunctionTool) and t.name not in self._own
         ]
         request = self.managed.prepare(history, system=own, harness_tools=harness)
-        return ModelInputData(input=to_items(request.messages), instructions=request.system or None)
+        # to_items writes the Responses API's JSON items; the SDK's TypedDicts require fields (an
+        # output message's id and status) that an input item may leave out, and it sends them as given
+        items = cast("list[TResponseInputItem]", to_items(request.messages))
+        return ModelInputData(input=items, instructions=request.system or None)
 
     # -- strategy tools --------------------------------------------------------------------------------
     def tools(self) -> list[FunctionTool]:

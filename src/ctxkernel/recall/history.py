@@ -44,6 +44,7 @@ import orjson
 from ..errors import ToolError
 from ..events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, SESSION_TASK, TOOL_RESULT, USER_MESSAGE, Event
 from ..task import substantive
+from ..text import safe_cut
 
 if TYPE_CHECKING:
     from ..session import Session
@@ -740,13 +741,8 @@ def _decode_cursor(cursor: str, fingerprint: str) -> int:
 
 
 def _clip_chars(text: str, limit: int) -> str:
-    """At most ``limit`` characters, never splitting a surrogate pair."""
-    if len(text) <= limit:
-        return text
-    cut = max(0, limit)
-    if cut and "\ud800" <= text[cut - 1] <= "\udbff":
-        cut -= 1
-    return text[:cut]
+    """At most ``limit`` characters, never splitting a grapheme (nor a surrogate pair)."""
+    return text if len(text) <= limit else text[: safe_cut(text, limit)]
 
 
 def _head(text: str, limit: int) -> tuple[str, bool]:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import CtxKernelError
-from ..text import attr, guard
+from ..text import ELLIPSIS, attr, guard, safe_cut
 
 if TYPE_CHECKING:
     from ..events import Event
@@ -383,7 +383,8 @@ class Notes:
                         truncated = True
                         break
                     matched += 1
-                    text = line if len(line) <= max_line_chars else line[:max_line_chars] + "…"
+                    # the line's first max_line_chars characters (whole graphemes), then "…"
+                    text = line if len(line) <= max_line_chars else line[: safe_cut(line, max_line_chars)] + ELLIPSIS
                     hits.append(SearchHit(note.id, path, note.trust, number, text))
         return SearchResult(hits, files, truncated)
 

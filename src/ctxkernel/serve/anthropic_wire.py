@@ -13,6 +13,7 @@ Claude Code and the SDK examples put their rolling breakpoint.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ..convert import (
@@ -34,6 +35,7 @@ from .wire import (
     check_model,
     expect,
     load_json_object,
+    obj,
     sse,
     wire_forms,
 )
@@ -99,18 +101,19 @@ def parse_request(raw: bytes, memo: MessageMemo | None = None) -> ClientRequest:
                     },
                 }
             )
-    memo = memo or MessageMemo()
-    converted: list[Message] = []
-    hashes: list[str] = []
+    memo = MessageMemo() if memo is None else memo
+
+    def one(i: int, item: Any) -> tuple[Sequence[Message], Sequence[str], str | None]:
+        found, digests = memo.convert(
+            item, lambda m: from_anthropic_message(m, where=f"messages.{i}"), message_hash, api=b"anthropic"
+        )
+        return found, digests, None
+
     try:
-        for i, item in enumerate(messages):
-            found, digests = memo.convert(
-                item, lambda m, i=i: from_anthropic_message(m, where=f"messages.{i}"), message_hash
-            )
-            converted += found
-            hashes += digests
+        history = memo.convert_history(b"anthropic", messages, one)
     except EventError as exc:
         raise WireError(400, str(exc), param="messages") from None
+    converted, hashes = list(history.messages), list(history.hashes)
     if not converted or messages[-1].get("role") != "user":
         raise WireError(
             400,
@@ -258,9 +261,10 @@ class StreamTranslator:
     def feed_event(self, event: str | None, data: dict[str, Any]) -> list[bytes]:
         kind = data.get("type") or event
         out: list[bytes] = []
+        state: dict[str, Any] | None
         if kind == "message_start":
-            message = data.get("message") if isinstance(data.get("message"), dict) else {}
-            self.round_usage = dict(message.get("usage") or {}) if isinstance(message.get("usage"), dict) else {}
+            message = obj(data.get("message"))
+            self.round_usage = dict(obj(message.get("usage")))
             if not self.started:
                 self.started = True
                 out.append(sse({"type": "message_start", "message": {**message, "content": []}}, "message_start"))
@@ -284,7 +288,8 @@ class StreamTranslator:
                     )
                 )
         elif kind == "content_block_delta":
-            state = self.round.get(data.get("index"))  # type: ignore[arg-type]
+            index = data.get("index")
+            state = self.round.get(index) if isinstance(index, int) else None
             delta = data.get("delta")
             if state is None or not isinstance(delta, dict):
                 return out
@@ -297,12 +302,13 @@ class StreamTranslator:
                     )
                 )
         elif kind == "content_block_stop":
-            state = self.round.get(data.get("index"))  # type: ignore[arg-type]
+            index = data.get("index")
+            state = self.round.get(index) if isinstance(index, int) else None
             if state is not None and not state["held"]:
                 out.append(sse({"type": "content_block_stop", "index": state["client_index"]}, "content_block_stop"))
                 self.blocks.append(_assemble(state))
         elif kind == "message_delta":
-            delta = data.get("delta") if isinstance(data.get("delta"), dict) else {}
+            delta = obj(data.get("delta"))
             self.stop_reason = delta.get("stop_reason") or self.stop_reason
             self.stop_sequence = delta.get("stop_sequence")
             if isinstance(data.get("usage"), dict):

@@ -8,6 +8,7 @@ Error shape (what the ``openai`` SDK reads)::
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from ..convert import _content_text, arguments_from_json, from_openai_message, to_openai_message
@@ -23,6 +24,7 @@ from .wire import (
     check_model,
     expect,
     load_json_object,
+    obj,
     sse,
     wire_forms,
 )
@@ -71,23 +73,20 @@ def parse_request(raw: bytes, memo: MessageMemo | None = None) -> ClientRequest:
         tools.append(tool)
     if "functions" in body:
         raise WireError(400, "functions: the legacy functions field is not supported; send tools", param="functions")
-    memo = memo or MessageMemo()
-    system_parts: list[str] = []
-    converted: list[Message] = []
-    hashes: list[str] = []
+    memo = MessageMemo() if memo is None else memo
+
+    def one(i: int, item: Any) -> tuple[Sequence[Message], Sequence[str], str | None]:
+        if isinstance(item, dict) and item.get("role") in ("system", "developer"):
+            # the system prompt goes in the request header, not on the surface
+            return (), (), _content_text(item.get("content"), f"messages[{i}]")
+        found, digests = memo.convert(item, lambda m: _convert(m, f"messages[{i}]"), message_hash, api=b"openai")
+        return found, digests, None
+
     try:
-        for i, item in enumerate(messages):
-            if isinstance(item, dict) and item.get("role") in ("system", "developer"):
-                # the system prompt goes in the request header, not on the surface
-                text = _content_text(item.get("content"), f"messages[{i}]")
-                if text:
-                    system_parts.append(text)
-                continue
-            found, digests = memo.convert(item, lambda m, i=i: _convert(m, f"messages[{i}]"), message_hash)
-            converted += found
-            hashes += digests
+        history = memo.convert_history(b"openai", messages, one)
     except EventError as exc:
         raise WireError(400, f"{exc}", param="messages") from None
+    converted, hashes, system_parts = list(history.messages), list(history.hashes), history.system
     system = "\n\n".join(system_parts)
     if not converted or converted[-1].role == "assistant":
         raise WireError(
@@ -270,7 +269,7 @@ class StreamTranslator:
         for choice in choices if isinstance(choices, list) else []:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
-            delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+            delta = obj(choice.get("delta"))
             reasoning = delta.get("reasoning_content")
             if isinstance(reasoning, str) and reasoning:
                 self.round_reasoning.append(reasoning)
@@ -302,7 +301,7 @@ class StreamTranslator:
         )
         if isinstance(tc.get("id"), str):
             call["id"] = tc["id"]
-        fn = tc.get("function") if isinstance(tc.get("function"), dict) else {}
+        fn = obj(tc.get("function"))
         if isinstance(fn.get("name"), str):
             call["name"] += fn["name"]
         if isinstance(fn.get("arguments"), str):

@@ -106,6 +106,8 @@ class Ledger:
     def matched(self, incoming: list[Message], hashes: list[str]) -> int:
         """How many leading messages of the client's history the ledger already holds."""
         k, n = 0, min(len(self.hashes), len(hashes))
+        if self.hashes[:n] == hashes[:n]:  # the usual case, compared in C: the client only added
+            return n
         while k < n:
             if self.hashes[k] != hashes[k]:
                 message = incoming[k]
@@ -149,7 +151,9 @@ def check_history(messages: list[Message]) -> None:
     seen: set[str] = set()
     for i, message in enumerate(messages):
         if message.role == "tool":
-            call_id = message.content[0].call_id  # type: ignore[union-attr]
+            answered = message.tool_result
+            assert answered is not None  # a tool message holds exactly one result
+            call_id = answered.call_id
             if call_id not in waiting:
                 why = "was already answered" if call_id in seen else "answers no earlier tool call"
                 msg = f"message {i}: the tool result for call {call_id!r} {why}"

@@ -9,9 +9,8 @@ stream. It holds no context logic: that is the Session API's.
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,6 +78,12 @@ class ClientRequest:
         return {t["function"]["name"] for t in self.tools}
 
 
+def obj(value: Any) -> dict[str, Any]:
+    """``value`` when it is a JSON object, else an empty one: what the wire code walks an
+    untrusted body with, so a missing or mistyped field reads as absent."""
+    return value if isinstance(value, dict) else {}
+
+
 def load_json_object(raw: bytes) -> dict[str, Any]:
     """The request body as a JSON object, or a 400 naming what is wrong with it."""
     try:
@@ -114,22 +119,97 @@ def check_model(body: dict[str, Any]) -> str:
     return model
 
 
-class MessageMemo:
-    """Wire messages already converted, keyed by a digest of their JSON: a client re-sends its
-    whole history every time, and converting (and hashing) only the messages never seen before
-    keeps a request's cost flat in the history's length (``bench_serve.py``). Kernel messages
-    are immutable, so sessions may share an entry. Bounded (least recently used goes first)."""
+@dataclass
+class Converted:
+    """A client history as converted by :meth:`MessageMemo.convert_history`: the parsed items
+    (kept to compare the next request with), the kernel messages and their hashes, the system
+    texts found among the items."""
 
-    def __init__(self, limit: int = 200_000) -> None:
+    items: tuple[Any, ...]
+    messages: list[Message]
+    hashes: list[str]
+    system: list[str]
+
+
+class MessageMemo:
+    """Wire messages already converted, keyed by their JSON: a client re-sends its whole history
+    every time, and converting (and hashing) only the messages never seen before keeps a
+    request's cost flat in the history's length (``bench_serve.py``).
+
+    The key is the message's JSON itself (``orjson.dumps`` of the parsed message, after the
+    wire format's name), not a digest of it: a dict lookup hashes and compares those bytes in C,
+    about three times cheaper than a cryptographic digest of them (the digest was most of a
+    request's cost at 100k tokens), and equal keys mean equal messages, with no collision to
+    reason about. Kernel messages are immutable, so sessions may share an entry. Bounded by
+    entries and by the bytes its keys hold (least recently used goes first)."""
+
+    def __init__(self, limit: int = 200_000, max_bytes: int = 256 << 20, histories: int = 256) -> None:
         self.limit = limit
+        self.max_bytes = max_bytes
+        self.held_bytes = 0
         self._entries: OrderedDict[bytes, tuple[tuple[Message, ...], tuple[str, ...]]] = OrderedDict()
+        self.histories = histories
+        self.held_items = 0  # items the remembered histories hold (bounded by ``limit`` too)
+        self._histories: OrderedDict[bytes, Converted] = OrderedDict()
+
+    def convert_history(
+        self,
+        api: bytes,
+        items: list[Any],
+        one: Callable[[int, Any], tuple[Sequence[Message], Sequence[str], str | None]],
+    ) -> Converted:
+        """A client's whole history converted: ``one(i, item)`` gives an item's messages, their
+        hashes and its system text (or None).
+
+        A client re-sends the history it sent last time plus a few new messages. The items of the
+        last history that began with the same two items are compared with this one's in one
+        C-level ``==`` (deep equality of the parsed JSON); when they are its prefix, their
+        conversion is reused and only the new items are converted. Equality, not the key, decides
+        reuse, so two clients whose histories begin alike cannot get each other's messages."""
+        try:
+            key = api + b"\0" + orjson.dumps(items[:2])
+        except TypeError:  # not JSON-encodable as parsed (cannot happen for a parsed body)
+            key = b""
+        out = Converted(tuple(items), [], [], [])
+        start = 0
+        previous = self._histories.get(key) if key else None
+        if (
+            previous is not None
+            and len(previous.items) <= len(items)
+            and previous.items == out.items[: len(previous.items)]
+        ):
+            start = len(previous.items)
+            out.messages += previous.messages
+            out.hashes += previous.hashes
+            out.system += previous.system
+        for i in range(start, len(items)):
+            messages, hashes, system = one(i, items[i])
+            out.messages += messages
+            out.hashes += hashes
+            if system:
+                out.system.append(system)
+        if key:
+            old = self._histories.pop(key, None)
+            self.held_items += len(out.items) - (len(old.items) if old else 0)
+            self._histories[key] = out
+            while len(self._histories) > self.histories or self.held_items > self.limit:
+                _, dropped = self._histories.popitem(last=False)
+                self.held_items -= len(dropped.items)
+        return out
 
     def convert(
-        self, raw: Any, convert: Callable[[Any], list[Message]], hasher: Callable[[Message], str]
+        self,
+        raw: Any,
+        convert: Callable[[Any], list[Message]],
+        hasher: Callable[[Message], str],
+        *,
+        api: bytes = b"",
     ) -> tuple[tuple[Message, ...], tuple[str, ...]]:
-        """``convert(raw)`` and the hash of each result, from the memo when it has them."""
+        """``convert(raw)`` and the hash of each result, from the memo when it has them.
+
+        ``api`` names the wire format: the same JSON may read differently in another one."""
         try:
-            key = hashlib.blake2b(orjson.dumps(raw), digest_size=16).digest()
+            key = api + b"\0" + orjson.dumps(raw)
         except TypeError:  # not JSON-encodable as parsed (cannot happen for a parsed body): convert uncached
             messages = tuple(convert(raw))
             return messages, tuple(hasher(m) for m in messages)
@@ -140,8 +220,10 @@ class MessageMemo:
         messages = tuple(convert(raw))
         entry = (messages, tuple(hasher(m) for m in messages))
         self._entries[key] = entry
-        if len(self._entries) > self.limit:
-            self._entries.popitem(last=False)
+        self.held_bytes += len(key)
+        while self._entries and (len(self._entries) > self.limit or self.held_bytes > self.max_bytes):
+            old, _ = self._entries.popitem(last=False)
+            self.held_bytes -= len(old)
         return entry
 
 

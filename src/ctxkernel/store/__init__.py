@@ -15,6 +15,8 @@ from typing import Any
 from ..errors import StoreError
 from .base import (
     FORMAT_VERSION,
+    MAX_BLOB_BYTES,
+    BlobInfo,
     EventStore,
     RepairReport,
     SessionHeader,
@@ -44,6 +46,8 @@ def store_from_settings(settings: Any, home: Path | None = None) -> EventStore:
 
 __all__ = [
     "FORMAT_VERSION",
+    "MAX_BLOB_BYTES",
+    "BlobInfo",
     "EventStore",
     "JsonlStore",
     "RepairReport",

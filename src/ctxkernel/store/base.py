@@ -9,6 +9,7 @@ of acknowledged batches, and that a defect it cannot explain raises :class:`Corr
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -39,6 +40,64 @@ def check_kv_name(kind: str, value: str) -> str:
         msg = f"invalid key-value {kind} {value!r}: letters, digits and . _ / - only, no '..' part"
         raise StoreError(msg)
     return value
+
+
+#: the largest value one blob may hold (a chapter, an artifact, an audit file): 64 MiB
+MAX_BLOB_BYTES = 64 << 20
+#: database backends store a blob as rows of at most this many bytes
+BLOB_CHUNK_BYTES = 1 << 20
+#: the longest blob key
+MAX_BLOB_KEY = 512
+_BLOB_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_blob_key(key: str) -> str:
+    """A blob key is a relative, slash-separated name: every part starts with a letter or digit
+    (so no '..', no hidden or temporary names), no empty part, no absolute path."""
+    parts = key.split("/") if isinstance(key, str) else []
+    if (
+        not isinstance(key, str)
+        or not 0 < len(key) <= MAX_BLOB_KEY
+        or not all(_BLOB_PART.fullmatch(part) and ".." not in part for part in parts)
+    ):
+        msg = (
+            f"invalid blob key {key!r:.200}: use 1-{MAX_BLOB_KEY} characters of '/'-separated parts, each "
+            "1-128 letters, digits, '.', '_' or '-' starting with a letter or digit (no '..', no leading '/')"
+        )
+        raise StoreError(msg)
+    return key
+
+
+def check_blob_data(key: str, data: bytes) -> bytes:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        msg = f"blob {key}: the value must be bytes, got {type(data).__name__}; nothing was written"
+        raise StoreError(msg)
+    data = bytes(data)
+    if len(data) > MAX_BLOB_BYTES:
+        msg = f"blob {key}: {len(data)} bytes is over the limit of {MAX_BLOB_BYTES} bytes; nothing was written"
+        raise StoreError(msg)
+    return data
+
+
+def check_blob_prefix(prefix: str) -> str:
+    """A listing prefix: empty, or the start of a valid key (a folder ``a/b/`` or a name start)."""
+    if prefix == "":
+        return prefix
+    check_blob_key(prefix.rstrip("/") if prefix.endswith("/") else prefix)
+    return prefix
+
+
+@dataclass(frozen=True, slots=True)
+class BlobInfo:
+    """A stored blob: its key, its size in bytes and the sha256 (hex) of its content."""
+
+    key: str
+    size: int
+    sha256: str
+
+    @classmethod
+    def of(cls, key: str, data: bytes) -> BlobInfo:
+        return cls(key, len(data), hashlib.sha256(data).hexdigest())
 
 
 def default_home() -> Path:
@@ -146,6 +205,24 @@ class EventStore(Protocol):
     def kv_delete(self, namespace: str, key: str) -> None: ...
 
     def kv_list(self, namespace: str, prefix: str = "") -> dict[str, Any]: ...
+
+    def blob_put(self, key: str, data: bytes) -> BlobInfo:
+        """Store ``data`` under ``key`` (replacing any value) durably and atomically: a reader sees
+        the old value or the whole new one, never a part. Keys: :func:`check_blob_key`; at most
+        :data:`MAX_BLOB_BYTES`."""
+
+    def blob_get(self, key: str) -> bytes | None:
+        """The value under ``key`` (None when absent); :class:`CorruptionError` when the stored
+        bytes no longer hash to the digest recorded when they were written."""
+
+    def blob_stat(self, key: str) -> BlobInfo | None:
+        """Size and sha256 of the value under ``key`` without reading it (None when absent)."""
+
+    def blob_list(self, prefix: str = "") -> list[BlobInfo]:
+        """Every blob whose key starts with ``prefix``, sorted by key."""
+
+    def blob_delete(self, key: str) -> None:
+        """Remove ``key`` (nothing when absent)."""
 
     def close(self) -> None: ...
 

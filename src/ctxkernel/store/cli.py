@@ -9,6 +9,10 @@ target holds only a prefix of (an interrupted copy, or a source that grew since)
 target whose events differ from the source's is refused, naming the session, and is not written.
 Events are appended in chunks that end only where no compaction transaction is open, so a
 reader of the target never sees half a compaction, even mid-copy.
+
+``--blob-prefix PREFIX`` also copies the blobs whose key starts with it (strategies' files, e.g.
+``chapters/`` or ``decay/``): each is put in the target and checked by size and sha256; one the
+target already holds with the same digest is skipped.
 """
 
 from __future__ import annotations
@@ -160,9 +164,11 @@ def copy_sessions(
     sessions: list[str] | None = None,
     *,
     kv_namespaces: Iterable[str] = (),
+    blob_prefixes: Iterable[str] = (),
     progress: Callable[[CopyResult], None] | None = None,
 ) -> list[CopyResult]:
-    """Copy sessions (all by default) and the named key-value namespaces."""
+    """Copy sessions (all by default), the named key-value namespaces and the blobs under the
+    given key prefixes."""
     ids = sessions if sessions else source.list_sessions()
     results = []
     for session_id in ids:
@@ -173,7 +179,26 @@ def copy_sessions(
     for namespace in kv_namespaces:
         for key, value in source.kv_list(namespace).items():
             target.kv_put(namespace, key, value)
+    for prefix in blob_prefixes:
+        copy_blobs(source, target, prefix)
     return results
+
+
+def copy_blobs(source: EventStore, target: EventStore, prefix: str) -> int:
+    """Copy the blobs under ``prefix``, each verified by sha256 in the target; returns how many
+    were written (a blob the target already holds with the same digest is skipped)."""
+    written = 0
+    for info in source.blob_list(prefix):
+        if target.blob_stat(info.key) == info:
+            continue
+        data = source.blob_get(info.key)
+        if data is None:  # deleted in the source since the listing
+            continue
+        if target.blob_put(info.key, data) != info or target.blob_stat(info.key) != info:
+            msg = f"blob {info.key}: the target does not hold the source's {info.size} bytes (sha256 {info.sha256})"
+            raise StoreError(msg)
+        written += 1
+    return written
 
 
 # -- command line ---------------------------------------------------------------------------------
@@ -190,12 +215,18 @@ def register(sub: Any) -> None:
     p.add_argument("target", help="jsonl:PATH, sqlite:PATH or postgres:DSN")
     p.add_argument("--session", action="append", default=[], help="copy only this session id (repeatable)")
     p.add_argument("--kv-namespace", action="append", default=[], help="also copy this key-value namespace")
+    p.add_argument(
+        "--blob-prefix",
+        action="append",
+        default=[],
+        help="also copy the blobs whose key starts with this (e.g. chapters/), each checked by sha256",
+    )
     p.set_defaults(func=cmd_copy)
 
 
 def cmd_copy(args: argparse.Namespace) -> int:
     from ..exits import EXIT_INVALID, EXIT_OK, EXIT_USAGE, dump_json, one_line
-    from .base import check_kv_name, check_session_id
+    from .base import check_blob_prefix, check_kv_name, check_session_id
 
     # every argument is checked before either store is opened: a bad one is a usage error
     try:
@@ -208,6 +239,8 @@ def cmd_copy(args: argparse.Namespace) -> int:
             check_session_id(session_id)
         for namespace in args.kv_namespace:
             check_kv_name("namespace", namespace)
+        for prefix in args.blob_prefix:
+            check_blob_prefix(prefix)
     except StoreError as exc:
         sys.stderr.write(f"ctxkernel store copy: error: {redact(str(exc))}\n")
         return EXIT_USAGE
@@ -236,6 +269,7 @@ def cmd_copy(args: argparse.Namespace) -> int:
             target,
             args.session or None,
             kv_namespaces=args.kv_namespace,
+            blob_prefixes=args.blob_prefix,
             progress=progress,
         )
     except StoreError as exc:

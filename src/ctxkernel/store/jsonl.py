@@ -30,7 +30,17 @@ import orjson
 
 from ..errors import ConflictError, CorruptionError, EventError, SessionExistsError, SessionNotFoundError, StoreError
 from ..events import Event
-from .base import RepairReport, SessionHeader, check_batch, check_kv_name, check_session_id
+from .base import (
+    BlobInfo,
+    RepairReport,
+    SessionHeader,
+    check_batch,
+    check_blob_data,
+    check_blob_key,
+    check_blob_prefix,
+    check_kv_name,
+    check_session_id,
+)
 
 _MORE = "more"
 
@@ -54,6 +64,10 @@ class JsonlStore:
         self.lock_timeout = lock_timeout
         self.sessions_dir = self.home / "sessions"
         self.kv_dir = self.home / "kv"
+        self.blobs_dir = self.home / "blobs"
+        # sha256 of blob files by path, valid while the file's identity (inode, size, mtime,
+        # ctime) is unchanged: a stat answers without re-reading an unchanged file
+        self._blob_digests: dict[Path, tuple[tuple[int, int, int, int], str]] = {}
         self.fsync = fsync
         self._index: dict[str, _Index] = {}
         # events a file's first scan parsed, kept until read() takes them: opening a session
@@ -354,9 +368,103 @@ class JsonlStore:
         # by key, like the database backends (file names sort by their quoted form)
         return dict(sorted(out.items()))
 
+    # -- blobs: plain files under <home>/blobs, named by their key ---------------------------------
+    def blob_path(self, key: str) -> Path:
+        """The file holding blob ``key`` (keys are checked, so it is always inside the home)."""
+        return self.blobs_dir / check_blob_key(key)
+
+    def blob_put(self, key: str, data: bytes) -> BlobInfo:
+        path = self.blob_path(key)
+        data = check_blob_data(key, data)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                if self.fsync:
+                    os.fsync(f.fileno())
+            os.replace(tmp, path)  # readers see the old file or the whole new one
+            if self.fsync:
+                self._fsync_dir(path.parent)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            msg = f"cannot write blob {key} to {path}: {exc.strerror or exc}; the old value (if any) is unchanged"
+            raise StoreError(msg) from None
+        return BlobInfo.of(key, data)
+
+    def blob_get(self, key: str) -> bytes | None:
+        path = self.blob_path(key)
+        try:
+            # a link planted under the home must not serve a file from elsewhere
+            if self.blobs_dir.resolve() not in path.resolve().parents:
+                msg = f"blob {key}: {path} resolves outside the store's blobs folder (through a link); refused"
+                raise StoreError(msg)
+            return path.read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except IsADirectoryError:
+            return None  # a folder of other keys, not a value
+        except OSError as exc:
+            msg = f"cannot read blob {key} from {path}: {exc.strerror or exc}"
+            raise StoreError(msg) from None
+
+    def blob_stat(self, key: str) -> BlobInfo | None:
+        return self._stat_file(key, self.blob_path(key))
+
+    def _stat_file(self, key: str, path: Path) -> BlobInfo | None:
+        try:
+            st = path.stat()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if not path.is_file():
+            return None
+        identity = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        with self._mutex:
+            cached = self._blob_digests.get(path)
+        if cached is not None and cached[0] == identity:
+            return BlobInfo(key, st.st_size, cached[1])
+        data = self.blob_get(key)
+        if data is None:
+            return None
+        info = BlobInfo.of(key, data)
+        with self._mutex:
+            self._blob_digests[path] = (identity, info.sha256)
+        return info
+
+    def blob_list(self, prefix: str = "") -> list[BlobInfo]:
+        check_blob_prefix(prefix)
+        # walk only the deepest folder the prefix names
+        folder = self.blobs_dir / prefix.rsplit("/", 1)[0] if "/" in prefix else self.blobs_dir
+        if not folder.is_dir():
+            return []
+        out = []
+        for path in folder.rglob("*"):
+            key = path.relative_to(self.blobs_dir).as_posix()
+            if any(part.startswith(".") for part in key.split("/")) or not key.startswith(prefix):
+                continue  # a writer's temporary file, or outside the prefix
+            if (info := self._stat_file(key, path)) is not None:
+                out.append(info)
+        return sorted(out, key=lambda info: info.key)
+
+    def blob_delete(self, key: str) -> None:
+        path = self.blob_path(key)
+        try:
+            path.unlink()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return
+        except OSError as exc:
+            msg = f"cannot delete blob {key} at {path}: {exc.strerror or exc}"
+            raise StoreError(msg) from None
+        with self._mutex:
+            self._blob_digests.pop(path, None)
+        if self.fsync:
+            self._fsync_dir(path.parent)
+
     def close(self) -> None:
         self._index.clear()
         self._fresh.clear()
+        self._blob_digests.clear()
 
     @staticmethod
     def _fsync_dir(folder: Path) -> None:

@@ -9,6 +9,8 @@ profile (``[store] dsn``) or ``CTXKERNEL_STORE__DSN``; any libpq form works (URI
     ctxkernel_sessions(id PRIMARY KEY, header TEXT, next_seq BIGINT)
     ctxkernel_events(session, seq, type, body TEXT, PRIMARY KEY (session, seq))
     ctxkernel_kv(namespace, key, value TEXT, PRIMARY KEY (namespace, key))
+    ctxkernel_blobs(key PRIMARY KEY, size BIGINT, sha256 TEXT, chunks INT)
+    ctxkernel_blob_chunks(key, idx, data BYTEA, PRIMARY KEY (key, idx))   -- at most 1 MiB a row
 
 The schema is created (and its version checked) on first use, under an advisory lock so that
 workers starting together do not race. Event bodies are stored as JSON *text*, not ``jsonb``:
@@ -34,8 +36,27 @@ import orjson
 from ..errors import ConflictError, CorruptionError, SessionExistsError, SessionNotFoundError, StoreError
 from ..events import Event
 from ..redact import redact
-from .base import RepairReport, SessionHeader, check_batch, check_kv_name, check_session_id
-from .rows import check_bookkeeping, decode_header, decode_value, encode_event, encode_value, read_events
+from .base import (
+    BlobInfo,
+    RepairReport,
+    SessionHeader,
+    check_batch,
+    check_blob_data,
+    check_blob_key,
+    check_blob_prefix,
+    check_kv_name,
+    check_session_id,
+)
+from .rows import (
+    blob_chunks,
+    check_bookkeeping,
+    decode_header,
+    decode_value,
+    encode_event,
+    encode_value,
+    join_blob,
+    read_events,
+)
 
 SCHEMA_VERSION = 1
 DSN_ENV = "CTXKERNEL_STORE__DSN"
@@ -60,6 +81,18 @@ _SCHEMA = [
         key TEXT NOT NULL,
         value TEXT NOT NULL,
         PRIMARY KEY (namespace, key)
+    )""",
+    """CREATE TABLE IF NOT EXISTS ctxkernel_blobs (
+        key TEXT PRIMARY KEY,
+        size BIGINT NOT NULL,
+        sha256 TEXT NOT NULL,
+        chunks INTEGER NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS ctxkernel_blob_chunks (
+        key TEXT NOT NULL,
+        idx INTEGER NOT NULL,
+        data BYTEA NOT NULL,
+        PRIMARY KEY (key, idx)
     )""",
 ]
 
@@ -275,6 +308,73 @@ class PostgresStore:
         )
         where = f"postgres store {self.where}: key-value {namespace}"
         return {key: decode_value(value, f"{where}/{key}") for key, value in rows}
+
+    # -- blobs -------------------------------------------------------------------------------------
+    def blob_put(self, key: str, data: bytes) -> BlobInfo:
+        check_blob_key(key)
+        data = check_blob_data(key, data)
+        info = BlobInfo.of(key, data)
+        chunks = blob_chunks(data)
+        with self._mutex:
+            conn = self._connect()
+            try:
+                with conn.transaction(), conn.cursor() as cur:
+                    # the upsert locks the key's row first, so two writers of one key take turns
+                    # and the second replaces the first's chunks whole
+                    cur.execute(
+                        "INSERT INTO ctxkernel_blobs (key, size, sha256, chunks) VALUES (%s, %s, %s, %s) "
+                        "ON CONFLICT (key) DO UPDATE SET size = excluded.size, sha256 = excluded.sha256, "
+                        "chunks = excluded.chunks",
+                        (key, info.size, info.sha256, len(chunks)),
+                    )
+                    cur.execute("DELETE FROM ctxkernel_blob_chunks WHERE key = %s", (key,))
+                    cur.executemany(
+                        "INSERT INTO ctxkernel_blob_chunks (key, idx, data) VALUES (%s, %s, %s)",
+                        [(key, i, chunk) for i, chunk in enumerate(chunks)],
+                    )
+            except self._psycopg.Error as exc:
+                raise self._error(exc) from None
+        return info
+
+    def blob_stat(self, key: str) -> BlobInfo | None:
+        rows = self._query("SELECT size, sha256 FROM ctxkernel_blobs WHERE key = %s", (check_blob_key(key),))
+        return BlobInfo(key, int(rows[0][0]), rows[0][1]) if rows else None
+
+    def blob_get(self, key: str) -> bytes | None:
+        check_blob_key(key)
+        with self._mutex:
+            conn = self._connect()
+            try:
+                # one repeatable-read snapshot: the row and its chunks come from the same write
+                with conn.transaction():
+                    conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                    row = conn.execute("SELECT size, sha256 FROM ctxkernel_blobs WHERE key = %s", (key,)).fetchone()
+                    chunks = conn.execute(
+                        "SELECT idx, data FROM ctxkernel_blob_chunks WHERE key = %s ORDER BY idx", (key,)
+                    ).fetchall()
+            except self._psycopg.Error as exc:
+                raise self._error(exc) from None
+        if row is None:
+            return None
+        return join_blob(BlobInfo(key, int(row[0]), row[1]), chunks, f"postgres store {self.where}")
+
+    def blob_list(self, prefix: str = "") -> list[BlobInfo]:
+        rows = self._query(
+            'SELECT key, size, sha256 FROM ctxkernel_blobs WHERE left(key, %s) = %s ORDER BY key COLLATE "C"',
+            (len(check_blob_prefix(prefix)), prefix),
+        )
+        return [BlobInfo(key, int(size), sha256) for key, size, sha256 in rows]
+
+    def blob_delete(self, key: str) -> None:
+        check_blob_key(key)
+        with self._mutex:
+            conn = self._connect()
+            try:
+                with conn.transaction():
+                    conn.execute("DELETE FROM ctxkernel_blobs WHERE key = %s", (key,))
+                    conn.execute("DELETE FROM ctxkernel_blob_chunks WHERE key = %s", (key,))
+            except self._psycopg.Error as exc:
+                raise self._error(exc) from None
 
     # -- cross-process locks ---------------------------------------------------------------------
     def hold_lock(self, name: str, timeout: float) -> AdvisoryLock | None:

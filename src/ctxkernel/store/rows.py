@@ -11,7 +11,7 @@ import orjson
 
 from ..errors import CorruptionError, EventError, StoreError
 from ..events import Event
-from .base import RepairReport, SessionHeader
+from .base import BLOB_CHUNK_BYTES, BlobInfo, RepairReport, SessionHeader
 
 #: rows fetched per query while reading, so a long log never sits in memory twice
 READ_CHUNK = 5000
@@ -91,3 +91,24 @@ def check_bookkeeping(next_seq: int, count: int, top: int | None, where: str) ->
         )
         raise CorruptionError(msg)
     return RepairReport()
+
+
+def blob_chunks(data: bytes) -> list[bytes]:
+    """A blob's rows: at most :data:`BLOB_CHUNK_BYTES` each (one empty row for an empty blob)."""
+    return [data[i : i + BLOB_CHUNK_BYTES] for i in range(0, len(data), BLOB_CHUNK_BYTES)] or [b""]
+
+
+def join_blob(info: BlobInfo, rows: Sequence[tuple[int, bytes]], where: str) -> bytes:
+    """The blob's bytes from its ``(index, chunk)`` rows, after checking none is missing and the
+    whole still hashes to the digest recorded by ``blob_put``."""
+    if [index for index, _ in rows] != list(range(len(rows))):
+        msg = f"{where}: blob {info.key} has missing or misplaced chunks"
+        raise CorruptionError(msg)
+    data = b"".join(bytes(chunk) for _, chunk in rows)
+    if len(data) != info.size or BlobInfo.of(info.key, data).sha256 != info.sha256:
+        msg = (
+            f"{where}: blob {info.key} no longer matches the size and sha256 recorded when it was written; "
+            "it was changed outside ctxkernel and is not served"
+        )
+        raise CorruptionError(msg)
+    return data

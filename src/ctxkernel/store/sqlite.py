@@ -5,6 +5,8 @@ Layout (schema version :data:`SCHEMA_VERSION`, recorded in ``meta``)::
     sessions(id PRIMARY KEY, header TEXT, next_seq INTEGER)
     events(session, seq, type, body TEXT, PRIMARY KEY (session, seq))   -- body: the orjson event
     kv(namespace, key, value TEXT, PRIMARY KEY (namespace, key))
+    blobs(key PRIMARY KEY, size INTEGER, sha256 TEXT, chunks INTEGER)
+    blob_chunks(key, idx, data BLOB, PRIMARY KEY (key, idx))        -- at most 1 MiB a row
 
 Opening (connect, the switch to WAL, the schema) is serialised across processes by a lock file
 beside the database (``ctxkernel.sqlite3.init.lock``, a :mod:`filelock` lock): SQLite fails one of two connections that
@@ -32,8 +34,27 @@ from filelock import FileLock, Timeout
 
 from ..errors import ConflictError, CorruptionError, SessionExistsError, SessionNotFoundError, StoreError
 from ..events import Event
-from .base import RepairReport, SessionHeader, check_batch, check_kv_name, check_session_id
-from .rows import check_bookkeeping, decode_header, decode_value, encode_event, encode_value, read_events
+from .base import (
+    BlobInfo,
+    RepairReport,
+    SessionHeader,
+    check_batch,
+    check_blob_data,
+    check_blob_key,
+    check_blob_prefix,
+    check_kv_name,
+    check_session_id,
+)
+from .rows import (
+    blob_chunks,
+    check_bookkeeping,
+    decode_header,
+    decode_value,
+    encode_event,
+    encode_value,
+    join_blob,
+    read_events,
+)
 
 SCHEMA_VERSION = 1
 DATABASE_NAME = "ctxkernel.sqlite3"
@@ -60,6 +81,18 @@ CREATE TABLE IF NOT EXISTS kv (
     value TEXT NOT NULL,
     PRIMARY KEY (namespace, key)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS blobs (
+    key TEXT PRIMARY KEY,
+    size INTEGER NOT NULL,
+    sha256 TEXT NOT NULL,
+    chunks INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS blob_chunks (
+    key TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (key, idx)
+);
 """
 
 
@@ -286,6 +319,61 @@ class SqliteStore:
             (check_kv_name("namespace", namespace), len(prefix), prefix),
         )
         return {key: decode_value(value, f"{self.path}: key-value {namespace}/{key}") for key, value in rows}
+
+    # -- blobs -----------------------------------------------------------------------------------
+    def blob_put(self, key: str, data: bytes) -> BlobInfo:
+        check_blob_key(key)
+        data = check_blob_data(key, data)
+        info = BlobInfo.of(key, data)
+        chunks = blob_chunks(data)
+        with self._write() as db:  # one transaction: a reader sees the old value or the new one
+            db.execute("DELETE FROM blob_chunks WHERE key = ?", (key,))
+            db.executemany(
+                "INSERT INTO blob_chunks (key, idx, data) VALUES (?, ?, ?)",
+                [(key, i, chunk) for i, chunk in enumerate(chunks)],
+            )
+            db.execute(
+                "INSERT INTO blobs (key, size, sha256, chunks) VALUES (?, ?, ?, ?) ON CONFLICT (key) DO UPDATE "
+                "SET size = excluded.size, sha256 = excluded.sha256, chunks = excluded.chunks",
+                (key, info.size, info.sha256, len(chunks)),
+            )
+        return info
+
+    def blob_stat(self, key: str) -> BlobInfo | None:
+        rows = self._query("SELECT size, sha256 FROM blobs WHERE key = ?", (check_blob_key(key),))
+        return BlobInfo(key, int(rows[0][0]), rows[0][1]) if rows else None
+
+    def blob_get(self, key: str) -> bytes | None:
+        check_blob_key(key)
+        with self._mutex:  # the row and its chunks read in one transaction: never a mix of two writes
+            try:
+                self._db.execute("BEGIN")
+                try:
+                    row = self._db.execute("SELECT size, sha256 FROM blobs WHERE key = ?", (key,)).fetchone()
+                    chunks = self._db.execute(
+                        "SELECT idx, data FROM blob_chunks WHERE key = ? ORDER BY idx", (key,)
+                    ).fetchall()
+                finally:
+                    self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                msg = f"sqlite store {self.path}: {exc}"
+                raise StoreError(msg) from None
+        if row is None:
+            return None
+        return join_blob(BlobInfo(key, int(row[0]), row[1]), chunks, f"sqlite store {self.path}")
+
+    def blob_list(self, prefix: str = "") -> list[BlobInfo]:
+        rows = self._query(
+            "SELECT key, size, sha256 FROM blobs WHERE substr(key, 1, ?) = ? ORDER BY key",
+            (len(check_blob_prefix(prefix)), prefix),
+        )
+        return [BlobInfo(key, int(size), sha256) for key, size, sha256 in rows]
+
+    def blob_delete(self, key: str) -> None:
+        check_blob_key(key)
+        with self._write() as db:
+            db.execute("DELETE FROM blob_chunks WHERE key = ?", (key,))
+            db.execute("DELETE FROM blobs WHERE key = ?", (key,))
 
     def close(self) -> None:
         with self._mutex:

@@ -2,8 +2,9 @@
 
 Two phases so that a refusal writes nothing: :func:`prepare` renders every chapter in memory
 (file text, sha256, tokens, the artifacts it itemises), :func:`publish` stores the artifacts and
-writes the files atomically. Verified reads (:func:`read_verified`) check the registry's sha256
-and the file's own before anything is cited or served.
+the files in the archive (:class:`storage.Archive`, the strategy's blobs). Verified reads
+(:func:`read_verified`) check the registry's sha256 and the file's own before anything is cited
+or served; their results are cached by content hash (:data:`VERIFIED`).
 """
 
 from __future__ import annotations
@@ -12,14 +13,14 @@ import hashlib
 import re
 import unicodedata
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ctxkernel.events import utc_now
 
-from . import artifacts, disk
+from . import artifacts
 from .chapter_file import ChapterFile, parse_chapter, render_chapter_file
 from .render import render_range
+from .storage import Archive, ArchiveError, NotInArchiveError, VerifiedCache
 from .toc import TOC_OPEN
 
 if TYPE_CHECKING:
@@ -29,13 +30,23 @@ if TYPE_CHECKING:
     from .settings import ChaptersSettings
 
 
-def archive_dir(session: Session, settings: ChaptersSettings) -> Path:
-    root = Path(settings.archive_root).expanduser()
-    return root if root.is_absolute() else Path(session.kernel.home) / root
+#: parsed chapters that passed verification, by (path, stored sha256, registry sha256)
+VERIFIED = VerifiedCache()
+#: lower-cased chapter bodies for search, by the body's sha256
+LOWERED = VerifiedCache()
+
+
+def lowered_body(chapter: ChapterFile) -> str:
+    """The verified chapter's body in lower case (computed once per body)."""
+    text = LOWERED.get(chapter.sha256)
+    if text is None:
+        text = chapter.body.lower()
+        LOWERED.put(chapter.sha256, text)
+    return str(text)
 
 
 def archive_label(settings: ChaptersSettings) -> str:
-    """How chapter paths are shown to the model: relative to the kernel home when they are."""
+    """How chapter paths are shown to the model (and the folder ``ctxkernel export`` names)."""
     return settings.archive_root.rstrip("/") or "."
 
 
@@ -125,34 +136,48 @@ def prepare(
     return out
 
 
-def publish(archive: Path, prepared: list[Prepared]) -> None:
-    """Store the artifacts, then write each chapter file atomically."""
+def publish(archive: Archive, prepared: list[Prepared]) -> None:
+    """Store the artifacts, then each chapter file (each put durable and atomic)."""
     for item in prepared:
         for handle, content in item.artifacts.items():
             root = handle.split("/", 1)[0]
             artifacts.store(archive, root, content)
-        disk.write_atomic(disk.contained(archive, item.record["path"]), item.text.encode("utf-8"))
+        archive.write(item.record["path"], item.text.encode("utf-8"))
 
 
-def remove(archive: Path, records: list[dict[str, Any]]) -> None:
+def remove(archive: Archive, records: list[dict[str, Any]]) -> None:
     """Delete the files of records that never became final (a failed in-place compaction)."""
     for record in records:
-        disk.contained(archive, record["path"]).unlink(missing_ok=True)
+        archive.remove(record["path"])
 
 
-def read_verified(archive: Path, record: dict[str, Any]) -> ChapterFile:
+def read_verified(archive: Archive, record: dict[str, Any]) -> ChapterFile:
     """The chapter, after checking its body against the registry's sha256; raises
-    :class:`disk.IntegrityError` for a changed file (it is reported, never served)."""
-    raw = disk.read_bytes(archive, record["path"])
-    return parse_chapter(
+    :class:`storage.IntegrityError` for a changed file (it is reported, never served).
+
+    A file whose stored sha256 was verified before is served from :data:`VERIFIED` without
+    being read again: the same bytes verify the same way."""
+    info = archive.stat(record["path"])
+    if info is None:
+        msg = f"{record['path']!r} is not in the archive"
+        raise NotInArchiveError(msg)
+    key = (record["path"], info.sha256, record["sha256"])
+    cached = VERIFIED.get(key)
+    if cached is not None:
+        return cached
+    raw = archive.read(record["path"])
+    chapter = parse_chapter(
         raw.decode("utf-8", errors="replace"),
         where=f"chapter {record['id']} ({record['path']})",
         expect_sha256=record["sha256"],
     )
+    if hashlib.sha256(raw).hexdigest() == info.sha256:  # not changed between the stat and the read
+        VERIFIED.put(key, chapter)
+    return chapter
 
 
 def verified(
-    archive: Path, records: list[dict[str, Any]]
+    archive: Archive, records: list[dict[str, Any]]
 ) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str]]]:
     """The records whose files pass the integrity check, and each that does not with the reason:
     a chapter is verified before it is cited in a table of contents."""
@@ -161,7 +186,7 @@ def verified(
     for record in records:
         try:
             read_verified(archive, record)
-        except disk.ArchiveError as exc:
+        except ArchiveError as exc:
             bad.append((record, str(exc)))
             continue
         ok.append(record)

@@ -1,19 +1,17 @@
 """The content-addressed artifact store: large tool results, kept verbatim, read in pages.
 
-An artifact lives at ``<archive>/<root>/artifacts/<sha256>.txt``; its handle is
-``<root>/artifacts/<sha256>.txt`` (a name relative to the archive). Reading verifies that the
-content still hashes to its name. Queries go through ``chapters_artifact`` (toc | search |
-read), which is read-only and resolves names with :func:`disk.contained`.
+An artifact is stored in the archive (the strategy's blobs) under its handle
+``<root>/artifacts/<sha256>.txt``. Reading verifies that the content still hashes to its name.
+Queries go through ``chapters_artifact`` (toc | search | read), which is read-only and checks
+names with :func:`storage.check_name`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from pathlib import Path
 
-from . import disk
-from .disk import ArchiveError, IntegrityError
+from .storage import Archive, ArchiveError, IntegrityError, NotInArchiveError, check_name
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/artifacts/([0-9a-f]{64})\.txt")
 
@@ -22,27 +20,27 @@ def handle_for(root: str, digest: str) -> str:
     return f"{root}/artifacts/{digest}.txt"
 
 
-def store(archive: Path, root: str, content: str) -> tuple[str, str]:
-    """Store ``content`` (idempotent); returns ``(handle, sha256)``."""
+def store(archive: Archive, root: str, content: str) -> tuple[str, str]:
+    """Store ``content`` (idempotent: content-addressed, an existing copy is not rewritten);
+    returns ``(handle, sha256)``."""
     data = content.encode("utf-8")
     digest = hashlib.sha256(data).hexdigest()
     handle = handle_for(root, digest)
-    path = disk.contained(archive, handle)
-    if not path.is_file():
-        disk.write_atomic(path, data, exclusive=True)
+    if not archive.exists(handle):
+        archive.write(handle, data)
     return handle, digest
 
 
-def load(archive: Path, handle: str) -> str:
+def load(archive: Archive, handle: str) -> str:
     """The artifact's text, after checking the name is a handle and the content its hash."""
-    path = disk.contained(archive, handle)  # refuses '..' and absolute paths first
+    check_name(handle)  # refuses '..' and absolute paths first
     match = _NAME.fullmatch(handle)
     if not match:
         msg = f"{handle!r} is not an artifact handle; handles look like '<root>/artifacts/<sha256>.txt'"
         raise ArchiveError(msg)
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+        data = archive.read(handle)
+    except NotInArchiveError:
         msg = f"artifact {handle!r} is not in the store"
         raise ArchiveError(msg) from None
     if hashlib.sha256(data).hexdigest() != match.group(1):
@@ -51,8 +49,8 @@ def load(archive: Path, handle: str) -> str:
     return data.decode("utf-8")
 
 
-def list_handles(archive: Path, root: str) -> list[str]:
-    return disk.list_files(archive, f"{root}/artifacts", ".txt")
+def list_handles(archive: Archive, root: str) -> list[str]:
+    return archive.list(f"{root}/artifacts", ".txt")
 
 
 def toc(text: str, *, max_entries: int = 60) -> str:

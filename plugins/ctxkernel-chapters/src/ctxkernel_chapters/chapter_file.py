@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from .disk import ArchiveError, IntegrityError
+from .storage import ArchiveError, IntegrityError
 
 FIELDS = ("chapter", "title", "session", "root", "seqRange", "sha256", "tokens", "generatedAt", "artifacts")
 

@@ -76,16 +76,28 @@ def _usage_error(args: argparse.Namespace) -> tuple[Any, int | None]:
         return None, 2
 
 
+def _open(kernel: Any, session_id: str) -> Any:
+    """The session, or None after saying on stderr that the store has no such session."""
+    from ctxkernel import SessionNotFoundError
+
+    try:
+        return kernel.open_session(session_id, repair=False)
+    except SessionNotFoundError as exc:
+        sys.stderr.write(f"{exc}\n")
+        return None
+
+
 def cmd_manifest(args: argparse.Namespace) -> int:
     from .registry import manifest
+    from .strategy import registry_of
 
     kernel, status = _usage_error(args)
     if status is not None:
         return status
-    if not kernel.store.exists(args.session):
-        sys.stderr.write(f"no session {args.session!r} in the {kernel.store.backend} store\n")
+    session = _open(kernel, args.session)
+    if session is None:
         return 1
-    _dump(manifest(kernel.store, args.session))
+    _dump(manifest(registry_of(session).kv, session.id))
     return 0
 
 
@@ -96,10 +108,9 @@ def cmd_segment(args: argparse.Namespace) -> int:
     kernel, status = _usage_error(args)
     if status is not None:
         return status
-    if not kernel.store.exists(args.session):
-        sys.stderr.write(f"no session {args.session!r} in the {kernel.store.backend} store\n")
+    session = _open(kernel, args.session)
+    if session is None:
         return 1
-    session = kernel.open_session(args.session, repair=False)
     settings = plugin.settings_of(session)
     floor = plugin.archived_through(session) + 1
     ceiling = plugin.archive_ceiling(session)

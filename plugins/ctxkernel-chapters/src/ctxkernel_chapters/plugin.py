@@ -26,6 +26,7 @@ from . import archive, artifacts, cli, toc
 from .registry import Registry
 from .segment import propose_chapters
 from .settings import ChaptersSettings
+from .storage import Archive, ArchiveError, check_name
 from .strategy import (
     NAME,
     STRATEGY,
@@ -33,6 +34,7 @@ from .strategy import (
     archive_ceiling,
     archived_through,
     is_chapters_toc,
+    registry_of,
     settings_of,
     state,
     user_instructions,
@@ -57,7 +59,7 @@ def register_commands(subparsers: Any) -> None:
 
 @ctxkernel.hookimpl
 def session_opened(session: Session) -> None:
-    Registry(session.store).ensure(session.id)
+    registry_of(session).ensure(session.id)
     state(session)
 
 
@@ -119,7 +121,7 @@ def move_large_results(session: Session, settings: ChaptersSettings, st: dict[st
         return []
     threshold = settings.artifact_threshold(session.model_settings().effective_window)
     moved = []
-    registry = Registry(session.store)
+    registry = registry_of(session)
     for seq in candidates:
         if seq in st["artifact_done"]:
             continue
@@ -139,7 +141,7 @@ def move_large_results(session: Session, settings: ChaptersSettings, st: dict[st
         text = artifact_handle_text(handle, content, tokens, min(settings.artifact_preview_chars, threshold // 2))
         if session.meter.count_text(text) >= tokens:
             continue
-        artifacts.store(archive.archive_dir(session, settings), root, content)
+        artifacts.store(Archive.of(session), root, content)
         STRATEGY.on(session).replace_tool_result(seq, text, reason="artifact")
         st["artifact_done"].add(seq)
         moved.append(seq)
@@ -167,9 +169,9 @@ def compact_in_place(session: Session, keep_tokens: int, *, reason: str) -> bool
     files deleted otherwise. Until then the records live only here, so each is written once.
     """
     settings = settings_of(session)
-    registry = Registry(session.store)
+    registry = registry_of(session)
     root = registry.root_of(session.id)
-    where = archive.archive_dir(session, settings)
+    where = Archive.of(session)
     plan_id = uuid.uuid4().hex[:16]
     numbers: list[int] = []
     records: list[dict[str, Any]] = []
@@ -244,9 +246,7 @@ def toc_for_region(
         and not is_chapters_toc(n)
     ]
     own = [
-        r
-        for r in Registry(session.store).records(session.id)
-        if r.get("status") == "final" and r["start_seq"] <= boundary
+        r for r in registry_of(session).records(session.id) if r.get("status") == "final" and r["start_seq"] <= boundary
     ]
     cited: dict[str, str] = {}
     for text in previous:
@@ -262,7 +262,7 @@ def toc_for_region(
         return key in cited or toc.in_fold(folds, key, record["number"])
 
     fresh = [r for r in own if not listed(r)]
-    checked, refused = archive.verified(archive.archive_dir(session, settings), fresh)
+    checked, refused = archive.verified(Archive.of(session), fresh)
     own = [r for r in own if listed(r)] + checked
     extra += [f"Not cited (integrity check failed): {reason}" for _, reason in refused]
     first = min((r["start_seq"] for r in records), default=boundary + 1)
@@ -366,7 +366,7 @@ def commit(session: Session, result: Any) -> None:
 @ctxkernel.hookimpl
 def project(session: Session) -> dict[str, Any] | None:
     settings = settings_of(session)
-    registry = Registry(session.store)
+    registry = registry_of(session)
     sstate = registry.ensure(session.id)
     st = state(session)
     window = session.model_settings().effective_window
@@ -381,7 +381,7 @@ def project(session: Session) -> dict[str, Any] | None:
         "artifact_threshold_tokens": settings.artifact_threshold(window),
         "compactions": st["compactions"],
         "suggested": st["suggested"],
-        "archive": str(archive.archive_dir(session, settings)),
+        "archive": archive.archive_label(settings),
         "toc": _toc(session, settings, registry),
     }
 
@@ -393,10 +393,25 @@ PANEL_ROWS = 200
 def _toc(session: Session, settings: Any, registry: Registry) -> list[dict[str, Any]]:
     """The lineage's final chapters, each with the state of its file against the recorded sha256."""
     records = registry.lineage_records(session.id)[-PANEL_ROWS:]
-    _, bad = archive.verified(archive.archive_dir(session, settings), records)
+    _, bad = archive.verified(Archive.of(session), records)
     problems = {r["id"]: reason for r, reason in bad}
     keys = ("id", "number", "title", "start_seq", "end_seq", "tokens", "path", "author_session")
     return [{**{k: r.get(k) for k in keys}, "hash": problems.get(r["id"], "ok")} for r in records]
+
+
+@ctxkernel.hookimpl
+def export_files(session: Session) -> dict[str, bytes] | None:
+    """The lineage's chapter files and artifacts as the seed lays them out:
+    ``<archive_root>/<root>/chapters/NNN-slug.md`` and ``<archive_root>/<root>/artifacts/<sha256>.txt``."""
+    root = registry_of(session).root_of(session.id)
+    blobs = STRATEGY.on(session).blobs
+    label = archive.archive_label(settings_of(session))
+    files = {}
+    for info in blobs.list(f"{root}/"):
+        data = blobs.get(info.key)
+        if data is not None:  # deleted since the listing (a failed compaction's file)
+            files[f"{label}/{info.key}"] = data
+    return files or None
 
 
 # -- simulation ------------------------------------------------------------------------------------
@@ -429,8 +444,6 @@ def steward_actions(session: Session, request: Request) -> list[dict[str, Any]] 
 def validate_profile(profile: Profile, report: Any) -> None:
     if NAME not in profile.profile.strategies:
         return
-    from pathlib import Path
-
     variants = [(f"{profile.model.provider}/{profile.model.name}", profile.model.provider, profile.model.name)]
     for policy in profile.model_policies:
         provider = policy.match.provider or profile.model.provider
@@ -445,23 +458,21 @@ def validate_profile(profile: Profile, report: Any) -> None:
         except Exception:  # noqa: BLE001 - the kernel's settings check reports these
             continue
         effective = model.effective_window
-        home = profile.store_home()
-        root = Path(settings.archive_root).expanduser()
-        root = root if root.is_absolute() else home / root
-        if root not in checked_roots:
-            checked_roots.add(root)
-            from .disk import check_writable
-
-            reason = check_writable(root)
-            if reason:
+        if settings.archive_root not in checked_roots:
+            checked_roots.add(settings.archive_root)
+            try:
+                check_name(settings.archive_root)
+            except ArchiveError as exc:
                 problems += 1
                 report.fail(
                     "strategy",
                     NAME,
-                    f"archive root {root} is not writable ({reason}). Fix: set [strategies.chapters] archive_root to a writable folder",
+                    f"archive_root {settings.archive_root!r} is not a relative folder name ({exc}). Chapters are "
+                    "stored in the store; archive_root names the folder they are shown under and exported to "
+                    "(ctxkernel export). Fix: set [strategies.chapters] archive_root to a name such as 'chapters'",
                 )
             else:
-                report.ok("strategy", NAME, f"archive root {root} is writable")
+                report.ok("strategy", NAME, f"chapters are stored in the {profile.store.backend} store's blobs")
         threshold = settings.artifact_threshold(effective)
         retain = int(settings.retain_ratio * effective)
         checks = [

@@ -18,11 +18,23 @@ only once it committed, so a record is never rewritten).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from ctxkernel.events import utc_now
 
+#: the strategy's key-value namespace (the handle keys its table by the strategy name)
 NAMESPACE = "chapters"
+
+
+class KeyValue(Protocol):
+    """The strategy handle's key-value table (:class:`ctxkernel.StrategyHandle`), already in the
+    strategy's namespace."""
+
+    def kv_get(self, key: str) -> Any | None: ...
+
+    def kv_put(self, key: str, value: Any) -> None: ...
+
+    def kv_list(self, prefix: str = "") -> dict[str, Any]: ...
 
 
 def record_key(session_id: str, number: int) -> str:
@@ -30,18 +42,20 @@ def record_key(session_id: str, number: int) -> str:
 
 
 class Registry:
-    def __init__(self, store: Any) -> None:
-        self.store = store
+    """The lineage registry on the strategy handle's key-value table: ``Registry(STRATEGY.on(session))``."""
+
+    def __init__(self, kv: KeyValue) -> None:
+        self.kv = kv
 
     # -- sessions -------------------------------------------------------------------------------
     def state(self, session_id: str) -> dict[str, Any] | None:
         """The small per-session state (no chapter records); an old single-record layout is
         split into per-chapter keys the first time it is read."""
-        state = self.store.kv_get(NAMESPACE, f"sessions/{session_id}")
+        state = self.kv.kv_get(f"sessions/{session_id}")
         if state is not None and "chapters" in state:
             legacy = state.pop("chapters")
             for record in legacy:
-                self.store.kv_put(NAMESPACE, record_key(session_id, record["number"]), record)
+                self.kv.kv_put(record_key(session_id, record["number"]), record)
             final = [r for r in legacy if r.get("status") == "final"]
             state["archived_through"] = max((r["end_seq"] for r in final), default=-1)
             self.put(session_id, state)
@@ -57,7 +71,7 @@ class Registry:
 
     def put(self, session_id: str, state: dict[str, Any]) -> None:
         small = {k: v for k, v in state.items() if k != "chapters"}
-        self.store.kv_put(NAMESPACE, f"sessions/{session_id}", small)
+        self.kv.kv_put(f"sessions/{session_id}", small)
 
     def ensure(self, session_id: str) -> dict[str, Any]:
         """This session's state; a session the registry never saw is the root of its own lineage."""
@@ -86,14 +100,14 @@ class Registry:
     def records(self, session_id: str) -> list[dict[str, Any]]:
         """The chapter records this session authored, in chapter order."""
         # sorted by number, not key: the padding orders keys only up to 999,999 chapters
-        return sorted(self.store.kv_list(NAMESPACE, f"records/{session_id}/").values(), key=lambda r: r["number"])
+        return sorted(self.kv.kv_list(f"records/{session_id}/").values(), key=lambda r: r["number"])
 
     def add_final(
         self, session_id: str, records: list[dict[str, Any]], *, next_chapter: int | None = None
     ) -> dict[str, Any]:
         """Write final records (one write each), then the session state that counts them."""
         for record in records:
-            self.store.kv_put(NAMESPACE, record_key(session_id, record["number"]), record)
+            self.kv.kv_put(record_key(session_id, record["number"]), record)
         state = self.ensure(session_id)
         if records:
             state["archived_through"] = max([state.get("archived_through", -1), *(r["end_seq"] for r in records)])
@@ -127,10 +141,10 @@ class Registry:
     # -- chapter numbers ------------------------------------------------------------------------
     def allocate(self, root: str, count: int) -> list[int]:
         key = f"roots/{root}"
-        state = self.store.kv_get(NAMESPACE, key) or {"next_chapter": 1}
+        state = self.kv.kv_get(key) or {"next_chapter": 1}
         first = state["next_chapter"]
         state["next_chapter"] = first + count
-        self.store.kv_put(NAMESPACE, key, state)
+        self.kv.kv_put(key, state)
         return list(range(first, first + count))
 
     def release(self, root: str, numbers: list[int]) -> None:
@@ -138,13 +152,13 @@ class Registry:
         if not numbers:
             return
         key = f"roots/{root}"
-        state = self.store.kv_get(NAMESPACE, key) or {"next_chapter": 1}
+        state = self.kv.kv_get(key) or {"next_chapter": 1}
         if state["next_chapter"] == max(numbers) + 1:
             state["next_chapter"] = min(numbers)
-            self.store.kv_put(NAMESPACE, key, state)
+            self.kv.kv_put(key, state)
 
     def next_number(self, root: str) -> int:
-        return (self.store.kv_get(NAMESPACE, f"roots/{root}") or {"next_chapter": 1})["next_chapter"]
+        return (self.kv.kv_get(f"roots/{root}") or {"next_chapter": 1})["next_chapter"]
 
 
 def new_state(
@@ -163,12 +177,12 @@ def new_state(
     }
 
 
-def manifest(store: Any, session_id: str) -> dict[str, Any]:
+def manifest(kv: KeyValue, session_id: str) -> dict[str, Any]:
     """The chain from the root to ``session_id``: each session with its chapters and children.
 
     This is the ``ctxkernel chapters manifest`` view; the web of forks is in ``children``.
     """
-    registry = Registry(store)
+    registry = Registry(kv)
     chain = []
     for sid in registry.lineage(session_id):
         state = registry.state(sid) or {}

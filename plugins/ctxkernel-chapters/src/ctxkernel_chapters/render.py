@@ -12,6 +12,7 @@ from collections.abc import Callable
 import orjson
 
 from ctxkernel import Event, Message
+from ctxkernel.text import clip
 
 ARGS_INLINE_CHARS = 2_000
 PREVIEW_CHARS = 200
@@ -27,8 +28,7 @@ def hash_only(root: str) -> Defer:
 
 
 def _one_line(text: str, limit: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return clip(text, limit, single_line=True)
 
 
 def render_event(

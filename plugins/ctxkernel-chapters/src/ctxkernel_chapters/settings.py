@@ -34,7 +34,8 @@ class ChaptersSettings(BaseModel):
     tool_result_artifact_ratio: float = Field(default=0.2, gt=0, le=1)
     #: characters of a result kept as a preview in its artifact handle
     artifact_preview_chars: int = Field(default=600, ge=0, le=20_000)
-    #: folder of chapter files and artifacts; relative paths are under the kernel home
+    #: the folder chapter paths are shown under and exported to (ctxkernel export); the files
+    #: themselves are in the store's blobs
     archive_root: str = "chapters"
     #: budget of the table-of-contents bullets; over it, the oldest bullets lose their summaries
     toc_bullet_budget_tokens: int = Field(default=2_000, ge=100, le=MAX_TOKENS)

@@ -64,9 +64,14 @@ def state(session: Session) -> dict[str, Any]:
     return st
 
 
+def registry_of(session: Session) -> Registry:
+    """The lineage registry, on the strategy handle's key-value table."""
+    return Registry(STRATEGY.on(session))
+
+
 def archived_through(session: Session, registry: Registry | None = None) -> int:
     """The last log seq covered by this session's final chapters (-1 when none)."""
-    return (registry or Registry(session.store)).archived_through(session.id)
+    return (registry or registry_of(session)).archived_through(session.id)
 
 
 def archive_ceiling(session: Session) -> int | None:
@@ -82,7 +87,7 @@ def header_tokens(session: Session) -> int:
     for event in reversed(session.events):
         if event.type == "request/header":
             return session.meter.count_header(event.data["system"], event.data["tools"])
-    system = session.kernel.profile.profile.system_prompt
+    system = STRATEGY.on(session).base_system_prompt
     return session.meter.count_header(system, session.tools.schemas() + list(session.harness_tools))
 
 

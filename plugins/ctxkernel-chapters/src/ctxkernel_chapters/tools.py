@@ -20,9 +20,9 @@ from ctxkernel.text import attr
 
 from . import archive, artifacts, toc
 from . import strategy as chapters
-from .disk import ArchiveError
-from .registry import NAMESPACE, Registry, new_state, record_key
+from .registry import Registry, new_state, record_key
 from .segment import ChapterPlan, describe, propose_chapters
+from .storage import Archive, ArchiveError, check_name
 
 if TYPE_CHECKING:
     from ctxkernel import Session
@@ -175,7 +175,7 @@ def plan_child(session: Session, handoff_note: str, ranges: list[ChapterRange], 
     Returns the plan, or the reason for refusing. Writes nothing (the steward uses it as a dry run).
     """
     settings: ChaptersSettings = chapters.settings_of(session)
-    registry = Registry(session.store)
+    registry = chapters.registry_of(session)
     sstate = registry.ensure(session.id)
     root = sstate["root"]
     floor = chapters.archived_through(session, registry) + 1
@@ -231,7 +231,7 @@ def _create_child(
     if isinstance(plan, str):
         return ToolOutcome(f"chapters_{origin} refused: {plan}. Nothing was written.", is_error=True)
     settings: ChaptersSettings = chapters.settings_of(session)
-    registry = Registry(session.store)
+    registry = chapters.registry_of(session)
     root = registry.root_of(session.id)
     prepared, seed = plan.prepared, plan.seed
     # write: chapter files, then the registry, then the child with its one seed event
@@ -261,11 +261,11 @@ def _create_child(
                 Source.plugin_form(NAME, "snapshot"),
             )
     records = [p.record for p in prepared]
-    archive.publish(archive.archive_dir(session, settings), prepared)
+    archive.publish(Archive.of(session), prepared)
     child_id = uuid.uuid4().hex
     next_chapter = registry.next_number(root)
     for record in records:
-        registry.store.kv_put(NAMESPACE, record_key(session.id, record["number"]), record)
+        registry.kv.kv_put(record_key(session.id, record["number"]), record)
     sstate = registry.ensure(session.id)
     if records:
         sstate["archived_through"] = max([sstate.get("archived_through", -1), *(r["end_seq"] for r in records)])
@@ -277,7 +277,7 @@ def _create_child(
         new_state(child_id, parent=session.id, root=root, origin=origin, next_chapter=next_chapter, title=args.title),
     )
     # no ``parent`` in the child's header: the registry is the sole authority on ancestry (seed 003)
-    child = session.kernel.open_session(child_id, create=True, origin=f"chapters:{origin}")
+    child = chapters.STRATEGY.on(session).open_continuation(child_id, origin=origin)
     child.add_message(seed)
     route = session.route
     if route is not None:  # the model selection goes with the work (seed 003): same model, same window
@@ -317,7 +317,7 @@ def _seed_toc(
     """Every chapter of the lineage (ancestors' from this session's own tables of contents and the
     registry), this session's carried prose, and the handoff note."""
     previous = [n.message.text for n in session.surface.nodes if chapters.is_chapters_toc(n)]
-    lineage, refused = archive.verified(archive.archive_dir(session, settings), registry.lineage_records(session.id))
+    lineage, refused = archive.verified(Archive.of(session), registry.lineage_records(session.id))
     instructions = chapters.user_instructions(session, floor, -1 if ceiling is None else ceiling)
     merged = toc.merged(previous, [*lineage, *records], archive.archive_label(settings), instructions=instructions)
     for record, reason in refused:  # reported in the table of contents, never cited
@@ -403,7 +403,7 @@ def deterministic_continuation(session: Session, settings: ChaptersSettings) -> 
 # -- reading --------------------------------------------------------------------------------------
 def chapters_read(session: Session, args: ReadArgs) -> ToolOutcome:
     settings: ChaptersSettings = chapters.settings_of(session)
-    registry = Registry(session.store)
+    registry = chapters.registry_of(session)
     record = registry.find(session.id, args.chapter.strip())
     if record is None:
         known = [r["id"] for r in registry.lineage_records(session.id)]
@@ -412,7 +412,7 @@ def chapters_read(session: Session, args: ReadArgs) -> ToolOutcome:
             is_error=True,
         )
     try:
-        chapter = archive.read_verified(archive.archive_dir(session, settings), record)
+        chapter = archive.read_verified(Archive.of(session), record)
     except ArchiveError as exc:
         return ToolOutcome(f"chapters_read refused: {exc}", is_error=True)
     lines = chapter.body.splitlines()
@@ -432,17 +432,18 @@ def chapters_read(session: Session, args: ReadArgs) -> ToolOutcome:
 
 
 def chapters_search(session: Session, args: SearchArgs) -> ToolOutcome:
-    settings: ChaptersSettings = chapters.settings_of(session)
-    where = archive.archive_dir(session, settings)
+    where = Archive.of(session)
     needle = args.query.lower()
     hits: list[str] = []
     refused: list[str] = []
-    for record in Registry(session.store).lineage_records(session.id):
+    for record in chapters.registry_of(session).lineage_records(session.id):
         try:
             chapter = archive.read_verified(where, record)
         except ArchiveError as exc:
             refused.append(f"{record['id']}: {exc}")
             continue
+        if needle not in archive.lowered_body(chapter):
+            continue  # one scan of the whole chapter; lines are split only where there is a hit
         for i, line in enumerate(chapter.body.splitlines()):
             if needle in line.lower():
                 hits.append(f"{record['id']} line {i}: {' '.join(line.split())[:240]}")
@@ -461,8 +462,8 @@ def chapters_search(session: Session, args: SearchArgs) -> ToolOutcome:
 
 def chapters_artifact(session: Session, args: ArtifactArgs) -> ToolOutcome:
     settings: ChaptersSettings = chapters.settings_of(session)
-    where = archive.archive_dir(session, settings)
-    root = Registry(session.store).root_of(session.id)
+    where = Archive.of(session)
+    root = chapters.registry_of(session).root_of(session.id)
     if args.artifact is None:
         if args.op != "toc":
             return ToolOutcome(f"chapters_artifact: op {args.op!r} needs an artifact handle", is_error=True)
@@ -471,9 +472,7 @@ def chapters_artifact(session: Session, args: ArtifactArgs) -> ToolOutcome:
         return ToolOutcome(f"{len(handles)} artifact(s) in this lineage:\n" + "\n".join(page))
     handle = args.artifact.strip()
     try:
-        from .disk import contained
-
-        contained(where, handle)  # '..' and absolute paths are refused before anything else
+        check_name(handle)  # '..' and absolute paths are refused before anything else
         if not handle.startswith(f"{root}/"):
             return ToolOutcome(
                 f"chapters_artifact refused: {handle!r} is not an artifact of this session's lineage ({root})",

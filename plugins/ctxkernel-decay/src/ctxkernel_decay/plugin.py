@@ -6,13 +6,14 @@ which the tools and the steward share; this module holds only the hooks.
 
 from __future__ import annotations
 
-from pathlib import Path
+import time
+import uuid
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 import ctxkernel
-from ctxkernel import CompactionError, Span, balanced_cut_at_or_before, get_logger
+from ctxkernel import CompactionError, Span, StoreError, balanced_cut_at_or_before, get_logger
 
 from . import steward
 from .anchors import decorate_message, fmt, sanitize_assistant
@@ -191,17 +192,34 @@ def commit(session: Session, result: CommitResult) -> None:
         )
 
 
-def audit_path(session: Session) -> Path:
-    return STRATEGY.on(session).files / "audit.jsonl"
+#: audit records live in the strategy's blobs, one per record: ``audit/<session>/<time>-<id>.json``
+AUDIT_PREFIX = "audit"
 
 
 def audit(session: Session, record: dict[str, Any]) -> None:
-    """Append one JSONL record under the kernel home; never part of the model's context."""
-    path = audit_path(session)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Store one audit record in the strategy's blobs (one small blob each, so a record costs one
+    write whatever the audit's length); never part of the model's context. ``ctxkernel export``
+    writes a session's records as ``decay/audit.jsonl``. A failed write is logged, never raised
+    into the harness: the audit is optional."""
     line = orjson.dumps({"time": _now(), "session": session.id, **record}) + b"\n"
-    with open(path, "ab") as f:  # one write of one line: concurrent appenders do not interleave
-        f.write(line)
+    key = f"{AUDIT_PREFIX}/{session.id}/{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.json"
+    try:
+        STRATEGY.on(session).blobs.put(key, line)
+    except StoreError as exc:
+        log.warning("decay audit record not written", session=session.id, error=str(exc))
+
+
+def audit_jsonl(session: Session) -> bytes:
+    """The session's audit records in order, one JSON line each (empty when there are none)."""
+    blobs = STRATEGY.on(session).blobs
+    return b"".join(blobs.get(info.key) or b"" for info in blobs.list(f"{AUDIT_PREFIX}/{session.id}/"))
+
+
+@ctxkernel.hookimpl
+def export_files(session: Session) -> dict[str, bytes] | None:
+    """``decay/audit.jsonl``: the session's audit records, as the seed lays the audit out."""
+    data = audit_jsonl(session)
+    return {f"{NAME}/audit.jsonl": data} if data else None
 
 
 def _now() -> str:
@@ -270,17 +288,17 @@ def steward_actions(session: Session, request: Request) -> list[dict[str, Any]] 
 
 @ctxkernel.hookimpl
 def validate_profile(profile: ctxkernel.Profile, report: Any) -> None:
-    strategies = profile.profile.strategies
-    if NAME not in strategies:
+    checks = STRATEGY.validating(profile, report)
+    if checks is None:
         return
+    strategies = profile.profile.strategies
     if "basic" not in strategies:
-        report.warn(
+        checks.warn(
             "fallback",
-            NAME,
             "decay only reminds; add 'basic' after it as the emergency fallback for hard budget protection",
         )
     else:
-        report.ok("fallback", NAME, "basic is the emergency fallback")
+        checks.ok("fallback", "basic is the emergency fallback")
 
 
 def is_decay_notice(message: ctxkernel.Message) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from ctxkernel.text import clip
+from ctxkernel.text import clip, failed, first_line, keep_newest
 
 from .anchors import fmt, strip_anchors
 from .state import NAME, NOTICE_FORM
@@ -39,7 +39,7 @@ def extractive_summary(messages: list[Message], state_summaries: list[str], max_
     Lines of earlier blocks are carried over as they are, so a merged block keeps what its
     parts kept. The user's requests are written out (up to 600 characters, as the basic
     checkpoint does) and are the last lines given up when the summary must shrink: the oldest
-    other lines go first.
+    other lines go first (``ctxkernel.text.keep_newest``).
     """
     lines: list[str] = []
     for earlier in state_summaries:
@@ -62,23 +62,11 @@ def extractive_summary(messages: list[Message], state_summaries: list[str], max_
             result = m.tool_result
             if result is None:
                 continue
-            head = result.content.strip().splitlines()[0] if result.content.strip() else "(empty)"
-            if result.is_error or _ERROR.search(result.content[:2000]):
-                lines.append(f"error in {result.name or 'tool'}: {_clip(head, 160)}")
-    lines = list(dict.fromkeys(lines))
-    size = sum(len(line) + 1 for line in lines)
-    for keep_users in (True, False):
-        i = 0
-        while size > max_chars and i < len(lines):
-            if keep_users and lines[i].startswith("user: "):
-                i += 1
-                continue
-            size -= len(lines[i]) + 1
-            del lines[i]
-    text = "\n".join(lines)
-    if len(text) > max_chars:  # one line longer than the whole budget
-        text = text[: max_chars - 1] + "…"
-    return text or "(nothing worth keeping)"
+            if failed(result, _ERROR):
+                lines.append(f"error in {result.name or 'tool'}: {_clip(first_line(result.content, '(empty)'), 160)}")
+    lines = keep_newest(list(dict.fromkeys(lines)), max_chars, spare=lambda line: line.startswith("user: "))
+    # one line longer than the whole budget
+    return clip("\n".join(lines), max_chars) or "(nothing worth keeping)"
 
 
 def plan_spans(session: Session, state: DecayState, settings: DecaySettings, need_tokens: int) -> list[dict[str, Any]]:

@@ -54,7 +54,7 @@ class DecaySettings(BaseModel):
     min_saving_tokens: int = Field(default=1, ge=1, le=MAX_TOKENS)
     #: the steward (simulation) compresses down to this share of the effective window
     steward_target_ratio: float = Field(default=0.45, gt=0, lt=1)
-    #: one JSONL record per request and compression under $CTXKERNEL_HOME/decay/audit.jsonl
+    #: one JSONL record per request and compression, in the store (ctxkernel export: decay/audit.jsonl)
     audit: bool = False
     #: keep a snapshot of the position state in the store (a cache: always rebuildable)
     snapshot: bool = True

@@ -31,7 +31,7 @@ from ctxkernel import SUMMARY_SECTIONS, Message, Source, Summary, get_logger
 from ctxkernel.recall.history import History
 from ctxkernel.recall.notes import Note, render_note
 from ctxkernel.redact import redact
-from ctxkernel.text import clip, guard, tag
+from ctxkernel.text import PATH_KEYS, clip, first_line, guard, keep_newest, string_arguments, tag
 
 from .clip import clip_with_receipt
 from .strategy import NAME, STRATEGY
@@ -242,7 +242,6 @@ def _water_fill(wants: list[int], room: int) -> list[int]:
 
 
 # -- the extractive body -------------------------------------------------------------------------------
-_PATH_KEYS = ("path", "file", "file_path", "filename", "filepath", "notebook_path")
 _FILES = "Files touched: "
 _CARRIED = "Carried from an earlier generated handoff"
 _PREVIOUS = re.compile(r"<(generated|extractive)_handoff>\n?(.*?)\n?</\1_handoff>", re.DOTALL)
@@ -286,17 +285,16 @@ def extractive_body(history: History, nodes: list[Node], budget: int) -> str:
                 entries.append(f"- {item} assistant: {_one_line(message.text, 300)}")
             for call in message.tool_calls:
                 args = call.arguments if isinstance(call.arguments, dict) else {}
-                for key in _PATH_KEYS:
-                    if isinstance(args.get(key), str):
-                        files.pop(args[key], None)
-                        files[args[key]] = None
+                for path in string_arguments(call, PATH_KEYS):
+                    files.pop(path, None)  # moved to the end: the newest files are listed
+                    files[path] = None
                 rendered = orjson.dumps(args).decode() if args else ""
                 entries.append(f"- {item} call {call.name} {_one_line(rendered, 160)}")
         else:
             result = message.tool_result
             assert result is not None
             name = history.tool_name(result.call_id) or result.name or "tool"
-            first = result.content.strip().splitlines()[0] if result.content.strip() else "(empty)"
+            first = first_line(result.content, "(empty)")
             flag = " ERROR" if result.is_error else ""
             entries.append(f"- {item} result{flag} {name}: {_one_line(first, 160)} ({len(result.content)} chars)")
     parts: list[str] = []
@@ -307,14 +305,7 @@ def extractive_body(history: History, nodes: list[Node], budget: int) -> str:
     fixed = sum(len(p) + 2 for p in parts)
     head = "Activity so far, oldest first (read any item in full with history_read_item):"
     room = budget - fixed - len(head) - 80
-    kept: list[str] = []
-    used = 0
-    for entry in reversed(entries):  # newest facts matter most
-        if used + len(entry) + 1 > room:
-            break
-        kept.append(entry)
-        used += len(entry) + 1
-    kept.reverse()
+    kept = keep_newest(entries, room)  # newest facts matter most
     lines = [head]
     if len(kept) < len(entries):
         lines.append(f"(… {len(entries) - len(kept)} earlier entries omitted: history_list_items lists them)")

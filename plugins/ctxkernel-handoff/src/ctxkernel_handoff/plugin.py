@@ -230,6 +230,21 @@ def _window_row(session: Session, window: Any) -> dict[str, Any]:
 
 
 @ctxkernel.hookimpl
+def export_files(session: Session) -> dict[str, bytes] | None:
+    """``handoff/handoff.md`` and ``handoff/handoff-log.md``, as the seed names them: the notes
+    written after each committed switch (they live in the session log, so in the store)."""
+    from .handoff import HANDOFF_LOG_NOTE, HANDOFF_NOTE
+
+    notes = STRATEGY.on(session).notes()
+    files = {
+        f"{NAME}/{path}": notes.read(path).content.encode("utf-8")
+        for path in (HANDOFF_NOTE, HANDOFF_LOG_NOTE)
+        if notes.exists(path)
+    }
+    return files or None
+
+
+@ctxkernel.hookimpl
 def steward_actions(session: Session, request: Request) -> list[dict[str, Any]] | None:
     """The deterministic steward: when the pressure reminder shows in this window, save a progress
     note and ask for a new window (once per window)."""
@@ -272,7 +287,8 @@ def _progress(history: History) -> str:
 
 @ctxkernel.hookimpl
 def validate_profile(profile: Profile, report: Any) -> None:
-    if NAME not in profile.profile.strategies:
+    checks = STRATEGY.validating(profile, report)
+    if checks is None:
         return
     try:
         settings = HandoffSettings.model_validate(profile.strategy_settings(NAME))
@@ -287,14 +303,13 @@ def validate_profile(profile: Profile, report: Any) -> None:
     # tools: the recall tools are shared with rollover; both in one profile would register them twice
     sharing = [s for s in profile.profile.strategies if s == "rollover"]
     if sharing:
-        report.fail(
+        checks.fail(
             "tools",
-            NAME,
             f"strategies {sharing} register new_context too, which collides with handoff's {list(TOOL_NAMES)}. "
             "Fix: run only one windowed strategy (handoff or rollover) in a profile",
         )
     else:
-        report.ok("tools", NAME, f"registers {len(TOOL_NAMES)} tools: {', '.join(TOOL_NAMES)}")
+        checks.ok("tools", f"registers {len(TOOL_NAMES)} tools: {', '.join(TOOL_NAMES)}")
     # notes storage: notes are events in the session log, so the store must accept writes
     store = profile.store
     if store.backend in ("jsonl", "sqlite"):
@@ -303,20 +318,18 @@ def validate_profile(profile: Profile, report: Any) -> None:
         while not probe.exists() and probe.parent != probe:
             probe = probe.parent
         if probe.is_dir() and os.access(probe, os.W_OK):
-            report.ok("store", NAME, f"notes are stored in the {store.backend} session logs under {home} (writable)")
+            checks.ok("store", f"notes are stored in the {store.backend} session logs under {home} (writable)")
         else:
-            report.fail(
+            checks.fail(
                 "store",
-                NAME,
                 f"notes storage {home} is not writable (checked {probe}). Fix: set [store] path or CTXKERNEL_HOME to a writable folder",
             )
     else:
-        report.ok("store", NAME, "notes are stored in the postgres session logs (checked by the kernel's store check)")
+        checks.ok("store", "notes are stored in the postgres session logs (checked by the kernel's store check)")
     # generated handoffs need a summarizer model
     if any(s.handoff_summary == "generated" for s in every) and profile.summarizer.kind == "extractive":
-        report.warn(
+        checks.warn(
             "strategy",
-            NAME,
             "handoff_summary = 'generated' but [summarizer] kind = 'extractive': every switch will fall back to an "
             "extractive handoff. Fix: configure [summarizer] (kind = 'openai', base_url, model), or set "
             "handoff_summary = 'extractive'",
@@ -335,12 +348,11 @@ def validate_profile(profile: Profile, report: Any) -> None:
             "model policy, or the runtime toggle) come from the 'basic' strategy, which this profile does not load. "
             "Fix: add 'basic' after 'handoff' in [profile] strategies and capability_order"
         )
-        (report.fail if native else report.warn)("strategy", NAME, message)
+        (checks.fail if native else checks.warn)("strategy", message)
     elif profile.profile.strategies.index("basic") < profile.profile.strategies.index(NAME):
-        report.fail(
+        checks.fail(
             "strategy",
-            NAME,
             "'basic' is listed before 'handoff', so native summaries would pre-empt window switches. Fix: list 'handoff' first",
         )
     else:
-        report.ok("strategy", NAME, "native summaries fall back to 'basic'")
+        checks.ok("strategy", "native summaries fall back to 'basic'")

@@ -249,32 +249,30 @@ def _steward_goal(session: Session) -> str:
 
 @ctxkernel.hookimpl
 def validate_profile(profile: Profile, report: ValidationReport) -> None:
-    if NAME not in profile.profile.strategies:
+    checks = STRATEGY.validating(profile, report)
+    if checks is None:
         return
     raw = profile.strategies.get(NAME, {})
     allowed = bool(raw.get("allow_summary_fallback", False))
     summarising = _summarising_strategies(report)
     if summarising and not allowed:
-        report.fail(
+        checks.fail(
             "strategy",
-            NAME,
             f"the profile combines rollover with summarising strategies {summarising}: rollover never summarises, "
             "and a silent summary fallback is what it exists to avoid. Remove them from [profile] strategies, or "
             "say so explicitly with allow_summary_fallback = true under [strategies.rollover]",
         )
     elif summarising:
-        report.warn(
+        checks.warn(
             "strategy",
-            NAME,
             f"summary fallback explicitly allowed: {summarising} may summarise alongside rollover "
             "(allow_summary_fallback = true). Fix, if unintended: remove them or set it to false",
         )
     else:
-        report.ok("strategy", NAME, "no summarising strategy runs alongside rollover")
+        checks.ok("strategy", "no summarising strategy runs alongside rollover")
     if profile.summarizer.kind != "extractive" and not summarising:
-        report.warn(
+        checks.warn(
             "strategy",
-            NAME,
             f"[summarizer] kind = {profile.summarizer.kind!r} is configured but rollover never calls a summarizer; "
             "remove the [summarizer] table to make that plain",
         )

@@ -1,0 +1,82 @@
+"""The request parser's memo: whatever sequence of histories clients send (growing, rewritten,
+sharing their first messages with another client's, in either API), parsing with the shared memo
+gives exactly what parsing without any memo gives; and the memo stays within its bounds."""
+
+from __future__ import annotations
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ctxkernel.serve import anthropic_wire, openai_wire
+from ctxkernel.serve.wire import MessageMemo
+
+TEXTS = st.sampled_from(["hello", "read the file", "done", "x" * 50, "héllo 🎉", ""])
+
+
+def openai_history(texts: list[str]) -> list[dict]:
+    out: list[dict] = [{"role": "system", "content": "You are terse."}]
+    for i, text in enumerate(texts):
+        if i % 2:
+            out.append({"role": "assistant", "content": text or "ok"})
+        else:
+            out.append({"role": "user", "content": text or "?"})
+    if out[-1]["role"] != "user":
+        out.append({"role": "user", "content": "go on"})
+    return out
+
+
+def anthropic_history(texts: list[str]) -> list[dict]:
+    return [m for m in openai_history(texts) if m["role"] != "system"]
+
+
+def body(api: str, messages: list[dict]) -> bytes:
+    if api == "openai":
+        return orjson.dumps({"model": "m", "messages": messages})
+    return orjson.dumps({"model": "m", "max_tokens": 10, "system": "You are terse.", "messages": messages})
+
+
+def parsed(api: str, raw: bytes, memo: MessageMemo | None) -> tuple:
+    wire = openai_wire if api == "openai" else anthropic_wire
+    request = wire.parse_request(raw, memo)
+    return request.system, [m.to_dict() for m in request.messages], request.hashes
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["openai", "anthropic"]), st.lists(TEXTS, min_size=1, max_size=8)),
+        min_size=1,
+        max_size=8,
+    ),
+    st.integers(min_value=1, max_value=4),
+)
+def test_parsing_with_the_memo_is_parsing_without_it(sends, histories):
+    memo = MessageMemo(limit=30, histories=histories)
+    for api, texts in sends:
+        make = openai_history if api == "openai" else anthropic_history
+        # the same texts also grown by one exchange: the usual next request of that client
+        for messages in (make(texts), make([*texts, "more", "again"])):
+            raw = body(api, messages)
+            assert parsed(api, raw, memo) == parsed(api, raw, None)
+        assert len(memo._histories) <= histories
+        assert memo.held_items <= memo.limit and len(memo._entries) <= memo.limit
+
+
+def test_a_history_that_shares_its_start_but_differs_later_is_converted_afresh():
+    memo = MessageMemo()
+    first = openai_history(["same start", "a", "b"])
+    second = openai_history(["same start", "a", "c"])  # same first items, other third one
+    parsed("openai", body("openai", first), memo)
+    system, messages, _ = parsed("openai", body("openai", second), memo)
+    assert messages[-1]["content"][0]["text"] == "c"
+    assert (system, messages) == parsed("openai", body("openai", second), None)[:2]
+
+
+def test_the_same_json_in_the_other_api_is_not_taken_from_the_memo():
+    memo = MessageMemo()
+    item = {"role": "user", "content": [{"type": "text", "text": "hi"}]}
+    openai_wire.parse_request(orjson.dumps({"model": "m", "messages": [item]}), memo)
+    assert [k[:7] for k in memo._entries] == [b"openai\0"]
+    anthropic_wire.parse_request(orjson.dumps({"model": "m", "max_tokens": 5, "messages": [item]}), memo)
+    assert sorted(k.split(b"\0")[0] for k in memo._entries) == [b"anthropic", b"openai"]
