@@ -229,3 +229,24 @@ def test_goal_checklist_and_unknown_ids(session):
         history.read_item("note_1")
     with pytest.raises(HistoryError, match="no item_999"):
         history.read_item("item_999")
+
+
+def test_native_summary_checkpoints_show_as_windows(session):
+    """Issue #15: a basic checkpoint replaces the surface head like a window switch, so
+    history_list_windows lists it (opened_as "checkpoint"), next to switches ("switch")."""
+    for i in range(6):
+        session.user(f"task {i}: " + "read the code " * 40)
+        session.prepare_request()
+        session.commit_reply(Message.assistant("done " * 40))
+        session.end_turn()
+    nodes = session.surface.nodes
+    session.compact(Span(nodes[0].seq, nodes[5].seq), strategy="basic", kind="summary")
+    window_switch(session)
+    listed = History.for_session(session).list_windows()["windows"]
+    assert [(w["window"], w["strategy"], w["opened_as"]) for w in listed] == [
+        (1, None, None),
+        (2, "basic", "checkpoint"),
+        (3, "test", "switch"),
+    ]
+    summary = next(e for e in session.events if e.type == "compaction/summary")
+    assert listed[0]["summary_item"] == f"item_{summary.seq}" and listed[1]["opened_by"] == f"item_{summary.seq}"

@@ -294,18 +294,48 @@ def test_actions_need_post_token_and_same_origin(handoff):
         assert c.post(url, headers={"X-CSRF-Token": token, "Sec-Fetch-Site": "cross-site"}).status_code == 403
         assert kernel.store.next_seq(session.id) == events, "refused actions write nothing"
         listing = c.get(f"/api/sessions/{session.id}/actions").json()
-        assert listing["actions"]["compact"] == {"available": True, "by": "handoff"}
-        assert listing["actions"]["strategy-toggle"]["available"] is False
+        assert listing["actions"]["compact"] == {"available": True, "strategies": ["handoff", "basic"]}
+        assert listing["strategies"] == [{"name": "handoff", "enabled": True}, {"name": "basic", "enabled": True}]
         r = c.post(url, headers={"X-CSRF-Token": token, "Origin": LOCAL})
         assert r.status_code == 200, r.text
         done = r.json()
-        toggle = c.post(f"/api/sessions/{session.id}/actions/strategy-toggle", headers={"X-CSRF-Token": token})
-    assert done["by"] == "handoff" and done["ok"] is True and done["events_written"] > 0
+    assert done["strategy"] == "handoff" and done["ok"] is True and done["events_written"] > 0
     session.refresh()
     last = [e for e in session.events if e.type == "compaction/summary"][-1]
     assert last.data["strategy"] == "handoff"
     assert kernel.store.next_seq(session.id) == events + done["events_written"]
-    assert toggle.status_code == 501 and "#15" in toggle.json()["error"]
+
+
+def test_strategy_toggle_is_logged_for_the_session_and_csrf_protected(handoff):
+    _, kernel, session = handoff
+    events = kernel.store.next_seq(session.id)
+    with client(kernel, allow_actions=True) as c:
+        url = f"/api/sessions/{session.id}/strategies/handoff/disable"
+        assert c.post(url).status_code == 403  # no token
+        c.get("/")
+        token = c.app.state.csrf_token
+        assert c.post(url, headers={"X-CSRF-Token": token, "Origin": "https://attacker.example"}).status_code == 403
+        assert c.post(url, headers={"X-CSRF-Token": token, "Sec-Fetch-Site": "cross-site"}).status_code == 403
+        assert c.post(url, headers={"X-CSRF-Token": "forged", "Origin": LOCAL}).status_code == 403
+        bad = c.post(f"/api/sessions/{session.id}/strategies/decay/disable", headers={"X-CSRF-Token": token})
+        assert bad.status_code == 400 and "not in profile" in bad.json()["error"]
+        odd = c.post(f"/api/sessions/{session.id}/strategies/Bad%20Name/disable", headers={"X-CSRF-Token": token})
+        assert odd.status_code == 400 and "strategy names" in odd.json()["error"]
+        assert (
+            c.post(f"/api/sessions/{session.id}/strategies/handoff/drop", headers={"X-CSRF-Token": token}).status_code
+            == 404
+        )
+        assert kernel.store.next_seq(session.id) == events, "refused toggles write nothing"
+        r = c.post(url, headers={"X-CSRF-Token": token, "Origin": LOCAL})
+        assert r.status_code == 200, r.text
+        assert r.json()["changed"] is True and r.json()["events_written"] == 1
+        listing = c.get(f"/api/sessions/{session.id}/actions").json()
+        assert listing["strategies"][0] == {"name": "handoff", "enabled": False}
+        assert listing["actions"]["compact"]["strategies"] == ["basic"]
+    session.refresh()
+    assert session.events[-1].type == "session/strategy"
+    assert session.events[-1].data == {"strategy": "handoff", "enabled": False, "by": "ui"}
+    assert not session.strategy_enabled("handoff")
 
 
 def test_compare_page_reads_reports_only_under_its_roots(tmp_path, capsys):

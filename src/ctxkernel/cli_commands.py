@@ -1,4 +1,4 @@
-"""Core subcommands: plugins, profiles, validate, inspect, run.
+"""Core subcommands: plugins, profiles, validate, inspect, compact, strategy, run.
 
 Exit codes are shared by every command: 0 success, 1 invalid (a failed check, a model error),
 2 usage error (bad arguments, a profile or session that does not exist).
@@ -16,7 +16,8 @@ from typing import Any
 import orjson
 
 from .cli import EXIT_INVALID, EXIT_OK, EXIT_USAGE, bounded_int, dump_json, one_line
-from .errors import CtxKernelError, ProfileError, SessionNotFoundError
+from .controls import MANUAL_ACTIONS
+from .errors import ControlError, CtxKernelError, ProfileError, SessionBusyError, SessionNotFoundError
 from .plugins import StrategyManager
 from .profile import Profile, find_profile, list_profiles, load_profile, profile_search_path
 from .redact import redact
@@ -45,6 +46,37 @@ def register(sub: Any) -> None:
     p.add_argument("--profile", help="profile to open the session with (default: the one recorded in the session)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser(
+        "compact",
+        help="compact a session now, by hand, in its strategies' own terms",
+        description=(
+            "Ask the session's enabled strategies to compact now (basic: summarise; decay: a checkpoint before the "
+            "current turn; handoff, rollover: switch windows; chapters: continue in a new session, or --action "
+            "archive to archive in place). Refused while the session is mid-step. Exit 0 when something was "
+            "compacted, 1 when nothing was or the session is busy, 2 on a usage error."
+        ),
+    )
+    p.add_argument("session", metavar="SESSION")
+    p.add_argument("--profile", help="profile to open the session with (default: the one recorded in the session)")
+    p.add_argument("--action", default="compact", choices=list(MANUAL_ACTIONS), help="what to do (default compact)")
+    p.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    p.set_defaults(func=cmd_compact)
+
+    p = sub.add_parser(
+        "strategy",
+        help="enable or disable a strategy for one session (recorded in its log)",
+        description=(
+            "Enable or disable a strategy of the session's profile for that session only. The change is written "
+            "to the session's log: a running harness picks it up at its next step, and it survives a restart."
+        ),
+    )
+    p.add_argument("toggle", choices=["enable", "disable"])
+    p.add_argument("name", metavar="NAME", help="a strategy of the session's profile")
+    p.add_argument("--session", required=True, metavar="ID")
+    p.add_argument("--profile", help="profile to open the session with (default: the one recorded in the session)")
+    p.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    p.set_defaults(func=cmd_strategy)
 
     p = sub.add_parser(
         "export",
@@ -328,6 +360,64 @@ def _print_inspect(view: dict[str, Any], source: str) -> None:
         for key, value in panel.items():
             text = value if isinstance(value, str) else orjson.dumps(value).decode()
             out.write(f"  {key}: {text}\n")
+
+
+# -- manual controls ------------------------------------------------------------------------------------
+def cmd_compact(args: argparse.Namespace) -> int:
+    opened = _open_recorded("compact", args.session, args.profile)
+    if isinstance(opened, int):
+        return opened
+    session, _ = opened
+    try:
+        outcome = session.compact_now(args.action, by="cli")
+    except SessionBusyError as exc:
+        return failure("compact", f"busy: {exc}")
+    except ControlError as exc:
+        return usage_error("compact", str(exc))
+    except CtxKernelError as exc:
+        return failure("compact", f"{type(exc).__name__}: {exc}")
+    view = {"session": session.id, "action": args.action, **outcome.to_dict()}
+    if args.json:
+        dump_json(view)
+    else:
+        state = "compacted" if outcome.committed else "nothing compacted"
+        sys.stdout.write(
+            f"{state} by {outcome.strategy}: {outcome.detail} "
+            f"({outcome.tokens_before} -> {outcome.tokens_after} prompt tokens)\n"
+        )
+    return EXIT_OK if outcome.committed else EXIT_INVALID
+
+
+def cmd_strategy(args: argparse.Namespace) -> int:
+    opened = _open_recorded("strategy", args.session, args.profile)
+    if isinstance(opened, int):
+        return opened
+    session, _ = opened
+    enabled = args.toggle == "enable"
+    try:
+        changed = session.set_strategy_enabled(args.name, enabled, by="cli")
+    except SessionBusyError as exc:
+        return failure("strategy", f"busy: {exc}")
+    except ControlError as exc:
+        return usage_error("strategy", str(exc))
+    except CtxKernelError as exc:
+        return failure("strategy", f"{type(exc).__name__}: {exc}")
+    view = {
+        "session": session.id,
+        "strategy": args.name,
+        "enabled": enabled,
+        "changed": changed,
+        "enabled_strategies": session.enabled_strategies(),
+    }
+    if args.json:
+        dump_json(view)
+    else:
+        already = "" if changed else " (already)"
+        sys.stdout.write(
+            f"{args.name} {'enabled' if enabled else 'disabled'}{already} for session {session.id}; "
+            f"running: {', '.join(view['enabled_strategies']) or 'none'}\n"
+        )
+    return EXIT_OK
 
 
 # -- run ----------------------------------------------------------------------------------------------

@@ -18,6 +18,8 @@ Every error the kernel raises derives from :class:`CtxKernelError`::
     │   ├── UnbalancedCutError      a cut would split a tool call from its results
     │   ├── ShrinkCheckError        the checkpoint is not smaller than what it replaces
     │   └── SurfaceChangedError     the surface changed during the transaction
+    ├── ControlError                a manual control was refused (unknown action or strategy)
+    │   └── SessionBusyError        asked while the session is mid-step
     ├── ToolError                   a tool definition or call is invalid
     └── ModelError                  a model adapter failed
         └── ContextOverflowError    the provider says the request does not fit
@@ -100,6 +102,16 @@ class ShrinkCheckError(CompactionError):
 
 class SurfaceChangedError(CompactionError):
     """The surface changed between the start and the commit of a transaction."""
+
+
+class ControlError(CtxKernelError):
+    """A manual control (compact now, enable or disable a strategy) was refused: an unknown
+    action, a strategy not in the session's profile, or none that handles it."""
+
+
+class SessionBusyError(ControlError):
+    """A manual control (compact now, enable or disable a strategy) was asked for while a model
+    request, its tool calls or a compaction are in flight: nothing was written."""
 
 
 class ToolError(CtxKernelError):

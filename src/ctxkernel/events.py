@@ -40,6 +40,10 @@ COMPACTION_SUMMARY = "compaction/summary"
 COMPACTION_END = "compaction/end"
 COMPACTION_PRUNE = "compaction/prune"
 SURFACE_DROP = "surface/drop"
+#: a person enabled or disabled a strategy for this session (manual controls, ``controls.py``)
+SESSION_STRATEGY = "session/strategy"
+#: the harness set the session's task state: goal and/or todos (``Session.set_task``)
+SESSION_TASK = "session/task"
 
 #: Event types whose message reaches the model.
 MESSAGE_TYPES = frozenset({USER_MESSAGE, ASSISTANT_MESSAGE, TOOL_RESULT})
@@ -60,6 +64,8 @@ KERNEL_TYPES = frozenset(
         COMPACTION_END,
         COMPACTION_PRUNE,
         SURFACE_DROP,
+        SESSION_STRATEGY,
+        SESSION_TASK,
     }
 )
 KERNEL_NAMESPACES = frozenset(t.split("/")[0] for t in KERNEL_TYPES)
@@ -82,6 +88,8 @@ _REQUIRED_DATA: dict[str, dict[str, type | tuple[type, ...]]] = {
     COMPACTION_END: {"compaction_id": str},
     COMPACTION_PRUNE: {"target": int, "strategy": str},
     SURFACE_DROP: {"strategy": str},
+    SESSION_STRATEGY: {"strategy": str, "enabled": bool},
+    SESSION_TASK: {"by": str},
 }
 
 
@@ -363,6 +371,24 @@ class SurfaceDrop:
 
 
 @dataclass(frozen=True, slots=True)
+class StrategyToggle:
+    """``session/strategy``: a person enabled or disabled a strategy for this session."""
+
+    strategy: str
+    enabled: bool
+    by: str
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRecord:
+    """``session/task``: the harness set the goal and/or the todos (None: left as they were)."""
+
+    goal: str | None
+    todos: tuple[dict[str, Any], ...] | None
+    by: str
+
+
+@dataclass(frozen=True, slots=True)
 class PluginRecord:
     """An ignorable ``<strategy>/<kind>`` event a strategy emitted (``handle.emit``)."""
 
@@ -384,6 +410,8 @@ EventView = (
     | CompactionEnd
     | CompactionPrune
     | SurfaceDrop
+    | StrategyToggle
+    | TaskRecord
     | PluginRecord
 )
 V = TypeVar("V", bound=EventView)
@@ -432,6 +460,11 @@ def view(event: Event) -> EventView:
         )
     if t == SURFACE_DROP:
         return SurfaceDrop(d["strategy"], _cites(event))
+    if t == SESSION_STRATEGY:
+        return StrategyToggle(d["strategy"], d["enabled"], d.get("by", "api"))
+    if t == SESSION_TASK:
+        todos = d.get("todos")
+        return TaskRecord(_opt(d, "goal", str), tuple(todos) if isinstance(todos, list) else None, d["by"])
     strategy, _, kind = t.partition("/")
     return PluginRecord(strategy, kind, d)
 
@@ -462,6 +495,8 @@ _TYPES_OF: dict[type, frozenset[str]] = {
     CompactionEnd: frozenset({COMPACTION_END}),
     CompactionPrune: frozenset({COMPACTION_PRUNE}),
     SurfaceDrop: frozenset({SURFACE_DROP}),
+    StrategyToggle: frozenset({SESSION_STRATEGY}),
+    TaskRecord: frozenset({SESSION_TASK}),
 }
 
 __all__ = [
@@ -474,6 +509,8 @@ __all__ = [
     "MESSAGE_TYPES",
     "REQUEST_CONTEXT",
     "REQUEST_HEADER",
+    "SESSION_STRATEGY",
+    "SESSION_TASK",
     "STEP_END",
     "STEP_START",
     "SURFACE_DROP",
@@ -495,7 +532,9 @@ __all__ = [
     "RouteRecord",
     "StepEnd",
     "StepStart",
+    "StrategyToggle",
     "SurfaceDrop",
+    "TaskRecord",
     "TurnEnd",
     "TurnStart",
     "append_op",

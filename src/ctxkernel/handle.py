@@ -227,7 +227,7 @@ class StrategyHandle(Generic[S]):
     def enabled(self) -> bool:
         """False while the strategy is switched off at run time (its hooks do not run then, but
         its tools' handlers or an integrator's call may still reach it)."""
-        return self.session.kernel.plugins.is_enabled(self.name)
+        return self.session.strategy_enabled(self.name)
 
     def runs(self, strategy: str) -> bool:
         """True when ``strategy`` (another strategy's name) runs in this session's profile."""
@@ -242,7 +242,7 @@ class StrategyHandle(Generic[S]):
     def strategies_generation(self) -> int:
         """A counter that changes whenever the set of enabled strategies changes (to rebuild
         what depends on it, e.g. tool sets)."""
-        return self.session.kernel.plugins.generation
+        return self.session.strategies_generation
 
     @property
     def model(self) -> ModelSettings:

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from .compaction import CommitResult, Region, Summary
+    from .controls import ManualCompaction, ManualOutcome
     from .errors import ModelError
     from .plugins import StrategySpec
     from .profile import Profile
@@ -175,6 +176,24 @@ def commit(session: Session, result: CommitResult) -> None:
 
     :param result: what committed: ``kind``, ``strategy``, replaced seqs, tokens before and
         after, the replacement's seq.
+    """
+
+
+@hookspec(firstresult=True)
+def compact_now(session: Session, request: ManualCompaction) -> ManualOutcome | None:
+    """A person asked to compact this session now (``ctxkernel compact``, the inspector's button,
+    :meth:`Session.compact_now`).
+
+    Stops at the first non-None result, in profile order; the built-in ``basic`` strategy's
+    implementation (summarise the head) is ``trylast``. Each strategy acts in its own terms: a
+    window switch, a continuation, a checkpoint. Called between steps only (the kernel refuses the
+    request with :class:`ctxkernel.SessionBusyError` mid-step) and only for strategies enabled in
+    this session.
+
+    :param request: ``action`` (one of :data:`ctxkernel.MANUAL_ACTIONS`: ``compact``, or
+        ``archive``) and ``by`` (who asked: ``api``, ``cli``, ``ui``).
+    :return: a :class:`ctxkernel.ManualOutcome` (``committed`` False with the reason when there
+        was nothing to do), or None when the strategy does not handle ``request.action``.
     """
 
 

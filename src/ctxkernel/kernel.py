@@ -10,12 +10,12 @@ from typing import Any
 from pydantic import BaseModel
 
 from . import instructions
-from .errors import CorruptionError, ProfileError, SessionNotFoundError
+from .errors import CorruptionError, CtxKernelError, ProfileError, SessionNotFoundError
 from .events import utc_now
 from .logging import get_logger
 from .meter import Tokenizer, get_tokenizer
 from .plugins import StrategyManager, StrategySpec
-from .profile import Profile, load_profile, strategy_settings_from
+from .profile import Profile, load_profile, profile_stamp, strategy_settings_from
 from .session import Session, gc_paused
 from .store import EventStore, SessionHeader, default_home, store_from_settings
 
@@ -42,6 +42,7 @@ class Kernel:
         self.plugins = StrategyManager(entry_points=entry_points)
         self.hooks = self.plugins.hooks
         self._settings_cache: dict[tuple[str, str, str], BaseModel] = {}
+        self._profile_stamp = profile_stamp(self.profile)
         self._summarizer: Any = None
         for name, plugin in plugins or []:
             self.plugins.register(plugin, name, distribution="(registered in code)")
@@ -103,6 +104,38 @@ class Kernel:
                 f"{self.profile.profile.strategies}; add them to [profile] strategies or remove the tables"
             )
             raise ProfileError(msg)
+
+    def refresh_profile(self) -> bool:
+        """Reload the profile file when it changed on disk, so edited settings (thresholds, model
+        policies, every strategy's table) apply from the next step without a new Kernel. Called
+        before every request. An edit that does not validate, or that changes the strategy set
+        (which needs a restart), is logged and the running settings stay; True when reloaded."""
+        stamp = profile_stamp(self.profile)
+        if stamp is None or stamp == self._profile_stamp:
+            return False
+        self._profile_stamp = stamp
+        path = self.profile.path
+        try:
+            fresh = load_profile(path)
+            if fresh.profile.strategies != self.profile.profile.strategies:
+                msg = (
+                    f"{fresh.where}: [profile] strategies changed from {self.profile.profile.strategies} to "
+                    f"{fresh.profile.strategies}; the strategy set changes only with a new Kernel (a restart)"
+                )
+                raise ProfileError(msg)
+            for name in fresh.profile.strategies:
+                spec = self.plugins.specs.get(name)
+                if spec is not None:
+                    strategy_settings_from(
+                        spec.settings, fresh.strategy_settings(name), fresh.where, f"strategies.{name}"
+                    )
+        except CtxKernelError as exc:
+            log.error("profile edit not applied; the running settings stay", profile=str(path), error=str(exc))
+            return False
+        self.profile = fresh
+        self._settings_cache.clear()
+        log.info("profile reloaded", profile=str(path))
+        return True
 
     def set_strategy_enabled(self, name: str, enabled: bool) -> None:
         """Enable or disable a loaded strategy for every session, without a restart."""

@@ -25,6 +25,7 @@ from .errors import ConfigError, PluginConflictError
 
 if TYPE_CHECKING:
     from .compaction import CommitResult, Region, Summary
+    from .controls import ManualCompaction, ManualOutcome
     from .errors import ModelError
     from .profile import Profile
     from .session import ReplyDraft, Request, Session, StepContext
@@ -235,47 +236,81 @@ class StrategyManager:
 
 
 class HookFacade:
-    """One typed method per hook; the only caller of ``pm.hook``."""
+    """One typed method per hook; the only caller of ``pm.hook``.
+
+    A hook about one session skips the strategies that session disabled (its
+    ``session/strategy`` events, see :mod:`ctxkernel.controls`): they stay registered for the
+    kernel's other sessions.
+    """
 
     def __init__(self, pm: pluggy.PluginManager) -> None:
         self._pm = pm
         self._hook = pm.hook
 
+    def _caller(self, name: str, session: Session) -> Any:
+        hook = getattr(self._hook, name)
+        off = session.disabled_strategies
+        if not off:
+            return hook
+        plugins = [p for n in off if (p := self._pm.get_plugin(n)) is not None]
+        return self._pm.subset_hook_caller(name, plugins) if plugins else hook
+
+    def _impls(self, name: str, session: Session | None = None) -> Iterator[tuple[str, Any]]:
+        """(strategy name, implementation) in call order, without those ``session`` disabled."""
+        off = session.disabled_strategies if session is not None else frozenset()
+        for impl in reversed(getattr(self._hook, name).get_hookimpls()):
+            owner = self._pm.get_name(impl.plugin) or impl.plugin_name
+            if owner not in off:
+                yield owner, impl
+
     def session_opened(self, session: Session) -> None:
+        # every loaded strategy builds its state, so enabling it later finds it ready
         self._hook.session_opened(session=session)
 
     def register_tools(self, session: Session, register: Any) -> None:
-        self._hook.register_tools(register=register, session=session)
+        self._caller("register_tools", session)(register=register, session=session)
 
     def system_prompt(self, session: Session) -> list[str]:
-        return [s for s in self._hook.system_prompt(session=session) if s]
+        return [s for s in self._caller("system_prompt", session)(session=session) if s]
 
     def pre_step(self, session: Session, step: StepContext) -> None:
-        self._hook.pre_step(session=session, step=step)
+        self._caller("pre_step", session)(session=session, step=step)
 
     def decorate_request(self, session: Session, request: Request) -> None:
-        self._hook.decorate_request(session=session, request=request)
+        self._caller("decorate_request", session)(session=session, request=request)
 
     def summarize(self, session: Session, region: Region) -> Summary | None:
-        return self._hook.summarize(session=session, region=region)
+        return self._caller("summarize", session)(session=session, region=region)
 
     def sanitize_reply(self, session: Session, reply: ReplyDraft) -> None:
-        self._hook.sanitize_reply(session=session, reply=reply)
+        self._caller("sanitize_reply", session)(session=session, reply=reply)
 
     def request_error(self, session: Session, error: ModelError) -> bool | None:
-        return self._hook.request_error(session=session, error=error)
+        return self._caller("request_error", session)(session=session, error=error)
 
     def commit(self, session: Session, result: CommitResult) -> None:
-        self._hook.commit(session=session, result=result)
+        self._caller("commit", session)(session=session, result=result)
+
+    def compact_now(self, session: Session, request: ManualCompaction) -> tuple[str, ManualOutcome] | None:
+        """The first strategy that handles ``request`` and its outcome, in profile order."""
+        for owner, impl in self._impls("compact_now", session):
+            outcome: Any = impl.function(session=session, request=request)
+            if outcome is not None:
+                return owner, outcome
+        return None
+
+    def compact_now_strategies(self, session: Session) -> list[str]:
+        """The strategies that may answer ``compact_now`` for ``session``, in the order asked."""
+        return [owner for owner, _ in self._impls("compact_now", session)]
 
     def project(self, session: Session) -> dict[str, dict[str, Any]]:
         """Contributions keyed by strategy name, in profile order."""
         out: dict[str, dict[str, Any]] = {}
         # walk the implementations in call order so each contribution keeps its owner's name
-        for impl in reversed(self._hook.project.get_hookimpls()):
+        for owner, impl in self._impls("project", session):
             result: Any = impl.function(session=session)
             if result:
-                out[self._pm.get_name(impl.plugin) or impl.plugin_name] = result
+                out[owner] = result
         return out
 
     def export_files(self, session: Session) -> dict[str, dict[str, bytes]]:
@@ -294,7 +329,7 @@ class HookFacade:
 
     def steward_actions(self, session: Session, request: Request) -> list[dict[str, Any]]:
         calls: list[dict[str, Any]] = []
-        for result in self._hook.steward_actions(session=session, request=request):
+        for result in self._caller("steward_actions", session)(session=session, request=request):
             calls.extend(result or [])
         return calls
 

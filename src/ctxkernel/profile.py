@@ -434,6 +434,18 @@ def list_profiles() -> dict[str, Path]:
     return found
 
 
+def profile_stamp(profile: Profile) -> tuple[int, int] | None:
+    """The profile file's (mtime_ns, size), to tell whether it changed since it was loaded; None
+    for built-in defaults or a file that is gone."""
+    if profile.path is None:
+        return None
+    try:
+        stat = profile.path.stat()
+    except OSError:
+        return None
+    return stat.st_mtime_ns, stat.st_size
+
+
 def load_profile(name_or_path: str | os.PathLike[str] | None = None) -> Profile:
     """Load a profile by name (searched in :func:`profile_search_path`) or path.
 

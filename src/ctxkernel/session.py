@@ -61,6 +61,7 @@ from .tools import Tool, ToolOutcome, ToolRegistry, preview
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
+    from .controls import ManualOutcome
     from .kernel import Kernel
     from .profile import ModelSettings
     from .store.base import SessionHeader
@@ -229,6 +230,11 @@ class Session:
         self._inheritance_checked = False  # a continuation's pending inheritance (instructions.py)
         self.header_hash: str | None = None
         self.route: dict[str, Any] | None = None  # last request/context data
+        #: strategies a person disabled for this session (``session/strategy`` events)
+        self.disabled_strategies: frozenset[str] = frozenset()
+        self.strategy_toggles = 0  # how many such events: what depends on the set rebuilds when it moves
+        #: the task state the harness set (``session/task``): ``goal`` and ``todos`` when set
+        self.task: dict[str, Any] = {}
         self._anchor: tuple[int, int, str | None] | None = None  # (provider tokens, our estimate, header hash)
         self._implausible_usage_warned = False  # the out-of-band warning is logged once per Session
         # this process's pending work (not durable by design: it lives within one step)
@@ -338,6 +344,13 @@ class Session:
             self._header_tools = d["tools"]
         elif t == ev.REQUEST_CONTEXT:
             self.route = d
+        elif t == ev.SESSION_STRATEGY:
+            name = d["strategy"]
+            off = self.disabled_strategies
+            self.disabled_strategies = off - {name} if d["enabled"] else off | {name}
+            self.strategy_toggles += 1
+        elif t == ev.SESSION_TASK:
+            self.task = {**self.task, **{k: d[k] for k in ("goal", "todos") if k in d}}
         elif t == ev.ASSISTANT_MESSAGE:
             self._last_decoration_delta = d.get("decoration_tokens", 0)
             usage = d.get("usage")
@@ -555,7 +568,7 @@ class Session:
 
     # -- tools ---------------------------------------------------------------------------------------
     def _sync_tools(self) -> None:
-        generation = self.kernel.plugins.generation
+        generation = self.strategies_generation
         if generation == self._tools_generation:
             return
         registry = ToolRegistry()
@@ -714,6 +727,7 @@ class Session:
         """Run the strategies and compose the next request from the surface."""
         with self._lock:
             self.refresh()
+            self.kernel.refresh_profile()  # edited settings apply from this step on
             if not self.turn_open:
                 msg = "no open turn: call session.user(...) before prepare_request()"
                 raise EventError(msg)
@@ -840,7 +854,7 @@ class Session:
                 text = redact(f"{type(error).__name__}: {error}"[:4000])[:2000]
                 self.append_one(ev.STEP_END, {"turn": self.turn, "step": self.step, "error": text})
             decision = self.kernel.hooks.request_error(self, error)
-            if not decision and isinstance(error, ContextOverflowError) and self.kernel.plugins.enabled_names():
+            if not decision and isinstance(error, ContextOverflowError) and self.enabled_strategies():
                 # no strategy could shrink the surface: the kernel's fallback excerpts the largest
                 # messages (guard.py); a retry is worth it only when that saved something
                 return self._shrink_after_overflow(error)
@@ -853,6 +867,48 @@ class Session:
         if error.prompt_tokens and limit:
             excess = max(excess, error.prompt_tokens - limit)  # the provider's own count of the excess
         return shrink_to_fit(self, max(excess, 1), limit=limit) is not None
+
+    # -- task state (task.py) --------------------------------------------------------------------------
+    def set_task(self, goal: str | None = None, todos: Sequence[Any] | None = None, *, by: str = "api") -> int:
+        """Set the session's goal and/or todo list (``None`` leaves a part as it is, ``""`` and
+        ``[]`` clear it). Handoff, rollover and chapters carry them across a context switch.
+        Each todo is a string or ``{"text": ..., "status": "pending"|"in_progress"|"completed"}``.
+        Returns the seq of the ``session/task`` event."""
+        from .task import task_data
+
+        return self.append_one(ev.SESSION_TASK, task_data(goal, todos, by))
+
+    # -- manual controls (controls.py) -----------------------------------------------------------------
+    @property
+    def strategies_generation(self) -> int:
+        """Changes whenever the strategies running in this session change: the kernel's switch
+        (``Kernel.set_strategy_enabled``) or this session's ``session/strategy`` events."""
+        return self.kernel.plugins.generation + self.strategy_toggles
+
+    def enabled_strategies(self) -> list[str]:
+        """The strategies whose hooks run for this session, in profile order."""
+        return [n for n in self.kernel.plugins.enabled_names() if n not in self.disabled_strategies]
+
+    def strategy_enabled(self, name: str) -> bool:
+        return self.kernel.plugins.is_enabled(name) and name not in self.disabled_strategies
+
+    def set_strategy_enabled(self, name: str, enabled: bool, *, by: str = "api") -> bool:
+        """Enable or disable a strategy of the profile for this session only, from the next step
+        on, in every process that runs it (written to the log). True when that changed anything.
+
+        Raises :class:`ctxkernel.ControlError` for a strategy not in the profile and
+        :class:`ctxkernel.SessionBusyError` mid-step (nothing written)."""
+        from .controls import set_strategy_enabled
+
+        return set_strategy_enabled(self, name, enabled, by=by)
+
+    def compact_now(self, action: str = "compact", *, by: str = "api") -> ManualOutcome:
+        """Compact now, by hand: the first enabled strategy that handles ``action`` acts in its own
+        terms (see :mod:`ctxkernel.controls`). Raises :class:`ctxkernel.ControlError` when none
+        does and :class:`ctxkernel.SessionBusyError` mid-step (nothing written)."""
+        from .controls import compact_now
+
+        return compact_now(self, action, by=by)
 
     # -- compaction ------------------------------------------------------------------------------------
     def compact(

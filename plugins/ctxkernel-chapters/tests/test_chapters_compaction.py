@@ -186,7 +186,13 @@ def test_overflow_archives_and_asks_for_a_retry(tmp_path):
 
 
 def test_the_model_is_told_once_that_a_continuation_is_available(tmp_path):
-    session = _session(tmp_path, compact_at_ratio=0.99, pressure_suggestion_ratio=0.5)
+    # these turns end just under compact_at_ratio; 100 tokens of headroom over _session's window
+    # keep an in-place archive (which re-arms the suggestion) out of it as the tool schemas grow
+    kernel = chapters_kernel(
+        tmp_path, window=6_100, reserve=1_000, compact_at_ratio=0.99, pressure_suggestion_ratio=0.5
+    )
+    kernel.summarizer = NoModel()
+    session = kernel.open_session()
     model = _run_until(session, lambda: session.pressure().ratio > 0.7)
     run_turns(session, 2, start=100, model=model)
     notices = [e for e in session.events if e.type == "user/message" and chapters_plugin.SUGGEST_MARK in str(e.data)]

@@ -99,7 +99,10 @@ def test_continue_writes_chapters_and_a_child_with_one_seed_event(parent, tmp_pa
     assert log_bytes(parent) == before  # the parent is untouched (the harness writes the tool result)
     assert len(data["chapters"]) == 2
     child = parent.kernel.open_session(data["session"])
-    assert len(child.events) == 1
+    # the seed, then the parent's route (seed 003: the model selection goes with the work)
+    assert [e.type for e in child.events] == ["user/message", "request/context"]
+    assert child.route == parent.route and child.route is not None
+    assert child.header.parent is None  # the registry is the sole authority on ancestry
     seed = child.events[0]
     assert seed.seq == 0 and seed.type == "user/message" and seed.surface == {"op": "append"}
     message = Message.from_dict(seed.data["message"])
@@ -107,7 +110,8 @@ def test_continue_writes_chapters_and_a_child_with_one_seed_event(parent, tmp_pa
     assert "Next: wire the lexer into main()." in message.text
     for chapter in data["chapters"]:
         assert chapter["path"] in message.text
-    assert child.header.parent == parent.id and child.header.profile == parent.header.profile
+    assert child.header.parent is None and child.header.profile == parent.header.profile
+    assert registry(parent).get(child.id)["parent"] == parent.id
     assert child.tools.names() == parent.tools.names()
     state = registry(parent).get(child.id)
     assert state["parent"] == parent.id and state["root"] == parent.id
@@ -147,7 +151,7 @@ print(json.dumps(out))
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert out["events"] == ["user/message"]
+    assert out["events"] == ["user/message", "request/context"]
     assert set(out["reads"]) == set(expected)
     for is_error, text in out["reads"].values():
         assert not is_error, text
@@ -206,7 +210,7 @@ def test_ranges_must_be_empty_before_the_first_turn_ends(tmp_path):
     )
     assert data["chapters"] == []
     child = kernel.open_session(data["session"])
-    assert len(child.events) == 1
+    assert [e.type for e in child.events] == ["user/message"]  # no request yet: no route to carry
 
 
 def test_fork_keeps_the_parent_going_and_registers_a_sibling(parent):
@@ -216,7 +220,7 @@ def test_fork_keeps_the_parent_going_and_registers_a_sibling(parent):
     assert not outcome.conclude_turn and outcome.continue_in is None
     assert log_bytes(parent) == before
     fork = parent.kernel.open_session(data["session"])
-    assert len(fork.events) == 1
+    assert [e.type for e in fork.events] == ["user/message", "request/context"]
     assert registry(parent).get(fork.id)["origin"] == "fork"
     # a second fork archives nothing new: the first one's chapters are listed again
     again = result_json(call_tool(parent, "chapters_fork", title="third way"))
@@ -304,3 +308,35 @@ def test_the_steward_does_not_try_a_continuation_that_would_be_refused(tmp_path)
     assert session.kernel.hooks.steward_actions(session, request) == []
     assert log_bytes(session) == before
     assert not [f for f in archive_files(tmp_path) if "/chapters/" in f]  # the dry run wrote no chapter
+
+
+def test_the_model_can_defer_a_result_below_the_size_floor_and_keep_one_above_it(tmp_path):
+    """Seed 003's keep/defer decision goes both ways: ``defer`` moves a small result to an
+    artifact, ``keep_inline`` keeps a large one in the chapter; one seq cannot be in both."""
+    kernel = chapters_kernel(tmp_path, tool_result_defer_floor_tokens=200)
+    session = kernel.open_session()
+    run_turns(session, 2, lines=3)  # every result is far below the 200-token floor
+    small = [e.seq for e in session.events if e.type == "tool/result"]
+    end = _turn_ends(session)[-1]
+    refused = call_tool(
+        session,
+        "chapters_continue",
+        title="t",
+        handoff_note="n",
+        chapters=[{"start_seq": 0, "end_seq": end, "title": "all", "keep_inline": small[:1], "defer": small[:1]}],
+    )
+    assert refused.is_error and "both in keep_inline and defer" in refused.content
+    data = result_json(
+        call_tool(
+            session,
+            "chapters_continue",
+            title="t",
+            handoff_note="n",
+            chapters=[{"start_seq": 0, "end_seq": end, "title": "all", "defer": small[:1]}],
+        )
+    )
+    text = archive_file(session, data["chapters"][0]["path"]).read_text()
+    assert f"**Result** #{small[0]} (" in text
+    deferred, kept = (next(line for line in text.splitlines() if f"#{seq} (" in line) for seq in small[:2])
+    assert "[artifact `" in deferred and "[artifact" not in kept
+    assert text.count("[artifact `") == 1  # the other small results stay inline, as the floor says

@@ -131,20 +131,46 @@ def test_to_naming_the_current_turns_first_anchor_clips_before_the_turn(inflight
 
 def test_clipping_keeps_the_unanchored_prefix_of_the_turn_in_progress(driver, session):
     _history(driver, 2)
-    driver.user("go on")
+    driver.user("go on")  # ⟦p13⟧: the open turn's own instruction
     driver.calls(["partial\n" * 20], text="step")  # ⟦p14⟧ ⟦p15⟧ an earlier step of this turn
     session.prepare_request()
     # the model's turn in progress: a tool-call-only message (no anchor) whose first result is in
     session.commit_reply(
         Message.assistant("", [ToolCallBlock("k0", "read", {"path": "x"}), ToolCallBlock("k1", "compress", {})])
     )
-    session.tool_result("k0", "file x")  # ⟦p16⟧: the turn's first visible anchor
+    session.tool_result("k0", "file x")  # ⟦p16⟧: the in-progress step's first visible anchor
     inflight_seq = session.surface.nodes[-2].seq
-    out = driver.run_tool("compress", _span("p1", "p16"))
+    out = driver.run_tool("compress", _span("p14", "p16"))
     assert not out.is_error and "clipped" in out.content, out.content
     (block,) = current_state(session).blocks.values()
-    assert (block.left, block.right) == (1, 15)
+    assert (block.left, block.right) == (14, 15)
     assert [n.seq for n in session.surface][-2] == inflight_seq  # the unanchored call message is kept
+    assert "go on" in [n.message.text for n in session.surface]
+
+
+def test_the_current_turns_instruction_is_never_compressed_across_steps(driver, session, read_log):
+    """Issue #15: after tool steps, the newest assistant message no longer follows the user's
+    instruction; the instruction still belongs to the current turn and is never compressed (seed
+    §7). Spans may end before it or start after it."""
+    _history(driver, 2)
+    driver.user("the instruction of this turn")  # ⟦p13⟧
+    driver.calls(["partial\n" * 20], text="first step")  # ⟦p14⟧ ⟦p15⟧
+    driver.calls(["more\n" * 20], text="second step")  # ⟦p16⟧ ⟦p17⟧
+    for span in (_span("p1", "p15"), _span("p13", "p15"), _span("p12", "p13")):
+        _refused(
+            driver,
+            read_log,
+            "compress",
+            span,
+            "covers the current turn's own user instruction (⟦p13⟧)",
+            "end the span at ⟦p12⟧ or start it at ⟦p14⟧",
+        )
+    out = driver.run_tool(
+        "compress",
+        {"spans": [{"from": "p1", "to": "p12", "summary": "a"}, {"from": "p14", "to": "p15", "summary": "b"}]},
+    )
+    assert not out.is_error, out.content
+    assert "the instruction of this turn" in [n.message.text for n in session.surface]
 
 
 def test_overlapping_spans_are_refused(inflight, read_log):

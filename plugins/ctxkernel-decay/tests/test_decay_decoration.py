@@ -96,3 +96,24 @@ def test_reasoning_only_or_tool_call_only_assistant_messages_stay_unanchored(dri
     request = session.prepare_request()
     assert request.messages[1] is session.surface.nodes[1].message
     assert session.surface.nodes[1].seq not in current_state(session).anchor_of
+
+
+def test_a_copied_leading_run_is_stripped_when_the_request_is_built(driver, session, read_log):
+    """Seed §3: stripped both when the request is built and before commit. A reply that reached
+    the log without ``sanitize_reply`` (a proxy's client history) still reaches the model clean."""
+    driver.user("hello")
+    session.append_history(
+        [
+            Message.assistant("⟦p1⟧ ⟦p7⟧ the copied reply"),
+            Message.user("next"),
+            Message.assistant("⟦p2⟧", [ToolCallBlock("c1", "read", {"path": "x"})]),
+        ]
+    )
+    session.tool_result("c1", "file x")
+    before = read_log(session)
+    request = session.prepare_request()
+    texts = [m.text for m in request.messages if m.role == "assistant"]
+    anchored = current_state(session).anchor_of[request.seqs[1]]
+    assert texts[0] == f"⟦p{anchored}⟧ the copied reply"
+    assert texts[1] == ""  # the copied run was its only text: nothing is left to show
+    assert b"copied reply" in before  # the log keeps what was written

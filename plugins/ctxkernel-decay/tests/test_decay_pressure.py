@@ -73,7 +73,9 @@ def test_a_compression_rebaselines_growth(make_decay_kernel, make_driver):
     first = _reminders(session)
     assert first and first[-1]["level"] == 0
     baseline = current_state(session).baseline
-    out = driver.run_tool("compress", {"spans": [{"from": "p1", "to": "p9", "summary": "read eight files"}]})
+    # ⟦p1⟧ is this open turn's own instruction ("start"): never compressed; the span starts after it and
+    # outside the first tool-call group (its call message carries no anchor)
+    out = driver.run_tool("compress", {"spans": [{"from": "p4", "to": "p9", "summary": "read seven files"}]})
     assert not out.is_error, out.content
     session.prepare_request()  # pre_step notices the drop in pressure
     rebased = [e.data for e in session.events if e.type == "decay/baseline"]

@@ -167,3 +167,29 @@ def test_each_new_overflow_gets_its_own_protective_rollover(spied):
     assert finished and len(errors) >= 3
     assert sum(s["trigger"] == "overflow" for s in rollover_summaries(session)) == len(errors)
     assert spy.calls == [] and summarizer.calls == []
+
+
+def test_the_overflow_retry_streak_survives_a_restart(tmp_path):
+    """Seed 002 §3.6: the retry counter is folded from the log, not kept in one process's memory,
+    so a restarted harness does not get a fresh retry budget for the same overflow."""
+    kernel = rollover_kernel(tmp_path, window=12_000, reserve=1_000)
+    session = kernel.open_session()
+    for turn in range(6):
+        session.user(f"turn {turn}: " + "read the parser " * 80)
+        step(session, ScriptedModel([Message.assistant("read " * 80)]))
+        session.end_turn()
+    session.user("one more")
+    session.prepare_request()
+    overflow = ContextOverflowError("prompt is too long", prompt_tokens=13_000, limit=11_000)
+    assert session.request_failed(overflow) is True  # a protective switch, then a retry
+    assert [s["trigger"] for s in rollover_summaries(session)] == ["overflow"]
+
+    restarted = rollover_kernel(tmp_path, window=12_000, reserve=1_000).open_session(session.id)
+    assert state_of(restarted).overflow_streak == 1
+    restarted.prepare_request()
+    assert restarted.request_failed(overflow) is False  # the fresh seed itself does not fit: fail loud
+    assert [s["trigger"] for s in rollover_summaries(restarted)] == ["overflow"]  # no second switch
+    assert not [e for e in restarted.events if e.type == "rollover/failed"]
+    gave_up = [e.data for e in restarted.events if e.type == "rollover/overflow"]
+    assert gave_up == [{"gave_up": True, "attempts": 1}]
+    assert state_of(restarted).overflow_streak == 0  # the next overflow starts over

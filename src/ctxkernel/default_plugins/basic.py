@@ -35,7 +35,7 @@ from ctxkernel.guard import excerpt_oversized
 from ctxkernel.text import extractive_summary
 
 if TYPE_CHECKING:
-    from ctxkernel import Region, Session, StepContext
+    from ctxkernel import ManualCompaction, Region, Session, StepContext
 
 NAME = "basic"
 log = ctxkernel.get_logger("ctxkernel.basic")
@@ -143,6 +143,19 @@ def compact(session: Session, keep_tokens: int, *, reason: str) -> bool:
             log.warning("compaction failed", session=session.id, attempt=attempt, error=str(exc))
             keep_tokens //= 2  # a smaller tail leaves more to summarise: more likely to shrink
     return False
+
+
+@ctxkernel.hookimpl(trylast=True)
+def compact_now(session: Session, request: ManualCompaction) -> ctxkernel.ManualOutcome | None:
+    """Manual compaction: summarise the head now, keeping ``retain_ratio`` of the window verbatim."""
+    if request.action != "compact":
+        return None
+    keep = int(STRATEGY.on(session).settings.retain_ratio * session.pressure().effective_window)
+    if compact(session, keep, reason="manual"):
+        return ctxkernel.ManualOutcome(True, f"summarised the head, keeping about {keep} tokens verbatim")
+    return ctxkernel.ManualOutcome(
+        False, f"nothing to summarise: the surface fits the verbatim tail of {keep} tokens, or no summary shrank it"
+    )
 
 
 @ctxkernel.hookimpl(trylast=True)

@@ -11,8 +11,10 @@ only the events appended since the last one and an unchanged session scans 0 eve
 ``scanned`` counter proves it in tests and benchmarks). Event bodies are never copied: the log is
 the store, the index holds seqs.
 
-Windows are delimited by committed window switches: a ``compaction/summary`` event with
-``kind == "window"``. Events belong to the window that was current when they were appended, so
+Windows are delimited by committed window switches (a ``compaction/summary`` event with
+``kind == "window"``) and by native summary checkpoints (``kind`` ``summary`` or ``checkpoint``:
+basic's, handoff's native mode, decay's manual ``/compact``), which replace the surface head the
+same way. Events belong to the window that was current when they were appended, so
 old messages kept verbatim in a retained tail still belong to the window that produced them. The
 summary event closes the outgoing window; the handoff message right after it opens the next one.
 A switch may carry a window id in its data (``window_id``, e.g. rollover's UUIDv7).
@@ -22,8 +24,10 @@ Ids that :meth:`History.read_item` resolves:
 ``item_<seq>``          one event of the log
 ``win_<n>``             window ``n`` (1 is the session's first)
 ``win_<n>_summary``     the summary event of the switch that closed window ``n``
-``goal``                the session's goal: its first user instruction
-``checklist``           the latest todo list the model wrote (``TodoWrite``, ``update_plan``, ...)
+``goal``                the session's goal: the one the harness set (``session/task``), else its
+                        first substantive user instruction (a trivial opener such as "hi" is not one)
+``checklist``           the latest todo list: the model's (``TodoWrite``, ``update_plan``, ...) or
+                        the harness's (``session/task``), whichever was written last
 ``todo_<seq>_<i>``      entry ``i`` of the todo list written at ``seq``
 """
 
@@ -40,7 +44,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..errors import ToolError
-from ..events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, TOOL_RESULT, USER_MESSAGE, Event
+from ..events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, SESSION_TASK, TOOL_RESULT, USER_MESSAGE, Event
+from ..task import substantive
 from ..text import safe_cut
 
 if TYPE_CHECKING:
@@ -64,6 +69,9 @@ ROLES = ("user", "plugin", "assistant", "tool", "summary", "event")
 #: roles listed when no role filter is given: what was said and done, not the bookkeeping
 DEFAULT_ROLES = ("user", "plugin", "assistant", "tool", "summary")
 WINDOW_KIND = "window"
+#: compaction kinds that open a new window: switches, and the native summary checkpoints (basic's,
+#: handoff's native mode, decay's manual ``/compact``) that replace the surface head the same way
+WINDOW_KINDS = {WINDOW_KIND: "switch", "summary": "checkpoint", "checkpoint": "checkpoint"}
 STATE_KEY = "ctxkernel.recall.history"
 
 #: tool names whose arguments are the model's todo list, and the argument holding it
@@ -104,6 +112,7 @@ class Window:
     strategy: str | None = None
     started: str = ""
     ended: str = ""
+    opened_as: str | None = None  # "switch" (a window switch) or "checkpoint" (a native summary)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -117,6 +126,7 @@ class Window:
             "summary_item": None if self.closed_by is None else f"item_{self.closed_by}",
             "reason": self.reason,
             "strategy": self.strategy,
+            "opened_as": self.opened_as,
             "started": self.started,
             "ended": self.ended or None,
         }
@@ -148,6 +158,8 @@ class History:
     instructions: list[int] = field(default_factory=list)  # seqs of user-written messages
     todo_seq: int | None = None  # assistant seq of the latest todo-list call
     todo_call: int = 0  # index of that call within the message
+    goal_seq: int | None = None  # the session/task event that set the current goal
+    task_todos_seq: int | None = None  # the session/task event that set the harness's todo list
     # searchable text per seq, built on first use: a log never changes, so neither does this,
     # and searching again costs a scan, not a re-render (single-block messages share the string)
     _texts: dict[int, str] = field(default_factory=dict, repr=False)
@@ -199,7 +211,13 @@ class History:
         elif t == USER_MESSAGE:
             if (event.surface or {}).get("op") == "append" and _source_kind(event.data) == "user":
                 self.instructions.append(event.seq)
-        elif t == COMPACTION_SUMMARY and event.data.get("kind") == WINDOW_KIND:
+        elif t == SESSION_TASK:
+            d = event.data
+            if isinstance(d.get("goal"), str):
+                self.goal_seq = event.seq if d["goal"] else None
+            if isinstance(d.get("todos"), list):
+                self.task_todos_seq = event.seq
+        elif t == COMPACTION_SUMMARY and event.data.get("kind") in WINDOW_KINDS:
             d = event.data
             outgoing = self.windows[-1]
             outgoing.end_seq = event.seq
@@ -215,6 +233,7 @@ class History:
                     reason=d.get("reason") if isinstance(d.get("reason"), str) else None,
                     strategy=d.get("strategy"),
                     started=event.time,
+                    opened_as=WINDOW_KINDS[d["kind"]],
                 )
             )
             self.window_starts.append(event.seq + 1)
@@ -262,11 +281,33 @@ class History:
         return [events[s] for s in self.instructions[-count:]] if count > 0 else []
 
     def goal(self) -> Event | None:
-        """The session's goal: its first user-written instruction (None before there is one)."""
-        return self.session.events[self.instructions[0]] if self.instructions else None
+        """The event holding the session's goal: the harness's ``session/task``, else the first
+        substantive user instruction, else the first one (None before there is any)."""
+        events = self.session.events
+        if self.goal_seq is not None:
+            return events[self.goal_seq]
+        for seq in self.instructions[:50]:  # an opener is short: the goal is among the first few
+            if substantive(self.text_of(events[seq])):
+                return events[seq]
+        return events[self.instructions[0]] if self.instructions else None
+
+    def goal_text(self) -> str | None:
+        """The goal's text (see :meth:`goal`)."""
+        event = self.goal()
+        if event is None:
+            return None
+        return str(event.data["goal"]) if event.type == SESSION_TASK else self.text_of(event)
 
     def checklist(self) -> list[TodoEntry]:
-        """The latest todo list the model wrote, every entry with its ``todo_<seq>_<i>`` id."""
+        """The latest todo list, the model's or the harness's, every entry with its
+        ``todo_<seq>_<i>`` id."""
+        task = self.task_todos_seq
+        if task is not None and (self.todo_seq is None or task > self.todo_seq):
+            todos = self.session.events[task].data["todos"]
+            return [TodoEntry(f"todo_{task}_{i}", t["text"], t["status"], task) for i, t in enumerate(todos)]
+        return self._model_checklist()
+
+    def _model_checklist(self) -> list[TodoEntry]:
         if self.todo_seq is None:
             return []
         event = self.session.events[self.todo_seq]
@@ -341,6 +382,9 @@ class History:
             return "\n".join(parts)
         if t == COMPACTION_SUMMARY:
             return d.get("summary", "")
+        if t == SESSION_TASK:
+            todos = [f"[{x['status']}] {x['text']}" for x in d.get("todos") or []]
+            return "\n".join([*([f"Goal: {d['goal']}"] if d.get("goal") else []), *todos])
         return orjson.dumps(d).decode()
 
     def meta(self, event: Event) -> dict[str, Any]:
@@ -641,7 +685,7 @@ class History:
             return {"id": ref, "role": "checklist", "item": f"item_{entries[0].seq}"}, body
         if match := _TODO_ID.fullmatch(ref):
             seq, index = int(match.group(1)), int(match.group(2))
-            entries = self.checklist() if seq == self.todo_seq else self._checklist_at(seq)
+            entries = self._checklist_at(seq)
             if index >= len(entries):
                 msg = f"no {ref}: the todo list at item_{seq} has {len(entries)} entries"
                 raise HistoryError(msg)
@@ -658,6 +702,9 @@ class History:
 
     def _checklist_at(self, seq: int) -> list[TodoEntry]:
         """The todo list written at an older seq (a handoff may print ids of an earlier list)."""
+        if seq < self.cursor and self.session.events[seq].type == SESSION_TASK:
+            todos = self.session.events[seq].data.get("todos") or []
+            return [TodoEntry(f"todo_{seq}_{i}", t["text"], t["status"], seq) for i, t in enumerate(todos)]
         if seq >= self.cursor or self.session.events[seq].type != ASSISTANT_MESSAGE:
             return []
         saved = (self.todo_seq, self.todo_call)
@@ -665,7 +712,7 @@ class History:
             if block.get("type") == "tool_call" and block.get("name") in TODO_TOOLS:
                 self.todo_seq, self.todo_call = seq, i
         try:
-            return self.checklist() if self.todo_seq == seq else []
+            return self._model_checklist() if self.todo_seq == seq else []
         finally:
             self.todo_seq, self.todo_call = saved
 

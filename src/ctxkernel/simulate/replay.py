@@ -437,13 +437,9 @@ class Replay:
 
     # -- results ---------------------------------------------------------------------------------------
     def _lineage(self) -> set[str]:
-        store = self.kernel.store
-        found: set[str] = set()
-        current: str | None = self.session.id
-        while current and current not in found and store.exists(current):
-            found.add(current)
-            current = store.header(current).parent
-        return found
+        # the sessions this replay went through (continuations it followed); a strategy's own
+        # registry, not the header, is the authority on ancestry (chapters' children carry no parent)
+        return {s.id for s in self.sessions}
 
     def _recall_tools(self) -> list[str]:
         session = self.session

@@ -1,39 +1,37 @@
 """The manual controls the inspector offers with ``--allow-actions``, and their protection.
 
-Only what the Session API can really do today is wired:
+The page calls the kernel's one API for manual controls (:mod:`ctxkernel.controls`), as
+``ctxkernel compact`` and ``ctxkernel strategy`` do:
 
-* ``compact``: a manual compaction through the strategy that owns it: ``handoff``'s
-  :func:`ctxkernel_handoff.compact_now` (the seed's ``/compact``: a window switch, or a native
-  summary), else ``basic``'s head summary keeping its ``retain_ratio`` tail. Other strategies have
-  no manual entry point yet (issue #15).
-
-Enabling or disabling a strategy for one session is not offered: the kernel's toggle
-(:meth:`Kernel.set_strategy_enabled`) is per process and per kernel, not per session, and does not
-reach the process that runs the session (issue #15).
+* ``compact`` / ``archive``: :meth:`Session.compact_now`, which the session's enabled strategies
+  answer in their own terms (basic summarises, decay writes a checkpoint, handoff and rollover
+  switch windows, chapters continues in a new session or archives in place);
+* enable or disable one of the profile's strategies for this session:
+  :meth:`Session.set_strategy_enabled`, written to the session's log, so the process that runs the
+  session picks it up at its next step.
 
 Every action is a POST carrying the per-process token twice: in a ``SameSite=Strict`` cookie and
-in the ``X-CSRF-Token`` header (or a ``csrf`` form field); a request whose ``Origin`` is not this
-server is refused before the token is looked at.
+in the ``X-CSRF-Token`` header (or a ``csrf`` form field); a request whose ``Origin`` (or, without
+one, ``Sec-Fetch-Site``) is not this server is refused before the token is looked at.
 """
 
 from __future__ import annotations
 
 import hmac
+import re
 import secrets
 from typing import Any
 
 from starlette.requests import Request
 
-from ..errors import CompactionError, CtxKernelError
+from ..controls import MANUAL_ACTIONS
+from ..errors import ControlError, CtxKernelError, SessionBusyError
 from ..session import Session
 
+STRATEGY_NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 CSRF_COOKIE = "ctxkernel_csrf"
 CSRF_HEADER = "x-csrf-token"
 CSRF_FIELD = "csrf"
-
-#: actions this inspector can perform, and those that wait for the kernel API of issue #15
-WIRED = ("compact",)
-WAITING = {"strategy-toggle": "enable/disable a strategy for one session needs the per-session toggle of issue #15"}
 
 
 class ActionRefused(Exception):
@@ -70,55 +68,53 @@ def check_post(request: Request, token: str, form: dict[str, Any] | None = None)
 
 
 def available(session: Session) -> dict[str, Any]:
-    """Which actions this session offers, and why not when it does not."""
-    plugins = session.kernel.plugins
-    if plugins.is_enabled("handoff"):
-        compact: dict[str, Any] = {"available": True, "by": "handoff"}
-    elif plugins.is_enabled("basic"):
-        compact = {"available": True, "by": "basic"}
-    else:
-        compact = {"available": False, "why": f"no manual compaction in {plugins.enabled_names()} yet (issue #15)"}
-    return {"compact": compact, **{name: {"available": False, "why": why} for name, why in WAITING.items()}}
+    """The manual actions and the profile's strategies with their state in this session."""
+    answering = session.kernel.hooks.compact_now_strategies(session)
+    why = "" if answering else f"no enabled strategy offers manual compaction (enabled: {session.enabled_strategies()})"
+    offered = {
+        name: {"available": bool(answering), "strategies": answering, **({"why": why} if why else {})}
+        for name in MANUAL_ACTIONS
+    }
+    strategies = [{"name": name, "enabled": session.strategy_enabled(name)} for name in session.kernel.strategies]
+    return {"actions": offered, "strategies": strategies}
 
 
-def compact_now(session: Session) -> dict[str, Any]:
-    """Run a manual compaction now; the outcome as JSON (``ok`` False with the reason)."""
-    if session.step_open or session.surface.pending_calls:
-        raise ActionRefused(409, "a model request or its tool calls are in flight: compact between steps")
-    if session.open_compaction is not None:
-        raise ActionRefused(409, f"compaction {session.open_compaction['compaction_id']} is still open")
-    before = len(session.events)
-    plugins = session.kernel.plugins
-    if plugins.is_enabled("handoff"):
-        import ctxkernel_handoff
-
-        outcome = ctxkernel_handoff.compact_now(session)
-        detail = outcome.detail or (f"switched to window {outcome.window}" if outcome.window else outcome.reason)
-        result = {"ok": outcome.committed, "by": "handoff", "detail": detail}
-    elif plugins.is_enabled("basic"):
-        from ..default_plugins import basic
-
-        settings = session.settings("basic")
-        keep = int(settings.retain_ratio * session.pressure().effective_window)  # type: ignore[attr-defined]
-        try:
-            ok = basic.compact(session, keep, reason="manual")
-        except CompactionError as exc:
-            ok, detail = False, f"{type(exc).__name__}: {exc}"
-        else:
-            detail = "summarised the head" if ok else "nothing to compact, or the summary did not shrink the surface"
-        result = {"ok": ok, "by": "basic", "detail": detail}
-    else:
-        raise ActionRefused(501, available(session)["compact"]["why"])
-    result["events_written"] = len(session.events) - before
-    return result
+def _refusal(exc: CtxKernelError) -> ActionRefused:
+    if isinstance(exc, SessionBusyError):
+        return ActionRefused(409, f"busy: {exc}")
+    if isinstance(exc, ControlError):
+        return ActionRefused(400, str(exc))
+    return ActionRefused(409, f"{type(exc).__name__}: {exc}")
 
 
 def run(action: str, session: Session) -> dict[str, Any]:
-    if action == "compact":
-        try:
-            return compact_now(session)
-        except CtxKernelError as exc:
-            raise ActionRefused(409, f"{type(exc).__name__}: {exc}") from None
-    if action in WAITING:
-        raise ActionRefused(501, WAITING[action])
-    raise ActionRefused(404, f"unknown action {action!r}; wired: {list(WIRED)}, waiting for issue #15: {list(WAITING)}")
+    """Compact now (``compact`` or ``archive``); the outcome as JSON."""
+    if action not in MANUAL_ACTIONS:
+        raise ActionRefused(404, f"unknown action {action!r}; accepted: {list(MANUAL_ACTIONS)}")
+    before = len(session.events)
+    try:
+        outcome = session.compact_now(action, by="ui")
+    except CtxKernelError as exc:
+        raise _refusal(exc) from None
+    return outcome.to_dict() | {"events_written": len(session.events) - before}
+
+
+def toggle(session: Session, name: str, toggle: str) -> dict[str, Any]:
+    """Enable or disable ``name`` for this session; the new state as JSON."""
+    if not STRATEGY_NAME.fullmatch(name):
+        raise ActionRefused(400, f"strategy names are 1-64 lowercase letters, digits, '-' or '_'; got {name[:80]!r}")
+    if toggle not in ("enable", "disable"):
+        raise ActionRefused(404, f"unknown toggle {toggle!r}; accepted: ['enable', 'disable']")
+    before = len(session.events)
+    try:
+        changed = session.set_strategy_enabled(name, toggle == "enable", by="ui")
+    except CtxKernelError as exc:
+        raise _refusal(exc) from None
+    return {
+        "ok": True,
+        "strategy": name,
+        "enabled": toggle == "enable",
+        "changed": changed,
+        "detail": f"{name} {toggle}d for this session" + ("" if changed else " (already)"),
+        "events_written": len(session.events) - before,
+    }

@@ -303,30 +303,37 @@ def create_app(
     @session_route
     async def api_actions(request: Request, session_id: str) -> Response:
         def listing() -> dict[str, Any]:
-            offered = actions.available(inspector.open(session_id).session)
-            return {"allowed": allow_actions, "actions": offered}
+            return {"allowed": allow_actions, **actions.available(inspector.open(session_id).session)}
 
         return await call(listing)
 
-    @session_route
-    async def api_action(request: Request, session_id: str) -> Response:
+    async def _act(request: Request, session_id: str, act: Any) -> Response:
         if not allow_actions:
             return _error(403, "actions are off: start the inspector with --allow-actions")
         try:
             actions.check_post(request, token)
         except actions.ActionRefused as exc:
             return _error(exc.status, str(exc))
-        action = request.path_params["action"]
 
         def perform() -> dict[str, Any]:
             opened = inspector.open(session_id)
             with opened.lock:
-                return actions.run(action, opened.session)
+                return act(opened.session)
 
         try:
             return await call(perform)
         except actions.ActionRefused as exc:
             return _error(exc.status, str(exc))
+
+    @session_route
+    async def api_action(request: Request, session_id: str) -> Response:
+        action = request.path_params["action"]
+        return await _act(request, session_id, lambda session: actions.run(action, session))
+
+    @session_route
+    async def api_strategy_toggle(request: Request, session_id: str) -> Response:
+        name, toggle = request.path_params["name"], request.path_params["toggle"]
+        return await _act(request, session_id, lambda session: actions.toggle(session, name, toggle))
 
     routes = [
         Route("/", sessions_page),
@@ -344,6 +351,7 @@ def create_app(
         Route("/api/sessions/{session_id}/events/{seq}", api_event),
         Route("/api/sessions/{session_id}/actions", api_actions, methods=["GET"]),
         Route("/api/sessions/{session_id}/actions/{action}", api_action, methods=["POST"]),
+        Route("/api/sessions/{session_id}/strategies/{name}/{toggle}", api_strategy_toggle, methods=["POST"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     hosts = list(allowed_hosts) if allowed_hosts is not None else list(LOCAL_HOSTS)

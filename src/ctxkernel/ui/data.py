@@ -182,7 +182,7 @@ class Derived:
         elif t == ev.TOOL_RESULT:
             block = (d["message"].get("content") or [{}])[0]
             if isinstance(block, dict) and block.get("name") in CONTINUATION_TOOLS and not block.get("is_error"):
-                # the session went on in a new one (its header names this one as parent)
+                # the session went on in a new one (the tool result names it)
                 self.markers.append(
                     {
                         "seq": event.seq,

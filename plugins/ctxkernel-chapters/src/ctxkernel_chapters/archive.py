@@ -73,8 +73,10 @@ def prepare(
     status: str,
     plan_id: str = "",
     keep: frozenset[int] = frozenset(),
+    force_defer: frozenset[int] = frozenset(),
 ) -> list[Prepared]:
-    """Render each planned chapter in memory; nothing is written."""
+    """Render each planned chapter in memory; nothing is written. ``keep`` and ``force_defer``
+    are the model's keep/defer decisions for tool results (seeds), over the size floor's."""
     count = session.meter.count_text
     out = []
     for plan, number in zip(plans, numbers, strict=True):
@@ -94,6 +96,7 @@ def prepare(
             defer=defer,
             toc_marker=TOC_OPEN,
             keep=keep,
+            force_defer=force_defer,
         )
         heading = " ".join(plan.title.split()) or f"Chapter {number}"
         body = f"# {heading}\n\n{prose}"

@@ -41,7 +41,7 @@ from .strategy import (
 )
 
 if TYPE_CHECKING:
-    from ctxkernel import ModelError, Profile, Request, Session, StepContext
+    from ctxkernel import ManualCompaction, ModelError, Profile, Request, Session, StepContext
 
 log = get_logger("ctxkernel.chapters")
 
@@ -308,6 +308,35 @@ def finalize(
         registry.add_final(session.id, kept)
     used = {r["number"] for r in kept}
     registry.release(root, [n for n in numbers if n not in used])
+
+
+@ctxkernel.hookimpl
+def compact_now(session: Session, request: ManualCompaction) -> ctxkernel.ManualOutcome | None:
+    """The seed's manual path: ``compact`` continues in a new session now (the archivable events
+    become chapters, the child opens with their table of contents); ``archive`` archives the head
+    in place, keeping ``retain_ratio`` of the window verbatim."""
+    from .tools import ContinueArgs, chapters_continue, deterministic_continuation
+
+    settings = settings_of(session)
+    if request.action == "archive":
+        keep = int(settings.retain_ratio * session.pressure().effective_window)
+        if compact_in_place(session, keep, reason="manual"):
+            return ctxkernel.ManualOutcome(True, f"archived the head as chapters, keeping about {keep} tokens verbatim")
+        return ctxkernel.ManualOutcome(False, f"nothing to archive beyond the verbatim tail of {keep} tokens")
+    if request.action != "compact":
+        return None
+    arguments = deterministic_continuation(session, settings)
+    if arguments is None:
+        return ctxkernel.ManualOutcome(
+            False,
+            "no continuation now: nothing archivable yet (a completed turn is needed), or it would be over budget",
+        )
+    outcome = chapters_continue(session, ContinueArgs.model_validate(arguments))
+    if outcome.is_error:
+        return ctxkernel.ManualOutcome(False, outcome.content)
+    return ctxkernel.ManualOutcome(
+        True, f"continued in session {outcome.continue_in}; this session is left as it was", None, outcome.continue_in
+    )
 
 
 @ctxkernel.hookimpl

@@ -32,9 +32,18 @@ def _one_line(text: str, limit: int) -> str:
 
 
 def render_event(
-    event: Event, *, count: Count, floor_tokens: int, defer: Defer, toc_marker: str, keep: frozenset[int] = frozenset()
+    event: Event,
+    *,
+    count: Count,
+    floor_tokens: int,
+    defer: Defer,
+    toc_marker: str,
+    keep: frozenset[int] = frozenset(),
+    force_defer: frozenset[int] = frozenset(),
 ) -> tuple[str, int]:
-    """The prose for one event (may be empty) and how many artifacts it itemised."""
+    """The prose for one event (may be empty) and how many artifacts it itemised. A tool result
+    in ``keep`` stays inline and one in ``force_defer`` becomes an artifact whatever its size (the
+    model's keep/defer decision, seed 003); the others follow the size floor."""
     t = event.type
     if t == "turn/start":
         return f"### Turn {event.data.get('turn')}\n", 0
@@ -80,7 +89,8 @@ def render_event(
     label = f"**Result** #{event.seq} ({result.name or result.call_id}{', error' if result.is_error else ''})"
     content = result.content
     # a token is at least one character, so short results need no count
-    if event.seq in keep or len(content) <= floor_tokens or count(content) <= floor_tokens:
+    small = len(content) <= floor_tokens or count(content) <= floor_tokens
+    if event.seq in keep or (small and event.seq not in force_defer):
         return f"{label}: {content.strip()}\n", 0
     handle = defer(content)
     preview = _one_line(content, PREVIEW_CHARS)

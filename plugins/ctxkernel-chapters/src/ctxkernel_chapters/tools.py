@@ -69,6 +69,9 @@ class ChapterRange(_Args):
     keep_inline: list[Seq] = Field(
         default_factory=list, max_length=KEEP_INLINE_CAP, description="tool result seqs kept inline, not as artifacts"
     )
+    defer: list[Seq] = Field(
+        default_factory=list, max_length=KEEP_INLINE_CAP, description="tool result seqs made artifacts even if small"
+    )
 
 
 class ContinueArgs(_Args):
@@ -139,9 +142,13 @@ def check_ranges(ranges: list[ChapterRange], floor: int, ceiling: int | None) ->
             return f"chapter {i} ({r.start_seq}..{r.end_seq}) overlaps chapter {i - 1}, which ends at {expected - 1}"
         if r.start_seq > expected:
             return f"gap: events {expected}..{r.start_seq - 1} are in no chapter; ranges must be contiguous from {floor} to {top}"
-        for seq in r.keep_inline:
-            if not r.start_seq <= seq <= r.end_seq:
-                return f"chapter {i}: keep_inline seq {seq} is outside the chapter ({r.start_seq}..{r.end_seq})"
+        for field, seqs in (("keep_inline", r.keep_inline), ("defer", r.defer)):
+            for seq in seqs:
+                if not r.start_seq <= seq <= r.end_seq:
+                    return f"chapter {i}: {field} seq {seq} is outside the chapter ({r.start_seq}..{r.end_seq})"
+        both = sorted(set(r.keep_inline) & set(r.defer))
+        if both:
+            return f"chapter {i}: seqs {both[:10]} are both in keep_inline and defer; choose one for each result"
         expected = r.end_seq + 1
     if expected <= top:
         return f"gap: events {expected}..{top} are in no chapter; the last chapter must end at the ceiling {top}"
@@ -155,6 +162,7 @@ class ChildPlan:
     plans: list[ChapterPlan]
     numbers: list[int]
     keep: frozenset[int]
+    defer: frozenset[int]
     prepared: list[archive.Prepared]
     seed: Message
     toc_tokens: int
@@ -189,10 +197,13 @@ def plan_child(session: Session, handoff_note: str, ranges: list[ChapterRange], 
         for r in ranges
     ]
     keep = frozenset(s for r in ranges for s in r.keep_inline)
+    defer = frozenset(s for r in ranges for s in r.defer)
     # numbers are only peeked here: allocation happens once the preflight passed
     first = max(registry.next_number(root), sstate.get("next_chapter", 1))
     numbers = list(range(first, first + len(plans)))
-    prepared = archive.prepare(session, settings, plans, numbers, root=root, status="final", keep=keep)
+    prepared = archive.prepare(
+        session, settings, plans, numbers, root=root, status="final", keep=keep, force_defer=defer
+    )
     seed = Message.user(
         _seed_toc(session, settings, registry, [p.record for p in prepared], handoff_note, floor, ceiling),
         Source.plugin_form(NAME, "snapshot"),
@@ -210,7 +221,7 @@ def plan_child(session: Session, handoff_note: str, ranges: list[ChapterRange], 
             f"{settings.continuation_budget_ratio} x (effective window {effective} - system prompt and tools {head})). "
             "Shorten the handoff note or use fewer, larger chapters"
         )
-    return ChildPlan(plans, numbers, keep, prepared, seed, toc_tokens, budget)
+    return ChildPlan(plans, numbers, keep, defer, prepared, seed, toc_tokens, budget)
 
 
 def _create_child(
@@ -228,7 +239,14 @@ def _create_child(
         allocated = registry.allocate(root, len(plan.plans))
         if allocated != plan.numbers:  # another writer took numbers since the peek: render again
             prepared = archive.prepare(
-                session, settings, plan.plans, allocated, root=root, status="final", keep=plan.keep
+                session,
+                settings,
+                plan.plans,
+                allocated,
+                root=root,
+                status="final",
+                keep=plan.keep,
+                force_defer=plan.defer,
             )
             seed = Message.user(
                 _seed_toc(
@@ -258,8 +276,12 @@ def _create_child(
         child_id,
         new_state(child_id, parent=session.id, root=root, origin=origin, next_chapter=next_chapter, title=args.title),
     )
-    child = chapters.STRATEGY.on(session).open_continuation(child_id, origin=origin, parent=session.id)
+    # no ``parent`` in the child's header: the registry is the sole authority on ancestry (seed 003)
+    child = chapters.STRATEGY.on(session).open_continuation(child_id, origin=origin)
     child.add_message(seed)
+    route = session.route
+    if route is not None:  # the model selection goes with the work (seed 003): same model, same window
+        child.set_route(route["provider"], route["model"], route["context_window"])
     if session.harness_tools:
         child.set_harness_tools(session.harness_tools)
     chapters.state(session)["continued_in" if origin == "continue" else "forked"] = child_id
@@ -359,6 +381,13 @@ def deterministic_continuation(session: Session, settings: ChaptersSettings) -> 
         asked = summary
     budget_chars = 2_000
     note = f"In progress: {asked[:budget_chars]}"
+    history = chapters.STRATEGY.on(session).history()  # the task state (goal, todos), seed 001's host state
+    goal = history.goal_text()
+    todos = [f"- [{t.status}] {t.text[:200]}" for t in history.checklist() if t.open][:20]
+    if goal and goal.strip() != asked:
+        note = f"Goal: {goal[:budget_chars]}\n{note}"
+    if todos:
+        note += "\nOpen todos:\n" + "\n".join(todos)
     if latest:
         note += f"\nLatest progress: {latest[-budget_chars:]}"
     note += f"\nEvents after seq {ceiling} of session {session.id} are in that session's log."

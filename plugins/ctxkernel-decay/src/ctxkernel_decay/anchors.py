@@ -55,9 +55,15 @@ def decorate_message(message: Message, left: int, right: int | None) -> Message 
 
     User and tool messages get a prefix; assistant messages only by rewriting their first
     non-empty text block (tool calls keep their ids, order and block indexes). A block's right
-    edge is a suffix on its last text block.
+    edge is a suffix on its last text block. An assistant message loses a copied leading run of
+    anchors first (then, with no text left, it is sent cleaned and unanchored).
     """
     prefix = f"{fmt(left)} "
+    original = message
+    if message.role == "assistant":
+        # a copied leading run is stripped when the request is built too, not only before commit:
+        # replies that reached the log another way (a proxy's history) never passed sanitize_reply
+        message = sanitize_assistant(message)
     blocks = list(message.content)
     if message.role == "tool":
         result = blocks[0]
@@ -68,7 +74,7 @@ def decorate_message(message: Message, left: int, right: int | None) -> Message 
     texts = [i for i, b in enumerate(blocks) if b.type == "text" and (message.role != "assistant" or b.text.strip())]
     if not texts:
         if message.role == "assistant":
-            return None
+            return None if message is original else message  # (the cleaned copy, unanchored)
         return message.with_content(
             [TextBlock(prefix.strip() + (f" {fmt(right)}" if right is not None else "")), *blocks]
         )

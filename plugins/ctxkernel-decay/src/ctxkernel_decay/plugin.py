@@ -13,16 +13,16 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 import ctxkernel
-from ctxkernel import StoreError, get_logger
+from ctxkernel import CompactionError, Span, StoreError, balanced_cut_at_or_before, get_logger
 
 from . import steward
 from .anchors import decorate_message, fmt, sanitize_assistant
-from .state import NAME, NOTICE_FORM, DecayState
+from .state import CHECKPOINT_KIND, NAME, NOTICE_FORM, DecayState
 from .strategy import SNAPSHOT_NAMESPACE, STRATEGY, DecaySettings, current_state, save_snapshot, settings_of
-from .tools import tools_for
+from .tools import protected_start, tools_for
 
 if TYPE_CHECKING:
-    from ctxkernel import CommitResult, ReplyDraft, Request, Session, StepContext
+    from ctxkernel import CommitResult, ManualCompaction, ReplyDraft, Request, Session, StepContext
 
 log = get_logger("ctxkernel.decay")
 
@@ -119,6 +119,11 @@ def decorate_request(session: Session, request: Request) -> None:
     for index, seq in enumerate(request.seqs):
         left = state.anchor_of.get(seq)
         if left is None:
+            message = request.messages[index]
+            if message.role == "assistant":  # no anchor of its own, but maybe a copied run (seed §3)
+                cleaned = sanitize_assistant(message)
+                if cleaned is not message:
+                    request.decorate(index, cleaned)
             continue
         right = state.right_of(seq)
         hit = cache.get(seq)
@@ -140,6 +145,25 @@ def decorate_request(session: Session, request: Request) -> None:
                 "pressure": request.pressure.to_dict(),
             },
         )
+
+
+@ctxkernel.hookimpl
+def compact_now(session: Session, request: ManualCompaction) -> ctxkernel.ManualOutcome | None:
+    """The seed's manual ``/compact``: a checkpoint summary of everything before the current turn.
+    Replay treats it as ordinary history, not as a decay block (seed §5: an emergency fallback)."""
+    if request.action != "compact":
+        return None
+    nodes = session.surface.nodes
+    cut = balanced_cut_at_or_before(session.surface, protected_start(session))
+    if cut < 2:
+        return ctxkernel.ManualOutcome(False, "nothing before the current turn to compact")
+    try:
+        result = STRATEGY.on(session).compact(
+            Span(nodes[0].seq, nodes[cut - 1].seq), kind=CHECKPOINT_KIND, data={"reason": "manual"}
+        )
+    except CompactionError as exc:
+        return ctxkernel.ManualOutcome(False, f"{type(exc).__name__}: {exc}")
+    return ctxkernel.ManualOutcome(True, f"checkpoint of the {cut} messages before the current turn", result)
 
 
 @ctxkernel.hookimpl

@@ -23,6 +23,8 @@ from ctxkernel import Event, Message
 NAME = "decay"
 BLOCK_FORM = "block"
 NOTICE_FORM = "notice"
+#: the kind of the seed's manual `/compact` checkpoint: ordinary history to replay, not a decay block
+CHECKPOINT_KIND = "checkpoint"
 
 # kernel event types (the vocabulary is documented in ctxkernel.events)
 USER_MESSAGE = "user/message"
@@ -131,7 +133,7 @@ class DecayState:
                 self.fired.pop(int(level), None)
         elif etype == COMPACTION_SUMMARY:
             self.last_compaction_seq = event.seq
-            if data.get("strategy") == NAME:
+            if data.get("strategy") == NAME and data.get("kind") != CHECKPOINT_KIND:
                 self.pending[data["compaction_id"]] = list(data.get("spans") or [])
         elif etype in MESSAGE_TYPES or etype == SURFACE_DROP:
             self._apply_surface(event)

@@ -17,7 +17,7 @@ from ctxkernel.text import clip, failed, first_line, keep_newest
 from .anchors import fmt, strip_anchors
 from .state import NAME, NOTICE_FORM
 from .strategy import STRATEGY, current_state, settings_of
-from .tools import protected_start
+from .tools import protected_instruction, protected_start
 
 if TYPE_CHECKING:
     from ctxkernel import Message, Request, Session
@@ -72,11 +72,31 @@ def extractive_summary(messages: list[Message], state_summaries: list[str], max_
 def plan_spans(session: Session, state: DecayState, settings: DecaySettings, need_tokens: int) -> list[dict[str, Any]]:
     """One span from the oldest compressible node, long enough to save ``need_tokens``."""
 
+    surface = session.surface
+    limit = protected_start(session, planning=not surface.pending_calls)
+    island = protected_instruction(session)
+    if island is None or island[0] >= limit:
+        spans = _plan_span(session, state, settings, need_tokens, 0, limit)
+    else:
+        # the open turn's instruction stays: a span before it, and one after it if that was not enough
+        spans = _plan_span(session, state, settings, need_tokens, 0, island[0])
+        saved = int(sum(s["_tokens"] for s in spans) * 0.8)
+        if saved < need_tokens:
+            spans += _plan_span(session, state, settings, need_tokens - saved, island[1] + 1, limit)
+    for span in spans:
+        del span["_tokens"]
+    return spans
+
+
+def _plan_span(
+    session: Session, state: DecayState, settings: DecaySettings, need_tokens: int, lo: int, limit: int
+) -> list[dict[str, Any]]:
+    """One span within surface positions ``lo..limit-1`` (each span carries its size in
+    ``_tokens`` for the caller)."""
     nodes = session.surface.nodes
     surface = session.surface
     meter = session.meter
-    limit = protected_start(session, planning=not surface.pending_calls)
-    start = next((i for i in range(limit) if nodes[i].seq in state.anchor_of and surface.is_balanced_cut(i)), None)
+    start = next((i for i in range(lo, limit) if nodes[i].seq in state.anchor_of and surface.is_balanced_cut(i)), None)
     if start is None:
         return []
     total = 0
@@ -112,7 +132,15 @@ def plan_spans(session: Session, state: DecayState, settings: DecaySettings, nee
     summary = extractive_summary([n.message for n in rng if n.seq not in state.blocks], summaries, max_chars)
     if meter.count_text(summary) + 24 >= tokens:
         return []
-    return [{"from": fmt(state.anchor_of[rng[0].seq]), "to": fmt(to), "summary": summary, "topic": "steward"}]
+    return [
+        {
+            "from": fmt(state.anchor_of[rng[0].seq]),
+            "to": fmt(to),
+            "summary": summary,
+            "topic": "steward",
+            "_tokens": tokens,
+        }
+    ]
 
 
 def actions(session: Session, request: Request) -> list[dict[str, Any]] | None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from ctxkernel import MAX_INT_ARG, Message, Source, Span, Tool, ToolArgs, ToolOutcome
+from ctxkernel.events import TURN_START, USER_MESSAGE
 
 from .anchors import describe_visible, fmt, parse_anchor, strip_anchors
 from .state import BLOCK_FORM, NAME
@@ -101,7 +102,8 @@ class Planned:
 def protected_start(session: Session, *, planning: bool = False) -> int:
     """Position where the current turn begins: the assistant turn in progress (the newest
     assistant message; when ``planning`` a call that is not yet appended) plus the user-authored
-    message(s) right before it that it answers."""
+    message(s) right before it that it answers. The open turn's own instruction is protected
+    wherever it sits (see :func:`protected_instruction`)."""
     nodes = session.surface.nodes
     start = len(nodes)
     if not planning:
@@ -112,6 +114,45 @@ def protected_start(session: Session, *, planning: bool = False) -> int:
     while start > 0 and nodes[start - 1].role == "user" and nodes[start - 1].message.source.kind == "user":
         start -= 1
     return start
+
+
+def protected_instruction(session: Session) -> tuple[int, int] | None:
+    """Surface positions (first, last) of the open turn's own user instruction: the user-authored
+    messages that opened it. Issue #15: in a multi-step turn the newest assistant message no
+    longer follows them, yet they belong to the current turn and are never compressed (seed §7);
+    a span may end before them or start after them, never cover them."""
+    first = open_turn_instruction(session)
+    if first is None:
+        return None
+    nodes = session.surface.nodes
+    last = first
+    while last + 1 < len(nodes) and nodes[last + 1].role == "user" and nodes[last + 1].message.source.kind == "user":
+        last += 1
+    return first, last
+
+
+def open_turn_instruction(session: Session) -> int | None:
+    """Surface position of the open turn's first user-authored message, when it is still visible
+    (None between turns, or when that message was already replaced)."""
+    if not session.turn_open:
+        return None
+    events = session.events
+    # [turn, instruction seq or None, events scanned]: one backward scan per turn, then only new
+    # events, so a long turn does not cost O(turn) per step
+    found: list[Any] | None = STRATEGY.on(session).state.get("open_turn")
+    if found is None or found[0] != session.turn:
+        turn_start = next((e.seq for e in reversed(events) if e.type == TURN_START), None)
+        if turn_start is None:
+            return None
+        found = STRATEGY.on(session).state["open_turn"] = [session.turn, None, turn_start + 1]
+    if found[1] is None:
+        for event in events[found[2] :]:
+            if event.type == USER_MESSAGE and (event.surface or {}).get("op") == "append":
+                if event.data["message"].get("source", {}).get("kind", "user") == "user":
+                    found[1] = event.seq
+                    break
+        found[2] = len(events)
+    return None if found[1] is None else session.surface.position(found[1])
 
 
 def first_anchor_at_or_after(state: DecayState, session: Session, position: int) -> int | None:
@@ -188,6 +229,7 @@ def plan_compress(session: Session, state: DecayState, settings: DecaySettings, 
     nodes = session.surface.nodes
     protect = protected_start(session)
     first_protected = first_anchor_at_or_after(state, session, protect)
+    island = protected_instruction(session)
     planned: list[Planned] = []
     for i, span in enumerate(args.spans):
         summary = strip_anchors(span.summary)
@@ -226,6 +268,18 @@ def plan_compress(session: Session, state: DecayState, settings: DecaySettings, 
                     f"{fmt(last_ok) if last_ok else 'an earlier anchor'} or earlier"
                 )
                 raise Refusal(msg)
+        if island is not None and start <= island[1] and end >= island[0]:
+            before = next(
+                (state.anchor_of[n.seq] for n in reversed(nodes[: island[0]]) if n.seq in state.anchor_of), None
+            )
+            after = first_anchor_at_or_after(state, session, island[1] + 1)
+            where = fmt(state.anchor_of[nodes[island[0]].seq]) if nodes[island[0]].seq in state.anchor_of else "it"
+            msg = (
+                f"span {i} covers the current turn's own user instruction ({where}), which is never compressed; "
+                f"end the span at {fmt(before) if before else 'an earlier anchor'} or start it at "
+                f"{fmt(after) if after else 'a later anchor'}"
+            )
+            raise Refusal(msg)
         for cut, side in ((start, "start"), (end + 1, "end")):
             if not session.surface.is_balanced_cut(cut):
                 msg = (

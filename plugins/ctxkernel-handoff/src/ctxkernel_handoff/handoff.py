@@ -170,7 +170,7 @@ def render_snapshot(history: History, *, new_window: int, reason: str, budget: i
         if goal.seq in instructions:
             lines.append(f"Goal (goal = item_{goal.seq}): quoted below with the recent instructions.")
         else:
-            lines.append(f"Goal (goal = item_{goal.seq}): {_clip(instruction_text(history, goal.seq), goal_chars)}")
+            lines.append(f"Goal (goal = item_{goal.seq}): {_clip(history.goal_text() or '', goal_chars)}")
     todos = [t for t in history.checklist() if t.open]
     if todos:
         out = ["Open todos (checklist):"]

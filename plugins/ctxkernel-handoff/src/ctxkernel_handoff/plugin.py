@@ -24,12 +24,25 @@ from .engine import (
     state_for,
     switch,
 )
+from .engine import (
+    compact_now as manual_compaction,
+)
 from .handoff import NAME
 from .settings import HandoffSettings
 from .tools import TOOL_NAMES, build_tools
 
 if TYPE_CHECKING:
-    from ctxkernel import CommitResult, ModelError, Profile, Region, Request, Session, StepContext, Summary
+    from ctxkernel import (
+        CommitResult,
+        ManualCompaction,
+        ModelError,
+        Profile,
+        Region,
+        Request,
+        Session,
+        StepContext,
+        Summary,
+    )
 
 log = get_logger("ctxkernel.handoff")
 
@@ -47,6 +60,16 @@ PROMPT = (
 @ctxkernel.hookimpl
 def register_strategy(register: Any) -> None:
     register(STRATEGY.spec)
+
+
+@ctxkernel.hookimpl
+def compact_now(session: Session, request: ManualCompaction) -> ctxkernel.ManualOutcome | None:
+    """The seed's ``/compact``: a window switch now, or a native summary where switching is off."""
+    if request.action != "compact":
+        return None
+    outcome = manual_compaction(session)
+    detail = outcome.detail or (f"switched to window {outcome.window}" if outcome.window else outcome.reason)
+    return ctxkernel.ManualOutcome(outcome.committed, detail, outcome.result)
 
 
 @ctxkernel.hookimpl

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import ctxkernel
 from ctxkernel import ContextOverflowError, EventSpec, Message, Source
-from ctxkernel.events import ASSISTANT_MESSAGE, USER_MESSAGE, append_op
+from ctxkernel.events import USER_MESSAGE, append_op
 from ctxkernel.redact import redact
 from ctxkernel.text import tag
 
@@ -31,7 +31,7 @@ from .switch import RolloverError, ensure_window, notes_of, switch
 from .tools import build_tools
 
 if TYPE_CHECKING:
-    from ctxkernel import ModelError, Profile, Request, Session, StepContext, ValidationReport
+    from ctxkernel import ManualCompaction, ModelError, Profile, Request, Session, StepContext, ValidationReport
 
 
 SYSTEM_PROMPT = (
@@ -48,6 +48,19 @@ SYSTEM_PROMPT = (
 @ctxkernel.hookimpl
 def register_strategy(register: Any) -> None:
     register(STRATEGY.spec)
+
+
+@ctxkernel.hookimpl
+def compact_now(session: Session, request: ManualCompaction) -> ctxkernel.ManualOutcome | None:
+    """A person's ``compact``: switch windows now (a failure is recorded and reported, as for
+    every trigger; the surface stays as it was)."""
+    if request.action != "compact":
+        return None
+    try:
+        result = switch(session, "manual")
+    except RolloverError as exc:
+        return ctxkernel.ManualOutcome(False, str(exc))
+    return ctxkernel.ManualOutcome(True, f"started window {state_of(session).current}", result)
 
 
 @ctxkernel.hookimpl
@@ -165,16 +178,15 @@ def _remind(session: Session, window: str, pressure: Any) -> None:
 def request_error(session: Session, error: ModelError) -> bool | None:
     if not isinstance(error, ContextOverflowError):
         return None
-    state = state_of(session)
-    settings = STRATEGY.on(session).settings
-    if state.overflow_streak and any(e.type == ASSISTANT_MESSAGE for e in session.events[state.overflow_at :]):
-        state.overflow_streak = 0  # the model answered since the last overflow: this one is new
-    state.overflow_at = session.next_seq
+    state = state_of(session)  # the streak is folded from the log: a restart keeps it
+    rollover = STRATEGY.on(session)
     fresh = state.seed_seq is not None and _fresh(session)
-    if state.overflow_streak >= settings.overflow_retries + 1 or (fresh and state.overflow_streak > 0):
-        state.overflow_streak = 0
-        return False  # the seed itself does not fit: give the error to the harness (fail loud)
-    state.overflow_streak += 1
+    attempts = state.overflow_streak
+    if attempts >= rollover.settings.overflow_retries + 1 or (fresh and attempts > 0):
+        # the seed itself does not fit: give the error to the harness (fail loud); the event
+        # starts the next overflow's streak over, in every process
+        rollover.emit("overflow", {"gave_up": True, "attempts": attempts})
+        return False
     before = session.meter.surface_tokens()
     try:
         switch(session, "overflow", error=redact(f"The provider refused the request: {error}"))

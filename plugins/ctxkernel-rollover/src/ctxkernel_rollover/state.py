@@ -9,6 +9,8 @@ O(new events)):
                              new, previous and first window ids and the intent it consumed
 ``rollover/failed``          a switch that could not be done (fail loud); consumes its intent
 ``user/message``             with ``data.rollover_reminder``: the single-shot reminder of a window
+``rollover/overflow``        a provider overflow given back to the harness (no more retries)
+``assistant/message``        the model answered: the overflow retry streak starts over
 
 A switch commits atomically (summary, seed and end in one batch), so a log cut at any point
 replays to the old window or the new one, never a mixture, and an intent consumed by a
@@ -20,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ctxkernel.events import COMPACTION_SUMMARY, USER_MESSAGE
+from ctxkernel.events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, USER_MESSAGE
 
 from .strategy import NAME, STRATEGY
 
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
 WINDOW_EVENT = f"{NAME}/window"
 INTENT_EVENT = f"{NAME}/intent"
 FAILED_EVENT = f"{NAME}/failed"
+OVERFLOW_EVENT = f"{NAME}/overflow"
 REMINDER_KEY = "rollover_reminder"
 WINDOW_KIND = "window"
 #: recent user instructions kept in the state (the seed shows at most 50)
@@ -56,9 +59,10 @@ class RolloverState:
     #: switch is not retried until the situation differs from it (folded from the log, so a
     #: restarted process backs off the same way)
     last_failure: dict[str, Any] | None = None
-    # this process only (never needed after a restart): counts overflow retries
+    #: protective switches (committed or failed) since the model last answered or an overflow
+    #: was given back to the harness: folded from the log, so a restart does not reset the
+    #: retry budget (seed 002 §3.6: no unprotected in-memory state)
     overflow_streak: int = 0
-    overflow_at: int = 0  # log length when the last overflow was handled
     #: seqs of the user's own messages: the first one, and the most recent ones
     first_instruction: int | None = None
     instructions: list[int] = field(default_factory=list)
@@ -92,10 +96,16 @@ class RolloverState:
             self.opened_by, self.seed_seq = event.seq, event.seq + 1
             self.triggers[d.get("trigger", "?")] = self.triggers.get(d.get("trigger", "?"), 0) + 1
             self._resolve(d.get("intent_id"))
+            if d.get("trigger") == "overflow":
+                self.overflow_streak += 1
         elif t == FAILED_EVENT:
             self.failures.append({**d, "seq": event.seq})
             self.last_failure = {**d, "seq": event.seq}
             self._resolve(d.get("intent_id"))
+            if d.get("trigger") == "overflow":
+                self.overflow_streak += 1
+        elif t in (ASSISTANT_MESSAGE, OVERFLOW_EVENT):
+            self.overflow_streak = 0
         elif t == USER_MESSAGE:
             if isinstance(d.get(REMINDER_KEY), str):
                 self.reminded.add(d[REMINDER_KEY])

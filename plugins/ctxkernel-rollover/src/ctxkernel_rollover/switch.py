@@ -88,10 +88,14 @@ def _goal(session: Session, notes: StrategyNotes, next_goal: str | None) -> tupl
         return next_goal, "from new_context"
     if notes.exists("goal"):
         return notes.read("goal").content, "note 'goal'"
-    first = state_of(session).first_instruction
-    if first is not None:
-        text = Message.from_dict(session.events[first].data["message"]).text
-        return text, f"the session's first instruction, item_{first}"
+    # the harness's task state, else the first substantive instruction (History.goal)
+    history = STRATEGY.on(session).history()
+    goal = history.goal()
+    todos = [f"- [{t.status}] {t.text}" for t in history.checklist() if t.open][:20]
+    if goal is not None:
+        source = "the task state" if goal.type == "session/task" else "the session's first instruction"
+        text = history.goal_text() or ""
+        return "\n".join([text, "Open todos:", *todos]) if todos else text, f"{source}, item_{goal.seq}"
     return None, "none recorded"
 
 

@@ -437,33 +437,50 @@ async function setUpActions(id, reload) {
   const panel = document.getElementById("actions-panel");
   const box = document.getElementById("actions");
   const result = document.getElementById("action-result");
-  const data = await getJSON(`/api/sessions/${encodeURIComponent(id)}/actions`);
-  panel.hidden = false;
-  const items = [];
-  for (const [name, info] of Object.entries(data.actions)) {
-    if (info.available) {
-      const button = el("button", { type: "button", id: `action-${name}` }, `${name === "compact" ? "Compact now" : name} (${info.by})`);
-      button.addEventListener("click", async () => {
-        button.disabled = true;
-        try {
-          const response = await fetch(`${BASE}/api/sessions/${encodeURIComponent(id)}/actions/${encodeURIComponent(name)}`, {
-            method: "POST", credentials: "same-origin", headers: { "X-CSRF-Token": CSRF, Accept: "application/json" },
-          });
-          const answer = await response.json();
-          result.textContent = response.ok ? `${name}: ${answer.ok ? "done" : "not done"}: ${answer.detail} (${answer.events_written} events written)` : `${name}: ${answer.error}`;
-          await reload();
-        } catch (err) {
-          result.textContent = `${name}: ${err.message}`;
-        } finally {
-          button.disabled = false;
-        }
+  const q = encodeURIComponent(id);
+  const post = async (label, path, button) => {
+    button.disabled = true;
+    try {
+      const response = await fetch(`${BASE}/api/sessions/${q}/${path}`, {
+        method: "POST", credentials: "same-origin", headers: { "X-CSRF-Token": CSRF, Accept: "application/json" },
       });
-      items.push(button);
-    } else {
-      items.push(el("p", { class: "muted", text: `${name}: ${info.why}` }));
+      const answer = await response.json();
+      result.textContent = response.ok
+        ? `${label}: ${answer.ok ? "done" : "not done"}: ${answer.detail} (${answer.events_written} events written)`
+        : `${label}: ${answer.error}`;
+      await reload();
+      await render();
+    } catch (err) {
+      result.textContent = `${label}: ${err.message}`;
+    } finally {
+      button.disabled = false;
     }
-  }
-  replace(box, ...items);
+  };
+  const render = async () => {
+    const data = await getJSON(`/api/sessions/${q}/actions`);
+    panel.hidden = false;
+    const items = [];
+    for (const [name, info] of Object.entries(data.actions)) {
+      if (info.available) {
+        const label = name === "compact" ? "Compact now" : name === "archive" ? "Archive now" : name;
+        const button = el("button", { type: "button", id: `action-${name}` }, `${label} (${info.strategies.join(", ")})`);
+        button.addEventListener("click", () => post(name, `actions/${encodeURIComponent(name)}`, button));
+        items.push(button);
+      } else {
+        items.push(el("p", { class: "muted", text: `${name}: ${info.why}` }));
+      }
+    }
+    const rows = data.strategies.map((s) => {
+      const toggle = s.enabled ? "disable" : "enable";
+      const button = el("button", { type: "button", id: `toggle-${s.name}` }, `${toggle === "enable" ? "Enable" : "Disable"} ${s.name}`);
+      button.addEventListener("click", () => post(`${toggle} ${s.name}`, `strategies/${encodeURIComponent(s.name)}/${toggle}`, button));
+      return el("li", { class: "strategy-toggle", "data-strategy": s.name, "data-enabled": String(s.enabled) },
+        el("span", { text: `${s.name}: ${s.enabled ? "enabled" : "disabled"} for this session ` }), button);
+    });
+    items.push(el("ul", { id: "strategy-toggles" }, ...rows));
+    replace(box, ...items);
+  };
+  await render();
 }
 
 if (body.dataset.page === "sessions") sessionsPage();
