@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from .compaction import CommitResult, Span
 from .errors import ConfigError
 from .instructions import pin_cost
+from .messages import Source
 from .plugins import NoSettings, StrategySpec
 from .profile import strategy_settings_from
 from .recall.history import History
@@ -70,6 +71,15 @@ class Strategy(Generic[S]):
         if self.name not in profile.profile.strategies:
             return None
         return StrategyChecks(self.name, report)
+
+    def source(self, form: str) -> Source:
+        """The source of a message this strategy writes onto the surface (``form`` says which kind:
+        a seed, a notice, a table of contents), so it can recognise its own messages later."""
+        return Source.plugin_form(self.name, form)
+
+    def owns(self, source: Source, form: str | None = None) -> bool:
+        """True when ``source`` is one of this strategy's messages (of ``form``, when given)."""
+        return source.kind == "plugin" and source.plugin == self.name and (form is None or source.form == form)
 
     def tool(
         self, name: str, description: str, parameters: type[BaseModel], handler: Any, *, cls: type[Tool] = Tool
@@ -355,9 +365,17 @@ class StrategyHandle(Generic[S]):
 
     @property
     def route(self) -> dict[str, Any] | None:
-        """The model the next request goes to (``provider``, ``model``, ``context_window``...), or
+        """The model the next request goes to (``provider``, ``model``, ``context_window``, and
+        ``routed_window`` when the window came with the route rather than from the profile), or
         None before the first request."""
         return self.session.route
+
+    def carry_route(self, other: Session) -> None:
+        """Route ``other`` (a continuation) to this session's model, as it was routed here: a
+        window given with the route stays pinned, one from the profile keeps following it."""
+        route = self.session.route
+        if route is not None:
+            other.set_route(route["provider"], route["model"], route.get("routed_window"))
 
     def set_route(self, provider: str, model: str, context_window: int | None = None) -> None:
         """Route the next requests to another model (per-model policies apply from then on)."""

@@ -175,8 +175,10 @@ def test_the_overflow_retry_streak_survives_a_restart(tmp_path):
     kernel = rollover_kernel(tmp_path, window=12_000, reserve=1_000)
     session = kernel.open_session()
     for turn in range(6):
-        session.user(f"turn {turn}: " + "read the parser " * 80)
-        step(session, ScriptedModel([Message.assistant("read " * 80)]))
+        # the bulk is the model's own output: the user's instructions (which the kernel keeps
+        # verbatim through a switch, within their budget) stay small
+        session.user(f"turn {turn}: read the parser")
+        step(session, ScriptedModel([Message.assistant("read the parser " * 80)]))
         session.end_turn()
     session.user("one more")
     session.prepare_request()

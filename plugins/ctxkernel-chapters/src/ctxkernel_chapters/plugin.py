@@ -20,7 +20,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 import ctxkernel
-from ctxkernel import CompactionError, ContextOverflowError, Message, Source, Span, Summary, get_logger, head_region
+from ctxkernel import CompactionError, ContextOverflowError, Message, Span, Summary, get_logger, head_region
 
 from . import archive, artifacts, cli, toc
 from .registry import Registry
@@ -204,7 +204,7 @@ def compact_in_place(session: Session, keep_tokens: int, *, reason: str) -> bool
             archive.publish(where, prepared)
             region_tokens = sum(session.meter.node_tokens(n) for n in nodes)
             text = toc_for_region(session, settings, nodes, records, boundary, region_tokens)
-            message = Message.user(text, Source.plugin_form(NAME, "toc"))
+            message = Message.user(text, STRATEGY.source("toc"))
             try:
                 STRATEGY.on(session).compact(
                     Span(region[0], region[1], message=message, summary=Summary(text)),
@@ -442,7 +442,8 @@ def steward_actions(session: Session, request: Request) -> list[dict[str, Any]] 
 # -- profile validation ---------------------------------------------------------------------------
 @ctxkernel.hookimpl
 def validate_profile(profile: Profile, report: Any) -> None:
-    if NAME not in profile.profile.strategies:
+    checks = STRATEGY.validating(profile, report)
+    if checks is None:
         return
     variants = [(f"{profile.model.provider}/{profile.model.name}", profile.model.provider, profile.model.name)]
     for policy in profile.model_policies:
@@ -453,7 +454,7 @@ def validate_profile(profile: Profile, report: Any) -> None:
     checked_roots = set()
     for label, provider, name in variants:
         try:
-            settings = ChaptersSettings.model_validate(profile.strategy_settings(NAME, provider, name))
+            settings = STRATEGY.settings_for(profile, provider, name)
             model = profile.model_for(provider, name)
         except Exception:  # noqa: BLE001 - the kernel's settings check reports these
             continue
@@ -464,18 +465,17 @@ def validate_profile(profile: Profile, report: Any) -> None:
                 check_name(settings.archive_root)
             except ArchiveError as exc:
                 problems += 1
-                report.fail(
+                checks.fail(
                     "strategy",
-                    NAME,
                     f"archive_root {settings.archive_root!r} is not a relative folder name ({exc}). Chapters are "
                     "stored in the store; archive_root names the folder they are shown under and exported to "
                     "(ctxkernel export). Fix: set [strategies.chapters] archive_root to a name such as 'chapters'",
                 )
             else:
-                report.ok("strategy", NAME, f"chapters are stored in the {profile.store.backend} store's blobs")
+                checks.ok("strategy", f"chapters are stored in the {profile.store.backend} store's blobs")
         threshold = settings.artifact_threshold(effective)
         retain = int(settings.retain_ratio * effective)
-        checks = [
+        limits = [
             (
                 settings.chapter_token_target >= effective,
                 f"chapter_token_target {settings.chapter_token_target} is not below the effective window {effective} of {label}. Fix: lower chapter_token_target in a model policy",
@@ -492,9 +492,9 @@ def validate_profile(profile: Profile, report: Any) -> None:
                 f"{effective} of {label}: one result could force a compaction that cannot shrink. Fix: lower tool_result_artifact_tokens or retain_ratio",
             ),
         ]
-        for failed, message in checks:
+        for failed, message in limits:
             if failed:
                 problems += 1
-                report.fail("budgets", NAME, message)
+                checks.fail("budgets", message)
     if not problems:
-        report.ok("budgets", NAME, "chapter, table-of-contents, artifact and retain budgets fit every model window")
+        checks.ok("budgets", "chapter, table-of-contents, artifact and retain budgets fit every model window")

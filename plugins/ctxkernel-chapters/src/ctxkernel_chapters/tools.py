@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import orjson
 from pydantic import Field
 
-from ctxkernel import MAX_INT_ARG, Message, Source, ToolArgs, ToolOutcome
+from ctxkernel import MAX_INT_ARG, Message, ToolArgs, ToolOutcome
 from ctxkernel.text import attr
 
 from . import archive, artifacts, toc
@@ -206,7 +206,7 @@ def plan_child(session: Session, handoff_note: str, ranges: list[ChapterRange], 
     )
     seed = Message.user(
         _seed_toc(session, settings, registry, [p.record for p in prepared], handoff_note, floor, ceiling),
-        Source.plugin_form(NAME, "snapshot"),
+        chapters.STRATEGY.source("snapshot"),
     )
     # budget preflight: a share of the window left after the system prompt and tool schemas
     effective = session.model_settings().effective_window
@@ -258,7 +258,7 @@ def _create_child(
                     chapters.archived_through(session, registry) + 1,
                     chapters.archive_ceiling(session),
                 ),
-                Source.plugin_form(NAME, "snapshot"),
+                chapters.STRATEGY.source("snapshot"),
             )
     records = [p.record for p in prepared]
     archive.publish(Archive.of(session), prepared)
@@ -279,9 +279,8 @@ def _create_child(
     # no ``parent`` in the child's header: the registry is the sole authority on ancestry (seed 003)
     child = chapters.STRATEGY.on(session).open_continuation(child_id, origin=origin)
     child.add_message(seed)
-    route = session.route
-    if route is not None:  # the model selection goes with the work (seed 003): same model, same window
-        child.set_route(route["provider"], route["model"], route["context_window"])
+    # the model selection goes with the work (seed 003): same model, same window
+    chapters.STRATEGY.on(session).carry_route(child)
     if session.harness_tools:
         child.set_harness_tools(session.harness_tools)
     chapters.state(session)["continued_in" if origin == "continue" else "forked"] = child_id

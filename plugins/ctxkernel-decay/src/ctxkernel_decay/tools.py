@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
-from ctxkernel import MAX_INT_ARG, Message, Source, Span, Tool, ToolArgs, ToolOutcome
+from ctxkernel import MAX_INT_ARG, Message, Span, Tool, ToolArgs, ToolOutcome
 from ctxkernel.events import TURN_START, USER_MESSAGE
 
 from .anchors import describe_visible, fmt, parse_anchor, strip_anchors
-from .state import BLOCK_FORM, NAME
+from .state import BLOCK_FORM
 from .strategy import STRATEGY, current_state, settings_of
 
 if TYPE_CHECKING:
@@ -310,7 +310,7 @@ _BRACKETS = str.maketrans({"[": "(", "]": ")"})
 
 def block_message(summary: str, topic: str | None, tier: int) -> Message:
     head = f"[compressed · tier {tier}" + (f" · {topic}]" if topic else "]")
-    return Message.user(f"{head}\n{summary}", Source.plugin_form(NAME, BLOCK_FORM))
+    return Message.user(f"{head}\n{summary}", STRATEGY.source(BLOCK_FORM))
 
 
 def build_spans(session: Session, state: DecayState, planned: list[Planned]) -> list[tuple[Span, int, int]]:

@@ -31,9 +31,9 @@ from ctxkernel import (
 from ctxkernel.events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, REQUEST_HEADER, USER_MESSAGE
 from ctxkernel.recall.history import History
 
-from .handoff import MIN_GENERATED_BODY, NAME, Generated, Handoff, assemble, call_summarizer
+from .handoff import MIN_GENERATED_BODY, Generated, Handoff, assemble, call_summarizer
 from .settings import HandoffSettings
-from .strategy import STRATEGY
+from .strategy import NAME, STRATEGY
 
 if TYPE_CHECKING:
     from ctxkernel import CommitResult, Region, Session, Summary

@@ -27,14 +27,14 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ctxkernel import SUMMARY_SECTIONS, Message, Source, Summary, get_logger
+from ctxkernel import SUMMARY_SECTIONS, Message, Summary, get_logger
 from ctxkernel.recall.history import History
 from ctxkernel.recall.notes import Note, render_note
 from ctxkernel.redact import redact
 from ctxkernel.text import PATH_KEYS, clip, first_line, guard, keep_newest, string_arguments, tag
 
 from .clip import clip_with_receipt
-from .strategy import NAME, STRATEGY
+from .strategy import STRATEGY
 
 if TYPE_CHECKING:
     from ctxkernel import Node, Session
@@ -85,7 +85,7 @@ class Handoff:
     record: dict[str, Any] = field(default_factory=dict)
 
     def message(self) -> Message:
-        return Message.user(self.text, Source.plugin_form(NAME, "handoff"))
+        return Message.user(self.text, STRATEGY.source("handoff"))
 
 
 @dataclass
@@ -107,7 +107,7 @@ def call_summarizer(session: Session, nodes: list[Node], budget: int, header: tu
         return Generated(None, error="no summarizer model is configured ([summarizer] kind is 'extractive')")
     system, tools = header
     messages = [n.message for n in nodes]
-    messages.append(Message.user(directive(budget), Source.plugin_form(NAME, "directive")))
+    messages.append(Message.user(directive(budget), STRATEGY.source("directive")))
     try:
         reply = model.complete(messages, system=system, tools=tools)
     except Exception as exc:  # noqa: BLE001 - any failure falls back to extractive, never blocks the switch

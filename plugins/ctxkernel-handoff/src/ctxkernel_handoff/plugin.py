@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
 import ctxkernel
 from ctxkernel import ContextOverflowError, get_logger
 from ctxkernel.recall.history import History
@@ -27,8 +25,7 @@ from .engine import (
 from .engine import (
     compact_now as manual_compaction,
 )
-from .handoff import NAME
-from .settings import HandoffSettings
+from .strategy import NAME
 from .tools import TOOL_NAMES, build_tools
 
 if TYPE_CHECKING:
@@ -291,13 +288,13 @@ def validate_profile(profile: Profile, report: Any) -> None:
     if checks is None:
         return
     try:
-        settings = HandoffSettings.model_validate(profile.strategy_settings(NAME))
+        settings = STRATEGY.settings_for(profile)
         variants = [
-            HandoffSettings.model_validate(profile.strategy_settings(NAME, p.match.provider, p.match.name))
+            STRATEGY.settings_for(profile, p.match.provider, p.match.name)
             for p in profile.model_policies
-            if NAME in p.strategies
+            if STRATEGY.name in p.strategies
         ]
-    except ValidationError:
+    except ctxkernel.ProfileError:
         return  # the kernel's settings check reports the invalid table with the file and the key
     every = [settings, *variants]
     # tools: the recall tools are shared with rollover; both in one profile would register them twice

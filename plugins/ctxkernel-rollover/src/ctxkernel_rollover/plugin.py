@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import ctxkernel
-from ctxkernel import ContextOverflowError, EventSpec, Message, Source
+from ctxkernel import ContextOverflowError, EventSpec, Message
 from ctxkernel.events import USER_MESSAGE, append_op
 from ctxkernel.redact import redact
 from ctxkernel.text import tag
@@ -169,7 +169,7 @@ def _remind(session: Session, window: str, pressure: Any) -> None:
         "current state, next steps), then call new_context(next_goal=...). If you do not, a new window starts "
         "automatically near the limit with your notes as its seed. Nothing is summarised.</rollover-reminder>"
     )
-    message = Message.user(text, Source.plugin_form(NAME, "notice"))
+    message = Message.user(text, STRATEGY.source("notice"))
     # one event carries both the message and the fact that this window was reminded
     session.append([EventSpec(USER_MESSAGE, {"message": message.to_dict(), REMINDER_KEY: window}, append_op())])
 
@@ -252,8 +252,10 @@ def validate_profile(profile: Profile, report: ValidationReport) -> None:
     checks = STRATEGY.validating(profile, report)
     if checks is None:
         return
-    raw = profile.strategies.get(NAME, {})
-    allowed = bool(raw.get("allow_summary_fallback", False))
+    try:
+        allowed = STRATEGY.settings_for(profile).allow_summary_fallback
+    except ctxkernel.ProfileError:
+        return  # the kernel's settings check reports the invalid table with the file and the key
     summarising = _summarising_strategies(report)
     if summarising and not allowed:
         checks.fail(

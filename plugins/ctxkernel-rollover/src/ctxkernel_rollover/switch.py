@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ctxkernel import CtxKernelError, Message, Source, Span, StrategyNotes, get_logger
+from ctxkernel import CtxKernelError, Message, Span, StrategyNotes, get_logger
 from ctxkernel.events import TURN_START, USER_MESSAGE
 from ctxkernel.recall.notes import NotesLimits
 
 from .seed import REMAINING_PLACEHOLDER, SeedInput, render_seed
-from .state import NAME, WINDOW_EVENT, WINDOW_KIND, state_of
+from .state import WINDOW_EVENT, WINDOW_KIND, state_of
 from .strategy import STRATEGY
 from .window_ids import next_window_id
 
@@ -228,7 +228,7 @@ def _switch(
         raise RolloverError(msg)
     remaining = max(0, pressure.effective_window - overhead - seed_tokens)
     text = text.replace(REMAINING_PLACEHOLDER, f"{remaining} of {pressure.effective_window}", 1)
-    message = Message.user(text, Source.plugin_form(NAME, "seed"))
+    message = Message.user(text, STRATEGY.source("seed"))
     data = {
         "window_id": new_id,
         "previous_window_id": state.current,
