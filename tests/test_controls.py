@@ -165,8 +165,8 @@ def test_compact_now_asks_strategies_in_profile_order_and_skips_disabled_ones(tm
     )
     session = kernel.open_session()
     for turn in range(6):
-        session.user(f"turn {turn}: " + "read the parser and report " * 40)
-        step(session, "found " * 80)
+        session.user(f"turn {turn}: read the parser and report")  # instructions stay small (kept verbatim)
+        step(session, "found " * 240)
         session.end_turn()
     outcome = session.compact_now(by="ui")
     assert outcome.strategy == "watcher" and not outcome.committed and watcher.manual == ["ui"]
@@ -275,7 +275,7 @@ def test_cli_strategy_disable_then_enable(capsys, cli_home):
         "strategy": "basic",
         "enabled": False,
         "changed": True,
-        "enabled_strategies": [],
+        "enabled_strategies": ["history"],  # the basic profile's other strategy
     }
     code, out, _ = run_cli(capsys, "strategy", "disable", "basic", "--session", session_id)
     assert code == 0 and "disabled (already)" in out

@@ -27,9 +27,11 @@ def kernel_for(name: str, home: Path) -> Kernel:
 
 def grow(session: Session, turns: int = 10) -> None:
     for turn in range(turns):
-        session.user(f"turn {turn}: check module {turn} and report what it does " + "with care " * 120)
+        # the bulk is the model's output: the user's instructions, which the kernel keeps verbatim
+        # through every compaction within their budget, stay small
+        session.user(f"turn {turn}: check module {turn} and report what it does, with care")
         session.prepare_request()
-        session.commit_reply(Message.assistant(f"module {turn} parses input " + "and more " * 120))
+        session.commit_reply(Message.assistant(f"module {turn} parses input " + "and more " * 240))
         session.end_turn()
 
 
