@@ -55,6 +55,8 @@ from .testing_crash import Acks, CrashCheckError, _check_compactions, batch_hash
 STRATEGIES = ("basic", "decay", "handoff", "rollover", "chapters")
 #: the window every fleet profile runs with: small, so strategies act within a few turns
 WINDOW = 3000
+#: handoff's request header (its prompt, notes and history tools) takes over a third of that
+WINDOWS = {"handoff": 4000}
 INSIDE = "inside"
 
 _PROFILE = """\
@@ -70,6 +72,11 @@ reserved_output_tokens = 400
 
 [store]
 lease_seconds = {lease}
+
+# a window this small leaves no room for the default fifth of it for the user's instructions
+# next to a handoff or a table of contents: keep a twentieth
+[instructions]
+budget_ratio = 0.05
 """
 
 
@@ -86,7 +93,7 @@ def write_profiles(folder: Path, lease_seconds: float) -> dict[str, Path]:
                 strategy=strategy,
                 strategies=orjson.dumps(strategies).decode(),
                 extra=extra,
-                window=WINDOW,
+                window=WINDOWS.get(strategy, WINDOW),
                 lease=lease_seconds,
             )
         )
@@ -458,7 +465,9 @@ def verify_fleet(store: EventStore, pool: list[_Worker], scratch: Path, report: 
     report.sessions = len(ids)
     for session_id in ids:
         header = store.header(session_id)
-        report.continuations += header.parent is not None
+        # a continuation's header names no parent (the strategy's registry owns ancestry): the
+        # fleet created sessions named fleet-<seed>-<n>, the strategies the rest
+        report.continuations += not session_id.startswith("fleet-")
         session = checker[header.profile or "basic"].open_session(session_id)  # repair closes what the dead left
         events = list(store.read(session_id))
         if [e.seq for e in events] != list(range(len(events))):
