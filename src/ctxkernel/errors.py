@@ -129,3 +129,9 @@ class ContextOverflowError(ModelError):
         self.prompt_tokens = prompt_tokens
         self.limit = limit
         super().__init__(message)
+
+
+class RequestTooLargeError(ContextOverflowError):
+    """The kernel refused to send a composed request over the effective window: the profile's
+    overflow path and the kernel's excerpts could not make it fit (guard.py). Nothing was sent
+    and the guard wrote nothing to the log."""

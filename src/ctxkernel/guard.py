@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .compaction import CommitResult, Span
-from .errors import CompactionError
+from .errors import CompactionError, ContextOverflowError
 from .events import TOOL_RESULT
 from .logging import get_logger
 from .messages import Message, Source
@@ -222,3 +222,22 @@ def excerpt_message(
         if session.meter.count_message(message) <= budget or chars <= 200:
             return message
         chars //= 2
+
+
+def fit_composed(session: Session, tokens: int, window: int) -> bool:
+    """Step 0, before anything is sent: ``prepare_request`` composed a request of ``tokens``
+    (reminders, anchors and tool schemas included) over the effective ``window``. Run the
+    profile's overflow path as if the provider had refused it (the ``request_error`` hooks, e.g.
+    ``basic``'s summary of the head), and the kernel's excerpts when no strategy shrank the
+    surface. True when the surface shrank; ``prepare_request`` then composes again and refuses
+    with :class:`~ctxkernel.RequestTooLargeError` if it still does not fit."""
+    before = session.meter.surface_tokens()
+    error = ContextOverflowError(
+        f"the composed request has {tokens} tokens, over the effective window of {window}",
+        prompt_tokens=tokens,
+        limit=window,
+    )
+    log.warning("composed request over the window", session=session.id, tokens=tokens, effective_window=window)
+    if not session.kernel.hooks.request_error(session, error):
+        shrink_to_fit(session, tokens - window, limit=window)
+    return session.meter.surface_tokens() < before

@@ -58,6 +58,9 @@ class ProfileInfo(_Strict):
     requires: list[str] = Field(default_factory=list)
     #: strategy names whose exclusive capabilities may overlap, in the order they act
     capability_order: list[str] = Field(default_factory=list)
+    #: check the composed request (reminders, anchors, tools included) against the effective
+    #: window: compact an overflowing one once through the overflow path, or refuse it (guard.py)
+    guard_request: bool = False
 
     @model_validator(mode="after")
     def _unique(self) -> ProfileInfo:

@@ -39,12 +39,13 @@ from .errors import (
     CorruptionError,
     EventError,
     ModelError,
+    RequestTooLargeError,
     StoreError,
     SurfaceError,
     ToolError,
 )
 from .events import Event, EventSpec, validate_shape
-from .guard import excerpt_oversized, shrink_to_fit
+from .guard import excerpt_oversized, fit_composed, shrink_to_fit
 from .instructions import PENDING_NAMESPACE, Instruction, Ledger, inheritance_batch, pending_of
 from .lease import CompactionLease, host_id
 from .logging import get_logger
@@ -723,8 +724,14 @@ class Session:
         if self.route != data:
             self.append_one(ev.REQUEST_CONTEXT, data)
 
-    def prepare_request(self, *, attempt: int = 0) -> Request:
-        """Run the strategies and compose the next request from the surface."""
+    def prepare_request(self, *, attempt: int = 0, allow_overflow: bool = False) -> Request:
+        """Run the strategies and compose the next request from the surface.
+
+        With ``[profile] guard_request``, a composed request over the effective window is
+        compacted once through the profile's overflow path; if it still does not fit,
+        :class:`ctxkernel.RequestTooLargeError` is raised and the guard has written nothing
+        (guard.py). ``allow_overflow`` returns it
+        instead: ``ctxkernel simulate``'s open loop, which counts it as an overflow."""
         with self._lock:
             self.refresh()
             self.kernel.refresh_profile()  # edited settings apply from this step on
@@ -745,35 +752,59 @@ class Session:
                 self._deferred.append((strategy, text))
             self._flush_deferred()
             excerpt_oversized(self)  # the kernel's bound: no message over half the window (guard.py)
-            system, tools, digest, header_tokens = self._system_and_tools()
+            request, header_tokens, digest = self._compose(step.step)
+            tokens = header_tokens + self.meter.surface_tokens() + self._last_decoration_delta
+            window = self.model_settings().effective_window
+            if tokens > window and self.kernel.profile.profile.guard_request and self.enabled_strategies():
+                # the composed request (reminders, anchors, tools included) would overflow: the
+                # profile's overflow path compacts once, then it is composed again (guard.py)
+                if fit_composed(self, tokens, window):
+                    request, header_tokens, digest = self._compose(step.step)
+                    tokens = header_tokens + self.meter.surface_tokens() + self._last_decoration_delta
+                if tokens > window and not allow_overflow:
+                    msg = (
+                        f"the composed request has {tokens} tokens, over the effective window of {window} "
+                        f"(context_window - reserved_output_tokens) even after compaction; nothing was sent. "
+                        "Shorten the system prompt or tool schemas, or use a model with a larger window"
+                    )
+                    raise RequestTooLargeError(msg, prompt_tokens=tokens, limit=window)
             batch = []
             if digest != self.header_hash:
-                batch.append(EventSpec(ev.REQUEST_HEADER, {"system": system, "tools": tools, "hash": digest}))
+                header = {"system": request.system, "tools": request.tools, "hash": digest}
+                batch.append(EventSpec(ev.REQUEST_HEADER, header))
             if self.route is None:
                 self._write_route(self.model_settings())
             batch.append(EventSpec(ev.STEP_START, {"turn": self.turn, "step": step.step}))
             self.append(batch)
-            nodes = self.surface.nodes
-            request = Request(
-                messages=[n.message for n in nodes],
-                seqs=[n.seq for n in nodes],
-                system=system,
-                tools=tools,
-                turn=self.turn,
-                step=self.step,
-                pressure=self.pressure(),  # replaced below once decorations are known
-                provider=self.route["provider"] if self.route else "",
-                model=self.route["model"] if self.route else "",
-            )
-            self.kernel.hooks.decorate_request(self, request)
-            delta = 0
-            for index in request.decorated:
-                node = nodes[index]
-                delta += self.meter.decorated_tokens(node.seq, request.messages[index]) - self.meter.node_tokens(node)
-            self._last_decoration_delta = delta
+            request.provider = self.route["provider"] if self.route else ""
+            request.model = self.route["model"] if self.route else ""
             request.pressure = self.pressure()
-            self._request_estimate = header_tokens + self.meter.surface_tokens() + delta
+            self._request_estimate = tokens
             return request
+
+    def _compose(self, step: int) -> tuple[Request, int, str]:
+        """The request the surface gives now, decorated by the strategies (nothing written), and
+        its header's token count and hash."""
+        system, tools, digest, header_tokens = self._system_and_tools()
+        nodes = self.surface.nodes
+        request = Request(
+            messages=[n.message for n in nodes],
+            seqs=[n.seq for n in nodes],
+            system=system,
+            tools=tools,
+            turn=self.turn,
+            step=step,
+            pressure=self.pressure(),  # replaced once decorations are known
+            provider=self.route["provider"] if self.route else "",
+            model=self.route["model"] if self.route else "",
+        )
+        self.kernel.hooks.decorate_request(self, request)
+        delta = 0
+        for index in request.decorated:
+            node = nodes[index]
+            delta += self.meter.decorated_tokens(node.seq, request.messages[index]) - self.meter.node_tokens(node)
+        self._last_decoration_delta = delta
+        return request, header_tokens, digest
 
     def _write_inheritance(self) -> None:
         """A continuation's first request: record the instructions it inherited (kept in the

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, ContextOverflowError, ProfileError
+from ..errors import ConfigError, ContextOverflowError, ProfileError, RequestTooLargeError
 from ..events import COMPACTION_END, COMPACTION_PRUNE, COMPACTION_SUMMARY
 from ..kernel import Kernel
 from ..messages import Message, Source, ToolCallBlock
@@ -349,7 +349,13 @@ class Replay:
     def _prepare(self) -> Request:
         """Prepare a request; when it would not fit, report the overflow and retry as a harness does."""
         session = self.session
-        request = session.prepare_request()
+        try:
+            request = session.prepare_request()
+        except RequestTooLargeError:
+            # the kernel's guard refused it (it could not be compacted to fit): a real harness
+            # gets this error instead of the provider's; the recording goes on (open loop)
+            self.counters.overflows += 1
+            return session.prepare_request(allow_overflow=True)
         for attempt in range(1, _MAX_OVERFLOW_RETRIES + 1):
             tokens = self._prompt_tokens(session, request)
             window = request.pressure.effective_window
@@ -365,7 +371,10 @@ class Replay:
             if not retry:
                 break
             self.counters.overflow_retries += 1
-            request = session.prepare_request(attempt=attempt)
+            try:
+                request = session.prepare_request(attempt=attempt)
+            except RequestTooLargeError:
+                break
         else:
             tokens = self._prompt_tokens(session, request)
             if tokens <= request.pressure.effective_window:
@@ -374,7 +383,7 @@ class Replay:
         # request, so it is counted as an overflow and served anyway
         self.counters.overflows += 1
         if not session.step_open:
-            request = session.prepare_request(attempt=_MAX_OVERFLOW_RETRIES + 1)
+            request = session.prepare_request(attempt=_MAX_OVERFLOW_RETRIES + 1, allow_overflow=True)
         return request
 
     def _commit(self, session: Session, message: Message, request: Request) -> None:

@@ -25,16 +25,18 @@ def decay_kernel(
     strategies: tuple[str, ...] = ("decay", "basic"),
     basic: dict[str, Any] | None = None,
 ) -> Any:
-    """A kernel on a jsonl store in ``home`` whose profile runs ``strategies`` (decay, then basic as
-    the emergency fallback at 97% by default) on a small window."""
+    """A kernel on a jsonl store in ``home`` whose profile runs ``strategies`` on a small window,
+    shaped like the shipped profile: decay, then basic with no automatic compaction, called only
+    by the kernel's guard on an overflowing composed request (``guard_request``) or by hand."""
     tables: dict[str, dict[str, Any]] = {}
     if "decay" in strategies:
         tables["decay"] = dict(settings or {})
     if "basic" in strategies:
-        tables["basic"] = {"threshold_ratio": 0.97, "retain_ratio": 0.3, **(basic or {})}
+        tables["basic"] = {"threshold_ratio": 0.97, "retain_ratio": 0.3, "auto": False, **(basic or {})}
     profile = make_profile(model={"context_window": window, "reserved_output_tokens": reserve})
     profile.profile.strategies = list(strategies)
     profile.profile.capability_order = list(strategies)
+    profile.profile.guard_request = True
     profile.strategies = tables
     profile.model_policies = []  # the repo basic profile has policies for its own tables
     # tests need no fsync: durability is the store's own tests' business

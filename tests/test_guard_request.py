@@ -1,0 +1,120 @@
+"""The request guard (``[profile] guard_request``, guard.py ``fit_composed``): the composed request,
+every decoration included, is checked against the effective window; only an overflowing one is
+compacted once through the profile's overflow path and composed again, or refused with
+:class:`ctxkernel.RequestTooLargeError` and a byte-identical log. Decay's anchors and reminders are
+added after ``pre_step``, which is why a threshold measured there is not enough."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctxkernel import Message, RequestTooLargeError, ToolCallBlock
+from ctxkernel.events import COMPACTION_END, COMPACTION_START
+from ctxkernel.testing import build_kernel, make_profile
+from ctxkernel_decay.testing import decay_kernel, log_bytes
+
+
+def basic_kernel(home: Path, *, window: int, guard: bool = True, system: str | None = None) -> Any:
+    """``basic`` with no automatic compaction: only the guard (or a provider overflow) compacts."""
+    profile = make_profile(model={"context_window": window, "reserved_output_tokens": 500})
+    profile.profile.guard_request = guard
+    if system is not None:
+        profile.profile.system_prompt = system
+    profile.model_policies = []
+    settings = {"basic": {"auto": False, "threshold_ratio": 0.97, "retain_ratio": 0.3}}
+    return build_kernel(home, strategies=["basic"], settings=settings, profile=profile, fsync=False)
+
+
+def sent_tokens(session: Any, request: Any) -> int:
+    """The request as it would be sent, counted from scratch: header plus every (decorated) message."""
+    meter = session.meter
+    return meter.count_header(request.system, request.tools) + sum(meter.count_message(m) for m in request.messages)
+
+
+def compactions(session: Any) -> list[dict[str, Any]]:
+    return [e.data for e in session.events if e.type == COMPACTION_START]
+
+
+def step(session: Any, n: int, size: int) -> Any:
+    """One request, a tool call and a result of about ``size`` tokens."""
+    request = session.prepare_request()
+    session.commit_reply(Message.assistant("", [ToolCallBlock(f"c{n}", "read", {"path": f"{n}.txt"})]))
+    session.tool_result(f"c{n}", " ".join(f"w{n}x{k}" for k in range(size // 3)))
+    return request
+
+
+def test_a_request_that_cannot_fit_is_refused_and_the_log_is_byte_identical(tmp_path: Path) -> None:
+    # the system prompt alone is over the window: no compaction of the surface can make it fit
+    kernel = basic_kernel(tmp_path, window=3_000, system="You are careful. " * 1_000)
+    session = kernel.open_session()
+    session.user("hello")
+    before = log_bytes(session)
+    with pytest.raises(RequestTooLargeError, match=r"over the effective window of 2500") as refused:
+        session.prepare_request()
+    assert refused.value.limit == 2_500
+    assert refused.value.prompt_tokens is not None and refused.value.prompt_tokens > 2_500
+    assert log_bytes(session) == before
+    assert not session.step_open
+    # the refusal is repeatable and still writes nothing
+    with pytest.raises(RequestTooLargeError):
+        session.prepare_request()
+    assert log_bytes(session) == before
+
+
+def test_an_overflowing_request_is_compacted_once_and_fits(tmp_path: Path) -> None:
+    kernel = basic_kernel(tmp_path, window=6_000)
+    session = kernel.open_session()
+    session.user("read the files one by one")
+    window = 5_500
+    n = 0
+    while not compactions(session):
+        events_before = len(session.events)
+        request = step(session, n, 400)
+        assert sent_tokens(session, request) <= window
+        n += 1
+        assert n < 40, "the guard never compacted"
+    # the step that would have overflowed: exactly one compaction, by basic's overflow path,
+    # committed before the step started, and the request it returned fits
+    new = session.events[events_before:]
+    starts = [e for e in new if e.type == COMPACTION_START]
+    assert [(e.data["strategy"], e.data["kind"]) for e in starts] == [("basic", "summary")]
+    assert [e.data.get("error") for e in new if e.type == COMPACTION_END] == [None]  # committed
+    first_step = next(e.seq for e in new if e.type == "step/start")
+    assert starts[0].seq < first_step
+    assert sent_tokens(session, request) <= window
+    # the next steps fit without another compaction until the surface has grown again
+    for k in range(n, n + 3):
+        assert sent_tokens(session, step(session, k, 400)) <= window
+    assert len(compactions(session)) == 1
+
+
+def test_a_request_that_fits_is_untouched(tmp_path: Path) -> None:
+    guarded = basic_kernel(tmp_path / "guarded", window=20_000).open_session("s", create=True)
+    plain = basic_kernel(tmp_path / "plain", window=20_000, guard=False).open_session("s", create=True)
+    for session in (guarded, plain):
+        session.user("read three files")
+        for n in range(3):
+            step(session, n, 400)
+    a, b = guarded.prepare_request(), plain.prepare_request()
+    assert a.messages == b.messages and a.system == b.system and a.tools == b.tools
+    assert [(e.type, e.data) for e in guarded.events if "time" not in e.data] == [
+        (e.type, e.data) for e in plain.events if "time" not in e.data
+    ]
+    assert compactions(guarded) == []
+
+
+def test_decay_anchors_and_reminders_never_push_a_request_over_the_window(tmp_path: Path) -> None:
+    """The gap the previous threshold left: with ``threshold_ratio = 1.0`` measured in ``pre_step``,
+    a composed decay request reached 22,019 tokens in a 22,000 window. With the shipped shape
+    (basic ``auto = false``, ``guard_request``) every request as sent fits, and basic compacts only
+    when a composed request would overflow."""
+    kernel = decay_kernel(tmp_path, window=8_000, reserve=1_000, settings={"growth_tokens": 1_500})
+    session = kernel.open_session()
+    session.user("read every file")
+    for n in range(40):
+        request = step(session, n, 300)
+        assert sent_tokens(session, request) <= 7_000, n
+    assert [c["strategy"] for c in compactions(session)].count("basic") >= 1
