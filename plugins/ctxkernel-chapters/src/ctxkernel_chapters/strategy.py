@@ -93,8 +93,7 @@ def header_tokens(session: Session) -> int:
 
 def is_chapters_toc(node: Any) -> bool:
     """True for a table of contents this strategy put on the surface."""
-    src = node.message.source
-    return node.role == "user" and src.kind == "plugin" and src.plugin == NAME and toc.is_toc(node.message.text)
+    return node.role == "user" and STRATEGY.owns(node.message.source) and toc.is_toc(node.message.text)
 
 
 def user_instructions(session: Session, start: int, end: int) -> list[str]:

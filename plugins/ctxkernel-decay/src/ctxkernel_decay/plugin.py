@@ -302,7 +302,7 @@ def validate_profile(profile: ctxkernel.Profile, report: Any) -> None:
 
 
 def is_decay_notice(message: ctxkernel.Message) -> bool:
-    return message.source.kind == "plugin" and message.source.plugin == NAME and message.source.form == NOTICE_FORM
+    return STRATEGY.owns(message.source, NOTICE_FORM)
 
 
 __all__ = ["SNAPSHOT_NAMESPACE", "STRATEGY", "DecaySettings", "current_state", "is_decay_notice"]

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ctxkernel.text import clip, failed, first_line, keep_newest
 
 from .anchors import fmt, strip_anchors
-from .state import NAME, NOTICE_FORM
+from .state import NOTICE_FORM
 from .strategy import STRATEGY, current_state, settings_of
 from .tools import protected_instruction, protected_start
 
@@ -47,7 +47,7 @@ def extractive_summary(messages: list[Message], state_summaries: list[str], max_
     for m in messages:
         src = m.source
         if m.role == "user":
-            if src.kind == "plugin" and src.plugin == NAME:
+            if STRATEGY.owns(src):
                 continue  # our reminders carry nothing worth keeping; blocks come in state_summaries
             lines.append(
                 f"{'user' if src.kind == 'user' else src.plugin or 'note'}: {_clip(m.text, 600 if src.kind == 'user' else 240)}"
@@ -150,7 +150,7 @@ def actions(session: Session, request: Request) -> list[dict[str, Any]] | None:
     newest = None
     for seq, message in zip(request.seqs, request.messages, strict=True):
         src = message.source
-        if src.kind == "plugin" and src.plugin == NAME and src.form == NOTICE_FORM:
+        if STRATEGY.owns(src, NOTICE_FORM):
             newest = seq
     if newest is None or newest <= holder.get("steward_seen", -1) or newest < state.last_compaction_seq:
         return None
