@@ -52,6 +52,7 @@ from .models import ModelAdapter, OpenAIChatModel, Reply, ScriptedModel
 from .plugins import NoSettings, StrategySpec
 from .profile import Profile, load_profile
 from .session import EventSpec, ReplyDraft, Request, RequestHeader, Session, StepContext
+from .snapshot import StrategySnapshot
 from .store.base import BlobInfo, check_blob_key, check_session_id
 from .surface import Node
 from .tools import MAX_INT_ARG, CompactTool, Tool, ToolArgs, ToolOutcome, compact_schema
@@ -112,6 +113,7 @@ __all__ = [
     "StrategyChecks",
     "StrategyHandle",
     "StrategyNotes",
+    "StrategySnapshot",
     "StrategySpec",
     "Summary",
     "SurfaceChangedError",

@@ -17,8 +17,8 @@ Strategy authors call :func:`check_conformance` from one test (see docs/testing-
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from .messages import Message, ToolCallBlock
 from .pairing import pairing_problems
 from .profile import Profile, builtin_profile
 from .session import Request, Session
-from .snapshot import LazyEvents
+from .snapshot import LazyEvents, strategy_parts
 from .store.base import EventStore
 from .store.jsonl import JsonlStore
 
@@ -124,7 +124,79 @@ def _snapshot(session: Session) -> dict[str, Any]:
         "surface": [(n.seq, n.message.to_dict()) for n in session.surface.nodes],
         "pressure": session.pressure().to_dict(),
         "panels": orjson.loads(orjson.dumps(session.kernel.hooks.project(session), default=str)),
+        # what each strategy puts into a snapshot: derived from the log alone, so the same however
+        # the session was opened
+        "strategy_states": strategy_parts(session, set(session.kernel.strategies)),
     }
+
+
+@dataclass(frozen=True)
+class SnapshotCut:
+    """One case :func:`check_snapshot_equivalence` checked: a snapshot after ``cut`` events, the
+    log run on to ``end``, and how many events before the snapshot the open read from the store
+    (0: the open cost the snapshot and the tail only)."""
+
+    cut: int
+    end: int
+    loaded_before_snapshot: int
+
+
+def check_snapshot_equivalence(
+    new_kernel: Callable[[bool], Kernel], session_id: str, cuts: Iterable[tuple[int, int]]
+) -> list[SnapshotCut]:
+    """Opening from a snapshot is the same session as a full replay, strategy state included.
+
+    ``new_kernel(snapshots)`` builds a new kernel (a new store object: nothing cached) on the
+    store holding session ``session_id``, with ``[store] snapshot_every`` on (True) or 0 (False).
+    For each ``(cut, end)`` (``0 < cut <= end <=`` the log's length) a copy of the session's first
+    ``cut`` events is opened by a full replay and writes a snapshot; events ``cut..end`` are then
+    appended to the copy as they are, and the copy is opened by one new kernel from that snapshot
+    and by another replaying the whole log. The two must agree on the surface, pressure, every
+    strategy's panel (``project``) and every strategy's ``snapshot_state``, and every strategy that
+    put state into the snapshot must have taken it back (``StrategyHandle.restored``).
+
+    Raises :class:`ConformanceError` naming the cut and what differs; returns what was checked.
+    """
+    source = new_kernel(False).store
+    header = source.header(session_id)
+    events = list(source.read(session_id))
+    checked = []
+    for number, (cut, end) in enumerate(cuts):
+        if not 0 < cut <= end <= len(events):
+            msg = f"cut {cut}..{end}: need 0 < cut <= end <= {len(events)} (the session's length)"
+            raise ValueError(msg)
+        copy = f"{session_id[:80]}-{number}-cut{cut}-{end}"
+        writer = new_kernel(True)
+        writer.store.create(replace(header, id=copy))
+        writer.store.append(copy, events[:cut], 0)
+        writer.open_session(copy, repair=False).write_snapshot()
+        if writer.store.snapshot_get(copy) is None:
+            msg = f"cut {cut}: the copy wrote no snapshot (is [store] snapshot_every 0 in new_kernel(True)?)"
+            raise ConformanceError(msg)
+        if end > cut:
+            writer.store.append(copy, events[cut:end], cut)
+        restored = new_kernel(True).open_session(copy, repair=False)
+        if not isinstance(restored.events, LazyEvents):
+            msg = f"cut {cut}..{end}: the copy did not open from its snapshot (the snapshot was set aside)"
+            raise ConformanceError(msg)
+        left = sorted(restored.snapshot_states)
+        loaded = restored.events.loaded
+        replayed = new_kernel(False).open_session(copy, repair=False)
+        if left:
+            msg = f"cut {cut}..{end}: strategies {left} put state into the snapshot but did not take it back on open"
+            raise ConformanceError(msg)
+        got, want = _snapshot(restored), _snapshot(replayed)
+        if got != want:
+            diff = [k for k in want if got[k] != want[k]]
+            detail = ""
+            if "strategy_states" in diff:
+                names = sorted(set(got["strategy_states"]) | set(want["strategy_states"]))
+                bad = [n for n in names if got["strategy_states"].get(n) != want["strategy_states"].get(n)]
+                detail = f" (strategy state of {bad})"
+            msg = f"cut {cut}..{end}: opening from the snapshot differs from a full replay in {diff}{detail}"
+            raise ConformanceError(msg)
+        checked.append(SnapshotCut(cut, end, loaded))
+    return checked
 
 
 def check_conformance(

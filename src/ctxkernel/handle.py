@@ -16,7 +16,7 @@ This module sits above the core and ``recall``: the core never imports it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from pydantic import BaseModel
@@ -24,12 +24,14 @@ from pydantic import BaseModel
 from .compaction import CommitResult, Span
 from .errors import ConfigError
 from .instructions import pin_cost
+from .logging import get_logger
 from .messages import Source
 from .plugins import NoSettings, StrategySpec
 from .profile import strategy_settings_from
 from .recall.history import History
 from .recall.notes import STATE_KEY as NOTES_STATE_KEY
 from .recall.notes import Note, Notes, NotesLimits
+from .snapshot import StrategySnapshot
 from .store.base import BlobInfo, EventStore
 from .tools import Tool
 
@@ -40,6 +42,9 @@ if TYPE_CHECKING:
     from .validate import ValidationReport
 
 S = TypeVar("S", bound=BaseModel)
+T = TypeVar("T")
+
+log = get_logger("ctxkernel.snapshot")
 
 
 class Strategy(Generic[S]):
@@ -273,11 +278,48 @@ class StrategyHandle(Generic[S]):
     @property
     def state(self) -> dict[str, Any]:
         """This process's state for the strategy in this session (rebuild it from the log: it is
-        not persisted)."""
+        persisted only as far as the strategy puts it into snapshots, see :meth:`snapshot`)."""
         holder = self.session.state.get(self.name)
         if holder is None:
             holder = self.session.state[self.name] = {}
         return holder
+
+    # -- snapshots ------------------------------------------------------------------------------------
+    def snapshot(self, data: dict[str, Any], *, version: int) -> StrategySnapshot:
+        """This strategy's folded state for the session's snapshot: return it from the
+        ``snapshot_state`` hook. ``data`` is plain JSON holding only what the fold of the log
+        derives; ``version`` is the strategy's own format number (bump it when the shape changes)."""
+        return StrategySnapshot(self.name, version, data)
+
+    def restored(self, *, version: int, load: Callable[[dict[str, Any]], T]) -> T | None:
+        """The state this strategy put into the snapshot the session was opened from, rebuilt by
+        ``load(data)``; taken once (a second call answers None).
+
+        None, and the strategy folds the whole log as without a snapshot, when the session was not
+        opened from one, the snapshot holds no state of this strategy, it was written with another
+        ``version``, or ``load`` raises on it (a warning names the reason in the last two cases).
+        ``load`` should refuse what it cannot trust (e.g. a cursor past ``len(session.events)``)."""
+        part = self.session.snapshot_states.pop(self.name, None)
+        if part is None:
+            return None
+        if part["version"] != version:
+            log.warning(
+                "strategy snapshot state set aside; folding the whole log",
+                session=self.session.id,
+                strategy=self.name,
+                reason=f"written with state version {part['version']}, this plugin reads {version}",
+            )
+            return None
+        try:
+            return load(part["data"])
+        except Exception as exc:  # noqa: BLE001 - a malformed part costs a full fold, never the open
+            log.warning(
+                "strategy snapshot state set aside; folding the whole log",
+                session=self.session.id,
+                strategy=self.name,
+                reason=f"{type(exc).__name__}: {exc}"[:300],
+            )
+            return None
 
     # -- acting on the session ----------------------------------------------------------------------
     def emit(self, kind: str, data: dict[str, Any]) -> int:

@@ -24,6 +24,9 @@ Lifecycle of one model request::
       └─ request_error(session, error)       first non-None wins: retry after shrinking?
     after any compaction, switch or archive commits:
       └─ commit(session, result)
+
+Around the requests: ``session_opened`` when a session is created or resumed (from its snapshot
+plus the tail of its log), ``snapshot_state`` whenever the session writes a snapshot.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ if TYPE_CHECKING:
     from .plugins import StrategySpec
     from .profile import Profile
     from .session import ReplyDraft, Request, Session, StepContext
+    from .snapshot import StrategySnapshot
     from .tools import Tool
     from .validate import ValidationReport
 
@@ -72,7 +76,33 @@ def session_opened(session: Session) -> None:
 
     :param session: the opened session; ``session.events`` holds its whole log (opened from a
         snapshot, the events before it are read from the store on first use: a hook that folds
-        the whole log here makes every open cost the history again; fold lazily, from a cursor).
+        the whole log here makes every open cost the history again). Take the state this
+        strategy put into the snapshot with ``STRATEGY.on(session).restored(version=..., load=...)``
+        (see :func:`snapshot_state`) and fold only the events after it; None means fold the
+        whole log.
+    """
+
+
+@hookspec
+def snapshot_state(session: Session) -> StrategySnapshot | None:
+    """The strategy's folded state, to be written into the session's snapshot.
+
+    Called whenever the session writes a snapshot (at each compaction commit and every ``[store]
+    snapshot_every`` events), after the events it covers are durable and folded into the surface,
+    on every loaded strategy. Bring the state up to the end of ``session.events`` first, then
+    return ``STRATEGY.on(session).snapshot(data, version=N)``; the next open hands ``data`` back
+    through ``StrategyHandle.restored`` instead of folding the log from the start.
+
+    ``data`` must be plain JSON (sets as sorted lists, int keys as strings) and hold only what the
+    fold of the log derives: restored and folded on over the tail, it must equal what a full fold
+    of the same log builds (``ctxkernel.testing.check_snapshot_equivalence`` checks exactly
+    that). This process's own transient state (a pending request, caches, retry counters not in
+    the log) stays out. Bump ``version`` whenever the shape of ``data`` changes: a part of another
+    version is set aside and the strategy folds the whole log once. Do not append events here.
+
+    :param session: the session writing the snapshot.
+    :return: a :class:`ctxkernel.StrategySnapshot`, or None to leave the strategy out (it then
+        folds the whole log on open). A result that is not plain JSON is left out with a warning.
     """
 
 

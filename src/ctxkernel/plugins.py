@@ -267,6 +267,10 @@ class HookFacade:
         # every loaded strategy builds its state, so enabling it later finds it ready
         self._hook.session_opened(session=session)
 
+    def snapshot_state(self, session: Session) -> list[Any]:
+        # every loaded strategy, as for session_opened: a strategy enabled later opens from it too
+        return [part for part in self._hook.snapshot_state(session=session) if part is not None]
+
     def register_tools(self, session: Session, register: Any) -> None:
         self._caller("register_tools", session)(register=register, session=session)
 

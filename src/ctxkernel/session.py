@@ -209,6 +209,9 @@ class Session:
         self.harness_system: str | None = None
         #: per-strategy state, keyed by strategy name; strategies rebuild it from the log
         self.state: dict[str, Any] = {}
+        #: opened from a snapshot: the state each strategy put into it (``{"version", "data"}`` by
+        #: name), until the strategy takes it with ``StrategyHandle.restored``
+        self.snapshot_states: dict[str, dict[str, Any]] = {}
         # who runs a compaction (written in its start event): host id, pid and this Session object;
         # whether that holder is alive is the compaction lease's business (lease.py)
         self.holder: dict[str, Any] = {
@@ -410,16 +413,21 @@ class Session:
             if every and (
                 len(self.events) - self._snapshot_at >= every or any(e.type == ev.COMPACTION_END for e in built)
             ):
-                self._write_snapshot()
+                self.write_snapshot()
             return start
 
-    def _write_snapshot(self) -> None:
-        """After the batch is durable: a failed snapshot only makes the next open replay more."""
-        self._snapshot_at = len(self.events)
-        try:
-            self.store.snapshot_put(self.id, len(self.events), self._snapshots.encode(self))
-        except (StoreError, OSError) as exc:
-            log.warning("snapshot not written", session=self.id, seq=len(self.events), error=str(exc))
+    def write_snapshot(self) -> None:
+        """Write a snapshot of the folded state now (the session does so at each compaction
+        commit and every ``[store] snapshot_every`` events, after the batch is durable). A failed
+        write is logged and only makes the next open replay more."""
+        with self._lock:
+            if not self.events:
+                return
+            self._snapshot_at = len(self.events)
+            try:
+                self.store.snapshot_put(self.id, len(self.events), self._snapshots.encode(self))
+            except (StoreError, OSError) as exc:
+                log.warning("snapshot not written", session=self.id, seq=len(self.events), error=str(exc))
 
     def _read_before_snapshot(self, start: int, end: int) -> list[Event]:
         with gc_paused(end - start > 1_000):

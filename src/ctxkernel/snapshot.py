@@ -14,22 +14,31 @@ the hash of the last event it covers (:func:`event_hash`) equals that event as t
 now. Anything else (missing, stale, corrupt, another version) is set aside with a warning naming
 the reason, and the whole log is replayed: the result is the same session either way.
 
-Strategy state that is not plain JSON (objects, sets) is left out; such a strategy rebuilds it from
-``session.events`` as it does after a full replay. ``session.events`` of a session opened from a
-snapshot is a :class:`LazyEvents`: the events before the snapshot are read from the store the
-first time something looks at them (history recall, a strategy's first fold), not at open.
+Strategies take part through the ``snapshot_state`` hook: each returns its folded state as a
+:class:`StrategySnapshot` (plain JSON with the strategy's own format version, made by
+``StrategyHandle.snapshot``), kept under ``strategies`` in the body. On open the parts wait in
+``session.snapshot_states`` until each strategy takes its own with ``StrategyHandle.restored``
+(which checks the version and rebuilds the state, and answers None, so that the strategy folds the
+whole log, for a missing, other-version or malformed part) and folds only the events after it.
+A strategy that does not implement the hook keeps its state in the body only when it is plain JSON
+data (``state``); one that is not is left out and rebuilt from ``session.events`` as after a full
+replay. ``session.events`` of a session opened from a snapshot is a :class:`LazyEvents`: the
+events before the snapshot are read from the store the first time something looks at them
+(history recall, a strategy's first fold), not at open.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
 import orjson
 
 from .errors import CorruptionError
 from .events import KERNEL_TYPES, Event
+from .logging import get_logger
 from .messages import Message
 from .surface import Node
 
@@ -38,6 +47,25 @@ if TYPE_CHECKING:
 
 SNAPSHOT_VERSION = 1
 _MAGIC = b"ctxkernel-snapshot"
+
+log = get_logger("ctxkernel.snapshot")
+
+
+@dataclass(frozen=True)
+class StrategySnapshot:
+    """One strategy's folded state in a session snapshot: what ``snapshot_state`` returns. Make it
+    with ``StrategyHandle.snapshot`` (which signs it with the strategy's name).
+
+    ``data`` is plain JSON (dicts with string keys, lists, strings, numbers, booleans, None) and
+    holds only what a fold of the log derives, with the position it is folded to, so that the
+    state restored from it and folded on over the tail is the state a full fold builds.
+    ``version`` is the strategy's own format number: change it whenever the shape of ``data``
+    changes, and a snapshot written by another version is set aside (the strategy folds the whole
+    log once)."""
+
+    strategy: str
+    version: int
+    data: dict[str, Any]
 
 
 class SnapshotRejected(Exception):  # noqa: N818 - a reason to replay, never raised to a caller
@@ -80,6 +108,7 @@ class SnapshotWriter:
         self._encoded = fresh  # drops the nodes a compaction took off the surface
         surface = session.surface
         strategies = set(session.kernel.strategies)
+        parts = strategy_parts(session, strategies)
         body = {
             "version": SNAPSHOT_VERSION,
             "session": session.id,
@@ -109,10 +138,43 @@ class SnapshotWriter:
                 "anchor": list(session._anchor) if session._anchor is not None else None,
                 "last_decoration_delta": session._last_decoration_delta,
             },
-            "state": {k: v for k, v in session.state.items() if k in strategies and _plain(v)},
+            "state": {k: v for k, v in session.state.items() if k in strategies and k not in parts and _plain(v)},
+            "strategies": parts,
         }
         data = orjson.dumps(body)
         return b"%s %d %s\n" % (_MAGIC, SNAPSHOT_VERSION, hashlib.sha256(data).hexdigest().encode()) + data
+
+
+def strategy_parts(session: Session, strategies: set[str]) -> dict[str, dict[str, Any]]:
+    """``{strategy: {"version", "data"}}`` from the ``snapshot_state`` hook. A part that is not a
+    :class:`StrategySnapshot` of a strategy of the profile, or whose data is not plain JSON, is
+    left out with a warning (that strategy folds the whole log at the next open); the snapshot
+    itself is still written."""
+    parts: dict[str, dict[str, Any]] = {}
+    try:
+        results = session.kernel.hooks.snapshot_state(session)
+    except Exception as exc:  # noqa: BLE001 - a strategy's defect costs only a longer open, never the append
+        log.warning("snapshot written without strategy state", session=session.id, error=f"{type(exc).__name__}: {exc}")
+        return parts
+    for part in results:
+        if not isinstance(part, StrategySnapshot) or part.strategy not in strategies or part.strategy in parts:
+            log.warning(
+                "snapshot_state result set aside",
+                session=session.id,
+                reason="not a StrategySnapshot of a strategy of this profile, or a second one from the same strategy",
+                result=repr(part)[:120],
+            )
+            continue
+        if type(part.version) is not int or type(part.data) is not dict or not _plain(part.data):
+            log.warning(
+                "snapshot_state result set aside",
+                session=session.id,
+                strategy=part.strategy,
+                reason="version must be an int and data plain JSON (dicts with str keys, lists, str, numbers, None)",
+            )
+            continue
+        parts[part.strategy] = {"version": part.version, "data": part.data}
+    return parts
 
 
 def decode(payload: bytes, session_id: str, covers: int, log_length: int) -> dict[str, Any]:
@@ -171,10 +233,16 @@ def restore(
         track = body["track"]
         anchor = track["anchor"]
         state = body["state"]
+        parts = body.get("strategies", {})  # absent from a snapshot written before strategies took part
         if (
             surface["applied"] != covers
             or type(surface["version"]) is not int
             or not isinstance(state, dict)
+            or not isinstance(parts, dict)
+            or not all(
+                isinstance(p, dict) and type(p.get("version")) is int and isinstance(p.get("data"), dict)
+                for p in parts.values()
+            )
             or not isinstance(track["compaction_summaries"], list)
             or (anchor is not None and len(anchor) != 3)
         ):
@@ -203,6 +271,7 @@ def restore(
     session._anchor = tuple(anchor) if anchor is not None else None
     session._last_decoration_delta = track["last_decoration_delta"]
     session.state.update(state)
+    session.snapshot_states = dict(parts)
 
 
 class LazyEvents(Sequence[Event]):
@@ -291,4 +360,14 @@ class LazyEvents(Sequence[Event]):
         return f"LazyEvents(base={self.base}, loaded={self.loaded}, tail={len(self._tail)})"
 
 
-__all__ = ["SNAPSHOT_VERSION", "LazyEvents", "SnapshotRejected", "SnapshotWriter", "decode", "event_hash", "restore"]
+__all__ = [
+    "SNAPSHOT_VERSION",
+    "LazyEvents",
+    "SnapshotRejected",
+    "SnapshotWriter",
+    "StrategySnapshot",
+    "decode",
+    "event_hash",
+    "restore",
+    "strategy_parts",
+]

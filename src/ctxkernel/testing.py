@@ -106,7 +106,9 @@ from .conformance import (  # noqa: E402
     ConformanceError,
     ConformanceReport,
     ConformanceStep,
+    SnapshotCut,
     check_conformance,
+    check_snapshot_equivalence,
     request_orphans,
 )
 
@@ -114,8 +116,10 @@ __all__ = [
     "ConformanceError",
     "ConformanceReport",
     "ConformanceStep",
+    "SnapshotCut",
     "build_kernel",
     "check_conformance",
+    "check_snapshot_equivalence",
     "make_profile",
     "request_orphans",
     "throwaway_plugin",

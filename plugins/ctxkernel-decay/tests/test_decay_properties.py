@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ctxkernel import Message, Span, ToolCallBlock, whole_surface_but_last
+from ctxkernel.testing import check_snapshot_equivalence
 from ctxkernel_decay import current_state, replay
 from ctxkernel_decay.state import is_addressable
 from ctxkernel_decay.testing import decay_kernel, log_bytes
@@ -61,61 +63,86 @@ def check_invariants(session) -> None:
                     )
 
 
+def _kernel(home: Path, snapshots: bool = True, **settings_: Any) -> Any:
+    kernel = decay_kernel(home, window=400_000, reserve=1_000, settings={"max_spans": 3, **settings_})
+    kernel.profile.store = kernel.profile.store.model_copy(update={"snapshot_every": 1000 if snapshots else 0})
+    return kernel
+
+
 @pytest.mark.slow
 @settings(max_examples=35, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_random_sessions_keep_every_invariant(data):
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
-        kernel = decay_kernel(home, window=400_000, reserve=1_000, settings={"max_spans": 3})
-        session = kernel.open_session()
-        session.user("start")
-        n = 0
-        for _ in range(data.draw(st.integers(10, 45), label="ops")):
-            op = data.draw(st.sampled_from(OPS), label="op")
-            n += 1
-            if op == "user":
-                session.user(f"user says {n}")
-            elif op in ("text", "calls"):
-                if not session.turn_open:
-                    session.user(f"new turn {n}")
-                session.prepare_request()
-                if op == "text":
-                    session.commit_reply(Message.assistant(f"answer {n}"))
-                else:
-                    k = data.draw(st.integers(1, 3), label="calls")
-                    text = data.draw(st.sampled_from(["", "", f"calling {n}"]), label="text")
-                    calls = [ToolCallBlock(f"c{n}_{i}", "read", {"path": f"{n}.{i}"}) for i in range(k)]
-                    session.commit_reply(Message.assistant(text, calls))
-                    for call in calls:
-                        session.tool_result(call.id, f"output {call.id} " * data.draw(st.integers(1, 40), label="size"))
-            elif op == "end":
-                session.end_turn()
-            elif op == "compress":
-                _random_compress(session, data, n)
-            elif op == "drop":
-                _random_drop(session, data)
-            elif op == "basic":
-                region = whole_surface_but_last(session.surface, data.draw(st.integers(1, 6), label="keep"))
-                if (
-                    region is not None
-                    and session.surface.position(region[1]) - session.surface.position(region[0]) >= 2
-                ):
-                    try:
-                        session.compact(Span(*region), strategy="basic", kind="summary")
-                    except Exception as exc:  # a summary that would not shrink is refused by the kernel
-                        assert "ShrinkCheck" in type(exc).__name__ or "fewer" in str(exc), exc
-            elif op == "prune":
-                tools = [node for node in session.surface if node.role == "tool"]
-                if tools:
-                    node = data.draw(st.sampled_from(tools), label="pruned")
-                    session.replace_tool_result(node.seq, "pruned", strategy="test")
-            check_invariants(session)
-        again = decay_kernel(
-            home, window=400_000, reserve=1_000, settings={"max_spans": 3, "snapshot": False}
-        ).open_session(session.id)
+        session = _random_session(home, data, check=True)
+        again = _kernel(home, snapshot=False).open_session(session.id)
         assert current_state(again).to_dict() == current_state(session).to_dict()
         assert [n.seq for n in again.surface] == [n.seq for n in session.surface]
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_open_from_a_snapshot_at_random_cuts_equals_the_full_fold(data):
+    """The position state restored from a session snapshot and folded on over the tail is the
+    state a fold of the whole log builds, wherever the snapshot was taken (mid-turn, mid-compaction
+    included); the open reads no event before the snapshot."""
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        session = _random_session(home, data, check=False)
+        length = len(session.events)
+        cuts = []
+        for _ in range(3):
+            cut = data.draw(st.integers(1, length), label="cut")
+            cuts.append((cut, data.draw(st.integers(cut, length), label="end")))
+        checked = check_snapshot_equivalence(lambda on: _kernel(home, on), session.id, cuts)
+        assert [c.loaded_before_snapshot for c in checked] == [0] * len(cuts)
+
+
+def _random_session(home: Path, data: Any, *, check: bool) -> Any:
+    """A session of random appends, compressions, drops, foreign compactions and prunes."""
+    session = _kernel(home).open_session()
+    session.user("start")
+    n = 0
+    for _ in range(data.draw(st.integers(10, 45), label="ops")):
+        op = data.draw(st.sampled_from(OPS), label="op")
+        n += 1
+        if op == "user":
+            session.user(f"user says {n}")
+        elif op in ("text", "calls"):
+            if not session.turn_open:
+                session.user(f"new turn {n}")
+            session.prepare_request()
+            if op == "text":
+                session.commit_reply(Message.assistant(f"answer {n}"))
+            else:
+                k = data.draw(st.integers(1, 3), label="calls")
+                text = data.draw(st.sampled_from(["", "", f"calling {n}"]), label="text")
+                calls = [ToolCallBlock(f"c{n}_{i}", "read", {"path": f"{n}.{i}"}) for i in range(k)]
+                session.commit_reply(Message.assistant(text, calls))
+                for call in calls:
+                    session.tool_result(call.id, f"output {call.id} " * data.draw(st.integers(1, 40), label="size"))
+        elif op == "end":
+            session.end_turn()
+        elif op == "compress":
+            _random_compress(session, data, n)
+        elif op == "drop":
+            _random_drop(session, data)
+        elif op == "basic":
+            region = whole_surface_but_last(session.surface, data.draw(st.integers(1, 6), label="keep"))
+            if region is not None and session.surface.position(region[1]) - session.surface.position(region[0]) >= 2:
+                try:
+                    session.compact(Span(*region), strategy="basic", kind="summary")
+                except Exception as exc:  # a summary that would not shrink is refused by the kernel
+                    assert "ShrinkCheck" in type(exc).__name__ or "fewer" in str(exc), exc
+        elif op == "prune":
+            tools = [node for node in session.surface if node.role == "tool"]
+            if tools:
+                node = data.draw(st.sampled_from(tools), label="pruned")
+                session.replace_tool_result(node.seq, "pruned", strategy="test")
+        if check:
+            check_invariants(session)
+    return session
 
 
 def _anchor_choices(session):

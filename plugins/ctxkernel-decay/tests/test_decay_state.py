@@ -8,7 +8,6 @@ import sys
 
 from ctxkernel import Span
 from ctxkernel_decay import current_state, replay
-from ctxkernel_decay.plugin import SNAPSHOT_NAMESPACE
 
 
 def _history(driver, turns: int = 3) -> None:
@@ -141,37 +140,84 @@ def test_a_pruned_tool_result_keeps_its_id(driver, session):
     assert current_state(session).anchor_of[new_seq] == before
 
 
-def test_a_valid_snapshot_is_used_and_matches_replay(driver, session, make_decay_kernel):
+def test_the_session_snapshot_restores_the_state_and_the_open_folds_only_the_tail(driver, session, make_decay_kernel):
     _history(driver, 2)
     driver.user("now")
-    _compress(driver, "p2", "p6")  # the commit hook writes the snapshot
-    assert session.store.kv_get(SNAPSHOT_NAMESPACE, session.id) is not None
+    _compress(driver, "p2", "p6")  # a compaction commit writes the session's snapshot
+    covers, _ = session.store.snapshot_get(session.id)
+    driver.text("after the snapshot")
     again = make_decay_kernel().open_session(session.id)
     assert again.state["decay"]["source"] == "snapshot"
-    assert current_state(again).to_dict() == replay(again.events).to_dict()
+    assert again.events.loaded == 0  # no event before the snapshot was read
+    assert current_state(again).to_dict() == replay(session.events).to_dict() == current_state(session).to_dict()
+    assert len(again.events) > covers
 
 
-def test_a_corrupt_snapshot_is_rejected_and_the_state_rebuilt_from_replay(driver, session, make_decay_kernel):
-    _history(driver, 2)
-    driver.user("now")
-    _compress(driver, "p2", "p6")
-    good = session.store.kv_get(SNAPSHOT_NAMESPACE, session.id)
-    tampered = json.loads(json.dumps(good))
-    tampered["state"]["next_id"] = 99  # content no longer matches its digest
-    forged = json.loads(json.dumps(good))
-    forged["state"]["next_id"] = 99
+def _rewrite_snapshot(store, session_id, change) -> None:
+    """Store the session's snapshot with its body changed by ``change`` and a matching digest (a
+    well-formed snapshot whose decay part is what the test says)."""
     import hashlib
 
     import orjson
 
-    forged["digest"] = hashlib.sha256(orjson.dumps(forged["state"], option=orjson.OPT_SORT_KEYS)).hexdigest()
-    forged["last_event"] = "0" * 32  # a consistent snapshot of another log
-    for bad in ("garbage", {"version": 1}, tampered, forged):
-        session.store.kv_put(SNAPSHOT_NAMESPACE, session.id, bad)
+    covers, payload = store.snapshot_get(session_id)
+    body = orjson.loads(payload.partition(b"\n")[2])
+    change(body["strategies"])
+    data = orjson.dumps(body)
+    store.snapshot_put(
+        session_id, covers, b"ctxkernel-snapshot 1 " + hashlib.sha256(data).hexdigest().encode() + b"\n" + data
+    )
+
+
+def test_a_decay_part_of_another_version_or_malformed_is_set_aside_and_the_log_folded(
+    driver, session, make_decay_kernel, caplog
+):
+    _history(driver, 2)
+    driver.user("now")
+    _compress(driver, "p2", "p6")
+    want = current_state(session).to_dict()
+
+    def other_version(parts):
+        parts["decay"]["version"] = 99
+
+    def malformed(parts):
+        del parts["decay"]["data"]["anchor_of"]
+
+    def past_the_log(parts):
+        parts["decay"]["data"]["cursor"] = 10**6
+
+    def missing(parts):
+        del parts["decay"]
+
+    for change in (other_version, malformed, past_the_log, missing):
+        _rewrite_snapshot(session.store, session.id, change)
         again = make_decay_kernel().open_session(session.id)
-        assert again.state["decay"]["source"].startswith("replay (snapshot rejected"), bad
-        assert current_state(again).to_dict() == replay(again.events).to_dict()
-        assert current_state(again).next_id != 99
+        assert again.state["decay"]["source"] == "replay", change.__name__
+        assert current_state(again).to_dict() == want
+        assert not again.snapshot_states
+    assert "folding the whole log" in caplog.text and "state version 99, this plugin reads 1" in caplog.text
+
+
+def test_snapshot_false_leaves_the_state_out_of_the_session_snapshot(driver, session, make_decay_kernel):
+    import orjson
+
+    kernel = make_decay_kernel(settings={"snapshot": False})
+    quiet = kernel.open_session()
+    for n in range(3):
+        quiet.user(f"task {n}")
+        quiet.prepare_request()
+        quiet.commit_reply(_reply(n))
+        quiet.end_turn()
+    quiet.write_snapshot()
+    body = orjson.loads(quiet.store.snapshot_get(quiet.id)[1].partition(b"\n")[2])
+    assert "decay" not in body["strategies"]
+    assert kernel.open_session(quiet.id).state["decay"]["source"] == "replay"
+
+
+def _reply(n):
+    from ctxkernel import Message
+
+    return Message.assistant(f"answer {n}")
 
 
 def test_a_kernel_without_the_decoration_seam_is_refused_at_activation(make_decay_kernel, monkeypatch):

@@ -18,7 +18,8 @@ from ctxkernel import CompactionError, Span, StoreError, balanced_cut_at_or_befo
 from . import steward
 from .anchors import decorate_message, fmt, sanitize_assistant
 from .state import CHECKPOINT_KIND, NAME, NOTICE_FORM, DecayState
-from .strategy import SNAPSHOT_NAMESPACE, STRATEGY, DecaySettings, current_state, save_snapshot, settings_of
+from .strategy import STATE_VERSION, STRATEGY, DecaySettings, current_state, settings_of
+from .strategy import snapshot_state as position_snapshot
 from .tools import protected_start, tools_for
 
 if TYPE_CHECKING:
@@ -55,6 +56,11 @@ def session_opened(session: Session) -> None:
     check_host_seam(session)
     STRATEGY.on(session).state.clear()
     current_state(session)
+
+
+@ctxkernel.hookimpl
+def snapshot_state(session: Session) -> ctxkernel.StrategySnapshot | None:
+    return position_snapshot(session)
 
 
 @ctxkernel.hookimpl
@@ -176,7 +182,6 @@ def commit(session: Session, result: CommitResult) -> None:
     state = current_state(session)
     if result.strategy != NAME:
         return
-    save_snapshot(session, state)
     if settings_of(session).audit:
         blocks = [state.blocks[s.replacement_seq] for s in result.spans if s.replacement_seq in state.blocks]
         audit(
@@ -305,4 +310,4 @@ def is_decay_notice(message: ctxkernel.Message) -> bool:
     return STRATEGY.owns(message.source, NOTICE_FORM)
 
 
-__all__ = ["SNAPSHOT_NAMESPACE", "STRATEGY", "DecaySettings", "current_state", "is_decay_notice"]
+__all__ = ["STATE_VERSION", "STRATEGY", "DecaySettings", "current_state", "is_decay_notice"]

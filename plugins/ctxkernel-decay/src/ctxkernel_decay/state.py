@@ -12,7 +12,6 @@ process folds the same log into the same state. Anchors are never read from mess
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -263,12 +262,6 @@ class DecayState:
         )
         heapq.heapify(state.free)
         return state
-
-
-def event_digest(event: Event) -> str:
-    import orjson
-
-    return hashlib.sha256(orjson.dumps(event.to_dict(), option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
 
 
 def replay(events: Sequence[Event]) -> DecayState:

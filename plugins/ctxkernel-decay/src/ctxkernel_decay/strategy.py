@@ -1,31 +1,30 @@
 """The ``decay`` strategy's declaration, settings and position state.
 
 State (the handle's ``state["state"]``) is folded from the log with a cursor, so each request
-costs O(new events); a snapshot in the strategy's key-value namespace only speeds up opening and
-is rejected, then rebuilt from replay, when it is malformed or does not match the log. The hooks
-(``plugin``), the tools and the steward all read it from here.
+costs O(new events). It is part of the session's snapshots (``snapshot_state``): a session opened
+from one starts from the state it holds and folds only the events after it; a snapshot without
+it, of another :data:`STATE_VERSION` or malformed, costs one fold from the start of the log. The
+hooks (``plugin``), the tools and the steward all read it from here.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 import ctxkernel
 
-from .state import NAME, DecayState, event_digest, replay
+from .state import NAME, DecayState, replay
 
 if TYPE_CHECKING:
     from ctxkernel import Session
 
 log = ctxkernel.get_logger("ctxkernel.decay")
-#: the snapshot is kept in the handle's key-value namespace, which is the strategy's name
-SNAPSHOT_NAMESPACE = NAME
-SNAPSHOT_VERSION = 1
+#: the format of the position state in session snapshots (:meth:`DecayState.to_dict`): bump it
+#: whenever that shape changes, so a snapshot written by an older plugin is folded from the start
+STATE_VERSION = 1
 
 
 #: the largest token count a setting may hold (no model window comes near it)
@@ -57,7 +56,8 @@ class DecaySettings(BaseModel):
     steward_target_ratio: float = Field(default=0.45, gt=0, lt=1)
     #: one JSONL record per request and compression, in the store (ctxkernel export: decay/audit.jsonl)
     audit: bool = False
-    #: keep a snapshot of the position state in the store (a cache: always rebuildable)
+    #: put the position state into the session's snapshots, so an open folds only the events
+    #: after the snapshot (a cache: always rebuildable from the log)
     snapshot: bool = True
 
     @field_validator("warn_ratios")
@@ -97,26 +97,21 @@ def current_state(session: Session) -> DecayState:
 
 
 def load_state(session: Session) -> dict[str, Any]:
-    """From the snapshot when it is valid and matches the log, else by replay."""
-    source = "replay"
-    state = None
+    """From the session's snapshot when it was opened from one holding this state (then only the
+    events after it are folded), else from the start of the log."""
     decay = STRATEGY.on(session)
-    raw = decay.kv_get(session.id) if _snapshots_on(session) else None
-    if raw is not None:
-        try:
-            state = _from_snapshot(raw, session.events)
-            source = "snapshot"
-        except Exception as exc:  # any defect: the log is the truth
-            reason = f"{type(exc).__name__}: {exc}"[:300]
-            log.warning("decay snapshot rejected, rebuilt from replay", session=session.id, reason=reason)
-            source = f"replay (snapshot rejected: {reason})"
-            state = None
-    if state is None:
-        state = DecayState()
+    state = decay.restored(version=STATE_VERSION, load=lambda data: _from_snapshot(data, session.events))
     holder = decay.state
     holder.clear()
-    holder.update(state=state, source=source)
+    holder.update(state=state or DecayState(), source="replay" if state is None else "snapshot")
     return holder
+
+
+def snapshot_state(session: Session) -> ctxkernel.StrategySnapshot | None:
+    """The position state folded to the end of the log, for the session's snapshot."""
+    if not _snapshots_on(session):
+        return None
+    return STRATEGY.on(session).snapshot(current_state(session).to_dict(), version=STATE_VERSION)
 
 
 def _snapshots_on(session: Session) -> bool:
@@ -126,38 +121,9 @@ def _snapshots_on(session: Session) -> bool:
         return False
 
 
-def _digest(payload: Any) -> str:
-    return hashlib.sha256(orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)).hexdigest()
-
-
-def _from_snapshot(raw: Any, events: Sequence[ctxkernel.Event]) -> DecayState:
-    if not isinstance(raw, dict) or raw.get("version") != SNAPSHOT_VERSION:
-        msg = f"snapshot version {raw.get('version') if isinstance(raw, dict) else raw!r} is not {SNAPSHOT_VERSION}"
-        raise ValueError(msg)
-    payload = raw["state"]
-    if _digest(payload) != raw["digest"]:
-        msg = "snapshot digest does not match its content"
-        raise ValueError(msg)
-    state = DecayState.from_dict(payload)
-    if state.cursor > len(events) or state.cursor < 1:
+def _from_snapshot(data: dict[str, Any], events: Sequence[ctxkernel.Event]) -> DecayState:
+    state = DecayState.from_dict(data)
+    if not 0 < state.cursor <= len(events):
         msg = f"snapshot cursor {state.cursor} is outside the log (length {len(events)})"
         raise ValueError(msg)
-    if event_digest(events[state.cursor - 1]) != raw["last_event"]:
-        msg = f"snapshot was taken on a different log (event {state.cursor - 1} differs)"
-        raise ValueError(msg)
     return state
-
-
-def save_snapshot(session: Session, state: DecayState) -> None:
-    if not state.cursor or not _snapshots_on(session):
-        return
-    payload = state.to_dict()
-    STRATEGY.on(session).kv_put(
-        session.id,
-        {
-            "version": SNAPSHOT_VERSION,
-            "state": payload,
-            "digest": _digest(payload),
-            "last_event": event_digest(session.events[state.cursor - 1]),
-        },
-    )
