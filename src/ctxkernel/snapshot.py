@@ -40,6 +40,10 @@ from .errors import CorruptionError
 from .events import KERNEL_TYPES, Event
 from .logging import get_logger
 from .messages import Message
+from .recall.history import STATE_KEY as HISTORY_KEY
+from .recall.history import History
+from .recall.notes import STATE_KEY as NOTES_KEY
+from .recall.notes import Notes
 from .surface import Node
 
 if TYPE_CHECKING:
@@ -140,9 +144,21 @@ class SnapshotWriter:
             },
             "state": {k: v for k, v in session.state.items() if k in strategies and k not in parts and _plain(v)},
             "strategies": parts,
+            "recall": recall_parts(session),
         }
         data = orjson.dumps(body)
         return b"%s %d %s\n" % (_MAGIC, SNAPSHOT_VERSION, hashlib.sha256(data).hexdigest().encode()) + data
+
+
+def recall_parts(session: Session) -> dict[str, Any]:
+    """The history index and the notes, folded to the end of the log, when this session uses them
+    (built, or restored from its snapshot and not yet asked for): bounded by the windows and the
+    notes, not by the log (:meth:`History.folded`, :meth:`Notes.folded`)."""
+    out: dict[str, Any] = {}
+    for key, index in ((HISTORY_KEY, History), (NOTES_KEY, Notes)):
+        if key in session.state or key in session.snapshot_recall:
+            out[key] = index.for_session(session).folded()  # type: ignore[attr-defined]
+    return out
 
 
 def strategy_parts(session: Session, strategies: set[str]) -> dict[str, dict[str, Any]]:
@@ -234,11 +250,13 @@ def restore(
         anchor = track["anchor"]
         state = body["state"]
         parts = body.get("strategies", {})  # absent from a snapshot written before strategies took part
+        recall = body.get("recall", {})
         if (
             surface["applied"] != covers
             or type(surface["version"]) is not int
             or not isinstance(state, dict)
             or not isinstance(parts, dict)
+            or not isinstance(recall, dict)
             or not all(
                 isinstance(p, dict) and type(p.get("version")) is int and isinstance(p.get("data"), dict)
                 for p in parts.values()
@@ -272,6 +290,7 @@ def restore(
     session._last_decoration_delta = track["last_decoration_delta"]
     session.state.update(state)
     session.snapshot_states = dict(parts)
+    session.snapshot_recall = dict(recall)
 
 
 class LazyEvents(Sequence[Event]):

@@ -38,13 +38,14 @@ import hashlib
 import itertools
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from ..errors import ToolError
 from ..events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, SESSION_TASK, TOOL_RESULT, USER_MESSAGE, Event
+from ..logging import get_logger
 from ..task import substantive
 from ..text import safe_cut
 
@@ -73,6 +74,10 @@ WINDOW_KIND = "window"
 #: handoff's native mode, decay's manual ``/compact``) that replace the surface head the same way
 WINDOW_KINDS = {WINDOW_KIND: "switch", "summary": "checkpoint", "checkpoint": "checkpoint"}
 STATE_KEY = "ctxkernel.recall.history"
+#: the format of :meth:`History.folded` in session snapshots (bump it when that shape changes)
+FOLDED_VERSION = 1
+
+log = get_logger("ctxkernel.recall")
 
 #: tool names whose arguments are the model's todo list, and the argument holding it
 TODO_TOOLS: dict[str, tuple[str, ...]] = {
@@ -153,9 +158,11 @@ class History:
     scanned: int = 0  # events folded over this object's life (0 more for an unchanged log)
     windows: list[Window] = field(default_factory=list)
     window_starts: list[int] = field(default_factory=list)
-    tool_names: dict[str, str] = field(default_factory=dict)  # call id -> tool name
-    call_seqs: dict[str, int] = field(default_factory=dict)  # call id -> assistant seq
-    instructions: list[int] = field(default_factory=list)  # seqs of user-written messages
+    # per-event indexes (see the properties); opened from a snapshot they start at ``_head``, and
+    # the events before it are folded into them the first time one of them is read
+    _tool_names: dict[str, str] = field(default_factory=dict, repr=False)  # call id -> tool name
+    _call_seqs: dict[str, int] = field(default_factory=dict, repr=False)  # call id -> assistant seq
+    _instructions: list[int] = field(default_factory=list, repr=False)  # seqs of user-written messages
     todo_seq: int | None = None  # assistant seq of the latest todo-list call
     todo_call: int = 0  # index of that call within the message
     goal_seq: int | None = None  # the session/task event that set the current goal
@@ -165,6 +172,8 @@ class History:
     _texts: dict[int, str] = field(default_factory=dict, repr=False)
     # role of every folded event by seq (search filters on it without looking at the event)
     _role_by_seq: list[str] = field(default_factory=list, repr=False)
+    #: events ``0.._head-1`` are not in the per-event indexes yet (opened from a snapshot)
+    _head: int = field(default=0, repr=False)
 
     # -- construction --------------------------------------------------------------------------------
     @classmethod
@@ -173,9 +182,96 @@ class History:
         history = session.state.get(STATE_KEY)
         if not isinstance(history, cls) or history.session is not session:
             history = cls(session)
+            folded = session.snapshot_recall.pop(STATE_KEY, None)
+            if folded is not None:
+                history._restore(folded)
             session.state[STATE_KEY] = history
         history.sync()
         return history
+
+    # -- session snapshots ------------------------------------------------------------------------------
+    def folded(self) -> dict[str, Any]:
+        """What a session snapshot keeps of the index: the windows and the task pointers (bounded
+        by the number of windows, not by the log). The per-event indexes are rebuilt from the
+        events before the snapshot when first read."""
+        return {
+            "version": FOLDED_VERSION,
+            "cursor": self.cursor,
+            "windows": [asdict(w) for w in self.windows],
+            "todo": [self.todo_seq, self.todo_call],
+            "goal_seq": self.goal_seq,
+            "task_todos_seq": self.task_todos_seq,
+        }
+
+    def _restore(self, data: Any) -> None:
+        """Start from :meth:`folded` output; anything malformed is set aside with a warning (the
+        index is then folded from the first event, as without a snapshot)."""
+        try:
+            if data["version"] != FOLDED_VERSION:
+                msg = f"version {data['version']!r}, this ctxkernel reads {FOLDED_VERSION}"
+                raise ValueError(msg)
+            cursor = data["cursor"]
+            if type(cursor) is not int or not 0 < cursor <= len(self.session.events):
+                msg = f"cursor {cursor!r} is outside the log (length {len(self.session.events)})"
+                raise ValueError(msg)
+            windows = [Window(**w) for w in data["windows"]]
+            if not windows or any(type(w.number) is not int or type(w.start_seq) is not int for w in windows):
+                msg = "windows must be a non-empty list of windows"
+                raise ValueError(msg)
+            todo_seq, todo_call = data["todo"]
+            pointers = (todo_seq, data["goal_seq"], data["task_todos_seq"])
+            if type(todo_call) is not int or not all(p is None or type(p) is int for p in pointers):
+                msg = "the task pointers must be integers or null"
+                raise ValueError(msg)
+        except Exception as exc:  # noqa: BLE001 - a malformed part costs a full fold, never the open
+            log.warning(
+                "history index snapshot set aside; folding the whole log",
+                session=self.session.id,
+                reason=f"{type(exc).__name__}: {exc}"[:300],
+            )
+            return
+        self.cursor = self._head = cursor
+        self.windows = windows
+        self.window_starts = [w.start_seq for w in windows]
+        self.todo_seq, self.todo_call = todo_seq, todo_call
+        self.goal_seq, self.task_todos_seq = data["goal_seq"], data["task_todos_seq"]
+
+    def _fold_head(self) -> None:
+        """Fold the events before the snapshot into the per-event indexes (on first read)."""
+        head, self._head = self._head, 0
+        if not head:
+            return
+        events = self.session.events
+        names: dict[str, str] = {}
+        seqs: dict[str, int] = {}
+        instructions: list[int] = []
+        roles = []
+        for i in range(head):
+            event = events[i]
+            self._index(event, names, seqs, instructions)
+            roles.append(self.role_of(event))
+        self._role_by_seq[:0] = roles
+        self._instructions[:0] = instructions
+        self._tool_names = {**names, **self._tool_names}
+        self._call_seqs = {**seqs, **self._call_seqs}
+
+    @property
+    def tool_names(self) -> dict[str, str]:
+        """Call id -> tool name, for every tool call in the log."""
+        self._fold_head()
+        return self._tool_names
+
+    @property
+    def call_seqs(self) -> dict[str, int]:
+        """Call id -> the seq of the assistant message that made the call."""
+        self._fold_head()
+        return self._call_seqs
+
+    @property
+    def instructions(self) -> list[int]:
+        """Seqs of the user-written messages, oldest first."""
+        self._fold_head()
+        return self._instructions
 
     def sync(self) -> int:
         """Fold the events appended since the last call; returns how many were scanned."""
@@ -190,27 +286,37 @@ class History:
         if not self.windows[0].started:
             self.windows[0].started = events[0].time
         fold, role_of, roles = self._fold, self.role_of, self._role_by_seq
+        index, names, seqs, instructions = self._index, self._tool_names, self._call_seqs, self._instructions
         for i in range(start, end):
             event = events[i]
+            index(event, names, seqs, instructions)
             fold(event)
             roles.append(role_of(event))
         self.cursor = end
         self.scanned += end - start
         return end - start
 
+    @staticmethod
+    def _index(event: Event, names: dict[str, str], seqs: dict[str, int], instructions: list[int]) -> None:
+        """The per-event indexes' part of the fold (rebuilt on demand for a snapshot's head)."""
+        t = event.type
+        if t == ASSISTANT_MESSAGE:
+            for block in event.data["message"].get("content", ()):
+                if block.get("type") == "tool_call":
+                    call_id = block.get("id")
+                    names[call_id] = block.get("name")
+                    seqs[call_id] = event.seq
+        elif t == USER_MESSAGE:
+            if (event.surface or {}).get("op") == "append" and _source_kind(event.data) == "user":
+                instructions.append(event.seq)
+
     def _fold(self, event: Event) -> None:
+        """The windows' and task pointers' part of the fold (kept in snapshots)."""
         t = event.type
         if t == ASSISTANT_MESSAGE:
             for i, block in enumerate(event.data["message"].get("content", ())):
-                if block.get("type") == "tool_call":
-                    call_id, name = block.get("id"), block.get("name")
-                    self.tool_names[call_id] = name
-                    self.call_seqs[call_id] = event.seq
-                    if name in TODO_TOOLS:
-                        self.todo_seq, self.todo_call = event.seq, i
-        elif t == USER_MESSAGE:
-            if (event.surface or {}).get("op") == "append" and _source_kind(event.data) == "user":
-                self.instructions.append(event.seq)
+                if block.get("type") == "tool_call" and block.get("name") in TODO_TOOLS:
+                    self.todo_seq, self.todo_call = event.seq, i
         elif t == SESSION_TASK:
             d = event.data
             if isinstance(d.get("goal"), str):
@@ -543,6 +649,7 @@ class History:
         # turned into items; the stop, scanned_events and scanned_chars are those of a
         # one-event-at-a-time loop.
         block = seqs[:SCAN_EVENTS_PER_PAGE]
+        self._fold_head()
         role_by_seq = self._role_by_seq
         wanted = [p for p, seq in enumerate(block) if role_by_seq[seq] in roles]  # positions in block
         texts = self._texts_for([block[p] for p in wanted])

@@ -24,10 +24,11 @@ Listing and search are paged and bounded so a lookup cannot flood the context wi
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import CtxKernelError
+from ..logging import get_logger
 from ..text import ELLIPSIS, attr, guard, safe_cut
 
 if TYPE_CHECKING:
@@ -38,6 +39,10 @@ NAMESPACE = "notes"
 WRITE = f"{NAMESPACE}/write"
 DELETE = f"{NAMESPACE}/delete"
 STATE_KEY = "recall.notes"
+#: the format of :meth:`Notes.folded` in session snapshots (bump it when that shape changes)
+FOLDED_VERSION = 1
+
+log = get_logger("ctxkernel.recall")
 
 Trust = Literal["model-authored", "user-injected", "tool-output"]
 TRUST_MARKS: tuple[str, ...] = ("model-authored", "user-injected", "tool-output")
@@ -227,11 +232,61 @@ class Notes:
         notes = session.state.get(STATE_KEY)
         if not isinstance(notes, Notes):
             notes = cls(session, limits)
+            folded = session.snapshot_recall.pop(STATE_KEY, None)
+            if folded is not None:
+                notes._restore(folded)
             session.state[STATE_KEY] = notes
         elif limits is not None:
             notes.limits = limits
         notes.sync()
         return notes
+
+    # -- session snapshots --------------------------------------------------------------------------
+    def folded(self) -> dict[str, Any]:
+        """The folded notes as plain JSON, for a session snapshot (bounded by the notes, not by
+        the log: every note's latest version and the seqs of its events)."""
+        state = self._state
+        return {
+            "version": FOLDED_VERSION,
+            "cursor": state.cursor,
+            "notes": [asdict(note) for note in state.notes.values()],
+            "active": list(state.active.items()),  # in the fold's order, which listings keep
+            "history": state.history,
+            "total_bytes": state.total_bytes,
+        }
+
+    def _restore(self, data: Any) -> None:
+        """Start from :meth:`folded` output; anything malformed is set aside with a warning (the
+        notes are then folded from the first event, as without a snapshot)."""
+        try:
+            if data["version"] != FOLDED_VERSION:
+                msg = f"version {data['version']!r}, this ctxkernel reads {FOLDED_VERSION}"
+                raise ValueError(msg)
+            cursor = data["cursor"]
+            if type(cursor) is not int or not 0 < cursor <= len(self.session.events):
+                msg = f"cursor {cursor!r} is outside the log (length {len(self.session.events)})"
+                raise ValueError(msg)
+            notes = {}
+            for raw in data["notes"]:
+                note = Note(**{**raw, "windows": tuple(raw["windows"])})
+                if not all(isinstance(v, str) for v in (note.id, note.path, note.content)):
+                    msg = "a note's id, path and content must be strings"
+                    raise ValueError(msg)
+                notes[note.id] = note
+            history = {str(k): [int(seq) for seq in v] for k, v in data["history"].items()}
+            active = {str(path): str(note_id) for path, note_id in data["active"]}
+            total = data["total_bytes"]
+            if not set(active.values()) <= set(notes) or type(total) is not int:
+                msg = "an active path names a note the snapshot does not hold, or total_bytes is not an integer"
+                raise ValueError(msg)
+        except Exception as exc:  # noqa: BLE001 - a malformed part costs a full fold, never the open
+            log.warning(
+                "notes snapshot set aside; folding the whole log",
+                session=self.session.id,
+                reason=f"{type(exc).__name__}: {exc}"[:300],
+            )
+            return
+        self._state = _State(cursor=cursor, active=active, notes=notes, history=history, total_bytes=total)
 
     # -- replay -----------------------------------------------------------------------------------
     def sync(self) -> None:

@@ -8,9 +8,10 @@
 * Tools (:mod:`ctxkernel_chapters.tools`): ``chapters_continue``, ``chapters_fork``,
   ``chapters_read``, ``chapters_search``, ``chapters_artifact``.
 
-Per-session state lives in the strategy handle's ``state``, rebuilt from the log with a cursor
-(O(new events) per request; :mod:`ctxkernel_chapters.strategy`, shared with the tools); chapter
-records and lineage live in the store's key-value table.
+Per-session state lives in the strategy handle's ``state``, rebuilt from the log with a cursor and
+restored from the session's snapshot (O(new events) per request and per open;
+:mod:`ctxkernel_chapters.strategy`, shared with the tools); chapter records and lineage live in
+the store's key-value table.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from .strategy import (
     state,
     user_instructions,
 )
+from .strategy import snapshot_state as folded_state
 
 if TYPE_CHECKING:
     from ctxkernel import ManualCompaction, ModelError, Profile, Request, Session, StepContext
@@ -61,6 +63,11 @@ def register_commands(subparsers: Any) -> None:
 def session_opened(session: Session) -> None:
     registry_of(session).ensure(session.id)
     state(session)
+
+
+@ctxkernel.hookimpl
+def snapshot_state(session: Session) -> ctxkernel.StrategySnapshot:
+    return folded_state(session)
 
 
 @ctxkernel.hookimpl

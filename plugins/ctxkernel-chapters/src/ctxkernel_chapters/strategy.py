@@ -29,9 +29,16 @@ def settings_of(session: Session) -> ChaptersSettings:
 
 
 # -- state, rebuilt from the log -----------------------------------------------------------------
+#: the format of the state in session snapshots (:func:`snapshot_state`): bump it whenever the
+#: shape changes, so a snapshot written by an older plugin is folded from the start of the log
+STATE_VERSION = 1
+
+
 def state(session: Session) -> dict[str, Any]:
-    """The handle's state, brought up to date with the events appended since last time."""
-    st = STRATEGY.on(session).state
+    """The handle's state, brought up to date with the events appended since last time (opened
+    from a session snapshot holding it: from there, so an open folds only the tail)."""
+    handle = STRATEGY.on(session)
+    st = handle.state
     if not st:
         st.update(
             {
@@ -44,11 +51,18 @@ def state(session: Session) -> dict[str, Any]:
                 "continued_in": None,
             }
         )
+        restored = handle.restored(version=STATE_VERSION, load=lambda data: _from_snapshot(data, len(session.events)))
+        if restored is not None:
+            st.update(restored)
     events = session.events
     for event in events[st["cursor"] :]:
         t = event.type
         if t == "tool/result" and (event.surface or {}).get("op") == "append":
             st["candidates"].append(event.seq)
+        elif t == "step/start":
+            # pre_step checked every candidate before this step started (move_large_results), so a
+            # fold of the log and the live state agree, and the list stays one step long
+            st["candidates"] = []
         elif t == "compaction/prune" and event.data.get("strategy") == NAME:
             st["artifact_done"].add(event.data["target"])
         elif t == "compaction/summary" and event.data.get("strategy") == NAME:
@@ -62,6 +76,41 @@ def state(session: Session) -> dict[str, Any]:
                     st["suggested"] = True
     st["cursor"] = len(events)
     return st
+
+
+def snapshot_state(session: Session) -> ctxkernel.StrategySnapshot:
+    """What the fold of the log derives (not this process's overflow streak, steward attempt or
+    continuation), for the session's snapshot."""
+    st = state(session)
+    data = {
+        "cursor": st["cursor"],
+        "artifact_done": sorted(st["artifact_done"]),
+        "candidates": list(st["candidates"]),
+        "suggested": st["suggested"],
+        "compactions": st["compactions"],
+    }
+    return STRATEGY.on(session).snapshot(data, version=STATE_VERSION)
+
+
+def _from_snapshot(data: dict[str, Any], log_length: int) -> dict[str, Any]:
+    """The folded fields of :func:`snapshot_state`, checked (ValueError names what is wrong)."""
+    cursor, done, candidates = data["cursor"], data["artifact_done"], data["candidates"]
+    if type(cursor) is not int or not 0 < cursor <= log_length:
+        msg = f"cursor {cursor!r} is outside the log (length {log_length})"
+        raise ValueError(msg)
+    if not all(type(seq) is int and 0 <= seq < cursor for seq in [*done, *candidates]):
+        msg = "artifact_done and candidates must be seqs of events before the cursor"
+        raise ValueError(msg)
+    if type(data["suggested"]) is not bool or type(data["compactions"]) is not int:
+        msg = "suggested must be a boolean and compactions an integer"
+        raise ValueError(msg)
+    return {
+        "cursor": cursor,
+        "artifact_done": set(done),
+        "candidates": list(candidates),
+        "suggested": data["suggested"],
+        "compactions": data["compactions"],
+    }
 
 
 def registry_of(session: Session) -> Registry:

@@ -137,12 +137,44 @@ def host_settings(session: Session) -> tuple[float, float, bool]:
     return HOST_THRESHOLD, HOST_RETAIN, True
 
 
+#: the format of :func:`folded_state` in session snapshots: bump it whenever that shape changes,
+#: so a snapshot written by an older plugin is folded from the start of the log
+STATE_VERSION = 1
+#: the fields of :class:`HandoffState` the fold of the log derives (the rest is this process's)
+FOLDED = ("cursor", "header_seq", "reminded_window", "last_assistant", "last_switch")
+
+
+def folded_state(session: Session) -> dict[str, Any]:
+    """What the fold of the log derives, as plain JSON, for the session's snapshot."""
+    state = state_for(session)
+    return {name: getattr(state, name) for name in FOLDED}
+
+
+def _from_folded(data: dict[str, Any], log_length: int) -> HandoffState:
+    cursor, header, reminded, assistant, last = (data[name] for name in FOLDED)
+    if type(cursor) is not int or not 0 < cursor <= log_length:
+        msg = f"cursor {cursor!r} is outside the log (length {log_length})"
+        raise ValueError(msg)
+    if not (header is None or type(header) is int) or type(reminded) is not int or type(assistant) is not int:
+        msg = "header_seq, reminded_window and last_assistant must be integers"
+        raise ValueError(msg)
+    if not (last is None or isinstance(last, dict)):
+        msg = "last_switch must be an object or null"
+        raise ValueError(msg)
+    return HandoffState(
+        cursor=cursor, header_seq=header, reminded_window=reminded, last_assistant=assistant, last_switch=last
+    )
+
+
 def state_for(session: Session) -> HandoffState:
-    """The session's handoff state, folded up to date with the log."""
-    holder = STRATEGY.on(session).state
+    """The session's handoff state, folded up to date with the log (opened from a session snapshot
+    holding it: from there, so an open folds only the tail)."""
+    handoff = STRATEGY.on(session)
+    holder = handoff.state
     state = holder.get("state")
     if not isinstance(state, HandoffState):
-        state = holder["state"] = HandoffState()
+        restored = handoff.restored(version=STATE_VERSION, load=lambda data: _from_folded(data, len(session.events)))
+        state = holder["state"] = restored or HandoffState()
     events = session.events
     history = None
     for event in events[state.cursor :]:

@@ -13,9 +13,11 @@ from .engine import (
     REMINDER_GROWTH,
     REMINDER_LEAD,
     REMINDER_TAG,
+    STATE_VERSION,
     STRATEGY,
     after_commit,
     build_handoff,
+    folded_state,
     host_settings,
     mode_for,
     notes_of,
@@ -76,6 +78,11 @@ def session_opened(session: Session) -> None:
     state_for(session)
     History.for_session(session)
     notes_of(session)
+
+
+@ctxkernel.hookimpl
+def snapshot_state(session: Session) -> ctxkernel.StrategySnapshot:
+    return STRATEGY.on(session).snapshot(folded_state(session), version=STATE_VERSION)
 
 
 @ctxkernel.hookimpl

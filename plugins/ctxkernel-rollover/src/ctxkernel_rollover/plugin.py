@@ -25,7 +25,7 @@ from ctxkernel.redact import redact
 from ctxkernel.text import tag
 
 from .settings import RolloverSettings
-from .state import NAME, REMINDER_KEY, state_of
+from .state import NAME, REMINDER_KEY, STATE_VERSION, state_of
 from .strategy import STRATEGY
 from .switch import RolloverError, ensure_window, notes_of, switch
 from .tools import build_tools
@@ -67,6 +67,11 @@ def compact_now(session: Session, request: ManualCompaction) -> ctxkernel.Manual
 def session_opened(session: Session) -> None:
     state_of(session)  # rebuild the chain, the pending intent and the reminders from the log
     notes_of(session)
+
+
+@ctxkernel.hookimpl
+def snapshot_state(session: Session) -> ctxkernel.StrategySnapshot:
+    return STRATEGY.on(session).snapshot(state_of(session).folded(), version=STATE_VERSION)
 
 
 @ctxkernel.hookimpl

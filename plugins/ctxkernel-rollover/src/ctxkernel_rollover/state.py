@@ -144,13 +144,79 @@ class RolloverState:
             "failures": len(self.failures),
         }
 
+    # -- session snapshots -------------------------------------------------------------------------
+    def folded(self) -> dict[str, Any]:
+        """Everything the fold derives, as plain JSON (not the rendered note-block cache)."""
+        return {
+            "cursor": self.cursor,
+            "first": self.first,
+            "previous": self.previous,
+            "current": self.current,
+            "chain": list(self.chain),
+            "opened_by": self.opened_by,
+            "seed_seq": self.seed_seq,
+            "reminded": sorted(self.reminded),
+            "pending": self.pending,
+            "resolved": sorted(self.resolved),
+            "failures": list(self.failures),
+            "triggers": dict(self.triggers),
+            "last_failure": self.last_failure,
+            "overflow_streak": self.overflow_streak,
+            "first_instruction": self.first_instruction,
+            "instructions": list(self.instructions),
+        }
+
+    @classmethod
+    def from_folded(cls, data: dict[str, Any], log_length: int) -> RolloverState:
+        """Rebuild from :meth:`folded` output; raises on a field of the wrong shape."""
+        cursor = data["cursor"]
+        if type(cursor) is not int or not 0 < cursor <= log_length:
+            msg = f"cursor {cursor!r} is outside the log (length {log_length})"
+            raise ValueError(msg)
+        chain, reminded, resolved = data["chain"], data["reminded"], data["resolved"]
+        if not all(isinstance(x, str) for x in [*chain, *reminded, *resolved]):
+            msg = "chain, reminded and resolved must hold window and intent ids (strings)"
+            raise ValueError(msg)
+        seqs = [data["opened_by"], data["seed_seq"], data["first_instruction"], *data["instructions"]]
+        if not all(x is None or type(x) is int for x in seqs) or type(data["overflow_streak"]) is not int:
+            msg = "opened_by, seed_seq, first_instruction, instructions and overflow_streak must be integers"
+            raise ValueError(msg)
+        return cls(
+            cursor=cursor,
+            first=data["first"],
+            previous=data["previous"],
+            current=data["current"],
+            chain=list(chain),
+            opened_by=data["opened_by"],
+            seed_seq=data["seed_seq"],
+            reminded=set(reminded),
+            pending=data["pending"],
+            resolved=set(resolved),
+            failures=list(data["failures"]),
+            triggers={str(k): int(v) for k, v in data["triggers"].items()},
+            last_failure=data["last_failure"],
+            overflow_streak=data["overflow_streak"],
+            first_instruction=data["first_instruction"],
+            instructions=list(data["instructions"]),
+        )
+
+
+#: the format of :meth:`RolloverState.folded` in session snapshots: bump it whenever that shape
+#: changes, so a snapshot written by an older plugin is folded from the start of the log
+STATE_VERSION = 1
+
 
 def state_of(session: Session) -> RolloverState:
-    """The session's rollover state, folded up to the end of its log."""
-    holder = STRATEGY.on(session).state
+    """The session's rollover state, folded up to the end of its log (opened from a session
+    snapshot holding it: from there, so an open folds only the tail)."""
+    rollover = STRATEGY.on(session)
+    holder = rollover.state
     state = holder.get("state")
     if not isinstance(state, RolloverState):
-        state = holder["state"] = RolloverState()
+        restored = rollover.restored(
+            version=STATE_VERSION, load=lambda data: RolloverState.from_folded(data, len(session.events))
+        )
+        state = holder["state"] = restored or RolloverState()
     events = session.events
     while state.cursor < len(events):
         state.fold(events[state.cursor])
