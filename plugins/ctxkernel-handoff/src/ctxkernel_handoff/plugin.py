@@ -81,7 +81,9 @@ def session_opened(session: Session) -> None:
 
 
 @ctxkernel.hookimpl
-def snapshot_state(session: Session) -> ctxkernel.StrategySnapshot:
+def snapshot_state(session: Session) -> ctxkernel.StrategySnapshot | None:
+    if not mode_for(session).enabled:
+        return None  # session_opened builds no state then, so none is put into the snapshot either
     return STRATEGY.on(session).snapshot(folded_state(session), version=STATE_VERSION)
 
 
