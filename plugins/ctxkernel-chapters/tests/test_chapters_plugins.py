@@ -119,3 +119,34 @@ def test_every_setting_is_documented_in_the_readme():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     missing = [name for name in ChaptersSettings.model_fields if f"`{name}`" not in readme]
     assert not missing, f"README.md does not document {missing}"
+
+
+def test_open_from_a_snapshot_at_seeded_random_cuts_equals_the_full_fold(tmp_path):
+    """The conformance workload's session (in-place archives, artifacts moved out, suggestions),
+    snapshotted at random points and run on: opened from the snapshot it folds to the full
+    replay's chapters state, and reads no event before the snapshot."""
+    import random
+
+    from ctxkernel import Kernel
+    from ctxkernel.store.jsonl import JsonlStore
+    from ctxkernel.testing import check_conformance, check_snapshot_equivalence, make_profile
+
+    check_conformance(tmp_path, ["chapters"], turns=16)
+    store = JsonlStore(tmp_path)
+    # the conformance session (a continuation, when the workload made one, holds no archive yet)
+    session_id = max(store.list_sessions(), key=store.next_seq)
+    events = list(store.read(session_id))
+    assert any(e.type == "compaction/summary" and e.data.get("strategy") == "chapters" for e in events)
+
+    def new_kernel(snapshots):
+        profile = make_profile(
+            model={"context_window": 24_000, "reserved_output_tokens": 2_000},  # check_conformance's
+            store={"snapshot_every": 1000 if snapshots else 0},
+        )
+        profile.profile.strategies = ["chapters"]
+        return Kernel(profile, store=JsonlStore(tmp_path, fsync=False), home=tmp_path)
+
+    rng = random.Random(21)
+    cuts = [(cut, rng.randint(cut, len(events))) for cut in sorted(rng.sample(range(1, len(events) + 1), 6))]
+    checked = check_snapshot_equivalence(new_kernel, session_id, cuts)
+    assert [c.loaded_before_snapshot for c in checked] == [0] * len(cuts)

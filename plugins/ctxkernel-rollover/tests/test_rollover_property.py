@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from ctxkernel import Message
 from ctxkernel.surface import replay
-from ctxkernel.testing import request_orphans
+from ctxkernel.testing import check_snapshot_equivalence, request_orphans
 from ctxkernel_rollover.state import state_of
 
 ACTION = st.one_of(
@@ -93,3 +93,45 @@ def test_rollover_invariants_hold_for_any_session(tmp_path_factory, actions):
         assert request.pressure.tokens <= request.pressure.effective_window
         assert state_of(session).pending is None  # an owed switch happened at this pre-step
     check_state(session)
+
+
+def _kernel(home, snapshots=True):
+    kernel = rollover_kernel(home, window=12_000, reserve=1_000)
+    kernel.profile.store = kernel.profile.store.model_copy(update={"snapshot_every": 1000 if snapshots else 0})
+    return kernel
+
+
+@settings(
+    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
+@given(st.lists(ACTION.filter(lambda a: a[0] != "restart"), min_size=1, max_size=24), st.data())
+def test_open_from_a_snapshot_at_random_cuts_equals_the_full_fold(tmp_path_factory, actions, data):
+    """The window chain, intents, reminders and failures restored from a session snapshot and
+    folded on over the tail are what a fold of the whole log builds, wherever the snapshot was
+    taken (between a switch's events, before an owed switch); the open reads no event before it."""
+    home = tmp_path_factory.mktemp("snapcut")
+    session = _kernel(home).open_session()
+    session.user("start")
+    for n, action in enumerate(actions):
+        if action[0] == "end_turn":
+            session.end_turn()
+            session.user(f"next {n}")
+            continue
+        if not session.turn_open:
+            session.user(f"again {n}")
+        session.prepare_request()
+        session.commit_reply(reply_for(action, n))
+        for c in session.pending_calls:
+            if session.owns_tool(c.name):
+                session.tool_result(c.id, session.run_tool(c))
+            else:
+                session.tool_result(c.id, "word " * c.arguments.get("words", 3))
+        if session.conclude_turn:
+            session.end_turn()
+    length = len(session.events)
+    cuts = []
+    for _ in range(3):
+        cut = data.draw(st.integers(1, length), label="cut")
+        cuts.append((cut, data.draw(st.integers(cut, length), label="end")))
+    checked = check_snapshot_equivalence(lambda on: _kernel(home, on), session.id, cuts)
+    assert [c.loaded_before_snapshot for c in checked] == [0] * len(cuts)
