@@ -212,8 +212,9 @@ class Session:
         #: opened from a snapshot: the state each strategy put into it (``{"version", "data"}`` by
         #: name), until the strategy takes it with ``StrategyHandle.restored``
         self.snapshot_states: dict[str, dict[str, Any]] = {}
-        #: likewise the history index and the notes (``ctxkernel.recall``), until first used
-        self.snapshot_recall: dict[str, Any] = {}
+        #: likewise the session-wide indexes (:class:`ctxkernel.snapshot.SnapshotIndex`: the
+        #: history index and the notes), by their ``state`` key, until each is first built
+        self.snapshot_indexes: dict[str, Any] = {}
         # who runs a compaction (written in its start event): host id, pid and this Session object;
         # whether that holder is alive is the compaction lease's business (lease.py)
         self.holder: dict[str, Any] = {

@@ -32,7 +32,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, Protocol, overload, runtime_checkable
 
 import orjson
 
@@ -40,10 +40,6 @@ from .errors import CorruptionError
 from .events import KERNEL_TYPES, Event
 from .logging import get_logger
 from .messages import Message
-from .recall.history import STATE_KEY as HISTORY_KEY
-from .recall.history import History
-from .recall.notes import STATE_KEY as NOTES_KEY
-from .recall.notes import Notes
 from .surface import Node
 
 if TYPE_CHECKING:
@@ -144,20 +140,34 @@ class SnapshotWriter:
             },
             "state": {k: v for k, v in session.state.items() if k in strategies and k not in parts and _plain(v)},
             "strategies": parts,
-            "recall": recall_parts(session),
+            "session_indexes": index_parts(session),
         }
         data = orjson.dumps(body)
         return b"%s %d %s\n" % (_MAGIC, SNAPSHOT_VERSION, hashlib.sha256(data).hexdigest().encode()) + data
 
 
-def recall_parts(session: Session) -> dict[str, Any]:
-    """The history index and the notes, folded to the end of the log, when this session uses them
-    (built, or restored from its snapshot and not yet asked for): bounded by the windows and the
-    notes, not by the log (:meth:`History.folded`, :meth:`Notes.folded`)."""
-    out: dict[str, Any] = {}
-    for key, index in ((HISTORY_KEY, History), (NOTES_KEY, Notes)):
-        if key in session.state or key in session.snapshot_recall:
-            out[key] = index.for_session(session).folded()  # type: ignore[attr-defined]
+@runtime_checkable
+class SnapshotIndex(Protocol):
+    """A session-wide index kept in ``session.state`` (not a strategy's: the history index and the
+    notes of ``ctxkernel.recall``) that takes part in snapshots. Its ``folded()`` is written under
+    its ``session.state`` key; opened from a snapshot, the index takes it back from
+    ``session.snapshot_indexes`` (by the same key) when it is first built, and folds on from the
+    cursor the data holds."""
+
+    def folded(self) -> dict[str, Any]:
+        """The index folded to the end of ``session.events``, as plain JSON with its cursor."""
+        ...
+
+
+def index_parts(session: Session) -> dict[str, Any]:
+    """Every :class:`SnapshotIndex` of the session, folded; an index restored from the snapshot
+    this session was opened from and not used since is carried over as it was (still valid: it
+    holds its own cursor, and folds on from there when it is first used)."""
+    out: dict[str, Any] = dict(session.snapshot_indexes)
+    strategies = session.kernel.strategies
+    for key, value in session.state.items():
+        if key not in strategies and isinstance(value, SnapshotIndex):
+            out[key] = value.folded()
     return out
 
 
@@ -250,13 +260,13 @@ def restore(
         anchor = track["anchor"]
         state = body["state"]
         parts = body.get("strategies", {})  # absent from a snapshot written before strategies took part
-        recall = body.get("recall", {})
+        session_indexes = body.get("session_indexes", {})
         if (
             surface["applied"] != covers
             or type(surface["version"]) is not int
             or not isinstance(state, dict)
             or not isinstance(parts, dict)
-            or not isinstance(recall, dict)
+            or not isinstance(session_indexes, dict)
             or not all(
                 isinstance(p, dict) and type(p.get("version")) is int and isinstance(p.get("data"), dict)
                 for p in parts.values()
@@ -290,7 +300,7 @@ def restore(
     session._last_decoration_delta = track["last_decoration_delta"]
     session.state.update(state)
     session.snapshot_states = dict(parts)
-    session.snapshot_recall = dict(recall)
+    session.snapshot_indexes = dict(session_indexes)
 
 
 class LazyEvents(Sequence[Event]):
@@ -383,10 +393,12 @@ __all__ = [
     "SNAPSHOT_VERSION",
     "LazyEvents",
     "SnapshotRejected",
+    "SnapshotIndex",
     "SnapshotWriter",
     "StrategySnapshot",
     "decode",
     "event_hash",
+    "index_parts",
     "restore",
     "strategy_parts",
 ]

@@ -182,7 +182,7 @@ class History:
         history = session.state.get(STATE_KEY)
         if not isinstance(history, cls) or history.session is not session:
             history = cls(session)
-            folded = session.snapshot_recall.pop(STATE_KEY, None)
+            folded = session.snapshot_indexes.pop(STATE_KEY, None)
             if folded is not None:
                 history._restore(folded)
             session.state[STATE_KEY] = history
@@ -192,8 +192,9 @@ class History:
     # -- session snapshots ------------------------------------------------------------------------------
     def folded(self) -> dict[str, Any]:
         """What a session snapshot keeps of the index: the windows and the task pointers (bounded
-        by the number of windows, not by the log). The per-event indexes are rebuilt from the
-        events before the snapshot when first read."""
+        by the number of windows, not by the log), folded to the end of the log first. The
+        per-event indexes are rebuilt from the events before the snapshot when first read."""
+        self.sync()
         return {
             "version": FOLDED_VERSION,
             "cursor": self.cursor,

@@ -232,7 +232,7 @@ class Notes:
         notes = session.state.get(STATE_KEY)
         if not isinstance(notes, Notes):
             notes = cls(session, limits)
-            folded = session.snapshot_recall.pop(STATE_KEY, None)
+            folded = session.snapshot_indexes.pop(STATE_KEY, None)
             if folded is not None:
                 notes._restore(folded)
             session.state[STATE_KEY] = notes
@@ -244,7 +244,9 @@ class Notes:
     # -- session snapshots --------------------------------------------------------------------------
     def folded(self) -> dict[str, Any]:
         """The folded notes as plain JSON, for a session snapshot (bounded by the notes, not by
-        the log: every note's latest version and the seqs of its events)."""
+        the log: every note's latest version and the seqs of its events), folded to the end of the
+        log first."""
+        self.sync()
         state = self._state
         return {
             "version": FOLDED_VERSION,
