@@ -267,3 +267,62 @@ def test_lazy_events_refuse_a_prefix_out_of_order():
     lazy = LazyEvents(lambda start, end: [Event(0, "test/x", {}, "", None, True)] * (end - start), 5)
     with pytest.raises(CorruptionError, match="in order"):
         lazy[2]
+
+
+def _indexed_kernel(home: Path, snapshot_every: int = 25) -> Kernel:
+    profile = make_profile(model=SMALL_WINDOW, store={"snapshot_every": snapshot_every})
+    profile.profile.strategies = ["basic", "history"]
+    return Kernel(profile, store=JsonlStore(home, fsync=False), home=home, entry_points=False)
+
+
+def _indexes(session: Any) -> dict[str, Any]:
+    from ctxkernel.recall.history import History
+    from ctxkernel.recall.notes import Notes
+
+    history, notes = History.for_session(session), Notes.for_session(session)
+    return {
+        "windows": [w.to_dict() for w in history.windows],
+        "instructions": history.instructions,
+        "tools": history.tool_names,
+        "calls": history.call_seqs,
+        "page": history.list_items(limit=50, order="desc"),
+        "search": history.search("parser", limit=50),
+        "notes": [n.to_dict() for n in notes.active()],
+        "total": notes.total_bytes,
+    }
+
+
+def test_the_history_index_and_notes_open_from_the_snapshot_without_reading_the_history(tmp_path):
+    from ctxkernel.recall.notes import Notes
+
+    session = _indexed_kernel(tmp_path).open_session()
+    for n in range(4):
+        work(session, 6, seed=n)
+        Notes.for_session(session).write(f"plan/{n}", f"step {n} of the plan", strategy="basic")
+    work(session, 2, seed=9)
+    assert any(e.type == "compaction/summary" for e in session.events)
+    reopened = _indexed_kernel(tmp_path).open_session(session.id)
+    assert isinstance(reopened.events, LazyEvents) and reopened.events.loaded == 0
+    # the history strategy took its index at open; the notes wait for their first use
+    assert list(reopened.snapshot_indexes) == ["recall.notes"]
+    replayed = _indexed_kernel(tmp_path, snapshot_every=0).open_session(session.id)
+    assert _indexes(reopened) == _indexes(replayed) == _indexes(session)
+
+
+def test_a_malformed_index_part_is_set_aside_and_the_index_folded_from_the_first_event(tmp_path, caplog):
+    session = _indexed_kernel(tmp_path).open_session()
+    work(session, 12)
+    session.write_snapshot()
+    covers, payload = session.store.snapshot_get(session.id)
+    body = orjson.loads(payload.partition(b"\n")[2])
+    body["session_indexes"]["ctxkernel.recall.history"]["windows"] = "not a list"
+    data = orjson.dumps(body)
+    session.store.snapshot_put(
+        session.id, covers, b"ctxkernel-snapshot 1 " + hashlib.sha256(data).hexdigest().encode() + b"\n" + data
+    )
+    with caplog.at_level(logging.WARNING):
+        reopened = _indexed_kernel(tmp_path).open_session(session.id)
+    assert isinstance(reopened.events, LazyEvents)  # the snapshot itself is used
+    assert "history index snapshot set aside" in caplog.text
+    replayed = _indexed_kernel(tmp_path, snapshot_every=0).open_session(session.id)
+    assert _indexes(reopened) == _indexes(replayed)
