@@ -318,7 +318,9 @@ def test_a_malformed_index_part_is_set_aside_and_the_index_folded_from_the_first
     body["session_indexes"]["ctxkernel.recall.history"]["windows"] = "not a list"
     data = orjson.dumps(body)
     session.store.snapshot_put(
-        session.id, covers, b"ctxkernel-snapshot 1 " + hashlib.sha256(data).hexdigest().encode() + b"\n" + data
+        session.id,
+        covers,
+        b"ctxkernel-snapshot %d " % SNAPSHOT_VERSION + hashlib.sha256(data).hexdigest().encode() + b"\n" + data,
     )
     with caplog.at_level(logging.WARNING):
         reopened = _indexed_kernel(tmp_path).open_session(session.id)
@@ -326,3 +328,25 @@ def test_a_malformed_index_part_is_set_aside_and_the_index_folded_from_the_first
     assert "history index snapshot set aside" in caplog.text
     replayed = _indexed_kernel(tmp_path, snapshot_every=0).open_session(session.id)
     assert _indexes(reopened) == _indexes(replayed)
+
+
+def test_a_strategys_transient_counter_is_not_restored_from_the_snapshot(tmp_path):
+    """Regression: snapshots restored every plain-JSON ``session.state`` entry as it was. The
+    snapshot written by an overflow compaction's commit batch caught ``basic``'s retry counter
+    mid-compaction (1; the commit hook resets it only afterwards), so a session reopened from it
+    refused the next overflow that the live session (and a full replay) would have compacted: a
+    decay-profile session continued after a reopen hit ``RequestTooLargeError``."""
+    from ctxkernel import ContextOverflowError
+
+    session = kernel(JsonlStore(tmp_path, fsync=False), tmp_path, snapshot_every=1000).open_session()
+    work(session, 12)
+    session.user("one more step")
+    request = session.prepare_request()
+    window = request.pressure.effective_window
+    assert session.request_failed(ContextOverflowError("too long", prompt_tokens=window + 1, limit=window)) is True
+    assert session.state["basic"]["overflow_streak"] == 0  # the live session: reset by the commit
+    reopened = kernel(JsonlStore(tmp_path, fsync=False), tmp_path, snapshot_every=1000).open_session(session.id)
+    assert isinstance(reopened.events, LazyEvents)
+    assert reopened.state["basic"].get("overflow_streak", 0) == 0
+    replayed = kernel(JsonlStore(tmp_path, fsync=False), tmp_path, snapshot_every=0).open_session(session.id)
+    assert {k: v for k, v in reopened.state["basic"].items()} == {k: v for k, v in replayed.state["basic"].items()}

@@ -2,7 +2,7 @@
 
 A snapshot is the folded state of a log prefix: the surface (every visible node's event and its
 cached token count), the pairing indexes, the session's turn/step/compaction/header/route/anchor
-tracking, and each strategy's state when it is plain JSON data. The session writes one at each
+tracking, each strategy's folded state and the session-wide indexes. The session writes one at each
 compaction commit and every ``[store] snapshot_every`` events (:meth:`Session.append`), through
 the store's ``snapshot_put`` (only ``store/`` touches disk). Opening a session loads the newest
 one and replays only the events after it.
@@ -20,9 +20,11 @@ Strategies take part through the ``snapshot_state`` hook: each returns its folde
 ``session.snapshot_states`` until each strategy takes its own with ``StrategyHandle.restored``
 (which checks the version and rebuilds the state, and answers None, so that the strategy folds the
 whole log, for a missing, other-version or malformed part) and folds only the events after it.
-A strategy that does not implement the hook keeps its state in the body only when it is plain JSON
-data (``state``); one that is not is left out and rebuilt from ``session.events`` as after a full
-replay. ``session.events`` of a session opened from a snapshot is a :class:`LazyEvents`: the
+A strategy that does not implement the hook rebuilds its state from ``session.events`` as after a
+full replay (its ``session.state`` entry is never written as it is: it may hold this process's
+transient counters, which a full replay would not have). The history index and the notes take part
+as :class:`SnapshotIndex` objects (``session_indexes``). ``session.events`` of a session opened
+from a snapshot is a :class:`LazyEvents`: the
 events before the snapshot are read from the store the first time something looks at them
 (history recall, a strategy's first fold), not at open.
 """
@@ -45,7 +47,9 @@ from .surface import Node
 if TYPE_CHECKING:
     from .session import Session
 
-SNAPSHOT_VERSION = 1
+#: 2: strategy state only through the ``snapshot_state`` hook (version 1 also restored every plain
+#: JSON ``session.state`` entry, this process's transient counters included)
+SNAPSHOT_VERSION = 2
 _MAGIC = b"ctxkernel-snapshot"
 
 log = get_logger("ctxkernel.snapshot")
@@ -138,7 +142,6 @@ class SnapshotWriter:
                 "anchor": list(session._anchor) if session._anchor is not None else None,
                 "last_decoration_delta": session._last_decoration_delta,
             },
-            "state": {k: v for k, v in session.state.items() if k in strategies and k not in parts and _plain(v)},
             "strategies": parts,
             "session_indexes": index_parts(session),
         }
@@ -258,13 +261,11 @@ def restore(
         place = (int(surface["turn"]), int(surface["step"]))
         track = body["track"]
         anchor = track["anchor"]
-        state = body["state"]
         parts = body.get("strategies", {})  # absent from a snapshot written before strategies took part
         session_indexes = body.get("session_indexes", {})
         if (
             surface["applied"] != covers
             or type(surface["version"]) is not int
-            or not isinstance(state, dict)
             or not isinstance(parts, dict)
             or not isinstance(session_indexes, dict)
             or not all(
@@ -298,7 +299,6 @@ def restore(
     session.route = track["route"]
     session._anchor = tuple(anchor) if anchor is not None else None
     session._last_decoration_delta = track["last_decoration_delta"]
-    session.state.update(state)
     session.snapshot_states = dict(parts)
     session.snapshot_indexes = dict(session_indexes)
 

@@ -161,12 +161,13 @@ def _rewrite_snapshot(store, session_id, change) -> None:
     import orjson
 
     covers, payload = store.snapshot_get(session_id)
-    body = orjson.loads(payload.partition(b"\n")[2])
+    first_line, _, body_bytes = payload.partition(b"\n")
+    magic_and_version = first_line.rsplit(b" ", 1)[0]  # the kernel's format line, its digest replaced
+    body = orjson.loads(body_bytes)
     change(body["strategies"])
     data = orjson.dumps(body)
-    store.snapshot_put(
-        session_id, covers, b"ctxkernel-snapshot 1 " + hashlib.sha256(data).hexdigest().encode() + b"\n" + data
-    )
+    digest = hashlib.sha256(data).hexdigest().encode()
+    store.snapshot_put(session_id, covers, magic_and_version + b" " + digest + b"\n" + data)
 
 
 def test_a_decay_part_of_another_version_or_malformed_is_set_aside_and_the_log_folded(

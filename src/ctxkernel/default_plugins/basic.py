@@ -181,10 +181,45 @@ def pre_step(session: Session, step: StepContext) -> None:
     compact(session, int(settings.retain_ratio * pressure.effective_window), reason="threshold")
 
 
+#: the format of the folded fields in session snapshots (bump it when their shape changes)
+STATE_VERSION = 1
+#: what the fold of the log derives; ``overflow_streak`` is this process's retry count and is left
+#: out (restored, a streak caught mid-compaction by the snapshot made a reopened session refuse the
+#: next overflow that the live one would have compacted)
+FOLDED = ("cursor", "open_id", "mark")
+
+
+@ctxkernel.hookimpl
+def session_opened(session: Session) -> None:
+    last_compaction_mark(session)
+
+
+@ctxkernel.hookimpl
+def snapshot_state(session: Session) -> ctxkernel.StrategySnapshot:
+    last_compaction_mark(session)
+    state = STRATEGY.on(session).state
+    return STRATEGY.on(session).snapshot({k: state.get(k) for k in FOLDED}, version=STATE_VERSION)
+
+
+def _from_folded(data: dict[str, Any], log_length: int) -> dict[str, Any]:
+    cursor, open_id, mark = (data[k] for k in FOLDED)
+    if type(cursor) is not int or not 0 < cursor <= log_length:
+        msg = f"cursor {cursor!r} is outside the log (length {log_length})"
+        raise ValueError(msg)
+    if not (open_id is None or isinstance(open_id, str)) or not (mark is None or type(mark) is int):
+        msg = "open_id must be a compaction id or null, mark a seq or null"
+        raise ValueError(msg)
+    return {"cursor": cursor, "open_id": open_id, "mark": mark}
+
+
 def last_compaction_mark(session: Session) -> int | None:
     """Seq at which this strategy's last compaction attempt ended (committed or failed), folded
-    from the log with a cursor, so a reopened session holds back exactly like the live one."""
-    state = STRATEGY.on(session).state
+    from the log with a cursor (from the session's snapshot when it was opened from one), so a
+    reopened session holds back exactly like the live one."""
+    basic = STRATEGY.on(session)
+    state = basic.state
+    if "cursor" not in state:
+        state.update(basic.restored(version=STATE_VERSION, load=lambda d: _from_folded(d, len(session.events))) or {})
     events = session.events
     for event in events[state.get("cursor", 0) :]:
         if event.type == COMPACTION_START and event.data.get("strategy") == NAME:
