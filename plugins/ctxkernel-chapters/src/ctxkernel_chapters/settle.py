@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from ctxkernel import StoreError, get_logger
 
@@ -76,7 +76,7 @@ def settle(session: Session) -> Registry:
     """Write the chapters of every committed, unsettled in-place compaction of ``session``;
     returns the registry. Costs nothing when there are none (the usual case). A plan that
     cannot be written now (a store error) stays unsettled, is logged, and is tried again at the
-    next settle; one the log spoils (an edited event) is logged and skipped."""
+    next settle; one the log spoils (an edited event) is logged once and skipped."""
     st = state(session)
     registry = registry_of(session)
     if not st["unsettled"]:
@@ -87,25 +87,36 @@ def settle(session: Session) -> Registry:
         data = pending[0]
         if data["archive"]["through"] > done:
             try:
-                write(session, registry, data)
-            except (ArchiveError, StoreError) as exc:
-                log.warning("chapters not written yet", session=session.id, plan=data.get("plan"), error=str(exc))
-                break
-            except (ValidationError, ValueError) as exc:
+                plan = checked(session, data)
+            except ValueError as exc:  # the log was edited: reported, never rendered
                 log.error("a chapters commit in the log cannot be rendered", session=session.id, error=str(exc))
+            else:
+                try:
+                    write(session, registry, plan)
+                except (ArchiveError, StoreError) as exc:
+                    log.warning("chapters not written yet", session=session.id, plan=plan.plan, error=str(exc))
+                    break
         pending.pop(0)
     return registry
 
 
-def write(session: Session, registry: Registry, data: dict[str, Any]) -> None:
-    """Render one committed plan from the log and store its files, then its records."""
-    plan = CommittedPlan.model_validate(data)
-    check_name(plan.root)
+def checked(session: Session, data: dict[str, Any]) -> CommittedPlan:
+    """The commit event's plan, validated (``ValueError`` names what is wrong)."""
+    plan = CommittedPlan.model_validate(data)  # pydantic's ValidationError is a ValueError
+    try:
+        check_name(plan.root)
+    except ArchiveError as exc:
+        raise ValueError(f"root {plan.root!r}: {exc}") from None
     last = len(session.events) - 1
     for r in plan.records:
         if not r.start_seq <= r.end_seq <= last:
             msg = f"chapter {r.number}: seqs {r.start_seq}..{r.end_seq} are not in the log (0..{last})"
             raise ValueError(msg)
+    return plan
+
+
+def write(session: Session, registry: Registry, plan: CommittedPlan) -> None:
+    """Render one committed plan from the log and store its files, then its records."""
     numbers = [r.number for r in plan.records]
     prepared = archive.prepare(
         session,
