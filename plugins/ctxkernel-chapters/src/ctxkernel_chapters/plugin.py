@@ -272,13 +272,15 @@ def planning_view(session: Session, start: int, end: int, floor_tokens: int) -> 
     """Per-event planning tokens for events ``start..end`` and a message lookup, from what the
     surface already holds: a visible message costs what the meter counted for it (cached per
     node), so segmentation neither renders nor tokenizes it; a result above the defer floor
-    costs its artifact line. Events no longer visible are rendered and counted exactly."""
+    costs its artifact line. Replacements and events no longer visible are rendered and counted
+    exactly (a replacement renders as a one-line note, not as its text)."""
     surface, meter = session.surface, session.meter
-    exact = event_tokens
+    visible: dict[int, Any] = {}
     out = []
     for event in session.events[start : end + 1]:
-        node = surface.node(event.seq)
+        node = surface.node(event.seq) if (event.surface or {}).get("op") == "append" else None
         if node is not None:
+            visible[event.seq] = node
             n = meter.node_tokens(node)
             out.append(ARTIFACT_LINE_TOKENS if node.role == "tool" and n > floor_tokens else n)
         elif event.type == "turn/start":
@@ -286,10 +288,10 @@ def planning_view(session: Session, start: int, end: int, floor_tokens: int) -> 
         elif event.type not in PROSE_EVENTS:
             out.append(0)  # the renderer writes nothing for it
         else:
-            out.extend(exact(session.events, event.seq, event.seq, count=meter.count_text, floor_tokens=floor_tokens))
+            out += event_tokens(session.events, event.seq, event.seq, count=meter.count_text, floor_tokens=floor_tokens)
 
     def message_of(event: Any) -> Message:
-        node = surface.node(event.seq)
+        node = visible.get(event.seq)
         return node.message if node is not None else Message.from_dict(event.data["message"])
 
     return out, message_of
