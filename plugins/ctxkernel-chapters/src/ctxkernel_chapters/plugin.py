@@ -36,6 +36,7 @@ from .strategy import (
     archive_ceiling,
     archived_through,
     is_chapters_toc,
+    own_records,
     registry_of,
     settings_of,
     state,
@@ -316,9 +317,7 @@ def toc_for_region(
         and n.event.surface.get("op") == "replace"
         and not is_chapters_toc(n)
     ]
-    own = [
-        r for r in registry_of(session).records(session.id) if r.get("status") == "final" and r["start_seq"] <= boundary
-    ]
+    own = [r for r in own_records(session) if r.get("status") == "final" and r["start_seq"] <= boundary]
     # committed chapters whose files are not written yet: rendered from the log when they are,
     # so there is nothing to verify
     unwritten = [r for r in committed_records(session) if r["start_seq"] <= boundary]

@@ -135,4 +135,8 @@ def write(session: Session, registry: Registry, plan: CommittedPlan) -> None:
     archive.publish(Archive.of(session), prepared)
     if numbers:
         registry.advance(plan.root, max(numbers) + 1)
-    registry.add_final(session.id, records)
+    before = registry.archived_through(session.id)
+    after = registry.add_final(session.id, records)["archived_through"]
+    cached = state(session).get("records")  # own_records(): extended, not listed again
+    if cached is not None and cached[0] == before:
+        state(session)["records"] = (after, [*cached[1], *records])

@@ -91,6 +91,18 @@ def archived_through(session: Session, registry: Registry | None = None) -> int:
     return max(stored, state(session)["committed_through"])
 
 
+def own_records(session: Session, registry: Registry | None = None) -> list[dict[str, Any]]:
+    """This session's chapter records, read again only when its ``archived_through`` moved
+    (every writer of its records moves it), so a compaction does not list the namespace."""
+    registry = registry or registry_of(session)
+    mark = registry.archived_through(session.id)
+    st = state(session)
+    cached = st.get("records")
+    if cached is None or cached[0] != mark:
+        cached = st["records"] = (mark, registry.records(session.id))
+    return list(cached[1])
+
+
 def archive_ceiling(session: Session) -> int | None:
     """Seq of the last ``turn/end``: session creation archives at or below it, never mid-turn."""
     for event in reversed(session.events):
