@@ -211,3 +211,26 @@ def test_an_edited_plan_in_the_log_is_reported_not_written(tmp_path):
     assert registry(session).records(session.id) == []
     assert not state(session)["unsettled"]  # reported once (logged), not tried at every step
     assert not (tmp_path / "outside").exists() and not (tmp_path / "blobs").exists()
+
+
+def test_a_lost_chapter_file_is_written_again_from_the_log_on_read(tmp_path):
+    session = _compacted(tmp_path)
+    record = registry(session).records(session.id)[0]
+    path = archive_file(session, record["path"])
+    original = path.read_bytes()
+    expected = call_tool(session, "chapters_read", chapter=record["id"]).content
+    path.unlink()
+    assert call_tool(session, "chapters_search", query="compute").content.count("refused") == 0
+    assert path.read_bytes() == original  # the same bytes: the record's sha256 checked them
+    path.unlink()
+    assert call_tool(session, "chapters_read", chapter=record["id"]).content == expected
+
+
+def test_a_lost_chapter_whose_record_does_not_match_the_log_stays_reported(tmp_path):
+    session = _compacted(tmp_path)
+    record = registry(session).records(session.id)[0]
+    archive_file(session, record["path"]).unlink()
+    session.store.kv_put(NAMESPACE, f"records/{session.id}/{record['number']:06d}", {**record, "sha256": "0" * 64})
+    outcome = call_tool(session, "chapters_read", chapter=record["id"])
+    assert outcome.is_error and "not in the archive" in outcome.content
+    assert not archive_file(session, record["path"]).exists()

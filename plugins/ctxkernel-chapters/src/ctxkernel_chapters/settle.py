@@ -23,9 +23,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from ctxkernel import StoreError, get_logger
 
 from . import archive
+from .chapter_file import ChapterFile
 from .registry import Registry
 from .segment import ChapterPlan
-from .storage import Archive, ArchiveError, check_name
+from .storage import Archive, ArchiveError, NotInArchiveError, check_name
 from .strategy import registry_of, settings_of, state
 
 if TYPE_CHECKING:
@@ -115,20 +116,25 @@ def checked(session: Session, data: dict[str, Any]) -> CommittedPlan:
     return plan
 
 
-def write(session: Session, registry: Registry, plan: CommittedPlan) -> None:
-    """Render one committed plan from the log and store its files, then its records."""
-    numbers = [r.number for r in plan.records]
-    prepared = archive.prepare(
+def rendered(session: Session, plan: CommittedPlan, chapters: list[PlannedChapter]) -> list[archive.Prepared]:
+    """``chapters`` of a committed plan rendered from the log, exactly as planned."""
+    return archive.prepare(
         session,
         settings_of(session),
-        [ChapterPlan(r.start_seq, r.end_seq, r.title, r.summary, r.tokens) for r in plan.records],
-        numbers,
+        [ChapterPlan(r.start_seq, r.end_seq, r.title, r.summary, r.tokens) for r in chapters],
+        [r.number for r in chapters],
         root=plan.root,
         status="final",
         plan_id=plan.plan,
-        created=[r.created for r in plan.records],
+        created=[r.created for r in chapters],
         floor_tokens=plan.floor_tokens,
     )
+
+
+def write(session: Session, registry: Registry, plan: CommittedPlan) -> None:
+    """Render one committed plan from the log and store its files, then its records."""
+    numbers = [r.number for r in plan.records]
+    prepared = rendered(session, plan, plan.records)
     records = [p.record for p in prepared]
     for record in records:
         record["compaction_id"] = plan.compaction_id
@@ -140,3 +146,38 @@ def write(session: Session, registry: Registry, plan: CommittedPlan) -> None:
     cached = state(session).get("records")  # own_records(): extended, not listed again
     if cached is not None and cached[0] == before:
         state(session)["records"] = (after, [*cached[1], *records])
+
+
+def restore(session: Session, record: dict[str, Any]) -> bool:
+    """Render a chapter file that is missing from the archive again from this session's log, and
+    store it when it hashes to the record's sha256 (True); False when the record is another
+    session's, predates plans in the log, or renders differently (then it stays reported)."""
+    data = state(session)["plans"].get(record.get("compaction_id"))
+    if data is None or record.get("author_session") != session.id:
+        return False
+    try:
+        plan = checked(session, data)
+    except ValueError:
+        return False
+    chapter = next((r for r in plan.records if r.number == record.get("number")), None)
+    if chapter is None:
+        return False
+    (prepared,) = rendered(session, plan, [chapter])
+    if prepared.record["sha256"] != record.get("sha256") or prepared.record["path"] != record.get("path"):
+        log.warning("a lost chapter renders differently from its record", session=session.id, chapter=record.get("id"))
+        return False
+    archive.publish(Archive.of(session), [prepared])
+    log.info("a lost chapter file was written again from the log", session=session.id, chapter=record.get("id"))
+    return True
+
+
+def read_chapter(session: Session, record: dict[str, Any], where: Archive | None = None) -> ChapterFile:
+    """:func:`archive.read_verified`, after writing the file again from the log when it is
+    missing and this session's log holds its plan (a changed file is refused, never replaced)."""
+    where = where or Archive.of(session)
+    try:
+        return archive.read_verified(where, record)
+    except NotInArchiveError:
+        if not restore(session, record):
+            raise
+    return archive.read_verified(where, record)

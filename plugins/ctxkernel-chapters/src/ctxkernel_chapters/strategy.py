@@ -47,6 +47,7 @@ def state(session: Session) -> dict[str, Any]:
                 # the commit event) but not yet written as files and records: settle.py
                 "unsettled": [],
                 "committed_through": -1,  # the last seq covered by a committed plan
+                "plans": {},  # compaction id -> its committed plan (to render a lost file again)
             }
         )
     events = session.events
@@ -62,6 +63,7 @@ def state(session: Session) -> dict[str, Any]:
             through = (event.data.get("archive") or {}).get("through")
             if isinstance(event.data.get("records"), list) and type(through) is int:
                 st["unsettled"].append(event.data)
+                st["plans"][event.data.get("compaction_id")] = event.data
                 st["committed_through"] = max(st["committed_through"], through)
         elif t == "user/message":
             src = event.data["message"].get("source", {})

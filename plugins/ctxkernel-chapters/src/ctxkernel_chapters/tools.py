@@ -22,7 +22,7 @@ from . import archive, artifacts, toc
 from . import strategy as chapters
 from .registry import Registry, new_state, record_key
 from .segment import ChapterPlan, describe, propose_chapters
-from .settle import settle
+from .settle import read_chapter, settle
 from .storage import Archive, ArchiveError, check_name
 
 if TYPE_CHECKING:
@@ -412,7 +412,7 @@ def chapters_read(session: Session, args: ReadArgs) -> ToolOutcome:
             is_error=True,
         )
     try:
-        chapter = archive.read_verified(Archive.of(session), record)
+        chapter = read_chapter(session, record)
     except ArchiveError as exc:
         return ToolOutcome(f"chapters_read refused: {exc}", is_error=True)
     lines = chapter.body.splitlines()
@@ -438,7 +438,7 @@ def chapters_search(session: Session, args: SearchArgs) -> ToolOutcome:
     refused: list[str] = []
     for record in settle(session).lineage_records(session.id):
         try:
-            chapter = archive.read_verified(where, record)
+            chapter = read_chapter(session, record, where)
         except ArchiveError as exc:
             refused.append(f"{record['id']}: {exc}")
             continue
