@@ -159,12 +159,6 @@ def publish(archive: Archive, prepared: list[Prepared]) -> None:
         archive.write(item.record["path"], item.text.encode("utf-8"))
 
 
-def remove(archive: Archive, records: list[dict[str, Any]]) -> None:
-    """Delete the files of records that never became final (a failed in-place compaction)."""
-    for record in records:
-        archive.remove(record["path"])
-
-
 def read_verified(archive: Archive, record: dict[str, Any]) -> ChapterFile:
     """The chapter, after checking its body against the registry's sha256; raises
     :class:`storage.IntegrityError` for a changed file (it is reported, never served).

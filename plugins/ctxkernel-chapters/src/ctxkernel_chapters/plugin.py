@@ -249,14 +249,17 @@ def compact_in_place(session: Session, keep_tokens: int, *, reason: str) -> bool
 
 
 def committed_records(session: Session) -> list[dict[str, Any]]:
-    """Records (as a table of contents cites them) of this session's committed, unsettled chapters."""
+    """Records (as a table of contents cites them) of this session's committed, unsettled
+    chapters; a plan the log spoils is left out (the settle reports it)."""
     out = []
     for data in state(session)["unsettled"]:
-        root = data.get("root")
-        for r in data["records"]:
-            if isinstance(r, dict) and isinstance(root, str):
-                path = archive.chapter_path(root, r.get("number", 0), str(r.get("title", "")))
-                out.append({**r, "id": f"{session.id}/{r.get('number')}", "path": path})
+        try:
+            plan = settle.checked(session, data)
+        except ValueError:
+            continue
+        for r in plan.records:
+            path = archive.chapter_path(plan.root, r.number, r.title)
+            out.append({**r.model_dump(), "id": f"{session.id}/{r.number}", "path": path})
     return out
 
 
