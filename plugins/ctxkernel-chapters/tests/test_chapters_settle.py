@@ -208,6 +208,7 @@ def test_an_edited_plan_in_the_log_is_reported_not_written(tmp_path):
     session = _compacted(tmp_path)
     data = state(session)["unsettled"][0]
     data["root"] = "../outside"  # what an edited log line would say
+    assert chapters_plugin.committed_records(session) == []  # a table of contents leaves it out
     assert registry(session).records(session.id) == []
     assert not state(session)["unsettled"]  # reported once (logged), not tried at every step
     assert not (tmp_path / "outside").exists() and not (tmp_path / "blobs").exists()
