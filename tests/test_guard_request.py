@@ -118,3 +118,29 @@ def test_decay_anchors_and_reminders_never_push_a_request_over_the_window(tmp_pa
         request = step(session, n, 300)
         assert sent_tokens(session, request) <= 7_000, n
     assert [c["strategy"] for c in compactions(session)].count("basic") >= 1
+
+
+def test_a_request_the_overflow_path_could_not_help_does_not_disarm_the_next(tmp_path: Path) -> None:
+    """``overflow_retries`` counts the attempts of one request. The second request's overflow path
+    finds no head to summarise (its one tool result is the verbatim tail); the third request's
+    can. Before the fix the streak the second left refused the third's guard (no compaction, the
+    request refused) although a summary made it fit."""
+    profile = make_profile(model={"context_window": 3_000, "reserved_output_tokens": 500})
+    profile.profile.guard_request = True
+    profile.profile.system_prompt = "You are careful. " * 550  # ~2,200 of the 2,500-token window
+    profile.model_policies = []
+    settings = {"basic": {"auto": False, "threshold_ratio": 0.97, "retain_ratio": 0.1, "overflow_retries": 1}}
+    session = build_kernel(
+        tmp_path, strategies=["basic"], settings=settings, profile=profile, fsync=False
+    ).open_session()
+    session.user("hello")
+    session.prepare_request()
+    session.commit_reply(Message.assistant("", [ToolCallBlock("c1", "read", {"path": "1"})]))
+    session.tool_result("c1", " ".join(f"w{k}" for k in range(200)))
+    over = session.prepare_request(allow_overflow=True)  # the open loop of ctxkernel simulate
+    assert over.pressure.tokens > 2_500 and not compactions(session)  # nothing basic could summarise
+    session.commit_reply(Message.assistant("", [ToolCallBlock("c2", "read", {"path": "2"})]))
+    session.tool_result("c2", " ".join(f"v{k}" for k in range(75)))
+    request = session.prepare_request()
+    assert [c["strategy"] for c in compactions(session)] == ["basic"]
+    assert sent_tokens(session, request) <= 2_500

@@ -161,6 +161,11 @@ def compact_now(session: Session, request: ManualCompaction) -> ctxkernel.Manual
 @ctxkernel.hookimpl(trylast=True)
 def pre_step(session: Session, step: StepContext) -> None:
     basic = STRATEGY.on(session)
+    if step.attempt == 0:
+        # a new request: ``overflow_retries`` counts the attempts of one request, so a streak an
+        # earlier request left (its overflow path found nothing to summarise) must not refuse
+        # this request's first overflow (with guard_request, the composed-request guard)
+        basic.state["overflow_streak"] = 0
     settings = basic.settings
     if not settings.auto or basic.route is None:
         return  # the first step of a fresh session has no routed request to price against
