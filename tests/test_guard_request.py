@@ -144,3 +144,17 @@ def test_a_request_the_overflow_path_could_not_help_does_not_disarm_the_next(tmp
     request = session.prepare_request()
     assert [c["strategy"] for c in compactions(session)] == ["basic"]
     assert sent_tokens(session, request) <= 2_500
+
+
+def test_a_large_message_in_the_verbatim_tail_is_excerpted_when_the_summary_is_not_enough(tmp_path: Path) -> None:
+    """basic's summary of the head keeps its verbatim tail; when that tail holds one large tool
+    result (under the per-message bound) the request can still be over the window. The guard
+    then excerpts the largest messages too, instead of refusing a request it can fit."""
+    session = basic_kernel(tmp_path, window=8_000, system="You are careful. " * 1_000).open_session()
+    session.user("read the files one by one")  # the header is ~4,000 of the 7,500-token window
+    for n in range(8):
+        step(session, n, 150)
+    step(session, 8, 2_700)  # ~3,600 tokens: below half the window, so not excerpted up front
+    request = session.prepare_request()
+    assert [(c["strategy"], c["kind"]) for c in compactions(session)] == [("basic", "summary"), ("kernel", "excerpt")]
+    assert sent_tokens(session, request) <= 7_500
