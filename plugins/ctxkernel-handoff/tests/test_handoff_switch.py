@@ -393,6 +393,9 @@ def test_no_switch_when_what_stays_outside_the_surface_is_over_the_target(handof
     assert "no room for a new window" in state_for(session).last_failure
     assert "provider-reported usage" in state_for(session).last_failure
     assert not window_events(session)
+    # nor is the model asked for a switch that can only be refused (notes and new_context calls
+    # would cost tokens in a window that has none to spare)
+    assert not [e for e in session.events if e.type == "user/message" and REMINDER_TAG in str(e.data)]
     assert not [e for e in session.events if e.data.get("strategy") == "handoff" and e.data.get("reason") == "fit"]
     native = [e for e in session.events if e.type == "compaction/summary" and e.data.get("strategy") == "basic"]
     assert 1 <= len(native) <= 10, len(native)
