@@ -158,3 +158,17 @@ def test_a_large_message_in_the_verbatim_tail_is_excerpted_when_the_summary_is_n
     request = session.prepare_request()
     assert [(c["strategy"], c["kind"]) for c in compactions(session)] == [("basic", "summary"), ("kernel", "excerpt")]
     assert sent_tokens(session, request) <= 7_500
+
+
+def test_the_overflow_path_keeps_a_smaller_tail_when_the_tail_holds_all_but_the_head(tmp_path: Path) -> None:
+    """basic's overflow path keeps half of ``retain_ratio`` of the window verbatim (375 tokens
+    here). When the two newest results together reach that, the cut falls before the first one
+    and only the user's message is left to summarise: no region. An overflow then tries a smaller
+    tail (within ``compaction_retries``) instead of giving up on a request it can fit."""
+    session = basic_kernel(tmp_path, window=3_000, system="You are careful. " * 500).open_session()
+    session.user("read two files")
+    step(session, 0, 190)
+    step(session, 1, 190)  # each result ~250 tokens: the two are over 375, the newest under it
+    request = session.prepare_request()
+    assert [(c["strategy"], c["kind"]) for c in compactions(session)] == [("basic", "summary")]
+    assert sent_tokens(session, request) <= 2_500

@@ -134,6 +134,10 @@ def compact(session: Session, keep_tokens: int, *, reason: str) -> bool:
     basic = STRATEGY.on(session)
     for attempt in range(basic.settings.compaction_retries + 1):
         region = head_region(session.surface, session.meter, keep_tokens, min_nodes=2)
+        if region is None and reason == "overflow" and attempt < basic.settings.compaction_retries:
+            # the verbatim tail holds all but an earlier summary: an overflow needs a smaller tail
+            keep_tokens //= 2
+            continue
         if region is None:
             return False
         try:
