@@ -165,7 +165,9 @@ def request_error(session: Session, error: ModelError) -> bool | None:
     before = session.meter.surface_tokens()
     outcome = switch(session, reason="overflow")
     if not outcome.committed:
-        return None
+        # a failed switch may still have shrunk kept tool results (model-free, to make room): that
+        # is worth a retry; otherwise basic's overflow path answers
+        return True if session.meter.surface_tokens() < before else None
     state.overflow_at = state.last_assistant
     return session.meter.surface_tokens() < before
 
