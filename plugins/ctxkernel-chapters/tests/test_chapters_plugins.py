@@ -149,4 +149,11 @@ def test_open_from_a_snapshot_at_seeded_random_cuts_equals_the_full_fold(tmp_pat
     rng = random.Random(21)
     cuts = [(cut, rng.randint(cut, len(events))) for cut in sorted(rng.sample(range(1, len(events) + 1), 6))]
     checked = check_snapshot_equivalence(new_kernel, session_id, cuts)
-    assert [c.loaded_before_snapshot for c in checked] == [0] * len(cuts)
+    for case in checked:
+        # a chapters commit in the tail (appended as it is, so without its files) is settled at
+        # open: its chapters are rendered from the events they cover, before the snapshot
+        settles = any(
+            e.type == "compaction/summary" and e.data.get("strategy") == "chapters" and "records" in e.data
+            for e in events[case.cut : case.end]
+        )
+        assert settles or case.loaded_before_snapshot == 0, case

@@ -49,6 +49,11 @@ def state(session: Session) -> dict[str, Any]:
                 "overflow_streak": 0,
                 "compactions": 0,
                 "continued_in": None,
+                # in-place compactions whose chapters are committed in the log (their plan is in
+                # the commit event) but not yet written as files and records: settle.py
+                "unsettled": [],
+                "committed_through": -1,  # the last seq covered by a committed plan
+                "plans": {},  # compaction id -> its committed plan (to render a lost file again)
             }
         )
         restored = handle.restored(version=STATE_VERSION, load=lambda data: _from_snapshot(data, len(session.events)))
@@ -68,6 +73,11 @@ def state(session: Session) -> dict[str, Any]:
         elif t == "compaction/summary" and event.data.get("strategy") == NAME:
             st["suggested"] = False
             st["compactions"] += 1
+            through = (event.data.get("archive") or {}).get("through")
+            if isinstance(event.data.get("records"), list) and type(through) is int:
+                st["unsettled"].append(event.data)
+                st["plans"][event.data.get("compaction_id")] = event.data
+                st["committed_through"] = max(st["committed_through"], through)
         elif t == "user/message":
             src = event.data["message"].get("source", {})
             if src.get("plugin") == NAME and src.get("form") == "notice":
@@ -88,6 +98,9 @@ def snapshot_state(session: Session) -> ctxkernel.StrategySnapshot:
         "candidates": list(st["candidates"]),
         "suggested": st["suggested"],
         "compactions": st["compactions"],
+        "unsettled": list(st["unsettled"]),
+        "committed_through": st["committed_through"],
+        "plans": dict(st["plans"]),
     }
     return STRATEGY.on(session).snapshot(data, version=STATE_VERSION)
 
@@ -104,7 +117,14 @@ def _from_snapshot(data: dict[str, Any], log_length: int) -> dict[str, Any]:
     if type(data["suggested"]) is not bool or type(data["compactions"]) is not int:
         msg = "suggested must be a boolean and compactions an integer"
         raise ValueError(msg)
+    unsettled, plans, through = data["unsettled"], data["plans"], data["committed_through"]
+    if not all(isinstance(p, dict) for p in [*unsettled, *plans.values()]) or type(through) is not int:
+        msg = "unsettled and plans must hold commit events' data, committed_through a seq"
+        raise ValueError(msg)
     return {
+        "unsettled": list(unsettled),
+        "plans": dict(plans),
+        "committed_through": through,
         "cursor": cursor,
         "artifact_done": set(done),
         "candidates": list(candidates),
@@ -114,13 +134,30 @@ def _from_snapshot(data: dict[str, Any], log_length: int) -> dict[str, Any]:
 
 
 def registry_of(session: Session) -> Registry:
-    """The lineage registry, on the strategy handle's key-value table."""
-    return Registry(STRATEGY.on(session))
+    """The lineage registry, on the strategy handle's key-value table, with the chapter numbers
+    this process reserved (per lineage root) for the sessions of the same store."""
+    handle = STRATEGY.on(session)
+    reserved: dict[str, int] = handle.process_memory.setdefault("reserved", {})
+    return Registry(handle, reserved)
 
 
 def archived_through(session: Session, registry: Registry | None = None) -> int:
-    """The last log seq covered by this session's final chapters (-1 when none)."""
-    return (registry or registry_of(session)).archived_through(session.id)
+    """The last log seq covered by this session's chapters (-1 when none): final records, and
+    plans committed in the log whose files are not written yet."""
+    stored = (registry or registry_of(session)).archived_through(session.id)
+    return max(stored, state(session)["committed_through"])
+
+
+def own_records(session: Session, registry: Registry | None = None) -> list[dict[str, Any]]:
+    """This session's chapter records, read again only when its ``archived_through`` moved
+    (every writer of its records moves it), so a compaction does not list the namespace."""
+    registry = registry or registry_of(session)
+    mark = registry.archived_through(session.id)
+    st = state(session)
+    cached = st.get("records")
+    if cached is None or cached[0] != mark:
+        cached = st["records"] = (mark, registry.records(session.id))
+    return list(cached[1])
 
 
 def archive_ceiling(session: Session) -> int | None:
