@@ -233,12 +233,16 @@ def run_transaction(
     history (a retried turn, a popped item): the user took those messages away, so the
     instruction budget does not bring them back. Strategies cannot pass it (the handle refuses)."""
     session.refresh()
-    validate_spans(session.surface, spans)  # 1, before any store write: a bad span costs nothing
+    resolved = validate_spans(session.surface, spans)  # 1, before any store write: a bad span costs nothing
+    version = session.surface.version
     lease = CompactionLease(session)
     lease.acquire()  # 2: a live holder's lease refuses us as busy
     try:
+        if session.refresh() or session.surface.version != version:
+            # another writer appended while the lease was taken: check the spans again
+            resolved = validate_spans(session.surface, spans)
         return _run_leased(
-            session, spans, lease, strategy, kind, render, check_shrink, data, single_batch, keep_instructions
+            session, spans, resolved, lease, strategy, kind, render, check_shrink, data, single_batch, keep_instructions
         )
     finally:
         lease.release()
@@ -247,6 +251,7 @@ def run_transaction(
 def _run_leased(
     session: Session,
     spans: Sequence[Span],
+    resolved: list[list[Node]],
     lease: CompactionLease,
     strategy: str,
     kind: str,
@@ -256,10 +261,9 @@ def _run_leased(
     single_batch: bool,
     keep_instructions: bool,
 ) -> CommitResult:
-    """Steps 1-9 while holding the session's compaction lease."""
-    session.refresh()  # another writer may have appended while the lease was taken
+    """Steps 3-9 while holding the session's compaction lease (``resolved``: the spans' nodes,
+    validated against the surface as it is now)."""
     surface = session.surface
-    resolved = validate_spans(surface, spans)
     busy = session.open_compaction
     if busy is not None:
         # we hold the lease, so the open compaction's holder does not: it died or stalled past
@@ -289,7 +293,10 @@ def _run_leased(
         start_seq = session.next_seq
     else:
         try:
-            start_seq = session.append([start_event])  # 3: the lock
+            # 3: the lock. Not synced on its own: the commit's sync makes it durable with the
+            # commit, and a power cut before that loses only a lock nobody was told about, as a
+            # crash just before writing it would (store.base.SyncDeferral): one durable write
+            start_seq = session.append([start_event], durable=False)
         except ConflictError as exc:
             session.refresh()
             raise SurfaceChangedError(f"another writer appended before the compaction could start: {exc}") from None
@@ -326,9 +333,11 @@ def _run_leased(
             if keep_instructions
             else ([m for m, _ in replacements], [], -1)
         )
-        if pinned:
-            replacements[carrier] = (pinned_messages[carrier], replacements[carrier][1])
-        after = [0 if m is None else meter.count_message(m) for m, _ in replacements]
+        after = list(strategy_after)
+        carried = pinned_messages[carrier] if pinned else None
+        if carried is not None:
+            replacements[carrier] = (carried, replacements[carrier][1])
+            after[carrier] = meter.count_message(carried)  # only the carrier changed
         if check_shrink:  # 6
             for i, (b, a) in enumerate(zip(before, strategy_after, strict=True)):
                 if a >= b:
@@ -409,6 +418,9 @@ def _run_leased(
     seq = first + 1
     for nodes, b, a, (message, summary) in zip(resolved, before, after, replacements, strict=True):
         results.append(SpanResult([n.seq for n in nodes], None if message is None else seq, b, a, summary))
+        node = session.surface.node(seq) if message is not None else None
+        if node is not None and node.tokens is None and node.message == message:
+            node.tokens = a  # counted above: the meter need not tokenise the replacement again
         seq += 1
     result = CommitResult(compaction_id, strategy, kind, results, start_seq, seq, dict(data or {}))
     session.kernel.hooks.commit(session, result)

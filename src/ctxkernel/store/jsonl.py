@@ -35,6 +35,7 @@ from .base import (
     Lease,
     RepairReport,
     SessionHeader,
+    SyncDeferral,
     check_batch,
     check_blob_data,
     check_blob_key,
@@ -64,7 +65,7 @@ class _Index:
         return self.base + len(self.offsets)
 
 
-class JsonlStore:
+class JsonlStore(SyncDeferral):
     backend = "jsonl"
 
     def __init__(self, home: str | os.PathLike[str], *, fsync: bool = True, lock_timeout: float = 60.0) -> None:
@@ -365,7 +366,7 @@ class JsonlStore:
                 f.write(payload)
                 f.truncate()
                 f.flush()
-                if self.fsync:
+                if self.fsync and not self.sync_deferred():
                     os.fsync(f.fileno())
             except OSError:
                 f.truncate(index.end)
