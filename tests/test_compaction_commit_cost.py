@@ -148,3 +148,35 @@ def test_the_meters_memo_answers_what_the_tokenizer_does(pieces, data):
         assert meter.count_text(text) == tokenizer.count(text)
         assert meter.count_message(Message.user(text)) == 4 + tokenizer.count(text)
         assert len(meter._memo) <= MEMO_ENTRIES
+
+
+def test_one_renewer_thread_renews_every_held_lease(tmp_path):
+    import threading
+    import time
+    import urllib.parse
+
+    import orjson
+
+    from ctxkernel.lease import CompactionLease
+
+    kernel = build_kernel(tmp_path, model=WINDOW, store={"lease_seconds": 0.3})
+    sessions = [kernel.open_session() for _ in range(3)]
+    leases = [CompactionLease(s) for s in sessions]
+    files = [tmp_path / "leases" / (urllib.parse.quote(lease.name, safe="") + ".json") for lease in leases]
+    threads = threading.active_count()
+    for lease in leases:
+        lease.acquire()
+    assert threading.active_count() <= threads + 1  # one renewer for all, started at most once
+    first = [orjson.loads(f.read_bytes())["expires"] for f in files]
+    time.sleep(0.45)  # past a third of the term: every lease renewed at least once
+    assert all(orjson.loads(f.read_bytes())["expires"] > e for f, e in zip(files, first, strict=True))
+    assert not any(lease.lost.is_set() for lease in leases)
+    for lease in leases:
+        lease.release()
+    assert not any(f.exists() for f in files)
+    time.sleep(0.25)  # a released lease is not renewed back into existence
+    assert not any(f.exists() for f in files)
+    again = CompactionLease(sessions[0])
+    again.acquire()
+    assert threading.active_count() <= threads + 1
+    again.release()

@@ -326,7 +326,8 @@ def _run_leased(
         # 5b: the user's protected instructions this commit would take off the surface go,
         # verbatim, into its first replacement (instructions.py); the shrink check below judges
         # the strategy's own replacements, the kernel's block is bounded by the budget
-        cited = {n.seq for nodes in resolved for n in nodes}
+        cites = [[n.seq for n in nodes] for nodes in resolved]  # per span, listed once
+        cited = {seq for seqs in cites for seq in seqs}
         strategy_after = [0 if m is None else meter.count_message(m) for m, _ in replacements]
         pinned_messages, pinned, carrier = (
             instructions.pin_lost(session, cited, [m for m, _ in replacements])
@@ -356,12 +357,12 @@ def _run_leased(
         if session.surface.version != version:
             msg = "the surface changed since the compaction started (another replacement landed)"
             raise SurfaceChangedError(msg)
-        for i, (span, nodes) in enumerate(zip(spans, resolved, strict=True)):
+        for i, (span, seqs) in enumerate(zip(spans, cites, strict=True)):
             try:
                 now = [n.seq for n in session.surface.span(span.start, span.end)]
             except SurfaceError:
                 now = []
-            if now != [n.seq for n in nodes]:
+            if now != seqs:
                 msg = f"span {i} ({span.start}..{span.end}) changed on the surface since the compaction started"
                 raise SurfaceChangedError(msg)
         batch: list[EventSpec] = [start_event] if single_batch else []  # 8
@@ -373,12 +374,12 @@ def _run_leased(
                     "strategy": strategy,
                     "kind": kind,
                     "summary": "\n\n".join(s.text for _, s in replacements if s is not None),
-                    "cites": [n.seq for nodes in resolved for n in nodes],
+                    "cites": [seq for seqs in cites for seq in seqs],
                     "spans": [
                         {
                             "start": sp.start,
                             "end": sp.end,
-                            "cites": [n.seq for n in nodes],
+                            "cites": seqs,
                             "tokens_before": b,
                             "tokens_after": a,
                             "remove": sp.remove,
@@ -387,7 +388,7 @@ def _run_leased(
                             ),
                             **sp.data,
                         }
-                        for sp, nodes, b, a, (_, s) in zip(spans, resolved, before, after, replacements, strict=True)
+                        for sp, seqs, b, a, (_, s) in zip(spans, cites, before, after, replacements, strict=True)
                     ],
                     "tokens_before": sum(before),
                     "tokens_after": sum(after),
@@ -396,16 +397,15 @@ def _run_leased(
                 },
             )
         )
-        for nodes, (message, _) in zip(resolved, replacements, strict=True):
-            cites = [n.seq for n in nodes]
+        for seqs, (message, _) in zip(cites, replacements, strict=True):
             if message is None:
                 batch.append(
-                    EventSpec(SURFACE_DROP, {"strategy": strategy, "compaction_id": compaction_id}, remove_op(cites))
+                    EventSpec(SURFACE_DROP, {"strategy": strategy, "compaction_id": compaction_id}, remove_op(seqs))
                 )
             else:
                 kind_of = TOOL_RESULT if message.role == "tool" else USER_MESSAGE
                 body = {"message": message.to_dict(), "compaction_id": compaction_id}
-                batch.append(EventSpec(kind_of, body, replace_op(cites)))
+                batch.append(EventSpec(kind_of, body, replace_op(seqs)))
         batch.append(EventSpec(COMPACTION_END, {"compaction_id": compaction_id}))
         first = session.append(batch) + (1 if single_batch else 0)  # the summary's seq
     except BaseException as exc:
@@ -416,8 +416,8 @@ def _run_leased(
         raise
     results = []
     seq = first + 1
-    for nodes, b, a, (message, summary) in zip(resolved, before, after, replacements, strict=True):
-        results.append(SpanResult([n.seq for n in nodes], None if message is None else seq, b, a, summary))
+    for seqs, b, a, (message, summary) in zip(cites, before, after, replacements, strict=True):
+        results.append(SpanResult(list(seqs), None if message is None else seq, b, a, summary))
         node = session.surface.node(seq) if message is not None else None
         if node is not None and node.tokens is None and node.message == message:
             node.tokens = a  # counted above: the meter need not tokenise the replacement again

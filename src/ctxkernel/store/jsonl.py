@@ -516,8 +516,12 @@ class JsonlStore(SyncDeferral):
     def _lease_file(self, name: str) -> Iterator[tuple[Path, dict[str, Any] | None]]:
         check_kv_name("lease name", name)
         path = self.home / "leases" / (urllib.parse.quote(name, safe="") + ".json")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path.with_suffix(".lock"), "a+b") as lock:
+        try:
+            lock = open(path.with_suffix(".lock"), "a+b")  # noqa: SIM115 - closed by the with below
+        except FileNotFoundError:  # the folder is made on first use, not checked on every call
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lock = open(path.with_suffix(".lock"), "a+b")  # noqa: SIM115 - closed by the with below
+        with lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # held for one read-modify-write: never long
             try:
                 current = orjson.loads(path.read_bytes())
