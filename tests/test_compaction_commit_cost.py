@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from ctxkernel import Message, Span, balanced_cut_at_or_before
 from ctxkernel import instructions as instructions_module
-from ctxkernel.instructions import ledger_of, protected
+from ctxkernel.instructions import ledger_of, normalized, protected
 from ctxkernel.store import jsonl as jsonl_module
 from ctxkernel.testing import build_kernel
 
@@ -126,6 +126,10 @@ def test_instruction_costs_from_the_surface_are_the_tokenizers(tmp_path_factory,
             session.compact(head_span(session), strategy="basic")
     protected(session)  # fills the costs, from the surface where the node is visible
     ledger = session.instructions
+    # the normalised texts the search for lost instructions reads come from a cache per node
+    kept = instructions_module._kept_texts(session, set())
+    assert kept == [normalized(n.message.text) for n in session.surface.nodes]
+    assert len(session.instruction_texts) <= 2 * len(session.surface) + 256
     assert ledger == ledger_of(session.id, list(session.events))
     for item in ledger:
         cost = session.instruction_costs.get((item.session, item.seq))

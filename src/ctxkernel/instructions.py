@@ -116,6 +116,9 @@ class Ledger:
     own: list[Instruction] = field(default_factory=list)
     #: (session, seq) -> tokens, counted once per process
     costs: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: surface node seq -> (its message, that message's text normalised): what a compaction
+    #: searches for lost instructions, normalised once per message instead of at every compaction
+    normalized_texts: dict[int, tuple[Message, str]] = field(default_factory=dict)
 
     def sync(self, session_id: str, events: Sequence[Event]) -> list[Instruction]:
         """The ledger, oldest first, after folding the events appended since the last call."""
@@ -203,10 +206,33 @@ def missing(items: Sequence[Instruction], texts: Iterable[str]) -> list[Instruct
     """The ``items`` none of ``texts`` contains verbatim (whitespace aside)."""
     if not items:
         return []
+    return _missing_in(items, [normalized(t) for t in texts])
+
+
+def _missing_in(items: Sequence[Instruction], normalized_texts: list[str]) -> list[Instruction]:
     # one message's text per line: a normalised instruction holds no newline, so it can only
     # match inside one message, never across two
-    visible = "\n".join(normalized(t) for t in texts)
+    visible = "\n".join(normalized_texts)
     return [i for i in items if normalized(i.text) not in visible]
+
+
+def _kept_texts(session: Session, cited: set[int]) -> list[str]:
+    """The normalised texts of the surface nodes not in ``cited``, from the ledger's cache."""
+    cache = session.instruction_texts
+    surface = session.surface
+    out = []
+    for node in surface.nodes:
+        if node.seq in cited:
+            continue
+        hit = cache.get(node.seq)
+        if hit is None or hit[0] is not node.message:
+            hit = cache[node.seq] = (node.message, normalized(node.message.text))
+        out.append(hit[1])
+    if len(cache) > 2 * len(surface) + 256:  # replaced nodes: keep the visible ones only
+        visible = {node.seq for node in surface.nodes}
+        for seq in [seq for seq in cache if seq not in visible]:
+            del cache[seq]
+    return out
 
 
 def block_text(items: Sequence[Instruction], session_id: str) -> str:
@@ -238,9 +264,8 @@ def pin_lost(
     keep = [i for i in protected(session) if not _kept_as_sent(session, i, cited)]
     if not keep:
         return replacements, [], -1
-    texts = [n.message.text for n in session.surface.nodes if n.seq not in cited]
-    texts += [m.text for m in replacements if m is not None]
-    lost = missing(keep, texts)
+    texts = _kept_texts(session, cited) + [normalized(m.text) for m in replacements if m is not None]
+    lost = _missing_in(keep, texts)
     if not lost:
         return replacements, [], -1
     out = list(replacements)
@@ -273,7 +298,7 @@ def pin_cost(session: Session, cited: set[int]) -> int:
     keep = [i for i in protected(session) if not _kept_as_sent(session, i, cited)]
     if not keep:
         return 0
-    lost = missing(keep, [n.message.text for n in session.surface.nodes if n.seq not in cited])
+    lost = _missing_in(keep, _kept_texts(session, cited))
     return session.meter.count_text(block_text(lost, session.id)) if lost else 0
 
 

@@ -265,6 +265,11 @@ class Session:
         """Tokens of each instruction, by (session, seq), counted once per process."""
         return self._instructions.costs
 
+    @property
+    def instruction_texts(self) -> dict[int, tuple[Message, str]]:
+        """Normalised texts of surface messages, by seq, for the search for lost instructions."""
+        return self._instructions.normalized_texts
+
     def settings(self, strategy: str) -> BaseModel:
         """The validated settings of ``strategy`` for the currently routed model."""
         model = self.model_settings()
