@@ -8,7 +8,9 @@ chapter archives alike. The steps, in order:
 2. take the session's compaction lease (lease.py): refused as busy, naming the holder, while a
    live holder has it; an open compaction whose holder lost its lease (dead, or expired by the
    store's clock) is ended with an error end that records the takeover;
-3. append ``compaction/start`` (the lock in the log; the lease is renewed while the transaction runs);
+3. append ``compaction/start`` (the lock in the log; the lease is renewed while the transaction runs),
+   without waiting for the disk: the commit's sync (or the error end's) carries it, so a
+   transaction waits for the disk once (``store.base.SyncDeferral``);
 4. price the spans with the meter;
 5. summarise (the ``summarize`` hook, or a summary the caller supplies);
 6. shrink check: the replacements cost fewer tokens than what they replace;
@@ -379,7 +381,7 @@ def _run_leased(
                         {
                             "start": sp.start,
                             "end": sp.end,
-                            "cites": seqs,
+                            "cites": list(seqs),  # the replacement's op holds its own list
                             "tokens_before": b,
                             "tokens_after": a,
                             "remove": sp.remove,

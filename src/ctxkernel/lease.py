@@ -2,8 +2,9 @@
 
 The ``compaction/start`` event in the log marks a transaction open (HOST-MODEL §3); the lease
 ``compaction/<session id>`` in the store says whether its holder is still alive. A transaction
-takes the lease before it writes its start and gives it up after its end; while it runs, a
-thread renews the lease every third of ``[store] lease_seconds``. A holder that dies stops
+takes the lease before it writes its start and gives it up after its end; while it runs, the
+process's renewer thread (:class:`Renewals`) renews the lease every third of
+``[store] lease_seconds``. A holder that dies stops
 renewing, and once its lease has expired (judged by the store's clock: the database server's for
 postgres, so workers' clocks never matter) the next transaction or the next opening of the
 session takes the lease over and ends the abandoned compaction with an error end that records
