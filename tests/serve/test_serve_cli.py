@@ -27,3 +27,36 @@ def test_bad_options_are_usage_errors(args, option, capsys):
 def test_an_unknown_profile_is_a_usage_error(capsys):
     assert main(["serve", "--profile", "no-such-profile-here"]) == 2
     assert "no-such-profile-here" in capsys.readouterr().err
+
+
+def test_serve_settles_the_heap_before_serving(tmp_path, monkeypatch):
+    # a full collection of everything the process holds, every few requests, was a fourth of
+    # serve's CPU per request at 100k tokens (bench_serve.py): the started process is frozen
+    import gc
+
+    import uvicorn
+
+    monkeypatch.setenv("CTXKERNEL_HOME", str(tmp_path))
+    served: dict = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: served.update(frozen=gc.get_freeze_count(), **options))
+    gc.unfreeze()
+    try:
+        assert main(["serve", "--profile", "basic"]) == 0
+    finally:
+        gc.unfreeze()
+    assert served["frozen"] > 0 and served["host"] == "127.0.0.1"
+
+
+def test_each_worker_settles_its_heap(tmp_path, monkeypatch):
+    import gc
+
+    from ctxkernel.serve.app import CONFIG_ENV, ServeConfig, app_from_env
+
+    monkeypatch.setenv("CTXKERNEL_HOME", str(tmp_path))
+    monkeypatch.setenv(CONFIG_ENV, ServeConfig(profile="basic").to_json())
+    gc.unfreeze()
+    try:
+        app_from_env()
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()

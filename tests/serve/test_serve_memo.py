@@ -80,3 +80,70 @@ def test_the_same_json_in_the_other_api_is_not_taken_from_the_memo():
     assert [k[:7] for k in memo._entries] == [b"openai\0"]
     anthropic_wire.parse_request(orjson.dumps({"model": "m", "max_tokens": 5, "messages": [item]}), memo)
     assert sorted(k.split(b"\0")[0] for k in memo._entries) == [b"anthropic", b"openai"]
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-20, 20) | st.sampled_from(["", "a", "ab", ",", "]", '"']),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(["k", "l"]), inner, max_size=2),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(JSON, min_size=1, max_size=5), st.lists(JSON, max_size=5), st.lists(JSON, max_size=6))
+def test_a_remembered_history_is_reused_only_when_its_items_start_the_new_one(start, more, other):
+    from ctxkernel.serve.wire import _continues
+
+    # what the memo compares: the JSON of the last history against the JSON of the new one
+    assert _continues(orjson.dumps(start + more), orjson.dumps(start))
+    if _continues(orjson.dumps(other), orjson.dumps(start)):
+        assert other[: len(start)] == start
+
+
+def test_the_memo_keeps_no_parsed_item_alive():
+    # parsed items kept from one request to the next reached the collector's oldest generation
+    # and set off full collections (bench_serve.py): the memo remembers their JSON instead
+    import sys
+
+    memo = MessageMemo()
+    items = orjson.loads(orjson.dumps(openai_history(["a", "b", "c"])))
+    before = [sys.getrefcount(item) for item in items]
+    for texts in (["a", "b", "c"], ["a", "b", "c", "d", "e"]):
+        openai_wire.parse_request(body("openai", openai_history(texts)), memo)
+    memo.convert_history(b"openai", items, lambda i, item: ((), (), None))
+    assert [sys.getrefcount(item) for item in items] == before
+
+
+# a surface as the session gives it: (seq, message) pairs; steps grow it, cut it, or replace
+# a node's message object (a strategy's decoration) from one request to the next
+SURFACE_STEPS = st.lists(
+    st.tuples(st.sampled_from(["grow", "cut", "decorate", "same"]), st.integers(0, 6)), min_size=1, max_size=12
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(SURFACE_STEPS)
+def test_cached_wire_forms_are_the_forms_of_this_surface(steps):
+    from ctxkernel.messages import Message
+    from ctxkernel.serve.wire import wire_forms
+
+    def convert(message: Message) -> dict:
+        return {"text": message.to_dict()["content"][0]["text"], "id": id(message)}
+
+    cache: dict = {}
+    nodes: list[tuple[int, Message]] = []
+    next_seq = 0
+    for action, n in steps:
+        if action == "grow":
+            for _ in range(n + 1):
+                nodes.append((next_seq, Message.user(f"m{next_seq}")))
+                next_seq += 1
+        elif action == "cut":
+            nodes = nodes[n:] if n % 2 else nodes[: len(nodes) - n]
+        elif action == "decorate" and nodes:
+            seq, message = nodes[n % len(nodes)]
+            nodes[n % len(nodes)] = (seq, Message.user(f"decorated {seq}"))
+        seqs, messages = [s for s, _ in nodes], [m for _, m in nodes]
+        forms = wire_forms(seqs, messages, cache, convert)
+        assert forms == [convert(m) for m in messages]
+        assert len(cache) <= 2 * len(seqs) + 66

@@ -119,3 +119,37 @@ def test_a_batch_with_missing_results_is_refused():
     calls = [ToolCallBlock("a", "f", {}), ToolCallBlock("b", "f", {})]
     with pytest.raises(EventError, match="have no results"):
         check_history([Message.user("go"), Message.assistant("", calls), Message.tool("a", "1")])
+
+
+def strays(history: list[Message]) -> list[list[Message]]:
+    """Tails that break the pairing of ``history`` only through the calls it already made."""
+    ids = [c.id for m in history for c in m.tool_calls]
+    out: list[list[Message]] = [[Message.tool("nobody", "r")]]
+    for call_id in ids[:2]:
+        out.append([Message.tool(call_id, "again")])  # answered before
+        out.append([Message.assistant("", [ToolCallBlock(call_id, "f", {})]), Message.tool(call_id, "x")])  # reused
+    return out
+
+
+@settings(max_examples=40)
+@given(shapes=shapes, cuts=st.lists(st.integers(1, 60), max_size=5), bad=st.integers(0, 4), at=st.integers(0, 5))
+def test_the_resumed_pairing_check_refuses_what_the_whole_check_refuses(shapes, cuts, bad, at):
+    # reconcile checks only what follows the last history that passed; a tail that reuses or
+    # re-answers a call of that history is refused all the same, with the log unchanged
+    history = history_from(shapes)
+    with tempfile.TemporaryDirectory() as home:
+        session = build_kernel(Path(home)).open_session("p", create=True)
+        sends = sorted({clean_cut(history, c) for c in cuts}) + [len(history)]
+        for i, cut in enumerate(sends):
+            reconcile(session, history[:cut])
+            tails = strays(history[:cut])
+            if i == min(at, len(sends) - 1):
+                wrong = history[:cut] + [Message.user("more")] + tails[bad % len(tails)]
+                with pytest.raises(EventError) as whole:
+                    check_history(wrong)
+                size = len(session.events)
+                with pytest.raises(EventError) as resumed:
+                    reconcile(session, wrong)
+                assert str(resumed.value) == str(whole.value)
+                assert len(session.events) == size
+        assert logged(session) == [message_hash(m) for m in history]

@@ -124,6 +124,7 @@ def result_json(outcome) -> dict[str, Any]:
 
 
 def registry(session):
-    from ctxkernel_chapters.strategy import registry_of
+    """The registry after the session's committed chapters are written (a read, like the tools')."""
+    from ctxkernel_chapters.settle import settle
 
-    return registry_of(session)
+    return settle(session)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from ctxkernel.store.jsonl import JsonlStore
 from ctxkernel_chapters import plugin as chapters_plugin
 from ctxkernel_chapters.registry import NAMESPACE, Registry, record_key
+from ctxkernel_chapters.strategy import own_records
 
 
 class _StoreTable:
@@ -72,13 +73,35 @@ def test_a_compaction_writes_each_new_record_once_and_no_earlier_one(tmp_path, m
     run_turns(session, 6, start=6, model=model)
     puts = _record_puts(session, monkeypatch)
     assert chapters_plugin.compact_in_place(session, 800, reason="test")
-    record_keys = [key for key, _ in puts if key.startswith("records/")]
+    assert puts == []  # the compaction's one durable write is its commit in the log
     new = {record_key(session.id, r["number"]) for r in registry(session).records(session.id)} - earlier
+    record_keys = [key for key, _ in puts if key.startswith("records/")]  # written by the settle
     assert new and sorted(record_keys) == sorted(new)  # one write per new record
     assert not earlier & set(record_keys)
     # the session state stays small: it carries no chapter records
     assert all("chapters" not in value for key, value in puts if key.startswith("sessions/"))
     assert all(value["status"] == "final" for key, value in puts if key.startswith("records/"))
+
+
+def test_a_compaction_lists_the_records_only_when_they_changed(tmp_path, monkeypatch):
+    session = _session(tmp_path)
+    model = run_turns(session, 6)
+    assert chapters_plugin.compact_in_place(session, 800, reason="test")
+    run_turns(session, 4, start=6, model=model)  # its steps settle the first compaction
+    assert chapters_plugin.compact_in_place(session, 800, reason="test")  # lists them once
+    first = registry(session).records(session.id)
+    run_turns(session, 4, start=10, model=model)
+    listed = []
+    real = session.store.kv_list
+    monkeypatch.setattr(session.store, "kv_list", lambda ns, prefix="": listed.append(prefix) or real(ns, prefix))
+    assert chapters_plugin.compact_in_place(session, 800, reason="test")
+    assert listed == []  # the records it cites were read when they last changed
+    monkeypatch.undo()
+    records = registry(session).records(session.id)
+    assert records[: len(first)] == first and len(records) > len(first)
+    assert own_records(session) == records  # the cache the settle extended is the listing
+    head = session.surface.nodes[0].message.text
+    assert all(r["path"] in head for r in records)
 
 
 def test_an_old_single_record_layout_is_split_on_first_read(tmp_path):

@@ -140,7 +140,7 @@ def upstream_body(
     strategy_tools: list[dict[str, Any]],
     *,
     stream: bool,
-    cache: dict[int, Any] | None = None,
+    cache: dict[Any, Any] | None = None,
 ) -> dict[str, Any]:
     """The client's body with the managed messages, its own system blocks (strategy sections
     appended as one more block) and its own tools followed by the strategy's. ``cache`` (one

@@ -91,7 +91,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from .app import CONFIG_ENV, ServeConfig, build_kernel, create_app
+        from .app import CONFIG_ENV, ServeConfig, build_kernel, create_app, settle_heap
     except ImportError:
         sys.stderr.write(MISSING_EXTRA + "\n")
         return EXIT_USAGE
@@ -118,6 +118,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         sys.stderr.write(f"ctxkernel serve: error: {exc}\n")
         return EXIT_USAGE
     if args.workers == 1:
+        settle_heap()
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
         return 0
     kernel.store.close()

@@ -103,7 +103,7 @@ def upstream_body(
     strategy_tools: list[dict[str, Any]],
     *,
     stream: bool,
-    cache: dict[int, Any] | None = None,
+    cache: dict[Any, Any] | None = None,
 ) -> dict[str, Any]:
     """The client's body with the managed messages, and the client's tools plus the strategy's.
 

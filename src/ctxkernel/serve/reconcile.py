@@ -72,6 +72,11 @@ class Ledger:
     tokens: list[int] = field(default_factory=list)
     follow: str | None = None  # a child session to continue in once no client call waits
     scanned: int = 0
+    #: the message hashes of the last client history that passed :func:`check_history`, and the
+    #: call ids it used: a history that starts with it is checked from there on (the check
+    #: depends only on roles and call ids, which the hashes cover)
+    checked: list[str] = field(default_factory=list)
+    checked_calls: frozenset[str] = frozenset()
 
     def sync(self, session: Session) -> None:
         """Fold the ledger events appended since the last call (by any worker)."""
@@ -144,19 +149,24 @@ class Reconciled:
     at: int = 0
 
 
-def check_history(messages: list[Message]) -> None:
+def check_history(messages: list[Message], *, start: int = 0, seen: frozenset[str] = frozenset()) -> frozenset[str]:
     """Refuse (EventError) a history whose tool calls and results do not pair up: a result for
     no earlier call, a call answered twice, a reused call id, or a message other than a result
-    while calls wait. Checked before anything is written, so a refused request changes nothing."""
+    while calls wait. Checked before anything is written, so a refused request changes nothing.
+
+    Returns the call ids the history uses. ``start`` and ``seen`` resume the check after a
+    prefix that already passed it (``seen``: that prefix's call ids; none of its calls waits,
+    since a history that passes answers every call)."""
     waiting: set[str] = set()
-    seen: set[str] = set()
-    for i, message in enumerate(messages):
+    used = set(seen)
+    for i in range(start, len(messages)):
+        message = messages[i]
         if message.role == "tool":
             answered = message.tool_result
             assert answered is not None  # a tool message holds exactly one result
             call_id = answered.call_id
             if call_id not in waiting:
-                why = "was already answered" if call_id in seen else "answers no earlier tool call"
+                why = "was already answered" if call_id in used else "answers no earlier tool call"
                 msg = f"message {i}: the tool result for call {call_id!r} {why}"
                 raise EventError(msg)
             waiting.discard(call_id)
@@ -165,14 +175,27 @@ def check_history(messages: list[Message]) -> None:
             msg = f"message {i} ({message.role}) comes while tool calls {sorted(waiting)} still wait for their results"
             raise EventError(msg)
         for call in message.tool_calls:
-            if call.id in seen:
+            if call.id in used:
                 msg = f"message {i}: tool call id {call.id!r} is used twice"
                 raise EventError(msg)
-            seen.add(call.id)
+            used.add(call.id)
             waiting.add(call.id)
     if waiting:
         msg = f"tool calls {sorted(waiting)} have no results: send every result of the batch"
         raise EventError(msg)
+    return frozenset(used)
+
+
+def _check(ledger: Ledger, incoming: list[Message], hashes: list[str]) -> None:
+    """:func:`check_history`, resumed after the last history that passed when this one starts
+    with it: a client adds a few messages per request, and checking all of them again made the
+    check grow with the history (``bench_serve.py``)."""
+    done = len(ledger.checked)
+    if done and hashes[:done] == ledger.checked:  # compared in C
+        ledger.checked_calls = check_history(incoming, start=done, seen=ledger.checked_calls)
+    else:
+        ledger.checked_calls = check_history(incoming)
+    ledger.checked = hashes
 
 
 def reconcile(session: Session, incoming: list[Message], hashes: list[str] | None = None) -> Reconciled:
@@ -181,10 +204,10 @@ def reconcile(session: Session, incoming: list[Message], hashes: list[str] | Non
     Returns ``rewrite="fork"`` without writing anything when only a fork can keep the log whole
     (the caller opens the child session and reconciles again there). ``hashes`` are the
     messages' :func:`message_hash` when the caller has them already."""
-    check_history(incoming)
     ledger = ledger_for(session)
     if hashes is None:
         hashes = [message_hash(m) for m in incoming]
+    _check(ledger, incoming, hashes)
     k = ledger.matched(incoming, hashes)
     result = Reconciled(at=k)
     if k < len(ledger.hashes):

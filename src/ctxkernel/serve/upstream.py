@@ -1,4 +1,10 @@
-"""The upstream provider client: one pooled :class:`httpx.AsyncClient` with bounds.
+"""The upstream provider client: one pooled httpx transport with bounds.
+
+The requests go straight to the transport (:class:`httpx.AsyncHTTPTransport`, or the one a
+test passes), not through an :class:`httpx.AsyncClient`: what the client adds (a cookie jar,
+redirects, auth flows, event hooks) is nothing a proxy wants (a jar shared by every tenant would
+replay one provider's cookies to another's requests), and it cost about 0.3 ms of CPU per call
+(``bench_serve.py``).
 
 Every call has connect, read and write timeouts and a whole-request deadline (a provider that
 trickles bytes forever still ends), and a cap on the response size (a reply larger than
@@ -57,16 +63,20 @@ class Upstream:
     def __init__(self, limits: Limits | None = None, *, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.limits = limits or Limits()
         timeout = httpx.Timeout(self.limits.read_seconds, connect=self.limits.connect_seconds)
-        self.client = httpx.AsyncClient(
-            timeout=timeout,
+        self._extensions = {"timeout": timeout.as_dict()}
+        self.transport = transport or httpx.AsyncHTTPTransport(
             limits=httpx.Limits(max_connections=self.limits.max_connections, max_keepalive_connections=20),
-            transport=transport,
-            follow_redirects=False,
             trust_env=False,  # a proxy's upstream is what its operator configured, not the environment's
         )
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        await self.transport.aclose()
+
+    async def _send(self, method: str, url: str, headers: Mapping[str, str], content: bytes | None) -> httpx.Response:
+        request = httpx.Request(method, url, headers=dict(headers), content=content, extensions=self._extensions)
+        response = await self.transport.handle_async_request(request)
+        response.request = request
+        return response
 
     async def request(self, method: str, url: str, headers: Mapping[str, str], body: Any = None) -> UpstreamResponse:
         """One whole request, read to the end (bounded)."""
@@ -74,8 +84,7 @@ class Upstream:
         content = orjson.dumps(body) if body is not None else None
         try:
             with anyio.fail_after(self.limits.deadline_seconds):
-                request = self.client.build_request(method, url, headers=dict(headers), content=content)
-                response = await self.client.send(request, stream=True)
+                response = await self._send(method, url, headers, content)
                 try:
                     data = await self._read(response)
                 finally:
@@ -104,9 +113,8 @@ class Upstream:
         """A streamed POST: ``handle.status``; on success ``handle.lines()``, bounded by the same
         deadline and byte cap; on an error status ``handle.body`` is read (bounded)."""
         started = time.perf_counter()
-        request = self.client.build_request("POST", url, headers=dict(headers), content=orjson.dumps(body))
         try:
-            response = await self.client.send(request, stream=True)
+            response = await self._send("POST", url, headers, orjson.dumps(body))
         except httpx.TimeoutException as exc:
             raise UpstreamError(f"the upstream timed out ({type(exc).__name__})", 504) from None
         except httpx.HTTPError as exc:

@@ -9,6 +9,7 @@ stream. It holds no context logic: that is the Session API's.
 
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -121,11 +122,12 @@ def check_model(body: dict[str, Any]) -> str:
 
 @dataclass
 class Converted:
-    """A client history as converted by :meth:`MessageMemo.convert_history`: the parsed items
-    (kept to compare the next request with), the kernel messages and their hashes, the system
-    texts found among the items."""
+    """A client history as converted by :meth:`MessageMemo.convert_history`: how many items it
+    had and their JSON (kept to compare the next request with), the kernel messages and their
+    hashes, the system texts found among the items."""
 
-    items: tuple[Any, ...]
+    count: int
+    json: bytes
     messages: list[Message]
     hashes: list[str]
     system: list[str]
@@ -150,6 +152,7 @@ class MessageMemo:
         self._entries: OrderedDict[bytes, tuple[tuple[Message, ...], tuple[str, ...]]] = OrderedDict()
         self.histories = histories
         self.held_items = 0  # items the remembered histories hold (bounded by ``limit`` too)
+        self.held_history_bytes = 0  # their JSON (bounded by ``max_bytes`` too)
         self._histories: OrderedDict[bytes, Converted] = OrderedDict()
 
     def convert_history(
@@ -161,24 +164,27 @@ class MessageMemo:
         """A client's whole history converted: ``one(i, item)`` gives an item's messages, their
         hashes and its system text (or None).
 
-        A client re-sends the history it sent last time plus a few new messages. The items of the
-        last history that began with the same two items are compared with this one's in one
-        C-level ``==`` (deep equality of the parsed JSON); when they are its prefix, their
-        conversion is reused and only the new items are converted. Equality, not the key, decides
-        reuse, so two clients whose histories begin alike cannot get each other's messages."""
+        A client re-sends the history it sent last time plus a few new messages. The JSON of the
+        last history that began with the same two items is compared with this one's (one
+        ``bytes.startswith``, a ``memcmp``); when it is a prefix ending at an item boundary,
+        its conversion is reused and only the new items are converted. Equal JSON means equal
+        items, so two clients whose histories begin alike cannot get each other's messages.
+
+        The history is remembered as JSON bytes, not as the parsed items: bytes hold no
+        references, so the collector never walks them, while keeping thousands of parsed dicts
+        alive from one request to the next made them survive into the oldest generation and
+        set off a full collection every few requests (``bench_serve.py``: about a third of a
+        request's CPU at 100k tokens)."""
         try:
+            dumped = orjson.dumps(items)
             key = api + b"\0" + orjson.dumps(items[:2])
         except TypeError:  # not JSON-encodable as parsed (cannot happen for a parsed body)
-            key = b""
-        out = Converted(tuple(items), [], [], [])
+            dumped = key = b""
+        out = Converted(len(items), dumped, [], [], [])
         start = 0
         previous = self._histories.get(key) if key else None
-        if (
-            previous is not None
-            and len(previous.items) <= len(items)
-            and previous.items == out.items[: len(previous.items)]
-        ):
-            start = len(previous.items)
+        if previous is not None and previous.count and _continues(dumped, previous.json):
+            start = previous.count
             out.messages += previous.messages
             out.hashes += previous.hashes
             out.system += previous.system
@@ -190,11 +196,20 @@ class MessageMemo:
                 out.system.append(system)
         if key:
             old = self._histories.pop(key, None)
-            self.held_items += len(out.items) - (len(old.items) if old else 0)
+            if old is not None:
+                self.held_items -= old.count
+                self.held_history_bytes -= len(old.json)
+            self.held_items += out.count
+            self.held_history_bytes += len(out.json)
             self._histories[key] = out
-            while len(self._histories) > self.histories or self.held_items > self.limit:
+            while self._histories and (
+                len(self._histories) > self.histories
+                or self.held_items > self.limit
+                or self.held_history_bytes > self.max_bytes
+            ):
                 _, dropped = self._histories.popitem(last=False)
-                self.held_items -= len(dropped.items)
+                self.held_items -= dropped.count
+                self.held_history_bytes -= len(dropped.json)
         return out
 
     def convert(
@@ -225,6 +240,14 @@ class MessageMemo:
             old, _ = self._entries.popitem(last=False)
             self.held_bytes -= len(old)
         return entry
+
+
+def _continues(array: bytes, prefix: bytes) -> bool:
+    """Whether the JSON array ``array`` starts with every item of the JSON array ``prefix``
+    (both as ``orjson.dumps`` wrote them): ``[a,b`` is a prefix of it and the next byte ends an
+    item. A JSON value cannot be continued past its end, so the first items are then equal."""
+    end = len(prefix) - 1  # the position of prefix's closing bracket
+    return len(array) > end and array.startswith(prefix[:end]) and array[end] in b",]"
 
 
 # -- usage -------------------------------------------------------------------------------------------
@@ -281,22 +304,37 @@ async def iter_sse(lines: AsyncIterator[str]) -> AsyncIterator[SSEEvent]:
 
 
 def wire_forms(
-    seqs: list[int], messages: list[Message], cache: dict[int, tuple[Message, Any]], convert: Callable[[Message], Any]
+    seqs: list[int], messages: list[Message], cache: dict[Any, Any], convert: Callable[[Message], Any]
 ) -> list[Any]:
     """Each surface message in its wire form, converted once per node: ``cache`` (per session)
     maps a node's seq to the message object it was converted from and the result, so a request
-    costs the new nodes only; entries for nodes that left the surface are dropped."""
-    forms = []
-    for seq, message in zip(seqs, messages, strict=True):
+    costs the new nodes only; entries for nodes that left the surface are dropped.
+
+    The last call's nodes are kept too (under ``"last"``): when this request's surface starts
+    with them, the same seqs holding the same message objects (compared in C), their forms are
+    taken as a whole and only the nodes after them are looked at one by one."""
+    forms: list[Any] = []
+    done = 0
+    last = cache.get("last")
+    if last is not None:
+        old_seqs, old_messages, old_forms = last
+        done = len(old_seqs)
+        if done <= len(seqs) and seqs[:done] == old_seqs and all(map(operator.is_, messages[:done], old_messages)):
+            forms = list(old_forms)
+        else:
+            done = 0
+    for i in range(done, len(seqs)):
+        seq, message = seqs[i], messages[i]
         hit = cache.get(seq)
         if hit is None or hit[0] is not message:
             hit = (message, convert(message))
             cache[seq] = hit
         forms.append(hit[1])
+    cache["last"] = (list(seqs), list(messages), list(forms))
     if len(cache) > 2 * len(seqs) + 64:  # forget nodes that left the surface
-        keep = set(seqs)
-        for seq in [s for s in cache if s not in keep]:
-            del cache[seq]
+        keep = {*seqs, "last"}
+        for key in [k for k in cache if k not in keep]:
+            del cache[key]
     return forms
 
 

@@ -56,6 +56,16 @@ def slugify(title: str) -> str:
     return slug or "chapter"
 
 
+def chapter_name(number: int, title: str) -> str:
+    """``NNN-slug``: the chapter's name in its frontmatter and, with ``.md``, its file name."""
+    return f"{number:03d}-{slugify(title)}"
+
+
+def chapter_path(root: str, number: int, title: str) -> str:
+    """Where chapter ``number`` of lineage ``root`` is stored (relative to the archive)."""
+    return f"{root}/chapters/{chapter_name(number, title)}.md"
+
+
 @dataclass
 class Prepared:
     record: dict[str, Any]
@@ -74,12 +84,18 @@ def prepare(
     plan_id: str = "",
     keep: frozenset[int] = frozenset(),
     force_defer: frozenset[int] = frozenset(),
+    created: list[str] | None = None,
+    floor_tokens: int | None = None,
 ) -> list[Prepared]:
     """Render each planned chapter in memory; nothing is written. ``keep`` and ``force_defer``
-    are the model's keep/defer decisions for tool results (seeds), over the size floor's."""
+    are the model's keep/defer decisions for tool results (seeds), over the size floor's.
+    ``created`` and ``floor_tokens`` re-render a committed plan exactly as it was planned (its
+    times and the defer floor it was planned with); by default now and the settings' floor."""
     count = session.meter.count_text
+    floor = settings.tool_result_defer_floor_tokens if floor_tokens is None else floor_tokens
+    times = created or [utc_now() for _ in plans]
     out = []
-    for plan, number in zip(plans, numbers, strict=True):
+    for plan, number, when in zip(plans, numbers, times, strict=True):
         found: dict[str, str] = {}
 
         def defer(content: str, found: dict[str, str] = found) -> str:
@@ -92,7 +108,7 @@ def prepare(
             plan.start_seq,
             plan.end_seq,
             count=count,
-            floor_tokens=settings.tool_result_defer_floor_tokens,
+            floor_tokens=floor,
             defer=defer,
             toc_marker=TOC_OPEN,
             keep=keep,
@@ -101,10 +117,8 @@ def prepare(
         heading = " ".join(plan.title.split()) or f"Chapter {number}"
         body = f"# {heading}\n\n{prose}"
         tokens = count(body)
-        slug = slugify(plan.title)
-        name = f"{number:03d}-{slug}"
-        path = f"{root}/chapters/{name}.md"
-        created = utc_now()
+        name = chapter_name(number, plan.title)
+        path = chapter_path(root, number, plan.title)
         text, digest = render_chapter_file(
             chapter=name,
             title=plan.title,
@@ -112,7 +126,7 @@ def prepare(
             root=root,
             seq_range=(plan.start_seq, plan.end_seq),
             tokens=tokens,
-            generated_at=created,
+            generated_at=when,
             artifacts=n_artifacts,
             body=body,
         )
@@ -128,7 +142,7 @@ def prepare(
             "title": plan.title,
             "summary": plan.summary,
             "artifacts": sorted(found),
-            "created": created,
+            "created": when,
             "status": status,
             "plan": plan_id,
         }
@@ -143,12 +157,6 @@ def publish(archive: Archive, prepared: list[Prepared]) -> None:
             root = handle.split("/", 1)[0]
             artifacts.store(archive, root, content)
         archive.write(item.record["path"], item.text.encode("utf-8"))
-
-
-def remove(archive: Archive, records: list[dict[str, Any]]) -> None:
-    """Delete the files of records that never became final (a failed in-place compaction)."""
-    for record in records:
-        archive.remove(record["path"])
 
 
 def read_verified(archive: Archive, record: dict[str, Any]) -> ChapterFile:

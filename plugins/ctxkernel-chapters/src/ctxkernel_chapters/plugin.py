@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import ctxkernel
 from ctxkernel import CompactionError, ContextOverflowError, Message, Span, Summary, get_logger, head_region
+from ctxkernel.events import utc_now
 
-from . import archive, artifacts, cli, toc
+from . import archive, artifacts, cli, settle, toc
 from .registry import Registry
-from .segment import propose_chapters
+from .segment import event_tokens, propose_chapters
 from .settings import ChaptersSettings
 from .storage import Archive, ArchiveError, check_name
 from .strategy import (
@@ -34,6 +36,7 @@ from .strategy import (
     archive_ceiling,
     archived_through,
     is_chapters_toc,
+    own_records,
     registry_of,
     settings_of,
     state,
@@ -60,7 +63,7 @@ def register_commands(subparsers: Any) -> None:
 @ctxkernel.hookimpl
 def session_opened(session: Session) -> None:
     registry_of(session).ensure(session.id)
-    state(session)
+    settle.settle(session)  # chapters a crash left unwritten after their commit
 
 
 @ctxkernel.hookimpl
@@ -85,6 +88,7 @@ def system_prompt(session: Session) -> str | None:
 @ctxkernel.hookimpl
 def pre_step(session: Session, step: StepContext) -> None:
     settings = settings_of(session)
+    settle.settle(session)  # the last step's in-place compaction: its files and records
     st = state(session)
     move_large_results(session, settings, st)
     if session.route is None:
@@ -160,21 +164,29 @@ def artifact_handle_text(handle: str, content: str, tokens: int, preview_chars: 
 
 
 # -- in-place compaction ---------------------------------------------------------------------------
+#: planning tokens of a line the renderer writes for an event that carries no message text
+#: (``### Turn N``) and of a tool result deferred to an artifact (handle and 200-character preview)
+TURN_LINE_TOKENS = 6
+ARTIFACT_LINE_TOKENS = 90
+#: the events a chapter renders from their message (render.render_event)
+PROSE_EVENTS = frozenset({"user/message", "assistant/message", "tool/result"})
+
+
 def compact_in_place(session: Session, keep_tokens: int, *, reason: str) -> bool:
     """Archive the surface head as chapters and replace it with a table of contents.
 
-    Zero model tokens. Retries (a smaller verbatim tail each time) reuse the same chapter
-    numbers; the plan is settled whatever happens, from the log: its records are written
-    ``final`` when the compaction committed (even if something raised after the commit), its
-    files deleted otherwise. Until then the records live only here, so each is written once.
+    Zero model tokens and one durable write: the kernel's commit, whose event carries the
+    chapter plan. The chapter files and registry records are rendered from the log and written
+    after the commit point (:mod:`ctxkernel_chapters.settle`), so a refused attempt writes
+    nothing at all. Retries (a smaller verbatim tail each time) reuse the same chapter numbers,
+    reserved in memory and given back unless a commit used them.
     """
     settings = settings_of(session)
     registry = registry_of(session)
     root = registry.root_of(session.id)
-    where = Archive.of(session)
     plan_id = uuid.uuid4().hex[:16]
     numbers: list[int] = []
-    records: list[dict[str, Any]] = []
+    used = 0
     try:
         for attempt in range(settings.compaction_retries + 1):
             region = head_region(session.surface, session.meter, keep_tokens, min_nodes=2)
@@ -185,6 +197,7 @@ def compact_in_place(session: Session, keep_tokens: int, *, reason: str) -> bool
             later = [n.seq for n in tail if not is_chapters_toc(n)]
             boundary = (min(later) - 1) if later else len(session.events) - 1
             floor = archived_through(session, registry) + 1
+            tokens, message_of = planning_view(session, floor, boundary, settings.tool_result_defer_floor_tokens)
             plans = propose_chapters(
                 session.events,
                 floor,
@@ -192,16 +205,17 @@ def compact_in_place(session: Session, keep_tokens: int, *, reason: str) -> bool
                 count=session.meter.count_text,
                 target_tokens=settings.chapter_token_target,
                 floor_tokens=settings.tool_result_defer_floor_tokens,
+                tokens=tokens,
+                message_of=message_of,
             )
             if len(numbers) < len(plans):
-                numbers += registry.allocate(root, len(plans) - len(numbers))
-            archive.remove(where, records)  # an earlier attempt's files
-            records = []
-            prepared = archive.prepare(
-                session, settings, plans, numbers[: len(plans)], root=root, status="pending", plan_id=plan_id
-            )
-            records = [p.record for p in prepared]
-            archive.publish(where, prepared)
+                numbers += registry.reserve(root, len(plans) - len(numbers))
+            created = utc_now()
+            planned = [settle.planned_record(n, p, created) for n, p in zip(numbers, plans, strict=False)]
+            records = [
+                {**r, "id": f"{session.id}/{r['number']}", "path": archive.chapter_path(root, r["number"], r["title"])}
+                for r in planned
+            ]
             region_tokens = sum(session.meter.node_tokens(n) for n in nodes)
             text = toc_for_region(session, settings, nodes, records, boundary, region_tokens)
             message = Message.user(text, STRATEGY.source("toc"))
@@ -209,21 +223,82 @@ def compact_in_place(session: Session, keep_tokens: int, *, reason: str) -> bool
                 STRATEGY.on(session).compact(
                     Span(region[0], region[1], message=message, summary=Summary(text)),
                     kind="chapters",
+                    single_batch=True,  # the replacement is given: lock and commit in one write
                     data={
                         "reason": reason,
                         "attempt": attempt,
                         "plan": plan_id,
                         "chapters": [r["id"] for r in records],
                         "archive": {"from": floor, "through": boundary},
+                        "root": root,
+                        "floor_tokens": settings.tool_result_defer_floor_tokens,
+                        "records": planned,
                     },
                 )
-                return True
             except CompactionError as exc:
                 log.warning("chapters compaction failed", session=session.id, attempt=attempt, error=str(exc))
                 keep_tokens //= 2  # a smaller tail leaves more to archive: more likely to shrink
+                continue
+            used = len(plans)
+            return True
         return False
     finally:
-        finalize(session, registry, where, plan_id, numbers, root, records)
+        if not used:  # a hook may raise after the commit: the log says whether it happened
+            used = committed_chapters(session, plan_id)
+        registry.unreserve(root, numbers[used:])
+
+
+def committed_records(session: Session) -> list[dict[str, Any]]:
+    """Records (as a table of contents cites them) of this session's committed, unsettled
+    chapters; a plan the log spoils is left out (the settle reports it)."""
+    out = []
+    for data in state(session)["unsettled"]:
+        try:
+            plan = settle.checked(session, data)
+        except ValueError:
+            continue
+        for r in plan.records:
+            path = archive.chapter_path(plan.root, r.number, r.title)
+            out.append({**r.model_dump(), "id": f"{session.id}/{r.number}", "path": path})
+    return out
+
+
+def committed_chapters(session: Session, plan_id: str) -> int:
+    """How many chapters the commit of plan ``plan_id`` holds (0 when it never committed)."""
+    session.refresh()
+    for event in reversed(session.events):
+        if event.type == "compaction/summary" and event.data.get("plan") == plan_id:
+            return len(event.data.get("chapters", []))
+    return 0
+
+
+def planning_view(session: Session, start: int, end: int, floor_tokens: int) -> tuple[list[int], Any]:
+    """Per-event planning tokens for events ``start..end`` and a message lookup, from what the
+    surface already holds: a visible message costs what the meter counted for it (cached per
+    node), so segmentation neither renders nor tokenizes it; a result above the defer floor
+    costs its artifact line. Replacements and events no longer visible are rendered and counted
+    exactly (a replacement renders as a one-line note, not as its text)."""
+    surface, meter = session.surface, session.meter
+    visible: dict[int, Any] = {}
+    out = []
+    for event in session.events[start : end + 1]:
+        node = surface.node(event.seq) if (event.surface or {}).get("op") == "append" else None
+        if node is not None:
+            visible[event.seq] = node
+            n = meter.node_tokens(node)
+            out.append(ARTIFACT_LINE_TOKENS if node.role == "tool" and n > floor_tokens else n)
+        elif event.type == "turn/start":
+            out.append(TURN_LINE_TOKENS)
+        elif event.type not in PROSE_EVENTS:
+            out.append(0)  # the renderer writes nothing for it
+        else:
+            out += event_tokens(session.events, event.seq, event.seq, count=meter.count_text, floor_tokens=floor_tokens)
+
+    def message_of(event: Any) -> Message:
+        node = visible.get(event.seq)
+        return node.message if node is not None else Message.from_dict(event.data["message"])
+
+    return out, message_of
 
 
 def toc_for_region(
@@ -245,9 +320,10 @@ def toc_for_region(
         and n.event.surface.get("op") == "replace"
         and not is_chapters_toc(n)
     ]
-    own = [
-        r for r in registry_of(session).records(session.id) if r.get("status") == "final" and r["start_seq"] <= boundary
-    ]
+    own = [r for r in own_records(session) if r.get("status") == "final" and r["start_seq"] <= boundary]
+    # committed chapters whose files are not written yet: rendered from the log when they are,
+    # so there is nothing to verify
+    unwritten = [r for r in committed_records(session) if r["start_seq"] <= boundary]
     cited: dict[str, str] = {}
     for text in previous:
         cited.update(toc.parse(text).bullets)
@@ -263,7 +339,7 @@ def toc_for_region(
 
     fresh = [r for r in own if not listed(r)]
     checked, refused = archive.verified(Archive.of(session), fresh)
-    own = [r for r in own if listed(r)] + checked
+    own = [r for r in own if listed(r)] + checked + unwritten
     extra += [f"Not cited (integrity check failed): {reason}" for _, reason in refused]
     first = min((r["start_seq"] for r in records), default=boundary + 1)
     merged = toc.merged(
@@ -277,37 +353,28 @@ def toc_for_region(
     # small window the oldest bullets give up their summaries first (the manifest keeps them)
     budget = min(settings.toc_bullet_budget_tokens, max(50, region_tokens // 3))
     quoted = min(settings.toc_instruction_budget_tokens, region_tokens // 3)
-    text, _ = toc.render(merged, count=session.meter.count_text, bullet_budget=budget, instruction_budget=quoted)
+    text, _ = toc.render(merged, count=known_counts(session, nodes), bullet_budget=budget, instruction_budget=quoted)
     return text
 
 
-def finalize(
-    session: Session,
-    registry: Registry,
-    where: Any,
-    plan_id: str,
-    numbers: list[int],
-    root: str,
-    records: list[dict[str, Any]],
-) -> None:
-    """Settle the plan from the log, on the success and the failure path alike: the committed
-    chapters are written to the registry as final records, the files of any other are deleted."""
-    session.refresh()
-    committed = None
-    for event in reversed(session.events):
-        if event.type == "compaction/summary" and event.data.get("plan") == plan_id:
-            committed = event
-            break
-    ids = set(committed.data.get("chapters", [])) if committed is not None else set()
-    kept = [r for r in records if r["id"] in ids]
-    archive.remove(where, [r for r in records if r["id"] not in ids])
-    for r in kept:
-        r["status"] = "final"
-        r["compaction_id"] = committed.data["compaction_id"]  # type: ignore[union-attr]
-    if kept:
-        registry.add_final(session.id, kept)
-    used = {r["number"] for r in kept}
-    registry.release(root, [n for n in numbers if n not in used])
+def known_counts(session: Session, nodes: list[Any]) -> Callable[[str], int]:
+    """``count_text`` that knows the user's messages among ``nodes`` already: the meter counted
+    each when it became visible, so quoting them in the table of contents costs no tokenizing."""
+    meter = session.meter
+    overhead = meter.count_message(Message.user(""))  # a message's framing, beyond its text
+    known: dict[str, int] = {}
+    for node in nodes:
+        blocks = node.message.content
+        if node.role == "user" and node.message.source.kind == "user" and all(b.type == "text" for b in blocks):
+            text = "\n".join(b.text for b in blocks)
+            if text == text.strip():  # the table of contents quotes it stripped
+                known[text] = meter.node_tokens(node) - overhead
+
+    def count(text: str) -> int:
+        cached = known.get(text)
+        return meter.count_text(text) if cached is None else cached
+
+    return count
 
 
 @ctxkernel.hookimpl
@@ -366,7 +433,7 @@ def commit(session: Session, result: Any) -> None:
 @ctxkernel.hookimpl
 def project(session: Session) -> dict[str, Any] | None:
     settings = settings_of(session)
-    registry = registry_of(session)
+    registry = settle.settle(session)
     sstate = registry.ensure(session.id)
     st = state(session)
     window = session.model_settings().effective_window
@@ -403,7 +470,7 @@ def _toc(session: Session, settings: Any, registry: Registry) -> list[dict[str, 
 def export_files(session: Session) -> dict[str, bytes] | None:
     """The lineage's chapter files and artifacts as the seed lays them out:
     ``<archive_root>/<root>/chapters/NNN-slug.md`` and ``<archive_root>/<root>/artifacts/<sha256>.txt``."""
-    root = registry_of(session).root_of(session.id)
+    root = settle.settle(session).root_of(session.id)
     blobs = STRATEGY.on(session).blobs
     label = archive.archive_label(settings_of(session))
     files = {}

@@ -42,10 +42,16 @@ def record_key(session_id: str, number: int) -> str:
 
 
 class Registry:
-    """The lineage registry on the strategy handle's key-value table: ``Registry(STRATEGY.on(session))``."""
+    """The lineage registry on the strategy handle's key-value table: ``Registry(STRATEGY.on(session))``.
 
-    def __init__(self, kv: KeyValue) -> None:
+    ``reserved`` is the process's in-memory allocator beside the stored one (root -> next free
+    number): an in-place compaction takes its numbers there, since its one durable write is the
+    log's commit (the stored allocator catches up when the chapters are settled, see
+    :mod:`ctxkernel_chapters.settle`); every allocation, stored or not, starts above both."""
+
+    def __init__(self, kv: KeyValue, reserved: dict[str, int] | None = None) -> None:
         self.kv = kv
+        self.reserved = reserved if reserved is not None else {}
 
     # -- sessions -------------------------------------------------------------------------------
     def state(self, session_id: str) -> dict[str, Any] | None:
@@ -142,22 +148,35 @@ class Registry:
     def allocate(self, root: str, count: int) -> list[int]:
         key = f"roots/{root}"
         state = self.kv.kv_get(key) or {"next_chapter": 1}
-        first = state["next_chapter"]
+        first = max(state["next_chapter"], self.reserved.get(root, 1))
         state["next_chapter"] = first + count
         self.kv.kv_put(key, state)
+        self.reserved[root] = first + count
         return list(range(first, first + count))
 
-    def release(self, root: str, numbers: list[int]) -> None:
-        """Give back numbers nobody used, when they are the newest allocated (the usual case)."""
-        if not numbers:
-            return
+    def reserve(self, root: str, count: int) -> list[int]:
+        """Numbers taken in memory only (no write): the stored allocator is moved past them by
+        :meth:`advance` once they are committed, and :meth:`unreserve` gives back unused ones."""
+        first = max(self.next_number(root), self.reserved.get(root, 1))
+        self.reserved[root] = first + count
+        return list(range(first, first + count))
+
+    def unreserve(self, root: str, numbers: list[int]) -> None:
+        """Give back reserved numbers nobody used, when they are the newest reserved."""
+        if numbers and self.reserved.get(root) == max(numbers) + 1:
+            self.reserved[root] = min(numbers)
+
+    def advance(self, root: str, next_chapter: int) -> None:
+        """Move the stored allocator to at least ``next_chapter`` (one write, only when behind)."""
         key = f"roots/{root}"
         state = self.kv.kv_get(key) or {"next_chapter": 1}
-        if state["next_chapter"] == max(numbers) + 1:
-            state["next_chapter"] = min(numbers)
+        if state["next_chapter"] < next_chapter:
+            state["next_chapter"] = next_chapter
             self.kv.kv_put(key, state)
+        self.reserved[root] = max(self.reserved.get(root, 1), next_chapter)
 
     def next_number(self, root: str) -> int:
+        """The next number the stored allocator gives out (this process may have reserved more)."""
         return (self.kv.kv_get(f"roots/{root}") or {"next_chapter": 1})["next_chapter"]
 
 

@@ -11,7 +11,7 @@ and tools as the request prefix so a provider prefix cache serves it.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -38,8 +38,13 @@ def _clip(text: str, limit: int) -> str:
     return clip(text, limit, single_line=True)
 
 
-def describe(events: Sequence[Event], start: int, end: int) -> tuple[str, str]:
-    """A deterministic title and one-line summary for events ``start..end``."""
+MessageOf = Callable[[Event], Message]
+
+
+def describe(events: Sequence[Event], start: int, end: int, message_of: MessageOf | None = None) -> tuple[str, str]:
+    """A deterministic title and one-line summary for events ``start..end`` (``message_of``
+    may serve the parsed messages a caller already holds, e.g. the surface's)."""
+    parse = message_of or (lambda event: Message.from_dict(event.data["message"]))
     first_user = ""
     last_text = ""
     tools: dict[str, int] = {}
@@ -47,7 +52,7 @@ def describe(events: Sequence[Event], start: int, end: int) -> tuple[str, str]:
     for event in events[start : end + 1]:
         if event.type not in ("user/message", "assistant/message") or (event.surface or {}).get("op") != "append":
             continue
-        message = Message.from_dict(event.data["message"])
+        message = parse(event)
         if event.type == "user/message" and message.source.kind == "user" and not first_user and message.text.strip():
             first_user = message.text.strip()
         if event.type == "assistant/message":
@@ -97,14 +102,18 @@ def propose_chapters(
     count: Count,
     target_tokens: int = 8_000,
     floor_tokens: int = 200,
+    tokens: Sequence[int] | None = None,
+    message_of: MessageOf | None = None,
 ) -> list[ChapterPlan]:
     """Chapter ranges covering exactly ``start..end`` (log seqs), in order, each with a title.
 
-    Deterministic: the same log gives the same plan.
+    Deterministic: the same log gives the same plan. ``tokens`` (one figure per event, e.g.
+    :func:`estimated_tokens`) spares rendering and counting every event.
     """
     if end < start:
         return []
-    tokens = event_tokens(events, start, end, count=count, floor_tokens=floor_tokens)
+    if tokens is None:
+        tokens = event_tokens(events, start, end, count=count, floor_tokens=floor_tokens)
     plans: list[tuple[int, int, int]] = []
     chunk_start = start
     acc = 0
@@ -123,7 +132,7 @@ def propose_chapters(
         plans[-2:] = [(a[0], b[1], a[2] + b[2])]
     out = []
     for s, e, t in plans:
-        title, summary = describe(events, s, e)
+        title, summary = describe(events, s, e, message_of)
         out.append(ChapterPlan(s, e, title, summary, t))
     return out
 

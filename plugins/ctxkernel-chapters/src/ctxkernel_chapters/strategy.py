@@ -4,6 +4,7 @@ settings, the state folded from the log, the archive bounds and the table-of-con
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
+from weakref import WeakKeyDictionary
 
 import ctxkernel
 
@@ -42,6 +43,11 @@ def state(session: Session) -> dict[str, Any]:
                 "overflow_streak": 0,
                 "compactions": 0,
                 "continued_in": None,
+                # in-place compactions whose chapters are committed in the log (their plan is in
+                # the commit event) but not yet written as files and records: settle.py
+                "unsettled": [],
+                "committed_through": -1,  # the last seq covered by a committed plan
+                "plans": {},  # compaction id -> its committed plan (to render a lost file again)
             }
         )
     events = session.events
@@ -54,6 +60,11 @@ def state(session: Session) -> dict[str, Any]:
         elif t == "compaction/summary" and event.data.get("strategy") == NAME:
             st["suggested"] = False
             st["compactions"] += 1
+            through = (event.data.get("archive") or {}).get("through")
+            if isinstance(event.data.get("records"), list) and type(through) is int:
+                st["unsettled"].append(event.data)
+                st["plans"][event.data.get("compaction_id")] = event.data
+                st["committed_through"] = max(st["committed_through"], through)
         elif t == "user/message":
             src = event.data["message"].get("source", {})
             if src.get("plugin") == NAME and src.get("form") == "notice":
@@ -64,14 +75,34 @@ def state(session: Session) -> dict[str, Any]:
     return st
 
 
+#: chapter numbers reserved in memory, per kernel (so per store) and lineage root
+_RESERVED: WeakKeyDictionary[Any, dict[str, int]] = WeakKeyDictionary()
+
+
 def registry_of(session: Session) -> Registry:
-    """The lineage registry, on the strategy handle's key-value table."""
-    return Registry(STRATEGY.on(session))
+    """The lineage registry, on the strategy handle's key-value table, with the numbers this
+    process reserved for the kernel's sessions (the kernel object only keys the table)."""
+    reserved = _RESERVED.setdefault(session.kernel, {})
+    return Registry(STRATEGY.on(session), reserved)
 
 
 def archived_through(session: Session, registry: Registry | None = None) -> int:
-    """The last log seq covered by this session's final chapters (-1 when none)."""
-    return (registry or registry_of(session)).archived_through(session.id)
+    """The last log seq covered by this session's chapters (-1 when none): final records, and
+    plans committed in the log whose files are not written yet."""
+    stored = (registry or registry_of(session)).archived_through(session.id)
+    return max(stored, state(session)["committed_through"])
+
+
+def own_records(session: Session, registry: Registry | None = None) -> list[dict[str, Any]]:
+    """This session's chapter records, read again only when its ``archived_through`` moved
+    (every writer of its records moves it), so a compaction does not list the namespace."""
+    registry = registry or registry_of(session)
+    mark = registry.archived_through(session.id)
+    st = state(session)
+    cached = st.get("records")
+    if cached is None or cached[0] != mark:
+        cached = st["records"] = (mark, registry.records(session.id))
+    return list(cached[1])
 
 
 def archive_ceiling(session: Session) -> int | None:

@@ -22,6 +22,7 @@ from . import archive, artifacts, toc
 from . import strategy as chapters
 from .registry import Registry, new_state, record_key
 from .segment import ChapterPlan, describe, propose_chapters
+from .settle import read_chapter, settle
 from .storage import Archive, ArchiveError, check_name
 
 if TYPE_CHECKING:
@@ -199,7 +200,7 @@ def plan_child(session: Session, handoff_note: str, ranges: list[ChapterRange], 
     keep = frozenset(s for r in ranges for s in r.keep_inline)
     defer = frozenset(s for r in ranges for s in r.defer)
     # numbers are only peeked here: allocation happens once the preflight passed
-    first = max(registry.next_number(root), sstate.get("next_chapter", 1))
+    first = max(registry.next_number(root), registry.reserved.get(root, 1), sstate.get("next_chapter", 1))
     numbers = list(range(first, first + len(plans)))
     prepared = archive.prepare(
         session, settings, plans, numbers, root=root, status="final", keep=keep, force_defer=defer
@@ -231,7 +232,7 @@ def _create_child(
     if isinstance(plan, str):
         return ToolOutcome(f"chapters_{origin} refused: {plan}. Nothing was written.", is_error=True)
     settings: ChaptersSettings = chapters.settings_of(session)
-    registry = chapters.registry_of(session)
+    registry = settle(session)  # an in-place compaction's chapters first: they come before these
     root = registry.root_of(session.id)
     prepared, seed = plan.prepared, plan.seed
     # write: chapter files, then the registry, then the child with its one seed event
@@ -402,7 +403,7 @@ def deterministic_continuation(session: Session, settings: ChaptersSettings) -> 
 # -- reading --------------------------------------------------------------------------------------
 def chapters_read(session: Session, args: ReadArgs) -> ToolOutcome:
     settings: ChaptersSettings = chapters.settings_of(session)
-    registry = chapters.registry_of(session)
+    registry = settle(session)
     record = registry.find(session.id, args.chapter.strip())
     if record is None:
         known = [r["id"] for r in registry.lineage_records(session.id)]
@@ -411,7 +412,7 @@ def chapters_read(session: Session, args: ReadArgs) -> ToolOutcome:
             is_error=True,
         )
     try:
-        chapter = archive.read_verified(Archive.of(session), record)
+        chapter = read_chapter(session, record)
     except ArchiveError as exc:
         return ToolOutcome(f"chapters_read refused: {exc}", is_error=True)
     lines = chapter.body.splitlines()
@@ -435,9 +436,9 @@ def chapters_search(session: Session, args: SearchArgs) -> ToolOutcome:
     needle = args.query.lower()
     hits: list[str] = []
     refused: list[str] = []
-    for record in chapters.registry_of(session).lineage_records(session.id):
+    for record in settle(session).lineage_records(session.id):
         try:
-            chapter = archive.read_verified(where, record)
+            chapter = read_chapter(session, record, where)
         except ArchiveError as exc:
             refused.append(f"{record['id']}: {exc}")
             continue
@@ -462,7 +463,7 @@ def chapters_search(session: Session, args: SearchArgs) -> ToolOutcome:
 def chapters_artifact(session: Session, args: ArtifactArgs) -> ToolOutcome:
     settings: ChaptersSettings = chapters.settings_of(session)
     where = Archive.of(session)
-    root = chapters.registry_of(session).root_of(session.id)
+    root = settle(session).root_of(session.id)
     if args.artifact is None:
         if args.op != "toc":
             return ToolOutcome(f"chapters_artifact: op {args.op!r} needs an artifact handle", is_error=True)

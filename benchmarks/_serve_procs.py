@@ -1,0 +1,110 @@
+"""The two servers ``bench_serve.py`` starts, each a uvicorn process of its own on 127.0.0.1.
+
+    python benchmarks/_serve_procs.py upstream           # the fake provider: one fixed reply
+    python benchmarks/_serve_procs.py serve URL HOME     # ctxkernel serve in front of URL
+
+Each binds a port the OS picks, prints it on one line of stdout, and serves until stdin closes
+(so it never outlives the benchmark). ``serve`` is the app ``ctxkernel serve`` runs, with uvicorn's
+defaults as the CLI uses them (and its :func:`~ctxkernel.serve.app.settle_heap`); the only addition is ``GET /__bench/cpu``, answered before the
+app sees the request with this process's CPU time (``time.process_time_ns``: every thread,
+user + system), which the benchmark reads around a batch of requests.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _workload import text  # noqa: E402
+
+REPLY = orjson.dumps(
+    {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "created": 1700000000,
+        "model": "bench-model",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "Done: " + text(30, 1)},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 1000, "completion_tokens": 40, "total_tokens": 1040},
+    }
+)
+CPU_PATH = "/__bench/cpu"
+
+
+async def upstream_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """The fake provider: reads the request body whole and answers ``REPLY`` (plain ASGI, so its
+    own cost stays small; it runs in its own process and is not counted anyway)."""
+    if scope["type"] != "http":
+        return
+    more = True
+    while more:
+        message = await receive()
+        more = message.get("more_body", False)
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": REPLY})
+
+
+def with_cpu_probe(app: Any) -> Any:
+    async def probed(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == CPU_PATH:
+            body = str(time.process_time_ns()).encode()
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await app(scope, receive, send)
+
+    return probed
+
+
+def serve_app(upstream: str, home: Path) -> Any:
+    from ctxkernel import Kernel
+    from ctxkernel.logging import configure_logging
+    from ctxkernel.serve.app import ServeConfig, create_app, settle_heap
+    from ctxkernel.store.jsonl import JsonlStore
+    from ctxkernel.testing import make_profile
+
+    configure_logging("warning")
+    # a window large enough that the whole history is forwarded (no compaction: the proxy's
+    # worst case); fsync off: the benchmark measures CPU, not the disk
+    profile = make_profile(model={"context_window": 1_000_000, "reserved_output_tokens": 8192})
+    kernel = Kernel(profile, store=JsonlStore(home, fsync=False), home=home, entry_points=False)
+    app = create_app(ServeConfig(upstream=upstream), kernel=kernel)
+    settle_heap()  # as ``ctxkernel serve`` does before serving
+    return with_cpu_probe(app)
+
+
+def main(argv: list[str]) -> None:
+    import uvicorn
+
+    app = upstream_app if argv[0] == "upstream" else serve_app(argv[1], Path(argv[2]))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)  # connections queue from now on, before uvicorn starts accepting them
+    lifespan = "off" if argv[0] == "upstream" else "on"
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan=lifespan, timeout_graceful_shutdown=2))
+
+    def stop_when_stdin_closes() -> None:
+        sys.stdin.read()
+        server.should_exit = True
+
+    threading.Thread(target=stop_when_stdin_closes, daemon=True).start()
+    print(sock.getsockname()[1], flush=True)
+    server.run(sockets=[sock])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
