@@ -118,3 +118,57 @@ def test_decay_anchors_and_reminders_never_push_a_request_over_the_window(tmp_pa
         request = step(session, n, 300)
         assert sent_tokens(session, request) <= 7_000, n
     assert [c["strategy"] for c in compactions(session)].count("basic") >= 1
+
+
+def test_a_request_the_overflow_path_could_not_help_does_not_disarm_the_next(tmp_path: Path) -> None:
+    """``overflow_retries`` counts the attempts of one request. The second request's overflow path
+    finds no head to summarise (its one tool result is the verbatim tail); the third request's
+    can. Before the fix the streak the second left refused the third's guard (no compaction, the
+    request refused) although a summary made it fit."""
+    profile = make_profile(model={"context_window": 3_000, "reserved_output_tokens": 500})
+    profile.profile.guard_request = True
+    profile.profile.system_prompt = "You are careful. " * 550  # ~2,200 of the 2,500-token window
+    profile.model_policies = []
+    settings = {"basic": {"auto": False, "threshold_ratio": 0.97, "retain_ratio": 0.1, "overflow_retries": 1}}
+    session = build_kernel(
+        tmp_path, strategies=["basic"], settings=settings, profile=profile, fsync=False
+    ).open_session()
+    session.user("hello")
+    session.prepare_request()
+    session.commit_reply(Message.assistant("", [ToolCallBlock("c1", "read", {"path": "1"})]))
+    session.tool_result("c1", " ".join(f"w{k}" for k in range(200)))
+    over = session.prepare_request(allow_overflow=True)  # the open loop of ctxkernel simulate
+    assert over.pressure.tokens > 2_500 and not compactions(session)  # nothing basic could summarise
+    session.commit_reply(Message.assistant("", [ToolCallBlock("c2", "read", {"path": "2"})]))
+    session.tool_result("c2", " ".join(f"v{k}" for k in range(75)))
+    request = session.prepare_request()
+    assert [c["strategy"] for c in compactions(session)] == ["basic"]
+    assert sent_tokens(session, request) <= 2_500
+
+
+def test_a_large_message_in_the_verbatim_tail_is_excerpted_when_the_summary_is_not_enough(tmp_path: Path) -> None:
+    """basic's summary of the head keeps its verbatim tail; when that tail holds one large tool
+    result (under the per-message bound) the request can still be over the window. The guard
+    then excerpts the largest messages too, instead of refusing a request it can fit."""
+    session = basic_kernel(tmp_path, window=8_000, system="You are careful. " * 1_000).open_session()
+    session.user("read the files one by one")  # the header is ~4,000 of the 7,500-token window
+    for n in range(8):
+        step(session, n, 150)
+    step(session, 8, 2_700)  # ~3,600 tokens: below half the window, so not excerpted up front
+    request = session.prepare_request()
+    assert [(c["strategy"], c["kind"]) for c in compactions(session)] == [("basic", "summary"), ("kernel", "excerpt")]
+    assert sent_tokens(session, request) <= 7_500
+
+
+def test_the_overflow_path_keeps_a_smaller_tail_when_the_tail_holds_all_but_the_head(tmp_path: Path) -> None:
+    """basic's overflow path keeps half of ``retain_ratio`` of the window verbatim (375 tokens
+    here). When the two newest results together reach that, the cut falls before the first one
+    and only the user's message is left to summarise: no region. An overflow then tries a smaller
+    tail (within ``compaction_retries``) instead of giving up on a request it can fit."""
+    session = basic_kernel(tmp_path, window=3_000, system="You are careful. " * 500).open_session()
+    session.user("read two files")
+    step(session, 0, 190)
+    step(session, 1, 190)  # each result ~250 tokens: the two are over 375, the newest under it
+    request = session.prepare_request()
+    assert [(c["strategy"], c["kind"]) for c in compactions(session)] == [("basic", "summary")]
+    assert sent_tokens(session, request) <= 2_500

@@ -203,3 +203,31 @@ def test_validate_profile_records_checks_through_the_handle(root):
                 owner = ast.unparse(node.func.value)
                 if owner == "report" and node.func.attr in ("ok", "warn", "fail"):
                     raise AssertionError(f"{path}:{node.lineno} signs a check by hand")
+
+
+def test_process_memory_is_shared_per_store_and_strategy(session):
+    handle = PROBE.on(session)
+    handle.process_memory["reserved"] = {"root": 3}
+    sibling = session.kernel.open_session()
+    assert PROBE.on(sibling).process_memory == {"reserved": {"root": 3}}
+    assert ctxkernel.Strategy("other", ProbeSettings).on(sibling).process_memory == {}
+    other_kernel = build_kernel(session.kernel.home / "elsewhere", strategies=["basic"], fsync=False)
+    assert PROBE.on(other_kernel.open_session()).process_memory == {}
+
+
+def test_plugins_never_reach_the_kernel_or_the_store_of_a_session():
+    """The handle is the plugins' only way in (its docstring): a plugin's source never follows
+    ``session.kernel`` or ``session.store`` (helper modules for tests are exempt)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    reach = re.compile(r"\bsession\.(kernel|store)\b")
+    offenders = [
+        f"{path.relative_to(root)}:{n}"
+        for path in sorted((root / "plugins").glob("*/src/**/*.py"))
+        if path.name != "testing.py"
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if reach.search(line)
+    ]
+    assert offenders == []

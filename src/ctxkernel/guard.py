@@ -228,8 +228,8 @@ def fit_composed(session: Session, tokens: int, window: int) -> bool:
     """Step 0, before anything is sent: ``prepare_request`` composed a request of ``tokens``
     (reminders, anchors and tool schemas included) over the effective ``window``. Run the
     profile's overflow path as if the provider had refused it (the ``request_error`` hooks, e.g.
-    ``basic``'s summary of the head), and the kernel's excerpts when no strategy shrank the
-    surface. True when the surface shrank; ``prepare_request`` then composes again and refuses
+    ``basic``'s summary of the head), and the kernel's excerpts when the strategies did not shrink
+    the surface enough. True when the surface shrank; ``prepare_request`` then composes again and refuses
     with :class:`~ctxkernel.RequestTooLargeError` if it still does not fit."""
     before = session.meter.surface_tokens()
     error = ContextOverflowError(
@@ -238,6 +238,10 @@ def fit_composed(session: Session, tokens: int, window: int) -> bool:
         limit=window,
     )
     log.warning("composed request over the window", session=session.id, tokens=tokens, effective_window=window)
-    if not session.kernel.hooks.request_error(session, error):
-        shrink_to_fit(session, tokens - window, limit=window)
+    session.kernel.hooks.request_error(session, error)
+    # what the strategy's compaction left over the window (e.g. basic keeps its verbatim tail,
+    # which may hold one large tool result): the kernel's excerpts of the largest messages
+    excess = tokens - window - (before - session.meter.surface_tokens())
+    if excess > 0:
+        shrink_to_fit(session, excess, limit=window)
     return session.meter.surface_tokens() < before

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+from weakref import WeakKeyDictionary
 
 from pydantic import BaseModel
 
@@ -40,6 +41,9 @@ if TYPE_CHECKING:
     from .validate import ValidationReport
 
 S = TypeVar("S", bound=BaseModel)
+
+#: per store object, per strategy: memory shared by every session this process opened on that store
+_PROCESS_MEMORY: WeakKeyDictionary[EventStore, dict[str, dict[str, Any]]] = WeakKeyDictionary()
 
 
 class Strategy(Generic[S]):
@@ -322,6 +326,13 @@ class StrategyHandle(Generic[S]):
 
     def kv_list(self, prefix: str = "") -> dict[str, Any]:
         return self.session.store.kv_list(self.name, prefix)
+
+    @property
+    def process_memory(self) -> dict[str, Any]:
+        """In-process memory this strategy shares across every session opened on the same store
+        object (e.g. numbers reserved before they are written). Never persisted, never in a
+        snapshot: anything kept here must be re-derivable from the log and the store."""
+        return _PROCESS_MEMORY.setdefault(self.session.store, {}).setdefault(self.name, {})
 
     @property
     def blobs(self) -> StrategyBlobs:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ctxkernel import Message, ToolCallBlock
+from ctxkernel import Message, Span, ToolCallBlock
 from ctxkernel_decay import current_state
 
 
@@ -114,7 +114,7 @@ def test_current_turn_edge_is_refused_naming_the_protected_turn(driver, session,
         "compress",
         _span("p1", "p20"),
         "reaches into the current turn (from ⟦p19⟧)",
-        "end it at ⟦p18⟧",
+        "compressible: ⟦p1⟧ through ⟦p18⟧",
     )
     _refused(driver, read_log, "compress", _span("p19", "p20"), "starts inside the current turn (from ⟦p19⟧)")
 
@@ -130,47 +130,71 @@ def test_to_naming_the_current_turns_first_anchor_clips_before_the_turn(inflight
 
 
 def test_clipping_keeps_the_unanchored_prefix_of_the_turn_in_progress(driver, session):
-    _history(driver, 2)
-    driver.user("go on")  # ⟦p13⟧: the open turn's own instruction
-    driver.calls(["partial\n" * 20], text="step")  # ⟦p14⟧ ⟦p15⟧ an earlier step of this turn
-    session.prepare_request()
-    # the model's turn in progress: a tool-call-only message (no anchor) whose first result is in
-    session.commit_reply(
-        Message.assistant("", [ToolCallBlock("k0", "read", {"path": "x"}), ToolCallBlock("k1", "compress", {})])
-    )
-    session.tool_result("k0", "file x")  # ⟦p16⟧: the in-progress step's first visible anchor
-    inflight_seq = session.surface.nodes[-2].seq
-    out = driver.run_tool("compress", _span("p14", "p16"))
+    """A turn a proxy's client opened with the model's own tool-call-only message (no anchor):
+    `to` naming the turn's first visible anchor clips the span before the turn, and the
+    unanchored call message stays with its result."""
+    _history(driver, 2)  # ⟦p1⟧..⟦p12⟧
+    session.append_history(
+        [Message.assistant("", [ToolCallBlock("k0", "read", {"path": "x"})]), Message.tool("k0", "file x")]
+    )  # a new turn: the unanchored call, its result ⟦p13⟧
+    call_seq, result_seq = session.surface.nodes[-2].seq, session.surface.nodes[-1].seq
+    out = driver.run_tool("compress", _span("p7", "p13"))
     assert not out.is_error and "clipped" in out.content, out.content
     (block,) = current_state(session).blocks.values()
-    assert (block.left, block.right) == (14, 15)
-    assert [n.seq for n in session.surface][-2] == inflight_seq  # the unanchored call message is kept
-    assert "go on" in [n.message.text for n in session.surface]
+    assert (block.left, block.right) == (7, 12)
+    assert [n.seq for n in session.surface][-2:] == [call_seq, result_seq]
 
 
-def test_the_current_turns_instruction_is_never_compressed_across_steps(driver, session, read_log):
-    """Issue #15: after tool steps, the newest assistant message no longer follows the user's
-    instruction; the instruction still belongs to the current turn and is never compressed (seed
-    §7). Spans may end before it or start after it."""
-    _history(driver, 2)
+def test_the_current_turn_is_never_compressed_across_steps(driver, session, read_log):
+    """Issue #15 and seed §7: after tool steps the newest assistant message no longer follows the
+    user's instruction; the instruction and every step since belong to the current turn and are
+    never compressed. The refusal names the range a span may cover."""
+    _history(driver, 2)  # ⟦p1⟧..⟦p12⟧
     driver.user("the instruction of this turn")  # ⟦p13⟧
     driver.calls(["partial\n" * 20], text="first step")  # ⟦p14⟧ ⟦p15⟧
     driver.calls(["more\n" * 20], text="second step")  # ⟦p16⟧ ⟦p17⟧
-    for span in (_span("p1", "p15"), _span("p13", "p15"), _span("p12", "p13")):
+    for span in (_span("p1", "p15"), _span("p12", "p14"), _span("p7", "p17")):
         _refused(
             driver,
             read_log,
             "compress",
             span,
-            "covers the current turn's own user instruction (⟦p13⟧)",
-            "end the span at ⟦p12⟧ or start it at ⟦p14⟧",
+            "reaches into the current turn (from ⟦p13⟧)",
+            "compressible: ⟦p1⟧ through ⟦p12⟧",
         )
-    out = driver.run_tool(
-        "compress",
-        {"spans": [{"from": "p1", "to": "p12", "summary": "a"}, {"from": "p14", "to": "p15", "summary": "b"}]},
-    )
+    for span in (_span("p13", "p15"), _span("p14", "p15"), _span("p16", "p17")):
+        _refused(driver, read_log, "compress", span, "starts inside the current turn (from ⟦p13⟧)")
+    turn = [n.seq for n in session.surface][-5:]
+    out = driver.run_tool("compress", _span("p1", "p12"))
     assert not out.is_error, out.content
-    assert "the instruction of this turn" in [n.message.text for n in session.surface]
+    assert [n.seq for n in session.surface][-5:] == turn  # the whole turn stays verbatim
+
+
+def test_a_turn_the_guard_summarised_in_part_stays_protected(make_decay_kernel, make_driver, read_log):
+    """A foreign compaction (the guard's basic summary) that covered part of the open turn holds
+    that turn's content: decay does not compress it further while the turn is open."""
+    session = make_decay_kernel().open_session()
+    driver = make_driver(session)
+    _history(driver, 2)
+    driver.user("the instruction of this turn")  # ⟦p13⟧
+    driver.calls(["partial\n" * 20], text="first step")  # ⟦p14⟧ ⟦p15⟧
+    driver.calls(["more\n" * 20], text="second step")
+    first = session.surface.nodes[0].seq
+    last = next(n.seq for n in session.surface if n.message.text == "first step")
+    session.compact(Span(first, session.surface.nodes[session.surface.position(last) + 1].seq), strategy="basic")
+    checkpoint = session.surface.nodes[0]
+    assert checkpoint.message.source.plugin == "basic"
+    anchor = current_state(session).anchor_of
+    step = [anchor[n.seq] for n in session.surface.nodes[-2:]]  # the second step and its result
+    for span in (_span(anchor[checkpoint.seq], step[0]), _span(*step)):
+        _refused(
+            driver,
+            read_log,
+            "compress",
+            span,
+            "the current turn",
+            "nothing before the current turn is left to compress",
+        )
 
 
 def test_overlapping_spans_are_refused(inflight, read_log):

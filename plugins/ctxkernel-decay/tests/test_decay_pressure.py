@@ -19,10 +19,15 @@ def _reminders(session):
     return [e.data for e in session.events if e.type == "decay/reminder"]
 
 
-def _grow(session, n: int, size: int, start: int = 0) -> list:
-    """``n`` steps, each adding one tool result of about ``size`` tokens."""
+def _grow(session, n: int, size: int, start: int = 0, per_turn: int = 3) -> list:
+    """``n`` steps, each adding one tool result of about ``size`` tokens; a new turn every
+    ``per_turn`` steps (the current turn is never compressed, so only earlier turns leave
+    something for a reminder to name)."""
     requests = []
     for i in range(start, start + n):
+        if i > start and i % per_turn == 0:
+            session.end_turn()
+            session.user(f"go on with part {i}")
         requests.append(session.prepare_request())
         session.commit_reply(Message.assistant("", [ToolCallBlock(f"g{i}", "read", {"path": f"{i}.txt"})]))
         session.tool_result(f"g{i}", " ".join(f"w{i}x{k}" for k in range(size // 3)))
@@ -60,7 +65,7 @@ def test_cooldown_limits_one_reminder_per_level(make_decay_kernel):
         window=6_600, reserve=500, settings={"growth_tokens": 10**6, "cooldown_steps": 5}, strategies=("decay",)
     ).open_session()
     session.user("start")
-    _grow(session, 14, 300)
+    _grow(session, 14, 250)
     steps_by_level: dict[int, list[int]] = {}
     steps = 0
     for e in session.events:
@@ -81,9 +86,9 @@ def test_a_compression_rebaselines_growth(make_decay_kernel, make_driver):
     first = _reminders(session)
     assert first and first[-1]["level"] == 0
     baseline = current_state(session).baseline
-    # ⟦p1⟧ is this open turn's own instruction ("start"): never compressed; the span starts after it and
-    # outside the first tool-call group (its call message carries no anchor)
-    out = driver.run_tool("compress", {"spans": [{"from": "p4", "to": "p9", "summary": "read seven files"}]})
+    # the two finished turns: ⟦p1⟧ "start" and three results, ⟦p5⟧ "go on" and three results (a
+    # tool-call-only message carries no anchor); the open third turn is never compressed
+    out = driver.run_tool("compress", {"spans": [{"from": "p1", "to": "p8", "summary": "read six files"}]})
     assert not out.is_error, out.content
     session.prepare_request()  # pre_step notices the drop in pressure
     rebased = [e.data for e in session.events if e.type == "decay/baseline"]
@@ -100,3 +105,19 @@ def test_reminder_state_survives_a_restart(make_decay_kernel):
     again = make_decay_kernel(window=21_000, reserve=1_000, settings={"growth_tokens": 3_000}).open_session(session.id)
     state = current_state(again)
     assert (state.baseline, state.fired, state.steps) == (live.baseline, live.fired, live.steps)
+
+
+def test_a_reminder_names_the_compressible_range_and_none_fires_inside_one_turn(make_decay_kernel):
+    session = make_decay_kernel(
+        window=21_000, reserve=1_000, settings={"growth_tokens": 3_000, "cooldown_steps": 3}
+    ).open_session()
+    session.user("start")  # ⟦p1⟧, then twelve results ⟦p2⟧..⟦p13⟧ (the call messages carry no anchor)
+    _grow(session, 12, 600, per_turn=100)
+    # everything is the current turn, which is never compressed: a reminder could only be refused
+    assert not _reminders(session) and not _notices(session)
+    session.end_turn()
+    session.user("next")  # ⟦p14⟧
+    _grow(session, 2, 600, start=12, per_turn=100)
+    (reminder,) = _notices(session)
+    assert "grew" in reminder
+    assert "compressible: ⟦p1⟧ through ⟦p13⟧; the current turn (from ⟦p14⟧) stays verbatim" in reminder

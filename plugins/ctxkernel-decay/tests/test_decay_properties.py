@@ -173,3 +173,80 @@ def _random_drop(session, data) -> None:
             assert not any(b.left == pair[0] for b in current_state(session).blocks.values())
         # else the range held the user's instructions: the kernel keeps them verbatim in its place
         # (instructions.py), so a block holding only them stays where the dropped one was
+
+
+def _instruction_seq(session) -> int | None:
+    """The seq of the open turn's user instruction (the first user-authored message since its start)."""
+    if not session.turn_open:
+        return None
+    start = max(e.seq for e in session.events if e.type == "turn/start")
+    return next(
+        e.seq
+        for e in session.events[start:]
+        if e.type == "user/message"
+        and e.surface["op"] == "append"
+        and e.data["message"].get("source", {}).get("kind", "user") == "user"
+    )
+
+
+def _leaves(events, seq: int) -> set[int]:
+    """The appended messages a surface node stands for (itself, or what its replacement cited)."""
+    op = events[seq].surface or {}
+    if op.get("op") == "append":
+        return {seq}
+    return set().union(*(_leaves(events, c) for c in op.get("cites", ())))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_no_accepted_compression_covers_the_open_turn(data):
+    """Issue #15 / seed §7: whatever spans the model asks for, in multi-step turns and after a
+    foreign summary, no accepted compression covers a message at or after the open turn's
+    instruction; a refusal touching the turn names the range a span may cover."""
+    with tempfile.TemporaryDirectory() as tmp:
+        session = decay_kernel(Path(tmp), window=400_000, reserve=1_000).open_session()
+        n = 0
+        for _ in range(data.draw(st.integers(1, 4), label="turns")):
+            session.user(f"instruction {n}")
+            for _ in range(data.draw(st.integers(1, 4), label="steps")):
+                n += 1
+                session.prepare_request()
+                calls = [
+                    ToolCallBlock(f"c{n}_{i}", "read", {"path": f"{n}.{i}"})
+                    for i in range(data.draw(st.integers(1, 2)))
+                ]
+                session.commit_reply(Message.assistant(data.draw(st.sampled_from(["", f"step {n}"])), calls))
+                for call in calls:
+                    session.tool_result(call.id, f"output {call.id} " * data.draw(st.integers(5, 40), label="size"))
+                if data.draw(st.integers(0, 9), label="basic") == 0:
+                    region = whole_surface_but_last(session.surface, data.draw(st.integers(1, 4), label="keep"))
+                    if region is not None and region[0] != region[1]:
+                        try:
+                            session.compact(Span(*region), strategy="basic", kind="summary")
+                        except Exception as exc:  # a summary that would not shrink is refused by the kernel
+                            assert "ShrinkCheck" in type(exc).__name__ or "fewer" in str(exc), exc
+                instruction = _instruction_seq(session)
+                count = len(session.events)
+                choices = _anchor_choices(session)
+                spans = [
+                    {
+                        "from": data.draw(st.sampled_from(choices), label="from"),
+                        "to": data.draw(st.sampled_from(choices), label="to"),
+                        "summary": "what the span held",
+                    }
+                    for _ in range(data.draw(st.integers(1, 2), label="spans"))
+                ]
+                out = session.run_tool({"id": f"k{n}", "name": "compress", "arguments": {"spans": spans}})
+                if out.is_error:
+                    assert len(session.events) == count
+                    if "current turn" in out.content:
+                        assert "compressible: ⟦p" in out.content or "nothing before the current turn" in out.content
+                    continue
+                replaced = [
+                    e for e in session.events[count:] if e.type == "user/message" and e.surface["op"] == "replace"
+                ]
+                assert replaced, out.content
+                for event in replaced:
+                    covered = set().union(*(_leaves(session.events, c) for c in event.surface["cites"]))
+                    assert max(covered) < instruction, (out.content, sorted(covered), instruction)
+            session.end_turn()

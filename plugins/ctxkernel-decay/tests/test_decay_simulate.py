@@ -1,6 +1,8 @@
 """``ctxkernel simulate`` on the real transcripts: with a window well below each session's peak,
-the decay profile (its steward answering reminders with ``compress``) has 0 overflows and 0
-invariant violations. Reads ../shared/transcripts at run time; skipped when it is absent."""
+the decay profile (its steward answering reminders with ``compress``, the request guard's
+``basic`` summary for a turn that outgrows the window on its own: the current turn is never
+compressed) has 0 overflows and 0 invariant violations. Reads ../shared/transcripts at run time;
+skipped when it is absent."""
 
 from __future__ import annotations
 
@@ -36,6 +38,19 @@ def _window_well_below_peak(recording) -> tuple[int, int]:
     return peak, max(peak // 4, int((first + (peak - first) / 2) * 8 / 7))
 
 
+def _turns(recording) -> int:
+    """Turns as the replay opens them: a user message after a final reply starts the next."""
+    from ctxkernel.simulate.recording import AssistantItem, UserItem
+
+    turns, replied = 1, False
+    for item in recording.items:
+        if isinstance(item, UserItem) and replied:
+            turns += 1
+        if isinstance(item, AssistantItem | UserItem):
+            replied = isinstance(item, AssistantItem) and not item.message.tool_calls
+    return turns
+
+
 @pytest.mark.parametrize("path", FILES, ids=[p.name[:24] for p in FILES])
 def test_decay_simulates_every_transcript_without_overflow_or_violation(path, monkeypatch, tmp_path):
     from ctxkernel.simulate.importers import load_recording
@@ -67,4 +82,8 @@ def test_decay_simulates_every_transcript_without_overflow_or_violation(path, mo
         assert out["overflows"] == 0, (w, peak, summary)
         assert out["invariant_violations"] == 0, out["invariant_details"][:3]
         assert out["steward_errors"] == 0, summary
-        assert out["compactions"].get("compress", 0) > 0, summary  # decay, not the fallback, did the work
+        if w == window and _turns(recording) > 1:
+            # earlier turns were there to compress: decay, not only the guard, did work. (The Codex
+            # rollout is one instruction and one turn, and at 8,000 tokens every Claude Code turn
+            # outgrows the window before a reminder is due: the guard carries those.)
+            assert out["compactions"].get("compress", 0) > 0, summary

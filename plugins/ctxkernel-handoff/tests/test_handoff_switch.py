@@ -393,6 +393,28 @@ def test_no_switch_when_what_stays_outside_the_surface_is_over_the_target(handof
     assert "no room for a new window" in state_for(session).last_failure
     assert "provider-reported usage" in state_for(session).last_failure
     assert not window_events(session)
+    # nor is the model asked for a switch that can only be refused (notes and new_context calls
+    # would cost tokens in a window that has none to spare)
+    assert not [e for e in session.events if e.type == "user/message" and REMINDER_TAG in str(e.data)]
     assert not [e for e in session.events if e.data.get("strategy") == "handoff" and e.data.get("reason") == "fit"]
     native = [e for e in session.events if e.type == "compaction/summary" and e.data.get("strategy") == "basic"]
     assert 1 <= len(native) <= 10, len(native)
+
+
+def test_a_failed_overflow_switch_that_shrank_kept_results_asks_for_a_retry(handoff_kernel):
+    """On an overflow the switch first shrinks the kept tool result model-free to make room; when
+    the switch then fails (one user message is too little to replace with a handoff), that shrink
+    already made the request fit: handoff asks for the retry itself, so the kernel's last-resort
+    excerpt (1/16 of the window) does not cut the result further."""
+    session = handoff_kernel(window=4_000, reserve=500, strategies=["handoff"]).open_session()
+    session.user("read the log")
+    session.prepare_request()
+    session.commit_reply(Message.assistant("", [ToolCallBlock("c1", "read", {"path": "app.log"})]))
+    session.tool_result("c1", "".join(f"line {i} of the log\n" for i in range(200)))
+    tokens = session.prepare_request().pressure.tokens
+    assert session.request_failed(ContextOverflowError("too long", prompt_tokens=tokens + 500, limit=3_500))
+    assert not [e for e in session.events if e.type == "compaction/start"]  # no kernel excerpt
+    assert not window_events(session)
+    result = session.surface.nodes[-1].message.tool_result.content
+    assert result.startswith("line 0 of the log") and "history_read_item" in result
+    assert session.pressure().tokens < 3_500

@@ -134,6 +134,10 @@ def compact(session: Session, keep_tokens: int, *, reason: str) -> bool:
     basic = STRATEGY.on(session)
     for attempt in range(basic.settings.compaction_retries + 1):
         region = head_region(session.surface, session.meter, keep_tokens, min_nodes=2)
+        if region is None and reason == "overflow" and attempt < basic.settings.compaction_retries:
+            # the verbatim tail holds all but an earlier summary: an overflow needs a smaller tail
+            keep_tokens //= 2
+            continue
         if region is None:
             return False
         try:
@@ -161,6 +165,11 @@ def compact_now(session: Session, request: ManualCompaction) -> ctxkernel.Manual
 @ctxkernel.hookimpl(trylast=True)
 def pre_step(session: Session, step: StepContext) -> None:
     basic = STRATEGY.on(session)
+    if step.attempt == 0:
+        # a new request: ``overflow_retries`` counts the attempts of one request, so a streak an
+        # earlier request left (its overflow path found nothing to summarise) must not refuse
+        # this request's first overflow (with guard_request, the composed-request guard)
+        basic.state["overflow_streak"] = 0
     settings = basic.settings
     if not settings.auto or basic.route is None:
         return  # the first step of a fresh session has no routed request to price against

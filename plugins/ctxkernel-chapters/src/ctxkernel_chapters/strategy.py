@@ -4,7 +4,6 @@ settings, the state folded from the log, the archive bounds and the table-of-con
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
-from weakref import WeakKeyDictionary
 
 import ctxkernel
 
@@ -75,15 +74,12 @@ def state(session: Session) -> dict[str, Any]:
     return st
 
 
-#: chapter numbers reserved in memory, per kernel (so per store) and lineage root
-_RESERVED: WeakKeyDictionary[Any, dict[str, int]] = WeakKeyDictionary()
-
-
 def registry_of(session: Session) -> Registry:
-    """The lineage registry, on the strategy handle's key-value table, with the numbers this
-    process reserved for the kernel's sessions (the kernel object only keys the table)."""
-    reserved = _RESERVED.setdefault(session.kernel, {})
-    return Registry(STRATEGY.on(session), reserved)
+    """The lineage registry, on the strategy handle's key-value table, with the chapter numbers
+    this process reserved (per lineage root) for the sessions of the same store."""
+    handle = STRATEGY.on(session)
+    reserved: dict[str, int] = handle.process_memory.setdefault("reserved", {})
+    return Registry(handle, reserved)
 
 
 def archived_through(session: Session, registry: Registry | None = None) -> int:

@@ -19,7 +19,7 @@ from . import steward
 from .anchors import decorate_message, fmt, sanitize_assistant
 from .state import CHECKPOINT_KIND, NAME, NOTICE_FORM, DecayState
 from .strategy import SNAPSHOT_NAMESPACE, STRATEGY, DecaySettings, current_state, save_snapshot, settings_of
-from .tools import protected_start, tools_for
+from .tools import compressible_range, describe_compressible, protected_start, tools_for
 
 if TYPE_CHECKING:
     from ctxkernel import CommitResult, ManualCompaction, ReplyDraft, Request, Session, StepContext
@@ -85,8 +85,14 @@ def pre_step(session: Session, step: StepContext) -> None:
         fire = 0
     if fire is None:
         return
+    protect = protected_start(session, planning=True)
+    if compressible_range(state, session, protect) is None:
+        # everything on the surface is the current turn, which is never compressed: a reminder
+        # would ask for a call that can only be refused (the request guard protects the window)
+        return
     decay.emit("reminder", {"level": fire, "tokens": pressure.tokens, "ratio": round(pressure.ratio, 4), "grew": grew})
-    decay.remind(step, reminder_text(fire, pressure, grew, settings))
+    where = describe_compressible(state, session, protect)
+    decay.remind(step, reminder_text(fire, pressure, grew, settings, where))
 
 
 def _cooled(state: DecayState, level: int, settings: DecaySettings) -> bool:
@@ -94,14 +100,19 @@ def _cooled(state: DecayState, level: int, settings: DecaySettings) -> bool:
     return last is None or state.steps - last >= settings.cooldown_steps
 
 
-def reminder_text(level: int, pressure: ctxkernel.Pressure, grew: int, settings: DecaySettings) -> str:
+def reminder_text(level: int, pressure: ctxkernel.Pressure, grew: int, settings: DecaySettings, where: str) -> str:
+    """The reminder; ``where`` names the range a span may cover, so no call is wasted on the
+    current turn."""
     pct = f"{pressure.ratio:.0%} of {pressure.effective_window} tokens"
     if level:
         return (
             f"[context decay] Warning {level}/{len(settings.warn_ratios)}: context at {pct}. Compress old spans you "
-            "no longer need verbatim (compress), or drop stale blocks (drop)."
+            f"no longer need verbatim (compress), or drop stale blocks (drop); {where}."
         )
-    return f"[context decay] Context grew {grew} tokens since the last note ({pct}). Consider compressing old spans."
+    return (
+        f"[context decay] Context grew {grew} tokens since the last note ({pct}). Consider compressing old spans; "
+        f"{where}."
+    )
 
 
 @ctxkernel.hookimpl

@@ -17,7 +17,7 @@ from ctxkernel.text import clip, failed, first_line, keep_newest
 from .anchors import fmt, strip_anchors
 from .state import NOTICE_FORM
 from .strategy import STRATEGY, current_state, settings_of
-from .tools import protected_instruction, protected_start
+from .tools import protected_start
 
 if TYPE_CHECKING:
     from ctxkernel import Message, Request, Session
@@ -70,33 +70,20 @@ def extractive_summary(messages: list[Message], state_summaries: list[str], max_
 
 
 def plan_spans(session: Session, state: DecayState, settings: DecaySettings, need_tokens: int) -> list[dict[str, Any]]:
-    """One span from the oldest compressible node, long enough to save ``need_tokens``."""
-
-    surface = session.surface
-    limit = protected_start(session, planning=not surface.pending_calls)
-    island = protected_instruction(session)
-    if island is None or island[0] >= limit:
-        spans = _plan_span(session, state, settings, need_tokens, 0, limit)
-    else:
-        # the open turn's instruction stays: a span before it, and one after it if that was not enough
-        spans = _plan_span(session, state, settings, need_tokens, 0, island[0])
-        saved = int(sum(s["_tokens"] for s in spans) * 0.8)
-        if saved < need_tokens:
-            spans += _plan_span(session, state, settings, need_tokens - saved, island[1] + 1, limit)
-    for span in spans:
-        del span["_tokens"]
-    return spans
+    """One span from the oldest compressible node, long enough to save ``need_tokens``; never
+    into the current turn (its instruction and every step since stay, seed §7)."""
+    limit = protected_start(session, planning=not session.surface.pending_calls)
+    return _plan_span(session, state, settings, need_tokens, limit)
 
 
 def _plan_span(
-    session: Session, state: DecayState, settings: DecaySettings, need_tokens: int, lo: int, limit: int
+    session: Session, state: DecayState, settings: DecaySettings, need_tokens: int, limit: int
 ) -> list[dict[str, Any]]:
-    """One span within surface positions ``lo..limit-1`` (each span carries its size in
-    ``_tokens`` for the caller)."""
+    """One span within surface positions ``0..limit-1``."""
     nodes = session.surface.nodes
     surface = session.surface
     meter = session.meter
-    start = next((i for i in range(lo, limit) if nodes[i].seq in state.anchor_of and surface.is_balanced_cut(i)), None)
+    start = next((i for i in range(limit) if nodes[i].seq in state.anchor_of and surface.is_balanced_cut(i)), None)
     if start is None:
         return []
     total = 0
@@ -138,7 +125,6 @@ def _plan_span(
             "to": fmt(to),
             "summary": summary,
             "topic": "steward",
-            "_tokens": tokens,
         }
     ]
 

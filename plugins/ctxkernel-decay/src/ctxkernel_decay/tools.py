@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from ctxkernel import MAX_INT_ARG, Message, Span, Tool, ToolArgs, ToolOutcome
-from ctxkernel.events import TURN_START, USER_MESSAGE
+from ctxkernel.events import TURN_START
 
 from .anchors import describe_visible, fmt, parse_anchor, strip_anchors
 from .state import BLOCK_FORM
@@ -100,10 +100,13 @@ class Planned:
 
 
 def protected_start(session: Session, *, planning: bool = False) -> int:
-    """Position where the current turn begins: the assistant turn in progress (the newest
-    assistant message; when ``planning`` a call that is not yet appended) plus the user-authored
-    message(s) right before it that it answers. The open turn's own instruction is protected
-    wherever it sits (see :func:`protected_instruction`)."""
+    """Surface position where the current turn begins; nothing from there on is compressed
+    (seed §7). While a turn is open that is the first node holding anything of it: its user
+    instruction, every step since, and a foreign compaction (the guard's ``basic`` summary) that
+    summarised part of it (issue #15: after one tool step the turn's own instruction was
+    compressible). Otherwise, the assistant turn in progress (the newest assistant message; when
+    ``planning`` a call that is not yet appended) plus the user-authored message(s) right before
+    it that it answers."""
     nodes = session.surface.nodes
     start = len(nodes)
     if not planning:
@@ -113,46 +116,57 @@ def protected_start(session: Session, *, planning: bool = False) -> int:
                 break
     while start > 0 and nodes[start - 1].role == "user" and nodes[start - 1].message.source.kind == "user":
         start -= 1
+    if session.turn_open:
+        start = min(start, open_turn_start(session))
     return start
 
 
-def protected_instruction(session: Session) -> tuple[int, int] | None:
-    """Surface positions (first, last) of the open turn's own user instruction: the user-authored
-    messages that opened it. Issue #15: in a multi-step turn the newest assistant message no
-    longer follows them, yet they belong to the current turn and are never compressed (seed §7);
-    a span may end before them or start after them, never cover them."""
-    first = open_turn_instruction(session)
-    if first is None:
-        return None
-    nodes = session.surface.nodes
-    last = first
-    while last + 1 < len(nodes) and nodes[last + 1].role == "user" and nodes[last + 1].message.source.kind == "user":
-        last += 1
-    return first, last
-
-
-def open_turn_instruction(session: Session) -> int | None:
-    """Surface position of the open turn's first user-authored message, when it is still visible
-    (None between turns, or when that message was already replaced)."""
-    if not session.turn_open:
-        return None
+def open_turn_start(session: Session) -> int:
+    """First surface position whose node holds content of the open turn: a message appended
+    since its ``turn/start``, or a replacement (written since then) of anything that does. The
+    turn's own appends are the surface's tail; a replacement of part of them may sit anywhere
+    before it."""
     events = session.events
-    # [turn, instruction seq or None, events scanned]: one backward scan per turn, then only new
-    # events, so a long turn does not cost O(turn) per step
-    found: list[Any] | None = STRATEGY.on(session).state.get("open_turn")
+    holder = STRATEGY.on(session).state
+    # [turn, turn/start seq, {replacement seq: holds the open turn}]: one backward scan per turn
+    found: list[Any] | None = holder.get("open_turn")
     if found is None or found[0] != session.turn:
-        turn_start = next((e.seq for e in reversed(events) if e.type == TURN_START), None)
-        if turn_start is None:
-            return None
-        found = STRATEGY.on(session).state["open_turn"] = [session.turn, None, turn_start + 1]
-    if found[1] is None:
-        for event in events[found[2] :]:
-            if event.type == USER_MESSAGE and (event.surface or {}).get("op") == "append":
-                if event.data["message"].get("source", {}).get("kind", "user") == "user":
-                    found[1] = event.seq
-                    break
-        found[2] = len(events)
-    return None if found[1] is None else session.surface.position(found[1])
+        turn_start = next((e.seq for e in reversed(events) if e.type == TURN_START), -1)
+        found = holder["open_turn"] = [session.turn, turn_start, {}]
+    turn_start, memo = found[1], found[2]
+
+    def holds(seq: int) -> bool:
+        if seq <= turn_start:
+            return False  # written before the turn opened: it can only hold earlier content
+        if seq not in memo:
+            op = events[seq].surface or {}
+            memo[seq] = op.get("op") == "append" or any(holds(c) for c in op.get("cites", ()))
+        result: bool = memo[seq]
+        return result
+
+    nodes = session.surface.nodes
+    return next((i for i, node in enumerate(nodes) if holds(node.seq)), len(nodes))
+
+
+def compressible_range(state: DecayState, session: Session, protect: int) -> tuple[int, int] | None:
+    """The first and last anchors a span may name: the anchored nodes before ``protect`` (the
+    last one's right edge when it is a block). None when nothing before the turn is anchored."""
+    nodes = session.surface.nodes[:protect]
+    first = next((state.anchor_of[n.seq] for n in nodes if n.seq in state.anchor_of), None)
+    last_node = next((n for n in reversed(nodes) if n.seq in state.anchor_of), None)
+    if first is None or last_node is None:
+        return None
+    return first, state.right_of(last_node.seq) or state.anchor_of[last_node.seq]
+
+
+def describe_compressible(state: DecayState, session: Session, protect: int) -> str:
+    """The accepted range in words, for refusals and reminders."""
+    span = compressible_range(state, session, protect)
+    turn = first_anchor_at_or_after(state, session, protect)
+    kept = f"the current turn (from {fmt(turn)}) stays verbatim" if turn else "the current turn stays verbatim"
+    if span is None:
+        return f"nothing before the current turn is left to compress; {kept}"
+    return f"compressible: {fmt(span[0])} through {fmt(span[1])}; {kept}"
 
 
 def first_anchor_at_or_after(state: DecayState, session: Session, position: int) -> int | None:
@@ -226,10 +240,8 @@ def plan_compress(session: Session, state: DecayState, settings: DecaySettings, 
     if not 1 <= len(args.spans) <= settings.max_spans:
         msg = f"compress takes 1 to {settings.max_spans} spans, got {len(args.spans)}; merge neighbouring spans"
         raise Refusal(msg)
-    nodes = session.surface.nodes
     protect = protected_start(session)
     first_protected = first_anchor_at_or_after(state, session, protect)
-    island = protected_instruction(session)
     planned: list[Planned] = []
     for i, span in enumerate(args.spans):
         summary = strip_anchors(span.summary)
@@ -253,33 +265,16 @@ def plan_compress(session: Session, state: DecayState, settings: DecaySettings, 
         clipped = False
         if end >= protect:
             turn = f"the current turn (from {fmt(first_protected)})" if first_protected else "the current turn"
-            if start >= protect:
-                msg = f"span {i} starts inside {turn}, which is never compressed"
-                raise Refusal(msg)
-            if parse_anchor(span.to) == first_protected:
+            if start < protect and parse_anchor(span.to) == first_protected:
                 end = protect - 1  # keep the turn's unanchored prefix; clip to the last compressible node
                 clipped = True
             else:
-                last_ok = next(
-                    (state.anchor_of[n.seq] for n in reversed(nodes[:protect]) if n.seq in state.anchor_of), None
-                )
+                where = "starts inside" if start >= protect else "reaches into"
                 msg = (
-                    f"span {i} reaches into {turn}, which is never compressed; end it at "
-                    f"{fmt(last_ok) if last_ok else 'an earlier anchor'} or earlier"
+                    f"span {i} {where} {turn}, which is never compressed: its user instruction and every step "
+                    f"since stay verbatim ({describe_compressible(state, session, protect)})"
                 )
                 raise Refusal(msg)
-        if island is not None and start <= island[1] and end >= island[0]:
-            before = next(
-                (state.anchor_of[n.seq] for n in reversed(nodes[: island[0]]) if n.seq in state.anchor_of), None
-            )
-            after = first_anchor_at_or_after(state, session, island[1] + 1)
-            where = fmt(state.anchor_of[nodes[island[0]].seq]) if nodes[island[0]].seq in state.anchor_of else "it"
-            msg = (
-                f"span {i} covers the current turn's own user instruction ({where}), which is never compressed; "
-                f"end the span at {fmt(before) if before else 'an earlier anchor'} or start it at "
-                f"{fmt(after) if after else 'a later anchor'}"
-            )
-            raise Refusal(msg)
         for cut, side in ((start, "start"), (end + 1, "end")):
             if not session.surface.is_balanced_cut(cut):
                 msg = (

@@ -191,6 +191,28 @@ def notes_of(session: Session) -> StrategyNotes:
 
 
 # -- the switch --------------------------------------------------------------------------------------------
+def no_room(session: Session) -> str | None:
+    """Why no new window can open below the threshold, whatever it replaced; None when one can.
+
+    What no switch can remove: the request header, decorations and the gap between the
+    provider's last reported usage and our estimate (the pressure anchor). When that alone leaves
+    no room for a handoff, a switch could only fail its fit, after shrinking kept results for
+    nothing (basic then compacts once and backs off; an overflow still tries a switch), and a
+    pressure reminder asking for ``new_context`` would only cost tokens in a window that has none
+    to spare (a 4,000-token window whose request header alone is over the target)."""
+    threshold, _, _ = host_settings(session)
+    target = int((threshold - TARGET_MARGIN) * session.model_settings().effective_window)
+    pressure = session.pressure()
+    fixed = pressure.tokens - session.meter.surface_tokens()
+    if fixed + int(MIN_HANDOFF_CHARS / CHARS_PER_FIT_TOKEN) <= target:
+        return None
+    return (
+        f"no room for a new window: {fixed} of the {pressure.tokens} tokens are outside the surface (request "
+        f"header{', and the provider-reported usage above our estimate' if pressure.anchored else ''}), over the "
+        f"{target}-token target below the threshold"
+    )
+
+
 def switch(session: Session, *, reason: str, keep_tokens: int | None = None) -> SwitchOutcome:
     """Switch to a new window now. ``keep_tokens`` keeps that much of the newest surface verbatim
     (the pressure path); None keeps only the last message. Never raises for an ordinary failure."""
@@ -204,20 +226,10 @@ def switch(session: Session, *, reason: str, keep_tokens: int | None = None) -> 
     # may take what the kept tail and the request header leave under it
     threshold, _, _ = host_settings(session)
     target = int((threshold - TARGET_MARGIN) * effective)
-    # what no switch can remove: the request header, decorations and the gap between the
-    # provider's last reported usage and our estimate (the pressure anchor). When that alone
-    # leaves no room for a handoff, a switch could only fail its fit, after shrinking kept results
-    # for nothing: say so instead (basic then compacts once and backs off; an overflow still switches)
-    pressure = session.pressure()
-    fixed = pressure.tokens - session.meter.surface_tokens()
-    if keep_tokens is not None and fixed + int(MIN_HANDOFF_CHARS / CHARS_PER_FIT_TOKEN) > target:
-        return _failed(
-            state,
-            reason,
-            f"no room for a new window: {fixed} of the {pressure.tokens} tokens are outside the surface (request "
-            f"header{', and the provider-reported usage above our estimate' if pressure.anchored else ''}), over the "
-            f"{target}-token target below the threshold",
-        )
+    if keep_tokens is not None:
+        blocked = no_room(session)
+        if blocked is not None:
+            return _failed(state, reason, blocked)
     for attempt in range(2):
         if keep_tokens is None:
             region = whole_surface_but_last(surface, 1)

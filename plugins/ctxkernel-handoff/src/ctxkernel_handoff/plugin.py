@@ -18,6 +18,7 @@ from .engine import (
     build_handoff,
     host_settings,
     mode_for,
+    no_room,
     notes_of,
     state_for,
     switch,
@@ -140,7 +141,8 @@ def pre_step(session: Session, step: StepContext) -> None:
     # remind only when this window itself has grown: a window that opens near the threshold (a
     # tiny context) would otherwise remind, and be switched by the steward, at every step
     grown = pressure.ratio - opened >= REMINDER_GROWTH
-    if pressure.ratio >= max(0.0, threshold - REMINDER_LEAD) and grown and state.reminded_window != window:
+    due = pressure.ratio >= max(0.0, threshold - REMINDER_LEAD) and grown and state.reminded_window != window
+    if due and no_room(session) is None:  # never ask for a switch that can only be refused
         state.reminded_window = window  # single shot per window (the notice in the log restores it on restart)
         STRATEGY.on(session).remind(
             step,
@@ -163,7 +165,9 @@ def request_error(session: Session, error: ModelError) -> bool | None:
     before = session.meter.surface_tokens()
     outcome = switch(session, reason="overflow")
     if not outcome.committed:
-        return None
+        # a failed switch may still have shrunk kept tool results (model-free, to make room): that
+        # is worth a retry; otherwise basic's overflow path answers
+        return True if session.meter.surface_tokens() < before else None
     state.overflow_at = state.last_assistant
     return session.meter.surface_tokens() < before
 
