@@ -375,7 +375,8 @@ def test_the_turn_in_progress_is_the_parents_last_chapter_and_no_call_loses_its_
     assert not any(c.get("in_progress") for c in data["chapters"][:-1])
     child = kernel.open_session(outcome.continue_in)
     toc_text = child.surface.nodes[0].message.text
-    assert tail["path"] in toc_text and "fix the lexer now" in toc_text
+    # listed; its request is the handoff note's to quote (seed 003), read back in full from the chapter
+    assert tail["path"] in toc_text and "lexer half fixed" in toc_text
     body = call_tool(child, "chapters_read", chapter=tail["id"], limit=5000).content
     assert "fix the lexer now" in body and "the lexer under repair" in body and "reading it" in body
     assert "chapters_continue" not in body  # the step in flight stays out (its results are not in)

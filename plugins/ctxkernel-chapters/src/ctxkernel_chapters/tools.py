@@ -215,9 +215,8 @@ def plan_child(session: Session, handoff_note: str, ranges: list[ChapterRange], 
     prepared = archive.prepare(
         session, settings, plans, numbers, root=root, status="final", keep=keep, force_defer=defer
     )
-    through = plans[-1].end_seq if plans else ceiling
     seed = Message.user(
-        _seed_toc(session, settings, registry, [p.record for p in prepared], handoff_note, floor, through),
+        _seed_toc(session, settings, registry, [p.record for p in prepared], handoff_note, floor, ceiling),
         chapters.STRATEGY.source("snapshot"),
     )
     # budget preflight: a share of the window left after the system prompt and tool schemas
@@ -268,7 +267,7 @@ def _create_child(
                     [p.record for p in prepared],
                     args.handoff_note,
                     chapters.archived_through(session, registry) + 1,
-                    plan.plans[-1].end_seq,
+                    chapters.archive_ceiling(session),
                 ),
                 chapters.STRATEGY.source("snapshot"),
             )
