@@ -8,7 +8,9 @@ milliseconds of local event writes"). Each round builds a session (a surface of 
 
 * subject: a whole manual rollover — the seed built from the notes and the log, the compaction
   transaction (validation, lock and commit in one durable batch), the surface replacement;
-* baseline: one durable append of a single event carrying as many bytes as the rollover wrote.
+* baseline: one durable append of a single event carrying as many bytes as the rollover wrote,
+  in another session of the same store, taken just before and just after the switch (the mean of
+  the two), so both sides of a round see the same load.
 
 Wall time, not CPU time: what a durable write costs is mostly the wait for ``fsync``, which CPU
 time does not see. ``ratio`` is the median of the per-round ratios; the CPU-time ratio is printed
@@ -23,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -57,23 +60,42 @@ def build(home: Path, nodes: int, notes: int):
     return kernel, session
 
 
-def one_round(scratch: Path, nodes: int, notes: int) -> dict[str, float]:
+#: the first baseline's size in a sizing round (the rounds measured use what that round wrote)
+WRITTEN_GUESS = 60_000
+
+
+def bracketed_append(other: Any, written: int) -> tuple[float, float]:
+    """Wall and CPU seconds of one durable append of ``written`` bytes, as one event."""
+    payload = "x" * max(1, written - 120)  # the envelope of one event line is about 120 bytes
+    cpu, wall = time.process_time(), time.perf_counter()
+    other.append([EventSpec("bench/blob", {"blob": payload}, ignorable=True)])
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def one_round(scratch: Path, nodes: int, notes: int, written_guess: int = WRITTEN_GUESS) -> dict[str, float]:
+    """One switch between two baseline appends of the same size: the three run back to back,
+    so the baseline sees the load and the disk's state the switch saw (a baseline taken on its
+    own moved 2-3.6x between runs while the switch did not)."""
     from ctxkernel_rollover.switch import switch
 
     with tempfile.TemporaryDirectory(dir=scratch) as folder:
         kernel, session = build(Path(folder), nodes, notes)
+        other = kernel.open_session()
         path = session.store.path(session.id)
         size_before = path.stat().st_size
+        before_wall, before_cpu = bracketed_append(other, written_guess)
         cpu, wall = time.process_time(), time.perf_counter()
         switch(session, "manual")
         rollover_wall, rollover_cpu = time.perf_counter() - wall, time.process_time() - cpu
         written = path.stat().st_size - size_before
-        other = kernel.open_session()
-        payload = "x" * max(1, written - 120)  # the envelope of one event line is about 120 bytes
-        cpu, wall = time.process_time(), time.perf_counter()
-        other.append([EventSpec("bench/blob", {"blob": payload}, ignorable=True)])
-        append_wall, append_cpu = time.perf_counter() - wall, time.process_time() - cpu
-        return {"rw": rollover_wall, "rc": rollover_cpu, "aw": append_wall, "ac": append_cpu, "bytes": written}
+        after_wall, after_cpu = bracketed_append(other, written)
+        return {
+            "rw": rollover_wall,
+            "rc": rollover_cpu,
+            "aw": (before_wall + after_wall) / 2,
+            "ac": (before_cpu + after_cpu) / 2,
+            "bytes": written,
+        }
 
 
 def run(bench: Bench) -> None:
@@ -84,7 +106,8 @@ def run(bench: Bench) -> None:
     nodes, notes = (60, 8) if bench.quick else (200, 20)
     scratch = bench.scratch if str(bench.scratch) not in ("", ".") else Path(tempfile.gettempdir())
     one_round(scratch, 20, 2)  # warm imports, tokenizer and caches
-    rounds = [one_round(scratch, nodes, notes) for _ in range(repeat)]
+    size = int(one_round(scratch, nodes, notes)["bytes"])  # what a switch writes: the baselines' size
+    rounds = [one_round(scratch, nodes, notes, size) for _ in range(repeat)]
     ratios = [r["rw"] / r["aw"] for r in rounds]
     ratio = statistics.median(ratios)
     bench.report(

@@ -8,7 +8,9 @@ chapter archives alike. The steps, in order:
 2. take the session's compaction lease (lease.py): refused as busy, naming the holder, while a
    live holder has it; an open compaction whose holder lost its lease (dead, or expired by the
    store's clock) is ended with an error end that records the takeover;
-3. append ``compaction/start`` (the lock in the log; the lease is renewed while the transaction runs);
+3. append ``compaction/start`` (the lock in the log; the lease is renewed while the transaction runs),
+   without waiting for the disk: the commit's sync (or the error end's) carries it, so a
+   transaction waits for the disk once (``store.base.SyncDeferral``);
 4. price the spans with the meter;
 5. summarise (the ``summarize`` hook, or a summary the caller supplies);
 6. shrink check: the replacements cost fewer tokens than what they replace;
@@ -233,12 +235,16 @@ def run_transaction(
     history (a retried turn, a popped item): the user took those messages away, so the
     instruction budget does not bring them back. Strategies cannot pass it (the handle refuses)."""
     session.refresh()
-    validate_spans(session.surface, spans)  # 1, before any store write: a bad span costs nothing
+    resolved = validate_spans(session.surface, spans)  # 1, before any store write: a bad span costs nothing
+    version = session.surface.version
     lease = CompactionLease(session)
     lease.acquire()  # 2: a live holder's lease refuses us as busy
     try:
+        if session.refresh() or session.surface.version != version:
+            # another writer appended while the lease was taken: check the spans again
+            resolved = validate_spans(session.surface, spans)
         return _run_leased(
-            session, spans, lease, strategy, kind, render, check_shrink, data, single_batch, keep_instructions
+            session, spans, resolved, lease, strategy, kind, render, check_shrink, data, single_batch, keep_instructions
         )
     finally:
         lease.release()
@@ -247,6 +253,7 @@ def run_transaction(
 def _run_leased(
     session: Session,
     spans: Sequence[Span],
+    resolved: list[list[Node]],
     lease: CompactionLease,
     strategy: str,
     kind: str,
@@ -256,10 +263,9 @@ def _run_leased(
     single_batch: bool,
     keep_instructions: bool,
 ) -> CommitResult:
-    """Steps 1-9 while holding the session's compaction lease."""
-    session.refresh()  # another writer may have appended while the lease was taken
+    """Steps 3-9 while holding the session's compaction lease (``resolved``: the spans' nodes,
+    validated against the surface as it is now)."""
     surface = session.surface
-    resolved = validate_spans(surface, spans)
     busy = session.open_compaction
     if busy is not None:
         # we hold the lease, so the open compaction's holder does not: it died or stalled past
@@ -289,7 +295,10 @@ def _run_leased(
         start_seq = session.next_seq
     else:
         try:
-            start_seq = session.append([start_event])  # 3: the lock
+            # 3: the lock. Not synced on its own: the commit's sync makes it durable with the
+            # commit, and a power cut before that loses only a lock nobody was told about, as a
+            # crash just before writing it would (store.base.SyncDeferral): one durable write
+            start_seq = session.append([start_event], durable=False)
         except ConflictError as exc:
             session.refresh()
             raise SurfaceChangedError(f"another writer appended before the compaction could start: {exc}") from None
@@ -319,16 +328,19 @@ def _run_leased(
         # 5b: the user's protected instructions this commit would take off the surface go,
         # verbatim, into its first replacement (instructions.py); the shrink check below judges
         # the strategy's own replacements, the kernel's block is bounded by the budget
-        cited = {n.seq for nodes in resolved for n in nodes}
+        cites = [[n.seq for n in nodes] for nodes in resolved]  # per span, listed once
+        cited = {seq for seqs in cites for seq in seqs}
         strategy_after = [0 if m is None else meter.count_message(m) for m, _ in replacements]
         pinned_messages, pinned, carrier = (
             instructions.pin_lost(session, cited, [m for m, _ in replacements])
             if keep_instructions
             else ([m for m, _ in replacements], [], -1)
         )
-        if pinned:
-            replacements[carrier] = (pinned_messages[carrier], replacements[carrier][1])
-        after = [0 if m is None else meter.count_message(m) for m, _ in replacements]
+        after = list(strategy_after)
+        carried = pinned_messages[carrier] if pinned else None
+        if carried is not None:
+            replacements[carrier] = (carried, replacements[carrier][1])
+            after[carrier] = meter.count_message(carried)  # only the carrier changed
         if check_shrink:  # 6
             for i, (b, a) in enumerate(zip(before, strategy_after, strict=True)):
                 if a >= b:
@@ -347,12 +359,12 @@ def _run_leased(
         if session.surface.version != version:
             msg = "the surface changed since the compaction started (another replacement landed)"
             raise SurfaceChangedError(msg)
-        for i, (span, nodes) in enumerate(zip(spans, resolved, strict=True)):
+        for i, (span, seqs) in enumerate(zip(spans, cites, strict=True)):
             try:
                 now = [n.seq for n in session.surface.span(span.start, span.end)]
             except SurfaceError:
                 now = []
-            if now != [n.seq for n in nodes]:
+            if now != seqs:
                 msg = f"span {i} ({span.start}..{span.end}) changed on the surface since the compaction started"
                 raise SurfaceChangedError(msg)
         batch: list[EventSpec] = [start_event] if single_batch else []  # 8
@@ -364,12 +376,12 @@ def _run_leased(
                     "strategy": strategy,
                     "kind": kind,
                     "summary": "\n\n".join(s.text for _, s in replacements if s is not None),
-                    "cites": [n.seq for nodes in resolved for n in nodes],
+                    "cites": [seq for seqs in cites for seq in seqs],
                     "spans": [
                         {
                             "start": sp.start,
                             "end": sp.end,
-                            "cites": [n.seq for n in nodes],
+                            "cites": list(seqs),  # the replacement's op holds its own list
                             "tokens_before": b,
                             "tokens_after": a,
                             "remove": sp.remove,
@@ -378,7 +390,7 @@ def _run_leased(
                             ),
                             **sp.data,
                         }
-                        for sp, nodes, b, a, (_, s) in zip(spans, resolved, before, after, replacements, strict=True)
+                        for sp, seqs, b, a, (_, s) in zip(spans, cites, before, after, replacements, strict=True)
                     ],
                     "tokens_before": sum(before),
                     "tokens_after": sum(after),
@@ -387,16 +399,15 @@ def _run_leased(
                 },
             )
         )
-        for nodes, (message, _) in zip(resolved, replacements, strict=True):
-            cites = [n.seq for n in nodes]
+        for seqs, (message, _) in zip(cites, replacements, strict=True):
             if message is None:
                 batch.append(
-                    EventSpec(SURFACE_DROP, {"strategy": strategy, "compaction_id": compaction_id}, remove_op(cites))
+                    EventSpec(SURFACE_DROP, {"strategy": strategy, "compaction_id": compaction_id}, remove_op(seqs))
                 )
             else:
                 kind_of = TOOL_RESULT if message.role == "tool" else USER_MESSAGE
                 body = {"message": message.to_dict(), "compaction_id": compaction_id}
-                batch.append(EventSpec(kind_of, body, replace_op(cites)))
+                batch.append(EventSpec(kind_of, body, replace_op(seqs)))
         batch.append(EventSpec(COMPACTION_END, {"compaction_id": compaction_id}))
         first = session.append(batch) + (1 if single_batch else 0)  # the summary's seq
     except BaseException as exc:
@@ -407,8 +418,11 @@ def _run_leased(
         raise
     results = []
     seq = first + 1
-    for nodes, b, a, (message, summary) in zip(resolved, before, after, replacements, strict=True):
-        results.append(SpanResult([n.seq for n in nodes], None if message is None else seq, b, a, summary))
+    for seqs, b, a, (message, summary) in zip(cites, before, after, replacements, strict=True):
+        results.append(SpanResult(list(seqs), None if message is None else seq, b, a, summary))
+        node = session.surface.node(seq) if message is not None else None
+        if node is not None and node.tokens is None and node.message == message:
+            node.tokens = a  # counted above: the meter need not tokenise the replacement again
         seq += 1
     result = CommitResult(compaction_id, strategy, kind, results, start_seq, seq, dict(data or {}))
     session.kernel.hooks.commit(session, result)

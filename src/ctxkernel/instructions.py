@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from .events import USER_MESSAGE, Event, EventSpec, append_op
 from .messages import Message, Source, TextBlock
+from .meter import MESSAGE_OVERHEAD
 
 if TYPE_CHECKING:
     from .session import Session
@@ -115,19 +116,27 @@ class Ledger:
     own: list[Instruction] = field(default_factory=list)
     #: (session, seq) -> tokens, counted once per process
     costs: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: surface node seq -> (its message, that message's text normalised): what a compaction
+    #: searches for lost instructions, normalised once per message instead of at every compaction
+    normalized_texts: dict[int, tuple[Message, str]] = field(default_factory=dict)
 
     def sync(self, session_id: str, events: Sequence[Event]) -> list[Instruction]:
         """The ledger, oldest first, after folding the events appended since the last call."""
         for seq in range(self.cursor, len(events)):
-            event = events[seq]
-            if event.type == INHERITED_EVENT:
-                self.inherited = inherited_of(event)
-                continue
+            self.fold(session_id, events[seq])
+        return self.inherited + self.own
+
+    def fold(self, session_id: str, event: Event) -> None:
+        """Fold the event at the cursor. The session calls it as each event folds while the
+        ledger is current, so a compaction reads a ready ledger instead of walking the log
+        (a session opened from a snapshot starts behind and catches up in :meth:`sync`)."""
+        self.cursor = event.seq + 1
+        if event.type == INHERITED_EVENT:
+            self.inherited = inherited_of(event)
+        elif event.type == USER_MESSAGE:
             item = instruction_of(session_id, event)
             if item is not None:
                 self.own.append(item)
-        self.cursor = len(events)
-        return self.inherited + self.own
 
 
 def budget_tokens(session: Session) -> int:
@@ -140,7 +149,24 @@ def protected(session: Session, budget: int | None = None) -> list[Instruction]:
     """The newest instructions of the session's ledger within ``budget`` tokens (default: the
     profile's budget for the routed model), oldest first."""
     budget = budget_tokens(session) if budget is None else budget
-    return within(session.instructions, budget, session.instruction_costs, session.meter.count_text)
+    ledger, costs = session.instructions, session.instruction_costs
+    _costs_from_surface(session, ledger, costs)
+    return within(ledger, budget, costs, session.meter.count_text)
+
+
+def _costs_from_surface(session: Session, ledger: Sequence[Instruction], costs: dict[tuple[str, int], int]) -> None:
+    """Fill the costs of the session's own instructions from their surface nodes: a user message
+    of text blocks only is counted as its texts joined by newlines plus the message overhead,
+    the very string and tokenizer of the instruction's cost, and the meter counts every visible
+    node anyway, so a compaction does not tokenise each instruction a second time."""
+    for item in reversed(ledger):
+        key = (item.session, item.seq)
+        if key in costs:
+            break  # filled newest first up to here on an earlier call: the older ones are too
+        node = session.surface.node(item.seq) if item.session == session.id else None
+        if node is None or any(block.type != "text" for block in node.message.content):
+            continue
+        costs[key] = session.meter.node_tokens(node) - MESSAGE_OVERHEAD
 
 
 def within(
@@ -180,10 +206,33 @@ def missing(items: Sequence[Instruction], texts: Iterable[str]) -> list[Instruct
     """The ``items`` none of ``texts`` contains verbatim (whitespace aside)."""
     if not items:
         return []
+    return _missing_in(items, [normalized(t) for t in texts])
+
+
+def _missing_in(items: Sequence[Instruction], normalized_texts: list[str]) -> list[Instruction]:
     # one message's text per line: a normalised instruction holds no newline, so it can only
     # match inside one message, never across two
-    visible = "\n".join(normalized(t) for t in texts)
+    visible = "\n".join(normalized_texts)
     return [i for i in items if normalized(i.text) not in visible]
+
+
+def _kept_texts(session: Session, cited: set[int]) -> list[str]:
+    """The normalised texts of the surface nodes not in ``cited``, from the ledger's cache."""
+    cache = session.instruction_texts
+    surface = session.surface
+    out = []
+    for node in surface.nodes:
+        if node.seq in cited:
+            continue
+        hit = cache.get(node.seq)
+        if hit is None or hit[0] is not node.message:
+            hit = cache[node.seq] = (node.message, normalized(node.message.text))
+        out.append(hit[1])
+    if len(cache) > 2 * len(surface) + 256:  # replaced nodes: keep the visible ones only
+        visible = {node.seq for node in surface.nodes}
+        for seq in [seq for seq in cache if seq not in visible]:
+            del cache[seq]
+    return out
 
 
 def block_text(items: Sequence[Instruction], session_id: str) -> str:
@@ -212,12 +261,11 @@ def pin_lost(
     """Step 5b of the transaction: carry into ``replacements`` every protected instruction the
     commit would take off the surface. Returns the new replacements, the instructions pinned and
     the index of the replacement that carries them (-1 when none)."""
-    keep = protected(session)
+    keep = [i for i in protected(session) if not _kept_as_sent(session, i, cited)]
     if not keep:
         return replacements, [], -1
-    texts = [n.message.text for n in session.surface.nodes if n.seq not in cited]
-    texts += [m.text for m in replacements if m is not None]
-    lost = missing(keep, texts)
+    texts = _kept_texts(session, cited) + [normalized(m.text) for m in replacements if m is not None]
+    lost = _missing_in(keep, texts)
     if not lost:
         return replacements, [], -1
     out = list(replacements)
@@ -233,14 +281,24 @@ def pin_lost(
     return replacements, [], -1
 
 
+def _kept_as_sent(session: Session, item: Instruction, cited: set[int]) -> bool:
+    """True when the instruction's own message stays on the surface (not cited, text blocks
+    only, so its text is the instruction's): it is visible verbatim without searching the
+    surface's texts, which is what most protected instructions are at any compaction."""
+    if item.session != session.id or item.seq in cited:
+        return False
+    node = session.surface.node(item.seq)
+    return node is not None and all(block.type == "text" for block in node.message.content)
+
+
 def pin_cost(session: Session, cited: set[int]) -> int:
     """Tokens the block of a compaction replacing the nodes ``cited`` would cost at most (the
     protected instructions only those nodes show, counted as if the replacement quoted none of
     them): what a strategy sizing its replacement to a target must leave room for."""
-    keep = protected(session)
+    keep = [i for i in protected(session) if not _kept_as_sent(session, i, cited)]
     if not keep:
         return 0
-    lost = missing(keep, [n.message.text for n in session.surface.nodes if n.seq not in cited])
+    lost = _missing_in(keep, _kept_texts(session, cited))
     return session.meter.count_text(block_text(lost, session.id)) if lost else 0
 
 

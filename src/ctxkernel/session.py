@@ -56,6 +56,7 @@ from .redact import redact
 from .snapshot import LazyEvents, SnapshotRejected, SnapshotWriter
 from .snapshot import decode as decode_snapshot
 from .snapshot import restore as restore_snapshot
+from .store.base import deferred_sync
 from .surface import Surface
 from .text import storable
 from .tools import Tool, ToolOutcome, ToolRegistry, preview
@@ -228,7 +229,7 @@ class Session:
         #: kind, tokens before and after, how many seqs it cites), not the event's whole data, so
         #: a snapshot and memory stay small however many compactions a session has had
         self.compaction_summaries: list[dict[str, Any]] = []
-        self._instructions = Ledger()  # built from the log on demand (see the instructions property)
+        self._instructions = Ledger()  # folded with each event (see _track and the instructions property)
         self._inheritance_checked = False  # a continuation's pending inheritance (instructions.py)
         self.header_hash: str | None = None
         self.route: dict[str, Any] | None = None  # last request/context data
@@ -264,6 +265,11 @@ class Session:
     def instruction_costs(self) -> dict[tuple[str, int], int]:
         """Tokens of each instruction, by (session, seq), counted once per process."""
         return self._instructions.costs
+
+    @property
+    def instruction_texts(self) -> dict[int, tuple[Message, str]]:
+        """Normalised texts of surface messages, by seq, for the search for lost instructions."""
+        return self._instructions.normalized_texts
 
     def settings(self, strategy: str) -> BaseModel:
         """The validated settings of ``strategy`` for the currently routed model."""
@@ -316,6 +322,8 @@ class Session:
 
     def _track(self, event: Event) -> None:
         t, d = event.type, event.data
+        if self._instructions.cursor == event.seq:
+            self._instructions.fold(self.id, event)
         if t == ev.TURN_START:
             self.turn, self.turn_open, self.step = d["turn"], True, 0
         elif t == ev.TURN_END:
@@ -362,11 +370,13 @@ class Session:
                 self._anchor = (tokens, estimate, self.header_hash)
 
     # -- appending ----------------------------------------------------------------------------------
-    def append(self, batch: Sequence[EventSpec]) -> int:
+    def append(self, batch: Sequence[EventSpec], *, durable: bool = True) -> int:
         """Validate and durably append a batch (all or nothing); returns the first seq.
 
         Every event is checked against the surface before anything is written, so a refused
-        batch leaves the log byte-identical.
+        batch leaves the log byte-identical. ``durable=False`` does not wait for the disk
+        (:func:`ctxkernel.store.base.deferred_sync`): for a write whose loss in a power cut loses
+        nothing acknowledged, such as a compaction's lock, which the commit's sync makes durable.
         """
         with self._lock:
             start = len(self.events)
@@ -404,7 +414,8 @@ class Session:
                 for event in built:
                     messages[event.seq] = probe.check(event)
                     probe.apply(event, messages[event.seq], checked=True)
-            self.store.append(self.id, built, start)
+            with contextlib.nullcontext() if durable else deferred_sync(self.store):
+                self.store.append(self.id, built, start)
             for event in built:
                 self._fold(event, messages.get(event.seq), checked=True)
             every = self.kernel.profile.store.snapshot_every

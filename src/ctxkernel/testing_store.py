@@ -41,7 +41,15 @@ from hypothesis import strategies as st
 
 from .errors import ConflictError, SessionExistsError, SessionNotFoundError, StoreError
 from .events import Event
-from .store.base import BLOB_CHUNK_BYTES, MAX_BLOB_BYTES, MAX_BLOB_KEY, BlobInfo, EventStore, SessionHeader
+from .store.base import (
+    BLOB_CHUNK_BYTES,
+    MAX_BLOB_BYTES,
+    MAX_BLOB_KEY,
+    BlobInfo,
+    EventStore,
+    SessionHeader,
+    deferred_sync,
+)
 
 PG_DSN_ENV = "CTXKERNEL_TEST_PG_DSN"
 
@@ -234,6 +242,19 @@ class StoreConformance:
         assert dump(store, "s") == [batch(0, 1)[0].to_dict()]
         store.append("s", batch(1, 1), 1)  # and the log is still usable
         assert store.next_seq("s") == 2
+
+    def test_a_deferred_sync_append_is_an_append(self, store: EventStore, other: EventStore) -> None:
+        """An append inside ``deferred_sync`` (the kernel's compaction lock) only skips waiting
+        for the disk: it is checked, ordered and visible like any other, and the next durable
+        append follows it (a store without the method appends durably)."""
+        store.create(header("s"))
+        with deferred_sync(store):
+            store.append("s", batch(0, 2, lock=True), 0)
+            assert other.next_seq("s") == 2
+            with pytest.raises(ConflictError):
+                store.append("s", batch(0, 1), 0)
+        store.append("s", batch(2, 1, commit=True), 2)
+        assert dump(other, "s") == [e.to_dict() for e in batch(0, 2, lock=True) + batch(2, 1, commit=True)]
 
     def test_racing_writers_leave_no_gap_or_duplicate(self, store_factory: Callable[[], EventStore]) -> None:
         first = store_factory()

@@ -183,3 +183,23 @@ def test_a_kernel_without_the_decoration_seam_is_refused_at_activation(make_deca
     monkeypatch.delattr(Request, "decorate")
     with pytest.raises(ConfigError, match=r"decoration seam.*Request\.decorate"):
         kernel.open_session()
+
+
+def test_to_dict_is_the_generic_dataclass_form(driver, session):
+    """``to_dict`` is written field by field for speed (issue 21); it must stay the generic
+    ``dataclasses.asdict`` form with the JSON key conversions, for every field the state has."""
+    import dataclasses
+
+    _history(driver, 3)
+    driver.user("now")
+    _compress(driver, "p2", "p6")
+    driver.calls(["x\n" * 10], text="more")
+    state = current_state(session)
+    assert state.blocks and state.owner and state.anchor_of
+    generic = dataclasses.asdict(state)
+    generic["free"] = sorted(state.free)
+    for name in ("anchor_of", "owner", "fired"):
+        generic[name] = {str(k): v for k, v in sorted(getattr(state, name).items())}
+    generic["blocks"] = {str(k): dataclasses.asdict(v) for k, v in sorted(state.blocks.items())}
+    assert state.to_dict() == generic
+    assert list(state.to_dict()) == [f.name for f in dataclasses.fields(state)]

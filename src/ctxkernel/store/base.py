@@ -9,9 +9,11 @@ of acknowledged batches, and that a defect it cannot explain raises :class:`Corr
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,6 +100,45 @@ class BlobInfo:
     @classmethod
     def of(cls, key: str, data: bytes) -> BlobInfo:
         return cls(key, len(data), hashlib.sha256(data).hexdigest())
+
+
+#: the store whose appends on this thread currently defer their sync (see :func:`deferred_sync`)
+_deferring = threading.local()
+
+
+@contextlib.contextmanager
+def _defer(store: Any) -> Iterator[None]:
+    before = getattr(_deferring, "store", None)
+    _deferring.store = store
+    try:
+        yield
+    finally:
+        _deferring.store = before
+
+
+class SyncDeferral:
+    """Mixin of the shipped backends: ``with store.deferred_sync(): store.append(...)`` appends
+    without waiting for the disk (no fsync; sqlite ``synchronous=NORMAL``; PostgreSQL
+    ``synchronous_commit=off``). The batch is written, ordered and visible to every reader at
+    once, and a process crash keeps it; a power loss may take it, but only together with what
+    followed it, because the next durable append syncs everything before it. The kernel uses it
+    for a compaction's ``compaction/start`` (the lock in the log): losing it loses nothing
+    acknowledged, as a crash before the lock would, and the commit batch stays durable, so a
+    transaction costs one durable write."""
+
+    def deferred_sync(self) -> contextlib.AbstractContextManager[None]:
+        return _defer(self)
+
+    def sync_deferred(self) -> bool:
+        """True inside :meth:`deferred_sync` of this store on this thread."""
+        return getattr(_deferring, "store", None) is self
+
+
+def deferred_sync(store: Any) -> contextlib.AbstractContextManager[None]:
+    """``store.deferred_sync()``, or a plain durable append for a store without it (a custom
+    backend keeps its own durability; wrappers that delegate reach their inner store's)."""
+    defer = getattr(store, "deferred_sync", None)
+    return defer() if callable(defer) else contextlib.nullcontext()
 
 
 def default_home() -> Path:

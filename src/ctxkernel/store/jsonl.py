@@ -35,6 +35,7 @@ from .base import (
     Lease,
     RepairReport,
     SessionHeader,
+    SyncDeferral,
     check_batch,
     check_blob_data,
     check_blob_key,
@@ -64,7 +65,7 @@ class _Index:
         return self.base + len(self.offsets)
 
 
-class JsonlStore:
+class JsonlStore(SyncDeferral):
     backend = "jsonl"
 
     def __init__(self, home: str | os.PathLike[str], *, fsync: bool = True, lock_timeout: float = 60.0) -> None:
@@ -365,7 +366,7 @@ class JsonlStore:
                 f.write(payload)
                 f.truncate()
                 f.flush()
-                if self.fsync:
+                if self.fsync and not self.sync_deferred():
                     os.fsync(f.fileno())
             except OSError:
                 f.truncate(index.end)
@@ -515,8 +516,12 @@ class JsonlStore:
     def _lease_file(self, name: str) -> Iterator[tuple[Path, dict[str, Any] | None]]:
         check_kv_name("lease name", name)
         path = self.home / "leases" / (urllib.parse.quote(name, safe="") + ".json")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path.with_suffix(".lock"), "a+b") as lock:
+        try:
+            lock = open(path.with_suffix(".lock"), "a+b")  # noqa: SIM115 - closed by the with below
+        except FileNotFoundError:  # the folder is made on first use, not checked on every call
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lock = open(path.with_suffix(".lock"), "a+b")  # noqa: SIM115 - closed by the with below
+        with lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # held for one read-modify-write: never long
             try:
                 current = orjson.loads(path.read_bytes())

@@ -52,6 +52,7 @@ from .base import (
     Lease,
     RepairReport,
     SessionHeader,
+    SyncDeferral,
     check_batch,
     check_blob_data,
     check_blob_key,
@@ -154,7 +155,7 @@ class _Dropped(Exception):  # noqa: N818 - internal signal, never raised out of 
         self.error = error
 
 
-class PostgresStore:
+class PostgresStore(SyncDeferral):
     backend = "postgres"
 
     def __init__(
@@ -369,9 +370,12 @@ class PostgresStore:
         check_session_id(session_id)
         rows = [(session_id, e.seq, e.type, encode_event(e)) for e in events]
         psycopg = self._psycopg
+        deferred = self.sync_deferred()  # read on this thread: the retries below may run elsewhere
 
         def write(conn: Any, *, after_drop: bool = False) -> None:
             with conn.transaction(), conn.cursor() as cur:
+                if deferred:  # the next synchronous commit flushes the WAL up to and past this one
+                    cur.execute("SET LOCAL synchronous_commit TO OFF")
                 cur.execute(
                     "UPDATE ctxkernel_sessions SET next_seq = %s WHERE id = %s AND next_seq = %s RETURNING 1",
                     (expected_seq + len(rows), session_id, expected_seq),

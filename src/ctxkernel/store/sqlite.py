@@ -42,6 +42,7 @@ from .base import (
     Lease,
     RepairReport,
     SessionHeader,
+    SyncDeferral,
     check_batch,
     check_blob_data,
     check_blob_key,
@@ -112,7 +113,7 @@ CREATE TABLE IF NOT EXISTS blob_chunks (
 """
 
 
-class SqliteStore:
+class SqliteStore(SyncDeferral):
     backend = "sqlite"
 
     def __init__(self, home: str | os.PathLike[str], *, busy_timeout: float = 60.0, durable: bool = True) -> None:
@@ -293,7 +294,7 @@ class SqliteStore:
         check_batch(events, expected_seq)
         check_session_id(session_id)
         rows = [(session_id, e.seq, e.type, encode_event(e)) for e in events]
-        with self._write() as db:
+        with self._relaxed_write() if self.sync_deferred() and self._synchronous == "FULL" else self._write() as db:
             found = db.execute("SELECT next_seq FROM sessions WHERE id = ?", (session_id,)).fetchone()
             if found is None:
                 raise self._not_found(session_id)
@@ -377,9 +378,9 @@ class SqliteStore:
     # One database serves one host, so expiry is this host's wall clock. Lease writes commit with
     # synchronous=NORMAL (in WAL mode: no fsync at commit, never a corrupt database): a lease
     # only matters while its holder lives, and a power loss that could lose it ends every holder
-    # on this host too.
+    # on this host too. A deferred-sync append (base.SyncDeferral) commits the same way.
     @contextlib.contextmanager
-    def _lease_write(self) -> Iterator[sqlite3.Connection]:
+    def _relaxed_write(self) -> Iterator[sqlite3.Connection]:
         with self._mutex:
             self._db.execute("PRAGMA synchronous = NORMAL")
             try:
@@ -390,7 +391,7 @@ class SqliteStore:
 
     def lease_acquire(self, name: str, holder: dict[str, Any], seconds: float, *, replace: str | None = None) -> Lease:
         token = check_lease_request(name, holder, seconds)
-        with self._lease_write() as db:
+        with self._relaxed_write() as db:
             now = time.time()
             row = db.execute("SELECT token, holder, expires FROM leases WHERE name = ?", (name,)).fetchone()
             if row is not None and row[0] and row[0] != token and row[2] > now and row[0] != replace:
@@ -407,7 +408,7 @@ class SqliteStore:
 
     def lease_renew(self, name: str, token: str, seconds: float) -> bool:
         check_lease_request(name, {"token": token}, seconds)
-        with self._lease_write() as db:
+        with self._relaxed_write() as db:
             cur = db.execute(
                 "UPDATE leases SET expires = ? WHERE name = ? AND token = ?", (time.time() + seconds, name, token)
             )
@@ -415,7 +416,7 @@ class SqliteStore:
 
     def lease_release(self, name: str, token: str) -> None:
         check_lease_request(name, {"token": token}, 1)
-        with self._lease_write() as db:
+        with self._relaxed_write() as db:
             db.execute("DELETE FROM leases WHERE name = ? AND token = ?", (name, token))
 
     # -- blobs -----------------------------------------------------------------------------------

@@ -12,10 +12,11 @@ process folds the same log into the same state. Anchors are never read from mess
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import heapq
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from ctxkernel import Event, Message
@@ -61,6 +62,18 @@ class Block:
     topic: str | None
     sources: list[int]  # seqs of the original events the block stands for
     compaction_id: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "left": self.left,
+            "right": self.right,
+            "tier": self.tier,
+            "summary": self.summary,
+            "topic": self.topic,
+            "sources": list(self.sources),
+            "compaction_id": self.compaction_id,
+        }
 
 
 @dataclass
@@ -233,13 +246,25 @@ class DecayState:
 
     def to_dict(self) -> dict[str, Any]:
         """Everything derived, JSON-ready (used for snapshots and replay comparisons)."""
-        out = asdict(self)
-        out["free"] = sorted(self.free)
-        out["anchor_of"] = {str(k): v for k, v in sorted(self.anchor_of.items())}
-        out["owner"] = {str(k): v for k, v in sorted(self.owner.items())}
-        out["blocks"] = {str(k): asdict(v) for k, v in sorted(self.blocks.items())}
-        out["fired"] = {str(k): v for k, v in sorted(self.fired.items())}
-        return out
+        # field by field rather than dataclasses.asdict, which deep-copies every value through
+        # its generic recursion (5 ms for a few hundred nodes, on every decay commit)
+        return {
+            "cursor": self.cursor,
+            "next_id": self.next_id,
+            "free": sorted(self.free),
+            "reuse_count": self.reuse_count,
+            "reused": [list(pair) for pair in self.reused],
+            "anchor_of": {str(k): v for k, v in sorted(self.anchor_of.items())},
+            "owner": {str(k): v for k, v in sorted(self.owner.items())},
+            "blocks": {str(k): v.to_dict() for k, v in sorted(self.blocks.items())},
+            "steps": self.steps,
+            "baseline": self.baseline,
+            "fired": {str(k): v for k, v in sorted(self.fired.items())},
+            "last_reminder_seq": self.last_reminder_seq,
+            "last_compaction_seq": self.last_compaction_seq,
+            "baseline_seq": self.baseline_seq,
+            "pending": copy.deepcopy(self.pending),  # plain JSON from the log, usually empty
+        }
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> DecayState:

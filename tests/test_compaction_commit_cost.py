@@ -1,0 +1,186 @@
+"""What a compaction transaction costs besides its own work (issue 21, item 2): one synced write
+to the log, an instruction ledger folded with the events rather than rebuilt from the log, and
+instruction costs taken from the meter's counts of the surface instead of a second tokenising.
+
+Timings live in ``benchmarks/bench_compaction.py``; these tests pin the counts that make them.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ctxkernel import Message, Span, balanced_cut_at_or_before
+from ctxkernel import instructions as instructions_module
+from ctxkernel.instructions import ledger_of, normalized, protected
+from ctxkernel.store import jsonl as jsonl_module
+from ctxkernel.testing import build_kernel
+
+WINDOW = {"context_window": 6000, "reserved_output_tokens": 500}
+
+
+def chat(session: Any, instruction: str, words: int = 60) -> None:
+    session.user(instruction)
+    session.prepare_request()
+    session.commit_reply(Message.assistant(" ".join(f"w{session.next_seq}x{i}" for i in range(words))))
+    session.end_turn()
+
+
+def head_span(session: Any, summary: str | None = "summary of the head") -> Span:
+    nodes = session.surface.nodes
+    cut = balanced_cut_at_or_before(session.surface, len(nodes) - 1)
+    return Span(nodes[0].seq, nodes[cut - 1].seq, summary=summary)
+
+
+class FsyncCounter:
+    def __init__(self, monkeypatch: Any) -> None:
+        self.calls = 0
+        real = os.fsync
+
+        def counting(fd: int) -> None:
+            self.calls += 1
+            real(fd)
+
+        monkeypatch.setattr(jsonl_module.os, "fsync", counting)
+
+
+def test_a_compaction_syncs_the_log_once(tmp_path, monkeypatch):
+    kernel = build_kernel(tmp_path, model=WINDOW)
+    session = kernel.open_session()
+    for n in range(6):
+        chat(session, f"instruction {n}: keep the parser strict")
+    before = len(session.events)
+    fsyncs = FsyncCounter(monkeypatch)
+    result = session.compact(head_span(session), strategy="basic")
+    # the lock (compaction/start) and the commit batch are two appends, but only the commit
+    # waits for the disk; its sync carries the lock with it
+    assert result.start_seq == before
+    assert [e.type for e in session.events[before : before + 1]] == ["compaction/start"]
+    assert fsyncs.calls == 1
+    reopened = build_kernel(tmp_path, model=WINDOW).open_session(session.id)
+    assert [e.to_dict() for e in reopened.events] == [e.to_dict() for e in session.events]
+
+
+def test_a_failed_summary_still_ends_its_compaction_durably(tmp_path, monkeypatch):
+    kernel = build_kernel(tmp_path, model=WINDOW)
+    session = kernel.open_session()
+    for n in range(4):
+        chat(session, f"instruction {n}")
+    fsyncs = FsyncCounter(monkeypatch)
+    span = head_span(session, summary=None)
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("summarizer down")
+
+    monkeypatch.setattr(kernel.hooks, "summarize", broken)
+    try:
+        session.compact(span, strategy="basic")
+    except RuntimeError:
+        pass
+    else:  # pragma: no cover - the summarizer raised, so must the transaction
+        raise AssertionError("the transaction hid its summarizer's error")
+    assert [e.type for e in session.events[-2:]] == ["compaction/start", "compaction/end"]
+    assert "error" in session.events[-1].data
+    assert fsyncs.calls == 1  # the error end is synced, and carries the lock with it
+    assert session.open_compaction is None
+
+
+def test_a_compaction_does_not_walk_the_log_for_the_ledger(tmp_path, monkeypatch):
+    kernel = build_kernel(tmp_path, model=WINDOW)
+    session = kernel.open_session()
+    for n in range(8):
+        chat(session, f"instruction {n}: use tabs")
+    calls = {"n": 0}
+    real = instructions_module.instruction_of
+
+    def counting(*args: Any) -> Any:
+        calls["n"] += 1
+        return real(*args)
+
+    monkeypatch.setattr(instructions_module, "instruction_of", counting)
+    before = len(session.events)
+    session.compact(head_span(session), strategy="basic")
+    # the ledger folded each event as it was appended: the compaction reads it, and looks only
+    # at its own commit's events (a walk of the log would look at every user message again)
+    assert 0 < before
+    assert calls["n"] <= len(session.events) - before
+    assert session.instructions == ledger_of(session.id, list(session.events))
+
+
+texts = st.text(
+    alphabet=st.characters(blacklist_categories=["Cs"], blacklist_characters="\x00"), min_size=1, max_size=80
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(texts.filter(lambda t: t.strip()), min_size=1, max_size=6), st.integers(0, 3))
+def test_instruction_costs_from_the_surface_are_the_tokenizers(tmp_path_factory, instructions, compactions):
+    kernel = build_kernel(tmp_path_factory.mktemp("costs"), model=WINDOW)
+    session = kernel.open_session()
+    for i, text in enumerate(instructions):
+        chat(session, text, words=20)
+        if i < compactions and len(session.surface) > 2:
+            session.compact(head_span(session), strategy="basic")
+    protected(session)  # fills the costs, from the surface where the node is visible
+    ledger = session.instructions
+    # the normalised texts the search for lost instructions reads come from a cache per node
+    kept = instructions_module._kept_texts(session, set())
+    assert kept == [normalized(n.message.text) for n in session.surface.nodes]
+    assert len(session.instruction_texts) <= 2 * len(session.surface) + 256
+    assert ledger == ledger_of(session.id, list(session.events))
+    for item in ledger:
+        cost = session.instruction_costs.get((item.session, item.seq))
+        if cost is not None:
+            assert cost == session.meter.count_text(item.text), item
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(st.sampled_from(["alpha ", "β-γ ", "def f():\n    return 1\n", "  \n", "x" * 7]), min_size=1), st.data()
+)
+def test_the_meters_memo_answers_what_the_tokenizer_does(pieces, data):
+    from ctxkernel.meter import MEMO_ENTRIES, MEMO_MIN_CHARS, Meter, get_tokenizer
+
+    tokenizer = get_tokenizer()
+    meter = Meter(tokenizer)
+    texts = ["".join(pieces) * (1 + MEMO_MIN_CHARS // max(1, len("".join(pieces)))) + str(i) for i in range(12)]
+    order = data.draw(st.lists(st.sampled_from(texts), min_size=1, max_size=30))
+    for text in order:
+        assert meter.count_text(text) == tokenizer.count(text)
+        assert meter.count_message(Message.user(text)) == 4 + tokenizer.count(text)
+        assert len(meter._memo) <= MEMO_ENTRIES
+
+
+def test_one_renewer_thread_renews_every_held_lease(tmp_path):
+    import threading
+    import time
+    import urllib.parse
+
+    import orjson
+
+    from ctxkernel.lease import CompactionLease
+
+    kernel = build_kernel(tmp_path, model=WINDOW, store={"lease_seconds": 0.3})
+    sessions = [kernel.open_session() for _ in range(3)]
+    leases = [CompactionLease(s) for s in sessions]
+    files = [tmp_path / "leases" / (urllib.parse.quote(lease.name, safe="") + ".json") for lease in leases]
+    threads = threading.active_count()
+    for lease in leases:
+        lease.acquire()
+    assert threading.active_count() <= threads + 1  # one renewer for all, started at most once
+    first = [orjson.loads(f.read_bytes())["expires"] for f in files]
+    time.sleep(0.45)  # past a third of the term: every lease renewed at least once
+    assert all(orjson.loads(f.read_bytes())["expires"] > e for f, e in zip(files, first, strict=True))
+    assert not any(lease.lost.is_set() for lease in leases)
+    for lease in leases:
+        lease.release()
+    assert not any(f.exists() for f in files)
+    time.sleep(0.25)  # a released lease is not renewed back into existence
+    assert not any(f.exists() for f in files)
+    again = CompactionLease(sessions[0])
+    again.acquire()
+    assert threading.active_count() <= threads + 1
+    again.release()
