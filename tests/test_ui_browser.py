@@ -335,14 +335,16 @@ def test_strategy_panels_show_chapters_notes_and_windows_as_text(browser, hostil
     chapter_profile, chapter_kernel, parent, child = chapters
     first = inspect_json(chapter_profile, parent)
     toc = first["strategies"]["chapters"]["toc"]
-    assert [c["hash"] for c in toc] == ["ok"]
+    # the model's chapter, then the turn in progress at the continuation (its request)
+    assert [c["hash"] for c in toc] == ["ok", "ok"]
+    assert toc[1]["title"].startswith("In progress at continuation")
     # change the archived chapter behind the registry's back (a blob file of the jsonl store):
     # the panel must say so
     chapter_file = chapter_kernel.store.blob_path(f"chapters/{toc[0]['path']}")
     chapter_file.write_text(chapter_file.read_text() + "\nedited later\n")
     expected = inspect_json(chapter_profile, parent)
-    (entry,) = expected["strategies"]["chapters"]["toc"]
-    assert entry["hash"] != "ok"
+    entry, in_progress = expected["strategies"]["chapters"]["toc"]
+    assert entry["hash"] != "ok" and in_progress["hash"] == "ok"
     handoff_view = inspect_json(profile, session.id)
     with support.ui_server(profile) as base:
         page, record = open_page(browser, base)

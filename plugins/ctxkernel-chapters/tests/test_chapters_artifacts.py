@@ -109,3 +109,47 @@ def test_restart_does_not_move_a_result_twice(tmp_path):
     again.user("more")
     again.prepare_request()
     assert len([e for e in again.events if e.type == "compaction/prune"]) == 1
+
+
+WHOLE_FILE = "\n".join(f"def handler_{i}(request):\n    return respond(request, code={i})" for i in range(400))
+
+
+def test_long_tool_call_arguments_become_an_artifact_the_chapter_names(tmp_path):
+    """A ``write`` of a whole file: its arguments are kept verbatim as an artifact the chapter line
+    names (read back with chapters_artifact), as a large result is. Before, the chapter clipped
+    them at 2,000 characters and named only the log."""
+    import orjson
+    from helpers_chapters import result_json
+
+    kernel = chapters_kernel(tmp_path, window=60_000)
+    session = kernel.open_session()
+    arguments = {"file_path": "src/handlers.py", "content": WHOLE_FILE}
+    short = {"file_path": "src/small.py", "content": "x = 1"}
+    model = ScriptedModel(
+        [
+            Message.assistant(
+                "writing", [ToolCallBlock("w1", "write", arguments), ToolCallBlock("w2", "write", short)]
+            ),
+            Message.assistant("written"),
+        ]
+    )
+    do_turn(session, model, "write the handlers")
+    ceiling = [e.seq for e in session.events if e.type == "turn/end"][-1]
+    data = result_json(
+        call_tool(
+            session,
+            "chapters_continue",
+            title="next",
+            handoff_note="carry on",
+            chapters=[{"start_seq": 0, "end_seq": ceiling, "title": "handlers"}],
+        )
+    )
+    body = call_tool(session, "chapters_read", chapter=data["chapters"][0]["id"], limit=5000).content
+    full = orjson.dumps(arguments).decode()
+    line = next(x for x in body.splitlines() if "→ `write`" in x and "handlers.py" in x)
+    assert "[artifact `" in line and f"{len(full)} chars]" in line and len(line) < 600
+    assert "→ `write` " + orjson.dumps(short).decode() in body  # short arguments stay inline
+    assert "artifacts 1" in body.splitlines()[0]  # the frontmatter counts it
+    handle = line.split("[artifact `", 1)[1].split("`", 1)[0]
+    page = call_tool(session, "chapters_artifact", op="read", artifact=handle, limit=5000).content
+    assert page.splitlines()[0] == "1: " + full  # verbatim: the arguments as the model sent them

@@ -213,3 +213,22 @@ def test_the_steward_continues_at_the_suggestion(tmp_path):
     assert (
         "one more" in session.kernel.open_session(outcome.continue_in).events[0].data["message"]["content"][0]["text"]
     )
+
+
+def test_an_overflow_the_archive_could_not_help_does_not_disarm_the_next_request(tmp_path):
+    """``overflow_retries`` counts the attempts of one request. The first request's overflow finds
+    nothing to archive (a fresh session); a later request's can. Before the fix the streak the
+    first left refused the later one's overflow path (nothing archived, no retry)."""
+    session = _session(tmp_path, auto=False, overflow_retries=1)
+    session.user("hello")
+    session.prepare_request()
+    assert session.request_failed(ContextOverflowError("too long", prompt_tokens=9999, limit=5000)) is False
+    assert not _summaries(session)  # nothing the archive could take
+    session.end_turn()
+    run_turns(session, 5)
+    session.user("next")
+    session.prepare_request()
+    before = session.meter.surface_tokens()
+    assert session.request_failed(ContextOverflowError("too long", prompt_tokens=9999, limit=5000)) is True
+    assert session.meter.surface_tokens() < before
+    assert [e.data["reason"] for e in _summaries(session)] == ["overflow"]

@@ -208,8 +208,12 @@ def test_ranges_must_be_empty_before_the_first_turn_ends(tmp_path):
     data = result_json(
         call_tool(session, "chapters_continue", title="t", handoff_note="everything so far: start", chapters=[])
     )
-    assert data["chapters"] == []
+    # the turn in progress is the parent's last chapter: nothing of it is lost to the child
+    [chapter] = data["chapters"]
+    assert chapter["in_progress"] and chapter["seqs"] == [0, len(session.events) - 1]
     child = kernel.open_session(data["session"])
+    assert chapter["path"] in child.surface.nodes[0].message.text
+    assert "**User** #1: start" in call_tool(child, "chapters_read", chapter=chapter["id"]).content
     assert [e.type for e in child.events] == ["user/message"]  # no request yet: no route to carry
 
 
@@ -340,3 +344,51 @@ def test_the_model_can_defer_a_result_below_the_size_floor_and_keep_one_above_it
     deferred, kept = (next(line for line in text.splitlines() if f"#{seq} (" in line) for seq in small[:2])
     assert "[artifact `" in deferred and "[artifact" not in kept
     assert text.count("[artifact `") == 1  # the other small results stay inline, as the floor says
+
+
+def test_the_turn_in_progress_is_the_parents_last_chapter_and_no_call_loses_its_results(tmp_path):
+    """A continuation mid-turn archives the turn's completed steps after the model's ranges as an
+    in-progress chapter the child's table of contents lists; the step in flight (the message
+    calling chapters_continue, with a sibling call still waiting) is not in it, so no call in any
+    chapter is split from its results. Before, those steps were in no chapter the child could read."""
+    kernel = chapters_kernel(tmp_path)
+    session = kernel.open_session()
+    run_turns(session, 2)
+    ceiling = _turn_ends(session)[-1]
+    session.user("fix the lexer now")
+    session.prepare_request()
+    session.commit_reply(Message.assistant("reading it", [ToolCallBlock("r1", "read", {"path": "lexer.py"})]))
+    session.tool_result("r1", "def lex(text): ...  # the lexer under repair")
+    session.prepare_request()
+    args = {"title": "t", "handoff_note": "lexer half fixed", "chapters": _ranges((0, ceiling))}
+    in_flight = session.commit_reply(
+        Message.assistant(
+            "", [ToolCallBlock("k1", "chapters_continue", args), ToolCallBlock("r2", "read", {"path": "x.py"})]
+        )
+    )
+    assert in_flight.tool_calls
+    flight_seq = max(e.seq for e in session.events if e.type == "assistant/message")
+    outcome = session.run_tool(session.pending_calls[0])
+    data = result_json(outcome)
+    tail = data["chapters"][-1]
+    assert tail["in_progress"] and tail["seqs"] == [ceiling + 1, flight_seq - 1]
+    assert not any(c.get("in_progress") for c in data["chapters"][:-1])
+    child = kernel.open_session(outcome.continue_in)
+    toc_text = child.surface.nodes[0].message.text
+    # listed; its request is the handoff note's to quote (seed 003), read back in full from the chapter
+    assert tail["path"] in toc_text and "lexer half fixed" in toc_text
+    body = call_tool(child, "chapters_read", chapter=tail["id"], limit=5000).content
+    assert "fix the lexer now" in body and "the lexer under repair" in body and "reading it" in body
+    assert "chapters_continue" not in body  # the step in flight stays out (its results are not in)
+    # the pairing rule, on every chapter of the parent: each call's result is in the same chapter
+    for chapter in data["chapters"]:
+        start, end = chapter["seqs"]
+        calls, results = set(), set()
+        for event in session.events[start : end + 1]:
+            message = event.data.get("message") or {}
+            for block in message.get("content", []):
+                if block.get("type") == "tool_call":
+                    calls.add(block["id"])
+                elif block.get("type") == "tool_result":
+                    results.add(block["call_id"])
+        assert calls == results, chapter

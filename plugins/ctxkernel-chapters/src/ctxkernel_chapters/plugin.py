@@ -97,6 +97,11 @@ def pre_step(session: Session, step: StepContext) -> None:
     settings = settings_of(session)
     settle.settle(session)  # the last step's in-place compaction: its files and records
     st = state(session)
+    if step.attempt == 0:
+        # a new request: ``overflow_retries`` counts the attempts of one request, so a streak an
+        # earlier request left (its overflow path found nothing to archive) must not refuse this
+        # request's first overflow
+        st["overflow_streak"] = 0
     move_large_results(session, settings, st)
     if session.route is None:
         return  # the first step of a fresh session has no routed request to price against

@@ -1,7 +1,8 @@
 """Events as token-dense chapter prose: ``**User:**``, ``**Assistant:**``, compact tool lines.
 
-Rendering is a pure function of the log; results above the defer floor are itemised as artifacts
-through a callback (the planner passes one that only hashes, the writer one that stores).
+Rendering is a pure function of the log; results above the defer floor and tool-call arguments
+longer than :data:`ARGS_INLINE_CHARS` are itemised as artifacts through a callback (the planner
+passes one that only hashes, the writer one that stores).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import orjson
 from ctxkernel import Event, Message
 from ctxkernel.text import clip
 
+#: tool-call arguments (as JSON) longer than this become an artifact, like a result above the floor
 ARGS_INLINE_CHARS = 2_000
 PREVIEW_CHARS = 200
 
@@ -70,6 +72,7 @@ def render_event(
         return f"**Notice** #{event.seq} ({src.plugin}/{src.form}): {message.text.strip()}\n", 0
     if t == "assistant/message":
         parts = []
+        deferred = 0
         text = message.text.strip()
         if text:
             parts.append(f"**Assistant** #{event.seq}: {text}")
@@ -78,12 +81,13 @@ def render_event(
         for call in message.tool_calls:
             args = orjson.dumps(call.arguments).decode()
             if len(args) > ARGS_INLINE_CHARS:
-                args = (
-                    args[:ARGS_INLINE_CHARS] + f"… ({len(args)} chars; the full call is in the log at seq {event.seq})"
-                )
+                # long arguments (a whole file written) get a large result's treatment: kept
+                # verbatim as an artifact the line names, so the chapter never clips them
+                args = f"[artifact `{defer(args)}`, {len(args)} chars] {_one_line(args, PREVIEW_CHARS)}"
+                deferred += 1
             prefix = "" if text or len(parts) else f"**Assistant** #{event.seq}: "
             parts.append(f"{prefix}→ `{call.name}` {args}")
-        return "\n".join(parts) + "\n", 0
+        return "\n".join(parts) + "\n", deferred
     result = message.tool_result
     assert result is not None
     label = f"**Result** #{event.seq} ({result.name or result.call_id}{', error' if result.is_error else ''})"

@@ -9,7 +9,7 @@ are unchanged.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import orjson
@@ -124,7 +124,10 @@ def check_ranges(ranges: list[ChapterRange], floor: int, ceiling: int | None) ->
                 if ceiling is None
                 else f"events up to {floor - 1} are already archived and the ceiling is {ceiling}"
             )
-            return f"nothing can be archived ({what}); pass chapters=[] and put everything in the handoff note"
+            return (
+                f"nothing can be archived ({what}); pass chapters=[]: the turn in progress is archived as the "
+                "last chapter, and the handoff note says what matters"
+            )
         return None
     if not ranges:
         return f"chapters must cover events {floor}..{top} (the archive ceiling is the last turn/end, seq {top})"
@@ -135,7 +138,7 @@ def check_ranges(ranges: list[ChapterRange], floor: int, ceiling: int | None) ->
         if r.end_seq > top:
             return (
                 f"chapter {i} ({r.start_seq}..{r.end_seq}) goes past the archive ceiling {top} (the last turn/end); "
-                "the turn in progress belongs in the handoff note"
+                "the turn in progress is archived after your chapters as the last one; describe it in the handoff note"
             )
         if r.start_seq < expected:
             if i == 0:
@@ -197,6 +200,13 @@ def plan_child(session: Session, handoff_note: str, ranges: list[ChapterRange], 
         )
         for r in ranges
     ]
+    tail = (
+        in_progress_range(session, max(floor, (-1 if ceiling is None else ceiling) + 1))
+        if origin == "continue"
+        else None
+    )
+    if tail is not None:
+        plans += in_progress_plans(session, settings, *tail)
     keep = frozenset(s for r in ranges for s in r.keep_inline)
     defer = frozenset(s for r in ranges for s in r.defer)
     # numbers are only peeked here: allocation happens once the preflight passed
@@ -285,12 +295,15 @@ def _create_child(
     if session.harness_tools:
         child.set_harness_tools(session.harness_tools)
     chapters.state(session)["continued_in" if origin == "continue" else "forked"] = child_id
+    ceiling = chapters.archive_ceiling(session)
+    top = -1 if ceiling is None else ceiling  # chapters past it hold the turn in progress
     result = {
         "session": child_id,
         "origin": origin,
         "title": args.title,
         "chapters": [
             {"id": r["id"], "path": r["path"], "seqs": [r["start_seq"], r["end_seq"]], "tokens": r["tokens"]}
+            | ({"in_progress": True} if r["start_seq"] > top else {})
             for r in records
         ],
         "toc_tokens": plan.toc_tokens,
@@ -303,6 +316,53 @@ def _create_child(
             continue_in=child_id,
         )
     return ToolOutcome(_json(result | {"note": "forked; this session goes on"}))
+
+
+#: how an in-progress chapter's title starts (its table-of-contents bullet says what it holds)
+IN_PROGRESS_TITLE = "In progress at continuation"
+
+
+def in_progress_range(session: Session, start: int) -> tuple[int, int] | None:
+    """Events ``start..end`` of the turn in progress that a continuation archives as the parent's
+    last chapter, or None when they hold no message.
+
+    The archive ceiling (the last ``turn/end``) bounds the ranges the caller supplies; what
+    follows it is the turn in progress, which the handoff note only quotes in part. Its
+    completed steps are archived too, so the child reaches them through ``chapters_read``. The
+    pairing rule holds: the chapter ends before the step in flight (the assistant message whose
+    calls are still waiting, among them this very ``chapters_continue``), so every call in it has
+    its results."""
+    events = session.events
+    end = len(events) - 1
+    waiting = set(session.surface.pending_calls)
+    if waiting:
+        for event in reversed(events):
+            if event.type == "assistant/message" and (event.surface or {}).get("op") == "append":
+                calls = {c.get("id") for c in event.data["message"].get("content", []) if c.get("type") == "tool_call"}
+                if calls & waiting:
+                    end = event.seq - 1
+                    break
+    messages = ("user/message", "assistant/message", "tool/result")
+    if not any(e.type in messages and (e.surface or {}).get("op") == "append" for e in events[start : end + 1]):
+        return None
+    return start, end
+
+
+def in_progress_plans(session: Session, settings: ChaptersSettings, start: int, end: int) -> list[ChapterPlan]:
+    """The turn in progress segmented like any range (cut only after a completed step), each
+    chapter titled as partial."""
+    plans = propose_chapters(
+        session.events,
+        start,
+        end,
+        count=session.meter.count_text,
+        target_tokens=settings.chapter_token_target,
+        floor_tokens=settings.tool_result_defer_floor_tokens,
+    )
+    return [
+        replace(p, title=f"{IN_PROGRESS_TITLE}: {p.title}"[:120], summary=f"turn in progress, partial; {p.summary}")
+        for p in plans
+    ]
 
 
 def _seed_toc(
@@ -390,7 +450,7 @@ def deterministic_continuation(session: Session, settings: ChaptersSettings) -> 
         note += "\nOpen todos:\n" + "\n".join(todos)
     if latest:
         note += f"\nLatest progress: {latest[-budget_chars:]}"
-    note += f"\nEvents after seq {ceiling} of session {session.id} are in that session's log."
+    note += f"\nThe turn in progress (after seq {ceiling} of session {session.id}) is archived as its last chapter."
     if isinstance(plan_child(session, note, ranges, origin="continue"), str):
         return None  # it would be refused (e.g. over budget): the in-place archive acts instead
     return {
