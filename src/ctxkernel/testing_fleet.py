@@ -77,7 +77,11 @@ lease_seconds = {lease}
 # next to a handoff or a table of contents: keep a twentieth
 [instructions]
 budget_ratio = 0.05
-"""
+{tables}"""
+
+#: per-strategy tables: a continuation lists the parent's turn in progress as a chapter too, and
+#: at a 3,000-token window the default quarter for the table of contents leaves no room for it
+TABLES = {"chapters": "\n[strategies.chapters]\ncontinuation_budget_ratio = 0.4\n"}
 
 
 def write_profiles(folder: Path, lease_seconds: float) -> dict[str, Path]:
@@ -95,6 +99,7 @@ def write_profiles(folder: Path, lease_seconds: float) -> dict[str, Path]:
                 extra=extra,
                 window=WINDOWS.get(strategy, WINDOW),
                 lease=lease_seconds,
+                tables=TABLES.get(strategy, ""),
             )
         )
         paths[strategy] = path
