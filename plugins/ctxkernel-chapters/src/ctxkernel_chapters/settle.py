@@ -152,11 +152,11 @@ def restore(session: Session, record: dict[str, Any]) -> bool:
     """Render a chapter file that is missing from the archive again from this session's log, and
     store it when it hashes to the record's sha256 (True); False when the record is another
     session's, predates plans in the log, or renders differently (then it stays reported)."""
-    data = state(session)["plans"].get(record.get("compaction_id"))
-    if data is None or record.get("author_session") != session.id:
+    seq = state(session)["plans"].get(record.get("compaction_id"))
+    if seq is None or record.get("author_session") != session.id:
         return False
     try:
-        plan = checked(session, data)
+        plan = checked(session, session.events[seq].data)
     except ValueError:
         return False
     chapter = next((r for r in plan.records if r.number == record.get("number")), None)

@@ -31,7 +31,9 @@ def settings_of(session: Session) -> ChaptersSettings:
 # -- state, rebuilt from the log -----------------------------------------------------------------
 #: the format of the state in session snapshots (:func:`snapshot_state`): bump it whenever the
 #: shape changes, so a snapshot written by an older plugin is folded from the start of the log
-STATE_VERSION = 1
+STATE_VERSION = (
+    2  # 2: plans hold the seq of their commit event, not its data (a snapshot no longer grows by a plan per compaction)
+)
 
 
 def state(session: Session) -> dict[str, Any]:
@@ -76,7 +78,7 @@ def state(session: Session) -> dict[str, Any]:
             through = (event.data.get("archive") or {}).get("through")
             if isinstance(event.data.get("records"), list) and type(through) is int:
                 st["unsettled"].append(event.data)
-                st["plans"][event.data.get("compaction_id")] = event.data
+                st["plans"][event.data.get("compaction_id")] = event.seq  # the commit event: its data is the plan
                 st["committed_through"] = max(st["committed_through"], through)
         elif t == "user/message":
             src = event.data["message"].get("source", {})
@@ -118,8 +120,13 @@ def _from_snapshot(data: dict[str, Any], log_length: int) -> dict[str, Any]:
         msg = "suggested must be a boolean and compactions an integer"
         raise ValueError(msg)
     unsettled, plans, through = data["unsettled"], data["plans"], data["committed_through"]
-    if not all(isinstance(p, dict) for p in [*unsettled, *plans.values()]) or type(through) is not int:
-        msg = "unsettled and plans must hold commit events' data, committed_through a seq"
+    if (
+        not all(isinstance(p, dict) for p in unsettled)
+        or not isinstance(plans, dict)
+        or not all(type(seq) is int and 0 <= seq < cursor for seq in plans.values())
+        or type(through) is not int
+    ):
+        msg = "unsettled must hold commit events' data, plans the seqs of commit events, committed_through a seq"
         raise ValueError(msg)
     return {
         "unsettled": list(unsettled),
