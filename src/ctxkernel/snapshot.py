@@ -162,6 +162,19 @@ class SnapshotIndex(Protocol):
         ...
 
 
+def folded_cursor(data: Any, version: int, log_length: int) -> int:
+    """The cursor of a :meth:`SnapshotIndex.folded` output, after checking its format version
+    and that the cursor lies inside the log (ValueError names what is wrong)."""
+    if data["version"] != version:
+        msg = f"version {data['version']!r}, this ctxkernel reads {version}"
+        raise ValueError(msg)
+    cursor = data["cursor"]
+    if type(cursor) is not int or not 0 < cursor <= log_length:
+        msg = f"cursor {cursor!r} is outside the log (length {log_length})"
+        raise ValueError(msg)
+    return cursor
+
+
 def index_parts(session: Session) -> dict[str, Any]:
     """Every :class:`SnapshotIndex` of the session, folded; an index restored from the snapshot
     this session was opened from and not used since is carried over as it was (still valid: it

@@ -46,6 +46,7 @@ import orjson
 from ..errors import ToolError
 from ..events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, SESSION_TASK, TOOL_RESULT, USER_MESSAGE, Event
 from ..logging import get_logger
+from ..snapshot import folded_cursor
 from ..task import substantive
 from ..text import safe_cut
 
@@ -208,13 +209,7 @@ class History:
         """Start from :meth:`folded` output; anything malformed is set aside with a warning (the
         index is then folded from the first event, as without a snapshot)."""
         try:
-            if data["version"] != FOLDED_VERSION:
-                msg = f"version {data['version']!r}, this ctxkernel reads {FOLDED_VERSION}"
-                raise ValueError(msg)
-            cursor = data["cursor"]
-            if type(cursor) is not int or not 0 < cursor <= len(self.session.events):
-                msg = f"cursor {cursor!r} is outside the log (length {len(self.session.events)})"
-                raise ValueError(msg)
+            cursor = folded_cursor(data, FOLDED_VERSION, len(self.session.events))
             windows = [Window(**w) for w in data["windows"]]
             if not windows or any(type(w.number) is not int or type(w.start_seq) is not int for w in windows):
                 msg = "windows must be a non-empty list of windows"

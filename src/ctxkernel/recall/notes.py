@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import CtxKernelError
 from ..logging import get_logger
+from ..snapshot import folded_cursor
 from ..text import ELLIPSIS, attr, guard, safe_cut
 
 if TYPE_CHECKING:
@@ -261,13 +262,7 @@ class Notes:
         """Start from :meth:`folded` output; anything malformed is set aside with a warning (the
         notes are then folded from the first event, as without a snapshot)."""
         try:
-            if data["version"] != FOLDED_VERSION:
-                msg = f"version {data['version']!r}, this ctxkernel reads {FOLDED_VERSION}"
-                raise ValueError(msg)
-            cursor = data["cursor"]
-            if type(cursor) is not int or not 0 < cursor <= len(self.session.events):
-                msg = f"cursor {cursor!r} is outside the log (length {len(self.session.events)})"
-                raise ValueError(msg)
+            cursor = folded_cursor(data, FOLDED_VERSION, len(self.session.events))
             notes = {}
             for raw in data["notes"]:
                 note = Note(**{**raw, "windows": tuple(raw["windows"])})

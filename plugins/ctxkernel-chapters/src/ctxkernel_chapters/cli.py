@@ -103,7 +103,7 @@ def cmd_manifest(args: argparse.Namespace) -> int:
 
 def cmd_segment(args: argparse.Namespace) -> int:
     from . import strategy as plugin
-    from .segment import propose_chapters
+    from .segment import propose_for
 
     kernel, status = _usage_error(args)
     if status is not None:
@@ -115,14 +115,7 @@ def cmd_segment(args: argparse.Namespace) -> int:
     floor = plugin.archived_through(session) + 1
     ceiling = plugin.archive_ceiling(session)
     top = -1 if ceiling is None else ceiling
-    plans = propose_chapters(
-        session.events,
-        floor,
-        top,
-        count=session.meter.count_text,
-        target_tokens=args.target or settings.chapter_token_target,
-        floor_tokens=settings.tool_result_defer_floor_tokens,
-    )
+    plans = propose_for(session, settings, floor, top, target_tokens=args.target or settings.chapter_token_target)
     usage = None
     if args.model_titles and plans:
         model = kernel.summarizer

@@ -27,7 +27,7 @@ from ctxkernel.events import utc_now
 
 from . import archive, artifacts, cli, settle, toc
 from .registry import Registry
-from .segment import event_tokens, propose_chapters
+from .segment import event_tokens, propose_for
 from .settings import ChaptersSettings
 from .storage import Archive, ArchiveError, check_name
 from .strategy import (
@@ -210,16 +210,7 @@ def compact_in_place(session: Session, keep_tokens: int, *, reason: str) -> bool
             boundary = (min(later) - 1) if later else len(session.events) - 1
             floor = archived_through(session, registry) + 1
             tokens, message_of = planning_view(session, floor, boundary, settings.tool_result_defer_floor_tokens)
-            plans = propose_chapters(
-                session.events,
-                floor,
-                boundary,
-                count=session.meter.count_text,
-                target_tokens=settings.chapter_token_target,
-                floor_tokens=settings.tool_result_defer_floor_tokens,
-                tokens=tokens,
-                message_of=message_of,
-            )
+            plans = propose_for(session, settings, floor, boundary, tokens=tokens, message_of=message_of)
             if len(numbers) < len(plans):
                 numbers += registry.reserve(root, len(plans) - len(numbers))
             created = utc_now()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -21,6 +21,11 @@ from ctxkernel import Event, Message, Source
 from ctxkernel.text import clip
 
 from .render import Count, hash_only, render_event
+
+if TYPE_CHECKING:
+    from ctxkernel import Session
+
+    from .settings import ChaptersSettings
 
 _PATH_KEYS = ("path", "file", "file_path", "filename", "filepath", "notebook_path")
 
@@ -175,3 +180,13 @@ def model_titles(
         )
         out.append(replace(plan, title=_clip(str(title), 80), summary=_clip(str(summary), 400)))
     return out, reply.usage
+
+
+def propose_for(session: Session, settings: ChaptersSettings, start: int, end: int, **view: Any) -> list[ChapterPlan]:
+    """:func:`propose_chapters` over ``session``'s log with the strategy's settings; ``view`` passes
+    a planning view (``tokens``, ``message_of``) or another ``target_tokens`` when the caller has one."""
+    options: dict[str, Any] = {
+        "target_tokens": settings.chapter_token_target,
+        "floor_tokens": settings.tool_result_defer_floor_tokens,
+    } | view
+    return propose_chapters(session.events, start, end, count=session.meter.count_text, **options)

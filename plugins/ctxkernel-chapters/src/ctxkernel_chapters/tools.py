@@ -21,7 +21,7 @@ from ctxkernel.text import attr
 from . import archive, artifacts, toc
 from . import strategy as chapters
 from .registry import Registry, new_state, record_key
-from .segment import ChapterPlan, describe, propose_chapters
+from .segment import ChapterPlan, describe, propose_for
 from .settle import read_chapter, settle
 from .storage import Archive, ArchiveError, check_name
 
@@ -351,14 +351,7 @@ def in_progress_range(session: Session, start: int) -> tuple[int, int] | None:
 def in_progress_plans(session: Session, settings: ChaptersSettings, start: int, end: int) -> list[ChapterPlan]:
     """The turn in progress segmented like any range (cut only after a completed step), each
     chapter titled as partial."""
-    plans = propose_chapters(
-        session.events,
-        start,
-        end,
-        count=session.meter.count_text,
-        target_tokens=settings.chapter_token_target,
-        floor_tokens=settings.tool_result_defer_floor_tokens,
-    )
+    plans = propose_for(session, settings, start, end)
     return [
         replace(p, title=f"{IN_PROGRESS_TITLE}: {p.title}"[:120], summary=f"turn in progress, partial; {p.summary}")
         for p in plans
@@ -408,14 +401,7 @@ def default_ranges(session: Session) -> list[ChapterRange]:
     ceiling = chapters.archive_ceiling(session)
     if ceiling is None or ceiling < floor:
         return []
-    plans = propose_chapters(
-        session.events,
-        floor,
-        ceiling,
-        count=session.meter.count_text,
-        target_tokens=settings.chapter_token_target,
-        floor_tokens=settings.tool_result_defer_floor_tokens,
-    )
+    plans = propose_for(session, settings, floor, ceiling)
     return [ChapterRange(start_seq=p.start_seq, end_seq=p.end_seq, title=p.title, summary=p.summary) for p in plans]
 
 
