@@ -168,6 +168,7 @@ def measure(http: Any, clients: dict[int, Client], rounds: int, steps: int) -> d
 
 def run(bench: Bench) -> None:
     try:
+        import aiohttp  # noqa: F401
         import httpx
         import uvicorn  # noqa: F401
     except ImportError as exc:

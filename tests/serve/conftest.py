@@ -120,6 +120,22 @@ def fake() -> Iterator[tuple[FakeUpstream, ServerThread]]:
         server.stop()
 
 
+@pytest.fixture
+def on_loopback() -> Iterator[Callable[[Any], str]]:
+    """Serve any ASGI app on 127.0.0.1 for the test; gives its base URL."""
+    servers: list[ServerThread] = []
+
+    def start(app: Any) -> str:
+        servers.append(ServerThread(app))
+        return servers[-1].url
+
+    try:
+        yield start
+    finally:
+        for server in servers:
+            server.stop()
+
+
 class Serve:
     """``serve`` under test, restartable (a restart is a new app and server on the same store)."""
 

@@ -242,31 +242,3 @@ def test_a_stream_cut_short_is_an_error_and_commits_nothing(fake, serve_factory,
     events = Kernel(load_profile(serve.profile)).open_session(sid, repair=False).events
     assert "assistant/message" not in [e.type for e in events]
     assert events[-1].type == "step/end" and "before the reply was complete" in events[-1].data["error"]
-
-
-def test_one_tenants_upstream_cookies_never_reach_another_tenants_request():
-    # the upstream client is a bare transport: no cookie jar shared by every client of serve
-    import anyio
-
-    from ctxkernel.serve.upstream import Upstream
-
-    seen: list[httpx.Request] = []
-
-    def provider(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return httpx.Response(200, json={"ok": True}, headers={"set-cookie": "tenant=a; Path=/"})
-
-    async def two_calls() -> None:
-        upstream = Upstream(transport=httpx.MockTransport(provider))
-        try:
-            for key in ("key-a", "key-b"):
-                answer = await upstream.request(
-                    "POST", "http://provider.test/v1/chat/completions", {"authorization": f"Bearer {key}"}, {}
-                )
-                assert answer.status == 200
-        finally:
-            await upstream.aclose()
-
-    anyio.run(two_calls)
-    assert [r.headers.get("authorization") for r in seen] == ["Bearer key-a", "Bearer key-b"]
-    assert "cookie" not in seen[1].headers

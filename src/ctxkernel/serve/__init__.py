@@ -1,8 +1,8 @@
 """``ctxkernel serve``: an HTTP proxy that puts a profile's context management between any agent
 and its model provider (OpenAI Chat Completions and Anthropic Messages). See docs/serve.md.
 
-Needs the ``serve`` extra (``pip install 'ctxkernel[serve]'``): Starlette, uvicorn, httpx and
-prometheus-client. Importing this package does not import them; :func:`create_app` does.
+Needs the ``serve`` extra (``pip install 'ctxkernel[serve]'``): Starlette, uvicorn, aiohttp
+and prometheus-client. Importing this package does not import them; :func:`create_app` does.
 """
 
 from __future__ import annotations

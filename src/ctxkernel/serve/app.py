@@ -785,12 +785,11 @@ def build_kernel(config: ServeConfig) -> Kernel:
     return Kernel(profile)
 
 
-def create_app(config: ServeConfig | None = None, *, kernel: Kernel | None = None, transport: Any = None) -> Starlette:
-    """The Starlette app of ``ctxkernel serve``. ``transport`` replaces the upstream's HTTP
-    transport (tests use :class:`httpx.MockTransport`)."""
+def create_app(config: ServeConfig | None = None, *, kernel: Kernel | None = None) -> Starlette:
+    """The Starlette app of ``ctxkernel serve``."""
     config = config or ServeConfig()
     kernel = kernel or build_kernel(config)
-    upstream = Upstream(config.limits, transport=transport)
+    upstream = Upstream(config.limits)
     proxy = Proxy(config, kernel, upstream)
     handler = Handler(proxy)
     routes = [

@@ -1,0 +1,177 @@
+"""The upstream client against a hostile provider on loopback: it keeps no cookies, follows no
+redirect, adds no header of its own, caps the reply's size, ends a call at its deadline, and
+reads a stream's lines whatever their line ends and however the bytes are split."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ctxkernel.serve.upstream import Limits, Upstream, UpstreamError
+
+Scope = dict[str, Any]
+
+
+def provider(seen: list[tuple[str, dict[str, str]]], stream_chunks: list[bytes] | None = None) -> Any:
+    """A plain ASGI provider: ``/cookie`` sets a cookie, ``/redirect`` answers 307 to
+    ``/elsewhere``, ``/big`` and ``/big-chunked`` answer 2,000 bytes (with and without a
+    length), ``/trickle`` sends a byte every 50 ms forever, ``/stream`` sends ``stream_chunks``."""
+
+    async def app(scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        seen.append((scope["path"], {k.decode(): v.decode() for k, v in scope["headers"]}))
+        more = True
+        while more:
+            more = (await receive()).get("more_body", False)
+        path = scope["path"]
+        status, headers, chunks = 200, [(b"content-type", b"application/json")], [b'{"ok": true}']
+        if path == "/cookie":
+            headers.append((b"set-cookie", b"tenant=a; Path=/"))
+        elif path == "/redirect":
+            status, headers, chunks = 307, [(b"location", b"/elsewhere")], [b""]
+        elif path == "/big":
+            chunks = [b"x" * 2000]
+            headers.append((b"content-length", b"2000"))
+        elif path == "/big-chunked":
+            chunks = [b"x" * 100] * 20
+        elif path == "/stream":
+            chunks = stream_chunks or []
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        if path == "/trickle":
+            while True:
+                await send({"type": "http.response.body", "body": b" ", "more_body": True})
+                await anyio.sleep(0.05)
+        for chunk in chunks:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    return app
+
+
+def call(upstream: Upstream, url: str, headers: dict[str, str] | None = None) -> Any:
+    async def run() -> Any:
+        try:
+            return await upstream.request("POST", url, headers or {}, {"model": "m"})
+        finally:
+            await upstream.aclose()
+
+    return anyio.run(run)
+
+
+def test_one_tenants_upstream_cookies_never_reach_another_tenants_request(on_loopback):
+    # no cookie jar shared by every client of serve: a provider's cookie for one tenant would
+    # be replayed to the next
+    seen: list[tuple[str, dict[str, str]]] = []
+    base = on_loopback(provider(seen))
+
+    async def two_calls() -> None:
+        upstream = Upstream()
+        try:
+            for key in ("key-a", "key-b"):
+                answer = await upstream.request("POST", f"{base}/cookie", {"authorization": f"Bearer {key}"}, {})
+                assert answer.status == 200
+        finally:
+            await upstream.aclose()
+
+    anyio.run(two_calls)
+    assert [h.get("authorization") for _, h in seen] == ["Bearer key-a", "Bearer key-b"]
+    assert "cookie" not in seen[1][1]
+
+
+def test_the_upstream_sees_only_the_headers_the_proxy_chose(on_loopback):
+    seen: list[tuple[str, dict[str, str]]] = []
+    base = on_loopback(provider(seen))
+    call(Upstream(), f"{base}/ok", {"content-type": "application/json", "authorization": "Bearer k"})
+    (_, headers), *_ = seen
+    assert set(headers) == {"host", "content-type", "content-length", "authorization"}
+
+
+def test_a_redirect_is_not_followed(on_loopback):
+    # following it would carry the client's credentials to wherever the provider points
+    seen: list[tuple[str, dict[str, str]]] = []
+    base = on_loopback(provider(seen))
+    answer = call(Upstream(), f"{base}/redirect", {"authorization": "Bearer k"})
+    assert answer.status == 307
+    assert [path for path, _ in seen] == ["/redirect"]
+
+
+@pytest.mark.parametrize("path", ["/big", "/big-chunked"])
+def test_a_reply_over_the_cap_is_an_upstream_error(on_loopback, path):
+    base = on_loopback(provider([]))
+    assert call(Upstream(Limits(max_response_bytes=2000)), f"{base}{path}").body == b"x" * 2000
+    with pytest.raises(UpstreamError, match="exceeds 1999 bytes") as info:
+        call(Upstream(Limits(max_response_bytes=1999)), f"{base}{path}")
+    assert info.value.status == 502
+
+
+def test_a_trickling_provider_ends_at_the_deadline(on_loopback):
+    base = on_loopback(provider([]))
+    with pytest.raises(UpstreamError, match=r"did not answer within 0\.5 s") as info:
+        call(Upstream(Limits(deadline_seconds=0.5)), f"{base}/trickle")
+    assert info.value.status == 504
+
+
+def test_an_unreachable_upstream_is_a_502():
+    with pytest.raises(UpstreamError, match="could not be reached") as info:
+        call(Upstream(Limits(connect_seconds=2)), "http://127.0.0.1:9/v1/chat/completions")
+    assert info.value.status == 502
+
+
+LINE = st.text(st.characters(blacklist_characters="\r\n", blacklist_categories=("Cs",)), max_size=20)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    lines=st.lists(LINE, min_size=1, max_size=8),
+    ends=st.lists(st.sampled_from(["\n", "\r\n", "\r"]), min_size=8, max_size=8),
+    cuts=st.lists(st.integers(1, 400), max_size=6),
+)
+def test_stream_lines_survive_any_split_and_any_line_end(lines, ends, cuts):
+    # the provider's bytes arrive in arbitrary pieces (inside a "\r\n", inside a UTF-8
+    # character): the lines read are the lines sent
+    raw = "".join(line + end for line, end in zip(lines, ends, strict=False)).encode()
+    pieces, at = [], 0
+    for cut in sorted(set(cuts)):
+        if at < cut < len(raw):
+            pieces.append(raw[at:cut])
+            at = cut
+    pieces.append(raw[at:])
+    got = anyio.run(read_stream, pieces)
+    # a lone "\r" followed by "\n" from the next line end reads as one line end, as in any
+    # event-stream reader: compare with what the joined text splits into
+    from ctxkernel.serve.upstream import NEWLINE
+
+    expected = NEWLINE.split(raw.decode())
+    assert got == expected[:-1]
+
+
+async def read_stream(pieces: list[bytes]) -> list[str]:
+    # the stream's reader on a real response from a loopback provider started for this example
+    import socket
+
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(provider([], pieces), log_level="warning", lifespan="off"))
+    upstream = Upstream()
+    got: list[str] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: server.serve(sockets=[sock]))
+        while not server.started:
+            await anyio.sleep(0.01)
+        try:
+            async with upstream.stream(f"http://127.0.0.1:{sock.getsockname()[1]}/stream", {}, {}) as handle:
+                got = [line async for line in handle.lines()]
+        finally:
+            await upstream.aclose()
+            server.should_exit = True
+    sock.close()
+    assert orjson.dumps(got)  # plain strings
+    return got
