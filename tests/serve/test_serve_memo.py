@@ -147,3 +147,56 @@ def test_cached_wire_forms_are_the_forms_of_this_surface(steps):
         forms = wire_forms(seqs, messages, cache, convert)
         assert forms == [convert(m) for m in messages]
         assert len(cache) <= 2 * len(seqs) + 66
+
+
+@settings(max_examples=100, deadline=None)
+@given(SURFACE_STEPS, st.booleans(), st.sampled_from(["", "You are terse.", 'quote " and \\ and é']))
+def test_the_upstream_body_bytes_are_the_body_whatever_the_cache_holds(steps, stream, system):
+    # the messages are joined from each node's cached JSON: the bytes must read as the client's
+    # body (unknown fields passed through) with exactly this surface, request after request
+    from types import SimpleNamespace
+
+    from ctxkernel.convert import to_openai_message
+    from ctxkernel.messages import Message
+
+    tools = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]
+    strategy_tools = [{"type": "function", "function": {"name": "note", "parameters": {"type": "object"}}}]
+    client = openai_wire.parse_request(
+        orjson.dumps(
+            {
+                "model": "m",
+                "messages": [{"role": "user", "content": "hi"}],
+                "tools": tools,
+                "temperature": 0.5,
+                "stream_options": {"include_usage": False},
+                "user": "someone",
+            }
+        )
+    )
+    cache: dict = {}
+    nodes: list[tuple[int, Message]] = []
+    next_seq = 0
+    for action, n in steps:
+        if action == "grow":
+            for _ in range(n + 1):
+                role = Message.user if next_seq % 2 else Message.assistant
+                nodes.append((next_seq, role(f"m{next_seq} \u2028 {system}")))
+                next_seq += 1
+        elif action == "cut":
+            nodes = nodes[n:] if n % 2 else nodes[: len(nodes) - n]
+        elif action == "decorate" and nodes:
+            seq, _ = nodes[n % len(nodes)]
+            nodes[n % len(nodes)] = (seq, Message.user(f"decorated {seq}"))
+        request = SimpleNamespace(seqs=[s for s, _ in nodes], messages=[m for _, m in nodes], system=system)
+        sent = orjson.loads(openai_wire.upstream_body(client, request, strategy_tools, stream=stream, cache=cache))
+        expected_messages = [{"role": "system", "content": system}] if system else []
+        expected_messages += [to_openai_message(m) for _, m in nodes]
+        assert sent.pop("messages") == expected_messages
+        assert sent == {
+            "model": "m",
+            "tools": tools + strategy_tools,
+            "temperature": 0.5,
+            "stream_options": {"include_usage": True} if stream else {"include_usage": False},
+            "user": "someone",
+            "stream": stream,
+        }

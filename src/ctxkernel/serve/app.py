@@ -139,6 +139,17 @@ class Turn:
     client_tokens: int = 0
 
 
+def busy(key: str, wait: float) -> WireError:
+    """The 409 for a session whose turn did not come within ``wait`` seconds."""
+    return WireError(
+        409,
+        f"session {key} is busy with another request (waited {wait:g} s); requests of one session are "
+        "served one at a time: retry when the other one has finished",
+        kind="conflict_error",
+        code="session_busy",
+    )
+
+
 class Lease:
     """A held session turn: the in-process lock and, on postgres, the advisory lock."""
 
@@ -196,17 +207,13 @@ class Proxy:
             self._locks[key] = lock
         started = time.monotonic()
         wait = self.config.lock_wait_seconds
-        busy = WireError(
-            409,
-            f"session {key} is busy with another request (waited {wait:g} s); requests of one session are "
-            "served one at a time: retry when the other one has finished",
-            kind="conflict_error",
-            code="session_busy",
-        )
-        with anyio.move_on_after(wait) as scope:
-            await lock.acquire()
-        if scope.cancelled_caught:
-            raise busy
+        try:
+            lock.acquire_nowait()  # the usual case: a free turn, no timer to arm (about 0.1 ms)
+        except anyio.WouldBlock:
+            with anyio.move_on_after(wait) as scope:
+                await lock.acquire()
+            if scope.cancelled_caught:
+                raise busy(key, wait) from None
         hold = getattr(self.kernel.store, "hold_lock", None)
         advisory = None
         if hold is not None:
@@ -218,7 +225,7 @@ class Proxy:
                 raise
             if advisory is None:
                 lock.release()
-                raise busy
+                raise busy(key, wait)
         return Lease(lock, advisory)
 
     # -- sessions (these run in worker threads) -------------------------------------------------------

@@ -11,6 +11,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
+
 from ..convert import _content_text, arguments_from_json, from_openai_message, to_openai_message
 from ..errors import EventError
 from ..messages import Message, ToolCallBlock
@@ -104,16 +106,16 @@ def upstream_body(
     *,
     stream: bool,
     cache: dict[Any, Any] | None = None,
-) -> dict[str, Any]:
-    """The client's body with the managed messages, and the client's tools plus the strategy's.
+) -> bytes:
+    """The client's body (JSON bytes) with the managed messages, and the client's tools plus the
+    strategy's.
 
-    ``cache`` (one per session) keeps each surface node's wire form, so an unchanged surface is
-    not converted again on every request."""
+    ``cache`` (one per session) keeps each surface node's wire form as JSON bytes, so an
+    unchanged surface is neither converted nor encoded again on every request: the messages are
+    the cached bytes joined, and only the rest of the body is encoded (at 100k tokens, 0.1 ms
+    against 0.3 ms for an ``orjson.dumps`` of the whole body: ``bench_serve.py``)."""
     body = dict(client.body)
-    messages: list[dict[str, Any]] = [{"role": "system", "content": request.system}] if request.system else []
-    cache = {} if cache is None else cache
-    messages.extend(wire_forms(request.seqs, request.messages, cache, to_openai_message))
-    body["messages"] = messages
+    del body["messages"]
     tools = list(client.raw_tools) + strategy_tools
     if tools:
         body["tools"] = tools
@@ -122,7 +124,17 @@ def upstream_body(
     body["stream"] = stream
     if stream:  # always asked for: the usage anchors the session's pressure
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
-    return body
+    cache = {} if cache is None else cache
+    forms = wire_forms(request.seqs, request.messages, cache, encoded_message)
+    if request.system:
+        forms = [orjson.dumps({"role": "system", "content": request.system}), *forms]
+    rest = orjson.dumps(body)  # an object with at least "model" and "stream": b'{...}'
+    return b"".join((rest[:-1], b',"messages":[', b",".join(forms), b"]}"))
+
+
+def encoded_message(message: Message) -> bytes:
+    """One surface message in the OpenAI wire form, as JSON."""
+    return orjson.dumps(to_openai_message(message))
 
 
 def read_reply(payload: Any) -> tuple[Message, dict[str, Any] | None, dict[str, Any]]:

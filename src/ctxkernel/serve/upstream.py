@@ -68,6 +68,11 @@ class Limits:
     max_connections: int = 100
 
 
+def encoded(body: Any) -> bytes:
+    """A request body as bytes: JSON-encoded, unless the wire module composed the bytes itself."""
+    return body if isinstance(body, bytes) else orjson.dumps(body)
+
+
 @contextmanager
 def reported(what: str) -> Iterator[None]:
     """aiohttp's errors as :class:`UpstreamError`: a timeout is a 504, the rest a 502."""
@@ -118,7 +123,7 @@ class Upstream:
     async def request(self, method: str, url: str, headers: Mapping[str, str], body: Any = None) -> UpstreamResponse:
         """One whole request, read to the end (bounded)."""
         started = time.perf_counter()
-        content = orjson.dumps(body) if body is not None else None
+        content = encoded(body) if body is not None else None
         try:
             with anyio.fail_after(self.limits.deadline_seconds):
                 response = await self._send(method, url, headers, content)
@@ -152,7 +157,7 @@ class Upstream:
         """A streamed POST: ``handle.status``; on success ``handle.lines()``, bounded by the same
         deadline and byte cap; on an error status ``handle.body`` is read (bounded)."""
         started = time.perf_counter()
-        response = await self._send("POST", url, headers, orjson.dumps(body))
+        response = await self._send("POST", url, headers, encoded(body))
         handle = StreamHandle(self, response, started)
         try:
             if response.status >= 400:
