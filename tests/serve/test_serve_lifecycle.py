@@ -319,3 +319,33 @@ def test_client_disconnect_mid_stream_leaves_the_log_consistent(fake, serve_fact
     assert r.status_code == 200
     session = log_of(serve, sid)
     assert [n.role for n in session.surface.nodes] == ["user", "assistant"]
+
+
+def test_a_request_waits_for_the_disk_twice_not_three_times(fake, serve_factory, monkeypatch):
+    # the client's new messages are synced by the step/start that follows them in the same
+    # request (store.base.SyncDeferral): a request fsyncs its log for step/start and the reply
+    import os
+
+    upstream, _ = fake
+    upstream.script = lambda api, body: Reply("noted")
+    serve = serve_factory()
+    client = serve.openai(session="fsyncs")
+    history = [{"role": "user", "content": "first"}]
+    client.chat.completions.create(model="fake-model", messages=history)
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def counting_fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", counting_fsync)
+    history += [{"role": "assistant", "content": "noted"}, {"role": "user", "content": "second"}]
+    client.chat.completions.create(model="fake-model", messages=history)
+    logs = [path for path in synced if path.endswith(".jsonl")]
+    assert len(logs) == 2, synced
+    monkeypatch.undo()
+    # and the history is in the log, before the step that answered it
+    events = serve.proxy.kernel.open_session(serve.proxy.sessions["fsyncs"].id).events
+    texts = [e.data["message"]["content"] for e in events if e.type == "user/message"]
+    assert [t[0]["text"] if isinstance(t, list) else t for t in texts] == ["first", "second"]

@@ -39,7 +39,7 @@ import anyio
 import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request as HTTPRequest
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Mount, Route
 
 from ..errors import ContextOverflowError, CtxKernelError, EventError, ModelError
@@ -438,8 +438,18 @@ def wire_cache(turn: Turn) -> dict[Any, Any]:
 
 
 # -- responses -------------------------------------------------------------------------------------------
-def error_response(wire: Any, error: WireError) -> JSONResponse:
-    return JSONResponse(
+class JSONBody(Response):
+    """A JSON response encoded by orjson, straight to bytes (Starlette's ``JSONResponse`` goes
+    through the standard library's encoder and a ``str``)."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+def error_response(wire: Any, error: WireError) -> JSONBody:
+    return JSONBody(
         wire.error_body(error.message, kind=error.kind, param=error.param, code=error.code), status_code=error.status
     )
 
@@ -453,9 +463,7 @@ def passthrough_error(wire: Any, status: int, body: bytes, headers: Any = None) 
         orjson.loads(body)
     except orjson.JSONDecodeError:
         text = body.decode("utf-8", "replace")[:500] or f"HTTP {status}"
-        return JSONResponse(
-            wire.error_body(f"upstream error: {text}", kind="api_error"), status_code=status, headers=extra
-        )
+        return JSONBody(wire.error_body(f"upstream error: {text}", kind="api_error"), status_code=status, headers=extra)
     return Response(body, status_code=status, media_type="application/json", headers=extra)
 
 
@@ -496,7 +504,7 @@ class Handler:
         except Exception as exc:  # reported to the client in its API's shape, and logged
             log.exception("serve: request failed", route=route, error=f"{type(exc).__name__}: {exc}"[:500])
             metrics.errors.labels("internal").inc()
-            response = JSONResponse(
+            response = JSONBody(
                 wire.error_body(
                     f"ctxkernel serve: internal error: {type(exc).__name__}: {exc}"[:1000], kind="api_error"
                 ),
@@ -541,7 +549,7 @@ class Handler:
                 prepared = await proxy.prepared(turn)
             except Overflow as over:
                 proxy.metrics.errors.labels("window_refused").inc()
-                return JSONResponse(wire.overflow_error(over.tokens, over.window), status_code=400)
+                return JSONBody(wire.overflow_error(over.tokens, over.window), status_code=400)
             body = wire.upstream_body(
                 turn.client, prepared, turn.strategy_schemas, stream=False, cache=wire_cache(turn)
             )
@@ -550,7 +558,7 @@ class Handler:
             except UpstreamError as exc:
                 await anyio.to_thread.run_sync(proxy._failed, turn.session, ModelError(str(exc)))
                 proxy.metrics.errors.labels("upstream_unreachable").inc()
-                return JSONResponse(wire.error_body(str(exc), kind="api_error"), status_code=exc.status)
+                return JSONBody(wire.error_body(str(exc), kind="api_error"), status_code=exc.status)
             proxy.metrics.upstream_latency.labels(wire.API).observe(answer.seconds)
             if answer.status >= 400:
                 if await self._upstream_failed(turn, answer.status, answer.body, url):
@@ -564,7 +572,7 @@ class Handler:
                     proxy._failed, turn.session, ModelError(f"unreadable upstream reply: {exc}")
                 )
                 proxy.metrics.errors.labels("upstream_unreadable").inc()
-                return JSONResponse(
+                return JSONBody(
                     wire.error_body(f"the upstream sent an unreadable reply: {exc}"[:1000], kind="api_error"),
                     status_code=502,
                 )
@@ -589,7 +597,7 @@ class Handler:
             out = openai_wire.client_reply(payload, "\n\n".join(text_parts), client_calls, turn.usage)
         else:
             out = anthropic_wire.client_reply(payload, blocks, turn.usage)
-        return JSONResponse(
+        return JSONBody(
             out, headers={"x-ctxkernel-session": turn.session.id, "x-ctxkernel-upstream-calls": str(turn.rounds + 1)}
         )
 
@@ -759,7 +767,7 @@ class Handler:
         try:
             answer = await proxy.upstream.request("GET", url, headers)
         except UpstreamError as exc:
-            response: Response = JSONResponse(wire.error_body(str(exc), kind="api_error"), status_code=exc.status)
+            response: Response = JSONBody(wire.error_body(str(exc), kind="api_error"), status_code=exc.status)
         else:
             response = Response(answer.body, status_code=answer.status, media_type="application/json")
         proxy.metrics.requests.labels("/v1/models", str(response.status_code)).inc()
@@ -767,7 +775,7 @@ class Handler:
 
     async def healthz(self, request: HTTPRequest) -> Response:
         kernel = self.proxy.kernel
-        return JSONResponse({"status": "ok", "profile": kernel.profile.name, "store": kernel.store.backend})
+        return JSONBody({"status": "ok", "profile": kernel.profile.name, "store": kernel.store.backend})
 
     async def metrics(self, request: HTTPRequest) -> Response:
         body, content_type = self.proxy.metrics.render()
