@@ -129,7 +129,14 @@ def upstream_body(
     if request.system:
         forms = [orjson.dumps({"role": "system", "content": request.system}), *forms]
     rest = orjson.dumps(body)  # an object with at least "model" and "stream": b'{...}'
-    return b"".join((rest[:-1], b',"messages":[', b",".join(forms), b"]}"))
+    head = rest[:-1] + b',"messages":['
+    if not forms:
+        return head + b"]}"
+    # one join writes the whole body: the head and the tail ride on the first and last message
+    # (``wire_forms`` returns a list of its own)
+    forms[0] = head + forms[0]
+    forms[-1] += b"]}"
+    return b",".join(forms)
 
 
 def encoded_message(message: Message) -> bytes:
