@@ -251,3 +251,49 @@ def test_the_renewer_is_not_woken_for_a_lease_it_renews_in_time_anyway():
         renewals.discard(probe)
     renewals.add(calm := Probe(60.0))  # the idle thread left behind wakes every 20 s, not 30 ms
     renewals.discard(calm)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(max_size=300))
+def test_the_meters_bound_without_tokenising_is_never_below_the_count(text):
+    from ctxkernel.meter import Meter, get_tokenizer
+
+    meter = Meter(get_tokenizer())
+    message = Message.user(text)
+    bound = meter.message_at_most(message)
+    assert bound is not None and meter.count_message(message) <= bound
+
+
+def test_a_pinned_replacement_is_tokenised_once_and_still_shrink_checked(tmp_path):
+    """The replacement that carries the instruction block is counted with the block; its own
+    text is not tokenised again when its byte length already proves it shrinks the span. One
+    that does not shrink is still refused."""
+    import pytest
+
+    from ctxkernel import ShrinkCheckError
+    from ctxkernel.compaction import checkpoint_message
+
+    kernel = build_kernel(tmp_path, model=WINDOW, fsync=False)
+    session = kernel.open_session()
+    for n in range(6):
+        chat(session, f"instruction {n}: keep the parser strict")
+    counted: list[str] = []
+    real = session.meter.count_text
+
+    def counting(text: str) -> int:
+        counted.append(text)
+        return real(text)
+
+    session.meter.count_text = counting  # type: ignore[method-assign]
+    span = head_span(session, summary="the head, summarised")
+    result = session.compact(span, strategy="basic")
+    assert "instructions" in session.events[result.start_seq + 1].data  # the block was pinned
+    own = checkpoint_message("the head, summarised", "basic").text
+    assert own not in counted  # only the carrier, with its block
+    node = session.surface.node(result.spans[0].replacement_seq)
+    assert result.spans[0].tokens_after == node.tokens == real(node.message.text) + 4
+    long = " ".join(f"w{i}" for i in range(3000))
+    for n in range(3):
+        chat(session, f"more instruction {n}")
+    with pytest.raises(ShrinkCheckError):
+        session.compact(head_span(session, summary=long), strategy="basic")
