@@ -433,9 +433,10 @@ class Session:
 
     def _snapshot_after(self, built: Sequence[Event]) -> None:
         """Write a snapshot every ``[store] snapshot_every`` events, and after a compaction commit
-        at the next step boundary (``step/start``, ``step/end`` or ``turn/end``): not inside the
-        commit, whose cost is one durable write, and once for several commits of one step. The
-        snapshot is a cache: a crash before it is written costs a longer replay, never an event."""
+        at the next step boundary (``step/start``, ``step/end`` or ``turn/end``, or the return of
+        ``run_tool`` or ``request_failed``): not inside the commit, whose cost is one durable
+        write, and once for several commits of one step. The snapshot is a cache: a crash before
+        it is written costs a longer replay, never an event."""
         every = self.kernel.profile.store.snapshot_every
         if not every:
             return
@@ -642,7 +643,14 @@ class Session:
                     is_error=True,
                 )
             call = ToolCallBlock(call_id, name, call.get("arguments") or {})
-        return self.tools.run(self, call)
+        outcome = self.tools.run(self, call)
+        self._snapshot_if_due()  # a tool that compacted (decay's compress) has ended: a boundary
+        return outcome
+
+    def _snapshot_if_due(self) -> None:
+        with self._lock:
+            if self._snapshot_due:
+                self.write_snapshot()
 
     def tool_result(self, call_id: str, result: str | ToolOutcome, *, is_error: bool = False) -> int:
         """Commit the result of one pending call (in the model's order). Returns its seq."""
@@ -928,8 +936,7 @@ class Session:
                 # no strategy could shrink the surface: the kernel's fallback excerpts the largest
                 # messages (guard.py); a retry is worth it only when that saved something
                 decision = self._shrink_after_overflow(error)
-            if self._snapshot_due:  # the step is closed: the boundary an overflow's compaction waits for
-                self.write_snapshot()
+            self._snapshot_if_due()  # the step is closed: the boundary an overflow's compaction waits for
             return bool(decision)
 
     def _shrink_after_overflow(self, error: ContextOverflowError) -> bool:
