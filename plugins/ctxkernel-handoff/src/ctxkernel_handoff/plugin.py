@@ -22,8 +22,10 @@ from .engine import (
     mode_for,
     no_room,
     notes_of,
+    settings_of,
     state_for,
     switch,
+    warm_excerpts,
 )
 from .engine import (
     compact_now as manual_compaction,
@@ -117,6 +119,8 @@ def pre_step(session: Session, step: StepContext) -> None:
     if not mode.enabled:
         return
     state = state_for(session)
+    if mode.window and settings_of(session).handoff_summary == "extractive":
+        warm_excerpts(session, state)
     if state.requested is not None:
         # explicit requests are honoured even when automatic compaction is off
         requested = state.requested
