@@ -308,7 +308,7 @@ def switch(session: Session, *, reason: str, keep_tokens: int | None = None) -> 
     assert region is not None  # every pass of the loop above returned when it found no region
     plan = state.plan = SwitchPlan(reason, budget, region_tokens, rest, target, record)
     try:
-        if settings.handoff_summary == "extractive":
+        if builds_up_front(session):
             # no model call: the handoff and its notes are built before the transaction and
             # committed in one durable write (the lock in the same batch as the commit)
             summary = compose(session, plan, nodes)
@@ -441,6 +441,12 @@ def stage_notes(session: Session, plan: SwitchPlan, handoff: Handoff) -> dict[st
         except NotesError as exc:
             log.warning("handoff note not written", session=session.id, path=path, error=f"{type(exc).__name__}: {exc}")
     return staged.data
+
+
+def builds_up_front(session: Session) -> bool:
+    """True when a switch makes no model call (``extractive``, or ``generated`` with no summarizer
+    configured, which falls back to extractive): its handoff is then built before the transaction."""
+    return settings_of(session).handoff_summary == "extractive" or STRATEGY.on(session).summarizer is None
 
 
 def warm_excerpts(session: Session, state: HandoffState) -> None:
