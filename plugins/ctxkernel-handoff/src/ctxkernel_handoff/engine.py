@@ -31,7 +31,6 @@ from ctxkernel import (
 )
 from ctxkernel.events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, REQUEST_HEADER, USER_MESSAGE
 from ctxkernel.recall.history import History
-from ctxkernel.recall.notes import NotesError
 
 from .handoff import (
     HANDOFF_LOG_NOTE,
@@ -438,7 +437,7 @@ def stage_notes(session: Session, plan: SwitchPlan, handoff: Handoff) -> dict[st
     ):
         try:
             stage()
-        except NotesError as exc:
+        except Exception as exc:  # noqa: BLE001 - a note that cannot be written never blocks the switch
             log.warning("handoff note not written", session=session.id, path=path, error=f"{type(exc).__name__}: {exc}")
     return staged.data
 
