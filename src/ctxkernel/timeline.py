@@ -20,6 +20,7 @@ the one folded from the whole log.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from . import events as ev
@@ -60,6 +61,7 @@ TRANSACTION_FIELDS = (
     "cites",
 )
 OUTCOMES = frozenset({"open", "committed", "empty", "failed"})
+_row = itemgetter(*TRANSACTION_FIELDS)
 
 # a bucket of requests: [first seq, last seq, requests, requests that reported usage,
 # peak prompt tokens, lowest prompt tokens (both None when none reported), window at its last]
@@ -259,7 +261,7 @@ class Timeline:
             "width": self.width,
             "buckets": [list(b) for b in self.buckets],
             "markers": [[m["seq"], m["request"], m["kind"], m["label"]] for m in self.markers],
-            "transactions": [[t[k] for k in TRANSACTION_FIELDS] for t in self.transactions.values()],
+            "transactions": [list(_row(t)) for t in self.transactions.values()],
         }
 
     def _restore(self, data: Any) -> None:
