@@ -12,11 +12,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ctxkernel import CtxKernelError, Message, Span, StrategyNotes, get_logger
-from ctxkernel.events import TURN_START, USER_MESSAGE
 from ctxkernel.recall.notes import NotesLimits
 
 from .seed import REMAINING_PLACEHOLDER, SeedInput, render_seed
-from .state import WINDOW_EVENT, WINDOW_KIND, state_of
+from .state import PENDING_INPUTS, WINDOW_EVENT, WINDOW_KIND, state_of
 from .strategy import STRATEGY
 from .window_ids import next_window_id
 
@@ -56,22 +55,15 @@ def ensure_window(session: Session) -> str:
     return state.current
 
 
-def current_turn_inputs(session: Session, limit: int = 8) -> list[tuple[int, str]]:
-    """The user's own messages of the open turn (what the model still has to act on)."""
+def current_turn_inputs(session: Session, limit: int = PENDING_INPUTS) -> list[tuple[int, str]]:
+    """The user's own messages of the open turn (what the model still has to act on), the
+    newest ``limit``, oldest first: from the folded state, not a walk back through the turn."""
     if not session.turn_open:
         return []
-    found: list[tuple[int, str]] = []
-    for event in reversed(session.events):
-        if event.type == TURN_START:
-            break
-        if event.type == USER_MESSAGE and (event.surface or {}).get("op") == "append":
-            source = event.data["message"].get("source", {})
-            if source.get("kind", "user") == "user":
-                message = Message.from_dict(event.data["message"])
-                found.append((event.seq, message.text))
-                if len(found) >= limit:
-                    break
-    return list(reversed(found))
+    events = session.events
+    return [
+        (seq, Message.from_dict(events[seq].data["message"]).text) for seq in state_of(session).turn_inputs[-limit:]
+    ]
 
 
 def _earlier_instructions(session: Session, count: int) -> list[tuple[int, str]]:
@@ -191,18 +183,18 @@ def _switch(
         pending_base=settings.pending_input_chars,
     )
     framing = session.meter.count_message(Message.user(""))  # the per-message framing
-    text, seed_tokens, exact = render_seed(
+    text, seed_tokens, _ = render_seed(
         seed,
         budget_tokens=max(budget - framing, 1),
         count=session.meter.count_text,
         goal_chars=settings.goal_chars,
         pending_chars=settings.pending_input_chars,
         note_chars=settings.seed_note_chars,
-        note_cache=state.note_blocks,
+        # past this, the byte bound would understate the remaining room by more than 2% of the
+        # window: the seed is then counted by its parts (the kernel tokenises the whole once)
+        precise_above=int(0.02 * pressure.effective_window),
+        note_cache=state.note_cache,
     )
-    if not exact and seed_tokens > 0.02 * pressure.effective_window:
-        # the byte bound would understate the remaining room by more than 2% of the window
-        seed_tokens = session.meter.count_text(text)
     seed_tokens += framing
     # the budget always admits the minimal seed (render_seed falls back to it when nothing else
     # fits); what an automatic switch cannot do is replace the surface with something no smaller
