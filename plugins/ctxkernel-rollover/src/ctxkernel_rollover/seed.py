@@ -19,6 +19,11 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 REMAINING_PLACEHOLDER = "\x00REMAINING\x00"
+#: the first guess of a seed's tokens per byte when it is counted exactly, on the high side (prose
+#: runs about 0.25, code and the notes' ids and timestamps 0.3-0.35); later guesses start from the
+#: last seed's own density plus the margin. A wrong guess costs one more count, never a wrong figure
+FIRST_DENSITY_GUESS = 0.4
+DENSITY_MARGIN = 0.03
 NOT_SHOWN = "Not shown here (read them with note_get)"
 #: the minimal seed: characters of the goal and of each pending input, pending inputs, note ids
 MINIMAL_CHARS = 200
@@ -119,22 +124,21 @@ def render_seed(
     goal_chars: int,
     pending_chars: int,
     note_chars: int,
-    precise_above: int | None = None,
     note_cache: NoteCache | None = None,
 ) -> tuple[str, int, bool]:
     """The seed text within ``budget_tokens``, its token count and whether that count was
     tokenised (the remaining-tokens line is a placeholder).
 
-    When the whole seed fits the budget by its byte length (an upper bound of its tokens), and
-    that bound is at most ``precise_above`` tokens, nothing is tokenised here: the kernel counts
-    the seed once when the switch commits. Otherwise each part is counted (the sum of the parts,
-    joined at line ends, is the count to within a token per part), and each note's block and
-    count come from ``note_cache`` when the note has not changed since the last seed.
+    When the whole seed fits the budget by its byte length (an upper bound of its tokens) it is
+    not tokenised here: the count is that bound. Otherwise each part is counted to decide what
+    fits (the sum of the parts, joined at line ends, is the count to within a token per part).
+    Each note's block, and its count once taken, come from ``note_cache`` when the note has not
+    changed since the last seed.
     """
     cache = note_cache if note_cache is not None else NoteCache()
     try:
         text, bound = _compose(seed, budget_tokens, byte_bound, goal_chars, pending_chars, note_chars, cache, False)
-        if bound <= budget_tokens and (precise_above is None or bound <= precise_above) and not _hidden_any(text):
+        if bound <= budget_tokens and not _hidden_any(text):
             return text, bound, False
         scale = 1.0
         tokens = 0

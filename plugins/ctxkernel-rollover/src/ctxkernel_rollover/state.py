@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ctxkernel.events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, TURN_START, USER_MESSAGE
 
-from .seed import NoteCache
+from .seed import FIRST_DENSITY_GUESS, NoteCache
 from .strategy import NAME, STRATEGY
 
 if TYPE_CHECKING:
@@ -75,6 +75,8 @@ class RolloverState:
     turn_inputs: list[int] = field(default_factory=list)
     #: the last seed's rendered note blocks and their token counts (not folded: a cache)
     note_cache: NoteCache = field(default_factory=NoteCache)
+    #: tokens per byte of the last seed counted exactly (not folded: the next seed's first guess)
+    seed_density: float = FIRST_DENSITY_GUESS
 
     @property
     def number(self) -> int:
