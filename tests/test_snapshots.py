@@ -303,8 +303,9 @@ def test_the_history_index_and_notes_open_from_the_snapshot_without_reading_the_
     assert any(e.type == "compaction/summary" for e in session.events)
     reopened = _indexed_kernel(tmp_path).open_session(session.id)
     assert isinstance(reopened.events, LazyEvents) and reopened.events.loaded == 0
-    # the history strategy took its index at open; the notes wait for their first use
-    assert list(reopened.snapshot_indexes) == ["recall.notes"]
+    # the history strategy took its index at open; the notes (and the inspector's timeline) wait
+    # for their first use
+    assert sorted(reopened.snapshot_indexes) == ["ctxkernel.timeline", "recall.notes"]
     replayed = _indexed_kernel(tmp_path, snapshot_every=0).open_session(session.id)
     assert _indexes(reopened) == _indexes(replayed) == _indexes(session)
 

@@ -8,6 +8,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -15,7 +16,9 @@ pytest.importorskip("starlette", reason="the inspector needs the 'ui' extra")
 from starlette.testclient import TestClient
 
 from ctxkernel import Message, ToolCallBlock
+from ctxkernel import timeline as timeline_index
 from ctxkernel.cli import main
+from ctxkernel.snapshot import LazyEvents
 from ctxkernel.ui import create_app
 from ctxkernel.ui.data import MAX_SCAN
 
@@ -110,6 +113,43 @@ def test_timeline_and_transactions_follow_the_log(handoff):
         assert t["outcome"] == (
             "failed" if ends[t["id"]].data.get("error") else "committed" if t["summary_seq"] else "empty"
         )
+
+
+def test_first_view_reads_nothing_before_the_snapshot(tmp_path):
+    """Regression (issue 21): the timeline and the transactions were folded from every event at
+    the first view, which read the whole history of a session the kernel had opened from its
+    snapshot. Now they come from the snapshot's timeline index and the tail. (``basic`` alone:
+    handoff's panel reads the receipts of its last windows from the log.)"""
+    profile = support.write_profile(
+        tmp_path / "profiles", "basicui", tmp_path / "store", ["basic"], window=6_000, reserved=1_000
+    )
+    kernel = support.kernel_for(profile)
+    session = kernel.open_session()
+    for n in range(30):
+        support.one_turn(session, n)
+    app = create_app(support.kernel_for(profile))
+    with TestClient(app, base_url=LOCAL) as c:
+        answers = {p: c.get(f"/api/sessions/{session.id}{p}").json() for p in ("", "/timeline", "/transactions")}
+        opened = app.state.inspector.open(session.id)
+    assert isinstance(opened.session.events, LazyEvents) and opened.session.events.loaded == 0
+    replies = [e.seq for e in session.events if e.type == "assistant/message"]
+    timeline = answers["/timeline"]
+    assert [p["seq"] for p in timeline["requests"]] == replies
+    assert timeline["request_count"] == len(replies) and timeline["width"] == 1
+    assert len(answers["/transactions"]["transactions"]) == len(answers[""]["compactions"]) > 0
+
+
+def test_a_long_sessions_timeline_is_bounded(handoff):
+    _, kernel, session = handoff
+    with mock.patch.object(timeline_index, "MAX_POINTS", 4), client(kernel) as c:
+        timeline = c.get(f"/api/sessions/{session.id}/timeline").json()
+    replies = [e for e in session.events if e.type == "assistant/message"]
+    points = timeline["requests"]
+    assert 2 <= len(points) <= 4 and timeline["request_count"] == sum(p["count"] for p in points) == len(replies)
+    assert timeline["width"] > 1 and timeline["measured"] == len(replies)
+    for point in points:
+        inside = [e.data["usage"]["input_tokens"] for e in replies if point["seq"] <= e.seq <= point["last_seq"]]
+        assert (point["tokens"], point["tokens_min"], point["count"]) == (max(inside), min(inside), len(inside))
 
 
 def test_surface_is_the_models_view(handoff):

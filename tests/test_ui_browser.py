@@ -400,3 +400,38 @@ def test_strategy_panels_show_chapters_notes_and_windows_as_text(browser, hostil
         result = page.evaluate(DOM_CHECK)
         assert result["bad"] == [] and result["images"] == 0 and result["pwned"] is None
     assert record["dialogs"] == [] and record["errors"] == [] and record["outside"] == []
+
+
+def test_a_long_sessions_timeline_draws_buckets_of_requests(browser, tmp_path):
+    """Past 1,024 requests a point is a bucket of requests: the line is each bucket's peak, a band
+    reaches its lowest, and the legend and the axis still count every request."""
+    from ctxkernel.events import Event
+    from ctxkernel.store.base import SessionHeader
+    from ctxkernel.timeline import MAX_POINTS
+
+    profile = support.write_profile(tmp_path / "profiles", "longtl", tmp_path / "store", ["basic"])
+    kernel = support.kernel_for(profile)
+    sid = "long-timeline"
+    kernel.store.create(SessionHeader(id=sid, created="2026-01-01T00:00:00.000Z", profile="longtl"))
+    requests, events = MAX_POINTS + 76, []
+    for turn in range(1, requests + 1):
+        reply = {"role": "assistant", "content": [{"type": "text", "text": f"answer {turn}"}]}
+        for type_, data, op in (
+            ("turn/start", {"turn": turn}, None),
+            ("user/message", {"message": {"role": "user", "content": [{"type": "text", "text": "go"}]}}, "append"),
+            ("assistant/message", {"message": reply, "usage": {"input_tokens": 100 + turn % 50}}, "append"),
+            ("turn/end", {"turn": turn, "reason": "completed"}, None),
+        ):
+            events.append(Event(len(events), type_, data, "2026-01-01T00:00:00.000Z", op and {"op": op}))
+    kernel.store.append(sid, events, 0)
+    with support.ui_server(profile) as base:
+        page, record = open_page(browser, base)
+        page.goto(f"{base}/ui/sessions/{sid}")
+        page.wait_for_selector("#timeline-chart polyline.tokens-line")
+        points = page.get_attribute("#timeline-chart polyline.tokens-line", "points").split()
+        assert len(points) == (requests + 1) // 2  # buckets of two requests
+        assert page.locator("#timeline-chart polygon.tokens-band").count() == 1
+        legend = page.inner_text("#timeline-legend")
+        assert f"{n(requests)} of {n(requests)} requests report usage; a point is the peak of 2 requests" in legend
+        assert page.locator("#timeline-chart text", has_text=f"request ({requests})").count() == 1
+        assert record == {"dialogs": [], "errors": [], "outside": []}

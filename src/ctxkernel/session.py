@@ -59,6 +59,7 @@ from .snapshot import restore as restore_snapshot
 from .store.base import deferred_sync
 from .surface import Surface
 from .text import storable
+from .timeline import Timeline
 from .tools import Tool, ToolOutcome, ToolRegistry, preview
 
 if TYPE_CHECKING:
@@ -453,6 +454,7 @@ class Session:
         with self._lock:
             if not self.events:
                 return
+            Timeline.for_session(self)  # the inspector's timeline rides in every snapshot (timeline.py)
             self._snapshot_at = len(self.events)
             self._snapshot_due = False
             try:

@@ -189,3 +189,41 @@ def test_an_open_from_a_snapshot_builds_no_history_index_and_no_notes(handoff_ke
     assert state_for(reopened).last_switch == state_for(session).last_switch
     assert History.for_session(reopened).list_windows(limit=50) == windows
     assert [n.to_dict() for n in Notes.for_session(reopened).active()] == notes
+
+
+def test_the_inspector_lists_window_receipts_from_the_snapshot_not_from_old_events(handoff_kernel, agent):
+    """The project panel's window list shows each window's opening receipt. Reopened from a
+    snapshot it comes from the folded state: no event before the snapshot is read back (reading
+    the newest 100 switches' events cost most of a replay on a long session)."""
+    from ctxkernel_handoff.plugin import project
+
+    settings_ = {"handoff_summary": "extractive"}
+    kernel, session = build(handoff_kernel, agent, handoff=settings_)
+    for n in range(2):
+        ctxkernel_handoff.compact_now(session)
+        agent(session).turn(f"after switch {n} " + "detail " * 20)
+    live = project(session)["window_list"]
+    assert [row["window"] for row in live] == [1, 2, 3]
+    assert "receipt" not in live[0] and all(row["receipt"]["tokens_after"] > 0 for row in live[1:])
+    reopened = handoff_kernel(window=200_000, handoff=settings_).open_session(session.id)
+    assert reopened.events.base > 0, "opened from a snapshot"
+    assert project(reopened)["window_list"] == live
+    assert reopened.events.loaded == 0, "the receipts came from the snapshot"
+
+
+def test_window_receipts_are_bounded_to_the_newest(handoff_kernel, agent, monkeypatch):
+    from ctxkernel_handoff import engine
+
+    monkeypatch.setattr(engine, "RECEIPTS_KEPT", 2)
+    kernel, session = build(handoff_kernel, agent, handoff={"handoff_summary": "extractive"})
+    for n in range(3):
+        ctxkernel_handoff.compact_now(session)
+        agent(session).turn(f"after switch {n} " + "detail " * 20)
+    opened_by = [w.opened_by for w in History.for_session(session).windows[1:]]
+    assert list(state_for(session).receipts) == opened_by[-2:]
+    folded = engine.folded_state(session)
+    assert engine._from_folded(folded, len(session.events)).receipts == state_for(session).receipts
+    with pytest.raises(ValueError, match="at most 2"):
+        engine._from_folded({**folded, "receipts": folded["receipts"] * 2}, len(session.events))
+    with pytest.raises(ValueError, match=r"\[seq, object\] pair"):
+        engine._from_folded({**folded, "receipts": [["7", {}]]}, len(session.events))

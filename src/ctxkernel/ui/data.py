@@ -1,8 +1,10 @@
 """What the inspector shows, computed from the kernel: no figure is derived twice.
 
 An :class:`Inspector` keeps the sessions it opened (least recently used first out) and brings an
-open one up to date with :meth:`Session.refresh`, which reads only the events appended since; the
-timeline and the compaction transactions fold the same new events. The log view never uses the
+open one up to date with :meth:`Session.refresh`, which reads only the events appended since. The
+timeline and the compaction transactions are the session's :class:`ctxkernel.timeline.Timeline`,
+which a session opened from a snapshot restores from it and folds on over the tail only, so the
+first view of a long session costs its open, not a walk of its log. The log view never uses the
 open session: it reads one page from the store with a bounded read, so paging a 100k-event log
 costs a page, not the log.
 
@@ -14,7 +16,6 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,7 @@ from ..meter import message_text_for_count
 from ..profile import list_profiles, load_profile
 from ..session import Session
 from ..store.base import check_session_id
+from ..timeline import Timeline
 
 #: sessions kept open (each holds its log in memory); the least recently used is closed first
 CACHE_SIZE = 8
@@ -47,10 +49,6 @@ THRESHOLD_SETTINGS = (
     "pressure_suggestion_ratio",
     "compact_at_ratio",
 )
-
-
-#: tools whose successful result means the session continued in a new session (chapters)
-CONTINUATION_TOOLS = frozenset({"chapters_continue", "chapters_fork"})
 
 
 def clip(text: str, limit: int) -> dict[str, Any]:
@@ -95,112 +93,14 @@ def _preview(event: Event) -> str:
 
 
 @dataclass
-class Derived:
-    """Figures folded from the log once, then from each new event only."""
-
-    folded: int = 0
-    window: int | None = None  # effective window of the current route
-    requests: list[dict[str, Any]] = field(default_factory=list)
-    markers: list[dict[str, Any]] = field(default_factory=list)
-    transactions: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    def fold(self, events: Iterable[Event]) -> None:
-        for event in events:
-            self._one(event)
-            self.folded = event.seq + 1
-
-    def _one(self, event: Event) -> None:
-        t, d = event.type, event.data
-        if t == ev.REQUEST_CONTEXT:
-            window = d["context_window"] - d["reserved_output_tokens"]
-            if self.window is not None and window != self.window:
-                self.markers.append(
-                    {
-                        "seq": event.seq,
-                        "request": len(self.requests),
-                        "kind": "route",
-                        "label": f"{d['provider']}/{d['model']}",
-                    }
-                )
-            self.window = window
-        elif t == ev.ASSISTANT_MESSAGE:
-            usage = d.get("usage") or {}
-            tokens = usage.get("input_tokens")
-            self.requests.append(
-                {"seq": event.seq, "tokens": tokens if isinstance(tokens, int) else None, "window": self.window}
-            )
-        elif t == ev.COMPACTION_START:
-            self.transactions[d["compaction_id"]] = {
-                "id": d["compaction_id"],
-                "strategy": d["strategy"],
-                "start": event.seq,
-                "time": event.time,
-                "kind": None,
-                "summary_seq": None,
-                "end": None,
-                "outcome": "open",
-                "error": None,
-                "tokens_before": None,
-                "tokens_after": None,
-                "cites": 0,
-            }
-        elif t == ev.COMPACTION_SUMMARY:
-            txn = self.transactions.get(d["compaction_id"])
-            if txn is not None:
-                txn.update(
-                    kind=d.get("kind"),
-                    summary_seq=event.seq,
-                    tokens_before=d.get("tokens_before"),
-                    tokens_after=d.get("tokens_after"),
-                    cites=len(d["cites"]),
-                )
-            kind = "window" if d.get("kind") == "window" else "compaction"
-            label = f"{d.get('strategy')}/{d.get('kind')}"
-            self.markers.append({"seq": event.seq, "request": len(self.requests), "kind": kind, "label": label})
-        elif t == ev.COMPACTION_END:
-            txn = self.transactions.get(d["compaction_id"])
-            if txn is not None:
-                error = d.get("error")
-                txn.update(
-                    end=event.seq,
-                    error=error,
-                    outcome="failed" if error else ("committed" if txn["summary_seq"] is not None else "empty"),
-                )
-        elif t == ev.COMPACTION_PRUNE:
-            self.markers.append(
-                {
-                    "seq": event.seq,
-                    "request": len(self.requests),
-                    "kind": "prune",
-                    "label": f"{d['strategy']} prune {d['target']}",
-                }
-            )
-        elif t == ev.SURFACE_DROP:
-            self.markers.append(
-                {"seq": event.seq, "request": len(self.requests), "kind": "drop", "label": f"{d['strategy']} drop"}
-            )
-        elif t == ev.TOOL_RESULT:
-            block = (d["message"].get("content") or [{}])[0]
-            if isinstance(block, dict) and block.get("name") in CONTINUATION_TOOLS and not block.get("is_error"):
-                # the session went on in a new one (the tool result names it)
-                self.markers.append(
-                    {
-                        "seq": event.seq,
-                        "request": len(self.requests),
-                        "kind": "continuation",
-                        "label": str(block["name"]),
-                    }
-                )
-        elif event.ignorable and ("window" in t or "continu" in t):
-            # strategies' own switch records (rollover/window, chapters continuations)
-            self.markers.append({"seq": event.seq, "request": len(self.requests), "kind": "window", "label": t})
-
-
-@dataclass
 class Opened:
     session: Session
-    derived: Derived
     lock: threading.RLock = field(default_factory=threading.RLock)
+
+    @property
+    def timeline(self) -> Timeline:
+        """The session's timeline index, up to date with the events folded so far."""
+        return Timeline.for_session(self.session)
 
 
 class Inspector:
@@ -269,17 +169,13 @@ class Inspector:
             session = kernel.open_session(session_id, repair=False)
             self.stats["opens"] += 1
             self.stats["events_read"] += len(session.events)
-            derived = Derived()
-            derived.fold(session.events)
-            opened = Opened(session, derived)
+            opened = Opened(session)
             with self._lock:
                 opened = self._opened.setdefault(session_id, opened)
                 while len(self._opened) > self.cache_size:
                     self._opened.popitem(last=False)
         with opened.lock:
             self.stats["events_read"] += opened.session.refresh()
-            if opened.derived.folded < len(opened.session.events):
-                opened.derived.fold(opened.session.events[opened.derived.folded :])
         return opened
 
     def view(self, session_id: str) -> dict[str, Any]:
@@ -328,11 +224,14 @@ class Inspector:
                     for ratio in value if isinstance(value, list) else [value]:
                         if isinstance(ratio, (int, float)) and not isinstance(ratio, bool):
                             thresholds.append({"strategy": name, "setting": key, "ratio": ratio})
-            d = opened.derived
+            timeline = opened.timeline
             return {
                 "events": len(session.events),
-                "requests": d.requests,
-                "markers": d.markers,
+                "requests": timeline.points(),
+                "request_count": timeline.requests,
+                "measured": timeline.measured(),
+                "width": timeline.width,
+                "markers": list(timeline.markers),
                 "effective_window": session.pressure().effective_window,
                 "thresholds": thresholds,
             }
@@ -340,7 +239,7 @@ class Inspector:
     def transactions(self, session_id: str) -> list[dict[str, Any]]:
         opened = self.open(session_id)
         with opened.lock:
-            return [dict(t) for t in opened.derived.transactions.values()]
+            return opened.timeline.transaction_rows()
 
     def surface(self, session_id: str) -> dict[str, Any]:
         """The surface as the model sees it now, block by block."""

@@ -30,7 +30,7 @@ from ctxkernel import (
     whole_surface_but_last,
 )
 from ctxkernel.events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, REQUEST_HEADER, USER_MESSAGE
-from ctxkernel.recall.history import History
+from ctxkernel.recall.history import WINDOW_KINDS, History
 
 from .handoff import (
     HANDOFF_LOG_NOTE,
@@ -100,6 +100,9 @@ class HandoffState:
     generation: int = -1
     switches: int = 0
     last_switch: dict[str, Any] | None = None
+    #: the receipt of each of the newest RECEIPTS_KEPT window-opening commits, by the seq of its
+    #: compaction/summary: the inspector's window list shows them without reading old events back
+    receipts: dict[int, dict[str, Any]] = field(default_factory=dict)
     last_failure: str | None = None
     plan: SwitchPlan | None = None  # the switch in progress (within one transaction)
     excerpts: Excerpts = field(default_factory=Excerpts)  # each surface node's excerpt, rendered once
@@ -152,19 +155,32 @@ def host_settings(session: Session) -> tuple[float, float, bool]:
 
 #: the format of :func:`folded_state` in session snapshots: bump it whenever that shape changes,
 #: so a snapshot written by an older plugin is folded from the start of the log
-STATE_VERSION = 1
+STATE_VERSION = 2
 #: the fields of :class:`HandoffState` the fold of the log derives (the rest is this process's)
-FOLDED = ("cursor", "header_seq", "reminded_window", "last_assistant", "last_switch")
+FOLDED = ("cursor", "header_seq", "reminded_window", "last_assistant", "last_switch", "receipts")
+#: window receipts kept in the state (the inspector lists as many windows, the newest)
+RECEIPTS_KEPT = 100
+
+
+def window_receipt(data: dict[str, Any]) -> dict[str, Any]:
+    """What the inspector shows of the commit that opened a window (its compaction/summary data)."""
+    return {
+        "tokens_before": data.get("tokens_before"),
+        "tokens_after": data.get("tokens_after"),
+        **(data.get("window_record") or {}),
+    }
 
 
 def folded_state(session: Session) -> dict[str, Any]:
     """What the fold of the log derives, as plain JSON, for the session's snapshot."""
     state = state_for(session)
-    return {name: getattr(state, name) for name in FOLDED}
+    folded = {name: getattr(state, name) for name in FOLDED}
+    folded["receipts"] = [[seq, receipt] for seq, receipt in state.receipts.items()]  # JSON keys are strings
+    return folded
 
 
 def _from_folded(data: dict[str, Any], log_length: int) -> HandoffState:
-    cursor, header, reminded, assistant, last = (data[name] for name in FOLDED)
+    cursor, header, reminded, assistant, last, receipts = (data[name] for name in FOLDED)
     if type(cursor) is not int or not 0 < cursor <= log_length:
         msg = f"cursor {cursor!r} is outside the log (length {log_length})"
         raise ValueError(msg)
@@ -174,8 +190,25 @@ def _from_folded(data: dict[str, Any], log_length: int) -> HandoffState:
     if not (last is None or isinstance(last, dict)):
         msg = "last_switch must be an object or null"
         raise ValueError(msg)
+    if not isinstance(receipts, list) or len(receipts) > RECEIPTS_KEPT:
+        msg = f"receipts must be a list of at most {RECEIPTS_KEPT} [seq, receipt] pairs"
+        raise ValueError(msg)
+    by_seq: dict[int, dict[str, Any]] = {}
+    for pair in receipts:
+        if not (isinstance(pair, list) and len(pair) == 2 and type(pair[0]) is int and isinstance(pair[1], dict)):
+            msg = "each receipt must be a [seq, object] pair"
+            raise ValueError(msg)
+        if not 0 <= pair[0] < cursor:
+            msg = f"receipt seq {pair[0]} is outside the folded log (cursor {cursor})"
+            raise ValueError(msg)
+        by_seq[pair[0]] = pair[1]
     return HandoffState(
-        cursor=cursor, header_seq=header, reminded_window=reminded, last_assistant=assistant, last_switch=last
+        cursor=cursor,
+        header_seq=header,
+        reminded_window=reminded,
+        last_assistant=assistant,
+        last_switch=last,
+        receipts=by_seq,
     )
 
 
@@ -195,19 +228,19 @@ def state_for(session: Session) -> HandoffState:
             state.header_seq = event.seq
         elif event.type == ASSISTANT_MESSAGE:
             state.last_assistant = event.seq
-        elif (
-            event.type == COMPACTION_SUMMARY
-            and event.data.get("strategy") == NAME
-            and event.data.get("kind") == "window"
-        ):
-            # the panel's last switch comes from the log, so a reopened session shows the same
-            history = history or STRATEGY.on(session).history()
-            record = dict(event.data.get("window_record") or {})
-            state.last_switch = {
-                "window": history.window_of(event.seq + 1),
-                "reason": event.data.get("reason"),
-                **record,
-            }
+        elif event.type == COMPACTION_SUMMARY and event.data.get("kind") in WINDOW_KINDS:
+            state.receipts[event.seq] = window_receipt(event.data)
+            if len(state.receipts) > RECEIPTS_KEPT:
+                del state.receipts[next(iter(state.receipts))]  # the oldest (seqs fold in order)
+            if event.data.get("strategy") == NAME and event.data.get("kind") == "window":
+                # the panel's last switch comes from the log, so a reopened session shows the same
+                history = history or STRATEGY.on(session).history()
+                record = dict(event.data.get("window_record") or {})
+                state.last_switch = {
+                    "window": history.window_of(event.seq + 1),
+                    "reason": event.data.get("reason"),
+                    **record,
+                }
         elif event.type == USER_MESSAGE:
             source = event.data["message"].get("source") or {}
             if source.get("plugin") == NAME and source.get("form") == "notice":

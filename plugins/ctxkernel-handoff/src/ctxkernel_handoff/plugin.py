@@ -10,11 +10,13 @@ from ctxkernel import ContextOverflowError, get_logger
 from ctxkernel.recall.history import History
 
 from .engine import (
+    RECEIPTS_KEPT,
     REMINDER_GROWTH,
     REMINDER_LEAD,
     REMINDER_TAG,
     STATE_VERSION,
     STRATEGY,
+    HandoffState,
     after_commit,
     build_handoff,
     builds_up_front,
@@ -224,24 +226,17 @@ def project(session: Session) -> dict[str, Any] | None:
         "notes_bytes": notes.total_bytes,
         # the inspector's panels: each window with the receipt of the switch that opened it,
         # and the notes with their trust marks (newest last, bounded)
-        "window_list": [_window_row(session, w) for w in history.windows[-PANEL_ROWS:]],
-        "notes_list": [n.to_dict(content=False) for n in notes.active()[-PANEL_ROWS:]],
+        "window_list": [_window_row(state, w) for w in history.windows[-RECEIPTS_KEPT:]],
+        "notes_list": [n.to_dict(content=False) for n in notes.active()[-RECEIPTS_KEPT:]],
     }
 
 
-#: rows of a list in the ``project`` panel at most (the newest are kept)
-PANEL_ROWS = 100
-
-
-def _window_row(session: Session, window: Any) -> dict[str, Any]:
+def _window_row(state: HandoffState, window: Any) -> dict[str, Any]:
+    """A window with the receipt of the commit that opened it, from the folded state (the inspector
+    lists the newest windows; reading their commits back from the log would cost a replay)."""
     row = window.to_dict()
-    if window.opened_by is not None:
-        data = session.events[window.opened_by].data
-        row["receipt"] = {
-            "tokens_before": data.get("tokens_before"),
-            "tokens_after": data.get("tokens_after"),
-            **(data.get("window_record") or {}),
-        }
+    if window.opened_by is not None and window.opened_by in state.receipts:
+        row["receipt"] = state.receipts[window.opened_by]
     return row
 
 

@@ -176,12 +176,15 @@ function renderTimeline(t) {
   const legend = document.getElementById("timeline-legend");
   const width = 960, height = 300, left = 70, right = 20, top = 16, bottom = 30;
   const plotW = width - left - right, plotH = height - top - bottom;
-  const points = t.requests.map((r, i) => ({ i, tokens: r.tokens, window: r.window || t.effective_window }));
+  // one point per request; past a bound, per bucket of `t.width` requests (its peak prompt tokens,
+  // drawn at the bucket's middle, with a band down to its lowest)
+  const total = t.request_count;
+  const points = t.requests.map((r) => ({ i: r.request + (r.count - 1) / 2, tokens: r.tokens, low: r.tokens_min, window: r.window || t.effective_window }));
   const measured = points.filter((p) => typeof p.tokens === "number");
   const windows = points.map((p) => p.window).filter((w) => typeof w === "number");
   const topValue = Math.max(1, t.effective_window || 0, ...windows, ...measured.map((p) => p.tokens));
   const yMax = topValue * 1.08;
-  const n = Math.max(2, points.length);
+  const n = Math.max(2, total);
   const x = (i) => left + (plotW * i) / (n - 1);
   const y = (v) => top + plotH - (plotH * v) / yMax;
   const chart = svg("svg", { id: "timeline-chart", viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": "prompt tokens per request" });
@@ -191,7 +194,7 @@ function renderTimeline(t) {
     chart.append(svg("line", { x1: left, x2: left + plotW, y1: y(v), y2: y(v), class: "grid" }));
     chart.append(svg("text", { x: left - 6, y: y(v) + 4, class: "tick", "text-anchor": "end" }, Math.round(v).toLocaleString("en-US")));
   }
-  chart.append(svg("text", { x: left + plotW / 2, y: height - 6, class: "tick", "text-anchor": "middle" }, `request (${points.length})`));
+  chart.append(svg("text", { x: left + plotW / 2, y: height - 6, class: "tick", "text-anchor": "middle" }, `request (${total})`));
   if (points.length) {
     chart.append(svg("polyline", { class: "window-line", points: points.map((p) => `${x(p.i)},${y(p.window)}`).join(" ") }));
   } else {
@@ -208,6 +211,10 @@ function renderTimeline(t) {
     line.append(svg("title", {}, `${m.label} (event ${m.seq})`));
     chart.append(line);
   }
+  if (measured.length && t.width > 1) {
+    const band = measured.map((p) => `${x(p.i)},${y(p.tokens)}`).concat(measured.slice().reverse().map((p) => `${x(p.i)},${y(p.low)}`));
+    chart.append(svg("polygon", { class: "tokens-band", points: band.join(" ") }));
+  }
   if (measured.length) {
     chart.append(svg("polyline", { class: "tokens-line", points: measured.map((p) => `${x(p.i)},${y(p.tokens)}`).join(" ") }));
   }
@@ -215,7 +222,7 @@ function renderTimeline(t) {
   const kinds = {};
   for (const m of t.markers) kinds[m.kind] = (kinds[m.kind] || 0) + 1;
   replace(legend,
-    el("li", { class: "lg-tokens", text: `prompt tokens (${measured.length} of ${points.length} requests report usage)` }),
+    el("li", { class: "lg-tokens", text: `prompt tokens (${fmt(t.measured)} of ${fmt(total)} requests report usage${t.width > 1 ? `; a point is the peak of ${fmt(t.width)} requests, the band their range` : ""})` }),
     el("li", { class: "lg-window", text: `effective window ${fmt(t.effective_window)}` }),
     ...t.thresholds.map((th) => el("li", { class: "lg-threshold", text: `${th.strategy}.${th.setting} = ${th.ratio} (${fmt(Math.round(th.ratio * t.effective_window))} tokens)` })),
     ...Object.entries(kinds).map(([kind, k]) => el("li", { class: `lg-marker marker-${kind}`, text: `${kind}: ${k}` })),
