@@ -77,6 +77,8 @@ WINDOW_KINDS = {WINDOW_KIND: "switch", "summary": "checkpoint", "checkpoint": "c
 STATE_KEY = "ctxkernel.recall.history"
 #: the format of :meth:`History.folded` in session snapshots (bump it when that shape changes)
 FOLDED_VERSION = 1
+#: user-written messages searched for the goal (an opener is short: the goal is among the first few)
+GOAL_SCAN = 50
 
 log = get_logger("ctxkernel.recall")
 
@@ -167,6 +169,13 @@ class History:
     todo_seq: int | None = None  # assistant seq of the latest todo-list call
     todo_call: int = 0  # index of that call within the message
     goal_seq: int | None = None  # the session/task event that set the current goal
+    #: the goal when no ``session/task`` sets one (see :meth:`goal`), folded with the windows so
+    #: that finding it reads no event before a snapshot: the first substantive user-written
+    #: message among the first GOAL_SCAN, else the first one
+    goal_instruction: int | None = None
+    _goal_scanned: int = field(default=0, repr=False)  # user-written messages examined (GOAL_SCAN: done)
+    #: False for an index restored from a snapshot written without ``goal_instruction``
+    _goal_folded: bool = field(default=True, repr=False)
     task_todos_seq: int | None = None  # the session/task event that set the harness's todo list
     # searchable text per seq, built on first use: a log never changes, so neither does this,
     # and searching again costs a scan, not a re-render (single-block messages share the string)
@@ -203,6 +212,7 @@ class History:
             "todo": [self.todo_seq, self.todo_call],
             "goal_seq": self.goal_seq,
             "task_todos_seq": self.task_todos_seq,
+            "goal_instruction": [self.goal_instruction, self._goal_scanned],
         }
 
     def _restore(self, data: Any) -> None:
@@ -219,6 +229,16 @@ class History:
             if type(todo_call) is not int or not all(p is None or type(p) is int for p in pointers):
                 msg = "the task pointers must be integers or null"
                 raise ValueError(msg)
+            # absent from snapshots written before it was folded: goal() then scans the instructions
+            goal = data.get("goal_instruction")
+            if goal is not None and not (
+                isinstance(goal, list)
+                and len(goal) == 2
+                and (goal[0] is None or type(goal[0]) is int)
+                and type(goal[1]) is int
+            ):
+                msg = "goal_instruction must be [seq or null, examined]"
+                raise ValueError(msg)
         except Exception as exc:  # noqa: BLE001 - a malformed part costs a full fold, never the open
             log.warning(
                 "history index snapshot set aside; folding the whole log",
@@ -231,6 +251,10 @@ class History:
         self.window_starts = [w.start_seq for w in windows]
         self.todo_seq, self.todo_call = todo_seq, todo_call
         self.goal_seq, self.task_todos_seq = data["goal_seq"], data["task_todos_seq"]
+        if goal is None:
+            self._goal_folded = False
+        else:
+            self.goal_instruction, self._goal_scanned = goal
 
     def _fold_head(self) -> None:
         """Fold the events before the snapshot into the per-event indexes (on first read)."""
@@ -313,6 +337,17 @@ class History:
             for i, block in enumerate(event.data["message"].get("content", ())):
                 if block.get("type") == "tool_call" and block.get("name") in TODO_TOOLS:
                     self.todo_seq, self.todo_call = event.seq, i
+        elif t == USER_MESSAGE:
+            if (
+                self._goal_scanned < GOAL_SCAN
+                and (event.surface or {}).get("op") == "append"
+                and _source_kind(event.data) == "user"
+            ):
+                self._goal_scanned += 1
+                if substantive(self.text_of(event)):
+                    self.goal_instruction, self._goal_scanned = event.seq, GOAL_SCAN
+                elif self.goal_instruction is None:
+                    self.goal_instruction = event.seq
         elif t == SESSION_TASK:
             d = event.data
             if isinstance(d.get("goal"), str):
@@ -388,7 +423,9 @@ class History:
         events = self.session.events
         if self.goal_seq is not None:
             return events[self.goal_seq]
-        for seq in self.instructions[:50]:  # an opener is short: the goal is among the first few
+        if self._goal_folded:
+            return None if self.goal_instruction is None else events[self.goal_instruction]
+        for seq in self.instructions[:GOAL_SCAN]:
             if substantive(self.text_of(events[seq])):
                 return events[seq]
         return events[self.instructions[0]] if self.instructions else None

@@ -109,7 +109,11 @@ def _oversized_result(session: Session, settings: RolloverSettings) -> str | Non
 def pre_step(session: Session, step: StepContext) -> None:
     state = state_of(session)
     current = ensure_window(session)
-    settings = STRATEGY.on(session).settings
+    rollover = STRATEGY.on(session)
+    settings = rollover.settings
+    # the history index (the seed's goal and todos) folds a step's events at a time here, so a
+    # switch finds it current instead of folding the whole window at its commit
+    rollover.history()
     try:
         if state.pending is not None:
             switch(session, "manual", intent=state.pending)

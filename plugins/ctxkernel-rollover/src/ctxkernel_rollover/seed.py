@@ -19,6 +19,11 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 REMAINING_PLACEHOLDER = "\x00REMAINING\x00"
+#: the first guess of a seed's tokens per byte when it is counted exactly, on the high side (prose
+#: runs about 0.25, code and the notes' ids and timestamps 0.3-0.35); later guesses start from the
+#: last seed's own density plus the margin. A wrong guess costs one more count, never a wrong figure
+FIRST_DENSITY_GUESS = 0.4
+DENSITY_MARGIN = 0.03
 NOT_SHOWN = "Not shown here (read them with note_get)"
 #: the minimal seed: characters of the goal and of each pending input, pending inputs, note ids
 MINIMAL_CHARS = 200
@@ -81,6 +86,36 @@ def byte_bound(text: str) -> int:
     return len(text.encode())
 
 
+NoteKey = tuple[str, int, int]  # (note id, version, chars shown)
+
+
+@dataclass
+class NoteCache:
+    """The rendered seed blocks of notes and their token counts, kept from one switch to the next
+    by note id, version and the characters shown: a note unchanged since the last seed is neither
+    rendered nor tokenised again. It keeps only what the last seed used (bounded by the notes)."""
+
+    blocks: dict[NoteKey, str] = field(default_factory=dict)
+    tokens: dict[NoteKey, int] = field(default_factory=dict)
+    used: set[NoteKey] = field(default_factory=set)
+
+    def block(self, note: Note, chars: int) -> tuple[NoteKey, str]:
+        key = (note.id, note.version, chars)
+        block = self.blocks.get(key)
+        if block is None:
+            # render_note guards its own frame; the seed's frames are guarded here
+            block = self.blocks[key] = guard(render_note(note, max_chars=chars), "context-window", "user-input")
+        self.used.add(key)
+        return key, block
+
+    def prune(self) -> None:
+        """Forget every block the seed just rendered did not use (old versions, deleted notes)."""
+        for table in (self.blocks, self.tokens):
+            for key in [k for k in table if k not in self.used]:
+                del table[key]
+        self.used.clear()
+
+
 def render_seed(
     seed: SeedInput,
     *,
@@ -89,39 +124,46 @@ def render_seed(
     goal_chars: int,
     pending_chars: int,
     note_chars: int,
-    note_cache: dict[tuple[str, int, int], tuple[str, int]] | None = None,
+    note_cache: NoteCache | None = None,
 ) -> tuple[str, int, bool]:
-    """The seed text within ``budget_tokens``, its token count and whether that count is exact
-    (the remaining-tokens line is a placeholder).
+    """The seed text within ``budget_tokens``, its token count and whether that count was
+    tokenised (the remaining-tokens line is a placeholder).
 
     When the whole seed fits the budget by its byte length (an upper bound of its tokens) it is
-    not tokenised at all here: the kernel counts it once when the switch commits. Otherwise each
-    part is counted once and rendered notes are cached by id and version.
+    not tokenised here: the count is that bound. Otherwise each part is counted to decide what
+    fits (the sum of the parts, joined at line ends, is the count to within a token per part).
+    Each note's block, and its count once taken, come from ``note_cache`` when the note has not
+    changed since the last seed.
     """
-    text, bound = _compose(seed, budget_tokens, byte_bound, goal_chars, pending_chars, note_chars, None)
-    if bound <= budget_tokens and not _hidden_any(text):
-        return text, bound, False
-    scale = 1.0
-    cache = note_cache if note_cache is not None else {}
-    tokens = 0
-    for _ in range(8):
-        text, tokens = _compose(
-            seed,
-            budget_tokens,
-            count,
-            int(goal_chars * scale),
-            int(pending_chars * scale),
-            max(200, int(note_chars * scale)),
-            cache,
-        )
-        if tokens <= budget_tokens:
-            return text, tokens, True
-        scale /= 2
-    # the earlier instructions and note bodies have floors that can exceed a small budget (a
-    # window whose surface is already small): the minimal seed drops them, every note is named
-    # by id, and everything it leaves out stays readable in the history and with note_get
-    text = minimal_seed(seed)
-    return text, count(text) + 4, True
+    cache = note_cache if note_cache is not None else NoteCache()
+    try:
+        text, bound = _compose(seed, budget_tokens, byte_bound, goal_chars, pending_chars, note_chars, cache, False)
+        if bound <= budget_tokens and not _hidden_any(text):
+            return text, bound, False
+        scale = 1.0
+        tokens = 0
+        for _ in range(8):
+            cache.used.clear()
+            text, tokens = _compose(
+                seed,
+                budget_tokens,
+                count,
+                int(goal_chars * scale),
+                int(pending_chars * scale),
+                max(200, int(note_chars * scale)),
+                cache,
+                True,
+            )
+            if tokens <= budget_tokens:
+                return text, tokens, True
+            scale /= 2
+        # the earlier instructions and note bodies have floors that can exceed a small budget (a
+        # window whose surface is already small): the minimal seed drops them, every note is named
+        # by id, and everything it leaves out stays readable in the history and with note_get
+        text = minimal_seed(seed)
+        return text, count(text) + 4, True
+    finally:
+        cache.prune()
 
 
 def minimal_seed(seed: SeedInput) -> str:
@@ -172,8 +214,11 @@ def _compose(
     goal_chars: int,
     pending_chars: int,
     note_chars: int,
-    cache: dict[tuple[str, int, int], tuple[str, int]] | None,
+    cache: NoteCache,
+    counted: bool,
 ) -> tuple[str, int]:
+    """The seed text and its cost by ``count`` (``counted``: a tokenizer, whose counts of note
+    blocks ``cache`` remembers; else the byte bound)."""
     lines = [
         _head(seed),
         f"A new context window has started because {TRIGGER_TEXT.get(seed.trigger, seed.trigger)}. "
@@ -230,15 +275,14 @@ def _compose(
     shown = 0
     hidden = list(seed.hidden_note_paths)
     for note in seed.notes:
-        key = (note.id, note.version, note_chars)
-        cached = cache.get(key) if cache is not None else None
-        if cached is None:
-            # render_note guards its own frame; the seed's frames are guarded here
-            block = guard(render_note(note, max_chars=note_chars), "context-window", "user-input")
-            cached = (block, count(block) + 1)
-            if cache is not None:
-                cache[key] = cached
-        block, cost = cached
+        key, block = cache.block(note, note_chars)
+        if counted:
+            tokens = cache.tokens.get(key)
+            if tokens is None:
+                tokens = cache.tokens[key] = count(block)
+            cost = tokens + 1
+        else:
+            cost = byte_bound(block) + 1
         if used + cost + reserve > budget:
             hidden.append(note.path)
             continue

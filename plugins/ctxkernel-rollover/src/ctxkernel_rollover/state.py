@@ -11,6 +11,7 @@ O(new events)):
 ``user/message``             with ``data.rollover_reminder``: the single-shot reminder of a window
 ``rollover/overflow``        a provider overflow given back to the harness (no more retries)
 ``assistant/message``        the model answered: the overflow retry streak starts over
+``turn/start``               the user's pending input (their messages of the open turn) starts over
 
 A switch commits atomically (summary, seed and end in one batch), so a log cut at any point
 replays to the old window or the new one, never a mixture, and an intent consumed by a
@@ -22,8 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ctxkernel.events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, USER_MESSAGE
+from ctxkernel.events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, TURN_START, USER_MESSAGE
 
+from .seed import FIRST_DENSITY_GUESS, NoteCache
 from .strategy import NAME, STRATEGY
 
 if TYPE_CHECKING:
@@ -37,6 +39,8 @@ REMINDER_KEY = "rollover_reminder"
 WINDOW_KIND = "window"
 #: recent user instructions kept in the state (the seed shows at most 50)
 MAX_INSTRUCTIONS = 64
+#: the user's messages of the open turn the seed repeats as pending input (the newest)
+PENDING_INPUTS = 8
 
 
 @dataclass
@@ -66,8 +70,13 @@ class RolloverState:
     #: seqs of the user's own messages: the first one, and the most recent ones
     first_instruction: int | None = None
     instructions: list[int] = field(default_factory=list)
-    #: rendered seed blocks of notes and their token counts, by (note id, version, chars shown)
-    note_blocks: dict[tuple[str, int, int], tuple[str, int]] = field(default_factory=dict)
+    #: seqs of the user's own messages since the last ``turn/start`` (the newest PENDING_INPUTS),
+    #: so a switch finds its pending input without walking back through a long turn
+    turn_inputs: list[int] = field(default_factory=list)
+    #: the last seed's rendered note blocks and their token counts (not folded: a cache)
+    note_cache: NoteCache = field(default_factory=NoteCache)
+    #: tokens per byte of the last seed counted exactly (not folded: the next seed's first guess)
+    seed_density: float = FIRST_DENSITY_GUESS
 
     @property
     def number(self) -> int:
@@ -106,6 +115,8 @@ class RolloverState:
                 self.overflow_streak += 1
         elif t in (ASSISTANT_MESSAGE, OVERFLOW_EVENT):
             self.overflow_streak = 0
+        elif t == TURN_START:
+            self.turn_inputs = []
         elif t == USER_MESSAGE:
             if isinstance(d.get(REMINDER_KEY), str):
                 self.reminded.add(d[REMINDER_KEY])
@@ -118,6 +129,9 @@ class RolloverState:
                 self.instructions.append(event.seq)
                 if len(self.instructions) > 2 * MAX_INSTRUCTIONS:
                     del self.instructions[:-MAX_INSTRUCTIONS]
+                self.turn_inputs.append(event.seq)
+                if len(self.turn_inputs) > 2 * PENDING_INPUTS:
+                    del self.turn_inputs[:-PENDING_INPUTS]
 
     def _resolve(self, intent_id: Any) -> None:
         if isinstance(intent_id, str):
@@ -164,6 +178,7 @@ class RolloverState:
             "overflow_streak": self.overflow_streak,
             "first_instruction": self.first_instruction,
             "instructions": list(self.instructions),
+            "turn_inputs": list(self.turn_inputs),
         }
 
     @classmethod
@@ -177,9 +192,17 @@ class RolloverState:
         if not all(isinstance(x, str) for x in [*chain, *reminded, *resolved]):
             msg = "chain, reminded and resolved must hold window and intent ids (strings)"
             raise ValueError(msg)
-        seqs = [data["opened_by"], data["seed_seq"], data["first_instruction"], *data["instructions"]]
+        seqs = [
+            data["opened_by"],
+            data["seed_seq"],
+            data["first_instruction"],
+            *data["instructions"],
+            *data["turn_inputs"],
+        ]
         if not all(x is None or type(x) is int for x in seqs) or type(data["overflow_streak"]) is not int:
-            msg = "opened_by, seed_seq, first_instruction, instructions and overflow_streak must be integers"
+            msg = (
+                "opened_by, seed_seq, first_instruction, instructions, turn_inputs and overflow_streak must be integers"
+            )
             raise ValueError(msg)
         return cls(
             cursor=cursor,
@@ -198,12 +221,13 @@ class RolloverState:
             overflow_streak=data["overflow_streak"],
             first_instruction=data["first_instruction"],
             instructions=list(data["instructions"]),
+            turn_inputs=list(data["turn_inputs"]),
         )
 
 
 #: the format of :meth:`RolloverState.folded` in session snapshots: bump it whenever that shape
 #: changes, so a snapshot written by an older plugin is folded from the start of the log
-STATE_VERSION = 1
+STATE_VERSION = 2
 
 
 def state_of(session: Session) -> RolloverState:

@@ -12,11 +12,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ctxkernel import CtxKernelError, Message, Span, StrategyNotes, get_logger
-from ctxkernel.events import TURN_START, USER_MESSAGE
 from ctxkernel.recall.notes import NotesLimits
 
-from .seed import REMAINING_PLACEHOLDER, SeedInput, render_seed
-from .state import WINDOW_EVENT, WINDOW_KIND, state_of
+from .seed import DENSITY_MARGIN, REMAINING_PLACEHOLDER, SeedInput, render_seed
+from .state import PENDING_INPUTS, WINDOW_EVENT, WINDOW_KIND, state_of
 from .strategy import STRATEGY
 from .window_ids import next_window_id
 
@@ -56,22 +55,15 @@ def ensure_window(session: Session) -> str:
     return state.current
 
 
-def current_turn_inputs(session: Session, limit: int = 8) -> list[tuple[int, str]]:
-    """The user's own messages of the open turn (what the model still has to act on)."""
+def current_turn_inputs(session: Session, limit: int = PENDING_INPUTS) -> list[tuple[int, str]]:
+    """The user's own messages of the open turn (what the model still has to act on), the
+    newest ``limit``, oldest first: from the folded state, not a walk back through the turn."""
     if not session.turn_open:
         return []
-    found: list[tuple[int, str]] = []
-    for event in reversed(session.events):
-        if event.type == TURN_START:
-            break
-        if event.type == USER_MESSAGE and (event.surface or {}).get("op") == "append":
-            source = event.data["message"].get("source", {})
-            if source.get("kind", "user") == "user":
-                message = Message.from_dict(event.data["message"])
-                found.append((event.seq, message.text))
-                if len(found) >= limit:
-                    break
-    return list(reversed(found))
+    events = session.events
+    return [
+        (seq, Message.from_dict(events[seq].data["message"]).text) for seq in state_of(session).turn_inputs[-limit:]
+    ]
 
 
 def _earlier_instructions(session: Session, count: int) -> list[tuple[int, str]]:
@@ -99,15 +91,48 @@ def _goal(session: Session, notes: StrategyNotes, next_goal: str | None) -> tupl
     return None, "none recorded"
 
 
+#: what the remaining-tokens figure may understate the room by, as a share of the window
+FIGURE_SLACK = 0.02
+
+
+def _fill_remaining(
+    session: Session, text: str, tokens: int, counted: bool, framing: int, window: int, overhead: int
+) -> tuple[str, int]:
+    """The seed with its remaining-tokens line filled in, and its token count (with framing).
+
+    A count from the parts (``counted``) or a byte bound that understates the room by at most
+    FIGURE_SLACK of the window is used as it is. Otherwise the seed is tokenised once, filled in:
+    through the meter's memo, so the kernel's count of the replacement at the commit is a lookup
+    (the whole seed is tokenised once per switch). The figure is first filled from a guess; only
+    when the count shows the guess understated the tokens, or overstated them by more than the
+    slack, is it filled again from the count and counted again. The figure never overstates the
+    room (beyond the few tokens of its own digits)."""
+    room, slack = window - overhead, FIGURE_SLACK * window
+
+    def fill(seed_tokens: int) -> str:
+        return text.replace(REMAINING_PLACEHOLDER, f"{max(0, room - seed_tokens)} of {window}", 1)
+
+    if counted or tokens - framing <= slack:
+        return fill(tokens), tokens
+    state = state_of(session)
+    size = len(text.encode())
+    guess = framing + int(size * (state.seed_density + DENSITY_MARGIN)) + 1
+    filled = fill(guess)
+    exact = framing + session.meter.count_text(filled)
+    if not exact <= guess <= exact + slack:
+        filled = fill(exact)
+        exact = framing + session.meter.count_text(filled)
+    state.seed_density = (exact - framing) / size
+    return filled, exact
+
+
 def switch(
     session: Session, trigger: str, *, intent: dict[str, Any] | None = None, error: str | None = None
 ) -> CommitResult:
     """Start a new window now. Raises :class:`RolloverError` (after recording it) when it cannot."""
     settings = settings_of(session)
-    state = state_of(session)
     current = ensure_window(session)
-    state = state_of(session)
-    intent = intent if intent is not None else state.pending
+    intent = intent if intent is not None else state_of(session).pending
     try:
         result = _switch(session, settings, trigger, intent, error)
     except CtxKernelError as exc:
@@ -191,19 +216,18 @@ def _switch(
         pending_base=settings.pending_input_chars,
     )
     framing = session.meter.count_message(Message.user(""))  # the per-message framing
-    text, seed_tokens, exact = render_seed(
+    text, seed_tokens, counted = render_seed(
         seed,
         budget_tokens=max(budget - framing, 1),
         count=session.meter.count_text,
         goal_chars=settings.goal_chars,
         pending_chars=settings.pending_input_chars,
         note_chars=settings.seed_note_chars,
-        note_cache=state.note_blocks,
+        note_cache=state.note_cache,
     )
-    if not exact and seed_tokens > 0.02 * pressure.effective_window:
-        # the byte bound would understate the remaining room by more than 2% of the window
-        seed_tokens = session.meter.count_text(text)
-    seed_tokens += framing
+    text, seed_tokens = _fill_remaining(
+        session, text, seed_tokens + framing, counted, framing, pressure.effective_window, overhead
+    )
     # the budget always admits the minimal seed (render_seed falls back to it when nothing else
     # fits); what an automatic switch cannot do is replace the surface with something no smaller
     if seed_tokens >= surface_tokens and trigger != "manual":
@@ -226,8 +250,6 @@ def _switch(
             "or use a model with a larger window"
         )
         raise RolloverError(msg)
-    remaining = max(0, pressure.effective_window - overhead - seed_tokens)
-    text = text.replace(REMAINING_PLACEHOLDER, f"{remaining} of {pressure.effective_window}", 1)
     message = Message.user(text, STRATEGY.source("seed"))
     data = {
         "window_id": new_id,

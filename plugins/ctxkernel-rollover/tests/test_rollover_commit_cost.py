@@ -1,0 +1,176 @@
+"""What a switch does around its commit (issue 21 item 3): its seed is tokenised once, a note
+unchanged since the last seed is neither rendered nor tokenised again, and the pending input and
+the goal come from folded state instead of a walk back through the log. Each is checked against
+the result of the slower way it replaced."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+from helpers_rollover import call, rollover_kernel
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ctxkernel import Message
+from ctxkernel.events import TURN_START, USER_MESSAGE
+from ctxkernel.recall.notes import Notes
+from ctxkernel_rollover import seed as seed_module
+from ctxkernel_rollover.state import state_of
+from ctxkernel_rollover.switch import FIGURE_SLACK, current_turn_inputs, switch
+
+
+class CountingTokenizer:
+    """The session's tokenizer, recording every text it is asked to count."""
+
+    def __init__(self, inner):
+        self.inner, self.name, self.texts = inner, inner.name, []
+
+    def count(self, text: str) -> int:
+        self.texts.append(text)
+        return self.inner.count(text)
+
+
+def session_with_notes(tmp_path, window: int, notes: int = 12):
+    session = rollover_kernel(tmp_path, window=window, reserve=4_000).open_session()
+    session.user("refactor the parser module and keep its API")
+    for i in range(6):
+        session.prepare_request()
+        session.commit_reply(Message.assistant(f"step {i}", [call(f"c{i}", "read_file", path=f"m{i}.py")]))
+        session.tool_result(f"c{i}", "def f():\n    return 1\n" * 30)
+    api = Notes.for_session(session)
+    for i in range(notes):
+        api.write(f"notes/{i}", f"decision {i}: keep the parser's API; next, step {i}.\n" * 6)
+    session.end_turn()
+    session.user("continue")
+    return session
+
+
+def test_the_seed_is_tokenised_once_and_unchanged_notes_are_not_tokenised_again(tmp_path, monkeypatch):
+    # a 128K window: the seed's byte bound is past 2% of it, so the seed is counted exactly
+    session = session_with_notes(tmp_path, 128_000)
+    counting = CountingTokenizer(session.meter.tokenizer)
+    monkeypatch.setattr(session.meter, "tokenizer", counting)
+    for round_ in range(2):
+        counting.texts.clear()
+        switch(session, "manual")
+        seed = session.surface.nodes[0].message.text
+        assert seed.count("<note ") == 12
+        whole = [t for t in counting.texts if t.count("<note ") > 1]
+        assert whole == [seed], "the seed was tokenised more than once"
+        assert max(Counter(counting.texts).values()) == 1
+        assert not [t for t in counting.texts if t.count("<note ") == 1], "a note was tokenised on its own"
+        session.user(f"go on {round_}")
+
+
+def test_a_wide_window_seed_is_counted_by_the_kernel_only(tmp_path, monkeypatch):
+    session = session_with_notes(tmp_path, 1_000_000)
+    counting = CountingTokenizer(session.meter.tokenizer)
+    monkeypatch.setattr(session.meter, "tokenizer", counting)
+    switch(session, "manual")
+    assert [t for t in counting.texts if "<note " in t] == [session.surface.nodes[0].message.text]
+
+
+def figure_and_truth(session) -> tuple[int, int, int]:
+    """The seed's remaining-tokens figure, the room actually left after the switch, the window."""
+    seed = session.surface.nodes[0].message.text
+    match = re.search(r"Context remaining: about (\d+) of (\d+) tokens", seed)
+    assert match, seed[:600]
+    pressure = session.pressure()
+    return int(match.group(1)), pressure.effective_window - pressure.tokens, int(match.group(2))
+
+
+NOTE_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=400)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=st.lists(NOTE_TEXT, min_size=1, max_size=10), window=st.sampled_from([8_000, 32_000, 128_000]))
+def test_the_remaining_figure_never_overstates_the_room_and_understates_it_by_at_most_the_slack(
+    tmp_path_factory, texts, window
+):
+    session = rollover_kernel(tmp_path_factory.mktemp("figure"), window=window, reserve=1_000).open_session()
+    session.user("start the work on the parser")
+    session.prepare_request()
+    session.commit_reply(Message.assistant("reading", [call("c", "read_file", path="a.py")]))
+    session.tool_result("c", "x = 1\n" * 50)
+    api = Notes.for_session(session)
+    for i, text in enumerate(texts):
+        api.write(f"n/{i}", text)
+    switch(session, "manual")
+    figure, truth, shown_window = figure_and_truth(session)
+    assert shown_window == session.pressure().effective_window
+    # its own digits are counted with the seed: a few tokens either way
+    assert truth - FIGURE_SLACK * shown_window - 8 <= figure <= truth + 8
+
+
+def walk_back(session, limit: int = 8) -> list[tuple[int, str]]:
+    """The pending input found by walking back through the open turn (the reference)."""
+    if not session.turn_open:
+        return []
+    found = []
+    for event in reversed(session.events):
+        if event.type == TURN_START:
+            break
+        if event.type == USER_MESSAGE and (event.surface or {}).get("op") == "append":
+            if event.data["message"].get("source", {}).get("kind", "user") == "user":
+                found.append((event.seq, Message.from_dict(event.data["message"]).text))
+                if len(found) >= limit:
+                    break
+    return list(reversed(found))
+
+
+ACTIONS = st.lists(st.sampled_from(["user", "step", "end", "switch", "restart", "remind"]), max_size=30)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(actions=ACTIONS)
+def test_pending_input_from_the_folded_state_is_the_walk_back(tmp_path_factory, actions):
+    home = tmp_path_factory.mktemp("pending")
+    session = rollover_kernel(home, window=64_000).open_session()
+    session.user("start the work")
+    for n, action in enumerate(actions):
+        if action == "user":
+            session.user(f"more input {n} " * (n % 3 + 1))
+        elif action == "step" and session.turn_open:
+            session.prepare_request()
+            session.commit_reply(Message.assistant(f"done {n}"))
+        elif action == "end" and session.turn_open:
+            session.end_turn()
+        elif action == "switch" and session.turn_open and not session.surface.pending_calls:
+            switch(session, "manual")
+        elif action == "restart":
+            session = rollover_kernel(home, window=64_000).open_session(session.id)
+        elif action == "remind" and session.turn_open:
+            session.emit("other", "event", {"n": n})
+        for limit in (1, 3, 8):
+            assert current_turn_inputs(session, limit) == walk_back(session, limit)
+
+
+NOTE_EDITS = st.lists(
+    st.tuples(st.sampled_from(["a", "b", "c", "d"]), st.sampled_from(["write", "delete"]), st.text(max_size=30)),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edits=NOTE_EDITS, budget=st.sampled_from([60, 400, 5_000]))
+def test_a_seed_rendered_with_the_cache_is_the_seed_rendered_afresh(tmp_path_factory, edits, budget):
+    session = rollover_kernel(tmp_path_factory.mktemp("cache"), window=64_000).open_session()
+    notes = Notes.for_session(session)
+    cache = seed_module.NoteCache()
+    count = session.meter.count_text
+    for path, op, text in edits:
+        if op == "write":
+            notes.write(path, text or "-")
+        elif notes.exists(path):
+            notes.delete(path)
+        seed = seed_module.SeedInput(
+            "w2", "w1", "w1", 2, "manual", "the goal", "test", [], list(reversed(notes.active())), 0, 9
+        )
+        kwargs = {"budget_tokens": budget, "count": count, "goal_chars": 500, "pending_chars": 500, "note_chars": 300}
+        warm = seed_module.render_seed(seed, note_cache=cache, **kwargs)
+        assert warm == seed_module.render_seed(seed, **kwargs)
+        live = {(n.id, n.version) for n in notes.active()}
+        assert {(k[0], k[1]) for k in cache.blocks} <= live, "the cache kept a block no seed uses"
+    assert state_of(session).note_cache.blocks == {}  # the session's own cache: only switches fill it
