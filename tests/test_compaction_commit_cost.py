@@ -64,6 +64,31 @@ def test_a_compaction_syncs_the_log_once(tmp_path, monkeypatch):
     assert [e.to_dict() for e in reopened.events] == [e.to_dict() for e in session.events]
 
 
+def test_a_compaction_reads_no_log_bytes_it_wrote_itself(tmp_path, monkeypatch):
+    """The refreshes of a transaction whose writer is this process answer from the file's size
+    (jsonl ``_scan``): the log is opened only by the two appends, never read back."""
+    kernel = build_kernel(tmp_path, model=WINDOW, fsync=False)
+    session = kernel.open_session()
+    for n in range(4):
+        chat(session, f"instruction {n}")
+    opened: list[tuple[str, str]] = []
+
+    def counting(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        opened.append((str(file), mode))
+        return open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(jsonl_module, "open", counting, raising=False)
+    session.compact(head_span(session), strategy="basic")
+    log = str(session.store.path(session.id))
+    assert [mode for file, mode in opened if file == log] == ["r+b", "r+b"]  # the lock, the commit
+    # another writer's append is still seen: the size moved past what this process knows
+    other = build_kernel(tmp_path, model=WINDOW, fsync=False).open_session(session.id)
+    before = len(session.events)
+    other.user("from another process")
+    assert session.refresh() == len(other.events) - before > 0
+    assert [e.to_dict() for e in session.events] == [e.to_dict() for e in other.events]
+
+
 def test_a_failed_summary_still_ends_its_compaction_durably(tmp_path, monkeypatch):
     kernel = build_kernel(tmp_path, model=WINDOW)
     session = kernel.open_session()
@@ -184,3 +209,91 @@ def test_one_renewer_thread_renews_every_held_lease(tmp_path):
     again.acquire()
     assert threading.active_count() <= threads + 1
     again.release()
+
+
+def test_the_renewer_is_not_woken_for_a_lease_it_renews_in_time_anyway():
+    """Waking the renewer at every ``acquire`` handed it the GIL mid-transaction: idle, it wakes
+    every third of the last lease's term by itself, and a lease of that term (or longer) is
+    added without a notify; a shorter one still wakes it. Every lease is renewed in time."""
+    import time
+
+    from ctxkernel.lease import Renewals
+
+    class Probe:
+        def __init__(self, seconds: float) -> None:
+            self.seconds, self.renewed = seconds, []
+
+        def renew(self) -> bool:
+            self.renewed.append(time.monotonic())
+            return True
+
+    renewals = Renewals()
+    real, notified = renewals._cond.notify, []
+    renewals._cond.notify = lambda *a: (notified.append(1), real(*a))  # type: ignore[method-assign]
+    first = Probe(0.3)
+    renewals.add(first)
+    time.sleep(0.05)  # the thread is waiting now
+    renewals.discard(first)
+    later = [Probe(0.3), Probe(0.6)]
+    added = time.monotonic()
+    for probe in later:
+        renewals.add(probe)
+    assert notified == []
+    short = Probe(0.09)
+    renewals.add(short)
+    assert notified == [1]  # due before the thread would wake by itself
+    time.sleep(0.5)
+    for probe in [*later, short]:
+        assert probe.renewed, probe.seconds
+        # renewed by a third of its term (plus scheduling slack), far inside the term itself
+        assert probe.renewed[0] - added < probe.seconds / 3 + 0.15
+    for probe in [*later, short]:
+        renewals.discard(probe)
+    renewals.add(calm := Probe(60.0))  # the idle thread left behind wakes every 20 s, not 30 ms
+    renewals.discard(calm)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(max_size=300))
+def test_the_meters_bound_without_tokenising_is_never_below_the_count(text):
+    from ctxkernel.meter import Meter, get_tokenizer
+
+    meter = Meter(get_tokenizer())
+    message = Message.user(text)
+    bound = meter.message_at_most(message)
+    assert bound is not None and meter.count_message(message) <= bound
+
+
+def test_a_pinned_replacement_is_tokenised_once_and_still_shrink_checked(tmp_path):
+    """The replacement that carries the instruction block is counted with the block; its own
+    text is not tokenised again when its byte length already proves it shrinks the span. One
+    that does not shrink is still refused."""
+    import pytest
+
+    from ctxkernel import ShrinkCheckError
+    from ctxkernel.compaction import checkpoint_message
+
+    kernel = build_kernel(tmp_path, model=WINDOW, fsync=False)
+    session = kernel.open_session()
+    for n in range(6):
+        chat(session, f"instruction {n}: keep the parser strict")
+    counted: list[str] = []
+    real = session.meter.count_text
+
+    def counting(text: str) -> int:
+        counted.append(text)
+        return real(text)
+
+    session.meter.count_text = counting  # type: ignore[method-assign]
+    span = head_span(session, summary="the head, summarised")
+    result = session.compact(span, strategy="basic")
+    assert "instructions" in session.events[result.start_seq + 1].data  # the block was pinned
+    own = checkpoint_message("the head, summarised", "basic").text
+    assert own not in counted  # only the carrier, with its block
+    node = session.surface.node(result.spans[0].replacement_seq)
+    assert result.spans[0].tokens_after == node.tokens == real(node.message.text) + 4
+    long = " ".join(f"w{i}" for i in range(3000))
+    for n in range(3):
+        chat(session, f"more instruction {n}")
+    with pytest.raises(ShrinkCheckError):
+        session.compact(head_span(session, summary=long), strategy="basic")

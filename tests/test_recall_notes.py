@@ -163,3 +163,104 @@ def test_replay_equals_live_state(tmp_path_factory, ops):
     assert {n.path: n.content for n in notes.active()} == model
     again = Notes.for_session(kernel.open_session(session.id))
     assert [n.to_dict() for n in again.active()] == [n.to_dict() for n in notes.active()]
+
+
+def _chat(session, text: str) -> None:
+    from ctxkernel import Message
+
+    session.user(text)
+    session.prepare_request()
+    session.commit_reply(Message.assistant("ok " + text))
+    session.end_turn()
+
+
+def _head(session):
+    from ctxkernel import Span, balanced_cut_at_or_before
+
+    nodes = session.surface.nodes
+    cut = balanced_cut_at_or_before(session.surface, len(nodes) - 1)
+    return Span(nodes[0].seq, nodes[cut - 1].seq, summary="the head, summarised")
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(
+        st.lists(
+            st.tuples(st.sampled_from(["write", "append"]), st.sampled_from(["a", "b", "c/d"]), st.text(max_size=20)),
+            max_size=4,
+            unique_by=lambda op: op[1],  # one write per note and batch
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_writes_staged_with_a_compaction_fold_as_the_same_writes_made_directly(tmp_path_factory, batches):
+    """Notes.staged(): what a batch's compaction commits folds to what the same writes, made one
+    by one with Notes.write/append, give (contents, versions, trust, windows), live and replayed."""
+    kernel = build_kernel(tmp_path_factory.mktemp("staged"))
+    direct, committed = kernel.open_session(), kernel.open_session()
+    for n, batch in enumerate(batches):
+        for session in (direct, committed):
+            for turn in range(3):
+                _chat(session, f"turn {n}.{turn}")
+        staged = Notes.for_session(committed).staged(strategy="basic")
+        for op, path, text in batch:
+            getattr(Notes.for_session(direct), op)(path, text, trust="tool-output", window=f"w{n}", strategy="basic")
+            getattr(staged, op)(path, text, trust="tool-output", window=f"w{n}")
+        assert len(staged) == len(batch)
+        result = committed.compact(_head(committed), strategy="basic", data={"n": n, **staged.data})
+        assert (result.data.get("note_writes") or []) == staged.data.get("note_writes", [])
+
+    def view(session):
+        notes = Notes.for_session(session)
+        return [
+            (n.path, n.content, n.trust, n.version, n.window, n.windows, [v.content for v in notes.versions(n.id)])
+            for n in sorted(notes.active(), key=lambda n: n.path)
+        ]
+
+    assert view(committed) == view(direct)
+    assert view(kernel.open_session(committed.id)) == view(direct)
+
+
+def test_staged_writes_are_checked_when_staged_and_land_only_with_their_compaction(kernel):
+    session = kernel.open_session()
+    for n in range(4):
+        _chat(session, f"instruction {n}")
+    notes = Notes.for_session(session, NotesLimits(max_files=2, max_session_bytes=100))
+    notes.write("kept", "x" * 40)
+    staged = notes.staged()
+    staged.write("one", "y" * 40)
+    # each write is counted with the ones staged before it: a third note, or a 101st byte, is refused
+    with pytest.raises(NotesLimitError, match="limit is 2"):
+        staged.write("two", "z")
+    with pytest.raises(NotesLimitError, match="limit is 100"):
+        staged.append("kept", "x" * 21)
+    with pytest.raises(NotesError, match="already staged"):
+        staged.append("one", "y")
+    with pytest.raises(NotePathError):
+        staged.write("../escape", "z")
+    assert len(staged) == 1 and not notes.exists("one")  # nothing is written while staged
+    before = log_bytes(kernel, session)
+    from ctxkernel import CompactionError, Span
+
+    with pytest.raises(CompactionError):  # a refused compaction (a span off the surface) writes none
+        session.compact(Span(10_000, 10_001, summary="s"), strategy="basic", data=staged.data)
+    assert log_bytes(kernel, session) == before and not notes.exists("one")
+    session.compact(_head(session), strategy="basic", data=staged.data)
+    assert notes.read("one").content == "y" * 40 and notes.read("one").trust == "model-authored"
+    assert notes.read("kept").content == "x" * 40
+
+
+def test_malformed_committed_writes_are_skipped_by_the_fold(kernel):
+    session = kernel.open_session()
+    for n in range(4):
+        _chat(session, f"instruction {n}")
+    data = {"note_writes": [7, "x", {"path": "no-id"}, {"id": "n_1", "path": "ok", "op": "create", "content": "fine"}]}
+    session.compact(_head(session), strategy="basic", data=data)
+    notes = Notes.for_session(session)
+    assert [(n.path, n.content, n.trust) for n in notes.active()] == [("ok", "fine", "tool-output")]
+    session2 = kernel.open_session()
+    for n in range(4):
+        _chat(session2, f"instruction {n}")
+    session2.compact(_head(session2), strategy="basic", data={"note_writes": "not a list"})
+    assert len(Notes.for_session(session2)) == 0

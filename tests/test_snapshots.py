@@ -350,3 +350,74 @@ def test_a_strategys_transient_counter_is_not_restored_from_the_snapshot(tmp_pat
     assert reopened.state["basic"].get("overflow_streak", 0) == 0
     replayed = kernel(JsonlStore(tmp_path, fsync=False), tmp_path, snapshot_every=0).open_session(session.id)
     assert {k: v for k, v in reopened.state["basic"].items()} == {k: v for k, v in replayed.state["basic"].items()}
+
+
+def _head_span(session: Any) -> Any:
+    from ctxkernel import Span, balanced_cut_at_or_before
+
+    nodes = session.surface.nodes
+    cut = balanced_cut_at_or_before(session.surface, len(nodes) - 1)
+    return Span(nodes[0].seq, nodes[cut - 1].seq, summary="the head, summarised")
+
+
+def test_a_compaction_commit_snapshots_at_the_next_step_boundary_not_inside_the_commit(tmp_path):
+    """Issue 21 item 2: the commit costs one durable write; its snapshot is written when the step
+    ends (once for every commit of the step). Reopened in between (a crash before the boundary),
+    the session replays from the older snapshot: the same session, only a longer replay."""
+    session = kernel(JsonlStore(tmp_path, fsync=False), tmp_path, snapshot_every=1000).open_session()
+    work(session, 4)
+    session.write_snapshot()
+    session.user("one more step")
+    before = session.store.snapshot_get(session.id)
+    session.compact(_head_span(session), strategy="basic")
+    session.compact(_head_span(session), strategy="basic")
+    assert session.store.snapshot_get(session.id) == before  # nothing written inside the commits
+    live = state_of(session)
+    crashed = kernel(JsonlStore(tmp_path, fsync=False), tmp_path, snapshot_every=1000).open_session(
+        session.id, repair=False
+    )
+    assert crashed.events.base == before[0] and state_of(crashed) == live
+    session.prepare_request()  # step/start: the boundary
+    covers, _ = session.store.snapshot_get(session.id)
+    assert covers == len(session.events)
+    reopened = kernel(JsonlStore(tmp_path, fsync=False), tmp_path, snapshot_every=1000).open_session(
+        session.id, repair=False
+    )
+    assert reopened.events.base == covers and reopened.events.loaded == 0
+    assert state_of(reopened) == state_of(session)
+
+
+def test_an_overflow_compaction_snapshots_when_request_failed_returns(tmp_path):
+    from ctxkernel import ContextOverflowError
+
+    session = kernel(JsonlStore(tmp_path, fsync=False), tmp_path, snapshot_every=1000).open_session()
+    work(session, 12)
+    session.user("one more step")
+    window = session.prepare_request().pressure.effective_window
+    assert session.request_failed(ContextOverflowError("too long", prompt_tokens=window + 1, limit=window)) is True
+    assert session.events[-1].type == "compaction/end"  # the compaction was the last append...
+    covers, _ = session.store.snapshot_get(session.id)
+    assert covers == len(session.events)  # ...and request_failed snapshotted it before returning
+
+
+def test_a_compaction_by_a_kernel_tool_snapshots_when_run_tool_returns(tmp_path, monkeypatch):
+    """A tool that compacts (decay's ``compress``) runs between the reply that called it and its
+    result: its return is the boundary (the harness sends the next request after it)."""
+    from ctxkernel import ToolOutcome
+
+    session = kernel(JsonlStore(tmp_path, fsync=False), tmp_path, snapshot_every=1000).open_session()
+    work(session, 4)
+    session.write_snapshot()
+    session.user("one more step")
+    session.owns_tool("compress")  # builds the session's tool registry
+
+    def squash(session: Any, call: Any) -> ToolOutcome:
+        session.compact(_head_span(session), strategy="basic")
+        assert session.store.snapshot_get(session.id)[0] < len(session.events)  # not inside the commit
+        return ToolOutcome("squashed")
+
+    monkeypatch.setattr(session.tools, "run", squash)
+    assert not session.run_tool({"id": "t1", "name": "squash", "arguments": {}}).is_error
+    assert session.events[-1].type == "compaction/end"
+    covers, _ = session.store.snapshot_get(session.id)
+    assert covers == len(session.events)

@@ -139,3 +139,21 @@ def test_no_hand_made_ellipsis_clip_outside_the_toolkit():
             if '] + "…"' in line or '] + "\\u2026"' in line:
                 found.append(f"{path.relative_to(REPO)}:{number}")
     assert not found, found
+
+
+@given(
+    st.lists(
+        st.sampled_from(["Error", "error", "Errors", "_Error", "Exception:", "Traceback", "FAILED", "FAIL", " ", "\n"])
+        | st.text(max_size=40),
+        max_size=120,
+    ),
+    st.booleans(),
+)
+def test_failed_answers_as_the_error_markers_over_the_first_2000_characters(pieces, flagged):
+    """``failed`` skips the regex when none of its words occurs: the answer must not change."""
+    from ctxkernel.messages import ToolResultBlock
+    from ctxkernel.text import ERROR_MARKERS, failed
+
+    content = "".join(pieces)
+    result = ToolResultBlock("c1", content, is_error=flagged)
+    assert failed(result) == (flagged or bool(ERROR_MARKERS.search(content[:2000])))

@@ -330,20 +330,30 @@ def _run_leased(
         # the strategy's own replacements, the kernel's block is bounded by the budget
         cites = [[n.seq for n in nodes] for nodes in resolved]  # per span, listed once
         cited = {seq for seqs in cites for seq in seqs}
-        strategy_after = [0 if m is None else meter.count_message(m) for m, _ in replacements]
         pinned_messages, pinned, carrier = (
             instructions.pin_lost(session, cited, [m for m, _ in replacements])
             if keep_instructions
             else ([m for m, _ in replacements], [], -1)
         )
-        after = list(strategy_after)
         carried = pinned_messages[carrier] if pinned else None
+        # the strategy's own replacement is counted for the shrink check and the span's record;
+        # the carrier's is recounted with the block, so its own count is needed only for the
+        # check, and not even there when a bound without tokenising proves it shrinks
+        strategy_after: list[int | None] = []
+        for i, (m, _) in enumerate(replacements):
+            if m is None:
+                strategy_after.append(0)
+            elif i == carrier and carried is not None and (not check_shrink or _shrinks_by_bound(meter, m, before[i])):
+                strategy_after.append(None)
+            else:
+                strategy_after.append(meter.count_message(m))
+        after = [0 if a is None else a for a in strategy_after]
         if carried is not None:
             replacements[carrier] = (carried, replacements[carrier][1])
             after[carrier] = meter.count_message(carried)  # only the carrier changed
         if check_shrink:  # 6
             for i, (b, a) in enumerate(zip(before, strategy_after, strict=True)):
-                if a >= b:
+                if a is not None and a >= b:
                     msg = (
                         f"span {i} ({spans[i].start}..{spans[i].end}): the replacement costs {a} tokens, not "
                         f"fewer than the {b} it replaces; choose a larger span or a shorter summary"
@@ -427,6 +437,13 @@ def _run_leased(
     result = CommitResult(compaction_id, strategy, kind, results, start_seq, seq, dict(data or {}))
     session.kernel.hooks.commit(session, result)
     return result
+
+
+def _shrinks_by_bound(meter: Any, message: Message, tokens_before: int) -> bool:
+    """True when the meter's bound without tokenising (``Meter.message_at_most``) already shows
+    ``message`` costs fewer tokens than ``tokens_before``."""
+    bound = meter.message_at_most(message)
+    return bound is not None and bound < tokens_before
 
 
 #: attempts at writing a failed transaction's error end (step 9) before it is given up on

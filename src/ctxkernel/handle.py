@@ -31,7 +31,7 @@ from .plugins import NoSettings, StrategySpec
 from .profile import strategy_settings_from
 from .recall.history import History
 from .recall.notes import STATE_KEY as NOTES_STATE_KEY
-from .recall.notes import Note, Notes, NotesLimits
+from .recall.notes import Note, Notes, NotesLimits, StagedNotes
 from .snapshot import StrategySnapshot
 from .store.base import BlobInfo, EventStore
 from .tools import Tool
@@ -161,6 +161,11 @@ class StrategyNotes:
 
     def delete(self, path_or_id: str, **kwargs: Any) -> Note:
         return self._notes.delete(path_or_id, strategy=self._strategy, **kwargs)
+
+    def staged(self) -> StagedNotes:
+        """Writes to commit with a compaction, in its one durable batch: ``compact(...,
+        data={..., **staged.data})`` (see :class:`ctxkernel.recall.notes.StagedNotes`)."""
+        return self._notes.staged(strategy=self._strategy)
 
     def __len__(self) -> int:
         return len(self._notes)

@@ -190,6 +190,15 @@ class Meter:
     def count_message(self, message: Message) -> int:
         return MESSAGE_OVERHEAD + self.count_text(message_text_for_count(message))
 
+    def message_at_most(self, message: Message) -> int | None:
+        """An upper bound of :meth:`count_message` without tokenising, or None when the tokenizer
+        gives none. A tiktoken encoding is a byte-level BPE over UTF-8: every token covers at least
+        one byte, so a text has at most as many tokens as bytes (a Hugging Face tokenizer may
+        normalise one character into several, so it gets no bound)."""
+        if not isinstance(self.tokenizer, TiktokenTokenizer):
+            return None
+        return MESSAGE_OVERHEAD + len(message_text_for_count(message).encode("utf-8", "surrogatepass"))
+
     def count_header(self, system: str, tools: list[dict[str, Any]]) -> int:
         tokens = REQUEST_OVERHEAD
         if system:

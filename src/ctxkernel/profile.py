@@ -119,8 +119,8 @@ class StoreSettings(_Strict):
     lease_seconds: float = Field(default=30.0, ge=0.1, le=3600)
     #: this worker's host id in lease holders; default the machine's host name
     host_id: str | None = Field(default=None, min_length=1, max_length=255)
-    #: write a snapshot of the folded session state every this many events (and at each
-    #: compaction commit), so opening a session replays only what follows it; 0 turns snapshots off
+    #: write a snapshot of the folded session state every this many events (and at the step boundary
+    #: after a compaction commit), so opening a session replays only what follows it; 0 turns snapshots off
     snapshot_every: int = Field(default=1000, ge=0, le=10_000_000)
 
 

@@ -71,6 +71,9 @@ if TYPE_CHECKING:
 
 log = get_logger("ctxkernel.session")
 
+#: the appends at which a snapshot a compaction commit made due is written (Session._snapshot_after)
+_BOUNDARIES = frozenset({ev.STEP_START, ev.STEP_END, ev.TURN_END})
+
 #: the ``request/context`` key of a window given with the route (``set_route(..., context_window=)``)
 ROUTE_WINDOW_KEY = "routed_window"
 
@@ -255,6 +258,7 @@ class Session:
         self._header_tools: list[dict[str, Any]] = []
         self._snapshots = SnapshotWriter()
         self._snapshot_at = 0  # events covered by the newest snapshot written or loaded
+        self._snapshot_due = False  # a compaction committed since: snapshot at the next step boundary
 
     # -- log access -------------------------------------------------------------------------------
     @property
@@ -424,12 +428,23 @@ class Session:
                 self.store.append(self.id, built, start)
             for event in built:
                 self._fold(event, messages.get(event.seq), checked=True)
-            every = self.kernel.profile.store.snapshot_every
-            if every and (
-                len(self.events) - self._snapshot_at >= every or any(e.type == ev.COMPACTION_END for e in built)
-            ):
-                self.write_snapshot()
+            self._snapshot_after(built)
             return start
+
+    def _snapshot_after(self, built: Sequence[Event]) -> None:
+        """Write a snapshot every ``[store] snapshot_every`` events, and after a compaction commit
+        at the next step boundary (``step/start``, ``step/end`` or ``turn/end``, or the return of
+        ``run_tool`` or ``request_failed``): not inside the commit, whose cost is one durable
+        write, and once for several commits of one step. The snapshot is a cache: a crash before
+        it is written costs a longer replay, never an event."""
+        every = self.kernel.profile.store.snapshot_every
+        if not every:
+            return
+        types = {e.type for e in built}
+        if ev.COMPACTION_END in types:
+            self._snapshot_due = True
+        if len(self.events) - self._snapshot_at >= every or (self._snapshot_due and not types.isdisjoint(_BOUNDARIES)):
+            self.write_snapshot()
 
     def write_snapshot(self) -> None:
         """Write a snapshot of the folded state now (the session does so at each compaction
@@ -439,6 +454,7 @@ class Session:
             if not self.events:
                 return
             self._snapshot_at = len(self.events)
+            self._snapshot_due = False
             try:
                 self.store.snapshot_put(self.id, len(self.events), self._snapshots.encode(self))
             except (StoreError, OSError) as exc:
@@ -627,7 +643,14 @@ class Session:
                     is_error=True,
                 )
             call = ToolCallBlock(call_id, name, call.get("arguments") or {})
-        return self.tools.run(self, call)
+        outcome = self.tools.run(self, call)
+        self._snapshot_if_due()  # a tool that compacted (decay's compress) has ended: a boundary
+        return outcome
+
+    def _snapshot_if_due(self) -> None:
+        with self._lock:
+            if self._snapshot_due:
+                self.write_snapshot()
 
     def tool_result(self, call_id: str, result: str | ToolOutcome, *, is_error: bool = False) -> int:
         """Commit the result of one pending call (in the model's order). Returns its seq."""
@@ -912,7 +935,8 @@ class Session:
             if not decision and isinstance(error, ContextOverflowError) and self.enabled_strategies():
                 # no strategy could shrink the surface: the kernel's fallback excerpts the largest
                 # messages (guard.py); a retry is worth it only when that saved something
-                return self._shrink_after_overflow(error)
+                decision = self._shrink_after_overflow(error)
+            self._snapshot_if_due()  # the step is closed: the boundary an overflow's compaction waits for
             return bool(decision)
 
     def _shrink_after_overflow(self, error: ContextOverflowError) -> bool:

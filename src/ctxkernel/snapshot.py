@@ -3,7 +3,8 @@
 A snapshot is the folded state of a log prefix: the surface (every visible node's event and its
 cached token count), the pairing indexes, the session's turn/step/compaction/header/route/anchor
 tracking, each strategy's folded state and the session-wide indexes. The session writes one at each
-compaction commit and every ``[store] snapshot_every`` events (:meth:`Session.append`), through
+compaction commit (at the next step boundary, not inside the transaction) and every ``[store]
+snapshot_every`` events (:meth:`Session.append`), through
 the store's ``snapshot_put`` (only ``store/`` touches disk). Opening a session loads the newest
 one and replays only the events after it.
 

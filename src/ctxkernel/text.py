@@ -177,9 +177,19 @@ def string_arguments(call: ToolCallBlock, keys: tuple[str, ...] = PATH_KEYS) -> 
     return [value for key in keys if isinstance(value := args.get(key), str)]
 
 
+#: the words of :data:`ERROR_MARKERS`: a text holding none of them cannot match, and four
+#: substring scans cost a fraction of one regex search with word boundaries
+_ERROR_WORDS = ("Error", "Exception", "Traceback", "FAILED")
+
+
 def failed(result: ToolResultBlock, markers: re.Pattern[str] = ERROR_MARKERS) -> bool:
     """True when a tool result is an error: flagged so, or its start shows ``markers``."""
-    return result.is_error or bool(markers.search(result.content[:2000]))
+    if result.is_error:
+        return True
+    head = result.content[:2000]
+    if markers is ERROR_MARKERS and not any(word in head for word in _ERROR_WORDS):
+        return False
+    return bool(markers.search(head))
 
 
 def keep_newest(lines: list[str], budget: int, *, spare: Callable[[str], bool] | None = None) -> list[str]:
@@ -224,17 +234,20 @@ def extractive_summary(messages: list[Message], *, max_chars: int = 12_000) -> s
     last_assistant = ""
     tools_used: list[str] = []
     for message in messages:
-        src = message.source
-        if message.role == "user" and src.kind == "plugin" and CHECKPOINT_OPEN in message.text:
-            for section, bullets in _previous_sections(message.text).items():
-                if section in found:
-                    found[section].extend(bullets)
-            continue
-        if message.role == "user" and src.kind == "user":
+        role, kind = message.role, message.source.kind
+        if role == "user" and kind == "plugin":
+            text = message.text
+            if CHECKPOINT_OPEN in text:
+                for section, bullets in _previous_sections(text).items():
+                    if section in found:
+                        found[section].extend(bullets)
+                continue
+        if role == "user" and kind == "user":
             found["Primary Request and Intent"].append(f"User: {clip(message.text, 600, single_line=True)}")
-        elif message.role == "assistant":
-            if message.text.strip():
-                last_assistant = message.text
+        elif role == "assistant":
+            text = message.text
+            if text.strip():
+                last_assistant = text
             for call in message.tool_calls:
                 if call.name not in tools_used:
                     tools_used.append(call.name)
@@ -242,7 +255,7 @@ def extractive_summary(messages: list[Message], *, max_chars: int = 12_000) -> s
                     found["Files and Code"].append(f"{call.name}: {clip(value, 200, single_line=True)}")
                 for value in string_arguments(call, COMMAND_KEYS):
                     found["Critical Context"].append(f"ran: {clip(value, 200, single_line=True)}")
-        elif message.role == "tool":
+        elif role == "tool":
             result = message.tool_result
             assert result is not None
             if failed(result):

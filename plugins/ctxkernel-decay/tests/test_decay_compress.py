@@ -341,29 +341,19 @@ def test_a_drop_is_one_store_write(inflight, session, monkeypatch):
     assert len(appends.batches) == 1 and appends.batches[0][0] == "compaction/start"
 
 
-class _CountingTokenizer:
-    """The session's real tokenizer, recording every text it is asked to count."""
-
-    def __init__(self, real):
-        self.real, self.name, self.texts = real, real.name, []
-
-    def count(self, text):
-        self.texts.append(text)
-        return self.real.count(text)
-
-
-def test_a_summary_is_tokenised_once_from_the_call_to_the_surface(inflight, session):
+def test_a_summary_is_tokenised_once_from_the_call_to_the_surface(inflight, session, monkeypatch):
     # short summaries are below the meter's memo of large texts: before issue 21 the tool counted
     # its block for the shrink check and the kernel's transaction counted it again. The span
     # leaves the user's instruction (p1) out: a block carrying one is the kernel's to count again
     summary = "the setup turn: read f1.py and f2.py, nothing to fix"
-    counting = _CountingTokenizer(session.meter.tokenizer)
-    session.meter.tokenizer = counting
+    tokenizer, counted = session.meter.tokenizer, []
+    real = tokenizer.count
+    monkeypatch.setattr(tokenizer, "count", lambda text: counted.append(text) or real(text))
     out = inflight.run_tool("compress", _span("p2", "p6", summary))
     assert not out.is_error, out.content
-    assert sum(summary in text for text in counting.texts) == 1
+    assert sum(summary in text for text in counted) == 1
     block = next(n for n in session.surface.nodes if summary in n.message.text)
-    assert block.tokens == counting.real.count(block.message.text) + 4  # the count the kernel kept
+    assert block.tokens == real(block.message.text) + 4  # the count the kernel kept
 
 
 def test_a_summary_longer_in_bytes_than_the_span_in_tokens_is_counted_exactly(inflight, session):

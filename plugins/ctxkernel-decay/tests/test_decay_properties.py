@@ -277,17 +277,3 @@ def test_no_accepted_compression_covers_the_open_turn(data):
                     covered = set().union(*(_leaves(session.events, c) for c in event.surface["cites"]))
                     assert max(covered) < instruction, (out.content, sorted(covered), instruction)
             session.end_turn()
-
-
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    summary=st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=400),
-    topic=st.one_of(st.none(), st.text(max_size=40)),
-    tier=st.integers(1, 9),
-)
-def test_the_byte_bound_of_a_block_never_undercounts_it(session, summary, topic, tier):
-    # compress skips tokenising a block whose bound already proves the shrink check (issue 21)
-    from ctxkernel_decay.tools import block_message, tokens_at_most
-
-    block = block_message(summary, topic, tier)
-    assert tokens_at_most(session, block) >= session.meter.count_message(block)

@@ -10,7 +10,10 @@ window it was written in, created/updated times and a trust mark saying who its 
   (:func:`render_note`), and appending less-trusted text downgrades a note's mark.
 
 Storage: every change is an ignorable plugin event in the session log, ``notes/write`` or
-``notes/delete``. State is rebuilt by replaying the log (a cursor over ``session.events``), so a
+``notes/delete``, or is committed with a compaction: writes staged with :meth:`Notes.staged` ride
+in the transaction's ``compaction/summary`` event (:data:`COMMITTED_WRITES`), so they land in its
+one durable batch exactly when its replacement does, and a refused or failed compaction writes
+none of them. State is rebuilt by replaying the log (a cursor over ``session.events``), so a
 restart, a second process or a shared store backend all see the same notes, and a refused write
 leaves no trace (it is validated before its one event is appended). Nothing is overwritten:
 ``write``/``update``/``append`` add a version, ``delete`` archives, and every earlier version
@@ -28,6 +31,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import CtxKernelError
+from ..events import COMPACTION_SUMMARY
 from ..logging import get_logger
 from ..snapshot import folded_cursor
 from ..text import ELLIPSIS, attr, guard, safe_cut
@@ -40,6 +44,9 @@ NAMESPACE = "notes"
 WRITE = f"{NAMESPACE}/write"
 DELETE = f"{NAMESPACE}/delete"
 STATE_KEY = "recall.notes"
+#: the key of a ``compaction/summary`` event's data holding the note writes committed with it
+#: (:meth:`Notes.staged`); each entry has the shape of a ``notes/write`` event's data
+COMMITTED_WRITES = "note_writes"
 #: the format of :meth:`Notes.folded` in session snapshots (bump it when that shape changes)
 FOLDED_VERSION = 1
 
@@ -294,11 +301,16 @@ class Notes:
             event = events[state.cursor]
             state.cursor += 1
             if event.type == WRITE or event.type == DELETE:
-                self._fold(event)
+                self._fold(event, event.data)
+            elif event.type == COMPACTION_SUMMARY:
+                folded: set[Any] = set()
+                for entry in _committed(event):
+                    if entry.get("id") not in folded:  # one version per note and event (see versions)
+                        folded.add(entry.get("id"))
+                        self._fold(event, entry)
 
-    def _fold(self, event: Event) -> None:
+    def _fold(self, event: Event, d: dict[str, Any]) -> None:
         state = self._state
-        d = event.data
         note_id = d.get("id")
         if not isinstance(note_id, str):
             return  # not ours to interpret; replay never fails on a foreign event
@@ -311,7 +323,7 @@ class Notes:
             state.notes[note_id] = replace(previous, archived=True, updated=event.time, updated_seq=event.seq)
             state.history.setdefault(note_id, []).append(event.seq)
             return
-        note = _apply_write(previous, event)
+        note = _apply_write(previous, d, event.seq, event.time)
         if previous is not None and not previous.archived:
             state.total_bytes -= previous.size
         state.notes[note_id] = note
@@ -371,8 +383,11 @@ class Notes:
             if event.type == DELETE:
                 assert current is not None
                 current = replace(current, archived=True, updated=event.time, updated_seq=event.seq)
+            elif event.type == COMPACTION_SUMMARY:
+                entry = next(e for e in _committed(event) if e.get("id") == note_id)
+                current = _apply_write(current, entry, event.seq, event.time)
             else:
-                current = _apply_write(current, event)
+                current = _apply_write(current, event.data, event.seq, event.time)
             out.append(current)
         return out
 
@@ -505,6 +520,12 @@ class Notes:
         self.sync()
         return self._state.notes[note.id]
 
+    def staged(self, *, strategy: str = "") -> StagedNotes:
+        """Note writes to commit with a compaction transaction instead of appending them now (see
+        :class:`StagedNotes`)."""
+        self._refresh()
+        return StagedNotes(self, strategy)
+
     # -- internals ----------------------------------------------------------------------------------
     def _current(self, path: str) -> Note | None:
         note_id = self._state.active.get(path)
@@ -513,11 +534,31 @@ class Notes:
     def _commit(
         self, op: str, current: Note | None, path: str, text: str, trust: str, window: str | None, strategy: str
     ) -> Note:
+        data = self._write_data(op, current, path, text, trust, window, strategy)
+        self.session.emit(NAMESPACE, "write", data)  # one event: written whole or not at all
+        self.sync()
+        return self._state.notes[str(data["id"])]
+
+    def _write_data(
+        self,
+        op: str,
+        current: Note | None,
+        path: str,
+        text: str,
+        trust: str,
+        window: str | None,
+        strategy: str,
+        *,
+        files: int | None = None,
+        total_bytes: int | None = None,
+    ) -> dict[str, Any]:
+        """A write's event data, checked against the limits (``files`` and ``total_bytes``: the
+        active notes as they will be when it lands; by default as they are)."""
         if not isinstance(text, str):
             msg = f"note content must be a string, got {type(text).__name__}"
             raise NotesError(msg)
         new_content = current.content + text if (op == "append" and current) else text
-        self._check_limits(current, path, new_content)
+        self._check_limits(current, path, new_content, files=files, total_bytes=total_bytes)
         data = {
             "id": current.id if current else "n_" + uuid.uuid4().hex[:16],
             "path": path,
@@ -527,12 +568,14 @@ class Notes:
             "by": strategy,
         }
         data["text" if op == "append" else "content"] = text
-        self.session.emit(NAMESPACE, "write", data)  # one event: written whole or not at all
-        self.sync()
-        return self._state.notes[str(data["id"])]
+        return data
 
-    def _check_limits(self, current: Note | None, path: str, content: str) -> None:
+    def _check_limits(
+        self, current: Note | None, path: str, content: str, *, files: int | None = None, total_bytes: int | None = None
+    ) -> None:
         limits = self.limits
+        files = len(self._state.active) if files is None else files
+        total_bytes = self._state.total_bytes if total_bytes is None else total_bytes
         size = len(content.encode())
         if size > limits.max_note_bytes:
             msg = (
@@ -540,13 +583,13 @@ class Notes:
                 "Nothing was written: keep notes short, or split the text over several notes"
             )
             raise NotesLimitError(msg)
-        if current is None and len(self._state.active) >= limits.max_files:
+        if current is None and files >= limits.max_files:
             msg = (
-                f"the session already has {len(self._state.active)} notes, the limit is {limits.max_files}. "
+                f"the session already has {files} notes, the limit is {limits.max_files}. "
                 "Nothing was written: delete (archive) or merge notes first"
             )
             raise NotesLimitError(msg)
-        total = self._state.total_bytes - (current.size if current else 0) + size
+        total = total_bytes - (current.size if current else 0) + size
         if total > limits.max_session_bytes:
             msg = (
                 f"the session's notes would hold {total} bytes; the limit is {limits.max_session_bytes}. "
@@ -563,8 +606,66 @@ class Notes:
         return f"notes: {shown}{more}"
 
 
-def _apply_write(previous: Note | None, event: Event) -> Note:
-    d = event.data
+class StagedNotes:
+    """Note writes staged to commit with a compaction transaction, in its one durable batch: pass
+    :attr:`data` in the transaction's ``data`` (it lands in the ``compaction/summary`` event, under
+    :data:`COMMITTED_WRITES`), and the notes fold the writes from there, as if each had been a
+    ``notes/write`` event at that seq.
+
+    Each write is checked when it is staged, as :meth:`Notes.write` and :meth:`Notes.append`
+    would check it (path, trust mark, limits, counting the writes staged before it), and refused
+    with the same errors; nothing is written until the transaction commits, and a refused or failed
+    transaction writes none of them. One write per path: combine the texts first.
+    """
+
+    def __init__(self, notes: Notes, strategy: str) -> None:
+        self._notes = notes
+        self._strategy = strategy
+        self._entries: list[dict[str, Any]] = []
+        self._files = len(notes._state.active)
+        self._bytes = notes._state.total_bytes
+
+    def write(self, path: str, content: str, *, trust: str = "model-authored", window: str | None = None) -> None:
+        """Stage replacing the note at ``path`` (created when missing)."""
+        self._stage(path, content, trust, window, append=False)
+
+    def append(self, path: str, text: str, *, trust: str = "model-authored", window: str | None = None) -> None:
+        """Stage appending ``text`` to the note at ``path`` (created when missing)."""
+        self._stage(path, text, trust, window, append=True)
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """What to merge into the transaction's ``data`` (empty when nothing is staged)."""
+        return {COMMITTED_WRITES: [dict(e) for e in self._entries]} if self._entries else {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _stage(self, path: str, text: str, trust: str, window: str | None, *, append: bool) -> None:
+        notes = self._notes
+        path = check_path(path)
+        check_trust(trust)
+        if any(e["path"] == path for e in self._entries):
+            msg = f"note {path!r} is already staged in this batch; stage one write per note (combine the texts)"
+            raise NotesError(msg)
+        current = notes._current(path)
+        op = "create" if current is None else ("append" if append else "update")
+        data = notes._write_data(
+            op, current, path, text, trust, window, self._strategy, files=self._files, total_bytes=self._bytes
+        )
+        content = current.content + text if op == "append" and current else text
+        self._files += current is None
+        self._bytes += len(content.encode()) - (current.size if current else 0)
+        self._entries.append(data)
+
+
+def _committed(event: Event) -> list[dict[str, Any]]:
+    """The note writes a ``compaction/summary`` event committed (malformed entries skipped)."""
+    entries = event.data.get(COMMITTED_WRITES)
+    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+
+
+def _apply_write(previous: Note | None, d: dict[str, Any], seq: int, time: str) -> Note:
     raw_trust = d.get("trust")
     trust: str = raw_trust if isinstance(raw_trust, str) and raw_trust in TRUST_MARKS else "tool-output"
     window = d.get("window")
@@ -576,11 +677,11 @@ def _apply_write(previous: Note | None, event: Event) -> Note:
             content=content if isinstance(content, str) else "",
             trust=trust,
             window=window,
-            created=event.time,
-            updated=event.time,
+            created=time,
+            updated=time,
             version=1,
-            created_seq=event.seq,
-            updated_seq=event.seq,
+            created_seq=seq,
+            updated_seq=seq,
             windows=(window,) if window else (),
         )
     if d.get("op") == "append":
@@ -595,14 +696,15 @@ def _apply_write(previous: Note | None, event: Event) -> Note:
         content=content,
         trust=trust,
         window=window or previous.window,
-        updated=event.time,
+        updated=time,
         version=previous.version + 1,
-        updated_seq=event.seq,
+        updated_seq=seq,
         windows=windows,
     )
 
 
 __all__ = [
+    "COMMITTED_WRITES",
     "DELETE",
     "TRUST_MARKS",
     "WRITE",
@@ -616,6 +718,7 @@ __all__ = [
     "NotesPage",
     "SearchHit",
     "SearchResult",
+    "StagedNotes",
     "check_path",
     "render_note",
     "weaker_trust",

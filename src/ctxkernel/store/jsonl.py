@@ -189,10 +189,23 @@ class JsonlStore(SyncDeferral):
         line without its newline, so a terminated line was written whole and may be acknowledged.
         """
         # a writer passes the log it holds locked: one open (and one existence check) per append
-        path = self._existing(session_id) if locked is None else self.path(session_id)
+        path = self.path(session_id)
         with self._mutex:
             index = self._index.get(session_id)
             first_scan = index is None or session_id in self._primed
+            if not first_scan and not repair:
+                # nothing past the last complete batch this process knows of (a poll, a refresh,
+                # an append after our own): the size answers without opening and reading the file
+                assert index is not None  # not a first scan
+                try:
+                    size = os.stat(path).st_size if locked is None else os.fstat(locked.fileno()).st_size
+                except FileNotFoundError:
+                    self._existing(session_id)  # raises SessionNotFoundError, naming the folder
+                    raise
+                if size <= index.end:
+                    return index, [], RepairReport()
+            elif locked is None:
+                self._existing(session_id)
             self._primed.discard(session_id)
             with open(path, "rb") if locked is None else contextlib.nullcontext(locked) as f:
                 if locked is not None:

@@ -348,14 +348,6 @@ def build_spans(session: Session, state: DecayState, planned: list[Planned]) -> 
     return out
 
 
-def tokens_at_most(session: Session, block: Message) -> int:
-    """An upper bound of a block's tokens without tokenising it: a token of a byte-level BPE
-    (every tokenizer the kernel ships) covers at least one UTF-8 byte. Only a shortcut: the
-    kernel's own shrink check counts exactly, and a compress it refuses writes nothing."""
-    framing = session.meter.count_message(Message.user(""))  # an empty text is not tokenised
-    return framing + len(block.text.encode("utf-8", "surrogatepass"))  # a block is one text block
-
-
 def exact_after(session: Session, priced: Priced) -> int:
     if priced.after is None:
         assert priced.span.message is not None  # a compress span always carries its block
@@ -364,11 +356,13 @@ def exact_after(session: Session, priced: Priced) -> int:
 
 
 def check_cost(session: Session, settings: DecaySettings, planned: list[Planned], costs: list[Priced]) -> None:
-    """Shrink check and optional payback guard, before any event is written. A block whose byte
-    bound is below what it replaces passes the shrink check uncounted."""
+    """Shrink check and optional payback guard, before any event is written. A block whose bound
+    without tokenising (``meter.message_at_most``: a byte-level BPE's token covers at least one
+    byte) is below what it replaces passes the shrink check uncounted; the transaction counts it."""
     for i, priced in enumerate(costs):
         assert priced.span.message is not None
-        if settings.cost_guard or tokens_at_most(session, priced.span.message) >= priced.before:
+        bound = session.meter.message_at_most(priced.span.message)
+        if settings.cost_guard or bound is None or bound >= priced.before:
             after = exact_after(session, priced)
             if after >= priced.before:
                 msg = (

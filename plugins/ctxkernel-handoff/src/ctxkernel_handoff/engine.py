@@ -15,6 +15,7 @@ strategy off for a model (``native``), or its tools off, compaction is left to `
 
 from __future__ import annotations
 
+import datetime
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -31,12 +32,22 @@ from ctxkernel import (
 from ctxkernel.events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, REQUEST_HEADER, USER_MESSAGE
 from ctxkernel.recall.history import History
 
-from .handoff import MIN_GENERATED_BODY, Generated, Handoff, assemble, call_summarizer
+from .handoff import (
+    HANDOFF_LOG_NOTE,
+    HANDOFF_NOTE,
+    MIN_GENERATED_BODY,
+    Excerpts,
+    Generated,
+    Handoff,
+    assemble,
+    call_summarizer,
+    frame,
+)
 from .settings import HandoffSettings
 from .strategy import NAME, STRATEGY
 
 if TYPE_CHECKING:
-    from ctxkernel import CommitResult, Region, Session, Summary
+    from ctxkernel import CommitResult, Node, Region, Session, Summary
 
 log = get_logger("ctxkernel.handoff")
 
@@ -91,6 +102,8 @@ class HandoffState:
     last_switch: dict[str, Any] | None = None
     last_failure: str | None = None
     plan: SwitchPlan | None = None  # the switch in progress (within one transaction)
+    excerpts: Excerpts = field(default_factory=Excerpts)  # each surface node's excerpt, rendered once
+    excerpted: int = -1  # the seq warm_excerpts renders from next (-1: this process has not started)
 
 
 @dataclass
@@ -291,18 +304,26 @@ def switch(session: Session, *, reason: str, keep_tokens: int | None = None) -> 
         )
     new_window = history.current_window.number + 1
     record: dict[str, Any] = {"window": new_window, "reason": reason}
-    # the handoff is built by this strategy's summarize hook, inside the transaction: the summary
-    # call runs under the compaction lock, and a cancellation during it ends the transaction with
-    # its error end, so nothing switches
     assert region is not None  # every pass of the loop above returned when it found no region
-    state.plan = SwitchPlan(reason, budget, region_tokens, rest, target, record)
+    plan = state.plan = SwitchPlan(reason, budget, region_tokens, rest, target, record)
     try:
-        result = STRATEGY.on(session).compact(
-            Span(region[0], region[1]),
-            kind="window",
-            data=record,
-            render=lambda summary, region_: state.plan.handoff.message(),  # type: ignore[union-attr]
-        )
+        if builds_up_front(session):
+            # no model call: the handoff and its notes are built before the transaction and
+            # committed in one durable write (the lock in the same batch as the commit)
+            summary = compose(session, plan, nodes)
+            assert plan.handoff is not None
+            span = Span(region[0], region[1], summary=summary, message=plan.handoff.message())
+            result = STRATEGY.on(session).compact(span, kind="window", data=record, single_batch=True)
+        else:
+            # generated: the summarize hook builds the handoff inside the transaction, so the
+            # summary call runs under the compaction lock, and a cancellation during it ends the
+            # transaction with its error end: nothing switches, no note is written
+            result = STRATEGY.on(session).compact(
+                Span(region[0], region[1]),
+                kind="window",
+                data=record,
+                render=lambda summary, region_: plan.handoff.message(),  # type: ignore[union-attr]
+            )
     except CompactionError as exc:
         return _failed(state, reason, f"{type(exc).__name__}: {exc}", record=record)
     finally:
@@ -325,16 +346,21 @@ class SwitchPlan:
 
 
 def build_handoff(session: Session, region: Region) -> Summary:
-    """The ``summarize`` hook's answer for a window switch: build the handoff (one summarizer call
-    when generated), fitted under the threshold, and return what compaction/summary records."""
-    state = state_for(session)
-    plan = state.plan
+    """The ``summarize`` hook's answer for a generated window switch (see :func:`compose`)."""
+    plan = state_for(session).plan
     if plan is None:
         msg = "a handoff window switch must be started by ctxkernel_handoff.switch(); no switch is planned"
         raise CompactionError(msg)
+    return compose(session, plan, list(region.nodes))
+
+
+def compose(session: Session, plan: SwitchPlan, nodes: list[Node]) -> Summary:
+    """Build the handoff of ``plan`` for the outgoing ``nodes`` (one summarizer call when
+    generated), fitted under the threshold; stage its notes in the commit's data and return what
+    compaction/summary records."""
+    state = state_for(session)
     history = History.for_session(session)
     settings = settings_of(session)
-    nodes = list(region.nodes)
     notes = notes_of(session).active()
     mode = settings.handoff_summary
     budget = plan.budget
@@ -342,9 +368,9 @@ def build_handoff(session: Session, region: Region) -> Summary:
     discarded = None
     if mode == "generated":
         # the call is made only when the budget can carry a usable generated body: price the
-        # mandatory snapshot and the note previews first with a model-free probe
-        probe = assemble(history, nodes, notes, budget=budget, mode="extractive", reason=plan.reason, generated=None)
-        room = budget - probe.record["snapshot_chars"] - probe.record["notes_chars"] - WRAPPER_CHARS
+        # mandatory snapshot and the note previews first
+        fixed = frame(history, notes, budget=budget, reason=plan.reason)
+        room = budget - len(fixed.snapshot) - len(fixed.notes) - WRAPPER_CHARS
         if room >= MIN_GENERATED_BODY:
             generated = call_summarizer(session, nodes, room, request_header(session, state))
         else:
@@ -360,12 +386,14 @@ def build_handoff(session: Session, region: Region) -> Summary:
             reason=plan.reason,
             generated=generated,
             discarded=discarded,
+            excerpts=state.excerpts,
         )
         if len(handoff.text) > settings.handoff_max_chars:
             msg = (
                 f"the handoff needs {len(handoff.text)} characters, over handoff_max_chars {settings.handoff_max_chars}"
             )
             raise CompactionError(msg)
+        # counted once: the transaction's shrink check finds this count in the meter's memo
         tokens = session.meter.count_message(handoff.message())
         if tokens < plan.region_tokens and plan.rest + tokens <= plan.target:
             break
@@ -379,7 +407,66 @@ def build_handoff(session: Session, region: Region) -> Summary:
         "region_tokens": plan.region_tokens,
         "region_items": [f"item_{nodes[0].seq}", f"item_{nodes[-1].seq}"],
     }
+    plan.record.update(stage_notes(session, plan, handoff))
     return handoff.summary
+
+
+def stage_notes(session: Session, plan: SwitchPlan, handoff: Handoff) -> dict[str, Any]:
+    """The seed's two notes of a committed switch, staged to ride in its commit (the data to merge
+    into compaction/summary): ``handoff.md`` replaced with the full unclipped handoff (a generated
+    one: the summarizer's raw reply), one line added to ``handoff-log.md``. They land exactly when
+    the switch does, in its one durable write; a note the notes limits refuse is logged and left
+    out, never blocking the switch."""
+    notes = notes_of(session)
+    window = f"win_{plan.record['window']}"
+    full = handoff.full
+    limit = notes.limits.max_note_bytes
+    body = (
+        full
+        if len(full.encode()) <= limit
+        else full.encode()[: limit - 64].decode(errors="ignore") + "\n… [clipped to the note limit]"
+    )
+    first = next((line.strip() for line in full.splitlines() if line.strip()), "")[:200]
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    line = f"- {window} {now} reason={plan.reason} summary=win_{plan.record['window'] - 1}_summary {first}\n"
+    trust = "model-authored" if handoff.record.get("handoff_summary") == "generated" else "tool-output"
+    staged = notes.staged()
+    for path, stage in (
+        (HANDOFF_NOTE, lambda: staged.write(HANDOFF_NOTE, body, trust=trust, window=window)),
+        (HANDOFF_LOG_NOTE, lambda: staged.append(HANDOFF_LOG_NOTE, line, trust="tool-output", window=window)),
+    ):
+        try:
+            stage()
+        except Exception as exc:  # noqa: BLE001 - a note that cannot be written never blocks the switch
+            log.warning("handoff note not written", session=session.id, path=path, error=f"{type(exc).__name__}: {exc}")
+    return staged.data
+
+
+def builds_up_front(session: Session) -> bool:
+    """True when a switch makes no model call (``extractive``, or ``generated`` with no summarizer
+    configured, which falls back to extractive): its handoff is then built before the transaction."""
+    return settings_of(session).handoff_summary == "extractive" or STRATEGY.on(session).summarizer is None
+
+
+def warm_excerpts(session: Session, state: HandoffState) -> None:
+    """Render the excerpts of the surface nodes appended since the last step (a few per step), so
+    a switch assembles its extractive body instead of rendering its whole window. A process starts
+    at the log's end (an open costs nothing here); what it lacks is rendered at its first switch."""
+    events = session.events
+    if state.excerpted < 0:
+        state.excerpted = len(events)
+        return
+    if state.excerpted >= len(events):
+        return
+    history = History.for_session(session)
+    surface = session.surface
+    for seq in range(state.excerpted, len(events)):
+        node = surface.node(seq)
+        if node is not None:
+            state.excerpts.of(history, node)
+    state.excerpted = len(events)
+    if len(state.excerpts) > 2 * len(surface) + 256:  # nodes replaced since (shrunk results, native summaries)
+        state.excerpts.prune(lambda seq: surface.node(seq) is not None)
 
 
 _SHRUNK = re.compile(r"the full result is (item_\d+)")
@@ -435,42 +522,12 @@ def _failed(state: HandoffState, reason: str, detail: str, record: dict[str, Any
 
 
 def after_commit(session: Session, result: CommitResult) -> None:
-    """After a committed switch: replace handoff.md, add a line to handoff-log.md (failures logged)."""
+    """After a committed switch (its notes landed with it, see :func:`stage_notes`): count it and
+    forget the excerpts of the nodes it replaced."""
     state = state_for(session)
-    history = History.for_session(session)
     state.switches += 1
-    window = history.current_window
-    summary = result.spans[0].summary if result.spans else None
-    record = dict(result.data.get("window_record") or {})
-    full = summary.text if summary is not None else ""
-    replacement = result.spans[0].replacement_seq if result.spans else None
-    if replacement is not None and record.get("handoff_summary") != "generated":
-        full = session.events[replacement].data["message"]["content"][0]["text"]
-    notes = notes_of(session)
-    first = next((line.strip() for line in full.splitlines() if line.strip()), "")[:200]
-    line = (
-        f"- win_{window.number} {session.events[-1].time} reason={result.data.get('reason')} "
-        f"summary=win_{window.number - 1}_summary (item_{window.opened_by}) {first}\n"
-    )
-    from .handoff import HANDOFF_LOG_NOTE, HANDOFF_NOTE
-
-    limit = notes.limits.max_note_bytes
-    body = (
-        full
-        if len(full.encode()) <= limit
-        else full.encode()[: limit - 64].decode(errors="ignore") + "\n… [clipped to the note limit]"
-    )
-    trust = "model-authored" if record.get("handoff_summary") == "generated" else "tool-output"
-    for path, write in (
-        (HANDOFF_NOTE, lambda: notes.write(HANDOFF_NOTE, body, trust=trust)),
-        (HANDOFF_LOG_NOTE, lambda: notes.append(HANDOFF_LOG_NOTE, line, trust="tool-output")),
-    ):
-        try:
-            write()
-        except Exception as exc:  # noqa: BLE001 - a failed note write never blocks the switch
-            log.warning(
-                "handoff note write failed", session=session.id, path=path, error=f"{type(exc).__name__}: {exc}"
-            )
+    surface = session.surface
+    state.excerpts.prune(lambda seq: surface.node(seq) is not None)
 
 
 # -- the entry points ----------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ why (``generated_discarded``).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -247,59 +248,111 @@ _CARRIED = "Carried from an earlier generated handoff"
 _PREVIOUS = re.compile(r"<(generated|extractive)_handoff>\n?(.*?)\n?</\1_handoff>", re.DOTALL)
 
 
-def extractive_body(history: History, nodes: list[Node], budget: int) -> str:
+@dataclass(frozen=True, slots=True)
+class Excerpt:
+    """What one surface node contributes to an extractive body: its activity lines, the files it
+    names, and for an earlier handoff the block it carries. A node's excerpt never changes (a
+    replacement is a new node), so it is rendered once (:class:`Excerpts`)."""
+
+    entries: tuple[str, ...] = ()
+    files: tuple[str, ...] = ()
+    #: True for a tool call's files (each moves to the end: the newest are listed); False for an
+    #: earlier handoff's list, merged where it stands
+    moves: bool = True
+    carried: str | None = None  # replaces what an older handoff carried
+
+
+def excerpt(history: History, node: Node) -> Excerpt:
+    """The :class:`Excerpt` of one surface node (guarded: it cannot open or close a frame)."""
+    message = node.message
+    item = f"item_{node.seq}"
+    if message.role == "user":
+        if message.source.kind != "plugin":
+            return Excerpt((guard(f"- {item} user: {_one_line(message.text, 300)}", *FRAMES),))
+        found = _PREVIOUS.search(message.text)
+        if message.source.form == "handoff" and found:
+            if found.group(1) != "extractive":
+                return Excerpt(carried=guard(f"{_CARRIED} ({item}): " + _one_line(found.group(2), 4_000), *FRAMES))
+            entries: list[str] = []
+            files: dict[str, None] = {}
+            carried = None
+            for line in found.group(2).splitlines():
+                if line.startswith(_FILES):
+                    files.update(dict.fromkeys(f.strip() for f in line[len(_FILES) :].split(", ") if f.strip()))
+                elif line.startswith("- item_"):
+                    entries.append(guard(line, *FRAMES))
+                elif line.startswith(_CARRIED):
+                    carried = guard(line, *FRAMES)
+            return Excerpt(tuple(entries), tuple(files), False, carried)
+        if message.source.form != "handoff":
+            return Excerpt((guard(f"- {item} notice: {_one_line(message.text, 200)}", *FRAMES),))
+        return Excerpt()
+    if message.role == "assistant":
+        lines = [f"- {item} assistant: {_one_line(message.text, 300)}"] if message.text.strip() else []
+        paths: list[str] = []
+        for call in message.tool_calls:
+            args = call.arguments if isinstance(call.arguments, dict) else {}
+            paths.extend(string_arguments(call, PATH_KEYS))
+            rendered = orjson.dumps(args).decode() if args else ""
+            lines.append(f"- {item} call {call.name} {_one_line(rendered, 160)}")
+        return Excerpt(tuple(guard(line, *FRAMES) for line in lines), tuple(paths))
+    result = message.tool_result
+    assert result is not None
+    name = history.tool_name(result.call_id) or result.name or "tool"
+    head = result.content[:2_000]  # the first line is all that is shown (the whole text if it is one line)
+    first = first_line(head if "\n" in head.strip() else result.content, "(empty)")
+    flag = " ERROR" if result.is_error else ""
+    line = f"- {item} result{flag} {name}: {_one_line(first, 160)} ({len(result.content)} chars)"
+    return Excerpt((guard(line, *FRAMES),))
+
+
+class Excerpts:
+    """The excerpts of surface nodes, by seq, each rendered once: a switch assembles the
+    extractive body from them instead of re-rendering its whole window. Bounded by the surface
+    (:meth:`prune`); a process that starts cold renders what it lacks at its first switch."""
+
+    def __init__(self) -> None:
+        self._by_seq: dict[int, Excerpt] = {}
+
+    def of(self, history: History, node: Node) -> Excerpt:
+        found = self._by_seq.get(node.seq)
+        if found is None:
+            found = self._by_seq[node.seq] = excerpt(history, node)
+        return found
+
+    def prune(self, visible: Callable[[int], bool]) -> None:
+        """Forget the nodes no longer on the surface (replaced by a switch or a shrink)."""
+        self._by_seq = {seq: e for seq, e in self._by_seq.items() if visible(seq)}
+
+    def __len__(self) -> int:
+        return len(self._by_seq)
+
+
+def extractive_body(history: History, nodes: list[Node], budget: int, excerpts: Excerpts | None = None) -> str:
     """Excerpts of the outgoing region with item ids, newest kept first.
 
     A previous extractive handoff in the region is merged, not nested: its file list and activity
     lines join this window's, so one chronological list spans the windows and loses its oldest
     lines first. A previous generated handoff is carried as one clipped block.
     """
+    excerpts = excerpts or Excerpts()
     carried = ""
     entries: list[str] = []
     files: dict[str, None] = {}
     for node in nodes:
-        message = node.message
-        item = f"item_{node.seq}"
-        if message.role == "user":
-            if message.source.kind == "plugin":
-                found = _PREVIOUS.search(message.text)
-                if message.source.form == "handoff" and found:
-                    if found.group(1) == "extractive":
-                        for line in found.group(2).splitlines():
-                            if line.startswith(_FILES):
-                                files.update(
-                                    dict.fromkeys(f.strip() for f in line[len(_FILES) :].split(", ") if f.strip())
-                                )
-                            elif line.startswith("- item_"):
-                                entries.append(line)
-                            elif line.startswith(_CARRIED):
-                                carried = line
-                    else:
-                        carried = f"{_CARRIED} ({item}): " + _one_line(found.group(2), 4_000)
-                elif message.source.form != "handoff":
-                    entries.append(f"- {item} notice: {_one_line(message.text, 200)}")
-                continue
-            entries.append(f"- {item} user: {_one_line(message.text, 300)}")
-        elif message.role == "assistant":
-            if message.text.strip():
-                entries.append(f"- {item} assistant: {_one_line(message.text, 300)}")
-            for call in message.tool_calls:
-                args = call.arguments if isinstance(call.arguments, dict) else {}
-                for path in string_arguments(call, PATH_KEYS):
-                    files.pop(path, None)  # moved to the end: the newest files are listed
-                    files[path] = None
-                rendered = orjson.dumps(args).decode() if args else ""
-                entries.append(f"- {item} call {call.name} {_one_line(rendered, 160)}")
+        part = excerpts.of(history, node)
+        if part.carried is not None:
+            carried = part.carried
+        entries.extend(part.entries)
+        if part.moves:
+            for path in part.files:
+                files.pop(path, None)  # moved to the end: the newest files are listed
+                files[path] = None
         else:
-            result = message.tool_result
-            assert result is not None
-            name = history.tool_name(result.call_id) or result.name or "tool"
-            first = first_line(result.content, "(empty)")
-            flag = " ERROR" if result.is_error else ""
-            entries.append(f"- {item} result{flag} {name}: {_one_line(first, 160)} ({len(result.content)} chars)")
+            files.update(dict.fromkeys(part.files))
     parts: list[str] = []
     if files:
-        parts.append(_FILES + ", ".join(_clip(f, 120) for f in list(files)[-20:]))
+        parts.append(guard(_FILES + ", ".join(_clip(f, 120) for f in list(files)[-20:]), *FRAMES))
     if carried:
         parts.append(_clip(carried, max(0, int((budget - sum(len(p) for p in parts)) * 0.3))))
     fixed = sum(len(p) + 2 for p in parts)
@@ -311,12 +364,45 @@ def extractive_body(history: History, nodes: list[Node], budget: int) -> str:
         lines.append(f"(… {len(entries) - len(kept)} earlier entries omitted: history_list_items lists them)")
     lines.extend(kept)
     parts.append("\n".join(lines))
-    # excerpts of messages and results cannot close or open the handoff's frames
-    text = guard("\n\n".join(p for p in parts if p), *FRAMES)
+    # every piece was guarded on its own (a frame's tag cannot span the line breaks joining them)
+    text = "\n\n".join(p for p in parts if p)
     return text if len(text) <= budget else _clip(text, budget)
 
 
 # -- assembling --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Frame:
+    """What a handoff holds besides its body: the frame's tags, the snapshot and the note previews,
+    and the characters ``left`` for the body."""
+
+    opening: str
+    closing: str
+    snapshot: str
+    notes: str
+    left: int
+
+
+def frame(history: History, notes: list[Note], *, budget: int, reason: str) -> Frame:
+    """The parts of the handoff for window ``current + 1`` that come before its body."""
+    new_window = history.current_window.number + 1
+    opening = (
+        tag(
+            "window_handoff",
+            window=f"win_{new_window}",
+            previous=f"win_{new_window - 1}",
+            reason=reason,
+            summary_item=f"win_{new_window - 1}_summary",
+        )
+        + "\n"
+    )
+    closing = "\n</window_handoff>"
+    snapshot = render_snapshot(history, new_window=new_window, reason=reason, budget=budget)
+    left = budget - len(opening) - len(closing) - len(snapshot) - 2
+    notes_text = render_notes(notes, int(max(0, left) * NOTES_SHARE))
+    left -= len(notes_text) + (2 if notes_text else 0)
+    return Frame(opening, closing, snapshot, notes_text, left)
+
+
 def assemble(
     history: History,
     nodes: list[Node],
@@ -327,25 +413,12 @@ def assemble(
     reason: str,
     generated: Generated | None,
     discarded: str | None = None,
+    excerpts: Excerpts | None = None,
 ) -> Handoff:
     """The handoff for opening window ``current + 1`` within ``budget`` characters."""
-    new_window = history.current_window.number + 1
-    summary_ref = f"win_{new_window - 1}_summary"
-    opening = (
-        tag(
-            "window_handoff",
-            window=f"win_{new_window}",
-            previous=f"win_{new_window - 1}",
-            reason=reason,
-            summary_item=summary_ref,
-        )
-        + "\n"
-    )
-    closing = "\n</window_handoff>"
-    snapshot = render_snapshot(history, new_window=new_window, reason=reason, budget=budget)
-    left = budget - len(opening) - len(closing) - len(snapshot) - 2
-    notes_text = render_notes(notes, int(max(0, left) * NOTES_SHARE))
-    left -= len(notes_text) + (2 if notes_text else 0)
+    summary_ref = f"win_{history.current_window.number}_summary"
+    fixed = frame(history, notes, budget=budget, reason=reason)
+    opening, closing, snapshot, notes_text, left = fixed.opening, fixed.closing, fixed.snapshot, fixed.notes, fixed.left
     record: dict[str, Any] = {"handoff_summary": mode, "budget_chars": budget}
     body = ""
     full = ""
@@ -380,7 +453,7 @@ def assemble(
             record["handoff_summary"] = "extractive"
             record["requested_summary"] = "generated"
         wrap = ("<extractive_handoff>\n", "\n</extractive_handoff>")
-        extract = extractive_body(history, nodes, max(0, left - len(wrap[0]) - len(wrap[1])))
+        extract = extractive_body(history, nodes, max(0, left - len(wrap[0]) - len(wrap[1])), excerpts)
         body = wrap[0] + extract + wrap[1]
         # a call that was made is accounted even when its text is not used
         made = generated is not None and (generated.usage is not None or generated.provider is not None)

@@ -17,6 +17,7 @@ from .engine import (
     STRATEGY,
     after_commit,
     build_handoff,
+    builds_up_front,
     folded_state,
     host_settings,
     mode_for,
@@ -24,6 +25,7 @@ from .engine import (
     notes_of,
     state_for,
     switch,
+    warm_excerpts,
 )
 from .engine import (
     compact_now as manual_compaction,
@@ -74,11 +76,13 @@ def compact_now(session: Session, request: ManualCompaction) -> ctxkernel.Manual
 
 @ctxkernel.hookimpl
 def session_opened(session: Session) -> None:
+    """Fold the strategy's state (from the snapshot: the tail only). The history index and the
+    notes are built on first use (the first step, tool call or switch), not here: restored from a
+    snapshot they cost a row per window and per note version, which would make every open grow
+    with the session's history; the snapshot carries them over unused (``snapshot.index_parts``)."""
     if not mode_for(session).enabled:
         return
     state_for(session)
-    History.for_session(session)
-    notes_of(session)
 
 
 @ctxkernel.hookimpl
@@ -117,6 +121,8 @@ def pre_step(session: Session, step: StepContext) -> None:
     if not mode.enabled:
         return
     state = state_for(session)
+    if mode.window and builds_up_front(session):  # the extractive body is what a switch will use
+        warm_excerpts(session, state)
     if state.requested is not None:
         # explicit requests are honoured even when automatic compaction is off
         requested = state.requested
