@@ -232,3 +232,24 @@ def test_an_overflow_the_archive_could_not_help_does_not_disarm_the_next_request
     assert session.request_failed(ContextOverflowError("too long", prompt_tokens=9999, limit=5000)) is True
     assert session.meter.surface_tokens() < before
     assert [e.data["reason"] for e in _summaries(session)] == ["overflow"]
+
+
+def test_the_planning_view_collects_the_users_instructions_of_any_range(tmp_path):
+    # the in-place path reads the archived events once (issue 21): the instructions its table of
+    # contents quotes come from that pass and must be what user_instructions() finds
+    from ctxkernel_chapters.strategy import settings_of, user_instructions
+
+    session = _session(tmp_path)
+    _run_until(session, lambda: len(_summaries(session)) >= 2)
+    floor_tokens = settings_of(session).tool_result_defer_floor_tokens
+    last = len(session.events) - 1
+    ranges = [(0, last), (0, 0), (5, 4), (last // 3, 2 * last // 3), (_summaries(session)[0].seq, last)]
+    for start, end in ranges:
+        view = chapters_plugin.planning_view(session, start, end, floor_tokens, session.surface.nodes)
+        assert view.instructions == user_instructions(session, start, end)
+        assert len(view.tokens) == max(0, end - start + 1)
+        for event, tokens in zip(session.events[start : end + 1], view.tokens, strict=True):
+            node = session.surface.node(event.seq)
+            if node is not None and event.surface["op"] == "append" and node.role != "tool":
+                assert tokens == session.meter.node_tokens(node)  # a visible message: the meter's count
+    assert user_instructions(session, 0, last)  # the ranges held instructions to find

@@ -272,3 +272,75 @@ def test_segment_command_titles_from_a_model_write_nothing(tmp_path):
     assert [t.title for t in titled] == [f"Part {i}" for i in range(len(plans))]
     assert "**User** #" in model.calls[0]["messages"][0].text  # the chapter text went to the model
     assert archive_files(tmp_path) == []
+
+
+# -- describe in one cheap pass (issue 21) ----------------------------------------------------------
+def _reference_describe(events, start, end):
+    """describe() as it was before issue 21 (every message's text stripped on the way): the
+    one-pass version must give the same title and summary on any log."""
+    import re
+
+    from ctxkernel.text import clip
+
+    first_user, last_text, tools, files = "", "", {}, []
+    for event in events[start : end + 1]:
+        if event.type not in ("user/message", "assistant/message") or (event.surface or {}).get("op") != "append":
+            continue
+        message = Message.from_dict(event.data["message"])
+        if event.type == "user/message" and message.source.kind == "user" and not first_user and message.text.strip():
+            first_user = message.text.strip()
+        if event.type == "assistant/message":
+            if message.text.strip():
+                last_text = message.text.strip()
+            for call in message.tool_calls:
+                tools[call.name] = tools.get(call.name, 0) + 1
+                for key in ("path", "file", "file_path", "filename", "filepath", "notebook_path"):
+                    value = call.arguments.get(key) if isinstance(call.arguments, dict) else None
+                    if isinstance(value, str) and value not in files:
+                        files.append(value)
+    basis = first_user or last_text
+    words = re.findall(r"[^\s]+", basis)[:8]
+    title = clip(" ".join(words).strip(" .,:;") if words else f"Events {start}–{end}", 80, single_line=True)
+    parts = []
+    if first_user:
+        parts.append(f"asked: {clip(first_user, 140, single_line=True)}")
+    if tools:
+        parts.append("tools: " + ", ".join(f"{k}×{v}" for k, v in list(tools.items())[:8]))
+    if files:
+        shown = ", ".join(clip(f, 60, single_line=True) for f in files[:6])
+        parts.append("files: " + shown + (f" (+{len(files) - 6})" if len(files) > 6 else ""))
+    if last_text and last_text != first_user:
+        parts.append(f"last: {clip(last_text, 140, single_line=True)}")
+    return title, "; ".join(parts) or f"events {start}–{end} (no messages)"
+
+
+_texts = st.sampled_from(["", "  ", "fix the parser", "read it\nthen test", "done.", "  spaced  "])
+_kinds = st.sampled_from(["user", "plugin-user", "assistant", "assistant-calls", "replace", "turn/end", "tool"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(_kinds, _texts, st.sampled_from(["a.py", "b.py", 3, None])), max_size=25), st.data())
+def test_describe_agrees_with_a_message_by_message_reading(items, data):
+    from ctxkernel import Event, Source, ToolCallBlock
+    from ctxkernel_chapters.segment import describe
+
+    events = []
+    for seq, (kind, text, path) in enumerate(items):
+        surface = {"op": "append"}
+        if kind in ("user", "plugin-user", "replace"):
+            message = Message.user(text) if kind == "user" else Message.user(text, Source.plugin_form("other", "note"))
+            if kind == "replace":
+                surface = {"op": "replace", "start": 0, "end": 0, "cites": []}
+            etype = "user/message"
+        elif kind.startswith("assistant"):
+            calls = [ToolCallBlock(f"c{seq}", "read", {"path": path})] if kind == "assistant-calls" else []
+            message, etype = Message.assistant(text, calls), "assistant/message"
+        elif kind == "tool":
+            message, etype = Message.tool(f"c{seq}", text), "tool/result"
+        else:
+            events.append(Event(seq, kind, {}))
+            continue
+        events.append(Event(seq, etype, {"message": message.to_dict()}, surface=surface))
+    start = data.draw(st.integers(0, max(0, len(events) - 1)))
+    end = data.draw(st.integers(start - 1, len(events)))
+    assert describe(events, start, end) == _reference_describe(events, start, end)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import ctxkernel
@@ -36,12 +37,12 @@ from .strategy import (
     SUGGEST_MARK,
     archive_ceiling,
     archived_through,
+    instruction_of,
     is_chapters_toc,
     own_records,
     registry_of,
     settings_of,
     state,
-    user_instructions,
 )
 from .strategy import snapshot_state as folded_state
 
@@ -195,7 +196,7 @@ def compact_in_place(session: Session, keep_tokens: int, *, reason: str) -> bool
     """
     settings = settings_of(session)
     registry = registry_of(session)
-    root = registry.root_of(session.id)
+    root = ""
     plan_id = uuid.uuid4().hex[:16]
     numbers: list[int] = []
     used = 0
@@ -204,13 +205,15 @@ def compact_in_place(session: Session, keep_tokens: int, *, reason: str) -> bool
             region = head_region(session.surface, session.meter, keep_tokens, min_nodes=2)
             if region is None:
                 return False
+            stored = registry.ensure(session.id)  # one read: the lineage root and the settled chapters' reach
+            root, settled = stored["root"], stored.get("archived_through", -1)
             nodes = session.surface.span(*region)
             tail = session.surface.nodes[len(nodes) :]
             later = [n.seq for n in tail if not is_chapters_toc(n)]
             boundary = (min(later) - 1) if later else len(session.events) - 1
-            floor = archived_through(session, registry) + 1
-            tokens, message_of = planning_view(session, floor, boundary, settings.tool_result_defer_floor_tokens)
-            plans = propose_for(session, settings, floor, boundary, tokens=tokens, message_of=message_of)
+            floor = archived_through(session, stored=settled) + 1
+            view = planning_view(session, floor, boundary, settings.tool_result_defer_floor_tokens, nodes)
+            plans = propose_for(session, settings, floor, boundary, tokens=view.tokens, message_of=view.message_of)
             if len(numbers) < len(plans):
                 numbers += registry.reserve(root, len(plans) - len(numbers))
             created = utc_now()
@@ -220,7 +223,10 @@ def compact_in_place(session: Session, keep_tokens: int, *, reason: str) -> bool
                 for r in planned
             ]
             region_tokens = sum(session.meter.node_tokens(n) for n in nodes)
-            text = toc_for_region(session, settings, nodes, records, boundary, region_tokens)
+            # the archived events are floor..boundary, the chapters' too: the view's instructions
+            text = toc_for_region(
+                session, settings, nodes, records, boundary, region_tokens, instructions=view.instructions, mark=settled
+            )
             message = Message.user(text, STRATEGY.source("toc"))
             try:
                 STRATEGY.on(session).compact(
@@ -248,7 +254,8 @@ def compact_in_place(session: Session, keep_tokens: int, *, reason: str) -> bool
     finally:
         if not used:  # a hook may raise after the commit: the log says whether it happened
             used = committed_chapters(session, plan_id)
-        registry.unreserve(root, numbers[used:])
+        if root:
+            registry.unreserve(root, numbers[used:])
 
 
 def committed_records(session: Session) -> list[dict[str, Any]]:
@@ -275,24 +282,40 @@ def committed_chapters(session: Session, plan_id: str) -> int:
     return 0
 
 
-def planning_view(session: Session, start: int, end: int, floor_tokens: int) -> tuple[list[int], Any]:
-    """Per-event planning tokens for events ``start..end`` and a message lookup, from what the
-    surface already holds: a visible message costs what the meter counted for it (cached per
-    node), so segmentation neither renders nor tokenizes it; a result above the defer floor
-    costs its artifact line. Replacements and events no longer visible are rendered and counted
-    exactly (a replacement renders as a one-line note, not as its text)."""
-    surface, meter = session.surface, session.meter
-    visible: dict[int, Any] = {}
+@dataclass(frozen=True)
+class PlanningView:
+    """What segmenting and the table of contents need of events ``start..end``, from one pass."""
+
+    tokens: list[int]  # planning tokens per event
+    message_of: Callable[[Any], Message]  # the parsed message of a message event
+    instructions: list[str]  # the user's own messages, in order (strategy.user_instructions)
+
+
+def planning_view(session: Session, start: int, end: int, floor_tokens: int, nodes: list[Any]) -> PlanningView:
+    """Per-event planning tokens for events ``start..end``, a message lookup and the user's
+    instructions, in one pass, from what the surface already holds: a visible message (among
+    ``nodes``, the region being archived, which holds every visible message up to ``end``) costs
+    what the meter counted for it (cached per node), so segmentation neither renders nor
+    tokenizes it; a result above the defer floor costs its artifact line. Replacements and
+    events no longer visible are rendered and counted exactly (a replacement renders as a
+    one-line note, not as its text)."""
+    meter = session.meter
+    visible = {n.seq: n for n in nodes if start <= n.seq <= end and n.event.surface.get("op") == "append"}
     out = []
-    for event in session.events[start : end + 1]:
-        node = surface.node(event.seq) if (event.surface or {}).get("op") == "append" else None
+    instructions = []
+    for event in session.events[max(0, start) : end + 1]:
+        etype = event.type
+        if etype == "user/message":
+            instruction = instruction_of(event)
+            if instruction is not None:
+                instructions.append(instruction)
+        node = visible.get(event.seq)
         if node is not None:
-            visible[event.seq] = node
             n = meter.node_tokens(node)
-            out.append(ARTIFACT_LINE_TOKENS if node.role == "tool" and n > floor_tokens else n)
-        elif event.type == "turn/start":
+            out.append(ARTIFACT_LINE_TOKENS if etype == "tool/result" and n > floor_tokens else n)
+        elif etype == "turn/start":
             out.append(TURN_LINE_TOKENS)
-        elif event.type not in PROSE_EVENTS:
+        elif etype not in PROSE_EVENTS:
             out.append(0)  # the renderer writes nothing for it
         else:
             out += event_tokens(session.events, event.seq, event.seq, count=meter.count_text, floor_tokens=floor_tokens)
@@ -301,7 +324,7 @@ def planning_view(session: Session, start: int, end: int, floor_tokens: int) -> 
         node = visible.get(event.seq)
         return node.message if node is not None else Message.from_dict(event.data["message"])
 
-    return out, message_of
+    return PlanningView(out, message_of, instructions)
 
 
 def toc_for_region(
@@ -311,19 +334,16 @@ def toc_for_region(
     records: list[dict[str, Any]],
     boundary: int,
     region_tokens: int,
+    *,
+    instructions: list[str],
+    mark: int,
 ) -> str:
-    """Earlier tables of contents in the region merged with this session's chapters up to ``boundary``."""
-    previous = [n.message.text for n in nodes if is_chapters_toc(n)]
-    # prose another strategy's checkpoint carried (a summary) is carried forward, never dropped
-    extra = [
-        n.message.text
-        for n in nodes
-        if n.role == "user"
-        and n.message.source.kind == "plugin"
-        and n.event.surface.get("op") == "replace"
-        and not is_chapters_toc(n)
-    ]
-    own = [r for r in own_records(session) if r.get("status") == "final" and r["start_seq"] <= boundary]
+    """Earlier tables of contents in the region merged with this session's chapters up to
+    ``boundary``; ``instructions`` are the user's messages among the archived events and
+    ``mark`` the registry's ``archived_through`` as just read."""
+    region = read_region(session, nodes)
+    previous, extra = region.tocs, list(region.carried)
+    own = [r for r in own_records(session, mark=mark) if r.get("status") == "final" and r["start_seq"] <= boundary]
     # committed chapters whose files are not written yet: rendered from the log when they are,
     # so there is nothing to verify
     unwritten = [r for r in committed_records(session) if r["start_seq"] <= boundary]
@@ -344,40 +364,53 @@ def toc_for_region(
     checked, refused = archive.verified(Archive.of(session), fresh)
     own = [r for r in own if listed(r)] + checked + unwritten
     extra += [f"Not cited (integrity check failed): {reason}" for _, reason in refused]
-    first = min((r["start_seq"] for r in records), default=boundary + 1)
-    merged = toc.merged(
-        previous,
-        [*own, *records],
-        archive.archive_label(settings),
-        extra,
-        instructions=user_instructions(session, first, boundary),
-    )
+    merged = toc.merged(previous, [*own, *records], archive.archive_label(settings), extra, instructions=instructions)
     # the table of contents must cost less than the region it replaces (the shrink check): in a
     # small window the oldest bullets give up their summaries first (the manifest keeps them)
     budget = min(settings.toc_bullet_budget_tokens, max(50, region_tokens // 3))
     quoted = min(settings.toc_instruction_budget_tokens, region_tokens // 3)
-    text, _ = toc.render(merged, count=known_counts(session, nodes), bullet_budget=budget, instruction_budget=quoted)
+    text, _ = toc.render(merged, count=region.count, bullet_budget=budget, instruction_budget=quoted)
     return text
 
 
-def known_counts(session: Session, nodes: list[Any]) -> Callable[[str], int]:
-    """``count_text`` that knows the user's messages among ``nodes`` already: the meter counted
-    each when it became visible, so quoting them in the table of contents costs no tokenizing."""
+@dataclass(frozen=True)
+class RegionText:
+    """What the table of contents takes from the nodes it replaces, read in one pass."""
+
+    tocs: list[str]  # earlier tables of contents: their bullets are merged
+    carried: list[str]  # prose another strategy's checkpoint carried (a summary): never dropped
+    count: Callable[[str], int]  # count_text that knows the user's messages among the nodes
+
+
+def read_region(session: Session, nodes: list[Any]) -> RegionText:
+    """One pass over the region's nodes. ``count`` knows the user's messages already: the meter
+    counted each when it became visible, so quoting them in the table of contents costs no
+    tokenizing."""
     meter = session.meter
     overhead = meter.count_message(Message.user(""))  # a message's framing, beyond its text
+    tocs: list[str] = []
+    carried: list[str] = []
     known: dict[str, int] = {}
     for node in nodes:
-        blocks = node.message.content
-        if node.role == "user" and node.message.source.kind == "user" and all(b.type == "text" for b in blocks):
-            text = "\n".join(b.text for b in blocks)
-            if text == text.strip():  # the table of contents quotes it stripped
-                known[text] = meter.node_tokens(node) - overhead
+        if node.role != "user":
+            continue
+        message = node.message
+        kind = message.source.kind
+        if kind == "user":
+            if all(b.type == "text" for b in message.content):
+                text = "\n".join(b.text for b in message.content)
+                if text == text.strip():  # the table of contents quotes it stripped
+                    known[text] = meter.node_tokens(node) - overhead
+        elif is_chapters_toc(node):
+            tocs.append(message.text)
+        elif kind == "plugin" and node.event.surface.get("op") == "replace":
+            carried.append(message.text)
 
     def count(text: str) -> int:
         cached = known.get(text)
         return meter.count_text(text) if cached is None else cached
 
-    return count
+    return RegionText(tocs, carried, count)
 
 
 @ctxkernel.hookimpl

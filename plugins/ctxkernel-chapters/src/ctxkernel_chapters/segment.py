@@ -51,24 +51,28 @@ def describe(events: Sequence[Event], start: int, end: int, message_of: MessageO
     may serve the parsed messages a caller already holds, e.g. the surface's)."""
     parse = message_of or (lambda event: Message.from_dict(event.data["message"]))
     first_user = ""
-    last_text = ""
+    replies: list[Message] = []  # the assistant's messages: the last one with text is read at the end
     tools: dict[str, int] = {}
     files: list[str] = []
     for event in events[start : end + 1]:
-        if event.type not in ("user/message", "assistant/message") or (event.surface or {}).get("op") != "append":
-            continue
-        message = parse(event)
-        if event.type == "user/message" and message.source.kind == "user" and not first_user and message.text.strip():
-            first_user = message.text.strip()
-        if event.type == "assistant/message":
-            if message.text.strip():
-                last_text = message.text.strip()
+        etype = event.type
+        if etype == "user/message":
+            if first_user or (event.surface or {}).get("op") != "append":
+                continue
+            message = parse(event)
+            if message.source.kind == "user":
+                first_user = message.text.strip()
+        elif etype == "assistant/message" and (event.surface or {}).get("op") == "append":
+            message = parse(event)
+            replies.append(message)
             for call in message.tool_calls:
                 tools[call.name] = tools.get(call.name, 0) + 1
+                arguments = call.arguments if isinstance(call.arguments, dict) else {}
                 for key in _PATH_KEYS:
-                    value = call.arguments.get(key) if isinstance(call.arguments, dict) else None
+                    value = arguments.get(key)
                     if isinstance(value, str) and value not in files:
                         files.append(value)
+    last_text = next((text for text in (m.text.strip() for m in reversed(replies)) if text), "")
     basis = first_user or last_text
     words = re.findall(r"[^\s]+", basis)[:8]
     title = " ".join(words).strip(" .,:;") if words else f"Events {start}–{end}"

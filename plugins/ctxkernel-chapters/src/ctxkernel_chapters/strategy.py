@@ -148,18 +148,22 @@ def registry_of(session: Session) -> Registry:
     return Registry(handle, reserved)
 
 
-def archived_through(session: Session, registry: Registry | None = None) -> int:
+def archived_through(session: Session, registry: Registry | None = None, *, stored: int | None = None) -> int:
     """The last log seq covered by this session's chapters (-1 when none): final records, and
-    plans committed in the log whose files are not written yet."""
-    stored = (registry or registry_of(session)).archived_through(session.id)
+    plans committed in the log whose files are not written yet. ``stored``: the registry's own
+    figure when the caller has just read the session's registry state (saves a read)."""
+    if stored is None:
+        stored = (registry or registry_of(session)).archived_through(session.id)
     return max(stored, state(session)["committed_through"])
 
 
-def own_records(session: Session, registry: Registry | None = None) -> list[dict[str, Any]]:
+def own_records(session: Session, registry: Registry | None = None, *, mark: int | None = None) -> list[dict[str, Any]]:
     """This session's chapter records, read again only when its ``archived_through`` moved
-    (every writer of its records moves it), so a compaction does not list the namespace."""
+    (every writer of its records moves it), so a compaction does not list the namespace.
+    ``mark``: that stored ``archived_through`` when the caller has just read it."""
     registry = registry or registry_of(session)
-    mark = registry.archived_through(session.id)
+    if mark is None:
+        mark = registry.archived_through(session.id)
     st = state(session)
     cached = st.get("records")
     if cached is None or cached[0] != mark:
@@ -193,8 +197,16 @@ def user_instructions(session: Session, start: int, end: int) -> list[str]:
     """The user's own messages among events ``start..end`` (not plugin notices), in order."""
     out = []
     for event in session.events[max(0, start) : end + 1]:
-        if event.type == "user/message" and (event.surface or {}).get("op") == "append":
-            message = event.data["message"]
-            if message.get("source", {}).get("kind", "user") == "user":
-                out.append("\n".join(b.get("text", "") for b in message.get("content", []) if b.get("type") == "text"))
+        text = instruction_of(event)
+        if text is not None:
+            out.append(text)
     return out
+
+
+def instruction_of(event: ctxkernel.Event) -> str | None:
+    """The text of a user's own message appended by ``event``, else None."""
+    if event.type == "user/message" and (event.surface or {}).get("op") == "append":
+        message = event.data["message"]
+        if message.get("source", {}).get("kind", "user") == "user":
+            return "\n".join(b.get("text", "") for b in message.get("content", []) if b.get("type") == "text")
+    return None

@@ -308,8 +308,19 @@ def block_message(summary: str, topic: str | None, tier: int) -> Message:
     return Message.user(f"{head}\n{summary}", STRATEGY.source(BLOCK_FORM))
 
 
-def build_spans(session: Session, state: DecayState, planned: list[Planned]) -> list[tuple[Span, int, int]]:
-    """Kernel spans with their block messages; also (tokens before, tokens after) per span."""
+@dataclass
+class Priced:
+    """A span ready to commit with its price: ``before`` the tokens it replaces (cached per node),
+    ``after`` its block's exact tokens when they were counted (only a refusal or the cost guard
+    needs them; the kernel counts the block once at commit anyway)."""
+
+    span: Span
+    before: int
+    after: int | None
+
+
+def build_spans(session: Session, state: DecayState, planned: list[Planned]) -> list[Priced]:
+    """Kernel spans with their block messages, priced without tokenising any summary."""
     nodes = session.surface.nodes
     meter = session.meter
     out = []
@@ -318,7 +329,6 @@ def build_spans(session: Session, state: DecayState, planned: list[Planned]) -> 
         tier = 1 + max((state.blocks[n.seq].tier for n in rng if n.seq in state.blocks), default=0)
         message = block_message(p.summary, p.topic, tier)
         before = sum(meter.node_tokens(n) for n in rng)
-        after = meter.count_message(message)
         edges = []
         for n in rng:
             if n.seq in state.anchor_of:
@@ -334,27 +344,38 @@ def build_spans(session: Session, state: DecayState, planned: list[Planned]) -> 
             "right": edges[-1] if len(edges) > 1 else None,
             "clipped": p.clipped,
         }
-        out.append((Span(rng[0].seq, rng[-1].seq, message=message, data=data), before, after))
+        out.append(Priced(Span(rng[0].seq, rng[-1].seq, message=message, data=data), before, None))
     return out
 
 
-def check_cost(
-    session: Session, settings: DecaySettings, planned: list[Planned], costs: list[tuple[Span, int, int]]
-) -> None:
-    """Shrink check and optional payback guard, before any event is written."""
-    for i, (_, before, after) in enumerate(costs):
-        if after >= before:
-            msg = (
-                f"span {i}: the summary costs {after} tokens, not fewer than the {before} it replaces; "
-                "choose a larger span or a shorter summary"
-            )
-            raise Refusal(msg)
+def exact_after(session: Session, priced: Priced) -> int:
+    if priced.after is None:
+        assert priced.span.message is not None  # a compress span always carries its block
+        priced.after = session.meter.count_message(priced.span.message)
+    return priced.after
+
+
+def check_cost(session: Session, settings: DecaySettings, planned: list[Planned], costs: list[Priced]) -> None:
+    """Shrink check and optional payback guard, before any event is written. A block whose bound
+    without tokenising (``meter.message_at_most``: a byte-level BPE's token covers at least one
+    byte) is below what it replaces passes the shrink check uncounted; the transaction counts it."""
+    for i, priced in enumerate(costs):
+        assert priced.span.message is not None
+        bound = session.meter.message_at_most(priced.span.message)
+        if settings.cost_guard or bound is None or bound >= priced.before:
+            after = exact_after(session, priced)
+            if after >= priced.before:
+                msg = (
+                    f"span {i}: the summary costs {after} tokens, not fewer than the {priced.before} it replaces; "
+                    "choose a larger span or a shorter summary"
+                )
+                raise Refusal(msg)
     if not settings.cost_guard:
         return
     pressure = session.pressure()
     if pressure.ratio >= min(settings.warn_ratios, default=1.0):
         return  # under pressure a compression is needed whatever it costs in cache misses
-    saved = sum(b - a for _, b, a in costs)
+    saved = sum(p.before - exact_after(session, p) for p in costs)
     first = min(p.start for p in planned)
     meter = session.meter
     suffix = sum(meter.node_tokens(n) for n in session.surface.nodes[first:]) - saved
@@ -381,7 +402,11 @@ def run_compress(session: Session, args: CompressArgs) -> ToolOutcome:
         check_cost(session, settings, planned, costs)
     except Refusal as exc:
         return ToolOutcome(f"compress refused: {exc}. Nothing was changed.", is_error=True)
-    result = STRATEGY.on(session).compact([s for s, _, _ in costs], kind="compress", data={"tool": "compress"})
+    # every block is given: the lock and the commit go in one durable batch, and a refusal by the
+    # kernel (a span that changed meanwhile) writes nothing
+    result = STRATEGY.on(session).compact(
+        [p.span for p in costs], kind="compress", data={"tool": "compress"}, single_batch=True
+    )
     state = current_state(session)
     lines = []
     for span in result.spans:
@@ -413,7 +438,9 @@ def run_drop(session: Session, args: DropArgs) -> ToolOutcome:
         )
         return ToolOutcome(msg, is_error=True)
     tokens = session.meter.node_tokens(session.surface.node(match.seq))
-    STRATEGY.on(session).compact(Span(match.seq, match.seq, remove=True), kind="drop", data={"tool": "drop"})
+    STRATEGY.on(session).compact(
+        Span(match.seq, match.seq, remove=True), kind="drop", data={"tool": "drop"}, single_batch=True
+    )
     end = match.right if match.right is not None else match.left  # equals `right`: that is how it matched
     return ToolOutcome(f"dropped block {fmt(match.left)}…{fmt(end)} ({tokens} tokens); its anchors are free again")
 
