@@ -13,10 +13,11 @@ Session API exactly as a harness would: the user message, steps whose replies co
 strategies' own context-management tool calls (``steward_actions``) run through
 ``session.run_tool``, and a ``continue_in`` outcome followed into the child session.
 
-One worker, the victim, is SIGKILLed repeatedly, at random moments and (every other kill) right
-after it wrote a ``compaction/start``, so inside a compaction transaction; it is restarted with
-the same home and host id. Its unfinished turn is handed to another worker, which must wait for
-the dead transaction's lease to expire and take it over. Every worker records each batch the store
+One worker, the victim, is SIGKILLed repeatedly, at random moments and (every other kill) inside
+a compaction transaction: right after it wrote a ``compaction/start``, or, for a transaction that
+writes its lock with its commit (``single_batch``), while it holds the compaction lease; it is
+restarted with the same home and host id. Its unfinished turn is handed to another worker, which
+must wait for the dead transaction's lease to expire (and take over its open compaction, if any). Every worker records each batch the store
 acknowledged (first seq, count, hash) in its acks file.
 
 Afterwards (:func:`verify_fleet`): every acknowledged batch is in the store byte for byte; every
@@ -125,8 +126,21 @@ class _AckingStore:
         self._inner.append(session_id, events, expected_seq)
         # one write() per line: a kill cannot leave half a line behind
         os.write(self._fd, f"{session_id} {events[0].seq} {len(events)} {batch_hash(events)}\n".encode())
-        if events[-1].type == COMPACTION_START and self._dawdle:
-            self._out.write(orjson.dumps({INSIDE: session_id}).decode() + "\n")
+        if events[-1].type == COMPACTION_START:
+            self._inside(session_id, "lock")
+
+    def lease_acquire(self, name: str, holder: dict[str, Any], seconds: float, **kwargs: Any) -> Any:
+        lease = self._inner.lease_acquire(name, holder, seconds, **kwargs)
+        if name.startswith("compaction/"):
+            # every compaction transaction holds its lease from here to its commit; one whose
+            # replacements are known up front writes its lock with the commit (single_batch), so
+            # this is the only moment a kill can land inside it
+            self._inside(name.removeprefix("compaction/"), "lease")
+        return lease
+
+    def _inside(self, session_id: str, phase: str) -> None:
+        if self._dawdle:
+            self._out.write(orjson.dumps({INSIDE: session_id, "phase": phase}).decode() + "\n")
             self._out.flush()
             time.sleep(self._dawdle)
 
@@ -270,6 +284,7 @@ class FleetReport:
     acknowledged_batches: int = 0
     kills: int = 0
     kills_inside_compaction: int = 0
+    kills_after_lock: int = 0  # of those, after the transaction's lock event (the rest held its lease only)
     takeovers: int = 0
     takeovers_after_expiry: int = 0  # by another host; the others found the holder's process gone
     busy_retries: int = 0
@@ -285,7 +300,8 @@ class FleetReport:
             f"fleet [{self.backend}]: {self.workers} workers, {self.sessions} sessions ({self.continuations} "
             f"continued into children), {self.turns} turns, {self.events} events ({self.acknowledged_batches} "
             f"acknowledged batches all present), {self.kills} SIGKILLs "
-            f"({self.kills_inside_compaction} inside a compaction transaction), {self.takeovers} lease takeovers "
+            f"({self.kills_inside_compaction} inside a compaction transaction, {self.kills_after_lock} after its "
+            f"lock event), {self.takeovers} lease takeovers "
             f"({self.takeovers_after_expiry} by another host after expiry), "
             f"{self.busy_retries} turns retried while a lease was live; compactions committed: {kinds}; "
             f"{self.strategy_files} strategy files and {self.chapter_reads} chapter reads identical on every worker; "
@@ -399,9 +415,13 @@ def run_fleet(
                 for stream in ready:
                     worker = streams[stream]
                     answer = worker.recv()
-                    if INSIDE in answer:  # a worker has just opened a compaction transaction
-                        if worker is victim and kill_at and done >= kill_at[0] * total and report.kills % 2 == 0:
+                    if INSIDE in answer:  # a worker holds a compaction lease, or has just written its lock
+                        # a kill after the lock event leaves an open compaction another host takes over;
+                        # one holding only the lease (a single-batch transaction) leaves a lease to expire
+                        due = worker is victim and kill_at and done >= kill_at[0] * total and report.kills % 2 == 0
+                        if due and (answer["phase"] == "lock" or done >= (kill_at[0] + 0.1) * total):
                             report.kills_inside_compaction += 1
+                            report.kills_after_lock += answer["phase"] == "lock"
                             _kill(victim, report, kill_at, pending, busy)
                         continue
                     job = worker.job

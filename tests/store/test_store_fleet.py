@@ -30,7 +30,12 @@ def test_fleet_of_three_workers_with_kills(proof_line):
         report = run_fleet(f"postgres:{dsn}", workers=3, sessions=20, turns=4, kills=6, seed=19)
     proof_line(report.line())
     assert report.sessions >= 20 and report.turns >= 80
-    assert report.kills >= 5 and report.kills_inside_compaction >= 1 and report.takeovers >= 1
+    assert report.kills >= 5 and report.kills_inside_compaction >= 1
+    # a kill after a transaction's lock event leaves an open compaction that the next compaction of
+    # that session takes over; most strategies now commit in one batch (no lock event of its own),
+    # so a kill inside them leaves only a lease to expire. The takeover itself is proven for every
+    # backend by tests/store (the lease crash proofs).
+    assert report.takeovers >= 1 or report.kills_after_lock == 0
     strategies = {kind.split("/")[0] for kind in report.compactions}
     assert strategies == {"basic", "decay", "handoff", "rollover", "chapters"}, report.compactions
     assert report.compactions.get("handoff/window") and report.compactions.get("rollover/window")  # switches
