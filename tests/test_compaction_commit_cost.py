@@ -7,7 +7,6 @@ Timings live in ``benchmarks/bench_compaction.py``; these tests pin the counts t
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -17,7 +16,7 @@ from ctxkernel import Message, Span, balanced_cut_at_or_before
 from ctxkernel import instructions as instructions_module
 from ctxkernel.instructions import ledger_of, normalized, protected
 from ctxkernel.store import jsonl as jsonl_module
-from ctxkernel.testing import build_kernel
+from ctxkernel.testing import FsyncCounter, build_kernel
 
 WINDOW = {"context_window": 6000, "reserved_output_tokens": 500}
 
@@ -33,18 +32,6 @@ def head_span(session: Any, summary: str | None = "summary of the head") -> Span
     nodes = session.surface.nodes
     cut = balanced_cut_at_or_before(session.surface, len(nodes) - 1)
     return Span(nodes[0].seq, nodes[cut - 1].seq, summary=summary)
-
-
-class FsyncCounter:
-    def __init__(self, monkeypatch: Any) -> None:
-        self.calls = 0
-        real = os.fsync
-
-        def counting(fd: int) -> None:
-            self.calls += 1
-            real(fd)
-
-        monkeypatch.setattr(jsonl_module.os, "fsync", counting)
 
 
 def test_a_compaction_syncs_the_log_once(tmp_path, monkeypatch):

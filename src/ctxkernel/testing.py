@@ -13,6 +13,7 @@ discovery off, strategies given in code), ``scripted_model``. Helpers: :func:`th
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,22 @@ if pytest is not None:
         return ScriptedModel
 
 
+class FsyncCounter:
+    """Counts this process's ``os.fsync`` calls while a test runs (``calls``): how many durable
+    writes an action costs, e.g. that a strategy's transaction is one. Undone with the test's
+    ``monkeypatch``."""
+
+    def __init__(self, monkeypatch: Any) -> None:
+        self.calls = 0
+        real = os.fsync
+
+        def counting(fd: int) -> None:
+            self.calls += 1
+            real(fd)
+
+        monkeypatch.setattr(os, "fsync", counting)
+
+
 # the conformance suite is public test API
 from .conformance import (  # noqa: E402
     ConformanceError,
@@ -116,6 +133,7 @@ __all__ = [
     "ConformanceError",
     "ConformanceReport",
     "ConformanceStep",
+    "FsyncCounter",
     "SnapshotCut",
     "build_kernel",
     "check_conformance",

@@ -7,7 +7,6 @@ Timings live in ``benchmarks/bench_compaction.py``; these tests pin the writes t
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
@@ -18,24 +17,12 @@ import ctxkernel_handoff
 from ctxkernel import CompactionBusyError, Message, ScriptedModel, whole_surface_but_last
 from ctxkernel.recall.history import History
 from ctxkernel.recall.notes import Notes, NotesLimits
-from ctxkernel.store import jsonl as jsonl_module
+from ctxkernel.testing import FsyncCounter
 from ctxkernel.text import first_line, guard
 from ctxkernel_handoff.engine import state_for
 from ctxkernel_handoff.handoff import FRAMES, _one_line, excerpt, extractive_body
 
 WINDOW_TYPES = ["compaction/start", "compaction/summary", "user/message", "compaction/end"]
-
-
-class FsyncCounter:
-    def __init__(self, monkeypatch: Any) -> None:
-        self.calls = 0
-        real = os.fsync
-
-        def counting(fd: int) -> None:
-            self.calls += 1
-            real(fd)
-
-        monkeypatch.setattr(jsonl_module.os, "fsync", counting)
 
 
 def build(handoff_kernel: Any, agent: Any, turns: int = 6, **kwargs: Any) -> tuple[Any, Any]:
