@@ -123,5 +123,16 @@ def per_call(fn: Callable[[], Any], number: int) -> Callable[[], None]:
     return many
 
 
+def durable_append(session: Any, written: int) -> tuple[float, float]:
+    """Wall and CPU seconds of one durable append of ``written`` bytes, as one event of
+    ``session``: the baseline a compaction's single durable write is compared with."""
+    from ctxkernel import EventSpec
+
+    payload = "x" * max(1, written - 120)  # the envelope of one event line is about 120 bytes
+    cpu, wall = time.process_time(), time.perf_counter()
+    session.append([EventSpec("bench/blob", {"blob": payload}, ignorable=True)])
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
 def _round(seconds: float) -> float:
     return float(f"{seconds:.6g}")

@@ -31,11 +31,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _bench import Bench
+from _bench import Bench, durable_append
 from _profiles import open_kernel, turn
 from _workload import usage_for
 
-from ctxkernel import EventSpec, Message, ToolCallBlock
+from ctxkernel import Message, ToolCallBlock
 
 TURNS = 60  # small turns only: about 240 surface messages, far below every threshold
 
@@ -88,14 +88,6 @@ STRATEGIES: dict[str, Callable[[Any], Callable[[], Any]]] = {
     "handoff": handoff,
     "chapters": chapters,
 }
-
-
-def durable_append(other: Any, written: int) -> tuple[float, float]:
-    """Wall and CPU seconds of one durable append of ``written`` bytes, as one event."""
-    payload = "x" * max(1, written - 120)  # the envelope of one event line is about 120 bytes
-    cpu, wall = time.process_time(), time.perf_counter()
-    other.append([EventSpec("bench/blob", {"blob": payload}, ignorable=True)])
-    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def one_round(scratch: Path, profile: str, size: int) -> dict[str, float]:

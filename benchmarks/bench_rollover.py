@@ -25,13 +25,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _bench import Bench  # noqa: E402
+from _bench import Bench, durable_append  # noqa: E402
 
-from ctxkernel import EventSpec, Kernel, Message, ToolCallBlock  # noqa: E402
+from ctxkernel import Kernel, Message, ToolCallBlock  # noqa: E402
 from ctxkernel.recall.notes import Notes  # noqa: E402
 from ctxkernel.store.jsonl import JsonlStore  # noqa: E402
 from ctxkernel.testing import make_profile  # noqa: E402
@@ -64,14 +63,6 @@ def build(home: Path, nodes: int, notes: int):
 WRITTEN_GUESS = 60_000
 
 
-def bracketed_append(other: Any, written: int) -> tuple[float, float]:
-    """Wall and CPU seconds of one durable append of ``written`` bytes, as one event."""
-    payload = "x" * max(1, written - 120)  # the envelope of one event line is about 120 bytes
-    cpu, wall = time.process_time(), time.perf_counter()
-    other.append([EventSpec("bench/blob", {"blob": payload}, ignorable=True)])
-    return time.perf_counter() - wall, time.process_time() - cpu
-
-
 def one_round(scratch: Path, nodes: int, notes: int, written_guess: int = WRITTEN_GUESS) -> dict[str, float]:
     """One switch between two baseline appends of the same size: the three run back to back,
     so the baseline sees the load and the disk's state the switch saw (a baseline taken on its
@@ -83,12 +74,12 @@ def one_round(scratch: Path, nodes: int, notes: int, written_guess: int = WRITTE
         other = kernel.open_session()
         path = session.store.path(session.id)
         size_before = path.stat().st_size
-        before_wall, before_cpu = bracketed_append(other, written_guess)
+        before_wall, before_cpu = durable_append(other, written_guess)
         cpu, wall = time.process_time(), time.perf_counter()
         switch(session, "manual")
         rollover_wall, rollover_cpu = time.perf_counter() - wall, time.process_time() - cpu
         written = path.stat().st_size - size_before
-        after_wall, after_cpu = bracketed_append(other, written)
+        after_wall, after_cpu = durable_append(other, written)
         return {
             "rw": rollover_wall,
             "rc": rollover_cpu,
