@@ -7,7 +7,13 @@ chapter archives alike. The steps, in order:
 1. validate every span: it is on the surface, its edges are balanced cuts, spans do not overlap;
 2. take the session's compaction lease (lease.py): refused as busy, naming the holder, while a
    live holder has it; an open compaction whose holder lost its lease (dead, or expired by the
-   store's clock) is ended with an error end that records the takeover;
+   store's clock) is ended with an error end that records the takeover. A ``single_batch``
+   transaction started while no compaction is open takes no lease: it writes nothing before its
+   commit, whose expected-seq check is its lock (a writer that appended first, a lock included,
+   makes it fail with nothing written), and its last refresh before the commit finds a
+   compaction another worker opened meanwhile, when it runs again the leased way (busy, or a
+   takeover). With ``summarize_first`` step 5 runs before this step, and the transaction
+   commits as a single batch;
 3. append ``compaction/start`` (the lock in the log; the lease is renewed while the transaction runs),
    without waiting for the disk: the commit's sync (or the error end's) carries it, so a
    transaction waits for the disk once (``store.base.SyncDeferral``);
@@ -27,7 +33,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from . import instructions
@@ -225,6 +231,7 @@ def run_transaction(
     check_shrink: bool = True,
     data: dict[str, Any] | None = None,
     single_batch: bool = False,
+    summarize_first: bool = False,
     keep_instructions: bool = True,
 ) -> CommitResult:
     """Run the transaction. ``single_batch`` (only when every span's replacement is given, so
@@ -233,9 +240,25 @@ def run_transaction(
     model-free switch costs one durable write instead of two, and a refusal writes nothing.
     ``keep_instructions=False`` is for a front door replaying the client's own edit of its
     history (a retried turn, a popped item): the user took those messages away, so the
-    instruction budget does not bring them back. Strategies cannot pass it (the handle refuses)."""
+    instruction budget does not bring them back. Strategies cannot pass it (the handle refuses).
+    ``summarize_first`` is for a strategy whose summaries are local computation (``basic``
+    without a summarizer model): the summarize hook and ``render`` run before anything is
+    written and the transaction commits as ``single_batch`` (a model call must not run before the
+    lock: a worker racing for the same span would pay for a summary that cannot commit)."""
     session.refresh()
     resolved = validate_spans(session.surface, spans)  # 1, before any store write: a bad span costs nothing
+    if summarize_first:
+        spans = _summarized(session, spans, resolved, strategy, kind, render)
+        single_batch = True
+    if single_batch and session.open_compaction is None:
+        try:
+            return _run_steps(
+                session, spans, resolved, None, strategy, kind, render, check_shrink, data, True, keep_instructions
+            )
+        except _CompactionOpened:
+            # another worker opened a compaction since our refresh: the lease decides (busy, or takeover)
+            session.refresh()
+            resolved = validate_spans(session.surface, spans)
     version = session.surface.version
     lease = CompactionLease(session)
     lease.acquire()  # 2: a live holder's lease refuses us as busy
@@ -243,18 +266,51 @@ def run_transaction(
         if session.refresh() or session.surface.version != version:
             # another writer appended while the lease was taken: check the spans again
             resolved = validate_spans(session.surface, spans)
-        return _run_leased(
+        return _run_steps(
             session, spans, resolved, lease, strategy, kind, render, check_shrink, data, single_batch, keep_instructions
         )
     finally:
         lease.release()
 
 
-def _run_leased(
+class _CompactionOpened(Exception):
+    """An unleased single batch found, at its last refresh, a compaction another worker opened."""
+
+
+def _summarized(
     session: Session,
     spans: Sequence[Span],
     resolved: list[list[Node]],
-    lease: CompactionLease,
+    strategy: str,
+    kind: str,
+    render: Render | None,
+) -> list[Span]:
+    """Step 5 before the lock (``summarize_first``): each span with its replacement message
+    rendered from its summary (the given one, else the summarize hook's), as the locked path
+    would render it."""
+    meter = session.meter
+    render = render or (lambda summary, region: checkpoint_message(summary, strategy))
+    written = []
+    for span, nodes in zip(spans, resolved, strict=True):
+        if span.remove or span.message is not None:
+            written.append(span)
+            continue
+        region = Region(tuple(nodes), sum(meter.node_tokens(n) for n in nodes), strategy, kind)
+        summary = Summary(span.summary) if isinstance(span.summary, str) else span.summary
+        if summary is None:
+            summary = session.kernel.hooks.summarize(session, region)
+            if summary is None:
+                msg = f"no summarize implementation answered for strategy {strategy!r}"
+                raise CompactionError(msg)
+        written.append(replace(span, summary=summary, message=render(summary, region)))
+    return written
+
+
+def _run_steps(
+    session: Session,
+    spans: Sequence[Span],
+    resolved: list[list[Node]],
+    lease: CompactionLease | None,
     strategy: str,
     kind: str,
     render: Render | None,
@@ -264,7 +320,8 @@ def _run_leased(
     keep_instructions: bool,
 ) -> CommitResult:
     """Steps 3-9 while holding the session's compaction lease (``resolved``: the spans' nodes,
-    validated against the surface as it is now)."""
+    validated against the surface as it is now); ``lease`` None: a single batch started while no
+    compaction was open, whose commit's expected-seq check is its lock."""
     surface = session.surface
     busy = session.open_compaction
     if busy is not None:
@@ -360,7 +417,9 @@ def _run_leased(
                     )
                     raise ShrinkCheckError(msg)
         session.refresh()  # 7
-        if lease.lost.is_set() or (
+        if lease is None and session.open_compaction is not None:
+            raise _CompactionOpened
+        if (lease is not None and lease.lost.is_set()) or (
             not single_batch
             and (session.open_compaction is None or session.open_compaction["compaction_id"] != compaction_id)
         ):

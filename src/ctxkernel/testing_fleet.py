@@ -14,10 +14,11 @@ strategies' own context-management tool calls (``steward_actions``) run through
 ``session.run_tool``, and a ``continue_in`` outcome followed into the child session.
 
 One worker, the victim, is SIGKILLed repeatedly, at random moments and (every other kill) inside
-a compaction transaction: right after it wrote a ``compaction/start``, or, for a transaction that
-writes its lock with its commit (``single_batch``), while it holds the compaction lease; it is
-restarted with the same home and host id. Its unfinished turn is handed to another worker, which
-must wait for the dead transaction's lease to expire (and take over its open compaction, if any). Every worker records each batch the store
+a compaction transaction: right after it wrote a ``compaction/start``, while it holds the
+compaction lease, or, for a transaction that writes its lock with its commit (``single_batch``,
+which takes no lease while no compaction is open), just before that commit; it is restarted
+with the same home and host id. Its unfinished turn is handed to another worker, which must wait
+for the dead transaction's lease to expire (and take over its open compaction, if any). Every worker records each batch the store
 acknowledged (first seq, count, hash) in its acks file.
 
 Afterwards (:func:`verify_fleet`): every acknowledged batch is in the store byte for byte; every
@@ -123,6 +124,10 @@ class _AckingStore:
         return getattr(self._inner, name)
 
     def append(self, session_id: str, events: Sequence[Event], expected_seq: int) -> None:
+        if len(events) > 1 and events[0].type == COMPACTION_START:
+            # a single batch (lock and commit in one write) holds no lease while no compaction is
+            # open: the moment before its commit is the one a kill can land inside it
+            self._inside(session_id, "commit")
         self._inner.append(session_id, events, expected_seq)
         # one write() per line: a kill cannot leave half a line behind
         os.write(self._fd, f"{session_id} {events[0].seq} {len(events)} {batch_hash(events)}\n".encode())
@@ -132,9 +137,7 @@ class _AckingStore:
     def lease_acquire(self, name: str, holder: dict[str, Any], seconds: float, **kwargs: Any) -> Any:
         lease = self._inner.lease_acquire(name, holder, seconds, **kwargs)
         if name.startswith("compaction/"):
-            # every compaction transaction holds its lease from here to its commit; one whose
-            # replacements are known up front writes its lock with the commit (single_batch), so
-            # this is the only moment a kill can land inside it
+            # a transaction that writes its lock before its commit holds its lease from here on
             self._inside(name.removeprefix("compaction/"), "lease")
         return lease
 
@@ -284,7 +287,7 @@ class FleetReport:
     acknowledged_batches: int = 0
     kills: int = 0
     kills_inside_compaction: int = 0
-    kills_after_lock: int = 0  # of those, after the transaction's lock event (the rest held its lease only)
+    kills_after_lock: int = 0  # of those, after its lock event (the rest: lease held, or single batch not yet written)
     takeovers: int = 0
     takeovers_after_expiry: int = 0  # by another host; the others found the holder's process gone
     busy_retries: int = 0
@@ -415,9 +418,10 @@ def run_fleet(
                 for stream in ready:
                     worker = streams[stream]
                     answer = worker.recv()
-                    if INSIDE in answer:  # a worker holds a compaction lease, or has just written its lock
-                        # a kill after the lock event leaves an open compaction another host takes over;
-                        # one holding only the lease (a single-batch transaction) leaves a lease to expire
+                    if INSIDE in answer:  # a worker holds a compaction lease, has just written its lock,
+                        # or is about to write a single batch. A kill after the lock event leaves an open
+                        # compaction another host takes over; one holding only the lease leaves a lease to
+                        # expire; one before a single batch's commit leaves nothing
                         due = worker is victim and kill_at and done >= kill_at[0] * total and report.kills % 2 == 0
                         if due and (answer["phase"] == "lock" or done >= (kill_at[0] + 0.1) * total):
                             report.kills_inside_compaction += 1

@@ -141,7 +141,14 @@ def compact(session: Session, keep_tokens: int, *, reason: str) -> bool:
         if region is None:
             return False
         try:
-            basic.compact(Span(*region), kind="summary", data={"reason": reason, "attempt": attempt})
+            # the extractive summary is local computation: written before the transaction, which
+            # then commits in one write; a summarizer model is asked only under the lock
+            basic.compact(
+                Span(*region),
+                kind="summary",
+                data={"reason": reason, "attempt": attempt},
+                summarize_first=basic.summarizer is None,
+            )
             return True
         except CompactionError as exc:
             log.warning("compaction failed", session=session.id, attempt=attempt, error=str(exc))
