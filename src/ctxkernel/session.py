@@ -53,7 +53,7 @@ from .logging import get_logger
 from .messages import Message, Source, ToolCallBlock, ToolResultBlock
 from .meter import USAGE_SLACK_TOKENS, USAGE_TOLERANCE_FACTOR, Meter, Pressure, usage_in_band
 from .redact import redact
-from .snapshot import LazyEvents, SnapshotRejected, SnapshotWriter
+from .snapshot import LazyEvents, SnapshotIndex, SnapshotRejected, SnapshotWriter
 from .snapshot import decode as decode_snapshot
 from .snapshot import restore as restore_snapshot
 from .store.base import deferred_sync
@@ -446,6 +446,24 @@ class Session:
             self._snapshot_due = True
         if len(self.events) - self._snapshot_at >= every or (self._snapshot_due and not types.isdisjoint(_BOUNDARIES)):
             self.write_snapshot()
+        elif ev.STEP_END in types or ev.TURN_END in types:
+            self._sync_indexes()
+
+    def _sync_indexes(self) -> None:
+        """Fold the snapshot's indexes (the timeline, and recall's history index once in use) up
+        to the end of a step, a few events each time, so that the snapshot a compaction commit
+        calls for folds only the events of its own step, not all since the last snapshot; and
+        serialise the step's nodes for it."""
+        self._snapshots.warm(self)
+        Timeline.for_session(self)
+        strategies = self.kernel.strategies
+        for key, value in self.state.items():
+            if (
+                key not in strategies
+                and isinstance(value, SnapshotIndex)
+                and callable(sync := getattr(value, "sync", None))
+            ):
+                sync()
 
     def write_snapshot(self) -> None:
         """Write a snapshot of the folded state now (the session does so at each compaction

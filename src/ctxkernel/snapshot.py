@@ -96,20 +96,40 @@ def _plain(value: Any, depth: int = 0) -> bool:
 
 
 class SnapshotWriter:
-    """Builds a session's snapshots. Each node's event is serialised once and kept while the node
-    is visible, so a snapshot costs the nodes appended since the last one plus one join."""
+    """Builds a session's snapshots. Each node's event is serialised once, once the meter has
+    counted it (its count is part of the record), and kept while the node is visible; the session
+    serialises a step's nodes at its end (:meth:`warm`), so a snapshot costs the nodes not
+    serialised yet (a compaction's replacement) plus one join."""
 
     def __init__(self) -> None:
         self._encoded: dict[int, bytes] = {}
 
+    @staticmethod
+    def _node(node: Any) -> bytes:
+        return orjson.dumps([node.event.to_dict(), node.tokens, node.turn, node.step])
+
+    def warm(self, session: Session) -> None:
+        """Serialise the counted nodes appended since the last call (newest first, up to the
+        first already serialised)."""
+        encoded = self._encoded
+        for node in reversed(session.surface.nodes):
+            if node.seq in encoded:
+                break
+            if node.tokens is not None:
+                encoded[node.seq] = self._node(node)
+
     def encode(self, session: Session) -> bytes:
         nodes = session.surface.nodes
-        encoded, fresh = self._encoded, {}
+        encoded, fresh, blobs = self._encoded, {}, []
         for node in nodes:
             blob = encoded.get(node.seq)
             if blob is None:
-                blob = orjson.dumps([node.event.to_dict(), node.tokens, node.turn, node.step])
+                blob = self._node(node)
+                if node.tokens is None:  # counted later: serialised again with its count
+                    blobs.append(blob)
+                    continue
             fresh[node.seq] = blob
+            blobs.append(blob)
         self._encoded = fresh  # drops the nodes a compaction took off the surface
         surface = session.surface
         strategies = set(session.kernel.strategies)
@@ -125,7 +145,7 @@ class SnapshotWriter:
                 "version": surface.version,
                 "turn": surface.turn,
                 "step": surface.step,
-                "nodes": orjson.Fragment(b"[" + b",".join(fresh.values()) + b"]"),
+                "nodes": orjson.Fragment(b"[" + b",".join(blobs) + b"]"),
                 "pending_calls": surface.pending_calls,
                 "call_owner": surface.call_owner,
                 "result_of": surface.result_of,
