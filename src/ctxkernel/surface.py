@@ -87,6 +87,9 @@ class Surface:
         self.listeners: list[Any] = []  # objects with on_add(node) / on_remove(node)
         self.turn = 0  # the turn and step the next appended node belongs to
         self.step = 0
+        #: (version, first seq, last seq, length) of the last range found closed: a transaction
+        #: checks its span when it validates and again when its commit is appended
+        self._closed: tuple[int, int, int, int] | None = None
 
     # -- lookups --------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -152,10 +155,20 @@ class Surface:
 
     def check_range_closed(self, nodes: list[Node]) -> None:
         """A range is closed when every tool call in it has all its results in it and every
-        result in it has its call in it. Raise :class:`SurfaceError` naming the broken pair."""
+        result in it has its call in it. Raise :class:`SurfaceError` naming the broken pair.
+
+        A range found closed stays closed until a replacement changes the surface (its
+        ``version``): appends add nodes after it, and a result appended later answers a pending
+        call, which a closed range holds none of."""
+        if not nodes:
+            return
+        key = (self.version, nodes[0].seq, nodes[-1].seq, len(nodes))
+        if key == self._closed:
+            return
         inside = {n.seq for n in nodes}
         for n in nodes:
-            if n.role == "assistant":
+            role = n.message.role
+            if role == "assistant":
                 for call in n.message.tool_calls:
                     if call.id in self.pending_calls:
                         msg = f"tool call {call.id} (seq {n.seq}) has no result yet: the range would split it"
@@ -167,7 +180,7 @@ class Surface:
                             "range: a tool call and its results stay on one side of a cut"
                         )
                         raise SurfaceError(msg)
-            elif n.role == "tool":
+            elif role == "tool":
                 call_id = n.message.content[0].call_id  # type: ignore[union-attr]
                 owner = self.call_owner.get(call_id)
                 if owner is not None and owner not in inside:
@@ -176,6 +189,7 @@ class Surface:
                         "range: a tool call and its results stay on one side of a cut"
                     )
                     raise SurfaceError(msg)
+        self._closed = key
 
     # -- the fold -------------------------------------------------------------------------------
     def check(self, event: Event) -> Message | None:

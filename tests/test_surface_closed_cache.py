@@ -1,0 +1,87 @@
+"""A range found closed is remembered until a replacement changes the surface (issue 21, item 2:
+a transaction checks its span when it validates and again when its commit is appended). The
+remembered verdict is always the one a fresh check gives, whatever was appended or replaced."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ctxkernel import CompactionError, Message, Span, ToolCallBlock
+from ctxkernel.errors import SurfaceError
+from ctxkernel.surface import Surface
+from ctxkernel.testing import build_kernel
+
+
+def verdict(surface: Surface, nodes: list[Any]) -> str | None:
+    try:
+        surface.check_range_closed(nodes)
+    except SurfaceError as exc:
+        return str(exc)
+    return None
+
+
+def fresh_verdict(surface: Surface, nodes: list[Any]) -> str | None:
+    saved = surface._closed
+    surface._closed = None
+    try:
+        return verdict(surface, nodes)
+    finally:
+        surface._closed = saved
+
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("turn"), st.integers(0, 3)),  # a user message, a reply with n calls
+        st.tuples(st.just("result"), st.integers(0, 3)),  # results of some pending calls
+        st.tuples(st.just("compact"), st.integers(0, 50)),  # a summary of a head region
+        st.tuples(st.just("check"), st.integers(0, 10_000)),  # a range, checked twice
+    ),
+    min_size=4,
+    max_size=40,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(OPS)
+def test_the_remembered_verdict_is_a_fresh_checks(tmp_path_factory, ops):
+    session = build_kernel(tmp_path_factory.mktemp("closed")).open_session()
+    calls = 0
+    for op, n in ops:
+        surface = session.surface
+        pending = list(surface.pending_calls)
+        if op == "turn" and not pending:
+            if session.turn_open:
+                session.end_turn()
+            session.user(f"task {calls}: " + "please " * 5)
+            session.prepare_request()
+            blocks = [ToolCallBlock(f"c{calls}x{i}", "read", {"path": f"f{i}.py"}) for i in range(n)]
+            calls += 1
+            session.commit_reply(Message.assistant(f"step {calls}", blocks))
+        elif op == "result" and pending:
+            for call_id in pending[: max(1, n)]:
+                session.tool_result(call_id, f"content of {call_id}\n" * 8)
+        elif op == "compact" and len(surface) > 3:
+            nodes = surface.nodes
+            end = 1 + n % (len(nodes) - 1)
+            try:
+                session.compact(Span(nodes[0].seq, nodes[end - 1].seq, summary="s"), strategy="t", check_shrink=False)
+            except CompactionError:
+                pass
+        elif op == "check" and len(surface):
+            nodes = surface.nodes
+            i = n % len(nodes)
+            j = i + (n // len(nodes)) % (len(nodes) - i)
+            span = nodes[i : j + 1]
+            assert verdict(surface, span) == fresh_verdict(surface, span)
+            assert verdict(surface, span) == fresh_verdict(surface, span)  # from the memory, if closed
+        # every remembered range, after whatever happened since, still gets a fresh check's verdict
+        if surface._closed is not None:
+            version, first, last, length = surface._closed
+            a, b = surface.position(first), surface.position(last)
+            if version == surface.version and a is not None and b is not None and b - a + 1 == length:
+                span = surface.nodes[a : b + 1]
+                assert verdict(surface, span) is None
+                assert fresh_verdict(surface, span) is None
