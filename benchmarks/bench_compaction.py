@@ -12,6 +12,12 @@ strategy's own manual compaction, which runs the kernel's transaction (validatio
 * ``handoff``: ``ctxkernel_handoff.compact_now`` (a window switch keeping the last message);
 * ``chapters``: ``compact_in_place`` keeping a quarter of the surface (chapter files written).
 
+``decay``'s ``run_tool`` returns at a step boundary, so its timing also holds the snapshot the
+commit calls for. The session folds its snapshot indexes (timeline, history) and serialises each
+step's nodes at the end of that step (``Session._sync_indexes``), so the snapshot inside the
+timing folds and serialises only the compaction's own step: the fold of the 60 turns built before
+happens at their step ends, outside the timing, as it does in a live session (a few events each).
+
 ``rollover`` is measured by ``bench_rollover.py`` (same design; its line is in the same run).
 The baseline is one durable append of a single event carrying as many bytes as the compaction
 wrote, in another session of the same store, taken just before and just after the compaction (the

@@ -10,8 +10,8 @@ chapter archives alike. The steps, in order:
    store's clock) is ended with an error end that records the takeover. A ``single_batch``
    transaction started while no compaction is open takes no lease: it writes nothing before its
    commit, whose expected-seq check is its lock (a writer that appended first, a lock included,
-   makes it fail with nothing written), and its last refresh before the commit finds a
-   compaction another worker opened meanwhile, when it runs again the leased way (busy, or a
+   makes it fail with nothing written); if its last refresh before the commit finds a
+   compaction another worker opened meanwhile, it runs again the leased way (busy, or a
    takeover). With ``summarize_first`` step 5 runs before this step, and the transaction
    commits as a single batch;
 3. append ``compaction/start`` (the lock in the log; the lease is renewed while the transaction runs),
