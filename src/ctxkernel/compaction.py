@@ -324,7 +324,7 @@ def _run_steps(
     compaction was open, whose commit's expected-seq check is its lock."""
     surface = session.surface
     busy = session.open_compaction
-    if busy is not None:
+    if busy is not None and lease is not None:  # an unleased single batch starts with none open
         # we hold the lease, so the open compaction's holder does not: it died or stalled past
         # its expiry. Its error end records the takeover; the log's seq check keeps it unique.
         try:
