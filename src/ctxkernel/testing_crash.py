@@ -2,9 +2,11 @@
 
 A writer process (``python -m ctxkernel.testing_crash SPEC SESSION ACKS SEED HOME``) runs an agent loop
 on the ``basic`` strategy with a small window, so it compacts every few steps, and after every
-batch the store acknowledges it appends ``first count sha256`` to the ACKS file. It sleeps a
-random moment inside each compaction transaction (right after ``compaction/start``), so that kills
-land there too. The parent kills it with SIGKILL after a random delay (and every few trials, for
+batch the store acknowledges it appends ``first count sha256`` to the ACKS file. Half the writers
+(and every held one) have a summarizer model, so their compactions write the lock first and ask
+the model under it; the others commit basic's extractive summary in one batch. It sleeps a
+random moment inside each locked compaction transaction (right after ``compaction/start``), so
+that kills land there too. The parent kills it with SIGKILL after a random delay (and every few trials, for
 certain, while it waits inside a compaction transaction), then checks
 (:func:`verify_session`):
 
@@ -91,6 +93,15 @@ def writer_main(argv: Sequence[str]) -> int:
     profile = make_profile(model={"context_window": 3000, "reserved_output_tokens": 500})
     # the home is the parent's scratch folder: a killed writer cleans nothing up
     kernel = Kernel(profile, store=store, home=home, entry_points=False)
+    if hold or seed % 2 == 0:
+        # a summarizer model: the transaction writes its lock first and summarises under it (the
+        # path a kill can land inside); without one, basic commits its summary in one batch
+        from .models import ScriptedModel
+        from .text import extractive_summary
+
+        kernel.summarizer = ScriptedModel(
+            lambda messages, system, tools: Message.assistant(extractive_summary(messages[:-1]))
+        )
     session = kernel.open_session(session_id, create=not store.exists(session_id))
     store.ack(READY)
     n = 0
