@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ctxkernel_handoff
-from ctxkernel import CompactionBusyError, Message, ScriptedModel, whole_surface_but_last
+from ctxkernel import CompactionBusyError, EventSpec, Message, ScriptedModel, whole_surface_but_last
 from ctxkernel.recall.history import History
 from ctxkernel.recall.notes import Notes, NotesLimits
 from ctxkernel.testing import FsyncCounter
@@ -88,7 +88,10 @@ def test_a_refused_switch_writes_nothing_and_no_note(handoff_kernel, agent):
     kernel, session = build(handoff_kernel, agent, handoff={"handoff_summary": "extractive"})
     other = handoff_kernel(window=200_000).open_session(session.id)
     lease = CompactionLease(other)
-    lease.acquire()  # another live worker holds the session's compaction
+    lease.acquire()  # another live worker holds the session's compaction: its lease and its lock
+    other.append(
+        [EventSpec("compaction/start", {"compaction_id": "held", "strategy": "basic", "holder": other.holder})]
+    )
     try:
         before = log_bytes(session)
         outcome = ctxkernel_handoff.compact_now(session)
