@@ -572,3 +572,26 @@ def test_inspecting_a_session_with_waiting_calls_writes_nothing(tmp_path, capsys
     # the session goes on where it was: the client's result for the waiting call is accepted
     session.tool_result("w2", "second file")
     assert not session.surface.pending_calls
+
+
+def test_json_is_bytes_from_orjson_and_a_value_it_refuses_is_still_exact():
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from ctxkernel.ui.app import json_bytes
+
+    # what a strategy's panel may hold: any JSON value, integer keys, integers past 64 bits
+    scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text()
+    values = st.recursive(
+        scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    )
+
+    @given(values)
+    def round_trips(value):
+        assert json.loads(json_bytes(value)) == value
+
+    round_trips()
+    assert json.loads(json_bytes({"big": 2**70, "list": [-(2**80)]})) == {"big": 2**70, "list": [-(2**80)]}
+    assert json.loads(json_bytes({1: "a"})) == {"1": "a"}
+    with pytest.raises(TypeError):
+        json_bytes({"not json": object()})
