@@ -249,6 +249,11 @@ def test_log_pages_read_only_the_page(tmp_path):
         assert stats["events_read"] - 125 - 25 <= MAX_SCAN
         one = c.get("/api/sessions/big/events/77777").json()
         assert one["seq"] == 77_777
+        # a page's rows are folded: their data comes with the one event, when a row is opened
+        row = c.get("/api/sessions/big/log", params={"start": 77_777, "limit": 1}).json()["rows"][0]
+        assert "data" not in row and {**row, "data": one["data"]} == one
+        question = json.loads(one["data"]["text"])["message"]["content"][0]["text"]
+        assert question.startswith("question ") and row["preview"] == question
         rows = c.get("/api/sessions").json()["sessions"]
         assert rows == [
             {

@@ -39,6 +39,8 @@ MAX_SCAN = 5_000
 #: characters of one event's JSON, and of one surface message's text, sent to the page
 EVENT_CHARS = 20_000
 TEXT_CHARS = 4_000
+#: characters of a log row's one-line preview
+PREVIEW_CHARS = 200
 #: settings, by name, that are pressure thresholds (a share of the effective window): the
 #: timeline draws every one the session's strategies define
 THRESHOLD_SETTINGS = (
@@ -56,9 +58,9 @@ def clip(text: str, limit: int) -> dict[str, Any]:
     return {"text": text[:limit], "chars": len(text)}
 
 
-def event_json(event: Event) -> dict[str, Any]:
-    """One log row: envelope fields, a one-line preview and the data as (bounded) JSON text."""
-    body = orjson.dumps(event.data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()
+def log_row(event: Event) -> dict[str, Any]:
+    """One row of a log page: envelope fields and a one-line preview. The data itself is sent
+    when the row is opened (:func:`event_json`): a page shows its rows folded."""
     return {
         "seq": event.seq,
         "type": event.type,
@@ -66,8 +68,18 @@ def event_json(event: Event) -> dict[str, Any]:
         "surface": event.surface,
         "ignorable": event.ignorable,
         "preview": _preview(event),
-        "data": clip(body, EVENT_CHARS),
     }
+
+
+def event_json(event: Event) -> dict[str, Any]:
+    """One event: its log row and its data as (bounded) indented JSON text."""
+    body = orjson.dumps(event.data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()
+    return {**log_row(event), "data": clip(body, EVENT_CHARS)}
+
+
+def _one_line(text: str) -> str:
+    # whitespace runs become one space; a long text is cut first (a preview never needs more)
+    return " ".join(text[: PREVIEW_CHARS * 4].split())[:PREVIEW_CHARS]
 
 
 def _preview(event: Event) -> str:
@@ -79,17 +91,17 @@ def _preview(event: Event) -> str:
             if not isinstance(block, dict):
                 continue
             if block.get("type") in ("text", "reasoning"):
-                parts.append(str(block.get("text", "")))
+                parts.append(str(block.get("text", ""))[: PREVIEW_CHARS * 4])
             elif block.get("type") == "tool_call":
                 parts.append(f"{block.get('name')}(…)")
             else:
-                parts.append(str(block.get("content", "")))
-        return " ".join(" ".join(parts).split())[:200]
+                parts.append(str(block.get("content", ""))[: PREVIEW_CHARS * 4])
+        return _one_line(" ".join(parts))
     if event.type == ev.COMPACTION_SUMMARY:
         return f"{d.get('strategy')}/{d.get('kind')}: {d.get('tokens_before')} -> {d.get('tokens_after')} tokens"
     if event.type in (ev.TURN_START, ev.TURN_END, ev.STEP_START, ev.STEP_END):
         return " ".join(f"{k}={d[k]}" for k in ("turn", "step", "reason") if k in d)
-    return " ".join(orjson.dumps(d).decode().split())[:200]
+    return _one_line(orjson.dumps(d).decode())
 
 
 @dataclass
@@ -335,7 +347,7 @@ class Inspector:
             "end": end,
             "limit": limit,
             "types": types or [],
-            "rows": [event_json(e) for e in rows],
+            "rows": [log_row(e) for e in rows],
             "previous": max(0, start - limit) if start > 0 else None,
             "next": end if end < count else None,
         }
