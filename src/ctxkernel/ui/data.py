@@ -300,17 +300,23 @@ class Inspector:
         with opened.lock:
             session = opened.session
             decay = self._decay_marks(session)
+            node_tokens = session.meter.node_tokens
+            sources: dict[int, dict[str, Any]] = {}  # user, model and plugin sources are shared objects
             nodes = []
             for node in session.surface.nodes:
                 message = node.message
-                op = node.event.surface or {}
+                event = node.event
+                op = event.surface or {}
                 cites = op.get("cites") or []
+                source = sources.get(id(message.source))
+                if source is None:
+                    source = sources[id(message.source)] = message.source.to_dict()
                 item: dict[str, Any] = {
-                    "seq": node.seq,
-                    "event": node.event.type,
-                    "role": node.role,
-                    "source": message.source.to_dict(),
-                    "tokens": session.meter.node_tokens(node),
+                    "seq": event.seq,
+                    "event": event.type,
+                    "role": message.role,
+                    "source": source,
+                    "tokens": node_tokens(node),
                     "text": clip(message_text_for_count(message), TEXT_CHARS),
                     "tool_calls": [{"id": c.id, "name": c.name} for c in message.tool_calls],
                     "tool_result": message.tool_result.call_id if message.tool_result else None,
@@ -325,8 +331,8 @@ class Inspector:
                     if cites
                     else None,
                 }
-                if node.seq in decay:
-                    item["decay"] = decay[node.seq]
+                if event.seq in decay:
+                    item["decay"] = decay[event.seq]
                 nodes.append(item)
             return {"events": len(session.events), "tokens": session.meter.surface_tokens(), "nodes": nodes}
 
