@@ -172,42 +172,6 @@ def test_surface_is_the_models_view(handoff):
         )
 
 
-def test_an_idle_sessions_answers_are_encoded_once_and_follow_the_log_and_the_strategies(handoff):
-    _, kernel, session = handoff
-    app = create_app(kernel)
-    inspector = app.state.inspector
-    paths = {"timeline": "/timeline", "surface": "/surface", "transactions": "/transactions"}
-    with TestClient(app, base_url=LOCAL) as c:
-
-        def answers():
-            return {name: c.get(f"/api/sessions/{session.id}{path}").content for name, path in paths.items()}
-
-        first = answers()
-        built = {name: mock.patch.object(inspector, name, wraps=getattr(inspector, name)) for name in paths}
-        spies = {name: patch.start() for name, patch in built.items()}
-        try:
-            assert answers() == first  # an idle session: the same bytes, nothing built again
-            assert all(spy.call_count == 0 for spy in spies.values())
-            support.one_turn(session, 98)
-            grown = answers()
-            assert all(spy.call_count == 1 for spy in spies.values())
-            timeline = json.loads(grown["timeline"])
-            assert timeline["events"] == len(session.events)
-            replies = [e.seq for e in session.events if e.type == "assistant/message"]
-            assert timeline["requests"][-1]["seq"] == replies[-1]
-            assert json.loads(grown["surface"])["nodes"][-1]["seq"] == session.surface.nodes[-1].seq
-            # the kernel's switch changes the strategies without a log event: built again
-            assert any(t["strategy"] == "basic" for t in timeline["thresholds"])
-            kernel.set_strategy_enabled("basic", False)
-            switched = json.loads(answers()["timeline"])
-            assert not any(t["strategy"] == "basic" for t in switched["thresholds"])
-            assert spies["timeline"].call_count == 2
-        finally:
-            kernel.set_strategy_enabled("basic", True)
-            for patch in built.values():
-                patch.stop()
-
-
 def test_live_session_is_refreshed_not_reopened(handoff):
     _, kernel, session = handoff
     app = create_app(kernel)
@@ -619,7 +583,7 @@ def test_json_is_bytes_from_orjson_and_a_value_it_refuses_is_still_exact():
     from hypothesis import given
     from hypothesis import strategies as st
 
-    from ctxkernel.ui.data import json_bytes
+    from ctxkernel.ui.app import json_bytes
 
     # what a strategy's panel may hold: any JSON value, integer keys, integers past 64 bits
     scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text()

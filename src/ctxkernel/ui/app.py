@@ -10,10 +10,12 @@ Content-Security-Policy allows only this app's own script and style as a second 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
 
+import orjson
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 from starlette.applications import Starlette
@@ -31,7 +33,7 @@ from ..kernel import Kernel
 from ..store.base import check_session_id
 from . import actions
 from .compare import CompareError, Replays, load_report
-from .data import MAX_PAGE, Inspector, json_bytes
+from .data import MAX_PAGE, Inspector
 
 STATIC = Path(__file__).parent / "static"
 #: hosts the app answers for unless told otherwise (a DNS-rebinding page cannot reach it)
@@ -74,6 +76,17 @@ class JSONBody(Response):
     """A response whose JSON is already bytes (see :func:`json_bytes`)."""
 
     media_type = "application/json"
+
+
+def json_bytes(value: Any) -> bytes:
+    """``value`` as compact JSON, encoded by orjson straight to bytes (about ten times the
+    standard library's encoder on the surface and the timeline). A value orjson refuses (an
+    integer past 64 bits in a strategy's panel) goes through the standard library instead,
+    which writes it exactly; what neither can encode raises."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+    except orjson.JSONEncodeError:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
 
 def _error(status: int, message: str) -> JSONBody:
@@ -279,15 +292,15 @@ def create_app(
 
     @session_route
     async def api_timeline(request: Request, session_id: str) -> Response:
-        return await call(inspector.answer, session_id, "timeline")
+        return await call(inspector.timeline, session_id)
 
     @session_route
     async def api_surface(request: Request, session_id: str) -> Response:
-        return await call(inspector.answer, session_id, "surface")
+        return await call(inspector.surface, session_id)
 
     @session_route
     async def api_transactions(request: Request, session_id: str) -> Response:
-        return await call(inspector.answer, session_id, "transactions")
+        return await call(lambda: {"transactions": inspector.transactions(session_id)})
 
     @session_route
     async def api_log(request: Request, session_id: str) -> Response:

@@ -14,7 +14,6 @@ through as data; the pages put it into the document as text, never as markup.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -42,9 +41,6 @@ EVENT_CHARS = 20_000
 TEXT_CHARS = 4_000
 #: characters of a log row's one-line preview
 PREVIEW_CHARS = 200
-#: answers that are a function of the log (and of which strategies run) alone: encoded once per
-#: state of the session, so the live page's polls of an idle session resend them as bytes
-CACHED_ANSWERS = ("timeline", "surface", "transactions")
 #: settings, by name, that are pressure thresholds (a share of the effective window): the
 #: timeline draws every one the session's strategies define
 THRESHOLD_SETTINGS = (
@@ -108,25 +104,10 @@ def _preview(event: Event) -> str:
     return _one_line(orjson.dumps(d).decode())
 
 
-def json_bytes(value: Any) -> bytes:
-    """``value`` as compact JSON (bytes pass through as they are), encoded by orjson straight to bytes (about ten times the
-    standard library's encoder on the surface and the timeline). A value orjson refuses (an
-    integer past 64 bits in a strategy's panel) goes through the standard library instead,
-    which writes it exactly; what neither can encode raises."""
-    if isinstance(value, bytes):
-        return value
-    try:
-        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
-    except orjson.JSONEncodeError:
-        return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
-
-
 @dataclass
 class Opened:
     session: Session
     lock: threading.RLock = field(default_factory=threading.RLock)
-    #: encoded answers (:data:`CACHED_ANSWERS`) with the state of the session they were made at
-    answers: dict[str, tuple[tuple[int, int], bytes]] = field(default_factory=dict)
 
     @property
     def timeline(self) -> Timeline:
@@ -240,28 +221,6 @@ class Inspector:
         }
 
     # -- the session page ---------------------------------------------------------------------------
-    def answer(self, session_id: str, name: str) -> bytes:
-        """The JSON of one of :data:`CACHED_ANSWERS`, encoded again only when the log grew or the
-        strategies running in the session changed since it was last asked for."""
-        builders = {
-            "timeline": self.timeline,
-            "surface": self.surface,
-            "transactions": lambda sid: {"transactions": self.transactions(sid)},
-        }
-        if name not in builders:
-            msg = f"{name!r} is not a cached answer; one of {list(CACHED_ANSWERS)}"
-            raise ValueError(msg)
-        opened = self.open(session_id)
-        with opened.lock:
-            session = opened.session
-            hit = opened.answers.get(name)
-            if hit is not None and hit[0] == (len(session.events), session.strategies_generation):
-                return hit[1]
-            body = json_bytes(builders[name](session_id))
-            # the state after building: the build refreshed the session under this same lock
-            opened.answers[name] = ((len(session.events), session.strategies_generation), body)
-            return body
-
     def timeline(self, session_id: str) -> dict[str, Any]:
         opened = self.open(session_id)
         with opened.lock:
