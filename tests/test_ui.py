@@ -600,3 +600,15 @@ def test_json_is_bytes_from_orjson_and_a_value_it_refuses_is_still_exact():
     assert json.loads(json_bytes({1: "a"})) == {"1": "a"}
     with pytest.raises(TypeError):
         json_bytes({"not json": object()})
+
+
+def test_page_templates_are_compiled_once_for_every_app(handoff):
+    from jinja2 import Environment
+
+    _, kernel, session = handoff
+    with client(kernel) as c:
+        assert c.get(f"/sessions/{session.id}").status_code == 200
+    # a second app (as each `ctxkernel serve` mount or test makes) renders without compiling again
+    with mock.patch.object(Environment, "compile", side_effect=AssertionError("compiled again")), client(kernel) as c:
+        page = c.get(f"/sessions/{session.id}")
+    assert page.status_code == 200 and session.id in page.text

@@ -10,6 +10,7 @@ Content-Security-Policy allows only this app's own script and style as a second 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -89,6 +90,18 @@ def json_bytes(value: Any) -> bytes:
         return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
 
+@functools.cache
+def page_templates() -> Jinja2Templates:
+    """The page templates, compiled once per process and shared by every app (they are files of
+    this package: nothing to reload while it runs)."""
+    env = Environment(
+        loader=PackageLoader("ctxkernel.ui", "templates"),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+        auto_reload=False,
+    )
+    return Jinja2Templates(env=env)
+
+
 def _error(status: int, message: str) -> JSONBody:
     return JSONBody(json_bytes({"error": message}), status_code=status)
 
@@ -132,11 +145,7 @@ def create_app(
     roots = [Path(r).expanduser().resolve() for r in (read_roots or [Path.cwd()])]
     replays = Replays(roots)
     token = actions.new_token()
-    env = Environment(
-        loader=PackageLoader("ctxkernel.ui", "templates"),
-        autoescape=select_autoescape(default=True, default_for_string=True),
-    )
-    templates = Jinja2Templates(env=env)
+    templates = page_templates()
 
     def page(request: Request, name: str, **context: Any) -> Response:
         base = request.scope.get("root_path", "").rstrip("/")
