@@ -43,6 +43,7 @@ from .strategy import (
     registry_of,
     settings_of,
     state,
+    text_bound,
 )
 from .strategy import snapshot_state as folded_state
 
@@ -369,7 +370,9 @@ def toc_for_region(
     # small window the oldest bullets give up their summaries first (the manifest keeps them)
     budget = min(settings.toc_bullet_budget_tokens, max(50, region_tokens // 3))
     quoted = min(settings.toc_instruction_budget_tokens, region_tokens // 3)
-    text, _ = toc.render(merged, count=region.count, bullet_budget=budget, instruction_budget=quoted)
+    text, _ = toc.render(
+        merged, count=region.count, bullet_budget=budget, instruction_budget=quoted, at_most=region.at_most
+    )
     return text
 
 
@@ -380,6 +383,7 @@ class RegionText:
     tocs: list[str]  # earlier tables of contents: their bullets are merged
     carried: list[str]  # prose another strategy's checkpoint carried (a summary): never dropped
     count: Callable[[str], int]  # count_text that knows the user's messages among the nodes
+    at_most: toc.AtMost | None  # an upper bound of count without tokenising (None: the tokenizer has none)
 
 
 def read_region(session: Session, nodes: list[Any]) -> RegionText:
@@ -410,7 +414,7 @@ def read_region(session: Session, nodes: list[Any]) -> RegionText:
         cached = known.get(text)
         return meter.count_text(text) if cached is None else cached
 
-    return RegionText(tocs, carried, count)
+    return RegionText(tocs, carried, count, text_bound(session))
 
 
 @ctxkernel.hookimpl
