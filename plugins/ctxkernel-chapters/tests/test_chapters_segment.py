@@ -208,6 +208,24 @@ def test_the_bound_is_offered_only_for_a_byte_level_tokenizer(tmp_path):
     assert text_bound(other) is None  # e.g. a Hugging Face tokenizer: no byte bound
 
 
+def test_a_short_result_of_many_tokens_is_itemised_as_an_artifact():
+    """The defer floor is in tokens: a result under it in characters but over it in tokens becomes
+    an artifact line, as the planning view priced it (it stayed inline, judged by characters)."""
+    from ctxkernel.events import TOOL_RESULT, Event
+    from ctxkernel_chapters.render import hash_only, render_event
+
+    def rendered(content: str) -> tuple[str, int]:
+        message = Message.tool("c1", content, name="read")
+        event = Event(9, TOOL_RESULT, {"message": message.to_dict()}, "", {"op": "append"})
+        return render_event(event, count=_COUNT, floor_tokens=200, defer=hash_only("r"), toc_marker="<chapters-toc>")
+
+    dense = "ꙮ" * 150
+    assert len(dense) <= 200 < _COUNT(dense)
+    text, deferred = rendered(dense)
+    assert deferred == 1 and "[artifact `" in text and "150 chars" in text
+    assert rendered("ok " * 60) == ("**Result** #9 (read): " + ("ok " * 60).strip() + "\n", 0)
+
+
 @pytest.mark.slow
 def test_cli_manifest_and_segment(tmp_path):
     session = _session(tmp_path, turns=3)

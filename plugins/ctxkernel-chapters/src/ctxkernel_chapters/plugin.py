@@ -140,6 +140,7 @@ def move_large_results(session: Session, settings: ChaptersSettings, st: dict[st
     threshold = settings.artifact_threshold(session.model_settings().effective_window)
     moved = []
     registry = registry_of(session)
+    at_most = text_bound(session)
     for seq in candidates:
         if seq in st["artifact_done"]:
             continue
@@ -147,8 +148,8 @@ def move_large_results(session: Session, settings: ChaptersSettings, st: dict[st
         if node is None or node.role != "tool":
             continue
         content = node.message.tool_result.content  # type: ignore[union-attr]
-        if len(content) <= threshold:
-            continue  # a token is at least one character
+        # the meter's count of the node (cached: it counted the node when it became visible). Not
+        # its characters: one character may be several tokens (a rare CJK character is 3-4)
         tokens = session.meter.node_tokens(node)
         if tokens <= threshold:
             continue
@@ -157,7 +158,8 @@ def move_large_results(session: Session, settings: ChaptersSettings, st: dict[st
         # the preview stays well inside the band, and a handle that would not save tokens (a tiny
         # window) leaves the result where it is
         text = artifact_handle_text(handle, content, tokens, min(settings.artifact_preview_chars, threshold // 2))
-        if session.meter.count_text(text) >= tokens:
+        fits = at_most is not None and at_most(text) < tokens  # counted only when its bytes do not prove it
+        if not fits and session.meter.count_text(text) >= tokens:
             continue
         artifacts.store(Archive.of(session), root, content)
         STRATEGY.on(session).replace_tool_result(seq, text, reason="artifact")
