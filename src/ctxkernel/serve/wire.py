@@ -58,7 +58,9 @@ class ClientRequest:
     ``messages`` are the client's history as kernel messages (system text apart); ``tools`` the
     client's tools as OpenAI function schemas (what the session's meter counts);
     ``raw_tools`` the client's tools exactly as sent (what the upstream receives back);
-    ``body`` the client's whole body, whose unknown fields pass through to the upstream.
+    ``body`` the client's body, whose unknown fields pass through to the upstream (its
+    ``messages`` may hold only the items after the ones a remembered body had: ``messages``
+    above is the whole history; see :meth:`MessageMemo.parse`).
     """
 
     api: str
