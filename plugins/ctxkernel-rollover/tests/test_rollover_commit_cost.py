@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from ctxkernel import Message
 from ctxkernel.events import TURN_START, USER_MESSAGE
+from ctxkernel.meter import get_tokenizer
 from ctxkernel.recall.notes import Note, Notes, render_note
 from ctxkernel.text import guard
 from ctxkernel_rollover import seed as seed_module
@@ -211,3 +212,37 @@ def test_the_goal_note_is_the_seed_goal_even_when_a_protective_switch_does_not_s
     assert "## Goal (note 'goal')\nGOAL-NOTE: port the parser" in seed
     assert '<note path="goal"' not in seed  # only the two newest notes are shown
     assert seed.count("<note ") == 2
+
+
+HOSTILE_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=300)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    goal=HOSTILE_TEXT,
+    pending=st.lists(HOSTILE_TEXT, max_size=3),
+    contents=st.lists(HOSTILE_TEXT.filter(bool), max_size=6),
+    window=st.sampled_from([1_000, 99_999_999]),
+)
+def test_a_seed_sized_by_its_byte_bound_never_costs_more_than_the_bound(goal, pending, contents, window):
+    # a wide budget: render_seed answers with the byte bound instead of tokenising; filled in with
+    # the longest remaining-tokens figure the window allows, the seed still costs no more than it
+    tokenizer = get_tokenizer()
+    notes = [
+        Note(f"n_{i}", f"n/{i}", text, "tool-output", "w1", "t0", "t1", 1, i, i) for i, text in enumerate(contents)
+    ]
+    seed = seed_module.SeedInput(
+        "w2", "w1", "w1", 2, "manual", goal or None, "test", list(enumerate(pending)), notes, 0, 9
+    )
+    text, bound, counted = seed_module.render_seed(
+        seed,
+        budget_tokens=10_000_000,
+        count=tokenizer.count,
+        goal_chars=4_000,
+        pending_chars=16_000,
+        note_chars=8_000,
+    )
+    assert not counted
+    filled = text.replace(seed_module.REMAINING_PLACEHOLDER, f"{window} of {window}")
+    assert tokenizer.count(filled) <= bound
+    assert seed_module.byte_bound(goal) >= tokenizer.count(goal)
