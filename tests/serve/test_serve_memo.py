@@ -200,3 +200,126 @@ def test_the_upstream_body_bytes_are_the_body_whatever_the_cache_holds(steps, st
             "user": "someone",
             "stream": stream,
         }
+
+
+# -- parsing only what a body appends (MessageMemo.parse) ---------------------------------------------------
+def _encode(body: dict, style: int) -> bytes:
+    """A client's own JSON formatting: orjson, the standard library compact or with spaces (the
+    messages' closing bracket is then not where orjson would put it), or ASCII-escaped."""
+    import json
+
+    if style == 0:
+        return orjson.dumps(body)
+    if style == 1:
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+    if style == 2:
+        return json.dumps(body).encode()
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _full(api: str, raw: bytes, memo: MessageMemo | None) -> tuple:
+    """Everything a parse gives, the body's other fields included (its ``messages`` hold only
+    what was still to convert, so they are left out)."""
+    wire = openai_wire if api == "openai" else anthropic_wire
+    try:
+        request = wire.parse_request(raw, memo)
+    except Exception as exc:  # noqa: BLE001 - the same error with and without the memo
+        return ("error", type(exc).__name__, str(exc))
+    fields = {k: v for k, v in request.body.items() if k != "messages"}
+    return (
+        request.system,
+        [m.to_dict() for m in request.messages],
+        request.hashes,
+        fields,
+        request.extra,
+        request.tools,
+    )
+
+
+EDITS = st.lists(
+    st.tuples(
+        st.sampled_from(["grow", "grow", "grow", "field", "nested", "copy_last", "garbage", "style", "cut"]),
+        st.integers(0, 3),
+    ),
+    min_size=1,
+    max_size=10,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["openai", "anthropic"]), EDITS, st.integers(0, 3))
+def test_parsing_only_the_appended_bytes_is_parsing_the_whole_body(api, edits, style):
+    # any sequence of bodies a client (or an attacker) sends: growing, rewritten, other fields
+    # changed, items added to another array than the messages, the last message copied after
+    # them, bytes that only look appended, other formatting: parsed with the memo's remembered
+    # bodies, each gives exactly what parsing it alone gives
+    memo = MessageMemo()
+    messages = anthropic_history(["hello", "done"])
+    body: dict = {"model": "m", "messages": messages, "tools": [{"type": "function", "function": {"name": "t"}}]}
+    if api == "anthropic":
+        body = {"model": "m", "max_tokens": 10, "messages": messages, "tools": [{"name": "t", "input_schema": {}}]}
+    n = 0
+    for action, k in edits:
+        raw = None
+        if action == "grow":
+            for _ in range(k + 1):
+                n += 1
+                role = "assistant" if body["messages"][-1]["role"] == "user" else "user"
+                body["messages"].append({"role": role, "content": [{"type": "text", "text": f"m{n} ]}},"}]})
+            if body["messages"][-1]["role"] != "user":
+                body["messages"].append({"role": "user", "content": "go"})
+        elif action == "field":
+            body["temperature"] = k / 4
+        elif action == "nested":
+            body["messages"][-1]["content"] = [*_blocks(body["messages"][-1]), {"type": "text", "text": f"n{k}"}]
+        elif action == "copy_last":
+            body["metadata"] = {"last": [body["messages"][-1]]}
+        elif action == "style":
+            style = k
+        elif action == "cut":
+            body["messages"] = body["messages"][: max(1, len(body["messages"]) - 2 * k)]
+            if body["messages"][-1]["role"] != "user":
+                body["messages"].append({"role": "user", "content": "again"})
+        else:  # bytes appended after the last message that are not messages
+            raw = _encode(body, style)
+            close = raw.rindex(b"]", 0, raw.index(b'"tools"'))
+            raw = raw[:close] + [b",1]", b",{}],[", b',"x"', b"]"][k] + raw[close:]
+        raw = raw if raw is not None else _encode(body, style)
+        assert _full(api, raw, memo) == _full(api, raw, None)
+        assert memo.held_chains <= memo.histories
+
+
+def _blocks(message: dict) -> list:
+    content = message["content"]
+    return content if isinstance(content, list) else [{"type": "text", "text": content}]
+
+
+def test_a_growing_history_is_parsed_from_its_appended_bytes_from_the_third_request_on():
+    # the first body is parsed whole and its end guessed; the second proves the guess (parsed
+    # whole once more); from the third on only the new items are parsed
+    memo = MessageMemo()
+    messages = openai_history(["a", "b", "c"])
+    seen = []
+    for step in range(4):
+        messages = [*messages, {"role": "assistant", "content": f"r{step}"}, {"role": "user", "content": f"u{step}"}]
+        raw = orjson.dumps({"model": "m", "messages": messages, "tools": []})
+        parsed = memo.parse(b"openai", raw)
+        seen.append((parsed.previous is not None, parsed.proven, len(parsed.items)))
+        memo.convert_history(b"openai", parsed, lambda i, item: ((), (), None))
+    assert seen == [(False, False, 6), (True, True, 2), (True, True, 2), (True, True, 2)]
+    assert memo.parse(b"openai", raw).body is not memo.parse(b"openai", raw).body
+
+
+def test_an_item_added_to_an_array_after_the_messages_is_not_taken_for_a_message():
+    # the last message's JSON also ends another array after the messages, where the memo's
+    # guess of the messages' end then falls: a body adding to that array has the appended
+    # shape against the guess, and is still read as what it is
+    memo = MessageMemo()
+    last = {"role": "user", "content": "same"}
+    first = {"model": "m", "messages": [{"role": "user", "content": "hi"}, last], "metadata": [last]}
+    second = {**first, "metadata": [last, {"role": "user", "content": "not a message"}]}
+    third = {**first, "metadata": [*second["metadata"], {"role": "user", "content": "nor this"}]}
+    for body in (first, second, third):
+        raw = orjson.dumps(body)
+        assert _full("openai", raw, memo) == _full("openai", raw, None)
+        assert len(openai_wire.parse_request(raw, memo).messages) == 2

@@ -42,6 +42,25 @@ def test_small_results_stay_inline(tmp_path):
     assert not any(e.type == "compaction/prune" for e in session.events)
 
 
+def test_a_result_of_few_characters_but_many_tokens_becomes_a_handle(tmp_path):
+    """The band is in tokens: a result under the threshold in characters but over it in tokens
+    (a rare CJK or Cyrillic letter is several tokens) is moved too (it was judged by characters)."""
+    from ctxkernel_chapters.strategy import settings_of
+
+    kernel = chapters_kernel(tmp_path, window=60_000)
+    session = kernel.open_session()
+    threshold = settings_of(session).artifact_threshold(session.model_settings().effective_window)
+    dense = "\n".join(f"{i} " + "ꙮ" * 60 for i in range(threshold // 70))
+    assert len(dense) <= threshold < session.meter.count_text(dense)
+    model = ScriptedModel(
+        [Message.assistant("run", [ToolCallBlock("c1", "bash", {"command": "dump"})]), Message.assistant("seen")]
+    )
+    do_turn(session, model, "dump the glyphs", tool_output=lambda call: dense)
+    shown = model.calls[1]["messages"][-1].tool_result.content
+    assert shown.startswith("[artifact ") and len(shown) < 1200
+    assert [e.data["reason"] for e in session.events if e.type == "compaction/prune"] == ["artifact"]
+
+
 def _handle(session) -> str:
     text = session.surface.nodes[[n.role for n in session.surface.nodes].index("tool")].message.tool_result.content
     return text.split("[artifact ", 1)[1].split(":", 1)[0]

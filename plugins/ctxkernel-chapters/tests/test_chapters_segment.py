@@ -13,9 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ctxkernel import Message, ScriptedModel
+from ctxkernel.meter import get_tokenizer
 from ctxkernel_chapters import propose_chapters
 from ctxkernel_chapters.segment import model_titles
-from ctxkernel_chapters.toc import CARRIED, parse, render
+from ctxkernel_chapters.toc import CARRIED, byte_bound, parse, render
 from ctxkernel_chapters.toc import merged as merged_toc
 
 
@@ -152,6 +153,77 @@ def test_bullets_over_budget_shorten_then_fold():
         merged_toc([text], [_record(41, "r/chapters/041-x.md")], "chapters"), count=count, bullet_budget=600
     )
     assert len([k for k in parse(again).bullets if k.startswith("fold:")]) == 1
+
+
+_COUNT = get_tokenizer().count  # the meter's default: tiktoken's byte-level BPE
+_PROSE = st.text(st.characters(blacklist_categories=("Cs",)), max_size=300)
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=_PROSE)
+def test_the_byte_bound_never_understates_the_tokens(text):
+    assert byte_bound(text) >= _COUNT(text)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    summaries=st.lists(_PROSE, min_size=1, max_size=30),
+    instructions=st.lists(_PROSE.filter(str.strip), max_size=6),
+    bullet_budget=st.integers(1, 6_000),
+    instruction_budget=st.integers(0, 3_000),
+)
+def test_a_table_of_contents_is_the_same_text_with_the_byte_bound(
+    summaries, instructions, bullet_budget, instruction_budget
+):
+    """The bound only spares counting: whatever the budgets, the text is the one an exact count gives."""
+    records = [_record(n, f"r/chapters/{n:03d}-x.md", s) for n, s in enumerate(summaries, 1)]
+    toc = merged_toc([], records, "chapters", instructions=instructions)
+    budgets = {"bullet_budget": bullet_budget, "instruction_budget": instruction_budget}
+    assert render(toc, count=_COUNT, at_most=byte_bound, **budgets) == render(toc, count=_COUNT, **budgets)
+
+
+def test_a_table_of_contents_that_fits_by_bytes_counts_nothing():
+    counted = []
+
+    def count(text):
+        counted.append(text)
+        return _COUNT(text)
+
+    records = [_record(n, f"r/chapters/{n:03d}-x.md", "a summary") for n in range(1, 6)]
+    toc = merged_toc([], records, "chapters", instructions=["run the tests"])
+    text, changed = render(toc, count=count, bullet_budget=10_000, instruction_budget=1_000, at_most=byte_bound)
+    assert counted == [] and changed == 0 and "run the tests" in text
+    render(toc, count=count, bullet_budget=10_000, instruction_budget=1_000)
+    assert counted  # without the bound every bullet and instruction is counted
+
+
+def test_the_bound_is_offered_only_for_a_byte_level_tokenizer(tmp_path):
+    from types import SimpleNamespace
+
+    from ctxkernel_chapters.strategy import text_bound
+
+    session = chapters_kernel(tmp_path).open_session()
+    assert text_bound(session) is byte_bound  # tiktoken: a token covers at least one byte
+    other = SimpleNamespace(meter=SimpleNamespace(message_at_most=lambda message: None))
+    assert text_bound(other) is None  # e.g. a Hugging Face tokenizer: no byte bound
+
+
+def test_a_short_result_of_many_tokens_is_itemised_as_an_artifact():
+    """The defer floor is in tokens: a result under it in characters but over it in tokens becomes
+    an artifact line, as the planning view priced it (it stayed inline, judged by characters)."""
+    from ctxkernel.events import TOOL_RESULT, Event
+    from ctxkernel_chapters.render import hash_only, render_event
+
+    def rendered(content: str) -> tuple[str, int]:
+        message = Message.tool("c1", content, name="read")
+        event = Event(9, TOOL_RESULT, {"message": message.to_dict()}, "", {"op": "append"})
+        return render_event(event, count=_COUNT, floor_tokens=200, defer=hash_only("r"), toc_marker="<chapters-toc>")
+
+    dense = "ꙮ" * 150
+    assert len(dense) <= 200 < _COUNT(dense)
+    text, deferred = rendered(dense)
+    assert deferred == 1 and "[artifact `" in text and "150 chars" in text
+    assert rendered("ok " * 60) == ("**Result** #9 (read): " + ("ok " * 60).strip() + "\n", 0)
 
 
 @pytest.mark.slow

@@ -136,6 +136,23 @@ def test_excerpts_rendered_step_by_step_make_the_same_body_as_a_cold_process(han
     assert "Files touched: " in bodies[2]
 
 
+def test_a_switch_forgets_the_excerpts_of_the_nodes_it_replaced(handoff_kernel, agent):
+    """The excerpts follow the surface through switches: a switch drops the ones it replaced
+    (the nodes it cites), so they never outgrow the surface however many windows pass."""
+    kernel, session = build(handoff_kernel, agent, turns=8, handoff={"handoff_summary": "extractive"})
+    a = agent(session)
+    for n in range(4):
+        excerpts = state_for(session).excerpts
+        assert len(excerpts) >= len(session.surface) - 2
+        outcome = ctxkernel_handoff.compact_now(session)
+        assert outcome.committed and outcome.result is not None
+        assert len(excerpts) <= len(session.surface) - 1  # only the kept last message's is left
+        cold = extractive_body(History.for_session(session), list(session.surface.nodes), 12_000)
+        assert extractive_body(History.for_session(session), list(session.surface.nodes), 12_000, excerpts) == cold
+        for t in range(3):
+            a.turn(f"window {n + 2} task {t} " + "detail " * 10)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(st.sampled_from(["a", " ", "\n", "\r", "\u2028", "\t", "é", "<note", "x" * 50]), max_size=60).map("".join),

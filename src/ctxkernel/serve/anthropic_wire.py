@@ -34,7 +34,6 @@ from .wire import (
     add_usage,
     check_model,
     expect,
-    load_json_object,
     obj,
     sse,
     wire_forms,
@@ -64,17 +63,17 @@ def _system_text(system: Any) -> str:
     )
 
 
-def _has_cache_marks(messages: list[Any]) -> bool:
-    for message in messages:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list) and any(isinstance(b, dict) and "cache_control" in b for b in content):
-            return True
-    return False
+def _cache_marked(message: Any) -> bool:
+    """Whether a client message carries a ``cache_control`` mark on one of its blocks."""
+    content = message.get("content") if isinstance(message, dict) else None
+    return isinstance(content, list) and any(isinstance(b, dict) and "cache_control" in b for b in content)
 
 
 def parse_request(raw: bytes, memo: MessageMemo | None = None) -> ClientRequest:
     """A Messages API body, checked; a 400 names the field that is wrong."""
-    body = load_json_object(raw)
+    memo = MessageMemo() if memo is None else memo
+    parsed = memo.parse(b"anthropic", raw)
+    body = parsed.body
     model = check_model(body)
     expect(body, "max_tokens", int, "an integer", required=True)
     messages = expect(body, "messages", list, "a list of messages", required=True)
@@ -101,7 +100,6 @@ def parse_request(raw: bytes, memo: MessageMemo | None = None) -> ClientRequest:
                     },
                 }
             )
-    memo = MessageMemo() if memo is None else memo
 
     def one(i: int, item: Any) -> tuple[Sequence[Message], Sequence[str], str | None]:
         found, digests = memo.convert(
@@ -110,7 +108,7 @@ def parse_request(raw: bytes, memo: MessageMemo | None = None) -> ClientRequest:
         return found, digests, None
 
     try:
-        history = memo.convert_history(b"anthropic", messages, one)
+        history = memo.convert_history(b"anthropic", parsed, one, _cache_marked)
     except EventError as exc:
         raise WireError(400, str(exc), param="messages") from None
     converted, hashes = list(history.messages), list(history.hashes)
@@ -129,7 +127,7 @@ def parse_request(raw: bytes, memo: MessageMemo | None = None) -> ClientRequest:
         tools,
         raw_tools,
         stream,
-        extra={"cache_marks": _has_cache_marks(messages)},
+        extra={"cache_marks": history.marked},
         hashes=hashes,
     )
 

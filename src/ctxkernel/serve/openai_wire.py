@@ -25,7 +25,6 @@ from .wire import (
     add_usage,
     check_model,
     expect,
-    load_json_object,
     obj,
     sse,
     wire_forms,
@@ -44,7 +43,9 @@ def _convert(raw: Any, where: str) -> list[Message]:
 
 def parse_request(raw: bytes, memo: MessageMemo | None = None) -> ClientRequest:
     """A chat-completions body, checked; a 400 names the field that is wrong."""
-    body = load_json_object(raw)
+    memo = MessageMemo() if memo is None else memo
+    parsed = memo.parse(b"openai", raw)
+    body = parsed.body
     model = check_model(body)
     messages = expect(body, "messages", list, "a list of messages", required=True)
     if not messages:
@@ -75,7 +76,6 @@ def parse_request(raw: bytes, memo: MessageMemo | None = None) -> ClientRequest:
         tools.append(tool)
     if "functions" in body:
         raise WireError(400, "functions: the legacy functions field is not supported; send tools", param="functions")
-    memo = MessageMemo() if memo is None else memo
 
     def one(i: int, item: Any) -> tuple[Sequence[Message], Sequence[str], str | None]:
         if isinstance(item, dict) and item.get("role") in ("system", "developer"):
@@ -85,7 +85,7 @@ def parse_request(raw: bytes, memo: MessageMemo | None = None) -> ClientRequest:
         return found, digests, None
 
     try:
-        history = memo.convert_history(b"openai", messages, one)
+        history = memo.convert_history(b"openai", parsed, one)
     except EventError as exc:
         raise WireError(400, f"{exc}", param="messages") from None
     converted, hashes, system_parts = list(history.messages), list(history.hashes), history.system

@@ -58,7 +58,9 @@ class ClientRequest:
     ``messages`` are the client's history as kernel messages (system text apart); ``tools`` the
     client's tools as OpenAI function schemas (what the session's meter counts);
     ``raw_tools`` the client's tools exactly as sent (what the upstream receives back);
-    ``body`` the client's whole body, whose unknown fields pass through to the upstream.
+    ``body`` the client's body, whose unknown fields pass through to the upstream (its
+    ``messages`` may hold only the items after the ones a remembered body had: ``messages``
+    above is the whole history; see :meth:`MessageMemo.parse`).
     """
 
     api: str
@@ -131,6 +133,37 @@ class Converted:
     messages: list[Message]
     hashes: list[str]
     system: list[str]
+    #: whether an item was found ``marked`` (the caller's test: Anthropic's cache marks)
+    marked: bool = False
+
+
+@dataclass
+class ParsedBody:
+    """A client body as :meth:`MessageMemo.parse` read it: ``body`` is the JSON object, whose
+    ``"messages"`` holds only ``items``, the messages still to convert; ``previous`` the
+    conversion of the messages before them (None: ``items`` is the whole array)."""
+
+    body: dict[str, Any]
+    items: list[Any]
+    previous: Converted | None = None
+    raw: bytes = b""
+    #: where the messages array's closing bracket is in ``raw`` (-1: not known), and whether
+    #: that is proven (a guess is proven by the next body that continues this one)
+    end: int = -1
+    proven: bool = False
+    fields: bytes = b""
+
+
+@dataclass
+class _Chain:
+    """A client body remembered as bytes, so that the next body, which appends messages to
+    it, is parsed from the appended bytes only (:meth:`MessageMemo.parse`)."""
+
+    raw: bytes
+    end: int
+    proven: bool
+    fields: bytes  # the body with ``"messages": null``, as JSON (fresh objects on every parse)
+    history: Converted
 
 
 class MessageMemo:
@@ -154,21 +187,145 @@ class MessageMemo:
         self.held_items = 0  # items the remembered histories hold (bounded by ``limit`` too)
         self.held_history_bytes = 0  # their JSON (bounded by ``max_bytes`` too)
         self._histories: OrderedDict[bytes, Converted] = OrderedDict()
+        self.held_chains = 0  # bodies remembered as bytes (:meth:`parse`; bounded by ``histories``)
+        self.held_chain_bytes = 0  # their bytes (bounded by ``max_bytes`` too)
+        self._chains: OrderedDict[bytes, list[_Chain]] = OrderedDict()
+
+    #: a remembered body is found by the API and its first bytes (fewer than a body grows by,
+    #: so that a short body finds the one it continues); bodies that share them (one system
+    #: prompt, many conversations) are told apart by their bytes, at most this many each (a
+    #: body that is not continued is rejected by three byte compares and a ``memcmp`` that
+    #: stops at the first difference)
+    CHAIN_KEY_BYTES = 48
+    CHAINS_PER_KEY = 64
+
+    def parse(self, api: bytes, raw: bytes) -> ParsedBody:
+        """The client's body as a JSON object (or a 400), parsed once, and as little of it as
+        can be.
+
+        A client re-sends its last body with messages appended: the same bytes up to its
+        messages array's closing bracket ``]`` (at ``end``), then ``,`` and the new items, then
+        the same bytes again. When the body has that shape against a remembered one whose
+        ``end`` is proven, only ``[`` + the new items' bytes + ``]`` is parsed; the other fields
+        come from the remembered body. That is exact: the bytes before ``end`` and after it are
+        the remembered body's, which was valid JSON with its messages array closing there, and
+        an array that parses on its own is a list of values, so the body parses as the
+        remembered one with these items appended (no parse of the whole 0.6 MB at 100k tokens,
+        no encoding of the history to compare it: ``bench_serve.py``). Anything else, or new
+        bytes that do not parse as an array, is parsed whole, with the usual errors.
+
+        A whole parse guesses its ``end`` (where the last message's JSON, as orjson writes it,
+        is followed by ``]``); the next body that has the shape against the guess is parsed
+        whole too, and the guess is proven when its messages are exactly the remembered ones
+        plus the new items (items added to any other array, or inside a string, would not add
+        to the messages)."""
+        for chain in self._chains.get(api + b"\0" + raw[: self.CHAIN_KEY_BYTES], ()):
+            bounds = _appended(raw, chain)
+            if bounds is None:
+                continue
+            start, stop = bounds
+            try:
+                items = orjson.loads(b"[" + raw[start:stop] + b"]")
+            except orjson.JSONDecodeError:
+                break  # not a continuation after all: the whole parse reports what is wrong
+            if not isinstance(items, list) or not items:
+                break
+            if chain.proven:
+                body = orjson.loads(chain.fields)
+                body["messages"] = items
+                return ParsedBody(body, items, chain.history, raw, stop, True, chain.fields)
+            body = load_json_object(raw)
+            messages = body.get("messages")
+            count = chain.history.count
+            if isinstance(messages, list) and len(messages) == count + len(items):
+                return ParsedBody(body, messages[count:], chain.history, raw, stop, True, chain.fields)
+            return _parsed_whole(body, raw)
+        return _parsed_whole(load_json_object(raw), raw)
 
     def convert_history(
         self,
         api: bytes,
-        items: list[Any],
+        parsed: ParsedBody | list[Any],
         one: Callable[[int, Any], tuple[Sequence[Message], Sequence[str], str | None]],
+        marked: Callable[[Any], bool] | None = None,
     ) -> Converted:
         """A client's whole history converted: ``one(i, item)`` gives an item's messages, their
-        hashes and its system text (or None).
+        hashes and its system text (or None); ``marked(item)`` sets :attr:`Converted.marked`.
 
-        A client re-sends the history it sent last time plus a few new messages. The JSON of the
-        last history that began with the same two items is compared with this one's (one
-        ``bytes.startswith``, a ``memcmp``); when it is a prefix ending at an item boundary,
-        its conversion is reused and only the new items are converted. Equal JSON means equal
-        items, so two clients whose histories begin alike cannot get each other's messages.
+        A body :meth:`parse` found continuing a remembered one has the conversion of its first
+        messages already: only the new items are converted. Otherwise the history is compared
+        with the last one that began with the same two items, as JSON (below), and the
+        conversion remembered for the next body."""
+        if isinstance(parsed, list):
+            parsed = ParsedBody({}, parsed)
+        previous = parsed.previous
+        if previous is None:
+            out = self._convert_items(api, parsed.items, one, marked)
+        else:
+            out = Converted(
+                previous.count + len(parsed.items),
+                b"",
+                list(previous.messages),
+                list(previous.hashes),
+                list(previous.system),
+                previous.marked,
+            )
+            for i, item in enumerate(parsed.items, previous.count):
+                messages, hashes, system = one(i, item)
+                out.messages += messages
+                out.hashes += hashes
+                if system:
+                    out.system.append(system)
+                out.marked = out.marked or (marked is not None and marked(item))
+        self._remember(api, parsed, out, previous)
+        return out
+
+    def _remember(self, api: bytes, parsed: ParsedBody, out: Converted, previous: Converted | None) -> None:
+        """Keep ``parsed``'s bytes for the next body; it replaces the one it continued."""
+        if parsed.end < 0 or not parsed.raw:
+            return
+        key = api + b"\0" + parsed.raw[: self.CHAIN_KEY_BYTES]
+        try:
+            fields = parsed.fields or orjson.dumps({**parsed.body, "messages": None})
+        except TypeError:  # not JSON-encodable as parsed (cannot happen for a parsed body)
+            return
+        history = Converted(out.count, b"", out.messages, out.hashes, out.system, out.marked)
+        chain = _Chain(parsed.raw, parsed.end, parsed.proven, fields, history)
+        kept = [chain]
+        for old in self._chains.pop(key, []):
+            if old.history is previous or old.raw == chain.raw:  # continued by this body, or this body
+                self._forget(old)
+            else:
+                kept.append(old)
+        self._chains[key] = kept
+        self.held_chains += 1
+        self.held_chain_bytes += len(chain.raw)
+        while len(kept) > self.CHAINS_PER_KEY:
+            self._forget(kept.pop())
+        while self._chains and (self.held_chains > self.histories or self.held_chain_bytes > self.max_bytes):
+            oldest = next(iter(self._chains))
+            self._forget(self._chains[oldest].pop())
+            if not self._chains[oldest]:
+                del self._chains[oldest]
+
+    def _forget(self, chain: _Chain) -> None:
+        self.held_chains -= 1
+        self.held_chain_bytes -= len(chain.raw)
+
+    def _convert_items(
+        self,
+        api: bytes,
+        items: list[Any],
+        one: Callable[[int, Any], tuple[Sequence[Message], Sequence[str], str | None]],
+        marked: Callable[[Any], bool] | None,
+    ) -> Converted:
+        """The whole array converted, reusing the conversion of the last history that began
+        with the same two items when its JSON starts this one's.
+
+        That history's JSON is compared with this one's (one ``bytes.startswith``, a
+        ``memcmp``); when it is a prefix ending at an item boundary, its conversion is reused
+        and only the new items are converted. Equal JSON means equal items, so two clients
+        whose histories begin alike cannot get each other's messages.
 
         The history is remembered as JSON bytes, not as the parsed items: bytes hold no
         references, so the collector never walks them, while keeping thousands of parsed dicts
@@ -188,12 +345,14 @@ class MessageMemo:
             out.messages += previous.messages
             out.hashes += previous.hashes
             out.system += previous.system
+            out.marked = previous.marked
         for i in range(start, len(items)):
             messages, hashes, system = one(i, items[i])
             out.messages += messages
             out.hashes += hashes
             if system:
                 out.system.append(system)
+            out.marked = out.marked or (marked is not None and marked(items[i]))
         if key:
             old = self._histories.pop(key, None)
             if old is not None:
@@ -240,6 +399,39 @@ class MessageMemo:
             old, _ = self._entries.popitem(last=False)
             self.held_bytes -= len(old)
         return entry
+
+
+def _parsed_whole(body: dict[str, Any], raw: bytes) -> ParsedBody:
+    """A body parsed whole, with a guess of where its messages array closes: after the last
+    message's JSON as orjson writes it (and any blanks), when that is where ``]`` is."""
+    items = body.get("messages")
+    if not isinstance(items, list) or not items:
+        return ParsedBody(body, items if isinstance(items, list) else [], raw=raw)
+    try:
+        last = orjson.dumps(items[-1])
+    except TypeError:  # not JSON-encodable as parsed (cannot happen for a parsed body)
+        return ParsedBody(body, items, raw=raw)
+    end = raw.rfind(last)
+    if end >= 0:
+        end += len(last)
+        while end < len(raw) and raw[end] in b" \t\r\n":
+            end += 1
+        if end >= len(raw) or raw[end] != ord("]"):
+            end = -1
+    return ParsedBody(body, items, None, raw, end)
+
+
+def _appended(raw: bytes, chain: _Chain) -> tuple[int, int] | None:
+    """Where the appended items are in ``raw`` (``start``, ``stop``: a slice) when ``raw`` is
+    ``chain.raw`` with ``,`` + items inserted before its messages' ``]``; else None."""
+    old, end = chain.raw, chain.end
+    stop = len(raw) - (len(old) - end)  # where raw's closing bracket would be
+    if end < 1 or stop <= end + 1 or raw[end] != ord(",") or raw[stop] != ord("]"):
+        return None
+    view = memoryview(old)
+    if not raw.endswith(view[end:]) or not raw.startswith(view[:end]):
+        return None
+    return end + 1, stop
 
 
 def _continues(array: bytes, prefix: bytes) -> bool:

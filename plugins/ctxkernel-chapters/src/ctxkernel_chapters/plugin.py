@@ -43,6 +43,7 @@ from .strategy import (
     registry_of,
     settings_of,
     state,
+    text_bound,
 )
 from .strategy import snapshot_state as folded_state
 
@@ -139,6 +140,7 @@ def move_large_results(session: Session, settings: ChaptersSettings, st: dict[st
     threshold = settings.artifact_threshold(session.model_settings().effective_window)
     moved = []
     registry = registry_of(session)
+    at_most = text_bound(session)
     for seq in candidates:
         if seq in st["artifact_done"]:
             continue
@@ -146,8 +148,8 @@ def move_large_results(session: Session, settings: ChaptersSettings, st: dict[st
         if node is None or node.role != "tool":
             continue
         content = node.message.tool_result.content  # type: ignore[union-attr]
-        if len(content) <= threshold:
-            continue  # a token is at least one character
+        # the meter's count of the node (cached: it counted the node when it became visible). Not
+        # its characters: one character may be several tokens (a rare CJK character is 3-4)
         tokens = session.meter.node_tokens(node)
         if tokens <= threshold:
             continue
@@ -156,7 +158,8 @@ def move_large_results(session: Session, settings: ChaptersSettings, st: dict[st
         # the preview stays well inside the band, and a handle that would not save tokens (a tiny
         # window) leaves the result where it is
         text = artifact_handle_text(handle, content, tokens, min(settings.artifact_preview_chars, threshold // 2))
-        if session.meter.count_text(text) >= tokens:
+        fits = at_most is not None and at_most(text) < tokens  # counted only when its bytes do not prove it
+        if not fits and session.meter.count_text(text) >= tokens:
             continue
         artifacts.store(Archive.of(session), root, content)
         STRATEGY.on(session).replace_tool_result(seq, text, reason="artifact")
@@ -369,7 +372,9 @@ def toc_for_region(
     # small window the oldest bullets give up their summaries first (the manifest keeps them)
     budget = min(settings.toc_bullet_budget_tokens, max(50, region_tokens // 3))
     quoted = min(settings.toc_instruction_budget_tokens, region_tokens // 3)
-    text, _ = toc.render(merged, count=region.count, bullet_budget=budget, instruction_budget=quoted)
+    text, _ = toc.render(
+        merged, count=region.count, bullet_budget=budget, instruction_budget=quoted, at_most=region.at_most
+    )
     return text
 
 
@@ -380,6 +385,7 @@ class RegionText:
     tocs: list[str]  # earlier tables of contents: their bullets are merged
     carried: list[str]  # prose another strategy's checkpoint carried (a summary): never dropped
     count: Callable[[str], int]  # count_text that knows the user's messages among the nodes
+    at_most: toc.AtMost | None  # an upper bound of count without tokenising (None: the tokenizer has none)
 
 
 def read_region(session: Session, nodes: list[Any]) -> RegionText:
@@ -410,7 +416,7 @@ def read_region(session: Session, nodes: list[Any]) -> RegionText:
         cached = known.get(text)
         return meter.count_text(text) if cached is None else cached
 
-    return RegionText(tocs, carried, count)
+    return RegionText(tocs, carried, count, text_bound(session))
 
 
 @ctxkernel.hookimpl

@@ -92,8 +92,9 @@ def render_event(
     assert result is not None
     label = f"**Result** #{event.seq} ({result.name or result.call_id}{', error' if result.is_error else ''})"
     content = result.content
-    # a token is at least one character, so short results need no count
-    small = len(content) <= floor_tokens or count(content) <= floor_tokens
+    # counted, not judged by its characters: one character may be several tokens (a rare CJK
+    # character is 3-4), and the planning view prices a result over the floor by its tokens
+    small = count(content) <= floor_tokens
     if event.seq in keep or (small and event.seq not in force_defer):
         return f"{label}: {content.strip()}\n", 0
     handle = defer(content)

@@ -179,6 +179,12 @@ def archive_ceiling(session: Session) -> int | None:
     return None
 
 
+def text_bound(session: Session) -> toc.AtMost | None:
+    """:func:`toc.byte_bound` when the session's tokenizer is a byte-level BPE (the meter bounds a
+    message by its bytes then), else None: a table of contents that fits by bytes is not counted."""
+    return toc.byte_bound if session.meter.message_at_most(ctxkernel.Message.user("")) is not None else None
+
+
 def header_tokens(session: Session) -> int:
     """Tokens of the system prompt and tool schemas, from the last recorded request header."""
     for event in reversed(session.events):

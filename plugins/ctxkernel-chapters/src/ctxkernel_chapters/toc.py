@@ -128,13 +128,27 @@ def _fold_line(folder: str, lo: int, hi: int, count: int) -> str:
     )
 
 
+#: an upper bound of a text's tokens without tokenising it (see :func:`byte_bound`)
+AtMost = Callable[[str], int]
+
+
+def byte_bound(text: str) -> int:
+    """At least as many tokens as ``text`` has: its UTF-8 bytes. Every token of a byte-level BPE
+    (tiktoken's encodings) covers at least one byte; pass it as ``at_most`` only for such a
+    tokenizer (``meter.message_at_most`` says which: None for the others)."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
 def _fit(
-    entries: list[tuple[str, str]], count: Callable[[str], int], budget: int
+    entries: list[tuple[str, str]], count: Callable[[str], int], budget: int, at_most: AtMost | None = None
 ) -> tuple[list[tuple[str, str]], int, int]:
     """Bring the bullets under ``budget``: the oldest lose their summaries first, then the oldest
-    fold into one line per folder (number range and count). Returns (entries, shortened, folded)."""
+    fold into one line per folder (number range and count). Returns (entries, shortened, folded).
+    When even ``at_most`` of every line fits, nothing is shortened: nothing is counted either."""
     entries = list(entries)
     shortened = folded = 0
+    if at_most is not None and sum(at_most(line) + 1 for _, line in entries) <= budget:
+        return entries, 0, 0
 
     cache: dict[str, int] = {}
 
@@ -179,10 +193,13 @@ def _quote(text: str) -> str:
 
 
 def _pick_instructions(
-    instructions: list[str], count: Callable[[str], int] | None, budget: int | None
+    instructions: list[str], count: Callable[[str], int] | None, budget: int | None, at_most: AtMost | None = None
 ) -> tuple[list[str], int]:
-    """The newest instructions that fit ``budget`` (all without a budget), in their order."""
+    """The newest instructions that fit ``budget`` (all without a budget, or when even ``at_most``
+    of them all fits: then none is counted), in their order."""
     if count is None or budget is None:
+        return list(instructions), 0
+    if at_most is not None and sum(at_most(text) + 2 for text in instructions) <= budget:
         return list(instructions), 0
     picked: list[str] = []
     used = 0
@@ -202,15 +219,18 @@ def render(
     count: Callable[[str], int] | None = None,
     bullet_budget: int | None = None,
     instruction_budget: int | None = None,
+    at_most: AtMost | None = None,
 ) -> tuple[str, int]:
     """The table-of-contents text, and how many bullets were shortened or folded to fit the budget.
 
     The user's own instructions are quoted verbatim, newest first within ``instruction_budget``;
-    the ones that do not fit are counted in the text (they stay in the chapters)."""
+    the ones that do not fit are counted in the text (they stay in the chapters). ``at_most``
+    (an upper bound of ``count``, e.g. :func:`byte_bound`) spares counting what fits even so:
+    the text is the same with it or without."""
     entries = list(toc.bullets.items())
     shortened = folded = 0
     if count is not None and bullet_budget is not None:
-        entries, shortened, folded = _fit(entries, count, bullet_budget)
+        entries, shortened, folded = _fit(entries, count, bullet_budget, at_most)
     lines = [line for _, line in entries]
     parts = [TOC_OPEN, INTRO, "", CHAPTERS]
     parts += lines or ["(no chapters yet)"]
@@ -218,7 +238,7 @@ def render(
         parts.append(
             f"({shortened} bullet(s) shortened, {folded} folded to fit the bullet budget; the manifest keeps every summary)"
         )
-    instructions, left_out = _pick_instructions(toc.instructions, count, instruction_budget)
+    instructions, left_out = _pick_instructions(toc.instructions, count, instruction_budget, at_most)
     if instructions:
         parts += ["", INSTRUCTIONS, "\n\n".join(_quote(t) for t in instructions)]
     if left_out:

@@ -382,6 +382,7 @@ def _seed_toc(
         count=session.meter.count_text,
         bullet_budget=settings.toc_bullet_budget_tokens,
         instruction_budget=settings.toc_instruction_budget_tokens,
+        at_most=chapters.text_bound(session),
     )
     return text
 

@@ -394,7 +394,8 @@ def compose(session: Session, plan: SwitchPlan, nodes: list[Node]) -> Summary:
     state = state_for(session)
     history = History.for_session(session)
     settings = settings_of(session)
-    notes = notes_of(session).active()
+    session_notes = notes_of(session)
+    notes = session_notes.active()
     mode = settings.handoff_summary
     budget = plan.budget
     generated: Generated | None = None
@@ -440,17 +441,16 @@ def compose(session: Session, plan: SwitchPlan, nodes: list[Node]) -> Summary:
         "region_tokens": plan.region_tokens,
         "region_items": [f"item_{nodes[0].seq}", f"item_{nodes[-1].seq}"],
     }
-    plan.record.update(stage_notes(session, plan, handoff))
+    plan.record.update(stage_notes(session, plan, handoff, session_notes))
     return handoff.summary
 
 
-def stage_notes(session: Session, plan: SwitchPlan, handoff: Handoff) -> dict[str, Any]:
+def stage_notes(session: Session, plan: SwitchPlan, handoff: Handoff, notes: StrategyNotes) -> dict[str, Any]:
     """The seed's two notes of a committed switch, staged to ride in its commit (the data to merge
     into compaction/summary): ``handoff.md`` replaced with the full unclipped handoff (a generated
     one: the summarizer's raw reply), one line added to ``handoff-log.md``. They land exactly when
     the switch does, in its one durable write; a note the notes limits refuse is logged and left
-    out, never blocking the switch."""
-    notes = notes_of(session)
+    out, never blocking the switch. ``notes``: the session's, as :func:`notes_of` gives them."""
     window = f"win_{plan.record['window']}"
     full = handoff.full
     limit = notes.limits.max_note_bytes
@@ -556,11 +556,12 @@ def _failed(state: HandoffState, reason: str, detail: str, record: dict[str, Any
 
 def after_commit(session: Session, result: CommitResult) -> None:
     """After a committed switch (its notes landed with it, see :func:`stage_notes`): count it and
-    forget the excerpts of the nodes it replaced."""
+    forget the excerpts of the nodes it replaced (the ones it cites: a pass over every excerpt
+    cost as much as the switch's own planning; others left by shrunk results are pruned by
+    :func:`warm_excerpts` once the excerpts outgrow the surface)."""
     state = state_for(session)
     state.switches += 1
-    surface = session.surface
-    state.excerpts.prune(lambda seq: surface.node(seq) is not None)
+    state.excerpts.forget(result.cites)
 
 
 # -- the entry points ----------------------------------------------------------------------------------

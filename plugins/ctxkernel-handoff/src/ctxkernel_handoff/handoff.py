@@ -22,7 +22,7 @@ why (``generated_discarded``).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -323,6 +323,11 @@ class Excerpts:
     def prune(self, visible: Callable[[int], bool]) -> None:
         """Forget the nodes no longer on the surface (replaced by a switch or a shrink)."""
         self._by_seq = {seq: e for seq, e in self._by_seq.items() if visible(seq)}
+
+    def forget(self, seqs: Iterable[int]) -> None:
+        """Forget the nodes ``seqs`` (the ones a commit replaced): O(those), not O(all)."""
+        for seq in seqs:
+            self._by_seq.pop(seq, None)
 
     def __len__(self) -> int:
         return len(self._by_seq)
