@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from ctxkernel import Message, Span, ToolCallBlock
@@ -126,6 +127,24 @@ def test_surface_tokens_count_each_node_once(tmp_path: Path) -> None:
     session.user("one more")
     assert session.meter.surface_tokens() == total + MESSAGE_OVERHEAD + counting.inner.count("one more")
     assert len(counting.texts) == 31
+
+
+def test_a_header_is_counted_once_per_process_and_exactly(tmp_path: Path) -> None:
+    from ctxkernel.meter import REQUEST_OVERHEAD, Meter
+
+    tokenizer = CountingTokenizer(get_tokenizer())
+    system, tools = "be brief " * 40, [{"type": "function", "function": {"name": "t", "parameters": {}}}]
+    first = Meter(tokenizer).count_header(system, tools)
+    assert len(tokenizer.texts) == 2  # the system prompt and the tools' JSON
+    # a second session's meter (same tokenizer, same header) reuses the count
+    assert Meter(tokenizer).count_header(system, tools) == first and len(tokenizer.texts) == 2
+    exact = REQUEST_OVERHEAD + MESSAGE_OVERHEAD + tokenizer.inner.count(system)
+    assert first == exact + tokenizer.inner.count(orjson.dumps(tools).decode())
+    # another header, or the same text under another tokenizer, is counted for itself
+    Meter(tokenizer).count_header(system + "!", tools)
+    assert len(tokenizer.texts) == 4
+    other = CountingTokenizer(get_tokenizer())
+    assert Meter(other).count_header(system, tools) == first and len(other.texts) == 2
 
 
 def test_pressure_is_anchored_on_usage_and_moves_by_exact_surface_changes(tmp_path: Path) -> None:

@@ -29,3 +29,23 @@ def test_compact_tool_sends_the_compact_schema_and_keeps_name_and_description():
     assert function["parameters"] == compact_schema(
         Tool("t", "d", Args, lambda s, a: "").schema()["function"]["parameters"]
     )
+
+
+def test_a_models_schema_is_derived_once_per_process_and_each_tool_owns_its_copy(monkeypatch):
+    class Once(ToolArgs):
+        path: str = Field(description="where")
+
+    calls = []
+    derive = Once.model_json_schema
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return derive(*args, **kwargs)
+
+    monkeypatch.setattr(Once, "model_json_schema", counted)
+    first = Tool("a", "d", Once, lambda s, a: "").schema()
+    first["function"]["parameters"]["properties"]["path"]["description"] = "changed by its owner"
+    second = Tool("b", "d", Once, lambda s, a: "").schema()  # as a second kernel registers it again
+    assert len(calls) == 1
+    parameters = second["function"]["parameters"]
+    assert parameters["properties"]["path"]["description"] == "where" and "title" not in parameters

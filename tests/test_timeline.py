@@ -139,6 +139,14 @@ MALFORMED = {
     "transaction row": lambda part: part["transactions"][0].pop(),
     "transaction outcome": lambda part: part["transactions"][0].__setitem__(7, "maybe"),
     "not an object": lambda part: part.clear(),
+    "bucket peak without usage": lambda part: part["buckets"][0].__setitem__(3, 0),
+    "bucket low above its peak": lambda part: part["buckets"][0].__setitem__(5, part["buckets"][0][4] + 1),
+    "bucket seq a boolean": lambda part: part["buckets"][0].__setitem__(0, False),
+    "bucket past the cursor": lambda part: part["buckets"][-1].__setitem__(1, 10**9),
+    "bucket window a string": lambda part: part["buckets"][0].__setitem__(6, "8000"),
+    "marker past the cursor": lambda part: part["markers"][0].__setitem__(0, 10**9),
+    "transaction tokens a string": lambda part: part["transactions"][0].__setitem__(9, "many"),
+    "transaction id a number": lambda part: part["transactions"][0].__setitem__(0, 5),
 }
 
 

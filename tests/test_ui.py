@@ -249,6 +249,11 @@ def test_log_pages_read_only_the_page(tmp_path):
         assert stats["events_read"] - 125 - 25 <= MAX_SCAN
         one = c.get("/api/sessions/big/events/77777").json()
         assert one["seq"] == 77_777
+        # a page's rows are folded: their data comes with the one event, when a row is opened
+        row = c.get("/api/sessions/big/log", params={"start": 77_777, "limit": 1}).json()["rows"][0]
+        assert "data" not in row and {**row, "data": one["data"]} == one
+        question = json.loads(one["data"]["text"])["message"]["content"][0]["text"]
+        assert question.startswith("question ") and row["preview"] == question
         rows = c.get("/api/sessions").json()["sessions"]
         assert rows == [
             {
@@ -572,3 +577,38 @@ def test_inspecting_a_session_with_waiting_calls_writes_nothing(tmp_path, capsys
     # the session goes on where it was: the client's result for the waiting call is accepted
     session.tool_result("w2", "second file")
     assert not session.surface.pending_calls
+
+
+def test_json_is_bytes_from_orjson_and_a_value_it_refuses_is_still_exact():
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from ctxkernel.ui.app import json_bytes
+
+    # what a strategy's panel may hold: any JSON value, integer keys, integers past 64 bits
+    scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text()
+    values = st.recursive(
+        scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    )
+
+    @given(values)
+    def round_trips(value):
+        assert json.loads(json_bytes(value)) == value
+
+    round_trips()
+    assert json.loads(json_bytes({"big": 2**70, "list": [-(2**80)]})) == {"big": 2**70, "list": [-(2**80)]}
+    assert json.loads(json_bytes({1: "a"})) == {"1": "a"}
+    with pytest.raises(TypeError):
+        json_bytes({"not json": object()})
+
+
+def test_page_templates_are_compiled_once_for_every_app(handoff):
+    from jinja2 import Environment
+
+    _, kernel, session = handoff
+    with client(kernel) as c:
+        assert c.get(f"/sessions/{session.id}").status_code == 200
+    # a second app (as each `ctxkernel serve` mount or test makes) renders without compiling again
+    with mock.patch.object(Environment, "compile", side_effect=AssertionError("compiled again")), client(kernel) as c:
+        page = c.get(f"/sessions/{session.id}")
+    assert page.status_code == 200 and session.id in page.text

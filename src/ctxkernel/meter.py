@@ -163,6 +163,13 @@ MEMO_MIN_CHARS = 2_000
 MEMO_ENTRIES = 8
 
 
+#: request header counts by (tokenizer, system prompt, tools JSON), for the whole process: every
+#: session of a profile sends the same header, and each session it opened counted it again
+#: (~1.7 ms for handoff's 6 KB of tool schemas)
+HEADER_MEMO_ENTRIES = 32
+_HEADER_COUNTS: dict[tuple[Any, str, str], int] = {}
+
+
 class Meter:
     """Counts messages and keeps the surface total current (a surface listener)."""
 
@@ -200,11 +207,18 @@ class Meter:
         return MESSAGE_OVERHEAD + len(message_text_for_count(message).encode("utf-8", "surrogatepass"))
 
     def count_header(self, system: str, tools: list[dict[str, Any]]) -> int:
-        tokens = REQUEST_OVERHEAD
-        if system:
-            tokens += MESSAGE_OVERHEAD + bounded_count(self.tokenizer, system)
-        if tools:
-            tokens += bounded_count(self.tokenizer, orjson.dumps(tools).decode())
+        tools_json = orjson.dumps(tools).decode() if tools else ""
+        key = (self.tokenizer, system, tools_json)
+        tokens = _HEADER_COUNTS.get(key)
+        if tokens is None:
+            tokens = REQUEST_OVERHEAD
+            if system:
+                tokens += MESSAGE_OVERHEAD + bounded_count(self.tokenizer, system)
+            if tools_json:
+                tokens += bounded_count(self.tokenizer, tools_json)
+            if len(_HEADER_COUNTS) >= HEADER_MEMO_ENTRIES:
+                _HEADER_COUNTS.clear()  # rare (a process sends few headers); safe with threads
+            _HEADER_COUNTS[key] = tokens
         return tokens
 
     def node_tokens(self, node: Any) -> int:

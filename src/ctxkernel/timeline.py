@@ -311,19 +311,29 @@ def _check(
     if not ints(requests, width) or width < 1 or width & (width - 1) or len(buckets) > MAX_POINTS:
         msg = f"width {width!r:.20} must be a power of two and buckets at most {MAX_POINTS}"
         raise ValueError(msg)
+    # one pass of plain comparisons per bucket (a restore checks up to 1,024 of them on the
+    # inspector's first view; ``type(x) is int`` also refuses a bool)
+    last_full = len(buckets) - 1
     for i, b in enumerate(buckets):
-        full = i < len(buckets) - 1
-        if (
-            len(b) != 7
-            or not ints(b[_FIRST], b[_LAST], b[_COUNT], b[_MEASURED])
-            or not b[_FIRST] <= b[_LAST] < cursor
-            or not 0 < b[_COUNT] <= width
-            or (full and b[_COUNT] != width)
-            or b[_MEASURED] > b[_COUNT]
-            or (b[_PEAK] is None) != (b[_MEASURED] == 0)
-            or (b[_MEASURED] and not (ints(b[_PEAK], b[_LOW]) and b[_LOW] <= b[_PEAK]))
-            or (b[_LOW] is None) != (b[_PEAK] is None)
-            or not (b[_WINDOW] is None or type(b[_WINDOW]) is int)
+        if type(b) is not list or len(b) != 7:
+            msg = f"bucket {i} {b!r:.120} is not one a fold makes"
+            raise ValueError(msg)
+        first, last, count, measured, peak, low, window = b
+        if not (
+            type(first) is int
+            and type(last) is int
+            and type(count) is int
+            and type(measured) is int
+            and 0 <= first <= last < cursor
+            and 0 < count <= width
+            and (i == last_full or count == width)
+            and 0 <= measured <= count
+            and (
+                (type(peak) is int and type(low) is int and 0 <= low <= peak)
+                if measured
+                else (peak is None and low is None)
+            )
+            and (window is None or type(window) is int)
         ):
             msg = f"bucket {i} {b!r:.120} is not one a fold makes"
             raise ValueError(msg)
@@ -331,21 +341,39 @@ def _check(
         msg = f"the buckets hold {sum(b[_COUNT] for b in buckets)} requests, not {requests}"
         raise ValueError(msg)
     for m in markers:
-        if not ints(m["seq"], m["request"]) or m["seq"] >= cursor or m["kind"] not in MARKER_KINDS:
+        seq, request = m["seq"], m["request"]
+        if not (type(seq) is int and type(request) is int and 0 <= seq < cursor and request >= 0) or (
+            m["kind"] not in MARKER_KINDS
+        ):
             msg = f"marker {m!r:.120} is not one a fold makes"
             raise ValueError(msg)
-        if not isinstance(m["label"], str) or len(m["label"]) > LABEL_CHARS:
+        if type(m["label"]) is not str or len(m["label"]) > LABEL_CHARS:
             msg = f"marker label {m['label']!r:.40} is not a string of at most {LABEL_CHARS} characters"
             raise ValueError(msg)
     for key, t in transactions.items():
-        if (
-            not isinstance(key, str)
-            or not ints(t["start"], t["cites"])
-            or t["outcome"] not in OUTCOMES
-            or not isinstance(t["time"], str)
-            or not all(t[k] is None or ints(t[k]) for k in ("summary_seq", "end"))
-            or not all(t[k] is None or type(t[k]) is int for k in ("tokens_before", "tokens_after"))
-            or not all(t[k] is None or isinstance(t[k], str) for k in ("strategy", "kind", "error"))
+        start, cites, summary_seq, end = t["start"], t["cites"], t["summary_seq"], t["end"]
+        before, after, strategy, kind, error = (
+            t["tokens_before"],
+            t["tokens_after"],
+            t["strategy"],
+            t["kind"],
+            t["error"],
+        )
+        if not (
+            type(key) is str
+            and type(start) is int
+            and start >= 0
+            and type(cites) is int
+            and cites >= 0
+            and t["outcome"] in OUTCOMES
+            and type(t["time"]) is str
+            and (summary_seq is None or (type(summary_seq) is int and summary_seq >= 0))
+            and (end is None or (type(end) is int and end >= 0))
+            and (before is None or type(before) is int)
+            and (after is None or type(after) is int)
+            and (strategy is None or type(strategy) is str)
+            and (kind is None or type(kind) is str)
+            and (error is None or type(error) is str)
         ):
             msg = f"transaction {t!r:.120} is not one a fold makes"
             raise ValueError(msg)

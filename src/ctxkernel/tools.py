@@ -13,6 +13,8 @@ outcome too (logged with its traceback); :meth:`ToolRegistry.run` never raises.
 
 from __future__ import annotations
 
+import copy
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -83,13 +85,21 @@ class Tool:
     def schema(self) -> dict[str, Any]:
         """The OpenAI-style function schema (``{"type": "function", "function": {...}}``)."""
         if self._schema is None:
-            params = self.parameters.model_json_schema()
+            params = copy.deepcopy(_json_schema(self.parameters))
             params.pop("title", None)
             self._schema = {
                 "type": "function",
                 "function": {"name": self.name, "description": self.description, "parameters": params},
             }
         return self._schema
+
+
+@functools.cache
+def _json_schema(parameters: type[BaseModel]) -> dict[str, Any]:
+    """The JSON schema of a tool's arguments model, derived once per process: pydantic takes
+    about half a millisecond per model, and every new kernel registers its strategies' tools
+    again. Callers copy it before changing it."""
+    return parameters.model_json_schema()
 
 
 def compact_schema(node: Any) -> Any:

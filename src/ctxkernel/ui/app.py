@@ -10,10 +10,13 @@ Content-Security-Policy allows only this app's own script and style as a second 
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 from pathlib import Path
 from typing import Any
 
+import orjson
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 from starlette.applications import Starlette
@@ -21,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
@@ -70,8 +73,37 @@ class SecurityHeaders:
         await self.app(scope, receive, with_headers)
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+class JSONBody(Response):
+    """A response whose JSON is already bytes (see :func:`json_bytes`)."""
+
+    media_type = "application/json"
+
+
+def json_bytes(value: Any) -> bytes:
+    """``value`` as compact JSON, encoded by orjson straight to bytes (about ten times the
+    standard library's encoder on the surface and the timeline). A value orjson refuses (an
+    integer past 64 bits in a strategy's panel) goes through the standard library instead,
+    which writes it exactly; what neither can encode raises."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+    except orjson.JSONEncodeError:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+
+@functools.cache
+def page_templates() -> Jinja2Templates:
+    """The page templates, compiled once per process and shared by every app (they are files of
+    this package: nothing to reload while it runs)."""
+    env = Environment(
+        loader=PackageLoader("ctxkernel.ui", "templates"),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+        auto_reload=False,
+    )
+    return Jinja2Templates(env=env)
+
+
+def _error(status: int, message: str) -> JSONBody:
+    return JSONBody(json_bytes({"error": message}), status_code=status)
 
 
 def _int(request: Request, name: str, default: int | None, *, low: int = 0, high: int | None = None) -> int | None:
@@ -113,11 +145,7 @@ def create_app(
     roots = [Path(r).expanduser().resolve() for r in (read_roots or [Path.cwd()])]
     replays = Replays(roots)
     token = actions.new_token()
-    env = Environment(
-        loader=PackageLoader("ctxkernel.ui", "templates"),
-        autoescape=select_autoescape(default=True, default_for_string=True),
-    )
-    templates = Jinja2Templates(env=env)
+    templates = page_templates()
 
     def page(request: Request, name: str, **context: Any) -> Response:
         base = request.scope.get("root_path", "").rstrip("/")
@@ -219,7 +247,8 @@ def create_app(
     # -- JSON API ----------------------------------------------------------------------------------------
     async def call(fn: Any, *args: Any, **kwargs: Any) -> Response:
         try:
-            return JSONResponse(await run_in_threadpool(fn, *args, **kwargs))
+            # encoded in the worker thread too: the event loop only sends bytes
+            return JSONBody(await run_in_threadpool(lambda: json_bytes(fn(*args, **kwargs))))
         except SessionNotFoundError as exc:
             return _error(404, str(exc))
         except StoreError as exc:

@@ -39,6 +39,8 @@ MAX_SCAN = 5_000
 #: characters of one event's JSON, and of one surface message's text, sent to the page
 EVENT_CHARS = 20_000
 TEXT_CHARS = 4_000
+#: characters of a log row's one-line preview
+PREVIEW_CHARS = 200
 #: settings, by name, that are pressure thresholds (a share of the effective window): the
 #: timeline draws every one the session's strategies define
 THRESHOLD_SETTINGS = (
@@ -56,9 +58,9 @@ def clip(text: str, limit: int) -> dict[str, Any]:
     return {"text": text[:limit], "chars": len(text)}
 
 
-def event_json(event: Event) -> dict[str, Any]:
-    """One log row: envelope fields, a one-line preview and the data as (bounded) JSON text."""
-    body = orjson.dumps(event.data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()
+def log_row(event: Event) -> dict[str, Any]:
+    """One row of a log page: envelope fields and a one-line preview. The data itself is sent
+    when the row is opened (:func:`event_json`): a page shows its rows folded."""
     return {
         "seq": event.seq,
         "type": event.type,
@@ -66,8 +68,18 @@ def event_json(event: Event) -> dict[str, Any]:
         "surface": event.surface,
         "ignorable": event.ignorable,
         "preview": _preview(event),
-        "data": clip(body, EVENT_CHARS),
     }
+
+
+def event_json(event: Event) -> dict[str, Any]:
+    """One event: its log row and its data as (bounded) indented JSON text."""
+    body = orjson.dumps(event.data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()
+    return {**log_row(event), "data": clip(body, EVENT_CHARS)}
+
+
+def _one_line(text: str) -> str:
+    # whitespace runs become one space; a long text is cut first (a preview never needs more)
+    return " ".join(text[: PREVIEW_CHARS * 4].split())[:PREVIEW_CHARS]
 
 
 def _preview(event: Event) -> str:
@@ -79,17 +91,17 @@ def _preview(event: Event) -> str:
             if not isinstance(block, dict):
                 continue
             if block.get("type") in ("text", "reasoning"):
-                parts.append(str(block.get("text", "")))
+                parts.append(str(block.get("text", ""))[: PREVIEW_CHARS * 4])
             elif block.get("type") == "tool_call":
                 parts.append(f"{block.get('name')}(…)")
             else:
-                parts.append(str(block.get("content", "")))
-        return " ".join(" ".join(parts).split())[:200]
+                parts.append(str(block.get("content", ""))[: PREVIEW_CHARS * 4])
+        return _one_line(" ".join(parts))
     if event.type == ev.COMPACTION_SUMMARY:
         return f"{d.get('strategy')}/{d.get('kind')}: {d.get('tokens_before')} -> {d.get('tokens_after')} tokens"
     if event.type in (ev.TURN_START, ev.TURN_END, ev.STEP_START, ev.STEP_END):
         return " ".join(f"{k}={d[k]}" for k in ("turn", "step", "reason") if k in d)
-    return " ".join(orjson.dumps(d).decode().split())[:200]
+    return _one_line(orjson.dumps(d).decode())
 
 
 @dataclass
@@ -247,17 +259,23 @@ class Inspector:
         with opened.lock:
             session = opened.session
             decay = self._decay_marks(session)
+            node_tokens = session.meter.node_tokens
+            sources: dict[int, dict[str, Any]] = {}  # user, model and plugin sources are shared objects
             nodes = []
             for node in session.surface.nodes:
                 message = node.message
-                op = node.event.surface or {}
+                event = node.event
+                op = event.surface or {}
                 cites = op.get("cites") or []
+                source = sources.get(id(message.source))
+                if source is None:
+                    source = sources[id(message.source)] = message.source.to_dict()
                 item: dict[str, Any] = {
-                    "seq": node.seq,
-                    "event": node.event.type,
-                    "role": node.role,
-                    "source": message.source.to_dict(),
-                    "tokens": session.meter.node_tokens(node),
+                    "seq": event.seq,
+                    "event": event.type,
+                    "role": message.role,
+                    "source": source,
+                    "tokens": node_tokens(node),
                     "text": clip(message_text_for_count(message), TEXT_CHARS),
                     "tool_calls": [{"id": c.id, "name": c.name} for c in message.tool_calls],
                     "tool_result": message.tool_result.call_id if message.tool_result else None,
@@ -272,8 +290,8 @@ class Inspector:
                     if cites
                     else None,
                 }
-                if node.seq in decay:
-                    item["decay"] = decay[node.seq]
+                if event.seq in decay:
+                    item["decay"] = decay[event.seq]
                 nodes.append(item)
             return {"events": len(session.events), "tokens": session.meter.surface_tokens(), "nodes": nodes}
 
@@ -335,7 +353,7 @@ class Inspector:
             "end": end,
             "limit": limit,
             "types": types or [],
-            "rows": [event_json(e) for e in rows],
+            "rows": [log_row(e) for e in rows],
             "previous": max(0, start - limit) if start > 0 else None,
             "next": end if end < count else None,
         }

@@ -336,7 +336,23 @@ function renderTransactions(data) {
 }
 
 // -- the log (paged; never the whole log) -------------------------------------------------------------
-const logState = { start: null, limit: 100, types: "", page: null };
+const logState = { start: null, limit: 100, types: "", page: null, session: "" };
+
+// a row's data is fetched when it is opened: a page of folded rows sends only their previews
+async function fillEvent(details, seq) {
+  if (details.dataset.loaded) return;
+  details.dataset.loaded = "pending";
+  const pre = details.querySelector("pre");
+  try {
+    const event = await getJSON(`/api/sessions/${encodeURIComponent(logState.session)}/events/${seq}`);
+    const more = event.data.chars > event.data.text.length ? `\n… (${fmt(event.data.chars)} characters in all)` : "";
+    pre.textContent = event.data.text + more;
+    details.dataset.loaded = "yes";
+  } catch (err) {
+    pre.textContent = `could not load event ${seq}: ${err.message}`;
+    delete details.dataset.loaded;
+  }
+}
 
 function renderLog(page) {
   logState.page = page;
@@ -345,12 +361,13 @@ function renderLog(page) {
     : `no events in ${fmt(page.start)}–${fmt(page.end)} of ${fmt(page.events)}`;
   const list = el("div", { id: "log-rows" });
   for (const row of page.rows) {
-    const more = row.data.chars > row.data.text.length ? `\n… (${fmt(row.data.chars)} characters in all)` : "";
-    list.append(el("details", { class: "event", id: `event-${row.seq}`, "data-seq": row.seq, "data-type": row.type },
+    const details = el("details", { class: "event", id: `event-${row.seq}`, "data-seq": row.seq, "data-type": row.type },
       el("summary", {}, el("span", { class: "seq", text: row.seq }), " ", el("span", { class: "type", text: row.type }), " ",
         el("span", { class: "muted", text: row.time }), " ", el("span", { class: "preview", text: row.preview })),
       row.surface ? el("div", { class: "muted", text: `surface ${JSON.stringify(row.surface)}` }) : null,
-      el("pre", { text: row.data.text + more })));
+      el("pre", { text: "loading…" }));
+    details.addEventListener("toggle", () => { if (details.open) fillEvent(details, row.seq); });
+    list.append(details);
   }
   replace(document.getElementById("log"), list);
   document.getElementById("log-prev").disabled = page.previous === null;
@@ -358,6 +375,7 @@ function renderLog(page) {
 }
 
 async function loadLog(sessionId) {
+  logState.session = sessionId;
   const params = new URLSearchParams({ limit: String(logState.limit) });
   if (logState.start !== null) params.set("start", String(logState.start));
   if (logState.types) params.set("type", logState.types);
