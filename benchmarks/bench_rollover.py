@@ -15,16 +15,31 @@ milliseconds of local event writes"). Each round builds a session (a surface of 
 Wall time, not CPU time: what a durable write costs is mostly the wait for ``fsync``, which CPU
 time does not see. ``ratio`` is the median of the per-round ratios; the CPU-time ratio is printed
 beside it (``cpu_ratio``) to show the share of the cost that is computation.
+
+``parts_s`` says where a switch's wall time goes, from further rounds run after the measured ones
+(so the timers' own few microseconds never touch ``ratio``), medians in seconds: ``rollover``, the
+plugin's own work (the seed built from the notes and the log, the window ids, the checks; the
+whole switch less the transaction); ``transaction``, the kernel's compaction transaction
+(``StrategyHandle.compact``); inside it ``count``, the meter's counts (the seed's, which the
+kernel takes for the summary's ``tokens_after`` and the new node), ``append``, the commit batch
+through ``Session.append`` (the batch's checks, the store's write and ``fsync``, the fold), and
+``store``, the store's own write and ``fsync`` alone; ``lease``, taking and giving up the
+compaction lease; ``span_checks``, the transaction's span validation; ``instructions``, its search
+for the user's instructions the commit would take off the surface; ``commit_hooks``, the plugins'
+``commit`` hooks (rollover's included); ``transaction_rest``, the transaction less those parts
+(its refreshes, building the summary event; under load, mostly time the process waited for a core).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -57,6 +72,76 @@ def build(home: Path, nodes: int, notes: int):
     session.end_turn()
     session.user("continue")
     return kernel, session
+
+
+#: what ``parts_s`` times: label -> the functions (``module``, ``Class.method`` or ``function``)
+#: whose calls inside the transaction are summed; a function a later kernel no longer has is
+#: left out (its label reads 0)
+PARTS: dict[str, tuple[tuple[str, str], ...]] = {
+    "transaction": (("ctxkernel.handle", "StrategyHandle.compact"),),
+    "count": (("ctxkernel.meter", "Meter.count_message"),),
+    "append": (("ctxkernel.session", "Session.append"),),
+    "store": (("ctxkernel.store.jsonl", "JsonlStore.append"),),
+    "lease": (("ctxkernel.lease", "CompactionLease.acquire"), ("ctxkernel.lease", "CompactionLease.release")),
+    "span_checks": (("ctxkernel.compaction", "validate_spans"),),
+    "instructions": (("ctxkernel.instructions", "pin_lost"),),
+    "commit_hooks": (("ctxkernel.plugins", "HookFacade.commit"),),
+}
+PARTS_ROUNDS = 7
+
+
+@contextlib.contextmanager
+def timing_parts(sink: dict[str, float]):
+    """Sum into ``sink`` the wall time of the transaction's calls and, inside it, of each other
+    :data:`PARTS` function's (the plugin's own counts, before the transaction, are its share)."""
+    import importlib
+
+    originals, inside = [], []
+    for label, targets in PARTS.items():
+        for module, name in targets:
+            owner: Any = importlib.import_module(module)
+            *path, attribute = name.split(".")
+            for part in path:
+                owner = getattr(owner, part, None)
+            original = getattr(owner, "__dict__", {}).get(attribute)
+            if original is None:
+                continue
+
+            def timed(*args, _original=original, _label=label, **kwargs):
+                if _label != "transaction" and "transaction" not in inside:
+                    return _original(*args, **kwargs)
+                inside.append(_label)
+                start = time.perf_counter()
+                try:
+                    return _original(*args, **kwargs)
+                finally:
+                    inside.pop()
+                    if _label not in inside:  # a nested call of the same part is in its caller's time
+                        sink[_label] = sink.get(_label, 0.0) + time.perf_counter() - start
+
+            originals.append((owner, attribute, original))
+            setattr(owner, attribute, timed)
+    try:
+        yield sink
+    finally:
+        for owner, attribute, original in reversed(originals):
+            setattr(owner, attribute, original)
+
+
+def parts_round(scratch: Path, nodes: int, notes: int) -> dict[str, float]:
+    """One switch with :data:`PARTS` timed: the seconds of each, and ``rollover`` (the rest)."""
+    from ctxkernel_rollover.switch import switch
+
+    with tempfile.TemporaryDirectory(dir=scratch) as folder:
+        kernel, session = build(Path(folder), nodes, notes)
+        sink: dict[str, float] = {}
+        wall = time.perf_counter()
+        with timing_parts(sink):
+            switch(session, "manual")
+        wall = time.perf_counter() - wall
+        inner = sum(seconds for label, seconds in sink.items() if label not in ("transaction", "store"))
+        rest = sink.get("transaction", 0.0) - inner  # ``store`` is inside ``append``
+        return {"rollover": wall - sink.get("transaction", 0.0), **sink, "transaction_rest": rest}
 
 
 #: the first baseline's size in a sizing round (the rounds measured use what that round wrote)
@@ -100,6 +185,7 @@ def run(bench: Bench) -> None:
     size = int(one_round(scratch, nodes, notes)["bytes"])  # what a switch writes: the baselines' size
     rounds = [one_round(scratch, nodes, notes, size) for _ in range(repeat)]
     ratios = [r["rw"] / r["aw"] for r in rounds]
+    parts = [parts_round(scratch, nodes, notes) for _ in range(3 if bench.quick else PARTS_ROUNDS)]
     ratio = statistics.median(ratios)
     bench.report(
         "rollover_commit_vs_durable_append",
@@ -111,6 +197,10 @@ def run(bench: Bench) -> None:
         baseline_median=float(f"{statistics.median(r['aw'] for r in rounds):.6g}"),
         cpu_ratio=round(statistics.median(r["rc"] / max(r["ac"], 1e-9) for r in rounds), 3),
         bytes=int(statistics.median(r["bytes"] for r in rounds)),
+        parts_s={
+            label: float(f"{statistics.median(p.get(label, 0.0) for p in parts):.3g}")
+            for label in ("rollover", *PARTS, "transaction_rest")
+        },
         surface_nodes=nodes,
         notes=notes,
         timing="wall",

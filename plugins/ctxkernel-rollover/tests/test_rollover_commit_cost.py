@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 
 from ctxkernel import Message
 from ctxkernel.events import TURN_START, USER_MESSAGE
-from ctxkernel.recall.notes import Notes
+from ctxkernel.meter import get_tokenizer
+from ctxkernel.recall.notes import Note, Notes, render_note
+from ctxkernel.text import guard
 from ctxkernel_rollover import seed as seed_module
 from ctxkernel_rollover.state import state_of
 from ctxkernel_rollover.switch import FIGURE_SLACK, current_turn_inputs, switch
@@ -174,3 +176,73 @@ def test_a_seed_rendered_with_the_cache_is_the_seed_rendered_afresh(tmp_path_fac
         live = {(n.id, n.version) for n in notes.active()}
         assert {(k[0], k[1]) for k in cache.blocks} <= live, "the cache kept a block no seed uses"
     assert state_of(session).note_cache.blocks == {}  # the session's own cache: only switches fill it
+
+
+FRAME_TEXT = st.lists(
+    st.one_of(
+        st.text(max_size=40),
+        st.sampled_from(
+            ["<context-window", "</Context-Window >", "< / USER-INPUT", "<user-input item='x'>", "<note", "</note>"]
+        ),
+        st.sampled_from(["<", ">", "\u017f", "\u212a", "\u0130", "\n"]),  # long s, Kelvin sign, dotted I
+    ),
+    max_size=12,
+).map("".join)
+
+
+@settings(max_examples=200, deadline=None)
+@given(content=FRAME_TEXT, chars=st.sampled_from([200, 1_000, 8_000]), path=st.sampled_from(["goal", "a/b-2.md"]))
+def test_a_note_block_skips_the_frame_guard_only_when_the_guard_would_change_nothing(content, chars, path):
+    # the seed's frames are guarded in a note's block only when its content holds a '<': the
+    # attributes are escaped and the note's own frame opens no seed frame, so the block is the same
+    note = Note("n_1", path, content, "tool-output", "w1", "t0", "t1", 3, 1, 2)
+    _, block = seed_module.NoteCache().block(note, chars)
+    assert block == guard(render_note(note, max_chars=chars), "context-window", "user-input")
+
+
+def test_the_goal_note_is_the_seed_goal_even_when_a_protective_switch_does_not_show_it(tmp_path):
+    session = session_with_notes(tmp_path, 128_000, notes=0)
+    api = Notes.for_session(session)
+    api.write("goal", "GOAL-NOTE: port the parser")
+    for i in range(4):
+        api.write(f"later/{i}", f"later note {i}")
+    session = rollover_kernel(tmp_path, window=128_000, reserve=4_000, protective_keep_notes=2).open_session(session.id)
+    switch(session, "overflow", error="the provider refused the request")
+    seed = session.surface.nodes[0].message.text
+    assert "## Goal (note 'goal')\nGOAL-NOTE: port the parser" in seed
+    assert '<note path="goal"' not in seed  # only the two newest notes are shown
+    assert seed.count("<note ") == 2
+
+
+HOSTILE_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=300)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    goal=HOSTILE_TEXT,
+    pending=st.lists(HOSTILE_TEXT, max_size=3),
+    contents=st.lists(HOSTILE_TEXT.filter(bool), max_size=6),
+    window=st.sampled_from([1_000, 99_999_999]),
+)
+def test_a_seed_sized_by_its_byte_bound_never_costs_more_than_the_bound(goal, pending, contents, window):
+    # a wide budget: render_seed answers with the byte bound instead of tokenising; filled in with
+    # the longest remaining-tokens figure the window allows, the seed still costs no more than it
+    tokenizer = get_tokenizer()
+    notes = [
+        Note(f"n_{i}", f"n/{i}", text, "tool-output", "w1", "t0", "t1", 1, i, i) for i, text in enumerate(contents)
+    ]
+    seed = seed_module.SeedInput(
+        "w2", "w1", "w1", 2, "manual", goal or None, "test", list(enumerate(pending)), notes, 0, 9
+    )
+    text, bound, counted = seed_module.render_seed(
+        seed,
+        budget_tokens=10_000_000,
+        count=tokenizer.count,
+        goal_chars=4_000,
+        pending_chars=16_000,
+        note_chars=8_000,
+    )
+    assert not counted
+    filled = text.replace(seed_module.REMAINING_PLACEHOLDER, f"{window} of {window}")
+    assert tokenizer.count(filled) <= bound
+    assert seed_module.byte_bound(goal) >= tokenizer.count(goal)

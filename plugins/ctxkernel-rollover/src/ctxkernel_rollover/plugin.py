@@ -207,7 +207,9 @@ def request_error(session: Session, error: ModelError) -> bool | None:
 @ctxkernel.hookimpl
 def commit(session: Session, result: Any) -> None:
     if result.strategy == NAME:
-        notes_of(session)  # notes written from now on carry the new window id
+        # notes written from now on carry the new window id; the switch that committed set the
+        # notes' limits a moment ago, so only the stamp changes (no settings look-up)
+        STRATEGY.on(session).notes().current_window = state_of(session).current
 
 
 @ctxkernel.hookimpl

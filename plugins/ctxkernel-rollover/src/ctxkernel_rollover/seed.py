@@ -103,8 +103,12 @@ class NoteCache:
         key = (note.id, note.version, chars)
         block = self.blocks.get(key)
         if block is None:
-            # render_note guards its own frame; the seed's frames are guarded here
-            block = self.blocks[key] = guard(render_note(note, max_chars=chars), "context-window", "user-input")
+            block = render_note(note, max_chars=chars)
+            if "<" in note.content:
+                # render_note guards its own frame; the seed's frames are guarded here. Only the
+                # content can hold one: the attributes are escaped and the frame is the note's own
+                block = guard(block, "context-window", "user-input")
+            self.blocks[key] = block
         self.used.add(key)
         return key, block
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ctxkernel import CtxKernelError, Message, Span, StrategyNotes, get_logger
-from ctxkernel.recall.notes import NotesLimits
+from ctxkernel.recall.notes import Note, NotesLimits
 
 from .seed import DENSITY_MARGIN, REMAINING_PLACEHOLDER, SeedInput, render_seed
 from .state import PENDING_INPUTS, WINDOW_EVENT, WINDOW_KIND, state_of
@@ -35,10 +35,11 @@ def settings_of(session: Session) -> RolloverSettings:
     return STRATEGY.on(session).settings
 
 
-def notes_of(session: Session) -> StrategyNotes:
-    """The session's notes, writes signed by rollover, stamped with the current window."""
+def notes_of(session: Session, settings: RolloverSettings | None = None) -> StrategyNotes:
+    """The session's notes, writes signed by rollover, stamped with the current window
+    (``settings``: the strategy's, when the caller has them already)."""
     rollover = STRATEGY.on(session)
-    s = rollover.settings
+    s = settings if settings is not None else rollover.settings
     notes = rollover.notes(NotesLimits(s.max_notes, s.max_notes_bytes, s.max_note_bytes))
     state = state_of(session)
     notes.current_window = state.current
@@ -75,11 +76,14 @@ def _earlier_instructions(session: Session, count: int) -> list[tuple[int, str]]
     return [(s, Message.from_dict(session.events[s].data["message"]).text) for s in seqs]
 
 
-def _goal(session: Session, notes: StrategyNotes, next_goal: str | None) -> tuple[str | None, str]:
+def _goal(session: Session, active: list[Note], next_goal: str | None) -> tuple[str | None, str]:
+    """The goal the seed shows and where it came from (``active``: every active note, so the
+    note ``goal`` is found without another read of the notes)."""
     if next_goal and next_goal.strip():
         return next_goal, "from new_context"
-    if notes.exists("goal"):
-        return notes.read("goal").content, "note 'goal'"
+    goal_note = next((n for n in active if n.path == "goal"), None)
+    if goal_note is not None:
+        return goal_note.content, "note 'goal'"
     # the harness's task state, else the first substantive instruction (History.goal)
     history = STRATEGY.on(session).history()
     goal = history.goal()
@@ -181,7 +185,7 @@ def _switch(
         # never mid tool batch (§3.5): only pre_step and request_error call us, both between steps
         msg = f"tool calls {sorted(session.surface.pending_calls)} still wait for results"
         raise RolloverError(msg)
-    notes = notes_of(session)
+    notes = notes_of(session, settings)
     pressure = session.pressure()
     surface_tokens = session.meter.surface_tokens()
     overhead = max(0, pressure.tokens - surface_tokens)  # system prompt, tools, anchor correction
@@ -190,11 +194,11 @@ def _switch(
         # an automatic switch must relieve the window: the seed stays well below what it replaces
         budget = min(budget, int(surface_tokens * 0.8))
     active = list(reversed(notes.active()))  # newest first
+    goal, goal_source = _goal(session, active, (intent or {}).get("next_goal"))
     hidden: list[str] = []
     if trigger == "overflow":
         hidden = [n.path for n in active[settings.protective_keep_notes :]]
         active = active[: settings.protective_keep_notes]
-    goal, goal_source = _goal(session, notes, (intent or {}).get("next_goal"))
     new_id = next_window_id(state.current)
     archived_from = state.seed_seq if state.seed_seq is not None else 0
     seed = SeedInput(
