@@ -351,6 +351,17 @@ def test_actions_need_post_token_and_same_origin(handoff):
     assert kernel.store.next_seq(session.id) == events + done["events_written"]
 
 
+def test_the_timeline_draws_no_thresholds_of_a_strategy_disabled_for_the_session(handoff):
+    _, kernel, session = handoff
+    with client(kernel) as c:
+        before = c.get(f"/api/sessions/{session.id}/timeline").json()["thresholds"]
+    assert {t["strategy"] for t in before} == {"basic"}
+    assert session.set_strategy_enabled("basic", False)
+    with client(kernel) as c:
+        after = c.get(f"/api/sessions/{session.id}/timeline").json()["thresholds"]
+    assert after == []
+
+
 def test_strategy_toggle_is_logged_for_the_session_and_csrf_protected(handoff):
     _, kernel, session = handoff
     events = kernel.store.next_seq(session.id)

@@ -226,7 +226,8 @@ class Inspector:
         with opened.lock:
             session = opened.session
             thresholds = []
-            for name in session.kernel.plugins.enabled_names():
+            # a strategy disabled for this session draws no thresholds: its hooks do not run
+            for name in session.enabled_strategies():
                 try:
                     settings = session.settings(name).model_dump()
                 except ProfileError:
