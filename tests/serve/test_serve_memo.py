@@ -122,6 +122,27 @@ SURFACE_STEPS = st.lists(
 
 
 @settings(max_examples=150, deadline=None)
+def _surfaces(steps, make):
+    """The surface, as ``(seq, message)`` nodes, after each of ``steps``: ``grow`` appends ``n + 1``
+    messages made by ``make(seq)``, ``cut`` drops ``n`` from the head or the tail, ``decorate``
+    replaces one node's message (its seq kept)."""
+    from ctxkernel.messages import Message
+
+    nodes: list = []
+    next_seq = 0
+    for action, n in steps:
+        if action == "grow":
+            for _ in range(n + 1):
+                nodes.append((next_seq, make(next_seq)))
+                next_seq += 1
+        elif action == "cut":
+            nodes = nodes[n:] if n % 2 else nodes[: len(nodes) - n]
+        elif action == "decorate" and nodes:
+            seq, _ = nodes[n % len(nodes)]
+            nodes[n % len(nodes)] = (seq, Message.user(f"decorated {seq}"))
+        yield nodes
+
+
 @given(SURFACE_STEPS)
 def test_cached_wire_forms_are_the_forms_of_this_surface(steps):
     from ctxkernel.messages import Message
@@ -131,18 +152,7 @@ def test_cached_wire_forms_are_the_forms_of_this_surface(steps):
         return {"text": message.to_dict()["content"][0]["text"], "id": id(message)}
 
     cache: dict = {}
-    nodes: list[tuple[int, Message]] = []
-    next_seq = 0
-    for action, n in steps:
-        if action == "grow":
-            for _ in range(n + 1):
-                nodes.append((next_seq, Message.user(f"m{next_seq}")))
-                next_seq += 1
-        elif action == "cut":
-            nodes = nodes[n:] if n % 2 else nodes[: len(nodes) - n]
-        elif action == "decorate" and nodes:
-            seq, message = nodes[n % len(nodes)]
-            nodes[n % len(nodes)] = (seq, Message.user(f"decorated {seq}"))
+    for nodes in _surfaces(steps, lambda seq: Message.user(f"m{seq}")):
         seqs, messages = [s for s, _ in nodes], [m for _, m in nodes]
         forms = wire_forms(seqs, messages, cache, convert)
         assert forms == [convert(m) for m in messages]
@@ -174,19 +184,12 @@ def test_the_upstream_body_bytes_are_the_body_whatever_the_cache_holds(steps, st
         )
     )
     cache: dict = {}
-    nodes: list[tuple[int, Message]] = []
-    next_seq = 0
-    for action, n in steps:
-        if action == "grow":
-            for _ in range(n + 1):
-                role = Message.user if next_seq % 2 else Message.assistant
-                nodes.append((next_seq, role(f"m{next_seq} \u2028 {system}")))
-                next_seq += 1
-        elif action == "cut":
-            nodes = nodes[n:] if n % 2 else nodes[: len(nodes) - n]
-        elif action == "decorate" and nodes:
-            seq, _ = nodes[n % len(nodes)]
-            nodes[n % len(nodes)] = (seq, Message.user(f"decorated {seq}"))
+
+    def message(seq: int) -> Message:
+        role = Message.user if seq % 2 else Message.assistant
+        return role(f"m{seq} \u2028 {system}")
+
+    for nodes in _surfaces(steps, message):
         request = SimpleNamespace(seqs=[s for s, _ in nodes], messages=[m for _, m in nodes], system=system)
         sent = orjson.loads(openai_wire.upstream_body(client, request, strategy_tools, stream=stream, cache=cache))
         expected_messages = [{"role": "system", "content": system}] if system else []
