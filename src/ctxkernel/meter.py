@@ -14,6 +14,7 @@ other, and a figure far from the meter's own count is set aside for the count.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Protocol
@@ -67,6 +68,27 @@ class Tokenizer(Protocol):
     name: str
 
     def count(self, text: str) -> int: ...
+
+
+#: cl100k_base's pre-tokenizer (tiktoken splits a text with it, then runs BPE inside each piece).
+#: No piece runs on past a newline into a character that is not whitespace: every alternative
+#: that can hold a newline (``[\r\n]*+`` after punctuation, the whitespace ones) ends at the end
+#: of its run of whitespace, and no alternative can start with a newline and go on into a letter,
+#: digit or mark. So a text cut just after a newline, before a character that is not whitespace, is
+#: counted exactly by counting its two sides: ``tests/test_meter_joins.py`` checks it against the
+#: encoding itself. o200k's pattern lets punctuation pieces run on past a newline into ``/``, and
+#: an unknown pattern may do anything, so for every other tokenizer no cut is taken as exact.
+CL100K_PATTERN = (
+    r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"
+    r"|\s++$|\s*[\r\n]|\s+(?!\S)|\s"
+)
+
+
+def splits_after_newlines(tokenizer: Tokenizer) -> bool:
+    """True when ``tokenizer`` counts a text cut after a newline, before a character that is not
+    whitespace, as the sum of its sides (see :data:`CL100K_PATTERN`)."""
+    encoding = getattr(tokenizer, "_enc", None)
+    return isinstance(tokenizer, TiktokenTokenizer) and getattr(encoding, "_pat_str", None) == CL100K_PATTERN
 
 
 class TiktokenTokenizer:
@@ -181,6 +203,7 @@ class Meter:
         self.large: dict[int, Any] = {}
         self._decorated: dict[tuple[int, int], int] = {}  # (seq, hash of decorated text) -> tokens
         self._memo: dict[str, int] = {}  # the last few large texts counted -> tokens (MEMO_ENTRIES)
+        self._splits_after_newlines = splits_after_newlines(tokenizer)
 
     # -- counting -------------------------------------------------------------------------------
     def count_text(self, text: str) -> int:
@@ -193,6 +216,42 @@ class Meter:
                 del self._memo[next(iter(self._memo))]  # the oldest
             self._memo[text] = tokens
         return tokens
+
+    def joins_exactly(self, left: str, right: str) -> bool:
+        """True when ``count_text(left + right) == count_text(left) + count_text(right)`` is certain
+        for this meter's tokenizer: with cl100k_base, when ``left`` ends with a newline and ``right``
+        starts with a character that is not whitespace (BPE counts do not add across an arbitrary
+        cut: ``"end.\\n"`` is 2 tokens, ``"end."`` and ``"\\n"`` 3). Other tokenizers: never.
+        A strategy that builds a text from parts it has counted before (notes, excerpts, a block)
+        can add their counts instead of tokenising the whole text again."""
+        return (
+            self._splits_after_newlines
+            and left.endswith("\n")
+            and bool(right)
+            # str.isspace() holds for every character of the pattern's \s (Unicode White_Space)
+            # and a few more, so the test only ever errs towards counting the join
+            and not right[0].isspace()
+        )
+
+    def count_joined(self, parts: Sequence[str], counts: Sequence[int | None] | None = None) -> int:
+        """Tokens of ``"".join(parts)``, exactly. Parts joined where :meth:`joins_exactly` holds are
+        counted apart (``counts[i]``, when given and not None, is taken as part ``i``'s count), the
+        others together, so a caller that already counted most parts tokenises only the rest."""
+        total = 0
+        run: list[str] = []  # parts glued since the last exact join, counted together
+        run_count: int | None = None  # the count of run when it is a single part with a known count
+        for index, part in enumerate(parts):
+            if run and not self.joins_exactly(run[-1], part):
+                run.append(part)
+                run_count = None
+                continue
+            if run:
+                total += run_count if run_count is not None else self.count_text("".join(run))
+            run = [part]
+            run_count = counts[index] if counts is not None else None
+        if run:
+            total += run_count if run_count is not None else self.count_text("".join(run))
+        return total
 
     def count_message(self, message: Message) -> int:
         return MESSAGE_OVERHEAD + self.count_text(message_text_for_count(message))

@@ -1,0 +1,85 @@
+"""The meter counts a text built from parts by adding the parts' counts only where BPE counts do
+add: checked against the tokenizer itself on adversarial texts (newlines, spaces, punctuation,
+digits, contractions, '/', CJK, combining marks, every Unicode white space)."""
+
+from __future__ import annotations
+
+import sys
+import unicodedata
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ctxkernel.meter import Meter, get_tokenizer, splits_after_newlines
+
+METER = Meter(get_tokenizer())
+ENCODE = METER.tokenizer._enc.encode_ordinary  # type: ignore[attr-defined]
+
+#: the characters the pre-tokenizer treats differently, plus ordinary text
+ALPHABET = st.sampled_from(
+    list("ab Z9\n\r\t.,/'s-_)(\u00e9\u0301\u4e2d\u6587\u00a0\u2028\u3000\u0085\u200b\x1c")
+    + ["'ll", "'re", "  ", "\n\n", " \n", ".\n", "123", "\r\n"]
+)
+TEXTS = st.lists(ALPHABET, max_size=24).map("".join)
+
+
+def count(text: str) -> int:
+    return len(ENCODE(text))
+
+
+def test_the_bundled_encoding_is_the_one_whose_joins_are_proven() -> None:
+    assert splits_after_newlines(get_tokenizer())
+
+
+@settings(max_examples=600, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(TEXTS, TEXTS)
+def test_a_join_said_to_be_exact_adds_the_counts(left: str, right: str) -> None:
+    if METER.joins_exactly(left, right):
+        assert count(left + right) == count(left) + count(right)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(TEXTS.map(lambda t: t + "\n"), TEXTS.filter(lambda t: t[:1] not in ("", " ")))
+def test_joins_after_a_newline_are_exact_whenever_claimed(left: str, right: str) -> None:
+    """The same property where most draws are claimed exact (the first test's draws rarely are)."""
+    if METER.joins_exactly(left, right):
+        assert count(left + right) == count(left) + count(right)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(st.lists(TEXTS, max_size=8), st.data())
+def test_count_joined_is_the_count_of_the_whole(parts: list[str], data: st.DataObject) -> None:
+    known = [data.draw(st.sampled_from([None, count(part)])) for part in parts]
+    assert METER.count_joined(parts) == count("".join(parts))
+    assert METER.count_joined(parts, known) == count("".join(parts))
+
+
+def test_the_exactness_test_covers_every_white_space_of_the_pattern() -> None:
+    """The pattern's \\s is Unicode White_Space; a right side starting with any of them is never
+    taken as an exact join (str.isspace() is a superset)."""
+    white_space = [chr(c) for c in range(sys.maxunicode + 1) if chr(c).isspace()]
+    assert all(not METER.joins_exactly("a\n", ch + "b") for ch in white_space)
+    # a few White_Space characters by name, in case isspace() ever narrowed
+    for name in ("NO-BREAK SPACE", "OGHAM SPACE MARK", "LINE SEPARATOR", "IDEOGRAPHIC SPACE"):
+        assert not METER.joins_exactly("a\n", unicodedata.lookup(name) + "b")
+
+
+def test_known_inexact_joins_are_refused() -> None:
+    assert count("end.\n") != count("end.") + count("\n")  # why a cut needs a rule at all
+    assert not METER.joins_exactly("end.", "\nnext")
+    assert not METER.joins_exactly("end\n", "\nnext")
+    assert not METER.joins_exactly("end\n", " next")
+    assert METER.joins_exactly("end.\n", "next")
+    assert METER.joins_exactly("end.\n", "/usr")  # cl100k's punctuation stops at the newlines
+
+
+def test_no_join_is_exact_for_a_tokenizer_without_the_proof(tmp_path: object) -> None:
+    class Whole:
+        name = "whole"
+
+        def count(self, text: str) -> int:
+            return len(text)
+
+    meter = Meter(Whole())
+    assert not meter.joins_exactly("a\n", "b")
+    assert meter.count_joined(["a\n", "b"], [99, 99]) == 3  # the given counts are not trusted
