@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING, Any
 from ctxkernel import CtxKernelError, Message, Span, StrategyNotes, get_logger
 from ctxkernel.recall.notes import Note, NotesLimits
 
-from .seed import DENSITY_MARGIN, REMAINING_PLACEHOLDER, NoteCache, SeedInput, SeedParts, compose_seed
+from .seed import (
+    DENSITY_MARGIN,
+    REMAINING_PLACEHOLDER,
+    NoteCache,
+    SeedInput,
+    SeedParts,
+    compose_seed,
+    shared_count,
+)
 from .state import PENDING_INPUTS, WINDOW_EVENT, WINDOW_KIND, state_of
 from .strategy import STRATEGY
 from .window_ids import next_window_id
@@ -109,8 +117,12 @@ def _goal(session: Session, active: list[Note], next_goal: str | None) -> tuple[
     return None, "none recorded"
 
 
-#: what the remaining-tokens figure may understate the room by, as a share of the window
+#: what the remaining-tokens figure may understate the room by, as a share of the window (only
+#: when the seed is not counted from its parts: another tokenizer)
 FIGURE_SLACK = 0.02
+#: tokens the figure's two numbers ("<remaining> of <window>", up to 12 digits each) take at
+#: most with cl100k_base: it splits a run of digits into pieces of at most three, one token each
+FIGURE_DIGIT_TOKENS = 8
 
 
 def _fill_remaining(
@@ -140,10 +152,14 @@ def _fill_remaining(
         return f"{max(0, room - seed_tokens)} of {window}"
 
     if counts_add(session):
-        parts.count_all_but_figure(meter.count_text, cache)
+        tokenizer = meter.tokenizer.name
+        parts.count_all_but_figure(meter.count_text, cache, tokenizer)
         others = sum(c for i, c in enumerate(parts.counts) if i != parts.figure and c is not None)
-        widest = meter.count_text(parts.with_figure(figure(0)).parts[parts.figure])  # digits: at most these
-        filled = parts.with_figure(figure(framing + others + widest))
+        # the figure's line: its fixed words (the same in every seed) and at most FIGURE_DIGIT_TOKENS
+        line = shared_count(
+            tokenizer, parts.parts[parts.figure].replace(REMAINING_PLACEHOLDER, "", 1), meter.count_text
+        )
+        filled = parts.with_figure(figure(framing + others + line + FIGURE_DIGIT_TOKENS))
         return filled.text, framing + meter.count_joined(filled.parts, filled.counts)
     text = parts.text
     if counted or tokens - framing <= slack:
