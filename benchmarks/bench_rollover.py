@@ -4,8 +4,10 @@
 
 A window switch is local event writes only, no model call (seed 002 §4: "microseconds to
 milliseconds of local event writes"). Each round builds a session (a surface of about 200 messages
-and 20 notes the model wrote with ``note_create``, on a jsonl store with fsync on: :func:`build`),
-then times side by side:
+and 20 notes the model wrote with ``note_create``, on a jsonl store with fsync on: :func:`build`;
+until the fourth round the notes were written through the notes API, which no live model does:
+a note's seed part is counted when the model writes it, before any switch), then times side by
+side:
 
 * subject: a whole manual rollover — the seed built from the notes and the log, the compaction
   transaction (validation, lock and commit in one durable batch), the surface replacement;
@@ -56,8 +58,8 @@ REPO = Path(__file__).resolve().parents[1]
 def build(home: Path, nodes: int, notes: int):
     """A session of about ``nodes`` surface nodes whose model wrote ``notes`` notes with the
     strategy's ``note_create`` tool in one batch early in the window (the calls' message and a
-    result per note are among the nodes), as a live model writes them: the tool renders and counts each
-    note's seed block then, so the switch finds them counted (what it tokenises is what is new)."""
+    result per note are among the nodes), as a live model writes them: the tool renders and
+    counts each note's seed part then, so the switch tokenises only what is new."""
     profile = make_profile(
         REPO / "profiles" / "rollover.toml", model={"context_window": 1_000_000, "reserved_output_tokens": 8_000}
     )
