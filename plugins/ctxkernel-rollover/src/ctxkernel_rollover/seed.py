@@ -360,11 +360,11 @@ def _compose(
     counted are recorded in them, note blocks' counts in ``cache`` too), else the byte bound."""
     parts = SeedParts([f"{_head(seed)}\n"], [None], [None], figure=3)
     # the trigger's sentence is the same in every seed of that trigger (SHARED)
-    known = seed.trigger in TRIGGER_TEXT
+    fixed_trigger = seed.trigger in TRIGGER_TEXT
     parts.add(
         f"A new context window has started because {TRIGGER_TEXT.get(seed.trigger, seed.trigger)}. Nothing was "
         "summarised: the previous window's messages are archived unchanged in this session's log.\n",
-        key=SHARED if known else None,
+        key=SHARED if fixed_trigger else None,
     )
     if seed.archived_from is not None and seed.archived_to is not None:
         parts.add(
