@@ -14,6 +14,7 @@ import ctxkernel_handoff
 import ctxkernel_handoff.engine as engine
 from ctxkernel import Summary
 from ctxkernel.events import COMPACTION_SUMMARY
+from ctxkernel.recall.history import History
 from ctxkernel.testing import build_kernel
 from ctxkernel_handoff.engine import state_for
 from ctxkernel_handoff.handoff import Handoff, handoff_tokens
@@ -43,9 +44,7 @@ def test_a_handoff_counted_from_known_lines_is_its_exact_count(counting_session,
     session = counting_session
     text = "\n".join(lines)
     line_tokens = {
-        line + "\n": session.meter.count_text(line + "\n")
-        for line, take in zip(lines[:-1], known, strict=False)
-        if take
+        line: session.meter.count_text(line + "\n") for line, take in zip(lines[:-1], known, strict=False) if take
     }
     handoff = Handoff(text, text, Summary(text))
     assert handoff_tokens(session, handoff, line_tokens) == _message_tokens(session, text)
@@ -66,7 +65,7 @@ def _spy_counts(monkeypatch: Any) -> list[tuple[int, int, int, int]]:
         finally:
             monkeypatch.setattr(session.meter, "count_text", count_text)
         lines = handoff.text.split("\n")
-        warmed = sum(len(line) + 1 for line in lines[:-1] if line + "\n" in line_tokens)
+        warmed = sum(len(line) + 1 for line in lines[:-1] if line in line_tokens)
         seen.append((tokens, _message_tokens(session, handoff.text), sum(map(len, tokenised)), warmed))
         return tokens
 
@@ -125,3 +124,26 @@ def test_the_kernel_checks_the_shrink_when_the_switch_could_not_prove_it(handoff
     assert calls[-1]["check_shrink"] is True
     assert outcome.committed  # the kernel's own count finds the handoff smaller: it commits
     assert state_for(session).switches == 2
+
+
+def test_the_counted_lines_follow_the_excerpts_held(handoff_kernel, agent):
+    """Lines are counted as their excerpts are rendered at step ends, and forgotten with them
+    (a switch forgets the nodes it replaced), so the counts stay bounded by the surface."""
+    kernel = handoff_kernel(window=200_000)
+    session = kernel.open_session()
+    a = agent(session)
+    for t in range(5):
+        a.turn(f"instruction {t}: keep the parser strict")
+    excerpts = state_for(session).excerpts
+    held = {
+        entry for node in session.surface.nodes for entry in excerpts.of(History.for_session(session), node).entries
+    }
+    assert held and set(excerpts.line_tokens) <= held
+    for line, tokens in excerpts.line_tokens.items():
+        assert tokens == session.meter.count_text(line + "\n")
+    assert ctxkernel_handoff.compact_now(session).committed
+    a.turn("instruction 6: and the tests")
+    held = {
+        entry for node in session.surface.nodes for entry in excerpts.of(History.for_session(session), node).entries
+    }
+    assert set(excerpts.line_tokens) <= held

@@ -317,7 +317,8 @@ class Excerpts:
 
     def __init__(self) -> None:
         self._by_seq: dict[int, Excerpt] = {}
-        #: an activity line and its line break -> its exact token count (the lines of the excerpts held)
+        #: an activity line -> the exact token count of the line and its line break (as the body
+        #: holds it), for the lines of the excerpts held
         self._line_tokens: dict[str, int] = {}
 
     def of(self, history: History, node: Node, count: Callable[[str], int] | None = None) -> Excerpt:
@@ -328,19 +329,18 @@ class Excerpts:
             found = self._by_seq[node.seq] = excerpt(history, node)
             if count is not None:
                 for entry in found.entries:
-                    line = entry + "\n"
-                    self._line_tokens[line] = count(line)
+                    self._line_tokens[entry] = count(entry + "\n")
         return found
 
     @property
     def line_tokens(self) -> Mapping[str, int]:
-        """The token count of each activity line counted so far (with its line break)."""
+        """Each activity line counted so far -> the tokens of the line with its line break."""
         return self._line_tokens
 
     def prune(self, visible: Callable[[int], bool]) -> None:
         """Forget the nodes no longer on the surface (replaced by a switch or a shrink)."""
         self._by_seq = {seq: e for seq, e in self._by_seq.items() if visible(seq)}
-        kept = {entry + "\n" for e in self._by_seq.values() for entry in e.entries}
+        kept = {entry for e in self._by_seq.values() for entry in e.entries}
         self._line_tokens = {line: n for line, n in self._line_tokens.items() if line in kept}
 
     def forget(self, seqs: Iterable[int]) -> None:
@@ -351,7 +351,7 @@ class Excerpts:
                 # an identical line of a node still held (a handoff carries its region's lines)
                 # is counted again at the next switch: never a wrong count, only a missing one
                 for entry in gone.entries:
-                    self._line_tokens.pop(entry + "\n", None)
+                    self._line_tokens.pop(entry, None)
 
     def __len__(self) -> int:
         return len(self._by_seq)
@@ -507,15 +507,17 @@ def handoff_tokens(session: Session, handoff: Handoff, line_tokens: Mapping[str,
     The text is cut after each line break; where the meter proves the counts of the two sides add
     (the meter's ``joins_exactly``: cl100k cuts after a newline before a character that is
     not whitespace), a line's known count is taken, and other lines are counted with their
-    neighbours (its ``count_joined``). ``line_tokens`` must map each line to its
-    exact count: :class:`Excerpts` counts its activity lines when it renders them."""
+    neighbours (its ``count_joined``). ``line_tokens`` must map each line to the exact count of
+    the line followed by a line break: :class:`Excerpts` counts its activity lines so when it
+    renders them."""
     meter = session.meter
     lines = handoff.text.split("\n")
     pieces: list[str] = []
     counts: list[int | None] = []
+    last = len(lines) - 1
     for index, line in enumerate(lines):
-        piece = line + "\n" if index < len(lines) - 1 else line
-        known = line_tokens.get(piece)
+        piece = line + "\n" if index < last else line
+        known = line_tokens.get(line) if index < last else None
         if known is None and counts and counts[-1] is None:
             pieces[-1] += piece  # lines nobody counted are counted together: one call, not one per line
         elif piece:
