@@ -514,15 +514,24 @@ def handoff_tokens(session: Session, handoff: Handoff, line_tokens: Mapping[str,
     lines = handoff.text.split("\n")
     pieces: list[str] = []
     counts: list[int | None] = []
+    uncounted: list[str] = []  # consecutive lines nobody counted: one piece, tokenised in one call
+
+    def flush() -> None:
+        if uncounted and (text := "".join(uncounted)):
+            pieces.append(text)
+            counts.append(None)
+        uncounted.clear()
+
     last = len(lines) - 1
     for index, line in enumerate(lines):
-        piece = line + "\n" if index < last else line
         known = line_tokens.get(line) if index < last else None
-        if known is None and counts and counts[-1] is None:
-            pieces[-1] += piece  # lines nobody counted are counted together: one call, not one per line
-        elif piece:
-            pieces.append(piece)
-            counts.append(known)
+        if known is None:
+            uncounted.append(line + "\n" if index < last else line)
+            continue
+        flush()
+        pieces.append(line + "\n")
+        counts.append(known)
+    flush()
     text_tokens = meter.count_joined(pieces, counts)
     # a user message of one text block: the meter's per-message overhead plus its text
     return meter.count_message(Message.user("")) + text_tokens
