@@ -161,6 +161,7 @@ def test_serve_state_lives_beside_the_session_and_goes_with_it():
     sessions from the store (the LRU of ``Proxy.sessions``) does not accumulate them; a new
     Session object rebuilds the same ledger from the log."""
     import gc
+    import weakref
 
     from ctxkernel.serve import reconcile as reconcile_module
 
@@ -172,10 +173,9 @@ def test_serve_state_lives_beside_the_session_and_goes_with_it():
         hashes = list(ledger_for(session).hashes)
         assert hashes == [message_hash(m) for m in history]
         assert not [key for key in session.state if key.startswith("serve")]
-        assert session in reconcile_module._KEPT
-        before = len(reconcile_module._KEPT)
+        held = weakref.ref(reconcile_module.kept(session))
         del session
         gc.collect()
-        assert len(reconcile_module._KEPT) == before - 1
+        assert held() is None  # the ledger went with its Session object
         reopened = kernel.open_session("kept")
         assert ledger_for(reopened).hashes == hashes
