@@ -262,7 +262,8 @@ class Inspector:
                 "measured": timeline.measured(),
                 "width": timeline.width,
                 "markers": list(timeline.markers),
-                "effective_window": session.pressure().effective_window,
+                # the window alone: pressure() would count the surface for tokens not shown here
+                "effective_window": session.model_settings().effective_window,
                 "thresholds": thresholds,
             }
 
