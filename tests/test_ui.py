@@ -141,9 +141,9 @@ def test_first_view_reads_nothing_before_the_snapshot(tmp_path):
 
 def test_log_pages_the_open_session_holds_are_not_read_again(tmp_path):
     """The open session parsed the tail after its snapshot: the first view's last log page comes
-    from it (no store read), the same rows a fresh inspector reads from the store. A page before
-    the snapshot, or past what the session has folded, is still one bounded store read, and never
-    makes the session load its history."""
+    from it (no store read), the same rows a fresh inspector reads from the store. The events of a
+    page before the snapshot, or past what the session has folded, are still one bounded store
+    read, and never make the session load its history."""
     profile = support.write_profile(
         tmp_path / "profiles", "basicui", tmp_path / "store", ["basic"], window=6_000, reserved=1_000
     )
@@ -165,8 +165,14 @@ def test_log_pages_the_open_session_holds_are_not_read_again(tmp_path):
         assert page(c, limit=20) == page(f, limit=20)
         assert page(c, start=events.base, limit=20) == page(f, start=events.base, limit=20)
         assert stats["events_read"] == read, "rows the open session holds are not read from the store"
+        # a page across the snapshot reads only the events before it from the store
         assert page(c, start=events.base - 10, limit=20) == page(f, start=events.base - 10, limit=20)
-        assert stats["events_read"] == read + 20 and events.loaded == 0
+        assert stats["events_read"] == read + 10 and events.loaded == 0
+        assert page(c, start=events.base - 40, limit=20) == page(f, start=events.base - 40, limit=20)
+        assert stats["events_read"] == read + 30 and events.loaded == 0
+        for start in range(events.base - 45, len(events) + 5, 11):  # any page equals the store's
+            for limit in (1, 7, 50):
+                assert page(c, start=start, limit=limit) == page(f, start=start, limit=limit)
         support.one_turn(session, 99)  # another writer; the inspector has not refreshed yet
         assert page(c, limit=20) == page(f, limit=20)
         assert page(c, limit=20)["rows"][-1]["seq"] == len(session.events) - 1

@@ -329,29 +329,31 @@ class Inspector:
 
     # -- the log: bounded reads only -------------------------------------------------------------------
     def _read(self, session_id: str, start: int, end: int) -> list[Event]:
-        """Events ``[start, end)``: from the open session when it holds all of them in memory
-        (the open parsed them: on the session page, the last log page is in the tail the open
-        folded after its snapshot), else one bounded read from the store."""
-        held = self._held(session_id, start, end)
-        if held is not None:
-            return held
-        events = list(self.store.read(session_id, start, end))
+        """Events ``[start, end)``. Those the open session holds in memory come from it (the open
+        parsed them: on the session page, the last log page is mostly or wholly the tail the
+        open folded after its snapshot); only the others are read from the store, in one bounded
+        read."""
+        first, held = self._held(session_id, start, end)
+        events = list(self.store.read(session_id, start, first)) if start < first else []
         self.stats["events_read"] += len(events)
-        return events
+        return events + held
 
-    def _held(self, session_id: str, start: int, end: int) -> list[Event] | None:
+    def _held(self, session_id: str, start: int, end: int) -> tuple[int, list[Event]]:
+        """``(first, events)``: the events ``[first, end)`` the open session holds in memory,
+        ``first`` as low as ``start`` where it holds them; ``(end, [])`` when it does not hold
+        all of ``[max(start, first), end)`` (not open, or not refreshed up to ``end`` yet)."""
         with self._lock:
             opened = self._opened.get(session_id)
         if opened is None:
-            return None
+            return end, []
         with opened.lock:
             events = opened.session.events
             # a session opened from a snapshot holds the events from its base on (and any it
             # read back before it); asking it for others would read them from the store
-            first = events.base - events.loaded if isinstance(events, LazyEvents) else 0
-            if first <= start and end <= len(events):
-                return list(events[start:end])
-        return None
+            first = max(start, events.base - events.loaded if isinstance(events, LazyEvents) else 0)
+            if first < end <= len(events):
+                return first, list(events[first:end])
+        return end, []
 
     def log_page(
         self, session_id: str, *, start: int | None = None, limit: int = 100, types: list[str] | None = None
