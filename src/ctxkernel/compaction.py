@@ -180,7 +180,7 @@ def validate_spans(surface: Surface, spans: Sequence[Span]) -> list[list[Node]]:
     if not spans:
         msg = "a compaction needs at least one span"
         raise CompactionError(msg)
-    taken: dict[int, int] = {}
+    taken: list[tuple[int, int, int]] = []  # (first, last position, span index) of each span so far
     resolved = []
     for i, span in enumerate(spans):
         try:
@@ -199,11 +199,16 @@ def validate_spans(surface: Surface, spans: Sequence[Span]) -> list[list[Node]]:
                 surface.check_range_closed(nodes)
             except SurfaceError as exc:
                 raise UnbalancedCutError(f"span {i} ({span.start}..{span.end}) is not a balanced cut: {exc}") from None
-        for n in nodes:
-            if n.seq in taken:
-                msg = f"span {i} ({span.start}..{span.end}) overlaps span {taken[n.seq]} at seq {n.seq}"
-                raise CompactionError(msg)
-            taken[n.seq] = i
+        # a span is a run of positions: two overlap where their runs do (first shared node named)
+        first = surface.position(nodes[0].seq)
+        assert first is not None  # surface.span found it
+        last = first + len(nodes) - 1
+        shared = [(max(first, a), j) for a, b, j in taken if a <= last and first <= b]
+        if shared:
+            position, j = min(shared)
+            msg = f"span {i} ({span.start}..{span.end}) overlaps span {j} at seq {surface.nodes[position].seq}"
+            raise CompactionError(msg)
+        taken.append((first, last, i))
         if span.remove and (span.message is not None or span.summary is not None):
             msg = f"span {i}: a removal carries no summary or message"
             raise CompactionError(msg)
