@@ -99,3 +99,10 @@ def test_a_space_after_white_space_is_no_exact_cut() -> None:
     assert count("a   b") != count("a ") + count("  b")  # why: spaces run together
     assert METER.joins_exactly("end.", " [item_3]\n") and METER.joins_exactly("word", " next")
     assert not METER.joins_exactly("end.", "\tnext") and not METER.joins_exactly("", " next")
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(TEXTS, TEXTS)
+def test_count_extended_is_the_count_of_the_whole(text: str, suffix: str) -> None:
+    """A text's count extended by a suffix: only its last line is tokenised again."""
+    assert METER.count_extended(text, count(text), suffix) == count(text + suffix)

@@ -399,8 +399,8 @@ def _run_steps(
         )
         carried = pinned_messages[carrier] if pinned else None
         # the strategy's own replacement is counted for the shrink check and the span's record;
-        # the carrier's is recounted with the block, so its own count is needed only for the
-        # check, and not even there when a bound without tokenising proves it shrinks
+        # the carrier's count is taken with the block's, so its own count is needed only for
+        # the check, and not even there when a bound without tokenising proves it shrinks
         strategy_after: list[int | None] = []
         for i, (m, _) in enumerate(replacements):
             if m is None:
@@ -411,8 +411,12 @@ def _run_steps(
                 strategy_after.append(meter.count_message(m))
         after = [0 if a is None else a for a in strategy_after]
         if carried is not None:
+            own = replacements[carrier][0]
             replacements[carrier] = (carried, replacements[carrier][1])
-            after[carrier] = meter.count_message(carried)  # only the carrier changed
+            # only the carrier changed: counted from its parts (the block from the instructions'
+            # own counts, the strategy's replacement from its count when it has one)
+            known = strategy_after[carrier] if own is not None else None
+            after[carrier] = instructions.carried_tokens(session, own, known, pinned)
         if check_shrink:  # 6
             for i, (b, a) in enumerate(zip(before, strategy_after, strict=True)):
                 if a is not None and a >= b:

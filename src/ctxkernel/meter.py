@@ -259,6 +259,18 @@ class Meter:
             total += run_count if run_count is not None else self.count_text("".join(run))
         return total
 
+    def count_extended(self, text: str, tokens: int, suffix: str) -> int:
+        """Tokens of ``text + suffix``, exactly, given ``tokens``: the exact count of ``text``. Only
+        what follows ``text``'s last exact cut (:meth:`joins_exactly`: its last line, usually) is
+        tokenised again, with ``suffix``."""
+        if self.joins_exactly(text, suffix):
+            return tokens + self.count_text(suffix)
+        cut = text.rfind("\n") + 1
+        if 0 < cut < len(text) and self.joins_exactly(text[:cut], text[cut:]):
+            last = text[cut:]
+            return tokens - self.count_text(last) + self.count_text(last + suffix)
+        return self.count_text(text + suffix)
+
     def count_message(self, message: Message) -> int:
         return MESSAGE_OVERHEAD + self.count_text(message_text_for_count(message))
 
