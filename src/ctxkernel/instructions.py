@@ -300,9 +300,10 @@ def carried_tokens(session: Session, message: Message | None, tokens: int | None
     text = message_text_for_count(message)
     if not message.content or len(text) >= EXACT_COUNT_CHARS or not meter.joins_exactly(text + "\n", BLOCK_OPEN):
         return meter.count_message(with_block(message, items, session.id))
-    if tokens is None:
-        return MESSAGE_OVERHEAD + meter.count_text(text + "\n") + block
-    return MESSAGE_OVERHEAD + meter.count_extended(text, tokens - MESSAGE_OVERHEAD, "\n") + block
+    # the text's own count: given, or the meter's (a strategy that sized a long replacement
+    # counted it already, and the meter remembers it); only its last line is counted again
+    own = meter.count_text(text) if tokens is None else tokens - MESSAGE_OVERHEAD
+    return MESSAGE_OVERHEAD + meter.count_extended(text, own, "\n") + block
 
 
 def with_block(message: Message, items: Sequence[Instruction], session_id: str) -> Message:
