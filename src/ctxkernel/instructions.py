@@ -325,8 +325,13 @@ def pin_lost(
     keep = [i for i in protected(session) if not _kept_as_sent(session, i, cited)]
     if not keep:
         return replacements, [], -1
-    texts = _kept_texts(session, cited) + [normalized(m.text) for m in replacements if m is not None]
-    lost = _missing_in(keep, texts)
+    # the replacements first: an instruction a summary quotes is found there without a search
+    # of every kept message (a normalised instruction holds no newline: it cannot match across
+    # two texts, so searching the two groups apart finds what searching them joined would)
+    written = "\n".join(normalized(m.text) for m in replacements if m is not None)
+    unquoted = [(i, text) for i in keep if (text := normalized(i.text)) not in written]
+    kept = "\n".join(_kept_texts(session, cited)) if unquoted else ""
+    lost = [i for i, text in unquoted if text not in kept]
     if not lost:
         return replacements, [], -1
     out = list(replacements)
