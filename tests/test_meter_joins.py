@@ -106,3 +106,26 @@ def test_a_space_after_white_space_is_no_exact_cut() -> None:
 def test_count_extended_is_the_count_of_the_whole(text: str, suffix: str) -> None:
     """A text's count extended by a suffix: only its last line is tokenised again."""
     assert METER.count_extended(text, count(text), suffix) == count(text + suffix)
+
+
+def test_a_long_text_counted_from_its_parts_is_not_tokenised_again() -> None:
+    """A strategy counts its replacement from parts; the transaction's count of the same text must
+    be a lookup, and the same number."""
+    calls: list[str] = []
+
+    class Counting:
+        name = "counting"
+        _enc = METER.tokenizer._enc  # type: ignore[attr-defined]
+
+        def count(self, text: str) -> int:
+            calls.append(text)
+            return count(text)
+
+    meter = Meter(get_tokenizer())
+    meter.tokenizer = Counting()  # type: ignore[assignment]  # the same encoding, its calls seen
+    parts = [f"line {n} of the handoff, with a few words\n" for n in range(80)] + ["the end"]
+    known = [count(part) for part in parts[:-1]] + [None]
+    total = meter.count_joined(parts, known)
+    assert calls == ["the end"]  # only the part nobody counted
+    assert meter.count_text("".join(parts)) == total == count("".join(parts))
+    assert calls == ["the end"]

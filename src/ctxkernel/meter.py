@@ -216,10 +216,13 @@ class Meter:
         tokens = self._memo.get(text)
         if tokens is None:
             tokens = bounded_count(self.tokenizer, text)
-            if len(self._memo) >= MEMO_ENTRIES:
-                del self._memo[next(iter(self._memo))]  # the oldest
-            self._memo[text] = tokens
+            self._remember(text, tokens)
         return tokens
+
+    def _remember(self, text: str, tokens: int) -> None:
+        if len(self._memo) >= MEMO_ENTRIES:
+            del self._memo[next(iter(self._memo))]  # the oldest
+        self._memo[text] = tokens
 
     def joins_exactly(self, left: str, right: str) -> bool:
         """True when ``count_text(left + right) == count_text(left) + count_text(right)`` is certain
@@ -242,7 +245,12 @@ class Meter:
     def count_joined(self, parts: Sequence[str], counts: Sequence[int | None] | None = None) -> int:
         """Tokens of ``"".join(parts)``, exactly. Parts joined where :meth:`joins_exactly` holds are
         counted apart (``counts[i]``, when given and not None, is taken as part ``i``'s count), the
-        others together, so a caller that already counted most parts tokenises only the rest."""
+        others together, so a caller that already counted most parts tokenises only the rest.
+
+        A whole of at least :data:`MEMO_MIN_CHARS` is remembered as :meth:`count_text` remembers
+        the texts it counts: a strategy counts its replacement from parts, and the transaction's
+        count of the same text is then a lookup. So the counts given must be this meter's exact
+        counts of exactly those parts (a strategy's own earlier ``count_text``), as the total is."""
         total = 0
         run: list[str] = []  # parts glued since the last exact join, counted together
         run_count: int | None = None  # the count of run when it is a single part with a known count
@@ -257,6 +265,8 @@ class Meter:
             run_count = counts[index] if counts is not None else None
         if run:
             total += run_count if run_count is not None else self.count_text("".join(run))
+        if len(parts) > 1 and sum(map(len, parts)) >= MEMO_MIN_CHARS:
+            self._remember("".join(parts), total)
         return total
 
     def count_extended(self, text: str, tokens: int, suffix: str) -> int:
