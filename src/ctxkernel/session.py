@@ -85,6 +85,12 @@ _BOUNDARIES = frozenset({ev.STEP_START, ev.STEP_END, ev.TURN_END})
 #: the ``request/context`` key of a window given with the route (``set_route(..., context_window=)``)
 ROUTE_WINDOW_KEY = "routed_window"
 
+#: per class of a ``session.state`` entry: whether it is a SnapshotIndex with a ``sync()`` that
+#: Session._sync_indexes calls. Decided once per class (the isinstance check of a runtime-checkable
+#: Protocol costs ~10 us, twice a request): classes are the program's, shared by every session
+_INDEX_CLASSES: dict[type, bool] = {}
+_INDEX_CLASSES_MAX = 1024
+
 #: message counts :meth:`Session.count_message` keeps until their message lands (texts are kept)
 COUNTED_ENTRIES = 16
 
@@ -497,12 +503,8 @@ class Session:
         Timeline.for_session(self)
         strategies = self.kernel.strategies
         for key, value in self.state.items():
-            if (
-                key not in strategies
-                and isinstance(value, SnapshotIndex)
-                and callable(sync := getattr(value, "sync", None))
-            ):
-                sync()
+            if key not in strategies and _syncs_as_index(value):
+                value.sync()
 
     def write_snapshot(self) -> None:
         """Write a snapshot of the folded state now (the session does so at each compaction
@@ -1169,6 +1171,19 @@ def gc_paused(pause: bool = True) -> Iterator[None]:
         yield
     finally:
         gc.enable()
+
+
+def _syncs_as_index(value: Any) -> bool:
+    """Whether ``value``'s class is a :class:`SnapshotIndex` with a ``sync()`` method (an object
+    that has them only as instance attributes is not synced here: the snapshot folds it when written)."""
+    cls = type(value)
+    decision = _INDEX_CLASSES.get(cls)
+    if decision is None:
+        decision = issubclass(cls, SnapshotIndex) and callable(getattr(cls, "sync", None))
+        if len(_INDEX_CLASSES) >= _INDEX_CLASSES_MAX:
+            _INDEX_CLASSES.clear()  # bounded: a program that makes classes at run time
+        _INDEX_CLASSES[cls] = decision
+    return decision
 
 
 _MESSAGE_OF = operator.attrgetter("message")
