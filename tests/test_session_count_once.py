@@ -88,7 +88,7 @@ def test_the_kept_counts_are_bounded(tmp_path: Path) -> None:
         assert len(session._counted) <= COUNTED_ENTRIES
 
 
-texts = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)
+texts = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=40)
 
 
 @settings(max_examples=40, deadline=None)
