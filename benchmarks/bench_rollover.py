@@ -3,8 +3,11 @@
     python benchmarks/run.py -k rollover          # or: python benchmarks/bench_rollover.py [--quick]
 
 A window switch is local event writes only, no model call (seed 002 §4: "microseconds to
-milliseconds of local event writes"). Each round builds a session (a surface of 200 messages and
-20 notes, on a jsonl store with fsync on), then times side by side:
+milliseconds of local event writes"). Each round builds a session (a surface of about 200 messages
+and 20 notes the model wrote with ``note_create``, on a jsonl store with fsync on: :func:`build`;
+until the fourth round the notes were written through the notes API, which no live model does:
+a note's seed part is counted when the model writes it, before any switch), then times side by
+side:
 
 * subject: a whole manual rollover — the seed built from the notes and the log, the compaction
   transaction (validation, lock and commit in one durable batch), the surface replacement;
@@ -46,7 +49,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench import Bench, durable_append  # noqa: E402
 
 from ctxkernel import Kernel, Message, ToolCallBlock  # noqa: E402
-from ctxkernel.recall.notes import Notes  # noqa: E402
 from ctxkernel.store.jsonl import JsonlStore  # noqa: E402
 from ctxkernel.testing import make_profile  # noqa: E402
 
@@ -54,21 +56,34 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def build(home: Path, nodes: int, notes: int):
+    """A session of about ``nodes`` surface nodes whose model wrote ``notes`` notes with the
+    strategy's ``note_create`` tool in one batch early in the window (the calls' message and a
+    result per note are among the nodes), as a live model writes them: the tool renders and
+    counts each note's seed part then, so the switch tokenises only what is new."""
     profile = make_profile(
         REPO / "profiles" / "rollover.toml", model={"context_window": 1_000_000, "reserved_output_tokens": 8_000}
     )
     kernel = Kernel(profile, store=JsonlStore(home), home=home)
     session = kernel.open_session()
     session.user("benchmark the rollover")
-    for i in range(nodes // 2):
+    session.prepare_request()
+    calls = [
+        ToolCallBlock(
+            f"n{i}",
+            "note_create",
+            {"path": f"notes/{i}", "content": f"decision {i}: keep the API stable; next step {i}\n" * 5},
+        )
+        for i in range(notes)
+    ]
+    session.commit_reply(Message.assistant("saving the decisions", calls))
+    for call in session.pending_calls:
+        session.tool_result(call.id, session.run_tool(call))
+    for i in range(max(0, nodes - notes - 2) // 2):
         session.prepare_request()
         session.commit_reply(
             Message.assistant(f"step {i}", [ToolCallBlock(f"c{i}", "read_file", {"path": f"src/m{i}.py"})])
         )
         session.tool_result(f"c{i}", "def function():\n    return 42\n" * 20)
-    notes_api = Notes.for_session(session)
-    for i in range(notes):
-        notes_api.write(f"notes/{i}", f"decision {i}: keep the API stable; next step {i}\n" * 5)
     session.end_turn()
     session.user("continue")
     return kernel, session

@@ -153,3 +153,29 @@ def test_the_resumed_pairing_check_refuses_what_the_whole_check_refuses(shapes, 
                 assert str(resumed.value) == str(whole.value)
                 assert len(session.events) == size
         assert logged(session) == [message_hash(m) for m in history]
+
+
+def test_serve_state_lives_beside_the_session_and_goes_with_it():
+    """serve's ledger is kept beside the Session object, not in ``session.state`` (which the
+    kernel walks at every step end), and is dropped with the object: a process that reopens
+    sessions from the store (the LRU of ``Proxy.sessions``) does not accumulate them; a new
+    Session object rebuilds the same ledger from the log."""
+    import gc
+    import weakref
+
+    from ctxkernel.serve import reconcile as reconcile_module
+
+    history = history_from([(1, 2), (0, 0)])
+    with tempfile.TemporaryDirectory() as home:
+        kernel = build_kernel(Path(home))
+        session = kernel.open_session("kept", create=True)
+        reconcile(session, history)
+        hashes = list(ledger_for(session).hashes)
+        assert hashes == [message_hash(m) for m in history]
+        assert not [key for key in session.state if key.startswith("serve")]
+        held = weakref.ref(reconcile_module.kept(session))
+        del session
+        gc.collect()
+        assert held() is None  # the ledger went with its Session object
+        reopened = kernel.open_session("kept")
+        assert ledger_for(reopened).hashes == hashes

@@ -53,7 +53,7 @@ from ..session import Request, Session
 from . import anthropic_wire, openai_wire
 from .identity import session_key
 from .metrics import Metrics
-from .reconcile import inherit, ledger_for, reconcile, record_follow, reply_record
+from .reconcile import inherit, kept, ledger_for, reconcile, record_follow, reply_record
 from .upstream import Limits, Upstream, UpstreamError, join_url
 from .wire import MAX_BODY_BYTES, ClientRequest, MessageMemo, WireError, add_usage, iter_sse
 
@@ -434,7 +434,7 @@ class Proxy:
 
 def wire_cache(turn: Turn) -> dict[Any, Any]:
     """The session's cache of surface nodes in the turn's wire format."""
-    return turn.session.state.setdefault(f"serve.{turn.wire.API}", {})
+    return kept(turn.session).wire.setdefault(turn.wire.API, {})
 
 
 # -- responses -------------------------------------------------------------------------------------------

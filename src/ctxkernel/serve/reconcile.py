@@ -30,6 +30,7 @@ JSON spacing, ``content: null`` for ``""``) still matches. Then:
 from __future__ import annotations
 
 import hashlib
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -133,12 +134,33 @@ class Ledger:
         return sum(self.tokens)
 
 
+@dataclass
+class Kept:
+    """What ``serve`` keeps per open :class:`Session` object: its ledger and, per wire format,
+    the wire forms of its surface nodes (``app.wire_cache``)."""
+
+    ledger: Ledger = field(default_factory=Ledger)
+    wire: dict[str, dict[Any, Any]] = field(default_factory=dict)
+
+
+#: serve's own state of each open Session object, dropped with it. Not in ``session.state``:
+#: the kernel walks that dict at every step end and turn end to fold its snapshot indexes,
+#: checking each entry it does not know against a runtime-checkable Protocol (about 16 µs an
+#: entry, two entries twice a request: ``bench_serve.py``); nothing of this goes in a snapshot.
+_KEPT: weakref.WeakKeyDictionary[Session, Kept] = weakref.WeakKeyDictionary()
+
+
+def kept(session: Session) -> Kept:
+    """serve's state for this Session object (made on first use)."""
+    found = _KEPT.get(session)
+    if found is None:
+        found = _KEPT.setdefault(session, Kept())
+    return found
+
+
 def ledger_for(session: Session) -> Ledger:
-    """The session's ledger, kept on the session object and brought up to date."""
-    ledger = session.state.get("serve")
-    if not isinstance(ledger, Ledger):
-        ledger = Ledger()
-        session.state["serve"] = ledger
+    """The session's ledger, kept beside the session object and brought up to date."""
+    ledger = kept(session).ledger
     ledger.sync(session)
     return ledger
 

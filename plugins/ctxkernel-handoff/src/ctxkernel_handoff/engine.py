@@ -42,6 +42,7 @@ from .handoff import (
     assemble,
     call_summarizer,
     frame,
+    handoff_tokens,
 )
 from .settings import HandoffSettings
 from .strategy import NAME, STRATEGY
@@ -346,7 +347,9 @@ def switch(session: Session, *, reason: str, keep_tokens: int | None = None) -> 
             summary = compose(session, plan, nodes)
             assert plan.handoff is not None
             span = Span(region[0], region[1], summary=summary, message=plan.handoff.message())
-            result = STRATEGY.on(session).compact(span, kind="window", data=record, single_batch=True)
+            result = STRATEGY.on(session).compact(
+                span, kind="window", data=record, single_batch=True, check_shrink=not plan.shrinks
+            )
         else:
             # generated: the summarize hook builds the handoff inside the transaction, so the
             # summary call runs under the compaction lock, and a cancellation during it ends the
@@ -376,6 +379,9 @@ class SwitchPlan:
     target: int  # the new window must open at or below this many tokens
     record: dict[str, Any]  # the compaction/summary data; the hook adds the window record
     handoff: Handoff | None = None
+    #: the handoff built costs fewer tokens than the region (an exact count): the transaction's
+    #: shrink check would count it again only to find the same
+    shrinks: bool = False
 
 
 def build_handoff(session: Session, region: Region) -> Summary:
@@ -427,9 +433,10 @@ def compose(session: Session, plan: SwitchPlan, nodes: list[Node]) -> Summary:
                 f"the handoff needs {len(handoff.text)} characters, over handoff_max_chars {settings.handoff_max_chars}"
             )
             raise CompactionError(msg)
-        # counted once: the transaction's shrink check finds this count in the meter's memo
-        tokens = session.meter.count_message(handoff.message())
-        if tokens < plan.region_tokens and plan.rest + tokens <= plan.target:
+        # exact, from the lines counted as their excerpts were rendered (only the rest is tokenised)
+        tokens = handoff_tokens(session, handoff, state.excerpts.line_tokens)
+        plan.shrinks = tokens < plan.region_tokens
+        if plan.shrinks and plan.rest + tokens <= plan.target:
             break
         budget = int(budget * min(0.9, min(plan.region_tokens, max(1, plan.target - plan.rest)) / max(tokens, 1) * 0.9))
         if budget < MIN_HANDOFF_CHARS:
@@ -496,7 +503,7 @@ def warm_excerpts(session: Session, state: HandoffState) -> None:
     for seq in range(state.excerpted, len(events)):
         node = surface.node(seq)
         if node is not None:
-            state.excerpts.of(history, node)
+            state.excerpts.of(history, node, session.meter.count_text)
     state.excerpted = len(events)
     if len(state.excerpts) > 2 * len(surface) + 256:  # nodes replaced since (shrunk results, native summaries)
         state.excerpts.prune(lambda seq: surface.node(seq) is not None)

@@ -22,7 +22,7 @@ why (``generated_discarded``).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -309,25 +309,49 @@ def excerpt(history: History, node: Node) -> Excerpt:
 class Excerpts:
     """The excerpts of surface nodes, by seq, each rendered once: a switch assembles the
     extractive body from them instead of re-rendering its whole window. Bounded by the surface
-    (:meth:`prune`); a process that starts cold renders what it lacks at its first switch."""
+    (:meth:`prune`); a process that starts cold renders what it lacks at its first switch.
+
+    Rendered at a step end (:func:`ctxkernel_handoff.engine.warm_excerpts`), each activity line
+    is also counted as the body holds it (the line and its line break): a switch then counts its
+    handoff from those counts (:func:`handoff_tokens`) instead of tokenising the whole text."""
 
     def __init__(self) -> None:
         self._by_seq: dict[int, Excerpt] = {}
+        #: an activity line -> the exact token count of the line and its line break (as the body
+        #: holds it), for the lines of the excerpts held
+        self._line_tokens: dict[str, int] = {}
 
-    def of(self, history: History, node: Node) -> Excerpt:
+    def of(self, history: History, node: Node, count: Callable[[str], int] | None = None) -> Excerpt:
+        """The excerpt of ``node``, rendered when this is its first call; ``count`` (the meter's
+        ``count_text``) counts its lines as it is rendered."""
         found = self._by_seq.get(node.seq)
         if found is None:
             found = self._by_seq[node.seq] = excerpt(history, node)
+            if count is not None:
+                for entry in found.entries:
+                    self._line_tokens[entry] = count(entry + "\n")
         return found
+
+    @property
+    def line_tokens(self) -> Mapping[str, int]:
+        """Each activity line counted so far -> the tokens of the line with its line break."""
+        return self._line_tokens
 
     def prune(self, visible: Callable[[int], bool]) -> None:
         """Forget the nodes no longer on the surface (replaced by a switch or a shrink)."""
         self._by_seq = {seq: e for seq, e in self._by_seq.items() if visible(seq)}
+        kept = {entry for e in self._by_seq.values() for entry in e.entries}
+        self._line_tokens = {line: n for line, n in self._line_tokens.items() if line in kept}
 
     def forget(self, seqs: Iterable[int]) -> None:
         """Forget the nodes ``seqs`` (the ones a commit replaced): O(those), not O(all)."""
         for seq in seqs:
-            self._by_seq.pop(seq, None)
+            gone = self._by_seq.pop(seq, None)
+            if gone is not None:
+                # an identical line of a node still held (a handoff carries its region's lines)
+                # is counted again at the next switch: never a wrong count, only a missing one
+                for entry in gone.entries:
+                    self._line_tokens.pop(entry, None)
 
     def __len__(self) -> int:
         return len(self._by_seq)
@@ -474,3 +498,40 @@ def assemble(
         full = text
     record.update({"handoff_chars": len(text), "snapshot_chars": len(snapshot), "notes_chars": len(notes_text)})
     return Handoff(text, full, summary, record)
+
+
+def handoff_tokens(session: Session, handoff: Handoff, line_tokens: Mapping[str, int]) -> int:
+    """Exactly ``session.meter.count_message(handoff.message())``, tokenising only the lines whose count
+    ``line_tokens`` does not hold (the snapshot, the notes, the frame: ~1-2 KB of a 16 KB handoff).
+
+    The text is cut after each line break; where the meter proves the counts of the two sides add
+    (the meter's ``joins_exactly``: cl100k cuts after a newline before a character that is
+    not whitespace), a line's known count is taken, and other lines are counted with their
+    neighbours (its ``count_joined``). ``line_tokens`` must map each line to the exact count of
+    the line followed by a line break: :class:`Excerpts` counts its activity lines so when it
+    renders them."""
+    meter = session.meter
+    lines = handoff.text.split("\n")
+    pieces: list[str] = []
+    counts: list[int | None] = []
+    uncounted: list[str] = []  # consecutive lines nobody counted: one piece, tokenised in one call
+
+    def flush() -> None:
+        if uncounted and (text := "".join(uncounted)):
+            pieces.append(text)
+            counts.append(None)
+        uncounted.clear()
+
+    last = len(lines) - 1
+    for index, line in enumerate(lines):
+        known = line_tokens.get(line) if index < last else None
+        if known is None:
+            uncounted.append(line + "\n" if index < last else line)
+            continue
+        flush()
+        pieces.append(line + "\n")
+        counts.append(known)
+    flush()
+    text_tokens = meter.count_joined(pieces, counts)
+    # a user message of one text block: the meter's per-message overhead plus its text
+    return meter.count_message(Message.user("")) + text_tokens

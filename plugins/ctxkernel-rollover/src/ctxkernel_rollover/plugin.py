@@ -27,7 +27,7 @@ from ctxkernel.text import tag
 from .settings import RolloverSettings
 from .state import NAME, REMINDER_KEY, STATE_VERSION, state_of
 from .strategy import STRATEGY
-from .switch import RolloverError, ensure_window, notes_of, switch
+from .switch import RolloverError, ensure_window, notes_of, remember_note, switch
 from .tools import build_tools
 
 if TYPE_CHECKING:
@@ -299,7 +299,9 @@ def _summarising_strategies(report: ctxkernel.ValidationReport) -> list[str]:
 def inject_note(session: Session, path: str, content: str) -> Any:
     """Put a note in the session on the user's behalf (trust mark ``user-injected``)."""
     ensure_window(session)
-    return notes_of(session).write(path, content, trust="user-injected")
+    note = notes_of(session).write(path, content, trust="user-injected")
+    remember_note(session, note)
+    return note
 
 
 __all__ = ["RolloverSettings", "inject_note"]

@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING, Any
 from ctxkernel import CtxKernelError, Message, Span, StrategyNotes, get_logger
 from ctxkernel.recall.notes import Note, NotesLimits
 
-from .seed import DENSITY_MARGIN, REMAINING_PLACEHOLDER, SeedInput, render_seed
+from .seed import (
+    DENSITY_MARGIN,
+    REMAINING_PLACEHOLDER,
+    NoteCache,
+    SeedInput,
+    SeedParts,
+    compose_seed,
+    shared_count,
+)
 from .state import PENDING_INPUTS, WINDOW_EVENT, WINDOW_KIND, state_of
 from .strategy import STRATEGY
 from .window_ids import next_window_id
@@ -44,6 +52,20 @@ def notes_of(session: Session, settings: RolloverSettings | None = None) -> Stra
     state = state_of(session)
     notes.current_window = state.current
     return notes
+
+
+def counts_add(session: Session) -> bool:
+    """True when the session's tokenizer counts a seed as the sum of its parts (a cut after a line
+    end, before a tag or a heading: see :class:`~ctxkernel_rollover.seed.SeedParts`)."""
+    return session.meter.joins_exactly("\n", "<")
+
+
+def remember_note(session: Session, note: Note) -> None:
+    """Render ``note``'s seed block, and count it where counts add, as the note is written: the
+    note exists from now on, so the switch that shows it need not tokenise it (nor render it)."""
+    state_of(session).note_cache.prepare(
+        note, settings_of(session).seed_note_chars, session.meter.count_text if counts_add(session) else None
+    )
 
 
 def ensure_window(session: Session) -> str:
@@ -95,39 +117,63 @@ def _goal(session: Session, active: list[Note], next_goal: str | None) -> tuple[
     return None, "none recorded"
 
 
-#: what the remaining-tokens figure may understate the room by, as a share of the window
+#: what the remaining-tokens figure may understate the room by, as a share of the window (only
+#: when the seed is not counted from its parts: another tokenizer)
 FIGURE_SLACK = 0.02
+#: tokens the figure's two numbers ("<remaining> of <window>", up to 12 digits each) take at
+#: most with cl100k_base: it splits a run of digits into pieces of at most three, one token each
+FIGURE_DIGIT_TOKENS = 8
 
 
 def _fill_remaining(
-    session: Session, text: str, tokens: int, counted: bool, framing: int, window: int, overhead: int
+    session: Session,
+    parts: SeedParts,
+    tokens: int,
+    counted: bool,
+    framing: int,
+    window: int,
+    overhead: int,
+    cache: NoteCache,
 ) -> tuple[str, int]:
-    """The seed with its remaining-tokens line filled in, and its token count (with framing).
+    """The seed with its remaining-tokens line filled in, and its exact token count (with framing).
 
-    A count from the parts (``counted``) or a byte bound that understates the room by at most
-    FIGURE_SLACK of the window is used as it is. Otherwise the seed is tokenised once, filled in:
-    through the meter's memo, so the kernel's count of the replacement at the commit is a lookup
-    (the whole seed is tokenised once per switch). The figure is first filled from a guess; only
-    when the count shows the guess understated the tokens, or overstated them by more than the
-    slack, is it filled again from the count and counted again. The figure never overstates the
-    room (beyond the few tokens of its own digits)."""
+    With a tokenizer whose counts add across the seed's cuts (cl100k_base, every bundled profile),
+    the count is the sum of the parts' counts (``Meter.count_joined``): only the parts not counted
+    before are tokenised (note blocks were counted when written or last shown), and the figure is
+    filled from the count of every other part. Otherwise (another tokenizer) a count from the
+    parts or a byte bound that understates the room by at most FIGURE_SLACK of the window is used
+    as it is, else the seed is tokenised once, filled in from a guess, and once more only when
+    the count shows the guess understated the tokens or overstated them by more than the slack.
+    The figure never overstates the room (beyond the few tokens of its own digits)."""
+    meter = session.meter
     room, slack = window - overhead, FIGURE_SLACK * window
 
-    def fill(seed_tokens: int) -> str:
-        return text.replace(REMAINING_PLACEHOLDER, f"{max(0, room - seed_tokens)} of {window}", 1)
+    def figure(seed_tokens: int) -> str:
+        return f"{max(0, room - seed_tokens)} of {window}"
 
+    if counts_add(session):
+        tokenizer = meter.tokenizer.name
+        parts.count_all_but_figure(meter.count_text, cache, tokenizer)
+        others = sum(c for i, c in enumerate(parts.counts) if i != parts.figure and c is not None)
+        # the figure's line: its fixed words (the same in every seed) and at most FIGURE_DIGIT_TOKENS
+        line = shared_count(
+            tokenizer, parts.parts[parts.figure].replace(REMAINING_PLACEHOLDER, "", 1), meter.count_text
+        )
+        filled = parts.with_figure(figure(framing + others + line + FIGURE_DIGIT_TOKENS))
+        return filled.text, framing + meter.count_joined(filled.parts, filled.counts)
+    text = parts.text
     if counted or tokens - framing <= slack:
-        return fill(tokens), tokens
+        return text.replace(REMAINING_PLACEHOLDER, figure(tokens), 1), tokens
     state = state_of(session)
     size = len(text.encode())
     guess = framing + int(size * (state.seed_density + DENSITY_MARGIN)) + 1
-    filled = fill(guess)
-    exact = framing + session.meter.count_text(filled)
+    filled_text = text.replace(REMAINING_PLACEHOLDER, figure(guess), 1)
+    exact = framing + meter.count_text(filled_text)
     if not exact <= guess <= exact + slack:
-        filled = fill(exact)
-        exact = framing + session.meter.count_text(filled)
+        filled_text = text.replace(REMAINING_PLACEHOLDER, figure(exact), 1)
+        exact = framing + meter.count_text(filled_text)
     state.seed_density = (exact - framing) / size
-    return filled, exact
+    return filled_text, exact
 
 
 def switch(
@@ -220,7 +266,7 @@ def _switch(
         pending_base=settings.pending_input_chars,
     )
     framing = session.meter.count_message(Message.user(""))  # the per-message framing
-    text, seed_tokens, counted = render_seed(
+    parts, seed_tokens, counted = compose_seed(
         seed,
         budget_tokens=max(budget - framing, 1),
         count=session.meter.count_text,
@@ -230,7 +276,7 @@ def _switch(
         note_cache=state.note_cache,
     )
     text, seed_tokens = _fill_remaining(
-        session, text, seed_tokens + framing, counted, framing, pressure.effective_window, overhead
+        session, parts, seed_tokens + framing, counted, framing, pressure.effective_window, overhead, state.note_cache
     )
     # the budget always admits the minimal seed (render_seed falls back to it when nothing else
     # fits); what an automatic switch cannot do is replace the surface with something no smaller
@@ -278,4 +324,12 @@ def _switch(
     )
 
 
-__all__ = ["RolloverError", "WINDOW_EVENT", "current_turn_inputs", "ensure_window", "notes_of", "switch"]
+__all__ = [
+    "RolloverError",
+    "WINDOW_EVENT",
+    "current_turn_inputs",
+    "ensure_window",
+    "notes_of",
+    "remember_note",
+    "switch",
+]

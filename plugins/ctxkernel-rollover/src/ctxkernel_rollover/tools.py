@@ -18,7 +18,7 @@ from ctxkernel.recall.notes import MAX_PATH_CHARS, Note, NoteNotFoundError, Note
 
 from .state import state_of
 from .strategy import STRATEGY
-from .switch import ensure_window, notes_of, settings_of
+from .switch import ensure_window, notes_of, remember_note, settings_of
 
 if TYPE_CHECKING:
     from ctxkernel import Session
@@ -62,6 +62,7 @@ class NoteCreateArgs(ToolArgs):
 def note_create(session: Session, args: NoteCreateArgs) -> ToolOutcome:
     ensure_window(session)
     note = notes_of(session).create(args.path, args.content, trust=_trust(args.from_tool_output))
+    remember_note(session, note)
     return ToolOutcome(f"created note {_brief(note)}")
 
 
@@ -80,6 +81,7 @@ def note_update(session: Session, args: NoteUpdateArgs) -> ToolOutcome:
             f"note_update refused: note {note.id} ({note.path!r}) is archived; create a new note", is_error=True
         )
     note = notes.update(note.id, args.content, trust=_trust(args.from_tool_output))
+    remember_note(session, note)
     return ToolOutcome(f"updated note {_brief(note)}; earlier versions stay retrievable with note_get(version=...)")
 
 
@@ -92,6 +94,7 @@ class NoteAppendArgs(ToolArgs):
 def note_append(session: Session, args: NoteAppendArgs) -> ToolOutcome:
     ensure_window(session)
     note = notes_of(session).append(args.path, args.text, trust=_trust(args.from_tool_output))
+    remember_note(session, note)
     return ToolOutcome(f"appended to note {_brief(note)}")
 
 
