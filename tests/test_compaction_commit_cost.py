@@ -252,9 +252,10 @@ def test_the_meters_bound_without_tokenising_is_never_below_the_count(text):
 
 
 def test_a_pinned_replacement_is_tokenised_once_and_still_shrink_checked(tmp_path):
-    """The replacement that carries the instruction block is counted with the block; its own
-    text is not tokenised again when its byte length already proves it shrinks the span. One
-    that does not shrink is still refused."""
+    """The replacement that carries the instruction block is counted from its parts: its own
+    text once (not again for the shrink check when its byte length already proves it shrinks
+    the span), the block from the instructions' counts; neither the block nor the whole carrier
+    is tokenised. One that does not shrink is still refused."""
     import pytest
 
     from ctxkernel import ShrinkCheckError
@@ -276,8 +277,10 @@ def test_a_pinned_replacement_is_tokenised_once_and_still_shrink_checked(tmp_pat
     result = session.compact(span, strategy="basic")
     assert "instructions" in session.events[result.start_seq + 1].data  # the block was pinned
     own = checkpoint_message("the head, summarised", "basic").text
-    assert own not in counted  # only the carrier, with its block
+    assert counted.count(own) == 1  # once, for the carrier's count
     node = session.surface.node(result.spans[0].replacement_seq)
+    # the block is counted from its parts: its frame once per process, never the whole block
+    assert not any("<user-instructions>" in text and "[item_" in text for text in counted)
     assert result.spans[0].tokens_after == node.tokens == real(node.message.text) + 4
     long = " ".join(f"w{i}" for i in range(3000))
     for n in range(3):

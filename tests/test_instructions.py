@@ -86,7 +86,7 @@ def test_a_removal_only_transaction_leaves_the_block_in_place_of_what_it_removed
     session.compact(Span(nodes[0].seq, nodes[-1].seq, remove=True), strategy="basic", kind="drop")
     (node,) = session.surface.nodes
     assert node.message.source.plugin == "kernel" and node.message.source.form == "instructions"
-    assert "[item_1] keep answers short" in node.message.text
+    assert "keep answers short [item_1]" in node.message.text
 
 
 def test_over_budget_the_newest_win_and_a_large_one_is_passed_over(tmp_path):

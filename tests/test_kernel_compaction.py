@@ -179,3 +179,24 @@ def test_a_second_compaction_while_one_is_open_is_refused_naming_it(session: Any
     with throwaway_plugin(session.kernel, Interferer(nested), "interferer"):
         session.compact(Span(seqs[0], seqs[6]), strategy="basic")
     assert caught and "by strategy 'basic' is open since seq" in str(caught[0])
+
+
+@pytest.mark.parametrize(
+    ("ranges", "message"),
+    [
+        ([(0, 3), (1, 5)], "span 1 .* overlaps span 0 at seq {1}$"),
+        ([(4, 5), (0, 6)], "span 1 .* overlaps span 0 at seq {4}$"),
+        ([(6, 6), (4, 5), (0, 6)], "span 2 .* overlaps span 1 at seq {4}$"),  # the first node shared with any
+        ([(1, 3), (0, 0), (0, 0)], "span 2 .* overlaps span 1 at seq {0}$"),
+    ],
+)
+def test_overlapping_spans_are_refused_naming_the_first_shared_node(
+    session: Any, ranges: list[tuple[int, int]], message: str
+) -> None:
+    path = session.store.path(session.id)
+    before = path.read_bytes()
+    seqs = [n.seq for n in session.surface]
+    spans = [Span(seqs[a], seqs[b], summary="s") for a, b in ranges]
+    with pytest.raises(ctxkernel.CompactionError, match=message.format(*seqs)):
+        session.compact(spans, strategy="basic")
+    assert path.read_bytes() == before

@@ -83,3 +83,49 @@ def test_no_join_is_exact_for_a_tokenizer_without_the_proof(tmp_path: object) ->
     meter = Meter(Whole())
     assert not meter.joins_exactly("a\n", "b")
     assert meter.count_joined(["a\n", "b"], [99, 99]) == 3  # the given counts are not trusted
+
+
+@settings(max_examples=600, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(TEXTS.filter(lambda t: t[-1:] not in ("", " ", "\n")), TEXTS.map(lambda t: " " + t))
+def test_joins_before_a_space_are_exact_whenever_claimed(left: str, right: str) -> None:
+    """The second rule: a space after a character that is not white space starts a new piece."""
+    if METER.joins_exactly(left, right):
+        assert count(left + right) == count(left) + count(right)
+
+
+def test_a_space_after_white_space_is_no_exact_cut() -> None:
+    white_space = [chr(c) for c in range(sys.maxunicode + 1) if chr(c).isspace()]
+    assert all(not METER.joins_exactly("a" + ch, " b") for ch in white_space)
+    assert count("a   b") != count("a ") + count("  b")  # why: spaces run together
+    assert METER.joins_exactly("end.", " [item_3]\n") and METER.joins_exactly("word", " next")
+    assert not METER.joins_exactly("end.", "\tnext") and not METER.joins_exactly("", " next")
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(TEXTS, TEXTS)
+def test_count_extended_is_the_count_of_the_whole(text: str, suffix: str) -> None:
+    """A text's count extended by a suffix: only its last line is tokenised again."""
+    assert METER.count_extended(text, count(text), suffix) == count(text + suffix)
+
+
+def test_a_long_text_counted_from_its_parts_is_not_tokenised_again() -> None:
+    """A strategy counts its replacement from parts; the transaction's count of the same text must
+    be a lookup, and the same number."""
+    calls: list[str] = []
+
+    class Counting:
+        name = "counting"
+        _enc = METER.tokenizer._enc  # type: ignore[attr-defined]
+
+        def count(self, text: str) -> int:
+            calls.append(text)
+            return count(text)
+
+    meter = Meter(get_tokenizer())
+    meter.tokenizer = Counting()  # type: ignore[assignment]  # the same encoding, its calls seen
+    parts = [f"line {n} of the handoff, with a few words\n" for n in range(80)] + ["the end"]
+    known = [count(part) for part in parts[:-1]] + [None]
+    total = meter.count_joined(parts, known)
+    assert calls == ["the end"]  # only the part nobody counted
+    assert meter.count_text("".join(parts)) == total == count("".join(parts))
+    assert calls == ["the end"]

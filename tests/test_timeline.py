@@ -213,6 +213,10 @@ def _event(seq: int, op: tuple[Any, ...]) -> Event:
     if kind == "continue":
         block = {"type": "tool_result", "call_id": "c", "name": "chapters_continue", "content": "next"}
         return Event(seq, "tool/result", {"message": {"role": "tool", "content": [block]}}, time, {"op": "append"})
+    if kind == "user":
+        return Event(seq, "user/message", {"message": {"role": "user", "content": "go"}}, time, {"op": "append"})
+    if kind == "turn":
+        return Event(seq, "turn/start", {"turn": op[1]}, time)
     return Event(seq, "rollover/window", {"window": op[1]}, time, ignorable=True)
 
 
@@ -225,6 +229,8 @@ OPS = st.one_of(
     st.tuples(st.just("prune")),
     st.tuples(st.just("continue")),
     st.tuples(st.just("plugin"), st.integers(0, 9)),
+    st.tuples(st.just("user")),
+    st.tuples(st.just("turn"), st.integers(0, 9)),
 )
 
 
@@ -238,6 +244,12 @@ def test_any_cut_restored_and_folded_on_equals_the_fold_of_the_whole_log(ops, cu
         part = orjson.loads(orjson.dumps(Timeline.for_session(head).folded()))  # as a snapshot holds it
         resumed = LogOnly(events, snapshot_indexes={STATE_KEY: part})
         assert seen(resumed) == whole
+        # sync passes _fold only the event types it reads: handing it every event changes nothing
+        every = Timeline(LogOnly(events))
+        for event in events:
+            every._fold(event)
+        every.cursor = len(events)
+        assert every.folded() == whole["folded"]
     # bounded, and every request is in exactly one bucket, in order
     points = whole["points"]
     replies = [e.seq for e in events if e.type == "assistant/message"]

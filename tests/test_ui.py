@@ -139,6 +139,46 @@ def test_first_view_reads_nothing_before_the_snapshot(tmp_path):
     assert len(answers["/transactions"]["transactions"]) == len(answers[""]["compactions"]) > 0
 
 
+def test_log_pages_the_open_session_holds_are_not_read_again(tmp_path):
+    """The open session parsed the tail after its snapshot: the first view's last log page comes
+    from it (no store read), the same rows a fresh inspector reads from the store. The events of a
+    page before the snapshot, or past what the session has folded, are still one bounded store
+    read, and never make the session load its history."""
+    profile = support.write_profile(
+        tmp_path / "profiles", "basicui", tmp_path / "store", ["basic"], window=6_000, reserved=1_000
+    )
+    kernel = support.kernel_for(profile)
+    session = kernel.open_session()
+    for n in range(30):
+        support.one_turn(session, n)
+    app, fresh = create_app(support.kernel_for(profile)), create_app(support.kernel_for(profile))
+    stats = app.state.inspector.stats
+    with TestClient(app, base_url=LOCAL) as c, TestClient(fresh, base_url=LOCAL) as f:
+
+        def page(client, **params):
+            return client.get(f"/api/sessions/{session.id}/log", params=params).json()
+
+        c.get(f"/api/sessions/{session.id}")
+        events = app.state.inspector.open(session.id).session.events
+        assert isinstance(events, LazyEvents) and 100 < events.base < len(events) - 20
+        read = stats["events_read"]
+        assert page(c, limit=20) == page(f, limit=20)
+        assert page(c, start=events.base, limit=20) == page(f, start=events.base, limit=20)
+        assert stats["events_read"] == read, "rows the open session holds are not read from the store"
+        # a page across the snapshot reads only the events before it from the store
+        assert page(c, start=events.base - 10, limit=20) == page(f, start=events.base - 10, limit=20)
+        assert stats["events_read"] == read + 10 and events.loaded == 0
+        assert page(c, start=events.base - 40, limit=20) == page(f, start=events.base - 40, limit=20)
+        assert stats["events_read"] == read + 30 and events.loaded == 0
+        for start in range(events.base - 45, len(events) + 5, 11):  # any page equals the store's
+            for limit in (1, 7, 50):
+                assert page(c, start=start, limit=limit) == page(f, start=start, limit=limit)
+        support.one_turn(session, 99)  # another writer; the inspector has not refreshed yet
+        assert page(c, limit=20) == page(f, limit=20)
+        assert page(c, limit=20)["rows"][-1]["seq"] == len(session.events) - 1
+    assert stats["opens"] == 1
+
+
 def test_a_long_sessions_timeline_is_bounded(handoff):
     _, kernel, session = handoff
     with mock.patch.object(timeline_index, "MAX_POINTS", 4), client(kernel) as c:
@@ -188,6 +228,35 @@ def test_live_session_is_refreshed_not_reopened(handoff):
     assert stats["opens"] == 1, "the open session is refreshed, not replayed again"
     assert stats["events_read"] - read == len(session.events) - before, "only the new events were read"
     assert timeline["requests"][-1]["seq"] == [e.seq for e in session.events if e.type == "assistant/message"][-1]
+
+
+def test_the_pages_first_requests_at_once_open_the_session_once(handoff):
+    """The session page sends its first four requests at once (ui.js, loadAll): they wait for one
+    open of the session instead of each replaying it (each used to open it: four opens)."""
+    import asyncio
+    import time
+
+    import httpx
+
+    _, kernel, session = handoff
+    app = create_app(kernel)
+    real_open = kernel.open_session
+
+    def slow_open(*args, **kwargs):
+        time.sleep(0.2)  # every request is inside the inspector before the first open ends
+        return real_open(*args, **kwargs)
+
+    async def first_view():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url=LOCAL) as c:
+            paths = ("", "/timeline", "/surface", "/transactions")
+            return await asyncio.gather(*(c.get(f"/api/sessions/{session.id}{p}") for p in paths))
+
+    with mock.patch.object(kernel, "open_session", side_effect=slow_open) as opens:
+        answers = asyncio.run(first_view())
+    assert [r.status_code for r in answers] == [200] * 4
+    assert opens.call_count == 1 and app.state.inspector.stats["opens"] == 1
+    assert {r.json()["events"] for r in (answers[0], answers[1], answers[2])} == {len(session.events)}
 
 
 def big_log(store, session_id: str, events: int) -> None:

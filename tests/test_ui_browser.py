@@ -262,9 +262,10 @@ def test_pages_show_inspect_figures_update_live_and_run_nothing(browser, hostile
         support.one_turn(session, 50, hostile=True)
         support.one_turn(session, 51)
         after = inspect_json(profile, session.id)
-        page.wait_for_function(
-            f"() => document.getElementById('events-count').textContent === '{n(after['events'])}'", timeout=20_000
-        )
+        # body's data-events is set when an update has drawn everything, the log page included (the
+        # overview's count is drawn before the log page is fetched: waiting on it raced the log)
+        page.wait_for_function(f"() => document.body.dataset.events === '{after['events']}'", timeout=20_000)
+        assert page.inner_text("#events-count") == n(after["events"])
         assert after["events"] > before
         assert page.evaluate("() => window.__same_document") is True
         assert page.inner_text("#pressure-tokens") == n(after["pressure"]["tokens"])

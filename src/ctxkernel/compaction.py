@@ -180,7 +180,7 @@ def validate_spans(surface: Surface, spans: Sequence[Span]) -> list[list[Node]]:
     if not spans:
         msg = "a compaction needs at least one span"
         raise CompactionError(msg)
-    taken: dict[int, int] = {}
+    taken: list[tuple[int, int, int]] = []  # (first, last position, span index) of each span so far
     resolved = []
     for i, span in enumerate(spans):
         try:
@@ -199,11 +199,16 @@ def validate_spans(surface: Surface, spans: Sequence[Span]) -> list[list[Node]]:
                 surface.check_range_closed(nodes)
             except SurfaceError as exc:
                 raise UnbalancedCutError(f"span {i} ({span.start}..{span.end}) is not a balanced cut: {exc}") from None
-        for n in nodes:
-            if n.seq in taken:
-                msg = f"span {i} ({span.start}..{span.end}) overlaps span {taken[n.seq]} at seq {n.seq}"
-                raise CompactionError(msg)
-            taken[n.seq] = i
+        # a span is a run of positions: two overlap where their runs do (first shared node named)
+        first = surface.position(nodes[0].seq)
+        assert first is not None  # surface.span found it
+        last = first + len(nodes) - 1
+        shared = [(max(first, a), j) for a, b, j in taken if a <= last and first <= b]
+        if shared:
+            position, j = min(shared)
+            msg = f"span {i} ({span.start}..{span.end}) overlaps span {j} at seq {surface.nodes[position].seq}"
+            raise CompactionError(msg)
+        taken.append((first, last, i))
         if span.remove and (span.message is not None or span.summary is not None):
             msg = f"span {i}: a removal carries no summary or message"
             raise CompactionError(msg)
@@ -394,8 +399,8 @@ def _run_steps(
         )
         carried = pinned_messages[carrier] if pinned else None
         # the strategy's own replacement is counted for the shrink check and the span's record;
-        # the carrier's is recounted with the block, so its own count is needed only for the
-        # check, and not even there when a bound without tokenising proves it shrinks
+        # the carrier's count is taken with the block's, so its own count is needed only for
+        # the check, and not even there when a bound without tokenising proves it shrinks
         strategy_after: list[int | None] = []
         for i, (m, _) in enumerate(replacements):
             if m is None:
@@ -406,8 +411,12 @@ def _run_steps(
                 strategy_after.append(meter.count_message(m))
         after = [0 if a is None else a for a in strategy_after]
         if carried is not None:
+            own = replacements[carrier][0]
             replacements[carrier] = (carried, replacements[carrier][1])
-            after[carrier] = meter.count_message(carried)  # only the carrier changed
+            # only the carrier changed: counted from its parts (the block from the instructions'
+            # own counts, the strategy's replacement from its count when it has one)
+            known = strategy_after[carrier] if own is not None else None
+            after[carrier] = instructions.carried_tokens(session, own, known, pinned)
         if check_shrink:  # 6
             for i, (b, a) in enumerate(zip(before, strategy_after, strict=True)):
                 if a is not None and a >= b:

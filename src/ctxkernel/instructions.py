@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from .events import USER_MESSAGE, Event, EventSpec, append_op
 from .messages import Message, Source, TextBlock
-from .meter import MESSAGE_OVERHEAD
+from .meter import EXACT_COUNT_CHARS, MESSAGE_OVERHEAD, message_text_for_count
 
 if TYPE_CHECKING:
     from .session import Session
@@ -235,14 +235,75 @@ def _kept_texts(session: Session, cited: set[int]) -> list[str]:
     return out
 
 
+#: the block's first two lines, as one part of its count (the same for every session)
+_BLOCK_HEAD = f"{BLOCK_OPEN}\n{BLOCK_INTRO}\n"
+#: tokenizer name -> the counts of the block's head and closing tag (texts no session changes)
+_FRAME_COUNTS: dict[str, tuple[int, int]] = {}
+
+
+def _pointer(item: Instruction, session_id: str) -> str:
+    """What follows an instruction's text on its line: its id, only for this session's own
+    messages (the history tools read this session's log)."""
+    return f" [{item.ref}]" if item.session == session_id else ""
+
+
 def block_text(items: Sequence[Instruction], session_id: str) -> str:
+    """One line per instruction, its text then its id: the id after the text, so the cut before
+    it is exact (``Meter.joins_exactly``) and the block is counted from the instructions' own
+    counts (:func:`block_tokens`)."""
     lines = [BLOCK_OPEN, BLOCK_INTRO]
-    for item in items:
-        # an id only for this session's own messages: the history tools read this session's log
-        prefix = f"[{item.ref}] " if item.session == session_id else ""
-        lines.append(f"{prefix}{item.text.strip()}")
+    lines.extend(item.text.strip() + _pointer(item, session_id) for item in items)
     lines.append(BLOCK_CLOSE)
     return "\n".join(lines)
+
+
+def block_tokens(session: Session, items: Sequence[Instruction]) -> int:
+    """Tokens of ``block_text(items, session.id)``, exactly: each instruction's text taken at the
+    count the ledger already holds for it (counted when it landed on the surface, or for the
+    budget), so only the frame and the ids are tokenised.
+
+    Every cut taken is one ``Meter.joins_exactly`` proves: a line's text is stripped and not
+    empty, so it starts after a newline with a character that is not white space and ends with
+    one before its id, which starts with a space; an id ends with a newline before the next
+    line's text or the closing tag. A tokenizer without that proof, or an instruction with no
+    text, gets the whole block counted."""
+    meter, costs = session.meter, session.instruction_costs
+    lines = [(item, item.text.strip()) for item in items]
+    if not meter.joins_exactly("\n", "x") or not all(text for _, text in lines):
+        return meter.count_text(block_text(items, session.id))
+    frame = _FRAME_COUNTS.get(meter.tokenizer.name)
+    if frame is None:  # the frame is the same text in every session: counted once per process
+        frame = _FRAME_COUNTS[meter.tokenizer.name] = (meter.count_text(_BLOCK_HEAD), meter.count_text(BLOCK_CLOSE))
+    total = frame[0] + frame[1]
+    for item, text in lines:
+        # a count is of the whole text: usable when stripping changed nothing, and exact only up
+        # to the meter's exact length (a longer text's count is a bound)
+        cost = costs.get((item.session, item.seq)) if text == item.text and len(text) <= EXACT_COUNT_CHARS else None
+        pointer = _pointer(item, session.id)
+        if pointer:  # the text, then its id (a few short pieces: tokenised, ~2.5 us each)
+            total += (meter.count_text(text) if cost is None else cost) + meter.count_text(pointer + "\n")
+        else:  # an inherited instruction's line ends at its text: its last line and the newline
+            total += meter.count_text(text + "\n") if cost is None else meter.count_extended(text, cost, "\n")
+    return total
+
+
+def carried_tokens(session: Session, message: Message | None, tokens: int | None, items: Sequence[Instruction]) -> int:
+    """Tokens of the replacement that carries ``items`` (``with_block(message, ...)``, or the block
+    alone for a transaction of removals: ``message`` None), exactly. ``tokens``, when not None, is
+    ``message``'s own count: then only its last line is tokenised again, with the join."""
+    meter = session.meter
+    block = block_tokens(session, items)
+    if message is None:
+        return MESSAGE_OVERHEAD + block
+    # the meter's text of a message joins its blocks with newlines; the block starts with "<",
+    # so the cut after that newline is exact
+    text = message_text_for_count(message)
+    if not message.content or len(text) >= EXACT_COUNT_CHARS or not meter.joins_exactly(text + "\n", BLOCK_OPEN):
+        return meter.count_message(with_block(message, items, session.id))
+    # the text's own count: given, or the meter's (a strategy that sized a long replacement
+    # counted it already, and the meter remembers it); only its last line is counted again
+    own = meter.count_text(text) if tokens is None else tokens - MESSAGE_OVERHEAD
+    return MESSAGE_OVERHEAD + meter.count_extended(text, own, "\n") + block
 
 
 def with_block(message: Message, items: Sequence[Instruction], session_id: str) -> Message:
@@ -264,8 +325,13 @@ def pin_lost(
     keep = [i for i in protected(session) if not _kept_as_sent(session, i, cited)]
     if not keep:
         return replacements, [], -1
-    texts = _kept_texts(session, cited) + [normalized(m.text) for m in replacements if m is not None]
-    lost = _missing_in(keep, texts)
+    # the replacements first: an instruction a summary quotes is found there without a search
+    # of every kept message (a normalised instruction holds no newline: it cannot match across
+    # two texts, so searching the two groups apart finds what searching them joined would)
+    written = "\n".join(normalized(m.text) for m in replacements if m is not None)
+    unquoted = [(i, text) for i in keep if (text := normalized(i.text)) not in written]
+    kept = "\n".join(_kept_texts(session, cited)) if unquoted else ""
+    lost = [i for i, text in unquoted if text not in kept]
     if not lost:
         return replacements, [], -1
     out = list(replacements)
@@ -299,7 +365,7 @@ def pin_cost(session: Session, cited: set[int]) -> int:
     if not keep:
         return 0
     lost = _missing_in(keep, _kept_texts(session, cited))
-    return session.meter.count_text(block_text(lost, session.id)) if lost else 0
+    return block_tokens(session, lost) if lost else 0
 
 
 def inherited(session: Session, source_ledger: Sequence[Instruction]) -> list[Instruction]:

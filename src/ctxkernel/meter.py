@@ -75,9 +75,13 @@ class Tokenizer(Protocol):
 #: that can hold a newline (``[\r\n]*+`` after punctuation, the whitespace ones) ends at the end
 #: of its run of whitespace, and no alternative can start with a newline and go on into a letter,
 #: digit or mark. So a text cut just after a newline, before a character that is not whitespace, is
-#: counted exactly by counting its two sides: ``tests/test_meter_joins.py`` checks it against the
-#: encoding itself. o200k's pattern lets punctuation pieces run on past a newline into ``/``, and
-#: an unknown pattern may do anything, so for every other tokenizer no cut is taken as exact.
+#: counted exactly by counting its two sides. Nor does a piece that holds a character other than
+#: white space run on into a space that follows it (letters, digits and punctuation each stop
+#: there, and the newlines punctuation takes must follow it directly), and a piece that starts at
+#: that space is matched from there alone (no look-behind), so a cut before a space that follows
+#: such a character is exact too: ``tests/test_meter_joins.py`` checks both against the encoding.
+#: o200k's pattern lets punctuation pieces run on past a newline into ``/``, and an unknown
+#: pattern may do anything, so for every other tokenizer no cut is taken as exact.
 CL100K_PATTERN = (
     r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"
     r"|\s++$|\s*[\r\n]|\s+(?!\S)|\s"
@@ -212,31 +216,41 @@ class Meter:
         tokens = self._memo.get(text)
         if tokens is None:
             tokens = bounded_count(self.tokenizer, text)
-            if len(self._memo) >= MEMO_ENTRIES:
-                del self._memo[next(iter(self._memo))]  # the oldest
-            self._memo[text] = tokens
+            self._remember(text, tokens)
         return tokens
+
+    def _remember(self, text: str, tokens: int) -> None:
+        if len(self._memo) >= MEMO_ENTRIES:
+            del self._memo[next(iter(self._memo))]  # the oldest
+        self._memo[text] = tokens
 
     def joins_exactly(self, left: str, right: str) -> bool:
         """True when ``count_text(left + right) == count_text(left) + count_text(right)`` is certain
         for this meter's tokenizer: with cl100k_base, when ``left`` ends with a newline and ``right``
-        starts with a character that is not whitespace (BPE counts do not add across an arbitrary
-        cut: ``"end.\\n"`` is 2 tokens, ``"end."`` and ``"\\n"`` 3). Other tokenizers: never.
-        A strategy that builds a text from parts it has counted before (notes, excerpts, a block)
-        can add their counts instead of tokenising the whole text again."""
-        return (
-            self._splits_after_newlines
-            and left.endswith("\n")
-            and bool(right)
-            # str.isspace() holds for every character of the pattern's \s (Unicode White_Space)
-            # and a few more, so the test only ever errs towards counting the join
-            and not right[0].isspace()
-        )
+        starts with a character that is not whitespace, or when ``left`` ends with a character that
+        is not whitespace and ``right`` starts with a space (BPE counts do not add across an
+        arbitrary cut: ``"end.\\n"`` is 2 tokens, ``"end."`` and ``"\\n"`` 3). Other tokenizers:
+        never. A strategy that builds a text from parts it has counted before (notes, excerpts, a
+        block) can add their counts instead of tokenising the whole text again."""
+        if not self._splits_after_newlines or not left or not right:
+            return False
+        # str.isspace() holds for every character of the pattern's \s (Unicode White_Space) and a
+        # few more, so the tests only ever err towards counting the join
+        if left[-1] == "\n":
+            return not right[0].isspace()
+        # no piece that holds a character other than white space runs on into a space after it,
+        # and a piece that starts with a space is matched from there alone (see CL100K_PATTERN)
+        return right[0] == " " and not left[-1].isspace()
 
     def count_joined(self, parts: Sequence[str], counts: Sequence[int | None] | None = None) -> int:
         """Tokens of ``"".join(parts)``, exactly. Parts joined where :meth:`joins_exactly` holds are
         counted apart (``counts[i]``, when given and not None, is taken as part ``i``'s count), the
-        others together, so a caller that already counted most parts tokenises only the rest."""
+        others together, so a caller that already counted most parts tokenises only the rest.
+
+        A whole of at least :data:`MEMO_MIN_CHARS` is remembered as :meth:`count_text` remembers
+        the texts it counts: a strategy counts its replacement from parts, and the transaction's
+        count of the same text is then a lookup. So the counts given must be this meter's exact
+        counts of exactly those parts (a strategy's own earlier ``count_text``), as the total is."""
         total = 0
         run: list[str] = []  # parts glued since the last exact join, counted together
         run_count: int | None = None  # the count of run when it is a single part with a known count
@@ -251,7 +265,21 @@ class Meter:
             run_count = counts[index] if counts is not None else None
         if run:
             total += run_count if run_count is not None else self.count_text("".join(run))
+        if len(parts) > 1 and sum(map(len, parts)) >= MEMO_MIN_CHARS:
+            self._remember("".join(parts), total)
         return total
+
+    def count_extended(self, text: str, tokens: int, suffix: str) -> int:
+        """Tokens of ``text + suffix``, exactly, given ``tokens``: the exact count of ``text``. Only
+        what follows ``text``'s last exact cut (:meth:`joins_exactly`: its last line, usually) is
+        tokenised again, with ``suffix``."""
+        if self.joins_exactly(text, suffix):
+            return tokens + self.count_text(suffix)
+        cut = text.rfind("\n") + 1
+        if 0 < cut < len(text) and self.joins_exactly(text[:cut], text[cut:]):
+            last = text[cut:]
+            return tokens - self.count_text(last) + self.count_text(last + suffix)
+        return self.count_text(text + suffix)
 
     def count_message(self, message: Message) -> int:
         return MESSAGE_OVERHEAD + self.count_text(message_text_for_count(message))
@@ -306,10 +334,19 @@ class Meter:
             if node.tokens >= LARGE_NODE_TOKENS:
                 self.large[node.seq] = node
 
-    def on_remove(self, node: Any) -> None:
-        self.large.pop(node.seq, None)
-        if self._uncounted.pop(node.seq, None) is None:
-            self.total -= self.node_tokens(node)
+    def on_remove(self, nodes: Sequence[Any]) -> None:
+        """A replaced range left the surface: its counted tokens come off the total in one pass."""
+        large, uncounted = self.large, self._uncounted
+        removed = 0
+        for node in nodes:
+            seq = node.seq
+            if large:
+                large.pop(seq, None)
+            if uncounted and uncounted.pop(seq, None) is not None:
+                continue  # never counted: nothing of it is in the total
+            tokens = node.tokens
+            removed += self.node_tokens(node) if tokens is None else tokens
+        self.total -= removed
 
     def surface_tokens(self) -> int:
         """Tokens of the whole visible surface; counts only nodes never counted before."""

@@ -41,18 +41,17 @@ class Node:
     them. A replacement takes the place, and so the turn and step, of the first node it replaced.
     """
 
-    __slots__ = ("event", "message", "step", "tokens", "turn")
+    __slots__ = ("event", "message", "seq", "step", "tokens", "turn")
 
     def __init__(self, event: Event, message: Message, turn: int = 0, step: int = 0) -> None:
         self.event = event
         self.message = message
+        #: the seq of ``event`` (an attribute, not a property: every span check, removal and
+        #: search over the surface reads it, thousands of times per compaction)
+        self.seq = event.seq
         self.turn = turn
         self.step = step
         self.tokens: int | None = None  # filled lazily by the meter
-
-    @property
-    def seq(self) -> int:
-        return self.event.seq
 
     @property
     def role(self) -> str:
@@ -84,7 +83,8 @@ class Surface:
         self.pending_calls: dict[str, int] = {}  # call id -> assistant seq, still waiting
         self.call_owner: dict[str, int] = {}  # call id -> assistant seq, visible
         self.result_of: dict[str, int] = {}  # call id -> tool result seq, visible
-        self.listeners: list[Any] = []  # objects with on_add(node) / on_remove(node)
+        #: objects with on_add(node) and on_remove(nodes), the latter given a replaced range at once
+        self.listeners: list[Any] = []
         self.turn = 0  # the turn and step the next appended node belongs to
         self.step = 0
         #: (version, first seq, last seq, length) of the last range found closed: a transaction
@@ -166,14 +166,18 @@ class Surface:
         if key == self._closed:
             return
         inside = {n.seq for n in nodes}
+        pending, result_of = self.pending_calls, self.result_of
         for n in nodes:
-            role = n.message.role
+            message = n.message
+            role = message.role
             if role == "assistant":
-                for call in n.message.tool_calls:
-                    if call.id in self.pending_calls:
+                for call in message.content:
+                    if call.type != "tool_call":
+                        continue
+                    if call.id in pending:
                         msg = f"tool call {call.id} (seq {n.seq}) has no result yet: the range would split it"
                         raise SurfaceError(msg)
-                    rseq = self.result_of.get(call.id)
+                    rseq = result_of.get(call.id)
                     if rseq is not None and rseq not in inside:
                         msg = (
                             f"tool call {call.id} (seq {n.seq}) has its result at seq {rseq} outside the "
@@ -181,7 +185,7 @@ class Surface:
                         )
                         raise SurfaceError(msg)
             elif role == "tool":
-                call_id = n.message.content[0].call_id  # type: ignore[union-attr]
+                call_id = message.content[0].call_id  # type: ignore[union-attr]
                 owner = self.call_owner.get(call_id)
                 if owner is not None and owner not in inside:
                     msg = (
@@ -309,19 +313,16 @@ class Surface:
         removed = self.nodes[a : b + 1]
         first = self.nodes[a]
         replacement = [Node(event, message, first.turn, first.step)] if message is not None else []
+        self.nodes[a : b + 1] = replacement
         if event.type == TOOL_RESULT:
             # a content-only replacement keeps the pairing of the call it answers
-            self.nodes[a : b + 1] = replacement
             self.result_of[message.content[0].call_id] = event.seq  # type: ignore[union-attr]
         else:
-            self.nodes[a : b + 1] = replacement
-            for n in removed:
-                self._index_remove(n)
+            self._index_remove(removed)
         self._pos = None
         self.version += 1
         for listener in self.listeners:
-            for n in removed:
-                listener.on_remove(n)
+            listener.on_remove(removed)
             for n in replacement:
                 listener.on_add(n)
 
@@ -335,13 +336,20 @@ class Surface:
             self.pending_calls.pop(call_id, None)
             self.result_of[call_id] = node.seq
 
-    def _index_remove(self, node: Node) -> None:
-        if node.role == "assistant":
-            for call in node.message.tool_calls:
-                self.call_owner.pop(call.id, None)
-                self.pending_calls.pop(call.id, None)
-        elif node.role == "tool":
-            self.result_of.pop(node.message.content[0].call_id, None)  # type: ignore[union-attr]
+    def _index_remove(self, nodes: list[Node]) -> None:
+        """Forget the pairing of a removed range (one pass over it)."""
+        call_owner, pending, result_of = self.call_owner, self.pending_calls, self.result_of
+        for node in nodes:
+            message = node.message
+            role = message.role
+            if role == "assistant":
+                for block in message.content:
+                    if block.type == "tool_call":
+                        call_owner.pop(block.id, None)
+                        if pending:
+                            pending.pop(block.id, None)
+            elif role == "tool":
+                result_of.pop(message.content[0].call_id, None)  # type: ignore[union-attr]
 
 
 def replay(events: Iterable[Event]) -> Surface:

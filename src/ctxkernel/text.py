@@ -177,17 +177,16 @@ def string_arguments(call: ToolCallBlock, keys: tuple[str, ...] = PATH_KEYS) -> 
     return [value for key in keys if isinstance(value := args.get(key), str)]
 
 
-#: the words of :data:`ERROR_MARKERS`: a text holding none of them cannot match, and four
-#: substring scans cost a fraction of one regex search with word boundaries
-_ERROR_WORDS = ("Error", "Exception", "Traceback", "FAILED")
-
-
 def failed(result: ToolResultBlock, markers: re.Pattern[str] = ERROR_MARKERS) -> bool:
     """True when a tool result is an error: flagged so, or its start shows ``markers``."""
     if result.is_error:
         return True
     head = result.content[:2000]
-    if markers is ERROR_MARKERS and not any(word in head for word in _ERROR_WORDS):
+    if markers is ERROR_MARKERS and not (
+        # the words of ERROR_MARKERS: a text holding none cannot match, and four substring scans
+        # cost a fraction of one regex search with word boundaries (a generator over them, half)
+        "Error" in head or "Exception" in head or "Traceback" in head or "FAILED" in head
+    ):
         return False
     return bool(markers.search(head))
 
@@ -228,42 +227,70 @@ def _previous_sections(text: str) -> dict[str, list[str]]:
     return sections
 
 
+#: the tool-call argument keys the extractive summary reads (one set test per call)
+_ARGUMENT_KEYS = frozenset(PATH_KEYS + COMMAND_KEYS)
+
+
+def _line(text: str, limit: int) -> str:
+    """``clip(text, limit, single_line=True)``, without the call when the line is short."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else clip(line, limit)
+
+
 def extractive_summary(messages: list[Message], *, max_chars: int = 12_000) -> str:
-    """Eight sections built from the messages alone: deterministic and model-free."""
+    """Eight sections built from the messages alone: deterministic and model-free.
+
+    One pass over the messages that reads only what a section uses (a compaction summarises
+    ~200 messages inside its transaction): an assistant message's text is joined only for the
+    last one that has any, a tool call's arguments are looked up only under the keys present."""
     found: dict[str, list[str]] = {s: [] for s in SUMMARY_SECTIONS}
-    last_assistant = ""
-    tools_used: list[str] = []
+    requests, files, errors, ran = (
+        found["Primary Request and Intent"],
+        found["Files and Code"],
+        found["Errors and Fixes"],
+        found["Critical Context"],
+    )
+    assistants: list[Message] = []
+    tools_used: dict[str, None] = {}  # insertion-ordered set
     for message in messages:
-        role, kind = message.role, message.source.kind
-        if role == "user" and kind == "plugin":
-            text = message.text
-            if CHECKPOINT_OPEN in text:
-                for section, bullets in _previous_sections(text).items():
-                    if section in found:
-                        found[section].extend(bullets)
-                continue
-        if role == "user" and kind == "user":
-            found["Primary Request and Intent"].append(f"User: {clip(message.text, 600, single_line=True)}")
+        role = message.role
+        if role == "user":
+            kind = message.source.kind
+            if kind == "user":
+                requests.append("User: " + _line(message.text, 600))
+            elif kind == "plugin":
+                text = message.text
+                if CHECKPOINT_OPEN in text:
+                    for section, bullets in _previous_sections(text).items():
+                        if section in found:
+                            found[section].extend(bullets)
         elif role == "assistant":
-            text = message.text
-            if text.strip():
-                last_assistant = text
-            for call in message.tool_calls:
-                if call.name not in tools_used:
-                    tools_used.append(call.name)
-                for value in string_arguments(call, PATH_KEYS):
-                    found["Files and Code"].append(f"{call.name}: {clip(value, 200, single_line=True)}")
-                for value in string_arguments(call, COMMAND_KEYS):
-                    found["Critical Context"].append(f"ran: {clip(value, 200, single_line=True)}")
+            assistants.append(message)
+            for call in message.content:
+                if call.type != "tool_call":
+                    continue
+                name = call.name
+                tools_used[name] = None
+                args = call.arguments
+                if not isinstance(args, dict) or not args:
+                    continue
+                present = _ARGUMENT_KEYS.intersection(args)
+                if not present:
+                    continue
+                for key in PATH_KEYS:
+                    if key in present and isinstance(value := args[key], str):
+                        files.append(f"{name}: {_line(value, 200)}")
+                for key in COMMAND_KEYS:
+                    if key in present and isinstance(value := args[key], str):
+                        ran.append(f"ran: {_line(value, 200)}")
         elif role == "tool":
             result = message.tool_result
             assert result is not None
             if failed(result):
-                found["Errors and Fixes"].append(
-                    f"{result.name or result.call_id}: {clip(first_line(result.content), 240, single_line=True)}"
-                )
+                errors.append(f"{result.name or result.call_id}: {_line(first_line(result.content), 240)}")
     if tools_used:
-        found["Key Technical Concepts"].append("tools used: " + ", ".join(tools_used[:30]))
+        found["Key Technical Concepts"].append("tools used: " + ", ".join(list(tools_used)[:30]))
+    last_assistant = next((text for m in reversed(assistants) if (text := m.text).strip()), "")
     if last_assistant:
         found["Current Work"].append(clip(last_assistant, 800, single_line=True))
         tail = re.split(r"(?<=[.!?])\s+", last_assistant.strip())[-1]

@@ -61,6 +61,19 @@ TRANSACTION_FIELDS = (
     "cites",
 )
 OUTCOMES = frozenset({"open", "committed", "empty", "failed"})
+#: the kernel event types :meth:`Timeline._fold` reads (it also reads every ignorable event)
+_FOLDED_TYPES = frozenset(
+    {
+        ev.ASSISTANT_MESSAGE,
+        ev.REQUEST_CONTEXT,
+        ev.COMPACTION_START,
+        ev.COMPACTION_SUMMARY,
+        ev.COMPACTION_END,
+        ev.COMPACTION_PRUNE,
+        ev.SURFACE_DROP,
+        ev.TOOL_RESULT,
+    }
+)
 _row = itemgetter(*TRANSACTION_FIELDS)
 
 # a bucket of requests: [first seq, last seq, requests, requests that reported usage,
@@ -158,8 +171,10 @@ class Timeline:
         if self.cursor >= end:
             return 0
         start = self.cursor
+        fold, folded_types = self._fold, _FOLDED_TYPES
         for event in self.session.events[start:end]:
-            self._fold(event)
+            if event.type in folded_types or event.ignorable:  # most of a log is messages and turns
+                fold(event)
         self.cursor = end
         return end - start
 

@@ -28,6 +28,7 @@ from ..kernel import Kernel
 from ..meter import message_text_for_count
 from ..profile import list_profiles, load_profile
 from ..session import Session
+from ..snapshot import LazyEvents
 from ..store.base import check_session_id
 from ..timeline import Timeline
 
@@ -123,6 +124,7 @@ class Inspector:
         self.store = kernel.store
         self.cache_size = cache_size
         self._opened: OrderedDict[str, Opened] = OrderedDict()
+        self._opening: dict[str, threading.Lock] = {}  # session id -> held while it is being opened
         self._kernels: dict[str, Kernel] = {kernel.profile.name: kernel}
         self._lock = threading.RLock()
         #: counts of what the store was asked for (tests check that pages read bounded data)
@@ -166,28 +168,43 @@ class Inspector:
         return row
 
     def open(self, session_id: str) -> Opened:
-        """The open session, brought up to date (only new events are read)."""
+        """The open session, brought up to date (only new events are read). Requests that find
+        it not open yet wait for one open (the session page sends four requests at once)."""
         check_session_id(session_id)
         with self._lock:
             opened = self._opened.get(session_id)
             if opened is not None:
                 self._opened.move_to_end(session_id)
+            else:
+                opening = self._opening.setdefault(session_id, threading.Lock())
         if opened is None:
-            if not self.store.exists(session_id):
-                msg = f"no session {session_id!r} in the {self.store.backend} store"
-                raise SessionNotFoundError(msg)
-            kernel = self.kernel_for(self.store.header(session_id).profile)
-            # the inspector only reads: no crash repair, which would append closing events
-            session = kernel.open_session(session_id, repair=False)
-            self.stats["opens"] += 1
-            self.stats["events_read"] += len(session.events)
-            opened = Opened(session)
-            with self._lock:
-                opened = self._opened.setdefault(session_id, opened)
-                while len(self._opened) > self.cache_size:
-                    self._opened.popitem(last=False)
+            with opening:
+                with self._lock:
+                    opened = self._opened.get(session_id)
+                if opened is None:
+                    try:
+                        opened = self._open(session_id)
+                    finally:
+                        with self._lock:
+                            self._opening.pop(session_id, None)
         with opened.lock:
             self.stats["events_read"] += opened.session.refresh()
+        return opened
+
+    def _open(self, session_id: str) -> Opened:
+        if not self.store.exists(session_id):
+            msg = f"no session {session_id!r} in the {self.store.backend} store"
+            raise SessionNotFoundError(msg)
+        kernel = self.kernel_for(self.store.header(session_id).profile)
+        # the inspector only reads: no crash repair, which would append closing events
+        session = kernel.open_session(session_id, repair=False)
+        self.stats["opens"] += 1
+        self.stats["events_read"] += len(session.events)
+        opened = Opened(session)
+        with self._lock:
+            self._opened[session_id] = opened
+            while len(self._opened) > self.cache_size:
+                self._opened.popitem(last=False)
         return opened
 
     def view(self, session_id: str) -> dict[str, Any]:
@@ -245,7 +262,8 @@ class Inspector:
                 "measured": timeline.measured(),
                 "width": timeline.width,
                 "markers": list(timeline.markers),
-                "effective_window": session.pressure().effective_window,
+                # the window alone: pressure() would count the surface for tokens not shown here
+                "effective_window": session.model_settings().effective_window,
                 "thresholds": thresholds,
             }
 
@@ -311,9 +329,31 @@ class Inspector:
 
     # -- the log: bounded reads only -------------------------------------------------------------------
     def _read(self, session_id: str, start: int, end: int) -> list[Event]:
-        events = list(self.store.read(session_id, start, end))
+        """Events ``[start, end)``. Those the open session holds in memory come from it (the open
+        parsed them: on the session page, the last log page is mostly or wholly the tail the
+        open folded after its snapshot); only the others are read from the store, in one bounded
+        read."""
+        first, held = self._held(session_id, start, end)
+        events = list(self.store.read(session_id, start, first)) if start < first else []
         self.stats["events_read"] += len(events)
-        return events
+        return events + held
+
+    def _held(self, session_id: str, start: int, end: int) -> tuple[int, list[Event]]:
+        """``(first, events)``: the events ``[first, end)`` the open session holds in memory,
+        ``first`` as low as ``start`` where it holds them; ``(end, [])`` when it does not hold
+        all of ``[max(start, first), end)`` (not open, or not refreshed up to ``end`` yet)."""
+        with self._lock:
+            opened = self._opened.get(session_id)
+        if opened is None:
+            return end, []
+        with opened.lock:
+            events = opened.session.events
+            # a session opened from a snapshot holds the events from its base on (and any it
+            # read back before it); asking it for others would read them from the store
+            first = max(start, events.base - events.loaded if isinstance(events, LazyEvents) else 0)
+            if first < end <= len(events):
+                return first, list(events[first:end])
+        return end, []
 
     def log_page(
         self, session_id: str, *, start: int | None = None, limit: int = 100, types: list[str] | None = None
