@@ -37,6 +37,8 @@ ENV_PREFIX = "CTXKERNEL_"
 MAX_TOKENS = 100_000_000
 #: the smallest context window a profile, ``--window`` or a route may give
 MIN_WINDOW = 256
+#: validated model settings kept by model_for (routes name models, and serve's clients choose them)
+MODEL_CACHE_SIZE = 64
 #: the largest price per million tokens a profile may state
 MAX_PRICE = 1_000_000.0
 #: Variables that share the prefix but are not profile keys.
@@ -178,6 +180,13 @@ class ModelPolicy(_Strict):
         return (m.provider is None or m.provider == provider) and (m.name is None or m.name == name)
 
 
+# model_for's validated answers, keyed by every value they are built from, so an assigned or
+# edited [model] or policy is never served stale and the answer depends on nothing else: shared by
+# every profile and session of the process, as sessions of one profile share their model's settings
+_ModelKey = tuple[tuple[tuple[str, Any], ...], tuple[type, ...]]
+_MODELS: dict[_ModelKey, tuple[ModelSettings, dict[str, Any]]] = {}
+
+
 class Profile(BaseSettings):
     """A whole profile. Build it with :func:`load_profile`, not directly."""
 
@@ -239,21 +248,38 @@ class Profile(BaseSettings):
         return None
 
     def model_for(self, provider: str | None = None, name: str | None = None) -> ModelSettings:
-        """Model settings with the first matching policy's overrides applied."""
+        """Model settings with the first matching policy's overrides applied.
+
+        Validated once per distinct input and kept (a request asks several times): the key is
+        every value the settings are built from, with its type, as pydantic coerces by type."""
         policy = self.policy_for(provider, name)
-        base = self.model.model_dump()
+        base = dict(self.model.__dict__)  # the fields' values, all scalars: model_dump without its cost
         if provider:
             base["provider"] = provider
         if name:
             base["name"] = name
         if policy and policy.model:
             base.update(policy.model)
+        key: _ModelKey | None = (tuple(base.items()), tuple(map(type, base.values())))
         try:
-            return ModelSettings(**base)
+            hash(key)
+        except TypeError:  # an override holding a list or a table: validation refuses it below
+            key = None
+        kept = _MODELS.get(key) if key is not None else None
+        # the kept object is handed out: one a caller assigned to since is validated afresh
+        if kept is not None and kept[0].__dict__ == kept[1]:
+            return kept[0]
+        try:
+            settings = ModelSettings(**base)
         except ValidationError as exc:
             raise ProfileError(
                 format_validation_error(exc, self.where, ModelSettings, "model_policies.model")
             ) from None
+        if key is not None:
+            if len(_MODELS) >= MODEL_CACHE_SIZE:
+                _MODELS.clear()  # bounded: a client may name any number of models
+            _MODELS[key] = (settings, dict(settings.__dict__))
+        return settings
 
     def store_home(self) -> Path:
         """The folder a file-based store (jsonl, sqlite) of this profile writes under:

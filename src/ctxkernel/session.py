@@ -51,7 +51,14 @@ from .instructions import PENDING_NAMESPACE, Instruction, Ledger, inheritance_ba
 from .lease import CompactionLease, host_id
 from .logging import get_logger
 from .messages import Message, Source, ToolCallBlock, ToolResultBlock
-from .meter import USAGE_SLACK_TOKENS, USAGE_TOLERANCE_FACTOR, Meter, Pressure, usage_in_band
+from .meter import (
+    USAGE_SLACK_TOKENS,
+    USAGE_TOLERANCE_FACTOR,
+    Meter,
+    Pressure,
+    message_text_for_count,
+    usage_in_band,
+)
 from .redact import redact
 from .snapshot import LazyEvents, SnapshotIndex, SnapshotRejected, SnapshotWriter
 from .snapshot import decode as decode_snapshot
@@ -77,6 +84,15 @@ _BOUNDARIES = frozenset({ev.STEP_START, ev.STEP_END, ev.TURN_END})
 
 #: the ``request/context`` key of a window given with the route (``set_route(..., context_window=)``)
 ROUTE_WINDOW_KEY = "routed_window"
+
+#: per class of a ``session.state`` entry: whether it is a SnapshotIndex with a ``sync()`` that
+#: Session._sync_indexes calls. Decided once per class (the isinstance check of a runtime-checkable
+#: Protocol costs ~10 us, twice a request): classes are the program's, shared by every session
+_INDEX_CLASSES: dict[type, bool] = {}
+_INDEX_CLASSES_MAX = 1024
+
+#: message counts :meth:`Session.count_message` keeps until their message lands (texts are kept)
+COUNTED_ENTRIES = 16
 
 
 @dataclass(frozen=True)
@@ -250,6 +266,9 @@ class Session:
         self.task: dict[str, Any] = {}
         self._anchor: tuple[int, int, str | None] | None = None  # (provider tokens, our estimate, header hash)
         self._implausible_usage_warned = False  # the out-of-band warning is logged once per Session
+        #: counts of messages taken before they were appended (count_message), by the exact text
+        #: counted: the node that lands with that text takes its count instead of counting again
+        self._counted: dict[str, int] = {}
         # this process's pending work (not durable by design: it lives within one step)
         self.conclude_turn = False
         self._deferred: list[tuple[str, str]] = []
@@ -429,8 +448,34 @@ class Session:
                 self.store.append(self.id, built, start)
             for event in built:
                 self._fold(event, messages.get(event.seq), checked=True)
+            if self._counted:
+                self._take_counts(built)
             self._snapshot_after(built)
             return start
+
+    def count_message(self, message: Message) -> int:
+        """Tokens of ``message`` (as ``session.meter.count_message`` counts them), kept until a
+        message with the same text lands on the surface, whose node then takes the count: a
+        message counted before it is appended (a reply's estimate, a front door's ledger) is
+        tokenised once. Kept per session, as a count holds for its exact text only."""
+        text = message_text_for_count(message)
+        tokens = self._counted.get(text)
+        if tokens is None:
+            tokens = self.meter.count_message(message)
+            if len(self._counted) >= COUNTED_ENTRIES:
+                self._counted.clear()  # bounded: counts nobody appended are only dropped
+            self._counted[text] = tokens
+        return tokens
+
+    def _take_counts(self, built: Sequence[Event]) -> None:
+        """Give each message node of ``built`` the count taken of its exact text before it landed."""
+        for event in built:
+            if event.type in ev.MESSAGE_TYPES:
+                node = self.surface.node(event.seq)
+                if node is not None and node.tokens is None:
+                    tokens = self._counted.pop(message_text_for_count(node.message), None)
+                    if tokens is not None:
+                        node.tokens = tokens  # the meter's total takes it as if it had counted
 
     def _snapshot_after(self, built: Sequence[Event]) -> None:
         """Write a snapshot every ``[store] snapshot_every`` events, and after a compaction commit
@@ -458,12 +503,8 @@ class Session:
         Timeline.for_session(self)
         strategies = self.kernel.strategies
         for key, value in self.state.items():
-            if (
-                key not in strategies
-                and isinstance(value, SnapshotIndex)
-                and callable(sync := getattr(value, "sync", None))
-            ):
-                sync()
+            if key not in strategies and _syncs_as_index(value):
+                value.sync()
 
     def write_snapshot(self) -> None:
         """Write a snapshot of the folded state now (the session does so at each compaction
@@ -928,7 +969,7 @@ class Session:
             data: dict[str, Any] = {"message": draft.message.to_dict()}
             if draft.usage:
                 data["usage"] = draft.usage
-                data["estimate"] = getattr(self, "_request_estimate", 0) + self.meter.count_message(draft.message)
+                data["estimate"] = getattr(self, "_request_estimate", 0) + self.count_message(draft.message)
                 data["tokenizer"] = self.meter.tokenizer.name
             if self._last_decoration_delta:
                 # recorded so that a reopened session prices decorations like the live one
@@ -1130,6 +1171,19 @@ def gc_paused(pause: bool = True) -> Iterator[None]:
         yield
     finally:
         gc.enable()
+
+
+def _syncs_as_index(value: Any) -> bool:
+    """Whether ``value``'s class is a :class:`SnapshotIndex` with a ``sync()`` method (an object
+    that has them only as instance attributes is not synced here: the snapshot folds it when written)."""
+    cls = type(value)
+    decision = _INDEX_CLASSES.get(cls)
+    if decision is None:
+        decision = issubclass(cls, SnapshotIndex) and callable(getattr(cls, "sync", None))
+        if len(_INDEX_CLASSES) >= _INDEX_CLASSES_MAX:
+            _INDEX_CLASSES.clear()  # bounded: a program that makes classes at run time
+        _INDEX_CLASSES[cls] = decision
+    return decision
 
 
 _MESSAGE_OF = operator.attrgetter("message")
