@@ -199,3 +199,16 @@ def test_session_routed_to_another_model_uses_its_policy(tmp_path):
     session.set_route("deepseek", "deepseek-reasoner")
     assert session.settings("basic").threshold_ratio == 0.6
     assert session.pressure().reserved_output_tokens == 32000
+
+
+def test_strategy_settings_kept_per_model_stay_bounded_when_clients_choose_the_model(tmp_path):
+    """serve passes each request's model name through: a flood of names must not grow the kernel."""
+    from ctxkernel.kernel import SETTINGS_CACHE_ENTRIES
+
+    kernel = Kernel(load_profile(write(tmp_path, POLICIES)), store=JsonlStore(tmp_path / "s"), entry_points=False)
+    for n in range(3 * SETTINGS_CACHE_ENTRIES):
+        kernel.strategy_settings("basic", "openai", f"model-{n}")
+        assert len(kernel._settings_cache) <= SETTINGS_CACHE_ENTRIES
+    # answers after a clear are the same validated settings
+    assert kernel.strategy_settings("basic", "deepseek", "deepseek-reasoner").threshold_ratio == 0.6
+    assert kernel.strategy_settings("basic", "openai", "model-1").threshold_ratio == 0.8

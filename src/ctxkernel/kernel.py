@@ -22,6 +22,11 @@ from .store import EventStore, SessionHeader, default_home, store_from_settings
 log = get_logger("ctxkernel.kernel")
 
 
+#: validated strategy settings kept per (strategy, provider, model): ``serve``'s clients choose
+#: the model name of each request, so the table is bounded (cleared when full, then refilled)
+SETTINGS_CACHE_ENTRIES = 256
+
+
 class Kernel:
     """Build one per profile (``Kernel.from_profile("decay")``) and open sessions from it."""
 
@@ -41,7 +46,7 @@ class Kernel:
         self.tokenizer: Tokenizer = get_tokenizer(self.profile.model.tokenizer)
         self.plugins = StrategyManager(entry_points=entry_points)
         self.hooks = self.plugins.hooks
-        self._settings_cache: dict[tuple[str, str, str], BaseModel] = {}
+        self._settings_cache: dict[tuple[str, str, str], BaseModel] = {}  # at most SETTINGS_CACHE_ENTRIES
         self._profile_stamp = profile_stamp(self.profile)
         self._summarizer: Any = None
         for name, plugin in plugins or []:
@@ -90,6 +95,8 @@ class Kernel:
             raise ProfileError(msg)
         raw = self.profile.strategy_settings(strategy, provider, model)
         settings = strategy_settings_from(spec.settings, raw, self.profile.where, f"strategies.{strategy}")
+        if len(self._settings_cache) >= SETTINGS_CACHE_ENTRIES:
+            self._settings_cache.clear()  # rare: a profile names few models, a flood is hostile
         self._settings_cache[key] = settings
         return settings
 
