@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
@@ -16,7 +15,7 @@ import pytest
 from ctxkernel import Message, Span, ToolCallBlock
 from ctxkernel.errors import ConfigError
 from ctxkernel.meter import MESSAGE_OVERHEAD, get_tokenizer
-from ctxkernel.testing import build_kernel
+from ctxkernel.testing import CountingTokenizer, build_kernel
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -102,17 +101,6 @@ def test_a_profile_can_meter_with_the_deepseek_tokenizer(tmp_path: Path) -> None
 def test_unknown_tokenizer_spec_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="could not be loaded"):
         get_tokenizer("no_such_encoding")
-
-
-class CountingTokenizer:
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.texts: list[str] = []
-
-    def count(self, text: str) -> int:
-        self.texts.append(text)
-        return self.inner.count(text)
 
 
 def test_surface_tokens_count_each_node_once(tmp_path: Path) -> None:

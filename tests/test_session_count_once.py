@@ -15,18 +15,7 @@ from ctxkernel import Message, ToolCallBlock
 from ctxkernel import events as ev
 from ctxkernel.meter import Meter, get_tokenizer
 from ctxkernel.session import COUNTED_ENTRIES
-from ctxkernel.testing import build_kernel
-
-
-class CountingTokenizer:
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.texts: list[str] = []
-
-    def count(self, text: str) -> int:
-        self.texts.append(text)
-        return self.inner.count(text)
+from ctxkernel.testing import CountingTokenizer, build_kernel
 
 
 def counted_session(tmp_path: Path) -> tuple[Any, CountingTokenizer]:

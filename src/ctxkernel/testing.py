@@ -118,6 +118,20 @@ class FsyncCounter:
         monkeypatch.setattr(os, "fsync", counting)
 
 
+class CountingTokenizer:
+    """A tokenizer that records every text it is asked to count (``texts``) and answers with
+    ``inner``'s count: set it as ``session.meter.tokenizer`` to see what an action tokenises."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.texts: list[str] = []
+
+    def count(self, text: str) -> int:
+        self.texts.append(text)
+        return int(self.inner.count(text))
+
+
 # the conformance suite is public test API
 from .conformance import (  # noqa: E402
     ConformanceError,
@@ -133,6 +147,7 @@ __all__ = [
     "ConformanceError",
     "ConformanceReport",
     "ConformanceStep",
+    "CountingTokenizer",
     "FsyncCounter",
     "SnapshotCut",
     "build_kernel",

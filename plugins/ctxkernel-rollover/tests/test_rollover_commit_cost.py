@@ -18,22 +18,12 @@ from ctxkernel import Message
 from ctxkernel.events import TURN_START, USER_MESSAGE
 from ctxkernel.meter import get_tokenizer
 from ctxkernel.recall.notes import Note, Notes, render_note
+from ctxkernel.testing import CountingTokenizer
 from ctxkernel.text import guard
 from ctxkernel_rollover import seed as seed_module
 from ctxkernel_rollover.plugin import inject_note
 from ctxkernel_rollover.state import state_of
 from ctxkernel_rollover.switch import FIGURE_SLACK, current_turn_inputs, switch
-
-
-class CountingTokenizer:
-    """The session's tokenizer, recording every text it is asked to count."""
-
-    def __init__(self, inner):
-        self.inner, self.name, self.texts = inner, inner.name, []
-
-    def count(self, text: str) -> int:
-        self.texts.append(text)
-        return self.inner.count(text)
 
 
 def session_with_notes(tmp_path, window: int, notes: int = 12):
