@@ -115,18 +115,23 @@ def test_timeline_and_transactions_follow_the_log(handoff):
         )
 
 
+def basic_session_of_30_turns(tmp_path):
+    """A ``basic`` session past its first snapshot (30 turns in a 6k window), and its profile."""
+    profile = support.write_profile(
+        tmp_path / "profiles", "basicui", tmp_path / "store", ["basic"], window=6_000, reserved=1_000
+    )
+    session = support.kernel_for(profile).open_session()
+    for n in range(30):
+        support.one_turn(session, n)
+    return profile, session
+
+
 def test_first_view_reads_nothing_before_the_snapshot(tmp_path):
     """Regression (issue 21): the timeline and the transactions were folded from every event at
     the first view, which read the whole history of a session the kernel had opened from its
     snapshot. Now they come from the snapshot's timeline index and the tail. (``basic`` alone:
     handoff's panel reads the receipts of its last windows from the log.)"""
-    profile = support.write_profile(
-        tmp_path / "profiles", "basicui", tmp_path / "store", ["basic"], window=6_000, reserved=1_000
-    )
-    kernel = support.kernel_for(profile)
-    session = kernel.open_session()
-    for n in range(30):
-        support.one_turn(session, n)
+    profile, session = basic_session_of_30_turns(tmp_path)
     app = create_app(support.kernel_for(profile))
     with TestClient(app, base_url=LOCAL) as c:
         answers = {p: c.get(f"/api/sessions/{session.id}{p}").json() for p in ("", "/timeline", "/transactions")}
@@ -144,13 +149,7 @@ def test_log_pages_the_open_session_holds_are_not_read_again(tmp_path):
     from it (no store read), the same rows a fresh inspector reads from the store. The events of a
     page before the snapshot, or past what the session has folded, are still one bounded store
     read, and never make the session load its history."""
-    profile = support.write_profile(
-        tmp_path / "profiles", "basicui", tmp_path / "store", ["basic"], window=6_000, reserved=1_000
-    )
-    kernel = support.kernel_for(profile)
-    session = kernel.open_session()
-    for n in range(30):
-        support.one_turn(session, n)
+    profile, session = basic_session_of_30_turns(tmp_path)
     app, fresh = create_app(support.kernel_for(profile)), create_app(support.kernel_for(profile))
     stats = app.state.inspector.stats
     with TestClient(app, base_url=LOCAL) as c, TestClient(fresh, base_url=LOCAL) as f:
