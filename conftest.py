@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -20,3 +21,13 @@ settings.register_profile(
 )
 settings.register_profile("dev")
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture
+def no_ctxkernel_env(tmp_path, monkeypatch):
+    """No ``CTXKERNEL_*`` variable of the caller's environment reaches the test, and the kernel
+    home is a temporary folder (a module opts in with ``pytest.mark.usefixtures``)."""
+    for key in list(os.environ):
+        if key.startswith("CTXKERNEL_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("CTXKERNEL_HOME", str(tmp_path / "home"))

@@ -22,15 +22,8 @@ from ctxkernel.profile import (
     override_window,
 )
 
-
-@pytest.fixture(autouse=True)
-def clean_env(tmp_path, monkeypatch):
-    import os
-
-    for key in list(os.environ):
-        if key.startswith("CTXKERNEL_"):
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("CTXKERNEL_HOME", str(tmp_path / "home"))
+#: profiles read only this test's files: no CTXKERNEL_* override of the environment applies
+pytestmark = pytest.mark.usefixtures("no_ctxkernel_env")
 
 
 def validated(profile: Profile, provider: str | None, name: str | None) -> ModelSettings | str:
