@@ -349,3 +349,38 @@ def test_a_request_waits_for_the_disk_twice_not_three_times(fake, serve_factory,
     events = serve.proxy.kernel.open_session(serve.proxy.sessions["fsyncs"].id).events
     texts = [e.data["message"]["content"] for e in events if e.type == "user/message"]
     assert [t[0]["text"] if isinstance(t, list) else t for t in texts] == ["first", "second"]
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_a_request_tokenises_each_new_message_once(fake, serve_factory, api):
+    # the ledger's counts (the client's new messages, the reply's view) go through
+    # Session.count_message, whose count the message's surface node then takes
+    from ctxkernel.testing import CountingTokenizer
+
+    upstream, _ = fake
+    upstream.script = lambda api_name, body: Reply("the reply, counted once " * 4)
+    serve = serve_factory()
+    sid = f"tokenised-{api}"
+    if api == "openai":
+        client = serve.openai(session=sid)
+
+        def ask(history):
+            return client.chat.completions.create(model="fake-model", messages=history).choices[0].message.content
+    else:
+        client = serve.anthropic(session=sid)
+
+        def ask(history):
+            return client.messages.create(model="fake-model", max_tokens=100, messages=history).content[0].text
+
+    history = [{"role": "user", "content": "the first instruction"}]
+    history.append({"role": "assistant", "content": ask(history)})
+    session = serve.proxy.sessions[sid]
+    counting = CountingTokenizer(session.meter.tokenizer)
+    session.meter.tokenizer = counting
+    instruction = "the second instruction, with a few more words to count"
+    history.append({"role": "user", "content": instruction})
+    reply = ask(history)
+    assert counting.texts.count(instruction) == 1, counting.texts
+    assert counting.texts.count(reply) == 1, counting.texts
+    fresh = Kernel(load_profile(serve.profile)).open_session(session.id, repair=False)
+    assert session.meter.surface_tokens() == fresh.meter.surface_tokens()  # still exact

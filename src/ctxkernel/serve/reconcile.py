@@ -247,7 +247,9 @@ def reconcile(session: Session, incoming: list[Message], hashes: list[str] | Non
             "at": k,
             "hashes": hashes[k:],
             "ids": [[c.id for c in m.tool_calls] if m.tool_calls else None for m in new],
-            "tokens": [session.meter.count_message(m) for m in new],
+            # through the session: each message's node takes this count when it lands, so a
+            # client's message is tokenised once, not once here and again on the surface
+            "tokens": [session.count_message(m) for m in new],
         },
         ignorable=True,
     )
@@ -292,7 +294,8 @@ def reply_record(session: Session, at: int, view: Message, first_seq: int | None
         "at": at,
         "hashes": [message_hash(view)],
         "ids": [[c.id for c in view.tool_calls] if view.tool_calls else None],
-        "tokens": [session.meter.count_message(view)],
+        # through the session: when the view is the reply as committed, its node takes this count
+        "tokens": [session.count_message(view)],
     }
     if first_seq is not None:
         data["seqs"] = [first_seq]
