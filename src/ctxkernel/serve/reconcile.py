@@ -170,6 +170,21 @@ class Reconciled:
     appended: int = 0
     rewrite: str | None = None  # None, "drop" or "fork"
     at: int = 0
+    #: with ``defer=True``: the client's new messages and their ledger record, not yet written
+    #: (``Session.prepare_request(history=..., trailer=...)`` writes them with its step/start)
+    new: list[Message] = field(default_factory=list)
+    record: EventSpec | None = None
+
+    def write(self, session: Session) -> None:
+        """Append what was deferred now (one batch, not synced on its own: the request's next
+        durable append syncs it, and a power cut before then loses only messages the client was
+        never answered for and sends again)."""
+        if self.record is None:
+            return
+        new, record, self.new, self.record = self.new, self.record, [], None
+        with deferred_sync(session.store):
+            session.append_history(new, trailer=[record])
+        ledger_for(session)
 
 
 def check_history(messages: list[Message], *, start: int = 0, seen: frozenset[str] = frozenset()) -> frozenset[str]:
@@ -221,12 +236,16 @@ def _check(ledger: Ledger, incoming: list[Message], hashes: list[str]) -> None:
     ledger.checked = hashes
 
 
-def reconcile(session: Session, incoming: list[Message], hashes: list[str] | None = None) -> Reconciled:
+def reconcile(
+    session: Session, incoming: list[Message], hashes: list[str] | None = None, *, defer: bool = False
+) -> Reconciled:
     """Append the client's new messages; apply the rewrite policy when its history diverged.
 
     Returns ``rewrite="fork"`` without writing anything when only a fork can keep the log whole
     (the caller opens the child session and reconciles again there). ``hashes`` are the
-    messages' :func:`message_hash` when the caller has them already."""
+    messages' :func:`message_hash` when the caller has them already. With ``defer``, new
+    messages after an unchanged history are checked but not written: they come back in
+    ``new`` and ``record`` for the request's ``prepare_request`` (or :meth:`Reconciled.write`)."""
     ledger = ledger_for(session)
     if hashes is None:
         hashes = [message_hash(m) for m in incoming]
@@ -253,13 +272,9 @@ def reconcile(session: Session, incoming: list[Message], hashes: list[str] | Non
         },
         ignorable=True,
     )
-    # not waited for on its own: the request's next durable append (its step/start, at the
-    # latest its reply) syncs it, and a power cut before then loses only messages the client
-    # was never answered for and sends again; one fsync less per request
-    with deferred_sync(session.store):
-        session.append_history(new, trailer=[record])
-    ledger.sync(session)
-    result.appended = len(new)
+    result.new, result.record, result.appended = new, record, len(new)
+    if not defer or result.rewrite is not None:
+        result.write(session)
     return result
 
 
