@@ -262,3 +262,53 @@ def test_the_old_call_shape_is_unchanged(tmp_path):
     assert [m.role for m in request.messages] == ["user"]
     session.commit_reply(Message.assistant("hi"))
     assert [e.type for e in session.events][-3:] == ["step/start", "assistant/message", "step/end"]
+
+
+CHILD = """
+import sys
+from pathlib import Path
+from ctxkernel import Message
+from ctxkernel.testing import build_kernel
+
+session = build_kernel(Path(sys.argv[1]), strategies=["basic"]).open_session("s", create=True)
+for i in range(100_000):
+    session.prepare_request(history=[Message.user(f"instruction {i}")])
+    session.commit_reply(Message.assistant(f"reply {i}"))
+    print(i, flush=True)
+"""
+
+
+@pytest.mark.parametrize("acks_before_kill", [1, 7, 23])
+def test_a_writer_killed_anywhere_leaves_a_log_that_reopens_and_resumes(tmp_path, acks_before_kill):
+    # a real SIGKILL at an arbitrary point of the request loop (between, inside or after the
+    # one write of a request's messages and step/start): every acknowledged reply is in the
+    # log, no message is there twice, and the client's retry of its history is answered
+    import signal
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    acked = -1
+    for _ in range(acks_before_kill):
+        acked = int(child.stdout.readline())
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    session = build_kernel(tmp_path, strategies=["basic"]).open_session("s", keep_waiting_calls=True)
+    texts = [n.message.text for n in session.surface.nodes]
+    for i in range(acked + 1):
+        assert texts.count(f"instruction {i}") == 1 and texts.count(f"reply {i}") == 1
+    # the client sends its history: every instruction it sent, the one in flight included
+    in_flight = acked + 1 if f"instruction {acked + 1}" in texts else acked + 2
+    history = [Message.user(f"instruction {i}") for i in range(in_flight + 1)]
+    missing = [m for m in history if m.text not in texts]
+    if not missing and not session.turn_open:  # the repair closed the unanswered turn
+        session.append_one(ev.TURN_START, {"turn": session.turn + 1})
+    session.prepare_request(history=missing)
+    session.commit_reply(Message.assistant("answered after the kill"))
+    texts = [n.message.text for n in session.surface.nodes]
+    assert all(texts.count(m.text) == 1 for m in history)
+    assert texts[-1] == "answered after the kill"
+    reopened = build_kernel(tmp_path, strategies=["basic"]).open_session("s")
+    assert surface_of(reopened) == surface_of(session)
+    assert session.meter.surface_tokens() == recount(session)
