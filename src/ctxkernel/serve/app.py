@@ -6,9 +6,11 @@ One client request, in order (docs/serve.md has the long form)::
     session key: X-Ctxkernel-Session, else a fingerprint (identity.py)
     take the session's turn: an asyncio lock per key; on postgres also an advisory lock, so that
         several processes order one session's requests; waiting is bounded (--lock-wait), then 409
-    reconcile: append only the client's new messages (reconcile.py)
+    reconcile: find the client's new messages (reconcile.py)
     loop (bounded):
-        prepare_request()  → the upstream body: managed messages, client + strategy tools
+        prepare_request()  → the first round's writes the new messages with its step/start
+                             (one store write); the upstream body: managed messages, client +
+                             strategy tools
             refused before sending when it exceeds the effective window and the strategies
             cannot shrink it
         upstream call      → provider error: request_failed(); on context overflow the

@@ -16,7 +16,8 @@ On each request the client's history is matched against the ledger from the star
 message also matches by its tool-call ids, so a client that re-serialises what it got back (other
 JSON spacing, ``content: null`` for ``""``) still matches. Then:
 
-- the ledger is a prefix of the history: the rest is new and is appended (one batch);
+- the ledger is a prefix of the history: the rest is new and is appended (one batch; ``serve``
+  hands it to the request's ``prepare_request``, which writes it with its ``step/start``);
 - the history diverges at position k (the client compacted its own history, edited or retried a
   turn): the **rewrite policy** applies. When everything from k on is still visible on the
   surface and starts at a balanced cut, that branch is dropped from the surface with a cited
