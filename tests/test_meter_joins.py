@@ -129,3 +129,42 @@ def test_a_long_text_counted_from_its_parts_is_not_tokenised_again() -> None:
     assert calls == ["the end"]  # only the part nobody counted
     assert meter.count_text("".join(parts)) == total == count("".join(parts))
     assert calls == ["the end"]
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(st.lists(TEXTS, max_size=10))
+def test_count_sum_is_the_sum_of_the_counts(texts: list[str]) -> None:
+    assert METER.count_sum(texts) == sum(count(text) for text in texts)
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(st.lists(st.integers(0, 10**7), max_size=40))
+def test_count_sum_of_instruction_ids_is_their_counts_in_one_call(seqs: list[int]) -> None:
+    """The ids of an instruction block (`` [item_N]\\n``) are joined by a separator whose cuts are
+    proven, so the tokenizer is called once for all of them (and once per process per separator)."""
+    ids = [f" [item_{seq}]\n" for seq in seqs]
+    calls: list[str] = []
+
+    class Counting:
+        name = METER.tokenizer.name
+        _enc = METER.tokenizer._enc  # type: ignore[attr-defined]
+
+        def count(self, text: str) -> int:
+            calls.append(text)
+            return count(text)
+
+    meter = Meter(get_tokenizer())
+    meter.tokenizer = Counting()  # type: ignore[assignment]  # the same encoding, its calls seen
+    assert meter.count_sum(ids) == sum(count(i) for i in ids)
+    assert len([c for c in calls if "item_" in c]) == (1 if ids else 0)
+
+
+def test_count_sum_without_the_proof_counts_each_text() -> None:
+    class Whole:
+        name = "whole"
+
+        def count(self, text: str) -> int:
+            return len(text) * 10 + 1  # a separator's count would show in the sum
+
+    meter = Meter(Whole())
+    assert meter.count_sum(["a\n", " b", "c"]) == 21 + 21 + 11

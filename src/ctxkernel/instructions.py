@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from .events import USER_MESSAGE, Event, EventSpec, append_op
@@ -34,6 +35,7 @@ from .meter import EXACT_COUNT_CHARS, MESSAGE_OVERHEAD, message_text_for_count
 
 if TYPE_CHECKING:
     from .session import Session
+    from .surface import Node
 
 KERNEL = "kernel"
 FORM = "instructions"
@@ -63,6 +65,19 @@ class Instruction:
     @property
     def ref(self) -> str:
         return f"item_{self.seq}"
+
+    @cached_property
+    def normalized(self) -> str:
+        """The text as :func:`normalized` has it, computed once per instruction (the ledger keeps
+        its instructions, so every compaction of the session reads it)."""
+        return normalized(self.text)
+
+    @cached_property
+    def inner_words(self) -> frozenset[str]:
+        """The words of :attr:`normalized` but its first and last: a text that contains the
+        instruction verbatim (whitespace aside) holds each of them as a whole word (the first and
+        last may be the ends of longer words there)."""
+        return frozenset(self.normalized.split(" ")[1:-1])
 
     def to_dict(self) -> dict[str, Any]:
         return {"session": self.session, "seq": self.seq, "text": self.text}
@@ -213,17 +228,39 @@ def _missing_in(items: Sequence[Instruction], normalized_texts: list[str]) -> li
     # one message's text per line: a normalised instruction holds no newline, so it can only
     # match inside one message, never across two
     visible = "\n".join(normalized_texts)
-    return [i for i in items if normalized(i.text) not in visible]
+    return [i for i in items if i.normalized not in visible]
+
+
+def _missing_from_kept(session: Session, items: Sequence[Instruction], cited: set[int]) -> list[Instruction]:
+    """The ``items`` no surface node outside ``cited`` shows verbatim (whitespace aside): what
+    ``_missing_in(items, _kept_texts(session, cited))`` answers, mostly without normalising or
+    searching the kept texts. An instruction one of whose inner words (:attr:`Instruction.inner_words`)
+    is no whole word of any kept text cannot be in one; only the others are searched for."""
+    if not items:
+        return []
+    kept = [node for node in session.surface.nodes if node.seq not in cited]
+    words: set[str] = set()
+    for node in kept:
+        words.update(node.message.text.split())
+    maybe = [i for i in items if i.inner_words <= words]
+    if not maybe:
+        return list(items)
+    visible = "\n".join(_normalized_texts(session, kept))  # one text per line, as in _missing_in
+    found = {id(i) for i in maybe if i.normalized in visible}
+    return [i for i in items if id(i) not in found]
 
 
 def _kept_texts(session: Session, cited: set[int]) -> list[str]:
     """The normalised texts of the surface nodes not in ``cited``, from the ledger's cache."""
+    return _normalized_texts(session, [node for node in session.surface.nodes if node.seq not in cited])
+
+
+def _normalized_texts(session: Session, nodes: Sequence[Node]) -> list[str]:
+    """The normalised texts of ``nodes`` (on the surface), from the ledger's cache."""
     cache = session.instruction_texts
     surface = session.surface
     out = []
-    for node in surface.nodes:
-        if node.seq in cited:
-            continue
+    for node in nodes:
         hit = cache.get(node.seq)
         if hit is None or hit[0] is not node.message:
             hit = cache[node.seq] = (node.message, normalized(node.message.text))
@@ -275,16 +312,18 @@ def block_tokens(session: Session, items: Sequence[Instruction]) -> int:
     if frame is None:  # the frame is the same text in every session: counted once per process
         frame = _FRAME_COUNTS[meter.tokenizer.name] = (meter.count_text(_BLOCK_HEAD), meter.count_text(BLOCK_CLOSE))
     total = frame[0] + frame[1]
+    ids = []  # each own instruction's id and newline: a few short pieces, tokenised in one call
     for item, text in lines:
         # a count is of the whole text: usable when stripping changed nothing, and exact only up
         # to the meter's exact length (a longer text's count is a bound)
         cost = costs.get((item.session, item.seq)) if text == item.text and len(text) <= EXACT_COUNT_CHARS else None
         pointer = _pointer(item, session.id)
-        if pointer:  # the text, then its id (a few short pieces: tokenised, ~2.5 us each)
-            total += (meter.count_text(text) if cost is None else cost) + meter.count_text(pointer + "\n")
+        if pointer:  # the text, then its id
+            total += meter.count_text(text) if cost is None else cost
+            ids.append(pointer + "\n")
         else:  # an inherited instruction's line ends at its text: its last line and the newline
             total += meter.count_text(text + "\n") if cost is None else meter.count_extended(text, cost, "\n")
-    return total
+    return total + meter.count_sum(ids)
 
 
 def carried_tokens(session: Session, message: Message | None, tokens: int | None, items: Sequence[Instruction]) -> int:
@@ -329,9 +368,7 @@ def pin_lost(
     # of every kept message (a normalised instruction holds no newline: it cannot match across
     # two texts, so searching the two groups apart finds what searching them joined would)
     written = "\n".join(normalized(m.text) for m in replacements if m is not None)
-    unquoted = [(i, text) for i in keep if (text := normalized(i.text)) not in written]
-    kept = "\n".join(_kept_texts(session, cited)) if unquoted else ""
-    lost = [i for i, text in unquoted if text not in kept]
+    lost = _missing_from_kept(session, [i for i in keep if i.normalized not in written], cited)
     if not lost:
         return replacements, [], -1
     out = list(replacements)
@@ -364,7 +401,7 @@ def pin_cost(session: Session, cited: set[int]) -> int:
     keep = [i for i in protected(session) if not _kept_as_sent(session, i, cited)]
     if not keep:
         return 0
-    lost = _missing_in(keep, _kept_texts(session, cited))
+    lost = _missing_from_kept(session, keep, cited)
     return block_tokens(session, lost) if lost else 0
 
 
