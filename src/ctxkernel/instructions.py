@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from .events import USER_MESSAGE, Event, EventSpec, append_op
@@ -66,18 +65,28 @@ class Instruction:
     def ref(self) -> str:
         return f"item_{self.seq}"
 
-    @cached_property
+    @property
     def normalized(self) -> str:
         """The text as :func:`normalized` has it, computed once per instruction (the ledger keeps
         its instructions, so every compaction of the session reads it)."""
-        return normalized(self.text)
+        return self._search_keys()[0]
 
-    @cached_property
+    @property
     def inner_words(self) -> frozenset[str]:
         """The words of :attr:`normalized` but its first and last: a text that contains the
         instruction verbatim (whitespace aside) holds each of them as a whole word (the first and
         last may be the ends of longer words there)."""
-        return frozenset(self.normalized.split(" ")[1:-1])
+        return self._search_keys()[1]
+
+    def _search_keys(self) -> tuple[str, frozenset[str]]:
+        # kept on the instance by hand: functools.cached_property takes a lock per read in
+        # Python 3.11, which cost more than computing the two keys
+        keys: tuple[str, frozenset[str]] | None = self.__dict__.get("_keys")
+        if keys is None:
+            text = normalized(self.text)
+            keys = (text, frozenset(text.split(" ")[1:-1]))
+            object.__setattr__(self, "_keys", keys)
+        return keys
 
     def to_dict(self) -> dict[str, Any]:
         return {"session": self.session, "seq": self.seq, "text": self.text}
@@ -239,10 +248,11 @@ def _missing_from_kept(session: Session, items: Sequence[Instruction], cited: se
     if not items:
         return []
     kept = [node for node in session.surface.nodes if node.seq not in cited]
-    words: set[str] = set()
-    for node in kept:
-        words.update(node.message.text.split())
-    maybe = [i for i in items if i.inner_words <= words]
+    wanted: set[str] = set().union(*(i.inner_words for i in items))
+    # the kept texts' words that some instruction needs (an intersection hashes each word once
+    # and stores only the few that match: cheaper than a set of every kept word)
+    seen = wanted.intersection(" ".join([node.message.text for node in kept]).split()) if wanted else wanted
+    maybe = [i for i in items if i.inner_words <= seen]
     if not maybe:
         return list(items)
     visible = "\n".join(_normalized_texts(session, kept))  # one text per line, as in _missing_in
@@ -278,10 +288,15 @@ _BLOCK_HEAD = f"{BLOCK_OPEN}\n{BLOCK_INTRO}\n"
 _FRAME_COUNTS: dict[str, tuple[int, int]] = {}
 
 
+#: an id on its line is `` [item_<seq>]`` (``Instruction.ref`` in brackets): the text around its seq
+_ID_OPEN = " [item_"
+_ID_CLOSE = "]"
+
+
 def _pointer(item: Instruction, session_id: str) -> str:
     """What follows an instruction's text on its line: its id, only for this session's own
     messages (the history tools read this session's log)."""
-    return f" [{item.ref}]" if item.session == session_id else ""
+    return f"{_ID_OPEN}{item.seq}{_ID_CLOSE}" if item.session == session_id else ""
 
 
 def block_text(items: Sequence[Instruction], session_id: str) -> str:
@@ -297,7 +312,8 @@ def block_text(items: Sequence[Instruction], session_id: str) -> str:
 def block_tokens(session: Session, items: Sequence[Instruction]) -> int:
     """Tokens of ``block_text(items, session.id)``, exactly: each instruction's text taken at the
     count the ledger already holds for it (counted when it landed on the surface, or for the
-    budget), so only the frame and the ids are tokenised.
+    budget), so only the frame is tokenised (once per process) and each id is counted from its
+    digits (``Meter.count_numbered``).
 
     Every cut taken is one ``Meter.joins_exactly`` proves: a line's text is stripped and not
     empty, so it starts after a newline with a character that is not white space and ends with
@@ -312,18 +328,16 @@ def block_tokens(session: Session, items: Sequence[Instruction]) -> int:
     if frame is None:  # the frame is the same text in every session: counted once per process
         frame = _FRAME_COUNTS[meter.tokenizer.name] = (meter.count_text(_BLOCK_HEAD), meter.count_text(BLOCK_CLOSE))
     total = frame[0] + frame[1]
-    ids = []  # each own instruction's id and newline: a few short pieces, tokenised in one call
     for item, text in lines:
         # a count is of the whole text: usable when stripping changed nothing, and exact only up
         # to the meter's exact length (a longer text's count is a bound)
         cost = costs.get((item.session, item.seq)) if text == item.text and len(text) <= EXACT_COUNT_CHARS else None
-        pointer = _pointer(item, session.id)
-        if pointer:  # the text, then its id
-            total += meter.count_text(text) if cost is None else cost
-            ids.append(pointer + "\n")
+        if item.session == session.id:  # the text, then its id and newline: the id's digits counted, not tokenised
+            id_tokens = meter.count_numbered(_ID_OPEN, item.seq, _ID_CLOSE + "\n")
+            total += (meter.count_text(text) if cost is None else cost) + id_tokens
         else:  # an inherited instruction's line ends at its text: its last line and the newline
             total += meter.count_text(text + "\n") if cost is None else meter.count_extended(text, cost, "\n")
-    return total + meter.count_sum(ids)
+    return total
 
 
 def carried_tokens(session: Session, message: Message | None, tokens: int | None, items: Sequence[Instruction]) -> int:
