@@ -83,8 +83,8 @@ class Instruction:
         # Python 3.11, which cost more than computing the two keys
         keys: tuple[str, frozenset[str]] | None = self.__dict__.get("_keys")
         if keys is None:
-            text = normalized(self.text)
-            keys = (text, frozenset(text.split(" ")[1:-1]))
+            words = self.text.split()  # normalized() joins these: one split gives both keys
+            keys = (" ".join(words), frozenset(words[1:-1]))
             object.__setattr__(self, "_keys", keys)
         return keys
 
@@ -183,14 +183,19 @@ def _costs_from_surface(session: Session, ledger: Sequence[Instruction], costs: 
     of text blocks only is counted as its texts joined by newlines plus the message overhead,
     the very string and tokenizer of the instruction's cost, and the meter counts every visible
     node anyway, so a compaction does not tokenise each instruction a second time."""
+    own, node_of, node_tokens = session.id, session.surface.node, session.meter.node_tokens
     for item in reversed(ledger):
         key = (item.session, item.seq)
         if key in costs:
             break  # filled newest first up to here on an earlier call: the older ones are too
-        node = session.surface.node(item.seq) if item.session == session.id else None
-        if node is None or any(block.type != "text" for block in node.message.content):
+        node = node_of(item.seq) if item.session == own else None
+        if node is None:
             continue
-        costs[key] = session.meter.node_tokens(node) - MESSAGE_OVERHEAD
+        for block in node.message.content:
+            if block.type != "text":
+                break
+        else:
+            costs[key] = node_tokens(node) - MESSAGE_OVERHEAD
 
 
 def within(

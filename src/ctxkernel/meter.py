@@ -196,10 +196,11 @@ HEADER_MEMO_ENTRIES = 32
 _HEADER_COUNTS: dict[tuple[Any, str, str], int] = {}
 
 
-#: (tokenizer name, text) -> tokens of the fixed texts :meth:`Meter.count_numbered` frames a number
-#: with: the same texts in every session (an id's brackets), so counted once per process
-_FIXED_COUNTS: dict[tuple[str, str], int] = {}
-_FIXED_ENTRIES = 64
+#: (tokenizer name, prefix, suffix) -> tokens of the fixed texts :meth:`Meter.count_numbered` frames
+#: a number with (None: not proven exact): the same texts in every session (an id's brackets), so
+#: counted once per process
+_FRAME_COUNTS: dict[tuple[str, str, str], int | None] = {}
+_FRAME_ENTRIES = 64
 
 
 def _frames_a_number(prefix: str, suffix: str) -> bool:
@@ -293,17 +294,23 @@ class Meter:
         digit, the count is the prefix's, the suffix's and one per three digits; those two are
         fixed texts (an id's frame, ``" [item_"`` and ``"]\\n"``), counted once per process.
         Otherwise, and for every other tokenizer, the whole text is counted."""
-        if number >= 0 and self._splits_after_newlines and _frames_a_number(prefix, suffix):
-            return self._fixed_count(prefix) + (len(str(number)) + 2) // 3 + self._fixed_count(suffix)
-        return self.count_text(f"{prefix}{number}{suffix}")
+        frame = self._frame_count(prefix, suffix) if number >= 0 else None
+        if frame is None:
+            return self.count_text(f"{prefix}{number}{suffix}")
+        return frame + (len(str(number)) + 2) // 3
 
-    def _fixed_count(self, text: str) -> int:
-        key = (self.tokenizer.name, text)
-        tokens = _FIXED_COUNTS.get(key)
-        if tokens is None:
-            if len(_FIXED_COUNTS) >= _FIXED_ENTRIES:
-                _FIXED_COUNTS.clear()  # a few frames per process in practice; bounded anyway
-            tokens = _FIXED_COUNTS[key] = bounded_count(self.tokenizer, text)
+    def _frame_count(self, prefix: str, suffix: str) -> int | None:
+        """Tokens of ``prefix`` and ``suffix`` around a number, or None when the number's cuts
+        are not proven exact (see :meth:`count_numbered`)."""
+        key = (self.tokenizer.name, prefix, suffix)
+        if key in _FRAME_COUNTS:
+            return _FRAME_COUNTS[key]
+        tokens = None
+        if self._splits_after_newlines and _frames_a_number(prefix, suffix):
+            tokens = bounded_count(self.tokenizer, prefix) + bounded_count(self.tokenizer, suffix)
+        if len(_FRAME_COUNTS) >= _FRAME_ENTRIES:
+            _FRAME_COUNTS.clear()  # a few frames per process in practice; bounded anyway
+        _FRAME_COUNTS[key] = tokens
         return tokens
 
     def count_extended(self, text: str, tokens: int, suffix: str) -> int:
@@ -349,6 +356,15 @@ class Meter:
         if node.tokens is None:
             node.tokens = self.count_message(node.message)
         return node.tokens
+
+    def nodes_tokens(self, nodes: Sequence[Any]) -> int:
+        """``sum(node_tokens(n) for n in nodes)``, reading the counts already taken directly (a
+        compaction sums its ~200 replaced nodes more than once)."""
+        total = 0
+        for node in nodes:
+            tokens = node.tokens
+            total += self.node_tokens(node) if tokens is None else tokens
+        return total
 
     def decorated_tokens(self, seq: int, message: Message) -> int:
         """Tokens of a decorated copy of node ``seq``, cached by its exact text."""
