@@ -72,19 +72,19 @@ class Instruction:
         return self._search_keys()[0]
 
     @property
-    def inner_words(self) -> frozenset[str]:
+    def inner_words(self) -> list[str]:
         """The words of :attr:`normalized` but its first and last: a text that contains the
         instruction verbatim (whitespace aside) holds each of them as a whole word (the first and
         last may be the ends of longer words there)."""
         return self._search_keys()[1]
 
-    def _search_keys(self) -> tuple[str, frozenset[str]]:
+    def _search_keys(self) -> tuple[str, list[str]]:
         # kept on the instance by hand: functools.cached_property takes a lock per read in
         # Python 3.11, which cost more than computing the two keys
-        keys: tuple[str, frozenset[str]] | None = self.__dict__.get("_keys")
+        keys: tuple[str, list[str]] | None = self.__dict__.get("_keys")
         if keys is None:
             words = self.text.split()  # normalized() joins these: one split gives both keys
-            keys = (" ".join(words), frozenset(words[1:-1]))
+            keys = (" ".join(words), words[1:-1])
             object.__setattr__(self, "_keys", keys)
         return keys
 
@@ -253,11 +253,14 @@ def _missing_from_kept(session: Session, items: Sequence[Instruction], cited: se
     if not items:
         return []
     kept = [node for node in session.surface.nodes if node.seq not in cited]
-    wanted: set[str] = set().union(*(i.inner_words for i in items))
+    inner = [i.inner_words for i in items]
+    wanted: set[str] = set()
+    for words in inner:
+        wanted.update(words)
     # the kept texts' words that some instruction needs (an intersection hashes each word once
     # and stores only the few that match: cheaper than a set of every kept word)
     seen = wanted.intersection(" ".join([node.message.text for node in kept]).split()) if wanted else wanted
-    maybe = [i for i in items if i.inner_words <= seen]
+    maybe = [i for i, words in zip(items, inner, strict=True) if seen.issuperset(words)]
     if not maybe:
         return list(items)
     visible = "\n".join(_normalized_texts(session, kept))  # one text per line, as in _missing_in
