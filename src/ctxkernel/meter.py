@@ -196,10 +196,10 @@ HEADER_MEMO_ENTRIES = 32
 _HEADER_COUNTS: dict[tuple[Any, str, str], int] = {}
 
 
-#: (tokenizer name, prefix, suffix) -> tokens of the fixed texts :meth:`Meter.count_numbered` frames
-#: a number with (None: not proven exact): the same texts in every session (an id's brackets), so
+#: (tokenizer, prefix, suffix) -> tokens of the fixed texts :meth:`Meter.count_numbered` frames a
+#: number with (None: not proven exact): the same texts in every session (an id's brackets), so
 #: counted once per process
-_FRAME_COUNTS: dict[tuple[str, str, str], int | None] = {}
+_FRAME_COUNTS: dict[tuple[Tokenizer, str, str], int | None] = {}
 _FRAME_ENTRIES = 64
 
 
@@ -302,11 +302,13 @@ class Meter:
     def _frame_count(self, prefix: str, suffix: str) -> int | None:
         """Tokens of ``prefix`` and ``suffix`` around a number, or None when the number's cuts
         are not proven exact (see :meth:`count_numbered`)."""
-        key = (self.tokenizer.name, prefix, suffix)
+        if not self._splits_after_newlines:
+            return None
+        key = (self.tokenizer, prefix, suffix)
         if key in _FRAME_COUNTS:
             return _FRAME_COUNTS[key]
         tokens = None
-        if self._splits_after_newlines and _frames_a_number(prefix, suffix):
+        if _frames_a_number(prefix, suffix):
             tokens = bounded_count(self.tokenizer, prefix) + bounded_count(self.tokenizer, suffix)
         if len(_FRAME_COUNTS) >= _FRAME_ENTRIES:
             _FRAME_COUNTS.clear()  # a few frames per process in practice; bounded anyway
