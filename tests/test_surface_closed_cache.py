@@ -23,6 +23,15 @@ def verdict(surface: Surface, nodes: list[Any]) -> str | None:
     return None
 
 
+def walked_verdict(surface: Surface, nodes: list[Any]) -> str | None:
+    """The walk over every node, which the check skips for the whole surface with no call pending."""
+    try:
+        surface._walk_closed(nodes)
+    except SurfaceError as exc:
+        return str(exc)
+    return None
+
+
 def fresh_verdict(surface: Surface, nodes: list[Any]) -> str | None:
     saved = surface._closed
     surface._closed = None
@@ -85,3 +94,7 @@ def test_the_remembered_verdict_is_a_fresh_checks(tmp_path_factory, ops):
                 span = surface.nodes[a : b + 1]
                 assert verdict(surface, span) is None
                 assert fresh_verdict(surface, span) is None
+        # the whole surface (a rollover's span) gets the walk's verdict without the walk
+        whole = list(session.surface.nodes)
+        if whole:
+            assert fresh_verdict(session.surface, whole) == walked_verdict(session.surface, whole)

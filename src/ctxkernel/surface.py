@@ -165,6 +165,14 @@ class Surface:
         key = (self.version, nodes[0].seq, nodes[-1].seq, len(nodes))
         if key == self._closed:
             return
+        whole = len(nodes) == len(self.nodes) and nodes[0] is self.nodes[0] and nodes[-1] is self.nodes[-1]
+        # the whole surface with no call pending holds both ends of every pair: nothing to walk
+        if not whole or self.pending_calls:
+            self._walk_closed(nodes)
+        self._closed = key
+
+    def _walk_closed(self, nodes: list[Node]) -> None:
+        """``check_range_closed``'s walk: every call's result and every result's call in ``nodes``."""
         inside = {n.seq for n in nodes}
         pending, result_of = self.pending_calls, self.result_of
         for n in nodes:
@@ -193,7 +201,6 @@ class Surface:
                         "range: a tool call and its results stay on one side of a cut"
                     )
                     raise SurfaceError(msg)
-        self._closed = key
 
     # -- the fold -------------------------------------------------------------------------------
     def check(self, event: Event) -> Message | None:
