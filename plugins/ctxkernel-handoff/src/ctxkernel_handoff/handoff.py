@@ -22,9 +22,11 @@ why (``generated_discarded``).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from bisect import bisect_right
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from itertools import accumulate
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import orjson
 
@@ -32,7 +34,7 @@ from ctxkernel import SUMMARY_SECTIONS, Message, Summary, get_logger
 from ctxkernel.recall.history import History
 from ctxkernel.recall.notes import Note, render_note
 from ctxkernel.redact import redact
-from ctxkernel.text import PATH_KEYS, clip, first_line, guard, keep_newest, string_arguments, tag
+from ctxkernel.text import PATH_KEYS, clip, first_line, guard, string_arguments, tag
 
 from .clip import clip_with_receipt
 from .strategy import STRATEGY
@@ -84,6 +86,10 @@ class Handoff:
     full: str  # the unclipped handoff for handoff.md (a generated one: the summarizer's raw reply)
     summary: Summary  # recorded in compaction/summary (untrimmed reply or extractive body)
     record: dict[str, Any] = field(default_factory=dict)
+    #: ``text`` cut where :func:`handoff_tokens` may add counts, and the count of each piece known
+    #: before the switch (None: tokenised): empty for one piece, the whole text
+    pieces: tuple[str, ...] = ()
+    piece_counts: tuple[int | None, ...] = ()
 
     def message(self) -> Message:
         return Message.user(self.text, STRATEGY.source("handoff"))
@@ -260,6 +266,9 @@ class Excerpt:
     #: earlier handoff's list, merged where it stands
     moves: bool = True
     carried: str | None = None  # replaces what an older handoff carried
+    #: per entry, the exact token count of the entry and its line break as the body holds it (see
+    #: :func:`line_tokens`); None for an entry rendered without a meter
+    tokens: tuple[int | None, ...] = ()
 
 
 def excerpt(history: History, node: Node) -> Excerpt:
@@ -306,73 +315,113 @@ def excerpt(history: History, node: Node) -> Excerpt:
     return Excerpt((guard(line, *FRAMES),))
 
 
+class LineMeter(Protocol):
+    """What counting an activity line needs of the session's meter."""
+
+    def count_text(self, text: str) -> int: ...
+
+    def joins_exactly(self, left: str, right: str) -> bool: ...
+
+
+def line_tokens(meter: LineMeter, entry: str) -> int | None:
+    """The exact count of ``entry`` and its line break as a piece of a text cut just after the line
+    break before it and just after its own (an activity line of the body, whose text is counted by
+    adding such pieces): None when the meter cannot prove the cut before it exact."""
+    return meter.count_text(entry + "\n") if meter.joins_exactly("\n", entry) else None
+
+
 class Excerpts:
     """The excerpts of surface nodes, by seq, each rendered once: a switch assembles the
     extractive body from them instead of re-rendering its whole window. Bounded by the surface
-    (:meth:`prune`); a process that starts cold renders what it lacks at its first switch.
+    (:meth:`prune`, :meth:`keep`); a process that starts cold renders what it lacks at its
+    first switch.
 
     Rendered at a step end (:func:`ctxkernel_handoff.engine.warm_excerpts`), each activity line
-    is also counted as the body holds it (the line and its line break): a switch then counts its
-    handoff from those counts (:func:`handoff_tokens`) instead of tokenising the whole text."""
+    is also counted as the body holds it (:func:`line_tokens`, kept on its excerpt): a switch then
+    counts its handoff from those counts (:func:`handoff_tokens`) instead of tokenising the whole
+    text, and forgetting a node forgets its counts with it."""
 
     def __init__(self) -> None:
         self._by_seq: dict[int, Excerpt] = {}
-        #: an activity line -> the exact token count of the line and its line break (as the body
-        #: holds it), for the lines of the excerpts held
-        self._line_tokens: dict[str, int] = {}
 
-    def of(self, history: History, node: Node, count: Callable[[str], int] | None = None) -> Excerpt:
-        """The excerpt of ``node``, rendered when this is its first call; ``count`` (the meter's
-        ``count_text``) counts its lines as it is rendered."""
+    def of(self, history: History, node: Node, meter: LineMeter | None = None) -> Excerpt:
+        """The excerpt of ``node``, rendered when this is its first call; with ``meter`` its lines
+        are counted as it is rendered."""
         found = self._by_seq.get(node.seq)
         if found is None:
-            found = self._by_seq[node.seq] = excerpt(history, node)
-            if count is not None:
-                for entry in found.entries:
-                    self._line_tokens[entry] = count(entry + "\n")
+            found = excerpt(history, node)
+            if found.entries:
+                counted = (line_tokens(meter, entry) if meter is not None else None for entry in found.entries)
+                found = replace(found, tokens=tuple(counted))
+            self._by_seq[node.seq] = found
         return found
 
-    @property
-    def line_tokens(self) -> Mapping[str, int]:
-        """Each activity line counted so far -> the tokens of the line with its line break."""
-        return self._line_tokens
+    def all_of(self, history: History, nodes: list[Node]) -> list[Excerpt]:
+        """The excerpts of ``nodes`` in order (the ones not rendered yet rendered now, uncounted)."""
+        get = self._by_seq.get
+        return [get(node.seq) or self.of(history, node) for node in nodes]
 
     def prune(self, visible: Callable[[int], bool]) -> None:
         """Forget the nodes no longer on the surface (replaced by a switch or a shrink)."""
         self._by_seq = {seq: e for seq, e in self._by_seq.items() if visible(seq)}
-        kept = {entry for e in self._by_seq.values() for entry in e.entries}
-        self._line_tokens = {line: n for line, n in self._line_tokens.items() if line in kept}
 
-    def forget(self, seqs: Iterable[int]) -> None:
-        """Forget the nodes ``seqs`` (the ones a commit replaced): O(those), not O(all)."""
-        for seq in seqs:
-            gone = self._by_seq.pop(seq, None)
-            if gone is not None:
-                # an identical line of a node still held (a handoff carries its region's lines)
-                # is counted again at the next switch: never a wrong count, only a missing one
-                for entry in gone.entries:
-                    self._line_tokens.pop(entry, None)
+    def keep(self, nodes: Iterable[Node]) -> None:
+        """Forget every node but ``nodes`` (the surface a switch left: O(the kept tail), not O(the
+        nodes it replaced))."""
+        get = self._by_seq.get
+        self._by_seq = {node.seq: found for node in nodes if (found := get(node.seq)) is not None}
 
     def __len__(self) -> int:
         return len(self._by_seq)
 
 
-def extractive_body(history: History, nodes: list[Node], budget: int, excerpts: Excerpts | None = None) -> str:
-    """Excerpts of the outgoing region with item ids, newest kept first.
+#: at most this many kept activity lines that no step counted (the first message of a process's
+#: first step, say) are counted one by one at a switch, ~10 us each, so every other line's count
+#: is added; more (a process that started in this window) are tokenised together with the text
+COLD_LINES_COUNTED = 32
+
+
+@dataclass(frozen=True)
+class Extract:
+    """An extractive body: ``lead`` (the file list, the carried block, the heading and the note of
+    omitted entries) then the activity ``lines`` kept, joined by line breaks; ``counts[i]`` is
+    ``lines[i]``'s count with its line break (:func:`line_tokens`), None when it was rendered
+    uncounted. ``clipped`` is the text cut to the budget when the whole did not fit."""
+
+    lead: str
+    lines: list[str]
+    counts: list[int | None] = field(default_factory=list)
+    clipped: str | None = None
+
+    @property
+    def text(self) -> str:
+        if self.clipped is not None:
+            return self.clipped
+        return self.lead + "\n".join(self.lines)
+
+
+def extract(
+    history: History,
+    nodes: list[Node],
+    budget: int,
+    excerpts: Excerpts | None = None,
+    meter: LineMeter | None = None,
+) -> Extract:
+    """Excerpts of the outgoing region with item ids, newest kept first (one pass over the
+    region's excerpts, rendered at step ends when ``excerpts`` holds them). With ``meter``, a few
+    kept lines rendered uncounted (:data:`COLD_LINES_COUNTED`) are counted now, so the others'
+    counts can be added.
 
     A previous extractive handoff in the region is merged, not nested: its file list and activity
     lines join this window's, so one chronological list spans the windows and loses its oldest
     lines first. A previous generated handoff is carried as one clipped block.
     """
-    excerpts = excerpts or Excerpts()
-    carried = ""
-    entries: list[str] = []
+    # comprehensions over the region's excerpts (a few hundred): each pass runs at C speed
+    excerpted = (excerpts or Excerpts()).all_of(history, nodes)
+    carried = next((part.carried for part in reversed(excerpted) if part.carried is not None), "")
+    entries = [entry for part in excerpted for entry in part.entries]
     files: dict[str, None] = {}
-    for node in nodes:
-        part = excerpts.of(history, node)
-        if part.carried is not None:
-            carried = part.carried
-        entries.extend(part.entries)
+    for part in [part for part in excerpted if part.files]:
         if part.moves:
             for path in part.files:
                 files.pop(path, None)  # moved to the end: the newest files are listed
@@ -387,15 +436,30 @@ def extractive_body(history: History, nodes: list[Node], budget: int, excerpts: 
     fixed = sum(len(p) + 2 for p in parts)
     head = "Activity so far, oldest first (read any item in full with history_read_item):"
     room = budget - fixed - len(head) - 80
-    kept = keep_newest(entries, room)  # newest facts matter most
+    # the newest entries that fit in room, each with its line break: the oldest go first
+    newest = list(accumulate(map(len, reversed(entries))))  # characters of the k + 1 newest, breaks aside
+    start = len(entries) - bisect_right(range(len(newest)), room, key=lambda k: newest[k] + k + 1)
+    lead = [p for p in parts if p]
     lines = [head]
-    if len(kept) < len(entries):
-        lines.append(f"(… {len(entries) - len(kept)} earlier entries omitted: history_list_items lists them)")
-    lines.extend(kept)
-    parts.append("\n".join(lines))
+    if start:
+        lines.append(f"(… {start} earlier entries omitted: history_list_items lists them)")
     # every piece was guarded on its own (a frame's tag cannot span the line breaks joining them)
-    text = "\n\n".join(p for p in parts if p)
-    return text if len(text) <= budget else _clip(text, budget)
+    body = Extract(("\n\n".join(lead) + "\n\n" if lead else "") + "\n".join(lines), [])
+    if start < len(entries):
+        counts = [tokens for part in excerpted for tokens in part.tokens][start:]
+        if meter is not None and None in counts:
+            cold = [i for i, tokens in enumerate(counts) if tokens is None]
+            if len(cold) <= COLD_LINES_COUNTED:
+                for i in cold:
+                    counts[i] = line_tokens(meter, entries[start + i])
+        body = Extract(body.lead + "\n", entries[start:], counts)
+    text = body.text
+    return body if len(text) <= budget else Extract(body.lead, [], [], _clip(text, budget))
+
+
+def extractive_body(history: History, nodes: list[Node], budget: int, excerpts: Excerpts | None = None) -> str:
+    """The text of :func:`extract`."""
+    return extract(history, nodes, budget, excerpts).text
 
 
 # -- assembling --------------------------------------------------------------------------------------------
@@ -443,16 +507,20 @@ def assemble(
     generated: Generated | None,
     discarded: str | None = None,
     excerpts: Excerpts | None = None,
+    meter: LineMeter | None = None,
 ) -> Handoff:
-    """The handoff for opening window ``current + 1`` within ``budget`` characters."""
+    """The handoff for opening window ``current + 1`` within ``budget`` characters (``meter``: the
+    session's, to count the few activity lines no step counted, see :func:`extract`)."""
     summary_ref = f"win_{history.current_window.number}_summary"
     fixed = frame(history, notes, budget=budget, reason=reason)
     opening, closing, snapshot, notes_text, left = fixed.opening, fixed.closing, fixed.snapshot, fixed.notes, fixed.left
     record: dict[str, Any] = {"handoff_summary": mode, "budget_chars": budget}
+    extracted: Extract | None = None
     body = ""
     full = ""
     summary: Summary
     wrap_g = ("<generated_handoff>\n", "\n</generated_handoff>")
+    wrap = ("<extractive_handoff>\n", "\n</extractive_handoff>")
     body_room = left - len(wrap_g[0]) - len(wrap_g[1])
     if mode == "generated" and generated is not None and generated.text is not None and body_room >= MIN_GENERATED_BODY:
         # the summarizer's text is model output: it cannot close or open the handoff's frames
@@ -481,13 +549,12 @@ def assemble(
                 record["generated_discarded"] = "budget"
             record["handoff_summary"] = "extractive"
             record["requested_summary"] = "generated"
-        wrap = ("<extractive_handoff>\n", "\n</extractive_handoff>")
-        extract = extractive_body(history, nodes, max(0, left - len(wrap[0]) - len(wrap[1])), excerpts)
-        body = wrap[0] + extract + wrap[1]
+        extracted = extract(history, nodes, max(0, left - len(wrap[0]) - len(wrap[1])), excerpts, meter)
+        body = wrap[0] + extracted.text + wrap[1]
         # a call that was made is accounted even when its text is not used
         made = generated is not None and (generated.usage is not None or generated.provider is not None)
         summary = Summary(
-            generated.text if (made and generated and generated.text) else extract,
+            generated.text if (made and generated and generated.text) else extracted.text,
             provider=generated.provider if made and generated else None,
             model=generated.model if made and generated else None,
             usage=generated.usage if made and generated else None,
@@ -497,41 +564,57 @@ def assemble(
     if not full:
         full = text
     record.update({"handoff_chars": len(text), "snapshot_chars": len(snapshot), "notes_chars": len(notes_text)})
-    return Handoff(text, full, summary, record)
+    if extracted is None or not extracted.lines:
+        return Handoff(text, full, summary, record)
+    # the activity lines were counted as their excerpts were rendered: the text is what comes
+    # before them (ending with a line break), the lines each with its line break, and the tail
+    # (the body's closing tag, which starts the line after the last line, and the frame's)
+    start = len(text) - len(closing) - len(body) + len(wrap[0]) + len(extracted.lead)
+    end = start + sum(len(line) + 1 for line in extracted.lines)
+    pieces, counts = _line_pieces(extracted.lines, extracted.counts)
+    return Handoff(text, full, summary, record, (text[:start], *pieces, text[end:]), (None, *counts, None))
 
 
-def handoff_tokens(session: Session, handoff: Handoff, line_tokens: Mapping[str, int]) -> int:
-    """Exactly ``session.meter.count_message(handoff.message())``, tokenising only the lines whose count
-    ``line_tokens`` does not hold (the snapshot, the notes, the frame: ~1-2 KB of a 16 KB handoff).
-
-    The text is cut after each line break; where the meter proves the counts of the two sides add
-    (the meter's ``joins_exactly``: cl100k cuts after a newline before a character that is
-    not whitespace), a line's known count is taken, and other lines are counted with their
-    neighbours (its ``count_joined``). ``line_tokens`` must map each line to the exact count of
-    the line followed by a line break: :class:`Excerpts` counts its activity lines so when it
-    renders them."""
-    meter = session.meter
-    lines = handoff.text.split("\n")
+def _line_pieces(lines: list[str], counts: list[int | None]) -> tuple[list[str], list[int | None]]:
+    """``lines``, each with its line break, as pieces to count: a run of lines whose counts are
+    known is one piece counted by adding them (each follows a line break and its cut was proven
+    exact, :func:`line_tokens`); a run of lines rendered uncounted (a process that started in
+    this window) is one piece to tokenise."""
+    if None not in counts:
+        return ["\n".join(lines) + "\n"], [sum(cast("list[int]", counts))]
     pieces: list[str] = []
-    counts: list[int | None] = []
-    uncounted: list[str] = []  # consecutive lines nobody counted: one piece, tokenised in one call
+    totals: list[int | None] = []
+    run: list[str] = []
+    run_total: int | None = 0
+    for line, tokens in zip(lines, counts, strict=True):
+        if run and (tokens is None) != (run_total is None):
+            pieces.append("\n".join(run) + "\n")
+            totals.append(run_total)
+            run, run_total = [], 0
+        if not run:
+            run_total = None if tokens is None else 0
+        run.append(line)
+        if run_total is not None and tokens is not None:
+            run_total += tokens
+    pieces.append("\n".join(run) + "\n")
+    totals.append(run_total)
+    return pieces, totals
 
-    def flush() -> None:
-        if uncounted and (text := "".join(uncounted)):
-            pieces.append(text)
-            counts.append(None)
-        uncounted.clear()
 
-    last = len(lines) - 1
-    for index, line in enumerate(lines):
-        known = line_tokens.get(line) if index < last else None
-        if known is None:
-            uncounted.append(line + "\n" if index < last else line)
-            continue
-        flush()
-        pieces.append(line + "\n")
-        counts.append(known)
-    flush()
-    text_tokens = meter.count_joined(pieces, counts)
+def handoff_tokens(session: Session, handoff: Handoff) -> int:
+    """Exactly ``session.meter.count_message(handoff.message())``, tokenising only the pieces whose
+    count the handoff does not hold (the snapshot, the notes, the frame: ~1-2 KB of a 16 KB
+    handoff), with the meter's ``count_joined`` (which takes a known count only across a cut its
+    ``joins_exactly`` proves exact, and counts the rest together).
+
+    The activity lines' piece is their counts added: each line's count is of the line and its line
+    break, taken when the meter proved the cut before the line exact (:func:`line_tokens`), and
+    each line follows the previous one's line break (or the heading's); the piece after them starts
+    with ``</extractive_handoff>``."""
+    meter = session.meter
+    if handoff.pieces:
+        text_tokens = meter.count_joined(handoff.pieces, handoff.piece_counts)
+    else:
+        text_tokens = meter.count_text(handoff.text)
     # a user message of one text block: the meter's per-message overhead plus its text
     return meter.count_message(Message.user("")) + text_tokens
