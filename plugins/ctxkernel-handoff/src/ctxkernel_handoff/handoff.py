@@ -25,7 +25,8 @@ import re
 from bisect import bisect_right
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from itertools import accumulate
+from itertools import accumulate, chain
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import orjson
@@ -254,7 +255,7 @@ _CARRIED = "Carried from an earlier generated handoff"
 _PREVIOUS = re.compile(r"<(generated|extractive)_handoff>\n?(.*?)\n?</\1_handoff>", re.DOTALL)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)  # compared by identity: a switch looks for None among hundreds
 class Excerpt:
     """What one surface node contributes to an extractive body: its activity lines, the files it
     names, and for an earlier handoff the block it carries. A node's excerpt never changes (a
@@ -330,6 +331,14 @@ def line_tokens(meter: LineMeter, entry: str) -> int | None:
     return meter.count_text(entry + "\n") if meter.joins_exactly("\n", entry) else None
 
 
+#: the fields a switch reads of every excerpt in its region, read in C
+_SEQ = attrgetter("seq")
+_ENTRIES = attrgetter("entries")
+_TOKENS = attrgetter("tokens")
+_FILES_OF = attrgetter("files")
+_CARRIED_OF = attrgetter("carried")
+
+
 class Excerpts:
     """The excerpts of surface nodes, by seq, each rendered once: a switch assembles the
     extractive body from them instead of re-rendering its whole window. Bounded by the surface
@@ -358,8 +367,10 @@ class Excerpts:
 
     def all_of(self, history: History, nodes: list[Node]) -> list[Excerpt]:
         """The excerpts of ``nodes`` in order (the ones not rendered yet rendered now, uncounted)."""
-        get = self._by_seq.get
-        return [get(node.seq) or self.of(history, node) for node in nodes]
+        found: list[Excerpt | None] = list(map(self._by_seq.get, map(_SEQ, nodes)))
+        if None in found:  # a process that started in this window, or a step not ended yet
+            return [e if e is not None else self.of(history, node) for e, node in zip(found, nodes, strict=True)]
+        return cast("list[Excerpt]", found)
 
     def prune(self, visible: Callable[[int], bool]) -> None:
         """Forget the nodes no longer on the surface (replaced by a switch or a shrink)."""
@@ -416,12 +427,12 @@ def extract(
     lines join this window's, so one chronological list spans the windows and loses its oldest
     lines first. A previous generated handoff is carried as one clipped block.
     """
-    # comprehensions over the region's excerpts (a few hundred): each pass runs at C speed
+    # one pass per field over the region's excerpts (a few hundred), each in C (map, filter, chain)
     excerpted = (excerpts or Excerpts()).all_of(history, nodes)
-    carried = next((part.carried for part in reversed(excerpted) if part.carried is not None), "")
-    entries = [entry for part in excerpted for entry in part.entries]
+    carried = next(filter(None, map(_CARRIED_OF, reversed(excerpted))), "")
+    entries = list(chain.from_iterable(map(_ENTRIES, excerpted)))
     files: dict[str, None] = {}
-    for part in [part for part in excerpted if part.files]:
+    for part in filter(_FILES_OF, excerpted):
         if part.moves:
             for path in part.files:
                 files.pop(path, None)  # moved to the end: the newest files are listed
@@ -446,7 +457,7 @@ def extract(
     # every piece was guarded on its own (a frame's tag cannot span the line breaks joining them)
     body = Extract(("\n\n".join(lead) + "\n\n" if lead else "") + "\n".join(lines), [])
     if start < len(entries):
-        counts = [tokens for part in excerpted for tokens in part.tokens][start:]
+        counts = list(chain.from_iterable(map(_TOKENS, excerpted)))[start:]
         if meter is not None and None in counts:
             cold = [i for i, tokens in enumerate(counts) if tokens is None]
             if len(cold) <= COLD_LINES_COUNTED:
