@@ -24,7 +24,8 @@ from __future__ import annotations
 import re
 from bisect import bisect_right
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from contextlib import suppress
+from dataclasses import dataclass, field
 from itertools import accumulate, chain
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -361,15 +362,20 @@ class Excerpts:
             found = excerpt(history, node)
             if found.entries:
                 counted = (line_tokens(meter, entry) if meter is not None else None for entry in found.entries)
-                found = replace(found, tokens=tuple(counted))
+                found = Excerpt(found.entries, found.files, found.moves, found.carried, tuple(counted))
             self._by_seq[node.seq] = found
         return found
 
     def all_of(self, history: History, nodes: list[Node]) -> list[Excerpt]:
         """The excerpts of ``nodes`` in order (the ones not rendered yet rendered now, uncounted)."""
         found: list[Excerpt | None] = list(map(self._by_seq.get, map(_SEQ, nodes)))
-        if None in found:  # a process that started in this window, or a step not ended yet
-            return [e if e is not None else self.of(history, node) for e, node in zip(found, nodes, strict=True)]
+        # not rendered yet: a process that started in this window, or a step not ended yet (a
+        # node or two of hundreds, found in C)
+        with suppress(ValueError):  # raised when no node is left to render
+            at = found.index(None)
+            while True:
+                found[at] = self.of(history, nodes[at])
+                at = found.index(None, at + 1)
         return cast("list[Excerpt]", found)
 
     def prune(self, visible: Callable[[int], bool]) -> None:
