@@ -440,7 +440,6 @@ def compose(session: Session, plan: SwitchPlan, nodes: list[Node]) -> Summary:
             generated=generated,
             discarded=discarded,
             excerpts=state.excerpts,
-            meter=session.meter,
         )
         if len(handoff.text) > settings.handoff_max_chars:
             msg = (

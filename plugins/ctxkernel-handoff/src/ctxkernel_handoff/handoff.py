@@ -392,12 +392,6 @@ class Excerpts:
         return len(self._by_seq)
 
 
-#: at most this many kept activity lines that no step counted (the first message of a process's
-#: first step, say) are counted one by one at a switch, ~10 us each, so every other line's count
-#: is added; more (a process that started in this window) are tokenised together with the text
-COLD_LINES_COUNTED = 32
-
-
 @dataclass(frozen=True)
 class Extract:
     """An extractive body: ``lead`` (the file list, the carried block, the heading and the note of
@@ -417,17 +411,9 @@ class Extract:
         return self.lead + "\n".join(self.lines)
 
 
-def extract(
-    history: History,
-    nodes: list[Node],
-    budget: int,
-    excerpts: Excerpts | None = None,
-    meter: LineMeter | None = None,
-) -> Extract:
+def extract(history: History, nodes: list[Node], budget: int, excerpts: Excerpts | None = None) -> Extract:
     """Excerpts of the outgoing region with item ids, newest kept first (one pass over the
-    region's excerpts, rendered at step ends when ``excerpts`` holds them). With ``meter``, a few
-    kept lines rendered uncounted (:data:`COLD_LINES_COUNTED`) are counted now, so the others'
-    counts can be added.
+    region's excerpts, rendered at step ends when ``excerpts`` holds them).
 
     A previous extractive handoff in the region is merged, not nested: its file list and activity
     lines join this window's, so one chronological list spans the windows and loses its oldest
@@ -464,11 +450,6 @@ def extract(
     body = Extract(("\n\n".join(lead) + "\n\n" if lead else "") + "\n".join(lines), [])
     if start < len(entries):
         counts = list(chain.from_iterable(map(_TOKENS, excerpted)))[start:]
-        if meter is not None and None in counts:
-            cold = [i for i, tokens in enumerate(counts) if tokens is None]
-            if len(cold) <= COLD_LINES_COUNTED:
-                for i in cold:
-                    counts[i] = line_tokens(meter, entries[start + i])
         body = Extract(body.lead + "\n", entries[start:], counts)
     text = body.text
     return body if len(text) <= budget else Extract(body.lead, [], [], _clip(text, budget))
@@ -524,10 +505,8 @@ def assemble(
     generated: Generated | None,
     discarded: str | None = None,
     excerpts: Excerpts | None = None,
-    meter: LineMeter | None = None,
 ) -> Handoff:
-    """The handoff for opening window ``current + 1`` within ``budget`` characters (``meter``: the
-    session's, to count the few activity lines no step counted, see :func:`extract`)."""
+    """The handoff for opening window ``current + 1`` within ``budget`` characters."""
     summary_ref = f"win_{history.current_window.number}_summary"
     fixed = frame(history, notes, budget=budget, reason=reason)
     opening, closing, snapshot, notes_text, left = fixed.opening, fixed.closing, fixed.snapshot, fixed.notes, fixed.left
@@ -566,7 +545,7 @@ def assemble(
                 record["generated_discarded"] = "budget"
             record["handoff_summary"] = "extractive"
             record["requested_summary"] = "generated"
-        extracted = extract(history, nodes, max(0, left - len(wrap[0]) - len(wrap[1])), excerpts, meter)
+        extracted = extract(history, nodes, max(0, left - len(wrap[0]) - len(wrap[1])), excerpts)
         body = wrap[0] + extracted.text + wrap[1]
         # a call that was made is accounted even when its text is not used
         made = generated is not None and (generated.usage is not None or generated.provider is not None)
@@ -589,33 +568,45 @@ def assemble(
     start = len(text) - len(closing) - len(body) + len(wrap[0]) + len(extracted.lead)
     end = start + sum(len(line) + 1 for line in extracted.lines)
     pieces, counts = _line_pieces(extracted.lines, extracted.counts)
-    return Handoff(text, full, summary, record, (text[:start], *pieces, text[end:]), (None, *counts, None))
+    return Handoff(text, full, summary, record, *_merged((text[:start], *pieces, text[end:]), (None, *counts, None)))
 
 
 def _line_pieces(lines: list[str], counts: list[int | None]) -> tuple[list[str], list[int | None]]:
     """``lines``, each with its line break, as pieces to count: a run of lines whose counts are
     known is one piece counted by adding them (each follows a line break and its cut was proven
-    exact, :func:`line_tokens`); a run of lines rendered uncounted (a process that started in
-    this window) is one piece to tokenise."""
-    if None not in counts:
-        return ["\n".join(lines) + "\n"], [sum(cast("list[int]", counts))]
+    exact, :func:`line_tokens`); a run of lines rendered uncounted (the newest reply before a
+    manual switch, or a process that started in this window) is one piece to tokenise."""
     pieces: list[str] = []
     totals: list[int | None] = []
-    run: list[str] = []
-    run_total: int | None = 0
-    for line, tokens in zip(lines, counts, strict=True):
-        if run and (tokens is None) != (run_total is None):
-            pieces.append("\n".join(run) + "\n")
-            totals.append(run_total)
-            run, run_total = [], 0
-        if not run:
-            run_total = None if tokens is None else 0
-        run.append(line)
-        if run_total is not None and tokens is not None:
-            run_total += tokens
-    pieces.append("\n".join(run) + "\n")
-    totals.append(run_total)
+    at, end = 0, len(lines)
+    while at < end:
+        try:
+            cold = counts.index(None, at)  # found in C: most lines were counted at step ends
+        except ValueError:
+            cold = end
+        if cold > at:
+            pieces.append("\n".join(lines[at:cold]) + "\n")
+            totals.append(sum(cast("list[int]", counts[at:cold])))
+        at = cold
+        while at < end and counts[at] is None:
+            at += 1
+        if at > cold:
+            pieces.append("\n".join(lines[cold:at]) + "\n")
+            totals.append(None)
     return pieces, totals
+
+
+def _merged(pieces: tuple[str, ...], counts: tuple[int | None, ...]) -> tuple[tuple[str, ...], tuple[int | None, ...]]:
+    """Neighbouring pieces of unknown count joined: each is tokenised once, with its neighbour."""
+    out: list[str] = []
+    known: list[int | None] = []
+    for piece, tokens in zip(pieces, counts, strict=True):
+        if tokens is None and known and known[-1] is None:
+            out[-1] += piece
+        else:
+            out.append(piece)
+            known.append(tokens)
+    return tuple(out), tuple(known)
 
 
 def handoff_tokens(session: Session, handoff: Handoff) -> int:
