@@ -202,9 +202,9 @@ def test_async_loop_with_async_model_and_tools(tmp_path: Any) -> None:
     session_threads: set[int] = set()
     original_append = session.append
 
-    def spy_append(batch: Any) -> int:
+    def spy_append(batch: Any, **options: Any) -> int:
         session_threads.add(threading.get_ident())
-        return original_append(batch)
+        return original_append(batch, **options)
 
     session.append = spy_append  # type: ignore[method-assign]
     script = ScriptedModel(

@@ -269,6 +269,13 @@ class Session:
         #: counts of messages taken before they were appended (count_message), by the exact text
         #: counted: the node that lands with that text takes its count instead of counting again
         self._counted: dict[str, int] = {}
+        #: events validated and folded but not yet written: a proxy's history, held by
+        #: ``prepare_request(history=...)`` so that the strategies see it and it is written with
+        #: the request's ``step/start`` (or with whatever the strategies append first), one write
+        self._held: list[Event] = []
+        #: True after a write of held events failed: this object is ahead of its log and must be
+        #: reopened (every later append refuses)
+        self.stale = False
         # this process's pending work (not durable by design: it lives within one step)
         self.conclude_turn = False
         self._deferred: list[tuple[str, str]] = []
@@ -409,6 +416,30 @@ class Session:
         nothing acknowledged, such as a compaction's lock, which the commit's sync makes durable.
         """
         with self._lock:
+            built, messages = self._checked(batch)
+            held, start = self._held, (self._held[0].seq if self._held else len(self.events))
+            try:
+                with contextlib.nullcontext() if durable else deferred_sync(self.store):
+                    self.store.append(self.id, [*held, *built] if held else built, start)
+            except BaseException:
+                if held:
+                    self.stale = True  # the held events are folded here and not in the log
+                raise
+            self._held = []
+            for event in built:
+                self._fold(event, messages.get(event.seq), checked=True)
+            if self._counted:
+                self._take_counts(built)
+            self._snapshot_after([*held, *built] if held else built)
+            return built[0].seq if built else len(self.events)
+
+    def _checked(self, batch: Sequence[EventSpec]) -> tuple[list[Event], dict[int, Message | None]]:
+        """The batch as events after the log's (held events included), each checked against the
+        surface; raises with nothing changed when one is refused."""
+        if self.stale:
+            msg = f"session {self.id}: a write failed after its events were folded; reopen the session"
+            raise StoreError(msg)
+        with self._lock:
             start = len(self.events)
             time = ev.utc_now()
             built = [Event(start + i, s.type, s.data, time, s.surface, s.ignorable) for i, s in enumerate(batch)]
@@ -444,14 +475,18 @@ class Session:
                 for event in built:
                     messages[event.seq] = probe.check(event)
                     probe.apply(event, messages[event.seq], checked=True)
-            with contextlib.nullcontext() if durable else deferred_sync(self.store):
-                self.store.append(self.id, built, start)
-            for event in built:
-                self._fold(event, messages.get(event.seq), checked=True)
-            if self._counted:
-                self._take_counts(built)
-            self._snapshot_after(built)
-            return start
+            return built, messages
+
+    def _hold(self, batch: Sequence[EventSpec]) -> None:
+        """Check and fold ``batch`` without writing it: the next append writes it first, in the
+        same store write (``prepare_request(history=...)``). Refused with nothing changed, as
+        an append is."""
+        built, messages = self._checked(batch)
+        for event in built:
+            self._fold(event, messages.get(event.seq), checked=True)
+        if self._counted:
+            self._take_counts(built)
+        self._held.extend(built)
 
     def count_message(self, message: Message) -> int:
         """Tokens of ``message`` (as ``session.meter.count_message`` counts them), kept until a
@@ -512,6 +547,9 @@ class Session:
         write is logged and only makes the next open replay more."""
         with self._lock:
             if not self.events:
+                return
+            if self._held:  # a snapshot never covers events the log does not hold yet
+                self._snapshot_due = True
                 return
             Timeline.for_session(self)  # the inspector's timeline rides in every snapshot (timeline.py)
             self._snapshot_at = len(self.events)
@@ -609,6 +647,17 @@ class Session:
         same batch, so they are durable exactly when the messages are.
         """
         with self._lock:
+            batch, seqs = self._history_batch(messages, trailer)
+            if batch:
+                self.append(batch)
+            return seqs
+
+    def _history_batch(
+        self, messages: Sequence[Message], trailer: Sequence[EventSpec]
+    ) -> tuple[list[EventSpec], list[int]]:
+        """:meth:`append_history`'s batch (turn and step events around the messages, then
+        ``trailer``) and the seq each message will have, written after the log as it is now."""
+        with self._lock:
             batch: list[EventSpec] = []
             seqs: list[int] = []
             start = len(self.events)
@@ -646,9 +695,7 @@ class Session:
                 else:
                     replied = False
             batch.extend(trailer)
-            if batch:
-                self.append(batch)
-            return seqs
+            return batch, seqs
 
     @property
     def pending_calls(self) -> list[ToolCallBlock]:
@@ -831,17 +878,48 @@ class Session:
         if self.route != data:
             self.append_one(ev.REQUEST_CONTEXT, data)
 
-    def prepare_request(self, *, attempt: int = 0, allow_overflow: bool = False) -> Request:
+    def prepare_request(
+        self,
+        *,
+        attempt: int = 0,
+        allow_overflow: bool = False,
+        history: Sequence[Message] = (),
+        trailer: Sequence[EventSpec] = (),
+    ) -> Request:
         """Run the strategies and compose the next request from the surface.
 
         With ``[profile] guard_request``, a composed request over the effective window is
         compacted once through the profile's overflow path; if it still does not fit,
         :class:`ctxkernel.RequestTooLargeError` is raised and the guard has written nothing
         (guard.py). ``allow_overflow`` returns it
-        instead: ``ctxkernel simulate``'s open loop, which counts it as an overflow."""
+        instead: ``ctxkernel simulate``'s open loop, which counts it as an overflow.
+
+        ``history`` (and ``trailer``) are :meth:`append_history`'s arguments: messages the harness
+        holds that the log does not (a proxy's client's new messages). They are checked and put
+        on the surface first, so the strategies see them, and written in the same store write as
+        the request's ``step/start`` (or as the first event a strategy appends before it): one
+        write, not two. A history that does not pair up is refused with nothing written; a
+        request stopped by an error after them still writes them, as :meth:`append_history`
+        would have.
+
+        ``step/start`` is not synced on its own: the reply's commit (or the ``step/end`` of
+        :meth:`request_failed` or :meth:`abandon_step`) syncs it with everything before it, and a
+        power cut before that loses only a request nobody was answered for."""
         with self._lock:
             self.refresh()
             self.kernel.refresh_profile()  # edited settings apply from this step on
+            if history or trailer:
+                batch, _ = self._history_batch(history, trailer)
+                if batch:
+                    self._hold(batch)
+            try:
+                return self._prepare_step(attempt, allow_overflow)
+            finally:
+                if self._held and not self.stale:  # stopped before its step/start
+                    self.append([], durable=False)
+
+    def _prepare_step(self, attempt: int, allow_overflow: bool) -> Request:
+        with self._lock:  # re-entrant: prepare_request holds it already
             if not self.turn_open:
                 msg = "no open turn: call session.user(...) before prepare_request()"
                 raise EventError(msg)
@@ -882,7 +960,7 @@ class Session:
             if self.route is None:
                 self._write_route(self.model_settings())
             batch.append(EventSpec(ev.STEP_START, {"turn": self.turn, "step": step.step}))
-            self.append(batch)
+            self.append(batch, durable=False)
             request.provider = self.route["provider"] if self.route else ""
             request.model = self.route["model"] if self.route else ""
             request.pressure = self.pressure()

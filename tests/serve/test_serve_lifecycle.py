@@ -321,9 +321,10 @@ def test_client_disconnect_mid_stream_leaves_the_log_consistent(fake, serve_fact
     assert [n.role for n in session.surface.nodes] == ["user", "assistant"]
 
 
-def test_a_request_waits_for_the_disk_twice_not_three_times(fake, serve_factory, monkeypatch):
-    # the client's new messages are synced by the step/start that follows them in the same
-    # request (store.base.SyncDeferral): a request fsyncs its log for step/start and the reply
+def test_a_request_writes_its_log_twice_and_waits_for_the_disk_once(fake, serve_factory, monkeypatch):
+    # the client's new messages go into the log in one store write with the request's
+    # step/start, which is not synced on its own: the reply's commit, the second write, syncs
+    # both (store.base.SyncDeferral)
     import os
 
     upstream, _ = fake
@@ -339,13 +340,84 @@ def test_a_request_waits_for_the_disk_twice_not_three_times(fake, serve_factory,
         synced.append(os.readlink(f"/proc/self/fd/{fd}"))
         real_fsync(fd)
 
+    store = serve.proxy.kernel.store
+    writes: list[list[str]] = []
+    real_append = store.append
+
+    def counting_append(session_id, events, start):
+        writes.append([e.type for e in events])
+        return real_append(session_id, events, start)
+
     monkeypatch.setattr(os, "fsync", counting_fsync)
+    monkeypatch.setattr(store, "append", counting_append)
     history += [{"role": "assistant", "content": "noted"}, {"role": "user", "content": "second"}]
     client.chat.completions.create(model="fake-model", messages=history)
     logs = [path for path in synced if path.endswith(".jsonl")]
-    assert len(logs) == 2, synced
+    assert len(logs) == 1, synced
+    assert writes == [
+        ["turn/end", "turn/start", "user/message", "serve/ledger", "step/start"],
+        ["assistant/message", "step/end", "serve/ledger"],
+    ]
     monkeypatch.undo()
     # and the history is in the log, before the step that answered it
     events = serve.proxy.kernel.open_session(serve.proxy.sessions["fsyncs"].id).events
     texts = [e.data["message"]["content"] for e in events if e.type == "user/message"]
     assert [t[0]["text"] if isinstance(t, list) else t for t in texts] == ["first", "second"]
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_a_request_tokenises_each_new_message_once(fake, serve_factory, api):
+    # the ledger's counts (the client's new messages, the reply's view) go through
+    # Session.count_message, whose count the message's surface node then takes
+    from ctxkernel.testing import CountingTokenizer
+
+    upstream, _ = fake
+    upstream.script = lambda api_name, body: Reply("the reply, counted once " * 4)
+    serve = serve_factory()
+    sid = f"tokenised-{api}"
+    if api == "openai":
+        client = serve.openai(session=sid)
+
+        def ask(history):
+            return client.chat.completions.create(model="fake-model", messages=history).choices[0].message.content
+    else:
+        client = serve.anthropic(session=sid)
+
+        def ask(history):
+            return client.messages.create(model="fake-model", max_tokens=100, messages=history).content[0].text
+
+    history = [{"role": "user", "content": "the first instruction"}]
+    history.append({"role": "assistant", "content": ask(history)})
+    session = serve.proxy.sessions[sid]
+    counting = CountingTokenizer(session.meter.tokenizer)
+    session.meter.tokenizer = counting
+    instruction = "the second instruction, with a few more words to count"
+    history.append({"role": "user", "content": instruction})
+    reply = ask(history)
+    assert counting.texts.count(instruction) == 1, counting.texts
+    assert counting.texts.count(reply) == 1, counting.texts
+    fresh = Kernel(load_profile(serve.profile)).open_session(session.id, repair=False)
+    assert session.meter.surface_tokens() == fresh.meter.surface_tokens()  # still exact
+
+
+def test_a_request_cut_off_after_its_step_start_resumes_after_a_restart(fake, serve_factory):
+    # the client's new messages and step/start are one write; serve stops before the upstream
+    # answers; the client sends the same history again to the restarted serve and gets its reply
+    from ctxkernel.serve import openai_wire
+
+    upstream, _ = fake
+    upstream.script = lambda api, body: Reply("answer")
+    serve = serve_factory()
+    history = [{"role": "user", "content": "first"}]
+    serve.openai(session="cut").chat.completions.create(model="fake-model", messages=history)
+    history += [{"role": "assistant", "content": "answer"}, {"role": "user", "content": "second"}]
+    body = orjson.dumps({"model": "fake-model", "messages": history})
+    serve.proxy._start(openai_wire, "cut", openai_wire.parse_request(body))
+    serve.restart()
+    assert log_of(serve, "cut").events[-1].type == "step/start"
+    reply = serve.openai(session="cut").chat.completions.create(model="fake-model", messages=history)
+    assert reply.choices[0].message.content == "answer"
+    session = log_of(serve, "cut")
+    assert [n.role for n in session.surface.nodes] == ["user", "assistant", "user", "assistant"]
+    assert [e.type for e in session.events].count("user/message") == 2
+    assert upstream.received[-1].body["messages"][-1]["content"] == "second"  # what it answered

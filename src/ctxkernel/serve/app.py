@@ -6,9 +6,11 @@ One client request, in order (docs/serve.md has the long form)::
     session key: X-Ctxkernel-Session, else a fingerprint (identity.py)
     take the session's turn: an asyncio lock per key; on postgres also an advisory lock, so that
         several processes order one session's requests; waiting is bounded (--lock-wait), then 409
-    reconcile: append only the client's new messages (reconcile.py)
+    reconcile: find the client's new messages (reconcile.py)
     loop (bounded):
-        prepare_request()  → the upstream body: managed messages, client + strategy tools
+        prepare_request()  → the first round's writes the new messages with its step/start
+                             (one store write); the upstream body: managed messages, client +
+                             strategy tools
             refused before sending when it exceeds the effective window and the strategies
             cannot shrink it
         upstream call      → provider error: request_failed(); on context overflow the
@@ -43,7 +45,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Mount, Route
 
 from ..errors import ContextOverflowError, CtxKernelError, EventError, ModelError
-from ..events import ASSISTANT_MESSAGE, COMPACTION_START, COMPACTION_SUMMARY
+from ..events import ASSISTANT_MESSAGE, COMPACTION_START, COMPACTION_SUMMARY, TURN_START
 from ..kernel import Kernel
 from ..logging import get_logger
 from ..messages import Message, Source
@@ -53,7 +55,7 @@ from ..session import Request, Session
 from . import anthropic_wire, openai_wire
 from .identity import session_key
 from .metrics import Metrics
-from .reconcile import inherit, kept, ledger_for, reconcile, record_follow, reply_record
+from .reconcile import Reconciled, inherit, kept, ledger_for, reconcile, record_follow, reply_record
 from .upstream import Limits, Upstream, UpstreamError, join_url
 from .wire import MAX_BODY_BYTES, ClientRequest, MessageMemo, WireError, add_usage, iter_sse
 
@@ -137,6 +139,9 @@ class Turn:
     #: (or what preparing it raised, raised again where the round asks for it)
     ready: Request | BaseException | None = None
     client_tokens: int = 0
+    #: the client's new messages, checked by reconcile and written by the first round's
+    #: ``prepare_request`` together with its step/start (one store write)
+    pending: Reconciled | None = None
 
 
 def busy(key: str, wait: float) -> WireError:
@@ -243,7 +248,7 @@ class Proxy:
                 while len(self._routes) > 16 * SESSION_CACHE:
                     del self._routes[next(iter(self._routes))]
         session = self.sessions.get(session_id)
-        if session is None:
+        if session is None or session.stale:  # stale: a failed write left it ahead of its log
             if store.exists(session_id):
                 session = self.kernel.open_session(session_id, keep_waiting_calls=True)
             else:
@@ -269,13 +274,15 @@ class Proxy:
     def _start(self, wire: Any, key: str, client: ClientRequest) -> Turn:
         """Open the turn: reconcile, count the client's tokens and prepare the first round, in
         one worker-thread call (each hop to a worker thread costs about 0.1 ms of CPU)."""
-        session = self._begin(key, client)
-        turn = Turn(wire, client, key, session, {session.id: len(session.events)})
-        turn.client_tokens = self._client_tokens(session, client)
+        session, pending = self._begin(key, client)
+        turn = Turn(wire, client, key, session, {session.id: len(session.events)}, pending=pending)
         try:
             turn.ready = self._prepare(turn)
         except Exception as exc:  # noqa: BLE001 - raised again by the round that asks for it
+            if isinstance(exc, EventError) and turn.pending is not None:
+                raise  # the session refused the client's messages, nothing written: a 400
             turn.ready = exc
+        turn.client_tokens = self._client_tokens(session, client)
         return turn
 
     async def prepared(self, turn: Turn) -> Request:
@@ -287,20 +294,24 @@ class Proxy:
             raise ready
         return ready
 
-    def _begin(self, key: str, client: ClientRequest) -> Session:
+    def _begin(self, key: str, client: ClientRequest) -> tuple[Session, Reconciled | None]:
+        """The session this request continues, and the client's new messages when they are
+        left for the first ``prepare_request`` to write (the usual case: nothing rewritten)."""
         session = self._open(key)
-        result = reconcile(session, client.messages, client.hashes)
+        result = reconcile(session, client.messages, client.hashes, defer=True)
         if result.rewrite == "fork":
             session.end_turn("aborted")
             child = self.kernel.open_session(create=True, parent=session.id, origin="serve:rewrite")
             log.info("client history rewritten: forked", session=session.id, child=child.id, at=result.at)
             self._point(key, child)
             session = child
-            result = reconcile(session, client.messages, client.hashes)
+            result = reconcile(session, client.messages, client.hashes, defer=True)
         ledger = ledger_for(session)
-        if ledger.follow and not session.surface.pending_calls:
-            session = self._follow(key, session, ledger.follow)
-        return session
+        if ledger.follow:  # the client's results decide whether to move on: write them first
+            result.write(session)
+            if not session.surface.pending_calls:
+                session = self._follow(key, session, ledger.follow)
+        return session, (result if result.record is not None else None)
 
     def _follow(self, key: str, session: Session, child_id: str) -> Session:
         """Continue in the child session a strategy tool switched to (ToolOutcome.continue_in)."""
@@ -321,8 +332,25 @@ class Proxy:
         route = session.route
         if route is None or route.get("model") != client.model:
             session.set_route(self.kernel.profile.model.provider, client.model)
+        if turn.pending is None and not session.turn_open:
+            # the client sent nothing new and no turn is open: its last request never got its
+            # reply (serve stopped mid-request, and reopening closed that turn as interrupted);
+            # what it sent is on the surface, and a new turn answers it
+            session.append_one(TURN_START, {"turn": session.turn + 1})
         for attempt in range(2):
-            request = session.prepare_request(attempt=attempt)
+            pending = turn.pending
+            if pending is None:
+                request = session.prepare_request(attempt=attempt)
+            else:
+                # the client's new messages go in with the step/start: one write. A refusal
+                # writes nothing and leaves turn.pending set; any later error writes them alone
+                before = len(session.events)
+                try:
+                    trailer = [pending.record] if pending.record else []
+                    request = session.prepare_request(attempt=attempt, history=pending.new, trailer=trailer)
+                finally:
+                    if len(session.events) != before:
+                        turn.pending = None
             pressure = request.pressure
             if pressure.tokens <= pressure.effective_window:
                 break

@@ -16,7 +16,8 @@ On each request the client's history is matched against the ledger from the star
 message also matches by its tool-call ids, so a client that re-serialises what it got back (other
 JSON spacing, ``content: null`` for ``""``) still matches. Then:
 
-- the ledger is a prefix of the history: the rest is new and is appended (one batch);
+- the ledger is a prefix of the history: the rest is new and is appended (one batch; ``serve``
+  hands it to the request's ``prepare_request``, which writes it with its ``step/start``);
 - the history diverges at position k (the client compacted its own history, edited or retried a
   turn): the **rewrite policy** applies. When everything from k on is still visible on the
   surface and starts at a balanced cut, that branch is dropped from the surface with a cited
@@ -170,6 +171,21 @@ class Reconciled:
     appended: int = 0
     rewrite: str | None = None  # None, "drop" or "fork"
     at: int = 0
+    #: with ``defer=True``: the client's new messages and their ledger record, not yet written
+    #: (``Session.prepare_request(history=..., trailer=...)`` writes them with its step/start)
+    new: list[Message] = field(default_factory=list)
+    record: EventSpec | None = None
+
+    def write(self, session: Session) -> None:
+        """Append what was deferred now (one batch, not synced on its own: the request's next
+        durable append syncs it, and a power cut before then loses only messages the client was
+        never answered for and sends again)."""
+        if self.record is None:
+            return
+        new, record, self.new, self.record = self.new, self.record, [], None
+        with deferred_sync(session.store):
+            session.append_history(new, trailer=[record])
+        ledger_for(session)
 
 
 def check_history(messages: list[Message], *, start: int = 0, seen: frozenset[str] = frozenset()) -> frozenset[str]:
@@ -221,12 +237,16 @@ def _check(ledger: Ledger, incoming: list[Message], hashes: list[str]) -> None:
     ledger.checked = hashes
 
 
-def reconcile(session: Session, incoming: list[Message], hashes: list[str] | None = None) -> Reconciled:
+def reconcile(
+    session: Session, incoming: list[Message], hashes: list[str] | None = None, *, defer: bool = False
+) -> Reconciled:
     """Append the client's new messages; apply the rewrite policy when its history diverged.
 
     Returns ``rewrite="fork"`` without writing anything when only a fork can keep the log whole
     (the caller opens the child session and reconciles again there). ``hashes`` are the
-    messages' :func:`message_hash` when the caller has them already."""
+    messages' :func:`message_hash` when the caller has them already. With ``defer``, new
+    messages after an unchanged history are checked but not written: they come back in
+    ``new`` and ``record`` for the request's ``prepare_request`` (or :meth:`Reconciled.write`)."""
     ledger = ledger_for(session)
     if hashes is None:
         hashes = [message_hash(m) for m in incoming]
@@ -247,17 +267,15 @@ def reconcile(session: Session, incoming: list[Message], hashes: list[str] | Non
             "at": k,
             "hashes": hashes[k:],
             "ids": [[c.id for c in m.tool_calls] if m.tool_calls else None for m in new],
-            "tokens": [session.meter.count_message(m) for m in new],
+            # through the session: each message's node takes this count when it lands, so a
+            # client's message is tokenised once, not once here and again on the surface
+            "tokens": [session.count_message(m) for m in new],
         },
         ignorable=True,
     )
-    # not waited for on its own: the request's next durable append (its step/start, at the
-    # latest its reply) syncs it, and a power cut before then loses only messages the client
-    # was never answered for and sends again; one fsync less per request
-    with deferred_sync(session.store):
-        session.append_history(new, trailer=[record])
-    ledger.sync(session)
-    result.appended = len(new)
+    result.new, result.record, result.appended = new, record, len(new)
+    if not defer or result.rewrite is not None:
+        result.write(session)
     return result
 
 
@@ -292,7 +310,8 @@ def reply_record(session: Session, at: int, view: Message, first_seq: int | None
         "at": at,
         "hashes": [message_hash(view)],
         "ids": [[c.id for c in view.tool_calls] if view.tool_calls else None],
-        "tokens": [session.meter.count_message(view)],
+        # through the session: when the view is the reply as committed, its node takes this count
+        "tokens": [session.count_message(view)],
     }
     if first_seq is not None:
         data["seqs"] = [first_seq]
