@@ -394,21 +394,16 @@ class Excerpts:
 
 @dataclass(frozen=True)
 class Extract:
-    """An extractive body: ``lead`` (the file list, the carried block, the heading and the note of
-    omitted entries) then the activity ``lines`` kept, joined by line breaks; ``counts[i]`` is
-    ``lines[i]``'s count with its line break (:func:`line_tokens`), None when it was rendered
-    uncounted. ``clipped`` is the text cut to the budget when the whole did not fit."""
+    """An extractive body: its ``text``, which is ``lead`` (the file list, the carried block, the
+    heading and the note of omitted entries) then the activity ``lines`` kept, joined by line
+    breaks; ``counts[i]`` is ``lines[i]``'s count with its line break (:func:`line_tokens`), None
+    when it was rendered uncounted. A body cut to its budget has no ``lines`` (nothing is counted
+    from parts then)."""
 
+    text: str
     lead: str
-    lines: list[str]
+    lines: list[str] = field(default_factory=list)
     counts: list[int | None] = field(default_factory=list)
-    clipped: str | None = None
-
-    @property
-    def text(self) -> str:
-        if self.clipped is not None:
-            return self.clipped
-        return self.lead + "\n".join(self.lines)
 
 
 def extract(history: History, nodes: list[Node], budget: int, excerpts: Excerpts | None = None) -> Extract:
@@ -447,12 +442,14 @@ def extract(history: History, nodes: list[Node], budget: int, excerpts: Excerpts
     if start:
         lines.append(f"(… {start} earlier entries omitted: history_list_items lists them)")
     # every piece was guarded on its own (a frame's tag cannot span the line breaks joining them)
-    body = Extract(("\n\n".join(lead) + "\n\n" if lead else "") + "\n".join(lines), [])
-    if start < len(entries):
+    before = ("\n\n".join(lead) + "\n\n" if lead else "") + "\n".join(lines)
+    if start == len(entries):
+        body = Extract(before, before)
+    else:
+        kept = entries[start:]
         counts = list(chain.from_iterable(map(_TOKENS, excerpted)))[start:]
-        body = Extract(body.lead + "\n", entries[start:], counts)
-    text = body.text
-    return body if len(text) <= budget else Extract(body.lead, [], [], _clip(text, budget))
+        body = Extract(before + "\n" + "\n".join(kept), before + "\n", kept, counts)
+    return body if len(body.text) <= budget else Extract(_clip(body.text, budget), body.lead)
 
 
 def extractive_body(history: History, nodes: list[Node], budget: int, excerpts: Excerpts | None = None) -> str:
@@ -566,16 +563,20 @@ def assemble(
     # before them (ending with a line break), the lines each with its line break, and the tail
     # (the body's closing tag, which starts the line after the last line, and the frame's)
     start = len(text) - len(closing) - len(body) + len(wrap[0]) + len(extracted.lead)
-    end = start + sum(len(line) + 1 for line in extracted.lines)
-    pieces, counts = _line_pieces(extracted.lines, extracted.counts)
-    return Handoff(text, full, summary, record, *_merged((text[:start], *pieces, text[end:]), (None, *counts, None)))
+    end = len(text) - len(closing) - len(wrap[1]) + 1  # the last line's break opens wrap[1]
+    if None not in extracted.counts:  # every kept line was counted at a step end: one piece
+        lines, counts = [text[start:end]], [sum(cast("list[int]", extracted.counts))]
+    else:
+        lines, counts = _line_pieces(text[start:end], extracted.lines, extracted.counts)
+    return Handoff(text, full, summary, record, *_merged((text[:start], *lines, text[end:]), (None, *counts, None)))
 
 
-def _line_pieces(lines: list[str], counts: list[int | None]) -> tuple[list[str], list[int | None]]:
-    """``lines``, each with its line break, as pieces to count: a run of lines whose counts are
-    known is one piece counted by adding them (each follows a line break and its cut was proven
-    exact, :func:`line_tokens`); a run of lines rendered uncounted (the newest reply before a
-    manual switch, or a process that started in this window) is one piece to tokenise."""
+def _line_pieces(text: str, lines: list[str], counts: list[int | None]) -> tuple[list[str], list[int | None]]:
+    """``text`` (``lines``, each with its line break) as pieces to count: a run of lines whose
+    counts are known is one piece counted by adding them (each follows a line break and its cut
+    was proven exact, :func:`line_tokens`); a run of lines rendered uncounted (the newest reply
+    before a manual switch, or a process that started in this window) is one piece to tokenise."""
+    ends = [0, *accumulate(len(line) + 1 for line in lines)]  # where each line starts in text
     pieces: list[str] = []
     totals: list[int | None] = []
     at, end = 0, len(lines)
@@ -585,13 +586,13 @@ def _line_pieces(lines: list[str], counts: list[int | None]) -> tuple[list[str],
         except ValueError:
             cold = end
         if cold > at:
-            pieces.append("\n".join(lines[at:cold]) + "\n")
+            pieces.append(text[ends[at] : ends[cold]])
             totals.append(sum(cast("list[int]", counts[at:cold])))
         at = cold
         while at < end and counts[at] is None:
             at += 1
         if at > cold:
-            pieces.append("\n".join(lines[cold:at]) + "\n")
+            pieces.append(text[ends[cold] : ends[at]])
             totals.append(None)
     return pieces, totals
 
