@@ -22,7 +22,6 @@ why (``generated_discarded``).
 from __future__ import annotations
 
 import re
-from bisect import bisect_right
 from collections.abc import Callable, Iterable
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -435,8 +434,10 @@ def extract(history: History, nodes: list[Node], budget: int, excerpts: Excerpts
     head = "Activity so far, oldest first (read any item in full with history_read_item):"
     room = budget - fixed - len(head) - 80
     # the newest entries that fit in room, each with its line break: the oldest go first
-    newest = list(accumulate(map(len, reversed(entries))))  # characters of the k + 1 newest, breaks aside
-    start = len(entries) - bisect_right(range(len(newest)), room, key=lambda k: newest[k] + k + 1)
+    start, size = len(entries), 0
+    while start and size + len(entries[start - 1]) + 1 <= room:
+        start -= 1
+        size += len(entries[start]) + 1
     lead = [p for p in parts if p]
     lines = [head]
     if start:
