@@ -307,11 +307,3 @@ def test_a_tool_calls_arguments_are_excerpted_as_json(counting_session):
     node = _node(3, Message.assistant("", [call]))
     (entry,) = Excerpts().of(History.for_session(counting_session), node).entries
     assert entry == f"- item_3 call read {orjson.dumps(call.arguments).decode()}"
-
-
-@settings(max_examples=300, deadline=None)
-@given(text=st.text(st.sampled_from(list("ab .\n\r\t\v\f\x1c\x1d\x1e\x85\u2028\u2029\u00a0\u3000é")), max_size=40))
-def test_the_handoff_logs_first_line_is_the_first_line_splitlines_gives(text):
-    from ctxkernel_handoff.engine import first_line_of
-
-    assert first_line_of(text) == next((line.strip() for line in text.splitlines() if line.strip()), "")

@@ -31,6 +31,7 @@ from ctxkernel import (
 )
 from ctxkernel.events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, REQUEST_HEADER, USER_MESSAGE
 from ctxkernel.recall.history import WINDOW_KINDS, History
+from ctxkernel.text import first_line
 
 from .handoff import (
     HANDOFF_LOG_NOTE,
@@ -477,7 +478,7 @@ def stage_notes(session: Session, plan: SwitchPlan, handoff: Handoff, notes: Str
     # UTF-8 takes at most 4 bytes a character: a handoff far under the limit is not encoded to know
     fits = len(full) * 4 <= limit or len(full.encode()) <= limit
     body = full if fits else full.encode()[: limit - 64].decode(errors="ignore") + "\n… [clipped to the note limit]"
-    first = first_line_of(full)[:200]
+    first = first_line(full).strip()[:200]  # the first line that is not blank
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     line = f"- {window} {now} reason={plan.reason} summary=win_{plan.record['window'] - 1}_summary {first}\n"
     trust = "model-authored" if handoff.record.get("handoff_summary") == "generated" else "tool-output"
@@ -491,18 +492,6 @@ def stage_notes(session: Session, plan: SwitchPlan, handoff: Handoff, notes: Str
         except Exception as exc:  # noqa: BLE001 - a note that cannot be written never blocks the switch
             log.warning("handoff note not written", session=session.id, path=path, error=f"{type(exc).__name__}: {exc}")
     return staged.data
-
-
-#: what ``str.splitlines`` breaks a line at
-_LINE_BREAK = re.compile("[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
-
-
-def first_line_of(text: str) -> str:
-    """The first line of ``text`` that is not blank, stripped: what the first non-blank line of
-    ``text.splitlines()`` is, without splitting the whole text (a handoff is ~16,000 characters)."""
-    text = text.lstrip()  # every line break is white space: the first line is the first not blank
-    found = _LINE_BREAK.search(text)
-    return (text[: found.start()] if found else text).rstrip()
 
 
 def builds_up_front(session: Session) -> bool:

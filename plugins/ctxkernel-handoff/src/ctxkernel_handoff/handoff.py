@@ -35,7 +35,7 @@ from ctxkernel import SUMMARY_SECTIONS, Message, Summary, get_logger
 from ctxkernel.recall.history import History
 from ctxkernel.recall.notes import Note, render_note
 from ctxkernel.redact import redact
-from ctxkernel.text import PATH_KEYS, clip, first_line, guard, string_arguments, tag
+from ctxkernel.text import PATH_KEYS, clip, first_line, guard, keep_newest, string_arguments, tag
 
 from .clip import clip_with_receipt
 from .strategy import STRATEGY
@@ -433,11 +433,7 @@ def extract(history: History, nodes: list[Node], budget: int, excerpts: Excerpts
     fixed = sum(len(p) + 2 for p in parts)
     head = "Activity so far, oldest first (read any item in full with history_read_item):"
     room = budget - fixed - len(head) - 80
-    # the newest entries that fit in room, each with its line break: the oldest go first
-    start, size = len(entries), 0
-    while start and size + len(entries[start - 1]) + 1 <= room:
-        start -= 1
-        size += len(entries[start]) + 1
+    start = len(entries) - len(keep_newest(entries, room))  # newest facts matter most
     lead = [p for p in parts if p]
     lines = [head]
     if start:
