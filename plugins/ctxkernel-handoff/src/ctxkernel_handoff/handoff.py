@@ -561,6 +561,8 @@ def assemble(
     # (the body's closing tag, which starts the line after the last line, and the frame's)
     start = len(text) - len(closing) - len(body) + len(wrap[0]) + len(extracted.lead)
     end = len(text) - len(closing) - len(wrap[1]) + 1  # the last line's break opens wrap[1]
+    lines: list[str]
+    counts: list[int | None]
     if None not in extracted.counts:  # every kept line was counted at a step end: one piece
         lines, counts = [text[start:end]], [sum(cast("list[int]", extracted.counts))]
     else:
