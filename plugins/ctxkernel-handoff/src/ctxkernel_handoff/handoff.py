@@ -25,7 +25,7 @@ import re
 from collections.abc import Callable, Iterable
 from contextlib import suppress
 from dataclasses import dataclass, field
-from itertools import accumulate, chain
+from itertools import accumulate
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -331,12 +331,8 @@ def line_tokens(meter: LineMeter, entry: str) -> int | None:
     return meter.count_text(entry + "\n") if meter.joins_exactly("\n", entry) else None
 
 
-#: the fields a switch reads of every excerpt in its region, read in C
+#: a node's seq, read in C for every node of a region
 _SEQ = attrgetter("seq")
-_ENTRIES = attrgetter("entries")
-_TOKENS = attrgetter("tokens")
-_FILES_OF = attrgetter("files")
-_CARRIED_OF = attrgetter("carried")
 
 
 class Excerpts:
@@ -413,18 +409,25 @@ def extract(history: History, nodes: list[Node], budget: int, excerpts: Excerpts
     lines join this window's, so one chronological list spans the windows and loses its oldest
     lines first. A previous generated handoff is carried as one clipped block.
     """
-    # one pass per field over the region's excerpts (a few hundred), each in C (map, filter, chain)
-    excerpted = (excerpts or Excerpts()).all_of(history, nodes)
-    carried = next(filter(None, map(_CARRIED_OF, reversed(excerpted))), "")
-    entries = list(chain.from_iterable(map(_ENTRIES, excerpted)))
+    # one pass over the region's excerpts (a few hundred objects: one visit each is cheaper than
+    # a pass per field, measured)
+    carried = ""
+    entries: list[str] = []
+    counts: list[int | None] = []
     files: dict[str, None] = {}
-    for part in filter(_FILES_OF, excerpted):
-        if part.moves:
-            for path in part.files:
-                files.pop(path, None)  # moved to the end: the newest files are listed
-                files[path] = None
-        else:
-            files.update(dict.fromkeys(part.files))
+    for part in (excerpts or Excerpts()).all_of(history, nodes):
+        if part.carried is not None:
+            carried = part.carried
+        if part.entries:
+            entries += part.entries
+            counts += part.tokens
+        if part.files:
+            if part.moves:
+                for path in part.files:
+                    files.pop(path, None)  # moved to the end: the newest files are listed
+                    files[path] = None
+            else:
+                files.update(dict.fromkeys(part.files))
     parts: list[str] = []
     if files:
         parts.append(guard(_FILES + ", ".join(_clip(f, 120) for f in list(files)[-20:]), *FRAMES))
@@ -444,8 +447,7 @@ def extract(history: History, nodes: list[Node], budget: int, excerpts: Excerpts
         body = Extract(before, before)
     else:
         kept = entries[start:]
-        counts = list(chain.from_iterable(map(_TOKENS, excerpted)))[start:]
-        body = Extract(before + "\n" + "\n".join(kept), before + "\n", kept, counts)
+        body = Extract(before + "\n" + "\n".join(kept), before + "\n", kept, counts[start:])
     return body if len(body.text) <= budget else Extract(_clip(body.text, budget), body.lead)
 
 
