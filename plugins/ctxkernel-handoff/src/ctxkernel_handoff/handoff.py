@@ -577,7 +577,8 @@ def _line_pieces(text: str, lines: list[str], counts: list[int | None]) -> tuple
     counts are known is one piece counted by adding them (each follows a line break and its cut
     was proven exact, :func:`line_tokens`); a run of lines rendered uncounted (the newest reply
     before a manual switch, or a process that started in this window) is one piece to tokenise."""
-    ends = [0, *accumulate(len(line) + 1 for line in lines)]  # where each line starts in text
+    chars = [0, *accumulate(map(len, lines))]  # line i starts at chars[i] + i (a break after each)
+    ends = [at + i for i, at in enumerate(chars)]
     pieces: list[str] = []
     totals: list[int | None] = []
     at, end = 0, len(lines)
