@@ -10,13 +10,16 @@ strategy's own manual compaction, which runs the kernel's transaction (validatio
 * ``decay``: the ``compress`` tool on the span its steward plans (the summary is in the call's
   arguments, i.e. written by the model, so no summarising happens inside the timing);
 * ``handoff``: ``ctxkernel_handoff.compact_now`` (a window switch keeping the last message);
-* ``chapters``: ``compact_in_place`` keeping a quarter of the surface (chapter files written).
+* ``chapters``: ``compact_in_place`` keeping a quarter of the surface (its chapter files
+  and records are written after the commit, at the next step: not timed).
 
-``decay``'s ``run_tool`` returns at a step boundary, so its timing also holds the snapshot the
-commit calls for. The session folds its snapshot indexes (timeline, history) and serialises each
-step's nodes at the end of that step (``Session._sync_indexes``), so the snapshot inside the
-timing folds and serialises only the compaction's own step: the fold of the 60 turns built before
-happens at their step ends, outside the timing, as it does in a live session (a few events each).
+A compaction's snapshot is written at the next step boundary, never inside the commit, for every
+strategy alike, so none of these timings holds it: ``decay``'s ``compress`` leaves it to the
+``tool_result`` that closes its step (until the fifth round ``run_tool`` wrote it on return, and
+decay's row held it: ~0.75 ms, moved to the step's end, not removed; ``docs/performance.md``).
+The session folds its snapshot indexes (timeline, history) and serialises each step's nodes at the
+end of that step (``Session._sync_indexes``), so that snapshot folds and serialises only the
+compaction's own step.
 
 The instruction block a commit pins is counted from the counts the meter took of those user
 messages when they landed on the surface (a live session counts every visible message for its

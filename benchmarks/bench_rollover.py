@@ -6,8 +6,10 @@ A window switch is local event writes only, no model call (seed 002 §4: "micros
 milliseconds of local event writes"). Each round builds a session (a surface of about 200 messages
 and 20 notes the model wrote with ``note_create``, on a jsonl store with fsync on: :func:`build`;
 until the fourth round the notes were written through the notes API, which no live model does:
-a note's seed part is counted when the model writes it, before any switch), then times side by
-side:
+a note's seed part is counted when the model writes it, before any switch; likewise, since the
+fifth round, the seed's parts fixed from the window's start (the chain's ids, where its items
+begin) are counted in the window's first ``pre_step``, which a live session runs before any switch
+of that window, as the build's steps do here), then times side by side:
 
 * subject: a whole manual rollover — the seed built from the notes and the log, the compaction
   transaction (validation, lock and commit in one durable batch), the surface replacement;

@@ -129,3 +129,51 @@ def test_a_long_text_counted_from_its_parts_is_not_tokenised_again() -> None:
     assert calls == ["the end"]  # only the part nobody counted
     assert meter.count_text("".join(parts)) == total == count("".join(parts))
     assert calls == ["the end"]
+
+
+def test_every_piece_of_one_to_three_digits_is_one_token() -> None:
+    """What ``Meter.count_numbered`` counts a number by (cl100k cuts a run of digits in threes)."""
+    pieces = [f"{i:0{n}d}" for n in (1, 2, 3) for i in range(10**n)]
+    assert len(pieces) == 1110
+    assert all(count(piece) == 1 for piece in pieces)
+
+
+FRAMES = st.lists(ALPHABET, min_size=1, max_size=6).map("".join)
+
+
+@settings(max_examples=600, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(FRAMES, st.one_of(st.integers(0, 10**4), st.integers(0, 10**30)), FRAMES)
+def test_count_numbered_is_the_count_of_the_whole(prefix: str, number: int, suffix: str) -> None:
+    assert METER.count_numbered(prefix, number, suffix) == count(f"{prefix}{number}{suffix}")
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(st.integers(0, 10**12))
+def test_an_instruction_id_is_counted_without_tokenising_its_digits(seq: int) -> None:
+    calls: list[str] = []
+
+    class Counting:
+        name = METER.tokenizer.name
+        _enc = METER.tokenizer._enc  # type: ignore[attr-defined]
+
+        def count(self, text: str) -> int:
+            calls.append(text)
+            return count(text)
+
+    meter = Meter(get_tokenizer())
+    meter.tokenizer = Counting()  # type: ignore[assignment]  # the same encoding, its calls seen
+    assert meter.count_numbered(" [item_", seq, "]\n") == count(f" [item_{seq}]\n")
+    assert not [c for c in calls if any(ch.isdigit() for ch in c)]  # only the frame, once per process
+
+
+def test_count_numbered_without_the_proof_counts_the_whole() -> None:
+    class Whole:
+        name = "whole"
+
+        def count(self, text: str) -> int:
+            return len(text)
+
+    meter = Meter(Whole())
+    assert meter.count_numbered(" [item_", 12345, "]\n") == len(" [item_12345]\n")
+    assert METER.count_numbered(" [item_", -5, "]\n") == count(" [item_-5]\n")
+    assert METER.count_numbered("a ", 7, "b") == count("a 7b")  # a space before: counted whole

@@ -401,24 +401,30 @@ def test_an_overflow_compaction_snapshots_when_request_failed_returns(tmp_path):
     assert covers == len(session.events)  # ...and request_failed snapshotted it before returning
 
 
-def test_a_compaction_by_a_kernel_tool_snapshots_when_run_tool_returns(tmp_path, monkeypatch):
+def test_a_compaction_by_a_kernel_tool_snapshots_when_its_result_closes_the_step(tmp_path, monkeypatch):
     """A tool that compacts (decay's ``compress``) runs between the reply that called it and its
-    result: its return is the boundary (the harness sends the next request after it)."""
+    result: like every commit, its snapshot waits for the step's end, which the call's result
+    writes, so the tool's return pays the commit's one durable write and not the snapshot."""
     from ctxkernel import ToolOutcome
 
     session = kernel(JsonlStore(tmp_path, fsync=False), tmp_path, snapshot_every=1000).open_session()
     work(session, 4)
     session.write_snapshot()
     session.user("one more step")
+    session.prepare_request()
+    session.commit_reply(Message.assistant("squashing", [ToolCallBlock("t1", "squash", {})]))
     session.owns_tool("compress")  # builds the session's tool registry
 
     def squash(session: Any, call: Any) -> ToolOutcome:
         session.compact(_head_span(session), strategy="basic")
-        assert session.store.snapshot_get(session.id)[0] < len(session.events)  # not inside the commit
         return ToolOutcome("squashed")
 
     monkeypatch.setattr(session.tools, "run", squash)
-    assert not session.run_tool({"id": "t1", "name": "squash", "arguments": {}}).is_error
+    outcome = session.run_tool({"id": "t1", "name": "squash", "arguments": {}})
+    assert not outcome.is_error
     assert session.events[-1].type == "compaction/end"
+    assert session.store.snapshot_get(session.id)[0] < len(session.events)  # not at the tool's return
+    session.tool_result("t1", outcome)
+    assert session.events[-1].type == "step/end"
     covers, _ = session.store.snapshot_get(session.id)
-    assert covers == len(session.events)
+    assert covers == len(session.events)  # the result closed the step: the boundary

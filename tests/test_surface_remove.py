@@ -48,6 +48,25 @@ def test_remove_is_carried_only_by_surface_drop():
         )
 
 
+@pytest.mark.parametrize("bad", [[1, True], [1, 2.0], [1, "2"], [None]])
+def test_cites_are_integers_and_never_booleans(bad):
+    with pytest.raises(EventError, match="cites"):
+        validate_shape(
+            Event(5, SURFACE_DROP, {"strategy": "s"}, "", {"op": "remove", "start": 1, "end": 2, "cites": bad})
+        )
+
+
+def test_cites_may_be_int_subclasses_other_than_bool():
+    import enum
+
+    class Seq(enum.IntEnum):
+        TWO = 2
+
+    validate_shape(
+        Event(5, SURFACE_DROP, {"strategy": "s"}, "", {"op": "remove", "start": 1, "end": 2, "cites": [1, Seq.TWO]})
+    )
+
+
 def test_drop_removes_the_cited_range_with_no_replacement(tmp_path):
     session = _session(tmp_path)
     before = _seqs(session)

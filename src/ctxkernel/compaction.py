@@ -300,7 +300,7 @@ def _summarized(
         if span.remove or span.message is not None:
             written.append(span)
             continue
-        region = Region(tuple(nodes), sum(meter.node_tokens(n) for n in nodes), strategy, kind)
+        region = Region(tuple(nodes), meter.nodes_tokens(nodes), strategy, kind)
         summary = Summary(span.summary) if isinstance(span.summary, str) else span.summary
         if summary is None:
             summary = session.kernel.hooks.summarize(session, region)
@@ -366,7 +366,7 @@ def _run_steps(
             raise SurfaceChangedError(f"another writer appended before the compaction could start: {exc}") from None
     try:
         meter = session.meter
-        before = [sum(meter.node_tokens(n) for n in nodes) for nodes in resolved]  # 4
+        before = [meter.nodes_tokens(nodes) for nodes in resolved]  # 4
         render = render or (lambda summary, region: checkpoint_message(summary, strategy))
         replacements: list[tuple[Message | None, Summary | None]] = []
         for span, nodes, tokens in zip(spans, resolved, before, strict=True):

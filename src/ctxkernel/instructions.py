@@ -34,6 +34,7 @@ from .meter import EXACT_COUNT_CHARS, MESSAGE_OVERHEAD, message_text_for_count
 
 if TYPE_CHECKING:
     from .session import Session
+    from .surface import Node
 
 KERNEL = "kernel"
 FORM = "instructions"
@@ -63,6 +64,29 @@ class Instruction:
     @property
     def ref(self) -> str:
         return f"item_{self.seq}"
+
+    @property
+    def normalized(self) -> str:
+        """The text as :func:`normalized` has it, computed once per instruction (the ledger keeps
+        its instructions, so every compaction of the session reads it)."""
+        return self._search_keys()[0]
+
+    @property
+    def inner_words(self) -> list[str]:
+        """The words of :attr:`normalized` but its first and last: a text that contains the
+        instruction verbatim (whitespace aside) holds each of them as a whole word (the first and
+        last may be the ends of longer words there)."""
+        return self._search_keys()[1]
+
+    def _search_keys(self) -> tuple[str, list[str]]:
+        # kept on the instance by hand: functools.cached_property takes a lock per read in
+        # Python 3.11, which cost more than computing the two keys
+        keys: tuple[str, list[str]] | None = self.__dict__.get("_keys")
+        if keys is None:
+            words = self.text.split()  # normalized() joins these: one split gives both keys
+            keys = (" ".join(words), words[1:-1])
+            object.__setattr__(self, "_keys", keys)
+        return keys
 
     def to_dict(self) -> dict[str, Any]:
         return {"session": self.session, "seq": self.seq, "text": self.text}
@@ -159,14 +183,19 @@ def _costs_from_surface(session: Session, ledger: Sequence[Instruction], costs: 
     of text blocks only is counted as its texts joined by newlines plus the message overhead,
     the very string and tokenizer of the instruction's cost, and the meter counts every visible
     node anyway, so a compaction does not tokenise each instruction a second time."""
+    own, node_of, node_tokens = session.id, session.surface.node, session.meter.node_tokens
     for item in reversed(ledger):
         key = (item.session, item.seq)
         if key in costs:
             break  # filled newest first up to here on an earlier call: the older ones are too
-        node = session.surface.node(item.seq) if item.session == session.id else None
-        if node is None or any(block.type != "text" for block in node.message.content):
+        node = node_of(item.seq) if item.session == own else None
+        if node is None:
             continue
-        costs[key] = session.meter.node_tokens(node) - MESSAGE_OVERHEAD
+        for block in node.message.content:
+            if block.type != "text":
+                break
+        else:
+            costs[key] = node_tokens(node) - MESSAGE_OVERHEAD
 
 
 def within(
@@ -213,17 +242,43 @@ def _missing_in(items: Sequence[Instruction], normalized_texts: list[str]) -> li
     # one message's text per line: a normalised instruction holds no newline, so it can only
     # match inside one message, never across two
     visible = "\n".join(normalized_texts)
-    return [i for i in items if normalized(i.text) not in visible]
+    return [i for i in items if i.normalized not in visible]
+
+
+def _missing_from_kept(session: Session, items: Sequence[Instruction], cited: set[int]) -> list[Instruction]:
+    """The ``items`` no surface node outside ``cited`` shows verbatim (whitespace aside): what
+    ``_missing_in(items, _kept_texts(session, cited))`` answers, mostly without normalising or
+    searching the kept texts. An instruction one of whose inner words (:attr:`Instruction.inner_words`)
+    is no whole word of any kept text cannot be in one; only the others are searched for."""
+    if not items:
+        return []
+    kept = [node for node in session.surface.nodes if node.seq not in cited]
+    inner = [i.inner_words for i in items]
+    wanted: set[str] = set()
+    for words in inner:
+        wanted.update(words)
+    # the kept texts' words that some instruction needs (an intersection hashes each word once
+    # and stores only the few that match: cheaper than a set of every kept word)
+    seen = wanted.intersection(" ".join([node.message.text for node in kept]).split()) if wanted else wanted
+    maybe = [i for i, words in zip(items, inner, strict=True) if seen.issuperset(words)]
+    if not maybe:
+        return list(items)
+    visible = "\n".join(_normalized_texts(session, kept))  # one text per line, as in _missing_in
+    found = {id(i) for i in maybe if i.normalized in visible}
+    return [i for i in items if id(i) not in found]
 
 
 def _kept_texts(session: Session, cited: set[int]) -> list[str]:
     """The normalised texts of the surface nodes not in ``cited``, from the ledger's cache."""
+    return _normalized_texts(session, [node for node in session.surface.nodes if node.seq not in cited])
+
+
+def _normalized_texts(session: Session, nodes: Sequence[Node]) -> list[str]:
+    """The normalised texts of ``nodes`` (on the surface), from the ledger's cache."""
     cache = session.instruction_texts
     surface = session.surface
     out = []
-    for node in surface.nodes:
-        if node.seq in cited:
-            continue
+    for node in nodes:
         hit = cache.get(node.seq)
         if hit is None or hit[0] is not node.message:
             hit = cache[node.seq] = (node.message, normalized(node.message.text))
@@ -241,10 +296,15 @@ _BLOCK_HEAD = f"{BLOCK_OPEN}\n{BLOCK_INTRO}\n"
 _FRAME_COUNTS: dict[str, tuple[int, int]] = {}
 
 
+#: an id on its line is `` [item_<seq>]`` (``Instruction.ref`` in brackets): the text around its seq
+_ID_OPEN = " [item_"
+_ID_CLOSE = "]"
+
+
 def _pointer(item: Instruction, session_id: str) -> str:
     """What follows an instruction's text on its line: its id, only for this session's own
     messages (the history tools read this session's log)."""
-    return f" [{item.ref}]" if item.session == session_id else ""
+    return f"{_ID_OPEN}{item.seq}{_ID_CLOSE}" if item.session == session_id else ""
 
 
 def block_text(items: Sequence[Instruction], session_id: str) -> str:
@@ -260,7 +320,8 @@ def block_text(items: Sequence[Instruction], session_id: str) -> str:
 def block_tokens(session: Session, items: Sequence[Instruction]) -> int:
     """Tokens of ``block_text(items, session.id)``, exactly: each instruction's text taken at the
     count the ledger already holds for it (counted when it landed on the surface, or for the
-    budget), so only the frame and the ids are tokenised.
+    budget), so only the frame is tokenised (once per process) and each id is counted from its
+    digits (``Meter.count_numbered``).
 
     Every cut taken is one ``Meter.joins_exactly`` proves: a line's text is stripped and not
     empty, so it starts after a newline with a character that is not white space and ends with
@@ -279,9 +340,9 @@ def block_tokens(session: Session, items: Sequence[Instruction]) -> int:
         # a count is of the whole text: usable when stripping changed nothing, and exact only up
         # to the meter's exact length (a longer text's count is a bound)
         cost = costs.get((item.session, item.seq)) if text == item.text and len(text) <= EXACT_COUNT_CHARS else None
-        pointer = _pointer(item, session.id)
-        if pointer:  # the text, then its id (a few short pieces: tokenised, ~2.5 us each)
-            total += (meter.count_text(text) if cost is None else cost) + meter.count_text(pointer + "\n")
+        if item.session == session.id:  # the text, then its id and newline: the id's digits counted, not tokenised
+            id_tokens = meter.count_numbered(_ID_OPEN, item.seq, _ID_CLOSE + "\n")
+            total += (meter.count_text(text) if cost is None else cost) + id_tokens
         else:  # an inherited instruction's line ends at its text: its last line and the newline
             total += meter.count_text(text + "\n") if cost is None else meter.count_extended(text, cost, "\n")
     return total
@@ -329,9 +390,7 @@ def pin_lost(
     # of every kept message (a normalised instruction holds no newline: it cannot match across
     # two texts, so searching the two groups apart finds what searching them joined would)
     written = "\n".join(normalized(m.text) for m in replacements if m is not None)
-    unquoted = [(i, text) for i in keep if (text := normalized(i.text)) not in written]
-    kept = "\n".join(_kept_texts(session, cited)) if unquoted else ""
-    lost = [i for i, text in unquoted if text not in kept]
+    lost = _missing_from_kept(session, [i for i in keep if i.normalized not in written], cited)
     if not lost:
         return replacements, [], -1
     out = list(replacements)
@@ -354,7 +413,12 @@ def _kept_as_sent(session: Session, item: Instruction, cited: set[int]) -> bool:
     if item.session != session.id or item.seq in cited:
         return False
     node = session.surface.node(item.seq)
-    return node is not None and all(block.type == "text" for block in node.message.content)
+    if node is None:
+        return False
+    for block in node.message.content:  # a loop, not all() over a generator: ~60 per compaction
+        if block.type != "text":
+            return False
+    return True
 
 
 def pin_cost(session: Session, cited: set[int]) -> int:
@@ -364,7 +428,7 @@ def pin_cost(session: Session, cited: set[int]) -> int:
     keep = [i for i in protected(session) if not _kept_as_sent(session, i, cited)]
     if not keep:
         return 0
-    lost = _missing_in(keep, _kept_texts(session, cited))
+    lost = _missing_from_kept(session, keep, cited)
     return block_tokens(session, lost) if lost else 0
 
 

@@ -515,7 +515,7 @@ class Session:
     def _snapshot_after(self, built: Sequence[Event]) -> None:
         """Write a snapshot every ``[store] snapshot_every`` events, and after a compaction commit
         at the next step boundary (``step/start``, ``step/end`` or ``turn/end``, or the return of
-        ``run_tool`` or ``request_failed``): not inside the commit, whose cost is one durable
+        ``request_failed``): not inside the commit, whose cost is one durable
         write, and once for several commits of one step. The snapshot is a cache: a crash before
         it is written costs a longer replay, never an event."""
         every = self.kernel.profile.store.snapshot_every
@@ -751,9 +751,9 @@ class Session:
                     is_error=True,
                 )
             call = ToolCallBlock(call_id, name, call.get("arguments") or {})
-        outcome = self.tools.run(self, call)
-        self._snapshot_if_due()  # a tool that compacted (decay's compress) has ended: a boundary
-        return outcome
+        # a tool that compacted (decay's compress) leaves its snapshot to the step's end, which the
+        # call's result closes: as for every commit, the snapshot is not the compaction's cost
+        return self.tools.run(self, call)
 
     def _snapshot_if_due(self) -> None:
         with self._lock:

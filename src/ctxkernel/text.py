@@ -229,6 +229,7 @@ def _previous_sections(text: str) -> dict[str, list[str]]:
 
 #: the tool-call argument keys the extractive summary reads (one set test per call)
 _ARGUMENT_KEYS = frozenset(PATH_KEYS + COMMAND_KEYS)
+_PATH_KEY_SET = frozenset(PATH_KEYS)
 
 
 def _line(text: str, limit: int) -> str:
@@ -276,6 +277,14 @@ def extractive_summary(messages: list[Message], *, max_chars: int = 12_000) -> s
                     continue
                 present = _ARGUMENT_KEYS.intersection(args)
                 if not present:
+                    continue
+                if len(present) == 1:  # the usual call: one path or one command, no order to keep
+                    (key,) = present
+                    if isinstance(value := args[key], str):
+                        if key in _PATH_KEY_SET:
+                            files.append(f"{name}: {_line(value, 200)}")
+                        else:
+                            ran.append(f"ran: {_line(value, 200)}")
                     continue
                 for key in PATH_KEYS:
                     if key in present and isinstance(value := args[key], str):

@@ -253,3 +253,27 @@ def test_the_planning_view_collects_the_users_instructions_of_any_range(tmp_path
             if node is not None and event.surface["op"] == "append" and node.role != "tool":
                 assert tokens == session.meter.node_tokens(node)  # a visible message: the meter's count
     assert user_instructions(session, 0, last)  # the ranges held instructions to find
+
+
+def test_the_regions_count_knows_the_users_messages_and_counts_only_when_asked(tmp_path):
+    """``read_region`` reads the region without tokenising anything; its ``count`` answers a
+    user's message (as the table of contents quotes it) with the meter's count taken when it
+    became visible, and tokenises any other text exactly (issue 21: the user's messages are
+    looked up only when a quote does not fit by its bytes)."""
+    from ctxkernel.testing import CountingTokenizer
+
+    session = _session(tmp_path)
+    run_turns(session, 3)
+    nodes = list(session.surface.nodes)
+    for node in nodes:
+        session.meter.node_tokens(node)  # the meter counts every visible node for its pressure
+    counting = CountingTokenizer(session.meter.tokenizer)
+    session.meter.tokenizer = counting
+    region = chapters_plugin.read_region(session, nodes)
+    asked = [n.message.text for n in nodes if n.role == "user" and n.message.source.kind == "user"]
+    assert asked and counting.texts == []  # reading the region tokenises nothing
+    whole = counting.inner.count
+    assert [region.count(text) for text in asked] == [whole(text) for text in asked]
+    assert [t for t in counting.texts if t] == []  # the messages' counts, not a tokenising
+    assert region.count("not a message of the region") == whole("not a message of the region")
+    assert counting.texts[-1] == "not a message of the region"

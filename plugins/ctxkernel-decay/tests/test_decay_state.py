@@ -143,7 +143,9 @@ def test_a_pruned_tool_result_keeps_its_id(driver, session):
 def test_the_session_snapshot_restores_the_state_and_the_open_folds_only_the_tail(driver, session, make_decay_kernel):
     _history(driver, 2)
     driver.user("now")
-    _compress(driver, "p2", "p6")  # a compaction commit writes the session's snapshot
+    _compress(driver, "p2", "p6")
+    assert session.store.snapshot_get(session.id) is None  # not inside the tool: at the step boundary
+    driver.text("the step after the compression")  # its step/start writes the commit's snapshot
     covers, _ = session.store.snapshot_get(session.id)
     driver.text("after the snapshot")
     again = make_decay_kernel().open_session(session.id)
@@ -176,6 +178,7 @@ def test_a_decay_part_of_another_version_or_malformed_is_set_aside_and_the_log_f
     _history(driver, 2)
     driver.user("now")
     _compress(driver, "p2", "p6")
+    driver.text("the step after the compression")  # its step/start writes the commit's snapshot
     want = current_state(session).to_dict()
 
     def other_version(parts):

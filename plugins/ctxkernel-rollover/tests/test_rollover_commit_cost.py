@@ -21,6 +21,7 @@ from ctxkernel.recall.notes import Note, Notes, render_note
 from ctxkernel.testing import CountingTokenizer
 from ctxkernel.text import guard
 from ctxkernel_rollover import seed as seed_module
+from ctxkernel_rollover import switch as switch_module
 from ctxkernel_rollover.plugin import inject_note
 from ctxkernel_rollover.state import state_of
 from ctxkernel_rollover.switch import FIGURE_SLACK, current_turn_inputs, switch
@@ -285,3 +286,38 @@ def test_a_seed_sized_by_its_byte_bound_never_costs_more_than_the_bound(goal, pe
     filled = text.replace(seed_module.REMAINING_PLACEHOLDER, f"{window} of {window}")
     assert tokenizer.count(filled) <= bound
     assert seed_module.byte_bound(goal) >= tokenizer.count(goal)
+
+
+def test_the_parts_fixed_from_a_windows_start_are_counted_in_its_first_step_and_never_by_the_switch(
+    tmp_path, monkeypatch
+):
+    # the chain's ids and where the window's items begin exist from the window's start: pre_step
+    # counts them once, so the switch that ends the window tokenises neither of them; a switch
+    # that comes before the next window's first step (a retry after an overflow) counts them itself
+    session = session_with_notes(tmp_path, 1_000_000)  # its steps ran the first window's pre_step
+    counting = CountingTokenizer(session.meter.tokenizer)
+    monkeypatch.setattr(session.meter, "tokenizer", counting)
+    for round_ in range(2):
+        state = state_of(session)
+        ahead = dict(state.note_cache.window)
+        assert state.note_cache.window_of == state.current
+        assert sorted(ahead) == sorted(seed_module.window_texts(*switch_module._chain(state)))
+        assert all(get_tokenizer().count(text) == tokens for text, tokens in ahead.items())
+        counting.texts.clear()
+        result = switch(session, "manual")
+        seed = session.surface.nodes[0].message.text
+        assert all(text in seed for text in ahead)
+        assert not any(' previous="' in text or "history_lookup(window=" in text for text in counting.texts)
+        assert result.tokens_after == 4 + get_tokenizer().count(seed)
+        session.user(f"go on {round_}")
+        counting.texts.clear()
+        for _ in range(2):  # the new window's first step counts its parts, a later one nothing
+            session.prepare_request()
+            session.commit_reply(Message.assistant(f"step {round_}"))
+        assert sum(' previous="' in text for text in counting.texts) == 1
+    # no step of the new window ran: the switch counts that window's parts itself, exactly
+    switch(session, "manual")
+    counting.texts.clear()
+    result = switch(session, "manual")
+    assert sum(' previous="' in text for text in counting.texts) == 1
+    assert result.tokens_after == 4 + get_tokenizer().count(session.surface.nodes[0].message.text)

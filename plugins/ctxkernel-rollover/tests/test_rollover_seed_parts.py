@@ -17,7 +17,7 @@ from ctxkernel import Message
 from ctxkernel.meter import Meter, get_tokenizer
 from ctxkernel.recall.notes import Note, Notes
 from ctxkernel_rollover.plugin import inject_note
-from ctxkernel_rollover.seed import NoteCache, SeedInput, compose_seed
+from ctxkernel_rollover.seed import WINDOW, NoteCache, SeedInput, compose_seed, window_texts
 from ctxkernel_rollover.switch import switch
 
 PIECES = st.sampled_from(
@@ -44,9 +44,17 @@ def tokenizer_and_meter() -> tuple[object, Meter]:
     prepared=st.lists(st.booleans(), min_size=6, max_size=6),
     budget=st.sampled_from([40, 300, 3_000, 10_000_000]),
     figure=st.sampled_from(["0 of 1000", "982403 of 992000", "123456789012 of 999999999999"]),
+    chain=st.sampled_from(
+        [
+            ("w2", "w1", "w1", 2, 0, 9),
+            ("019ad2b0-7c3e-7f00-8a11-3b2c1d0e9f87", None, "w0", 1, 0, 0),
+            ("019ad2b0-7c3e-7f01-9b22-0c1d2e3f4a5b", "019ad2b0-7c3e-7f00-8a11-3b2c1d0e9f87", "w0", 12, 4410, 98765),
+        ]
+    ),
+    window_ahead=st.booleans(),
 )
 def test_a_seed_counted_from_its_parts_is_the_count_of_the_whole(
-    goal, pending, instructions, error, contents, hidden, prepared, budget, figure
+    goal, pending, instructions, error, contents, hidden, prepared, budget, figure, chain, window_ahead
 ):
     tokenizer, meter = tokenizer_and_meter()
     notes = [
@@ -57,18 +65,21 @@ def test_a_seed_counted_from_its_parts_is_the_count_of_the_whole(
     for note, early in zip(notes, prepared, strict=False):
         if early:  # counted when the note was written
             cache.prepare(note, NOTE_CHARS, meter.count_text)
+    current, previous, first, number, archived_from, archived_to = chain
+    if window_ahead:  # the window's fixed parts, counted in its first step
+        cache.prepare_window(previous or "-", window_texts(previous, first, number, archived_from), meter.count_text)
     seed = SeedInput(
-        "w2",
-        "w1",
-        "w1",
-        2,
+        current,
+        previous,
+        first,
+        number,
         "overflow",
         goal,
         "test",
         list(enumerate(pending)),
         notes,
-        0,
-        9,
+        archived_from,
+        archived_to,
         error=error,
         hidden_note_paths=hidden,
         instructions=list(enumerate(instructions)),
@@ -92,6 +103,11 @@ def test_a_seed_counted_from_its_parts_is_the_count_of_the_whole(
     # the counts the seed took from the cache (a note's part, counted when written) are its own
     for part, known in zip(filled.parts, filled.counts, strict=True):
         assert known is None or known == tokenizer.count(part)
+    # the parts fixed from the window's start are the texts counted ahead, found by their text
+    window_parts = [part for part, key in zip(filled.parts, filled.keys, strict=True) if key == WINDOW]
+    assert set(window_parts) <= set(window_texts(previous, first, number, archived_from))
+    if window_ahead:
+        assert all(cache.window[part] == tokenizer.count(part) for part in window_parts)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -304,18 +304,21 @@ def planning_view(session: Session, start: int, end: int, floor_tokens: int, nod
     one-line note, not as its text)."""
     meter = session.meter
     visible = {n.seq: n for n in nodes if start <= n.seq <= end and n.event.surface.get("op") == "append"}
-    out = []
+    out: list[int] = []
     instructions = []
+    node_of = visible.get
     for event in session.events[max(0, start) : end + 1]:
         etype = event.type
         if etype == "user/message":
             instruction = instruction_of(event)
             if instruction is not None:
                 instructions.append(instruction)
-        node = visible.get(event.seq)
+        node = node_of(event.seq)
         if node is not None:
-            n = meter.node_tokens(node)
-            out.append(ARTIFACT_LINE_TOKENS if etype == "tool/result" and n > floor_tokens else n)
+            n = node.tokens  # counted when the node became visible (counted now when it was not)
+            if n is None:
+                n = meter.node_tokens(node)
+            out.append(ARTIFACT_LINE_TOKENS if n > floor_tokens and etype == "tool/result" else n)
         elif etype == "turn/start":
             out.append(TURN_LINE_TOKENS)
         elif etype not in PROSE_EVENTS:
@@ -393,26 +396,33 @@ def read_region(session: Session, nodes: list[Any]) -> RegionText:
     counted each when it became visible, so quoting them in the table of contents costs no
     tokenizing."""
     meter = session.meter
-    overhead = meter.count_message(Message.user(""))  # a message's framing, beyond its text
     tocs: list[str] = []
     carried: list[str] = []
-    known: dict[str, int] = {}
+    users: list[Any] = []  # the user's own messages: counted only when a quote needs their count
     for node in nodes:
-        if node.role != "user":
-            continue
         message = node.message
+        if message.role != "user":
+            continue
         kind = message.source.kind
         if kind == "user":
-            if all(b.type == "text" for b in message.content):
-                text = "\n".join(b.text for b in message.content)
-                if text == text.strip():  # the table of contents quotes it stripped
-                    known[text] = meter.node_tokens(node) - overhead
+            users.append(node)
         elif is_chapters_toc(node):
             tocs.append(message.text)
         elif kind == "plugin" and node.event.surface.get("op") == "replace":
             carried.append(message.text)
+    known: dict[str, int] | None = None
 
     def count(text: str) -> int:
+        nonlocal known
+        if known is None:  # the first quote that does not fit by its bytes
+            known = {}
+            overhead = meter.count_message(Message.user(""))  # a message's framing, beyond its text
+            for node in users:
+                content = node.message.content
+                if all(b.type == "text" for b in content):
+                    whole = "\n".join(b.text for b in content)
+                    if whole == whole.strip():  # the table of contents quotes it stripped
+                        known[whole] = meter.node_tokens(node) - overhead
         cached = known.get(text)
         return meter.count_text(text) if cached is None else cached
 

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .settings import ChaptersSettings
 
 _PATH_KEYS = ("path", "file", "file_path", "filename", "filepath", "notebook_path")
+_PATH_KEY_SET = frozenset(_PATH_KEYS)
 
 
 @dataclass(frozen=True)
@@ -54,24 +55,32 @@ def describe(events: Sequence[Event], start: int, end: int, message_of: MessageO
     replies: list[Message] = []  # the assistant's messages: the last one with text is read at the end
     tools: dict[str, int] = {}
     files: list[str] = []
+    seen: set[str] = set()  # the files listed so far
     for event in events[start : end + 1]:
         etype = event.type
-        if etype == "user/message":
+        if etype == "assistant/message":
+            if (event.surface or {}).get("op") != "append":
+                continue
+            message = parse(event)
+            replies.append(message)
+            for block in message.content:
+                if block.type != "tool_call":
+                    continue
+                tools[block.name] = tools.get(block.name, 0) + 1
+                arguments = block.arguments
+                if not isinstance(arguments, dict) or _PATH_KEY_SET.isdisjoint(arguments):
+                    continue
+                for key in _PATH_KEYS:  # in this order: the first path key of a call is listed first
+                    value = arguments.get(key)
+                    if isinstance(value, str) and value not in seen:
+                        seen.add(value)
+                        files.append(value)
+        elif etype == "user/message":
             if first_user or (event.surface or {}).get("op") != "append":
                 continue
             message = parse(event)
             if message.source.kind == "user":
                 first_user = message.text.strip()
-        elif etype == "assistant/message" and (event.surface or {}).get("op") == "append":
-            message = parse(event)
-            replies.append(message)
-            for call in message.tool_calls:
-                tools[call.name] = tools.get(call.name, 0) + 1
-                arguments = call.arguments if isinstance(call.arguments, dict) else {}
-                for key in _PATH_KEYS:
-                    value = arguments.get(key)
-                    if isinstance(value, str) and value not in files:
-                        files.append(value)
     last_text = next((text for text in (m.text.strip() for m in reversed(replies)) if text), "")
     basis = first_user or last_text
     words = re.findall(r"[^\s]+", basis)[:8]

@@ -43,6 +43,8 @@ def parse_anchor(value: object) -> int | None:
 
 def strip_anchors(text: str) -> str:
     """Summaries must not carry anchors: they would look like live addresses."""
+    if OPEN not in text:  # no anchor to strip (the pattern's leading \s* makes a scan costly)
+        return text.strip()
     return _ANY_ANCHOR.sub(" ", text).strip()
 
 

@@ -183,11 +183,12 @@ class DecayState:
         edges: list[int] = []  # anchored ids of the range, in surface order
         tier = 0
         sources: list[int] = []
-        for seq in cites:
-            pid = self.anchor_of.get(seq)
-            block = self.blocks.get(seq)
+        anchor_of, blocks = self.anchor_of, self.blocks
+        for seq in cites:  # one pass: the range's nodes leave the surface
+            pid = anchor_of.pop(seq, None)
             if pid is not None:
                 edges.append(pid)
+            block = blocks.pop(seq, None)
             if block is not None:
                 if block.right is not None:
                     edges.append(block.right)
@@ -197,14 +198,8 @@ class DecayState:
                 sources.append(seq)
         left = edges[0] if edges else None
         right = edges[-1] if len(edges) > 1 else None
-        keep = {left, right}
-        for seq in cites:  # interior ids go back to the free list; the two edges stay
-            pid = self.anchor_of.pop(seq, None)
-            if pid not in keep:
-                self._release(pid)
-            block = self.blocks.pop(seq, None)
-            if block is not None and block.right not in keep:
-                self._release(block.right)
+        for pid in edges[1:-1]:  # interior ids go back to the free list; the two edges stay
+            self._release(pid)
         if left is None:  # a range of unanchored nodes only (not produced by our tool)
             left = self._alloc(event.seq)
         self.anchor_of[event.seq] = left

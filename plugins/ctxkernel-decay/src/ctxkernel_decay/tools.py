@@ -145,7 +145,11 @@ def open_turn_start(session: Session) -> int:
         return result
 
     nodes = session.surface.nodes
-    return next((i for i, node in enumerate(nodes) if holds(node.seq)), len(nodes))
+    for i, node in enumerate(nodes):
+        seq = node.seq
+        if seq > turn_start and holds(seq):  # a node written before the turn opened holds none of it
+            return i
+    return len(nodes)
 
 
 def compressible_range(state: DecayState, session: Session, protect: int) -> tuple[int, int] | None:
@@ -326,16 +330,21 @@ def build_spans(session: Session, state: DecayState, planned: list[Planned]) -> 
     out = []
     for p in planned:
         rng = nodes[p.start : p.end + 1]
-        tier = 1 + max((state.blocks[n.seq].tier for n in rng if n.seq in state.blocks), default=0)
-        message = block_message(p.summary, p.topic, tier)
-        before = sum(meter.node_tokens(n) for n in rng)
+        tier = 0
+        before = 0
         edges = []
-        for n in rng:
-            if n.seq in state.anchor_of:
-                edges.append(state.anchor_of[n.seq])
+        for n in rng:  # one pass: the range's tokens, its highest tier and its edge ids
+            before += meter.node_tokens(n)
+            pid = state.anchor_of.get(n.seq)
+            if pid is not None:
+                edges.append(pid)
             block = state.blocks.get(n.seq)
-            if block is not None and block.right is not None:
-                edges.append(block.right)
+            if block is not None:
+                tier = max(tier, block.tier)
+                if block.right is not None:
+                    edges.append(block.right)
+        tier += 1
+        message = block_message(p.summary, p.topic, tier)
         data = {
             "block_summary": p.summary,
             "topic": p.topic,

@@ -27,7 +27,7 @@ from ctxkernel.text import tag
 from .settings import RolloverSettings
 from .state import NAME, REMINDER_KEY, STATE_VERSION, state_of
 from .strategy import STRATEGY
-from .switch import RolloverError, ensure_window, notes_of, remember_note, switch
+from .switch import RolloverError, count_window_parts, ensure_window, notes_of, remember_note, switch
 from .tools import build_tools
 
 if TYPE_CHECKING:
@@ -114,6 +114,8 @@ def pre_step(session: Session, step: StepContext) -> None:
     # the history index (the seed's goal and todos) folds a step's events at a time here, so a
     # switch finds it current instead of folding the whole window at its commit
     rollover.history()
+    # likewise the parts of the seed fixed from the window's start, once per window
+    count_window_parts(session, state)
     try:
         if state.pending is not None:
             switch(session, "manual", intent=state.pending)

@@ -17,18 +17,18 @@ from ctxkernel.recall.notes import Note, NotesLimits
 from .seed import (
     DENSITY_MARGIN,
     REMAINING_PLACEHOLDER,
-    NoteCache,
     SeedInput,
     SeedParts,
     compose_seed,
     shared_count,
+    window_texts,
 )
-from .state import PENDING_INPUTS, WINDOW_EVENT, WINDOW_KIND, state_of
+from .state import PENDING_INPUTS, WINDOW_EVENT, WINDOW_KIND, RolloverState, state_of
 from .strategy import STRATEGY
 from .window_ids import next_window_id
 
 if TYPE_CHECKING:
-    from ctxkernel import CommitResult, Session
+    from ctxkernel import CommitResult, Session, StrategyHandle
 
     from .settings import RolloverSettings
 
@@ -43,14 +43,15 @@ def settings_of(session: Session) -> RolloverSettings:
     return STRATEGY.on(session).settings
 
 
-def notes_of(session: Session, settings: RolloverSettings | None = None) -> StrategyNotes:
+def notes_of(
+    session: Session, settings: RolloverSettings | None = None, state: RolloverState | None = None
+) -> StrategyNotes:
     """The session's notes, writes signed by rollover, stamped with the current window
-    (``settings``: the strategy's, when the caller has them already)."""
+    (``settings``, ``state``: the strategy's, when the caller has them already)."""
     rollover = STRATEGY.on(session)
     s = settings if settings is not None else rollover.settings
     notes = rollover.notes(NotesLimits(s.max_notes, s.max_notes_bytes, s.max_note_bytes))
-    state = state_of(session)
-    notes.current_window = state.current
+    notes.current_window = (state if state is not None else state_of(session)).current
     return notes
 
 
@@ -68,6 +69,27 @@ def remember_note(session: Session, note: Note) -> None:
     )
 
 
+def _chain(state: RolloverState) -> tuple[str, str, int, int]:
+    """How the seed that ends the current window names its place in the chain: that window's id
+    (the next one's previous), the chain's first id, the next window's number and the first item
+    of the window (0 for the first window)."""
+    assert state.current is not None  # ensure_window recorded it
+    archived_from = state.seed_seq if state.seed_seq is not None else 0
+    return state.current, state.first or state.current, state.number + 1, archived_from
+
+
+def count_window_parts(session: Session, state: RolloverState | None = None) -> None:
+    """Count the parts of the seed that will end the current window which are fixed from its
+    start (the chain's ids, where its items begin), where counts add: the plugin calls this in
+    each step's ``pre_step``, and it counts them once per window (the window exists from then
+    on), so the switch that ends the window tokenises only what is new."""
+    state = state if state is not None else state_of(session)
+    cache = state.note_cache
+    if state.current is None or cache.window_of == state.current or not counts_add(session):
+        return
+    cache.prepare_window(state.current, window_texts(*_chain(state)), session.meter.count_text)
+
+
 def ensure_window(session: Session) -> str:
     """The current window id; the first window's id is recorded before it is first needed."""
     state = state_of(session)
@@ -78,27 +100,38 @@ def ensure_window(session: Session) -> str:
     return state.current
 
 
-def current_turn_inputs(session: Session, limit: int = PENDING_INPUTS) -> list[tuple[int, str]]:
+def current_turn_inputs(
+    session: Session, limit: int = PENDING_INPUTS, state: RolloverState | None = None
+) -> list[tuple[int, str]]:
     """The user's own messages of the open turn (what the model still has to act on), the
     newest ``limit``, oldest first: from the folded state, not a walk back through the turn."""
     if not session.turn_open:
         return []
-    events = session.events
-    return [
-        (seq, Message.from_dict(events[seq].data["message"]).text) for seq in state_of(session).turn_inputs[-limit:]
-    ]
+    seqs = (state if state is not None else state_of(session)).turn_inputs[-limit:]
+    return [(seq, _user_text(session, seq)) for seq in seqs]
 
 
-def _earlier_instructions(session: Session, count: int) -> list[tuple[int, str]]:
+def _user_text(session: Session, seq: int) -> str:
+    """The text of the user's message at ``seq``: its surface node's when it is visible (the
+    same message, already decoded), else decoded from its event."""
+    node = session.surface.node(seq)
+    if node is not None:
+        return node.message.text
+    return Message.from_dict(session.events[seq].data["message"]).text
+
+
+def _earlier_instructions(session: Session, count: int, state: RolloverState) -> list[tuple[int, str]]:
     """The user's own recent instructions before the open turn (the open turn's are pending)."""
     if count <= 0:
         return []
-    pending = {seq for seq, _ in current_turn_inputs(session)}
-    seqs = [s for s in state_of(session).instructions if s not in pending][-count:]
-    return [(s, Message.from_dict(session.events[s].data["message"]).text) for s in seqs]
+    pending = set(state.turn_inputs[-PENDING_INPUTS:]) if session.turn_open else set()
+    seqs = [s for s in state.instructions if s not in pending][-count:]
+    return [(s, _user_text(session, s)) for s in seqs]
 
 
-def _goal(session: Session, active: list[Note], next_goal: str | None) -> tuple[str | None, str]:
+def _goal(
+    rollover: StrategyHandle[RolloverSettings], active: list[Note], next_goal: str | None
+) -> tuple[str | None, str]:
     """The goal the seed shows and where it came from (``active``: every active note, so the
     note ``goal`` is found without another read of the notes)."""
     if next_goal and next_goal.strip():
@@ -107,7 +140,7 @@ def _goal(session: Session, active: list[Note], next_goal: str | None) -> tuple[
     if goal_note is not None:
         return goal_note.content, "note 'goal'"
     # the harness's task state, else the first substantive instruction (History.goal)
-    history = STRATEGY.on(session).history()
+    history = rollover.history()
     goal = history.goal()
     todos = [f"- [{t.status}] {t.text}" for t in history.checklist() if t.open][:20]
     if goal is not None:
@@ -121,19 +154,20 @@ def _goal(session: Session, active: list[Note], next_goal: str | None) -> tuple[
 #: when the seed is not counted from its parts: another tokenizer)
 FIGURE_SLACK = 0.02
 #: tokens the figure's two numbers ("<remaining> of <window>", up to 12 digits each) take at
-#: most with cl100k_base: it splits a run of digits into pieces of at most three, one token each
+#: most beyond one digit each with cl100k_base: it splits a run of digits into pieces of at most
+#: three, one token each (three more pieces per number)
 FIGURE_DIGIT_TOKENS = 8
 
 
 def _fill_remaining(
     session: Session,
+    state: RolloverState,
     parts: SeedParts,
     tokens: int,
     counted: bool,
     framing: int,
     window: int,
     overhead: int,
-    cache: NoteCache,
 ) -> tuple[str, int]:
     """The seed with its remaining-tokens line filled in, and its exact token count (with framing).
 
@@ -153,18 +187,18 @@ def _fill_remaining(
 
     if counts_add(session):
         tokenizer = meter.tokenizer.name
-        parts.count_all_but_figure(meter.count_text, cache, tokenizer)
+        parts.count_all_but_figure(meter.count_text, state.note_cache, tokenizer)
         others = sum(c for i, c in enumerate(parts.counts) if i != parts.figure and c is not None)
-        # the figure's line: its fixed words (the same in every seed) and at most FIGURE_DIGIT_TOKENS
+        # the figure's part with one digit per number (the same in every seed), and the digits'
+        # further pieces: cl100k_base splits a run of digits into pieces of at most three
         line = shared_count(
-            tokenizer, parts.parts[parts.figure].replace(REMAINING_PLACEHOLDER, "", 1), meter.count_text
+            tokenizer, parts.parts[parts.figure].replace(REMAINING_PLACEHOLDER, "0 of 0", 1), meter.count_text
         )
         filled = parts.with_figure(figure(framing + others + line + FIGURE_DIGIT_TOKENS))
         return filled.text, framing + meter.count_joined(filled.parts, filled.counts)
     text = parts.text
     if counted or tokens - framing <= slack:
         return text.replace(REMAINING_PLACEHOLDER, figure(tokens), 1), tokens
-    state = state_of(session)
     size = len(text.encode())
     guess = framing + int(size * (state.seed_density + DENSITY_MARGIN)) + 1
     filled_text = text.replace(REMAINING_PLACEHOLDER, figure(guess), 1)
@@ -180,14 +214,16 @@ def switch(
     session: Session, trigger: str, *, intent: dict[str, Any] | None = None, error: str | None = None
 ) -> CommitResult:
     """Start a new window now. Raises :class:`RolloverError` (after recording it) when it cannot."""
-    settings = settings_of(session)
+    rollover = STRATEGY.on(session)
+    settings = rollover.settings
     current = ensure_window(session)
-    intent = intent if intent is not None else state_of(session).pending
+    state = state_of(session)
+    intent = intent if intent is not None else state.pending
     try:
-        result = _switch(session, settings, trigger, intent, error)
+        result = _switch(session, rollover, settings, state, trigger, intent, error)
     except CtxKernelError as exc:
         text = f"{type(exc).__name__}: {exc}"
-        STRATEGY.on(session).emit(
+        rollover.emit(
             "failed",
             {
                 "trigger": trigger,
@@ -212,7 +248,7 @@ def switch(
         "rollover",
         session=session.id,
         trigger=trigger,
-        window=state_of(session).current,
+        window=state.current,
         tokens_before=result.tokens_before,
         tokens_after=result.tokens_after,
     )
@@ -220,9 +256,14 @@ def switch(
 
 
 def _switch(
-    session: Session, settings: RolloverSettings, trigger: str, intent: dict[str, Any] | None, error: str | None
+    session: Session,
+    rollover: StrategyHandle[RolloverSettings],
+    settings: RolloverSettings,
+    state: RolloverState,
+    trigger: str,
+    intent: dict[str, Any] | None,
+    error: str | None,
 ) -> CommitResult:
-    state = state_of(session)
     nodes = session.surface.nodes
     if not nodes:
         msg = "the surface is empty: there is nothing to roll over"
@@ -231,7 +272,7 @@ def _switch(
         # never mid tool batch (§3.5): only pre_step and request_error call us, both between steps
         msg = f"tool calls {sorted(session.surface.pending_calls)} still wait for results"
         raise RolloverError(msg)
-    notes = notes_of(session, settings)
+    notes = notes_of(session, settings, state)
     pressure = session.pressure()
     surface_tokens = session.meter.surface_tokens()
     overhead = max(0, pressure.tokens - surface_tokens)  # system prompt, tools, anchor correction
@@ -240,28 +281,28 @@ def _switch(
         # an automatic switch must relieve the window: the seed stays well below what it replaces
         budget = min(budget, int(surface_tokens * 0.8))
     active = list(reversed(notes.active()))  # newest first
-    goal, goal_source = _goal(session, active, (intent or {}).get("next_goal"))
+    goal, goal_source = _goal(rollover, active, (intent or {}).get("next_goal"))
     hidden: list[str] = []
     if trigger == "overflow":
         hidden = [n.path for n in active[settings.protective_keep_notes :]]
         active = active[: settings.protective_keep_notes]
-    new_id = next_window_id(state.current)
-    archived_from = state.seed_seq if state.seed_seq is not None else 0
+    previous, first, number, archived_from = _chain(state)
+    new_id = next_window_id(previous)
     seed = SeedInput(
         current=new_id,
-        previous=state.current,
-        first=state.first or state.current or new_id,
-        number=state.number + 1,
+        previous=previous,
+        first=first,
+        number=number,
         trigger=trigger,
         goal=goal,
         goal_source=goal_source,
-        pending=current_turn_inputs(session),
+        pending=current_turn_inputs(session, state=state),
         notes=active,
         archived_from=archived_from,
         archived_to=session.next_seq - 1,
         error=error,
         hidden_note_paths=hidden,
-        instructions=_earlier_instructions(session, settings.instructions_count),
+        instructions=_earlier_instructions(session, settings.instructions_count, state),
         instructions_chars=settings.instructions_chars,
         pending_base=settings.pending_input_chars,
     )
@@ -276,7 +317,7 @@ def _switch(
         note_cache=state.note_cache,
     )
     text, seed_tokens = _fill_remaining(
-        session, parts, seed_tokens + framing, counted, framing, pressure.effective_window, overhead, state.note_cache
+        session, state, parts, seed_tokens + framing, counted, framing, pressure.effective_window, overhead
     )
     # the budget always admits the minimal seed (render_seed falls back to it when nothing else
     # fits); what an automatic switch cannot do is replace the surface with something no smaller
@@ -313,7 +354,7 @@ def _switch(
         "goal_source": goal_source,
         "summarized": False,
     }
-    return STRATEGY.on(session).compact(
+    return rollover.compact(
         Span(nodes[0].seq, nodes[-1].seq, message=message),
         kind=WINDOW_KIND,
         data=data,
@@ -330,6 +371,7 @@ __all__ = [
     "current_turn_inputs",
     "ensure_window",
     "notes_of",
+    "count_window_parts",
     "remember_note",
     "switch",
 ]
