@@ -234,3 +234,14 @@ def test_window_receipts_are_bounded_to_the_newest(handoff_kernel, agent, monkey
         engine._from_folded({**folded, "receipts": folded["receipts"] * 2}, len(session.events))
     with pytest.raises(ValueError, match=r"\[seq, object\] pair"):
         engine._from_folded({**folded, "receipts": [["7", {}]]}, len(session.events))
+
+
+def test_a_handoff_over_the_note_limit_is_clipped_in_its_note_and_kept_whole_in_the_window(handoff_kernel, agent):
+    kernel, session = build(handoff_kernel, agent, turns=10, handoff={"handoff_summary": "extractive"})
+    notes = Notes.for_session(session, NotesLimits(max_note_bytes=1_500))
+    outcome = ctxkernel_handoff.compact_now(session)
+    assert outcome.committed
+    handoff = session.surface.nodes[0].message.text
+    note = notes.read("handoff.md").content
+    assert len(handoff.encode()) > 1_500 >= len(note.encode())
+    assert note.endswith("\n… [clipped to the note limit]") and handoff.startswith(note.split("\n…")[0])

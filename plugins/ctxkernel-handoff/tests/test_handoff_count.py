@@ -1,28 +1,42 @@
-"""A switch counts its handoff from the lines counted when their excerpts were rendered (issue 21,
-item 2): exactly the meter's count of the whole message, tokenising only the lines nobody counted.
+"""A switch counts its handoff from the activity lines counted when their excerpts were rendered
+(issue 21, item 2): exactly the meter's count of the whole message, tokenising only what no step
+counted (the frame, the snapshot, the notes). Its extractive body is built in one pass over the
+region's excerpts: the same text as the earlier implementation, kept here as the oracle.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ctxkernel_handoff
 import ctxkernel_handoff.engine as engine
-from ctxkernel import Summary
-from ctxkernel.events import COMPACTION_SUMMARY
+from ctxkernel import Message, Node, Source, Summary, ToolCallBlock
+from ctxkernel.events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, TOOL_RESULT, USER_MESSAGE, Event
 from ctxkernel.recall.history import History
 from ctxkernel.testing import build_kernel
-from ctxkernel_handoff.engine import state_for
-from ctxkernel_handoff.handoff import Handoff, handoff_tokens
+from ctxkernel.text import guard, keep_newest
+from ctxkernel_handoff.engine import state_for, tokens_of_span
+from ctxkernel_handoff.handoff import (
+    _FILES,
+    FRAMES,
+    Excerpts,
+    Handoff,
+    _clip,
+    assemble,
+    extract,
+    handoff_tokens,
+    line_tokens,
+)
 
 #: characters that stress the pretokenizer at a line break: whitespace of every kind, letters,
 #: digits, punctuation, the handoff's own tag characters, non-Latin scripts and emoji
-LINE_ALPHABET = st.sampled_from(list(" \t\r\u00a0\u2028\u3000abcXYZ019.,;:!?'\"-_<>/()[]{}#*&é中文🙂ß\u0301"))
-LINES = st.lists(st.text(LINE_ALPHABET, max_size=40), min_size=1, max_size=25)
+LINE_ALPHABET = st.sampled_from(list(" \t\r\n\u00a0\u2028\u3000abcXYZ019.,;:!?'\"-_<>/()[]{}#*&é中文🙂ß\u0301"))
+TEXTS = st.text(LINE_ALPHABET, max_size=60)
 
 
 def _message_tokens(session: Any, text: str) -> int:
@@ -32,40 +46,154 @@ def _message_tokens(session: Any, text: str) -> int:
 
 @pytest.fixture(scope="module")
 def counting_session(tmp_path_factory: Any) -> Any:
-    """One session of the bundled profile (cl100k_base), for its meter."""
+    """One session of the bundled profile (cl100k_base), for its meter and its history."""
     return build_kernel(tmp_path_factory.mktemp("count")).open_session()
 
 
+# -- nodes of any text -------------------------------------------------------------------------------
+def _node(seq: int, message: Message) -> Node:
+    kind = {"user": USER_MESSAGE, "assistant": ASSISTANT_MESSAGE, "tool": TOOL_RESULT}[message.role]
+    return Node(Event(seq, kind, {"message": message.to_dict()}, "", None), message)
+
+
+def _previous_handoff(kind: str, lines: list[str]) -> Message:
+    body = "\n".join(lines)
+    text = (
+        f'<window_handoff window="win_2">\nsnapshot\n\n<{kind}_handoff>\n{body}\n</{kind}_handoff>\n</window_handoff>'
+    )
+    return Message.user(text, Source.plugin_form("handoff", "handoff"))
+
+
+@st.composite
+def regions(draw: Any) -> list[Node]:
+    """A region of any messages: user text, replies with tool calls naming files, results,
+    notices, and earlier handoffs (extractive ones merged line by line, generated ones carried)."""
+    nodes: list[Node] = []
+    for seq in range(10, 10 + draw(st.integers(1, 14))):
+        kind = draw(st.sampled_from(["user", "reply", "call", "result", "notice", "extractive", "generated"]))
+        text = draw(TEXTS)
+        if kind == "user":
+            message = Message.user(text)
+        elif kind == "reply":
+            message = Message.assistant(text)
+        elif kind == "call":
+            path = draw(st.sampled_from(["src/a.py", "src/b.py", "docs/x.md", text[:30] or "z"]))
+            message = Message.assistant(text, [ToolCallBlock(f"c{seq}", "read", {"path": path})])
+        elif kind == "result":
+            message = Message.tool(f"c{seq}", text, name="read")
+        elif kind == "notice":
+            message = Message.user(text, Source.plugin_form("decay", "notice"))
+        else:
+            lines = [f"- item_{n} user: {draw(TEXTS)}" for n in range(draw(st.integers(0, 4)))]
+            if draw(st.booleans()):
+                lines.insert(0, _FILES + ", ".join(draw(st.lists(st.sampled_from(["src/a.py", "q.txt"]), max_size=3))))
+            message = _previous_handoff(kind, lines if kind == "extractive" else [text, *lines])
+        nodes.append(_node(seq, message))
+    return nodes
+
+
+def _reference_body(history: Any, nodes: list[Node], budget: int, excerpts: Excerpts) -> str:
+    """The extractive body as the fourth round built it (entries gathered, then ``keep_newest``):
+    the oracle of :func:`extract`."""
+    carried = ""
+    entries: list[str] = []
+    files: dict[str, None] = {}
+    for node in nodes:
+        part = excerpts.of(history, node)
+        if part.carried is not None:
+            carried = part.carried
+        entries.extend(part.entries)
+        if part.moves:
+            for path in part.files:
+                files.pop(path, None)
+                files[path] = None
+        else:
+            files.update(dict.fromkeys(part.files))
+    parts: list[str] = []
+    if files:
+        parts.append(guard(_FILES + ", ".join(_clip(f, 120) for f in list(files)[-20:]), *FRAMES))
+    if carried:
+        parts.append(_clip(carried, max(0, int((budget - sum(len(p) for p in parts)) * 0.3))))
+    fixed = sum(len(p) + 2 for p in parts)
+    head = "Activity so far, oldest first (read any item in full with history_read_item):"
+    kept = keep_newest(entries, budget - fixed - len(head) - 80)
+    lines = [head]
+    if len(kept) < len(entries):
+        lines.append(f"(… {len(entries) - len(kept)} earlier entries omitted: history_list_items lists them)")
+    lines.extend(kept)
+    parts.append("\n".join(lines))
+    text = "\n\n".join(p for p in parts if p)
+    return text if len(text) <= budget else _clip(text, budget)
+
+
 @settings(max_examples=300, deadline=None)
-@given(lines=LINES, known=st.lists(st.booleans(), min_size=25, max_size=25))
-def test_a_handoff_counted_from_known_lines_is_its_exact_count(counting_session, lines, known):
-    """Any text, any subset of its lines known (each line with its line break, counted apart):
-    the count from the parts equals the meter's count of the whole message."""
+@given(nodes=regions(), budget=st.integers(0, 1_500))
+def test_the_one_pass_body_is_the_reference_body(counting_session, nodes, budget):
+    history = History.for_session(counting_session)
+    excerpts = Excerpts()
+    assert extract(history, nodes, budget, excerpts).text == _reference_body(history, nodes, budget, excerpts)
+
+
+@settings(max_examples=300, deadline=None)
+@given(nodes=regions(), warm=st.lists(st.booleans(), min_size=14, max_size=14), budget=st.integers(600, 6_000))
+def test_a_handoff_counted_from_its_warm_lines_is_its_exact_count(counting_session, nodes, warm, budget):
+    """Any region, its excerpts rendered at step ends (counted) or cold at the switch (not: a run
+    of those lines is tokenised with its neighbours): the count from the pieces equals the meter's
+    count of the whole message, and a piece of unknown count never borders another."""
     session = counting_session
-    text = "\n".join(lines)
-    line_tokens = {
-        line: session.meter.count_text(line + "\n") for line, take in zip(lines[:-1], known, strict=False) if take
-    }
-    handoff = Handoff(text, text, Summary(text))
-    assert handoff_tokens(session, handoff, line_tokens) == _message_tokens(session, text)
+    history = History.for_session(session)
+    excerpts = Excerpts()
+    for node, counted in zip(nodes, warm, strict=False):
+        excerpts.of(history, node, session.meter if counted else None)
+    handoff = assemble(
+        history,
+        nodes,
+        [],
+        budget=budget,
+        mode="extractive",
+        reason="manual",
+        generated=None,
+        excerpts=excerpts,
+    )
+    assert handoff_tokens(session, handoff) == _message_tokens(session, handoff.text)
+    if handoff.pieces:
+        assert "".join(handoff.pieces) == handoff.text
+        for piece, tokens in zip(handoff.pieces, handoff.piece_counts, strict=True):
+            assert tokens is None or tokens == session.meter.count_text(piece)
+        unknown = [tokens is None for tokens in handoff.piece_counts]
+        assert not any(a and b for a, b in zip(unknown, unknown[1:], strict=False))
+        if all(warm[: len(nodes)]):  # every activity line was counted: one piece of them
+            assert len(handoff.pieces) == 3 and handoff.piece_counts[1] is not None
 
 
+@given(entry=TEXTS)
+@settings(max_examples=200, deadline=None)
+def test_a_line_is_counted_only_where_the_cut_before_it_is_exact(counting_session, entry):
+    meter = counting_session.meter
+    tokens = line_tokens(meter, entry)
+    if tokens is None:
+        assert not meter.joins_exactly("\n", entry)
+    else:
+        assert tokens == meter.count_text(entry + "\n")
+        assert meter.count_text("x:\n" + entry + "\n") == meter.count_text("x:\n") + tokens
+
+
+# -- a real switch ----------------------------------------------------------------------------------------
 def _spy_counts(monkeypatch: Any) -> list[tuple[int, int, int, int]]:
-    """Wrap the switch's count: (count from parts, whole count, characters tokenised for it,
-    characters of the text that were warmed lines) per call."""
+    """Wrap the switch's count: (count from pieces, whole count, characters tokenised for it,
+    characters of the text taken from the counts of warmed lines) per call."""
     seen: list[tuple[int, int, int, int]] = []
     original = engine.handoff_tokens
 
-    def spy(session: Any, handoff: Handoff, line_tokens: Any) -> int:
+    def spy(session: Any, handoff: Handoff) -> int:
         tokenised: list[str] = []
         count_text = session.meter.count_text
         monkeypatch.setattr(session.meter, "count_text", lambda text: tokenised.append(text) or count_text(text))
         try:
-            tokens = original(session, handoff, line_tokens)
+            tokens = original(session, handoff)
         finally:
             monkeypatch.setattr(session.meter, "count_text", count_text)
-        lines = handoff.text.split("\n")
-        warmed = sum(len(line) + 1 for line in lines[:-1] if line in line_tokens)
+        warmed = sum(len(p) for p, n in zip(handoff.pieces, handoff.piece_counts, strict=True) if n is not None)
         seen.append((tokens, _message_tokens(session, handoff.text), sum(map(len, tokenised)), warmed))
         return tokens
 
@@ -119,7 +247,7 @@ def test_the_kernel_checks_the_shrink_when_the_switch_could_not_prove_it(handoff
     assert calls[-1]["check_shrink"] is False  # proven by the exact count from parts
     a.turn("instruction 9: and now the tests " + "detail " * 20)
     # the switch's count says no shrink (whatever the budget): the kernel's check runs
-    monkeypatch.setattr(engine, "handoff_tokens", lambda session, handoff, line_tokens: 10**9)
+    monkeypatch.setattr(engine, "handoff_tokens", lambda session, handoff: 10**9)
     outcome = ctxkernel_handoff.compact_now(session)
     assert calls[-1]["check_shrink"] is True
     assert outcome.committed  # the kernel's own count finds the handoff smaller: it commits
@@ -127,23 +255,55 @@ def test_the_kernel_checks_the_shrink_when_the_switch_could_not_prove_it(handoff
 
 
 def test_the_counted_lines_follow_the_excerpts_held(handoff_kernel, agent):
-    """Lines are counted as their excerpts are rendered at step ends, and forgotten with them
-    (a switch forgets the nodes it replaced), so the counts stay bounded by the surface."""
+    """Lines are counted as their excerpts are rendered at step ends, each count kept on its
+    excerpt, and forgotten with it (a switch forgets the nodes it replaced), so the counts stay
+    bounded by the surface."""
     kernel = handoff_kernel(window=200_000)
     session = kernel.open_session()
     a = agent(session)
     for t in range(5):
         a.turn(f"instruction {t}: keep the parser strict")
     excerpts = state_for(session).excerpts
-    held = {
-        entry for node in session.surface.nodes for entry in excerpts.of(History.for_session(session), node).entries
-    }
-    assert held and set(excerpts.line_tokens) <= held
-    for line, tokens in excerpts.line_tokens.items():
-        assert tokens == session.meter.count_text(line + "\n")
+    history = History.for_session(session)
+    # the first user message came before the process's first step: rendered at the switch
+    warmed = [e for node in session.surface.nodes[:-1] if None not in (e := excerpts.of(history, node)).tokens]
+    assert sum(len(e.entries) for e in warmed) > 10
+    for held in warmed:
+        assert held.tokens == tuple(session.meter.count_text(entry + "\n") for entry in held.entries)
     assert ctxkernel_handoff.compact_now(session).committed
+    assert len(excerpts) <= len(session.surface)
     a.turn("instruction 6: and the tests")
-    held = {
-        entry for node in session.surface.nodes for entry in excerpts.of(History.for_session(session), node).entries
-    }
-    assert set(excerpts.line_tokens) <= held
+    assert len(excerpts) <= len(session.surface)
+
+
+@pytest.mark.parametrize("keep_share", [None, 0.0, 0.3, 0.8])
+def test_a_regions_tokens_are_its_nodes_tokens(handoff_kernel, agent, keep_share):
+    """Counted over the fewer nodes (the surface's total less the others for a region holding
+    most of it): the same as adding the region's own counts, and as the commit's tokens_before."""
+    from ctxkernel import head_region, whole_surface_but_last
+
+    kernel = handoff_kernel(window=200_000)
+    session = kernel.open_session()
+    a = agent(session)
+    for t in range(6):
+        a.turn(f"instruction {t}: " + "detail " * (5 + 10 * t))
+    surface = session.surface
+    if keep_share is None:
+        region = whole_surface_but_last(surface, 1)
+    else:  # a small share kept: the region holds most of the surface; a large one: the other way
+        region = head_region(surface, session.meter, int(keep_share * session.meter.surface_tokens()), min_nodes=2)
+    assert region is not None
+    nodes = surface.span(*region)
+    assert tokens_of_span(session, nodes) == sum(session.meter.node_tokens(n) for n in nodes)
+    assert tokens_of_span(session, [surface.nodes[-1]]) == session.meter.node_tokens(surface.nodes[-1])
+    outcome = ctxkernel_handoff.compact_now(session)
+    summary = next(e for e in reversed(session.events) if e.type == COMPACTION_SUMMARY)
+    assert outcome.record["window_record"]["region_tokens"] == summary.data["spans"][0]["tokens_before"]
+
+
+def test_a_tool_calls_arguments_are_excerpted_as_json(counting_session):
+    """(The oracle and the pass share the excerpt itself: one check that it is the one rendered.)"""
+    call = ToolCallBlock("c1", "read", {"path": "src/a.py"})
+    node = _node(3, Message.assistant("", [call]))
+    (entry,) = Excerpts().of(History.for_session(counting_session), node).entries
+    assert entry == f"- item_3 call read {orjson.dumps(call.arguments).decode()}"

@@ -31,6 +31,7 @@ from ctxkernel import (
 )
 from ctxkernel.events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, REQUEST_HEADER, USER_MESSAGE
 from ctxkernel.recall.history import WINDOW_KINDS, History
+from ctxkernel.text import first_line
 
 from .handoff import (
     HANDOFF_LOG_NOTE,
@@ -317,7 +318,7 @@ def switch(session: Session, *, reason: str, keep_tokens: int | None = None) -> 
         if region is None:
             return _failed(state, reason, "nothing to compact: no balanced cut leaves anything to replace")
         nodes = surface.span(*region)
-        region_tokens = sum(session.meter.node_tokens(n) for n in nodes)
+        region_tokens = tokens_of_span(session, nodes)
         # the user's instructions the kernel keeps through the switch stay in the new window too
         rest = session.pressure().tokens - region_tokens + STRATEGY.on(session).pinned_instructions_tokens(*region)
         deficit = rest + int(MIN_HANDOFF_CHARS / CHARS_PER_FIT_TOKEN) - target
@@ -366,6 +367,19 @@ def switch(session: Session, *, reason: str, keep_tokens: int | None = None) -> 
         state.plan = None
     state.requested = None
     return SwitchOutcome(True, reason, new_window, "", result, record)
+
+
+def tokens_of_span(session: Session, nodes: list[Node]) -> int:
+    """Exactly the tokens of ``nodes`` (a run of the surface), counting over the fewer nodes: the
+    surface's total (the meter keeps it) less the nodes outside a region that holds most of it
+    (a switch that keeps the last message replaces all the others)."""
+    meter, surface = session.meter, session.surface.nodes
+    outside = len(surface) - len(nodes)
+    if outside >= len(nodes):
+        return sum(meter.node_tokens(n) for n in nodes)
+    start = session.surface.position(nodes[0].seq) or 0
+    others = surface[:start] + surface[start + len(nodes) :]
+    return meter.surface_tokens() - sum(meter.node_tokens(n) for n in others)
 
 
 @dataclass
@@ -434,7 +448,7 @@ def compose(session: Session, plan: SwitchPlan, nodes: list[Node]) -> Summary:
             )
             raise CompactionError(msg)
         # exact, from the lines counted as their excerpts were rendered (only the rest is tokenised)
-        tokens = handoff_tokens(session, handoff, state.excerpts.line_tokens)
+        tokens = handoff_tokens(session, handoff)
         plan.shrinks = tokens < plan.region_tokens
         if plan.shrinks and plan.rest + tokens <= plan.target:
             break
@@ -461,12 +475,10 @@ def stage_notes(session: Session, plan: SwitchPlan, handoff: Handoff, notes: Str
     window = f"win_{plan.record['window']}"
     full = handoff.full
     limit = notes.limits.max_note_bytes
-    body = (
-        full
-        if len(full.encode()) <= limit
-        else full.encode()[: limit - 64].decode(errors="ignore") + "\n… [clipped to the note limit]"
-    )
-    first = next((line.strip() for line in full.splitlines() if line.strip()), "")[:200]
+    # UTF-8 takes at most 4 bytes a character: a handoff far under the limit is not encoded to know
+    fits = len(full) * 4 <= limit or len(full.encode()) <= limit
+    body = full if fits else full.encode()[: limit - 64].decode(errors="ignore") + "\n… [clipped to the note limit]"
+    first = first_line(full).strip()[:200]  # the first line that is not blank
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     line = f"- {window} {now} reason={plan.reason} summary=win_{plan.record['window'] - 1}_summary {first}\n"
     trust = "model-authored" if handoff.record.get("handoff_summary") == "generated" else "tool-output"
@@ -503,7 +515,7 @@ def warm_excerpts(session: Session, state: HandoffState) -> None:
     for seq in range(state.excerpted, len(events)):
         node = surface.node(seq)
         if node is not None:
-            state.excerpts.of(history, node, session.meter.count_text)
+            state.excerpts.of(history, node, session.meter)
     state.excerpted = len(events)
     if len(state.excerpts) > 2 * len(surface) + 256:  # nodes replaced since (shrunk results, native summaries)
         state.excerpts.prune(lambda seq: surface.node(seq) is not None)
@@ -563,12 +575,11 @@ def _failed(state: HandoffState, reason: str, detail: str, record: dict[str, Any
 
 def after_commit(session: Session, result: CommitResult) -> None:
     """After a committed switch (its notes landed with it, see :func:`stage_notes`): count it and
-    forget the excerpts of the nodes it replaced (the ones it cites: a pass over every excerpt
-    cost as much as the switch's own planning; others left by shrunk results are pruned by
-    :func:`warm_excerpts` once the excerpts outgrow the surface)."""
+    keep only the excerpts of the surface it left (a pass over the kept tail, not over the
+    nodes it replaced: those cost as much as the switch's own planning)."""
     state = state_for(session)
     state.switches += 1
-    state.excerpts.forget(result.cites)
+    state.excerpts.keep(session.surface.nodes)
 
 
 # -- the entry points ----------------------------------------------------------------------------------

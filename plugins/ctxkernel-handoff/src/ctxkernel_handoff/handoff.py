@@ -22,9 +22,12 @@ why (``generated_discarded``).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
+from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from itertools import accumulate
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import orjson
 
@@ -84,6 +87,10 @@ class Handoff:
     full: str  # the unclipped handoff for handoff.md (a generated one: the summarizer's raw reply)
     summary: Summary  # recorded in compaction/summary (untrimmed reply or extractive body)
     record: dict[str, Any] = field(default_factory=dict)
+    #: ``text`` cut where :func:`handoff_tokens` may add counts, and the count of each piece known
+    #: before the switch (None: tokenised): empty for one piece, the whole text
+    pieces: tuple[str, ...] = ()
+    piece_counts: tuple[int | None, ...] = ()
 
     def message(self) -> Message:
         return Message.user(self.text, STRATEGY.source("handoff"))
@@ -248,7 +255,7 @@ _CARRIED = "Carried from an earlier generated handoff"
 _PREVIOUS = re.compile(r"<(generated|extractive)_handoff>\n?(.*?)\n?</\1_handoff>", re.DOTALL)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)  # compared by identity: a switch looks for None among hundreds
 class Excerpt:
     """What one surface node contributes to an extractive body: its activity lines, the files it
     names, and for an earlier handoff the block it carries. A node's excerpt never changes (a
@@ -260,6 +267,9 @@ class Excerpt:
     #: earlier handoff's list, merged where it stands
     moves: bool = True
     carried: str | None = None  # replaces what an older handoff carried
+    #: per entry, the exact token count of the entry and its line break as the body holds it (see
+    #: :func:`line_tokens`); None for an entry rendered without a meter
+    tokens: tuple[int | None, ...] = ()
 
 
 def excerpt(history: History, node: Node) -> Excerpt:
@@ -306,79 +316,118 @@ def excerpt(history: History, node: Node) -> Excerpt:
     return Excerpt((guard(line, *FRAMES),))
 
 
+class LineMeter(Protocol):
+    """What counting an activity line needs of the session's meter."""
+
+    def count_text(self, text: str) -> int: ...
+
+    def joins_exactly(self, left: str, right: str) -> bool: ...
+
+
+def line_tokens(meter: LineMeter, entry: str) -> int | None:
+    """The exact count of ``entry`` and its line break as a piece of a text cut just after the line
+    break before it and just after its own (an activity line of the body, whose text is counted by
+    adding such pieces): None when the meter cannot prove the cut before it exact."""
+    return meter.count_text(entry + "\n") if meter.joins_exactly("\n", entry) else None
+
+
+#: a node's seq, read in C for every node of a region
+_SEQ = attrgetter("seq")
+
+
 class Excerpts:
     """The excerpts of surface nodes, by seq, each rendered once: a switch assembles the
     extractive body from them instead of re-rendering its whole window. Bounded by the surface
-    (:meth:`prune`); a process that starts cold renders what it lacks at its first switch.
+    (:meth:`prune`, :meth:`keep`); a process that starts cold renders what it lacks at its
+    first switch.
 
     Rendered at a step end (:func:`ctxkernel_handoff.engine.warm_excerpts`), each activity line
-    is also counted as the body holds it (the line and its line break): a switch then counts its
-    handoff from those counts (:func:`handoff_tokens`) instead of tokenising the whole text."""
+    is also counted as the body holds it (:func:`line_tokens`, kept on its excerpt): a switch then
+    counts its handoff from those counts (:func:`handoff_tokens`) instead of tokenising the whole
+    text, and forgetting a node forgets its counts with it."""
 
     def __init__(self) -> None:
         self._by_seq: dict[int, Excerpt] = {}
-        #: an activity line -> the exact token count of the line and its line break (as the body
-        #: holds it), for the lines of the excerpts held
-        self._line_tokens: dict[str, int] = {}
 
-    def of(self, history: History, node: Node, count: Callable[[str], int] | None = None) -> Excerpt:
-        """The excerpt of ``node``, rendered when this is its first call; ``count`` (the meter's
-        ``count_text``) counts its lines as it is rendered."""
+    def of(self, history: History, node: Node, meter: LineMeter | None = None) -> Excerpt:
+        """The excerpt of ``node``, rendered when this is its first call; with ``meter`` its lines
+        are counted as it is rendered."""
         found = self._by_seq.get(node.seq)
         if found is None:
-            found = self._by_seq[node.seq] = excerpt(history, node)
-            if count is not None:
-                for entry in found.entries:
-                    self._line_tokens[entry] = count(entry + "\n")
+            found = excerpt(history, node)
+            if found.entries:
+                counted = (line_tokens(meter, entry) if meter is not None else None for entry in found.entries)
+                found = Excerpt(found.entries, found.files, found.moves, found.carried, tuple(counted))
+            self._by_seq[node.seq] = found
         return found
 
-    @property
-    def line_tokens(self) -> Mapping[str, int]:
-        """Each activity line counted so far -> the tokens of the line with its line break."""
-        return self._line_tokens
+    def all_of(self, history: History, nodes: list[Node]) -> list[Excerpt]:
+        """The excerpts of ``nodes`` in order (the ones not rendered yet rendered now, uncounted)."""
+        found: list[Excerpt | None] = list(map(self._by_seq.get, map(_SEQ, nodes)))
+        # not rendered yet: a process that started in this window, or a step not ended yet (a
+        # node or two of hundreds, found in C)
+        with suppress(ValueError):  # raised when no node is left to render
+            at = found.index(None)
+            while True:
+                found[at] = self.of(history, nodes[at])
+                at = found.index(None, at + 1)
+        return cast("list[Excerpt]", found)
 
     def prune(self, visible: Callable[[int], bool]) -> None:
         """Forget the nodes no longer on the surface (replaced by a switch or a shrink)."""
         self._by_seq = {seq: e for seq, e in self._by_seq.items() if visible(seq)}
-        kept = {entry for e in self._by_seq.values() for entry in e.entries}
-        self._line_tokens = {line: n for line, n in self._line_tokens.items() if line in kept}
 
-    def forget(self, seqs: Iterable[int]) -> None:
-        """Forget the nodes ``seqs`` (the ones a commit replaced): O(those), not O(all)."""
-        for seq in seqs:
-            gone = self._by_seq.pop(seq, None)
-            if gone is not None:
-                # an identical line of a node still held (a handoff carries its region's lines)
-                # is counted again at the next switch: never a wrong count, only a missing one
-                for entry in gone.entries:
-                    self._line_tokens.pop(entry, None)
+    def keep(self, nodes: Iterable[Node]) -> None:
+        """Forget every node but ``nodes`` (the surface a switch left: O(the kept tail), not O(the
+        nodes it replaced))."""
+        get = self._by_seq.get
+        self._by_seq = {node.seq: found for node in nodes if (found := get(node.seq)) is not None}
 
     def __len__(self) -> int:
         return len(self._by_seq)
 
 
-def extractive_body(history: History, nodes: list[Node], budget: int, excerpts: Excerpts | None = None) -> str:
-    """Excerpts of the outgoing region with item ids, newest kept first.
+@dataclass(frozen=True)
+class Extract:
+    """An extractive body: its ``text``, which is ``lead`` (the file list, the carried block, the
+    heading and the note of omitted entries) then the activity ``lines`` kept, joined by line
+    breaks; ``counts[i]`` is ``lines[i]``'s count with its line break (:func:`line_tokens`), None
+    when it was rendered uncounted. A body cut to its budget has no ``lines`` (nothing is counted
+    from parts then)."""
+
+    text: str
+    lead: str
+    lines: list[str] = field(default_factory=list)
+    counts: list[int | None] = field(default_factory=list)
+
+
+def extract(history: History, nodes: list[Node], budget: int, excerpts: Excerpts | None = None) -> Extract:
+    """Excerpts of the outgoing region with item ids, newest kept first (one pass over the
+    region's excerpts, rendered at step ends when ``excerpts`` holds them).
 
     A previous extractive handoff in the region is merged, not nested: its file list and activity
     lines join this window's, so one chronological list spans the windows and loses its oldest
     lines first. A previous generated handoff is carried as one clipped block.
     """
-    excerpts = excerpts or Excerpts()
+    # one pass over the region's excerpts (a few hundred objects: one visit each is cheaper than
+    # a pass per field, measured)
     carried = ""
     entries: list[str] = []
+    counts: list[int | None] = []
     files: dict[str, None] = {}
-    for node in nodes:
-        part = excerpts.of(history, node)
+    for part in (excerpts or Excerpts()).all_of(history, nodes):
         if part.carried is not None:
             carried = part.carried
-        entries.extend(part.entries)
-        if part.moves:
-            for path in part.files:
-                files.pop(path, None)  # moved to the end: the newest files are listed
-                files[path] = None
-        else:
-            files.update(dict.fromkeys(part.files))
+        if part.entries:
+            entries += part.entries
+            counts += part.tokens
+        if part.files:
+            if part.moves:
+                for path in part.files:
+                    files.pop(path, None)  # moved to the end: the newest files are listed
+                    files[path] = None
+            else:
+                files.update(dict.fromkeys(part.files))
     parts: list[str] = []
     if files:
         parts.append(guard(_FILES + ", ".join(_clip(f, 120) for f in list(files)[-20:]), *FRAMES))
@@ -387,15 +436,24 @@ def extractive_body(history: History, nodes: list[Node], budget: int, excerpts: 
     fixed = sum(len(p) + 2 for p in parts)
     head = "Activity so far, oldest first (read any item in full with history_read_item):"
     room = budget - fixed - len(head) - 80
-    kept = keep_newest(entries, room)  # newest facts matter most
+    start = len(entries) - len(keep_newest(entries, room))  # newest facts matter most
+    lead = [p for p in parts if p]
     lines = [head]
-    if len(kept) < len(entries):
-        lines.append(f"(… {len(entries) - len(kept)} earlier entries omitted: history_list_items lists them)")
-    lines.extend(kept)
-    parts.append("\n".join(lines))
+    if start:
+        lines.append(f"(… {start} earlier entries omitted: history_list_items lists them)")
     # every piece was guarded on its own (a frame's tag cannot span the line breaks joining them)
-    text = "\n\n".join(p for p in parts if p)
-    return text if len(text) <= budget else _clip(text, budget)
+    before = ("\n\n".join(lead) + "\n\n" if lead else "") + "\n".join(lines)
+    if start == len(entries):
+        body = Extract(before, before)
+    else:
+        kept = entries[start:]
+        body = Extract(before + "\n" + "\n".join(kept), before + "\n", kept, counts[start:])
+    return body if len(body.text) <= budget else Extract(_clip(body.text, budget), body.lead)
+
+
+def extractive_body(history: History, nodes: list[Node], budget: int, excerpts: Excerpts | None = None) -> str:
+    """The text of :func:`extract`."""
+    return extract(history, nodes, budget, excerpts).text
 
 
 # -- assembling --------------------------------------------------------------------------------------------
@@ -449,10 +507,12 @@ def assemble(
     fixed = frame(history, notes, budget=budget, reason=reason)
     opening, closing, snapshot, notes_text, left = fixed.opening, fixed.closing, fixed.snapshot, fixed.notes, fixed.left
     record: dict[str, Any] = {"handoff_summary": mode, "budget_chars": budget}
+    extracted: Extract | None = None
     body = ""
     full = ""
     summary: Summary
     wrap_g = ("<generated_handoff>\n", "\n</generated_handoff>")
+    wrap = ("<extractive_handoff>\n", "\n</extractive_handoff>")
     body_room = left - len(wrap_g[0]) - len(wrap_g[1])
     if mode == "generated" and generated is not None and generated.text is not None and body_room >= MIN_GENERATED_BODY:
         # the summarizer's text is model output: it cannot close or open the handoff's frames
@@ -481,13 +541,12 @@ def assemble(
                 record["generated_discarded"] = "budget"
             record["handoff_summary"] = "extractive"
             record["requested_summary"] = "generated"
-        wrap = ("<extractive_handoff>\n", "\n</extractive_handoff>")
-        extract = extractive_body(history, nodes, max(0, left - len(wrap[0]) - len(wrap[1])), excerpts)
-        body = wrap[0] + extract + wrap[1]
+        extracted = extract(history, nodes, max(0, left - len(wrap[0]) - len(wrap[1])), excerpts)
+        body = wrap[0] + extracted.text + wrap[1]
         # a call that was made is accounted even when its text is not used
         made = generated is not None and (generated.usage is not None or generated.provider is not None)
         summary = Summary(
-            generated.text if (made and generated and generated.text) else extract,
+            generated.text if (made and generated and generated.text) else extracted.text,
             provider=generated.provider if made and generated else None,
             model=generated.model if made and generated else None,
             usage=generated.usage if made and generated else None,
@@ -497,41 +556,76 @@ def assemble(
     if not full:
         full = text
     record.update({"handoff_chars": len(text), "snapshot_chars": len(snapshot), "notes_chars": len(notes_text)})
-    return Handoff(text, full, summary, record)
+    if extracted is None or not extracted.lines:
+        return Handoff(text, full, summary, record)
+    # the activity lines were counted as their excerpts were rendered: the text is what comes
+    # before them (ending with a line break), the lines each with its line break, and the tail
+    # (the body's closing tag, which starts the line after the last line, and the frame's)
+    start = len(text) - len(closing) - len(body) + len(wrap[0]) + len(extracted.lead)
+    end = len(text) - len(closing) - len(wrap[1]) + 1  # the last line's break opens wrap[1]
+    lines: list[str]
+    counts: list[int | None]
+    if None not in extracted.counts:  # every kept line was counted at a step end: one piece
+        lines, counts = [text[start:end]], [sum(cast("list[int]", extracted.counts))]
+    else:
+        lines, counts = _line_pieces(text[start:end], extracted.lines, extracted.counts)
+    return Handoff(text, full, summary, record, *_merged((text[:start], *lines, text[end:]), (None, *counts, None)))
 
 
-def handoff_tokens(session: Session, handoff: Handoff, line_tokens: Mapping[str, int]) -> int:
-    """Exactly ``session.meter.count_message(handoff.message())``, tokenising only the lines whose count
-    ``line_tokens`` does not hold (the snapshot, the notes, the frame: ~1-2 KB of a 16 KB handoff).
-
-    The text is cut after each line break; where the meter proves the counts of the two sides add
-    (the meter's ``joins_exactly``: cl100k cuts after a newline before a character that is
-    not whitespace), a line's known count is taken, and other lines are counted with their
-    neighbours (its ``count_joined``). ``line_tokens`` must map each line to the exact count of
-    the line followed by a line break: :class:`Excerpts` counts its activity lines so when it
-    renders them."""
-    meter = session.meter
-    lines = handoff.text.split("\n")
+def _line_pieces(text: str, lines: list[str], counts: list[int | None]) -> tuple[list[str], list[int | None]]:
+    """``text`` (``lines``, each with its line break) as pieces to count: a run of lines whose
+    counts are known is one piece counted by adding them (each follows a line break and its cut
+    was proven exact, :func:`line_tokens`); a run of lines rendered uncounted (the newest reply
+    before a manual switch, or a process that started in this window) is one piece to tokenise."""
+    chars = [0, *accumulate(map(len, lines))]  # line i starts at chars[i] + i (a break after each)
+    ends = [at + i for i, at in enumerate(chars)]
     pieces: list[str] = []
-    counts: list[int | None] = []
-    uncounted: list[str] = []  # consecutive lines nobody counted: one piece, tokenised in one call
+    totals: list[int | None] = []
+    at, end = 0, len(lines)
+    while at < end:
+        try:
+            cold = counts.index(None, at)  # found in C: most lines were counted at step ends
+        except ValueError:
+            cold = end
+        if cold > at:
+            pieces.append(text[ends[at] : ends[cold]])
+            totals.append(sum(cast("list[int]", counts[at:cold])))
+        at = cold
+        while at < end and counts[at] is None:
+            at += 1
+        if at > cold:
+            pieces.append(text[ends[cold] : ends[at]])
+            totals.append(None)
+    return pieces, totals
 
-    def flush() -> None:
-        if uncounted and (text := "".join(uncounted)):
-            pieces.append(text)
-            counts.append(None)
-        uncounted.clear()
 
-    last = len(lines) - 1
-    for index, line in enumerate(lines):
-        known = line_tokens.get(line) if index < last else None
-        if known is None:
-            uncounted.append(line + "\n" if index < last else line)
-            continue
-        flush()
-        pieces.append(line + "\n")
-        counts.append(known)
-    flush()
-    text_tokens = meter.count_joined(pieces, counts)
+def _merged(pieces: tuple[str, ...], counts: tuple[int | None, ...]) -> tuple[tuple[str, ...], tuple[int | None, ...]]:
+    """Neighbouring pieces of unknown count joined: each is tokenised once, with its neighbour."""
+    out: list[str] = []
+    known: list[int | None] = []
+    for piece, tokens in zip(pieces, counts, strict=True):
+        if tokens is None and known and known[-1] is None:
+            out[-1] += piece
+        else:
+            out.append(piece)
+            known.append(tokens)
+    return tuple(out), tuple(known)
+
+
+def handoff_tokens(session: Session, handoff: Handoff) -> int:
+    """Exactly ``session.meter.count_message(handoff.message())``, tokenising only the pieces whose
+    count the handoff does not hold (the snapshot, the notes, the frame: ~1-2 KB of a 16 KB
+    handoff), with the meter's ``count_joined`` (which takes a known count only across a cut its
+    ``joins_exactly`` proves exact, and counts the rest together).
+
+    The activity lines' piece is their counts added: each line's count is of the line and its line
+    break, taken when the meter proved the cut before the line exact (:func:`line_tokens`), and
+    each line follows the previous one's line break (or the heading's); the piece after them starts
+    with ``</extractive_handoff>``."""
+    meter = session.meter
+    if handoff.pieces:
+        text_tokens = meter.count_joined(handoff.pieces, handoff.piece_counts)
+    else:
+        text_tokens = meter.count_text(handoff.text)
     # a user message of one text block: the meter's per-message overhead plus its text
     return meter.count_message(Message.user("")) + text_tokens

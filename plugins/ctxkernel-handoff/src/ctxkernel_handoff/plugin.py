@@ -123,8 +123,13 @@ def pre_step(session: Session, step: StepContext) -> None:
     if not mode.enabled:
         return
     state = state_for(session)
-    if mode.window and builds_up_front(session):  # the extractive body is what a switch will use
-        warm_excerpts(session, state)
+    if mode.window:
+        # every switch reads the notes: built at the first step (not at the open, see
+        # session_opened), the session folds them at each step end from then on, so a switch
+        # finds them current instead of folding every event since the open
+        STRATEGY.on(session).notes()
+        if builds_up_front(session):  # the extractive body is what a switch will use
+            warm_excerpts(session, state)
     if state.requested is not None:
         # explicit requests are honoured even when automatic compaction is off
         requested = state.requested
