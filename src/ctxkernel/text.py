@@ -195,12 +195,18 @@ def keep_newest(lines: list[str], budget: int, *, spare: Callable[[str], bool] |
     """The newest of ``lines`` that fit in ``budget`` characters (each line counts its length
     plus one for its line break), in their order: the oldest go first. With ``spare``, lines it
     accepts go last: every other line is given up, oldest first, before the oldest spared one."""
+    if spare is None:  # the longest suffix that fits, found from the newest end
+        start, size = len(lines), 0
+        while start and size + len(lines[start - 1]) + 1 <= budget:
+            start -= 1
+            size += len(lines[start]) + 1
+        return lines[start:]
     kept = list(lines)
     size = sum(len(line) + 1 for line in kept)
-    for sparing in (True, False) if spare is not None else (False,):
+    for sparing in (True, False):
         i = 0
         while size > budget and i < len(kept):
-            if sparing and spare is not None and spare(kept[i]):
+            if sparing and spare(kept[i]):
                 i += 1
                 continue
             size -= len(kept[i]) + 1
