@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ctxkernel.meter import Meter, get_tokenizer, splits_after_newlines
+from ctxkernel.testing import CountingTokenizer
 
 METER = Meter(get_tokenizer())
 ENCODE = METER.tokenizer._enc.encode_ordinary  # type: ignore[attr-defined]
@@ -111,18 +112,10 @@ def test_count_extended_is_the_count_of_the_whole(text: str, suffix: str) -> Non
 def test_a_long_text_counted_from_its_parts_is_not_tokenised_again() -> None:
     """A strategy counts its replacement from parts; the transaction's count of the same text must
     be a lookup, and the same number."""
-    calls: list[str] = []
-
-    class Counting:
-        name = "counting"
-        _enc = METER.tokenizer._enc  # type: ignore[attr-defined]
-
-        def count(self, text: str) -> int:
-            calls.append(text)
-            return count(text)
-
     meter = Meter(get_tokenizer())
-    meter.tokenizer = Counting()  # type: ignore[assignment]  # the same encoding, its calls seen
+    counting = CountingTokenizer(meter.tokenizer)
+    meter.tokenizer = counting  # the same encoding, its calls seen
+    calls = counting.texts
     parts = [f"line {n} of the handoff, with a few words\n" for n in range(80)] + ["the end"]
     known = [count(part) for part in parts[:-1]] + [None]
     total = meter.count_joined(parts, known)
@@ -150,18 +143,10 @@ def test_count_numbered_is_the_count_of_the_whole(prefix: str, number: int, suff
 @settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(st.integers(0, 10**12))
 def test_an_instruction_id_is_counted_without_tokenising_its_digits(seq: int) -> None:
-    calls: list[str] = []
-
-    class Counting:
-        name = METER.tokenizer.name
-        _enc = METER.tokenizer._enc  # type: ignore[attr-defined]
-
-        def count(self, text: str) -> int:
-            calls.append(text)
-            return count(text)
-
     meter = Meter(get_tokenizer())
-    meter.tokenizer = Counting()  # type: ignore[assignment]  # the same encoding, its calls seen
+    counting = CountingTokenizer(meter.tokenizer)
+    meter.tokenizer = counting  # the same encoding, its calls seen
+    calls = counting.texts
     assert meter.count_numbered(" [item_", seq, "]\n") == count(f" [item_{seq}]\n")
     assert not [c for c in calls if any(ch.isdigit() for ch in c)]  # only the frame, once per process
 
