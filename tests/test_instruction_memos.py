@@ -14,11 +14,14 @@ from hypothesis import strategies as st
 from ctxkernel import Message
 from ctxkernel.default_plugins.basic import compact
 from ctxkernel.instructions import (
+    Instruction,
     _missing_from_kept,
     _search_kept,
+    _unquoted,
     block_text,
     block_tokens,
     budget_tokens,
+    normalized,
     protected,
     within,
 )
@@ -75,3 +78,24 @@ def test_the_ledger_memos_answer_as_a_fresh_computation(tmp_path_factory: Any, s
         elif kind == "compact" and len(session.surface) > 2:
             compact(session, value * 5, reason="manual")
         _check(session, data)
+
+
+SPACED = st.lists(st.tuples(WORDS, st.sampled_from([" ", "  ", "\n", "\t", " \n "])), min_size=1, max_size=8).map(
+    lambda pairs: "".join(w + s for w, s in pairs)
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(SPACED, min_size=1, max_size=3), st.lists(st.tuples(st.integers(0, 200), st.integers(0, 200))), st.data()
+)
+def test_the_quotes_found_raw_first_are_the_normalised_search(texts: list[str], cuts: list, data: Any) -> None:
+    # instructions cut raw out of one text, out of the texts joined (across two), or drawn anew
+    joined = "\n".join(texts)
+    items = []
+    for n, (a, b) in enumerate(cuts):
+        source = data.draw(st.sampled_from([*texts, joined]))
+        text = source[min(a, b) : max(a, b)] or data.draw(SPACED)
+        items.append(Instruction("s", n, data.draw(st.sampled_from([text, text.strip(), " " + text]))))
+    expected = [i for i in items if i.normalized not in "\n".join(normalized(t) for t in texts)]
+    assert _unquoted(items, texts) == expected

@@ -446,8 +446,7 @@ def pin_lost(
     # the replacements first: an instruction a summary quotes is found there without a search
     # of every kept message (a normalised instruction holds no newline: it cannot match across
     # two texts, so searching the two groups apart finds what searching them joined would)
-    written = "\n".join(normalized(m.text) for m in replacements if m is not None)
-    lost = _missing_from_kept(session, [i for i in keep if i.normalized not in written], cited)
+    lost = _missing_from_kept(session, _unquoted(keep, [m.text for m in replacements if m is not None]), cited)
     if not lost:
         return replacements, [], -1
     out = list(replacements)
@@ -461,6 +460,15 @@ def pin_lost(
             return out, lost, i
     # only tool-result rewrites: they cannot take a user message off the surface
     return replacements, [], -1
+
+
+def _unquoted(items: Sequence[Instruction], texts: Sequence[str]) -> list[Instruction]:
+    """The ``items`` none of ``texts`` contains verbatim (whitespace aside), as ``_missing_in``
+    answers. An instruction's raw text inside one text is a quote found without normalising (a
+    substring's words, white space collapsed, are a substring of the text's so collapsed): a
+    seed or summary that quotes the instructions as written normalises nothing."""
+    rest = [i for i in items if not any(i.text in text for text in texts)]
+    return _missing_in(rest, [normalized(text) for text in texts]) if rest else rest
 
 
 def _kept_as_sent(session: Session, item: Instruction, cited: set[int]) -> bool:
