@@ -15,7 +15,9 @@ from ctxkernel import Message
 from ctxkernel.default_plugins.basic import compact
 from ctxkernel.instructions import (
     Instruction,
+    _kept_as_sent,
     _missing_from_kept,
+    _not_kept_as_sent,
     _search_kept,
     _unquoted,
     block_text,
@@ -47,6 +49,8 @@ def _check(session: Any, data: st.DataObject) -> None:
         assert protected(session) == fresh_protected
     seqs = [n.seq for n in session.surface.nodes]
     cited = set(data.draw(st.lists(st.sampled_from(seqs), max_size=len(seqs)))) if seqs else set()
+    # the scan that skips the budget's choice when every instruction stays as sent
+    assert _not_kept_as_sent(session, cited) == [i for i in fresh_protected if not _kept_as_sent(session, i, cited)]
     items = session.instructions
     some = data.draw(st.lists(st.sampled_from(items), max_size=len(items))) if items else []
     expected = _search_kept(session, items, cited) if items else []

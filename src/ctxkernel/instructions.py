@@ -440,7 +440,7 @@ def pin_lost(
     """Step 5b of the transaction: carry into ``replacements`` every protected instruction the
     commit would take off the surface. Returns the new replacements, the instructions pinned and
     the index of the replacement that carries them (-1 when none)."""
-    keep = [i for i in protected(session) if not _kept_as_sent(session, i, cited)]
+    keep = _not_kept_as_sent(session, cited)
     if not keep:
         return replacements, [], -1
     # the replacements first: an instruction a summary quotes is found there without a search
@@ -471,6 +471,17 @@ def _unquoted(items: Sequence[Instruction], texts: Sequence[str]) -> list[Instru
     return _missing_in(rest, [normalized(text) for text in texts]) if rest else rest
 
 
+def _not_kept_as_sent(session: Session, cited: set[int]) -> list[Instruction]:
+    """The protected instructions whose own messages a commit replacing ``cited`` takes off the
+    surface (or that are off it already). When every instruction of the ledger stays on the
+    surface as sent (a compaction that cites no user message), none is, and the budget's choice
+    is not needed: the scan runs newest first, so it stops at the newest one that does not stay."""
+    for item in reversed(session.instructions):
+        if not _kept_as_sent(session, item, cited):
+            return [i for i in protected(session) if not _kept_as_sent(session, i, cited)]
+    return []
+
+
 def _kept_as_sent(session: Session, item: Instruction, cited: set[int]) -> bool:
     """True when the instruction's own message stays on the surface (not cited, text blocks
     only, so its text is the instruction's): it is visible verbatim without searching the
@@ -490,7 +501,7 @@ def pin_cost(session: Session, cited: set[int]) -> int:
     """Tokens the block of a compaction replacing the nodes ``cited`` would cost at most (the
     protected instructions only those nodes show, counted as if the replacement quoted none of
     them): what a strategy sizing its replacement to a target must leave room for."""
-    keep = [i for i in protected(session) if not _kept_as_sent(session, i, cited)]
+    keep = _not_kept_as_sent(session, cited)
     if not keep:
         return 0
     lost = _missing_from_kept(session, keep, cited)
