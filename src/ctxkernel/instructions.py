@@ -146,12 +146,12 @@ class Ledger:
     #: instruction -> tokens of its line in a block (text, id, newline), exactly: a function of the
     #: instruction alone (and of this session's id and tokenizer), so the block a strategy sized
     #: (``pin_cost``) and the one its transaction then pins add the same lines without recounting
-    line_costs: dict[Instruction, int] = field(default_factory=dict)
+    line_costs: dict[int, tuple[Instruction, int]] = field(default_factory=dict)
     #: the last answers of the search of the kept surface (``_missing_from_kept``): the surface's
     #: revision and the cited set they hold for, and for each instruction searched whether a kept
     #: node shows it. A strategy sizing its replacement and its transaction search the same kept
     #: nodes on the same surface; any append or replacement changes the revision, so it is never stale
-    kept_answers: tuple[Any, set[int], dict[Instruction, bool]] | None = None
+    kept_answers: tuple[Any, set[int], dict[int, tuple[Instruction, bool]]] | None = None
     #: the last ``protected`` answer and what it was chosen from (the ledger's lists and the budget)
     protected_answer: tuple[Any, list[Instruction]] | None = None
 
@@ -281,13 +281,18 @@ def _missing_from_kept(session: Session, items: Sequence[Instruction], cited: se
     else:
         answers = {}
         book.kept_answers = (revision, set(cited), answers)
-    unknown = [i for i in items if i not in answers]
+    # by id, with the instruction kept beside its answer (so the id is not reused meanwhile) and
+    # checked: hashing a frozen dataclass's three fields per lookup cost more than the search saved
+    unknown = []
+    for item in items:
+        hit = answers.get(id(item))
+        if hit is None or hit[0] is not item:
+            unknown.append(item)
     if unknown:
-        for item in _search_kept(session, unknown, cited):
-            answers[item] = False
+        lost = {id(item) for item in _search_kept(session, unknown, cited)}
         for item in unknown:
-            answers.setdefault(item, True)
-    return [i for i in items if not answers[i]]
+            answers[id(item)] = (item, id(item) in lost)
+    return [item for item in items if answers[id(item)][1]]
 
 
 def _search_kept(session: Session, items: Sequence[Instruction], cited: set[int]) -> list[Instruction]:
@@ -380,10 +385,13 @@ def block_tokens(session: Session, items: Sequence[Instruction]) -> int:
     if len(known) > _LINE_COSTS_KEPT:
         known.clear()  # bounded: a ledger's protected instructions are far fewer
     for item, text in lines:
-        line = known.get(item)
-        if line is None:
-            line = known[item] = _line_tokens(session, item, text, costs)
-        total += line
+        hit = known.get(id(item))  # by id, the instruction kept beside its count and checked
+        if hit is not None and hit[0] is item:
+            total += hit[1]
+        else:
+            line = _line_tokens(session, item, text, costs)
+            known[id(item)] = (item, line)
+            total += line
     return total
 
 
@@ -467,8 +475,16 @@ def _unquoted(items: Sequence[Instruction], texts: Sequence[str]) -> list[Instru
     answers. An instruction's raw text inside one text is a quote found without normalising (a
     substring's words, white space collapsed, are a substring of the text's so collapsed): a
     seed or summary that quotes the instructions as written normalises nothing."""
-    rest = [i for i in items if not any(i.text in text for text in texts)]
-    return _missing_in(rest, [normalized(text) for text in texts]) if rest else rest
+    # a text that quotes them as written (a window's seed) quotes them all: the raw test runs
+    # while it finds them, and everything from the first it does not find is searched normalised
+    # (at most one raw search more than the normalised search alone, wherever they are not quoted)
+    found = 0
+    for item in items:
+        if not any(item.text in text for text in texts):
+            break
+        found += 1
+    rest = items[found:]
+    return _missing_in(rest, [normalized(text) for text in texts]) if rest else []
 
 
 def _not_kept_as_sent(session: Session, cited: set[int]) -> list[Instruction]:
