@@ -143,13 +143,13 @@ class Ledger:
     #: surface node seq -> (its message, that message's text normalised): what a compaction
     #: searches for lost instructions, normalised once per message instead of at every compaction
     normalized_texts: dict[int, tuple[Message, str]] = field(default_factory=dict)
-    #: instruction -> tokens of its line in a block (text, id, newline), exactly: a function of the
+    #: id of an instruction -> (it, tokens of its line in a block: text, id, newline), exactly: of the
     #: instruction alone (and of this session's id and tokenizer), so the block a strategy sized
     #: (``pin_cost``) and the one its transaction then pins add the same lines without recounting
     line_costs: dict[int, tuple[Instruction, int]] = field(default_factory=dict)
     #: the last answers of the search of the kept surface (``_missing_from_kept``): the surface's
-    #: revision and the cited set they hold for, and for each instruction searched whether a kept
-    #: node shows it. A strategy sizing its replacement and its transaction search the same kept
+    #: revision and the cited set they hold for, and for each instruction searched (by id, kept
+    #: beside its answer) whether no kept node shows it. A strategy sizing its replacement and its transaction search the same kept
     #: nodes on the same surface; any append or replacement changes the revision, so it is never stale
     kept_answers: tuple[Any, set[int], dict[int, tuple[Instruction, bool]]] | None = None
     #: the last ``protected`` answer and what it was chosen from (the ledger's lists and the budget)
