@@ -321,10 +321,10 @@ def test_client_disconnect_mid_stream_leaves_the_log_consistent(fake, serve_fact
     assert [n.role for n in session.surface.nodes] == ["user", "assistant"]
 
 
-def test_a_request_writes_its_log_twice_and_waits_for_the_disk_once(fake, serve_factory, monkeypatch):
-    # the client's new messages go into the log in one store write with the request's
-    # step/start, which is not synced on its own: the reply's commit, the second write, syncs
-    # both (store.base.SyncDeferral)
+def test_a_request_writes_its_log_once_and_waits_for_the_disk_once(fake, serve_factory, monkeypatch):
+    # the client's new messages and the request's step/start are folded, not written
+    # (prepare_request(defer_write=True)): the reply's commit writes them with the reply, in one
+    # durable store write
     import os
 
     upstream, _ = fake
@@ -355,8 +355,16 @@ def test_a_request_writes_its_log_twice_and_waits_for_the_disk_once(fake, serve_
     logs = [path for path in synced if path.endswith(".jsonl")]
     assert len(logs) == 1, synced
     assert writes == [
-        ["turn/end", "turn/start", "user/message", "serve/ledger", "step/start"],
-        ["assistant/message", "step/end", "serve/ledger"],
+        [
+            "turn/end",
+            "turn/start",
+            "user/message",
+            "serve/ledger",
+            "step/start",
+            "assistant/message",
+            "step/end",
+            "serve/ledger",
+        ],
     ]
     monkeypatch.undo()
     # and the history is in the log, before the step that answered it
@@ -401,8 +409,9 @@ def test_a_request_tokenises_each_new_message_once(fake, serve_factory, api):
 
 
 def test_a_request_cut_off_after_its_step_start_resumes_after_a_restart(fake, serve_factory):
-    # the client's new messages and step/start are one write; serve stops before the upstream
-    # answers; the client sends the same history again to the restarted serve and gets its reply
+    # the client's new messages and step/start are folded, not written (the reply's commit
+    # writes them); serve stops before the upstream answers, so the log holds nothing of that
+    # request; the client sends the same history again to the restarted serve and gets its reply
     from ctxkernel.serve import openai_wire
 
     upstream, _ = fake
@@ -413,8 +422,10 @@ def test_a_request_cut_off_after_its_step_start_resumes_after_a_restart(fake, se
     history += [{"role": "assistant", "content": "answer"}, {"role": "user", "content": "second"}]
     body = orjson.dumps({"model": "fake-model", "messages": history})
     serve.proxy._start(openai_wire, "cut", openai_wire.parse_request(body))
+    before = [e.type for e in log_of(serve, "cut").events]
     serve.restart()
-    assert log_of(serve, "cut").events[-1].type == "step/start"
+    after = [e.type for e in log_of(serve, "cut").events]
+    assert after == before and after[-3:] == ["assistant/message", "step/end", "serve/ledger"]
     reply = serve.openai(session="cut").chat.completions.create(model="fake-model", messages=history)
     assert reply.choices[0].message.content == "answer"
     session = log_of(serve, "cut")

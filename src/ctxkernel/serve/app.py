@@ -8,9 +8,10 @@ One client request, in order (docs/serve.md has the long form)::
         several processes order one session's requests; waiting is bounded (--lock-wait), then 409
     reconcile: find the client's new messages (reconcile.py)
     loop (bounded):
-        prepare_request()  → the first round's writes the new messages with its step/start
-                             (one store write); the upstream body: managed messages, client +
-                             strategy tools
+        prepare_request()  → the new messages and the step/start are folded, not written: the
+                             reply's commit (or a failure's or a disconnect's step/end) writes
+                             them with it, one store write per request; the upstream body:
+                             managed messages, client + strategy tools
             refused before sending when it exceeds the effective window and the strategies
             cannot shrink it
         upstream call      → provider error: request_failed(); on context overflow the
@@ -339,15 +340,19 @@ class Proxy:
             session.append_one(TURN_START, {"turn": session.turn + 1})
         for attempt in range(2):
             pending = turn.pending
+            # defer_write: the request's events go in the reply's commit (or the step/end of a
+            # failure or a disconnect): one store write per request, not two
             if pending is None:
-                request = session.prepare_request(attempt=attempt)
+                request = session.prepare_request(attempt=attempt, defer_write=True)
             else:
                 # the client's new messages go in with the step/start: one write. A refusal
                 # writes nothing and leaves turn.pending set; any later error writes them alone
                 before = len(session.events)
                 try:
                     trailer = [pending.record] if pending.record else []
-                    request = session.prepare_request(attempt=attempt, history=pending.new, trailer=trailer)
+                    request = session.prepare_request(
+                        attempt=attempt, history=pending.new, trailer=trailer, defer_write=True
+                    )
                 finally:
                     if len(session.events) != before:
                         turn.pending = None
