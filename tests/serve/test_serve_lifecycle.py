@@ -408,6 +408,31 @@ def test_a_request_tokenises_each_new_message_once(fake, serve_factory, api):
     assert session.meter.surface_tokens() == fresh.meter.surface_tokens()  # still exact
 
 
+def test_events_held_by_an_unanswered_request_give_way_to_another_writer(fake, serve_factory):
+    # a request ended without a reply (its events folded, not written) and another writer
+    # appended to the log meanwhile: the next request drops the held events with the session
+    # object, reopens the log and is answered; nothing is written twice or out of order
+    from ctxkernel.serve import openai_wire
+
+    upstream, _ = fake
+    upstream.script = lambda api, body: Reply("answer")
+    serve = serve_factory()
+    history = [{"role": "user", "content": "first"}]
+    serve.openai(session="held").chat.completions.create(model="fake-model", messages=history)
+    history += [{"role": "assistant", "content": "answer"}, {"role": "user", "content": "second"}]
+    body = orjson.dumps({"model": "fake-model", "messages": history})
+    turn = serve.proxy._start(openai_wire, "held", openai_wire.parse_request(body))
+    assert turn.session.step_open  # held: folded in the object, not in the log
+    other = serve.proxy.kernel.open_session(turn.session.id, keep_waiting_calls=True)
+    other.set_task(goal="written by another worker")
+    reply = serve.openai(session="held").chat.completions.create(model="fake-model", messages=history)
+    assert reply.choices[0].message.content == "answer"
+    session = log_of(serve, "held")
+    assert [n.role for n in session.surface.nodes] == ["user", "assistant", "user", "assistant"]
+    assert [e.type for e in session.events].count("user/message") == 2
+    assert session.task["goal"] == "written by another worker"
+
+
 def test_a_request_cut_off_after_its_step_start_resumes_after_a_restart(fake, serve_factory):
     # the client's new messages and step/start are folded, not written (the reply's commit
     # writes them); serve stops before the upstream answers, so the log holds nothing of that

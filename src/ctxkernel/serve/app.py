@@ -45,7 +45,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Mount, Route
 
-from ..errors import ContextOverflowError, CtxKernelError, EventError, ModelError
+from ..errors import ConflictError, ContextOverflowError, CtxKernelError, EventError, ModelError
 from ..events import ASSISTANT_MESSAGE, COMPACTION_START, COMPACTION_SUMMARY, TURN_START
 from ..kernel import Kernel
 from ..logging import get_logger
@@ -249,15 +249,20 @@ class Proxy:
                 while len(self._routes) > 16 * SESSION_CACHE:
                     del self._routes[next(iter(self._routes))]
         session = self.sessions.get(session_id)
+        if session is not None and not session.stale:
+            self.sessions.move_to_end(session_id)
+            try:
+                session.refresh()  # what other workers appended (after what this object held)
+            except ConflictError:
+                # a request that ended without a reply left its events held here, and another
+                # writer came first: they are dropped with this object, as a crash drops them
+                log.info("serve: held events of an unanswered request dropped", session=session_id)
         if session is None or session.stale:  # stale: a failed write left it ahead of its log
             if store.exists(session_id):
                 session = self.kernel.open_session(session_id, keep_waiting_calls=True)
             else:
                 session = self.kernel.open_session(session_id, create=True, origin="serve")
             self._cache(session)
-        else:
-            self.sessions.move_to_end(session_id)
-            session.refresh()  # what other workers appended
         return session
 
     def _cache(self, session: Session) -> None:
