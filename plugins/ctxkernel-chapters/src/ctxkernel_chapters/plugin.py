@@ -228,7 +228,7 @@ def compact_in_place(session: Session, keep_tokens: int, *, reason: str) -> bool
                 {**r, "id": f"{session.id}/{r['number']}", "path": archive.chapter_path(root, r["number"], r["title"])}
                 for r in planned
             ]
-            region_tokens = sum(session.meter.node_tokens(n) for n in nodes)
+            region_tokens = session.meter.nodes_tokens(nodes)
             # the archived events are floor..boundary, the chapters' too: the view's instructions
             text = toc_for_region(
                 session, settings, nodes, records, boundary, region_tokens, instructions=view.instructions, mark=settled
