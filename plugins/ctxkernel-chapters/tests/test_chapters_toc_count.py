@@ -163,3 +163,23 @@ def test_a_reopened_session_counts_its_table_whole_and_exactly(tmp_path: Path):
     text = Message.from_dict(again.events[summary.seq + 1].data["message"]).text
     assert summary.data["tokens_after"] == again.meter.count_message(Message.user(text))
     assert summary.data["tokens_after"] == get_tokenizer().count(text) + again.meter.count_message(Message.user(""))
+
+
+def test_a_long_instruction_is_not_kept_and_the_count_stays_exact(tmp_path):
+    """What a user pastes is kept only up to a bound (the kept quote holds the user's text): a
+    longer instruction's quote is counted when a table of contents cites it, exactly, and the
+    kept counts stay bounded in number."""
+    kernel = chapters_kernel(tmp_path, window=200_000, reserve=8_000, auto=False)
+    session = kernel.open_session()
+    long = "paste: " + "the parser fails on line 3 of the header block.\n" * 200
+    assert len(long) > chapters_plugin.QUOTE_KEPT_MAX_CHARS
+    _turns(session, [*INSTRUCTIONS[:10], long, *INSTRUCTIONS[10:]])
+    kept = state(session)["quote_counts"]
+    assert toc.quote_piece(long) not in kept and len(kept) == len(INSTRUCTIONS)
+    assert chapters_plugin.compact_in_place(session, 300, reason="manual")
+    summary = next(e for e in reversed(session.events) if e.type == "compaction/summary")
+    text = Message.from_dict(session.events[summary.seq + 1].data["message"]).text
+    assert summary.data["tokens_after"] == get_tokenizer().count(text) + session.meter.count_message(Message.user(""))
+    st_ = {"quotes_cursor": 0, "quote_counts": {f"> {n}\n\n": 1 for n in range(chapters_plugin.QUOTE_COUNTS_KEPT)}}
+    chapters_plugin.count_new_quotes(session, st_)
+    assert len(st_["quote_counts"]) == chapters_plugin.QUOTE_COUNTS_KEPT  # the oldest made room

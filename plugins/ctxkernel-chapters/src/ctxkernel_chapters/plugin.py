@@ -390,9 +390,11 @@ def toc_for_region(
 #: meter remembers a whole it counted from parts from this length on (its memo, 2,000 characters),
 #: so the transaction's count is a lookup; a shorter one the transaction tokenises anyway (cheap)
 TOC_COUNTED_FROM_PIECES_CHARS = 2_000
-#: quoted instructions whose counts a session keeps (:func:`count_new_quotes`); a quote past it is
-#: counted when a table of contents needs it
-QUOTE_COUNTS_KEPT = 4096
+#: quoted instructions whose counts a session keeps (:func:`count_new_quotes`), and the longest
+#: instruction kept (the user's text is kept as the key: bounded, however much a user pastes); any
+#: other quote is counted when a table of contents cites it
+QUOTE_COUNTS_KEPT = 1024
+QUOTE_KEPT_MAX_CHARS = 4_000
 
 
 def count_new_quotes(session: Session, st: dict[str, Any]) -> None:
@@ -409,7 +411,7 @@ def count_new_quotes(session: Session, st: dict[str, Any]) -> None:
     count = session.meter.count_text
     for event in events[start:]:
         instruction = instruction_of(event)
-        if instruction is None or not instruction.strip():
+        if instruction is None or not instruction.strip() or len(instruction) > QUOTE_KEPT_MAX_CHARS:
             continue
         piece = toc.quote_piece(instruction)
         if piece not in kept:
