@@ -35,7 +35,7 @@ from ctxkernel import SUMMARY_SECTIONS, Message, Summary, get_logger
 from ctxkernel.recall.history import History
 from ctxkernel.recall.notes import Note, render_note
 from ctxkernel.redact import redact
-from ctxkernel.text import PATH_KEYS, clip, first_line, guard, string_arguments, tag
+from ctxkernel.text import PATH_KEYS, clip, first_line, guard, keep_newest, string_arguments, tag
 
 from .clip import clip_with_receipt
 from .strategy import STRATEGY
@@ -519,28 +519,24 @@ def extract(history: History, nodes: list[Node], budget: int, excerpts: Excerpts
 
 def _newest_lines(parts: list[Excerpt], room: int) -> tuple[list[str], list[int | None]]:
     """The newest activity lines of ``parts`` that fit in ``room`` characters (each with its line
-    break), in their order, and their counts (:func:`line_tokens`): what
-    :func:`ctxkernel.text.keep_newest` keeps of all their lines, found from the newest end."""
-    chunks: list[tuple[tuple[str, ...], tuple[int | None, ...]]] = []  # the newest part first
+    break), in their order, and their counts (:func:`line_tokens`): the newest parts whose lines
+    reach ``room`` are gathered, and :func:`ctxkernel.text.keep_newest` cuts their lines (an older
+    line cannot fit where a newer one did not)."""
+    gathered: list[Excerpt] = []  # the newest parts with lines, newest first
     size = 0
     for part in reversed(parts):
-        entries = part.entries
-        if not entries:
-            continue
-        at = len(entries)
-        while at and size + len(entries[at - 1]) + 1 <= room:
-            at -= 1
-            size += len(entries[at]) + 1
-        if at < len(entries):
-            chunks.append((entries[at:], part.tokens[at:]))
-        if at:  # a line did not fit: every older one is given up with it
-            break
+        if part.entries:
+            gathered.append(part)
+            size += sum(map(len, part.entries)) + len(part.entries)
+            if size > room:
+                break
     lines: list[str] = []
     counts: list[int | None] = []
-    for kept, tokens in reversed(chunks):
-        lines += kept
-        counts += tokens
-    return lines, counts
+    for part in reversed(gathered):
+        lines += part.entries
+        counts += part.tokens
+    kept = keep_newest(lines, room)
+    return kept, counts[len(lines) - len(kept) :]
 
 
 def extractive_body(history: History, nodes: list[Node], budget: int, excerpts: Excerpts | None = None) -> str:
