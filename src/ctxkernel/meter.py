@@ -403,6 +403,14 @@ class Meter:
             removed += self.node_tokens(node) if tokens is None else tokens
         self.total -= removed
 
+    def on_clear(self) -> None:
+        """Every node left the surface (a window switch, a handoff): the total, which holds only
+        visible nodes' counts, starts over instead of taking ~200 counts off one by one
+        (``on_remove`` of the same nodes leaves the same state: ``tests/test_surface_whole.py``)."""
+        self.total = 0
+        self.large.clear()
+        self._uncounted.clear()
+
     def surface_tokens(self) -> int:
         """Tokens of the whole visible surface; counts only nodes never counted before."""
         if self._uncounted:
