@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ctxkernel import CompactionError, Message, Span, ToolCallBlock
-from ctxkernel.events import TOOL_RESULT
+from ctxkernel.errors import SurfaceError
+from ctxkernel.events import TOOL_RESULT, Event
 from ctxkernel.meter import Meter
 from ctxkernel.snapshot import SnapshotWriter
 from ctxkernel.surface import Surface
@@ -179,3 +180,35 @@ def test_the_drawn_sessions_reach_the_whole_surface_path(tmp_path, monkeypatch):
     assert session.meter.surface_tokens() == fresh_count(session, session.surface.nodes)
     build_kernel(tmp_path, fsync=False, store={"snapshot_every": 0}).open_session(session.id)
     assert general.whole == 2
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.data())
+def test_a_replacements_cites_are_judged_as_a_set_whatever_their_order(data):
+    """Cites listed in surface order are accepted without building two sets; any other listing
+    gets the set comparison's verdict (a permutation passes, a repeat, gap or stranger fails)."""
+    surface = Surface()
+    size = data.draw(st.integers(1, 8))
+    for seq in range(size):
+        message = Message.user(f"message {seq}")
+        surface.apply(Event(seq, "user/message", {"message": message.to_dict()}, "t", {"op": "append"}))
+    seqs = surface.seqs()
+    start = data.draw(st.integers(0, size - 1))
+    end = data.draw(st.integers(start, size - 1))
+    shadowed = seqs[start : end + 1]
+    cites = data.draw(
+        st.one_of(
+            st.just(list(shadowed)),
+            st.permutations(shadowed).map(list),
+            st.lists(st.sampled_from([*seqs, 99]), min_size=1, max_size=10),
+        )
+    )
+    op = {"op": "replace", "start": shadowed[0], "end": shadowed[-1], "cites": cites}
+    event = Event(size, "user/message", {"message": Message.user("summary").to_dict()}, "t", op)
+    try:
+        surface.check(event)
+        accepted = True
+    except SurfaceError as exc:
+        accepted = False
+        assert f"it must cite exactly {shadowed}" in str(exc)
+    assert accepted == (len(cites) == len(shadowed) and set(cites) == set(shadowed))

@@ -258,7 +258,8 @@ class Surface:
         nodes = self.span(op["start"], op["end"])
         shadowed = [n.seq for n in nodes]
         cites = op["cites"]
-        if len(cites) != len(shadowed) or set(cites) != set(shadowed):
+        # cites listed in surface order (every commit lists them so) match without two sets
+        if cites != shadowed and (len(cites) != len(shadowed) or set(cites) != set(shadowed)):
             missing = sorted(set(shadowed) - set(cites))
             extra = sorted(set(cites) - set(shadowed))
             parts = []
