@@ -1,8 +1,10 @@
-"""A replacement of the whole surface (a window switch, a handoff) takes the short way (issue 21,
-item 3): the pairing indexes are cleared instead of walked, the meter's total starts over instead
-of taking every node's count off, and the span's ``tokens_before`` is the meter's surface total
-instead of a sum over its nodes. Each short way leaves exactly the state the general path builds,
-on drawn sessions of tool-calling steps, partial compactions, pruned results and drops."""
+"""A replacement of the whole surface (a window switch) or of all but a few nodes (a handoff keeps
+the open turn) takes the short way (issue 21, item 3): the pairing indexes are built again from the
+nodes kept instead of walking the removed ones, the meter's total starts over from the nodes kept
+instead of taking every removed count off, and a whole-surface span's ``tokens_before`` is the
+meter's surface total instead of a sum over its nodes. Each short way leaves exactly the state the
+general path builds, on drawn sessions of tool-calling steps, partial compactions, pruned results
+and drops."""
 
 from __future__ import annotations
 
@@ -14,37 +16,49 @@ from hypothesis import strategies as st
 
 from ctxkernel import CompactionError, Message, Span, ToolCallBlock
 from ctxkernel.errors import SurfaceError
-from ctxkernel.events import TOOL_RESULT, Event
-from ctxkernel.meter import Meter
+from ctxkernel.events import SURFACE_DROP, TOOL_RESULT, Event
+from ctxkernel.meter import LARGE_NODE_TOKENS, Meter
 from ctxkernel.snapshot import SnapshotWriter
 from ctxkernel.surface import Surface
 from ctxkernel.testing import build_kernel
 
 
+def meter_view(meter: Meter) -> tuple[int, set[int], set[int]]:
+    """What the meter's state means, read without changing it: the total with the counts of nodes
+    counted but not yet added in, the nodes still uncounted, the large ones (``surface_tokens()``
+    would fold the counted ones in: both paths then agree on every field)."""
+    waiting = meter._uncounted.values()
+    counted = [n for n in waiting if n.tokens is not None]
+    return (
+        meter.total + sum(n.tokens for n in counted),
+        {n.seq for n in waiting if n.tokens is None},
+        set(meter.large) | {n.seq for n in counted if n.tokens >= LARGE_NODE_TOKENS},
+    )
+
+
 class GeneralPath:
-    """Wraps ``Surface.apply``: before a whole-surface replacement of a listened surface, copies
-    the indexes and the meter and runs the general path on the copies (``_index_remove`` and
-    ``Meter.on_remove`` of every node, ``on_add`` of the replacement); after it, the live state
-    must equal the copies'."""
+    """Wraps ``Surface.apply``: before a replacement of a listened surface that keeps fewer nodes
+    than it removes (the whole surface, or all but a few), copies the indexes and the meter and
+    runs the general path on the copies (``_index_remove`` and ``Meter.on_remove`` of the removed
+    range, ``on_add`` of the replacement); after it, the live state must equal the copies'."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.whole = 0
+        self.short = 0  # replacements that took the short way
+        self.whole = 0  # of them, those of the whole surface
         original = Surface.apply
 
         def apply(surface: Surface, event: Any, message: Any = None, *, checked: bool = False) -> None:
             op = event.surface or {}
             meters = [m for m in surface.listeners if isinstance(m, Meter)]
-            whole = (
-                meters
-                and op.get("op") in ("replace", "remove")
-                and event.type != TOOL_RESULT
-                and surface.position(op["start"]) == 0
-                and surface.position(op["end"]) == len(surface.nodes) - 1
-            )
-            if not whole:
+            if not meters or op.get("op") not in ("replace", "remove") or event.type == TOOL_RESULT:
                 original(surface, event, message, checked=checked)
                 return
-            removed = list(surface.nodes)
+            a, b = surface.position(op["start"]), surface.position(op["end"])
+            assert a is not None and b is not None
+            removed = surface.nodes[a : b + 1]
+            if len(surface.nodes) - len(removed) >= len(removed):
+                original(surface, event, message, checked=checked)
+                return
             indexes = Surface()
             indexes.pending_calls = dict(surface.pending_calls)
             indexes.call_owner = dict(surface.call_owner)
@@ -54,18 +68,19 @@ class GeneralPath:
             walked = Meter(meter.tokenizer)
             walked.total, walked.large, walked._uncounted = meter.total, dict(meter.large), dict(meter._uncounted)
             walked.on_remove(removed)
+            whole = len(removed) == len(surface.nodes)
             original(surface, event, message, checked=checked)
-            for node in surface.nodes:
+            replacement = surface.nodes[a : a + 1] if event.type != SURFACE_DROP else []
+            for node in replacement:
                 walked.on_add(node)
             assert (surface.pending_calls, surface.call_owner, surface.result_of) == (
                 indexes.pending_calls,
                 indexes.call_owner,
                 indexes.result_of,
             )
-            assert meter.total == walked.total
-            assert meter.large.keys() == walked.large.keys()
-            assert meter._uncounted.keys() == walked._uncounted.keys()
-            self.whole += 1
+            assert meter_view(meter) == meter_view(walked)
+            self.short += 1
+            self.whole += whole
 
         monkeypatch.setattr(Surface, "apply", apply)
 
@@ -157,29 +172,46 @@ def test_a_whole_surface_commit_leaves_the_general_paths_state(tmp_path_factory,
         assert replayed.meter.surface_tokens() == session.meter.surface_tokens()
 
 
-def test_the_drawn_sessions_reach_the_whole_surface_path(tmp_path, monkeypatch):
+def test_the_drawn_sessions_reach_the_short_way(tmp_path, monkeypatch):
     """The property above is not vacuous: a switch of a tool-calling surface takes the short way
-    (and is checked against the general path) once live and once when the log is replayed."""
+    (and is checked against the general path) live and when the log is replayed, and so does a
+    replacement that keeps a pending call and an answered pair after it."""
     general = GeneralPath(monkeypatch)
     kernel = build_kernel(tmp_path, fsync=False)
     session = kernel.open_session()
-    session.user("read two files")
-    session.prepare_request()
-    session.commit_reply(Message.assistant("reading", [ToolCallBlock("a", "read", {}), ToolCallBlock("b", "read", {})]))
-    session.tool_result("a", "alpha\n" * 30)
-    session.tool_result("b", "beta\n" * 30)
-    assert session.surface.call_owner and session.surface.result_of
+
+    def step(n: int, pending: bool = False) -> None:
+        session.user(f"read two files, {n}")
+        session.prepare_request()
+        calls = [ToolCallBlock(f"a{n}", "read", {}), ToolCallBlock(f"b{n}", "read", {})]
+        session.commit_reply(Message.assistant(f"reading {n}", calls))
+        session.tool_result(f"a{n}", "alpha\n" * 30)
+        if not pending:
+            session.tool_result(f"b{n}", "beta\n" * 30)
+            session.end_turn()
+
+    for n in range(3):
+        step(n)
     nodes = session.surface.nodes
     before = fresh_count(session, nodes)
     result = session.compact(
         Span(nodes[0].seq, nodes[-1].seq, message=Message.user("seed")), strategy="t", check_shrink=False
     )
-    assert general.whole == 1
+    assert (general.short, general.whole) == (1, 1)
     assert result.tokens_before == before
     assert (session.surface.pending_calls, session.surface.call_owner, session.surface.result_of) == ({}, {}, {})
     assert session.meter.surface_tokens() == fresh_count(session, session.surface.nodes)
+    for n in range(3, 6):
+        step(n, pending=n == 5)
+    nodes = session.surface.nodes
+    head = nodes[-4].seq  # the pending step (its user message, call and one result) is kept
+    session.compact(Span(nodes[0].seq, head, message=Message.user("older")), strategy="t", check_shrink=False)
+    assert (general.short, general.whole) == (2, 1)
+    assert session.surface.pending_calls == {"b5": nodes[-2].seq}
+    assert session.surface.result_of == {"a5": nodes[-1].seq}
+    session.tool_result("b5", "beta\n" * 30)
     build_kernel(tmp_path, fsync=False, store={"snapshot_every": 0}).open_session(session.id)
-    assert general.whole == 2
+    assert (general.short, general.whole) == (4, 2)
 
 
 @settings(max_examples=80, deadline=None)

@@ -404,9 +404,10 @@ class Meter:
         self.total -= removed
 
     def on_clear(self) -> None:
-        """Every node left the surface (a window switch, a handoff): the total, which holds only
-        visible nodes' counts, starts over instead of taking ~200 counts off one by one
-        (``on_remove`` of the same nodes leaves the same state: ``tests/test_surface_whole.py``)."""
+        """Start over: the surface calls ``on_add`` of each node it kept next, when a replacement
+        (a window switch, a handoff) keeps fewer nodes than it removes, instead of ``on_remove`` of
+        ~200. The total holds only visible nodes' counts, so the state gives the same
+        ``surface_tokens()`` (``tests/test_surface_whole.py``)."""
         self.total = 0
         self.large.clear()
         self._uncounted.clear()
