@@ -73,11 +73,13 @@ class GeneralPath:
             replacement = surface.nodes[a : a + 1] if event.type != SURFACE_DROP else []
             for node in replacement:
                 walked.on_add(node)
-            assert (surface.pending_calls, surface.call_owner, surface.result_of) == (
-                indexes.pending_calls,
-                indexes.call_owner,
-                indexes.result_of,
-            )
+            # in the same order too: a snapshot writes the indexes as they iterate
+            for live, general_ in zip(
+                (surface.pending_calls, surface.call_owner, surface.result_of),
+                (indexes.pending_calls, indexes.call_owner, indexes.result_of),
+                strict=True,
+            ):
+                assert list(live.items()) == list(general_.items())
             assert meter_view(meter) == meter_view(walked)
             self.short += 1
             self.whole += whole
