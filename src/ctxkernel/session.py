@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
-import operator
 import os
 import threading
 import uuid
@@ -331,8 +330,15 @@ class Session:
         return self._lock
 
     def refresh(self) -> int:
-        """Fold events other writers appended since we last looked; returns how many."""
+        """Fold events other writers appended since we last looked; returns how many.
+
+        Events a deferred :meth:`prepare_request` folded and did not write yet (its request
+        ended without a commit, a failure or an abandoned step that would write them) are
+        written first: the log is compared with what it holds, never with what this object
+        only holds in memory."""
         with self._lock:
+            if self._held and not self.stale:
+                self.append([], durable=False)
             behind = self.store.next_seq(self.id) - len(self.events)
             if behind <= 0:
                 return 0
@@ -885,6 +891,7 @@ class Session:
         allow_overflow: bool = False,
         history: Sequence[Message] = (),
         trailer: Sequence[EventSpec] = (),
+        defer_write: bool = False,
     ) -> Request:
         """Run the strategies and compose the next request from the surface.
 
@@ -904,7 +911,17 @@ class Session:
 
         ``step/start`` is not synced on its own: the reply's commit (or the ``step/end`` of
         :meth:`request_failed` or :meth:`abandon_step`) syncs it with everything before it, and a
-        power cut before that loses only a request nobody was answered for."""
+        power cut before that loses only a request nobody was answered for.
+
+        ``defer_write`` goes one step further: the request's events (``history``, ``trailer``,
+        ``step/start``) are checked and folded but not written; the next write carries them
+        first, in the same store write: the reply's :meth:`commit_reply`, or the ``step/end`` of
+        :meth:`request_failed` or :meth:`abandon_step` (and :meth:`refresh` writes them before it
+        looks at the log). A request is then one store write, not two (``ctxkernel serve``: the
+        request's whole cost is the point, ``bench_serve.py``). A crash before that write loses
+        the same as without it, a request nobody was answered for; the difference is that
+        readers in other processes see the request only once its reply is committed. Events a
+        strategy writes in ``pre_step`` (a compaction) still write the held ones before them."""
         with self._lock:
             self.refresh()
             self.kernel.refresh_profile()  # edited settings apply from this step on
@@ -913,12 +930,14 @@ class Session:
                 if batch:
                     self._hold(batch)
             try:
-                return self._prepare_step(attempt, allow_overflow)
-            finally:
+                request = self._prepare_step(attempt, allow_overflow, defer_write)
+            except BaseException:
                 if self._held and not self.stale:  # stopped before its step/start
                     self.append([], durable=False)
+                raise
+            return request
 
-    def _prepare_step(self, attempt: int, allow_overflow: bool) -> Request:
+    def _prepare_step(self, attempt: int, allow_overflow: bool, defer_write: bool = False) -> Request:
         with self._lock:  # re-entrant: prepare_request holds it already
             if not self.turn_open:
                 msg = "no open turn: call session.user(...) before prepare_request()"
@@ -960,7 +979,10 @@ class Session:
             if self.route is None:
                 self._write_route(self.model_settings())
             batch.append(EventSpec(ev.STEP_START, {"turn": self.turn, "step": step.step}))
-            self.append(batch, durable=False)
+            if defer_write:
+                self._hold(batch)  # written first by the next append (prepare_request's docstring)
+            else:
+                self.append(batch, durable=False)
             request.provider = self.route["provider"] if self.route else ""
             request.model = self.route["model"] if self.route else ""
             request.pressure = self.pressure()
@@ -973,9 +995,10 @@ class Session:
         system, tools, digest, header_tokens = self._system_and_tools()
         nodes = self.surface.nodes
         request = Request(
-            # attrgetter: the loop runs in C (a long surface, every request: bench_serve.py)
-            messages=list(map(_MESSAGE_OF, nodes)),
-            seqs=list(map(_SEQ_OF, nodes)),
+            # comprehensions, not map(attrgetter): Python 3.11 specialises a slot's attribute
+            # read, about twice as fast (a long surface, every request: bench_serve.py)
+            messages=[node.message for node in nodes],
+            seqs=[node.seq for node in nodes],
             system=system,
             tools=tools,
             turn=self.turn,
@@ -1262,10 +1285,6 @@ def _syncs_as_index(value: Any) -> bool:
             _INDEX_CLASSES.clear()  # bounded: a program that makes classes at run time
         _INDEX_CLASSES[cls] = decision
     return decision
-
-
-_MESSAGE_OF = operator.attrgetter("message")
-_SEQ_OF = operator.attrgetter("event.seq")  # Node.seq
 
 
 def _clone_surface(surface: Surface) -> Surface:

@@ -321,10 +321,10 @@ def test_client_disconnect_mid_stream_leaves_the_log_consistent(fake, serve_fact
     assert [n.role for n in session.surface.nodes] == ["user", "assistant"]
 
 
-def test_a_request_writes_its_log_twice_and_waits_for_the_disk_once(fake, serve_factory, monkeypatch):
-    # the client's new messages go into the log in one store write with the request's
-    # step/start, which is not synced on its own: the reply's commit, the second write, syncs
-    # both (store.base.SyncDeferral)
+def test_a_request_writes_its_log_once_and_waits_for_the_disk_once(fake, serve_factory, monkeypatch):
+    # the client's new messages and the request's step/start are folded, not written
+    # (prepare_request(defer_write=True)): the reply's commit writes them with the reply, in one
+    # durable store write
     import os
 
     upstream, _ = fake
@@ -355,8 +355,16 @@ def test_a_request_writes_its_log_twice_and_waits_for_the_disk_once(fake, serve_
     logs = [path for path in synced if path.endswith(".jsonl")]
     assert len(logs) == 1, synced
     assert writes == [
-        ["turn/end", "turn/start", "user/message", "serve/ledger", "step/start"],
-        ["assistant/message", "step/end", "serve/ledger"],
+        [
+            "turn/end",
+            "turn/start",
+            "user/message",
+            "serve/ledger",
+            "step/start",
+            "assistant/message",
+            "step/end",
+            "serve/ledger",
+        ],
     ]
     monkeypatch.undo()
     # and the history is in the log, before the step that answered it
@@ -400,9 +408,35 @@ def test_a_request_tokenises_each_new_message_once(fake, serve_factory, api):
     assert session.meter.surface_tokens() == fresh.meter.surface_tokens()  # still exact
 
 
+def test_events_held_by_an_unanswered_request_give_way_to_another_writer(fake, serve_factory):
+    # a request ended without a reply (its events folded, not written) and another writer
+    # appended to the log meanwhile: the next request drops the held events with the session
+    # object, reopens the log and is answered; nothing is written twice or out of order
+    from ctxkernel.serve import openai_wire
+
+    upstream, _ = fake
+    upstream.script = lambda api, body: Reply("answer")
+    serve = serve_factory()
+    history = [{"role": "user", "content": "first"}]
+    serve.openai(session="held").chat.completions.create(model="fake-model", messages=history)
+    history += [{"role": "assistant", "content": "answer"}, {"role": "user", "content": "second"}]
+    body = orjson.dumps({"model": "fake-model", "messages": history})
+    turn = serve.proxy._start(openai_wire, "held", openai_wire.parse_request(body))
+    assert turn.session.step_open  # held: folded in the object, not in the log
+    other = serve.proxy.kernel.open_session(turn.session.id, keep_waiting_calls=True)
+    other.set_task(goal="written by another worker")
+    reply = serve.openai(session="held").chat.completions.create(model="fake-model", messages=history)
+    assert reply.choices[0].message.content == "answer"
+    session = log_of(serve, "held")
+    assert [n.role for n in session.surface.nodes] == ["user", "assistant", "user", "assistant"]
+    assert [e.type for e in session.events].count("user/message") == 2
+    assert session.task["goal"] == "written by another worker"
+
+
 def test_a_request_cut_off_after_its_step_start_resumes_after_a_restart(fake, serve_factory):
-    # the client's new messages and step/start are one write; serve stops before the upstream
-    # answers; the client sends the same history again to the restarted serve and gets its reply
+    # the client's new messages and step/start are folded, not written (the reply's commit
+    # writes them); serve stops before the upstream answers, so the log holds nothing of that
+    # request; the client sends the same history again to the restarted serve and gets its reply
     from ctxkernel.serve import openai_wire
 
     upstream, _ = fake
@@ -413,8 +447,10 @@ def test_a_request_cut_off_after_its_step_start_resumes_after_a_restart(fake, se
     history += [{"role": "assistant", "content": "answer"}, {"role": "user", "content": "second"}]
     body = orjson.dumps({"model": "fake-model", "messages": history})
     serve.proxy._start(openai_wire, "cut", openai_wire.parse_request(body))
+    before = [e.type for e in log_of(serve, "cut").events]
     serve.restart()
-    assert log_of(serve, "cut").events[-1].type == "step/start"
+    after = [e.type for e in log_of(serve, "cut").events]
+    assert after == before and after[-3:] == ["assistant/message", "step/end", "serve/ledger"]
     reply = serve.openai(session="cut").chat.completions.create(model="fake-model", messages=history)
     assert reply.choices[0].message.content == "answer"
     session = log_of(serve, "cut")

@@ -64,12 +64,16 @@ def _previous_handoff(kind: str, lines: list[str]) -> Message:
     return Message.user(text, Source.plugin_form("handoff", "handoff"))
 
 
+#: more files than a body lists (:data:`ctxkernel_handoff.handoff.FILES_LISTED`)
+MANY_PATHS = [f"src/m{n}.py" for n in range(30)]
+
+
 @st.composite
-def regions(draw: Any) -> list[Node]:
+def regions(draw: Any, max_nodes: int = 14) -> list[Node]:
     """A region of any messages: user text, replies with tool calls naming files, results,
     notices, and earlier handoffs (extractive ones merged line by line, generated ones carried)."""
     nodes: list[Node] = []
-    for seq in range(10, 10 + draw(st.integers(1, 14))):
+    for seq in range(10, 10 + draw(st.integers(1, max_nodes))):
         kind = draw(st.sampled_from(["user", "reply", "call", "result", "notice", "extractive", "generated"]))
         text = draw(TEXTS)
         if kind == "user":
@@ -77,8 +81,13 @@ def regions(draw: Any) -> list[Node]:
         elif kind == "reply":
             message = Message.assistant(text)
         elif kind == "call":
-            path = draw(st.sampled_from(["src/a.py", "src/b.py", "docs/x.md", text[:30] or "z"]))
-            message = Message.assistant(text, [ToolCallBlock(f"c{seq}", "read", {"path": path})])
+            paths = draw(
+                st.lists(st.sampled_from(["src/a.py", "docs/x.md", text[:30] or "z", *MANY_PATHS]), max_size=3)
+            )
+            calls = [
+                ToolCallBlock(f"c{seq}_{n}", "read", {"path": path}) for n, path in enumerate(paths or ["src/b.py"])
+            ]
+            message = Message.assistant(text, calls)
         elif kind == "result":
             message = Message.tool(f"c{seq}", text, name="read")
         elif kind == "notice":
@@ -86,7 +95,8 @@ def regions(draw: Any) -> list[Node]:
         else:
             lines = [f"- item_{n} user: {draw(TEXTS)}" for n in range(draw(st.integers(0, 4)))]
             if draw(st.booleans()):
-                lines.insert(0, _FILES + ", ".join(draw(st.lists(st.sampled_from(["src/a.py", "q.txt"]), max_size=3))))
+                listed = st.lists(st.sampled_from(["src/a.py", "q.txt", *MANY_PATHS[:4]]), max_size=3)
+                lines.insert(0, _FILES + ", ".join(draw(listed)))
             message = _previous_handoff(kind, lines if kind == "extractive" else [text, *lines])
         nodes.append(_node(seq, message))
     return nodes
@@ -132,6 +142,39 @@ def test_the_one_pass_body_is_the_reference_body(counting_session, nodes, budget
     history = History.for_session(counting_session)
     excerpts = Excerpts()
     assert extract(history, nodes, budget, excerpts).text == _reference_body(history, nodes, budget, excerpts)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(
+    nodes=regions(max_nodes=60),
+    budget=st.integers(0, 8_000),
+    opener=st.sampled_from(["none", "extractive", "generated"]),
+    calls=st.lists(st.lists(st.sampled_from(MANY_PATHS), min_size=1, max_size=4), max_size=25),
+)
+def test_the_body_selected_from_the_newest_end_is_the_reference_body(counting_session, nodes, budget, opener, calls):
+    """Long regions naming more files than a body lists (the newest-first walk stops at the
+    twentieth), opened by an earlier handoff as a window is (its list merged from the oldest end)
+    or holding one anywhere (folded from the oldest): the body is the reference body, and its
+    lines and their counts are the reference's last lines."""
+    if opener != "none":
+        lines = ["- item_3 user: earlier", _FILES + "src/m1.py, q.txt, src/m29.py"]
+        nodes = [_node(9, _previous_handoff(opener, lines)), *nodes]
+    for n, paths in enumerate(calls, start=nodes[-1].seq + 1):  # a run of calls naming many files
+        reply = Message.assistant("", [ToolCallBlock(f"m{n}_{i}", "edit", {"path": p}) for i, p in enumerate(paths)])
+        nodes.append(_node(n, reply))
+    history = History.for_session(counting_session)
+    excerpts = Excerpts()
+    for node in nodes:
+        excerpts.of(history, node, counting_session.meter)
+    body = extract(history, nodes, budget, excerpts)
+    assert body.text == _reference_body(history, nodes, budget, excerpts)
+    everything = [
+        (e, n)
+        for node in nodes
+        for e, n in zip(excerpts.of(history, node).entries, excerpts.of(history, node).tokens, strict=True)
+    ]
+    if body.lines:
+        assert list(zip(body.lines, body.counts, strict=True)) == everything[len(everything) - len(body.lines) :]
 
 
 @settings(max_examples=300, deadline=None)
@@ -307,3 +350,60 @@ def test_a_tool_calls_arguments_are_excerpted_as_json(counting_session):
     node = _node(3, Message.assistant("", [call]))
     (entry,) = Excerpts().of(History.for_session(counting_session), node).entries
     assert entry == f"- item_3 call read {orjson.dumps(call.arguments).decode()}"
+
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("turn"), INSTRUCTION),
+        st.tuples(st.sampled_from(["reopen", "shrink", "switch"]), st.just("")),
+    ),
+    min_size=2,
+    max_size=9,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=OPS, keep_share=st.sampled_from([None, 0.2, 0.6]), budget=st.integers(300, 6_000))
+def test_the_material_kept_at_step_ends_gives_the_body_built_from_nothing(
+    handoff_kernel, agent, tmp_path_factory, ops, keep_share, budget
+):
+    """The body's material is kept as steps end, through switches, a kept result replaced in
+    place and a reopened session (a new process, from its snapshot): at every point, the body of
+    a region (the whole surface but its last message, or a head keeping a share) is the body built
+    from nothing, its lines are the region's last lines, and each line's count is its count."""
+    from ctxkernel import head_region, whole_surface_but_last
+
+    home = tmp_path_factory.mktemp("material")
+    kernel = handoff_kernel(window=200_000, home=home)
+    session = kernel.open_session()
+    a = agent(session)
+    a.turn("start: read the files")
+    for op, text in ops:
+        if op == "turn":
+            a.turn(text)
+        elif op == "reopen":
+            session = handoff_kernel(window=200_000, home=home).open_session(session.id)
+            a = type(a)(session, a.model, a.tool_output)  # the same model: its call ids go on
+        elif op == "shrink":
+            results = [n for n in session.surface.nodes if n.role == "tool"]
+            if results:
+                engine.STRATEGY.on(session).replace_tool_result(results[0].seq, "shrunk", reason="fit")
+        else:
+            ctxkernel_handoff.compact_now(session)
+        surface = session.surface
+        if keep_share is None:
+            region = whole_surface_but_last(surface, 1)
+        else:
+            region = head_region(surface, session.meter, int(keep_share * session.meter.surface_tokens()), min_nodes=2)
+        if region is None:
+            continue
+        nodes = surface.span(*region)
+        history = History.for_session(session)
+        held = state_for(session).excerpts
+        body = extract(history, nodes, budget, held)
+        assert body.text == _reference_body(history, nodes, budget, Excerpts())
+        assert held.material.seqs[: len(nodes)] == [n.seq for n in nodes]
+        everything = [e for node in nodes for e in held.of(history, node).entries]
+        assert body.lines == everything[len(everything) - len(body.lines) :]
+        for line, tokens in zip(body.lines, body.counts, strict=True):
+            assert tokens is None or tokens == session.meter.count_text(line + "\n")

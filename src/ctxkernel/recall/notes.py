@@ -91,6 +91,12 @@ class NotesLimits:
     max_note_bytes: int = 1_000_000
 
 
+def utf8_size(text: str) -> int:
+    """``len(text.encode())``, without encoding an ASCII text (``str.isascii`` reads a flag CPython
+    keeps on every string, so most notes are sized in constant time)."""
+    return len(text) if text.isascii() else len(text.encode())
+
+
 @dataclass(frozen=True)
 class Note:
     """One note as of its latest version (or of an earlier one from :meth:`Notes.versions`)."""
@@ -111,7 +117,7 @@ class Note:
 
     @property
     def size(self) -> int:
-        return len(self.content.encode())
+        return utf8_size(self.content)
 
     @property
     def created_window(self) -> str | None:
@@ -534,7 +540,7 @@ class Notes:
     def _commit(
         self, op: str, current: Note | None, path: str, text: str, trust: str, window: str | None, strategy: str
     ) -> Note:
-        data = self._write_data(op, current, path, text, trust, window, strategy)
+        data, _ = self._write_data(op, current, path, text, trust, window, strategy)
         self.session.emit(NAMESPACE, "write", data)  # one event: written whole or not at all
         self.sync()
         return self._state.notes[str(data["id"])]
@@ -551,14 +557,16 @@ class Notes:
         *,
         files: int | None = None,
         total_bytes: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> tuple[dict[str, Any], int]:
         """A write's event data, checked against the limits (``files`` and ``total_bytes``: the
-        active notes as they will be when it lands; by default as they are)."""
+        active notes as they will be when it lands; by default as they are), and the note's size
+        in bytes after it. Each text is sized once: an append adds its text's bytes to the note's
+        instead of joining and encoding the whole note."""
         if not isinstance(text, str):
             msg = f"note content must be a string, got {type(text).__name__}"
             raise NotesError(msg)
-        new_content = current.content + text if (op == "append" and current) else text
-        self._check_limits(current, path, new_content, files=files, total_bytes=total_bytes)
+        size = utf8_size(text) + (current.size if (op == "append" and current) else 0)
+        self._check_limits(current, path, size, files=files, total_bytes=total_bytes)
         data = {
             "id": current.id if current else "n_" + uuid.uuid4().hex[:16],
             "path": path,
@@ -568,15 +576,15 @@ class Notes:
             "by": strategy,
         }
         data["text" if op == "append" else "content"] = text
-        return data
+        return data, size
 
     def _check_limits(
-        self, current: Note | None, path: str, content: str, *, files: int | None = None, total_bytes: int | None = None
+        self, current: Note | None, path: str, size: int, *, files: int | None = None, total_bytes: int | None = None
     ) -> None:
+        """Refuse a write that leaves the note at ``path`` ``size`` bytes long if it breaks a limit."""
         limits = self.limits
         files = len(self._state.active) if files is None else files
         total_bytes = self._state.total_bytes if total_bytes is None else total_bytes
-        size = len(content.encode())
         if size > limits.max_note_bytes:
             msg = (
                 f"note {path!r} would be {size} bytes; the limit is {limits.max_note_bytes} bytes per note. "
@@ -650,12 +658,11 @@ class StagedNotes:
             raise NotesError(msg)
         current = notes._current(path)
         op = "create" if current is None else ("append" if append else "update")
-        data = notes._write_data(
+        data, size = notes._write_data(
             op, current, path, text, trust, window, self._strategy, files=self._files, total_bytes=self._bytes
         )
-        content = current.content + text if op == "append" and current else text
         self._files += current is None
-        self._bytes += len(content.encode()) - (current.size if current else 0)
+        self._bytes += size - (current.size if current else 0)
         self._entries.append(data)
 
 

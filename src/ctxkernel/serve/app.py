@@ -8,9 +8,10 @@ One client request, in order (docs/serve.md has the long form)::
         several processes order one session's requests; waiting is bounded (--lock-wait), then 409
     reconcile: find the client's new messages (reconcile.py)
     loop (bounded):
-        prepare_request()  → the first round's writes the new messages with its step/start
-                             (one store write); the upstream body: managed messages, client +
-                             strategy tools
+        prepare_request()  → the new messages and the step/start are folded, not written: the
+                             reply's commit (or a failure's or a disconnect's step/end) writes
+                             them with it, one store write per request; the upstream body:
+                             managed messages, client + strategy tools
             refused before sending when it exceeds the effective window and the strategies
             cannot shrink it
         upstream call      → provider error: request_failed(); on context overflow the
@@ -44,7 +45,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Mount, Route
 
-from ..errors import ContextOverflowError, CtxKernelError, EventError, ModelError
+from ..errors import ConflictError, ContextOverflowError, CtxKernelError, EventError, ModelError
 from ..events import ASSISTANT_MESSAGE, COMPACTION_START, COMPACTION_SUMMARY, TURN_START
 from ..kernel import Kernel
 from ..logging import get_logger
@@ -248,15 +249,20 @@ class Proxy:
                 while len(self._routes) > 16 * SESSION_CACHE:
                     del self._routes[next(iter(self._routes))]
         session = self.sessions.get(session_id)
+        if session is not None and not session.stale:
+            self.sessions.move_to_end(session_id)
+            try:
+                session.refresh()  # what other workers appended (after what this object held)
+            except ConflictError:
+                # a request that ended without a reply left its events held here, and another
+                # writer came first: they are dropped with this object, as a crash drops them
+                log.info("serve: held events of an unanswered request dropped", session=session_id)
         if session is None or session.stale:  # stale: a failed write left it ahead of its log
             if store.exists(session_id):
                 session = self.kernel.open_session(session_id, keep_waiting_calls=True)
             else:
                 session = self.kernel.open_session(session_id, create=True, origin="serve")
             self._cache(session)
-        else:
-            self.sessions.move_to_end(session_id)
-            session.refresh()  # what other workers appended
         return session
 
     def _cache(self, session: Session) -> None:
@@ -339,15 +345,19 @@ class Proxy:
             session.append_one(TURN_START, {"turn": session.turn + 1})
         for attempt in range(2):
             pending = turn.pending
+            # defer_write: the request's events go in the reply's commit (or the step/end of a
+            # failure or a disconnect): one store write per request, not two
             if pending is None:
-                request = session.prepare_request(attempt=attempt)
+                request = session.prepare_request(attempt=attempt, defer_write=True)
             else:
                 # the client's new messages go in with the step/start: one write. A refusal
                 # writes nothing and leaves turn.pending set; any later error writes them alone
                 before = len(session.events)
                 try:
                     trailer = [pending.record] if pending.record else []
-                    request = session.prepare_request(attempt=attempt, history=pending.new, trailer=trailer)
+                    request = session.prepare_request(
+                        attempt=attempt, history=pending.new, trailer=trailer, defer_write=True
+                    )
                 finally:
                     if len(session.events) != before:
                         turn.pending = None

@@ -68,6 +68,8 @@ def register_commands(subparsers: Any) -> None:
 def session_opened(session: Session) -> None:
     registry_of(session).ensure(session.id)
     settle.settle(session)  # chapters a crash left unwritten after their commit
+    # the instructions that land from now on have their quotes counted at the step they start
+    state(session).setdefault("quotes_cursor", len(session.events))
 
 
 @ctxkernel.hookimpl
@@ -99,6 +101,7 @@ def pre_step(session: Session, step: StepContext) -> None:
     settings = settings_of(session)
     settle.settle(session)  # the last step's in-place compaction: its files and records
     st = state(session)
+    count_new_quotes(session, st)
     if step.attempt == 0:
         # a new request: ``overflow_retries`` counts the attempts of one request, so a streak an
         # earlier request left (its overflow path found nothing to archive) must not refuse this
@@ -225,7 +228,7 @@ def compact_in_place(session: Session, keep_tokens: int, *, reason: str) -> bool
                 {**r, "id": f"{session.id}/{r['number']}", "path": archive.chapter_path(root, r["number"], r["title"])}
                 for r in planned
             ]
-            region_tokens = sum(session.meter.node_tokens(n) for n in nodes)
+            region_tokens = session.meter.nodes_tokens(nodes)
             # the archived events are floor..boundary, the chapters' too: the view's instructions
             text = toc_for_region(
                 session, settings, nodes, records, boundary, region_tokens, instructions=view.instructions, mark=settled
@@ -375,10 +378,65 @@ def toc_for_region(
     # small window the oldest bullets give up their summaries first (the manifest keeps them)
     budget = min(settings.toc_bullet_budget_tokens, max(50, region_tokens // 3))
     quoted = min(settings.toc_instruction_budget_tokens, region_tokens // 3)
-    text, _ = toc.render(
+    pieces, _ = toc.render_pieces(
         merged, count=region.count, bullet_budget=budget, instruction_budget=quoted, at_most=region.at_most
     )
-    return text
+    if sum(map(len, pieces)) >= TOC_COUNTED_FROM_PIECES_CHARS:
+        count_toc(session.meter, pieces, state(session).get("quote_counts", {}))
+    return "".join(pieces)
+
+
+#: a table of contents this long is counted from its pieces before the transaction counts it: the
+#: meter remembers a whole it counted from parts from this length on (its memo, 2,000 characters),
+#: so the transaction's count is a lookup; a shorter one the transaction tokenises anyway (cheap)
+TOC_COUNTED_FROM_PIECES_CHARS = 2_000
+#: quoted instructions whose counts a session keeps (:func:`count_new_quotes`), and the longest
+#: instruction kept (the user's text is kept as the key: bounded, however much a user pastes); any
+#: other quote is counted when a table of contents cites it
+QUOTE_COUNTS_KEPT = 1024
+QUOTE_KEPT_MAX_CHARS = 4_000
+
+
+def count_new_quotes(session: Session, st: dict[str, Any]) -> None:
+    """Count the table-of-contents quote (:func:`toc.quote_piece`) of each user instruction that
+    landed since the last step, once, and keep it in this process's state: a table of contents
+    quotes every archived instruction, and counting it from these pieces tokenises only its head,
+    its last quote and its end (:func:`count_toc`). Instructions from before this process opened
+    the session are not counted here (an open stays O(new events)): a compaction counts them."""
+    events = session.events
+    start = st.setdefault("quotes_cursor", len(events))  # session_opened sets it
+    if start >= len(events):
+        return
+    kept: dict[str, int] = st.setdefault("quote_counts", {})
+    count = session.meter.count_text
+    for event in events[start:]:
+        instruction = instruction_of(event)
+        if instruction is None or not instruction.strip() or len(instruction) > QUOTE_KEPT_MAX_CHARS:
+            continue
+        piece = toc.quote_piece(instruction)
+        if piece not in kept:
+            if len(kept) >= QUOTE_COUNTS_KEPT:
+                del kept[next(iter(kept))]  # the oldest
+            kept[piece] = count(piece)
+    st["quotes_cursor"] = len(events)
+
+
+def count_toc(meter: Any, pieces: list[str], kept: dict[str, int]) -> int:
+    """Tokens of ``"".join(pieces)`` (a table of contents from :func:`toc.render_pieces`),
+    exactly: a piece whose count ``kept`` holds (a quote counted when its instruction landed,
+    :func:`count_new_quotes`) is added, the others are tokenised (adjacent ones together).
+    ``count_joined`` adds a count only across a cut it proves exact and remembers the whole, so
+    the transaction's count of the same text is a lookup."""
+    parts: list[str] = []
+    counts: list[int | None] = []
+    for piece in pieces:
+        known = kept.get(piece)
+        if known is None and parts and counts[-1] is None:
+            parts[-1] += piece  # unknown pieces in a row: one tokenising
+            continue
+        parts.append(piece)
+        counts.append(known)
+    return int(meter.count_joined(parts, counts))
 
 
 @dataclass(frozen=True)

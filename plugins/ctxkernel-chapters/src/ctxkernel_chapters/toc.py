@@ -212,6 +212,13 @@ def _pick_instructions(
     return picked, len(instructions) - len(picked)
 
 
+def quote_piece(instruction: str) -> str:
+    """The piece of a table of contents that quotes ``instruction`` when another quote follows it
+    (:func:`render_pieces`): its quoted lines and the blank line after them. A strategy may count
+    it when the instruction lands and add that count later (the cut after it is exact)."""
+    return _quote(instruction.strip()) + "\n\n"
+
+
 def render(
     toc: Toc,
     *,
@@ -227,28 +234,57 @@ def render(
     the ones that do not fit are counted in the text (they stay in the chapters). ``at_most``
     (an upper bound of ``count``, e.g. :func:`byte_bound`) spares counting what fits even so:
     the text is the same with it or without."""
+    pieces, changed = render_pieces(
+        toc,
+        handoff=handoff,
+        count=count,
+        bullet_budget=bullet_budget,
+        instruction_budget=instruction_budget,
+        at_most=at_most,
+    )
+    return "".join(pieces), changed
+
+
+def render_pieces(
+    toc: Toc,
+    *,
+    handoff: str = "",
+    count: Callable[[str], int] | None = None,
+    bullet_budget: int | None = None,
+    instruction_budget: int | None = None,
+    at_most: AtMost | None = None,
+) -> tuple[list[str], int]:
+    """:func:`render`'s text as the pieces it joins (``"".join(pieces)`` is the text): the head
+    up to the instructions' marker, each quoted instruction but the last as its
+    :func:`quote_piece`, the last quote, and the rest. Each quote starts with ``>`` after a piece
+    that ends with a newline: a cut that ``Meter.joins_exactly`` proves exact for cl100k, so a
+    meter counts the text from the quotes' counts (``Meter.count_joined`` checks every cut)."""
     entries = list(toc.bullets.items())
     shortened = folded = 0
     if count is not None and bullet_budget is not None:
         entries, shortened, folded = _fit(entries, count, bullet_budget, at_most)
     lines = [line for _, line in entries]
-    parts = [TOC_OPEN, INTRO, "", CHAPTERS]
-    parts += lines or ["(no chapters yet)"]
+    head = [TOC_OPEN, INTRO, "", CHAPTERS]
+    head += lines or ["(no chapters yet)"]
     if shortened or folded:
-        parts.append(
+        head.append(
             f"({shortened} bullet(s) shortened, {folded} folded to fit the bullet budget; the manifest keeps every summary)"
         )
     instructions, left_out = _pick_instructions(toc.instructions, count, instruction_budget, at_most)
-    if instructions:
-        parts += ["", INSTRUCTIONS, "\n\n".join(_quote(t) for t in instructions)]
+    rest: list[str] = []
     if left_out:
-        parts.append(f"({left_out} earlier or longer instruction(s) are in the chapters only)")
+        rest.append(f"({left_out} earlier or longer instruction(s) are in the chapters only)")
     if handoff.strip():
-        parts += ["", HANDOFF, _escape(handoff.strip())]
+        rest += ["", HANDOFF, _escape(handoff.strip())]
     if toc.carried:
-        parts += ["", CARRIED, _escape("\n\n".join(toc.carried))]
-    parts.append(TOC_CLOSE)
-    return "\n".join(parts), shortened + folded
+        rest += ["", CARRIED, _escape("\n\n".join(toc.carried))]
+    rest.append(TOC_CLOSE)
+    if not instructions:
+        return ["\n".join(head + rest)], shortened + folded
+    head += ["", INSTRUCTIONS]
+    quotes = [quote_piece(t) for t in instructions[:-1]]
+    last = _quote(instructions[-1]) + "\n"
+    return ["\n".join(head) + "\n", *quotes, last, "\n".join(rest)], shortened + folded
 
 
 def fold_ranges(bullets: dict[str, str]) -> dict[str, tuple[int, int]]:

@@ -500,14 +500,24 @@ def builds_up_front(session: Session) -> bool:
     return settings_of(session).handoff_summary == "extractive" or STRATEGY.on(session).summarizer is None
 
 
+#: a process whose first step finds at most this many surface nodes renders them at that step
+FRESH_WINDOW_NODES = 16
+
+
 def warm_excerpts(session: Session, state: HandoffState) -> None:
     """Render the excerpts of the surface nodes appended since the last step (a few per step), so
-    a switch assembles its extractive body instead of rendering its whole window. A process starts
-    at the log's end (an open costs nothing here); what it lacks is rendered at its first switch."""
+    a switch assembles its extractive body instead of rendering its whole window, and add them to
+    the body's material (:class:`~ctxkernel_handoff.handoff.Material`). A process starts at the
+    log's end (an open costs nothing here) unless its window has just begun (a new session: its
+    first few nodes are rendered now, so the material starts with them); what it lacks is rendered
+    at its first switch."""
     events = session.events
     if state.excerpted < 0:
-        state.excerpted = len(events)
-        return
+        surface = session.surface
+        if len(surface) > FRESH_WINDOW_NODES:
+            state.excerpted = len(events)
+            return
+        state.excerpted = min((node.seq for node in surface), default=len(events))
     if state.excerpted >= len(events):
         return
     history = History.for_session(session)
@@ -519,6 +529,7 @@ def warm_excerpts(session: Session, state: HandoffState) -> None:
     state.excerpted = len(events)
     if len(state.excerpts) > 2 * len(surface) + 256:  # nodes replaced since (shrunk results, native summaries)
         state.excerpts.prune(lambda seq: surface.node(seq) is not None)
+    state.excerpts.extend(surface.nodes)  # the body's material: the nodes just rendered
 
 
 _SHRUNK = re.compile(r"the full result is (item_\d+)")

@@ -22,8 +22,8 @@ why (``generated_discarded``).
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
-from contextlib import suppress
 from dataclasses import dataclass, field
 from itertools import accumulate
 from operator import attrgetter
@@ -333,6 +333,65 @@ def line_tokens(meter: LineMeter, entry: str) -> int | None:
 
 #: a node's seq, read in C for every node of a region
 _SEQ = attrgetter("seq")
+#: files an extractive body lists (the newest)
+FILES_LISTED = 20
+
+
+class Material:
+    """The extractive body's material for the first nodes of the surface, in surface order, kept
+    as they land (at step ends, :meth:`Excerpts.extend`): their excerpts, and what the body needs
+    of all of them, folded as they come (the entries before each position, the positions that name
+    a file or carry a block, the files named, moved as the body lists them). A switch's region is
+    a run from the surface's start, so its body reads these at its length and walks back only
+    over the lines it keeps (:func:`extract`), instead of over every excerpt of the window."""
+
+    def __init__(self) -> None:
+        self.seqs: list[int] = []
+        self.parts: list[Excerpt] = []
+        self.entry_ends: list[int] = []  # entries of parts[: i + 1]
+        self.named: list[int] = []  # positions of the parts that name a file
+        self.carrying: list[int] = []  # positions of the parts that carry a block
+        self.files: dict[str, None] = {}  # every part's files, folded as the body folds them
+
+    def __len__(self) -> int:
+        return len(self.parts)
+
+    def add(self, seq: int, part: Excerpt) -> None:
+        at = len(self.parts)
+        self.seqs.append(seq)
+        self.parts.append(part)
+        self.entry_ends.append((self.entry_ends[-1] if at else 0) + len(part.entries))
+        if part.carried is not None:
+            self.carrying.append(at)
+        if part.files:
+            self.named.append(at)
+            _fold_files(self.files, part)
+
+    def files_of(self, length: int) -> list[str]:
+        """The files the first ``length`` parts name, as the body lists them (the newest)."""
+        named = bisect_left(self.named, length)
+        if named == len(self.named):  # no later part names a file: the running fold is theirs
+            return list(self.files)[-FILES_LISTED:]
+        files: dict[str, None] = {}
+        for at in self.named[:named]:  # only the parts naming a file
+            _fold_files(files, self.parts[at])
+        return list(files)[-FILES_LISTED:]
+
+    def carried_of(self, length: int) -> str | None:
+        """The block the newest of the first ``length`` parts that carries one carries."""
+        carrying = bisect_left(self.carrying, length)
+        return self.parts[self.carrying[carrying - 1]].carried if carrying else None
+
+
+def _fold_files(files: dict[str, None], part: Excerpt) -> None:
+    """Add ``part``'s files to ``files``: a tool call's move to the end (the newest files are
+    listed), an earlier handoff's list is merged where it stands."""
+    if part.moves:
+        for path in part.files:
+            files.pop(path, None)
+            files[path] = None
+    else:
+        files.update(dict.fromkeys(part.files))
 
 
 class Excerpts:
@@ -348,6 +407,7 @@ class Excerpts:
 
     def __init__(self) -> None:
         self._by_seq: dict[int, Excerpt] = {}
+        self.material = Material()
 
     def of(self, history: History, node: Node, meter: LineMeter | None = None) -> Excerpt:
         """The excerpt of ``node``, rendered when this is its first call; with ``meter`` its lines
@@ -361,17 +421,37 @@ class Excerpts:
             self._by_seq[node.seq] = found
         return found
 
-    def all_of(self, history: History, nodes: list[Node]) -> list[Excerpt]:
-        """The excerpts of ``nodes`` in order (the ones not rendered yet rendered now, uncounted)."""
-        found: list[Excerpt | None] = list(map(self._by_seq.get, map(_SEQ, nodes)))
-        # not rendered yet: a process that started in this window, or a step not ended yet (a
-        # node or two of hundreds, found in C)
-        with suppress(ValueError):  # raised when no node is left to render
-            at = found.index(None)
-            while True:
-                found[at] = self.of(history, nodes[at])
-                at = found.index(None, at + 1)
-        return cast("list[Excerpt]", found)
+    def extend(self, nodes: list[Node]) -> None:
+        """Add to the :class:`Material` the surface's nodes after the ones it holds, while their
+        excerpts are rendered (a step end renders the new nodes first: a few a step). A process
+        that started in this window has not rendered its first nodes: its material stays empty
+        until its first switch builds it (:meth:`cover`). A surface whose covered nodes changed
+        (a result shrunk, a native summary) starts it again."""
+        material = self.material
+        held = len(material)
+        if held and (held > len(nodes) or nodes[held - 1].seq != material.seqs[-1]):
+            material = self.material = Material()
+            held = 0
+        get = self._by_seq.get
+        for node in nodes[held:]:
+            found = get(node.seq)
+            if found is None:
+                return
+            material.add(node.seq, found)
+
+    def cover(self, history: History, nodes: list[Node]) -> Material:
+        """The :class:`Material` holding at least ``nodes`` (a run from the surface's start) as its
+        first parts: the nodes it lacks are rendered now (uncounted), and one that holds other
+        nodes (the surface changed under it) is built again from ``nodes``."""
+        material = self.material
+        held = len(material)
+        seqs = list(map(_SEQ, nodes))  # in C: a node's excerpt is its seq's
+        if (material.seqs[: len(seqs)] if held >= len(seqs) else material.seqs) != seqs[:held]:
+            material = self.material = Material()
+            held = 0
+        for node in nodes[held:]:
+            material.add(node.seq, self.of(history, node))
+        return material
 
     def prune(self, visible: Callable[[int], bool]) -> None:
         """Forget the nodes no longer on the surface (replaced by a switch or a shrink)."""
@@ -382,6 +462,7 @@ class Excerpts:
         nodes it replaced))."""
         get = self._by_seq.get
         self._by_seq = {node.seq: found for node in nodes if (found := get(node.seq)) is not None}
+        self.material = Material()  # the next step end adds the surface left (:meth:`extend`)
 
     def __len__(self) -> int:
         return len(self._by_seq)
@@ -402,53 +483,60 @@ class Extract:
 
 
 def extract(history: History, nodes: list[Node], budget: int, excerpts: Excerpts | None = None) -> Extract:
-    """Excerpts of the outgoing region with item ids, newest kept first (one pass over the
-    region's excerpts, rendered at step ends when ``excerpts`` holds them).
+    """Excerpts of the outgoing region (a run from the surface's start) with item ids, newest kept
+    first.
 
     A previous extractive handoff in the region is merged, not nested: its file list and activity
     lines join this window's, so one chronological list spans the windows and loses its oldest
     lines first. A previous generated handoff is carried as one clipped block.
+
+    Built from the region's :class:`Material` (kept at step ends when ``excerpts`` holds it): the
+    file list, the carried block and the number of entries are read at the region's length, and
+    only the lines kept are visited, from the newest.
     """
-    # one pass over the region's excerpts (a few hundred objects: one visit each is cheaper than
-    # a pass per field, measured)
-    carried = ""
-    entries: list[str] = []
-    counts: list[int | None] = []
-    files: dict[str, None] = {}
-    for part in (excerpts or Excerpts()).all_of(history, nodes):
-        if part.carried is not None:
-            carried = part.carried
-        if part.entries:
-            entries += part.entries
-            counts += part.tokens
-        if part.files:
-            if part.moves:
-                for path in part.files:
-                    files.pop(path, None)  # moved to the end: the newest files are listed
-                    files[path] = None
-            else:
-                files.update(dict.fromkeys(part.files))
+    material = (excerpts if excerpts is not None else Excerpts()).cover(history, nodes)
+    length = len(nodes)
+    files = material.files_of(length)
+    carried = material.carried_of(length)
     parts: list[str] = []
     if files:
-        parts.append(guard(_FILES + ", ".join(_clip(f, 120) for f in list(files)[-20:]), *FRAMES))
+        parts.append(guard(_FILES + ", ".join(_clip(f, 120) for f in files), *FRAMES))
     if carried:
         parts.append(_clip(carried, max(0, int((budget - sum(len(p) for p in parts)) * 0.3))))
     fixed = sum(len(p) + 2 for p in parts)
     head = "Activity so far, oldest first (read any item in full with history_read_item):"
-    room = budget - fixed - len(head) - 80
-    start = len(entries) - len(keep_newest(entries, room))  # newest facts matter most
+    kept, counts = _newest_lines(material.parts[:length], budget - fixed - len(head) - 80)
+    start = (material.entry_ends[length - 1] if length else 0) - len(kept)  # given up, oldest first
     lead = [p for p in parts if p]
     lines = [head]
     if start:
         lines.append(f"(… {start} earlier entries omitted: history_list_items lists them)")
     # every piece was guarded on its own (a frame's tag cannot span the line breaks joining them)
     before = ("\n\n".join(lead) + "\n\n" if lead else "") + "\n".join(lines)
-    if start == len(entries):
-        body = Extract(before, before)
-    else:
-        kept = entries[start:]
-        body = Extract(before + "\n" + "\n".join(kept), before + "\n", kept, counts[start:])
+    body = Extract(before + "\n" + "\n".join(kept), before + "\n", kept, counts) if kept else Extract(before, before)
     return body if len(body.text) <= budget else Extract(_clip(body.text, budget), body.lead)
+
+
+def _newest_lines(parts: list[Excerpt], room: int) -> tuple[list[str], list[int | None]]:
+    """The newest activity lines of ``parts`` that fit in ``room`` characters (each with its line
+    break), in their order, and their counts (:func:`line_tokens`): the newest parts whose lines
+    reach ``room`` are gathered, and :func:`ctxkernel.text.keep_newest` cuts their lines (an older
+    line cannot fit where a newer one did not)."""
+    gathered: list[Excerpt] = []  # the newest parts with lines, newest first
+    size = 0
+    for part in reversed(parts):
+        if part.entries:
+            gathered.append(part)
+            size += sum(map(len, part.entries)) + len(part.entries)
+            if size > room:
+                break
+    lines: list[str] = []
+    counts: list[int | None] = []
+    for part in reversed(gathered):
+        lines += part.entries
+        counts += part.tokens
+    kept = keep_newest(lines, room)
+    return kept, counts[len(lines) - len(kept) :]
 
 
 def extractive_body(history: History, nodes: list[Node], budget: int, excerpts: Excerpts | None = None) -> str:
