@@ -366,7 +366,7 @@ def _run_steps(
             raise SurfaceChangedError(f"another writer appended before the compaction could start: {exc}") from None
     try:
         meter = session.meter
-        before = [meter.nodes_tokens(nodes) for nodes in resolved]  # 4
+        before = [_span_tokens(meter, surface, nodes) for nodes in resolved]  # 4
         render = render or (lambda summary, region: checkpoint_message(summary, strategy))
         replacements: list[tuple[Message | None, Summary | None]] = []
         for span, nodes, tokens in zip(spans, resolved, before, strict=True):
@@ -505,6 +505,15 @@ def _run_steps(
     result = CommitResult(compaction_id, strategy, kind, results, start_seq, seq, dict(data or {}))
     session.kernel.hooks.commit(session, result)
     return result
+
+
+def _span_tokens(meter: Any, surface: Surface, nodes: list[Node]) -> int:
+    """The exact tokens of a span's nodes. A span that is the whole surface (a window switch, a
+    handoff) costs the meter's surface total, which is exact and current (it counts only the nodes
+    never counted before), instead of a sum over its ~200 nodes."""
+    if nodes and len(nodes) == len(surface.nodes) and nodes[0] is surface.nodes[0] and nodes[-1] is surface.nodes[-1]:
+        return int(meter.surface_tokens())
+    return int(meter.nodes_tokens(nodes))
 
 
 def _shrinks_by_bound(meter: Any, message: Message, tokens_before: int) -> bool:

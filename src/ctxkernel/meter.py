@@ -403,6 +403,15 @@ class Meter:
             removed += self.node_tokens(node) if tokens is None else tokens
         self.total -= removed
 
+    def on_clear(self) -> None:
+        """Start over: the surface calls ``on_add`` of each node it kept next, when a replacement
+        (a window switch, a handoff) keeps fewer nodes than it removes, instead of ``on_remove`` of
+        ~200. The total holds only visible nodes' counts, so the state gives the same
+        ``surface_tokens()`` (``tests/test_surface_whole.py``)."""
+        self.total = 0
+        self.large.clear()
+        self._uncounted.clear()
+
     def surface_tokens(self) -> int:
         """Tokens of the whole visible surface; counts only nodes never counted before."""
         if self._uncounted:

@@ -83,7 +83,9 @@ class Surface:
         self.pending_calls: dict[str, int] = {}  # call id -> assistant seq, still waiting
         self.call_owner: dict[str, int] = {}  # call id -> assistant seq, visible
         self.result_of: dict[str, int] = {}  # call id -> tool result seq, visible
-        #: objects with on_add(node) and on_remove(nodes), the latter given a replaced range at once
+        #: objects with on_add(node) and on_remove(nodes), the latter given a replaced range at once;
+        #: one with on_clear() is told to start over instead, then given on_add of each node kept,
+        #: when a replacement keeps fewer nodes than it removes (a window switch, a handoff)
         self.listeners: list[Any] = []
         self.turn = 0  # the turn and step the next appended node belongs to
         self.step = 0
@@ -273,7 +275,8 @@ class Surface:
         nodes = self.span(op["start"], op["end"])
         shadowed = [n.seq for n in nodes]
         cites = op["cites"]
-        if len(cites) != len(shadowed) or set(cites) != set(shadowed):
+        # cites listed in surface order (every commit lists them so) match without two sets
+        if cites != shadowed and (len(cites) != len(shadowed) or set(cites) != set(shadowed)):
             missing = sorted(set(shadowed) - set(cites))
             extra = sorted(set(cites) - set(shadowed))
             parts = []
@@ -334,18 +337,31 @@ class Surface:
         b = self.position(op["end"])
         assert a is not None and b is not None
         removed = self.nodes[a : b + 1]
+        # a window switch or a handoff replaces every node, or all but the open turn's few: the
+        # pairing indexes and the listeners start over from the nodes kept (fewer than those that go)
+        # instead of taking ~200 removed nodes off one by one
+        rebuild = len(self.nodes) - len(removed) < len(removed)
         first = self.nodes[a]
         replacement = [Node(event, message, first.turn, first.step)] if message is not None else []
         self.nodes[a : b + 1] = replacement
         if event.type == TOOL_RESULT:
             # a content-only replacement keeps the pairing of the call it answers
             self.result_of[message.content[0].call_id] = event.seq  # type: ignore[union-attr]
+        elif rebuild:
+            self._index_rebuild()
         else:
             self._index_remove(removed)
         self._pos = None
         self.version += 1
+        kept = [n for n in self.nodes if n not in replacement] if rebuild else []
         for listener in self.listeners:
-            listener.on_remove(removed)
+            clear = getattr(listener, "on_clear", None) if rebuild else None
+            if clear is not None:
+                clear()  # the listener starts over from the nodes kept
+                for n in kept:
+                    listener.on_add(n)
+            else:
+                listener.on_remove(removed)
             for n in replacement:
                 listener.on_add(n)
 
@@ -358,6 +374,20 @@ class Surface:
             call_id = node.message.content[0].call_id  # type: ignore[union-attr]
             self.pending_calls.pop(call_id, None)
             self.result_of[call_id] = node.seq
+
+    def _index_rebuild(self) -> None:
+        """The pairing indexes built again from the visible nodes, in surface order (a call's
+        message before its results), after a replacement that left fewer nodes than it took off.
+        Every entry of the three indexes names a visible node (``_index_add`` adds only for the
+        node it folds, ``_index_remove`` takes a removed node's entries away, a closed range holds
+        both ends of every pair, a snapshot restores a state that held this), so this equals
+        ``_index_remove`` of the removed range, walking the few nodes kept instead of the many
+        removed (property-tested against it: ``tests/test_surface_whole.py``)."""
+        self.pending_calls.clear()
+        self.call_owner.clear()
+        self.result_of.clear()
+        for node in self.nodes:
+            self._index_add(node)
 
     def _index_remove(self, nodes: list[Node]) -> None:
         """Forget the pairing of a removed range (one pass over it)."""
