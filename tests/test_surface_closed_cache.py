@@ -98,3 +98,47 @@ def test_the_remembered_verdict_is_a_fresh_checks(tmp_path_factory, ops):
         whole = list(session.surface.nodes)
         if whole:
             assert fresh_verdict(session.surface, whole) == walked_verdict(session.surface, whole)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(OPS, st.lists(st.integers(0, 10_000), max_size=3))
+def test_a_range_closed_at_its_edges_is_what_the_walk_finds(tmp_path_factory, ops, rewrites):
+    """The check skips the walk when neither edge of a range is a tool result (no call pending):
+    every range of drawn surfaces (calls with several results, some pending, summaries, results
+    rewritten in place) gets the walk's verdict, and a range closed at its edges is one the walk
+    finds closed."""
+    session = build_kernel(tmp_path_factory.mktemp("edges"), fsync=False).open_session()
+    calls = 0
+    for step, (op, n) in enumerate(ops):
+        surface = session.surface
+        pending = list(surface.pending_calls)
+        if op == "turn" and not pending:
+            if session.turn_open:
+                session.end_turn()
+            session.user(f"task {calls}")
+            session.prepare_request()
+            blocks = [ToolCallBlock(f"c{calls}x{i}", "read", {"path": f"f{i}.py"}) for i in range(n)]
+            calls += 1
+            session.commit_reply(Message.assistant(f"step {calls}", blocks))
+        elif op == "result" and pending:
+            for call_id in pending[: max(1, n)]:
+                session.tool_result(call_id, f"content of {call_id}\n" * 8)
+        elif op == "compact" and len(surface) > 3:
+            nodes = surface.nodes
+            end = 1 + n % (len(nodes) - 1)
+            try:
+                session.compact(Span(nodes[0].seq, nodes[end - 1].seq, summary="s"), strategy="t", check_shrink=False)
+            except CompactionError:
+                pass
+        if step < len(rewrites):
+            results = [node for node in session.surface.nodes if node.role == "tool"]
+            if results:
+                session.replace_tool_result(results[rewrites[step] % len(results)].seq, "shorter", strategy="t")
+        nodes = session.surface.nodes
+        for i in range(len(nodes)):
+            for j in range(i, len(nodes)):
+                span = nodes[i : j + 1]
+                walked = walked_verdict(session.surface, span)
+                assert fresh_verdict(session.surface, span) == walked
+                if session.surface._closed_at_its_edges(span):
+                    assert walked is None

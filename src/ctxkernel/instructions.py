@@ -143,6 +143,17 @@ class Ledger:
     #: surface node seq -> (its message, that message's text normalised): what a compaction
     #: searches for lost instructions, normalised once per message instead of at every compaction
     normalized_texts: dict[int, tuple[Message, str]] = field(default_factory=dict)
+    #: id of an instruction -> (it, tokens of its line in a block: text, id, newline), exactly: of the
+    #: instruction alone (and of this session's id and tokenizer), so the block a strategy sized
+    #: (``pin_cost``) and the one its transaction then pins add the same lines without recounting
+    line_costs: dict[int, tuple[Instruction, int]] = field(default_factory=dict)
+    #: the last answers of the search of the kept surface (``_missing_from_kept``): the surface's
+    #: revision and the cited set they hold for, and for each instruction searched (by id, kept
+    #: beside its answer) whether no kept node shows it. A strategy sizing its replacement and its transaction search the same kept
+    #: nodes on the same surface; any append or replacement changes the revision, so it is never stale
+    kept_answers: tuple[Any, set[int], dict[int, tuple[Instruction, bool]]] | None = None
+    #: the last ``protected`` answer and what it was chosen from (the ledger's lists and the budget)
+    protected_answer: tuple[Any, list[Instruction]] | None = None
 
     def sync(self, session_id: str, events: Sequence[Event]) -> list[Instruction]:
         """The ledger, oldest first, after folding the events appended since the last call."""
@@ -174,8 +185,18 @@ def protected(session: Session, budget: int | None = None) -> list[Instruction]:
     profile's budget for the routed model), oldest first."""
     budget = budget_tokens(session) if budget is None else budget
     ledger, costs = session.instructions, session.instruction_costs
+    # the choice is a function of the ledger's instructions and the budget (each cost is the
+    # exact count of its text, wherever it was taken): the ledger only grows (``own``) or is
+    # replaced (``inherited``), so its lists and length name what it holds
+    book = session.instruction_ledger
+    chosen_from = (book.inherited, len(book.own), budget)
+    last = book.protected_answer
+    if last is not None and last[0][0] is chosen_from[0] and last[0][1:] == chosen_from[1:]:
+        return list(last[1])
     _costs_from_surface(session, ledger, costs)
-    return within(ledger, budget, costs, session.meter.count_text)
+    chosen = within(ledger, budget, costs, session.meter.count_text)
+    book.protected_answer = (chosen_from, chosen)
+    return list(chosen)
 
 
 def _costs_from_surface(session: Session, ledger: Sequence[Instruction], costs: dict[tuple[str, int], int]) -> None:
@@ -252,6 +273,30 @@ def _missing_from_kept(session: Session, items: Sequence[Instruction], cited: se
     is no whole word of any kept text cannot be in one; only the others are searched for."""
     if not items:
         return []
+    book, surface = session.instruction_ledger, session.surface
+    revision = (surface, surface.applied, surface.version)  # any append or replacement moves it
+    last = book.kept_answers
+    if last is not None and last[0] == revision and last[1] == cited:
+        answers = last[2]
+    else:
+        answers = {}
+        book.kept_answers = (revision, set(cited), answers)
+    # by id, with the instruction kept beside its answer (so the id is not reused meanwhile) and
+    # checked: hashing a frozen dataclass's three fields per lookup cost more than the search saved
+    unknown = []
+    for item in items:
+        hit = answers.get(id(item))
+        if hit is None or hit[0] is not item:
+            unknown.append(item)
+    if unknown:
+        lost = {id(item) for item in _search_kept(session, unknown, cited)}
+        for item in unknown:
+            answers[id(item)] = (item, id(item) in lost)
+    return [item for item in items if answers[id(item)][1]]
+
+
+def _search_kept(session: Session, items: Sequence[Instruction], cited: set[int]) -> list[Instruction]:
+    """What :func:`_missing_from_kept` answers, searched afresh (no memo)."""
     kept = [node for node in session.surface.nodes if node.seq not in cited]
     inner = [i.inner_words for i in items]
     wanted: set[str] = set()
@@ -336,16 +381,36 @@ def block_tokens(session: Session, items: Sequence[Instruction]) -> int:
     if frame is None:  # the frame is the same text in every session: counted once per process
         frame = _FRAME_COUNTS[meter.tokenizer.name] = (meter.count_text(_BLOCK_HEAD), meter.count_text(BLOCK_CLOSE))
     total = frame[0] + frame[1]
+    known = session.instruction_ledger.line_costs
+    if len(known) > _LINE_COSTS_KEPT:
+        known.clear()  # bounded: a ledger's protected instructions are far fewer
     for item, text in lines:
-        # a count is of the whole text: usable when stripping changed nothing, and exact only up
-        # to the meter's exact length (a longer text's count is a bound)
-        cost = costs.get((item.session, item.seq)) if text == item.text and len(text) <= EXACT_COUNT_CHARS else None
-        if item.session == session.id:  # the text, then its id and newline: the id's digits counted, not tokenised
-            id_tokens = meter.count_numbered(_ID_OPEN, item.seq, _ID_CLOSE + "\n")
-            total += (meter.count_text(text) if cost is None else cost) + id_tokens
-        else:  # an inherited instruction's line ends at its text: its last line and the newline
-            total += meter.count_text(text + "\n") if cost is None else meter.count_extended(text, cost, "\n")
+        hit = known.get(id(item))  # by id, the instruction kept beside its count and checked
+        if hit is not None and hit[0] is item:
+            total += hit[1]
+        else:
+            line = _line_tokens(session, item, text, costs)
+            known[id(item)] = (item, line)
+            total += line
     return total
+
+
+#: how many instructions' line counts a ledger keeps (its protected instructions fit a budget)
+_LINE_COSTS_KEPT = 4096
+
+
+def _line_tokens(session: Session, item: Instruction, text: str, costs: dict[tuple[str, int], int]) -> int:
+    """Tokens of ``item``'s line in a block (``text``: its stripped text, not empty), with the
+    newline that ends it, exactly (the cuts :func:`block_tokens` names)."""
+    meter = session.meter
+    # a count is of the whole text: usable when stripping changed nothing, and exact only up
+    # to the meter's exact length (a longer text's count is a bound)
+    cost = costs.get((item.session, item.seq)) if text == item.text and len(text) <= EXACT_COUNT_CHARS else None
+    if item.session == session.id:  # the text, then its id and newline: the id's digits counted, not tokenised
+        id_tokens = meter.count_numbered(_ID_OPEN, item.seq, _ID_CLOSE + "\n")
+        return (meter.count_text(text) if cost is None else cost) + id_tokens
+    # an inherited instruction's line ends at its text: its last line and the newline
+    return meter.count_text(text + "\n") if cost is None else meter.count_extended(text, cost, "\n")
 
 
 def carried_tokens(session: Session, message: Message | None, tokens: int | None, items: Sequence[Instruction]) -> int:
@@ -383,14 +448,13 @@ def pin_lost(
     """Step 5b of the transaction: carry into ``replacements`` every protected instruction the
     commit would take off the surface. Returns the new replacements, the instructions pinned and
     the index of the replacement that carries them (-1 when none)."""
-    keep = [i for i in protected(session) if not _kept_as_sent(session, i, cited)]
+    keep = _not_kept_as_sent(session, cited)
     if not keep:
         return replacements, [], -1
     # the replacements first: an instruction a summary quotes is found there without a search
     # of every kept message (a normalised instruction holds no newline: it cannot match across
     # two texts, so searching the two groups apart finds what searching them joined would)
-    written = "\n".join(normalized(m.text) for m in replacements if m is not None)
-    lost = _missing_from_kept(session, [i for i in keep if i.normalized not in written], cited)
+    lost = _missing_from_kept(session, _unquoted(keep, [m.text for m in replacements if m is not None]), cited)
     if not lost:
         return replacements, [], -1
     out = list(replacements)
@@ -404,6 +468,34 @@ def pin_lost(
             return out, lost, i
     # only tool-result rewrites: they cannot take a user message off the surface
     return replacements, [], -1
+
+
+def _unquoted(items: Sequence[Instruction], texts: Sequence[str]) -> list[Instruction]:
+    """The ``items`` none of ``texts`` contains verbatim (whitespace aside), as ``_missing_in``
+    answers. An instruction's raw text inside one text is a quote found without normalising (a
+    substring's words, white space collapsed, are a substring of the text's so collapsed): a
+    seed or summary that quotes the instructions as written normalises nothing."""
+    # a text that quotes them as written (a window's seed) quotes them all: the raw test runs
+    # while it finds them, and everything from the first it does not find is searched normalised
+    # (at most one raw search more than the normalised search alone, wherever they are not quoted)
+    found = 0
+    for item in items:
+        if not any(item.text in text for text in texts):
+            break
+        found += 1
+    rest = items[found:]
+    return _missing_in(rest, [normalized(text) for text in texts]) if rest else []
+
+
+def _not_kept_as_sent(session: Session, cited: set[int]) -> list[Instruction]:
+    """The protected instructions whose own messages a commit replacing ``cited`` takes off the
+    surface (or that are off it already). When every instruction of the ledger stays on the
+    surface as sent (a compaction that cites no user message), none is, and the budget's choice
+    is not needed: the scan runs newest first, so it stops at the newest one that does not stay."""
+    for item in reversed(session.instructions):
+        if not _kept_as_sent(session, item, cited):
+            return [i for i in protected(session) if not _kept_as_sent(session, i, cited)]
+    return []
 
 
 def _kept_as_sent(session: Session, item: Instruction, cited: set[int]) -> bool:
@@ -425,7 +517,7 @@ def pin_cost(session: Session, cited: set[int]) -> int:
     """Tokens the block of a compaction replacing the nodes ``cited`` would cost at most (the
     protected instructions only those nodes show, counted as if the replacement quoted none of
     them): what a strategy sizing its replacement to a target must leave room for."""
-    keep = [i for i in protected(session) if not _kept_as_sent(session, i, cited)]
+    keep = _not_kept_as_sent(session, cited)
     if not keep:
         return 0
     lost = _missing_from_kept(session, keep, cited)

@@ -298,6 +298,11 @@ class Session:
         return self._instructions.sync(self.id, self.events)
 
     @property
+    def instruction_ledger(self) -> Ledger:
+        """The ledger behind :attr:`instructions` (its counts and the last search answers)."""
+        return self._instructions
+
+    @property
     def instruction_costs(self) -> dict[tuple[str, int], int]:
         """Tokens of each instruction, by (session, seq), counted once per process."""
         return self._instructions.costs

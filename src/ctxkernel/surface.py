@@ -169,9 +169,25 @@ class Surface:
             return
         whole = len(nodes) == len(self.nodes) and nodes[0] is self.nodes[0] and nodes[-1] is self.nodes[-1]
         # the whole surface with no call pending holds both ends of every pair: nothing to walk
-        if not whole or self.pending_calls:
+        if (not whole or self.pending_calls) and not self._closed_at_its_edges(nodes):
             self._walk_closed(nodes)
         self._closed = key
+
+    def _closed_at_its_edges(self, nodes: list[Node]) -> bool:
+        """True when the run ``nodes`` of this surface is closed by what sits at its two edges.
+
+        A call's results follow its assistant message with nothing between them (nothing else
+        is appended while a call waits, and a replacement takes whole pairs), so a pair crosses
+        an edge of the run only where a tool result is the run's first node or the node just
+        after it. With no call pending, neither being one proves the range closed without
+        walking it; anything else is walked, which names the broken pair."""
+        if self.pending_calls or nodes[0].role == "tool":
+            return False
+        first = self.position(nodes[0].seq)
+        after = -1 if first is None else first + len(nodes)
+        if after < 0 or after > len(self.nodes) or self.nodes[after - 1] is not nodes[-1]:
+            return False  # not a run of this surface: walked
+        return after == len(self.nodes) or self.nodes[after].role != "tool"
 
     def _walk_closed(self, nodes: list[Node]) -> None:
         """``check_range_closed``'s walk: every call's result and every result's call in ``nodes``."""
