@@ -4,15 +4,26 @@ remembered verdict is always the one a fresh check gives, whatever was appended 
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ctxkernel import CompactionError, Message, Span, ToolCallBlock
 from ctxkernel.errors import SurfaceError
 from ctxkernel.surface import Surface
 from ctxkernel.testing import build_kernel
+
+# the steps of a drawn session the surface property tests share (tests/drawn_support.py)
+_spec = importlib.util.spec_from_file_location(
+    "ctxkernel_tests_drawn_support", Path(__file__).with_name("drawn_support.py")
+)
+drawn = sys.modules.get(_spec.name) or importlib.util.module_from_spec(_spec)
+if _spec.name not in sys.modules:
+    sys.modules[_spec.name] = drawn
+    _spec.loader.exec_module(drawn)
 
 
 def verdict(surface: Surface, nodes: list[Any]) -> str | None:
@@ -62,23 +73,11 @@ def test_the_remembered_verdict_is_a_fresh_checks(tmp_path_factory, ops):
         surface = session.surface
         pending = list(surface.pending_calls)
         if op == "turn" and not pending:
-            if session.turn_open:
-                session.end_turn()
-            session.user(f"task {calls}: " + "please " * 5)
-            session.prepare_request()
-            blocks = [ToolCallBlock(f"c{calls}x{i}", "read", {"path": f"f{i}.py"}) for i in range(n)]
-            calls += 1
-            session.commit_reply(Message.assistant(f"step {calls}", blocks))
+            calls = drawn.drawn_turn(session, calls, n, padding=drawn.PLEASE)
         elif op == "result" and pending:
-            for call_id in pending[: max(1, n)]:
-                session.tool_result(call_id, f"content of {call_id}\n" * 8)
+            drawn.drawn_results(session, pending, n)
         elif op == "compact" and len(surface) > 3:
-            nodes = surface.nodes
-            end = 1 + n % (len(nodes) - 1)
-            try:
-                session.compact(Span(nodes[0].seq, nodes[end - 1].seq, summary="s"), strategy="t", check_shrink=False)
-            except CompactionError:
-                pass
+            drawn.drawn_head_summary(session, n)
         elif op == "check" and len(surface):
             nodes = surface.nodes
             i = n % len(nodes)
@@ -113,23 +112,11 @@ def test_a_range_closed_at_its_edges_is_what_the_walk_finds(tmp_path_factory, op
         surface = session.surface
         pending = list(surface.pending_calls)
         if op == "turn" and not pending:
-            if session.turn_open:
-                session.end_turn()
-            session.user(f"task {calls}")
-            session.prepare_request()
-            blocks = [ToolCallBlock(f"c{calls}x{i}", "read", {"path": f"f{i}.py"}) for i in range(n)]
-            calls += 1
-            session.commit_reply(Message.assistant(f"step {calls}", blocks))
+            calls = drawn.drawn_turn(session, calls, n)
         elif op == "result" and pending:
-            for call_id in pending[: max(1, n)]:
-                session.tool_result(call_id, f"content of {call_id}\n" * 8)
+            drawn.drawn_results(session, pending, n)
         elif op == "compact" and len(surface) > 3:
-            nodes = surface.nodes
-            end = 1 + n % (len(nodes) - 1)
-            try:
-                session.compact(Span(nodes[0].seq, nodes[end - 1].seq, summary="s"), strategy="t", check_shrink=False)
-            except CompactionError:
-                pass
+            drawn.drawn_head_summary(session, n)
         if step < len(rewrites):
             results = [node for node in session.surface.nodes if node.role == "tool"]
             if results:

@@ -8,6 +8,9 @@ and drops."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +24,15 @@ from ctxkernel.meter import LARGE_NODE_TOKENS, Meter
 from ctxkernel.snapshot import SnapshotWriter
 from ctxkernel.surface import Surface
 from ctxkernel.testing import build_kernel
+
+# the steps of a drawn session the surface property tests share (tests/drawn_support.py)
+_spec = importlib.util.spec_from_file_location(
+    "ctxkernel_tests_drawn_support", Path(__file__).with_name("drawn_support.py")
+)
+drawn = sys.modules.get(_spec.name) or importlib.util.module_from_spec(_spec)
+if _spec.name not in sys.modules:
+    sys.modules[_spec.name] = drawn
+    _spec.loader.exec_module(drawn)
 
 
 def meter_view(meter: Meter) -> tuple[int, set[int], set[int]]:
@@ -119,25 +131,11 @@ def test_a_whole_surface_commit_leaves_the_general_paths_state(tmp_path_factory,
             surface = session.surface
             pending = list(surface.pending_calls)
             if op == "turn" and not pending:
-                if session.turn_open:
-                    session.end_turn()
-                session.user(f"task {calls}: " + "please " * 5)
-                session.prepare_request()
-                blocks = [ToolCallBlock(f"c{calls}x{i}", "read", {"path": f"f{i}.py"}) for i in range(n)]
-                calls += 1
-                session.commit_reply(Message.assistant(f"step {calls}", blocks))
+                calls = drawn.drawn_turn(session, calls, n, padding=drawn.PLEASE)
             elif op == "result" and pending:
-                for call_id in pending[: max(1, n)]:
-                    session.tool_result(call_id, f"content of {call_id}\n" * 8)
+                drawn.drawn_results(session, pending, n)
             elif op == "head" and len(surface) > 3:
-                nodes = surface.nodes
-                end = 1 + n % (len(nodes) - 1)
-                try:
-                    session.compact(
-                        Span(nodes[0].seq, nodes[end - 1].seq, summary="s"), strategy="t", check_shrink=False
-                    )
-                except CompactionError:
-                    pass
+                drawn.drawn_head_summary(session, n)
             elif op == "prune":
                 tools = [node for node in surface.nodes if node.role == "tool"]
                 if tools:

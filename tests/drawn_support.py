@@ -1,0 +1,44 @@
+"""Steps of a drawn session, shared by the surface property tests.
+
+Each test draws a list of ``(op, n)`` pairs and drives a real session with them; these are the
+steps the tests have in common: a user turn answered by a reply with ``n`` tool calls, results
+for some of the pending calls, and a summary of a head region of the surface.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ctxkernel import CompactionError, Message, Span, ToolCallBlock
+
+PLEASE = ": " + "please " * 5  # a longer user message, for the tests that pad theirs
+
+
+def drawn_turn(session: Any, calls: int, n: int, *, padding: str = "") -> int:
+    """Close the open turn, open one with a user message, commit a reply calling ``n`` tools;
+    returns the next call number."""
+    if session.turn_open:
+        session.end_turn()
+    session.user(f"task {calls}{padding}")
+    session.prepare_request()
+    blocks = [ToolCallBlock(f"c{calls}x{i}", "read", {"path": f"f{i}.py"}) for i in range(n)]
+    calls += 1
+    session.commit_reply(Message.assistant(f"step {calls}", blocks))
+    return calls
+
+
+def drawn_results(session: Any, pending: list[str], n: int) -> None:
+    """Results for the first ``max(1, n)`` pending calls."""
+    for call_id in pending[: max(1, n)]:
+        session.tool_result(call_id, f"content of {call_id}\n" * 8)
+
+
+def drawn_head_summary(session: Any, n: int) -> None:
+    """A summary of the surface's first nodes (how many drawn from ``n``); a refusal (a pending
+    call in the span) is one of the drawn outcomes."""
+    nodes = session.surface.nodes
+    end = 1 + n % (len(nodes) - 1)
+    try:
+        session.compact(Span(nodes[0].seq, nodes[end - 1].seq, summary="s"), strategy="t", check_shrink=False)
+    except CompactionError:
+        pass
