@@ -125,11 +125,8 @@ def test_held_history_writes_the_log_the_two_calls_write(shapes, window, defer):
         assert len(reopened.events) == len(held.events)
 
 
-def test_the_strategies_see_the_messages_and_one_write_holds_them_and_the_step_start(tmp_path):
-    seer = Seer()
-    session = kernel(tmp_path, seer).open_session("s", create=True)
-    session.prepare_request(history=[Message.user("first")])
-    session.commit_reply(Message.assistant("done"))
+def record_writes(session: Any) -> list[list[str]]:
+    """From now on, the event types of each store write ``session`` makes, one list per write."""
     writes: list[list[str]] = []
     real_append = session.store.append
 
@@ -138,6 +135,15 @@ def test_the_strategies_see_the_messages_and_one_write_holds_them_and_the_step_s
         real_append(session_id, events, start)
 
     session.store.append = counting
+    return writes
+
+
+def test_the_strategies_see_the_messages_and_one_write_holds_them_and_the_step_start(tmp_path):
+    seer = Seer()
+    session = kernel(tmp_path, seer).open_session("s", create=True)
+    session.prepare_request(history=[Message.user("first")])
+    session.commit_reply(Message.assistant("done"))
+    writes = record_writes(session)
     record = EventSpec("serve/ledger", {"at": 2, "hashes": ["x"]}, ignorable=True)
     session.prepare_request(history=[Message.user("second")], trailer=[record])
     assert seer.seen[-1] == ["user", "assistant", "user"]  # pre_step saw the new message
@@ -271,15 +277,7 @@ def deferred(tmp_path: Path) -> tuple[Any, list[list[str]]]:
     session = kernel(tmp_path).open_session("s", create=True)
     session.prepare_request(history=[Message.user("first")], defer_write=True)
     session.commit_reply(Message.assistant("done"))
-    writes: list[list[str]] = []
-    real_append = session.store.append
-
-    def counting(session_id: str, events: list[Any], start: int) -> None:
-        writes.append([e.type for e in events])
-        real_append(session_id, events, start)
-
-    session.store.append = counting
-    return session, writes
+    return session, record_writes(session)
 
 
 def test_a_deferred_request_is_one_store_write_made_by_the_reply(tmp_path):
