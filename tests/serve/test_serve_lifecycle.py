@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import httpx
 import orjson
@@ -408,20 +409,28 @@ def test_a_request_tokenises_each_new_message_once(fake, serve_factory, api):
     assert session.meter.surface_tokens() == fresh.meter.surface_tokens()  # still exact
 
 
-def test_events_held_by_an_unanswered_request_give_way_to_another_writer(fake, serve_factory):
-    # a request ended without a reply (its events folded, not written) and another writer
-    # appended to the log meanwhile: the next request drops the held events with the session
-    # object, reopens the log and is answered; nothing is written twice or out of order
+def started_second_request(fake: Any, serve_factory: Any, name: str) -> tuple[Any, Any, list[dict[str, str]], Any]:
+    """A serve whose session ``name`` has one answered request and a second one started (its
+    events folded by ``_start``, no reply yet): the serve, the upstream, the history sent and the
+    started turn."""
     from ctxkernel.serve import openai_wire
 
     upstream, _ = fake
     upstream.script = lambda api, body: Reply("answer")
     serve = serve_factory()
     history = [{"role": "user", "content": "first"}]
-    serve.openai(session="held").chat.completions.create(model="fake-model", messages=history)
+    serve.openai(session=name).chat.completions.create(model="fake-model", messages=history)
     history += [{"role": "assistant", "content": "answer"}, {"role": "user", "content": "second"}]
     body = orjson.dumps({"model": "fake-model", "messages": history})
-    turn = serve.proxy._start(openai_wire, "held", openai_wire.parse_request(body))
+    turn = serve.proxy._start(openai_wire, name, openai_wire.parse_request(body))
+    return serve, upstream, history, turn
+
+
+def test_events_held_by_an_unanswered_request_give_way_to_another_writer(fake, serve_factory):
+    # a request ended without a reply (its events folded, not written) and another writer
+    # appended to the log meanwhile: the next request drops the held events with the session
+    # object, reopens the log and is answered; nothing is written twice or out of order
+    serve, _, history, turn = started_second_request(fake, serve_factory, "held")
     assert turn.session.step_open  # held: folded in the object, not in the log
     other = serve.proxy.kernel.open_session(turn.session.id, keep_waiting_calls=True)
     other.set_task(goal="written by another worker")
@@ -437,16 +446,7 @@ def test_a_request_cut_off_after_its_step_start_resumes_after_a_restart(fake, se
     # the client's new messages and step/start are folded, not written (the reply's commit
     # writes them); serve stops before the upstream answers, so the log holds nothing of that
     # request; the client sends the same history again to the restarted serve and gets its reply
-    from ctxkernel.serve import openai_wire
-
-    upstream, _ = fake
-    upstream.script = lambda api, body: Reply("answer")
-    serve = serve_factory()
-    history = [{"role": "user", "content": "first"}]
-    serve.openai(session="cut").chat.completions.create(model="fake-model", messages=history)
-    history += [{"role": "assistant", "content": "answer"}, {"role": "user", "content": "second"}]
-    body = orjson.dumps({"model": "fake-model", "messages": history})
-    serve.proxy._start(openai_wire, "cut", openai_wire.parse_request(body))
+    serve, upstream, history, _ = started_second_request(fake, serve_factory, "cut")
     before = [e.type for e in log_of(serve, "cut").events]
     serve.restart()
     after = [e.type for e in log_of(serve, "cut").events]
