@@ -149,8 +149,9 @@ class Ledger:
     line_costs: dict[int, tuple[Instruction, int]] = field(default_factory=dict)
     #: the last answers of the search of the kept surface (``_missing_from_kept``): the surface's
     #: revision and the cited set they hold for, and for each instruction searched (by id, kept
-    #: beside its answer) whether no kept node shows it. A strategy sizing its replacement and its transaction search the same kept
-    #: nodes on the same surface; any append or replacement changes the revision, so it is never stale
+    #: beside its answer) whether no kept node shows it. A strategy sizing its replacement and its
+    #: transaction search the same kept nodes on the same surface; any append or replacement
+    #: changes the revision, so it is never stale
     kept_answers: tuple[Any, set[int], dict[int, tuple[Instruction, bool]]] | None = None
     #: the last ``protected`` answer and what it was chosen from (the ledger's lists and the budget)
     protected_answer: tuple[Any, list[Instruction]] | None = None
