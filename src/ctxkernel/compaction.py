@@ -31,9 +31,9 @@ chapter archives alike. The steps, in order:
 
 from __future__ import annotations
 
-import uuid
+import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import instructions
@@ -307,7 +307,8 @@ def _summarized(
             if summary is None:
                 msg = f"no summarize implementation answered for strategy {strategy!r}"
                 raise CompactionError(msg)
-        written.append(replace(span, summary=summary, message=render(summary, region)))
+        # built directly: dataclasses.replace introspects the fields on every call
+        written.append(Span(span.start, span.end, summary, render(summary, region), span.remove, span.data))
     return written
 
 
@@ -337,7 +338,7 @@ def _run_steps(
         except ConflictError as exc:
             session.refresh()
             raise SurfaceChangedError(f"another writer appended while taking over a compaction: {exc}") from None
-    compaction_id = uuid.uuid4().hex[:16]
+    compaction_id = os.urandom(8).hex()  # 16 random hex digits, without building a UUID
     version = surface.version
     start_event = EventSpec(
         COMPACTION_START,
@@ -373,18 +374,17 @@ def _run_steps(
             if span.remove:
                 replacements.append((None, None))
                 continue
-            region = Region(tuple(nodes), tokens, strategy, kind)
             summary = span.summary
             if isinstance(summary, str):
                 summary = Summary(summary)
-            if span.message is None and summary is None:
-                summary = session.kernel.hooks.summarize(session, region)  # 5
-                if summary is None:
-                    msg = f"no summarize implementation answered for strategy {strategy!r}"
-                    raise CompactionError(msg)
             message: Message | None = span.message
-            if message is None:
-                assert summary is not None  # given, or written by the summarize hook just above
+            if message is None:  # the region is built only for the hook and render that take it
+                region = Region(tuple(nodes), tokens, strategy, kind)
+                if summary is None:
+                    summary = session.kernel.hooks.summarize(session, region)  # 5
+                    if summary is None:
+                        msg = f"no summarize implementation answered for strategy {strategy!r}"
+                        raise CompactionError(msg)
                 message = render(summary, region)
             replacements.append((message, summary))
         # 5b: the user's protected instructions this commit would take off the surface go,
