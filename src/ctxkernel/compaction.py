@@ -496,9 +496,10 @@ def _run_steps(
         raise
     results = []
     seq = first + 1
+    uncounted = session.meter.uncounted_node  # a replacement lands uncounted: no surface lookup
     for seqs, b, a, (message, summary) in zip(cites, before, after, replacements, strict=True):
         results.append(SpanResult(list(seqs), None if message is None else seq, b, a, summary))
-        node = session.surface.node(seq) if message is not None else None
+        node = uncounted(seq) if message is not None else None
         if node is not None and node.tokens is None and node.message == message:
             node.tokens = a  # counted above: the meter need not tokenise the replacement again
         seq += 1
