@@ -252,13 +252,31 @@ def run_transaction(
     lock: a worker racing for the same span would pay for a summary that cannot commit)."""
     session.refresh()
     resolved = validate_spans(session.surface, spans)  # 1, before any store write: a bad span costs nothing
+    # the spans whose replacement the kernel renders itself (checkpoint_message: one text block
+    # of a str) are not parsed back by the commit's surface check; a plugin's message or render is
+    rendered = (
+        frozenset(i for i, s in enumerate(spans) if s.message is None and not s.remove)
+        if render is None
+        else frozenset()
+    )
     if summarize_first:
         spans = _summarized(session, spans, resolved, strategy, kind, render)
         single_batch = True
     if single_batch and session.open_compaction is None:
         try:
             return _run_steps(
-                session, spans, resolved, None, strategy, kind, render, check_shrink, data, True, keep_instructions
+                session,
+                spans,
+                resolved,
+                None,
+                strategy,
+                kind,
+                render,
+                check_shrink,
+                data,
+                True,
+                keep_instructions,
+                rendered,
             )
         except _CompactionOpened:
             # another worker opened a compaction since our refresh: the lease decides (busy, or takeover)
@@ -272,7 +290,18 @@ def run_transaction(
             # another writer appended while the lease was taken: check the spans again
             resolved = validate_spans(session.surface, spans)
         return _run_steps(
-            session, spans, resolved, lease, strategy, kind, render, check_shrink, data, single_batch, keep_instructions
+            session,
+            spans,
+            resolved,
+            lease,
+            strategy,
+            kind,
+            render,
+            check_shrink,
+            data,
+            single_batch,
+            keep_instructions,
+            rendered,
         )
     finally:
         lease.release()
@@ -324,6 +353,7 @@ def _run_steps(
     data: dict[str, Any] | None,
     single_batch: bool,
     keep_instructions: bool,
+    rendered: frozenset[int] = frozenset(),
 ) -> CommitResult:
     """Steps 3-9 while holding the session's compaction lease (``resolved``: the spans' nodes,
     validated against the surface as it is now); ``lease`` None: a single batch started while no
@@ -477,7 +507,8 @@ def _run_steps(
                 },
             )
         )
-        for seqs, (message, _) in zip(cites, replacements, strict=True):
+        parsed: dict[int, Message] = {}  # the kernel's own checkpoints, by batch index
+        for i, (seqs, (message, _)) in enumerate(zip(cites, replacements, strict=True)):
             if message is None:
                 batch.append(
                     EventSpec(SURFACE_DROP, {"strategy": strategy, "compaction_id": compaction_id}, remove_op(seqs))
@@ -485,9 +516,11 @@ def _run_steps(
             else:
                 kind_of = TOOL_RESULT if message.role == "tool" else USER_MESSAGE
                 body = {"message": message.to_dict(), "compaction_id": compaction_id}
+                if i in rendered and not (pinned and i == carrier):
+                    parsed[len(batch)] = message
                 batch.append(EventSpec(kind_of, body, replace_op(seqs)))
         batch.append(EventSpec(COMPACTION_END, {"compaction_id": compaction_id}))
-        first = session.append(batch) + (1 if single_batch else 0)  # the summary's seq
+        first = session.append(batch, _parsed=parsed) + (1 if single_batch else 0)  # the summary's seq
     except BaseException as exc:
         if not single_batch:  # a single batch wrote nothing, so there is nothing to end
             _fail(session, compaction_id, exc)
