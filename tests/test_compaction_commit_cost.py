@@ -287,3 +287,21 @@ def test_a_pinned_replacement_is_tokenised_once_and_still_shrink_checked(tmp_pat
         chat(session, f"more instruction {n}")
     with pytest.raises(ShrinkCheckError):
         session.compact(head_span(session, summary=long), strategy="basic")
+
+
+def test_the_replacement_takes_its_count_without_a_surface_lookup(tmp_path):
+    """The commit counted its replacement for the shrink check: the node that lands takes that
+    count from the meter's uncounted nodes, and the surface's position index, which the
+    replacement invalidated, is rebuilt by the next lookup, not inside the transaction."""
+    kernel = build_kernel(tmp_path, model=WINDOW, fsync=False)
+    session = kernel.open_session()
+    for n in range(4):
+        chat(session, f"instruction {n}: keep the parser strict")
+    result = session.compact(head_span(session), strategy="basic")
+    seq = result.spans[0].replacement_seq
+    assert session.surface._pos is None  # nothing looked a node up since the replacement
+    node = session.surface.node(seq)
+    assert node is not None
+    assert node.tokens == result.spans[0].tokens_after == session.meter.count_message(node.message)
+    assert session.meter.uncounted_node(seq) is node  # counted, and still the meter's to add
+    assert session.meter.surface_tokens() == sum(session.meter.count_message(n.message) for n in session.surface)

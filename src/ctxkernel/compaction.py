@@ -31,9 +31,9 @@ chapter archives alike. The steps, in order:
 
 from __future__ import annotations
 
-import uuid
+import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import instructions
@@ -252,13 +252,31 @@ def run_transaction(
     lock: a worker racing for the same span would pay for a summary that cannot commit)."""
     session.refresh()
     resolved = validate_spans(session.surface, spans)  # 1, before any store write: a bad span costs nothing
+    # the spans whose replacement the kernel renders itself (checkpoint_message: one text block
+    # of a str) are not parsed back by the commit's surface check; a plugin's message or render is
+    rendered = (
+        frozenset(i for i, s in enumerate(spans) if s.message is None and not s.remove)
+        if render is None
+        else frozenset()
+    )
     if summarize_first:
         spans = _summarized(session, spans, resolved, strategy, kind, render)
         single_batch = True
     if single_batch and session.open_compaction is None:
         try:
             return _run_steps(
-                session, spans, resolved, None, strategy, kind, render, check_shrink, data, True, keep_instructions
+                session,
+                spans,
+                resolved,
+                None,
+                strategy,
+                kind,
+                render,
+                check_shrink,
+                data,
+                True,
+                keep_instructions,
+                rendered,
             )
         except _CompactionOpened:
             # another worker opened a compaction since our refresh: the lease decides (busy, or takeover)
@@ -272,7 +290,18 @@ def run_transaction(
             # another writer appended while the lease was taken: check the spans again
             resolved = validate_spans(session.surface, spans)
         return _run_steps(
-            session, spans, resolved, lease, strategy, kind, render, check_shrink, data, single_batch, keep_instructions
+            session,
+            spans,
+            resolved,
+            lease,
+            strategy,
+            kind,
+            render,
+            check_shrink,
+            data,
+            single_batch,
+            keep_instructions,
+            rendered,
         )
     finally:
         lease.release()
@@ -307,7 +336,8 @@ def _summarized(
             if summary is None:
                 msg = f"no summarize implementation answered for strategy {strategy!r}"
                 raise CompactionError(msg)
-        written.append(replace(span, summary=summary, message=render(summary, region)))
+        # built directly: dataclasses.replace introspects the fields on every call
+        written.append(Span(span.start, span.end, summary, render(summary, region), span.remove, span.data))
     return written
 
 
@@ -323,6 +353,7 @@ def _run_steps(
     data: dict[str, Any] | None,
     single_batch: bool,
     keep_instructions: bool,
+    rendered: frozenset[int] = frozenset(),
 ) -> CommitResult:
     """Steps 3-9 while holding the session's compaction lease (``resolved``: the spans' nodes,
     validated against the surface as it is now); ``lease`` None: a single batch started while no
@@ -337,7 +368,7 @@ def _run_steps(
         except ConflictError as exc:
             session.refresh()
             raise SurfaceChangedError(f"another writer appended while taking over a compaction: {exc}") from None
-    compaction_id = uuid.uuid4().hex[:16]
+    compaction_id = os.urandom(8).hex()  # 16 random hex digits, without building a UUID
     version = surface.version
     start_event = EventSpec(
         COMPACTION_START,
@@ -373,18 +404,17 @@ def _run_steps(
             if span.remove:
                 replacements.append((None, None))
                 continue
-            region = Region(tuple(nodes), tokens, strategy, kind)
             summary = span.summary
             if isinstance(summary, str):
                 summary = Summary(summary)
-            if span.message is None and summary is None:
-                summary = session.kernel.hooks.summarize(session, region)  # 5
-                if summary is None:
-                    msg = f"no summarize implementation answered for strategy {strategy!r}"
-                    raise CompactionError(msg)
             message: Message | None = span.message
-            if message is None:
-                assert summary is not None  # given, or written by the summarize hook just above
+            if message is None:  # the region is built only for the hook and render that take it
+                region = Region(tuple(nodes), tokens, strategy, kind)
+                if summary is None:
+                    summary = session.kernel.hooks.summarize(session, region)  # 5
+                    if summary is None:
+                        msg = f"no summarize implementation answered for strategy {strategy!r}"
+                        raise CompactionError(msg)
                 message = render(summary, region)
             replacements.append((message, summary))
         # 5b: the user's protected instructions this commit would take off the surface go,
@@ -477,7 +507,8 @@ def _run_steps(
                 },
             )
         )
-        for seqs, (message, _) in zip(cites, replacements, strict=True):
+        parsed: dict[int, Message] = {}  # the kernel's own checkpoints, by batch index
+        for i, (seqs, (message, _)) in enumerate(zip(cites, replacements, strict=True)):
             if message is None:
                 batch.append(
                     EventSpec(SURFACE_DROP, {"strategy": strategy, "compaction_id": compaction_id}, remove_op(seqs))
@@ -485,9 +516,11 @@ def _run_steps(
             else:
                 kind_of = TOOL_RESULT if message.role == "tool" else USER_MESSAGE
                 body = {"message": message.to_dict(), "compaction_id": compaction_id}
+                if i in rendered and not (pinned and i == carrier):
+                    parsed[len(batch)] = message
                 batch.append(EventSpec(kind_of, body, replace_op(seqs)))
         batch.append(EventSpec(COMPACTION_END, {"compaction_id": compaction_id}))
-        first = session.append(batch) + (1 if single_batch else 0)  # the summary's seq
+        first = session.append(batch, _parsed=parsed) + (1 if single_batch else 0)  # the summary's seq
     except BaseException as exc:
         if not single_batch:  # a single batch wrote nothing, so there is nothing to end
             _fail(session, compaction_id, exc)
@@ -496,9 +529,10 @@ def _run_steps(
         raise
     results = []
     seq = first + 1
+    uncounted = session.meter.uncounted_node  # a replacement lands uncounted: no surface lookup
     for seqs, b, a, (message, summary) in zip(cites, before, after, replacements, strict=True):
         results.append(SpanResult(list(seqs), None if message is None else seq, b, a, summary))
-        node = session.surface.node(seq) if message is not None else None
+        node = uncounted(seq) if message is not None else None
         if node is not None and node.tokens is None and node.message == message:
             node.tokens = a  # counted above: the meter need not tokenise the replacement again
         seq += 1

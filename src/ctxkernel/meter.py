@@ -380,6 +380,12 @@ class Meter:
             self._decorated[key] = cached
         return cached
 
+    def uncounted_node(self, seq: int) -> Any | None:
+        """The visible node ``seq`` while the meter has not counted it, else None: a caller that
+        counted its message already (a compaction's replacement) gives it the count without a
+        surface lookup, which after a replacement would rebuild the surface's position index."""
+        return self._uncounted.get(seq)
+
     # -- surface listener ------------------------------------------------------------------------
     def on_add(self, node: Any) -> None:
         if node.tokens is None:

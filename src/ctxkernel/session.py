@@ -418,16 +418,20 @@ class Session:
                 self._anchor = (tokens, estimate, self.header_hash)
 
     # -- appending ----------------------------------------------------------------------------------
-    def append(self, batch: Sequence[EventSpec], *, durable: bool = True) -> int:
+    def append(
+        self, batch: Sequence[EventSpec], *, durable: bool = True, _parsed: dict[int, Message] | None = None
+    ) -> int:
         """Validate and durably append a batch (all or nothing); returns the first seq.
 
         Every event is checked against the surface before anything is written, so a refused
         batch leaves the log byte-identical. ``durable=False`` does not wait for the disk
         (:func:`ctxkernel.store.base.deferred_sync`): for a write whose loss in a power cut loses
         nothing acknowledged, such as a compaction's lock, which the commit's sync makes durable.
+        ``_parsed`` is the kernel's own (compaction.py): by index in ``batch``, a message whose
+        ``to_dict()`` that entry's ``data["message"]`` is, so the surface check need not parse it.
         """
         with self._lock:
-            built, messages = self._checked(batch)
+            built, messages = self._checked(batch, _parsed)
             held, start = self._held, (self._held[0].seq if self._held else len(self.events))
             try:
                 with contextlib.nullcontext() if durable else deferred_sync(self.store):
@@ -444,7 +448,9 @@ class Session:
             self._snapshot_after([*held, *built] if held else built)
             return built[0].seq if built else len(self.events)
 
-    def _checked(self, batch: Sequence[EventSpec]) -> tuple[list[Event], dict[int, Message | None]]:
+    def _checked(
+        self, batch: Sequence[EventSpec], parsed: dict[int, Message] | None = None
+    ) -> tuple[list[Event], dict[int, Message | None]]:
         """The batch as events after the log's (held events included), each checked against the
         surface; raises with nothing changed when one is refused."""
         if self.stale:
@@ -470,6 +476,10 @@ class Session:
                     built[i] = event = Event(event.seq, event.type, cleaned, event.time, event.surface, event.ignorable)
             surface_events = [e for e in built if e.type in ev.MESSAGE_TYPES or e.type == ev.SURFACE_DROP]
             messages: dict[int, Message | None] = {}
+            known: dict[int, Message] = {}
+            for i, message in (parsed or {}).items():
+                if built[i].data is batch[i].data:  # not cleaned by storable(): the dict is the message's
+                    known[start + i] = message
             if len(surface_events) <= 1:
                 probe = self.surface
                 saved = probe.applied
@@ -478,13 +488,13 @@ class Session:
                     for event in built:
                         if event in surface_events:
                             probe.applied = event.seq
-                            messages[event.seq] = probe.check(event)
+                            messages[event.seq] = probe.check(event, known.get(event.seq))
                 finally:
                     probe.applied = saved
             else:
                 probe = _clone_surface(self.surface)
                 for event in built:
-                    messages[event.seq] = probe.check(event)
+                    messages[event.seq] = probe.check(event, known.get(event.seq))
                     probe.apply(event, messages[event.seq], checked=True)
             return built, messages
 

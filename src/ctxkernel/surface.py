@@ -221,17 +221,22 @@ class Surface:
                     raise SurfaceError(msg)
 
     # -- the fold -------------------------------------------------------------------------------
-    def check(self, event: Event) -> Message | None:
+    def check(self, event: Event, parsed: Message | None = None) -> Message | None:
         """Validate ``event`` against the current surface without changing it.
 
         Returns the parsed message for message events. Raises :class:`SurfaceError`.
+        ``parsed``: the event's message as the kernel built it, whose ``to_dict()`` is the
+        event's ``data["message"]`` (a compaction's own checkpoint): not parsed back.
         """
         if event.seq != self.applied:
             msg = f"event seq {event.seq} does not follow the surface's last applied seq {self.applied - 1}"
             raise SurfaceError(msg)
         if event.type not in MESSAGE_TYPES and event.type != SURFACE_DROP:
             return None
-        message = Message.from_dict(event.data["message"]) if event.type != SURFACE_DROP else None
+        if event.type == SURFACE_DROP:
+            message = None
+        else:
+            message = parsed if parsed is not None else Message.from_dict(event.data["message"])
         if message is not None:
             expected_role = _ROLE_OF[event.type]
             if message.role != expected_role:

@@ -65,6 +65,10 @@ class _Index:
         return self.base + len(self.offsets)
 
 
+#: session log paths a store keeps joined (``JsonlStore.path``)
+PATHS_KEPT = 4096
+
+
 class JsonlStore(SyncDeferral):
     backend = "jsonl"
 
@@ -80,6 +84,7 @@ class JsonlStore(SyncDeferral):
         self._blob_digests: dict[Path, tuple[tuple[int, int, int, int], str]] = {}
         self.fsync = fsync
         self._index: dict[str, _Index] = {}
+        self._paths: dict[str, Path] = {}  # each session's log path, by id (``path``)
         # events a file's first scan parsed, kept until read() takes them: opening a session
         # scans (repair) and then reads the same bytes; parsing them once halves a cold replay
         self._fresh: dict[str, tuple[int, list[Event]]] = {}
@@ -88,7 +93,15 @@ class JsonlStore(SyncDeferral):
 
     # -- paths ---------------------------------------------------------------------------------
     def path(self, session_id: str) -> Path:
-        return self.sessions_dir / f"{check_session_id(session_id)}.jsonl"
+        # every read, refresh and append asks for it: the id checked and the path joined once
+        try:
+            return self._paths[session_id]
+        except (KeyError, TypeError):  # TypeError: an unhashable id, which the check refuses
+            path = self.sessions_dir / f"{check_session_id(session_id)}.jsonl"
+        if len(self._paths) >= PATHS_KEPT:
+            self._paths.clear()  # bounded: a path is only joined again
+        self._paths[session_id] = path
+        return path
 
     def snapshot_path(self, session_id: str) -> Path:
         return self.sessions_dir / f"{check_session_id(session_id)}.snapshot"
