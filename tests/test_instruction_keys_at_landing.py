@@ -67,3 +67,21 @@ def test_keys_computed_at_landing_are_a_fresh_computation(tmp_path_factory: Any,
         i.seq for i in _search_kept(session, session.instructions, cited)
     ]
     assert [i.seq for i in pin_lost(reopened, cited, [None])[1]] == [i.seq for i in pin_lost(session, cited, [None])[1]]
+
+
+def test_an_inherited_ledger_gets_its_keys_as_its_event_lands(tmp_path: Any) -> None:
+    kernel = build_kernel(tmp_path, fsync=False, model=WINDOW)
+    parent = kernel.open_session()
+    for text in ("use  the staging\tdatabase", "never deploy on a Friday"):
+        parent.user(text)
+        parent.prepare_request()
+        parent.commit_reply(Message.assistant("ok"))
+        parent.end_turn()
+    child = kernel.open_session(create=True, instructions_from=parent.id)
+    child.user("now deploy")
+    child.prepare_request()  # the first request records the inheritance
+    inherited = [i for i in child.instructions if i.session == parent.id]
+    assert [i.text for i in inherited] == ["use  the staging\tdatabase", "never deploy on a Friday"]
+    for item in child.instructions:
+        assert "_keys" in item.__dict__
+        assert (item.normalized, item.inner_words) == _fresh_keys(item)

@@ -175,8 +175,8 @@ class Ledger:
         if event.type == INHERITED_EVENT:
             self.inherited = inherited_of(event)
             if live:
-                for item in self.inherited:
-                    item._search_keys()
+                for kept in self.inherited:
+                    kept._search_keys()
         elif event.type == USER_MESSAGE:
             item = instruction_of(session_id, event)
             if item is not None:
