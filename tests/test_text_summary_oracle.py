@@ -163,3 +163,19 @@ def test_the_oracle_sees_every_section_filled() -> None:
     assert summary == reference_summary(history)
     assert "(none)" not in summary
     assert "ran: pytest" in summary and "bash: a.py" in summary and "ship it" in summary
+
+
+def test_a_repeated_argument_value_gives_the_reference_lines() -> None:
+    """Each distinct argument value is collapsed and clipped once per summary: the same value
+    read again, run as a command or passed to another tool gives the lines the oracle writes."""
+    long_path = "src/" + "deep dir/" * 40 + "x.py"
+    calls = [
+        ("read_file", {"path": "a  b.py"}),
+        ("bash", {"command": "a  b.py"}),
+        ("edit", {"file": "a  b.py"}),
+        ("read_file", {"path": long_path}),
+        ("read_file", {"path": long_path}),
+        ("bash", {"cmd": long_path}),
+    ]
+    history = [Message.assistant("step", [ToolCallBlock(f"c{i}", name, args)]) for i, (name, args) in enumerate(calls)]
+    assert extractive_summary(history, max_chars=12_000) == reference_summary(history, max_chars=12_000)

@@ -162,17 +162,27 @@ class Ledger:
             self.fold(session_id, events[seq])
         return self.inherited + self.own
 
-    def fold(self, session_id: str, event: Event) -> None:
+    def fold(self, session_id: str, event: Event, *, live: bool = False) -> None:
         """Fold the event at the cursor. The session calls it as each event folds while the
         ledger is current, so a compaction reads a ready ledger instead of walking the log
-        (a session opened from a snapshot starts behind and catches up in :meth:`sync`)."""
+        (a session opened from a snapshot starts behind and catches up in :meth:`sync`).
+
+        ``live``: the event is one this process appends (not a replay): its instruction's
+        search keys are computed as it lands, ~1 µs once per user message, instead of at the
+        session's first compaction, which reads every cited one (moved, not removed; a replay
+        leaves them to the first search, so opening a long log does not pay for them)."""
         self.cursor = event.seq + 1
         if event.type == INHERITED_EVENT:
             self.inherited = inherited_of(event)
+            if live:
+                for kept in self.inherited:
+                    kept._search_keys()
         elif event.type == USER_MESSAGE:
             item = instruction_of(session_id, event)
             if item is not None:
                 self.own.append(item)
+                if live:
+                    item._search_keys()
 
 
 def budget_tokens(session: Session) -> int:

@@ -366,12 +366,12 @@ class Session:
             msg = f"session {self.id}: event {event.seq} ({event.type}) cannot be replayed: {exc}"
             raise CorruptionError(msg) from None
         self.events.append(event)
-        self._track(event)
+        self._track(event, live=checked)
 
-    def _track(self, event: Event) -> None:
+    def _track(self, event: Event, *, live: bool = False) -> None:
         t, d = event.type, event.data
         if self._instructions.cursor == event.seq:
-            self._instructions.fold(self.id, event)
+            self._instructions.fold(self.id, event, live=live)
         if t == ev.TURN_START:
             self.turn, self.turn_open, self.step = d["turn"], True, 0
         elif t == ev.TURN_END:

@@ -259,12 +259,17 @@ def extractive_summary(messages: list[Message], *, max_chars: int = 12_000) -> s
     )
     assistants: list[Message] = []
     tools_used: dict[str, None] = {}  # insertion-ordered set
+    # an argument's line is a function of its value, and calls repeat their paths and commands
+    # (a session reads the same files again): each distinct value is collapsed and clipped once
+    argument_lines: dict[str, str] = {}
     for message in messages:
         role = message.role
         if role == "user":
             kind = message.source.kind
             if kind == "user":
-                requests.append("User: " + _line(message.text, 600))
+                content = message.content  # one text block, usually: its text is the message's
+                text = content[0].text if len(content) == 1 and content[0].type == "text" else message.text
+                requests.append("User: " + _line(text, 600))
             elif kind == "plugin":
                 text = message.text
                 if CHECKPOINT_OPEN in text:
@@ -287,10 +292,13 @@ def extractive_summary(messages: list[Message], *, max_chars: int = 12_000) -> s
                 if len(present) == 1:  # the usual call: one path or one command, no order to keep
                     (key,) = present
                     if isinstance(value := args[key], str):
+                        line = argument_lines.get(value)
+                        if line is None:
+                            line = argument_lines[value] = _line(value, 200)
                         if key in _PATH_KEY_SET:
-                            files.append(f"{name}: {_line(value, 200)}")
+                            files.append(f"{name}: {line}")
                         else:
-                            ran.append(f"ran: {_line(value, 200)}")
+                            ran.append(f"ran: {line}")
                     continue
                 for key in PATH_KEYS:
                     if key in present and isinstance(value := args[key], str):
