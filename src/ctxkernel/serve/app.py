@@ -59,8 +59,8 @@ from .identity import session_key
 from .metrics import Metrics
 from .reconcile import Reconciled, inherit, kept, ledger_for, reconcile, record_follow, reply_record
 from .upstream import Limits, Upstream, UpstreamError, join_url
-from .workers import run_sync
 from .wire import MAX_BODY_BYTES, ClientRequest, MessageMemo, WireError, add_usage, iter_sse
+from .workers import run_sync
 
 log = get_logger("ctxkernel.serve")
 
@@ -590,7 +590,7 @@ class Handler:
             except Overflow as over:
                 proxy.metrics.errors.labels("window_refused").inc()
                 return JSONBody(wire.overflow_error(over.tokens, over.window), status_code=400)
-            body = wire.upstream_body(
+            body = wire.upstream_payload(
                 turn.client, prepared, turn.strategy_schemas, stream=False, cache=wire_cache(turn)
             )
             try:
@@ -608,9 +608,7 @@ class Handler:
                 payload = answer.json()
                 message, usage, raw = wire.read_reply(payload)
             except ValueError as exc:
-                await run_sync(
-                    proxy._failed, turn.session, ModelError(f"unreadable upstream reply: {exc}")
-                )
+                await run_sync(proxy._failed, turn.session, ModelError(f"unreadable upstream reply: {exc}"))
                 proxy.metrics.errors.labels("upstream_unreadable").inc()
                 return JSONBody(
                     wire.error_body(f"the upstream sent an unreadable reply: {exc}"[:1000], kind="api_error"),
@@ -693,7 +691,9 @@ class Handler:
             except Overflow as over:
                 proxy.metrics.errors.labels("window_refused").inc()
                 return (400, orjson.dumps(wire.overflow_error(over.tokens, over.window)), None)
-            body = wire.upstream_body(turn.client, prepared, turn.strategy_schemas, stream=True, cache=wire_cache(turn))
+            body = wire.upstream_payload(
+                turn.client, prepared, turn.strategy_schemas, stream=True, cache=wire_cache(turn)
+            )
             try:
                 handle = await stack.enter_async_context(proxy.upstream.stream(url, headers, body))
             except UpstreamError as exc:
@@ -752,9 +752,7 @@ class Handler:
                         yield chunk
                     self._count_usage(turn, usage)
                     last = turn.rounds >= proxy.config.max_inner_rounds
-                    round_ = await run_sync(
-                        proxy._commit, turn, message, usage, translator.client_view, last
-                    )
+                    round_ = await run_sync(proxy._commit, turn, message, usage, translator.client_view, last)
                     committed = True
                     self._advance(turn, round_)
                     if round_.done:
