@@ -99,7 +99,8 @@ class BodyPayload(aiohttp.payload.Payload):
 
     def __init__(self, value: bytes | Chunks, **kwargs: Any) -> None:
         super().__init__(value, **kwargs)
-        self._size = len(value) if isinstance(value, bytes) else sum(map(len, value))
+        self._length = len(value) if isinstance(value, bytes) else sum(map(len, value))
+        self._size = self._length
 
     def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
         return self.whole().decode(encoding, errors)
@@ -113,7 +114,7 @@ class BodyPayload(aiohttp.payload.Payload):
 
     async def write_with_length(self, writer: Any, content_length: int | None) -> None:
         value = self._value
-        size = self._size
+        size = self._length
         if size <= SPLIT_BODY_BYTES or (content_length is not None and content_length < size):
             whole = self.whole()
             await writer.write(whole if content_length is None else whole[:content_length])

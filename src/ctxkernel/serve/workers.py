@@ -75,7 +75,8 @@ class Workers:
                         self._threads -= 1
                     raise
             self._jobs.put((contextvars.copy_context(), func, args, loop, future))
-            return await future
+            result = await future
+        return result
 
     def _work(self) -> None:
         jobs, lock = self._jobs, self._lock
