@@ -116,3 +116,20 @@ def test_beyond_the_thread_limit_jobs_wait_their_turn_and_all_run():
     assert sorted(anyio.run(main)) == list(range(12))
     assert most <= 2
     assert pool._threads == 2
+
+
+def test_a_forked_child_runs_its_calls_on_threads_of_its_own():
+    # the parent's threads are not in the child: a pool that counted them idle would hang
+    import os
+    import signal
+
+    assert anyio.run(run_sync, lambda: 1) == 1  # the parent has a thread now
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only when its call ran
+        try:
+            signal.alarm(10)  # a hung call ends the child (and fails the test) instead of the run
+            os._exit(0 if anyio.run(run_sync, lambda: 7) == 7 else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

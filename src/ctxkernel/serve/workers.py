@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -115,6 +116,15 @@ def _deliver(future: asyncio.Future[Any], result: Any, error: BaseException | No
 
 
 _pool = Workers()
+
+
+def _fresh_pool_in_child() -> None:
+    # a forked child has none of the parent's threads: its jobs must not wait for them
+    global _pool  # noqa: PLW0603 - the process's one pool, replaced only here
+    _pool = Workers(_pool.max_threads)
+
+
+os.register_at_fork(after_in_child=_fresh_pool_in_child)
 
 
 async def run_sync(func: Callable[..., T], *args: Any) -> T:
