@@ -167,6 +167,10 @@ def upstream_body(
     return body
 
 
+#: what the upstream call sends (``Upstream.request`` encodes the body)
+upstream_payload = upstream_body
+
+
 def read_reply(payload: Any) -> tuple[Message, dict[str, Any] | None, dict[str, Any]]:
     """``(message, usage, raw)`` of a Messages response; ValueError when it is something else."""
     if not isinstance(payload, dict) or not isinstance(payload.get("content"), list):

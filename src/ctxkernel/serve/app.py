@@ -22,8 +22,9 @@ One client request, in order (docs/serve.md has the long form)::
     the reply as the client holds it goes into the ledger
 
 The front door is thin (STYLE.md #15): every context decision is the Session API's. Session
-calls are synchronous (fsync, tokenising): they run in worker threads (``anyio.to_thread``),
-one at a time per session because of the lock above.
+calls are synchronous (fsync, tokenising): they run in worker threads (``workers.run_sync``,
+``anyio.to_thread.run_sync``'s contract at half its cost), one at a time per session because of
+the lock above.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from .metrics import Metrics
 from .reconcile import Reconciled, inherit, kept, ledger_for, reconcile, record_follow, reply_record
 from .upstream import Limits, Upstream, UpstreamError, join_url
 from .wire import MAX_BODY_BYTES, ClientRequest, MessageMemo, WireError, add_usage, iter_sse
+from .workers import run_sync
 
 log = get_logger("ctxkernel.serve")
 
@@ -170,7 +172,7 @@ class Lease:
         try:
             if self._advisory is not None:
                 with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(self._advisory.release)
+                    await run_sync(self._advisory.release)
         finally:
             lock.release()
 
@@ -225,7 +227,7 @@ class Proxy:
         if hold is not None:
             remaining = max(0.001, wait - (time.monotonic() - started))
             try:
-                advisory = await anyio.to_thread.run_sync(hold, f"serve/{key}", remaining)
+                advisory = await run_sync(hold, f"serve/{key}", remaining)
             except BaseException:
                 lock.release()
                 raise
@@ -295,7 +297,7 @@ class Proxy:
         """The round's request: the one prepared with the turn, or a new one (later rounds)."""
         ready, turn.ready = turn.ready, None
         if ready is None:
-            return await anyio.to_thread.run_sync(self._prepare, turn)
+            return await run_sync(self._prepare, turn)
         if isinstance(ready, BaseException):
             raise ready
         return ready
@@ -559,7 +561,7 @@ class Handler:
         handed_over = False
         try:
             try:
-                turn = await anyio.to_thread.run_sync(proxy._start, wire, key, client)
+                turn = await run_sync(proxy._start, wire, key, client)
             except (EventError, CtxKernelError) as exc:
                 if isinstance(exc, EventError):
                     raise WireError(400, f"messages: {exc}", param="messages") from None
@@ -588,13 +590,13 @@ class Handler:
             except Overflow as over:
                 proxy.metrics.errors.labels("window_refused").inc()
                 return JSONBody(wire.overflow_error(over.tokens, over.window), status_code=400)
-            body = wire.upstream_body(
+            body = wire.upstream_payload(
                 turn.client, prepared, turn.strategy_schemas, stream=False, cache=wire_cache(turn)
             )
             try:
                 answer = await proxy.upstream.request("POST", url, headers, body)
             except UpstreamError as exc:
-                await anyio.to_thread.run_sync(proxy._failed, turn.session, ModelError(str(exc)))
+                await run_sync(proxy._failed, turn.session, ModelError(str(exc)))
                 proxy.metrics.errors.labels("upstream_unreachable").inc()
                 return JSONBody(wire.error_body(str(exc), kind="api_error"), status_code=exc.status)
             proxy.metrics.upstream_latency.labels(wire.API).observe(answer.seconds)
@@ -606,9 +608,7 @@ class Handler:
                 payload = answer.json()
                 message, usage, raw = wire.read_reply(payload)
             except ValueError as exc:
-                await anyio.to_thread.run_sync(
-                    proxy._failed, turn.session, ModelError(f"unreadable upstream reply: {exc}")
-                )
+                await run_sync(proxy._failed, turn.session, ModelError(f"unreadable upstream reply: {exc}"))
                 proxy.metrics.errors.labels("upstream_unreadable").inc()
                 return JSONBody(
                     wire.error_body(f"the upstream sent an unreadable reply: {exc}"[:1000], kind="api_error"),
@@ -626,7 +626,7 @@ class Handler:
                 blocks += anthropic_wire.visible_blocks(raw, names)
                 view = anthropic_wire.client_view(blocks)
             last = turn.rounds >= proxy.config.max_inner_rounds
-            round_ = await anyio.to_thread.run_sync(proxy._commit, turn, message, usage, view, last)
+            round_ = await run_sync(proxy._commit, turn, message, usage, view, last)
             self._advance(turn, round_)
             if round_.done:
                 break
@@ -668,7 +668,7 @@ class Handler:
         """Report an upstream error to the session; True when the call should be retried (a
         context overflow the strategies shrank, once per client request)."""
         error = classify_http_error(status, body, url=url)
-        retry = await anyio.to_thread.run_sync(self.proxy._failed, turn.session, error)
+        retry = await run_sync(self.proxy._failed, turn.session, error)
         if isinstance(error, ContextOverflowError):
             self.proxy.metrics.errors.labels("upstream_overflow").inc()
             if retry and not turn.overflow_retried:
@@ -691,11 +691,13 @@ class Handler:
             except Overflow as over:
                 proxy.metrics.errors.labels("window_refused").inc()
                 return (400, orjson.dumps(wire.overflow_error(over.tokens, over.window)), None)
-            body = wire.upstream_body(turn.client, prepared, turn.strategy_schemas, stream=True, cache=wire_cache(turn))
+            body = wire.upstream_payload(
+                turn.client, prepared, turn.strategy_schemas, stream=True, cache=wire_cache(turn)
+            )
             try:
                 handle = await stack.enter_async_context(proxy.upstream.stream(url, headers, body))
             except UpstreamError as exc:
-                await anyio.to_thread.run_sync(proxy._failed, turn.session, ModelError(str(exc)))
+                await run_sync(proxy._failed, turn.session, ModelError(str(exc)))
                 proxy.metrics.errors.labels("upstream_unreachable").inc()
                 return (exc.status, orjson.dumps(wire.error_body(str(exc), kind="api_error")), None)
             if handle.status < 400:
@@ -750,9 +752,7 @@ class Handler:
                         yield chunk
                     self._count_usage(turn, usage)
                     last = turn.rounds >= proxy.config.max_inner_rounds
-                    round_ = await anyio.to_thread.run_sync(
-                        proxy._commit, turn, message, usage, translator.client_view, last
-                    )
+                    round_ = await run_sync(proxy._commit, turn, message, usage, translator.client_view, last)
                     committed = True
                     self._advance(turn, round_)
                     if round_.done:
@@ -773,7 +773,7 @@ class Handler:
                 proxy.metrics.errors.labels("upstream_stream").inc()
                 if not committed:
                     with anyio.CancelScope(shield=True):
-                        await anyio.to_thread.run_sync(proxy._failed, turn.session, ModelError(str(exc)))
+                        await run_sync(proxy._failed, turn.session, ModelError(str(exc)))
                     committed = True
                 for chunk in translator.error_event(str(exc)):
                     yield chunk
@@ -783,7 +783,7 @@ class Handler:
                 with anyio.CancelScope(shield=True):
                     if not committed:
                         proxy.metrics.errors.labels("client_disconnected").inc()
-                        await anyio.to_thread.run_sync(proxy._abandon, turn.session)
+                        await run_sync(proxy._abandon, turn.session)
                     await stack.aclose()
                     await lease.release()
 

@@ -67,9 +67,72 @@ class Limits:
     max_connections: int = 100
 
 
-def encoded(body: Any) -> bytes:
-    """A request body as bytes: JSON-encoded, unless the wire module composed the bytes itself."""
-    return body if isinstance(body, bytes) else orjson.dumps(body)
+def encoded(body: Any) -> bytes | Chunks:
+    """A request body as bytes: JSON-encoded, unless the wire module composed the bytes (or
+    their :class:`Chunks`) itself."""
+    return body if isinstance(body, bytes | Chunks) else orjson.dumps(body)
+
+
+#: a body larger than this is written in pieces (:class:`BodyPayload`), smaller ones in one write
+SPLIT_BODY_BYTES = 64 * 1024
+#: the bytes of a large ``bytes`` body that go out with the request's headers
+HEAD_BYTES = 4096
+
+
+class Chunks(list[bytes]):
+    """A request body as pieces, in order: the body is their concatenation. A wire module gives
+    its body so when it has it in pieces already (the OpenAI body: each surface message's cached
+    JSON), so that it is never joined into one copy: the pieces go to the socket in one
+    ``writev``."""
+
+
+class BodyPayload(aiohttp.payload.Payload):
+    """A request body (``bytes`` or :class:`Chunks`) aiohttp sends without copying it first.
+
+    aiohttp writes the request's headers together with the body's first chunk, and on Python
+    before 3.12.9 it joins the two into one ``bytes`` before the socket write: a copy of the
+    whole body (634 KB at 100k tokens: ``bench_serve.py``), on top of the one that joined the
+    body. A large body is written as a small first piece (joined with the headers, as aiohttp
+    does) and then the rest as it is: a view of the ``bytes``, or the pieces handed to the
+    transport's ``writelines`` (uvloop writes them with one ``writev``, no copy; asyncio's own
+    transport joins them first, as aiohttp would have)."""
+
+    def __init__(self, value: bytes | Chunks, **kwargs: Any) -> None:
+        super().__init__(value, **kwargs)
+        self._length = len(value) if isinstance(value, bytes) else sum(map(len, value))
+        self._size = self._length
+
+    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        return self.whole().decode(encoding, errors)
+
+    def whole(self) -> bytes:
+        value = self._value
+        return value if isinstance(value, bytes) else b"".join(value)
+
+    async def write(self, writer: Any) -> None:
+        await self.write_with_length(writer, None)
+
+    async def write_with_length(self, writer: Any, content_length: int | None) -> None:
+        value = self._value
+        size = self._length
+        if size <= SPLIT_BODY_BYTES or (content_length is not None and content_length < size):
+            whole = self.whole()
+            await writer.write(whole if content_length is None else whole[:content_length])
+            return
+        if isinstance(value, bytes):
+            await writer.write(value[:HEAD_BYTES])
+            await writer.write(memoryview(value)[HEAD_BYTES:])
+            return
+        await writer.write(value[0])  # with the headers
+        transport = getattr(writer, "transport", None)
+        if transport is None or transport.is_closing():
+            raise aiohttp.ClientConnectionResetError("Cannot write to closing transport")
+        transport.writelines(value[1:])
+        await writer.drain()
+
+
+def payload(content: bytes | Chunks | None) -> BodyPayload | None:
+    return None if content is None else BodyPayload(content)
 
 
 @contextmanager
@@ -113,13 +176,13 @@ class Upstream:
         method: str,
         url: str,
         headers: Mapping[str, str],
-        content: bytes | None,
+        content: bytes | Chunks | None,
         timeout: aiohttp.ClientTimeout | None = None,
     ) -> aiohttp.ClientResponse:
         with reported("the upstream call"):
             try:
                 return await self._client().request(
-                    method, url, headers=dict(headers), data=content, allow_redirects=False, timeout=timeout
+                    method, url, headers=dict(headers), data=payload(content), allow_redirects=False, timeout=timeout
                 )
             except aiohttp.ClientConnectorError as exc:
                 raise UpstreamError(f"the upstream could not be reached: {type(exc).__name__}: {exc}") from None
