@@ -6,12 +6,14 @@ count is the whole text's count, exactly."""
 from __future__ import annotations
 
 from pathlib import Path
+from unittest.mock import patch
 
 from helpers_chapters import chapters_kernel, do_turn, reading_script
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ctxkernel import Message
+from ctxkernel import Event, Message, Source
+from ctxkernel.messages import USER
 from ctxkernel.meter import Meter, get_tokenizer
 from ctxkernel.testing import CountingTokenizer
 from ctxkernel_chapters import plugin as chapters_plugin
@@ -183,3 +185,56 @@ def test_a_long_instruction_is_not_kept_and_the_count_stays_exact(tmp_path):
     st_ = {"quotes_cursor": 0, "quote_counts": {f"> {n}\n\n": 1 for n in range(chapters_plugin.QUOTE_COUNTS_KEPT)}}
     chapters_plugin.count_new_quotes(session, st_)
     assert len(st_["quote_counts"]) == chapters_plugin.QUOTE_COUNTS_KEPT  # the oldest made room
+
+
+class _Landing:
+    """What ``count_new_quotes`` reads of a session: its log and its meter."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.meter = METER
+
+    def land(self, text: str, *, by_user: bool) -> None:
+        source = USER if by_user else Source.plugin_form("chapters", "notice")
+        message = Message.user(text, source).to_dict()
+        self.events.append(Event(len(self.events), "user/message", {"message": message}, surface={"op": "append"}))
+
+
+_landed = st.lists(
+    st.tuples(st.one_of(_instruction, st.sampled_from(["", "  \n", "same", " same ", "x" * 50])), st.booleans()),
+    max_size=12,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_landed, min_size=1, max_size=4), st.integers(2, 6))
+def test_the_kept_quotes_are_the_fresh_quotes_after_drawn_steps(steps, bound):
+    """The quotes (and their counts) kept at each step, drawn in batches, with duplicates, blank
+    messages, plugin notices and a small bound, are what quoting and counting each anew gives, and a
+    table of contents rendered from the kept quotes is the one rendered without them."""
+    session, st_ = _Landing(), {"quotes_cursor": 0}
+    with patch.object(chapters_plugin, "QUOTE_COUNTS_KEPT", bound):
+        for batch in steps:
+            for text, by_user in batch:
+                session.land(text, by_user=by_user)
+            chapters_plugin.count_new_quotes(session, st_)
+            pieces, counts = st_.get("quote_pieces", {}), st_.get("quote_counts", {})
+            assert len(pieces) <= bound and len(counts) <= bound
+            assert all(piece == toc.quote_piece(text) and text == text.strip() for text, piece in pieces.items())
+            assert all(n == METER.count_text(piece) for piece, n in counts.items())
+    users = [text for batch in steps for text, by_user in batch if by_user and text.strip()]
+    merged = toc.merged([], [], "chapters", instructions=users)
+    kept = lambda text: pieces.get(text) or toc.quote_piece(text)  # noqa: E731 - as toc_for_region serves them
+    assert toc.render_pieces(merged, quote=kept) == toc.render_pieces(merged)
+
+
+def test_the_fixed_head_is_counted_once_per_tokenizer_and_the_count_stays_exact():
+    """Every table of contents starts with ``toc.FIXED_HEAD``: counted once per tokenizer, then added."""
+    merged = toc.merged([], [], "chapters", instructions=INSTRUCTIONS[:6])
+    pieces, _ = toc.render_pieces(merged)
+    assert pieces[0].startswith(toc.FIXED_HEAD)
+    meter = Meter(get_tokenizer())
+    counting = meter.tokenizer = CountingTokenizer(meter.tokenizer)  # the meter still knows its cuts
+    for _ in range(2):
+        assert chapters_plugin.count_toc(meter, pieces, {}) == get_tokenizer().count("".join(pieces))
+    assert [t for t in counting.texts if toc.FIXED_HEAD in t] == [toc.FIXED_HEAD]

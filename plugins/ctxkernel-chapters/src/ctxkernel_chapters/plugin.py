@@ -378,11 +378,18 @@ def toc_for_region(
     # small window the oldest bullets give up their summaries first (the manifest keeps them)
     budget = min(settings.toc_bullet_budget_tokens, max(50, region_tokens // 3))
     quoted = min(settings.toc_instruction_budget_tokens, region_tokens // 3)
+    st = state(session)
+    kept_pieces: dict[str, str] = st.get("quote_pieces", {})
+
+    def quote(instruction: str) -> str:
+        piece = kept_pieces.get(instruction)
+        return toc.quote_piece(instruction) if piece is None else piece
+
     pieces, _ = toc.render_pieces(
-        merged, count=region.count, bullet_budget=budget, instruction_budget=quoted, at_most=region.at_most
+        merged, count=region.count, bullet_budget=budget, instruction_budget=quoted, at_most=region.at_most, quote=quote
     )
     if sum(map(len, pieces)) >= TOC_COUNTED_FROM_PIECES_CHARS:
-        count_toc(session.meter, pieces, state(session).get("quote_counts", {}))
+        count_toc(session.meter, pieces, st.get("quote_counts", {}))
     return "".join(pieces)
 
 
@@ -408,12 +415,20 @@ def count_new_quotes(session: Session, st: dict[str, Any]) -> None:
     if start >= len(events):
         return
     kept: dict[str, int] = st.setdefault("quote_counts", {})
+    pieces: dict[str, str] = st.setdefault("quote_pieces", {})  # the instruction (stripped) -> its quote
     count = session.meter.count_text
     for event in events[start:]:
         instruction = instruction_of(event)
-        if instruction is None or not instruction.strip() or len(instruction) > QUOTE_KEPT_MAX_CHARS:
+        if instruction is None or len(instruction) > QUOTE_KEPT_MAX_CHARS:
             continue
-        piece = toc.quote_piece(instruction)
+        instruction = instruction.strip()  # as a table of contents holds it (toc.Toc.instruct)
+        if not instruction:
+            continue
+        piece = pieces.get(instruction)
+        if piece is None:
+            if len(pieces) >= QUOTE_COUNTS_KEPT:
+                del pieces[next(iter(pieces))]  # the oldest
+            piece = pieces[instruction] = toc.quote_piece(instruction)
         if piece not in kept:
             if len(kept) >= QUOTE_COUNTS_KEPT:
                 del kept[next(iter(kept))]  # the oldest
@@ -429,6 +444,13 @@ def count_toc(meter: Any, pieces: list[str], kept: dict[str, int]) -> int:
     the transaction's count of the same text is a lookup."""
     parts: list[str] = []
     counts: list[int | None] = []
+    head = pieces[0] if pieces else ""
+    if len(head) > len(toc.FIXED_HEAD) and head.startswith(toc.FIXED_HEAD):
+        # the fixed start (the same in every table of contents) is counted once per process; the
+        # cut after it, a newline before the first bullet, is exact (count_joined checks it)
+        parts.append(toc.FIXED_HEAD)
+        counts.append(fixed_head_tokens(meter))
+        pieces = [head[len(toc.FIXED_HEAD) :], *pieces[1:]]
     for piece in pieces:
         known = kept.get(piece)
         if known is None and parts and counts[-1] is None:
@@ -437,6 +459,22 @@ def count_toc(meter: Any, pieces: list[str], kept: dict[str, int]) -> int:
         parts.append(piece)
         counts.append(known)
     return int(meter.count_joined(parts, counts))
+
+
+#: tokenizer -> tokens of :data:`toc.FIXED_HEAD` (a few tokenizers per process; bounded anyway)
+_FIXED_HEAD_TOKENS: dict[Any, int] = {}
+
+
+def fixed_head_tokens(meter: Any) -> int:
+    """The meter's count of :data:`toc.FIXED_HEAD`, tokenised once per tokenizer in this process
+    (as the kernel counts an instruction block's fixed frame: ``Meter.count_numbered``)."""
+    tokenizer = meter.tokenizer
+    tokens = _FIXED_HEAD_TOKENS.get(tokenizer)
+    if tokens is None:
+        if len(_FIXED_HEAD_TOKENS) >= 16:
+            _FIXED_HEAD_TOKENS.clear()
+        tokens = _FIXED_HEAD_TOKENS[tokenizer] = int(meter.count_text(toc.FIXED_HEAD))
+    return tokens
 
 
 @dataclass(frozen=True)

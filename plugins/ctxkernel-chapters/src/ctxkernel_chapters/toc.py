@@ -29,6 +29,9 @@ INTRO = (
     "chapters_read(chapter=<id>), search them all with chapters_search(query=...), and large tool "
     "outputs with chapters_artifact."
 )
+#: the start of every table of contents, up to its first bullet: the same text in every session,
+#: so a meter may count it once per process (:func:`render_pieces`' head always starts with it)
+FIXED_HEAD = "\n".join([TOC_OPEN, INTRO, "", CHAPTERS]) + "\n"
 _BULLET = re.compile(r"^- \[([^\]]+)\] ")
 _FOLD = re.compile(r"^- \[fold:([^\]]+)\] (\d+)–(\d+): (\d+) ")
 _NUMBER = re.compile(r"^- \[[^\]]+\] (\d+) ")
@@ -253,12 +256,14 @@ def render_pieces(
     bullet_budget: int | None = None,
     instruction_budget: int | None = None,
     at_most: AtMost | None = None,
+    quote: Callable[[str], str] = quote_piece,
 ) -> tuple[list[str], int]:
     """:func:`render`'s text as the pieces it joins (``"".join(pieces)`` is the text): the head
     up to the instructions' marker, each quoted instruction but the last as its
     :func:`quote_piece`, the last quote, and the rest. Each quote starts with ``>`` after a piece
     that ends with a newline: a cut that ``Meter.joins_exactly`` proves exact for cl100k, so a
-    meter counts the text from the quotes' counts (``Meter.count_joined`` checks every cut)."""
+    meter counts the text from the quotes' counts (``Meter.count_joined`` checks every cut).
+    ``quote`` may serve the pieces a caller kept (it must return :func:`quote_piece`'s text)."""
     entries = list(toc.bullets.items())
     shortened = folded = 0
     if count is not None and bullet_budget is not None:
@@ -282,7 +287,7 @@ def render_pieces(
     if not instructions:
         return ["\n".join(head + rest)], shortened + folded
     head += ["", INSTRUCTIONS]
-    quotes = [quote_piece(t) for t in instructions[:-1]]
+    quotes = [quote(t) for t in instructions[:-1]]
     last = _quote(instructions[-1]) + "\n"
     return ["\n".join(head) + "\n", *quotes, last, "\n".join(rest)], shortened + folded
 
