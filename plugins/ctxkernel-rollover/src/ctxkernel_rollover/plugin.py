@@ -210,8 +210,11 @@ def request_error(session: Session, error: ModelError) -> bool | None:
 def commit(session: Session, result: Any) -> None:
     if result.strategy == NAME:
         # notes written from now on carry the new window id; the switch that committed set the
-        # notes' limits a moment ago, so only the stamp changes (no settings look-up)
-        STRATEGY.on(session).notes().current_window = state_of(session).current
+        # notes' limits a moment ago, so only the stamp changes (no settings look-up). The id is
+        # the commit's own data (what the state folds it to): the state folds the batch at its
+        # next use, the next step's pre_step, as it would anyway (moved, not removed)
+        window = result.data.get("window_id")
+        STRATEGY.on(session).notes().current_window = window if isinstance(window, str) else state_of(session).current
 
 
 @ctxkernel.hookimpl

@@ -118,8 +118,9 @@ def _user_input(seq: int, text: str) -> str:
 
 
 def byte_bound(text: str) -> int:
-    """An upper bound of any BPE token count: every token covers at least one UTF-8 byte."""
-    return len(text.encode())
+    """An upper bound of any BPE token count: every token covers at least one UTF-8 byte (an
+    ASCII text's bytes are its characters: ``isascii`` reads a flag, no encoding)."""
+    return len(text) if text.isascii() else len(text.encode())
 
 
 NoteKey = tuple[str, int, int]  # (note id, version, chars shown)
@@ -225,6 +226,8 @@ class SeedParts:
     counts: list[int | None]
     keys: list[NoteKey | str | None]
     figure: int
+    #: True when the seed lists notes it does not show (the part starting with NOT_SHOWN)
+    hides_notes: bool = False
 
     @property
     def text(self) -> str:
@@ -237,7 +240,7 @@ class SeedParts:
 
     def byte_bound(self) -> int:
         """An upper bound of the seed's tokens with any figure filled in, without tokenising."""
-        return byte_bound(self.text) - byte_bound(REMAINING_PLACEHOLDER) + FIGURE_BYTES
+        return sum(map(byte_bound, self.parts)) - byte_bound(REMAINING_PLACEHOLDER) + FIGURE_BYTES
 
     def count_all_but_figure(self, count: Callable[[str], int], cache: NoteCache, tokenizer: str = "") -> None:
         """Count every part whose count is not known, except the figure's; a note block's count
@@ -262,7 +265,7 @@ class SeedParts:
         parts[self.figure] = parts[self.figure].replace(REMAINING_PLACEHOLDER, figure, 1)
         counts = list(self.counts)
         counts[self.figure] = None
-        return SeedParts(parts, counts, list(self.keys), self.figure)
+        return SeedParts(parts, counts, list(self.keys), self.figure, self.hides_notes)
 
 
 def render_seed(
@@ -311,7 +314,7 @@ def compose_seed(
     cache = note_cache if note_cache is not None else NoteCache()
     try:
         parts, bound = _compose(seed, budget_tokens, count, goal_chars, pending_chars, note_chars, cache, False)
-        if bound <= budget_tokens and not _hides_notes(parts):
+        if bound <= budget_tokens and not parts.hides_notes:
             return parts, bound, False
         scale = 1.0
         tokens = 0
@@ -380,11 +383,6 @@ def minimal_parts(seed: SeedInput) -> SeedParts:
     parts.add("\n".join(lines) + "\n")
     parts.add("</context-window>")
     return parts
-
-
-def _hides_notes(parts: SeedParts) -> bool:
-    """True when the seed lists notes it does not show (their part starts with NOT_SHOWN)."""
-    return any(part.startswith(NOT_SHOWN) for part in parts.parts)
 
 
 def seed_pending_base(seed: SeedInput) -> int:
@@ -491,6 +489,7 @@ def _compose(
         listed = ", ".join(repr(p) for p in hidden[:30])
         more = f" and {len(hidden) - 30} more" if len(hidden) > 30 else ""
         parts.add(f"{NOT_SHOWN}: {listed}{more}\n")
+        parts.hides_notes = True
         used += count(parts.parts[-1]) if counted else byte_bound(parts.parts[-1])
     parts.add("</context-window>", key=SHARED)
     used += count(parts.parts[-1]) if counted else byte_bound(parts.parts[-1])
