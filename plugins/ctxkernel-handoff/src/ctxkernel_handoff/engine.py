@@ -34,9 +34,9 @@ from ctxkernel.recall.history import WINDOW_KINDS, History
 from ctxkernel.text import first_line
 
 from .handoff import (
+    GOAL_CHARS,
     HANDOFF_LOG_NOTE,
     HANDOFF_NOTE,
-    GOAL_CHARS,
     INSTRUCTION_CHARS,
     INSTRUCTIONS,
     MIN_GENERATED_BODY,

@@ -252,7 +252,9 @@ def snapshot_parts(history: History, *, new_window: int, reason: str, budget: in
             Numbered(" switch from win_", current.number, ","),
             Numbered(" whose items start at item_", current.start_seq, ")."),
             _RECOVERABLE,
-            Numbered(" and win_", current.number, "_summary is the untrimmed summary (history_read_item, format json)."),
+            Numbered(
+                " and win_", current.number, "_summary is the untrimmed summary (history_read_item, format json)."
+            ),
         ]
     ]
     index = [
