@@ -34,11 +34,8 @@ from ctxkernel.recall.history import WINDOW_KINDS, History
 from ctxkernel.text import first_line
 
 from .handoff import (
-    GOAL_CHARS,
     HANDOFF_LOG_NOTE,
     HANDOFF_NOTE,
-    INSTRUCTION_CHARS,
-    INSTRUCTIONS,
     MIN_GENERATED_BODY,
     Excerpts,
     Generated,
@@ -46,9 +43,7 @@ from .handoff import (
     assemble,
     call_summarizer,
     frame,
-    goal_line,
     handoff_tokens,
-    quote_parts,
 )
 from .settings import HandoffSettings
 from .strategy import NAME, STRATEGY
@@ -114,10 +109,6 @@ class HandoffState:
     plan: SwitchPlan | None = None  # the switch in progress (within one transaction)
     excerpts: Excerpts = field(default_factory=Excerpts)  # each surface node's excerpt, rendered once
     excerpted: int = -1  # the seq warm_excerpts renders from next (-1: this process has not started)
-    #: the snapshot's quoted instructions as a switch would render them, each part's text -> its
-    #: count, taken when the instruction landed (:func:`warm_quotes`); ``quoted``: the newest seq
-    quotes: dict[str, int] = field(default_factory=dict)
-    quoted: int = -1
 
 
 @dataclass
@@ -450,7 +441,6 @@ def compose(session: Session, plan: SwitchPlan, nodes: list[Node]) -> Summary:
             generated=generated,
             discarded=discarded,
             excerpts=state.excerpts,
-            quotes=state.quotes,
         )
         if len(handoff.text) > settings.handoff_max_chars:
             msg = (
@@ -554,30 +544,6 @@ def warm_excerpts(session: Session, state: HandoffState) -> None:
     if len(state.excerpts) > 2 * len(surface) + 256:  # nodes replaced since (shrunk results, native summaries)
         state.excerpts.prune(lambda seq: surface.node(seq) is not None)
     state.excerpts.extend(surface.nodes)  # the body's material: the nodes just rendered
-
-
-def warm_quotes(session: Session, state: HandoffState) -> None:
-    """Count the snapshot's quoted instructions when a new one has landed (once per user
-    message, not per step): each as the part a switch renders (:func:`~ctxkernel_handoff.handoff.quote_parts`,
-    at the seed's clip), the newest both as the last (the snapshot ends with it) and with the line
-    break a newer one adds, so a switch counts its snapshot's quotes from these instead of
-    tokenising them. A part a switch renders otherwise (a smaller budget clips it) is not found
-    here and is tokenised then."""
-    history = History.for_session(session)
-    instructions = history.instructions
-    if not instructions or instructions[-1] == state.quoted:
-        return
-    state.quoted = instructions[-1]
-    quoted = instructions[-INSTRUCTIONS:]
-    parts = quote_parts(history, quoted, INSTRUCTION_CHARS)
-    newest = parts[-1]
-    parts[-1] = newest + "\n\n"  # the snapshot's last part: the handoff's section break follows
-    parts.append(newest + "\n")  # once a newer instruction follows it
-    goal = goal_line(history, quoted, GOAL_CHARS)
-    if goal is not None:
-        parts.append(goal + "\n\n")  # the quotes' section follows it
-    old, count = state.quotes, session.meter.count_text
-    state.quotes = {part: tokens if (tokens := old.get(part)) is not None else count(part) for part in parts}
 
 
 _SHRUNK = re.compile(r"the full result is (item_\d+)")
@@ -692,5 +658,4 @@ __all__ = [
     "request_new_context",
     "state_for",
     "switch",
-    "warm_quotes",
 ]

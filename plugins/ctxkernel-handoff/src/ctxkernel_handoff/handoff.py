@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import accumulate
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
 import orjson
 
@@ -95,9 +95,6 @@ class Handoff:
     #: then the body's lead): the fixed texts, numbers and quoted instructions among them are
     #: counted without tokenising them (:func:`handoff_tokens`); empty: the piece is tokenised
     lead: tuple[Part, ...] = ()
-    #: counts of parts of ``lead`` taken before the switch, by their exact text (the quoted
-    #: instructions, counted as they landed)
-    quotes: Mapping[str, int] = field(default_factory=dict)
 
     def message(self) -> Message:
         return Message.user(self.text, STRATEGY.source("handoff"))
@@ -151,8 +148,7 @@ def instruction_text(history: History, seq: int) -> str:
     return history.text_of(history.session.events[seq])
 
 
-@dataclass(frozen=True, slots=True)
-class Numbered:
+class Numbered(NamedTuple):
     """A part of a handoff that is ``f"{prefix}{number}{suffix}"``, fixed texts around a number:
     counted with ``Meter.count_numbered``, which tokenises no digit and counts the fixed texts
     once per process (it falls back to counting the whole part when it cannot prove that exact)."""
@@ -713,10 +709,8 @@ def assemble(
     generated: Generated | None,
     discarded: str | None = None,
     excerpts: Excerpts | None = None,
-    quotes: Mapping[str, int] | None = None,
 ) -> Handoff:
-    """The handoff for opening window ``current + 1`` within ``budget`` characters. ``quotes``:
-    counts of the snapshot's parts by their text, taken before the switch (:attr:`Handoff.quotes`)."""
+    """The handoff for opening window ``current + 1`` within ``budget`` characters."""
     summary_ref = f"win_{history.current_window.number}_summary"
     fixed = frame(history, notes, budget=budget, reason=reason)
     opening, closing, snapshot, notes_text, left = fixed.opening, fixed.closing, fixed.snapshot, fixed.notes, fixed.left
@@ -790,7 +784,7 @@ def assemble(
         lead = tuple(part for part in (*fixed.parts, wrap[0] + before_heading, *rest) if part)
         if "".join(map(str, lead)) != pieces[0]:  # never expected: the parts are the text's own
             lead = ()
-    return Handoff(text, full, summary, record, pieces, piece_counts, lead, quotes or {})
+    return Handoff(text, full, summary, record, pieces, piece_counts, lead)
 
 
 def _line_pieces(text: str, lines: list[str], counts: list[int | None]) -> tuple[list[str], list[int | None]]:
@@ -833,7 +827,7 @@ def _merged(pieces: tuple[str, ...], counts: tuple[int | None, ...]) -> tuple[tu
     return tuple(out), tuple(known)
 
 
-def _lead_counts(meter: Any, lead: tuple[Part, ...], quotes: Mapping[str, int]) -> tuple[list[str], list[int | None]]:
+def _lead_counts(meter: Any, lead: tuple[Part, ...]) -> tuple[list[str], list[int | None]]:
     """The texts of ``lead``'s parts and the count of each that is known without tokenising it."""
     texts: list[str] = []
     counts: list[int | None] = []
@@ -843,8 +837,7 @@ def _lead_counts(meter: Any, lead: tuple[Part, ...], quotes: Mapping[str, int]) 
             counts.append(meter.count_numbered(part.prefix, part.number, part.suffix))
         else:
             texts.append(part)
-            tokens = quotes.get(part)
-            counts.append(tokens if tokens is not None else fixed_count(meter, part))
+            counts.append(fixed_count(meter, part))
     return texts, counts
 
 
@@ -861,14 +854,12 @@ def handoff_tokens(session: Session, handoff: Handoff) -> int:
 
     The first piece (before the lines) is counted from its parts (:attr:`Handoff.lead`): the fixed
     texts once per process (:func:`fixed_count`), the numbers between fixed texts from their
-    digits (:class:`Numbered`), the quoted instructions from :attr:`Handoff.quotes` (taken when
-    they landed, by the exact text of each part: a part not there is tokenised), the rest
-    tokenised, neighbours of unknown count together."""
+    digits (:class:`Numbered`), the rest tokenised, neighbours of unknown count together."""
     meter = session.meter
     if handoff.pieces:
         pieces, counts = handoff.pieces, handoff.piece_counts
         if handoff.lead and counts[0] is None:
-            texts, known = _lead_counts(meter, handoff.lead, handoff.quotes)
+            texts, known = _lead_counts(meter, handoff.lead)
             pieces, counts = _merged((*texts, *pieces[1:]), (*known, *counts[1:]))
         text_tokens = meter.count_joined(pieces, counts)
     else:

@@ -28,7 +28,6 @@ from .engine import (
     state_for,
     switch,
     warm_excerpts,
-    warm_quotes,
 )
 from .engine import (
     compact_now as manual_compaction,
@@ -131,7 +130,6 @@ def pre_step(session: Session, step: StepContext) -> None:
         STRATEGY.on(session).notes()
         if builds_up_front(session):  # the extractive body is what a switch will use
             warm_excerpts(session, state)
-            warm_quotes(session, state)
     if state.requested is not None:
         # explicit requests are honoured even when automatic compaction is off
         requested = state.requested
