@@ -177,7 +177,11 @@ _INSTRUCTIONS_HEAD = (
     "it corrects):"
 )
 _ACTIVITY_HEAD = "Activity so far, oldest first (read any item in full with history_read_item):"
-FIXED_PARTS = frozenset({_RECOVERABLE, _INSTRUCTIONS_HEAD + "\n", _ACTIVITY_HEAD + "\n"})
+#: why a switch happens (the engine's four entry points): the opening tag's attribute for each
+SWITCH_REASONS = ("manual", "threshold", "requested", "overflow")
+FIXED_PARTS = frozenset(
+    {_RECOVERABLE, _INSTRUCTIONS_HEAD + "\n", _ACTIVITY_HEAD + "\n", *(f' reason="{r}"' for r in SWITCH_REASONS)}
+)
 #: (tokenizer name, one of FIXED_PARTS) -> its tokens, for the whole process
 _FIXED_COUNTS: dict[tuple[str, str], int] = {}
 
