@@ -478,7 +478,7 @@ def stage_notes(session: Session, plan: SwitchPlan, handoff: Handoff, notes: Str
     # UTF-8 takes at most 4 bytes a character: a handoff far under the limit is not encoded to know
     fits = len(full) * 4 <= limit or len(full.encode()) <= limit
     body = full if fits else full.encode()[: limit - 64].decode(errors="ignore") + "\n… [clipped to the note limit]"
-    first = first_line(full).strip()[:200]  # the first line that is not blank
+    first = leading_line(full)[:200]  # the first line that is not blank
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     line = f"- {window} {now} reason={plan.reason} summary=win_{plan.record['window'] - 1}_summary {first}\n"
     trust = "model-authored" if handoff.record.get("handoff_summary") == "generated" else "tool-output"
@@ -492,6 +492,20 @@ def stage_notes(session: Session, plan: SwitchPlan, handoff: Handoff, notes: Str
         except Exception as exc:  # noqa: BLE001 - a note that cannot be written never blocks the switch
             log.warning("handoff note not written", session=session.id, path=path, error=f"{type(exc).__name__}: {exc}")
     return staged.data
+
+
+#: characters :func:`leading_line` looks at before it splits the whole text
+LEADING_CHARS = 1_024
+
+
+def leading_line(text: str) -> str:
+    """``first_line(text).strip()``, splitting only the text's start when the first line ends
+    there (a 16 KB handoff was stripped and split into its ~470 lines for its first)."""
+    start = text.lstrip()[:LEADING_CHARS]
+    lines = start.splitlines()
+    # a second line means the first one ended inside ``start``: stripping the whole text's end
+    # can take only white space from it (when all after it is blank), which strip() takes too
+    return lines[0].strip() if len(lines) > 1 else first_line(text).strip()
 
 
 def builds_up_front(session: Session) -> bool:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import accumulate
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
 import orjson
 
@@ -35,7 +35,7 @@ from ctxkernel import SUMMARY_SECTIONS, Message, Summary, get_logger
 from ctxkernel.recall.history import History
 from ctxkernel.recall.notes import Note, render_note
 from ctxkernel.redact import redact
-from ctxkernel.text import PATH_KEYS, clip, first_line, guard, keep_newest, string_arguments, tag
+from ctxkernel.text import PATH_KEYS, attr, clip, first_line, guard, keep_newest, string_arguments, tag
 
 from .clip import clip_with_receipt
 from .strategy import STRATEGY
@@ -91,6 +91,10 @@ class Handoff:
     #: before the switch (None: tokenised): empty for one piece, the whole text
     pieces: tuple[str, ...] = ()
     piece_counts: tuple[int | None, ...] = ()
+    #: the first piece (everything before the activity lines) as its parts (:class:`Frame`'s,
+    #: then the body's lead): the fixed texts, numbers and quoted instructions among them are
+    #: counted without tokenising them (:func:`handoff_tokens`); empty: the piece is tokenised
+    lead: tuple[Part, ...] = ()
 
     def message(self) -> Message:
         return Message.user(self.text, STRATEGY.source("handoff"))
@@ -144,6 +148,85 @@ def instruction_text(history: History, seq: int) -> str:
     return history.text_of(history.session.events[seq])
 
 
+class Numbered(NamedTuple):
+    """A part of a handoff that is ``f"{prefix}{number}{suffix}"``, fixed texts around a number:
+    counted with ``Meter.count_numbered``, which tokenises no digit and counts the fixed texts
+    once per process (it falls back to counting the whole part when it cannot prove that exact)."""
+
+    prefix: str
+    number: int
+    suffix: str
+
+    def __str__(self) -> str:
+        return f"{self.prefix}{self.number}{self.suffix}"
+
+    def ended(self, end: str) -> Numbered:
+        return Numbered(self.prefix, self.number, self.suffix + end)
+
+
+#: a part of a handoff's text before its activity lines: a text, or fixed texts around a number
+Part = str | Numbered
+
+#: the snapshot's texts that hold no value of the session: their counts are the same in every
+#: session, taken once per process (:func:`fixed_count`)
+_RECOVERABLE = (
+    " Earlier messages were replaced by this handoff; nothing was deleted: the history_* tools read any item_<seq>,"
+)
+_INSTRUCTIONS_HEAD = (
+    "Recent user instructions, oldest first, verbatim (a later instruction takes precedence over an earlier one "
+    "it corrects):"
+)
+_ACTIVITY_HEAD = "Activity so far, oldest first (read any item in full with history_read_item):"
+#: why a switch happens (the engine's four entry points): the opening tag's attribute for each
+SWITCH_REASONS = ("manual", "threshold", "requested", "overflow")
+FIXED_PARTS = frozenset(
+    {_RECOVERABLE, _INSTRUCTIONS_HEAD + "\n", _ACTIVITY_HEAD + "\n", *(f' reason="{r}"' for r in SWITCH_REASONS)}
+)
+#: (tokenizer name, one of FIXED_PARTS) -> its tokens, for the whole process
+_FIXED_COUNTS: dict[tuple[str, str], int] = {}
+
+
+def fixed_count(meter: LineMeter, text: str) -> int | None:
+    """The count of ``text`` when it is one of :data:`FIXED_PARTS` (counted once per process and
+    tokenizer), else None."""
+    if text not in FIXED_PARTS:
+        return None
+    name = getattr(getattr(meter, "tokenizer", None), "name", None)
+    if name is None:
+        return None
+    key = (name, text)
+    tokens = _FIXED_COUNTS.get(key)
+    if tokens is None:
+        tokens = _FIXED_COUNTS[key] = meter.count_text(text)
+    return tokens
+
+
+def quoted_instruction(history: History, seq: int, instruction_chars: int) -> str:
+    """The block quoting instruction ``seq`` in the snapshot (clipped to ``instruction_chars``)."""
+    text = instruction_text(history, seq)
+    clipped = _clip(text, instruction_chars)
+    more = f" [clipped: {len(text)} characters in item_{seq}]" if len(clipped) < len(text) else ""
+    opening = tag("instruction", item=f"item_{seq}", window=f"win_{history.window_of(seq)}")
+    return f"{opening}\n{guard(clipped, *FRAMES)}\n</instruction>{more}"
+
+
+def goal_line(history: History, instructions: list[int], goal_chars: int) -> str | None:
+    """The snapshot's goal line (None without a goal), ``instructions`` the ones it quotes."""
+    goal = history.goal()
+    if goal is None:
+        return None
+    if goal.seq in instructions:
+        return f"Goal (goal = item_{goal.seq}): quoted below with the recent instructions."
+    return f"Goal (goal = item_{goal.seq}): {_clip(history.goal_text() or '', goal_chars)}"
+
+
+def quote_parts(history: History, seqs: list[int], instruction_chars: int) -> list[str]:
+    """The quoted instructions ``seqs`` as parts of the snapshot: each block with the line break
+    after it, the last without (the snapshot ends there; the handoff adds its section break)."""
+    blocks = [quoted_instruction(history, seq, instruction_chars) for seq in seqs]
+    return [block + "\n" for block in blocks[:-1]] + blocks[-1:]
+
+
 def render_snapshot(history: History, *, new_window: int, reason: str, budget: int = 16_000) -> str:
     """Window index, goal, open todos and the last four user instructions (bounded).
 
@@ -151,34 +234,47 @@ def render_snapshot(history: History, *, new_window: int, reason: str, budget: i
     a small window (the switch never lets it take more than a quarter of the window) scales them
     down so the body keeps room.
     """
+    return "".join(map(str, snapshot_parts(history, new_window=new_window, reason=reason, budget=budget)))
+
+
+def snapshot_parts(history: History, *, new_window: int, reason: str, budget: int = 16_000) -> list[Part]:
+    """:func:`render_snapshot`'s text as parts cut where a count may be added (before a space
+    that follows a character, after a line break): the fixed texts, the numbers between fixed
+    texts (:class:`Numbered`) and each quoted instruction apart, so a switch tokenises only what
+    no step counted (:func:`handoff_tokens`)."""
     instruction_chars = min(INSTRUCTION_CHARS, budget // 8)
     goal_chars = min(GOAL_CHARS, budget // 8)
     todo_chars = min(TODO_CHARS, budget // 7)
     current = history.current_window
-    lines = [
-        f"Context window win_{new_window} (a {reason} switch from win_{current.number}, whose items start at "
-        f"item_{current.start_seq}). Earlier messages were replaced by this handoff; nothing was deleted: the history_* "
-        f"tools read any item_<seq>, and win_{current.number}_summary is the untrimmed summary (history_read_item, format json)."
+    sections: list[list[Part]] = [
+        [
+            f"Context window win_{new_window} (a {reason}",
+            Numbered(" switch from win_", current.number, ","),
+            Numbered(" whose items start at item_", current.start_seq, ")."),
+            _RECOVERABLE,
+            Numbered(
+                " and win_", current.number, "_summary is the untrimmed summary (history_read_item, format json)."
+            ),
+        ]
     ]
     index = [
         f"win_{w.number} item_{w.start_seq}-item_{w.end_seq if w.end_seq is not None else history.cursor - 1}"
         for w in history.windows[-WINDOW_INDEX:]
     ]
     earlier = len(history.windows) - WINDOW_INDEX
-    lines.append(
-        "Window index: "
-        + ("… " if earlier > 0 else "")
-        + " · ".join(index)
-        + f" · win_{new_window} (this window)"
-        + ("; history_list_windows lists all" if earlier > 0 else "")
+    sections.append(
+        [
+            "Window index: "
+            + ("… " if earlier > 0 else "")
+            + " · ".join(index)
+            + f" · win_{new_window} (this window)"
+            + ("; history_list_windows lists all" if earlier > 0 else "")
+        ]
     )
     instructions = history.instructions[-INSTRUCTIONS:]
-    goal = history.goal()
+    goal = goal_line(history, instructions, goal_chars)
     if goal is not None:
-        if goal.seq in instructions:
-            lines.append(f"Goal (goal = item_{goal.seq}): quoted below with the recent instructions.")
-        else:
-            lines.append(f"Goal (goal = item_{goal.seq}): {_clip(history.goal_text() or '', goal_chars)}")
+        sections.append([goal])
     todos = [t for t in history.checklist() if t.open]
     if todos:
         out = ["Open todos (checklist):"]
@@ -193,19 +289,24 @@ def render_snapshot(history: History, *, new_window: int, reason: str, budget: i
         else:
             if len(todos) > TODO_ENTRIES:
                 out.append(f"- … {len(todos) - TODO_ENTRIES} more: history_read_item checklist")
-        lines.append("\n".join(out))
+        sections.append(["\n".join(out)])
     if instructions:
-        out = [
-            "Recent user instructions, oldest first, verbatim (a later instruction takes precedence over an earlier one it corrects):"
-        ]
-        for seq in instructions:
-            text = instruction_text(history, seq)
-            clipped = _clip(text, instruction_chars)
-            more = f" [clipped: {len(text)} characters in item_{seq}]" if len(clipped) < len(text) else ""
-            opening = tag("instruction", item=f"item_{seq}", window=f"win_{history.window_of(seq)}")
-            out.append(f"{opening}\n{guard(clipped, *FRAMES)}\n</instruction>{more}")
-        lines.append("\n".join(out))
-    return "\n\n".join(lines)
+        sections.append([_INSTRUCTIONS_HEAD + "\n", *quote_parts(history, instructions, instruction_chars)])
+    return _joined_sections(sections, "\n\n")
+
+
+def _joined_sections(sections: list[list[Part]], between: str) -> list[Part]:
+    """The sections' parts in order, ``between`` added to the last part of each but the last."""
+    parts: list[Part] = []
+    for section in sections:
+        if parts:
+            parts[-1] = _ended(parts[-1], between)
+        parts.extend(section)
+    return parts
+
+
+def _ended(part: Part, end: str) -> Part:
+    return part.ended(end) if isinstance(part, Numbered) else part + end
 
 
 def render_notes(notes: list[Note], budget: int) -> str:
@@ -480,6 +581,9 @@ class Extract:
     lead: str
     lines: list[str] = field(default_factory=list)
     counts: list[int | None] = field(default_factory=list)
+    #: ``lead`` cut before its heading and after it (the heading is a fixed text, counted once
+    #: per process); empty when the body has no ``lines``
+    lead_parts: tuple[str, ...] = ()
 
 
 def extract(history: History, nodes: list[Node], budget: int, excerpts: Excerpts | None = None) -> Extract:
@@ -504,7 +608,7 @@ def extract(history: History, nodes: list[Node], budget: int, excerpts: Excerpts
     if carried:
         parts.append(_clip(carried, max(0, int((budget - sum(len(p) for p in parts)) * 0.3))))
     fixed = sum(len(p) + 2 for p in parts)
-    head = "Activity so far, oldest first (read any item in full with history_read_item):"
+    head = _ACTIVITY_HEAD
     kept, counts = _newest_lines(material.parts[:length], budget - fixed - len(head) - 80)
     start = (material.entry_ends[length - 1] if length else 0) - len(kept)  # given up, oldest first
     lead = [p for p in parts if p]
@@ -513,7 +617,11 @@ def extract(history: History, nodes: list[Node], budget: int, excerpts: Excerpts
         lines.append(f"(… {start} earlier entries omitted: history_list_items lists them)")
     # every piece was guarded on its own (a frame's tag cannot span the line breaks joining them)
     before = ("\n\n".join(lead) + "\n\n" if lead else "") + "\n".join(lines)
-    body = Extract(before + "\n" + "\n".join(kept), before + "\n", kept, counts) if kept else Extract(before, before)
+    if not kept:
+        return Extract(before, before) if len(before) <= budget else Extract(_clip(before, budget), before)
+    # the lead's parts: what precedes the heading, the heading, the note of omitted entries
+    lead_parts = ("\n\n".join(lead) + "\n\n" if lead else "", head + "\n", "\n".join(lines[1:]) + "\n" if start else "")
+    body = Extract(before + "\n" + "\n".join(kept), before + "\n", kept, counts, lead_parts)
     return body if len(body.text) <= budget else Extract(_clip(body.text, budget), body.lead)
 
 
@@ -555,6 +663,9 @@ class Frame:
     snapshot: str
     notes: str
     left: int
+    #: ``opening``, the snapshot and the notes, with the breaks between them, as the parts
+    #: :func:`handoff_tokens` counts (see :func:`snapshot_parts`)
+    parts: tuple[Part, ...] = ()
 
 
 def frame(history: History, notes: list[Note], *, budget: int, reason: str) -> Frame:
@@ -571,11 +682,24 @@ def frame(history: History, notes: list[Note], *, budget: int, reason: str) -> F
         + "\n"
     )
     closing = "\n</window_handoff>"
-    snapshot = render_snapshot(history, new_window=new_window, reason=reason, budget=budget)
+    opening_parts: tuple[Part, ...] = (
+        Numbered('<window_handoff window="win_', new_window, '"'),
+        Numbered(' previous="win_', new_window - 1, '"'),
+        f' reason="{attr(reason)}"',
+        Numbered(' summary_item="win_', new_window - 1, '_summary">\n'),
+    )
+    if "".join(map(str, opening_parts)) != opening:  # the tag's form is the toolkit's: one part if it differs
+        opening_parts = (opening,)
+    snapshot_in_parts = snapshot_parts(history, new_window=new_window, reason=reason, budget=budget)
+    snapshot = "".join(map(str, snapshot_in_parts))
     left = budget - len(opening) - len(closing) - len(snapshot) - 2
     notes_text = render_notes(notes, int(max(0, left) * NOTES_SHARE))
     left -= len(notes_text) + (2 if notes_text else 0)
-    return Frame(opening, closing, snapshot, notes_text, left)
+    parts = [*opening_parts, *snapshot_in_parts]
+    parts[-1] = _ended(parts[-1], "\n\n")  # the handoff's break after the snapshot
+    if notes_text:
+        parts.append(notes_text + "\n\n")
+    return Frame(opening, closing, snapshot, notes_text, left, tuple(parts))
 
 
 def assemble(
@@ -657,7 +781,14 @@ def assemble(
         lines, counts = [text[start:end]], [sum(cast("list[int]", extracted.counts))]
     else:
         lines, counts = _line_pieces(text[start:end], extracted.lines, extracted.counts)
-    return Handoff(text, full, summary, record, *_merged((text[:start], *lines, text[end:]), (None, *counts, None)))
+    pieces, piece_counts = _merged((text[:start], *lines, text[end:]), (None, *counts, None))
+    lead: tuple[Part, ...] = ()
+    if extracted.lead_parts:
+        before_heading, *rest = extracted.lead_parts
+        lead = tuple(part for part in (*fixed.parts, wrap[0] + before_heading, *rest) if part)
+        if "".join(map(str, lead)) != pieces[0]:  # never expected: the parts are the text's own
+            lead = ()
+    return Handoff(text, full, summary, record, pieces, piece_counts, lead)
 
 
 def _line_pieces(text: str, lines: list[str], counts: list[int | None]) -> tuple[list[str], list[int | None]]:
@@ -700,6 +831,20 @@ def _merged(pieces: tuple[str, ...], counts: tuple[int | None, ...]) -> tuple[tu
     return tuple(out), tuple(known)
 
 
+def _lead_counts(meter: Any, lead: tuple[Part, ...]) -> tuple[list[str], list[int | None]]:
+    """The texts of ``lead``'s parts and the count of each that is known without tokenising it."""
+    texts: list[str] = []
+    counts: list[int | None] = []
+    for part in lead:
+        if isinstance(part, Numbered):
+            texts.append(str(part))
+            counts.append(meter.count_numbered(part.prefix, part.number, part.suffix))
+        else:
+            texts.append(part)
+            counts.append(fixed_count(meter, part))
+    return texts, counts
+
+
 def handoff_tokens(session: Session, handoff: Handoff) -> int:
     """Exactly ``session.meter.count_message(handoff.message())``, tokenising only the pieces whose
     count the handoff does not hold (the snapshot, the notes, the frame: ~1-2 KB of a 16 KB
@@ -709,10 +854,18 @@ def handoff_tokens(session: Session, handoff: Handoff) -> int:
     The activity lines' piece is their counts added: each line's count is of the line and its line
     break, taken when the meter proved the cut before the line exact (:func:`line_tokens`), and
     each line follows the previous one's line break (or the heading's); the piece after them starts
-    with ``</extractive_handoff>``."""
+    with ``</extractive_handoff>``.
+
+    The first piece (before the lines) is counted from its parts (:attr:`Handoff.lead`): the fixed
+    texts once per process (:func:`fixed_count`), the numbers between fixed texts from their
+    digits (:class:`Numbered`), the rest tokenised, neighbours of unknown count together."""
     meter = session.meter
     if handoff.pieces:
-        text_tokens = meter.count_joined(handoff.pieces, handoff.piece_counts)
+        pieces, counts = handoff.pieces, handoff.piece_counts
+        if handoff.lead and counts[0] is None:
+            texts, known = _lead_counts(meter, handoff.lead)
+            pieces, counts = _merged((*texts, *pieces[1:]), (*known, *counts[1:]))
+        text_tokens = meter.count_joined(pieces, counts)
     else:
         text_tokens = meter.count_text(handoff.text)
     # a user message of one text block: the meter's per-message overhead plus its text
