@@ -24,6 +24,7 @@ in the log, where the history tools (``item_<seq>``) and ``search`` reach them.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -495,7 +496,22 @@ def _unquoted(items: Sequence[Instruction], texts: Sequence[str]) -> list[Instru
             break
         found += 1
     rest = items[found:]
-    return _missing_in(rest, [normalized(text) for text in texts]) if rest else []
+    if not rest:
+        return []
+    # the rest as _search_kept filters the kept texts: an instruction one of whose inner words is
+    # no whole word of the texts is not in them, so only the others are searched for (a handoff's
+    # ~16 KB quotes few of the ~60 instructions a switch asks about); one split per text gives
+    # both the words and the normalised text (normalized() is that split joined)
+    words = [text.split() for text in texts]
+    inner = [item.inner_words for item in rest]
+    wanted: set[str] = set().union(*inner)
+    seen = wanted.intersection(itertools.chain.from_iterable(words)) if wanted else wanted
+    maybe = [item for item, needed in zip(rest, inner, strict=True) if seen.issuperset(needed)]
+    if not maybe:
+        return list(rest)
+    searched = {id(item) for item in maybe}
+    absent = {id(item) for item in _missing_in(maybe, [" ".join(split) for split in words])}
+    return [item for item in rest if id(item) not in searched or id(item) in absent]
 
 
 def _not_kept_as_sent(session: Session, cited: set[int]) -> list[Instruction]:
