@@ -1,4 +1,4 @@
-"""Steps of a drawn session, shared by the surface property tests.
+"""Steps of a drawn session, shared by the surface and instruction-ledger property tests.
 
 Each test draws a list of ``(op, n)`` pairs and drives a real session with them; these are the
 steps the tests have in common: a user turn answered by a reply with ``n`` tool calls, results
@@ -42,3 +42,23 @@ def drawn_head_summary(session: Any, n: int) -> None:
         session.compact(Span(nodes[0].seq, nodes[end - 1].seq, summary="s"), strategy="t", check_shrink=False)
     except CompactionError:
         pass
+
+
+def drawn_chat_step(session: Any, kind: str, value: Any, turn_open: bool) -> bool:
+    """One step of a drawn chat (the instruction-ledger tests): ``user`` opens a turn with
+    ``value``, ``reply`` answers an open turn with ``value`` and ends it, ``compact`` runs
+    ``basic``'s compaction keeping ``value * 5`` tokens when the surface has more than two nodes.
+    Returns whether a turn is open after it."""
+    from ctxkernel.default_plugins.basic import compact
+
+    if kind == "user":
+        session.user(value)
+        return True
+    if kind == "reply" and turn_open:
+        session.prepare_request()
+        session.commit_reply(Message.assistant(value))
+        session.end_turn()
+        return False
+    if kind == "compact" and len(session.surface) > 2:
+        compact(session, value * 5, reason="manual")
+    return turn_open

@@ -6,15 +6,26 @@ them to the first search)."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ctxkernel import Message
-from ctxkernel.default_plugins.basic import compact
 from ctxkernel.instructions import Instruction, _search_kept, normalized, pin_lost
 from ctxkernel.testing import build_kernel
+
+# the steps of a drawn session the property tests share (tests/drawn_support.py)
+_spec = importlib.util.spec_from_file_location(
+    "ctxkernel_tests_drawn_support", Path(__file__).with_name("drawn_support.py")
+)
+drawn = sys.modules.get(_spec.name) or importlib.util.module_from_spec(_spec)
+if _spec.name not in sys.modules:
+    sys.modules[_spec.name] = drawn
+    _spec.loader.exec_module(drawn)
 
 WINDOW = {"context_window": 60000, "reserved_output_tokens": 500}
 WORDS = st.sampled_from(["keep", "the", "parser", "x.", "42", "é", "ﬁ"])
@@ -43,16 +54,7 @@ def test_keys_computed_at_landing_are_a_fresh_computation(tmp_path_factory: Any,
     session = kernel.open_session()
     turn_open = False
     for kind, value in steps:
-        if kind == "user":
-            session.user(value)
-            turn_open = True
-        elif kind == "reply" and turn_open:
-            session.prepare_request()
-            session.commit_reply(Message.assistant(value))
-            session.end_turn()
-            turn_open = False
-        elif kind == "compact" and len(session.surface) > 2:
-            compact(session, value * 5, reason="manual")
+        turn_open = drawn.drawn_chat_step(session, kind, value, turn_open)
         for item in session.instructions:
             assert "_keys" in item.__dict__  # computed as it landed, before any search
             assert (item.normalized, item.inner_words) == _fresh_keys(item)
