@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import http.server
-import importlib.util
 import io
 import json
 import os
@@ -13,19 +12,13 @@ import threading
 from pathlib import Path
 
 import pytest
+import validate_support as support
 
 from ctxkernel import Kernel, Message, ScriptedModel, load_profile
 from ctxkernel.cli import main
 from ctxkernel.store.jsonl import JsonlStore
 
 REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location(
-    "ctxkernel_tests_validate_support", Path(__file__).with_name("validate_support.py")
-)
-support = sys.modules.get(_spec.name) or importlib.util.module_from_spec(_spec)
-if _spec.name not in sys.modules:
-    sys.modules[_spec.name] = support
-    _spec.loader.exec_module(support)
 
 
 @pytest.fixture(autouse=True)

@@ -4,23 +4,17 @@ snippet on the page can drift from the API (the settings snippet once read a raw
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import re
 import sys
 from pathlib import Path
 
 import pytest
+import validate_support as support
 
 from ctxkernel.validate import validate_profile
 
 REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location(
-    "ctxkernel_tests_validate_support", Path(__file__).with_name("validate_support.py")
-)
-support = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = support
-_spec.loader.exec_module(support)
 
 
 def hooks_page_source() -> str:

@@ -6,26 +6,15 @@ them to the first search)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
+import drawn_support as drawn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ctxkernel import Message
 from ctxkernel.instructions import Instruction, _search_kept, normalized, pin_lost
 from ctxkernel.testing import build_kernel
-
-# the steps of a drawn session the property tests share (tests/drawn_support.py)
-_spec = importlib.util.spec_from_file_location(
-    "ctxkernel_tests_drawn_support", Path(__file__).with_name("drawn_support.py")
-)
-drawn = sys.modules.get(_spec.name) or importlib.util.module_from_spec(_spec)
-if _spec.name not in sys.modules:
-    sys.modules[_spec.name] = drawn
-    _spec.loader.exec_module(drawn)
 
 WINDOW = {"context_window": 60000, "reserved_output_tokens": 500}
 WORDS = st.sampled_from(["keep", "the", "parser", "x.", "42", "é", "ﬁ"])

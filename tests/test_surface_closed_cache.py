@@ -4,26 +4,15 @@ remembered verdict is always the one a fresh check gives, whatever was appended 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
+import drawn_support as drawn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ctxkernel.errors import SurfaceError
 from ctxkernel.surface import Surface
 from ctxkernel.testing import build_kernel
-
-# the steps of a drawn session the surface property tests share (tests/drawn_support.py)
-_spec = importlib.util.spec_from_file_location(
-    "ctxkernel_tests_drawn_support", Path(__file__).with_name("drawn_support.py")
-)
-drawn = sys.modules.get(_spec.name) or importlib.util.module_from_spec(_spec)
-if _spec.name not in sys.modules:
-    sys.modules[_spec.name] = drawn
-    _spec.loader.exec_module(drawn)
 
 
 def verdict(surface: Surface, nodes: list[Any]) -> str | None:

@@ -3,16 +3,15 @@ validated, actions are POST-only and CSRF-protected. The pages in a real browser
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 from unittest import mock
 
 import pytest
 
 pytest.importorskip("starlette", reason="the inspector needs the 'ui' extra")
+import ui_support as support
 from starlette.testclient import TestClient
 
 from ctxkernel import Message, ToolCallBlock
@@ -23,11 +22,6 @@ from ctxkernel.ui import create_app
 from ctxkernel.ui.data import MAX_SCAN
 
 REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("ctxkernel_tests_ui_support", Path(__file__).with_name("ui_support.py"))
-support = sys.modules.get(_spec.name) or importlib.util.module_from_spec(_spec)
-if _spec.name not in sys.modules:
-    sys.modules[_spec.name] = support
-    _spec.loader.exec_module(support)
 
 LOCAL = "http://127.0.0.1"
 

@@ -9,7 +9,6 @@ go to the test's tmp dir (``screenshots/``); set ``CTXKERNEL_UI_SCREENSHOTS=DIR`
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -18,15 +17,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import ui_support as support
 
 pytest.importorskip("starlette", reason="the inspector needs the 'ui' extra")
 playwright = pytest.importorskip("playwright.sync_api", reason="browser tests need playwright (requirements-dev.txt)")
 
-_spec = importlib.util.spec_from_file_location("ctxkernel_tests_ui_support", Path(__file__).with_name("ui_support.py"))
-support = sys.modules.get(_spec.name) or importlib.util.module_from_spec(_spec)
-if _spec.name not in sys.modules:
-    sys.modules[_spec.name] = support
-    _spec.loader.exec_module(support)
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 ARGS = [

@@ -9,7 +9,6 @@ dir (``screenshots-firefox/``); ``CTXKERNEL_UI_SCREENSHOTS=DIR`` copies them the
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -17,25 +16,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import firefox_bidi as bidi
 import pytest
+import ui_support as support
 
 pytest.importorskip("starlette", reason="the inspector needs the 'ui' extra")
 pytest.importorskip(
     "websockets", reason="the Firefox test speaks WebDriver BiDi with websockets (requirements-dev.txt)"
 )
 
-
-def _load(name: str, file: str):
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(file))
-    module = sys.modules.get(spec.name) or importlib.util.module_from_spec(spec)
-    if spec.name not in sys.modules:
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    return module
-
-
-support = _load("ctxkernel_tests_ui_support", "ui_support.py")
-bidi = _load("ctxkernel_tests_firefox_bidi", "firefox_bidi.py")
 
 #: every element and attribute a hostile message could have smuggled in, checked in the live DOM
 DOM_CHECK = """(() => {

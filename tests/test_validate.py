@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+import validate_support as support
 
 from ctxkernel.validate import ValidationReport, network_disabled, validate_profile
 
 REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location(
-    "ctxkernel_tests_validate_support", Path(__file__).with_name("validate_support.py")
-)
-support = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = support
-_spec.loader.exec_module(support)
 
 
 @pytest.fixture(autouse=True)
