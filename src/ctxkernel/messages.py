@@ -140,6 +140,9 @@ class Message:
     @property
     def text(self) -> str:
         """The concatenated text blocks (tool results contribute their content)."""
+        content = self.content
+        if len(content) == 1 and content[0].type == "text":  # the usual message: no list, no join
+            return content[0].text
         parts = []
         for b in self.content:
             if b.type == "text":

@@ -267,9 +267,7 @@ def extractive_summary(messages: list[Message], *, max_chars: int = 12_000) -> s
         if role == "user":
             kind = message.source.kind
             if kind == "user":
-                content = message.content  # one text block, usually: its text is the message's
-                text = content[0].text if len(content) == 1 and content[0].type == "text" else message.text
-                requests.append("User: " + _line(text, 600))
+                requests.append("User: " + _line(message.text, 600))
             elif kind == "plugin":
                 text = message.text
                 if CHECKPOINT_OPEN in text:
