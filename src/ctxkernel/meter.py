@@ -201,6 +201,10 @@ _HEADER_COUNTS: dict[tuple[Any, str, str], int] = {}
 #: counted once per process
 _FRAME_COUNTS: dict[tuple[Tokenizer, str, str], int | None] = {}
 _FRAME_ENTRIES = 64
+#: (tokenizer, text) -> tokens of a text that is the same in every session (a strategy's fixed
+#: heading), counted once per process (:meth:`Meter.count_fixed`)
+_FIXED_COUNTS: dict[tuple[Tokenizer, str], int] = {}
+_FIXED_ENTRIES = 256
 
 
 def _frames_a_number(prefix: str, suffix: str) -> bool:
@@ -298,6 +302,18 @@ class Meter:
         if frame is None:
             return self.count_text(f"{prefix}{number}{suffix}")
         return frame + (len(str(number)) + 2) // 3
+
+    def count_fixed(self, text: str) -> int:
+        """Tokens of ``text``, a text that is the same in every session (a strategy's fixed
+        heading or frame, never a session's value): tokenised once per process and tokenizer, as
+        :meth:`count_numbered`'s frames are."""
+        key = (self.tokenizer, text)
+        tokens = _FIXED_COUNTS.get(key)
+        if tokens is None:
+            if len(_FIXED_COUNTS) >= _FIXED_ENTRIES:
+                _FIXED_COUNTS.clear()  # a few fixed texts per strategy in practice; bounded anyway
+            tokens = _FIXED_COUNTS[key] = self.count_text(text)
+        return tokens
 
     def _frame_count(self, prefix: str, suffix: str) -> int | None:
         """Tokens of ``prefix`` and ``suffix`` around a number, or None when the number's cuts

@@ -449,7 +449,7 @@ def count_toc(meter: Any, pieces: list[str], kept: dict[str, int]) -> int:
         # the fixed start (the same in every table of contents) is counted once per process; the
         # cut after it, a newline before the first bullet, is exact (count_joined checks it)
         parts.append(toc.FIXED_HEAD)
-        counts.append(fixed_head_tokens(meter))
+        counts.append(meter.count_fixed(toc.FIXED_HEAD))
         pieces = [head[len(toc.FIXED_HEAD) :], *pieces[1:]]
     for piece in pieces:
         known = kept.get(piece)
@@ -459,22 +459,6 @@ def count_toc(meter: Any, pieces: list[str], kept: dict[str, int]) -> int:
         parts.append(piece)
         counts.append(known)
     return int(meter.count_joined(parts, counts))
-
-
-#: tokenizer -> tokens of :data:`toc.FIXED_HEAD` (a few tokenizers per process; bounded anyway)
-_FIXED_HEAD_TOKENS: dict[Any, int] = {}
-
-
-def fixed_head_tokens(meter: Any) -> int:
-    """The meter's count of :data:`toc.FIXED_HEAD`, tokenised once per tokenizer in this process
-    (as the kernel counts an instruction block's fixed frame: ``Meter.count_numbered``)."""
-    tokenizer = meter.tokenizer
-    tokens = _FIXED_HEAD_TOKENS.get(tokenizer)
-    if tokens is None:
-        if len(_FIXED_HEAD_TOKENS) >= 16:
-            _FIXED_HEAD_TOKENS.clear()
-        tokens = _FIXED_HEAD_TOKENS[tokenizer] = int(meter.count_text(toc.FIXED_HEAD))
-    return tokens
 
 
 @dataclass(frozen=True)

@@ -182,23 +182,12 @@ SWITCH_REASONS = ("manual", "threshold", "requested", "overflow")
 FIXED_PARTS = frozenset(
     {_RECOVERABLE, _INSTRUCTIONS_HEAD + "\n", _ACTIVITY_HEAD + "\n", *(f' reason="{r}"' for r in SWITCH_REASONS)}
 )
-#: (tokenizer name, one of FIXED_PARTS) -> its tokens, for the whole process
-_FIXED_COUNTS: dict[tuple[str, str], int] = {}
 
 
-def fixed_count(meter: LineMeter, text: str) -> int | None:
-    """The count of ``text`` when it is one of :data:`FIXED_PARTS` (counted once per process and
-    tokenizer), else None."""
-    if text not in FIXED_PARTS:
-        return None
-    name = getattr(getattr(meter, "tokenizer", None), "name", None)
-    if name is None:
-        return None
-    key = (name, text)
-    tokens = _FIXED_COUNTS.get(key)
-    if tokens is None:
-        tokens = _FIXED_COUNTS[key] = meter.count_text(text)
-    return tokens
+def fixed_count(meter: Any, text: str) -> int | None:
+    """The count of ``text`` when it is one of :data:`FIXED_PARTS` (``Meter.count_fixed``: once
+    per process and tokenizer), else None."""
+    return meter.count_fixed(text) if text in FIXED_PARTS else None
 
 
 def quoted_instruction(history: History, seq: int, instruction_chars: int) -> str:
