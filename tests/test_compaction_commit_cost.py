@@ -175,7 +175,9 @@ def test_one_renewer_thread_renews_every_held_lease(tmp_path):
 
     from ctxkernel.lease import CompactionLease
 
-    kernel = build_kernel(tmp_path, model=WINDOW, store={"lease_seconds": 0.3})
+    # a term long enough that a loaded machine's scheduling stalls cannot lose a lease, polled for
+    # its renewal rather than slept past a fixed time (a fixed 0.45 s failed under a load of 12)
+    kernel = build_kernel(tmp_path, model=WINDOW, store={"lease_seconds": 1.2})
     sessions = [kernel.open_session() for _ in range(3)]
     leases = [CompactionLease(s) for s in sessions]
     files = [tmp_path / "leases" / (urllib.parse.quote(lease.name, safe="") + ".json") for lease in leases]
@@ -184,13 +186,15 @@ def test_one_renewer_thread_renews_every_held_lease(tmp_path):
         lease.acquire()
     assert threading.active_count() <= threads + 1  # one renewer for all, started at most once
     first = [orjson.loads(f.read_bytes())["expires"] for f in files]
-    time.sleep(0.45)  # past a third of the term: every lease renewed at least once
-    assert all(orjson.loads(f.read_bytes())["expires"] > e for f, e in zip(files, first, strict=True))
+    deadline = time.monotonic() + 10
+    while not all(orjson.loads(f.read_bytes())["expires"] > e for f, e in zip(files, first, strict=True)):
+        assert time.monotonic() < deadline, "a held lease was not renewed within 10 s"
+        time.sleep(0.05)  # every lease is renewed at a third of its term
     assert not any(lease.lost.is_set() for lease in leases)
     for lease in leases:
         lease.release()
     assert not any(f.exists() for f in files)
-    time.sleep(0.25)  # a released lease is not renewed back into existence
+    time.sleep(0.5)  # past a third of the term: a released lease is not renewed back into existence
     assert not any(f.exists() for f in files)
     again = CompactionLease(sessions[0])
     again.acquire()
@@ -217,23 +221,23 @@ def test_the_renewer_is_not_woken_for_a_lease_it_renews_in_time_anyway():
     renewals = Renewals()
     real, notified = renewals._cond.notify, []
     renewals._cond.notify = lambda *a: (notified.append(1), real(*a))  # type: ignore[method-assign]
-    first = Probe(0.3)
+    first = Probe(0.9)  # terms long enough for a loaded machine's scheduling slack (0.3 s)
     renewals.add(first)
     time.sleep(0.05)  # the thread is waiting now
     renewals.discard(first)
-    later = [Probe(0.3), Probe(0.6)]
+    later = [Probe(0.9), Probe(1.8)]
     added = time.monotonic()
     for probe in later:
         renewals.add(probe)
     assert notified == []
-    short = Probe(0.09)
+    short = Probe(0.27)
     renewals.add(short)
     assert notified == [1]  # due before the thread would wake by itself
-    time.sleep(0.5)
+    time.sleep(1.0)
     for probe in [*later, short]:
         assert probe.renewed, probe.seconds
         # renewed by a third of its term (plus scheduling slack), far inside the term itself
-        assert probe.renewed[0] - added < probe.seconds / 3 + 0.15
+        assert probe.renewed[0] - added < probe.seconds / 3 + 0.3
     for probe in [*later, short]:
         renewals.discard(probe)
     renewals.add(calm := Probe(60.0))  # the idle thread left behind wakes every 20 s, not 30 ms

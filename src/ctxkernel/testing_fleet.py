@@ -148,16 +148,23 @@ class _AckingStore:
             time.sleep(self._dawdle)
 
 
+#: file reads every turn makes before the scripted model may stop: with this floor every session
+#: reaches its strategy's threshold within three turns (at most two reads a turn left some basic and
+#: chapters sessions of the quick tier below it, and one run in a few without their compactions)
+READS_PER_TURN = 3
+
+
 def _reply_script(turn_seed: str) -> Any:
-    """The scripted model of one turn: a tool call on each step but the last, then an answer."""
+    """The scripted model of one turn: a file read on each step but the last, then an answer."""
 
     replies = iter(range(1_000_000))
 
     def script(messages: list[Any], system: str, tools: list[dict[str, Any]]) -> Any:
         from .messages import Message, ToolCallBlock
 
-        digest = hashlib.sha256(f"{turn_seed}/{next(replies)}".encode()).hexdigest()
-        if int(digest[:2], 16) < 170:  # about two thirds of the steps read a file
+        step = next(replies)
+        digest = hashlib.sha256(f"{turn_seed}/{step}".encode()).hexdigest()
+        if step < READS_PER_TURN or int(digest[:2], 16) < 170:  # then two thirds of the steps read a file
             call = ToolCallBlock(f"call_{digest[:12]}", "read", {"path": f"src/{digest[2:8]}.py"})
             return Message.assistant(f"Reading src/{digest[2:8]}.py.", [call])
         return Message.assistant(f"Done with this step ({digest[:8]}).")
