@@ -150,8 +150,14 @@ class Upstream:
     """POST/GET to a provider base URL with the bounds of :class:`Limits`."""
 
     def __init__(self, limits: Limits | None = None) -> None:
-        self.limits = limits or Limits()
+        self.limits = limits = limits or Limits()
         self._session: aiohttp.ClientSession | None = None
+        # the deadline is aiohttp's own timer over the whole call, reading the reply included
+        # (``total``): one timer handle, where a cancel scope of its own cost about 20 µs a call.
+        # Built once: the limits are frozen, and a ``ClientTimeout`` is an immutable value
+        self._whole = aiohttp.ClientTimeout(
+            total=limits.deadline_seconds, sock_connect=limits.connect_seconds, sock_read=limits.read_seconds
+        )
 
     def _client(self) -> aiohttp.ClientSession:
         # made on first use: a session belongs to the event loop it was made in
@@ -191,14 +197,8 @@ class Upstream:
         """One whole request, read to the end (bounded)."""
         started = time.perf_counter()
         content = encoded(body) if body is not None else None
-        limits = self.limits
-        # the deadline is aiohttp's own timer over the whole call, reading the reply included
-        # (``total``): one timer handle, where a cancel scope of its own cost about 20 µs a call
-        whole = aiohttp.ClientTimeout(
-            total=limits.deadline_seconds, sock_connect=limits.connect_seconds, sock_read=limits.read_seconds
-        )
         try:
-            response = await self._send(method, url, headers, content, whole)
+            response = await self._send(method, url, headers, content, self._whole)
             try:
                 data = await self._read(response)
             finally:
