@@ -25,7 +25,7 @@ from __future__ import annotations
 import codecs
 import re
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -83,7 +83,23 @@ class Chunks(list[bytes]):
     """A request body as pieces, in order: the body is their concatenation. A wire module gives
     its body so when it has it in pieces already (the OpenAI body: each surface message's cached
     JSON), so that it is never joined into one copy: the pieces go to the socket in one
-    ``writev``."""
+    ``writev``.
+
+    ``size`` is the body's length when the wire module knows it already (the OpenAI body keeps
+    its messages' total from one request to the next): summing the lengths of 855 pieces cost
+    about 80 µs a request at 100k tokens (``bench_serve.py``). Without it, :attr:`nbytes` sums
+    them."""
+
+    def __init__(self, pieces: Iterable[bytes] = (), size: int | None = None) -> None:
+        super().__init__(pieces)
+        self._nbytes = size
+
+    @property
+    def nbytes(self) -> int:
+        """The body's length in bytes: the sum of the pieces' lengths."""
+        if self._nbytes is None:
+            self._nbytes = sum(map(len, self))
+        return self._nbytes
 
 
 class BodyPayload(aiohttp.payload.Payload):
@@ -99,7 +115,7 @@ class BodyPayload(aiohttp.payload.Payload):
 
     def __init__(self, value: bytes | Chunks, **kwargs: Any) -> None:
         super().__init__(value, **kwargs)
-        self._length = len(value) if isinstance(value, bytes) else sum(map(len, value))
+        self._length = len(value) if isinstance(value, bytes) else value.nbytes
         self._size = self._length
 
     def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
