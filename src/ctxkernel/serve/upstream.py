@@ -88,7 +88,7 @@ class Chunks(list[bytes]):
     ``size`` is the body's length when the wire module knows it already (the OpenAI body keeps
     its messages' total from one request to the next): summing the lengths of 855 pieces cost
     about 80 µs a request at 100k tokens (``bench_serve.py``). Without it, :attr:`nbytes` sums
-    them."""
+    them (once: a body's pieces are not changed after it is made)."""
 
     def __init__(self, pieces: Iterable[bytes] = (), size: int | None = None) -> None:
         super().__init__(pieces)
