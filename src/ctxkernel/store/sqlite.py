@@ -114,8 +114,8 @@ CREATE TABLE IF NOT EXISTS blob_chunks (
 """
 
 
-#: rows per INSERT statement of an append, largest first: a batch goes in as few multi-row
-#: statements as these sizes allow (one row of ``executemany`` costs ~2 us of binding and
+#: rows per INSERT statement of an append (powers of two), largest first: a batch goes in as few
+#: multi-row statements as these sizes allow (one row of ``executemany`` costs ~2 us of binding and
 #: stepping, a row of a multi-row statement about half), and no connection ever prepares more
 #: than these seven statements (64 rows bind 130 parameters: under every SQLite's limit)
 INSERT_CHUNKS = (64, 32, 16, 8, 4, 2, 1)
@@ -318,10 +318,10 @@ class SqliteStore(SyncDeferral):
             if found[0] != expected_seq:
                 raise ConflictError(session_id, expected_seq, found[0])
             try:
-                offset = 0
-                while offset < len(events):
-                    rows = next(size for size in INSERT_CHUNKS if size <= len(events) - offset)
-                    pairs = typed_bodies[2 * offset : 2 * (offset + rows)]
+                offset, count = 0, len(events)
+                while offset < count:
+                    rows = min(INSERT_CHUNKS[0], 1 << ((count - offset).bit_length() - 1))  # the largest that fits
+                    pairs = typed_bodies if rows == count else typed_bodies[2 * offset : 2 * (offset + rows)]
                     db.execute(_insert_events_sql(rows), [session_id, expected_seq + offset, *pairs])
                     offset += rows
             except sqlite3.IntegrityError as exc:
