@@ -261,15 +261,11 @@ class History:
         head, self._head = self._head, 0
         if not head:
             return
-        events = self.session.events
         names: dict[str, str] = {}
         seqs: dict[str, int] = {}
         instructions: list[int] = []
-        roles = []
-        for i in range(head):
-            event = events[i]
-            self._index(event, names, seqs, instructions)
-            roles.append(self.role_of(event))
+        roles: list[str] = []
+        self._scan(self.session.events[:head], names, seqs, instructions, roles, fold=False)
         self._role_by_seq[:0] = roles
         self._instructions[:0] = instructions
         self._tool_names = {**names, **self._tool_names}
@@ -305,50 +301,76 @@ class History:
             return 0
         if not self.windows[0].started:
             self.windows[0].started = events[0].time
-        fold, role_of, roles = self._fold, self.role_of, self._role_by_seq
-        index, names, seqs, instructions = self._index, self._tool_names, self._call_seqs, self._instructions
-        for i in range(start, end):
-            event = events[i]
-            index(event, names, seqs, instructions)
-            fold(event)
-            roles.append(role_of(event))
+        self._scan(
+            events[start:end], self._tool_names, self._call_seqs, self._instructions, self._role_by_seq, fold=True
+        )
         self.cursor = end
         self.scanned += end - start
         return end - start
 
-    @staticmethod
-    def _index(event: Event, names: dict[str, str], seqs: dict[str, int], instructions: list[int]) -> None:
-        """The per-event indexes' part of the fold (rebuilt on demand for a snapshot's head)."""
-        t = event.type
-        if t == ASSISTANT_MESSAGE:
-            for block in event.data["message"].get("content", ()):
-                if block.get("type") == "tool_call":
-                    call_id = block.get("id")
-                    names[call_id] = block.get("name")
-                    seqs[call_id] = event.seq
-        elif t == USER_MESSAGE:
-            if (event.surface or {}).get("op") == "append" and _source_kind(event.data) == "user":
-                instructions.append(event.seq)
+    def _scan(
+        self,
+        events: Sequence[Event],
+        names: dict[str, str],
+        seqs: dict[str, int],
+        instructions: list[int],
+        roles: list[str],
+        *,
+        fold: bool,
+    ) -> None:
+        """One pass over ``events``: the per-event indexes (call ids, user-written instructions,
+        :meth:`role_of` of each event) and, with ``fold``, the windows and task pointers (kept in
+        snapshots; a snapshot's head is scanned without them). One dispatch on the type per
+        event, message types first: a first build of a long log is this loop."""
+        add_role, assistant, user, tool = roles.append, ASSISTANT_MESSAGE, USER_MESSAGE, TOOL_RESULT
+        for event in events:
+            t = event.type
+            if t == assistant:
+                add_role("assistant")
+                blocks = event.data["message"].get("content", ())
+                todo = False
+                for block in blocks:
+                    if block.get("type") == "tool_call":
+                        call_id, name = block.get("id"), block.get("name")
+                        names[call_id] = name
+                        seqs[call_id] = event.seq
+                        if fold and name in TODO_TOOLS:
+                            todo = True
+                if todo:  # rare: the loop above stays free of an enumerate per message
+                    self._fold_todo(event.seq, blocks)
+            elif t == user:
+                message = event.data["message"]
+                written = (message.get("source") or {}).get("kind", "user") == "user"  # _source_kind, inlined
+                add_role("user" if written else "plugin")
+                if written and (event.surface or {}).get("op") == "append":
+                    instructions.append(event.seq)
+                    if fold and self._goal_scanned < GOAL_SCAN:
+                        self._fold_goal(event)
+            elif t == tool:
+                add_role("tool")
+            else:
+                add_role("summary" if t == COMPACTION_SUMMARY else "event")
+                if fold:
+                    self._fold(event)
+
+    def _fold_todo(self, seq: int, blocks: Sequence[dict[str, Any]]) -> None:
+        """An assistant message with a todo-list call: the last such call is the checklist."""
+        for i, block in enumerate(blocks):
+            if block.get("type") == "tool_call" and block.get("name") in TODO_TOOLS:
+                self.todo_seq, self.todo_call = seq, i
+
+    def _fold_goal(self, event: Event) -> None:
+        """One of the first GOAL_SCAN user-written messages: the goal when it is substantive."""
+        self._goal_scanned += 1
+        if substantive(self.text_of(event)):
+            self.goal_instruction, self._goal_scanned = event.seq, GOAL_SCAN
+        elif self.goal_instruction is None:
+            self.goal_instruction = event.seq
 
     def _fold(self, event: Event) -> None:
-        """The windows' and task pointers' part of the fold (kept in snapshots)."""
+        """The windows' and task pointers' part of the fold for the other event types."""
         t = event.type
-        if t == ASSISTANT_MESSAGE:
-            for i, block in enumerate(event.data["message"].get("content", ())):
-                if block.get("type") == "tool_call" and block.get("name") in TODO_TOOLS:
-                    self.todo_seq, self.todo_call = event.seq, i
-        elif t == USER_MESSAGE:
-            if (
-                self._goal_scanned < GOAL_SCAN
-                and (event.surface or {}).get("op") == "append"
-                and _source_kind(event.data) == "user"
-            ):
-                self._goal_scanned += 1
-                if substantive(self.text_of(event)):
-                    self.goal_instruction, self._goal_scanned = event.seq, GOAL_SCAN
-                elif self.goal_instruction is None:
-                    self.goal_instruction = event.seq
-        elif t == SESSION_TASK:
+        if t == SESSION_TASK:
             d = event.data
             if isinstance(d.get("goal"), str):
                 self.goal_seq = event.seq if d["goal"] else None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import os
 import threading
 import time
@@ -373,13 +374,10 @@ class JsonlStore(SyncDeferral):
     # -- writing -------------------------------------------------------------------------------
     def append(self, session_id: str, events: Sequence[Event], expected_seq: int) -> None:
         check_batch(events, expected_seq)
-        lines = []
-        last = len(events) - 1
-        for i, event in enumerate(events):
-            raw = event.to_dict()
-            if i != last:
-                raw[_MORE] = True
-            lines.append(orjson.dumps(raw))
+        raws = [event.to_dict() for event in events]
+        for raw in raws[:-1]:
+            raw[_MORE] = True  # every event of the batch but the last: see the module doc
+        lines = list(map(orjson.dumps, raws))
         payload = b"\n".join(lines) + b"\n"
         with self._locked(session_id) as f:
             index, _, _ = self._scan(session_id, locked=f)
@@ -398,11 +396,9 @@ class JsonlStore(SyncDeferral):
                 f.truncate(index.end)
                 raise
             with self._mutex:
-                offset = index.end
-                for line in lines:
-                    index.offsets.append(offset)
-                    offset += len(line) + 1
-                index.end = offset
+                # each line starts where the one before it ends, past its newline
+                index.offsets.extend(itertools.accumulate([len(line) + 1 for line in lines[:-1]], initial=index.end))
+                index.end += len(payload)
 
     # -- snapshots -----------------------------------------------------------------------------
     # ``<id>.snapshot`` beside the log: a position line {"covers", "at", "end", "length"} (the
