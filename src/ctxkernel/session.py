@@ -210,6 +210,11 @@ def normalize_usage(usage: Any) -> dict[str, int] | None:
     }
 
 
+#: what Session.pressure() reads: its estimate, the header digest, the usage anchor, the window and
+#: the output reservation
+_PressureKey = tuple[int, str, tuple[int, int, str | None] | None, int, int]
+
+
 class Session:
     """One agent session: its log, surface, meter and tools. Create it with ``Kernel.open_session``."""
 
@@ -281,7 +286,7 @@ class Session:
         self._last_decoration_delta = 0
         #: the last pressure() answer and what it was computed from (its estimate, header digest,
         #: anchor and window): a request asks three to five times with nothing changed between
-        self._pressure_memo: tuple[tuple[int, str, tuple[int, int, str | None] | None, int, int], Pressure] | None = None
+        self._pressure_memo: tuple[_PressureKey, Pressure] | None = None
         #: (log length, effective window) at which guard.excerpt_oversized last found no message
         #: over its bound: the surface is a fold of the log, so a second pass at the same length
         #: and window (basic's pre_step, then the kernel's own) would find none either
@@ -881,7 +886,8 @@ class Session:
                     tolerance_factor=USAGE_TOLERANCE_FACTOR,
                     slack_tokens=USAGE_SLACK_TOKENS,
                 )
-        pressure = Pressure(tokens, model.effective_window, model.context_window, model.reserved_output_tokens, anchored)
+        window, reserved = model.context_window, model.reserved_output_tokens
+        pressure = Pressure(tokens, model.effective_window, window, reserved, anchored)
         self._pressure_memo = (key, pressure)
         return pressure
 
