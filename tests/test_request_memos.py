@@ -61,7 +61,7 @@ def no_memos() -> Iterator[None]:
         return pressure(self)
 
     def excerpt_fresh(session: Session) -> Any:
-        session.oversized_clear_at = None
+        session._oversized_clear_at = None
         return excerpt(session)
 
     with (
@@ -114,7 +114,7 @@ def check_memos(session: Session) -> None:
     memoised = session.pressure()
     assert memoised == fresh_pressure(session)
     window = memoised.effective_window
-    if session.oversized_clear_at == (len(session.events), window):
+    if session._oversized_clear_at == (len(session.events), window):
         cap = int(MAX_MESSAGE_SHARE * window)
         assert all(session.meter.node_tokens(n) <= cap for n in session.surface.nodes)
 

@@ -68,12 +68,12 @@ def excerpt_oversized(session: Session) -> CommitResult | None:
     window = session.pressure().effective_window  # also counts every new node
     # nothing folded and the same window since a pass that found nothing: none now either
     clear_at = (len(session.events), window)
-    if session.oversized_clear_at == clear_at:
+    if session._oversized_clear_at == clear_at:
         return None
     cap = int(MAX_MESSAGE_SHARE * window)
     chosen = [n for n in _large_nodes(session, cap) if session.meter.node_tokens(n) > cap]
     if not chosen:
-        session.oversized_clear_at = clear_at
+        session._oversized_clear_at = clear_at
         return None
     return _excerpt(session, chosen, window, reason="oversized")
 

@@ -290,7 +290,7 @@ class Session:
         #: (log length, effective window) at which guard.excerpt_oversized last found no message
         #: over its bound: the surface is a fold of the log, so a second pass at the same length
         #: and window (basic's pre_step, then the kernel's own) would find none either
-        self.oversized_clear_at: tuple[int, int] | None = None
+        self._oversized_clear_at: tuple[int, int] | None = None
         self._system_cache: tuple[int, str, list[dict[str, Any]], str, int] | None = None
         self._tools_generation = -1
         self._header_tools: list[dict[str, Any]] = []
