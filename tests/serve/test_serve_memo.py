@@ -205,6 +205,41 @@ def test_the_upstream_body_bytes_are_the_body_whatever_the_cache_holds(steps, st
         }
 
 
+@settings(max_examples=150, deadline=None)
+@given(SURFACE_STEPS, st.lists(st.booleans(), min_size=12, max_size=12))
+def test_the_kept_size_of_the_wire_forms_is_their_measure_summed_afresh(steps, measured):
+    # the size kept from call to call (the last call's total plus the new nodes') is the sum of
+    # the forms' measures computed afresh, whether or not the calls before it measured
+    from ctxkernel.messages import Message
+    from ctxkernel.serve.wire import wire_forms
+
+    def convert(message: Message) -> bytes:
+        return orjson.dumps(message.to_dict()) + b","
+
+    cache: dict = {}
+    for i, nodes in enumerate(_surfaces(steps, lambda seq: Message.user(f"m{seq}" * (seq % 5)))):
+        seqs, messages = [s for s, _ in nodes], [m for _, m in nodes]
+        forms = wire_forms(seqs, messages, cache, convert, measure=len if measured[i] else None)
+        assert forms == [convert(m) for m in messages]
+        assert forms.size == (sum(map(len, forms)) if measured[i] else 0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(SURFACE_STEPS, st.booleans(), st.sampled_from(["", "You are terse."]))
+def test_the_upstream_pieces_carry_the_length_of_their_concatenation(steps, stream, system):
+    from types import SimpleNamespace
+
+    from ctxkernel.messages import Message
+    from ctxkernel.serve.upstream import Chunks
+
+    client = openai_wire.parse_request(orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+    cache: dict = {}
+    for nodes in _surfaces(steps, lambda seq: (Message.user if seq % 2 else Message.assistant)(f"m{seq} é")):
+        request = SimpleNamespace(seqs=[s for s, _ in nodes], messages=[m for _, m in nodes], system=system)
+        chunks = openai_wire.upstream_chunks(client, request, [], stream=stream, cache=cache)
+        assert chunks.nbytes == len(b"".join(chunks)) == Chunks(list(chunks)).nbytes
+
+
 # -- parsing only what a body appends (MessageMemo.parse) ---------------------------------------------------
 def _encode(body: dict, style: int) -> bytes:
     """A client's own JSON formatting: orjson, the standard library compact or with spaces (the

@@ -140,9 +140,13 @@ def upstream_chunks(
     if stream:  # always asked for: the usage anchors the session's pressure
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
     cache = {} if cache is None else cache
-    forms = wire_forms(request.seqs, request.messages, cache, encoded_item)
+    # the messages' byte total comes with them (kept from the last request, plus the new ones)
+    forms = wire_forms(request.seqs, request.messages, cache, encoded_item, measure=len)
+    size = forms.size
     if request.system:
-        forms.insert(0, _system_item(request.system))
+        system = _system_item(request.system)
+        forms.insert(0, system)
+        size += len(system)
     rest = orjson.dumps(body)  # an object with at least "model" and "stream": b'{...}'
     head = rest[:-1] + b',"messages":['
     if not forms:
@@ -151,7 +155,7 @@ def upstream_chunks(
     # (``wire_forms`` returns a list of its own)
     forms[-1] = forms[-1][:-1] + b"]}"
     forms.insert(0, head)
-    return Chunks(forms)
+    return Chunks(forms, size=size + 1 + len(head))
 
 
 #: what the upstream call sends: the pieces, written without joining them

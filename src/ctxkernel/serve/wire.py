@@ -495,24 +495,41 @@ async def iter_sse(lines: AsyncIterator[str]) -> AsyncIterator[SSEEvent]:
         yield SSEEvent(event, "\n".join(data))
 
 
+class Forms(list[Any]):
+    """:func:`wire_forms`' answer: the forms in surface order, and with a ``measure`` the sum of
+    their measures (``size``; 0 without one)."""
+
+    size: int = 0
+
+
 def wire_forms(
-    seqs: list[int], messages: list[Message], cache: dict[Any, Any], convert: Callable[[Message], Any]
-) -> list[Any]:
+    seqs: list[int],
+    messages: list[Message],
+    cache: dict[Any, Any],
+    convert: Callable[[Message], Any],
+    measure: Callable[[Any], int] | None = None,
+) -> Forms:
     """Each surface message in its wire form, converted once per node: ``cache`` (per session)
     maps a node's seq to the message object it was converted from and the result, so a request
     costs the new nodes only; entries for nodes that left the surface are dropped.
 
     The last call's nodes are kept too (under ``"last"``): when this request's surface starts
     with them, the same seqs holding the same message objects (compared in C), their forms are
-    taken as a whole and only the nodes after them are looked at one by one."""
-    forms: list[Any] = []
+    taken as a whole and only the nodes after them are looked at one by one. With a ``measure``
+    (``len`` of the JSON bytes), ``size`` is the forms' total, kept with them the same way: the
+    kept nodes' total plus the new nodes' measures."""
+    forms = Forms()
     done = 0
+    size = 0
     last = cache.get("last")
     if last is not None:
-        old_seqs, old_messages, old_forms = last
+        old_seqs, old_messages, old_forms, old_size = last
         done = len(old_seqs)
         if done <= len(seqs) and seqs[:done] == old_seqs and all(map(operator.is_, messages[:done], old_messages)):
-            forms = list(old_forms)
+            forms = Forms(old_forms)
+            if measure is not None:
+                # kept by a call with no measure (or another one): measured afresh
+                size = old_size[1] if old_size is not None and old_size[0] is measure else sum(map(measure, old_forms))
         else:
             done = 0
     for i in range(done, len(seqs)):
@@ -522,7 +539,10 @@ def wire_forms(
             hit = (message, convert(message))
             cache[seq] = hit
         forms.append(hit[1])
-    cache["last"] = (list(seqs), list(messages), list(forms))
+        if measure is not None:
+            size += measure(hit[1])
+    forms.size = size
+    cache["last"] = (list(seqs), list(messages), list(forms), None if measure is None else (measure, size))
     if len(cache) > 2 * len(seqs) + 64:  # forget nodes that left the surface
         keep = {*seqs, "last"}
         for key in [k for k in cache if k not in keep]:
