@@ -66,9 +66,16 @@ def excerpt_oversized(session: Session) -> CommitResult | None:
     is excerpted instead of the head being summarised around it. Returns the committed
     transaction, or None when nothing was over the bound (or the transaction was refused)."""
     window = session.pressure().effective_window  # also counts every new node
+    # nothing folded and the same window since a pass that found nothing: none now either
+    clear_at = (len(session.events), window)
+    if session._oversized_clear_at == clear_at:
+        return None
     cap = int(MAX_MESSAGE_SHARE * window)
     chosen = [n for n in _large_nodes(session, cap) if session.meter.node_tokens(n) > cap]
-    return _excerpt(session, chosen, window, reason="oversized") if chosen else None
+    if not chosen:
+        session._oversized_clear_at = clear_at
+        return None
+    return _excerpt(session, chosen, window, reason="oversized")
 
 
 def _large_nodes(session: Session, above: int) -> list[Node]:

@@ -210,6 +210,11 @@ def normalize_usage(usage: Any) -> dict[str, int] | None:
     }
 
 
+#: what Session.pressure() reads: its estimate, the header digest, the usage anchor, the window and
+#: the output reservation
+_PressureKey = tuple[int, str, tuple[int, int, str | None] | None, int, int]
+
+
 class Session:
     """One agent session: its log, surface, meter and tools. Create it with ``Kernel.open_session``."""
 
@@ -279,6 +284,13 @@ class Session:
         self.conclude_turn = False
         self._deferred: list[tuple[str, str]] = []
         self._last_decoration_delta = 0
+        #: the last pressure() answer and what it was computed from (its estimate, header digest,
+        #: anchor and window): a request asks three to five times with nothing changed between
+        self._pressure_memo: tuple[_PressureKey, Pressure] | None = None
+        #: (log length, effective window) at which guard.excerpt_oversized last found no message
+        #: over its bound: the surface is a fold of the log, so a second pass at the same length
+        #: and window (basic's pre_step, then the kernel's own) would find none either
+        self._oversized_clear_at: tuple[int, int] | None = None
         self._system_cache: tuple[int, str, list[dict[str, Any]], str, int] | None = None
         self._tools_generation = -1
         self._header_tools: list[dict[str, Any]] = []
@@ -852,6 +864,11 @@ class Session:
         model = self.model_settings()
         _, _, digest, header_tokens = self._system_and_tools()
         estimate = header_tokens + self.meter.surface_tokens() + self._last_decoration_delta
+        # everything the answer reads (the effective window is context_window - reserved)
+        key = (estimate, digest, self._anchor, model.context_window, model.reserved_output_tokens)
+        memo = self._pressure_memo
+        if memo is not None and memo[0] == key:
+            return memo[1]
         anchored = False
         tokens = estimate
         if self._anchor is not None and self._anchor[2] == digest:
@@ -869,7 +886,10 @@ class Session:
                     tolerance_factor=USAGE_TOLERANCE_FACTOR,
                     slack_tokens=USAGE_SLACK_TOKENS,
                 )
-        return Pressure(tokens, model.effective_window, model.context_window, model.reserved_output_tokens, anchored)
+        window, reserved = model.context_window, model.reserved_output_tokens
+        pressure = Pressure(tokens, model.effective_window, window, reserved, anchored)
+        self._pressure_memo = (key, pressure)
+        return pressure
 
     def set_route(self, provider: str, model: str, context_window: int | None = None) -> None:
         """Route the next requests to another model (per-model policies apply from then on).

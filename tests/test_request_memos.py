@@ -1,0 +1,138 @@
+"""The memos a request reads more than once (``Session.pressure`` and the clear mark of
+``guard.excerpt_oversized``) give the answer a fresh computation gives, after every step of a
+drawn session: user messages, replies with tool calls, small and oversized results, compactions,
+routes with and without a window of their own (one too small for the meter's index of large
+nodes, so the bound scans the whole surface), provider usage in and out of the plausible band,
+and a changed system prompt. A second session runs the same steps with both memos switched off
+(cleared before every read): its surface and every pressure must be the same."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ctxkernel import ControlError, Message, Session, ToolCallBlock, guard
+from ctxkernel.guard import MAX_MESSAGE_SHARE
+from ctxkernel.testing import build_kernel
+
+WORDS = "alpha beta gamma delta parser token module error window anchor".split()
+
+
+def words(n: int, seed: int) -> str:
+    return " ".join(WORDS[(seed + i * 7) % len(WORDS)] + str(i % 13) for i in range(n))
+
+
+#: a request: how many tool calls its reply makes, its usage, and how many words each result has
+#: (2,500 are over the bound of the 8,000-token window, so the kernel excerpts them)
+request = st.tuples(
+    st.just("request"),
+    st.integers(0, 2),
+    st.sampled_from(["honest", "honest", "wild", "none"]),
+    st.sampled_from([20, 300, 900, 2_500]),
+)
+step = st.one_of(
+    st.tuples(st.just("user"), st.integers(1, 400)),
+    request,
+    request,
+    st.tuples(st.just("compact")),
+    st.tuples(st.just("route"), st.sampled_from([None, 1_200, 3_000, 6_000, 50_000])),
+    st.tuples(st.just("system"), st.sampled_from([None, "Be brief.", "Answer in French."])),
+)
+
+
+def fresh_pressure(session: Session) -> Any:
+    session._pressure_memo = None
+    return session.pressure()
+
+
+@contextlib.contextmanager
+def no_memos() -> Iterator[None]:
+    """Every read computes afresh: the memo of pressure and the clear mark are cleared first."""
+    pressure, excerpt = Session.pressure, guard.excerpt_oversized
+
+    def pressure_fresh(self: Session) -> Any:
+        self._pressure_memo = None
+        return pressure(self)
+
+    def excerpt_fresh(session: Session) -> Any:
+        session._oversized_clear_at = None
+        return excerpt(session)
+
+    with (
+        mock.patch.object(Session, "pressure", pressure_fresh),
+        mock.patch.object(guard, "excerpt_oversized", excerpt_fresh),
+        mock.patch("ctxkernel.session.excerpt_oversized", excerpt_fresh),
+        mock.patch("ctxkernel.default_plugins.basic.excerpt_oversized", excerpt_fresh),
+    ):
+        yield
+
+
+def run(session: Session, action: tuple[Any, ...], n: int) -> Any:
+    """One drawn step, made valid for the session's state; returns what it observed."""
+    kind = action[0]
+    pending = session.pending_calls
+    if kind == "user":
+        session.user(words(action[1], n))
+        return None
+    if kind == "request":
+        if not session.turn_open:
+            session.user(words(5, n))
+        request = session.prepare_request()
+        seen = request.pressure
+        assert seen == fresh_pressure(session)
+        calls = [ToolCallBlock(f"c{n}_{k}", "read_file", {"path": f"m{k}.py"}) for k in range(action[1])]
+        reply = Message.assistant(words(12, n), calls)
+        usage = None
+        if action[2] == "honest":
+            usage = {"prompt_tokens": seen.tokens, "completion_tokens": session.meter.count_message(reply)}
+        elif action[2] == "wild":  # far outside the plausible band: pressure keeps the meter's count
+            usage = {"prompt_tokens": seen.tokens * 50 + 10_000, "completion_tokens": 3}
+        session.commit_reply(reply, usage=usage)
+        for call in calls:
+            session.tool_result(call.id, words(action[3], n))
+        return seen
+    if kind == "compact":
+        if session.step_open or pending:
+            return None
+        with contextlib.suppress(ControlError):
+            session.compact_now()
+        return None
+    if kind == "route":
+        session.set_route("openai", "gpt-4o", context_window=action[1])
+        return None
+    session.set_harness_system(action[1])
+    return None
+
+
+def check_memos(session: Session) -> None:
+    memoised = session.pressure()
+    assert memoised == fresh_pressure(session)
+    window = memoised.effective_window
+    if session._oversized_clear_at == (len(session.events), window):
+        cap = int(MAX_MESSAGE_SHARE * window)
+        assert all(session.meter.node_tokens(n) <= cap for n in session.surface.nodes)
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(step, min_size=1, max_size=30))
+def test_memoised_answers_equal_fresh_ones_after_every_step(tmp_path_factory: Any, steps: list[Any]) -> None:
+    homes = [Path(tmp_path_factory.mktemp("memo")), Path(tmp_path_factory.mktemp("fresh"))]
+    profile = {"model": {"context_window": 8_000, "reserved_output_tokens": 500}}
+    memo, fresh = (build_kernel(home, strategies=["basic"], fsync=False, **profile).open_session() for home in homes)
+    for n, action in enumerate(steps):
+        seen = run(memo, action, n)
+        check_memos(memo)
+        with no_memos():
+            expected = run(fresh, action, n)
+            surface = [node.message.to_dict() for node in fresh.surface.nodes]
+            pressure = fresh.pressure()
+        assert seen == expected
+        assert [node.message.to_dict() for node in memo.surface.nodes] == surface
+        assert memo.pressure() == pressure
+        assert [e.type for e in memo.events] == [e.type for e in fresh.events]
