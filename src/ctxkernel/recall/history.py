@@ -79,6 +79,9 @@ STATE_KEY = "ctxkernel.recall.history"
 FOLDED_VERSION = 1
 #: user-written messages searched for the goal (an opener is short: the goal is among the first few)
 GOAL_SCAN = 50
+#: the reader's role of each event type but user messages (``"user"`` or ``"plugin"`` by their
+#: source); any other type is an ``"event"``
+ROLE_OF_TYPE = {ASSISTANT_MESSAGE: "assistant", TOOL_RESULT: "tool", COMPACTION_SUMMARY: "summary"}
 
 log = get_logger("ctxkernel.recall")
 
@@ -349,7 +352,7 @@ class History:
             elif t == tool:
                 add_role("tool")
             else:
-                add_role("summary" if t == COMPACTION_SUMMARY else "event")
+                add_role(ROLE_OF_TYPE.get(t, "event"))
                 if fold:
                     self._fold(event)
 
@@ -495,16 +498,9 @@ class History:
 
     # -- item views ------------------------------------------------------------------------------------
     def role_of(self, event: Event) -> str:
-        t = event.type
-        if t == USER_MESSAGE:
+        if event.type == USER_MESSAGE:
             return "user" if _source_kind(event.data) == "user" else "plugin"
-        if t == ASSISTANT_MESSAGE:
-            return "assistant"
-        if t == TOOL_RESULT:
-            return "tool"
-        if t == COMPACTION_SUMMARY:
-            return "summary"
-        return "event"
+        return ROLE_OF_TYPE.get(event.type, "event")
 
     def text_of(self, event: Event) -> str:
         """What a reader searches and previews: message text, reasoning, tool calls with their
