@@ -539,18 +539,18 @@ class Handler:
         try:
             response = await self._serve(wire, request)
         except WireError as error:
-            metrics.errors.labels("busy" if error.status == 409 else "bad_request").inc()
+            metrics.child(metrics.errors, "busy" if error.status == 409 else "bad_request").inc()
             response = error_response(wire, error)
         except Exception as exc:  # reported to the client in its API's shape, and logged
             log.exception("serve: request failed", route=route, error=f"{type(exc).__name__}: {exc}"[:500])
-            metrics.errors.labels("internal").inc()
+            metrics.child(metrics.errors, "internal").inc()
             response = JSONBody(
                 wire.error_body(
                     f"ctxkernel serve: internal error: {type(exc).__name__}: {exc}"[:1000], kind="api_error"
                 ),
                 status_code=500,
             )
-        metrics.requests.labels(route, str(response.status_code)).inc()
+        metrics.child(metrics.requests, route, str(response.status_code)).inc()
         return response
 
     async def _serve(self, wire: Any, request: HTTPRequest) -> Response:
@@ -566,7 +566,7 @@ class Handler:
                 if isinstance(exc, EventError):
                     raise WireError(400, f"messages: {exc}", param="messages") from None
                 raise
-            proxy.metrics.client_tokens.labels(wire.API).inc(turn.client_tokens)
+            proxy.metrics.child(proxy.metrics.client_tokens, wire.API).inc(turn.client_tokens)
             if client.stream:
                 response = await self._stream(turn, request, lease)
                 handed_over = isinstance(response, StreamingResponse)
@@ -588,7 +588,7 @@ class Handler:
             try:
                 prepared = await proxy.prepared(turn)
             except Overflow as over:
-                proxy.metrics.errors.labels("window_refused").inc()
+                proxy.metrics.child(proxy.metrics.errors, "window_refused").inc()
                 return JSONBody(wire.overflow_error(over.tokens, over.window), status_code=400)
             body = wire.upstream_payload(
                 turn.client, prepared, turn.strategy_schemas, stream=False, cache=wire_cache(turn)
@@ -597,9 +597,9 @@ class Handler:
                 answer = await proxy.upstream.request("POST", url, headers, body)
             except UpstreamError as exc:
                 await run_sync(proxy._failed, turn.session, ModelError(str(exc)))
-                proxy.metrics.errors.labels("upstream_unreachable").inc()
+                proxy.metrics.child(proxy.metrics.errors, "upstream_unreachable").inc()
                 return JSONBody(wire.error_body(str(exc), kind="api_error"), status_code=exc.status)
-            proxy.metrics.upstream_latency.labels(wire.API).observe(answer.seconds)
+            proxy.metrics.child(proxy.metrics.upstream_latency, wire.API).observe(answer.seconds)
             if answer.status >= 400:
                 if await self._upstream_failed(turn, answer.status, answer.body, url):
                     continue
@@ -609,7 +609,7 @@ class Handler:
                 message, usage, raw = wire.read_reply(payload)
             except ValueError as exc:
                 await run_sync(proxy._failed, turn.session, ModelError(f"unreadable upstream reply: {exc}"))
-                proxy.metrics.errors.labels("upstream_unreadable").inc()
+                proxy.metrics.child(proxy.metrics.errors, "upstream_unreadable").inc()
                 return JSONBody(
                     wire.error_body(f"the upstream sent an unreadable reply: {exc}"[:1000], kind="api_error"),
                     status_code=502,
@@ -646,7 +646,7 @@ class Handler:
         turn.first_seq = round_.first_seq
         if not round_.done:
             turn.rounds += 1
-            self.proxy.metrics.inner_rounds.labels(turn.wire.API).inc()
+            self.proxy.metrics.child(self.proxy.metrics.inner_rounds, turn.wire.API).inc()
 
     def _count_usage(self, turn: Turn, usage: dict[str, Any] | None) -> None:
         turn.usage = add_usage(turn.usage, usage)
@@ -658,11 +658,11 @@ class Handler:
                     for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
                 )
             if isinstance(prompt, int):
-                self.proxy.metrics.upstream_tokens.labels(turn.wire.API).inc(prompt)
+                self.proxy.metrics.child(self.proxy.metrics.upstream_tokens, turn.wire.API).inc(prompt)
 
     def _finish_metrics(self, turn: Turn) -> None:
         for strategy, kind in self.proxy._count_compactions(turn):
-            self.proxy.metrics.compactions.labels(strategy, kind).inc()
+            self.proxy.metrics.child(self.proxy.metrics.compactions, strategy, kind).inc()
 
     async def _upstream_failed(self, turn: Turn, status: int, body: bytes, url: str) -> bool:
         """Report an upstream error to the session; True when the call should be retried (a
@@ -670,12 +670,12 @@ class Handler:
         error = classify_http_error(status, body, url=url)
         retry = await run_sync(self.proxy._failed, turn.session, error)
         if isinstance(error, ContextOverflowError):
-            self.proxy.metrics.errors.labels("upstream_overflow").inc()
+            self.proxy.metrics.child(self.proxy.metrics.errors, "upstream_overflow").inc()
             if retry and not turn.overflow_retried:
                 turn.overflow_retried = True
                 return True
         else:
-            self.proxy.metrics.errors.labels("upstream_status").inc()
+            self.proxy.metrics.child(self.proxy.metrics.errors, "upstream_status").inc()
         return False
 
     # -- streaming ------------------------------------------------------------------------------------------
@@ -689,7 +689,7 @@ class Handler:
             try:
                 prepared = await proxy.prepared(turn)
             except Overflow as over:
-                proxy.metrics.errors.labels("window_refused").inc()
+                proxy.metrics.child(proxy.metrics.errors, "window_refused").inc()
                 return (400, orjson.dumps(wire.overflow_error(over.tokens, over.window)), None)
             body = wire.upstream_payload(
                 turn.client, prepared, turn.strategy_schemas, stream=True, cache=wire_cache(turn)
@@ -698,7 +698,7 @@ class Handler:
                 handle = await stack.enter_async_context(proxy.upstream.stream(url, headers, body))
             except UpstreamError as exc:
                 await run_sync(proxy._failed, turn.session, ModelError(str(exc)))
-                proxy.metrics.errors.labels("upstream_unreachable").inc()
+                proxy.metrics.child(proxy.metrics.errors, "upstream_unreachable").inc()
                 return (exc.status, orjson.dumps(wire.error_body(str(exc), kind="api_error")), None)
             if handle.status < 400:
                 return handle
@@ -745,7 +745,7 @@ class Handler:
                             yield chunk
                     if not translator.round_complete:  # a cut connection is not a reply
                         raise UpstreamError("the upstream stream ended before the reply was complete")
-                    proxy.metrics.upstream_latency.labels(wire.API).observe(handle.seconds)
+                    proxy.metrics.child(proxy.metrics.upstream_latency, wire.API).observe(handle.seconds)
                     await stack.aclose()
                     out, message, usage, _ = translator.end_round()
                     for chunk in out:
@@ -770,7 +770,7 @@ class Handler:
                     yield chunk
                 self._finish_metrics(turn)
             except UpstreamError as exc:
-                proxy.metrics.errors.labels("upstream_stream").inc()
+                proxy.metrics.child(proxy.metrics.errors, "upstream_stream").inc()
                 if not committed:
                     with anyio.CancelScope(shield=True):
                         await run_sync(proxy._failed, turn.session, ModelError(str(exc)))
@@ -782,7 +782,7 @@ class Handler:
                 # step closed, so the log holds no half reply and no split pair
                 with anyio.CancelScope(shield=True):
                     if not committed:
-                        proxy.metrics.errors.labels("client_disconnected").inc()
+                        proxy.metrics.child(proxy.metrics.errors, "client_disconnected").inc()
                         await run_sync(proxy._abandon, turn.session)
                     await stack.aclose()
                     await lease.release()
@@ -808,7 +808,7 @@ class Handler:
             response: Response = JSONBody(wire.error_body(str(exc), kind="api_error"), status_code=exc.status)
         else:
             response = Response(answer.body, status_code=answer.status, media_type="application/json")
-        proxy.metrics.requests.labels("/v1/models", str(response.status_code)).inc()
+        proxy.metrics.child(proxy.metrics.requests, "/v1/models", str(response.status_code)).inc()
         return response
 
     async def healthz(self, request: HTTPRequest) -> Response:
