@@ -177,6 +177,37 @@ class Lease:
             lock.release()
 
 
+class TurnLocks:
+    """Each session key's turn: one semaphore of one per key (not a Lock: a streamed reply
+    releases it from the response's task).
+
+    A semaphore is in the weak map while anyone holds it or waits on it (their references keep
+    it alive), so they all get the same one; the :data:`SESSION_CACHE` most recently used keys
+    keep theirs alive when free too, so that a session's next request finds it instead of making
+    one: making an ``anyio.Semaphore`` (its backend lookup) costs about 31k instructions, ten
+    times taking and releasing it (``bench_serve.py``). A free semaphore past that bound is
+    dropped, as every free one was before: a later request makes a new one, and nobody holds or
+    waits on the old one."""
+
+    def __init__(self, recent: int = SESSION_CACHE) -> None:
+        self.recent = recent
+        self._live: weakref.WeakValueDictionary[str, anyio.Semaphore] = weakref.WeakValueDictionary()
+        self._kept: OrderedDict[str, anyio.Semaphore] = OrderedDict()
+
+    def get(self, key: str) -> anyio.Semaphore:
+        """The semaphore of ``key``'s turn."""
+        lock = self._live.get(key)
+        if lock is None:
+            lock = anyio.Semaphore(1)
+            self._live[key] = lock
+        kept = self._kept
+        kept[key] = lock
+        kept.move_to_end(key)
+        if len(kept) > self.recent:
+            kept.popitem(last=False)
+        return lock
+
+
 class Proxy:
     """The state of one ``serve`` process: kernel, upstream client, sessions, locks, metrics."""
 
@@ -198,8 +229,7 @@ class Proxy:
                 msg = f"--api-key-env {key_env}: the variable is not set or empty"
                 raise CtxKernelError(msg)
         self.sessions: OrderedDict[str, Session] = OrderedDict()
-        # a semaphore of one, not a Lock: a streamed reply releases it from the response's task
-        self._locks: weakref.WeakValueDictionary[str, anyio.Semaphore] = weakref.WeakValueDictionary()
+        self._turns = TurnLocks()
         self._header_tokens: OrderedDict[bytes, int] = OrderedDict()
         self.memo = MessageMemo()
         # routes read from the store on every request when other processes may move them (a
@@ -209,10 +239,7 @@ class Proxy:
     # -- locks ---------------------------------------------------------------------------------------
     async def acquire(self, key: str) -> Lease:
         """This session's turn, waiting at most ``lock_wait_seconds``; else a 409."""
-        lock = self._locks.get(key)
-        if lock is None:
-            lock = anyio.Semaphore(1)
-            self._locks[key] = lock
+        lock = self._turns.get(key)
         started = time.monotonic()
         wait = self.config.lock_wait_seconds
         try:
