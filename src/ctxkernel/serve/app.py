@@ -177,6 +177,37 @@ class Lease:
             lock.release()
 
 
+class TurnLocks:
+    """Each session key's turn: one semaphore of one per key (not a Lock: a streamed reply
+    releases it from the response's task).
+
+    A semaphore is in the weak map while anyone holds it or waits on it (their references keep
+    it alive), so they all get the same one; the :data:`SESSION_CACHE` most recently used keys
+    keep theirs alive when free too, so that a session's next request finds it instead of making
+    one: making an ``anyio.Semaphore`` (its backend lookup) costs about 31k instructions, ten
+    times taking and releasing it (``bench_serve.py``). A free semaphore past that bound is
+    dropped, as every free one was before: a later request makes a new one, and nobody holds or
+    waits on the old one."""
+
+    def __init__(self, recent: int = SESSION_CACHE) -> None:
+        self.recent = recent
+        self._live: weakref.WeakValueDictionary[str, anyio.Semaphore] = weakref.WeakValueDictionary()
+        self._kept: OrderedDict[str, anyio.Semaphore] = OrderedDict()
+
+    def get(self, key: str) -> anyio.Semaphore:
+        """The semaphore of ``key``'s turn."""
+        lock = self._live.get(key)
+        if lock is None:
+            lock = anyio.Semaphore(1)
+            self._live[key] = lock
+        kept = self._kept
+        kept[key] = lock
+        kept.move_to_end(key)
+        if len(kept) > self.recent:
+            kept.popitem(last=False)
+        return lock
+
+
 class Proxy:
     """The state of one ``serve`` process: kernel, upstream client, sessions, locks, metrics."""
 
@@ -198,8 +229,7 @@ class Proxy:
                 msg = f"--api-key-env {key_env}: the variable is not set or empty"
                 raise CtxKernelError(msg)
         self.sessions: OrderedDict[str, Session] = OrderedDict()
-        # a semaphore of one, not a Lock: a streamed reply releases it from the response's task
-        self._locks: weakref.WeakValueDictionary[str, anyio.Semaphore] = weakref.WeakValueDictionary()
+        self._turns = TurnLocks()
         self._header_tokens: OrderedDict[bytes, int] = OrderedDict()
         self.memo = MessageMemo()
         # routes read from the store on every request when other processes may move them (a
@@ -209,10 +239,7 @@ class Proxy:
     # -- locks ---------------------------------------------------------------------------------------
     async def acquire(self, key: str) -> Lease:
         """This session's turn, waiting at most ``lock_wait_seconds``; else a 409."""
-        lock = self._locks.get(key)
-        if lock is None:
-            lock = anyio.Semaphore(1)
-            self._locks[key] = lock
+        lock = self._turns.get(key)
         started = time.monotonic()
         wait = self.config.lock_wait_seconds
         try:
@@ -539,18 +566,18 @@ class Handler:
         try:
             response = await self._serve(wire, request)
         except WireError as error:
-            metrics.errors.labels("busy" if error.status == 409 else "bad_request").inc()
+            metrics.child(metrics.errors, "busy" if error.status == 409 else "bad_request").inc()
             response = error_response(wire, error)
         except Exception as exc:  # reported to the client in its API's shape, and logged
             log.exception("serve: request failed", route=route, error=f"{type(exc).__name__}: {exc}"[:500])
-            metrics.errors.labels("internal").inc()
+            metrics.child(metrics.errors, "internal").inc()
             response = JSONBody(
                 wire.error_body(
                     f"ctxkernel serve: internal error: {type(exc).__name__}: {exc}"[:1000], kind="api_error"
                 ),
                 status_code=500,
             )
-        metrics.requests.labels(route, str(response.status_code)).inc()
+        metrics.child(metrics.requests, route, str(response.status_code)).inc()
         return response
 
     async def _serve(self, wire: Any, request: HTTPRequest) -> Response:
@@ -566,7 +593,7 @@ class Handler:
                 if isinstance(exc, EventError):
                     raise WireError(400, f"messages: {exc}", param="messages") from None
                 raise
-            proxy.metrics.client_tokens.labels(wire.API).inc(turn.client_tokens)
+            proxy.metrics.child(proxy.metrics.client_tokens, wire.API).inc(turn.client_tokens)
             if client.stream:
                 response = await self._stream(turn, request, lease)
                 handed_over = isinstance(response, StreamingResponse)
@@ -588,7 +615,7 @@ class Handler:
             try:
                 prepared = await proxy.prepared(turn)
             except Overflow as over:
-                proxy.metrics.errors.labels("window_refused").inc()
+                proxy.metrics.child(proxy.metrics.errors, "window_refused").inc()
                 return JSONBody(wire.overflow_error(over.tokens, over.window), status_code=400)
             body = wire.upstream_payload(
                 turn.client, prepared, turn.strategy_schemas, stream=False, cache=wire_cache(turn)
@@ -597,9 +624,9 @@ class Handler:
                 answer = await proxy.upstream.request("POST", url, headers, body)
             except UpstreamError as exc:
                 await run_sync(proxy._failed, turn.session, ModelError(str(exc)))
-                proxy.metrics.errors.labels("upstream_unreachable").inc()
+                proxy.metrics.child(proxy.metrics.errors, "upstream_unreachable").inc()
                 return JSONBody(wire.error_body(str(exc), kind="api_error"), status_code=exc.status)
-            proxy.metrics.upstream_latency.labels(wire.API).observe(answer.seconds)
+            proxy.metrics.child(proxy.metrics.upstream_latency, wire.API).observe(answer.seconds)
             if answer.status >= 400:
                 if await self._upstream_failed(turn, answer.status, answer.body, url):
                     continue
@@ -609,7 +636,7 @@ class Handler:
                 message, usage, raw = wire.read_reply(payload)
             except ValueError as exc:
                 await run_sync(proxy._failed, turn.session, ModelError(f"unreadable upstream reply: {exc}"))
-                proxy.metrics.errors.labels("upstream_unreadable").inc()
+                proxy.metrics.child(proxy.metrics.errors, "upstream_unreadable").inc()
                 return JSONBody(
                     wire.error_body(f"the upstream sent an unreadable reply: {exc}"[:1000], kind="api_error"),
                     status_code=502,
@@ -646,7 +673,7 @@ class Handler:
         turn.first_seq = round_.first_seq
         if not round_.done:
             turn.rounds += 1
-            self.proxy.metrics.inner_rounds.labels(turn.wire.API).inc()
+            self.proxy.metrics.child(self.proxy.metrics.inner_rounds, turn.wire.API).inc()
 
     def _count_usage(self, turn: Turn, usage: dict[str, Any] | None) -> None:
         turn.usage = add_usage(turn.usage, usage)
@@ -658,11 +685,11 @@ class Handler:
                     for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
                 )
             if isinstance(prompt, int):
-                self.proxy.metrics.upstream_tokens.labels(turn.wire.API).inc(prompt)
+                self.proxy.metrics.child(self.proxy.metrics.upstream_tokens, turn.wire.API).inc(prompt)
 
     def _finish_metrics(self, turn: Turn) -> None:
         for strategy, kind in self.proxy._count_compactions(turn):
-            self.proxy.metrics.compactions.labels(strategy, kind).inc()
+            self.proxy.metrics.child(self.proxy.metrics.compactions, strategy, kind).inc()
 
     async def _upstream_failed(self, turn: Turn, status: int, body: bytes, url: str) -> bool:
         """Report an upstream error to the session; True when the call should be retried (a
@@ -670,12 +697,12 @@ class Handler:
         error = classify_http_error(status, body, url=url)
         retry = await run_sync(self.proxy._failed, turn.session, error)
         if isinstance(error, ContextOverflowError):
-            self.proxy.metrics.errors.labels("upstream_overflow").inc()
+            self.proxy.metrics.child(self.proxy.metrics.errors, "upstream_overflow").inc()
             if retry and not turn.overflow_retried:
                 turn.overflow_retried = True
                 return True
         else:
-            self.proxy.metrics.errors.labels("upstream_status").inc()
+            self.proxy.metrics.child(self.proxy.metrics.errors, "upstream_status").inc()
         return False
 
     # -- streaming ------------------------------------------------------------------------------------------
@@ -689,7 +716,7 @@ class Handler:
             try:
                 prepared = await proxy.prepared(turn)
             except Overflow as over:
-                proxy.metrics.errors.labels("window_refused").inc()
+                proxy.metrics.child(proxy.metrics.errors, "window_refused").inc()
                 return (400, orjson.dumps(wire.overflow_error(over.tokens, over.window)), None)
             body = wire.upstream_payload(
                 turn.client, prepared, turn.strategy_schemas, stream=True, cache=wire_cache(turn)
@@ -698,7 +725,7 @@ class Handler:
                 handle = await stack.enter_async_context(proxy.upstream.stream(url, headers, body))
             except UpstreamError as exc:
                 await run_sync(proxy._failed, turn.session, ModelError(str(exc)))
-                proxy.metrics.errors.labels("upstream_unreachable").inc()
+                proxy.metrics.child(proxy.metrics.errors, "upstream_unreachable").inc()
                 return (exc.status, orjson.dumps(wire.error_body(str(exc), kind="api_error")), None)
             if handle.status < 400:
                 return handle
@@ -745,7 +772,7 @@ class Handler:
                             yield chunk
                     if not translator.round_complete:  # a cut connection is not a reply
                         raise UpstreamError("the upstream stream ended before the reply was complete")
-                    proxy.metrics.upstream_latency.labels(wire.API).observe(handle.seconds)
+                    proxy.metrics.child(proxy.metrics.upstream_latency, wire.API).observe(handle.seconds)
                     await stack.aclose()
                     out, message, usage, _ = translator.end_round()
                     for chunk in out:
@@ -770,7 +797,7 @@ class Handler:
                     yield chunk
                 self._finish_metrics(turn)
             except UpstreamError as exc:
-                proxy.metrics.errors.labels("upstream_stream").inc()
+                proxy.metrics.child(proxy.metrics.errors, "upstream_stream").inc()
                 if not committed:
                     with anyio.CancelScope(shield=True):
                         await run_sync(proxy._failed, turn.session, ModelError(str(exc)))
@@ -782,7 +809,7 @@ class Handler:
                 # step closed, so the log holds no half reply and no split pair
                 with anyio.CancelScope(shield=True):
                     if not committed:
-                        proxy.metrics.errors.labels("client_disconnected").inc()
+                        proxy.metrics.child(proxy.metrics.errors, "client_disconnected").inc()
                         await run_sync(proxy._abandon, turn.session)
                     await stack.aclose()
                     await lease.release()
@@ -808,7 +835,7 @@ class Handler:
             response: Response = JSONBody(wire.error_body(str(exc), kind="api_error"), status_code=exc.status)
         else:
             response = Response(answer.body, status_code=answer.status, media_type="application/json")
-        proxy.metrics.requests.labels("/v1/models", str(response.status_code)).inc()
+        proxy.metrics.child(proxy.metrics.requests, "/v1/models", str(response.status_code)).inc()
         return response
 
     async def healthz(self, request: HTTPRequest) -> Response:

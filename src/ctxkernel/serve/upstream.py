@@ -151,15 +151,22 @@ def payload(content: bytes | Chunks | None) -> BodyPayload | None:
     return None if content is None else BodyPayload(content)
 
 
+def upstream_error(what: str, exc: aiohttp.ClientError) -> UpstreamError:
+    """One of aiohttp's errors as :class:`UpstreamError`: a timeout is a 504, the rest a 502."""
+    if isinstance(exc, aiohttp.ServerTimeoutError):  # before TimeoutError: it is one too
+        return UpstreamError(f"{what} timed out ({type(exc).__name__})", 504)
+    return UpstreamError(f"{what} failed: {type(exc).__name__}: {exc}")
+
+
 @contextmanager
 def reported(what: str) -> Iterator[None]:
-    """aiohttp's errors as :class:`UpstreamError`: a timeout is a 504, the rest a 502."""
+    """aiohttp's errors as :class:`UpstreamError` (:func:`upstream_error`). The calls made once
+    per request catch them in a plain ``try`` instead: a generator-based context manager costs
+    a generator and its object on every entry (``bench_serve.py``)."""
     try:
         yield
-    except aiohttp.ServerTimeoutError as exc:  # before TimeoutError: it is one too
-        raise UpstreamError(f"{what} timed out ({type(exc).__name__})", 504) from None
     except aiohttp.ClientError as exc:
-        raise UpstreamError(f"{what} failed: {type(exc).__name__}: {exc}") from None
+        raise upstream_error(what, exc) from None
 
 
 class Upstream:
@@ -201,13 +208,14 @@ class Upstream:
         content: bytes | Chunks | None,
         timeout: aiohttp.ClientTimeout | None = None,
     ) -> aiohttp.ClientResponse:
-        with reported("the upstream call"):
-            try:
-                return await self._client().request(
-                    method, url, headers=dict(headers), data=payload(content), allow_redirects=False, timeout=timeout
-                )
-            except aiohttp.ClientConnectorError as exc:
-                raise UpstreamError(f"the upstream could not be reached: {type(exc).__name__}: {exc}") from None
+        try:
+            return await self._client().request(
+                method, url, headers=dict(headers), data=payload(content), allow_redirects=False, timeout=timeout
+            )
+        except aiohttp.ClientConnectorError as exc:
+            raise UpstreamError(f"the upstream could not be reached: {type(exc).__name__}: {exc}") from None
+        except aiohttp.ClientError as exc:
+            raise upstream_error("the upstream call", exc) from None
 
     async def request(self, method: str, url: str, headers: Mapping[str, str], body: Any = None) -> UpstreamResponse:
         """One whole request, read to the end (bounded)."""
@@ -231,13 +239,18 @@ class Upstream:
             raise too_large
         chunks: list[bytes] = []
         size = 0
-        with reported("reading the upstream reply"):
-            async for chunk in response.content.iter_any():
+        content = response.content
+        try:
+            # ``readany`` in a loop: ``iter_any``'s iterator object and its ``__anext__`` cost
+            # a layer per chunk, for nothing the loop needs
+            while chunk := await content.readany():
                 size += len(chunk)
                 if size > cap:
                     response.close()
                     raise too_large
                 chunks.append(chunk)
+        except aiohttp.ClientError as exc:
+            raise upstream_error("reading the upstream reply", exc) from None
         return b"".join(chunks)
 
     @asynccontextmanager
