@@ -1030,10 +1030,9 @@ class Session:
         system, tools, digest, header_tokens = self._system_and_tools()
         nodes = self.surface.nodes
         request = Request(
-            # comprehensions, not map(attrgetter): Python 3.11 specialises a slot's attribute
-            # read, about twice as fast (a long surface, every request: bench_serve.py)
-            messages=[node.message for node in nodes],
-            seqs=[node.seq for node in nodes],
+            # copies of lists the surface keeps between requests (Surface._views)
+            messages=self.surface.messages(),
+            seqs=self.surface.seqs(),
             system=system,
             tools=tools,
             turn=self.turn,
