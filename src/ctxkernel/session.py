@@ -1087,7 +1087,7 @@ class Session:
 
         with self._lock:
             # untrusted text: lone surrogates become U+FFFD before hooks, the meter or the log see it
-            message = _storable_message(reply_to_message(reply))
+            message, stored = _storable_message(reply_to_message(reply))
             if usage is None:
                 usage = getattr(reply, "usage", None)
             if message.role != "assistant":
@@ -1101,7 +1101,8 @@ class Session:
             if [c.id for c in draft.message.tool_calls] != [c.id for c in message.tool_calls]:
                 msg = "a sanitize_reply hook changed the reply's tool calls; only text may be cleaned"
                 raise EventError(msg)
-            data: dict[str, Any] = {"message": draft.message.to_dict()}
+            # the dict _storable_message built, unless a hook replaced the message
+            data: dict[str, Any] = {"message": stored if draft.message is message else draft.message.to_dict()}
             if draft.usage:
                 data["usage"] = draft.usage
                 data["estimate"] = getattr(self, "_request_estimate", 0) + self.count_message(draft.message)
@@ -1285,11 +1286,20 @@ class Session:
         }
 
 
-def _storable_message(message: Message) -> Message:
-    """``message`` with lone surrogates in any of its text replaced (the same object when clean)."""
+def _storable_message(message: Message) -> tuple[Message, dict[str, Any]]:
+    """``message`` with lone surrogates in any of its text replaced (the same object when clean),
+    and its ``to_dict()``."""
     data = message.to_dict()
-    cleaned = storable(data)
-    return message if cleaned is data else Message.from_dict(cleaned)
+    try:
+        # orjson refuses a lone surrogate in any string, keys included: when it encodes the
+        # dict, storable() would return it unchanged (one C pass instead of walking it in Python)
+        orjson.dumps(data)
+    except TypeError:
+        cleaned = storable(data)
+        if cleaned is not data:
+            message = Message.from_dict(cleaned)
+            return message, message.to_dict()
+    return message, data
 
 
 @contextlib.contextmanager
