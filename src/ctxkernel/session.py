@@ -291,6 +291,10 @@ class Session:
         #: over its bound: the surface is a fold of the log, so a second pass at the same length
         #: and window (basic's pre_step, then the kernel's own) would find none either
         self._oversized_clear_at: tuple[int, int] | None = None
+        #: while a request is prepared (``_preparing``): the route and profile of the last
+        #: model_settings() answer, and that answer; a request asks for it up to seven times
+        self._settings_memo: tuple[dict[str, Any] | None, Any, ModelSettings] | None = None
+        self._preparing = 0
         self._system_cache: tuple[int, str, list[dict[str, Any]], str, int] | None = None
         self._tools_generation = -1
         self._header_tools: list[dict[str, Any]] = []
@@ -332,12 +336,22 @@ class Session:
     def model_settings(self) -> ModelSettings:
         """The routed model's settings: the profile's ``[model]`` with the matching per-model
         policy applied, and the window a route gave explicitly (``set_route(...,
-        context_window=...)``, folded from the log, so a reopened session keeps it)."""
-        route = self.route or {}
-        settings = self.kernel.profile.model_for(route.get("provider"), route.get("model"))
-        window = route.get(ROUTE_WINDOW_KEY)
+        context_window=...)``, folded from the log, so a reopened session keeps it).
+
+        While a request is prepared the answer is read once per route and profile object: the
+        profile is reloaded before the strategies run (``refresh_profile``) and a route changes
+        by an event, which folds a new ``route``; an edit in place applies from the next request."""
+        route, profile = self.route, self.kernel.profile
+        memo = self._settings_memo
+        if memo is not None and memo[0] is route and memo[1] is profile:
+            return memo[2]
+        given = route or {}
+        settings = profile.model_for(given.get("provider"), given.get("model"))
+        window = given.get(ROUTE_WINDOW_KEY)
         if isinstance(window, int) and window != settings.context_window:
-            return settings.with_window(window)
+            settings = settings.with_window(window)
+        if self._preparing:
+            self._settings_memo = (route, profile, settings)
         return settings
 
     @property
@@ -964,12 +978,17 @@ class Session:
                 batch, _ = self._history_batch(history, trailer)
                 if batch:
                     self._hold(batch)
+            self._preparing += 1
             try:
                 request = self._prepare_step(attempt, allow_overflow, defer_write)
             except BaseException:
                 if self._held and not self.stale:  # stopped before its step/start
                     self.append([], durable=False)
                 raise
+            finally:
+                self._preparing -= 1
+                if not self._preparing:
+                    self._settings_memo = None
             return request
 
     def _prepare_step(self, attempt: int, allow_overflow: bool, defer_write: bool = False) -> Request:
