@@ -512,7 +512,8 @@ class Session:
                 probe.applied = start
                 try:
                     for event in built:
-                        if event in surface_events:
+                        # the surface_events test by type: `in` would compare events field by field
+                        if event.type in ev.MESSAGE_TYPES or event.type == ev.SURFACE_DROP:
                             probe.applied = event.seq
                             messages[event.seq] = probe.check(event, known.get(event.seq))
                 finally:
