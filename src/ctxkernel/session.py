@@ -291,6 +291,9 @@ class Session:
         #: over its bound: the surface is a fold of the log, so a second pass at the same length
         #: and window (basic's pre_step, then the kernel's own) would find none either
         self._oversized_clear_at: tuple[int, int] | None = None
+        #: (the meter's large_changes, the cap) at which that pass found nothing, for a cap the
+        #: meter's index of large nodes answers: the next request's first pass reads it
+        self._oversized_large_clear_at: tuple[int, int] | None = None
         #: while a request is prepared (``_preparing``): the route and profile of the last
         #: model_settings() answer, and that answer; a request asks for it up to seven times
         self._settings_memo: tuple[dict[str, Any] | None, Any, ModelSettings] | None = None
