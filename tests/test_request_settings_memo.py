@@ -81,9 +81,7 @@ def test_every_answer_is_the_fresh_one(tmp_path_factory: Any, drawn: list[tuple[
         tmp_path_factory.mktemp("settings"), fsync=False, strategies=["router"], plugins=[("router", router)]
     )
     kernel.profile.model_policies = [
-        ModelPolicy.model_validate(
-            {"match": {"name": "big-model"}, "model": {"context_window": 150_000}}
-        )
+        ModelPolicy.model_validate({"match": {"name": "big-model"}, "model": {"context_window": 150_000}})
     ]
     session = kernel.open_session()
     for k, (kind, value) in enumerate(drawn):

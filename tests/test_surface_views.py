@@ -59,7 +59,9 @@ def test_the_kept_views_are_the_nodes_messages_and_seqs(tmp_path_factory, ops, l
             nodes = surface.nodes
             end = 1 + n % (len(nodes) - 1)
             try:
-                session.compact(Span(nodes[0].seq, nodes[end - 1].seq, remove=True), strategy="t", kind="drop", check_shrink=False)
+                session.compact(
+                    Span(nodes[0].seq, nodes[end - 1].seq, remove=True), strategy="t", kind="drop", check_shrink=False
+                )
             except CompactionError:
                 pass  # a pending call in the span: refused, one of the drawn outcomes
         elif op == "prune":
