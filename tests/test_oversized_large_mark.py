@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_request_memos import run, step
 
-from ctxkernel import Session, guard
+from ctxkernel import Message, Session, guard
 from ctxkernel.guard import MAX_MESSAGE_SHARE
 from ctxkernel.meter import LARGE_NODE_TOKENS
 from ctxkernel.testing import build_kernel
@@ -81,7 +81,7 @@ def test_a_request_after_a_clear_pass_skips_the_scan(tmp_path: Path) -> None:
     session = build_kernel(tmp_path, strategies=["basic"], fsync=False).open_session()
     session.user("alpha " * 2_000)  # a large node, under the bound of the default window
     session.prepare_request()
-    session.commit_reply(guard.Message.assistant("ok"))
+    session.commit_reply(Message.assistant("ok"))
     session.end_turn()
     assert session.meter.large and session._oversized_large_clear_at is not None
     scanned = []
