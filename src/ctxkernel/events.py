@@ -220,12 +220,18 @@ def validate_shape(event: Event) -> None:
     if etype == TURN_END and event.data["reason"] not in TURN_END_REASONS:
         msg = f"turn/end reason must be one of {list(TURN_END_REASONS)}, got {event.data['reason']!r}"
         raise EventError(msg)
+    if event.surface is None and etype not in _CARRIERS:
+        return  # most of a log: no surface operation, and none wanted (_validate_surface_op's first case)
     _validate_surface_op(event)
+
+
+#: the event types that carry a surface operation (and only they)
+_CARRIERS = MESSAGE_TYPES | {SURFACE_DROP}
 
 
 def _validate_surface_op(event: Event) -> None:
     op = event.surface
-    carries = event.type in MESSAGE_TYPES or event.type == SURFACE_DROP
+    carries = event.type in _CARRIERS
     if op is None:
         if carries:
             msg = f"{event.type} event needs a surface operation ({list(SURFACE_OPS)})"
@@ -242,7 +248,7 @@ def _validate_surface_op(event: Event) -> None:
         msg = "the remove operation is carried only by surface/drop events, and surface/drop only removes"
         raise EventError(msg)
     if kind == "append":
-        if set(op) != {"op"}:
+        if len(op) != 1:  # "op" is in it (checked above): nothing else may be
             msg = f"append takes no arguments, got {sorted(set(op) - {'op'})}"
             raise EventError(msg)
         return

@@ -71,9 +71,19 @@ def excerpt_oversized(session: Session) -> CommitResult | None:
     if session._oversized_clear_at == clear_at:
         return None
     cap = int(MAX_MESSAGE_SHARE * window)
-    chosen = [n for n in _large_nodes(session, cap) if session.meter.node_tokens(n) > cap]
+    meter = session.meter
+    meter.surface_tokens()  # counts new nodes into the index first (pressure() did: a no-op then)
+    # the same nodes in the meter's index of large nodes (the only ones that can be over a cap
+    # this large) and the same cap as a pass that found nothing: nothing now either, however
+    # many small messages were folded since (a request folds a few)
+    large_at = (meter.large_changes, cap) if cap >= LARGE_NODE_TOKENS else None
+    if large_at is not None and session._oversized_large_clear_at == large_at:
+        session._oversized_clear_at = clear_at
+        return None
+    chosen = [n for n in _large_nodes(session, cap) if meter.node_tokens(n) > cap]
     if not chosen:
         session._oversized_clear_at = clear_at
+        session._oversized_large_clear_at = large_at
         return None
     return _excerpt(session, chosen, window, reason="oversized")
 

@@ -224,6 +224,9 @@ class Meter:
         self._uncounted: dict[int, Any] = {}  # seq -> node, visible but not yet counted
         #: seq -> node: counted visible nodes of at least LARGE_NODE_TOKENS (current after surface_tokens())
         self.large: dict[int, Any] = {}
+        #: bumped whenever a node enters or leaves ``large``: the same count means the same nodes
+        #: (a counted node's tokens never change), which guard.excerpt_oversized's mark reads
+        self.large_changes = 0
         self._decorated: dict[tuple[int, int], int] = {}  # (seq, hash of decorated text) -> tokens
         self._memo: dict[str, int] = {}  # the last few large texts counted -> tokens (MEMO_ENTRIES)
         self._splits_after_newlines = splits_after_newlines(tokenizer)
@@ -410,6 +413,7 @@ class Meter:
             self.total += node.tokens
             if node.tokens >= LARGE_NODE_TOKENS:
                 self.large[node.seq] = node
+                self.large_changes += 1
 
     def on_remove(self, nodes: Sequence[Any]) -> None:
         """A replaced range left the surface: its counted tokens come off the total in one pass."""
@@ -417,8 +421,8 @@ class Meter:
         removed = 0
         for node in nodes:
             seq = node.seq
-            if large:
-                large.pop(seq, None)
+            if large and large.pop(seq, None) is not None:
+                self.large_changes += 1
             if uncounted and uncounted.pop(seq, None) is not None:
                 continue  # never counted: nothing of it is in the total
             tokens = node.tokens
@@ -432,6 +436,7 @@ class Meter:
         ``surface_tokens()`` (``tests/test_surface_whole.py``)."""
         self.total = 0
         self.large.clear()
+        self.large_changes += 1
         self._uncounted.clear()
 
     def surface_tokens(self) -> int:
@@ -442,6 +447,7 @@ class Meter:
                 self.total += tokens
                 if tokens >= LARGE_NODE_TOKENS:
                     self.large[node.seq] = node
+                    self.large_changes += 1
             self._uncounted.clear()
         return self.total
 

@@ -255,6 +255,14 @@ class HookFacade:
         plugins = [p for n in off if (p := self._pm.get_plugin(n)) is not None]
         return self._pm.subset_hook_caller(name, plugins) if plugins else hook
 
+    def _call_if_implemented(self, name: str, /, **kwargs: Any) -> None:
+        """Call a hook whose results are not read, unless no strategy implements it: pluggy's
+        call would run nothing then, after checking its arguments (the basic profile has no
+        ``decorate_request`` or ``sanitize_reply``, and both run at every request)."""
+        caller = self._caller(name, kwargs["session"])
+        if caller.get_hookimpls():
+            caller(**kwargs)
+
     def _impls(self, name: str, session: Session | None = None) -> Iterator[tuple[str, Any]]:
         """(strategy name, implementation) in call order, without those ``session`` disabled."""
         off = session.disabled_strategies if session is not None else frozenset()
@@ -278,16 +286,16 @@ class HookFacade:
         return [s for s in self._caller("system_prompt", session)(session=session) if s]
 
     def pre_step(self, session: Session, step: StepContext) -> None:
-        self._caller("pre_step", session)(session=session, step=step)
+        self._call_if_implemented("pre_step", session=session, step=step)
 
     def decorate_request(self, session: Session, request: Request) -> None:
-        self._caller("decorate_request", session)(session=session, request=request)
+        self._call_if_implemented("decorate_request", session=session, request=request)
 
     def summarize(self, session: Session, region: Region) -> Summary | None:
         return self._caller("summarize", session)(session=session, region=region)
 
     def sanitize_reply(self, session: Session, reply: ReplyDraft) -> None:
-        self._caller("sanitize_reply", session)(session=session, reply=reply)
+        self._call_if_implemented("sanitize_reply", session=session, reply=reply)
 
     def request_error(self, session: Session, error: ModelError) -> bool | None:
         return self._caller("request_error", session)(session=session, error=error)

@@ -291,6 +291,13 @@ class Session:
         #: over its bound: the surface is a fold of the log, so a second pass at the same length
         #: and window (basic's pre_step, then the kernel's own) would find none either
         self._oversized_clear_at: tuple[int, int] | None = None
+        #: (the meter's large_changes, the cap) at which that pass found nothing, for a cap the
+        #: meter's index of large nodes answers: the next request's first pass reads it
+        self._oversized_large_clear_at: tuple[int, int] | None = None
+        #: while a request is prepared (``_preparing``): the route and profile of the last
+        #: model_settings() answer, and that answer; a request asks for it up to seven times
+        self._settings_memo: tuple[dict[str, Any] | None, Any, ModelSettings] | None = None
+        self._preparing = 0
         self._system_cache: tuple[int, str, list[dict[str, Any]], str, int] | None = None
         self._tools_generation = -1
         self._header_tools: list[dict[str, Any]] = []
@@ -332,12 +339,22 @@ class Session:
     def model_settings(self) -> ModelSettings:
         """The routed model's settings: the profile's ``[model]`` with the matching per-model
         policy applied, and the window a route gave explicitly (``set_route(...,
-        context_window=...)``, folded from the log, so a reopened session keeps it)."""
-        route = self.route or {}
-        settings = self.kernel.profile.model_for(route.get("provider"), route.get("model"))
-        window = route.get(ROUTE_WINDOW_KEY)
+        context_window=...)``, folded from the log, so a reopened session keeps it).
+
+        While a request is prepared the answer is read once per route and profile object: the
+        profile is reloaded before the strategies run (``refresh_profile``) and a route changes
+        by an event, which folds a new ``route``; an edit in place applies from the next request."""
+        route, profile = self.route, self.kernel.profile
+        memo = self._settings_memo
+        if memo is not None and memo[0] is route and memo[1] is profile:
+            return memo[2]
+        given = route or {}
+        settings = profile.model_for(given.get("provider"), given.get("model"))
+        window = given.get(ROUTE_WINDOW_KEY)
         if isinstance(window, int) and window != settings.context_window:
-            return settings.with_window(window)
+            settings = settings.with_window(window)
+        if self._preparing:
+            self._settings_memo = (route, profile, settings)
         return settings
 
     @property
@@ -498,7 +515,8 @@ class Session:
                 probe.applied = start
                 try:
                     for event in built:
-                        if event in surface_events:
+                        # the surface_events test by type: `in` would compare events field by field
+                        if event.type in ev.MESSAGE_TYPES or event.type == ev.SURFACE_DROP:
                             probe.applied = event.seq
                             messages[event.seq] = probe.check(event, known.get(event.seq))
                 finally:
@@ -964,12 +982,17 @@ class Session:
                 batch, _ = self._history_batch(history, trailer)
                 if batch:
                     self._hold(batch)
+            self._preparing += 1
             try:
                 request = self._prepare_step(attempt, allow_overflow, defer_write)
             except BaseException:
                 if self._held and not self.stale:  # stopped before its step/start
                     self.append([], durable=False)
                 raise
+            finally:
+                self._preparing -= 1
+                if not self._preparing:
+                    self._settings_memo = None
             return request
 
     def _prepare_step(self, attempt: int, allow_overflow: bool, defer_write: bool = False) -> Request:
@@ -1030,10 +1053,9 @@ class Session:
         system, tools, digest, header_tokens = self._system_and_tools()
         nodes = self.surface.nodes
         request = Request(
-            # comprehensions, not map(attrgetter): Python 3.11 specialises a slot's attribute
-            # read, about twice as fast (a long surface, every request: bench_serve.py)
-            messages=[node.message for node in nodes],
-            seqs=[node.seq for node in nodes],
+            # copies of lists the surface keeps between requests (Surface._views)
+            messages=self.surface.messages(),
+            seqs=self.surface.seqs(),
             system=system,
             tools=tools,
             turn=self.turn,
@@ -1088,7 +1110,7 @@ class Session:
 
         with self._lock:
             # untrusted text: lone surrogates become U+FFFD before hooks, the meter or the log see it
-            message = _storable_message(reply_to_message(reply))
+            message, stored = _storable_message(reply_to_message(reply))
             if usage is None:
                 usage = getattr(reply, "usage", None)
             if message.role != "assistant":
@@ -1102,7 +1124,8 @@ class Session:
             if [c.id for c in draft.message.tool_calls] != [c.id for c in message.tool_calls]:
                 msg = "a sanitize_reply hook changed the reply's tool calls; only text may be cleaned"
                 raise EventError(msg)
-            data: dict[str, Any] = {"message": draft.message.to_dict()}
+            # the dict _storable_message built, unless a hook replaced the message
+            data: dict[str, Any] = {"message": stored if draft.message is message else draft.message.to_dict()}
             if draft.usage:
                 data["usage"] = draft.usage
                 data["estimate"] = getattr(self, "_request_estimate", 0) + self.count_message(draft.message)
@@ -1286,11 +1309,20 @@ class Session:
         }
 
 
-def _storable_message(message: Message) -> Message:
-    """``message`` with lone surrogates in any of its text replaced (the same object when clean)."""
+def _storable_message(message: Message) -> tuple[Message, dict[str, Any]]:
+    """``message`` with lone surrogates in any of its text replaced (the same object when clean),
+    and its ``to_dict()``."""
     data = message.to_dict()
-    cleaned = storable(data)
-    return message if cleaned is data else Message.from_dict(cleaned)
+    try:
+        # orjson refuses a lone surrogate in any string, keys included: when it encodes the
+        # dict, storable() would return it unchanged (one C pass instead of walking it in Python)
+        orjson.dumps(data)
+    except TypeError:
+        cleaned = storable(data)
+        if cleaned is not data:
+            message = Message.from_dict(cleaned)
+            return message, message.to_dict()
+    return message, data
 
 
 @contextlib.contextmanager

@@ -72,6 +72,20 @@ class Node:
         return f"Node(seq={self.seq}, role={self.role})"
 
 
+class _Views:
+    """:meth:`Surface._views`: the messages and seqs of ``nodes`` (the surface's list object, at
+    ``version``) up to and including ``last``."""
+
+    __slots__ = ("last", "messages", "nodes", "seqs", "version")
+
+    def __init__(self, nodes: list[Node], version: int) -> None:
+        self.nodes = nodes
+        self.version = version
+        self.last: Node | None = None
+        self.messages: list[Message] = []
+        self.seqs: list[int] = []
+
+
 class Surface:
     """Model-visible nodes in order, plus the indexes that keep tool pairing checkable."""
 
@@ -92,6 +106,8 @@ class Surface:
         #: (version, first seq, last seq, length) of the last range found closed: a transaction
         #: checks its span when it validates and again when its commit is appended
         self._closed: tuple[int, int, int, int] | None = None
+        #: every node's message and seq in order, kept between requests (see _views)
+        self._kept_views: _Views | None = None
 
     # -- lookups --------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -101,10 +117,38 @@ class Surface:
         return iter(self.nodes)
 
     def messages(self) -> list[Message]:
-        return [n.message for n in self.nodes]
+        """Each visible node's message, in order (a new list: the caller may change it)."""
+        return list(self._views().messages)
 
     def seqs(self) -> list[int]:
-        return [n.seq for n in self.nodes]
+        """Each visible node's seq, in order (a new list)."""
+        return list(self._views().seqs)
+
+    def _views(self) -> _Views:
+        """The nodes' messages and seqs, kept between calls and extended by the nodes appended
+        since: every request sends the whole surface, and copying the kept lists is one C loop
+        where building them walks every node in Python. Only ``apply`` changes ``nodes``: an
+        append adds after the kept prefix, anything else bumps ``version``; a snapshot's restore
+        installs another list. Either of those, or a prefix whose last node is not the kept
+        one, builds them afresh."""
+        nodes = self.nodes
+        kept = self._kept_views
+        count = 0 if kept is None else len(kept.seqs)
+        if (
+            kept is None
+            or kept.nodes is not nodes
+            or kept.version != self.version
+            or count > len(nodes)
+            or (count and nodes[count - 1] is not kept.last)
+        ):
+            kept = self._kept_views = _Views(nodes, self.version)
+            count = 0
+        if count < len(nodes):
+            added = nodes[count:]
+            kept.messages.extend([n.message for n in added])
+            kept.seqs.extend([n.seq for n in added])
+            kept.last = added[-1]
+        return kept
 
     def position(self, seq: int) -> int | None:
         """Index of the node with this seq on the surface, or None when it is not visible."""

@@ -47,6 +47,8 @@ from .base import (
 )
 
 _MORE = "more"
+#: a scan that found nothing new repaired nothing (the report is frozen: one instance serves)
+_NOTHING_REPAIRED = RepairReport()
 
 
 @dataclass(slots=True)
@@ -217,7 +219,7 @@ class JsonlStore(SyncDeferral):
                     self._existing(session_id)  # raises SessionNotFoundError, naming the folder
                     raise
                 if size <= index.end:
-                    return index, [], RepairReport()
+                    return index, [], _NOTHING_REPAIRED
             elif locked is None:
                 self._existing(session_id)
             self._primed.discard(session_id)
