@@ -257,3 +257,43 @@ def test_any_cut_restored_and_folded_on_equals_the_fold_of_the_whole_log(ops, cu
     assert [p["request"] for p in points] == [sum(q["count"] for q in points[:i]) for i in range(len(points))]
     assert all(len(m["label"]) <= tl.LABEL_CHARS for m in whole["markers"])
     assert all(t["error"] is None or len(t["error"]) <= tl.ERROR_CHARS for t in whole["transactions"])
+
+
+@st.composite
+def restored_buckets(draw):
+    """Buckets as a fold makes them (then, often, one value or one bucket's shape changed) and
+    the cursor and width they are checked against."""
+    width = draw(st.sampled_from([1, 2, 4, 8]))
+    n = draw(st.integers(0, 12))
+    buckets, seq = [], 0
+    for i in range(n):
+        count = width if i < n - 1 else draw(st.integers(1, width))
+        first = seq + draw(st.integers(0, 3))
+        last = first + draw(st.integers(0, 5))
+        seq = last + 1
+        measured = draw(st.integers(0, count))
+        low = draw(st.integers(0, 500)) if measured else None
+        peak = low + draw(st.integers(0, 500)) if measured else None
+        window = draw(st.one_of(st.none(), st.integers(1000, 9000)))
+        buckets.append([first, last, count, measured, peak, low, window])
+    cursor = seq + draw(st.integers(0, 2))
+    if buckets and draw(st.booleans()):
+        i = draw(st.integers(0, n - 1))
+        odd = st.one_of(st.integers(-3, 10**4), st.none(), st.booleans(), st.just("7"), st.just(2.0))
+        change = draw(st.sampled_from(["value", "value", "value", "shape", "type"]))
+        if change == "value":
+            buckets[i][draw(st.integers(0, 6))] = draw(odd)
+        elif change == "shape":
+            buckets[i] = buckets[i][: draw(st.sampled_from([0, 6]))] + ([0, 0] if draw(st.booleans()) else [])
+        else:
+            buckets[i] = tuple(buckets[i])
+    return buckets, max(cursor, draw(st.integers(0, 3))), width
+
+
+@settings(max_examples=400, deadline=None)
+@given(restored_buckets())
+def test_the_column_check_of_restored_buckets_agrees_with_the_per_bucket_pass(case):
+    """The restore's whole-column check accepts exactly what the per-bucket pass accepts (that
+    pass names the bad bucket when the column check refuses)."""
+    buckets, cursor, width = case
+    assert tl._buckets_plainly_valid(buckets, cursor, width) == (tl._first_bad_bucket(buckets, cursor, width) is None)
