@@ -328,28 +328,28 @@ class JsonlStore(SyncDeferral):
             need = index.base - start
             top = index.offsets[0]  # the byte after the newline that ends event base - 1
             found: list[int] = []  # line starts, the newest first
-            data, low = b"", top  # the bytes read so far: [low, top)
-            before = top - 1  # look for newlines before this byte (it is the newline ending base - 1)
+            low = top  # the file is read back to here
             block = 1 << 16
             while len(found) < need and low > 0:
-                new_low = max(0, low - block)
-                f.seek(new_low)
-                data = f.read(low - new_low) + data
-                low = new_low
-                at = before - low
+                block_low = max(0, low - block)
+                f.seek(block_low)
+                data = f.read(low - block_low)
+                # a newline is one byte: each block is searched on its own (not the one ending base - 1)
+                at = min(low, top - 1) - block_low
                 while len(found) < need:
                     at = data.rfind(b"\n", 0, at)
                     if at == -1:
                         break
-                    found.append(low + at + 1)
-                    before = low + at
+                    found.append(block_low + at + 1)
+                low = block_low
                 block *= 2
             if len(found) != need:
                 msg = f"{path}: found {len(found)} event lines before seq {index.base} where {need} were expected"
                 raise CorruptionError(msg)
             starts = found[::-1]
             # the first line found must hold `start` (the reader checks every event's seq after)
-            first = _loads(data[starts[0] - low : (starts[1] if need > 1 else top) - low], path, start + 2)
+            f.seek(starts[0])
+            first = _loads(f.read((starts[1] if need > 1 else top) - starts[0]), path, start + 2)
             if type(first) is not dict or first.get("seq") != start:
                 msg = f"{path}:{start + 2}: the line there is not event seq {start}; the log is corrupt"
                 raise CorruptionError(msg)
