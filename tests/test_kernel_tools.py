@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import Field, create_model
 
 from ctxkernel import CompactTool, Tool, ToolArgs, compact_schema
 
@@ -49,3 +51,30 @@ def test_a_models_schema_is_derived_once_per_process_and_each_tool_owns_its_copy
     assert len(calls) == 1
     parameters = second["function"]["parameters"]
     assert parameters["properties"]["path"]["description"] == "where" and "title" not in parameters
+
+
+_FIELD_TYPES = {
+    "int": (int, 0),
+    "bounded int": (int, Field(default=1, ge=0, le=50)),
+    "optional str": (str | None, None),
+    "short str": (str, Field(default="x", max_length=8, description="short")),
+    "int or str": (int | str | None, Field(default=None, description="number or id")),
+    "list of ints": (list[int], Field(default_factory=list, max_length=4)),
+    "nested": (Args | None, None),
+}
+
+
+@settings(max_examples=40, deadline=None)
+@given(fields=st.dictionaries(st.from_regex(r"[a-z]{1,8}", fullmatch=True), st.sampled_from(sorted(_FIELD_TYPES))))
+def test_a_compact_tools_kept_schema_is_the_compacted_full_schema_and_its_own(fields):
+    """CompactTool keeps its schema (compact_schema copies, so no deep copy first): it is what
+    compacting the full tool's schema gives, and changing one tool's does not reach another's."""
+    model = create_model("Generated", __base__=ToolArgs, **{name: _FIELD_TYPES[kind] for name, kind in fields.items()})
+    fresh = compact_schema(Tool("t", "d", model, lambda s, a: "").schema()["function"]["parameters"])
+    tool = CompactTool("t", "d", model, lambda s, a: "")
+    assert tool.schema() == {"type": "function", "function": {"name": "t", "description": "d", "parameters": fresh}}
+    assert tool.schema() is tool.schema()
+    for node in tool.schema()["function"]["parameters"].get("properties", {}).values():
+        node["description"] = "changed by its owner"
+    other = CompactTool("u", "d", model, lambda s, a: "").schema()["function"]["parameters"]
+    assert other == fresh

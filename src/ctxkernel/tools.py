@@ -153,8 +153,19 @@ class CompactTool(Tool):
     arguments are still checked against the full pydantic model)."""
 
     def schema(self) -> dict[str, Any]:
-        function = Tool.schema(self)["function"]
-        return {"type": "function", "function": {**function, "parameters": compact_schema(function["parameters"])}}
+        if self._schema is None:
+            # compact_schema builds new dicts and lists (it drops the titles too), so the process's
+            # schema of the model is not shared and needs no deep copy first (most of a new
+            # kernel's first request header)
+            self._schema = {
+                "type": "function",
+                "function": {
+                    "name": self.name,
+                    "description": self.description,
+                    "parameters": compact_schema(_json_schema(self.parameters)),
+                },
+            }
+        return self._schema
 
 
 def preview(value: Any, limit: int = 60) -> str:

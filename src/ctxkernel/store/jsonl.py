@@ -322,26 +322,36 @@ class JsonlStore(SyncDeferral):
 
     def _extend_back(self, session_id: str, index: _Index, start: int) -> None:
         """Add the offsets of events ``start..base-1`` to an index that starts at a snapshot,
-        reading the file backwards from there in growing blocks (never past what is needed)."""
+        reading the file backwards from there in growing blocks, each byte once, and looking
+        for the ``base - start`` newlines needed only (a last log page across a window switch
+        holds lines of 50-150 KB: scanning whole blocks for every newline cost ~1 ms)."""
         path = self.path(session_id)
         with self._mutex, open(path, "rb") as f:
             need = index.base - start
             top = index.offsets[0]  # the byte after the newline that ends event base - 1
+            found: list[int] = []  # line starts, the newest first
+            low = top  # the file is read back to here
             block = 1 << 16
-            while True:
-                low = max(0, top - block)
-                f.seek(low)
-                data = f.read(top - low)
-                starts = [low + i + 1 for i in _newlines(data)][:-1]  # the line after the last newline is `top`'s
-                if len(starts) >= need or low == 0:
-                    break
-                block *= 4
-            starts = starts[-need:]
-            if len(starts) != need:
-                msg = f"{path}: found {len(starts)} event lines before seq {index.base} where {need} were expected"
+            while len(found) < need and low > 0:
+                block_low = max(0, low - block)
+                f.seek(block_low)
+                data = f.read(low - block_low)
+                # a newline is one byte: each block is searched on its own (not the one ending base - 1)
+                at = min(low, top - 1) - block_low
+                while len(found) < need:
+                    at = data.rfind(b"\n", 0, at)
+                    if at == -1:
+                        break
+                    found.append(block_low + at + 1)
+                low = block_low
+                block *= 2
+            if len(found) != need:
+                msg = f"{path}: found {len(found)} event lines before seq {index.base} where {need} were expected"
                 raise CorruptionError(msg)
+            starts = found[::-1]
             # the first line found must hold `start` (the reader checks every event's seq after)
-            first = _loads(data[starts[0] - low : (starts[1] if need > 1 else top) - low], path, start + 2)
+            f.seek(starts[0])
+            first = _loads(f.read((starts[1] if need > 1 else top) - starts[0]), path, start + 2)
             if type(first) is not dict or first.get("seq") != start:
                 msg = f"{path}:{start + 2}: the line there is not event seq {start}; the log is corrupt"
                 raise CorruptionError(msg)
@@ -693,15 +703,6 @@ class JsonlStore(SyncDeferral):
             os.fsync(fd)
         finally:
             os.close(fd)
-
-
-def _newlines(data: bytes) -> list[int]:
-    """Positions of every newline in ``data``."""
-    found, at = [], data.find(b"\n")
-    while at != -1:
-        found.append(at)
-        at = data.find(b"\n", at + 1)
-    return found
 
 
 def _loads(line: bytes, path: Path, line_no: int) -> Any:
