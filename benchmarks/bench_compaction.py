@@ -16,7 +16,7 @@ strategy's own manual compaction, which runs the kernel's transaction (validatio
 A compaction's snapshot is written at the next step boundary, never inside the commit, for every
 strategy alike, so none of these timings holds it: ``decay``'s ``compress`` leaves it to the
 ``tool_result`` that closes its step (until the fifth round ``run_tool`` wrote it on return, and
-decay's row held it: ~0.75 ms, moved to the step's end, not removed; ``docs/performance.md``).
+decay's row held it: ~0.75 ms, moved to the step's end, not removed; ``docs/performance-log.md``).
 The session folds its snapshot indexes (timeline, history, the notes) and serialises each step's nodes at the
 end of that step (``Session._sync_indexes``), so that snapshot folds and serialises only the
 compaction's own step.
