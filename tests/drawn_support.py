@@ -44,6 +44,23 @@ def drawn_head_summary(session: Any, n: int) -> None:
         pass
 
 
+def drawn_shared_step(session: Any, op: str, n: int, calls: int) -> tuple[int, bool]:
+    """Run ``op`` when it is one of the steps above and the surface allows it (a turn when no
+    call is pending, results when one is, a summary when the surface has more than three nodes);
+    returns the next call number and whether a step ran."""
+    surface = session.surface
+    pending = list(surface.pending_calls)
+    if op == "turn" and not pending:
+        return drawn_turn(session, calls, n), True
+    if op == "result" and pending:
+        drawn_results(session, pending, n)
+        return calls, True
+    if op == "compact" and len(surface) > 3:
+        drawn_head_summary(session, n)
+        return calls, True
+    return calls, False
+
+
 def drawn_chat_step(session: Any, kind: str, value: Any, turn_open: bool) -> bool:
     """One step of a drawn chat (the instruction-ledger tests): ``user`` opens a turn with
     ``value``, ``reply`` answers an open turn with ``value`` and ends it, ``compact`` runs

@@ -98,14 +98,7 @@ def test_a_range_closed_at_its_edges_is_what_the_walk_finds(tmp_path_factory, op
     session = build_kernel(tmp_path_factory.mktemp("edges"), fsync=False).open_session()
     calls = 0
     for step, (op, n) in enumerate(ops):
-        surface = session.surface
-        pending = list(surface.pending_calls)
-        if op == "turn" and not pending:
-            calls = drawn.drawn_turn(session, calls, n)
-        elif op == "result" and pending:
-            drawn.drawn_results(session, pending, n)
-        elif op == "compact" and len(surface) > 3:
-            drawn.drawn_head_summary(session, n)
+        calls, _ = drawn.drawn_shared_step(session, op, n, calls)
         if step < len(rewrites):
             results = [node for node in session.surface.nodes if node.role == "tool"]
             if results:
