@@ -10,14 +10,13 @@ the same surface, pressures and event types."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_request_memos import run, step
+from test_request_memos import excerpt_after, run, step
 
 from ctxkernel import Message, Session, guard
 from ctxkernel.guard import MAX_MESSAGE_SHARE
@@ -25,20 +24,12 @@ from ctxkernel.meter import LARGE_NODE_TOKENS
 from ctxkernel.testing import build_kernel
 
 
-@contextlib.contextmanager
-def no_large_mark() -> Iterator[None]:
-    excerpt = guard.excerpt_oversized
+def clear_large_mark(session: Session) -> None:
+    session._oversized_large_clear_at = None
 
-    def excerpt_fresh(session: Session) -> Any:
-        session._oversized_large_clear_at = None
-        return excerpt(session)
 
-    with (
-        mock.patch.object(guard, "excerpt_oversized", excerpt_fresh),
-        mock.patch("ctxkernel.session.excerpt_oversized", excerpt_fresh),
-        mock.patch("ctxkernel.default_plugins.basic.excerpt_oversized", excerpt_fresh),
-    ):
-        yield
+def no_large_mark() -> contextlib.AbstractContextManager[None]:
+    return excerpt_after(clear_large_mark)
 
 
 def check_mark(session: Session) -> bool:

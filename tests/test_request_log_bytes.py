@@ -18,9 +18,10 @@ from unittest import mock
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_request_memos import run, step, words
+from test_oversized_large_mark import clear_large_mark
+from test_request_memos import excerpt_after, run, step, words
 
-from ctxkernel import Message, Session, guard
+from ctxkernel import Message, Session
 from ctxkernel import session as session_module
 from ctxkernel.messages import ToolCallBlock
 from ctxkernel.plugins import HookFacade
@@ -39,15 +40,11 @@ def _storable_message_before(message: Message) -> tuple[Message, dict[str, Any]]
 
 @contextlib.contextmanager
 def paths_before() -> Iterator[None]:
-    model_settings, excerpt = Session.model_settings, guard.excerpt_oversized
+    model_settings = Session.model_settings
 
     def settings_fresh(self: Session) -> Any:
         self._settings_memo = None
         return model_settings(self)
-
-    def excerpt_without_mark(session: Session) -> Any:
-        session._oversized_large_clear_at = None
-        return excerpt(session)
 
     def always_dispatch(self: HookFacade, name: str, /, **kwargs: Any) -> None:
         self._caller(name, kwargs["session"])(**kwargs)
@@ -58,9 +55,7 @@ def paths_before() -> Iterator[None]:
         mock.patch.object(session_module, "_storable_message", _storable_message_before),
         mock.patch.object(Session, "model_settings", settings_fresh),
         mock.patch.object(HookFacade, "_call_if_implemented", always_dispatch),
-        mock.patch.object(guard, "excerpt_oversized", excerpt_without_mark),
-        mock.patch("ctxkernel.session.excerpt_oversized", excerpt_without_mark),
-        mock.patch("ctxkernel.default_plugins.basic.excerpt_oversized", excerpt_without_mark),
+        excerpt_after(clear_large_mark),
     ):
         yield
 

@@ -9,7 +9,7 @@ and a changed system prompt. A second session runs the same steps with both memo
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -52,24 +52,36 @@ def fresh_pressure(session: Session) -> Any:
 
 
 @contextlib.contextmanager
+def excerpt_after(clear: Callable[[Session], None]) -> Iterator[None]:
+    """``guard.excerpt_oversized``, wherever it is bound (the guard, the session, basic), runs
+    ``clear(session)`` first: the tests switch its marks off with it."""
+    excerpt = guard.excerpt_oversized
+
+    def excerpt_cleared(session: Session) -> Any:
+        clear(session)
+        return excerpt(session)
+
+    with (
+        mock.patch.object(guard, "excerpt_oversized", excerpt_cleared),
+        mock.patch("ctxkernel.session.excerpt_oversized", excerpt_cleared),
+        mock.patch("ctxkernel.default_plugins.basic.excerpt_oversized", excerpt_cleared),
+    ):
+        yield
+
+
+@contextlib.contextmanager
 def no_memos() -> Iterator[None]:
     """Every read computes afresh: the memo of pressure and the clear mark are cleared first."""
-    pressure, excerpt = Session.pressure, guard.excerpt_oversized
+    pressure = Session.pressure
 
     def pressure_fresh(self: Session) -> Any:
         self._pressure_memo = None
         return pressure(self)
 
-    def excerpt_fresh(session: Session) -> Any:
+    def clear_mark(session: Session) -> None:
         session._oversized_clear_at = None
-        return excerpt(session)
 
-    with (
-        mock.patch.object(Session, "pressure", pressure_fresh),
-        mock.patch.object(guard, "excerpt_oversized", excerpt_fresh),
-        mock.patch("ctxkernel.session.excerpt_oversized", excerpt_fresh),
-        mock.patch("ctxkernel.default_plugins.basic.excerpt_oversized", excerpt_fresh),
-    ):
+    with mock.patch.object(Session, "pressure", pressure_fresh), excerpt_after(clear_mark):
         yield
 
 
