@@ -245,3 +245,24 @@ def test_a_handoff_over_the_note_limit_is_clipped_in_its_note_and_kept_whole_in_
     note = notes.read("handoff.md").content
     assert len(handoff.encode()) > 1_500 >= len(note.encode())
     assert note.endswith("\n… [clipped to the note limit]") and handoff.startswith(note.split("\n…")[0])
+
+
+def test_the_state_a_switch_left_unfolded_folds_as_a_fresh_one(handoff_kernel, agent):
+    """The commit hook counts the switch and keeps the excerpts of the surface left without
+    folding the commit's events (the next use folds them): read right after the switch, before
+    any step, the state is what a process folding the whole log from nothing derives; the
+    excerpts the switch replaced are held until the next step ends, then freed."""
+    from ctxkernel_handoff.engine import folded_state
+
+    kernel, session = build(handoff_kernel, agent, handoff={"handoff_summary": "extractive"})
+    held = state_for(session)
+    switches = held.switches
+    assert ctxkernel_handoff.compact_now(session).committed
+    assert held.switches == switches + 1 and held.excerpts.retired is not None
+    fresh = handoff_kernel(window=200_000, handoff={"handoff_summary": "extractive"})
+    reopened = fresh.open_session(session.id)
+    assert folded_state(session) == folded_state(reopened)
+    assert state_for(session).last_switch is not None and state_for(session).last_switch["reason"] == "manual"
+    agent(session).turn("after the switch " + "detail " * 20)
+    assert state_for(session).excerpts.retired is None
+    assert folded_state(session) == folded_state(handoff_kernel(window=200_000).open_session(session.id))

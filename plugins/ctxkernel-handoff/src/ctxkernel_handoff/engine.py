@@ -340,9 +340,9 @@ def switch(session: Session, *, reason: str, keep_tokens: int | None = None) -> 
     new_window = history.current_window.number + 1
     record: dict[str, Any] = {"window": new_window, "reason": reason}
     assert region is not None  # every pass of the loop above returned when it found no region
-    plan = state.plan = SwitchPlan(reason, budget, region_tokens, rest, target, record)
+    plan = state.plan = SwitchPlan(reason, budget, region_tokens, rest, target, record, settings)
     try:
-        if builds_up_front(session):
+        if builds_up_front(session, settings):
             # no model call: the handoff and its notes are built before the transaction and
             # committed in one durable write (the lock in the same batch as the commit)
             summary = compose(session, plan, nodes)
@@ -392,6 +392,9 @@ class SwitchPlan:
     rest: int  # tokens that stay: request header and the kept messages
     target: int  # the new window must open at or below this many tokens
     record: dict[str, Any]  # the compaction/summary data; the hook adds the window record
+    #: the strategy's settings as the switch read them (one look-up per switch: each is a
+    #: validation cache's and the model's settings' look-up, ~10 µs)
+    settings: HandoffSettings | None = None
     handoff: Handoff | None = None
     #: the handoff built costs fewer tokens than the region (an exact count): the transaction's
     #: shrink check would count it again only to find the same
@@ -413,7 +416,7 @@ def compose(session: Session, plan: SwitchPlan, nodes: list[Node]) -> Summary:
     compaction/summary records."""
     state = state_for(session)
     history = History.for_session(session)
-    settings = settings_of(session)
+    settings = plan.settings if plan.settings is not None else settings_of(session)
     session_notes = notes_of(session)
     notes = session_notes.active()
     mode = settings.handoff_summary
@@ -508,10 +511,12 @@ def leading_line(text: str) -> str:
     return lines[0].strip() if len(lines) > 1 else first_line(text).strip()
 
 
-def builds_up_front(session: Session) -> bool:
+def builds_up_front(session: Session, settings: HandoffSettings | None = None) -> bool:
     """True when a switch makes no model call (``extractive``, or ``generated`` with no summarizer
-    configured, which falls back to extractive): its handoff is then built before the transaction."""
-    return settings_of(session).handoff_summary == "extractive" or STRATEGY.on(session).summarizer is None
+    configured, which falls back to extractive): its handoff is then built before the transaction.
+    ``settings``: the strategy's, when the caller has them already."""
+    settings = settings if settings is not None else settings_of(session)
+    return settings.handoff_summary == "extractive" or STRATEGY.on(session).summarizer is None
 
 
 #: a process whose first step finds at most this many surface nodes renders them at that step
@@ -602,7 +607,10 @@ def after_commit(session: Session, result: CommitResult) -> None:
     """After a committed switch (its notes landed with it, see :func:`stage_notes`): count it and
     keep only the excerpts of the surface it left (a pass over the kept tail, not over the
     nodes it replaced: those cost as much as the switch's own planning)."""
-    state = state_for(session)
+    held = STRATEGY.on(session).state.get("state")
+    # the state folds the commit's events at its next use (the next step's pre_step folds the
+    # log to its end anyway: moved, not removed); the switch that committed built it
+    state = held if isinstance(held, HandoffState) else state_for(session)
     state.switches += 1
     state.excerpts.keep(session.surface.nodes)
 

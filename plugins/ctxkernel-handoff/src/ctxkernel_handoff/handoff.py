@@ -498,6 +498,7 @@ class Excerpts:
     def __init__(self) -> None:
         self._by_seq: dict[int, Excerpt] = {}
         self.material = Material()
+        self.retired: tuple[dict[int, Excerpt], Material] | None = None
 
     def of(self, history: History, node: Node, meter: LineMeter | None = None) -> Excerpt:
         """The excerpt of ``node``, rendered when this is its first call; with ``meter`` its lines
@@ -551,8 +552,15 @@ class Excerpts:
         """Forget every node but ``nodes`` (the surface a switch left: O(the kept tail), not O(the
         nodes it replaced))."""
         get = self._by_seq.get
+        # what the switch replaced (hundreds of excerpts) is freed at the next step end
+        # (:meth:`release`), not inside the commit: moved, not removed
+        self.retired = (self._by_seq, self.material)
         self._by_seq = {node.seq: found for node in nodes if (found := get(node.seq)) is not None}
         self.material = Material()  # the next step end adds the surface left (:meth:`extend`)
+
+    def release(self) -> None:
+        """Free the excerpts a switch replaced (:meth:`keep` holds them until a step ends)."""
+        self.retired = None
 
     def __len__(self) -> int:
         return len(self._by_seq)

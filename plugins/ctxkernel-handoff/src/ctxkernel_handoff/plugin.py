@@ -123,6 +123,7 @@ def pre_step(session: Session, step: StepContext) -> None:
     if not mode.enabled:
         return
     state = state_for(session)
+    state.excerpts.release()  # what the last switch replaced, freed at the step after it
     if mode.window:
         # every switch reads the notes: built at the first step (not at the open, see
         # session_opened), the session folds them at each step end from then on, so a switch
