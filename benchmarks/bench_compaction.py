@@ -33,6 +33,9 @@ moved to the step ends of the build, outside the timing, as it does in a live se
 excerpts to the body's material (``Material``: entries before each position, the file list,
 the positions naming a file or carrying a block; a few µs a step), so a switch reads those at
 its region's length instead of collecting every excerpt of the window: moved, not removed.
+Since the tenth round a switch's commit hook leaves the fold of its four events (the next
+step's ``pre_step`` folds the log to its end anyway) and the freeing of the excerpts it replaced
+to the next step: moved, not removed (~0.25 M instructions; ``docs/performance-log.md``).
 Chapters counts each user instruction's quote in the ``pre_step`` of the step it starts
 (``count_new_quotes``, in the build, outside the timing; a live session pays it there too:
 ~15-100 µs once per user message), so its table of contents is counted from those quotes and
