@@ -394,7 +394,7 @@ class SwitchPlan:
     record: dict[str, Any]  # the compaction/summary data; the hook adds the window record
     #: the strategy's settings as the switch read them (one look-up per switch: each is a
     #: validation cache's and the model's settings' look-up, ~10 µs)
-    settings: HandoffSettings | None = None
+    settings: HandoffSettings
     handoff: Handoff | None = None
     #: the handoff built costs fewer tokens than the region (an exact count): the transaction's
     #: shrink check would count it again only to find the same
@@ -416,7 +416,7 @@ def compose(session: Session, plan: SwitchPlan, nodes: list[Node]) -> Summary:
     compaction/summary records."""
     state = state_for(session)
     history = History.for_session(session)
-    settings = plan.settings if plan.settings is not None else settings_of(session)
+    settings = plan.settings
     session_notes = notes_of(session)
     notes = session_notes.active()
     mode = settings.handoff_summary
