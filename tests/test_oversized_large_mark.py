@@ -16,7 +16,7 @@ from unittest import mock
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_request_memos import excerpt_after, run, step
+from test_request_memos import assert_steps_match, excerpt_after, step, twin_sessions
 
 from ctxkernel import Message, Session, guard
 from ctxkernel.guard import MAX_MESSAGE_SHARE
@@ -51,20 +51,7 @@ def check_mark(session: Session) -> bool:
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(step, min_size=1, max_size=30))
 def test_the_large_mark_skips_only_scans_that_find_nothing(tmp_path_factory: Any, steps: list[Any]) -> None:
-    homes = [Path(tmp_path_factory.mktemp("mark")), Path(tmp_path_factory.mktemp("fresh"))]
-    profile = {"model": {"context_window": 8_000, "reserved_output_tokens": 500}}
-    marked, fresh = (build_kernel(home, strategies=["basic"], fsync=False, **profile).open_session() for home in homes)
-    for n, action in enumerate(steps):
-        seen = run(marked, action, n)
-        check_mark(marked)
-        with no_large_mark():
-            expected = run(fresh, action, n)
-            surface = [node.message.to_dict() for node in fresh.surface.nodes]
-            pressure = fresh.pressure()
-        assert seen == expected
-        assert [node.message.to_dict() for node in marked.surface.nodes] == surface
-        assert marked.pressure() == pressure
-        assert [e.type for e in marked.events] == [e.type for e in fresh.events]
+    assert_steps_match(twin_sessions(tmp_path_factory, "mark", "fresh"), steps, check_mark, no_large_mark)
 
 
 def test_a_request_after_a_clear_pass_skips_the_scan(tmp_path: Path) -> None:

@@ -19,14 +19,13 @@ from unittest import mock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_oversized_large_mark import clear_large_mark
-from test_request_memos import excerpt_after, run, step, words
+from test_request_memos import excerpt_after, run, step, twin_sessions, words
 
 from ctxkernel import Message, Session
 from ctxkernel import session as session_module
 from ctxkernel.messages import ToolCallBlock
 from ctxkernel.plugins import HookFacade
 from ctxkernel.surface import Surface
-from ctxkernel.testing import build_kernel
 from ctxkernel.text import storable
 
 
@@ -89,9 +88,7 @@ drawn = st.one_of(step, st.tuples(st.just("serve"), st.integers(0, 2)), st.tuple
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(drawn, min_size=1, max_size=25))
 def test_the_log_is_byte_identical_to_the_paths_before(tmp_path_factory: Any, steps: list[Any]) -> None:
-    homes = [Path(tmp_path_factory.mktemp("now")), Path(tmp_path_factory.mktemp("before"))]
-    profile = {"model": {"context_window": 8_000, "reserved_output_tokens": 500}}
-    now, before = (build_kernel(home, strategies=["basic"], fsync=False, **profile).open_session() for home in homes)
+    now, before = twin_sessions(tmp_path_factory, "now", "before")
     for n, action in enumerate(steps):
         for session, paths in ((now, contextlib.nullcontext()), (before, paths_before())):
             with paths:
@@ -99,6 +96,6 @@ def test_the_log_is_byte_identical_to_the_paths_before(tmp_path_factory: Any, st
                     serve_request(session, n, action[1])
                 else:
                     run(session, action, n)
-    logs = [normalised(next(home.rglob(f"{s.id}.jsonl"))) for home, s in zip(homes, (now, before), strict=True)]
+    logs = [normalised(s.store.path(s.id)) for s in (now, before)]
     assert logs[0] == logs[1]
     assert len(now.events) == len(before.events)

@@ -131,20 +131,38 @@ def check_memos(session: Session) -> None:
         assert all(session.meter.node_tokens(n) <= cap for n in session.surface.nodes)
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(step, min_size=1, max_size=30))
-def test_memoised_answers_equal_fresh_ones_after_every_step(tmp_path_factory: Any, steps: list[Any]) -> None:
-    homes = [Path(tmp_path_factory.mktemp("memo")), Path(tmp_path_factory.mktemp("fresh"))]
+def twin_sessions(tmp_path_factory: Any, first: str, second: str) -> tuple[Session, Session]:
+    """Two fresh ``basic`` sessions of the same small-window profile, each in a home of its own."""
     profile = {"model": {"context_window": 8_000, "reserved_output_tokens": 500}}
-    memo, fresh = (build_kernel(home, strategies=["basic"], fsync=False, **profile).open_session() for home in homes)
+    homes = [Path(tmp_path_factory.mktemp(first)), Path(tmp_path_factory.mktemp(second))]
+    live, other = (build_kernel(home, strategies=["basic"], fsync=False, **profile).open_session() for home in homes)
+    return live, other
+
+
+def assert_steps_match(
+    twins: tuple[Session, Session],
+    steps: list[Any],
+    check: Callable[[Session], object],
+    switched_off: Callable[[], contextlib.AbstractContextManager[None]],
+) -> None:
+    """Run each step on both sessions, the second inside ``switched_off()`` (the paths under test
+    replaced by fresh computation); ``check`` the first after each step, and require both to end
+    it with the same answer, surface, pressure and event types."""
+    live, fresh = twins
     for n, action in enumerate(steps):
-        seen = run(memo, action, n)
-        check_memos(memo)
-        with no_memos():
+        seen = run(live, action, n)
+        check(live)
+        with switched_off():
             expected = run(fresh, action, n)
             surface = [node.message.to_dict() for node in fresh.surface.nodes]
             pressure = fresh.pressure()
         assert seen == expected
-        assert [node.message.to_dict() for node in memo.surface.nodes] == surface
-        assert memo.pressure() == pressure
-        assert [e.type for e in memo.events] == [e.type for e in fresh.events]
+        assert [node.message.to_dict() for node in live.surface.nodes] == surface
+        assert live.pressure() == pressure
+        assert [e.type for e in live.events] == [e.type for e in fresh.events]
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(step, min_size=1, max_size=30))
+def test_memoised_answers_equal_fresh_ones_after_every_step(tmp_path_factory: Any, steps: list[Any]) -> None:
+    assert_steps_match(twin_sessions(tmp_path_factory, "memo", "fresh"), steps, check_memos, no_memos)
