@@ -80,7 +80,7 @@ def run(bench: Any) -> None:
     if not dsn:
         print(json.dumps({"name": "fleet_throughput", "skipped": "set CTXKERNEL_TEST_PG_DSN"}), flush=True)
         return
-    from ctxkernel.testing_store import postgres_schema
+    from ctxkernel.testing.store import postgres_schema
 
     seconds = 2.0 if bench.quick else 5.0
     rounds = 1 if bench.quick else 3

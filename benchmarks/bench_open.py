@@ -54,7 +54,7 @@ def backends(scratch: Path, stack: contextlib.ExitStack, size: int) -> dict[str,
     dsn = os.environ.get("CTXKERNEL_TEST_PG_DSN") or os.environ.get("CTXKERNEL_STORE__DSN")
     if dsn:
         from ctxkernel.store.postgres import PostgresStore
-        from ctxkernel.testing_store import postgres_schema
+        from ctxkernel.testing.store import postgres_schema
 
         schema_dsn = stack.enter_context(postgres_schema(dsn))
         found["postgres"] = lambda: PostgresStore(schema_dsn)

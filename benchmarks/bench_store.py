@@ -116,7 +116,7 @@ def backends(scratch: Path, stack: contextlib.ExitStack) -> dict[str, Callable[[
     dsn = os.environ.get("CTXKERNEL_TEST_PG_DSN") or os.environ.get("CTXKERNEL_STORE__DSN")
     if dsn:
         from ctxkernel.store.postgres import PostgresStore
-        from ctxkernel.testing_store import postgres_schema
+        from ctxkernel.testing.store import postgres_schema
 
         schema_dsn = stack.enter_context(postgres_schema(dsn))  # dropped at the end of the run
         found["postgres"] = lambda: PostgresStore(schema_dsn)

@@ -6,7 +6,7 @@ many sessions of every strategy on one PostgreSQL while one worker is SIGKILLed 
 
 Needs CTXKERNEL_TEST_PG_DSN (scripts/test-services.sh sets it; required under CI=true). Prints the
 figures on stderr and one JSON line on stdout; exits 1 on the first violated invariant (see
-ctxkernel.testing_fleet for what is checked).
+ctxkernel.testing.fleet for what is checked).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import json
 import os
 import sys
 
-from ctxkernel.testing_crash import CrashCheckError
-from ctxkernel.testing_fleet import run_fleet
-from ctxkernel.testing_store import PG_DSN_ENV, in_ci, postgres_schema
+from ctxkernel.testing.crash import CrashCheckError
+from ctxkernel.testing.fleet import run_fleet
+from ctxkernel.testing.store import PG_DSN_ENV, in_ci, postgres_schema
 
 
 def main() -> int:

@@ -5,7 +5,7 @@
 
 Each trial kills a writer during appends and compaction transactions and then checks, on the
 reopened store, that the log replays, that no acknowledged event is lost and that no half-committed
-compaction is visible (see ctxkernel.testing_crash). Prints one JSON line per backend and exits 1
+compaction is visible (see ctxkernel.testing.crash). Prints one JSON line per backend and exits 1
 on the first violation. PostgreSQL runs when CTXKERNEL_TEST_PG_DSN is set (required under CI=true).
 """
 
@@ -18,8 +18,8 @@ import sys
 import tempfile
 import time
 
-from ctxkernel.testing_crash import CrashCheckError, run_trials
-from ctxkernel.testing_store import PG_DSN_ENV, in_ci
+from ctxkernel.testing.crash import CrashCheckError, run_trials
+from ctxkernel.testing.store import PG_DSN_ENV, in_ci
 
 
 def main() -> int:
@@ -38,7 +38,7 @@ def main() -> int:
                     print(json.dumps({"name": "crash_trials_postgres", "skipped": f"{PG_DSN_ENV} is not set"}))
                     failed = failed or in_ci()
                     continue
-                from ctxkernel.testing_store import postgres_schema
+                from ctxkernel.testing.store import postgres_schema
 
                 with postgres_schema(dsn) as schema_dsn:
                     failed |= run(backend, f"postgres:{schema_dsn}", args)

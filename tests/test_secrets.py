@@ -19,7 +19,7 @@ from ctxkernel import ModelError
 from ctxkernel.cli import main
 from ctxkernel.redact import redact, redact_headers, redact_url, structlog_processor, url_origin
 from ctxkernel.testing import build_kernel
-from ctxkernel.testing_store import postgres_dsn
+from ctxkernel.testing.store import postgres_dsn
 from ctxkernel.validate import validate_profile
 
 PASSWORD = "Pg-s3cret-Pw"

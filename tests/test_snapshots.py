@@ -19,7 +19,7 @@ from ctxkernel.snapshot import SNAPSHOT_VERSION, LazyEvents
 from ctxkernel.store.jsonl import JsonlStore
 from ctxkernel.store.sqlite import SqliteStore
 from ctxkernel.testing import check_conformance, make_profile
-from ctxkernel.testing_store import postgres_dsn, postgres_schema
+from ctxkernel.testing.store import postgres_dsn, postgres_schema
 
 SMALL_WINDOW = {"context_window": 6000, "reserved_output_tokens": 1000}
 

@@ -560,7 +560,7 @@ def test_surface_shows_decay_anchors_as_the_decay_panel_has_them(tmp_path):
 def row_store_profile(request, tmp_path):
     """A profile on the sqlite store, or on a throwaway PostgreSQL schema."""
     if request.param == "postgres":
-        from ctxkernel.testing_store import postgres_dsn, postgres_schema
+        from ctxkernel.testing.store import postgres_dsn, postgres_schema
 
         with postgres_schema(postgres_dsn()) as dsn:
             yield support.write_profile(

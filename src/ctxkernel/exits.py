@@ -1,5 +1,5 @@
 """The command line's exit statuses and output helpers, in a leaf module so that every
-subcommand module (``cli_commands``, ``store/cli``, ``simulate/cli``) can use them without
+subcommand module (``cli.commands``, ``store/cli``, ``simulate/cli``) can use them without
 importing the ``ctxkernel`` command itself (which would put ``store`` in an import cycle)."""
 
 from __future__ import annotations

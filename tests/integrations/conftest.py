@@ -16,9 +16,9 @@ import pytest
 from hypothesis import strategies as st
 
 from ctxkernel import Message, ReasoningBlock, Source, TextBlock, ToolCallBlock
-from ctxkernel.conformance import pairing_problems
 from ctxkernel.meter import Meter, get_tokenizer
 from ctxkernel.profile import load_profile
+from ctxkernel.testing.conformance import pairing_problems
 
 # the Agents SDK would export traces of the test runs to OpenAI; these tests stay on loopback
 os.environ["OPENAI_AGENTS_DISABLE_TRACING"] = "1"

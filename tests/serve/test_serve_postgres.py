@@ -18,7 +18,7 @@ from serve_fake_upstream import Reply
 
 from ctxkernel import Kernel
 from ctxkernel.profile import load_profile
-from ctxkernel.testing_store import postgres_dsn, postgres_schema
+from ctxkernel.testing.store import postgres_dsn, postgres_schema
 
 from .conftest import write_profile
 

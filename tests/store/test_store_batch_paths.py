@@ -27,7 +27,7 @@ from ctxkernel.events import Event
 from ctxkernel.store.jsonl import JsonlStore
 from ctxkernel.store.rows import encode_event
 from ctxkernel.store.sqlite import INSERT_CHUNKS, SqliteStore
-from ctxkernel.testing_store import header
+from ctxkernel.testing.store import header
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=12),

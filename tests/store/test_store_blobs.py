@@ -18,7 +18,7 @@ from ctxkernel.store.base import BLOB_CHUNK_BYTES, BlobInfo, EventStore
 from ctxkernel.store.cli import open_store
 from ctxkernel.store.jsonl import JsonlStore
 from ctxkernel.store.sqlite import SqliteStore
-from ctxkernel.testing_store import postgres_dsn, postgres_schema
+from ctxkernel.testing.store import postgres_dsn, postgres_schema
 
 # two values of two chunks each: a torn write would show as a mix of the two
 VALUES = [bytes([n]) * (BLOB_CHUNK_BYTES + 4096 * n) for n in (1, 2)]

@@ -1,4 +1,4 @@
-"""The store conformance suite (ctxkernel.testing_store), run unchanged against every backend."""
+"""The store conformance suite (ctxkernel.testing.store), run unchanged against every backend."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from ctxkernel.store.jsonl import JsonlStore
 from ctxkernel.store.sqlite import SqliteStore
-from ctxkernel.testing_store import StoreConformance, postgres_dsn, postgres_schema
+from ctxkernel.testing.store import StoreConformance, postgres_dsn, postgres_schema
 
 
 class TestJsonlConformance(StoreConformance):

@@ -14,7 +14,7 @@ from ctxkernel.store import cli as store_cli
 from ctxkernel.store.cli import copy_sessions, open_store, session_hash
 from ctxkernel.store.jsonl import JsonlStore
 from ctxkernel.testing import make_profile
-from ctxkernel.testing_store import postgres_dsn, postgres_schema
+from ctxkernel.testing.store import postgres_dsn, postgres_schema
 
 
 def fill(store, session_id, turns, tmp_path):

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from ctxkernel.testing_crash import Acks, CrashCheckError, run_trials, verify_session
-from ctxkernel.testing_store import batch, header, postgres_dsn, postgres_schema
+from ctxkernel.testing.crash import Acks, CrashCheckError, run_trials, verify_session
+from ctxkernel.testing.store import batch, header, postgres_dsn, postgres_schema
 
 TRIALS = 4
 
@@ -39,7 +39,7 @@ def test_postgres_survives_sigkill(proof_line):
 def test_verifier_catches_a_lost_acknowledged_batch(tmp_path):
     """The check can fail: an acknowledged batch that is not in the log is reported."""
     from ctxkernel.store.jsonl import JsonlStore
-    from ctxkernel.testing_crash import batch_hash
+    from ctxkernel.testing.crash import batch_hash
 
     store = JsonlStore(tmp_path)
     store.create(header("s"))

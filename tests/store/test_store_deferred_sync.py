@@ -10,7 +10,7 @@ from ctxkernel.store import jsonl as jsonl_module
 from ctxkernel.store.base import deferred_sync
 from ctxkernel.store.jsonl import JsonlStore
 from ctxkernel.store.sqlite import SqliteStore
-from ctxkernel.testing_store import batch, header
+from ctxkernel.testing.store import batch, header
 
 
 def test_jsonl_skips_fsync_only_inside_and_only_on_its_thread(tmp_path, monkeypatch):

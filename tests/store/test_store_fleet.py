@@ -1,15 +1,15 @@
 """The fleet case (issue 19): three worker processes with their own kernel homes and host ids serve
 20 sessions of every strategy on one PostgreSQL, each turn by whichever worker is free, while one
 of them is SIGKILLed again and again, inside compaction transactions too. See
-ctxkernel.testing_fleet for the checks (run inside run_fleet, on every tier); the quick tier runs in
+ctxkernel.testing.fleet for the checks (run inside run_fleet, on every tier); the quick tier runs in
 `make test-fast`, the full one is marked slow, and ``make stress`` runs a longer fleet."""
 
 from __future__ import annotations
 
 import pytest
 
-from ctxkernel.testing_fleet import run_fleet
-from ctxkernel.testing_store import postgres_dsn, postgres_schema
+from ctxkernel.testing.fleet import run_fleet
+from ctxkernel.testing.store import postgres_dsn, postgres_schema
 
 
 @pytest.mark.postgres

@@ -8,7 +8,7 @@ import pytest
 
 from ctxkernel.errors import ConflictError, CorruptionError, StoreError
 from ctxkernel.store.jsonl import JsonlStore
-from ctxkernel.testing_store import event, header
+from ctxkernel.testing.store import event, header
 
 
 def test_deleting_lock_files_cannot_let_a_second_writer_in(tmp_path):

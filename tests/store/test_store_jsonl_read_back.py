@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ctxkernel.store.jsonl import JsonlStore, _Index
-from ctxkernel.testing_store import event, header
+from ctxkernel.testing.store import event, header
 
 #: line sizes around the backward read's first block (64 KB) and its doublings, and small ones
 SIZES = st.one_of(st.integers(0, 300), st.integers(30_000, 200_000))

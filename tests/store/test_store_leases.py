@@ -20,7 +20,7 @@ from ctxkernel.compaction import Span, whole_surface_but_last
 from ctxkernel.errors import CompactionBusyError
 from ctxkernel.store.cli import open_store
 from ctxkernel.testing import make_profile
-from ctxkernel.testing_store import postgres_dsn, postgres_schema
+from ctxkernel.testing.store import postgres_dsn, postgres_schema
 
 WORKER = Path(__file__).with_name("two_workers_worker.py")
 LEASE_SECONDS = 1.5

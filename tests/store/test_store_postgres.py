@@ -13,7 +13,7 @@ from ctxkernel.profile import StoreSettings, load_profile
 from ctxkernel.store import store_from_settings
 from ctxkernel.store.postgres import SCHEMA_VERSION, PostgresStore
 from ctxkernel.testing import make_profile
-from ctxkernel.testing_store import batch, header, postgres_dsn, postgres_schema
+from ctxkernel.testing.store import batch, header, postgres_dsn, postgres_schema
 
 
 def test_missing_connection_string_says_where_to_set_it(monkeypatch):

@@ -20,7 +20,7 @@ from ctxkernel import Kernel
 from ctxkernel.errors import StoreError
 from ctxkernel.store.postgres import PostgresStore
 from ctxkernel.testing import make_profile
-from ctxkernel.testing_store import batch, dump, header, holder, postgres_dsn, postgres_schema
+from ctxkernel.testing.store import batch, dump, header, holder, postgres_dsn, postgres_schema
 
 pytestmark = pytest.mark.postgres
 

@@ -17,7 +17,7 @@ from ctxkernel.profile import StoreSettings
 from ctxkernel.store import store_from_settings
 from ctxkernel.store.sqlite import DATABASE_NAME, INIT_LOCK_SUFFIX, SqliteStore
 from ctxkernel.testing import make_profile
-from ctxkernel.testing_store import batch, header
+from ctxkernel.testing.store import batch, header
 
 
 def test_one_database_under_the_home_in_wal_mode(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 
 from ctxkernel.store.rows import encode_event
 from ctxkernel.store.sqlite import SqliteStore
-from ctxkernel.testing_store import StoreConformance
+from ctxkernel.testing.store import StoreConformance
 
 
 class NoConflictCheck(SqliteStore):

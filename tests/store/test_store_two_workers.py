@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from ctxkernel.store.cli import open_store
-from ctxkernel.testing_store import postgres_dsn, postgres_schema
+from ctxkernel.testing.store import postgres_dsn, postgres_schema
 
 WORKER = Path(__file__).with_name("two_workers_worker.py")
 

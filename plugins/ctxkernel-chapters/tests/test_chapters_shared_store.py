@@ -7,7 +7,7 @@ import pytest
 from helpers_chapters import call_tool, chapters_kernel, registry, run_turns
 
 from ctxkernel.store.sqlite import SqliteStore
-from ctxkernel.testing_store import postgres_dsn, postgres_schema
+from ctxkernel.testing.store import postgres_dsn, postgres_schema
 from ctxkernel_chapters import plugin as chapters_plugin
 
 

@@ -1,14 +1,5 @@
-"""Public test helpers for strategy authors, shipped as a pytest plugin.
-
-Enable in a plugin's tests with one line in ``conftest.py``::
-
-    pytest_plugins = ["ctxkernel.testing"]
-
-(It is also registered through the ``pytest11`` entry point, so installing ctxkernel is enough.)
-
-Fixtures: ``ctx_home`` (a temporary kernel home), ``make_kernel`` (a kernel with entry-point
-discovery off, strategies given in code), ``scripted_model``. Helpers: :func:`throwaway_plugin`.
-"""
+"""The test kit's helpers: profiles and kernels for a test, a throwaway plugin, counting doubles
+(re-exported by :mod:`ctxkernel.testing`, which is what tests import)."""
 
 from __future__ import annotations
 
@@ -18,10 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .kernel import Kernel
-from .models.scripted import ScriptedModel
-from .profile import Profile, builtin_profile, load_profile
-from .store.jsonl import JsonlStore
+from ..kernel import Kernel
+from ..profile import Profile, builtin_profile, load_profile
+from ..store.jsonl import JsonlStore
 
 
 def make_profile(path: Path | None = None, **overrides: Any) -> Profile:
@@ -76,32 +66,6 @@ def throwaway_plugin(kernel: Kernel, plugin: Any, name: str) -> Iterator[Any]:
         kernel.plugins.unregister(name)
 
 
-try:  # the helpers work without pytest; the fixtures need it
-    import pytest
-except ImportError:  # pragma: no cover
-    pytest = None  # type: ignore[assignment]
-
-if pytest is not None:
-
-    @pytest.fixture
-    def ctx_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-        home = tmp_path / "ctxkernel-home"
-        home.mkdir()
-        monkeypatch.setenv("CTXKERNEL_HOME", str(home))
-        return home
-
-    @pytest.fixture
-    def make_kernel(ctx_home: Path) -> Any:
-        def factory(**kwargs: Any) -> Kernel:
-            return build_kernel(ctx_home, **kwargs)
-
-        return factory
-
-    @pytest.fixture
-    def scripted_model() -> Any:
-        return ScriptedModel
-
-
 class FsyncCounter:
     """Counts this process's ``os.fsync`` calls while a test runs (``calls``): how many durable
     writes an action costs, e.g. that a strategy's transaction is one. Undone with the test's
@@ -130,30 +94,3 @@ class CountingTokenizer:
     def count(self, text: str) -> int:
         self.texts.append(text)
         return int(self.inner.count(text))
-
-
-# the conformance suite is public test API
-from .conformance import (  # noqa: E402
-    ConformanceError,
-    ConformanceReport,
-    ConformanceStep,
-    SnapshotCut,
-    check_conformance,
-    check_snapshot_equivalence,
-    request_orphans,
-)
-
-__all__ = [
-    "ConformanceError",
-    "ConformanceReport",
-    "ConformanceStep",
-    "CountingTokenizer",
-    "FsyncCounter",
-    "SnapshotCut",
-    "build_kernel",
-    "check_conformance",
-    "check_snapshot_equivalence",
-    "make_profile",
-    "request_orphans",
-    "throwaway_plugin",
-]

@@ -1,7 +1,7 @@
 """Fleet proof: several stateless worker processes serve many sessions on one shared store while
 one of them is SIGKILLed again and again.
 
-Each worker (``python -m ctxkernel.testing_fleet SPEC HOME HOST ACKS``) has its own kernel home and
+Each worker (``python -m ctxkernel.testing.fleet SPEC HOME HOST ACKS``) has its own kernel home and
 host id, standing in for a host, and nothing else of its own: it reads one command per line (a
 session to serve one turn of, or a session to report on) and answers one JSON line. The parent
 (:func:`run_fleet`) creates the sessions, one per strategy profile in turn (``basic``, ``decay``,
@@ -48,11 +48,11 @@ from typing import Any
 
 import orjson
 
-from .errors import CompactionBusyError, CtxKernelError
-from .events import COMPACTION_END, COMPACTION_START, COMPACTION_SUMMARY, Event
-from .store.base import EventStore
-from .store.cli import open_store
-from .testing_crash import Acks, CrashCheckError, _check_compactions, batch_hash
+from ..errors import CompactionBusyError, CtxKernelError
+from ..events import COMPACTION_END, COMPACTION_START, COMPACTION_SUMMARY, Event
+from ..store.base import EventStore
+from ..store.cli import open_store
+from .crash import Acks, CrashCheckError, _check_compactions, batch_hash
 
 STRATEGIES = ("basic", "decay", "handoff", "rollover", "chapters")
 #: the window every fleet profile runs with: small, so strategies act within a few turns
@@ -160,7 +160,7 @@ def _reply_script(turn_seed: str) -> Any:
     replies = iter(range(1_000_000))
 
     def script(messages: list[Any], system: str, tools: list[dict[str, Any]]) -> Any:
-        from .messages import Message, ToolCallBlock
+        from ..messages import Message, ToolCallBlock
 
         step = next(replies)
         digest = hashlib.sha256(f"{turn_seed}/{step}".encode()).hexdigest()
@@ -173,8 +173,8 @@ def _reply_script(turn_seed: str) -> Any:
 
 
 def _serve_turn(kernels: dict[str, Any], store: Any, session_id: str, turn: int) -> dict[str, Any]:
-    from .messages import Message, Source, ToolCallBlock
-    from .models import ScriptedModel
+    from ..messages import Message, Source, ToolCallBlock
+    from ..models import ScriptedModel
 
     profile = store.header(session_id).profile
     kernel = kernels[profile]
@@ -230,7 +230,7 @@ def strategy_files(session: Any) -> dict[str, Any]:
     """What a worker reads of a session's strategy files through the public read paths: every
     file each strategy hands over for export (chapters, artifacts, handoff files, decay's audit),
     by sha256, and every chapter of the lineage read with the ``chapters_read`` tool."""
-    from .messages import ToolCallBlock
+    from ..messages import ToolCallBlock
 
     files = {
         f"{strategy}/{path}": hashlib.sha256(data).hexdigest()
@@ -251,8 +251,8 @@ def strategy_files(session: Any) -> dict[str, Any]:
 def worker_main(argv: Sequence[str]) -> int:
     spec, home, host, acks, profiles_dir = argv[0], Path(argv[1]), argv[2], Path(argv[3]), Path(argv[4])
     dawdle = float(argv[5]) if len(argv) > 5 else 0.0
-    from .kernel import Kernel
-    from .profile import load_profile
+    from ..kernel import Kernel
+    from ..profile import load_profile
 
     out = os.fdopen(os.dup(1), "w")  # answers on the real stdout; logs go to stderr
     os.dup2(2, 1)
@@ -336,7 +336,7 @@ class _Worker:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ctxkernel.testing_fleet", *self.args],
+            [sys.executable, "-m", "ctxkernel.testing.fleet", *self.args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -391,8 +391,8 @@ def run_fleet(
         scratch = Path(scratch_name)
         profiles = scratch / "profiles"
         write_profiles(profiles, lease_seconds)
-        from .kernel import Kernel
-        from .profile import load_profile
+        from ..kernel import Kernel
+        from ..profile import load_profile
 
         parent = {
             s: Kernel(load_profile(profiles / f"{s}.toml"), store=store, home=scratch / "parent") for s in STRATEGIES
@@ -482,9 +482,9 @@ def _kill(victim: _Worker, report: FleetReport, kill_at: list[float], pending: l
 
 def verify_fleet(store: EventStore, pool: list[_Worker], scratch: Path, report: FleetReport) -> None:
     """The checks listed in the module doc; fills the report's figures."""
-    from .kernel import Kernel
-    from .pairing import pairing_problems
-    from .profile import load_profile
+    from ..kernel import Kernel
+    from ..pairing import pairing_problems
+    from ..profile import load_profile
 
     acks: dict[str, Acks] = {}
     for worker in pool:

@@ -5,7 +5,7 @@ returns a *callable*: each call opens a new store object on the same backing sto
 home, database or schema), as a second process would::
 
     import pytest
-    from ctxkernel.testing_store import StoreConformance
+    from ctxkernel.testing.store import StoreConformance
 
     class TestMyStore(StoreConformance):
         @pytest.fixture
@@ -39,9 +39,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from .errors import ConflictError, SessionExistsError, SessionNotFoundError, StoreError
-from .events import Event
-from .store.base import (
+from ..errors import ConflictError, SessionExistsError, SessionNotFoundError, StoreError
+from ..events import Event
+from ..store.base import (
     BLOB_CHUNK_BYTES,
     MAX_BLOB_BYTES,
     MAX_BLOB_KEY,

@@ -19,10 +19,10 @@ from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
-from .errors import ConfigError
-from .events import KERNEL_TYPES
-from .exits import EXIT_OK, EXIT_USAGE, one_line
-from .plugins import _kernel_version, discover
+from ..errors import ConfigError
+from ..events import KERNEL_TYPES
+from ..exits import EXIT_OK, EXIT_USAGE, one_line
+from ..plugins import _kernel_version, discover
 
 #: lower-case words joined by single hyphens: an entry-point name, a ``<name>/<kind>`` event
 #: namespace and, with underscores, a Python package and an environment-variable segment

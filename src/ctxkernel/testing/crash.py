@@ -1,6 +1,6 @@
 """Crash proof for stores: SIGKILL a writer at random points and check what survives.
 
-A writer process (``python -m ctxkernel.testing_crash SPEC SESSION ACKS SEED HOME``) runs an agent loop
+A writer process (``python -m ctxkernel.testing.crash SPEC SESSION ACKS SEED HOME``) runs an agent loop
 on the ``basic`` strategy with a small window, so it compacts every few steps, and after every
 batch the store acknowledges it appends ``first count sha256`` to the ACKS file. Half the writers
 (and every held one) have a summarizer model, so their compactions write the lock first and ask
@@ -37,10 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import CtxKernelError
-from .events import COMPACTION_END, COMPACTION_START, COMPACTION_SUMMARY, SURFACE_DROP, USER_MESSAGE, Event
-from .store.base import EventStore
-from .store.cli import event_bytes, open_store
+from ..errors import CtxKernelError
+from ..events import COMPACTION_END, COMPACTION_START, COMPACTION_SUMMARY, SURFACE_DROP, USER_MESSAGE, Event
+from ..store.base import EventStore
+from ..store.cli import event_bytes, open_store
 
 READY = "ready"
 INSIDE = "inside"  # written when a compaction transaction is open and the writer waits in it
@@ -88,9 +88,9 @@ class AckingStore:
 def writer_main(argv: Sequence[str]) -> int:
     spec, session_id, acks, seed, home = argv[0], argv[1], Path(argv[2]), int(argv[3]), argv[4]
     hold = len(argv) > 5 and argv[5] == "hold"
-    from .kernel import Kernel
-    from .messages import Message, ToolCallBlock
-    from .testing import make_profile
+    from ..kernel import Kernel
+    from ..messages import Message, ToolCallBlock
+    from .kit import make_profile
 
     rng = random.Random(seed)
     store = AckingStore(open_store(spec), acks, rng, pause=0.03, hold=hold)
@@ -100,8 +100,8 @@ def writer_main(argv: Sequence[str]) -> int:
     if hold or seed % 2 == 0:
         # a summarizer model: the transaction writes its lock first and summarises under it (the
         # path a kill can land inside); without one, basic commits its summary in one batch
-        from .models import ScriptedModel
-        from .text import extractive_summary
+        from ..models import ScriptedModel
+        from ..text import extractive_summary
 
         kernel.summarizer = ScriptedModel(
             lambda messages, system, tools: Message.assistant(extractive_summary(messages[:-1]))
@@ -165,8 +165,8 @@ class CrashCheckError(AssertionError):
 
 def verify_session(store: EventStore, session_id: str, acks: Acks) -> dict[str, int]:
     """Check the invariants listed in the module doc on a reopened store (see :func:`run_trials`)."""
-    from .kernel import Kernel
-    from .testing import make_profile
+    from ..kernel import Kernel
+    from .kit import make_profile
 
     events = list(store.read(session_id))
     for i, event in enumerate(events):
@@ -261,7 +261,7 @@ def run_trials(
                     [
                         sys.executable,
                         "-m",
-                        "ctxkernel.testing_crash",
+                        "ctxkernel.testing.crash",
                         spec,
                         session_id,
                         str(ack_path),

@@ -17,16 +17,16 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from .errors import CtxKernelError, ProfileError
-from .exits import EXIT_INVALID, EXIT_OK, EXIT_USAGE, dump_json, one_line
-from .logging import configure_logging
-from .plugins import StrategyManager
-from .redact import redact
+from ..errors import CtxKernelError, ProfileError
+from ..exits import EXIT_INVALID, EXIT_OK, EXIT_USAGE, dump_json, one_line
+from ..logging import configure_logging
+from ..plugins import StrategyManager
+from ..redact import redact
 
 #: modules that add subcommands (each defines ``register(subparsers)``)
 COMMAND_MODULES: tuple[str, ...] = (
-    "ctxkernel.cli_commands",
-    "ctxkernel.scaffold",
+    "ctxkernel.cli.commands",
+    "ctxkernel.cli.scaffold",
     "ctxkernel.store.cli",
     "ctxkernel.simulate.cli",
     "ctxkernel.ui.cli",
@@ -112,13 +112,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # the CTXKERNEL_* environment overrides every profile: a bad value is a usage error of
         # whatever command runs, told once, before the command does any work
-        from .profile import builtin_profile
+        from ..profile import builtin_profile
 
         builtin_profile()
     except ProfileError as exc:
         message = redact(one_line(exc))
         if "environment variable" not in message:  # the defaults are valid: the overrides are not
-            from .profile import ENV_PREFIX
+            from ..profile import ENV_PREFIX
 
             overrides = sorted(k for k in os.environ if k.upper().startswith(ENV_PREFIX))
             message = f"{message} (from the environment overrides {overrides})"
@@ -143,7 +143,3 @@ __all__ = [
     "main",
     "one_line",
 ]
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

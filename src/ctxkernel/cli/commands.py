@@ -15,12 +15,12 @@ from typing import Any
 
 import orjson
 
-from .cli import EXIT_INVALID, EXIT_OK, EXIT_USAGE, bounded_int, dump_json, one_line
-from .controls import MANUAL_ACTIONS
-from .errors import ControlError, CtxKernelError, ProfileError, SessionBusyError, SessionNotFoundError
-from .plugins import StrategyManager
-from .profile import Profile, find_profile, list_profiles, load_profile, profile_search_path
-from .redact import redact
+from ..controls import MANUAL_ACTIONS
+from ..errors import ControlError, CtxKernelError, ProfileError, SessionBusyError, SessionNotFoundError
+from ..plugins import StrategyManager
+from ..profile import Profile, find_profile, list_profiles, load_profile, profile_search_path
+from ..redact import redact
+from .main import EXIT_INVALID, EXIT_OK, EXIT_USAGE, bounded_int, dump_json, one_line
 
 
 def register(sub: Any) -> None:
@@ -128,7 +128,7 @@ def failure(command: str, message: str) -> int:
 
 # -- plugins ----------------------------------------------------------------------------------------
 def cmd_plugins(args: argparse.Namespace) -> int:
-    from .validate import throwaway_session, tools_by_strategy
+    from ..validate import throwaway_session, tools_by_strategy
 
     discovered = StrategyManager()
     rows: list[dict[str, Any]] = []
@@ -200,7 +200,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
 # -- validate ---------------------------------------------------------------------------------------
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .validate import validate_profile
+    from ..validate import validate_profile
 
     targets = list(args.profiles)
     if not targets:
@@ -246,7 +246,7 @@ def _print_report(report: Any) -> None:
 
 # -- inspect ----------------------------------------------------------------------------------------
 def _kernel_for(profile_name: str | None) -> Any:
-    from .kernel import Kernel
+    from ..kernel import Kernel
 
     return Kernel.from_profile(profile_name)
 
@@ -254,7 +254,7 @@ def _kernel_for(profile_name: str | None) -> Any:
 def _open_recorded(command: str, session_id: str, profile: str | None) -> tuple[Any, str] | int:
     """The session opened read-only, with ``--profile`` or else the profile it was recorded
     with, and where that profile came from; an exit status when it cannot be opened."""
-    from .store.base import check_session_id
+    from ..store.base import check_session_id
 
     try:
         check_session_id(session_id)
@@ -312,7 +312,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .store.export import write_export
+    from ..store.export import write_export
 
     opened = _open_recorded("export", args.session, args.profile)
     if isinstance(opened, int):
@@ -429,7 +429,7 @@ def model_from_spec(spec: str, *, api_key_env: str = "OPENAI_API_KEY") -> Any:
         raise ValueError(msg)
     if scheme == "scripted":
         return _scripted_model(Path(rest))
-    from .models.openai_http import OpenAIChatModel, _provider_from_url
+    from ..models.openai_http import OpenAIChatModel, _provider_from_url
 
     base_url, hashmark, model = rest.partition("#")
     if not hashmark or not model or not base_url.startswith(("http://", "https://")):
@@ -441,9 +441,9 @@ def model_from_spec(spec: str, *, api_key_env: str = "OPENAI_API_KEY") -> Any:
 
 
 def _scripted_model(path: Path) -> Any:
-    from .convert import from_openai_message
-    from .messages import Message
-    from .models.scripted import ScriptedModel
+    from ..convert import from_openai_message
+    from ..messages import Message
+    from ..models.scripted import ScriptedModel
 
     try:
         raw = orjson.loads(path.read_bytes())
@@ -479,9 +479,9 @@ def _scripted_model(path: Path) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .errors import ModelError
-    from .loop import AgentLoop
-    from .store.base import check_session_id
+    from ..errors import ModelError
+    from ..loop import AgentLoop
+    from ..store.base import check_session_id
 
     if args.session is not None:
         try:

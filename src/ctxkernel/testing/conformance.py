@@ -25,14 +25,14 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from .kernel import Kernel
-from .messages import Message, ToolCallBlock
-from .pairing import pairing_problems
-from .profile import Profile, builtin_profile
-from .session import Request, Session
-from .snapshot import LazyEvents, strategy_parts
-from .store.base import EventStore
-from .store.jsonl import JsonlStore
+from ..kernel import Kernel
+from ..messages import Message, ToolCallBlock
+from ..pairing import pairing_problems
+from ..profile import Profile, builtin_profile
+from ..session import Request, Session
+from ..snapshot import LazyEvents, strategy_parts
+from ..store.base import EventStore
+from ..store.jsonl import JsonlStore
 
 
 class ConformanceError(AssertionError):
