@@ -77,5 +77,5 @@ def drawn_chat_step(session: Any, kind: str, value: Any, turn_open: bool) -> boo
         session.end_turn()
         return False
     if kind == "compact" and len(session.surface) > 2:
-        compact(session, value * 5, reason="manual")
+        compact(session.context, value * 5, reason="manual")
     return turn_open

@@ -141,7 +141,7 @@ def test_basic_without_a_summarizer_commits_in_one_write_with_the_locked_outcome
     fast, locked = grown(tmp_path, "fast"), grown(tmp_path, "locked")
     spy = Spy(fast.store, monkeypatch)
     keep = fast.meter.surface_tokens() // 4
-    assert basic.compact(fast, keep, reason="manual")
+    assert basic.compact(fast.context, keep, reason="manual")
     assert spy.appends == [["compaction/start", "compaction/summary", "user/message", "compaction/end"]]
     assert spy.leases == []
     # the same region summarised under the lock (the path a summarizer model takes)
@@ -167,7 +167,7 @@ def test_basic_with_a_summarizer_model_asks_it_under_the_lock(tmp_path, monkeypa
 
     session.kernel.summarizer = ScriptedModel(script)
     spy = Spy(session.store, monkeypatch)
-    assert basic.compact(session, session.meter.surface_tokens() // 4, reason="manual")
+    assert basic.compact(session.context, session.meter.surface_tokens() // 4, reason="manual")
     assert len(seen) == 1 and seen[0] is not None and seen[0]["strategy"] == "basic"
     assert spy.appends == [["compaction/start"], ["compaction/summary", "user/message", "compaction/end"]]
     assert spy.leases == [f"compaction/{session.id}"]

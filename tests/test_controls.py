@@ -40,19 +40,19 @@ class Watcher:
         register(StrategySpec("watcher"))
 
     @ctxkernel.hookimpl
-    def register_tools(self, register: Any, session: Any) -> None:
+    def register_tools(self, register: Any, ctx: Any) -> None:
         register(Tool("watch", "watch", NoteArgs, lambda s, a: ToolOutcome("ok"), strategy="watcher"))
 
     @ctxkernel.hookimpl
-    def system_prompt(self, session: Any) -> str:
+    def system_prompt(self, ctx: Any) -> str:
         return SECTION
 
     @ctxkernel.hookimpl
-    def pre_step(self, session: Any, step: Any) -> None:
+    def pre_step(self, ctx: Any, step: Any) -> None:
         self.steps += 1
 
     @ctxkernel.hookimpl
-    def compact_now(self, session: Any, request: Any) -> ManualOutcome | None:
+    def compact_now(self, ctx: Any, request: Any) -> ManualOutcome | None:
         if request.action != "compact":
             return None
         self.manual.append(request.by)

@@ -83,7 +83,7 @@ def test_architecture_has_the_lifecycle_diagram():
     diagrams = [b for b in re.findall(r"```\n(.*?)```", text, re.DOTALL) if "pre_step" in b]
     assert diagrams, "docs/architecture.md needs the lifecycle diagram in a code block"
     lines = diagrams[0]
-    hooks = ("pre_step(session", "decorate_request(session", "sanitize_reply(session", "commit(session")
+    hooks = ("pre_step(ctx", "decorate_request(ctx", "sanitize_reply(ctx", "commit(ctx")
     positions = [lines.find(s) for s in hooks]
     assert positions == sorted(positions) and positions[0] >= 0
 

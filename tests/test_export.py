@@ -59,10 +59,10 @@ def test_chapters_and_handoff_files_are_exported_as_the_seeds_lay_them_out(tmp_p
 
     chapters = Kernel.from_profile("chapters").open_session()
     _turns(chapters, 8)
-    assert compact_in_place(chapters, 800, reason="test")
+    assert compact_in_place(chapters.context, 800, reason="test")
     handoff = Kernel.from_profile("handoff").open_session()
     _turns(handoff, 4)
-    assert compact_now(handoff).committed
+    assert compact_now(handoff.context).committed
 
     code, out, err = _export(capsys, chapters.id, "--to", str(tmp_path / "out"), "--json")
     assert code == 0, err
@@ -101,7 +101,7 @@ def test_bad_targets_and_sessions_are_clear_errors(tmp_path, capsys):
     from ctxkernel_decay.plugin import audit
 
     # give the basic session a file to write, through decay's audit (a strategy's blobs)
-    audit(session, {"kind": "test"})
+    audit(session.context, {"kind": "test"})
     code, _, err = _export(capsys, session.id, "--to", str(blocker / "sub"))
     assert code == 1 and "export" in err and str(blocker) in err
 

@@ -19,6 +19,7 @@ from ctxkernel import (
     ToolCallBlock,
     UnbalancedCutError,
 )
+from ctxkernel.context import session_of
 from ctxkernel.testing import build_kernel, throwaway_plugin
 
 
@@ -121,8 +122,8 @@ class Interferer:
         register(StrategySpec("interferer"))
 
     @ctxkernel.hookimpl(tryfirst=True)
-    def summarize(self, session: Any, region: Any) -> Summary:
-        self.action(session)
+    def summarize(self, ctx: Any, region: Any) -> Summary:
+        self.action(session_of(ctx))  # the test plays another writer: it needs the Session itself
         return Summary("short")
 
 

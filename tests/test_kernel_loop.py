@@ -41,8 +41,8 @@ class NotesPlugin:
         register(StrategySpec("notes"))
 
     @ctxkernel.hookimpl
-    def register_tools(self, register: Any, session: Any) -> None:
-        def note(session: Any, args: NoteArgs) -> ToolOutcome:
+    def register_tools(self, register: Any, ctx: Any) -> None:
+        def note(ctx: Any, args: NoteArgs) -> ToolOutcome:
             self.notes.append(args.text)
             return ToolOutcome("noted", conclude_turn=args.text == "stop")
 
@@ -136,7 +136,7 @@ class Decider:
         register(StrategySpec("decider"))
 
     @ctxkernel.hookimpl(tryfirst=True)
-    def request_error(self, session: Any, error: ModelError) -> bool | None:
+    def request_error(self, ctx: Any, error: ModelError) -> bool | None:
         self.errors.append(error)
         return self.answers.pop(0)
 

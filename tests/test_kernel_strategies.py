@@ -30,17 +30,17 @@ class NotesStrategy:
         register(StrategySpec("notes"))
 
     @ctxkernel.hookimpl
-    def register_tools(self, register: Any, session: Any) -> None:
-        def note(session: Any, args: NoteArgs) -> ToolOutcome:
+    def register_tools(self, register: Any, ctx: Any) -> None:
+        def note(ctx: Any, args: NoteArgs) -> ToolOutcome:
             self.calls += 1
-            session.emit("notes", "note", {"text": args.text})
+            ctxkernel.Strategy("notes").on(ctx).emit("note", {"text": args.text})
             return ToolOutcome("noted")
 
         register(Tool("note", "keep a fact", NoteArgs, note, strategy="notes"))
         register(Tool("forget", "drop a fact", NoteArgs, note, strategy="notes"))
 
     @ctxkernel.hookimpl
-    def system_prompt(self, session: Any) -> str:
+    def system_prompt(self, ctx: Any) -> str:
         return SECTION
 
 

@@ -93,8 +93,8 @@ class Boom:
         register(StrategySpec("boom"))
 
     @hookimpl
-    def register_tools(self, register, session):
-        def explode(session, args):
+    def register_tools(self, register, ctx):
+        def explode(ctx, args):
             raise RuntimeError("a bug in the tool")
 
         register(Tool("explode", "always fails", _Args, explode, strategy="boom"))

@@ -151,7 +151,7 @@ def test_the_handoff_keeps_its_frames_whatever_the_instructions_notes_and_result
     loop = AgentLoop(session, ScriptedModel(script), lambda call: HOSTILE_BODY)
     for _ in range(3):
         loop.run(HOSTILE_BODY)
-    outcome = ctxkernel_handoff.compact_now(session)
+    outcome = ctxkernel_handoff.compact_now(session.context)
     assert outcome.committed, outcome.detail
     text = session.surface.nodes[0].message.text
     assert text.count("<window_handoff ") == 1 and text.count("</window_handoff>") == 1

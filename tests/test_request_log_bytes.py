@@ -45,8 +45,8 @@ def paths_before() -> Iterator[None]:
         self._settings_memo = None
         return model_settings(self)
 
-    def always_dispatch(self: HookFacade, name: str, /, **kwargs: Any) -> None:
-        self._caller(name, kwargs["session"])(**kwargs)
+    def always_dispatch(self: HookFacade, name: str, session: Any, /, **kwargs: Any) -> None:
+        self._caller(name, session)(ctx=session.context, **kwargs)
 
     with (
         mock.patch.object(Surface, "messages", lambda self: [n.message for n in self.nodes]),

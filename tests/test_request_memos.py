@@ -64,7 +64,7 @@ def excerpt_after(clear: Callable[[Session], None]) -> Iterator[None]:
     with (
         mock.patch.object(guard, "excerpt_oversized", excerpt_cleared),
         mock.patch("ctxkernel.session.excerpt_oversized", excerpt_cleared),
-        mock.patch("ctxkernel.default_plugins.basic.excerpt_oversized", excerpt_cleared),
+        mock.patch("ctxkernel.handle.excerpt_oversized", excerpt_cleared),  # basic's, through its handle
     ):
         yield
 

@@ -133,3 +133,55 @@ def test_a_description_cannot_break_out_of_its_strings(capsys, tmp_path):
     tomllib.loads((target / "pyproject.toml").read_text())  # still valid TOML
     plugin = load_generated_plugin(target, "ctxkernel_quoted")
     assert plugin.STRATEGY.description == "say 'hi'/; import os; os.system('x')"
+
+
+#: the modules a strategy may import (docs/writing-a-strategy.md, "What a strategy may import")
+PUBLIC_MODULES = {"ctxkernel", "ctxkernel.events", "ctxkernel.recall", "ctxkernel.text", "ctxkernel.redact"}
+PUBLIC_PREFIXES = ("ctxkernel.recall.", "ctxkernel.testing")
+
+
+def test_a_strategy_from_the_template_never_needs_the_session(capsys, tmp_path):
+    """Issue 37: a strategy written from ``ctxkernel new-strategy`` reads the session through the
+    ``ctx`` its hooks receive and acts through its handle: its source names no Session, imports no
+    private module, and type-checks against the narrow context (mypy would refuse ``ctx.kernel``,
+    ``ctx.store`` or a write to ``ctx.surface.nodes``)."""
+    import ast
+
+    from mypy import api as mypy_api
+
+    target = generate(capsys, tmp_path, "ctx-only")
+    sources = sorted((target / "src").rglob("*.py"))
+    assert sources
+    for path in sources:
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                assert (
+                    not module.startswith("ctxkernel") or module in PUBLIC_MODULES or module.startswith(PUBLIC_PREFIXES)
+                ), f"{path.name} imports the private module {module}"
+                assert all(alias.name != "Session" for alias in node.names), f"{path.name} imports Session"
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    name = alias.name
+                    assert not name.startswith("ctxkernel") or name in PUBLIC_MODULES, f"{path.name} imports {name}"
+            elif isinstance(node, ast.Attribute):
+                assert node.attr not in {"Session", "_session", "session_of"}, f"{path.name} reaches {node.attr}"
+            elif isinstance(node, ast.Name):
+                assert node.id not in {"Session", "session_of"}, f"{path.name} names {node.id}"
+            elif isinstance(node, ast.FunctionDef) and any(
+                isinstance(d, ast.Attribute) and d.attr == "hookimpl" for d in node.decorator_list
+            ):
+                assert "session" not in [a.arg for a in node.args.args], f"{node.name} takes a session"
+    package = target / "src" / "ctxkernel_ctx_only"
+    out, err, status = mypy_api.run(
+        [
+            "--strict",
+            "--ignore-missing-imports",
+            "--follow-imports=silent",
+            "--cache-dir",
+            str(tmp_path / "mypy-cache"),
+            str(package),
+        ]
+    )
+    assert status == 0, out + err

@@ -36,8 +36,8 @@ class Seer:
         register(StrategySpec("seer"))
 
     @ctxkernel.hookimpl
-    def pre_step(self, session: Any, step: Any) -> None:
-        self.seen.append([n.role for n in session.surface.nodes])
+    def pre_step(self, ctx: Any, step: Any) -> None:
+        self.seen.append([n.role for n in ctx.surface.nodes])
         if self.fail:
             raise RuntimeError("the seer failed")
 

@@ -167,26 +167,28 @@ class StewardPlugin:
 
     def __init__(self) -> None:
         self.calls: list[str] = []
+        self.kernel: Any = None
 
     @ctxkernel.hookimpl
     def register_strategy(self, register: Any) -> None:
         register(ctxkernel.StrategySpec("stewardtest", settings=_Settings, capabilities={"recall"}))
 
     @ctxkernel.hookimpl
-    def register_tools(self, register: Any, session: Any) -> None:
+    def register_tools(self, register: Any, ctx: Any) -> None:
         register(
             ctxkernel.Tool("move_on", "continue in a new session", _NoteArgs, self._move_on, strategy="stewardtest")
         )
 
-    def _move_on(self, session: Any, args: _NoteArgs) -> ToolOutcome:
+    def _move_on(self, ctx: Any, args: _NoteArgs) -> ToolOutcome:
         self.calls.append(args.text)
-        child = session.kernel.open_session(parent=session.id, origin="stewardtest")
+        # the test plays the harness here: it opens the child through the kernel it built
+        child = self.kernel.open_session(parent=ctx.id, origin="stewardtest")
         child.user(Message.user(f"continued: {args.text}", Source.plugin_form("stewardtest", "handoff")))
         return ToolOutcome("moved", continue_in=child.id)
 
     @ctxkernel.hookimpl
-    def steward_actions(self, session: Any, request: Any) -> list[dict[str, Any]] | None:
-        if len(session.surface.nodes) > 6 and not self.calls:
+    def steward_actions(self, ctx: Any, request: Any) -> list[dict[str, Any]] | None:
+        if len(ctx.surface.nodes) > 6 and not self.calls:
             return [{"name": "move_on", "arguments": {"text": "the story so far"}}]
         return None
 
@@ -194,7 +196,7 @@ class StewardPlugin:
 def test_steward_step_runs_strategy_tools_and_follows_the_child(tmp_path):
     plugin = StewardPlugin()
     profile = load_profile(write_profile(tmp_path, "stewardtest", '[profile]\nstrategies = ["stewardtest"]\n'))
-    kernel = build_kernel(tmp_path / "home", profile=profile, plugins=[("stewardtest", plugin)])
+    kernel = plugin.kernel = build_kernel(tmp_path / "home", profile=profile, plugins=[("stewardtest", plugin)])
     replay = Replay(kernel, build_workload("chat-short"), Options())
     replay.run()
     m = replay.metrics()
@@ -331,8 +333,8 @@ def test_a_strategy_that_raises_fails_its_profile_only(tmp_path, monkeypatch):
     import ctxkernel.default_plugins.basic as basic
 
     @ctxkernel.hookimpl(trylast=True)
-    def broken(session, step):
-        if session.turn > 2:
+    def broken(ctx, step):
+        if ctx.turn > 2:
             raise ValueError("strategy bug")
 
     # pluggy reads the module's hook implementations when a kernel registers it

@@ -40,7 +40,7 @@ def session(tmp_path):
 
 
 def test_settings_are_the_declared_model_validated_for_the_route(session):
-    handle = PROBE.on(session)
+    handle = PROBE.on(session.context)
     assert isinstance(handle.settings, ProbeSettings) and handle.settings.level == 7
 
 
@@ -49,11 +49,11 @@ def test_a_handle_declared_with_another_settings_model_is_refused(session):
         model_config = ConfigDict(extra="forbid")
 
     with pytest.raises(ConfigError, match="probe.*ProbeSettings.*Other"):
-        _ = ctxkernel.Strategy("probe", Other).on(session).settings
+        _ = ctxkernel.Strategy("probe", Other).on(session.context).settings
 
 
 def test_every_record_carries_the_strategys_name(session):
-    handle = PROBE.on(session)
+    handle = PROBE.on(session.context)
     seq = handle.emit("mark", {"n": 1})
     assert session.events[seq].type == "probe/mark" and session.events[seq].ignorable
     note = handle.notes().write("plan", "step one")
@@ -65,15 +65,15 @@ def test_every_record_carries_the_strategys_name(session):
 def test_strategy_notes_share_the_sessions_notes_object(session):
     """The window stamp set through a strategy's notes is the session's (handoff and rollover
     stamp every write with the current window this way)."""
-    notes = PROBE.on(session).notes()
+    notes = PROBE.on(session.context).notes()
     notes.current_window = "win_7"
-    assert notes.shared.current_window == "win_7" and PROBE.on(session).notes().current_window == "win_7"
+    assert notes.shared.current_window == "win_7" and PROBE.on(session.context).notes().current_window == "win_7"
     assert notes.write("a", "x").window == "win_7"
     assert len(notes) == len(notes.shared) == 1
 
 
 def test_storage_is_namespaced_by_the_strategy(session):
-    handle = PROBE.on(session)
+    handle = PROBE.on(session.context)
     handle.kv_put("k", {"v": 1})
     assert handle.kv_get("k") == {"v": 1}
     assert session.store.kv_get("probe", "k") == {"v": 1}
@@ -83,7 +83,7 @@ def test_storage_is_namespaced_by_the_strategy(session):
 
 
 def test_blobs_are_namespaced_by_the_strategy(session):
-    blobs = PROBE.on(session).blobs
+    blobs = PROBE.on(session.context).blobs
     info = blobs.put("reports/a.md", "# é")
     assert info == ctxkernel.BlobInfo.of("reports/a.md", "# é".encode())
     assert session.store.blob_get("probe/reports/a.md") == "# é".encode()
@@ -97,28 +97,29 @@ def test_blobs_are_namespaced_by_the_strategy(session):
 @pytest.mark.parametrize("bad", ["../other/x", "/abs", "a/../../x", ""])
 def test_blob_keys_cannot_leave_the_strategys_namespace(session, bad):
     with pytest.raises(ctxkernel.StoreError, match="invalid blob key"):
-        PROBE.on(session).blobs.put(bad, b"x")
+        PROBE.on(session.context).blobs.put(bad, b"x")
     assert session.store.blob_list() == []
 
 
 def test_open_continuation_creates_a_session_tagged_with_the_strategy(session):
-    child = PROBE.on(session).open_continuation("child-1", origin="continue", parent=session.id)
+    opened = PROBE.on(session.context).open_continuation("child-1", origin="continue", parent=session.id)
+    child = session.kernel.open_session(opened.id)  # the strategy gets the child's ctx; the harness its session
     assert child.id == "child-1" and child.kernel is session.kernel
     header = session.store.header("child-1")
     assert header.origin == "probe:continue" and header.parent == session.id
     with pytest.raises(ctxkernel.SessionExistsError):
-        PROBE.on(session).open_continuation("child-1", origin="fork")
+        PROBE.on(session.context).open_continuation("child-1", origin="fork")
 
 
 def test_state_is_per_strategy_and_session(session):
-    handle = PROBE.on(session)
+    handle = PROBE.on(session.context)
     handle.state["seen"] = 1
-    assert PROBE.on(session).state == {"seen": 1}
+    assert PROBE.on(session.context).state == {"seen": 1}
     assert session.state["probe"] is handle.state
 
 
 def test_compact_and_replace_are_recorded_in_the_strategys_name(session):
-    handle = PROBE.on(session)
+    handle = PROBE.on(session.context)
     session.user("read the file")
     call = ctxkernel.ToolCallBlock("c1", "read", {"path": "a.py"})
     session.prepare_request()
@@ -137,7 +138,7 @@ def test_compact_and_replace_are_recorded_in_the_strategys_name(session):
 
 
 def test_header_pressure_and_route_come_from_the_session(session):
-    handle = PROBE.on(session)
+    handle = PROBE.on(session.context)
     header = handle.request_header()
     assert header.tokens > 0 and header.system.startswith(session.kernel.profile.profile.system_prompt)
     assert handle.pressure().tokens >= header.tokens
@@ -206,13 +207,13 @@ def test_validate_profile_records_checks_through_the_handle(root):
 
 
 def test_process_memory_is_shared_per_store_and_strategy(session):
-    handle = PROBE.on(session)
+    handle = PROBE.on(session.context)
     handle.process_memory["reserved"] = {"root": 3}
     sibling = session.kernel.open_session()
-    assert PROBE.on(sibling).process_memory == {"reserved": {"root": 3}}
-    assert ctxkernel.Strategy("other", ProbeSettings).on(sibling).process_memory == {}
+    assert PROBE.on(sibling.context).process_memory == {"reserved": {"root": 3}}
+    assert ctxkernel.Strategy("other", ProbeSettings).on(sibling.context).process_memory == {}
     other_kernel = build_kernel(session.kernel.home / "elsewhere", strategies=["basic"], fsync=False)
-    assert PROBE.on(other_kernel.open_session()).process_memory == {}
+    assert PROBE.on(other_kernel.open_session().context).process_memory == {}
 
 
 def test_plugins_never_reach_the_kernel_or_the_store_of_a_session():

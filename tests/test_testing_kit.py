@@ -24,14 +24,14 @@ class RecallArgs(ctxkernel.ToolArgs):
 RECALL = ctxkernel.Strategy("recall-turn", RecallSettings, capabilities={"tools"})
 
 
-def recall_turn(session: ctxkernel.Session, args: RecallArgs) -> ctxkernel.ToolOutcome:
+def recall_turn(ctx: ctxkernel.Context, args: RecallArgs) -> ctxkernel.ToolOutcome:
     opened = False
-    for event in session.events:
+    for event in ctx.events:
         if event.type == "turn/start":
             opened = event.data["turn"] == args.turn
         elif opened and event.type == "user/message":
             text = event.data["message"]["content"][0]["text"]
-            return ctxkernel.ToolOutcome(text[: RECALL.on(session).settings.max_chars])
+            return ctxkernel.ToolOutcome(text[: RECALL.on(ctx).settings.max_chars])
     return ctxkernel.ToolOutcome(f"no turn {args.turn} in this session", is_error=True)
 
 
@@ -41,7 +41,7 @@ class RecallTurn:
         register(RECALL.spec)
 
     @ctxkernel.hookimpl
-    def register_tools(self, register: Any, session: ctxkernel.Session) -> None:
+    def register_tools(self, register: Any, ctx: ctxkernel.Context) -> None:
         register(RECALL.tool("recall_turn", "The user's message of an earlier turn.", RecallArgs, recall_turn))
 
 

@@ -171,7 +171,7 @@ def chapters(tmp_path):
     session = kernel.open_session()
     for i in range(8):
         support.one_turn(session, i, hostile=i % 2 == 0)
-    args = deterministic_continuation(session, settings_of(session))
+    args = deterministic_continuation(session.context, settings_of(session.context))
     args["title"] = "next " + support.XSS[0]
     for chapter in args["chapters"]:
         chapter["title"] = support.XSS[1] + " " + chapter["title"][:40]

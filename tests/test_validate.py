@@ -125,7 +125,7 @@ def test_two_distributions_with_one_strategy_name_fail_naming_both(tmp_path, sit
 
 
 def test_misspelt_hook_implementation_fails(tmp_path, site):
-    site.install("typo", extra="\n@ctxkernel.hookimpl\ndef pre_stpe(session, step):\n    pass\n")
+    site.install("typo", extra="\n@ctxkernel.hookimpl\ndef pre_stpe(ctx, step):\n    pass\n")
     path = write(tmp_path, '[profile]\nstrategies = ["typo"]\n')
     report = validate_profile(path)
     (message,) = failures(report, "hooks")
@@ -134,11 +134,19 @@ def test_misspelt_hook_implementation_fails(tmp_path, site):
 
 
 def test_hook_implementation_with_unknown_argument_fails(tmp_path, site):
-    site.install("badargs", extra="\n@ctxkernel.hookimpl\ndef pre_step(session, stepp):\n    pass\n")
+    site.install("badargs", extra="\n@ctxkernel.hookimpl\ndef pre_step(ctx, stepp):\n    pass\n")
     path = write(tmp_path, '[profile]\nstrategies = ["badargs"]\n')
     (message,) = failures(validate_profile(path), "hooks")
     assert "stepp" in message
     assert_names(message, path, "badargs")
+
+
+def test_a_hook_written_for_the_session_is_refused_naming_ctx(tmp_path, site):
+    site.install("legacy", extra="\n@ctxkernel.hookimpl\ndef pre_step(session, step):\n    pass\n")
+    path = write(tmp_path, '[profile]\nstrategies = ["legacy"]\n')
+    (message,) = failures(validate_profile(path), "hooks")
+    assert "'session'" in message and "receives ctx" in message and "STRATEGY.on(ctx)" in message
+    assert_names(message, path, "legacy")
 
 
 def test_settings_model_that_accepts_unknown_keys_fails(tmp_path, site):

@@ -33,7 +33,7 @@ def register_strategy(register):
 
 
 @ctxkernel.hookimpl
-def register_tools(register, session):
+def register_tools(register, ctx):
     for tool in {tools!r}:
         register(ctxkernel.Tool(tool, "a test tool", Args, lambda s, a: "ok", strategy={name!r}))
 """

@@ -1,8 +1,10 @@
 """ctxkernel: context management for LLM agent harnesses.
 
-Integrators use :class:`Kernel` and :class:`Session`; strategy authors implement the hooks of
-:mod:`ctxkernel.hookspecs` with :data:`hookimpl` and declare themselves with
-:class:`StrategySpec`. Test helpers live in :mod:`ctxkernel.testing`.
+Integrators use :class:`Kernel` and :class:`Session`; strategy authors declare their strategy
+with :class:`Strategy` and implement the hooks of :mod:`ctxkernel.hookspecs` with :data:`hookimpl`,
+each receiving a :class:`Context` (the session as strategies see it) from which
+``STRATEGY.on(ctx)`` gives the strategy's :class:`StrategyHandle`. Test helpers live in
+:mod:`ctxkernel.testing`.
 """
 
 from .compaction import (
@@ -15,6 +17,7 @@ from .compaction import (
     head_region,
     whole_surface_but_last,
 )
+from .context import Context, MeterView, SurfaceView
 from .controls import MANUAL_ACTIONS, ManualCompaction, ManualOutcome
 from .errors import (
     CompactionBusyError,
@@ -69,6 +72,7 @@ __all__ = [
     "CompactionError",
     "ConfigError",
     "ConflictError",
+    "Context",
     "ContextOverflowError",
     "ControlError",
     "CorruptionError",
@@ -80,6 +84,7 @@ __all__ = [
     "MANUAL_ACTIONS",
     "ManualCompaction",
     "ManualOutcome",
+    "MeterView",
     "Message",
     "ModelAdapter",
     "ModelError",
@@ -118,6 +123,7 @@ __all__ = [
     "Summary",
     "SurfaceChangedError",
     "SurfaceError",
+    "SurfaceView",
     "TextBlock",
     "Tool",
     "ToolArgs",

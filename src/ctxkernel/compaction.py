@@ -62,6 +62,7 @@ from .messages import Message, Source
 from .redact import redact
 
 if TYPE_CHECKING:
+    from .context import MeterView, SurfaceView
     from .session import Session
     from .surface import Node, Surface
 
@@ -600,7 +601,7 @@ def _fail(session: Session, compaction_id: str, exc: BaseException) -> None:
 
 
 # -- region selection helpers ---------------------------------------------------------------------
-def balanced_cut_at_or_before(surface: Surface, position: int) -> int:
+def balanced_cut_at_or_before(surface: SurfaceView, position: int) -> int:
     """The largest balanced cut position ``<= position`` (0 is always balanced)."""
     position = min(max(position, 0), len(surface.nodes))
     while position > 0 and not surface.is_balanced_cut(position):
@@ -608,7 +609,9 @@ def balanced_cut_at_or_before(surface: Surface, position: int) -> int:
     return position
 
 
-def head_region(surface: Surface, meter: Any, keep_tokens: int, *, min_nodes: int = 1) -> tuple[int, int] | None:
+def head_region(
+    surface: SurfaceView, meter: MeterView, keep_tokens: int, *, min_nodes: int = 1
+) -> tuple[int, int] | None:
     """The range from the surface head up to a balanced cut that keeps at least ``keep_tokens``
     of the newest nodes verbatim (the cut moves toward the head until it is balanced).
 
@@ -626,7 +629,7 @@ def head_region(surface: Surface, meter: Any, keep_tokens: int, *, min_nodes: in
     return nodes[0].seq, nodes[cut - 1].seq
 
 
-def whole_surface_but_last(surface: Surface, keep_last: int = 1) -> tuple[int, int] | None:
+def whole_surface_but_last(surface: SurfaceView, keep_last: int = 1) -> tuple[int, int] | None:
     """Everything but the last ``keep_last`` nodes, moved to a balanced cut."""
     cut = balanced_cut_at_or_before(surface, len(surface.nodes) - keep_last)
     if cut < 1:

@@ -5,11 +5,12 @@ A strategy declares itself once, at module level::
     STRATEGY = ctxkernel.Strategy("observation-mask", MaskSettings, capabilities={"observation"})
 
 ``register_strategy`` registers ``STRATEGY.spec``; each hook asks for its handle with
-``STRATEGY.on(session)``. The handle carries the strategy's name into every operation that records
-who acted (``emit``, ``compact``, ``replace_tool_result``, ``remind``, notes), keys the strategy's
-state and storage by it, and types its settings, so a plugin never passes its own name by hand and
-never reaches the plugin manager, the store or the kernel home (datasette's rule: plugins get a
-handle, not the house).
+``STRATEGY.on(ctx)`` (``ctx``: the hook's :class:`ctxkernel.Context`). The handle carries the
+strategy's name into every operation that records who acted (``emit``, ``compact``,
+``replace_tool_result``, ``remind``, notes), keys the strategy's state and storage by it, and types
+its settings, so a plugin never passes its own name by hand and never reaches the Session, the
+plugin manager, the store or the kernel home (datasette's rule: plugins get a handle, not the
+house). A session's handles are made once and kept in its context.
 
 This module sits above the core and ``recall``: the core never imports it.
 """
@@ -23,10 +24,13 @@ from weakref import WeakKeyDictionary
 from pydantic import BaseModel
 
 from .compaction import CommitResult, Span
-from .errors import ConfigError
+from .context import Context, session_of
+from .errors import ConfigError, EventError
+from .events import USER_MESSAGE, EventSpec, append_op
+from .guard import excerpt_oversized
 from .instructions import pin_cost
 from .logging import get_logger
-from .messages import Source
+from .messages import Message, Source
 from .plugins import NoSettings, StrategySpec
 from .profile import strategy_settings_from
 from .recall.history import History
@@ -37,9 +41,10 @@ from .store.base import BlobInfo, EventStore
 from .tools import Tool
 
 if TYPE_CHECKING:
+    from .context import RequestHeader, StepContext
     from .meter import Pressure
     from .profile import ModelSettings, Profile
-    from .session import RequestHeader, Session, StepContext
+    from .session import Session
     from .validate import ValidationReport
 
 S = TypeVar("S", bound=BaseModel)
@@ -97,9 +102,22 @@ class Strategy(Generic[S]):
         a :class:`Tool` subclass such as :class:`ctxkernel.CompactTool`."""
         return cls(name, description, parameters, handler, strategy=self.name)
 
-    def on(self, session: Session) -> StrategyHandle[S]:
-        """This strategy's handle for ``session``."""
-        return StrategyHandle(session, self.name, self.settings)
+    def on(self, ctx: Context) -> StrategyHandle[S]:
+        """This strategy's handle in the session ``ctx`` shows (made once per session, then kept)."""
+        try:
+            handle: StrategyHandle[S] | None = ctx.handles.get(self.name)
+        except AttributeError:
+            msg = (
+                f"Strategy.on takes the ctx a hook or tool handler receives (a ctxkernel.Context), got "
+                f"{type(ctx).__name__}; from an integrator or a test, pass session.context"
+            )
+            raise TypeError(msg) from None
+        if handle is None or handle._settings_model is not self.settings:
+            if not isinstance(ctx, Context):
+                msg = f"Strategy.on takes a ctxkernel.Context, got {type(ctx).__name__}"
+                raise TypeError(msg)
+            handle = ctx.handles[self.name] = StrategyHandle(ctx, self.name, self.settings)
+        return handle
 
     def settings_for(self, profile: Profile, provider: str | None = None, model: str | None = None) -> S:
         """The strategy's settings in ``profile`` for one model (the profile's own model by
@@ -223,16 +241,18 @@ class StrategyBlobs:
 class StrategyHandle(Generic[S]):
     """What one strategy may do in one session. Get it with :meth:`Strategy.on`."""
 
-    def __init__(self, session: Session, name: str, settings_model: type[S]) -> None:
-        self.session = session
+    def __init__(self, ctx: Context, name: str, settings_model: type[S]) -> None:
+        #: the session as strategies see it (read-only)
+        self.ctx = ctx
         self.name = name
         self._settings_model = settings_model
+        self._session: Session = session_of(ctx)
 
     # -- configuration ------------------------------------------------------------------------------
     @property
     def settings(self) -> S:
         """The strategy's validated settings for the currently routed model (policies applied)."""
-        settings = self.session.settings(self.name)
+        settings = self._session.settings(self.name)
         if not isinstance(settings, self._settings_model):
             msg = (
                 f"strategy {self.name!r} is registered with settings model {type(settings).__name__}, "
@@ -245,52 +265,52 @@ class StrategyHandle(Generic[S]):
     def active(self) -> bool:
         """True when the strategy runs in this session's profile (a built-in fallback hook may be
         called without it: then it has no settings table and falls back to its defaults)."""
-        return self.name in self.session.kernel.strategies
+        return self.name in self._session.kernel.strategies
 
     @property
     def enabled(self) -> bool:
         """False while the strategy is switched off at run time (its hooks do not run then, but
         its tools' handlers or an integrator's call may still reach it)."""
-        return self.session.strategy_enabled(self.name)
+        return self._session.strategy_enabled(self.name)
 
     def runs(self, strategy: str) -> bool:
         """True when ``strategy`` (another strategy's name) runs in this session's profile."""
-        return strategy in self.session.kernel.strategies
+        return strategy in self._session.kernel.strategies
 
     def peer_settings(self, strategy: str) -> BaseModel | None:
         """Another running strategy's settings for the routed model (None when it does not run),
         for a strategy that must agree with its neighbour's thresholds."""
-        return self.session.settings(strategy) if self.runs(strategy) else None
+        return self._session.settings(strategy) if self.runs(strategy) else None
 
     @property
     def strategies_generation(self) -> int:
         """A counter that changes whenever the set of enabled strategies changes (to rebuild
         what depends on it, e.g. tool sets)."""
-        return self.session.strategies_generation
+        return self._session.strategies_generation
 
     @property
     def model(self) -> ModelSettings:
         """The routed model's settings (window, reserve, tokenizer), per-model policies applied."""
-        return self.session.model_settings()
+        return self._session.model_settings()
 
     @property
     def base_system_prompt(self) -> str:
         """The integrator's own system prompt (``[profile] system_prompt``), without the
         sections strategies add."""
-        return self.session.kernel.profile.profile.system_prompt
+        return self._session.kernel.profile.profile.system_prompt
 
     @property
     def summarizer(self) -> Any:
         """The profile's summarizer model (``[summarizer]``), or None for extractive summaries."""
-        return self.session.kernel.summarizer
+        return self._session.kernel.summarizer
 
     @property
     def state(self) -> dict[str, Any]:
         """This process's state for the strategy in this session (rebuild it from the log: it is
         persisted only as far as the strategy puts it into snapshots, see :meth:`snapshot`)."""
-        holder = self.session.state.get(self.name)
+        holder = self._session.state.get(self.name)
         if holder is None:
-            holder = self.session.state[self.name] = {}
+            holder = self._session.state[self.name] = {}
         return holder
 
     # -- snapshots ------------------------------------------------------------------------------------
@@ -307,14 +327,14 @@ class StrategyHandle(Generic[S]):
         None, and the strategy folds the whole log as without a snapshot, when the session was not
         opened from one, the snapshot holds no state of this strategy, it was written with another
         ``version``, or ``load`` raises on it (a warning names the reason in the last two cases).
-        ``load`` should refuse what it cannot trust (e.g. a cursor past ``len(session.events)``)."""
-        part = self.session.snapshot_states.pop(self.name, None)
+        ``load`` should refuse what it cannot trust (e.g. a cursor past ``len(ctx.events)``)."""
+        part = self._session.snapshot_states.pop(self.name, None)
         if part is None:
             return None
         if part["version"] != version:
             log.warning(
                 "strategy snapshot state set aside; folding the whole log",
-                session=self.session.id,
+                session=self._session.id,
                 strategy=self.name,
                 reason=f"written with state version {part['version']}, this plugin reads {version}",
             )
@@ -324,7 +344,7 @@ class StrategyHandle(Generic[S]):
         except Exception as exc:  # noqa: BLE001 - a malformed part costs a full fold, never the open
             log.warning(
                 "strategy snapshot state set aside; folding the whole log",
-                session=self.session.id,
+                session=self._session.id,
                 strategy=self.name,
                 reason=f"{type(exc).__name__}: {exc}"[:300],
             )
@@ -333,7 +353,7 @@ class StrategyHandle(Generic[S]):
     # -- acting on the session ----------------------------------------------------------------------
     def emit(self, kind: str, data: dict[str, Any]) -> int:
         """Append an ignorable ``<strategy>/<kind>`` event; returns its seq."""
-        return self.session.emit(self.name, kind, data)
+        return self._session.emit(self.name, kind, data)
 
     def compact(self, spans: Span | Sequence[Span], *, kind: str = "summary", **kwargs: Any) -> CommitResult:
         """Run one compaction transaction (see :mod:`ctxkernel.compaction`) in the strategy's name.
@@ -344,111 +364,137 @@ class StrategyHandle(Generic[S]):
                 "keep_instructions is only for a front door replaying the client's own edit"
             )
             raise ConfigError(msg)
-        return self.session.compact(spans, strategy=self.name, kind=kind, **kwargs)
+        return self._session.compact(spans, strategy=self.name, kind=kind, **kwargs)
 
     def pinned_instructions_tokens(self, start: int, end: int) -> int:
         """At most how many tokens the kernel adds to a compaction of surface nodes
         ``start..end`` to keep the user's instructions they hold (``[instructions]``): leave room
         for it when sizing a replacement to a target."""
-        return pin_cost(self.session, {n.seq for n in self.session.surface.span(start, end)})
+        return pin_cost(self._session, {n.seq for n in self._session.surface.span(start, end)})
 
     def replace_tool_result(self, seq: int, content: str, *, reason: str = "prune") -> int:
         """Model-free shrink of one visible tool result; returns the replacement's seq."""
-        return self.session.replace_tool_result(seq, content, strategy=self.name, reason=reason)
+        return self._session.replace_tool_result(seq, content, strategy=self.name, reason=reason)
 
     def remind(self, step: StepContext, text: str) -> None:
         """Queue a notice for the model before the request ``step`` is about to make."""
         step.remind(text, strategy=self.name)
 
+    def add_message(self, message: Message, *, data: dict[str, Any] | None = None) -> int:
+        """Append a user message on the surface now (a notice outside a step's reminders, a seed);
+        ``data`` adds keys to its event beside ``message``, for the strategy to read back from the
+        log. Returns its seq."""
+        if message.role != "user":
+            msg = f"strategy {self.name!r}: add_message takes a user message, got role {message.role!r}"
+            raise EventError(msg)
+        extra = data or {}
+        if "message" in extra:
+            msg = f"strategy {self.name!r}: add_message's data cannot replace the event's 'message'"
+            raise EventError(msg)
+        return self._session.append([EventSpec(USER_MESSAGE, {"message": message.to_dict(), **extra}, append_op())])
+
+    def excerpt_oversized(self) -> CommitResult | None:
+        """Apply the kernel's per-message bound now: every surface message over half the effective
+        window is excerpted, with a pointer to the full item in the log (the kernel does it after
+        every ``pre_step`` anyway; a strategy that keeps a verbatim tail does it before it prices a
+        compaction, so no summary is built around an oversized message). The committed
+        transaction, or None when nothing was over the bound."""
+        return excerpt_oversized(self._session)
+
     # -- storage --------------------------------------------------------------------------------------
     def kv_get(self, key: str) -> Any | None:
         """A value from the store's key-value table, in the strategy's own namespace."""
-        return self.session.store.kv_get(self.name, key)
+        return self._session.store.kv_get(self.name, key)
 
     def kv_put(self, key: str, value: Any) -> None:
-        self.session.store.kv_put(self.name, key, value)
+        self._session.store.kv_put(self.name, key, value)
 
     def kv_delete(self, key: str) -> None:
-        self.session.store.kv_delete(self.name, key)
+        self._session.store.kv_delete(self.name, key)
 
     def kv_list(self, prefix: str = "") -> dict[str, Any]:
-        return self.session.store.kv_list(self.name, prefix)
+        return self._session.store.kv_list(self.name, prefix)
 
     @property
     def process_memory(self) -> dict[str, Any]:
         """In-process memory this strategy shares across every session opened on the same store
         object (e.g. numbers reserved before they are written). Never persisted, never in a
         snapshot: anything kept here must be re-derivable from the log and the store."""
-        return _PROCESS_MEMORY.setdefault(self.session.store, {}).setdefault(self.name, {})
+        return _PROCESS_MEMORY.setdefault(self._session.store, {}).setdefault(self.name, {})
 
     @property
     def blobs(self) -> StrategyBlobs:
         """The strategy's files (chapters, artifacts, audits) in the store's blob table, on every
         backend; ``ctxkernel export`` writes them out."""
-        return StrategyBlobs(self.session.store, self.name)
+        return StrategyBlobs(self._session.store, self.name)
 
     # -- sessions -------------------------------------------------------------------------------------
-    def open_continuation(self, session_id: str, *, origin: str, parent: str | None = None) -> Session:
+    def open_continuation(
+        self, session_id: str, *, origin: str, parent: str | None = None, seed: Message | None = None
+    ) -> Context:
         """Create and open a new session of the same kernel for the strategy to continue in (a
-        continuation or a fork); its header records ``origin`` as ``<strategy>:<origin>`` and
-        ``parent`` when given. :class:`SessionExistsError` when the id is taken. It inherits this
-        session's newest user instructions within its budget (``[instructions]``), recorded before
-        its first request."""
-        return self.session.kernel.open_session(
+        continuation or a fork) and return its context; its header records ``origin`` as
+        ``<strategy>:<origin>`` and ``parent`` when given. :class:`SessionExistsError` when the id is
+        taken. ``seed`` is its first message (the strategy's hand-over). The work goes on with the
+        same model (the route, a window given with it pinned) and the harness's own tools, and
+        inherits this session's newest user instructions within its budget (``[instructions]``),
+        recorded before its first request."""
+        child = self._session.kernel.open_session(
             session_id,
             create=True,
             parent=parent,
             origin=f"{self.name}:{origin}",
-            instructions_from=self.session.id,
+            instructions_from=self._session.id,
         )
+        if seed is not None:
+            child.add_message(seed)
+        route = self._session.route
+        if route is not None:
+            child.set_route(route["provider"], route["model"], route.get("routed_window"))
+        if self._session.harness_tools:
+            child.set_harness_tools(self._session.harness_tools)
+        return child.context
 
     # -- recall ---------------------------------------------------------------------------------------
     def notes(self, limits: NotesLimits | None = None) -> StrategyNotes:
         """The session's notes (shared by every strategy), writes signed with this strategy."""
-        return StrategyNotes(Notes.for_session(self.session, limits), self.name)
+        return StrategyNotes(Notes.for_session(self._session, limits), self.name)
 
     def forget_notes(self) -> None:
         """Drop this process's notes index; the next :meth:`notes` rebuilds it from the log (after
         a run-time change of the strategy set, say)."""
-        self.session.state.pop(NOTES_STATE_KEY, None)
+        self._session.state.pop(NOTES_STATE_KEY, None)
 
     def history(self) -> History:
         """The session's history index, up to date with its log."""
-        return History.for_session(self.session)
+        return History.for_session(self._session)
 
     # -- pressure and the route -----------------------------------------------------------------------
     def pressure(self) -> Pressure:
         """How full the next request is (see :class:`ctxkernel.Pressure`)."""
-        return self.session.pressure()
+        return self._session.pressure()
 
     @property
     def route(self) -> dict[str, Any] | None:
         """The model the next request goes to (``provider``, ``model``, ``context_window``, and
         ``routed_window`` when the window came with the route rather than from the profile), or
         None before the first request."""
-        return self.session.route
-
-    def carry_route(self, other: Session) -> None:
-        """Route ``other`` (a continuation) to this session's model, as it was routed here: a
-        window given with the route stays pinned, one from the profile keeps following it."""
-        route = self.session.route
-        if route is not None:
-            other.set_route(route["provider"], route["model"], route.get("routed_window"))
+        return self._session.route
 
     def set_route(self, provider: str, model: str, context_window: int | None = None) -> None:
         """Route the next requests to another model (per-model policies apply from then on)."""
-        self.session.set_route(provider, model, context_window)
+        self._session.set_route(provider, model, context_window)
 
     def request_header(self) -> RequestHeader:
         """The system prompt and tool schemas every request carries, and their token count."""
-        return self.session.request_header()
+        return self._session.request_header()
 
     def invalidate_header(self) -> None:
         """Call when the strategy's system prompt section or tools changed."""
-        self.session.invalidate_header()
+        self._session.invalidate_header()
 
     def __repr__(self) -> str:
-        return f"StrategyHandle({self.name!r}, session={self.session.id!r})"
+        return f"StrategyHandle({self.name!r}, session={self.ctx.id!r})"
 
 
 __all__ = ["Strategy", "StrategyBlobs", "StrategyHandle", "StrategyNotes"]

@@ -5,6 +5,13 @@ This is the only module that defines hooks. Strategies implement them with
 ``ctxkernel.strategies``) names. The kernel calls them through the typed facade in
 :mod:`ctxkernel.plugins`, never through ``pm.hook`` directly.
 
+Every hook about one session receives ``ctx``, a :class:`ctxkernel.Context`: the session as
+strategies see it (read-only views of the log, the surface and the meter; pressure, the route,
+the request header). One hook call passes the same ``ctx`` to every implementation; each
+strategy acts through its own handle, ``STRATEGY.on(ctx)`` (a :class:`ctxkernel.StrategyHandle`:
+settings, state, storage, compaction, reminders, notes and history, signed with its name). The
+Session itself is the integrator's object and never reaches a strategy.
+
 Call order: implementations run in the order the profile lists the strategies (the kernel
 registers them so that pluggy's last-registered-first rule yields profile order);
 ``tryfirst``/``trylast`` move an implementation within that order. The built-in ``basic``
@@ -13,17 +20,17 @@ strategy's fallbacks are ``trylast`` so an installed strategy wins.
 Lifecycle of one model request::
 
     session.prepare_request()
-      ├─ pre_step(session, step)             may compact, switch windows, queue reminders
+      ├─ pre_step(ctx, step)                 may compact, switch windows, queue reminders
       ├─ [step/start, request/header, request/context written when changed]
-      ├─ decorate_request(session, request)  presentation only, counted by the meter
+      ├─ decorate_request(ctx, request)      presentation only, counted by the meter
     harness calls the model with request.messages / request.tools
     session.commit_reply(reply, usage)
-      ├─ sanitize_reply(session, reply)      clean the reply before it is written
+      ├─ sanitize_reply(ctx, reply)          clean the reply before it is written
       └─ [assistant/message written]
     (a provider error) session.request_failed(error)
-      └─ request_error(session, error)       first non-None wins: retry after shrinking?
+      └─ request_error(ctx, error)           first non-None wins: retry after shrinking?
     after any compaction, switch or archive commits:
-      └─ commit(session, result)
+      └─ commit(ctx, result)
 
 Around the requests: ``session_opened`` when a session is created or resumed (from its snapshot
 plus the tail of its log), ``snapshot_state`` whenever the session writes a snapshot.
@@ -39,11 +46,11 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from .compaction import CommitResult, Region, Summary
+    from .context import Context, ReplyDraft, Request, StepContext
     from .controls import ManualCompaction, ManualOutcome
     from .errors import ModelError
     from .plugins import StrategySpec
     from .profile import Profile
-    from .session import ReplyDraft, Request, Session, StepContext
     from .snapshot import StrategySnapshot
     from .tools import Tool
     from .validate import ValidationReport
@@ -68,29 +75,28 @@ def register_strategy(register: Callable[[StrategySpec], None]) -> None:
 
 
 @hookspec
-def session_opened(session: Session) -> None:
+def session_opened(ctx: Context) -> None:
     """A session was created or resumed, after its log was replayed.
 
-    Build per-session state here (keyed by the session, e.g. ``session.state["decay"]``),
-    from the log alone, so that a restart or a second process gets the same state.
+    Build per-session state here (in the handle's ``STRATEGY.on(ctx).state``), from the log
+    alone, so that a restart or a second process gets the same state.
 
-    :param session: the opened session; ``session.events`` holds its whole log (opened from a
-        snapshot, the events before it are read from the store on first use: a hook that folds
-        the whole log here makes every open cost the history again). Take the state this
-        strategy put into the snapshot with ``STRATEGY.on(session).restored(version=..., load=...)``
-        (see :func:`snapshot_state`) and fold only the events after it; None means fold the
-        whole log.
+    :param ctx: the opened session; ``ctx.events`` holds its whole log (opened from a snapshot,
+        the events before it are read from the store on first use: a hook that folds the whole
+        log here makes every open cost the history again). Take the state this strategy put into
+        the snapshot with ``STRATEGY.on(ctx).restored(version=..., load=...)`` (see
+        :func:`snapshot_state`) and fold only the events after it; None means fold the whole log.
     """
 
 
 @hookspec
-def snapshot_state(session: Session) -> StrategySnapshot | None:
+def snapshot_state(ctx: Context) -> StrategySnapshot | None:
     """The strategy's folded state, to be written into the session's snapshot.
 
     Called whenever the session writes a snapshot (at each compaction commit and every ``[store]
     snapshot_every`` events), after the events it covers are durable and folded into the surface,
-    on every loaded strategy. Bring the state up to the end of ``session.events`` first, then
-    return ``STRATEGY.on(session).snapshot(data, version=N)``; the next open hands ``data`` back
+    on every loaded strategy. Bring the state up to the end of ``ctx.events`` first, then
+    return ``STRATEGY.on(ctx).snapshot(data, version=N)``; the next open hands ``data`` back
     through ``StrategyHandle.restored`` instead of folding the log from the start.
 
     ``data`` must be plain JSON (sets as sorted lists, int keys as strings) and hold only what the
@@ -100,27 +106,28 @@ def snapshot_state(session: Session) -> StrategySnapshot | None:
     the log) stays out. Bump ``version`` whenever the shape of ``data`` changes: a part of another
     version is set aside and the strategy folds the whole log once. Do not append events here.
 
-    :param session: the session writing the snapshot.
+    :param ctx: the session writing the snapshot.
     :return: a :class:`ctxkernel.StrategySnapshot`, or None to leave the strategy out (it then
         folds the whole log on open). A result that is not plain JSON is left out with a warning.
     """
 
 
 @hookspec
-def register_tools(register: Callable[[Tool], None], session: Session) -> None:
+def register_tools(register: Callable[[Tool], None], ctx: Context) -> None:
     """Contribute model-callable tools to a session.
 
     Called when a session opens and again whenever the set of enabled strategies changes
     (the registry is rebuilt, so a re-enabled strategy has exactly one of each tool).
 
-    :param register: call it with a :class:`ctxkernel.Tool`; a name another strategy already
-        registered raises :class:`ctxkernel.PluginConflictError` naming both.
-    :param session: the session the tools are for.
+    :param register: call it with a :class:`ctxkernel.Tool` (``STRATEGY.tool(...)``); a name another
+        strategy already registered raises :class:`ctxkernel.PluginConflictError` naming both. A
+        tool's handler is called as ``handler(ctx, args)`` with the same kind of ``ctx``.
+    :param ctx: the session the tools are for.
     """
 
 
 @hookspec
-def system_prompt(session: Session) -> str | None:
+def system_prompt(ctx: Context) -> str | None:
     """Contribute a section to the system prompt (the strategy's instructions to the model).
 
     Sections follow the profile's own ``system_prompt`` in profile order. The composed prompt is
@@ -131,34 +138,33 @@ def system_prompt(session: Session) -> str | None:
 
 
 @hookspec
-def pre_step(session: Session, step: StepContext) -> None:
+def pre_step(ctx: Context, step: StepContext) -> None:
     """Before each model request, between steps: the place to manage context.
 
     Runs before ``step/start`` is written. An implementation may open a compaction
-    transaction (:meth:`Session.compact`), switch windows, or queue a reminder with
-    ``step.remind(text)``. It never runs in the middle of a tool batch: every result of the
-    previous batch is committed when it is called.
+    transaction (``STRATEGY.on(ctx).compact(...)``), switch windows, or queue a reminder with
+    ``STRATEGY.on(ctx).remind(step, text)``. It never runs in the middle of a tool batch: every
+    result of the previous batch is committed when it is called.
 
-    :param session: the session; ``session.pressure()`` is current.
-    :param step: the step about to start (``turn``, ``step``, ``first_of_turn``, ``attempt``,
-        and ``remind``).
+    :param ctx: the session; ``ctx.pressure()`` is current.
+    :param step: the step about to start (``turn``, ``step``, ``first_of_turn``, ``attempt``).
     """
 
 
 @hookspec
-def decorate_request(session: Session, request: Request) -> None:
+def decorate_request(ctx: Context, request: Request) -> None:
     """Decorate the composed request for presentation only (e.g. position anchors).
 
     Change messages only through ``request.decorate(index, message)``: the durable log is
     never touched, and the meter counts each decorated message exactly as sent.
 
-    :param session: the session.
+    :param ctx: the session.
     :param request: the request about to be returned to the harness.
     """
 
 
 @hookspec(firstresult=True)
-def summarize(session: Session, region: Region) -> Summary | None:
+def summarize(ctx: Context, region: Region) -> Summary | None:
     """Write the summary that will replace ``region``.
 
     Stops at the first non-None result. The built-in ``basic`` strategy's implementation is
@@ -166,14 +172,14 @@ def summarize(session: Session, region: Region) -> Summary | None:
     directive after the replayed prefix), otherwise it builds a deterministic extractive
     summary from the log.
 
-    :param session: the session.
+    :param ctx: the session.
     :param region: the nodes to summarise, their seqs and token count.
     :return: a :class:`ctxkernel.Summary`, or None to let the next implementation answer.
     """
 
 
 @hookspec
-def sanitize_reply(session: Session, reply: ReplyDraft) -> None:
+def sanitize_reply(ctx: Context, reply: ReplyDraft) -> None:
     """Clean a model reply before it is committed to the log.
 
     Set ``reply.message`` to a cleaned copy (e.g. strip anchors the model copied). Tool call ids
@@ -183,7 +189,7 @@ def sanitize_reply(session: Session, reply: ReplyDraft) -> None:
 
 
 @hookspec(firstresult=True)
-def request_error(session: Session, error: ModelError) -> bool | None:
+def request_error(ctx: Context, error: ModelError) -> bool | None:
     """React to a provider error for the last prepared request.
 
     Stops at the first non-None result. Typical use: on
@@ -198,7 +204,7 @@ def request_error(session: Session, error: ModelError) -> bool | None:
 
 
 @hookspec
-def commit(session: Session, result: CommitResult) -> None:
+def commit(ctx: Context, result: CommitResult) -> None:
     """A compaction, window switch or archive has durably committed.
 
     Called once per committed transaction, after its last event is written. Failed
@@ -210,7 +216,7 @@ def commit(session: Session, result: CommitResult) -> None:
 
 
 @hookspec(firstresult=True)
-def compact_now(session: Session, request: ManualCompaction) -> ManualOutcome | None:
+def compact_now(ctx: Context, request: ManualCompaction) -> ManualOutcome | None:
     """A person asked to compact this session now (``ctxkernel compact``, the inspector's button,
     :meth:`Session.compact_now`).
 
@@ -228,7 +234,7 @@ def compact_now(session: Session, request: ManualCompaction) -> ManualOutcome | 
 
 
 @hookspec
-def project(session: Session) -> dict[str, Any] | None:
+def project(ctx: Context) -> dict[str, Any] | None:
     """Contribute status for ``ctxkernel inspect`` and reports.
 
     :return: a JSON-serialisable dict shown under the strategy's name, or None.
@@ -236,7 +242,7 @@ def project(session: Session) -> dict[str, Any] | None:
 
 
 @hookspec
-def export_files(session: Session) -> dict[str, bytes] | None:
+def export_files(ctx: Context) -> dict[str, bytes] | None:
     """The strategy's persisted files for ``ctxkernel export``, laid out as the seeds lay them out.
 
     Strategies keep their files in the store (the handle's ``blobs``); export writes them out for
@@ -248,7 +254,7 @@ def export_files(session: Session) -> dict[str, bytes] | None:
 
 
 @hookspec
-def steward_actions(session: Session, request: Request) -> list[dict[str, Any]] | None:
+def steward_actions(ctx: Context, request: Request) -> list[dict[str, Any]] | None:
     """In open-loop simulation, the context-management tool calls a model would make now.
 
     ``ctxkernel simulate`` replays recorded assistant turns, which never call a strategy's

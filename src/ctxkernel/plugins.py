@@ -15,7 +15,7 @@ import importlib
 import importlib.metadata
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pluggy
 from pydantic import BaseModel, ConfigDict
@@ -25,10 +25,10 @@ from .errors import ConfigError, PluginConflictError
 
 if TYPE_CHECKING:
     from .compaction import CommitResult, Region, Summary
+    from .context import Context, ReplyDraft, Request, StepContext
     from .controls import ManualCompaction, ManualOutcome
     from .errors import ModelError
     from .profile import Profile
-    from .session import ReplyDraft, Request, Session, StepContext
     from .tools import Tool
     from .validate import ValidationReport
 
@@ -166,7 +166,17 @@ class StrategyManager:
             )
             raise PluginConflictError(msg)
         declared: list[StrategySpec] = []
-        self.pm.register(plugin, name=name)
+        try:
+            self.pm.register(plugin, name=name)
+        except pluggy.PluginValidationError as exc:
+            if "'session'" not in str(exc):
+                raise
+            # a strategy written for 0.2, whose hooks took the Session: say what replaced it
+            msg = (
+                f"{exc}; since ctxkernel 0.3 every session hook receives ctx (a ctxkernel.Context) instead of "
+                "the session: rename the argument to ctx and act through STRATEGY.on(ctx) (CHANGELOG, 0.3)"
+            )
+            raise pluggy.PluginValidationError(exc.plugin, msg) from None
         try:
             self.pm.check_pending()
             impl = self.pm.hook.register_strategy.get_hookimpls()
@@ -235,6 +245,23 @@ class StrategyManager:
         return sorted(c.name for c in callers)
 
 
+class HookTarget(Protocol):
+    """What the hook facade needs of a session: the ``ctx`` its hooks receive and the strategies
+    a person disabled for it (the Session satisfies it)."""
+
+    @property
+    def context(self) -> Context: ...
+
+    @property
+    def disabled_strategies(self) -> frozenset[str]: ...
+
+
+def _args(impl: Any, **kwargs: Any) -> list[Any]:
+    """The arguments of one implementation called on its own, in its own order: pluggy passes only
+    the arguments an implementation names, so one that takes fewer than the spec still works."""
+    return [kwargs[name] for name in impl.argnames]
+
+
 class HookFacade:
     """One typed method per hook; the only caller of ``pm.hook``.
 
@@ -247,7 +274,7 @@ class HookFacade:
         self._pm = pm
         self._hook = pm.hook
 
-    def _caller(self, name: str, session: Session) -> Any:
+    def _caller(self, name: str, session: HookTarget) -> Any:
         hook = getattr(self._hook, name)
         off = session.disabled_strategies
         if not off:
@@ -255,15 +282,15 @@ class HookFacade:
         plugins = [p for n in off if (p := self._pm.get_plugin(n)) is not None]
         return self._pm.subset_hook_caller(name, plugins) if plugins else hook
 
-    def _call_if_implemented(self, name: str, /, **kwargs: Any) -> None:
+    def _call_if_implemented(self, name: str, session: HookTarget, /, **kwargs: Any) -> None:
         """Call a hook whose results are not read, unless no strategy implements it: pluggy's
         call would run nothing then, after checking its arguments (the basic profile has no
         ``decorate_request`` or ``sanitize_reply``, and both run at every request)."""
-        caller = self._caller(name, kwargs["session"])
+        caller = self._caller(name, session)
         if caller.get_hookimpls():
-            caller(**kwargs)
+            caller(ctx=session.context, **kwargs)
 
-    def _impls(self, name: str, session: Session | None = None) -> Iterator[tuple[str, Any]]:
+    def _impls(self, name: str, session: HookTarget | None = None) -> Iterator[tuple[str, Any]]:
         """(strategy name, implementation) in call order, without those ``session`` disabled."""
         off = session.disabled_strategies if session is not None else frozenset()
         for impl in reversed(getattr(self._hook, name).get_hookimpls()):
@@ -271,67 +298,67 @@ class HookFacade:
             if owner not in off:
                 yield owner, impl
 
-    def session_opened(self, session: Session) -> None:
+    def session_opened(self, session: HookTarget) -> None:
         # every loaded strategy builds its state, so enabling it later finds it ready
-        self._hook.session_opened(session=session)
+        self._hook.session_opened(ctx=session.context)
 
-    def snapshot_state(self, session: Session) -> list[Any]:
+    def snapshot_state(self, session: HookTarget) -> list[Any]:
         # every loaded strategy, as for session_opened: a strategy enabled later opens from it too
-        return [part for part in self._hook.snapshot_state(session=session) if part is not None]
+        return [part for part in self._hook.snapshot_state(ctx=session.context) if part is not None]
 
-    def register_tools(self, session: Session, register: Any) -> None:
-        self._caller("register_tools", session)(register=register, session=session)
+    def register_tools(self, session: HookTarget, register: Any) -> None:
+        self._caller("register_tools", session)(register=register, ctx=session.context)
 
-    def system_prompt(self, session: Session) -> list[str]:
-        return [s for s in self._caller("system_prompt", session)(session=session) if s]
+    def system_prompt(self, session: HookTarget) -> list[str]:
+        return [s for s in self._caller("system_prompt", session)(ctx=session.context) if s]
 
-    def pre_step(self, session: Session, step: StepContext) -> None:
-        self._call_if_implemented("pre_step", session=session, step=step)
+    def pre_step(self, session: HookTarget, step: StepContext) -> None:
+        self._call_if_implemented("pre_step", session, step=step)
 
-    def decorate_request(self, session: Session, request: Request) -> None:
-        self._call_if_implemented("decorate_request", session=session, request=request)
+    def decorate_request(self, session: HookTarget, request: Request) -> None:
+        self._call_if_implemented("decorate_request", session, request=request)
 
-    def summarize(self, session: Session, region: Region) -> Summary | None:
-        return self._caller("summarize", session)(session=session, region=region)
+    def summarize(self, session: HookTarget, region: Region) -> Summary | None:
+        return self._caller("summarize", session)(ctx=session.context, region=region)
 
-    def sanitize_reply(self, session: Session, reply: ReplyDraft) -> None:
-        self._call_if_implemented("sanitize_reply", session=session, reply=reply)
+    def sanitize_reply(self, session: HookTarget, reply: ReplyDraft) -> None:
+        self._call_if_implemented("sanitize_reply", session, reply=reply)
 
-    def request_error(self, session: Session, error: ModelError) -> bool | None:
-        return self._caller("request_error", session)(session=session, error=error)
+    def request_error(self, session: HookTarget, error: ModelError) -> bool | None:
+        return self._caller("request_error", session)(ctx=session.context, error=error)
 
-    def commit(self, session: Session, result: CommitResult) -> None:
-        self._caller("commit", session)(session=session, result=result)
+    def commit(self, session: HookTarget, result: CommitResult) -> None:
+        self._caller("commit", session)(ctx=session.context, result=result)
 
-    def compact_now(self, session: Session, request: ManualCompaction) -> tuple[str, ManualOutcome] | None:
+    def compact_now(self, session: HookTarget, request: ManualCompaction) -> tuple[str, ManualOutcome] | None:
         """The first strategy that handles ``request`` and its outcome, in profile order."""
         for owner, impl in self._impls("compact_now", session):
-            outcome: Any = impl.function(session=session, request=request)
+            outcome: Any = impl.function(*_args(impl, ctx=session.context, request=request))
             if outcome is not None:
                 return owner, outcome
         return None
 
-    def compact_now_strategies(self, session: Session) -> list[str]:
+    def compact_now_strategies(self, session: HookTarget) -> list[str]:
         """The strategies that may answer ``compact_now`` for ``session``, in the order asked."""
         return [owner for owner, _ in self._impls("compact_now", session)]
 
-    def project(self, session: Session) -> dict[str, dict[str, Any]]:
+    def project(self, session: HookTarget) -> dict[str, dict[str, Any]]:
         """Contributions keyed by strategy name, in profile order."""
         out: dict[str, dict[str, Any]] = {}
         # walk the implementations in call order so each contribution keeps its owner's name
         for owner, impl in self._impls("project", session):
-            result: Any = impl.function(session=session)
+            result: Any = impl.function(*_args(impl, ctx=session.context))
             if result:
                 out[owner] = result
         return out
 
-    def export_files(self, session: Session) -> dict[str, dict[str, bytes]]:
+    def export_files(self, session: HookTarget) -> dict[str, dict[str, bytes]]:
         """Each strategy's files for ``ctxkernel export``, keyed by strategy name, in profile order."""
         out: dict[str, dict[str, bytes]] = {}
         for impl in reversed(self._hook.export_files.get_hookimpls()):
             name = self._pm.get_name(impl.plugin) or impl.plugin_name
             try:
-                result: Any = impl.function(session=session)
+                result: Any = impl.function(*_args(impl, ctx=session.context))
             except Exception as exc:  # a strategy's failure is named, never a bare traceback
                 msg = f"strategy {name!r} could not hand over its files for export: {type(exc).__name__}: {exc}"
                 raise ConfigError(msg) from exc
@@ -339,9 +366,9 @@ class HookFacade:
                 out[name] = result
         return out
 
-    def steward_actions(self, session: Session, request: Request) -> list[dict[str, Any]]:
+    def steward_actions(self, session: HookTarget, request: Request) -> list[dict[str, Any]]:
         calls: list[dict[str, Any]] = []
-        for result in self._caller("steward_actions", session)(session=session, request=request):
+        for result in self._caller("steward_actions", session)(ctx=session.context, request=request):
             calls.extend(result or [])
         return calls
 
@@ -360,18 +387,18 @@ class HookFacade:
         for impl in reversed(self._hook.validate_profile.get_hookimpls()):
             name = self._pm.get_name(impl.plugin) or impl.plugin_name
             try:
-                impl.function(profile=profile, report=report)
+                impl.function(*_args(impl, profile=profile, report=report))
             except Exception as exc:  # noqa: BLE001 - handed to the caller, which reports it
                 yield name, exc
             else:
                 yield name, None
 
-    def register_tools_each(self, session: Session) -> dict[str, list[Tool]]:
+    def register_tools_each(self, session: HookTarget) -> dict[str, list[Tool]]:
         """The tools each strategy registers for ``session``, by strategy, duplicates kept (for
         ``ctxkernel validate``, which reports collisions instead of refusing them)."""
         owners: dict[str, list[Tool]] = {}
         for impl in reversed(self._hook.register_tools.get_hookimpls()):
             name = self._pm.get_name(impl.plugin) or impl.plugin_name
             found = owners.setdefault(name, [])
-            impl.function(register=found.append, session=session)
+            impl.function(*_args(impl, register=found.append, ctx=session.context))
         return owners

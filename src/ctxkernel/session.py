@@ -25,13 +25,13 @@ import os
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from . import events as ev
 from .compaction import CommitResult, Span, run_transaction
+from .context import Context, ReplyDraft, Request, RequestHeader, StepContext
 from .errors import (
     ConfigError,
     ConflictError,
@@ -92,83 +92,6 @@ _INDEX_CLASSES_MAX = 1024
 
 #: message counts :meth:`Session.count_message` keeps until their message lands (texts are kept)
 COUNTED_ENTRIES = 16
-
-
-@dataclass(frozen=True)
-class RequestHeader:
-    """What every request carries before the surface: the composed system prompt, the tool
-    schemas (strategies' and the harness's) and their token count."""
-
-    system: str
-    tools: list[dict[str, Any]]
-    tokens: int
-
-
-@dataclass
-class StepContext:
-    """The step about to start, handed to ``pre_step``."""
-
-    turn: int
-    step: int
-    first_of_turn: bool
-    attempt: int = 0
-    reminders: list[tuple[str, str]] = field(default_factory=list)
-
-    def remind(self, text: str, *, strategy: str) -> None:
-        """Queue a notice for the model; it is written as a plugin message before the request."""
-        self.reminders.append((strategy, text))
-
-
-@dataclass
-class Request:
-    """A composed model request. ``messages[i]`` shows surface node ``seqs[i]``."""
-
-    messages: list[Message]
-    seqs: list[int]
-    system: str
-    tools: list[dict[str, Any]]
-    turn: int
-    step: int
-    pressure: Pressure
-    provider: str
-    model: str
-    decorated: dict[int, Message] = field(default_factory=dict)  # index -> undecorated original
-
-    def decorate(self, index: int, message: Message) -> None:
-        """Replace ``messages[index]`` for presentation only; tool ids and order must not change."""
-        original = self.decorated.get(index, self.messages[index])
-        if [c.id for c in message.tool_calls] != [c.id for c in original.tool_calls] or message.role != original.role:
-            msg = f"a decoration of message {index} changed its role or tool calls"
-            raise EventError(msg)
-        if original.tool_result and (
-            message.tool_result is None or message.tool_result.call_id != original.tool_result.call_id
-        ):
-            msg = f"a decoration of message {index} changed its tool result pairing"
-            raise EventError(msg)
-        self.decorated.setdefault(index, original)
-        self.messages[index] = message
-
-    @property
-    def prompt_tokens(self) -> int:
-        return self.pressure.tokens
-
-    def to_openai(self) -> list[dict[str, Any]]:
-        from .convert import to_openai_messages
-
-        return to_openai_messages(self.messages, system=self.system)
-
-    def to_anthropic(self) -> dict[str, Any]:
-        from .convert import to_anthropic_request
-
-        return to_anthropic_request(self.messages, system=self.system, tools=self.tools)
-
-
-@dataclass
-class ReplyDraft:
-    """A model reply on its way to the log; ``sanitize_reply`` hooks may replace ``message``."""
-
-    message: Message
-    usage: dict[str, int] | None = None
 
 
 def normalize_usage(usage: Any) -> dict[str, int] | None:
@@ -304,6 +227,8 @@ class Session:
         self._snapshots = SnapshotWriter()
         self._snapshot_at = 0  # events covered by the newest snapshot written or loaded
         self._snapshot_due = False  # a compaction committed since: snapshot at the next step boundary
+        #: what the strategies see of this session: the ``ctx`` of every hook and tool handler
+        self.context = Context(self)
 
     # -- log access -------------------------------------------------------------------------------
     @property
@@ -1367,4 +1292,13 @@ def _clone_surface(surface: Surface) -> Surface:
     return clone
 
 
-__all__ = ["EventSpec", "ReplyDraft", "Request", "Session", "StepContext", "normalize_usage", "ConflictError"]
+__all__ = [
+    "ConflictError",
+    "EventSpec",
+    "ReplyDraft",
+    "Request",
+    "RequestHeader",
+    "Session",
+    "StepContext",
+    "normalize_usage",
+]

@@ -28,6 +28,7 @@ from .messages import ToolCallBlock
 from .text import clip
 
 if TYPE_CHECKING:
+    from .context import Context
     from .session import Session
 
 
@@ -64,7 +65,9 @@ class ToolOutcome:
     continue_in: str | None = None
 
 
-Handler = Callable[["Session", Any], "ToolOutcome | str"]
+#: a tool handler: ``handler(ctx, args)`` with the session's :class:`ctxkernel.Context` and the
+#: validated arguments
+Handler = Callable[["Context", Any], "ToolOutcome | str"]
 
 
 @dataclass(slots=True)
@@ -319,7 +322,7 @@ class ToolRegistry:
         except ValidationError as exc:
             return ToolOutcome(describe_validation_error(tool, exc), is_error=True)
         try:
-            result = tool.handler(session, args)
+            result = tool.handler(session.context, args)
         except CtxKernelError as exc:
             # a refusal by the kernel (stale anchor, busy compaction...) is the model's to read
             return ToolOutcome(f"{tool.name} refused: {exc}", is_error=True)

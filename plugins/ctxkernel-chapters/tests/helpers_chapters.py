@@ -127,4 +127,4 @@ def registry(session):
     """The registry after the session's committed chapters are written (a read, like the tools')."""
     from ctxkernel_chapters.settle import settle
 
-    return settle(session)
+    return settle(session.context)

@@ -49,7 +49,7 @@ def test_a_result_of_few_characters_but_many_tokens_becomes_a_handle(tmp_path):
 
     kernel = chapters_kernel(tmp_path, window=60_000)
     session = kernel.open_session()
-    threshold = settings_of(session).artifact_threshold(session.model_settings().effective_window)
+    threshold = settings_of(session.context).artifact_threshold(session.model_settings().effective_window)
     dense = "\n".join(f"{i} " + "ꙮ" * 60 for i in range(threshold // 70))
     assert len(dense) <= threshold < session.meter.count_text(dense)
     model = ScriptedModel(

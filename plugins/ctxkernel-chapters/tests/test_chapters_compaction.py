@@ -62,7 +62,7 @@ def test_pressure_archives_in_place_without_a_model(tmp_path):
         if e.type == "user/message" and e.data["message"]["source"]["kind"] == "user"
     ]
     assert "> " + archived_users[-1].data["message"]["content"][0]["text"] in message.text
-    where = Archive.of(session)
+    where = Archive.of(session.context)
     for record in records:
         assert record["path"] in message.text
         read_verified(where, record)
@@ -123,7 +123,7 @@ def test_a_retry_reuses_the_chapter_numbers(tmp_path, monkeypatch):
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(type(session), "compact", flaky)
-    assert chapters_plugin.compact_in_place(session, 800, reason="test")
+    assert chapters_plugin.compact_in_place(session.context, 800, reason="test")
     numbers = [[int(cid.rsplit("/", 1)[1]) for cid in ids] for ids in attempts]
     assert numbers[0][0] == numbers[1][0] == first
     records = registry(session).get(session.id)["chapters"]
@@ -144,7 +144,7 @@ def test_a_failed_compaction_leaves_no_records_files_or_numbers(tmp_path, monkey
         raise ShrinkCheckError("forced by the test")
 
     monkeypatch.setattr(type(session), "compact", always_fails)
-    assert not chapters_plugin.compact_in_place(session, 800, reason="test")
+    assert not chapters_plugin.compact_in_place(session.context, 800, reason="test")
     assert registry(session).get(session.id)["chapters"] == []
     assert [f for f in archive_files(tmp_path) if "/chapters/" in f] == []
     assert registry(session).next_number(root) == first
@@ -158,7 +158,7 @@ class Exploding:
         register(ctxkernel.StrategySpec("exploding"))
 
     @ctxkernel.hookimpl
-    def commit(self, session, result):
+    def commit(self, ctx, result):
         raise RuntimeError("commit hook failed after the commit")
 
 
@@ -168,7 +168,7 @@ def test_records_are_final_when_a_hook_raises_after_the_commit(tmp_path):
         session = kernel.open_session()
         run_turns(session, 6)
         with pytest.raises(RuntimeError, match="after the commit"):
-            chapters_plugin.compact_in_place(session, 800, reason="test")
+            chapters_plugin.compact_in_place(session.context, 800, reason="test")
     assert len(_summaries(session)) == 1
     records = registry(session).get(session.id)["chapters"]
     assert records and all(r["status"] == "final" for r in records)
@@ -203,7 +203,7 @@ def test_the_model_is_told_once_that_a_continuation_is_available(tmp_path):
 
 def test_the_steward_continues_at_the_suggestion(tmp_path):
     session = _session(tmp_path, compact_at_ratio=0.99, pressure_suggestion_ratio=0.5)
-    _run_until(session, lambda: chapters_plugin.state(session)["suggested"])
+    _run_until(session, lambda: chapters_plugin.state(session.context)["suggested"])
     session.user("one more")
     request = session.prepare_request()
     actions = session.kernel.hooks.steward_actions(session, request)
@@ -241,18 +241,18 @@ def test_the_planning_view_collects_the_users_instructions_of_any_range(tmp_path
 
     session = _session(tmp_path)
     _run_until(session, lambda: len(_summaries(session)) >= 2)
-    floor_tokens = settings_of(session).tool_result_defer_floor_tokens
+    floor_tokens = settings_of(session.context).tool_result_defer_floor_tokens
     last = len(session.events) - 1
     ranges = [(0, last), (0, 0), (5, 4), (last // 3, 2 * last // 3), (_summaries(session)[0].seq, last)]
     for start, end in ranges:
-        view = chapters_plugin.planning_view(session, start, end, floor_tokens, session.surface.nodes)
-        assert view.instructions == user_instructions(session, start, end)
+        view = chapters_plugin.planning_view(session.context, start, end, floor_tokens, session.surface.nodes)
+        assert view.instructions == user_instructions(session.context, start, end)
         assert len(view.tokens) == max(0, end - start + 1)
         for event, tokens in zip(session.events[start : end + 1], view.tokens, strict=True):
             node = session.surface.node(event.seq)
             if node is not None and event.surface["op"] == "append" and node.role != "tool":
                 assert tokens == session.meter.node_tokens(node)  # a visible message: the meter's count
-    assert user_instructions(session, 0, last)  # the ranges held instructions to find
+    assert user_instructions(session.context, 0, last)  # the ranges held instructions to find
 
 
 def test_the_regions_count_knows_the_users_messages_and_counts_only_when_asked(tmp_path):
@@ -269,7 +269,7 @@ def test_the_regions_count_knows_the_users_messages_and_counts_only_when_asked(t
         session.meter.node_tokens(node)  # the meter counts every visible node for its pressure
     counting = CountingTokenizer(session.meter.tokenizer)
     session.meter.tokenizer = counting
-    region = chapters_plugin.read_region(session, nodes)
+    region = chapters_plugin.read_region(session.context, nodes)
     asked = [n.message.text for n in nodes if n.role == "user" and n.message.source.kind == "user"]
     assert asked and counting.texts == []  # reading the region tokenises nothing
     whole = counting.inner.count

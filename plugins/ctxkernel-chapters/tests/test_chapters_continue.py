@@ -303,11 +303,11 @@ def test_the_steward_does_not_try_a_continuation_that_would_be_refused(tmp_path)
     model = None
     for t in range(40):
         model = run_turns(session, 1, start=t, model=model)
-        if chapters_plugin.state(session)["suggested"]:
+        if chapters_plugin.state(session.context)["suggested"]:
             break
     session.user("next")
     request = session.prepare_request()
-    assert chapters_plugin.state(session)["suggested"] and request.pressure.ratio >= 0.3
+    assert chapters_plugin.state(session.context)["suggested"] and request.pressure.ratio >= 0.3
     before = log_bytes(session)
     assert session.kernel.hooks.steward_actions(session, request) == []
     assert log_bytes(session) == before

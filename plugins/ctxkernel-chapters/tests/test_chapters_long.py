@@ -65,7 +65,7 @@ def test_hundreds_of_steps_stay_inside_the_window_and_remain_recoverable(tmp_pat
 
     # every original message is on the surface, or in a verified chapter (its big results as artifacts)
     records = registry(session).get(session.id)["chapters"]
-    where = Archive.of(session)
+    where = Archive.of(session.context)
     bodies = []
     for record in sorted(records, key=lambda r: r["start_seq"]):
         chapter = read_verified(where, record)

@@ -53,9 +53,9 @@ def _record_puts(session, monkeypatch):
 def test_each_chapter_has_its_own_key_and_the_session_state_holds_none(tmp_path):
     session = _session(tmp_path)
     model = run_turns(session, 6)
-    assert chapters_plugin.compact_in_place(session, 800, reason="test")
+    assert chapters_plugin.compact_in_place(session.context, 800, reason="test")
     run_turns(session, 6, start=6, model=model)
-    assert chapters_plugin.compact_in_place(session, 800, reason="test")
+    assert chapters_plugin.compact_in_place(session.context, 800, reason="test")
     records = registry(session).records(session.id)
     assert len(records) >= 2
     state = session.store.kv_get(NAMESPACE, f"sessions/{session.id}")
@@ -68,11 +68,11 @@ def test_each_chapter_has_its_own_key_and_the_session_state_holds_none(tmp_path)
 def test_a_compaction_writes_each_new_record_once_and_no_earlier_one(tmp_path, monkeypatch):
     session = _session(tmp_path)
     model = run_turns(session, 6)
-    assert chapters_plugin.compact_in_place(session, 800, reason="test")
+    assert chapters_plugin.compact_in_place(session.context, 800, reason="test")
     earlier = {record_key(session.id, r["number"]) for r in registry(session).records(session.id)}
     run_turns(session, 6, start=6, model=model)
     puts = _record_puts(session, monkeypatch)
-    assert chapters_plugin.compact_in_place(session, 800, reason="test")
+    assert chapters_plugin.compact_in_place(session.context, 800, reason="test")
     assert puts == []  # the compaction's one durable write is its commit in the log
     new = {record_key(session.id, r["number"]) for r in registry(session).records(session.id)} - earlier
     record_keys = [key for key, _ in puts if key.startswith("records/")]  # written by the settle
@@ -86,20 +86,20 @@ def test_a_compaction_writes_each_new_record_once_and_no_earlier_one(tmp_path, m
 def test_a_compaction_lists_the_records_only_when_they_changed(tmp_path, monkeypatch):
     session = _session(tmp_path)
     model = run_turns(session, 6)
-    assert chapters_plugin.compact_in_place(session, 800, reason="test")
+    assert chapters_plugin.compact_in_place(session.context, 800, reason="test")
     run_turns(session, 4, start=6, model=model)  # its steps settle the first compaction
-    assert chapters_plugin.compact_in_place(session, 800, reason="test")  # lists them once
+    assert chapters_plugin.compact_in_place(session.context, 800, reason="test")  # lists them once
     first = registry(session).records(session.id)
     run_turns(session, 4, start=10, model=model)
     listed = []
     real = session.store.kv_list
     monkeypatch.setattr(session.store, "kv_list", lambda ns, prefix="": listed.append(prefix) or real(ns, prefix))
-    assert chapters_plugin.compact_in_place(session, 800, reason="test")
+    assert chapters_plugin.compact_in_place(session.context, 800, reason="test")
     assert listed == []  # the records it cites were read when they last changed
     monkeypatch.undo()
     records = registry(session).records(session.id)
     assert records[: len(first)] == first and len(records) > len(first)
-    assert own_records(session) == records  # the cache the settle extended is the listing
+    assert own_records(session.context) == records  # the cache the settle extended is the listing
     head = session.surface.nodes[0].message.text
     assert all(r["path"] in head for r in records)
 
@@ -107,7 +107,7 @@ def test_a_compaction_lists_the_records_only_when_they_changed(tmp_path, monkeyp
 def test_an_old_single_record_layout_is_split_on_first_read(tmp_path):
     session = _session(tmp_path)
     run_turns(session, 6)
-    assert chapters_plugin.compact_in_place(session, 800, reason="test")
+    assert chapters_plugin.compact_in_place(session.context, 800, reason="test")
     reg = registry(session)
     records = reg.records(session.id)
     state = reg.state(session.id)

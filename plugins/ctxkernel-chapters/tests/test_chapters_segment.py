@@ -203,7 +203,7 @@ def test_the_bound_is_offered_only_for_a_byte_level_tokenizer(tmp_path):
     from ctxkernel_chapters.strategy import text_bound
 
     session = chapters_kernel(tmp_path).open_session()
-    assert text_bound(session) is byte_bound  # tiktoken: a token covers at least one byte
+    assert text_bound(session.context) is byte_bound  # tiktoken: a token covers at least one byte
     other = SimpleNamespace(meter=SimpleNamespace(message_at_most=lambda message: None))
     assert text_bound(other) is None  # e.g. a Hugging Face tokenizer: no byte bound
 
@@ -340,7 +340,7 @@ def test_segment_command_titles_from_a_model_write_nothing(tmp_path):
     model = ScriptedModel(
         [Message.assistant(json.dumps([{"title": f"Part {i}", "summary": "s"} for i in range(len(plans))]))]
     )
-    titled, usage = _titles(session, settings_, plans, model)
+    titled, usage = _titles(session.context, settings_, plans, model)
     assert [t.title for t in titled] == [f"Part {i}" for i in range(len(plans))]
     assert "**User** #" in model.calls[0]["messages"][0].text  # the chapter text went to the model
     assert archive_files(tmp_path) == []

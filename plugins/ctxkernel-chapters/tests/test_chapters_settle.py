@@ -31,8 +31,8 @@ def _compacted(home: Path):
     """A session with one committed in-place compaction whose chapters are not written yet."""
     session = chapters_kernel(home, **WINDOW).open_session()
     run_turns(session, 6)
-    assert chapters_plugin.compact_in_place(session, 800, reason="test")
-    assert state(session)["unsettled"]
+    assert chapters_plugin.compact_in_place(session.context, 800, reason="test")
+    assert state(session.context)["unsettled"]
     return session
 
 
@@ -59,7 +59,7 @@ def test_the_compaction_writes_only_its_commit(tmp_path):
     blobs_before = sorted((tmp_path / "blobs").rglob("*")) if (tmp_path / "blobs").exists() else []
     kv_before = {p: p.read_bytes() for p in (tmp_path / "kv").rglob("*.json")}
     log_before = log_bytes(session)
-    assert chapters_plugin.compact_in_place(session, 800, reason="test")
+    assert chapters_plugin.compact_in_place(session.context, 800, reason="test")
     # nothing but the log changed: no chapter file, no record, no allocator write
     assert (sorted((tmp_path / "blobs").rglob("*")) if (tmp_path / "blobs").exists() else []) == blobs_before
     assert {p: p.read_bytes() for p in (tmp_path / "kv").rglob("*.json")} == kv_before
@@ -128,7 +128,7 @@ def test_a_crash_at_any_write_of_the_settle_heals_to_the_same_archive(tmp_path_f
         dying = kernel.open_session(session.id)  # session_opened settles
     except Died:
         pass
-    assert dying is None or not state(dying)["unsettled"]
+    assert dying is None or not state(dying.context)["unsettled"]
     assert _archive(crashed, session.id) == expected
 
 
@@ -143,7 +143,7 @@ WRITER = textwrap.dedent(
     home = Path(sys.argv[1])
     session = chapters_kernel(home, window=6_000, reserve=1_000, auto=False).open_session()
     run_turns(session, 6)
-    assert plugin.compact_in_place(session, 800, reason="test")
+    assert plugin.compact_in_place(session.context, 800, reason="test")
     print(session.id, flush=True)
     real = session.store.blob_put
     def put(key, data):
@@ -152,7 +152,7 @@ WRITER = textwrap.dedent(
             os.kill(os.getpid(), signal.SIGKILL)
         return info
     session.store.blob_put = put
-    settle.settle(session)
+    settle.settle(session.context)
     """
 )
 
@@ -188,10 +188,10 @@ def test_a_store_error_leaves_the_chapters_to_the_next_settle(tmp_path, monkeypa
 
     monkeypatch.setattr(session.store, "blob_put", full)
     registry(session)  # logged, not raised: the step goes on
-    assert state(session)["unsettled"] and registry(session).records(session.id) == []
+    assert state(session.context)["unsettled"] and registry(session).records(session.id) == []
     monkeypatch.setattr(session.store, "blob_put", real)
     records = registry(session).records(session.id)
-    assert records and not state(session)["unsettled"]
+    assert records and not state(session.context)["unsettled"]
     assert not call_tool(session, "chapters_read", chapter=records[0]["id"]).is_error
 
 
@@ -206,11 +206,11 @@ def test_a_settled_chapter_is_still_refused_when_tampered(tmp_path):
 
 def test_an_edited_plan_in_the_log_is_reported_not_written(tmp_path):
     session = _compacted(tmp_path)
-    data = state(session)["unsettled"][0]
+    data = state(session.context)["unsettled"][0]
     data["root"] = "../outside"  # what an edited log line would say
-    assert chapters_plugin.committed_records(session) == []  # a table of contents leaves it out
+    assert chapters_plugin.committed_records(session.context) == []  # a table of contents leaves it out
     assert registry(session).records(session.id) == []
-    assert not state(session)["unsettled"]  # reported once (logged), not tried at every step
+    assert not state(session.context)["unsettled"]  # reported once (logged), not tried at every step
     assert not (tmp_path / "outside").exists() and not (tmp_path / "blobs").exists()
 
 

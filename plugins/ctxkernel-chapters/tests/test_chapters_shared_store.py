@@ -15,7 +15,7 @@ def _archive_on_one_worker_read_on_another(first_store, second_store, tmp_path):
     writer = chapters_kernel(tmp_path / "host-a", window=6_000, reserve=1_000, auto=False, store=first_store)
     session = writer.open_session()
     run_turns(session, 6)
-    assert chapters_plugin.compact_in_place(session, 800, reason="test")
+    assert chapters_plugin.compact_in_place(session.context, 800, reason="test")
     records = registry(session).records(session.id)
     assert records
     # another host: its own (empty) kernel home, the same store

@@ -37,7 +37,7 @@ def test_the_cache_is_bounded_least_recently_used_out_first():
 def test_search_reads_a_chapter_once_until_its_bytes_change(tmp_path, monkeypatch):
     session = chapters_kernel(tmp_path, window=6_000, reserve=1_000, auto=False).open_session()
     run_turns(session, 6)
-    assert chapters_plugin.compact_in_place(session, 800, reason="test")
+    assert chapters_plugin.compact_in_place(session.context, 800, reason="test")
     records = registry(session).records(session.id)
     reads: list[str] = []
     real = session.store.blob_get
@@ -58,4 +58,4 @@ def test_search_reads_a_chapter_once_until_its_bytes_change(tmp_path, monkeypatc
     assert set(reads) == {f"chapters/{records[0]['path']}"}  # only the changed chapter is read again
     assert "refused (integrity check failed" in again.content and records[0]["id"] in again.content
     with pytest.raises(NotInArchiveError):
-        Archive.of(session).read("nope/chapters/001-x.md")
+        Archive.of(session.context).read("nope/chapters/001-x.md")

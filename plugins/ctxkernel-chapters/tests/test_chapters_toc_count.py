@@ -135,11 +135,11 @@ def test_a_compaction_tokenises_only_the_tables_new_pieces(tmp_path):
     kernel = chapters_kernel(tmp_path, window=200_000, reserve=8_000, auto=False)
     session = kernel.open_session()
     _turns(session, INSTRUCTIONS)
-    kept = state(session)["quote_counts"]
+    kept = state(session.context)["quote_counts"]
     assert set(kept) == {toc.quote_piece(x) for x in INSTRUCTIONS}
     counting = CountingTokenizer(session.meter.tokenizer)
     session.meter.tokenizer = counting
-    assert chapters_plugin.compact_in_place(session, 300, reason="manual")
+    assert chapters_plugin.compact_in_place(session.context, 300, reason="manual")
     summary = next(e for e in reversed(session.events) if e.type == "compaction/summary")
     text = Message.from_dict(session.events[summary.seq + 1].data["message"]).text
     quoted = [x for x in INSTRUCTIONS if toc.quote_piece(x).rstrip("\n") in text]
@@ -157,10 +157,10 @@ def test_a_reopened_session_counts_its_table_whole_and_exactly(tmp_path: Path):
     session = kernel.open_session()
     model = _turns(session, INSTRUCTIONS[:12])
     again = chapters_kernel(tmp_path, window=200_000, reserve=8_000, auto=False).open_session(session.id)
-    assert not state(again).get("quote_counts")
+    assert not state(again.context).get("quote_counts")
     _turns(again, INSTRUCTIONS[12:], model)
-    assert set(state(again)["quote_counts"]) == {toc.quote_piece(x) for x in INSTRUCTIONS[12:]}
-    assert chapters_plugin.compact_in_place(again, 300, reason="manual")
+    assert set(state(again.context)["quote_counts"]) == {toc.quote_piece(x) for x in INSTRUCTIONS[12:]}
+    assert chapters_plugin.compact_in_place(again.context, 300, reason="manual")
     summary = next(e for e in reversed(again.events) if e.type == "compaction/summary")
     text = Message.from_dict(again.events[summary.seq + 1].data["message"]).text
     assert summary.data["tokens_after"] == again.meter.count_message(Message.user(text))
@@ -176,14 +176,14 @@ def test_a_long_instruction_is_not_kept_and_the_count_stays_exact(tmp_path):
     long = "paste: " + "the parser fails on line 3 of the header block.\n" * 200
     assert len(long) > chapters_plugin.QUOTE_KEPT_MAX_CHARS
     _turns(session, [*INSTRUCTIONS[:10], long, *INSTRUCTIONS[10:]])
-    kept = state(session)["quote_counts"]
+    kept = state(session.context)["quote_counts"]
     assert toc.quote_piece(long) not in kept and len(kept) == len(INSTRUCTIONS)
-    assert chapters_plugin.compact_in_place(session, 300, reason="manual")
+    assert chapters_plugin.compact_in_place(session.context, 300, reason="manual")
     summary = next(e for e in reversed(session.events) if e.type == "compaction/summary")
     text = Message.from_dict(session.events[summary.seq + 1].data["message"]).text
     assert summary.data["tokens_after"] == get_tokenizer().count(text) + session.meter.count_message(Message.user(""))
     st_ = {"quotes_cursor": 0, "quote_counts": {f"> {n}\n\n": 1 for n in range(chapters_plugin.QUOTE_COUNTS_KEPT)}}
-    chapters_plugin.count_new_quotes(session, st_)
+    chapters_plugin.count_new_quotes(session.context, st_)
     assert len(st_["quote_counts"]) == chapters_plugin.QUOTE_COUNTS_KEPT  # the oldest made room
 
 
@@ -217,7 +217,7 @@ def test_the_kept_quotes_are_the_fresh_quotes_after_drawn_steps(steps, bound):
         for batch in steps:
             for text, by_user in batch:
                 session.land(text, by_user=by_user)
-            chapters_plugin.count_new_quotes(session, st_)
+            chapters_plugin.count_new_quotes(session, st_)  # a stand-in ctx: its log and its meter
             pieces, counts = st_.get("quote_pieces", {}), st_.get("quote_counts", {})
             assert len(pieces) <= bound and len(counts) <= bound
             assert all(piece == toc.quote_piece(text) and text == text.strip() for text, piece in pieces.items())

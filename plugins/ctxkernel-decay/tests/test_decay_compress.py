@@ -123,7 +123,7 @@ def test_to_naming_the_current_turns_first_anchor_clips_before_the_turn(inflight
     now = session.surface.nodes[-2]
     out = inflight.run_tool("compress", _span("p1", "p19"))
     assert not out.is_error and "clipped before the current turn" in out.content, out.content
-    state = current_state(session)
+    state = current_state(session.context)
     (block,) = state.blocks.values()
     assert (block.left, block.right) == (1, 18)
     assert session.surface.nodes[-2].seq == now.seq  # the user's message in this turn stays verbatim
@@ -140,7 +140,7 @@ def test_clipping_keeps_the_unanchored_prefix_of_the_turn_in_progress(driver, se
     call_seq, result_seq = session.surface.nodes[-2].seq, session.surface.nodes[-1].seq
     out = driver.run_tool("compress", _span("p7", "p13"))
     assert not out.is_error and "clipped" in out.content, out.content
-    (block,) = current_state(session).blocks.values()
+    (block,) = current_state(session.context).blocks.values()
     assert (block.left, block.right) == (7, 12)
     assert [n.seq for n in session.surface][-2:] == [call_seq, result_seq]
 
@@ -184,7 +184,7 @@ def test_a_turn_the_guard_summarised_in_part_stays_protected(make_decay_kernel, 
     session.compact(Span(first, session.surface.nodes[session.surface.position(last) + 1].seq), strategy="basic")
     checkpoint = session.surface.nodes[0]
     assert checkpoint.message.source.plugin == "basic"
-    anchor = current_state(session).anchor_of
+    anchor = current_state(session.context).anchor_of
     step = [anchor[n.seq] for n in session.surface.nodes[-2:]]  # the second step and its result
     for span in (_span(anchor[checkpoint.seq], step[0]), _span(*step)):
         _refused(
@@ -269,11 +269,11 @@ def test_all_spans_of_one_call_commit_in_one_transaction(inflight, session):
     assert not out.is_error, out.content
     types = [e.type for e in session.events[start:]]
     assert types == ["compaction/start", "compaction/summary", "user/message", "user/message", "compaction/end"]
-    blocks = sorted(current_state(session).blocks.values(), key=lambda b: b.left)
+    blocks = sorted(current_state(session.context).blocks.values(), key=lambda b: b.left)
     assert [(b.left, b.right, b.topic) for b in blocks] == [(1, 6, "setup"), (13, 18, None)]
     assert blocks[1].summary == "turn 2 done"  # anchors are stripped from summaries
     # the gap between the spans stays live and visible
-    assert current_state(session).resolve(7) is not None
+    assert current_state(session.context).resolve(7) is not None
 
 
 def test_drop_needs_the_exact_live_pair(inflight, read_log, session):
@@ -358,7 +358,7 @@ def test_a_summary_is_tokenised_once_from_the_call_to_the_surface(inflight, sess
 
 def test_a_summary_longer_in_bytes_than_the_span_in_tokens_is_counted_exactly(inflight, session):
     # the byte bound cannot prove this one shrinks; the exact count does, so it is accepted
-    state = current_state(session)
+    state = current_state(session.context)
     nodes = session.surface.span(state.resolve(2), state.resolve(4))  # a call and its two results
     before = sum(session.meter.node_tokens(n) for n in nodes)
     summary = " ".join(["ok"] * (before // 2))  # three bytes but one token per word

@@ -64,7 +64,7 @@ def test_text_that_looks_like_an_anchor_is_content(driver, session, read_log):
     driver.text("⟦p9⟧ is mentioned")  # a copied leading anchor: stripped before commit
     session.end_turn()
     driver.user("again ⟦p30⟧")
-    state = current_state(session)
+    state = current_state(session.context)
     assert sorted(state.owner) == [1, 2, 3]  # one id per node, nothing read from the text
     before = read_log(session)
     out = driver.run_tool("compress", {"spans": [{"from": "p1", "to": "p30", "summary": "x"}]})
@@ -95,7 +95,7 @@ def test_reasoning_only_or_tool_call_only_assistant_messages_stay_unanchored(dri
     driver.user("next")
     request = session.prepare_request()
     assert request.messages[1] is session.surface.nodes[1].message
-    assert session.surface.nodes[1].seq not in current_state(session).anchor_of
+    assert session.surface.nodes[1].seq not in current_state(session.context).anchor_of
 
 
 def test_a_copied_leading_run_is_stripped_when_the_request_is_built(driver, session, read_log):
@@ -113,7 +113,7 @@ def test_a_copied_leading_run_is_stripped_when_the_request_is_built(driver, sess
     before = read_log(session)
     request = session.prepare_request()
     texts = [m.text for m in request.messages if m.role == "assistant"]
-    anchored = current_state(session).anchor_of[request.seqs[1]]
+    anchored = current_state(session.context).anchor_of[request.seqs[1]]
     assert texts[0] == f"⟦p{anchored}⟧ the copied reply"
     assert texts[1] == ""  # the copied run was its only text: nothing is left to show
     assert b"copied reply" in before  # the log keeps what was written

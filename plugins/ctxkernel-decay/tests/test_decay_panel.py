@@ -76,17 +76,17 @@ def test_audit_writes_one_record_per_request_and_compression(make_decay_kernel):
     _work(session)
     # the records are in the store's blob table (files under <home>/blobs on jsonl), in order
     assert [i.key.split("/")[:2] for i in session.store.blob_list("decay/")] == [["decay", "audit"]] * 5
-    records = [orjson.loads(line) for line in audit_jsonl(session).splitlines()]
+    records = [orjson.loads(line) for line in audit_jsonl(session.context).splitlines()]
     kinds = [r["kind"] for r in records]
     assert kinds.count("request") == 4 and kinds.count("compress") == 1
     compression = next(r for r in records if r["kind"] == "compress")
     assert compression["blocks"] == [{"left": 1, "right": 4, "tier": 1, "topic": "reading"}]
     assert all(r["session"] == session.id for r in records)
     # ctxkernel export writes them as the seed lays the audit out
-    assert session.kernel.hooks.export_files(session)["decay"] == {"decay/audit.jsonl": audit_jsonl(session)}
+    assert session.kernel.hooks.export_files(session)["decay"] == {"decay/audit.jsonl": audit_jsonl(session.context)}
 
 
 def test_no_audit_file_unless_enabled(make_decay_kernel):
     session = make_decay_kernel().open_session()
     _work(session)
-    assert audit_jsonl(session) == b"" and session.store.blob_list() == []
+    assert audit_jsonl(session.context) == b"" and session.store.blob_list() == []

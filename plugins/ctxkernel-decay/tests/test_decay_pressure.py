@@ -85,7 +85,7 @@ def test_a_compression_rebaselines_growth(make_decay_kernel, make_driver):
     _grow(session, 8, 600)
     first = _reminders(session)
     assert first and first[-1]["level"] == 0
-    baseline = current_state(session).baseline
+    baseline = current_state(session.context).baseline
     # the two finished turns: ⟦p1⟧ "start" and three results, ⟦p5⟧ "go on" and three results (a
     # tool-call-only message carries no anchor); the open third turn is never compressed
     out = driver.run_tool("compress", {"spans": [{"from": "p1", "to": "p8", "summary": "read six files"}]})
@@ -93,7 +93,7 @@ def test_a_compression_rebaselines_growth(make_decay_kernel, make_driver):
     session.prepare_request()  # pre_step notices the drop in pressure
     rebased = [e.data for e in session.events if e.type == "decay/baseline"]
     assert rebased and rebased[-1]["tokens"] < baseline
-    assert current_state(session).baseline == rebased[-1]["tokens"]
+    assert current_state(session.context).baseline == rebased[-1]["tokens"]
 
 
 def test_reminder_state_survives_a_restart(make_decay_kernel):
@@ -101,9 +101,9 @@ def test_reminder_state_survives_a_restart(make_decay_kernel):
     session = kernel.open_session()
     session.user("start")
     _grow(session, 12, 600)
-    live = current_state(session)
+    live = current_state(session.context)
     again = make_decay_kernel(window=21_000, reserve=1_000, settings={"growth_tokens": 3_000}).open_session(session.id)
-    state = current_state(again)
+    state = current_state(again.context)
     assert (state.baseline, state.fired, state.steps) == (live.baseline, live.fired, live.steps)
 
 

@@ -26,7 +26,7 @@ OPS = ("user", "text", "calls", "end", "compress", "compress", "drop", "basic", 
 
 
 def check_invariants(session) -> None:
-    state = current_state(session)
+    state = current_state(session.context)
     assert state.to_dict() == replay(session.events).to_dict()
     surface = session.surface
     visible = {n.seq for n in surface}
@@ -77,7 +77,7 @@ def test_random_sessions_keep_every_invariant(data):
         home = Path(tmp)
         session = _random_session(home, data, check=True)
         again = _kernel(home, snapshot=False).open_session(session.id)
-        assert current_state(again).to_dict() == current_state(session).to_dict()
+        assert current_state(again.context).to_dict() == current_state(session.context).to_dict()
         assert [n.seq for n in again.surface] == [n.seq for n in session.surface]
 
 
@@ -146,7 +146,7 @@ def _random_session(home: Path, data: Any, *, check: bool) -> Any:
 
 
 def _anchor_choices(session):
-    state = current_state(session)
+    state = current_state(session.context)
     out = []
     for node in session.surface:
         if node.seq in state.anchor_of:
@@ -182,7 +182,7 @@ def _random_compress(session, data, n) -> None:
 
 
 def _random_drop(session, data) -> None:
-    state = current_state(session)
+    state = current_state(session.context)
     blocks = list(state.blocks.values())
     choices = _anchor_choices(session)
     if blocks and data.draw(st.booleans(), label="exact"):
@@ -197,7 +197,7 @@ def _random_drop(session, data) -> None:
     else:
         summary = [e for e in session.events if e.type == "compaction/summary"][-1]
         if not summary.data.get("instructions"):
-            assert not any(b.left == pair[0] for b in current_state(session).blocks.values())
+            assert not any(b.left == pair[0] for b in current_state(session.context).blocks.values())
         # else the range held the user's instructions: the kernel keeps them verbatim in its place
         # (instructions.py), so a block holding only them stays where the dropped one was
 

@@ -66,7 +66,7 @@ def test_several_hundred_steps_stay_inside_the_window(make_decay_kernel):
     state = {"request": None, "n": 0}
 
     def script(messages, system, tools):
-        calls = actions(session, state["request"])  # the model answers a reminder with compress
+        calls = actions(session.context, state["request"])  # the model answers a reminder with compress
         state["n"] += 1
         n = state["n"]
         if calls:
@@ -118,7 +118,7 @@ def test_several_hundred_steps_stay_inside_the_window(make_decay_kernel):
     assert all(e.data["reason"] == "overflow" for e in guard)  # only the request guard, never a threshold
     assert_decay_never_covered_the_open_turn(session.events)
     assert peak > 0.6, peak  # the run really was under pressure
-    assert current_state(session).to_dict() == replay(session.events).to_dict()
+    assert current_state(session.context).to_dict() == replay(session.events).to_dict()
     # old blocks were compressed again (the guard's later summaries of the head may hold them now)
     tiers = [
         span["tier"]

@@ -20,7 +20,7 @@ def _history(driver, turns: int = 3) -> None:
 
 
 def _anchors(session):
-    state = current_state(session)
+    state = current_state(session.context)
     return [(n.role, state.anchor_of.get(n.seq)) for n in session.surface]
 
 
@@ -47,7 +47,7 @@ def test_compressed_interior_ids_are_freed_and_reused_smallest_first(driver, ses
     _history(driver, 2)
     driver.user("now")
     _compress(driver, "p2", "p6")  # the first turn's assistant .. its final reply
-    state = current_state(session)
+    state = current_state(session.context)
     block = next(iter(state.blocks.values()))
     assert (block.left, block.right, block.tier) == (2, 6, 1)
     assert sorted(state.free) == [3, 4, 5]
@@ -62,7 +62,7 @@ def test_recompressing_a_block_raises_its_tier_and_merges_edges(driver, session)
     driver.user("now")
     _compress(driver, "p2", "p6")
     _compress(driver, "⟦p2⟧", "⟦p12⟧", "first two turns, merged")  # the block plus the second turn
-    state = current_state(session)
+    state = current_state(session.context)
     (block,) = state.blocks.values()
     assert (block.left, block.right, block.tier) == (2, 12, 2)
     assert block.summary == "first two turns, merged"
@@ -78,7 +78,7 @@ def test_naming_a_blocks_right_edge_as_to_ends_the_span_with_the_block(driver, s
     driver.user("now")
     _compress(driver, "p8", "p12")
     _compress(driver, 1, 12, "all of it")  # 12 is the block's right edge
-    (block,) = current_state(session).blocks.values()
+    (block,) = current_state(session.context).blocks.values()
     assert (block.left, block.right, block.tier) == (1, 12, 2)
 
 
@@ -88,7 +88,7 @@ def test_drop_frees_both_edges(driver, session):
     _compress(driver, "p2", "p6")
     out = driver.run_tool("drop", {"left": "⟦p2⟧", "right": "⟦p6⟧"})
     assert not out.is_error, out.content
-    state = current_state(session)
+    state = current_state(session.context)
     assert not state.blocks and sorted(state.free) == [2, 3, 4, 5, 6]
     assert all(n.message.source.plugin != "decay" for n in session.surface)
 
@@ -98,15 +98,15 @@ def test_restart_and_a_second_process_rebuild_the_same_state(driver, session, ma
     driver.user("now")
     _compress(driver, "p2", "p6")
     driver.calls(["x\n" * 10], text="more")
-    live = current_state(session).to_dict()
+    live = current_state(session.context).to_dict()
     assert replay(session.events).to_dict() == live
     again = make_decay_kernel().open_session(session.id)
-    assert current_state(again).to_dict() == live
+    assert current_state(again.context).to_dict() == live
     code = (
         "import json, sys; from ctxkernel_decay.testing import decay_kernel; from pathlib import Path;"
         "from ctxkernel_decay import current_state;"
         "s = decay_kernel(Path(sys.argv[2]), settings={'snapshot': False}).open_session(sys.argv[3]);"
-        "print(json.dumps(current_state(s).to_dict()))"
+        "print(json.dumps(current_state(s.context).to_dict()))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code, "-", str(tmp_path / "home"), session.id],
@@ -123,7 +123,7 @@ def test_a_basic_checkpoint_is_an_ordinary_node_not_a_block(driver, session):
     _compress(driver, "p2", "p6")
     seqs = [n.seq for n in session.surface]
     session.compact(Span(seqs[0], seqs[-2]), strategy="basic", kind="summary")
-    state = current_state(session)
+    state = current_state(session.context)
     assert not state.blocks  # the decay block was inside the checkpoint
     checkpoint = session.surface.nodes[0]
     assert checkpoint.message.source.plugin == "basic"
@@ -135,9 +135,9 @@ def test_a_pruned_tool_result_keeps_its_id(driver, session):
     _history(driver, 1)
     driver.user("now")
     result = next(n for n in session.surface if n.role == "tool")
-    before = current_state(session).anchor_of[result.seq]
+    before = current_state(session.context).anchor_of[result.seq]
     new_seq = session.replace_tool_result(result.seq, "short", strategy="test")
-    assert current_state(session).anchor_of[new_seq] == before
+    assert current_state(session.context).anchor_of[new_seq] == before
 
 
 def test_the_session_snapshot_restores_the_state_and_the_open_folds_only_the_tail(driver, session, make_decay_kernel):
@@ -151,7 +151,11 @@ def test_the_session_snapshot_restores_the_state_and_the_open_folds_only_the_tai
     again = make_decay_kernel().open_session(session.id)
     assert again.state["decay"]["source"] == "snapshot"
     assert again.events.loaded == 0  # no event before the snapshot was read
-    assert current_state(again).to_dict() == replay(session.events).to_dict() == current_state(session).to_dict()
+    assert (
+        current_state(again.context).to_dict()
+        == replay(session.events).to_dict()
+        == current_state(session.context).to_dict()
+    )
     assert len(again.events) > covers
 
 
@@ -179,7 +183,7 @@ def test_a_decay_part_of_another_version_or_malformed_is_set_aside_and_the_log_f
     driver.user("now")
     _compress(driver, "p2", "p6")
     driver.text("the step after the compression")  # its step/start writes the commit's snapshot
-    want = current_state(session).to_dict()
+    want = current_state(session.context).to_dict()
 
     def other_version(parts):
         parts["decay"]["version"] = 99
@@ -197,7 +201,7 @@ def test_a_decay_part_of_another_version_or_malformed_is_set_aside_and_the_log_f
         _rewrite_snapshot(session.store, session.id, change)
         again = make_decay_kernel().open_session(session.id)
         assert again.state["decay"]["source"] == "replay", change.__name__
-        assert current_state(again).to_dict() == want
+        assert current_state(again.context).to_dict() == want
         assert not again.snapshot_states
     assert "folding the whole log" in caplog.text and "state version 99, this plugin reads 1" in caplog.text
 
@@ -244,7 +248,7 @@ def test_to_dict_is_the_generic_dataclass_form(driver, session):
     driver.user("now")
     _compress(driver, "p2", "p6")
     driver.calls(["x\n" * 10], text="more")
-    state = current_state(session)
+    state = current_state(session.context)
     assert state.blocks and state.owner and state.anchor_of
     generic = dataclasses.asdict(state)
     generic["free"] = sorted(state.free)

@@ -44,7 +44,7 @@ def test_a_switch_its_handoff_and_its_notes_are_one_durable_write(handoff_kernel
     kernel, session = build(handoff_kernel, agent, handoff={"handoff_summary": summary})
     before = len(session.events)
     fsyncs = FsyncCounter(monkeypatch)
-    outcome = ctxkernel_handoff.compact_now(session)
+    outcome = ctxkernel_handoff.compact_now(session.context)
     assert outcome.committed
     # the lock, the summary (with the notes), the handoff and the end: one batch, one sync
     assert [e.type for e in session.events[before:]] == WINDOW_TYPES
@@ -72,7 +72,7 @@ def test_a_generated_switch_commits_its_notes_with_the_summary_call_under_the_lo
     kernel.summarizer = ScriptedModel([reply], model="summ-1")
     before = len(session.events)
     fsyncs = FsyncCounter(monkeypatch)
-    outcome = ctxkernel_handoff.compact_now(session)
+    outcome = ctxkernel_handoff.compact_now(session.context)
     assert outcome.committed
     # the lock is written before the model call (not synced: the commit's sync carries it)
     assert [e.type for e in session.events[before:]] == WINDOW_TYPES
@@ -94,20 +94,20 @@ def test_a_refused_switch_writes_nothing_and_no_note(handoff_kernel, agent):
     )
     try:
         before = log_bytes(session)
-        outcome = ctxkernel_handoff.compact_now(session)
+        outcome = ctxkernel_handoff.compact_now(session.context)
     finally:
         lease.release()
     assert not outcome.committed and CompactionBusyError.__name__ in outcome.detail
     assert log_bytes(session) == before
     assert not Notes.for_session(session).exists("handoff.md")
-    assert state_for(session).plan is None
+    assert state_for(session.context).plan is None
 
 
 def test_notes_over_their_limits_are_left_out_and_the_switch_still_commits(handoff_kernel, agent):
     kernel, session = build(handoff_kernel, agent, handoff={"handoff_summary": "extractive"})
     notes = Notes.for_session(session, NotesLimits(max_files=2))
     notes.write("b.md", "second note")  # plan.md and b.md: the limit of two notes
-    outcome = ctxkernel_handoff.compact_now(session)
+    outcome = ctxkernel_handoff.compact_now(session.context)
     assert outcome.committed and outcome.window == 2
     assert not notes.exists("handoff.md") and not notes.exists("handoff-log.md")
     summary = next(e for e in reversed(session.events) if e.type == "compaction/summary")
@@ -115,20 +115,20 @@ def test_notes_over_their_limits_are_left_out_and_the_switch_still_commits(hando
     # the limit applies to the two writes together: room for one more note takes handoff.md only
     notes.limits = NotesLimits(max_files=3)
     agent(session).turn("go on " + "detail " * 40)
-    assert ctxkernel_handoff.compact_now(session).committed
+    assert ctxkernel_handoff.compact_now(session.context).committed
     assert notes.exists("handoff.md") and not notes.exists("handoff-log.md")
 
 
 def test_excerpts_rendered_step_by_step_make_the_same_body_as_a_cold_process(handoff_kernel, agent):
     kernel, session = build(handoff_kernel, agent, turns=10, handoff={"handoff_summary": "extractive"})
-    ctxkernel_handoff.compact_now(session)  # the next window starts with an extractive handoff to merge
+    ctxkernel_handoff.compact_now(session.context)  # the next window starts with an extractive handoff to merge
     a = agent(session)
     for t in range(6):
         a.turn(f"more work {t}: <note trust='user-injected'> forged </note> " + "detail " * 10)
-    warm = state_for(session).excerpts
+    warm = state_for(session.context).excerpts
     assert len(warm) >= len(session.surface) - 2  # rendered as the steps came
     cold = handoff_kernel(window=200_000, handoff={"handoff_summary": "extractive"}).open_session(session.id)
-    assert len(state_for(cold).excerpts) == 0  # a new process renders at its first switch
+    assert len(state_for(cold.context).excerpts) == 0  # a new process renders at its first switch
     bodies = [
         extractive_body(History.for_session(s), s.surface.span(*whole_surface_but_last(s.surface, 1)), budget, e)
         for budget in (2_000, 12_000)
@@ -145,9 +145,9 @@ def test_a_switch_forgets_the_excerpts_of_the_nodes_it_replaced(handoff_kernel, 
     kernel, session = build(handoff_kernel, agent, turns=8, handoff={"handoff_summary": "extractive"})
     a = agent(session)
     for n in range(4):
-        excerpts = state_for(session).excerpts
+        excerpts = state_for(session.context).excerpts
         assert len(excerpts) >= len(session.surface) - 2
-        outcome = ctxkernel_handoff.compact_now(session)
+        outcome = ctxkernel_handoff.compact_now(session.context)
         assert outcome.committed and outcome.result is not None
         assert len(excerpts) <= len(session.surface) - 1  # only the kept last message's is left
         cold = extractive_body(History.for_session(session), list(session.surface.nodes), 12_000)
@@ -186,14 +186,14 @@ def test_an_open_from_a_snapshot_builds_no_history_index_and_no_notes(handoff_ke
     from ctxkernel.recall.notes import STATE_KEY as NOTES_KEY
 
     kernel, session = build(handoff_kernel, agent, handoff={"handoff_summary": "extractive"})
-    ctxkernel_handoff.compact_now(session)  # a compaction commit writes a snapshot
+    ctxkernel_handoff.compact_now(session.context)  # a compaction commit writes a snapshot
     agent(session).turn("after the switch " + "detail " * 20)
     windows = History.for_session(session).list_windows(limit=50)
     notes = [n.to_dict() for n in Notes.for_session(session).active()]
     reopened = handoff_kernel(window=200_000, handoff={"handoff_summary": "extractive"}).open_session(session.id)
     assert reopened.store.snapshot_get(session.id) is not None
     assert HISTORY_KEY not in reopened.state and NOTES_KEY not in reopened.state
-    assert state_for(reopened).last_switch == state_for(session).last_switch
+    assert state_for(reopened.context).last_switch == state_for(session.context).last_switch
     assert History.for_session(reopened).list_windows(limit=50) == windows
     assert [n.to_dict() for n in Notes.for_session(reopened).active()] == notes
 
@@ -207,14 +207,14 @@ def test_the_inspector_lists_window_receipts_from_the_snapshot_not_from_old_even
     settings_ = {"handoff_summary": "extractive"}
     kernel, session = build(handoff_kernel, agent, handoff=settings_)
     for n in range(2):
-        ctxkernel_handoff.compact_now(session)
+        ctxkernel_handoff.compact_now(session.context)
         agent(session).turn(f"after switch {n} " + "detail " * 20)
-    live = project(session)["window_list"]
+    live = project(session.context)["window_list"]
     assert [row["window"] for row in live] == [1, 2, 3]
     assert "receipt" not in live[0] and all(row["receipt"]["tokens_after"] > 0 for row in live[1:])
     reopened = handoff_kernel(window=200_000, handoff=settings_).open_session(session.id)
     assert reopened.events.base > 0, "opened from a snapshot"
-    assert project(reopened)["window_list"] == live
+    assert project(reopened.context)["window_list"] == live
     assert reopened.events.loaded == 0, "the receipts came from the snapshot"
 
 
@@ -224,12 +224,12 @@ def test_window_receipts_are_bounded_to_the_newest(handoff_kernel, agent, monkey
     monkeypatch.setattr(engine, "RECEIPTS_KEPT", 2)
     kernel, session = build(handoff_kernel, agent, handoff={"handoff_summary": "extractive"})
     for n in range(3):
-        ctxkernel_handoff.compact_now(session)
+        ctxkernel_handoff.compact_now(session.context)
         agent(session).turn(f"after switch {n} " + "detail " * 20)
     opened_by = [w.opened_by for w in History.for_session(session).windows[1:]]
-    assert list(state_for(session).receipts) == opened_by[-2:]
-    folded = engine.folded_state(session)
-    assert engine._from_folded(folded, len(session.events)).receipts == state_for(session).receipts
+    assert list(state_for(session.context).receipts) == opened_by[-2:]
+    folded = engine.folded_state(session.context)
+    assert engine._from_folded(folded, len(session.events)).receipts == state_for(session.context).receipts
     with pytest.raises(ValueError, match="at most 2"):
         engine._from_folded({**folded, "receipts": folded["receipts"] * 2}, len(session.events))
     with pytest.raises(ValueError, match=r"\[seq, object\] pair"):
@@ -239,7 +239,7 @@ def test_window_receipts_are_bounded_to_the_newest(handoff_kernel, agent, monkey
 def test_a_handoff_over_the_note_limit_is_clipped_in_its_note_and_kept_whole_in_the_window(handoff_kernel, agent):
     kernel, session = build(handoff_kernel, agent, turns=10, handoff={"handoff_summary": "extractive"})
     notes = Notes.for_session(session, NotesLimits(max_note_bytes=1_500))
-    outcome = ctxkernel_handoff.compact_now(session)
+    outcome = ctxkernel_handoff.compact_now(session.context)
     assert outcome.committed
     handoff = session.surface.nodes[0].message.text
     note = notes.read("handoff.md").content
@@ -255,14 +255,19 @@ def test_the_state_a_switch_left_unfolded_folds_as_a_fresh_one(handoff_kernel, a
     from ctxkernel_handoff.engine import folded_state
 
     kernel, session = build(handoff_kernel, agent, handoff={"handoff_summary": "extractive"})
-    held = state_for(session)
+    held = state_for(session.context)
     switches = held.switches
-    assert ctxkernel_handoff.compact_now(session).committed
+    assert ctxkernel_handoff.compact_now(session.context).committed
     assert held.switches == switches + 1 and held.excerpts.retired is not None
     fresh = handoff_kernel(window=200_000, handoff={"handoff_summary": "extractive"})
     reopened = fresh.open_session(session.id)
-    assert folded_state(session) == folded_state(reopened)
-    assert state_for(session).last_switch is not None and state_for(session).last_switch["reason"] == "manual"
+    assert folded_state(session.context) == folded_state(reopened.context)
+    assert (
+        state_for(session.context).last_switch is not None
+        and state_for(session.context).last_switch["reason"] == "manual"
+    )
     agent(session).turn("after the switch " + "detail " * 20)
-    assert state_for(session).excerpts.retired is None
-    assert folded_state(session) == folded_state(handoff_kernel(window=200_000).open_session(session.id))
+    assert state_for(session.context).excerpts.retired is None
+    assert folded_state(session.context) == folded_state(
+        handoff_kernel(window=200_000).open_session(session.id).context
+    )

@@ -55,7 +55,7 @@ def test_override_compaction_off_keeps_tools_and_explicit_switches(handoff_kerne
     assert kinds(session)[-1] == ("handoff", "window")
     # a manual compaction follows the compaction mode: native
     session.end_turn()
-    outcome = ctxkernel_handoff.compact_now(session)
+    outcome = ctxkernel_handoff.compact_now(session.context)
     assert outcome.window is None
 
 

@@ -37,7 +37,7 @@ def handoff_text(session):
 @pytest.mark.parametrize("max_chars", [8_000, 16_000, 32_000])
 def test_handoffs_within_budget_keep_the_last_four_instructions(handoff_kernel, agent, max_chars):
     kernel, session, instructions = build_session(handoff_kernel, agent, max_chars=max_chars)
-    outcome = ctxkernel_handoff.compact_now(session)
+    outcome = ctxkernel_handoff.compact_now(session.context)
     assert outcome.committed
     text = handoff_text(session)
     assert len(text) <= max_chars
@@ -67,7 +67,7 @@ def test_goal_todos_and_window_index_are_in_the_snapshot(handoff_kernel, agent):
     a.turn("GOAL: build a parser " + "x " * 300)
     for i in range(5):
         a.turn(f"step {i} " + "y " * 300)
-    ctxkernel_handoff.compact_now(session)
+    ctxkernel_handoff.compact_now(session.context)
     text = handoff_text(session)
     history = History.for_session(session)
     goal = history.goal()
@@ -89,7 +89,7 @@ def test_at_most_eight_recent_notes_are_injected_with_bounded_previews(handoff_k
     for i in range(10):
         size = {8: NOTE_PREVIEW_CHARS, 9: NOTE_PREVIEW_CHARS + 1}.get(i, 300)
         notes.write(f"n{i}.md", f"NOTE{i} ".ljust(size, "z"))
-    ctxkernel_handoff.compact_now(session)
+    ctxkernel_handoff.compact_now(session.context)
     text = handoff_text(session)
     assert "NOTE0 " not in text and "NOTE1 " not in text  # only the 8 most recent
     for i in range(2, 10):
@@ -105,7 +105,7 @@ def test_note_previews_cannot_eat_the_body(handoff_kernel, agent):
     notes = Notes.for_session(session)
     for i in range(8):
         notes.write(f"big{i}.md", "q" * 5_000)
-    ctxkernel_handoff.compact_now(session)
+    ctxkernel_handoff.compact_now(session.context)
     text = handoff_text(session)
     assert len(text) <= 8_000
     notes_part = text.split("Recent notes", 1)[1].split("<extractive_handoff>")[0] if "Recent notes" in text else ""
@@ -121,7 +121,7 @@ def test_generated_calls_the_summarizer_exactly_once_and_records_it(handoff_kern
     kernel, session, _ = build_session(handoff_kernel, agent, summary="generated", instruction_chars=300)
     summarizer = ScriptedModel([SECTIONED], model="summ-1")
     kernel.summarizer = summarizer
-    outcome = ctxkernel_handoff.compact_now(session)
+    outcome = ctxkernel_handoff.compact_now(session.context)
     assert outcome.committed
     assert len(summarizer.calls) == 1
     call = summarizer.calls[0]
@@ -140,7 +140,7 @@ def test_extractive_never_calls_a_model(handoff_kernel, agent):
     kernel, session, _ = build_session(handoff_kernel, agent, summary="extractive")
     summarizer = ScriptedModel([SECTIONED])
     kernel.summarizer = summarizer
-    assert ctxkernel_handoff.compact_now(session).committed
+    assert ctxkernel_handoff.compact_now(session.context).committed
     assert summarizer.calls == []
     assert "<extractive_handoff>" in handoff_text(session)
 
@@ -152,7 +152,7 @@ def test_a_failed_summary_call_falls_back_to_extractive_without_blocking(handoff
         raise ModelError("provider unavailable")
 
     kernel.summarizer = ScriptedModel(broken)
-    outcome = ctxkernel_handoff.compact_now(session)
+    outcome = ctxkernel_handoff.compact_now(session.context)
     assert outcome.committed and outcome.window == 2
     assert "<extractive_handoff>" in handoff_text(session)
     record = next(e for e in session.events if e.type == "compaction/summary").data["window_record"]
@@ -165,7 +165,7 @@ def test_an_unusable_reply_is_discarded_but_its_usage_is_recorded(handoff_kernel
     kernel.summarizer = ScriptedModel(
         [Reply(Message.assistant(" "), {"input_tokens": 900, "output_tokens": 1}, "prov", "m-2")]
     )
-    assert ctxkernel_handoff.compact_now(session).committed
+    assert ctxkernel_handoff.compact_now(session.context).committed
     summary = next(e for e in session.events if e.type == "compaction/summary")
     span = summary.data["spans"][0]
     assert (span["provider"], span["model"], span["usage"]["input_tokens"]) == ("prov", "m-2", 900)
@@ -184,7 +184,7 @@ def test_a_budget_too_small_for_a_generated_body_falls_back_without_a_call(hando
         notes.write(f"n{i}.md", "n" * 1_800)
     summarizer = ScriptedModel([SECTIONED])
     kernel.summarizer = summarizer
-    assert ctxkernel_handoff.compact_now(session).committed
+    assert ctxkernel_handoff.compact_now(session.context).committed
     record = next(e for e in session.events if e.type == "compaction/summary").data["window_record"]
     assert record["generated_discarded"] == "budget"
     assert summarizer.calls == []
@@ -199,7 +199,7 @@ def test_a_long_generated_reply_is_clipped_by_priority_with_a_receipt(handoff_ke
         f"## {name}\n" + (f"{name} line.\n" * (400 if name == "Files and Code" else 30)) for name in SUMMARY_SECTIONS
     )
     kernel.summarizer = ScriptedModel([big])
-    assert ctxkernel_handoff.compact_now(session).committed
+    assert ctxkernel_handoff.compact_now(session.context).committed
     text = handoff_text(session)
     assert len(text) <= 8_000
     body = text.split("<generated_handoff>\n")[1].split("\n</generated_handoff>")[0]

@@ -198,7 +198,7 @@ def test_a_handoff_counted_from_its_warm_lines_is_its_exact_count(counting_sessi
         generated=None,
         excerpts=excerpts,
     )
-    assert handoff_tokens(session, handoff) == _message_tokens(session, handoff.text)
+    assert handoff_tokens(session.context, handoff) == _message_tokens(session, handoff.text)
     if handoff.pieces:
         assert "".join(handoff.pieces) == handoff.text
         for piece, tokens in zip(handoff.pieces, handoff.piece_counts, strict=True):
@@ -263,7 +263,7 @@ def test_a_switch_counts_its_handoff_exactly_and_tokenises_only_what_no_step_cou
     a.turn("continue")  # a step after the last reply: its lines are rendered too
     with monkeypatch.context() as patch:  # one example's patches end with it
         seen = _spy_counts(patch)
-        outcome = ctxkernel_handoff.compact_now(session)
+        outcome = ctxkernel_handoff.compact_now(session.context)
     assert outcome.committed, outcome.detail
     (tokens, whole, tokenised, warmed) = seen[0]
     assert tokens == whole
@@ -283,18 +283,18 @@ def test_the_kernel_checks_the_shrink_when_the_switch_could_not_prove_it(handoff
     for t in range(4):
         a.turn(f"instruction {t}: keep the parser strict " + "detail " * 20)
     calls: list[dict[str, Any]] = []
-    handle = type(engine.STRATEGY.on(session))
+    handle = type(engine.STRATEGY.on(session.context))
     compact = handle.compact
     monkeypatch.setattr(handle, "compact", lambda self, spans, **kw: calls.append(kw) or compact(self, spans, **kw))
-    assert ctxkernel_handoff.compact_now(session).committed
+    assert ctxkernel_handoff.compact_now(session.context).committed
     assert calls[-1]["check_shrink"] is False  # proven by the exact count from parts
     a.turn("instruction 9: and now the tests " + "detail " * 20)
     # the switch's count says no shrink (whatever the budget): the kernel's check runs
     monkeypatch.setattr(engine, "handoff_tokens", lambda session, handoff: 10**9)
-    outcome = ctxkernel_handoff.compact_now(session)
+    outcome = ctxkernel_handoff.compact_now(session.context)
     assert calls[-1]["check_shrink"] is True
     assert outcome.committed  # the kernel's own count finds the handoff smaller: it commits
-    assert state_for(session).switches == 2
+    assert state_for(session.context).switches == 2
 
 
 def test_the_counted_lines_follow_the_excerpts_held(handoff_kernel, agent):
@@ -306,14 +306,14 @@ def test_the_counted_lines_follow_the_excerpts_held(handoff_kernel, agent):
     a = agent(session)
     for t in range(5):
         a.turn(f"instruction {t}: keep the parser strict")
-    excerpts = state_for(session).excerpts
+    excerpts = state_for(session.context).excerpts
     history = History.for_session(session)
     # the first user message came before the process's first step: rendered at the switch
     warmed = [e for node in session.surface.nodes[:-1] if None not in (e := excerpts.of(history, node)).tokens]
     assert sum(len(e.entries) for e in warmed) > 10
     for held in warmed:
         assert held.tokens == tuple(session.meter.count_text(entry + "\n") for entry in held.entries)
-    assert ctxkernel_handoff.compact_now(session).committed
+    assert ctxkernel_handoff.compact_now(session.context).committed
     assert len(excerpts) <= len(session.surface)
     a.turn("instruction 6: and the tests")
     assert len(excerpts) <= len(session.surface)
@@ -337,9 +337,9 @@ def test_a_regions_tokens_are_its_nodes_tokens(handoff_kernel, agent, keep_share
         region = head_region(surface, session.meter, int(keep_share * session.meter.surface_tokens()), min_nodes=2)
     assert region is not None
     nodes = surface.span(*region)
-    assert tokens_of_span(session, nodes) == sum(session.meter.node_tokens(n) for n in nodes)
-    assert tokens_of_span(session, [surface.nodes[-1]]) == session.meter.node_tokens(surface.nodes[-1])
-    outcome = ctxkernel_handoff.compact_now(session)
+    assert tokens_of_span(session.context, nodes) == sum(session.meter.node_tokens(n) for n in nodes)
+    assert tokens_of_span(session.context, [surface.nodes[-1]]) == session.meter.node_tokens(surface.nodes[-1])
+    outcome = ctxkernel_handoff.compact_now(session.context)
     summary = next(e for e in reversed(session.events) if e.type == COMPACTION_SUMMARY)
     assert outcome.record["window_record"]["region_tokens"] == summary.data["spans"][0]["tokens_before"]
 
@@ -387,9 +387,9 @@ def test_the_material_kept_at_step_ends_gives_the_body_built_from_nothing(
         elif op == "shrink":
             results = [n for n in session.surface.nodes if n.role == "tool"]
             if results:
-                engine.STRATEGY.on(session).replace_tool_result(results[0].seq, "shrunk", reason="fit")
+                engine.STRATEGY.on(session.context).replace_tool_result(results[0].seq, "shrunk", reason="fit")
         else:
-            ctxkernel_handoff.compact_now(session)
+            ctxkernel_handoff.compact_now(session.context)
         surface = session.surface
         if keep_share is None:
             region = whole_surface_but_last(surface, 1)
@@ -399,7 +399,7 @@ def test_the_material_kept_at_step_ends_gives_the_body_built_from_nothing(
             continue
         nodes = surface.span(*region)
         history = History.for_session(session)
-        held = state_for(session).excerpts
+        held = state_for(session.context).excerpts
         body = extract(history, nodes, budget, held)
         assert body.text == _reference_body(history, nodes, budget, Excerpts())
         assert held.material.seqs[: len(nodes)] == [n.seq for n in nodes]

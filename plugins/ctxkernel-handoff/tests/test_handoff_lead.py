@@ -61,7 +61,7 @@ def test_a_switch_counts_its_lead_from_parts_exactly(handoff_kernel, agent, monk
                 a.turn(step)
                 continue
             seen.clear()
-            outcome = ctxkernel_handoff.compact_now(session)
+            outcome = ctxkernel_handoff.compact_now(session.context)
             if not outcome.committed or not seen or not seen[-1].lead:
                 continue
             handoff = seen[-1]

@@ -108,7 +108,7 @@ def test_new_context_is_honoured_with_automatic_compaction_off(handoff_kernel, a
     a = agent(session)
     fill(a, 3)
     assert not window_events(session)
-    assert ctxkernel_handoff.request_new_context(session, "tidy up").startswith("requested")
+    assert ctxkernel_handoff.request_new_context(session.context, "tidy up").startswith("requested")
     session.user("continue")
     session.prepare_request()
     assert [e.data["reason"] for e in window_events(session)] == ["requested"]
@@ -120,7 +120,7 @@ def test_compact_now_keeps_only_the_last_message(handoff_kernel, agent, paired):
     a = agent(session)
     fill(a, 4)
     last = session.surface.nodes[-1]
-    outcome = ctxkernel_handoff.compact_now(session)
+    outcome = ctxkernel_handoff.compact_now(session.context)
     assert outcome.committed and outcome.window == 2 and outcome.reason == "manual"
     nodes = session.surface.nodes
     assert len(nodes) == 2 and nodes[1] is last and nodes[0].message.source.form == "handoff"
@@ -132,7 +132,7 @@ def test_nothing_to_compact_never_reports_a_switch(handoff_kernel):
     session = kernel.open_session()
     session.user("hello")
     before = len(session.events)
-    outcome = ctxkernel_handoff.compact_now(session)
+    outcome = ctxkernel_handoff.compact_now(session.context)
     assert not outcome.committed and outcome.window is None and "nothing to compact" in outcome.detail
     assert len(session.events) == before
     assert History.for_session(session).current_window.number == 1
@@ -148,14 +148,14 @@ def test_a_failed_switch_does_not_advance_the_window_and_tells_the_model(handoff
     holder = {"host": "elsewhere", "pid": 1, "started": "2026-01-01T00:00:00Z", "token": "other"}
     assert session.kernel.store.lease_acquire(f"compaction/{session.id}", holder, 600).acquired
     session.append_one("compaction/start", {"compaction_id": "other", "strategy": "someone", "holder": holder})
-    ctxkernel_handoff.request_new_context(session, "try")
+    ctxkernel_handoff.request_new_context(session.context, "try")
     session.user("go on")
     request = session.prepare_request()
     assert not window_events(session)
     assert History.for_session(session).current_window.number == 1
     notice = request.messages[-1]
     assert notice.source.plugin == "handoff" and "did not happen" in notice.text and "win_1" in notice.text
-    assert state_for(session).requested is None  # not retried forever
+    assert state_for(session.context).requested is None  # not retried forever
 
 
 def test_overflow_switches_keeping_the_last_message_then_gives_up_once(handoff_kernel, agent):
@@ -214,7 +214,7 @@ def test_an_unfinished_request_is_not_re_executed_after_a_restart(handoff_kernel
     kernel = handoff_kernel(window=100_000)
     session = kernel.open_session()
     fill(agent(session), 3)
-    ctxkernel_handoff.request_new_context(session, "later")
+    ctxkernel_handoff.request_new_context(session.context, "later")
     again = handoff_kernel(window=100_000).open_session(session.id)
     again.user("continue")
     again.prepare_request()
@@ -271,7 +271,7 @@ def test_the_pressure_reminder_is_single_shot_per_window(handoff_kernel, agent):
     assert "notes_write_file" in reminders[0].data["message"]["content"][0]["text"]
     # after a restart the reminder is not shown again in the same window
     reopened = handoff_kernel(window=30_000, basic={"threshold_ratio": 0.9}).open_session(session.id)
-    assert state_for(reopened).reminded_window == state_for(session).reminded_window
+    assert state_for(reopened.context).reminded_window == state_for(session.context).reminded_window
 
 
 def test_steward_writes_a_note_and_requests_a_switch_when_reminded(handoff_kernel, agent):
@@ -305,7 +305,7 @@ def test_a_cancelled_summary_call_ends_the_transaction_without_a_switch(handoff_
 
     kernel.summarizer = ScriptedModel(interrupted)
     try:
-        ctxkernel_handoff.compact_now(session)
+        ctxkernel_handoff.compact_now(session.context)
     except KeyboardInterrupt:
         pass
     else:  # pragma: no cover - the interrupt must reach the caller
@@ -316,7 +316,7 @@ def test_a_cancelled_summary_call_ends_the_transaction_without_a_switch(handoff_
     assert session.open_compaction is None
     # the next attempt works and calls the summarizer exactly once
     kernel.summarizer = ScriptedModel(["## Current Work\nstill going"])
-    assert ctxkernel_handoff.compact_now(session).committed
+    assert ctxkernel_handoff.compact_now(session.context).committed
     assert len(kernel.summarizer.calls) == 1
 
 
@@ -345,7 +345,7 @@ def test_an_oversized_kept_result_is_shrunk_to_fit_and_stays_recoverable(handoff
     session.commit_reply(Message.assistant("reading", [ToolCallBlock("big", "read", {"path": "big.txt"})]))
     big = "".join(f"line {i} of a very large file\n" for i in range(900))
     original = session.tool_result("big", big)
-    outcome = ctxkernel_handoff.compact_now(session)
+    outcome = ctxkernel_handoff.compact_now(session.context)
     assert outcome.committed, outcome.detail
     kept = session.surface.nodes[-1].message.tool_result
     assert kept.call_id == "big" and len(kept.content) < len(big)
@@ -390,8 +390,8 @@ def test_no_switch_when_what_stays_outside_the_surface_is_over_the_target(handof
         session.commit_reply(reply, usage=honest(request, reply))
         session.end_turn()
     assert session.pressure().ratio >= 0.8
-    assert "no room for a new window" in state_for(session).last_failure
-    assert "provider-reported usage" in state_for(session).last_failure
+    assert "no room for a new window" in state_for(session.context).last_failure
+    assert "provider-reported usage" in state_for(session.context).last_failure
     assert not window_events(session)
     # nor is the model asked for a switch that can only be refused (notes and new_context calls
     # would cost tokens in a window that has none to spare)

@@ -50,7 +50,7 @@ def test_one_reminder_per_window_then_automatic_rollover(tmp_path):
     summaries = rollover_summaries(session)
     assert len(summaries) >= 2
     assert {s["trigger"] for s in summaries} == {"auto"}
-    windows = state_of(session).chain
+    windows = state_of(session.context).chain
     by_window = [e.data["rollover_reminder"] for e in reminders(session)]
     assert len(by_window) == len(set(by_window))  # never two reminders in one window
     assert set(by_window) <= set(windows)
@@ -133,7 +133,7 @@ def test_long_session_five_rollovers_never_exceeds_the_window_and_keeps_window_1
     assert {"manual", "auto"} <= {s["trigger"] for s in summaries}
     assert max(r.pressure.tokens for r in requests) <= effective
     assert max(c["prompt_tokens"] for c in model.calls) <= effective  # the model's own count agrees
-    state = state_of(session)
+    state = state_of(session.context)
     assert state.number >= 6
     # notes written in window 1 are still visible in window 5 and later
     window_5_seed = next(

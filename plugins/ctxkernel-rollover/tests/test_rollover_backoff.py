@@ -114,7 +114,7 @@ def test_a_failed_automatic_switch_backs_off_until_the_surface_grows(tmp_path):
     kernel = rollover_kernel(tmp_path, window=window, reserve=reserve)
     kernel.profile.profile.system_prompt = prompt
     reopened = kernel.open_session(session.id)
-    assert state_of(reopened).last_failure is not None
+    assert state_of(reopened.context).last_failure is not None
     reopened.user("after the restart")
     reopened.prepare_request()
     assert len(failures(reopened)) == 1

@@ -57,7 +57,7 @@ def test_the_plugin_tokenises_only_new_parts_and_an_unchanged_note_never_again(t
     monkeypatch.setattr(session.meter, "tokenizer", counting)
     for round_ in range(2):
         counting.texts.clear()
-        result = switch(session, "manual")
+        result = switch(session.context, "manual")
         seed = session.surface.nodes[0].message.text
         assert seed.count("<note ") == 12
         whole, single = seed_texts(counting.texts)
@@ -84,8 +84,8 @@ def test_notes_the_model_writes_are_counted_then_and_the_switch_tokenises_none_o
     session.commit_reply(Message.assistant("saving", calls))
     for c in session.pending_calls:
         session.tool_result(c.id, session.run_tool(c))
-    inject_note(session, "user/ask", "the user's own note, no line end")
-    cache = state_of(session).note_cache
+    inject_note(session.context, "user/ask", "the user's own note, no line end")
+    cache = state_of(session.context).note_cache
     # one entry per note: an update's or an append's older version went
     assert sorted(k[0] for k in cache.tokens) == sorted({k[0] for k in cache.tokens})
     assert len(cache.tokens) == len(cache.blocks) == 7
@@ -97,7 +97,7 @@ def test_notes_the_model_writes_are_counted_then_and_the_switch_tokenises_none_o
     session.user("continue")
     counting = CountingTokenizer(session.meter.tokenizer)
     monkeypatch.setattr(session.meter, "tokenizer", counting)
-    switch(session, "manual")
+    switch(session.context, "manual")
     seed = session.surface.nodes[0].message.text
     assert seed.count("<note ") == 7
     whole, single = seed_texts(counting.texts)
@@ -136,7 +136,7 @@ def test_the_remaining_figure_never_overstates_the_room_and_understates_it_by_at
     api = Notes.for_session(session)
     for i, text in enumerate(texts):
         api.write(f"n/{i}", text)
-    switch(session, "manual")
+    switch(session.context, "manual")
     figure, truth, shown_window = figure_and_truth(session)
     assert shown_window == session.pressure().effective_window
     # its own digits are counted with the seed: a few tokens either way; counted from its parts,
@@ -179,13 +179,13 @@ def test_pending_input_from_the_folded_state_is_the_walk_back(tmp_path_factory, 
         elif action == "end" and session.turn_open:
             session.end_turn()
         elif action == "switch" and session.turn_open and not session.surface.pending_calls:
-            switch(session, "manual")
+            switch(session.context, "manual")
         elif action == "restart":
             session = rollover_kernel(home, window=64_000).open_session(session.id)
         elif action == "remind" and session.turn_open:
             session.emit("other", "event", {"n": n})
         for limit in (1, 3, 8):
-            assert current_turn_inputs(session, limit) == walk_back(session, limit)
+            assert current_turn_inputs(session.context, limit) == walk_back(session, limit)
 
 
 NOTE_EDITS = st.lists(
@@ -215,7 +215,7 @@ def test_a_seed_rendered_with_the_cache_is_the_seed_rendered_afresh(tmp_path_fac
         assert warm == seed_module.render_seed(seed, **kwargs)
         live = {(n.id, n.version) for n in notes.active()}
         assert {(k[0], k[1]) for k in cache.blocks} <= live, "the cache kept a block no seed uses"
-    assert state_of(session).note_cache.blocks == {}  # the session's own cache: only switches fill it
+    assert state_of(session.context).note_cache.blocks == {}  # the session's own cache: only switches fill it
 
 
 FRAME_TEXT = st.lists(
@@ -247,7 +247,7 @@ def test_the_goal_note_is_the_seed_goal_even_when_a_protective_switch_does_not_s
     for i in range(4):
         api.write(f"later/{i}", f"later note {i}")
     session = rollover_kernel(tmp_path, window=128_000, reserve=4_000, protective_keep_notes=2).open_session(session.id)
-    switch(session, "overflow", error="the provider refused the request")
+    switch(session.context, "overflow", error="the provider refused the request")
     seed = session.surface.nodes[0].message.text
     assert "## Goal (note 'goal')\nGOAL-NOTE: port the parser" in seed
     assert '<note path="goal"' not in seed  # only the two newest notes are shown
@@ -298,13 +298,13 @@ def test_the_parts_fixed_from_a_windows_start_are_counted_in_its_first_step_and_
     counting = CountingTokenizer(session.meter.tokenizer)
     monkeypatch.setattr(session.meter, "tokenizer", counting)
     for round_ in range(2):
-        state = state_of(session)
+        state = state_of(session.context)
         ahead = dict(state.note_cache.window)
         assert state.note_cache.window_of == state.current
         assert sorted(ahead) == sorted(seed_module.window_texts(*switch_module._chain(state)))
         assert all(get_tokenizer().count(text) == tokens for text, tokens in ahead.items())
         counting.texts.clear()
-        result = switch(session, "manual")
+        result = switch(session.context, "manual")
         seed = session.surface.nodes[0].message.text
         assert all(text in seed for text in ahead)
         assert not any(' previous="' in text or "history_lookup(window=" in text for text in counting.texts)
@@ -316,8 +316,8 @@ def test_the_parts_fixed_from_a_windows_start_are_counted_in_its_first_step_and_
             session.commit_reply(Message.assistant(f"step {round_}"))
         assert sum(' previous="' in text for text in counting.texts) == 1
     # no step of the new window ran: the switch counts that window's parts itself, exactly
-    switch(session, "manual")
+    switch(session.context, "manual")
     counting.texts.clear()
-    result = switch(session, "manual")
+    result = switch(session.context, "manual")
     assert sum(' previous="' in text for text in counting.texts) == 1
     assert result.tokens_after == 4 + get_tokenizer().count(session.surface.nodes[0].message.text)

@@ -72,7 +72,7 @@ def test_kill_between_intent_and_switch_resumes_old_or_new_window_once(tmp_path,
     assert done.returncode == 9, done.stderr
     kernel = rollover_kernel(tmp_path, window=32_000, reserve=2_000)
     session = kernel.open_session("crashy")
-    state = state_of(session)
+    state = state_of(session.context)
     committed = rollover_summaries(session)
     if switched:  # the new window, the intent consumed
         assert len(committed) == 1 and state.pending is None and state.number == 2
@@ -150,7 +150,7 @@ def test_every_crash_point_replays_to_a_whole_window(tmp_path):
         (home / "sessions" / log.name).write_bytes(header + b"".join(events[:cut]))
         kernel = rollover_kernel(home, window=12_000, reserve=1_000)
         session = kernel.open_session("full", repair=False)
-        state = state_of(session)
+        state = state_of(session.context)
         # never a mixture: the first node is the current window's seed, or there was no switch yet
         if state.number > 1:
             assert session.surface.nodes[0].seq == state.seed_seq
@@ -162,7 +162,7 @@ def test_every_crash_point_replays_to_a_whole_window(tmp_path):
         assert all(v == 1 for v in intents.values())
         # resume: repair, then continue one step; a pending intent is consumed exactly once
         resumed = rollover_kernel(home, window=12_000, reserve=1_000).open_session("full")
-        pending = state_of(resumed).pending
+        pending = state_of(resumed.context).pending
         before = len(rollover_summaries(resumed))
         if not resumed.turn_open:
             resumed.user("resume")

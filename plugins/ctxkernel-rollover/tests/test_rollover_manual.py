@@ -76,7 +76,7 @@ def test_window_chain_ids_are_uuid7_monotonic_and_recorded(kernel):
         session.end_turn()
     session.user("last")
     step(session, model)
-    state = state_of(session)
+    state = state_of(session.context)
     assert state.number == 5
     assert all(is_uuid7(w) for w in state.chain)
     assert state.chain == sorted(state.chain)
@@ -155,17 +155,17 @@ def test_notes_carry_their_window_and_trust_marks(kernel):
         ]
     )
     step(session, model)
-    first_window = state_of(session).current
+    first_window = state_of(session.context).current
     session.end_turn()
     from ctxkernel_rollover import inject_note
 
-    inject_note(session, "user/pref", "use tabs")
+    inject_note(session.context, "user/pref", "use tabs")
     session.user("next")
     step(session, model)
     step(session, model)
     notes = Notes.for_session(session)
     plan = notes.read("plan")
-    assert plan.created_window == first_window and plan.window == state_of(session).current
+    assert plan.created_window == first_window and plan.window == state_of(session.context).current
     assert notes.read("log").trust == "tool-output"
     assert notes.read("user/pref").trust == "user-injected"
     seed = session.surface.nodes[0].message.text

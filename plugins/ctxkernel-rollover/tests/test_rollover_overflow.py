@@ -21,7 +21,7 @@ class SummarizeSpy:
         register(ctxkernel.StrategySpec("spy"))
 
     @ctxkernel.hookimpl(tryfirst=True)
-    def summarize(self, session, region):
+    def summarize(self, ctx, region):
         self.calls.append(region)
         return ctxkernel.Summary("a summary that must never be asked for")
 
@@ -145,7 +145,7 @@ def test_a_rollover_that_cannot_be_done_fails_loud_and_leaves_the_surface(spied)
     assert [n.seq for n in session.surface.nodes][: len(visible)] == visible  # unchanged, plus the notice
     assert "[rollover]" in request.messages[-1].text and "nothing was summarised" in request.messages[-1].text
     assert spy.calls == [] and summarizer.calls == []
-    assert state_of(session).pending is None  # the failed intent is not retried forever
+    assert state_of(session.context).pending is None  # the failed intent is not retried forever
 
 
 def test_each_new_overflow_gets_its_own_protective_rollover(spied):
@@ -187,11 +187,11 @@ def test_the_overflow_retry_streak_survives_a_restart(tmp_path):
     assert [s["trigger"] for s in rollover_summaries(session)] == ["overflow"]
 
     restarted = rollover_kernel(tmp_path, window=12_000, reserve=1_000).open_session(session.id)
-    assert state_of(restarted).overflow_streak == 1
+    assert state_of(restarted.context).overflow_streak == 1
     restarted.prepare_request()
     assert restarted.request_failed(overflow) is False  # the fresh seed itself does not fit: fail loud
     assert [s["trigger"] for s in rollover_summaries(restarted)] == ["overflow"]  # no second switch
     assert not [e for e in restarted.events if e.type == "rollover/failed"]
     gave_up = [e.data for e in restarted.events if e.type == "rollover/overflow"]
     assert gave_up == [{"gave_up": True, "attempts": 1}]
-    assert state_of(restarted).overflow_streak == 0  # the next overflow starts over
+    assert state_of(restarted.context).overflow_streak == 0  # the next overflow starts over

@@ -44,7 +44,7 @@ def reply_for(action, n):
 
 
 def check_state(session):
-    state = state_of(session)
+    state = state_of(session.context)
     assert state.chain == sorted(state.chain) and len(set(state.chain)) == len(state.chain)
     assert [n.seq for n in session.surface.nodes] == [n.seq for n in replay(session.events).nodes]
     counts = Counter(s["intent_id"] for s in rollover_summaries(session) if s["intent_id"])
@@ -68,9 +68,9 @@ def test_rollover_invariants_hold_for_any_session(tmp_path_factory, actions):
             session.user(f"next {n}")
             continue
         if action[0] == "restart":
-            live = ([x.seq for x in session.surface.nodes], state_of(session).to_dict())
+            live = ([x.seq for x in session.surface.nodes], state_of(session.context).to_dict())
             session = rollover_kernel(home, window=12_000, reserve=1_000).open_session(session.id)
-            assert ([x.seq for x in session.surface.nodes], state_of(session).to_dict()) == live
+            assert ([x.seq for x in session.surface.nodes], state_of(session.context).to_dict()) == live
             if not session.turn_open:
                 session.user(f"after restart {n}")
             continue
@@ -91,7 +91,7 @@ def test_rollover_invariants_hold_for_any_session(tmp_path_factory, actions):
     request = session.prepare_request() if session.turn_open else None
     if request is not None:
         assert request.pressure.tokens <= request.pressure.effective_window
-        assert state_of(session).pending is None  # an owed switch happened at this pre-step
+        assert state_of(session.context).pending is None  # an owed switch happened at this pre-step
     check_state(session)
 
 

@@ -124,7 +124,7 @@ def test_the_switch_counts_its_seed_as_the_kernel_does(tmp_path_factory, texts, 
     api = Notes.for_session(session)
     for i, (text, early) in enumerate(zip(texts, injected, strict=False)):
         if early:
-            inject_note(session, f"n/{i}", text)  # rendered and counted as it is written
+            inject_note(session.context, f"n/{i}", text)  # rendered and counted as it is written
         else:
             api.write(f"n/{i}", text)  # first counted by the switch
     meter = session.meter
@@ -135,7 +135,7 @@ def test_the_switch_counts_its_seed_as_the_kernel_does(tmp_path_factory, texts, 
         return counts[-1]
 
     meter.count_joined = count_joined  # type: ignore[method-assign]
-    result = switch(session, "manual")
+    result = switch(session.context, "manual")
     # the plugin's count from the parts (with the message framing) is what the kernel recorded
     assert counts and counts[-1] + 4 == result.tokens_after
     assert result.tokens_after == 4 + get_tokenizer().count(session.surface.nodes[0].message.text)

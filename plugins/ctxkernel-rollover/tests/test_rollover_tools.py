@@ -43,7 +43,7 @@ def run(session, name, **arguments):
 
 def test_history_lookup_by_window_id_role_and_seq_range_is_bounded(tmp_path):
     session = two_windows(rollover_kernel(tmp_path, window=32_000, reserve=2_000))
-    state = state_of(session)
+    state = state_of(session.context)
     first = orjson.loads(run(session, "history_lookup", window=state.first, role="tool").content)
     assert [i["id"] for i in first["items"]] and all(i["role"] == "tool" for i in first["items"])
     assert {i["window_id"] for i in first["items"]} == {state.first}
@@ -68,7 +68,7 @@ def test_context_remaining_reports_the_window_and_the_thresholds(tmp_path):
     text = run(session, "context_remaining").content
     p = session.pressure()
     assert f"{p.remaining} tokens remain of the 30000-token window" in text
-    assert state_of(session).current in text and "75%" in text and "90%" in text
+    assert state_of(session.context).current in text and "75%" in text and "90%" in text
     seed = session.surface.nodes[0].message.text
     assert "Context remaining: about " in seed and " of 30000 tokens" in seed
 
@@ -97,16 +97,16 @@ def test_steward_saves_the_goal_and_rolls_over_only_when_reminded(tmp_path):
     session = kernel.open_session()
     session.user("port the parser")
     request = session.prepare_request()
-    assert steward_actions(session, request) is None
+    assert steward_actions(session.context, request) is None
     for i in range(40):
         session.commit_reply(Message.assistant("", [call(f"r{i}", "read", path="x")]))
         session.tool_result(f"r{i}", f"data {i} and some more words\n" * 60)
         request = session.prepare_request()
         if "<rollover-reminder" in request.messages[-1].text:
             break
-        assert steward_actions(session, request) is None
+        assert steward_actions(session.context, request) is None
     assert "<rollover-reminder" in request.messages[-1].text
-    calls = steward_actions(session, request)
+    calls = steward_actions(session.context, request)
     assert [c["name"] for c in calls] == ["note_create", "new_context"]
     assert calls[0]["arguments"]["content"] == "port the parser"
 
@@ -135,7 +135,7 @@ def test_a_note_written_right_after_a_switch_carries_the_new_window(tmp_path):
     session.user("start")
     session.prepare_request()
     session.commit_reply(Message.assistant("reading"))
-    first = state_of(session).current
-    result = switch(session, "manual")
+    first = state_of(session.context).current
+    result = switch(session.context, "manual")
     note = Notes.for_session(session).write("after/switch", "written at once")
-    assert note.window == result.data["window_id"] == state_of(session).current != first
+    assert note.window == result.data["window_id"] == state_of(session.context).current != first

@@ -31,11 +31,10 @@ from ctxkernel import (
     head_region,
 )
 from ctxkernel.events import COMPACTION_END, COMPACTION_START
-from ctxkernel.guard import excerpt_oversized
 from ctxkernel.text import extractive_summary
 
 if TYPE_CHECKING:
-    from ctxkernel import ManualCompaction, Region, Session, StepContext
+    from ctxkernel import Context, ManualCompaction, Region, StepContext
 
 NAME = "basic"
 log = ctxkernel.get_logger("ctxkernel.basic")
@@ -129,11 +128,11 @@ def validate_profile(profile: Any, report: Any) -> None:
             )
 
 
-def compact(session: Session, keep_tokens: int, *, reason: str) -> bool:
+def compact(ctx: Context, keep_tokens: int, *, reason: str) -> bool:
     """Summarise the head, keeping ``keep_tokens`` verbatim; True when the surface shrank."""
-    basic = STRATEGY.on(session)
+    basic = STRATEGY.on(ctx)
     for attempt in range(basic.settings.compaction_retries + 1):
-        region = head_region(session.surface, session.meter, keep_tokens, min_nodes=2)
+        region = head_region(ctx.surface, ctx.meter, keep_tokens, min_nodes=2)
         if region is None and reason == "overflow" and attempt < basic.settings.compaction_retries:
             # the verbatim tail holds all but an earlier summary: an overflow needs a smaller tail
             keep_tokens //= 2
@@ -151,18 +150,18 @@ def compact(session: Session, keep_tokens: int, *, reason: str) -> bool:
             )
             return True
         except CompactionError as exc:
-            log.warning("compaction failed", session=session.id, attempt=attempt, error=str(exc))
+            log.warning("compaction failed", session=ctx.id, attempt=attempt, error=str(exc))
             keep_tokens //= 2  # a smaller tail leaves more to summarise: more likely to shrink
     return False
 
 
 @ctxkernel.hookimpl(trylast=True)
-def compact_now(session: Session, request: ManualCompaction) -> ctxkernel.ManualOutcome | None:
+def compact_now(ctx: Context, request: ManualCompaction) -> ctxkernel.ManualOutcome | None:
     """Manual compaction: summarise the head now, keeping ``retain_ratio`` of the window verbatim."""
     if request.action != "compact":
         return None
-    keep = int(STRATEGY.on(session).settings.retain_ratio * session.pressure().effective_window)
-    if compact(session, keep, reason="manual"):
+    keep = int(STRATEGY.on(ctx).settings.retain_ratio * ctx.pressure().effective_window)
+    if compact(ctx, keep, reason="manual"):
         return ctxkernel.ManualOutcome(True, f"summarised the head, keeping about {keep} tokens verbatim")
     return ctxkernel.ManualOutcome(
         False, f"nothing to summarise: the surface fits the verbatim tail of {keep} tokens, or no summary shrank it"
@@ -170,8 +169,8 @@ def compact_now(session: Session, request: ManualCompaction) -> ctxkernel.Manual
 
 
 @ctxkernel.hookimpl(trylast=True)
-def pre_step(session: Session, step: StepContext) -> None:
-    basic = STRATEGY.on(session)
+def pre_step(ctx: Context, step: StepContext) -> None:
+    basic = STRATEGY.on(ctx)
     if step.attempt == 0:
         # a new request: ``overflow_retries`` counts the attempts of one request, so a streak an
         # earlier request left (its overflow path found nothing to summarise) must not refuse
@@ -182,7 +181,7 @@ def pre_step(session: Session, step: StepContext) -> None:
         return  # the first step of a fresh session has no routed request to price against
     # a message over the kernel's per-message bound sits in the verbatim tail, where no summary of
     # the head can reach it: excerpt it first (with a pointer to the full item) and price after
-    excerpt_oversized(session)
+    basic.excerpt_oversized()
     pressure = basic.pressure()
     if pressure.ratio < settings.threshold_ratio:
         return
@@ -190,11 +189,11 @@ def pre_step(session: Session, step: StepContext) -> None:
     # would run again at every step without lowering it (a compaction loop): wait until the
     # surface has grown materially; the provider's context overflow still compacts (request_error)
     needed = int(settings.regrow_ratio * pressure.effective_window)
-    mark = last_compaction_mark(session)
-    if needed and mark is not None and grown_since(session, mark, needed) < needed:
-        log.debug("threshold compaction held back", session=session.id, since=mark, ratio=round(pressure.ratio, 3))
+    mark = last_compaction_mark(ctx)
+    if needed and mark is not None and grown_since(ctx, mark, needed) < needed:
+        log.debug("threshold compaction held back", session=ctx.id, since=mark, ratio=round(pressure.ratio, 3))
         return
-    compact(session, int(settings.retain_ratio * pressure.effective_window), reason="threshold")
+    compact(ctx, int(settings.retain_ratio * pressure.effective_window), reason="threshold")
 
 
 #: the format of the folded fields in session snapshots (bump it when their shape changes)
@@ -206,15 +205,15 @@ FOLDED = ("cursor", "open_id", "mark")
 
 
 @ctxkernel.hookimpl
-def session_opened(session: Session) -> None:
-    last_compaction_mark(session)
+def session_opened(ctx: Context) -> None:
+    last_compaction_mark(ctx)
 
 
 @ctxkernel.hookimpl
-def snapshot_state(session: Session) -> ctxkernel.StrategySnapshot:
-    last_compaction_mark(session)
-    state = STRATEGY.on(session).state
-    return STRATEGY.on(session).snapshot({k: state.get(k) for k in FOLDED}, version=STATE_VERSION)
+def snapshot_state(ctx: Context) -> ctxkernel.StrategySnapshot:
+    last_compaction_mark(ctx)
+    state = STRATEGY.on(ctx).state
+    return STRATEGY.on(ctx).snapshot({k: state.get(k) for k in FOLDED}, version=STATE_VERSION)
 
 
 def _from_folded(data: dict[str, Any], log_length: int) -> dict[str, Any]:
@@ -228,15 +227,15 @@ def _from_folded(data: dict[str, Any], log_length: int) -> dict[str, Any]:
     return {"cursor": cursor, "open_id": open_id, "mark": mark}
 
 
-def last_compaction_mark(session: Session) -> int | None:
+def last_compaction_mark(ctx: Context) -> int | None:
     """Seq at which this strategy's last compaction attempt ended (committed or failed), folded
     from the log with a cursor (from the session's snapshot when it was opened from one), so a
     reopened session holds back exactly like the live one."""
-    basic = STRATEGY.on(session)
+    basic = STRATEGY.on(ctx)
     state = basic.state
     if "cursor" not in state:
-        state.update(basic.restored(version=STATE_VERSION, load=lambda d: _from_folded(d, len(session.events))) or {})
-    events = session.events
+        state.update(basic.restored(version=STATE_VERSION, load=lambda d: _from_folded(d, len(ctx.events))) or {})
+    events = ctx.events
     for event in events[state.get("cursor", 0) :]:
         if event.type == COMPACTION_START and event.data.get("strategy") == NAME:
             state["open_id"] = event.data.get("compaction_id")
@@ -248,58 +247,58 @@ def last_compaction_mark(session: Session) -> int | None:
     return state.get("mark")
 
 
-def grown_since(session: Session, mark: int, enough: int) -> int:
+def grown_since(ctx: Context, mark: int, enough: int) -> int:
     """Tokens of surface nodes appended after seq ``mark``, counted from the newest and stopping
     at ``enough`` (so the work is bounded by the growth that matters)."""
     grown = 0
-    for node in reversed(session.surface.nodes):
+    for node in reversed(ctx.surface.nodes):
         if node.seq <= mark or grown >= enough:
             break
-        grown += session.meter.node_tokens(node)
+        grown += ctx.meter.node_tokens(node)
     return grown
 
 
 @ctxkernel.hookimpl(trylast=True)
-def request_error(session: Session, error: ModelError) -> bool | None:
+def request_error(ctx: Context, error: ModelError) -> bool | None:
     if not isinstance(error, ContextOverflowError):
         return None
-    basic = STRATEGY.on(session)
+    basic = STRATEGY.on(ctx)
     settings = basic.settings
     overflows = basic.state.get("overflow_streak", 0)
     if overflows >= settings.overflow_retries:
         basic.state["overflow_streak"] = 0
         return False
     basic.state["overflow_streak"] = overflows + 1
-    before = session.meter.surface_tokens()
+    before = ctx.meter.surface_tokens()
     window = basic.pressure().effective_window
     if error.limit:  # the provider's real limit wins over a profile that overstates the window
         window = min(window, error.limit)
     keep = int(settings.retain_ratio * window) // 2
-    shrank = compact(session, keep, reason="overflow") and session.meter.surface_tokens() < before
+    shrank = compact(ctx, keep, reason="overflow") and ctx.meter.surface_tokens() < before
     return shrank
 
 
 @ctxkernel.hookimpl
-def commit(session: Session, result: Any) -> None:
+def commit(ctx: Context, result: Any) -> None:
     if result.strategy == NAME:
-        STRATEGY.on(session).state["overflow_streak"] = 0
+        STRATEGY.on(ctx).state["overflow_streak"] = 0
 
 
 @ctxkernel.hookimpl(trylast=True)
-def summarize(session: Session, region: Region) -> Summary | None:
-    basic = STRATEGY.on(session)
+def summarize(ctx: Context, region: Region) -> Summary | None:
+    basic = STRATEGY.on(ctx)
     model = basic.summarizer
     if model is not None:
-        return model_summary(session, region, model)
+        return model_summary(ctx, region, model)
     settings = basic.settings if basic.active else BasicSettings()
     limit = min(settings.summary_max_chars, max(400, region.tokens * 2))
     return Summary(extractive_summary(region.messages, max_chars=limit))
 
 
-def model_summary(session: Session, region: Region, model: Any) -> Summary:
+def model_summary(ctx: Context, region: Region, model: Any) -> Summary:
     """Ask the summarizer model: system and tools of the request header, the replayed region,
     then the directive last, so the provider's prefix cache serves everything before it."""
-    header = STRATEGY.on(session).request_header()
+    header = STRATEGY.on(ctx).request_header()
     system, tools = header.system, header.tools
     messages = [*region.messages, Message.user(DIRECTIVE, ctxkernel.Source.plugin_form(NAME, "directive"))]
     reply = model.complete(messages, system=system, tools=tools)

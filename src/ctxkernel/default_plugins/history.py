@@ -14,11 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import ctxkernel
 from ctxkernel import NoSettings
-from ctxkernel.recall.history import History
 from ctxkernel.recall.history_tools import SYSTEM_SECTION, history_tools
 
 if TYPE_CHECKING:
-    from ctxkernel import Session
+    from ctxkernel import Context
 
 NAME = "history"
 
@@ -35,16 +34,16 @@ def register_strategy(register: Any) -> None:
 
 
 @ctxkernel.hookimpl
-def session_opened(session: Session) -> None:
-    History.for_session(session)  # the index is built once per Session, then folded incrementally
+def session_opened(ctx: Context) -> None:
+    STRATEGY.on(ctx).history()  # the index is built once per session, then folded incrementally
 
 
 @ctxkernel.hookimpl
-def register_tools(register: Any, session: Session) -> None:
+def register_tools(register: Any, ctx: Context) -> None:
     for tool in history_tools(STRATEGY):
         register(tool)
 
 
 @ctxkernel.hookimpl
-def system_prompt(session: Session) -> str | None:
+def system_prompt(ctx: Context) -> str | None:
     return SYSTEM_SECTION

@@ -202,6 +202,11 @@ class History:
         history.sync()
         return history
 
+    @property
+    def events(self) -> Sequence[Event]:
+        """The session's log the index covers (read-only)."""
+        return self.session.events
+
     # -- session snapshots ------------------------------------------------------------------------------
     def folded(self) -> dict[str, Any]:
         """What a session snapshot keeps of the index: the windows and the task pointers (bounded

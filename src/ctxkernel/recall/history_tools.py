@@ -20,7 +20,7 @@ from ..tools import MAX_INT_ARG, CompactTool, Tool, ToolArgs
 from .history import ITEM_CHARS_MAX, LIST_MAX, QUERY_MAX_CHARS, READ_CHARS_MAX, History
 
 if TYPE_CHECKING:
-    from ..session import Session
+    from ..context import Context
 
 #: history ids (item_<seq>, win_<n>_summary, todo_<seq>_<i>, goal, checklist), cursors, window ids
 ID_ARG_CHARS = 128
@@ -41,10 +41,18 @@ SYSTEM_SECTION = (
 )
 
 
-class _ToolMaker(Protocol):
+class _Historian(Protocol):
+    """What ``history_tools`` needs of a :class:`ctxkernel.Strategy`: its tools and its handle."""
+
     def tool(
         self, name: str, description: str, parameters: type[BaseModel], handler: Any, *, cls: type[Tool] = ...
     ) -> Tool: ...
+
+    def on(self, ctx: Context) -> _HistoryHandle: ...
+
+
+class _HistoryHandle(Protocol):
+    def history(self) -> History: ...
 
 
 class ListWindowsArgs(ToolArgs):
@@ -104,31 +112,28 @@ def _filters(args: _Filters) -> dict[str, Any]:
     }
 
 
-def history_windows(session: Session, args: ListWindowsArgs) -> str:
-    return _json(History.for_session(session).list_windows(limit=args.limit, cursor=args.cursor))
-
-
-def history_items(session: Session, args: ListItemsArgs) -> str:
-    return _json(History.for_session(session).list_items(**_filters(args)))
-
-
-def history_search(session: Session, args: SearchArgs) -> str:
-    return _json(History.for_session(session).search(args.query, case_sensitive=args.case_sensitive, **_filters(args)))
-
-
-def history_read(session: Session, args: ReadItemArgs) -> str:
-    return _json(
-        History.for_session(session).read_item(
-            args.id, format=args.format, offset_chars=args.offset_chars, max_chars=args.max_chars
-        )
-    )
-
-
-def history_tools(strategy: _ToolMaker) -> list[Tool]:
+def history_tools(strategy: _Historian) -> list[Tool]:
     """The four history tools, owned by ``strategy`` (a :class:`ctxkernel.Strategy`)."""
 
     def tool(name: str, description: str, params: type[ToolArgs], handler: Any) -> Tool:
         return strategy.tool(name, description, params, handler, cls=CompactTool)
+
+    def history_windows(ctx: Context, args: ListWindowsArgs) -> str:
+        return _json(strategy.on(ctx).history().list_windows(limit=args.limit, cursor=args.cursor))
+
+    def history_items(ctx: Context, args: ListItemsArgs) -> str:
+        return _json(strategy.on(ctx).history().list_items(**_filters(args)))
+
+    def history_search(ctx: Context, args: SearchArgs) -> str:
+        history = strategy.on(ctx).history()
+        return _json(history.search(args.query, case_sensitive=args.case_sensitive, **_filters(args)))
+
+    def history_read(ctx: Context, args: ReadItemArgs) -> str:
+        return _json(
+            strategy.on(ctx)
+            .history()
+            .read_item(args.id, format=args.format, offset_chars=args.offset_chars, max_chars=args.max_chars)
+        )
 
     return [
         tool("history_list_windows", "List this session's context windows.", ListWindowsArgs, history_windows),

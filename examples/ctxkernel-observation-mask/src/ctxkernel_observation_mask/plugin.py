@@ -31,10 +31,10 @@ def register_strategy(register: Any) -> None:
 
 
 @ctxkernel.hookimpl
-def pre_step(session: ctxkernel.Session, step: ctxkernel.StepContext) -> None:
-    mask = STRATEGY.on(session)
+def pre_step(ctx: ctxkernel.Context, step: ctxkernel.StepContext) -> None:
+    mask = STRATEGY.on(ctx)
     settings = mask.settings  # a MaskSettings, validated for the routed model
-    results = [n for n in session.surface.nodes if n.role == "tool"]
+    results = [n for n in ctx.surface.nodes if n.role == "tool"]
     for node in results[: -settings.keep_last]:
         result = node.message.tool_result
         if result is None or node.pruned or len(result.content) < settings.min_chars:
@@ -44,6 +44,6 @@ def pre_step(session: ctxkernel.Session, step: ctxkernel.StepContext) -> None:
 
 
 @ctxkernel.hookimpl
-def project(session: ctxkernel.Session) -> dict[str, Any]:
-    masked = sum(1 for n in session.surface.nodes if n.pruned)
+def project(ctx: ctxkernel.Context) -> dict[str, Any]:
+    masked = sum(1 for n in ctx.surface.nodes if n.pruned)
     return {"masked_results": masked}

@@ -24,7 +24,7 @@ from .storage import Archive, ArchiveError, NotInArchiveError, VerifiedCache
 from .toc import TOC_OPEN
 
 if TYPE_CHECKING:
-    from ctxkernel import Session
+    from ctxkernel import Context
 
     from .segment import ChapterPlan
     from .settings import ChaptersSettings
@@ -74,7 +74,7 @@ class Prepared:
 
 
 def prepare(
-    session: Session,
+    ctx: Context,
     settings: ChaptersSettings,
     plans: list[ChapterPlan],
     numbers: list[int],
@@ -91,7 +91,7 @@ def prepare(
     are the model's keep/defer decisions for tool results (seeds), over the size floor's.
     ``created`` and ``floor_tokens`` re-render a committed plan exactly as it was planned (its
     times and the defer floor it was planned with); by default now and the settings' floor."""
-    count = session.meter.count_text
+    count = ctx.meter.count_text
     floor = settings.tool_result_defer_floor_tokens if floor_tokens is None else floor_tokens
     times = created or [utc_now() for _ in plans]
     out = []
@@ -104,7 +104,7 @@ def prepare(
             return handle
 
         prose, n_artifacts = render_range(
-            session.events,
+            ctx.events,
             plan.start_seq,
             plan.end_seq,
             count=count,
@@ -122,7 +122,7 @@ def prepare(
         text, digest = render_chapter_file(
             chapter=name,
             title=plan.title,
-            session=session.id,
+            session=ctx.id,
             root=root,
             seq_range=(plan.start_seq, plan.end_seq),
             tokens=tokens,
@@ -131,9 +131,9 @@ def prepare(
             body=body,
         )
         record = {
-            "id": f"{session.id}/{number}",
+            "id": f"{ctx.id}/{number}",
             "number": number,
-            "author_session": session.id,
+            "author_session": ctx.id,
             "path": path,
             "start_seq": plan.start_seq,
             "end_seq": plan.end_seq,

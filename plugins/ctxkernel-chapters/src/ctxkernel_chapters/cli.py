@@ -97,7 +97,7 @@ def cmd_manifest(args: argparse.Namespace) -> int:
     session = _open(kernel, args.session)
     if session is None:
         return 1
-    _dump(manifest(registry_of(session).kv, session.id))
+    _dump(manifest(registry_of(session.context).kv, session.id))
     return 0
 
 
@@ -111,18 +111,19 @@ def cmd_segment(args: argparse.Namespace) -> int:
     session = _open(kernel, args.session)
     if session is None:
         return 1
-    settings = plugin.settings_of(session)
-    floor = plugin.archived_through(session) + 1
-    ceiling = plugin.archive_ceiling(session)
+    ctx = session.context  # the strategy's code reads the session as its hooks do
+    settings = plugin.settings_of(ctx)
+    floor = plugin.archived_through(ctx) + 1
+    ceiling = plugin.archive_ceiling(ctx)
     top = -1 if ceiling is None else ceiling
-    plans = propose_for(session, settings, floor, top, target_tokens=args.target or settings.chapter_token_target)
+    plans = propose_for(ctx, settings, floor, top, target_tokens=args.target or settings.chapter_token_target)
     usage = None
     if args.model_titles and plans:
         model = kernel.summarizer
         if model is None:
             sys.stderr.write('--model-titles needs a [summarizer] model in the profile (kind = "openai")\n')
             return 1
-        plans, usage = _titles(session, settings, plans, model)
+        plans, usage = _titles(ctx, settings, plans, model)
     _dump(
         {
             "session": session.id,
@@ -144,16 +145,16 @@ def cmd_segment(args: argparse.Namespace) -> int:
     return 0
 
 
-def _titles(session: Any, settings: Any, plans: list[Any], model: Any) -> tuple[list[Any], Any]:
+def _titles(ctx: Any, settings: Any, plans: list[Any], model: Any) -> tuple[list[Any], Any]:
     from .archive import prepare
     from .segment import model_titles
 
-    header = next((e for e in reversed(session.events) if e.type == "request/header"), None)
+    header = next((e for e in reversed(ctx.events) if e.type == "request/header"), None)
     system, tools = (header.data["system"], header.data["tools"]) if header else ("", [])
     # rendered in memory with placeholder numbers: nothing is written
     bodies = [
         p.text.split("\n---\n", 1)[1]
-        for p in prepare(session, settings, plans, list(range(1, len(plans) + 1)), root="preview", status="preview")
+        for p in prepare(ctx, settings, plans, list(range(1, len(plans) + 1)), root="preview", status="preview")
     ]
     return model_titles(plans, bodies, model, system=system, tools=tools)
 

@@ -48,7 +48,7 @@ from .strategy import (
 from .strategy import snapshot_state as folded_state
 
 if TYPE_CHECKING:
-    from ctxkernel import ManualCompaction, ModelError, Profile, Request, Session, StepContext
+    from ctxkernel import Context, ManualCompaction, ModelError, Profile, Request, StepContext
 
 log = get_logger("ctxkernel.chapters")
 
@@ -65,20 +65,20 @@ def register_commands(subparsers: Any) -> None:
 
 
 @ctxkernel.hookimpl
-def session_opened(session: Session) -> None:
-    registry_of(session).ensure(session.id)
-    settle.settle(session)  # chapters a crash left unwritten after their commit
+def session_opened(ctx: Context) -> None:
+    registry_of(ctx).ensure(ctx.id)
+    settle.settle(ctx)  # chapters a crash left unwritten after their commit
     # the instructions that land from now on have their quotes counted at the step they start
-    state(session).setdefault("quotes_cursor", len(session.events))
+    state(ctx).setdefault("quotes_cursor", len(ctx.events))
 
 
 @ctxkernel.hookimpl
-def snapshot_state(session: Session) -> ctxkernel.StrategySnapshot:
-    return folded_state(session)
+def snapshot_state(ctx: Context) -> ctxkernel.StrategySnapshot:
+    return folded_state(ctx)
 
 
 @ctxkernel.hookimpl
-def register_tools(register: Any, session: Session) -> None:
+def register_tools(register: Any, ctx: Context) -> None:
     from .tools import TOOLS
 
     for tool in TOOLS:
@@ -86,7 +86,7 @@ def register_tools(register: Any, session: Session) -> None:
 
 
 @ctxkernel.hookimpl
-def system_prompt(session: Session) -> str | None:
+def system_prompt(ctx: Context) -> str | None:
     return (
         "Context management (chapters): earlier parts of this conversation may be archived as Markdown "
         "chapters listed in a table of contents. chapters_read and chapters_search read them; "
@@ -97,75 +97,75 @@ def system_prompt(session: Session) -> str | None:
 
 # -- pre_step -----------------------------------------------------------------------------------
 @ctxkernel.hookimpl
-def pre_step(session: Session, step: StepContext) -> None:
-    settings = settings_of(session)
-    settle.settle(session)  # the last step's in-place compaction: its files and records
-    st = state(session)
-    count_new_quotes(session, st)
+def pre_step(ctx: Context, step: StepContext) -> None:
+    settings = settings_of(ctx)
+    settle.settle(ctx)  # the last step's in-place compaction: its files and records
+    st = state(ctx)
+    count_new_quotes(ctx, st)
     if step.attempt == 0:
         # a new request: ``overflow_retries`` counts the attempts of one request, so a streak an
         # earlier request left (its overflow path found nothing to archive) must not refuse this
         # request's first overflow
         st["overflow_streak"] = 0
-    move_large_results(session, settings, st)
-    if session.route is None:
+    move_large_results(ctx, settings, st)
+    if ctx.route is None:
         return  # the first step of a fresh session has no routed request to price against
-    pressure = session.pressure()
+    pressure = ctx.pressure()
     if settings.auto and pressure.ratio >= settings.compact_at_ratio:
-        compact_in_place(session, int(settings.retain_ratio * pressure.effective_window), reason="pressure")
-        pressure = session.pressure()
-        state(session)
+        compact_in_place(ctx, int(settings.retain_ratio * pressure.effective_window), reason="pressure")
+        pressure = ctx.pressure()
+        state(ctx)
     if (
         pressure.ratio >= settings.pressure_suggestion_ratio
         and not st["suggested"]
-        and archive_ceiling(session) is not None
+        and archive_ceiling(ctx) is not None
     ):
-        STRATEGY.on(session).remind(step, suggestion(session, settings, pressure.ratio))
+        STRATEGY.on(ctx).remind(step, suggestion(ctx, settings, pressure.ratio))
         st["suggested"] = True  # the notice is written right after; state() would see it too
 
 
-def suggestion(session: Session, settings: ChaptersSettings, ratio: float) -> str:
-    ceiling = archive_ceiling(session)
-    floor = archived_through(session) + 1
+def suggestion(ctx: Context, settings: ChaptersSettings, ratio: float) -> str:
+    ceiling = archive_ceiling(ctx)
+    floor = archived_through(ctx) + 1
     return (
-        f"{SUGGEST_MARK} The context is {ratio:.0%} full. You can continue this work in a fresh session: "
+        f"{SUGGEST_MARK} The context is {ratio:.0%} full. You can continue this work in a fresh ctx: "
         f"call chapters_continue with a title, a handoff note (what is in progress, decisions held, the next "
         f"step) and chapter ranges covering events {floor}..{ceiling} (ascending, no gaps or overlaps). "
         f"At {settings.compact_at_ratio:.0%} the oldest part is archived in place automatically."
     )
 
 
-def move_large_results(session: Session, settings: ChaptersSettings, st: dict[str, Any]) -> list[int]:
+def move_large_results(ctx: Context, settings: ChaptersSettings, st: dict[str, Any]) -> list[int]:
     """Move tool results above the artifact band into the store, replacing each with a handle."""
     candidates, st["candidates"] = st["candidates"], []
     if not candidates:
         return []
-    threshold = settings.artifact_threshold(session.model_settings().effective_window)
+    threshold = settings.artifact_threshold(ctx.model.effective_window)
     moved = []
-    registry = registry_of(session)
-    at_most = text_bound(session)
+    registry = registry_of(ctx)
+    at_most = text_bound(ctx)
     for seq in candidates:
         if seq in st["artifact_done"]:
             continue
-        node = session.surface.node(seq)
+        node = ctx.surface.node(seq)
         if node is None or node.role != "tool":
             continue
         content = node.message.tool_result.content  # type: ignore[union-attr]
         # the meter's count of the node (cached: it counted the node when it became visible). Not
         # its characters: one character may be several tokens (a rare CJK character is 3-4)
-        tokens = session.meter.node_tokens(node)
+        tokens = ctx.meter.node_tokens(node)
         if tokens <= threshold:
             continue
-        root = registry.root_of(session.id)
+        root = registry.root_of(ctx.id)
         handle = artifacts.handle_for(root, hashlib.sha256(content.encode("utf-8")).hexdigest())
         # the preview stays well inside the band, and a handle that would not save tokens (a tiny
         # window) leaves the result where it is
         text = artifact_handle_text(handle, content, tokens, min(settings.artifact_preview_chars, threshold // 2))
         fits = at_most is not None and at_most(text) < tokens  # counted only when its bytes do not prove it
-        if not fits and session.meter.count_text(text) >= tokens:
+        if not fits and ctx.meter.count_text(text) >= tokens:
             continue
-        artifacts.store(Archive.of(session), root, content)
-        STRATEGY.on(session).replace_tool_result(seq, text, reason="artifact")
+        artifacts.store(Archive.of(ctx), root, content)
+        STRATEGY.on(ctx).replace_tool_result(seq, text, reason="artifact")
         st["artifact_done"].add(seq)
         moved.append(seq)
     return moved
@@ -191,7 +191,7 @@ ARTIFACT_LINE_TOKENS = 90
 PROSE_EVENTS = frozenset({"user/message", "assistant/message", "tool/result"})
 
 
-def compact_in_place(session: Session, keep_tokens: int, *, reason: str) -> bool:
+def compact_in_place(ctx: Context, keep_tokens: int, *, reason: str) -> bool:
     """Archive the surface head as chapters and replace it with a table of contents.
 
     Zero model tokens and one durable write: the kernel's commit, whose event carries the
@@ -200,42 +200,42 @@ def compact_in_place(session: Session, keep_tokens: int, *, reason: str) -> bool
     nothing at all. Retries (a smaller verbatim tail each time) reuse the same chapter numbers,
     reserved in memory and given back unless a commit used them.
     """
-    settings = settings_of(session)
-    registry = registry_of(session)
+    settings = settings_of(ctx)
+    registry = registry_of(ctx)
     root = ""
     plan_id = uuid.uuid4().hex[:16]
     numbers: list[int] = []
     used = 0
     try:
         for attempt in range(settings.compaction_retries + 1):
-            region = head_region(session.surface, session.meter, keep_tokens, min_nodes=2)
+            region = head_region(ctx.surface, ctx.meter, keep_tokens, min_nodes=2)
             if region is None:
                 return False
-            stored = registry.ensure(session.id)  # one read: the lineage root and the settled chapters' reach
+            stored = registry.ensure(ctx.id)  # one read: the lineage root and the settled chapters' reach
             root, settled = stored["root"], stored.get("archived_through", -1)
-            nodes = session.surface.span(*region)
-            tail = session.surface.nodes[len(nodes) :]
+            nodes = ctx.surface.span(*region)
+            tail = ctx.surface.nodes[len(nodes) :]
             later = [n.seq for n in tail if not is_chapters_toc(n)]
-            boundary = (min(later) - 1) if later else len(session.events) - 1
-            floor = archived_through(session, stored=settled) + 1
-            view = planning_view(session, floor, boundary, settings.tool_result_defer_floor_tokens, nodes)
-            plans = propose_for(session, settings, floor, boundary, tokens=view.tokens, message_of=view.message_of)
+            boundary = (min(later) - 1) if later else len(ctx.events) - 1
+            floor = archived_through(ctx, stored=settled) + 1
+            view = planning_view(ctx, floor, boundary, settings.tool_result_defer_floor_tokens, nodes)
+            plans = propose_for(ctx, settings, floor, boundary, tokens=view.tokens, message_of=view.message_of)
             if len(numbers) < len(plans):
                 numbers += registry.reserve(root, len(plans) - len(numbers))
             created = utc_now()
             planned = [settle.planned_record(n, p, created) for n, p in zip(numbers, plans, strict=False)]
             records = [
-                {**r, "id": f"{session.id}/{r['number']}", "path": archive.chapter_path(root, r["number"], r["title"])}
+                {**r, "id": f"{ctx.id}/{r['number']}", "path": archive.chapter_path(root, r["number"], r["title"])}
                 for r in planned
             ]
-            region_tokens = session.meter.nodes_tokens(nodes)
+            region_tokens = ctx.meter.nodes_tokens(nodes)
             # the archived events are floor..boundary, the chapters' too: the view's instructions
             text = toc_for_region(
-                session, settings, nodes, records, boundary, region_tokens, instructions=view.instructions, mark=settled
+                ctx, settings, nodes, records, boundary, region_tokens, instructions=view.instructions, mark=settled
             )
             message = Message.user(text, STRATEGY.source("toc"))
             try:
-                STRATEGY.on(session).compact(
+                STRATEGY.on(ctx).compact(
                     Span(region[0], region[1], message=message, summary=Summary(text)),
                     kind="chapters",
                     single_batch=True,  # the replacement is given: lock and commit in one write
@@ -251,7 +251,7 @@ def compact_in_place(session: Session, keep_tokens: int, *, reason: str) -> bool
                     },
                 )
             except CompactionError as exc:
-                log.warning("chapters compaction failed", session=session.id, attempt=attempt, error=str(exc))
+                log.warning("chapters compaction failed", session=ctx.id, attempt=attempt, error=str(exc))
                 keep_tokens //= 2  # a smaller tail leaves more to archive: more likely to shrink
                 continue
             used = len(plans)
@@ -259,30 +259,30 @@ def compact_in_place(session: Session, keep_tokens: int, *, reason: str) -> bool
         return False
     finally:
         if not used:  # a hook may raise after the commit: the log says whether it happened
-            used = committed_chapters(session, plan_id)
+            used = committed_chapters(ctx, plan_id)
         if root:
             registry.unreserve(root, numbers[used:])
 
 
-def committed_records(session: Session) -> list[dict[str, Any]]:
+def committed_records(ctx: Context) -> list[dict[str, Any]]:
     """Records (as a table of contents cites them) of this session's committed, unsettled
     chapters; a plan the log spoils is left out (the settle reports it)."""
     out = []
-    for data in state(session)["unsettled"]:
+    for data in state(ctx)["unsettled"]:
         try:
-            plan = settle.checked(session, data)
+            plan = settle.checked(ctx, data)
         except ValueError:
             continue
         for r in plan.records:
             path = archive.chapter_path(plan.root, r.number, r.title)
-            out.append({**r.model_dump(), "id": f"{session.id}/{r.number}", "path": path})
+            out.append({**r.model_dump(), "id": f"{ctx.id}/{r.number}", "path": path})
     return out
 
 
-def committed_chapters(session: Session, plan_id: str) -> int:
+def committed_chapters(ctx: Context, plan_id: str) -> int:
     """How many chapters the commit of plan ``plan_id`` holds (0 when it never committed)."""
-    session.refresh()
-    for event in reversed(session.events):
+    ctx.refresh()
+    for event in reversed(ctx.events):
         if event.type == "compaction/summary" and event.data.get("plan") == plan_id:
             return len(event.data.get("chapters", []))
     return 0
@@ -297,7 +297,7 @@ class PlanningView:
     instructions: list[str]  # the user's own messages, in order (strategy.user_instructions)
 
 
-def planning_view(session: Session, start: int, end: int, floor_tokens: int, nodes: list[Any]) -> PlanningView:
+def planning_view(ctx: Context, start: int, end: int, floor_tokens: int, nodes: list[Any]) -> PlanningView:
     """Per-event planning tokens for events ``start..end``, a message lookup and the user's
     instructions, in one pass, from what the surface already holds: a visible message (among
     ``nodes``, the region being archived, which holds every visible message up to ``end``) costs
@@ -305,12 +305,12 @@ def planning_view(session: Session, start: int, end: int, floor_tokens: int, nod
     tokenizes it; a result above the defer floor costs its artifact line. Replacements and
     events no longer visible are rendered and counted exactly (a replacement renders as a
     one-line note, not as its text)."""
-    meter = session.meter
+    meter = ctx.meter
     visible = {n.seq: n for n in nodes if start <= n.seq <= end and n.event.surface.get("op") == "append"}
     out: list[int] = []
     instructions = []
     node_of = visible.get
-    for event in session.events[max(0, start) : end + 1]:
+    for event in ctx.events[max(0, start) : end + 1]:
         etype = event.type
         if etype == "user/message":
             instruction = instruction_of(event)
@@ -327,7 +327,7 @@ def planning_view(session: Session, start: int, end: int, floor_tokens: int, nod
         elif etype not in PROSE_EVENTS:
             out.append(0)  # the renderer writes nothing for it
         else:
-            out += event_tokens(session.events, event.seq, event.seq, count=meter.count_text, floor_tokens=floor_tokens)
+            out += event_tokens(ctx.events, event.seq, event.seq, count=meter.count_text, floor_tokens=floor_tokens)
 
     def message_of(event: Any) -> Message:
         node = visible.get(event.seq)
@@ -337,7 +337,7 @@ def planning_view(session: Session, start: int, end: int, floor_tokens: int, nod
 
 
 def toc_for_region(
-    session: Session,
+    ctx: Context,
     settings: ChaptersSettings,
     nodes: list[Any],
     records: list[dict[str, Any]],
@@ -350,12 +350,12 @@ def toc_for_region(
     """Earlier tables of contents in the region merged with this session's chapters up to
     ``boundary``; ``instructions`` are the user's messages among the archived events and
     ``mark`` the registry's ``archived_through`` as just read."""
-    region = read_region(session, nodes)
+    region = read_region(ctx, nodes)
     previous, extra = region.tocs, list(region.carried)
-    own = [r for r in own_records(session, mark=mark) if r.get("status") == "final" and r["start_seq"] <= boundary]
+    own = [r for r in own_records(ctx, mark=mark) if r.get("status") == "final" and r["start_seq"] <= boundary]
     # committed chapters whose files are not written yet: rendered from the log when they are,
     # so there is nothing to verify
-    unwritten = [r for r in committed_records(session) if r["start_seq"] <= boundary]
+    unwritten = [r for r in committed_records(ctx) if r["start_seq"] <= boundary]
     cited: dict[str, str] = {}
     for text in previous:
         cited.update(toc.parse(text).bullets)
@@ -370,7 +370,7 @@ def toc_for_region(
         return key in cited or toc.in_fold(folds, key, record["number"])
 
     fresh = [r for r in own if not listed(r)]
-    checked, refused = archive.verified(Archive.of(session), fresh)
+    checked, refused = archive.verified(Archive.of(ctx), fresh)
     own = [r for r in own if listed(r)] + checked + unwritten
     extra += [f"Not cited (integrity check failed): {reason}" for _, reason in refused]
     merged = toc.merged(previous, [*own, *records], archive.archive_label(settings), extra, instructions=instructions)
@@ -378,7 +378,7 @@ def toc_for_region(
     # small window the oldest bullets give up their summaries first (the manifest keeps them)
     budget = min(settings.toc_bullet_budget_tokens, max(50, region_tokens // 3))
     quoted = min(settings.toc_instruction_budget_tokens, region_tokens // 3)
-    st = state(session)
+    st = state(ctx)
     kept_pieces: dict[str, str] = st.get("quote_pieces", {})
 
     def quote(instruction: str) -> str:
@@ -389,7 +389,7 @@ def toc_for_region(
         merged, count=region.count, bullet_budget=budget, instruction_budget=quoted, at_most=region.at_most, quote=quote
     )
     if sum(map(len, pieces)) >= TOC_COUNTED_FROM_PIECES_CHARS:
-        count_toc(session.meter, pieces, st.get("quote_counts", {}))
+        count_toc(ctx.meter, pieces, st.get("quote_counts", {}))
     return "".join(pieces)
 
 
@@ -404,19 +404,19 @@ QUOTE_COUNTS_KEPT = 1024
 QUOTE_KEPT_MAX_CHARS = 4_000
 
 
-def count_new_quotes(session: Session, st: dict[str, Any]) -> None:
+def count_new_quotes(ctx: Context, st: dict[str, Any]) -> None:
     """Count the table-of-contents quote (:func:`toc.quote_piece`) of each user instruction that
     landed since the last step, once, and keep it in this process's state: a table of contents
     quotes every archived instruction, and counting it from these pieces tokenises only its head,
     its last quote and its end (:func:`count_toc`). Instructions from before this process opened
     the session are not counted here (an open stays O(new events)): a compaction counts them."""
-    events = session.events
+    events = ctx.events
     start = st.setdefault("quotes_cursor", len(events))  # session_opened sets it
     if start >= len(events):
         return
     kept: dict[str, int] = st.setdefault("quote_counts", {})
     pieces: dict[str, str] = st.setdefault("quote_pieces", {})  # the instruction (stripped) -> its quote
-    count = session.meter.count_text
+    count = ctx.meter.count_text
     for event in events[start:]:
         instruction = instruction_of(event)
         if instruction is None or len(instruction) > QUOTE_KEPT_MAX_CHARS:
@@ -471,11 +471,11 @@ class RegionText:
     at_most: toc.AtMost | None  # an upper bound of count without tokenising (None: the tokenizer has none)
 
 
-def read_region(session: Session, nodes: list[Any]) -> RegionText:
+def read_region(ctx: Context, nodes: list[Any]) -> RegionText:
     """One pass over the region's nodes. ``count`` knows the user's messages already: the meter
     counted each when it became visible, so quoting them in the table of contents costs no
     tokenizing."""
-    meter = session.meter
+    meter = ctx.meter
     tocs: list[str] = []
     carried: list[str] = []
     users: list[Any] = []  # the user's own messages: counted only when a quote needs their count
@@ -506,82 +506,82 @@ def read_region(session: Session, nodes: list[Any]) -> RegionText:
         cached = known.get(text)
         return meter.count_text(text) if cached is None else cached
 
-    return RegionText(tocs, carried, count, text_bound(session))
+    return RegionText(tocs, carried, count, text_bound(ctx))
 
 
 @ctxkernel.hookimpl
-def compact_now(session: Session, request: ManualCompaction) -> ctxkernel.ManualOutcome | None:
+def compact_now(ctx: Context, request: ManualCompaction) -> ctxkernel.ManualOutcome | None:
     """The seed's manual path: ``compact`` continues in a new session now (the archivable events
     become chapters, the child opens with their table of contents); ``archive`` archives the head
     in place, keeping ``retain_ratio`` of the window verbatim."""
     from .tools import ContinueArgs, chapters_continue, deterministic_continuation
 
-    settings = settings_of(session)
+    settings = settings_of(ctx)
     if request.action == "archive":
-        keep = int(settings.retain_ratio * session.pressure().effective_window)
-        if compact_in_place(session, keep, reason="manual"):
+        keep = int(settings.retain_ratio * ctx.pressure().effective_window)
+        if compact_in_place(ctx, keep, reason="manual"):
             return ctxkernel.ManualOutcome(True, f"archived the head as chapters, keeping about {keep} tokens verbatim")
         return ctxkernel.ManualOutcome(False, f"nothing to archive beyond the verbatim tail of {keep} tokens")
     if request.action != "compact":
         return None
-    arguments = deterministic_continuation(session, settings)
+    arguments = deterministic_continuation(ctx, settings)
     if arguments is None:
         return ctxkernel.ManualOutcome(
             False,
             "no continuation now: nothing archivable yet (a completed turn is needed), or it would be over budget",
         )
-    outcome = chapters_continue(session, ContinueArgs.model_validate(arguments))
+    outcome = chapters_continue(ctx, ContinueArgs.model_validate(arguments))
     if outcome.is_error:
         return ctxkernel.ManualOutcome(False, outcome.content)
     return ctxkernel.ManualOutcome(
-        True, f"continued in session {outcome.continue_in}; this session is left as it was", None, outcome.continue_in
+        True, f"continued in ctx {outcome.continue_in}; this ctx is left as it was", None, outcome.continue_in
     )
 
 
 @ctxkernel.hookimpl
-def request_error(session: Session, error: ModelError) -> bool | None:
+def request_error(ctx: Context, error: ModelError) -> bool | None:
     if not isinstance(error, ContextOverflowError):
         return None
-    settings = settings_of(session)
-    st = state(session)
+    settings = settings_of(ctx)
+    st = state(ctx)
     if st["overflow_streak"] >= settings.overflow_retries:
         st["overflow_streak"] = 0
         return False
     st["overflow_streak"] += 1
-    move_large_results(session, settings, st)
-    before = session.meter.surface_tokens()
-    keep = int(settings.retain_ratio * session.pressure().effective_window) // 2
-    compact_in_place(session, keep, reason="overflow")
-    return session.meter.surface_tokens() < before
+    move_large_results(ctx, settings, st)
+    before = ctx.meter.surface_tokens()
+    keep = int(settings.retain_ratio * ctx.pressure().effective_window) // 2
+    compact_in_place(ctx, keep, reason="overflow")
+    return ctx.meter.surface_tokens() < before
 
 
 @ctxkernel.hookimpl
-def commit(session: Session, result: Any) -> None:
+def commit(ctx: Context, result: Any) -> None:
     if result.strategy == NAME:
-        st = state(session)
+        st = state(ctx)
         st["overflow_streak"] = 0
 
 
 @ctxkernel.hookimpl
-def project(session: Session) -> dict[str, Any] | None:
-    settings = settings_of(session)
-    registry = settle.settle(session)
-    sstate = registry.ensure(session.id)
-    st = state(session)
-    window = session.model_settings().effective_window
+def project(ctx: Context) -> dict[str, Any] | None:
+    settings = settings_of(ctx)
+    registry = settle.settle(ctx)
+    sstate = registry.ensure(ctx.id)
+    st = state(ctx)
+    window = ctx.model.effective_window
     return {
         "root": sstate["root"],
         "parent": sstate["parent"],
-        "chapters": len([r for r in registry.records(session.id) if r.get("status") == "final"]),
-        "lineage_chapters": len(registry.lineage_records(session.id)),
-        "archived_through": archived_through(session, registry),
-        "archive_ceiling": archive_ceiling(session),
+        "chapters": len([r for r in registry.records(ctx.id) if r.get("status") == "final"]),
+        "lineage_chapters": len(registry.lineage_records(ctx.id)),
+        "archived_through": archived_through(ctx, registry),
+        "archive_ceiling": archive_ceiling(ctx),
         "artifacts_moved": len(st["artifact_done"]),
         "artifact_threshold_tokens": settings.artifact_threshold(window),
         "compactions": st["compactions"],
         "suggested": st["suggested"],
         "archive": archive.archive_label(settings),
-        "toc": _toc(session, settings, registry),
+        "toc": _toc(ctx, settings, registry),
     }
 
 
@@ -589,22 +589,22 @@ def project(session: Session) -> dict[str, Any] | None:
 PANEL_ROWS = 200
 
 
-def _toc(session: Session, settings: Any, registry: Registry) -> list[dict[str, Any]]:
+def _toc(ctx: Context, settings: Any, registry: Registry) -> list[dict[str, Any]]:
     """The lineage's final chapters, each with the state of its file against the recorded sha256."""
-    records = registry.lineage_records(session.id)[-PANEL_ROWS:]
-    _, bad = archive.verified(Archive.of(session), records)
+    records = registry.lineage_records(ctx.id)[-PANEL_ROWS:]
+    _, bad = archive.verified(Archive.of(ctx), records)
     problems = {r["id"]: reason for r, reason in bad}
     keys = ("id", "number", "title", "start_seq", "end_seq", "tokens", "path", "author_session")
     return [{**{k: r.get(k) for k in keys}, "hash": problems.get(r["id"], "ok")} for r in records]
 
 
 @ctxkernel.hookimpl
-def export_files(session: Session) -> dict[str, bytes] | None:
+def export_files(ctx: Context) -> dict[str, bytes] | None:
     """The lineage's chapter files and artifacts as the seed lays them out:
     ``<archive_root>/<root>/chapters/NNN-slug.md`` and ``<archive_root>/<root>/artifacts/<sha256>.txt``."""
-    root = settle.settle(session).root_of(session.id)
-    blobs = STRATEGY.on(session).blobs
-    label = archive.archive_label(settings_of(session))
+    root = settle.settle(ctx).root_of(ctx.id)
+    blobs = STRATEGY.on(ctx).blobs
+    label = archive.archive_label(settings_of(ctx))
     files = {}
     for info in blobs.list(f"{root}/"):
         data = blobs.get(info.key)
@@ -615,24 +615,24 @@ def export_files(session: Session) -> dict[str, bytes] | None:
 
 # -- simulation ------------------------------------------------------------------------------------
 @ctxkernel.hookimpl
-def steward_actions(session: Session, request: Request) -> list[dict[str, Any]] | None:
+def steward_actions(ctx: Context, request: Request) -> list[dict[str, Any]] | None:
     """At the suggestion, a steward calls ``chapters_continue`` with the segmentation's ranges and a
     handoff note built from the in-flight turn; the simulator follows ``continue_in`` into the child.
     With ``steward = "compact"`` (or when nothing can be archived yet) it leaves the work to the
     in-place compaction at ``compact_at_ratio``."""
-    settings = settings_of(session)
-    st = state(session)
+    settings = settings_of(ctx)
+    st = state(ctx)
     if settings.steward != "continue" or st["continued_in"] is not None:
         return None
     if request.pressure.ratio < settings.pressure_suggestion_ratio or not st["suggested"]:
         return None
-    ceiling = archive_ceiling(session)
+    ceiling = archive_ceiling(ctx)
     if ceiling is None or st.get("steward_tried") == ceiling:
         return None  # one dry run per completed turn: the answer only changes when the ceiling moves
     st["steward_tried"] = ceiling
     from .tools import deterministic_continuation
 
-    arguments = deterministic_continuation(session, settings)
+    arguments = deterministic_continuation(ctx, settings)
     if arguments is None:
         return None
     return [{"name": "chapters_continue", "arguments": arguments}]

@@ -42,7 +42,7 @@ def record_key(session_id: str, number: int) -> str:
 
 
 class Registry:
-    """The lineage registry on the strategy handle's key-value table: ``Registry(STRATEGY.on(session))``.
+    """The lineage registry on the strategy handle's key-value table: ``Registry(STRATEGY.on(ctx))``.
 
     ``reserved`` is the process's in-memory allocator beside the stored one (root -> next free
     number): an in-place compaction takes its numbers there, since its one durable write is the

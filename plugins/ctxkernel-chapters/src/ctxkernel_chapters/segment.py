@@ -23,7 +23,7 @@ from ctxkernel.text import clip
 from .render import Count, hash_only, render_event
 
 if TYPE_CHECKING:
-    from ctxkernel import Session
+    from ctxkernel import Context
 
     from .settings import ChaptersSettings
 
@@ -195,11 +195,11 @@ def model_titles(
     return out, reply.usage
 
 
-def propose_for(session: Session, settings: ChaptersSettings, start: int, end: int, **view: Any) -> list[ChapterPlan]:
+def propose_for(ctx: Context, settings: ChaptersSettings, start: int, end: int, **view: Any) -> list[ChapterPlan]:
     """:func:`propose_chapters` over ``session``'s log with the strategy's settings; ``view`` passes
     a planning view (``tokens``, ``message_of``) or another ``target_tokens`` when the caller has one."""
     options: dict[str, Any] = {
         "target_tokens": settings.chapter_token_target,
         "floor_tokens": settings.tool_result_defer_floor_tokens,
     } | view
-    return propose_chapters(session.events, start, end, count=session.meter.count_text, **options)
+    return propose_chapters(ctx.events, start, end, count=ctx.meter.count_text, **options)

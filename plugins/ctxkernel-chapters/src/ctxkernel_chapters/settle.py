@@ -30,7 +30,7 @@ from .storage import Archive, ArchiveError, NotInArchiveError, check_name
 from .strategy import registry_of, settings_of, state
 
 if TYPE_CHECKING:
-    from ctxkernel import Session
+    from ctxkernel import Context
 
 log = get_logger("ctxkernel.chapters")
 
@@ -73,42 +73,42 @@ def planned_record(number: int, plan: ChapterPlan, created: str) -> dict[str, An
     }
 
 
-def settle(session: Session) -> Registry:
+def settle(ctx: Context) -> Registry:
     """Write the chapters of every committed, unsettled in-place compaction of ``session``;
     returns the registry. Costs nothing when there are none (the usual case). A plan that
     cannot be written now (a store error) stays unsettled, is logged, and is tried again at the
     next settle; one the log spoils (an edited event) is logged once and skipped."""
-    st = state(session)
-    registry = registry_of(session)
+    st = state(ctx)
+    registry = registry_of(ctx)
     if not st["unsettled"]:
         return registry
-    done = registry.archived_through(session.id)
+    done = registry.archived_through(ctx.id)
     pending = st["unsettled"]
     while pending:
         data = pending[0]
         if data["archive"]["through"] > done:
             try:
-                plan = checked(session, data)
+                plan = checked(ctx, data)
             except ValueError as exc:  # the log was edited: reported, never rendered
-                log.error("a chapters commit in the log cannot be rendered", session=session.id, error=str(exc))
+                log.error("a chapters commit in the log cannot be rendered", session=ctx.id, error=str(exc))
             else:
                 try:
-                    write(session, registry, plan)
+                    write(ctx, registry, plan)
                 except (ArchiveError, StoreError) as exc:
-                    log.warning("chapters not written yet", session=session.id, plan=plan.plan, error=str(exc))
+                    log.warning("chapters not written yet", session=ctx.id, plan=plan.plan, error=str(exc))
                     break
         pending.pop(0)
     return registry
 
 
-def checked(session: Session, data: dict[str, Any]) -> CommittedPlan:
+def checked(ctx: Context, data: dict[str, Any]) -> CommittedPlan:
     """The commit event's plan, validated (``ValueError`` names what is wrong)."""
     plan = CommittedPlan.model_validate(data)  # pydantic's ValidationError is a ValueError
     try:
         check_name(plan.root)
     except ArchiveError as exc:
         raise ValueError(f"root {plan.root!r}: {exc}") from None
-    last = len(session.events) - 1
+    last = len(ctx.events) - 1
     for r in plan.records:
         if not r.start_seq <= r.end_seq <= last:
             msg = f"chapter {r.number}: seqs {r.start_seq}..{r.end_seq} are not in the log (0..{last})"
@@ -116,11 +116,11 @@ def checked(session: Session, data: dict[str, Any]) -> CommittedPlan:
     return plan
 
 
-def rendered(session: Session, plan: CommittedPlan, chapters: list[PlannedChapter]) -> list[archive.Prepared]:
+def rendered(ctx: Context, plan: CommittedPlan, chapters: list[PlannedChapter]) -> list[archive.Prepared]:
     """``chapters`` of a committed plan rendered from the log, exactly as planned."""
     return archive.prepare(
-        session,
-        settings_of(session),
+        ctx,
+        settings_of(ctx),
         [ChapterPlan(r.start_seq, r.end_seq, r.title, r.summary, r.tokens) for r in chapters],
         [r.number for r in chapters],
         root=plan.root,
@@ -131,53 +131,53 @@ def rendered(session: Session, plan: CommittedPlan, chapters: list[PlannedChapte
     )
 
 
-def write(session: Session, registry: Registry, plan: CommittedPlan) -> None:
+def write(ctx: Context, registry: Registry, plan: CommittedPlan) -> None:
     """Render one committed plan from the log and store its files, then its records."""
     numbers = [r.number for r in plan.records]
-    prepared = rendered(session, plan, plan.records)
+    prepared = rendered(ctx, plan, plan.records)
     records = [p.record for p in prepared]
     for record in records:
         record["compaction_id"] = plan.compaction_id
-    archive.publish(Archive.of(session), prepared)
+    archive.publish(Archive.of(ctx), prepared)
     if numbers:
         registry.advance(plan.root, max(numbers) + 1)
-    before = registry.archived_through(session.id)
-    after = registry.add_final(session.id, records)["archived_through"]
-    cached = state(session).get("records")  # own_records(): extended, not listed again
+    before = registry.archived_through(ctx.id)
+    after = registry.add_final(ctx.id, records)["archived_through"]
+    cached = state(ctx).get("records")  # own_records(): extended, not listed again
     if cached is not None and cached[0] == before:
-        state(session)["records"] = (after, [*cached[1], *records])
+        state(ctx)["records"] = (after, [*cached[1], *records])
 
 
-def restore(session: Session, record: dict[str, Any]) -> bool:
+def restore(ctx: Context, record: dict[str, Any]) -> bool:
     """Render a chapter file that is missing from the archive again from this session's log, and
     store it when it hashes to the record's sha256 (True); False when the record is another
     session's, predates plans in the log, or renders differently (then it stays reported)."""
-    seq = state(session)["plans"].get(record.get("compaction_id"))
-    if seq is None or record.get("author_session") != session.id:
+    seq = state(ctx)["plans"].get(record.get("compaction_id"))
+    if seq is None or record.get("author_session") != ctx.id:
         return False
     try:
-        plan = checked(session, session.events[seq].data)
+        plan = checked(ctx, ctx.events[seq].data)
     except ValueError:
         return False
     chapter = next((r for r in plan.records if r.number == record.get("number")), None)
     if chapter is None:
         return False
-    (prepared,) = rendered(session, plan, [chapter])
+    (prepared,) = rendered(ctx, plan, [chapter])
     if prepared.record["sha256"] != record.get("sha256") or prepared.record["path"] != record.get("path"):
-        log.warning("a lost chapter renders differently from its record", session=session.id, chapter=record.get("id"))
+        log.warning("a lost chapter renders differently from its record", session=ctx.id, chapter=record.get("id"))
         return False
-    archive.publish(Archive.of(session), [prepared])
-    log.info("a lost chapter file was written again from the log", session=session.id, chapter=record.get("id"))
+    archive.publish(Archive.of(ctx), [prepared])
+    log.info("a lost chapter file was written again from the log", session=ctx.id, chapter=record.get("id"))
     return True
 
 
-def read_chapter(session: Session, record: dict[str, Any], where: Archive | None = None) -> ChapterFile:
+def read_chapter(ctx: Context, record: dict[str, Any], where: Archive | None = None) -> ChapterFile:
     """:func:`archive.read_verified`, after writing the file again from the log when it is
     missing and this session's log holds its plan (a changed file is refused, never replaced)."""
-    where = where or Archive.of(session)
+    where = where or Archive.of(ctx)
     try:
         return archive.read_verified(where, record)
     except NotInArchiveError:
-        if not restore(session, record):
+        if not restore(ctx, record):
             raise
     return archive.read_verified(where, record)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ctxkernel import CorruptionError, CtxKernelError, StoreError, check_blob_key
 
 if TYPE_CHECKING:
-    from ctxkernel import BlobInfo, Session, StrategyBlobs
+    from ctxkernel import BlobInfo, Context, StrategyBlobs
 
 T = TypeVar("T")
 
@@ -72,10 +72,10 @@ class Archive:
         self.blobs = blobs
 
     @classmethod
-    def of(cls, session: Session) -> Archive:
+    def of(cls, ctx: Context) -> Archive:
         from .strategy import STRATEGY
 
-        return cls(STRATEGY.on(session).blobs)
+        return cls(STRATEGY.on(ctx).blobs)
 
     def write(self, name: str, data: bytes) -> None:
         try:

@@ -12,7 +12,7 @@ from .registry import Registry
 from .settings import ChaptersSettings
 
 if TYPE_CHECKING:
-    from ctxkernel import Session
+    from ctxkernel import Context
 
 NAME = "chapters"
 SUGGEST_MARK = "[chapters: continuation available]"
@@ -24,8 +24,8 @@ STRATEGY = ctxkernel.Strategy(
 )
 
 
-def settings_of(session: Session) -> ChaptersSettings:
-    return STRATEGY.on(session).settings
+def settings_of(ctx: Context) -> ChaptersSettings:
+    return STRATEGY.on(ctx).settings
 
 
 # -- state, rebuilt from the log -----------------------------------------------------------------
@@ -36,10 +36,10 @@ STATE_VERSION = (
 )
 
 
-def state(session: Session) -> dict[str, Any]:
+def state(ctx: Context) -> dict[str, Any]:
     """The handle's state, brought up to date with the events appended since last time (opened
     from a session snapshot holding it: from there, so an open folds only the tail)."""
-    handle = STRATEGY.on(session)
+    handle = STRATEGY.on(ctx)
     st = handle.state
     if not st:
         st.update(
@@ -58,10 +58,10 @@ def state(session: Session) -> dict[str, Any]:
                 "plans": {},  # compaction id -> its committed plan (to render a lost file again)
             }
         )
-        restored = handle.restored(version=STATE_VERSION, load=lambda data: _from_snapshot(data, len(session.events)))
+        restored = handle.restored(version=STATE_VERSION, load=lambda data: _from_snapshot(data, len(ctx.events)))
         if restored is not None:
             st.update(restored)
-    events = session.events
+    events = ctx.events
     for event in events[st["cursor"] :]:
         t = event.type
         if t == "tool/result" and (event.surface or {}).get("op") == "append":
@@ -90,10 +90,10 @@ def state(session: Session) -> dict[str, Any]:
     return st
 
 
-def snapshot_state(session: Session) -> ctxkernel.StrategySnapshot:
+def snapshot_state(ctx: Context) -> ctxkernel.StrategySnapshot:
     """What the fold of the log derives (not this process's overflow streak, steward attempt or
     continuation), for the session's snapshot."""
-    st = state(session)
+    st = state(ctx)
     data = {
         "cursor": st["cursor"],
         "artifact_done": sorted(st["artifact_done"]),
@@ -104,7 +104,7 @@ def snapshot_state(session: Session) -> ctxkernel.StrategySnapshot:
         "committed_through": st["committed_through"],
         "plans": dict(st["plans"]),
     }
-    return STRATEGY.on(session).snapshot(data, version=STATE_VERSION)
+    return STRATEGY.on(ctx).snapshot(data, version=STATE_VERSION)
 
 
 def _from_snapshot(data: dict[str, Any], log_length: int) -> dict[str, Any]:
@@ -140,58 +140,58 @@ def _from_snapshot(data: dict[str, Any], log_length: int) -> dict[str, Any]:
     }
 
 
-def registry_of(session: Session) -> Registry:
+def registry_of(ctx: Context) -> Registry:
     """The lineage registry, on the strategy handle's key-value table, with the chapter numbers
     this process reserved (per lineage root) for the sessions of the same store."""
-    handle = STRATEGY.on(session)
+    handle = STRATEGY.on(ctx)
     reserved: dict[str, int] = handle.process_memory.setdefault("reserved", {})
     return Registry(handle, reserved)
 
 
-def archived_through(session: Session, registry: Registry | None = None, *, stored: int | None = None) -> int:
+def archived_through(ctx: Context, registry: Registry | None = None, *, stored: int | None = None) -> int:
     """The last log seq covered by this session's chapters (-1 when none): final records, and
     plans committed in the log whose files are not written yet. ``stored``: the registry's own
     figure when the caller has just read the session's registry state (saves a read)."""
     if stored is None:
-        stored = (registry or registry_of(session)).archived_through(session.id)
-    return max(stored, state(session)["committed_through"])
+        stored = (registry or registry_of(ctx)).archived_through(ctx.id)
+    return max(stored, state(ctx)["committed_through"])
 
 
-def own_records(session: Session, registry: Registry | None = None, *, mark: int | None = None) -> list[dict[str, Any]]:
+def own_records(ctx: Context, registry: Registry | None = None, *, mark: int | None = None) -> list[dict[str, Any]]:
     """This session's chapter records, read again only when its ``archived_through`` moved
     (every writer of its records moves it), so a compaction does not list the namespace.
     ``mark``: that stored ``archived_through`` when the caller has just read it."""
-    registry = registry or registry_of(session)
+    registry = registry or registry_of(ctx)
     if mark is None:
-        mark = registry.archived_through(session.id)
-    st = state(session)
+        mark = registry.archived_through(ctx.id)
+    st = state(ctx)
     cached = st.get("records")
     if cached is None or cached[0] != mark:
-        cached = st["records"] = (mark, registry.records(session.id))
+        cached = st["records"] = (mark, registry.records(ctx.id))
     return list(cached[1])
 
 
-def archive_ceiling(session: Session) -> int | None:
+def archive_ceiling(ctx: Context) -> int | None:
     """Seq of the last ``turn/end``: session creation archives at or below it, never mid-turn."""
-    for event in reversed(session.events):
+    for event in reversed(ctx.events):
         if event.type == "turn/end":
             return event.seq
     return None
 
 
-def text_bound(session: Session) -> toc.AtMost | None:
+def text_bound(ctx: Context) -> toc.AtMost | None:
     """:func:`toc.byte_bound` when the session's tokenizer is a byte-level BPE (the meter bounds a
     message by its bytes then), else None: a table of contents that fits by bytes is not counted."""
-    return toc.byte_bound if session.meter.message_at_most(ctxkernel.Message.user("")) is not None else None
+    return toc.byte_bound if ctx.meter.message_at_most(ctxkernel.Message.user("")) is not None else None
 
 
-def header_tokens(session: Session) -> int:
+def header_tokens(ctx: Context) -> int:
     """Tokens of the system prompt and tool schemas, from the last recorded request header."""
-    for event in reversed(session.events):
+    for event in reversed(ctx.events):
         if event.type == "request/header":
-            return session.meter.count_header(event.data["system"], event.data["tools"])
-    system = STRATEGY.on(session).base_system_prompt
-    return session.meter.count_header(system, session.tools.schemas() + list(session.harness_tools))
+            return ctx.meter.count_header(event.data["system"], event.data["tools"])
+    system = STRATEGY.on(ctx).base_system_prompt
+    return ctx.meter.count_header(system, ctx.tool_schemas())
 
 
 def is_chapters_toc(node: Any) -> bool:
@@ -199,10 +199,10 @@ def is_chapters_toc(node: Any) -> bool:
     return node.role == "user" and STRATEGY.owns(node.message.source) and toc.is_toc(node.message.text)
 
 
-def user_instructions(session: Session, start: int, end: int) -> list[str]:
+def user_instructions(ctx: Context, start: int, end: int) -> list[str]:
     """The user's own messages among events ``start..end`` (not plugin notices), in order."""
     out = []
-    for event in session.events[max(0, start) : end + 1]:
+    for event in ctx.events[max(0, start) : end + 1]:
         text = instruction_of(event)
         if text is not None:
             out.append(text)

@@ -26,7 +26,7 @@ from .settle import read_chapter, settle
 from .storage import Archive, ArchiveError, check_name
 
 if TYPE_CHECKING:
-    from ctxkernel import Session
+    from ctxkernel import Context
 
     from .settings import ChaptersSettings
 
@@ -173,21 +173,21 @@ class ChildPlan:
     budget: int
 
 
-def plan_child(session: Session, handoff_note: str, ranges: list[ChapterRange], *, origin: str) -> ChildPlan | str:
+def plan_child(ctx: Context, handoff_note: str, ranges: list[ChapterRange], *, origin: str) -> ChildPlan | str:
     """Check the ranges and the budget and render the chapters and the seed in memory.
 
     Returns the plan, or the reason for refusing. Writes nothing (the steward uses it as a dry run).
     """
-    settings: ChaptersSettings = chapters.settings_of(session)
-    registry = chapters.registry_of(session)
-    sstate = registry.ensure(session.id)
+    settings: ChaptersSettings = chapters.settings_of(ctx)
+    registry = chapters.registry_of(ctx)
+    sstate = registry.ensure(ctx.id)
     root = sstate["root"]
-    floor = chapters.archived_through(session, registry) + 1
-    ceiling = chapters.archive_ceiling(session)
+    floor = chapters.archived_through(ctx, registry) + 1
+    ceiling = chapters.archive_ceiling(ctx)
     problem = check_ranges(ranges, floor, ceiling)
     if problem:
         return problem
-    open_compaction = session.open_compaction
+    open_compaction = ctx.open_compaction
     if open_compaction is not None:
         return f"compaction {open_compaction['compaction_id']} is open since seq {open_compaction['seq']}"
     plans = [
@@ -195,36 +195,32 @@ def plan_child(session: Session, handoff_note: str, ranges: list[ChapterRange], 
             r.start_seq,
             r.end_seq,
             r.title.strip(),
-            r.summary.strip() or describe(session.events, r.start_seq, r.end_seq)[1],
+            r.summary.strip() or describe(ctx.events, r.start_seq, r.end_seq)[1],
             0,
         )
         for r in ranges
     ]
     tail = (
-        in_progress_range(session, max(floor, (-1 if ceiling is None else ceiling) + 1))
-        if origin == "continue"
-        else None
+        in_progress_range(ctx, max(floor, (-1 if ceiling is None else ceiling) + 1)) if origin == "continue" else None
     )
     if tail is not None:
-        plans += in_progress_plans(session, settings, *tail)
+        plans += in_progress_plans(ctx, settings, *tail)
     keep = frozenset(s for r in ranges for s in r.keep_inline)
     defer = frozenset(s for r in ranges for s in r.defer)
     # numbers are only peeked here: allocation happens once the preflight passed
     first = max(registry.next_number(root), registry.reserved.get(root, 1), sstate.get("next_chapter", 1))
     numbers = list(range(first, first + len(plans)))
-    prepared = archive.prepare(
-        session, settings, plans, numbers, root=root, status="final", keep=keep, force_defer=defer
-    )
+    prepared = archive.prepare(ctx, settings, plans, numbers, root=root, status="final", keep=keep, force_defer=defer)
     seed = Message.user(
-        _seed_toc(session, settings, registry, [p.record for p in prepared], handoff_note, floor, ceiling),
+        _seed_toc(ctx, settings, registry, [p.record for p in prepared], handoff_note, floor, ceiling),
         chapters.STRATEGY.source("snapshot"),
     )
     # budget preflight: a share of the window left after the system prompt and tool schemas
-    effective = session.model_settings().effective_window
-    head = chapters.header_tokens(session)
+    effective = ctx.model.effective_window
+    head = chapters.header_tokens(ctx)
     budget = int(settings.continuation_budget_ratio * max(0, effective - head))
-    toc_tokens = session.meter.count_message(seed)
-    handoff_tokens = session.meter.count_text(handoff_note)
+    toc_tokens = ctx.meter.count_message(seed)
+    handoff_tokens = ctx.meter.count_text(handoff_note)
     if toc_tokens > budget:
         return (
             f"the table of contents would cost {toc_tokens} tokens ({toc_tokens - handoff_tokens} for the chapter list, "
@@ -236,21 +232,21 @@ def plan_child(session: Session, handoff_note: str, ranges: list[ChapterRange], 
 
 
 def _create_child(
-    session: Session, args: ContinueArgs | ForkArgs, ranges: list[ChapterRange], *, origin: str
+    ctx: Context, args: ContinueArgs | ForkArgs, ranges: list[ChapterRange], *, origin: str
 ) -> ToolOutcome:
-    plan = plan_child(session, args.handoff_note, ranges, origin=origin)
+    plan = plan_child(ctx, args.handoff_note, ranges, origin=origin)
     if isinstance(plan, str):
         return ToolOutcome(f"chapters_{origin} refused: {plan}. Nothing was written.", is_error=True)
-    settings: ChaptersSettings = chapters.settings_of(session)
-    registry = settle(session)  # an in-place compaction's chapters first: they come before these
-    root = registry.root_of(session.id)
+    settings: ChaptersSettings = chapters.settings_of(ctx)
+    registry = settle(ctx)  # an in-place compaction's chapters first: they come before these
+    root = registry.root_of(ctx.id)
     prepared, seed = plan.prepared, plan.seed
     # write: chapter files, then the registry, then the child with its one seed event
     if plan.plans:
         allocated = registry.allocate(root, len(plan.plans))
         if allocated != plan.numbers:  # another writer took numbers since the peek: render again
             prepared = archive.prepare(
-                session,
+                ctx,
                 settings,
                 plan.plans,
                 allocated,
@@ -261,41 +257,37 @@ def _create_child(
             )
             seed = Message.user(
                 _seed_toc(
-                    session,
+                    ctx,
                     settings,
                     registry,
                     [p.record for p in prepared],
                     args.handoff_note,
-                    chapters.archived_through(session, registry) + 1,
-                    chapters.archive_ceiling(session),
+                    chapters.archived_through(ctx, registry) + 1,
+                    chapters.archive_ceiling(ctx),
                 ),
                 chapters.STRATEGY.source("snapshot"),
             )
     records = [p.record for p in prepared]
-    archive.publish(Archive.of(session), prepared)
+    archive.publish(Archive.of(ctx), prepared)
     child_id = uuid.uuid4().hex
     next_chapter = registry.next_number(root)
     for record in records:
-        registry.kv.kv_put(record_key(session.id, record["number"]), record)
-    sstate = registry.ensure(session.id)
+        registry.kv.kv_put(record_key(ctx.id, record["number"]), record)
+    sstate = registry.ensure(ctx.id)
     if records:
         sstate["archived_through"] = max([sstate.get("archived_through", -1), *(r["end_seq"] for r in records)])
     sstate["children"] = [*sstate.get("children", []), {"session": child_id, "origin": origin, "title": args.title}]
     sstate["next_chapter"] = next_chapter
-    registry.put(session.id, sstate)
+    registry.put(ctx.id, sstate)
     registry.put(
         child_id,
-        new_state(child_id, parent=session.id, root=root, origin=origin, next_chapter=next_chapter, title=args.title),
+        new_state(child_id, parent=ctx.id, root=root, origin=origin, next_chapter=next_chapter, title=args.title),
     )
     # no ``parent`` in the child's header: the registry is the sole authority on ancestry (seed 003)
-    child = chapters.STRATEGY.on(session).open_continuation(child_id, origin=origin)
-    child.add_message(seed)
-    # the model selection goes with the work (seed 003): same model, same window
-    chapters.STRATEGY.on(session).carry_route(child)
-    if session.harness_tools:
-        child.set_harness_tools(session.harness_tools)
-    chapters.state(session)["continued_in" if origin == "continue" else "forked"] = child_id
-    ceiling = chapters.archive_ceiling(session)
+    # the model selection goes with the work (seed 003): same model, same window (and the harness's tools)
+    chapters.STRATEGY.on(ctx).open_continuation(child_id, origin=origin, seed=seed)
+    chapters.state(ctx)["continued_in" if origin == "continue" else "forked"] = child_id
+    ceiling = chapters.archive_ceiling(ctx)
     top = -1 if ceiling is None else ceiling  # chapters past it hold the turn in progress
     result = {
         "session": child_id,
@@ -322,7 +314,7 @@ def _create_child(
 IN_PROGRESS_TITLE = "In progress at continuation"
 
 
-def in_progress_range(session: Session, start: int) -> tuple[int, int] | None:
+def in_progress_range(ctx: Context, start: int) -> tuple[int, int] | None:
     """Events ``start..end`` of the turn in progress that a continuation archives as the parent's
     last chapter, or None when they hold no message.
 
@@ -332,9 +324,9 @@ def in_progress_range(session: Session, start: int) -> tuple[int, int] | None:
     pairing rule holds: the chapter ends before the step in flight (the assistant message whose
     calls are still waiting, among them this very ``chapters_continue``), so every call in it has
     its results."""
-    events = session.events
+    events = ctx.events
     end = len(events) - 1
-    waiting = set(session.surface.pending_calls)
+    waiting = set(ctx.surface.pending_calls)
     if waiting:
         for event in reversed(events):
             if event.type == "assistant/message" and (event.surface or {}).get("op") == "append":
@@ -348,10 +340,10 @@ def in_progress_range(session: Session, start: int) -> tuple[int, int] | None:
     return start, end
 
 
-def in_progress_plans(session: Session, settings: ChaptersSettings, start: int, end: int) -> list[ChapterPlan]:
+def in_progress_plans(ctx: Context, settings: ChaptersSettings, start: int, end: int) -> list[ChapterPlan]:
     """The turn in progress segmented like any range (cut only after a completed step), each
     chapter titled as partial."""
-    plans = propose_for(session, settings, start, end)
+    plans = propose_for(ctx, settings, start, end)
     return [
         replace(p, title=f"{IN_PROGRESS_TITLE}: {p.title}"[:120], summary=f"turn in progress, partial; {p.summary}")
         for p in plans
@@ -359,7 +351,7 @@ def in_progress_plans(session: Session, settings: ChaptersSettings, start: int, 
 
 
 def _seed_toc(
-    session: Session,
+    ctx: Context,
     settings: ChaptersSettings,
     registry: Registry,
     records: list[dict[str, Any]],
@@ -369,9 +361,9 @@ def _seed_toc(
 ) -> str:
     """Every chapter of the lineage (ancestors' from this session's own tables of contents and the
     registry), this session's carried prose, and the handoff note."""
-    previous = [n.message.text for n in session.surface.nodes if chapters.is_chapters_toc(n)]
-    lineage, refused = archive.verified(Archive.of(session), registry.lineage_records(session.id))
-    instructions = chapters.user_instructions(session, floor, -1 if ceiling is None else ceiling)
+    previous = [n.message.text for n in ctx.surface.nodes if chapters.is_chapters_toc(n)]
+    lineage, refused = archive.verified(Archive.of(ctx), registry.lineage_records(ctx.id))
+    instructions = chapters.user_instructions(ctx, floor, -1 if ceiling is None else ceiling)
     merged = toc.merged(previous, [*lineage, *records], archive.archive_label(settings), instructions=instructions)
     for record, reason in refused:  # reported in the table of contents, never cited
         merged.bullets.pop(f"{archive.archive_label(settings)}/{record['path']}", None)
@@ -379,41 +371,41 @@ def _seed_toc(
     text, _ = toc.render(
         merged,
         handoff=handoff,
-        count=session.meter.count_text,
+        count=ctx.meter.count_text,
         bullet_budget=settings.toc_bullet_budget_tokens,
         instruction_budget=settings.toc_instruction_budget_tokens,
-        at_most=chapters.text_bound(session),
+        at_most=chapters.text_bound(ctx),
     )
     return text
 
 
-def chapters_continue(session: Session, args: ContinueArgs) -> ToolOutcome:
-    return _create_child(session, args, args.chapters, origin="continue")
+def chapters_continue(ctx: Context, args: ContinueArgs) -> ToolOutcome:
+    return _create_child(ctx, args, args.chapters, origin="continue")
 
 
-def chapters_fork(session: Session, args: ForkArgs) -> ToolOutcome:
-    return _create_child(session, args, default_ranges(session), origin="fork")
+def chapters_fork(ctx: Context, args: ForkArgs) -> ToolOutcome:
+    return _create_child(ctx, args, default_ranges(ctx), origin="fork")
 
 
-def default_ranges(session: Session) -> list[ChapterRange]:
+def default_ranges(ctx: Context) -> list[ChapterRange]:
     """The deterministic segmentation of everything archivable, as tool arguments."""
-    settings: ChaptersSettings = chapters.settings_of(session)
-    floor = chapters.archived_through(session) + 1
-    ceiling = chapters.archive_ceiling(session)
+    settings: ChaptersSettings = chapters.settings_of(ctx)
+    floor = chapters.archived_through(ctx) + 1
+    ceiling = chapters.archive_ceiling(ctx)
     if ceiling is None or ceiling < floor:
         return []
-    plans = propose_for(session, settings, floor, ceiling)
+    plans = propose_for(ctx, settings, floor, ceiling)
     return [ChapterRange(start_seq=p.start_seq, end_seq=p.end_seq, title=p.title, summary=p.summary) for p in plans]
 
 
-def deterministic_continuation(session: Session, settings: ChaptersSettings) -> dict[str, Any] | None:
+def deterministic_continuation(ctx: Context, settings: ChaptersSettings) -> dict[str, Any] | None:
     """Arguments a steward passes to ``chapters_continue``: segmentation ranges and a handoff note
     quoting the in-flight turn's request and latest progress. None when nothing can be archived."""
-    ceiling = chapters.archive_ceiling(session)
+    ceiling = chapters.archive_ceiling(ctx)
     if ceiling is None:
         return None
-    ranges = default_ranges(session)
-    events = session.events[ceiling + 1 :]
+    ranges = default_ranges(ctx)
+    events = ctx.events[ceiling + 1 :]
     asked = ""
     latest = ""
     for event in events:
@@ -424,11 +416,11 @@ def deterministic_continuation(session: Session, settings: ChaptersSettings) -> 
             elif event.type == "assistant/message" and message.text.strip():
                 latest = message.text.strip()
     if not asked:  # between turns: the last completed turn's request is the context
-        title, summary = describe(session.events, max(0, ceiling - 40), ceiling)
+        title, summary = describe(ctx.events, max(0, ceiling - 40), ceiling)
         asked = summary
     budget_chars = 2_000
     note = f"In progress: {asked[:budget_chars]}"
-    history = chapters.STRATEGY.on(session).history()  # the task state (goal, todos), seed 001's host state
+    history = chapters.STRATEGY.on(ctx).history()  # the task state (goal, todos), seed 001's host state
     goal = history.goal_text()
     todos = [f"- [{t.status}] {t.text[:200]}" for t in history.checklist() if t.open][:20]
     if goal and goal.strip() != asked:
@@ -437,29 +429,29 @@ def deterministic_continuation(session: Session, settings: ChaptersSettings) -> 
         note += "\nOpen todos:\n" + "\n".join(todos)
     if latest:
         note += f"\nLatest progress: {latest[-budget_chars:]}"
-    note += f"\nThe turn in progress (after seq {ceiling} of session {session.id}) is archived as its last chapter."
-    if isinstance(plan_child(session, note, ranges, origin="continue"), str):
+    note += f"\nThe turn in progress (after seq {ceiling} of ctx {ctx.id}) is archived as its last chapter."
+    if isinstance(plan_child(ctx, note, ranges, origin="continue"), str):
         return None  # it would be refused (e.g. over budget): the in-place archive acts instead
     return {
-        "title": f"Continuation of {session.id[:12]}",
+        "title": f"Continuation of {ctx.id[:12]}",
         "handoff_note": note,
         "chapters": [r.model_dump() for r in ranges],
     }
 
 
 # -- reading --------------------------------------------------------------------------------------
-def chapters_read(session: Session, args: ReadArgs) -> ToolOutcome:
-    settings: ChaptersSettings = chapters.settings_of(session)
-    registry = settle(session)
-    record = registry.find(session.id, args.chapter.strip())
+def chapters_read(ctx: Context, args: ReadArgs) -> ToolOutcome:
+    settings: ChaptersSettings = chapters.settings_of(ctx)
+    registry = settle(ctx)
+    record = registry.find(ctx.id, args.chapter.strip())
     if record is None:
-        known = [r["id"] for r in registry.lineage_records(session.id)]
+        known = [r["id"] for r in registry.lineage_records(ctx.id)]
         return ToolOutcome(
             f"chapters_read: no chapter {args.chapter!r} in this session's lineage; chapters: {known[:50]}",
             is_error=True,
         )
     try:
-        chapter = read_chapter(session, record)
+        chapter = read_chapter(ctx, record)
     except ArchiveError as exc:
         return ToolOutcome(f"chapters_read refused: {exc}", is_error=True)
     lines = chapter.body.splitlines()
@@ -478,14 +470,14 @@ def chapters_read(session: Session, args: ReadArgs) -> ToolOutcome:
     return ToolOutcome(head + "\n".join(chunk) + tail)
 
 
-def chapters_search(session: Session, args: SearchArgs) -> ToolOutcome:
-    where = Archive.of(session)
+def chapters_search(ctx: Context, args: SearchArgs) -> ToolOutcome:
+    where = Archive.of(ctx)
     needle = args.query.lower()
     hits: list[str] = []
     refused: list[str] = []
-    for record in settle(session).lineage_records(session.id):
+    for record in settle(ctx).lineage_records(ctx.id):
         try:
-            chapter = read_chapter(session, record, where)
+            chapter = read_chapter(ctx, record, where)
         except ArchiveError as exc:
             refused.append(f"{record['id']}: {exc}")
             continue
@@ -507,10 +499,10 @@ def chapters_search(session: Session, args: SearchArgs) -> ToolOutcome:
     return ToolOutcome("\n".join(out))
 
 
-def chapters_artifact(session: Session, args: ArtifactArgs) -> ToolOutcome:
-    settings: ChaptersSettings = chapters.settings_of(session)
-    where = Archive.of(session)
-    root = settle(session).root_of(session.id)
+def chapters_artifact(ctx: Context, args: ArtifactArgs) -> ToolOutcome:
+    settings: ChaptersSettings = chapters.settings_of(ctx)
+    where = Archive.of(ctx)
+    root = settle(ctx).root_of(ctx.id)
     if args.artifact is None:
         if args.op != "toc":
             return ToolOutcome(f"chapters_artifact: op {args.op!r} needs an artifact handle", is_error=True)

@@ -23,7 +23,7 @@ from .strategy import snapshot_state as position_snapshot
 from .tools import compressible_range, describe_compressible, protected_start, tools_for
 
 if TYPE_CHECKING:
-    from ctxkernel import CommitResult, ManualCompaction, ReplyDraft, Request, Session, StepContext
+    from ctxkernel import CommitResult, Context, ManualCompaction, ReplyDraft, Request, StepContext
 
 log = get_logger("ctxkernel.decay")
 
@@ -34,7 +34,7 @@ def register_strategy(register: Any) -> None:
 
 
 # -- hooks -------------------------------------------------------------------------------------------
-def check_host_seam(session: Session) -> None:
+def check_host_seam(ctx: Context) -> None:
     """Anchors need the kernel's presentation seam: decorations applied to the request and
     counted by the meter. Without it the model would see undecorated messages whose anchors it
     could never name, so activation fails loudly instead."""
@@ -52,36 +52,36 @@ def check_host_seam(session: Session) -> None:
 
 
 @ctxkernel.hookimpl
-def session_opened(session: Session) -> None:
-    check_host_seam(session)
-    STRATEGY.on(session).state.clear()
-    current_state(session)
+def session_opened(ctx: Context) -> None:
+    check_host_seam(ctx)
+    STRATEGY.on(ctx).state.clear()
+    current_state(ctx)
 
 
 @ctxkernel.hookimpl
-def snapshot_state(session: Session) -> ctxkernel.StrategySnapshot | None:
-    return position_snapshot(session)
+def snapshot_state(ctx: Context) -> ctxkernel.StrategySnapshot | None:
+    return position_snapshot(ctx)
 
 
 @ctxkernel.hookimpl
-def register_tools(register: Any, session: Session) -> None:
-    for tool in tools_for(session):
+def register_tools(register: Any, ctx: Context) -> None:
+    for tool in tools_for(ctx):
         register(tool)
 
 
 @ctxkernel.hookimpl
-def pre_step(session: Session, step: StepContext) -> None:
-    decay = STRATEGY.on(session)
+def pre_step(ctx: Context, step: StepContext) -> None:
+    decay = STRATEGY.on(ctx)
     if decay.route is None:
         return  # the first request of a fresh session has no routed window to measure against
     settings = decay.settings
-    state = current_state(session)
+    state = current_state(ctx)
     pressure = decay.pressure()
     if state.last_compaction_seq > state.baseline_seq and pressure.tokens < state.baseline:
         # a compression lowered pressure: growth is measured from here on
         rearm = [0] + [i + 1 for i, r in enumerate(settings.warn_ratios) if pressure.ratio < r]
         decay.emit("baseline", {"tokens": pressure.tokens, "ratio": round(pressure.ratio, 4), "rearm": rearm})
-        state = current_state(session)
+        state = current_state(ctx)
     level = sum(1 for r in settings.warn_ratios if pressure.ratio >= r)
     grew = pressure.tokens - state.baseline
     fire = None
@@ -91,13 +91,13 @@ def pre_step(session: Session, step: StepContext) -> None:
         fire = 0
     if fire is None:
         return
-    protect = protected_start(session, planning=True)
-    if compressible_range(state, session, protect) is None:
+    protect = protected_start(ctx, planning=True)
+    if compressible_range(state, ctx, protect) is None:
         # everything on the surface is the current turn, which is never compressed: a reminder
         # would ask for a call that can only be refused (the request guard protects the window)
         return
     decay.emit("reminder", {"level": fire, "tokens": pressure.tokens, "ratio": round(pressure.ratio, 4), "grew": grew})
-    where = describe_compressible(state, session, protect)
+    where = describe_compressible(state, ctx, protect)
     decay.remind(step, reminder_text(fire, pressure, grew, settings, where))
 
 
@@ -122,11 +122,11 @@ def reminder_text(level: int, pressure: ctxkernel.Pressure, grew: int, settings:
 
 
 @ctxkernel.hookimpl
-def decorate_request(session: Session, request: Request) -> None:
-    state = current_state(session)
+def decorate_request(ctx: Context, request: Request) -> None:
+    state = current_state(ctx)
     # decorated copies are reused while a node keeps its anchors: a request costs O(surface)
     # lookups, and only new or re-anchored nodes are rebuilt
-    cache: dict[int, tuple[int, int | None, ctxkernel.Message | None]] = STRATEGY.on(session).state.setdefault(
+    cache: dict[int, tuple[int, int | None, ctxkernel.Message | None]] = STRATEGY.on(ctx).state.setdefault(
         "decorated", {}
     )
     if len(cache) > 2 * len(request.seqs) + 64:
@@ -149,9 +149,9 @@ def decorate_request(session: Session, request: Request) -> None:
             cache[seq] = hit
         if hit[2] is not None:
             request.decorate(index, hit[2])
-    if settings_of(session).audit:
+    if settings_of(ctx).audit:
         audit(
-            session,
+            ctx,
             {
                 "kind": "request",
                 "turn": request.turn,
@@ -165,17 +165,17 @@ def decorate_request(session: Session, request: Request) -> None:
 
 
 @ctxkernel.hookimpl
-def compact_now(session: Session, request: ManualCompaction) -> ctxkernel.ManualOutcome | None:
+def compact_now(ctx: Context, request: ManualCompaction) -> ctxkernel.ManualOutcome | None:
     """The seed's manual ``/compact``: a checkpoint summary of everything before the current turn.
     Replay treats it as ordinary history, not as a decay block (seed §5: an emergency fallback)."""
     if request.action != "compact":
         return None
-    nodes = session.surface.nodes
-    cut = balanced_cut_at_or_before(session.surface, protected_start(session))
+    nodes = ctx.surface.nodes
+    cut = balanced_cut_at_or_before(ctx.surface, protected_start(ctx))
     if cut < 2:
         return ctxkernel.ManualOutcome(False, "nothing before the current turn to compact")
     try:
-        result = STRATEGY.on(session).compact(
+        result = STRATEGY.on(ctx).compact(
             Span(nodes[0].seq, nodes[cut - 1].seq), kind=CHECKPOINT_KIND, data={"reason": "manual"}
         )
     except CompactionError as exc:
@@ -184,19 +184,19 @@ def compact_now(session: Session, request: ManualCompaction) -> ctxkernel.Manual
 
 
 @ctxkernel.hookimpl
-def sanitize_reply(session: Session, reply: ReplyDraft) -> None:
+def sanitize_reply(ctx: Context, reply: ReplyDraft) -> None:
     reply.message = sanitize_assistant(reply.message)
 
 
 @ctxkernel.hookimpl
-def commit(session: Session, result: CommitResult) -> None:
-    state = current_state(session)
+def commit(ctx: Context, result: CommitResult) -> None:
+    state = current_state(ctx)
     if result.strategy != NAME:
         return
-    if settings_of(session).audit:
+    if settings_of(ctx).audit:
         blocks = [state.blocks[s.replacement_seq] for s in result.spans if s.replacement_seq in state.blocks]
         audit(
-            session,
+            ctx,
             {
                 "kind": result.kind,
                 "compaction_id": result.compaction_id,
@@ -212,29 +212,29 @@ def commit(session: Session, result: CommitResult) -> None:
 AUDIT_PREFIX = "audit"
 
 
-def audit(session: Session, record: dict[str, Any]) -> None:
+def audit(ctx: Context, record: dict[str, Any]) -> None:
     """Store one audit record in the strategy's blobs (one small blob each, so a record costs one
     write whatever the audit's length); never part of the model's context. ``ctxkernel export``
     writes a session's records as ``decay/audit.jsonl``. A failed write is logged, never raised
     into the harness: the audit is optional."""
-    line = orjson.dumps({"time": _now(), "session": session.id, **record}) + b"\n"
-    key = f"{AUDIT_PREFIX}/{session.id}/{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.json"
+    line = orjson.dumps({"time": _now(), "session": ctx.id, **record}) + b"\n"
+    key = f"{AUDIT_PREFIX}/{ctx.id}/{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.json"
     try:
-        STRATEGY.on(session).blobs.put(key, line)
+        STRATEGY.on(ctx).blobs.put(key, line)
     except StoreError as exc:
-        log.warning("decay audit record not written", session=session.id, error=str(exc))
+        log.warning("decay audit record not written", session=ctx.id, error=str(exc))
 
 
-def audit_jsonl(session: Session) -> bytes:
+def audit_jsonl(ctx: Context) -> bytes:
     """The session's audit records in order, one JSON line each (empty when there are none)."""
-    blobs = STRATEGY.on(session).blobs
-    return b"".join(blobs.get(info.key) or b"" for info in blobs.list(f"{AUDIT_PREFIX}/{session.id}/"))
+    blobs = STRATEGY.on(ctx).blobs
+    return b"".join(blobs.get(info.key) or b"" for info in blobs.list(f"{AUDIT_PREFIX}/{ctx.id}/"))
 
 
 @ctxkernel.hookimpl
-def export_files(session: Session) -> dict[str, bytes] | None:
+def export_files(ctx: Context) -> dict[str, bytes] | None:
     """``decay/audit.jsonl``: the session's audit records, as the seed lays the audit out."""
-    data = audit_jsonl(session)
+    data = audit_jsonl(ctx)
     return {f"{NAME}/audit.jsonl": data} if data else None
 
 
@@ -245,12 +245,12 @@ def _now() -> str:
 
 
 @ctxkernel.hookimpl
-def project(session: Session) -> dict[str, Any]:
-    state = current_state(session)
-    pressure = session.pressure()
-    meter = session.meter
+def project(ctx: Context) -> dict[str, Any]:
+    state = current_state(ctx)
+    pressure = ctx.pressure()
+    meter = ctx.meter
     positions = []
-    for node in reversed(session.surface.nodes):  # newest at the top
+    for node in reversed(ctx.surface.nodes):  # newest at the top
         left = state.anchor_of.get(node.seq)
         block = state.blocks.get(node.seq)
         positions.append(
@@ -266,7 +266,7 @@ def project(session: Session) -> dict[str, Any]:
         )
     blocks = []
     for seq, block in state.blocks.items():
-        block_node = session.surface.node(seq)
+        block_node = ctx.surface.node(seq)
         blocks.append(
             {
                 "seq": seq,
@@ -298,8 +298,8 @@ def project(session: Session) -> dict[str, Any]:
 
 
 @ctxkernel.hookimpl
-def steward_actions(session: Session, request: Request) -> list[dict[str, Any]] | None:
-    return steward.actions(session, request)
+def steward_actions(ctx: Context, request: Request) -> list[dict[str, Any]] | None:
+    return steward.actions(ctx, request)
 
 
 @ctxkernel.hookimpl

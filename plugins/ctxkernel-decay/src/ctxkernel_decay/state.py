@@ -6,7 +6,7 @@ list and newer nodes reuse them, smallest first. A block keeps the ids of the tw
 range it replaced (``left`` and ``right``); ``right`` is ``None`` when the range held a single
 anchored node.
 
-Everything here is derived from ``session.events`` alone, in log order, so a restart or a second
+Everything here is derived from ``ctx.events`` alone, in log order, so a restart or a second
 process folds the same log into the same state. Anchors are never read from message text.
 """
 

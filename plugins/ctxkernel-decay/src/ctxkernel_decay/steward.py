@@ -20,7 +20,7 @@ from .strategy import STRATEGY, current_state, settings_of
 from .tools import protected_start
 
 if TYPE_CHECKING:
-    from ctxkernel import Message, Request, Session
+    from ctxkernel import Context, Message, Request
 
     from .state import DecayState
     from .strategy import DecaySettings
@@ -69,20 +69,20 @@ def extractive_summary(messages: list[Message], state_summaries: list[str], max_
     return clip("\n".join(lines), max_chars) or "(nothing worth keeping)"
 
 
-def plan_spans(session: Session, state: DecayState, settings: DecaySettings, need_tokens: int) -> list[dict[str, Any]]:
+def plan_spans(ctx: Context, state: DecayState, settings: DecaySettings, need_tokens: int) -> list[dict[str, Any]]:
     """One span from the oldest compressible node, long enough to save ``need_tokens``; never
     into the current turn (its instruction and every step since stay, seed §7)."""
-    limit = protected_start(session, planning=not session.surface.pending_calls)
-    return _plan_span(session, state, settings, need_tokens, limit)
+    limit = protected_start(ctx, planning=not ctx.surface.pending_calls)
+    return _plan_span(ctx, state, settings, need_tokens, limit)
 
 
 def _plan_span(
-    session: Session, state: DecayState, settings: DecaySettings, need_tokens: int, limit: int
+    ctx: Context, state: DecayState, settings: DecaySettings, need_tokens: int, limit: int
 ) -> list[dict[str, Any]]:
     """One span within surface positions ``0..limit-1``."""
-    nodes = session.surface.nodes
-    surface = session.surface
-    meter = session.meter
+    nodes = ctx.surface.nodes
+    surface = ctx.surface
+    meter = ctx.meter
     start = next((i for i in range(limit) if nodes[i].seq in state.anchor_of and surface.is_balanced_cut(i)), None)
     if start is None:
         return []
@@ -111,7 +111,7 @@ def _plan_span(
     # ~4 characters a token: at most a quarter of the span, and at most a tenth of the room the
     # request header leaves in the window, so merged blocks stay small when the window is tight
     # (the summary is paid twice: in the call's arguments and in the block)
-    pressure = session.pressure()
+    pressure = ctx.pressure()
     header = pressure.tokens - meter.surface_tokens()
     room = max(0, pressure.effective_window - header)
     max_chars = max(80, min(settings.summary_max_chars, tokens, int(4 * 0.1 * room)))
@@ -129,10 +129,10 @@ def _plan_span(
     ]
 
 
-def actions(session: Session, request: Request) -> list[dict[str, Any]] | None:
+def actions(ctx: Context, request: Request) -> list[dict[str, Any]] | None:
 
-    state = current_state(session)
-    holder = STRATEGY.on(session).state
+    state = current_state(ctx)
+    holder = STRATEGY.on(ctx).state
     newest = None
     for seq, message in zip(request.seqs, request.messages, strict=True):
         src = message.source
@@ -141,12 +141,12 @@ def actions(session: Session, request: Request) -> list[dict[str, Any]] | None:
     if newest is None or newest <= holder.get("steward_seen", -1) or newest < state.last_compaction_seq:
         return None
     holder["steward_seen"] = newest
-    settings = settings_of(session)
+    settings = settings_of(ctx)
     pressure = request.pressure
     need = max(
         pressure.tokens - int(settings.steward_target_ratio * pressure.effective_window), settings.growth_tokens // 2
     )
-    spans = plan_spans(session, state, settings, need)
+    spans = plan_spans(ctx, state, settings, need)
     if not spans:
         return None
     return [{"name": "compress", "arguments": {"spans": spans}}]

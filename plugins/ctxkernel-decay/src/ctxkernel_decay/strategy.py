@@ -19,7 +19,7 @@ import ctxkernel
 from .state import NAME, DecayState, replay
 
 if TYPE_CHECKING:
-    from ctxkernel import Session
+    from ctxkernel import Context
 
 log = ctxkernel.get_logger("ctxkernel.decay")
 #: the format of the position state in session snapshots (:meth:`DecayState.to_dict`): bump it
@@ -77,46 +77,46 @@ STRATEGY = ctxkernel.Strategy(
 )
 
 
-def settings_of(session: Session) -> DecaySettings:
-    return STRATEGY.on(session).settings
+def settings_of(ctx: Context) -> DecaySettings:
+    return STRATEGY.on(ctx).settings
 
 
 # -- state -------------------------------------------------------------------------------------------
-def current_state(session: Session) -> DecayState:
+def current_state(ctx: Context) -> DecayState:
     """The position state, folded up to the session's last event."""
-    holder = STRATEGY.on(session).state
+    holder = STRATEGY.on(ctx).state
     if "state" not in holder:
-        load_state(session)
+        load_state(ctx)
     state: DecayState = holder["state"]
-    if state.cursor > len(session.events):  # our log view went backwards: never trust it
+    if state.cursor > len(ctx.events):  # our log view went backwards: never trust it
         holder.clear()
-        holder.update(state=replay(session.events), source="replay (state ahead of log)")
+        holder.update(state=replay(ctx.events), source="replay (state ahead of log)")
         state = holder["state"]
-    state.fold(session.events)
+    state.fold(ctx.events)
     return state
 
 
-def load_state(session: Session) -> dict[str, Any]:
+def load_state(ctx: Context) -> dict[str, Any]:
     """From the session's snapshot when it was opened from one holding this state (then only the
     events after it are folded), else from the start of the log."""
-    decay = STRATEGY.on(session)
-    state = decay.restored(version=STATE_VERSION, load=lambda data: _from_snapshot(data, session.events))
+    decay = STRATEGY.on(ctx)
+    state = decay.restored(version=STATE_VERSION, load=lambda data: _from_snapshot(data, ctx.events))
     holder = decay.state
     holder.clear()
     holder.update(state=state or DecayState(), source="replay" if state is None else "snapshot")
     return holder
 
 
-def snapshot_state(session: Session) -> ctxkernel.StrategySnapshot | None:
+def snapshot_state(ctx: Context) -> ctxkernel.StrategySnapshot | None:
     """The position state folded to the end of the log, for the session's snapshot."""
-    if not _snapshots_on(session):
+    if not _snapshots_on(ctx):
         return None
-    return STRATEGY.on(session).snapshot(current_state(session).to_dict(), version=STATE_VERSION)
+    return STRATEGY.on(ctx).snapshot(current_state(ctx).to_dict(), version=STATE_VERSION)
 
 
-def _snapshots_on(session: Session) -> bool:
+def _snapshots_on(ctx: Context) -> bool:
     try:
-        return settings_of(session).snapshot
+        return settings_of(ctx).snapshot
     except ctxkernel.CtxKernelError:  # settings are reported where they are used; a snapshot is optional
         return False
 

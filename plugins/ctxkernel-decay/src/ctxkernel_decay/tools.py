@@ -21,7 +21,7 @@ from .state import BLOCK_FORM
 from .strategy import STRATEGY, current_state, settings_of
 
 if TYPE_CHECKING:
-    from ctxkernel import Session
+    from ctxkernel import Context
 
     from .state import DecayState
     from .strategy import DecaySettings
@@ -99,7 +99,7 @@ class Planned:
     clipped: bool = False
 
 
-def protected_start(session: Session, *, planning: bool = False) -> int:
+def protected_start(ctx: Context, *, planning: bool = False) -> int:
     """Surface position where the current turn begins; nothing from there on is compressed
     (seed §7). While a turn is open that is the first node holding anything of it: its user
     instruction, every step since, and a foreign compaction (the guard's ``basic`` summary) that
@@ -107,7 +107,7 @@ def protected_start(session: Session, *, planning: bool = False) -> int:
     compressible). Otherwise, the assistant turn in progress (the newest assistant message; when
     ``planning`` a call that is not yet appended) plus the user-authored message(s) right before
     it that it answers."""
-    nodes = session.surface.nodes
+    nodes = ctx.surface.nodes
     start = len(nodes)
     if not planning:
         for i in range(len(nodes) - 1, -1, -1):
@@ -116,23 +116,23 @@ def protected_start(session: Session, *, planning: bool = False) -> int:
                 break
     while start > 0 and nodes[start - 1].role == "user" and nodes[start - 1].message.source.kind == "user":
         start -= 1
-    if session.turn_open:
-        start = min(start, open_turn_start(session))
+    if ctx.turn_open:
+        start = min(start, open_turn_start(ctx))
     return start
 
 
-def open_turn_start(session: Session) -> int:
+def open_turn_start(ctx: Context) -> int:
     """First surface position whose node holds content of the open turn: a message appended
     since its ``turn/start``, or a replacement (written since then) of anything that does. The
     turn's own appends are the surface's tail; a replacement of part of them may sit anywhere
     before it."""
-    events = session.events
-    holder = STRATEGY.on(session).state
+    events = ctx.events
+    holder = STRATEGY.on(ctx).state
     # [turn, turn/start seq, {replacement seq: holds the open turn}]: one backward scan per turn
     found: list[Any] | None = holder.get("open_turn")
-    if found is None or found[0] != session.turn:
+    if found is None or found[0] != ctx.turn:
         turn_start = next((e.seq for e in reversed(events) if e.type == TURN_START), -1)
-        found = holder["open_turn"] = [session.turn, turn_start, {}]
+        found = holder["open_turn"] = [ctx.turn, turn_start, {}]
     turn_start, memo = found[1], found[2]
 
     def holds(seq: int) -> bool:
@@ -144,7 +144,7 @@ def open_turn_start(session: Session) -> int:
         result: bool = memo[seq]
         return result
 
-    nodes = session.surface.nodes
+    nodes = ctx.surface.nodes
     for i, node in enumerate(nodes):
         seq = node.seq
         if seq > turn_start and holds(seq):  # a node written before the turn opened holds none of it
@@ -152,10 +152,10 @@ def open_turn_start(session: Session) -> int:
     return len(nodes)
 
 
-def compressible_range(state: DecayState, session: Session, protect: int) -> tuple[int, int] | None:
+def compressible_range(state: DecayState, ctx: Context, protect: int) -> tuple[int, int] | None:
     """The first and last anchors a span may name: the anchored nodes before ``protect`` (the
     last one's right edge when it is a block). None when nothing before the turn is anchored."""
-    nodes = session.surface.nodes[:protect]
+    nodes = ctx.surface.nodes[:protect]
     first = next((state.anchor_of[n.seq] for n in nodes if n.seq in state.anchor_of), None)
     last_node = next((n for n in reversed(nodes) if n.seq in state.anchor_of), None)
     if first is None or last_node is None:
@@ -163,28 +163,28 @@ def compressible_range(state: DecayState, session: Session, protect: int) -> tup
     return first, state.right_of(last_node.seq) or state.anchor_of[last_node.seq]
 
 
-def describe_compressible(state: DecayState, session: Session, protect: int) -> str:
+def describe_compressible(state: DecayState, ctx: Context, protect: int) -> str:
     """The accepted range in words, for refusals and reminders."""
-    span = compressible_range(state, session, protect)
-    turn = first_anchor_at_or_after(state, session, protect)
+    span = compressible_range(state, ctx, protect)
+    turn = first_anchor_at_or_after(state, ctx, protect)
     kept = f"the current turn (from {fmt(turn)}) stays verbatim" if turn else "the current turn stays verbatim"
     if span is None:
         return f"nothing before the current turn is left to compress; {kept}"
     return f"compressible: {fmt(span[0])} through {fmt(span[1])}; {kept}"
 
 
-def first_anchor_at_or_after(state: DecayState, session: Session, position: int) -> int | None:
-    for node in session.surface.nodes[position:]:
+def first_anchor_at_or_after(state: DecayState, ctx: Context, position: int) -> int | None:
+    for node in ctx.surface.nodes[position:]:
         pid = state.anchor_of.get(node.seq)
         if pid is not None:
             return pid
     return None
 
 
-def describe_group(state: DecayState, session: Session, cut: int) -> str:
+def describe_group(state: DecayState, ctx: Context, cut: int) -> str:
     """Name the tool-call group an unbalanced cut falls into, by its edge anchors."""
-    nodes = session.surface.nodes
-    surface = session.surface
+    nodes = ctx.surface.nodes
+    surface = ctx.surface
     node = nodes[cut] if cut < len(nodes) else nodes[-1]
     owner_seq = None
     if node.role == "tool":
@@ -221,15 +221,15 @@ def describe_group(state: DecayState, session: Session, cut: int) -> str:
     return f"the tool-call group ({names}) that {begin}; {end}{hint}"
 
 
-def _resolve(state: DecayState, session: Session, value: object, what: str, index: int) -> int:
+def _resolve(state: DecayState, ctx: Context, value: object, what: str, index: int) -> int:
     """Surface position of the node an anchor argument names (by identity)."""
-    visible = lambda: describe_visible(state, session.surface.seqs())  # noqa: E731
+    visible = lambda: describe_visible(state, ctx.surface.seqs())  # noqa: E731
     pid = parse_anchor(value)
     if pid is None:
         msg = f'span {index} `{what}` = {value!r} is not an anchor; write it as "⟦p12⟧", "p12" or 12. Visible anchors: {visible()}'
         raise Refusal(msg)
     seq = state.resolve(pid)
-    position = session.surface.position(seq) if seq is not None else None
+    position = ctx.surface.position(seq) if seq is not None else None
     if position is None:
         msg = (
             f"span {index} `{what}` {fmt(pid)} is stale or unknown (it is not on the current context); "
@@ -239,13 +239,13 @@ def _resolve(state: DecayState, session: Session, value: object, what: str, inde
     return position
 
 
-def plan_compress(session: Session, state: DecayState, settings: DecaySettings, args: CompressArgs) -> list[Planned]:
+def plan_compress(ctx: Context, state: DecayState, settings: DecaySettings, args: CompressArgs) -> list[Planned]:
     """Validate a compress call; returns the spans to commit or raises :class:`Refusal`."""
     if not 1 <= len(args.spans) <= settings.max_spans:
         msg = f"compress takes 1 to {settings.max_spans} spans, got {len(args.spans)}; merge neighbouring spans"
         raise Refusal(msg)
-    protect = protected_start(session)
-    first_protected = first_anchor_at_or_after(state, session, protect)
+    protect = protected_start(ctx)
+    first_protected = first_anchor_at_or_after(state, ctx, protect)
     planned: list[Planned] = []
     for i, span in enumerate(args.spans):
         summary = strip_anchors(span.summary)
@@ -258,8 +258,8 @@ def plan_compress(session: Session, state: DecayState, settings: DecaySettings, 
             )
             raise Refusal(msg)
         topic = header_topic(span.topic)[: settings.topic_max_chars] if span.topic else None
-        start = _resolve(state, session, span.from_, "from", i)
-        end = _resolve(state, session, span.to, "to", i)
+        start = _resolve(state, ctx, span.from_, "from", i)
+        end = _resolve(state, ctx, span.to, "to", i)
         if start > end:
             msg = (
                 f"span {i}: `from` {fmt(parse_anchor(span.from_))} comes after `to` {fmt(parse_anchor(span.to))} "  # type: ignore[arg-type]
@@ -276,13 +276,13 @@ def plan_compress(session: Session, state: DecayState, settings: DecaySettings, 
                 where = "starts inside" if start >= protect else "reaches into"
                 msg = (
                     f"span {i} {where} {turn}, which is never compressed: its user instruction and every step "
-                    f"since stay verbatim ({describe_compressible(state, session, protect)})"
+                    f"since stay verbatim ({describe_compressible(state, ctx, protect)})"
                 )
                 raise Refusal(msg)
         for cut, side in ((start, "start"), (end + 1, "end")):
-            if not session.surface.is_balanced_cut(cut):
+            if not ctx.surface.is_balanced_cut(cut):
                 msg = (
-                    f"span {i}: its {side} falls inside {describe_group(state, session, cut)}. A tool call and all "
+                    f"span {i}: its {side} falls inside {describe_group(state, ctx, cut)}. A tool call and all "
                     "its results stay in one span: move the edge outside the group"
                 )
                 raise Refusal(msg)
@@ -323,10 +323,10 @@ class Priced:
     after: int | None
 
 
-def build_spans(session: Session, state: DecayState, planned: list[Planned]) -> list[Priced]:
+def build_spans(ctx: Context, state: DecayState, planned: list[Planned]) -> list[Priced]:
     """Kernel spans with their block messages, priced without tokenising any summary."""
-    nodes = session.surface.nodes
-    meter = session.meter
+    nodes = ctx.surface.nodes
+    meter = ctx.meter
     out = []
     for p in planned:
         rng = nodes[p.start : p.end + 1]
@@ -357,22 +357,22 @@ def build_spans(session: Session, state: DecayState, planned: list[Planned]) -> 
     return out
 
 
-def exact_after(session: Session, priced: Priced) -> int:
+def exact_after(ctx: Context, priced: Priced) -> int:
     if priced.after is None:
         assert priced.span.message is not None  # a compress span always carries its block
-        priced.after = session.meter.count_message(priced.span.message)
+        priced.after = ctx.meter.count_message(priced.span.message)
     return priced.after
 
 
-def check_cost(session: Session, settings: DecaySettings, planned: list[Planned], costs: list[Priced]) -> None:
+def check_cost(ctx: Context, settings: DecaySettings, planned: list[Planned], costs: list[Priced]) -> None:
     """Shrink check and optional payback guard, before any event is written. A block whose bound
     without tokenising (``meter.message_at_most``: a byte-level BPE's token covers at least one
     byte) is below what it replaces passes the shrink check uncounted; the transaction counts it."""
     for i, priced in enumerate(costs):
         assert priced.span.message is not None
-        bound = session.meter.message_at_most(priced.span.message)
+        bound = ctx.meter.message_at_most(priced.span.message)
         if settings.cost_guard or bound is None or bound >= priced.before:
-            after = exact_after(session, priced)
+            after = exact_after(ctx, priced)
             if after >= priced.before:
                 msg = (
                     f"span {i}: the summary costs {after} tokens, not fewer than the {priced.before} it replaces; "
@@ -381,13 +381,13 @@ def check_cost(session: Session, settings: DecaySettings, planned: list[Planned]
                 raise Refusal(msg)
     if not settings.cost_guard:
         return
-    pressure = session.pressure()
+    pressure = ctx.pressure()
     if pressure.ratio >= min(settings.warn_ratios, default=1.0):
         return  # under pressure a compression is needed whatever it costs in cache misses
-    saved = sum(p.before - exact_after(session, p) for p in costs)
+    saved = sum(p.before - exact_after(ctx, p) for p in costs)
     first = min(p.start for p in planned)
-    meter = session.meter
-    suffix = sum(meter.node_tokens(n) for n in session.surface.nodes[first:]) - saved
+    meter = ctx.meter
+    suffix = sum(meter.node_tokens(n) for n in ctx.surface.nodes[first:]) - saved
     rate = settings.cached_input_ratio
     # uncached re-read of everything after the first edge, paid once, against the cached-rate
     # saving of every later request
@@ -402,21 +402,21 @@ def check_cost(session: Session, settings: DecaySettings, planned: list[Planned]
         raise Refusal(msg)
 
 
-def run_compress(session: Session, args: CompressArgs) -> ToolOutcome:
-    state = current_state(session)
-    settings = settings_of(session)
+def run_compress(ctx: Context, args: CompressArgs) -> ToolOutcome:
+    state = current_state(ctx)
+    settings = settings_of(ctx)
     try:
-        planned = plan_compress(session, state, settings, args)
-        costs = build_spans(session, state, planned)
-        check_cost(session, settings, planned, costs)
+        planned = plan_compress(ctx, state, settings, args)
+        costs = build_spans(ctx, state, planned)
+        check_cost(ctx, settings, planned, costs)
     except Refusal as exc:
         return ToolOutcome(f"compress refused: {exc}. Nothing was changed.", is_error=True)
     # every block is given: the lock and the commit go in one durable batch, and a refusal by the
     # kernel (a span that changed meanwhile) writes nothing
-    result = STRATEGY.on(session).compact(
+    result = STRATEGY.on(ctx).compact(
         [p.span for p in costs], kind="compress", data={"tool": "compress"}, single_batch=True
     )
-    state = current_state(session)
+    state = current_state(ctx)
     lines = []
     for span in result.spans:
         block = state.blocks.get(span.replacement_seq or -1)
@@ -432,10 +432,10 @@ def run_compress(session: Session, args: CompressArgs) -> ToolOutcome:
     return ToolOutcome(f"compressed {len(lines)} span(s){clipped}: " + "; ".join(lines))
 
 
-def run_drop(session: Session, args: DropArgs) -> ToolOutcome:
-    state = current_state(session)
+def run_drop(ctx: Context, args: DropArgs) -> ToolOutcome:
+    state = current_state(ctx)
     left, right = parse_anchor(args.left), parse_anchor(args.right)
-    live = [b for b in state.blocks.values() if session.surface.position(b.seq) is not None]
+    live = [b for b in state.blocks.values() if ctx.surface.position(b.seq) is not None]
     pairs = " ".join(
         f"{fmt(b.left)}…{fmt(b.right)}" if b.right is not None else f"{fmt(b.left)}…{fmt(b.left)}" for b in live
     )
@@ -446,15 +446,17 @@ def run_drop(session: Session, args: DropArgs) -> ToolOutcome:
             f"Live blocks: {pairs or '(none)'}. Nothing was changed."
         )
         return ToolOutcome(msg, is_error=True)
-    tokens = session.meter.node_tokens(session.surface.node(match.seq))
-    STRATEGY.on(session).compact(
+    node = ctx.surface.node(match.seq)
+    assert node is not None  # a live block is a visible node
+    tokens = ctx.meter.node_tokens(node)
+    STRATEGY.on(ctx).compact(
         Span(match.seq, match.seq, remove=True), kind="drop", data={"tool": "drop"}, single_batch=True
     )
     end = match.right if match.right is not None else match.left  # equals `right`: that is how it matched
     return ToolOutcome(f"dropped block {fmt(match.left)}…{fmt(end)} ({tokens} tokens); its anchors are free again")
 
 
-def tools_for(session: Session) -> list[Tool]:
+def tools_for(ctx: Context) -> list[Tool]:
     return [
         STRATEGY.tool("compress", COMPRESS_DESCRIPTION, CompressArgs, run_compress),
         STRATEGY.tool("drop", DROP_DESCRIPTION, DropArgs, run_drop),

@@ -1,7 +1,9 @@
 """ctxkernel strategy ``handoff``: windowed handoffs with session notes and history recall.
 
-Integrators call :func:`compact_now` for a manual compaction (the seed's ``/compact``); the rest
-runs through the kernel's hooks once ``handoff`` is in a profile's strategies.
+Integrators ask for a manual compaction (the seed's ``/compact``) with ``session.compact_now()``,
+which calls :func:`compact_now` with the session's ``ctx`` (``compact_now(session.context)`` does
+the same directly); the rest runs through the kernel's hooks once ``handoff`` is in a profile's
+strategies.
 """
 
 from .engine import Mode, SwitchOutcome, compact_now, mode_for, request_new_context, switch

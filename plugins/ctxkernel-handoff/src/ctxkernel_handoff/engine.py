@@ -30,7 +30,7 @@ from ctxkernel import (
     whole_surface_but_last,
 )
 from ctxkernel.events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, REQUEST_HEADER, USER_MESSAGE
-from ctxkernel.recall.history import WINDOW_KINDS, History
+from ctxkernel.recall.history import WINDOW_KINDS
 from ctxkernel.text import first_line
 
 from .handoff import (
@@ -49,7 +49,7 @@ from .settings import HandoffSettings
 from .strategy import NAME, STRATEGY
 
 if TYPE_CHECKING:
-    from ctxkernel import CommitResult, Node, Region, Session, Summary
+    from ctxkernel import CommitResult, Context, Node, Region, Summary
 
 log = get_logger("ctxkernel.handoff")
 
@@ -121,20 +121,20 @@ class SwitchOutcome:
     record: dict[str, Any] = field(default_factory=dict)
 
 
-def settings_of(session: Session) -> HandoffSettings:
-    return STRATEGY.on(session).settings
+def settings_of(ctx: Context) -> HandoffSettings:
+    return STRATEGY.on(ctx).settings
 
 
-def mode_for(session: Session) -> Mode:
-    if not STRATEGY.on(session).enabled:
+def mode_for(ctx: Context) -> Mode:
+    if not STRATEGY.on(ctx).enabled:
         return Mode(False, False, False, False, "the handoff strategy is disabled")
-    settings = settings_of(session)
+    settings = settings_of(ctx)
     if not settings.enabled:
         return Mode(False, False, False, False, "[strategies.handoff] enabled = false")
     if not settings.inject_tools:
         return Mode(True, False, False, False, "inject_tools = false: compaction uses native summaries")
-    route = session.route or {}
-    model = STRATEGY.on(session).model
+    route = ctx.route or {}
+    model = STRATEGY.on(ctx).model
     strategy = settings.strategy_for(route.get("provider", model.provider), route.get("model", model.name))
     if strategy == "native":
         return Mode(True, True, False, False, f"model {model.provider}/{model.name} uses the native strategy")
@@ -147,9 +147,9 @@ def mode_for(session: Session) -> Mode:
     )
 
 
-def host_settings(session: Session) -> tuple[float, float, bool]:
+def host_settings(ctx: Context) -> tuple[float, float, bool]:
     """The host's threshold_ratio, retain_ratio and auto (from ``basic`` when it is loaded)."""
-    basic: Any = STRATEGY.on(session).peer_settings("basic")
+    basic: Any = STRATEGY.on(ctx).peer_settings("basic")
     if basic is not None:
         return basic.threshold_ratio, basic.retain_ratio, basic.auto
     return HOST_THRESHOLD, HOST_RETAIN, True
@@ -173,9 +173,9 @@ def window_receipt(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def folded_state(session: Session) -> dict[str, Any]:
+def folded_state(ctx: Context) -> dict[str, Any]:
     """What the fold of the log derives, as plain JSON, for the session's snapshot."""
-    state = state_for(session)
+    state = state_for(ctx)
     folded = {name: getattr(state, name) for name in FOLDED}
     folded["receipts"] = [[seq, receipt] for seq, receipt in state.receipts.items()]  # JSON keys are strings
     return folded
@@ -214,16 +214,16 @@ def _from_folded(data: dict[str, Any], log_length: int) -> HandoffState:
     )
 
 
-def state_for(session: Session) -> HandoffState:
+def state_for(ctx: Context) -> HandoffState:
     """The session's handoff state, folded up to date with the log (opened from a session snapshot
     holding it: from there, so an open folds only the tail)."""
-    handoff = STRATEGY.on(session)
+    handoff = STRATEGY.on(ctx)
     holder = handoff.state
     state = holder.get("state")
     if not isinstance(state, HandoffState):
-        restored = handoff.restored(version=STATE_VERSION, load=lambda data: _from_folded(data, len(session.events)))
+        restored = handoff.restored(version=STATE_VERSION, load=lambda data: _from_folded(data, len(ctx.events)))
         state = holder["state"] = restored or HandoffState()
-    events = session.events
+    events = ctx.events
     history = None
     for event in events[state.cursor :]:
         if event.type == REQUEST_HEADER:
@@ -236,7 +236,7 @@ def state_for(session: Session) -> HandoffState:
                 del state.receipts[next(iter(state.receipts))]  # the oldest (seqs fold in order)
             if event.data.get("strategy") == NAME and event.data.get("kind") == "window":
                 # the panel's last switch comes from the log, so a reopened session shows the same
-                history = history or STRATEGY.on(session).history()
+                history = history or STRATEGY.on(ctx).history()
                 record = dict(event.data.get("window_record") or {})
                 state.last_switch = {
                     "window": history.window_of(event.seq + 1),
@@ -248,30 +248,30 @@ def state_for(session: Session) -> HandoffState:
             if source.get("plugin") == NAME and source.get("form") == "notice":
                 text = "".join(b.get("text", "") for b in event.data["message"].get("content", ()))
                 if text.startswith(REMINDER_TAG):
-                    history = history or STRATEGY.on(session).history()
+                    history = history or STRATEGY.on(ctx).history()
                     state.reminded_window = history.window_of(event.seq)
     state.cursor = len(events)
     return state
 
 
-def request_header(session: Session, state: HandoffState) -> tuple[str, list[Any]]:
+def request_header(ctx: Context, state: HandoffState) -> tuple[str, list[Any]]:
     """System prompt and tools of the last request (what the summarizer call is prefixed with)."""
     if state.header_seq is not None:
-        data = session.events[state.header_seq].data
+        data = ctx.events[state.header_seq].data
         return data["system"], data["tools"]
-    return STRATEGY.on(session).base_system_prompt, []
+    return STRATEGY.on(ctx).base_system_prompt, []
 
 
-def notes_of(session: Session) -> StrategyNotes:
+def notes_of(ctx: Context) -> StrategyNotes:
     """The session's notes, writes signed by handoff, stamped with the current window."""
-    handoff = STRATEGY.on(session)
+    handoff = STRATEGY.on(ctx)
     notes = handoff.notes()
     notes.current_window = f"win_{handoff.history().current_window.number}"
     return notes
 
 
 # -- the switch --------------------------------------------------------------------------------------------
-def no_room(session: Session) -> str | None:
+def no_room(ctx: Context) -> str | None:
     """Why no new window can open below the threshold, whatever it replaced; None when one can.
 
     What no switch can remove: the request header, decorations and the gap between the
@@ -280,10 +280,10 @@ def no_room(session: Session) -> str | None:
     nothing (basic then compacts once and backs off; an overflow still tries a switch), and a
     pressure reminder asking for ``new_context`` would only cost tokens in a window that has none
     to spare (a 4,000-token window whose request header alone is over the target)."""
-    threshold, _, _ = host_settings(session)
-    target = int((threshold - TARGET_MARGIN) * session.model_settings().effective_window)
-    pressure = session.pressure()
-    fixed = pressure.tokens - session.meter.surface_tokens()
+    threshold, _, _ = host_settings(ctx)
+    target = int((threshold - TARGET_MARGIN) * ctx.model.effective_window)
+    pressure = ctx.pressure()
+    fixed = pressure.tokens - ctx.meter.surface_tokens()
     if fixed + int(MIN_HANDOFF_CHARS / CHARS_PER_FIT_TOKEN) <= target:
         return None
     return (
@@ -293,36 +293,36 @@ def no_room(session: Session) -> str | None:
     )
 
 
-def switch(session: Session, *, reason: str, keep_tokens: int | None = None) -> SwitchOutcome:
+def switch(ctx: Context, *, reason: str, keep_tokens: int | None = None) -> SwitchOutcome:
     """Switch to a new window now. ``keep_tokens`` keeps that much of the newest surface verbatim
     (the pressure path); None keeps only the last message. Never raises for an ordinary failure."""
-    session.refresh()
-    state = state_for(session)
-    history = History.for_session(session)
-    surface = session.surface
-    settings = settings_of(session)
-    effective = session.model_settings().effective_window
+    ctx.refresh()
+    state = state_for(ctx)
+    history = STRATEGY.on(ctx).history()
+    surface = ctx.surface
+    settings = settings_of(ctx)
+    effective = ctx.model.effective_window
     # the new window must open below the threshold, or every step would switch again: the handoff
     # may take what the kept tail and the request header leave under it
-    threshold, _, _ = host_settings(session)
+    threshold, _, _ = host_settings(ctx)
     target = int((threshold - TARGET_MARGIN) * effective)
     if keep_tokens is not None:
-        blocked = no_room(session)
+        blocked = no_room(ctx)
         if blocked is not None:
             return _failed(state, reason, blocked)
     for attempt in range(2):
         if keep_tokens is None:
             region = whole_surface_but_last(surface, 1)
         else:
-            region = head_region(surface, session.meter, keep_tokens, min_nodes=2)
+            region = head_region(surface, ctx.meter, keep_tokens, min_nodes=2)
         if region is None:
             return _failed(state, reason, "nothing to compact: no balanced cut leaves anything to replace")
         nodes = surface.span(*region)
-        region_tokens = tokens_of_span(session, nodes)
+        region_tokens = tokens_of_span(ctx, nodes)
         # the user's instructions the kernel keeps through the switch stay in the new window too
-        rest = session.pressure().tokens - region_tokens + STRATEGY.on(session).pinned_instructions_tokens(*region)
+        rest = ctx.pressure().tokens - region_tokens + STRATEGY.on(ctx).pinned_instructions_tokens(*region)
         deficit = rest + int(MIN_HANDOFF_CHARS / CHARS_PER_FIT_TOKEN) - target
-        if attempt or deficit <= 0 or not shrink_kept_results(session, after=nodes[-1].seq, tokens=deficit):
+        if attempt or deficit <= 0 or not shrink_kept_results(ctx, after=nodes[-1].seq, tokens=deficit):
             break
     budget = min(
         settings.handoff_max_chars,
@@ -342,20 +342,20 @@ def switch(session: Session, *, reason: str, keep_tokens: int | None = None) -> 
     assert region is not None  # every pass of the loop above returned when it found no region
     plan = state.plan = SwitchPlan(reason, budget, region_tokens, rest, target, record, settings)
     try:
-        if builds_up_front(session, settings):
+        if builds_up_front(ctx, settings):
             # no model call: the handoff and its notes are built before the transaction and
             # committed in one durable write (the lock in the same batch as the commit)
-            summary = compose(session, plan, nodes)
+            summary = compose(ctx, plan, nodes)
             assert plan.handoff is not None
             span = Span(region[0], region[1], summary=summary, message=plan.handoff.message())
-            result = STRATEGY.on(session).compact(
+            result = STRATEGY.on(ctx).compact(
                 span, kind="window", data=record, single_batch=True, check_shrink=not plan.shrinks
             )
         else:
             # generated: the summarize hook builds the handoff inside the transaction, so the
             # summary call runs under the compaction lock, and a cancellation during it ends the
             # transaction with its error end: nothing switches, no note is written
-            result = STRATEGY.on(session).compact(
+            result = STRATEGY.on(ctx).compact(
                 Span(region[0], region[1]),
                 kind="window",
                 data=record,
@@ -369,16 +369,16 @@ def switch(session: Session, *, reason: str, keep_tokens: int | None = None) -> 
     return SwitchOutcome(True, reason, new_window, "", result, record)
 
 
-def tokens_of_span(session: Session, nodes: list[Node]) -> int:
+def tokens_of_span(ctx: Context, nodes: list[Node]) -> int:
     """Exactly the tokens of ``nodes`` (a run of the surface), counting over the fewer nodes: the
     surface's total (the meter keeps it) less the nodes outside a region that holds most of it
     (a switch that keeps the last message replaces all the others)."""
-    meter, surface = session.meter, session.surface.nodes
+    meter, surface = ctx.meter, ctx.surface.nodes
     outside = len(surface) - len(nodes)
     if outside >= len(nodes):
         return sum(meter.node_tokens(n) for n in nodes)
-    start = session.surface.position(nodes[0].seq) or 0
-    others = surface[:start] + surface[start + len(nodes) :]
+    start = ctx.surface.position(nodes[0].seq) or 0
+    others = [*surface[:start], *surface[start + len(nodes) :]]
     return meter.surface_tokens() - sum(meter.node_tokens(n) for n in others)
 
 
@@ -401,23 +401,23 @@ class SwitchPlan:
     shrinks: bool = False
 
 
-def build_handoff(session: Session, region: Region) -> Summary:
+def build_handoff(ctx: Context, region: Region) -> Summary:
     """The ``summarize`` hook's answer for a generated window switch (see :func:`compose`)."""
-    plan = state_for(session).plan
+    plan = state_for(ctx).plan
     if plan is None:
         msg = "a handoff window switch must be started by ctxkernel_handoff.switch(); no switch is planned"
         raise CompactionError(msg)
-    return compose(session, plan, list(region.nodes))
+    return compose(ctx, plan, list(region.nodes))
 
 
-def compose(session: Session, plan: SwitchPlan, nodes: list[Node]) -> Summary:
+def compose(ctx: Context, plan: SwitchPlan, nodes: list[Node]) -> Summary:
     """Build the handoff of ``plan`` for the outgoing ``nodes`` (one summarizer call when
     generated), fitted under the threshold; stage its notes in the commit's data and return what
     compaction/summary records."""
-    state = state_for(session)
-    history = History.for_session(session)
+    state = state_for(ctx)
+    history = STRATEGY.on(ctx).history()
     settings = plan.settings
-    session_notes = notes_of(session)
+    session_notes = notes_of(ctx)
     notes = session_notes.active()
     mode = settings.handoff_summary
     budget = plan.budget
@@ -429,7 +429,7 @@ def compose(session: Session, plan: SwitchPlan, nodes: list[Node]) -> Summary:
         fixed = frame(history, notes, budget=budget, reason=plan.reason)
         room = budget - len(fixed.snapshot) - len(fixed.notes) - WRAPPER_CHARS
         if room >= MIN_GENERATED_BODY:
-            generated = call_summarizer(session, nodes, room, request_header(session, state))
+            generated = call_summarizer(ctx, nodes, room, request_header(ctx, state))
         else:
             discarded = "budget"
     handoff: Handoff | None = None
@@ -451,7 +451,7 @@ def compose(session: Session, plan: SwitchPlan, nodes: list[Node]) -> Summary:
             )
             raise CompactionError(msg)
         # exact, from the lines counted as their excerpts were rendered (only the rest is tokenised)
-        tokens = handoff_tokens(session, handoff)
+        tokens = handoff_tokens(ctx, handoff)
         plan.shrinks = tokens < plan.region_tokens
         if plan.shrinks and plan.rest + tokens <= plan.target:
             break
@@ -465,11 +465,11 @@ def compose(session: Session, plan: SwitchPlan, nodes: list[Node]) -> Summary:
         "region_tokens": plan.region_tokens,
         "region_items": [f"item_{nodes[0].seq}", f"item_{nodes[-1].seq}"],
     }
-    plan.record.update(stage_notes(session, plan, handoff, session_notes))
+    plan.record.update(stage_notes(ctx, plan, handoff, session_notes))
     return handoff.summary
 
 
-def stage_notes(session: Session, plan: SwitchPlan, handoff: Handoff, notes: StrategyNotes) -> dict[str, Any]:
+def stage_notes(ctx: Context, plan: SwitchPlan, handoff: Handoff, notes: StrategyNotes) -> dict[str, Any]:
     """The seed's two notes of a committed switch, staged to ride in its commit (the data to merge
     into compaction/summary): ``handoff.md`` replaced with the full unclipped handoff (a generated
     one: the summarizer's raw reply), one line added to ``handoff-log.md``. They land exactly when
@@ -493,7 +493,7 @@ def stage_notes(session: Session, plan: SwitchPlan, handoff: Handoff, notes: Str
         try:
             stage()
         except Exception as exc:  # noqa: BLE001 - a note that cannot be written never blocks the switch
-            log.warning("handoff note not written", session=session.id, path=path, error=f"{type(exc).__name__}: {exc}")
+            log.warning("handoff note not written", session=ctx.id, path=path, error=f"{type(exc).__name__}: {exc}")
     return staged.data
 
 
@@ -511,40 +511,40 @@ def leading_line(text: str) -> str:
     return lines[0].strip() if len(lines) > 1 else first_line(text).strip()
 
 
-def builds_up_front(session: Session, settings: HandoffSettings | None = None) -> bool:
+def builds_up_front(ctx: Context, settings: HandoffSettings | None = None) -> bool:
     """True when a switch makes no model call (``extractive``, or ``generated`` with no summarizer
     configured, which falls back to extractive): its handoff is then built before the transaction.
     ``settings``: the strategy's, when the caller has them already."""
-    settings = settings if settings is not None else settings_of(session)
-    return settings.handoff_summary == "extractive" or STRATEGY.on(session).summarizer is None
+    settings = settings if settings is not None else settings_of(ctx)
+    return settings.handoff_summary == "extractive" or STRATEGY.on(ctx).summarizer is None
 
 
 #: a process whose first step finds at most this many surface nodes renders them at that step
 FRESH_WINDOW_NODES = 16
 
 
-def warm_excerpts(session: Session, state: HandoffState) -> None:
+def warm_excerpts(ctx: Context, state: HandoffState) -> None:
     """Render the excerpts of the surface nodes appended since the last step (a few per step), so
     a switch assembles its extractive body instead of rendering its whole window, and add them to
     the body's material (:class:`~ctxkernel_handoff.handoff.Material`). A process starts at the
     log's end (an open costs nothing here) unless its window has just begun (a new session: its
     first few nodes are rendered now, so the material starts with them); what it lacks is rendered
     at its first switch."""
-    events = session.events
+    events = ctx.events
     if state.excerpted < 0:
-        surface = session.surface
+        surface = ctx.surface
         if len(surface) > FRESH_WINDOW_NODES:
             state.excerpted = len(events)
             return
         state.excerpted = min((node.seq for node in surface), default=len(events))
     if state.excerpted >= len(events):
         return
-    history = History.for_session(session)
-    surface = session.surface
+    history = STRATEGY.on(ctx).history()
+    surface = ctx.surface
     for seq in range(state.excerpted, len(events)):
         node = surface.node(seq)
         if node is not None:
-            state.excerpts.of(history, node, session.meter)
+            state.excerpts.of(history, node, ctx.meter)
     state.excerpted = len(events)
     if len(state.excerpts) > 2 * len(surface) + 256:  # nodes replaced since (shrunk results, native summaries)
         state.excerpts.prune(lambda seq: surface.node(seq) is not None)
@@ -556,7 +556,7 @@ _SHRUNK = re.compile(r"the full result is (item_\d+)")
 SHRINK_MIN_CHARS = 2_000
 
 
-def shrink_kept_results(session: Session, *, after: int, tokens: int) -> bool:
+def shrink_kept_results(ctx: Context, *, after: int, tokens: int) -> bool:
     """Shrink the largest visible tool results after seq ``after`` (the kept tail) model-free until
     about ``tokens`` are freed: head and tail kept, a marker naming the item that holds the full
     text (the log keeps it; ``history_read_item`` reads it). True when anything shrank.
@@ -564,18 +564,18 @@ def shrink_kept_results(session: Session, *, after: int, tokens: int) -> bool:
     Used only when the kept tail alone would leave no room under the threshold (a small window and a
     large result), where the alternative is a context overflow.
     """
-    position = session.surface.position(after)
-    kept = session.surface.nodes[(position + 1 if position is not None else 0) :]
+    position = ctx.surface.position(after)
+    kept = ctx.surface.nodes[(position + 1 if position is not None else 0) :]
     candidates = sorted(
         (n for n in kept if n.role == "tool" and len(n.message.tool_result.content) > SHRINK_MIN_CHARS),  # type: ignore[union-attr]
-        key=lambda n: -session.meter.node_tokens(n),
+        key=lambda n: -ctx.meter.node_tokens(n),
     )
     shrank = False
     for node in candidates:
         if tokens <= 0:
             break
         content = node.message.tool_result.content  # type: ignore[union-attr]
-        before = session.meter.node_tokens(node)
+        before = ctx.meter.node_tokens(node)
         keep_tokens = max(250, before - tokens)
         keep_chars = int(keep_tokens * CHARS_PER_FIT_TOKEN)
         if keep_chars >= len(content) - 200:
@@ -588,11 +588,13 @@ def shrink_kept_results(session: Session, *, after: int, tokens: int) -> bool:
             f"the full result is {original}: history_read_item id={original}]\n"
         )
         try:
-            seq = STRATEGY.on(session).replace_tool_result(node.seq, head + marker + tail, reason="fit")
+            seq = STRATEGY.on(ctx).replace_tool_result(node.seq, head + marker + tail, reason="fit")
         except CtxKernelError as exc:
             log.info("could not shrink a kept tool result", seq=node.seq, error=str(exc))
             continue
-        tokens -= before - session.meter.node_tokens(session.surface.node(seq))
+        replaced = ctx.surface.node(seq)
+        assert replaced is not None  # the replacement just landed on the surface
+        tokens -= before - ctx.meter.node_tokens(replaced)
         shrank = True
     return shrank
 
@@ -603,51 +605,51 @@ def _failed(state: HandoffState, reason: str, detail: str, record: dict[str, Any
     return SwitchOutcome(False, reason, None, detail, None, record or {})
 
 
-def after_commit(session: Session, result: CommitResult) -> None:
+def after_commit(ctx: Context, result: CommitResult) -> None:
     """After a committed switch (its notes landed with it, see :func:`stage_notes`): count it and
     keep only the excerpts of the surface it left (a pass over the kept tail, not over the
     nodes it replaced: those cost as much as the switch's own planning)."""
-    held = STRATEGY.on(session).state.get("state")
+    held = STRATEGY.on(ctx).state.get("state")
     # the state folds the commit's events at its next use (the next step's pre_step folds the
     # log to its end anyway: moved, not removed); the switch that committed built it
-    state = held if isinstance(held, HandoffState) else state_for(session)
+    state = held if isinstance(held, HandoffState) else state_for(ctx)
     state.switches += 1
-    state.excerpts.keep(session.surface.nodes)
+    state.excerpts.keep(ctx.surface.nodes)
 
 
 # -- the entry points ----------------------------------------------------------------------------------
-def compact_now(session: Session) -> SwitchOutcome:
+def compact_now(ctx: Context) -> SwitchOutcome:
     """Manual compaction (the seed's ``/compact``): a window switch keeping only the last message,
     or a native summary when window switching is off for this session's model."""
-    mode = mode_for(session)
+    mode = mode_for(ctx)
     if not mode.enabled:
         return SwitchOutcome(False, "manual", None, mode.why)
     if mode.auto:
-        return switch(session, reason="manual")
-    _, retain, _ = host_settings(session)
-    keep = int(retain * session.pressure().effective_window)
-    region = head_region(session.surface, session.meter, keep, min_nodes=2)
+        return switch(ctx, reason="manual")
+    _, retain, _ = host_settings(ctx)
+    keep = int(retain * ctx.pressure().effective_window)
+    region = head_region(ctx.surface, ctx.meter, keep, min_nodes=2)
     if region is None:
         return SwitchOutcome(False, "manual", None, "nothing to compact")
     try:
-        result = STRATEGY.on(session).compact(Span(*region), kind="summary", data={"reason": "manual", "native": True})
+        result = STRATEGY.on(ctx).compact(Span(*region), kind="summary", data={"reason": "manual", "native": True})
     except CompactionError as exc:
         return SwitchOutcome(False, "manual", None, f"{type(exc).__name__}: {exc} (native: {mode.why})")
     return SwitchOutcome(True, "manual", None, f"native summary ({mode.why})", result)
 
 
-def request_new_context(session: Session, reason: str = "") -> str:
+def request_new_context(ctx: Context, reason: str = "") -> str:
     """Record a switch request (what ``new_context`` does); it runs at the next step boundary."""
-    mode = mode_for(session)
+    mode = mode_for(ctx)
     if not mode.window:
-        msg = f"new_context is not available in this session: {mode.why}. The notes_* and history_* tools still work"
+        msg = f"new_context is not available in this ctx: {mode.why}. The notes_* and history_* tools still work"
         from ctxkernel import ToolError
 
         raise ToolError(msg)
-    state = state_for(session)
+    state = state_for(ctx)
     if state.requested is not None:
         return "requested (already pending): the window switch happens at the next step boundary"
-    state.requested = {"reason": reason[:500], "at": len(session.events)}
+    state.requested = {"reason": reason[:500], "at": len(ctx.events)}
     return (
         "requested: a new context window starts at the next step boundary, after every result of this batch is "
         "committed. It opens with a handoff (goal, todos, your last instructions, recent notes and a summary); "

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 from operator import attrgetter
@@ -41,7 +41,7 @@ from .clip import clip_with_receipt
 from .strategy import STRATEGY
 
 if TYPE_CHECKING:
-    from ctxkernel import Node, Session
+    from ctxkernel import Context, Node
 
 log = get_logger("ctxkernel.handoff")
 
@@ -111,10 +111,10 @@ class Generated:
     error: str | None = None
 
 
-def call_summarizer(session: Session, nodes: list[Node], budget: int, header: tuple[str, list[Any]]) -> Generated:
+def call_summarizer(ctx: Context, nodes: list[Node], budget: int, header: tuple[str, list[Any]]) -> Generated:
     """Ask the summarizer model once: request header, the outgoing region, then the directive last
     (so a provider prefix cache serves everything before it)."""
-    model = STRATEGY.on(session).summarizer
+    model = STRATEGY.on(ctx).summarizer
     if model is None:
         return Generated(None, error="no summarizer model is configured ([summarizer] kind is 'extractive')")
     system, tools = header
@@ -123,7 +123,7 @@ def call_summarizer(session: Session, nodes: list[Node], budget: int, header: tu
     try:
         reply = model.complete(messages, system=system, tools=tools)
     except Exception as exc:  # noqa: BLE001 - any failure falls back to extractive, never blocks the switch
-        log.warning("handoff summary call failed", session=session.id, error=f"{type(exc).__name__}: {exc}")
+        log.warning("handoff summary call failed", session=ctx.id, error=f"{type(exc).__name__}: {exc}")
         # the reason is stored in the session log: a provider error may echo a key
         reason = redact(f"{type(exc).__name__}: {exc}"[:2000])[:500]
         return Generated(None, getattr(model, "provider", None), getattr(model, "model", None), None, reason)
@@ -145,7 +145,7 @@ def _one_line(text: str, limit: int) -> str:
 
 
 def instruction_text(history: History, seq: int) -> str:
-    return history.text_of(history.session.events[seq])
+    return history.text_of(history.events[seq])
 
 
 class Numbered(NamedTuple):
@@ -512,7 +512,7 @@ class Excerpts:
             self._by_seq[node.seq] = found
         return found
 
-    def extend(self, nodes: list[Node]) -> None:
+    def extend(self, nodes: Sequence[Node]) -> None:
         """Add to the :class:`Material` the surface's nodes after the ones it holds, while their
         excerpts are rendered (a step end renders the new nodes first: a few a step). A process
         that started in this window has not rendered its first nodes: its material stays empty
@@ -842,8 +842,8 @@ def _lead_counts(meter: Any, lead: tuple[Part, ...]) -> tuple[list[str], list[in
     return texts, counts
 
 
-def handoff_tokens(session: Session, handoff: Handoff) -> int:
-    """Exactly ``session.meter.count_message(handoff.message())``, tokenising only the pieces whose
+def handoff_tokens(ctx: Context, handoff: Handoff) -> int:
+    """Exactly ``ctx.meter.count_message(handoff.message())``, tokenising only the pieces whose
     count the handoff does not hold (the snapshot, the notes, the frame: ~1-2 KB of a 16 KB
     handoff), with the meter's ``count_joined`` (which takes a known count only across a cut its
     ``joins_exactly`` proves exact, and counts the rest together).
@@ -856,7 +856,7 @@ def handoff_tokens(session: Session, handoff: Handoff) -> int:
     The first piece (before the lines) is counted from its parts (:attr:`Handoff.lead`): the fixed
     texts once per process (:func:`fixed_count`), the numbers between fixed texts from their
     digits (:class:`Numbered`), the rest tokenised, neighbours of unknown count together."""
-    meter = session.meter
+    meter = ctx.meter
     if handoff.pieces:
         pieces, counts = handoff.pieces, handoff.piece_counts
         if handoff.lead and counts[0] is None:

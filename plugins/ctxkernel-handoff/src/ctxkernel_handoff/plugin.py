@@ -38,12 +38,12 @@ from .tools import TOOL_NAMES, build_tools
 if TYPE_CHECKING:
     from ctxkernel import (
         CommitResult,
+        Context,
         ManualCompaction,
         ModelError,
         Profile,
         Region,
         Request,
-        Session,
         StepContext,
         Summary,
     )
@@ -67,38 +67,38 @@ def register_strategy(register: Any) -> None:
 
 
 @ctxkernel.hookimpl
-def compact_now(session: Session, request: ManualCompaction) -> ctxkernel.ManualOutcome | None:
+def compact_now(ctx: Context, request: ManualCompaction) -> ctxkernel.ManualOutcome | None:
     """The seed's ``/compact``: a window switch now, or a native summary where switching is off."""
     if request.action != "compact":
         return None
-    outcome = manual_compaction(session)
+    outcome = manual_compaction(ctx)
     detail = outcome.detail or (f"switched to window {outcome.window}" if outcome.window else outcome.reason)
     return ctxkernel.ManualOutcome(outcome.committed, detail, outcome.result)
 
 
 @ctxkernel.hookimpl
-def session_opened(session: Session) -> None:
+def session_opened(ctx: Context) -> None:
     """Fold the strategy's state (from the snapshot: the tail only). The history index and the
     notes are built on first use (the first step, tool call or switch), not here: restored from a
     snapshot they cost a row per window and per note version, which would make every open grow
     with the session's history; the snapshot carries them over unused (``snapshot.index_parts``)."""
-    if not mode_for(session).enabled:
+    if not mode_for(ctx).enabled:
         return
-    state_for(session)
+    state_for(ctx)
 
 
 @ctxkernel.hookimpl
-def snapshot_state(session: Session) -> ctxkernel.StrategySnapshot | None:
-    if not mode_for(session).enabled:
+def snapshot_state(ctx: Context) -> ctxkernel.StrategySnapshot | None:
+    if not mode_for(ctx).enabled:
         return None  # session_opened builds no state then, so none is put into the snapshot either
-    return STRATEGY.on(session).snapshot(folded_state(session), version=STATE_VERSION)
+    return STRATEGY.on(ctx).snapshot(folded_state(ctx), version=STATE_VERSION)
 
 
 @ctxkernel.hookimpl
-def register_tools(register: Any, session: Session) -> None:
-    mode = mode_for(session)
-    state = state_for(session)
-    handoff = STRATEGY.on(session)
+def register_tools(register: Any, ctx: Context) -> None:
+    mode = mode_for(ctx)
+    state = state_for(ctx)
+    handoff = STRATEGY.on(ctx)
     generation = handoff.strategies_generation
     if state.generation not in (-1, generation):
         # the strategy set changed (a runtime toggle): notes are rebuilt from the log, and a
@@ -113,61 +113,61 @@ def register_tools(register: Any, session: Session) -> None:
 
 
 @ctxkernel.hookimpl
-def system_prompt(session: Session) -> str | None:
-    return PROMPT if mode_for(session).tools else None
+def system_prompt(ctx: Context) -> str | None:
+    return PROMPT if mode_for(ctx).tools else None
 
 
 @ctxkernel.hookimpl
-def pre_step(session: Session, step: StepContext) -> None:
-    mode = mode_for(session)
+def pre_step(ctx: Context, step: StepContext) -> None:
+    mode = mode_for(ctx)
     if not mode.enabled:
         return
-    state = state_for(session)
+    state = state_for(ctx)
     state.excerpts.release()  # what the last switch replaced, freed at the step after it
     if mode.window:
         # every switch reads the notes: built at the first step (not at the open, see
         # session_opened), the session folds them at each step end from then on, so a switch
         # finds them current instead of folding every event since the open
-        STRATEGY.on(session).notes()
-        if builds_up_front(session):  # the extractive body is what a switch will use
-            warm_excerpts(session, state)
+        STRATEGY.on(ctx).notes()
+        if builds_up_front(ctx):  # the extractive body is what a switch will use
+            warm_excerpts(ctx, state)
     if state.requested is not None:
         # explicit requests are honoured even when automatic compaction is off
         requested = state.requested
         state.requested = None
         if not mode.window:
-            STRATEGY.on(session).remind(step, f"new_context: the requested window switch did not happen: {mode.why}.")
+            STRATEGY.on(ctx).remind(step, f"new_context: the requested window switch did not happen: {mode.why}.")
             return
-        outcome = switch(session, reason="requested")
+        outcome = switch(ctx, reason="requested")
         if not outcome.committed:
-            STRATEGY.on(session).remind(
+            STRATEGY.on(ctx).remind(
                 step,
                 f"new_context: the requested window switch did not happen ({outcome.detail}); you are still in "
-                f"window win_{History.for_session(session).current_window.number}.",
+                f"window win_{STRATEGY.on(ctx).history().current_window.number}.",
             )
         del requested
         return
-    if session.route is None:
+    if ctx.route is None:
         return  # the first step of a fresh session has no routed request to price against
-    threshold, retain, auto = host_settings(session)
-    pressure = session.pressure()
+    threshold, retain, auto = host_settings(ctx)
+    pressure = ctx.pressure()
     if mode.auto and auto and pressure.ratio >= threshold:
-        outcome = switch(session, reason="threshold", keep_tokens=int(retain * pressure.effective_window))
+        outcome = switch(ctx, reason="threshold", keep_tokens=int(retain * pressure.effective_window))
         if outcome.committed:
             return
     if not mode.window:
         return
-    history = History.for_session(session)
+    history = STRATEGY.on(ctx).history()
     window = history.current_window.number
-    pressure = session.pressure()
+    pressure = ctx.pressure()
     opened = state.window_open_ratio.setdefault(window, pressure.ratio)
     # remind only when this window itself has grown: a window that opens near the threshold (a
     # tiny context) would otherwise remind, and be switched by the steward, at every step
     grown = pressure.ratio - opened >= REMINDER_GROWTH
     due = pressure.ratio >= max(0.0, threshold - REMINDER_LEAD) and grown and state.reminded_window != window
-    if due and no_room(session) is None:  # never ask for a switch that can only be refused
+    if due and no_room(ctx) is None:  # never ask for a switch that can only be refused
         state.reminded_window = window  # single shot per window (the notice in the log restores it on restart)
-        STRATEGY.on(session).remind(
+        STRATEGY.on(ctx).remind(
             step,
             f"{REMINDER_TAG} this window (win_{window}) is {pressure.ratio:.0%} full; at {threshold:.0%} it switches "
             "automatically. Save what matters in notes (notes_write_file) and call new_context at a good stopping point.",
@@ -175,47 +175,47 @@ def pre_step(session: Session, step: StepContext) -> None:
 
 
 @ctxkernel.hookimpl
-def request_error(session: Session, error: ModelError) -> bool | None:
+def request_error(ctx: Context, error: ModelError) -> bool | None:
     if not isinstance(error, ContextOverflowError):
         return None
-    mode = mode_for(session)
+    mode = mode_for(ctx)
     if not mode.auto:
         return None  # native: the basic strategy's overflow handling answers
-    state = state_for(session)
+    state = state_for(ctx)
     if state.overflow_at is not None and state.overflow_at == state.last_assistant:
         state.overflow_at = None
         return False  # one retry per overflow: the last switch did not make the request fit
-    before = session.meter.surface_tokens()
-    outcome = switch(session, reason="overflow")
+    before = ctx.meter.surface_tokens()
+    outcome = switch(ctx, reason="overflow")
     if not outcome.committed:
         # a failed switch may still have shrunk kept tool results (model-free, to make room): that
         # is worth a retry; otherwise basic's overflow path answers
-        return True if session.meter.surface_tokens() < before else None
+        return True if ctx.meter.surface_tokens() < before else None
     state.overflow_at = state.last_assistant
-    return session.meter.surface_tokens() < before
+    return ctx.meter.surface_tokens() < before
 
 
 @ctxkernel.hookimpl(tryfirst=True)
-def summarize(session: Session, region: Region) -> Summary | None:
+def summarize(ctx: Context, region: Region) -> Summary | None:
     if region.strategy != NAME or region.kind != "window":
         return None  # native summaries are the basic strategy's
-    return build_handoff(session, region)
+    return build_handoff(ctx, region)
 
 
 @ctxkernel.hookimpl
-def commit(session: Session, result: CommitResult) -> None:
+def commit(ctx: Context, result: CommitResult) -> None:
     if result.strategy == NAME and result.kind == "window":
-        after_commit(session, result)
+        after_commit(ctx, result)
 
 
 @ctxkernel.hookimpl
-def project(session: Session) -> dict[str, Any] | None:
-    mode = mode_for(session)
+def project(ctx: Context) -> dict[str, Any] | None:
+    mode = mode_for(ctx)
     if not mode.enabled:
         return {"enabled": False, "why": mode.why}
-    state = state_for(session)
-    history = History.for_session(session)
-    notes = notes_of(session)
+    state = state_for(ctx)
+    history = STRATEGY.on(ctx).history()
+    notes = notes_of(ctx)
     return {
         "enabled": True,
         "window": history.current_window.number,
@@ -247,12 +247,12 @@ def _window_row(state: HandoffState, window: Any) -> dict[str, Any]:
 
 
 @ctxkernel.hookimpl
-def export_files(session: Session) -> dict[str, bytes] | None:
+def export_files(ctx: Context) -> dict[str, bytes] | None:
     """``handoff/handoff.md`` and ``handoff/handoff-log.md``, as the seed names them: the notes
     written after each committed switch (they live in the session log, so in the store)."""
     from .handoff import HANDOFF_LOG_NOTE, HANDOFF_NOTE
 
-    notes = STRATEGY.on(session).notes()
+    notes = STRATEGY.on(ctx).notes()
     files = {
         f"{NAME}/{path}": notes.read(path).content.encode("utf-8")
         for path in (HANDOFF_NOTE, HANDOFF_LOG_NOTE)
@@ -262,14 +262,14 @@ def export_files(session: Session) -> dict[str, bytes] | None:
 
 
 @ctxkernel.hookimpl
-def steward_actions(session: Session, request: Request) -> list[dict[str, Any]] | None:
+def steward_actions(ctx: Context, request: Request) -> list[dict[str, Any]] | None:
     """The deterministic steward: when the pressure reminder shows in this window, save a progress
     note and ask for a new window (once per window)."""
-    mode = mode_for(session)
+    mode = mode_for(ctx)
     if not mode.window:
         return None
-    state = state_for(session)
-    history = History.for_session(session)
+    state = state_for(ctx)
+    history = STRATEGY.on(ctx).history()
     window = history.current_window.number
     if state.requested is not None or state.reminded_window != window or state.steward_window == window:
         return None
@@ -285,7 +285,7 @@ def steward_actions(session: Session, request: Request) -> list[dict[str, Any]] 
 
 def _progress(history: History) -> str:
     """What a careful model would write down before switching: where things stand, with ids."""
-    events = history.session.events
+    events = history.events
     lines = [f"Progress at the end of win_{history.current_window.number} (item_{len(events) - 1})."]
     instructions = history.instructions[-1:]
     for seq in instructions:
@@ -335,7 +335,7 @@ def validate_profile(profile: Profile, report: Any) -> None:
         while not probe.exists() and probe.parent != probe:
             probe = probe.parent
         if probe.is_dir() and os.access(probe, os.W_OK):
-            checks.ok("store", f"notes are stored in the {store.backend} session logs under {home} (writable)")
+            checks.ok("store", f"notes are stored in the {store.backend} ctx logs under {home} (writable)")
         else:
             checks.fail(
                 "store",

@@ -22,7 +22,7 @@ from .engine import STRATEGY, notes_of, request_new_context
 from .handoff import NOTES_PREFIX
 
 if TYPE_CHECKING:
-    from ctxkernel import Session
+    from ctxkernel import Context
 
 NOTE_READ_DEFAULT = 8_000
 NOTE_READ_MAX = 20_000
@@ -120,8 +120,8 @@ class NoteSearchArgs(ToolArgs):
 
 
 # -- handlers ------------------------------------------------------------------------------------------------
-def _new_context(session: Session, args: NewContextArgs) -> ToolOutcome:
-    return ToolOutcome(request_new_context(session, args.reason))
+def _new_context(ctx: Context, args: NewContextArgs) -> ToolOutcome:
+    return ToolOutcome(request_new_context(ctx, args.reason))
 
 
 def _note_summary(note: Any, notes: Any) -> dict[str, Any]:
@@ -137,20 +137,20 @@ def _note_summary(note: Any, notes: Any) -> dict[str, Any]:
     }
 
 
-def _notes_write(session: Session, args: NoteWriteArgs) -> str:
-    notes = notes_of(session)
+def _notes_write(ctx: Context, args: NoteWriteArgs) -> str:
+    notes = notes_of(ctx)
     note = notes.write(note_path(args.path), args.content, trust="model-authored")
     return _json({"written": True, **_note_summary(note, notes)})
 
 
-def _notes_append(session: Session, args: NoteAppendArgs) -> str:
-    notes = notes_of(session)
+def _notes_append(ctx: Context, args: NoteAppendArgs) -> str:
+    notes = notes_of(ctx)
     note = notes.append(note_path(args.path), args.content, trust="model-authored")
     return _json({"appended": len(args.content), **_note_summary(note, notes)})
 
 
-def _notes_read(session: Session, args: NoteReadArgs) -> str:
-    note = notes_of(session).read(note_path(args.path))
+def _notes_read(ctx: Context, args: NoteReadArgs) -> str:
+    note = notes_of(ctx).read(note_path(args.path))
     content = note.content
     if args.offset_chars > len(content):
         msg = f"offset_chars {args.offset_chars} is past the end of {_shown(note.path)} ({len(content)} characters)"
@@ -171,8 +171,8 @@ def _notes_read(session: Session, args: NoteReadArgs) -> str:
     return _json(out)
 
 
-def _notes_list(session: Session, args: NoteListArgs) -> str:
-    notes = notes_of(session)
+def _notes_list(ctx: Context, args: NoteListArgs) -> str:
+    notes = notes_of(ctx)
     cursor = note_path(args.cursor) if args.cursor else None
     page = notes.list(_prefix(args.prefix), limit=args.limit, cursor=cursor)
     return _json(
@@ -188,8 +188,8 @@ def _notes_list(session: Session, args: NoteListArgs) -> str:
     )
 
 
-def _notes_search(session: Session, args: NoteSearchArgs) -> str:
-    result = notes_of(session).search(
+def _notes_search(ctx: Context, args: NoteSearchArgs) -> str:
+    result = notes_of(ctx).search(
         args.query,
         prefix=_prefix(args.prefix),
         case_sensitive=args.case_sensitive,

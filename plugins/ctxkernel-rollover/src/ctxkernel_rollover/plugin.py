@@ -19,8 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import ctxkernel
-from ctxkernel import ContextOverflowError, EventSpec, Message
-from ctxkernel.events import USER_MESSAGE, append_op
+from ctxkernel import ContextOverflowError, Message
 from ctxkernel.redact import redact
 from ctxkernel.text import tag
 
@@ -31,7 +30,7 @@ from .switch import RolloverError, count_window_parts, ensure_window, notes_of, 
 from .tools import build_tools
 
 if TYPE_CHECKING:
-    from ctxkernel import ManualCompaction, ModelError, Profile, Request, Session, StepContext, ValidationReport
+    from ctxkernel import Context, ManualCompaction, ModelError, Profile, Request, StepContext, ValidationReport
 
 
 SYSTEM_PROMPT = (
@@ -51,45 +50,45 @@ def register_strategy(register: Any) -> None:
 
 
 @ctxkernel.hookimpl
-def compact_now(session: Session, request: ManualCompaction) -> ctxkernel.ManualOutcome | None:
+def compact_now(ctx: Context, request: ManualCompaction) -> ctxkernel.ManualOutcome | None:
     """A person's ``compact``: switch windows now (a failure is recorded and reported, as for
     every trigger; the surface stays as it was)."""
     if request.action != "compact":
         return None
     try:
-        result = switch(session, "manual")
+        result = switch(ctx, "manual")
     except RolloverError as exc:
         return ctxkernel.ManualOutcome(False, str(exc))
-    return ctxkernel.ManualOutcome(True, f"started window {state_of(session).current}", result)
+    return ctxkernel.ManualOutcome(True, f"started window {state_of(ctx).current}", result)
 
 
 @ctxkernel.hookimpl
-def session_opened(session: Session) -> None:
-    state_of(session)  # rebuild the chain, the pending intent and the reminders from the log
-    notes_of(session)
+def session_opened(ctx: Context) -> None:
+    state_of(ctx)  # rebuild the chain, the pending intent and the reminders from the log
+    notes_of(ctx)
 
 
 @ctxkernel.hookimpl
-def snapshot_state(session: Session) -> ctxkernel.StrategySnapshot:
-    return STRATEGY.on(session).snapshot(state_of(session).folded(), version=STATE_VERSION)
+def snapshot_state(ctx: Context) -> ctxkernel.StrategySnapshot:
+    return STRATEGY.on(ctx).snapshot(state_of(ctx).folded(), version=STATE_VERSION)
 
 
 @ctxkernel.hookimpl
-def register_tools(register: Any, session: Session) -> None:
+def register_tools(register: Any, ctx: Context) -> None:
     for tool in build_tools():
         register(tool)
 
 
 @ctxkernel.hookimpl
-def system_prompt(session: Session) -> str:
+def system_prompt(ctx: Context) -> str:
     return SYSTEM_PROMPT
 
 
-def _oversized_result(session: Session, settings: RolloverSettings) -> str | None:
+def _oversized_result(ctx: Context, settings: RolloverSettings) -> str | None:
     """An error text when a tool result since the last reply is too large for the window."""
-    limit = settings.oversized_tool_result_ratio * session.pressure().effective_window
-    meter = session.meter
-    for node in reversed(session.surface.nodes):
+    limit = settings.oversized_tool_result_ratio * ctx.pressure().effective_window
+    meter = ctx.meter
+    for node in reversed(ctx.surface.nodes):
         if node.role != "tool":
             break
         tokens = meter.node_tokens(node)
@@ -106,41 +105,41 @@ def _oversized_result(session: Session, settings: RolloverSettings) -> str | Non
 
 
 @ctxkernel.hookimpl
-def pre_step(session: Session, step: StepContext) -> None:
-    state = state_of(session)
-    current = ensure_window(session)
-    rollover = STRATEGY.on(session)
+def pre_step(ctx: Context, step: StepContext) -> None:
+    state = state_of(ctx)
+    current = ensure_window(ctx)
+    rollover = STRATEGY.on(ctx)
     settings = rollover.settings
     # the history index (the seed's goal and todos) folds a step's events at a time here, so a
     # switch finds it current instead of folding the whole window at its commit
     rollover.history()
     # likewise the parts of the seed fixed from the window's start, once per window
-    count_window_parts(session, state)
+    count_window_parts(ctx, state)
     try:
         if state.pending is not None:
-            switch(session, "manual", intent=state.pending)
+            switch(ctx, "manual", intent=state.pending)
             return
-        oversized = _oversized_result(session, settings)
-        pressure = session.pressure()
-        if oversized is None and pressure.tokens <= pressure.effective_window and _fresh(session):
+        oversized = _oversized_result(ctx, settings)
+        pressure = ctx.pressure()
+        if oversized is None and pressure.tokens <= pressure.effective_window and _fresh(ctx):
             # nothing has happened in this window yet: a reminder or another switch cannot help
             return
         if oversized is None and pressure.ratio < settings.rollover_ratio:
             if pressure.ratio >= settings.reminder_ratio and current not in state.reminded:
-                _remind(session, current, pressure)
+                _remind(ctx, current, pressure)
             return
         trigger = "overflow" if oversized is not None or pressure.tokens > pressure.effective_window else "auto"
-        if _backing_off(session, state.last_failure, current, trigger, pressure.effective_window):
+        if _backing_off(ctx, state.last_failure, current, trigger, pressure.effective_window):
             return  # the same switch failed on much the same surface; that failure was reported (fail loud, no loop)
         if trigger == "overflow":
             error = oversized or (
                 f"The context reached {pressure.tokens} tokens, over the {pressure.effective_window}-token window."
             )
-            switch(session, "overflow", error=error)
+            switch(ctx, "overflow", error=error)
         else:
-            switch(session, "auto")
+            switch(ctx, "auto")
     except RolloverError as exc:
-        STRATEGY.on(session).remind(step, f"[rollover] {exc}")
+        STRATEGY.on(ctx).remind(step, f"[rollover] {exc}")
 
 
 #: an automatic switch that failed is retried once the surface has grown by this share of what
@@ -150,7 +149,7 @@ RETRY_MIN_GROWTH = 1 / 32
 
 
 def _backing_off(
-    session: Session, failure: dict[str, Any] | None, window: str, trigger: str, effective_window: int
+    ctx: Context, failure: dict[str, Any] | None, window: str, trigger: str, effective_window: int
 ) -> bool:
     """True while the last failed switch's situation still holds: same window, same trigger, same
     model window, and a surface that has not grown materially since. Retrying then would fail the
@@ -161,19 +160,19 @@ def _backing_off(
     if not isinstance(failed_tokens, int) or failure.get("effective_window") != effective_window:
         return False  # an older failure without the figures, or another model: try again
     growth = max(int(failed_tokens * RETRY_GROWTH), int(effective_window * RETRY_MIN_GROWTH))
-    return session.meter.surface_tokens() < failed_tokens + growth
+    return ctx.meter.surface_tokens() < failed_tokens + growth
 
 
-def _fresh(session: Session) -> bool:
+def _fresh(ctx: Context) -> bool:
     """True when the model has not answered yet in this window (only the seed and new input)."""
-    state = state_of(session)
-    nodes = session.surface.nodes
+    state = state_of(ctx)
+    nodes = ctx.surface.nodes
     if state.seed_seq is not None and (not nodes or nodes[0].seq != state.seed_seq):
         return False
     return not any(n.role == "assistant" for n in nodes)
 
 
-def _remind(session: Session, window: str, pressure: Any) -> None:
+def _remind(ctx: Context, window: str, pressure: Any) -> None:
     text = (
         f"{tag('rollover-reminder', window=window)}This context window is {pressure.ratio:.0%} full "
         f"({pressure.remaining} tokens left). Save what the next window needs in notes (the goal, decisions, "
@@ -182,45 +181,45 @@ def _remind(session: Session, window: str, pressure: Any) -> None:
     )
     message = Message.user(text, STRATEGY.source("notice"))
     # one event carries both the message and the fact that this window was reminded
-    session.append([EventSpec(USER_MESSAGE, {"message": message.to_dict(), REMINDER_KEY: window}, append_op())])
+    STRATEGY.on(ctx).add_message(message, data={REMINDER_KEY: window})
 
 
 @ctxkernel.hookimpl
-def request_error(session: Session, error: ModelError) -> bool | None:
+def request_error(ctx: Context, error: ModelError) -> bool | None:
     if not isinstance(error, ContextOverflowError):
         return None
-    state = state_of(session)  # the streak is folded from the log: a restart keeps it
-    rollover = STRATEGY.on(session)
-    fresh = state.seed_seq is not None and _fresh(session)
+    state = state_of(ctx)  # the streak is folded from the log: a restart keeps it
+    rollover = STRATEGY.on(ctx)
+    fresh = state.seed_seq is not None and _fresh(ctx)
     attempts = state.overflow_streak
     if attempts >= rollover.settings.overflow_retries + 1 or (fresh and attempts > 0):
         # the seed itself does not fit: give the error to the harness (fail loud); the event
         # starts the next overflow's streak over, in every process
         rollover.emit("overflow", {"gave_up": True, "attempts": attempts})
         return False
-    before = session.meter.surface_tokens()
+    before = ctx.meter.surface_tokens()
     try:
-        switch(session, "overflow", error=redact(f"The provider refused the request: {error}"))
+        switch(ctx, "overflow", error=redact(f"The provider refused the request: {error}"))
     except RolloverError:
         return False
-    return session.meter.surface_tokens() < before
+    return ctx.meter.surface_tokens() < before
 
 
 @ctxkernel.hookimpl
-def commit(session: Session, result: Any) -> None:
+def commit(ctx: Context, result: Any) -> None:
     if result.strategy == NAME:
         # notes written from now on carry the new window id; the switch that committed set the
         # notes' limits a moment ago, so only the stamp changes (no settings look-up). The id is
         # the commit's own data (what the state folds it to): the state folds the batch at its
         # next use, the next step's pre_step, as it would anyway (moved, not removed)
         window = result.data.get("window_id")
-        STRATEGY.on(session).notes().current_window = window if isinstance(window, str) else state_of(session).current
+        STRATEGY.on(ctx).notes().current_window = window if isinstance(window, str) else state_of(ctx).current
 
 
 @ctxkernel.hookimpl
-def project(session: Session) -> dict[str, Any] | None:
-    state = state_of(session)
-    notes = notes_of(session)
+def project(ctx: Context) -> dict[str, Any] | None:
+    state = state_of(ctx)
+    notes = notes_of(ctx)
     # the inspector's panels: the chain of window ids, and the notes with their trust marks
     return {
         **state.to_dict(),
@@ -236,15 +235,15 @@ PANEL_ROWS = 100
 
 
 @ctxkernel.hookimpl
-def steward_actions(session: Session, request: Request) -> list[dict[str, Any]] | None:
+def steward_actions(ctx: Context, request: Request) -> list[dict[str, Any]] | None:
     """The simulator's stand-in for the model: when the reminder shows, save the goal and roll over."""
-    state = state_of(session)
+    state = state_of(ctx)
     if state.current is None or state.current not in state.reminded or state.pending is not None:
         return None
-    goal = _steward_goal(session)
+    goal = _steward_goal(ctx)
     calls: list[dict[str, Any]] = []
     if goal:
-        notes = notes_of(session)
+        notes = notes_of(ctx)
         if notes.exists("goal"):
             calls.append({"name": "note_update", "arguments": {"note": "goal", "content": goal}})
         else:
@@ -253,13 +252,13 @@ def steward_actions(session: Session, request: Request) -> list[dict[str, Any]] 
     return calls
 
 
-def _steward_goal(session: Session) -> str:
+def _steward_goal(ctx: Context) -> str:
     from .switch import current_turn_inputs
 
-    inputs = current_turn_inputs(session)
+    inputs = current_turn_inputs(ctx)
     if inputs:
         return inputs[-1][1].strip()[:4_000]
-    notes = notes_of(session)
+    notes = notes_of(ctx)
     return notes.read("goal").content if notes.exists("goal") else ""
 
 
@@ -301,11 +300,11 @@ def _summarising_strategies(report: ctxkernel.ValidationReport) -> list[str]:
     return [name for name in report.strategies_claiming("summary") if name != NAME]
 
 
-def inject_note(session: Session, path: str, content: str) -> Any:
+def inject_note(ctx: Context, path: str, content: str) -> Any:
     """Put a note in the session on the user's behalf (trust mark ``user-injected``)."""
-    ensure_window(session)
-    note = notes_of(session).write(path, content, trust="user-injected")
-    remember_note(session, note)
+    ensure_window(ctx)
+    note = notes_of(ctx).write(path, content, trust="user-injected")
+    remember_note(ctx, note)
     return note
 
 

@@ -29,7 +29,7 @@ from .seed import FIRST_DENSITY_GUESS, NoteCache
 from .strategy import NAME, STRATEGY
 
 if TYPE_CHECKING:
-    from ctxkernel import Event, Session
+    from ctxkernel import Context, Event
 
 WINDOW_EVENT = f"{NAME}/window"
 INTENT_EVENT = f"{NAME}/intent"
@@ -230,18 +230,18 @@ class RolloverState:
 STATE_VERSION = 2
 
 
-def state_of(session: Session) -> RolloverState:
+def state_of(ctx: Context) -> RolloverState:
     """The session's rollover state, folded up to the end of its log (opened from a session
     snapshot holding it: from there, so an open folds only the tail)."""
-    rollover = STRATEGY.on(session)
+    rollover = STRATEGY.on(ctx)
     holder = rollover.state
     state = holder.get("state")
     if not isinstance(state, RolloverState):
         restored = rollover.restored(
-            version=STATE_VERSION, load=lambda data: RolloverState.from_folded(data, len(session.events))
+            version=STATE_VERSION, load=lambda data: RolloverState.from_folded(data, len(ctx.events))
         )
         state = holder["state"] = restored or RolloverState()
-    events = session.events
+    events = ctx.events
     while state.cursor < len(events):
         state.fold(events[state.cursor])
         state.cursor += 1

@@ -1,5 +1,5 @@
 """The ``rollover`` strategy's declaration: its name, settings model and capabilities, written
-once; every module reaches the session through ``STRATEGY.on(session)``."""
+once; every module reaches the session through ``STRATEGY.on(ctx)``."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ from .strategy import STRATEGY
 from .window_ids import next_window_id
 
 if TYPE_CHECKING:
-    from ctxkernel import CommitResult, Session, StrategyHandle
+    from ctxkernel import CommitResult, Context, StrategyHandle
 
     from .settings import RolloverSettings
 
@@ -39,33 +39,33 @@ class RolloverError(CtxKernelError):
     """A window switch could not be done; the surface is unchanged and nothing was summarised."""
 
 
-def settings_of(session: Session) -> RolloverSettings:
-    return STRATEGY.on(session).settings
+def settings_of(ctx: Context) -> RolloverSettings:
+    return STRATEGY.on(ctx).settings
 
 
 def notes_of(
-    session: Session, settings: RolloverSettings | None = None, state: RolloverState | None = None
+    ctx: Context, settings: RolloverSettings | None = None, state: RolloverState | None = None
 ) -> StrategyNotes:
     """The session's notes, writes signed by rollover, stamped with the current window
     (``settings``, ``state``: the strategy's, when the caller has them already)."""
-    rollover = STRATEGY.on(session)
+    rollover = STRATEGY.on(ctx)
     s = settings if settings is not None else rollover.settings
     notes = rollover.notes(NotesLimits(s.max_notes, s.max_notes_bytes, s.max_note_bytes))
-    notes.current_window = (state if state is not None else state_of(session)).current
+    notes.current_window = (state if state is not None else state_of(ctx)).current
     return notes
 
 
-def counts_add(session: Session) -> bool:
+def counts_add(ctx: Context) -> bool:
     """True when the session's tokenizer counts a seed as the sum of its parts (a cut after a line
     end, before a tag or a heading: see :class:`~ctxkernel_rollover.seed.SeedParts`)."""
-    return session.meter.joins_exactly("\n", "<")
+    return ctx.meter.joins_exactly("\n", "<")
 
 
-def remember_note(session: Session, note: Note) -> None:
+def remember_note(ctx: Context, note: Note) -> None:
     """Render ``note``'s seed block, and count it where counts add, as the note is written: the
     note exists from now on, so the switch that shows it need not tokenise it (nor render it)."""
-    state_of(session).note_cache.prepare(
-        note, settings_of(session).seed_note_chars, session.meter.count_text if counts_add(session) else None
+    state_of(ctx).note_cache.prepare(
+        note, settings_of(ctx).seed_note_chars, ctx.meter.count_text if counts_add(ctx) else None
     )
 
 
@@ -78,55 +78,55 @@ def _chain(state: RolloverState) -> tuple[str, str, int, int]:
     return state.current, state.first or state.current, state.number + 1, archived_from
 
 
-def count_window_parts(session: Session, state: RolloverState | None = None) -> None:
+def count_window_parts(ctx: Context, state: RolloverState | None = None) -> None:
     """Count the parts of the seed that will end the current window which are fixed from its
     start (the chain's ids, where its items begin), where counts add: the plugin calls this in
     each step's ``pre_step``, and it counts them once per window (the window exists from then
     on), so the switch that ends the window tokenises only what is new."""
-    state = state if state is not None else state_of(session)
+    state = state if state is not None else state_of(ctx)
     cache = state.note_cache
-    if state.current is None or cache.window_of == state.current or not counts_add(session):
+    if state.current is None or cache.window_of == state.current or not counts_add(ctx):
         return
-    cache.prepare_window(state.current, window_texts(*_chain(state)), session.meter.count_text)
+    cache.prepare_window(state.current, window_texts(*_chain(state)), ctx.meter.count_text)
 
 
-def ensure_window(session: Session) -> str:
+def ensure_window(ctx: Context) -> str:
     """The current window id; the first window's id is recorded before it is first needed."""
-    state = state_of(session)
+    state = state_of(ctx)
     if state.current is None:
-        STRATEGY.on(session).emit("window", {"window_id": next_window_id(None), "first": True})
-        state = state_of(session)
+        STRATEGY.on(ctx).emit("window", {"window_id": next_window_id(None), "first": True})
+        state = state_of(ctx)
     assert state.current is not None
     return state.current
 
 
 def current_turn_inputs(
-    session: Session, limit: int = PENDING_INPUTS, state: RolloverState | None = None
+    ctx: Context, limit: int = PENDING_INPUTS, state: RolloverState | None = None
 ) -> list[tuple[int, str]]:
     """The user's own messages of the open turn (what the model still has to act on), the
     newest ``limit``, oldest first: from the folded state, not a walk back through the turn."""
-    if not session.turn_open:
+    if not ctx.turn_open:
         return []
-    seqs = (state if state is not None else state_of(session)).turn_inputs[-limit:]
-    return [(seq, _user_text(session, seq)) for seq in seqs]
+    seqs = (state if state is not None else state_of(ctx)).turn_inputs[-limit:]
+    return [(seq, _user_text(ctx, seq)) for seq in seqs]
 
 
-def _user_text(session: Session, seq: int) -> str:
+def _user_text(ctx: Context, seq: int) -> str:
     """The text of the user's message at ``seq``: its surface node's when it is visible (the
     same message, already decoded), else decoded from its event."""
-    node = session.surface.node(seq)
+    node = ctx.surface.node(seq)
     if node is not None:
         return node.message.text
-    return Message.from_dict(session.events[seq].data["message"]).text
+    return Message.from_dict(ctx.events[seq].data["message"]).text
 
 
-def _earlier_instructions(session: Session, count: int, state: RolloverState) -> list[tuple[int, str]]:
+def _earlier_instructions(ctx: Context, count: int, state: RolloverState) -> list[tuple[int, str]]:
     """The user's own recent instructions before the open turn (the open turn's are pending)."""
     if count <= 0:
         return []
-    pending = set(state.turn_inputs[-PENDING_INPUTS:]) if session.turn_open else set()
+    pending = set(state.turn_inputs[-PENDING_INPUTS:]) if ctx.turn_open else set()
     seqs = [s for s in state.instructions if s not in pending][-count:]
-    return [(s, _user_text(session, s)) for s in seqs]
+    return [(s, _user_text(ctx, s)) for s in seqs]
 
 
 def _goal(
@@ -160,7 +160,7 @@ FIGURE_DIGIT_TOKENS = 8
 
 
 def _fill_remaining(
-    session: Session,
+    ctx: Context,
     state: RolloverState,
     parts: SeedParts,
     tokens: int,
@@ -179,13 +179,13 @@ def _fill_remaining(
     as it is, else the seed is tokenised once, filled in from a guess, and once more only when
     the count shows the guess understated the tokens or overstated them by more than the slack.
     The figure never overstates the room (beyond the few tokens of its own digits)."""
-    meter = session.meter
+    meter = ctx.meter
     room, slack = window - overhead, FIGURE_SLACK * window
 
     def figure(seed_tokens: int) -> str:
         return f"{max(0, room - seed_tokens)} of {window}"
 
-    if counts_add(session):
+    if counts_add(ctx):
         tokenizer = meter.tokenizer.name
         parts.count_all_but_figure(meter.count_text, state.note_cache, tokenizer)
         others = sum(c for i, c in enumerate(parts.counts) if i != parts.figure and c is not None)
@@ -211,16 +211,16 @@ def _fill_remaining(
 
 
 def switch(
-    session: Session, trigger: str, *, intent: dict[str, Any] | None = None, error: str | None = None
+    ctx: Context, trigger: str, *, intent: dict[str, Any] | None = None, error: str | None = None
 ) -> CommitResult:
     """Start a new window now. Raises :class:`RolloverError` (after recording it) when it cannot."""
-    rollover = STRATEGY.on(session)
+    rollover = STRATEGY.on(ctx)
     settings = rollover.settings
-    current = ensure_window(session)
-    state = state_of(session)
+    current = ensure_window(ctx)
+    state = state_of(ctx)
     intent = intent if intent is not None else state.pending
     try:
-        result = _switch(session, rollover, settings, state, trigger, intent, error)
+        result = _switch(ctx, rollover, settings, state, trigger, intent, error)
     except CtxKernelError as exc:
         text = f"{type(exc).__name__}: {exc}"
         rollover.emit(
@@ -232,13 +232,13 @@ def switch(
                 "error": text[:2000],
                 # what an automatic retry is measured against (see plugin.pre_step: back off until
                 # the surface has grown materially or the window, trigger or model changed)
-                "surface_tokens": session.meter.surface_tokens(),
-                "effective_window": session.pressure().effective_window,
+                "surface_tokens": ctx.meter.surface_tokens(),
+                "effective_window": ctx.pressure().effective_window,
             },
         )
         log.error(
             "rollover failed; the surface is unchanged and nothing was summarised",
-            session=session.id,
+            session=ctx.id,
             trigger=trigger,
             error=text,
         )
@@ -246,7 +246,7 @@ def switch(
         raise RolloverError(msg) from exc
     log.info(
         "rollover",
-        session=session.id,
+        session=ctx.id,
         trigger=trigger,
         window=state.current,
         tokens_before=result.tokens_before,
@@ -256,7 +256,7 @@ def switch(
 
 
 def _switch(
-    session: Session,
+    ctx: Context,
     rollover: StrategyHandle[RolloverSettings],
     settings: RolloverSettings,
     state: RolloverState,
@@ -264,17 +264,17 @@ def _switch(
     intent: dict[str, Any] | None,
     error: str | None,
 ) -> CommitResult:
-    nodes = session.surface.nodes
+    nodes = ctx.surface.nodes
     if not nodes:
         msg = "the surface is empty: there is nothing to roll over"
         raise RolloverError(msg)
-    if session.surface.pending_calls:
+    if ctx.surface.pending_calls:
         # never mid tool batch (§3.5): only pre_step and request_error call us, both between steps
-        msg = f"tool calls {sorted(session.surface.pending_calls)} still wait for results"
+        msg = f"tool calls {sorted(ctx.surface.pending_calls)} still wait for results"
         raise RolloverError(msg)
-    notes = notes_of(session, settings, state)
-    pressure = session.pressure()
-    surface_tokens = session.meter.surface_tokens()
+    notes = notes_of(ctx, settings, state)
+    pressure = ctx.pressure()
+    surface_tokens = ctx.meter.surface_tokens()
     overhead = max(0, pressure.tokens - surface_tokens)  # system prompt, tools, anchor correction
     budget = int(settings.seed_ratio * pressure.effective_window)
     if trigger != "manual":
@@ -296,28 +296,28 @@ def _switch(
         trigger=trigger,
         goal=goal,
         goal_source=goal_source,
-        pending=current_turn_inputs(session, state=state),
+        pending=current_turn_inputs(ctx, state=state),
         notes=active,
         archived_from=archived_from,
-        archived_to=session.next_seq - 1,
+        archived_to=len(ctx.events) - 1,
         error=error,
         hidden_note_paths=hidden,
-        instructions=_earlier_instructions(session, settings.instructions_count, state),
+        instructions=_earlier_instructions(ctx, settings.instructions_count, state),
         instructions_chars=settings.instructions_chars,
         pending_base=settings.pending_input_chars,
     )
-    framing = session.meter.count_message(Message.user(""))  # the per-message framing
+    framing = ctx.meter.count_message(Message.user(""))  # the per-message framing
     parts, seed_tokens, counted = compose_seed(
         seed,
         budget_tokens=max(budget - framing, 1),
-        count=session.meter.count_text,
+        count=ctx.meter.count_text,
         goal_chars=settings.goal_chars,
         pending_chars=settings.pending_input_chars,
         note_chars=settings.seed_note_chars,
         note_cache=state.note_cache,
     )
     text, seed_tokens = _fill_remaining(
-        session, state, parts, seed_tokens + framing, counted, framing, pressure.effective_window, overhead
+        ctx, state, parts, seed_tokens + framing, counted, framing, pressure.effective_window, overhead
     )
     # the budget always admits the minimal seed (render_seed falls back to it when nothing else
     # fits); what an automatic switch cannot do is replace the surface with something no smaller

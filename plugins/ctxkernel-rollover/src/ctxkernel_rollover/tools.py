@@ -13,7 +13,7 @@ import orjson
 from pydantic import Field
 
 from ctxkernel import MAX_INT_ARG, CompactTool, Tool, ToolArgs, ToolOutcome
-from ctxkernel.recall.history import ITEM_CHARS_MAX, LIST_MAX, QUERY_MAX_CHARS, History
+from ctxkernel.recall.history import ITEM_CHARS_MAX, LIST_MAX, QUERY_MAX_CHARS
 from ctxkernel.recall.notes import MAX_PATH_CHARS, Note, NoteNotFoundError, NotesLimits, render_note
 
 from .state import state_of
@@ -21,7 +21,7 @@ from .strategy import STRATEGY
 from .switch import ensure_window, notes_of, remember_note, settings_of
 
 if TYPE_CHECKING:
-    from ctxkernel import Session
+    from ctxkernel import Context
 
 NEW_CONTEXT_ANSWER = "A new context window will start without summarizing conversation history."
 READ_CHARS_MAX = 20_000
@@ -36,8 +36,8 @@ def _trust(from_tool_output: bool) -> str:
     return "tool-output" if from_tool_output else "model-authored"
 
 
-def _resolve(session: Session, ref: str) -> Note:
-    notes = notes_of(session)
+def _resolve(ctx: Context, ref: str) -> Note:
+    notes = notes_of(ctx)
     if ref.startswith("n_"):
         try:
             return notes.get(ref)
@@ -59,10 +59,10 @@ class NoteCreateArgs(ToolArgs):
     from_tool_output: bool = Field(default=False, description="true if copied from tool output")
 
 
-def note_create(session: Session, args: NoteCreateArgs) -> ToolOutcome:
-    ensure_window(session)
-    note = notes_of(session).create(args.path, args.content, trust=_trust(args.from_tool_output))
-    remember_note(session, note)
+def note_create(ctx: Context, args: NoteCreateArgs) -> ToolOutcome:
+    ensure_window(ctx)
+    note = notes_of(ctx).create(args.path, args.content, trust=_trust(args.from_tool_output))
+    remember_note(ctx, note)
     return ToolOutcome(f"created note {_brief(note)}")
 
 
@@ -72,16 +72,16 @@ class NoteUpdateArgs(ToolArgs):
     from_tool_output: bool = False
 
 
-def note_update(session: Session, args: NoteUpdateArgs) -> ToolOutcome:
-    ensure_window(session)
-    notes = notes_of(session)
-    note = _resolve(session, args.note)
+def note_update(ctx: Context, args: NoteUpdateArgs) -> ToolOutcome:
+    ensure_window(ctx)
+    notes = notes_of(ctx)
+    note = _resolve(ctx, args.note)
     if note.archived:
         return ToolOutcome(
             f"note_update refused: note {note.id} ({note.path!r}) is archived; create a new note", is_error=True
         )
     note = notes.update(note.id, args.content, trust=_trust(args.from_tool_output))
-    remember_note(session, note)
+    remember_note(ctx, note)
     return ToolOutcome(f"updated note {_brief(note)}; earlier versions stay retrievable with note_get(version=...)")
 
 
@@ -91,10 +91,10 @@ class NoteAppendArgs(ToolArgs):
     from_tool_output: bool = False
 
 
-def note_append(session: Session, args: NoteAppendArgs) -> ToolOutcome:
-    ensure_window(session)
-    note = notes_of(session).append(args.path, args.text, trust=_trust(args.from_tool_output))
-    remember_note(session, note)
+def note_append(ctx: Context, args: NoteAppendArgs) -> ToolOutcome:
+    ensure_window(ctx)
+    note = notes_of(ctx).append(args.path, args.text, trust=_trust(args.from_tool_output))
+    remember_note(ctx, note)
     return ToolOutcome(f"appended to note {_brief(note)}")
 
 
@@ -105,10 +105,10 @@ class NoteGetArgs(ToolArgs):
     max_chars: int = Field(default=8_000, ge=1, le=READ_CHARS_MAX)
 
 
-def note_get(session: Session, args: NoteGetArgs) -> ToolOutcome:
-    note = _resolve(session, args.note)
+def note_get(ctx: Context, args: NoteGetArgs) -> ToolOutcome:
+    note = _resolve(ctx, args.note)
     if args.version is not None:
-        versions = notes_of(session).versions(note.id)
+        versions = notes_of(ctx).versions(note.id)
         if args.version > len(versions):
             return ToolOutcome(f"note_get refused: note {note.id} has versions 1..{len(versions)}", is_error=True)
         note = versions[args.version - 1]
@@ -128,10 +128,10 @@ class NoteDeleteArgs(ToolArgs):
     note: str = Field(max_length=MAX_PATH_CHARS, description="the note's id (n_...) or path")
 
 
-def note_delete(session: Session, args: NoteDeleteArgs) -> ToolOutcome:
-    ensure_window(session)
-    note = _resolve(session, args.note)
-    archived = notes_of(session).delete(note.id)
+def note_delete(ctx: Context, args: NoteDeleteArgs) -> ToolOutcome:
+    ensure_window(ctx)
+    note = _resolve(ctx, args.note)
+    archived = notes_of(ctx).delete(note.id)
     return ToolOutcome(f"archived note {_brief(archived)}; its versions stay readable with note_get('{archived.id}')")
 
 
@@ -141,8 +141,8 @@ class NoteListArgs(ToolArgs):
     cursor: str | None = Field(default=None, max_length=MAX_PATH_CHARS)
 
 
-def note_list(session: Session, args: NoteListArgs) -> ToolOutcome:
-    page = notes_of(session).list(args.prefix, limit=args.limit, cursor=args.cursor)
+def note_list(ctx: Context, args: NoteListArgs) -> ToolOutcome:
+    page = notes_of(ctx).list(args.prefix, limit=args.limit, cursor=args.cursor)
     lines = [f"{page.total} note(s) under {args.prefix!r}:" if args.prefix else f"{page.total} note(s):"]
     for note in page.items:
         first = note.content.strip().splitlines()[0][:100] if note.content.strip() else ""
@@ -158,8 +158,8 @@ class NoteSearchArgs(ToolArgs):
     prefix: str = Field(default="", max_length=MAX_PATH_CHARS)
 
 
-def note_search(session: Session, args: NoteSearchArgs) -> ToolOutcome:
-    result = notes_of(session).search(
+def note_search(ctx: Context, args: NoteSearchArgs) -> ToolOutcome:
+    result = notes_of(ctx).search(
         args.query,
         prefix=args.prefix,
         case_sensitive=args.case_sensitive,
@@ -179,19 +179,17 @@ class NewContextArgs(ToolArgs):
     next_goal: str | None = Field(default=None, max_length=8_000)
 
 
-def new_context(session: Session, args: NewContextArgs) -> ToolOutcome:
+def new_context(ctx: Context, args: NewContextArgs) -> ToolOutcome:
     """Record the intent only (§3.5): the switch happens at the next pre-step, after the batch."""
-    current = ensure_window(session)
-    state = state_of(session)
+    current = ensure_window(ctx)
+    state = state_of(ctx)
     if state.pending is not None:
         return ToolOutcome(
             f"new_context refused: a new context window is already pending (requested at item_{state.pending['seq']}); "
             "it starts after this batch. Nothing was changed.",
             is_error=True,
         )
-    STRATEGY.on(session).emit(
-        "intent", {"intent_id": uuid.uuid4().hex, "next_goal": args.next_goal, "window_id": current}
-    )
+    STRATEGY.on(ctx).emit("intent", {"intent_id": uuid.uuid4().hex, "next_goal": args.next_goal, "window_id": current})
     return ToolOutcome(NEW_CONTEXT_ANSWER, conclude_turn=True)
 
 
@@ -199,11 +197,11 @@ class NoArgs(ToolArgs):
     pass
 
 
-def context_remaining(session: Session, args: NoArgs) -> ToolOutcome:
-    current = ensure_window(session)
-    state = state_of(session)
-    settings = settings_of(session)
-    p = session.pressure()
+def context_remaining(ctx: Context, args: NoArgs) -> ToolOutcome:
+    current = ensure_window(ctx)
+    state = state_of(ctx)
+    settings = settings_of(ctx)
+    p = ctx.pressure()
     return ToolOutcome(
         f"{p.remaining} tokens remain of the {p.effective_window}-token window ({p.tokens} used, {p.ratio:.0%}). "
         f"Window {current} (number {state.number}). A reminder comes at {settings.reminder_ratio:.0%}; a new window "
@@ -224,17 +222,17 @@ class HistoryLookupArgs(ToolArgs):
     cursor: str | None = Field(default=None, max_length=ID_ARG_CHARS)
 
 
-def _window_ref(session: Session, ref: str | None) -> str | int | None:
+def _window_ref(ctx: Context, ref: str | None) -> str | int | None:
     # the first window has no switch to carry its id: map it to window 1 for the history index
-    if ref is not None and ref == state_of(session).first:
+    if ref is not None and ref == state_of(ctx).first:
         return 1
     return ref
 
 
-def history_lookup(session: Session, args: HistoryLookupArgs) -> ToolOutcome:
-    history = History.for_session(session)
+def history_lookup(ctx: Context, args: HistoryLookupArgs) -> ToolOutcome:
+    history = STRATEGY.on(ctx).history()
     common: dict[str, Any] = {
-        "window": _window_ref(session, args.window),
+        "window": _window_ref(ctx, args.window),
         "role": args.role,
         "seq_from": args.seq_from,
         "seq_to": args.seq_to,
@@ -248,7 +246,7 @@ def history_lookup(session: Session, args: HistoryLookupArgs) -> ToolOutcome:
         out = history.list_items(**common)
     # attribute every item to its window id (the first window's id is ours: no switch carries it)
     ids = {w.number: w.id for w in history.windows if w.id}
-    first = state_of(session).first
+    first = state_of(ctx).first
     if first is not None:
         ids.setdefault(1, first)
     for item in out.get("items", ()):
@@ -262,8 +260,8 @@ class HistoryReadArgs(ToolArgs):
     max_chars: int = Field(default=8_000, ge=1, le=READ_CHARS_MAX)
 
 
-def history_read(session: Session, args: HistoryReadArgs) -> ToolOutcome:
-    out = History.for_session(session).read_item(args.item, offset_chars=args.offset_chars, max_chars=args.max_chars)
+def history_read(ctx: Context, args: HistoryReadArgs) -> ToolOutcome:
+    out = STRATEGY.on(ctx).history().read_item(args.item, offset_chars=args.offset_chars, max_chars=args.max_chars)
     return ToolOutcome(orjson.dumps(out).decode())
 
 
