@@ -119,7 +119,7 @@ def incremental_pressure(bench: Bench) -> None:
         return session.pressure().tokens
 
     def recount() -> int:
-        system, tools, _, _ = session._system_and_tools()
+        system, tools, _, _ = session._tooling.compose()
         total = tokenizer.count(system) + tokenizer.count(orjson.dumps(tools).decode())
         for node in session.surface:
             total += tokenizer.count(message_text_for_count(node.message))

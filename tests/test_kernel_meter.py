@@ -167,5 +167,5 @@ def test_a_changed_header_drops_the_anchor(tmp_path: Path) -> None:
     session.set_harness_tools([{"type": "function", "function": {"name": "shell", "parameters": {"type": "object"}}}])
     pressure = session.pressure()
     assert not pressure.anchored
-    _, tools, _, header_tokens = session._system_and_tools()
+    _, tools, _, header_tokens = session._tooling.compose()
     assert pressure.tokens == header_tokens + session.meter.surface_tokens()

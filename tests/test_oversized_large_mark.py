@@ -25,7 +25,7 @@ from ctxkernel.testing import build_kernel
 
 
 def clear_large_mark(session: Session) -> None:
-    session._oversized_large_clear_at = None
+    session.oversized.large_clear_at = None
 
 
 def no_large_mark() -> contextlib.AbstractContextManager[None]:
@@ -34,7 +34,7 @@ def no_large_mark() -> contextlib.AbstractContextManager[None]:
 
 def check_mark(session: Session) -> bool:
     """When the mark holds now, nothing on the surface is over its cap; True when it held."""
-    mark = session._oversized_large_clear_at
+    mark = session.oversized.large_clear_at
     meter = session.meter
     meter.surface_tokens()
     if mark is None or mark[0] != meter.large_changes:
@@ -61,7 +61,7 @@ def test_a_request_after_a_clear_pass_skips_the_scan(tmp_path: Path) -> None:
     session.prepare_request()
     session.commit_reply(Message.assistant("ok"))
     session.end_turn()
-    assert session.meter.large and session._oversized_large_clear_at is not None
+    assert session.meter.large and session.oversized.large_clear_at is not None
     scanned = []
     real = guard._large_nodes
     with mock.patch.object(guard, "_large_nodes", lambda s, above: scanned.append(above) or real(s, above)):

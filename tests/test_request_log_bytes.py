@@ -22,9 +22,10 @@ from test_oversized_large_mark import clear_large_mark
 from test_request_memos import excerpt_after, run, step, twin_sessions, words
 
 from ctxkernel import Message, Session
-from ctxkernel import session as session_module
 from ctxkernel.messages import ToolCallBlock
 from ctxkernel.plugins import HookFacade
+from ctxkernel.session import reply as session_module
+from ctxkernel.session.route import Routing
 from ctxkernel.surface import Surface
 from ctxkernel.text import storable
 
@@ -39,10 +40,10 @@ def _storable_message_before(message: Message) -> tuple[Message, dict[str, Any]]
 
 @contextlib.contextmanager
 def paths_before() -> Iterator[None]:
-    model_settings = Session.model_settings
+    model_settings = Routing.model_settings
 
-    def settings_fresh(self: Session) -> Any:
-        self._settings_memo = None
+    def settings_fresh(self: Routing) -> Any:
+        self._memo = None
         return model_settings(self)
 
     def always_dispatch(self: HookFacade, name: str, session: Any, /, **kwargs: Any) -> None:
@@ -52,7 +53,7 @@ def paths_before() -> Iterator[None]:
         mock.patch.object(Surface, "messages", lambda self: [n.message for n in self.nodes]),
         mock.patch.object(Surface, "seqs", lambda self: [n.seq for n in self.nodes]),
         mock.patch.object(session_module, "_storable_message", _storable_message_before),
-        mock.patch.object(Session, "model_settings", settings_fresh),
+        mock.patch.object(Routing, "model_settings", settings_fresh),
         mock.patch.object(HookFacade, "_call_if_implemented", always_dispatch),
         excerpt_after(clear_large_mark),
     ):

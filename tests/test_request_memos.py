@@ -47,7 +47,7 @@ step = st.one_of(
 
 
 def fresh_pressure(session: Session) -> Any:
-    session._pressure_memo = None
+    session._gauge.memo = None
     return session.pressure()
 
 
@@ -63,7 +63,7 @@ def excerpt_after(clear: Callable[[Session], None]) -> Iterator[None]:
 
     with (
         mock.patch.object(guard, "excerpt_oversized", excerpt_cleared),
-        mock.patch("ctxkernel.session.excerpt_oversized", excerpt_cleared),
+        mock.patch("ctxkernel.session.compose.excerpt_oversized", excerpt_cleared),
         mock.patch("ctxkernel.handle.excerpt_oversized", excerpt_cleared),  # basic's, through its handle
     ):
         yield
@@ -75,11 +75,11 @@ def no_memos() -> Iterator[None]:
     pressure = Session.pressure
 
     def pressure_fresh(self: Session) -> Any:
-        self._pressure_memo = None
+        self._gauge.memo = None
         return pressure(self)
 
     def clear_mark(session: Session) -> None:
-        session._oversized_clear_at = None
+        session.oversized.clear_at = None
 
     with mock.patch.object(Session, "pressure", pressure_fresh), excerpt_after(clear_mark):
         yield
@@ -126,7 +126,7 @@ def check_memos(session: Session) -> None:
     memoised = session.pressure()
     assert memoised == fresh_pressure(session)
     window = memoised.effective_window
-    if session._oversized_clear_at == (len(session.events), window):
+    if session.oversized.clear_at == (len(session.events), window):
         cap = int(MAX_MESSAGE_SHARE * window)
         assert all(session.meter.node_tokens(n) <= cap for n in session.surface.nodes)
 

@@ -95,7 +95,7 @@ def test_every_answer_is_the_fresh_one(tmp_path_factory: Any, drawn: list[tuple[
         session.user(f"question {k}")
         request = session.prepare_request()
         assert request.pressure.context_window == fresh_settings(session).context_window
-        assert session._settings_memo is None  # nothing kept once the request is prepared
+        assert session._routing._memo is None  # nothing kept once the request is prepared
         session.commit_reply(Message.assistant(f"answer {k}"))
         session.end_turn()
         assert same(session.model_settings(), fresh_settings(session))
@@ -110,4 +110,4 @@ def test_the_memo_is_dropped_when_the_request_fails(tmp_path: Any) -> None:
     session.commit_reply(Message.assistant("", [ToolCallBlock("c1", "read", {"path": "a"})]))
     with pytest.raises(ctxkernel.EventError, match="wait for results"):
         session.prepare_request()  # refused inside the request, after the memo was set up
-    assert session._settings_memo is None and session._preparing == 0
+    assert session._routing._memo is None and session._routing._preparing == 0

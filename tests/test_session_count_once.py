@@ -35,7 +35,7 @@ def test_a_reply_is_tokenised_once_by_the_kernel(tmp_path: Path) -> None:
     session, counting = counted_session(tmp_path)
     session.user("start the work")
     session.prepare_request()
-    request_tokens = session._request_estimate
+    request_tokens = session._composer.request_estimate
     reply = "the reply, counted for the estimate and on the surface " * 5
     session.commit_reply(Message.assistant(reply), usage={"prompt_tokens": 30, "completion_tokens": 70})
     session.user("and the next thing")
@@ -59,7 +59,7 @@ def test_messages_counted_before_their_append_are_tokenised_once(tmp_path: Path)
     assert counts == [Meter(get_tokenizer()).count_message(m) for m in history]
     assert len(counting.texts) == len(history)
     assert session.meter.surface_tokens() == recount(session)
-    assert not session._counted  # every count was taken by its node
+    assert not session._counts.pending  # every count was taken by its node
 
 
 def test_a_count_of_other_text_is_not_taken(tmp_path: Path) -> None:
@@ -74,7 +74,7 @@ def test_the_kept_counts_are_bounded(tmp_path: Path) -> None:
     session, _ = counted_session(tmp_path)
     for index in range(5 * COUNTED_ENTRIES):
         session.count_message(Message.user(f"never appended {index}"))
-        assert len(session._counted) <= COUNTED_ENTRIES
+        assert len(session._counts.pending) <= COUNTED_ENTRIES
 
 
 texts = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=40)

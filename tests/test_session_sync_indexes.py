@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ctxkernel import Message
-from ctxkernel import session as session_module
+from ctxkernel.session import snapshots as session_module
 from ctxkernel.snapshot import SnapshotIndex
 from ctxkernel.testing import build_kernel
 

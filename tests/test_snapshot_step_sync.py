@@ -51,7 +51,9 @@ def prepared_equals_unprepared(home: Path, turns: list[tuple[int, int]]) -> Any:
         # folded at the step's end: a snapshot now folds nothing
         assert session.state[TIMELINE_KEY].cursor == len(session.events)
         assert session.state[HISTORY_KEY].cursor == len(session.events)
-        assert session._snapshots.encode(session) == SnapshotWriter().encode(session)
+        assert session._snapshots.writer.encode(session, session._tracker.snapshot()) == SnapshotWriter().encode(
+            session, session._tracker.snapshot()
+        )
     return session
 
 

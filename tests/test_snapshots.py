@@ -59,7 +59,7 @@ def state_of(session: Any) -> dict[str, Any]:
             session.open_compaction,
             session.header_hash,
             session.route,
-            session._anchor,
+            session._tracker.anchor,
         ),
         "summaries": session.compaction_summaries,
         "events": len(session.events),

@@ -148,7 +148,9 @@ def test_a_whole_surface_commit_leaves_the_general_paths_state(tmp_path_factory,
             session.tool_result(call_id, "late")
         # the live state is the state built from nothing: the total, the indexes, the snapshot
         assert session.meter.surface_tokens() == fresh_count(session, session.surface.nodes)
-        assert session._snapshots.encode(session) == SnapshotWriter().encode(session)
+        assert session._snapshots.writer.encode(session, session._tracker.snapshot()) == SnapshotWriter().encode(
+            session, session._tracker.snapshot()
+        )
         replayed = build_kernel(session.store.home, fsync=False, store={"snapshot_every": 0}).open_session(session.id)
         assert [(n.seq, n.turn, n.step) for n in replayed.surface.nodes] == [
             (n.seq, n.turn, n.step) for n in session.surface.nodes

@@ -52,8 +52,8 @@ def turn(session: Any, n: int, usage: Any) -> Any:
 
 def counted(session: Any) -> int:
     """The request as the meter counts it: header, surface, decorations."""
-    _, _, _, header = session._system_and_tools()
-    return header + session.meter.surface_tokens() + session._last_decoration_delta
+    _, _, _, header = session._tooling.compose()
+    return header + session.meter.surface_tokens() + session._tracker.decoration_delta
 
 
 def compactions(session: Any) -> list[list[int]]:

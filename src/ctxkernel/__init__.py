@@ -7,16 +7,6 @@ each receiving a :class:`Context` (the session as strategies see it) from which
 :mod:`ctxkernel.testing`.
 """
 
-from .compaction import (
-    SUMMARY_SECTIONS,
-    CommitResult,
-    Region,
-    Span,
-    Summary,
-    balanced_cut_at_or_before,
-    head_region,
-    whole_surface_but_last,
-)
 from .context import Context, MeterView, SurfaceView
 from .controls import MANUAL_ACTIONS, ManualCompaction, ManualOutcome
 from .errors import (
@@ -52,14 +42,23 @@ from .loop import AgentLoop, AsyncAgentLoop, AsyncSession, TurnResult
 from .messages import Message, ReasoningBlock, Source, TextBlock, ToolCallBlock, ToolResultBlock
 from .meter import Pressure
 from .models import ModelAdapter, OpenAIChatModel, Reply, ScriptedModel
-from .plugins import NoSettings, StrategySpec
 from .profile import Profile, load_profile
+from .report import ValidationReport
 from .session import EventSpec, ReplyDraft, Request, RequestHeader, Session, StepContext
-from .snapshot import StrategySnapshot
+from .spans import (
+    SUMMARY_SECTIONS,
+    CommitResult,
+    Region,
+    Span,
+    Summary,
+    balanced_cut_at_or_before,
+    head_region,
+    whole_surface_but_last,
+)
+from .spec import NoSettings, StrategySnapshot, StrategySpec
 from .store.base import BlobInfo, check_blob_key, check_session_id
 from .surface import Node
 from .tools import MAX_INT_ARG, CompactTool, Tool, ToolArgs, ToolOutcome, compact_schema
-from .validate import ValidationReport
 
 __all__ = [
     "AgentLoop",

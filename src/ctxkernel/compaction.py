@@ -1,4 +1,4 @@
-"""The compaction transaction (HOST-MODEL §3) and the helpers that choose balanced regions.
+"""The compaction transaction: the one way a strategy changes the surface beyond appending.
 
 Every strategy that changes the surface beyond appending goes through :func:`run_transaction`
 (via :meth:`Session.compact`): summaries, model-authored compressions, drops, window switches and
@@ -32,8 +32,7 @@ chapter archives alike. The steps, in order:
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import instructions
@@ -43,7 +42,6 @@ from .errors import (
     ShrinkCheckError,
     SurfaceChangedError,
     SurfaceError,
-    UnbalancedCutError,
 )
 from .events import (
     COMPACTION_END,
@@ -58,177 +56,37 @@ from .events import (
 )
 from .lease import CompactionLease
 from .logging import get_logger
-from .messages import Message, Source
+from .messages import Message
 from .redact import redact
 
+# the values a transaction is made of live in spans.py; these names are kept here for callers
+from .spans import (
+    CHECKPOINT_CLOSE,
+    CHECKPOINT_OPEN,
+    SUMMARY_SECTIONS,
+    CommitResult,
+    Region,
+    Render,
+    Span,
+    SpanResult,
+    Summary,
+    balanced_cut_at_or_before,
+    checkpoint_message,
+    head_region,
+    validate_spans,
+    whole_surface_but_last,
+)
+
 if TYPE_CHECKING:
-    from .context import MeterView, SurfaceView
-    from .session import Session
+    from .meter import Meter
+    from .ports import SessionPort
     from .surface import Node, Surface
 
 log = get_logger("ctxkernel.compaction")
 
-CHECKPOINT_OPEN = "<context-checkpoint>"
-CHECKPOINT_CLOSE = "</context-checkpoint>"
-
-#: the eight headings of a summary, in order: the built-in ``basic`` directive and extractive
-#: summary and the handoff strategy both use them, so a summary from either reads the same
-SUMMARY_SECTIONS: tuple[str, ...] = (
-    "Primary Request and Intent",
-    "Key Technical Concepts",
-    "Files and Code",
-    "Errors and Fixes",
-    "Pending Jobs",
-    "Current Work",
-    "Next Step",
-    "Critical Context",
-)
-
-
-@dataclass(frozen=True)
-class Summary:
-    """A summary and, when a model wrote it, who and at what cost."""
-
-    text: str
-    provider: str | None = None
-    model: str | None = None
-    usage: dict[str, int] | None = None
-    data: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Region:
-    """A contiguous run of surface nodes handed to ``summarize``."""
-
-    nodes: tuple[Node, ...]
-    tokens: int
-    strategy: str
-    kind: str
-
-    @property
-    def seqs(self) -> list[int]:
-        return [n.seq for n in self.nodes]
-
-    @property
-    def messages(self) -> list[Message]:
-        return [n.message for n in self.nodes]
-
-
-@dataclass
-class Span:
-    """One range a transaction replaces (``start``..``end`` are surface node seqs).
-
-    Give ``message`` for an exact replacement, or ``summary`` text to be wrapped by the
-    transaction's ``render``; with neither, the ``summarize`` hook writes it. A span of one tool
-    result whose ``message`` is a tool message rewrites that result's content in place (same call
-    id, name and error flag), keeping its pairing. ``remove`` drops
-    the range with no replacement (a cited ``surface/drop``).
-    """
-
-    start: int
-    end: int
-    summary: str | Summary | None = None
-    message: Message | None = None
-    remove: bool = False
-    data: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class SpanResult:
-    cites: list[int]
-    replacement_seq: int | None
-    tokens_before: int
-    tokens_after: int
-    summary: Summary | None
-
-
-@dataclass(frozen=True)
-class CommitResult:
-    """What a committed transaction did (passed to the ``commit`` hook)."""
-
-    compaction_id: str
-    strategy: str
-    kind: str
-    spans: list[SpanResult]
-    start_seq: int
-    end_seq: int
-    data: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def tokens_before(self) -> int:
-        return sum(s.tokens_before for s in self.spans)
-
-    @property
-    def tokens_after(self) -> int:
-        return sum(s.tokens_after for s in self.spans)
-
-    @property
-    def cites(self) -> list[int]:
-        return [c for s in self.spans for c in s.cites]
-
-
-def checkpoint_message(summary: Summary | str, strategy: str, form: str = "checkpoint") -> Message:
-    """The default replacement: the summary in a marked block, written as a plugin message."""
-    text = summary.text if isinstance(summary, Summary) else summary
-    return Message.user(f"{CHECKPOINT_OPEN}\n{text.strip()}\n{CHECKPOINT_CLOSE}", Source.plugin_form(strategy, form))
-
-
-Render = Callable[[Summary, "Region"], Message]
-
-
-def validate_spans(surface: Surface, spans: Sequence[Span]) -> list[list[Node]]:
-    """Step 1: every span on the surface, balanced, not overlapping. Nothing is written."""
-    if not spans:
-        msg = "a compaction needs at least one span"
-        raise CompactionError(msg)
-    taken: list[tuple[int, int, int]] = []  # (first, last position, span index) of each span so far
-    resolved = []
-    for i, span in enumerate(spans):
-        try:
-            nodes = surface.span(span.start, span.end)
-        except SurfaceError as exc:
-            raise CompactionError(f"span {i} ({span.start}..{span.end}): {exc}") from None
-        if span.message is not None and span.message.role == "tool" and not _is_result_rewrite(span, nodes):
-            msg = f"span {i} ({span.start}..{span.end}): a tool message can replace only one tool result"
-            raise CompactionError(msg)
-        if _is_result_rewrite(span, nodes):
-            # a content-only replacement of one tool result keeps its pairing (the surface checks
-            # that the call id, name and error flag are unchanged), so it is not a cut at all
-            pass
-        else:
-            try:
-                surface.check_range_closed(nodes)
-            except SurfaceError as exc:
-                raise UnbalancedCutError(f"span {i} ({span.start}..{span.end}) is not a balanced cut: {exc}") from None
-        # a span is a run of positions: two overlap where their runs do (first shared node named)
-        first = surface.position(nodes[0].seq)
-        assert first is not None  # surface.span found it
-        last = first + len(nodes) - 1
-        shared = [(max(first, a), j) for a, b, j in taken if a <= last and first <= b]
-        if shared:
-            position, j = min(shared)
-            msg = f"span {i} ({span.start}..{span.end}) overlaps span {j} at seq {surface.nodes[position].seq}"
-            raise CompactionError(msg)
-        taken.append((first, last, i))
-        if span.remove and (span.message is not None or span.summary is not None):
-            msg = f"span {i}: a removal carries no summary or message"
-            raise CompactionError(msg)
-        resolved.append(nodes)
-    return resolved
-
-
-def _is_result_rewrite(span: Span, nodes: list[Node]) -> bool:
-    """True for a span that replaces one tool result with a tool message (new content only)."""
-    return len(nodes) == 1 and nodes[0].role == "tool" and span.message is not None and span.message.role == "tool"
-
-
-def open_compaction(session: Session) -> dict[str, Any] | None:
-    """The unmatched ``compaction/start`` data (with its seq), or None."""
-    return session.open_compaction
-
 
 def run_transaction(
-    session: Session,
+    session: SessionPort,
     spans: Sequence[Span],
     *,
     strategy: str,
@@ -313,7 +171,7 @@ class _CompactionOpened(Exception):
 
 
 def _summarized(
-    session: Session,
+    session: SessionPort,
     spans: Sequence[Span],
     resolved: list[list[Node]],
     strategy: str,
@@ -343,7 +201,7 @@ def _summarized(
 
 
 def _run_steps(
-    session: Session,
+    session: SessionPort,
     spans: Sequence[Span],
     resolved: list[list[Node]],
     lease: CompactionLease | None,
@@ -542,7 +400,7 @@ def _run_steps(
     return result
 
 
-def _span_tokens(meter: Any, surface: Surface, nodes: list[Node]) -> int:
+def _span_tokens(meter: Meter, surface: Surface, nodes: list[Node]) -> int:
     """The exact tokens of a span's nodes. A span that is the whole surface (a window switch, a
     handoff) costs the meter's surface total, which is exact and current (it counts only the nodes
     never counted before), instead of a sum over its ~200 nodes."""
@@ -551,7 +409,7 @@ def _span_tokens(meter: Any, surface: Surface, nodes: list[Node]) -> int:
     return int(meter.nodes_tokens(nodes))
 
 
-def _shrinks_by_bound(meter: Any, message: Message, tokens_before: int) -> bool:
+def _shrinks_by_bound(meter: Meter, message: Message, tokens_before: int) -> bool:
     """True when the meter's bound without tokenising (``Meter.message_at_most``) already shows
     ``message`` costs fewer tokens than ``tokens_before``."""
     bound = meter.message_at_most(message)
@@ -562,7 +420,7 @@ def _shrinks_by_bound(meter: Any, message: Message, tokens_before: int) -> bool:
 END_ATTEMPTS = 3
 
 
-def _fail(session: Session, compaction_id: str, exc: BaseException) -> None:
+def _fail(session: SessionPort, compaction_id: str, exc: BaseException) -> None:
     """Step 9: write exactly one ``compaction/end {error}`` for a transaction that failed after
     its start was written. Never raises, so the caller re-raises the transaction's own error.
 
@@ -600,38 +458,21 @@ def _fail(session: Session, compaction_id: str, exc: BaseException) -> None:
     )
 
 
-# -- region selection helpers ---------------------------------------------------------------------
-def balanced_cut_at_or_before(surface: SurfaceView, position: int) -> int:
-    """The largest balanced cut position ``<= position`` (0 is always balanced)."""
-    position = min(max(position, 0), len(surface.nodes))
-    while position > 0 and not surface.is_balanced_cut(position):
-        position -= 1
-    return position
-
-
-def head_region(
-    surface: SurfaceView, meter: MeterView, keep_tokens: int, *, min_nodes: int = 1
-) -> tuple[int, int] | None:
-    """The range from the surface head up to a balanced cut that keeps at least ``keep_tokens``
-    of the newest nodes verbatim (the cut moves toward the head until it is balanced).
-
-    Returns ``(start_seq, end_seq)``, or None when nothing can be compacted.
-    """
-    nodes = surface.nodes
-    kept = 0
-    cut = len(nodes)
-    while cut > 0 and kept < keep_tokens:
-        cut -= 1
-        kept += meter.node_tokens(nodes[cut])
-    cut = balanced_cut_at_or_before(surface, cut)
-    if cut < min_nodes:
-        return None
-    return nodes[0].seq, nodes[cut - 1].seq
-
-
-def whole_surface_but_last(surface: SurfaceView, keep_last: int = 1) -> tuple[int, int] | None:
-    """Everything but the last ``keep_last`` nodes, moved to a balanced cut."""
-    cut = balanced_cut_at_or_before(surface, len(surface.nodes) - keep_last)
-    if cut < 1:
-        return None
-    return surface.nodes[0].seq, surface.nodes[cut - 1].seq
+__all__ = [
+    "CHECKPOINT_CLOSE",
+    "CHECKPOINT_OPEN",
+    "END_ATTEMPTS",
+    "SUMMARY_SECTIONS",
+    "CommitResult",
+    "Region",
+    "Render",
+    "Span",
+    "SpanResult",
+    "Summary",
+    "balanced_cut_at_or_before",
+    "checkpoint_message",
+    "head_region",
+    "run_transaction",
+    "validate_spans",
+    "whole_surface_but_last",
+]

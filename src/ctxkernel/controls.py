@@ -20,68 +20,26 @@ calls waiting for results, a compaction open): the log says so, whichever proces
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from . import events as ev
 from .errors import ControlError, SessionBusyError
 from .logging import get_logger
 
+# the request and its outcome are values the hook specifications name: they live with the spans
+from .spans import MANUAL_ACTIONS, ManualCompaction, ManualOutcome
+
 if TYPE_CHECKING:
-    from .compaction import CommitResult
-    from .session import Session
+    from .ports import SessionPort
 
 log = get_logger("ctxkernel.controls")
 
-#: what ``compact_now`` may be asked to do; a strategy answers only the actions it supports
-MANUAL_ACTIONS: dict[str, str] = {
-    "compact": "compact now, in the strategy's own terms (summarise, switch windows, continue)",
-    "archive": "archive the head in place (chapters)",
-}
 #: who may be recorded as having asked (``by`` in the log and the outcome)
 REQUESTERS = ("api", "cli", "ui")
 
 
-@dataclass(frozen=True)
-class ManualCompaction:
-    """A person's request to compact now, handed to the ``compact_now`` hook."""
-
-    action: str = "compact"
-    by: str = "api"
-
-
-@dataclass(frozen=True)
-class ManualOutcome:
-    """What a strategy did for a :class:`ManualCompaction`.
-
-    ``committed`` is False when there was nothing to do or the strategy could not (``detail``
-    says which); ``continued_in`` names the session the work goes on in when the strategy started
-    a new one (chapters). The kernel fills in ``strategy`` (the one that answered) and the
-    session's prompt tokens before and after.
-    """
-
-    committed: bool
-    detail: str
-    result: CommitResult | None = None
-    continued_in: str | None = None
-    strategy: str = ""
-    tokens_before: int | None = None
-    tokens_after: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "ok": self.committed,
-            "strategy": self.strategy,
-            "detail": self.detail,
-            "tokens_before": self.tokens_before,
-            "tokens_after": self.tokens_after,
-        }
-        if self.continued_in:
-            out["continued_in"] = self.continued_in
-        return out
-
-
-def check_idle(session: Session, what: str) -> None:
+def check_idle(session: SessionPort, what: str) -> None:
     """Refuse ``what`` while the log shows a step, tool calls or a compaction in flight."""
     if session.open_compaction is not None:
         msg = f"cannot {what}: compaction {session.open_compaction['compaction_id']} is still open; try again after it ends"
@@ -103,7 +61,7 @@ def _check_requester(by: str) -> None:
         raise ControlError(msg)
 
 
-def check_strategy(session: Session, name: str) -> None:
+def check_strategy(session: SessionPort, name: str) -> None:
     """``name`` must be a strategy of the session's profile (installed is not enough)."""
     kernel = session.kernel
     if name in kernel.strategies:
@@ -119,7 +77,7 @@ def check_strategy(session: Session, name: str) -> None:
     raise ControlError(msg)
 
 
-def set_strategy_enabled(session: Session, name: str, enabled: bool, *, by: str = "api") -> bool:
+def set_strategy_enabled(session: SessionPort, name: str, enabled: bool, *, by: str = "api") -> bool:
     """Enable or disable ``name`` for this session from its next step on; True when that changed
     anything (asking for the current state writes nothing)."""
     _check_requester(by)
@@ -134,7 +92,7 @@ def set_strategy_enabled(session: Session, name: str, enabled: bool, *, by: str 
         return True
 
 
-def compact_now(session: Session, action: str = "compact", *, by: str = "api") -> ManualOutcome:
+def compact_now(session: SessionPort, action: str = "compact", *, by: str = "api") -> ManualOutcome:
     """Ask the session's enabled strategies to compact now; the first that handles ``action``
     acts. Raises :class:`ControlError` when none does, :class:`SessionBusyError` mid-step."""
     if action not in MANUAL_ACTIONS:

@@ -354,3 +354,42 @@ def reply_to_message(reply: Any) -> Message:
             return converted
     msg = f"cannot read a model reply from {type(reply).__name__}; pass a ctxkernel.Message or a chat-completions message dict"
     raise EventError(msg)
+
+
+def normalize_usage(usage: Any) -> dict[str, int] | None:
+    """Provider usage as ``{input_tokens, output_tokens, cached_input_tokens}``.
+
+    Accepts OpenAI (prompt_tokens, completion_tokens, prompt_tokens_details.cached_tokens) and
+    Anthropic (input_tokens, output_tokens, cache_read/cache_creation_input_tokens) names.
+    """
+    if usage is None:
+        return None
+    if hasattr(usage, "model_dump"):
+        usage = usage.model_dump()
+    if not isinstance(usage, dict):
+        msg = f"usage must be a mapping of token counts, got {type(usage).__name__}"
+        raise EventError(msg)
+
+    def num(*keys: str) -> int:
+        for key in keys:
+            value = usage.get(key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                if value < 0:
+                    msg = f"usage.{key} must be >= 0, got {value}"
+                    raise EventError(msg)
+                return value
+        return 0
+
+    cached = num("cached_input_tokens", "cache_read_input_tokens")
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+        cached = details["cached_tokens"]
+    if "prompt_tokens" in usage:
+        input_tokens = num("prompt_tokens")
+    else:  # Anthropic counts cache reads and writes apart from input_tokens
+        input_tokens = num("input_tokens") + num("cache_read_input_tokens") + num("cache_creation_input_tokens")
+    return {
+        "input_tokens": input_tokens,
+        "output_tokens": num("completion_tokens", "output_tokens"),
+        "cached_input_tokens": cached,
+    }

@@ -28,15 +28,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .compaction import CommitResult, Span
 from .errors import CompactionError, ContextOverflowError
 from .events import TOOL_RESULT
 from .logging import get_logger
 from .messages import Message, Source
 from .meter import LARGE_NODE_TOKENS, message_text_for_count
+from .spans import CommitResult, Span
 
 if TYPE_CHECKING:
-    from .session import Session
+    from .ports import SessionPort
     from .surface import Node
 
 log = get_logger("ctxkernel.guard")
@@ -58,7 +58,26 @@ KERNEL = "kernel"
 RECALL_TOOLS = {"history_read": "item", "history_read_item": "id"}
 
 
-def excerpt_oversized(session: Session) -> CommitResult | None:
+class OversizedMarks:
+    """What :func:`excerpt_oversized` remembers of one session's passes that found nothing over
+    the bound (the session holds one, ``session.oversized``; only this module reads or writes it).
+
+    The surface is a fold of the log, so a pass at the same log length and effective window finds
+    nothing again (``clear_at``: basic's ``pre_step`` pass, then the kernel's own); and the
+    meter's index of large nodes holds every node that can be over a cap of at least
+    ``LARGE_NODE_TOKENS``, so a pass with the same index (``Meter.large_changes``) and cap finds
+    nothing either, however many small messages were folded since (``large_clear_at``)."""
+
+    __slots__ = ("clear_at", "large_clear_at")
+
+    def __init__(self) -> None:
+        #: (log length, effective window) of the last pass that found nothing
+        self.clear_at: tuple[int, int] | None = None
+        #: (the meter's large_changes, the cap) of the last pass that found nothing with that index
+        self.large_clear_at: tuple[int, int] | None = None
+
+
+def excerpt_oversized(session: SessionPort) -> CommitResult | None:
     """Step 1: excerpt every surface message over :data:`MAX_MESSAGE_SHARE` of the window.
 
     Called by ``prepare_request`` after the ``pre_step`` hooks, for every profile; a strategy that
@@ -68,7 +87,8 @@ def excerpt_oversized(session: Session) -> CommitResult | None:
     window = session.pressure().effective_window  # also counts every new node
     # nothing folded and the same window since a pass that found nothing: none now either
     clear_at = (len(session.events), window)
-    if session._oversized_clear_at == clear_at:
+    marks: OversizedMarks = session.oversized
+    if marks.clear_at == clear_at:
         return None
     cap = int(MAX_MESSAGE_SHARE * window)
     meter = session.meter
@@ -77,18 +97,18 @@ def excerpt_oversized(session: Session) -> CommitResult | None:
     # this large) and the same cap as a pass that found nothing: nothing now either, however
     # many small messages were folded since (a request folds a few)
     large_at = (meter.large_changes, cap) if cap >= LARGE_NODE_TOKENS else None
-    if large_at is not None and session._oversized_large_clear_at == large_at:
-        session._oversized_clear_at = clear_at
+    if large_at is not None and marks.large_clear_at == large_at:
+        marks.clear_at = clear_at
         return None
     chosen = [n for n in _large_nodes(session, cap) if meter.node_tokens(n) > cap]
     if not chosen:
-        session._oversized_clear_at = clear_at
-        session._oversized_large_clear_at = large_at
+        marks.clear_at = clear_at
+        marks.large_clear_at = large_at
         return None
     return _excerpt(session, chosen, window, reason="oversized")
 
 
-def _large_nodes(session: Session, above: int) -> list[Node]:
+def _large_nodes(session: SessionPort, above: int) -> list[Node]:
     """Visible nodes that may have more than ``above`` tokens: the meter's index of large nodes
     (a few, whatever the surface's length), or the whole surface for a window too small for it."""
     meter = session.meter
@@ -98,7 +118,7 @@ def _large_nodes(session: Session, above: int) -> list[Node]:
     return list(session.surface.nodes)
 
 
-def shrink_to_fit(session: Session, excess: int, *, limit: int | None = None) -> CommitResult | None:
+def shrink_to_fit(session: SessionPort, excess: int, *, limit: int | None = None) -> CommitResult | None:
     """Step 2: excerpt the largest messages (over twice the excerpt budget), largest first, until
     ``excess`` tokens are saved. ``limit`` is a provider's own window when it is smaller than the
     profile's. Returns the committed transaction, or None when no message was large enough."""
@@ -125,7 +145,7 @@ def shrink_to_fit(session: Session, excess: int, *, limit: int | None = None) ->
     return _excerpt(session, chosen, window, reason="overflow")
 
 
-def _excerpt(session: Session, chosen: list[Node], window: int, *, reason: str) -> CommitResult | None:
+def _excerpt(session: SessionPort, chosen: list[Node], window: int, *, reason: str) -> CommitResult | None:
     spans = _spans(session, chosen, excerpt_budget(window), int(MAX_MESSAGE_SHARE * window), window)
     try:
         data = {"reason": reason, "effective_window": window}
@@ -151,7 +171,7 @@ def excerpt_budget(window: int) -> int:
     return max(EXCERPT_MIN_TOKENS, int(EXCERPT_SHARE * window))
 
 
-def _spans(session: Session, chosen: list[Node], budget: int, cap: int, window: int) -> list[Span]:
+def _spans(session: SessionPort, chosen: list[Node], budget: int, cap: int, window: int) -> list[Span]:
     """One span per chosen message (a reply with tool calls takes its results along), in surface
     order, never overlapping."""
     surface = session.surface
@@ -184,7 +204,7 @@ def _spans(session: Session, chosen: list[Node], budget: int, cap: int, window: 
     return [span for _, span in sorted(spans, key=lambda pair: pair[0])]
 
 
-def original_seq(session: Session, seq: int) -> int:
+def original_seq(session: SessionPort, seq: int) -> int:
     """The seq of the full text behind a tool result: a result rewritten in place (a strategy's
     prune, an earlier excerpt) points back to the result it shadows."""
     event = session.events[seq]
@@ -194,7 +214,7 @@ def original_seq(session: Session, seq: int) -> int:
 
 
 def excerpt_message(
-    session: Session, nodes: list[Node], tokens: int, budget: int, cap: int, window: int, *, history: str | None
+    session: SessionPort, nodes: list[Node], tokens: int, budget: int, cap: int, window: int, *, history: str | None
 ) -> Message:
     """The head and tail of ``nodes``' text with a pointer, within ``budget`` tokens.
 
@@ -241,7 +261,7 @@ def excerpt_message(
         chars //= 2
 
 
-def fit_composed(session: Session, tokens: int, window: int) -> bool:
+def fit_composed(session: SessionPort, tokens: int, window: int) -> bool:
     """Step 0, before anything is sent: ``prepare_request`` composed a request of ``tokens``
     (reminders, anchors and tool schemas included) over the effective ``window``. Run the
     profile's overflow path as if the provider had refused it (the ``request_error`` hooks, e.g.

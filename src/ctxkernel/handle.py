@@ -23,7 +23,6 @@ from weakref import WeakKeyDictionary
 
 from pydantic import BaseModel
 
-from .compaction import CommitResult, Span
 from .context import Context, session_of
 from .errors import ConfigError, EventError
 from .events import USER_MESSAGE, EventSpec, append_op
@@ -31,12 +30,12 @@ from .guard import excerpt_oversized
 from .instructions import pin_cost
 from .logging import get_logger
 from .messages import Message, Source
-from .plugins import NoSettings, StrategySpec
 from .profile import strategy_settings_from
 from .recall.history import History
 from .recall.notes import STATE_KEY as NOTES_STATE_KEY
 from .recall.notes import Note, Notes, NotesLimits, StagedNotes
-from .snapshot import StrategySnapshot
+from .spans import CommitResult, Span
+from .spec import NoSettings, StrategySnapshot, StrategySpec
 from .store.base import BlobInfo, EventStore
 from .tools import Tool
 
@@ -44,8 +43,8 @@ if TYPE_CHECKING:
     from .context import RequestHeader, StepContext
     from .meter import Pressure
     from .profile import ModelSettings, Profile
+    from .report import ValidationReport
     from .session import Session
-    from .validate import ValidationReport
 
 S = TypeVar("S", bound=BaseModel)
 T = TypeVar("T")
@@ -297,7 +296,8 @@ class StrategyHandle(Generic[S]):
     def base_system_prompt(self) -> str:
         """The integrator's own system prompt (``[profile] system_prompt``), without the
         sections strategies add."""
-        return self._session.kernel.profile.profile.system_prompt
+        prompt: str = self._session.kernel.profile.profile.system_prompt
+        return prompt
 
     @property
     def summarizer(self) -> Any:
@@ -439,7 +439,7 @@ class StrategyHandle(Generic[S]):
         same model (the route, a window given with it pinned) and the harness's own tools, and
         inherits this session's newest user instructions within its budget (``[instructions]``),
         recorded before its first request."""
-        child = self._session.kernel.open_session(
+        child: Session = self._session.kernel.open_session(
             session_id,
             create=True,
             parent=parent,

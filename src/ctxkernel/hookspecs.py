@@ -45,15 +45,13 @@ import pluggy
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from .compaction import CommitResult, Region, Summary
     from .context import Context, ReplyDraft, Request, StepContext
-    from .controls import ManualCompaction, ManualOutcome
     from .errors import ModelError
-    from .plugins import StrategySpec
     from .profile import Profile
-    from .snapshot import StrategySnapshot
+    from .report import ValidationReport
+    from .spans import CommitResult, ManualCompaction, ManualOutcome, Region, Summary
+    from .spec import StrategySnapshot, StrategySpec
     from .tools import Tool
-    from .validate import ValidationReport
 
 PROJECT = "ctxkernel"
 hookspec = pluggy.HookspecMarker(PROJECT)

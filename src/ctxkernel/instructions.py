@@ -34,7 +34,7 @@ from .messages import Message, Source, TextBlock
 from .meter import EXACT_COUNT_CHARS, MESSAGE_OVERHEAD, message_text_for_count
 
 if TYPE_CHECKING:
-    from .session import Session
+    from .ports import SessionPort
     from .surface import Node
 
 KERNEL = "kernel"
@@ -186,13 +186,13 @@ class Ledger:
                     item._search_keys()
 
 
-def budget_tokens(session: Session) -> int:
+def budget_tokens(session: SessionPort) -> int:
     """The budget of the routed model: ``budget_ratio`` x its effective window."""
     ratio = session.kernel.profile.instructions.budget_ratio
     return int(ratio * session.model_settings().effective_window)
 
 
-def protected(session: Session, budget: int | None = None) -> list[Instruction]:
+def protected(session: SessionPort, budget: int | None = None) -> list[Instruction]:
     """The newest instructions of the session's ledger within ``budget`` tokens (default: the
     profile's budget for the routed model), oldest first."""
     budget = budget_tokens(session) if budget is None else budget
@@ -211,7 +211,7 @@ def protected(session: Session, budget: int | None = None) -> list[Instruction]:
     return list(chosen)
 
 
-def _costs_from_surface(session: Session, ledger: Sequence[Instruction], costs: dict[tuple[str, int], int]) -> None:
+def _costs_from_surface(session: SessionPort, ledger: Sequence[Instruction], costs: dict[tuple[str, int], int]) -> None:
     """Fill the costs of the session's own instructions from their surface nodes: a user message
     of text blocks only is counted as its texts joined by newlines plus the message overhead,
     the very string and tokenizer of the instruction's cost, and the meter counts every visible
@@ -278,7 +278,7 @@ def _missing_in(items: Sequence[Instruction], normalized_texts: list[str]) -> li
     return [i for i in items if i.normalized not in visible]
 
 
-def _missing_from_kept(session: Session, items: Sequence[Instruction], cited: set[int]) -> list[Instruction]:
+def _missing_from_kept(session: SessionPort, items: Sequence[Instruction], cited: set[int]) -> list[Instruction]:
     """The ``items`` no surface node outside ``cited`` shows verbatim (whitespace aside): what
     ``_missing_in(items, _kept_texts(session, cited))`` answers, mostly without normalising or
     searching the kept texts. An instruction one of whose inner words (:attr:`Instruction.inner_words`)
@@ -307,7 +307,7 @@ def _missing_from_kept(session: Session, items: Sequence[Instruction], cited: se
     return [item for item in items if answers[id(item)][1]]
 
 
-def _search_kept(session: Session, items: Sequence[Instruction], cited: set[int]) -> list[Instruction]:
+def _search_kept(session: SessionPort, items: Sequence[Instruction], cited: set[int]) -> list[Instruction]:
     """What :func:`_missing_from_kept` answers, searched afresh (no memo)."""
     kept = [node for node in session.surface.nodes if node.seq not in cited]
     inner = [i.inner_words for i in items]
@@ -325,12 +325,12 @@ def _search_kept(session: Session, items: Sequence[Instruction], cited: set[int]
     return [i for i in items if id(i) not in found]
 
 
-def _kept_texts(session: Session, cited: set[int]) -> list[str]:
+def _kept_texts(session: SessionPort, cited: set[int]) -> list[str]:
     """The normalised texts of the surface nodes not in ``cited``, from the ledger's cache."""
     return _normalized_texts(session, [node for node in session.surface.nodes if node.seq not in cited])
 
 
-def _normalized_texts(session: Session, nodes: Sequence[Node]) -> list[str]:
+def _normalized_texts(session: SessionPort, nodes: Sequence[Node]) -> list[str]:
     """The normalised texts of ``nodes`` (on the surface), from the ledger's cache."""
     cache = session.instruction_texts
     surface = session.surface
@@ -374,7 +374,7 @@ def block_text(items: Sequence[Instruction], session_id: str) -> str:
     return "\n".join(lines)
 
 
-def block_tokens(session: Session, items: Sequence[Instruction]) -> int:
+def block_tokens(session: SessionPort, items: Sequence[Instruction]) -> int:
     """Tokens of ``block_text(items, session.id)``, exactly: each instruction's text taken at the
     count the ledger already holds for it (counted when it landed on the surface, or for the
     budget), so only the frame is tokenised (once per process) and each id is counted from its
@@ -411,7 +411,7 @@ def block_tokens(session: Session, items: Sequence[Instruction]) -> int:
 _LINE_COSTS_KEPT = 4096
 
 
-def _line_tokens(session: Session, item: Instruction, text: str, costs: dict[tuple[str, int], int]) -> int:
+def _line_tokens(session: SessionPort, item: Instruction, text: str, costs: dict[tuple[str, int], int]) -> int:
     """Tokens of ``item``'s line in a block (``text``: its stripped text, not empty), with the
     newline that ends it, exactly (the cuts :func:`block_tokens` names)."""
     meter = session.meter
@@ -425,7 +425,9 @@ def _line_tokens(session: Session, item: Instruction, text: str, costs: dict[tup
     return meter.count_text(text + "\n") if cost is None else meter.count_extended(text, cost, "\n")
 
 
-def carried_tokens(session: Session, message: Message | None, tokens: int | None, items: Sequence[Instruction]) -> int:
+def carried_tokens(
+    session: SessionPort, message: Message | None, tokens: int | None, items: Sequence[Instruction]
+) -> int:
     """Tokens of the replacement that carries ``items`` (``with_block(message, ...)``, or the block
     alone for a transaction of removals: ``message`` None), exactly. ``tokens``, when not None, is
     ``message``'s own count: then only its last line is tokenised again, with the join."""
@@ -455,7 +457,7 @@ def block_message(items: Sequence[Instruction], session_id: str) -> Message:
 
 
 def pin_lost(
-    session: Session, cited: set[int], replacements: list[Message | None]
+    session: SessionPort, cited: set[int], replacements: list[Message | None]
 ) -> tuple[list[Message | None], list[Instruction], int]:
     """Step 5b of the transaction: carry into ``replacements`` every protected instruction the
     commit would take off the surface. Returns the new replacements, the instructions pinned and
@@ -514,7 +516,7 @@ def _unquoted(items: Sequence[Instruction], texts: Sequence[str]) -> list[Instru
     return [item for item in rest if id(item) not in searched or id(item) in absent]
 
 
-def _not_kept_as_sent(session: Session, cited: set[int]) -> list[Instruction]:
+def _not_kept_as_sent(session: SessionPort, cited: set[int]) -> list[Instruction]:
     """The protected instructions whose own messages a commit replacing ``cited`` takes off the
     surface (or that are off it already). When every instruction of the ledger stays on the
     surface as sent (a compaction that cites no user message), none is, and the budget's choice
@@ -525,7 +527,7 @@ def _not_kept_as_sent(session: Session, cited: set[int]) -> list[Instruction]:
     return []
 
 
-def _kept_as_sent(session: Session, item: Instruction, cited: set[int]) -> bool:
+def _kept_as_sent(session: SessionPort, item: Instruction, cited: set[int]) -> bool:
     """True when the instruction's own message stays on the surface (not cited, text blocks
     only, so its text is the instruction's): it is visible verbatim without searching the
     surface's texts, which is what most protected instructions are at any compaction."""
@@ -540,7 +542,7 @@ def _kept_as_sent(session: Session, item: Instruction, cited: set[int]) -> bool:
     return True
 
 
-def pin_cost(session: Session, cited: set[int]) -> int:
+def pin_cost(session: SessionPort, cited: set[int]) -> int:
     """Tokens the block of a compaction replacing the nodes ``cited`` would cost at most (the
     protected instructions only those nodes show, counted as if the replacement quoted none of
     them): what a strategy sizing its replacement to a target must leave room for."""
@@ -551,7 +553,7 @@ def pin_cost(session: Session, cited: set[int]) -> int:
     return block_tokens(session, lost) if lost else 0
 
 
-def inherited(session: Session, source_ledger: Sequence[Instruction]) -> list[Instruction]:
+def inherited(session: SessionPort, source_ledger: Sequence[Instruction]) -> list[Instruction]:
     """What a continuation inherits: the newest of its source's instructions within its budget."""
     return within(source_ledger, budget_tokens(session), session.instruction_costs, session.meter.count_text)
 
@@ -563,7 +565,7 @@ def pending_of(raw: Any) -> list[Instruction]:
     return inherited_of(Event(0, INHERITED_EVENT, {"instructions": raw}, "", None, True))
 
 
-def inheritance_batch(session: Session, kept: Sequence[Instruction]) -> list[EventSpec]:
+def inheritance_batch(session: SessionPort, kept: Sequence[Instruction]) -> list[EventSpec]:
     """The events that record ``kept`` as inherited and pin those not on the surface."""
     batch = [EventSpec(INHERITED_EVENT, {"instructions": [i.to_dict() for i in kept]}, ignorable=True)]
     lost = missing(kept, [n.message.text for n in session.surface.nodes])

@@ -32,7 +32,7 @@ from .events import COMPACTION_END, EventSpec, utc_now
 from .logging import get_logger
 
 if TYPE_CHECKING:
-    from .session import Session
+    from .ports import SessionPort
     from .store import Lease
 
 log = get_logger("ctxkernel.lease")
@@ -58,7 +58,7 @@ def _pid_is_dead(pid: Any) -> bool:
 class CompactionLease:
     """The lease of one compaction transaction (or of one takeover) on ``session``."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: SessionPort) -> None:
         settings = session.kernel.profile.store
         self.session = session
         self.store = session.store

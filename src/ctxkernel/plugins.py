@@ -14,23 +14,22 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pluggy
-from pydantic import BaseModel, ConfigDict
 
 from . import hookspecs
 from .errors import ConfigError, PluginConflictError
+from .spec import NoSettings, StrategySpec
 
 if TYPE_CHECKING:
-    from .compaction import CommitResult, Region, Summary
     from .context import Context, ReplyDraft, Request, StepContext
-    from .controls import ManualCompaction, ManualOutcome
     from .errors import ModelError
     from .profile import Profile
+    from .report import ValidationReport
+    from .spans import CommitResult, ManualCompaction, ManualOutcome, Region, Summary
     from .tools import Tool
-    from .validate import ValidationReport
 
 ENTRY_POINT_GROUP = "ctxkernel.strategies"
 KERNEL_DISTRIBUTION = "ctxkernel"
@@ -41,36 +40,6 @@ DEFAULT_PLUGINS: tuple[tuple[str, str], ...] = (
 )
 #: Capabilities of which a profile may run only one strategy unless it orders them explicitly.
 EXCLUSIVE_CAPABILITIES = frozenset({"pressure"})
-
-
-class NoSettings(BaseModel):
-    """Settings model of a strategy that takes none: every key is unknown."""
-
-    model_config = ConfigDict(extra="forbid")
-
-
-@dataclass
-class StrategySpec:
-    """What a strategy declares through ``register_strategy``."""
-
-    name: str
-    settings: type[BaseModel] = NoSettings
-    capabilities: frozenset[str] | set[str] | tuple[str, ...] = frozenset()
-    description: str = ""
-    # filled in by the manager
-    plugin: Any = field(default=None, repr=False)
-    distribution: str = ""
-    version: str = ""
-
-    def __post_init__(self) -> None:
-        self.capabilities = frozenset(self.capabilities)
-        extra = self.settings.model_config.get("extra")
-        if extra != "forbid":
-            msg = (
-                f"strategy {self.name!r}: settings model {self.settings.__name__} must reject unknown "
-                "keys (model_config = ConfigDict(extra='forbid'))"
-            )
-            raise ConfigError(msg)
 
 
 @dataclass(frozen=True)
@@ -402,3 +371,17 @@ class HookFacade:
             found = owners.setdefault(name, [])
             impl.function(*_args(impl, register=found.append, ctx=session.context))
         return owners
+
+
+__all__ = [
+    "DEFAULT_PLUGINS",
+    "ENTRY_POINT_GROUP",
+    "EXCLUSIVE_CAPABILITIES",
+    "Available",
+    "HookFacade",
+    "HookTarget",
+    "NoSettings",
+    "StrategyManager",
+    "StrategySpec",
+    "discover",
+]

@@ -43,10 +43,11 @@ from .errors import CorruptionError
 from .events import KERNEL_TYPES, Event
 from .logging import get_logger
 from .messages import Message
+from .spec import StrategySnapshot  # a strategy's part of a snapshot: a value the hooks return
 from .surface import Node
 
 if TYPE_CHECKING:
-    from .session import Session
+    from .ports import SessionPort
 
 #: 2: strategy state only through the ``snapshot_state`` hook (version 1 also restored every plain
 #: JSON ``session.state`` entry, this process's transient counters included)
@@ -54,23 +55,6 @@ SNAPSHOT_VERSION = 2
 _MAGIC = b"ctxkernel-snapshot"
 
 log = get_logger("ctxkernel.snapshot")
-
-
-@dataclass(frozen=True)
-class StrategySnapshot:
-    """One strategy's folded state in a session snapshot: what ``snapshot_state`` returns. Make it
-    with ``StrategyHandle.snapshot`` (which signs it with the strategy's name).
-
-    ``data`` is plain JSON (dicts with string keys, lists, strings, numbers, booleans, None) and
-    holds only what a fold of the log derives, with the position it is folded to, so that the
-    state restored from it and folded on over the tail is the state a full fold builds.
-    ``version`` is the strategy's own format number: change it whenever the shape of ``data``
-    changes, and a snapshot written by another version is set aside (the strategy folds the whole
-    log once)."""
-
-    strategy: str
-    version: int
-    data: dict[str, Any]
 
 
 class SnapshotRejected(Exception):  # noqa: N818 - a reason to replay, never raised to a caller
@@ -108,7 +92,7 @@ class SnapshotWriter:
     def _node(node: Any) -> bytes:
         return orjson.dumps([node.event.to_dict(), node.tokens, node.turn, node.step])
 
-    def warm(self, session: Session) -> None:
+    def warm(self, session: SessionPort) -> None:
         """Serialise the counted nodes appended since the last call (newest first, up to the
         first already serialised)."""
         encoded = self._encoded
@@ -118,7 +102,9 @@ class SnapshotWriter:
             if node.tokens is not None:
                 encoded[node.seq] = self._node(node)
 
-    def encode(self, session: Session) -> bytes:
+    def encode(self, session: SessionPort, track: dict[str, Any]) -> bytes:
+        """The snapshot of ``session`` as it is now; ``track`` is its tracked state
+        (``Tracker.snapshot``)."""
         nodes = session.surface.nodes
         encoded, fresh, blobs = self._encoded, {}, []
         for node in nodes:
@@ -150,19 +136,7 @@ class SnapshotWriter:
                 "call_owner": surface.call_owner,
                 "result_of": surface.result_of,
             },
-            "track": {
-                "turn": session.turn,
-                "turn_open": session.turn_open,
-                "step": session.step,
-                "step_open": session.step_open,
-                "open_compaction": session.open_compaction,
-                "compaction_summaries": session.compaction_summaries,
-                "header_hash": session.header_hash,
-                "header_tools": session._header_tools,
-                "route": session.route,
-                "anchor": list(session._anchor) if session._anchor is not None else None,
-                "last_decoration_delta": session._last_decoration_delta,
-            },
+            "track": track,
             "strategies": parts,
             "session_indexes": index_parts(session),
         }
@@ -196,7 +170,7 @@ def folded_cursor(data: Any, version: int, log_length: int) -> int:
     return cursor
 
 
-def index_parts(session: Session) -> dict[str, Any]:
+def index_parts(session: SessionPort) -> dict[str, Any]:
     """Every :class:`SnapshotIndex` of the session, folded; an index restored from the snapshot
     this session was opened from and not used since is carried over as it was (still valid: it
     holds its own cursor, and folds on from there when it is first used)."""
@@ -208,7 +182,7 @@ def index_parts(session: Session) -> dict[str, Any]:
     return out
 
 
-def strategy_parts(session: Session, strategies: set[str]) -> dict[str, dict[str, Any]]:
+def strategy_parts(session: SessionPort, strategies: set[str]) -> dict[str, dict[str, Any]]:
     """``{strategy: {"version", "data"}}`` from the ``snapshot_state`` hook. A part that is not a
     :class:`StrategySnapshot` of a strategy of the profile, or whose data is not plain JSON, is
     left out with a warning (that strategy folds the whole log at the next open); the snapshot
@@ -267,21 +241,39 @@ def decode(payload: bytes, session_id: str, covers: int, log_length: int) -> dic
     return body
 
 
-def restore(
-    session: Session, body: dict[str, Any], last: Event | None, load: Callable[[int, int], Iterable[Event]]
-) -> None:
-    """Install a decoded snapshot into a fresh ``session`` (nothing folded yet); ``load(start,
-    end)`` reads the events before it when they are first needed.
+@dataclass(frozen=True)
+class Restored:
+    """A checked snapshot, ready to install into a fresh session (:func:`restore` builds it; the
+    session's parts each take their own share)."""
 
-    Everything is built first and assigned last, so a snapshot that fails any check leaves the
-    session untouched for the full replay. Raises :class:`SnapshotRejected`."""
+    covers: int
+    nodes: list[Node]
+    #: the surface's version, the turn and step its next node belongs to, and its pairing indexes
+    surface_version: int
+    place: tuple[int, int]
+    indexes: tuple[dict[str, int], dict[str, int], dict[str, int]]
+    track: dict[str, Any]
+    #: each strategy's part (``{"version", "data"}`` by name) and the session-wide indexes' parts
+    strategies: dict[str, dict[str, Any]]
+    session_indexes: dict[str, Any]
+    events: LazyEvents
+
+
+def restore(
+    body: dict[str, Any], last: Event | None, tokenizer: str, load: Callable[[int, int], Iterable[Event]]
+) -> Restored:
+    """Everything a decoded snapshot holds, checked and built: ``last`` is the log's event the
+    snapshot says it covers last, ``tokenizer`` the meter's (node counts of another are not kept),
+    ``load(start, end)`` reads the events before it when they are first needed. Nothing is
+    installed here, so a snapshot that fails any check leaves the session untouched for the full
+    replay. Raises :class:`SnapshotRejected`."""
     covers = body["covers"]
     if last is None or last.seq != covers - 1 or event_hash(last) != body.get("last_hash"):
         msg = f"the log's event {covers - 1} is not the one the snapshot covers (stale: the log was rewritten)"
         raise SnapshotRejected(msg)
     try:
         surface = body["surface"]
-        same_tokenizer = body["tokenizer"] == session.meter.tokenizer.name
+        same_tokenizer = body["tokenizer"] == tokenizer
         nodes = []
         for raw, tokens, turn, step in surface["nodes"]:
             event = Event.from_dict(raw)
@@ -289,9 +281,9 @@ def restore(
             if same_tokenizer and type(tokens) is int and tokens >= 0:
                 node.tokens = tokens
             nodes.append(node)
-        indexes = [
+        indexes = tuple(
             {str(k): int(v) for k, v in surface[name].items()} for name in ("pending_calls", "call_owner", "result_of")
-        ]
+        )
         place = (int(surface["turn"]), int(surface["step"]))
         track = body["track"]
         anchor = track["anchor"]
@@ -316,25 +308,17 @@ def restore(
     except Exception as exc:  # noqa: BLE001 - any defect in a verified-digest body still only costs a replay
         msg = f"the snapshot body is malformed ({type(exc).__name__}: {exc})"
         raise SnapshotRejected(msg) from None
-    s = session.surface
-    s.nodes, s.applied, s.version, s._pos = nodes, covers, surface["version"], None
-    s.turn, s.step = place
-    s.pending_calls, s.call_owner, s.result_of = indexes
-    for node in nodes:
-        for listener in s.listeners:
-            listener.on_add(node)
-    session.events = LazyEvents(load, covers)
-    session.turn, session.turn_open = track["turn"], track["turn_open"]
-    session.step, session.step_open = track["step"], track["step_open"]
-    session.open_compaction = track["open_compaction"]
-    session.compaction_summaries = track["compaction_summaries"]
-    session.header_hash = track["header_hash"]
-    session._header_tools = track["header_tools"]
-    session.route = track["route"]
-    session._anchor = tuple(anchor) if anchor is not None else None
-    session._last_decoration_delta = track["last_decoration_delta"]
-    session.snapshot_states = dict(parts)
-    session.snapshot_indexes = dict(session_indexes)
+    return Restored(
+        covers,
+        nodes,
+        surface["version"],
+        place,
+        indexes,  # type: ignore[arg-type]
+        track,
+        dict(parts),
+        dict(session_indexes),
+        LazyEvents(load, covers),
+    )
 
 
 class LazyEvents(Sequence[Event]):
@@ -426,6 +410,7 @@ class LazyEvents(Sequence[Event]):
 __all__ = [
     "SNAPSHOT_VERSION",
     "LazyEvents",
+    "Restored",
     "SnapshotRejected",
     "SnapshotIndex",
     "SnapshotWriter",

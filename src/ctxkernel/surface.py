@@ -109,6 +109,38 @@ class Surface:
         #: every node's message and seq in order, kept between requests (see _views)
         self._kept_views: _Views | None = None
 
+    def probe(self) -> Surface:
+        """A copy to check a batch against without changing this surface (the nodes themselves are
+        shared: a check never changes a node). Listeners are not copied."""
+        clone = Surface()
+        clone.nodes = list(self.nodes)
+        clone.applied = self.applied
+        clone.turn, clone.step = self.turn, self.step
+        clone.version = self.version
+        clone._pos = None
+        clone.pending_calls = dict(self.pending_calls)
+        clone.call_owner = dict(self.call_owner)
+        clone.result_of = dict(self.result_of)
+        return clone
+
+    def install(
+        self,
+        nodes: list[Node],
+        applied: int,
+        version: int,
+        place: tuple[int, int],
+        indexes: tuple[dict[str, int], dict[str, int], dict[str, int]],
+    ) -> None:
+        """Take the state a snapshot holds (a fresh surface, nothing applied yet): its nodes, the
+        next seq, the version, the turn and step the next node belongs to, and the pairing indexes
+        (pending calls, call owners, results); every listener is told of each node."""
+        self.nodes, self.applied, self.version, self._pos = nodes, applied, version, None
+        self.turn, self.step = place
+        self.pending_calls, self.call_owner, self.result_of = indexes
+        for node in nodes:
+            for listener in self.listeners:
+                listener.on_add(node)
+
     # -- lookups --------------------------------------------------------------------------------
     def __len__(self) -> int:
         return len(self.nodes)

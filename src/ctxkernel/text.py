@@ -37,8 +37,8 @@ import unicodedata
 from collections.abc import Callable
 from typing import Any
 
-from .compaction import CHECKPOINT_CLOSE, CHECKPOINT_OPEN, SUMMARY_SECTIONS
 from .messages import Message, ToolCallBlock, ToolResultBlock
+from .spans import CHECKPOINT_CLOSE, CHECKPOINT_OPEN, SUMMARY_SECTIONS
 
 #: what a clipped line ends with
 ELLIPSIS = "…"

@@ -29,7 +29,7 @@ from .logging import get_logger
 from .snapshot import folded_cursor
 
 if TYPE_CHECKING:
-    from .session import Session
+    from .ports import SessionPort
 
 #: the index's key in ``session.state`` and in a snapshot's ``session_indexes``
 STATE_KEY = "ctxkernel.timeline"
@@ -110,7 +110,7 @@ def _merge(a: list[Any], b: list[Any]) -> list[Any]:
 class Timeline:
     """The timeline of one session's log. Build it with :meth:`for_session`."""
 
-    session: Session
+    session: SessionPort
     cursor: int = 0  # events folded
     window: int | None = None  # effective window of the current route
     requests: int = 0  # requests folded (assistant messages)
@@ -120,7 +120,7 @@ class Timeline:
     transactions: dict[str, dict[str, Any]] = field(default_factory=dict)  # by compaction id, in start order
 
     @classmethod
-    def for_session(cls, session: Session) -> Timeline:
+    def for_session(cls, session: SessionPort) -> Timeline:
         """The session's timeline, brought up to date with its log (cached per session; opened
         from a snapshot, restored from it on first use)."""
         timeline = session.state.get(STATE_KEY)

@@ -29,7 +29,7 @@ from .text import clip
 
 if TYPE_CHECKING:
     from .context import Context
-    from .session import Session
+    from .ports import SessionPort
 
 
 log = get_logger("ctxkernel.tools")
@@ -279,7 +279,7 @@ class ToolRegistry:
     def schemas(self) -> list[dict[str, Any]]:
         return [t.schema() for t in self._tools.values()]
 
-    def run(self, session: Session, call: ToolCallBlock) -> ToolOutcome:
+    def run(self, session: SessionPort, call: ToolCallBlock) -> ToolOutcome:
         """Validate the arguments and run the tool. Never raises: a refusal or a failure of the
         tool becomes an error outcome (a failure is logged with its traceback)."""
         tool = self._tools.get(call.name)
@@ -299,7 +299,7 @@ class ToolRegistry:
                 is_error=True,
             )
 
-    def _run(self, session: Session, tool: Tool, call: ToolCallBlock) -> ToolOutcome:
+    def _run(self, session: SessionPort, tool: Tool, call: ToolCallBlock) -> ToolOutcome:
         arguments = call.arguments
         if isinstance(arguments, str):  # some providers send a JSON string
             try:

@@ -63,7 +63,7 @@ def test_a_strategy_tool_result_is_committed_as_the_tools_own_outcome(tmp_path):
     managed.commit(Message.assistant("", [call]))
     managed._outcomes["c1"] = ToolOutcome("kept", defer_message="read this next step")
     managed.sync([Message.user("go"), Message.assistant("", [call]), Message.tool("c1", "kept")])
-    assert managed.session._deferred == [("kernel", "read this next step")]
+    assert managed.session._composer.deferred == [("kernel", "read this next step")]
     assert "c1" not in managed._outcomes
 
 

@@ -97,7 +97,7 @@ def test_runtime_toggle_reinstalls_exactly_one_of_each_tool_and_rebuilds_notes(h
     kernel.set_strategy_enabled("handoff", False)
     for s in (session, second):
         assert not any(s.owns_tool(name) for name in TOOL_NAMES)
-    assert "Context windows" not in session.prepare_request.__self__._system_and_tools()[0]
+    assert "Context windows" not in session._tooling.compose()[0]
     kernel.set_strategy_enabled("handoff", True)
     kernel.set_strategy_enabled("handoff", True)  # idempotent
     for s in (session, second):

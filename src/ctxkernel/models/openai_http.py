@@ -508,7 +508,7 @@ class OpenAIChatModel:
 
     def parse_response(self, raw: dict[str, Any]) -> Reply:
         """A chat-completions response as a :class:`Reply` (message, normalised usage)."""
-        from ..session import normalize_usage
+        from ..convert import normalize_usage
 
         if isinstance(raw.get("error"), (dict, str)):
             # some servers answer 200 with an error object

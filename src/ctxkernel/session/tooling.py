@@ -1,0 +1,135 @@
+"""What every request carries before the surface: the tools (the strategies', registered through
+``register_tools``, and the harness's own schemas) and the system prompt (the harness's or the
+profile's, then each strategy's ``system_prompt`` section), composed once and kept until the
+strategy set or the harness's part changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from ..context import RequestHeader
+from ..errors import ToolError
+from ..messages import ToolCallBlock
+from ..text import storable
+from ..tools import Tool, ToolOutcome, ToolRegistry, preview
+
+if TYPE_CHECKING:
+    from ..meter import Meter
+    from ..ports import SessionPort
+    from .track import Tracker
+
+
+class Tooling:
+    """One session's tools and the header they go into."""
+
+    def __init__(self, session: SessionPort, meter: Meter, tracker: Tracker) -> None:
+        self.session = session
+        self.meter = meter
+        self.tracker = tracker
+        #: the tools the session's strategies registered, rebuilt when the strategy set changes
+        self.tools = ToolRegistry()
+        #: the harness's own tool schemas: sent with every request and counted by the meter
+        self.harness_tools: list[dict[str, Any]] = []
+        #: the harness's own system prompt; None means the profile's ``system_prompt``
+        self.harness_system: str | None = None
+        #: the strategy set (``generation``) the registry was built for
+        self._tools_generation = -1
+        #: (key, system, tools, digest, tokens) of the composed header; the key is the strategy set,
+        #: the harness's tool list (by identity and length) and its system prompt
+        self._composed: tuple[int, str, list[dict[str, Any]], str, int] | None = None
+
+    @property
+    def generation(self) -> int:
+        """Changes whenever the strategies running in this session change: the kernel's switch
+        (``Kernel.set_strategy_enabled``) or this session's ``session/strategy`` events."""
+        return self.session.kernel.plugins.generation + self.tracker.strategy_toggles
+
+    # -- tools ----------------------------------------------------------------------------------------
+    def sync_tools(self) -> None:
+        generation = self.generation
+        if generation == self._tools_generation:
+            return
+        registry = ToolRegistry()
+        kernel = self.session.kernel
+        manager = kernel.plugins
+
+        def register(tool: Tool) -> None:
+            if not isinstance(tool, Tool):
+                msg = f"register_tools must register ctxkernel.Tool objects, got {type(tool).__name__}"
+                raise ToolError(msg)
+            spec = manager.specs.get(tool.strategy)
+            if spec is not None and not tool.distribution:
+                tool.distribution = spec.distribution
+            registry.add(tool)
+
+        kernel.hooks.register_tools(self.session, register)
+        self.tools = registry
+        self._tools_generation = generation
+        self._composed = None
+
+    def owns(self, name: str) -> bool:
+        self.sync_tools()
+        return name in self.tools
+
+    def run(self, call: ToolCallBlock | dict[str, Any]) -> ToolOutcome:
+        """Run a kernel tool. Bad arguments give an error outcome; nothing is written for them."""
+        self.sync_tools()
+        if isinstance(call, dict):
+            call_id, name = call.get("id"), call.get("name")
+            if not isinstance(call_id, str) or not isinstance(name, str):
+                return ToolOutcome(
+                    f"a tool call needs a string 'id' and 'name', got keys {preview(sorted(map(str, call))[:10], 200)}",
+                    is_error=True,
+                )
+            call = ToolCallBlock(call_id, name, call.get("arguments") or {})
+        # a tool that compacted (decay's compress) leaves its snapshot to the step's end, which the
+        # call's result closes: as for every commit, the snapshot is not the compaction's cost
+        return self.tools.run(self.session, call)
+
+    # -- the composed header --------------------------------------------------------------------------
+    def compose(self) -> tuple[str, list[dict[str, Any]], str, int]:
+        """The composed system prompt, tool schemas, their hash and token count (kept)."""
+        self.sync_tools()
+        key = hash((self._tools_generation, len(self.harness_tools), id(self.harness_tools), self.harness_system))
+        if self._composed is None or self._composed[0] != key:
+            kernel = self.session.kernel
+            own = kernel.profile.profile.system_prompt if self.harness_system is None else self.harness_system
+            sections = [own, *kernel.hooks.system_prompt(self.session)]
+            system = "\n\n".join(s.strip() for s in sections if s and s.strip())
+            tools = self.tools.schemas() + list(self.harness_tools)
+            digest = hashlib.sha256(orjson.dumps([system, tools], option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
+            self._composed = (key, system, tools, digest, self.meter.count_header(system, tools))
+        _, system, tools, digest, tokens = self._composed
+        return system, tools, digest, tokens
+
+    def request_header(self) -> RequestHeader:
+        system, tools, _, tokens = self.compose()
+        return RequestHeader(system, tools, tokens)
+
+    def invalidate(self) -> None:
+        """Compose again at the next request (a strategy's system prompt section changed)."""
+        self._composed = None
+
+    def restore_harness_tools(self) -> None:
+        """On resume, the harness's tools are those of the last recorded header that no strategy
+        owns, so a reopened session composes the same request as before."""
+        self.sync_tools()
+        own = set(self.tools.names())
+        self.harness_tools = [t for t in self.tracker.header_tools if t.get("function", {}).get("name") not in own]
+        self._composed = None
+
+    def set_harness_tools(self, schemas: list[dict[str, Any]]) -> None:
+        self.harness_tools = storable(list(schemas))
+        self._composed = None
+
+    def set_harness_system(self, system: str | None) -> None:
+        if system != self.harness_system:
+            self.harness_system = system
+            self._composed = None
+
+
+__all__ = ["Tooling"]
