@@ -117,7 +117,7 @@ def test_strategies_summarise_with_the_toolkit():
     but extract and trim with the toolkit: no first-line, path-key or newest-first code of their own."""
     for path in (
         "plugins/ctxkernel-decay/src/ctxkernel_decay/steward.py",
-        "plugins/ctxkernel-handoff/src/ctxkernel_handoff/handoff.py",
+        "plugins/ctxkernel-handoff/src/ctxkernel_handoff/excerpts.py",  # the extractive body
     ):
         source = (REPO / path).read_text()
         assert "keep_newest(" in source and "first_line(" in source, path

@@ -20,7 +20,7 @@ from ctxkernel.recall.notes import Notes, NotesLimits
 from ctxkernel.testing import FsyncCounter
 from ctxkernel.text import first_line, guard
 from ctxkernel_handoff.engine import state_for
-from ctxkernel_handoff.handoff import FRAMES, _one_line, excerpt, extractive_body
+from ctxkernel_handoff.excerpts import FRAMES, _one_line, excerpt, extract
 
 WINDOW_TYPES = ["compaction/start", "compaction/summary", "user/message", "compaction/end"]
 
@@ -130,7 +130,7 @@ def test_excerpts_rendered_step_by_step_make_the_same_body_as_a_cold_process(han
     cold = handoff_kernel(window=200_000, handoff={"handoff_summary": "extractive"}).open_session(session.id)
     assert len(state_for(cold.context).excerpts) == 0  # a new process renders at its first switch
     bodies = [
-        extractive_body(History.for_session(s), s.surface.span(*whole_surface_but_last(s.surface, 1)), budget, e)
+        extract(History.for_session(s), s.surface.span(*whole_surface_but_last(s.surface, 1)), budget, e).text
         for budget in (2_000, 12_000)
         for s, e in ((session, warm), (cold, None))
     ]
@@ -150,8 +150,8 @@ def test_a_switch_forgets_the_excerpts_of_the_nodes_it_replaced(handoff_kernel, 
         outcome = ctxkernel_handoff.compact_now(session.context)
         assert outcome.committed and outcome.result is not None
         assert len(excerpts) <= len(session.surface) - 1  # only the kept last message's is left
-        cold = extractive_body(History.for_session(session), list(session.surface.nodes), 12_000)
-        assert extractive_body(History.for_session(session), list(session.surface.nodes), 12_000, excerpts) == cold
+        cold = extract(History.for_session(session), list(session.surface.nodes), 12_000).text
+        assert extract(History.for_session(session), list(session.surface.nodes), 12_000, excerpts).text == cold
         for t in range(3):
             a.turn(f"window {n + 2} task {t} " + "detail " * 10)
 

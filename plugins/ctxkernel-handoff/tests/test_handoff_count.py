@@ -21,17 +21,8 @@ from ctxkernel.recall.history import History
 from ctxkernel.testing import build_kernel
 from ctxkernel.text import guard, keep_newest
 from ctxkernel_handoff.engine import state_for, tokens_of_span
-from ctxkernel_handoff.handoff import (
-    _FILES,
-    FRAMES,
-    Excerpts,
-    Handoff,
-    _clip,
-    assemble,
-    extract,
-    handoff_tokens,
-    line_tokens,
-)
+from ctxkernel_handoff.excerpts import _FILES, FRAMES, Excerpts, _clip, extract, line_tokens
+from ctxkernel_handoff.handoff import Handoff, assemble, handoff_tokens
 
 #: characters that stress the pretokenizer at a line break: whitespace of every kind, letters,
 #: digits, punctuation, the handoff's own tag characters, non-Latin scripts and emoji
@@ -64,7 +55,7 @@ def _previous_handoff(kind: str, lines: list[str]) -> Message:
     return Message.user(text, Source.plugin_form("handoff", "handoff"))
 
 
-#: more files than a body lists (:data:`ctxkernel_handoff.handoff.FILES_LISTED`)
+#: more files than a body lists (:data:`ctxkernel_handoff.excerpts.FILES_LISTED`)
 MANY_PATHS = [f"src/m{n}.py" for n in range(30)]
 
 

@@ -33,11 +33,11 @@ from ctxkernel.events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, REQUEST_HEAD
 from ctxkernel.recall.history import WINDOW_KINDS
 from ctxkernel.text import first_line
 
+from .excerpts import Excerpts
 from .handoff import (
     HANDOFF_LOG_NOTE,
     HANDOFF_NOTE,
     MIN_GENERATED_BODY,
-    Excerpts,
     Generated,
     Handoff,
     assemble,
