@@ -82,7 +82,7 @@ def basic(session: Any) -> Callable[[], Any]:
     from ctxkernel.default_plugins.basic import compact
 
     keep = session.meter.surface_tokens() // 4
-    return lambda: compact(session, keep, reason="manual")
+    return lambda: compact(session.context, keep, reason="manual")
 
 
 def decay(session: Any) -> Callable[[], Any]:
@@ -90,7 +90,12 @@ def decay(session: Any) -> Callable[[], Any]:
     from ctxkernel_decay.steward import plan_spans
 
     request = session.prepare_request()  # the anchors are assigned when a request is decorated
-    spans = plan_spans(session, current_state(session), settings_of(session), session.meter.surface_tokens() // 2)
+    spans = plan_spans(
+        session.context,
+        current_state(session.context),
+        settings_of(session.context),
+        session.meter.surface_tokens() // 2,
+    )
     assert spans, "decay planned no span"
     call = ToolCallBlock("bench_compress", "compress", {"spans": spans})
     reply = Message.assistant("", [call])
@@ -101,14 +106,14 @@ def decay(session: Any) -> Callable[[], Any]:
 def handoff(session: Any) -> Callable[[], Any]:
     from ctxkernel_handoff import compact_now
 
-    return lambda: compact_now(session)
+    return lambda: compact_now(session.context)
 
 
 def chapters(session: Any) -> Callable[[], Any]:
     from ctxkernel_chapters.plugin import compact_in_place
 
     keep = session.meter.surface_tokens() // 4
-    return lambda: compact_in_place(session, keep, reason="manual")
+    return lambda: compact_in_place(session.context, keep, reason="manual")
 
 
 STRATEGIES: dict[str, Callable[[Any], Callable[[], Any]]] = {

@@ -101,7 +101,7 @@ def chapter_search(bench: Bench, size: int, label: str, repeat: int) -> None:
         return sum(p.read_text(encoding="utf-8").lower().count(needle) for p in files)
 
     def search() -> Any:
-        return chapters_search(session, args)
+        return chapters_search(session.context, args)
 
     outcome = search()
     if outcome.is_error or not files:

@@ -154,7 +154,7 @@ def parts_round(scratch: Path, nodes: int, notes: int) -> dict[str, float]:
         sink: dict[str, float] = {}
         wall = time.perf_counter()
         with timing_parts(sink):
-            switch(session, "manual")
+            switch(session.context, "manual")
         wall = time.perf_counter() - wall
         inner = sum(seconds for label, seconds in sink.items() if label not in ("transaction", "store"))
         rest = sink.get("transaction", 0.0) - inner  # ``store`` is inside ``append``
@@ -178,7 +178,7 @@ def one_round(scratch: Path, nodes: int, notes: int, written_guess: int = WRITTE
         size_before = path.stat().st_size
         before_wall, before_cpu = durable_append(other, written_guess)
         cpu, wall = time.process_time(), time.perf_counter()
-        switch(session, "manual")
+        switch(session.context, "manual")
         rollover_wall, rollover_cpu = time.perf_counter() - wall, time.process_time() - cpu
         written = path.stat().st_size - size_before
         after_wall, after_cpu = durable_append(other, written)

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from ctxkernel import ControlError, Message, Session, ToolCallBlock, guard
 from ctxkernel.guard import MAX_MESSAGE_SHARE
+from ctxkernel.session.pressure import Gauge
 from ctxkernel.testing import build_kernel
 
 WORDS = "alpha beta gamma delta parser token module error window anchor".split()
@@ -72,16 +73,16 @@ def excerpt_after(clear: Callable[[Session], None]) -> Iterator[None]:
 @contextlib.contextmanager
 def no_memos() -> Iterator[None]:
     """Every read computes afresh: the memo of pressure and the clear mark are cleared first."""
-    pressure = Session.pressure
+    pressure = Gauge.pressure
 
-    def pressure_fresh(self: Session) -> Any:
-        self._gauge.memo = None
+    def pressure_fresh(self: Gauge) -> Any:
+        self.memo = None
         return pressure(self)
 
     def clear_mark(session: Session) -> None:
         session.oversized.clear_at = None
 
-    with mock.patch.object(Session, "pressure", pressure_fresh), excerpt_after(clear_mark):
+    with mock.patch.object(Gauge, "pressure", pressure_fresh), excerpt_after(clear_mark):
         yield
 
 

@@ -110,4 +110,4 @@ def test_the_memo_is_dropped_when_the_request_fails(tmp_path: Any) -> None:
     session.commit_reply(Message.assistant("", [ToolCallBlock("c1", "read", {"path": "a"})]))
     with pytest.raises(ctxkernel.EventError, match="wait for results"):
         session.prepare_request()  # refused inside the request, after the memo was set up
-    assert session._routing._memo is None and session._routing._preparing == 0
+    assert session._routing._memo is None and session._routing.preparing == 0

@@ -77,13 +77,16 @@ class Composer:
                 batch, _ = self.turns.history_batch(history, trailer)
                 if batch:
                     log.hold(batch)
-            with self.routing.preparing():
-                try:
-                    return self._prepare_step(attempt, allow_overflow, defer_write)
-                except BaseException:
-                    if log.held and not log.stale:  # stopped before its step/start
-                        session.append([], durable=False)
-                    raise
+            routing = self.routing
+            routing.preparing_request()
+            try:
+                return self._prepare_step(attempt, allow_overflow, defer_write)
+            except BaseException:
+                if log.held and not log.stale:  # stopped before its step/start
+                    session.append([], durable=False)
+                raise
+            finally:
+                routing.prepared()
 
     def _prepare_step(self, attempt: int, allow_overflow: bool, defer_write: bool = False) -> Request:
         session, tracker, surface = self.session, self.tracker, self.surface
@@ -107,14 +110,14 @@ class Composer:
         self.flush_deferred()
         excerpt_oversized(session)  # the kernel's bound: no message over half the window (guard.py)
         request, header_tokens, digest = self._compose(step.step)
-        tokens = self.gauge.estimate(header_tokens)
+        tokens = header_tokens + self.meter.surface_tokens() + tracker.decoration_delta
         window = self.routing.model_settings().effective_window
         if tokens > window and session.kernel.profile.profile.guard_request and session.enabled_strategies():
             # the composed request (reminders, anchors, tools included) would overflow: the
             # profile's overflow path compacts once, then it is composed again (guard.py)
             if fit_composed(session, tokens, window):
                 request, header_tokens, digest = self._compose(step.step)
-                tokens = self.gauge.estimate(header_tokens)
+                tokens = header_tokens + self.meter.surface_tokens() + tracker.decoration_delta
             if tokens > window and not allow_overflow:
                 msg = (
                     f"the composed request has {tokens} tokens, over the effective window of {window} "
@@ -136,7 +139,7 @@ class Composer:
         route = tracker.route
         request.provider = route["provider"] if route else ""
         request.model = route["model"] if route else ""
-        request.pressure = self.session.pressure()
+        request.pressure = self.gauge.pressure()
         self.request_estimate = tokens
         return request
 
@@ -154,7 +157,7 @@ class Composer:
             tools=tools,
             turn=self.tracker.turn,
             step=step,
-            pressure=self.session.pressure(),  # replaced once decorations are known
+            pressure=self.gauge.pressure(),  # replaced once decorations are known
             provider=route["provider"] if route else "",
             model=route["model"] if route else "",
         )

@@ -87,9 +87,13 @@ class Session:
         self.oversized = OversizedMarks()
         self._tracker = Tracker(self.meter)
         self._counts = CountsAhead(self.meter)
-        # the log hands every batch it appends to the snapshot schedule (made next, from the log)
-        self._log = SessionLog(self.store, self.id, self.surface, self._tracker, self._counts, self._after_append)
+        self._log = SessionLog(self.store, self.id, self.surface, self._tracker, self._counts)
         self._snapshots = Snapshots(self, self._log, self._tracker, self.surface)
+        self._log.after_append = self._snapshots.after_append  # every batch, once durable and folded
+        #: the whole log in order (the log's own list, read on every step by the kernel and the
+        #: strategies: an attribute, not a property); opened from a snapshot, a :class:`LazyEvents`
+        #: that reads the events before the snapshot from the store on first use
+        self.events: list[Event] | LazyEvents = self._log.events
         self._tooling = Tooling(self, self.meter, self._tracker)
         self._routing = Routing(self, self._tracker)
         self._gauge = Gauge(self.id, self.meter, self._tracker, self._tooling, self._routing)
@@ -120,16 +124,7 @@ class Session:
         #: what the strategies see of this session: the ``ctx`` of every hook and tool handler
         self.context = Context(self)
 
-    def _after_append(self, built: Sequence[Event]) -> None:
-        self._snapshots.after_append(built)
-
     # -- the log --------------------------------------------------------------------------------------
-    @property
-    def events(self) -> list[Event] | LazyEvents:
-        """The whole log in order; opened from a snapshot, the events before it are read from the
-        store on first use."""
-        return self._log.events
-
     @property
     def next_seq(self) -> int:
         return len(self._log.events)
@@ -289,7 +284,9 @@ class Session:
         """Install a stored snapshot of the first ``covers`` events into this fresh session
         (see :mod:`ctxkernel.snapshot`); False, with a warning naming the reason, when it cannot
         be trusted, and the session is untouched for a full replay."""
-        return self._snapshots.open_from(covers, payload)
+        opened = self._snapshots.open_from(covers, payload)
+        self.events = self._log.events  # the snapshot's LazyEvents when it was taken
+        return opened
 
     # -- the route and the settings -------------------------------------------------------------------
     def settings(self, strategy: str) -> BaseModel:

@@ -81,15 +81,15 @@ class SessionLog:
         surface: Surface,
         tracker: Tracker,
         counts: CountsAhead,
-        after_append: Callable[[Sequence[Event]], None],
     ) -> None:
         self.store = store
         self.id = session_id
         self.surface = surface
         self.tracker = tracker
         self.counts = counts
-        #: called with every batch once it is durable and folded (the snapshot schedule)
-        self.after_append = after_append
+        #: called with every batch once it is durable and folded: the session sets its snapshot
+        #: schedule here (made after the log, from it)
+        self.after_append: Callable[[Sequence[Event]], None] = _nothing
         #: the whole log in order; opened from a snapshot, a :class:`LazyEvents` that reads the
         #: events before the snapshot from the store on first use
         self.events: list[Event] | LazyEvents = []
@@ -233,6 +233,10 @@ class SessionLog:
         if self.counts.pending:
             self.counts.take(built, self.surface)
         self.held.extend(built)
+
+
+def _nothing(built: Sequence[Event]) -> None:
+    """No schedule yet."""
 
 
 @contextlib.contextmanager

@@ -36,15 +36,13 @@ class Gauge:
         self.memo: tuple[_PressureKey, Pressure] | None = None
         self._implausible_usage_warned = False  # the out-of-band warning is logged once per session
 
-    def estimate(self, header_tokens: int) -> int:
-        """The meter's count of the next request: its header, the surface, the last decorations."""
-        return header_tokens + self.meter.surface_tokens() + self.tracker.decoration_delta
-
     def pressure(self) -> Pressure:
         model = self.routing.model_settings()
         _, _, digest, header_tokens = self.tooling.compose()
-        estimate = self.estimate(header_tokens)
-        anchor = self.tracker.anchor
+        tracker = self.tracker
+        # the meter's count of the next request: its header, the surface, the last decorations
+        estimate = header_tokens + self.meter.surface_tokens() + tracker.decoration_delta
+        anchor = tracker.anchor
         # everything the answer reads (the effective window is context_window - reserved)
         key = (estimate, digest, anchor, model.context_window, model.reserved_output_tokens)
         memo = self.memo

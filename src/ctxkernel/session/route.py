@@ -4,8 +4,6 @@ for the routed model."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from .. import events as ev
@@ -29,22 +27,21 @@ class Routing:
         self.session = session
         self.kernel = session.kernel
         self.tracker = tracker
-        #: while a request is prepared (:meth:`preparing`): the route and profile of the last
-        #: model_settings() answer, and that answer; a request asks for it up to seven times
+        #: while a request is prepared (between :meth:`preparing_request` and :meth:`prepared`): the
+        #: route and profile of the last model_settings() answer, and that answer; a request asks
+        #: for it up to seven times
         self._memo: tuple[dict[str, Any] | None, Any, ModelSettings] | None = None
-        self._preparing = 0
+        self.preparing = 0  # requests being prepared (re-entrant)
 
-    @contextlib.contextmanager
-    def preparing(self) -> Iterator[None]:
-        """While a request is prepared, :meth:`model_settings` answers once per route and profile
-        object; the answer is dropped when the outermost request is done."""
-        self._preparing += 1
-        try:
-            yield
-        finally:
-            self._preparing -= 1
-            if not self._preparing:
-                self._memo = None
+    def preparing_request(self) -> None:
+        """A request is being prepared: :meth:`model_settings` answers once per route and profile."""
+        self.preparing += 1
+
+    def prepared(self) -> None:
+        """A request is prepared (or stopped): the answer is dropped once no request is."""
+        self.preparing -= 1
+        if not self.preparing:
+            self._memo = None
 
     def model_settings(self) -> ModelSettings:
         """The routed model's settings: the profile's ``[model]`` with the matching per-model
@@ -63,7 +60,7 @@ class Routing:
         window = given.get(ROUTE_WINDOW_KEY)
         if isinstance(window, int) and window != settings.context_window:
             settings = settings.with_window(window)
-        if self._preparing:
+        if self.preparing:
             self._memo = (route, profile, settings)
         return settings
 
