@@ -24,7 +24,8 @@ from ctxkernel.events import (
     USER_MESSAGE,
     Event,
 )
-from ctxkernel.recall.history import GOAL_SCAN, TODO_TOOLS, WINDOW_KINDS, History, Window, _source_kind
+from ctxkernel.recall.history import GOAL_SCAN, TODO_TOOLS, WINDOW_KINDS, History, Window
+from ctxkernel.recall.history_index import _source_kind
 from ctxkernel.task import substantive
 
 

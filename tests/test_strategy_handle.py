@@ -232,3 +232,90 @@ def test_plugins_never_reach_the_kernel_or_the_store_of_a_session():
         if reach.search(line)
     ]
     assert offenders == []
+
+
+class Recorder:
+    """Records what every session hook and its tool's handler receive as ``ctx``."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, set[type]] = {}
+
+    def saw(self, hook: str, ctx: Any) -> None:
+        self.seen.setdefault(hook, set()).add(type(ctx))
+
+    @ctxkernel.hookimpl
+    def register_strategy(self, register: Any) -> None:
+        register(PROBE.spec)
+
+    @ctxkernel.hookimpl
+    def session_opened(self, ctx: Any) -> None:
+        self.saw("session_opened", ctx)
+
+    @ctxkernel.hookimpl
+    def register_tools(self, register: Any, ctx: Any) -> None:
+        self.saw("register_tools", ctx)
+
+        def handler(ctx: Any, args: Any) -> str:
+            self.saw("tool handler", ctx)
+            return "ok"
+
+        register(PROBE.tool("probe_tool", "records its ctx", ctxkernel.ToolArgs, handler))
+
+    @ctxkernel.hookimpl
+    def system_prompt(self, ctx: Any) -> None:
+        self.saw("system_prompt", ctx)
+
+    @ctxkernel.hookimpl
+    def pre_step(self, ctx: Any, step: Any) -> None:
+        self.saw("pre_step", ctx)
+
+    @ctxkernel.hookimpl
+    def decorate_request(self, ctx: Any, request: Any) -> None:
+        self.saw("decorate_request", ctx)
+
+    @ctxkernel.hookimpl
+    def sanitize_reply(self, ctx: Any, reply: Any) -> None:
+        self.saw("sanitize_reply", ctx)
+
+    @ctxkernel.hookimpl
+    def commit(self, ctx: Any, result: Any) -> None:
+        self.saw("commit", ctx)
+
+    @ctxkernel.hookimpl
+    def project(self, ctx: Any) -> None:
+        self.saw("project", ctx)
+
+
+def test_every_session_hook_and_tool_handler_receives_the_context_never_the_session(tmp_path):
+    recorder = Recorder()
+    kernel = build_kernel(tmp_path, strategies=["probe", "basic"], plugins=[("probe", recorder)], fsync=False)
+    session = kernel.open_session()
+    session.user("read a file")
+    session.prepare_request()
+    session.commit_reply(Message.assistant("", tool_calls=[ctxkernel.ToolCallBlock("c1", "probe_tool", {})]))
+    session.tool_result("c1", session.run_tool(session.pending_calls[0]))
+    session.prepare_request()
+    session.commit_reply(Message.assistant("done"))
+    session.end_turn()
+    head = [n.seq for n in session.surface.nodes]
+    session.compact(Span(head[0], head[2], summary="read a file"), strategy="probe")
+    session.project()
+    assert set(recorder.seen) == {
+        "session_opened",
+        "register_tools",
+        "tool handler",
+        "system_prompt",
+        "pre_step",
+        "decorate_request",
+        "sanitize_reply",
+        "commit",
+        "project",
+    }
+    assert all(types == {ctxkernel.Context} for types in recorder.seen.values()), recorder.seen
+
+
+def test_a_strategy_has_one_handle_per_session_and_a_session_is_refused(session):
+    ctx = session.context
+    assert PROBE.on(ctx) is PROBE.on(ctx) and PROBE.on(ctx).ctx is ctx
+    with pytest.raises(TypeError, match="pass session.context"):
+        PROBE.on(session)
