@@ -126,3 +126,19 @@ def test_the_documented_script_runs(tmp_path):
     exec(compile(block, "docs/testing-a-strategy.md", "exec"), namespace)  # noqa: S102 - our own doc
     # the doc's test installs recall-turn from its distribution; here it comes in code
     assert conformance(tmp_path, namespace["recall_the_previous_turn"]).tool_calls_checked == 5
+
+
+def test_a_conformance_step_hands_the_strategys_context(tmp_path):
+    """A tool_calls callback reads the strategy's own state through ``point.ctx``, the context its
+    hooks receive (``STRATEGY.on(point.ctx)``), never through the Session."""
+    seen: list[Any] = []
+
+    def recall_when_configured(point: ConformanceStep) -> list[dict[str, Any]] | None:
+        seen.append(point.ctx)
+        assert isinstance(point.ctx, ctxkernel.Context) and point.ctx is point.session.context
+        if point.turn >= 1 and point.step == 0 and RECALL.on(point.ctx).settings.max_chars == 500:
+            return [{"name": "recall_turn", "arguments": {"turn": point.turn}}]
+        return None
+
+    report = conformance(tmp_path, recall_when_configured, turns=3)
+    assert report.tool_calls_checked == 2 and seen

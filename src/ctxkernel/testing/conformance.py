@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
+from ..context import Context
 from ..kernel import Kernel
 from ..messages import Message, ToolCallBlock
 from ..pairing import pairing_problems
@@ -42,13 +43,19 @@ class ConformanceError(AssertionError):
 @dataclass(frozen=True)
 class ConformanceStep:
     """Where the scripted session is when ``check_conformance`` asks for the model's tool calls:
-    the session, the request about to be answered, the turn (from 0) and how many replies the
-    model has already given in this turn."""
+    the session (the suite plays the harness), the request about to be answered, the turn (from 0)
+    and how many replies the model has already given in this turn. ``ctx`` is what the
+    strategies' hooks receive, for a callback that reads the strategy's own state."""
 
     session: Session
     request: Request
     turn: int
     step: int
+
+    @property
+    def ctx(self) -> Context:
+        """The session's context, as the strategies' hooks and tool handlers receive it."""
+        return self.session.context
 
 
 @dataclass
