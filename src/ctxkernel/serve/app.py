@@ -21,8 +21,8 @@ One client request, in order (docs/serve.md has the long form)::
                              own calls only
     the reply as the client holds it goes into the ledger
 
-The front door is thin (STYLE.md #15): every context decision is the Session API's. Session
-calls are synchronous (fsync, tokenising): they run in worker threads (``workers.run_sync``,
+The front door is thin: every context decision is the Session API's, so a behaviour fixed in the
+kernel is fixed behind every front door at once. Session calls are synchronous (fsync, tokenising): they run in worker threads (``workers.run_sync``,
 ``anyio.to_thread.run_sync``'s contract at half its cost), one at a time per session because of
 the lock above.
 """
