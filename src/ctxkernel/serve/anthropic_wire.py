@@ -25,10 +25,10 @@ from ..convert import (
 )
 from ..errors import EventError
 from ..messages import Message, ReasoningBlock, TextBlock, ToolCallBlock
+from ..pairing import CallIds
 from ..session import Request
 from .reconcile import message_hash
 from .wire import (
-    CallIds,
     ClientRequest,
     MessageMemo,
     WireError,

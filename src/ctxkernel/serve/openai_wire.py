@@ -16,11 +16,11 @@ import orjson
 from ..convert import _content_text, arguments_from_json, from_openai_message, to_openai_message
 from ..errors import EventError
 from ..messages import Message, ToolCallBlock
+from ..pairing import CallIds
 from ..session import Request
 from .reconcile import message_hash
 from .upstream import Chunks
 from .wire import (
-    CallIds,
     ClientRequest,
     MessageMemo,
     WireError,

@@ -44,6 +44,7 @@ from ..kernel import Kernel
 from ..logging import get_logger
 from ..messages import Message, Source
 from ..models.openai_http import classify_http_error
+from ..pairing import CallIds
 from ..session import Request, Session
 from . import anthropic_wire, openai_wire
 from .config import DEFAULT_ANTHROPIC_VERSION, ServeConfig, upstream_bases
@@ -62,7 +63,7 @@ from .reconcile import (
 )
 from .tenants import Scrubber, tenant_secret
 from .upstream import Upstream, join_url
-from .wire import CallIds, ClientRequest, MessageMemo, WireError, add_usage
+from .wire import ClientRequest, MessageMemo, WireError, add_usage
 from .workers import run_sync
 
 log = get_logger("ctxkernel.serve")

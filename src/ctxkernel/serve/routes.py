@@ -29,12 +29,13 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response, StreamingResponse
 
 from ..logging import get_logger
+from ..pairing import claim_raw_calls, renamed_calls
 from . import anthropic_wire, openai_wire
 from .identity import identify
 from .proxy import Lease, Overflow, Proxy, Turn
 from .tenants import Scrubber
 from .upstream import UpstreamError, join_url
-from .wire import MAX_BODY_BYTES, WireError, claim_raw_calls, iter_sse, loads, model_name, renamed_calls
+from .wire import MAX_BODY_BYTES, WireError, iter_sse, loads, model_name
 
 log = get_logger("ctxkernel.serve")
 
