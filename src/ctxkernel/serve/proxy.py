@@ -653,8 +653,7 @@ class Proxy:
             candidate = self._session(other)
             seen = ledger_for(candidate).hashes
             if seen and ledger_for(candidate).matched(client.messages, hashes) == len(seen):
-                self._point(key, candidate, None)
-                return candidate
+                return candidate  # the route stays: twins take turns, and a write per turn buys nothing
         return session
 
     def _begin(self, key: str, client: ClientRequest, tenant: str | None) -> tuple[Session, Reconciled | None]:
