@@ -72,6 +72,7 @@ PINNED_SOURCE_KEYS = [
     "markers",
     "recorded_peak_input_tokens",
     "skipped_lines",
+    "accounting",
 ]
 PINNED_SETTINGS_KEYS = ["prices", "steward", "summarizer", "window", "window_share"]
 

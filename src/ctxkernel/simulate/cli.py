@@ -21,7 +21,14 @@ from .corpus import aggregate, find_files, plan, run_corpus
 from .importers import load_recording
 from .recording import RecordingError
 from .replay import MIN_WINDOW, UNMANAGED, Options
-from .report import REPLAY_NOTE, render_corpus_html, render_corpus_table, render_html, render_table
+from .report import (
+    REPLAY_NOTE,
+    describe_accounting,
+    render_corpus_html,
+    render_corpus_table,
+    render_html,
+    render_table,
+)
 from .steward import load_steward
 from .workloads import WORKLOADS, build_workload
 
@@ -94,6 +101,11 @@ def register(sub: Any) -> None:
         help="keep the replayed sessions in a jsonl store at DIR (open them with CTXKERNEL_HOME=DIR ctxkernel inspect ID)",
     )
     p.add_argument("--lenient", action="store_true", help="skip malformed transcript lines and count them")
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse (exit 2) a recording that holds anything the replay would leave out (source.accounting)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=cmd_simulate)
 
@@ -188,6 +200,14 @@ class ProgressBar:
         self.stream.flush()
 
 
+def check_complete(where: str, accounting: dict[str, Any] | None) -> None:
+    """``--strict``: a recording the replay would leave part of is bad input."""
+    missing = describe_accounting(accounting)
+    if missing:
+        msg = f"{where}: {missing.split(' (see ')[0]}; --strict refuses a recording that is not replayed whole"
+        raise RecordingError(msg)
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from ..cli import dump_json
 
@@ -217,6 +237,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 recording = build_workload(args.workload, args.seed)
             else:
                 recording = load_recording(args.transcript, run=args.run, lenient=args.lenient)
+                if args.strict:
+                    check_complete(args.transcript, recording.accounting)
             report = compare(names, recording, options)
     except CtxKernelError as exc:
         sys.stderr.write(f"ctxkernel simulate: {redact(str(exc))}\n")
@@ -235,6 +257,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 f"ctxkernel simulate: --report {args.report}: cannot write the report ({exc.strerror or exc})\n"
             )
             return EXIT_FAILED
+    if corpus and args.strict:
+        partial = [s for s in report["sessions"] if describe_accounting((s.get("source") or {}).get("accounting"))]
+        for session in partial:
+            sys.stderr.write(
+                f"ctxkernel simulate: {session['path']}: {describe_accounting(session['source']['accounting'])}\n"
+            )
+        if partial:
+            sys.stderr.write(f"ctxkernel simulate: --strict: {len(partial)} session(s) not replayed whole\n")
+            return EXIT_USAGE
     rows = [p for s in report["sessions"] for p in s["profiles"]] if corpus else report["profiles"]
     broken = [p for p in rows if p["status"] == "failed" or (p["invariant_violations"] or 0) > 0]
     unreadable = [s for s in report["sessions"] if s["error"]] if corpus else []

@@ -81,6 +81,8 @@ def find_files(spec: str) -> list[Path]:
         )
     else:
         files = sorted(Path(p) for p in glob.glob(str(root), recursive=True) if Path(p).is_file())
+    # a Claude Code subagent's transcript belongs to its session (counted there), not a session of its own
+    files = [p for p in files if not _subagent_of_listed_session(p)]
     if not files:
         what = (
             f"the folder has no {', '.join('*' + s for s in SUFFIXES)} file" if root.is_dir() else "it matches no file"
@@ -88,6 +90,12 @@ def find_files(spec: str) -> list[Path]:
         msg = f"--transcripts {spec}: {what}; accepted: a folder of recordings or a glob such as 'runs/**/*.jsonl'"
         raise RecordingError(msg)
     return files
+
+
+def _subagent_of_listed_session(path: Path) -> bool:
+    """``<session>/subagents/agent-*.jsonl`` beside ``<session>.jsonl``."""
+    folder = path.parent
+    return folder.name == "subagents" and folder.parent.with_suffix(".jsonl").is_file()
 
 
 def plan(files: list[Path], lenient: bool = False) -> list[Task]:

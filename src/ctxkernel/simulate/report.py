@@ -108,11 +108,43 @@ def render_table(report: dict[str, Any]) -> str:
     source = report["source"]
     lines.append("")
     lines.append(f"source: {describe_source(source)}")
+    missing = describe_accounting(source.get("accounting"))
+    if missing:
+        lines.append(missing)
     for metrics in report["profiles"]:
         if metrics.get("error"):
             lines.append(f"{metrics['profile']}: {metrics['status']}: {metrics['error']}")
     lines.append(REPLAY_NOTE)
     return "\n".join(lines)
+
+
+_KEY_WORDS = {
+    "tool_calls": ("tool call", "tool calls"),
+    "tool_results": ("tool result", "tool results"),
+    "user_messages": ("user message", "user messages"),
+    "assistant_messages": ("assistant message", "assistant messages"),
+    "sidechain_calls": ("sidechain call", "sidechain calls"),
+}
+
+
+def describe_accounting(accounting: dict[str, Any] | None) -> str | None:
+    """One line naming what the recording holds and the replay left out, by reason; None when
+    everything was replayed."""
+    if not accounting or accounting.get("complete"):
+        return None
+    parts = []
+    for key, (one, many) in _KEY_WORDS.items():
+        missing = accounting["raw"][key] - accounting["replayed"][key]
+        if missing:
+            why = ", ".join(
+                f"{reason} {of[key]:,}"
+                if len([r for r in accounting["reasons"].values() if r.get(key)]) > 1
+                else reason
+                for reason, of in accounting["reasons"].items()
+                if of.get(key)
+            )
+            parts.append(f"{missing:,} {one if missing == 1 else many} ({why})")
+    return "not replayed: " + "; ".join(parts) + " (see source.accounting; --strict refuses such a recording)"
 
 
 def describe_source(source: dict[str, Any]) -> str:
