@@ -41,6 +41,8 @@ BOOKKEEPING = frozenset({"progress", "file-history-snapshot", "queue-operation",
 CONVERSATION = frozenset({"user", "assistant", "system"})
 TYPES = BOOKKEEPING | CONVERSATION
 _CALL_BLOCKS = ("tool_use", "server_tool_use")
+#: what a user line opens with when the harness wrote it: a slash command and its output, a caveat
+HARNESS_TEXT = ("<command-name>", "<command-message>", "<local-command-stdout>", "<local-command-caveat>")
 #: most subagent files read beside one session (each is counted, never replayed)
 MAX_SUBAGENT_FILES = 10_000
 
@@ -321,6 +323,7 @@ class _Builder:
                 self.lines.add(self.items, lineno, ToolResultItem(r.call_id, r.content, r.is_error))  # type: ignore[union-attr]
             elif m.text.strip() and not said:
                 said = True
-                self.lines.add(self.items, lineno, UserItem(m.text, instruction=not raw.get("isMeta"), time=when))
+                instruction = not raw.get("isMeta") and not m.text.lstrip().startswith(HARNESS_TEXT)
+                self.lines.add(self.items, lineno, UserItem(m.text, instruction=instruction, time=when))
         if not said:
             self.accounting.skip("empty_message", "user_messages")

@@ -14,13 +14,14 @@ from pydantic import ValidationError
 
 from ..cli import bounded_int
 from ..errors import CtxKernelError, ProfileError
+from ..pricing import UnknownModelError, price_for
 from ..profile import MAX_TOKENS, Prices, load_profile
 from ..redact import redact
-from . import compare, profile_names
+from . import compare, profile_names, settings_of
 from .corpus import aggregate, find_files, plan, run_corpus
 from .importers import load_recording
 from .recording import RecordingError
-from .replay import MIN_WINDOW, UNMANAGED, Options
+from .replay import MIN_WINDOW, STAND_IN, UNMANAGED, Options
 from .report import (
     REPLAY_NOTE,
     describe_accounting,
@@ -88,13 +89,24 @@ def register(sub: Any) -> None:
     p.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report with a chart")
     p.add_argument(
         "--summarizer",
-        default="extractive",
-        help="extractive (default, no model), scripted (offline stand-in model) or openai:<model>[@<base_url>]",
+        default=STAND_IN,
+        help="stand-in (default: an offline model writing model-length summaries, priced), extractive (free, "
+        "unpriced) or openai:<model>[@<base_url>]",
     )
     p.add_argument(
         "--steward", default="default", help="default (the strategies' steward_actions), none, or module:function"
     )
-    p.add_argument("--prices", metavar="IN,CACHED,OUT", help="prices per million input, cached input and output tokens")
+    p.add_argument(
+        "--model",
+        metavar="NAME",
+        help="price the requests as this model of the price table, with its prompt cache (default: by the "
+        "recording's format; see docs/simulate.md)",
+    )
+    p.add_argument(
+        "--prices",
+        metavar="IN,CACHED,OUT",
+        help="other prices per million input, cached input and output tokens, with the model's cache rules",
+    )
     p.add_argument(
         "--keep-sessions",
         metavar="DIR",
@@ -133,6 +145,14 @@ def parse_prices(text: str) -> Prices:
         return Prices(input=values[0], cached_input=values[1], output=values[2])
     except (ValueError, ValidationError):
         msg = f"--prices {text!r}: expected three non-negative numbers 'input,cached,output' per million tokens, e.g. 2.5,1.25,10"
+        raise RecordingError(msg) from None
+
+
+def check_model(name: str) -> str:
+    try:
+        return price_for(name).model
+    except UnknownModelError as exc:
+        msg = f"--model: {exc}"
         raise RecordingError(msg) from None
 
 
@@ -222,6 +242,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             summarizer=args.summarizer,
             steward=load_steward(args.steward),
             prices=parse_prices(args.prices) if args.prices else None,
+            model=check_model(args.model) if args.model else None,
             progress=ProgressBar() if sys.stderr.isatty() and not args.no_progress else None,
         )
         if args.report:
@@ -278,7 +299,6 @@ def corpus_report(args: argparse.Namespace, names: list[str], options: Options) 
     tasks = plan(files, lenient=args.lenient)
     progress = options.progress
     sessions = run_corpus(tasks, names, options, jobs=args.jobs, lenient=args.lenient, progress=progress)
-    steward = options.steward
     return {
         "corpus": {
             "transcripts": args.transcripts,
@@ -287,13 +307,7 @@ def corpus_report(args: argparse.Namespace, names: list[str], options: Options) 
             "unreadable": sum(1 for s in sessions if s["error"]),
             "jobs": args.jobs,
         },
-        "settings": {
-            "window": options.window,
-            "window_share": options.window_share,
-            "summarizer": options.summarizer,
-            "steward": f"{steward.__module__}:{steward.__qualname__}",
-            "prices": options.prices.model_dump() if options.prices else None,
-        },
+        "settings": settings_of(options),
         "sessions": sessions,
         "aggregate": aggregate(sessions, names),
         "note": REPLAY_NOTE,

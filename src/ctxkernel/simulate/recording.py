@@ -73,6 +73,8 @@ class Recording:
     accounting: dict[str, Any] | None = None
     #: lines or events an importer read and did not replay, by reason (counted into ``accounting``)
     not_replayed: dict[str, int] = field(default_factory=dict)
+    #: what is computed once from the items and shared by every profile's replay (recall needs)
+    derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def requests(self) -> int:
