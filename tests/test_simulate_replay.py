@@ -323,3 +323,20 @@ def test_a_strategy_that_raises_fails_its_profile_only(tmp_path, monkeypatch):
     assert "ValueError: strategy bug" in failed["error"] and "test_simulate_replay.py" in failed["error"]
     assert list(failed) == list(METRIC_KEYS)
     assert unmanaged["status"] == "ok" and unmanaged["requests"] == 8
+
+
+def test_the_unmanaged_baseline_is_not_bounded_by_the_kernel():
+    # regression: none had its oversized results excerpted by the kernel's guard ("excerpt:3",
+    # no overflow) and billed requests a provider would have refused
+    from ctxkernel.simulate import Recording
+
+    big = "\n".join(f"line {i}: " + "data " * 12 for i in range(2_000))
+    items = [UserItem("dump it")]
+    for i in range(3):
+        items.append(AssistantItem(Message.assistant("", [ToolCallBlock(f"c{i}", "bash", {"command": "dump"})])))
+        items.append(ToolResultItem(f"c{i}", big))
+    items.append(AssistantItem(Message.assistant("done")))
+    m = run_profile("none", Recording(items, {"kind": "transcript"}), Options(window=40_000))
+    assert m["compactions"] == {}
+    assert m["peak_prompt_tokens"] > m["effective_window"] and m["overflows"] > 0
+    assert m["cost_usd"] is None
