@@ -42,6 +42,7 @@ from ..profile import Prices, Profile, SummarizerSettings, load_profile, overrid
 from ..redact import redact
 from ..session import Request, Session
 from ..store.jsonl import JsonlStore
+from ..meter import message_text_for_count
 from ..text import extractive_summary
 from ..tools import ToolOutcome
 from . import cues, probes, recall
@@ -121,6 +122,10 @@ STAND_IN = "stand-in"
 #: Claude Code wrote at its compaction in the shared Claude Code recording: 11.8k characters for
 #: its eight sections, 16.2k with its preamble and analysis; basic's summary_max_chars is 12,000)
 STAND_IN_SUMMARY_CHARS = 12_000
+#: ... and for a shorter region, a tenth of it (a model details a small region less)
+STAND_IN_SHARE = 0.1
+#: the longest line the stand-in quotes of one message of the region
+STAND_IN_LINE_CHARS = 300
 #: where the replay clock starts for a recording that holds no time (2025-01-01T00:00:00Z) ...
 FIXED_START = 1_735_689_600.0
 #: ... and how far it moves for each user message or reply that has no recorded time
@@ -169,11 +174,33 @@ class ExtractiveModel:
     def complete(
         self, messages: list[Message], *, system: str = "", tools: list[dict[str, Any]] | None = None
     ) -> Reply:
-        text = extractive_summary(messages[:-1], max_chars=STAND_IN_SUMMARY_CHARS)
+        text = stand_in_summary(messages[:-1])
         prompt = self._meter.count_header(system, tools or []) + sum(self._meter.count_message(m) for m in messages)
         reply = Message.assistant(text, source=Source(kind="model", provider=self.provider, model=self.model))
         usage = {"input_tokens": prompt, "output_tokens": self._meter.count_message(reply), "cached_input_tokens": 0}
         return Reply(reply, usage, self.provider, self.model)
+
+
+def stand_in_summary(region: list[Message]) -> str:
+    """The stand-in's summary of ``region``: the kernel's eight sections, then, while shorter than
+    a model would write (a tenth of the region, at most :data:`STAND_IN_SUMMARY_CHARS`), the
+    region's own messages, newest first, one clipped line each, as a model's summary details the
+    latest work."""
+    sections = extractive_summary(region, max_chars=STAND_IN_SUMMARY_CHARS)
+    size = sum(len(message_text_for_count(m)) for m in region)
+    target = min(STAND_IN_SUMMARY_CHARS, int(size * STAND_IN_SHARE))
+    details: list[str] = []
+    used = len(sections)
+    for message in reversed(region):
+        if used >= target:
+            break
+        body = " ".join(message_text_for_count(message).split())
+        if body:
+            details.append(f"- {message.role}: {body[:STAND_IN_LINE_CHARS]}")
+            used += len(details[-1]) + 1
+    if not details:
+        return sections
+    return (sections + "\n" + "\n".join(reversed(details)))[: max(target, len(sections))]
 
 
 class CountingModel:
@@ -247,7 +274,6 @@ def prepare_profile(name: str, recording: Recording, options: Options, home: Pat
 @dataclass
 class _Counters:
     prompt_tokens: list[int] = field(default_factory=list)
-    cached: int = 0
     output: int = 0
     overflows: int = 0
     overflow_retries: int = 0
@@ -547,11 +573,11 @@ class Replay:
         self.bill.add(bill)
         return tokens, bill.cache_read
 
-    def _header_key(self, system: str, tools: list[dict[str, Any]]) -> tuple[str, bytes]:
+    def _header_key(self, system: str, tools: list[dict[str, Any]]) -> tuple[str, str, bytes]:
         """The system prompt and tool schemas as one cache block's key."""
         if self._tools_key[0] is not tools:
             self._tools_key = (tools, orjson.dumps(tools, option=orjson.OPT_SORT_KEYS))
-        return ("header", system, self._tools_key[1])  # type: ignore[return-value]
+        return ("header", system, self._tools_key[1])
 
     def bill_summary(self, system: str, tools: list[dict[str, Any]], messages: list[Message], tokens: int) -> None:
         """A summarizer call of ``tokens`` input tokens (as its provider reported them), billed
