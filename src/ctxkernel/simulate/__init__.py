@@ -6,10 +6,13 @@
     report = compare(["basic", "decay"], load_recording("session.jsonl"), Options(window=60_000))
     report["profiles"][0]["peak_prompt_tokens"]
 
-Pieces: :mod:`.importers` (six recording formats, sniffed; SWE-agent and OpenHands in :mod:`.agent_logs`; shared checks in :mod:`.reading`), :mod:`.workloads` (synthetic,
-seeded), :mod:`.steward` (the replaceable context-management policy), :mod:`.replay` (open-loop
-replay and metrics), :mod:`.checks` (independent invariant checks), :mod:`.report` (table, JSON,
-HTML). The assistant turns are replayed, not regenerated.
+Pieces: :mod:`.importers` (six recording formats, sniffed; Claude Code in :mod:`.claude_code`,
+SWE-agent and OpenHands in :mod:`.agent_logs`; shared checks in :mod:`.reading`; what was left out
+in :mod:`.accounting`), :mod:`.workloads` (synthetic, seeded), :mod:`.steward` (the replaceable
+context-management policy), :mod:`.replay` (open-loop replay and metrics, priced with
+:mod:`ctxkernel.pricing`), :mod:`.cues` and :mod:`.recall` (cued recall and reachable history),
+:mod:`.probes` (retention probes, instructions), :mod:`.checks` (independent invariant checks),
+:mod:`.report` (table, JSON, HTML). The assistant turns are replayed, not regenerated.
 """
 
 from __future__ import annotations

@@ -36,13 +36,13 @@ from ..errors import ConfigError, ContextOverflowError, ProfileError, RequestToo
 from ..events import COMPACTION_END, COMPACTION_PRUNE, COMPACTION_SUMMARY, replay_clock
 from ..kernel import Kernel
 from ..messages import Message, Source, ToolCallBlock
+from ..meter import message_text_for_count
 from ..models.base import Reply
 from ..pricing import Bill, ModelPrice, PromptCache, UnknownModelError, price_for
 from ..profile import Prices, Profile, SummarizerSettings, load_profile, override_window
 from ..redact import redact
 from ..session import Request, Session
 from ..store.jsonl import JsonlStore
-from ..meter import message_text_for_count
 from ..text import extractive_summary
 from ..tools import ToolOutcome
 from . import cues, probes, recall
