@@ -286,3 +286,17 @@ def test_corpus_mode_leaves_subagent_files_to_their_session(tmp_path):
     lone.mkdir(parents=True)
     orphan = write_lines(lone / "agent-2.jsonl", [user("z1", None, "Alone.")])
     assert find_files(str(tmp_path)) == [orphan, session]  # an orphan (no session beside it) is replayed
+
+
+def test_strict_corpus_mode_exits_2_when_a_session_was_not_replayed_whole(tmp_path, capsys):
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    write_lines(folder / "whole.jsonl", parallel_calls())
+    side = {**assistant("x1", "a3", "msg_side", [call("toolu_s1")]), "isSidechain": True}
+    write_lines(folder / "partial.jsonl", [*parallel_calls(), side])
+    args = ["simulate", "--transcripts", str(folder), "--profile", "none", "--no-progress"]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main([*args, "--strict"]) == 2
+    err = capsys.readouterr().err
+    assert "partial.jsonl" in err and "1 sidechain call" in err and "whole.jsonl" not in err
