@@ -226,3 +226,14 @@ def test_slash_commands_and_their_output_are_not_instructions(tmp_path):
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     users = [i for i in load_recording(path).items if isinstance(i, UserItem)]
     assert [u.instruction for u in users] == [True, False, False, False]
+
+
+def test_an_instruction_with_its_own_list_is_shown_flattened_into_a_summary():
+    # regression: the Codex session's one instruction (a markdown list inside) was counted as never
+    # shown: its own "- " items were stripped as if they were a quote's markers
+    from ctxkernel.simulate.probes import canonical, shown_whole
+
+    instruction = "# Context\n## Open tabs:\n- plan.md: docs/plan.md\n## My request:\nMigrate to prisma."
+    summary = "## Primary Request and Intent\n- User: # Context ## Open tabs: - plan.md: docs/plan.md ## My request: Migrate to prisma.\n"
+    assert shown_whole(canonical(instruction), canonical(summary))
+    assert shown_whole(canonical(instruction), canonical("> " + instruction.replace("\n", "\n> ")))

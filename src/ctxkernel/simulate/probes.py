@@ -290,24 +290,24 @@ def score(probes: list[Probe], visible: str, reachable: set[int]) -> dict[str, d
 
 
 # -- instructions, at every request ------------------------------------------------------------------
-# what opens a line that shows a message: quote markers, a bullet, a speaker's label ("- User: ...")
-_QUOTED = re.compile(
-    r"^[ \t]*(?:>[ \t]?)*(?:⟦[^⟧\n]{1,24}⟧[ \t]*)?(?:[-*•+][ \t]+|\d{1,3}[.)][ \t]+)?(?:user[ \t]*:[ \t]*)?",
-    re.IGNORECASE,
-)
+# what opens a line that quotes a message: quote markers, an anchor the strategy decorates it with
+_QUOTED = re.compile(r"^[ \t]*(?:>[ \t]?)*(?:⟦[^⟧\n]{1,24}⟧[ \t]*)?")
 #: what may follow an instruction shown whole: the end of its line or message, a closing tag, an
 #: id pointer (`` [item_12]``, `` (item_12)``, `` ⟦p3⟧``), or the separator of a list of fields
 #: or of a summary's items flattened onto one line (``; ``, `` - ``, `` ## ``)
 _AFTER = ("\n", "<", " [", " (", "; ", " ⟦", " - ", " #")
-#: what may open it on its line: nothing, a tag, or a short label (``Goal: ``, ``...; asked: ``,
-#: ``... - User: ``)
-_BEFORE = re.compile(r"(?:|.*>[ \t]?|(?:.*(?:[;·—|]| -)[ \t]*)?[A-Za-z][^:\n]{0,40}:[ \t]?)")
+#: what may open it on its line: nothing, a tag, a bullet, a short label (``- User: ``, ``Goal: ``,
+#: ``...; asked: ``)
+_BEFORE = re.compile(
+    r"(?:.*>[ \t]?|(?:.*(?:[;·—|]| -)[ \t]*)?(?:[-*•+][ \t]+|\d{1,3}[.)][ \t]+)?(?:[A-Za-z][^:\n]{0,40}:[ \t]?)?)"
+)
 
 
 def canonical(text: str) -> str:
-    """Text as instructions are compared: each line without what opens it as a quote, an anchor or
-    an item (``> ``, ``⟦p1⟧ ``, ``- ``, ``1. ``, ``User: ``) and with its whitespace collapsed, blank
-    lines dropped."""
+    """Text as instructions are compared: each line without what opens it as a quote or an anchor
+    (``> ``, ``⟦p1⟧ ``) and with its whitespace collapsed, blank lines dropped. A bullet or a label
+    before an instruction is allowed where it is found (:func:`shown_whole`), not stripped: an
+    instruction's own list items are part of it."""
     lines = (" ".join(_QUOTED.sub("", line).split()) for line in text.splitlines())
     return "\n".join(line for line in lines if line)
 
