@@ -18,6 +18,11 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/ctxkernel simulate --workload coding-long --profile none,all
+	@echo
+	@echo "Next, the same session under pressure (half its unmanaged peak), with a chart:"
+	@echo "  $(VENV)/bin/ctxkernel simulate --workload coding-long --profile none,all --window 0.5x --report demo.html"
+	@echo "and your own recorded session (Claude Code, Codex, OpenAI chat, SWE-agent, OpenHands):"
+	@echo "  $(VENV)/bin/ctxkernel simulate --transcript PATH --profile none,all --window 0.5x"
 
 # `make lint` checks formatting too (ruff format --check); LINT_FORMAT=0 skips that part
 LINT_FORMAT ?= 1
@@ -25,13 +30,18 @@ LINT_FORMAT ?= 1
 lint: $(STAMP)
 	CTXKERNEL_LINT_FORMAT=$(LINT_FORMAT) bash scripts/lint.sh $(PY)
 
+# the tests run in parallel, one worker per core (pytest-xdist); the tests of a file stay on one
+# worker, so its module fixtures are built once (conftest.py hands out slow files first).
+# PYTEST_PARALLEL= runs them in one process.
+PYTEST_PARALLEL ?= -n auto --dist loadfile
+
 # everything: the static checks, then every test tier (slow ones included)
 test: lint
-	bash scripts/test-services.sh $(PY) -m pytest
+	bash scripts/test-services.sh $(PY) -m pytest $(PYTEST_PARALLEL)
 
 # the quick tier while working: no static checks, no tests marked slow
 test-fast: $(STAMP)
-	bash scripts/test-services.sh $(PY) -m pytest -m "not slow"
+	bash scripts/test-services.sh $(PY) -m pytest $(PYTEST_PARALLEL) -m "not slow"
 
 bench: $(STAMP)
 	$(PY) -m pip install -q -r benchmarks/requirements.txt

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import orjson
 import pytest
 
 from ctxkernel.simulate import (
@@ -261,3 +262,169 @@ def test_hostile_agent_logs_are_refused_naming_where(tmp_path, text, message):
     assert str(info.value).startswith(str(path))
     if "--lenient" in str(info.value):
         assert load_recording(path, lenient=True).skipped
+
+
+# -- the older SWE-agent generation and OpenHands V1 (fixtures written by the tests themselves) -----------------
+def write_json(path, value, *, lines=False):
+    path.write_bytes(b"\n".join(orjson.dumps(v) for v in value) if lines else orjson.dumps(value))
+    return path
+
+
+def test_swe_agent_older_generation_pairs_each_action_with_the_next_observation(tmp_path):
+    # no message_type anywhere: an action's observation is the user message after it, and the last
+    # action (submit) is answered only in its trajectory step
+    history = [
+        {"role": "system", "content": "SETTING: a shell."},
+        {"role": "user", "content": "Here is a demonstration.", "is_demo": "True"},
+        {"role": "user", "content": "ISSUE: the parser drops the last token."},
+        {"role": "assistant", "content": "Find it.", "thought": "Find it.", "action": "find_file parser.py\n"},
+        {"role": "user", "content": "Found 1 matches for parser.py"},
+        {"role": "assistant", "content": "Open it.", "thought": "Open it.", "action": "open src/parser.py\n"},
+        {"role": "user", "content": "[File: src/parser.py (40 lines total)]"},
+        {"role": "assistant", "content": "Done.", "thought": "Done.", "action": "submit\n"},
+    ]
+    steps = [
+        {"action": "find_file parser.py\n", "observation": "Found 1 matches for parser.py", "thought": "Find it."},
+        {
+            "action": "open src/parser.py\n",
+            "observation": "[File: src/parser.py (40 lines total)]",
+            "thought": "Open it.",
+        },
+        {"action": "submit\n", "observation": "diff --git a/src/parser.py b/src/parser.py", "thought": "Done."},
+    ]
+    rec = load_recording(write_json(tmp_path / "old.traj", {"history": history, "trajectory": steps, "info": {}}))
+    assert kinds(rec) == [
+        "user",
+        "user",
+        "assistant:swe_00001",
+        "result:swe_00001",
+        "assistant:swe_00002",
+        "result:swe_00002",
+        "assistant:swe_00003",
+        "result:swe_00003",
+    ]
+    assert [item.instruction for item in rec.items[:2]] == [False, True]  # the demonstration is no instruction
+    assert rec.items[3].content == "Found 1 matches for parser.py"
+    assert rec.items[-1].content.startswith("diff --git")
+    assert rec.items[2].message.tool_calls[0].arguments == {"command": "find_file parser.py\n"}
+
+
+def v1_action(event_id, call_id, response_id, command, thought=""):
+    return {
+        "kind": "ActionEvent",
+        "id": event_id,
+        "timestamp": "2026-01-01T00:00:00",
+        "source": "agent",
+        "thought": [{"type": "text", "text": thought}] if thought else [],
+        "action": {"kind": "ExecuteBashAction", "command": command, "is_input": False},
+        "tool_name": "execute_bash",
+        "tool_call_id": call_id,
+        "tool_call": {"id": call_id, "name": "execute_bash", "arguments": orjson.dumps({"command": command}).decode()},
+        "llm_response_id": response_id,
+    }
+
+
+def v1_observation(event_id, call_id, output, exit_code=0):
+    return {
+        "kind": "ObservationEvent",
+        "id": event_id,
+        "source": "environment",
+        "tool_name": "execute_bash",
+        "tool_call_id": call_id,
+        "action_id": "a",
+        "observation": {
+            "kind": "ExecuteBashObservation",
+            "output": output,
+            "error": False,
+            "metadata": {"exit_code": exit_code},
+        },
+    }
+
+
+def v1_message(event_id, role, text):
+    return {
+        "kind": "MessageEvent",
+        "id": event_id,
+        "source": "user" if role == "user" else "agent",
+        "llm_message": {"role": role, "content": [{"type": "text", "text": text, "cache_prompt": False}]},
+        "extended_content": [],
+    }
+
+
+def test_openhands_v1_sdk_output_groups_parallel_calls_and_reads_every_result_kind(tmp_path):
+    history = [
+        v1_action("e1", "call_a", "resp-1", "ls", thought="Look around first."),
+        v1_action("e2", "call_b", "resp-1", "cat README.md"),  # the same model response: one reply
+        {"kind": "ConversationStateUpdateEvent", "id": "s1", "source": "environment", "key": "x", "value": 1},
+        v1_observation("o1", "call_a", "README.md src"),
+        v1_observation("o2", "call_b", "No such file", exit_code=1),
+        v1_action("e3", "call_c", "resp-2", "rm -rf /tmp/x"),
+        {
+            "kind": "UserRejectObservation",
+            "id": "o3",
+            "source": "user",
+            "tool_name": "execute_bash",
+            "tool_call_id": "call_c",
+            "action_id": "e3",
+            "rejection_reason": "not allowed",
+        },
+        v1_action("e4", "call_d", "resp-3", "make"),
+        {
+            "kind": "AgentErrorEvent",
+            "id": "o4",
+            "source": "agent",
+            "tool_name": "execute_bash",
+            "tool_call_id": "call_d",
+            "error": "the tool timed out",
+        },
+        v1_message("m1", "assistant", "I could not build it."),
+    ]
+    second = [
+        {
+            "kind": "SystemPromptEvent",
+            "id": "p",
+            "source": "agent",
+            "system_prompt": {"type": "text", "text": "You are OpenHands."},
+            "tools": [],
+        },
+        v1_message("m0", "user", "Fix the build."),
+        v1_action("e1", "call_z", "resp-9", "make"),
+        v1_observation("o1", "call_z", "ok"),
+    ]
+    runs = [
+        {"instance_id": "one", "instruction": "Tidy the repository.", "history": history},
+        {"instance_id": "two", "instruction": "Fix the build.", "history": second},
+    ]
+    path = write_json(tmp_path / "output.jsonl", runs, lines=True)
+    assert sniff(path) == "openhands"
+    rec = load_recording(path)
+    assert kinds(rec) == [
+        "user",  # the instance's instruction: the history opens with the agent's work
+        "assistant:call_a,call_b",
+        "result:call_a",
+        "result:call_b",
+        "assistant:call_c",
+        "result:call_c",
+        "assistant:call_d",
+        "result:call_d",
+        "assistant:",
+    ]
+    assert rec.items[0].text == "Tidy the repository." and rec.items[0].instruction
+    assert rec.items[1].message.text == "Look around first."
+    assert rec.items[1].message.tool_calls[1].arguments == {"command": "cat README.md"}
+    assert rec.items[3].content == "No such file\n[Command finished with exit code 1]"
+    assert (rec.items[5].content, rec.items[5].is_error) == ("Action rejected: not allowed", True)
+    assert (rec.items[7].content, rec.items[7].is_error) == ("the tool timed out", True)
+    other = load_recording(path, run=1)
+    assert other.system == "You are OpenHands."
+    assert kinds(other) == ["user", "assistant:call_z", "result:call_z"]  # told once, not twice
+    assert (other.source["run"], other.source["runs"]) == (1, 2)
+
+
+def test_openhands_v1_event_without_a_call_id_is_refused_naming_where(tmp_path):
+    action = v1_action("e1", "call_a", "resp-1", "ls")
+    del action["tool_call_id"]
+    path = write_json(tmp_path / "output.jsonl", [{"instance_id": "one", "history": [action]}], lines=True)
+    with pytest.raises(RecordingError, match=re.escape("history[0].tool_call_id must be a string")):
+        load_recording(path)
+    assert load_recording(path, lenient=True).skipped

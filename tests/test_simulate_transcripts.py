@@ -14,7 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from ctxkernel.simulate import AssistantItem, Options, Recording, load_recording, profile_names, run_profile
+from ctxkernel.simulate import AssistantItem, Options, Recording, load_recording, profile_names, run_profile, sniff
 
 REPO = Path(__file__).resolve().parents[1]
 TRANSCRIPTS = REPO.parent / "shared" / "transcripts"
@@ -23,18 +23,34 @@ SHARE = 0.6  # of the unmanaged conversation kept within the window
 pytestmark = pytest.mark.transcripts
 
 
+def run_sizes(path: Path) -> list[int]:
+    """How long each run of a file holding several is (one entry: a single session)."""
+    if path.suffix == ".json":
+        data = orjson.loads(path.read_bytes())
+        if (
+            isinstance(data, list)
+            and data
+            and all(isinstance(r, dict) and ("traj" in r or "messages" in r) for r in data)
+        ):
+            return [len(r.get("traj") or r.get("messages") or []) for r in data]
+        return [1]
+    if sniff(path) != "openhands":
+        return [1]
+    return [len(orjson.loads(line).get("history") or []) for line in path.read_bytes().splitlines() if line.strip()]
+
+
 def transcript_cases() -> list[tuple[Path, int | None]]:
     if not TRANSCRIPTS.is_dir():
         return []
     cases: list[tuple[Path, int | None]] = []
-    for path in sorted(p for p in TRANSCRIPTS.glob("*/*") if p.suffix in (".json", ".jsonl")):
-        if path.suffix == ".json":
-            runs = orjson.loads(path.read_bytes())
-            # the first run and the longest one: a file of 200 runs is sampled, not replayed whole
-            longest = max(range(len(runs)), key=lambda i: len(runs[i].get("traj") or runs[i].get("messages") or []))
-            cases += [(path, 0), (path, longest)] if longest else [(path, 0)]
-        else:
+    for path in sorted(p for p in TRANSCRIPTS.glob("*/*") if p.suffix in (".json", ".jsonl", ".traj")):
+        sizes = run_sizes(path)
+        if len(sizes) == 1:
             cases.append((path, None))
+            continue
+        # the first run and the longest one: a file of many runs is sampled, not replayed whole
+        longest = max(range(len(sizes)), key=sizes.__getitem__)
+        cases += [(path, 0), (path, longest)] if longest else [(path, 0)]
     return cases
 
 
@@ -57,7 +73,7 @@ def first_request_tokens(profile: str, recording: Recording) -> int:
 @pytest.mark.parametrize(
     ("path", "run"),
     CASES,
-    ids=[f"{p.parent.name}-run{r}" if r is not None else p.parent.name for p, r in CASES] or None,
+    ids=[f"{p.stem}-run{r}" if r is not None else p.stem for p, r in CASES] or None,
 )
 def test_every_profile_on_real_transcript(path, run, tmp_path):
     recording = load_recording(path, run=run)

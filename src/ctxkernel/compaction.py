@@ -1,4 +1,5 @@
-"""The compaction transaction: the one way a strategy changes the surface beyond appending.
+"""The compaction transaction (docs/design/host-model.md §3): the one way a strategy changes the
+surface beyond appending.
 
 Every strategy that changes the surface beyond appending goes through :func:`run_transaction`
 (via :meth:`Session.compact`): summaries, model-authored compressions, drops, window switches and
@@ -31,7 +32,6 @@ chapter archives alike. The steps, in order:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +51,7 @@ from .events import (
     TOOL_RESULT,
     USER_MESSAGE,
     EventSpec,
+    random_hex,
     remove_op,
     replace_op,
 )
@@ -227,7 +228,7 @@ def _run_steps(
         except ConflictError as exc:
             session.refresh()
             raise SurfaceChangedError(f"another writer appended while taking over a compaction: {exc}") from None
-    compaction_id = os.urandom(8).hex()  # 16 random hex digits, without building a UUID
+    compaction_id = random_hex(16)  # a replay draws it from its seed (events.replay_clock)
     version = surface.version
     start_event = EventSpec(
         COMPACTION_START,

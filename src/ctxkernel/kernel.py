@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -11,12 +10,12 @@ from pydantic import BaseModel
 
 from . import instructions
 from .errors import CorruptionError, CtxKernelError, ProfileError, SessionNotFoundError
-from .events import utc_now
+from .events import random_hex, utc_now
 from .logging import get_logger
 from .meter import Tokenizer, get_tokenizer
 from .plugins import StrategyManager, StrategySpec
 from .profile import Profile, load_profile, profile_stamp, strategy_settings_from
-from .session import Session, gc_paused
+from .session import Session
 from .store import EventStore, SessionHeader, default_home, store_from_settings
 
 log = get_logger("ctxkernel.kernel")
@@ -164,7 +163,7 @@ class Kernel:
         """Open a session: a new one (no id, or ``create=True``) or an existing one by id.
 
         Resuming replays the log; with ``repair`` (default) a torn tail is cut and whatever a
-        crashed writer left open is closed with synthetic events (HOST-MODEL §7);
+        crashed writer left open is closed with synthetic events (docs/design/host-model.md §7);
         ``keep_waiting_calls`` leaves tool calls that wait for the harness's results open
         (see :meth:`Session.repair_after_crash`).
 
@@ -190,8 +189,7 @@ class Kernel:
             if not self.store.exists(session_id):
                 msg = f"no session {session_id!r} in the {self.store.backend} store"
                 raise SessionNotFoundError(msg)
-            with gc_paused():
-                session = self._resume(session_id, repair, keep_waiting_calls)
+            session = self._resume(session_id, repair, keep_waiting_calls)
         self.hooks.session_opened(session)
         if session.events:
             session.restore_harness_tools()
@@ -205,8 +203,7 @@ class Kernel:
         if not self.store.exists(source):
             msg = f"instructions_from={source!r}: no such session in the {self.store.backend} store"
             raise SessionNotFoundError(msg)
-        with gc_paused():
-            ledger = instructions.ledger_of(source, list(self.store.read(source, 0)))
+        ledger = instructions.ledger_of(source, list(self.store.read(source, 0)))
         kept = instructions.inherited(session, ledger)
         if kept:
             self.store.kv_put(instructions.PENDING_NAMESPACE, session.id, [i.to_dict() for i in kept])
@@ -236,4 +233,4 @@ class Kernel:
 
 
 def new_session_id() -> str:
-    return uuid.uuid4().hex
+    return random_hex(32)  # a replay draws it from its seed (events.replay_clock)

@@ -41,19 +41,40 @@ def test_serve_settles_the_heap_before_serving(tmp_path, monkeypatch):
     monkeypatch.setattr(uvicorn, "run", lambda app, **options: served.update(frozen=gc.get_freeze_count(), **options))
     gc.unfreeze()
     try:
-        assert main(["serve", "--profile", "basic"]) == 0
+        assert main(["serve", "--profile", "basic", "--tune-heap"]) == 0
     finally:
         gc.unfreeze()
     assert served["frozen"] > 0 and served["host"] == "127.0.0.1"
 
 
+def test_serve_leaves_the_heap_alone_unless_asked(tmp_path, monkeypatch):
+    # the collector and the allocator are the process's: tuned only with --tune-heap
+    import gc
+
+    import uvicorn
+
+    from ctxkernel.serve import process
+
+    monkeypatch.setenv("CTXKERNEL_HOME", str(tmp_path))
+    served: dict = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: served.update(frozen=gc.get_freeze_count()))
+    monkeypatch.setattr(process, "keep_freed_memory", lambda: served.update(malloc=True))
+    gc.unfreeze()
+    try:
+        assert main(["serve", "--profile", "basic"]) == 0
+    finally:
+        gc.unfreeze()
+    assert served == {"frozen": 0}
+
+
 def test_each_worker_settles_its_heap(tmp_path, monkeypatch):
     import gc
 
-    from ctxkernel.serve.app import CONFIG_ENV, ServeConfig, app_from_env
+    from ctxkernel.serve.config import ServeConfig
+    from ctxkernel.serve.process import CONFIG_ENV, app_from_env
 
     monkeypatch.setenv("CTXKERNEL_HOME", str(tmp_path))
-    monkeypatch.setenv(CONFIG_ENV, ServeConfig(profile="basic").to_json())
+    monkeypatch.setenv(CONFIG_ENV, ServeConfig(profile="basic", tune_heap=True).to_json())
     gc.unfreeze()
     try:
         app_from_env()
@@ -64,7 +85,7 @@ def test_each_worker_settles_its_heap(tmp_path, monkeypatch):
 
 FAULTS_PER_BODY = """
 import platform, resource, sys
-from ctxkernel.serve.app import keep_freed_memory
+from ctxkernel.serve.process import keep_freed_memory
 
 def faults_per_body():
     # what a request does with its body: three blocks of 0.6 MB at once (the body, the memo's
@@ -97,3 +118,38 @@ def test_settled_heap_reuses_freed_body_sized_blocks():
     untuned, tuned = (float(x) for x in out.stdout.split())
     assert untuned > 100  # 3 x 156 pages of 4 KB, most faulted in again
     assert tuned < 1  # the same blocks, reused
+
+
+def test_serve_says_where_it_listens_and_what_it_serves(tmp_path, monkeypatch, capsys):
+    import uvicorn
+
+    monkeypatch.setenv("CTXKERNEL_HOME", str(tmp_path))
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: None)
+    assert main(["serve", "--profile", "basic", "--port", "8999", "--upstream", "http://models.example/v1"]) == 0
+    err = capsys.readouterr().err
+    assert "listening on http://127.0.0.1:8999 (1 worker)" in err
+    assert "profile: basic (" in err
+    assert "OpenAI-compatible http://models.example/v1" in err and "Anthropic https://api.anthropic.com" in err
+    assert f"store: jsonl at {tmp_path}" in err
+    assert "inspector: not mounted" in err
+    assert "Host names answered: 127.0.0.1, localhost, ::1, [::1]\n" in err
+
+
+def test_serve_ui_prints_the_token_it_made_and_answers_it(tmp_path, monkeypatch, capsys):
+    import uvicorn
+
+    monkeypatch.setenv("CTXKERNEL_HOME", str(tmp_path))
+    served: dict = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: served.update(app=app))
+    assert main(["serve", "--profile", "basic", "--ui"]) == 0
+    err = capsys.readouterr().err
+    token = served["app"].state.ui_token
+    assert token and len(token) >= 16 and f"operator token: {token}" in err
+    assert "inspector: http://127.0.0.1:8787/ui/" in err
+
+
+def test_a_short_ui_token_is_a_usage_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CTXKERNEL_HOME", str(tmp_path))
+    monkeypatch.setenv("SHORT_TOKEN", "abc")
+    assert main(["serve", "--profile", "basic", "--ui", "--ui-token-env", "SHORT_TOKEN"]) == 2
+    assert "--ui-token-env SHORT_TOKEN" in capsys.readouterr().err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import sys
 from typing import Any
 
@@ -81,6 +82,39 @@ def register(sub: Any) -> None:
         metavar="N",
         help="upstream calls for strategy tools per client request (default 8)",
     )
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host name clients reach serve by, besides the loopback names (repeatable; '*' turns the check off)",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=bounded_float(0.1, 3600.0),
+        default=60.0,
+        metavar="SECONDS",
+        help="how long a client may take to send its request body before a 408 (default 60)",
+    )
+    p.add_argument(
+        "--tenant-secret-env",
+        metavar="VAR",
+        help="the key of the credential hashes that keep tenants apart (default: one kept in the store)",
+    )
+    p.add_argument("--ui", action="store_true", help="mount the inspector at /ui, behind an operator token")
+    p.add_argument(
+        "--ui-token-env",
+        metavar="VAR",
+        help="the variable holding the inspector's operator token (default: a new one, printed at start)",
+    )
+    p.add_argument(
+        "--tune-heap",
+        action="store_true",
+        help=(
+            "settle the process's heap before serving: freeze start-up objects out of the garbage collector's "
+            "reach and keep freed memory for reuse (glibc); faster per request, the process keeps its peak heap"
+        ),
+    )
     p.set_defaults(func=cmd_serve)
 
 
@@ -89,9 +123,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ..errors import CtxKernelError
 
     try:
-        import uvicorn
-
-        from .app import CONFIG_ENV, ServeConfig, build_kernel, create_app, settle_heap
+        from .app import create_app
+        from .config import ServeConfig, build_kernel
+        from .gate import LOCAL_HOSTS
+        from .process import UI_TOKEN_ENV, run, startup_lines
     except ImportError:
         sys.stderr.write(MISSING_EXTRA + "\n")
         return EXIT_USAGE
@@ -103,7 +138,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         api_key_env=args.api_key_env,
         lock_wait_seconds=args.lock_wait,
         max_inner_rounds=args.max_inner_rounds,
+        tune_heap=args.tune_heap,
+        body_seconds=args.body_timeout,
+        allowed_hosts=[*([args.host] if args.host not in (*LOCAL_HOSTS, "0.0.0.0", "::") else []), *args.allowed_host],
+        tenant_secret_env=args.tenant_secret_env,
+        ui=args.ui,
+        ui_token_env=args.ui_token_env,
     )
+    made_token = None
+    if args.ui and not args.ui_token_env:  # made here, so that every worker process has the same
+        made_token = secrets.token_urlsafe(24)
+        os.environ[UI_TOKEN_ENV] = made_token
+        config.ui_token_env = UI_TOKEN_ENV
     try:
         kernel = build_kernel(config)  # fail fast on a bad profile, store or window
         if args.workers > 1 and kernel.store.backend != "postgres":
@@ -112,23 +158,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 f"session's requests across processes); the profile uses {kernel.store.backend!r}\n"
             )
             return EXIT_USAGE
-        if args.workers == 1:
-            app = create_app(config, kernel=kernel)
+        app = create_app(config, kernel=kernel) if args.workers == 1 else None
     except CtxKernelError as exc:
         sys.stderr.write(f"ctxkernel serve: error: {exc}\n")
         return EXIT_USAGE
-    if args.workers == 1:
-        settle_heap()
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
-        return 0
-    kernel.store.close()
-    os.environ[CONFIG_ENV] = config.to_json()
-    uvicorn.run(
-        "ctxkernel.serve.app:app_from_env",
-        factory=True,
-        host=args.host,
-        port=args.port,
-        workers=args.workers,
-        log_level="warning",
-    )
+    lines = startup_lines(config, kernel, host=args.host, port=args.port, workers=args.workers, ui_token=made_token)
+    sys.stderr.write("\n".join(lines) + "\n")
+    if app is None:
+        kernel.store.close()  # each worker process opens its own
+    run(config, app, host=args.host, port=args.port, workers=args.workers)
     return 0

@@ -19,7 +19,7 @@ from ..convert import normalize_usage
 from ..errors import ConflictError
 from ..events import EventSpec
 from .facade import Session
-from .log import COUNTED_ENTRIES, gc_paused
+from .log import COUNTED_ENTRIES
 from .route import ROUTE_WINDOW_KEY
 
 __all__ = [
@@ -32,6 +32,5 @@ __all__ = [
     "RequestHeader",
     "Session",
     "StepContext",
-    "gc_paused",
     "normalize_usage",
 ]

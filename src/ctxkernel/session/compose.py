@@ -114,8 +114,11 @@ class Composer:
         window = self.routing.model_settings().effective_window
         if tokens > window and session.kernel.profile.profile.guard_request and session.enabled_strategies():
             # the composed request (reminders, anchors, tools included) would overflow: the
-            # profile's overflow path compacts once, then it is composed again (guard.py)
-            if fit_composed(session, tokens, window):
+            # profile's overflow path compacts once, then it is composed again (guard.py);
+            # also when what it committed did not shrink the surface (a longer summary):
+            # the request must show the surface as it is now
+            logged = len(self.log.events)
+            if fit_composed(session, tokens, window) or len(self.log.events) != logged:
                 request, header_tokens, digest = self._compose(step.step)
                 tokens = header_tokens + self.meter.surface_tokens() + tracker.decoration_delta
             if tokens > window and not allow_overflow:

@@ -11,9 +11,8 @@ write.
 from __future__ import annotations
 
 import contextlib
-import gc
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import orjson
@@ -116,16 +115,14 @@ class SessionLog:
             behind = self.store.next_seq(self.id) - len(self.events)
             if behind <= 0:
                 return 0
-            with gc_paused(behind > 1_000):
-                new = list(self.store.read(self.id, len(self.events)))
-                for event in new:
-                    self.fold(event)
+            new = list(self.store.read(self.id, len(self.events)))
+            for event in new:
+                self.fold(event)
             return len(new)
 
     def read(self, start: int, end: int) -> list[Event]:
         """Events ``start..end-1`` from the store (a snapshot's events, read when first needed)."""
-        with gc_paused(end - start > 1_000):
-            return list(self.store.read(self.id, start, end))
+        return list(self.store.read(self.id, start, end))
 
     def fold(self, event: Event, message: Message | None = None, *, checked: bool = False) -> None:
         if event.seq != len(self.events):
@@ -239,20 +236,4 @@ def _nothing(built: Sequence[Event]) -> None:
     """No schedule yet."""
 
 
-@contextlib.contextmanager
-def gc_paused(pause: bool = True) -> Iterator[None]:
-    """Pause cyclic garbage collection for a bulk load.
-
-    A cold open allocates an object graph per event and none of it is garbage; collections
-    during the load only rescan it (measured: about half of a 100k-event open)."""
-    if not pause or not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
-__all__ = ["COUNTED_ENTRIES", "CountsAhead", "SessionLog", "gc_paused"]
+__all__ = ["COUNTED_ENTRIES", "CountsAhead", "SessionLog"]

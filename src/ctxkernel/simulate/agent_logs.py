@@ -7,7 +7,9 @@
                and no ``tool_calls`` (the thought/action parsers) becomes one ``bash`` call with
                that command, answered by the observation that follows it; other user messages are
                instructions (the first is the task) and ``is_demo`` messages (demonstrations) are
-               replayed as context, not instructions. A file without a ``history`` replays its
+               replayed as context, not instructions. Older trajectories mark no ``message_type``:
+               the user message right after an action is its observation, and an action the
+               history leaves unanswered (``submit``) takes its ``trajectory`` step's observation. A file without a ``history`` replays its
                ``trajectory``: the messages before the first reply in step 0's ``query``, then
                per step the ``thought`` with one ``bash`` call of its ``action`` and its
                ``observation``. SWE-agent records no per-request usage.
@@ -22,7 +24,10 @@
                observation answers the action its ``cause`` names (``error`` observations as
                errors; a command's ``exit_code`` appended as the model saw it); observations of
                nothing the replay called (``recall``, ``agent_state_changed``, ...) are skipped;
-               a ``condensation`` action is kept as a ``compact_boundary`` marker.
+               a ``condensation`` action is kept as a ``compact_boundary`` marker. The V1 SDK's
+               events (``kind``: ``ActionEvent``, ``ObservationEvent``, ``MessageEvent``, ...) are
+               read as well, the calls of one ``llm_response_id`` forming one reply; an instance
+               whose history opens with the agent's work is told its ``instruction`` first.
 
 Both are hostile input like every recording: each message or event is checked, a bad one is an
 import error naming the file, the position and what is accepted (or skipped with ``--lenient``).
@@ -37,7 +42,7 @@ import orjson
 
 from ..errors import EventError
 from ..messages import Message, Source, TextBlock, ToolCallBlock
-from .reading import SHAPE_ERRORS, Lines, check_usage, json_arguments
+from .reading import SHAPE_ERRORS, Lines, check_usage, json_arguments, parse_time
 from .recording import AssistantItem, Item, MarkerItem, Recording, RecordingError, ToolResultItem, UserItem
 
 #: OpenHands actions that are conversation, not tool calls
@@ -47,6 +52,10 @@ _OH_SKIPPED_ACTIONS = frozenset({"change_agent_state", "null", "recall", "start"
 #: argument keys of an OpenHands action that describe it rather than carry the model's arguments
 _OH_META_ARGS = frozenset({"thought", "impl_source", "security_risk", "confirmation_state", "hidden", "is_static"})
 _SWE_SHELL = "bash"
+#: V1 (software-agent SDK) event kinds the model sees, by role (the SDK's LLM-convertible events)
+_OH1_RESULTS = frozenset({"ObservationEvent", "AgentErrorEvent", "UserRejectObservation"})
+#: how every V1 event class is named; anything else in ``kind`` is not an SDK event
+_OH1_KIND_SUFFIXES = ("Event", "Observation", "Condensation", "Request")
 
 
 def _text(value: Any, where: str) -> str:
@@ -130,7 +139,8 @@ def is_swe_agent(obj: Any) -> bool:
 def import_swe_agent(path: Path, data: dict[str, Any], lines: Lines) -> Recording:
     history = data.get("history")
     if isinstance(history, list) and history:
-        return _swe_history(history, lines, "history")
+        steps = data.get("trajectory")
+        return _swe_history(history, lines, "history", steps if isinstance(steps, list) else None)
     steps = data.get("trajectory")
     if not isinstance(steps, list):
         msg = f"{path}: expected a SWE-agent trajectory with a 'history' or 'trajectory' list, got keys {sorted(data)[:12]}"
@@ -138,11 +148,15 @@ def import_swe_agent(path: Path, data: dict[str, Any], lines: Lines) -> Recordin
     return _swe_trajectory(steps, lines)
 
 
-def _swe_history(history: list[Any], lines: Lines, key: str) -> Recording:
+def _swe_history(history: list[Any], lines: Lines, key: str, steps: list[Any] | None = None) -> Recording:
     items: list[Item] = []
     system: list[str] = []
     pending: list[str] = []  # call ids of the last assistant message still unanswered
     synthetic = 0
+    # the older generation marks no message_type: an action's observation is the user message that
+    # follows it; the newer one marks observations, and a plain user message is an instruction
+    typed = any(isinstance(m, dict) and "message_type" in m for m in history)
+    observations = _StepObservations(steps)
     for i, raw in enumerate(history):
         where = f"{key}[{i}]"
         try:
@@ -151,9 +165,11 @@ def _swe_history(history: list[Any], lines: Lines, key: str) -> Recording:
                 raise EventError(msg)
             role = raw.get("role")
             text = _text(raw.get("content"), where)
+            is_observation = raw.get("message_type") == "observation" if typed else not _flag(raw.get("is_demo"))
             if role == "system":
                 system.append(text)
             elif role == "assistant":
+                _swe_answer_from_steps(items, lines, where, pending, observations)
                 calls = _openai_calls(raw.get("tool_calls"), where)
                 action = _string(raw, "action", where)
                 if not calls and action and action.strip():
@@ -163,7 +179,9 @@ def _swe_history(history: list[Any], lines: Lines, key: str) -> Recording:
                     text = thought if thought is not None else text
                 lines.add(items, where, AssistantItem(_assistant(text, calls)))
                 pending = [c.id for c in calls]
-            elif role == "tool" or (role == "user" and raw.get("message_type") == "observation" and pending):
+                if calls and not raw.get("tool_calls"):
+                    observations.pop_action(action)
+            elif role == "tool" or (role == "user" and is_observation and pending):
                 ids = raw.get("tool_call_ids")
                 if ids is None:
                     ids = pending[:1]
@@ -174,16 +192,52 @@ def _swe_history(history: list[Any], lines: Lines, key: str) -> Recording:
                     lines.add(items, where, ToolResultItem(call_id, text))
                 pending = [p for p in pending if p not in ids]
             elif role == "user":
-                lines.add(items, where, UserItem(text, instruction=not raw.get("is_demo")))
+                lines.add(items, where, UserItem(text, instruction=not _flag(raw.get("is_demo"))))
             else:
                 msg = f"{where}.role must be 'system', 'user', 'assistant' or 'tool', got {role!r:.60}"
                 raise EventError(msg)
         except SHAPE_ERRORS as exc:
             lines.bad(where, "a SWE-agent history message {role, content, message_type}", str(exc))
+    _swe_answer_from_steps(items, lines, f"{key}[end]", pending, observations)
     recording = Recording(items, {}, skipped=lines.skipped)
     if system:
         recording.system = "\n\n".join(system)
     return recording
+
+
+def _flag(value: Any) -> bool:
+    """A SWE-agent boolean: older files write ``is_demo`` as the string ``"True"``."""
+    if isinstance(value, str):
+        return value.strip().lower() == "true"
+    return bool(value)
+
+
+class _StepObservations:
+    """The ``trajectory`` steps' observations in order, for the actions ``history`` leaves unanswered
+    (the last action of a run, ``submit`` say, is answered only in its step)."""
+
+    def __init__(self, steps: list[Any] | None) -> None:
+        self.steps = [s for s in steps or [] if isinstance(s, dict)]
+        self.at = 0
+        self.last: str | None = None
+
+    def pop_action(self, action: str | None) -> None:
+        """Move past the step of ``action`` (history and trajectory hold the same actions in order)."""
+        self.last = None
+        if self.at < len(self.steps) and self.steps[self.at].get("action") == action:
+            observation = self.steps[self.at].get("observation")
+            self.last = observation if isinstance(observation, str) else None
+            self.at += 1
+
+
+def _swe_answer_from_steps(
+    items: list[Item], lines: Lines, where: str, pending: list[str], observations: _StepObservations
+) -> None:
+    """Answer a still-pending action with its trajectory step's observation, when the step has one."""
+    if len(pending) == 1 and observations.last is not None:
+        lines.add(items, where, ToolResultItem(pending[0], observations.last))
+        pending.clear()
+    observations.last = None
 
 
 def _swe_trajectory(steps: list[Any], lines: Lines) -> Recording:
@@ -225,7 +279,21 @@ def _swe_trajectory(steps: list[Any], lines: Lines) -> Recording:
 
 # -- OpenHands --------------------------------------------------------------------------------------------
 def is_openhands_event(obj: Any) -> bool:
-    return isinstance(obj, dict) and ("action" in obj or "observation" in obj) and "source" in obj
+    """An OpenHands event of either generation (V0 ``action``/``observation``, V1 ``kind``)."""
+    return is_openhands_v1_event(obj) or (
+        isinstance(obj, dict) and ("action" in obj or "observation" in obj) and "source" in obj
+    )
+
+
+def is_openhands_v1_event(obj: Any) -> bool:
+    """An event of the V1 software-agent SDK: a ``kind`` naming an event class, with an ``id`` and a ``source``."""
+    return (
+        isinstance(obj, dict)
+        and isinstance(obj.get("kind"), str)
+        and obj["kind"].endswith(_OH1_KIND_SUFFIXES)
+        and "id" in obj
+        and "source" in obj
+    )
 
 
 def is_openhands_instance(obj: Any) -> bool:
@@ -249,17 +317,34 @@ def openhands_events(history: list[Any], where: str) -> list[tuple[str, Any]]:
     return out
 
 
-def import_openhands(events: list[tuple[str, Any]], lines: Lines, source: dict[str, Any]) -> Recording:
+def import_openhands(
+    events: list[tuple[str, Any]], lines: Lines, source: dict[str, Any], instruction: Any = None
+) -> Recording:
+    """An OpenHands history; ``instruction`` is a benchmark instance's task, replayed first when the
+    history itself opens with the agent's work (V1 evaluation output records the task beside it)."""
+    recording = _import_openhands_events(events, lines, source)
+    first_reply = next((i for i, item in enumerate(recording.items) if isinstance(item, AssistantItem)), None)
+    told = any(isinstance(item, UserItem) and item.instruction for item in recording.items[:first_reply])
+    if not told and isinstance(instruction, str) and instruction.strip():
+        recording.items.insert(0, UserItem(instruction))
+    return recording
+
+
+def _import_openhands_events(events: list[tuple[str, Any]], lines: Lines, source: dict[str, Any]) -> Recording:
     items: list[Item] = []
     system: list[str] = []
     calls_of: dict[int, str] = {}  # action event id -> the call id the replay gave it
     group: dict[str, Any] | None = None  # one model response's actions, being assembled
+    bookkeeping = 0
+
+    if any(is_openhands_v1_event(event) for _, event in events[:20]):
+        return _import_openhands_v1(events, lines, source)
 
     def flush() -> None:
         nonlocal group
         if group is not None:
             message = _assistant(group["text"], group["calls"], group["model"])
-            lines.add(items, group["where"], AssistantItem(message, group["usage"]))
+            lines.add(items, group["where"], AssistantItem(message, group["usage"], group["time"]))
             for where, result in group["results"]:
                 lines.add(items, where, result)
             group = None
@@ -270,10 +355,13 @@ def import_openhands(events: list[tuple[str, Any]], lines: Lines, source: dict[s
                 msg = f"{where} must be an event object, got {type(event).__name__}"
                 raise EventError(msg)
             if "action" in event:
+                if event.get("action") in _OH_SKIPPED_ACTIONS:
+                    bookkeeping += 1
                 group = _oh_action(event, where, items, system, calls_of, group, flush, lines, check_usage)
             elif "observation" in event:
                 result = _oh_observation(event, where, calls_of)
                 if result is None:
+                    bookkeeping += 1  # recall, state changes, ...: nothing the replay called
                     continue
                 if group is not None and result.call_id in {c.id for c in group["calls"]}:
                     group["results"].append((where, result))  # answers come after the whole reply
@@ -287,6 +375,8 @@ def import_openhands(events: list[tuple[str, Any]], lines: Lines, source: dict[s
             lines.bad(where, "an OpenHands event {id, source, action|observation, ...}", str(exc))
     flush()
     recording = Recording(items, source, skipped=lines.skipped)
+    if bookkeeping:
+        recording.not_replayed["harness_bookkeeping"] = bookkeeping
     if system:
         recording.system = "\n\n".join(system)
     return recording
@@ -318,13 +408,14 @@ def _oh_action(
         flush()
         lines.add(items, where, MarkerItem("compact_boundary", {"harness": "openhands"}))
         return None
+    when = parse_time(event.get("timestamp"))
     if kind in _OH_TEXT_ACTIONS:
         text = _text(args.get("content", event.get("message")), f"{where}.args")
         flush()
         if source == "user":
-            lines.add(items, where, UserItem(text))
+            lines.add(items, where, UserItem(text, time=when))
         else:
-            lines.add(items, where, AssistantItem(_assistant(text, [])))
+            lines.add(items, where, AssistantItem(_assistant(text, []), time=when))
         return None
     event_id = event.get("id")
     if not isinstance(event_id, int) or isinstance(event_id, bool):
@@ -375,6 +466,7 @@ def _oh_action(
         "usage": usage,
         "model": model,
         "results": [],
+        "time": when,
     }
 
 
@@ -391,6 +483,152 @@ def _oh_observation(event: dict[str, Any], where: str, calls_of: dict[int, str])
     if isinstance(exit_code, int) and not isinstance(exit_code, bool) and exit_code != -1:
         content += f"\n[Command finished with exit code {exit_code}]"
     return ToolResultItem(call_id, content, is_error=kind == "error")
+
+
+def _import_openhands_v1(events: list[tuple[str, Any]], lines: Lines, source: dict[str, Any]) -> Recording:
+    """V1 SDK events: one ``ActionEvent`` per tool call, the calls of one model response sharing
+    its ``llm_response_id``; observations name their ``tool_call_id``; events the SDK never shows the
+    model (state updates, pauses, condensation requests, ...) are not replayed."""
+    items: list[Item] = []
+    system: list[str] = []
+    group: dict[str, Any] | None = None  # one model response's calls, being assembled
+    not_replayed: dict[str, int] = {}
+
+    def flush() -> None:
+        nonlocal group
+        if group is not None:
+            message = _assistant(group["text"], group["calls"])
+            lines.add(items, group["where"], AssistantItem(message, time=group["time"]))
+            for where, result in group["results"]:
+                lines.add(items, where, result)
+            group = None
+
+    for where, event in events:
+        try:
+            if not isinstance(event, dict) or not isinstance(event.get("kind"), str):
+                msg = f"{where} must be an event object with a 'kind', got {type(event).__name__}"
+                raise EventError(msg)
+            kind = event["kind"]
+            if kind == "ActionEvent":
+                response = _string(event, "llm_response_id", where)
+                block = _oh1_call(event, where)
+                if group is not None and response is not None and group["response"] == response:
+                    group["calls"].append(block)
+                    continue
+                flush()
+                text = _text(event.get("thought"), f"{where}.thought")
+                when = parse_time(event.get("timestamp"))
+                group = {
+                    "response": response,
+                    "where": where,
+                    "text": text,
+                    "calls": [block],
+                    "results": [],
+                    "time": when,
+                }
+            elif kind in _OH1_RESULTS:
+                result = _oh1_result(event, where)
+                if group is not None and result.call_id in {c.id for c in group["calls"]}:
+                    group["results"].append((where, result))  # answers come after the whole reply
+                else:
+                    flush()
+                    lines.add(items, where, result)
+            elif kind == "MessageEvent":
+                flush()
+                _oh1_message(event, where, items, lines)
+            elif kind == "SystemPromptEvent":
+                prompt = event.get("system_prompt")
+                system.append(_text([prompt] if isinstance(prompt, dict) else prompt, f"{where}.system_prompt"))
+            elif kind == "Condensation":
+                flush()
+                lines.add(items, where, MarkerItem("compact_boundary", {"harness": "openhands"}))
+            elif kind == "CondensationSummaryEvent":
+                flush()
+                summary = event.get("summary")
+                chars = len(summary) if isinstance(summary, str) else 0
+                lines.add(items, where, MarkerItem("compact_summary", {"chars": chars}))
+            else:
+                # state updates, pauses, condensation requests: the SDK never shows them to the model
+                reason = "harness_bookkeeping" if kind.endswith(_OH1_KIND_SUFFIXES) else "unknown_type"
+                not_replayed[reason] = not_replayed.get(reason, 0) + 1
+        except SHAPE_ERRORS as exc:
+            lines.bad(where, "an OpenHands V1 event {kind, id, source, ...}", str(exc))
+    flush()
+    recording = Recording(items, source, skipped=lines.skipped)
+    recording.not_replayed = not_replayed
+    if system:
+        recording.system = "\n\n".join(system)
+    return recording
+
+
+def _oh1_call(event: dict[str, Any], where: str) -> ToolCallBlock:
+    """An ``ActionEvent`` as the call the model made: its ``tool_call`` (arguments as the model
+    wrote them), else the action's own fields."""
+    call_id = str(_string(event, "tool_call_id", where, required=True))
+    name = str(_string(event, "tool_name", where, required=True))
+    call = event.get("tool_call")
+    if isinstance(call, dict) and "arguments" in call:
+        return ToolCallBlock(call_id, name, _arguments(call["arguments"], f"{where}.tool_call"))
+    action = event.get("action")
+    if not isinstance(action, dict):
+        msg = f"{where} needs a 'tool_call' or an 'action' object, got {type(action).__name__}"
+        raise EventError(msg)
+    return ToolCallBlock(call_id, name, {k: v for k, v in action.items() if k != "kind"})
+
+
+#: fields of a V1 observation that hold what the model was shown, in the order they are tried
+_OH1_OBSERVATION_TEXT = ("output", "content", "message")
+
+
+def _oh1_result(event: dict[str, Any], where: str) -> ToolResultItem:
+    call_id = str(_string(event, "tool_call_id", where, required=True))
+    name = _string(event, "tool_name", where)
+    kind = event["kind"]
+    if kind == "AgentErrorEvent":
+        return ToolResultItem(call_id, str(_string(event, "error", where, required=True)), True, name)
+    if kind == "UserRejectObservation":
+        reason = _string(event, "rejection_reason", where) or "User rejected the action"
+        return ToolResultItem(call_id, f"Action rejected: {reason}", True, name)
+    observation = event.get("observation")
+    if not isinstance(observation, dict):
+        msg = f"{where}.observation must be an object, got {type(observation).__name__}"
+        raise EventError(msg)
+    at = f"{where}.observation"
+    key = next((k for k in _OH1_OBSERVATION_TEXT if observation.get(k) is not None), None)
+    text = _text(observation[key], f"{at}.{key}") if key else ""
+    error = observation.get("error")
+    if isinstance(error, str) and error:
+        text = f"{text}\n{error}" if text else error
+    metadata = observation.get("metadata")
+    exit_code = metadata.get("exit_code") if isinstance(metadata, dict) else observation.get("exit_code")
+    if isinstance(exit_code, int) and not isinstance(exit_code, bool) and exit_code != -1:
+        text += f"\n[Command finished with exit code {exit_code}]"
+    return ToolResultItem(call_id, text, is_error=bool(error), name=name)
+
+
+def _oh1_message(event: dict[str, Any], where: str, items: list[Item], lines: Lines) -> None:
+    message = event.get("llm_message")
+    if not isinstance(message, dict):
+        msg = f"{where}.llm_message must be an object, got {type(message).__name__}"
+        raise EventError(msg)
+    at = f"{where}.llm_message"
+    text = _text(message.get("content"), at)
+    role = message.get("role")
+    when = parse_time(event.get("timestamp"))
+    if role == "user":
+        extended = _text(event.get("extended_content"), f"{where}.extended_content")
+        if text.strip():
+            lines.add(items, where, UserItem(text, time=when))
+        if extended.strip():  # context the harness added to the message (skills, knowledge)
+            lines.add(items, where, UserItem(extended, instruction=False, time=when))
+    elif role == "assistant":
+        lines.add(items, where, AssistantItem(_assistant(text, []), time=when))
+    elif role == "system":
+        msg = f"{at}.role 'system' belongs in a SystemPromptEvent"
+        raise EventError(msg)
+    else:
+        msg = f"{at}.role must be 'user' or 'assistant', got {role!r:.60}"
+        raise EventError(msg)
 
 
 def load_json(path: Path) -> Any:

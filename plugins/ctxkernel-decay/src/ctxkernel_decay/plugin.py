@@ -40,7 +40,7 @@ def check_host_seam(ctx: Context) -> None:
     could never name, so activation fails loudly instead."""
     from ctxkernel import Request
 
-    # the hooks come with the pinned kernel range (ctxkernel>=0.2,<0.3); the seam's method is
+    # the hooks come with the pinned kernel range (ctxkernel>=0.3,<0.4); the seam's method is
     # what an older or patched kernel could lack
     missing = [] if callable(getattr(Request, "decorate", None)) else ["Request.decorate"]
     if missing:
@@ -239,9 +239,9 @@ def export_files(ctx: Context) -> dict[str, bytes] | None:
 
 
 def _now() -> str:
-    import datetime as dt
+    from ctxkernel.events import utc_now  # the replay clock in a simulation
 
-    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return utc_now()
 
 
 @ctxkernel.hookimpl

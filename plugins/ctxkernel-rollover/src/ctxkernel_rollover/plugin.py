@@ -240,7 +240,7 @@ def steward_actions(ctx: Context, request: Request) -> list[dict[str, Any]] | No
     state = state_of(ctx)
     if state.current is None or state.current not in state.reminded or state.pending is not None:
         return None
-    goal = _steward_goal(ctx)
+    goal = _steward_goal(ctx, request)
     calls: list[dict[str, Any]] = []
     if goal:
         notes = notes_of(ctx)
@@ -252,14 +252,19 @@ def steward_actions(ctx: Context, request: Request) -> list[dict[str, Any]] | No
     return calls
 
 
-def _steward_goal(ctx: Context) -> str:
-    from .switch import current_turn_inputs
+#: the longest goal the steward writes: a model's own notes are short (docs/simulate.md, "The
+#: steward policy": its messages in the shared recordings are 65 characters at the median, 182 at p90)
+STEWARD_GOAL_CHARS = 600
 
-    inputs = current_turn_inputs(ctx)
-    if inputs:
-        return inputs[-1][1].strip()[:4_000]
+
+def _steward_goal(ctx: Context, request: Request) -> str:
+    """The user's latest message the request shows (as a model would restate it), else the goal
+    note it wrote before; at most :data:`STEWARD_GOAL_CHARS`."""
+    for message in reversed(request.messages):
+        if message.role == "user" and message.source.kind == "user" and message.text.strip():
+            return message.text.strip()[:STEWARD_GOAL_CHARS]
     notes = notes_of(ctx)
-    return notes.read("goal").content if notes.exists("goal") else ""
+    return notes.read("goal").content[:STEWARD_GOAL_CHARS] if notes.exists("goal") else ""
 
 
 @ctxkernel.hookimpl
