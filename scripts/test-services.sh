@@ -83,7 +83,7 @@ start_postgres() {
     say "PostgreSQL: throwaway cluster at $CTXKERNEL_TEST_PG_DSN"
 }
 
-# -- Chromium (simulate's HTML report: tests/test_simulate_report.py) ----------------------------
+# -- Chromium (simulate's HTML report: tests/simulate/test_simulate_report.py) ----------------------------
 # Headless Chromium renders the report page in a test. Installs Debian's chromium when it is
 # missing and we are root with apt-get; under CI=true a failed install is an error. Exports
 # CTXKERNEL_TEST_CHROMIUM with the binary's path.
@@ -116,7 +116,7 @@ start_chromium() {
     say "Chromium: $bin"
 }
 
-# -- Firefox (the web inspector's pages: tests/test_ui_firefox.py) ------------------------------------
+# -- Firefox (the web inspector's pages: tests/ui/test_ui_firefox.py) ------------------------------------
 # Debian's firefox-esr, driven headless over WebDriver BiDi (its own protocol, no geckodriver and
 # no Playwright build of Firefox, which needs a download). Installed like Chromium; exports
 # CTXKERNEL_TEST_FIREFOX with the binary's path.

@@ -1,4 +1,4 @@
-"""Headless Firefox driven over WebDriver BiDi, for the inspector's Firefox test (tests/test_ui_firefox.py).
+"""Headless Firefox driven over WebDriver BiDi, for the inspector's Firefox test (tests/ui/test_ui_firefox.py).
 
 Firefox speaks WebDriver BiDi itself (``--remote-debugging-port``): no geckodriver, and no
 Playwright build of Firefox (Playwright drives only its own patched Firefox, a download that is

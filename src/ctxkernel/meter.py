@@ -79,7 +79,7 @@ class Tokenizer(Protocol):
 #: white space run on into a space that follows it (letters, digits and punctuation each stop
 #: there, and the newlines punctuation takes must follow it directly), and a piece that starts at
 #: that space is matched from there alone (no look-behind), so a cut before a space that follows
-#: such a character is exact too: ``tests/test_meter_joins.py`` checks both against the encoding.
+#: such a character is exact too: ``tests/core/test_meter_joins.py`` checks both against the encoding.
 #: o200k's pattern lets punctuation pieces run on past a newline into ``/``, and an unknown
 #: pattern may do anything, so for every other tokenizer no cut is taken as exact.
 CL100K_PATTERN = (
@@ -296,7 +296,7 @@ class Meter:
         digit: with cl100k_base no piece of the pre-tokenizer holds a digit and another character
         (:data:`CL100K_PATTERN`: ``\\p{N}{1,3}+`` is the only alternative that takes digits), a run
         of digits is cut into pieces of three from the left, and every piece of one to three ASCII
-        digits is one token (all 1,110 checked in ``tests/test_meter_joins.py``). So when
+        digits is one token (all 1,110 checked in ``tests/core/test_meter_joins.py``). So when
         ``prefix`` ends and ``suffix`` starts with a character that is neither white space nor a
         digit, the count is the prefix's, the suffix's and one per three digits; those two are
         fixed texts (an id's frame, ``" [item_"`` and ``"]\\n"``), counted once per process.
@@ -433,7 +433,7 @@ class Meter:
         """Start over: the surface calls ``on_add`` of each node it kept next, when a replacement
         (a window switch, a handoff) keeps fewer nodes than it removes, instead of ``on_remove`` of
         ~200. The total holds only visible nodes' counts, so the state gives the same
-        ``surface_tokens()`` (``tests/test_surface_whole.py``)."""
+        ``surface_tokens()`` (``tests/core/test_surface_whole.py``)."""
         self.total = 0
         self.large.clear()
         self.large_changes += 1

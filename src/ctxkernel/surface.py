@@ -463,7 +463,7 @@ class Surface:
         node it folds, ``_index_remove`` takes a removed node's entries away, a closed range holds
         both ends of every pair, a snapshot restores a state that held this), so this equals
         ``_index_remove`` of the removed range, walking the few nodes kept instead of the many
-        removed (property-tested against it: ``tests/test_surface_whole.py``)."""
+        removed (property-tested against it: ``tests/core/test_surface_whole.py``)."""
         self.pending_calls.clear()
         self.call_owner.clear()
         self.result_of.clear()

@@ -1,0 +1,230 @@
+"""The docs stay honest: every hookspec and every profile key is documented, the README example runs."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import types
+from pathlib import Path
+from typing import Any, Union, get_args, get_origin
+
+import pluggy
+import pytest
+from pydantic import BaseModel
+
+from ctxkernel import hookspecs
+from ctxkernel.default_plugins.basic import BasicSettings
+from ctxkernel.profile import Profile
+from ctxkernel.validate import CHECKS
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = REPO / "docs"
+
+
+def sections(text: str, level: str) -> dict[str, str]:
+    """Heading text -> body, for headings of exactly ``level`` (e.g. '##')."""
+    out: dict[str, str] = {}
+    pattern = re.compile(rf"^{level} (.+)$", re.MULTILINE)
+    matches = list(pattern.finditer(text))
+    for i, match in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
+        # a section ends at the next heading of the same or a higher level
+        body = text[match.end() : end]
+        higher = re.search(rf"^#{{1,{len(level) - 1}}} ", body, re.MULTILINE) if len(level) > 1 else None
+        out[match.group(1).strip()] = body[: higher.start()] if higher else body
+    return out
+
+
+# -- hooks ---------------------------------------------------------------------------------------------
+def hookspec_signatures() -> dict[str, str]:
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    out = {}
+    for name in dir(hookspecs):
+        if pm.parse_hookspec_opts(hookspecs, name) is not None:
+            params = inspect.signature(getattr(hookspecs, name)).parameters
+            out[name] = f"{name}({', '.join(params)})"
+    return out
+
+
+def test_every_hookspec_has_a_section_titled_with_its_signature():
+    text = (DOCS / "hooks.md").read_text()
+    titles = {t.strip("`") for t in sections(text, "##")}
+    specs = hookspec_signatures()
+    assert specs, "no hookspecs found"
+    missing = sorted(sig for sig in specs.values() if sig not in titles)
+    assert not missing, f"docs/hooks.md lacks a section titled with these exact signatures: {missing}"
+    documented = {t.split("(")[0] for t in titles if "(" in t}
+    stale = sorted(documented - set(specs))
+    assert not stale, f"docs/hooks.md documents hooks that no longer exist: {stale}"
+
+
+def test_firstresult_hooks_say_so():
+    text = (DOCS / "hooks.md").read_text()
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    body = {t.strip("`"): b for t, b in sections(text, "##").items()}
+    for name, signature in hookspec_signatures().items():
+        first = pm.parse_hookspec_opts(hookspecs, name)["firstresult"]
+        assert ("*First result.*" in body[signature]) == first, (
+            f"{signature}: first-result note does not match the hookspec"
+        )
+
+
+def test_every_hook_states_its_stability():
+    text = (DOCS / "hooks.md").read_text()
+    table = sections(text, "##")["Stability"]
+    rows = dict(re.findall(r"^\| `(\w+)` \| (stable|provisional)\b", table, re.MULTILINE))
+    assert set(rows) == set(hookspec_signatures()), "docs/hooks.md: the Stability table must list every hook once"
+
+
+def test_architecture_has_the_lifecycle_diagram():
+    text = (DOCS / "architecture.md").read_text()
+    order = [text.find(step) for step in ("pre_step", "decorate_request", "model", "sanitize_reply", "commit")]
+    assert all(i >= 0 for i in order)
+    diagrams = [b for b in re.findall(r"```\n(.*?)```", text, re.DOTALL) if "pre_step" in b]
+    assert diagrams, "docs/architecture.md needs the lifecycle diagram in a code block"
+    lines = diagrams[0]
+    hooks = ("pre_step(ctx", "decorate_request(ctx", "sanitize_reply(ctx", "commit(ctx")
+    positions = [lines.find(s) for s in hooks]
+    assert positions == sorted(positions) and positions[0] >= 0
+
+
+# -- profile keys ----------------------------------------------------------------------------------------
+def _model_in(annotation: Any) -> tuple[type[BaseModel] | None, bool, bool]:
+    """(model inside the annotation, is it a list of them, is it a dict)."""
+    origin = get_origin(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, False, False
+    if origin in (list, tuple):
+        inner, _, _ = _model_in(get_args(annotation)[0])
+        return inner, True, False
+    if origin is dict:
+        return None, False, True
+    if origin in (Union, types.UnionType):
+        for arg in get_args(annotation):
+            if arg is not type(None):
+                return _model_in(arg)
+    return None, False, False
+
+
+def keys_of(model: type[BaseModel], prefix: str = "") -> set[str]:
+    keys = set()
+    for name, info in model.model_fields.items():
+        inner, is_list, _ = _model_in(info.annotation)
+        if inner is not None and not is_list:
+            keys.add(prefix + name)
+            keys |= keys_of(inner, f"{prefix}{name}.")
+        else:
+            keys.add(prefix + name)
+    return keys
+
+
+def expected_tables() -> dict[str, set[str]]:
+    """Heading -> keys, derived from the pydantic models alone."""
+    tables: dict[str, set[str]] = {}
+    for name, info in Profile.model_fields.items():
+        inner, is_list, is_dict = _model_in(info.annotation)
+        if is_dict:
+            tables[f"[{name}.<name>]"] = set()
+        elif is_list:
+            tables[f"[[{name}]]"] = keys_of(inner)
+        else:
+            assert inner is not None, f"profile field {name} is neither a table nor a list of tables"
+            tables[f"[{name}]"] = keys_of(inner)
+    tables["[strategies.basic]"] = keys_of(BasicSettings)
+    return tables
+
+
+def documented_tables() -> dict[str, set[str]]:
+    text = (DOCS / "profiles.md").read_text()
+    out = {}
+    for title, body in sections(text, "###").items():
+        match = re.fullmatch(r"`(\[.+\])`", title)
+        if match:
+            out[match.group(1)] = set(re.findall(r"^\| `([^`]+)` \|", body, re.MULTILINE))
+    return out
+
+
+def test_profile_key_walk_sees_nested_keys():
+    # guard the walker itself: it must see a nested model's keys and a list of tables
+    tables = expected_tables()
+    assert "match.provider" in tables["[[model_policies]]"]
+    assert "context_window" in tables["[model]"]
+    assert "[prices]" in tables and "input" in tables["[prices]"]
+
+
+@pytest.mark.parametrize("table", sorted(expected_tables()))
+def test_every_profile_key_is_documented(table):
+    documented = documented_tables()
+    assert table in documented, f"docs/profiles.md has no section titled `{table}`"
+    expected = expected_tables()[table]
+    missing = sorted(expected - documented[table])
+    stale = sorted(documented[table] - expected)
+    assert not missing, f"docs/profiles.md {table}: undocumented keys {missing}"
+    assert not stale, f"docs/profiles.md {table}: documents keys that do not exist {stale}"
+
+
+def test_no_documented_table_is_stale():
+    assert set(documented_tables()) <= set(expected_tables())
+
+
+def test_every_validation_check_is_documented():
+    text = (DOCS / "profiles.md").read_text()
+    body = sections(text, "##")["Validation"]
+    rows = set(re.findall(r"^\| `([^`]+)` \|", body, re.MULTILINE))
+    assert rows == set(CHECKS)
+
+
+def test_ci_job_is_ten_lines_and_validates_strictly():
+    text = (DOCS / "profiles.md").read_text()
+    (job,) = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.DOTALL) if "jobs:" in b]
+    assert len(job.strip().splitlines()) == 10
+    # the job runs the repository's pre-commit hook, which is `ctxkernel validate --strict`
+    assert "pre-commit run ctxkernel-validate --all-files" in job
+    assert "entry: ctxkernel validate --strict" in (REPO / ".pre-commit-hooks.yaml").read_text()
+
+
+# -- README ------------------------------------------------------------------------------------------------
+def readme_example() -> str:
+    text = (REPO / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.DOTALL)
+    assert blocks, "README.md has no python example"
+    return blocks[0]
+
+
+def test_readme_names_the_two_commands_and_links_the_docs():
+    text = (REPO / "README.md").read_text()
+    assert "make demo" in text and "make test" in text
+    for doc in ("docs/architecture.md", "docs/hooks.md", "docs/profiles.md"):
+        assert doc in text and (REPO / doc).exists()
+
+
+def test_readme_example_is_at_most_20_lines():
+    assert len(readme_example().strip().splitlines()) <= 20
+
+
+def test_readme_example_runs_against_a_scripted_model(tmp_path, monkeypatch):
+    from ctxkernel import Message, ScriptedModel, ToolCallBlock
+
+    monkeypatch.setenv("CTXKERNEL_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("CTXKERNEL_PROFILE", raising=False)
+    monkeypatch.chdir(REPO)
+    namespace: dict[str, Any] = {}
+    exec(compile(readme_example(), "README.md", "exec"), namespace)  # noqa: S102 - our own README
+    model = ScriptedModel(
+        [
+            Message.assistant("I'll run the tests", [ToolCallBlock("c1", "run_tests", {"path": "tests/"})]),
+            "The parser test passes now.",
+        ]
+    )
+    ran = []
+
+    def run_my_tool(call):
+        ran.append(call.name)
+        return "1 passed"
+
+    answer = namespace["run_turn"]("Fix the failing test in parser.py", model, run_my_tool)
+    assert answer == "The parser test passes now."
+    assert ran == ["run_tests"]
+    session = namespace["session"]
+    assert [n.role for n in session.surface] == ["user", "assistant", "tool", "assistant"]
+    assert not session.turn_open

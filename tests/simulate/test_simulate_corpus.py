@@ -1,0 +1,190 @@
+"""Corpus mode: many sessions in worker processes, per-session entries and an aggregate per profile."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from ctxkernel.cli import main
+from ctxkernel.simulate import REPORT_KEYS, load_recording
+from ctxkernel.simulate.corpus import FIGURES, aggregate, find_files
+from ctxkernel.simulate.replay import MIN_WINDOW
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+PROFILES = "none,basic,handoff"
+
+
+def run(capsys, *args: str) -> tuple[int, dict]:
+    code = main(["simulate", *args, "--format", "json", "--no-progress"])
+    out = capsys.readouterr().out
+    return code, json.loads(out) if out.strip() else {}
+
+
+@pytest.fixture(scope="module")
+def corpus_runs() -> dict[int, dict]:
+    import contextlib
+    import io
+
+    out = {}
+    for jobs in (1, 2):
+        buffer = io.StringIO()
+        with contextlib.redirect_stdout(buffer):
+            code = main(
+                ["simulate", "--transcripts", str(FIXTURES), "--profile", PROFILES, "--window", "4x"]
+                + ["--jobs", str(jobs), "--format", "json", "--no-progress"]
+            )
+        out[jobs] = {"code": code, "report": json.loads(buffer.getvalue())}
+    return out
+
+
+def _sessions_expected() -> int:
+    total = 0
+    for path in find_files(str(FIXTURES)):
+        try:
+            total += load_recording(path).source.get("runs") or 1
+        except Exception:  # noqa: BLE001 - an unreadable file is one (unreadable) session
+            total += 1
+    return total
+
+
+def test_every_session_of_every_file_is_replayed_and_unreadable_ones_are_listed(corpus_runs):
+    report = corpus_runs[1]["report"]
+    assert sorted(report) == sorted(["corpus", "sessions", "aggregate", "settings", "note"])
+    assert set(REPORT_KEYS) - {"source", "profiles"} <= set(report)
+    assert len(report["sessions"]) == report["corpus"]["sessions"] == _sessions_expected()
+    unreadable = [s for s in report["sessions"] if s["error"]]
+    assert [s["file"] for s in unreadable] == ["claude-code-malformed.jsonl"]
+    assert "claude-code-malformed.jsonl:14" in unreadable[0]["error"]
+    assert corpus_runs[1]["code"] == 1  # an unreadable session is a failure of the run
+    runs = [s["run"] for s in report["sessions"] if s["file"] == "openhands-run.jsonl"]
+    assert runs == [0, 1]
+    for session in report["sessions"]:
+        if not session["error"]:
+            assert [p["profile"] for p in session["profiles"]] == PROFILES.split(",")
+
+
+def test_parallel_workers_give_the_same_report(corpus_runs):
+    one, two = corpus_runs[1]["report"], corpus_runs[2]["report"]
+    assert [(s["file"], s["run"], s["error"]) for s in one["sessions"]] == [
+        (s["file"], s["run"], s["error"]) for s in two["sessions"]
+    ]
+    for a, b in zip(one["sessions"], two["sessions"], strict=True):
+        for row_a, row_b in zip(a["profiles"], b["profiles"], strict=True):
+            # times come from the recording and ids from a seed: the same figures, in any worker
+            row_a, row_b = dict(row_a), dict(row_b)
+            row_a.pop("wall_seconds"), row_b.pop("wall_seconds")
+            assert row_a == row_b
+
+
+def test_window_share_follows_each_sessions_own_unmanaged_peak(corpus_runs):
+    for session in corpus_runs[1]["report"]["sessions"]:
+        if session["error"]:
+            continue
+        peak = session["profiles"][0]["peak_prompt_tokens"]  # the 'none' row: unmanaged, window-independent
+        assert session["window"] == max(MIN_WINDOW, math.ceil(4 * peak))
+        assert session["profiles"][0]["overflows"] == 0 or session["window"] == MIN_WINDOW
+
+
+def test_aggregate_sums_medians_and_p90s_the_ok_rows(corpus_runs):
+    report = corpus_runs[1]["report"]
+    for name, agg in report["aggregate"].items():
+        rows = [p for s in report["sessions"] for p in s["profiles"] if p["profile"] == name and p["status"] == "ok"]
+        assert agg["ok"] == len(rows)
+        assert agg["overflows"] == sum(r["overflows"] for r in rows)
+        assert agg["invariant_violations"] == sum(r["invariant_violations"] for r in rows) == 0
+        for key in FIGURES:
+            values = sorted(r[key] for r in rows if r[key] is not None)
+            figure = agg["figures"][key]
+            if not values:
+                assert figure is None
+                continue
+            assert figure["sum"] == pytest.approx(sum(values))
+            assert values[0] <= figure["p10"] <= figure["median"] <= figure["p90"] <= values[-1]
+
+
+def test_aggregate_of_known_rows():
+    def row(profile: str, peak: int, status: str = "ok") -> dict:
+        out = dict.fromkeys(FIGURES)
+        out.update(profile=profile, status=status, peak_prompt_tokens=peak, overflows=1, invariant_violations=0)
+        out.update(compactions={"summary": 2}, probes={"decisions": {"count": 2, "visible": 0.5, "recoverable": 1.0}})
+        return out
+
+    sessions = [{"profiles": [row("a", p)]} for p in (10, 20, 30, 40, 50, 60, 70, 80, 90, 100)]
+    sessions.append({"profiles": [row("a", 999, status="failed")]})
+    agg = aggregate(sessions, ["a"])["a"]
+    assert (agg["ok"], agg["failed"], agg["overflows"]) == (10, 1, 10)
+    assert agg["figures"]["peak_prompt_tokens"] == {"sum": 550, "median": 55, "p10": 10, "p90": 90}
+    assert agg["compactions"] == {"summary": 20}
+    assert agg["probes"]["decisions"] == {"count": 20, "visible": 0.5, "recoverable": 1.0}
+    assert agg["figures"]["cost_usd"] is None and agg["cost_vs_basic_pooled"] is None
+
+
+def test_a_glob_selects_files_and_bad_specs_are_usage_errors(capsys, tmp_path):
+    code, report = run(capsys, "--transcripts", str(FIXTURES / "*.traj"), "--profile", "basic")
+    assert code == 0
+    assert [s["file"] for s in report["sessions"]] == ["swe-agent-trajectory-only.traj", "swe-agent.traj"]
+    for args, message in (
+        (["--transcripts", str(tmp_path / "*.nothing")], "matches no file"),
+        (["--transcripts", str(tmp_path)], "the folder has no"),
+        (["--transcripts", str(FIXTURES), "--run", "1"], "does not apply to --transcripts"),
+        (["--workload", "chat-short", "--window", "0x"], "share of the unmanaged peak"),
+        (["--workload", "chat-short", "--window", "nanx"], "share of the unmanaged peak"),
+        (["--workload", "chat-short", "--window", "17x"], "at most 16x"),
+        (["--workload", "chat-short", "--jobs", "0"], "--jobs"),
+    ):
+        assert main(["simulate", *args, "--profile", "basic", "--no-progress"]) == 2
+        assert message in capsys.readouterr().err
+
+
+def test_window_share_works_for_one_recording_too(capsys):
+    code, report = run(capsys, "--workload", "chat-short", "--profile", "none,basic", "--window", "0.8x")
+    assert code == 0
+    peak = report["profiles"][0]["peak_prompt_tokens"]
+    assert report["settings"]["window"] == max(MIN_WINDOW, math.ceil(0.8 * peak))
+    assert report["settings"]["window_share"] == 0.8
+    assert report["profiles"][0]["overflows"] > 0  # the unmanaged session no longer fits
+    assert report["profiles"][1]["effective_window"] == report["profiles"][0]["effective_window"]  # one window for all
+
+
+def test_corpus_html_report_draws_distributions_offline(capsys, tmp_path):
+    page = tmp_path / "corpus.html"
+    code = main(
+        ["simulate", "--transcripts", str(FIXTURES / "*.traj"), "--profile", "none,basic", "--report", str(page)]
+        + ["--no-progress"]
+    )
+    assert code == 0
+    text = page.read_text()
+    capsys.readouterr()
+    from ctxkernel.simulate.report import DISTRIBUTIONS
+
+    assert text.count('class="distribution"') == len(DISTRIBUTIONS)
+    # a dot per session and profile with a value: 2 sessions x 2 profiles in the charts every row fills
+    assert len(re.findall(r'<circle class="session"', text)) >= 2 * 2 * 4
+    assert 'id="aggregate"' in text and 'id="sessions"' in text and 'id="probes"' in text
+    assert "<script" not in text and "<link" not in text
+    assert "http" not in text.replace('xmlns="http://www.w3.org/2000/svg"', "")
+
+
+def test_kept_sessions_of_a_corpus_have_one_store_per_session(capsys, tmp_path):
+    kept = tmp_path / "kept"
+    code, report = run(
+        capsys,
+        "--transcripts",
+        str(FIXTURES / "*.traj"),
+        "--profile",
+        "basic",
+        "--jobs",
+        "2",
+        "--keep-sessions",
+        str(kept),
+    )
+    assert code == 0
+    for session in report["sessions"]:
+        folder = Path(session["kept_in"])
+        assert folder.parent == kept
+        (ids,) = [p["session_ids"] for p in session["profiles"]]
+        assert sorted(f.stem for f in (folder / "sessions").iterdir()) == sorted(ids)

@@ -1,0 +1,206 @@
+"""Imported transcripts are hostile input: every line's shape is checked, bad input is an import
+error naming file:line and the field (exit 2), never an assertion or a profile that fails later."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ctxkernel.cli import main
+from ctxkernel.simulate import Options, RecordingError, compare, importers, load_recording, sniff
+from ctxkernel.simulate.reading import check_item
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+JSONL_FIXTURES = ["kernel-session.jsonl", "claude-code.jsonl", "codex-rollout.jsonl", "openhands-run.jsonl"]
+JSON_FIXTURES = [
+    "openai-chat.json",
+    "openai-runs.json",
+    "swe-agent.traj",
+    "swe-agent-trajectory-only.traj",
+    "openhands-events.json",
+]
+
+
+def _lines(name: str) -> list[Any]:
+    return [json.loads(line) for line in (FIXTURES / name).read_text().splitlines() if line.strip()]
+
+
+def _write_lines(path: Path, values: list[Any]) -> Path:
+    path.write_text("".join(json.dumps(v) + "\n" for v in values))
+    return path
+
+
+# -- the two reported gaps ---------------------------------------------------------------------------
+def test_a_kernel_tool_result_holding_a_user_message_is_an_import_error(tmp_path):
+    values = _lines("kernel-session.jsonl")
+    at = next(i for i, v in enumerate(values) if v.get("type") == "tool/result")
+    values[at]["data"]["message"] = {
+        "role": "user",
+        "content": [{"type": "text", "text": "hi"}],
+        "source": {"kind": "user"},
+    }
+    path = _write_lines(tmp_path / "k.jsonl", values)
+    with pytest.raises(RecordingError, match=rf"k\.jsonl:{at + 1}: .*data\.message\.role 'user'"):
+        load_recording(path)
+
+
+def test_a_claude_code_text_block_holding_a_number_is_bad_input_not_a_failed_profile(tmp_path, capsys):
+    values = _lines("claude-code.jsonl")
+    at = next(i for i, v in enumerate(values) if v.get("type") == "user" and isinstance(v["message"]["content"], str))
+    values[at]["message"]["content"] = [{"type": "text", "text": 42}]
+    path = _write_lines(tmp_path / "c.jsonl", values)
+    with pytest.raises(RecordingError, match=rf"c\.jsonl:{at + 1}: .*content\[0\]\.text must be a string, got int 42"):
+        load_recording(path)
+    assert main(["simulate", "--transcript", str(path), "--profile", "basic", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"c.jsonl:{at + 1}" in err and "Traceback" not in err
+
+
+def test_lenient_skips_the_bad_line_and_counts_it(tmp_path):
+    values = _lines("claude-code.jsonl")
+    at = next(i for i, v in enumerate(values) if v.get("type") == "user" and isinstance(v["message"]["content"], str))
+    values[at]["message"]["content"] = [{"type": "text", "text": 42}]
+    recording = load_recording(_write_lines(tmp_path / "c.jsonl", values), lenient=True)
+    assert [s["line"] for s in recording.skipped] == [at + 1]
+
+
+@pytest.mark.parametrize(
+    ("usage", "field"),
+    [
+        ({"input_tokens": -1}, "input_tokens"),
+        ({"output_tokens": "9"}, "output_tokens"),
+        ({"input_tokens": True}, "input_tokens"),
+    ],
+)
+def test_usage_counts_must_be_non_negative_integers(tmp_path, usage, field):
+    values = _lines("claude-code.jsonl")
+    at = next(i for i, v in enumerate(values) if v.get("type") == "assistant")
+    values[at]["message"]["usage"] = usage
+    with pytest.raises(RecordingError, match=rf":{at + 1}: .*usage\.{field} must be a non-negative integer"):
+        load_recording(_write_lines(tmp_path / "c.jsonl", values))
+
+
+# -- sniffing a long first line ----------------------------------------------------------------------
+def test_a_codex_file_whose_first_line_is_over_64_kib_is_sniffed(tmp_path):
+    values = _lines("codex-rollout.jsonl")
+    values[0]["payload"]["instructions"] = "be careful. " * 20_000  # ~240 KB first line
+    path = _write_lines(tmp_path / "rollout.jsonl", values)
+    assert len(path.read_text().splitlines()[0]) > 65536
+    assert sniff(path) == "codex"
+    assert load_recording(path).system.startswith("be careful.")
+
+
+def test_a_claude_code_file_whose_first_message_is_over_64_kib_is_sniffed(tmp_path):
+    values = [v for v in _lines("claude-code.jsonl") if v.get("type") != "file-history-snapshot"]
+    values[0]["message"]["content"] = "pasted log line\n" * 10_000
+    path = _write_lines(tmp_path / "session.jsonl", values)
+    assert sniff(path) == "claude-code"
+    assert load_recording(path).items[0].text.startswith("pasted log line")
+
+
+def test_a_first_line_past_the_bound_is_refused_naming_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(importers, "SNIFF_LINE_LIMIT", 1024 * 1024)
+    path = tmp_path / "huge.jsonl"
+    path.write_text('{"type": "session_meta", "payload": {"x": "' + "a" * (2 * 1024 * 1024) + '"}}\n')
+    with pytest.raises(RecordingError, match=r"huge\.jsonl:1: the first line is longer than 1 MiB"):
+        sniff(path)
+
+
+def test_an_empty_file_is_refused(tmp_path):
+    path = tmp_path / "empty.jsonl"
+    path.write_text("\n\n")
+    with pytest.raises(RecordingError, match="empty"):
+        sniff(path)
+
+
+# -- every mutation of a valid line is a clean import or an import error ----------------------------
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.sampled_from(["type", "text", "role", "content", "id"]), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+
+
+def _paths(value: Any, prefix: tuple = ()) -> list[tuple]:
+    out = [prefix]
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            out += _paths(inner, (*prefix, key))
+    elif isinstance(value, list):
+        for index, inner in enumerate(value):
+            out += _paths(inner, (*prefix, index))
+    return out
+
+
+@st.composite
+def mutated(draw: Any, name: str) -> tuple[str, str]:
+    """A fixture with one value somewhere in one line (message, for the JSON files) replaced or deleted."""
+    if name in JSON_FIXTURES:
+        doc = json.loads((FIXTURES / name).read_text())
+        target = doc
+    else:
+        values = _lines(name)
+        index = draw(st.integers(0, len(values) - 1))
+        target = values[index]
+    path = draw(st.sampled_from(_paths(target)))
+    replacement = draw(json_values)
+    if not path:
+        target = replacement
+    else:
+        parent = target
+        for key in path[:-1]:
+            parent = parent[key]
+        if isinstance(parent, dict) and draw(st.booleans()):
+            del parent[path[-1]]
+        else:
+            parent[path[-1]] = replacement
+    if name in JSON_FIXTURES:
+        return json.dumps(target if path else replacement), repr(path)
+    values[index] = target
+    return "".join(json.dumps(v) + "\n" for v in values), f"line {index + 1} at {path!r}"
+
+
+def _import_or_refuse(tmp_path: Path, text: str):
+    path = tmp_path / "recording"
+    path.write_text(text)
+    try:
+        recording = load_recording(path)
+    except RecordingError as exc:
+        assert str(exc).startswith(str(path)), exc  # names the file (and the line or message)
+        return None
+    for item in recording.items:
+        assert check_item(item) is None, item
+    return recording
+
+
+@pytest.mark.parametrize("name", JSONL_FIXTURES + JSON_FIXTURES)
+@settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_mutated_line_imports_cleanly_or_is_an_import_error(tmp_path, name, data):
+    text, _ = data.draw(mutated(name))
+    _import_or_refuse(tmp_path, text)
+
+
+@pytest.mark.parametrize("name", JSONL_FIXTURES + JSON_FIXTURES)
+@settings(max_examples=12, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_clean_import_of_a_mutated_line_replays(tmp_path, name, data):
+    text, where = data.draw(mutated(name))
+    recording = _import_or_refuse(tmp_path, text)
+    if recording is None:
+        return
+    report = compare(["basic"], recording, Options(workdir=tmp_path))
+    profile = report["profiles"][0]
+    assert profile["status"] == "ok", (where, profile["error"])
