@@ -50,12 +50,13 @@ from ..errors import ConflictError, ContextOverflowError, CtxKernelError, EventE
 from ..events import ASSISTANT_MESSAGE, COMPACTION_START, COMPACTION_SUMMARY, TURN_START
 from ..kernel import Kernel
 from ..logging import get_logger
-from ..messages import Message, Source
+from ..messages import MediaBlock, Message, Source
+from ..meter import Meter
 from ..models.openai_http import classify_http_error
 from ..profile import load_profile, override_window
 from ..session import Request, Session
-from . import anthropic_wire, openai_wire
-from .identity import session_key
+from . import anthropic_wire, openai_wire, responses_wire
+from .identity import SESSION_HEADER, session_key
 from .metrics import Metrics
 from .reconcile import Reconciled, inherit, kept, ledger_for, reconcile, record_follow, reply_record
 from .upstream import Limits, Upstream, UpstreamError, join_url
@@ -79,6 +80,7 @@ class ServeConfig:
     window: int | None = None
     upstream: str | None = None
     anthropic_upstream: str | None = None
+    responses_upstream: str | None = None
     api_key_env: str | None = None
     lock_wait_seconds: float = 30.0
     max_inner_rounds: int = 8
@@ -92,6 +94,7 @@ class ServeConfig:
                 "window",
                 "upstream",
                 "anthropic_upstream",
+                "responses_upstream",
                 "api_key_env",
                 "lock_wait_seconds",
                 "max_inner_rounds",
@@ -145,6 +148,8 @@ class Turn:
     #: the client's new messages, checked by reconcile and written by the first round's
     #: ``prepare_request`` together with its step/start (one store write)
     pending: Reconciled | None = None
+    #: the Responses API's id of this client request's response
+    response_id: str = ""
 
 
 def busy(key: str, wait: float) -> WireError:
@@ -221,6 +226,13 @@ class Proxy:
         self.anthropic_base = (
             config.anthropic_upstream or profile_serve.anthropic_upstream or DEFAULT_ANTHROPIC_UPSTREAM
         )
+        #: a Responses API upstream; without one, Responses clients are translated to Chat Completions
+        self.responses_base = config.responses_upstream or profile_serve.responses_upstream
+        self.inject_tools = profile_serve.inject_tools
+        self._stored_media: OrderedDict[str, None] = OrderedDict()
+        self._media_cache: OrderedDict[str, bytes] = OrderedDict()
+        self._media_cache_bytes = 0
+        self._responses: OrderedDict[str, tuple[str, list[Any]]] = OrderedDict()
         self.server_key: str | None = None
         key_env = config.api_key_env or profile_serve.api_key_env
         if key_env:
@@ -332,6 +344,7 @@ class Proxy:
     def _begin(self, key: str, client: ClientRequest) -> tuple[Session, Reconciled | None]:
         """The session this request continues, and the client's new messages when they are
         left for the first ``prepare_request`` to write (the usual case: nothing rewritten)."""
+        self._store_media(client.messages)
         session = self._open(key)
         result = reconcile(session, client.messages, client.hashes, defer=True)
         if result.rewrite == "fork":
@@ -404,7 +417,98 @@ class Proxy:
                 raise Overflow(pressure.tokens, pressure.effective_window)
         turn.strategy_tools = set(session.tools.names())
         turn.strategy_schemas = [t for t in request.tools if t.get("function", {}).get("name") in turn.strategy_tools]
+        if not client.tools and self.inject_tools == "when_client_has_tools":
+            # a request that carried no tools (a title call, a plain chat) gets none of the strategies'
+            turn.strategy_tools, turn.strategy_schemas = set(), []
         return request
+
+    # -- media (worker threads) -----------------------------------------------------------------------
+    def _store_media(self, messages: list[Message]) -> None:
+        """Put the bytes of every medium the client sent into the store's blob table before any
+        event citing them is written (content-addressed: a blob already stored is not written again)."""
+        store = self.kernel.store
+        for block in _media_blocks(messages):
+            if block.blob is None or block.data is None or block.blob in self._stored_media:
+                continue
+            if store.blob_stat(block.blob) is None:
+                store.blob_put(block.blob, block.data)
+            self._stored_media[block.blob] = None
+            while len(self._stored_media) > 4096:
+                self._stored_media.popitem(last=False)
+
+    def media_bytes(self, block: MediaBlock) -> bytes | None:
+        """A medium's bytes for the upstream body: held in memory, or read back from the store
+        (the last 64 MB read are kept); None when the store no longer has them."""
+        if block.data is not None:
+            return block.data
+        if block.blob is None:
+            return None
+        data = self._media_cache.get(block.blob)
+        if data is not None:
+            self._media_cache.move_to_end(block.blob)
+            return data
+        data = self.kernel.store.blob_get(block.blob)
+        if data is None:
+            log.warning("serve: a medium's bytes are gone from the store", blob=block.blob)
+            return None
+        self._media_cache[block.blob] = data
+        self._media_cache_bytes += len(data)
+        while self._media_cache and self._media_cache_bytes > 64 << 20:
+            _, dropped = self._media_cache.popitem(last=False)
+            self._media_cache_bytes -= len(dropped)
+        return data
+
+    # -- the Responses API's stored responses (worker threads) ----------------------------------------------
+    def earlier_items(self, response_id: str) -> tuple[str, list[Any]]:
+        """The session key and the items (inputs and outputs) of the conversation up to and
+        including response ``response_id``, from what :meth:`remember_response` kept."""
+        cached = self._responses.get(response_id)
+        if cached is not None:
+            return cached
+        chain: list[dict[str, Any]] = []
+        key: str | None = None
+        current: str | None = response_id
+        while current is not None:
+            hit = self._responses.get(current)
+            if hit is not None:
+                key = key or hit[0]
+                break
+            if not responses_wire.RESPONSE_ID.fullmatch(current) or len(chain) >= MAX_RESPONSE_CHAIN:
+                raise responses_wire.unknown_response(response_id)
+            record = self.kernel.store.kv_get("serve", f"response/{current}")
+            if not isinstance(record, dict):
+                raise responses_wire.unknown_response(response_id)
+            key = key or record.get("key")
+            chain.append(record)
+            current = record.get("previous")
+        items: list[Any] = list(hit[1]) if current is not None and hit is not None else []
+        for record in reversed(chain):
+            items += list(record.get("input") or []) + list(record.get("output") or [])
+        if not isinstance(key, str):
+            raise responses_wire.unknown_response(response_id)
+        self._remember_items(response_id, key, items)
+        return key, items
+
+    def _remember_items(self, response_id: str, key: str, items: list[Any]) -> None:
+        self._responses[response_id] = (key, items)
+        while len(self._responses) > 64:
+            self._responses.popitem(last=False)
+
+    def remember_response(self, turn: Turn, output: list[dict[str, Any]]) -> None:
+        """Keep a Responses API response (its new input items and its output) so that a later
+        request naming it as ``previous_response_id`` is answered from it; not with ``store: false``."""
+        client = turn.client
+        if client.body.get("store") is False:
+            return
+        previous = client.body.get("previous_response_id")
+        record = {
+            "key": turn.key,
+            "previous": previous if isinstance(previous, str) else None,
+            "input": client.extra.get("new_items") or [],
+            "output": output,
+        }
+        self.kernel.store.kv_put("serve", f"response/{turn.response_id}", record)
+        self._remember_items(turn.response_id, turn.key, [*(client.extra.get("items") or []), *output])
 
     def _commit(self, turn: Turn, message: Message, usage: dict[str, Any] | None, view: Any, last_round: bool) -> Round:
         """Commit a reply, run its strategy calls, and (when the client request ends here) put
@@ -444,6 +548,30 @@ class Proxy:
             return Round(self._follow(turn.key, session, child), False, None)
         return Round(session, False, first_seq)
 
+    def count_tokens(self, key: str, client: ClientRequest) -> int:
+        """What a request of ``client`` would send upstream, without taking a turn or writing:
+        the session's surface and header as the last request left them plus the messages it has
+        not seen (a session not started yet: the request's own count), at most the effective
+        window (the strategies compact anything beyond it before the upstream is called)."""
+        self._store_media(client.messages)
+        store = self.kernel.store
+        route = store.kv_get("serve", self._route_key(key))
+        session_id = route["session"] if isinstance(route, dict) and isinstance(route.get("session"), str) else key
+        session = self.sessions.get(session_id)
+        if session is None and store.exists(session_id):
+            session = self.kernel.open_session(session_id, keep_waiting_calls=True)
+            self._cache(session)
+        if session is None:
+            meter = Meter(self.kernel.tokenizer)
+            header = meter.count_header(client.system, client.tools)
+            tokens = header + sum(meter.count_message(m) for m in client.messages)
+            return min(tokens, self.kernel.profile.model.effective_window)
+        ledger = ledger_for(session)
+        new = client.messages[ledger.matched(client.messages, client.hashes or []) :]
+        pressure = session.pressure()
+        tokens = pressure.tokens + sum(session.count_message(m) for m in new)
+        return min(tokens, pressure.effective_window)
+
     def _failed(self, session: Session, error: ModelError) -> bool:
         return session.request_failed(error)
 
@@ -476,8 +604,16 @@ class Proxy:
 
     # -- the upstream -----------------------------------------------------------------------------------
     def upstream_url(self, wire: Any) -> str:
+        if wire is responses_wire:
+            if self.responses_base:
+                return join_url(self.responses_base, responses_wire.RESPONSES_PATH)
+            return join_url(self.openai_base, responses_wire.CHAT_PATH)
         base = self.openai_base if wire is openai_wire else self.anthropic_base
         return join_url(base, wire.UPSTREAM_PATH)
+
+    @property
+    def responses_upstream_kind(self) -> str:
+        return responses_wire.RESPONSES if self.responses_base else responses_wire.CHAT
 
     def upstream_headers(self, wire: Any, headers: Any, *, stream: bool) -> dict[str, str]:
         out = {"content-type": "application/json", "accept": "text/event-stream" if stream else "application/json"}
@@ -497,6 +633,56 @@ class Proxy:
         elif "authorization" in headers:
             out["authorization"] = headers["authorization"]
         return out
+
+
+#: how many stored responses a ``previous_response_id`` chain may walk back
+MAX_RESPONSE_CHAIN = 100_000
+
+
+def _media_blocks(messages: list[Message]) -> list[MediaBlock]:
+    found: list[MediaBlock] = []
+    for message in messages:
+        for block in message.content:
+            if block.type == "media":
+                found.append(block)
+            elif block.type == "tool_result" and block.parts:
+                found += [p for p in block.parts if p.type == "media"]
+    return found
+
+
+class StreamedError(UpstreamError):
+    """An error the upstream reported inside its stream; ``error`` is its error object (bounded),
+    passed on to the client with its type."""
+
+    def __init__(self, error: dict[str, Any]) -> None:
+        self.error = bounded_error(error)
+        super().__init__(f"the upstream stream reported an error: {orjson.dumps(self.error).decode()[:500]}")
+
+
+def bounded_error(error: Any) -> dict[str, Any]:
+    """An upstream error object cut to the fields a client reads, each bounded."""
+    error = error if isinstance(error, dict) else {"message": str(error)}
+    out: dict[str, Any] = {}
+    for key in ("type", "code", "param"):
+        value = error.get(key)
+        if isinstance(value, str) and value:
+            out[key] = value[:200]
+    message = error.get("message")
+    out["message"] = message[:2000] if isinstance(message, str) else "upstream error"
+    out.setdefault("type", "api_error")
+    return out
+
+
+def stream_error(wire: Any, translator: Any, data: dict[str, Any]) -> dict[str, Any] | None:
+    """The error object an upstream stream event reports, or None."""
+    if wire is responses_wire:
+        return translator.upstream_error(data)
+    if wire is openai_wire:
+        return data["error"] if "error" in data else None
+    if data.get("type") == "error":
+        error = data.get("error")
+        return error if isinstance(error, dict) else {"message": str(error)}
+    return None
 
 
 def wire_cache(turn: Turn) -> dict[Any, Any]:
@@ -521,11 +707,17 @@ def error_response(wire: Any, error: WireError) -> JSONBody:
     )
 
 
+#: an upstream error's headers that tell a client whether and when to retry, passed on as they came
+RETRY_HEADERS = ("retry-after", "retry-after-ms", "x-should-retry")
+
+
 def passthrough_error(wire: Any, status: int, body: bytes, headers: Any = None) -> Response:
-    """An upstream error for the client: its status, its body when that is JSON, else our shape."""
+    """An upstream error for the client: its status, its body when that is JSON, else our shape;
+    its retry headers (:data:`RETRY_HEADERS`) as they came."""
     extra = {}
-    if headers is not None and "retry-after" in headers:
-        extra["retry-after"] = headers["retry-after"]
+    for name in RETRY_HEADERS:
+        if headers is not None and name in headers:
+            extra[name] = headers[name][:200]
     try:
         orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -561,6 +753,33 @@ class Handler:
     async def messages(self, request: HTTPRequest) -> Response:
         return await self._handle(anthropic_wire, "/v1/messages", request)
 
+    async def responses(self, request: HTTPRequest) -> Response:
+        return await self._handle(responses_wire, "/v1/responses", request)
+
+    async def count_tokens(self, request: HTTPRequest) -> Response:
+        """``POST /v1/messages/count_tokens``: the tokens serve would send for this request: the
+        session's managed surface (its strategies' header included) plus the messages it has not
+        seen; at most the effective window, which serve never exceeds upstream."""
+        metrics = self.proxy.metrics
+        wire = anthropic_wire
+        try:
+            client = anthropic_wire.parse_request(await read_body(request), self.proxy.memo, count_only=True)
+            key = session_key(request.headers, wire.API, client.system, client.messages)
+            tokens = await run_sync(self.proxy.count_tokens, key, client)
+            response: Response = JSONBody({"input_tokens": tokens})
+        except WireError as error:
+            metrics.child(metrics.errors, "bad_request").inc()
+            response = error_response(wire, error)
+        except Exception as exc:  # reported to the client in its API's shape, and logged
+            log.exception("serve: count_tokens failed", error=f"{type(exc).__name__}: {exc}"[:500])
+            metrics.child(metrics.errors, "internal").inc()
+            response = JSONBody(
+                wire.error_body(f"ctxkernel serve: internal error: {type(exc).__name__}"[:1000], kind="api_error"),
+                status_code=500,
+            )
+        metrics.child(metrics.requests, "/v1/messages/count_tokens", str(response.status_code)).inc()
+        return response
+
     async def _handle(self, wire: Any, route: str, request: HTTPRequest) -> Response:
         metrics = self.proxy.metrics
         try:
@@ -582,8 +801,26 @@ class Handler:
 
     async def _serve(self, wire: Any, request: HTTPRequest) -> Response:
         proxy = self.proxy
-        client = wire.parse_request(await read_body(request), proxy.memo)
-        key = session_key(request.headers, wire.API, client.system, client.messages)
+        raw = await read_body(request)
+        known_key = None
+        if wire is responses_wire:
+            body = responses_wire.load_body(raw)
+            previous = body.get("previous_response_id")
+            earlier = None
+            if previous is not None:
+                if not isinstance(previous, str):
+                    raise WireError(400, "previous_response_id: expected a string", param="previous_response_id")
+                known_key, earlier = await run_sync(proxy.earlier_items, previous)
+            client = responses_wire.parse_request(
+                body, proxy.memo, earlier=earlier, upstream=proxy.responses_upstream_kind
+            )
+        else:
+            client = wire.parse_request(raw, proxy.memo)
+        client.extra["media"] = proxy.media_bytes
+        if known_key is not None and SESSION_HEADER not in request.headers:
+            key = known_key
+        else:
+            key = session_key(request.headers, wire.API, client.system, client.messages)
         lease = await proxy.acquire(key)
         handed_over = False
         try:
@@ -594,6 +831,8 @@ class Handler:
                     raise WireError(400, f"messages: {exc}", param="messages") from None
                 raise
             proxy.metrics.child(proxy.metrics.client_tokens, wire.API).inc(turn.client_tokens)
+            if wire is responses_wire:
+                turn.response_id = responses_wire.new_id("resp")
             if client.stream:
                 response = await self._stream(turn, request, lease)
                 handed_over = isinstance(response, StreamingResponse)
@@ -611,6 +850,8 @@ class Handler:
         text_parts: list[str] = []
         blocks: list[dict[str, Any]] = []
         client_calls: list[dict[str, Any]] = []
+        output: list[dict[str, Any]] = []  # the Responses API's client items
+        created = time.time()
         while True:
             try:
                 prepared = await proxy.prepared(turn)
@@ -633,7 +874,10 @@ class Handler:
                 return passthrough_error(wire, answer.status, answer.body, answer.headers)
             try:
                 payload = answer.json()
-                message, usage, raw = wire.read_reply(payload)
+                if wire is responses_wire:
+                    message, usage, raw = responses_wire.read_reply(payload, turn.client.extra["upstream"])
+                else:
+                    message, usage, raw = wire.read_reply(payload)
             except ValueError as exc:
                 await run_sync(proxy._failed, turn.session, ModelError(f"unreadable upstream reply: {exc}"))
                 proxy.metrics.child(proxy.metrics.errors, "upstream_unreadable").inc()
@@ -649,6 +893,12 @@ class Handler:
                     text_parts.append(content)
                 client_calls += [c for c in openai_wire.raw_calls(raw) if openai_wire.call_name(c) not in names]
                 view = openai_wire.client_view("\n\n".join(text_parts), client_calls)
+            elif wire is responses_wire:
+                if turn.client.extra["upstream"] == responses_wire.CHAT:
+                    output += responses_wire.chat_output_items(raw, names, turn.client.extra["custom"])
+                else:
+                    output += responses_wire.visible_items(raw.get("output") or [], names)
+                view = responses_wire.client_view(output)
             else:
                 blocks += anthropic_wire.visible_blocks(raw, names)
                 view = anthropic_wire.client_view(blocks)
@@ -660,6 +910,14 @@ class Handler:
         self._finish_metrics(turn)
         if wire is openai_wire:
             out = openai_wire.client_reply(payload, "\n\n".join(text_parts), client_calls, turn.usage)
+        elif wire is responses_wire:
+            base = None
+            if turn.client.extra["upstream"] == responses_wire.RESPONSES:
+                base = {k: v for k, v in payload.items() if k not in ("output", "usage", "previous_response_id")}
+            out = responses_wire.response_object(
+                turn.client, output, turn.usage, response_id=turn.response_id, created=created, base=base
+            )
+            await run_sync(proxy.remember_response, turn, output)
         else:
             out = anthropic_wire.client_reply(payload, blocks, turn.usage)
         return JSONBody(
@@ -742,7 +1000,10 @@ class Handler:
         if isinstance(opened, tuple):
             await stack.aclose()
             return passthrough_error(wire, *opened)
-        translator = wire.StreamTranslator(turn.client.include_usage, turn.strategy_tools)
+        if wire is responses_wire:
+            translator = responses_wire.StreamTranslator(turn.client, turn.strategy_tools, response_id=turn.response_id)
+        else:
+            translator = wire.StreamTranslator(turn.client.include_usage, turn.strategy_tools)
 
         async def pump() -> Any:
             handle = opened
@@ -761,10 +1022,9 @@ class Handler:
                             raise UpstreamError("the upstream stream sent an event that is not JSON") from None
                         if not isinstance(data, dict):
                             continue
-                        if "error" in data and (wire is openai_wire or data.get("type") == "error"):
-                            raise UpstreamError(
-                                f"the upstream stream reported an error: {orjson.dumps(data['error']).decode()[:500]}"
-                            )
+                        error = stream_error(wire, translator, data)
+                        if error is not None:
+                            raise StreamedError(error)
                         chunks = (
                             translator.feed(data) if wire is openai_wire else translator.feed_event(event.event, data)
                         )
@@ -793,6 +1053,8 @@ class Handler:
                             yield chunk
                         return
                     handle = opened_next
+                if wire is responses_wire:
+                    await run_sync(proxy.remember_response, turn, translator.output)
                 for chunk in translator.finish_stream():
                     yield chunk
                 self._finish_metrics(turn)
@@ -802,7 +1064,13 @@ class Handler:
                     with anyio.CancelScope(shield=True):
                         await run_sync(proxy._failed, turn.session, ModelError(str(exc)))
                     committed = True
-                for chunk in translator.error_event(str(exc)):
+                # an error the upstream reported keeps its type (an overloaded_error stays one)
+                chunks = (
+                    translator.passthrough_error(exc.error)
+                    if isinstance(exc, StreamedError)
+                    else translator.error_event(str(exc))
+                )
+                for chunk in chunks:
                     yield chunk
             finally:
                 # a client that went away mid-stream: the uncommitted reply is dropped and its
@@ -876,9 +1144,12 @@ def create_app(config: ServeConfig | None = None, *, kernel: Kernel | None = Non
         "/v1/chat/completions": handler.chat_completions,
         "/chat/completions": handler.chat_completions,
         "/v1/messages": handler.messages,
+        "/v1/responses": handler.responses,
+        "/responses": handler.responses,
     }
     routes = [
         *(Route(path, endpoint, methods=["POST"]) for path, endpoint in chat.items()),
+        Route("/v1/messages/count_tokens", handler.count_tokens, methods=["POST"]),
         Route("/v1/models", handler.models, methods=["GET"]),
         Route("/healthz", handler.healthz, methods=["GET"]),
         Route("/metrics", handler.metrics, methods=["GET"]),

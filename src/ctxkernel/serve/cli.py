@@ -55,6 +55,12 @@ def register(sub: Any) -> None:
         help="Anthropic base URL (default: profile [serve], else https://api.anthropic.com)",
     )
     p.add_argument(
+        "--responses-upstream",
+        metavar="URL",
+        help="OpenAI Responses base URL behind /v1/responses (default: profile [serve]; without one, "
+        "Responses clients are translated to Chat Completions at --upstream)",
+    )
+    p.add_argument(
         "--window", type=bounded_int(256, MAX_TOKENS), metavar="TOKENS", help="override the profile's context window"
     )
     p.add_argument(
@@ -100,6 +106,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         window=args.window,
         upstream=args.upstream,
         anthropic_upstream=args.anthropic_upstream,
+        responses_upstream=args.responses_upstream,
         api_key_env=args.api_key_env,
         lock_wait_seconds=args.lock_wait,
         max_inner_rounds=args.max_inner_rounds,
