@@ -236,12 +236,11 @@ def _openai_content(content: Any, where: str) -> tuple[Any, ...]:
     return _join_texts([openai_part(part, f"{where}: content[{i}]") for i, part in enumerate(content)])
 
 
-def result_parts(blocks: tuple[Any, ...]) -> tuple[str, tuple[Any, ...] | None]:
-    """A tool result's text and, when it was more than one text, its parts in order."""
+def result_parts(blocks: Any) -> tuple[str, tuple[Any, ...] | None]:
+    """A tool result sent as an array: its text and its parts, in order, as they came."""
+    blocks = tuple(blocks)
     text = "\n".join(b.text for b in blocks if isinstance(b, TextBlock))
-    if len(blocks) == 1 and isinstance(blocks[0], TextBlock) or not blocks:
-        return text, None
-    return text, blocks
+    return text, (blocks or None)
 
 
 def from_openai_message(raw: dict[str, Any], *, where: str = "message") -> Message | None:
@@ -283,7 +282,7 @@ def from_openai_message(raw: dict[str, Any], *, where: str = "message") -> Messa
         name = _string(raw, "name", where, optional=True)
         content = raw.get("content")
         if isinstance(content, list):
-            text, parts = result_parts(_openai_content(content, where))
+            text, parts = result_parts(openai_part(part, f"{where}: content[{i}]") for i, part in enumerate(content))
             block = ToolResultBlock(call_id, text, False, name, parts)
             return Message("tool", (block,), Source(kind="tool", call_id=call_id))
         return Message.tool(call_id, _content_text(content, where), name=name)
@@ -481,13 +480,10 @@ def from_anthropic_message(raw: dict[str, Any], *, where: str = "message") -> li
             call_id = block["tool_use_id"]
             result = block.get("content")
             if isinstance(result, list):
-                parts = _join_texts(
-                    [
-                        anthropic_block(part, f"{at}.content[{j}]")
-                        for j, part in enumerate(_blocks(result, f"{at}.content"))
-                    ]
+                text, kept = result_parts(
+                    anthropic_block(part, f"{at}.content[{j}]")
+                    for j, part in enumerate(_blocks(result, f"{at}.content"))
                 )
-                text, kept = result_parts(parts)
                 tool = ToolResultBlock(call_id, text, bool(is_error), None, kept)
                 out.append(Message("tool", (tool,), Source(kind="tool", call_id=call_id)))
             else:

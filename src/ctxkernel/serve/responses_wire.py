@@ -219,7 +219,7 @@ def user_side(item: Any, where: str) -> tuple[list[Message], str | None]:
         if isinstance(output, str):
             return [Message.tool(call_id, output)], None
         if isinstance(output, list):
-            text, parts = result_parts(_content(output, where))
+            text, parts = result_parts(_part(part, f"{where}.output[{i}]") for i, part in enumerate(output))
             block = ToolResultBlock(call_id, text, False, None, parts)
             return [Message("tool", (block,), Source(kind="tool", call_id=call_id))], None
         raise EventError(f"{where}.output must be a string or a list of parts")
