@@ -322,13 +322,8 @@ def parse_request(
                 raise WireError(400, f"tools[{i}]: a custom tool needs a 'name'", param=f"tools[{i}]")
             custom.add(tool["name"])
             tools.append(chat_tool(tool))
-        elif upstream == CHAT:
-            raise WireError(
-                400,
-                f"tools[{i}]: a {tool['type']!r} tool runs at the provider; a Chat Completions upstream has none "
-                "(serve this client with a Responses upstream: --responses-upstream)",
-                param=f"tools[{i}]",
-            )
+        # any other tool (web_search, namespace, mcp ...) runs at the provider: a Responses upstream
+        # gets it as sent; a Chat Completions upstream has nothing to run it with, and is not offered it
     every = [*(earlier or []), *items]
     try:
         converted, hashes, system_parts = convert_input(every, memo)
