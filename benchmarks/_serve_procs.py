@@ -5,7 +5,7 @@
 
 Each binds a port the OS picks, prints it on one line of stdout, and serves until stdin closes
 (so it never outlives the benchmark). ``serve`` is the app ``ctxkernel serve`` runs, with uvicorn's
-defaults as the CLI uses them (and its :func:`~ctxkernel.serve.app.settle_heap`); the only addition is ``GET /__bench/cpu``, answered before the
+defaults as the CLI uses them (and its ``--tune-heap``: :func:`~ctxkernel.serve.process.settle_heap`); the only addition is ``GET /__bench/cpu``, answered before the
 app sees the request with this process's CPU time (``time.process_time_ns``: every thread,
 user + system), which the benchmark reads around a batch of requests.
 """
@@ -73,7 +73,9 @@ def with_cpu_probe(app: Any) -> Any:
 def serve_app(upstream: str, home: Path) -> Any:
     from ctxkernel import Kernel
     from ctxkernel.logging import configure_logging
-    from ctxkernel.serve.app import ServeConfig, create_app, settle_heap
+    from ctxkernel.serve.app import create_app
+    from ctxkernel.serve.config import ServeConfig
+    from ctxkernel.serve.process import settle_heap
     from ctxkernel.store.jsonl import JsonlStore
     from ctxkernel.testing import make_profile
 
@@ -83,7 +85,7 @@ def serve_app(upstream: str, home: Path) -> Any:
     profile = make_profile(model={"context_window": 1_000_000, "reserved_output_tokens": 8192})
     kernel = Kernel(profile, store=JsonlStore(home, fsync=False), home=home, entry_points=False)
     app = create_app(ServeConfig(upstream=upstream), kernel=kernel)
-    settle_heap()  # as ``ctxkernel serve`` does before serving
+    settle_heap()  # as ``ctxkernel serve --tune-heap`` does before serving
     return with_cpu_probe(app)
 
 

@@ -338,3 +338,24 @@ def test_copy_of_a_log_is_a_byte_for_byte_replay(worked: tuple[Any, Any, Path], 
         session
     )
     assert os.path.getsize(other / "sessions" / path.name) == os.path.getsize(path)
+
+
+def test_opening_and_refreshing_a_long_log_leave_the_collector_alone(tmp_path, monkeypatch):
+    # the garbage collector belongs to the host's process: the library never switches it, not
+    # even around the bulk loads of a cold open, a snapshot's tail or a refresh
+    import gc
+
+    kernel = build_kernel(tmp_path, fsync=False)
+    writer = kernel.open_session(create=True)
+    writer.append([EventSpec("test/tick", {"n": n}, ignorable=True) for n in range(1_500)])
+    writer.write_snapshot()
+    writer.append([EventSpec("test/tick", {"n": n}, ignorable=True) for n in range(1_500)])
+    switched: list[str] = []
+    for name in ("disable", "enable", "freeze", "set_threshold"):
+        monkeypatch.setattr(gc, name, lambda *args, name=name: switched.append(name))
+    reader = build_kernel(tmp_path, fsync=False).open_session(writer.id)
+    writer.append([EventSpec("test/tick", {"n": n}, ignorable=True) for n in range(1_500)])
+    assert reader.refresh() == 1_500
+    monkeypatch.undo()
+    assert switched == []
+    assert len(reader.events) == len(writer.events)

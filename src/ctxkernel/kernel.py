@@ -16,7 +16,7 @@ from .logging import get_logger
 from .meter import Tokenizer, get_tokenizer
 from .plugins import StrategyManager, StrategySpec
 from .profile import Profile, load_profile, profile_stamp, strategy_settings_from
-from .session import Session, gc_paused
+from .session import Session
 from .store import EventStore, SessionHeader, default_home, store_from_settings
 
 log = get_logger("ctxkernel.kernel")
@@ -190,8 +190,7 @@ class Kernel:
             if not self.store.exists(session_id):
                 msg = f"no session {session_id!r} in the {self.store.backend} store"
                 raise SessionNotFoundError(msg)
-            with gc_paused():
-                session = self._resume(session_id, repair, keep_waiting_calls)
+            session = self._resume(session_id, repair, keep_waiting_calls)
         self.hooks.session_opened(session)
         if session.events:
             session.restore_harness_tools()
@@ -205,8 +204,7 @@ class Kernel:
         if not self.store.exists(source):
             msg = f"instructions_from={source!r}: no such session in the {self.store.backend} store"
             raise SessionNotFoundError(msg)
-        with gc_paused():
-            ledger = instructions.ledger_of(source, list(self.store.read(source, 0)))
+        ledger = instructions.ledger_of(source, list(self.store.read(source, 0)))
         kept = instructions.inherited(session, ledger)
         if kept:
             self.store.kv_put(instructions.PENDING_NAMESPACE, session.id, [i.to_dict() for i in kept])

@@ -19,12 +19,11 @@ another) replays the same surface, pressure anchor, open turn and strategy state
 from __future__ import annotations
 
 import contextlib
-import gc
 import hashlib
 import os
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -376,10 +375,9 @@ class Session:
             behind = self.store.next_seq(self.id) - len(self.events)
             if behind <= 0:
                 return 0
-            with gc_paused(behind > 1_000):
-                new = list(self.store.read(self.id, len(self.events)))
-                for event in new:
-                    self._fold(event)
+            new = list(self.store.read(self.id, len(self.events)))
+            for event in new:
+                self._fold(event)
             return len(new)
 
     def _fold(self, event: Event, message: Message | None = None, *, checked: bool = False) -> None:
@@ -611,8 +609,7 @@ class Session:
                 log.warning("snapshot not written", session=self.id, seq=len(self.events), error=str(exc))
 
     def _read_before_snapshot(self, start: int, end: int) -> list[Event]:
-        with gc_paused(end - start > 1_000):
-            return list(self.store.read(self.id, start, end))
+        return list(self.store.read(self.id, start, end))
 
     def open_from_snapshot(self, covers: int, payload: bytes) -> bool:
         """Install a stored snapshot of the first ``covers`` events into this fresh session
@@ -1323,22 +1320,6 @@ def _storable_message(message: Message) -> tuple[Message, dict[str, Any]]:
             message = Message.from_dict(cleaned)
             return message, message.to_dict()
     return message, data
-
-
-@contextlib.contextmanager
-def gc_paused(pause: bool = True) -> Iterator[None]:
-    """Pause cyclic garbage collection for a bulk load.
-
-    A cold open allocates an object graph per event and none of it is garbage; collections
-    during the load only rescan it (measured: about half of a 100k-event open)."""
-    if not pause or not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def _syncs_as_index(value: Any) -> bool:

@@ -17,7 +17,8 @@ import openai
 import pytest
 import uvicorn
 
-from ctxkernel.serve.app import ServeConfig, create_app
+from ctxkernel.serve.app import create_app
+from ctxkernel.serve.config import ServeConfig
 
 
 def _load(name: str, filename: str) -> Any:

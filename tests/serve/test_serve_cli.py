@@ -41,19 +41,40 @@ def test_serve_settles_the_heap_before_serving(tmp_path, monkeypatch):
     monkeypatch.setattr(uvicorn, "run", lambda app, **options: served.update(frozen=gc.get_freeze_count(), **options))
     gc.unfreeze()
     try:
-        assert main(["serve", "--profile", "basic"]) == 0
+        assert main(["serve", "--profile", "basic", "--tune-heap"]) == 0
     finally:
         gc.unfreeze()
     assert served["frozen"] > 0 and served["host"] == "127.0.0.1"
 
 
+def test_serve_leaves_the_heap_alone_unless_asked(tmp_path, monkeypatch):
+    # the collector and the allocator are the process's: tuned only with --tune-heap
+    import gc
+
+    import uvicorn
+
+    from ctxkernel.serve import process
+
+    monkeypatch.setenv("CTXKERNEL_HOME", str(tmp_path))
+    served: dict = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: served.update(frozen=gc.get_freeze_count()))
+    monkeypatch.setattr(process, "keep_freed_memory", lambda: served.update(malloc=True))
+    gc.unfreeze()
+    try:
+        assert main(["serve", "--profile", "basic"]) == 0
+    finally:
+        gc.unfreeze()
+    assert served == {"frozen": 0}
+
+
 def test_each_worker_settles_its_heap(tmp_path, monkeypatch):
     import gc
 
-    from ctxkernel.serve.app import CONFIG_ENV, ServeConfig, app_from_env
+    from ctxkernel.serve.config import ServeConfig
+    from ctxkernel.serve.process import CONFIG_ENV, app_from_env
 
     monkeypatch.setenv("CTXKERNEL_HOME", str(tmp_path))
-    monkeypatch.setenv(CONFIG_ENV, ServeConfig(profile="basic").to_json())
+    monkeypatch.setenv(CONFIG_ENV, ServeConfig(profile="basic", tune_heap=True).to_json())
     gc.unfreeze()
     try:
         app_from_env()
@@ -64,7 +85,7 @@ def test_each_worker_settles_its_heap(tmp_path, monkeypatch):
 
 FAULTS_PER_BODY = """
 import platform, resource, sys
-from ctxkernel.serve.app import keep_freed_memory
+from ctxkernel.serve.process import keep_freed_memory
 
 def faults_per_body():
     # what a request does with its body: three blocks of 0.6 MB at once (the body, the memo's

@@ -411,7 +411,7 @@ def test_a_request_tokenises_each_new_message_once(fake, serve_factory, api):
 
 def started_second_request(fake: Any, serve_factory: Any, name: str) -> tuple[Any, Any, list[dict[str, str]], Any]:
     """A serve whose session ``name`` has one answered request and a second one started (its
-    events folded by ``_start``, no reply yet): the serve, the upstream, the history sent and the
+    events folded by ``start_turn``, no reply yet): the serve, the upstream, the history sent and the
     started turn."""
     from ctxkernel.serve import openai_wire
 
@@ -422,7 +422,7 @@ def started_second_request(fake: Any, serve_factory: Any, name: str) -> tuple[An
     serve.openai(session=name).chat.completions.create(model="fake-model", messages=history)
     history += [{"role": "assistant", "content": "answer"}, {"role": "user", "content": "second"}]
     body = orjson.dumps({"model": "fake-model", "messages": history})
-    turn = serve.proxy._start(openai_wire, name, openai_wire.parse_request(body))
+    turn = serve.proxy.start_turn(openai_wire, name, openai_wire.parse_request(body))
     return serve, upstream, history, turn
 
 

@@ -9,7 +9,7 @@ import anyio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ctxkernel.serve.app import TurnLocks
+from ctxkernel.serve.proxy import TurnLocks
 
 KEYS = st.sampled_from(["a", "b", "c", "d", "e"])
 OPS = st.lists(st.tuples(st.sampled_from(["take", "give"]), KEYS), max_size=60)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
@@ -87,6 +86,14 @@ def register(sub: Any) -> None:
         metavar="N",
         help="upstream calls for strategy tools per client request (default 8)",
     )
+    p.add_argument(
+        "--tune-heap",
+        action="store_true",
+        help=(
+            "settle the process's heap before serving: freeze start-up objects out of the garbage collector's "
+            "reach and keep freed memory for reuse (glibc); faster per request, the process keeps its peak heap"
+        ),
+    )
     p.set_defaults(func=cmd_serve)
 
 
@@ -95,9 +102,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ..errors import CtxKernelError
 
     try:
-        import uvicorn
-
-        from .app import CONFIG_ENV, ServeConfig, build_kernel, create_app, settle_heap
+        from .app import create_app
+        from .config import ServeConfig, build_kernel
+        from .process import run
     except ImportError:
         sys.stderr.write(MISSING_EXTRA + "\n")
         return EXIT_USAGE
@@ -110,6 +117,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         api_key_env=args.api_key_env,
         lock_wait_seconds=args.lock_wait,
         max_inner_rounds=args.max_inner_rounds,
+        tune_heap=args.tune_heap,
     )
     try:
         kernel = build_kernel(config)  # fail fast on a bad profile, store or window
@@ -119,23 +127,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 f"session's requests across processes); the profile uses {kernel.store.backend!r}\n"
             )
             return EXIT_USAGE
-        if args.workers == 1:
-            app = create_app(config, kernel=kernel)
+        app = create_app(config, kernel=kernel) if args.workers == 1 else None
     except CtxKernelError as exc:
         sys.stderr.write(f"ctxkernel serve: error: {exc}\n")
         return EXIT_USAGE
-    if args.workers == 1:
-        settle_heap()
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
-        return 0
-    kernel.store.close()
-    os.environ[CONFIG_ENV] = config.to_json()
-    uvicorn.run(
-        "ctxkernel.serve.app:app_from_env",
-        factory=True,
-        host=args.host,
-        port=args.port,
-        workers=args.workers,
-        log_level="warning",
-    )
+    if app is None:
+        kernel.store.close()  # each worker process opens its own
+    run(config, app, host=args.host, port=args.port, workers=args.workers)
     return 0

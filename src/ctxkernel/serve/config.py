@@ -1,0 +1,65 @@
+"""What ``ctxkernel serve`` is started with: the flags, as one value every worker process reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import orjson
+
+from ..kernel import Kernel
+from ..profile import load_profile, override_window
+from .upstream import Limits
+
+DEFAULT_OPENAI_UPSTREAM = "https://api.openai.com/v1"
+DEFAULT_ANTHROPIC_UPSTREAM = "https://api.anthropic.com"
+DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
+
+
+@dataclass
+class ServeConfig:
+    """What ``ctxkernel serve`` was started with (the CLI flags)."""
+
+    profile: str = "basic"
+    window: int | None = None
+    upstream: str | None = None
+    anthropic_upstream: str | None = None
+    responses_upstream: str | None = None
+    api_key_env: str | None = None
+    lock_wait_seconds: float = 30.0
+    max_inner_rounds: int = 8
+    #: settle the process's heap before serving (``process.settle_heap``): the garbage
+    #: collector and the C allocator are the process's, so only a process serve owns tunes them
+    tune_heap: bool = False
+    limits: Limits = field(default_factory=Limits)
+
+    def to_json(self) -> str:
+        data = {
+            k: getattr(self, k)
+            for k in (
+                "profile",
+                "window",
+                "upstream",
+                "anthropic_upstream",
+                "responses_upstream",
+                "api_key_env",
+                "lock_wait_seconds",
+                "max_inner_rounds",
+                "tune_heap",
+            )
+        }
+        data["limits"] = self.limits.__dict__
+        return orjson.dumps(data).decode()
+
+    @classmethod
+    def from_json(cls, text: str) -> ServeConfig:
+        data = orjson.loads(text)
+        limits = Limits(**data.pop("limits", {}))
+        return cls(**data, limits=limits)
+
+
+def build_kernel(config: ServeConfig) -> Kernel:
+    """The kernel of the configured profile (with the ``--window`` override)."""
+    profile = load_profile(config.profile)
+    if config.window is not None:
+        override_window(profile, config.window)
+    return Kernel(profile)

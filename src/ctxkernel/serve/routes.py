@@ -1,0 +1,409 @@
+"""The HTTP side of ``serve``: one handler per route, answering in each API's own shapes.
+
+A chat request (``/v1/chat/completions``, ``/v1/messages``): parse and check the body (400 in
+the API's error shape, naming the field), find its session key (``identity.py``), take the
+session's turn and open it through the proxy's turn API (``proxy.py``), then call the upstream
+round by round (non-streamed, or streamed straight through to the client) until the proxy says
+the client request is answered. Context decisions are the proxy's (the Session API's); this
+module only speaks HTTP, the wire formats and the upstream.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import AsyncExitStack
+from typing import Any
+
+import anyio
+import orjson
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import Response, StreamingResponse
+
+from ..errors import ModelError
+from ..logging import get_logger
+from . import anthropic_wire, openai_wire, responses_wire
+from .identity import SESSION_HEADER, session_key
+from .proxy import Lease, Overflow, Proxy, StreamedError, Turn, stream_error
+from .upstream import UpstreamError, join_url
+from .wire import MAX_BODY_BYTES, WireError, iter_sse
+from .workers import run_sync
+
+log = get_logger("ctxkernel.serve")
+
+
+class JSONBody(Response):
+    """A JSON response encoded by orjson, straight to bytes (Starlette's ``JSONResponse`` goes
+    through the standard library's encoder and a ``str``)."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+def error_response(wire: Any, error: WireError) -> JSONBody:
+    return JSONBody(
+        wire.error_body(error.message, kind=error.kind, param=error.param, code=error.code), status_code=error.status
+    )
+
+
+#: an upstream error's headers that tell a client whether and when to retry, passed on as they came
+RETRY_HEADERS = ("retry-after", "retry-after-ms", "x-should-retry")
+
+
+def passthrough_error(wire: Any, status: int, body: bytes, headers: Any = None) -> Response:
+    """An upstream error for the client: its status, its body when that is JSON, else our shape;
+    its retry headers (:data:`RETRY_HEADERS`) as they came."""
+    extra = {}
+    for name in RETRY_HEADERS:
+        if headers is not None and name in headers:
+            extra[name] = headers[name][:200]
+    try:
+        orjson.loads(body)
+    except orjson.JSONDecodeError:
+        text = body.decode("utf-8", "replace")[:500] or f"HTTP {status}"
+        return JSONBody(wire.error_body(f"upstream error: {text}", kind="api_error"), status_code=status, headers=extra)
+    return Response(body, status_code=status, media_type="application/json", headers=extra)
+
+
+async def read_body(request: HTTPRequest) -> bytes:
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise WireError(
+            413, f"the request body has {length} bytes; the limit is {MAX_BODY_BYTES}", kind="request_too_large"
+        )
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise WireError(413, f"the request body exceeds {MAX_BODY_BYTES} bytes", kind="request_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class Handler:
+    """The HTTP side: one method per route, each in the API's own shapes."""
+
+    def __init__(self, proxy: Proxy) -> None:
+        self.proxy = proxy
+
+    async def chat_completions(self, request: HTTPRequest) -> Response:
+        return await self._handle(openai_wire, "/v1/chat/completions", request)
+
+    async def messages(self, request: HTTPRequest) -> Response:
+        return await self._handle(anthropic_wire, "/v1/messages", request)
+
+    async def responses(self, request: HTTPRequest) -> Response:
+        return await self._handle(responses_wire, "/v1/responses", request)
+
+    async def count_tokens(self, request: HTTPRequest) -> Response:
+        """``POST /v1/messages/count_tokens``: the tokens serve would send for this request: the
+        session's managed surface (its strategies' header included) plus the messages it has not
+        seen; at most the effective window, which serve never exceeds upstream."""
+        metrics = self.proxy.metrics
+        wire = anthropic_wire
+        try:
+            client = anthropic_wire.parse_request(await read_body(request), self.proxy.memo, count_only=True)
+            key = session_key(request.headers, wire.API, client.system, client.messages)
+            tokens = await run_sync(self.proxy.count_tokens, key, client)
+            response: Response = JSONBody({"input_tokens": tokens})
+        except WireError as error:
+            metrics.child(metrics.errors, "bad_request").inc()
+            response = error_response(wire, error)
+        except Exception as exc:  # reported to the client in its API's shape, and logged
+            log.exception("serve: count_tokens failed", error=f"{type(exc).__name__}: {exc}"[:500])
+            metrics.child(metrics.errors, "internal").inc()
+            response = JSONBody(
+                wire.error_body(f"ctxkernel serve: internal error: {type(exc).__name__}"[:1000], kind="api_error"),
+                status_code=500,
+            )
+        metrics.child(metrics.requests, "/v1/messages/count_tokens", str(response.status_code)).inc()
+        return response
+
+
+    async def _handle(self, wire: Any, route: str, request: HTTPRequest) -> Response:
+        metrics = self.proxy.metrics
+        try:
+            response = await self._serve(wire, request)
+        except WireError as error:
+            metrics.child(metrics.errors, "busy" if error.status == 409 else "bad_request").inc()
+            response = error_response(wire, error)
+        except Exception as exc:  # reported to the client in its API's shape, and logged
+            log.exception("serve: request failed", route=route, error=f"{type(exc).__name__}: {exc}"[:500])
+            metrics.child(metrics.errors, "internal").inc()
+            response = JSONBody(
+                wire.error_body(
+                    f"ctxkernel serve: internal error: {type(exc).__name__}: {exc}"[:1000], kind="api_error"
+                ),
+                status_code=500,
+            )
+        metrics.child(metrics.requests, route, str(response.status_code)).inc()
+        return response
+
+    async def _serve(self, wire: Any, request: HTTPRequest) -> Response:
+        proxy = self.proxy
+        raw = await read_body(request)
+        known_key = None
+        if wire is responses_wire:
+            body = responses_wire.load_body(raw)
+            previous = body.get("previous_response_id")
+            earlier = None
+            if previous is not None:
+                if not isinstance(previous, str):
+                    raise WireError(400, "previous_response_id: expected a string", param="previous_response_id")
+                known_key, earlier = await run_sync(proxy.earlier_items, previous)
+            client = responses_wire.parse_request(
+                body, proxy.memo, earlier=earlier, upstream=proxy.responses_upstream_kind
+            )
+        else:
+            client = wire.parse_request(raw, proxy.memo)
+        client.extra["media"] = proxy.media_bytes
+        if known_key is not None and SESSION_HEADER not in request.headers:
+            key = known_key
+        else:
+            key = session_key(request.headers, wire.API, client.system, client.messages)
+        lease = await proxy.acquire(key)
+        handed_over = False
+        try:
+            turn = await proxy.begin(wire, key, client)
+            if wire is responses_wire:
+                turn.response_id = responses_wire.new_id("resp")
+            if client.stream:
+                response = await self._stream(turn, request, lease)
+                handed_over = isinstance(response, StreamingResponse)
+                return response
+            return await self._complete(turn, request)
+        finally:
+            if not handed_over:
+                await lease.release()
+
+    # -- non-streaming -------------------------------------------------------------------------------------
+    async def _complete(self, turn: Turn, request: HTTPRequest) -> Response:
+        proxy, wire = self.proxy, turn.wire
+        url = proxy.upstream_url(wire)
+        headers = proxy.upstream_headers(wire, request.headers, stream=False)
+        text_parts: list[str] = []
+        blocks: list[dict[str, Any]] = []
+        client_calls: list[dict[str, Any]] = []
+        output: list[dict[str, Any]] = []  # the Responses API's client items
+        created = time.time()
+        while True:
+            try:
+                prepared = await proxy.request_for(turn)
+            except Overflow as over:
+                proxy.metrics.child(proxy.metrics.errors, "window_refused").inc()
+                return JSONBody(wire.overflow_error(over.tokens, over.window), status_code=400)
+            body = wire.upstream_payload(
+                turn.client, prepared, turn.strategy_schemas, stream=False, cache=turn.wire_cache
+            )
+            try:
+                answer = await proxy.upstream.request("POST", url, headers, body)
+            except UpstreamError as exc:
+                await proxy.failed(turn, ModelError(str(exc)))
+                proxy.metrics.child(proxy.metrics.errors, "upstream_unreachable").inc()
+                return JSONBody(wire.error_body(str(exc), kind="api_error"), status_code=exc.status)
+            proxy.metrics.child(proxy.metrics.upstream_latency, wire.API).observe(answer.seconds)
+            if answer.status >= 400:
+                if await proxy.upstream_failed(turn, answer.status, answer.body, url):
+                    continue
+                return passthrough_error(wire, answer.status, answer.body, answer.headers)
+            try:
+                payload = answer.json()
+                if wire is responses_wire:
+                    message, usage, raw = responses_wire.read_reply(payload, turn.client.extra["upstream"])
+                else:
+                    message, usage, raw = wire.read_reply(payload)
+            except ValueError as exc:
+                await proxy.failed(turn, ModelError(f"unreadable upstream reply: {exc}"))
+                proxy.metrics.child(proxy.metrics.errors, "upstream_unreadable").inc()
+                return JSONBody(
+                    wire.error_body(f"the upstream sent an unreadable reply: {exc}"[:1000], kind="api_error"),
+                    status_code=502,
+                )
+            proxy.count_usage(turn, usage)
+            names = turn.strategy_tools
+            if wire is openai_wire:
+                content = raw.get("content")
+                if isinstance(content, str) and content:
+                    text_parts.append(content)
+                client_calls += [c for c in openai_wire.raw_calls(raw) if openai_wire.call_name(c) not in names]
+                view = openai_wire.client_view("\n\n".join(text_parts), client_calls)
+            elif wire is responses_wire:
+                if turn.client.extra["upstream"] == responses_wire.CHAT:
+                    output += responses_wire.chat_output_items(raw, names, turn.client.extra["custom"])
+                else:
+                    output += responses_wire.visible_items(raw.get("output") or [], names)
+                view = responses_wire.client_view(output)
+            else:
+                blocks += anthropic_wire.visible_blocks(raw, names)
+                view = anthropic_wire.client_view(blocks)
+            await proxy.commit(turn, message, usage, view)
+            if turn.done:
+                break
+        proxy.finish(turn)
+        if wire is openai_wire:
+            out = openai_wire.client_reply(payload, "\n\n".join(text_parts), client_calls, turn.usage)
+        elif wire is responses_wire:
+            base = None
+            if turn.client.extra["upstream"] == responses_wire.RESPONSES:
+                base = {k: v for k, v in payload.items() if k not in ("output", "usage", "previous_response_id")}
+            out = responses_wire.response_object(
+                turn.client, output, turn.usage, response_id=turn.response_id, created=created, base=base
+            )
+            await run_sync(proxy.remember_response, turn, output)
+        else:
+            out = anthropic_wire.client_reply(payload, blocks, turn.usage)
+        return JSONBody(
+            out, headers={"x-ctxkernel-session": turn.session.id, "x-ctxkernel-upstream-calls": str(turn.rounds + 1)}
+        )
+
+    # -- streaming ------------------------------------------------------------------------------------------
+    async def _open_round(self, turn: Turn, request: HTTPRequest, stack: AsyncExitStack) -> Any:
+        """Prepare and open one streamed upstream call; returns the stream handle, or
+        ``(status, body, headers)`` describing why there is none."""
+        proxy, wire = self.proxy, turn.wire
+        url = proxy.upstream_url(wire)
+        headers = proxy.upstream_headers(wire, request.headers, stream=True)
+        while True:
+            try:
+                prepared = await proxy.request_for(turn)
+            except Overflow as over:
+                proxy.metrics.child(proxy.metrics.errors, "window_refused").inc()
+                return (400, orjson.dumps(wire.overflow_error(over.tokens, over.window)), None)
+            body = wire.upstream_payload(
+                turn.client, prepared, turn.strategy_schemas, stream=True, cache=turn.wire_cache
+            )
+            try:
+                handle = await stack.enter_async_context(proxy.upstream.stream(url, headers, body))
+            except UpstreamError as exc:
+                await proxy.failed(turn, ModelError(str(exc)))
+                proxy.metrics.child(proxy.metrics.errors, "upstream_unreachable").inc()
+                return (exc.status, orjson.dumps(wire.error_body(str(exc), kind="api_error")), None)
+            if handle.status < 400:
+                return handle
+            status, error_body, error_headers = handle.status, handle.body, handle.headers
+            await stack.aclose()
+            if await proxy.upstream_failed(turn, status, error_body, url):
+                continue
+            return (status, error_body, error_headers)
+
+    async def _stream(self, turn: Turn, request: HTTPRequest, lease: Lease) -> Response:
+        proxy, wire = self.proxy, turn.wire
+        stack = AsyncExitStack()
+        opened = await self._open_round(turn, request, stack)
+        if isinstance(opened, tuple):
+            await stack.aclose()
+            return passthrough_error(wire, *opened)
+        if wire is responses_wire:
+            translator = responses_wire.StreamTranslator(
+                turn.client, turn.strategy_tools, response_id=turn.response_id
+            )
+        else:
+            translator = wire.StreamTranslator(turn.client.include_usage, turn.strategy_tools)
+
+        async def pump() -> Any:
+            handle = opened
+            committed = True
+            try:
+                while True:
+                    translator.strategy_tools = turn.strategy_tools
+                    translator.begin_round()
+                    committed = False
+                    async for event in iter_sse(handle.lines()):
+                        if event.data == "[DONE]":
+                            break
+                        try:
+                            data = orjson.loads(event.data)
+                        except orjson.JSONDecodeError:
+                            raise UpstreamError("the upstream stream sent an event that is not JSON") from None
+                        if not isinstance(data, dict):
+                            continue
+                        error = stream_error(wire, translator, data)
+                        if error is not None:
+                            raise StreamedError(error)
+                        chunks = (
+                            translator.feed(data) if wire is openai_wire else translator.feed_event(event.event, data)
+                        )
+                        for chunk in chunks:
+                            yield chunk
+                    if not translator.round_complete:  # a cut connection is not a reply
+                        raise UpstreamError("the upstream stream ended before the reply was complete")
+                    proxy.metrics.child(proxy.metrics.upstream_latency, wire.API).observe(handle.seconds)
+                    await stack.aclose()
+                    out, message, usage, _ = translator.end_round()
+                    for chunk in out:
+                        yield chunk
+                    proxy.count_usage(turn, usage)
+                    await proxy.commit(turn, message, usage, translator.client_view)
+                    committed = True
+                    if turn.done:
+                        break
+                    opened_next = await self._open_round(turn, request, stack)
+                    if isinstance(opened_next, tuple):
+                        status, body, _ = opened_next
+                        for chunk in translator.error_event(
+                            f"upstream error (HTTP {status}): {body.decode('utf-8', 'replace')[:500]}"
+                        ):
+                            yield chunk
+                        return
+                    handle = opened_next
+                if wire is responses_wire:
+                    await run_sync(proxy.remember_response, turn, translator.output)
+                for chunk in translator.finish_stream():
+                    yield chunk
+                proxy.finish(turn)
+            except UpstreamError as exc:
+                proxy.metrics.child(proxy.metrics.errors, "upstream_stream").inc()
+                if not committed:
+                    with anyio.CancelScope(shield=True):
+                        await proxy.failed(turn, ModelError(str(exc)))
+                    committed = True
+                # an error the upstream reported keeps its type (an overloaded_error stays one)
+                chunks = (
+                    translator.passthrough_error(exc.error)
+                    if isinstance(exc, StreamedError)
+                    else translator.error_event(str(exc))
+                )
+                for chunk in chunks:
+                    yield chunk
+            finally:
+                # a client that went away mid-stream: the uncommitted reply is dropped and its
+                # step closed, so the log holds no half reply and no split pair
+                with anyio.CancelScope(shield=True):
+                    if not committed:
+                        proxy.metrics.child(proxy.metrics.errors, "client_disconnected").inc()
+                        await proxy.abandon(turn)
+                    await stack.aclose()
+                    await lease.release()
+
+        return StreamingResponse(
+            pump(),
+            media_type="text/event-stream",
+            headers={"cache-control": "no-cache", "x-ctxkernel-session": turn.session.id},
+        )
+
+    # -- the rest ---------------------------------------------------------------------------------------------
+    async def models(self, request: HTTPRequest) -> Response:
+        proxy = self.proxy
+        anthropic = "x-api-key" in request.headers or "anthropic-version" in request.headers
+        wire = anthropic_wire if anthropic else openai_wire
+        base = proxy.anthropic_base if anthropic else proxy.openai_base
+        url = join_url(base, "/v1/models" if anthropic else "/models")
+        headers = proxy.upstream_headers(wire, request.headers, stream=False)
+        headers.pop("content-type", None)
+        try:
+            answer = await proxy.upstream.request("GET", url, headers)
+        except UpstreamError as exc:
+            response: Response = JSONBody(wire.error_body(str(exc), kind="api_error"), status_code=exc.status)
+        else:
+            response = Response(answer.body, status_code=answer.status, media_type="application/json")
+        proxy.metrics.child(proxy.metrics.requests, "/v1/models", str(response.status_code)).inc()
+        return response
+
+    async def healthz(self, request: HTTPRequest) -> Response:
+        kernel = self.proxy.kernel
+        return JSONBody({"status": "ok", "profile": kernel.profile.name, "store": kernel.store.backend})
+
+    async def metrics(self, request: HTTPRequest) -> Response:
+        body, content_type = self.proxy.metrics.render()
+        return Response(body, media_type=content_type)
