@@ -10,7 +10,7 @@ consecutive same-role messages are merged.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
@@ -22,6 +22,7 @@ from .messages import (
     MediaBlock,
     Message,
     OpaqueBlock,
+    Part,
     ReasoningBlock,
     Source,
     TextBlock,
@@ -190,10 +191,10 @@ def _name(raw: dict[str, Any], where: str) -> str | None:
     return name
 
 
-def _join_texts(blocks: list[Any]) -> tuple[Any, ...]:
+def _join_texts(blocks: Iterable[Part]) -> tuple[Part, ...]:
     """Adjacent text blocks joined by newlines (a text-only content is one text block, as the
     kernel has always held it)."""
-    out: list[Any] = []
+    out: list[Part] = []
     for block in blocks:
         if isinstance(block, TextBlock) and out and isinstance(out[-1], TextBlock):
             out[-1] = TextBlock(out[-1].text + "\n" + block.text)
@@ -202,7 +203,7 @@ def _join_texts(blocks: list[Any]) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def openai_part(part: Any, where: str, *, api: str = "openai") -> Any:
+def openai_part(part: Any, where: str, *, api: str = "openai") -> Part:
     """One chat-completions content part as a kernel block: text, a medium (``image_url``,
     ``input_audio``, ``file``), or an opaque part kept as it came."""
     if isinstance(part, str):
@@ -225,7 +226,7 @@ def openai_part(part: Any, where: str, *, api: str = "openai") -> Any:
     return OpaqueBlock(api, part)
 
 
-def _openai_content(content: Any, where: str) -> tuple[Any, ...]:
+def _openai_content(content: Any, where: str) -> tuple[Part, ...]:
     if content is None:
         return ()
     if isinstance(content, str):
@@ -236,11 +237,11 @@ def _openai_content(content: Any, where: str) -> tuple[Any, ...]:
     return _join_texts([openai_part(part, f"{where}: content[{i}]") for i, part in enumerate(content)])
 
 
-def result_parts(blocks: Any) -> tuple[str, tuple[Any, ...] | None]:
+def result_parts(blocks: Iterable[Part]) -> tuple[str, tuple[Part, ...] | None]:
     """A tool result sent as an array: its text and its parts, in order, as they came."""
-    blocks = tuple(blocks)
-    text = "\n".join(b.text for b in blocks if isinstance(b, TextBlock))
-    return text, (blocks or None)
+    parts = tuple(blocks)
+    text = "\n".join(b.text for b in parts if isinstance(b, TextBlock))
+    return text, (parts or None)
 
 
 def from_openai_message(raw: dict[str, Any], *, where: str = "message") -> Message | None:
@@ -280,12 +281,12 @@ def from_openai_message(raw: dict[str, Any], *, where: str = "message") -> Messa
             msg = f"{where}: a tool message needs a string 'tool_call_id'"
             raise EventError(msg)
         name = _string(raw, "name", where, optional=True)
-        content = raw.get("content")
-        if isinstance(content, list):
-            text, parts = result_parts(openai_part(part, f"{where}: content[{i}]") for i, part in enumerate(content))
+        result = raw.get("content")
+        if isinstance(result, list):
+            text, parts = result_parts(openai_part(part, f"{where}: content[{i}]") for i, part in enumerate(result))
             block = ToolResultBlock(call_id, text, False, name, parts)
             return Message("tool", (block,), Source(kind="tool", call_id=call_id))
-        return Message.tool(call_id, _content_text(content, where), name=name)
+        return Message.tool(call_id, _content_text(result, where), name=name)
     msg = f"{where}: unknown role {role!r}; accepted: system, developer, user, assistant, tool"
     raise EventError(msg)
 
@@ -405,7 +406,7 @@ def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
     return content
 
 
-def anthropic_block(block: dict[str, Any], where: str) -> Any:
+def anthropic_block(block: dict[str, Any], where: str) -> Part:
     """One Anthropic user-side content block (not a tool result) as a kernel block: text, a
     medium (``image``, ``document``), or an opaque block kept as it came."""
     kind = block["type"]

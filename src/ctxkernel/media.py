@@ -73,14 +73,11 @@ def image_size(data: bytes) -> tuple[int, int] | None:
 def anthropic_image_tokens(size: tuple[int, int] | None) -> int:
     if size is None:
         return ANTHROPIC_IMAGE_MAX
-    width, height = size
-    scale = min(1.0, ANTHROPIC_LONG_EDGE / max(width, height))
-    width, height = width * scale, height * scale
-    limit = ANTHROPIC_IMAGE_MAX * ANTHROPIC_PIXELS_PER_TOKEN
-    if width * height > limit:
-        shrink = math.sqrt(limit / (width * height))
-        width, height = width * shrink, height * shrink
-    return min(ANTHROPIC_IMAGE_MAX, max(1, math.ceil(width * height / ANTHROPIC_PIXELS_PER_TOKEN)))
+    scale = min(1.0, ANTHROPIC_LONG_EDGE / max(size))
+    pixels = size[0] * scale * size[1] * scale
+    # still over the token cap: scaled down further, keeping the aspect ratio
+    pixels = min(pixels, ANTHROPIC_IMAGE_MAX * ANTHROPIC_PIXELS_PER_TOKEN)
+    return min(ANTHROPIC_IMAGE_MAX, max(1, math.ceil(pixels / ANTHROPIC_PIXELS_PER_TOKEN)))
 
 
 def openai_image_tokens(size: tuple[int, int] | None, detail: str | None) -> int:

@@ -74,6 +74,10 @@ class OpaqueBlock:
     type: Literal["opaque"] = "opaque"
 
 
+#: a block a tool result's content array may hold (:attr:`ToolResultBlock.parts`)
+Part = TextBlock | MediaBlock | OpaqueBlock
+
+
 @dataclass(frozen=True, slots=True)
 class ToolResultBlock:
     """A tool's result. ``content`` is its text (what strategies read, excerpt and replace);
@@ -86,10 +90,10 @@ class ToolResultBlock:
     content: str
     is_error: bool = False
     name: str | None = None
-    parts: tuple[TextBlock | MediaBlock | OpaqueBlock, ...] | None = None
+    parts: tuple[Part, ...] | None = None
     type: Literal["tool_result"] = "tool_result"
 
-    def kept_parts(self) -> tuple[TextBlock | MediaBlock | OpaqueBlock, ...] | None:
+    def kept_parts(self) -> tuple[Part, ...] | None:
         """``parts`` when their text joined by newlines is ``content``, else None."""
         parts = self.parts
         if not parts:
@@ -223,7 +227,7 @@ class Message:
 
     # -- serialisation ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        out = {
+        out: dict[str, Any] = {
             "role": self.role,
             "content": [_block_to_dict(b) for b in self.content],
             "source": self.source.to_dict(),
@@ -338,12 +342,14 @@ def _check_block(block: Block) -> Block:
             msg = f"opaque block: api must be one of {sorted(WIRE_APIS)}, got {block.api!r:.60}"
             raise EventError(msg)
     elif isinstance(block, ToolResultBlock) and isinstance(block.parts, list):
-        parts = tuple(_block_from_dict(p) for p in block.parts)
-        for part in parts:
-            if part.type not in PART_BLOCKS:
+        parts: list[Part] = []
+        for raw in block.parts:
+            part = _block_from_dict(raw)
+            if not isinstance(part, TextBlock | MediaBlock | OpaqueBlock):
                 msg = f"tool_result parts hold only {sorted(PART_BLOCKS)} blocks, got {part.type!r}"
                 raise EventError(msg)
-        return ToolResultBlock(block.call_id, block.content, block.is_error, block.name, parts or None)  # type: ignore[arg-type]
+            parts.append(part)
+        return ToolResultBlock(block.call_id, block.content, block.is_error, block.name, tuple(parts) or None)
     return block
 
 

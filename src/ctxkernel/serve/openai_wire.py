@@ -305,6 +305,11 @@ class StreamTranslator:
             chunk["system_fingerprint"] = self.fingerprint
         return sse(chunk)
 
+    def feed_event(self, event: str | None, data: dict[str, Any]) -> list[bytes]:
+        """:meth:`feed` (a Chat Completions stream names no events)."""
+        del event
+        return self.feed(data)
+
     def feed(self, data: dict[str, Any]) -> list[bytes]:
         """One upstream chunk in; the bytes to send to the client out."""
         out: list[bytes] = []

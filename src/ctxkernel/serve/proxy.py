@@ -340,7 +340,6 @@ class Proxy:
     def responses_upstream_kind(self) -> str:
         return responses_wire.RESPONSES if self.responses_base else responses_wire.CHAT
 
-
     def upstream_headers(self, wire: Any, headers: Any, *, stream: bool) -> dict[str, str]:
         out = {"content-type": "application/json", "accept": "text/event-stream" if stream else "application/json"}
         for name in wire.FORWARD_HEADERS:

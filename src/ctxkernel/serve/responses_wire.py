@@ -26,6 +26,7 @@ Error shape (what the ``openai`` SDK reads)::
 
 from __future__ import annotations
 
+import functools
 import re
 import secrets
 import time
@@ -191,10 +192,10 @@ def assistant_message(items: Sequence[dict[str, Any]], where: str) -> Message:
                 raise EventError(f"{at}: a function_call needs a string 'call_id' and 'name'")
             blocks.append(ToolCallBlock(call_id, name, _parse_arguments(item.get("arguments"), at)))
         elif kind == "custom_tool_call":
-            call_id, name, text = item.get("call_id"), item.get("name"), item.get("input")
-            if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(text, str):
+            call_id, name, free_text = item.get("call_id"), item.get("name"), item.get("input")
+            if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(free_text, str):
                 raise EventError(f"{at}: a custom_tool_call needs a string 'call_id', 'name' and 'input'")
-            blocks.append(ToolCallBlock(call_id, name, {"input": text}))
+            blocks.append(ToolCallBlock(call_id, name, {"input": free_text}))
         else:  # reasoning (encrypted content kept), server tools' calls: sent back as they came
             blocks.append(OpaqueBlock(API, item))
     return Message("assistant", _joined(blocks), Source(kind="model"))
@@ -233,6 +234,14 @@ def user_side(item: Any, where: str) -> tuple[list[Message], str | None]:
     return [Message("user", (OpaqueBlock(API, item, whole=True),))], None
 
 
+def _assistant_run(run: list[Any], where: str) -> list[Message]:
+    return [assistant_message(run, where)]
+
+
+def _user_messages(item: Any, where: str) -> list[Message]:
+    return user_side(item, where)[0]
+
+
 def convert_input(items: list[Any], memo: MessageMemo) -> tuple[list[Message], list[str], list[str]]:
     """``input`` items as kernel messages, their hashes, and the system texts found among them.
     Each user-side item and each run of output items is converted once (``memo``)."""
@@ -247,7 +256,7 @@ def convert_input(items: list[Any], memo: MessageMemo) -> tuple[list[Message], l
                 j += 1
             run, where = items[i:j], f"input[{i}]"
             found, digests = memo.convert(
-                run, lambda r, where=where: [assistant_message(r, where)], message_hash, api=b"responses"
+                run, functools.partial(_assistant_run, where=where), message_hash, api=b"responses"
             )
             messages += found
             hashes += digests
@@ -263,7 +272,7 @@ def convert_input(items: list[Any], memo: MessageMemo) -> tuple[list[Message], l
             system.append(_text_of(item.get("content"), where))
         else:
             found, digests = memo.convert(
-                item, lambda it, where=where: user_side(it, where)[0], message_hash, api=b"responses"
+                item, functools.partial(_user_messages, where=where), message_hash, api=b"responses"
             )
             messages += found
             hashes += digests
@@ -407,10 +416,10 @@ def chat_message(message: Message, media: MediaBytes = held_bytes) -> dict[str, 
     """One surface message as a Chat Completions message (None: nothing a Chat upstream reads)."""
     if message.role == "user":
         if any(not isinstance(b, TextBlock) for b in message.content):
-            parts = [p for p in (chat_part(b, media) for b in message.content) if p is not None]
-            if not parts:
+            content = [p for p in (chat_part(b, media) for b in message.content) if p is not None]
+            if not content:
                 return None
-            return {"role": "user", "content": parts}
+            return {"role": "user", "content": content}
         return to_openai_message(message)
     if message.role == "tool":
         result = message.content[0]
@@ -611,17 +620,22 @@ def chat_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     if "input_tokens" in usage:
         return usage
-    prompt = usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else 0
-    completion = usage.get("completion_tokens") if isinstance(usage.get("completion_tokens"), int) else 0
-    cached = obj(usage.get("prompt_tokens_details")).get("cached_tokens")
-    reasoning = obj(usage.get("completion_tokens_details")).get("reasoning_tokens")
+    prompt = _count(usage.get("prompt_tokens"))
+    completion = _count(usage.get("completion_tokens"))
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": cached if isinstance(cached, int) else 0},
+        "input_tokens_details": {"cached_tokens": _count(obj(usage.get("prompt_tokens_details")).get("cached_tokens"))},
         "output_tokens": completion,
-        "output_tokens_details": {"reasoning_tokens": reasoning if isinstance(reasoning, int) else 0},
+        "output_tokens_details": {
+            "reasoning_tokens": _count(obj(usage.get("completion_tokens_details")).get("reasoning_tokens"))
+        },
         "total_tokens": prompt + completion,
     }
+
+
+def _count(value: Any) -> int:
+    """A usage count as the upstream gave it, or 0 when it gave none (or not a number)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def output_text_item(text: str, item_id: str | None = None, status: str = "completed") -> dict[str, Any]:
@@ -671,10 +685,16 @@ def chat_output_items(raw: dict[str, Any], strategy_tools: set[str], custom: set
         name = openai_wire.call_name(call)
         if name in strategy_tools:
             continue
-        fn = obj(call.get("function"))
-        arguments = fn.get("arguments") if isinstance(fn.get("arguments"), str) else ""
-        call_id = call.get("id") if isinstance(call.get("id"), str) else new_id("call")
-        items.append(function_item(call_id, name, arguments, custom))
+        arguments = obj(call.get("function")).get("arguments")
+        call_id = call.get("id")
+        items.append(
+            function_item(
+                call_id if isinstance(call_id, str) else new_id("call"),
+                name,
+                arguments if isinstance(arguments, str) else "",
+                custom,
+            )
+        )
     return items
 
 
@@ -906,7 +926,8 @@ class StreamTranslator:
             self.model = data["model"]
         if isinstance(data.get("usage"), dict):
             self.round_usage = data["usage"]
-        for choice in data.get("choices") if isinstance(data.get("choices"), list) else []:
+        choices = data.get("choices")
+        for choice in choices if isinstance(choices, list) else []:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
             delta = obj(choice.get("delta"))
@@ -938,7 +959,8 @@ class StreamTranslator:
                         },
                     )
                 )
-            for tc in delta.get("tool_calls") if isinstance(delta.get("tool_calls"), list) else []:
+            tool_calls = delta.get("tool_calls")
+            for tc in tool_calls if isinstance(tool_calls, list) else []:
                 out += self._tool_delta(tc)
             if isinstance(choice.get("finish_reason"), str):
                 self.round_done = True

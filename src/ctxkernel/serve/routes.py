@@ -25,7 +25,7 @@ from . import anthropic_wire, openai_wire, responses_wire
 from .identity import SESSION_HEADER, session_key
 from .proxy import Lease, Overflow, Proxy, StreamedError, Turn, stream_error
 from .upstream import UpstreamError, join_url
-from .wire import MAX_BODY_BYTES, WireError, iter_sse
+from .wire import MAX_BODY_BYTES, Translator, WireError, iter_sse
 from .workers import run_sync
 
 log = get_logger("ctxkernel.serve")
@@ -119,7 +119,6 @@ class Handler:
             )
         metrics.child(metrics.requests, "/v1/messages/count_tokens", str(response.status_code)).inc()
         return response
-
 
     async def _handle(self, wire: Any, route: str, request: HTTPRequest) -> Response:
         metrics = self.proxy.metrics
@@ -294,8 +293,10 @@ class Handler:
         if isinstance(opened, tuple):
             await stack.aclose()
             return passthrough_error(wire, *opened)
+        translator: Translator
+        responses: responses_wire.StreamTranslator | None = None
         if wire is responses_wire:
-            translator = responses_wire.StreamTranslator(
+            translator = responses = responses_wire.StreamTranslator(
                 turn.client, turn.strategy_tools, response_id=turn.response_id
             )
         else:
@@ -321,10 +322,7 @@ class Handler:
                         error = stream_error(wire, translator, data)
                         if error is not None:
                             raise StreamedError(error)
-                        chunks = (
-                            translator.feed(data) if wire is openai_wire else translator.feed_event(event.event, data)
-                        )
-                        for chunk in chunks:
+                        for chunk in translator.feed_event(event.event, data):
                             yield chunk
                     if not translator.round_complete:  # a cut connection is not a reply
                         raise UpstreamError("the upstream stream ended before the reply was complete")
@@ -347,8 +345,8 @@ class Handler:
                             yield chunk
                         return
                     handle = opened_next
-                if wire is responses_wire:
-                    await run_sync(proxy.remember_response, turn, translator.output)
+                if responses is not None:
+                    await run_sync(proxy.remember_response, turn, responses.output)
                 for chunk in translator.finish_stream():
                     yield chunk
                 proxy.finish(turn)
