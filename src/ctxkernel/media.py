@@ -11,14 +11,15 @@ comes in, by the rules the provider documents:
   detail is scaled to fit 2048 × 2048, then its shortest side to 768 px (never up), and costs 85
   plus 170 per 512 px tile.
 - **PDF documents** (both providers read every page as text and as an image): 3,000 tokens per
-  page, the top of the range Anthropic documents; the pages are counted with ``pypdf``.
+  page, the top of the range Anthropic documents (a page of text measures about 2,300); the pages
+  are counted with ``pypdf``.
 - **Text documents and anything else**: one token per byte of its content, which no byte-level
   tokenizer exceeds.
 
-An image whose size cannot be read (no Pillow, a damaged file, an image given by URL) costs the
-most any image of that provider can; a PDF whose pages cannot be counted costs one token per byte.
-Every figure is an upper bound of what the provider bills or equal to it, so the effective window
-holds with media too.
+Pillow and pypdf come with the ``serve`` extra (and the ``media`` one). Without them, or for a
+file they cannot read (damaged, hostile, an image given by URL), an image costs the most any image
+of that provider can and a PDF one token per byte: never less than the rules above, so the
+effective window holds with media too (a large PDF may then not fit at all).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ OPENAI_TILE = 512
 OPENAI_IMAGE_MAX = OPENAI_LOW_DETAIL + OPENAI_TILE_TOKENS * 8
 #: tokens a PDF page costs at most (its text and its page image)
 PDF_PAGE_TOKENS = 3000
-#: a PDF with more pages than this is not opened to count them (the per-byte bound applies)
+#: a PDF said to have more pages than this is counted by its bytes
 PDF_MAX_PAGES = 10_000
 #: the blob table's folder for media
 BLOB_PREFIX = "media"
@@ -120,7 +121,7 @@ def media_tokens(api: str, kind: str, data: bytes | None, media_type: str | None
     if media_type == "application/pdf" or data.startswith(b"%PDF"):
         pages = pdf_pages(data)
         if pages is not None:
-            return min(pages * PDF_PAGE_TOKENS, len(data))
+            return pages * PDF_PAGE_TOKENS
     return len(data)
 
 
