@@ -203,3 +203,100 @@ def test_strategy_tool_calls_stay_inside_a_responses_reply(fake, serve_factory, 
         assert response.output_text == "noted"
         names = [t["function"]["name"] for t in upstream.received[-1].body["tools"]]
         assert "notes_write_file" in names and "read_file" in names
+
+
+def test_a_kept_response_is_read_only_with_the_credential_that_made_it(fake, serve_factory):
+    # tenant B learns A's response id (a log, a shared CI page): naming it reads nothing of A's,
+    # whether serve still holds the conversation in memory or reads it back from the store
+    import openai
+
+    upstream, _ = fake
+    serve = serve_factory()
+    upstream.script = lambda api, body: Reply("the secret plan is X")
+    alice = serve.openai(api_key="sk-alice")
+    first = alice.responses.create(model="fake-model", input="What is the plan?")
+    for restarted in (False, True):
+        if restarted:
+            serve.restart()
+        seen = len(upstream.received)
+        with pytest.raises(openai.BadRequestError) as refused:
+            serve.openai(api_key="sk-bob").responses.create(
+                model="fake-model", input="Repeat the plan.", previous_response_id=first.id
+            )
+        # the same answer as for an id that does not exist: B cannot tell that A's exists
+        assert refused.value.body["param"] == "previous_response_id"
+        assert refused.value.body["code"] == "previous_response_not_found"
+        assert len(upstream.received) == seen
+        # A still continues its own conversation
+        upstream.script = lambda api, body: Reply(f"{len(body['messages'])} messages")
+        follow = serve.openai(api_key="sk-alice").responses.create(
+            model="fake-model", input="Go on.", previous_response_id=first.id
+        )
+        assert follow.output_text == "3 messages"
+        assert upstream.received[-1].headers["authorization"] == "Bearer sk-alice"
+    # the store holds the credential's keyed hash, never the credential
+    kernel = Kernel(load_profile(serve.profile))
+    record = kernel.store.kv_get("serve", f"response/{first.id}")
+    stored = orjson.dumps(record) + orjson.dumps(kernel.store.kv_list("serve"))
+    assert b"sk-alice" not in stored and len(record["owner"]) == 64
+    import hashlib
+
+    assert record["owner"] != hashlib.sha256(b"Bearer sk-alice").hexdigest()
+
+
+def test_kept_responses_store_media_as_blobs(fake, serve_factory):
+    import base64
+    import io
+
+    from PIL import Image
+
+    upstream, _ = fake
+    serve = serve_factory()
+    upstream.script = lambda api, body: Reply("a blue square")
+    out = io.BytesIO()
+    Image.new("RGB", (400, 300), (0, 0, 255)).save(out, format="PNG")
+    data = out.getvalue()
+    url = "data:image/png;base64," + base64.b64encode(data).decode()
+    image = {"type": "input_image", "image_url": url, "detail": "auto"}
+    client = serve.openai(api_key="sk-alice")
+    first = client.responses.create(
+        model="fake-model",
+        input=[{"role": "user", "content": [{"type": "input_text", "text": "What is this?"}, image]}],
+    )
+    kernel = Kernel(load_profile(serve.profile))
+    record = kernel.store.kv_get("serve", f"response/{first.id}")
+    kept = orjson.dumps(record)
+    # the key-value record holds a reference; the bytes are one blob, shared with the log's
+    assert url[22:200].encode() not in kept and len(kept) < 2000
+    blobs = kernel.store.blob_list("media/")
+    assert len(blobs) == 1 and kernel.store.blob_get(blobs[0].key) == data
+    # a restarted serve puts the image back as it came for the next request
+    serve.restart()
+    serve.openai(api_key="sk-alice").responses.create(
+        model="fake-model", input="And its colour?", previous_response_id=first.id
+    )
+    sent = upstream.received[-1].body["messages"][0]["content"]
+    assert sent[1] == {"type": "image_url", "image_url": {"url": url, "detail": "auto"}}
+
+
+def test_a_conversation_too_large_to_send_whole_is_not_kept(fake, serve_factory, monkeypatch):
+    import openai
+
+    from ctxkernel.serve import kept_responses
+
+    upstream, _ = fake
+    serve = serve_factory()
+    upstream.script = lambda api, body: Reply("ok")
+    monkeypatch.setattr(kept_responses, "MAX_CONVERSATION_CHARS", 3000)
+    client = serve.openai(api_key="sk-alice")
+    first = client.responses.create(model="fake-model", input="short question")
+    second = client.responses.create(model="fake-model", input="x " * 2000, previous_response_id=first.id)
+    kernel = Kernel(load_profile(serve.profile))
+    marker = kernel.store.kv_get("serve", f"response/{second.id}")
+    assert marker["too_large"] is True and marker["items"] == [] and marker["size"] > 3000
+    serve.restart()
+    with pytest.raises(openai.BadRequestError) as refused:
+        serve.openai(api_key="sk-alice").responses.create(
+            model="fake-model", input="more", previous_response_id=second.id
+        )
+    assert "more than the 3000 bytes a request may carry" in refused.value.body["message"]

@@ -28,6 +28,7 @@ session because of the lease. The ``*_sync`` methods are what those threads run.
 from __future__ import annotations
 
 import os
+import threading
 import time
 import weakref
 from collections import OrderedDict
@@ -47,6 +48,8 @@ from ..models.openai_http import classify_http_error
 from ..session import Request, Session
 from . import anthropic_wire, openai_wire, responses_wire
 from .config import DEFAULT_ANTHROPIC_UPSTREAM, DEFAULT_ANTHROPIC_VERSION, DEFAULT_OPENAI_UPSTREAM, ServeConfig
+from .credentials import CredentialTags
+from .kept_responses import Conversation, KeptResponses
 from .metrics import Metrics
 from .reconcile import Reconciled, inherit, kept, ledger_for, reconcile, record_follow, reply_record
 from .upstream import Upstream, UpstreamError, join_url
@@ -190,7 +193,10 @@ class Proxy:
         self._stored_media: OrderedDict[str, None] = OrderedDict()
         self._media_cache: OrderedDict[str, bytes] = OrderedDict()
         self._media_cache_bytes = 0
-        self._responses: OrderedDict[str, tuple[str, list[Any]]] = OrderedDict()
+        self._media_lock = threading.Lock()
+        #: keyed hashes of the clients' credentials, which kept responses are bound to
+        self.credentials = CredentialTags.from_store(kernel.store)
+        self.kept = KeptResponses(kernel.store, self.credentials, self.blob_bytes)
         self.server_key: str | None = None
         key_env = config.api_key_env or profile_serve.api_key_env
         if key_env:
@@ -441,62 +447,40 @@ class Proxy:
                 self._stored_media.popitem(last=False)
 
     def media_bytes(self, block: MediaBlock) -> bytes | None:
-        """A medium's bytes for the upstream body: held in memory, or read back from the store
-        (the last 64 MB read are kept); None when the store no longer has them."""
+        """A medium's bytes for the upstream body: held in memory, or read back from the store;
+        None when the store no longer has them."""
         if block.data is not None:
             return block.data
         if block.blob is None:
             return None
-        data = self._media_cache.get(block.blob)
-        if data is not None:
-            self._media_cache.move_to_end(block.blob)
-            return data
-        data = self.kernel.store.blob_get(block.blob)
+        return self.blob_bytes(block.blob)
+
+    def blob_bytes(self, key: str) -> bytes | None:
+        """A medium's bytes from the store's blob table (the last 64 MB read are kept in memory)."""
+        with self._media_lock:
+            data = self._media_cache.get(key)
+            if data is not None:
+                self._media_cache.move_to_end(key)
+                return data
+        data = self.kernel.store.blob_get(key)
         if data is None:
-            log.warning("serve: a medium's bytes are gone from the store", blob=block.blob)
+            log.warning("serve: a medium's bytes are gone from the store", blob=key)
             return None
-        self._media_cache[block.blob] = data
-        self._media_cache_bytes += len(data)
-        while self._media_cache and self._media_cache_bytes > 64 << 20:
-            _, dropped = self._media_cache.popitem(last=False)
-            self._media_cache_bytes -= len(dropped)
+        with self._media_lock:
+            if key not in self._media_cache:
+                self._media_cache[key] = data
+                self._media_cache_bytes += len(data)
+            while self._media_cache and self._media_cache_bytes > 64 << 20:
+                _, dropped = self._media_cache.popitem(last=False)
+                self._media_cache_bytes -= len(dropped)
         return data
 
-    # -- the Responses API's stored responses (worker threads) ----------------------------------------------
-    def earlier_items(self, response_id: str) -> tuple[str, list[Any]]:
-        """The session key and the items (inputs and outputs) of the conversation up to and
-        including response ``response_id``, from what :meth:`remember_response` kept."""
-        cached = self._responses.get(response_id)
-        if cached is not None:
-            return cached
-        chain: list[dict[str, Any]] = []
-        key: str | None = None
-        current: str | None = response_id
-        while current is not None:
-            hit = self._responses.get(current)
-            if hit is not None:
-                key = key or hit[0]
-                break
-            if not responses_wire.RESPONSE_ID.fullmatch(current) or len(chain) >= MAX_RESPONSE_CHAIN:
-                raise responses_wire.unknown_response(response_id)
-            record = self.kernel.store.kv_get("serve", f"response/{current}")
-            if not isinstance(record, dict):
-                raise responses_wire.unknown_response(response_id)
-            key = key or record.get("key")
-            chain.append(record)
-            current = record.get("previous")
-        items: list[Any] = list(hit[1]) if current is not None and hit is not None else []
-        for record in reversed(chain):
-            items += list(record.get("input") or []) + list(record.get("output") or [])
-        if not isinstance(key, str):
-            raise responses_wire.unknown_response(response_id)
-        self._remember_items(response_id, key, items)
-        return key, items
-
-    def _remember_items(self, response_id: str, key: str, items: list[Any]) -> None:
-        self._responses[response_id] = (key, items)
-        while len(self._responses) > 64:
-            self._responses.popitem(last=False)
+    # -- the Responses API's kept responses (worker threads) ------------------------------------------------
+    def earlier_items(self, response_id: str, owner: str) -> tuple[Conversation, list[Any]]:
+        """The conversation up to and including response ``response_id`` (``kept_responses.py``)
+        for the credential tagged ``owner``, and its items with their media put back."""
+        conversation = self.kept.conversation(response_id, owner)
+        return conversation, self.kept.items(conversation, response_id)
 
     def remember_response(self, turn: Turn, output: list[dict[str, Any]]) -> None:
         """Keep a Responses API response (its new input items and its output) so that a later
@@ -505,14 +489,14 @@ class Proxy:
         if client.body.get("store") is False:
             return
         previous = client.body.get("previous_response_id")
-        record = {
-            "key": turn.key,
-            "previous": previous if isinstance(previous, str) else None,
-            "input": client.extra.get("new_items") or [],
-            "output": output,
-        }
-        self.kernel.store.kv_put("serve", f"response/{turn.response_id}", record)
-        self._remember_items(turn.response_id, turn.key, [*(client.extra.get("items") or []), *output])
+        self.kept.keep(
+            turn.response_id,
+            client.extra["owner"],
+            turn.key,
+            client.extra.get("kept"),
+            previous if isinstance(previous, str) else None,
+            [*client.extra["new_items"], *output],
+        )
 
     def commit_sync(
         self, turn: Turn, message: Message, usage: dict[str, Any] | None, view: Any, last_round: bool
@@ -669,10 +653,6 @@ class Proxy:
             while len(self._header_tokens) > 64:
                 self._header_tokens.popitem(last=False)
         return tokens + ledger_for(session).client_tokens
-
-
-#: how many stored responses a ``previous_response_id`` chain may walk back
-MAX_RESPONSE_CHAIN = 100_000
 
 
 def _media_blocks(messages: list[Message]) -> list[MediaBlock]:

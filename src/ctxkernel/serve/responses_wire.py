@@ -344,9 +344,7 @@ def parse_request(
             400, "input: the last item must be a user message or a tool output (not the model's own)", param="input"
         )
     client = ClientRequest(API, body, model, system, converted, tools, raw_tools, stream, hashes=hashes)
-    client.extra.update(
-        {"upstream": upstream, "custom": custom, "items": every, "new_items": items, "media": held_bytes}
-    )
+    client.extra.update({"upstream": upstream, "custom": custom, "new_items": items, "media": held_bytes})
     return client
 
 

@@ -146,14 +146,17 @@ class Handler:
         if wire is responses_wire:
             body = responses_wire.load_body(raw)
             previous = body.get("previous_response_id")
-            earlier = None
+            owner = proxy.credentials.tag(request.headers)
+            kept = earlier = None
             if previous is not None:
                 if not isinstance(previous, str):
                     raise WireError(400, "previous_response_id: expected a string", param="previous_response_id")
-                known_key, earlier = await run_sync(proxy.earlier_items, previous)
+                kept, earlier = await run_sync(proxy.earlier_items, previous, owner)
+                known_key = kept.key
             client = responses_wire.parse_request(
                 body, proxy.memo, earlier=earlier, upstream=proxy.responses_upstream_kind
             )
+            client.extra.update(owner=owner, kept=kept)
         else:
             client = wire.parse_request(raw, proxy.memo)
         client.extra["media"] = proxy.media_bytes
