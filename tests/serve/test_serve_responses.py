@@ -300,3 +300,32 @@ def test_a_conversation_too_large_to_send_whole_is_not_kept(fake, serve_factory,
             model="fake-model", input="more", previous_response_id=second.id
         )
     assert "more than the 3000 bytes a request may carry" in refused.value.body["message"]
+
+
+def test_a_tool_output_image_reaches_a_chat_upstream(fake, serve_factory):
+    # a Chat tool message holds text only: the screenshot a tool answered with follows the run of
+    # tool messages as a user message, instead of being left out
+    import base64
+
+    upstream, _ = fake
+    serve = serve_factory()
+    upstream.script = lambda api, body: Reply("I see the screenshot")
+    url = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n not really a png").decode()
+    calls = [
+        {"type": "function_call", "call_id": f"c{i}", "name": "read_file", "arguments": '{"path": "a"}'} for i in (1, 2)
+    ]
+    items = [
+        {"role": "user", "content": "Take two screenshots."},
+        *calls,
+        {
+            "type": "function_call_output",
+            "call_id": "c1",
+            "output": [{"type": "input_text", "text": "shot one"}, {"type": "input_image", "image_url": url}],
+        },
+        {"type": "function_call_output", "call_id": "c2", "output": "no screen"},
+    ]
+    serve.openai(session="tool-image").responses.create(model="fake-model", input=items, tools=TOOLS, store=False)
+    sent = upstream.received[-1].body["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "tool", "user"]
+    assert sent[2]["content"] == [{"type": "text", "text": "shot one"}]
+    assert sent[4]["content"] == [{"type": "image_url", "image_url": {"url": url}}]

@@ -33,8 +33,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import orjson
-
 from ..convert import (
     MediaBytes,
     _arguments_json,
@@ -410,31 +408,39 @@ def chat_part(block: Any, media: MediaBytes) -> dict[str, Any] | None:
     return None
 
 
-def chat_message(message: Message, media: MediaBytes = held_bytes) -> dict[str, Any] | None:
-    """One surface message as a Chat Completions message (None: nothing a Chat upstream reads)."""
-    if message.role == "user":
-        if any(not isinstance(b, TextBlock) for b in message.content):
-            content = [p for p in (chat_part(b, media) for b in message.content) if p is not None]
-            if not content:
-                return None
-            return {"role": "user", "content": content}
-        return to_openai_message(message)
-    if message.role == "tool":
-        result = message.content[0]
-        assert isinstance(result, ToolResultBlock)
-        parts = result.kept_parts()
-        if parts is not None:
-            texts = [{"type": "text", "text": b.text} for b in parts if isinstance(b, TextBlock)]
-            media_parts = [p for b in parts if not isinstance(b, TextBlock) and (p := chat_part(b, media))]
-            if media_parts:  # a Chat tool message holds text only: the images follow as a user message
-                return {"role": "tool", "tool_call_id": result.call_id, "content": texts or result.content}
-        return to_openai_message(message, media=media)
-    return to_openai_message(message, media=media)
-
-
-def encoded_chat_item(message: Message, media: MediaBytes) -> bytes:
-    out = chat_message(message, media)
-    return b"" if out is None else orjson.dumps(out) + b","
+def chat_messages(messages: Sequence[Message], media: MediaBytes = held_bytes) -> list[dict[str, Any]]:
+    """Surface messages as Chat Completions messages. A Chat tool message holds text only: the
+    images and files of tool results go in a user message after the run of tool messages they
+    came in (between two tool messages it would part them from their call)."""
+    out: list[dict[str, Any]] = []
+    held: list[dict[str, Any]] = []
+    for message in messages:
+        if message.role != "tool" and held:
+            out.append({"role": "user", "content": held})
+            held = []
+        if message.role == "user":
+            if any(not isinstance(b, TextBlock) for b in message.content):
+                content = [p for p in (chat_part(b, media) for b in message.content) if p is not None]
+                if content:
+                    out.append({"role": "user", "content": content})
+                continue
+            out.append(to_openai_message(message))
+            continue
+        if message.role == "tool":
+            result = message.content[0]
+            assert isinstance(result, ToolResultBlock)
+            parts = result.kept_parts()
+            if parts is not None:
+                media_parts = [p for b in parts if not isinstance(b, TextBlock) and (p := chat_part(b, media))]
+                if media_parts:
+                    texts = [{"type": "text", "text": b.text} for b in parts if isinstance(b, TextBlock)]
+                    out.append({"role": "tool", "tool_call_id": result.call_id, "content": texts or result.content})
+                    held += media_parts
+                    continue
+        out.append(to_openai_message(message, media=media))
+    if held:
+        out.append({"role": "user", "content": held})
+    return out
 
 
 def response_items(
@@ -582,10 +588,7 @@ def chat_body(
     messages: list[dict[str, Any]] = []
     if request.system:
         messages.append({"role": "system", "content": request.system})
-    for message in request.messages:
-        out = chat_message(message, media)
-        if out is not None:
-            messages.append(out)
+    messages += chat_messages(request.messages, media)
     body["messages"] = messages
     tools = list(client.tools) + strategy_tools
     if tools:
