@@ -36,6 +36,29 @@ def pdf(pages: int) -> bytes:
     return out.getvalue()
 
 
+def raw_pdf(objects: list[str]) -> bytes:
+    """A PDF written object by object (object 1 is the catalog), with a correct xref table."""
+    out = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += f"{number} 0 obj {body} endobj\n".encode()
+    xref = len(out)
+    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode()
+    out += "".join(f"{offset:010d} 00000 n \n" for offset in offsets).encode()
+    out += f"trailer << /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
+    return bytes(out)
+
+
+def page_tree(pages: int, count: int) -> bytes:
+    """A PDF of ``pages`` pages whose page tree says it has ``count``."""
+    kids = " ".join(f"{n} 0 R" for n in range(3, 3 + pages))
+    catalog = "<< /Type /Catalog /Pages 2 0 R >>"
+    return raw_pdf(
+        [catalog, f"<< /Type /Pages /Kids [{kids}] /Count {count} >>"] + ["<< /Type /Page /Parent 2 0 R >>"] * pages
+    )
+
+
 def without(monkeypatch: pytest.MonkeyPatch, *modules: str) -> None:
     """Make ``import`` of each module fail, as on an install without the serve extra."""
     for name in modules:
@@ -142,3 +165,27 @@ def test_a_pdf_pypdf_cannot_read_costs_its_bytes():
 def test_a_medium_without_bytes_costs_the_most():
     assert media.media_tokens("anthropic", "image", None, None) == media.ANTHROPIC_IMAGE_MAX
     assert media.media_tokens("openai", "file", None, None) == 100 * media.PDF_PAGE_TOKENS
+
+
+def test_a_pdf_is_counted_by_its_pages_not_by_what_it_claims():
+    assert media.pdf_pages(page_tree(50, count=1)) == 50
+
+
+def test_a_hostile_page_tree_costs_bounded_work(monkeypatch):
+    # a tree that contains itself, and one wider than any provider takes: read up to the bound,
+    # then counted by their bytes
+    looping = raw_pdf(["<< /Type /Catalog /Pages 2 0 R >>", "<< /Type /Pages /Kids [2 0 R] /Count 1 >>"])
+    assert media.pdf_pages(looping) is None
+    monkeypatch.setattr(media, "PDF_MAX_PAGES", 20)
+    monkeypatch.setattr(media, "PDF_MAX_NODES", 40, raising=False)
+    assert media.pdf_pages(page_tree(20, count=20)) == 20
+    too_many = page_tree(21, count=1)
+    assert media.pdf_pages(too_many) is None
+    assert media.media_tokens("anthropic", "document", too_many, "application/pdf") == len(too_many)
+    read: list[int] = []
+    from pypdf.generic import IndirectObject
+
+    real = IndirectObject.get_object
+    monkeypatch.setattr(IndirectObject, "get_object", lambda self: read.append(1) or real(self))
+    assert media.pdf_pages(page_tree(500, count=1)) is None
+    assert len(read) <= 40 + 5  # the tree's nodes, and the few objects above it

@@ -44,8 +44,10 @@ OPENAI_TILE = 512
 OPENAI_IMAGE_MAX = OPENAI_LOW_DETAIL + OPENAI_TILE_TOKENS * 8
 #: tokens a PDF page costs at most (its text and its page image)
 PDF_PAGE_TOKENS = 3000
-#: a PDF said to have more pages than this is counted by its bytes
-PDF_MAX_PAGES = 10_000
+#: a PDF with more pages than this is counted by its bytes (the providers take a few hundred at most)
+PDF_MAX_PAGES = 1000
+#: the page-tree nodes read to count a PDF's pages, at most (its pages and the nodes above them)
+PDF_MAX_NODES = 2 * PDF_MAX_PAGES
 #: the blob table's folder for media
 BLOB_PREFIX = "media"
 
@@ -97,13 +99,36 @@ def openai_image_tokens(size: tuple[int, int] | None, detail: str | None) -> int
 
 
 def pdf_pages(data: bytes) -> int | None:
-    """How many pages a PDF has (``pypdf``), or None when it cannot be read."""
+    """How many pages a PDF has, or None when it cannot be read or has more than
+    :data:`PDF_MAX_PAGES`. pypdf parses the file; the page tree is walked here rather than
+    through ``len(reader.pages)``, which resolves every page of any size of tree, so that a
+    hostile file costs at most :data:`PDF_MAX_NODES` object reads (the walk runs where the
+    request is parsed)."""
     try:
         from pypdf import PdfReader
+        from pypdf.generic import IndirectObject
     except ImportError:
         return None
     try:
-        pages = len(PdfReader(io.BytesIO(data)).pages)
+        root = PdfReader(io.BytesIO(data)).trailer["/Root"]
+        stack = [root.raw_get("/Pages")]
+        seen: set[tuple[int, int]] = set()
+        pages = nodes = 0
+        while stack:
+            ref = stack.pop()
+            if isinstance(ref, IndirectObject):
+                if (ref.idnum, ref.generation) in seen:
+                    return None  # a tree that loops
+                seen.add((ref.idnum, ref.generation))
+            nodes += 1
+            if nodes > PDF_MAX_NODES:
+                return None
+            node = ref.get_object()
+            kids = node.get("/Kids")
+            if kids is None:
+                pages += 1
+            else:
+                stack.extend(kids)
     except Exception:  # noqa: BLE001 - a damaged or hostile PDF is counted by its bytes
         return None
     return pages if 0 < pages <= PDF_MAX_PAGES else None
