@@ -105,8 +105,9 @@ RESPONSE_ID = re.compile(r"resp_[0-9a-f]{32}")
 def unknown_response(response_id: str) -> WireError:
     return WireError(
         400,
-        f"previous_response_id: no stored response {response_id[:100]!r} (ctxkernel serve keeps the responses "
-        "it gave, unless they were created with store: false); send the whole input instead",
+        f"previous_response_id: no stored response {response_id[:100]!r} for this credential (ctxkernel serve "
+        "keeps the responses it gave, unless they were created with store: false, and reads each only with the "
+        "credential that made it); send the whole input instead",
         param="previous_response_id",
         code="previous_response_not_found",
     )
