@@ -185,9 +185,39 @@ start_agent_clis() {
     say "Agent CLIs: Claude Code $CLAUDE_CODE_VERSION, Codex CLI $CODEX_VERSION in $dir"
 }
 
+# -- aider (tests/serve/test_serve_agent_clis.py, slow tier) ------------------------------------------
+# aider-chat from PyPI at a pinned version, in a virtual environment of its own under
+# .cache/agent-clis/aider (never the project's: aider pins its own versions of openai, litellm and
+# more). A second run finds it there. Exports CTXKERNEL_TEST_AIDER. Without python3 (3.10-3.12,
+# what aider supports) the test skips; under CI=true a failed install is an error.
+AIDER_VERSION=0.86.2
+
+start_aider() {
+    local root dir want
+    root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+    dir="$root/.cache/agent-clis/aider"
+    want="aider-chat==$AIDER_VERSION"
+    if [[ "$(cat "$dir/.installed" 2>/dev/null || true)" != "$want" ]]; then
+        say "aider: installing $want into $dir"
+        rm -rf "$dir"
+        mkdir -p "$(dirname "$dir")"
+        if ! { python3 -m venv "$dir" && "$dir/bin/python" -m pip install -q --disable-pip-version-check "$want"; } \
+            >"$dir.install.log" 2>&1; then
+            say "aider: install failed:"; tail -n 20 "$dir.install.log" >&2
+            rm -rf "$dir"
+            if [[ "${CI:-}" == "true" ]]; then return 1; fi
+            return 0
+        fi
+        echo "$want" >"$dir/.installed"
+    fi
+    export CTXKERNEL_TEST_AIDER="$dir/bin/aider"
+    say "aider: $AIDER_VERSION in $dir"
+}
+
 start_postgres
 start_chromium
 start_firefox
 start_agent_clis
+start_aider
 
 "$@"

@@ -1,12 +1,14 @@
 """The agents people run, through serve against the fake provider, in sessions longer than the
-window: Claude Code (``claude -p``, its default model) and Codex CLI (``codex exec``, a provider
-entry with ``wire_api = "responses"``). Both are installed at pinned versions by
-scripts/test-services.sh into .cache/agent-clis; without them the tests skip (under CI=true
-test-services.sh fails instead)."""
+window: Claude Code (``claude -p``, its default model), Codex CLI (``codex exec``, a provider
+entry with ``wire_api = "responses"``) and aider (``aider --message``, one run per step, its chat
+history restored). All three are installed at pinned versions by scripts/test-services.sh into
+.cache/agent-clis (aider in a virtual environment of its own); without them the tests skip (under
+CI=true test-services.sh fails instead)."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -125,6 +127,64 @@ def test_codex_cli_responses_api(fake, serve_factory, tmp_path):
     assert "CODEX TASK DONE" in done.stdout
     assert len(upstream.received) > steps
     assert all(r.api == "openai" for r in upstream.received)  # translated to Chat Completions
+    assert not upstream.refused
+    assert max(r.tokens for r in upstream.received) <= window - reserved
+    assert compactions(serve) >= 1
+
+
+def test_aider(fake, serve_factory, tmp_path):
+    aider = binary("CTXKERNEL_TEST_AIDER")
+    upstream, _ = fake
+    window, reserved = 8000, 1000
+    serve = serve_factory(write_profile(tmp_path, window=window, reserved=reserved))
+    work = tmp_path / "work"
+    work.mkdir()
+    notes = work / "notes.md"
+    notes.write_text("# Notes\n")
+    runs = 8
+
+    def script(api, body):
+        asked = [m["content"] for m in body["messages"] if m["role"] == "user" and isinstance(m["content"], str)]
+        step = int(re.findall(r"Add step (\d+)", asked[-1])[-1])  # the older asks may be compacted away
+        padding = " ".join(f"detail{step}_{i}" for i in range(400))  # the replies grow the history
+        lines = "".join(f"- step {n}\n" for n in range(1, step + 1))
+        # aider's whole-file edit format: the file's name, then its whole new content, fenced
+        return Reply(f"Adding step {step}. {padding}\n\nnotes.md\n```\n# Notes\n{lines}```\n")
+
+    upstream.script = script
+    # docs/serve.md's recipe: OPENAI_API_BASE=http://127.0.0.1:8787/v1 aider --model openai/...
+    env = {
+        "HOME": str(tmp_path / "home"),
+        "OPENAI_API_BASE": f"{serve.url}/v1",
+        "OPENAI_API_KEY": "sk-test-client",
+        "AIDER_CHECK_UPDATE": "false",
+    }
+    base = [
+        aider,
+        "--model",
+        "openai/fake-model",
+        "--edit-format",
+        "whole",
+        "--no-git",
+        "--yes-always",
+        "--no-pretty",
+        "--no-fancy-input",
+        "--map-tokens",
+        "0",
+        "--no-auto-lint",
+        "--analytics-disable",
+        "--no-show-model-warnings",
+        "--max-chat-history-tokens",
+        "100000",  # aider's own summarising off: serve manages the context
+        "--restore-chat-history",
+    ]
+    for step in range(1, runs + 1):
+        done = run([*base, "--message", f"Add step {step} to the notes.", "notes.md"], env, work)
+        assert done.returncode == 0, done.stderr[-2000:] + done.stdout[-2000:]
+    assert notes.read_text() == "# Notes\n" + "".join(f"- step {n}\n" for n in range(1, runs + 1))
+    assert len(upstream.received) >= runs and all(r.api == "openai" for r in upstream.received)
+    # aider sends no tools, and serve adds none of the strategies'
+    assert not any(r.body.get("tools") for r in upstream.received)
     assert not upstream.refused
     assert max(r.tokens for r in upstream.received) <= window - reserved
     assert compactions(serve) >= 1

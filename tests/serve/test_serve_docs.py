@@ -55,6 +55,7 @@ def test_the_cli_recipes_match_what_the_agent_tests_run():
     assert provider["wire_api"] == "responses" and provider["base_url"].endswith("/v1")
     agent_tests = (Path(__file__).parent / "test_serve_agent_clis.py").read_text()
     assert 'wire_api="responses"' in agent_tests and "ANTHROPIC_BASE_URL" in agent_tests
+    assert '"OPENAI_API_BASE": f"{serve.url}/v1"' in agent_tests and '"openai/fake-model"' in agent_tests
     consoles = "\n".join(recipe_blocks("console"))
     assert "ANTHROPIC_BASE_URL=http://127.0.0.1:8787 claude -p" in consoles
     assert "codex exec" in consoles and "OPENAI_API_BASE=http://127.0.0.1:8787/v1 aider" in consoles
