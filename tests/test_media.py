@@ -169,6 +169,17 @@ def test_a_medium_without_bytes_costs_the_most():
 
 def test_a_pdf_is_counted_by_its_pages_not_by_what_it_claims():
     assert media.pdf_pages(page_tree(50, count=1)) == 50
+    # a page tree whose kids array is an object of its own
+    indirect = raw_pdf(
+        [
+            "<< /Type /Catalog /Pages 2 0 R >>",
+            "<< /Type /Pages /Kids 3 0 R /Count 2 >>",
+            "[4 0 R 5 0 R]",
+            "<< /Type /Page /Parent 2 0 R >>",
+            "<< /Type /Page /Parent 2 0 R >>",
+        ]
+    )
+    assert media.pdf_pages(indirect) == 2
 
 
 def test_a_hostile_page_tree_costs_bounded_work(monkeypatch):

@@ -106,12 +106,14 @@ def pdf_pages(data: bytes) -> int | None:
     request is parsed)."""
     try:
         from pypdf import PdfReader
-        from pypdf.generic import IndirectObject
+        from pypdf.generic import ArrayObject, DictionaryObject, IndirectObject
     except ImportError:
         return None
     try:
         root = PdfReader(io.BytesIO(data)).trailer["/Root"]
-        stack = [root.raw_get("/Pages")]
+        if not isinstance(root, DictionaryObject):
+            return None
+        stack: list[Any] = [root.raw_get("/Pages")]
         seen: set[tuple[int, int]] = set()
         pages = nodes = 0
         while stack:
@@ -124,11 +126,18 @@ def pdf_pages(data: bytes) -> int | None:
             if nodes > PDF_MAX_NODES:
                 return None
             node = ref.get_object()
+            if not isinstance(node, DictionaryObject):
+                return None
             kids = node.get("/Kids")
+            if isinstance(kids, IndirectObject):  # the array itself may be a reference
+                nodes += 1
+                kids = kids.get_object()
             if kids is None:
                 pages += 1
-            else:
+            elif isinstance(kids, ArrayObject):
                 stack.extend(kids)
+            else:
+                return None
     except Exception:  # noqa: BLE001 - a damaged or hostile PDF is counted by its bytes
         return None
     return pages if 0 < pages <= PDF_MAX_PAGES else None
