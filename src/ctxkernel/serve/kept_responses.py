@@ -150,9 +150,8 @@ def _record_key(response_id: str) -> str:
 class KeptResponses:
     """The kept responses of one store (every method does store I/O: worker threads only)."""
 
-    def __init__(self, store: Any, credentials: CredentialTags, blob: Callable[[str], bytes | None]) -> None:
+    def __init__(self, store: Any, blob: Callable[[str], bytes | None]) -> None:
         self.store = store
-        self.credentials = credentials
         self._blob = blob
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, Conversation] = OrderedDict()
@@ -218,20 +217,21 @@ class KeptResponses:
     ) -> None:
         """Keep a response: its request's new input items and its output ``items``, media out."""
         wrapped: list[dict[str, Any]] = []
+        media: dict[str, bytes] = {}
         media_chars = 0
         for item in items:
             one, blobs, chars = detach_media(item)
             wrapped.append(one)
+            media.update(blobs)
             media_chars += chars
-            for blob_key, data in blobs.items():
-                self._store_blob(blob_key, data)
-        body = orjson.dumps(wrapped)
-        size = (previous.size if previous is not None else 0) + len(body) + media_chars
+        size = (previous.size if previous is not None else 0) + len(orjson.dumps(wrapped)) + media_chars
         record: dict[str, Any] = {"owner": owner, "key": key, "previous": previous_id, "size": size}
         if size > MAX_CONVERSATION_CHARS:
             # what a later request could not carry whole is not kept; the marker says why
             self.store.kv_put(NAMESPACE, _record_key(response_id), {**record, "items": [], "too_large": True})
             return
+        for blob_key, data in media.items():  # before the record that cites them
+            self._store_blob(blob_key, data)
         record["items"] = wrapped
         self.store.kv_put(NAMESPACE, _record_key(response_id), record)
         base = previous.items if previous is not None else ()

@@ -196,7 +196,7 @@ class Proxy:
         self._media_lock = threading.Lock()
         #: keyed hashes of the clients' credentials, which kept responses are bound to
         self.credentials = CredentialTags.from_store(kernel.store)
-        self.kept = KeptResponses(kernel.store, self.credentials, self.blob_bytes)
+        self.kept = KeptResponses(kernel.store, self.blob_bytes)
         self.server_key: str | None = None
         key_env = config.api_key_env or profile_serve.api_key_env
         if key_env:
