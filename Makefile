@@ -25,13 +25,18 @@ LINT_FORMAT ?= 1
 lint: $(STAMP)
 	CTXKERNEL_LINT_FORMAT=$(LINT_FORMAT) bash scripts/lint.sh $(PY)
 
+# the tests run in parallel, one worker per core (pytest-xdist); the tests of a file stay on one
+# worker, so its module fixtures are built once (conftest.py hands out slow files first).
+# PYTEST_PARALLEL= runs them in one process.
+PYTEST_PARALLEL ?= -n auto --dist loadfile
+
 # everything: the static checks, then every test tier (slow ones included)
 test: lint
-	bash scripts/test-services.sh $(PY) -m pytest
+	bash scripts/test-services.sh $(PY) -m pytest $(PYTEST_PARALLEL)
 
 # the quick tier while working: no static checks, no tests marked slow
 test-fast: $(STAMP)
-	bash scripts/test-services.sh $(PY) -m pytest -m "not slow"
+	bash scripts/test-services.sh $(PY) -m pytest $(PYTEST_PARALLEL) -m "not slow"
 
 bench: $(STAMP)
 	$(PY) -m pip install -q -r benchmarks/requirements.txt

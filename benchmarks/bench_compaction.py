@@ -16,7 +16,7 @@ strategy's own manual compaction, which runs the kernel's transaction (validatio
 A compaction's snapshot is written at the next step boundary, never inside the commit, for every
 strategy alike, so none of these timings holds it: ``decay``'s ``compress`` leaves it to the
 ``tool_result`` that closes its step (until the fifth round ``run_tool`` wrote it on return, and
-decay's row held it: ~0.75 ms, moved to the step's end, not removed; ``docs/performance-log.md``).
+decay's row held it: ~0.75 ms, moved to the step's end, not removed; ``benchmarks/LOG.md``).
 The session folds its snapshot indexes (timeline, history, the notes) and serialises each step's nodes at the
 end of that step (``Session._sync_indexes``), so that snapshot folds and serialises only the
 compaction's own step.
@@ -35,7 +35,7 @@ the positions naming a file or carrying a block; a few µs a step), so a switch 
 its region's length instead of collecting every excerpt of the window: moved, not removed.
 Since the tenth round a switch's commit hook leaves the fold of its four events (the next
 step's ``pre_step`` folds the log to its end anyway) and the freeing of the excerpts it replaced
-to the next step: moved, not removed (~0.25 M instructions; ``docs/performance-log.md``).
+to the next step: moved, not removed (~0.25 M instructions; ``benchmarks/LOG.md``).
 Chapters counts each user instruction's quote in the ``pre_step`` of the step it starts
 (``count_new_quotes``, in the build, outside the timing; a live session pays it there too:
 ~15-100 µs once per user message), so its table of contents is counted from those quotes and

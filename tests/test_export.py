@@ -131,6 +131,33 @@ def test_a_link_planted_in_the_folder_is_not_followed(tmp_path):
     assert written[0].sha256 == hashlib.sha256(b"data").hexdigest()
 
 
+def plant_temporary_links(folder: Path, name: str, victim: Path, monkeypatch) -> None:
+    """Links to ``victim`` at the temporary names a writer of ``folder/name`` picks: the one it
+    used to (process and thread id) and its next random one (fixed here, then a free one)."""
+    import itertools
+    import secrets
+    import threading
+
+    names = itertools.chain(["0" * 16], (f"{n:016x}" for n in itertools.count(1)))
+    monkeypatch.setattr(secrets, "token_hex", lambda nbytes=None: next(names))
+    folder.mkdir(parents=True, exist_ok=True)
+    for tmp in (f".{name}.{os.getpid()}.{threading.get_ident()}.tmp", f".{name}.{'0' * 16}.tmp"):
+        (folder / tmp).symlink_to(victim)
+
+
+def test_a_link_planted_at_a_temporary_name_is_not_written_through(tmp_path, monkeypatch):
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"keep me")
+    target = tmp_path / "out"
+    plant_temporary_links(target / "notes", "plan.md", victim, monkeypatch)
+    written = write_export(target, {"s": {"notes/plan.md": b"exported"}})
+    assert victim.read_bytes() == b"keep me"
+    assert (target / "notes" / "plan.md").read_bytes() == b"exported" and not (
+        target / "notes" / "plan.md"
+    ).is_symlink()
+    assert written[0].sha256 == hashlib.sha256(b"exported").hexdigest()
+
+
 part = st.text(st.sampled_from("ab.-_/\\x0"), min_size=1, max_size=12)
 
 

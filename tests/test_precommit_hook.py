@@ -70,3 +70,64 @@ def test_profiles_doc_ci_recipe_uses_the_hook():
     workflow = next(b for b in blocks if isinstance(b, dict) and "jobs" in b)
     steps = " ".join(str(s.get("run", "")) for s in workflow["jobs"]["validate"]["steps"])
     assert "pre-commit run ctxkernel-validate" in steps
+
+
+# -- the commit-msg check of .pre-commit-config.yaml -------------------------------------------------
+CONFIG = yaml.safe_load((REPO / ".pre-commit-config.yaml").read_text())
+
+
+def commit_msg_hook() -> dict:
+    (only,) = [h for r in CONFIG["repos"] for h in r["hooks"] if h["id"] == "commit-msg"]
+    return only
+
+
+def run_commit_msg_hook(tmp_path: Path, message: str) -> subprocess.CompletedProcess[str]:
+    """What pre-commit does at the commit-msg stage: run the entry with the message file."""
+    path = tmp_path / "COMMIT_EDITMSG"
+    path.write_text(message)
+    spec = commit_msg_hook()
+    return subprocess.run(
+        [*shlex.split(spec["entry"]), str(path)], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_the_commit_msg_hook_is_installed_and_runs_only_on_messages():
+    assert "commit-msg" in CONFIG["default_install_hook_types"]
+    assert commit_msg_hook()["stages"] == ["commit-msg"]
+    # every other hook checks files: none of them runs on the message
+    others = [h for r in CONFIG["repos"] for h in r["hooks"] if h["id"] != "commit-msg"]
+    assert "commit-msg" not in CONFIG["default_stages"]
+    assert all("commit-msg" not in h.get("stages", CONFIG["default_stages"]) for h in others)
+
+
+def test_the_commit_msg_hook_accepts_a_short_subject_with_a_body(tmp_path):
+    message = (
+        "Move the performance log to benchmarks/LOG.md\n\n"
+        "The body may be as long as it needs to be: " + "detail " * 40 + "\n"
+        "# Please enter the commit message for your changes. Lines starting with '#' are ignored.\n"
+    )
+    accepted = run_commit_msg_hook(tmp_path, message)
+    assert accepted.returncode == 0, accepted.stderr
+    assert run_commit_msg_hook(tmp_path, "x" * 72 + "\n").returncode == 0
+
+
+def test_the_commit_msg_hook_refuses_a_long_subject(tmp_path):
+    refused = run_commit_msg_hook(tmp_path, "y" * 73 + "\n\nbody\n")
+    assert refused.returncode == 1
+    assert "73 characters" in refused.stderr and "at most 72" in refused.stderr
+
+
+def test_the_commit_msg_hook_refuses_a_body_without_a_blank_line(tmp_path):
+    refused = run_commit_msg_hook(tmp_path, "A short subject\nthe body starts at once\n")
+    assert refused.returncode == 1 and "blank" in refused.stderr
+
+
+def test_the_commit_msg_hook_ignores_what_git_drops(tmp_path):
+    # comment lines and `git commit -v`'s diff below the scissors line are not the message
+    message = (
+        "\n# a comment line longer than seventy-two characters is not the subject of anything\n"
+        "Fix the retry of a cut-off request\n"
+        "# ------------------------ >8 ------------------------\n"
+        "diff --git a/x b/x\n"
+    )
+    assert run_commit_msg_hook(tmp_path, message).returncode == 0

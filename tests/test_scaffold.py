@@ -133,3 +133,24 @@ def test_a_description_cannot_break_out_of_its_strings(capsys, tmp_path):
     tomllib.loads((target / "pyproject.toml").read_text())  # still valid TOML
     plugin = load_generated_plugin(target, "ctxkernel_quoted")
     assert plugin.STRATEGY.description == "say 'hi'/; import os; os.system('x')"
+
+
+@pytest.mark.parametrize("name", ["all", "none"])
+def test_the_profile_keywords_are_not_strategy_names(capsys, tmp_path, name):
+    # `simulate --profile all` / `none` read them as keywords: a strategy of that name could
+    # never be simulated by name
+    code, out, err = run(capsys, "new-strategy", "--to", str(tmp_path), "--", name)
+    assert code == 2 and not out
+    assert "keyword" in err and "--profile" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("control", ["\x00", "\x07", "\x1b[31m", "\x7f", "\u0085"])
+def test_a_description_with_a_control_character_is_refused(capsys, tmp_path, control):
+    # TOML's strings cannot hold them: the generated pyproject did not parse
+    code, out, err = run(
+        capsys, "new-strategy", "ctl", "--to", str(tmp_path), "--description", f"compacts{control} things"
+    )
+    assert code == 2 and not out
+    assert "--description" in err and "control character" in err and f"U+{ord(control[0]):04X}" in err
+    assert list(tmp_path.iterdir()) == []

@@ -499,6 +499,34 @@ def test_compare_replay_is_a_protected_post(tmp_path):
     assert bad.status_code == 400 and "unknown workload" in bad.text
 
 
+def test_compare_replay_reads_profile_files_only_under_its_roots(tmp_path):
+    # the profiles field took any path: it loaded a profile from anywhere, and its error told
+    # whether a file existed outside the roots
+    from ctxkernel import Kernel
+
+    roots = tmp_path / "reports"
+    roots.mkdir()
+    inside, outside = roots / "mine.toml", tmp_path / "theirs.toml"
+    for path in (inside, outside):
+        path.write_text('[profile]\nstrategies = ["basic"]\n')
+    kernel = Kernel.from_profile(None)
+    with TestClient(create_app(kernel, read_roots=[roots]), base_url=LOCAL) as c:
+        c.get("/simulate")
+        token = c.app.state.csrf_token
+
+        def replay(profiles: str):
+            data = {"workload": "chat-short", "profiles": profiles, "csrf": token}
+            return c.post("/simulate", data=data, follow_redirects=False)
+
+        answers = {p: replay(p) for p in (str(outside), str(tmp_path / "absent.toml"), "../theirs.toml")}
+        ok = replay(f"basic,{inside}")
+    for profiles, answer in answers.items():
+        assert answer.status_code == 400, profiles
+        assert "outside the directories this server reads" in answer.text, profiles
+        assert "does not exist" not in answer.text and "no profile named" not in answer.text
+    assert ok.status_code == 303
+
+
 def test_ui_command_needs_a_profile(capsys):
     assert main(["ui"]) == 2
     assert "--profile" in capsys.readouterr().err

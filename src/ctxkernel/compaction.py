@@ -1,4 +1,4 @@
-"""The compaction transaction (HOST-MODEL §3) and the helpers that choose balanced regions.
+"""The compaction transaction (docs/design/host-model.md §3) and the helpers that choose balanced regions.
 
 Every strategy that changes the surface beyond appending goes through :func:`run_transaction`
 (via :meth:`Session.compact`): summaries, model-authored compressions, drops, window switches and

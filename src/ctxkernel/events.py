@@ -5,7 +5,7 @@ A session is an append-only log of events. Every event has a contiguous ``seq`` 
 ``surface`` operation. Plugin-owned events are typed ``<plugin>/<kind>`` and flagged
 ``ignorable`` so that a session written with a plugin still opens without it.
 
-Surface operations (HOST-MODEL §2)::
+Surface operations (docs/design/host-model.md §2)::
 
     {"op": "append"}                                        push this event's message
     {"op": "replace", "start": S, "end": E, "cites": [...]} nodes S..E (surface order) become this one

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .events import USER_MESSAGE, Event, EventSpec, append_op
+from .frames import guard
 from .messages import Message, Source, TextBlock
 from .meter import EXACT_COUNT_CHARS, MESSAGE_OVERHEAD, message_text_for_count
 
@@ -39,8 +40,9 @@ if TYPE_CHECKING:
 
 KERNEL = "kernel"
 FORM = "instructions"
-BLOCK_OPEN = "<user-instructions>"
-BLOCK_CLOSE = "</user-instructions>"
+BLOCK_FRAME = "user-instructions"
+BLOCK_OPEN = f"<{BLOCK_FRAME}>"
+BLOCK_CLOSE = f"</{BLOCK_FRAME}>"
 BLOCK_INTRO = (
     "The user's own messages of this session, verbatim, oldest first. They were compacted out of "
     "the context above and still apply; any other earlier message can be found with the history tools."
@@ -67,6 +69,13 @@ class Instruction:
         return f"item_{self.seq}"
 
     @property
+    def shown(self) -> str:
+        """The text as the block shows it: a ``<user-instructions>`` tag in it neutralised
+        (``text.guard``), so the user's text cannot end the block or open a forged one. The
+        same string as :attr:`text` for every text without such a tag."""
+        return guard(self.text, BLOCK_FRAME)
+
+    @property
     def normalized(self) -> str:
         """The text as :func:`normalized` has it, computed once per instruction (the ledger keeps
         its instructions, so every compaction of the session reads it)."""
@@ -84,7 +93,8 @@ class Instruction:
         # Python 3.11, which cost more than computing the two keys
         keys: tuple[str, list[str]] | None = self.__dict__.get("_keys")
         if keys is None:
-            words = self.text.split()  # normalized() joins these: one split gives both keys
+            # as the block shows it: a block that carries the instruction is where it is found
+            words = self.shown.split()  # normalized() joins these: one split gives both keys
             keys = (" ".join(words), words[1:-1])
             object.__setattr__(self, "_keys", keys)
         return keys
@@ -369,7 +379,7 @@ def block_text(items: Sequence[Instruction], session_id: str) -> str:
     it is exact (``Meter.joins_exactly``) and the block is counted from the instructions' own
     counts (:func:`block_tokens`)."""
     lines = [BLOCK_OPEN, BLOCK_INTRO]
-    lines.extend(item.text.strip() + _pointer(item, session_id) for item in items)
+    lines.extend(item.shown.strip() + _pointer(item, session_id) for item in items)
     lines.append(BLOCK_CLOSE)
     return "\n".join(lines)
 
@@ -386,7 +396,7 @@ def block_tokens(session: Session, items: Sequence[Instruction]) -> int:
     line's text or the closing tag. A tokenizer without that proof, or an instruction with no
     text, gets the whole block counted."""
     meter, costs = session.meter, session.instruction_costs
-    lines = [(item, item.text.strip()) for item in items]
+    lines = [(item, item.shown.strip()) for item in items]
     if not meter.joins_exactly("\n", "x") or not all(text for _, text in lines):
         return meter.count_text(block_text(items, session.id))
     frame = _FRAME_COUNTS.get(meter.tokenizer.name)
@@ -492,7 +502,7 @@ def _unquoted(items: Sequence[Instruction], texts: Sequence[str]) -> list[Instru
     # (at most one raw search more than the normalised search alone, wherever they are not quoted)
     found = 0
     for item in items:
-        if not any(item.text in text for text in texts):
+        if not any(item.shown in text for text in texts):
             break
         found += 1
     rest = items[found:]

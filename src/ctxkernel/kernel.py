@@ -164,7 +164,7 @@ class Kernel:
         """Open a session: a new one (no id, or ``create=True``) or an existing one by id.
 
         Resuming replays the log; with ``repair`` (default) a torn tail is cut and whatever a
-        crashed writer left open is closed with synthetic events (HOST-MODEL §7);
+        crashed writer left open is closed with synthetic events (docs/design/host-model.md §7);
         ``keep_waiting_calls`` leaves tool calls that wait for the harness's results open
         (see :meth:`Session.repair_after_crash`).
 

@@ -1,6 +1,6 @@
 """The compaction lease: who may run a compaction transaction on a session, across hosts.
 
-The ``compaction/start`` event in the log marks a transaction open (HOST-MODEL §3); the lease
+The ``compaction/start`` event in the log marks a transaction open (docs/design/host-model.md §3); the lease
 ``compaction/<session id>`` in the store says whether its holder is still alive. A transaction
 takes the lease before it writes its start and gives it up after its end; while it runs, the
 process's renewer thread (:class:`Renewals`) renews the lease every third of

@@ -1,6 +1,6 @@
 """The agent loop over a model adapter, and its asyncio facade.
 
-:class:`AgentLoop` runs one user turn through the Session API (HOST-MODEL §6)::
+:class:`AgentLoop` runs one user turn through the Session API (docs/design/host-model.md §6)::
 
     session.user(text)
     loop:

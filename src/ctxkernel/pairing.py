@@ -1,12 +1,18 @@
 """Tool-call pairing: the invariant every request keeps (each group of calls is followed by
 exactly its results). One definition, used by the conformance suite and by the simulator's
-invariant checker, which word the problems differently."""
+invariant checker, which word the problems differently. And the ids a model's calls may take
+(:class:`CallIds`), which the front doors (serve, the framework adapters) give a reply before
+committing it, so that a provider reusing an id never breaks the pairing.
+"""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Container
 from dataclasses import dataclass
+from typing import Any
 
-from .messages import Message
+from .messages import Message, ToolCallBlock
 
 
 @dataclass(frozen=True)
@@ -59,3 +65,64 @@ def _result_call_id(message: Message) -> str | None:
 
 
 __all__ = ["PairingProblem", "pairing_problems"]
+
+
+#: what a provider's tool-call id may hold when sent back (Anthropic's pattern, OpenAI's too)
+_CALL_ID_CHARS = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def renamed_calls(message: Message, renames: list[tuple[str, str]]) -> Message:
+    """``message`` with its tool calls' ids renamed: each ``(old, new)`` pair, in order, is the
+    id of the next call whose id is ``old`` (``claim_raw_calls``' answer, one pair per call)."""
+    pending = list(renames)
+    content: list[Any] = []
+    for block in message.content:
+        if isinstance(block, ToolCallBlock):
+            for i, (old, new) in enumerate(pending):
+                if block.id == old:
+                    block = ToolCallBlock(new, block.name, block.arguments)
+                    del pending[i]
+                    break
+        content.append(block)
+    return Message(message.role, tuple(content), message.source)
+
+
+def claim_raw_calls(raw_calls: list[dict[str, Any]], ids: CallIds) -> list[tuple[str, str]] | None:
+    """Give each of a reply's raw tool calls (dicts with an ``id``) an id of its own
+    (:class:`CallIds`), in place; the ``(old, new)`` pair of every call, or None when none was
+    renamed (the usual case)."""
+    pairs = []
+    renamed = False
+    for call in raw_calls:
+        found = call.get("id")
+        old = found if isinstance(found, str) else ""
+        new = ids.claim(old)
+        if new != old:
+            call["id"] = new
+            renamed = True
+        pairs.append((old, new))
+    return pairs if renamed else None
+
+
+class CallIds:
+    """The tool-call ids a reply may use: not one the session or the client's history holds
+    already, nor one an earlier call of the same reply took. A provider that reuses an id
+    (some do, across turns or within one reply) gets its call renamed to a fresh one
+    (``<id>_<n>``), which the client sees and answers; else the session would refuse the
+    reply (a call id used twice) on every retry."""
+
+    def __init__(self, *taken: Container[str]) -> None:
+        self.taken = taken
+        self.claimed: set[str] = set()
+
+    def claim(self, call_id: str) -> str:
+        """``call_id`` when it is free, else a fresh id like it; either way taken from now on."""
+        if call_id and call_id not in self.claimed and not any(call_id in t for t in self.taken):
+            self.claimed.add(call_id)
+            return call_id
+        base = _CALL_ID_CHARS.sub("", call_id)[:64] or "call"
+        n = 1
+        while (fresh := f"{base}_{n}") in self.claimed or any(fresh in t for t in self.taken):
+            n += 1
+        self.claimed.add(fresh)
+        return fresh

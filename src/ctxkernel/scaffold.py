@@ -15,6 +15,7 @@ import argparse
 import re
 import string
 import sys
+import unicodedata
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -30,6 +31,8 @@ NAME_PATTERN = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 MAX_NAME_LENGTH = 40
 #: the kernel's own event namespaces (turn, step, tool...): a strategy's events are ``<name>/<kind>``
 RESERVED = frozenset(t.split("/")[0] for t in KERNEL_TYPES)
+#: what ``simulate --profile`` reads as keywords, not as profile names
+PROFILE_KEYWORDS = frozenset({"all", "none"})
 
 
 def check_name(name: str) -> None:
@@ -38,6 +41,11 @@ def check_name(name: str) -> None:
         msg = (
             f"strategy name {name[:60]!r} is not accepted: use {MAX_NAME_LENGTH} characters at most, lower-case "
             "letters and digits in words joined by single hyphens, starting with a letter (e.g. pin-and-trim)"
+        )
+        raise ConfigError(msg)
+    if name in PROFILE_KEYWORDS:
+        msg = (
+            f"strategy name {name!r} is a keyword of `simulate --profile` ({sorted(PROFILE_KEYWORDS)}); choose another"
         )
         raise ConfigError(msg)
     if name in RESERVED:
@@ -61,10 +69,24 @@ def kernel_pin() -> str:
     return f"ctxkernel>={major}.{minor},<{major}.{minor + 1}"
 
 
+def check_description(description: str) -> None:
+    """Refuse a description holding a control character (ConfigError naming it): TOML's strings
+    cannot hold one, and a terminal would act on it."""
+    for char in description:
+        if unicodedata.category(char) == "Cc" and char not in " \t\n\r":
+            msg = (
+                f"--description: {description[:60]!r} holds the control character U+{ord(char):04X}; "
+                "accepted: printable text (line breaks and tabs become spaces)"
+            )
+            raise ConfigError(msg)
+
+
 def new_strategy(name: str, parent: Path, description: str = "") -> Path:
     """Write distribution ``ctxkernel-<name>`` into ``parent``; returns its folder. Raises
-    :class:`ConfigError` for a bad name or when the folder already exists (nothing is written)."""
+    :class:`ConfigError` for a bad name or description, or when the folder already exists
+    (nothing is written)."""
     check_name(name)
+    check_description(description)
     target = parent / f"ctxkernel-{name}"
     if target.exists() or target.is_symlink():
         msg = f"{target} already exists; new-strategy never writes into an existing folder. Fix: pass another --to"

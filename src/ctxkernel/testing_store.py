@@ -429,6 +429,18 @@ class StoreConformance:
         assert other.kv_get("lineage", "a") is None
         assert set(other.kv_list("lineage")) == {"a/b", "b"}
 
+    def test_key_value_names_at_their_bounds(self, store: EventStore, other: EventStore) -> None:
+        # every name check_kv_name accepts is stored, whatever it makes of a file name
+        longest, slashed = "n" * 256, "a/" * 127 + "z"
+        for namespace, key in ((longest, "k"), ("ns", longest), ("ns", slashed), ("ns", "fa"), ("ns", "fa/b")):
+            store.kv_put(namespace, key, {"key": key})
+            assert other.kv_get(namespace, key) == {"key": key}
+        assert other.kv_list(longest) == {"k": {"key": "k"}}
+        assert list(other.kv_list("ns")) == sorted(["fa", "fa/b", longest, slashed])
+        assert other.kv_list("ns", "a/") == {slashed: {"key": slashed}}
+        store.kv_delete("ns", longest)
+        assert other.kv_get("ns", longest) is None and longest not in other.kv_list("ns")
+
     def test_key_value_refuses_bad_names_and_values(self, store: EventStore) -> None:
         for namespace, key in (("", "k"), ("ns", ""), ("ns", "../k"), ("n s", "k"), ("ns", "a/../b")):
             with pytest.raises(StoreError):

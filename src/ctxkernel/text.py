@@ -38,6 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .compaction import CHECKPOINT_CLOSE, CHECKPOINT_OPEN, SUMMARY_SECTIONS
+from .frames import guard
 from .messages import Message, ToolCallBlock, ToolResultBlock
 
 #: what a clipped line ends with
@@ -391,27 +392,6 @@ def tag(name: str, **attributes: object) -> str:
     (attribute names are written as given)."""
     parts = [name, *(f'{key}="{attr(value)}"' for key, value in attributes.items())]
     return "<" + " ".join(parts) + ">"
-
-
-def guard(text: str, *names: str) -> str:
-    """``text`` with every opening or closing tag of the frames ``names`` neutralised
-    (``<note`` becomes ``&lt;note``, ``</note`` becomes ``&lt;/note``; any letter case), so a
-    body cannot end the block that frames it or open a forged one. Other text is unchanged."""
-    if not names or "<" not in text:
-        return text
-    return _guard_pattern(names).sub(lambda m: "&lt;" + m.group(0)[1:], text)
-
-
-_PATTERNS: dict[tuple[str, ...], re.Pattern[str]] = {}
-
-
-def _guard_pattern(names: tuple[str, ...]) -> re.Pattern[str]:
-    pattern = _PATTERNS.get(names)
-    if pattern is None:
-        alternatives = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
-        # a tag name ends at anything that cannot continue a name (space, '>', '/', end of text)
-        pattern = _PATTERNS[names] = re.compile(rf"<\s*/?\s*(?:{alternatives})(?![\w.-])", re.IGNORECASE)
-    return pattern
 
 
 __all__ = [

@@ -51,7 +51,7 @@ class ToolOutcome:
     """What a tool returns to the kernel.
 
     ``conclude_turn`` ends the turn after the current batch of tool calls; ``defer_message`` is
-    shown to the model as a plugin notice at the next step (HOST-MODEL §5). ``continue_in`` is
+    shown to the model as a plugin notice at the next step (docs/design/host-model.md §5). ``continue_in`` is
     the id of a child session (same store) in which the conversation continues after this batch
     (e.g. ``chapters_continue``): a harness, and ``ctxkernel simulate``, opens it with
     ``kernel.open_session(id)`` and sends the next request from there.

@@ -436,7 +436,7 @@ class _Validator:
                     "requires",
                     None,
                     f"[profile] requires entry {text!r} is not a requirement ({exc}). "
-                    "Fix: write it like 'ctxkernel-decay>=0.2'",
+                    "Fix: write it like 'ctxkernel-decay>=0.3'",
                 )
                 continue
             strategy = providers.get(canonicalize_name(requirement.name))

@@ -187,3 +187,47 @@ def test_the_async_agent_takes_the_same_path(home, profile_path):
     assert result.status == "success" and '"written":true' in result.content.replace(" ", "")
     events = [e["type"] for e in event_types(home, "lc-async")]
     assert events.count("assistant/message") == 2 and "notes/write" in events
+
+
+@pytest.mark.parametrize("run", ["sync", "async"])
+def test_a_tool_call_id_the_model_reuses_is_renamed_not_an_error(home, profile_path, run):
+    # a provider that reuses a call id made commit raise SurfaceError out of the middleware
+    import asyncio
+
+    @tool
+    def read_file(path: str) -> str:
+        """Read a source file."""
+        return f"contents of {path}"
+
+    def call(call_id: str, path: str) -> dict[str, Any]:
+        return {"id": call_id, "name": "read_file", "args": {"path": path}}
+
+    replies = iter(
+        [
+            AIMessage("", tool_calls=[call("same", "a.py")]),
+            AIMessage("", tool_calls=[call("same", "b.py")]),
+            AIMessage("", tool_calls=[call("x", "c.py"), call("x", "d.py")]),
+            AIMessage("read them all"),
+        ]
+    )
+    model = ToolCallingFakeModel(messages=replies)
+    middleware = ContextMiddleware(profile=profile_path, session_id=f"lc-reuse-{run}")
+    agent = create_agent(model, [read_file], middleware=[middleware])
+    question = {"messages": [HumanMessage("read the files")]}
+    out = agent.invoke(question) if run == "sync" else asyncio.run(agent.ainvoke(question))
+    assert out["messages"][-1].content == "read them all"
+    asked = [c["id"] for m in out["messages"] if isinstance(m, AIMessage) for c in m.tool_calls]
+    answered = [m.tool_call_id for m in out["messages"] if isinstance(m, ToolMessage)]
+    assert asked == answered and len(set(asked)) == 4 and asked[0] == "same"
+    assert [m.content for m in out["messages"] if isinstance(m, ToolMessage)] == [
+        f"contents of {p}" for p in ("a.py", "b.py", "c.py", "d.py")
+    ]
+    events = event_types(home, f"lc-reuse-{run}")
+    logged = [
+        b["id"]
+        for e in events
+        if e["type"] == "assistant/message"
+        for b in e["data"]["message"]["content"]
+        if b["type"] == "tool_call"
+    ]
+    assert logged == asked

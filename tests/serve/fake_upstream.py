@@ -3,8 +3,13 @@ Anthropic Messages (with ``count_tokens``), streaming and not, that counts the t
 prompt it receives with the kernel's meter (media by the provider's rules, as serve does).
 
 ``script(api, body)`` returns the reply: ``Reply(text, calls)`` where ``calls`` are
-``(name, arguments)`` pairs. ``limit`` makes it refuse prompts above that many tokens with the
-provider's own context-overflow error. Usage reports the counted prompt tokens.
+``(name, arguments)`` pairs (``ids`` gives the calls' ids, e.g. to reuse one). ``limit`` makes it
+refuse prompts above that many tokens with the provider's own context-overflow error. Usage
+reports the counted prompt tokens. ``fail_next`` answers ``(status, body[, headers])`` before the
+script runs; ``reply_delay`` holds a reply (streamed or not: its status line too) that many
+seconds, watching for the caller going away (``dropped`` counts those); ``model`` replaces
+the model name the replies carry; ``piece`` is the size of a streamed text delta.
+``unfinished`` counts streams whose reader went away before their end.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from ctxkernel.serve.wire import MessageMemo
 class Reply:
     text: str = ""
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    ids: list[str] | None = None
     #: Anthropic blocks sent before the text (``redacted_thinking``, server tools' blocks ...)
     blocks: list[dict[str, Any]] = field(default_factory=list)
     #: Responses output items sent before the text (a ``reasoning`` item ...)
@@ -75,8 +81,13 @@ class FakeUpstream:
         self.cut_stream = False  # end streams after the text, as a dropped connection would
         self.received: list[Received] = []
         self.refused: list[Received] = []
-        self.fail_next: list[tuple[int, Any]] = []  # (status, body) answered before the script runs
-        self.fail_headers: dict[str, str] = {}  # headers of those answers
+        self.fail_next: list[tuple[Any, ...]] = []  # (status, body[, headers]) answered before the script runs
+        self.fail_headers: dict[str, str] = {}  # headers of those answers that name none of their own
+        self.reply_delay = 0.0
+        self.dropped = 0
+        self.model: str | None = None
+        self.piece = 7
+        self.unfinished = 0
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self.app = Starlette(
@@ -107,9 +118,11 @@ class FakeUpstream:
         got = Received(api, body, tokens, dict(request.headers))
         with self._lock:
             if self.fail_next:
-                status, error = self.fail_next.pop(0)
+                status, error, *headers = self.fail_next.pop(0)
                 self.refused.append(got)
-                return got, JSONResponse(error, status_code=status, headers=self.fail_headers)
+                return got, JSONResponse(
+                    error, status_code=status, headers=headers[0] if headers else self.fail_headers
+                )
             if self.limit is not None and tokens > self.limit:
                 self.refused.append(got)
                 if api in ("openai", "responses"):
@@ -133,6 +146,19 @@ class FakeUpstream:
             self.received.append(got)
         return got, None
 
+    async def _held(self, request: Request) -> bool:
+        """Wait ``reply_delay`` seconds; False (counted in ``dropped``) when the caller left."""
+        deadline = asyncio.get_running_loop().time() + self.reply_delay
+        while asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
+            if await request.is_disconnected():
+                self.dropped += 1
+                return False
+        return True
+
+    def _model(self, body: dict[str, Any]) -> Any:
+        return self.model if self.model is not None else body["model"]
+
     # -- OpenAI --------------------------------------------------------------------------------------
     async def openai(self, request: Request) -> Response:
         body = orjson.loads(await request.body())
@@ -140,10 +166,12 @@ class FakeUpstream:
         if refusal is not None:
             return refusal
         reply = self.script("openai", body)
+        if self.reply_delay and not await self._held(request):
+            return Response(status_code=499)
         n = next(self._ids)
         calls = [
             {
-                "id": f"call_{n}_{i}",
+                "id": reply.ids[i] if reply.ids else f"call_{n}_{i}",
                 "type": "function",
                 "function": {"name": name, "arguments": orjson.dumps(args).decode()},
             }
@@ -163,7 +191,7 @@ class FakeUpstream:
                     "id": f"chatcmpl-{n}",
                     "object": "chat.completion",
                     "created": 1700000000,
-                    "model": body["model"],
+                    "model": self._model(body),
                     "choices": [{"index": 0, "message": message, "finish_reason": finish}],
                     "usage": usage,
                 }
@@ -174,14 +202,14 @@ class FakeUpstream:
                 "id": f"chatcmpl-{n}",
                 "object": "chat.completion.chunk",
                 "created": 1700000000,
-                "model": body["model"],
+                "model": self._model(body),
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
             }
             return b"data: " + orjson.dumps(data) + b"\n\n"
 
         async def events() -> Any:
             yield chunk({"role": "assistant", "content": ""})
-            for piece in _pieces(reply.text):
+            for piece in _pieces(reply.text, self.piece):
                 if self.delay:
                     await asyncio.sleep(self.delay)
                 yield chunk({"content": piece})
@@ -214,7 +242,7 @@ class FakeUpstream:
                             "id": f"chatcmpl-{n}",
                             "object": "chat.completion.chunk",
                             "created": 1700000000,
-                            "model": body["model"],
+                            "model": self._model(body),
                             "choices": [],
                             "usage": usage,
                         }
@@ -223,7 +251,18 @@ class FakeUpstream:
                 )
             yield b"data: [DONE]\n\n"
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return StreamingResponse(self._watched(events()), media_type="text/event-stream")
+
+    async def _watched(self, events: Any) -> Any:
+        """``events``, counting in ``unfinished`` a stream whose reader left before its end."""
+        done = False
+        try:
+            async for item in events:
+                yield item
+            done = True
+        finally:
+            if not done:
+                self.unfinished += 1
 
     # -- Anthropic -----------------------------------------------------------------------------------
     async def anthropic(self, request: Request) -> Response:
@@ -232,12 +271,15 @@ class FakeUpstream:
         if refusal is not None:
             return refusal
         reply = self.script("anthropic", body)
+        if self.reply_delay and not await self._held(request):
+            return Response(status_code=499)
         n = next(self._ids)
         content: list[dict[str, Any]] = list(reply.blocks)
         if reply.text:
             content.append({"type": "text", "text": reply.text})
         for i, (name, args) in enumerate(reply.calls):
-            content.append({"type": "tool_use", "id": f"toolu_{n}_{i}", "name": name, "input": args})
+            call_id = reply.ids[i] if reply.ids else f"toolu_{n}_{i}"
+            content.append({"type": "tool_use", "id": call_id, "name": name, "input": args})
         output = self.meter.count_text(reply.text) + sum(
             self.meter.count_text(orjson.dumps(a).decode()) for _, a in reply.calls
         )
@@ -247,7 +289,7 @@ class FakeUpstream:
             "id": f"msg_{n}",
             "type": "message",
             "role": "assistant",
-            "model": body["model"],
+            "model": self._model(body),
             "content": content,
             "stop_reason": stop,
             "stop_sequence": None,
@@ -275,7 +317,7 @@ class FakeUpstream:
             for index, block in enumerate(content):
                 if block["type"] == "text":
                     yield event("content_block_start", {"index": index, "content_block": {"type": "text", "text": ""}})
-                    for piece in _pieces(block["text"]):
+                    for piece in _pieces(block["text"], self.piece):
                         if self.delay:
                             await asyncio.sleep(self.delay)
                         yield event(
@@ -327,7 +369,7 @@ class FakeUpstream:
             )
             yield event("message_stop", {})
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return StreamingResponse(self._watched(events()), media_type="text/event-stream")
 
     async def count_tokens(self, request: Request) -> Response:
         body = orjson.loads(await request.body())
@@ -340,13 +382,16 @@ class FakeUpstream:
         if refusal is not None:
             return refusal
         reply = self.script("responses", body)
+        if self.reply_delay and not await self._held(request):
+            return Response(status_code=499)
         n = next(self._ids)
         output: list[dict[str, Any]] = [dict(item) for item in reply.items]
         if reply.text:
             output.append(responses_wire.output_text_item(reply.text, f"msg_{n}"))
         for i, (name, args) in enumerate(reply.calls):
             arguments = orjson.dumps(args).decode()
-            output.append(responses_wire.function_item(f"call_{n}_{i}", name, arguments, set(), f"fc_{n}_{i}"))
+            call_id = reply.ids[i] if reply.ids else f"call_{n}_{i}"
+            output.append(responses_wire.function_item(call_id, name, arguments, set(), f"fc_{n}_{i}"))
         out_tokens = self.meter.count_text(reply.text) + sum(
             self.meter.count_text(orjson.dumps(a).decode()) for _, a in reply.calls
         )
@@ -362,7 +407,7 @@ class FakeUpstream:
             "object": "response",
             "created_at": 1700000000,
             "status": "completed",
-            "model": body["model"],
+            "model": self._model(body),
             "output": output,
             "parallel_tool_calls": True,
             "tool_choice": body.get("tool_choice", "auto"),
@@ -396,7 +441,7 @@ class FakeUpstream:
                             "part": {"type": "output_text", "text": "", "annotations": []},
                         },
                     )
-                    for piece in _pieces(text):
+                    for piece in _pieces(text, self.piece):
                         yield event(
                             "response.output_text.delta",
                             {
@@ -443,7 +488,7 @@ class FakeUpstream:
                 return
             yield event("response.completed", {"response": response})
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return StreamingResponse(self._watched(events()), media_type="text/event-stream")
 
     async def models(self, request: Request) -> Response:
         return JSONResponse(

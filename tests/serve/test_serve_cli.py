@@ -118,3 +118,49 @@ def test_settled_heap_reuses_freed_body_sized_blocks():
     untuned, tuned = (float(x) for x in out.stdout.split())
     assert untuned > 100  # 3 x 156 pages of 4 KB, most faulted in again
     assert tuned < 1  # the same blocks, reused
+
+
+def test_serve_says_where_it_listens_and_what_it_serves(tmp_path, monkeypatch, capsys):
+    import uvicorn
+
+    monkeypatch.setenv("CTXKERNEL_HOME", str(tmp_path))
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: None)
+    assert main(["serve", "--profile", "basic", "--port", "8999", "--upstream", "http://models.example/v1"]) == 0
+    err = capsys.readouterr().err
+    assert "listening on http://127.0.0.1:8999 (1 worker)" in err
+    assert "profile: basic (" in err
+    assert "OpenAI-compatible http://models.example/v1" in err and "Anthropic https://api.anthropic.com" in err
+    assert f"store: jsonl at {tmp_path}" in err
+    assert "inspector: not mounted" in err
+    assert "Host names answered: 127.0.0.1, localhost, ::1, [::1]\n" in err
+
+
+def test_serve_names_its_responses_upstream(tmp_path, monkeypatch, capsys):
+    import uvicorn
+
+    monkeypatch.setenv("CTXKERNEL_HOME", str(tmp_path))
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: None)
+    assert main(["serve", "--profile", "basic"]) == 0
+    assert "Responses translated to Chat Completions; sent" in capsys.readouterr().err
+    assert main(["serve", "--profile", "basic", "--responses-upstream", "http://responses.example/v1"]) == 0
+    assert "Responses http://responses.example/v1; sent" in capsys.readouterr().err
+
+
+def test_serve_ui_prints_the_token_it_made_and_answers_it(tmp_path, monkeypatch, capsys):
+    import uvicorn
+
+    monkeypatch.setenv("CTXKERNEL_HOME", str(tmp_path))
+    served: dict = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: served.update(app=app))
+    assert main(["serve", "--profile", "basic", "--ui"]) == 0
+    err = capsys.readouterr().err
+    token = served["app"].state.ui_token
+    assert token and len(token) >= 16 and f"operator token: {token}" in err
+    assert "inspector: http://127.0.0.1:8787/ui/" in err
+
+
+def test_a_short_ui_token_is_a_usage_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CTXKERNEL_HOME", str(tmp_path))
+    monkeypatch.setenv("SHORT_TOKEN", "abc")
+    assert main(["serve", "--profile", "basic", "--ui", "--ui-token-env", "SHORT_TOKEN"]) == 2
+    assert "--ui-token-env SHORT_TOKEN" in capsys.readouterr().err

@@ -153,7 +153,8 @@ def test_two_workers_share_sessions_without_sticky_routing(fake, pg_profile):
             answers[i] = httpx.post(
                 f"{workers[i].url}/v1/chat/completions",
                 json=body,
-                headers={"X-Ctxkernel-Session": "shared"},
+                # the agent's credential: a named session belongs to the credential that made it
+                headers={"X-Ctxkernel-Session": "shared", "authorization": "Bearer sk-pg"},
                 timeout=60,
             )
 

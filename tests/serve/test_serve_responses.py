@@ -329,3 +329,47 @@ def test_a_tool_output_image_reaches_a_chat_upstream(fake, serve_factory):
     assert [m["role"] for m in sent] == ["user", "assistant", "tool", "tool", "user"]
     assert sent[2]["content"] == [{"type": "text", "text": "shot one"}]
     assert sent[4]["content"] == [{"type": "image_url", "image_url": {"url": url}}]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+@pytest.mark.parametrize("upstream_kind", ["chat", "responses"])
+def test_a_reused_tool_call_id_is_renamed_on_the_responses_route(fake, serve_factory, stream, upstream_kind):
+    # a provider that reuses a call id (across turns, or twice in one reply): the client gets a
+    # fresh id, the log holds it, and nothing is refused on the next request
+    upstream, server = fake
+    config = {"responses_upstream": f"{server.url}/v1"} if upstream_kind == "responses" else {}
+    serve = serve_factory(**config)
+    replies = iter(
+        [
+            Reply("first", [("read_file", {"path": "a.py"})], ids=["call_same"]),
+            Reply("again", [("read_file", {"path": "b.py"})], ids=["call_same"]),
+            Reply("twice in one", [("read_file", {"path": "c.py"}), ("read_file", {"path": "d.py"})], ids=["x", "x"]),
+            Reply("done"),
+        ]
+    )
+    upstream.script = lambda api, body: next(replies)
+    sid = f"reuse-responses-{upstream_kind}-{stream}"
+    client = serve.openai(session=sid)
+    items: list = [{"role": "user", "content": "read the files"}]
+    seen: list[str] = []
+    for _ in range(3):
+        response = run_turn(client, stream, model="fake-model", input=items, tools=TOOLS, store=False)
+        output = [item.model_dump(exclude_none=True) for item in response.output]
+        calls = [o for o in output if o["type"] == "function_call"]
+        assert calls
+        seen += [c["call_id"] for c in calls]
+        items += output
+        items += [{"type": "function_call_output", "call_id": c["call_id"], "output": "ok"} for c in calls]
+    response = run_turn(client, stream, model="fake-model", input=items, tools=TOOLS, store=False)
+    assert response.output_text == "done"
+    assert seen[0] == "call_same" and len(set(seen)) == len(seen) == 4, seen
+    events = Kernel(load_profile(serve.profile)).open_session(sid, repair=False).events
+    logged = [
+        b["id"]
+        for e in events
+        if e.type == "assistant/message"
+        for b in e.data["message"]["content"]
+        if b["type"] == "tool_call"
+    ]
+    answered = [e.data["message"]["content"][0]["call_id"] for e in events if e.type == "tool/result"]
+    assert logged == answered == seen

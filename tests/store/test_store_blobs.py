@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from ctxkernel.errors import CorruptionError
+from ctxkernel.errors import CorruptionError, StoreError
 from ctxkernel.store.base import BLOB_CHUNK_BYTES, BlobInfo, EventStore
 from ctxkernel.store.cli import open_store
 from ctxkernel.store.jsonl import JsonlStore
@@ -43,6 +43,19 @@ def test_jsonl_blobs_are_plain_files_under_the_home(tmp_path):
     # a writer's leftover temporary file is never a blob
     (tmp_path / "blobs" / "decay" / ".audit.jsonl.123.456.tmp").write_bytes(b"partial")
     assert [i.key for i in store.blob_list()] == ["decay/audit.jsonl"]
+
+
+@pytest.mark.parametrize(("first", "second"), [("fa", "fa/b"), ("fa/b", "fa"), ("x/y", "x/y/z/w")])
+def test_jsonl_refuses_a_blob_key_nested_in_another_naming_both(tmp_path, first, second):
+    # a blob is a file named by its key: "fa" and "fa/b" cannot both be (it raised a bare
+    # NotADirectoryError); the database stores keep both
+    store = JsonlStore(tmp_path)
+    store.blob_put(first, b"one")
+    with pytest.raises(StoreError, match="jsonl store keeps blobs as files") as info:
+        store.blob_put(second, b"two")
+    assert repr(first.split("/")[0]) in str(info.value) or repr(first) in str(info.value)
+    assert store.blob_get(first) == b"one" and store.blob_get(second) is None
+    assert [i.key for i in store.blob_list()] == [first]
 
 
 def test_jsonl_stat_sees_a_file_changed_behind_its_back(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -140,3 +141,47 @@ def test_an_unterminated_tail_is_still_a_torn_write(tmp_path):
     report = JsonlStore(tmp_path).repair("s")
     assert report.repaired and "torn" in report.reason
     assert [e.seq for e in JsonlStore(tmp_path).read("s")] == [0, 1]
+
+
+@pytest.mark.parametrize("what", ["create", "kv_put", "blob_put", "lease"])
+def test_a_link_planted_at_a_temporary_name_is_not_written_through(tmp_path, monkeypatch, what):
+    # a temporary file's name was the process and thread id: a link planted there redirected
+    # the bytes to wherever it pointed
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    from test_export import plant_temporary_links
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep me")
+    home = tmp_path / "home"
+    store = JsonlStore(home)
+    if what == "create":
+        plant_temporary_links(home / "sessions", "s.jsonl", victim, monkeypatch)
+        store.create(header("s"))
+        assert store.header("s").id == "s"
+    elif what == "kv_put":
+        plant_temporary_links(home / "kv" / "ns", "k.json", victim, monkeypatch)
+        store.kv_put("ns", "k", {"v": 1})
+        assert store.kv_get("ns", "k") == {"v": 1}
+    elif what == "blob_put":
+        plant_temporary_links(home / "blobs", "b", victim, monkeypatch)
+        store.blob_put("b", b"blob bytes")
+        assert store.blob_get("b") == b"blob bytes"
+    else:
+        plant_temporary_links(home / "leases", "l.json", victim, monkeypatch)
+        assert store.lease_acquire("l", {"token": "t1"}, 30).acquired
+    assert victim.read_bytes() == b"keep me"
+
+
+def test_a_link_planted_at_a_snapshot_is_not_written_through(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep me")
+    store = JsonlStore(tmp_path / "home")
+    store.create(header("s"))
+    store.append("s", [event(0), event(1)], 0)
+    store.snapshot_path("s").parent.mkdir(parents=True, exist_ok=True)
+    store.snapshot_path("s").symlink_to(victim)
+    with pytest.raises(StoreError, match="cannot write the snapshot"):
+        store.snapshot_put("s", 2, b"snapshot bytes")
+    assert victim.read_bytes() == b"keep me"

@@ -85,7 +85,9 @@ def tables(draw):
     return merged, handoff, budgets
 
 
-@settings(max_examples=300, deadline=None)
+# 100 examples: a table has at most 4 records and 8 quotes and one of 4 budget pairs, so 100 draws
+# meet every budget pair, bounded or not, many times over; more only lengthened `make test`
+@settings(max_examples=100, deadline=None)
 @given(tables(), st.booleans())
 def test_the_pieces_join_to_the_whole_render(drawn, bounded):
     merged, handoff, (bullets, quoted) = drawn
@@ -103,7 +105,8 @@ def test_the_pieces_join_to_the_whole_render(drawn, bounded):
     assert all(p in quotes for p in pieces[1:-2])
 
 
-@settings(max_examples=300, deadline=None)
+# 100 examples: the same small tables as above, each with a drawn subset of quotes counted earlier
+@settings(max_examples=100, deadline=None)
 @given(tables(), st.data())
 def test_a_table_counted_from_its_pieces_is_the_whole_count(drawn, data):
     merged, handoff, _ = drawn
@@ -206,7 +209,9 @@ _landed = st.lists(
 )
 
 
-@settings(max_examples=200, deadline=None)
+# 80 examples: at most four batches of landed quotes and a bound of 2 to 6, so 80 draws reach
+# every bound with batches of every length; 200 only lengthened `make test`
+@settings(max_examples=80, deadline=None)
 @given(st.lists(_landed, min_size=1, max_size=4), st.integers(2, 6))
 def test_the_kept_quotes_are_the_fresh_quotes_after_drawn_steps(steps, bound):
     """The quotes (and their counts) kept at each step, drawn in batches, with duplicates, blank

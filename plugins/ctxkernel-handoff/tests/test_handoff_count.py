@@ -144,7 +144,10 @@ def test_the_one_pass_body_is_the_reference_body(counting_session, nodes, budget
     assert extract(history, nodes, budget, excerpts).text == _reference_body(history, nodes, budget, excerpts)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+# 80 examples: each is a long region of up to 60 nodes with up to 25 groups of calls, which takes
+# every path of the newest-first walk (stopping at the twentieth file, merging an opener's list)
+# many times; 200 only lengthened `make test`
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(
     nodes=regions(max_nodes=60),
     budget=st.integers(0, 8_000),
@@ -362,7 +365,10 @@ OPS = st.lists(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# 25 examples: each is a whole session of up to 9 operations (steps, switches, a replaced result,
+# a reopen from a snapshot) checked at every point; 25 sessions reach each operation and each
+# keep_share several times, at about a second each
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=OPS, keep_share=st.sampled_from([None, 0.2, 0.6]), budget=st.integers(300, 6_000))
 def test_the_material_kept_at_step_ends_gives_the_body_built_from_nothing(
     handoff_kernel, agent, tmp_path_factory, ops, keep_share, budget

@@ -16,6 +16,7 @@ from ..errors import SessionExistsError
 from ..events import utc_now
 from ..kernel import Kernel
 from ..messages import Message, ToolCallBlock
+from ..pairing import CallIds
 from ..session import Request, Session
 from ..store.base import SessionHeader
 from ..tools import ToolOutcome
@@ -132,6 +133,13 @@ class ManagedSession:
             self._index.update(session)
             self._index.alias(reply, self._index.replies[-1])
             return committed
+
+    def call_ids(self) -> CallIds:
+        """The ids a reply's tool calls may take: none the session holds already, none twice in
+        one reply (:class:`ctxkernel.pairing.CallIds`). An adapter renames a reused one before
+        it commits the reply and hands it back to the framework, so the framework's tool results
+        answer the new id."""
+        return CallIds(self.session.surface.call_owner)
 
     # -- strategy tools -------------------------------------------------------------------------------
     def owns_tool(self, name: str) -> bool:

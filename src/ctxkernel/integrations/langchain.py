@@ -187,6 +187,34 @@ def to_langchain(message: Message) -> HumanMessage | ToolMessage | AIMessage:
 
 
 # -- tools ---------------------------------------------------------------------------------------------------
+def _claim_call_ids(reply: AIMessage, ids: Any) -> None:
+    """Give each of the reply's tool calls an id of its own (``ids``: a
+    :class:`ctxkernel.pairing.CallIds`), renaming, in place, a reused one everywhere the message
+    holds it: its ``tool_calls`` (then ``invalid_tool_calls``), the provider's copies in
+    ``content`` and ``additional_kwargs["tool_calls"]``, in order of occurrence."""
+    renames: list[tuple[str, str]] = []
+    for call in [*reply.tool_calls, *reply.invalid_tool_calls]:
+        old = call.get("id") or ""
+        new = ids.claim(old)
+        if new != old:
+            call["id"] = new
+        renames.append((old, new))
+    if all(old == new for old, new in renames):
+        return
+    copies: list[Any] = [p for p in reply.content if isinstance(p, dict)] if isinstance(reply.content, list) else []
+    raw = reply.additional_kwargs.get("tool_calls")
+    for group in (copies, raw if isinstance(raw, list) else []):
+        pending = list(renames)
+        for part in group:
+            if not isinstance(part, dict) or "id" not in part:
+                continue
+            for i, (old, new) in enumerate(pending):
+                if part["id"] == old:
+                    part["id"] = new
+                    del pending[i]
+                    break
+
+
 class StrategyTool(BaseTool):
     """A strategy's tool as the agent's tool node sees it. Its schema is the strategy's own (so
     the model is sent what the meter counted); :class:`ContextMiddleware` answers its calls."""
@@ -284,6 +312,7 @@ class ContextMiddleware(AgentMiddleware):
 
     def _commit(self, managed: ManagedSession, response: Any) -> None:
         reply = self._reply_of(response)
+        _claim_call_ids(reply, managed.call_ids())
         _, (message,) = from_langchain([reply])
         managed.commit(message, usage=reply.usage_metadata)
 

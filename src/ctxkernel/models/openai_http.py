@@ -19,7 +19,7 @@ Everything the provider sends is treated as hostile (see docs/security.md, "Prov
 - **No secrets in errors.** Messages, ``body`` excerpts and the URL shown are redacted
   (:mod:`ctxkernel.redact`).
 
-Errors are classified so that strategies can react (HOST-MODEL §3, overflow retry):
+Errors are classified so that strategies can react (docs/design/host-model.md §3, overflow retry):
 
 - the provider says the prompt does not fit (HTTP 413, or HTTP 400 with a code such as
   ``context_length_exceeded`` or a message like "maximum context length" / "prompt is too

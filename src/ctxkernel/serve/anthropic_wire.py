@@ -26,6 +26,7 @@ from ..convert import (
 )
 from ..errors import EventError
 from ..messages import Message
+from ..pairing import CallIds
 from ..session import Request
 from .reconcile import message_hash
 from .upstream import UpstreamError
@@ -35,7 +36,10 @@ from .wire import (
     WireError,
     add_usage,
     check_model,
+    check_size,
+    check_tools,
     expect,
+    model_name,
     obj,
     sse,
     wire_forms,
@@ -82,9 +86,11 @@ def parse_request(raw: bytes, memo: MessageMemo | None = None, *, count_only: bo
     messages = expect(body, "messages", list, "a list of messages", required=True)
     if not messages:
         raise WireError(400, "messages: at least one message is required", param="messages")
+    check_size(parsed)
     stream = expect(body, "stream", bool, "a boolean") or False
     system = _system_text(body.get("system"))
     raw_tools = expect(body, "tools", list, "a list of tools") or []
+    check_tools(raw_tools)
     tools = []
     for i, tool in enumerate(raw_tools):
         if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
@@ -252,6 +258,10 @@ class StreamTranslator:
     def __init__(self, include_usage: bool, strategy_tools: set[str]) -> None:
         del include_usage  # the Messages stream always reports usage
         self.strategy_tools = strategy_tools
+        #: the ids the round's tool calls may take (a reused one is renamed before the client sees it)
+        self.ids = CallIds()
+        #: the model name the client gets when the upstream's is not a name (the one asked for)
+        self.model = ""
         self.started = False
         self.next_index = 0  # the client's next block index
         self.blocks: list[dict[str, Any]] = []  # every block the client got, as a reply holds them
@@ -274,11 +284,14 @@ class StreamTranslator:
             self.round_usage = dict(obj(message.get("usage")))
             if not self.started:
                 self.started = True
-                out.append(sse({"type": "message_start", "message": {**message, "content": []}}, "message_start"))
+                shown = {**message, "content": [], "model": model_name(message.get("model"), self.model)}
+                out.append(sse({"type": "message_start", "message": shown}, "message_start"))
         elif kind == "content_block_start":
             index, block = data.get("index"), data.get("content_block")
             if not isinstance(index, int) or not isinstance(block, dict):
                 return out
+            if block.get("type") == "tool_use":
+                block = {**block, "id": self.ids.claim(block["id"] if isinstance(block.get("id"), str) else "")}
             state = {
                 "block": dict(block),
                 "parts": [],

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import secrets
 import sys
 from typing import Any
 
@@ -87,6 +89,31 @@ def register(sub: Any) -> None:
         help="upstream calls for strategy tools per client request (default 8)",
     )
     p.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host name clients reach serve by, besides the loopback names (repeatable; '*' turns the check off)",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=bounded_float(0.1, 3600.0),
+        default=60.0,
+        metavar="SECONDS",
+        help="how long a client may take to send its request body before a 408 (default 60)",
+    )
+    p.add_argument(
+        "--tenant-secret-env",
+        metavar="VAR",
+        help="the key of the credential hashes that keep tenants apart (default: one kept in the store)",
+    )
+    p.add_argument("--ui", action="store_true", help="mount the inspector at /ui, behind an operator token")
+    p.add_argument(
+        "--ui-token-env",
+        metavar="VAR",
+        help="the variable holding the inspector's operator token (default: a new one, printed at start)",
+    )
+    p.add_argument(
         "--tune-heap",
         action="store_true",
         help=(
@@ -104,7 +131,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         from .app import create_app
         from .config import ServeConfig, build_kernel
-        from .process import run
+        from .gate import LOCAL_HOSTS
+        from .process import UI_TOKEN_ENV, run, startup_lines
     except ImportError:
         sys.stderr.write(MISSING_EXTRA + "\n")
         return EXIT_USAGE
@@ -118,7 +146,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         lock_wait_seconds=args.lock_wait,
         max_inner_rounds=args.max_inner_rounds,
         tune_heap=args.tune_heap,
+        body_seconds=args.body_timeout,
+        allowed_hosts=[*([args.host] if args.host not in (*LOCAL_HOSTS, "0.0.0.0", "::") else []), *args.allowed_host],
+        tenant_secret_env=args.tenant_secret_env,
+        ui=args.ui,
+        ui_token_env=args.ui_token_env,
     )
+    made_token = None
+    if args.ui and not args.ui_token_env:  # made here, so that every worker process has the same
+        made_token = secrets.token_urlsafe(24)
+        os.environ[UI_TOKEN_ENV] = made_token
+        config.ui_token_env = UI_TOKEN_ENV
     try:
         kernel = build_kernel(config)  # fail fast on a bad profile, store or window
         if args.workers > 1 and kernel.store.backend != "postgres":
@@ -131,6 +169,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except CtxKernelError as exc:
         sys.stderr.write(f"ctxkernel serve: error: {exc}\n")
         return EXIT_USAGE
+    lines = startup_lines(config, kernel, host=args.host, port=args.port, workers=args.workers, ui_token=made_token)
+    sys.stderr.write("\n".join(lines) + "\n")
     if app is None:
         kernel.store.close()  # each worker process opens its own
     run(config, app, host=args.host, port=args.port, workers=args.workers)

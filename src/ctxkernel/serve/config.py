@@ -30,6 +30,15 @@ class ServeConfig:
     #: settle the process's heap before serving (``process.settle_heap``): the garbage
     #: collector and the C allocator are the process's, so only a process serve owns tunes them
     tune_heap: bool = False
+    #: seconds a client has to send its whole request body (then a 408 and the connection closed)
+    body_seconds: float = 60.0
+    #: Host names answered besides the loopback names ("*": any; gate.py)
+    allowed_hosts: list[str] = field(default_factory=list)
+    #: variable holding the key of the tenant hashes (else one kept in the store: tenants.py)
+    tenant_secret_env: str | None = None
+    #: mount the inspector at /ui, behind the operator token in $ui_token_env
+    ui: bool = False
+    ui_token_env: str | None = None
     limits: Limits = field(default_factory=Limits)
 
     def to_json(self) -> str:
@@ -45,6 +54,11 @@ class ServeConfig:
                 "lock_wait_seconds",
                 "max_inner_rounds",
                 "tune_heap",
+                "body_seconds",
+                "allowed_hosts",
+                "tenant_secret_env",
+                "ui",
+                "ui_token_env",
             )
         }
         data["limits"] = self.limits.__dict__
@@ -55,6 +69,16 @@ class ServeConfig:
         data = orjson.loads(text)
         limits = Limits(**data.pop("limits", {}))
         return cls(**data, limits=limits)
+
+
+def upstream_bases(config: ServeConfig, kernel: Kernel) -> tuple[str, str]:
+    """The OpenAI-compatible and the Anthropic base URLs: the flags, else the profile's
+    ``[serve]`` table, else the providers' own."""
+    profile_serve = kernel.profile.serve
+    return (
+        config.upstream or profile_serve.upstream or DEFAULT_OPENAI_UPSTREAM,
+        config.anthropic_upstream or profile_serve.anthropic_upstream or DEFAULT_ANTHROPIC_UPSTREAM,
+    )
 
 
 def build_kernel(config: ServeConfig) -> Kernel:

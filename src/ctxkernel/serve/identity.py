@@ -10,20 +10,49 @@
    is never stored: only this hash of a hash is.
 
 The key maps to the session's id in the store (the first session of a key has the key as its
-id); a fork or a strategy's switch to a child session moves the mapping (``app.py``).
+id); a fork or a strategy's switch to a child session moves the mapping (``proxy.py``).
+
+A key belongs to the tenant (``tenants.py``) whose request first used it; another tenant that
+names it is given a key of its own (:func:`tenant_key`), so it never reads or appends to the
+first tenant's session.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from ..errors import StoreError
 from ..messages import Message
 from ..store.base import check_session_id
+from .tenants import credential_of, tenant_of
 from .wire import WireError
 
 SESSION_HEADER = "x-ctxkernel-session"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a request comes from and which session key it asks for."""
+
+    key: str
+    #: the keyed hash of the client's credential (tenants.tenant_of)
+    tenant: str
+
+
+def identify(headers: Mapping[str, str], api: str, system: str, messages: list[Message], secret: bytes) -> Identity:
+    """The request's session key and tenant (a 400 for a malformed session header)."""
+    return Identity(session_key(headers, api, system, messages), tenant_of(secret, credential_of(headers)))
+
+
+def tenant_key(secret: bytes, key: str, tenant: str) -> str:
+    """The key under which ``tenant`` has its own session of the name ``key`` another tenant
+    holds: the name (cut to 90 characters) and 32 hex digits that only the secret's holder can
+    compute, so nobody can name it in advance."""
+    digest = hmac.new(secret, f"{tenant}\0{key}".encode(), hashlib.sha256).hexdigest()[:32]
+    return check_session_id(f"{key[:90]}-t{digest}")
 
 
 def session_key(headers: Mapping[str, str], api: str, system: str, messages: list[Message]) -> str:

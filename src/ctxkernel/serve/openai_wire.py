@@ -16,6 +16,7 @@ import orjson
 from ..convert import _content_text, arguments_from_json, from_openai_message, to_openai_message
 from ..errors import EventError
 from ..messages import Message, ToolCallBlock
+from ..pairing import CallIds
 from ..session import Request
 from .reconcile import message_hash
 from .upstream import Chunks
@@ -25,7 +26,10 @@ from .wire import (
     WireError,
     add_usage,
     check_model,
+    check_size,
+    check_tools,
     expect,
+    model_name,
     obj,
     sse,
     wire_forms,
@@ -51,6 +55,7 @@ def parse_request(raw: bytes, memo: MessageMemo | None = None) -> ClientRequest:
     messages = expect(body, "messages", list, "a list of messages", required=True)
     if not messages:
         raise WireError(400, "messages: at least one message is required", param="messages")
+    check_size(parsed)
     n = expect(body, "n", int, "an integer")
     if n is not None and n != 1:
         raise WireError(
@@ -62,6 +67,7 @@ def parse_request(raw: bytes, memo: MessageMemo | None = None) -> ClientRequest:
     if not isinstance(include_usage, bool):
         raise WireError(400, "stream_options.include_usage: expected a boolean", param="stream_options.include_usage")
     raw_tools = expect(body, "tools", list, "a list of tools") or []
+    check_tools(raw_tools)
     tools = []
     for i, tool in enumerate(raw_tools):
         fn = tool.get("function") if isinstance(tool, dict) else None
@@ -266,7 +272,10 @@ class StreamTranslator:
     def __init__(self, include_usage: bool, strategy_tools: set[str]) -> None:
         self.include_usage = include_usage
         self.strategy_tools = strategy_tools
+        #: the ids the round's tool calls may take (a reused one is renamed before the client sees it)
+        self.ids = CallIds()
         self.id = f"chatcmpl-ctxkernel-{time.time_ns()}"
+        #: the model name the client gets: the upstream's, when it is a name (else the one asked for)
         self.model = ""
         self.created = int(time.time())
         self.fingerprint: Any = None
@@ -320,8 +329,8 @@ class StreamTranslator:
             if isinstance(data.get("created"), int):
                 self.created = data["created"]
             self.fingerprint = data.get("system_fingerprint")
-        if isinstance(data.get("model"), str):
-            self.model = data["model"]
+        if "model" in data:
+            self.model = model_name(data["model"], self.model)
         if isinstance(data.get("usage"), dict):
             self.round_usage = data["usage"]
         choices = data.get("choices")
@@ -358,7 +367,7 @@ class StreamTranslator:
         call = self.calls.setdefault(
             index, {"id": "", "name": "", "args": [], "owner": None, "client_index": None, "sent": 0}
         )
-        if isinstance(tc.get("id"), str):
+        if isinstance(tc.get("id"), str) and call["owner"] is None:
             call["id"] = tc["id"]
         fn = obj(tc.get("function"))
         if isinstance(fn.get("name"), str):
@@ -370,6 +379,7 @@ class StreamTranslator:
         return self._flush(call)
 
     def _decide(self, call: dict[str, Any]) -> None:
+        call["id"] = self.ids.claim(call["id"])
         call["owner"] = "strategy" if call["name"] in self.strategy_tools else "client"
         if call["owner"] == "client":
             call["client_index"] = len(self.client_calls)

@@ -11,17 +11,64 @@ from __future__ import annotations
 import gc
 import os
 import sys
+from pathlib import Path
 
 import uvicorn
 from starlette.applications import Starlette
 
+from ..kernel import Kernel
 from ..logging import get_logger
+from ..redact import redact
 from .app import create_app
-from .config import ServeConfig
+from .config import ServeConfig, upstream_bases
+from .gate import LOCAL_HOSTS
 
 log = get_logger("ctxkernel.serve")
 
 CONFIG_ENV = "CTXKERNEL_SERVE_CONFIG"
+#: where the CLI puts a generated operator token for its worker processes
+UI_TOKEN_ENV = "CTXKERNEL_SERVE_UI_TOKEN"
+
+
+def startup_lines(
+    config: ServeConfig, kernel: Kernel, *, host: str, port: int, workers: int, ui_token: str | None = None
+) -> list[str]:
+    """What ``ctxkernel serve`` prints on stderr when it starts: where it listens, the profile,
+    the upstreams, the store, the inspector and the Host names it answers. ``ui_token`` is
+    printed only when serve made it (the operator has no other way to learn it)."""
+    shown_host = f"[{host}]" if ":" in host else host
+    base = f"http://{shown_host}:{port}"
+    profile = kernel.profile
+    openai_base, anthropic_base = upstream_bases(config, kernel)
+    responses_base = config.responses_upstream or profile.serve.responses_upstream
+    responses = f"Responses {redact(responses_base)}" if responses_base else "Responses translated to Chat Completions"
+    key_env = config.api_key_env or profile.serve.api_key_env
+    credentials = f"the key in ${key_env}" if key_env else "each client's own credentials"
+    store = kernel.store
+    where = getattr(store, "where", None)  # postgres: its DSN, password masked
+    if not isinstance(where, str):
+        path = getattr(store, "path", None)  # sqlite: the database file; jsonl: the home folder
+        where = path if isinstance(path, Path) else getattr(store, "home", "")
+    hosts = [*LOCAL_HOSTS, *config.allowed_hosts]
+    lines = [
+        f"ctxkernel serve: listening on {base} ({workers} worker{'s' if workers > 1 else ''})",
+        f"  profile: {profile.name} ({profile.path or 'built-in defaults'})",
+        f"  upstreams: OpenAI-compatible {redact(openai_base)}, Anthropic {redact(anthropic_base)}, {responses}; "
+        f"sent {credentials}",
+        f"  store: {store.backend} at {redact(str(where))}",
+        f"  Host names answered: {'any (--allowed-host *)' if '*' in hosts else ', '.join(hosts)}",
+    ]
+    if config.ui:
+        token = f"; operator token: {ui_token}" if ui_token else f"; operator token in ${config.ui_token_env}"
+        lines.append(f"  inspector: {base}/ui/ (HTTP Basic, any user name{token})")
+    else:
+        lines.append("  inspector: not mounted (--ui mounts it, behind an operator token)")
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        lines.append(
+            f"  warning: listening on {host}: anyone who reaches it can use the credentials serve forwards; "
+            "see docs/serve.md, Many tenants"
+        )
+    return lines
 
 
 def settle_heap() -> None:

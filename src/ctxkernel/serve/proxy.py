@@ -2,12 +2,13 @@
 
 One client request is one *turn* of its session (docs/serve.md has the long form)::
 
-    lease = await proxy.acquire(key)       the session's turn: an asyncio lock per key; on postgres
+    lease, turn = await proxy.open_turn(wire, identity, client)
+                                           the session's turn: an asyncio lock per key; on postgres
                                            also an advisory lock, so that several processes order
-                                           one session's requests; bounded (--lock-wait), then 409
-    turn = await proxy.begin(wire, key, client)
-                                           reconcile the client's history (reconcile.py), count
-                                           its tokens and prepare the first round
+                                           one session's requests; bounded (--lock-wait), then 409.
+                                           The key is the tenant's (another tenant's name gets a
+                                           key of its own); reconcile the client's history
+                                           (reconcile.py), count its tokens, prepare the first round
     loop (bounded):
         request = await proxy.request_for(turn)
                                            the managed request (Overflow when it cannot fit)
@@ -45,13 +46,26 @@ from ..logging import get_logger
 from ..messages import MediaBlock, Message, Source
 from ..meter import Meter
 from ..models.openai_http import classify_http_error
+from ..pairing import CallIds
 from ..session import Request, Session
 from . import anthropic_wire, openai_wire, responses_wire
-from .config import DEFAULT_ANTHROPIC_UPSTREAM, DEFAULT_ANTHROPIC_VERSION, DEFAULT_OPENAI_UPSTREAM, ServeConfig
+from .config import DEFAULT_ANTHROPIC_VERSION, ServeConfig, upstream_bases
 from .credentials import CredentialTags
+from .identity import Identity, tenant_key
 from .kept_responses import Conversation, KeptResponses
 from .metrics import Metrics
-from .reconcile import Reconciled, inherit, kept, ledger_for, reconcile, record_follow, reply_record
+from .reconcile import (
+    Reconciled,
+    check_history,
+    inherit,
+    kept,
+    ledger_for,
+    message_hash,
+    reconcile,
+    record_follow,
+    reply_record,
+)
+from .tenants import Scrubber, tenant_secret
 from .upstream import Upstream, UpstreamError, join_url
 from .wire import ClientRequest, MessageMemo, WireError, add_usage
 from .workers import run_sync
@@ -60,6 +74,16 @@ log = get_logger("ctxkernel.serve")
 
 #: sessions kept open in memory; others are reopened from the store (snapshot + tail)
 SESSION_CACHE = 256
+#: sessions one key keeps as branches (conversations that began alike and went apart)
+MAX_BRANCHES = 8
+
+
+class Foreign(Exception):  # noqa: N818 - not an error: the request moves to the tenant's own key
+    """The key belongs to another tenant: the request goes to ``key``, its tenant's own."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
 
 
 class Overflow(Exception):
@@ -106,11 +130,43 @@ class Turn:
     response_id: str = ""
     #: the last committed round ended the client request
     done: bool = False
+    #: the tenant the turn is for (None: not checked, as in tests that drive the proxy directly)
+    tenant: str | None = None
+    #: the request's credentials (the client's headers, the server key): kept out of errors
+    secrets: tuple[str | None, ...] = ()
+    _scrubber: Scrubber | None = None
+
+    @property
+    def scrubber(self) -> Scrubber:
+        """What removes the request's exact credentials from a text (made on first use)."""
+        if self._scrubber is None:
+            self._scrubber = Scrubber(self.secrets)
+        return self._scrubber
+
+    def call_ids(self) -> CallIds:
+        """The ids a reply's tool calls may not take: those of the session's surface and of the
+        client's history (wire.CallIds)."""
+        return CallIds(self.session.surface.call_owner, _ClientCallIds(self.client))
 
     @property
     def wire_cache(self) -> dict[Any, Any]:
         """The session's cache of surface nodes in the turn's wire format."""
         return kept(self.session).wire.setdefault(self.wire.API, {})
+
+
+class _ClientCallIds:
+    """The tool-call ids of a client's history, collected on the first question (most replies
+    call no tool and never ask)."""
+
+    def __init__(self, client: ClientRequest) -> None:
+        self.client = client
+        self._ids: set[str] | None = None
+
+    def __contains__(self, call_id: object) -> bool:
+        if self._ids is None:
+            self._ids = {c.id for m in self.client.messages for c in m.tool_calls}
+            self._ids |= {m.tool_result.call_id for m in self.client.messages if m.tool_result is not None}
+        return call_id in self._ids
 
 
 def busy(key: str, wait: float) -> WireError:
@@ -183,10 +239,7 @@ class Proxy:
         self.upstream = upstream
         self.metrics = Metrics()
         profile_serve = kernel.profile.serve
-        self.openai_base = config.upstream or profile_serve.upstream or DEFAULT_OPENAI_UPSTREAM
-        self.anthropic_base = (
-            config.anthropic_upstream or profile_serve.anthropic_upstream or DEFAULT_ANTHROPIC_UPSTREAM
-        )
+        self.openai_base, self.anthropic_base = upstream_bases(config, kernel)
         #: a Responses API upstream; without one, Responses clients are translated to Chat Completions
         self.responses_base = config.responses_upstream or profile_serve.responses_upstream
         self.inject_tools = profile_serve.inject_tools
@@ -204,13 +257,15 @@ class Proxy:
             if not self.server_key:
                 msg = f"--api-key-env {key_env}: the variable is not set or empty"
                 raise CtxKernelError(msg)
+        self.secret = tenant_secret(kernel.store, config.tenant_secret_env)
         self.sessions: OrderedDict[str, Session] = OrderedDict()
+        self._owners: OrderedDict[str, str] = OrderedDict()  # key -> its tenant (never changes once written)
         self._turns = TurnLocks()
         self._header_tokens: OrderedDict[bytes, int] = OrderedDict()
         self.memo = MessageMemo()
         # routes read from the store on every request when other processes may move them (a
         # store that orders requests across processes); else this process is their only writer
-        self._routes: dict[str, str] | None = None if hasattr(kernel.store, "hold_lock") else {}
+        self._routes: dict[str, dict[str, Any]] | None = None if hasattr(kernel.store, "hold_lock") else {}
 
     # -- the turn API (the HTTP routes call these) ----------------------------------------------------
     async def acquire(self, key: str) -> Lease:
@@ -239,16 +294,33 @@ class Proxy:
                 raise busy(key, wait)
         return Lease(lock, advisory)
 
-    async def begin(self, wire: Any, key: str, client: ClientRequest) -> Turn:
-        """Open the turn of a client request whose session turn (:meth:`acquire`) is held: its
-        new messages taken in, its first round prepared. A history the session refuses is a
-        400 with nothing written."""
-        try:
-            turn = await run_sync(self.start_turn, wire, key, client)
-        except EventError as exc:
-            raise WireError(400, f"messages: {exc}", param="messages") from None
-        self.metrics.child(self.metrics.client_tokens, wire.API).inc(turn.client_tokens)
-        return turn
+    async def open_turn(
+        self, wire: Any, identity: Identity, client: ClientRequest, secrets: tuple[str | None, ...] = ()
+    ) -> tuple[Lease, Turn]:
+        """Take the session's turn (:meth:`acquire`) and open it: its new messages taken in,
+        its first round prepared. A key another tenant holds moves the request to this
+        tenant's own key first. A history the session refuses is a 400 with nothing written.
+        The caller releases the lease when the request is answered."""
+        key = identity.key
+        for _ in range(2):
+            lease = await self.acquire(key)
+            try:
+                turn = await run_sync(self.start_turn, wire, key, client, identity.tenant)
+            except Foreign as moved:
+                await lease.release()
+                key = moved.key
+                continue
+            except EventError as exc:
+                await lease.release()
+                raise WireError(400, f"messages: {exc}", param="messages") from None
+            except BaseException:
+                await lease.release()
+                raise
+            turn.secrets = secrets
+            self.metrics.child(self.metrics.client_tokens, wire.API).inc(turn.client_tokens)
+            return lease, turn
+        msg = f"session {identity.key}: this credential cannot use that name; choose another X-Ctxkernel-Session"
+        raise WireError(409, msg, param="X-Ctxkernel-Session", kind="conflict_error", code="session_taken")
 
     async def request_for(self, turn: Turn) -> Request:
         """The round's request: the one prepared with the turn, or a new one (later rounds).
@@ -276,16 +348,18 @@ class Proxy:
             turn.rounds += 1
             self.metrics.child(self.metrics.inner_rounds, turn.wire.API).inc()
 
-    async def failed(self, turn: Turn, error: ModelError) -> bool:
-        """Report a failed upstream call to the session (its step closes with the error); True
-        when a strategy shrank the surface and asks for the call again."""
-        return await run_sync(self.failed_sync, turn.session, error)
+    async def failed(self, turn: Turn, reason: str) -> bool:
+        """Report a failed upstream call to the session (its step closes with ``reason``,
+        the request's credentials taken out); True when a strategy shrank the surface and asks
+        for the call again."""
+        return await run_sync(self.failed_sync, turn.session, ModelError(turn.scrubber.text(reason)))
 
     async def upstream_failed(self, turn: Turn, status: int, body: bytes, url: str) -> bool:
         """Report an upstream error status to the session; True when the call should be retried
-        (a context overflow the strategies shrank, once per client request)."""
-        error = classify_http_error(status, body, url=url)
-        retry = await self.failed(turn, error)
+        (a context overflow the strategies shrank, once per client request). The error body
+        goes in without the request's credentials (a provider may echo a key)."""
+        error = classify_http_error(status, turn.scrubber.bytes(body), url=url)
+        retry = await run_sync(self.failed_sync, turn.session, error)
         if isinstance(error, ContextOverflowError):
             self.metrics.child(self.metrics.errors, "upstream_overflow").inc()
             if retry and not turn.overflow_retried:
@@ -366,17 +440,21 @@ class Proxy:
         return out
 
     # -- what the worker threads run --------------------------------------------------------------------
-    def start_turn(self, wire: Any, key: str, client: ClientRequest) -> Turn:
+    def start_turn(self, wire: Any, key: str, client: ClientRequest, tenant: str | None = None) -> Turn:
         """Open the turn: reconcile, count the client's tokens and prepare the first round, in
-        one worker-thread call (each hop to a worker thread costs about 0.1 ms of CPU)."""
-        session, pending = self._begin(key, client)
-        turn = Turn(wire, client, key, session, {session.id: len(session.events)}, pending=pending)
+        one worker-thread call (each hop to a worker thread costs about 0.1 ms of CPU).
+        :class:`Foreign` (nothing done) when ``key`` is another tenant's."""
+        unclaimed = tenant is not None and self._unclaimed(key, tenant)
+        session, pending = self._begin(key, client, tenant)
+        turn = Turn(wire, client, key, session, {session.id: len(session.events)}, pending=pending, tenant=tenant)
         try:
             turn.ready = self.prepare_sync(turn)
         except Exception as exc:  # noqa: BLE001 - raised again by the round that asks for it
             if isinstance(exc, EventError) and turn.pending is not None:
                 raise  # the session refused the client's messages, nothing written: a 400
             turn.ready = exc
+        if unclaimed and tenant is not None:  # a request the session took: the key is its tenant's now
+            self._claim(key, tenant)
         turn.client_tokens = self._client_tokens(session, client)
         return turn
 
@@ -425,7 +503,11 @@ class Proxy:
             )
             if not session.request_failed(error) or attempt == 1:
                 raise Overflow(pressure.tokens, pressure.effective_window)
-        turn.strategy_tools = set(session.tools.names())
+        # a client tool that shares a strategy tool's name is the client's: the strategy's is not
+        # offered with it (the provider would get the name twice) and a call of it goes to the client
+        own = set(session.tools.names())
+        clash = own & client.tool_names if client.tools else set()
+        turn.strategy_tools = own - clash if clash else own
         turn.strategy_schemas = [t for t in request.tools if t.get("function", {}).get("name") in turn.strategy_tools]
         if not client.tools and self.inject_tools == "when_client_has_tools":
             # a request that carried no tools (a title call, a plain chat) gets none of the strategies'
@@ -518,7 +600,7 @@ class Proxy:
         client_calls = [c for c in committed.tool_calls if c.name not in turn.strategy_tools]
         child = None
         for call in session.pending_calls:
-            if session.owns_tool(call.name):
+            if call.name in turn.strategy_tools:
                 outcome = session.run_tool(call)
                 session.tool_result(call.id, outcome)
                 child = outcome.continue_in or child
@@ -527,7 +609,7 @@ class Proxy:
             if child and client_calls:
                 record_follow(session, child)
             elif child:
-                return Round(self._follow(turn.key, session, child), True, first_seq)
+                return Round(self._follow(turn.key, session, child, turn.tenant), True, first_seq)
             return Round(session, True, first_seq)
         if session.conclude_turn:  # a strategy tool ended the turn: answer with what there is
             session.end_turn()
@@ -535,18 +617,22 @@ class Proxy:
             ledger_for(session)
             return Round(session, True, first_seq)
         if child:
-            return Round(self._follow(turn.key, session, child), False, None)
+            return Round(self._follow(turn.key, session, child, turn.tenant), False, None)
         return Round(session, False, first_seq)
 
-    def count_tokens(self, key: str, client: ClientRequest) -> int:
+    def count_tokens(self, identity: Identity, client: ClientRequest) -> int:
         """What a request of ``client`` would send upstream, without taking a turn or writing:
         the session's surface and header as the last request left them plus the messages it has
         not seen (a session not started yet: the request's own count), at most the effective
-        window (the strategies compact anything beyond it before the upstream is called)."""
+        window (the strategies compact anything beyond it before the upstream is called). A
+        key another tenant holds is read as the request would be served: this tenant's own."""
         self._store_media(client.messages)
         store = self.kernel.store
-        route = store.kv_get("serve", self._route_key(key))
-        session_id = route["session"] if isinstance(route, dict) and isinstance(route.get("session"), str) else key
+        key = identity.key
+        owner = self._owner(key)
+        if owner is not None and owner != identity.tenant:
+            key = tenant_key(self.secret, key, identity.tenant)
+        session_id = self._route(key)["session"]
         session = self.sessions.get(session_id)
         if session is None and store.exists(session_id):
             session = self.kernel.open_session(session_id, keep_waiting_calls=True)
@@ -570,20 +656,72 @@ class Proxy:
         if session.step_open and not session.surface.pending_calls:
             session.abandon_step("interrupted")
 
+    # -- tenants (in worker threads, under the key's turn) -------------------------------------------------
+    def _unclaimed(self, key: str, tenant: str) -> bool:
+        """True when nobody holds ``key`` yet (the request's success makes it ``tenant``'s:
+        :meth:`_claim`); :class:`Foreign` when another tenant does.
+
+        The owner is written once (``serve`` key-value ``tenant/<key>``: the keyed hash, never
+        the credential) and never changes, so it is cached; the key's turn is held, so two
+        requests never both find it free. A session made before keys had owners goes to the
+        first tenant that names it."""
+        owner = self._owner(key)
+        if owner is None:
+            return True
+        if owner != tenant:
+            raise Foreign(tenant_key(self.secret, key, tenant))
+        return False
+
+    def _owner(self, key: str) -> str | None:
+        """The tenant that holds ``key``, or None when nobody does yet."""
+        owner = self._owners.get(key)
+        if owner is None:
+            found = self.kernel.store.kv_get("serve", f"tenant/{key}")
+            owner = found.get("tenant") if isinstance(found, dict) else None
+            if not isinstance(owner, str):
+                return None
+            self._remember_owner(key, owner)
+        return owner
+
+    def _claim(self, key: str, tenant: str) -> None:
+        self.kernel.store.kv_put("serve", f"tenant/{key}", {"tenant": tenant})
+        self._remember_owner(key, tenant)
+
+    def _remember_owner(self, key: str, tenant: str) -> None:
+        self._owners[key] = tenant
+        while len(self._owners) > 16 * SESSION_CACHE:
+            self._owners.popitem(last=False)
+
     # -- sessions (in worker threads) -------------------------------------------------------------------
     def _route_key(self, key: str) -> str:
         return f"route/{key}"
 
-    def _open(self, key: str) -> Session:
-        store = self.kernel.store
-        session_id = self._routes.get(key) if self._routes is not None else None
-        if session_id is None:
-            route = store.kv_get("serve", self._route_key(key))
-            session_id = route["session"] if isinstance(route, dict) and isinstance(route.get("session"), str) else key
+    def _route(self, key: str) -> dict[str, Any]:
+        """``{"session": id, "branches": [ids]}``: the session ``key`` continues now and the
+        sessions its conversations went on in (the first session of a key has the key as id)."""
+        route = self._routes.get(key) if self._routes is not None else None
+        if route is None:
+            found = self.kernel.store.kv_get("serve", self._route_key(key))
+            if isinstance(found, dict) and isinstance(found.get("session"), str):
+                branches = found.get("branches")
+                if not (isinstance(branches, list) and all(isinstance(b, str) for b in branches)):
+                    branches = [found["session"]]
+                route = {"session": found["session"], "branches": branches}
+            else:
+                route = {"session": key, "branches": [key]}
             if self._routes is not None:
-                self._routes[key] = session_id
+                self._routes[key] = route
                 while len(self._routes) > 16 * SESSION_CACHE:
                     del self._routes[next(iter(self._routes))]
+        return route
+
+    def _open(self, key: str, client: ClientRequest) -> Session:
+        return self._session(self._route(key)["session"], client)
+
+    def _session(self, session_id: str, client: ClientRequest | None = None) -> Session:
+        """The session ``session_id``, brought up to date; created when the store has none and
+        ``client``'s history passes the pairing check (a refused request creates nothing)."""
+        store = self.kernel.store
         session = self.sessions.get(session_id)
         if session is not None and not session.stale:
             self.sessions.move_to_end(session_id)
@@ -597,6 +735,8 @@ class Proxy:
             if store.exists(session_id):
                 session = self.kernel.open_session(session_id, keep_waiting_calls=True)
             else:
+                if client is not None:
+                    check_history(client.messages)
                 session = self.kernel.open_session(session_id, create=True, origin="serve")
             self._cache(session)
         return session
@@ -607,33 +747,64 @@ class Proxy:
         while len(self.sessions) > SESSION_CACHE:
             self.sessions.popitem(last=False)
 
-    def _point(self, key: str, session: Session) -> None:
-        self.kernel.store.kv_put("serve", self._route_key(key), {"session": session.id})
+    def _point(self, key: str, session: Session, tenant: str | None, *, replaces: str | None = None) -> None:
+        """Point ``key`` at ``session``: a new branch (a fork keeps the one it left), or the
+        session that ``replaces`` one (a strategy's continuation), or a branch it had."""
+        route = self._route(key)
+        branches = [b for b in route["branches"] if b not in (session.id, replaces)]
+        route = {"session": session.id, "branches": [session.id, *branches][:MAX_BRANCHES]}
+        self.kernel.store.kv_put("serve", self._route_key(key), route)
+        if tenant is not None and session.id != key:  # the session's own id names it for its tenant only
+            self._claim(session.id, tenant)
         if self._routes is not None:
-            self._routes[key] = session.id
+            self._routes[key] = route
         self._cache(session)
 
-    def _begin(self, key: str, client: ClientRequest) -> tuple[Session, Reconciled | None]:
+    def _branch_for(self, key: str, session: Session, client: ClientRequest) -> Session:
+        """The session of ``key`` whose client view the history continues: ``session`` (the
+        current one) when it does, else another branch that does, else ``session``.
+
+        Two clients that begin alike (one credential, system prompt and first message: two CI
+        jobs running one prompt) share a key; once their histories part, the first rewrite forks
+        one of them into a branch (reconcile.py), and from then on each finds its own branch
+        here instead of rewriting the other's again on every request."""
+        branches = self._route(key)["branches"]
+        if len(branches) < 2:
+            return session
+        hashes = client.hashes if client.hashes is not None else [message_hash(m) for m in client.messages]
+        ledger = ledger_for(session)
+        if ledger.matched(client.messages, hashes) == len(ledger.hashes):
+            return session
+        for other in branches:
+            if other == session.id or not self.kernel.store.exists(other):
+                continue
+            candidate = self._session(other)
+            seen = ledger_for(candidate).hashes
+            if seen and ledger_for(candidate).matched(client.messages, hashes) == len(seen):
+                return candidate  # the route stays: twins take turns, and a write per turn buys nothing
+        return session
+
+    def _begin(self, key: str, client: ClientRequest, tenant: str | None) -> tuple[Session, Reconciled | None]:
         """The session this request continues, and the client's new messages when they are
         left for the first ``prepare_request`` to write (the usual case: nothing rewritten)."""
         self._store_media(client.messages)
-        session = self._open(key)
+        session = self._branch_for(key, self._open(key, client), client)
         result = reconcile(session, client.messages, client.hashes, defer=True)
         if result.rewrite == "fork":
             session.end_turn("aborted")
             child = self.kernel.open_session(create=True, parent=session.id, origin="serve:rewrite")
             log.info("client history rewritten: forked", session=session.id, child=child.id, at=result.at)
-            self._point(key, child)
+            self._point(key, child, tenant)
             session = child
             result = reconcile(session, client.messages, client.hashes, defer=True)
         ledger = ledger_for(session)
         if ledger.follow:  # the client's results decide whether to move on: write them first
             result.write(session)
             if not session.surface.pending_calls:
-                session = self._follow(key, session, ledger.follow)
+                session = self._follow(key, session, ledger.follow, tenant)
         return session, (result if result.record is not None else None)
 
-    def _follow(self, key: str, session: Session, child_id: str) -> Session:
+    def _follow(self, key: str, session: Session, child_id: str, tenant: str | None) -> Session:
         """Continue in the child session a strategy tool switched to (ToolOutcome.continue_in)."""
         ledger = ledger_for(session)
         session.end_turn()
@@ -641,7 +812,7 @@ class Proxy:
         inherit(child, ledger)
         if not child.turn_open:
             child.user(Message.user("(continuing in a new session)", Source.plugin_form("serve", "notice")))
-        self._point(key, child)
+        self._point(key, child, tenant, replaces=session.id)
         return child
 
     def _client_tokens(self, session: Session, client: ClientRequest) -> int:

@@ -273,7 +273,12 @@ def reconcile(
     k = ledger.matched(incoming, hashes)
     result = Reconciled(at=k)
     if k < len(ledger.hashes):
-        if not _drop_branch(session, ledger, k):
+        # where the client's history holds another assistant message than the session's, the
+        # client did not edit or retry its turn (it cannot make a reply up): it is another
+        # conversation that began alike (a second client on the same fingerprint). Forking keeps
+        # both; dropping would throw the other one's branch away, and then this one's, in turn
+        twin = k < len(incoming) and incoming[k].role == "assistant"
+        if twin or not _drop_branch(session, ledger, k):
             result.rewrite = "fork"
             return result
         result.rewrite = "drop"

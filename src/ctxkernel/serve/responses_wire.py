@@ -55,10 +55,25 @@ from ..messages import (
     ToolCallBlock,
     ToolResultBlock,
 )
+from ..pairing import CallIds, claim_raw_calls
 from ..session import Request
 from . import openai_wire
 from .reconcile import message_hash
-from .wire import ClientRequest, MessageMemo, WireError, add_usage, check_model, expect, load_json_object, obj, sse
+from .wire import (
+    ClientRequest,
+    MessageMemo,
+    ParsedBody,
+    WireError,
+    add_usage,
+    check_model,
+    check_size,
+    check_tools,
+    expect,
+    load_json_object,
+    model_name,
+    obj,
+    sse,
+)
 
 API = "responses"
 #: the upstream kinds a Responses client can be served by
@@ -315,7 +330,10 @@ def parse_request(
         )
     stream = expect(body, "stream", bool, "a boolean") or False
     instructions = expect(body, "instructions", str, "a string") or ""
+    every = [*(earlier or []), *items]
+    check_size(ParsedBody(body, every), "input")
     raw_tools = expect(body, "tools", list, "a list of tools") or []
+    check_tools(raw_tools)
     tools: list[dict[str, Any]] = []
     custom: set[str] = set()
     for i, tool in enumerate(raw_tools):
@@ -332,7 +350,6 @@ def parse_request(
             tools.append(chat_tool(tool))
         # any other tool (web_search, namespace, mcp ...) runs at the provider: a Responses upstream
         # gets it as sent; a Chat Completions upstream has nothing to run it with, and is not offered it
-    every = [*(earlier or []), *items]
     try:
         converted, hashes, system_parts = convert_input(every, memo)
     except EventError as exc:
@@ -616,6 +633,28 @@ def read_reply(payload: Any, upstream: str = CHAT) -> tuple[Message, dict[str, A
     return message, usage if isinstance(usage, dict) else None, payload
 
 
+#: output items whose ``call_id`` the client answers with a tool output
+CALL_ITEMS = ("function_call", "custom_tool_call")
+
+
+def claim_calls(raw: dict[str, Any], upstream: str, ids: CallIds) -> list[tuple[str, str]] | None:
+    """Give each tool call of a reply (``read_reply``'s ``raw``) an id of its own (``CallIds``),
+    in place: the ``(old, new)`` pair of every call, or None when none was renamed."""
+    if upstream == CHAT:
+        return claim_raw_calls(openai_wire.raw_calls(raw), ids)
+    pairs = []
+    renamed = False
+    for item in raw.get("output") or []:
+        if isinstance(item, dict) and item.get("type") in CALL_ITEMS and isinstance(item.get("call_id"), str):
+            old = item["call_id"]
+            new = ids.claim(old)
+            if new != old:
+                item["call_id"] = new
+                renamed = True
+            pairs.append((old, new))
+    return pairs if renamed else None
+
+
 def chat_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
     """A Chat Completions usage object in the Responses shape."""
     if not isinstance(usage, dict):
@@ -784,6 +823,8 @@ class StreamTranslator:
         self.upstream = client.extra.get("upstream", CHAT)
         self.custom: set[str] = client.extra.get("custom") or set()
         self.strategy_tools = strategy_tools
+        #: the ids the round's tool calls may take (a reused one is renamed before the client sees it)
+        self.ids = CallIds()
         self.response_id = response_id
         self.created = time.time()
         self.sequence = 0
@@ -835,6 +876,7 @@ class StreamTranslator:
         # responses upstream: upstream output index -> the client's (None: a strategy call)
         self.index_map: dict[int, int | None] = {}
         self.round_items: dict[int, dict[str, Any]] = {}
+        self.call_ids: dict[int, str] = {}  # upstream output index -> the call's id as claimed
 
     @property
     def round_complete(self) -> bool:
@@ -924,8 +966,8 @@ class StreamTranslator:
 
     def _feed_chat(self, data: dict[str, Any]) -> list[bytes]:
         out: list[bytes] = []
-        if isinstance(data.get("model"), str):
-            self.model = data["model"]
+        if "model" in data:
+            self.model = model_name(data["model"], self.model)
         if isinstance(data.get("usage"), dict):
             self.round_usage = data["usage"]
         choices = data.get("choices")
@@ -973,7 +1015,7 @@ class StreamTranslator:
             return []
         out = self._close_reasoning() + self._close_text()
         call = self.calls.setdefault(tc["index"], {"id": "", "name": "", "args": [], "client_index": None, "sent": 0})
-        if isinstance(tc.get("id"), str):
+        if isinstance(tc.get("id"), str) and call.get("owner") is None:
             call["id"] = tc["id"]
         fn = obj(tc.get("function"))
         if isinstance(fn.get("name"), str):
@@ -985,11 +1027,12 @@ class StreamTranslator:
         return out + self._flush(call)
 
     def _decide(self, call: dict[str, Any]) -> list[bytes]:
+        call["id"] = self.ids.claim(call["id"])
         call["owner"] = "strategy" if call["name"] in self.strategy_tools else "client"
         if call["owner"] != "client":
             return []
         call["client_index"] = self._slot()
-        call["item"] = function_item(call["id"] or new_id("call"), call["name"], "", self.custom)
+        call["item"] = function_item(call["id"], call["name"], "", self.custom)
         call["item"]["status"] = "in_progress"
         return [
             self._event(
@@ -1047,8 +1090,8 @@ class StreamTranslator:
             return []
         if kind in ("response.created", "response.in_progress", "response.queued"):
             response = obj(data.get("response"))
-            if isinstance(response.get("model"), str):
-                self.model = response["model"]
+            if "model" in response:
+                self.model = model_name(response["model"], self.model)
             return []
         if kind in ("response.completed", "response.incomplete"):
             response = obj(data.get("response"))
@@ -1060,11 +1103,15 @@ class StreamTranslator:
                     for k, v in response.items()
                     if k not in ("id", "output", "usage", "status", "created_at", "previous_response_id")
                 }
+                if "model" in self.base:
+                    self.base["model"] = model_name(self.base["model"], self.client.model)
             self.round_done = True
             return []
         index = data.get("output_index")
         if not isinstance(index, int):
             return []
+        if kind in ("response.output_item.added", "response.output_item.done"):
+            data = self._claimed(index, data)
         if kind == "response.output_item.added":
             item = obj(data.get("item"))
             if item.get("type") == "function_call" and item.get("name") in self.strategy_tools:
@@ -1084,6 +1131,17 @@ class StreamTranslator:
         forwarded = {k: v for k, v in data.items() if k not in ("type", "sequence_number")}
         forwarded["output_index"] = client_index
         return [self._event(kind, forwarded)]
+
+    def _claimed(self, index: int, data: dict[str, Any]) -> dict[str, Any]:
+        """An ``output_item`` event with its call's id as claimed (``CallIds``) when first seen."""
+        item = obj(data.get("item"))
+        if item.get("type") not in CALL_ITEMS or not isinstance(item.get("call_id"), str):
+            return data
+        if index not in self.call_ids:
+            self.call_ids[index] = self.ids.claim(item["call_id"])
+        if self.call_ids[index] == item["call_id"]:
+            return data
+        return {**data, "item": {**item, "call_id": self.call_ids[index]}}
 
     # -- rounds
     def end_round(self) -> tuple[list[bytes], Message, dict[str, Any] | None, list[str]]:

@@ -1,34 +1,48 @@
 """The HTTP side of ``serve``: one handler per route, answering in each API's own shapes.
 
-A chat request (``/v1/chat/completions``, ``/v1/messages``): parse and check the body (400 in
-the API's error shape, naming the field), find its session key (``identity.py``), take the
-session's turn and open it through the proxy's turn API (``proxy.py``), then call the upstream
-round by round (non-streamed, or streamed straight through to the client) until the proxy says
-the client request is answered. Context decisions are the proxy's (the Session API's); this
-module only speaks HTTP, the wire formats and the upstream.
+A chat request (``/v1/chat/completions``, ``/v1/messages``): read the body (bounded in size and
+time), parse and check it (400 in the API's error shape, naming the field), find its session key
+and tenant (``identity.py``), take the session's turn and open it through the proxy's turn API
+(``proxy.py``), then call the upstream round by round (non-streamed, or streamed straight
+through to the client) until the proxy says the client request is answered. Context decisions
+are the proxy's (the Session API's); this module only speaks HTTP, the wire formats and the
+upstream.
+
+A client that goes away is noticed while its request waits for its turn, for the upstream or
+for the next streamed event: the upstream call is cut, the uncommitted reply dropped, its step
+closed ``interrupted`` and the session's turn given back at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
+from functools import partial
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import orjson
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response, StreamingResponse
 
-from ..errors import ModelError
 from ..logging import get_logger
+from ..pairing import claim_raw_calls, renamed_calls
 from . import anthropic_wire, openai_wire, responses_wire
-from .identity import SESSION_HEADER, session_key
+from .identity import SESSION_HEADER, Identity, identify
 from .proxy import Lease, Overflow, Proxy, StreamedError, Turn, stream_error
+from .tenants import Scrubber
 from .upstream import UpstreamError, join_url
-from .wire import MAX_BODY_BYTES, Translator, WireError, iter_sse
+from .wire import MAX_BODY_BYTES, Translator, WireError, iter_sse, loads, model_name
 from .workers import run_sync
 
 log = get_logger("ctxkernel.serve")
+
+#: a stream hands the event loop to other requests at least this often (seconds): events that
+#: arrive faster than they are translated would otherwise never let it go
+YIELD_SECONDS = 0.005
 
 
 class JSONBody(Response):
@@ -41,9 +55,28 @@ class JSONBody(Response):
         return orjson.dumps(content)
 
 
+class WatchedStream(StreamingResponse):
+    """A streamed response that stops (cancelling its body's generator) as soon as the client
+    goes away, whichever ASGI version the server speaks: with 2.4 Starlette only notices when a
+    write fails, and a stream waiting on a silent upstream writes nothing."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        async with anyio.create_task_group() as group:
+
+            async def until_done(run: Callable[[], Awaitable[None]]) -> None:
+                await run()
+                group.cancel_scope.cancel()
+
+            group.start_soon(until_done, partial(self.stream_response, send))
+            await until_done(partial(self.listen_for_disconnect, receive))
+
+
 def error_response(wire: Any, error: WireError) -> JSONBody:
+    headers = {"connection": "close"} if error.status in (408, 413) else None  # the rest of the body is not read
     return JSONBody(
-        wire.error_body(error.message, kind=error.kind, param=error.param, code=error.code), status_code=error.status
+        wire.error_body(error.message, kind=error.kind, param=error.param, code=error.code),
+        status_code=error.status,
+        headers=headers,
     )
 
 
@@ -52,12 +85,13 @@ RETRY_HEADERS = ("retry-after", "retry-after-ms", "x-should-retry")
 
 
 def passthrough_error(wire: Any, status: int, body: bytes, headers: Any = None) -> Response:
-    """An upstream error for the client: its status, its body when that is JSON, else our shape;
-    its retry headers (:data:`RETRY_HEADERS`) as they came."""
+    """An upstream error or redirect for the client: its status, its body when that is JSON,
+    else our shape; its retry headers (:data:`RETRY_HEADERS`) as they came, and a redirect's
+    ``location`` (the client decides whether its credentials follow it: serve never does)."""
     extra = {}
-    for name in RETRY_HEADERS:
-        if headers is not None and name in headers:
-            extra[name] = headers[name][:200]
+    for name in (*RETRY_HEADERS, "location") if headers is not None else ():
+        if name in headers:
+            extra[name] = headers[name] if name == "location" else headers[name][:200]
     try:
         orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -66,19 +100,29 @@ def passthrough_error(wire: Any, status: int, body: bytes, headers: Any = None) 
     return Response(body, status_code=status, media_type="application/json", headers=extra)
 
 
-async def read_body(request: HTTPRequest) -> bytes:
+async def read_body(request: HTTPRequest, seconds: float) -> bytes:
+    """The request body: at most :data:`MAX_BODY_BYTES` (413), all of it within ``seconds``
+    (408: a body trickled in a byte at a time would hold its connection forever)."""
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
         raise WireError(
             413, f"the request body has {length} bytes; the limit is {MAX_BODY_BYTES}", kind="request_too_large"
         )
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise WireError(413, f"the request body exceeds {MAX_BODY_BYTES} bytes", kind="request_too_large")
-        chunks.append(chunk)
+    with anyio.move_on_after(seconds) as timer:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise WireError(413, f"the request body exceeds {MAX_BODY_BYTES} bytes", kind="request_too_large")
+            chunks.append(chunk)
+    if timer.cancelled_caught:
+        msg = f"the request body did not arrive within {seconds:g} s ({size} bytes came); send it at once"
+        raise WireError(408, msg, kind="request_timeout")
     return b"".join(chunks)
+
+
+class ClientGone(Exception):  # noqa: N818 - an event, not a fault of ours
+    """The client closed its connection before its answer was ready."""
 
 
 class Handler:
@@ -100,18 +144,21 @@ class Handler:
         """``POST /v1/messages/count_tokens``: the tokens serve would send for this request: the
         session's managed surface (its strategies' header included) plus the messages it has not
         seen; at most the effective window, which serve never exceeds upstream."""
-        metrics = self.proxy.metrics
+        proxy = self.proxy
+        metrics = proxy.metrics
         wire = anthropic_wire
         try:
-            client = anthropic_wire.parse_request(await read_body(request), self.proxy.memo, count_only=True)
-            key = session_key(request.headers, wire.API, client.system, client.messages)
-            tokens = await run_sync(self.proxy.count_tokens, key, client)
+            raw = await read_body(request, proxy.config.body_seconds)
+            client = anthropic_wire.parse_request(raw, proxy.memo, count_only=True)
+            identity = identify(request.headers, wire.API, client.system, client.messages, proxy.secret)
+            tokens = await run_sync(proxy.count_tokens, identity, client)
             response: Response = JSONBody({"input_tokens": tokens})
         except WireError as error:
             metrics.child(metrics.errors, "bad_request").inc()
             response = error_response(wire, error)
         except Exception as exc:  # reported to the client in its API's shape, and logged
-            log.exception("serve: count_tokens failed", error=f"{type(exc).__name__}: {exc}"[:500])
+            what = Scrubber(self._secrets(request)).text(f"{type(exc).__name__}: {exc}")
+            log.exception("serve: count_tokens failed", error=what[:500])
             metrics.child(metrics.errors, "internal").inc()
             response = JSONBody(
                 wire.error_body(f"ctxkernel serve: internal error: {type(exc).__name__}"[:1000], kind="api_error"),
@@ -120,6 +167,10 @@ class Handler:
         metrics.child(metrics.requests, "/v1/messages/count_tokens", str(response.status_code)).inc()
         return response
 
+    def _secrets(self, request: HTTPRequest) -> tuple[str | None, ...]:
+        headers = request.headers
+        return (headers.get("authorization"), headers.get("x-api-key"), self.proxy.server_key)
+
     async def _handle(self, wire: Any, route: str, request: HTTPRequest) -> Response:
         metrics = self.proxy.metrics
         try:
@@ -127,21 +178,22 @@ class Handler:
         except WireError as error:
             metrics.child(metrics.errors, "busy" if error.status == 409 else "bad_request").inc()
             response = error_response(wire, error)
+        except ClientGone:
+            metrics.child(metrics.errors, "client_disconnected").inc()
+            response = Response(status_code=499)  # nobody reads it: the connection is gone
         except Exception as exc:  # reported to the client in its API's shape, and logged
-            log.exception("serve: request failed", route=route, error=f"{type(exc).__name__}: {exc}"[:500])
+            what = Scrubber(self._secrets(request)).text(f"{type(exc).__name__}: {exc}")
+            log.exception("serve: request failed", route=route, error=what[:500])
             metrics.child(metrics.errors, "internal").inc()
             response = JSONBody(
-                wire.error_body(
-                    f"ctxkernel serve: internal error: {type(exc).__name__}: {exc}"[:1000], kind="api_error"
-                ),
-                status_code=500,
+                wire.error_body(f"ctxkernel serve: internal error: {what}"[:1000], kind="api_error"), status_code=500
             )
         metrics.child(metrics.requests, route, str(response.status_code)).inc()
         return response
 
     async def _serve(self, wire: Any, request: HTTPRequest) -> Response:
         proxy = self.proxy
-        raw = await read_body(request)
+        raw = await read_body(request, proxy.config.body_seconds)
         known_key = None
         if wire is responses_wire:
             body = responses_wire.load_body(raw)
@@ -160,23 +212,31 @@ class Handler:
         else:
             client = wire.parse_request(raw, proxy.memo)
         client.extra["media"] = proxy.media_bytes
+        identity = identify(request.headers, wire.API, client.system, client.messages, proxy.secret)
         if known_key is not None and SESSION_HEADER not in request.headers:
-            key = known_key
-        else:
-            key = session_key(request.headers, wire.API, client.system, client.messages)
-        lease = await proxy.acquire(key)
-        handed_over = False
+            identity = Identity(known_key, identity.tenant)
+        # from here on the client going away cuts whatever the request waits for
+        watch = anyio.CancelScope()
+        watcher = asyncio.get_running_loop().create_task(_cancel_on_disconnect(request, watch))
+        lease: Lease | None = None
+        turn: Turn | None = None
         try:
-            turn = await proxy.begin(wire, key, client)
-            if wire is responses_wire:
-                turn.response_id = responses_wire.new_id("resp")
-            if client.stream:
-                response = await self._stream(turn, request, lease)
-                handed_over = isinstance(response, StreamingResponse)
-                return response
-            return await self._complete(turn, request)
+            with watch:
+                lease, turn = await proxy.open_turn(wire, identity, client, self._secrets(request))
+                if wire is responses_wire:
+                    turn.response_id = responses_wire.new_id("resp")
+                if client.stream:
+                    response = await self._stream(turn, request, lease)
+                    if isinstance(response, StreamingResponse):
+                        lease = None  # the stream gives it back when it ends
+                    return response
+                return await self._complete(turn, request)
+            if turn is not None:  # gone mid-request: nothing half-done stays in the log
+                await proxy.abandon(turn)
+            raise ClientGone
         finally:
-            if not handed_over:
+            watcher.cancel()
+            if lease is not None:
                 await lease.release()
 
     # -- non-streaming -------------------------------------------------------------------------------------
@@ -201,14 +261,14 @@ class Handler:
             try:
                 answer = await proxy.upstream.request("POST", url, headers, body)
             except UpstreamError as exc:
-                await proxy.failed(turn, ModelError(str(exc)))
+                await proxy.failed(turn, str(exc))
                 proxy.metrics.child(proxy.metrics.errors, "upstream_unreachable").inc()
-                return JSONBody(wire.error_body(str(exc), kind="api_error"), status_code=exc.status)
+                return JSONBody(wire.error_body(turn.scrubber.text(str(exc)), kind="api_error"), status_code=exc.status)
             proxy.metrics.child(proxy.metrics.upstream_latency, wire.API).observe(answer.seconds)
-            if answer.status >= 400:
+            if answer.status >= 300:  # an error, or a redirect serve does not follow
                 if await proxy.upstream_failed(turn, answer.status, answer.body, url):
                     continue
-                return passthrough_error(wire, answer.status, answer.body, answer.headers)
+                return passthrough_error(wire, answer.status, turn.scrubber.bytes(answer.body), answer.headers)
             try:
                 payload = answer.json()
                 if wire is responses_wire:
@@ -216,12 +276,18 @@ class Handler:
                 else:
                     message, usage, raw = wire.read_reply(payload)
             except ValueError as exc:
-                await proxy.failed(turn, ModelError(f"unreadable upstream reply: {exc}"))
+                await proxy.failed(turn, f"unreadable upstream reply: {exc}")
                 proxy.metrics.child(proxy.metrics.errors, "upstream_unreadable").inc()
                 return JSONBody(
                     wire.error_body(f"the upstream sent an unreadable reply: {exc}"[:1000], kind="api_error"),
                     status_code=502,
                 )
+            if wire is responses_wire:
+                renames = responses_wire.claim_calls(raw, turn.client.extra["upstream"], turn.call_ids())
+            else:
+                renames = claim_raw_calls(wire.raw_calls(raw), turn.call_ids())
+            if renames:  # a provider that reused a call id: the client and the log get fresh ones
+                message = renamed_calls(message, renames)
             proxy.count_usage(turn, usage)
             names = turn.strategy_tools
             if wire is openai_wire:
@@ -255,6 +321,8 @@ class Handler:
             await run_sync(proxy.remember_response, turn, output)
         else:
             out = anthropic_wire.client_reply(payload, blocks, turn.usage)
+        if "model" in out:
+            out["model"] = model_name(out["model"], turn.client.model)
         return JSONBody(
             out, headers={"x-ctxkernel-session": turn.session.id, "x-ctxkernel-upstream-calls": str(turn.rounds + 1)}
         )
@@ -278,21 +346,27 @@ class Handler:
             try:
                 handle = await stack.enter_async_context(proxy.upstream.stream(url, headers, body))
             except UpstreamError as exc:
-                await proxy.failed(turn, ModelError(str(exc)))
+                await proxy.failed(turn, str(exc))
                 proxy.metrics.child(proxy.metrics.errors, "upstream_unreachable").inc()
-                return (exc.status, orjson.dumps(wire.error_body(str(exc), kind="api_error")), None)
-            if handle.status < 400:
+                text = turn.scrubber.text(str(exc))
+                return (exc.status, orjson.dumps(wire.error_body(text, kind="api_error")), None)
+            if handle.status < 300:
                 return handle
             status, error_body, error_headers = handle.status, handle.body, handle.headers
             await stack.aclose()
             if await proxy.upstream_failed(turn, status, error_body, url):
                 continue
-            return (status, error_body, error_headers)
+            return (status, turn.scrubber.bytes(error_body), error_headers)
 
     async def _stream(self, turn: Turn, request: HTTPRequest, lease: Lease) -> Response:
         proxy, wire = self.proxy, turn.wire
         stack = AsyncExitStack()
-        opened = await self._open_round(turn, request, stack)
+        try:
+            opened = await self._open_round(turn, request, stack)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await stack.aclose()
+            raise
         if isinstance(opened, tuple):
             await stack.aclose()
             return passthrough_error(wire, *opened)
@@ -304,6 +378,7 @@ class Handler:
             )
         else:
             translator = wire.StreamTranslator(turn.client.include_usage, turn.strategy_tools)
+        translator.model = turn.client.model
 
         async def pump() -> Any:
             handle = opened
@@ -312,12 +387,18 @@ class Handler:
                 while True:
                     translator.strategy_tools = turn.strategy_tools
                     translator.begin_round()
+                    translator.ids = turn.call_ids()
                     committed = False
+                    handed = time.monotonic()
                     async for event in iter_sse(handle.lines()):
                         if event.data == "[DONE]":
                             break
+                        now = time.monotonic()
+                        if now - handed > YIELD_SECONDS:  # let the other requests of the process run
+                            await anyio.lowlevel.checkpoint()
+                            handed = now
                         try:
-                            data = orjson.loads(event.data)
+                            data = loads(event.data)
                         except orjson.JSONDecodeError:
                             raise UpstreamError("the upstream stream sent an event that is not JSON") from None
                         if not isinstance(data, dict):
@@ -353,17 +434,17 @@ class Handler:
                 for chunk in translator.finish_stream():
                     yield chunk
                 proxy.finish(turn)
-            except UpstreamError as exc:
+            except (UpstreamError, ValueError) as exc:  # ValueError: iter_sse's line limit
                 proxy.metrics.child(proxy.metrics.errors, "upstream_stream").inc()
                 if not committed:
                     with anyio.CancelScope(shield=True):
-                        await proxy.failed(turn, ModelError(str(exc)))
+                        await proxy.failed(turn, str(exc))
                     committed = True
                 # an error the upstream reported keeps its type (an overloaded_error stays one)
                 chunks = (
-                    translator.passthrough_error(exc.error)
+                    translator.passthrough_error(turn.scrubber.error(exc.error))
                     if isinstance(exc, StreamedError)
-                    else translator.error_event(str(exc))
+                    else translator.error_event(turn.scrubber.text(str(exc)))
                 )
                 for chunk in chunks:
                     yield chunk
@@ -377,7 +458,7 @@ class Handler:
                     await stack.aclose()
                     await lease.release()
 
-        return StreamingResponse(
+        return WatchedStream(
             pump(),
             media_type="text/event-stream",
             headers={"cache-control": "no-cache", "x-ctxkernel-session": turn.session.id},
@@ -392,12 +473,15 @@ class Handler:
         url = join_url(base, "/v1/models" if anthropic else "/models")
         headers = proxy.upstream_headers(wire, request.headers, stream=False)
         headers.pop("content-type", None)
+        scrub = Scrubber(self._secrets(request))
         try:
             answer = await proxy.upstream.request("GET", url, headers)
         except UpstreamError as exc:
-            response: Response = JSONBody(wire.error_body(str(exc), kind="api_error"), status_code=exc.status)
+            response: Response = JSONBody(
+                wire.error_body(scrub.text(str(exc)), kind="api_error"), status_code=exc.status
+            )
         else:
-            response = Response(answer.body, status_code=answer.status, media_type="application/json")
+            response = Response(scrub.bytes(answer.body), status_code=answer.status, media_type="application/json")
         proxy.metrics.child(proxy.metrics.requests, "/v1/models", str(response.status_code)).inc()
         return response
 
@@ -408,3 +492,13 @@ class Handler:
     async def metrics(self, request: HTTPRequest) -> Response:
         body, content_type = self.proxy.metrics.render()
         return Response(body, media_type=content_type)
+
+
+async def _cancel_on_disconnect(request: HTTPRequest, scope: anyio.CancelScope) -> None:
+    """Cancel ``scope`` when the client disconnects (the body is read: the next message the
+    server gives is the disconnect, or none until the response is sent)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            scope.cancel()
+            return

@@ -33,6 +33,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from .wire import loads
+
 #: what ends a line in a stream (as the WHATWG event-stream format reads them)
 NEWLINE = re.compile(r"\r\n|\r|\n")
 #: headers aiohttp would add of its own accord; the upstream gets only the proxy's
@@ -55,7 +57,7 @@ class UpstreamResponse:
     seconds: float
 
     def json(self) -> Any:
-        return orjson.loads(self.body)
+        return loads(self.body)
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,8 @@ class Limits:
     deadline_seconds: float = 600.0
     max_response_bytes: int = 32 * 1024 * 1024
     max_connections: int = 100
+    #: one line of a stream (an SSE ``data:`` line), checked while it is read
+    max_line_chars: int = 8 * 1024 * 1024
 
 
 def encoded(body: Any) -> bytes | Chunks:
@@ -256,13 +260,22 @@ class Upstream:
     @asynccontextmanager
     async def stream(self, url: str, headers: Mapping[str, str], body: Any) -> AsyncIterator[StreamHandle]:
         """A streamed POST: ``handle.status``; on success ``handle.lines()``, bounded by the same
-        deadline and byte cap; on an error status ``handle.body`` is read (bounded)."""
+        deadline and byte cap; on an error or redirect status ``handle.body`` is read (bounded).
+        The whole call, from connecting to the stream's last byte (or the error body's), is
+        under the deadline: aiohttp's timer cancels whatever read is waiting when it passes."""
         started = time.perf_counter()
-        response = await self._send("POST", url, headers, encoded(body))
+        try:
+            response = await self._send("POST", url, headers, encoded(body), self._whole)
+        except TimeoutError:
+            raise UpstreamError(f"the upstream did not answer within {self.limits.deadline_seconds:g} s", 504) from None
         handle = StreamHandle(self, response, started)
         try:
-            if response.status >= 400:
-                handle.body = await self._read(response)
+            if response.status >= 300:
+                try:
+                    handle.body = await self._read(response)
+                except TimeoutError:
+                    msg = f"the upstream's error body did not end within {self.limits.deadline_seconds:g} s"
+                    raise UpstreamError(msg, 504) from None
             yield handle
         finally:
             # a stream not read to its end (a client that went away) closes its connection
@@ -294,21 +307,30 @@ class StreamHandle:
         pending = ""
         size = 0
         with reported("the upstream stream"):
-            async for chunk in self.response.content.iter_any():
-                size += len(chunk)
-                if size > limits.max_response_bytes:
-                    msg = f"the upstream stream exceeds {limits.max_response_bytes} bytes"
-                    raise UpstreamError(msg)
-                if time.perf_counter() > deadline:
-                    msg = f"the upstream stream did not end within {limits.deadline_seconds:g} s"
-                    raise UpstreamError(msg, 504)
-                text = pending + decoder.decode(chunk)
-                # a closing "\r" may be the first half of a "\r\n" still to come
-                held = "\r" if text.endswith("\r") else ""
-                lines = NEWLINE.split(text[: len(text) - len(held)])
-                pending = lines.pop() + held
-                for line in lines:
-                    yield line
+            try:
+                async for chunk in self.response.content.iter_any():
+                    size += len(chunk)
+                    if size > limits.max_response_bytes:
+                        msg = f"the upstream stream exceeds {limits.max_response_bytes} bytes"
+                        raise UpstreamError(msg)
+                    if time.perf_counter() > deadline:
+                        msg = f"the upstream stream did not end within {limits.deadline_seconds:g} s"
+                        raise UpstreamError(msg, 504)
+                    text = pending + decoder.decode(chunk)
+                    # a closing "\r" may be the first half of a "\r\n" still to come
+                    held = "\r" if text.endswith("\r") else ""
+                    lines = NEWLINE.split(text[: len(text) - len(held)])
+                    pending = lines.pop() + held
+                    if len(pending) > limits.max_line_chars:  # checked as it grows, not once it ends
+                        msg = f"the upstream sent a stream line of more than {limits.max_line_chars} characters"
+                        raise UpstreamError(msg)
+                    for line in lines:
+                        yield line
+            except TimeoutError as exc:  # aiohttp's timer of the whole call (Upstream._whole)
+                if isinstance(exc, aiohttp.ClientError):  # its read timeout: silence, not the deadline
+                    raise upstream_error("the upstream stream", exc) from None
+                msg = f"the upstream stream did not end within {limits.deadline_seconds:g} s"
+                raise UpstreamError(msg, 504) from None
         lines = NEWLINE.split(pending + decoder.decode(b"", final=True))
         if lines[-1] == "":
             lines.pop()

@@ -9,7 +9,9 @@ stream. It holds no context logic: that is the Session API's.
 
 from __future__ import annotations
 
+import json
 import operator
+import re
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -18,13 +20,25 @@ from typing import Any, Protocol
 import orjson
 
 from ..messages import Message
+from ..pairing import CallIds
+from ..text import storable
 
 #: a client body larger than this is refused with 413 (a 100k-token history is about 0.5 MB)
 MAX_BODY_BYTES = 64 * 1024 * 1024
 #: one SSE line from the upstream longer than this ends the stream as an upstream error
 MAX_SSE_LINE = 8 * 1024 * 1024
-#: bound on the model name a client may route to (it is written to the log)
+#: bound on the model name a client may route to (it is written to the log), and on the one an
+#: upstream reply names (it is passed back to the client)
 MAX_MODEL_CHARS = 200
+#: the most messages one request's history may hold (a 100k-token coding history is about 900)
+MAX_MESSAGES = 10_000
+#: the most content parts (text, tool results, images...) the messages new to a request may hold
+MAX_PARTS = 50_000
+#: the most tools one request may declare
+MAX_TOOLS = 1_000
+#: the most JSON objects a dense body may hold (see :func:`parse_json`): room for a history at
+#: the bounds above, with its tool calls and schemas
+MAX_OBJECTS = 4 * (MAX_MESSAGES + MAX_PARTS)
 
 
 class WireError(Exception):
@@ -86,6 +100,10 @@ class Translator(Protocol):
     one or more rounds in, the client's one stream out."""
 
     strategy_tools: set[str]
+    #: the ids the round's tool calls may take (the routes give each round its own)
+    ids: CallIds
+    #: the model name the client asked for: what it gets when the upstream's is not a name
+    model: str
 
     @property
     def round_complete(self) -> bool:
@@ -115,11 +133,83 @@ def obj(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _no_constant(name: str) -> Any:
+    msg = f"{name} is not JSON"
+    raise ValueError(msg)
+
+
+def _int_or_float(text: str) -> int | float:
+    # as orjson reads it: an integer past 64 bits becomes a float
+    value = int(text)
+    return value if -(2**63) <= value < 2**64 else float(value)
+
+
+def loads(raw: bytes | str) -> Any:
+    """JSON as orjson reads it, except that a string holding a lone surrogate escape
+    (``"\\udce9"``: what ``json.dumps`` writes for a file name ``os.listdir`` could not decode)
+    is read too, each lone surrogate becoming U+FFFD (``ctxkernel.text.storable``), instead of
+    refusing the whole body. Anything else orjson refuses is refused (``JSONDecodeError``)."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        if "surrogate" not in str(exc):
+            raise
+        try:
+            value = json.loads(raw, parse_constant=_no_constant, parse_int=_int_or_float)
+        except (ValueError, RecursionError):
+            raise exc from None
+        return storable(value)
+
+
+#: a body at most this large is parsed by orjson whatever its shape (its cost is small anyway)
+SMALL_BODY_BYTES = 64 * 1024
+_LONE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def parse_json(raw: bytes) -> Any:
+    """A client's JSON, parsed with its memory bounded by a small multiple of its size.
+
+    orjson builds a document of its own first (about 12 bytes per byte of input) and then the
+    Python objects: for a body of tiny values (100,000 one-character messages, 3 MB) the
+    objects alone take 10 times the body and the peak was 22 times. A body large enough to
+    matter whose braces and brackets are dense (one per 40 bytes or more: a real history is
+    text) is parsed by the standard library instead, which builds the objects directly and here
+    counts them as it goes (at most :data:`MAX_OBJECTS`); a body that is mostly brackets (one
+    per 8 bytes) is no request at all and is refused before any parsing. Each refusal is a 400
+    naming the bound; a lone surrogate becomes U+FFFD either way (:func:`loads`)."""
+    if len(raw) <= SMALL_BODY_BYTES:
+        return loads(raw)
+    arrays = raw.count(b"[")
+    if arrays * 8 > len(raw):
+        msg = f"the request body holds {arrays} '[' in {len(raw)} bytes: not a chat request"
+        raise WireError(400, msg)
+    if (arrays + raw.count(b"{")) * 40 <= len(raw):
+        return loads(raw)
+    built = 0
+
+    def counted(value: dict[str, Any]) -> dict[str, Any]:
+        nonlocal built
+        built += 1
+        if built > MAX_OBJECTS:
+            msg = (
+                f"the request body holds more than {MAX_OBJECTS} JSON objects; ctxkernel serve takes at most that many"
+            )
+            raise WireError(400, msg)
+        return value
+
+    try:
+        value = json.loads(raw, object_hook=counted, parse_constant=_no_constant, parse_int=_int_or_float)
+    except RecursionError:
+        msg = "the request body is nested too deeply"
+        raise WireError(400, msg) from None
+    return storable(value) if _LONE_SURROGATE.search(raw) else value
+
+
 def load_json_object(raw: bytes) -> dict[str, Any]:
     """The request body as a JSON object, or a 400 naming what is wrong with it."""
     try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
+        body = parse_json(raw)
+    except ValueError as exc:  # orjson's JSONDecodeError, the standard library's, UnicodeDecodeError
         raise WireError(400, f"the request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise WireError(400, f"the request body must be a JSON object, got {type(body).__name__}")
@@ -148,6 +238,37 @@ def check_model(body: dict[str, Any]) -> str:
     if not model or len(model) > MAX_MODEL_CHARS:
         raise WireError(400, f"model: expected 1-{MAX_MODEL_CHARS} characters, got {len(model)}", param="model")
     return model
+
+
+def model_name(value: Any, fallback: str) -> str:
+    """A model name an upstream reply gives, passed back only when it is 1 to
+    :data:`MAX_MODEL_CHARS` characters of text; else ``fallback`` (the name the client asked for)."""
+    return value if isinstance(value, str) and 0 < len(value) <= MAX_MODEL_CHARS else fallback
+
+
+def check_size(parsed: ParsedBody, what: str = "messages") -> None:
+    """Refuse a history longer than :data:`MAX_MESSAGES`, or whose new messages hold more than
+    :data:`MAX_PARTS` content parts, before any of it is converted: the memory a history costs
+    grows with both, whatever few bytes each takes in the body."""
+    items = parsed.items
+    count = len(items) + (parsed.previous.count if parsed.previous is not None else 0)
+    if count > MAX_MESSAGES:
+        msg = f"{what}: {count} messages; ctxkernel serve takes at most {MAX_MESSAGES} in one request"
+        raise WireError(400, msg, param=what)
+    parts = 0
+    for item in items:
+        content = item.get("content") if isinstance(item, dict) else None
+        if isinstance(content, list):
+            parts += len(content)
+    if parts > MAX_PARTS:
+        msg = f"{what}: {parts} content parts; ctxkernel serve takes at most {MAX_PARTS} in the messages of one request"
+        raise WireError(400, msg, param=what)
+
+
+def check_tools(tools: list[Any], what: str = "tools") -> None:
+    if len(tools) > MAX_TOOLS:
+        msg = f"{what}: {len(tools)} tools; ctxkernel serve takes at most {MAX_TOOLS}"
+        raise WireError(400, msg, param=what)
 
 
 @dataclass
@@ -253,8 +374,8 @@ class MessageMemo:
                 continue
             start, stop = bounds
             try:
-                items = orjson.loads(b"[" + raw[start:stop] + b"]")
-            except orjson.JSONDecodeError:
+                items = parse_json(b"[" + raw[start:stop] + b"]")
+            except (ValueError, WireError):
                 break  # not a continuation after all: the whole parse reports what is wrong
             if not isinstance(items, list) or not items:
                 break

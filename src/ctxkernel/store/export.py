@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import StoreError
 from .base import MAX_BLOB_BYTES, check_blob_key
+from .files import write_temp
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,16 +103,14 @@ def _write_one(root: Path, path: str, strategy: str, data: bytes) -> ExportedFil
         msg = f"{path}: a folder of that name is in the way in {root}; remove it or export elsewhere"
         raise StoreError(msg)
     digest = hashlib.sha256(data).hexdigest()
-    tmp = full.with_name(f".{full.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp = None
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        tmp = write_temp(full, data, fsync=True)  # never through a link planted at its name
         os.replace(tmp, full)  # replaces a link of that name itself, never what it points at
         back = full.read_bytes()
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
         msg = f"cannot write {path} in {root}: {exc.strerror or exc}"
         raise StoreError(msg) from None
     if hashlib.sha256(back).hexdigest() != digest:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import itertools
 import os
 import threading
@@ -45,6 +46,7 @@ from .base import (
     check_lease_request,
     check_session_id,
 )
+from .files import write_temp
 
 _MORE = "more"
 #: a scan that found nothing new repaired nothing (the report is frozen: one instance serves)
@@ -70,6 +72,31 @@ class _Index:
 
 #: session log paths a store keeps joined (``JsonlStore.path``)
 PATHS_KEPT = 4096
+
+#: the longest quoted key-value name kept as a file name of its own (with ``.json`` and a
+#: temporary file's ``.<name>.<16 hex>.tmp`` it stays under the 255 bytes of a file name)
+KV_FILE_NAME_BYTES = 200
+#: what marks a file name made of a long name's digest (never in a quoted name)
+_KV_DIGEST = "~"
+#: the field of such an entry that holds the name
+_KV_NAME_FIELD = "~name"
+
+
+def _kv_file_name(name: str) -> str:
+    """The file (or folder) name of a key-value name: the name quoted, or for a long one, the
+    first 64 characters of that, ``~`` and the name's sha256."""
+    quoted = urllib.parse.quote(name, safe="")
+    if len(quoted) <= KV_FILE_NAME_BYTES:
+        return quoted
+    return quoted[:64] + _KV_DIGEST + hashlib.sha256(name.encode()).hexdigest()
+
+
+def _unwrap(path: Path, entry: Any) -> tuple[str, Any]:
+    """The name and value of an entry stored under a long name's digest."""
+    if not isinstance(entry, dict) or not isinstance(entry.get(_KV_NAME_FIELD), str) or "value" not in entry:
+        msg = f"{path}: a key-value entry stored under a digest must hold its name and value"
+        raise CorruptionError(msg)
+    return entry[_KV_NAME_FIELD], entry["value"]
 
 
 class JsonlStore(SyncDeferral):
@@ -146,15 +173,10 @@ class JsonlStore(SyncDeferral):
     # -- sessions ------------------------------------------------------------------------------
     def create(self, header: SessionHeader) -> None:
         path = self.path(header.id)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             self.sessions_dir.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(orjson.dumps(header.to_dict()) + b"\n")
-                f.flush()
-                os.fsync(f.fileno())
+            tmp = write_temp(path, orjson.dumps(header.to_dict()) + b"\n", fsync=True)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
             msg = f"cannot create session {header.id} in {self.sessions_dir}: {exc.strerror or exc}"
             raise StoreError(msg) from None
         try:
@@ -435,7 +457,7 @@ class JsonlStore(SyncDeferral):
         # half-written snapshot (a crash, or a writer at the same moment) fails its digest and
         # replays; bytes past the recorded length are a longer predecessor's and are ignored.
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # never through a planted link
             try:
                 written = 0
                 while written < len(data):
@@ -492,49 +514,65 @@ class JsonlStore(SyncDeferral):
         self.snapshot_path(session_id).unlink(missing_ok=True)
 
     # -- key-value table -----------------------------------------------------------------------
+    # A name is its file's name, quoted ('/' becomes %2F). One whose quoted form would not fit a
+    # file name (255 bytes, with the temporary file's additions) is stored under its first
+    # characters, '~' and its sha256 instead (no quoted name holds '~'), and its entry holds the
+    # name itself beside the value ({"~name": ..., "value": ...}) for kv_list: every name the
+    # database stores accept is accepted here too.
     def _kv_path(self, namespace: str, key: str) -> Path:
         check_kv_name("namespace", namespace)
         check_kv_name("key", key)
-        return self.kv_dir / urllib.parse.quote(namespace, safe="") / (urllib.parse.quote(key, safe="") + ".json")
+        return self.kv_dir / _kv_file_name(namespace) / (_kv_file_name(key) + ".json")
 
     def kv_get(self, namespace: str, key: str) -> Any | None:
         path = self._kv_path(namespace, key)
         try:
             data = path.read_bytes()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
         try:
-            return orjson.loads(data)
+            value = orjson.loads(data)
         except orjson.JSONDecodeError as exc:
             msg = f"{path}: key-value entry is not valid JSON ({exc})"
             raise CorruptionError(msg) from None
+        if _KV_DIGEST in path.name:
+            return _unwrap(path, value)[1]
+        return value
 
     def kv_put(self, namespace: str, key: str, value: Any) -> None:
         path = self._kv_path(namespace, key)
         try:
-            payload = orjson.dumps(value)
+            payload = orjson.dumps({_KV_NAME_FIELD: key, "value": value} if _KV_DIGEST in path.name else value)
         except TypeError as exc:
             msg = f"key-value {namespace}/{key}: value is not JSON-serialisable ({exc})"
             raise StoreError(msg) from None
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        with open(tmp, "wb") as f:
-            f.write(payload)
-            f.flush()
-            if self.fsync:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = write_temp(path, payload, fsync=self.fsync)
+            os.replace(tmp, path)
+        except OSError as exc:
+            msg = f"cannot write key-value {namespace}/{key} to {path}: {exc.strerror or exc}"
+            raise StoreError(msg) from None
 
     def kv_delete(self, namespace: str, key: str) -> None:
         self._kv_path(namespace, key).unlink(missing_ok=True)
 
     def kv_list(self, namespace: str, prefix: str = "") -> dict[str, Any]:
-        folder = self.kv_dir / urllib.parse.quote(check_kv_name("namespace", namespace), safe="")
+        folder = self.kv_dir / _kv_file_name(check_kv_name("namespace", namespace))
         if not folder.exists():
             return {}
         out = {}
         for path in sorted(folder.glob("*.json")):
             if path.name.startswith("."):
+                continue
+            if _KV_DIGEST in path.name:  # a long name, kept in its entry
+                try:
+                    key, value = _unwrap(path, orjson.loads(path.read_bytes()))
+                except orjson.JSONDecodeError as exc:
+                    msg = f"{path}: key-value entry is not valid JSON ({exc})"
+                    raise CorruptionError(msg) from None
+                if key.startswith(prefix):
+                    out[key] = value
                 continue
             key = urllib.parse.unquote(path.name[: -len(".json")])
             if key.startswith(prefix):
@@ -569,9 +607,7 @@ class JsonlStore(SyncDeferral):
     def _write_lease(self, path: Path, entry: dict[str, Any]) -> None:
         # atomic (rename) but not fsynced: a lease only matters while its holder lives, and a
         # power loss that could lose it ends every holder on this host too
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_bytes(orjson.dumps(entry))
-        os.replace(tmp, path)
+        os.replace(write_temp(path, orjson.dumps(entry), fsync=False), path)
 
     def lease_acquire(self, name: str, holder: dict[str, Any], seconds: float, *, replace: str | None = None) -> Lease:
         token = check_lease_request(name, holder, seconds)
@@ -605,22 +641,42 @@ class JsonlStore(SyncDeferral):
     def blob_put(self, key: str, data: bytes) -> BlobInfo:
         path = self.blob_path(key)
         data = check_blob_data(key, data)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        self._check_blob_nesting(key)
+        tmp = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                if self.fsync:
-                    os.fsync(f.fileno())
+            tmp = write_temp(path, data, fsync=self.fsync)
             os.replace(tmp, path)  # readers see the old file or the whole new one
             if self.fsync:
                 self._fsync_dir(path.parent)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)
             msg = f"cannot write blob {key} to {path}: {exc.strerror or exc}; the old value (if any) is unchanged"
             raise StoreError(msg) from None
         return BlobInfo.of(key, data)
+
+    def _check_blob_nesting(self, key: str) -> None:
+        """Refuse, naming both keys, a blob key whose folder is another blob's file or whose
+        file would be another blob's folder: the jsonl store keeps blobs as files under their
+        keys, so ``a`` and ``a/b`` cannot both be (the database stores keep both)."""
+        parts = key.split("/")
+        for end in range(1, len(parts)):
+            if (self.blobs_dir.joinpath(*parts[:end])).is_file():
+                taken = "/".join(parts[:end])
+                msg = (
+                    f"blob {key}: the jsonl store keeps blobs as files and {taken!r} is a blob, so it cannot "
+                    f"also be the folder of {key!r}; accepted: keys where no key is the folder of another "
+                    "(the sqlite and postgres stores accept both)"
+                )
+                raise StoreError(msg)
+        if self.blob_path(key).is_dir():
+            msg = (
+                f"blob {key}: the jsonl store keeps blobs as files and {key!r} is the folder of other blobs "
+                f"({key}/...); accepted: keys where no key is the folder of another (the sqlite and postgres "
+                "stores accept both)"
+            )
+            raise StoreError(msg)
 
     def blob_get(self, key: str) -> bytes | None:
         path = self.blob_path(key)

@@ -1,14 +1,16 @@
 """The Compare page's data: a ``simulate --format json`` report file, or a replay run here.
 
-Paths come from the page, so they are confined to the directories the server was started with
-(``read_roots``, default the working directory): a path outside them, a directory, a missing or an
-oversized file is refused with a message naming what is accepted. A replay runs one at a time
+Paths come from the page (a report, a transcript, a profile file), so they are confined to the
+directories the server was started with (``read_roots``, default the working directory): a path
+outside them (whether it exists or not), a directory, a missing or an oversized file is refused
+with a message naming what is accepted. A replay runs one at a time
 (they are CPU-bound) on the embedded defaults, offline: extractive summaries, the default steward.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import threading
 import uuid
 from collections import OrderedDict
@@ -46,6 +48,25 @@ def confine(path_text: str, roots: list[Path]) -> Path:
     if not resolved.is_file():
         raise CompareError(f"{path_text!r} is not a file")
     return resolved
+
+
+#: a profile given by name (searched in the profile path, never read as a path)
+PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+
+
+def confine_profiles(spec: str, roots: list[Path]) -> str:
+    """The page's comma-separated profiles with every path confined to ``roots`` (:func:`confine`:
+    a path outside them is refused the same way whether it exists or not); names (and ``all``,
+    ``none``) are found in the profile search path, as ``simulate --profile`` finds them."""
+    out = []
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        if PROFILE_NAME.fullmatch(part) and not Path(part).exists():
+            out.append(part)
+        else:
+            out.append(str(confine(part, roots)))
+    return ",".join(out)
 
 
 def check_report(report: Any, where: str) -> dict[str, Any]:
@@ -124,7 +145,7 @@ class Replays:
                 recording = build_workload(workload, 7)
             else:
                 recording = load_recording(str(confine(transcript, self.roots)))
-            report = compare(profile_names(profiles), recording, Options(window=size))
+            report = compare(profile_names(confine_profiles(profiles, self.roots)), recording, Options(window=size))
         except CtxKernelError as exc:
             raise CompareError(str(exc)) from None
         finally:

@@ -40,7 +40,7 @@ def check_host_seam(session: Session) -> None:
     could never name, so activation fails loudly instead."""
     from ctxkernel import Request
 
-    # the hooks come with the pinned kernel range (ctxkernel>=0.2,<0.3); the seam's method is
+    # the hooks come with the pinned kernel range (ctxkernel>=0.3,<0.4); the seam's method is
     # what an older or patched kernel could lack
     missing = [] if callable(getattr(Request, "decorate", None)) else ["Request.decorate"]
     if missing:
