@@ -1,18 +1,14 @@
-"""The parts behind kept responses: media taken out of an item and put back byte for byte, and
-the credential key every process of one store agrees on."""
+"""The parts behind kept responses: media taken out of an item and put back byte for byte."""
 
 from __future__ import annotations
 
 import base64
-import threading
 
 import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ctxkernel.serve.credentials import CredentialTags
 from ctxkernel.serve.kept_responses import MIN_BASE64, attach_media, detach_media
-from ctxkernel.testing import build_kernel
 
 
 def data_url(data: bytes, media_type: str = "image/png") -> str:
@@ -63,24 +59,3 @@ def test_only_strings_that_come_back_the_same_are_taken_out():
     assert parts[1] == item["content"][1] and parts[3] == item["content"][3] and parts[4] == item["content"][4]
     assert sorted(blobs.values()) == sorted([b"png bytes", b"\x00" * MIN_BASE64])
     assert attach_media(wrapped, blobs.get) == item
-
-
-def test_every_process_of_a_store_gets_the_same_credential_key(tmp_path):
-    stores = [build_kernel(tmp_path, fsync=False).store for _ in range(6)]
-    tags: list[str] = []
-    barrier = threading.Barrier(len(stores))
-
-    def start(store):
-        barrier.wait()
-        tags.append(CredentialTags.from_store(store).tag({"authorization": "Bearer sk-one"}))
-
-    threads = [threading.Thread(target=start, args=(s,)) for s in stores]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert len(tags) == 6 and len(set(tags)) == 1
-    again = CredentialTags.from_store(build_kernel(tmp_path, fsync=False).store)
-    assert again.tag({"authorization": "Bearer sk-one"}) == tags[0]
-    assert again.tag({"authorization": "Bearer sk-two"}) != tags[0]
-    assert again.tag({"x-api-key": "sk-one"}) != again.tag({})

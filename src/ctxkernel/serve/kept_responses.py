@@ -6,7 +6,7 @@ key-value table, namespace ``serve``, key ``response/<id>``, as a record::
     {"owner": tag, "key": session key, "previous": id or null, "size": characters,
      "items": [{"item": ..., "media": [[path, blob key, encoding, media type], ...]}, ...]}
 
-- ``owner`` is the keyed hash of the credential the request came with (``credentials.py``): a
+- ``owner`` is the tenant's tag (the keyed hash of the request's credential, ``tenants.py``): a
   request naming the response with another credential is told there is no such response, as
   when it does not exist, so an id learnt by another tenant reads nothing.
 - ``items`` are the request's new input items and the response's output items, each with its
@@ -34,7 +34,7 @@ import orjson
 from .. import media as media_rules
 from ..logging import get_logger
 from . import responses_wire
-from .credentials import CredentialTags
+from .tenants import same_tenant
 from .wire import MAX_BODY_BYTES, WireError
 
 log = get_logger("ctxkernel.serve")
@@ -173,13 +173,13 @@ class KeptResponses:
             if len(records) >= MAX_CHAIN or not responses_wire.RESPONSE_ID.fullmatch(current):
                 raise responses_wire.unknown_response(response_id)
             record = self.store.kv_get(NAMESPACE, _record_key(current))
-            if not _valid(record) or not CredentialTags.same(record["owner"], owner):
+            if not _valid(record) or not same_tenant(record["owner"], owner):
                 raise responses_wire.unknown_response(response_id)
             if record.get("too_large"):
                 raise too_large(response_id)
             records.append(record)
             current = record["previous"]
-        if base is not None and not CredentialTags.same(base.owner, owner):
+        if base is not None and not same_tenant(base.owner, owner):
             raise responses_wire.unknown_response(response_id)
         if not records:
             assert base is not None

@@ -33,6 +33,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,7 +51,6 @@ from ..pairing import CallIds
 from ..session import Request, Session
 from . import anthropic_wire, openai_wire, responses_wire
 from .config import DEFAULT_ANTHROPIC_VERSION, ServeConfig, upstream_bases
-from .credentials import CredentialTags
 from .identity import Identity, tenant_key
 from .kept_responses import Conversation, KeptResponses
 from .metrics import Metrics
@@ -65,7 +65,7 @@ from .reconcile import (
     record_follow,
     reply_record,
 )
-from .tenants import Scrubber, tenant_secret
+from .tenants import Scrubber, credential_of, same_tenant, tenant_of, tenant_secret
 from .upstream import Upstream, UpstreamError, join_url
 from .wire import ClientRequest, MessageMemo, WireError, add_usage
 from .workers import run_sync
@@ -247,8 +247,6 @@ class Proxy:
         self._media_cache: OrderedDict[str, bytes] = OrderedDict()
         self._media_cache_bytes = 0
         self._media_lock = threading.Lock()
-        #: keyed hashes of the clients' credentials, which kept responses are bound to
-        self.credentials = CredentialTags.from_store(kernel.store)
         self.kept = KeptResponses(kernel.store, self.blob_bytes)
         self.server_key: str | None = None
         key_env = config.api_key_env or profile_serve.api_key_env
@@ -257,6 +255,7 @@ class Proxy:
             if not self.server_key:
                 msg = f"--api-key-env {key_env}: the variable is not set or empty"
                 raise CtxKernelError(msg)
+        #: the key of the tenants' tags (tenants.py)
         self.secret = tenant_secret(kernel.store, config.tenant_secret_env)
         self.sessions: OrderedDict[str, Session] = OrderedDict()
         self._owners: OrderedDict[str, str] = OrderedDict()  # key -> its tenant (never changes once written)
@@ -293,6 +292,10 @@ class Proxy:
                 lock.release()
                 raise busy(key, wait)
         return Lease(lock, advisory)
+
+    def tenant(self, headers: Mapping[str, str]) -> str:
+        """The tenant a request's headers stand for: its credential's tag (``tenants.py``)."""
+        return tenant_of(self.secret, credential_of(headers))
 
     async def open_turn(
         self, wire: Any, identity: Identity, client: ClientRequest, secrets: tuple[str | None, ...] = ()
@@ -630,7 +633,7 @@ class Proxy:
         store = self.kernel.store
         key = identity.key
         owner = self._owner(key)
-        if owner is not None and owner != identity.tenant:
+        if owner is not None and not same_tenant(owner, identity.tenant):
             key = tenant_key(self.secret, key, identity.tenant)
         session_id = self._route(key)["session"]
         session = self.sessions.get(session_id)
@@ -668,7 +671,7 @@ class Proxy:
         owner = self._owner(key)
         if owner is None:
             return True
-        if owner != tenant:
+        if not same_tenant(owner, tenant):
             raise Foreign(tenant_key(self.secret, key, tenant))
         return False
 

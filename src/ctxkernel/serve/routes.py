@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from functools import partial
@@ -150,22 +151,30 @@ class Handler:
         try:
             raw = await read_body(request, proxy.config.body_seconds)
             client = anthropic_wire.parse_request(raw, proxy.memo, count_only=True)
-            identity = identify(request.headers, wire.API, client.system, client.messages, proxy.secret)
+            identity = identify(
+                request.headers, wire.API, client.system, client.messages, proxy.tenant(request.headers)
+            )
             tokens = await run_sync(proxy.count_tokens, identity, client)
             response: Response = JSONBody({"input_tokens": tokens})
         except WireError as error:
             metrics.child(metrics.errors, "bad_request").inc()
             response = error_response(wire, error)
         except Exception as exc:  # reported to the client in its API's shape, and logged
-            what = Scrubber(self._secrets(request)).text(f"{type(exc).__name__}: {exc}")
-            log.exception("serve: count_tokens failed", error=what[:500])
-            metrics.child(metrics.errors, "internal").inc()
-            response = JSONBody(
-                wire.error_body(f"ctxkernel serve: internal error: {type(exc).__name__}"[:1000], kind="api_error"),
-                status_code=500,
-            )
+            response = self._internal_error(wire, "/v1/messages/count_tokens", request, exc)
         metrics.child(metrics.requests, "/v1/messages/count_tokens", str(response.status_code)).inc()
         return response
+
+    def _internal_error(self, wire: Any, route: str, request: HTTPRequest, exc: Exception) -> Response:
+        """A 500 for a failure of ours, logged with its traceback; the request's credentials are
+        taken out of both (an exception's text may hold anything the request carried)."""
+        scrub = Scrubber(self._secrets(request))
+        what = scrub.text(f"{type(exc).__name__}: {exc}")
+        trace = scrub.text("".join(traceback.format_exception(exc)))
+        log.error("serve: request failed", route=route, error=what[:500], exception=trace)
+        self.proxy.metrics.child(self.proxy.metrics.errors, "internal").inc()
+        return JSONBody(
+            wire.error_body(f"ctxkernel serve: internal error: {what}"[:1000], kind="api_error"), status_code=500
+        )
 
     def _secrets(self, request: HTTPRequest) -> tuple[str | None, ...]:
         headers = request.headers
@@ -182,12 +191,7 @@ class Handler:
             metrics.child(metrics.errors, "client_disconnected").inc()
             response = Response(status_code=499)  # nobody reads it: the connection is gone
         except Exception as exc:  # reported to the client in its API's shape, and logged
-            what = Scrubber(self._secrets(request)).text(f"{type(exc).__name__}: {exc}")
-            log.exception("serve: request failed", route=route, error=what[:500])
-            metrics.child(metrics.errors, "internal").inc()
-            response = JSONBody(
-                wire.error_body(f"ctxkernel serve: internal error: {what}"[:1000], kind="api_error"), status_code=500
-            )
+            response = self._internal_error(wire, route, request, exc)
         metrics.child(metrics.requests, route, str(response.status_code)).inc()
         return response
 
@@ -195,24 +199,24 @@ class Handler:
         proxy = self.proxy
         raw = await read_body(request, proxy.config.body_seconds)
         known_key = None
+        tenant = proxy.tenant(request.headers)
         if wire is responses_wire:
             body = responses_wire.load_body(raw)
             previous = body.get("previous_response_id")
-            owner = proxy.credentials.tag(request.headers)
             kept = earlier = None
             if previous is not None:
                 if not isinstance(previous, str):
                     raise WireError(400, "previous_response_id: expected a string", param="previous_response_id")
-                kept, earlier = await run_sync(proxy.earlier_items, previous, owner)
+                kept, earlier = await run_sync(proxy.earlier_items, previous, tenant)
                 known_key = kept.key
             client = responses_wire.parse_request(
                 body, proxy.memo, earlier=earlier, upstream=proxy.responses_upstream_kind
             )
-            client.extra.update(owner=owner, kept=kept)
+            client.extra.update(owner=tenant, kept=kept)
         else:
             client = wire.parse_request(raw, proxy.memo)
         client.extra["media"] = proxy.media_bytes
-        identity = identify(request.headers, wire.API, client.system, client.messages, proxy.secret)
+        identity = identify(request.headers, wire.API, client.system, client.messages, tenant)
         if known_key is not None and SESSION_HEADER not in request.headers:
             identity = Identity(known_key, identity.tenant)
         # from here on the client going away cuts whatever the request waits for
