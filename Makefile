@@ -18,6 +18,11 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/ctxkernel simulate --workload coding-long --profile none,all
+	@echo
+	@echo "Next, the same session under pressure (half its unmanaged peak), with a chart:"
+	@echo "  $(VENV)/bin/ctxkernel simulate --workload coding-long --profile none,all --window 0.5x --report demo.html"
+	@echo "and your own recorded session (Claude Code, Codex, OpenAI chat, SWE-agent, OpenHands):"
+	@echo "  $(VENV)/bin/ctxkernel simulate --transcript PATH --profile none,all --window 0.5x"
 
 # `make lint` checks formatting too (ruff format --check); LINT_FORMAT=0 skips that part
 LINT_FORMAT ?= 1

@@ -172,3 +172,44 @@ def test_the_overflow_path_keeps_a_smaller_tail_when_the_tail_holds_all_but_the_
     request = session.prepare_request()
     assert [(c["strategy"], c["kind"]) for c in compactions(session)] == [("basic", "summary")]
     assert sent_tokens(session, request) <= 2_500
+
+
+def test_a_compaction_that_grew_the_surface_is_still_composed_again(tmp_path: Path) -> None:
+    """Regression: the guard's overflow path may commit something that does not shrink the surface
+    (a summary longer than what it replaced, with the instructions kept beside it). The request was
+    composed again only when the surface shrank, so ``allow_overflow`` returned the request composed
+    before the commit: messages no longer on the surface (found by ``ctxkernel simulate``'s
+    projection check: decay on a small window with model summaries)."""
+    from pydantic import BaseModel, ConfigDict
+
+    import ctxkernel
+
+    class Settings(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+
+    class Noting:
+        """A strategy whose overflow path only adds a notice: the log changes, the surface grows."""
+
+        @ctxkernel.hookimpl
+        def register_strategy(self, register: Any) -> None:
+            register(ctxkernel.StrategySpec("noting", settings=Settings))
+
+        @ctxkernel.hookimpl
+        def request_error(self, session: Any, error: Any) -> bool:
+            session.add_message(Message.user("over the window", ctxkernel.Source.plugin_form("noting", "notice")))
+            return False
+
+    profile = make_profile(model={"context_window": 3_000, "reserved_output_tokens": 500})
+    profile.profile.guard_request = True
+    profile.model_policies = []
+    kernel = build_kernel(tmp_path, strategies=["noting"], plugins=[("noting", Noting())], profile=profile, fsync=False)
+    session = kernel.open_session()
+    session.user("read the files")
+    noted = 0
+    for n in range(40):  # small results: no message is large enough for the kernel's excerpts
+        request = session.prepare_request(allow_overflow=True)
+        assert list(request.seqs) == [node.seq for node in session.surface.nodes], n
+        noted += "over the window" in request.messages[-1].text
+        session.commit_reply(Message.assistant("", [ToolCallBlock(f"c{n}", "read", {"path": f"{n}.txt"})]))
+        session.tool_result(f"c{n}", " ".join(f"w{n}x{k}" for k in range(30)))
+    assert noted > 0  # the overflow path ran, and its notice is in the request that followed it

@@ -5,7 +5,6 @@ The CLI renders the same records to stderr (``configure_logging``)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import subprocess
 import sys
@@ -56,6 +55,15 @@ def test_a_plain_script_gets_nothing_on_stdout_and_nothing_below_warning(tmp_pat
     assert done.stdout == ""
     assert "session created" not in done.stderr and "debug" not in done.stderr.lower()
     assert done.stderr == ""
+
+
+def test_an_unconfigured_library_prints_not_even_its_warnings():
+    script = (
+        "import ctxkernel\n"
+        "ctxkernel.get_logger('ctxkernel.guard').warning('messages could not be excerpted', session='s')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout == "" and done.stderr == ""
 
 
 def test_an_application_logging_config_sees_the_kernel_debug_records(tmp_path):
@@ -121,7 +129,7 @@ def cli_logging():
     reset_logging()
 
 
-def test_the_cli_renders_kernel_records_as_json_lines_on_stderr(cli_logging, capsys):
+def test_the_cli_renders_kernel_records_as_text_lines_on_stderr(cli_logging, capsys):
     configure_logging("debug")
     get_logger("ctxkernel.kernel").debug("session created", session="abc")
     get_logger("ctxkernel.tools").info("below the level", session="abc")
@@ -131,10 +139,12 @@ def test_the_cli_renders_kernel_records_as_json_lines_on_stderr(cli_logging, cap
         get_logger("ctxkernel.tools").error("tool raised", tool="t", exc_info=True)
     out, err = capsys.readouterr()
     assert out == ""
-    lines = [json.loads(line) for line in err.splitlines()]
-    assert lines[0]["event"] == "session created" and lines[0]["session"] == "abc" and lines[0]["level"] == "debug"
-    assert "timestamp" in lines[0]
-    assert "ValueError: boom" in lines[2]["exception"]
+    lines = err.splitlines()
+    assert "[debug" in lines[0] and "session created" in lines[0] and "session=abc" in lines[0]
+    assert lines[0][:4].isdigit()  # a timestamp first
+    assert not any(line.lstrip().startswith("{") for line in lines)  # text, not JSON
+    assert "\x1b[" not in err  # no colors off a terminal
+    assert "ValueError: boom" in err
 
 
 def test_the_cli_level_filters_and_a_second_configure_replaces_the_first(cli_logging, capsys):
@@ -143,8 +153,11 @@ def test_the_cli_level_filters_and_a_second_configure_replaces_the_first(cli_log
     get_logger("ctxkernel.kernel").info("hidden")
     get_logger("ctxkernel.kernel").warning("shown")
     _, err = capsys.readouterr()
-    assert [json.loads(line)["event"] for line in err.splitlines()] == ["shown"]
+    assert len(err.splitlines()) == 1 and "shown" in err and "hidden" not in err
     assert structlog.is_configured()
+    configure_logging(None)  # the command's default: no log line at all
+    get_logger("ctxkernel.kernel").warning("not shown")
+    assert capsys.readouterr().err == ""
 
 
 def test_the_ctxkernel_command_keeps_its_log_lines_on_stderr(tmp_path):
@@ -169,8 +182,16 @@ def test_the_ctxkernel_command_keeps_its_log_lines_on_stderr(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert "session created" not in done.stdout
-    events = [json.loads(line) for line in done.stderr.splitlines()]
-    assert any(e["event"] == "session created" and e["level"] == "debug" and "timestamp" in e for e in events)
+    assert any("[debug" in line and "session created" in line for line in done.stderr.splitlines())
+    quiet = subprocess.run(
+        [sys.executable, "-m", "ctxkernel.cli", "validate", str(repo / "profiles" / "basic.toml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"CTXKERNEL_HOME": str(home), "PATH": "/usr/bin:/bin"},
+        cwd=tmp_path,
+    )
+    assert quiet.returncode == 0 and quiet.stderr == ""  # no --log-level: no log line
 
 
 def test_library_log_lines_are_redacted_too(caplog):

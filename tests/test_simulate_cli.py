@@ -36,18 +36,28 @@ PINNED_METRIC_KEYS = [
     "summary_output_tokens",
     "summarizer",
     "billed_input_tokens",
-    "cached_input_tokens",
+    "cache_read_tokens",
+    "cache_write_tokens",
     "output_tokens",
-    "cost",
+    "cost_usd",
     "invariant_violations",
     "invariant_details",
     "instructions_visible",
-    "history_recoverable",
-    "history_recoverable_declared",
+    "instructions_visible_min",
+    "instructions_visible_mean",
+    "recall_needs",
+    "recall_found",
+    "recall_cued",
+    "recall_method",
+    "recall_tools",
     "recall_calls",
     "recall_tokens",
-    "recall_method",
-    "recall_probed",
+    "history_reachable",
+    "history_reachable_declared",
+    "history_reachable_method",
+    "history_reachable_calls",
+    "history_reachable_tokens",
+    "history_reachable_probed",
     "probes",
     "synthetic_results",
     "sessions",
@@ -72,8 +82,18 @@ PINNED_SOURCE_KEYS = [
     "markers",
     "recorded_peak_input_tokens",
     "skipped_lines",
+    "accounting",
 ]
-PINNED_SETTINGS_KEYS = ["prices", "steward", "summarizer", "window", "window_share"]
+PINNED_SETTINGS_KEYS = [
+    "model",
+    "price_table",
+    "prices",
+    "prices_given",
+    "steward",
+    "summarizer",
+    "window",
+    "window_share",
+]
 
 
 def run_json(capsys, *args: str) -> tuple[int, dict]:
@@ -124,8 +144,11 @@ def test_window_and_prices_flags(capsys):
     assert code == 0
     assert basic["effective_window"] == 50_000 - 8_192
     assert basic["peak_prompt_tokens"] <= basic["effective_window"]
-    assert basic["cost"] > 0
-    assert report["settings"]["prices"] == {"input": 2.0, "cached_input": 0.5, "output": 8.0}
+    assert basic["cost_usd"] > 0
+    assert report["settings"]["prices_given"] == {"input": 2.0, "cached_input": 0.5, "output": 8.0}
+    price = report["settings"]["prices"]
+    # --prices keeps the model's cache rules: a write keeps its ratio to the input price
+    assert (price["input"], price["cache_read"], price["output"], price["cache_write"]) == (2.0, 0.5, 8.0, 2.5)
 
 
 @pytest.mark.parametrize(
@@ -137,7 +160,8 @@ def test_window_and_prices_flags(capsys):
         ),
         (["--workload", "chat-short", "--prices", "1,2"], "expected three non-negative numbers"),
         (["--workload", "chat-short", "--steward", "nomodule"], "expected 'default', 'none' or 'module:function'"),
-        (["--workload", "chat-short", "--summarizer", "gpt"], "expected 'extractive', 'scripted'"),
+        (["--workload", "chat-short", "--summarizer", "gpt"], "expected 'stand-in', 'extractive'"),
+        (["--workload", "chat-short", "--model", "gpt-99"], "no price for model 'gpt-99'"),
         (["--workload", "chat-short", "--run", "1"], "does not apply to --workload"),
     ],
 )
@@ -174,7 +198,21 @@ def test_keep_sessions_keeps_every_replayed_session_for_inspect(capsys, tmp_path
         assert view["profile"] == profile  # opened with the profile it was replayed with
         assert view["turn"] == report["source"]["user_messages"]
         assert len(view["compactions"]) == sum(row["compactions"].values())
+        # the window the session ran at, not the profile's (before: 119,808 for a 700-token run)
+        assert view["pressure"]["effective_window"] == row["effective_window"] < 700
+        # labelled with its profile and what was replayed; none as the unmanaged baseline
+        assert view["origin"].startswith(f"ctxkernel simulate: profile {row['profile']}")
+        assert view["origin"].endswith("workload chat-short seed 7")
+        assert ("(unmanaged baseline)" in view["origin"]) == (row["profile"] == "none")
     assert "handoff" in view["strategies"]  # the last one: its strategy panel is there
+    from ctxkernel.profile import load_profile
+    from ctxkernel.ui.data import Inspector
+
+    kernel = __import__("ctxkernel").Kernel(load_profile("basic"))
+    data = Inspector(kernel)
+    (basic_id,) = report["profiles"][1]["session_ids"]
+    assert data.timeline(basic_id)["effective_window"] == report["profiles"][1]["effective_window"]
+    assert data.row(basic_id)["origin"] == data.view(basic_id)["origin"]
 
 
 def test_without_keep_sessions_no_ids_are_listed(capsys):
@@ -272,3 +310,48 @@ def test_make_demo_compares_every_shipped_profile_on_the_long_workload():
     makefile = (REPO / "Makefile").read_text()
     demo = re.search(r"^demo:.*\n((?:\t.*\n)+)", makefile, re.MULTILINE)
     assert demo and "simulate --workload coding-long --profile none,all" in demo.group(1)
+    # it ends with the two commands worth running next: under pressure, and on the user's own session
+    echoed = [line for line in demo.group(1).splitlines() if "@echo" in line and "ctxkernel simulate" in line]
+    assert len(echoed) == 2
+    assert "--window 0.5x --report" in echoed[0] and "--transcript PATH" in echoed[1]
+
+
+def test_inspect_into_a_closed_pipe_exits_quietly(capsys, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    kept = tmp_path / "kept"
+    _, report = run_json(capsys, "--workload", "chat-short", "--profile", "basic", "--keep-sessions", str(kept))
+    (session_id,) = report["profiles"][0]["session_ids"]
+    env = {**os.environ, "CTXKERNEL_HOME": str(kept)}
+    reader = subprocess.Popen(
+        [sys.executable, "-m", "ctxkernel.cli", "inspect", session_id],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=tmp_path,
+    )
+    reader.stdout.close()  # `| head -0`: the reader is gone before the first line
+    err = reader.stderr.read().decode()
+    assert reader.wait(timeout=120) == 0
+    assert err == ""
+
+
+def test_a_kept_continuation_links_to_its_parent(capsys, tmp_path, monkeypatch):
+    from ctxkernel.simulate import Options, Recording, compare
+
+    workload = build_workload("coding-long")
+    recording = Recording(workload.items[:160], workload.source)
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (row,) = compare(["chapters"], recording, Options(window=12_000, keep_sessions=kept))["profiles"]
+    assert row["sessions"] > 1
+    monkeypatch.setenv("CTXKERNEL_HOME", str(kept))
+    monkeypatch.chdir(tmp_path)
+    parent, child = row["session_ids"][:2]
+    assert main(["inspect", child, "--json"]) == 0
+    view = json.loads(capsys.readouterr().out)
+    assert view["parent"] == parent
+    assert main(["inspect", child]) == 0
+    assert f"continues {parent}" in capsys.readouterr().out

@@ -72,14 +72,12 @@ def test_parallel_workers_give_the_same_report(corpus_runs):
     assert [(s["file"], s["run"], s["error"]) for s in one["sessions"]] == [
         (s["file"], s["run"], s["error"]) for s in two["sessions"]
     ]
-    exact = ("status", "requests", "overflows", "compactions", "invariant_violations", "history_recoverable", "probes")
     for a, b in zip(one["sessions"], two["sessions"], strict=True):
         for row_a, row_b in zip(a["profiles"], b["profiles"], strict=True):
-            assert {k: row_a[k] for k in exact} == {k: row_b[k] for k in exact}
-            # handoff's notes carry timestamps, so its token counts may differ by a token between any two runs
-            assert row_a["billed_input_tokens"] == pytest.approx(row_b["billed_input_tokens"], rel=0.01)
-            if row_a["profile"] != "handoff":
-                assert row_a["prompt_tokens"] == row_b["prompt_tokens"]
+            # times come from the recording and ids from a seed: the same figures, in any worker
+            row_a, row_b = dict(row_a), dict(row_b)
+            row_a.pop("wall_seconds"), row_b.pop("wall_seconds")
+            assert row_a == row_b
 
 
 def test_window_share_follows_each_sessions_own_unmanaged_peak(corpus_runs):
@@ -105,7 +103,7 @@ def test_aggregate_sums_medians_and_p90s_the_ok_rows(corpus_runs):
                 assert figure is None
                 continue
             assert figure["sum"] == pytest.approx(sum(values))
-            assert values[0] <= figure["median"] <= figure["p90"] <= values[-1]
+            assert values[0] <= figure["p10"] <= figure["median"] <= figure["p90"] <= values[-1]
 
 
 def test_aggregate_of_known_rows():
@@ -119,10 +117,10 @@ def test_aggregate_of_known_rows():
     sessions.append({"profiles": [row("a", 999, status="failed")]})
     agg = aggregate(sessions, ["a"])["a"]
     assert (agg["ok"], agg["failed"], agg["overflows"]) == (10, 1, 10)
-    assert agg["figures"]["peak_prompt_tokens"] == {"sum": 550, "median": 55, "p90": 90}
+    assert agg["figures"]["peak_prompt_tokens"] == {"sum": 550, "median": 55, "p10": 10, "p90": 90}
     assert agg["compactions"] == {"summary": 20}
     assert agg["probes"]["decisions"] == {"count": 20, "visible": 0.5, "recoverable": 1.0}
-    assert agg["figures"]["cost"] is None
+    assert agg["figures"]["cost_usd"] is None and agg["cost_vs_basic_pooled"] is None
 
 
 def test_a_glob_selects_files_and_bad_specs_are_usage_errors(capsys, tmp_path):
@@ -161,9 +159,11 @@ def test_corpus_html_report_draws_distributions_offline(capsys, tmp_path):
     assert code == 0
     text = page.read_text()
     capsys.readouterr()
-    assert text.count('class="distribution"') == 4
-    # a dot per session and profile in every chart: 2 sessions x 2 profiles x 4 charts
-    assert len(re.findall(r'<circle class="session"', text)) == 16
+    from ctxkernel.simulate.report import DISTRIBUTIONS
+
+    assert text.count('class="distribution"') == len(DISTRIBUTIONS)
+    # a dot per session and profile with a value: 2 sessions x 2 profiles in the charts every row fills
+    assert len(re.findall(r'<circle class="session"', text)) >= 2 * 2 * 4
     assert 'id="aggregate"' in text and 'id="sessions"' in text and 'id="probes"' in text
     assert "<script" not in text and "<link" not in text
     assert "http" not in text.replace('xmlns="http://www.w3.org/2000/svg"', "")

@@ -101,3 +101,139 @@ def test_malformed_editor_arguments_give_no_probe_and_do_not_raise():
     # found by the property test: a model can send a list where a command string belongs
     items = [_call("c1", "str_replace_editor", command=["create"], path="a.py"), ToolResultItem("c1", "ok")]
     assert [p for p in extract(Recording(items)) if p.kind == "files_changed"] == []
+
+
+def test_shell_edits_count_as_files_changed():
+    patch = "apply_patch <<'PATCH'\n*** Begin Patch\n*** Update File: src/app.ts\n@@\n-a\n+b\n*** End Patch\nPATCH"
+    items = [
+        _call("c1", "shell", command=["bash", "-lc", patch]),
+        ToolResultItem(
+            "c1", '{"output":"Success. Updated the following files:\\nM src/app.ts\\n","metadata":{"exit_code":0}}'
+        ),
+        _call("c2", "shell", command=["apply_patch", "*** Begin Patch\n*** Add File: docs/new.md\n+hi\n*** End Patch"]),
+        ToolResultItem("c2", "Done"),
+        _call("c3", "Bash", command="cat > notes/plan.md <<'EOF'\n# plan\nEOF"),
+        ToolResultItem("c3", ""),
+        _call("c4", "bash", command="cat <<EOF >> CHANGELOG.md\n- fix\nEOF\necho done > /dev/null"),
+        ToolResultItem("c4", ""),
+        _call("c5", "bash", command="tee -a config.toml <<EOF\nx = 1\nEOF"),
+        ToolResultItem("c5", "x = 1"),
+        _call("c6", "bash", command="grep -n foo src/a.py > /tmp/out.txt"),  # no heredoc: not an edit rule
+        ToolResultItem("c6", ""),
+    ]
+    found = sorted(p.text for p in extract(Recording(items)) if p.kind == "files_changed")
+    assert found == ["CHANGELOG.md", "config.toml", "docs/new.md", "notes/plan.md", "src/app.ts"]
+
+
+def test_errors_are_found_in_json_encoded_output():
+    items = [
+        _call("c1", "shell", command=["bash", "-lc", "pnpm tsc --noEmit"]),
+        ToolResultItem(
+            "c1",
+            '{"output":"src/a.ts(3,7): error TS2345: Argument of type \'string\' is not assignable.\\n",'
+            '"metadata":{"exit_code":2}}',
+        ),
+        _call("c2", "shell", command=["bash", "-lc", "bash build.sh"]),
+        ToolResultItem(
+            "c2",
+            '{"output":"build.sh: line 4: syntax error near unexpected token `fi\'\\n","metadata":{"exit_code":2}}',
+        ),
+        _call("c3", "shell", command=["bash", "-lc", "sed -n 1,5p missing.ts"]),
+        ToolResultItem("c3", '{"output":"sed: missing.ts: No such file or directory\\n","metadata":{"exit_code":1}}'),
+        _call("c4", "shell", command=["bash", "-lc", "ls"]),
+        ToolResultItem("c4", '{"output":"README.md\\n","metadata":{"exit_code":0}}'),
+    ]
+    probes = extract(Recording(items))
+    errors = sorted(p.text for p in probes if p.kind == "errors_seen")
+    assert errors == [
+        "build.sh: line 4: syntax error near unexpected token `fi'",
+        "sed: missing.ts: No such file or directory",
+        "src/a.ts(3,7): error TS2345: Argument of type 'string' is not assignable.",
+    ]
+    assert [p.text for p in probes if p.kind == "commands_worked"] == ["ls"]
+
+
+def test_a_json_encoded_error_counts_as_visible_while_its_result_is_on_the_surface():
+    items = [
+        UserItem("Check the types."),
+        _call("c1", "shell", command=["bash", "-lc", "pnpm tsc"]),
+        ToolResultItem(
+            "c1", '{"output":"x.ts(1,1): error TS2304: Cannot find name \\"foo\\".\\n","metadata":{"exit_code":2}}'
+        ),
+        AssistantItem(Message.assistant("Found it.")),
+    ]
+    (row,) = compare(["none"], Recording(items, {"kind": "transcript"}), Options())["profiles"]
+    assert row["probes"]["errors_seen"] == {"count": 1, "visible": 1.0, "recoverable": 1.0}
+
+
+def test_an_instruction_is_shown_only_whole():
+    from ctxkernel.simulate.probes import canonical, shown_whole
+
+    def shown(instruction: str, text: str) -> bool:
+        return shown_whole(canonical(instruction), canonical(text))
+
+    assert shown("yes", "yes")
+    assert not shown("yes", "I think yes is the answer here.")  # a one-word instruction inside a sentence
+    assert not shown("Use tabs.", "Use tabs. And spaces.")  # not where it ends
+    assert shown("Use tabs.", "<user-instructions>\nUse tabs. [item_4]\n</user-instructions>")
+    assert shown("Use tabs.\nNever spaces.", "> Use tabs.\n> Never spaces.")  # a quoted block
+    assert shown("Use tabs.\nNever spaces.", "- User: Use tabs. Never spaces.\n- User: next")  # a summary's bullet
+    assert shown("Use tabs.", "⟦p3⟧ Use tabs.")  # an anchor before it
+    assert shown("Use tabs.", "Goal (goal = item_1): Use tabs.")  # a label
+    assert not shown("Use tabs and spaces.", "- User: Use tabs and sp…")  # clipped is not whole
+
+
+def test_instructions_are_checked_at_every_request():
+    from ctxkernel.simulate.probes import InstructionWatch
+
+    watch = InstructionWatch()
+    keep, tabs = Message.user("Keep the API."), Message.user("Use tabs.")
+    watch.check("", [keep])  # before any instruction: not counted
+    watch.give("Keep the API.")
+    watch.check("", [keep])
+    watch.give("Use tabs.")
+    watch.check("", [keep, tabs])
+    watch.check("", [Message.user("a summary that says: keep the API"), tabs])  # the first left the surface
+    watch.check("", [keep, tabs])  # and came back (an instruction block)
+    assert watch.shares == [1.0, 1.0, 0.5, 1.0]
+    items = [UserItem("Keep the API."), AssistantItem(Message.assistant("ok")), UserItem("Use tabs.")]
+    items += [AssistantItem(Message.assistant(f"step {i}")) for i in range(3)]
+    (row,) = compare(["none"], Recording(items, {"kind": "transcript"}), Options())["profiles"]
+    assert row["instructions_visible"] == row["instructions_visible_min"] == row["instructions_visible_mean"] == 1.0
+
+
+def test_slash_commands_and_their_output_are_not_instructions(tmp_path):
+    import json
+
+    from ctxkernel.simulate import load_recording
+
+    def line(uuid, parent, content, **extra):
+        return {
+            "type": "user",
+            "uuid": uuid,
+            "parentUuid": parent,
+            "message": {"role": "user", "content": content},
+            **extra,
+        }
+
+    lines = [
+        line("u1", None, "Port the parser."),
+        line("u2", "u1", "<command-name>/compact</command-name>\n<command-message>compact</command-message>"),
+        line("u3", "u2", "<local-command-stdout>Compacted</local-command-stdout>"),
+        line("u4", "u3", "Caveat: the messages below were generated by local commands.", isMeta=True),
+    ]
+    path = tmp_path / "s.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    users = [i for i in load_recording(path).items if isinstance(i, UserItem)]
+    assert [u.instruction for u in users] == [True, False, False, False]
+
+
+def test_an_instruction_with_its_own_list_is_shown_flattened_into_a_summary():
+    # regression: the Codex session's one instruction (a markdown list inside) was counted as never
+    # shown: its own "- " items were stripped as if they were a quote's markers
+    from ctxkernel.simulate.probes import canonical, shown_whole
+
+    instruction = "# Context\n## Open tabs:\n- plan.md: docs/plan.md\n## My request:\nMigrate to prisma."
+    summary = "## Primary Request and Intent\n- User: # Context ## Open tabs: - plan.md: docs/plan.md ## My request: Migrate to prisma.\n"
+    assert shown_whole(canonical(instruction), canonical(summary))
+    assert shown_whole(canonical(instruction), canonical("> " + instruction.replace("\n", "\n> ")))

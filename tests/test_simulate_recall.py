@@ -26,21 +26,22 @@ def _row(report: dict[str, Any], name: str) -> dict[str, Any]:
 def test_measured_recall_never_exceeds_the_declared_figure(long_report):
     for row in long_report["profiles"]:
         assert row["status"] == "ok", row["error"]
-        assert 0.0 <= row["history_recoverable"] <= row["history_recoverable_declared"] <= 1.0
-        if row["recall_method"] is None:  # nothing to call: measured is what the surface shows
-            assert row["history_recoverable"] == row["history_recoverable_declared"]
-            assert row["recall_calls"] == row["recall_tokens"] == 0
+        assert 0.0 <= row["history_reachable"] <= row["history_reachable_declared"] <= 1.0
+        if row["history_reachable_method"] is None:  # nothing to call: measured is what the surface shows
+            assert row["history_reachable"] == row["history_reachable_declared"]
+            assert row["history_reachable_calls"] == row["history_reachable_tokens"] == 0
 
 
 @pytest.mark.slow
 def test_history_tools_bring_every_hidden_message_back_at_a_cost(long_report):
     for name, method in (("handoff", "history"), ("rollover", "lookup")):
         row = _row(long_report, name)
-        assert row["recall_method"] == method
-        assert row["history_recoverable"] == 1.0
-        assert row["recall_probed"] == recall.MAX_TARGETS  # the long workload hides more than the cap
-        assert row["recall_calls"] > row["recall_probed"]  # listings plus one read per message at least
-        assert row["recall_tokens"] > row["recall_calls"]
+        assert row["history_reachable_method"] == method
+        assert row["history_reachable"] == 1.0
+        assert row["history_reachable_probed"] == recall.MAX_TARGETS  # the long workload hides more than the cap
+        # listings plus one read per message at least
+        assert row["history_reachable_calls"] > row["history_reachable_probed"]
+        assert row["history_reachable_tokens"] > row["history_reachable_calls"]
 
 
 @pytest.mark.slow
@@ -48,9 +49,9 @@ def test_chapters_gives_back_a_continued_parents_turn_in_progress(long_report):
     # the parent's turn in progress at a continuation is its last chapter, listed in the child's
     # table of contents: measured recall reaches the declared figure (before: below it)
     row = _row(long_report, "chapters")
-    assert row["recall_method"] == "chapters"
+    assert row["history_reachable_method"] == "chapters"
     assert row["compactions"].get("continue", 0) > 0
-    assert row["history_recoverable"] == row["history_recoverable_declared"] == 1.0
+    assert row["history_reachable"] == row["history_reachable_declared"] == 1.0
 
 
 def test_only_content_that_comes_back_counts(monkeypatch):
@@ -67,20 +68,20 @@ def test_only_content_that_comes_back_counts(monkeypatch):
 
     monkeypatch.setattr(History, "read_item", clipped)
     broken = run_profile("handoff", recording, options)
-    assert intact["history_recoverable"] == 1.0
-    assert broken["recall_calls"] > 0
-    assert broken["history_recoverable"] < 0.5
-    assert broken["history_recoverable_declared"] == intact["history_recoverable_declared"]
+    assert intact["history_reachable"] == 1.0
+    assert broken["history_reachable_calls"] > 0
+    assert broken["history_reachable"] < 0.5
+    assert broken["history_reachable_declared"] == intact["history_reachable_declared"]
 
 
 def test_recall_work_is_capped_and_the_sample_scaled(monkeypatch):
     monkeypatch.setattr(recall, "MAX_TARGETS", 10)
     row = run_profile("handoff", build_workload("coding-long"), Options(window=20_000))
-    assert row["recall_probed"] == 10
-    assert row["history_recoverable"] == 1.0
+    assert row["history_reachable_probed"] == 10
+    assert row["history_reachable"] == 1.0
     monkeypatch.setattr(recall, "MAX_CALLS", 3)  # listings alone use them up: nothing is read
     starved = run_profile("handoff", build_workload("coding-long"), Options(window=20_000))
-    assert starved["history_recoverable"] < row["history_recoverable"]
+    assert starved["history_reachable"] < row["history_reachable"]
 
 
 def test_sample_is_evenly_spaced_and_bounded():
@@ -112,3 +113,138 @@ def test_folded_chapters_of_a_long_table_of_contents_are_read_too():
         "</chapters-toc>"
     )
     assert recall.chapter_numbers(toc) == ["5", "1", "2", "3", "4"]
+
+
+# -- cued recall ------------------------------------------------------------------------------------------
+def _slice(items: int = 160):
+    from ctxkernel.simulate import Recording
+
+    recording = build_workload("coding-long")
+    return Recording(recording.items[:items], recording.source, recording.system)
+
+
+@pytest.fixture(scope="module")
+def cued_report() -> dict[str, Any]:
+    return compare(["none", "basic", "handoff", "rollover", "chapters"], _slice(), Options(window=12_000))
+
+
+def test_cued_recall_needs_only_what_was_hidden_and_stays_in_its_budget(cued_report):
+    none = _row(cued_report, "none")
+    assert none["recall_needs"] == 0 and none["recall_cued"] is None  # nothing is hidden unmanaged
+    for name in ("basic", "handoff", "rollover", "chapters"):
+        row = _row(cued_report, name)
+        assert row["recall_method"] == "cued"
+        assert row["recall_needs"] > 0, name
+        assert 0 <= row["recall_found"] <= row["recall_needs"]
+        assert row["recall_cued"] == round(row["recall_found"] / row["recall_needs"], 4)
+        assert row["recall_calls"] <= recall.NEED_CALLS * row["recall_needs"]
+        window = row["effective_window"]
+        assert row["recall_tokens"] <= row["recall_needs"] * int(window * recall.NEED_OUTPUT_SHARE)
+    assert _row(cued_report, "handoff")["recall_tools"] == "history"
+    assert _row(cued_report, "rollover")["recall_tools"] == "lookup"
+    assert _row(cued_report, "chapters")["recall_tools"] == "chapters"
+    # search tools bring most needs back; chapters' search covers what its artifacts hold
+    for name in ("handoff", "rollover", "chapters"):
+        assert _row(cued_report, name)["recall_cued"] >= 0.5, name
+
+
+def test_candidates_are_cues_that_appeared_before():
+    from ctxkernel import Message, ToolCallBlock
+    from ctxkernel.simulate import AssistantItem, Recording, ToolResultItem, UserItem
+    from ctxkernel.simulate.cues import candidates, cues_in
+
+    assert cues_in("fix src/app/lexer.py: parse_records fails with TS2345 and a KeyError in loadConfig") == [
+        "src/app/lexer.py",
+        "parse_records",
+        "TS2345",
+        "KeyError",
+        "loadConfig",
+    ]
+    items = [
+        UserItem("Run `make check-all` before you push."),
+        AssistantItem(Message.assistant("", [ToolCallBlock("c1", "Read", {"file_path": "src/old_module.py"})])),
+        ToolResultItem("c1", "def load_config():\n    raise KeyError('x')"),
+        AssistantItem(
+            Message.assistant("load_config raises.", [ToolCallBlock("c2", "Bash", {"command": "make check-all"})])
+        ),
+        AssistantItem(Message.assistant("", [ToolCallBlock("c3", "Read", {"file_path": "src/new_module.py"})])),
+    ]
+    found = candidates(Recording(items))
+    assert sorted(found) == [3]  # the new path is no need: it never appeared before
+    assert [c.cue for c in found[3]] == ["make check-all", "load_config"]
+    assert found[3][1].evidence == ("def load_config():",)
+
+
+class _OpaqueRecall:
+    """A test strategy whose one recall tool reads a message by an id it never shows anywhere."""
+
+    @staticmethod
+    def secret(seq: int) -> str:
+        import hashlib
+
+        return "h" + hashlib.sha256(f"secret:{seq}".encode()).hexdigest()[:20]
+
+    def __init__(self) -> None:
+        from pydantic import BaseModel, ConfigDict
+
+        import ctxkernel
+
+        class Settings(BaseModel):
+            model_config = ConfigDict(extra="forbid")
+
+        class ReadArgs(ctxkernel.ToolArgs):
+            id: str
+
+        self._spec = ctxkernel.StrategySpec("opaquerecall", settings=Settings, capabilities={"recall"})
+        self._args = ReadArgs
+
+    def _read(self, session: Any, args: Any) -> Any:
+        import ctxkernel
+
+        for event in session.events:
+            if self.secret(event.seq) == args.id and "message" in event.data:
+                return ctxkernel.ToolOutcome(str(event.data["message"]))
+        return ctxkernel.ToolOutcome(f"no item {args.id!r}", is_error=True)
+
+
+def _opaque_plugin() -> Any:
+    import ctxkernel
+
+    holder = _OpaqueRecall()
+
+    class Plugin:
+        @ctxkernel.hookimpl
+        def register_strategy(self, register: Any) -> None:
+            register(holder._spec)
+
+        @ctxkernel.hookimpl
+        def register_tools(self, register: Any, session: Any) -> None:
+            register(
+                ctxkernel.Tool(
+                    "history_read_item", "read an item by id", holder._args, holder._read, strategy="opaquerecall"
+                )
+            )
+
+    return Plugin(), holder
+
+
+def test_a_recall_tool_whose_ids_are_never_shown_scores_zero(tmp_path):
+    from ctxkernel.simulate.replay import Replay
+    from ctxkernel.testing import build_kernel
+
+    plugin, holder = _opaque_plugin()
+    kernel = build_kernel(
+        tmp_path / "home",
+        strategies=["basic", "opaquerecall"],
+        plugins=[("opaquerecall", plugin)],
+        model={"context_window": 12_000, "reserved_output_tokens": 1_500},
+        fsync=False,
+    )
+    replay = Replay(kernel, _slice(), Options())
+    replay.run()
+    m = replay.metrics()
+    assert m["recall_needs"] > 0 and m["recall_tools"] == "read-only"
+    assert m["recall_found"] == 0 and m["recall_cued"] == 0.0
+    # the tool works: a prober that knew the replay's seqs (a model does not) would read them back
+    outcome = replay.session.run_tool({"id": "x", "name": "history_read_item", "arguments": {"id": holder.secret(1)}})
+    assert not outcome.is_error

@@ -140,3 +140,48 @@ def test_report_renders_in_headless_chromium(tmp_path, capsys):
     target = bytes(FIRST_LINE)
     hits = sum(1 for row in rows for i in range(0, len(row), 3) if row[i : i + 3] == target)
     assert hits > 200, f"only {hits} pixels of the profile's line colour"
+
+
+def test_the_table_says_when_no_profile_reached_pressure(capsys):
+    from ctxkernel.simulate.report import NO_PRESSURE
+
+    assert main(["simulate", "--workload", "chat-short", "--profile", "none,basic", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert NO_PRESSURE in out and "--window 0.5x" in out
+    assert (
+        main(["simulate", "--workload", "chat-short", "--profile", "basic", "--window", "2000", "--no-progress"]) == 0
+    )
+    assert NO_PRESSURE not in capsys.readouterr().out  # basic summarised: there was pressure
+
+
+def test_columns_keep_one_precision_each():
+    from ctxkernel.simulate.report import _cell
+
+    assert [_cell("cost_usd", v) for v in (0.0132431, 12.5, None)] == ["0.0132", "12.5000", "n/a"]
+    assert [_cell("cost_vs_basic", v) for v in (0.4452, 1.0)] == ["0.45x", "1.00x"]
+    assert [_cell("instructions_visible_min", v) for v in (1.0, 0.75, 0.3333)] == ["100%", "75%", "33%"]
+    assert [_cell("wall_seconds", v) for v in (0.361, 12.04)] == ["0.4", "12.0"]
+    assert _cell("peak_prompt_tokens", 105950) == "105,950"
+
+
+def test_corpus_dots_are_labelled_and_the_tails_drawn():
+    from ctxkernel.simulate.report import render_distribution
+
+    def row(profile: str, share: float, cost: float) -> dict:
+        return {"profile": profile, "status": "ok", "recall_cued": share, "cost_usd": cost}
+
+    sessions = [
+        {"file": f"s{i}.jsonl", "run": None, "profiles": [row("basic", 0.5 + i / 20, 1.0), row("x", i / 10, 2.0)]}
+        for i in range(10)
+    ]
+    agg = {
+        "basic": {"figures": {"recall_cued": {"median": 0.7, "p10": 0.5, "p90": 0.9}}},
+        "x": {"figures": {"recall_cued": {"median": 0.4, "p10": 0.0, "p90": 0.8}}},
+    }
+    svg = render_distribution({"sessions": sessions, "aggregate": agg}, "recall_cued", "cued")
+    assert "<title>s3.jsonl · x: 30%</title>" in svg  # each dot names its session on hover
+    assert svg.count('class="p10"') == 2 and 'class="p90"' not in svg  # the bad tail of a share
+    assert svg.count('class="tick"') >= 5 + 2  # ticks on the y axis and one per column
+    assert 'width="100%"' in svg  # it scales to the page
+    cost = render_distribution({"sessions": sessions, "aggregate": agg}, "cost_vs_basic", "cost")
+    assert "<title>s0.jsonl · x: 2.00x</title>" in cost

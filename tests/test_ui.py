@@ -321,6 +321,7 @@ def test_log_pages_read_only_the_page(tmp_path):
             {
                 "id": "big",
                 "profile": "big",
+                "origin": None,
                 "parent": None,
                 "created": "2026-01-01T00:00:00.000Z",
                 "events": total,

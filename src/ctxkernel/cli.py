@@ -64,9 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="ctxkernel", description="Context management for LLM agent harnesses")
     parser.add_argument(
         "--log-level",
-        default="warning",
+        default=None,
         choices=("debug", "info", "warning", "error"),
-        help="debug, info, warning (default) or error",
+        help="log lines on stderr at this level and above (debug, info, warning or error), as text; default: none",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMAND_MODULES:
@@ -130,6 +130,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # a kernel error a command did not handle is still reported as a message, not a traceback
         sys.stderr.write(f"ctxkernel {args.command}: error: {redact(str(exc))}\n")
         return EXIT_INVALID
+    except BrokenPipeError:
+        # the reader went away (`ctxkernel inspect ID | head`): stop quietly, and point stdout at
+        # /dev/null so the interpreter's last flush does not fail on the closed pipe either
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_OK
 
 
 __all__ = [

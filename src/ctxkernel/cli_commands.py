@@ -18,6 +18,7 @@ import orjson
 from .cli import EXIT_INVALID, EXIT_OK, EXIT_USAGE, bounded_int, dump_json, one_line
 from .controls import MANUAL_ACTIONS
 from .errors import ControlError, CtxKernelError, ProfileError, SessionBusyError, SessionNotFoundError
+from .lineage import lineage
 from .plugins import StrategyManager
 from .profile import Profile, find_profile, list_profiles, load_profile, profile_search_path
 from .redact import redact
@@ -304,6 +305,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     session, source = opened
     view = session.project()
     view["profile"] = session.kernel.profile.name
+    view.update(lineage(session, view.get("strategies")))
     if args.json:
         dump_json(view)  # the same view the web inspector serves (the source is on stderr when it differs)
         return EXIT_OK
@@ -341,6 +343,10 @@ def _print_inspect(view: dict[str, Any], source: str) -> None:
     p = view["pressure"]
     profile = f"profile {view['profile']} ({source})"
     out.write(f"session {view['session']}  ({profile}, {view['events']} events, turn {view['turn']})\n")
+    if view.get("origin"):
+        out.write(f"origin    {view['origin']}\n")
+    if view.get("parent"):
+        out.write(f"continues {view['parent']}\n")
     anchored = "anchored on provider usage" if p["anchored"] else "estimated"
     out.write(
         f"pressure  {p['tokens']} / {p['effective_window']} tokens ({p['ratio']:.1%}, {anchored}); "

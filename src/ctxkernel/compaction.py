@@ -31,7 +31,6 @@ chapter archives alike. The steps, in order:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -53,6 +52,7 @@ from .events import (
     TOOL_RESULT,
     USER_MESSAGE,
     EventSpec,
+    random_hex,
     remove_op,
     replace_op,
 )
@@ -368,7 +368,7 @@ def _run_steps(
         except ConflictError as exc:
             session.refresh()
             raise SurfaceChangedError(f"another writer appended while taking over a compaction: {exc}") from None
-    compaction_id = os.urandom(8).hex()  # 16 random hex digits, without building a UUID
+    compaction_id = random_hex(16)  # a replay draws it from its seed (events.replay_clock)
     version = surface.version
     start_event = EventSpec(
         COMPACTION_START,

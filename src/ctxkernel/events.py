@@ -18,8 +18,13 @@ Read an event through :func:`view` (one frozen dataclass per kernel event type, 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
-from collections.abc import Iterable, Iterator
+import random as _random
+import secrets
+import time as _time
+from collections.abc import Callable, Iterable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
@@ -103,8 +108,59 @@ class EventSpec:
     ignorable: bool = False
 
 
+#: the clock of a replay (``ctxkernel simulate``): a function giving the recording's time, so a
+#: replayed session's times (and every note or handoff that quotes them) are the same twice
+_CLOCK: ContextVar[Callable[[], float] | None] = ContextVar("ctxkernel_clock", default=None)
+#: the random source of a replay: ids (sessions, notes, chapters, compactions) drawn from a seed,
+#: so ids quoted on the surface count the same tokens on every run of one command
+_RANDOM: ContextVar[_random.Random | None] = ContextVar("ctxkernel_random", default=None)
+
+
+def replaying() -> bool:
+    """True inside :func:`replay_clock` (``ctxkernel simulate``'s replays)."""
+    return _CLOCK.get() is not None
+
+
+def now_seconds() -> float:
+    """Seconds since the epoch: the system clock, or the replay clock under :func:`replay_clock`."""
+    clock = _CLOCK.get()
+    return _time.time() if clock is None else clock()
+
+
+def random_bits(bits: int) -> int:
+    """``bits`` random bits for an id: the system's randomness, or under :func:`replay_clock` the
+    replay's seeded generator (never for secrets: tokens and keys use :mod:`secrets`)."""
+    rng = _RANDOM.get()
+    return secrets.randbits(bits) if rng is None else rng.getrandbits(bits)
+
+
+def random_hex(chars: int) -> str:
+    """``chars`` random hex digits for an id (see :func:`random_bits`)."""
+    return f"{random_bits(chars * 4):0{chars}x}"
+
+
 def utc_now() -> str:
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """The time events (and strategies' notes) carry: now, or the replay clock's time under
+    :func:`replay_clock`, as ISO 8601 UTC with milliseconds."""
+    clock = _CLOCK.get()
+    if clock is None:
+        return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    moment = _dt.datetime.fromtimestamp(clock(), _dt.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@contextlib.contextmanager
+def replay_clock(seconds: Callable[[], float], seed: str) -> Iterator[None]:
+    """Within the block, in this context, :func:`utc_now` and :func:`now_seconds` read
+    ``seconds()`` (seconds since the epoch) instead of the system clock, and :func:`random_bits`
+    draws from a generator seeded with ``seed``: a replay's times come from the recording it
+    replays, and two runs of one replay write the same log."""
+    tokens = (_CLOCK.set(seconds), _RANDOM.set(_random.Random(seed)))
+    try:
+        yield
+    finally:
+        _CLOCK.reset(tokens[0])
+        _RANDOM.reset(tokens[1])
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -569,6 +625,11 @@ __all__ = [
     "TurnEnd",
     "TurnStart",
     "append_op",
+    "now_seconds",
+    "random_bits",
+    "random_hex",
+    "replay_clock",
+    "replaying",
     "utc_now",
     "view",
     "views",

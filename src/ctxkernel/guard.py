@@ -65,6 +65,8 @@ def excerpt_oversized(session: Session) -> CommitResult | None:
     keeps a verbatim tail (``basic``) calls it before it prices a compaction, so an oversized result
     is excerpted instead of the head being summarised around it. Returns the committed
     transaction, or None when nothing was over the bound (or the transaction was refused)."""
+    if not session.kernel.profile.profile.excerpt_oversized:
+        return None  # an unmanaged baseline (ctxkernel simulate's none): nothing bounds it
     window = session.pressure().effective_window  # also counts every new node
     # nothing folded and the same window since a pass that found nothing: none now either
     clear_at = (len(session.events), window)

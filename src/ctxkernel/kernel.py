@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +10,7 @@ from pydantic import BaseModel
 
 from . import instructions
 from .errors import CorruptionError, CtxKernelError, ProfileError, SessionNotFoundError
-from .events import utc_now
+from .events import random_hex, utc_now
 from .logging import get_logger
 from .meter import Tokenizer, get_tokenizer
 from .plugins import StrategyManager, StrategySpec
@@ -234,4 +233,4 @@ class Kernel:
 
 
 def new_session_id() -> str:
-    return uuid.uuid4().hex
+    return random_hex(32)  # a replay draws it from its seed (events.replay_clock)

@@ -4,18 +4,19 @@ Every kernel and plugin logger comes from :func:`get_logger` (``ctxkernel.get_lo
 structlog logger over ``logging.getLogger("ctxkernel.<part>")``. So, used as a library,
 ctxkernel prints nothing of its own: the application's logging configuration decides what is
 shown and where (``logging.basicConfig(level=logging.DEBUG)`` shows the kernel's debug records);
-unconfigured, Python shows warnings and errors on stderr and drops the rest. Nothing ever goes
-to stdout, which belongs to the application (a stdio protocol server breaks on a stray line).
+unconfigured, nothing is shown at all (the ``ctxkernel`` logger holds a ``NullHandler``, so
+Python's last-resort handler never prints a kernel warning). Nothing ever goes to stdout, which
+belongs to the application (a stdio protocol server breaks on a stray line).
 
 Event dicts are shaped by structlog's configured processors when the application (or
 :func:`structlog.testing.capture_logs`) has configured structlog, and otherwise by this module's
 own chain, which renders ``event key=value ...`` into the record's message. Either way the
 record goes to the stdlib logger.
 
-The ``ctxkernel`` command calls :func:`configure_logging`: a stderr handler on the root logger,
-the ``ctxkernel`` loggers at the chosen level, JSON lines when stderr is not a terminal, readable
-lines when it is. Every field of every line, tracebacks included, passes through
-:func:`ctxkernel.redact.structlog_processor` first.
+The ``ctxkernel`` command calls :func:`configure_logging`: with ``--log-level``, a stderr handler
+on the root logger and the ``ctxkernel`` loggers at that level, one readable text line a record
+(colored on a terminal); without it, no log line at all. Every field of every line, tracebacks
+included, passes through :func:`ctxkernel.redact.structlog_processor` first.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ from .redact import structlog_processor
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 ROOT = "ctxkernel"
+#: a library's log records go nowhere until the application configures logging (not even
+#: Python's last-resort handler on stderr, which prints warnings of unconfigured libraries)
+logging.getLogger(ROOT).addHandler(logging.NullHandler())
 
 
 def _render_for_stdlib(_: Any, __: str, event_dict: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -93,19 +97,19 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
-def configure_logging(level: str = "warning") -> None:
-    """The CLI's logging: ctxkernel's records at ``level`` and above to stderr, JSON lines when
-    stderr is not a terminal and readable lines when it is. Calling it again replaces the set-up."""
+def configure_logging(level: str | None = "warning") -> None:
+    """The CLI's logging: ctxkernel's records at ``level`` and above to stderr, one text line a
+    record (colored on a terminal); ``None``: no log line at all (the command's default). Calling
+    it again replaces the set-up."""
+    if level is None:
+        reset_logging()
+        return
     if level not in _LEVELS:
         msg = f"log level must be one of {list(_LEVELS)}, got {level!r}"
         raise SystemExit(msg)
     tty = sys.stderr.isatty()
-    # the console renderer prints tracebacks itself; JSON needs them formatted into a field
-    renderer = (
-        [structlog.dev.ConsoleRenderer()]
-        if tty
-        else [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
-    )
+    # the console renderer prints tracebacks itself (plain text off a terminal)
+    renderer = [structlog.dev.ConsoleRenderer(colors=tty)]
     stamp = structlog.processors.TimeStamper(fmt="iso", utc=True)
     structlog.configure(
         processors=[

@@ -63,6 +63,9 @@ class ProfileInfo(_Strict):
     #: check the composed request (reminders, anchors, tools included) against the effective
     #: window: compact an overflowing one once through the overflow path, or refuse it (guard.py)
     guard_request: bool = False
+    #: excerpt every surface message over half the effective window (guard.py): the kernel's bound
+    #: for every session; only a measurement of what an unmanaged session sends turns it off
+    excerpt_oversized: bool = True
 
     @model_validator(mode="after")
     def _unique(self) -> ProfileInfo:

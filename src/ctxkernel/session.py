@@ -1016,8 +1016,11 @@ class Session:
             window = self.model_settings().effective_window
             if tokens > window and self.kernel.profile.profile.guard_request and self.enabled_strategies():
                 # the composed request (reminders, anchors, tools included) would overflow: the
-                # profile's overflow path compacts once, then it is composed again (guard.py)
-                if fit_composed(self, tokens, window):
+                # profile's overflow path compacts once, then it is composed again (guard.py);
+                # also when what it committed did not shrink the surface (a longer summary):
+                # the request must show the surface as it is now
+                logged = len(self.events)
+                if fit_composed(self, tokens, window) or len(self.events) != logged:
                     request, header_tokens, digest = self._compose(step.step)
                     tokens = header_tokens + self.meter.surface_tokens() + self._last_decoration_delta
                 if tokens > window and not allow_overflow:

@@ -172,3 +172,24 @@ def test_long_tool_call_arguments_become_an_artifact_the_chapter_names(tmp_path)
     handle = line.split("[artifact `", 1)[1].split("`", 1)[0]
     page = call_tool(session, "chapters_artifact", op="read", artifact=handle, limit=5000).content
     assert page.splitlines()[0] == "1: " + full  # verbatim: the arguments as the model sent them
+
+
+def test_search_finds_what_the_artifacts_of_archived_chapters_hold(tmp_path):
+    """chapters_search covers the large results a chapter itemises, not only the chapter's prose:
+    a line only the artifact holds is found, and the hit names the handle to read it with."""
+    import json
+
+    from helpers_chapters import call_tool
+
+    session, model = _one_big_result(tmp_path)
+    ends = [e.seq for e in session.events if e.type == "turn/end"]
+    ranges = [{"start_seq": 0, "end_seq": ends[-1], "title": "the dump"}]
+    made = call_tool(session, "chapters_continue", title="t", handoff_note="n", chapters=ranges)
+    child = session.kernel.open_session(json.loads(made.content)["session"])
+    found = call_tool(child, "chapters_search", query="line 2999: value = 20993").content
+    assert found.startswith("1 match(es)"), found
+    hit = found.splitlines()[1]
+    assert " artifact " in hit and hit.endswith(" line 3000: line 2999: value = 20993 # measurement")
+    handle = hit.split(" artifact ")[1].split(" ")[0]  # the hit's line numbers are the artifact's, from 1
+    read = call_tool(child, "chapters_artifact", op="read", artifact=handle, offset=2999, limit=1).content
+    assert read.startswith("3000: line 2999: value = 20993")

@@ -277,3 +277,21 @@ def test_the_regions_count_knows_the_users_messages_and_counts_only_when_asked(t
     assert [t for t in counting.texts if t] == []  # the messages' counts, not a tokenising
     assert region.count("not a message of the region") == whole("not a message of the region")
     assert counting.texts[-1] == "not a message of the region"
+
+
+def test_the_steward_note_quotes_only_the_request_within_its_cap(tmp_path):
+    import dataclasses
+
+    from ctxkernel_chapters.tools import STEWARD_QUOTE_CHARS
+
+    session = _session(tmp_path, compact_at_ratio=0.99, pressure_suggestion_ratio=0.5)
+    _run_until(session, lambda: chapters_plugin.state(session)["suggested"])
+    session.user("one more: " + "check every call site. " * 100)
+    request = session.prepare_request()
+    hidden = dataclasses.replace(request, messages=[m for m in request.messages if m.source.kind != "user"])
+    unseen = session.kernel.hooks.steward_actions(session, hidden)
+    assert "one more" not in unseen[0]["arguments"]["handoff_note"]  # not on the request: not quoted
+    chapters_plugin.state(session).pop("steward_tried")
+    note = session.kernel.hooks.steward_actions(session, request)[0]["arguments"]["handoff_note"]
+    (asked,) = [line for line in note.splitlines() if line.startswith("In progress: ")]
+    assert asked == "In progress: " + ("one more: " + "check every call site. " * 100)[:STEWARD_QUOTE_CHARS]

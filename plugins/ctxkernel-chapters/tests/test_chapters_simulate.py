@@ -63,8 +63,8 @@ def test_simulated_replay_never_overflows(tmp_path, folder, window):
     assert row["invariant_violations"] == 0, row["invariant_details"]
     assert row["steward_errors"] == 0
     assert row["compactions"].get("chapters", 0) + row["compactions"].get("continue", 0) >= 1
-    assert row["history_recoverable_declared"] == 1.0
+    assert row["history_reachable_declared"] == 1.0
     # measured (fetched back through chapters_read/_artifact): a continuation leaves the turn in
-    # progress in the parent's log, which no chapters tool reads, so a little is not recoverable
-    assert row["history_recoverable"] >= 0.8
-    assert row["recall_method"] == "chapters" and row["recall_calls"] > 0
+    # progress in the parent's log, which no chapters tool reads, so a little is not reachable
+    assert row["history_reachable"] >= 0.8
+    assert row["history_reachable_method"] == "chapters" and row["history_reachable_calls"] > 0

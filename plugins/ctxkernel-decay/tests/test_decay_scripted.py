@@ -127,3 +127,35 @@ def test_several_hundred_steps_stay_inside_the_window(make_decay_kernel):
         for span in e.data["spans"]
     ]
     assert max(tiers) >= 2
+
+
+def test_the_steward_summarises_what_the_request_showed(make_decay_kernel):
+    """The steward writes its summary from the messages as the request showed them (decayed, by
+    seq), never from the log's originals the model could no longer read."""
+    from ctxkernel_decay.steward import plan_spans
+    from ctxkernel_decay.strategy import settings_of
+
+    kernel = make_decay_kernel(window=WINDOW, reserve=RESERVE, settings={"growth_tokens": 6_000, "cooldown_steps": 2})
+    session = kernel.open_session()
+    calls = None
+    for turn in range(40):
+        session.user(f"Task {turn}: read the module secret_{turn}.py and report.")
+        request = session.prepare_request()
+        calls = actions(session, request)
+        if calls:
+            break
+        session.commit_reply(Message.assistant("", [ToolCallBlock(f"c{turn}", "read", {"path": f"m{turn}.py"})]))
+        session.tool_result(f"c{turn}", "\n".join(f"def f{j}(x): return x * {j}" for j in range(220)))
+        request = session.prepare_request()
+        session.commit_reply(Message.assistant(f"Done with task {turn}."))
+        session.end_turn()
+    assert calls, "no decay reminder came"
+    state, settings = current_state(session), settings_of(session)
+    need = settings.growth_tokens // 2
+    as_logged = plan_spans(session, state, settings, need)[0]["summary"]
+    assert "secret_0.py" in as_logged
+    shown = dict(zip(request.seqs, request.messages, strict=True))
+    first_user = next(seq for seq, m in shown.items() if m.source.kind == "user")
+    shown[first_user] = Message.user("Task 0: (shown decayed)")
+    as_shown = plan_spans(session, state, settings, need, shown)[0]["summary"]
+    assert "secret_0.py" not in as_shown and "(shown decayed)" in as_shown

@@ -418,3 +418,38 @@ def test_a_failed_overflow_switch_that_shrank_kept_results_asks_for_a_retry(hand
     result = session.surface.nodes[-1].message.tool_result.content
     assert result.startswith("line 0 of the log") and "history_read_item" in result
     assert session.pressure().tokens < 3_500
+
+
+def test_the_steward_note_quotes_only_the_request_within_its_cap(handoff_kernel, agent):
+    """What the steward writes comes from the request it was shown, each quote at most
+    STEWARD_QUOTE_CHARS (a model's notes are short); nothing from the log the model cannot see."""
+    import dataclasses
+
+    from ctxkernel_handoff.plugin import STEWARD_QUOTE_CHARS
+
+    kernel = handoff_kernel(window=30_000, basic={"threshold_ratio": 0.9})
+    session = kernel.open_session()
+    a = agent(session)
+    calls = []
+    for t in range(80):
+        session.user(f"instruction {t} " + "detail " * 200)
+        request = session.prepare_request()
+        calls = kernel.hooks.steward_actions(session, request)
+        if calls:
+            break
+        reply = a.model.complete(request.messages, system=request.system, tools=request.tools)
+        session.commit_reply(reply.message, usage=reply.usage)
+        for call in session.pending_calls:
+            session.tool_result(call.id, "line of code\n" * 150)
+        session.end_turn()
+    note = calls[0]["arguments"]["content"]
+    (asked,) = [line for line in note.splitlines() if line.startswith("Last instruction: ")]
+    assert asked.startswith(f"Last instruction: instruction {t} detail")
+    assert len(asked) == len("Last instruction: ") + STEWARD_QUOTE_CHARS
+    assert "item_" not in note  # ids the request does not show are not the steward's to quote
+    from ctxkernel_handoff.plugin import _progress
+
+    hidden = dataclasses.replace(request, messages=[m for m in request.messages if m.source.kind != "user"])
+    from ctxkernel.recall.history import History
+
+    assert "Last instruction" not in _progress(History.for_session(session), hidden)

@@ -45,4 +45,4 @@ def test_every_transcript_below_its_peak(folder):
             assert window < full["peak_prompt_tokens"]
             result = assert_clean(compare([PROFILE], recording, Options(window=window, progress=None)))
             assert result["compactions"].get("window", 0) >= 1, (path.name, window)
-            assert result["history_recoverable"] == 1.0
+            assert result["history_reachable"] == 1.0

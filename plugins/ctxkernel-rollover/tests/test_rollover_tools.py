@@ -139,3 +139,27 @@ def test_a_note_written_right_after_a_switch_carries_the_new_window(tmp_path):
     result = switch(session, "manual")
     note = Notes.for_session(session).write("after/switch", "written at once")
     assert note.window == result.data["window_id"] == state_of(session).current != first
+
+
+def test_the_steward_writes_only_from_the_request_and_within_its_cap(tmp_path):
+    """It restates the user's message the request shows, at most STEWARD_GOAL_CHARS of it (a
+    model's notes are short), never the log's: a request that does not show it gives no goal."""
+    import dataclasses
+
+    from ctxkernel_rollover.plugin import STEWARD_GOAL_CHARS, steward_actions
+
+    kernel = rollover_kernel(tmp_path, window=12_000, reserve=1_000)
+    session = kernel.open_session()
+    session.user("port the parser, " + "keeping every public name as it is; " * 200)
+    for i in range(40):
+        request = session.prepare_request()
+        if "<rollover-reminder" in request.messages[-1].text:
+            break
+        session.commit_reply(Message.assistant("", [call(f"r{i}", "read", path="x")]))
+        session.tool_result(f"r{i}", f"data {i} and some more words\n" * 60)
+    calls = steward_actions(session, request)
+    goal = calls[0]["arguments"]["content"]
+    assert goal.startswith("port the parser") and len(goal) == STEWARD_GOAL_CHARS == 600
+    unseen = dataclasses.replace(request, messages=[m for m in request.messages if m.source.kind != "user"])
+    calls = steward_actions(session, unseen)
+    assert [c["name"] for c in calls] == ["new_context"] and calls[0]["arguments"]["next_goal"] is None

@@ -26,12 +26,11 @@ Listing and search are paged and bounded so a lookup cannot flood the context wi
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import CtxKernelError
-from ..events import COMPACTION_SUMMARY
+from ..events import COMPACTION_SUMMARY, random_hex
 from ..logging import get_logger
 from ..snapshot import folded_cursor
 from ..text import ELLIPSIS, attr, guard, safe_cut
@@ -568,7 +567,7 @@ class Notes:
         size = utf8_size(text) + (current.size if (op == "append" and current) else 0)
         self._check_limits(current, path, size, files=files, total_bytes=total_bytes)
         data = {
-            "id": current.id if current else "n_" + uuid.uuid4().hex[:16],
+            "id": current.id if current else "n_" + random_hex(16),
             "path": path,
             "op": op,
             "trust": trust,

@@ -6,10 +6,13 @@
     report = compare(["basic", "decay"], load_recording("session.jsonl"), Options(window=60_000))
     report["profiles"][0]["peak_prompt_tokens"]
 
-Pieces: :mod:`.importers` (six recording formats, sniffed; SWE-agent and OpenHands in :mod:`.agent_logs`; shared checks in :mod:`.reading`), :mod:`.workloads` (synthetic,
-seeded), :mod:`.steward` (the replaceable context-management policy), :mod:`.replay` (open-loop
-replay and metrics), :mod:`.checks` (independent invariant checks), :mod:`.report` (table, JSON,
-HTML). The assistant turns are replayed, not regenerated.
+Pieces: :mod:`.importers` (six recording formats, sniffed; Claude Code in :mod:`.claude_code`,
+SWE-agent and OpenHands in :mod:`.agent_logs`; shared checks in :mod:`.reading`; what was left out
+in :mod:`.accounting`), :mod:`.workloads` (synthetic, seeded), :mod:`.steward` (the replaceable
+context-management policy), :mod:`.replay` (open-loop replay and metrics, priced with
+:mod:`ctxkernel.pricing`), :mod:`.cues` and :mod:`.recall` (cued recall and reachable history),
+:mod:`.probes` (retention probes, instructions), :mod:`.checks` (independent invariant checks),
+:mod:`.report` (table, JSON, HTML). The assistant turns are replayed, not regenerated.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from ..pricing import PRICE_TABLE_VERSION
 from ..profile import MAX_TOKENS, list_profiles
 from .importers import FORMATS, load_recording, sniff
 from .recording import AssistantItem, MarkerItem, Recording, RecordingError, ToolResultItem, UserItem
-from .replay import METRIC_KEYS, MIN_WINDOW, UNMANAGED, Options, run_profile
+from .replay import METRIC_KEYS, MIN_WINDOW, UNMANAGED, Options, model_for, price_of, run_profile
 from .report import REPLAY_NOTE, render_html, render_table
 from .steward import default_steward, load_steward, no_steward
 from .workloads import WORKLOADS, build_workload
@@ -57,21 +61,30 @@ def window_for(recording: Recording, options: Options) -> int | None:
     return min(MAX_TOKENS, max(MIN_WINDOW, math.ceil(peak * options.window_share)))
 
 
+def settings_of(options: Options) -> dict[str, Any]:
+    """The ``settings`` object of a report."""
+    steward = options.steward
+    return {
+        "window": options.window,
+        "window_share": options.window_share,
+        "summarizer": options.summarizer,
+        "steward": f"{steward.__module__}:{steward.__qualname__}",
+        "model": options.model,
+        "prices": price_of(options).to_dict() if options.model else None,
+        "prices_given": options.prices.model_dump() if options.prices else None,
+        "price_table": PRICE_TABLE_VERSION,
+    }
+
+
 def compare(profiles: Sequence[str], recording: Recording, options: Options | None = None) -> dict[str, Any]:
     """Replay ``recording`` through every profile; the JSON report as a dict."""
     options = options or Options()
+    options = replace(options, model=model_for(recording, options))
     options = replace(options, window=window_for(recording, options))
     results = [run_profile(name, recording, options) for name in profiles]
-    steward = options.steward
     return {
         "source": recording.describe(),
-        "settings": {
-            "window": options.window,
-            "window_share": options.window_share,
-            "summarizer": options.summarizer,
-            "steward": f"{steward.__module__}:{steward.__qualname__}",
-            "prices": options.prices.model_dump() if options.prices else None,
-        },
+        "settings": settings_of(options),
         "profiles": results,
         "note": REPLAY_NOTE,
     }

@@ -42,7 +42,7 @@ import orjson
 
 from ..errors import EventError
 from ..messages import Message, Source, TextBlock, ToolCallBlock
-from .reading import SHAPE_ERRORS, Lines, check_usage, json_arguments
+from .reading import SHAPE_ERRORS, Lines, check_usage, json_arguments, parse_time
 from .recording import AssistantItem, Item, MarkerItem, Recording, RecordingError, ToolResultItem, UserItem
 
 #: OpenHands actions that are conversation, not tool calls
@@ -335,6 +335,7 @@ def _import_openhands_events(events: list[tuple[str, Any]], lines: Lines, source
     system: list[str] = []
     calls_of: dict[int, str] = {}  # action event id -> the call id the replay gave it
     group: dict[str, Any] | None = None  # one model response's actions, being assembled
+    bookkeeping = 0
 
     if any(is_openhands_v1_event(event) for _, event in events[:20]):
         return _import_openhands_v1(events, lines, source)
@@ -343,7 +344,7 @@ def _import_openhands_events(events: list[tuple[str, Any]], lines: Lines, source
         nonlocal group
         if group is not None:
             message = _assistant(group["text"], group["calls"], group["model"])
-            lines.add(items, group["where"], AssistantItem(message, group["usage"]))
+            lines.add(items, group["where"], AssistantItem(message, group["usage"], group["time"]))
             for where, result in group["results"]:
                 lines.add(items, where, result)
             group = None
@@ -354,10 +355,13 @@ def _import_openhands_events(events: list[tuple[str, Any]], lines: Lines, source
                 msg = f"{where} must be an event object, got {type(event).__name__}"
                 raise EventError(msg)
             if "action" in event:
+                if event.get("action") in _OH_SKIPPED_ACTIONS:
+                    bookkeeping += 1
                 group = _oh_action(event, where, items, system, calls_of, group, flush, lines, check_usage)
             elif "observation" in event:
                 result = _oh_observation(event, where, calls_of)
                 if result is None:
+                    bookkeeping += 1  # recall, state changes, ...: nothing the replay called
                     continue
                 if group is not None and result.call_id in {c.id for c in group["calls"]}:
                     group["results"].append((where, result))  # answers come after the whole reply
@@ -371,6 +375,8 @@ def _import_openhands_events(events: list[tuple[str, Any]], lines: Lines, source
             lines.bad(where, "an OpenHands event {id, source, action|observation, ...}", str(exc))
     flush()
     recording = Recording(items, source, skipped=lines.skipped)
+    if bookkeeping:
+        recording.not_replayed["harness_bookkeeping"] = bookkeeping
     if system:
         recording.system = "\n\n".join(system)
     return recording
@@ -402,13 +408,14 @@ def _oh_action(
         flush()
         lines.add(items, where, MarkerItem("compact_boundary", {"harness": "openhands"}))
         return None
+    when = parse_time(event.get("timestamp"))
     if kind in _OH_TEXT_ACTIONS:
         text = _text(args.get("content", event.get("message")), f"{where}.args")
         flush()
         if source == "user":
-            lines.add(items, where, UserItem(text))
+            lines.add(items, where, UserItem(text, time=when))
         else:
-            lines.add(items, where, AssistantItem(_assistant(text, [])))
+            lines.add(items, where, AssistantItem(_assistant(text, []), time=when))
         return None
     event_id = event.get("id")
     if not isinstance(event_id, int) or isinstance(event_id, bool):
@@ -459,6 +466,7 @@ def _oh_action(
         "usage": usage,
         "model": model,
         "results": [],
+        "time": when,
     }
 
 
@@ -484,11 +492,13 @@ def _import_openhands_v1(events: list[tuple[str, Any]], lines: Lines, source: di
     items: list[Item] = []
     system: list[str] = []
     group: dict[str, Any] | None = None  # one model response's calls, being assembled
+    not_replayed: dict[str, int] = {}
 
     def flush() -> None:
         nonlocal group
         if group is not None:
-            lines.add(items, group["where"], AssistantItem(_assistant(group["text"], group["calls"])))
+            message = _assistant(group["text"], group["calls"])
+            lines.add(items, group["where"], AssistantItem(message, time=group["time"]))
             for where, result in group["results"]:
                 lines.add(items, where, result)
             group = None
@@ -507,7 +517,15 @@ def _import_openhands_v1(events: list[tuple[str, Any]], lines: Lines, source: di
                     continue
                 flush()
                 text = _text(event.get("thought"), f"{where}.thought")
-                group = {"response": response, "where": where, "text": text, "calls": [block], "results": []}
+                when = parse_time(event.get("timestamp"))
+                group = {
+                    "response": response,
+                    "where": where,
+                    "text": text,
+                    "calls": [block],
+                    "results": [],
+                    "time": when,
+                }
             elif kind in _OH1_RESULTS:
                 result = _oh1_result(event, where)
                 if group is not None and result.call_id in {c.id for c in group["calls"]}:
@@ -529,10 +547,15 @@ def _import_openhands_v1(events: list[tuple[str, Any]], lines: Lines, source: di
                 summary = event.get("summary")
                 chars = len(summary) if isinstance(summary, str) else 0
                 lines.add(items, where, MarkerItem("compact_summary", {"chars": chars}))
+            else:
+                # state updates, pauses, condensation requests: the SDK never shows them to the model
+                reason = "harness_bookkeeping" if kind.endswith(_OH1_KIND_SUFFIXES) else "unknown_type"
+                not_replayed[reason] = not_replayed.get(reason, 0) + 1
         except SHAPE_ERRORS as exc:
             lines.bad(where, "an OpenHands V1 event {kind, id, source, ...}", str(exc))
     flush()
     recording = Recording(items, source, skipped=lines.skipped)
+    recording.not_replayed = not_replayed
     if system:
         recording.system = "\n\n".join(system)
     return recording
@@ -591,14 +614,15 @@ def _oh1_message(event: dict[str, Any], where: str, items: list[Item], lines: Li
     at = f"{where}.llm_message"
     text = _text(message.get("content"), at)
     role = message.get("role")
+    when = parse_time(event.get("timestamp"))
     if role == "user":
         extended = _text(event.get("extended_content"), f"{where}.extended_content")
         if text.strip():
-            lines.add(items, where, UserItem(text))
+            lines.add(items, where, UserItem(text, time=when))
         if extended.strip():  # context the harness added to the message (skills, knowledge)
-            lines.add(items, where, UserItem(extended, instruction=False))
+            lines.add(items, where, UserItem(extended, instruction=False, time=when))
     elif role == "assistant":
-        lines.add(items, where, AssistantItem(_assistant(text, [])))
+        lines.add(items, where, AssistantItem(_assistant(text, []), time=when))
     elif role == "system":
         msg = f"{at}.role 'system' belongs in a SystemPromptEvent"
         raise EventError(msg)

@@ -14,14 +14,22 @@ from pydantic import ValidationError
 
 from ..cli import bounded_int
 from ..errors import CtxKernelError, ProfileError
+from ..pricing import UnknownModelError, price_for
 from ..profile import MAX_TOKENS, Prices, load_profile
 from ..redact import redact
-from . import compare, profile_names
+from . import compare, profile_names, settings_of
 from .corpus import aggregate, find_files, plan, run_corpus
 from .importers import load_recording
 from .recording import RecordingError
-from .replay import MIN_WINDOW, UNMANAGED, Options
-from .report import REPLAY_NOTE, render_corpus_html, render_corpus_table, render_html, render_table
+from .replay import MIN_WINDOW, STAND_IN, UNMANAGED, Options
+from .report import (
+    REPLAY_NOTE,
+    describe_accounting,
+    render_corpus_html,
+    render_corpus_table,
+    render_html,
+    render_table,
+)
 from .steward import load_steward
 from .workloads import WORKLOADS, build_workload
 
@@ -81,19 +89,35 @@ def register(sub: Any) -> None:
     p.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report with a chart")
     p.add_argument(
         "--summarizer",
-        default="extractive",
-        help="extractive (default, no model), scripted (offline stand-in model) or openai:<model>[@<base_url>]",
+        default=STAND_IN,
+        help="stand-in (default: an offline model writing model-length summaries, priced), extractive (free, "
+        "unpriced) or openai:<model>[@<base_url>]",
     )
     p.add_argument(
         "--steward", default="default", help="default (the strategies' steward_actions), none, or module:function"
     )
-    p.add_argument("--prices", metavar="IN,CACHED,OUT", help="prices per million input, cached input and output tokens")
+    p.add_argument(
+        "--model",
+        metavar="NAME",
+        help="price the requests as this model of the price table, with its prompt cache (default: by the "
+        "recording's format; see docs/simulate.md)",
+    )
+    p.add_argument(
+        "--prices",
+        metavar="IN,CACHED,OUT",
+        help="other prices per million input, cached input and output tokens, with the model's cache rules",
+    )
     p.add_argument(
         "--keep-sessions",
         metavar="DIR",
         help="keep the replayed sessions in a jsonl store at DIR (open them with CTXKERNEL_HOME=DIR ctxkernel inspect ID)",
     )
     p.add_argument("--lenient", action="store_true", help="skip malformed transcript lines and count them")
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse (exit 2) a recording that holds anything the replay would leave out (source.accounting)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=cmd_simulate)
 
@@ -121,6 +145,14 @@ def parse_prices(text: str) -> Prices:
         return Prices(input=values[0], cached_input=values[1], output=values[2])
     except (ValueError, ValidationError):
         msg = f"--prices {text!r}: expected three non-negative numbers 'input,cached,output' per million tokens, e.g. 2.5,1.25,10"
+        raise RecordingError(msg) from None
+
+
+def check_model(name: str) -> str:
+    try:
+        return price_for(name).model
+    except UnknownModelError as exc:
+        msg = f"--model: {exc}"
         raise RecordingError(msg) from None
 
 
@@ -188,6 +220,14 @@ class ProgressBar:
         self.stream.flush()
 
 
+def check_complete(where: str, accounting: dict[str, Any] | None) -> None:
+    """``--strict``: a recording the replay would leave part of is bad input."""
+    missing = describe_accounting(accounting)
+    if missing:
+        msg = f"{where}: {missing.split(' (see ')[0]}; --strict refuses a recording that is not replayed whole"
+        raise RecordingError(msg)
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from ..cli import dump_json
 
@@ -202,6 +242,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             summarizer=args.summarizer,
             steward=load_steward(args.steward),
             prices=parse_prices(args.prices) if args.prices else None,
+            model=check_model(args.model) if args.model else None,
             progress=ProgressBar() if sys.stderr.isatty() and not args.no_progress else None,
         )
         if args.report:
@@ -217,6 +258,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 recording = build_workload(args.workload, args.seed)
             else:
                 recording = load_recording(args.transcript, run=args.run, lenient=args.lenient)
+                if args.strict:
+                    check_complete(args.transcript, recording.accounting)
             report = compare(names, recording, options)
     except CtxKernelError as exc:
         sys.stderr.write(f"ctxkernel simulate: {redact(str(exc))}\n")
@@ -235,6 +278,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 f"ctxkernel simulate: --report {args.report}: cannot write the report ({exc.strerror or exc})\n"
             )
             return EXIT_FAILED
+    if corpus and args.strict:
+        partial = [s for s in report["sessions"] if describe_accounting((s.get("source") or {}).get("accounting"))]
+        for session in partial:
+            sys.stderr.write(
+                f"ctxkernel simulate: {session['path']}: {describe_accounting(session['source']['accounting'])}\n"
+            )
+        if partial:
+            sys.stderr.write(f"ctxkernel simulate: --strict: {len(partial)} session(s) not replayed whole\n")
+            return EXIT_USAGE
     rows = [p for s in report["sessions"] for p in s["profiles"]] if corpus else report["profiles"]
     broken = [p for p in rows if p["status"] == "failed" or (p["invariant_violations"] or 0) > 0]
     unreadable = [s for s in report["sessions"] if s["error"]] if corpus else []
@@ -247,7 +299,6 @@ def corpus_report(args: argparse.Namespace, names: list[str], options: Options) 
     tasks = plan(files, lenient=args.lenient)
     progress = options.progress
     sessions = run_corpus(tasks, names, options, jobs=args.jobs, lenient=args.lenient, progress=progress)
-    steward = options.steward
     return {
         "corpus": {
             "transcripts": args.transcripts,
@@ -256,13 +307,7 @@ def corpus_report(args: argparse.Namespace, names: list[str], options: Options) 
             "unreadable": sum(1 for s in sessions if s["error"]),
             "jobs": args.jobs,
         },
-        "settings": {
-            "window": options.window,
-            "window_share": options.window_share,
-            "summarizer": options.summarizer,
-            "steward": f"{steward.__module__}:{steward.__qualname__}",
-            "prices": options.prices.model_dump() if options.prices else None,
-        },
+        "settings": settings_of(options),
         "sessions": sessions,
         "aggregate": aggregate(sessions, names),
         "note": REPLAY_NOTE,

@@ -47,15 +47,22 @@ FIGURES: tuple[str, ...] = (
     "summary_input_tokens",
     "summary_output_tokens",
     "billed_input_tokens",
-    "cached_input_tokens",
+    "cache_read_tokens",
+    "cache_write_tokens",
     "output_tokens",
-    "cost",
+    "cost_usd",
     "invariant_violations",
     "instructions_visible",
-    "history_recoverable",
-    "history_recoverable_declared",
+    "instructions_visible_min",
+    "instructions_visible_mean",
+    "recall_needs",
+    "recall_found",
+    "recall_cued",
     "recall_calls",
     "recall_tokens",
+    "history_reachable",
+    "history_reachable_declared",
+    "history_reachable_calls",
     "steward_requests",
     "sessions",
     "wall_seconds",
@@ -81,6 +88,8 @@ def find_files(spec: str) -> list[Path]:
         )
     else:
         files = sorted(Path(p) for p in glob.glob(str(root), recursive=True) if Path(p).is_file())
+    # a Claude Code subagent's transcript belongs to its session (counted there), not a session of its own
+    files = [p for p in files if not _subagent_of_listed_session(p)]
     if not files:
         what = (
             f"the folder has no {', '.join('*' + s for s in SUFFIXES)} file" if root.is_dir() else "it matches no file"
@@ -88,6 +97,12 @@ def find_files(spec: str) -> list[Path]:
         msg = f"--transcripts {spec}: {what}; accepted: a folder of recordings or a glob such as 'runs/**/*.jsonl'"
         raise RecordingError(msg)
     return files
+
+
+def _subagent_of_listed_session(path: Path) -> bool:
+    """``<session>/subagents/agent-*.jsonl`` beside ``<session>.jsonl``."""
+    folder = path.parent
+    return folder.name == "subagents" and folder.parent.with_suffix(".jsonl").is_file()
 
 
 def plan(files: list[Path], lenient: bool = False) -> list[Task]:
@@ -160,9 +175,10 @@ def run_corpus(
     return results
 
 
-def _p90(values: list[float]) -> float:
+def _rank(values: list[float], share: float) -> float:
+    """The nearest-rank percentile (``share`` 0.1 for p10, 0.9 for p90)."""
     ordered = sorted(values)
-    return ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)]
+    return ordered[max(0, math.ceil(share * len(ordered)) - 1)]
 
 
 def _round(value: float) -> float | int:
@@ -171,25 +187,45 @@ def _round(value: float) -> float | int:
 
 def aggregate(sessions: list[dict[str, Any]], profiles: list[str]) -> dict[str, Any]:
     """Per profile: how many sessions it replayed (``ok``), failed or could not run, and for each
-    figure its ``sum``, ``median`` and ``p90`` over the ``ok`` sessions; ``overflows`` and
+    figure its ``sum``, ``median``, ``p10`` and ``p90`` over the ``ok`` sessions (``cost_vs_basic``:
+    each session's cost over its own ``basic`` row's); ``cost_vs_basic_pooled``, the profile's cost
+    over ``basic``'s summed over the sessions where both have one; ``overflows`` and
     ``invariant_violations`` summed; ``compactions`` summed per kind; ``probes`` pooled per kind
     (shares over all the probes of all sessions)."""
     out: dict[str, Any] = {}
+    basic_cost: dict[int, float] = {}
+    for s in sessions:
+        cost = next((p.get("cost_usd") for p in s["profiles"] if p["profile"] == "basic"), None)
+        if cost:
+            basic_cost[id(s)] = cost
     for name in profiles:
-        rows = [p for s in sessions for p in s["profiles"] if p["profile"] == name]
+        pairs = [(s, p) for s in sessions for p in s["profiles"] if p["profile"] == name]
+        rows = [p for _, p in pairs]
         ok = [r for r in rows if r["status"] == "ok"]
+        ratios = [
+            (float(p["cost_usd"]), basic_cost[id(s)])
+            for s, p in pairs
+            if p["status"] == "ok" and p.get("cost_usd") is not None and id(s) in basic_cost
+        ]
         figures: dict[str, dict[str, float | int] | None] = {}
-        for key in FIGURES:
-            values = [r[key] for r in ok if isinstance(r.get(key), int | float) and not isinstance(r.get(key), bool)]
+        for key in (*FIGURES, "cost_vs_basic"):
+            if key == "cost_vs_basic":
+                values = [cost / basic for cost, basic in ratios]
+            else:
+                values = [
+                    r[key] for r in ok if isinstance(r.get(key), int | float) and not isinstance(r.get(key), bool)
+                ]
             figures[key] = (
                 {
                     "sum": _round(sum(values)),
                     "median": _round(statistics.median(values)),
-                    "p90": _round(_p90(values)),
+                    "p10": _round(_rank(values, 0.1)),
+                    "p90": _round(_rank(values, 0.9)),
                 }
                 if values
                 else None
             )
+        pooled = sum(basic for _, basic in ratios)
         compactions: dict[str, int] = {}
         for r in ok:
             for kind, n in (r.get("compactions") or {}).items():
@@ -218,5 +254,6 @@ def aggregate(sessions: list[dict[str, Any]], profiles: list[str]) -> dict[str, 
             "compactions": dict(sorted(compactions.items())),
             "probes": probes,
             "figures": figures,
+            "cost_vs_basic_pooled": round(sum(c for c, _ in ratios) / pooled, 4) if pooled else None,
         }
     return out

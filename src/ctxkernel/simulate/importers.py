@@ -30,21 +30,19 @@ from typing import Any
 
 import orjson
 
-from ..convert import _content_text, from_anthropic_message, from_openai_message
+from ..convert import _content_text, from_openai_message
 from ..errors import EventError
 from ..events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, TOOL_RESULT, TURN_END, USER_MESSAGE, Event
 from ..messages import Message, ReasoningBlock, Source, TextBlock, ToolCallBlock
-from . import agent_logs
-from .reading import SHAPE_ERRORS, Lines, check_usage, json_arguments
+from . import agent_logs, claude_code
+from .accounting import Accounting, saw_items, settle
+from .reading import SHAPE_ERRORS, Lines, check_usage, json_arguments, parse_time
 from .recording import AssistantItem, Item, MarkerItem, Recording, RecordingError, ToolResultItem, UserItem
 
 FORMATS = ("kernel", "openai-chat", "claude-code", "codex", "swe-agent", "openhands")
 #: formats whose files hold several runs, one picked with ``--run``
 MULTI_RUN_FORMATS = ("openai-chat", "openhands")
 _RUN_KEYS = ("traj", "messages", "trajectory")
-_CLAUDE_TYPES = frozenset(
-    {"user", "assistant", "system", "progress", "summary", "file-history-snapshot", "queue-operation"}
-)
 _CODEX_TYPES = frozenset({"session_meta", "response_item", "event_msg", "turn_context", "compacted"})
 
 
@@ -92,7 +90,7 @@ def sniff(path: str | os.PathLike[str]) -> str:
         return "openhands"
     if {"type", "payload"} <= set(obj) and kind in _CODEX_TYPES:
         return "codex"
-    if kind in _CLAUDE_TYPES or "parentUuid" in obj or "sessionId" in obj:
+    if kind in claude_code.TYPES or "parentUuid" in obj or "sessionId" in obj:
         return "claude-code"
     if "role" in obj:
         return "openai-chat"
@@ -144,8 +142,10 @@ def load_recording(
             f"benchmark run's JSONL); this file is {fmt}"
         )
         raise RecordingError(msg)
-    recording = _IMPORTERS[fmt](path, run, lenient)
-    recording.items = unique_call_ids(recording.items)
+    accounting = Accounting()
+    recording = _IMPORTERS[fmt](path, run, lenient, accounting)
+    recording.items = settle(unique_call_ids(recording.items), accounting)
+    recording.accounting = accounting.report(recording.items, len(recording.skipped))
     recording.source = {"kind": "transcript", "format": fmt, "file": path.name, **recording.source}
     return recording
 
@@ -175,7 +175,7 @@ def unique_call_ids(items: list[Item]) -> list[Item]:
                         block = ToolCallBlock(new_id, block.name, block.arguments)
                         changed = True
                 blocks.append(block)
-            out.append(AssistantItem(item.message.with_content(blocks), item.usage) if changed else item)
+            out.append(AssistantItem(item.message.with_content(blocks), item.usage, item.time) if changed else item)
         elif isinstance(item, ToolResultItem) and current.get(item.call_id, item.call_id) != item.call_id:
             out.append(ToolResultItem(current[item.call_id], item.content, item.is_error, item.name))
         else:
@@ -184,7 +184,7 @@ def unique_call_ids(items: list[Item]) -> list[Item]:
 
 
 # -- kernel session log ------------------------------------------------------------------------------
-def import_kernel(path: Path, run: int | None, lenient: bool) -> Recording:
+def import_kernel(path: Path, run: int | None, lenient: bool, accounting: Accounting) -> Recording:
     lines = Lines(path, lenient)
     items: list[Item] = []
     header_seen = False
@@ -196,12 +196,20 @@ def import_kernel(path: Path, run: int | None, lenient: bool) -> Recording:
             continue
         raw.pop("more", None)
         try:
-            item = _kernel_item(Event.from_dict(raw))
+            event = Event.from_dict(raw)
+            item = _kernel_item(event)
         except EventError as exc:
             lines.bad(lineno, "a kernel event", str(exc))
             continue
-        if item is not None:
-            lines.add(items, lineno, item)
+        if item is None:
+            # what a strategy wrote is produced afresh by the profile under test
+            artifact = event.type in _KERNEL_ROLES or event.type == COMPACTION_SUMMARY
+            accounting.skip("strategy_artifact" if artifact else "harness_bookkeeping", "lines")
+            continue
+        if isinstance(item, ToolResultItem):
+            accounting.results_in_file.add(item.call_id)
+        lines.add(items, lineno, item)
+    saw_items(accounting, items)
     return Recording(items, {}, skipped=lines.skipped)
 
 
@@ -246,7 +254,7 @@ def _kernel_item(event: Event) -> Item | None:
 
 
 # -- OpenAI chat completions ---------------------------------------------------------------------------
-def import_openai(path: Path, run: int | None, lenient: bool) -> Recording:
+def import_openai(path: Path, run: int | None, lenient: bool, accounting: Accounting) -> Recording:
     try:
         data = orjson.loads(path.read_bytes())
     except orjson.JSONDecodeError:
@@ -307,158 +315,23 @@ def import_openai(path: Path, run: int | None, lenient: bool) -> Recording:
         except SHAPE_ERRORS as exc:
             checker.bad(at, "an OpenAI chat message {role, content, tool_calls?}", str(exc))
             continue
+        if isinstance(item, ToolResultItem):
+            accounting.results_in_file.add(item.call_id)
         checker.add(items, at, item)
+    saw_items(accounting, items)
     recording = Recording(items, source, skipped=skipped)
     if system_parts:
         recording.system = "\n\n".join(system_parts)
     return recording
 
 
-# -- Claude Code session JSONL -------------------------------------------------------------------------
-def import_claude_code(path: Path, run: int | None, lenient: bool) -> Recording:
-    lines = Lines(path, lenient)
-    by_uuid: dict[str, tuple[int, dict[str, Any]]] = {}
-    leaf: str | None = None
-    for lineno, raw in lines:
-        uuid = raw.get("uuid")
-        kind = raw.get("type")
-        if not isinstance(kind, str):
-            lines.bad(lineno, "a Claude Code line with a string 'type'", str(sorted(raw))[:120])
-            continue
-        if uuid is None:
-            continue  # snapshots, summaries, queue operations: not part of the conversation chain
-        if not isinstance(uuid, str):
-            lines.bad(lineno, "a string 'uuid'", repr(uuid)[:120])
-            continue
-        if kind in ("user", "assistant") and not isinstance(raw.get("message"), dict):
-            lines.bad(lineno, f"a {kind} line with a 'message' object", str(sorted(raw))[:120])
-            continue
-        parents = {key: raw.get(key) for key in ("parentUuid", "logicalParentUuid")}
-        if not all(value is None or isinstance(value, str) for value in parents.values()):
-            lines.bad(lineno, "'parentUuid' and 'logicalParentUuid' as strings or null", repr(parents)[:120])
-            continue
-        by_uuid[uuid] = (lineno, raw)
-        if kind in ("user", "assistant", "system") and not raw.get("isSidechain"):
-            leaf = uuid
-    chain: list[tuple[int, dict[str, Any]]] = []
-    seen: set[str] = set()
-    current = leaf
-    while current is not None and current in by_uuid and current not in seen:
-        seen.add(current)
-        entry = by_uuid[current]
-        chain.append(entry)
-        raw = entry[1]
-        # a compact_boundary starts a fresh chain; its logical parent continues the conversation
-        current = raw.get("parentUuid") or raw.get("logicalParentUuid")
-    chain.reverse()
-    items: list[Item] = []
-    group: dict[str, Any] | None = None  # the assistant API message being assembled
-    deferred: list[tuple[int, ToolResultItem]] = []
-
-    def flush() -> None:
-        nonlocal group
-        if group is not None:
-            message = Message(
-                "assistant", tuple(group["blocks"]), Source(kind="model", provider="anthropic", model=group["model"])
-            )
-            lines.add(items, group["line"], AssistantItem(message, group["usage"]))
-            group = None
-        for lineno, result in deferred:
-            lines.add(items, lineno, result)
-        deferred.clear()
-
-    for lineno, raw in chain:
-        try:
-            group = _claude_line(path, lineno, raw, items, group, deferred, flush, lines)
-        except SHAPE_ERRORS as exc:
-            lines.bad(lineno, f"a well-formed Claude Code {raw['type']} line", str(exc))
-    flush()
-    return Recording(items, {}, skipped=lines.skipped)
-
-
-def _claude_line(
-    path: Path,
-    lineno: int,
-    raw: dict[str, Any],
-    items: list[Item],
-    group: dict[str, Any] | None,
-    deferred: list[tuple[int, ToolResultItem]],
-    flush: Callable[[], None],
-    lines: Lines,
-) -> dict[str, Any] | None:
-    """One line of the main chain; returns the assistant message being assembled afterwards."""
-    kind = raw["type"]
-    if raw.get("isSidechain") or kind == "progress":
-        return group
-    if kind == "system":
-        if raw.get("subtype") == "compact_boundary":
-            meta = raw.get("compactMetadata") or {}
-            if not isinstance(meta, dict):
-                msg = f"compactMetadata must be an object, got {type(meta).__name__}"
-                raise EventError(msg)
-            flush()
-            items.append(
-                MarkerItem("compact_boundary", {"trigger": meta.get("trigger"), "pre_tokens": meta.get("preTokens")})
-            )
-            return None
-        return group
-    message = raw["message"]
-    if kind == "assistant":
-        mid = message.get("id") or raw.get("requestId") or raw["uuid"]
-        model = message.get("model")
-        if not isinstance(mid, str) or not (model is None or isinstance(model, str)):
-            msg = f"message.id (or requestId) and message.model must be strings, got {mid!r:.60} and {model!r:.60}"
-            raise EventError(msg)
-        converted = from_anthropic_message(
-            {"role": "assistant", "content": message.get("content") or []}, where="message"
-        )
-        usage = check_usage(message.get("usage"), "message.usage")
-        if group is not None and group["id"] == mid:
-            # one API message is written as one line per content block; results of its earlier
-            # tool calls may sit between them, and are committed after the whole message
-            group["blocks"].extend(converted[0].content)
-            group["usage"] = usage or group["usage"]
-            group["line"] = lineno
-            return group
-        flush()
-        return {"id": mid, "blocks": list(converted[0].content), "usage": usage, "model": model, "line": lineno}
-    if kind != "user":
-        return group
-    content = message.get("content")
-    if raw.get("isCompactSummary"):
-        flush()
-        items.append(MarkerItem("compact_summary", {"chars": len(content) if isinstance(content, str) else 0}))
-        return None
-    if (
-        isinstance(content, list)
-        and content
-        and all(isinstance(b, dict) and b.get("type") == "tool_result" for b in content)
-    ):
-        # every block is converted before any is kept: a bad line is refused (or skipped) whole
-        results = [m.content[0] for m in from_anthropic_message({"role": "user", "content": content}, where="message")]
-        deferred.extend((lineno, ToolResultItem(r.call_id, r.content, r.is_error)) for r in results)  # type: ignore[union-attr]
-        if group is None:
-            flush()
-        return group
-    converted = from_anthropic_message(
-        {"role": "user", "content": content if content is not None else ""}, where="message"
-    )
-    flush()
-    for m in converted:
-        if m.role == "tool":
-            r = m.content[0]
-            lines.add(items, lineno, ToolResultItem(r.call_id, r.content, r.is_error))  # type: ignore[union-attr]
-        elif m.text.strip():
-            lines.add(items, lineno, UserItem(m.text, instruction=not raw.get("isMeta")))
-    return None
-
-
 # -- Codex CLI rollout JSONL ---------------------------------------------------------------------------
-def import_codex(path: Path, run: int | None, lenient: bool) -> Recording:
+def import_codex(path: Path, run: int | None, lenient: bool, accounting: Accounting) -> Recording:
     lines = Lines(path, lenient)
     items: list[Item] = []
     blocks: list[Any] = []
     blocks_line = 0
+    blocks_time: float | None = None
     usage: dict[str, int] | None = None
     pending_usage: dict[str, int] | None = None
     deferred: list[tuple[int, ToolResultItem]] = []
@@ -469,7 +342,7 @@ def import_codex(path: Path, run: int | None, lenient: bool) -> Recording:
         nonlocal blocks, usage
         if blocks:
             message = Message("assistant", tuple(blocks), Source(kind="model", provider="openai", model=model))
-            lines.add(items, blocks_line, AssistantItem(message, usage))
+            lines.add(items, blocks_line, AssistantItem(message, usage, blocks_time))
         blocks, usage = [], None
         for lineno, result in deferred:
             lines.add(items, lineno, result)
@@ -480,6 +353,12 @@ def import_codex(path: Path, run: int | None, lenient: bool) -> Recording:
         if not isinstance(kind, str) or not isinstance(payload, dict):
             lines.bad(lineno, "a rollout line {timestamp, type, payload}", str(sorted(raw))[:120])
             continue
+        when = parse_time(raw.get("timestamp"))
+        if kind not in _CODEX_TYPES:
+            accounting.skip("unknown_type", "lines")
+            continue
+        if kind in ("session_meta", "turn_context", "event_msg"):
+            accounting.skip("harness_bookkeeping", "lines")
         try:
             if kind == "session_meta":
                 instructions = payload.get("instructions")
@@ -496,6 +375,7 @@ def import_codex(path: Path, run: int | None, lenient: bool) -> Recording:
                 model = found_model or model
                 continue
             if kind == "compacted":
+                accounting.skip("harness_summary", "lines")
                 flush()
                 items.append(MarkerItem("compact_boundary", {"trigger": "codex"}))
                 continue
@@ -520,8 +400,6 @@ def import_codex(path: Path, run: int | None, lenient: bool) -> Recording:
                         else:
                             pending_usage = found
                 continue
-            if kind != "response_item":
-                continue
             item_type = payload.get("type")
             if item_type == "message":
                 role = payload.get("role")
@@ -532,6 +410,8 @@ def import_codex(path: Path, run: int | None, lenient: bool) -> Recording:
                 if role == "assistant":
                     if not blocks and pending_usage is not None:
                         usage, pending_usage = pending_usage, None
+                    if not blocks:
+                        blocks_time = when
                     blocks.append(TextBlock(text))
                     blocks_line = lineno
                 else:
@@ -540,13 +420,18 @@ def import_codex(path: Path, run: int | None, lenient: bool) -> Recording:
                         ("<environment_context>", "<user_instructions>")
                     )
                     if text.strip():
-                        lines.add(items, lineno, UserItem(text, instruction=instruction))
+                        lines.add(items, lineno, UserItem(text, instruction=instruction, time=when))
+                    else:
+                        accounting.saw("user_messages")
+                        accounting.skip("empty_message", "user_messages")
             elif item_type == "reasoning":
                 summary = "\n".join(_codex_texts(payload, "summary"))
                 if deferred:
                     flush()
                 if not blocks and pending_usage is not None:
                     usage, pending_usage = pending_usage, None
+                if not blocks:
+                    blocks_time = when
                 blocks.append(ReasoningBlock(summary))
                 blocks_line = lineno
             elif item_type in ("function_call", "custom_tool_call", "local_shell_call"):
@@ -565,6 +450,8 @@ def import_codex(path: Path, run: int | None, lenient: bool) -> Recording:
                     flush()
                 if not blocks and pending_usage is not None:
                     usage, pending_usage = pending_usage, None
+                if not blocks:
+                    blocks_time = when
                 blocks.append(ToolCallBlock(call_id, name, arguments))
                 blocks_line = lineno
             elif item_type in ("function_call_output", "custom_tool_call_output"):
@@ -576,10 +463,14 @@ def import_codex(path: Path, run: int | None, lenient: bool) -> Recording:
                 if isinstance(output, dict):
                     output = output.get("content", orjson.dumps(output).decode())
                 content = output if isinstance(output, str) else orjson.dumps(output).decode()
+                accounting.results_in_file.add(call_id)
                 deferred.append((lineno, ToolResultItem(call_id, content)))
+            else:
+                accounting.skip("unknown_type", "lines")  # a response item this importer does not read
         except SHAPE_ERRORS as exc:
             lines.bad(lineno, f"a well-formed Codex {kind} line", str(exc))
     flush()
+    saw_items(accounting, items)
     recording = Recording(items, {}, skipped=lines.skipped)
     if system:
         recording.system = system
@@ -605,15 +496,31 @@ def _codex_texts(payload: dict[str, Any], key: str) -> list[str]:
 
 
 # -- SWE-agent and OpenHands (see :mod:`.agent_logs`) ---------------------------------------------------
-def import_swe_agent(path: Path, run: int | None, lenient: bool) -> Recording:
+def import_swe_agent(path: Path, run: int | None, lenient: bool, accounting: Accounting) -> Recording:
     data = agent_logs.load_json(path)
     if not isinstance(data, dict):
         msg = f"{path}: expected a SWE-agent trajectory object, got a JSON {type(data).__name__}"
         raise RecordingError(msg)
-    return agent_logs.import_swe_agent(path, data, Lines(path, lenient))
+    recording = agent_logs.import_swe_agent(path, data, Lines(path, lenient))
+    _saw_recording(recording, accounting)
+    return recording
 
 
-def import_openhands(path: Path, run: int | None, lenient: bool) -> Recording:
+def _saw_recording(recording: Recording, accounting: Accounting) -> None:
+    """Formats whose every message becomes one item: what was read is what the file holds."""
+    saw_items(accounting, recording.items)
+    accounting.results_in_file.update(i.call_id for i in recording.items if isinstance(i, ToolResultItem))
+    for reason, n in recording.not_replayed.items():
+        accounting.skip(reason, "lines", n)
+
+
+def import_openhands(path: Path, run: int | None, lenient: bool, accounting: Accounting) -> Recording:
+    recording = _import_openhands(path, run, lenient)
+    _saw_recording(recording, accounting)
+    return recording
+
+
+def _import_openhands(path: Path, run: int | None, lenient: bool) -> Recording:
     lines = Lines(path, lenient)
     if _first_line(path).startswith(b"["):  # one event stream
         if run is not None:
@@ -646,10 +553,10 @@ def import_openhands(path: Path, run: int | None, lenient: bool) -> Recording:
     return agent_logs.import_openhands(events, lines, {"run": index, "runs": total}, raw.get("instruction"))
 
 
-_IMPORTERS: dict[str, Callable[[Path, int | None, bool], Recording]] = {
+_IMPORTERS: dict[str, Callable[[Path, int | None, bool, Accounting], Recording]] = {
     "kernel": import_kernel,
     "openai-chat": import_openai,
-    "claude-code": import_claude_code,
+    "claude-code": claude_code.import_claude_code,
     "codex": import_codex,
     "swe-agent": import_swe_agent,
     "openhands": import_openhands,

@@ -8,14 +8,20 @@ items it came from:
                     ``multiedit``, ``notebookedit``, ``edit_file``, ``write_file``, ``create_file``,
                     ``str_replace_editor`` / ``str_replace_based_edit_tool`` (commands ``create``,
                     ``str_replace``, ``insert``), its ``file_path``, ``path``, ``notebook_path``,
-                    ``filename`` or ``target_file`` argument; ``apply_patch`` input's
-                    ``*** Add|Update|Delete File:`` lines
-``errors_seen``     per tool result, the last line naming an error: an ``...Error``/``...Exception``
-                    name, or a line starting ``FAILED``, ``ERROR``, ``error:``, ``error[...]:`` or
-                    ``fatal:``; for an error result with no such line, its first non-empty line
+                    ``filename`` or ``target_file`` argument; the ``*** Add|Update|Delete File:``
+                    lines of an ``apply_patch`` input, also inside a shell command; the file a shell
+                    command's heredoc writes (``cat > PATH <<EOF``, ``cat <<EOF >> PATH``,
+                    ``tee [-a] PATH <<EOF``)
+``errors_seen``     per tool result (a JSON-encoded result read as the text its strings hold), the
+                    last line naming an error: an ``...Error``/``...Exception`` name, a compiler
+                    error code (``error TS2345``, ``error[E0308]``, ``TS2345:``), ``syntax error``,
+                    ``command not found``, or a line starting ``FAILED``, ``ERROR``, ``error:``,
+                    ``fatal:``; for an error result, or one reporting a non-zero exit code, with no
+                    such line, its first non-empty line
 ``commands_worked`` the command of every shell call (``bash``, ``shell``, ``run``, ``exec_command``,
                     ``execute_bash``, ``run_command``, ``run_terminal_cmd``, ``local_shell``) whose
                     result is not an error, names no error line, and reports no non-zero exit code
+                    (in its text or, JSON-encoded, its ``exit_code``)
 ``decisions``       sentences of the user's instructions that constrain the work: they contain
                     ``don't``, ``do not``, ``never``, ``always``, ``must``, ``instead``, ``make sure``,
                     ``prefer``, ``avoid``, ``from now on`` or ``only``
@@ -49,14 +55,22 @@ _EDIT_TOOLS = frozenset(
 _EDITOR_TOOLS = frozenset({"str_replace_editor", "str_replace_based_edit_tool"})
 _EDITOR_WRITES = frozenset({"create", "str_replace", "insert"})
 _PATH_ARGS = ("file_path", "path", "notebook_path", "filename", "target_file")
-_SHELL_TOOLS = frozenset(
+SHELL_TOOLS = frozenset(
     {"bash", "shell", "run", "exec_command", "execute_bash", "run_command", "run_terminal_cmd", "local_shell"}
 )
 _SHELLS = frozenset({"bash", "sh", "zsh", "/bin/bash", "/bin/sh"})
 _PATCH_FILE = re.compile(r"^\*\*\* (?:Add|Update|Delete) File: (.+)$", re.MULTILINE)
+# a heredoc that writes a file: `cat > f <<EOF`, `cat <<'EOF' >> f`, `tee -a f <<EOF` (on one line)
+_HEREDOC_LINE = re.compile(r"^.*<<-?\s*['\"]?\w+['\"]?.*$", re.MULTILINE)
+_REDIRECT = re.compile(r"(?<![<>&\d])>>?\s*([^\s;&|<>'\"]+)")
+_TEE = re.compile(r"\btee\s+(?:-a\s+)?([^\s;&|<>'\"]+)")
 _ERROR_LINE = re.compile(
     r"\b[A-Z][A-Za-z]*(?:Error|Exception)\b|^\s*(?:FAILED|ERROR)\b|^\s*(?:error|fatal)(?:\[[\w-]+\])?:"
+    r"|\berror\s*\[?[A-Z]{1,4}\d{3,5}\]?|\b[A-Z]{2,4}\d{4}:|\bsyntax error\b|\bcommand not found\b",
+    re.IGNORECASE,
 )
+#: the keys of a JSON-encoded result that carry its exit status
+_EXIT_KEYS = ("exit_code", "exitCode", "returncode", "return_code", "status_code")
 _EXIT_CODE = re.compile(r"(?:exit(?:ed with)?[ _]code|exit status)[\"': ]*(-?\d+)", re.IGNORECASE)
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
 _DECISION = re.compile(
@@ -76,7 +90,7 @@ def _clip(text: str) -> str:
     return " ".join(text.split())[:TEXT_CHARS]
 
 
-def _command(arguments: dict[str, Any]) -> str:
+def command_of(arguments: dict[str, Any]) -> str:
     command = arguments.get("command", arguments.get("cmd"))
     if isinstance(command, list) and all(isinstance(c, str) for c in command):
         # ["bash", "-lc", "make test"] runs its last element
@@ -86,11 +100,21 @@ def _command(arguments: dict[str, Any]) -> str:
     return command if isinstance(command, str) else ""
 
 
+def shell_edits(command: str) -> list[str]:
+    """Files a shell command writes: an ``apply_patch`` inside it, or a heredoc into a file."""
+    paths = _PATCH_FILE.findall(command)
+    for line in _HEREDOC_LINE.findall(command):
+        paths += [p for p in _REDIRECT.findall(line) + _TEE.findall(line) if p != "/dev/null"]
+    return paths
+
+
 def _edited_paths(name: str, arguments: dict[str, Any]) -> list[str]:
     lowered = name.lower()
     if lowered == "apply_patch":
         patch = arguments.get("input", arguments.get("patch", ""))
         return _PATCH_FILE.findall(patch) if isinstance(patch, str) else []
+    if lowered in SHELL_TOOLS:
+        return shell_edits(command_of(arguments))
     command = arguments.get("command")
     if lowered in _EDITOR_TOOLS and not (isinstance(command, str) and command in _EDITOR_WRITES):
         return []  # a view, or arguments a model sent malformed
@@ -99,22 +123,54 @@ def _edited_paths(name: str, arguments: dict[str, Any]) -> list[str]:
     return [v for k in _PATH_ARGS if isinstance(v := arguments.get(k), str) and v.strip()][:1]
 
 
+def decoded(content: str) -> tuple[str, int | None]:
+    """A result as the text it holds and its exit code: a JSON-encoded result (``{"output": ...,
+    "metadata": {"exit_code": 1}}``) as the text of its strings, one a line, and its ``exit_code``;
+    any other result as it is, with the last exit code its text reports (None when none)."""
+    stripped = content.lstrip()
+    if stripped[:1] in ("{", "["):
+        try:
+            data = orjson.loads(content)
+        except orjson.JSONDecodeError:
+            data = None
+        if isinstance(data, dict | list):
+            code = _json_exit_code(data)
+            return "\n".join(strings_of(data)), code
+    codes = _EXIT_CODE.findall(content)
+    return content, int(codes[-1]) if codes else None
+
+
+def _json_exit_code(data: Any, depth: int = 0) -> int | None:
+    if depth > 4 or not isinstance(data, dict):
+        return None
+    for key in _EXIT_KEYS:
+        value = data.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    for value in data.values():
+        code = _json_exit_code(value, depth + 1)
+        if code is not None:
+            return code
+    return None
+
+
 def error_line(content: str, is_error: bool) -> str:
     """The last line of a tool result naming an error ('' when none); see the module docstring."""
+    text, code = decoded(content)
     found = ""
-    for line in content.splitlines():
+    for line in text.splitlines():
         if _ERROR_LINE.search(line):
             found = line
-    if not found and is_error:
-        found = next((line for line in content.splitlines() if line.strip()), "")
+    if not found and (is_error or (code is not None and code != 0)):
+        found = next((line for line in text.splitlines() if line.strip()), "")
     return _clip(found)
 
 
 def _worked(result: ToolResultItem) -> bool:
     if result.is_error or error_line(result.content, False):
         return False
-    codes = _EXIT_CODE.findall(result.content)
-    return not codes or codes[-1] == "0"
+    _, code = decoded(result.content)
+    return code is None or code == 0
 
 
 def _todo_entries(name: str, arguments: dict[str, Any]) -> list[str] | None:
@@ -157,7 +213,7 @@ def extract(recording: Recording) -> list[Probe]:
                 arguments = call.arguments if isinstance(call.arguments, dict) else {}
                 for path in _edited_paths(call.name, arguments):
                     add("files_changed", path, index)
-                if call.name.lower() in _SHELL_TOOLS and (command := _command(arguments)):
+                if call.name.lower() in SHELL_TOOLS and (command := command_of(arguments)):
                     shell_calls[call.id] = (index, command)
                 entries = _todo_entries(call.name, arguments)
                 if entries is not None:
@@ -196,21 +252,24 @@ def message_texts(message: Any) -> list[str]:
             out.append(block.text)
         elif block.type == "tool_result":
             out.append(block.content)
+            text, _ = decoded(block.content)
+            if text is not block.content:  # a JSON-encoded result: the text it holds is what it shows
+                out.append(text)
         elif block.type == "tool_call":
-            out += list(_strings(block.arguments))
+            out += list(strings_of(block.arguments))
             out.append(orjson.dumps(block.arguments).decode())
     return out
 
 
-def _strings(value: Any) -> Iterable[str]:
+def strings_of(value: Any) -> Iterable[str]:
     if isinstance(value, str):
         yield value
     elif isinstance(value, dict):
         for v in value.values():
-            yield from _strings(v)
+            yield from strings_of(v)
     elif isinstance(value, list):
         for v in value:
-            yield from _strings(v)
+            yield from strings_of(v)
 
 
 def score(probes: list[Probe], visible: str, reachable: set[int]) -> dict[str, dict[str, float | int | None]]:
@@ -228,3 +287,76 @@ def score(probes: list[Probe], visible: str, reachable: set[int]) -> dict[str, d
             "recoverable": round(len(back) / n, 4) if n else None,
         }
     return out
+
+
+# -- instructions, at every request ------------------------------------------------------------------
+# what opens a line that quotes a message: quote markers, an anchor the strategy decorates it with
+_QUOTED = re.compile(r"^[ \t]*(?:>[ \t]?)*(?:⟦[^⟧\n]{1,24}⟧[ \t]*)?")
+#: what may follow an instruction shown whole: the end of its line or message, a closing tag, an
+#: id pointer (`` [item_12]``, `` (item_12)``, `` ⟦p3⟧``), or the separator of a list of fields
+#: or of a summary's items flattened onto one line (``; ``, `` - ``, `` ## ``)
+_AFTER = ("\n", "<", " [", " (", "; ", " ⟦", " - ", " #")
+#: what may open it on its line: nothing, a tag, a bullet, a short label (``- User: ``, ``Goal: ``,
+#: ``...; asked: ``)
+_BEFORE = re.compile(
+    r"(?:.*>[ \t]?|(?:.*(?:[;·—|]| -)[ \t]*)?(?:[-*•+][ \t]+|\d{1,3}[.)][ \t]+)?(?:[A-Za-z][^:\n]{0,40}:[ \t]?)?)"
+)
+
+
+def canonical(text: str) -> str:
+    """Text as instructions are compared: each line without what opens it as a quote or an anchor
+    (``> ``, ``⟦p1⟧ ``) and with its whitespace collapsed, blank lines dropped. A bullet or a label
+    before an instruction is allowed where it is found (:func:`shown_whole`), not stripped: an
+    instruction's own list items are part of it."""
+    lines = (" ".join(_QUOTED.sub("", line).split()) for line in text.splitlines())
+    return "\n".join(line for line in lines if line)
+
+
+def shown_whole(instruction: str, text: str) -> bool:
+    """``instruction`` (canonical) appears in ``text`` (canonical) whole, as a unit: what comes
+    before it on its line is nothing, a tag or a short label, and it ends its line (or a field, or
+    comes before a tag or an id pointer). Line breaks count as spaces inside it (a multi-line
+    instruction shown on one line is shown). A one-word instruction inside a sentence is not."""
+    flat, wanted = text.replace("\n", " "), instruction.replace("\n", " ")  # the same positions
+    start = flat.find(wanted)
+    while start != -1:
+        end = start + len(wanted)
+        line_start = text.rfind("\n", 0, start) + 1
+        if _BEFORE.fullmatch(text, line_start, start) and (
+            end == len(text) or text.startswith(_AFTER, end) or text.endswith(";", 0, end + 1)
+        ):
+            return True
+        start = flat.find(wanted, start + 1)
+    return False
+
+
+class InstructionWatch:
+    """The user's instructions given so far, checked against every request as it is sent."""
+
+    def __init__(self) -> None:
+        self.given: list[str] = []
+        self.shares: list[float] = []
+        self._canon: dict[int, tuple[Any, str]] = {}  # id(message) -> (message, canonical text)
+
+    def give(self, text: str) -> None:
+        canon = canonical(text)
+        if canon and canon not in self.given:
+            self.given.append(canon)
+
+    def text_of(self, system: str, messages: Iterable[Any]) -> str:
+        parts = [canonical(system)]
+        for message in messages:
+            held = self._canon.get(id(message))
+            if held is None or held[0] is not message:
+                held = (message, canonical(message.text))
+                self._canon[id(message)] = held
+            parts.append(held[1])
+        return "\n".join(parts)
+
+    def visible(self, text: str) -> float:
+        return sum(1 for i in self.given if shown_whole(i, text)) / len(self.given) if self.given else 1.0
+
+    def check(self, system: str, messages: Iterable[Any]) -> None:
+        """One request as sent: the share of the instructions given so far that it shows whole."""
+        if self.given:
+            self.shares.append(self.visible(self.text_of(system, messages)))

@@ -7,6 +7,7 @@ expected and what was found; with ``lenient`` it is skipped and listed instead.
 
 from __future__ import annotations
 
+import datetime as _dt
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ _USAGE_COUNTERS = (
     "completion_tokens",
 )
 _MAX_TOKENS = 2**53  # a token count past this is not a count
+_MAX_EPOCH = 4_102_444_800.0  # 2100-01-01: a recorded time past it is not a time
 
 
 class Lines:
@@ -72,6 +74,24 @@ class Lines:
                     self.bad(lineno, "a JSON object", type(value).__name__)
                     continue
                 yield lineno, value
+
+
+def parse_time(value: Any) -> float | None:
+    """A recorded timestamp as seconds since the epoch: an ISO 8601 string (``Z`` or an offset; a
+    naive one is UTC) or a number of seconds; None for anything else (no time is then known)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+        return seconds if 0 <= seconds < _MAX_EPOCH else None
+    if not isinstance(value, str) or not 10 <= len(value) <= 40:
+        return None
+    try:
+        moment = _dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=_dt.UTC)
+    seconds = moment.timestamp()
+    return seconds if 0 <= seconds < _MAX_EPOCH else None
 
 
 def check_usage(raw: Any, field: str = "usage") -> dict[str, int] | None:

@@ -26,13 +26,14 @@ recovered.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from ..messages import Message, ToolCallBlock
+from .probes import decoded
 
 if TYPE_CHECKING:
     from ..session import Session
@@ -271,3 +272,148 @@ def measure(
         surface = "\n".join(n.message.text for n in final.surface.nodes)
         result.recovered.update(_chapters(prober, surface, [(sid, seq, fragments(m)) for sid, seq, m in chosen]))
     return result
+
+
+# -- cued recall: what a model could fetch at the request that needed it ---------------------------------
+#: tool calls the prober may make for one need
+NEED_CALLS = 3
+#: the share of the effective window one need's tool output may fill
+NEED_OUTPUT_SHARE = 1 / 8
+#: most needs probed per replay (the first ones; later ones are neither counted nor probed)
+MAX_NEEDS = 150
+_ITEM_ID = re.compile(r"\bitem_(\d{1,18})\b")
+_SEARCH_HIT = re.compile(r"^(\S+) (?:artifact (\S+) )?line (\d{1,9}): ", re.MULTILINE)
+
+
+@dataclass
+class CuedRecall:
+    """The cued prober's tally over one replay."""
+
+    needs: int = 0
+    found: int = 0
+    calls: int = 0
+    tokens: int = 0
+    family: str | None = None
+
+
+def offered_names(tools: list[dict[str, Any]]) -> set[str]:
+    """Tool names of a request's schemas (OpenAI style ``{"function": {"name"}}`` or ``{"name"}``)."""
+    names = set()
+    for tool in tools:
+        inner = tool.get("function")
+        function: dict[str, Any] = inner if isinstance(inner, dict) else tool
+        if isinstance(function.get("name"), str):
+            names.add(function["name"])
+    return names
+
+
+def family_of(names: set[str]) -> str | None:
+    if "history_search_contents" in names or {"history_list_items", "history_read_item"} <= names:
+        return "history"
+    if "history_lookup" in names:
+        return "lookup"
+    if "chapters_search" in names or "chapters_read" in names:
+        return "chapters"
+    if names & {"history_read_item", "history_read"}:
+        return "read-only"
+    return None
+
+
+class _NeedProbe:
+    """At most :data:`NEED_CALLS` calls and ``budget`` tokens of tool output, for one need."""
+
+    def __init__(self, session: Session, budget: int, tally: CuedRecall) -> None:
+        self.session = session
+        self.left = budget
+        self.tally = tally
+        self.calls = 0
+        self.seen: list[str] = []
+
+    def call(self, name: str, arguments: dict[str, Any]) -> str | None:
+        if self.calls >= NEED_CALLS or self.left <= 0:
+            return None
+        self.calls += 1
+        self.tally.calls += 1
+        outcome = self.session.run_tool(ToolCallBlock(f"cued_{self.tally.calls:06d}", name, arguments))
+        text = outcome.content
+        tokens = self.session.meter.count_text(text)
+        if tokens > self.left:  # the model reads only what its budget holds
+            text = text[: len(text) * self.left // max(tokens, 1)]
+            tokens = self.left
+        self.left -= tokens
+        self.tally.tokens += tokens
+        shown, _ = decoded(text)
+        self.seen.append(normalize(shown))
+        return None if outcome.is_error else text
+
+    def holds(self, evidence: Sequence[str]) -> bool:
+        return any(proof in text for text in self.seen for proof in evidence)
+
+
+def probe_need(
+    session: Session, offered: set[str], shown: str, cue: str, evidence: Sequence[str], budget: int, tally: CuedRecall
+) -> bool:
+    """Look ``cue`` up with the tools ``offered`` at this request, knowing only the request
+    (``shown``) and the cue; True when the output holds ``evidence``."""
+    probe = _NeedProbe(session, budget, tally)
+    family = family_of(offered)
+    if family == "history" and "history_search_contents" in offered:
+        _search_then_read(
+            probe, evidence, "history_search_contents", {"query": cue, "limit": 5, "max_chars": 400, "order": "desc"}
+        )
+        read = "history_read_item"
+        ids = _ids_of(probe)
+        return probe.holds(evidence) or _read_ids(probe, evidence, read, "id", ids, offered)
+    if family == "lookup":
+        _search_then_read(probe, evidence, "history_lookup", {"query": cue, "limit": 5, "max_chars": 400})
+        return probe.holds(evidence) or _read_ids(probe, evidence, "history_read", "item", _ids_of(probe), offered)
+    if family == "chapters" and "chapters_search" in offered:
+        out = probe.call("chapters_search", {"query": cue, "limit": 10})
+        if probe.holds(evidence) or out is None:
+            return probe.holds(evidence)
+        for chapter, handle, line in _SEARCH_HIT.findall(out)[: NEED_CALLS - 1]:
+            offset = max(0, int(line) - 3)
+            if handle and "chapters_artifact" in offered:
+                probe.call("chapters_artifact", {"op": "read", "artifact": handle, "offset": offset, "limit": 12})
+            elif not handle and "chapters_read" in offered:
+                probe.call("chapters_read", {"chapter": chapter, "offset": offset, "limit": 12})
+            if probe.holds(evidence):
+                return True
+        return False
+    # no search: only the ids the request itself shows can be read
+    for read, arg in (("history_read_item", "id"), ("history_read", "item")):
+        if read in offered:
+            shown_ids = list(dict.fromkeys(f"item_{n}" for n in reversed(_ITEM_ID.findall(shown))))
+            return _read_ids(probe, evidence, read, arg, shown_ids, offered)
+    return False
+
+
+def _search_then_read(probe: _NeedProbe, evidence: Sequence[str], tool: str, arguments: dict[str, Any]) -> None:
+    """Search, following ``next_cursor`` while a page finds nothing (a page scans a bounded part)."""
+    for _ in range(NEED_CALLS - 1):
+        page = _json(probe.call(tool, arguments))
+        if probe.holds(evidence) or page.get("items") or not isinstance(page.get("next_cursor"), str):
+            return
+        arguments = {**arguments, "cursor": page["next_cursor"]}
+
+
+def _ids_of(probe: _NeedProbe) -> list[str]:
+    """Item ids the searches printed, in the order shown."""
+    ids: list[str] = []
+    for text in probe.seen:
+        ids += [f"item_{n}" for n in _ITEM_ID.findall(text)]
+    return list(dict.fromkeys(ids))
+
+
+def _read_ids(
+    probe: _NeedProbe, evidence: Sequence[str], tool: str, arg: str, ids: list[str], offered: set[str]
+) -> bool:
+    if tool not in offered:
+        return False
+    for ref in ids:
+        if probe.calls >= NEED_CALLS or probe.left <= 0:
+            break
+        probe.call(tool, {arg: ref, "max_chars": 20_000})
+        if probe.holds(evidence):
+            return True
+    return False

@@ -22,18 +22,22 @@ class RecordingError(CtxKernelError):
 
 @dataclass(frozen=True, slots=True)
 class UserItem:
-    """A user message; ``instruction`` is False for harness-injected context (environment, meta)."""
+    """A user message; ``instruction`` is False for harness-injected context (environment, meta).
+    ``time`` is when it was recorded (seconds since the epoch), when the recording says."""
 
     text: str
     instruction: bool = True
+    time: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class AssistantItem:
-    """One recorded model request's reply; ``usage`` is what the provider reported, if recorded."""
+    """One recorded model request's reply; ``usage`` is what the provider reported, if recorded;
+    ``time`` is when the reply was recorded (seconds since the epoch), when the recording says."""
 
     message: Message
     usage: dict[str, int] | None = None
+    time: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +69,12 @@ class Recording:
     system: str | None = None
     #: lines skipped by ``--lenient`` (each: line number and why)
     skipped: list[dict[str, Any]] = field(default_factory=list)
+    #: what the file holds against what is replayed (:mod:`.accounting`); None for a workload
+    accounting: dict[str, Any] | None = None
+    #: lines or events an importer read and did not replay, by reason (counted into ``accounting``)
+    not_replayed: dict[str, int] = field(default_factory=dict)
+    #: what is computed once from the items and shared by every profile's replay (recall needs)
+    derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def requests(self) -> int:
@@ -102,4 +112,5 @@ class Recording:
             "markers": sorted({i.kind for i in self.items if isinstance(i, MarkerItem)}),
             "recorded_peak_input_tokens": self.recorded_peak_input_tokens,
             "skipped_lines": len(self.skipped),
+            "accounting": self.accounting,
         }

@@ -30,18 +30,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from ..errors import ConfigError, ContextOverflowError, ProfileError, RequestTooLargeError
-from ..events import COMPACTION_END, COMPACTION_PRUNE, COMPACTION_SUMMARY
+from ..events import COMPACTION_END, COMPACTION_PRUNE, COMPACTION_SUMMARY, replay_clock
 from ..kernel import Kernel
 from ..messages import Message, Source, ToolCallBlock
+from ..meter import message_text_for_count
 from ..models.base import Reply
+from ..pricing import Bill, ModelPrice, PromptCache, UnknownModelError, price_for
 from ..profile import Prices, Profile, SummarizerSettings, load_profile, override_window
 from ..redact import redact
 from ..session import Request, Session
 from ..store.jsonl import JsonlStore
 from ..text import extractive_summary
 from ..tools import ToolOutcome
-from . import probes, recall
+from . import cues, probes, recall
 from .checks import InvariantChecker
 from .recording import AssistantItem, MarkerItem, Recording, RecordingError, ToolResultItem, UserItem
 from .steward import Steward, default_steward
@@ -68,18 +72,28 @@ METRIC_KEYS: tuple[str, ...] = (
     "summary_output_tokens",
     "summarizer",
     "billed_input_tokens",
-    "cached_input_tokens",
+    "cache_read_tokens",
+    "cache_write_tokens",
     "output_tokens",
-    "cost",
+    "cost_usd",
     "invariant_violations",
     "invariant_details",
     "instructions_visible",
-    "history_recoverable",
-    "history_recoverable_declared",
+    "instructions_visible_min",
+    "instructions_visible_mean",
+    "recall_needs",
+    "recall_found",
+    "recall_cued",
+    "recall_method",
+    "recall_tools",
     "recall_calls",
     "recall_tokens",
-    "recall_method",
-    "recall_probed",
+    "history_reachable",
+    "history_reachable_declared",
+    "history_reachable_method",
+    "history_reachable_calls",
+    "history_reachable_tokens",
+    "history_reachable_probed",
     "probes",
     "synthetic_results",
     "sessions",
@@ -91,6 +105,31 @@ METRIC_KEYS: tuple[str, ...] = (
 
 #: the smallest context window a simulation runs with
 MIN_WINDOW = 256
+#: the model a recording's requests are priced as, by its format, when ``--model`` is not given
+#: (workloads and kernel logs: a current Anthropic model, whose explicit cache bills writes)
+DEFAULT_MODELS: dict[str, str] = {
+    "claude-code": "claude-sonnet-4-5",
+    "codex": "gpt-5-codex",
+    "openai-chat": "gpt-4o",
+    "swe-agent": "gpt-4o",
+    "openhands": "claude-sonnet-4-5",
+    "kernel": "claude-sonnet-4-5",
+    "workload": "claude-sonnet-4-5",
+}
+#: the default summarizer: an offline model that writes summaries as long as a model's, priced
+STAND_IN = "stand-in"
+#: the longest summary the stand-in writes: a model's eight-section summary is this long (the one
+#: Claude Code wrote at its compaction in the shared Claude Code recording: 11.8k characters for
+#: its eight sections, 16.2k with its preamble and analysis; basic's summary_max_chars is 12,000)
+STAND_IN_SUMMARY_CHARS = 12_000
+#: ... and for a shorter region, a tenth of it (a model details a small region less)
+STAND_IN_SHARE = 0.1
+#: the longest line the stand-in quotes of one message of the region
+STAND_IN_LINE_CHARS = 300
+#: where the replay clock starts for a recording that holds no time (2025-01-01T00:00:00Z) ...
+FIXED_START = 1_735_689_600.0
+#: ... and how far it moves for each user message or reply that has no recorded time
+STEP_SECONDS = 10.0
 #: the built-in pseudo-profile with no strategy (a baseline row; not part of ``all``)
 UNMANAGED = "none"
 #: a strategy claiming one of these capabilities gives the model tools that read hidden history back
@@ -107,8 +146,11 @@ class Options:
     window: int | None = None
     #: ``--window 0.5x``: each recording's window is this share of its own unmanaged peak
     window_share: float | None = None
-    summarizer: str = "extractive"
+    summarizer: str = STAND_IN
     steward: Steward = default_steward
+    #: ``--model``: the price table's model the requests are priced as (None: the format's default)
+    model: str | None = None
+    #: ``--prices``: other prices for that model's cache rules
     prices: Prices | None = None
     workdir: Path | None = None
     #: keep the replayed sessions in a jsonl store (the kernel home) at this folder
@@ -118,12 +160,13 @@ class Options:
 
 # -- summarizers ---------------------------------------------------------------------------------------
 class ExtractiveModel:
-    """An offline stand-in for a summarizer model (``--summarizer scripted``): it answers with the
-    deterministic extractive summary and reports usage as a provider would, so that the model
-    path (summary calls, their tokens and cost) is exercised with no network."""
+    """The offline stand-in for a summarizer model (``--summarizer stand-in``, the default): it
+    answers with the deterministic eight-section summary, up to :data:`STAND_IN_SUMMARY_CHARS`
+    (as long as a model's), and reports usage as a provider would, so every summary is priced as
+    the model call a real harness makes, with no network."""
 
     provider = "simulate"
-    model = "extractive-model"
+    model = "stand-in-summarizer"
 
     def __init__(self, meter: Any) -> None:
         self._meter = meter
@@ -131,15 +174,39 @@ class ExtractiveModel:
     def complete(
         self, messages: list[Message], *, system: str = "", tools: list[dict[str, Any]] | None = None
     ) -> Reply:
-        text = extractive_summary(messages[:-1], max_chars=6000)
+        text = stand_in_summary(messages[:-1])
         prompt = self._meter.count_header(system, tools or []) + sum(self._meter.count_message(m) for m in messages)
         reply = Message.assistant(text, source=Source(kind="model", provider=self.provider, model=self.model))
         usage = {"input_tokens": prompt, "output_tokens": self._meter.count_message(reply), "cached_input_tokens": 0}
         return Reply(reply, usage, self.provider, self.model)
 
 
+def stand_in_summary(region: list[Message]) -> str:
+    """The stand-in's summary of ``region``: the kernel's eight sections, then, while shorter than
+    a model would write (a tenth of the region, at most :data:`STAND_IN_SUMMARY_CHARS`), the
+    region's own messages, newest first, one clipped line each, as a model's summary details the
+    latest work."""
+    sections = extractive_summary(region, max_chars=STAND_IN_SUMMARY_CHARS)
+    size = sum(len(message_text_for_count(m)) for m in region)
+    target = min(STAND_IN_SUMMARY_CHARS, int(size * STAND_IN_SHARE))
+    details: list[str] = []
+    used = len(sections)
+    for message in reversed(region):
+        if used >= target:
+            break
+        body = " ".join(message_text_for_count(message).split())
+        if body:
+            details.append(f"- {message.role}: {body[:STAND_IN_LINE_CHARS]}")
+            used += len(details[-1]) + 1
+    if not details:
+        return sections
+    return (sections + "\n" + "\n".join(reversed(details)))[: max(target, len(sections))]
+
+
 class CountingModel:
-    """Wraps the profile's summarizer so every call and its tokens are counted."""
+    """Wraps the profile's summarizer so every call and its tokens are counted, and billed as a
+    request through the replay's prompt cache (``bill``: the summary call shares the request's
+    system prompt, tools and head, which a provider serves from its cache)."""
 
     def __init__(self, inner: Any, meter: Any) -> None:
         self.inner = inner
@@ -149,6 +216,7 @@ class CountingModel:
         self.calls = 0
         self.input_tokens = 0
         self.output_tokens = 0
+        self.bill: Callable[[str, list[dict[str, Any]], list[Message], int], None] | None = None
 
     def complete(
         self, messages: list[Message], *, system: str = "", tools: list[dict[str, Any]] | None = None
@@ -156,20 +224,23 @@ class CountingModel:
         reply = self.inner.complete(messages, system=system, tools=tools)
         usage = reply.usage or {}
         self.calls += 1
-        self.input_tokens += usage.get("input_tokens") or (
+        tokens = usage.get("input_tokens") or (
             self._meter.count_header(system, tools or []) + sum(self._meter.count_message(m) for m in messages)
         )
+        self.input_tokens += tokens
         self.output_tokens += usage.get("output_tokens") or self._meter.count_message(reply.message)
+        if self.bill is not None:
+            self.bill(system, tools or [], messages, tokens)
         return reply
 
 
 def summarizer_settings(spec: str) -> SummarizerSettings | None:
-    """``extractive`` (None), ``scripted``, or ``openai:<model>[@<base_url>]``."""
-    if spec in ("", "extractive", "scripted"):
+    """``stand-in`` (``scripted``), ``extractive`` (None for both), or ``openai:<model>[@<base_url>]``."""
+    if spec in ("", "extractive", STAND_IN, "scripted"):
         return None
     kind, _, rest = spec.partition(":")
     if kind != "openai" or not rest:
-        msg = f"--summarizer {spec!r}: expected 'extractive', 'scripted' or 'openai:<model>[@<base_url>]'"
+        msg = f"--summarizer {spec!r}: expected 'stand-in', 'extractive' or 'openai:<model>[@<base_url>]'"
         raise RecordingError(msg)
     model, _, base_url = rest.partition("@")
     return SummarizerSettings(kind="openai", model=model, base_url=base_url or None)
@@ -182,6 +253,7 @@ def prepare_profile(name: str, recording: Recording, options: Options, home: Pat
     if name == UNMANAGED:
         # basic's model settings and no strategy: what the session needs when nothing manages it
         profile = load_profile("basic")
+        profile.profile.excerpt_oversized = False  # no kernel bound either: what the session sends
         profile.profile.strategies = []
         profile.strategies = {}
         for policy in profile.model_policies:
@@ -202,7 +274,6 @@ def prepare_profile(name: str, recording: Recording, options: Options, home: Pat
 @dataclass
 class _Counters:
     prompt_tokens: list[int] = field(default_factory=list)
-    cached: int = 0
     output: int = 0
     overflows: int = 0
     overflow_retries: int = 0
@@ -213,23 +284,57 @@ class _Counters:
     header_tokens: int = 0
 
 
+class RecordedClock:
+    """The replay's time: each user message and reply at its recorded time (seconds since the
+    epoch), else :data:`STEP_SECONDS` after the one before; a recording with no time at all
+    starts at :data:`FIXED_START`. Never goes back (a recording whose clock did stays put)."""
+
+    def __init__(self, recording: Recording) -> None:
+        times = (i.time for i in recording.items if isinstance(i, UserItem | AssistantItem))
+        self.now = next((t for t in times if t is not None), FIXED_START)
+
+    def advance(self, recorded: float | None) -> float:
+        self.now = max(self.now, recorded) if recorded is not None else self.now + STEP_SECONDS
+        return self.now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class Replay:
     """One recording through one kernel (one profile)."""
 
-    def __init__(self, kernel: Kernel, recording: Recording, options: Options, label: str = "") -> None:
+    def __init__(
+        self,
+        kernel: Kernel,
+        recording: Recording,
+        options: Options,
+        label: str = "",
+        clock: RecordedClock | None = None,
+        price: ModelPrice | None = None,
+    ) -> None:
         self.kernel = kernel
         self.recording = recording
         self.options = options
         self.label = label
-        self.session: Session = kernel.open_session(origin="simulate")
+        self.clock = clock or RecordedClock(recording)
+        self.price = price or price_for(DEFAULT_MODELS["workload"])
+        self.cache = PromptCache(self.price)
+        self.bill = Bill()  # every request the provider served, and every summary call
+        self._refused: Request | None = None  # the request being served although a provider refused it
+        self._tools_key: tuple[Any, bytes] = (None, b"")
+        self.session: Session = kernel.open_session(origin=origin_label(label, recording))
         self.sessions: list[Session] = [self.session]
         self.checkers: dict[str, InvariantChecker] = {self.session.id: InvariantChecker(self.session.id)}
         self.counters = _Counters()
-        self.instructions: list[str] = []
+        self.instructions = probes.InstructionWatch()
+        self.cued = recall.CuedRecall()
+        self._candidates = cues.candidates(recording)
+        self._shown: dict[int, tuple[Any, str]] = {}  # id(message) -> (message, the text it shows)
+        self._index = -1
         self.originals: list[tuple[str, int]] = []  # (session id, seq) of every replayed message
         self.item_seqs: dict[int, tuple[str, int]] = {}  # recording item index -> where it was replayed
         self._last_was_final_reply = False
-        self._previous: tuple[str, Any, list[Message], list[int]] | None = None
         self._header_tokens: dict[tuple[str, int], int] = {}
         self._last_system = ""
         self._call_no = 0
@@ -241,6 +346,7 @@ class Replay:
         done = 0
         for index, item in enumerate(items):
             replayed = len(self.originals)
+            self._index = index
             self._item(item)
             if isinstance(item, AssistantItem):
                 done += 1
@@ -264,13 +370,14 @@ class Replay:
 
     def _user(self, item: UserItem) -> None:
         self._close_pending()
+        self.clock.advance(item.time)
         session = self.session
         if session.turn_open and self._last_was_final_reply:
             session.end_turn()
         seq = session.user(item.text)
         self.originals.append((session.id, seq))
         if item.instruction:
-            self.instructions.append(item.text)
+            self.instructions.give(item.text)
         self._last_was_final_reply = False
 
     def _tool_result(self, item: ToolResultItem) -> None:
@@ -288,6 +395,7 @@ class Replay:
 
     def _assistant(self, item: AssistantItem) -> None:
         self._close_pending()
+        self.clock.advance(item.time)
         session = self.session
         if not session.turn_open:
             # a recording that starts with (or resumes on) the model still needs an open turn
@@ -297,9 +405,28 @@ class Replay:
         if message.source.kind != "model":
             message = Message("assistant", message.content, Source(kind="model"))
         self.counters.recorded_requests += 1
+        self._probe_needs(request)
         self._commit(self.session, message, request)
         self.originals.append((self.session.id, self.session.next_seq - (1 if message.tool_calls else 2)))
         self._last_was_final_reply = not message.tool_calls
+
+    def _probe_needs(self, request: Request) -> None:
+        """Cued recall: each cue this recorded step uses that only hidden content held is a need,
+        looked up with the tools this request offers, knowing only what it shows (:mod:`.recall`)."""
+        found = self._candidates.get(self._index)
+        tally = self.cued
+        if not found or tally.needs >= recall.MAX_NEEDS:
+            return
+        shown = cues.request_text(request.system, request.messages, self._shown)
+        offered = recall.offered_names(request.tools)
+        tally.family = recall.family_of(offered) or tally.family
+        budget = int(request.pressure.effective_window * recall.NEED_OUTPUT_SHARE)
+        for candidate in found:
+            if candidate.cue in shown or tally.needs >= recall.MAX_NEEDS:
+                continue
+            tally.needs += 1
+            if recall.probe_need(self.session, offered, shown, candidate.cue, candidate.evidence, budget, tally):
+                tally.found += 1
 
     def _prepare_with_steward(self) -> Request:
         """Prepare the next request; first let the steward take its context-management steps."""
@@ -349,13 +476,20 @@ class Replay:
     def _prepare(self) -> Request:
         """Prepare a request; when it would not fit, report the overflow and retry as a harness does."""
         session = self.session
+        if session.route is None and self.options.window is not None:
+            # the window the session runs at, recorded with its route (as prepare_request would
+            # record the route, at the same place in the log): a kept session opened with its
+            # profile later shows the window it ran at, not the profile's
+            model = session.kernel.profile.model
+            session.set_route(model.provider, model.name, context_window=model.context_window)
         try:
             request = session.prepare_request()
         except RequestTooLargeError:
             # the kernel's guard refused it (it could not be compacted to fit): a real harness
             # gets this error instead of the provider's; the recording goes on (open loop)
             self.counters.overflows += 1
-            return session.prepare_request(allow_overflow=True)
+            self._refused = session.prepare_request(allow_overflow=True)
+            return self._refused
         for attempt in range(1, _MAX_OVERFLOW_RETRIES + 1):
             tokens = self._prompt_tokens(session, request)
             window = request.pressure.effective_window
@@ -380,16 +514,18 @@ class Replay:
             if tokens <= request.pressure.effective_window:
                 return request
         # open loop: the recording goes on even though a real provider would have refused this
-        # request, so it is counted as an overflow and served anyway
+        # request, so it is counted as an overflow, and goes on unbilled (nothing was served)
         self.counters.overflows += 1
         if not session.step_open:
             request = session.prepare_request(attempt=_MAX_OVERFLOW_RETRIES + 1, allow_overflow=True)
+        self._refused = request
         return request
 
     def _commit(self, session: Session, message: Message, request: Request) -> None:
         tokens, cached = self._account(session, request)
         output = session.meter.count_message(message)
-        self.counters.output += output
+        if request is not self._refused:
+            self.counters.output += output
         session.commit_reply(
             message, usage={"input_tokens": tokens, "output_tokens": output, "cached_input_tokens": cached}
         )
@@ -420,29 +556,46 @@ class Replay:
         )
 
     def _account(self, session: Session, request: Request) -> tuple[int, int]:
-        """Record one sent request: its tokens, the prefix it shares with the previous one, checks."""
+        """Record one sent request: its tokens, its bill through the prompt cache, checks.
+        Returns (prompt tokens, tokens read from the cache)."""
         self.checkers[session.id].check_request(session, request)
         header = self._header(session, request)
         self.counters.header_tokens = max(self.counters.header_tokens, header)
         per_message = [self._message_tokens(session, request, i) for i in range(len(request.messages))]
         tokens = header + sum(per_message)
-        cached = 0
-        previous = self._previous
-        if previous is not None and previous[0] == session.id and previous[1] == (request.system, request.tools):
-            cached = header
-            old_messages, old_seqs = previous[2], previous[3]
-            for i, message in enumerate(request.messages):
-                if i >= len(old_messages) or old_seqs[i] != request.seqs[i]:
-                    break
-                old = old_messages[i]
-                if old is not message and old != message:
-                    break
-                cached += per_message[i]
-        self._previous = (session.id, (request.system, request.tools), list(request.messages), list(request.seqs))
         self._last_system = request.system
         self.counters.prompt_tokens.append(tokens)
-        self.counters.cached += cached
-        return tokens, cached
+        self.instructions.check(request.system, request.messages)
+        if request is self._refused:
+            return tokens, 0  # refused by the provider: nothing billed, nothing cached
+        blocks = [(self._header_key(request.system, request.tools), header), *zip(request.messages, per_message)]
+        bill = self.cache.request(self.clock.now, blocks)
+        self.bill.add(bill)
+        return tokens, bill.cache_read
+
+    def _header_key(self, system: str, tools: list[dict[str, Any]]) -> tuple[str, str, bytes]:
+        """The system prompt and tool schemas as one cache block's key."""
+        if self._tools_key[0] is not tools:
+            self._tools_key = (tools, orjson.dumps(tools, option=orjson.OPT_SORT_KEYS))
+        return ("header", system, self._tools_key[1])
+
+    def bill_summary(self, system: str, tools: list[dict[str, Any]], messages: list[Message], tokens: int) -> None:
+        """A summarizer call of ``tokens`` input tokens (as its provider reported them), billed
+        through the same cache at the time of the request it serves: the prefix it shares with
+        earlier requests is read, the rest billed as the cache bills a request's new part."""
+        meter = self.session.meter
+        blocks = [
+            (self._header_key(system, tools), meter.count_header(system, tools)),
+            *((m, meter.count_message(m)) for m in messages),
+        ]
+        bill = self.cache.request(self.clock.now, blocks)
+        rest = max(0, tokens - bill.cache_read)  # the provider's count of what was not read
+        bill.cache_read = min(bill.cache_read, tokens)
+        if bill.cache_write:
+            bill.cache_write, bill.uncached = rest, 0
+        else:
+            bill.uncached = rest
+        self.bill.add(bill)
 
     # -- results ---------------------------------------------------------------------------------------
     def _lineage(self) -> set[str]:
@@ -461,7 +614,7 @@ class Replay:
         )
 
     def _measure_recall(self, visible_seqs: set[int]) -> dict[str, Any]:
-        """``history_recoverable`` measured by fetching hidden messages back (see :mod:`.recall`),
+        """Cued recall's tally, ``history_reachable`` measured by fetching every hidden message back (see :mod:`.recall`),
         and the retention probes (see :mod:`.probes`)."""
         final = self.session
         by_id = {s.id: s for s in self.sessions}
@@ -485,22 +638,28 @@ class Replay:
         surface = [self._last_system]
         for node in final.surface.nodes:
             surface += probes.message_texts(node.message)
+        cued = self.cued
         return {
-            "history_recoverable": round(recovered / len(self.originals), 4) if self.originals else 1.0,
-            "recall_calls": round(found.calls * cost_scale),
-            "recall_tokens": round(found.tokens * cost_scale),
-            "recall_method": found.method,
-            "recall_probed": found.probed,
+            "recall_needs": cued.needs,
+            "recall_found": cued.found,
+            "recall_cued": round(cued.found / cued.needs, 4) if cued.needs else None,
+            "recall_method": "cued",
+            "recall_tools": cued.family,
+            "recall_calls": cued.calls,
+            "recall_tokens": cued.tokens,
+            "history_reachable": round(recovered / len(self.originals), 4) if self.originals else 1.0,
+            "history_reachable_method": found.method,
+            "history_reachable_calls": round(found.calls * cost_scale),
+            "history_reachable_tokens": round(found.tokens * cost_scale),
+            "history_reachable_probed": found.probed,
             "probes": probes.score(found_probes, probes.visible_text(surface), reachable),
         }
 
     def metrics(self) -> dict[str, Any]:
         c = self.counters
         final = self.session
-        visible_text = "\n".join([self._last_system, *(n.message.text for n in final.surface.nodes)])
-        normalized = " ".join(visible_text.split())
-        instructions = [" ".join(t.split()) for t in self.instructions if t.strip()]
-        shown = sum(1 for t in instructions if t in normalized)
+        watch = self.instructions
+        at_end = watch.visible(watch.text_of(self._last_system, (n.message for n in final.surface.nodes)))
         visible_seqs = {n.seq for n in final.surface.nodes}
         lineage = self._lineage()
         has_recall = bool(self._recall_tools())
@@ -541,7 +700,13 @@ class Replay:
             used = None  # no kernel summary: the strategy (or the steward's tool calls) wrote its own
         violations = [v for checker in self.checkers.values() for v in checker.violations]
         tokens = c.prompt_tokens
-        billed = sum(tokens) + summary_in
+        bill = Bill(self.bill.uncached, self.bill.cache_read, self.bill.cache_write)
+        if not isinstance(summarizer, CountingModel):
+            bill.uncached += summary_in  # a strategy's own model calls, recorded in its events
+        output = c.output + summary_out
+        # a provider refuses a request over the window: the session as recorded could not go on,
+        # so it has no price
+        price = None if c.overflows else round(self.price.cost(bill, output), 6)
         return {
             "requests": len(tokens),
             "recorded_requests": c.recorded_requests,
@@ -557,14 +722,18 @@ class Replay:
             "summary_input_tokens": summary_in,
             "summary_output_tokens": summary_out,
             "summarizer": used,
-            "billed_input_tokens": billed,
-            "cached_input_tokens": c.cached,
-            "output_tokens": c.output + summary_out,
+            "billed_input_tokens": bill.input,
+            "cache_read_tokens": bill.cache_read,
+            "cache_write_tokens": bill.cache_write,
+            "output_tokens": output,
+            "cost_usd": price,
             "invariant_violations": len(violations),
             "invariant_details": violations[:20],
-            "instructions_visible": round(shown / len(instructions), 4) if instructions else 1.0,
+            "instructions_visible": round(at_end, 4),
+            "instructions_visible_min": round(min(watch.shares), 4) if watch.shares else 1.0,
+            "instructions_visible_mean": round(sum(watch.shares) / len(watch.shares), 4) if watch.shares else 1.0,
             **measured,
-            "history_recoverable_declared": round(declared / len(self.originals), 4) if self.originals else 1.0,
+            "history_reachable_declared": round(declared / len(self.originals), 4) if self.originals else 1.0,
             "synthetic_results": c.synthetic_results,
             "sessions": len(self.sessions),
             "steward_errors": c.steward_errors,
@@ -572,17 +741,39 @@ class Replay:
         }
 
 
-def cost(metrics: dict[str, Any], prices: Prices | None) -> float | None:
-    """Money for the billed tokens at ``prices`` (per million tokens); None without prices."""
-    if prices is None or metrics.get("status") != "ok":
-        return None
-    uncached = metrics["billed_input_tokens"] - metrics["cached_input_tokens"]
-    total = (
-        uncached * prices.input
-        + metrics["cached_input_tokens"] * prices.cached_input
-        + metrics["output_tokens"] * prices.output
-    )
-    return round(total / 1_000_000, 6)
+def origin_label(profile: str, recording: Recording) -> str:
+    """What a kept session says it is (its header's ``origin``): the simulator, the profile (the
+    ``none`` baseline named as such) and what was replayed."""
+    source = recording.source
+    if source.get("kind") == "workload":
+        what = f"workload {source.get('workload')} seed {source.get('seed')}"
+    else:
+        what = f"{source.get('format')} transcript {source.get('file')}"
+        if source.get("run") is not None:
+            what += f" run {source['run']} of {source.get('runs')}"
+    role = f"{profile} (unmanaged baseline)" if profile == UNMANAGED else profile
+    return f"ctxkernel simulate: profile {role}, {what}"[:300]
+
+
+def model_for(recording: Recording, options: Options) -> str:
+    """The model the requests are priced as: ``--model``, else the recording format's default
+    (:data:`DEFAULT_MODELS`); refused when the price table does not hold it."""
+    name = options.model or DEFAULT_MODELS.get(recording.source.get("format") or "workload", DEFAULT_MODELS["workload"])
+    try:
+        return price_for(name).model
+    except UnknownModelError as exc:
+        msg = f"--model: {exc}"
+        raise RecordingError(msg) from None
+
+
+def price_of(options: Options, profile_prices: Prices | None = None) -> ModelPrice:
+    """The model's prices and cache rules; ``--prices`` (else a profile's ``[prices]``) replace
+    the prices and keep the cache rules."""
+    price = price_for(options.model or DEFAULT_MODELS["workload"])
+    given = options.prices or profile_prices
+    if given is not None:
+        price = price.with_prices(given.input, given.cached_input, given.output)
+    return price
 
 
 def empty_metrics(name: str, status: str, error: str, strategies: list[str] | None = None) -> dict[str, Any]:
@@ -614,23 +805,36 @@ def run_profile(name: str, recording: Recording, options: Options) -> dict[str, 
         try:
             profile = prepare_profile(name, recording, options, home)
             kernel = Kernel(profile, store=JsonlStore(home, fsync=False), home=home)
-            if options.summarizer == "scripted":
+            if options.summarizer in (STAND_IN, "scripted"):
                 kernel.summarizer = ExtractiveModel(_meter_of(kernel))
             if kernel.summarizer is not None:  # builds a configured model: may refuse (no key)
                 kernel.summarizer = CountingModel(kernel.summarizer, _meter_of(kernel))
         except (ConfigError, ProfileError) as exc:
             return empty_metrics(name, "unavailable", str(exc))
         strategies = list(profile.profile.strategies)
-        replay = Replay(kernel, recording, options, label=name)
+        clock = RecordedClock(recording)
+        replay: Replay | None = None
         try:
-            replay.run()
+            # ids drawn from the profile's name: the same on every run of one command, kept or
+            # not; a store that already holds this replay's sessions (a second run into one
+            # --keep-sessions folder) gets new ones
+            origin = origin_label(name, recording)
+            earlier = sum(1 for sid in kernel.store.list_sessions() if kernel.store.header(sid).origin == origin)
+            seed = f"ctxkernel-simulate:{name}:{earlier}"
+            with replay_clock(clock, seed):
+                price = price_of(options, profile.prices)
+                replay = Replay(kernel, recording, options, label=name, clock=clock, price=price)
+                if isinstance(kernel.summarizer, CountingModel):
+                    kernel.summarizer.bill = replay.bill_summary
+                replay.run()
+                result = replay.metrics()
         except Exception as exc:  # noqa: BLE001 - one broken strategy must not hide the others' results
             where = _origin(exc)
             out = empty_metrics(name, "failed", f"{type(exc).__name__}: {exc}{where}", strategies)
-            out["session_ids"] = [s.id for s in replay.sessions] if kept is not None else None  # to inspect the failure
+            if kept is not None and replay is not None:
+                out["session_ids"] = [s.id for s in replay.sessions]  # to inspect the failure
             out["wall_seconds"] = round(time.perf_counter() - started, 3)
             return out
-        result = replay.metrics()
         result["session_ids"] = [s.id for s in replay.sessions] if kept is not None else None
         store_close = getattr(kernel.store, "close", None)
         if store_close:
@@ -644,7 +848,6 @@ def run_profile(name: str, recording: Recording, options: Options) -> dict[str, 
         **result,
         "wall_seconds": round(time.perf_counter() - started, 3),
     }
-    out["cost"] = cost(out, options.prices or profile.prices)
     return {key: out.get(key) for key in METRIC_KEYS}
 
 

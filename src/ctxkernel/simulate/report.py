@@ -19,7 +19,7 @@ REPLAY_NOTE = (
     "context-management tool calls come from the steward policy."
 )
 
-#: (heading, metric key, formatter) of the table columns
+#: (heading, metric key) of the table columns; ``cost_vs_basic`` is computed from the rows
 _COLUMNS: tuple[tuple[str, str], ...] = (
     ("profile", "profile"),
     ("status", "status"),
@@ -30,37 +30,73 @@ _COLUMNS: tuple[tuple[str, str], ...] = (
     ("overflows", "overflows"),
     ("compactions", "compactions"),
     ("summaries", "summary_calls"),
-    ("summarizer", "summarizer"),
     ("billed in", "billed_input_tokens"),
-    ("cached in", "cached_input_tokens"),
-    ("cost", "cost"),
+    ("cache read", "cache_read_tokens"),
+    ("cache write", "cache_write_tokens"),
+    ("cost $", "cost_usd"),
+    ("vs basic", "cost_vs_basic"),
     ("violations", "invariant_violations"),
     ("instr. visible", "instructions_visible"),
-    ("recoverable", "history_recoverable"),
+    ("instr. min", "instructions_visible_min"),
+    ("recall cued", "recall_cued"),
+    ("reachable", "history_reachable"),
     ("recall calls", "recall_calls"),
     ("seconds", "wall_seconds"),
+)
+#: shares shown as whole percentages
+SHARES = frozenset(
+    {
+        "instructions_visible",
+        "instructions_visible_min",
+        "instructions_visible_mean",
+        "history_reachable",
+        "history_reachable_declared",
+        "recall_cued",
+    }
 )
 
 _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 
 
 def _cell(key: str, value: Any) -> str:
+    """One figure as the tables show it: counts with thousands separators, shares as whole
+    percentages, money to four decimals, ratios to two, seconds to one."""
+    if key == "cost_usd" and value is None:
+        return "n/a"
     if value is None:
         return "-"
     if key == "compactions":
         return ",".join(f"{k}:{v}" for k, v in value.items()) or "0"
-    if key in ("instructions_visible", "history_recoverable"):
+    if key in SHARES:
         return f"{value:.0%}"
-    if key == "cost":
-        return f"{value:.4f}"
+    if key == "cost_usd":
+        return f"{value:,.4f}"
+    if key == "cost_vs_basic":
+        return f"{value:.2f}x"
+    if key == "wall_seconds":
+        return f"{value:,.1f}"
     if isinstance(value, int):
         return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:,.2f}"
     return str(value)
+
+
+def with_cost_ratio(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The profile rows, each with ``cost_vs_basic``: its cost over the ``basic`` row's (None when
+    either has no cost)."""
+    basic = next((p.get("cost_usd") for p in report["profiles"] if p["profile"] == "basic"), None)
+    rows = []
+    for metrics in report["profiles"]:
+        cost = metrics.get("cost_usd")
+        ratio = round(cost / basic, 4) if cost is not None and basic else None
+        rows.append({**metrics, "cost_vs_basic": ratio})
+    return rows
 
 
 def table_rows(report: dict[str, Any]) -> list[list[str]]:
     rows = [[heading for heading, _ in _COLUMNS]]
-    for metrics in report["profiles"]:
+    for metrics in with_cost_ratio(report):
         rows.append([_cell(key, metrics.get(key)) for _, key in _COLUMNS])
     return rows
 
@@ -108,11 +144,72 @@ def render_table(report: dict[str, Any]) -> str:
     source = report["source"]
     lines.append("")
     lines.append(f"source: {describe_source(source)}")
+    lines.append(f"priced as: {describe_prices(report['settings'])}")
+    missing = describe_accounting(source.get("accounting"))
+    if missing:
+        lines.append(missing)
+    if no_pressure(report["profiles"]):
+        lines.append(NO_PRESSURE)
     for metrics in report["profiles"]:
         if metrics.get("error"):
             lines.append(f"{metrics['profile']}: {metrics['status']}: {metrics['error']}")
     lines.append(REPLAY_NOTE)
     return "\n".join(lines)
+
+
+_KEY_WORDS = {
+    "tool_calls": ("tool call", "tool calls"),
+    "tool_results": ("tool result", "tool results"),
+    "user_messages": ("user message", "user messages"),
+    "assistant_messages": ("assistant message", "assistant messages"),
+    "sidechain_calls": ("sidechain call", "sidechain calls"),
+}
+
+
+NO_PRESSURE = (
+    "no profile reached pressure (no compaction, no overflow): the window is larger than this session needs, "
+    "so the profiles differ only by their fixed overhead; try --window 0.5x (half of its unmanaged peak)"
+)
+
+
+def no_pressure(profiles: list[dict[str, Any]]) -> bool:
+    """No profile that ran compacted, continued, took a steward step or overflowed."""
+    ran = [p for p in profiles if p.get("status") == "ok"]
+    return bool(ran) and not any(
+        sum((p.get("compactions") or {}).values()) or p.get("overflows") or p.get("steward_requests") for p in ran
+    )
+
+
+def describe_prices(settings: dict[str, Any]) -> str:
+    price = settings.get("prices")
+    if not price:
+        return "each session's format default model"
+    text = (
+        f"{price['model']} (${price['input']:g} in, ${price['cache_read']:g} cache read, "
+        f"${price['cache_write']:g} cache write, ${price['output']:g} out per million tokens; "
+        f"cache TTL {price['cache_ttl_seconds']:g} s; price table {settings.get('price_table')})"
+    )
+    return text + (", --prices given" if settings.get("prices_given") else "")
+
+
+def describe_accounting(accounting: dict[str, Any] | None) -> str | None:
+    """One line naming what the recording holds and the replay left out, by reason; None when
+    everything was replayed."""
+    if not accounting or accounting.get("complete"):
+        return None
+    parts = []
+    for key, (one, many) in _KEY_WORDS.items():
+        missing = accounting["raw"][key] - accounting["replayed"][key]
+        if missing:
+            why = ", ".join(
+                f"{reason} {of[key]:,}"
+                if len([r for r in accounting["reasons"].values() if r.get(key)]) > 1
+                else reason
+                for reason, of in accounting["reasons"].items()
+                if of.get(key)
+            )
+            parts.append(f"{missing:,} {one if missing == 1 else many} ({why})")
+    return "not replayed: " + "; ".join(parts) + " (see source.accounting; --strict refuses such a recording)"
 
 
 def describe_source(source: dict[str, Any]) -> str:
@@ -186,7 +283,7 @@ def render_chart(report: dict[str, Any], *, width: int = 900, height: int = 360)
 def _html_table(table_id: str, rows: list[list[str]]) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in rows[0])
     body = "\n".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows[1:])
-    return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>\n{body}\n</tbody></table>'
+    return f'<div class="wide"><table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>\n{body}\n</tbody></table></div>'
 
 
 def render_html(report: dict[str, Any]) -> str:
@@ -196,13 +293,15 @@ def render_html(report: dict[str, Any]) -> str:
         if p.get("error")
     )
     return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>ctxkernel simulate</title>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1"><title>ctxkernel simulate</title>
 <style>
 body {{ font-family: sans-serif; margin: 24px; color: #222; }}
 table {{ border-collapse: collapse; margin-top: 16px; }}
 th, td {{ border: 1px solid #ccc; padding: 4px 8px; text-align: right; font-size: 13px; }}
 th:first-child, td:first-child {{ text-align: left; }}
 .note {{ color: #555; max-width: 900px; }}
+.wide {{ overflow-x: auto; max-width: 100%; }}
+svg {{ display: block; max-width: 900px; height: auto; }}
 </style></head>
 <body>
 <h1>ctxkernel simulate</h1>
@@ -230,30 +329,35 @@ _SESSION_COLUMNS: tuple[tuple[str, str], ...] = (
     ("overflows", "overflows"),
     ("compactions", "compactions"),
     ("billed in", "billed_input_tokens"),
-    ("cost", "cost"),
+    ("cost $", "cost_usd"),
+    ("vs basic", "cost_vs_basic"),
     ("violations", "invariant_violations"),
-    ("instr. visible", "instructions_visible"),
-    ("recoverable", "history_recoverable"),
+    ("instr. min", "instructions_visible_min"),
+    ("recall cued", "recall_cued"),
+    ("reachable", "history_reachable"),
 )
 #: (heading, figure, statistic) of the aggregate rows
 _AGGREGATE_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("peak median", "peak_prompt_tokens", "median"),
     ("peak p90", "peak_prompt_tokens", "p90"),
     ("billed in sum", "billed_input_tokens", "sum"),
-    ("billed in p90", "billed_input_tokens", "p90"),
-    ("cost sum", "cost", "sum"),
+    ("cost $ sum", "cost_usd", "sum"),
+    ("vs basic median", "cost_vs_basic", "median"),
     ("summaries sum", "summary_calls", "sum"),
-    ("instr. visible median", "instructions_visible", "median"),
-    ("recoverable median", "history_recoverable", "median"),
-    ("recoverable p90", "history_recoverable", "p90"),
+    ("instr. min median", "instructions_visible_min", "median"),
+    ("instr. min p10", "instructions_visible_min", "p10"),
+    ("recall cued median", "recall_cued", "median"),
+    ("recall cued p10", "recall_cued", "p10"),
+    ("reachable median", "history_reachable", "median"),
     ("recall calls sum", "recall_calls", "sum"),
 )
 #: the figures drawn as distributions in the corpus HTML report
 DISTRIBUTIONS: tuple[tuple[str, str], ...] = (
     ("peak_prompt_tokens", "Peak prompt tokens per session"),
-    ("billed_input_tokens", "Billed input tokens per session"),
-    ("instructions_visible", "Share of instructions visible at the end"),
-    ("history_recoverable", "Share of history recoverable (measured)"),
+    ("cost_vs_basic", "Cost against basic per session (with the prompt cache)"),
+    ("instructions_visible_min", "Lowest share of instructions visible at any request"),
+    ("recall_cued", "Share of recall needs found through the strategy's tools (cued)"),
+    ("history_reachable", "Share of history reachable (exhaustive fetch)"),
 )
 
 
@@ -267,7 +371,7 @@ def session_rows(report: dict[str, Any]) -> list[list[str]]:
         label = session_label(session)
         if session["error"]:
             rows.append([label, "", "unreadable", *([""] * (len(_SESSION_COLUMNS) - 2))])
-        for metrics in session["profiles"]:
+        for metrics in with_cost_ratio(session) if session["profiles"] else []:
             rows.append([label, *(_cell(key, metrics.get(key)) for _, key in _SESSION_COLUMNS)])
     return rows
 
@@ -322,54 +426,86 @@ def render_corpus_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def render_distribution(report: dict[str, Any], key: str, title: str, *, width: int = 900, height: int = 260) -> str:
-    """An inline SVG strip chart: one column per profile, a dot per session, the median as a solid
-    bar and the p90 as a dashed one."""
-    left, right, top, bottom = 70, 20, 28, 36
+def distribution_values(report: dict[str, Any], key: str) -> dict[str, list[tuple[str, float]]]:
+    """Per profile, ``(session label, value)`` of every session it replayed with a value;
+    ``cost_vs_basic`` is each session's cost over its own ``basic`` row's."""
+    out: dict[str, list[tuple[str, float]]] = {name: [] for name in report["aggregate"]}
+    for session in report["sessions"]:
+        rows = with_cost_ratio(session) if session["profiles"] else []
+        for row in rows:
+            value = row.get(key)
+            if row["status"] == "ok" and isinstance(value, int | float) and row["profile"] in out:
+                out[row["profile"]].append((session_label(session), float(value)))
+    return out
+
+
+def render_distribution(report: dict[str, Any], key: str, title: str, *, width: int = 900, height: int = 280) -> str:
+    """An inline SVG strip chart: one column per profile, a dot per session (its name and value on
+    hover), the median as a solid bar, and the bad tail as a dashed one: the p10 of a share (what
+    the worst sessions kept), the p90 of anything else (what the worst sessions cost)."""
+    left, right, top, bottom = 76, 20, 30, 40
     names = list(report["aggregate"])
-    values = {
-        n: [p[key] for s in report["sessions"] for p in s["profiles"] if p["profile"] == n and p["status"] == "ok"]
-        for n in names
-    }
-    share = key in ("instructions_visible", "history_recoverable")
-    top_value = 1.0 if share else max([v for vs in values.values() for v in vs if v is not None] + [1])
+    values = distribution_values(report, key)
+    share = key in SHARES
+    found = [v for vs in values.values() for _, v in vs]
+    top_value = 1.0 if share else max([*found, 1e-9])
     step = 0.25 if share else _nice_step(top_value)
     y_max = 1.0 if share else math.ceil(top_value * 1.05 / step) * step
     plot_w, plot_h = width - left - right, height - top - bottom
     column = plot_w / max(1, len(names))
+    tail = "p10" if share else "p90"
 
     def y(v: float) -> float:
         return top + plot_h - plot_h * v / y_max
 
+    def label(v: float) -> str:
+        if share:
+            return f"{v:.0%}"
+        if key == "cost_vs_basic":
+            return f"{v:.2f}x"
+        return f"{v:,.0f}" if step >= 1 else f"{v:,.2f}"
+
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="distribution" data-figure="{key}" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" aria-label="{html.escape(title)}">',
-        f'<text x="{left}" y="16" font-size="13">{html.escape(title)}</text>',
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="distribution" data-figure="{key}" viewBox="0 0 {width} {height}" '
+        f'width="100%" preserveAspectRatio="xMinYMin meet" role="img" aria-label="{html.escape(title)}">',
+        f'<text x="{left}" y="18" font-size="13">{html.escape(title)}</text>',
         f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="#fafafa" stroke="#999"/>',
     ]
     tick = 0.0
     while tick <= y_max + 1e-9:
-        label = f"{tick:.0%}" if share else f"{int(tick):,}"
         parts.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y(tick):.1f}" y2="{y(tick):.1f}" stroke="#e4e4e4"/>')
-        parts.append(f'<text x="{left - 6}" y="{y(tick) + 4:.1f}" font-size="11" text-anchor="end">{label}</text>')
+        parts.append(
+            f'<line class="tick" x1="{left - 5}" x2="{left}" y1="{y(tick):.1f}" y2="{y(tick):.1f}" stroke="#555"/>'
+        )
+        parts.append(
+            f'<text x="{left - 8}" y="{y(tick) + 4:.1f}" font-size="11" text-anchor="end">{label(tick)}</text>'
+        )
         tick += step
     for i, name in enumerate(names):
         color = _COLORS[i % len(_COLORS)]
         center = left + column * (i + 0.5)
-        vs = [v for v in values[name] if v is not None]
-        for j, v in enumerate(vs):
+        parts.append(
+            f'<line class="tick" x1="{center:.1f}" x2="{center:.1f}" y1="{top + plot_h}" y2="{top + plot_h + 5}" stroke="#555"/>'
+        )
+        for j, (session, v) in enumerate(values[name]):
             jitter = ((j * 37) % 21 - 10) / 10 * min(column * 0.3, 40)  # deterministic spread
             parts.append(
-                f'<circle class="session" cx="{center + jitter:.1f}" cy="{y(v):.1f}" r="2.5" fill="{color}" fill-opacity="0.6"/>'
+                f'<circle class="session" cx="{center + jitter:.1f}" cy="{y(v):.1f}" r="3" fill="{color}" '
+                f'fill-opacity="0.6"><title>{html.escape(session)} · {html.escape(name)}: {label(v)}</title></circle>'
             )
         figure = report["aggregate"][name]["figures"].get(key)
         if figure is not None:
             half = min(column * 0.4, 60)
             parts.append(
-                f'<line class="median" x1="{center - half:.1f}" x2="{center + half:.1f}" y1="{y(figure["median"]):.1f}" y2="{y(figure["median"]):.1f}" stroke="#000" stroke-width="2"/>'
-                f'<line class="p90" x1="{center - half:.1f}" x2="{center + half:.1f}" y1="{y(figure["p90"]):.1f}" y2="{y(figure["p90"]):.1f}" stroke="#000" stroke-dasharray="4 3"/>'
+                f'<line class="median" x1="{center - half:.1f}" x2="{center + half:.1f}" y1="{y(figure["median"]):.1f}" '
+                f'y2="{y(figure["median"]):.1f}" stroke="#000" stroke-width="2"><title>{html.escape(name)} median: '
+                f"{label(figure['median'])}</title></line>"
+                f'<line class="{tail}" x1="{center - half:.1f}" x2="{center + half:.1f}" y1="{y(figure[tail]):.1f}" '
+                f'y2="{y(figure[tail]):.1f}" stroke="#000" stroke-dasharray="4 3"><title>{html.escape(name)} {tail}: '
+                f"{label(figure[tail])}</title></line>"
             )
         parts.append(
-            f'<text x="{center:.1f}" y="{height - 14}" font-size="12" text-anchor="middle">{html.escape(name)} ({len(vs)})</text>'
+            f'<text x="{center:.1f}" y="{height - 16}" font-size="12" text-anchor="middle">{html.escape(name)} ({len(values[name])})</text>'
         )
     parts.append("</svg>")
     return "\n".join(parts)
@@ -383,19 +519,21 @@ def render_corpus_html(report: dict[str, Any]) -> str:
         if s["error"]
     )
     return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>ctxkernel simulate: corpus</title>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1"><title>ctxkernel simulate: corpus</title>
 <style>
 body {{ font-family: sans-serif; margin: 24px; color: #222; }}
 table {{ border-collapse: collapse; margin-top: 16px; }}
 th, td {{ border: 1px solid #ccc; padding: 4px 8px; text-align: right; font-size: 13px; }}
 th:first-child, td:first-child {{ text-align: left; }}
 .note {{ color: #555; max-width: 900px; }}
+.wide {{ overflow-x: auto; max-width: 100%; }}
+svg {{ display: block; max-width: 900px; height: auto; }}
 </style></head>
 <body>
 <h1>ctxkernel simulate: corpus</h1>
 <p>{html.escape(describe_corpus(report))}</p>
 <h2>Distributions</h2>
-<p class="note">One dot per session; the solid bar is the median, the dashed one the p90.</p>
+<p class="note">One dot per session (hover for its name and value); the solid bar is the median, the dashed one the bad tail: the p10 of a share (what the worst tenth of the sessions kept), the p90 of anything else.</p>
 {charts}
 <h2>Aggregate per profile</h2>
 {_html_table("aggregate", aggregate_rows(report))}

@@ -25,6 +25,7 @@ from .. import events as ev
 from ..errors import ProfileError, SessionNotFoundError
 from ..events import Event
 from ..kernel import Kernel
+from ..lineage import lineage
 from ..meter import message_text_for_count
 from ..profile import list_profiles, load_profile
 from ..session import Session
@@ -156,6 +157,7 @@ class Inspector:
         row: dict[str, Any] = {
             "id": session_id,
             "profile": header.profile,
+            "origin": header.origin,
             "parent": header.parent,
             "created": header.created,
             "events": count,
@@ -213,6 +215,7 @@ class Inspector:
         with opened.lock:
             view = opened.session.project()
             view["profile"] = opened.session.kernel.profile.name
+            view.update(lineage(opened.session, view.get("strategies")))
         return view
 
     def summary(self, session_id: str) -> dict[str, Any]:
@@ -231,6 +234,7 @@ class Inspector:
         )
         return {
             "profile": view["profile"],
+            "parent": view["parent"],
             "events": view["events"],
             "pressure": view["pressure"],
             "windows": windows,

@@ -11,9 +11,11 @@ from __future__ import annotations
 import hashlib
 import re
 
-from .storage import Archive, ArchiveError, IntegrityError, NotInArchiveError, check_name
+from .storage import Archive, ArchiveError, IntegrityError, NotInArchiveError, VerifiedCache, check_name
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/artifacts/([0-9a-f]{64})\.txt")
+#: how a chapter's body names an artifact it itemises (render.py): ``[artifact `<handle>`, N chars]``
+HANDLE_IN_TEXT = re.compile(r"\[artifact `([A-Za-z0-9][A-Za-z0-9._-]*/artifacts/[0-9a-f]{64}\.txt)`")
 
 
 def handle_for(root: str, digest: str) -> str:
@@ -47,6 +49,32 @@ def load(archive: Archive, handle: str) -> str:
         msg = f"artifact {handle!r} no longer matches its sha256: it was changed after it was stored; refused"
         raise IntegrityError(msg)
     return data.decode("utf-8")
+
+
+#: verified artifact texts for search, ``(text, lower-cased text)`` by sha256 (the handle's name)
+SEARCHABLE = VerifiedCache(limit=256)
+
+
+def searchable(archive: Archive, handle: str) -> tuple[str, str]:
+    """The artifact's text and its lower case, read and verified once: a handle names its content's
+    sha256, and the store keeps the stored bytes' digest, so an unchanged artifact is not read again."""
+    match = _NAME.fullmatch(check_name(handle))
+    if not match:
+        msg = f"{handle!r} is not an artifact handle; handles look like '<root>/artifacts/<sha256>.txt'"
+        raise ArchiveError(msg)
+    info = archive.stat(handle)
+    if info is None:
+        msg = f"artifact {handle!r} is not in the store"
+        raise ArchiveError(msg)
+    if info.sha256 != match.group(1):
+        msg = f"artifact {handle!r} no longer matches its sha256: it was changed after it was stored; refused"
+        raise IntegrityError(msg)
+    cached = SEARCHABLE.get(info.sha256)
+    if cached is None:
+        text = load(archive, handle)
+        cached = (text, text.lower())
+        SEARCHABLE.put(info.sha256, cached)
+    return cached
 
 
 def list_handles(archive: Archive, root: str) -> list[str]:

@@ -17,14 +17,13 @@ the store's key-value table.
 from __future__ import annotations
 
 import hashlib
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import ctxkernel
 from ctxkernel import CompactionError, ContextOverflowError, Message, Span, Summary, get_logger, head_region
-from ctxkernel.events import utc_now
+from ctxkernel.events import random_hex, utc_now
 
 from . import archive, artifacts, cli, settle, toc
 from .registry import Registry
@@ -203,7 +202,7 @@ def compact_in_place(session: Session, keep_tokens: int, *, reason: str) -> bool
     settings = settings_of(session)
     registry = registry_of(session)
     root = ""
-    plan_id = uuid.uuid4().hex[:16]
+    plan_id = random_hex(16)
     numbers: list[int] = []
     used = 0
     try:
@@ -632,7 +631,7 @@ def steward_actions(session: Session, request: Request) -> list[dict[str, Any]] 
     st["steward_tried"] = ceiling
     from .tools import deterministic_continuation
 
-    arguments = deterministic_continuation(session, settings)
+    arguments = deterministic_continuation(session, settings, request.messages)  # what the model sees
     if arguments is None:
         return None
     return [{"name": "chapters_continue", "arguments": arguments}]

@@ -8,7 +8,7 @@ are unchanged.
 
 from __future__ import annotations
 
-import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -16,6 +16,7 @@ import orjson
 from pydantic import Field
 
 from ctxkernel import MAX_INT_ARG, Message, ToolArgs, ToolOutcome
+from ctxkernel.events import random_hex
 from ctxkernel.text import attr
 
 from . import archive, artifacts, toc
@@ -273,7 +274,7 @@ def _create_child(
             )
     records = [p.record for p in prepared]
     archive.publish(Archive.of(session), prepared)
-    child_id = uuid.uuid4().hex
+    child_id = random_hex(32)
     next_chapter = registry.next_number(root)
     for record in records:
         registry.kv.kv_put(record_key(session.id, record["number"]), record)
@@ -406,28 +407,43 @@ def default_ranges(session: Session) -> list[ChapterRange]:
     return [ChapterRange(start_seq=p.start_seq, end_seq=p.end_seq, title=p.title, summary=p.summary) for p in plans]
 
 
-def deterministic_continuation(session: Session, settings: ChaptersSettings) -> dict[str, Any] | None:
-    """Arguments a steward passes to ``chapters_continue``: segmentation ranges and a handoff note
-    quoting the in-flight turn's request and latest progress. None when nothing can be archived."""
+#: the longest quote a steward's handoff note takes from what the model sees: a model's own notes
+#: are short (docs/simulate.md, "The steward policy": its messages in the shared recordings are
+#: 65 characters at the median, 182 at p90)
+STEWARD_QUOTE_CHARS = 600
+
+
+def deterministic_continuation(
+    session: Session, settings: ChaptersSettings, shown: Sequence[Message] | None = None
+) -> dict[str, Any] | None:
+    """Arguments for ``chapters_continue``: segmentation ranges and a handoff note quoting the
+    in-flight turn's request and latest progress. A steward passes ``shown``, the request's
+    messages, and the note quotes only them (at most :data:`STEWARD_QUOTE_CHARS` each), as a model
+    writing it could; the manual path reads the log. None when nothing can be archived."""
     ceiling = chapters.archive_ceiling(session)
     if ceiling is None:
         return None
     ranges = default_ranges(session)
-    events = session.events[ceiling + 1 :]
     asked = ""
     latest = ""
-    for event in events:
-        if event.type in ("user/message", "assistant/message") and (event.surface or {}).get("op") == "append":
-            message = Message.from_dict(event.data["message"])
-            if event.type == "user/message" and message.source.kind == "user":
-                asked = message.text.strip()
-            elif event.type == "assistant/message" and message.text.strip():
-                latest = message.text.strip()
-    if not asked:  # between turns: the last completed turn's request is the context
+    if shown is None:
+        messages = [
+            Message.from_dict(e.data["message"])
+            for e in session.events[ceiling + 1 :]
+            if e.type in ("user/message", "assistant/message") and (e.surface or {}).get("op") == "append"
+        ]
+    else:
+        messages = list(shown)
+    for message in messages:
+        if message.role == "user" and message.source.kind == "user" and message.text.strip():
+            asked = message.text.strip()
+        elif message.role == "assistant" and message.text.strip():
+            latest = message.text.strip()
+    if not asked and shown is None:  # between turns: the last completed turn's request is the context
         title, summary = describe(session.events, max(0, ceiling - 40), ceiling)
         asked = summary
-    budget_chars = 2_000
-    note = f"In progress: {asked[:budget_chars]}"
+    budget_chars = 2_000 if shown is None else STEWARD_QUOTE_CHARS
+    note = f"In progress: {asked[:budget_chars]}" if asked else "In progress: (see the table of contents)"
     history = chapters.STRATEGY.on(session).history()  # the task state (goal, todos), seed 001's host state
     goal = history.goal_text()
     todos = [f"- [{t.status}] {t.text[:200]}" for t in history.checklist() if t.open][:20]
@@ -483,17 +499,31 @@ def chapters_search(session: Session, args: SearchArgs) -> ToolOutcome:
     needle = args.query.lower()
     hits: list[str] = []
     refused: list[str] = []
+    searched: set[str] = set()  # artifact handles (content-addressed: one search each)
     for record in settle(session).lineage_records(session.id):
         try:
             chapter = read_chapter(session, record, where)
         except ArchiveError as exc:
             refused.append(f"{record['id']}: {exc}")
             continue
-        if needle not in archive.lowered_body(chapter):
-            continue  # one scan of the whole chapter; lines are split only where there is a hit
-        for i, line in enumerate(chapter.body.splitlines()):
-            if needle in line.lower():
-                hits.append(f"{record['id']} line {i}: {' '.join(line.split())[:240]}")
+        if needle in archive.lowered_body(chapter):  # one scan of the whole chapter; lines split on a hit
+            for i, line in enumerate(chapter.body.splitlines()):
+                if needle in line.lower():
+                    hits.append(f"{record['id']} line {i}: {' '.join(line.split())[:240]}")
+        # the large tool results and arguments the chapter itemises are part of what it holds
+        for handle in dict.fromkeys(artifacts.HANDLE_IN_TEXT.findall(chapter.body)):
+            if handle in searched:
+                continue
+            searched.add(handle)
+            try:
+                text, lowered = artifacts.searchable(where, handle)
+            except ArchiveError as exc:
+                refused.append(f"{handle}: {exc}")
+                continue
+            if needle in lowered:
+                for i, line in enumerate(text.splitlines(), 1):
+                    if needle in line.lower():
+                        hits.append(f"{record['id']} artifact {handle} line {i}: {' '.join(line.split())[:240]}")
     page = hits[args.offset : args.offset + args.limit]
     out = [
         f"{len(hits)} match(es) for {args.query!r}"
@@ -556,7 +586,7 @@ TOOLS = (
         chapters_fork,
     ),
     _tool("chapters_read", "Read an archived chapter, paged.", ReadArgs, chapters_read),
-    _tool("chapters_search", "Search the archived chapters.", SearchArgs, chapters_search),
+    _tool("chapters_search", "Search the archived chapters and their artifacts.", SearchArgs, chapters_search),
     _tool(
         "chapters_artifact",
         "Read a large tool output by its handle: toc (overview), search (query), read (lines from offset).",

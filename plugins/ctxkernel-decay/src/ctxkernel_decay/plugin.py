@@ -239,9 +239,9 @@ def export_files(session: Session) -> dict[str, bytes] | None:
 
 
 def _now() -> str:
-    import datetime as dt
+    from ctxkernel.events import utc_now  # the replay clock in a simulation
 
-    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return utc_now()
 
 
 @ctxkernel.hookimpl

@@ -69,15 +69,27 @@ def extractive_summary(messages: list[Message], state_summaries: list[str], max_
     return clip("\n".join(lines), max_chars) or "(nothing worth keeping)"
 
 
-def plan_spans(session: Session, state: DecayState, settings: DecaySettings, need_tokens: int) -> list[dict[str, Any]]:
+def plan_spans(
+    session: Session,
+    state: DecayState,
+    settings: DecaySettings,
+    need_tokens: int,
+    shown: dict[int, Message] | None = None,
+) -> list[dict[str, Any]]:
     """One span from the oldest compressible node, long enough to save ``need_tokens``; never
-    into the current turn (its instruction and every step since stay, seed §7)."""
+    into the current turn (its instruction and every step since stay, seed §7). ``shown``: the
+    messages as the request showed them (by seq), which the summary is written from."""
     limit = protected_start(session, planning=not session.surface.pending_calls)
-    return _plan_span(session, state, settings, need_tokens, limit)
+    return _plan_span(session, state, settings, need_tokens, limit, shown or {})
 
 
 def _plan_span(
-    session: Session, state: DecayState, settings: DecaySettings, need_tokens: int, limit: int
+    session: Session,
+    state: DecayState,
+    settings: DecaySettings,
+    need_tokens: int,
+    limit: int,
+    shown: dict[int, Message],
 ) -> list[dict[str, Any]]:
     """One span within surface positions ``0..limit-1``."""
     nodes = session.surface.nodes
@@ -116,7 +128,9 @@ def _plan_span(
     room = max(0, pressure.effective_window - header)
     max_chars = max(80, min(settings.summary_max_chars, tokens, int(4 * 0.1 * room)))
     summaries = [state.blocks[n.seq].summary for n in rng if n.seq in state.blocks]
-    summary = extractive_summary([n.message for n in rng if n.seq not in state.blocks], summaries, max_chars)
+    # what the model saw of each message (decayed as the request showed it), not the log's original
+    seen = [shown.get(n.seq, n.message) for n in rng if n.seq not in state.blocks]
+    summary = extractive_summary(seen, summaries, max_chars)
     if meter.count_text(summary) + 24 >= tokens:
         return []
     return [
@@ -146,7 +160,8 @@ def actions(session: Session, request: Request) -> list[dict[str, Any]] | None:
     need = max(
         pressure.tokens - int(settings.steward_target_ratio * pressure.effective_window), settings.growth_tokens // 2
     )
-    spans = plan_spans(session, state, settings, need)
+    shown = dict(zip(request.seqs, request.messages, strict=True))
+    spans = plan_spans(session, state, settings, need, shown)
     if not spans:
         return None
     return [{"name": "compress", "arguments": {"spans": spans}}]

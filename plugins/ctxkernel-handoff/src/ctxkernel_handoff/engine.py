@@ -15,7 +15,6 @@ strategy off for a model (``native``), or its tools off, compaction is left to `
 
 from __future__ import annotations
 
-import datetime
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -29,7 +28,7 @@ from ctxkernel import (
     head_region,
     whole_surface_but_last,
 )
-from ctxkernel.events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, REQUEST_HEADER, USER_MESSAGE
+from ctxkernel.events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, REQUEST_HEADER, USER_MESSAGE, utc_now
 from ctxkernel.recall.history import WINDOW_KINDS, History
 from ctxkernel.text import first_line
 
@@ -482,7 +481,7 @@ def stage_notes(session: Session, plan: SwitchPlan, handoff: Handoff, notes: Str
     fits = len(full) * 4 <= limit or len(full.encode()) <= limit
     body = full if fits else full.encode()[: limit - 64].decode(errors="ignore") + "\n… [clipped to the note limit]"
     first = leading_line(full)[:200]  # the first line that is not blank
-    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    now = utc_now()  # the replay clock in a simulation
     line = f"- {window} {now} reason={plan.reason} summary=win_{plan.record['window'] - 1}_summary {first}\n"
     trust = "model-authored" if handoff.record.get("handoff_summary") == "generated" else "tool-output"
     staged = notes.staged()

@@ -6,13 +6,13 @@ first, and each tool writes at most one event, after all its checks passed.
 
 from __future__ import annotations
 
-import uuid
 from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 from pydantic import Field
 
 from ctxkernel import MAX_INT_ARG, CompactTool, Tool, ToolArgs, ToolOutcome
+from ctxkernel.events import random_hex
 from ctxkernel.recall.history import ITEM_CHARS_MAX, LIST_MAX, QUERY_MAX_CHARS, History
 from ctxkernel.recall.notes import MAX_PATH_CHARS, Note, NoteNotFoundError, NotesLimits, render_note
 
@@ -190,7 +190,7 @@ def new_context(session: Session, args: NewContextArgs) -> ToolOutcome:
             is_error=True,
         )
     STRATEGY.on(session).emit(
-        "intent", {"intent_id": uuid.uuid4().hex, "next_goal": args.next_goal, "window_id": current}
+        "intent", {"intent_id": random_hex(32), "next_goal": args.next_goal, "window_id": current}
     )
     return ToolOutcome(NEW_CONTEXT_ANSWER, conclude_turn=True)
 

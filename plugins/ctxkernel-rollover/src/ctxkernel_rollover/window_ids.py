@@ -9,10 +9,11 @@ in chain order whatever the clocks did.
 
 from __future__ import annotations
 
-import secrets
 import uuid
 
 import uuid6
+
+from ctxkernel.events import now_seconds, random_bits, replaying
 
 _TS_SHIFT = 80
 
@@ -31,8 +32,13 @@ def is_uuid7(value: str) -> bool:
 
 
 def next_window_id(previous: str | None = None) -> str:
-    """A fresh UUIDv7 that sorts after ``previous`` (the chain's current window id)."""
-    candidate = uuid6.uuid7()
+    """A fresh UUIDv7 that sorts after ``previous`` (the chain's current window id); in a replay,
+    from the replay's clock and seed (``ctxkernel.events.replay_clock``)."""
+    if replaying():
+        ms = int(now_seconds() * 1000) & ((1 << 48) - 1)
+        candidate = uuid6.UUID(int=(ms << _TS_SHIFT) | random_bits(76), version=7)
+    else:
+        candidate = uuid6.uuid7()
     if previous is None:
         return str(candidate)
     prev = uuid.UUID(previous)
@@ -42,4 +48,4 @@ def next_window_id(previous: str | None = None) -> str:
     # own millisecond so order still follows the chain, as RFC 9562 §6.2 allows
     ts = ((prev.int >> _TS_SHIFT) + 1) & ((1 << 48) - 1)
     # uuid6.UUID accepts version 7 on every Python (the standard class only from 3.14)
-    return str(uuid6.UUID(int=(ts << _TS_SHIFT) | secrets.randbits(76), version=7))
+    return str(uuid6.UUID(int=(ts << _TS_SHIFT) | random_bits(76), version=7))

@@ -95,11 +95,13 @@ function sessionsPage() {
       const s = summaries.get(row.id) || row.summary;
       const url = sessionUrl(row.id);
       const idCell = url ? el("a", { href: url, class: "session-link" }, row.id) : row.id;
-      const parent = row.parent ? el("div", { class: "muted" }, "continues ", sessionUrl(row.parent) ? el("a", { href: sessionUrl(row.parent) }, row.parent) : row.parent) : null;
+      const parentId = row.parent || (s && s.parent);
+      const parent = parentId ? el("div", { class: "muted continues" }, "continues ", sessionUrl(parentId) ? el("a", { href: sessionUrl(parentId) }, parentId) : parentId) : null;
+      const origin = row.origin ? el("div", { class: "muted origin", text: row.origin }) : null;
       if (row.error) return el("tr", { "data-session": row.id, class: "broken" }, el("td", {}, idCell), el("td", { colspan: 6, class: "error", text: row.error }));
       return el("tr", { "data-session": row.id },
         el("td", {}, idCell, parent),
-        el("td", { text: (s && s.profile) || row.profile || "–" }),
+        el("td", {}, (s && s.profile) || row.profile || "–", origin),
         el("td", { text: row.last_activity || "–" }),
         el("td", { class: "num events", text: fmt(row.events) }),
         el("td", { class: "num pressure" }, s ? gauge(s.pressure) : el("span", { class: "muted", text: "…" })),
@@ -168,6 +170,8 @@ function renderOverview(view) {
     card("roles", roles || "empty", "surface-roles"),
     card("compactions", fmt(view.compactions.length), "compactions-count"),
     card("profile", view.profile, "profile"),
+    ...(view.origin ? [card("origin", view.origin, "origin")] : []),
+    ...(view.parent ? [card("continues", sessionUrl(view.parent) ? el("a", { href: sessionUrl(view.parent) }, view.parent) : view.parent, "parent")] : []),
   );
 }
 

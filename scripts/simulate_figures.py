@@ -1,0 +1,128 @@
+"""Regenerate the tables of docs/simulate.md, "How to read the figures", from real runs.
+
+    .venv/bin/python scripts/simulate_figures.py [--transcripts ../shared/transcripts] [--jobs 2]
+
+Runs, offline, the commands the tables come from and prints the tables as markdown:
+
+1. ``ctxkernel simulate --workload coding-long --profile none,all`` (what ``make demo`` shows);
+2. ``ctxkernel simulate --transcripts DIR --profile none,all --window 0.5x`` and ``--window 32000``
+   (the corpus of real recordings; skipped with a note when the folder is absent).
+
+Each command's JSON is kept beside the tables (``--keep DIR``) so a figure can be traced back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+_MAIN = "import sys; from ctxkernel.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def simulate(args: list[str], keep: Path | None, name: str) -> dict[str, Any]:
+    command = [sys.executable, "-c", _MAIN, "simulate", *args, "--format", "json", "--no-progress"]
+    done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=REPO)
+    if done.returncode not in (0, 1):
+        sys.exit(f"{' '.join(command)} failed ({done.returncode}): {done.stderr[-2000:]}")
+    if keep is not None:
+        (keep / f"{name}.json").write_text(done.stdout)
+    return json.loads(done.stdout)
+
+
+def pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def money(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:,.4f}"
+
+
+def ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def workload_table(report: dict[str, Any]) -> str:
+    rows = [
+        "| profile | peak | overflows | compactions | billed input | cache read | cache write | cost $ | vs basic "
+        "| instructions visible (end / min) | recall cued (found / needs) | reachable |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    basic = next((p["cost_usd"] for p in report["profiles"] if p["profile"] == "basic"), None)
+    for p in report["profiles"]:
+        compactions = ", ".join(f"{k} {v}" for k, v in p["compactions"].items()) or "0"
+        vs = p["cost_usd"] / basic if p["cost_usd"] is not None and basic else None
+        cued = f"{pct(p['recall_cued'])} ({p['recall_found']} / {p['recall_needs']})"
+        rows.append(
+            f"| `{p['profile']}` | {p['peak_prompt_tokens']:,} | {p['overflows']} | {compactions} "
+            f"| {p['billed_input_tokens']:,} | {p['cache_read_tokens']:,} | {p['cache_write_tokens']:,} "
+            f"| {money(p['cost_usd'])} | {ratio(vs)} | {pct(p['instructions_visible'])} / "
+            f"{pct(p['instructions_visible_min'])} | {cued} | {pct(p['history_reachable'])} |"
+        )
+    return "\n".join(rows)
+
+
+def corpus_table(report: dict[str, Any]) -> str:
+    rows = [
+        "| profile | sessions ok | overflows | cost $ (sum) | vs basic (pooled) | vs basic median / p90 "
+        "| instructions min: median / p10 | recall cued: median / p10 | reachable median |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, agg in report["aggregate"].items():
+        f = agg["figures"]
+
+        def stat(key: str, which: str, fmt: Any, figures: dict[str, Any] = f) -> str:
+            figure = figures.get(key)
+            return "-" if figure is None else fmt(figure[which])
+
+        rows.append(
+            f"| `{name}` | {agg['ok']} | {agg['overflows']:,} | {stat('cost_usd', 'sum', money)} "
+            f"| {ratio(agg.get('cost_vs_basic_pooled'))} "
+            f"| {stat('cost_vs_basic', 'median', ratio)} / {stat('cost_vs_basic', 'p90', ratio)} "
+            f"| {stat('instructions_visible_min', 'median', pct)} / {stat('instructions_visible_min', 'p10', pct)} "
+            f"| {stat('recall_cued', 'median', pct)} / {stat('recall_cued', 'p10', pct)} "
+            f"| {stat('history_reachable', 'median', pct)} |"
+        )
+    return "\n".join(rows)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--transcripts", default=str(REPO.parent / "shared" / "transcripts"))
+    parser.add_argument("--jobs", default="2")
+    parser.add_argument("--keep", help="a folder for each command's JSON")
+    args = parser.parse_args()
+    keep = Path(args.keep) if args.keep else None
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+    demo = simulate(["--workload", "coding-long", "--profile", "none,all"], keep, "coding-long")
+    print("`ctxkernel simulate --workload coding-long --profile none,all` (priced as", demo["settings"]["model"] + "):")
+    print()
+    print(workload_table(demo))
+    folder = Path(args.transcripts)
+    if not folder.is_dir():
+        print(f"\n(no transcripts at {folder}: the corpus tables need them)")
+        return 0
+    for window in ("0.5x", "32000"):
+        report = simulate(
+            ["--transcripts", str(folder), "--profile", "none,all", "--window", window, "--jobs", args.jobs],
+            keep,
+            f"corpus-{window}",
+        )
+        corpus = report["corpus"]
+        print(
+            f"\n`ctxkernel simulate --transcripts DIR --profile none,all --window {window} --jobs {args.jobs}` "
+            f"({corpus['sessions']} sessions from {corpus['files']} files, {corpus['unreadable']} unreadable; "
+            "each priced as its format's default model):"
+        )
+        print()
+        print(corpus_table(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
