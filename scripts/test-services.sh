@@ -149,8 +149,75 @@ start_firefox() {
     say "Firefox: $bin"
 }
 
+# -- Agent CLIs (Claude Code, Codex CLI: tests/serve/test_serve_agent_clis.py, slow tier) -----------
+# Installed from the npm registry at pinned versions into the project-local cache .cache/agent-clis
+# (never globally); a second run finds them there. Exports CTXKERNEL_TEST_CLAUDE and
+# CTXKERNEL_TEST_CODEX with the binaries' paths. Without npm the tests skip; under CI=true a failed
+# install is an error.
+CLAUDE_CODE_VERSION=2.1.332
+CODEX_VERSION=0.171.0
+
+start_agent_clis() {
+    local root dir
+    root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+    dir="$root/.cache/agent-clis"
+    if ! command -v npm >/dev/null 2>&1; then
+        if [[ "${CI:-}" == "true" ]]; then
+            say "Agent CLIs: npm is not installed (CI=true)"; return 1
+        fi
+        say "Agent CLIs: npm not found; the Claude Code and Codex CLI tests will skip"
+        return 0
+    fi
+    local want="@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION @openai/codex@$CODEX_VERSION"
+    if [[ "$(cat "$dir/.installed" 2>/dev/null || true)" != "$want" ]]; then
+        say "Agent CLIs: installing $want into $dir"
+        mkdir -p "$dir"
+        # shellcheck disable=SC2086
+        if ! npm install --prefix "$dir" --no-audit --no-fund --loglevel=error $want >"$dir/install.log" 2>&1; then
+            say "Agent CLIs: npm install failed:"; tail -n 20 "$dir/install.log" >&2
+            if [[ "${CI:-}" == "true" ]]; then return 1; fi
+            return 0
+        fi
+        echo "$want" >"$dir/.installed"
+    fi
+    export CTXKERNEL_TEST_CLAUDE="$dir/node_modules/.bin/claude"
+    export CTXKERNEL_TEST_CODEX="$dir/node_modules/.bin/codex"
+    say "Agent CLIs: Claude Code $CLAUDE_CODE_VERSION, Codex CLI $CODEX_VERSION in $dir"
+}
+
+# -- aider (tests/serve/test_serve_agent_clis.py, slow tier) ------------------------------------------
+# aider-chat from PyPI at a pinned version, in a virtual environment of its own under
+# .cache/agent-clis/aider (never the project's: aider pins its own versions of openai, litellm and
+# more). A second run finds it there. Exports CTXKERNEL_TEST_AIDER. Without python3 (3.10-3.12,
+# what aider supports) the test skips; under CI=true a failed install is an error.
+AIDER_VERSION=0.86.2
+
+start_aider() {
+    local root dir want
+    root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+    dir="$root/.cache/agent-clis/aider"
+    want="aider-chat==$AIDER_VERSION"
+    if [[ "$(cat "$dir/.installed" 2>/dev/null || true)" != "$want" ]]; then
+        say "aider: installing $want into $dir"
+        rm -rf "$dir"
+        mkdir -p "$(dirname "$dir")"
+        if ! { python3 -m venv "$dir" && "$dir/bin/python" -m pip install -q --disable-pip-version-check "$want"; } \
+            >"$dir.install.log" 2>&1; then
+            say "aider: install failed:"; tail -n 20 "$dir.install.log" >&2
+            rm -rf "$dir"
+            if [[ "${CI:-}" == "true" ]]; then return 1; fi
+            return 0
+        fi
+        echo "$want" >"$dir/.installed"
+    fi
+    export CTXKERNEL_TEST_AIDER="$dir/bin/aider"
+    say "aider: $AIDER_VERSION in $dir"
+}
+
 start_postgres
 start_chromium
 start_firefox
+start_agent_clis
+start_aider
 
 "$@"

@@ -9,12 +9,114 @@ consecutive same-role messages are merged.
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
 
+from . import media as media_rules
 from .errors import EventError
-from .messages import Message, ReasoningBlock, Source, TextBlock, ToolCallBlock, ToolResultBlock
+from .messages import (
+    MAX_NAME_CHARS,
+    MediaBlock,
+    Message,
+    OpaqueBlock,
+    Part,
+    ReasoningBlock,
+    Source,
+    TextBlock,
+    ToolCallBlock,
+    ToolResultBlock,
+)
+
+#: what gives a medium's bytes back when it goes out (its ``data``, else the store's blob);
+#: None when they cannot be had
+MediaBytes = Callable[[MediaBlock], "bytes | None"]
+
+
+def held_bytes(block: MediaBlock) -> bytes | None:
+    """The bytes a medium still holds in memory (the default :data:`MediaBytes`)."""
+    return block.data
+
+
+# -- media -----------------------------------------------------------------------------------------
+def _get_path(block: dict[str, Any], path: tuple[str, ...]) -> Any:
+    value: Any = block
+    for key in path:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return value
+
+
+def media_block(
+    api: str, kind: str, block: dict[str, Any], path: tuple[str, ...], encoding: str, *, detail: str | None = None
+) -> MediaBlock:
+    """A client's medium as a :class:`MediaBlock`: the inline bytes at ``path`` in ``block``
+    (``encoding``: ``base64``, ``data_url`` or ``text``) come out of its wire form and are held
+    for the store; a block without inline bytes (a URL, a file id) is kept whole.
+    ``wire`` is ``{"block": ..., "path": [...], "encoding": ...}``: where the bytes go back."""
+    raw = _get_path(block, path)
+    media_type: str | None = None
+    data: bytes | None = None
+    if encoding == "base64":
+        data = media_rules.decode_b64(raw)
+        source = block.get("source")
+        found = source.get("media_type") if isinstance(source, dict) else None
+        media_type = found if isinstance(found, str) else None
+        if media_type is None:
+            nested = _get_path(block, path[:-1])
+            fmt = nested.get("format") if isinstance(nested, dict) else None
+            media_type = f"audio/{fmt}" if isinstance(fmt, str) and kind == "audio" else None
+    elif encoding == "data_url" and isinstance(raw, str):
+        split = media_rules.split_data_url(raw)
+        if split is not None:
+            media_type, data = split
+    elif encoding == "text" and isinstance(raw, str):
+        data = raw.encode("utf-8", "surrogatepass")
+        source = block.get("source")
+        found = source.get("media_type") if isinstance(source, dict) else None
+        media_type = found if isinstance(found, str) else "text/plain"
+    if data is None:  # no inline bytes: a URL or a file id, kept as it came
+        tokens = media_rules.media_tokens(api, kind, None, media_type, detail)
+        return MediaBlock(kind, api, {"block": block}, tokens)
+    wire_block = copy.deepcopy(block)
+    parent = _get_path(wire_block, path[:-1]) if len(path) > 1 else wire_block
+    assert isinstance(parent, dict)
+    parent.pop(path[-1], None)
+    tokens = media_rules.media_tokens(api, kind, data, media_type, detail)
+    wire = {"block": wire_block, "path": list(path), "encoding": encoding}
+    return MediaBlock(kind, api, wire, tokens, media_rules.blob_key(data), media_type, data)
+
+
+def media_wire(block: MediaBlock, media: MediaBytes = held_bytes) -> dict[str, Any] | None:
+    """A medium's wire block as the client sent it, bytes put back; None when they are lost."""
+    wire = block.wire
+    out = copy.deepcopy(wire.get("block") or {})
+    path = wire.get("path")
+    if not path:
+        return out
+    data = media(block)
+    if data is None:
+        return None
+    encoding = wire.get("encoding")
+    if encoding == "base64":
+        value: str = media_rules.b64(data)
+    elif encoding == "data_url":
+        value = media_rules.data_url(block.media_type, data)
+    else:
+        value = data.decode("utf-8", "replace")
+    parent = _get_path(out, tuple(path[:-1])) if len(path) > 1 else out
+    if not isinstance(parent, dict):
+        return None
+    parent[path[-1]] = value
+    return out
+
+
+def lost_media_text(block: MediaBlock) -> dict[str, Any]:
+    """What goes out in place of a medium whose bytes are gone from the store."""
+    return {"type": "text", "text": f"[{block.kind} no longer available]"}
 
 
 def arguments_from_json(text: str) -> dict[str, Any]:
@@ -79,6 +181,69 @@ def _content_text(content: Any, where: str) -> str:
 
 
 # -- OpenAI chat completions ----------------------------------------------------------------------
+def _name(raw: dict[str, Any], where: str) -> str | None:
+    name = raw.get("name")
+    if name is None:
+        return None
+    if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_CHARS:
+        msg = f"{where}.name must be a string of 1-{MAX_NAME_CHARS} characters"
+        raise EventError(msg)
+    return name
+
+
+def _join_texts(blocks: Iterable[Part]) -> tuple[Part, ...]:
+    """Adjacent text blocks joined by newlines (a text-only content is one text block, as the
+    kernel has always held it)."""
+    out: list[Part] = []
+    for block in blocks:
+        if isinstance(block, TextBlock) and out and isinstance(out[-1], TextBlock):
+            out[-1] = TextBlock(out[-1].text + "\n" + block.text)
+        else:
+            out.append(block)
+    return tuple(out)
+
+
+def openai_part(part: Any, where: str, *, api: str = "openai") -> Part:
+    """One chat-completions content part as a kernel block: text, a medium (``image_url``,
+    ``input_audio``, ``file``), or an opaque part kept as it came."""
+    if isinstance(part, str):
+        return TextBlock(part)
+    if not isinstance(part, dict):
+        msg = f"{where} must be a string or an object, got {type(part).__name__}"
+        raise EventError(msg)
+    kind = part.get("type")
+    if kind in ("text", "input_text", "output_text") or (kind is None and "text" in part):
+        return TextBlock(_string(part, "text", where))
+    if kind == "image_url":
+        detail = _get_path(part, ("image_url", "detail"))
+        return media_block(
+            api, "image", part, ("image_url", "url"), "data_url", detail=detail if isinstance(detail, str) else None
+        )
+    if kind == "input_audio":
+        return media_block(api, "audio", part, ("input_audio", "data"), "base64")
+    if kind == "file":
+        return media_block(api, "file", part, ("file", "file_data"), "data_url")
+    return OpaqueBlock(api, part)
+
+
+def _openai_content(content: Any, where: str) -> tuple[Part, ...]:
+    if content is None:
+        return ()
+    if isinstance(content, str):
+        return (TextBlock(content),)
+    if not isinstance(content, list):
+        msg = f"{where}: message content must be a string or a list of parts, got {type(content).__name__}"
+        raise EventError(msg)
+    return _join_texts([openai_part(part, f"{where}: content[{i}]") for i, part in enumerate(content)])
+
+
+def result_parts(blocks: Iterable[Part]) -> tuple[str, tuple[Part, ...] | None]:
+    """A tool result sent as an array: its text and its parts, in order, as they came."""
+    parts = tuple(blocks)
+    text = "\n".join(b.text for b in parts if isinstance(b, TextBlock))
+    return text, (parts or None)
+
+
 def from_openai_message(raw: dict[str, Any], *, where: str = "message") -> Message | None:
     """One chat-completions message as a kernel message (``system`` messages give None)."""
     if not isinstance(raw, dict):
@@ -88,7 +253,8 @@ def from_openai_message(raw: dict[str, Any], *, where: str = "message") -> Messa
     if role in ("system", "developer"):
         return None
     if role == "user":
-        return Message.user(_content_text(raw.get("content"), where))
+        content = _openai_content(raw.get("content"), where)
+        return Message("user", content or (TextBlock(""),), name=_name(raw, where))
     if role == "assistant":
         calls = []
         tool_calls = raw.get("tool_calls") or []
@@ -102,19 +268,25 @@ def from_openai_message(raw: dict[str, Any], *, where: str = "message") -> Messa
                 raise EventError(msg)
             calls.append(ToolCallBlock(call["id"], fn["name"], _parse_arguments(fn.get("arguments"), where)))
         reasoning = raw.get("reasoning_content") or raw.get("reasoning")
-        return Message.assistant(
+        message = Message.assistant(
             _content_text(raw.get("content"), where),
             calls,
             reasoning=reasoning if isinstance(reasoning, str) else None,
         )
+        name = _name(raw, where)
+        return message if name is None else Message("assistant", message.content, message.source, name)
     if role == "tool":
         call_id = raw.get("tool_call_id")
         if not isinstance(call_id, str):
             msg = f"{where}: a tool message needs a string 'tool_call_id'"
             raise EventError(msg)
-        return Message.tool(
-            call_id, _content_text(raw.get("content"), where), name=_string(raw, "name", where, optional=True)
-        )
+        name = _string(raw, "name", where, optional=True)
+        result = raw.get("content")
+        if isinstance(result, list):
+            text, parts = result_parts(openai_part(part, f"{where}: content[{i}]") for i, part in enumerate(result))
+            block = ToolResultBlock(call_id, text, False, name, parts)
+            return Message("tool", (block,), Source(kind="tool", call_id=call_id))
+        return Message.tool(call_id, _content_text(result, where), name=name)
     msg = f"{where}: unknown role {role!r}; accepted: system, developer, user, assistant, tool"
     raise EventError(msg)
 
@@ -128,19 +300,49 @@ def _arguments_json(arguments: dict[str, Any]) -> str:
     return orjson.dumps(arguments).decode()
 
 
-def to_openai_message(message: Message, *, reasoning_content: bool = False) -> dict[str, Any]:
+def openai_parts(blocks: Any, media: MediaBytes = held_bytes, *, api: str = "openai") -> list[dict[str, Any]]:
+    """Kernel blocks as chat-completions content parts: text, media of the ``openai`` wire format
+    as they came, opaque parts of it as they came (other formats' blocks are left out)."""
+    out: list[dict[str, Any]] = []
+    for b in blocks:
+        if isinstance(b, TextBlock):
+            out.append({"type": "text", "text": b.text})
+        elif isinstance(b, MediaBlock) and b.api == api:
+            wire = media_wire(b, media)
+            out.append(wire if wire is not None else lost_media_text(b))
+        elif isinstance(b, OpaqueBlock) and b.api == api and not b.whole:
+            out.append(b.data)
+    return out
+
+
+def _has_more_than_text(blocks: Any) -> bool:
+    return any(not isinstance(b, TextBlock) for b in blocks)
+
+
+def to_openai_message(
+    message: Message, *, reasoning_content: bool = False, media: MediaBytes = held_bytes
+) -> dict[str, Any]:
     """One kernel message as a chat-completions message.
 
     Reasoning is dropped unless ``reasoning_content`` (DeepSeek's thinking mode wants it back
     within a tool-calling turn; other providers reject the field). A tool result's error flag
-    has no chat-completions field and is carried by its content.
+    has no chat-completions field and is carried by its content. A user message with media
+    and a tool result with content parts go out as content-part arrays, as they came.
     """
     if message.role == "tool":
         result = message.content[0]
         assert isinstance(result, ToolResultBlock)
-        return {"role": "tool", "tool_call_id": result.call_id, "content": result.content}
+        parts = result.kept_parts()
+        content: Any = result.content
+        if parts is not None:
+            content = openai_parts(parts, media) or result.content
+        return {"role": "tool", "tool_call_id": result.call_id, "content": content}
     text = "\n".join(b.text for b in message.content if isinstance(b, TextBlock))
     out: dict[str, Any] = {"role": message.role, "content": text}
+    if message.role == "user" and _has_more_than_text(message.content):
+        out["content"] = openai_parts(message.content, media) or text
+    if message.name is not None:
+        out["name"] = message.name
     if reasoning_content and message.role == "assistant":
         reasoning = "\n".join(b.text for b in message.content if isinstance(b, ReasoningBlock))
         if reasoning:
@@ -204,37 +406,70 @@ def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
     return content
 
 
+def anthropic_block(block: dict[str, Any], where: str) -> Part:
+    """One Anthropic user-side content block (not a tool result) as a kernel block: text, a
+    medium (``image``, ``document``), or an opaque block kept as it came."""
+    kind = block["type"]
+    if kind == "text":
+        if set(block) - {"type", "text", "cache_control", "citations"}:
+            return OpaqueBlock("anthropic", block)
+        return TextBlock(_string(block, "text", where))
+    if kind in ("image", "document"):
+        source = block.get("source")
+        source_type = source.get("type") if isinstance(source, dict) else None
+        if source_type == "base64":
+            return media_block("anthropic", kind, block, ("source", "data"), "base64")
+        if source_type == "text":
+            return media_block("anthropic", kind, block, ("source", "data"), "text")
+        return media_block("anthropic", kind, block, ("source",), "none")
+    return OpaqueBlock("anthropic", block)
+
+
 def from_anthropic_message(raw: dict[str, Any], *, where: str = "message") -> list[Message]:
     """One Anthropic message; a user message holding tool results becomes several messages.
 
-    Tool results come first (they answer the previous assistant turn), then the user's text.
-    ``redacted_thinking`` has no readable text and is kept as an empty reasoning block.
+    Tool results come first (they answer the previous assistant turn), then the user's content
+    (text, images and documents in order). A mid-conversation ``{"role": "system"}`` message is
+    kept whole, as an opaque block of a user message, and goes back upstream as it came.
+    ``redacted_thinking``, server tools' calls and results (``server_tool_use``,
+    ``web_search_tool_result`` ...) and any other block the kernel does not read are kept as
+    opaque blocks: a server tool's call needs no result from the client.
     """
-    if not isinstance(raw, dict) or raw.get("role") not in ("user", "assistant"):
-        msg = f"{where}: expected an object with role 'user' or 'assistant'"
+    role = raw.get("role") if isinstance(raw, dict) else None
+    if role == "system":
+        content = raw.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            msg = f"{where}: a system message's content must be a string or a list of blocks"
+            raise EventError(msg)
+        return [Message("user", (OpaqueBlock("anthropic", raw, whole=True),))]
+    if role not in ("user", "assistant"):
+        msg = f"{where}: expected an object with role 'user', 'assistant' or 'system'"
         raise EventError(msg)
     content = _blocks(raw.get("content"), where)
-    if raw["role"] == "assistant":
+    if role == "assistant":
         blocks: list[Any] = []
         for i, block in enumerate(content):
             kind = block["type"]
             at = f"{where}: content[{i}]"
-            if kind == "text":
+            if kind == "text" and not set(block) - {"type", "text", "citations", "cache_control"}:
                 blocks.append(TextBlock(_string(block, "text", at)))
-            elif kind in ("thinking", "redacted_thinking"):
+            elif kind == "thinking":
                 blocks.append(
                     ReasoningBlock(_string(block, "thinking", at), _string(block, "signature", at, optional=True))
                 )
-            elif kind in ("tool_use", "server_tool_use"):
+            elif kind == "tool_use":
                 if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
                     msg = f"{where}: content[{i}] ({kind}) needs a string 'id' and 'name'"
                     raise EventError(msg)
                 blocks.append(ToolCallBlock(block["id"], block["name"], _parse_arguments(block.get("input"), where)))
+            else:  # redacted_thinking, server_tool_use, *_tool_result, text with citations ...
+                blocks.append(OpaqueBlock("anthropic", block))
         return [Message("assistant", tuple(blocks), Source(kind="model"))]
     out: list[Message] = []
-    texts: list[str] = []
+    rest: list[Any] = []
     for i, block in enumerate(content):
         kind = block["type"]
+        at = f"{where}: content[{i}]"
         if kind == "tool_result":
             if not isinstance(block.get("tool_use_id"), str):
                 msg = f"{where}: content[{i}] (tool_result) needs a string 'tool_use_id'"
@@ -243,15 +478,21 @@ def from_anthropic_message(raw: dict[str, Any], *, where: str = "message") -> li
             if is_error is not None and not isinstance(is_error, bool):
                 msg = f"{where}: content[{i}].is_error must be true, false or null, got {is_error!r:.60}"
                 raise EventError(msg)
-            out.append(
-                Message.tool(block["tool_use_id"], _content_text(block.get("content"), where), is_error=bool(is_error))
-            )
-        elif kind == "text":
-            texts.append(_string(block, "text", f"{where}: content[{i}]"))
+            call_id = block["tool_use_id"]
+            result = block.get("content")
+            if isinstance(result, list):
+                text, kept = result_parts(
+                    anthropic_block(part, f"{at}.content[{j}]")
+                    for j, part in enumerate(_blocks(result, f"{at}.content"))
+                )
+                tool = ToolResultBlock(call_id, text, bool(is_error), None, kept)
+                out.append(Message("tool", (tool,), Source(kind="tool", call_id=call_id)))
+            else:
+                out.append(Message.tool(call_id, _content_text(result, where), is_error=bool(is_error)))
         else:
-            texts.append(f"[{kind}]")
-    if texts:
-        out.append(Message.user("\n".join(texts)))
+            rest.append(anthropic_block(block, at))
+    if rest:
+        out.append(Message("user", _join_texts(rest)))
     return out
 
 
@@ -270,13 +511,38 @@ def from_anthropic_request(body: dict[str, Any]) -> tuple[str, list[Message]]:
     return system, messages
 
 
-def to_anthropic_blocks(message: Message) -> tuple[str, list[dict[str, Any]]]:
+def anthropic_blocks(blocks: Any, media: MediaBytes = held_bytes) -> list[dict[str, Any]]:
+    """User-side kernel blocks as Anthropic content blocks: text (empty left out), media of the
+    ``anthropic`` wire format as they came, opaque blocks of it as they came."""
+    out: list[dict[str, Any]] = []
+    for b in blocks:
+        if isinstance(b, TextBlock):
+            if b.text:
+                out.append({"type": "text", "text": b.text})
+        elif isinstance(b, MediaBlock) and b.api == "anthropic":
+            wire = media_wire(b, media)
+            out.append(wire if wire is not None else lost_media_text(b))
+        elif isinstance(b, OpaqueBlock) and b.api == "anthropic" and not b.whole:
+            out.append(b.data)
+    return out
+
+
+#: the role :func:`to_anthropic_blocks` gives a message kept whole (it is sent as it came)
+WHOLE = "whole"
+
+
+def to_anthropic_blocks(message: Message, media: MediaBytes = held_bytes) -> tuple[str, list[dict[str, Any]]]:
     """One kernel message as ``(role, content blocks)`` of an Anthropic message (tool results
-    are ``tool_result`` blocks of a user message; empty text and unsigned reasoning left out)."""
+    are ``tool_result`` blocks of a user message; empty text and unsigned reasoning left out).
+    A message kept whole (a mid-conversation system message) is ``("whole", [the message])``."""
     if message.role == "tool":
         r = message.content[0]
         assert isinstance(r, ToolResultBlock)
-        block: dict[str, Any] = {"type": "tool_result", "tool_use_id": r.call_id, "content": r.content}
+        parts = r.kept_parts()
+        content: Any = r.content
+        if parts is not None:
+            content = anthropic_blocks(parts, media) or r.content
+        block: dict[str, Any] = {"type": "tool_result", "tool_use_id": r.call_id, "content": content}
         if r.is_error:
             block["is_error"] = True
         return "user", [block]
@@ -289,16 +555,27 @@ def to_anthropic_blocks(message: Message) -> tuple[str, list[dict[str, Any]]]:
                 blocks.append({"type": "text", "text": b.text})
             elif isinstance(b, ToolCallBlock):
                 blocks.append({"type": "tool_use", "id": b.id, "name": b.name, "input": b.arguments})
+            elif isinstance(b, OpaqueBlock) and b.api == "anthropic" and not b.whole:
+                blocks.append(b.data)
         return "assistant", blocks
-    return "user", ([{"type": "text", "text": message.text}] if message.text else [])
+    if len(message.content) == 1 and isinstance(message.content[0], OpaqueBlock) and message.content[0].whole:
+        whole = message.content[0]
+        return (WHOLE, [whole.data]) if whole.api == "anthropic" else ("user", [])
+    if len(message.content) == 1 and isinstance(message.content[0], TextBlock):
+        return "user", ([{"type": "text", "text": message.text}] if message.text else [])
+    return "user", anthropic_blocks(message.content, media)
 
 
 def merge_anthropic_blocks(parts: Any) -> list[dict[str, Any]]:
     """``(role, blocks)`` pairs as alternating Anthropic messages: consecutive same-role parts
-    share one message. The block lists given are not modified."""
+    share one message; a message kept whole (``"whole"``) goes out as it came, on its own. The
+    block lists given are not modified."""
     out: list[dict[str, Any]] = []
     for role, blocks in parts:
         if not blocks:
+            continue
+        if role == WHOLE:
+            out.append(blocks[0])
             continue
         if out and out[-1]["role"] == role:
             out[-1]["content"] = [*out[-1]["content"], *blocks]

@@ -39,15 +39,73 @@ class ToolCallBlock:
 
 
 @dataclass(frozen=True, slots=True)
+class MediaBlock:
+    """An image, a document, a file or audio a client sent, kept as it came.
+
+    The bytes live in the store's blob table under ``blob`` (content-addressed, so one image
+    sent in a hundred requests is stored once); ``wire`` is the client's block in its wire
+    format ``api`` (``anthropic``, ``openai`` or ``responses``) with the bytes taken out, so it
+    is sent upstream as it came, bytes put back. ``tokens`` is its cost counted at intake with
+    the provider's rules (the meter adds it; its size in text is not what it costs). ``data``
+    holds the bytes in memory until they are stored; it is never written to the log."""
+
+    kind: str
+    api: str
+    wire: dict[str, Any]
+    tokens: int
+    blob: str | None = None
+    media_type: str | None = None
+    data: bytes | None = field(default=None, compare=False, repr=False)
+    type: Literal["media"] = "media"
+
+
+@dataclass(frozen=True, slots=True)
+class OpaqueBlock:
+    """A provider's content the kernel does not read, kept as it came and sent back only to the
+    same wire format ``api``: a ``redacted_thinking`` block, a server tool's call and result
+    (``server_tool_use`` + ``web_search_tool_result``: a pair the provider ran, needing no
+    client result), a Responses reasoning item with its encrypted content, or (``whole``) a
+    whole message such as Anthropic's mid-conversation ``{"role": "system"}``. It counts as its
+    JSON text (an upper bound of what it costs)."""
+
+    api: str
+    data: dict[str, Any]
+    whole: bool = False
+    type: Literal["opaque"] = "opaque"
+
+
+#: a block a tool result's content array may hold (:attr:`ToolResultBlock.parts`)
+Part = TextBlock | MediaBlock | OpaqueBlock
+
+
+@dataclass(frozen=True, slots=True)
 class ToolResultBlock:
+    """A tool's result. ``content`` is its text (what strategies read, excerpt and replace);
+    ``parts``, when the tool answered with an array (text and images), keeps that array in
+    order. The parts are sent upstream only while their text still says what ``content`` says
+    (:meth:`kept_parts`): a strategy that rewrites ``content`` builds a new block, and a stale
+    array never goes out."""
+
     call_id: str
     content: str
     is_error: bool = False
     name: str | None = None
+    parts: tuple[Part, ...] | None = None
     type: Literal["tool_result"] = "tool_result"
 
+    def kept_parts(self) -> tuple[Part, ...] | None:
+        """``parts`` when their text joined by newlines is ``content``, else None."""
+        parts = self.parts
+        if not parts:
+            return None
+        if "\n".join(p.text for p in parts if isinstance(p, TextBlock)) != self.content:
+            return None
+        return parts
 
-Block = TextBlock | ReasoningBlock | ToolCallBlock | ToolResultBlock
+
+Block = TextBlock | ReasoningBlock | ToolCallBlock | ToolResultBlock | MediaBlock | OpaqueBlock
+#: the blocks a user message may hold (a tool result goes in a tool message)
+USER_BLOCKS = frozenset({"text", "media", "opaque"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +163,8 @@ class Message:
     role: Role
     content: tuple[Block, ...]
     source: Source = field(default=USER)
+    #: the participant's name a client gave the message (OpenAI's ``name``), sent back as it came
+    name: str | None = None
 
     # -- constructors -------------------------------------------------------------------------
     @classmethod
@@ -167,11 +227,14 @@ class Message:
 
     # -- serialisation ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "role": self.role,
             "content": [_block_to_dict(b) for b in self.content],
             "source": self.source.to_dict(),
         }
+        if self.name is not None:
+            out["name"] = self.name
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> Message:
@@ -197,11 +260,23 @@ class Message:
                 if b.type == "tool_result":
                     msg = f"a {role} message cannot hold a tool_result block; use a tool message"
                     raise EventError(msg)
-                if role == "user" and b.type != "text":
-                    msg = "a user message holds only text blocks"
+                if role == "user" and b.type not in USER_BLOCKS:
+                    msg = f"a user message holds only {sorted(USER_BLOCKS)} blocks, got {b.type!r}"
                     raise EventError(msg)
         source = data.get("source")
-        return cls(role, blocks, USER if source is None else Source.from_dict(source))
+        name = data.get("name")
+        if name is not None and (not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_CHARS):
+            msg = f"message name must be a string of 1-{MAX_NAME_CHARS} characters, got {name!r:.80}"
+            raise EventError(msg)
+        return cls(role, blocks, USER if source is None else Source.from_dict(source), name)
+
+
+#: the longest participant name a message keeps (OpenAI allows 64; bounded, it is written to the log)
+MAX_NAME_CHARS = 256
+#: media kinds a :class:`MediaBlock` names
+MEDIA_KINDS = frozenset({"image", "document", "file", "audio"})
+#: the wire formats a media or opaque block may come from
+WIRE_APIS = frozenset({"anthropic", "openai", "responses"})
 
 
 _BLOCK_FIELDS: dict[str, tuple[type, dict[str, tuple[type, ...]], tuple[str, ...]]] = {
@@ -210,10 +285,31 @@ _BLOCK_FIELDS: dict[str, tuple[type, dict[str, tuple[type, ...]], tuple[str, ...
     "tool_call": (ToolCallBlock, {"id": (str,), "name": (str,), "arguments": (dict,)}, ("id", "name", "arguments")),
     "tool_result": (
         ToolResultBlock,
-        {"call_id": (str,), "content": (str,), "is_error": (bool,), "name": (str, type(None))},
+        {
+            "call_id": (str,),
+            "content": (str,),
+            "is_error": (bool,),
+            "name": (str, type(None)),
+            "parts": (list, type(None)),
+        },
         ("call_id", "content"),
     ),
+    "media": (
+        MediaBlock,
+        {
+            "kind": (str,),
+            "api": (str,),
+            "wire": (dict,),
+            "tokens": (int,),
+            "blob": (str, type(None)),
+            "media_type": (str, type(None)),
+        },
+        ("kind", "api", "wire", "tokens"),
+    ),
+    "opaque": (OpaqueBlock, {"api": (str,), "data": (dict,), "whole": (bool,)}, ("api", "data")),
 }
+#: the blocks a tool result's ``parts`` may hold
+PART_BLOCKS = frozenset({"text", "media", "opaque"})
 
 
 def _block_to_dict(block: Block) -> dict[str, Any]:
@@ -221,8 +317,40 @@ def _block_to_dict(block: Block) -> dict[str, Any]:
     for name in _BLOCK_FIELDS[block.type][1]:
         value = getattr(block, name)
         if value is not None and value is not False:
-            out[name] = value
+            out[name] = [_block_to_dict(p) for p in value] if name == "parts" else value
     return out
+
+
+def _check_block(block: Block) -> Block:
+    """What the field types cannot say: media and opaque values in range, parts of the right kinds."""
+    if isinstance(block, MediaBlock):
+        if block.kind not in MEDIA_KINDS or block.api not in WIRE_APIS:
+            msg = f"media block: kind must be one of {sorted(MEDIA_KINDS)} and api one of {sorted(WIRE_APIS)}"
+            raise EventError(msg)
+        if block.tokens < 0 or isinstance(block.tokens, bool):
+            msg = f"media block: tokens must be a non-negative integer, got {block.tokens!r}"
+            raise EventError(msg)
+        if block.blob is not None:
+            from .store.base import check_blob_key  # the store's rule; imported late (the store imports events)
+
+            try:
+                check_blob_key(block.blob)
+            except Exception as exc:  # noqa: BLE001 - a StoreError, reported as the event's error
+                raise EventError(f"media block: {exc}") from None
+    elif isinstance(block, OpaqueBlock):
+        if block.api not in WIRE_APIS:
+            msg = f"opaque block: api must be one of {sorted(WIRE_APIS)}, got {block.api!r:.60}"
+            raise EventError(msg)
+    elif isinstance(block, ToolResultBlock) and isinstance(block.parts, list):
+        parts: list[Part] = []
+        for raw in block.parts:
+            part = _block_from_dict(raw)
+            if not isinstance(part, TextBlock | MediaBlock | OpaqueBlock):
+                msg = f"tool_result parts hold only {sorted(PART_BLOCKS)} blocks, got {part.type!r}"
+                raise EventError(msg)
+            parts.append(part)
+        return ToolResultBlock(block.call_id, block.content, block.is_error, block.name, tuple(parts) or None)
+    return block
 
 
 def _block_from_dict(data: Any) -> Block:
@@ -268,4 +396,4 @@ def _block_from_dict(data: Any) -> Block:
     if missing:
         msg = f"{data['type']} block is missing {missing}"
         raise EventError(msg)
-    return cls(**kwargs)
+    return _check_block(cls(**kwargs))

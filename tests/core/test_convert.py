@@ -211,7 +211,7 @@ def test_anthropic_system_blocks_and_string_content() -> None:
 @pytest.mark.parametrize(
     ("raw", "match"),
     [
-        ({"role": "system", "content": "x"}, "role 'user' or 'assistant'"),
+        ({"role": "robot", "content": "x"}, "role 'user', 'assistant' or 'system'"),
         ({"role": "assistant", "content": [{"type": "tool_use", "input": {}}]}, "needs a string 'id'"),
         ({"role": "user", "content": [{"type": "tool_result", "content": "x"}]}, "tool_use_id"),
         ({"role": "user", "content": ["loose string"]}, r"content\[0\] must be an object"),

@@ -175,11 +175,11 @@ class Serve:
     def proxy(self) -> Any:
         return self.app.state.proxy
 
-    def openai(self, session: str | None = None, **kwargs: Any) -> Any:
+    def openai(self, session: str | None = None, api_key: str = "sk-test-client", **kwargs: Any) -> Any:
         headers = {"X-Ctxkernel-Session": session} if session else {}
         return openai.OpenAI(
             base_url=f"{self.url}/v1",
-            api_key="sk-test-client",
+            api_key=api_key,
             default_headers=headers,
             max_retries=0,
             timeout=60,

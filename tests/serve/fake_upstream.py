@@ -1,5 +1,6 @@
-"""A scripted fake model provider speaking OpenAI Chat Completions and Anthropic Messages,
-streaming and not, that counts the tokens of every prompt it receives with the kernel's meter.
+"""A scripted fake model provider speaking OpenAI Chat Completions, OpenAI Responses and
+Anthropic Messages (with ``count_tokens``), streaming and not, that counts the tokens of every
+prompt it receives with the kernel's meter (media by the provider's rules, as serve does).
 
 ``script(api, body)`` returns the reply: ``Reply(text, calls)`` where ``calls`` are
 ``(name, arguments)`` pairs (``ids`` gives the calls' ids, e.g. to reuse one). ``limit`` makes it
@@ -28,6 +29,8 @@ from starlette.routing import Route
 
 from ctxkernel.convert import from_anthropic_request, from_openai_messages
 from ctxkernel.meter import Meter, get_tokenizer
+from ctxkernel.serve import responses_wire
+from ctxkernel.serve.wire import MessageMemo
 
 
 @dataclass
@@ -35,6 +38,12 @@ class Reply:
     text: str = ""
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     ids: list[str] | None = None
+    #: Anthropic blocks sent before the text (``redacted_thinking``, server tools' blocks ...)
+    blocks: list[dict[str, Any]] = field(default_factory=list)
+    #: Responses output items sent before the text (a ``reasoning`` item ...)
+    items: list[dict[str, Any]] = field(default_factory=list)
+    #: an error object sent mid-stream after the text, instead of the stream's end
+    stream_error: dict[str, Any] | None = None
 
 
 @dataclass
@@ -48,6 +57,8 @@ class Received:
 def _tools_as_functions(api: str, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if api == "openai":
         return tools
+    if api == "responses":
+        return [responses_wire.chat_tool(t) for t in tools if t.get("type") in ("function", "custom")]
     return [
         {
             "type": "function",
@@ -71,6 +82,7 @@ class FakeUpstream:
         self.received: list[Received] = []
         self.refused: list[Received] = []
         self.fail_next: list[tuple[Any, ...]] = []  # (status, body[, headers]) answered before the script runs
+        self.fail_headers: dict[str, str] = {}  # headers of those answers that name none of their own
         self.reply_delay = 0.0
         self.dropped = 0
         self.model: str | None = None
@@ -82,6 +94,8 @@ class FakeUpstream:
             routes=[
                 Route("/v1/chat/completions", self.openai, methods=["POST"]),
                 Route("/v1/messages", self.anthropic, methods=["POST"]),
+                Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
+                Route("/v1/responses", self.responses, methods=["POST"]),
                 Route("/v1/models", self.models, methods=["GET"]),
             ]
         )
@@ -90,6 +104,10 @@ class FakeUpstream:
     def count(self, api: str, body: dict[str, Any]) -> int:
         if api == "openai":
             system, messages = from_openai_messages(body["messages"])
+        elif api == "responses":
+            items = body["input"] if isinstance(body["input"], list) else [{"role": "user", "content": body["input"]}]
+            messages, _, parts = responses_wire.convert_input(items, MessageMemo())
+            system = "\n\n".join(p for p in (body.get("instructions") or "", *parts) if p)
         else:
             system, messages = from_anthropic_request(body)
         tools = _tools_as_functions(api, body.get("tools") or [])
@@ -102,10 +120,12 @@ class FakeUpstream:
             if self.fail_next:
                 status, error, *headers = self.fail_next.pop(0)
                 self.refused.append(got)
-                return got, JSONResponse(error, status_code=status, headers=headers[0] if headers else None)
+                return got, JSONResponse(
+                    error, status_code=status, headers=headers[0] if headers else self.fail_headers
+                )
             if self.limit is not None and tokens > self.limit:
                 self.refused.append(got)
-                if api == "openai":
+                if api in ("openai", "responses"):
                     error = {
                         "error": {
                             "message": f"This model's maximum context length is {self.limit} tokens. However, your messages resulted in {tokens} tokens.",
@@ -193,6 +213,9 @@ class FakeUpstream:
                 if self.delay:
                     await asyncio.sleep(self.delay)
                 yield chunk({"content": piece})
+            if reply.stream_error is not None:
+                yield b"data: " + orjson.dumps({"error": reply.stream_error}) + b"\n\n"
+                return
             if self.cut_stream:
                 return
             for i, call in enumerate(calls):
@@ -251,7 +274,7 @@ class FakeUpstream:
         if self.reply_delay and not await self._held(request):
             return Response(status_code=499)
         n = next(self._ids)
-        content: list[dict[str, Any]] = []
+        content: list[dict[str, Any]] = list(reply.blocks)
         if reply.text:
             content.append({"type": "text", "text": reply.text})
         for i, (name, args) in enumerate(reply.calls):
@@ -300,6 +323,22 @@ class FakeUpstream:
                         yield event(
                             "content_block_delta", {"index": index, "delta": {"type": "text_delta", "text": piece}}
                         )
+                elif block["type"] != "tool_use":  # sent whole, as the provider sends them
+                    start = {k: v for k, v in block.items() if k != "input"}
+                    if "input" in block:
+                        start["input"] = {}
+                    yield event("content_block_start", {"index": index, "content_block": start})
+                    if "input" in block:
+                        yield event(
+                            "content_block_delta",
+                            {
+                                "index": index,
+                                "delta": {
+                                    "type": "input_json_delta",
+                                    "partial_json": orjson.dumps(block["input"]).decode(),
+                                },
+                            },
+                        )
                 else:
                     yield event(
                         "content_block_start",
@@ -319,6 +358,9 @@ class FakeUpstream:
                             {"index": index, "delta": {"type": "input_json_delta", "partial_json": piece}},
                         )
                 yield event("content_block_stop", {"index": index})
+            if reply.stream_error is not None:
+                yield event("error", {"error": reply.stream_error})
+                return
             if self.cut_stream:
                 return
             yield event(
@@ -326,6 +368,125 @@ class FakeUpstream:
                 {"delta": {"stop_reason": stop, "stop_sequence": None}, "usage": {"output_tokens": output}},
             )
             yield event("message_stop", {})
+
+        return StreamingResponse(self._watched(events()), media_type="text/event-stream")
+
+    async def count_tokens(self, request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        return JSONResponse({"input_tokens": self.count("anthropic", body)})
+
+    # -- OpenAI Responses ------------------------------------------------------------------------------
+    async def responses(self, request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        got, refusal = self._receive("responses", body, request)
+        if refusal is not None:
+            return refusal
+        reply = self.script("responses", body)
+        if self.reply_delay and not await self._held(request):
+            return Response(status_code=499)
+        n = next(self._ids)
+        output: list[dict[str, Any]] = [dict(item) for item in reply.items]
+        if reply.text:
+            output.append(responses_wire.output_text_item(reply.text, f"msg_{n}"))
+        for i, (name, args) in enumerate(reply.calls):
+            arguments = orjson.dumps(args).decode()
+            call_id = reply.ids[i] if reply.ids else f"call_{n}_{i}"
+            output.append(responses_wire.function_item(call_id, name, arguments, set(), f"fc_{n}_{i}"))
+        out_tokens = self.meter.count_text(reply.text) + sum(
+            self.meter.count_text(orjson.dumps(a).decode()) for _, a in reply.calls
+        )
+        usage = {
+            "input_tokens": got.tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": out_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": got.tokens + out_tokens,
+        }
+        response = {
+            "id": f"resp_upstream_{n}",
+            "object": "response",
+            "created_at": 1700000000,
+            "status": "completed",
+            "model": self._model(body),
+            "output": output,
+            "parallel_tool_calls": True,
+            "tool_choice": body.get("tool_choice", "auto"),
+            "tools": body.get("tools") or [],
+            "usage": usage,
+        }
+        if not body.get("stream"):
+            return JSONResponse(response)
+        seq = itertools.count()
+
+        def event(kind: str, data: dict[str, Any]) -> bytes:
+            payload = {"type": kind, "sequence_number": next(seq), **data}
+            return f"event: {kind}\n".encode() + b"data: " + orjson.dumps(payload) + b"\n\n"
+
+        async def events() -> Any:
+            started = {**response, "status": "in_progress", "output": [], "usage": None}
+            yield event("response.created", {"response": started})
+            for index, item in enumerate(output):
+                if item["type"] == "message":
+                    text = item["content"][0]["text"]
+                    yield event(
+                        "response.output_item.added",
+                        {"output_index": index, "item": {**item, "content": [], "status": "in_progress"}},
+                    )
+                    yield event(
+                        "response.content_part.added",
+                        {
+                            "item_id": item["id"],
+                            "output_index": index,
+                            "content_index": 0,
+                            "part": {"type": "output_text", "text": "", "annotations": []},
+                        },
+                    )
+                    for piece in _pieces(text, self.piece):
+                        yield event(
+                            "response.output_text.delta",
+                            {
+                                "item_id": item["id"],
+                                "output_index": index,
+                                "content_index": 0,
+                                "delta": piece,
+                                "logprobs": [],
+                            },
+                        )
+                    yield event(
+                        "response.output_text.done",
+                        {
+                            "item_id": item["id"],
+                            "output_index": index,
+                            "content_index": 0,
+                            "text": text,
+                            "logprobs": [],
+                        },
+                    )
+                    yield event(
+                        "response.content_part.done",
+                        {"item_id": item["id"], "output_index": index, "content_index": 0, "part": item["content"][0]},
+                    )
+                elif item["type"] == "function_call":
+                    yield event(
+                        "response.output_item.added",
+                        {"output_index": index, "item": {**item, "arguments": "", "status": "in_progress"}},
+                    )
+                    for piece in _pieces(item["arguments"]):
+                        yield event(
+                            "response.function_call_arguments.delta",
+                            {"item_id": item["id"], "output_index": index, "delta": piece},
+                        )
+                    yield event(
+                        "response.function_call_arguments.done",
+                        {"item_id": item["id"], "output_index": index, "arguments": item["arguments"]},
+                    )
+                else:
+                    yield event("response.output_item.added", {"output_index": index, "item": item})
+                yield event("response.output_item.done", {"output_index": index, "item": item})
+            if reply.stream_error is not None:
+                yield event("error", reply.stream_error)
+                return
+            yield event("response.completed", {"response": response})
 
         return StreamingResponse(self._watched(events()), media_type="text/event-stream")
 

@@ -135,6 +135,17 @@ def test_serve_says_where_it_listens_and_what_it_serves(tmp_path, monkeypatch, c
     assert "Host names answered: 127.0.0.1, localhost, ::1, [::1]\n" in err
 
 
+def test_serve_names_its_responses_upstream(tmp_path, monkeypatch, capsys):
+    import uvicorn
+
+    monkeypatch.setenv("CTXKERNEL_HOME", str(tmp_path))
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: None)
+    assert main(["serve", "--profile", "basic"]) == 0
+    assert "Responses translated to Chat Completions; sent" in capsys.readouterr().err
+    assert main(["serve", "--profile", "basic", "--responses-upstream", "http://responses.example/v1"]) == 0
+    assert "Responses http://responses.example/v1; sent" in capsys.readouterr().err
+
+
 def test_serve_ui_prints_the_token_it_made_and_answers_it(tmp_path, monkeypatch, capsys):
     import uvicorn
 

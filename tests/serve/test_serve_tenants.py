@@ -6,7 +6,10 @@ begin alike do not rewrite each other on every request."""
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,10 @@ from serve_clients import Agent
 from serve_fake_upstream import Reply
 
 from ctxkernel import Kernel
+from ctxkernel.errors import StoreError
 from ctxkernel.profile import load_profile
+from ctxkernel.serve.tenants import tenant_of, tenant_secret
+from ctxkernel.testing import build_kernel
 
 
 def stored_bytes(serve: Any) -> bytes:
@@ -217,3 +223,198 @@ def test_identical_conversations_at_once_do_not_fork_endlessly(fake, serve_facto
     )
     assert len(forks) <= 1, forks
     assert rewrites <= 1, rewrites
+
+
+# -- one credential tag for every binding ---------------------------------------------------------------
+def test_named_sessions_and_kept_responses_are_bound_to_one_credential_tag(fake, serve_factory):
+    upstream, _ = fake
+    upstream.script = lambda api_name, body: Reply("noted")
+    serve = serve_factory()
+    alice = serve.openai(session="bound", api_key="sk-alice-0000000000")
+    response = alice.responses.create(model="fake-model", input="remember 4711")
+    store = Kernel(load_profile(serve.profile)).store
+    session_owner = store.kv_get("serve", "tenant/bound")["tenant"]
+    response_owner = store.kv_get("serve", f"response/{response.id}")["owner"]
+    # one keyed hash of the credential, under the one key of the store
+    assert session_owner == response_owner
+    key = bytes.fromhex(store.kv_get("serve", "tenant-secret")["key"])
+    assert session_owner == hmac.new(key, b"Bearer sk-alice-0000000000", hashlib.sha256).hexdigest()
+    assert {k for k in store.kv_list("serve") if "secret" in k or "key" in k} == {"tenant-secret"}
+
+
+def test_the_tenant_secret_env_keys_named_sessions_and_kept_responses_on_every_host(fake, serve_factory, monkeypatch):
+    # two hosts serving one store with the same --tenant-secret-env: a tenant's named session and
+    # kept responses follow it from one to the other; a host with another secret reads neither
+    upstream, _ = fake
+    upstream.script = lambda api_name, body: Reply(f"{len(body['messages'])} messages")
+    monkeypatch.setenv("SERVE_TEST_TENANT_SECRET", "s" * 40)
+    monkeypatch.setenv("SERVE_TEST_OTHER_SECRET", "o" * 40)
+    first = serve_factory(tenant_secret_env="SERVE_TEST_TENANT_SECRET")
+    alice = first.openai(session="moving", api_key="sk-alice-0000000000")
+    response = alice.responses.create(model="fake-model", input="the vault code is 4711")
+    first.stop()
+    second = serve_factory(first.profile, tenant_secret_env="SERVE_TEST_TENANT_SECRET")
+    again = second.openai(session="moving", api_key="sk-alice-0000000000").responses.create(
+        model="fake-model", input="and now?", previous_response_id=response.id
+    )
+    assert again.output_text == "3 messages"
+    assert "4711" in sent_texts(upstream.received[-1])
+    second.stop()
+    store = Kernel(load_profile(first.profile)).store
+    assert store.kv_get("serve", "tenant-secret") is None  # the operator's key is kept nowhere
+    tag = hmac.new(b"s" * 40, b"Bearer sk-alice-0000000000", hashlib.sha256).hexdigest()
+    assert store.kv_get("serve", "tenant/moving")["tenant"] == tag
+    other = serve_factory(first.profile, tenant_secret_env="SERVE_TEST_OTHER_SECRET")
+    alice_elsewhere = other.openai(session="moving", api_key="sk-alice-0000000000")
+    with pytest.raises(openai.BadRequestError) as refused:
+        alice_elsewhere.responses.create(model="fake-model", input="and now?", previous_response_id=again.id)
+    assert refused.value.body["code"] == "previous_response_not_found"
+    alice_elsewhere.responses.create(model="fake-model", input="what is the code?")
+    assert "4711" not in sent_texts(upstream.received[-1])
+
+
+def test_a_short_tenant_secret_is_a_usage_error(tmp_path, monkeypatch, capsys):
+    from ctxkernel.cli import main
+
+    monkeypatch.setenv("CTXKERNEL_HOME", str(tmp_path))
+    monkeypatch.setenv("SHORT_SECRET", "too-short")
+    assert main(["serve", "--profile", "basic", "--tenant-secret-env", "SHORT_SECRET"]) == 2
+    err = capsys.readouterr().err
+    assert "--tenant-secret-env SHORT_SECRET" in err and "at least 32 characters" in err
+
+
+def test_every_process_of_a_store_makes_and_reads_the_same_tenant_secret(tmp_path):
+    stores = [build_kernel(tmp_path, fsync=False).store for _ in range(6)]
+    secrets: list[bytes] = []
+    barrier = threading.Barrier(len(stores))
+
+    def start(store: Any) -> None:
+        barrier.wait()
+        secrets.append(tenant_secret(store))
+
+    threads = [threading.Thread(target=start, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(secrets) == 6 and len(set(secrets)) == 1 and len(secrets[0]) == 32
+    assert tenant_secret(build_kernel(tmp_path, fsync=False).store) == secrets[0]
+    tags = {tenant_of(secrets[0], c) for c in ("Bearer sk-one", "Bearer sk-two", "sk-one", "")}
+    assert len(tags) == 4
+
+
+@pytest.mark.parametrize("stored", [{"key": "zz" * 32}, {"key": "ab"}, {"hex": "ab" * 32}, ["ab" * 32]])
+def test_a_damaged_tenant_secret_is_named_not_replaced(tmp_path, stored):
+    store = build_kernel(tmp_path, fsync=False).store
+    store.kv_put("serve", "tenant-secret", stored)
+    with pytest.raises(StoreError, match="serve/tenant-secret.*damaged"):
+        tenant_secret(store)
+    assert store.kv_get("serve", "tenant-secret") == stored
+
+
+# -- credentials scrubbed on the Responses routes and count_tokens ---------------------------------------
+ECHOED_KEY = "tenant-9-Qm4v7LpN2xR8wW3k"
+ECHO = f"Incorrect API key provided: {ECHOED_KEY}. You can find your API key at https://example.test."
+
+
+def responses_post(serve: Any, stream: bool, session: str) -> httpx.Response:
+    body = {"model": "fake-model", "input": "x", "stream": stream}
+    headers = {"authorization": f"Bearer {ECHOED_KEY}", "X-Ctxkernel-Session": session}
+    with httpx.Client(base_url=serve.url, timeout=30) as http:
+        return http.post("/v1/responses", json=body, headers=headers)
+
+
+@pytest.mark.parametrize("upstream_kind", ["chat", "responses"])
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_a_credential_echoed_to_a_responses_request_is_neither_stored_nor_logged(
+    fake, serve_factory, caplog, upstream_kind, stream
+):
+    upstream, server = fake
+    serve = serve_factory(**({"responses_upstream": f"{server.url}/v1"} if upstream_kind == "responses" else {}))
+    upstream.fail_next = [(401, {"error": {"message": ECHO, "type": "invalid_request_error", "code": "bad_key"}})]
+    caplog.set_level(logging.DEBUG, logger="ctxkernel")
+    answer = responses_post(serve, stream, "echo-responses")
+    assert answer.status_code == 401
+    assert ECHOED_KEY not in answer.text and "***" in answer.text
+    assert ECHOED_KEY.encode() not in stored_bytes(serve)
+    assert ECHOED_KEY not in caplog.text
+    events = Kernel(load_profile(serve.profile)).open_session("echo-responses", repair=False).events
+    assert "Incorrect API key provided: ***" in events[-1].data["error"]
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic", "responses-chat", "responses"])
+def test_a_credential_a_provider_echoes_mid_stream_never_reaches_the_client(fake, serve_factory, caplog, api):
+    # an error the provider reports inside its stream keeps its type, not the key
+    upstream, server = fake
+    serve = serve_factory(**({"responses_upstream": f"{server.url}/v1"} if api == "responses" else {}))
+    # a Responses stream's error event carries a code; the others an error object with a type
+    error = (
+        {"code": "server_error", "message": ECHO}
+        if api == "responses"
+        else {"type": "overloaded_error", "message": ECHO}
+    )
+    upstream.script = lambda api_name, body: Reply("partial", stream_error=error)
+    caplog.set_level(logging.DEBUG, logger="ctxkernel")
+    headers = {"X-Ctxkernel-Session": f"mid-{api}"}
+    if api == "anthropic":
+        url = "/v1/messages"
+        body: dict[str, Any] = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
+        headers["x-api-key"] = ECHOED_KEY
+    else:
+        url = "/v1/chat/completions" if api == "openai" else "/v1/responses"
+        body = {
+            "model": "m",
+            **({"messages": [{"role": "user", "content": "x"}]} if api == "openai" else {"input": "x"}),
+        }
+        headers["authorization"] = f"Bearer {ECHOED_KEY}"
+    with httpx.Client(base_url=serve.url, timeout=30) as http:
+        with http.stream("POST", url, json={**body, "stream": True}, headers=headers) as response:
+            text = "".join(response.iter_text())
+    assert "Incorrect API key provided: ***" in text
+    assert ECHOED_KEY not in text
+    assert ECHOED_KEY.encode() not in stored_bytes(serve)
+    assert ECHOED_KEY not in caplog.text
+
+
+@pytest.mark.parametrize("route", ["/v1/messages/count_tokens", "/v1/messages", "/v1/responses"])
+def test_an_internal_error_keeps_the_credential_out_of_the_answer_and_the_log(
+    fake, serve_factory, caplog, monkeypatch, route
+):
+    serve = serve_factory()
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"the store refused {ECHOED_KEY}")
+
+    monkeypatch.setattr(serve.proxy, "count_tokens" if route.endswith("count_tokens") else "open_turn", failing)
+    caplog.set_level(logging.DEBUG, logger="ctxkernel")
+    body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    if route == "/v1/messages":
+        body["max_tokens"] = 5
+    elif route == "/v1/responses":
+        body = {"model": "m", "input": "x"}
+    answer = httpx.post(f"{serve.url}{route}", json=body, headers={"x-api-key": ECHOED_KEY}, timeout=30)
+    assert answer.status_code == 500 and answer.json()["error"]["type"] == "api_error"
+    assert "the store refused ***" in answer.text and ECHOED_KEY not in answer.text
+    assert "the store refused ***" in caplog.text and "Traceback" in caplog.text
+    assert ECHOED_KEY not in caplog.text
+
+
+def test_count_tokens_reads_another_tenants_session_name_as_its_own(fake, serve_factory):
+    upstream, _ = fake
+    upstream.script = lambda api_name, body: Reply("noted")
+    serve = serve_factory()
+
+    def client(key: str) -> Any:
+        import anthropic
+
+        return anthropic.Anthropic(
+            base_url=serve.url, api_key=key, max_retries=0, default_headers={"X-Ctxkernel-Session": "counted"}
+        )
+
+    secret = [{"role": "user", "content": "alice's long secret " + "word " * 400}]
+    client("sk-alice-0000000000").messages.create(model="fake-model", max_tokens=8, messages=secret)
+    question = [{"role": "user", "content": "hi"}]
+    alice = client("sk-alice-0000000000").messages.count_tokens(model="fake-model", messages=question)
+    mallory = client("sk-mallory-00000000").messages.count_tokens(model="fake-model", messages=question)
+    assert alice.input_tokens > 400  # alice's session, with her history
+    assert mallory.input_tokens < 50  # a session not started yet: mallory's own request only

@@ -19,15 +19,17 @@ from typing import Any
 from ..convert import (
     arguments_from_json,
     from_anthropic_message,
+    held_bytes,
     merge_anthropic_blocks,
     to_anthropic_blocks,
     to_anthropic_request,
 )
 from ..errors import EventError
-from ..messages import Message, ReasoningBlock, TextBlock, ToolCallBlock
+from ..messages import Message
 from ..pairing import CallIds
 from ..session import Request
 from .reconcile import message_hash
+from .upstream import UpstreamError
 from .wire import (
     ClientRequest,
     MessageMemo,
@@ -73,13 +75,14 @@ def _cache_marked(message: Any) -> bool:
     return isinstance(content, list) and any(isinstance(b, dict) and "cache_control" in b for b in content)
 
 
-def parse_request(raw: bytes, memo: MessageMemo | None = None) -> ClientRequest:
-    """A Messages API body, checked; a 400 names the field that is wrong."""
+def parse_request(raw: bytes, memo: MessageMemo | None = None, *, count_only: bool = False) -> ClientRequest:
+    """A Messages API body, checked; a 400 names the field that is wrong. ``count_only``: a
+    ``count_tokens`` body (no ``max_tokens``)."""
     memo = MessageMemo() if memo is None else memo
     parsed = memo.parse(b"anthropic", raw)
     body = parsed.body
     model = check_model(body)
-    expect(body, "max_tokens", int, "an integer", required=True)
+    expect(body, "max_tokens", int, "an integer", required=not count_only)
     messages = expect(body, "messages", list, "a list of messages", required=True)
     if not messages:
         raise WireError(400, "messages: at least one message is required", param="messages")
@@ -118,10 +121,11 @@ def parse_request(raw: bytes, memo: MessageMemo | None = None) -> ClientRequest:
     except EventError as exc:
         raise WireError(400, str(exc), param="messages") from None
     converted, hashes = list(history.messages), list(history.hashes)
-    if not converted or messages[-1].get("role") != "user":
+    last = messages[-1].get("role") if isinstance(messages[-1], dict) else None
+    if not converted or last not in ("user", "system"):
         raise WireError(
             400,
-            "messages: the last message must have role 'user' (an assistant prefill is not supported)",
+            "messages: the last message must have role 'user' or 'system' (an assistant prefill is not supported)",
             param="messages",
         )
     return ClientRequest(
@@ -151,7 +155,8 @@ def upstream_body(
     per session) keeps each surface node's blocks between requests."""
     body = dict(client.body)
     cache = {} if cache is None else cache
-    parts = wire_forms(request.seqs, request.messages, cache, to_anthropic_blocks)
+    media = client.extra.get("media") or held_bytes
+    parts = wire_forms(request.seqs, request.messages, cache, lambda m: to_anthropic_blocks(m, media))
     messages = merge_anthropic_blocks(parts)
     converted = to_anthropic_request([], tools=strategy_tools)
     if client.extra.get("cache_marks") and messages:
@@ -335,19 +340,15 @@ class StreamTranslator:
         return out
 
     def end_round(self) -> tuple[list[bytes], Message, dict[str, Any] | None, list[str]]:
-        blocks: list[Any] = []
-        names: list[str] = []
-        for _, state in sorted(self.round.items()):
-            block = _assemble(state)
-            if block["type"] == "text" and block.get("text"):
-                blocks.append(TextBlock(block["text"]))
-            elif block["type"] in ("thinking", "redacted_thinking"):
-                blocks.append(ReasoningBlock(block.get("thinking", ""), block.get("signature")))
-            elif block["type"] in ("tool_use", "server_tool_use"):
-                names.append(block.get("name", ""))
-                blocks.append(ToolCallBlock(block.get("id", ""), block.get("name", ""), block.get("input") or {}))
+        assembled = [_assemble(state) for _, state in sorted(self.round.items())]
+        assembled = [b for b in assembled if not (b.get("type") == "text" and not b.get("text"))]
+        try:
+            message = from_anthropic_message({"role": "assistant", "content": assembled}, where="upstream reply")[0]
+        except EventError as exc:
+            raise UpstreamError(f"the upstream sent an unreadable reply: {exc}") from None
+        names = [c.name for c in message.tool_calls]
         self.usage = add_usage(self.usage, self.round_usage)
-        return [], Message("assistant", tuple(blocks)), self.round_usage, names
+        return [], message, self.round_usage, names
 
     def finish_stream(self) -> list[bytes]:
         has_calls = any(b.get("type") == "tool_use" for b in self.blocks)
@@ -372,6 +373,10 @@ class StreamTranslator:
 
     def error_event(self, message: str, kind: str = "api_error") -> list[bytes]:
         return [sse({"type": "error", "error": {"type": kind, "message": message}}, "error")]
+
+    def passthrough_error(self, error: dict[str, Any]) -> list[bytes]:
+        """An error the upstream reported mid-stream, with its type (``overloaded_error`` ...)."""
+        return [sse({"type": "error", "error": error}, "error")]
 
     def client_view(self) -> Message:
         return client_view(self.blocks)

@@ -110,10 +110,13 @@ def create_app(config: ServeConfig | None = None, *, kernel: Kernel | None = Non
         "/v1/chat/completions": handler.chat_completions,
         "/chat/completions": handler.chat_completions,
         "/v1/messages": handler.messages,
+        "/v1/responses": handler.responses,
+        "/responses": handler.responses,
     }
     hosts = [*LOCAL_HOSTS, *config.allowed_hosts]
     routes: list[Any] = [
         *(Route(path, endpoint, methods=["POST"]) for path, endpoint in chat.items()),
+        Route("/v1/messages/count_tokens", handler.count_tokens, methods=["POST"]),
         Route("/v1/models", handler.models, methods=["GET"]),
         Route("/healthz", handler.healthz, methods=["GET"]),
         Route("/metrics", handler.metrics, methods=["GET"]),

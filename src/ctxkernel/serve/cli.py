@@ -56,6 +56,12 @@ def register(sub: Any) -> None:
         help="Anthropic base URL (default: profile [serve], else https://api.anthropic.com)",
     )
     p.add_argument(
+        "--responses-upstream",
+        metavar="URL",
+        help="OpenAI Responses base URL behind /v1/responses (default: profile [serve]; without one, "
+        "Responses clients are translated to Chat Completions at --upstream)",
+    )
+    p.add_argument(
         "--window", type=bounded_int(256, MAX_TOKENS), metavar="TOKENS", help="override the profile's context window"
     )
     p.add_argument(
@@ -99,7 +105,10 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--tenant-secret-env",
         metavar="VAR",
-        help="the key of the credential hashes that keep tenants apart (default: one kept in the store)",
+        help=(
+            "the variable holding the key (at least 32 characters) of the credential hashes that keep tenants "
+            "apart (default: one made and kept in the store)"
+        ),
     )
     p.add_argument("--ui", action="store_true", help="mount the inspector at /ui, behind an operator token")
     p.add_argument(
@@ -127,6 +136,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from .config import ServeConfig, build_kernel
         from .gate import LOCAL_HOSTS
         from .process import UI_TOKEN_ENV, run, startup_lines
+        from .tenants import secret_from_env
     except ImportError:
         sys.stderr.write(MISSING_EXTRA + "\n")
         return EXIT_USAGE
@@ -135,6 +145,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         window=args.window,
         upstream=args.upstream,
         anthropic_upstream=args.anthropic_upstream,
+        responses_upstream=args.responses_upstream,
         api_key_env=args.api_key_env,
         lock_wait_seconds=args.lock_wait,
         max_inner_rounds=args.max_inner_rounds,
@@ -151,6 +162,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         os.environ[UI_TOKEN_ENV] = made_token
         config.ui_token_env = UI_TOKEN_ENV
     try:
+        if args.tenant_secret_env:  # checked here too: with --workers, only the workers read it
+            secret_from_env(args.tenant_secret_env)
         kernel = build_kernel(config)  # fail fast on a bad profile, store or window
         if args.workers > 1 and kernel.store.backend != "postgres":
             sys.stderr.write(

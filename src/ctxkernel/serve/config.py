@@ -23,6 +23,7 @@ class ServeConfig:
     window: int | None = None
     upstream: str | None = None
     anthropic_upstream: str | None = None
+    responses_upstream: str | None = None
     api_key_env: str | None = None
     lock_wait_seconds: float = 30.0
     max_inner_rounds: int = 8
@@ -48,6 +49,7 @@ class ServeConfig:
                 "window",
                 "upstream",
                 "anthropic_upstream",
+                "responses_upstream",
                 "api_key_env",
                 "lock_wait_seconds",
                 "max_inner_rounds",

@@ -147,7 +147,9 @@ def upstream_chunks(
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
     cache = {} if cache is None else cache
     # the messages' byte total comes with them (kept from the last request, plus the new ones)
-    forms = wire_forms(request.seqs, request.messages, cache, encoded_item, measure=len)
+    media = client.extra.get("media")
+    convert = encoded_item if media is None else (lambda m: orjson.dumps(to_openai_message(m, media=media)) + b",")
+    forms = wire_forms(request.seqs, request.messages, cache, convert, measure=len)
     size = forms.size
     if request.system:
         system = _system_item(request.system)
@@ -312,6 +314,11 @@ class StreamTranslator:
             chunk["system_fingerprint"] = self.fingerprint
         return sse(chunk)
 
+    def feed_event(self, event: str | None, data: dict[str, Any]) -> list[bytes]:
+        """:meth:`feed` (a Chat Completions stream names no events)."""
+        del event
+        return self.feed(data)
+
     def feed(self, data: dict[str, Any]) -> list[bytes]:
         """One upstream chunk in; the bytes to send to the client out."""
         out: list[bytes] = []
@@ -454,6 +461,10 @@ class StreamTranslator:
 
     def error_event(self, message: str, kind: str = "api_error") -> list[bytes]:
         return [sse(error_body(message, kind=kind))]
+
+    def passthrough_error(self, error: dict[str, Any]) -> list[bytes]:
+        """An error the upstream reported mid-stream, as it reported it."""
+        return [sse({"error": error})]
 
     def client_view(self) -> Message:
         return client_view(self.text, self.client_calls)

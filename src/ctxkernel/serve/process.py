@@ -40,6 +40,8 @@ def startup_lines(
     base = f"http://{shown_host}:{port}"
     profile = kernel.profile
     openai_base, anthropic_base = upstream_bases(config, kernel)
+    responses_base = config.responses_upstream or profile.serve.responses_upstream
+    responses = f"Responses {redact(responses_base)}" if responses_base else "Responses translated to Chat Completions"
     key_env = config.api_key_env or profile.serve.api_key_env
     credentials = f"the key in ${key_env}" if key_env else "each client's own credentials"
     store = kernel.store
@@ -51,7 +53,8 @@ def startup_lines(
     lines = [
         f"ctxkernel serve: listening on {base} ({workers} worker{'s' if workers > 1 else ''})",
         f"  profile: {profile.name} ({profile.path or 'built-in defaults'})",
-        f"  upstreams: OpenAI-compatible {redact(openai_base)}, Anthropic {redact(anthropic_base)}; sent {credentials}",
+        f"  upstreams: OpenAI-compatible {redact(openai_base)}, Anthropic {redact(anthropic_base)}, {responses}; "
+        f"sent {credentials}",
         f"  store: {store.backend} at {redact(str(where))}",
         f"  Host names answered: {'any (--allowed-host *)' if '*' in hosts else ', '.join(hosts)}",
     ]

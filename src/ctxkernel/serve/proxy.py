@@ -29,9 +29,11 @@ session because of the lease. The ``*_sync`` methods are what those threads run.
 from __future__ import annotations
 
 import os
+import threading
 import time
 import weakref
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,13 +44,15 @@ from ..errors import ConflictError, ContextOverflowError, CtxKernelError, EventE
 from ..events import ASSISTANT_MESSAGE, COMPACTION_START, COMPACTION_SUMMARY, TURN_START
 from ..kernel import Kernel
 from ..logging import get_logger
-from ..messages import Message, Source
+from ..messages import MediaBlock, Message, Source
+from ..meter import Meter
 from ..models.openai_http import classify_http_error
 from ..pairing import CallIds
 from ..session import Request, Session
-from . import anthropic_wire, openai_wire
+from . import anthropic_wire, openai_wire, responses_wire
 from .config import DEFAULT_ANTHROPIC_VERSION, ServeConfig, upstream_bases
 from .identity import Identity, tenant_key
+from .kept_responses import Conversation, KeptResponses
 from .metrics import Metrics
 from .reconcile import (
     Reconciled,
@@ -61,8 +65,8 @@ from .reconcile import (
     record_follow,
     reply_record,
 )
-from .tenants import Scrubber, tenant_secret
-from .upstream import Upstream, join_url
+from .tenants import Scrubber, credential_of, same_tenant, tenant_of, tenant_secret
+from .upstream import Upstream, UpstreamError, join_url
 from .wire import ClientRequest, MessageMemo, WireError, add_usage
 from .workers import run_sync
 
@@ -122,6 +126,8 @@ class Turn:
     #: the client's new messages, checked by reconcile and written by the first round's
     #: ``prepare_request`` together with its step/start (one store write)
     pending: Reconciled | None = None
+    #: the Responses API's id of this client request's response
+    response_id: str = ""
     #: the last committed round ended the client request
     done: bool = False
     #: the tenant the turn is for (None: not checked, as in tests that drive the proxy directly)
@@ -234,6 +240,14 @@ class Proxy:
         self.metrics = Metrics()
         profile_serve = kernel.profile.serve
         self.openai_base, self.anthropic_base = upstream_bases(config, kernel)
+        #: a Responses API upstream; without one, Responses clients are translated to Chat Completions
+        self.responses_base = config.responses_upstream or profile_serve.responses_upstream
+        self.inject_tools = profile_serve.inject_tools
+        self._stored_media: OrderedDict[str, None] = OrderedDict()
+        self._media_cache: OrderedDict[str, bytes] = OrderedDict()
+        self._media_cache_bytes = 0
+        self._media_lock = threading.Lock()
+        self.kept = KeptResponses(kernel.store, self.blob_bytes)
         self.server_key: str | None = None
         key_env = config.api_key_env or profile_serve.api_key_env
         if key_env:
@@ -241,6 +255,7 @@ class Proxy:
             if not self.server_key:
                 msg = f"--api-key-env {key_env}: the variable is not set or empty"
                 raise CtxKernelError(msg)
+        #: the key of the tenants' tags (tenants.py)
         self.secret = tenant_secret(kernel.store, config.tenant_secret_env)
         self.sessions: OrderedDict[str, Session] = OrderedDict()
         self._owners: OrderedDict[str, str] = OrderedDict()  # key -> its tenant (never changes once written)
@@ -277,6 +292,10 @@ class Proxy:
                 lock.release()
                 raise busy(key, wait)
         return Lease(lock, advisory)
+
+    def tenant(self, headers: Mapping[str, str]) -> str:
+        """The tenant a request's headers stand for: its credential's tag (``tenants.py``)."""
+        return tenant_of(self.secret, credential_of(headers))
 
     async def open_turn(
         self, wire: Any, identity: Identity, client: ClientRequest, secrets: tuple[str | None, ...] = ()
@@ -393,8 +412,16 @@ class Proxy:
 
     # -- the upstream ---------------------------------------------------------------------------------
     def upstream_url(self, wire: Any) -> str:
+        if wire is responses_wire:
+            if self.responses_base:
+                return join_url(self.responses_base, responses_wire.RESPONSES_PATH)
+            return join_url(self.openai_base, responses_wire.CHAT_PATH)
         base = self.openai_base if wire is openai_wire else self.anthropic_base
         return join_url(base, wire.UPSTREAM_PATH)
+
+    @property
+    def responses_upstream_kind(self) -> str:
+        return responses_wire.RESPONSES if self.responses_base else responses_wire.CHAT
 
     def upstream_headers(self, wire: Any, headers: Any, *, stream: bool) -> dict[str, str]:
         out = {"content-type": "application/json", "accept": "text/event-stream" if stream else "application/json"}
@@ -485,7 +512,76 @@ class Proxy:
         clash = own & client.tool_names if client.tools else set()
         turn.strategy_tools = own - clash if clash else own
         turn.strategy_schemas = [t for t in request.tools if t.get("function", {}).get("name") in turn.strategy_tools]
+        if not client.tools and self.inject_tools == "when_client_has_tools":
+            # a request that carried no tools (a title call, a plain chat) gets none of the strategies'
+            turn.strategy_tools, turn.strategy_schemas = set(), []
         return request
+
+    # -- media (worker threads) -----------------------------------------------------------------------
+    def _store_media(self, messages: list[Message]) -> None:
+        """Put the bytes of every medium the client sent into the store's blob table before any
+        event citing them is written (content-addressed: a blob already stored is not written again)."""
+        store = self.kernel.store
+        for block in _media_blocks(messages):
+            if block.blob is None or block.data is None or block.blob in self._stored_media:
+                continue
+            if store.blob_stat(block.blob) is None:
+                store.blob_put(block.blob, block.data)
+            self._stored_media[block.blob] = None
+            while len(self._stored_media) > 4096:
+                self._stored_media.popitem(last=False)
+
+    def media_bytes(self, block: MediaBlock) -> bytes | None:
+        """A medium's bytes for the upstream body: held in memory, or read back from the store;
+        None when the store no longer has them."""
+        if block.data is not None:
+            return block.data
+        if block.blob is None:
+            return None
+        return self.blob_bytes(block.blob)
+
+    def blob_bytes(self, key: str) -> bytes | None:
+        """A medium's bytes from the store's blob table (the last 64 MB read are kept in memory)."""
+        with self._media_lock:
+            data = self._media_cache.get(key)
+            if data is not None:
+                self._media_cache.move_to_end(key)
+                return data
+        data = self.kernel.store.blob_get(key)
+        if data is None:
+            log.warning("serve: a medium's bytes are gone from the store", blob=key)
+            return None
+        with self._media_lock:
+            if key not in self._media_cache:
+                self._media_cache[key] = data
+                self._media_cache_bytes += len(data)
+            while self._media_cache and self._media_cache_bytes > 64 << 20:
+                _, dropped = self._media_cache.popitem(last=False)
+                self._media_cache_bytes -= len(dropped)
+        return data
+
+    # -- the Responses API's kept responses (worker threads) ------------------------------------------------
+    def earlier_items(self, response_id: str, owner: str) -> tuple[Conversation, list[Any]]:
+        """The conversation up to and including response ``response_id`` (``kept_responses.py``)
+        for the credential tagged ``owner``, and its items with their media put back."""
+        conversation = self.kept.conversation(response_id, owner)
+        return conversation, self.kept.items(conversation, response_id)
+
+    def remember_response(self, turn: Turn, output: list[dict[str, Any]]) -> None:
+        """Keep a Responses API response (its new input items and its output) so that a later
+        request naming it as ``previous_response_id`` is answered from it; not with ``store: false``."""
+        client = turn.client
+        if client.body.get("store") is False:
+            return
+        previous = client.body.get("previous_response_id")
+        self.kept.keep(
+            turn.response_id,
+            client.extra["owner"],
+            turn.key,
+            client.extra.get("kept"),
+            previous if isinstance(previous, str) else None,
+            [*client.extra["new_items"], *output],
+        )
 
     def commit_sync(
         self, turn: Turn, message: Message, usage: dict[str, Any] | None, view: Any, last_round: bool
@@ -527,6 +623,34 @@ class Proxy:
             return Round(self._follow(turn.key, session, child, turn.tenant), False, None)
         return Round(session, False, first_seq)
 
+    def count_tokens(self, identity: Identity, client: ClientRequest) -> int:
+        """What a request of ``client`` would send upstream, without taking a turn or writing:
+        the session's surface and header as the last request left them plus the messages it has
+        not seen (a session not started yet: the request's own count), at most the effective
+        window (the strategies compact anything beyond it before the upstream is called). A
+        key another tenant holds is read as the request would be served: this tenant's own."""
+        self._store_media(client.messages)
+        store = self.kernel.store
+        key = identity.key
+        owner = self._owner(key)
+        if owner is not None and not same_tenant(owner, identity.tenant):
+            key = tenant_key(self.secret, key, identity.tenant)
+        session_id = self._route(key)["session"]
+        session = self.sessions.get(session_id)
+        if session is None and store.exists(session_id):
+            session = self.kernel.open_session(session_id, keep_waiting_calls=True)
+            self._cache(session)
+        if session is None:
+            meter = Meter(self.kernel.tokenizer)
+            header = meter.count_header(client.system, client.tools)
+            tokens = header + sum(meter.count_message(m) for m in client.messages)
+            return min(tokens, self.kernel.profile.model.effective_window)
+        ledger = ledger_for(session)
+        new = client.messages[ledger.matched(client.messages, client.hashes or []) :]
+        pressure = session.pressure()
+        tokens = pressure.tokens + sum(session.count_message(m) for m in new)
+        return min(tokens, pressure.effective_window)
+
     def failed_sync(self, session: Session, error: ModelError) -> bool:
         return session.request_failed(error)
 
@@ -544,16 +668,23 @@ class Proxy:
         the credential) and never changes, so it is cached; the key's turn is held, so two
         requests never both find it free. A session made before keys had owners goes to the
         first tenant that names it."""
+        owner = self._owner(key)
+        if owner is None:
+            return True
+        if not same_tenant(owner, tenant):
+            raise Foreign(tenant_key(self.secret, key, tenant))
+        return False
+
+    def _owner(self, key: str) -> str | None:
+        """The tenant that holds ``key``, or None when nobody does yet."""
         owner = self._owners.get(key)
         if owner is None:
             found = self.kernel.store.kv_get("serve", f"tenant/{key}")
             owner = found.get("tenant") if isinstance(found, dict) else None
             if not isinstance(owner, str):
-                return True
+                return None
             self._remember_owner(key, owner)
-        if owner != tenant:
-            raise Foreign(tenant_key(self.secret, key, tenant))
-        return False
+        return owner
 
     def _claim(self, key: str, tenant: str) -> None:
         self.kernel.store.kv_put("serve", f"tenant/{key}", {"tenant": tenant})
@@ -659,6 +790,7 @@ class Proxy:
     def _begin(self, key: str, client: ClientRequest, tenant: str | None) -> tuple[Session, Reconciled | None]:
         """The session this request continues, and the client's new messages when they are
         left for the first ``prepare_request`` to write (the usual case: nothing rewritten)."""
+        self._store_media(client.messages)
         session = self._branch_for(key, self._open(key, client), client)
         result = reconcile(session, client.messages, client.hashes, defer=True)
         if result.rewrite == "fork":
@@ -695,3 +827,49 @@ class Proxy:
             while len(self._header_tokens) > 64:
                 self._header_tokens.popitem(last=False)
         return tokens + ledger_for(session).client_tokens
+
+
+def _media_blocks(messages: list[Message]) -> list[MediaBlock]:
+    found: list[MediaBlock] = []
+    for message in messages:
+        for block in message.content:
+            if block.type == "media":
+                found.append(block)
+            elif block.type == "tool_result" and block.parts:
+                found += [p for p in block.parts if p.type == "media"]
+    return found
+
+
+class StreamedError(UpstreamError):
+    """An error the upstream reported inside its stream; ``error`` is its error object (bounded),
+    passed on to the client with its type."""
+
+    def __init__(self, error: dict[str, Any]) -> None:
+        self.error = bounded_error(error)
+        super().__init__(f"the upstream stream reported an error: {orjson.dumps(self.error).decode()[:500]}")
+
+
+def bounded_error(error: Any) -> dict[str, Any]:
+    """An upstream error object cut to the fields a client reads, each bounded."""
+    error = error if isinstance(error, dict) else {"message": str(error)}
+    out: dict[str, Any] = {}
+    for key in ("type", "code", "param"):
+        value = error.get(key)
+        if isinstance(value, str) and value:
+            out[key] = value[:200]
+    message = error.get("message")
+    out["message"] = message[:2000] if isinstance(message, str) else "upstream error"
+    out.setdefault("type", "api_error")
+    return out
+
+
+def stream_error(wire: Any, translator: Any, data: dict[str, Any]) -> dict[str, Any] | None:
+    """The error object an upstream stream event reports, or None."""
+    if wire is responses_wire:
+        return translator.upstream_error(data)
+    if wire is openai_wire:
+        return data["error"] if "error" in data else None
+    if data.get("type") == "error":
+        error = data.get("error")
+        return error if isinstance(error, dict) else {"message": str(error)}
+    return None

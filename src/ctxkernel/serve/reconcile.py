@@ -59,10 +59,29 @@ def message_hash(message: Message) -> str:
         result = message.tool_result
         assert result is not None
         key: list[Any] = ["tool", result.call_id, result.content, result.is_error]
+        parts = result.kept_parts()
+        extra = [_block_key(b) for b in parts if b.type != "text"] if parts else []
     else:
         text = "\n".join(b.text for b in message.content if b.type == "text" and b.text)
         key = [message.role, text, [[c.id, c.name, c.arguments] for c in message.tool_calls]]
+        # media and kept blocks of the client's own messages count; the model's opaque blocks do
+        # not (like reasoning, clients may drop them)
+        extra = (
+            []
+            if message.role == "assistant"
+            else [_block_key(b) for b in message.content if b.type in ("media", "opaque")]
+        )
+    if message.name is not None:
+        extra.append(["name", message.name])
+    if extra:  # only then: a text-only message hashes as it always has
+        key.append(extra)
     return hashlib.sha256(orjson.dumps(key, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
+
+
+def _block_key(block: Any) -> Any:
+    if block.type == "media":
+        return ["media", block.blob or block.wire]
+    return ["opaque", block.data]
 
 
 @dataclass

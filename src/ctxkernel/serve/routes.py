@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from functools import partial
@@ -30,12 +31,13 @@ from starlette.responses import Response, StreamingResponse
 
 from ..logging import get_logger
 from ..pairing import claim_raw_calls, renamed_calls
-from . import anthropic_wire, openai_wire
-from .identity import identify
-from .proxy import Lease, Overflow, Proxy, Turn
+from . import anthropic_wire, openai_wire, responses_wire
+from .identity import SESSION_HEADER, Identity, identify
+from .proxy import Lease, Overflow, Proxy, StreamedError, Turn, stream_error
 from .tenants import Scrubber
 from .upstream import UpstreamError, join_url
-from .wire import MAX_BODY_BYTES, WireError, iter_sse, loads, model_name
+from .wire import MAX_BODY_BYTES, Translator, WireError, iter_sse, loads, model_name
+from .workers import run_sync
 
 log = get_logger("ctxkernel.serve")
 
@@ -79,14 +81,18 @@ def error_response(wire: Any, error: WireError) -> JSONBody:
     )
 
 
+#: an upstream error's headers that tell a client whether and when to retry, passed on as they came
+RETRY_HEADERS = ("retry-after", "retry-after-ms", "x-should-retry")
+
+
 def passthrough_error(wire: Any, status: int, body: bytes, headers: Any = None) -> Response:
     """An upstream error or redirect for the client: its status, its body when that is JSON,
-    else our shape; ``retry-after`` kept, and a redirect's ``location`` (the client decides
-    whether its credentials follow it: serve never does)."""
+    else our shape; its retry headers (:data:`RETRY_HEADERS`) as they came, and a redirect's
+    ``location`` (the client decides whether its credentials follow it: serve never does)."""
     extra = {}
-    for name in ("retry-after", "location") if headers is not None else ():
+    for name in (*RETRY_HEADERS, "location") if headers is not None else ():
         if name in headers:
-            extra[name] = headers[name]
+            extra[name] = headers[name] if name == "location" else headers[name][:200]
     try:
         orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -132,6 +138,44 @@ class Handler:
     async def messages(self, request: HTTPRequest) -> Response:
         return await self._handle(anthropic_wire, "/v1/messages", request)
 
+    async def responses(self, request: HTTPRequest) -> Response:
+        return await self._handle(responses_wire, "/v1/responses", request)
+
+    async def count_tokens(self, request: HTTPRequest) -> Response:
+        """``POST /v1/messages/count_tokens``: the tokens serve would send for this request: the
+        session's managed surface (its strategies' header included) plus the messages it has not
+        seen; at most the effective window, which serve never exceeds upstream."""
+        proxy = self.proxy
+        metrics = proxy.metrics
+        wire = anthropic_wire
+        try:
+            raw = await read_body(request, proxy.config.body_seconds)
+            client = anthropic_wire.parse_request(raw, proxy.memo, count_only=True)
+            identity = identify(
+                request.headers, wire.API, client.system, client.messages, proxy.tenant(request.headers)
+            )
+            tokens = await run_sync(proxy.count_tokens, identity, client)
+            response: Response = JSONBody({"input_tokens": tokens})
+        except WireError as error:
+            metrics.child(metrics.errors, "bad_request").inc()
+            response = error_response(wire, error)
+        except Exception as exc:  # reported to the client in its API's shape, and logged
+            response = self._internal_error(wire, "/v1/messages/count_tokens", request, exc)
+        metrics.child(metrics.requests, "/v1/messages/count_tokens", str(response.status_code)).inc()
+        return response
+
+    def _internal_error(self, wire: Any, route: str, request: HTTPRequest, exc: Exception) -> Response:
+        """A 500 for a failure of ours, logged with its traceback; the request's credentials are
+        taken out of both (an exception's text may hold anything the request carried)."""
+        scrub = Scrubber(self._secrets(request))
+        what = scrub.text(f"{type(exc).__name__}: {exc}")
+        trace = scrub.text("".join(traceback.format_exception(exc)))
+        log.error("serve: request failed", route=route, error=what[:500], exception=trace)
+        self.proxy.metrics.child(self.proxy.metrics.errors, "internal").inc()
+        return JSONBody(
+            wire.error_body(f"ctxkernel serve: internal error: {what}"[:1000], kind="api_error"), status_code=500
+        )
+
     def _secrets(self, request: HTTPRequest) -> tuple[str | None, ...]:
         headers = request.headers
         return (headers.get("authorization"), headers.get("x-api-key"), self.proxy.server_key)
@@ -147,19 +191,34 @@ class Handler:
             metrics.child(metrics.errors, "client_disconnected").inc()
             response = Response(status_code=499)  # nobody reads it: the connection is gone
         except Exception as exc:  # reported to the client in its API's shape, and logged
-            what = Scrubber(self._secrets(request)).text(f"{type(exc).__name__}: {exc}")
-            log.exception("serve: request failed", route=route, error=what[:500])
-            metrics.child(metrics.errors, "internal").inc()
-            response = JSONBody(
-                wire.error_body(f"ctxkernel serve: internal error: {what}"[:1000], kind="api_error"), status_code=500
-            )
+            response = self._internal_error(wire, route, request, exc)
         metrics.child(metrics.requests, route, str(response.status_code)).inc()
         return response
 
     async def _serve(self, wire: Any, request: HTTPRequest) -> Response:
         proxy = self.proxy
-        client = wire.parse_request(await read_body(request, proxy.config.body_seconds), proxy.memo)
-        identity = identify(request.headers, wire.API, client.system, client.messages, proxy.secret)
+        raw = await read_body(request, proxy.config.body_seconds)
+        known_key = None
+        tenant = proxy.tenant(request.headers)
+        if wire is responses_wire:
+            body = responses_wire.load_body(raw)
+            previous = body.get("previous_response_id")
+            kept = earlier = None
+            if previous is not None:
+                if not isinstance(previous, str):
+                    raise WireError(400, "previous_response_id: expected a string", param="previous_response_id")
+                kept, earlier = await run_sync(proxy.earlier_items, previous, tenant)
+                known_key = kept.key
+            client = responses_wire.parse_request(
+                body, proxy.memo, earlier=earlier, upstream=proxy.responses_upstream_kind
+            )
+            client.extra.update(owner=tenant, kept=kept)
+        else:
+            client = wire.parse_request(raw, proxy.memo)
+        client.extra["media"] = proxy.media_bytes
+        identity = identify(request.headers, wire.API, client.system, client.messages, tenant)
+        if known_key is not None and SESSION_HEADER not in request.headers:
+            identity = Identity(known_key, identity.tenant)
         # from here on the client going away cuts whatever the request waits for
         watch = anyio.CancelScope()
         watcher = asyncio.get_running_loop().create_task(_cancel_on_disconnect(request, watch))
@@ -168,6 +227,8 @@ class Handler:
         try:
             with watch:
                 lease, turn = await proxy.open_turn(wire, identity, client, self._secrets(request))
+                if wire is responses_wire:
+                    turn.response_id = responses_wire.new_id("resp")
                 if client.stream:
                     response = await self._stream(turn, request, lease)
                     if isinstance(response, StreamingResponse):
@@ -190,6 +251,8 @@ class Handler:
         text_parts: list[str] = []
         blocks: list[dict[str, Any]] = []
         client_calls: list[dict[str, Any]] = []
+        output: list[dict[str, Any]] = []  # the Responses API's client items
+        created = time.time()
         while True:
             try:
                 prepared = await proxy.request_for(turn)
@@ -212,7 +275,10 @@ class Handler:
                 return passthrough_error(wire, answer.status, turn.scrubber.bytes(answer.body), answer.headers)
             try:
                 payload = answer.json()
-                message, usage, raw = wire.read_reply(payload)
+                if wire is responses_wire:
+                    message, usage, raw = responses_wire.read_reply(payload, turn.client.extra["upstream"])
+                else:
+                    message, usage, raw = wire.read_reply(payload)
             except ValueError as exc:
                 await proxy.failed(turn, f"unreadable upstream reply: {exc}")
                 proxy.metrics.child(proxy.metrics.errors, "upstream_unreadable").inc()
@@ -220,7 +286,10 @@ class Handler:
                     wire.error_body(f"the upstream sent an unreadable reply: {exc}"[:1000], kind="api_error"),
                     status_code=502,
                 )
-            renames = claim_raw_calls(wire.raw_calls(raw), turn.call_ids())
+            if wire is responses_wire:
+                renames = responses_wire.claim_calls(raw, turn.client.extra["upstream"], turn.call_ids())
+            else:
+                renames = claim_raw_calls(wire.raw_calls(raw), turn.call_ids())
             if renames:  # a provider that reused a call id: the client and the log get fresh ones
                 message = renamed_calls(message, renames)
             proxy.count_usage(turn, usage)
@@ -231,6 +300,12 @@ class Handler:
                     text_parts.append(content)
                 client_calls += [c for c in openai_wire.raw_calls(raw) if openai_wire.call_name(c) not in names]
                 view = openai_wire.client_view("\n\n".join(text_parts), client_calls)
+            elif wire is responses_wire:
+                if turn.client.extra["upstream"] == responses_wire.CHAT:
+                    output += responses_wire.chat_output_items(raw, names, turn.client.extra["custom"])
+                else:
+                    output += responses_wire.visible_items(raw.get("output") or [], names)
+                view = responses_wire.client_view(output)
             else:
                 blocks += anthropic_wire.visible_blocks(raw, names)
                 view = anthropic_wire.client_view(blocks)
@@ -240,6 +315,14 @@ class Handler:
         proxy.finish(turn)
         if wire is openai_wire:
             out = openai_wire.client_reply(payload, "\n\n".join(text_parts), client_calls, turn.usage)
+        elif wire is responses_wire:
+            base = None
+            if turn.client.extra["upstream"] == responses_wire.RESPONSES:
+                base = {k: v for k, v in payload.items() if k not in ("output", "usage", "previous_response_id")}
+            out = responses_wire.response_object(
+                turn.client, output, turn.usage, response_id=turn.response_id, created=created, base=base
+            )
+            await run_sync(proxy.remember_response, turn, output)
         else:
             out = anthropic_wire.client_reply(payload, blocks, turn.usage)
         if "model" in out:
@@ -291,7 +374,14 @@ class Handler:
         if isinstance(opened, tuple):
             await stack.aclose()
             return passthrough_error(wire, *opened)
-        translator = wire.StreamTranslator(turn.client.include_usage, turn.strategy_tools)
+        translator: Translator
+        responses: responses_wire.StreamTranslator | None = None
+        if wire is responses_wire:
+            translator = responses = responses_wire.StreamTranslator(
+                turn.client, turn.strategy_tools, response_id=turn.response_id
+            )
+        else:
+            translator = wire.StreamTranslator(turn.client.include_usage, turn.strategy_tools)
         translator.model = turn.client.model
 
         async def pump() -> Any:
@@ -317,14 +407,10 @@ class Handler:
                             raise UpstreamError("the upstream stream sent an event that is not JSON") from None
                         if not isinstance(data, dict):
                             continue
-                        if "error" in data and (wire is openai_wire or data.get("type") == "error"):
-                            raise UpstreamError(
-                                f"the upstream stream reported an error: {orjson.dumps(data['error']).decode()[:500]}"
-                            )
-                        chunks = (
-                            translator.feed(data) if wire is openai_wire else translator.feed_event(event.event, data)
-                        )
-                        for chunk in chunks:
+                        error = stream_error(wire, translator, data)
+                        if error is not None:
+                            raise StreamedError(error)
+                        for chunk in translator.feed_event(event.event, data):
                             yield chunk
                     if not translator.round_complete:  # a cut connection is not a reply
                         raise UpstreamError("the upstream stream ended before the reply was complete")
@@ -347,6 +433,8 @@ class Handler:
                             yield chunk
                         return
                     handle = opened_next
+                if responses is not None:
+                    await run_sync(proxy.remember_response, turn, responses.output)
                 for chunk in translator.finish_stream():
                     yield chunk
                 proxy.finish(turn)
@@ -356,7 +444,13 @@ class Handler:
                     with anyio.CancelScope(shield=True):
                         await proxy.failed(turn, str(exc))
                     committed = True
-                for chunk in translator.error_event(turn.scrubber.text(str(exc))):
+                # an error the upstream reported keeps its type (an overloaded_error stays one)
+                chunks = (
+                    translator.passthrough_error(turn.scrubber.error(exc.error))
+                    if isinstance(exc, StreamedError)
+                    else translator.error_event(turn.scrubber.text(str(exc)))
+                )
+                for chunk in chunks:
                     yield chunk
             finally:
                 # a client that went away mid-stream: the uncommitted reply is dropped and its

@@ -15,11 +15,12 @@ import re
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
 from ..messages import Message
+from ..pairing import CallIds
 from ..text import storable
 
 #: a client body larger than this is refused with 413 (a 100k-token history is about 0.5 MB)
@@ -92,6 +93,38 @@ class ClientRequest:
     @property
     def tool_names(self) -> set[str]:
         return {t["function"]["name"] for t in self.tools}
+
+
+class Translator(Protocol):
+    """What the routes drive a wire format's ``StreamTranslator`` with: the upstream's events of
+    one or more rounds in, the client's one stream out."""
+
+    strategy_tools: set[str]
+    #: the ids the round's tool calls may take (the routes give each round its own)
+    ids: CallIds
+    #: the model name the client asked for: what it gets when the upstream's is not a name
+    model: str
+
+    @property
+    def round_complete(self) -> bool:
+        """The round's reply is whole (its last event seen)."""
+        ...
+
+    def begin_round(self) -> None: ...
+
+    def feed_event(self, event: str | None, data: dict[str, Any]) -> list[bytes]:
+        """One upstream event (its SSE ``event:`` name and its data) in; the client's bytes out."""
+        ...
+
+    def end_round(self) -> tuple[list[bytes], Message, dict[str, Any] | None, list[str]]: ...
+
+    def finish_stream(self) -> list[bytes]: ...
+
+    def error_event(self, message: str, kind: str = "api_error") -> list[bytes]: ...
+
+    def passthrough_error(self, error: dict[str, Any]) -> list[bytes]: ...
+
+    def client_view(self) -> Message: ...
 
 
 def obj(value: Any) -> dict[str, Any]:

@@ -1,0 +1,284 @@
+"""The Responses API's kept responses: what ``previous_response_id`` is answered from.
+
+A response ``serve`` gave (unless its request said ``store: false``) is kept in the store's
+key-value table, namespace ``serve``, key ``response/<id>``, as a record::
+
+    {"owner": tag, "key": session key, "previous": id or null, "size": characters,
+     "items": [{"item": ..., "media": [[path, blob key, encoding, media type], ...]}, ...]}
+
+- ``owner`` is the tenant's tag (the keyed hash of the request's credential, ``tenants.py``): a
+  request naming the response with another credential is told there is no such response, as
+  when it does not exist, so an id learnt by another tenant reads nothing.
+- ``items`` are the request's new input items and the response's output items, each with its
+  inline media (``data:`` URLs, base64 ``data`` and ``result`` fields) taken out into the store's
+  blob table under ``media/<sha256>`` (the same blob a medium of the session's log uses) and
+  recorded by where it goes back, so that it is put back byte for byte.
+- ``size`` is the characters the conversation up to this response holds with its media put back:
+  a conversation is refused past :data:`~ctxkernel.serve.wire.MAX_BODY_BYTES`, what one request
+  could have carried whole, and a response past it is kept as a marker that says so.
+
+The last conversations read are kept in memory, media out, bounded by count and size.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from .. import media as media_rules
+from ..logging import get_logger
+from . import responses_wire
+from .tenants import same_tenant
+from .wire import MAX_BODY_BYTES, WireError
+
+log = get_logger("ctxkernel.serve")
+
+NAMESPACE = "serve"
+#: how many kept responses a ``previous_response_id`` chain may walk back
+MAX_CHAIN = 100_000
+#: the characters a conversation may hold with its media put back (what one request may carry)
+MAX_CONVERSATION_CHARS = MAX_BODY_BYTES
+#: conversations kept in memory, and the characters they may hold together (media out)
+CACHE_ENTRIES = 64
+CACHE_CHARS = 256 << 20
+#: fields that hold a medium's bytes as plain base64: an ``input_audio`` part's ``data``, an
+#: image generation call's ``result``; shorter ones than MIN_BASE64 stay in place
+BASE64_FIELDS = frozenset({"data", "result"})
+MIN_BASE64 = 1024
+#: media are looked for this deep in an item (they sit two or three levels down)
+MAX_DEPTH = 12
+
+#: where a medium goes back in its item, its blob's key, ``data_url`` or ``base64``, its media type
+MediaRef = tuple[list[str | int], str, str, str | None]
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A kept conversation up to one response: whose, which session, its items (media out)."""
+
+    owner: str
+    key: str
+    items: tuple[dict[str, Any], ...]
+    #: characters with the media put back
+    size: int
+
+
+# -- media out and back in -------------------------------------------------------------------------------
+def detach_media(item: Any) -> tuple[dict[str, Any], dict[str, bytes], int]:
+    """``item`` with its inline media taken out: ``{"item": ..., "media": [MediaRef, ...]}`` (each
+    medium's string left empty), the media's bytes by blob key, and the characters they took.
+    A string is taken out only when putting its bytes back gives the very same string."""
+    refs: list[list[Any]] = []
+    blobs: dict[str, bytes] = {}
+    chars = 0
+
+    def walk(value: Any, path: list[str | int], depth: int) -> Any:
+        nonlocal chars
+        if depth > MAX_DEPTH:
+            return value
+        if isinstance(value, dict):
+            out = {}
+            for k, v in value.items():
+                if isinstance(v, str):
+                    found = _medium(k, v)
+                    if found is not None:
+                        data, encoding, media_type = found
+                        key = media_rules.blob_key(data)
+                        blobs[key] = data
+                        refs.append([[*path, k], key, encoding, media_type])
+                        chars += len(v)
+                        out[k] = ""
+                        continue
+                out[k] = walk(v, [*path, k], depth + 1)
+            return out
+        if isinstance(value, list):
+            return [walk(v, [*path, i], depth + 1) for i, v in enumerate(value)]
+        return value
+
+    stripped = walk(item, [], 0)
+    return {"item": stripped, "media": refs}, blobs, chars
+
+
+def _medium(field: str, value: str) -> tuple[bytes, str, str | None] | None:
+    if value.startswith("data:"):
+        split = media_rules.split_data_url(value)
+        if split is not None and media_rules.data_url(split[0], split[1]) == value:
+            return split[1], "data_url", split[0]
+        return None
+    if field in BASE64_FIELDS and len(value) >= MIN_BASE64:
+        data = media_rules.decode_b64(value)
+        if data is not None and media_rules.b64(data) == value:
+            return data, "base64", None
+    return None
+
+
+def attach_media(wrapped: dict[str, Any], blob: Callable[[str], bytes | None]) -> Any:
+    """The item of a kept ``{"item", "media"}`` with its media put back (``blob`` gives a blob's
+    bytes); :class:`LookupError` when a blob is gone, :class:`ValueError` for a damaged record."""
+    refs = wrapped.get("media") or []
+    if not refs:
+        return wrapped["item"]
+    item = copy.deepcopy(wrapped["item"])
+    for ref in refs:
+        if not (isinstance(ref, list) and len(ref) == 4 and isinstance(ref[0], list) and ref[0]):
+            raise ValueError("a media reference is damaged")
+        path, key, encoding, media_type = ref
+        data = blob(key) if isinstance(key, str) else None
+        if data is None:
+            raise LookupError(key)
+        parent = item
+        for step in path[:-1]:
+            parent = parent[step]
+        if encoding == "data_url":
+            parent[path[-1]] = media_rules.data_url(media_type, data)
+        else:
+            parent[path[-1]] = media_rules.b64(data)
+    return item
+
+
+# -- the records ------------------------------------------------------------------------------------------
+def _record_key(response_id: str) -> str:
+    return f"response/{response_id}"
+
+
+class KeptResponses:
+    """The kept responses of one store (every method does store I/O: worker threads only)."""
+
+    def __init__(self, store: Any, blob: Callable[[str], bytes | None]) -> None:
+        self.store = store
+        self._blob = blob
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[str, Conversation] = OrderedDict()
+        self._cache_chars = 0
+        self._stored: OrderedDict[str, None] = OrderedDict()  # blob keys known to be stored
+
+    def conversation(self, response_id: str, owner: str) -> Conversation:
+        """The conversation up to and including ``response_id`` for the credential tagged
+        ``owner``; a 400 when there is none for it (never kept, ``store: false``, another
+        credential's, damaged) or it was over :data:`MAX_CONVERSATION_CHARS`."""
+        records: list[dict[str, Any]] = []
+        base: Conversation | None = None
+        current: str | None = response_id
+        while current is not None:
+            with self._lock:
+                base = self._cache.get(current)
+            if base is not None:
+                break
+            if len(records) >= MAX_CHAIN or not responses_wire.RESPONSE_ID.fullmatch(current):
+                raise responses_wire.unknown_response(response_id)
+            record = self.store.kv_get(NAMESPACE, _record_key(current))
+            if not _valid(record) or not same_tenant(record["owner"], owner):
+                raise responses_wire.unknown_response(response_id)
+            if record.get("too_large"):
+                raise too_large(response_id)
+            records.append(record)
+            current = record["previous"]
+        if base is not None and not same_tenant(base.owner, owner):
+            raise responses_wire.unknown_response(response_id)
+        if not records:
+            assert base is not None
+            return base
+        items = [*(base.items if base is not None else ()), *(w for r in reversed(records) for w in r["items"])]
+        newest = records[0]
+        conversation = Conversation(owner, newest["key"], tuple(items), newest["size"])
+        self._remember(response_id, conversation)
+        return conversation
+
+    def items(self, conversation: Conversation, response_id: str) -> list[Any]:
+        """A conversation's items with their media put back (read from the blob table)."""
+        try:
+            return [attach_media(wrapped, self._blob) for wrapped in conversation.items]
+        except LookupError as exc:
+            raise WireError(
+                400,
+                f"previous_response_id: a medium of the conversation up to {response_id[:100]!r} is no longer "
+                f"in the store ({exc}); send the whole input instead",
+                param="previous_response_id",
+                code="previous_response_not_found",
+            ) from None
+        except (ValueError, KeyError, IndexError, TypeError):
+            log.warning("serve: a kept response is damaged", response=response_id[:100])
+            raise responses_wire.unknown_response(response_id) from None
+
+    def keep(
+        self,
+        response_id: str,
+        owner: str,
+        key: str,
+        previous: Conversation | None,
+        previous_id: str | None,
+        items: list[Any],
+    ) -> None:
+        """Keep a response: its request's new input items and its output ``items``, media out."""
+        wrapped: list[dict[str, Any]] = []
+        media: dict[str, bytes] = {}
+        media_chars = 0
+        for item in items:
+            one, blobs, chars = detach_media(item)
+            wrapped.append(one)
+            media.update(blobs)
+            media_chars += chars
+        size = (previous.size if previous is not None else 0) + len(orjson.dumps(wrapped)) + media_chars
+        record: dict[str, Any] = {"owner": owner, "key": key, "previous": previous_id, "size": size}
+        if size > MAX_CONVERSATION_CHARS:
+            # what a later request could not carry whole is not kept; the marker says why
+            self.store.kv_put(NAMESPACE, _record_key(response_id), {**record, "items": [], "too_large": True})
+            return
+        for blob_key, data in media.items():  # before the record that cites them
+            self._store_blob(blob_key, data)
+        record["items"] = wrapped
+        self.store.kv_put(NAMESPACE, _record_key(response_id), record)
+        base = previous.items if previous is not None else ()
+        self._remember(response_id, Conversation(owner, key, (*base, *wrapped), size))
+
+    def _store_blob(self, key: str, data: bytes) -> None:
+        with self._lock:
+            if key in self._stored:
+                return
+        if self.store.blob_stat(key) is None:
+            self.store.blob_put(key, data)
+        with self._lock:
+            self._stored[key] = None
+            while len(self._stored) > 4096:
+                self._stored.popitem(last=False)
+
+    def _remember(self, response_id: str, conversation: Conversation) -> None:
+        with self._lock:
+            old = self._cache.pop(response_id, None)
+            if old is not None:
+                self._cache_chars -= old.size
+            self._cache[response_id] = conversation
+            self._cache_chars += conversation.size
+            while self._cache and (len(self._cache) > CACHE_ENTRIES or self._cache_chars > CACHE_CHARS):
+                _, dropped = self._cache.popitem(last=False)
+                self._cache_chars -= dropped.size
+
+
+def too_large(response_id: str) -> WireError:
+    return WireError(
+        400,
+        f"previous_response_id: the conversation up to {response_id[:100]!r} holds more than the "
+        f"{MAX_CONVERSATION_CHARS} bytes a request may carry, so it was not kept; start a new conversation "
+        "or send the input whole",
+        param="previous_response_id",
+        code="previous_response_not_found",
+    )
+
+
+def _valid(record: Any) -> bool:
+    """Whether a stored record has the shape :meth:`KeptResponses.keep` writes."""
+    return (
+        isinstance(record, dict)
+        and isinstance(record.get("owner"), str)
+        and isinstance(record.get("key"), str)
+        and (record.get("previous") is None or isinstance(record.get("previous"), str))
+        and isinstance(record.get("size"), int)
+        and isinstance(record.get("items"), list)
+        and all(isinstance(w, dict) and isinstance(w.get("item"), dict) for w in record["items"])
+    )
