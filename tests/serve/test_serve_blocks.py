@@ -158,7 +158,7 @@ def test_images_are_stored_as_blobs_and_sent_as_they_came(fake, serve_factory, s
     assert block["source"]["data"][:200].encode() not in log
     blobs = kernel.store.blob_list("media/")
     assert len(blobs) == 1 and kernel.store.blob_get(blobs[0].key) == data
-    assert sent.tokens >= 667  # 1000 x 500 / 750, Anthropic's rule (tests/test_media.py)
+    assert sent.tokens >= 667  # 1000 x 500 / 750, Anthropic's rule (tests/core/test_media.py)
     # a restarted serve reads the bytes back from the store for the next request
     serve.restart()
     messages += [{"role": "assistant", "content": "a red square"}, {"role": "user", "content": "sure?"}]
@@ -189,7 +189,7 @@ def test_openai_image_is_sent_as_it_came(fake, serve_factory):
     serve.openai(session="openai-image").chat.completions.create(model="fake-model", messages=messages)
     sent = upstream.received[-1]
     assert sent.body["messages"] == messages
-    assert sent.tokens >= 85  # a low-detail image (tests/test_media.py)
+    assert sent.tokens >= 85  # a low-detail image (tests/core/test_media.py)
 
 
 def test_openai_tool_result_array_is_kept(fake, serve_factory):
@@ -231,7 +231,7 @@ def test_documents_are_stored_and_counted_by_their_pages(fake, serve_factory, tm
     serve.anthropic(session="pdf").messages.create(model="fake-model", max_tokens=64, messages=messages)
     sent = upstream.received[-1]
     assert sent.body["messages"][0]["content"] == [document, {"type": "text", "text": "summarise"}]
-    assert sent.tokens >= 3 * 3000  # 3,000 tokens a page (tests/test_media.py)
+    assert sent.tokens >= 3 * 3000  # 3,000 tokens a page (tests/core/test_media.py)
     kernel = Kernel(load_profile(serve.profile))
     assert [kernel.store.blob_get(b.key) for b in kernel.store.blob_list("media/")] == [data]
 
