@@ -204,7 +204,7 @@ def _reply_mask(
     reply_item = original_seq(ctx, reply.seq)
     lines = [
         f"{tag('masked-reply', item=f'item_{reply_item}')}An earlier reply of yours; its tool-call arguments "
-        f"({arguments} tokens) and results are masked. {READ_TOOL}(item=...) reads any item in full."
+        f"({arguments} tokens) and results are masked. {READ_TOOL}(id=...) reads any item in full."
     ]
     text = reply.message.text.strip()
     if text:
@@ -237,7 +237,7 @@ def placeholder(
     original = _original_result(ctx, node) or result
     item = original_seq(ctx, node.seq)
     what = f"{result.name or 'tool'} output" if call is None else f"output of {digest(call, settings.digest_chars)}"
-    line = f"[masked {what}: {tokens} tokens; {READ_TOOL}(item='item_{item}') reads it in full]"
+    line = f"[masked {what}: {tokens} tokens; {READ_TOOL}(id='item_{item}') reads it in full]"
     kept = error_excerpt(original, settings.error_lines, settings.error_chars)
     return f"{line}\n{kept}" if kept else line
 
@@ -261,13 +261,18 @@ def error_excerpt(result: ToolResultBlock, lines: int, chars: int) -> str:
             shown.append(line)
             if len(shown) == lines:
                 break
+    head = "error, first lines:\n"
+    named = ""
     if last is not None:
         start = text.rfind("\n", 0, last.start()) + 1
         end = text.find("\n", last.end())
-        named = text[start : end if end >= 0 else len(text)].strip()
-        if named not in shown:
-            shown.append(clip(named, chars // 2))
-    return clip("error, first lines:\n" + "\n".join(shown), chars)
+        named = clip(text[start : end if end >= 0 else len(text)].strip(), chars // 2)
+        if any(named in line for line in shown):
+            named = ""  # among the first lines already
+    # the line naming the error is kept whole; the first lines give way to it
+    room = max(0, chars - len(head) - len(named) - 1)
+    first = clip("\n".join(shown), room) if room else ""
+    return head + "\n".join(part for part in (first, named) if part)
 
 
 def _decoded(content: str) -> tuple[str, int | None]:
