@@ -26,7 +26,7 @@ def _slice(recording: Recording, items: int) -> Recording:
 def test_two_runs_of_every_strategy_are_byte_identical():
     # a long enough stretch of the coding workload for every strategy to compact, continue or roll over
     recording = _slice(build_workload("coding-long", 7), 160)
-    profiles = ["none", "basic", "decay", "handoff", "rollover", "chapters"]
+    profiles = ["none", "basic", "decay", "handoff", "rollover", "chapters", "mask"]
     first = compare(profiles, recording, Options(window=12_000))
     second = compare(profiles, recording, Options(window=12_000))
     managed = [p for p in first["profiles"] if p["strategies"] and p["status"] == "ok"]

@@ -7,7 +7,6 @@ from typing import Any
 
 from ctxkernel import Message, ToolCallBlock
 from ctxkernel.testing import build_kernel, make_profile
-
 from ctxkernel_mask import plugin as mask_plugin
 
 #: settings small enough for short test sessions
@@ -27,7 +26,11 @@ def mask_kernel(
     profile = make_profile(model={"context_window": window, "reserved_output_tokens": reserve})
     profile.profile.strategies = ["mask", "basic"]
     profile.profile.guard_request = not summary
-    basic = {"threshold_ratio": 0.8, "retain_ratio": 0.16, "auto": True} if summary else {"auto": False, "threshold_ratio": 0.97, "retain_ratio": 0.3}
+    basic = (
+        {"threshold_ratio": 0.8, "retain_ratio": 0.16, "auto": True}
+        if summary
+        else {"auto": False, "threshold_ratio": 0.97, "retain_ratio": 0.3}
+    )
     profile.strategies = {"mask": {**SMALL, **(settings or {})}, "basic": basic}
     profile.model_policies = []
     return build_kernel(home, profile=profile, fsync=False, plugins=[("mask", mask_plugin)])

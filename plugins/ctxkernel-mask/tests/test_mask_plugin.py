@@ -117,7 +117,9 @@ def test_a_reply_with_large_arguments_is_masked_with_its_results(tmp_path):
     driver = Driver(session)
     driver.user("write the module")
     content = "\n".join(f"def f{i}(x):\n    return x * {i}" for i in range(150))
-    driver.calls(("write", {"file_path": "src/mod.py", "content": content}, "wrote src/mod.py", False), text="Writing it.")
+    driver.calls(
+        ("write", {"file_path": "src/mod.py", "content": content}, "wrote src/mod.py", False), text="Writing it."
+    )
     patch = "*** Begin Patch\n*** Update File: src/other.py\n" + "+line\n" * 400 + "*** End Patch"
     driver.calls(("apply_patch", {"input": patch}, "Done!", False))
     for name in "abcdefgh":
@@ -145,7 +147,9 @@ def test_masked_content_is_recalled_through_the_history_tools(tmp_path):
     assert HISTORY <= _tool_names(request)
     (placeholder,) = [t for t in _tool_texts(request) if "read(path=secret.py)" in t]
     item = placeholder.split("id='")[1].split("'")[0]
-    found = session.run_tool({"id": "s1", "name": "history_search_contents", "arguments": {"query": "unique_marker_42"}})
+    found = session.run_tool(
+        {"id": "s1", "name": "history_search_contents", "arguments": {"query": "unique_marker_42"}}
+    )
     assert not found.is_error and item in found.content
     read = session.run_tool({"id": "r1", "name": "history_read_item", "arguments": {"id": item}})
     assert not read.is_error and "unique_marker_79 = 79" in read.content

@@ -220,7 +220,10 @@ def _reply_mask(
             body = shown.replace("</masked-reply", "<\\/masked-reply")
             lines.append(f"- called {digest(call, settings.digest_chars)} -> {body}")
         else:
-            lines.append(f"- called {digest(call, settings.digest_chars)} -> " + placeholder(ctx, settings, node, result, None, tokens))
+            lines.append(
+                f"- called {digest(call, settings.digest_chars)} -> "
+                + placeholder(ctx, settings, node, result, None, tokens)
+            )
     lines.append("</masked-reply>")
     message = Message.user("\n".join(lines), STRATEGY.source("reply"))
     before = sum(meter.node_tokens(n) for n in (reply, *results))
@@ -251,8 +254,8 @@ def error_excerpt(result: ToolResultBlock, lines: int, chars: int) -> str:
         return ""
     text, code = _decoded(result.content)
     last = None
-    for last in ERROR_LINE.finditer(text):
-        pass
+    for match in ERROR_LINE.finditer(text):
+        last = match  # the last line naming an error (a traceback ends with it)
     if not (failed(result) or last is not None or (code is not None and code != 0)):
         return ""
     shown = []
