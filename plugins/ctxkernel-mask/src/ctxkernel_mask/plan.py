@@ -42,8 +42,10 @@ OTHER_VALUE_CHARS = 60
 ERROR_LINE = re.compile(
     r"\b[A-Z]\w*(?:Error|Exception)\b|^\s*(?:FAILED|ERROR)\b|^\s*(?:error|fatal)(?:\[[\w-]+\])?:"
     r"|\berror\s*\[?[A-Z]{1,4}\d{3,5}\]?|\bsyntax error\b|\bcommand not found\b",
-    re.MULTILINE,
+    re.MULTILINE | re.IGNORECASE,
 )
+#: an exit status a shell output reports in its text ("exit code 2", "exited with code 1")
+EXIT_STATUS = re.compile(r"(?:exit(?:ed with)?[ _]code|exit status)[\"': ]*(-?\d+)", re.IGNORECASE)
 #: the keys of a JSON-encoded output that carry its exit status
 EXIT_KEYS = frozenset({"exit_code", "exitCode", "returncode", "return_code"})
 #: JSON-encoded outputs are decoded up to this size, and this many strings of them
@@ -253,6 +255,9 @@ def error_excerpt(result: ToolResultBlock, lines: int, chars: int) -> str:
     if not lines or not chars:
         return ""
     text, code = _decoded(result.content)
+    if code is None:
+        status = EXIT_STATUS.search(text[-2_000:])
+        code = int(status.group(1)) if status else None
     last = None
     for match in ERROR_LINE.finditer(text):
         last = match  # the last line naming an error (a traceback ends with it)

@@ -10,9 +10,9 @@ class MaskSettings(BaseModel):
 
     #: tokens of the newest surface kept verbatim (the verbatim tail): no result in it is masked
     #: unless the window is under pressure
-    tail_tokens: int = Field(default=8_000, ge=0, le=10_000_000)
+    tail_tokens: int = Field(default=4_000, ge=0, le=10_000_000)
     #: the tail takes at most this share of the effective window (small windows)
-    tail_ratio: float = Field(default=0.25, ge=0, le=1)
+    tail_ratio: float = Field(default=0.15, ge=0, le=1)
     #: a batch is cleared only when it saves at least this many tokens, so the cached prefix is
     #: rewritten rarely (each batch rewrites the cache from its first masked result on)
     clear_at_least: int = Field(default=4_000, ge=1, le=10_000_000)
@@ -28,7 +28,7 @@ class MaskSettings(BaseModel):
     error_chars: int = Field(default=800, ge=0, le=100_000)
     #: a reply whose tool-call arguments take at least this many tokens is masked with its results
     #: (the arguments' digest stays); 0 never masks arguments
-    args_tokens: int = Field(default=1_000, ge=0, le=10_000_000)
+    args_tokens: int = Field(default=250, ge=0, le=10_000_000)
     #: characters of a call's arguments shown in its placeholder (paths and commands first)
     digest_chars: int = Field(default=200, ge=20, le=10_000)
 
