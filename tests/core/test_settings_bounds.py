@@ -16,7 +16,7 @@ from ctxkernel.profile import ModelSettings, Prices, SummarizerSettings
 from ctxkernel.validate import validate_profile
 
 #: every strategy shipped in this repository (the plugins and the example are installed by make install)
-SHIPPED = {"basic", "decay", "handoff", "rollover", "chapters", "observation-mask"}
+SHIPPED = {"basic", "decay", "handoff", "rollover", "chapters", "mask", "observation-mask"}
 #: TOML literals refused for every numeric field: non-finite, negative, absurdly large
 BAD = {
     float: ["inf", "-inf", "nan", "-1.0", "1e15"],

@@ -24,7 +24,7 @@ from ctxkernel.testing import check_snapshot_equivalence, make_profile
 
 REPO = Path(__file__).resolve().parents[2]
 TRANSCRIPTS = REPO.parent / "shared" / "transcripts"
-PROFILES = ("decay", "handoff", "rollover", "chapters")
+PROFILES = ("decay", "handoff", "rollover", "chapters", "mask", "mask-summary")
 #: (folder, window): well below each recording's peak (about 90K, 70K and 5.6K at a 128K window)
 CASES = [("claude-code", 16_000), ("codex", 10_000), ("openai-chat", 4_000)]
 CUTS = 4  # random cut points per kept session

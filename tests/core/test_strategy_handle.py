@@ -153,6 +153,7 @@ MIGRATED = [
     REPO / "plugins/ctxkernel-handoff/src",
     REPO / "plugins/ctxkernel-rollover/src",
     REPO / "plugins/ctxkernel-chapters/src",
+    REPO / "plugins/ctxkernel-mask/src",
 ]
 
 

@@ -95,7 +95,7 @@ def test_plugins_lists_every_strategy(installed):
     listed = _run([str(env_dir / "bin" / "ctxkernel"), "plugins"], outside, env)
     assert listed.returncode == 0, listed.stderr
     names = {row["name"] for row in json.loads(listed.stdout)}
-    assert {"basic", "decay", "handoff", "rollover", "chapters", "observation-mask"} <= names
+    assert {"basic", "decay", "handoff", "rollover", "chapters", "mask", "observation-mask"} <= names
 
 
 def test_every_shipped_profile_is_found_and_valid(installed):

@@ -26,11 +26,11 @@ def _slice(recording: Recording, items: int) -> Recording:
 def test_two_runs_of_every_strategy_are_byte_identical():
     # a long enough stretch of the coding workload for every strategy to compact, continue or roll over
     recording = _slice(build_workload("coding-long", 7), 160)
-    profiles = ["none", "basic", "decay", "handoff", "rollover", "chapters"]
+    profiles = ["none", "basic", "decay", "handoff", "rollover", "chapters", "mask"]
     first = compare(profiles, recording, Options(window=12_000))
     second = compare(profiles, recording, Options(window=12_000))
     managed = [p for p in first["profiles"] if p["strategies"] and p["status"] == "ok"]
-    assert len(managed) == 5 and all(sum(p["compactions"].values()) for p in managed)
+    assert len(managed) == 6 and all(sum(p["compactions"].values()) for p in managed)
     assert _without_wall_time(first) == _without_wall_time(second)
 
 

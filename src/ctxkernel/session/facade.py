@@ -384,7 +384,8 @@ class Session:
         return self._tooling.request_header()
 
     def invalidate_header(self) -> None:
-        """Call when a strategy's system prompt section changed."""
+        """Call when a strategy's system prompt section or the tools it offers changed: the
+        next request registers the tools (``register_tools``) and composes the header again."""
         self._tooling.invalidate()
 
     def restore_harness_tools(self) -> None:

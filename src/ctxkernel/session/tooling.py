@@ -111,7 +111,9 @@ class Tooling:
         return RequestHeader(system, tools, tokens)
 
     def invalidate(self) -> None:
-        """Compose again at the next request (a strategy's system prompt section changed)."""
+        """Register the tools and compose again at the next request (a strategy's system prompt
+        section or the tools it offers changed)."""
+        self._tools_generation = -1
         self._composed = None
 
     def restore_harness_tools(self) -> None:

@@ -1,0 +1,140 @@
+"""The ``mask`` strategy: observation masking (The Complexity Trap, arXiv 2508.21433).
+
+Before each request, tool results older than a verbatim tail become a one-line placeholder that
+names the tool, a digest of the call's arguments and the item id the history tools read it back
+by; a reply whose tool-call arguments are large is masked with its results into one notice. The
+model keeps its reasoning and its actions; only old observations go. Masks are committed in
+batches of at least ``clear_at_least`` tokens, one compaction transaction each, so the provider's
+cached prefix is rewritten rarely. The current step is never masked; an error result keeps its
+first lines. Nothing is summarised and no model is called: a profile that needs a summary when
+masking alone cannot get under its threshold lists ``basic`` after ``mask`` (``mask-summary``).
+
+The history tools (search, read, list) come with the strategy, but only once the surface shows
+something that replaced what it held (a mask, a summary, an excerpt): their schemas go with every
+request, and a session that has hidden nothing has nothing to recall. Adding them rewrites the
+cached prefix once.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import ctxkernel
+from ctxkernel import CompactionError, Span
+from ctxkernel.events import COMPACTION_SUMMARY
+from ctxkernel.recall.history_tools import SYSTEM_SECTION, history_tools
+
+from .plan import READ_TOOL, plan
+from .settings import MaskSettings
+from .strategy import NAME, STRATEGY
+
+if TYPE_CHECKING:
+    from ctxkernel import Context, Profile, StepContext, ValidationReport
+
+log = ctxkernel.get_logger("ctxkernel.mask")
+
+#: the strategies that offer the history tools themselves (a profile runs one of them or mask)
+HISTORY_STRATEGIES = ("history", "handoff")
+#: the handle's state key: whether the tools were registered for this session's header
+TOOLS_KEY = "recall_tools"
+
+
+@ctxkernel.hookimpl
+def register_strategy(register: Any) -> None:
+    register(STRATEGY.spec)
+
+
+def hidden(ctx: Context) -> bool:
+    """True when the surface shows a replacement: something the history tools can bring back."""
+    return any(node.cites for node in ctx.surface.nodes)
+
+
+@ctxkernel.hookimpl
+def register_tools(register: Any, ctx: Context) -> None:
+    offered = hidden(ctx)
+    STRATEGY.on(ctx).state[TOOLS_KEY] = offered
+    if offered:
+        for tool in history_tools(STRATEGY):
+            register(tool)
+
+
+@ctxkernel.hookimpl
+def system_prompt(ctx: Context) -> str | None:
+    return SYSTEM_SECTION if STRATEGY.on(ctx).state.get(TOOLS_KEY) else None
+
+
+def _sync_tools(ctx: Context) -> None:
+    mask = STRATEGY.on(ctx)
+    if TOOLS_KEY in mask.state and mask.state[TOOLS_KEY] != hidden(ctx):
+        mask.invalidate_header()  # the next request registers the tools again
+
+
+@ctxkernel.hookimpl
+def commit(ctx: Context, result: Any) -> None:
+    _sync_tools(ctx)  # any strategy's compaction may be the first thing hidden
+
+
+@ctxkernel.hookimpl
+def pre_step(ctx: Context, step: StepContext) -> None:
+    mask = STRATEGY.on(ctx)
+    _sync_tools(ctx)
+    if mask.route is None:
+        return  # the first request of a fresh session: nothing old to mask yet
+    pressure = ctx.pressure()
+    masks = plan(ctx, mask.settings, pressure.effective_window, pressure.tokens)
+    if not masks:
+        return
+    reason = "pressure" if pressure.ratio >= mask.settings.pressure_ratio else "batch"
+    spans = [Span(m.start, m.end, message=m.message) for m in masks]
+    data = {
+        "reason": reason,
+        "results": sum(1 for m in masks if m.kind == "result"),
+        "replies": sum(1 for m in masks if m.kind == "reply"),
+    }
+    try:
+        mask.compact(spans, kind="mask", single_batch=True, data=data)
+    except CompactionError as exc:
+        # the surface stays as it was; the next step plans again from what it then shows
+        log.warning("masking refused", session=ctx.id, error=f"{type(exc).__name__}: {exc}", spans=len(spans))
+
+
+@ctxkernel.hookimpl
+def project(ctx: Context) -> dict[str, Any]:
+    batches = results = replies = saved = 0
+    for event in ctx.events:
+        if event.type != COMPACTION_SUMMARY or event.data.get("strategy") != NAME:
+            continue
+        batches += 1
+        results += int(event.data.get("results", 0))
+        replies += int(event.data.get("replies", 0))
+        saved += int(event.data.get("tokens_before", 0)) - int(event.data.get("tokens_after", 0))
+    return {"batches": batches, "masked_results": results, "masked_replies": replies, "tokens_saved": saved}
+
+
+@ctxkernel.hookimpl
+def validate_profile(profile: Profile, report: ValidationReport) -> None:
+    checks = STRATEGY.validating(profile, report)
+    if checks is None:
+        return
+    strategies = profile.profile.strategies
+    offering = [name for name in HISTORY_STRATEGIES if name in strategies]
+    if offering:
+        checks.fail(
+            "recall",
+            f"mask offers the history tools ({READ_TOOL} and the others) itself once something is masked, and "
+            f"{offering} offers them too: two strategies cannot offer one tool. Fix: remove {offering} from "
+            "[profile] strategies",
+        )
+    else:
+        checks.ok("recall", f"placeholders name {READ_TOOL}, which mask offers once something is masked")
+    try:
+        settings: MaskSettings = STRATEGY.settings_for(profile)
+    except ctxkernel.ProfileError:
+        return  # the kernel's settings check names the invalid key
+    window = profile.model.effective_window
+    tail = min(settings.tail_tokens, int(settings.tail_ratio * window))
+    checks.ok(
+        "budget",
+        f"verbatim tail {tail} tokens, batches of at least {settings.clear_at_least} tokens, "
+        f"pressure at {int(settings.pressure_ratio * window)} of {window} tokens",
+    )

@@ -1,0 +1,229 @@
+"""The mask strategy on scripted sessions: batches, placeholders, errors, exclusions, large
+arguments, recall through the history tools, the lazily offered tools, and its profiles."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers_mask import Driver, mask_kernel
+
+from ctxkernel import Message, ProfileError, ToolCallBlock
+from ctxkernel.testing import check_conformance
+from ctxkernel_mask import MaskSettings, digest
+from ctxkernel_mask.plan import error_excerpt
+from ctxkernel_mask.settings import MaskSettings as Settings
+
+REPO = Path(__file__).resolve().parents[3]
+HISTORY = {"history_list_windows", "history_list_items", "history_read_item", "history_search_contents"}
+
+
+def _masks(session) -> list:
+    return [e for e in session.events if e.type == "compaction/summary" and e.data.get("strategy") == "mask"]
+
+
+def _tool_texts(request) -> list[str]:
+    return [m.text for m in request.messages if m.role == "tool"]
+
+
+def _tool_names(request) -> set[str]:
+    return {t["function"]["name"] if "function" in t else t["name"] for t in request.tools}
+
+
+def test_nothing_is_masked_until_a_batch_is_worth_it(tmp_path):
+    session = mask_kernel(tmp_path, settings={"clear_at_least": 2_500}).open_session()
+    driver = Driver(session)
+    driver.user("read the files")
+    driver.read("a.py")
+    driver.read("b.py")
+    driver.read("c.py")
+    assert not _masks(session)  # under clear_at_least outside the tail: wait
+    for name in "defghij":
+        driver.read(f"{name}.py")
+    (batch,) = _masks(session)
+    assert batch.data["reason"] == "batch"
+    assert batch.data["tokens_before"] - batch.data["tokens_after"] >= 2_500
+    request = driver.text("done")
+    texts = _tool_texts(request)
+    masked = [t for t in texts if t.startswith("[masked ")]
+    assert len(masked) >= 3
+    assert texts[-1].startswith("j.py:0:")  # the newest results stay verbatim
+    first = masked[0]
+    assert "read(path=a.py)" in first and "history_read_item(id='item_" in first and "tokens" in first
+
+
+def test_the_current_step_is_never_masked_even_under_pressure(tmp_path):
+    session = mask_kernel(tmp_path, window=6_000, reserve=500, settings={"clear_at_least": 100_000}).open_session()
+    driver = Driver(session)
+    driver.user("read")
+    for name in "abcd":
+        driver.read(f"{name}.py", lines=50)
+    session.prepare_request()
+    session.commit_reply(Message.assistant("", [ToolCallBlock("big", "read", {"path": "big.py"})]))
+    big = "\n".join(f"big.py:{i}: x = {i}" for i in range(150))
+    session.tool_result("big", big)
+    request = session.prepare_request()
+    assert _masks(session) and _masks(session)[-1].data["reason"] == "pressure"
+    assert request.messages[-1].text == big  # the result the model just asked for is whole
+    assert request.messages[-2].tool_calls[0].id == "big"
+
+
+def test_excluded_tools_keep_their_results(tmp_path):
+    session = mask_kernel(tmp_path, settings={"exclude_tools": ["todo"]}).open_session()
+    driver = Driver(session)
+    driver.user("work")
+    todo = "\n".join(f"- [ ] task {i} with some words" for i in range(60))
+    driver.calls(("todo", {}, todo, False))
+    for name in "abcdefgh":
+        driver.read(f"{name}.py")
+    request = driver.text("done")
+    assert _masks(session)
+    assert todo in _tool_texts(request)
+
+
+def test_an_error_keeps_its_first_lines_and_the_line_naming_it(tmp_path):
+    session = mask_kernel(tmp_path).open_session()
+    driver = Driver(session)
+    driver.user("run the tests")
+    trace = "\n".join(
+        ["Traceback (most recent call last):", *(f'  File "m{i}.py", line {i}, in f{i}' for i in range(80))]
+        + ["KeyError: 'missing_key'"]
+    )
+    driver.calls(("bash", {"command": "pytest -q"}, trace, True))
+    for name in "abcdefgh":
+        driver.read(f"{name}.py")
+    request = driver.text("done")
+    (masked,) = [t for t in _tool_texts(request) if "bash(command=pytest -q)" in t]
+    assert masked.startswith("[masked output of bash(command=pytest -q)")
+    assert "Traceback (most recent call last):" in masked and "KeyError: 'missing_key'" in masked
+    assert 'File "m40.py"' not in masked
+
+
+def test_error_excerpt_reads_json_encoded_outputs():
+    from ctxkernel import ToolResultBlock
+
+    content = json.dumps({"output": "building\nerror[E0308]: mismatched types\nmore", "metadata": {"exit_code": 1}})
+    kept = error_excerpt(ToolResultBlock("c", content), 2, 800)
+    assert "error[E0308]: mismatched types" in kept
+    assert error_excerpt(ToolResultBlock("c", json.dumps({"output": "ok", "metadata": {"exit_code": 0}})), 2, 800) == ""
+    assert error_excerpt(ToolResultBlock("c", "all fine\n" * 10), 5, 800) == ""
+
+
+def test_a_reply_with_large_arguments_is_masked_with_its_results(tmp_path):
+    session = mask_kernel(tmp_path).open_session()
+    driver = Driver(session)
+    driver.user("write the module")
+    content = "\n".join(f"def f{i}(x):\n    return x * {i}" for i in range(150))
+    driver.calls(
+        ("write", {"file_path": "src/mod.py", "content": content}, "wrote src/mod.py", False), text="Writing it."
+    )
+    patch = "*** Begin Patch\n*** Update File: src/other.py\n" + "+line\n" * 400 + "*** End Patch"
+    driver.calls(("apply_patch", {"input": patch}, "Done!", False))
+    for name in "abcdefgh":
+        driver.read(f"{name}.py")
+    request = driver.text("done")
+    notices = [m.text for m in request.messages if m.role == "user" and "<masked-reply" in m.text]
+    assert len(notices) == 2
+    assert "Writing it." in notices[0] and "src/mod.py" in notices[0] and "wrote src/mod.py" in notices[0]
+    assert "Update File: src/other.py" in notices[1]
+    assert content not in json.dumps([m.to_dict() for m in request.messages])
+    # no call of the request lost its result, no result its call
+    calls = [c.id for m in request.messages for c in m.tool_calls]
+    results = [m.tool_result.call_id for m in request.messages if m.tool_result]
+    assert sorted(calls) == sorted(results)
+
+
+def test_masked_content_is_recalled_through_the_history_tools(tmp_path):
+    session = mask_kernel(tmp_path).open_session()
+    driver = Driver(session)
+    driver.user("read")
+    driver.calls(("read", {"path": "secret.py"}, "\n".join(f"unique_marker_{i} = {i}" for i in range(80)), False))
+    for name in "abcdefgh":
+        driver.read(f"{name}.py")
+    request = driver.text("done")
+    assert HISTORY <= _tool_names(request)
+    (placeholder,) = [t for t in _tool_texts(request) if "read(path=secret.py)" in t]
+    item = placeholder.split("id='")[1].split("'")[0]
+    found = session.run_tool(
+        {"id": "s1", "name": "history_search_contents", "arguments": {"query": "unique_marker_42"}}
+    )
+    assert not found.is_error and item in found.content
+    read = session.run_tool({"id": "r1", "name": "history_read_item", "arguments": {"id": item}})
+    assert not read.is_error and "unique_marker_79 = 79" in read.content
+
+
+def test_the_history_tools_come_with_the_first_mask_and_survive_a_reopen(tmp_path):
+    kernel = mask_kernel(tmp_path)
+    session = kernel.open_session()
+    driver = Driver(session)
+    driver.user("read")
+    first = driver.read("a.py")
+    assert not HISTORY & _tool_names(first)  # nothing hidden: nothing to recall, no schemas to pay for
+    assert "history_search_contents" not in first.system
+    for name in "bcdefgh":
+        driver.read(f"{name}.py")
+    assert _masks(session)
+    request = driver.text("done")
+    assert HISTORY <= _tool_names(request) and "history_search_contents" in request.system
+    again = mask_kernel(tmp_path).open_session(session.id)
+    assert [n.message for n in again.surface] == [n.message for n in session.surface]
+    assert _tool_names(again.prepare_request()) == _tool_names(request)
+
+
+def test_mask_summary_summarises_only_what_masking_cannot_clear(tmp_path):
+    session = mask_kernel(tmp_path, window=5_000, reserve=500, summary=True).open_session()
+    driver = Driver(session)
+    driver.user("work")
+    for i in range(12):
+        driver.read(f"f{i}.py", lines=30)
+    assert _masks(session)
+    assert not [e for e in session.events if e.type == "compaction/start" and e.data.get("strategy") == "basic"]
+    for i in range(40):  # replies masking cannot shrink: only a summary can
+        driver.text(f"thinking step {i}: " + "words " * 60)
+    assert [e for e in session.events if e.type == "compaction/start" and e.data.get("strategy") == "basic"]
+
+
+def test_digest_puts_paths_and_commands_first_and_is_bounded():
+    call = ToolCallBlock("c", "edit", {"old": "x" * 500, "file_path": "src/a.py", "new": "y"})
+    text = digest(call, 200)
+    assert text.startswith("edit(file_path=src/a.py, old=") and len(text) <= 200
+    assert digest(ToolCallBlock("c", "bash", {"command": "ls\n-la"}), 200) == "bash(command=ls -la)"
+
+
+def test_settings_are_checked():
+    with pytest.raises(ValueError, match="tail_ratio"):
+        Settings(tail_ratio=0.8, pressure_ratio=0.7)
+    with pytest.raises(ValueError):
+        MaskSettings(clear_at_least=0)
+    with pytest.raises(ValueError):
+        MaskSettings(unknown=1)
+
+
+def test_shipped_profiles_validate_and_refuse_a_second_history(tmp_path):
+    validate = [sys.executable, "-m", "ctxkernel.cli", "validate"]
+    out = subprocess.run([*validate, "mask", "mask-summary"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    shipped = (REPO / "profiles" / "mask.toml").read_text()
+    both = tmp_path / "both.toml"
+    both.write_text(shipped.replace('strategies = ["mask", "basic"]', 'strategies = ["mask", "basic", "history"]', 1))
+    out = subprocess.run([*validate, str(both)], capture_output=True, text=True)
+    assert out.returncode != 0 and "two strategies cannot offer one tool" in out.stdout
+
+
+def test_conformance(tmp_path):
+    report = check_conformance(
+        tmp_path, ["mask", "basic"], settings={"mask": {"tail_tokens": 500, "clear_at_least": 500, "min_tokens": 20}}
+    )
+    assert report.restarts_checked >= 3
+
+
+def test_a_profile_error_names_the_key(tmp_path):
+    from ctxkernel_mask.strategy import STRATEGY
+
+    profile = mask_kernel(tmp_path).profile
+    profile.strategies["mask"] = {"clear_at_lest": 5}
+    with pytest.raises(ProfileError, match="clear_at_lest"):
+        STRATEGY.settings_for(profile)
