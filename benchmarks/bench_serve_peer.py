@@ -6,8 +6,8 @@ Four processes on loopback: the benchmark (the client: ``bench_serve.py``'s agen
 conversations, an ``httpx.Client`` on one keep-alive connection per proxy), ``serve`` (as
 ``bench_serve.py`` starts it: ``basic``, a window that forwards the whole history, fsync off),
 LiteLLM's proxy (the pinned release ``_peers.py`` installs into ``.cache/bench-peers/litellm``,
-started by its own ``litellm`` command with a config naming one OpenAI-compatible model, no
-database, no master key) and one fake provider both proxies forward to (``_serve_procs.py
+started by its own ``litellm`` command with a config naming one OpenAI-compatible model and a
+master key, which it refuses to start without, and no database) and one fake provider both proxies forward to (``_serve_procs.py
 upstream``: it parses each body and answers one fixed reply). Where LiteLLM cannot be installed
 or started, its rows are skipped with the reason; nothing stands in for it.
 
@@ -37,6 +37,7 @@ Rows (rounds alternate which proxy goes first):
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import statistics
 import subprocess
@@ -61,7 +62,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_litellm(upstream_url: str, folder: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_litellm(upstream_url: str, folder: Path, master_key: str) -> tuple[subprocess.Popen[bytes], str]:
     """LiteLLM's proxy in front of the fake provider, by its own command; raises with its log's
     tail when it does not answer its liveness probe within five minutes."""
     import httpx
@@ -78,6 +79,8 @@ def start_litellm(upstream_url: str, folder: Path) -> tuple[subprocess.Popen[byt
         "litellm_settings:\n"
         "  telemetry: false\n"
         "  drop_params: true\n"
+        "general_settings:\n"
+        f"  master_key: {master_key}\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "LITELLM_", "OPENAI_"))}
     # the model cost map shipped in the package, not fetched; no telemetry; errors only in its log
@@ -201,10 +204,11 @@ def run(bench: Bench) -> None:
         return
     rounds = 2 if bench.quick else 5
     steps = 3 if bench.quick else 10
+    master_key = "sk-" + secrets.token_hex(32)  # it refuses to start without one, as deployed
     upstream, upstream_url = start("upstream")
     try:
         try:
-            litellm, litellm_url = start_litellm(upstream_url, Path(bench.scratch) / "litellm")
+            litellm, litellm_url = start_litellm(upstream_url, Path(bench.scratch) / "litellm", master_key)
         except RuntimeError as exc:
             skip(str(exc))
             return
@@ -213,7 +217,9 @@ def run(bench: Bench) -> None:
             try:
                 with (
                     httpx.Client(base_url=serve_url, timeout=300) as to_serve,
-                    httpx.Client(base_url=litellm_url, timeout=300) as to_litellm,
+                    httpx.Client(
+                        base_url=litellm_url, timeout=300, headers={"Authorization": f"Bearer {master_key}"}
+                    ) as to_litellm,
                 ):
                     got = measure({"serve": (to_serve, serve.pid), "litellm": (to_litellm, litellm.pid)}, rounds, steps)
             finally:
