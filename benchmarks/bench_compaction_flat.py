@@ -13,7 +13,9 @@ what is in front of the compaction is the same at both sizes; only the history b
 
 ``compaction_<strategy>_flat_300k_vs_10k``: CPU time of the compaction at 300k / at 10k (the
 median over alternating rounds, collector paused, fsync off: the question is whether the
-compaction's work grows with the log, not the disk). Target <= 1.5 (issue 40).
+compaction's work grows with the log, not the disk). Target <= 1.5 (issue 40). Beside it:
+``events``, each log's length after the rounds; ``surface_before`` / ``surface_after``, the
+median surface (nodes) in front of and after the timed compactions, small size first.
 
 Adding a strategy (``mask``, when its profile lands): give ``bench_compaction.STRATEGIES`` its
 manual compaction and list it in ``FLAT_STRATEGIES``.
