@@ -43,8 +43,11 @@ test: lint
 test-fast: $(STAMP)
 	bash scripts/test-services.sh $(PY) -m pytest $(PYTEST_PARALLEL) -m "not slow"
 
+# the peers serve is measured against (LiteLLM's proxy, pinned) go into their own venvs under
+# .cache/bench-peers, never into $(VENV); where one cannot be installed its rows say why and skip
 bench: $(STAMP)
 	$(PY) -m pip install -q -r benchmarks/requirements.txt
+	$(PY) benchmarks/_peers.py install
 	$(PY) benchmarks/run.py --out benchmarks/results/latest.jsonl
 	$(PY) benchmarks/tables.py benchmarks/results/latest.jsonl > benchmarks/results/latest.md
 

@@ -47,8 +47,11 @@ wrote, in another session of the same store, taken just before and just after th
 mean of the two), so both sides of a round see the same load. No model is called: the extractive summary of
 ``basic`` and the handoff text are local computation and are included (an upper bound).
 
-``compaction_<strategy>_vs_durable_append``: ``ratio`` = compaction / append, target <= 3
-(ours: the issue names no number; it asks for the cost beside the floor). ``cpu_ratio`` beside it.
+``compaction_<strategy>_vs_durable_append``: ``ratio`` = compaction / append, a figure without a
+target since issue 40 (it was <= 3, issue 21): what the rows were for is met, every compaction is
+one durable write, and what is left is a few ms of CPU once per many steps; the denominator moves
+with the disk. ``cpu_ratio`` beside it. What users feel, a compaction that does not grow with the
+session, is ``bench_compaction_flat.py``.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _bench import Bench, durable_append
+from _bench import NO_TARGET, Bench, durable_append
 from _profiles import open_kernel, turn
 from _workload import usage_for
 
@@ -164,7 +167,7 @@ def run(bench: Bench) -> None:
         bench.report(
             f"compaction_{profile}_vs_durable_append",
             ratio,
-            ("<=", 3),
+            NO_TARGET,
             "s",
             statistics.median(r["cw"] for r in rounds),
             (max(ratios) - min(ratios)) / ratio,

@@ -32,6 +32,15 @@ Lines:
 * ``serve_overhead_100k_vs_orjson_floor``: serve's CPU per request at 100k / the floor any proxy
   pays for that body, ``orjson.loads`` + ``orjson.dumps`` of it (timed in the benchmark's process),
   target <= 3.
+* ``serve_cpu_1k_vs_upstream_parse``: serve's CPU per request at 1k / the fake provider's CPU for
+  the same requests (its process's CPU clock read from outside around the same batch: receiving
+  the HTTP request, parsing the body, answering), target <= 4 (issue 40): serve's fixed cost per
+  request, against what the provider itself pays to take a request in.
+* ``serve_rss_per_session_vs_body_100k``: in a fresh ``serve`` process, warmed by one session,
+  the resident memory (``VmRSS``) each further session of 100k tokens adds (20 sessions of 10
+  requests, read after each group of 5) / the bytes of one request's body, target <= 3 (issue 40).
+
+``bench_serve_peer.py`` sets serve against LiteLLM's proxy in the same run.
 """
 
 from __future__ import annotations
@@ -52,16 +61,18 @@ from _workload import text
 HERE = Path(__file__).resolve().parent
 
 
-def history(tokens: int) -> list[dict[str, Any]]:
-    """An OpenAI-format coding history of about ``tokens`` tokens (about 600 per turn)."""
+def history(tokens: int, seed: int = 0) -> list[dict[str, Any]]:
+    """An OpenAI-format coding history of about ``tokens`` tokens (about 600 per turn); another
+    ``seed`` marks every message, so no cache of an earlier session's text can serve it."""
+    tag = f"[{seed}] " if seed else ""
     out: list[dict[str, Any]] = []
     n = 0
     while n * 600 < tokens:
-        out.append({"role": "user", "content": f"step {n}: " + text(40, n)})
+        out.append({"role": "user", "content": f"{tag}step {n}: " + text(40, n)})
         out.append(
             {
                 "role": "assistant",
-                "content": text(20, n + 1),
+                "content": tag + text(20, n + 1),
                 "tool_calls": [
                     {
                         "id": f"c{n}",
@@ -71,8 +82,10 @@ def history(tokens: int) -> list[dict[str, Any]]:
                 ],
             }
         )
-        out.append({"role": "tool", "tool_call_id": f"c{n}", "content": "\n".join(text(12, n + k) for k in range(30))})
-        out.append({"role": "assistant", "content": text(30, n + 3)})
+        out.append(
+            {"role": "tool", "tool_call_id": f"c{n}", "content": tag + "\n".join(text(12, n + k) for k in range(30))}
+        )
+        out.append({"role": "assistant", "content": tag + text(30, n + 3)})
         n += 1
     return out
 
@@ -92,9 +105,9 @@ TOOLS = [
 class Client:
     """One client conversation, stepping one request at a time."""
 
-    def __init__(self, session: str, tokens: int) -> None:
+    def __init__(self, session: str, tokens: int, seed: int = 0) -> None:
         self.session = session
-        self.messages = [{"role": "system", "content": "You are the bench agent."}, *history(tokens)]
+        self.messages = [{"role": "system", "content": "You are the bench agent."}, *history(tokens, seed)]
         self.n = 0
 
     def body(self) -> bytes:
@@ -136,14 +149,55 @@ def stop(proc: subprocess.Popen[str]) -> None:
         proc.wait()
 
 
+def tree_pids(pid: int) -> list[int]:
+    """``pid`` and its living descendants."""
+    out, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        out.append(current)
+        for task in Path(f"/proc/{current}/task").glob("*/children"):
+            try:
+                todo += [int(child) for child in task.read_text().split()]
+            except OSError:
+                continue
+    return out
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of ``pid``'s process tree so far: the per-process CPU clock of each
+    (``((~pid) << 3) | CPUCLOCK_SCHED``, what ``clock_getcpuclockid`` returns on Linux)."""
+    total = 0
+    for member in tree_pids(pid):
+        try:
+            total += time.clock_gettime_ns(((~member) << 3) | 2)
+        except OSError:
+            continue  # ended between the listing and the read
+    return total / 1e9
+
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of ``pid``'s process tree (``VmRSS`` of each)."""
+    total = 0
+    for member in tree_pids(pid):
+        try:
+            status = Path(f"/proc/{member}/status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1]) * 1024
+    return total
+
+
 def server_cpu(http: Any) -> float:
     """The serve process's CPU seconds so far."""
     return int(http.get("/__bench/cpu").text) / 1e9
 
 
-def measure(http: Any, clients: dict[int, Client], rounds: int, steps: int) -> dict[str, Any]:
+def measure(http: Any, clients: dict[int, Client], rounds: int, steps: int, upstream_pid: int) -> dict[str, Any]:
     sizes = list(clients)
     per_size: dict[int, list[float]] = {size: [] for size in sizes}
+    upstream: dict[int, list[float]] = {size: [] for size in sizes}
     floors: list[float] = []
     for client in clients.values():  # warm: the session takes in the whole history once
         for _ in range(3):
@@ -155,10 +209,11 @@ def measure(http: Any, clients: dict[int, Client], rounds: int, steps: int) -> d
     probe = statistics.median(probes)
     for _ in range(rounds):
         for size, client in clients.items():
-            before = server_cpu(http)
+            before, upstream_before = server_cpu(http), tree_cpu(upstream_pid)
             for _ in range(steps):  # the client builds its body while serve is idle
                 client.send(http, client.body())
             per_size[size].append((server_cpu(http) - before - probe) / steps)
+            upstream[size].append((tree_cpu(upstream_pid) - upstream_before) / steps)
         body = clients[sizes[-1]].body()
         clients[sizes[-1]].messages.pop()
         gc.collect()
@@ -168,7 +223,7 @@ def measure(http: Any, clients: dict[int, Client], rounds: int, steps: int) -> d
             orjson.dumps(orjson.loads(body))
         floors.append((time.process_time() - started) / steps)
         gc.enable()
-    return {"per_size": per_size, "floors": floors, "probe": probe}
+    return {"per_size": per_size, "upstream": upstream, "floors": floors, "probe": probe}
 
 
 def run(bench: Bench) -> None:
@@ -192,9 +247,10 @@ def run(bench: Bench) -> None:
         serve, serve_url = start("serve", f"{upstream_url}/v1", str(bench.scratch / "serve"))
         try:
             with httpx.Client(base_url=serve_url, timeout=120) as http:
-                got = measure(http, clients, rounds, steps)
+                got = measure(http, clients, rounds, steps, upstream.pid)
         finally:
             stop(serve)
+        memory = rss_per_session(bench, upstream_url)
     finally:
         stop(upstream)
     load = round(os.getloadavg()[0], 2)
@@ -230,6 +286,71 @@ def run(bench: Bench) -> None:
         body_bytes=len(clients[100_000].body()),
         load_average=load,
     )
+
+    parse = [a / b for a, b in zip(small, got["upstream"][1_000], strict=True)]
+    ratio = statistics.median(parse)
+    bench.report(
+        "serve_cpu_1k_vs_upstream_parse",
+        ratio,
+        ("<=", 4),
+        "s of serve CPU per request",
+        statistics.median(small),
+        (max(parse) - min(parse)) / ratio,
+        baseline_median=round(statistics.median(got["upstream"][1_000]), 6),
+        repeat=rounds,
+        steps_per_round=steps,
+        load_average=load,
+    )
+    growth = memory["per_session"]
+    ratio = statistics.median(growth) / memory["body_bytes"]
+    bench.report(
+        "serve_rss_per_session_vs_body_100k",
+        ratio,
+        ("<=", 3),
+        "bytes of serve RSS per session",
+        statistics.median(growth),
+        (max(growth) - min(growth)) / statistics.median(growth) if statistics.median(growth) else 0.0,
+        baseline_median=memory["body_bytes"],
+        sessions=memory["sessions"],
+        requests_per_session=memory["requests"],
+        rss_before=memory["rss_before"],
+        rss_after=memory["rss_after"],
+        load_average=load,
+    )
+
+
+def rss_per_session(bench: Bench, upstream_url: str) -> dict[str, Any]:
+    """RSS growth of a fresh ``serve`` process per 100k session, measured in groups of sessions."""
+    import httpx
+
+    groups, per_group, requests = (2, 2, 3) if bench.quick else (4, 5, 10)
+    serve, serve_url = start("serve", f"{upstream_url}/v1", str(bench.scratch / "serve-rss"))
+    try:
+        with httpx.Client(base_url=serve_url, timeout=300) as http:
+            warm = Client("rss-warm", 100_000, seed=9_000)
+            for _ in range(requests):  # imports, tokenizer, pools: not a session's own
+                warm.send(http, warm.body())
+            body_bytes = len(warm.body())
+            warm.messages.pop()
+            before = tree_rss(serve.pid)
+            marks, seed = [before], 9_001
+            for _ in range(groups):
+                for _ in range(per_group):
+                    client = Client(f"rss-{seed}", 100_000, seed=seed)
+                    seed += 1
+                    for _ in range(requests):
+                        client.send(http, client.body())
+                marks.append(tree_rss(serve.pid))
+    finally:
+        stop(serve)
+    return {
+        "per_session": [(b - a) / per_group for a, b in zip(marks, marks[1:], strict=False)],
+        "body_bytes": body_bytes,
+        "sessions": groups * per_group,
+        "requests": requests,
+        "rss_before": before,
+        "rss_after": marks[-1],
+    }
 
 
 if __name__ == "__main__":

@@ -58,3 +58,27 @@ def test_snapshot_rows_name_their_own_module() -> None:
     tables = load_tables()
     assert "-k snapshot" in tables.command("cold_open_snapshot_100k")
     assert "-k open" in tables.command("cold_open_sqlite_100k")
+
+
+def test_a_row_without_a_target_is_a_figure_not_a_miss() -> None:
+    import sys
+
+    sys.path.insert(0, str(TABLES.parent))
+    from _bench import NO_TARGET, Bench
+
+    class Sink:
+        def write(self, _text: str) -> None: ...
+
+        def flush(self) -> None: ...
+
+    bench = Bench(out=Sink())
+    line = bench.report("compaction_basic_vs_durable_append", 6.7, NO_TARGET, "s", 0.0024, 0.3)
+    assert line["met"] is True
+    assert line["target"] == "none"
+    missed = bench.report("serve_cpu_vs_litellm_1k", 0.14, ("<=", 0.1), "s", 0.002, 0.2)
+    assert missed["met"] is False
+    out = load_tables().render([line, missed])
+    rows = {row.split("|")[1].strip(): row for row in out.splitlines() if row.startswith("| ")}
+    assert "| figure |" in rows["compaction_basic_vs_durable_append"]
+    assert "**missing**" in rows["serve_cpu_vs_litellm_1k"]
+    assert "-k serve" in rows["serve_cpu_vs_litellm_1k"]
