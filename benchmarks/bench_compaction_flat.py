@@ -64,8 +64,29 @@ def rollover(session: Any) -> Callable[[], Any]:
     return lambda: switch(session.context, "manual")
 
 
-#: the strategies whose row this module writes (add "mask" with its manual compaction)
-FLAT_STRATEGIES: dict[str, Callable[[Any], Callable[[], Any]]] = {**STRATEGIES, "decay": decay, "rollover": rollover}
+def mask(session: Any) -> Callable[[], Any]:
+    """One batch of masks, planned as at the window's edge (so it reaches into the verbatim tail
+    when the older results are already masked), committed as the strategy's pre-step does."""
+    from ctxkernel_mask.plan import plan
+    from ctxkernel_mask.strategy import STRATEGY
+
+    from ctxkernel import Span
+
+    handle = STRATEGY.on(session.context)
+    window = session.context.pressure().effective_window
+    masks = plan(session.context, handle.settings, window, window)
+    assert masks, "mask planned nothing"
+    spans = [Span(m.start, m.end, message=m.message) for m in masks]
+    return lambda: handle.compact(spans, kind="mask", single_batch=True, data={"reason": "pressure"})
+
+
+#: the strategies whose row this module writes
+FLAT_STRATEGIES: dict[str, Callable[[Any], Callable[[], Any]]] = {
+    **STRATEGIES,
+    "decay": decay,
+    "rollover": rollover,
+    "mask": mask,
+}
 TURNS = 40  # turns before each timed compaction: its surface, the same at both sizes
 
 
@@ -94,14 +115,14 @@ def compaction(profile: str, session: Any, n: int) -> tuple[float, int, int]:
         turn(session, n + k)
     session.user("continue")
     action = FLAT_STRATEGIES[profile](session)
-    before = len(session.surface)
+    before, tokens_before = len(session.surface), session.meter.surface_tokens()
     outcome: list[Any] = []
     seconds = cpu_seconds(lambda: outcome.append(action()))
-    after = len(session.surface)
+    after, tokens_after = len(session.surface), session.meter.surface_tokens()
     for call_id in list(session.surface.pending_calls):  # decay's compress: its result, as a host commits it
         session.tool_result(call_id, outcome[0])
-    if after >= before:
-        msg = f"{profile}: the compaction did not shrink the surface ({before} -> {after})"
+    if after >= before and tokens_after >= tokens_before:  # a mask rewrites in place: fewer tokens
+        msg = f"{profile}: the compaction did not shrink the surface ({before} -> {after} nodes)"
         raise RuntimeError(msg)
     session.prepare_request()
     session.commit_reply(Message.assistant("done"))
