@@ -221,3 +221,43 @@ def test_the_simulated_price_is_the_one_the_rule_uses(tmp_path):
     assert session_price(session).model == "claude-sonnet-4-5"
     with priced_as(price_for("gpt-5")):
         assert session_price(session).model == "gpt-5"
+
+
+def test_to_anthropic_places_the_breakpoints_and_to_openai_the_cache_key(tmp_path):
+    from ctxkernel.convert import count_cache_breakpoints, prompt_cache_key
+
+    session = _kernel(tmp_path, Editor()).open_session()
+    session.set_harness_tools(
+        [{"type": "function", "function": {"name": "read", "parameters": {"type": "object", "properties": {}}}}]
+    )
+    session.user("read the files")
+    _steps(session, 2)
+    request = session.prepare_request()
+    body = request.to_anthropic()
+    assert body["system"] == [{"type": "text", "text": request.system, "cache_control": {"type": "ephemeral"}}]
+    assert body["tools"][-1]["cache_control"] == {"type": "ephemeral"}
+    marked = [
+        (i, j) for i, m in enumerate(body["messages"]) for j, b in enumerate(m["content"]) if b.get("cache_control")
+    ]
+    # the last message, and the last one the previous request held (the result before this step's)
+    assert marked[-1] == (len(body["messages"]) - 1, len(body["messages"][-1]["content"]) - 1)
+    assert len(marked) == 2 and count_cache_breakpoints(body) == 4
+    chat = request.to_openai()
+    assert chat["prompt_cache_key"] == prompt_cache_key(session.id)
+    assert chat["messages"][0] == {"role": "system", "content": request.system}
+    request.cache_hints = False
+    assert isinstance(request.to_anthropic()["system"], str) and count_cache_breakpoints(request.to_anthropic()) == 0
+    assert "prompt_cache_key" not in request.to_openai()
+
+
+def test_a_breakpoint_never_lands_on_a_thinking_block():
+    from ctxkernel.convert import mark_message_breakpoints
+
+    parts = [
+        ("user", [{"type": "text", "text": "q"}]),
+        ("assistant", [{"type": "text", "text": "a"}, {"type": "thinking", "thinking": "t", "signature": "s"}]),
+    ]
+    marked = mark_message_breakpoints(parts, 1)
+    assert marked[1][1][0]["cache_control"] == {"type": "ephemeral"} and "cache_control" not in marked[1][1][1]
+    assert marked[0][1][0]["cache_control"] == {"type": "ephemeral"}
+    assert "cache_control" not in parts[1][1][0]  # the caller's blocks are not changed
