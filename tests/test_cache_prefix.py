@@ -44,6 +44,10 @@ class Editor:
         register(STRATEGY.spec)
 
     @ctxkernel.hookimpl
+    def register_tools(self, register: Any, ctx: Any) -> None:
+        register(STRATEGY.tool("tidy_up", "ask for a tidier context", ctxkernel.ToolArgs, lambda c, a: "noted"))
+
+    @ctxkernel.hookimpl
     def pre_step(self, ctx: Any, step: Any) -> None:
         if self.plan is None:
             return
@@ -211,6 +215,17 @@ def test_an_edit_outside_pre_step_is_not_judged(tmp_path):
     session.prepare_request()
     session.commit_reply(Message.assistant("done"))
     assert session.replace_tool_result(results[0], "[cleared]", strategy="editor") > 0
+
+
+def test_an_edit_the_model_asked_for_is_not_judged(tmp_path):
+    # the model called the strategy's own tool since the last request: the next step carries it out
+    session, editor, results = _cached_session(tmp_path)
+    session.prepare_request()
+    session.commit_reply(Message.assistant("", [ToolCallBlock("t1", "tidy_up", {})]))
+    session.tool_result("t1", session.run_tool(session.pending_calls[0]))
+    editor.plan = lambda handle: handle.replace_tool_result(results[0], "[cleared]")
+    session.prepare_request()
+    assert isinstance(editor.outcomes[0], int)
 
 
 def test_the_simulated_price_is_the_one_the_rule_uses(tmp_path):

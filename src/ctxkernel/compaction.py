@@ -457,13 +457,24 @@ def cache_gate(session: SessionPort, position: int, saved: int, *, strategy: str
     """Refuse (:class:`ctxkernel.CacheWaitError`, nothing written) an automatic edit the
     break-even rule says to wait with. The kernel's own bound (``strategy="kernel"``) is never
     refused: it keeps a request within the window."""
-    if strategy == "kernel":
+    if strategy == "kernel" or _asked_for(session, strategy):
         return
     decision = cache_decision(session, position, saved, clears=clears)
     if decision is not None and not decision.edits:
         log.info("edit waits for the prompt cache", session=session.id, strategy=strategy, reason=decision.reason)
         msg = f"strategy {strategy!r}: the edit waits: {decision.reason}"
         raise CacheWaitError(msg, decision)
+
+
+def _asked_for(session: SessionPort, strategy: str) -> bool:
+    """Whether the model called one of ``strategy``'s tools since the previous request: the edit
+    carries out what the model asked for (a ``new_context`` switched at the next step)."""
+    tools = session.tools
+    for name in session.sent_prefix.calls_since():
+        tool = tools.get(name)
+        if tool is not None and tool.strategy == strategy:
+            return True
+    return False
 
 
 def _gate_spans(session: SessionPort, spans: Sequence[Span], resolved: list[list[Node]], strategy: str) -> None:

@@ -40,6 +40,7 @@ class SentRequest:
     keys: list[Hashable]  # per message
     ends: list[int]  # tokens up to and including each message, the header included
     time: float  # seconds since the epoch (the replay clock's in a simulation)
+    last_seq: int  # the seq of its last message (-1 when it held none)
 
     @property
     def tokens(self) -> int:
@@ -98,7 +99,8 @@ class PrefixTracker:
                 total += meter.node_tokens(node)
             ends.append(total)
         previous = self.previous
-        self._previous = SentRequest(digest, header_tokens, keys, ends, now_seconds())
+        last = nodes[-1].seq if nodes else -1
+        self._previous = SentRequest(digest, header_tokens, keys, ends, now_seconds(), last)
         if previous is None or previous.digest != digest:
             return 0, 0
         shared = _shared(previous.keys, keys)
@@ -144,7 +146,21 @@ class PrefixTracker:
             total += self.meter.node_tokens(node)
             ends.append(total)
         moment = _seconds(start.time)
-        return SentRequest(digest, header_tokens, keys, ends, now_seconds() if moment is None else moment)
+        last = keys[-1] if keys else -1
+        return SentRequest(digest, header_tokens, keys, ends, now_seconds() if moment is None else moment, last)  # type: ignore[arg-type]
+
+    def calls_since(self) -> list[str]:
+        """The names of the tools the model called since the request sent last (all of them
+        before the first)."""
+        previous = self.previous
+        after = previous.last_seq if previous is not None else -1
+        names: list[str] = []
+        for node in reversed(self.surface.nodes):
+            if node.seq <= after:
+                break
+            if node.role == "assistant":
+                names.extend(c.name for c in node.message.tool_calls)
+        return names
 
 
 __all__ = ["PrefixTracker", "SentRequest"]
