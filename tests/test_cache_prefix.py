@@ -276,3 +276,19 @@ def test_a_breakpoint_never_lands_on_a_thinking_block():
     assert marked[1][1][0]["cache_control"] == {"type": "ephemeral"} and "cache_control" not in marked[1][1][1]
     assert marked[0][1][0]["cache_control"] == {"type": "ephemeral"}
     assert "cache_control" not in parts[1][1][0]  # the caller's blocks are not changed
+
+
+def test_a_strategy_can_weigh_an_edit_before_building_it(tmp_path):
+    session, editor, results = _cached_session(tmp_path)
+    seen = []
+    editor.plan = lambda handle: seen.extend(
+        [
+            handle.weigh_edit(results[0], 100),
+            handle.weigh_edit(results[-1], 10_000),
+            handle.weigh_edit(results[0], 10**6),
+        ]
+    )
+    session.prepare_request()
+    small, last, huge = seen
+    assert not small.edits and last.edits and huge.edits
+    assert small.cost > last.cost  # more of the cached prefix lies behind the first result

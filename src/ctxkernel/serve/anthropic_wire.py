@@ -199,11 +199,11 @@ def upstream_body(
     per session) keeps each surface node's blocks between requests."""
     body = dict(client.body)
     cache = {} if cache is None else cache
-    parts = wire_forms(request.seqs, request.messages, cache, to_anthropic_blocks)
+    parts: list[Any] = wire_forms(request.seqs, request.messages, cache, to_anthropic_blocks)
     client_marks = bool(client.extra.get("cache_marks")) or bool(client.extra.get("header_marks"))
     ours = request.cache_hints and not client_marks
     if ours:  # the client sent no breakpoint: the kernel's (the system and tools are marked below)
-        parts = mark_message_breakpoints(list(parts), request.cache_prefix_messages)
+        parts = mark_message_breakpoints(parts, request.cache_prefix_messages)
     messages = merge_anthropic_blocks(parts)
     converted = to_anthropic_request([], tools=strategy_tools)
     if client.extra.get("cache_marks") and messages:
