@@ -14,6 +14,7 @@ presentation and not in the log, so after a restart a decorated message counts a
 
 from __future__ import annotations
 
+import bisect
 import datetime as _dt
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -48,12 +49,12 @@ class SentRequest:
 
 
 def _shared(a: list[Hashable], b: list[Hashable]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+    """How many leading keys ``a`` and ``b`` share (list comparisons run in C)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    # the largest k with a[:k] == b[:k]: prefixes agree up to some k, and disagree after it
+    return bisect.bisect_left(range(n + 1), True, key=lambda k: a[:k] != b[:k]) - 1
 
 
 def _seconds(stamp: str) -> float | None:
@@ -84,26 +85,35 @@ class PrefixTracker:
 
     def sent(self, request: Request, header_tokens: int, digest: str) -> tuple[int, int]:
         """Remember ``request`` as the one sent last; returns ``(tokens, messages)`` it repeats of
-        the request before it (the header's tokens count when the header is unchanged)."""
+        the request before it (the header's tokens count when the header is unchanged). A request
+        that extends the previous one (the common case) counts only its new messages."""
         meter, nodes = self.meter, self.surface.nodes
-        keys: list[Hashable] = []
-        ends: list[int] = []
-        total = header_tokens
-        for index, node in enumerate(nodes):
-            if index in request.decorated:
+        previous = self.previous
+        keys: list[Hashable]
+        if request.decorated:
+            keys = []
+            for index, node in enumerate(nodes):
                 message = request.messages[index]
-                keys.append((node.seq, hash(message.text)))
-                total += meter.decorated_tokens(node.seq, message)
+                keys.append((node.seq, hash(message.text)) if index in request.decorated else node.seq)
+        else:
+            keys = list(request.seqs)
+        kept = 0
+        if previous is not None and previous.header_tokens == header_tokens:
+            kept = _shared(previous.keys, keys)
+        ends = previous.ends[:kept] if previous is not None and kept else []
+        total = ends[-1] if ends else header_tokens
+        for index in range(kept, len(nodes)):
+            node = nodes[index]
+            if index in request.decorated:
+                total += meter.decorated_tokens(node.seq, request.messages[index])
             else:
-                keys.append(node.seq)
                 total += meter.node_tokens(node)
             ends.append(total)
-        previous = self.previous
         last = nodes[-1].seq if nodes else -1
         self._previous = SentRequest(digest, header_tokens, keys, ends, now_seconds(), last)
         if previous is None or previous.digest != digest:
             return 0, 0
-        shared = _shared(previous.keys, keys)
+        shared = kept if previous.header_tokens == header_tokens else _shared(previous.keys, keys)
         return (previous.ends[shared - 1] if shared else header_tokens), shared
 
     def cached_from(self, position: int) -> int:
