@@ -292,3 +292,43 @@ def test_a_strategy_can_weigh_an_edit_before_building_it(tmp_path):
     small, last, huge = seen
     assert not small.edits and last.edits and huge.edits
     assert small.cost > last.cost  # more of the cached prefix lies behind the first result
+
+
+def test_a_wait_a_strategy_does_not_catch_never_reaches_the_harness(tmp_path):
+    class Careless(Editor):
+        """Lets CacheWaitError out of its pre_step, as a strategy unaware of the rule would."""
+
+        @ctxkernel.hookimpl
+        def pre_step(self, ctx: Any, step: Any) -> None:
+            if self.plan is not None:
+                plan, self.plan = self.plan, None
+                self.outcomes.append(plan(STRATEGY.on(ctx)))
+
+    seen = []
+
+    class Next:
+        @ctxkernel.hookimpl
+        def register_strategy(self, register: Any) -> None:
+            register(ctxkernel.StrategySpec("next", settings=_Settings))
+
+        @ctxkernel.hookimpl
+        def pre_step(self, ctx: Any, step: Any) -> None:
+            seen.append(step.step)
+
+    careless = Careless()
+    kernel = build_kernel(
+        tmp_path,
+        strategies=["editor", "next"],
+        plugins=[("editor", careless), ("next", Next())],
+        model=SONNET,
+        instructions={"budget_ratio": 0},
+        fsync=False,
+    )
+    session = kernel.open_session()
+    session.user("read the files")
+    results = _steps(session, 6)
+    careless.plan = lambda handle: handle.replace_tool_result(results[0], "[cleared]")
+    request = session.prepare_request()  # no CacheWaitError out of it
+    assert careless.outcomes == [] and careless.plan is None  # its edit waited
+    assert seen[-1] == request.step  # the strategy after it still ran
+    assert all(e.type != "compaction/prune" for e in session.events)
