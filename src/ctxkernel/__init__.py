@@ -10,6 +10,7 @@ each receiving a :class:`Context` (the session as strategies see it) from which
 from .context import Context, MeterView, SurfaceView
 from .controls import MANUAL_ACTIONS, ManualCompaction, ManualOutcome
 from .errors import (
+    CacheWaitError,
     CompactionBusyError,
     CompactionError,
     ConfigError,
@@ -107,6 +108,7 @@ __all__ = [
     "SessionExistsError",
     "SessionNotFoundError",
     "ShrinkCheckError",
+    "CacheWaitError",
     "Source",
     "Span",
     "StepContext",

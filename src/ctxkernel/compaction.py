@@ -36,7 +36,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import instructions
+from .cache_rule import Decision, Edit, decide
 from .errors import (
+    CacheWaitError,
     CompactionError,
     ConflictError,
     ShrinkCheckError,
@@ -58,6 +60,7 @@ from .events import (
 from .lease import CompactionLease
 from .logging import get_logger
 from .messages import Message
+from .pricing import ModelPrice, UnknownModelError, price_for, price_in_force
 from .redact import redact
 
 # the values a transaction is made of live in spans.py; these names are kept here for callers
@@ -112,6 +115,8 @@ def run_transaction(
     lock: a worker racing for the same span would pay for a summary that cannot commit)."""
     session.refresh()
     resolved = validate_spans(session.surface, spans)  # 1, before any store write: a bad span costs nothing
+    if session.editing_automatically:  # 1b: does it pay for the cached prefix it rewrites?
+        _gate_spans(session, spans, resolved, strategy)
     # the spans whose replacement the kernel renders itself (checkpoint_message: one text block
     # of a str) are not parsed back by the commit's surface check; a plugin's message or render is
     rendered = (
@@ -399,6 +404,87 @@ def _run_steps(
     result = CommitResult(compaction_id, strategy, kind, results, start_seq, seq, dict(data or {}))
     session.kernel.hooks.commit(session, result)
     return result
+
+
+def session_price(session: SessionPort) -> ModelPrice | None:
+    """The prices the break-even rule weighs a session's edits with: a replay's (``simulate``),
+    else the routed model's from the price table (with the profile's ``[prices]`` when given),
+    else the profile's ``[prices]`` under automatic caching; None when none is known."""
+    forced = price_in_force()
+    if forced is not None:
+        return forced
+    route = session.route
+    model = route["model"] if route else session.kernel.profile.model.name
+    given = session.kernel.profile.prices
+    try:
+        price = price_for(model)
+    except UnknownModelError:
+        if given is None:
+            return None
+        price = ModelPrice(model, "openai", 1.0, 1.0, 1.0, 1.0, cache_increment=128, cache_mode="automatic")
+    if given is not None:
+        price = price.with_prices(given.input, given.cached_input, given.output)
+    return price
+
+
+def cache_decision(session: SessionPort, position: int, saved: int, *, clears: bool) -> Decision | None:
+    """The break-even rule (:mod:`ctxkernel.cache_rule`) for an edit from surface ``position`` on
+    that saves ``saved`` tokens; None when the rule is off or no price is known."""
+    settings = session.kernel.profile.cache
+    if settings.rule == "off":
+        return None
+    price = session_price(session)
+    if price is None:
+        return None
+    prefix = session.sent_prefix
+    previous = prefix.previous
+    cached = previous is not None and previous.tokens >= price.cache_min_tokens
+    rewritten = prefix.cached_from(position) if cached else 0
+    pressure = session.pressure()
+    overflow = pressure.tokens >= pressure.effective_window * (1 - settings.headroom_ratio)
+    edit = Edit("clear" if clears else "compact", rewritten, saved)
+    return decide(
+        price, edit, remaining_steps=settings.remaining_steps, idle_seconds=prefix.idle_seconds(), overflow=overflow
+    )
+
+
+def cache_gate(session: SessionPort, position: int, saved: int, *, strategy: str, clears: bool) -> None:
+    """Refuse (:class:`ctxkernel.CacheWaitError`, nothing written) an automatic edit the
+    break-even rule says to wait with. The kernel's own bound (``strategy="kernel"``) is never
+    refused: it keeps a request within the window."""
+    if strategy == "kernel" or _asked_for(session, strategy):
+        return
+    decision = cache_decision(session, position, saved, clears=clears)
+    if decision is not None and not decision.edits:
+        log.info("edit waits for the prompt cache", session=session.id, strategy=strategy, reason=decision.reason)
+        msg = f"strategy {strategy!r}: the edit waits: {decision.reason}"
+        raise CacheWaitError(msg, decision)
+
+
+def _asked_for(session: SessionPort, strategy: str) -> bool:
+    """Whether the model called one of ``strategy``'s tools since the previous request: the edit
+    carries out what the model asked for (a ``new_context`` switched at the next step)."""
+    tools = session.tools
+    for name in session.sent_prefix.calls_since():
+        tool = tools.get(name)
+        if tool is not None and tool.strategy == strategy:
+            return True
+    return False
+
+
+def _gate_spans(session: SessionPort, spans: Sequence[Span], resolved: list[list[Node]], strategy: str) -> None:
+    """Step 1b: the rule before anything is written or summarised, with what is known now: a
+    summary is taken as free. It is not judged again once written: the call is paid by then, and
+    throwing its summary away would waste it (measured: a second summary call on chat-short)."""
+    meter, surface = session.meter, session.surface
+    first = min(surface.position(nodes[0].seq) or 0 for nodes in resolved)
+    saved = 0
+    for span, nodes in zip(spans, resolved, strict=True):
+        saved += _span_tokens(meter, surface, nodes)
+        if span.message is not None and not span.remove:
+            saved -= meter.count_message(span.message)
+    clears = all(span.remove or span.message is not None for span in spans)
+    cache_gate(session, first, saved, strategy=strategy, clears=clears)
 
 
 def _span_tokens(meter: Meter, surface: Surface, nodes: list[Node]) -> int:

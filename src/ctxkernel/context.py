@@ -324,7 +324,12 @@ class StepContext:
 
 @dataclass
 class Request:
-    """A composed model request. ``messages[i]`` shows surface node ``seqs[i]``."""
+    """A composed model request. ``messages[i]`` shows surface node ``seqs[i]``.
+
+    ``cache_prefix_tokens`` is how many of its tokens repeat the previous request's prefix under
+    the same header (the system prompt and tools, then message for message): what a provider's
+    prompt cache can serve; ``cache_prefix_messages`` how many of its messages that prefix holds.
+    Both are 0 for a session's first request and after the header changed."""
 
     messages: list[Message]
     seqs: list[int]
@@ -336,6 +341,12 @@ class Request:
     provider: str
     model: str
     decorated: dict[int, Message] = field(default_factory=dict)  # index -> undecorated original
+    cache_prefix_tokens: int = 0
+    cache_prefix_messages: int = 0
+    #: the session the request belongs to (the OpenAI ``prompt_cache_key`` is derived from it)
+    session_id: str = ""
+    #: ``[cache] hints``: breakpoints in :meth:`to_anthropic`, a cache key in :meth:`to_openai`
+    cache_hints: bool = True
 
     def decorate(self, index: int, message: Message) -> None:
         """Replace ``messages[index]`` for presentation only; tool ids and order must not change."""
@@ -355,15 +366,34 @@ class Request:
     def prompt_tokens(self) -> int:
         return self.pressure.tokens
 
-    def to_openai(self) -> list[dict[str, Any]]:
-        from .convert import to_openai_messages
+    def to_openai(self) -> dict[str, Any]:
+        """The chat-completions body's ``messages`` (the system prompt first), ``tools`` (when
+        any) and ``prompt_cache_key``: a digest of the session id, so every request of the
+        session reaches the same cache (``[cache] hints = false`` leaves it out). Pass it on with
+        ``client.chat.completions.create(model=..., **request.to_openai())``."""
+        from .convert import prompt_cache_key, to_openai_messages
 
-        return to_openai_messages(self.messages, system=self.system)
+        body: dict[str, Any] = {"messages": to_openai_messages(self.messages, system=self.system)}
+        if self.tools:
+            body["tools"] = self.tools
+        if self.cache_hints and self.session_id:
+            body["prompt_cache_key"] = prompt_cache_key(self.session_id)
+        return body
 
     def to_anthropic(self) -> dict[str, Any]:
+        """``{"system", "messages", "tools"}`` of a Messages request, with ``cache_control``
+        breakpoints (``[cache] hints``): after the tools, after the system prompt, at the last
+        message unchanged since the previous request and at the last message (at most four,
+        the provider's limit; see ``docs/cache.md``)."""
         from .convert import to_anthropic_request
 
-        return to_anthropic_request(self.messages, system=self.system, tools=self.tools)
+        return to_anthropic_request(
+            self.messages,
+            system=self.system,
+            tools=self.tools,
+            cache_breakpoints=self.cache_hints,
+            unchanged_messages=self.cache_prefix_messages,
+        )
 
 
 @dataclass

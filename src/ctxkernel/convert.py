@@ -10,6 +10,7 @@ consecutive same-role messages are merged.
 from __future__ import annotations
 
 import copy
+import hashlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -584,8 +585,61 @@ def merge_anthropic_blocks(parts: Any) -> list[dict[str, Any]]:
     return out
 
 
+#: Anthropic accepts at most this many ``cache_control`` breakpoints in one request
+MAX_CACHE_BREAKPOINTS = 4
+#: a breakpoint with the default (5-minute) lifetime
+EPHEMERAL: dict[str, str] = {"type": "ephemeral"}
+#: blocks that cannot carry a breakpoint themselves (the provider caches them with their message)
+_UNMARKABLE = frozenset({"thinking", "redacted_thinking"})
+
+
+def prompt_cache_key(session_id: str) -> str:
+    """The OpenAI ``prompt_cache_key`` of a session: a digest of its id, so requests of one
+    session reach the same cache and the id itself is not sent."""
+    return "ctxkernel-" + hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def _marked(blocks: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """``blocks`` with a breakpoint on the last block that may carry one (a copy), or None."""
+    for i in range(len(blocks) - 1, -1, -1):
+        if blocks[i].get("type") not in _UNMARKABLE:
+            out = list(blocks)
+            out[i] = {**blocks[i], "cache_control": dict(EPHEMERAL)}
+            return out
+    return None
+
+
+def mark_message_breakpoints(
+    parts: list[tuple[str, list[dict[str, Any]]]], unchanged: int, *, limit: int = 2
+) -> list[tuple[str, list[dict[str, Any]]]]:
+    """Per-message ``(role, blocks)`` parts with at most ``limit`` breakpoints: on the last
+    message (whose prefix the next request reads) and on the last of the first ``unchanged``
+    messages (the prefix this request shares with the previous one, read even when the new
+    messages hold more blocks than the provider looks back over). Blocks are copied, never
+    changed in place (a caller may keep them between requests)."""
+    out = list(parts)
+    wanted = [len(parts) - 1, unchanged - 1][: max(0, limit)]
+    done: set[int] = set()
+    for start in wanted:
+        for index in range(min(start, len(out) - 1), -1, -1):
+            if index in done:
+                break  # this prefix is marked already
+            role, blocks = out[index]
+            marked = _marked(blocks)
+            if marked is not None:
+                out[index] = (role, marked)
+                done.add(index)
+                break
+    return out
+
+
 def to_anthropic_request(
-    messages: list[Message], *, system: str = "", tools: list[dict[str, Any]] | None = None
+    messages: list[Message],
+    *,
+    system: str = "",
+    tools: list[dict[str, Any]] | None = None,
+    cache_breakpoints: bool = False,
+    unchanged_messages: int = 0,
 ) -> dict[str, Any]:
     """``{"system", "messages", "tools"}`` with alternating roles.
 
@@ -593,8 +647,13 @@ def to_anthropic_request(
     blocks of a user message, so a result and the user text after it share one message).
     Reasoning is sent back only when it carries a provider signature, the form Anthropic
     accepts; empty text blocks, which Anthropic rejects, are left out.
+
+    ``cache_breakpoints`` places Anthropic's prompt-cache breakpoints, four at most: after the
+    tools, after the system prompt (then a list of one text block), and with
+    :func:`mark_message_breakpoints` at the last of the first ``unchanged_messages`` messages
+    and at the last message.
     """
-    out = merge_anthropic_blocks(to_anthropic_blocks(m) for m in messages)
+    parts = [to_anthropic_blocks(m) for m in messages]
     anthropic_tools = [
         {
             "name": t["function"]["name"],
@@ -604,7 +663,29 @@ def to_anthropic_request(
         for t in tools or []
         if t.get("type") == "function"
     ]
-    return {"system": system, "messages": out, "tools": anthropic_tools}
+    system_out: str | list[dict[str, Any]] = system
+    if cache_breakpoints:
+        if anthropic_tools:
+            anthropic_tools[-1] = {**anthropic_tools[-1], "cache_control": dict(EPHEMERAL)}
+        if system:
+            system_out = [{"type": "text", "text": system, "cache_control": dict(EPHEMERAL)}]
+        parts = mark_message_breakpoints(parts, unchanged_messages)
+    return {"system": system_out, "messages": merge_anthropic_blocks(parts), "tools": anthropic_tools}
+
+
+def count_cache_breakpoints(body: dict[str, Any]) -> int:
+    """The ``cache_control`` breakpoints of an Anthropic request body: the top-level one, the
+    tools', the system blocks' and the message blocks'."""
+    found = 1 if body.get("cache_control") else 0
+    for key in ("tools", "system"):
+        items = body.get(key)
+        if isinstance(items, list):
+            found += sum(1 for b in items if isinstance(b, dict) and b.get("cache_control"))
+    for message in body.get("messages") or []:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            found += sum(1 for b in content if isinstance(b, dict) and b.get("cache_control"))
+    return found
 
 
 _ANTHROPIC_ONLY_BLOCKS = frozenset({"tool_use", "server_tool_use", "thinking", "redacted_thinking"})

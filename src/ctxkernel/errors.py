@@ -17,6 +17,7 @@ Every error the kernel raises derives from :class:`CtxKernelError`::
     │   ├── CompactionBusyError     another compaction is open
     │   ├── UnbalancedCutError      a cut would split a tool call from its results
     │   ├── ShrinkCheckError        the checkpoint is not smaller than what it replaces
+    │   ├── CacheWaitError          the edit does not pay for the cached prefix it rewrites
     │   └── SurfaceChangedError     the surface changed during the transaction
     ├── ControlError                a manual control was refused (unknown action or strategy)
     │   └── SessionBusyError        asked while the session is mid-step
@@ -98,6 +99,15 @@ class UnbalancedCutError(CompactionError):
 
 class ShrinkCheckError(CompactionError):
     """The checkpoint does not cost fewer tokens than what it replaces."""
+
+
+class CacheWaitError(CompactionError):
+    """The prompt cache's break-even rule says wait: the edit saves less than the cached prefix it
+    would rewrite costs (``ctxkernel.cache_rule``). Nothing was committed."""
+
+    def __init__(self, message: str, decision: object = None) -> None:
+        super().__init__(message)
+        self.decision = decision
 
 
 class SurfaceChangedError(CompactionError):

@@ -362,10 +362,12 @@ class TurnEnd:
 
 @dataclass(frozen=True, slots=True)
 class StepStart:
-    """``step/start``: a model request of the turn (steps count from 1)."""
+    """``step/start``: a model request of the turn (steps count from 1); ``cache_prefix_tokens``
+    is how many of its tokens repeated the previous request's prefix (None in logs before 0.3)."""
 
     turn: int
     step: int
+    cache_prefix_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -524,7 +526,7 @@ def view(event: Event) -> EventView:
     if t == TURN_END:
         return TurnEnd(d["turn"], d["reason"])
     if t == STEP_START:
-        return StepStart(d["turn"], d["step"])
+        return StepStart(d["turn"], d["step"], _opt(d, "cache_prefix_tokens", int))
     if t == STEP_END:
         return StepEnd(d["turn"], d["step"], _opt(d, "reason", str))
     if t == REQUEST_HEADER:

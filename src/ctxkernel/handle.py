@@ -23,6 +23,8 @@ from weakref import WeakKeyDictionary
 
 from pydantic import BaseModel
 
+from .cache_rule import Decision
+from .compaction import cache_decision
 from .context import Context, session_of
 from .errors import ConfigError, EventError
 from .events import USER_MESSAGE, EventSpec, append_op
@@ -375,6 +377,18 @@ class StrategyHandle(Generic[S]):
     def replace_tool_result(self, seq: int, content: str, *, reason: str = "prune") -> int:
         """Model-free shrink of one visible tool result; returns the replacement's seq."""
         return self._session.replace_tool_result(seq, content, strategy=self.name, reason=reason)
+
+    def weigh_edit(self, seq: int, saved_tokens: int, *, clears: bool = True) -> Decision | None:
+        """The prompt cache's break-even rule (``docs/cache.md``) for an edit from surface node
+        ``seq`` on that saves ``saved_tokens``: ``.edits`` False means the kernel would refuse
+        it now with ``CacheWaitError``. None when the rule is off or no price is known. Ask
+        before building an edit (a summary call) to wait without the cost."""
+        session = self._session
+        position = session.surface.position(seq)
+        if position is None:
+            msg = f"strategy {self.name!r}: seq {seq} is not on the surface"
+            raise EventError(msg)
+        return cache_decision(session, position, saved_tokens, clears=clears)
 
     def remind(self, step: StepContext, text: str) -> None:
         """Queue a notice for the model before the request ``step`` is about to make."""

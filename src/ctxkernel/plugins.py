@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import pluggy
 
 from . import hookspecs
-from .errors import ConfigError, PluginConflictError
+from .errors import CacheWaitError, ConfigError, PluginConflictError
+from .logging import get_logger
 from .spec import NoSettings, StrategySpec
 
 if TYPE_CHECKING:
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from .report import ValidationReport
     from .spans import CommitResult, ManualCompaction, ManualOutcome, Region, Summary
     from .tools import Tool
+
+log = get_logger("ctxkernel.plugins")
 
 ENTRY_POINT_GROUP = "ctxkernel.strategies"
 KERNEL_DISTRIBUTION = "ctxkernel"
@@ -282,7 +285,20 @@ class HookFacade:
         return [s for s in self._caller("system_prompt", session)(ctx=session.context) if s]
 
     def pre_step(self, session: HookTarget, step: StepContext) -> None:
-        self._call_if_implemented("pre_step", session, step=step)
+        """Each strategy's ``pre_step`` in turn. An edit the prompt cache's break-even rule
+        refused (:class:`~ctxkernel.errors.CacheWaitError`, nothing written) and the strategy did
+        not catch ends that strategy's step, not the request: the next strategy still runs."""
+        impls = list(self._impls("pre_step", session))
+        if any(impl.hookwrapper or getattr(impl, "wrapper", False) for _, impl in impls):
+            self._call_if_implemented("pre_step", session, step=step)  # wrappers need pluggy's call
+            return
+        for owner, impl in impls:
+            try:
+                impl.function(*_args(impl, ctx=session.context, step=step))
+            except CacheWaitError as exc:
+                log.info(
+                    "an edit waits for the prompt cache", strategy=owner, session=session.context.id, reason=str(exc)
+                )
 
     def decorate_request(self, session: HookTarget, request: Request) -> None:
         self._call_if_implemented("decorate_request", session, request=request)

@@ -26,7 +26,9 @@ minutes of inactivity, and the table takes the lower bound.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -148,6 +150,26 @@ def price_for(model: str) -> ModelPrice:
     raise UnknownModelError(msg)
 
 
+#: the prices a replay bills with (``ctxkernel simulate``): the break-even rule of every session
+#: opened under :func:`priced_as` weighs edits with the prices its bill uses
+_PRICED_AS: ContextVar[ModelPrice | None] = ContextVar("ctxkernel_priced_as", default=None)
+
+
+@contextmanager
+def priced_as(price: ModelPrice) -> Iterator[None]:
+    """Within the block, sessions weigh the prompt cache with ``price`` (simulate's price)."""
+    token = _PRICED_AS.set(price)
+    try:
+        yield
+    finally:
+        _PRICED_AS.reset(token)
+
+
+def price_in_force() -> ModelPrice | None:
+    """The price :func:`priced_as` set, or None."""
+    return _PRICED_AS.get()
+
+
 @dataclass
 class Bill:
     """Input tokens of one request (or a sum of requests) by how the provider bills them."""
@@ -239,4 +261,6 @@ __all__ = [
     "PromptCache",
     "UnknownModelError",
     "price_for",
+    "price_in_force",
+    "priced_as",
 ]

@@ -164,6 +164,23 @@ class InstructionSettings(_Strict):
     budget_ratio: float = Field(default=0.2, ge=0, le=0.5)
 
 
+class CacheSettings(_Strict):
+    """The provider's prompt cache: the break-even rule every automatic edit goes through
+    (:mod:`ctxkernel.cache_rule`, ``docs/cache.md``) and the hints the kernel sends with requests."""
+
+    #: ``break-even``: an edit a strategy commits between steps goes ahead only when it saves more
+    #: than the cached prefix it rewrites costs, or the window needs it; ``off``: every edit goes ahead
+    rule: Literal["break-even", "off"] = "break-even"
+    #: how many more requests the session is expected to make (the horizon an edit pays over)
+    remaining_steps: int = Field(default=10, ge=1, le=10_000)
+    #: an edit goes ahead regardless of the cache once the next request fills the effective
+    #: window to within this share of it (an overflow always wins over waiting)
+    headroom_ratio: float = Field(default=0.1, ge=0, le=0.9)
+    #: ``cache_control`` breakpoints on Anthropic requests and ``prompt_cache_key`` on OpenAI
+    #: requests, when the client sent none (``Request.to_anthropic``/``to_openai``, ``serve``)
+    hints: bool = True
+
+
 class Prices(_Strict):
     """Optional prices per million tokens, used by reports; none are built in."""
 
@@ -212,6 +229,7 @@ class Profile(BaseSettings):
     summarizer: SummarizerSettings = Field(default_factory=SummarizerSettings)
     serve: ServeSettings = Field(default_factory=ServeSettings)
     instructions: InstructionSettings = Field(default_factory=InstructionSettings)
+    cache: CacheSettings = Field(default_factory=CacheSettings)
     prices: Prices | None = None
     strategies: dict[str, dict[str, Any]] = Field(default_factory=dict)
     model_policies: list[ModelPolicy] = Field(default_factory=list)

@@ -188,3 +188,30 @@ def test_a_limited_read_never_starts_with_a_tool_output(home, profile_path):
     items = asyncio.run(session.get_items(limit=2))
     assert [i.get("type", "message") for i in items] == ["message"]
     assert items[0]["content"][0]["text"] == "read"
+
+
+def test_the_model_settings_carry_the_sessions_prompt_cache_key(home, profile_path):
+    from agents import ModelSettings
+
+    from ctxkernel.convert import prompt_cache_key
+
+    calls: list[ModelCall] = []
+
+    def respond(call: ModelCall) -> Any:
+        calls.append(call)
+        return [assistant_message("hi there")]
+
+    session = ContextSession("oa-cache", profile=profile_path)
+    model = ScriptedModel([ModelStep.respond(respond) for _ in range(2)])
+    settings = session.model_settings(ModelSettings(temperature=0.2))
+    agent = Agent(name="a", model=model, model_settings=settings)
+    for prompt in ("hello", "again"):
+        asyncio.run(Runner.run(agent, prompt, session=session))
+    assert len(calls) == 2
+    key = prompt_cache_key(session.managed.id)
+    for call in calls:
+        assert call.model_settings.extra_args["prompt_cache_key"] == key
+        assert call.model_settings.temperature == 0.2
+    # a key of the caller's own is kept
+    own = session.model_settings(ModelSettings(extra_args={"prompt_cache_key": "mine"}))
+    assert own.extra_args == {"prompt_cache_key": "mine"}

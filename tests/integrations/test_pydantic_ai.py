@@ -156,3 +156,28 @@ def test_a_foreign_history_is_refused_not_dropped(home, profile_path):
     with pytest.raises(IntegrationError, match="does not continue session"):
         processor.sync(stranger)
     assert len(processor.managed.session.events) == before
+
+
+def test_the_model_settings_carry_the_sessions_prompt_cache_key(home, profile_path):
+    from ctxkernel.convert import prompt_cache_key
+
+    settings_seen: list[Any] = []
+
+    def model(messages: list[Any], info: AgentInfo) -> ModelResponse:
+        settings_seen.append(info.model_settings)
+        return ModelResponse(parts=[TextPart("ok")])
+
+    processor = ContextProcessor(profile=profile_path, session_id="pai-cache")
+    agent = Agent(
+        FunctionModel(model),
+        capabilities=[ProcessHistory(processor)],
+        toolsets=[processor.toolset],
+        model_settings=processor.model_settings(),
+    )
+    first = agent.run_sync("first question")
+    agent.run_sync("second question", message_history=first.all_messages())
+    assert len(settings_seen) == 2
+    for settings in settings_seen:
+        assert settings["openai_prompt_cache_key"] == prompt_cache_key(processor.session_id)
+    # Pydantic AI's own breakpoints (Anthropic, Bedrock), taken up by models that support them
+    assert processor.model_settings()["cache"] is True

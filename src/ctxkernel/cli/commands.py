@@ -355,6 +355,12 @@ def _print_inspect(view: dict[str, Any], source: str) -> None:
     s = view["surface"]
     roles = ", ".join(f"{n} {role}" for role, n in sorted(s["roles"].items()))
     out.write(f"surface   {s['nodes']} messages ({roles or 'empty'}), {s['tokens']} tokens\n")
+    cache = view.get("cache") or {}
+    if cache.get("prefix_tokens") is not None:
+        out.write(
+            f"cache     the last request (turn {cache['turn']}, step {cache['step']}) repeats "
+            f"{cache['prefix_tokens']} tokens of the previous one's prefix\n"
+        )
     compactions = view["compactions"]
     out.write(f"compactions  {len(compactions)}\n")
     for i, c in enumerate(compactions, 1):

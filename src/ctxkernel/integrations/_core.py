@@ -12,6 +12,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from ..convert import prompt_cache_key
 from ..errors import SessionExistsError
 from ..events import utc_now
 from ..kernel import Kernel
@@ -82,6 +83,12 @@ class ManagedSession:
     @property
     def id(self) -> str:
         return self.session.id
+
+    @property
+    def prompt_cache_key(self) -> str | None:
+        """The session's OpenAI ``prompt_cache_key`` (docs/cache.md), None with
+        ``[cache] hints = false``."""
+        return prompt_cache_key(self.id) if self.kernel.profile.cache.hints else None
 
     # -- the per-call sequence ------------------------------------------------------------------------
     def sync(self, history: Sequence[Message], usages: dict[int, Any] | None = None, *, partial: bool = False) -> int:

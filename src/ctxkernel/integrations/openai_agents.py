@@ -25,12 +25,13 @@ Install with ``pip install 'ctxkernel[openai-agents]'``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from collections.abc import Sequence
 from typing import Any, cast
 
 import orjson
-from agents import FunctionTool, RunContextWrapper
+from agents import FunctionTool, ModelSettings, RunContextWrapper
 from agents.items import TResponseInputItem
 from agents.run_config import CallModelData, ModelInputData
 from agents.tool_context import ToolContext
@@ -322,6 +323,20 @@ class ContextSession:
         return ModelInputData(input=items, instructions=request.system or None)
 
     # -- strategy tools --------------------------------------------------------------------------------
+    def model_settings(self, base: ModelSettings | None = None) -> ModelSettings:
+        """``base`` (default: none) with the session's ``prompt_cache_key`` in ``extra_args``
+        (docs/cache.md), unless it carries one already or ``[cache] hints = false``. Pass it as
+        ``Agent(..., model_settings=session.model_settings())``: every model call of the
+        conversation then reaches the same cache, whatever model adapter the agent uses."""
+        base = base or ModelSettings()
+        key = self.managed.prompt_cache_key
+        extras = dict(base.extra_args or {})
+        body = base.extra_body if isinstance(base.extra_body, dict) else {}
+        if key is None or "prompt_cache_key" in extras or "prompt_cache_key" in body:
+            return base
+        extras["prompt_cache_key"] = key
+        return dataclasses.replace(base, extra_args=extras)
+
     def tools(self) -> list[FunctionTool]:
         """The strategies' tools as the SDK's function tools (add them to the agent's tools)."""
         return [self._tool(schema) for schema in self._schemas]

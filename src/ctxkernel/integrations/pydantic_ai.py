@@ -249,6 +249,14 @@ class ContextProcessor:
             takes_ctx=True,
         )
 
+    def model_settings(self) -> dict[str, Any]:
+        """Pydantic AI model settings that keep the provider's prompt cache warm (docs/cache.md):
+        ``openai_prompt_cache_key``, the session's key, and ``cache``, Pydantic AI's own
+        ``cache_control`` breakpoints on Anthropic requests. Empty with ``[cache] hints = false``.
+        Pass them as ``Agent(..., model_settings=processor.model_settings())``."""
+        key = self.managed.prompt_cache_key
+        return {} if key is None else {"openai_prompt_cache_key": key, "cache": True}
+
     def sync(self, messages: Sequence[ModelMessage]) -> int:
         """Append what ``messages`` hold that the log does not, e.g. ``result.all_messages()``
         after a run, whose final reply no later request showed the processor."""

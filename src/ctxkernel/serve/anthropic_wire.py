@@ -8,7 +8,12 @@ Error shape (what the ``anthropic`` SDK reads)::
 messages the upstream receives are the session's surface, rebuilt from the log, so a client's
 ``cache_control`` marks on message blocks cannot be carried block by block: when the client
 marked any, the last block of the last message gets ``{"type": "ephemeral"}``, which is where
-Claude Code and the SDK examples put their rolling breakpoint.
+Claude Code and the SDK examples put their rolling breakpoint. Past the provider's limit of four
+the marks after the fourth (tools, then system, then messages) are left out.
+
+A client that sent no breakpoint at all gets the kernel's (``[cache] hints``, docs/cache.md):
+after the last tool, after the system prompt, at the last message the previous request also
+held, and at the last message.
 """
 
 from __future__ import annotations
@@ -17,9 +22,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..convert import (
+    EPHEMERAL,
+    MAX_CACHE_BREAKPOINTS,
     arguments_from_json,
     from_anthropic_message,
     held_bytes,
+    mark_message_breakpoints,
     merge_anthropic_blocks,
     to_anthropic_blocks,
     to_anthropic_request,
@@ -73,6 +81,46 @@ def _cache_marked(message: Any) -> bool:
     """Whether a client message carries a ``cache_control`` mark on one of its blocks."""
     content = message.get("content") if isinstance(message, dict) else None
     return isinstance(content, list) and any(isinstance(b, dict) and "cache_control" in b for b in content)
+
+
+def _header_marks(body: dict[str, Any]) -> int:
+    """The client's breakpoints outside the messages: the top-level one, its tools', its system
+    blocks'."""
+    found = 1 if body.get("cache_control") else 0
+    for key in ("tools", "system"):
+        items = body.get(key)
+        if isinstance(items, list):
+            found += sum(1 for b in items if isinstance(b, dict) and b.get("cache_control"))
+    return found
+
+
+def _marked_last(items: list[Any]) -> list[Any]:
+    """``items`` with a breakpoint on its last object (a copy)."""
+    out = list(items)
+    if out and isinstance(out[-1], dict):
+        out[-1] = {**out[-1], "cache_control": dict(EPHEMERAL)}
+    return out
+
+
+def _within_limit(body: dict[str, Any], messages: list[dict[str, Any]]) -> None:
+    """Leave out the client's breakpoints after the fourth (in the provider's order: the
+    top-level one, tools, system, messages); the lists changed are copies."""
+    budget = MAX_CACHE_BREAKPOINTS - (1 if body.get("cache_control") else 0)
+    for key in ("tools", "system"):
+        items = body.get(key)
+        if not isinstance(items, list):
+            continue
+        kept = []
+        for item in items:
+            if isinstance(item, dict) and item.get("cache_control"):
+                if budget <= 0:
+                    item = {k: v for k, v in item.items() if k != "cache_control"}
+                budget -= 1
+            kept.append(item)
+        body[key] = kept
+    if budget <= 0 and messages:
+        last = messages[-1]["content"][-1]
+        messages[-1]["content"][-1] = {k: v for k, v in last.items() if k != "cache_control"}
 
 
 def parse_request(raw: bytes, memo: MessageMemo | None = None, *, count_only: bool = False) -> ClientRequest:
@@ -137,7 +185,7 @@ def parse_request(raw: bytes, memo: MessageMemo | None = None, *, count_only: bo
         tools,
         raw_tools,
         stream,
-        extra={"cache_marks": history.marked},
+        extra={"cache_marks": history.marked, "header_marks": _header_marks(body)},
         hashes=hashes,
     )
 
@@ -156,12 +204,16 @@ def upstream_body(
     body = dict(client.body)
     cache = {} if cache is None else cache
     media = client.extra.get("media") or held_bytes
-    parts = wire_forms(request.seqs, request.messages, cache, lambda m: to_anthropic_blocks(m, media))
+    parts: list[Any] = wire_forms(request.seqs, request.messages, cache, lambda m: to_anthropic_blocks(m, media))
+    client_marks = bool(client.extra.get("cache_marks")) or bool(client.extra.get("header_marks"))
+    ours = request.cache_hints and not client_marks
+    if ours:  # the client sent no breakpoint: the kernel's (the system and tools are marked below)
+        parts = mark_message_breakpoints(parts, request.cache_prefix_messages)
     messages = merge_anthropic_blocks(parts)
     converted = to_anthropic_request([], tools=strategy_tools)
     if client.extra.get("cache_marks") and messages:
         last = messages[-1]["content"][-1]
-        messages[-1]["content"][-1] = {**last, "cache_control": {"type": "ephemeral"}}
+        messages[-1]["content"][-1] = {**last, "cache_control": dict(EPHEMERAL)}
     body["messages"] = messages
     added = request.system[len(client.system) :].strip() if request.system.startswith(client.system) else request.system
     raw_system = client.body.get("system")
@@ -173,7 +225,12 @@ def upstream_body(
         body.pop("system", None)
     tools = list(client.raw_tools) + converted["tools"]
     if tools:
-        body["tools"] = tools
+        body["tools"] = _marked_last(tools) if ours else tools
+    if ours and body.get("system"):
+        system = body["system"]
+        body["system"] = _marked_last(system if isinstance(system, list) else [{"type": "text", "text": system}])
+    if client_marks:
+        _within_limit(body, messages)
     body["stream"] = stream
     return body
 

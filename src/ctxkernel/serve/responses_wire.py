@@ -42,6 +42,7 @@ from ..convert import (
     lost_media_text,
     media_block,
     media_wire,
+    prompt_cache_key,
     result_parts,
     to_openai_message,
 )
@@ -570,9 +571,17 @@ def upstream_payload(
             body["tools"] = tools
         else:
             body.pop("tools", None)
+        _cache_key(body, request)
         body["stream"] = stream
         return body
     return chat_body(client, request, strategy_tools, stream=stream, media=media)
+
+
+def _cache_key(body: dict[str, Any], request: Request) -> None:
+    """Every request of the session reaches the same prompt cache, unless the client chose a key
+    (docs/cache.md)."""
+    if request.cache_hints and request.session_id and not body.get("prompt_cache_key"):
+        body["prompt_cache_key"] = prompt_cache_key(request.session_id)
 
 
 def chat_body(
@@ -611,6 +620,7 @@ def chat_body(
     tools = list(client.tools) + strategy_tools
     if tools:
         body["tools"] = tools
+    _cache_key(body, request)
     body["stream"] = stream
     if stream:
         body["stream_options"] = {"include_usage": True}

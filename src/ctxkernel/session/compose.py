@@ -15,6 +15,7 @@ from ..events import EventSpec
 from ..guard import excerpt_oversized, fit_composed
 from ..instructions import PENDING_NAMESPACE, inheritance_batch, pending_of
 from ..messages import Message, Source
+from .prefix import PrefixTracker
 
 if TYPE_CHECKING:
     from ..meter import Meter
@@ -58,6 +59,11 @@ class Composer:
         #: the meter's count of the last request composed (a reply's usage anchors against it)
         self.request_estimate = 0
         self._inheritance_checked = False  # a continuation's pending inheritance (instructions.py)
+        #: the request sent last, for the prompt cache (cache_prefix_tokens, the break-even rule)
+        self.prefix = PrefixTracker(log, tracker, surface, meter, tooling)
+        #: True while the strategies' pre_step runs: the edits they commit then are automatic,
+        #: and the break-even rule judges them (compaction.py)
+        self.automatic = False
 
     def prepare_request(
         self,
@@ -104,7 +110,11 @@ class Composer:
         if not self._inheritance_checked:
             self._write_inheritance()
         step = StepContext(tracker.turn, tracker.step + 1, tracker.step == 0, attempt)
-        session.kernel.hooks.pre_step(session, step)
+        self.automatic = True
+        try:
+            session.kernel.hooks.pre_step(session, step)
+        finally:
+            self.automatic = False
         for strategy, text in step.reminders:
             self.deferred.append((strategy, text))
         self.flush_deferred()
@@ -128,13 +138,17 @@ class Composer:
                     "Shorten the system prompt or tool schemas, or use a model with a larger window"
                 )
                 raise RequestTooLargeError(msg, prompt_tokens=tokens, limit=window)
+        prefix_tokens, prefix_messages = self.prefix.sent(request, header_tokens, digest)
+        request.cache_prefix_tokens, request.cache_prefix_messages = prefix_tokens, prefix_messages
         batch = []
         if digest != tracker.header_hash:
             header = {"system": request.system, "tools": request.tools, "hash": digest}
             batch.append(EventSpec(ev.REQUEST_HEADER, header))
         if tracker.route is None:
             self.routing.write(self.routing.model_settings())
-        batch.append(EventSpec(ev.STEP_START, {"turn": tracker.turn, "step": step.step}))
+        batch.append(
+            EventSpec(ev.STEP_START, {"turn": tracker.turn, "step": step.step, "cache_prefix_tokens": prefix_tokens})
+        )
         if defer_write:
             self.log.hold(batch)  # written first by the next append (prepare_request's docstring)
         else:
@@ -163,6 +177,8 @@ class Composer:
             pressure=self.gauge.pressure(),  # replaced once decorations are known
             provider=route["provider"] if route else "",
             model=route["model"] if route else "",
+            session_id=self.log.id,
+            cache_hints=self.session.kernel.profile.cache.hints,
         )
         self.session.kernel.hooks.decorate_request(self.session, request)
         meter = self.meter

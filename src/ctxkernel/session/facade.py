@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import events as ev
-from ..compaction import CommitResult, Span, run_transaction
+from ..compaction import CommitResult, Span, cache_gate, run_transaction
 from ..context import Context, Request, RequestHeader
 from ..errors import SurfaceError
 from ..events import Event, EventSpec
@@ -45,6 +45,7 @@ from ..surface import Surface
 from ..tools import ToolOutcome, ToolRegistry
 from .compose import Composer
 from .log import CountsAhead, SessionLog
+from .prefix import PrefixTracker
 from .pressure import Gauge
 from .reply import Replies
 from .route import Routing
@@ -515,7 +516,8 @@ class Session:
             )
 
     def replace_tool_result(self, seq: int, content: str, *, strategy: str, reason: str = "prune") -> int:
-        """Model-free shrink of one tool result (``compaction/prune`` + a one-node replacement)."""
+        """Model-free shrink of one tool result (``compaction/prune`` + a one-node replacement);
+        between steps, only when it pays for the cached prefix it rewrites (``cache_gate``)."""
         node = self.surface.node(seq)
         if node is None or node.role != "tool":
             msg = f"seq {seq} is not a visible tool result"
@@ -525,6 +527,10 @@ class Session:
             msg = f"seq {seq} holds no tool result block"
             raise SurfaceError(msg)
         message = Message.tool(old.call_id, content, is_error=old.is_error, name=old.name)
+        if self.editing_automatically:
+            position = self.surface.position(seq)
+            saved = self.meter.node_tokens(node) - self.meter.count_message(message)
+            cache_gate(self, position or 0, saved, strategy=strategy, clears=True)
         return (
             self.append(
                 [
@@ -547,6 +553,18 @@ class Session:
             )
             + 1
         )
+
+    # -- the prompt cache -------------------------------------------------------------------------------
+    @property
+    def sent_prefix(self) -> PrefixTracker:
+        """The request sent last, as the provider's prompt cache sees it (``session/prefix.py``)."""
+        return self._composer.prefix
+
+    @property
+    def editing_automatically(self) -> bool:
+        """True while the strategies' ``pre_step`` runs: the edits they commit are judged by the
+        prompt cache's break-even rule (``cache_rule.py``)."""
+        return self._composer.automatic
 
     # -- recovery -------------------------------------------------------------------------------------
     def repair_after_crash(self, *, keep_waiting_calls: bool = False) -> list[int]:
@@ -572,8 +590,24 @@ class Session:
             "pressure": self.pressure().to_dict(),
             "surface": {"nodes": len(self.surface.nodes), "roles": roles, "tokens": self.meter.surface_tokens()},
             "compactions": [dict(row) for row in self.compaction_summaries],
+            "cache": self._cache_view(),
             "strategies": self.kernel.hooks.project(self),
         }
+
+    def _cache_view(self) -> dict[str, Any]:
+        """The last request's ``cache_prefix_tokens`` (recorded with its ``step/start``), or None
+        before the first request (or in a log written before it was recorded)."""
+        events = self.events
+        for i in range(len(events) - 1, -1, -1):
+            event = events[i]
+            if event.type == ev.STEP_START:
+                value = event.data.get("cache_prefix_tokens")
+                return {
+                    "prefix_tokens": value if type(value) is int else None,
+                    "turn": event.data["turn"],
+                    "step": event.data["step"],
+                }
+        return {"prefix_tokens": None, "turn": None, "step": None}
 
 
 __all__ = ["Session"]

@@ -38,7 +38,7 @@ from ..kernel import Kernel
 from ..messages import Message, Source, ToolCallBlock
 from ..meter import message_text_for_count
 from ..models.base import Reply
-from ..pricing import Bill, ModelPrice, PromptCache, UnknownModelError, price_for
+from ..pricing import Bill, ModelPrice, PromptCache, UnknownModelError, price_for, priced_as
 from ..profile import Prices, Profile, SummarizerSettings, load_profile, override_window
 from ..redact import redact
 from ..session import Request, Session
@@ -821,8 +821,9 @@ def run_profile(name: str, recording: Recording, options: Options) -> dict[str, 
             origin = origin_label(name, recording)
             earlier = sum(1 for sid in kernel.store.list_sessions() if kernel.store.header(sid).origin == origin)
             seed = f"ctxkernel-simulate:{name}:{earlier}"
-            with replay_clock(clock, seed):
-                price = price_of(options, profile.prices)
+            price = price_of(options, profile.prices)
+            # the break-even rule of the replayed sessions weighs edits with the bill's prices
+            with replay_clock(clock, seed), priced_as(price):
                 replay = Replay(kernel, recording, options, label=name, clock=clock, price=price)
                 if isinstance(kernel.summarizer, CountingModel):
                     kernel.summarizer.bill = replay.bill_summary

@@ -163,6 +163,7 @@ function renderOverview(view) {
   replace(document.getElementById("overview"),
     card("pressure", gauge(p), "pressure"),
     card("tokens", fmt(p.tokens), "pressure-tokens"),
+    card("cached prefix", view.cache && view.cache.prefix_tokens != null ? `${fmt(view.cache.prefix_tokens)} tokens` : "none yet", "cache-prefix"),
     card("effective window", fmt(p.effective_window), "effective-window"),
     card("events", fmt(view.events), "events-count"),
     card("turn", fmt(view.turn), "turn"),
