@@ -546,16 +546,17 @@ def within(session: SessionPort, entries: Sequence[Entry], budget: int) -> list[
     return picked
 
 
-def lost_block(session: SessionPort, kept: Shown) -> str | None:
+def lost_block(session: SessionPort, kept: Shown) -> tuple[str, int] | None:
     """The block of the ledger's entries that ``kept`` (what stays on the surface) does not
-    show, within the budget; None when nothing is lost or the budget is 0."""
+    show, within the budget, and how many entries it shows; None when nothing is lost or the
+    budget is 0."""
     budget = budget_tokens(session)
     if budget <= 0:
         return None
     entries = session.work_ledger.entries()
     lost = missing(entries, kept)
     picked = within(session, lost, budget)
-    return render(picked) if picked else None
+    return (render(picked), len(picked)) if picked else None
 
 
 def pin_lost(
@@ -574,10 +575,10 @@ def pin_lost(
     for message in replacements:
         if message is not None:
             kept.add(message)
-    block = lost_block(session, kept)
-    if block is None:
+    lost = lost_block(session, kept)
+    if lost is None:
         return replacements, -1, 0
-    shown = block.count("\n") - 2
+    block, shown = lost
     out = list(replacements)
     order = ([carrier] if carrier >= 0 else []) + list(range(len(out)))
     for i in order:
