@@ -68,7 +68,13 @@ def fold(*events: Event) -> WorkLedger:
         ),
         (
             "shell",
-            {"command": ["bash", "-lc", "apply_patch <<'EOF'\n*** Begin Patch\n*** Update File: src/m.rs\n*** Move to: src/n.rs\n@@\n*** End Patch\nEOF"]},
+            {
+                "command": [
+                    "bash",
+                    "-lc",
+                    "apply_patch <<'EOF'\n*** Begin Patch\n*** Update File: src/m.rs\n*** Move to: src/n.rs\n@@\n*** End Patch\nEOF",
+                ]
+            },
             [("src/m.rs", "updated"), ("src/n.rs", "moved here")],
         ),
         ("Bash", {"command": "cat > notes.md <<'EOF'\nhello\nEOF"}, [("notes.md", "written")]),
@@ -131,7 +137,12 @@ def test_open_todos_come_from_the_last_todo_list():
         call_event(
             0,
             "TodoWrite",
-            {"todos": [{"content": "write tests", "status": "completed"}, {"content": "fix parser", "status": "in_progress"}]},
+            {
+                "todos": [
+                    {"content": "write tests", "status": "completed"},
+                    {"content": "fix parser", "status": "in_progress"},
+                ]
+            },
         ),
     )
     assert ledger.todos == ["[in_progress] fix parser"]
@@ -171,7 +182,11 @@ def step(session: Any, call: ToolCallBlock, outcome: ToolOutcome) -> None:
 def work(session: Any, files: int = 3) -> None:
     session.user("Fix the parser. Done when pytest -x passes.")
     for i in range(files):
-        step(session, ToolCallBlock(f"e{i}", "Edit", {"file_path": f"src/mod{i}.py", "old_string": "a"}), ToolOutcome("ok"))
+        step(
+            session,
+            ToolCallBlock(f"e{i}", "Edit", {"file_path": f"src/mod{i}.py", "old_string": "a"}),
+            ToolOutcome("ok"),
+        )
     step(
         session,
         ToolCallBlock("t1", "Bash", {"command": "pytest -x tests"}),
@@ -300,7 +315,10 @@ def _events_for(kind: str, i: int) -> list[Event]:
     if kind == "bash_ok":
         return [call_event(0, "bash", {"command": f"make t{i % 4}"}, f"b{i}"), result_event(0, f"b{i}", "ok")]
     if kind == "bash_fail":
-        return [call_event(0, "bash", {"command": f"make t{i % 4}"}, f"b{i}"), result_event(0, f"b{i}", f"Error {i}", True)]
+        return [
+            call_event(0, "bash", {"command": f"make t{i % 4}"}, f"b{i}"),
+            result_event(0, f"b{i}", f"Error {i}", True),
+        ]
     if kind == "todo":
         return [call_event(0, "TodoWrite", {"todos": [{"content": f"task {i}", "status": "pending"}]})]
     if kind == "done":

@@ -181,7 +181,9 @@ class WorkLedger:
             return
         if event.type == USER_MESSAGE:
             if (message.get("source") or {}).get("kind", "user") == "user":
-                self._user_text("\n".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text"))
+                self._user_text(
+                    "\n".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
+                )
             return
         for block in content:
             if not isinstance(block, dict):
@@ -226,7 +228,8 @@ class WorkLedger:
             self.files.pop(next(iter(self.files)))
 
     def _result(self, block: dict[str, Any]) -> None:
-        command = self.pending.pop(block.get("call_id"), None) if isinstance(block.get("call_id"), str) else None
+        call_id = block.get("call_id")
+        command = self.pending.pop(call_id, None) if isinstance(call_id, str) else None
         if command is None:
             return
         content = block.get("content")
@@ -245,7 +248,9 @@ class WorkLedger:
     def to_dict(self) -> dict[str, Any]:
         return {
             "files": [[p, o] for p, o in self.files.items()],
-            "failing": None if self.failing is None else {"command": self.failing.text, "errors": list(self.failing.error_lines)},
+            "failing": None
+            if self.failing is None
+            else {"command": self.failing.text, "errors": list(self.failing.error_lines)},
             "worked": list(self.worked),
             "todos": self.todos,
             "done_when": self.done_when,

@@ -30,7 +30,12 @@ def test_a_manual_compaction_carries_the_work_ledger(tmp_path):
     for i, path in enumerate(FILES):
         act(session, ToolCallBlock(f"e{i}", "Edit", {"file_path": path, "old_string": "a", "new_string": "b"}), "ok")
         act(session, ToolCallBlock(f"r{i}", "Read", {"file_path": f"docs/notes_{i}.md"}), "notes " * 300)
-    act(session, ToolCallBlock("t1", "Bash", {"command": "pytest -x tests/pkg"}), "E   KeyError: 'name'\n" + "trace " * 200, is_error=True)
+    act(
+        session,
+        ToolCallBlock("t1", "Bash", {"command": "pytest -x tests/pkg"}),
+        "E   KeyError: 'name'\n" + "trace " * 200,
+        is_error=True,
+    )
     session.prepare_request()
     session.commit_reply(Message.assistant("I will look at the failure next. " * 20))
     session.end_turn()

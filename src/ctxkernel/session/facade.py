@@ -38,8 +38,8 @@ from ..errors import SurfaceError
 from ..events import Event, EventSpec
 from ..guard import OversizedMarks
 from ..instructions import Instruction, Ledger
-from ..ledger import WorkLedger
 from ..lease import host_id
+from ..ledger import WorkLedger
 from ..messages import Message, ToolCallBlock, ToolResultBlock
 from ..meter import Meter, Pressure
 from ..surface import Surface
