@@ -48,6 +48,7 @@ import orjson
 from .events import ASSISTANT_MESSAGE, SESSION_TASK, TOOL_RESULT, USER_MESSAGE, Event, EventSpec, append_op
 from .frames import guard
 from .messages import Message, Source, TextBlock
+from .text import clip
 
 if TYPE_CHECKING:
     from .ports import SessionPort
@@ -332,8 +333,7 @@ def render(entries: Sequence[Entry]) -> str:
 
 # -- extractors, shared by the fold and its tests ---------------------------------------------------------
 def _clip(text: str, limit: int) -> str:
-    flat = " ".join(text[: limit * 4].split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+    return clip(" ".join(text[: limit * 4].split()), limit)
 
 
 def command_of(arguments: dict[str, Any]) -> str:
