@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import instructions
+from . import instructions, ledger
 from .cache_rule import Decision, Edit, decide
 from .errors import (
     CacheWaitError,
@@ -312,6 +312,18 @@ def _run_steps(
             # own counts, the strategy's replacement from its count when it has one)
             known = strategy_after[carrier] if own is not None else None
             after[carrier] = instructions.carried_tokens(session, own, known, pinned)
+        # 5c: the work ledger's entries no message left on the surface would show go, verbatim,
+        # into the same replacement (ledger.py); bounded by its own budget, like the block above
+        ledger_carrier, ledger_entries = -1, 0
+        if keep_instructions:
+            messages, ledger_carrier, ledger_entries = ledger.pin_lost(
+                session, cited, [m for m, _ in replacements], carrier if pinned else -1
+            )
+            carried_by = messages[ledger_carrier] if ledger_carrier >= 0 else None
+            if carried_by is not None:
+                # the shrink check keeps judging the strategy's own replacement (strategy_after)
+                replacements[ledger_carrier] = (carried_by, replacements[ledger_carrier][1])
+                after[ledger_carrier] = meter.count_message(carried_by)
         if check_shrink:  # 6
             for i, (b, a) in enumerate(zip(before, strategy_after, strict=True)):
                 if a is not None and a >= b:
@@ -368,6 +380,7 @@ def _run_steps(
                     "tokens_before": sum(before),
                     "tokens_after": sum(after),
                     **({"instructions": {"pinned": [i.ref for i in pinned], "span": carrier}} if pinned else {}),
+                    **({"ledger": {"entries": ledger_entries, "span": ledger_carrier}} if ledger_carrier >= 0 else {}),
                     **(data or {}),
                 },
             )
@@ -381,7 +394,7 @@ def _run_steps(
             else:
                 kind_of = TOOL_RESULT if message.role == "tool" else USER_MESSAGE
                 body = {"message": message.to_dict(), "compaction_id": compaction_id}
-                if i in rendered and not (pinned and i == carrier):
+                if i in rendered and not (pinned and i == carrier) and i != ledger_carrier:
                     parsed[len(batch)] = message
                 batch.append(EventSpec(kind_of, body, replace_op(seqs)))
         batch.append(EventSpec(COMPACTION_END, {"compaction_id": compaction_id}))

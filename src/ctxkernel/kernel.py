@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from . import instructions
+from . import ledger as work_ledger
 from .errors import CorruptionError, CtxKernelError, ProfileError, SessionNotFoundError
 from .events import random_hex, utc_now
 from .logging import get_logger
@@ -203,10 +204,15 @@ class Kernel:
         if not self.store.exists(source):
             msg = f"instructions_from={source!r}: no such session in the {self.store.backend} store"
             raise SessionNotFoundError(msg)
-        ledger = instructions.ledger_of(source, list(self.store.read(source, 0)))
+        events = list(self.store.read(source, 0))
+        ledger = instructions.ledger_of(source, events)
         kept = instructions.inherited(session, ledger)
         if kept:
             self.store.kv_put(instructions.PENDING_NAMESPACE, session.id, [i.to_dict() for i in kept])
+        if self.profile.ledger.budget_ratio > 0:  # the work ledger goes on too (ledger.py)
+            work = work_ledger.ledger_of(events)
+            if work.entries():
+                self.store.kv_put(work_ledger.PENDING_NAMESPACE, session.id, work.to_dict())
 
     def _resume(self, session_id: str, repair: bool, keep_waiting_calls: bool = False) -> Session:
         # the snapshot first: a store may start its reads (and the repair scan) where it ends

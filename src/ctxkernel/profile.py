@@ -181,6 +181,15 @@ class CacheSettings(_Strict):
     hints: bool = True
 
 
+class LedgerSettings(_Strict):
+    """The kernel's budget for the work ledger (see :mod:`ctxkernel.ledger`)."""
+
+    #: share of the routed model's effective window the ``<work-ledger>`` block a compaction
+    #: carries may take (files changed, the last failing command, the last commands that worked,
+    #: open todos, the definition of done); 0 turns the ledger off
+    budget_ratio: float = Field(default=0.05, ge=0, le=0.25)
+
+
 class Prices(_Strict):
     """Optional prices per million tokens, used by reports; none are built in."""
 
@@ -230,6 +239,7 @@ class Profile(BaseSettings):
     serve: ServeSettings = Field(default_factory=ServeSettings)
     instructions: InstructionSettings = Field(default_factory=InstructionSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
+    ledger: LedgerSettings = Field(default_factory=LedgerSettings)
     prices: Prices | None = None
     strategies: dict[str, dict[str, Any]] = Field(default_factory=dict)
     model_policies: list[ModelPolicy] = Field(default_factory=list)

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .. import events as ev
+from .. import ledger
 from ..context import Request, StepContext
 from ..errors import EventError, RequestTooLargeError
 from ..events import EventSpec
@@ -196,13 +197,16 @@ class Composer:
         self._inheritance_checked = True
         store, session_id = self.log.store, self.log.id
         raw = store.kv_get(PENDING_NAMESPACE, session_id)
-        if raw is None:
-            return
-        pending = pending_of(raw)
-        if pending:
-            self.session.append(inheritance_batch(self.session, pending))
-        # after the append: a crash in between writes it again, and the ledger keeps the last
-        store.kv_delete(PENDING_NAMESPACE, session_id)
+        if raw is not None:
+            pending = pending_of(raw)
+            if pending:
+                self.session.append(inheritance_batch(self.session, pending))
+            # after the append: a crash in between writes it again, and the ledger keeps the last
+            store.kv_delete(PENDING_NAMESPACE, session_id)
+        work = ledger.pending_of(store.kv_get(ledger.PENDING_NAMESPACE, session_id))
+        if work is not None:  # the work ledger it inherited, after the instructions (ledger.py)
+            self.session.append(ledger.inheritance_batch(self.session, work))
+            store.kv_delete(ledger.PENDING_NAMESPACE, session_id)
 
     def flush_deferred(self) -> None:
         """Write the queued notices, as plugin messages, before the request."""

@@ -39,6 +39,7 @@ from ..events import Event, EventSpec
 from ..guard import OversizedMarks
 from ..instructions import Instruction, Ledger
 from ..lease import host_id
+from ..ledger import WorkLedger
 from ..messages import Message, ToolCallBlock, ToolResultBlock
 from ..meter import Meter, Pressure
 from ..surface import Surface
@@ -252,6 +253,11 @@ class Session:
     def instruction_ledger(self) -> Ledger:
         """The ledger behind :attr:`instructions` (its counts and the last search answers)."""
         return self._tracker.instructions
+
+    @property
+    def work_ledger(self) -> WorkLedger:
+        """The work ledger (:mod:`ctxkernel.ledger`), up to date with the log."""
+        return self._tracker.work.sync(self._log.events)
 
     @property
     def instruction_costs(self) -> dict[tuple[str, int], int]:

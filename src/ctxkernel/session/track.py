@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .. import events as ev
 from ..events import Event
 from ..instructions import Ledger
+from ..ledger import WorkLedger
 
 if TYPE_CHECKING:
     from ..meter import Meter
@@ -41,6 +42,7 @@ class Tracker:
         "task",
         "turn",
         "turn_open",
+        "work",
     )
 
     def __init__(self, meter: Meter) -> None:
@@ -71,6 +73,8 @@ class Tracker:
         self.conclude_turn = False
         #: the user's instructions (instructions.py), folded with each event while it is current
         self.instructions = Ledger()
+        #: the work ledger (ledger.py), folded from the log when a compaction reads it
+        self.work = WorkLedger()
 
     def fold(self, session_id: str, event: Event, *, live: bool = False) -> None:
         """Track one event, the next in log order."""
