@@ -67,10 +67,9 @@ def rollover(session: Any) -> Callable[[], Any]:
 def mask(session: Any) -> Callable[[], Any]:
     """One batch of masks, planned as at the window's edge (so it reaches into the verbatim tail
     when the older results are already masked), committed as the strategy's pre-step does."""
+    from ctxkernel import Span
     from ctxkernel_mask.plan import plan
     from ctxkernel_mask.strategy import STRATEGY
-
-    from ctxkernel import Span
 
     handle = STRATEGY.on(session.context)
     window = session.context.pressure().effective_window

@@ -9,7 +9,6 @@ import re
 from typing import Any
 
 import pytest
-
 from serve_fake_upstream import Reply
 
 from ctxkernel.convert import count_cache_breakpoints
