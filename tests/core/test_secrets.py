@@ -75,14 +75,15 @@ PASSWORD_FORMS = [
 
 @given(form=st.sampled_from(SECRET_FORMS), secret=token, before=noise, after=noise)
 def test_a_key_never_survives_redaction(form: str, secret: str, before: str, after: str) -> None:
-    assume(secret not in before and secret not in after)
+    # a "secret" that is part of the form's own words (``Authorizatio``) survives as those words
+    assume(secret not in before and secret not in after and secret not in form.format(s=""))
     text = f"{before} {form.format(s=secret)} {after}"
     assert secret not in redact(text)
 
 
 @given(form=st.sampled_from(PASSWORD_FORMS), secret=password, before=noise, after=noise)
 def test_a_password_never_survives_redaction(form: str, secret: str, before: str, after: str) -> None:
-    assume(secret not in before and secret not in after)
+    assume(secret not in before and secret not in after and secret not in form.format(s=""))
     text = f"{before}\n{form.format(s=secret)}\n{after}"
     assert secret not in redact(text)
 

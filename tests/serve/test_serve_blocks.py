@@ -20,6 +20,10 @@ from ctxkernel.profile import load_profile
 
 from .conftest import write_profile
 
+#: these tests check that blocks reach the provider as they came: the kernel's own cache
+#: breakpoints, added when a client sends none, are tested in test_serve_cache.py
+NO_HINTS = "[cache]\nhints = false\n"
+
 
 def png(width: int, height: int) -> bytes:
     from PIL import Image
@@ -37,10 +41,10 @@ def image_block(data: bytes) -> dict:
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
-def test_mid_conversation_system_message_passes_through(fake, serve_factory, stream):
+def test_mid_conversation_system_message_passes_through(fake, serve_factory, tmp_path, stream):
     # Claude Code 2.1.x sends {"role": "system"} inside messages (beta mid-conversation-system-2026-04-07)
     upstream, _ = fake
-    serve = serve_factory()
+    serve = serve_factory(write_profile(tmp_path, tables=NO_HINTS))
     upstream.script = lambda api, body: Reply("ok")
     client = serve.anthropic(session=f"midsys-{stream}")
     system = {"role": "system", "content": "<system-reminder>the plan changed</system-reminder>"}
@@ -122,11 +126,11 @@ def test_redacted_thinking_goes_back_in_its_place(fake, serve_factory, stream):
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
-def test_server_tool_blocks_need_no_client_result(fake, serve_factory, stream):
+def test_server_tool_blocks_need_no_client_result(fake, serve_factory, tmp_path, stream):
     # a server tool's call and result are a pair the provider ran: the history with them is
     # accepted (no client result is due), and both go back to the provider as they came
     upstream, _ = fake
-    serve = serve_factory()
+    serve = serve_factory(write_profile(tmp_path, tables=NO_HINTS))
     tools = [{"type": "web_search_20250305", "name": "web_search"}]
     blocks = [SERVER_CALL, SERVER_RESULT]
     got, sent = reply_then_continue(upstream, serve, f"server-tools-{stream}", stream, blocks, tools)
@@ -136,9 +140,9 @@ def test_server_tool_blocks_need_no_client_result(fake, serve_factory, stream):
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
-def test_images_are_stored_as_blobs_and_sent_as_they_came(fake, serve_factory, stream):
+def test_images_are_stored_as_blobs_and_sent_as_they_came(fake, serve_factory, tmp_path, stream):
     upstream, _ = fake
-    serve = serve_factory()
+    serve = serve_factory(write_profile(tmp_path, tables=NO_HINTS))
     upstream.script = lambda api, body: Reply("a red square")
     data = png(1000, 500)
     block = image_block(data)
@@ -215,7 +219,7 @@ def test_documents_are_stored_and_counted_by_their_pages(fake, serve_factory, tm
     from pypdf import PdfWriter
 
     upstream, _ = fake
-    serve = serve_factory(write_profile(tmp_path, window=32000, reserved=2000))
+    serve = serve_factory(write_profile(tmp_path, window=32000, reserved=2000, tables=NO_HINTS))
     upstream.script = lambda api, body: Reply("three blank pages")
     writer = PdfWriter()
     for _ in range(3):

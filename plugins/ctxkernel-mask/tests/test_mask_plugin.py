@@ -173,6 +173,18 @@ def test_the_history_tools_come_with_the_first_mask_and_survive_a_reopen(tmp_pat
     assert _tool_names(again.prepare_request()) == _tool_names(request)
 
 
+def test_a_window_too_small_for_the_history_tools_masks_without_them(tmp_path):
+    # their ~1,100 tokens of schemas would take the room masking freed and overflow a small window
+    session = mask_kernel(tmp_path, window=5_000, reserve=500).open_session()
+    driver = Driver(session)
+    driver.user("work")
+    for i in range(12):
+        driver.read(f"f{i}.py", lines=30)
+    assert _masks(session)
+    request = driver.text("done")
+    assert not HISTORY & _tool_names(request) and "history_search_contents" not in request.system
+
+
 def test_mask_summary_summarises_only_what_masking_cannot_clear(tmp_path):
     session = mask_kernel(tmp_path, window=5_000, reserve=500, summary=True).open_session()
     driver = Driver(session)
@@ -181,7 +193,7 @@ def test_mask_summary_summarises_only_what_masking_cannot_clear(tmp_path):
         driver.read(f"f{i}.py", lines=30)
     assert _masks(session)
     assert not [e for e in session.events if e.type == "compaction/start" and e.data.get("strategy") == "basic"]
-    for i in range(40):  # replies masking cannot shrink: only a summary can
+    for i in range(80):  # replies masking cannot shrink: only a summary can
         driver.text(f"thinking step {i}: " + "words " * 60)
     assert [e for e in session.events if e.type == "compaction/start" and e.data.get("strategy") == "basic"]
 

@@ -49,9 +49,16 @@ def hidden(ctx: Context) -> bool:
     return any(node.cites for node in ctx.surface.nodes)
 
 
+def recall_offered(ctx: Context) -> bool:
+    """Whether the history tools go with the requests now: something is hidden, and the window is
+    large enough to carry their schemas (``recall_min_window``)."""
+    settings = STRATEGY.on(ctx).settings
+    return ctx.model.effective_window >= settings.recall_min_window and hidden(ctx)
+
+
 @ctxkernel.hookimpl
 def register_tools(register: Any, ctx: Context) -> None:
-    offered = hidden(ctx)
+    offered = recall_offered(ctx)
     STRATEGY.on(ctx).state[TOOLS_KEY] = offered
     if offered:
         for tool in history_tools(STRATEGY):
@@ -65,7 +72,7 @@ def system_prompt(ctx: Context) -> str | None:
 
 def _sync_tools(ctx: Context) -> None:
     mask = STRATEGY.on(ctx)
-    if TOOLS_KEY in mask.state and mask.state[TOOLS_KEY] != hidden(ctx):
+    if TOOLS_KEY in mask.state and mask.state[TOOLS_KEY] != recall_offered(ctx):
         mask.invalidate_header()  # the next request registers the tools again
 
 

@@ -31,6 +31,10 @@ class MaskSettings(BaseModel):
     args_tokens: int = Field(default=250, ge=0, le=10_000_000)
     #: characters of a call's arguments shown in its placeholder (paths and commands first)
     digest_chars: int = Field(default=200, ge=20, le=10_000)
+    #: the history tools (about 1,100 tokens of schemas in every request) are offered only on an
+    #: effective window of at least this many tokens: below it they would take the room masking
+    #: freed, and the request could overflow (what is masked stays in the log, not recallable)
+    recall_min_window: int = Field(default=8_000, ge=0, le=10_000_000)
 
     @model_validator(mode="after")
     def _checked(self) -> MaskSettings:
