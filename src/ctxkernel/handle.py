@@ -380,6 +380,11 @@ class StrategyHandle(Generic[S]):
         """Queue a notice for the model before the request ``step`` is about to make."""
         step.remind(text, strategy=self.name)
 
+    def hold_pressure(self, step: StepContext, reason: str) -> None:
+        """Tell the strategies after this one (``basic``'s threshold compaction) to leave the
+        pressure alone at ``step``: this strategy owns it and waits, the request still fitting."""
+        step.hold_pressure(reason, strategy=self.name)
+
     def add_message(self, message: Message, *, data: dict[str, Any] | None = None) -> int:
         """Append a user message on the surface now (a notice outside a step's reminders, a seed);
         ``data`` adds keys to its event beside ``message``, for the strategy to read back from the

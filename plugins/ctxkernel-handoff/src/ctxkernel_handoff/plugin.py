@@ -152,6 +152,14 @@ def pre_step(ctx: Context, step: StepContext) -> None:
     threshold, retain, auto = host_settings(ctx)
     pressure = ctx.pressure()
     if mode.auto and auto and pressure.ratio >= threshold:
+        interval = STRATEGY.on(ctx).settings.min_switch_interval_steps
+        since = state.steps_since_switch
+        if since is not None and since < interval and pressure.ratio < 1.0:
+            # no switch storm: the last switch was `since` steps ago and this request still fits;
+            # basic's threshold compaction waits too (an overflow, new_context or a manual
+            # compaction never waits)
+            STRATEGY.on(ctx).hold_pressure(step, f"{since} of {interval} steps since the last window switch")
+            return
         outcome = switch(ctx, reason="threshold", keep_tokens=int(retain * pressure.effective_window))
         if outcome.committed:
             return
