@@ -198,10 +198,10 @@ class _OpaqueRecall:
         self._spec = ctxkernel.StrategySpec("opaquerecall", settings=Settings, capabilities={"recall"})
         self._args = ReadArgs
 
-    def _read(self, session: Any, args: Any) -> Any:
+    def _read(self, ctx: Any, args: Any) -> Any:
         import ctxkernel
 
-        for event in session.events:
+        for event in ctx.events:
             if self.secret(event.seq) == args.id and "message" in event.data:
                 return ctxkernel.ToolOutcome(str(event.data["message"]))
         return ctxkernel.ToolOutcome(f"no item {args.id!r}", is_error=True)
@@ -218,7 +218,7 @@ def _opaque_plugin() -> Any:
             register(holder._spec)
 
         @ctxkernel.hookimpl
-        def register_tools(self, register: Any, session: Any) -> None:
+        def register_tools(self, register: Any, ctx: Any) -> None:
             register(
                 ctxkernel.Tool(
                     "history_read_item", "read an item by id", holder._args, holder._read, strategy="opaquerecall"
