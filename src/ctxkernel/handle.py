@@ -27,7 +27,7 @@ from .context import Context, session_of
 from .errors import ConfigError, EventError
 from .events import USER_MESSAGE, EventSpec, append_op
 from .guard import excerpt_oversized
-from .instructions import pin_cost
+from .instructions import pin_cost, protected
 from .logging import get_logger
 from .messages import Message, Source
 from .profile import strategy_settings_from
@@ -371,6 +371,13 @@ class StrategyHandle(Generic[S]):
         ``start..end`` to keep the user's instructions they hold (``[instructions]``): leave room
         for it when sizing a replacement to a target."""
         return pin_cost(self._session, {n.seq for n in self._session.surface.span(start, end)})
+
+    def pinned_instructions(self) -> list[str]:
+        """The user's instructions the kernel keeps through every compaction (``[instructions]``,
+        the protected ones), oldest first, as its block shows them. A replacement need not quote
+        them: the kernel pins those a compaction takes off the surface in its own block, so a
+        replacement that quotes them too shows them twice."""
+        return [item.shown for item in protected(self._session)]
 
     def replace_tool_result(self, seq: int, content: str, *, reason: str = "prune") -> int:
         """Model-free shrink of one visible tool result; returns the replacement's seq."""

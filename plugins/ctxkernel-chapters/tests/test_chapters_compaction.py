@@ -55,13 +55,15 @@ def test_pressure_archives_in_place_without_a_model(tmp_path):
     assert message.source.plugin == "chapters" and message.text.startswith("<chapters-toc>")
     records = registry(session).get(session.id)["chapters"]
     assert records and all(r["status"] == "final" for r in records)
-    # the newest archived instruction of the user is quoted verbatim
+    # the newest archived instruction of the user is shown verbatim once: in the kernel's block
+    # (it protects it), not quoted by the table of contents as well
     archived_users = [
         e
         for e in session.events[: records[-1]["end_seq"] + 1]
         if e.type == "user/message" and e.data["message"]["source"]["kind"] == "user"
     ]
-    assert "> " + archived_users[-1].data["message"]["content"][0]["text"] in message.text
+    newest = archived_users[-1].data["message"]["content"][0]["text"]
+    assert newest in message.text and "> " + newest not in message.text
     where = Archive.of(session.context)
     for record in records:
         assert record["path"] in message.text
@@ -285,13 +287,13 @@ def test_the_steward_note_quotes_only_the_request_within_its_cap(tmp_path):
     from ctxkernel_chapters.tools import STEWARD_QUOTE_CHARS
 
     session = _session(tmp_path, compact_at_ratio=0.99, pressure_suggestion_ratio=0.5)
-    _run_until(session, lambda: chapters_plugin.state(session)["suggested"])
+    _run_until(session, lambda: chapters_plugin.state(session.context)["suggested"])
     session.user("one more: " + "check every call site. " * 100)
     request = session.prepare_request()
     hidden = dataclasses.replace(request, messages=[m for m in request.messages if m.source.kind != "user"])
     unseen = session.kernel.hooks.steward_actions(session, hidden)
     assert "one more" not in unseen[0]["arguments"]["handoff_note"]  # not on the request: not quoted
-    chapters_plugin.state(session).pop("steward_tried")
+    chapters_plugin.state(session.context).pop("steward_tried")
     note = session.kernel.hooks.steward_actions(session, request)[0]["arguments"]["handoff_note"]
     (asked,) = [line for line in note.splitlines() if line.startswith("In progress: ")]
     assert asked == "In progress: " + ("one more: " + "check every call site. " * 100)[:STEWARD_QUOTE_CHARS]
