@@ -26,7 +26,7 @@ def _kernel(home, **basic):
 
 def _turn(session, n: int) -> None:
     session.user(f"request {n}: " + " ".join(f"word{n}_{i}" for i in range(30)))
-    request = session.prepare_request()
+    session.prepare_request()
     reply = Message.assistant(f"answer {n}: " + " ".join(f"fact{n}_{i}" for i in range(30)))
     sent = session.request_header().tokens + session.meter.surface_tokens()  # the meter's count of the request
     usage = {"prompt_tokens": sent + PROVIDER_FRAMING, "completion_tokens": session.meter.count_message(reply)}

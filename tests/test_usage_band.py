@@ -155,7 +155,7 @@ def test_the_band_is_bounded_by_a_small_window(tmp_path: Path) -> None:
     for n in range(30):
         session.user(f"step {n}: " + " ".join(f"task{n}_{i}" for i in range(20)))
         for k in range(2):
-            request = session.prepare_request()
+            session.prepare_request()
             requests += 1
             sent = counted(session)
             assert sent <= 1_800, f"request {requests} holds {sent} tokens, the effective window is 1,800"

@@ -68,6 +68,7 @@ def header_refusal(header_tokens: int, context_window: int, reserved_output_toke
         f"use a model (or [model] context_window) of at least {smallest}, or shorten [profile] system_prompt or the tools"
     )
 
+
 log = get_logger("ctxkernel.guard")
 
 #: a message over this share of the effective window is excerpted (the rollover strategy's own

@@ -552,7 +552,9 @@ class _Validator:
         header = session.request_header()
         for label, model in self._model_variants():
             effective = model.effective_window
-            reason = header_refusal(header.tokens, model.context_window, model.reserved_output_tokens, len(header.tools))
+            reason = header_refusal(
+                header.tokens, model.context_window, model.reserved_output_tokens, len(header.tools)
+            )
             if reason is not None:
                 self.report.fail("budgets", None, f"{label}: {reason}")
             else:

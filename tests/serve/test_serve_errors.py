@@ -251,7 +251,9 @@ def big_tools(count: int = 25) -> list[dict]:
             "type": "function",
             "function": {
                 "name": f"tool_{i}",
-                "description": " ".join(f"Use tool {i} to handle case {j} of the workflow carefully." for j in range(16)),
+                "description": " ".join(
+                    f"Use tool {i} to handle case {j} of the workflow carefully." for j in range(16)
+                ),
                 "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
             },
         }
@@ -288,7 +290,11 @@ def test_a_header_that_leaves_no_room_is_a_400_naming_the_smallest_window(fake, 
             )
     else:
         tools = [
-            {"name": t["function"]["name"], "description": t["function"]["description"], "input_schema": t["function"]["parameters"]}
+            {
+                "name": t["function"]["name"],
+                "description": t["function"]["description"],
+                "input_schema": t["function"]["parameters"],
+            }
             for t in big_tools()
         ]
         with pytest.raises(anthropic.BadRequestError) as caught:

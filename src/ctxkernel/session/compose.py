@@ -59,7 +59,9 @@ class Composer:
         self.request_estimate = 0
         self._inheritance_checked = False
         #: the (header digest, window, reservation) last found to leave room (_check_header_room)
-        self._header_checked: tuple[str, int, int] | None = None  # a continuation's pending inheritance (instructions.py)
+        self._header_checked: tuple[str, int, int] | None = (
+            None  # a continuation's pending inheritance (instructions.py)
+        )
 
     def prepare_request(
         self,

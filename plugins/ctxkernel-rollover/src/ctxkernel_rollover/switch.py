@@ -274,7 +274,7 @@ def just_sent(ctx: Context, settings: RolloverSettings, effective_window: int) -
     limit = settings.oversized_tool_result_ratio * effective_window
     if any(ctx.meter.node_tokens(n) > limit for n in tail):
         return []
-    return tail
+    return list(tail)
 
 
 def _switch(
