@@ -195,8 +195,9 @@ def test_a_compaction_that_grew_the_surface_is_still_composed_again(tmp_path: Pa
             register(ctxkernel.StrategySpec("noting", settings=Settings))
 
         @ctxkernel.hookimpl
-        def request_error(self, session: Any, error: Any) -> bool:
-            session.add_message(Message.user("over the window", ctxkernel.Source.plugin_form("noting", "notice")))
+        def request_error(self, ctx: Any, error: Any) -> bool:
+            noting = ctxkernel.Strategy("noting", Settings)
+            noting.on(ctx).add_message(Message.user("over the window", noting.source("notice")))
             return False
 
     profile = make_profile(model={"context_window": 3_000, "reserved_output_tokens": 500})

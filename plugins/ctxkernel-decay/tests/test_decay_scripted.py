@@ -141,7 +141,7 @@ def test_the_steward_summarises_what_the_request_showed(make_decay_kernel):
     for turn in range(40):
         session.user(f"Task {turn}: read the module secret_{turn}.py and report.")
         request = session.prepare_request()
-        calls = actions(session, request)
+        calls = actions(session.context, request)
         if calls:
             break
         session.commit_reply(Message.assistant("", [ToolCallBlock(f"c{turn}", "read", {"path": f"m{turn}.py"})]))
@@ -150,12 +150,12 @@ def test_the_steward_summarises_what_the_request_showed(make_decay_kernel):
         session.commit_reply(Message.assistant(f"Done with task {turn}."))
         session.end_turn()
     assert calls, "no decay reminder came"
-    state, settings = current_state(session), settings_of(session)
+    state, settings = current_state(session.context), settings_of(session.context)
     need = settings.growth_tokens // 2
-    as_logged = plan_spans(session, state, settings, need)[0]["summary"]
+    as_logged = plan_spans(session.context, state, settings, need)[0]["summary"]
     assert "secret_0.py" in as_logged
     shown = dict(zip(request.seqs, request.messages, strict=True))
     first_user = next(seq for seq, m in shown.items() if m.source.kind == "user")
     shown[first_user] = Message.user("Task 0: (shown decayed)")
-    as_shown = plan_spans(session, state, settings, need, shown)[0]["summary"]
+    as_shown = plan_spans(session.context, state, settings, need, shown)[0]["summary"]
     assert "secret_0.py" not in as_shown and "(shown decayed)" in as_shown
