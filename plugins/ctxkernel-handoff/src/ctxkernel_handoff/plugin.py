@@ -91,6 +91,10 @@ def session_opened(ctx: Context) -> None:
 def snapshot_state(ctx: Context) -> ctxkernel.StrategySnapshot | None:
     if not mode_for(ctx).enabled:
         return None  # session_opened builds no state then, so none is put into the snapshot either
+    # the history and notes indexes handoff reads (a switch folded at the open, its panel) are
+    # built on first use: built now, this snapshot holds them folded (index_parts runs after this
+    # hook), so an open from it does not fold them from the log's first event
+    notes_of(ctx)
     return STRATEGY.on(ctx).snapshot(folded_state(ctx), version=STATE_VERSION)
 
 
