@@ -8,7 +8,7 @@ Every profile must keep the invariants, and every profile that manages context m
 On a short session that window can be too small for a profile's request header (over half of it,
 guard.py HEADER_MAX_SHARE): the kernel refuses the profile up front (status ``refused``), which is
 the correct outcome there; the profile then runs at the smallest window its header allows, when
-that is still below the unmanaged peak, and must manage it as well.
+that is still below its unmanaged peak, and must manage it as well.
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ def test_decay_simulates_every_transcript_without_overflow_or_violation(path, ru
     recording = load_recording(path, run=run)
     peak, window, header_window = _window_well_below_peak(recording)
     if header_window >= peak * 0.85:
-        # a session its header dominates (tau-bench's first run: ~2,400 tokens of policy prompt
+        # a session whose header dominates (tau-bench's first run: ~2,400 tokens of policy prompt
         # and tools in a peak of ~5,600): no window both leaves the header room and needs
         # management. Below the smallest that does, the kernel refuses decay up front, naming it
         out = run_profile("decay", recording, Options(window=window, workdir=tmp_path))
