@@ -315,11 +315,19 @@ class StepContext:
     first_of_turn: bool
     attempt: int = 0
     reminders: list[tuple[str, str]] = field(default_factory=list)
+    #: (strategy, reason) when a strategy that owns the pressure chose to wait at this step (a
+    #: window switch spaced from the last one): strategies after it leave the pressure alone too
+    pressure_held: tuple[str, str] | None = None
 
     def remind(self, text: str, *, strategy: str) -> None:
         """Queue a notice for the model; it is written as a plugin message before the request.
         Strategies call ``STRATEGY.on(ctx).remind(step, text)``, which signs it."""
         self.reminders.append((strategy, text))
+
+    def hold_pressure(self, reason: str, *, strategy: str) -> None:
+        """Say that the pressure is handled by waiting at this step (the request still fits).
+        Strategies call ``STRATEGY.on(ctx).hold_pressure(step, reason)``, which signs it."""
+        self.pressure_held = (strategy, reason)
 
 
 @dataclass

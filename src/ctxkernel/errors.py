@@ -47,6 +47,16 @@ class PluginConflictError(ConfigError):
     """Two plugins claim the same strategy name or tool name."""
 
 
+class HeaderTooLargeError(ConfigError):
+    """The request header (system prompt and tool schemas) leaves no room to manage the
+    conversation at this window (:func:`ctxkernel.guard.header_refusal`); nothing was written."""
+
+    def __init__(self, message: str, *, header_tokens: int, smallest_window: int) -> None:
+        super().__init__(message)
+        self.header_tokens = header_tokens
+        self.smallest_window = smallest_window
+
+
 class StoreError(CtxKernelError):
     """The event store could not do what was asked."""
 

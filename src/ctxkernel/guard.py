@@ -26,6 +26,7 @@ oversized is excerpted together with its results (a balanced span) into one mess
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from .errors import CompactionError, ContextOverflowError
@@ -38,6 +39,35 @@ from .spans import CommitResult, Span
 if TYPE_CHECKING:
     from .ports import SessionPort
     from .surface import Node
+
+#: the request header (system prompt and tool schemas, sent with every request) may take at most
+#: this share of the effective window: the rest is the room a strategy manages. Over it, no
+#: compaction can free enough (a handoff found "no balanced cut leaves anything to replace" behind
+#: Claude Code's 28k-token header at a 48k window) and the newest tool result was clipped to fit
+HEADER_MAX_SHARE = 0.5
+
+
+def smallest_window(header_tokens: int, reserved_output_tokens: int) -> int:
+    """The smallest ``context_window`` whose effective window leaves room for ``header_tokens``."""
+    return math.ceil(header_tokens / HEADER_MAX_SHARE) + reserved_output_tokens
+
+
+def header_refusal(header_tokens: int, context_window: int, reserved_output_tokens: int, tools: int) -> str | None:
+    """Why a request header of ``header_tokens`` (with ``tools`` tool schemas) leaves no room to
+    manage the conversation at this window, naming the smallest window that works; None when it
+    leaves room (:data:`HEADER_MAX_SHARE`)."""
+    effective = context_window - reserved_output_tokens
+    if header_tokens <= HEADER_MAX_SHARE * effective:
+        return None
+    smallest = smallest_window(header_tokens, reserved_output_tokens)
+    return (
+        f"the request header (system prompt and {tools} tool schemas) costs {header_tokens} tokens, more than "
+        f"{HEADER_MAX_SHARE:.0%} of the effective window of {effective} (context_window {context_window} - "
+        f"reserved_output_tokens {reserved_output_tokens}): it is sent with every request and no compaction can "
+        f"free it, so nothing is left to manage. The smallest context_window that works is {smallest}. Fix: "
+        f"use a model (or [model] context_window) of at least {smallest}, or shorten [profile] system_prompt or the tools"
+    )
+
 
 log = get_logger("ctxkernel.guard")
 

@@ -29,7 +29,7 @@ from .context import Context, session_of
 from .errors import ConfigError, EventError
 from .events import USER_MESSAGE, EventSpec, append_op
 from .guard import excerpt_oversized
-from .instructions import pin_cost
+from .instructions import pin_cost, protected
 from .logging import get_logger
 from .messages import Message, Source
 from .profile import strategy_settings_from
@@ -374,6 +374,13 @@ class StrategyHandle(Generic[S]):
         for it when sizing a replacement to a target."""
         return pin_cost(self._session, {n.seq for n in self._session.surface.span(start, end)})
 
+    def pinned_instructions(self) -> list[str]:
+        """The user's instructions the kernel keeps through every compaction (``[instructions]``,
+        the protected ones), oldest first, as its block shows them. A replacement need not quote
+        them: the kernel pins those a compaction takes off the surface in its own block, so a
+        replacement that quotes them too shows them twice."""
+        return [item.shown for item in protected(self._session)]
+
     def replace_tool_result(self, seq: int, content: str, *, reason: str = "prune") -> int:
         """Model-free shrink of one visible tool result; returns the replacement's seq."""
         return self._session.replace_tool_result(seq, content, strategy=self.name, reason=reason)
@@ -393,6 +400,11 @@ class StrategyHandle(Generic[S]):
     def remind(self, step: StepContext, text: str) -> None:
         """Queue a notice for the model before the request ``step`` is about to make."""
         step.remind(text, strategy=self.name)
+
+    def hold_pressure(self, step: StepContext, reason: str) -> None:
+        """Tell the strategies after this one (``basic``'s threshold compaction) to leave the
+        pressure alone at ``step``: this strategy owns it and waits, the request still fitting."""
+        step.hold_pressure(reason, strategy=self.name)
 
     def add_message(self, message: Message, *, data: dict[str, Any] | None = None) -> int:
         """Append a user message on the surface now (a notice outside a step's reminders, a seed);

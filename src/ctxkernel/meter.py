@@ -38,14 +38,27 @@ USAGE_TOLERANCE_FACTOR = 2.0
 #: Absolute slack of the band: framing and hidden prompts a provider adds to small requests
 #: (a tool-use system prompt is a few hundred tokens) never push an honest figure out of it.
 USAGE_SLACK_TOKENS = 2_048
+#: ... but never more than this share of the context window: at a 2,000-token window a slack of
+#: 2,048 made a band wider than the window, and a provider reporting 10 prompt tokens for every
+#: request anchored pressure near 0 while the requests grew to twice the window
+USAGE_SLACK_WINDOW_SHARE = 0.125
 
 
-def usage_in_band(reported: int, counted: int) -> bool:
+def usage_slack(context_window: int | None) -> int:
+    """The band's absolute slack for a model with ``context_window`` tokens (None: not bounded)."""
+    if context_window is None or context_window <= 0:
+        return USAGE_SLACK_TOKENS
+    return min(USAGE_SLACK_TOKENS, int(context_window * USAGE_SLACK_WINDOW_SHARE))
+
+
+def usage_in_band(reported: int, counted: int, context_window: int | None = None) -> bool:
     """True when a provider's ``reported`` tokens are plausible for what the meter ``counted``:
     ``counted / F - S <= reported <= counted * F + S`` (F = :data:`USAGE_TOLERANCE_FACTOR`,
-    S = :data:`USAGE_SLACK_TOKENS`)."""
-    low = counted / USAGE_TOLERANCE_FACTOR - USAGE_SLACK_TOKENS
-    return low <= reported <= counted * USAGE_TOLERANCE_FACTOR + USAGE_SLACK_TOKENS
+    S = :func:`usage_slack` of the window: :data:`USAGE_SLACK_TOKENS`, at most
+    :data:`USAGE_SLACK_WINDOW_SHARE` of ``context_window``)."""
+    slack = usage_slack(context_window)
+    low = counted / USAGE_TOLERANCE_FACTOR - slack
+    return low <= reported <= counted * USAGE_TOLERANCE_FACTOR + slack
 
 
 #: Texts longer than this many characters are counted exactly up to here and estimated beyond it

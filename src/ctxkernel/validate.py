@@ -32,6 +32,7 @@ from pydantic import BaseModel, ValidationError
 
 from . import hookspecs
 from .errors import ConfigError, CtxKernelError, ProfileError
+from .guard import header_refusal
 from .plugins import EXCLUSIVE_CAPABILITIES, StrategyManager, StrategySpec
 from .profile import (
     ModelSettings,
@@ -546,27 +547,18 @@ class _Validator:
         return clean
 
     def check_header(self, session: Session) -> None:
-        """The system prompt and tool schemas are sent with every request: they must leave room."""
-        header_tokens = session.request_header().tokens
+        """The system prompt and tool schemas are sent with every request: they must leave room
+        to manage the conversation (the same rule refuses the first request: guard.header_refusal)."""
+        header = session.request_header()
         for label, model in self._model_variants():
             effective = model.effective_window
-            if header_tokens >= effective:
-                self.report.fail(
-                    "budgets",
-                    None,
-                    f"the request header (system prompt and tool schemas of {self.names}) costs {header_tokens} tokens, "
-                    f"more than the effective window {effective} of {label}. Fix: shorten [profile] system_prompt, "
-                    "drop a strategy, or raise context_window",
-                )
-            elif header_tokens * 2 > effective:
-                self.report.warn(
-                    "budgets",
-                    None,
-                    f"the request header costs {header_tokens} tokens, over half the effective window {effective} of "
-                    f"{label}; compaction cannot free it. Fix: shorten [profile] system_prompt or use a larger window",
-                )
+            reason = header_refusal(
+                header.tokens, model.context_window, model.reserved_output_tokens, len(header.tools)
+            )
+            if reason is not None:
+                self.report.fail("budgets", None, f"{label}: {reason}")
             else:
-                self.report.ok("budgets", None, f"request header {header_tokens} tokens of {effective} ({label})")
+                self.report.ok("budgets", None, f"request header {header.tokens} tokens of {effective} ({label})")
 
     def check_strategy_hooks(self) -> None:
         # call each implementation on its own so a crash is attributed to its strategy and the

@@ -8,9 +8,11 @@ from ctxkernel.testing import build_kernel, make_profile
 
 WINDOW = 20_000
 RESERVED = 1_000  # effective window 19,000; threshold 0.8 = 15,200 tokens
-#: a system prompt of ~16,000 tokens keeps every request above the threshold whatever the surface
-#: holds (a header no compaction can remove); the provider reports usage honestly
-STUCK_SYSTEM_PROMPT = "alpha " * 16_000
+#: a system prompt of ~9,000 tokens (under half the window: the kernel refuses a larger header up
+#: front) and a provider that reports 7,000 tokens of its own framing on top of what it was sent
+#: (within the plausible band) keep every request above the threshold whatever the surface holds
+STUCK_SYSTEM_PROMPT = "alpha " * 9_000
+PROVIDER_FRAMING = 7_000
 TURNS = 60
 
 
@@ -24,9 +26,10 @@ def _kernel(home, **basic):
 
 def _turn(session, n: int) -> None:
     session.user(f"request {n}: " + " ".join(f"word{n}_{i}" for i in range(30)))
-    request = session.prepare_request()
+    session.prepare_request()
     reply = Message.assistant(f"answer {n}: " + " ".join(f"fact{n}_{i}" for i in range(30)))
-    usage = {"prompt_tokens": request.pressure.tokens, "completion_tokens": session.meter.count_message(reply)}
+    sent = session.request_header().tokens + session.meter.surface_tokens()  # the meter's count of the request
+    usage = {"prompt_tokens": sent + PROVIDER_FRAMING, "completion_tokens": session.meter.count_message(reply)}
     session.commit_reply(reply, usage=usage)
     session.end_turn()
 

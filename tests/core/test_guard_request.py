@@ -11,20 +11,22 @@ from typing import Any
 
 import pytest
 
-from ctxkernel import Message, RequestTooLargeError, ToolCallBlock
+from ctxkernel import HeaderTooLargeError, Message, RequestTooLargeError, ToolCallBlock
 from ctxkernel.events import COMPACTION_END, COMPACTION_START
 from ctxkernel.testing import build_kernel, make_profile
 from ctxkernel_decay.testing import decay_kernel, log_bytes
 
 
-def basic_kernel(home: Path, *, window: int, guard: bool = True, system: str | None = None) -> Any:
+def basic_kernel(
+    home: Path, *, window: int, guard: bool = True, system: str | None = None, retain_ratio: float = 0.3
+) -> Any:
     """``basic`` with no automatic compaction: only the guard (or a provider overflow) compacts."""
     profile = make_profile(model={"context_window": window, "reserved_output_tokens": 500})
     profile.profile.guard_request = guard
     if system is not None:
         profile.profile.system_prompt = system
     profile.model_policies = []
-    settings = {"basic": {"auto": False, "threshold_ratio": 0.97, "retain_ratio": 0.3}}
+    settings = {"basic": {"auto": False, "threshold_ratio": 0.97, "retain_ratio": retain_ratio}}
     return build_kernel(home, strategies=["basic"], settings=settings, profile=profile, fsync=False)
 
 
@@ -46,11 +48,44 @@ def step(session: Any, n: int, size: int) -> Any:
     return request
 
 
-def test_a_request_that_cannot_fit_is_refused_and_the_log_is_byte_identical(tmp_path: Path) -> None:
-    # the system prompt alone is over the window: no compaction of the surface can make it fit
+def parallel_step(session: Any, n: int, calls: int, size: int) -> Any:
+    """One request, a reply of ``calls`` tool calls and their results of about ``size`` tokens each:
+    one balanced span (a call and its results are never split)."""
+    request = session.prepare_request()
+    ids = [f"c{n}.{k}" for k in range(calls)]
+    session.commit_reply(Message.assistant("", [ToolCallBlock(i, "read", {"path": f"{i}.txt"}) for i in ids]))
+    for i in ids:
+        session.tool_result(i, " ".join(f"w{i}x{k}" for k in range(size // 3)))
+    return request
+
+
+def test_a_header_over_the_window_is_refused_up_front_and_the_log_is_byte_identical(tmp_path: Path) -> None:
+    # the system prompt alone is over the window: no compaction of the surface can make it fit,
+    # which is the case the kernel's header rule (guard.py HEADER_MAX_SHARE) refuses before the
+    # request guard runs, naming the smallest window that works
     kernel = basic_kernel(tmp_path, window=3_000, system="You are careful. " * 1_000)
     session = kernel.open_session()
     session.user("hello")
+    before = log_bytes(session)
+    with pytest.raises(HeaderTooLargeError, match=r"effective window of 2500") as refused:
+        session.prepare_request()
+    assert refused.value.header_tokens > 2_500
+    assert refused.value.smallest_window == 2 * refused.value.header_tokens + 500
+    assert log_bytes(session) == before
+    assert not session.step_open
+    with pytest.raises(HeaderTooLargeError):
+        session.prepare_request()
+    assert log_bytes(session) == before
+
+
+def test_a_request_that_cannot_fit_is_refused_and_the_log_is_byte_identical(tmp_path: Path) -> None:
+    # a header under half the window (~1,200 of 2,500), then one reply whose eight calls and
+    # results fill the rest: the span cannot be split, nothing before it is left to summarise and
+    # no result is large enough for the kernel's excerpts, so no compaction can make it fit
+    kernel = basic_kernel(tmp_path, window=3_000, system="You are careful. " * 300)
+    session = kernel.open_session()
+    session.user("hello")
+    parallel_step(session, 0, 8, 150)  # ~200 tokens per result, ~1,600 in all
     before = log_bytes(session)
     with pytest.raises(RequestTooLargeError, match=r"over the effective window of 2500") as refused:
         session.prepare_request()
@@ -127,16 +162,17 @@ def test_a_request_the_overflow_path_could_not_help_does_not_disarm_the_next(tmp
     request refused) although a summary made it fit."""
     profile = make_profile(model={"context_window": 3_000, "reserved_output_tokens": 500})
     profile.profile.guard_request = True
-    profile.profile.system_prompt = "You are careful. " * 550  # ~2,200 of the 2,500-token window
+    # ~1,200 of the 2,500-token window: the most a header may take (guard.py HEADER_MAX_SHARE)
+    profile.profile.system_prompt = "You are careful. " * 300
     profile.model_policies = []
     settings = {"basic": {"auto": False, "threshold_ratio": 0.97, "retain_ratio": 0.1, "overflow_retries": 1}}
     session = build_kernel(
         tmp_path, strategies=["basic"], settings=settings, profile=profile, fsync=False
     ).open_session()
     session.user("hello")
-    session.prepare_request()
-    session.commit_reply(Message.assistant("", [ToolCallBlock("c1", "read", {"path": "1"})]))
-    session.tool_result("c1", " ".join(f"w{k}" for k in range(200)))
+    # one reply of seven calls: its results (~1,400 tokens, each too small for the kernel's
+    # excerpts) are one span that cannot be split, so only "hello" is before it
+    parallel_step(session, 1, 7, 150)
     over = session.prepare_request(allow_overflow=True)  # the open loop of ctxkernel simulate
     assert over.pressure.tokens > 2_500 and not compactions(session)  # nothing basic could summarise
     session.commit_reply(Message.assistant("", [ToolCallBlock("c2", "read", {"path": "2"})]))
@@ -148,27 +184,32 @@ def test_a_request_the_overflow_path_could_not_help_does_not_disarm_the_next(tmp
 
 def test_a_large_message_in_the_verbatim_tail_is_excerpted_when_the_summary_is_not_enough(tmp_path: Path) -> None:
     """basic's summary of the head keeps its verbatim tail; when that tail holds one large tool
-    result (under the per-message bound) the request can still be over the window. The guard
+    results (each under the per-message bound) the request can still be over the window. The guard
     then excerpts the largest messages too, instead of refusing a request it can fit."""
-    session = basic_kernel(tmp_path, window=8_000, system="You are careful. " * 1_000).open_session()
-    session.user("read the files one by one")  # the header is ~4,000 of the 7,500-token window
+    session = basic_kernel(tmp_path, window=8_000, system="You are careful. " * 900).open_session()
+    session.user("read the files one by one")  # the header is ~3,600 of the 7,500-token window
     for n in range(8):
         step(session, n, 150)
-    step(session, 8, 2_700)  # ~3,600 tokens: below half the window, so not excerpted up front
+    # two results of ~2,000 tokens in one reply: each below half the window, so not excerpted up
+    # front, and together with the header over the window (the span is the verbatim tail)
+    parallel_step(session, 8, 2, 1_500)
     request = session.prepare_request()
     assert [(c["strategy"], c["kind"]) for c in compactions(session)] == [("basic", "summary"), ("kernel", "excerpt")]
     assert sent_tokens(session, request) <= 7_500
 
 
 def test_the_overflow_path_keeps_a_smaller_tail_when_the_tail_holds_all_but_the_head(tmp_path: Path) -> None:
-    """basic's overflow path keeps half of ``retain_ratio`` of the window verbatim (375 tokens
+    """basic's overflow path keeps half of ``retain_ratio`` of the window verbatim (1,125 tokens
     here). When the two newest results together reach that, the cut falls before the first one
     and only the user's message is left to summarise: no region. An overflow then tries a smaller
     tail (within ``compaction_retries``) instead of giving up on a request it can fit."""
-    session = basic_kernel(tmp_path, window=3_000, system="You are careful. " * 500).open_session()
+    # a header of ~1,200 of the 2,500-token window (at most half: guard.py HEADER_MAX_SHARE), so a
+    # large retain_ratio makes a tail that two results reach and the newest does not
+    kernel = basic_kernel(tmp_path, window=3_000, system="You are careful. " * 300, retain_ratio=0.9)
+    session = kernel.open_session()
     session.user("read two files")
-    step(session, 0, 190)
-    step(session, 1, 190)  # each result ~250 tokens: the two are over 375, the newest under it
+    step(session, 0, 515)
+    step(session, 1, 515)  # each result ~700 tokens: the two are over 1,125, the newest under it
     request = session.prepare_request()
     assert [(c["strategy"], c["kind"]) for c in compactions(session)] == [("basic", "summary")]
     assert sent_tokens(session, request) <= 2_500

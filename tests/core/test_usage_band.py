@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from ctxkernel import Message, ToolCallBlock
-from ctxkernel.meter import USAGE_SLACK_TOKENS, USAGE_TOLERANCE_FACTOR, usage_in_band
+from ctxkernel.meter import USAGE_SLACK_TOKENS, USAGE_TOLERANCE_FACTOR, usage_in_band, usage_slack
 from ctxkernel.testing import build_kernel, make_profile
 
 WORKLOAD = Path(__file__).resolve().parents[2] / "benchmarks" / "_workload.py"
@@ -143,3 +143,30 @@ def test_the_band_edges(count: int) -> None:
         assert usage_in_band(int(low) + 1, count) and not usage_in_band(int(low) - 1, count)
     else:
         assert usage_in_band(0, count)
+
+
+def test_the_band_is_bounded_by_a_small_window(tmp_path: Path) -> None:
+    # the small window: 2,000 tokens (1,800 effective), every reply reporting 10 prompt
+    # tokens. With a fixed 2,048-token slack the band (counted / 2 - 2,048 .. 2 x counted + 2,048)
+    # was wider than the window: the 60th request held 3,739 tokens while the kernel believed 99
+    profile = make_profile(model={"context_window": 2_000, "reserved_output_tokens": 200})
+    session = build_kernel(tmp_path, strategies=["basic"], profile=profile).open_session()
+    requests = 0
+    for n in range(30):
+        session.user(f"step {n}: " + " ".join(f"task{n}_{i}" for i in range(20)))
+        for k in range(2):
+            session.prepare_request()
+            requests += 1
+            sent = counted(session)
+            assert sent <= 1_800, f"request {requests} holds {sent} tokens, the effective window is 1,800"
+            believed = session.pressure().tokens
+            assert believed >= sent - 2 * usage_slack(2_000), (requests, believed, sent)
+            calls = [ToolCallBlock(f"c{n}", "read", {"path": f"m{n}.py"})] if k == 0 else []
+            reply = Message.assistant(f"step {n}.{k} " + " ".join(f"fact{n}_{i}" for i in range(15)), calls)
+            session.commit_reply(reply, usage={"prompt_tokens": 10, "completion_tokens": 1})
+            if calls:
+                session.tool_result(f"c{n}", "\n".join(f"line {i} of module {n}" for i in range(40)))
+        session.end_turn()
+    assert requests == 60
+    assert compactions(session), "the session never compacted"
+    assert usage_slack(2_000) == 250 and usage_slack(128_000) == USAGE_SLACK_TOKENS and usage_slack(None) == 2_048

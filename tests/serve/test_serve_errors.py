@@ -242,3 +242,73 @@ def test_a_stream_cut_short_is_an_error_and_commits_nothing(fake, serve_factory,
     events = Kernel(load_profile(serve.profile)).open_session(sid, repair=False).events
     assert "assistant/message" not in [e.type for e in events]
     assert events[-1].type == "step/end" and "before the reply was complete" in events[-1].data["error"]
+
+
+def big_tools(count: int = 25) -> list[dict]:
+    """A client's tool set like Claude Code's: 25 tools with long descriptions (~4,700 tokens)."""
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": f"tool_{i}",
+                "description": " ".join(
+                    f"Use tool {i} to handle case {j} of the workflow carefully." for j in range(16)
+                ),
+                "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+            },
+        }
+        for i in range(count)
+    ]
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_a_header_that_leaves_no_room_is_a_400_naming_the_smallest_window(fake, serve_factory, api):
+    upstream, _ = fake
+    serve = serve_factory()  # an 8,000-token window, 7,000 effective
+    if api == "openai":
+        first = serve.openai(session="kept").chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "go"}]
+        )
+        said = first.choices[0].message.content
+    else:
+        answer = serve.anthropic(session="kept").messages.create(
+            model="m", max_tokens=100, messages=[{"role": "user", "content": "go"}]
+        )
+        said = answer.content[0].text
+    before = stored_bytes(serve)
+    calls = len(upstream.received)
+    if api == "openai":
+        with pytest.raises(openai.BadRequestError) as caught:
+            serve.openai(session="kept").chat.completions.create(
+                model="m",
+                messages=[
+                    {"role": "user", "content": "go"},
+                    {"role": "assistant", "content": said},
+                    {"role": "user", "content": "more"},
+                ],
+                tools=big_tools(),
+            )
+    else:
+        tools = [
+            {
+                "name": t["function"]["name"],
+                "description": t["function"]["description"],
+                "input_schema": t["function"]["parameters"],
+            }
+            for t in big_tools()
+        ]
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            serve.anthropic(session="kept").messages.create(
+                model="m",
+                max_tokens=100,
+                messages=[
+                    {"role": "user", "content": "go"},
+                    {"role": "assistant", "content": said},
+                    {"role": "user", "content": "more"},
+                ],
+                tools=tools,
+            )
+    text = str(caught.value)
+    assert "request header" in text and "smallest context_window that works is" in text
+    assert len(upstream.received) == calls  # nothing reached the provider
+    assert stored_bytes(serve) == before

@@ -186,16 +186,28 @@ def test_upstream_overflow_runs_the_strategy_and_retries_once_unseen(fake, serve
 
 
 def test_a_request_that_cannot_fit_is_refused_before_the_upstream(fake, serve_factory, tmp_path):
-    # the client's own system prompt alone is over the window: no strategy can shrink it
+    # one reply of ten tool calls whose results (~120 tokens each, too small for the kernel's
+    # excerpts) are together over the 800-token window: a call and its results are never split and
+    # only "hi" is before them, so no strategy can shrink it. (A request header over half the
+    # window is refused as such, naming the smallest window: test_serve_errors.py)
     upstream, _ = fake
     serve = serve_factory(write_profile(tmp_path, window=1000, reserved=200))
     import openai
 
+    calls = [
+        {"id": f"call_{k}", "type": "function", "function": {"name": "read", "arguments": f'{{"path": "{k}.py"}}'}}
+        for k in range(10)
+    ]
+    results = [{"role": "tool", "tool_call_id": f"call_{k}", "content": big_result(k, lines=8)} for k in range(10)]
     client = serve.openai(session="too-big")
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(
             model="fake-model",
-            messages=[{"role": "system", "content": big_result(1, lines=200)}, {"role": "user", "content": "hi"}],
+            messages=[
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": None, "tool_calls": calls},
+                *results,
+            ],
         )
     assert info.value.body["code"] == "context_length_exceeded"
     assert not upstream.received and not upstream.refused

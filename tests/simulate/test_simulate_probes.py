@@ -88,7 +88,18 @@ def test_extraction_is_deterministic_bounded_and_points_at_real_items(items):
 
 
 def test_probes_are_visible_unmanaged_and_recoverable_through_history_tools():
-    report = compare(["none", "basic", "handoff"], build_workload("chat-short"), Options(window=700))
+    # chat-short, then a dozen turns more: at a window that leaves room for handoff's request
+    # header (~1,400 tokens; at most half the window, guard.py HEADER_MAX_SHARE) the conversation
+    # still outgrows it, so both strategies manage it
+    chat = build_workload("chat-short")
+    items = list(chat.items)
+    for k in range(12):
+        items.append(UserItem(f"Tell me more about part {k} of that."))
+        items.append(AssistantItem(Message.assistant(" ".join(f"part{k} detail{i}" for i in range(60)) + ".")))
+    report = compare(["none", "basic", "handoff"], Recording(items, chat.source), Options(window=3_400))
+    assert report["profiles"][0]["peak_prompt_tokens"] > report["profiles"][0]["effective_window"]
+    for row in report["profiles"][1:]:
+        assert row["status"] == "ok" and row["compactions"] and not row["overflows"], row["profile"]
     none, basic, handoff = (p["probes"] for p in report["profiles"])
     assert none["decisions"] == {"count": 2, "visible": 1.0, "recoverable": 1.0}
     assert none["files_changed"] == {"count": 0, "visible": None, "recoverable": None}

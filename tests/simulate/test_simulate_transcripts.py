@@ -5,6 +5,10 @@ strategy to find its peak; then every profile runs with a window below that peak
 is needed: the strategy's own fixed overhead (system prompt section and tool schemas, measured on
 its first request) plus 60% of the conversation the unmanaged replay had to carry at its peak.
 Every profile must keep the invariants, and every profile that manages context must not overflow.
+On a short session that window can be too small for a profile's request header (over half of it,
+guard.py HEADER_MAX_SHARE): the kernel refuses the profile up front (status ``refused``), which is
+the correct outcome there; the profile then runs at the smallest window its header allows, when
+that is still below its unmanaged peak, and must manage it as well.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from ctxkernel.guard import HEADER_MAX_SHARE
 from ctxkernel.simulate import AssistantItem, Options, Recording, load_recording, profile_names, run_profile, sniff
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,11 +87,22 @@ def test_every_profile_on_real_transcript(path, run, tmp_path):
     conversation = baseline["peak_prompt_tokens"] - baseline["prompt_tokens"][0]
     failures = []
     for name in profile_names("all"):
-        effective = first_request_tokens(name, recording) + int(SHARE * conversation)
+        first = first_request_tokens(name, recording)
+        effective = first + int(SHARE * conversation)
         metrics = run_profile(name, recording, Options(window=window_for(effective)))
         if metrics["status"] == "unavailable":
             continue  # reported by the CLI; a profile whose strategy is not installed is not run
         assert abs(metrics["effective_window"] - effective) <= 1
+        if metrics["status"] == "refused":
+            # a header over half the window leaves nothing to manage: refusing it is correct, and
+            # only then (the refusal names the header's size and the smallest window that works)
+            header = metrics["header_tokens"]
+            assert header > HEADER_MAX_SHARE * effective, (name, metrics["error"])
+            assert f"costs {header} tokens" in metrics["error"] and "smallest context_window" in metrics["error"]
+            effective = int(header / HEADER_MAX_SHARE) + 1
+            if effective >= first + conversation:
+                continue  # no window both admits the header and needs management (the profile's peak)
+            metrics = run_profile(name, recording, Options(window=window_for(effective)))
         problems = []
         if metrics["status"] != "ok":
             problems.append(f"status {metrics['status']}: {metrics['error']}")

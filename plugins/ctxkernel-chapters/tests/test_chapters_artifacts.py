@@ -11,7 +11,8 @@ BIG = "\n".join(f"line {i}: value = {i * 7} # measurement" for i in range(3000))
 
 
 def _one_big_result(tmp_path, **settings):
-    kernel = chapters_kernel(tmp_path, window=60_000, **settings)
+    # ~37,900 tokens in a 47,000-token effective window: over pressure_suggestion_ratio, so moved
+    kernel = chapters_kernel(tmp_path, window=48_000, **settings)
     session = kernel.open_session()
     model = ScriptedModel(
         [Message.assistant("run it", [ToolCallBlock("c1", "bash", {"command": "dump"})]), Message.assistant("seen")]
@@ -47,7 +48,7 @@ def test_a_result_of_few_characters_but_many_tokens_becomes_a_handle(tmp_path):
     (a rare CJK or Cyrillic letter is several tokens) is moved too (it was judged by characters)."""
     from ctxkernel_chapters.strategy import settings_of
 
-    kernel = chapters_kernel(tmp_path, window=60_000)
+    kernel = chapters_kernel(tmp_path, window=48_000, pressure_suggestion_ratio=0.1)
     session = kernel.open_session()
     threshold = settings_of(session.context).artifact_threshold(session.model_settings().effective_window)
     dense = "\n".join(f"{i} " + "ꙮ" * 60 for i in range(threshold // 70))
@@ -140,7 +141,7 @@ def test_long_tool_call_arguments_become_an_artifact_the_chapter_names(tmp_path)
     import orjson
     from helpers_chapters import result_json
 
-    kernel = chapters_kernel(tmp_path, window=60_000)
+    kernel = chapters_kernel(tmp_path, window=48_000)
     session = kernel.open_session()
     arguments = {"file_path": "src/handlers.py", "content": WHOLE_FILE}
     short = {"file_path": "src/small.py", "content": "x = 1"}
@@ -193,3 +194,18 @@ def test_search_finds_what_the_artifacts_of_archived_chapters_hold(tmp_path):
     handle = hit.split(" artifact ")[1].split(" ")[0]  # the hit's line numbers are the artifact's, from 1
     read = call_tool(child, "chapters_artifact", op="read", artifact=handle, offset=2999, limit=1).content
     assert read.startswith("3000: line 2999: value = 20993")
+
+
+def test_no_result_is_pruned_without_pressure(tmp_path):
+    # issue 38: a result above the artifact band was moved out on arrival with the window nearly
+    # empty (cued recall 0.93 on a run far below its window). ~9,000 tokens in 127,000 stay inline
+    kernel = chapters_kernel(tmp_path, window=128_000)
+    session = kernel.open_session()
+    large = "\n".join(f"line {i}: value = {i * 7} # measurement" for i in range(750))
+    assert session.meter.count_text(large) > 6_000  # over tool_result_artifact_tokens
+    model = ScriptedModel(
+        [Message.assistant("run it", [ToolCallBlock("c1", "bash", {"command": "dump"})]), Message.assistant("seen")]
+    )
+    do_turn(session, model, "dump the table", tool_output=lambda call: large)
+    assert model.calls[1]["messages"][-1].tool_result.content == large
+    assert not [e for e in session.events if e.type.startswith("compaction/")]

@@ -55,13 +55,15 @@ def test_pressure_archives_in_place_without_a_model(tmp_path):
     assert message.source.plugin == "chapters" and message.text.startswith("<chapters-toc>")
     records = registry(session).get(session.id)["chapters"]
     assert records and all(r["status"] == "final" for r in records)
-    # the newest archived instruction of the user is quoted verbatim
+    # the newest archived instruction of the user is shown verbatim once: in the kernel's block
+    # (it protects it), not quoted by the table of contents as well
     archived_users = [
         e
         for e in session.events[: records[-1]["end_seq"] + 1]
         if e.type == "user/message" and e.data["message"]["source"]["kind"] == "user"
     ]
-    assert "> " + archived_users[-1].data["message"]["content"][0]["text"] in message.text
+    newest = archived_users[-1].data["message"]["content"][0]["text"]
+    assert newest in message.text and "> " + newest not in message.text
     where = Archive.of(session.context)
     for record in records:
         assert record["path"] in message.text

@@ -136,6 +136,8 @@ def test_a_compaction_tokenises_only_the_tables_new_pieces(tmp_path):
     the head (with the new bullet) and the end once, the transaction looks the whole count up,
     and what the commit records is the whole text's exact count."""
     kernel = chapters_kernel(tmp_path, window=200_000, reserve=8_000, auto=False)
+    # no instruction protected by the kernel's block: the table of contents quotes them all
+    kernel.profile.instructions.budget_ratio = 0
     session = kernel.open_session()
     _turns(session, INSTRUCTIONS)
     kept = state(session.context)["quote_counts"]

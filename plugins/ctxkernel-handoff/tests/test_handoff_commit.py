@@ -218,6 +218,28 @@ def test_the_inspector_lists_window_receipts_from_the_snapshot_not_from_old_even
     assert reopened.events.loaded == 0, "the receipts came from the snapshot"
 
 
+def test_a_snapshot_written_before_the_first_switch_holds_the_history_index(handoff_kernel, agent):
+    """Regression: the history index is built on its first use, so a snapshot written before
+    handoff had used it (no switch and no reminder yet) held none, and a session opened from it
+    with a switch in its tail built it from the log's first event during the open (found by the
+    snapshot test on a recorded tau-bench session)."""
+    from ctxkernel.testing import check_snapshot_equivalence
+
+    settings_ = {"handoff_summary": "extractive"}
+    kernel, session = build(handoff_kernel, agent, handoff=settings_)
+    ctxkernel_handoff.compact_now(session.context)
+    agent(session).turn("after the switch " + "detail " * 20)
+
+    def new_kernel(snapshots: bool) -> Any:
+        fresh = handoff_kernel(window=200_000, handoff=settings_)
+        fresh.profile.store = fresh.profile.store.model_copy(update={"snapshot_every": 1000 if snapshots else 0})
+        return fresh
+
+    first = next(e.seq for e in session.events if e.type == "compaction/start")
+    (checked,) = check_snapshot_equivalence(new_kernel, session.id, [(first, len(session.events))])
+    assert checked.loaded_before_snapshot == 0
+
+
 def test_window_receipts_are_bounded_to_the_newest(handoff_kernel, agent, monkeypatch):
     from ctxkernel_handoff import engine
 

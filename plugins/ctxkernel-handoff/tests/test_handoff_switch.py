@@ -366,28 +366,33 @@ def test_notes_are_durable_through_the_store_for_another_kernel(handoff_kernel, 
 
 
 def test_no_switch_when_what_stays_outside_the_surface_is_over_the_target(handoff_kernel):
-    # more than the target is outside the surface (a request header of ~15,000 tokens no switch can
-    # remove; the provider reports usage honestly): the pressure switch says so instead of shrinking
-    # kept results for nothing, and basic compacts at most once per 10% of the window of growth
-    # instead of at every request
+    # more than the target is outside the surface, which no switch can remove: a request header
+    # of ~8,900 tokens, tools included (under half the window, the most the kernel accepts: guard.py
+    # HEADER_MAX_SHARE) and 7,000 tokens the provider reports on every request beyond what the
+    # kernel counts (its own framing of the request, say). The pressure switch says so instead of
+    # shrinking kept results for nothing, and basic compacts at most once per 10% of the window
+    # of growth instead of at every request
     kernel = handoff_kernel(window=20_000, reserve=1_000)  # effective 19,000: threshold 15,200, target 14,250
-    kernel.profile.profile.system_prompt = "alpha " * 15_000
+    kernel.profile.profile.system_prompt = "alpha " * 7_500
     session = kernel.open_session()
     big = "".join(f"line {i} of a large file\n" for i in range(400))
 
-    def honest(request, reply):
-        return {"prompt_tokens": request.pressure.tokens, "completion_tokens": session.meter.count_message(reply)}
+    def reported(request, reply):
+        counted = session.meter.count_header(request.system, request.tools) + sum(
+            session.meter.count_message(m) for m in request.messages
+        )
+        return {"prompt_tokens": counted + 7_000, "completion_tokens": session.meter.count_message(reply)}
 
     for n in range(40):
         session.user(f"request {n}: " + " ".join(f"word{n}_{i}" for i in range(30)))
         request = session.prepare_request()
         if n % 10 == 0:
             reply = Message.assistant("reading", [ToolCallBlock(f"r{n}", "read", {"path": "f.txt"})])
-            session.commit_reply(reply, usage=honest(request, reply))
+            session.commit_reply(reply, usage=reported(request, reply))
             session.tool_result(f"r{n}", big)
             request = session.prepare_request()
         reply = Message.assistant(f"answer {n}: " + " ".join(f"fact{n}_{i}" for i in range(30)))
-        session.commit_reply(reply, usage=honest(request, reply))
+        session.commit_reply(reply, usage=reported(request, reply))
         session.end_turn()
     assert session.pressure().ratio >= 0.8
     assert "no room for a new window" in state_for(session.context).last_failure

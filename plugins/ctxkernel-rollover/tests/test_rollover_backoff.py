@@ -39,19 +39,31 @@ FILLER = "alpha "
 
 
 def fill_window(session, ratio: float) -> str:
-    """Grow the system prompt so the next request is ``ratio`` of the effective window; returns
-    the prompt (a reopened kernel needs it too)."""
-    kernel = session.kernel
-    base = kernel.profile.profile.system_prompt.split("\n" + FILLER, 1)[0]
-    kernel.profile.profile.system_prompt = base
-    session.invalidate_header()
+    """Make the next request ``ratio`` of the effective window while the surface stays small: the
+    provider reports the tokens its own framing adds (a usage figure within the plausible band,
+    docs/security.md), which no switch can remove. A system prompt that large would be refused by
+    the kernel up front (``HeaderTooLargeError``). Returns the system prompt (unchanged)."""
+    target = int(ratio * session.pressure().effective_window)
+    # the band admits a figure up to twice the meter's count plus a slack of an eighth of the
+    # window: a surface of a few hundred tokens lets the figure reach the target
+    while 2 * session.pressure().tokens + 600 < target:
+        small_turn(session, "context: " + "the parser reads every module and records its imports " * 25)
+    session.user("status?")
+    request = session.prepare_request()
+    reply = Message.assistant("ok")
+    counted = request.pressure.tokens
+    session.commit_reply(reply, usage={"prompt_tokens": counted, "completion_tokens": 1})
+    session.end_turn()
     pressure = session.pressure()
     missing = int(ratio * pressure.effective_window) - pressure.tokens
     assert missing > 0, (ratio, pressure)
-    kernel.profile.profile.system_prompt = base + "\n" + FILLER * missing
-    session.invalidate_header()
-    assert abs(session.pressure().tokens - int(ratio * pressure.effective_window)) <= 3
-    return kernel.profile.profile.system_prompt
+    session.user("status again?")
+    request = session.prepare_request()
+    session.commit_reply(reply, usage={"prompt_tokens": request.pressure.tokens + missing, "completion_tokens": 1})
+    session.end_turn()
+    pressure = session.pressure()
+    assert pressure.anchored and abs(pressure.tokens - int(ratio * pressure.effective_window)) <= 40, pressure
+    return session.kernel.profile.profile.system_prompt
 
 
 def failures(session):
@@ -88,9 +100,9 @@ def test_the_seed_budget_admits_the_minimal_seed(tmp_path):
 
 
 def test_a_failed_automatic_switch_backs_off_until_the_surface_grows(tmp_path):
-    window, reserve = 20_000, 1_000
+    window, reserve = WINDOW, RESERVE
     session = rollover_kernel(tmp_path, window=window, reserve=reserve).open_session()
-    # the header fills the window while the surface is a few dozen tokens: a new window could not
+    # the provider's framing fills the window while the surface is small: a new window could not
     # relieve it, so the automatic switch fails (loudly) ...
     small_turn(session, "hi")
     prompt = fill_window(session, 0.93)
@@ -105,7 +117,7 @@ def test_a_failed_automatic_switch_backs_off_until_the_surface_grows(tmp_path):
     retry_at = failed_at + max(int(failed_at * RETRY_GROWTH), int((window - reserve) * RETRY_MIN_GROWTH))
     # ... and is not retried on every request while the surface stays about the same
     requests = 0
-    while session.meter.surface_tokens() + 40 < retry_at:
+    while session.meter.surface_tokens() + 40 < retry_at and session.pressure().ratio < 0.97:
         small_turn(session, f"small step {requests}")
         requests += 1
     assert requests >= 3
@@ -139,4 +151,5 @@ def test_the_protective_overflow_switch_is_not_held_back_by_an_automatic_failure
     fill_window(session, 1.05)
     session.user("next")
     session.prepare_request()  # over the window now: a different situation, so it is tried
-    assert [d["trigger"] for d in failures(session)] == ["auto", "overflow"]
+    tried = [d["trigger"] for d in failures(session)] + [d["trigger"] for d in rollover_summaries(session)]
+    assert tried == ["auto", "overflow"]

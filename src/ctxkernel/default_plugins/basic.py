@@ -185,6 +185,10 @@ def pre_step(ctx: Context, step: StepContext) -> None:
     pressure = basic.pressure()
     if pressure.ratio < settings.threshold_ratio:
         return
+    if step.pressure_held is not None and pressure.ratio < 1.0:
+        # the strategy that owns the pressure (handoff) waits at this step and the request fits
+        log.debug("threshold compaction left to its owner", session=ctx.id, held_by=step.pressure_held[0])
+        return
     # a compaction that left the pressure at (or within regrow_ratio of) the threshold, or failed,
     # would run again at every step without lowering it (a compaction loop): wait until the
     # surface has grown materially; the provider's context overflow still compacts (request_error)

@@ -29,6 +29,7 @@ import orjson
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response, StreamingResponse
 
+from ..errors import HeaderTooLargeError
 from ..logging import get_logger
 from ..pairing import claim_raw_calls, renamed_calls
 from . import anthropic_wire, openai_wire, responses_wire
@@ -259,6 +260,9 @@ class Handler:
             except Overflow as over:
                 proxy.metrics.child(proxy.metrics.errors, "window_refused").inc()
                 return JSONBody(wire.overflow_error(over.tokens, over.window), status_code=400)
+            except HeaderTooLargeError as exc:
+                proxy.metrics.child(proxy.metrics.errors, "header_refused").inc()
+                return JSONBody(wire.error_body(f"ctxkernel serve: {exc}", param="tools"), status_code=400)
             body = wire.upstream_payload(
                 turn.client, prepared, turn.strategy_schemas, stream=False, cache=turn.wire_cache
             )
@@ -344,6 +348,9 @@ class Handler:
             except Overflow as over:
                 proxy.metrics.child(proxy.metrics.errors, "window_refused").inc()
                 return (400, orjson.dumps(wire.overflow_error(over.tokens, over.window)), None)
+            except HeaderTooLargeError as exc:
+                proxy.metrics.child(proxy.metrics.errors, "header_refused").inc()
+                return (400, orjson.dumps(wire.error_body(f"ctxkernel serve: {exc}", param="tools")), None)
             body = wire.upstream_payload(
                 turn.client, prepared, turn.strategy_schemas, stream=True, cache=turn.wire_cache
             )

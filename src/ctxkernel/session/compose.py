@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 from .. import events as ev
 from .. import ledger
 from ..context import Request, StepContext
-from ..errors import EventError, RequestTooLargeError
+from ..errors import EventError, HeaderTooLargeError, RequestTooLargeError
 from ..events import EventSpec
-from ..guard import excerpt_oversized, fit_composed
+from ..guard import excerpt_oversized, fit_composed, header_refusal, smallest_window
 from ..instructions import PENDING_NAMESPACE, inheritance_batch, pending_of
 from ..messages import Message, Source
 from .prefix import PrefixTracker
@@ -65,6 +65,8 @@ class Composer:
         #: True while the strategies' pre_step runs: the edits they commit then are automatic,
         #: and the break-even rule judges them (compaction.py)
         self.automatic = False
+        #: the (header digest, window, reservation) last found to leave room (_check_header_room)
+        self._header_checked: tuple[str, int, int] | None = None
 
     def prepare_request(
         self,
@@ -80,6 +82,7 @@ class Composer:
         with log.lock:
             session.refresh()
             session.kernel.refresh_profile()  # edited settings apply from this step on
+            self._check_header_room()  # before anything is held or written
             if history or trailer:
                 batch, _ = self.turns.history_batch(history, trailer)
                 if batch:
@@ -94,6 +97,21 @@ class Composer:
                 raise
             finally:
                 routing.prepared()
+
+    def _check_header_room(self) -> None:
+        """Refuse a request header that leaves no room to manage the conversation (guard.py's
+        :func:`~ctxkernel.guard.header_refusal`), up front: never by clipping the newest result.
+        A session with no strategy enabled manages nothing and is not refused."""
+        _, tools, digest, header_tokens = self.tooling.compose()
+        model = self.routing.model_settings()
+        key = (digest, model.context_window, model.reserved_output_tokens)
+        if key == self._header_checked or not self.session.enabled_strategies():
+            return
+        reason = header_refusal(header_tokens, model.context_window, model.reserved_output_tokens, len(tools))
+        if reason is not None:
+            smallest = smallest_window(header_tokens, model.reserved_output_tokens)
+            raise HeaderTooLargeError(reason, header_tokens=header_tokens, smallest_window=smallest)
+        self._header_checked = key
 
     def _prepare_step(self, attempt: int, allow_overflow: bool, defer_write: bool = False) -> Request:
         session, tracker, surface = self.session, self.tracker, self.surface

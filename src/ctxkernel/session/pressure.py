@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..logging import get_logger
-from ..meter import USAGE_SLACK_TOKENS, USAGE_TOLERANCE_FACTOR, Pressure, usage_in_band
+from ..meter import USAGE_TOLERANCE_FACTOR, Pressure, usage_in_band, usage_slack
 
 if TYPE_CHECKING:
     from ..meter import Meter
@@ -52,7 +52,7 @@ class Gauge:
         tokens = estimate
         if anchor is not None and anchor[2] == digest:
             reported, counted, _ = anchor
-            if usage_in_band(reported, counted):
+            if usage_in_band(reported, counted, model.context_window):
                 tokens = max(0, reported + estimate - counted)
                 anchored = True
             elif not self._implausible_usage_warned:
@@ -63,7 +63,7 @@ class Gauge:
                     reported_tokens=reported,
                     counted_tokens=counted,
                     tolerance_factor=USAGE_TOLERANCE_FACTOR,
-                    slack_tokens=USAGE_SLACK_TOKENS,
+                    slack_tokens=usage_slack(model.context_window),
                 )
         window, reserved = model.context_window, model.reserved_output_tokens
         pressure = Pressure(tokens, model.effective_window, window, reserved, anchored)

@@ -32,7 +32,7 @@ from typing import Any
 
 import orjson
 
-from ..errors import ConfigError, ContextOverflowError, ProfileError, RequestTooLargeError
+from ..errors import ConfigError, ContextOverflowError, HeaderTooLargeError, ProfileError, RequestTooLargeError
 from ..events import COMPACTION_END, COMPACTION_PRUNE, COMPACTION_SUMMARY, replay_clock
 from ..kernel import Kernel
 from ..messages import Message, Source, ToolCallBlock
@@ -829,6 +829,14 @@ def run_profile(name: str, recording: Recording, options: Options) -> dict[str, 
                     kernel.summarizer.bill = replay.bill_summary
                 replay.run()
                 result = replay.metrics()
+        except HeaderTooLargeError as exc:
+            # the profile cannot run at this window: its header leaves no room to manage (the
+            # kernel refused the first request up front, as it would refuse a harness's)
+            out = empty_metrics(name, "refused", str(exc), strategies)
+            out["header_tokens"] = exc.header_tokens
+            out["effective_window"] = profile.model.effective_window
+            out["wall_seconds"] = round(time.perf_counter() - started, 3)
+            return out
         except Exception as exc:  # noqa: BLE001 - one broken strategy must not hide the others' results
             where = _origin(exc)
             out = empty_metrics(name, "failed", f"{type(exc).__name__}: {exc}{where}", strategies)

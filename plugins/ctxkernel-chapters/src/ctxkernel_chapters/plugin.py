@@ -135,9 +135,12 @@ def suggestion(ctx: Context, settings: ChaptersSettings, ratio: float) -> str:
 
 
 def move_large_results(ctx: Context, settings: ChaptersSettings, st: dict[str, Any]) -> list[int]:
-    """Move tool results above the artifact band into the store, replacing each with a handle."""
+    """Move tool results above the artifact band into the store, replacing each with a handle,
+    when they arrive under pressure: the request they would join is at least
+    ``pressure_suggestion_ratio`` of the window. Below it nothing is pruned (a result that leaves
+    the window roomy stays inline; the in-place archive takes it later if the window fills)."""
     candidates, st["candidates"] = st["candidates"], []
-    if not candidates:
+    if not candidates or ctx.pressure().ratio < settings.pressure_suggestion_ratio:
         return []
     threshold = settings.artifact_threshold(ctx.model.effective_window)
     moved = []
@@ -373,6 +376,10 @@ def toc_for_region(
     own = [r for r in own if listed(r)] + checked + unwritten
     extra += [f"Not cited (integrity check failed): {reason}" for _, reason in refused]
     merged = toc.merged(previous, [*own, *records], archive.archive_label(settings), extra, instructions=instructions)
+    # the kernel pins the instructions it protects in its own block: quoting them here too showed
+    # them twice (the table of contents keeps the older ones the kernel's budget leaves out)
+    pinned = {" ".join(text.split()) for text in STRATEGY.on(ctx).pinned_instructions()}
+    merged.instructions = [text for text in merged.instructions if " ".join(text.split()) not in pinned]
     # the table of contents must cost less than the region it replaces (the shrink check): in a
     # small window the oldest bullets give up their summaries first (the manifest keeps them)
     budget = min(settings.toc_bullet_budget_tokens, max(50, region_tokens // 3))

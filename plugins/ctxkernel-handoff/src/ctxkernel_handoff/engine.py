@@ -28,7 +28,7 @@ from ctxkernel import (
     head_region,
     whole_surface_but_last,
 )
-from ctxkernel.events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, REQUEST_HEADER, USER_MESSAGE, utc_now
+from ctxkernel.events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, REQUEST_HEADER, STEP_START, USER_MESSAGE, utc_now
 from ctxkernel.recall.history import WINDOW_KINDS
 from ctxkernel.text import first_line
 
@@ -62,12 +62,12 @@ REMINDER_TAG = "[handoff: context pressure]"
 REMINDER_GROWTH = 0.05
 #: a handoff should cost well under what it replaces: characters allowed per token of the region
 CHARS_PER_REGION_TOKEN = 2.5
-#: and at most this share of the effective window (about 3.5 characters per token)
-WINDOW_SHARE = 0.25
+#: and at most ``handoff_max_ratio`` of the effective window (about 3.5 characters per token)
 CHARS_PER_TOKEN = 3.5
 #: characters of the handoff's own wrapping around snapshot, notes and body
 WRAPPER_CHARS = 300
-#: the new window opens at least this far below the threshold
+#: the new window opens at least this far below the threshold, whatever the kept tail (the
+#: stated share, ``switch_free_ratio``, is what a switch aims for)
 TARGET_MARGIN = 0.05
 #: characters per token assumed when fitting the handoff under the threshold (conservative)
 CHARS_PER_FIT_TOKEN = 3.0
@@ -101,6 +101,8 @@ class HandoffState:
     generation: int = -1
     switches: int = 0
     last_switch: dict[str, Any] | None = None
+    #: steps started since the last committed window switch (None: no switch yet)
+    steps_since_switch: int | None = None
     #: the receipt of each of the newest RECEIPTS_KEPT window-opening commits, by the seq of its
     #: compaction/summary: the inspector's window list shows them without reading old events back
     receipts: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -156,9 +158,9 @@ def host_settings(ctx: Context) -> tuple[float, float, bool]:
 
 #: the format of :func:`folded_state` in session snapshots: bump it whenever that shape changes,
 #: so a snapshot written by an older plugin is folded from the start of the log
-STATE_VERSION = 2
+STATE_VERSION = 3
 #: the fields of :class:`HandoffState` the fold of the log derives (the rest is this process's)
-FOLDED = ("cursor", "header_seq", "reminded_window", "last_assistant", "last_switch", "receipts")
+FOLDED = ("cursor", "header_seq", "reminded_window", "last_assistant", "last_switch", "receipts", "steps_since_switch")
 #: window receipts kept in the state (the inspector lists as many windows, the newest)
 RECEIPTS_KEPT = 100
 
@@ -181,7 +183,7 @@ def folded_state(ctx: Context) -> dict[str, Any]:
 
 
 def _from_folded(data: dict[str, Any], log_length: int) -> HandoffState:
-    cursor, header, reminded, assistant, last, receipts = (data[name] for name in FOLDED)
+    cursor, header, reminded, assistant, last, receipts, since = (data[name] for name in FOLDED)
     if type(cursor) is not int or not 0 < cursor <= log_length:
         msg = f"cursor {cursor!r} is outside the log (length {log_length})"
         raise ValueError(msg)
@@ -190,6 +192,9 @@ def _from_folded(data: dict[str, Any], log_length: int) -> HandoffState:
         raise ValueError(msg)
     if not (last is None or isinstance(last, dict)):
         msg = "last_switch must be an object or null"
+        raise ValueError(msg)
+    if not (since is None or (type(since) is int and 0 <= since <= log_length)):
+        msg = "steps_since_switch must be a count of steps within the log, or null"
         raise ValueError(msg)
     if not isinstance(receipts, list) or len(receipts) > RECEIPTS_KEPT:
         msg = f"receipts must be a list of at most {RECEIPTS_KEPT} [seq, receipt] pairs"
@@ -210,6 +215,7 @@ def _from_folded(data: dict[str, Any], log_length: int) -> HandoffState:
         last_assistant=assistant,
         last_switch=last,
         receipts=by_seq,
+        steps_since_switch=since,
     )
 
 
@@ -227,6 +233,9 @@ def state_for(ctx: Context) -> HandoffState:
     for event in events[state.cursor :]:
         if event.type == REQUEST_HEADER:
             state.header_seq = event.seq
+        elif event.type == STEP_START:
+            if state.steps_since_switch is not None:
+                state.steps_since_switch += 1
         elif event.type == ASSISTANT_MESSAGE:
             state.last_assistant = event.seq
         elif event.type == COMPACTION_SUMMARY and event.data.get("kind") in WINDOW_KINDS:
@@ -234,6 +243,7 @@ def state_for(ctx: Context) -> HandoffState:
             if len(state.receipts) > RECEIPTS_KEPT:
                 del state.receipts[next(iter(state.receipts))]  # the oldest (seqs fold in order)
             if event.data.get("strategy") == NAME and event.data.get("kind") == "window":
+                state.steps_since_switch = 0
                 # the panel's last switch comes from the log, so a reopened session shows the same
                 history = history or STRATEGY.on(ctx).history()
                 record = dict(event.data.get("window_record") or {})
@@ -297,6 +307,7 @@ def switch(ctx: Context, *, reason: str, keep_tokens: int | None = None) -> Swit
     (the pressure path); None keeps only the last message. Never raises for an ordinary failure."""
     ctx.refresh()
     state = state_for(ctx)
+    opened_at = ctx.pressure().ratio
     history = STRATEGY.on(ctx).history()
     surface = ctx.surface
     settings = settings_of(ctx)
@@ -305,10 +316,16 @@ def switch(ctx: Context, *, reason: str, keep_tokens: int | None = None) -> Swit
     # may take what the kept tail and the request header leave under it
     threshold, _, _ = host_settings(ctx)
     target = int((threshold - TARGET_MARGIN) * effective)
+    # where the switch aims: the stated share of the window below the threshold, so the next
+    # switch is that much growth away (a switch that frees a few tokens switches again next step)
+    aim = min(target, int(max(threshold - settings.switch_free_ratio, 0.0) * effective))
     if keep_tokens is not None:
         blocked = no_room(ctx)
         if blocked is not None:
             return _failed(state, reason, blocked)
+        # the verbatim tail gives way to the aim (head_region still keeps the newest call whole)
+        fixed = ctx.pressure().tokens - ctx.meter.surface_tokens()
+        keep_tokens = min(keep_tokens, max(0, aim - fixed - int(MIN_HANDOFF_CHARS / CHARS_PER_FIT_TOKEN)))
     for attempt in range(2):
         if keep_tokens is None:
             region = whole_surface_but_last(surface, 1)
@@ -323,12 +340,18 @@ def switch(ctx: Context, *, reason: str, keep_tokens: int | None = None) -> Swit
         deficit = rest + int(MIN_HANDOFF_CHARS / CHARS_PER_FIT_TOKEN) - target
         if attempt or deficit <= 0 or not shrink_kept_results(ctx, after=nodes[-1].seq, tokens=deficit):
             break
-    budget = min(
+    bound = min(
         settings.handoff_max_chars,
         int(region_tokens * CHARS_PER_REGION_TOKEN),
-        int(effective * WINDOW_SHARE * CHARS_PER_TOKEN),
-        int((target - rest) * CHARS_PER_FIT_TOKEN),
+        int(effective * settings.handoff_max_ratio * CHARS_PER_TOKEN),
     )
+    budget = min(bound, int((aim - rest) * CHARS_PER_FIT_TOKEN))
+    if budget >= MIN_HANDOFF_CHARS:
+        target = aim
+    else:
+        # the kept tail (the newest call and its results) is too large to reach the aim: free
+        # what can be freed, still below the threshold
+        budget = min(bound, int((target - rest) * CHARS_PER_FIT_TOKEN))
     if budget < MIN_HANDOFF_CHARS:
         return _failed(
             state,
@@ -337,7 +360,8 @@ def switch(ctx: Context, *, reason: str, keep_tokens: int | None = None) -> Swit
             f"({rest} tokens stay: request header and the kept messages)",
         )
     new_window = history.current_window.number + 1
-    record: dict[str, Any] = {"window": new_window, "reason": reason}
+    # the pressure the switch relieved (a threshold switch inside min_switch_interval_steps: >= 1)
+    record: dict[str, Any] = {"window": new_window, "reason": reason, "pressure_ratio": round(opened_at, 4)}
     assert region is not None  # every pass of the loop above returned when it found no region
     plan = state.plan = SwitchPlan(reason, budget, region_tokens, rest, target, record, settings)
     try:

@@ -91,6 +91,10 @@ def session_opened(ctx: Context) -> None:
 def snapshot_state(ctx: Context) -> ctxkernel.StrategySnapshot | None:
     if not mode_for(ctx).enabled:
         return None  # session_opened builds no state then, so none is put into the snapshot either
+    # the history and notes indexes handoff reads (a switch folded at the open, its panel) are
+    # built on first use: built now, this snapshot holds them folded (index_parts runs after this
+    # hook), so an open from it does not fold them from the log's first event
+    notes_of(ctx)
     return STRATEGY.on(ctx).snapshot(folded_state(ctx), version=STATE_VERSION)
 
 
@@ -152,6 +156,14 @@ def pre_step(ctx: Context, step: StepContext) -> None:
     threshold, retain, auto = host_settings(ctx)
     pressure = ctx.pressure()
     if mode.auto and auto and pressure.ratio >= threshold:
+        interval = STRATEGY.on(ctx).settings.min_switch_interval_steps
+        since = state.steps_since_switch
+        if since is not None and since < interval and pressure.ratio < 1.0:
+            # no switch storm: the last switch was `since` steps ago and this request still fits;
+            # basic's threshold compaction waits too (an overflow, new_context or a manual
+            # compaction never waits)
+            STRATEGY.on(ctx).hold_pressure(step, f"{since} of {interval} steps since the last window switch")
+            return
         outcome = switch(ctx, reason="threshold", keep_tokens=int(retain * pressure.effective_window))
         if outcome.committed:
             return

@@ -34,6 +34,13 @@ class HandoffSettings(BaseModel):
     ``model_policies``      ``[{provider, model, strategy}]``, exact matches, the first match wins
     ``handoff_summary``     ``generated`` (one summarizer call per switch) or ``extractive`` (no model call)
     ``handoff_max_chars``   the whole handoff's character budget, 8,000-32,000
+    ``handoff_max_ratio``   ... and at most this share of the effective window in tokens (small windows)
+    ``switch_free_ratio``   a switch opens the new window at most this share of the effective window below
+                            the threshold, so the next one is that much growth away (when the kept tail
+                            allows it: the newest call and its results are always kept whole)
+    ``min_switch_interval_steps`` a threshold switch waits this many steps after the last switch while the
+                            next request still fits the window (0: no wait); overflows, ``new_context`` and
+                            manual switches never wait
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -45,6 +52,9 @@ class HandoffSettings(BaseModel):
     model_policies: list[ModelStrategy] = Field(default_factory=list)
     handoff_summary: Literal["generated", "extractive"] = "generated"
     handoff_max_chars: int = Field(default=HANDOFF_DEFAULT_CHARS, ge=HANDOFF_MIN_CHARS, le=HANDOFF_MAX_CHARS)
+    handoff_max_ratio: float = Field(default=0.1, gt=0, le=0.5)
+    switch_free_ratio: float = Field(default=0.3, ge=0.05, lt=1)
+    min_switch_interval_steps: int = Field(default=3, ge=0, le=1_000)
 
     def strategy_for(self, provider: str | None, model: str | None) -> str:
         """``window`` or ``native`` for a provider/model (first exact match, else the default)."""

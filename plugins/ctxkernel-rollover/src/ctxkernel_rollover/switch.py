@@ -1,7 +1,8 @@
-"""The window switch: one compaction transaction of kind ``window`` over the whole surface.
+"""The window switch: one compaction transaction of kind ``window`` over the surface.
 
 It replaces every visible node with one seed message and cites each of them (the kernel refuses
-a replacement that leaves one out). The new window id, the previous and first ids, the trigger
+a replacement that leaves one out), except, in an automatic or protective switch, the results the
+client has just sent and the call they answer (:func:`just_sent`): they stay after the seed. The new window id, the previous and first ids, the trigger
 and the intent it consumes travel in the ``compaction/summary`` data, so the chain is part of
 the same atomic batch as the surface change. No model is ever called: the seed is built from the
 notes and the log, and nothing here falls back to a summary (§3.7 of the seed: fail loud).
@@ -255,6 +256,27 @@ def switch(
     return result
 
 
+def just_sent(ctx: Context, settings: RolloverSettings, effective_window: int) -> list[Any]:
+    """The surface's tail when it is the results the client has just sent: the last assistant
+    message with tool calls and its results, in an open turn. Empty when the surface ends
+    otherwise, when nothing would be left to replace, or when a result is over
+    ``oversized_tool_result_ratio`` of the window (the protective switch archives it instead)."""
+    nodes = ctx.surface.nodes
+    if not ctx.turn_open or not nodes or nodes[-1].role != "tool":
+        return []
+    start = len(nodes) - 1
+    while start > 0 and nodes[start].role == "tool":
+        start -= 1
+    caller = nodes[start]
+    if start == 0 or caller.role != "assistant" or not caller.message.tool_calls:
+        return []
+    tail = nodes[start:]
+    limit = settings.oversized_tool_result_ratio * effective_window
+    if any(ctx.meter.node_tokens(n) > limit for n in tail):
+        return []
+    return list(tail)
+
+
 def _switch(
     ctx: Context,
     rollover: StrategyHandle[RolloverSettings],
@@ -276,10 +298,17 @@ def _switch(
     pressure = ctx.pressure()
     surface_tokens = ctx.meter.surface_tokens()
     overhead = max(0, pressure.tokens - surface_tokens)  # system prompt, tools, anchor correction
+    # the results the client has just sent stay, after the seed, with the call they answer: a
+    # new window that left them out made the model start its task over
+    kept = just_sent(ctx, settings, pressure.effective_window) if trigger != "manual" else []
+    if kept:
+        nodes = nodes[: len(nodes) - len(kept)]
+    kept_tokens = ctx.meter.nodes_tokens(kept)
+    replaced_tokens = surface_tokens - kept_tokens
     budget = int(settings.seed_ratio * pressure.effective_window)
     if trigger != "manual":
         # an automatic switch must relieve the window: the seed stays well below what it replaces
-        budget = min(budget, int(surface_tokens * 0.8))
+        budget = min(budget, int(replaced_tokens * 0.8))
     active = list(reversed(notes.active()))  # newest first
     goal, goal_source = _goal(rollover, active, (intent or {}).get("next_goal"))
     hidden: list[str] = []
@@ -321,15 +350,15 @@ def _switch(
     )
     # the budget always admits the minimal seed (render_seed falls back to it when nothing else
     # fits); what an automatic switch cannot do is replace the surface with something no smaller
-    if seed_tokens >= surface_tokens and trigger != "manual":
+    if seed_tokens >= replaced_tokens and trigger != "manual":
         msg = (
-            f"the smallest seed costs {seed_tokens} tokens, not fewer than the {surface_tokens} tokens of the "
+            f"the smallest seed costs {seed_tokens} tokens, not fewer than the {replaced_tokens} tokens of the "
             f"window it would replace, so a new window cannot relieve this one: the other "
             f"{overhead} of the {pressure.tokens} tokens are the system prompt, the tools and the provider's "
             "count. Shorten the pending input, the system prompt or the tools, or use a model with a larger window"
         )
         raise RolloverError(msg)
-    start = overhead + seed_tokens
+    start = overhead + seed_tokens + kept_tokens
     if trigger == "auto" and start >= settings.reminder_ratio * pressure.effective_window:
         # the new window would open already past its reminder: switching again and again would
         # only churn windows; the protective (overflow) switch still runs at the window's limit
@@ -342,7 +371,7 @@ def _switch(
         )
         raise RolloverError(msg)
     message = Message.user(text, STRATEGY.source("seed"))
-    data = {
+    data: dict[str, Any] = {
         "window_id": new_id,
         "previous_window_id": state.current,
         "first_window_id": seed.first,
@@ -353,6 +382,8 @@ def _switch(
         "notes": [n.id for n in active],
         "goal_source": goal_source,
         "summarized": False,
+        # the newest call and the results just sent, kept verbatim after the seed (item seqs)
+        "kept": [n.seq for n in kept],
     }
     return rollover.compact(
         Span(nodes[0].seq, nodes[-1].seq, message=message),
