@@ -374,18 +374,27 @@ class Request:
     def prompt_tokens(self) -> int:
         return self.pressure.tokens
 
+    @property
+    def cache_key(self) -> str | None:
+        """The session's OpenAI ``prompt_cache_key`` (a digest of its id, so every request of the
+        session reaches the same cache); None with ``[cache] hints = false`` or no session."""
+        from .convert import prompt_cache_key
+
+        return prompt_cache_key(self.session_id) if self.cache_hints and self.session_id else None
+
     def to_openai(self) -> dict[str, Any]:
         """The chat-completions body's ``messages`` (the system prompt first), ``tools`` (when
         any) and ``prompt_cache_key``: a digest of the session id, so every request of the
         session reaches the same cache (``[cache] hints = false`` leaves it out). Pass it on with
         ``client.chat.completions.create(model=..., **request.to_openai())``."""
-        from .convert import prompt_cache_key, to_openai_messages
+        from .convert import to_openai_messages
 
         body: dict[str, Any] = {"messages": to_openai_messages(self.messages, system=self.system)}
         if self.tools:
             body["tools"] = self.tools
-        if self.cache_hints and self.session_id:
-            body["prompt_cache_key"] = prompt_cache_key(self.session_id)
+        key = self.cache_key
+        if key is not None:
+            body["prompt_cache_key"] = key
         return body
 
     def to_anthropic(self) -> dict[str, Any]:

@@ -191,7 +191,12 @@ def test_the_upstream_body_bytes_are_the_body_whatever_the_cache_holds(steps, st
 
     for nodes in _surfaces(steps, message):
         request = SimpleNamespace(
-            seqs=[s for s, _ in nodes], messages=[m for _, m in nodes], system=system, cache_hints=False, session_id=""
+            seqs=[s for s, _ in nodes],
+            messages=[m for _, m in nodes],
+            system=system,
+            cache_hints=False,
+            session_id="",
+            cache_key=None,
         )
         sent = orjson.loads(openai_wire.upstream_body(client, request, strategy_tools, stream=stream, cache=cache))
         expected_messages = [{"role": "system", "content": system}] if system else []
@@ -238,7 +243,12 @@ def test_the_upstream_pieces_carry_the_length_of_their_concatenation(steps, stre
     cache: dict = {}
     for nodes in _surfaces(steps, lambda seq: (Message.user if seq % 2 else Message.assistant)(f"m{seq} é")):
         request = SimpleNamespace(
-            seqs=[s for s, _ in nodes], messages=[m for _, m in nodes], system=system, cache_hints=False, session_id=""
+            seqs=[s for s, _ in nodes],
+            messages=[m for _, m in nodes],
+            system=system,
+            cache_hints=False,
+            session_id="",
+            cache_key=None,
         )
         chunks = openai_wire.upstream_chunks(client, request, [], stream=stream, cache=cache)
         assert chunks.nbytes == len(b"".join(chunks)) == Chunks(list(chunks)).nbytes

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from ..convert import _content_text, arguments_from_json, from_openai_message, prompt_cache_key, to_openai_message
+from ..convert import _content_text, arguments_from_json, from_openai_message, to_openai_message
 from ..errors import EventError
 from ..messages import Message, ToolCallBlock
 from ..pairing import CallIds
@@ -142,9 +142,10 @@ def upstream_chunks(
         body["tools"] = tools
     else:
         body.pop("tools", None)
-    if request.cache_hints and request.session_id and not body.get("prompt_cache_key"):
-        # every request of the session reaches the same cache (docs/cache.md)
-        body["prompt_cache_key"] = prompt_cache_key(request.session_id)
+    key = request.cache_key
+    if key is not None and not body.get("prompt_cache_key"):
+        # every request of the session reaches the same cache, unless the client chose a key
+        body["prompt_cache_key"] = key
     body["stream"] = stream
     if stream:  # always asked for: the usage anchors the session's pressure
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}

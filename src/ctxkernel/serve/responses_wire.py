@@ -42,7 +42,6 @@ from ..convert import (
     lost_media_text,
     media_block,
     media_wire,
-    prompt_cache_key,
     result_parts,
     to_openai_message,
 )
@@ -580,8 +579,9 @@ def upstream_payload(
 def _cache_key(body: dict[str, Any], request: Request) -> None:
     """Every request of the session reaches the same prompt cache, unless the client chose a key
     (docs/cache.md)."""
-    if request.cache_hints and request.session_id and not body.get("prompt_cache_key"):
-        body["prompt_cache_key"] = prompt_cache_key(request.session_id)
+    key = request.cache_key
+    if key is not None and not body.get("prompt_cache_key"):
+        body["prompt_cache_key"] = key
 
 
 def chat_body(
