@@ -22,13 +22,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _bench import Bench  # noqa: E402
+from _bench import Bench
 
-from ctxkernel import Message, ToolCallBlock  # noqa: E402
-from ctxkernel.events import append_op  # noqa: E402
-from ctxkernel.recall.history import STATE_KEY, History  # noqa: E402
-from ctxkernel.session import EventSpec  # noqa: E402
-from ctxkernel.testing import build_kernel  # noqa: E402
+from ctxkernel import Message, ToolCallBlock
+from ctxkernel.events import append_op
+from ctxkernel.recall.history import STATE_KEY, History
+from ctxkernel.session import EventSpec
+from ctxkernel.testing import build_kernel
 
 SEED_FIRST_BUILD_MS = 2.5
 

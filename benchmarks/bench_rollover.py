@@ -48,11 +48,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _bench import NO_TARGET, Bench, durable_append  # noqa: E402
+from _bench import NO_TARGET, Bench, durable_append
 
-from ctxkernel import Kernel, Message, ToolCallBlock  # noqa: E402
-from ctxkernel.store.jsonl import JsonlStore  # noqa: E402
-from ctxkernel.testing import make_profile  # noqa: E402
+from ctxkernel import Kernel, Message, ToolCallBlock
+from ctxkernel.store.jsonl import JsonlStore
+from ctxkernel.testing import make_profile
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -69,7 +69,7 @@ def sources(bench: Bench) -> list[tuple[str, Any]]:
     for path in sorted(p for p in TRANSCRIPTS.glob("*/*") if p.is_file()):
         try:
             recording = load_recording(path)
-        except Exception as exc:  # noqa: BLE001 - one unreadable file is reported, the rest still run
+        except Exception as exc:  # one unreadable file is reported, the rest still run
             print(
                 json.dumps(
                     {"name": f"simulate_transcript_{path.parent.name}", "skipped": f"cannot load: {type(exc).__name__}"}

@@ -87,7 +87,7 @@ def main() -> int:
     return 1 if (args.strict and missed) else 0
 
 
-def _load(path: Path):  # noqa: ANN202
+def _load(path: Path):
     spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -192,7 +192,7 @@ class Firefox:
         if ws is not None:
             try:
                 self.command("session.end", {}, timeout=10)
-            except Exception:  # noqa: BLE001, S110 - the browser is stopped below either way
+            except Exception:  # the browser is stopped below either way
                 pass
             ws.close()
         self.process.terminate()

@@ -539,7 +539,7 @@ def _fail(session: SessionPort, compaction_id: str, exc: BaseException) -> None:
                 return  # already ended (an earlier attempt's write landed before its error was raised)
             session.append_one(COMPACTION_END, {"compaction_id": compaction_id, "error": error[:2000]})
             return
-        except Exception as exc_end:  # noqa: BLE001 - a store error of any kind: retried, then logged
+        except Exception as exc_end:  # a store error of any kind: retried, then logged
             end_error = exc_end
             log.warning(
                 "compaction end not written",

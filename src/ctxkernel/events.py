@@ -177,7 +177,7 @@ class Event:
     def __init__(
         self,
         seq: int,
-        type: str,  # noqa: A002 - the field's name
+        type: str,  # the field's name
         data: dict[str, Any],
         time: str = "",
         surface: dict[str, Any] | None = None,

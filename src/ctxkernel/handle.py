@@ -343,7 +343,7 @@ class StrategyHandle(Generic[S]):
             return None
         try:
             return load(part["data"])
-        except Exception as exc:  # noqa: BLE001 - a malformed part costs a full fold, never the open
+        except Exception as exc:  # a malformed part costs a full fold, never the open
             log.warning(
                 "strategy snapshot state set aside; folding the whole log",
                 session=self._session.id,

@@ -112,7 +112,7 @@ class CompactionLease:
                     self.lost.set()
                     log.error("compaction lease lost: another worker took it over", lease=self.name)
                 return False
-        except Exception as exc:  # noqa: BLE001 - a store error: logged, retried at the next tick
+        except Exception as exc:  # a store error: logged, retried at the next tick
             log.warning("compaction lease not renewed", lease=self.name, error=f"{type(exc).__name__}: {exc}")
         return True
 
@@ -125,7 +125,7 @@ class CompactionLease:
         RENEWALS.discard(self)
         try:
             self.store.lease_release(self.name, self.holder["token"])
-        except Exception as exc:  # noqa: BLE001 - the lease expires by itself; the caller's outcome stands
+        except Exception as exc:  # the lease expires by itself; the caller's outcome stands
             log.warning("compaction lease not released", lease=self.name, error=f"{type(exc).__name__}: {exc}")
 
     def takeover_end(self, open_compaction: dict[str, Any]) -> EventSpec:

@@ -53,7 +53,7 @@ def _render_for_stdlib(_: Any, __: str, event_dict: dict[str, Any]) -> tuple[tup
 def _short_repr(value: Any) -> str:
     try:
         text = repr(value)
-    except Exception:  # noqa: BLE001 - a log line never fails on a value it cannot print
+    except Exception:  # a log line never fails on a value it cannot print
         return f"<{type(value).__name__}>"
     return text if len(text) <= 2_000 else text[:1_999] + "…"
 

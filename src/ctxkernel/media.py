@@ -66,7 +66,7 @@ def image_size(data: bytes) -> tuple[int, int] | None:
     try:
         with Image.open(io.BytesIO(data)) as image:
             width, height = image.size
-    except Exception:  # noqa: BLE001 - any file Pillow cannot read costs the most an image can
+    except Exception:  # any file Pillow cannot read costs the most an image can
         return None
     if width <= 0 or height <= 0:
         return None
@@ -138,7 +138,7 @@ def pdf_pages(data: bytes) -> int | None:
                 stack.extend(kids)
             else:
                 return None
-    except Exception:  # noqa: BLE001 - a damaged or hostile PDF is counted by its bytes
+    except Exception:  # a damaged or hostile PDF is counted by its bytes
         return None
     return pages if 0 < pages <= PDF_MAX_PAGES else None
 

@@ -335,7 +335,7 @@ def _check_block(block: Block) -> Block:
 
             try:
                 check_blob_key(block.blob)
-            except Exception as exc:  # noqa: BLE001 - a StoreError, reported as the event's error
+            except Exception as exc:  # a StoreError, reported as the event's error
                 raise EventError(f"media block: {exc}") from None
     elif isinstance(block, OpaqueBlock):
         if block.api not in WIRE_APIS:

@@ -373,7 +373,7 @@ class HookFacade:
             name = self._pm.get_name(impl.plugin) or impl.plugin_name
             try:
                 impl.function(*_args(impl, profile=profile, report=report))
-            except Exception as exc:  # noqa: BLE001 - handed to the caller, which reports it
+            except Exception as exc:  # handed to the caller, which reports it
                 yield name, exc
             else:
                 yield name, None

@@ -78,7 +78,7 @@ class ModelPrice:
             return None
         return max(0.0, self.cache_write - self.input) / saving
 
-    def with_prices(self, input: float, cached_input: float, output: float) -> ModelPrice:  # noqa: A002
+    def with_prices(self, input: float, cached_input: float, output: float) -> ModelPrice:
         """The same cache rules at other prices; a cache write keeps its ratio to the input price."""
         ratio = self.cache_write / self.input if self.input else 1.0
         return replace(self, input=input, cache_read=cached_input, output=output, cache_write=input * ratio)
@@ -98,11 +98,11 @@ class ModelPrice:
         }
 
 
-def _anthropic(model: str, input: float, output: float, min_tokens: int) -> ModelPrice:  # noqa: A002
+def _anthropic(model: str, input: float, output: float, min_tokens: int) -> ModelPrice:
     return ModelPrice(model, "anthropic", input, output, input * 0.1, input * 1.25, cache_min_tokens=min_tokens)
 
 
-def _openai(model: str, input: float, output: float, cached: float) -> ModelPrice:  # noqa: A002
+def _openai(model: str, input: float, output: float, cached: float) -> ModelPrice:
     return ModelPrice(model, "openai", input, output, cached, input, cache_increment=128, cache_mode="automatic")
 
 

@@ -57,7 +57,7 @@ _MAGIC = b"ctxkernel-snapshot"
 log = get_logger("ctxkernel.snapshot")
 
 
-class SnapshotRejected(Exception):  # noqa: N818 - a reason to replay, never raised to a caller
+class SnapshotRejected(Exception):  # a reason to replay, never raised to a caller
     """Why a stored snapshot cannot be used (the open falls back to a full replay)."""
 
 
@@ -190,7 +190,7 @@ def strategy_parts(session: SessionPort, strategies: set[str]) -> dict[str, dict
     parts: dict[str, dict[str, Any]] = {}
     try:
         results = session.kernel.hooks.snapshot_state(session)
-    except Exception as exc:  # noqa: BLE001 - a strategy's defect costs only a longer open, never the append
+    except Exception as exc:  # a strategy's defect costs only a longer open, never the append
         log.warning("snapshot written without strategy state", session=session.id, error=f"{type(exc).__name__}: {exc}")
         return parts
     for part in results:
@@ -305,7 +305,7 @@ def restore(
             raise SnapshotRejected(msg)
     except SnapshotRejected:
         raise
-    except Exception as exc:  # noqa: BLE001 - any defect in a verified-digest body still only costs a replay
+    except Exception as exc:  # any defect in a verified-digest body still only costs a replay
         msg = f"the snapshot body is malformed ({type(exc).__name__}: {exc})"
         raise SnapshotRejected(msg) from None
     return Restored(

@@ -295,7 +295,7 @@ class Timeline:
                 txn = dict(zip(TRANSACTION_FIELDS, row, strict=True))
                 transactions[txn["id"]] = txn
             _check(cursor, window, requests, width, buckets, markers, transactions)
-        except Exception as exc:  # noqa: BLE001 - a malformed part costs a full fold, never the open
+        except Exception as exc:  # a malformed part costs a full fold, never the open
             log.warning(
                 "timeline snapshot set aside; folding the whole log",
                 session=self.session.id,

@@ -177,7 +177,7 @@ def preview(value: Any, limit: int = 60) -> str:
         return f"<an integer of {value.bit_length()} bits>"
     try:
         text = repr(value)
-    except Exception:  # noqa: BLE001 - a value whose repr fails is described by its type
+    except Exception:  # a value whose repr fails is described by its type
         return f"<a {type(value).__name__}>"
     return clip(text, limit)
 
@@ -253,7 +253,7 @@ class ToolRegistry:
     def __contains__(self, name: str) -> bool:
         return name in self._tools
 
-    def __iter__(self):  # noqa: ANN204
+    def __iter__(self):
         return iter(self._tools.values())
 
     def __len__(self) -> int:
@@ -332,5 +332,5 @@ class ToolRegistry:
 def _safe_str(exc: BaseException) -> str:
     try:
         return str(exc)
-    except Exception:  # noqa: BLE001 - an exception whose message cannot be built is named by its type
+    except Exception:  # an exception whose message cannot be built is named by its type
         return "(no message)"

@@ -403,7 +403,7 @@ class _Validator:
                     # would hide that a fresh process on a machine with no network cannot load it
                     tokenizer = get_tokenizer.__wrapped__(spec)
                     count = tokenizer.count("ctxkernel validates offline")
-            except Exception as exc:  # noqa: BLE001 - any failure to count offline is the finding
+            except Exception as exc:  # any failure to count offline is the finding
                 self.tokenizer_ok = False
                 self.report.fail(
                     "tokenizer",
@@ -444,7 +444,7 @@ class _Validator:
                 f"Fix: install what the backend needs (postgres: pip install 'ctxkernel[postgres]') or use backend 'jsonl'",
             )
             return
-        except Exception as exc:  # noqa: BLE001 - any failure to write is the finding
+        except Exception as exc:  # any failure to write is the finding
             self.report.fail(
                 "store",
                 None,
@@ -507,7 +507,7 @@ class _Validator:
         with tempfile.TemporaryDirectory(prefix="ctxkernel-validate-") as tmp:
             try:
                 session = throwaway_session(self.profile, self.manager, Path(tmp))
-            except Exception as exc:  # noqa: BLE001 - a strategy failing to open a session is the finding
+            except Exception as exc:  # a strategy failing to open a session is the finding
                 self.report.fail(
                     "tools",
                     None,

@@ -9,7 +9,7 @@ from pathlib import Path
 TABLES = Path(__file__).resolve().parents[2] / "benchmarks" / "tables.py"
 
 
-def load_tables():  # noqa: ANN201
+def load_tables():
     spec = importlib.util.spec_from_file_location("bench_tables", TABLES)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -351,7 +351,7 @@ class _Provider:
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.requests.append({"path": self.path, "body": body, "auth": self.headers.get("Authorization")})
                 payload = json.dumps(

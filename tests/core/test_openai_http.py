@@ -29,7 +29,7 @@ class FakeProvider:
         provider = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", 0))
                 body = orjson.loads(self.rfile.read(length))
                 provider.requests.append({"path": self.path, "body": body})

@@ -209,7 +209,7 @@ def test_readme_example_runs_against_a_scripted_model(tmp_path, monkeypatch):
     monkeypatch.delenv("CTXKERNEL_PROFILE", raising=False)
     monkeypatch.chdir(REPO)
     namespace: dict[str, Any] = {}
-    exec(compile(readme_example(), "README.md", "exec"), namespace)  # noqa: S102 - our own README
+    exec(compile(readme_example(), "README.md", "exec"), namespace)  # our own README
     model = ScriptedModel(
         [
             Message.assistant("I'll run the tests", [ToolCallBlock("c1", "run_tests", {"path": "tests/"})]),

@@ -39,4 +39,4 @@ def test_the_chapters_code_runs(monkeypatch, tmp_path):
     assert len(blocks) >= 6
     namespace: dict[str, Any] = {"__name__": "compaction_md"}
     for i, block in enumerate(blocks):
-        exec(compile(block, f"docs/compaction.md block {i + 1}", "exec"), namespace)  # noqa: S102 - our own doc
+        exec(compile(block, f"docs/compaction.md block {i + 1}", "exec"), namespace)  # our own doc

@@ -89,7 +89,7 @@ def test_two_concurrent_clients_keep_their_sessions_apart(fake, serve_factory):
             for i in range(8):
                 agent.user(f"{name} message {i}")
                 agent.step()
-        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+        except BaseException as exc:  # reported by the main thread
             errors.append(exc)
 
     threads = [threading.Thread(target=run, args=(n, f"sk-{n}")) for n in ("alpha", "beta")]

@@ -275,7 +275,7 @@ def _full(api: str, raw: bytes, memo: MessageMemo | None) -> tuple:
     wire = openai_wire if api == "openai" else anthropic_wire
     try:
         request = wire.parse_request(raw, memo)
-    except Exception as exc:  # noqa: BLE001 - the same error with and without the memo
+    except Exception as exc:  # the same error with and without the memo
         return ("error", type(exc).__name__, str(exc))
     fields = {k: v for k, v in request.body.items() if k != "messages"}
     return (

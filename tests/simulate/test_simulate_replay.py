@@ -248,7 +248,7 @@ def test_openai_summarizer_calls_are_counted(monkeypatch):
     served = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802
+        def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             served.append(body["model"])
             answer = {

@@ -94,7 +94,7 @@ def test_workers_starting_together_create_the_schema_once(dsn):
     def start():
         try:
             stores.append(PostgresStore(dsn))
-        except Exception as exc:  # noqa: BLE001 - asserted below
+        except Exception as exc:  # asserted below
             errors.append(exc)
 
     threads = [threading.Thread(target=start) for _ in range(6)]

@@ -123,7 +123,7 @@ def test_the_documented_script_runs(tmp_path):
     text = (Path(__file__).resolve().parents[2] / "docs" / "testing-a-strategy.md").read_text()
     (block,) = [b for b in re.findall(r"```python\n(.*?)```", text, re.DOTALL) if "tool_calls=" in b]
     namespace: dict[str, Any] = {}
-    exec(compile(block, "docs/testing-a-strategy.md", "exec"), namespace)  # noqa: S102 - our own doc
+    exec(compile(block, "docs/testing-a-strategy.md", "exec"), namespace)  # our own doc
     # the doc's test installs recall-turn from its distribution; here it comes in code
     assert conformance(tmp_path, namespace["recall_the_previous_turn"]).tool_calls_checked == 5
 

@@ -165,7 +165,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
                 session = throwaway_session(profile, manager, Path(tmp))
                 row["tools"] = sorted(tools_by_strategy(manager, session).get(name, []))
                 session.store.close()
-        except Exception as exc:  # noqa: BLE001 - a broken plugin is listed with its error, not fatal
+        except Exception as exc:  # a broken plugin is listed with its error, not fatal
             status = EXIT_INVALID
             row["error"] = redact(f"{type(exc).__name__}: {exc}")
         rows.append(row)

@@ -528,7 +528,7 @@ class OpenAIChatModel:
             parsed = from_openai_message({**message_raw, "role": "assistant"}, where=f"{self.where} reply")
         except ModelError:
             raise
-        except Exception as exc:  # noqa: BLE001 - an EventError: the server sent a malformed message
+        except Exception as exc:  # an EventError: the server sent a malformed message
             raise HTTPModelError(f"{self.where}: unreadable reply message: {str(exc)[:_BODY_EXCERPT]}") from None
         assert parsed is not None
         # the model name is recorded on the message's source: only a plausible name is taken
@@ -537,7 +537,7 @@ class OpenAIChatModel:
         message = Message(parsed.role, parsed.content, Source(kind="model", provider=self.provider, model=model))
         try:
             usage = normalize_usage(raw.get("usage"))
-        except Exception:  # noqa: BLE001 - a provider's malformed usage must not lose the reply
+        except Exception:  # a provider's malformed usage must not lose the reply
             usage = None
         finish = choice.get("finish_reason")
         return Reply(message, usage, self.provider, model, raw={"finish_reason": finish, "id": raw.get("id")})

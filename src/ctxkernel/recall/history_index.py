@@ -232,7 +232,7 @@ class HistoryIndex:
             ):
                 msg = "goal_instruction must be [seq or null, examined]"
                 raise ValueError(msg)
-        except Exception as exc:  # noqa: BLE001 - a malformed part costs a full fold, never the open
+        except Exception as exc:  # a malformed part costs a full fold, never the open
             log.warning(
                 "history index snapshot set aside; folding the whole log",
                 session=self.session.id,

@@ -142,7 +142,7 @@ class Notes:
             if not set(active.values()) <= set(notes) or type(total) is not int:
                 msg = "an active path names a note the snapshot does not hold, or total_bytes is not an integer"
                 raise ValueError(msg)
-        except Exception as exc:  # noqa: BLE001 - a malformed part costs a full fold, never the open
+        except Exception as exc:  # a malformed part costs a full fold, never the open
             log.warning(
                 "notes snapshot set aside; folding the whole log",
                 session=self.session.id,

@@ -243,7 +243,7 @@ def read_reply(payload: Any) -> tuple[Message, dict[str, Any] | None, dict[str, 
     """``(message, usage, raw)`` of a Messages response; ValueError when it is something else."""
     if not isinstance(payload, dict) or not isinstance(payload.get("content"), list):
         msg = "the upstream reply has no content list"
-        raise ValueError(msg)  # noqa: TRY004 - every unreadable reply is one kind of error to the caller
+        raise ValueError(msg)  # every unreadable reply is one kind of error to the caller
     try:
         message = from_anthropic_message({"role": "assistant", "content": payload["content"]}, where="upstream reply")[
             0

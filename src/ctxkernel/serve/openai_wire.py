@@ -199,7 +199,7 @@ def read_reply(payload: Any) -> tuple[Message, dict[str, Any] | None, dict[str, 
     raw = choices[0].get("message")
     if not isinstance(raw, dict):
         msg = "the upstream reply has no choices[0].message"
-        raise ValueError(msg)  # noqa: TRY004 - every unreadable reply is one kind of error to the caller
+        raise ValueError(msg)  # every unreadable reply is one kind of error to the caller
     try:
         message = from_openai_message({**raw, "role": "assistant"}, where="upstream reply")
     except EventError as exc:

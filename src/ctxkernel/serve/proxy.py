@@ -78,7 +78,7 @@ SESSION_CACHE = 256
 MAX_BRANCHES = 8
 
 
-class Foreign(Exception):  # noqa: N818 - not an error: the request moves to the tenant's own key
+class Foreign(Exception):  # not an error: the request moves to the tenant's own key
     """The key belongs to another tenant: the request goes to ``key``, its tenant's own."""
 
     def __init__(self, key: str) -> None:
@@ -452,7 +452,7 @@ class Proxy:
         turn = Turn(wire, client, key, session, {session.id: len(session.events)}, pending=pending, tenant=tenant)
         try:
             turn.ready = self.prepare_sync(turn)
-        except Exception as exc:  # noqa: BLE001 - raised again by the round that asks for it
+        except Exception as exc:  # raised again by the round that asks for it
             if isinstance(exc, EventError) and turn.pending is not None:
                 raise  # the session refused the client's messages, nothing written: a 400
             turn.ready = exc

@@ -123,7 +123,7 @@ async def read_body(request: HTTPRequest, seconds: float) -> bytes:
     return b"".join(chunks)
 
 
-class ClientGone(Exception):  # noqa: N818 - an event, not a fault of ours
+class ClientGone(Exception):  # an event, not a fault of ours
     """The client closed its connection before its answer was ready."""
 
 

@@ -87,7 +87,7 @@ class Workers:
             error: BaseException | None = None
             try:
                 result = context.run(func, *args)
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller, raised there
+            except BaseException as exc:  # handed to the waiting caller, raised there
                 error = exc
             try:
                 loop.call_soon_threadsafe(_deliver, future, result, error)
@@ -120,7 +120,7 @@ _pool = Workers()
 
 def _fresh_pool_in_child() -> None:
     # a forked child has none of the parent's threads: its jobs must not wait for them
-    global _pool  # noqa: PLW0603 - the process's one pool, replaced only here
+    global _pool  # the process's one pool, replaced only here
     _pool = Workers(_pool.max_threads)
 
 

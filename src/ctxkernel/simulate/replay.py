@@ -837,7 +837,7 @@ def run_profile(name: str, recording: Recording, options: Options) -> dict[str, 
             out["effective_window"] = profile.model.effective_window
             out["wall_seconds"] = round(time.perf_counter() - started, 3)
             return out
-        except Exception as exc:  # noqa: BLE001 - one broken strategy must not hide the others' results
+        except Exception as exc:  # one broken strategy must not hide the others' results
             where = _origin(exc)
             out = empty_metrics(name, "failed", f"{type(exc).__name__}: {exc}{where}", strategies)
             if kept is not None and replay is not None:

@@ -148,7 +148,7 @@ def _close_pool(pool: Any) -> None:
         pool.close()
 
 
-class _Dropped(Exception):  # noqa: N818 - internal signal, never raised out of this module
+class _Dropped(Exception):  # internal signal, never raised out of this module
     """The connection broke under a call; carries the driver's error."""
 
     def __init__(self, error: Exception) -> None:
@@ -645,7 +645,7 @@ class AdvisoryLock:
             return
         try:
             conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (f"ctxkernel lock {self.name}",))
-        except Exception:  # noqa: BLE001, S110 - closing the connection below releases the lock anyway
+        except Exception:  # closing the connection below releases the lock anyway
             pass
         finally:
             conn.close()

@@ -81,7 +81,7 @@ def postgres_dsn() -> str:
             psycopg.connect(dsn, connect_timeout=5).close()
         except ImportError:
             problem = "psycopg is not installed (pip install 'ctxkernel[postgres]')"
-        except Exception as exc:  # noqa: BLE001 - any failure to reach the server is the reason
+        except Exception as exc:  # any failure to reach the server is the reason
             problem = f"no PostgreSQL server answers at {PG_DSN_ENV}: {str(exc).strip()}"
     if problem:
         if in_ci():
@@ -273,7 +273,7 @@ class StoreConformance:
                     except ConflictError:
                         continue
                     mine.append(seq)
-            except BaseException as exc:  # noqa: BLE001 - reported below
+            except BaseException as exc:  # reported below
                 errors.append(exc)
             finally:
                 store.close()
@@ -631,7 +631,7 @@ class StoreConformance:
             try:
                 for _ in range(8):
                     store.blob_put("hot", values[n])
-            except BaseException as exc:  # noqa: BLE001 - reported below
+            except BaseException as exc:  # reported below
                 errors.append(exc)
             finally:
                 store.close()
@@ -643,7 +643,7 @@ class StoreConformance:
                     got = store.blob_get("hot")
                     assert got is not None
                     seen.append(got)
-            except BaseException as exc:  # noqa: BLE001 - reported below
+            except BaseException as exc:  # reported below
                 errors.append(exc)
             finally:
                 store.close()

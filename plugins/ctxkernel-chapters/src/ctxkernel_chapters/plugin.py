@@ -661,7 +661,7 @@ def validate_profile(profile: Profile, report: Any) -> None:
         try:
             settings = STRATEGY.settings_for(profile, provider, name)
             model = profile.model_for(provider, name)
-        except Exception:  # noqa: BLE001 - the kernel's settings check reports these
+        except Exception:  # the kernel's settings check reports these
             continue
         effective = model.effective_window
         if settings.archive_root not in checked_roots:

@@ -515,7 +515,7 @@ def stage_notes(ctx: Context, plan: SwitchPlan, handoff: Handoff, notes: Strateg
     ):
         try:
             stage()
-        except Exception as exc:  # noqa: BLE001 - a note that cannot be written never blocks the switch
+        except Exception as exc:  # a note that cannot be written never blocks the switch
             log.warning("handoff note not written", session=ctx.id, path=path, error=f"{type(exc).__name__}: {exc}")
     return staged.data
 
