@@ -7,6 +7,7 @@ for some of the pending calls, and a summary of a head region of the surface.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from ctxkernel import CompactionError, Message, Span, ToolCallBlock
@@ -38,10 +39,8 @@ def drawn_head_summary(session: Any, n: int) -> None:
     call in the span) is one of the drawn outcomes."""
     nodes = session.surface.nodes
     end = 1 + n % (len(nodes) - 1)
-    try:
+    with contextlib.suppress(CompactionError):
         session.compact(Span(nodes[0].seq, nodes[end - 1].seq, summary="s"), strategy="t", check_shrink=False)
-    except CompactionError:
-        pass
 
 
 def drawn_shared_step(session: Any, op: str, n: int, calls: int) -> tuple[int, bool]:

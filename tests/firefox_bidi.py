@@ -11,6 +11,7 @@ every URL it requested.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import socket
@@ -190,10 +191,8 @@ class Firefox:
     def close(self) -> None:
         ws = getattr(self, "ws", None)
         if ws is not None:
-            try:
+            with contextlib.suppress(Exception):  # the browser is stopped below either way
                 self.command("session.end", {}, timeout=10)
-            except Exception:  # the browser is stopped below either way
-                pass
             ws.close()
         self.process.terminate()
         try:

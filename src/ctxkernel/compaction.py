@@ -206,7 +206,9 @@ def _summarized(
     return written
 
 
-def _run_steps(
+# over the complexity cap: the commit's numbered steps in the order the transaction takes them,
+# each a check that may refuse; split up, that order would be spread over helpers
+def _run_steps(  # noqa: C901
     session: SessionPort,
     spans: Sequence[Span],
     resolved: list[list[Node]],

@@ -245,7 +245,9 @@ def _line(text: str, limit: int) -> str:
     return line if len(line) <= limit else clip(line, limit)
 
 
-def extractive_summary(messages: list[Message], *, max_chars: int = 12_000) -> str:
+# over the complexity cap: one pass that fills all eight sections (a compaction summarises ~200
+# messages inside its transaction); a pass per section would read them eight times
+def extractive_summary(messages: list[Message], *, max_chars: int = 12_000) -> str:  # noqa: C901
     """Eight sections built from the messages alone: deterministic and model-free.
 
     One pass over the messages that reads only what a section uses (a compaction summarises

@@ -6,6 +6,7 @@ surface; the rest stay in the log. Unit cases, then a property test over random 
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -251,10 +252,9 @@ def apply(kernel: Any, session: Any, op: tuple[Any, ...], n: int) -> Any:
         span = Span(visible[i], visible[j], remove=True) if kind == "drop" else Span(visible[i], visible[j])
         if kind != "drop":
             span.summary = f"summary {n}: " + filler(op[-1], n)
-        try:
+        # unbalanced, or not smaller: refused with the surface unchanged
+        with contextlib.suppress(CompactionError):
             session.compact(span, strategy="basic", kind="drop" if kind == "drop" else "summary")
-        except CompactionError:
-            pass  # unbalanced, or not smaller: refused with the surface unchanged
     elif kind == "end":
         session.end_turn()
     elif kind == "reopen":

@@ -78,9 +78,8 @@ class ReferenceHistory(History):
                     call_id = block.get("id")
                     names[call_id] = block.get("name")
                     seqs[call_id] = event.seq
-        elif t == USER_MESSAGE:
-            if (event.surface or {}).get("op") == "append" and _source_kind(event.data) == "user":
-                instructions.append(event.seq)
+        elif t == USER_MESSAGE and (event.surface or {}).get("op") == "append" and _source_kind(event.data) == "user":
+            instructions.append(event.seq)
 
     def _reference_fold(self, event: Event) -> None:
         t = event.type

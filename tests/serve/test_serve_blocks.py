@@ -262,9 +262,11 @@ def test_mid_stream_error_keeps_its_type(fake, serve_factory):
         "partial", stream_error={"type": "overloaded_error", "message": "Overloaded"}
     )
     body = {"model": "fake-model", "max_tokens": 64, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
-    with httpx.Client(base_url=serve.url, timeout=30) as http:
-        with http.stream("POST", "/v1/messages", json=body, headers={"x-api-key": "k"}) as response:
-            text = "".join(response.iter_text())
+    with (
+        httpx.Client(base_url=serve.url, timeout=30) as http,
+        http.stream("POST", "/v1/messages", json=body, headers={"x-api-key": "k"}) as response,
+    ):
+        text = "".join(response.iter_text())
     errors = [orjson.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ") and '"error"' in line]
     assert errors[-1] == {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
 

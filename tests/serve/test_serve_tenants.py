@@ -367,9 +367,11 @@ def test_a_credential_a_provider_echoes_mid_stream_never_reaches_the_client(fake
             **({"messages": [{"role": "user", "content": "x"}]} if api == "openai" else {"input": "x"}),
         }
         headers["authorization"] = f"Bearer {ECHOED_KEY}"
-    with httpx.Client(base_url=serve.url, timeout=30) as http:
-        with http.stream("POST", url, json={**body, "stream": True}, headers=headers) as response:
-            text = "".join(response.iter_text())
+    with (
+        httpx.Client(base_url=serve.url, timeout=30) as http,
+        http.stream("POST", url, json={**body, "stream": True}, headers=headers) as response,
+    ):
+        text = "".join(response.iter_text())
     assert "Incorrect API key provided: ***" in text
     assert ECHOED_KEY not in text
     assert ECHOED_KEY.encode() not in stored_bytes(serve)

@@ -175,10 +175,7 @@ def test_a_call_without_result_in_the_file_is_the_only_synthetic_result(tmp_path
 
 @pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.iterdir() if p.suffix in (".json", ".jsonl", ".traj")))
 def test_every_fixture_accounts_for_everything(name):
-    if "malformed" in name:
-        rec = load_recording(FIXTURES / name, lenient=True)
-    else:
-        rec = load_recording(FIXTURES / name)
+    rec = load_recording(FIXTURES / name, lenient="malformed" in name)
     check_invariant(rec.accounting)
 
 

@@ -103,10 +103,8 @@ def _random_session(home: Path, data: Any, *, check: bool) -> Any:
     """A session of random appends, compressions, drops, foreign compactions and prunes."""
     session = _kernel(home).open_session()
     session.user("start")
-    n = 0
-    for _ in range(data.draw(st.integers(10, 45), label="ops")):
+    for n in range(1, 1 + data.draw(st.integers(10, 45), label="ops")):
         op = data.draw(st.sampled_from(OPS), label="op")
-        n += 1
         if op == "user":
             session.user(f"user says {n}")
         elif op in ("text", "calls"):

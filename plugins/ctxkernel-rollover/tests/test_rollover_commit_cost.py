@@ -153,11 +153,14 @@ def walk_back(session, limit: int = 8) -> list[tuple[int, str]]:
     for event in reversed(session.events):
         if event.type == TURN_START:
             break
-        if event.type == USER_MESSAGE and (event.surface or {}).get("op") == "append":
-            if event.data["message"].get("source", {}).get("kind", "user") == "user":
-                found.append((event.seq, Message.from_dict(event.data["message"]).text))
-                if len(found) >= limit:
-                    break
+        if (
+            event.type == USER_MESSAGE
+            and (event.surface or {}).get("op") == "append"
+            and event.data["message"].get("source", {}).get("kind", "user") == "user"
+        ):
+            found.append((event.seq, Message.from_dict(event.data["message"]).text))
+            if len(found) >= limit:
+                break
     return list(reversed(found))
 
 

@@ -38,6 +38,7 @@ No transport failure escapes as anything but a :class:`ModelError`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
@@ -499,10 +500,8 @@ class OpenAIChatModel:
     def _sleep(self, attempt: int, retry_after: str | None) -> None:
         delay = self.backoff_seconds * 2 ** (attempt - 1)
         if retry_after:
-            try:
+            with contextlib.suppress(ValueError):
                 delay = max(delay, min(float(retry_after[:32]), MAX_RETRY_AFTER))
-            except ValueError:
-                pass
         if delay > 0:
             time.sleep(delay)
 

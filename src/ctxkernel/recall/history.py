@@ -136,7 +136,9 @@ class History(HistoryIndex):
             raise HistoryError(msg)
         return self._query(query, case_sensitive, window, role, seq_from, seq_to, limit, max_chars, cursor, order)
 
-    def _query(
+    # over the complexity cap: each filter of a history query (role, seq range, window, cursor,
+    # order) validated and applied in one pass over the index
+    def _query(  # noqa: C901
         self,
         query: str | None,
         case_sensitive: bool,

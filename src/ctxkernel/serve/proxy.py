@@ -868,7 +868,7 @@ def stream_error(wire: Any, translator: Any, data: dict[str, Any]) -> dict[str, 
     if wire is responses_wire:
         return translator.upstream_error(data)
     if wire is openai_wire:
-        return data["error"] if "error" in data else None
+        return data.get("error")
     if data.get("type") == "error":
         error = data.get("error")
         return error if isinstance(error, dict) else {"message": str(error)}

@@ -326,7 +326,9 @@ def import_openai(path: Path, run: int | None, lenient: bool, accounting: Accoun
 
 
 # -- Codex CLI rollout JSONL ---------------------------------------------------------------------------
-def import_codex(path: Path, run: int | None, lenient: bool, accounting: Accounting) -> Recording:
+# over the complexity cap: one branch per record type of the Codex rollout format, read in a
+# single pass as the file's order requires
+def import_codex(path: Path, run: int | None, lenient: bool, accounting: Accounting) -> Recording:  # noqa: C901
     lines = Lines(path, lenient)
     items: list[Item] = []
     blocks: list[Any] = []

@@ -497,8 +497,5 @@ class SqliteStore(SyncDeferral):
             db.execute("DELETE FROM blobs WHERE key = ?", (key,))
 
     def close(self) -> None:
-        with self._mutex:
-            try:
-                self._db.close()
-            except sqlite3.Error:
-                pass
+        with self._mutex, contextlib.suppress(sqlite3.Error):
+            self._db.close()

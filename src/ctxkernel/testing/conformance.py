@@ -206,7 +206,9 @@ def check_snapshot_equivalence(
     return checked
 
 
-def check_conformance(
+# over the complexity cap: the suite's invariants checked in the order a session meets them,
+# each with its own clear error
+def check_conformance(  # noqa: C901
     home: str | Path,
     strategies: list[str],
     *,
