@@ -3,7 +3,7 @@
 #   ruff check          lint rules of pyproject.toml over the whole tree
 #   ruff format --check formatting over the whole tree (set CTXKERNEL_LINT_FORMAT=0 to skip it
 #                       until the tree has been formatted once)
-#   mypy                src and every plugin and example package (strict on the public API)
+#   mypy --strict       src and every plugin and example package
 #   lint-imports        the architecture contracts of pyproject.toml ([tool.importlinter])
 # Usage: scripts/lint.sh [PYTHON]   (default: .venv/bin/python)
 set -euo pipefail
@@ -21,6 +21,6 @@ packages=(-p ctxkernel)
 for pkg in plugins/*/src/ctxkernel_* examples/*/src/ctxkernel_*; do
     packages+=(-p "$(basename "$pkg")")
 done
-run "$PY" -m mypy "${packages[@]}"
+run "$PY" -m mypy --strict "${packages[@]}"
 run "$BIN/lint-imports"
 exit $status

@@ -103,7 +103,9 @@ def compact_now(session: SessionPort, action: str = "compact", *, by: str = "api
         session.refresh()
         check_idle(session, f"{action} now")
         before = session.pressure().tokens
-        answered = session.kernel.hooks.compact_now(session, ManualCompaction(action, by))
+        answered: tuple[str, ManualOutcome] | None = session.kernel.hooks.compact_now(
+            session, ManualCompaction(action, by)
+        )
         if answered is None:
             msg = (
                 f"no enabled strategy of session {session.id} handles manual {action!r}; "

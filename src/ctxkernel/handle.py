@@ -186,6 +186,12 @@ class StrategyNotes:
         data={..., **staged.data})`` (see :class:`ctxkernel.recall.notes.StagedNotes`)."""
         return self._notes.staged(strategy=self._strategy)
 
+    def read(self, path: str) -> Note:
+        return self._notes.read(path)
+
+    def get(self, note_id: str) -> Note:
+        return self._notes.get(note_id)
+
     def __len__(self) -> int:
         return len(self._notes)
 

@@ -341,7 +341,8 @@ def command_of(arguments: dict[str, Any]) -> str:
     command = arguments.get("command", arguments.get("cmd"))
     if isinstance(command, list) and command and all(isinstance(c, str) for c in command):
         if len(command) >= 3 and command[0] in _SHELLS and command[1] in ("-c", "-lc"):
-            return command[-1]
+            script: str = command[-1]
+            return script
         return " ".join(command)
     return command if isinstance(command, str) else ""
 
@@ -529,7 +530,7 @@ def within(session: SessionPort, entries: Sequence[Entry], budget: int) -> list[
 
     def cost(text: str) -> int:
         key = (text, name)
-        hit = costs.get(key)
+        hit: int | None = costs.get(key)
         if hit is None:
             hit = costs[key] = meter.count_text(text + "\n")
         return hit

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+from typing import Any, TextIO
 
 import structlog
 
@@ -81,7 +81,7 @@ def get_logger(name: str) -> Any:
     return structlog.wrap_logger(logging.getLogger(name), wrapper_class=LibraryLogger)
 
 
-class _StderrHandler(logging.StreamHandler):
+class _StderrHandler(logging.StreamHandler[TextIO]):
     """Writes to whatever ``sys.stderr`` is at the time of the record, not when it was made: a
     replaced or closed stream (pytest's capture, a daemon's redirect) must not break later logs."""
 

@@ -320,20 +320,26 @@ class AsyncAgentLoop(_LoopBase):
 
     async def _complete(self, action: _CallModel) -> Reply:
         acomplete = getattr(self.model, "acomplete", None)
+        reply: Reply
         if acomplete is not None:
-            return await acomplete(action.messages, system=action.system, tools=action.tools)
-        if inspect.iscoroutinefunction(self.model.complete):
-            return await self.model.complete(action.messages, system=action.system, tools=action.tools)
-        return await asyncio.to_thread(self.model.complete, action.messages, system=action.system, tools=action.tools)
+            reply = await acomplete(action.messages, system=action.system, tools=action.tools)
+        elif inspect.iscoroutinefunction(self.model.complete):
+            reply = await self.model.complete(action.messages, system=action.system, tools=action.tools)
+        else:
+            reply = await asyncio.to_thread(
+                self.model.complete, action.messages, system=action.system, tools=action.tools
+            )
+        return reply
 
     async def _tool(self, call: ToolCallBlock) -> ToolOutcome | str:
         assert self.run_tool is not None
+        outcome: ToolOutcome | str
         if inspect.iscoroutinefunction(self.run_tool):
-            return await self.run_tool(call)
+            outcome = await self.run_tool(call)
+            return outcome
         result = await asyncio.to_thread(self.run_tool, call)
-        if inspect.isawaitable(result):
-            return await result
-        return result
+        outcome = await result if inspect.isawaitable(result) else result
+        return outcome
 
     async def run(self, user: str | Message | None = None) -> TurnResult:
         """Run one turn (see :meth:`AgentLoop.run`)."""

@@ -433,7 +433,8 @@ class Meter:
     def node_tokens(self, node: Any) -> int:
         if node.tokens is None:
             node.tokens = self.count_message(node.message)
-        return node.tokens
+        tokens: int = node.tokens
+        return tokens
 
     def nodes_tokens(self, nodes: Sequence[Any]) -> int:
         """``sum(node_tokens(n) for n in nodes)``, reading the counts already taken directly (a

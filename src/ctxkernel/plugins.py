@@ -304,13 +304,15 @@ class HookFacade:
         self._call_if_implemented("decorate_request", session, request=request)
 
     def summarize(self, session: HookTarget, region: Region) -> Summary | None:
-        return self._caller("summarize", session)(ctx=session.context, region=region)
+        summary: Summary | None = self._caller("summarize", session)(ctx=session.context, region=region)
+        return summary
 
     def sanitize_reply(self, session: HookTarget, reply: ReplyDraft) -> None:
         self._call_if_implemented("sanitize_reply", session, reply=reply)
 
     def request_error(self, session: HookTarget, error: ModelError) -> bool | None:
-        return self._caller("request_error", session)(ctx=session.context, error=error)
+        handled: bool | None = self._caller("request_error", session)(ctx=session.context, error=error)
+        return handled
 
     def commit(self, session: HookTarget, result: CommitResult) -> None:
         self._caller("commit", session)(ctx=session.context, result=result)

@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def register_strategy_commands(sub: argparse._SubParsersAction) -> None:
+def register_strategy_commands(sub: argparse._SubParsersAction[Parser]) -> None:
     """Every installed strategy's ``register_commands`` hook, in name order."""
     manager = StrategyManager()
     for name in sorted(manager.available):

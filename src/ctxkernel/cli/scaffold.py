@@ -19,6 +19,7 @@ import unicodedata
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
+from typing import Any
 
 from ..errors import ConfigError
 from ..events import KERNEL_TYPES
@@ -130,7 +131,7 @@ def _collect(
             out[path] = item.read_text(encoding="utf-8")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "new-strategy",
         help="write a new strategy distribution (package, settings, profile, README, tests) to start from",

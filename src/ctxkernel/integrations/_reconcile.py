@@ -110,7 +110,7 @@ class LogIndex:
         return all(any(text == s for s in shown) for text in later)
 
 
-def _text_of(blocks: list[dict]) -> str:
+def _text_of(blocks: list[dict[str, Any]]) -> str:
     return "\n".join(b.get("text", "") for b in blocks if b.get("type") == "text")
 
 

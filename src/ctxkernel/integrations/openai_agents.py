@@ -54,7 +54,9 @@ def _item_dict(item: Any, where: str) -> dict[str, Any]:
     if isinstance(item, dict):
         return item
     if hasattr(item, "model_dump"):
-        return item.model_dump(exclude_unset=True)
+        dumped = item.model_dump(exclude_unset=True)
+        if isinstance(dumped, dict):
+            return dumped
     msg = f"{where}: an input item must be a mapping, got {type(item).__name__}"
     raise IntegrationError(msg)
 

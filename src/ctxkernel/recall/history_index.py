@@ -523,7 +523,8 @@ class HistoryIndex:
                     parts.append(block.get("content", ""))
             return "\n".join(parts)
         if t == COMPACTION_SUMMARY:
-            return d.get("summary", "")
+            summary: str = d.get("summary", "")
+            return summary
         if t == SESSION_TASK:
             todos = [f"[{x['status']}] {x['text']}" for x in d.get("todos") or []]
             return "\n".join([*([f"Goal: {d['goal']}"] if d.get("goal") else []), *todos])
@@ -566,7 +567,8 @@ class HistoryIndex:
 # -- helpers ---------------------------------------------------------------------------------------------
 def _source_kind(data: dict[str, Any]) -> str:
     source = data["message"].get("source") or {}
-    return source.get("kind", "user")
+    kind: str = source.get("kind", "user")
+    return kind
 
 
 def _head(text: str, limit: int) -> tuple[str, bool]:

@@ -152,7 +152,7 @@ def check_path(path: Any) -> str:
 
 
 def check_trust(trust: Any) -> str:
-    if trust not in TRUST_MARKS:
+    if not isinstance(trust, str) or trust not in TRUST_MARKS:
         msg = f"trust mark must be one of {list(TRUST_MARKS)}, got {trust!r}"
         raise NotesError(msg)
     return trust

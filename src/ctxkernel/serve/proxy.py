@@ -866,7 +866,8 @@ def bounded_error(error: Any) -> dict[str, Any]:
 def stream_error(wire: Any, translator: Any, data: dict[str, Any]) -> dict[str, Any] | None:
     """The error object an upstream stream event reports, or None."""
     if wire is responses_wire:
-        return translator.upstream_error(data)
+        error: dict[str, Any] | None = translator.upstream_error(data)
+        return error
     if wire is openai_wire:
         return data.get("error")
     if data.get("type") == "error":

@@ -234,7 +234,7 @@ def expect(
 
 
 def check_model(body: dict[str, Any]) -> str:
-    model = expect(body, "model", str, "a model name string", required=True)
+    model: str = expect(body, "model", str, "a model name string", required=True)
     if not model or len(model) > MAX_MODEL_CHARS:
         raise WireError(400, f"model: expected 1-{MAX_MODEL_CHARS} characters, got {len(model)}", param="model")
     return model

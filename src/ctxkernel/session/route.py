@@ -56,7 +56,7 @@ class Routing:
         if memo is not None and memo[0] is route and memo[1] is profile:
             return memo[2]
         given = route or {}
-        settings = profile.model_for(given.get("provider"), given.get("model"))
+        settings: ModelSettings = profile.model_for(given.get("provider"), given.get("model"))
         window = given.get(ROUTE_WINDOW_KEY)
         if isinstance(window, int) and window != settings.context_window:
             settings = settings.with_window(window)
@@ -67,7 +67,8 @@ class Routing:
     def settings(self, strategy: str) -> BaseModel:
         """The validated settings of ``strategy`` for the currently routed model."""
         model = self.model_settings()
-        return self.kernel.strategy_settings(strategy, model.provider, model.name)
+        settings: BaseModel = self.kernel.strategy_settings(strategy, model.provider, model.name)
+        return settings
 
     def set_route(self, provider: str, model: str, context_window: int | None = None) -> None:
         """Route the next requests to another model (see :meth:`Session.set_route`)."""

@@ -46,7 +46,8 @@ class Tooling:
     def generation(self) -> int:
         """Changes whenever the strategies running in this session change: the kernel's switch
         (``Kernel.set_strategy_enabled``) or this session's ``session/strategy`` events."""
-        return self.session.kernel.plugins.generation + self.tracker.strategy_toggles
+        kernel_generation: int = self.session.kernel.plugins.generation
+        return kernel_generation + self.tracker.strategy_toggles
 
     # -- tools ----------------------------------------------------------------------------------------
     def sync_tools(self) -> None:

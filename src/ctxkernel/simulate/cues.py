@@ -113,7 +113,7 @@ def _step_cues(item: AssistantItem) -> list[str]:
 def candidates(recording: Recording) -> dict[int, list[Candidate]]:
     """Per recorded reply (its item index), the cues it uses that earlier items held (kept with
     the recording: every profile replays the same one)."""
-    cached = recording.derived.get("recall_candidates")
+    cached: dict[int, list[Candidate]] | None = recording.derived.get("recall_candidates")
     if cached is not None:
         return cached
     seen: dict[str, list[str]] = {}  # cue -> evidence of its first and latest appearances

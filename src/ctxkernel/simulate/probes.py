@@ -42,7 +42,7 @@ from typing import Any
 
 import orjson
 
-from ..recall.history import TODO_TOOLS
+from ..recall.history_index import TODO_TOOLS
 from .recording import AssistantItem, Item, Recording, ToolResultItem, UserItem
 
 KINDS: tuple[str, ...] = ("files_changed", "errors_seen", "commands_worked", "decisions", "open_todos")
@@ -95,7 +95,8 @@ def command_of(arguments: dict[str, Any]) -> str:
     if isinstance(command, list) and all(isinstance(c, str) for c in command):
         # ["bash", "-lc", "make test"] runs its last element
         if len(command) >= 3 and command[0] in _SHELLS and command[1] in ("-c", "-lc"):
-            return command[-1]
+            script: str = command[-1]
+            return script
         return " ".join(command)
     return command if isinstance(command, str) else ""
 

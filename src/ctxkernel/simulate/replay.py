@@ -221,7 +221,7 @@ class CountingModel:
     def complete(
         self, messages: list[Message], *, system: str = "", tools: list[dict[str, Any]] | None = None
     ) -> Reply:
-        reply = self.inner.complete(messages, system=system, tools=tools)
+        reply: Reply = self.inner.complete(messages, system=system, tools=tools)
         usage = reply.usage or {}
         self.calls += 1
         tokens = usage.get("input_tokens") or (

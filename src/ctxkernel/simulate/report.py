@@ -227,7 +227,7 @@ def describe_source(source: dict[str, Any]) -> str:
 
 def _nice_step(span: float) -> float:
     raw = span / 5 or 1
-    power = 10 ** math.floor(math.log10(raw))
+    power: float = 10 ** math.floor(math.log10(raw))
     for mult in (1, 2, 2.5, 5, 10):
         if raw <= mult * power:
             return mult * power
@@ -249,7 +249,8 @@ def render_chart(report: dict[str, Any], *, width: int = 900, height: int = 360)
         return left + (plot_w * i / max(1, longest - 1))
 
     def y(v: float) -> float:
-        return top + plot_h - plot_h * v / y_max
+        at: float = top + plot_h - plot_h * v / y_max
+        return at
 
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" id="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" aria-label="prompt tokens per request">',
@@ -362,7 +363,8 @@ DISTRIBUTIONS: tuple[tuple[str, str], ...] = (
 
 
 def session_label(session: dict[str, Any]) -> str:
-    return session["file"] + (f" #{session['run']}" if session.get("run") is not None else "")
+    file: str = session["file"]
+    return file + (f" #{session['run']}" if session.get("run") is not None else "")
 
 
 def session_rows(report: dict[str, Any]) -> list[list[str]]:
@@ -456,7 +458,8 @@ def render_distribution(report: dict[str, Any], key: str, title: str, *, width: 
     tail = "p10" if share else "p90"
 
     def y(v: float) -> float:
-        return top + plot_h - plot_h * v / y_max
+        at: float = top + plot_h - plot_h * v / y_max
+        return at
 
     def label(v: float) -> str:
         if share:

@@ -32,7 +32,8 @@ Steward = Callable[["Session", "Request"], "list[dict[str, Any]] | None"]
 
 def default_steward(session: Session, request: Request) -> list[dict[str, Any]]:
     """Every strategy's own deterministic policy (the ``steward_actions`` hook), in profile order."""
-    return session.kernel.hooks.steward_actions(session, request)
+    actions: list[dict[str, Any]] = session.kernel.hooks.steward_actions(session, request)
+    return actions
 
 
 def no_steward(session: Session, request: Request) -> list[dict[str, Any]]:
@@ -67,4 +68,5 @@ def load_steward(spec: str | None) -> Steward:
         raise RecordingError(msg) from None
     except ValueError:
         pass  # no signature to check (some builtins): the call itself will tell
-    return obj
+    steward: Steward = obj
+    return steward

@@ -313,7 +313,8 @@ class PostgresStore(SyncDeferral):
 
         def insert(conn: Any) -> bool:
             sql = "INSERT INTO ctxkernel_sessions (id, header) VALUES (%s, %s) ON CONFLICT (id) DO NOTHING"
-            return conn.execute(sql, (header.id, body)).rowcount == 1
+            inserted: int = conn.execute(sql, (header.id, body)).rowcount
+            return inserted == 1
 
         def settle(conn: Any) -> bool:  # after a drop: our own insert may have committed
             if insert(conn):
@@ -490,7 +491,8 @@ class PostgresStore(SyncDeferral):
         def write(conn: Any) -> bool:
             with conn.transaction():
                 conn.execute(self._LEASE_WRITE)
-                return conn.execute(sql, params).rowcount == 1
+                written: int = conn.execute(sql, params).rowcount
+                return written == 1
 
         return self._retrying(write, what=what)
 

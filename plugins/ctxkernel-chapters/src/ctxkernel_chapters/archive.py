@@ -170,7 +170,7 @@ def read_verified(archive: Archive, record: dict[str, Any]) -> ChapterFile:
         msg = f"{record['path']!r} is not in the archive"
         raise NotInArchiveError(msg)
     key = (record["path"], info.sha256, record["sha256"])
-    cached = VERIFIED.get(key)
+    cached: ChapterFile | None = VERIFIED.get(key)
     if cached is not None:
         return cached
     raw = archive.read(record["path"])

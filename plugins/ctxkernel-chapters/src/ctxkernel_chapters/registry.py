@@ -88,7 +88,8 @@ class Registry:
         return state
 
     def root_of(self, session_id: str) -> str:
-        return self.ensure(session_id)["root"]
+        root: str = self.ensure(session_id)["root"]
+        return root
 
     def lineage(self, session_id: str) -> list[str]:
         """Session ids from the root down to ``session_id`` (ancestors first)."""
@@ -126,7 +127,8 @@ class Registry:
 
     def archived_through(self, session_id: str) -> int:
         """The last log seq covered by this session's final chapters (-1 when none)."""
-        return self.ensure(session_id).get("archived_through", -1)
+        through: int = self.ensure(session_id).get("archived_through", -1)
+        return through
 
     def lineage_records(self, session_id: str) -> list[dict[str, Any]]:
         """Final chapter records of every session in the lineage, ancestors first."""
@@ -177,7 +179,8 @@ class Registry:
 
     def next_number(self, root: str) -> int:
         """The next number the stored allocator gives out (this process may have reserved more)."""
-        return (self.kv.kv_get(f"roots/{root}") or {"next_chapter": 1})["next_chapter"]
+        number: int = (self.kv.kv_get(f"roots/{root}") or {"next_chapter": 1})["next_chapter"]
+        return number
 
 
 def new_state(

@@ -154,7 +154,8 @@ def archived_through(ctx: Context, registry: Registry | None = None, *, stored: 
     figure when the caller has just read the session's registry state (saves a read)."""
     if stored is None:
         stored = (registry or registry_of(ctx)).archived_through(ctx.id)
-    return max(stored, state(ctx)["committed_through"])
+    committed: int = state(ctx)["committed_through"]
+    return max(stored, committed)
 
 
 def own_records(ctx: Context, registry: Registry | None = None, *, mark: int | None = None) -> list[dict[str, Any]]:

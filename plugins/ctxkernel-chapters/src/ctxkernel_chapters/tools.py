@@ -51,7 +51,8 @@ def _untitled(node: Any) -> Any:
 class _Args(ToolArgs):
     @classmethod
     def model_json_schema(cls, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        return _untitled(super().model_json_schema(*args, **kwargs))
+        schema: dict[str, Any] = _untitled(super().model_json_schema(*args, **kwargs))
+        return schema
 
 
 #: hard caps of the schema: the continuation budget refuses a long handoff note well inside them

@@ -78,4 +78,5 @@ class Driver:
 
 def log_bytes(session: Any) -> bytes:
     """The session's log file as stored (jsonl backend): refusals must leave it byte-identical."""
-    return session.store.path(session.id).read_bytes()
+    path: Path = session.store.path(session.id)
+    return path.read_bytes()

@@ -223,7 +223,10 @@ def describe_group(state: DecayState, ctx: Context, cut: int) -> str:
 
 def _resolve(state: DecayState, ctx: Context, value: object, what: str, index: int) -> int:
     """Surface position of the node an anchor argument names (by identity)."""
-    visible = lambda: describe_visible(state, ctx.surface.seqs())  # noqa: E731
+
+    def visible() -> str:
+        return describe_visible(state, ctx.surface.seqs())
+
     pid = parse_anchor(value)
     if pid is None:
         msg = f'span {index} `{what}` = {value!r} is not an anchor; write it as "⟦p12⟧", "p12" or 12. Visible anchors: {visible()}'

@@ -16,6 +16,7 @@ strategy off for a model (``native``), or its tools off, compaction is left to `
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -509,10 +510,11 @@ def stage_notes(ctx: Context, plan: SwitchPlan, handoff: Handoff, notes: Strateg
     line = f"- {window} {now} reason={plan.reason} summary=win_{plan.record['window'] - 1}_summary {first}\n"
     trust = "model-authored" if handoff.record.get("handoff_summary") == "generated" else "tool-output"
     staged = notes.staged()
-    for path, stage in (
+    stages: tuple[tuple[str, Callable[[], object]], ...] = (
         (HANDOFF_NOTE, lambda: staged.write(HANDOFF_NOTE, body, trust=trust, window=window)),
         (HANDOFF_LOG_NOTE, lambda: staged.append(HANDOFF_LOG_NOTE, line, trust="tool-output", window=window)),
-    ):
+    )
+    for path, stage in stages:
         try:
             stage()
         except Exception as exc:  # a note that cannot be written never blocks the switch

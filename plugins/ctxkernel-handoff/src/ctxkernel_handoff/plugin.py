@@ -15,7 +15,6 @@ from .engine import (
     REMINDER_LEAD,
     REMINDER_TAG,
     STATE_VERSION,
-    STRATEGY,
     HandoffState,
     after_commit,
     build_handoff,
@@ -32,7 +31,7 @@ from .engine import (
 from .engine import (
     compact_now as manual_compaction,
 )
-from .strategy import NAME
+from .strategy import NAME, STRATEGY
 from .tools import TOOL_NAMES, build_tools
 
 if TYPE_CHECKING:
@@ -252,7 +251,7 @@ def project(ctx: Context) -> dict[str, Any] | None:
 def _window_row(state: HandoffState, window: Any) -> dict[str, Any]:
     """A window with the receipt of the commit that opened it, from the folded state (the inspector
     lists the newest windows; reading their commits back from the log would cost a replay)."""
-    row = window.to_dict()
+    row: dict[str, Any] = window.to_dict()
     if window.opened_by is not None and window.opened_by in state.receipts:
         row["receipt"] = state.receipts[window.opened_by]
     return row

@@ -18,8 +18,9 @@ from ctxkernel import MAX_INT_ARG, CompactTool, Tool, ToolArgs, ToolError, ToolO
 from ctxkernel.recall.history_tools import history_tools
 from ctxkernel.recall.notes import MAX_PATH_CHARS, NotePathError, NotesLimits
 
-from .engine import STRATEGY, notes_of, request_new_context
+from .engine import notes_of, request_new_context
 from .handoff import NOTES_PREFIX
+from .strategy import STRATEGY
 
 if TYPE_CHECKING:
     from ctxkernel import Context

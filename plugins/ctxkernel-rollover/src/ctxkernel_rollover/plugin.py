@@ -24,8 +24,8 @@ from ctxkernel.redact import redact
 from ctxkernel.text import tag
 
 from .settings import RolloverSettings
-from .state import NAME, REMINDER_KEY, STATE_VERSION, state_of
-from .strategy import STRATEGY
+from .state import REMINDER_KEY, STATE_VERSION, state_of
+from .strategy import NAME, STRATEGY
 from .switch import RolloverError, count_window_parts, ensure_window, notes_of, remember_note, switch
 from .tools import build_tools
 
