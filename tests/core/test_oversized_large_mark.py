@@ -9,27 +9,18 @@ the same surface, pressures and event types."""
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_request_memos import assert_steps_match, excerpt_after, step, twin_sessions
+from request_memos_support import assert_steps_match, no_large_mark, step, twin_sessions
 
 from ctxkernel import Message, Session, guard
 from ctxkernel.guard import MAX_MESSAGE_SHARE
 from ctxkernel.meter import LARGE_NODE_TOKENS
 from ctxkernel.testing import build_kernel
-
-
-def clear_large_mark(session: Session) -> None:
-    session.oversized.large_clear_at = None
-
-
-def no_large_mark() -> contextlib.AbstractContextManager[None]:
-    return excerpt_after(clear_large_mark)
 
 
 def check_mark(session: Session) -> bool:

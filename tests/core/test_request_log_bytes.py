@@ -18,8 +18,7 @@ from unittest import mock
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_oversized_large_mark import clear_large_mark
-from test_request_memos import excerpt_after, run, step, twin_sessions, words
+from request_memos_support import clear_large_mark, excerpt_after, run, step, twin_sessions, words
 
 from ctxkernel import Message, Session
 from ctxkernel.messages import ToolCallBlock

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+from export_support import plant_temporary_links
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -129,20 +130,6 @@ def test_a_link_planted_in_the_folder_is_not_followed(tmp_path):
     written = write_export(target, {"s": {"f.txt": b"data"}})
     assert not (outside / "victim.txt").exists() and (target / "f.txt").read_bytes() == b"data"
     assert written[0].sha256 == hashlib.sha256(b"data").hexdigest()
-
-
-def plant_temporary_links(folder: Path, name: str, victim: Path, monkeypatch) -> None:
-    """Links to ``victim`` at the temporary names a writer of ``folder/name`` picks: the one it
-    used to (process and thread id) and its next random one (fixed here, then a free one)."""
-    import itertools
-    import secrets
-    import threading
-
-    names = itertools.chain(["0" * 16], (f"{n:016x}" for n in itertools.count(1)))
-    monkeypatch.setattr(secrets, "token_hex", lambda nbytes=None: next(names))
-    folder.mkdir(parents=True, exist_ok=True)
-    for tmp in (f".{name}.{os.getpid()}.{threading.get_ident()}.tmp", f".{name}.{'0' * 16}.tmp"):
-        (folder / tmp).symlink_to(victim)
 
 
 def test_a_link_planted_at_a_temporary_name_is_not_written_through(tmp_path, monkeypatch):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -147,10 +146,7 @@ def test_an_unterminated_tail_is_still_a_torn_write(tmp_path):
 def test_a_link_planted_at_a_temporary_name_is_not_written_through(tmp_path, monkeypatch, what):
     # a temporary file's name was the process and thread id: a link planted there redirected
     # the bytes to wherever it pointed
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).parents[1]))
-    from test_export import plant_temporary_links
+    from export_support import plant_temporary_links
 
     victim = tmp_path / "victim"
     victim.write_bytes(b"keep me")
