@@ -201,21 +201,15 @@ def quote_parts(history: History, seqs: list[int], instruction_chars: int) -> li
     return [block + "\n" for block in blocks[:-1]] + blocks[-1:]
 
 
-def render_snapshot(history: History, *, new_window: int, reason: str, budget: int = 16_000) -> str:
-    """Window index, goal, open todos and the last four user instructions (bounded).
+def snapshot_parts(history: History, *, new_window: int, reason: str, budget: int = 16_000) -> list[Part]:
+    """Window index, goal, open todos and the last four user instructions (bounded), as parts cut
+    where a count may be added (before a space that follows a character, after a line break): the
+    fixed texts, the numbers between fixed texts (:class:`Numbered`) and each quoted instruction
+    apart, so a switch tokenises only what no step counted (:func:`handoff_tokens`).
 
     At the seed's budgets (8,000 characters and up) the caps are the seed's; a handoff squeezed by
     a small window (the switch never lets it take more than a quarter of the window) scales them
-    down so the body keeps room.
-    """
-    return "".join(map(str, snapshot_parts(history, new_window=new_window, reason=reason, budget=budget)))
-
-
-def snapshot_parts(history: History, *, new_window: int, reason: str, budget: int = 16_000) -> list[Part]:
-    """:func:`render_snapshot`'s text as parts cut where a count may be added (before a space
-    that follows a character, after a line break): the fixed texts, the numbers between fixed
-    texts (:class:`Numbered`) and each quoted instruction apart, so a switch tokenises only what
-    no step counted (:func:`handoff_tokens`)."""
+    down so the body keeps room."""
     instruction_chars = min(INSTRUCTION_CHARS, budget // 8)
     goal_chars = min(GOAL_CHARS, budget // 8)
     todo_chars = min(TODO_CHARS, budget // 7)

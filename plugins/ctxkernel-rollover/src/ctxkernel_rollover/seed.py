@@ -342,15 +342,11 @@ def compose_seed(
         cache.prune()
 
 
-def minimal_seed(seed: SeedInput) -> str:
-    """The smallest seed the strategy builds: the window ids, the remaining-tokens line, the goal
-    and the pending input (both clipped short, pointing at where the full text is) and the notes
-    listed by id. Its size does not grow with the notes' or the instructions' text."""
-    return minimal_parts(seed).text
-
-
 def minimal_parts(seed: SeedInput) -> SeedParts:
-    """:func:`minimal_seed` as :class:`SeedParts` (the figure's line a part of its own)."""
+    """The smallest seed the strategy builds, as :class:`SeedParts` (the figure's line a part of
+    its own): the window ids, the remaining-tokens line, the goal and the pending input (both
+    clipped short, pointing at where the full text is) and the notes listed by id. Its size does
+    not grow with the notes' or the instructions' text."""
     head = "\n".join(
         [
             _head(seed),
