@@ -6,6 +6,11 @@ PLUGINS := $(wildcard plugins/ctxkernel-*)
 EXAMPLES := $(wildcard examples/ctxkernel-*)
 STAMP := $(VENV)/.installed
 
+# Python's default: cache compiled modules (and pytest's rewritten test modules) in __pycache__.
+# A machine that sets PYTHONDONTWRITEBYTECODE makes each of the suite's hundreds of Python
+# processes compile the kernel again; in the test collection alone that doubled the CPU time.
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: demo test test-fast lint bench stress install clean
 
 $(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml) $(wildcard examples/*/pyproject.toml) requirements-dev.txt

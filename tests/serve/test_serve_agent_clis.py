@@ -141,12 +141,12 @@ def test_aider(fake, serve_factory, tmp_path):
     work.mkdir()
     notes = work / "notes.md"
     notes.write_text("# Notes\n")
-    runs = 8
+    runs = 4
 
     def script(api, body):
         asked = [m["content"] for m in body["messages"] if m["role"] == "user" and isinstance(m["content"], str)]
         step = int(re.findall(r"Add step (\d+)", asked[-1])[-1])  # the older asks may be compacted away
-        padding = " ".join(f"detail{step}_{i}" for i in range(400))  # the replies grow the history
+        padding = " ".join(f"detail{step}_{i}" for i in range(600))  # the replies grow the history
         lines = "".join(f"- step {n}\n" for n in range(1, step + 1))
         # aider's whole-file edit format: the file's name, then its whole new content, fenced
         return Reply(f"Adding step {step}. {padding}\n\nnotes.md\n```\n# Notes\n{lines}```\n")
