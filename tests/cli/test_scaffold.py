@@ -1,5 +1,5 @@
 """``ctxkernel new-strategy``: the name is validated, nothing is overwritten, and the generated
-distribution is complete (its own tests run in a fresh venv in test_scaffold_fresh_venv.py)."""
+distribution is complete (its own tests run in a fresh venv in tests/packaging/test_fresh_venvs.py)."""
 
 from __future__ import annotations
 

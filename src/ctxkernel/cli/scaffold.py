@@ -4,7 +4,7 @@ The files come from ``templates/strategy/`` (shipped in the kernel's wheel): a p
 ``ctxkernel.strategies`` and ``ctxkernel.profiles`` entry points and a pin on this kernel's minor
 series, a package using the strategy handle with typed settings, a shipped profile, a README and
 tests that run the conformance suite. The generated distribution installs, validates and passes
-its own tests unchanged (``tests/packaging/test_scaffold_fresh_venv.py`` proves it in a fresh venv).
+its own tests unchanged (``tests/packaging/test_fresh_venvs.py`` proves it in a fresh venv).
 
 The name is validated before anything is written, and an existing folder is never touched.
 """
