@@ -272,7 +272,9 @@ class Proxy:
         self._owners: OrderedDict[str, str] = OrderedDict()  # key -> its tenant (never changes once written)
         self._turns = TurnLocks()
         self._header_tokens: OrderedDict[bytes, int] = OrderedDict()
-        self.memo = MessageMemo()
+        #: the client bodies it remembers (to parse only what the next one appends) are as many
+        #: as the sessions kept open
+        self.memo = MessageMemo(histories=config.max_sessions)
         # routes read from the store on every request when other processes may move them (a
         # store that orders requests across processes); else this process is their only writer
         self._routes: dict[str, dict[str, Any]] | None = None if hasattr(kernel.store, "hold_lock") else {}
