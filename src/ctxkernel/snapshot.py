@@ -41,6 +41,7 @@ import orjson
 
 from .errors import CorruptionError
 from .events import KERNEL_TYPES, Event
+from .jsonbytes import dumps_kept
 from .logging import get_logger
 from .messages import Message
 from .spec import StrategySnapshot  # a strategy's part of a snapshot: a value the hooks return
@@ -90,7 +91,8 @@ class SnapshotWriter:
 
     @staticmethod
     def _node(node: Any) -> bytes:
-        return orjson.dumps([node.event.to_dict(), node.tokens, node.turn, node.step])
+        # kept until the node leaves the surface: sized to its bytes (jsonbytes.py says why)
+        return dumps_kept([node.event.to_dict(), node.tokens, node.turn, node.step])
 
     def warm(self, session: SessionPort) -> None:
         """Serialise the counted nodes appended since the last call (newest first, up to the

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+#: sessions a serve process keeps open in memory (``--max-sessions``; ``ServeConfig.max_sessions``)
+DEFAULT_MAX_SESSIONS = 64
+
 
 def create_app(*args: Any, **kwargs: Any) -> Any:
     """The Starlette app (see :func:`ctxkernel.serve.app.create_app`)."""
@@ -17,4 +20,4 @@ def create_app(*args: Any, **kwargs: Any) -> Any:
     return _create_app(*args, **kwargs)
 
 
-__all__ = ["create_app"]
+__all__ = ["DEFAULT_MAX_SESSIONS", "create_app"]

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..cli import bounded_int
 from ..profile import MAX_TOKENS
+from . import DEFAULT_MAX_SESSIONS
 
 MISSING_EXTRA = "ctxkernel serve needs the serve extra: pip install 'ctxkernel[serve]'"
 
@@ -89,6 +90,14 @@ def register(sub: Any) -> None:
         help="upstream calls for strategy tools per client request (default 8)",
     )
     p.add_argument(
+        "--max-sessions",
+        type=bounded_int(1, 1_000_000),
+        default=DEFAULT_MAX_SESSIONS,
+        metavar="N",
+        help=f"sessions kept open in memory; the least recently used is closed and reopened from the store by "
+        f"its next request (default {DEFAULT_MAX_SESSIONS})",
+    )
+    p.add_argument(
         "--allowed-host",
         action="append",
         default=[],
@@ -149,6 +158,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         api_key_env=args.api_key_env,
         lock_wait_seconds=args.lock_wait,
         max_inner_rounds=args.max_inner_rounds,
+        max_sessions=args.max_sessions,
         tune_heap=args.tune_heap,
         body_seconds=args.body_timeout,
         allowed_hosts=[*([args.host] if args.host not in (*LOCAL_HOSTS, "0.0.0.0", "::") else []), *args.allowed_host],

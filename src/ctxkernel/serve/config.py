@@ -8,6 +8,7 @@ import orjson
 
 from ..kernel import Kernel
 from ..profile import load_profile, override_window
+from . import DEFAULT_MAX_SESSIONS
 from .upstream import Limits
 
 DEFAULT_OPENAI_UPSTREAM = "https://api.openai.com/v1"
@@ -27,6 +28,9 @@ class ServeConfig:
     api_key_env: str | None = None
     lock_wait_seconds: float = 30.0
     max_inner_rounds: int = 8
+    #: sessions kept open in memory, least recently used closed first (never one with a request
+    #: in flight); a closed one is opened again from the store by its next request
+    max_sessions: int = DEFAULT_MAX_SESSIONS
     #: settle the process's heap before serving (``process.settle_heap``): the garbage
     #: collector and the C allocator are the process's, so only a process serve owns tunes them
     tune_heap: bool = False
@@ -53,6 +57,7 @@ class ServeConfig:
                 "api_key_env",
                 "lock_wait_seconds",
                 "max_inner_rounds",
+                "max_sessions",
                 "tune_heap",
                 "body_seconds",
                 "allowed_hosts",

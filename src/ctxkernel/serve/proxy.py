@@ -33,7 +33,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,7 +72,8 @@ from .workers import run_sync
 
 log = get_logger("ctxkernel.serve")
 
-#: sessions kept open in memory; others are reopened from the store (snapshot + tail)
+#: bound of the process's small per-key caches (turn semaphores, owners, routes): the open
+#: sessions themselves are bounded by ``--max-sessions`` (``ServeConfig.max_sessions``)
 SESSION_CACHE = 256
 #: sessions one key keeps as branches (conversations that began alike and went apart)
 MAX_BRANCHES = 8
@@ -181,11 +182,13 @@ def busy(key: str, wait: float) -> WireError:
 
 
 class Lease:
-    """A held session turn: the in-process lock and, on postgres, the advisory lock."""
+    """A held session turn: the in-process lock and, on postgres, the advisory lock;
+    ``done`` runs when it is given back (the key is no longer in flight)."""
 
-    def __init__(self, lock: anyio.Semaphore, advisory: Any) -> None:
+    def __init__(self, lock: anyio.Semaphore, advisory: Any, done: Callable[[], None] | None = None) -> None:
         self._lock: anyio.Semaphore | None = lock
         self._advisory = advisory
+        self._done = done
 
     async def release(self) -> None:
         lock, self._lock = self._lock, None
@@ -196,6 +199,8 @@ class Lease:
                 with anyio.CancelScope(shield=True):
                     await run_sync(self._advisory.release)
         finally:
+            if self._done is not None:
+                self._done()
             lock.release()
 
 
@@ -257,11 +262,19 @@ class Proxy:
                 raise CtxKernelError(msg)
         #: the key of the tenants' tags (tenants.py)
         self.secret = tenant_secret(kernel.store, config.tenant_secret_env)
+        #: the open sessions, least recently used first, at most ``config.max_sessions`` of them
+        #: besides those with a request in flight (:meth:`_cache`); an evicted one is opened
+        #: again from the store (its snapshot and the events after it) by its next request
         self.sessions: OrderedDict[str, Session] = OrderedDict()
+        self._sessions_lock = threading.Lock()  # worker threads open sessions concurrently
+        self._keys_of: dict[str, set[str]] = {}  # open session id -> the keys it was opened for
+        self._in_flight: set[str] = set()  # keys whose turn is held (a request in flight)
         self._owners: OrderedDict[str, str] = OrderedDict()  # key -> its tenant (never changes once written)
         self._turns = TurnLocks()
         self._header_tokens: OrderedDict[bytes, int] = OrderedDict()
-        self.memo = MessageMemo()
+        #: the client bodies it remembers (to parse only what the next one appends) are as many
+        #: as the sessions kept open
+        self.memo = MessageMemo(histories=config.max_sessions)
         # routes read from the store on every request when other processes may move them (a
         # store that orders requests across processes); else this process is their only writer
         self._routes: dict[str, dict[str, Any]] | None = None if hasattr(kernel.store, "hold_lock") else {}
@@ -291,7 +304,8 @@ class Proxy:
             if advisory is None:
                 lock.release()
                 raise busy(key, wait)
-        return Lease(lock, advisory)
+        self._in_flight.add(key)
+        return Lease(lock, advisory, lambda: self._in_flight.discard(key))
 
     def tenant(self, headers: Mapping[str, str]) -> str:
         """The tenant a request's headers stand for: its credential's tag (``tenants.py``)."""
@@ -639,7 +653,7 @@ class Proxy:
         session = self.sessions.get(session_id)
         if session is None and store.exists(session_id):
             session = self.kernel.open_session(session_id, keep_waiting_calls=True)
-            self._cache(session)
+            self._cache(session, key)
         if session is None:
             meter = Meter(self.kernel.tokenizer)
             header = meter.count_header(client.system, client.tools)
@@ -719,15 +733,18 @@ class Proxy:
         return route
 
     def _open(self, key: str, client: ClientRequest) -> Session:
-        return self._session(self._route(key)["session"], client)
+        return self._session(key, self._route(key)["session"], client)
 
-    def _session(self, session_id: str, client: ClientRequest | None = None) -> Session:
-        """The session ``session_id``, brought up to date; created when the store has none and
-        ``client``'s history passes the pairing check (a refused request creates nothing)."""
+    def _session(self, key: str, session_id: str, client: ClientRequest | None = None) -> Session:
+        """The session ``session_id`` (of ``key``), brought up to date; created when the store
+        has none and ``client``'s history passes the pairing check (a refused request creates
+        nothing)."""
         store = self.kernel.store
         session = self.sessions.get(session_id)
         if session is not None and not session.stale:
-            self.sessions.move_to_end(session_id)
+            with self._sessions_lock:
+                if session_id in self.sessions:
+                    self.sessions.move_to_end(session_id)
             try:
                 session.refresh()  # what other workers appended (after what this object held)
             except ConflictError:
@@ -741,14 +758,28 @@ class Proxy:
                 if client is not None:
                     check_history(client.messages)
                 session = self.kernel.open_session(session_id, create=True, origin="serve")
-            self._cache(session)
+            self._cache(session, key)
         return session
 
-    def _cache(self, session: Session) -> None:
-        self.sessions[session.id] = session
-        self.sessions.move_to_end(session.id)
-        while len(self.sessions) > SESSION_CACHE:
-            self.sessions.popitem(last=False)
+    def _cache(self, session: Session, key: str) -> None:
+        """Keep ``session`` open as the most recently used, and close the least recently used
+        beyond ``max_sessions``: never one whose key has a request in flight (the turn holds
+        it; the bound is exceeded by those for as long as they last)."""
+        bound = self.config.max_sessions
+        with self._sessions_lock:
+            sessions = self.sessions
+            sessions[session.id] = session
+            sessions.move_to_end(session.id)
+            self._keys_of.setdefault(session.id, set()).add(key)
+            if len(sessions) <= bound:
+                return
+            busy = self._in_flight
+            for old in list(sessions)[:-1]:
+                if len(sessions) <= bound:
+                    break
+                if busy.isdisjoint(self._keys_of.get(old, ())):
+                    del sessions[old]
+                    self._keys_of.pop(old, None)
 
     def _point(self, key: str, session: Session, tenant: str | None, *, replaces: str | None = None) -> None:
         """Point ``key`` at ``session``: a new branch (a fork keeps the one it left), or the
@@ -761,7 +792,7 @@ class Proxy:
             self._claim(session.id, tenant)
         if self._routes is not None:
             self._routes[key] = route
-        self._cache(session)
+        self._cache(session, key)
 
     def _branch_for(self, key: str, session: Session, client: ClientRequest) -> Session:
         """The session of ``key`` whose client view the history continues: ``session`` (the
@@ -781,7 +812,7 @@ class Proxy:
         for other in branches:
             if other == session.id or not self.kernel.store.exists(other):
                 continue
-            candidate = self._session(other)
+            candidate = self._session(key, other)
             seen = ledger_for(candidate).hashes
             if seen and ledger_for(candidate).matched(client.messages, hashes) == len(seen):
                 return candidate  # the route stays: twins take turns, and a write per turn buys nothing

@@ -9,6 +9,7 @@ stream. It holds no context logic: that is the Session API's.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import operator
 import re
@@ -19,6 +20,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from ..jsonbytes import dumps_kept, kept
 from ..messages import Message
 from ..pairing import CallIds
 from ..text import storable
@@ -315,23 +317,29 @@ class _Chain:
     history: Converted
 
 
+#: the size of a memo key's digest (:meth:`MessageMemo.convert`)
+_DIGEST_BYTES = hashlib.sha256().digest_size
+
+
 class MessageMemo:
     """Wire messages already converted, keyed by their JSON: a client re-sends its whole history
     every time, and converting (and hashing) only the messages never seen before keeps a
     request's cost flat in the history's length (``bench_serve.py``).
 
-    The key is the message's JSON itself (``orjson.dumps`` of the parsed message, after the
-    wire format's name), not a digest of it: a dict lookup hashes and compares those bytes in C,
-    about three times cheaper than a cryptographic digest of them (the digest was most of a
-    request's cost at 100k tokens), and equal keys mean equal messages, with no collision to
-    reason about. Kernel messages are immutable, so sessions may share an entry. Bounded by
-    entries and by the bytes its keys hold (least recently used goes first)."""
+    The key is the wire format's name and the SHA-256 digest of the message's JSON
+    (``orjson.dumps`` of the parsed message; a JSON shorter than a digest is its own key, so the
+    two kinds never meet): the memo keeps no copy of the bodies it has seen. Only messages a
+    request is the first to send are looked up here (a body that continues a remembered one is
+    converted from its new items: :meth:`parse`), so the digest is paid once per message, not
+    once per request. Kernel messages are immutable, so sessions may share an entry. Bounded by
+    entries and by the bytes of the messages' JSON (least recently used goes first)."""
 
     def __init__(self, limit: int = 200_000, max_bytes: int = 256 << 20, histories: int = 256) -> None:
         self.limit = limit
         self.max_bytes = max_bytes
         self.held_bytes = 0
-        self._entries: OrderedDict[bytes, tuple[tuple[Message, ...], tuple[str, ...]]] = OrderedDict()
+        #: key -> the messages, their hashes and the size of their JSON (what ``held_bytes`` sums)
+        self._entries: OrderedDict[bytes, tuple[tuple[Message, ...], tuple[str, ...], int]] = OrderedDict()
         self.histories = histories
         self.held_items = 0  # items the remembered histories hold (bounded by ``limit`` too)
         self.held_history_bytes = 0  # their JSON (bounded by ``max_bytes`` too)
@@ -409,7 +417,9 @@ class MessageMemo:
             parsed = ParsedBody({}, parsed)
         previous = parsed.previous
         if previous is None:
-            out = self._convert_items(api, parsed.items, one, marked)
+            # a body remembered as bytes (:meth:`_remember`) is continued from those: its
+            # history is not kept a second time as JSON
+            out = self._convert_items(api, parsed.items, one, marked, keep=parsed.end < 0 or not parsed.raw)
         else:
             out = Converted(
                 previous.count + len(parsed.items),
@@ -435,7 +445,7 @@ class MessageMemo:
             return
         key = api + b"\0" + parsed.raw[: self.CHAIN_KEY_BYTES]
         try:
-            fields = parsed.fields or orjson.dumps({**parsed.body, "messages": None})
+            fields = parsed.fields or dumps_kept({**parsed.body, "messages": None})
         except TypeError:  # not JSON-encodable as parsed (cannot happen for a parsed body)
             return
         history = Converted(out.count, b"", out.messages, out.hashes, out.system, out.marked)
@@ -467,9 +477,12 @@ class MessageMemo:
         items: list[Any],
         one: Callable[[int, Any], tuple[Sequence[Message], Sequence[str], str | None]],
         marked: Callable[[Any], bool] | None,
+        *,
+        keep: bool = True,
     ) -> Converted:
         """The whole array converted, reusing the conversion of the last history that began
-        with the same two items when its JSON starts this one's.
+        with the same two items when its JSON starts this one's; remembered for the next one
+        when ``keep``.
 
         That history's JSON is compared with this one's (one ``bytes.startswith``, a
         ``memcmp``); when it is a prefix ending at an item boundary, its conversion is reused
@@ -486,7 +499,7 @@ class MessageMemo:
             key = api + b"\0" + orjson.dumps(items[:2])
         except TypeError:  # not JSON-encodable as parsed (cannot happen for a parsed body)
             dumped = key = b""
-        out = Converted(len(items), dumped, [], [], [])
+        out = Converted(len(items), b"", [], [], [])
         start = 0
         previous = self._histories.get(key) if key else None
         if previous is not None and previous.count and _continues(dumped, previous.json):
@@ -502,7 +515,8 @@ class MessageMemo:
             if system:
                 out.system.append(system)
             out.marked = out.marked or (marked is not None and marked(items[i]))
-        if key:
+        if key and keep:
+            out.json = kept(dumped)  # held until the next history: sized to its bytes (jsonbytes.py)
             old = self._histories.pop(key, None)
             if old is not None:
                 self.held_items -= old.count
@@ -532,22 +546,23 @@ class MessageMemo:
 
         ``api`` names the wire format: the same JSON may read differently in another one."""
         try:
-            key = api + b"\0" + orjson.dumps(raw)
+            dumped = orjson.dumps(raw)
         except TypeError:  # not JSON-encodable as parsed (cannot happen for a parsed body): convert uncached
             messages = tuple(convert(raw))
             return messages, tuple(hasher(m) for m in messages)
+        key = api + b"\0" + (dumped if len(dumped) < _DIGEST_BYTES else hashlib.sha256(dumped).digest())
         entry = self._entries.get(key)
         if entry is not None:
             self._entries.move_to_end(key)
-            return entry
+            return entry[0], entry[1]
         messages = tuple(convert(raw))
-        entry = (messages, tuple(hasher(m) for m in messages))
-        self._entries[key] = entry
-        self.held_bytes += len(key)
+        hashes = tuple(hasher(m) for m in messages)
+        self._entries[key] = (messages, hashes, len(dumped))
+        self.held_bytes += len(dumped)
         while self._entries and (len(self._entries) > self.limit or self.held_bytes > self.max_bytes):
-            old, _ = self._entries.popitem(last=False)
-            self.held_bytes -= len(old)
-        return entry
+            _, (_, _, size) = self._entries.popitem(last=False)
+            self.held_bytes -= size
+        return messages, hashes
 
 
 def _parsed_whole(body: dict[str, Any], raw: bytes) -> ParsedBody:

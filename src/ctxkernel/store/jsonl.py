@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import itertools
 import os
 import threading
 import time
@@ -408,11 +407,17 @@ class JsonlStore(SyncDeferral):
     # -- writing -------------------------------------------------------------------------------
     def append(self, session_id: str, events: Sequence[Event], expected_seq: int) -> None:
         check_batch(events, expected_seq)
-        raws = [event.to_dict() for event in events]
-        for raw in raws[:-1]:
-            raw[_MORE] = True  # every event of the batch but the last: see the module doc
-        lines = list(map(orjson.dumps, raws))
-        payload = b"\n".join(lines) + b"\n"
+        # one line at a time into one buffer: orjson's result for each is at least 4 KiB
+        # (ctxkernel/jsonbytes.py), so a batch held as a list of lines took 4 KiB per event
+        payload = bytearray()
+        ends = []
+        last = len(events) - 1
+        for i, event in enumerate(events):
+            raw = event.to_dict()
+            if i < last:
+                raw[_MORE] = True  # every event of the batch but the last: see the module doc
+            payload += orjson.dumps(raw, option=orjson.OPT_APPEND_NEWLINE)
+            ends.append(len(payload))
         with self._locked(session_id) as f:
             index, _, _ = self._scan(session_id, locked=f)
             actual = index.count
@@ -431,7 +436,9 @@ class JsonlStore(SyncDeferral):
                 raise
             with self._mutex:
                 # each line starts where the one before it ends, past its newline
-                index.offsets.extend(itertools.accumulate([len(line) + 1 for line in lines[:-1]], initial=index.end))
+                start = index.end
+                index.offsets.append(start)
+                index.offsets.extend([start + end for end in ends[:-1]])
                 index.end += len(payload)
 
     # -- snapshots -----------------------------------------------------------------------------
