@@ -156,6 +156,25 @@ def test_masked_content_is_recalled_through_the_history_tools(tmp_path):
     assert not found.is_error and item in found.content
     read = session.run_tool({"id": "r1", "name": "history_read_item", "arguments": {"id": item}})
     assert not read.is_error and "unique_marker_79 = 79" in read.content
+    # the brief schemas: paging arguments only, no window, role or seq filters, no raw format
+    schemas = {t["function"]["name"]: t["function"]["parameters"]["properties"] for t in request.tools}
+    assert set(schemas["history_search_contents"]) == {
+        "query",
+        "case_sensitive",
+        "limit",
+        "max_chars",
+        "cursor",
+        "order",
+    }
+    assert set(schemas["history_read_item"]) == {"id", "offset_chars", "max_chars"}
+    paged = session.run_tool(
+        {"id": "r2", "name": "history_read_item", "arguments": {"id": item, "offset_chars": 10, "max_chars": 30}}
+    )
+    assert not paged.is_error and json.loads(paged.content)["next_offset_chars"] == 40
+    refused = session.run_tool(
+        {"id": "s2", "name": "history_search_contents", "arguments": {"query": "unique", "role": "tool"}}
+    )
+    assert refused.is_error and "role" in refused.content
 
 
 def test_the_history_tools_come_with_the_first_mask_and_survive_a_reopen(tmp_path):

@@ -29,9 +29,10 @@ _USES = {
 
 
 def offered_tools(settings: MaskSettings) -> list[Tool]:
-    """The history tools ``recall_tools`` names, in the kernel's order."""
+    """The history tools ``recall_tools`` names, in the kernel's order, with the brief schemas
+    (mask has no windows to filter by, and every request after the first mask carries them)."""
     chosen = set(settings.recall_tools)
-    return [tool for tool in history_tools(STRATEGY) if tool.name in chosen]
+    return [tool for tool in history_tools(STRATEGY, brief=True) if tool.name in chosen]
 
 
 def system_section(settings: MaskSettings) -> str:
