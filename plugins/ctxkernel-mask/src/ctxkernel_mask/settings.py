@@ -10,6 +10,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 RecallTool = Literal["history_search_contents", "history_read_item", "history_list_items", "history_list_windows"]
 
 
+def _search_and_read() -> list[RecallTool]:
+    return ["history_search_contents", "history_read_item"]
+
+
 class MaskSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -44,9 +48,7 @@ class MaskSettings(BaseModel):
     #: which history tools come with the first mask: each schema is paid on every request after
     #: it, so the default is search (find by a word you saw) and read (by the id a placeholder
     #: names), about 600 tokens against about 1,000 for all four
-    recall_tools: list[RecallTool] = Field(
-        default_factory=lambda: ["history_search_contents", "history_read_item"], min_length=1, max_length=4
-    )
+    recall_tools: list[RecallTool] = Field(default_factory=_search_and_read, min_length=1, max_length=4)
 
     @model_validator(mode="after")
     def _checked(self) -> MaskSettings:
