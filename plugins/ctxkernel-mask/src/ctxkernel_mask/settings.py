@@ -17,9 +17,11 @@ def _search_and_read() -> list[RecallTool]:
 class MaskSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    #: tokens of the newest surface kept verbatim (the verbatim tail): no result in it is masked
-    #: unless the window is under pressure. Older results are masked with or without pressure
-    tail_tokens: int = Field(default=1_000, ge=0, le=10_000_000)
+    #: tokens of the newest surface before the current step kept verbatim (the verbatim tail): no
+    #: result in it is masked unless the window is under pressure. Older results are masked with
+    #: or without pressure. 0: only the current step's results (the ones the model asked for last)
+    #: stay verbatim; the history tools bring back the rest
+    tail_tokens: int = Field(default=0, ge=0, le=10_000_000)
     #: the tail takes at most this share of the effective window (small windows)
     tail_ratio: float = Field(default=0.15, ge=0, le=1)
     #: a batch is cleared only when it saves at least this many tokens; above that, the prompt
