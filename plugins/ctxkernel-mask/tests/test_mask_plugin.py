@@ -331,3 +331,20 @@ def test_a_profile_error_names_the_key(tmp_path):
     profile.strategies["mask"] = {"clear_at_lest": 5}
     with pytest.raises(ProfileError, match="clear_at_lest"):
         STRATEGY.settings_for(profile)
+
+
+def test_by_default_every_result_older_than_the_current_step_is_masked_without_pressure(tmp_path):
+    # the shipped defaults (tail_tokens 0): observation masking keeps only the current step's
+    # results verbatim; batches go as soon as the break-even rule says they pay
+    defaults = MaskSettings().model_dump()
+    session = mask_kernel(tmp_path, window=120_000, reserve=8_000, settings=defaults).open_session()
+    driver = Driver(session)
+    driver.user("read the files")
+    for name in "abcdef":
+        driver.read(f"{name}.py", lines=80)
+    request = driver.text("done")
+    assert session.pressure().ratio < 0.1
+    texts = _tool_texts(request)
+    assert texts[-1].startswith("f.py:0:")  # the current step's result, verbatim
+    assert all(t.startswith("[masked output of read(path=") for t in texts[:-1])
+    assert all(b.data["reason"] == "batch" for b in _masks(session))
