@@ -8,7 +8,8 @@ Runs, offline, the commands the tables come from and prints the tables as markdo
 2. ``ctxkernel simulate --transcripts DIR --profile none,all --window 0.5x`` and ``--window 32000``
    (the corpus of real recordings; skipped with a note when the folder is absent).
 
-Each command's JSON is kept beside the tables (``--keep DIR``) so a figure can be traced back.
+Each command's JSON is kept beside the tables (``--keep DIR``) so a figure can be traced back;
+``--from DIR`` prints the tables again from JSON kept that way, without replaying anything.
 """
 
 from __future__ import annotations
@@ -90,12 +91,79 @@ def corpus_table(report: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def done_when_table(report: dict[str, Any]) -> str:
+    """Issue 38's yardstick per profile: cost against ``basic`` (pooled), cued recall and the
+    retention probes pooled over every session the profile replayed, overflows, the lowest share
+    of instructions visible, and files changed visible at the end (pooled and worst session)."""
+    rows = [
+        "| profile | sessions ok / refused | overflows | vs basic (pooled) | recall cued: pooled (found / needs) "
+        "| recall cued where basic replayed too "
+        "| probes visible, pooled: files changed / errors seen / commands worked | instructions min: median / worst "
+        "| files changed visible: worst session |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    basic_ok = {
+        i
+        for i, s in enumerate(report["sessions"])
+        for r in s["profiles"]
+        if r["profile"] == "basic" and r["status"] == "ok"
+    }
+    for name, agg in report["aggregate"].items():
+        f = agg["figures"]
+        found = (f.get("recall_found") or {}).get("sum")
+        needs = (f.get("recall_needs") or {}).get("sum")
+        cued = "-" if not needs else f"{found / needs:.0%} ({found:,} / {needs:,})"
+        probes = agg.get("probes") or {}
+        shares = " / ".join(pct((probes.get(kind) or {}).get("visible")) for kind in PROBE_KINDS)
+        rows_of = [
+            row for s in report["sessions"] for row in s["profiles"] if row["profile"] == name and row["status"] == "ok"
+        ]
+        mins = [r["instructions_visible_min"] for r in rows_of if r["instructions_visible_min"] is not None]
+        files = [
+            r["probes"]["files_changed"]["visible"]
+            for r in rows_of
+            if (r.get("probes") or {}).get("files_changed", {}).get("count")
+        ]
+        shared = [
+            r
+            for i, s in enumerate(report["sessions"])
+            if i in basic_ok
+            for r in s["profiles"]
+            if r["profile"] == name and r["status"] == "ok"
+        ]
+        shared_needs = sum(r["recall_needs"] or 0 for r in shared)
+        shared_found = sum(r["recall_found"] or 0 for r in shared)
+        both = "-" if not shared_needs else f"{shared_found / shared_needs:.0%} ({shared_found:,} / {shared_needs:,})"
+        median = (f.get("instructions_visible_min") or {}).get("median")
+        rows.append(
+            f"| `{name}` | {agg['ok']} / {agg.get('refused', 0)} | {agg['overflows']:,} "
+            f"| {ratio(agg.get('cost_vs_basic_pooled'))} | {cued} | {both} | {shares} "
+            f"| {pct(median)} / {pct(min(mins) if mins else None)} | {pct(min(files) if files else None)} |"
+        )
+    return "\n".join(rows)
+
+
+#: the retention probes the yardstick table shows, in its column's order
+PROBE_KINDS = ("files_changed", "errors_seen", "commands_worked")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--transcripts", default=str(REPO.parent / "shared" / "transcripts"))
     parser.add_argument("--jobs", default="2")
     parser.add_argument("--keep", help="a folder for each command's JSON")
+    parser.add_argument("--from", dest="source", help="print the corpus tables from JSON kept with --keep")
     args = parser.parse_args()
+    if args.source:
+        for window in ("0.5x", "32000"):
+            path = Path(args.source) / f"corpus-{window}.json"
+            if path.exists():
+                report = json.loads(path.read_text())
+                print(f"\n`--window {window}`:\n")
+                print(corpus_table(report))
+                print()
+                print(done_when_table(report))
+        return 0
     keep = Path(args.keep) if args.keep else None
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
@@ -121,6 +189,8 @@ def main() -> int:
         )
         print()
         print(corpus_table(report))
+        print()
+        print(done_when_table(report))
     return 0
 
 

@@ -483,12 +483,16 @@ class _Validator:
 
     def _check_token_fields(self, name: str, settings: BaseModel, label: str, effective: int) -> None:
         # by convention a setting named *_tokens is a token budget inside the window, and one whose
-        # name says "budget" must leave something to spend; anything else is the strategy's to check
-        for key in type(settings).model_fields:
+        # name says "budget" must leave something to spend; a *_tokens field the strategy declares
+        # with ge=0 gives 0 a meaning of its own (mask's tail_tokens = 0: no verbatim tail);
+        # anything else is the strategy's to check
+        fields = type(settings).model_fields
+        for key in fields:
             value = getattr(settings, key)
             if not isinstance(value, int) or isinstance(value, bool):
                 continue
-            if ("budget" in key or key.endswith("_tokens")) and value <= 0:
+            zero_means_none = "budget" not in key and any(getattr(m, "ge", None) == 0 for m in fields[key].metadata)
+            if ("budget" in key or key.endswith("_tokens")) and (value < 0 or (value == 0 and not zero_means_none)):
                 self.report.fail(
                     "budgets",
                     name,

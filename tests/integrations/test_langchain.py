@@ -231,3 +231,61 @@ def test_a_tool_call_id_the_model_reuses_is_renamed_not_an_error(home, profile_p
         if b["type"] == "tool_call"
     ]
     assert logged == asked
+
+
+class _SettingsRecorder(ToolCallingFakeModel):
+    """The fake chat model standing for a provider's (``kind``: its ``_llm_type``), recording the
+    model settings each call was bound with."""
+
+    kind: str = "generic-fake-chat-model"
+    bound: list[dict[str, Any]] = Field(default_factory=list)
+
+    @property
+    def _llm_type(self) -> str:
+        return self.kind
+
+    def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+        self.bound.append({k: v for k, v in kwargs.items() if k != "tools"})
+        return super()._generate(messages, stop, run_manager, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kind", "hint"),
+    [("openai-chat", "prompt_cache_key"), ("anthropic-chat", "cache_control"), ("generic-fake-chat-model", None)],
+)
+def test_the_model_settings_carry_the_prompt_cache_hint_for_the_model(home, profile_path, kind, hint):
+    from ctxkernel.convert import prompt_cache_key
+
+    model = _SettingsRecorder(messages=iter([AIMessage("first answer"), AIMessage("second answer")]), kind=kind)
+    agent = create_agent(model, [], middleware=[ContextMiddleware(profile=profile_path)], checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "lc-cache"}}
+    agent.invoke({"messages": [HumanMessage("first question")]}, config)
+    agent.invoke({"messages": [HumanMessage("second question")]}, config)
+    assert len(model.bound) == 2
+    expected = {
+        "prompt_cache_key": {"prompt_cache_key": prompt_cache_key("lc-cache")},
+        "cache_control": {"cache_control": {"type": "ephemeral"}},
+        None: {},
+    }[hint]
+    for bound in model.bound:
+        assert {k: v for k, v in bound.items() if k in ("prompt_cache_key", "cache_control")} == expected
+
+
+def test_the_agents_own_cache_settings_win_and_hints_off_adds_none(home, profile_path, tmp_path):
+    from langchain.agents.middleware import wrap_model_call
+
+    @wrap_model_call
+    def own_key(request, handler):
+        return handler(request.override(model_settings={**request.model_settings, "prompt_cache_key": "mine"}))
+
+    model = _SettingsRecorder(messages=iter([AIMessage("answer")]), kind="openai-chat")
+    agent = create_agent(model, [], middleware=[own_key, ContextMiddleware(profile=profile_path)])
+    agent.invoke({"messages": [HumanMessage("question")]})
+    assert model.bound[-1]["prompt_cache_key"] == "mine"
+
+    off = tmp_path / "hints-off.toml"
+    off.write_text(profile_path.read_text() + "\n[cache]\nhints = false\n")
+    model = _SettingsRecorder(messages=iter([AIMessage("answer")]), kind="openai-chat")
+    agent = create_agent(model, [], middleware=[ContextMiddleware(profile=off)])
+    agent.invoke({"messages": [HumanMessage("question")]})
+    assert "prompt_cache_key" not in model.bound[-1]

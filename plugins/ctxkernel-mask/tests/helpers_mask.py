@@ -20,10 +20,16 @@ def mask_kernel(
     reserve: int = 2_000,
     settings: dict[str, Any] | None = None,
     summary: bool = False,
+    model: dict[str, Any] | None = None,
+    cache: dict[str, Any] | None = None,
 ) -> Any:
     """The shipped profiles' shape: mask then basic; basic only guards (``mask``) or summarises
-    at its threshold (``mask-summary`` with ``summary=True``)."""
-    profile = make_profile(model={"context_window": window, "reserved_output_tokens": reserve})
+    at its threshold (``mask-summary`` with ``summary=True``). ``model`` and ``cache`` override
+    those tables (the break-even rule's prices and horizon)."""
+    profile = make_profile(
+        model={"context_window": window, "reserved_output_tokens": reserve, **(model or {})},
+        cache=cache or {},
+    )
     profile.profile.strategies = ["mask", "basic"]
     profile.profile.guard_request = not summary
     basic = (

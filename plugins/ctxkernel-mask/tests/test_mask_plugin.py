@@ -19,6 +19,9 @@ from ctxkernel_mask.settings import MaskSettings as Settings
 
 REPO = Path(__file__).resolve().parents[3]
 HISTORY = {"history_list_windows", "history_list_items", "history_read_item", "history_search_contents"}
+#: the history tools mask offers by default (recall_tools)
+RECALL = {"history_search_contents", "history_read_item"}
+SONNET = {"provider": "anthropic", "name": "claude-sonnet-4-5"}
 
 
 def _masks(session) -> list:
@@ -144,7 +147,7 @@ def test_masked_content_is_recalled_through_the_history_tools(tmp_path):
     for name in "abcdefgh":
         driver.read(f"{name}.py")
     request = driver.text("done")
-    assert HISTORY <= _tool_names(request)
+    assert HISTORY & _tool_names(request) == RECALL
     (placeholder,) = [t for t in _tool_texts(request) if "read(path=secret.py)" in t]
     item = placeholder.split("id='")[1].split("'")[0]
     found = session.run_tool(
@@ -153,6 +156,25 @@ def test_masked_content_is_recalled_through_the_history_tools(tmp_path):
     assert not found.is_error and item in found.content
     read = session.run_tool({"id": "r1", "name": "history_read_item", "arguments": {"id": item}})
     assert not read.is_error and "unique_marker_79 = 79" in read.content
+    # the brief schemas: paging arguments only, no window, role or seq filters, no raw format
+    schemas = {t["function"]["name"]: t["function"]["parameters"]["properties"] for t in request.tools}
+    assert set(schemas["history_search_contents"]) == {
+        "query",
+        "case_sensitive",
+        "limit",
+        "max_chars",
+        "cursor",
+        "order",
+    }
+    assert set(schemas["history_read_item"]) == {"id", "offset_chars", "max_chars"}
+    paged = session.run_tool(
+        {"id": "r2", "name": "history_read_item", "arguments": {"id": item, "offset_chars": 10, "max_chars": 30}}
+    )
+    assert not paged.is_error and json.loads(paged.content)["next_offset_chars"] == 40
+    refused = session.run_tool(
+        {"id": "s2", "name": "history_search_contents", "arguments": {"query": "unique", "role": "tool"}}
+    )
+    assert refused.is_error and "role" in refused.content
 
 
 def test_the_history_tools_come_with_the_first_mask_and_survive_a_reopen(tmp_path):
@@ -167,10 +189,76 @@ def test_the_history_tools_come_with_the_first_mask_and_survive_a_reopen(tmp_pat
         driver.read(f"{name}.py")
     assert _masks(session)
     request = driver.text("done")
-    assert HISTORY <= _tool_names(request) and "history_search_contents" in request.system
+    assert HISTORY & _tool_names(request) == RECALL and "history_search_contents" in request.system
+    assert "history_list_items" not in request.system  # the section names only the tools offered
     again = mask_kernel(tmp_path).open_session(session.id)
     assert [n.message for n in again.surface] == [n.message for n in session.surface]
     assert _tool_names(again.prepare_request()) == _tool_names(request)
+
+
+@pytest.mark.parametrize(
+    ("tools", "named"),
+    [
+        (sorted(HISTORY), ["history_list_items", "history_search_contents", "history_read_item"]),
+        (["history_read_item"], ["history_read_item"]),
+    ],
+)
+def test_recall_tools_choose_the_tools_and_the_section_names_them(tmp_path, tools, named):
+    session = mask_kernel(tmp_path, settings={"recall_tools": tools}).open_session()
+    driver = Driver(session)
+    driver.user("read")
+    for name in "abcdefgh":
+        driver.read(f"{name}.py")
+    assert _masks(session)
+    request = driver.text("done")
+    assert HISTORY & _tool_names(request) == set(tools)
+    for name in named:
+        assert name in request.system
+    for name in HISTORY - set(tools):
+        assert name not in request.system
+
+
+def _reads(session, n: int) -> None:
+    """``n`` steps, each a reply of about 300 tokens of reasoning reading a file of about 850."""
+    driver = Driver(session)
+    driver.user("read the files")
+    for i in range(n):
+        body = "\n".join(f"f{i}.py:{k}: value_{k} = compute({k})" for k in range(60))
+        driver.calls(("read", {"path": f"f{i}.py"}, body, False), text=f"thinking about f{i}: " + "word " * 300)
+    driver.text("done")
+
+
+def test_without_pressure_a_batch_waits_until_it_pays_for_the_cached_prefix(tmp_path):
+    # Sonnet over one request: a batch pays only when it saves over 92% of the cached prefix it
+    # rewrites. Each batch would save about 800 of every 1,150 cached tokens after its start (the
+    # replies' reasoning stays): it waits, every time
+    settings = {"tail_tokens": 0, "clear_at_least": 1, "recall_min_window": 0}
+    waiting = mask_kernel(tmp_path / "one", settings=settings, model=SONNET, cache={"remaining_steps": 1})
+    session = waiting.open_session()
+    _reads(session, 8)
+    assert session.pressure().ratio < 0.5 and not _masks(session)
+    # over ten requests the same batches save more than they cost: they go ahead, each weighed
+    paying = mask_kernel(tmp_path / "ten", settings=settings, model=SONNET, cache={"remaining_steps": 10})
+    session = paying.open_session()
+    _reads(session, 8)
+    batches = _masks(session)
+    assert batches and all(b.data["reason"] == "batch" for b in batches)
+    for batch in batches:
+        rule = batch.data["break_even"]
+        assert rule["saving_usd"] > rule["cost_usd"] > 0
+    # the first batch brought the history tools: weighed with their schemas, it waited until
+    # several results paid for them
+    assert batches[0].data["break_even"]["header_tokens"] > 0 and batches[0].data["results"] >= 2
+    assert all(b.data["break_even"]["header_tokens"] == 0 for b in batches[1:])
+
+
+def test_without_a_price_or_with_the_rule_off_clear_at_least_alone_decides(tmp_path):
+    settings = {"tail_tokens": 0, "clear_at_least": 1, "recall_min_window": 0}
+    kernel = mask_kernel(tmp_path, settings=settings, model=SONNET, cache={"rule": "off", "remaining_steps": 1})
+    session = kernel.open_session()
+    _reads(session, 8)
+    batches = _masks(session)
+    assert batches and all("break_even" not in b.data for b in batches)
 
 
 def test_a_window_too_small_for_the_history_tools_masks_without_them(tmp_path):
@@ -212,6 +300,10 @@ def test_settings_are_checked():
         MaskSettings(clear_at_least=0)
     with pytest.raises(ValueError):
         MaskSettings(unknown=1)
+    with pytest.raises(ValueError, match="must include history_read_item"):
+        MaskSettings(recall_tools=["history_search_contents"])
+    with pytest.raises(ValueError):
+        MaskSettings(recall_tools=["history_delete"])
 
 
 def test_shipped_profiles_validate_and_refuse_a_second_history(tmp_path):
@@ -239,3 +331,20 @@ def test_a_profile_error_names_the_key(tmp_path):
     profile.strategies["mask"] = {"clear_at_lest": 5}
     with pytest.raises(ProfileError, match="clear_at_lest"):
         STRATEGY.settings_for(profile)
+
+
+def test_by_default_every_result_older_than_the_current_step_is_masked_without_pressure(tmp_path):
+    # the shipped defaults (tail_tokens 0): observation masking keeps only the current step's
+    # results verbatim; batches go as soon as the break-even rule says they pay
+    defaults = MaskSettings().model_dump()
+    session = mask_kernel(tmp_path, window=120_000, reserve=8_000, settings=defaults).open_session()
+    driver = Driver(session)
+    driver.user("read the files")
+    for name in "abcdef":
+        driver.read(f"{name}.py", lines=80)
+    request = driver.text("done")
+    assert session.pressure().ratio < 0.1
+    texts = _tool_texts(request)
+    assert texts[-1].startswith("f.py:0:")  # the current step's result, verbatim
+    assert all(t.startswith("[masked output of read(path=") for t in texts[:-1])
+    assert all(b.data["reason"] == "batch" for b in _masks(session))

@@ -2,7 +2,8 @@
 
 * no request splits a tool call from its results;
 * the current step (the newest reply and everything after it) is never masked;
-* a batch masked without pressure saves at least ``clear_at_least`` tokens;
+* a batch masked without pressure saves at least ``clear_at_least`` tokens, and more over the
+  break-even rule's horizon than the cached prefix it rewrites costs;
 * results of ``exclude_tools`` are never masked;
 * a masked error keeps its first line;
 * every masked output is read back whole through ``history_read_item`` by the id its placeholder names;
@@ -94,6 +95,8 @@ def test_random_sessions_keep_every_mask_invariant(data):
             for batch in _mask_batches(session, seen):
                 if batch.data["reason"] == "batch":
                     assert batch.data["tokens_before"] - batch.data["tokens_after"] >= mask_settings["clear_at_least"]
+                    rule = batch.data["break_even"]  # the profile's model has a price: every batch is weighed
+                    assert rule["saving_usd"] > rule["cost_usd"]
                 for span in batch.data["spans"]:
                     for cited in span["cites"]:
                         original = _original(session, cited)

@@ -11,7 +11,10 @@ Before each model call (``wrap_model_call``) the request's messages are reconcil
 session's log and replaced by the managed surface, the system prompt by the framework's prompt
 plus the strategies' sections, and the strategies' tools are offered with the agent's own. The
 reply is committed. The strategies' tools are registered as the middleware's ``tools`` (so the
-agent's tool node runs them like any other) and are answered by ``wrap_tool_call``.
+agent's tool node runs them like any other) and are answered by ``wrap_tool_call``. The prompt
+cache hints go in the request's ``model_settings`` as LangChain's own chat models take them: the
+session's ``prompt_cache_key`` for OpenAI models, a ``cache_control`` breakpoint for Anthropic
+ones, unless the agent set its own.
 
 Install with ``pip install 'ctxkernel[langchain]'``.
 """
@@ -47,6 +50,10 @@ from ._reconcile import IntegrationError
 _ORIGIN = "langchain"
 #: sessions kept open per middleware (by thread id); the least recently used is closed first
 OPEN_SESSIONS = 128
+#: chat models (by ``_llm_type``, as LangChain's ModelFallbackMiddleware tells them apart) that
+#: take ``prompt_cache_key``, and those that take an Anthropic ``cache_control`` breakpoint
+PROMPT_CACHE_KEY_MODELS = frozenset({"openai-chat", "azure-openai-chat"})
+CACHE_CONTROL_MODELS = frozenset({"anthropic-chat", "anthropic-bedrock-chat", "anthropic-chat-vertexai"})
 
 
 # -- messages --------------------------------------------------------------------------------------------
@@ -243,6 +250,21 @@ def _tool_name(tool: Any) -> str | None:
 
 
 # -- the middleware ------------------------------------------------------------------------------------------
+def _cache_hints(request: ModelRequest, managed: ManagedSession) -> dict[str, Any]:
+    """The request's ``model_settings`` with the session's prompt cache hint for its model
+    (``docs/cache.md``): the agent's own setting wins, and ``[cache] hints = false`` adds none."""
+    settings = dict(request.model_settings)
+    key = managed.prompt_cache_key
+    if key is None:
+        return settings
+    kind = getattr(request.model, "_llm_type", None)
+    if kind in PROMPT_CACHE_KEY_MODELS:
+        settings.setdefault("prompt_cache_key", key)
+    elif kind in CACHE_CONTROL_MODELS:
+        settings.setdefault("cache_control", {"type": "ephemeral"})
+    return settings
+
+
 class ContextMiddleware(AgentMiddleware):
     """Run a ``create_agent`` agent on a ctxkernel profile.
 
@@ -297,6 +319,7 @@ class ContextMiddleware(AgentMiddleware):
             messages=[to_langchain(m) for m in prepared.messages],
             system_message=SystemMessage(prepared.system) if prepared.system else None,
             tools=[*theirs, *offered],
+            model_settings=_cache_hints(request, managed),
         )
 
     @staticmethod

@@ -95,16 +95,36 @@ class ReadItemArgs(ToolArgs):
     max_chars: int | None = Field(default=None, ge=1, le=READ_CHARS_MAX, description="8000 default, 20000 max")
 
 
+class BriefSearchArgs(ToolArgs):
+    """``history_search_contents`` without the window, role and seq filters (``brief=True``)."""
+
+    query: str = Field(min_length=1, max_length=QUERY_MAX_CHARS, description="substring")
+    case_sensitive: bool = Field(default=True)
+    limit: int | None = Field(default=None, ge=1, le=LIST_MAX)
+    max_chars: int | None = Field(default=None, ge=1, le=ITEM_CHARS_MAX)
+    cursor: str | None = Field(default=None, max_length=ID_ARG_CHARS, description="next_cursor")
+    order: Literal["asc", "desc"] = "asc"
+
+
+class BriefReadItemArgs(ToolArgs):
+    """``history_read_item`` for ``item_<seq>`` ids, as text (``brief=True``)."""
+
+    id: str = Field(max_length=ID_ARG_CHARS, description="item_<seq>")
+    offset_chars: int = Field(default=0, ge=0, le=MAX_INT_ARG, description="next_offset_chars")
+    max_chars: int | None = Field(default=None, ge=1, le=READ_CHARS_MAX)
+
+
 def _json(data: Any) -> str:
     return orjson.dumps(data).decode()
 
 
-def _filters(args: _Filters) -> dict[str, Any]:
+def _filters(args: _Filters | BriefSearchArgs) -> dict[str, Any]:
+    role = getattr(args, "role", None)  # a brief search has no window, role or seq filters
     return {
-        "window": args.window,
-        "role": [r.strip() for r in args.role.split(",")] if args.role else None,
-        "seq_from": args.seq_from,
-        "seq_to": args.seq_to,
+        "window": getattr(args, "window", None),
+        "role": [r.strip() for r in role.split(",")] if role else None,
+        "seq_from": getattr(args, "seq_from", None),
+        "seq_to": getattr(args, "seq_to", None),
         "limit": args.limit,
         "max_chars": args.max_chars,
         "cursor": args.cursor,
@@ -112,8 +132,13 @@ def _filters(args: _Filters) -> dict[str, Any]:
     }
 
 
-def history_tools(strategy: _Historian) -> list[Tool]:
-    """The four history tools, owned by ``strategy`` (a :class:`ctxkernel.Strategy`)."""
+def history_tools(strategy: _Historian, *, brief: bool = False) -> list[Tool]:
+    """The four history tools, owned by ``strategy`` (a :class:`ctxkernel.Strategy`). ``brief``
+    gives search and read smaller schemas (every request pays for them): no window, role or seq
+    filters, and ``item_<seq>`` ids read as text; a strategy with no windows of its own loses
+    nothing by it."""
+    search_args: type[ToolArgs] = BriefSearchArgs if brief else SearchArgs
+    read_args: type[ToolArgs] = BriefReadItemArgs if brief else ReadItemArgs
 
     def tool(name: str, description: str, params: type[ToolArgs], handler: Any) -> Tool:
         return strategy.tool(name, description, params, handler, cls=CompactTool)
@@ -124,15 +149,16 @@ def history_tools(strategy: _Historian) -> list[Tool]:
     def history_items(ctx: Context, args: ListItemsArgs) -> str:
         return _json(strategy.on(ctx).history().list_items(**_filters(args)))
 
-    def history_search(ctx: Context, args: SearchArgs) -> str:
+    def history_search(ctx: Context, args: SearchArgs | BriefSearchArgs) -> str:
         history = strategy.on(ctx).history()
         return _json(history.search(args.query, case_sensitive=args.case_sensitive, **_filters(args)))
 
-    def history_read(ctx: Context, args: ReadItemArgs) -> str:
+    def history_read(ctx: Context, args: ReadItemArgs | BriefReadItemArgs) -> str:
+        form = getattr(args, "format", "text")
         return _json(
             strategy.on(ctx)
             .history()
-            .read_item(args.id, format=args.format, offset_chars=args.offset_chars, max_chars=args.max_chars)
+            .read_item(args.id, format=form, offset_chars=args.offset_chars, max_chars=args.max_chars)
         )
 
     return [
@@ -145,14 +171,16 @@ def history_tools(strategy: _Historian) -> list[Tool]:
         ),
         tool(
             "history_read_item",
-            "Read a history item in full, or a win_<n>, win_<n>_summary, goal, checklist or todo id from a handoff.",
-            ReadItemArgs,
+            "Read a history item in full."
+            if brief
+            else "Read a history item in full, or a win_<n>, win_<n>_summary, goal, checklist or todo id from a handoff.",
+            read_args,
             history_read,
         ),
         tool(
             "history_search_contents",
             "Search this session's full raw history for a substring (case-sensitive by default).",
-            SearchArgs,
+            search_args,
             history_search,
         ),
     ]
@@ -160,6 +188,8 @@ def history_tools(strategy: _Historian) -> list[Tool]:
 
 __all__ = [
     "HISTORY_TOOL_NAMES",
+    "BriefReadItemArgs",
+    "BriefSearchArgs",
     "ID_ARG_CHARS",
     "SYSTEM_SECTION",
     "ListItemsArgs",

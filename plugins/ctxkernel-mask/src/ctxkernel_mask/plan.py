@@ -7,11 +7,15 @@ The surface splits in three, newest last:
 * the **verbatim tail**: at least ``tail_tokens`` (at most ``tail_ratio`` of the window) of the
   newest surface before it, ending at a balanced cut. Masked only under pressure.
 * everything older: its tool results (and replies with large tool-call arguments, together with
-  their results) are masked, but only in batches that save at least ``clear_at_least`` tokens, so
-  the provider's cached prefix is rewritten rarely.
+  their results) are masked, with or without pressure (observation masking keeps a fixed window
+  of recent observations), in batches the prompt cache's break-even rule picks: of the batches
+  that start at one of the masks and take every mask after it, the one whose saving over the
+  rule's horizon most exceeds the cost of the cached prefix it rewrites, and saves at least
+  ``clear_at_least`` tokens. The first batch also brings the history tools, whose schemas every
+  later request carries: it is weighed with them, as an edit of the whole prefix.
 
-At ``pressure_ratio`` of the window a batch no longer waits to be full and may reach into the
-verbatim tail, oldest first, until the surface is one batch below that share.
+At ``pressure_ratio`` of the window a batch no longer waits for the rule and may reach into the
+verbatim tail, oldest first, until the surface is a tenth of the window below that share.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from ctxkernel import Context, Message, Node, ToolCallBlock, ToolResultBlock, ba
 from ctxkernel.events import TOOL_RESULT
 from ctxkernel.text import COMMAND_KEYS, PATH_KEYS, clip, failed, one_line, tag
 
+from .recall import TOOLS_KEY, header_tokens
 from .settings import MaskSettings
 from .strategy import STRATEGY
 
@@ -35,6 +40,9 @@ PATCH_FILE = re.compile(r"^\*\*\* (?:Add|Update|Delete) File: .+$", re.MULTILINE
 #: the handle's state keys of the planned masks and the settings they were planned with
 CACHE_KEY = "planned"
 CACHE_SETTINGS_KEY = "planned_with"
+#: the handle's state key of the break-even figures (US dollars) of the batch planned last,
+#: which the batch's compaction records; None when no rule weighed it
+WEIGHED_KEY = "weighed"
 #: characters of one argument value other than paths and commands in a digest
 OTHER_VALUE_CHARS = 60
 #: a line naming an error: an ...Error/...Exception name, a compiler error code, or a line that
@@ -88,9 +96,10 @@ def plan(ctx: Context, settings: MaskSettings, window: int, tokens: int) -> list
     saved = sum(m.saved for m in chosen)
     limit = int(settings.pressure_ratio * window)
     if tokens < limit:
-        return chosen if saved >= settings.clear_at_least else []
-    # under pressure: clear what there is, then reach into the tail until one batch below the limit
-    target = limit - min(settings.clear_at_least, window // 10)
+        return _paying_batch(ctx, settings, chosen, window)
+    # under pressure: clear what there is, then reach into the tail until a tenth of the window
+    # below the limit (room for several steps before the next rewrite of the cached prefix)
+    target = limit - window // 10
     projected = tokens - saved
     if projected > target:
         for mask in _candidates(ctx, settings, boundary, balanced_cut_at_or_before(ctx.surface, current)):
@@ -99,6 +108,36 @@ def plan(ctx: Context, settings: MaskSettings, window: int, tokens: int) -> list
             chosen.append(mask)
             projected -= mask.saved
     return chosen
+
+
+def _paying_batch(ctx: Context, settings: MaskSettings, chosen: list[Masking], window: int) -> list[Masking]:
+    """The newest masks from the start the break-even rule favours (see the module's docstring);
+    with no price known or the rule off, all of them once they save ``clear_at_least``."""
+    mask = STRATEGY.on(ctx)
+    mask.state[WEIGHED_KEY] = None
+    if not chosen:
+        return []
+    tools = 0
+    if not mask.state.get(TOOLS_KEY) and window >= settings.recall_min_window:
+        tools = header_tokens(ctx, settings)  # the first mask brings the tools: the header changes
+    first = ctx.surface.nodes[0].seq
+    best: list[Masking] = []
+    best_net = 0.0
+    weighed = None
+    saved = 0
+    for start in range(len(chosen) - 1, -1, -1):
+        saved += chosen[start].saved
+        if saved - tools < settings.clear_at_least:
+            continue
+        decision = mask.weigh_edit(first if tools else chosen[start].start, saved - tools, clears=True)
+        if decision is None:
+            return chosen if sum(m.saved for m in chosen) - tools >= settings.clear_at_least else []
+        net = decision.saving - decision.cost
+        if decision.edits and net > best_net:
+            best, best_net = chosen[start:], net
+            weighed = {"saving_usd": decision.saving, "cost_usd": decision.cost, "header_tokens": tools}
+    mask.state[WEIGHED_KEY] = weighed
+    return best
 
 
 def _current_step(nodes: Sequence[Node]) -> int:

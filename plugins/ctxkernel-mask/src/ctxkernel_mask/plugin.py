@@ -3,13 +3,14 @@
 Before each request, tool results older than a verbatim tail become a one-line placeholder that
 names the tool, a digest of the call's arguments and the item id the history tools read it back
 by; a reply whose tool-call arguments are large is masked with its results into one notice. The
-model keeps its reasoning and its actions; only old observations go. Masks are committed in
-batches of at least ``clear_at_least`` tokens, one compaction transaction each, so the provider's
-cached prefix is rewritten rarely. The current step is never masked; an error result keeps its
+model keeps its reasoning and its actions; only old observations go, with or without pressure.
+Masks are committed in batches, one compaction transaction each, that the prompt cache's
+break-even rule picks (at least ``clear_at_least`` tokens), so the provider's cached prefix is
+rewritten only when the saving pays for it. The current step is never masked; an error result keeps its
 first lines. Nothing is summarised and no model is called: a profile that needs a summary when
 masking alone cannot get under its threshold lists ``basic`` after ``mask`` (``mask-summary``).
 
-The history tools (search, read, list) come with the strategy, but only once the surface shows
+The history tools ``recall_tools`` names (search and read by default) come with the strategy, but only once the surface shows
 something that replaced what it held (a mask, a summary, an excerpt): their schemas go with every
 request, and a session that has hidden nothing has nothing to recall. Adding them rewrites the
 cached prefix once.
@@ -20,11 +21,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import ctxkernel
-from ctxkernel import CompactionError, Span
+from ctxkernel import CacheWaitError, CompactionError, Span
 from ctxkernel.events import COMPACTION_SUMMARY
-from ctxkernel.recall.history_tools import SYSTEM_SECTION, history_tools
 
-from .plan import READ_TOOL, plan
+from .plan import READ_TOOL, WEIGHED_KEY, plan
+from .recall import TOOLS_KEY, offered_tools, system_section
 from .settings import MaskSettings
 from .strategy import NAME, STRATEGY
 
@@ -35,8 +36,6 @@ log = ctxkernel.get_logger("ctxkernel.mask")
 
 #: the strategies that offer the history tools themselves (a profile runs one of them or mask)
 HISTORY_STRATEGIES = ("history", "handoff")
-#: the handle's state key: whether the tools were registered for this session's header
-TOOLS_KEY = "recall_tools"
 
 
 @ctxkernel.hookimpl
@@ -61,13 +60,14 @@ def register_tools(register: Any, ctx: Context) -> None:
     offered = recall_offered(ctx)
     STRATEGY.on(ctx).state[TOOLS_KEY] = offered
     if offered:
-        for tool in history_tools(STRATEGY):
+        for tool in offered_tools(STRATEGY.on(ctx).settings):
             register(tool)
 
 
 @ctxkernel.hookimpl
 def system_prompt(ctx: Context) -> str | None:
-    return SYSTEM_SECTION if STRATEGY.on(ctx).state.get(TOOLS_KEY) else None
+    mask = STRATEGY.on(ctx)
+    return system_section(mask.settings) if mask.state.get(TOOLS_KEY) else None
 
 
 def _sync_tools(ctx: Context) -> None:
@@ -88,6 +88,7 @@ def pre_step(ctx: Context, step: StepContext) -> None:
     if mask.route is None:
         return  # the first request of a fresh session: nothing old to mask yet
     pressure = ctx.pressure()
+    mask.state[WEIGHED_KEY] = None
     masks = plan(ctx, mask.settings, pressure.effective_window, pressure.tokens)
     if not masks:
         return
@@ -98,8 +99,13 @@ def pre_step(ctx: Context, step: StepContext) -> None:
         "results": sum(1 for m in masks if m.kind == "result"),
         "replies": sum(1 for m in masks if m.kind == "reply"),
     }
+    weighed = mask.state[WEIGHED_KEY]
+    if weighed is not None:
+        data["break_even"] = weighed  # what the batch saves over the rule's horizon, and its cache cost
     try:
         mask.compact(spans, kind="mask", single_batch=True, data=data)
+    except CacheWaitError as exc:
+        log.info("masking waits for the prompt cache", session=ctx.id, reason=str(exc))
     except CompactionError as exc:
         # the surface stays as it was; the next step plans again from what it then shows
         log.warning("masking refused", session=ctx.id, error=f"{type(exc).__name__}: {exc}", spans=len(spans))

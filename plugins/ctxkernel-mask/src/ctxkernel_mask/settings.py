@@ -2,20 +2,32 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+#: the history tools mask can offer; ``history_read_item`` is always among them (placeholders name it)
+RecallTool = Literal["history_search_contents", "history_read_item", "history_list_items", "history_list_windows"]
+
+
+def _search_and_read() -> list[RecallTool]:
+    return ["history_search_contents", "history_read_item"]
 
 
 class MaskSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    #: tokens of the newest surface kept verbatim (the verbatim tail): no result in it is masked
-    #: unless the window is under pressure
-    tail_tokens: int = Field(default=4_000, ge=0, le=10_000_000)
+    #: tokens of the newest surface before the current step kept verbatim (the verbatim tail): no
+    #: result in it is masked unless the window is under pressure. Older results are masked with
+    #: or without pressure. 0: only the current step's results (the ones the model asked for last)
+    #: stay verbatim; the history tools bring back the rest
+    tail_tokens: int = Field(default=0, ge=0, le=10_000_000)
     #: the tail takes at most this share of the effective window (small windows)
     tail_ratio: float = Field(default=0.15, ge=0, le=1)
-    #: a batch is cleared only when it saves at least this many tokens, so the cached prefix is
-    #: rewritten rarely (each batch rewrites the cache from its first masked result on)
-    clear_at_least: int = Field(default=4_000, ge=1, le=10_000_000)
+    #: a batch is cleared only when it saves at least this many tokens; above that, the prompt
+    #: cache's break-even rule picks the batch (the one whose saving most exceeds the cost of the
+    #: cached prefix it rewrites), so the prefix is rewritten only when that pays
+    clear_at_least: int = Field(default=300, ge=1, le=10_000_000)
     #: at this share of the effective window masking no longer waits for a full batch, and may
     #: reach into the verbatim tail (never into the current step)
     pressure_ratio: float = Field(default=0.7, gt=0, le=1)
@@ -35,11 +47,21 @@ class MaskSettings(BaseModel):
     #: effective window of at least this many tokens: below it they would take the room masking
     #: freed, and the request could overflow (what is masked stays in the log, not recallable)
     recall_min_window: int = Field(default=8_000, ge=0, le=10_000_000)
+    #: which history tools come with the first mask: each schema is paid on every request after
+    #: it, so the default is search (find by a word you saw) and read (by the id a placeholder
+    #: names), about 600 tokens against about 1,000 for all four
+    recall_tools: list[RecallTool] = Field(default_factory=_search_and_read, min_length=1, max_length=4)
 
     @model_validator(mode="after")
     def _checked(self) -> MaskSettings:
         if self.tail_ratio >= self.pressure_ratio:
             msg = f"tail_ratio ({self.tail_ratio}) must be below pressure_ratio ({self.pressure_ratio})"
+            raise ValueError(msg)
+        if "history_read_item" not in self.recall_tools:
+            msg = f"recall_tools {self.recall_tools} must include history_read_item: every placeholder names it"
+            raise ValueError(msg)
+        if len(set(self.recall_tools)) != len(self.recall_tools):
+            msg = f"recall_tools {self.recall_tools} names a tool twice"
             raise ValueError(msg)
         for name in self.exclude_tools:
             if not name or len(name) > 256:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ctxkernel import CtxKernelError, Message, Span, StrategyNotes, get_logger
+from ctxkernel import CacheWaitError, CtxKernelError, Message, Span, StrategyNotes, get_logger
 from ctxkernel.recall.notes import Note, NotesLimits
 
 from .seed import (
@@ -214,7 +214,9 @@ def _fill_remaining(
 def switch(
     ctx: Context, trigger: str, *, intent: dict[str, Any] | None = None, error: str | None = None
 ) -> CommitResult:
-    """Start a new window now. Raises :class:`RolloverError` (after recording it) when it cannot."""
+    """Start a new window now. Raises :class:`RolloverError` (after recording it) when it cannot,
+    and lets :class:`ctxkernel.CacheWaitError` through unrecorded: an automatic switch that does
+    not pay for the cached prefix waits, which is no failure."""
     rollover = STRATEGY.on(ctx)
     settings = rollover.settings
     current = ensure_window(ctx)
@@ -222,6 +224,8 @@ def switch(
     intent = intent if intent is not None else state.pending
     try:
         result = _switch(ctx, rollover, settings, state, trigger, intent, error)
+    except CacheWaitError:
+        raise  # the switch waits for the prompt cache: no failure, the kernel logs the wait
     except CtxKernelError as exc:
         text = f"{type(exc).__name__}: {exc}"
         rollover.emit(
