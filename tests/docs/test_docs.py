@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import re
 import types
+from collections import Counter
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin
 
@@ -245,3 +246,61 @@ def test_every_module_over_700_lines_says_why_in_the_architecture_doc():
     assert missing == [], f"say in docs/architecture.md why these modules are over 700 lines: {missing}"
     stale = sorted(name for name in listed if not any(str(p).endswith("/" + name) for p in long))
     assert stale == [], f"these modules are no longer over 700 lines; take them out of the table: {stale}"
+
+
+# -- where a module's tests are ------------------------------------------------------------------------
+def named_test_exists(module: Path, src: Path, tests: list[Path], tests_root: Path, leaves: Counter[str]) -> bool:
+    """Whether a test file is named after ``module`` (the rule docs/architecture.md states).
+
+    ``test_<name>.py`` or ``test_<name>_<aspect>.py``: ``<name>`` is the module's path in its
+    package joined by ``_`` (a plugin's short name first; a package's ``__init__`` is the package),
+    or the module's own name when no other module of its distribution has it, or when the test lies
+    in its package's test folder."""
+    parts = list(module.relative_to(src).with_suffix("").parts)
+    package, inner = parts[0], [p for p in parts[1:] if p != "__init__"]
+    short = package.removeprefix("ctxkernel_") if package != "ctxkernel" else ""
+    full = "_".join([short, *inner] if short else inner) or package
+
+    def named(test: Path, name: str) -> bool:
+        return test.stem == f"test_{name}" or test.stem.startswith(f"test_{name}_")
+
+    if any(named(t, full) for t in tests):
+        return True
+    if not inner:
+        return False
+    folder = tests_root.joinpath(*inner[:-1])
+    return any(named(t, inner[-1]) and (leaves[inner[-1]] == 1 or folder in t.parents) for t in tests)
+
+
+def test_every_module_has_a_test_named_after_it_or_a_row_in_the_architecture_doc():
+    # a newcomer finds a module's tests by its name, or in one table (docs/architecture.md)
+    text = (REPO / "docs" / "architecture.md").read_text()
+    section = text.split("## Where a module's tests are", 1)[1].split("\n## ", 1)[0]
+    rows = dict(re.findall(r"^\| `([^`]+\.py)` \| (.+) \|$", section, flags=re.M))
+    distributions = [(REPO / "src", REPO / "tests")] + [
+        (plugin / "src", plugin / "tests")
+        for plugin in sorted((REPO / "plugins").glob("*"))
+        if (plugin / "src").is_dir()
+    ]
+    unnamed, test_roots = set(), {}
+    for src, tests_root in distributions:
+        modules = sorted(src.rglob("*.py"))
+        tests = sorted(tests_root.rglob("test_*.py"))
+        leaves = Counter(m.parent.name if m.stem == "__init__" else m.stem for m in modules)
+        for module in modules:
+            name = str(module.relative_to(src))
+            test_roots[name] = REPO if src == REPO / "src" else tests_root
+            if not named_test_exists(module, src, tests, tests_root, leaves):
+                unnamed.add(name)
+    missing = sorted(unnamed - set(rows))
+    assert missing == [], f"name a test after these modules, or list their tests in docs/architecture.md: {missing}"
+    gone = sorted(set(rows) - set(test_roots))
+    assert gone == [], f"these modules no longer exist; take their rows out of docs/architecture.md: {gone}"
+    named = sorted(set(rows) - unnamed)
+    assert named == [], f"these modules have a test named after them now; take their rows out: {named}"
+    for module, cell in rows.items():
+        files = re.findall(r"`([^`]+\.py)`", cell)
+        assert files or "empty package" in cell, f"{module}: name the test files that test it"
+        assert len(files) <= 3, f"{module}: name at most the 3 most direct test files"
+        absent = [f for f in files if not (test_roots[module] / f).is_file()]
+        assert absent == [], f"{module}: these test files do not exist: {absent}"
