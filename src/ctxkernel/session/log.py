@@ -32,8 +32,12 @@ if TYPE_CHECKING:
     from ..surface import Surface
     from .track import Tracker
 
-#: message counts :meth:`CountsAhead.count` keeps until their message lands (texts are kept)
-COUNTED_ENTRIES = 16
+#: message counts :meth:`CountsAhead.count` keeps until their message lands (texts are kept): room
+#: for the whole history of a request that brings one (a front door counts a client's new
+#: messages before they land; a 100k-token coding history is about 900 messages)
+COUNTED_ENTRIES = 4096
+#: and at most this many characters of counted text (a 100k-token history is about 450,000)
+COUNTED_CHARS = 2_000_000
 
 
 class CountsAhead:
@@ -42,21 +46,25 @@ class CountsAhead:
     text takes its count instead of counting again. Kept per session, as a count holds for its
     exact text only; at most :data:`COUNTED_ENTRIES`."""
 
-    __slots__ = ("meter", "pending")
+    __slots__ = ("chars", "meter", "pending")
 
     def __init__(self, meter: Meter) -> None:
         self.meter = meter
         #: text counted -> tokens, until a node with that text lands
         self.pending: dict[str, int] = {}
+        self.chars = 0  # of the texts in ``pending``, at most: a landed one is not taken off
 
     def count(self, message: Message) -> int:
         text = message_text_for_count(message)
         tokens = self.pending.get(text)
         if tokens is None:
             tokens = self.meter.count_message(message)
-            if len(self.pending) >= COUNTED_ENTRIES:
-                self.pending.clear()  # bounded: counts nobody appended are only dropped
+            if len(self.pending) >= COUNTED_ENTRIES or self.chars + len(text) > COUNTED_CHARS:
+                # bounded: counts nobody appended are only dropped (a new dict: a cleared one
+                # keeps the size it grew to)
+                self.pending, self.chars = {}, 0
             self.pending[text] = tokens
+            self.chars += len(text)
         return tokens
 
     def take(self, built: Sequence[Event], surface: Surface) -> None:
@@ -68,6 +76,8 @@ class CountsAhead:
                     tokens = self.pending.pop(message_text_for_count(node.message), None)
                     if tokens is not None:
                         node.tokens = tokens  # the meter's total takes it as if it had counted
+        if not self.pending and self.chars:
+            self.pending, self.chars = {}, 0  # all taken: the dict a long history grew is let go
 
 
 class SessionLog:
@@ -236,4 +246,4 @@ def _nothing(built: Sequence[Event]) -> None:
     """No schedule yet."""
 
 
-__all__ = ["COUNTED_ENTRIES", "CountsAhead", "SessionLog"]
+__all__ = ["COUNTED_CHARS", "COUNTED_ENTRIES", "CountsAhead", "SessionLog"]
