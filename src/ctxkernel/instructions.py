@@ -443,7 +443,7 @@ def block_tokens(session: SessionPort, items: Sequence[Instruction]) -> int:
     one before its id, which starts with a space; an id ends with a newline before the next
     line's text or the closing tag. A tokenizer without that proof, or an instruction with no
     text, gets the whole block counted."""
-    book = session.instruction_ledger
+    book: Ledger = session.instruction_ledger
     last = book.block_answer
     if last is not None and last[0] == session.id and last[1] == items:
         return last[2]  # a strategy's sizing and its transaction count the same block
@@ -616,7 +616,7 @@ def _as_sent(session: SessionPort) -> set[int]:
     """The seqs of the surface's nodes whose message is text only: an instruction whose own
     message is among them (and not cited) is visible verbatim without searching the surface's
     texts, which is what most protected instructions are at any compaction."""
-    book = session.instruction_ledger
+    book: Ledger = session.instruction_ledger
     revision = _revision(session)
     last = book.as_sent
     if last is not None and last[0] == revision:
