@@ -47,14 +47,9 @@ def sizes(bench: Any) -> tuple[int, ...]:
     return QUICK_SIZES if bench.quick else FULL_SIZES
 
 
-def open_kernel(
-    profile: str, home: Path, *, fsync: bool = False, store: Any = None, settings: dict[str, Any] | None = None
-) -> Kernel:
-    """A kernel for ``profiles/<profile>.toml`` on ``home`` (jsonl unless ``store`` is given);
-    ``settings`` overrides keys of the profile's ``[strategies.<profile>]`` table."""
+def open_kernel(profile: str, home: Path, *, fsync: bool = False, store: Any = None) -> Kernel:
+    """A kernel for ``profiles/<profile>.toml`` on ``home`` (jsonl unless ``store`` is given)."""
     loaded = make_profile(REPO / "profiles" / f"{profile}.toml")
-    if settings:
-        loaded.strategies[profile] = {**loaded.strategies.get(profile, {}), **settings}
     loaded.store = loaded.store.model_copy(update={"path": str(home), "backend": "jsonl", "dsn": None})
     return Kernel(loaded, store=store or JsonlStore(home, fsync=fsync), home=home)
 

@@ -87,16 +87,13 @@ FLAT_STRATEGIES: dict[str, Callable[[Any], Callable[[], Any]]] = {
     "mask": mask,
 }
 TURNS = 40  # turns before each timed compaction: its surface, the same at both sizes
-#: mask's profile masks every result but the current step's as it goes, which leaves a timed batch
-#: nothing to take; with a verbatim tail the batch planned at the window's edge reaches into it
-SETTINGS: dict[str, dict[str, Any]] = {"mask": {"tail_tokens": 8_000}}
 
 
 def build(scratch: Path, profile: str, sizes: tuple[int, int]) -> list[tuple[Any, Any]]:
     """(kernel, live session) at each size: one build, copied as it passes the smaller size."""
     small, large = sizes
     root = Path(tempfile.mkdtemp(prefix=f"flat-{profile}-", dir=scratch))
-    kernel = open_kernel(profile, root / "large", settings=SETTINGS.get(profile))
+    kernel = open_kernel(profile, root / "large")
     session = kernel.open_session()
     n = 0
     while len(session.events) < small:
@@ -106,7 +103,7 @@ def build(scratch: Path, profile: str, sizes: tuple[int, int]) -> list[tuple[Any
     while len(session.events) < large:
         turn(session, n)
         n += 1
-    small_kernel = open_kernel(profile, root / "small", settings=SETTINGS.get(profile))
+    small_kernel = open_kernel(profile, root / "small")
     return [(small_kernel, small_kernel.open_session(session.id)), (kernel, session)]
 
 
