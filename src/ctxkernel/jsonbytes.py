@@ -26,4 +26,4 @@ def kept(data: bytes) -> bytes:
 def dumps_kept(value: Any, option: int | None = None) -> bytes:
     """``orjson.dumps(value, option=option)`` in an allocation of its own size, for bytes that are
     kept (:func:`kept`)."""
-    return b"".join((orjson.dumps(value, option=option), b""))
+    return kept(orjson.dumps(value, option=option))
