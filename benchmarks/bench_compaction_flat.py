@@ -17,8 +17,21 @@ compaction's work grows with the log, not the disk). Target <= 1.5 (issue 40). B
 ``events``, each log's length after the rounds; ``surface_before`` / ``surface_after``, the
 median surface (nodes) in front of and after the timed compactions, small size first.
 
-Adding a strategy (``mask``, when its profile lands): give ``bench_compaction.STRATEGIES`` its
-manual compaction and list it in ``FLAT_STRATEGIES``.
+``mask`` masks as it goes (its ``pre_step``, with or without pressure), so a compaction at the end
+of the turns would find nothing left to mask. Its session is built with the strategy live, as in a
+host; over the ``TURNS`` turns before each compaction it is switched off for the session
+(``Session.set_strategy_enabled``, as an integrator would), so those turns' results wait, and
+switched on again for the timed compaction: one batch its ``plan()`` makes under pressure (the
+results older than the current step, reaching into the verbatim tail as at the window's edge),
+committed as its ``pre_step`` commits one. A mask rewrites results in place and leaves the surface
+as long as it was, and the two builds stop at different points of ``basic``'s overflow guard, so
+before the untimed compaction both sizes are first brought to one surface by ``basic``'s
+compaction keeping ``SETTLE_TOKENS`` (``settle``).
+
+Adding a strategy: give ``FLAT_STRATEGIES`` its manual compaction (list it in ``LIVE_STRATEGIES``
+too if it acts on every step).
+
+    python benchmarks/bench_compaction_flat.py [--quick] [strategy ...]   # some strategies only
 """
 
 from __future__ import annotations
@@ -26,7 +39,7 @@ from __future__ import annotations
 import shutil
 import statistics
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +78,9 @@ def rollover(session: Any) -> Callable[[], Any]:
 
 
 def mask(session: Any) -> Callable[[], Any]:
-    """One batch of masks, planned as at the window's edge (so it reaches into the verbatim tail
-    when the older results are already masked), committed as the strategy's pre-step does."""
+    """One batch of masks from ``plan()``'s under-pressure path (the request at the window's edge),
+    committed as the strategy's ``pre_step`` commits one; the turns before it ran with the
+    strategy off (``LIVE_STRATEGIES``), so their results are what it masks."""
     from ctxkernel import Span
     from ctxkernel_mask.plan import plan
     from ctxkernel_mask.strategy import STRATEGY
@@ -87,6 +101,10 @@ FLAT_STRATEGIES: dict[str, Callable[[Any], Callable[[], Any]]] = {
     "mask": mask,
 }
 TURNS = 40  # turns before each timed compaction: its surface, the same at both sizes
+#: the strategies that act on every step (``pre_step``) and so leave nothing for the compaction:
+#: switched off over the ``TURNS`` turns, on again for the compaction
+LIVE_STRATEGIES = frozenset({"mask"})
+SETTLE_TOKENS = 4_000  # a live strategy's surface before its first compaction (``settle``)
 
 
 def build(scratch: Path, profile: str, sizes: tuple[int, int]) -> list[tuple[Any, Any]]:
@@ -107,11 +125,32 @@ def build(scratch: Path, profile: str, sizes: tuple[int, int]) -> list[tuple[Any
     return [(small_kernel, small_kernel.open_session(session.id)), (kernel, session)]
 
 
+def settle(session: Any) -> None:
+    """A live strategy's compaction rewrites in place and leaves the surface as long as it was,
+    and the two builds stop at different points of their cycles (``basic``'s guard compacts each
+    whenever it overflows): ``basic``'s compaction first, keeping ``SETTLE_TOKENS`` verbatim, so
+    both sizes start from a surface of that size."""
+    from ctxkernel.default_plugins.basic import compact
+
+    session.user("settle")
+    if not compact(session.context, SETTLE_TOKENS, reason="manual"):
+        msg = f"the settling compaction did nothing ({len(session.surface)} nodes)"
+        raise RuntimeError(msg)
+    session.prepare_request()
+    session.commit_reply(Message.assistant("settled"))
+    session.end_turn()
+
+
 def compaction(profile: str, session: Any, n: int) -> tuple[float, int, int]:
     """``TURNS`` turns, then the strategy's manual compaction, timed; the step it opened is
     closed after the timing. Returns (CPU seconds, surface before, surface after)."""
+    live = profile in LIVE_STRATEGIES
+    if live:
+        session.set_strategy_enabled(profile, False)
     for k in range(TURNS):
         turn(session, n + k)
+    if live:
+        session.set_strategy_enabled(profile, True)
     session.user("continue")
     action = FLAT_STRATEGIES[profile](session)
     before, tokens_before = len(session.surface), session.meter.surface_tokens()
@@ -129,14 +168,21 @@ def compaction(profile: str, session: Any, n: int) -> tuple[float, int, int]:
     return seconds, before, after
 
 
-def run(bench: Bench) -> None:
+def run(bench: Bench, strategies: Sequence[str] = ()) -> None:
+    """Every row, or only those of ``strategies``."""
     sizes = (2_000, 30_000) if bench.quick else (10_000, 300_000)
     repeat = 3 if bench.quick else 7
     label = f"{sizes[1] // 1000}k_vs_{sizes[0] // 1000}k"
-    for profile in FLAT_STRATEGIES:
+    unknown = set(strategies) - set(FLAT_STRATEGIES)
+    if unknown:
+        msg = f"no flat row for {sorted(unknown)}; the rows: {list(FLAT_STRATEGIES)}"
+        raise ValueError(msg)
+    for profile in strategies or FLAT_STRATEGIES:
         sessions = build(Path(bench.scratch), profile, sizes)
         n = 10_000_000  # past any turn number of the build: the mix varies its text with it
         for _, session in sessions:  # the same state at both sizes: one compaction, untimed
+            if profile in LIVE_STRATEGIES:
+                settle(session)
             compaction(profile, session, n)
         rounds: list[list[tuple[float, int, int]]] = [[], []]
         for r in range(repeat):
@@ -172,4 +218,5 @@ if __name__ == "__main__":
 
     configure_logging("warning")
     with tempfile.TemporaryDirectory() as scratch:
-        run(Bench(quick="--quick" in sys.argv, scratch=Path(scratch)))
+        chosen = [a for a in sys.argv[1:] if a != "--quick"]
+        run(Bench(quick="--quick" in sys.argv, scratch=Path(scratch)), chosen)
