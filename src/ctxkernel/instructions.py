@@ -530,6 +530,8 @@ def pin_lost(
     """Step 5b of the transaction: carry into ``replacements`` every protected instruction the
     commit would take off the surface. Returns the new replacements, the instructions pinned and
     the index of the replacement that carries them (-1 when none)."""
+    if not any(m is None or m.role != "tool" for m in replacements):
+        return replacements, [], -1  # only tool-result rewrites: no user message leaves the surface
     keep = _not_kept_as_sent(session, cited)
     if not keep:
         return replacements, [], -1
@@ -544,12 +546,10 @@ def pin_lost(
         if message is not None and message.role != "tool":
             out[i] = with_block(message, lost, session.id)
             return out, lost, i
-    for i, message in enumerate(out):
-        if message is None:  # a transaction of removals only: the first becomes the block
-            out[i] = block_message(lost, session.id)
-            return out, lost, i
-    # only tool-result rewrites: they cannot take a user message off the surface
-    return replacements, [], -1
+    # removals and tool-result rewrites only (a removal, checked above): the first becomes the block
+    carrier = out.index(None)
+    out[carrier] = block_message(lost, session.id)
+    return out, lost, carrier
 
 
 def _unquoted(items: Sequence[Instruction], texts: Sequence[str]) -> list[Instruction]:
