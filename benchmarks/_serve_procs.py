@@ -5,9 +5,11 @@
 
 Each binds a port the OS picks, prints it on one line of stdout, and serves until stdin closes
 (so it never outlives the benchmark). ``serve`` is the app ``ctxkernel serve`` runs, with uvicorn's
-defaults as the CLI uses them (and its ``--tune-heap``: :func:`~ctxkernel.serve.process.settle_heap`); the only addition is ``GET /__bench/cpu``, answered before the
-app sees the request with this process's CPU time (``time.process_time_ns``: every thread,
-user + system), which the benchmark reads around a batch of requests.
+defaults as the CLI uses them (and its ``--tune-heap``: :func:`~ctxkernel.serve.process.settle_heap`); the only additions are ``GET /__bench/cpu``, answered before
+the app sees the request with this process's CPU time (``time.process_time_ns``: every thread,
+user + system), which the benchmark reads around a batch of requests, and ``GET
+/__bench/threads``: the CPU time of the event loop's thread and of the worker threads
+(:func:`thread_cpu`), read around the same batches to show where serve's share goes.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ REPLY = orjson.dumps(
     }
 )
 CPU_PATH = "/__bench/cpu"
+THREADS_PATH = "/__bench/threads"
+#: the name of serve's worker threads (``ctxkernel/serve/workers.py``)
+WORKER_THREAD = "ctxkernel serve worker"
 
 
 async def upstream_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -63,11 +68,34 @@ async def upstream_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": REPLY})
 
 
+def thread_cpu() -> dict[str, int]:
+    """CPU nanoseconds so far of the event loop's thread (the main thread: uvicorn runs the loop
+    there) and of the worker threads together (those living now: the pool never ends one)."""
+    out = {"loop": 0, "workers": 0}
+    for thread in threading.enumerate():
+        if thread.ident is None:
+            continue
+        if thread is threading.main_thread():
+            kind = "loop"
+        elif thread.name == WORKER_THREAD:
+            kind = "workers"
+        else:
+            continue
+        try:
+            out[kind] += time.clock_gettime_ns(time.pthread_getcpuclockid(thread.ident))
+        except OSError:
+            continue  # ended between the listing and the read
+    return out
+
+
 def with_cpu_probe(app: Any) -> Any:
     async def probed(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"] == CPU_PATH:
-            body = str(time.process_time_ns()).encode()
-            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        if scope["type"] == "http" and scope["path"] in (CPU_PATH, THREADS_PATH):
+            if scope["path"] == CPU_PATH:
+                body, kind = str(time.process_time_ns()).encode(), b"text/plain"
+            else:
+                body, kind = orjson.dumps(thread_cpu()), b"application/json"
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", kind)]})
             await send({"type": "http.response.body", "body": body})
             return
         await app(scope, receive, send)

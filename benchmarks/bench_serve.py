@@ -35,7 +35,11 @@ Lines:
 * ``serve_cpu_1k_vs_upstream_parse``: serve's CPU per request at 1k / the fake provider's CPU for
   the same requests (its process's CPU clock read from outside around the same batch: receiving
   the HTTP request, parsing the body, answering), target <= 4 (issue 40): serve's fixed cost per
-  request, against what the provider itself pays to take a request in.
+  request, against what the provider itself pays to take a request in. Beside it,
+  ``loop_thread_seconds`` and ``worker_threads_seconds``: the part of serve's CPU per request spent
+  on its event loop's thread (HTTP in and out, the wire formats, the upstream call) and on its
+  worker threads (the kernel: reconcile, ``prepare_request``, ``commit_reply`` and the log), each
+  thread's own CPU clock read around the same batches (``_serve_procs.thread_cpu``).
 * ``serve_rss_per_session_vs_body_100k``: in a fresh ``serve`` process, warmed by one session,
   the resident memory (``VmRSS``) each further session of 100k tokens adds (20 sessions of 10
   requests, read after each group of 5) / the bytes of one request's body, target <= 3 (issue 40).
@@ -194,10 +198,16 @@ def server_cpu(http: Any) -> float:
     return int(http.get("/__bench/cpu").text) / 1e9
 
 
+def server_threads(http: Any) -> dict[str, float]:
+    """CPU seconds so far of serve's event loop thread and of its worker threads."""
+    return {kind: ns / 1e9 for kind, ns in orjson.loads(http.get("/__bench/threads").content).items()}
+
+
 def measure(http: Any, clients: dict[int, Client], rounds: int, steps: int, upstream_pid: int) -> dict[str, Any]:
     sizes = list(clients)
     per_size: dict[int, list[float]] = {size: [] for size in sizes}
     upstream: dict[int, list[float]] = {size: [] for size in sizes}
+    threads: dict[int, dict[str, list[float]]] = {size: {"loop": [], "workers": []} for size in sizes}
     floors: list[float] = []
     for client in clients.values():  # warm: the session takes in the whole history once
         for _ in range(3):
@@ -209,11 +219,16 @@ def measure(http: Any, clients: dict[int, Client], rounds: int, steps: int, upst
     probe = statistics.median(probes)
     for _ in range(rounds):
         for size, client in clients.items():
+            # the thread split is read outside the process's reads: it holds those two probes
+            split_before = server_threads(http)
             before, upstream_before = server_cpu(http), tree_cpu(upstream_pid)
             for _ in range(steps):  # the client builds its body while serve is idle
                 client.send(http, client.body())
             per_size[size].append((server_cpu(http) - before - probe) / steps)
             upstream[size].append((tree_cpu(upstream_pid) - upstream_before) / steps)
+            split_after = server_threads(http)
+            for kind, seconds in split_after.items():
+                threads[size][kind].append((seconds - split_before[kind]) / steps)
         body = clients[sizes[-1]].body()
         clients[sizes[-1]].messages.pop()
         gc.collect()
@@ -223,7 +238,7 @@ def measure(http: Any, clients: dict[int, Client], rounds: int, steps: int, upst
             orjson.dumps(orjson.loads(body))
         floors.append((time.process_time() - started) / steps)
         gc.enable()
-    return {"per_size": per_size, "upstream": upstream, "floors": floors, "probe": probe}
+    return {"per_size": per_size, "upstream": upstream, "floors": floors, "probe": probe, "threads": threads}
 
 
 def run(bench: Bench) -> None:
@@ -299,6 +314,8 @@ def run(bench: Bench) -> None:
         baseline_median=round(statistics.median(got["upstream"][1_000]), 6),
         repeat=rounds,
         steps_per_round=steps,
+        loop_thread_seconds=round(statistics.median(got["threads"][1_000]["loop"]), 6),
+        worker_threads_seconds=round(statistics.median(got["threads"][1_000]["workers"]), 6),
         load_average=load,
     )
     growth = memory["per_session"]
