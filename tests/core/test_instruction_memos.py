@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ctxkernel import Message, Source, Span
+from ctxkernel import Message, Source, Span, ToolCallBlock
 from ctxkernel import instructions as instructions_module
 from ctxkernel.compaction import checkpoint_message
 from ctxkernel.instructions import (
@@ -321,3 +321,39 @@ def test_a_commit_records_the_carriers_exact_count(tmp_path: Any) -> None:
     node = session.surface.node(result.spans[0].replacement_seq)
     assert "[item_" in node.message.text  # the block was pinned
     assert result.spans[0].tokens_after == node.tokens == session.meter.count_message(node.message)
+
+
+# -- a transaction of tool-result rewrites -----------------------------------------------------------
+# A tool result rewritten in place (a mask, an excerpt) cannot take a user message off the surface,
+# so such a transaction pins nothing and does not search the surface for the protected
+# instructions (that search grew with the session: bench_compaction_flat.py's mask row). A
+# transaction with a removal still gets the block, in its first removal.
+
+
+def test_a_transaction_of_tool_result_rewrites_pins_nothing_and_searches_nothing(tmp_path: Any, monkeypatch) -> None:
+    kernel = build_kernel(tmp_path, model={"context_window": 8000, "reserved_output_tokens": 500}, fsync=False)
+    session = kernel.open_session()
+    for n in range(6):
+        session.user(f"rule {n}: keep every answer under {n + 3} lines")
+        session.prepare_request()
+        session.commit_reply(Message.assistant(" ".join(f"w{n}x{i}" for i in range(30))))
+        session.end_turn()
+    nodes = session.surface.nodes
+    session.compact(Span(nodes[0].seq, nodes[-3].seq, summary="the head"), strategy="basic")
+    session.user("read the file")
+    session.prepare_request()
+    call = ToolCallBlock("c1", "read_file", {"path": "a.py"})
+    session.commit_reply(Message.assistant("", [call]))
+    result_seq = session.tool_result("c1", "x = 1\n" * 50)
+    assert _not_kept_as_sent(session, {result_seq})  # protected instructions are off the surface as sent
+    searched: list[set[int]] = []
+    real = instructions_module._not_kept_as_sent
+    monkeypatch.setattr(instructions_module, "_not_kept_as_sent", lambda s, c: searched.append(c) or real(s, c))
+    masked = Message.tool("c1", "[masked]")
+    assert pin_lost(session, {result_seq}, [masked]) == ([masked], [], -1)
+    assert searched == []
+    user_seq = session.surface.nodes[-3].seq  # "read the file": a removal takes it off the surface
+    replacements, pinned, carrier = pin_lost(session, {result_seq, user_seq}, [masked, None])
+    assert searched == [{result_seq, user_seq}]
+    assert pinned and carrier == 1 and replacements[0] is masked
+    assert replacements[1] == block_message(pinned, session.id)
