@@ -818,6 +818,41 @@ def largest_message(recording: Recording, meter: Meter, tokenizer: str) -> tuple
     return known
 
 
+def largest_instruction(recording: Recording, meter: Meter, tokenizer: str) -> int:
+    """Tokens of the recording's largest instruction (a user message the user wrote), counted as
+    the kernel's instruction budget counts it (:mod:`ctxkernel.instructions`); computed once per
+    tokenizer."""
+    key = f"largest_instruction:{tokenizer}"
+    known = recording.derived.get(key)
+    if known is None:
+        texts = [item.text for item in recording.items if isinstance(item, UserItem) and item.instruction]
+        known = recording.derived[key] = max((meter.count_text(text) for text in texts), default=0)
+    return int(known)
+
+
+def instruction_refusal(
+    tokens: int, budget_ratio: float, model: ModelSettings, configured: ModelSettings
+) -> str | None:
+    """Why the window of ``model`` cannot keep a recording's largest instruction (``tokens``)
+    whole: the kernel protects only instructions within ``budget_ratio`` of the effective window
+    (``[instructions]``), so no compaction could keep that one and ``instructions_visible`` would
+    measure the window, not the profile; None when it can (or the protection is off)."""
+    effective = model.effective_window
+    budget = int(budget_ratio * effective)
+    if budget_ratio <= 0 or tokens <= budget:
+        return None
+    smallest = math.ceil(tokens / budget_ratio)
+    while int(budget_ratio * smallest) < tokens:  # the budget is rounded down
+        smallest += 1
+    return (
+        f"the recording's largest instruction (a user message) costs {tokens} tokens, more than the instruction "
+        f"budget of {budget} ([instructions] budget_ratio {budget_ratio:g} of the effective window of {effective}): "
+        f"no compaction can keep it whole, so instructions_visible would measure the window, not the profile. The "
+        f"smallest context_window that works is {configured.smallest_window_for(smallest)} (an effective window of "
+        f"{smallest}); fix: a larger --window"
+    )
+
+
 def message_refusal(tokens: int, what: str, model: ModelSettings, configured: ModelSettings) -> str | None:
     """Why the window of ``model`` cannot replay a recording whose largest message costs
     ``tokens``, naming the smallest window that can (for the profile's ``configured`` model
@@ -872,10 +907,16 @@ def run_profile(name: str, recording: Recording, options: Options) -> dict[str, 
             return empty_metrics(name, "unavailable", str(exc))
         strategies = list(profile.profile.strategies)
         model = profile.model
-        if options.window is not None:  # the comparison's own window: refused alike for every profile
-            tokens, what = largest_message(recording, _meter_of(kernel), model.tokenizer)
+        if options.window is not None:  # the comparison's own window: can it hold the recording?
+            meter = _meter_of(kernel)
+            tokens, what = largest_message(recording, meter, model.tokenizer)
             configured = load_profile("basic" if name == UNMANAGED else name).model
-            reason = message_refusal(tokens, what, model, configured)
+            reason = message_refusal(tokens, what, model, configured) or instruction_refusal(
+                largest_instruction(recording, meter, model.tokenizer),
+                profile.instructions.budget_ratio,
+                model,
+                configured,
+            )
             if reason is not None:
                 out = empty_metrics(name, "refused", reason, strategies)
                 out["effective_window"] = model.effective_window
