@@ -408,3 +408,36 @@ def test_a_message_over_half_the_window_is_left_to_the_kernels_excerpt():
             metrics = run_profile(name, recording, options)
             assert metrics["status"] == "ok", (name, metrics["error"])
     assert run_profile("basic", recording, Options(window=7_000))["compactions"] == {"excerpt": 1}
+
+
+def _long_task(words: int, instruction: bool = True) -> Recording:
+    """A synthetic session whose user message (the task, or harness context) is ``words`` words."""
+    task = "Please " + " ".join(f"check module{i}" for i in range(words))
+    return Recording(
+        [
+            UserItem(task, instruction=instruction),
+            AssistantItem(Message.assistant("", [ToolCallBlock("c1", "bash", {"command": "ls"})])),
+            ToolResultItem("c1", "module0.py module1.py"),
+            AssistantItem(Message.assistant("Checked.")),
+        ],
+        {"kind": "transcript"},
+    )
+
+
+def test_a_window_whose_instruction_budget_cannot_hold_the_task_is_refused():
+    from ctxkernel.simulate import profile_names
+
+    # a task of about 300 tokens: it fits a 1,050-token effective window (and half of it), but not
+    # the instruction budget of 20% of it, which is all the kernel keeps through a compaction
+    names = profile_names("none,all")
+    rows = compare(names, _long_task(100), Options(window=1_200))["profiles"]
+    assert [r["status"] for r in rows] == ["refused"] * len(names), [(r["profile"], r["error"]) for r in rows]
+    for row in rows:
+        assert "largest instruction" in row["error"] and "instruction budget of 210" in row["error"], row["error"]
+    smallest = int(rows[0]["error"].split("smallest context_window that works is ")[1].split()[0])
+    for name in ("none", "mask"):  # (basic's own header needs a larger window than this)
+        assert run_profile(name, _long_task(100), Options(window=smallest - 1))["status"] == "refused"
+        metrics = run_profile(name, _long_task(100), Options(window=smallest))
+        assert metrics["status"] == "ok" and metrics["instructions_visible_min"] == 1.0, (name, metrics["error"])
+    # harness context is no instruction: the kernel does not protect it, and simulate does not refuse
+    assert run_profile("mask", _long_task(100, instruction=False), Options(window=1_200))["status"] == "ok"
