@@ -9,7 +9,8 @@ On a short session that window can be too small for a profile's request header (
 guard.py HEADER_MAX_SHARE): the kernel refuses the profile up front (status ``refused``), which is
 the correct outcome there; the profile then runs at the smallest window its header allows, when
 that is still below its unmanaged peak, and must manage it as well. The same holds for a window
-that cannot hold the recording's largest message (simulate refuses every profile there alike).
+that cannot hold the recording's largest message, or whose instruction budget cannot hold its
+largest instruction (simulate refuses every profile there alike).
 """
 
 from __future__ import annotations
@@ -95,12 +96,12 @@ def test_every_profile_on_real_transcript(path, run, tmp_path):
             continue  # reported by the CLI; a profile whose strategy is not installed is not run
         assert abs(metrics["effective_window"] - effective) <= 1
         needs_management = True
-        for _ in range(3):  # refused for its header, for the recording's largest message, or both
+        for _ in range(3):  # refused for its header, or for the recording's largest message or instruction
             if metrics["status"] != "refused":
                 break
-            if "largest message" in metrics["error"]:
-                # the window cannot hold the recording's largest message: every profile is refused
-                # alike, naming the smallest effective window that can
+            if "largest message" in metrics["error"] or "largest instruction" in metrics["error"]:
+                # the window cannot hold the recording's largest message (or its instruction budget
+                # its largest instruction): refused alike, naming the smallest effective window that can
                 smallest = int(metrics["error"].split("(an effective window of ")[1].split(")")[0])
                 assert smallest > effective, (name, metrics["error"])
                 effective = smallest
