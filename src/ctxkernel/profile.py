@@ -97,6 +97,17 @@ class ModelSettings(_Strict):
     def effective_window(self) -> int:
         return self.context_window - self.reserved_output_tokens
 
+    def smallest_window_for(self, effective: int) -> int:
+        """The smallest ``context_window`` whose settings (:meth:`with_window`) leave at least
+        ``effective`` tokens after the output reservation."""
+        reserved = self.reserved_output_tokens
+        window = max(MIN_WINDOW, effective + effective // 8)  # no smaller window leaves enough
+        while window - window // 8 < effective:  # a small window reserves an eighth of itself
+            window += 1
+        if reserved >= window // 2:
+            return window
+        return max(MIN_WINDOW, effective + reserved, 2 * reserved + 2)  # the reservation stays whole from here
+
     def with_window(self, window: int) -> ModelSettings:
         """These settings for a model whose total window is ``window`` tokens (a routed model's
         window, or ``--window``): the output reservation stays unless it would take half the

@@ -205,3 +205,22 @@ def test_strategy_settings_kept_per_model_stay_bounded_when_clients_choose_the_m
     # answers after a clear are the same validated settings
     assert kernel.strategy_settings("basic", "deepseek", "deepseek-reasoner").threshold_ratio == 0.6
     assert kernel.strategy_settings("basic", "openai", "model-1").threshold_ratio == 0.8
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    reserved=st.integers(min_value=0, max_value=20_000),
+    effective=st.integers(min_value=1, max_value=60_000),
+)
+def test_smallest_window_for_is_the_smallest_window_that_leaves_the_effective_window(reserved, effective):
+    from ctxkernel.profile import MIN_WINDOW, ModelSettings
+
+    model = ModelSettings(context_window=max(reserved + 1, 128_000), reserved_output_tokens=reserved)
+    window = model.smallest_window_for(effective)
+    assert model.with_window(window).effective_window >= effective
+    # no smaller window does: with_window's effective window grows with the window on each side of
+    # the point where the reservation stops being an eighth (2 x reserved + 1), so the largest one a
+    # smaller window leaves is at window - 1 or at that point
+    for smaller in {window - 1, min(window - 1, 2 * reserved + 1)}:
+        if smaller >= MIN_WINDOW:
+            assert model.with_window(smaller).effective_window < effective, smaller

@@ -332,13 +332,112 @@ def test_the_unmanaged_baseline_is_not_bounded_by_the_kernel():
     # no overflow) and billed requests a provider would have refused
     from ctxkernel.simulate import Recording
 
-    big = "\n".join(f"line {i}: " + "data " * 12 for i in range(2_000))
+    # each result fits the window alone (so the window is not refused for it) but is over the
+    # kernel's bound of half the window, which a managed profile would excerpt
+    big = "\n".join(f"line {i}: " + "data " * 12 for i in range(1_200))
     items = [UserItem("dump it")]
     for i in range(3):
         items.append(AssistantItem(Message.assistant("", [ToolCallBlock(f"c{i}", "bash", {"command": "dump"})])))
         items.append(ToolResultItem(f"c{i}", big))
     items.append(AssistantItem(Message.assistant("done")))
     m = run_profile("none", Recording(items, {"kind": "transcript"}), Options(window=40_000))
-    assert m["compactions"] == {}
+    assert m["status"] == "ok" and m["compactions"] == {}
+    assert max(m["prompt_tokens"]) > 20_000 > m["effective_window"] / 2  # the first result, whole
     assert m["peak_prompt_tokens"] > m["effective_window"] and m["overflows"] > 0
     assert m["cost_usd"] is None
+
+
+# -- a window that cannot hold the recording's largest message ---------------------------------------------
+def _one_large_result(lines: int) -> Recording:
+    """A synthetic session whose largest message is one tool result of ``lines`` short lines."""
+    log = "\n".join(f"entry {i}: disk full on /var" for i in range(lines))
+    return Recording(
+        [
+            UserItem("why did the build fail?"),
+            AssistantItem(Message.assistant("", [ToolCallBlock("c1", "bash", {"command": "cat build.log"})])),
+            ToolResultItem("c1", log),
+            AssistantItem(Message.assistant("The disk is full.")),
+        ],
+        {"kind": "transcript"},
+    )
+
+
+@pytest.mark.parametrize(
+    ("lines", "window", "why"),
+    [
+        (400, 2_000, "more than the effective window of 1750"),  # ~4,000 tokens: larger than the whole window
+        (12, 256, "too small for its excerpt"),  # over half of 224 tokens, which no excerpt can shrink
+    ],
+)
+def test_a_window_that_cannot_hold_the_largest_message_is_refused_for_every_profile(lines, window, why):
+    from ctxkernel.simulate import profile_names
+    from ctxkernel.simulate.corpus import aggregate
+    from ctxkernel.simulate.report import aggregate_rows
+
+    names = profile_names("none,all")
+    report = compare(names, _one_large_result(lines), Options(window=window))
+    rows = report["profiles"]
+    assert [r["status"] for r in rows] == ["refused"] * len(names), [(r["profile"], r["error"]) for r in rows]
+    for row in rows:
+        assert why in row["error"] and "largest message (a tool result)" in row["error"], row["error"]
+        assert "smallest context_window that works" in row["error"]
+        assert row["effective_window"] == window - window // 8 if window < 16_384 else window - 8_192
+        assert row["overflows"] is None and row["cost_usd"] is None and row["prompt_tokens"] == []
+    # the corpus summary counts the refused session alike for every profile, beside ok and failed
+    aggregated = aggregate([{"profiles": rows}], names)
+    assert {name: (a["ok"], a["refused"]) for name, a in aggregated.items()} == dict.fromkeys(names, (0, 1))
+    table = aggregate_rows({"aggregate": aggregated})
+    assert table[0][:3] == ["profile", "ok", "refused"] and all(r[1:3] == ["0", "1"] for r in table[1:])
+
+
+def test_the_smallest_window_a_refusal_names_replays_the_session():
+    recording = _one_large_result(400)
+    refused = run_profile("basic", recording, Options(window=2_000))
+    smallest = int(refused["error"].split("smallest context_window that works is ")[1].split()[0])
+    assert run_profile("basic", recording, Options(window=smallest - 1))["status"] == "refused"
+    metrics = run_profile("basic", recording, Options(window=smallest))
+    assert metrics["status"] == "ok" and metrics["overflows"] == 0
+
+
+def test_a_message_over_half_the_window_is_left_to_the_kernels_excerpt():
+    # fits the window, is over the kernel's bound, and the window is large enough for an excerpt:
+    # replayed (managed profiles excerpt it), as is any session when no --window is given
+    recording = _one_large_result(400)
+    for options in (Options(window=7_000), Options()):
+        for name in ("none", "basic"):
+            metrics = run_profile(name, recording, options)
+            assert metrics["status"] == "ok", (name, metrics["error"])
+    assert run_profile("basic", recording, Options(window=7_000))["compactions"] == {"excerpt": 1}
+
+
+def _long_task(words: int, instruction: bool = True) -> Recording:
+    """A synthetic session whose user message (the task, or harness context) is ``words`` words."""
+    task = "Please " + " ".join(f"check module{i}" for i in range(words))
+    return Recording(
+        [
+            UserItem(task, instruction=instruction),
+            AssistantItem(Message.assistant("", [ToolCallBlock("c1", "bash", {"command": "ls"})])),
+            ToolResultItem("c1", "module0.py module1.py"),
+            AssistantItem(Message.assistant("Checked.")),
+        ],
+        {"kind": "transcript"},
+    )
+
+
+def test_a_window_whose_instruction_budget_cannot_hold_the_task_is_refused():
+    from ctxkernel.simulate import profile_names
+
+    # a task of about 300 tokens: it fits a 1,050-token effective window (and half of it), but not
+    # the instruction budget of 20% of it, which is all the kernel keeps through a compaction
+    names = profile_names("none,all")
+    rows = compare(names, _long_task(100), Options(window=1_200))["profiles"]
+    assert [r["status"] for r in rows] == ["refused"] * len(names), [(r["profile"], r["error"]) for r in rows]
+    for row in rows:
+        assert "largest instruction" in row["error"] and "instruction budget of 210" in row["error"], row["error"]
+    smallest = int(rows[0]["error"].split("smallest context_window that works is ")[1].split()[0])
+    for name in ("none", "mask"):  # (basic's own header needs a larger window than this)
+        assert run_profile(name, _long_task(100), Options(window=smallest - 1))["status"] == "refused"
+        metrics = run_profile(name, _long_task(100), Options(window=smallest))
+        assert metrics["status"] == "ok" and metrics["instructions_visible_min"] == 1.0, (name, metrics["error"])
+    # harness context is no instruction: the kernel does not protect it, and simulate does not refuse
+    assert run_profile("mask", _long_task(100, instruction=False), Options(window=1_200))["status"] == "ok"

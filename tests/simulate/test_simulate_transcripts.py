@@ -8,7 +8,9 @@ Every profile must keep the invariants, and every profile that manages context m
 On a short session that window can be too small for a profile's request header (over half of it,
 guard.py HEADER_MAX_SHARE): the kernel refuses the profile up front (status ``refused``), which is
 the correct outcome there; the profile then runs at the smallest window its header allows, when
-that is still below its unmanaged peak, and must manage it as well.
+that is still below its unmanaged peak, and must manage it as well. The same holds for a window
+that cannot hold the recording's largest message, or whose instruction budget cannot hold its
+largest instruction (simulate refuses every profile there alike).
 """
 
 from __future__ import annotations
@@ -93,16 +95,29 @@ def test_every_profile_on_real_transcript(path, run, tmp_path):
         if metrics["status"] == "unavailable":
             continue  # reported by the CLI; a profile whose strategy is not installed is not run
         assert abs(metrics["effective_window"] - effective) <= 1
-        if metrics["status"] == "refused":
-            # a header over half the window leaves nothing to manage: refusing it is correct, and
-            # only then (the refusal names the header's size and the smallest window that works)
-            header = metrics["header_tokens"]
-            assert header > HEADER_MAX_SHARE * effective, (name, metrics["error"])
-            assert f"costs {header} tokens" in metrics["error"] and "smallest context_window" in metrics["error"]
-            effective = int(header / HEADER_MAX_SHARE) + 1
+        needs_management = True
+        for _ in range(3):  # refused for its header, or for the recording's largest message or instruction
+            if metrics["status"] != "refused":
+                break
+            if "largest message" in metrics["error"] or "largest instruction" in metrics["error"]:
+                # the window cannot hold the recording's largest message (or its instruction budget
+                # its largest instruction): refused alike, naming the smallest effective window that can
+                smallest = int(metrics["error"].split("(an effective window of ")[1].split(")")[0])
+                assert smallest > effective, (name, metrics["error"])
+                effective = smallest
+            else:
+                # a header over half the window leaves nothing to manage: refusing it is correct, and
+                # only then (the refusal names the header's size and the smallest window that works)
+                header = metrics["header_tokens"]
+                assert header > HEADER_MAX_SHARE * effective, (name, metrics["error"])
+                assert f"costs {header} tokens" in metrics["error"] and "smallest context_window" in metrics["error"]
+                effective = int(header / HEADER_MAX_SHARE) + 1
             if effective >= first + conversation:
-                continue  # no window both admits the header and needs management (the profile's peak)
+                needs_management = False  # no window both admits the session and needs management
+                break
             metrics = run_profile(name, recording, Options(window=window_for(effective)))
+        if not needs_management:
+            continue
         problems = []
         if metrics["status"] != "ok":
             problems.append(f"status {metrics['status']}: {metrics['error']}")

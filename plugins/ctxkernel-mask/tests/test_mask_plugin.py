@@ -167,6 +167,10 @@ def test_masked_content_is_recalled_through_the_history_tools(tmp_path):
         "order",
     }
     assert set(schemas["history_read_item"]) == {"id", "offset_chars", "max_chars"}
+    # and no description of the arguments model: an internal note would go with every request
+    for tool in request.tools:
+        if tool["function"]["name"] in RECALL:
+            assert "description" not in tool["function"]["parameters"], tool
     paged = session.run_tool(
         {"id": "r2", "name": "history_read_item", "arguments": {"id": item, "offset_chars": 10, "max_chars": 30}}
     )

@@ -95,9 +95,10 @@ class ReadItemArgs(ToolArgs):
     max_chars: int | None = Field(default=None, ge=1, le=READ_CHARS_MAX, description="8000 default, 20000 max")
 
 
+# the brief arguments carry no docstring: pydantic would send it to the model with every request
+# as the schema's description
 class BriefSearchArgs(ToolArgs):
-    """``history_search_contents`` without the window, role and seq filters (``brief=True``)."""
-
+    # history_search_contents without the window, role and seq filters (brief=True)
     query: str = Field(min_length=1, max_length=QUERY_MAX_CHARS, description="substring")
     case_sensitive: bool = Field(default=True)
     limit: int | None = Field(default=None, ge=1, le=LIST_MAX)
@@ -107,8 +108,7 @@ class BriefSearchArgs(ToolArgs):
 
 
 class BriefReadItemArgs(ToolArgs):
-    """``history_read_item`` for ``item_<seq>`` ids, as text (``brief=True``)."""
-
+    # history_read_item for item_<seq> ids, as text (brief=True)
     id: str = Field(max_length=ID_ARG_CHARS, description="item_<seq>")
     offset_chars: int = Field(default=0, ge=0, le=MAX_INT_ARG, description="next_offset_chars")
     max_chars: int | None = Field(default=None, ge=1, le=READ_CHARS_MAX)

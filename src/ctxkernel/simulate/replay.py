@@ -23,6 +23,7 @@ session of the same store: later requests are prepared there.
 from __future__ import annotations
 
 import contextlib
+import math
 import tempfile
 import time
 from collections.abc import Callable
@@ -34,12 +35,13 @@ import orjson
 
 from ..errors import ConfigError, ContextOverflowError, HeaderTooLargeError, ProfileError, RequestTooLargeError
 from ..events import COMPACTION_END, COMPACTION_PRUNE, COMPACTION_SUMMARY, replay_clock
+from ..guard import EXCERPT_MIN_TOKENS, MAX_MESSAGE_SHARE, excerpt_budget
 from ..kernel import Kernel
 from ..messages import Message, Source, ToolCallBlock
-from ..meter import message_text_for_count
+from ..meter import Meter, message_text_for_count
 from ..models.base import Reply
 from ..pricing import Bill, ModelPrice, PromptCache, UnknownModelError, price_for, priced_as
-from ..profile import Prices, Profile, SummarizerSettings, load_profile, override_window
+from ..profile import ModelSettings, Prices, Profile, SummarizerSettings, load_profile, override_window
 from ..redact import redact
 from ..session import Request, Session
 from ..store.jsonl import JsonlStore
@@ -791,6 +793,98 @@ def empty_metrics(name: str, status: str, error: str, strategies: list[str] | No
     return out
 
 
+def largest_message(recording: Recording, meter: Meter, tokenizer: str) -> tuple[int, str]:
+    """(tokens, what it is) of the recording's largest single message as the kernel counts it (a
+    user message, a reply with its tool-call arguments, or a tool result); computed once per
+    tokenizer and shared by every profile's replay."""
+    key = f"largest_message:{tokenizer}"
+    known = recording.derived.get(key)
+    if known is None:
+        known = (0, "")
+        for item in recording.items:
+            if isinstance(item, UserItem):
+                message, kind = Message.user(item.text), "a user message"
+            elif isinstance(item, AssistantItem):
+                message, kind = item.message, "a reply with its tool calls"
+            elif isinstance(item, ToolResultItem):
+                message = Message.tool(item.call_id, item.content, is_error=item.is_error, name=item.name)
+                kind = "a tool result"
+            else:
+                continue
+            tokens = meter.count_message(message)
+            if tokens > known[0]:
+                known = (tokens, kind)
+        recording.derived[key] = known
+    return known
+
+
+def largest_instruction(recording: Recording, meter: Meter, tokenizer: str) -> int:
+    """Tokens of the recording's largest instruction (a user message the user wrote), counted as
+    the kernel's instruction budget counts it (:mod:`ctxkernel.instructions`); computed once per
+    tokenizer."""
+    key = f"largest_instruction:{tokenizer}"
+    known = recording.derived.get(key)
+    if known is None:
+        texts = [item.text for item in recording.items if isinstance(item, UserItem) and item.instruction]
+        known = recording.derived[key] = max((meter.count_text(text) for text in texts), default=0)
+    return int(known)
+
+
+def instruction_refusal(
+    tokens: int, budget_ratio: float, model: ModelSettings, configured: ModelSettings
+) -> str | None:
+    """Why the window of ``model`` cannot keep a recording's largest instruction (``tokens``)
+    whole: the kernel protects only instructions within ``budget_ratio`` of the effective window
+    (``[instructions]``), so no compaction could keep that one and ``instructions_visible`` would
+    measure the window, not the profile; None when it can (or the protection is off)."""
+    effective = model.effective_window
+    budget = int(budget_ratio * effective)
+    if budget_ratio <= 0 or tokens <= budget:
+        return None
+    smallest = math.ceil(tokens / budget_ratio)
+    while int(budget_ratio * smallest) < tokens:  # the budget is rounded down
+        smallest += 1
+    return (
+        f"the recording's largest instruction (a user message) costs {tokens} tokens, more than the instruction "
+        f"budget of {budget} ([instructions] budget_ratio {budget_ratio:g} of the effective window of {effective}): "
+        f"no compaction can keep it whole, so instructions_visible would measure the window, not the profile. The "
+        f"smallest context_window that works is {configured.smallest_window_for(smallest)} (an effective window of "
+        f"{smallest}); fix: a larger --window"
+    )
+
+
+def message_refusal(tokens: int, what: str, model: ModelSettings, configured: ModelSettings) -> str | None:
+    """Why the window of ``model`` cannot replay a recording whose largest message costs
+    ``tokens``, naming the smallest window that can (for the profile's ``configured`` model
+    settings, whose output reservation a small window shrinks); None when it can.
+
+    Refused: a message larger than the whole effective window (the recorded step cannot be sent
+    whole there), or one over the kernel's bound (:data:`~ctxkernel.guard.MAX_MESSAGE_SHARE` of the window) in a window too small
+    for the kernel's excerpt (:func:`~ctxkernel.guard.excerpt_budget`, at least
+    :data:`~ctxkernel.guard.EXCERPT_MIN_TOKENS`) to shrink it under that bound."""
+    effective, context_window, reserved = model.effective_window, model.context_window, model.reserved_output_tokens
+    cap = MAX_MESSAGE_SHARE * effective
+    if tokens <= effective and (tokens <= cap or excerpt_budget(effective) <= cap):
+        return None
+    smallest = max(
+        tokens, min(math.ceil(tokens / MAX_MESSAGE_SHARE), math.ceil(EXCERPT_MIN_TOKENS / MAX_MESSAGE_SHARE))
+    )
+    window = (
+        f"the effective window of {effective} (context_window {context_window} - reserved_output_tokens {reserved})"
+    )
+    why = (
+        f"more than {window}: the step the recorded model answered cannot be sent whole there"
+        if tokens > effective
+        else f"more than {MAX_MESSAGE_SHARE:.0%} of {window}, which the kernel keeps no message over, and the "
+        f"window is too small for its excerpt (at least {EXCERPT_MIN_TOKENS} tokens) to shrink it under that"
+    )
+    return (
+        f"the recording's largest message ({what}) costs {tokens} tokens, {why}; every profile is refused at "
+        f"this window alike. The smallest context_window that works is {configured.smallest_window_for(smallest)} "
+        f"(an effective window of {smallest}); fix: a larger --window"
+    )
+
+
 def run_profile(name: str, recording: Recording, options: Options) -> dict[str, Any]:
     """Replay ``recording`` through profile ``name``; a profile that cannot load is reported, not raised."""
     started = time.perf_counter()
@@ -812,6 +906,22 @@ def run_profile(name: str, recording: Recording, options: Options) -> dict[str, 
         except (ConfigError, ProfileError) as exc:
             return empty_metrics(name, "unavailable", str(exc))
         strategies = list(profile.profile.strategies)
+        model = profile.model
+        if options.window is not None:  # the comparison's own window: can it hold the recording?
+            meter = _meter_of(kernel)
+            tokens, what = largest_message(recording, meter, model.tokenizer)
+            configured = load_profile("basic" if name == UNMANAGED else name).model
+            reason = message_refusal(tokens, what, model, configured) or instruction_refusal(
+                largest_instruction(recording, meter, model.tokenizer),
+                profile.instructions.budget_ratio,
+                model,
+                configured,
+            )
+            if reason is not None:
+                out = empty_metrics(name, "refused", reason, strategies)
+                out["effective_window"] = model.effective_window
+                out["wall_seconds"] = round(time.perf_counter() - started, 3)
+                return out
         clock = RecordedClock(recording)
         replay: Replay | None = None
         try:
@@ -868,7 +978,5 @@ def _origin(exc: BaseException) -> str:
     return f" (at {tb.tb_frame.f_code.co_filename}:{tb.tb_lineno})" if tb is not None else ""
 
 
-def _meter_of(kernel: Kernel) -> Any:
-    from ..meter import Meter
-
+def _meter_of(kernel: Kernel) -> Meter:
     return Meter(kernel.tokenizer)

@@ -379,11 +379,13 @@ def session_rows(report: dict[str, Any]) -> list[list[str]]:
 
 
 def aggregate_rows(report: dict[str, Any]) -> list[list[str]]:
-    rows = [["profile", "ok", "failed", "overflows", "violations", *(h for h, _, _ in _AGGREGATE_COLUMNS)]]
+    # refused sessions (a header or a message the window cannot hold) are counted beside ok and failed
+    rows = [["profile", "ok", "refused", "failed", "overflows", "violations", *(h for h, _, _ in _AGGREGATE_COLUMNS)]]
     for name, agg in report["aggregate"].items():
         cells = [
             name,
             f"{agg['ok']:,}",
+            f"{agg['refused']:,}",
             f"{agg['failed']:,}",
             f"{agg['overflows']:,}",
             f"{agg['invariant_violations']:,}",

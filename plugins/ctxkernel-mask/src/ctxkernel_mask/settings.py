@@ -49,7 +49,7 @@ class MaskSettings(BaseModel):
     recall_min_window: int = Field(default=8_000, ge=0, le=10_000_000)
     #: which history tools come with the first mask: each schema is paid on every request after
     #: it, so the default is search (find by a word you saw) and read (by the id a placeholder
-    #: names), about 600 tokens against about 1,000 for all four
+    #: names), about 280 tokens against about 600 for all four
     recall_tools: list[RecallTool] = Field(default_factory=_search_and_read, min_length=1, max_length=4)
 
     @model_validator(mode="after")
