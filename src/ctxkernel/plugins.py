@@ -82,9 +82,14 @@ def discover(*, entry_points: bool = True) -> tuple[dict[str, Available], dict[s
     if entry_points:
         seen: set[tuple[str, str]] = set()
         for dist in importlib.metadata.distributions():
+            # only a distribution that offers a strategy has its metadata parsed: parsing all of
+            # them (over a hundred in a development environment) was most of a kernel's start-up
+            offered = [ep for ep in dist.entry_points if ep.group == ENTRY_POINT_GROUP]
+            if not offered:
+                continue
             dist_name = dist.metadata["Name"] or "?"
-            for ep in dist.entry_points:
-                if ep.group != ENTRY_POINT_GROUP or (dist_name, ep.name) in seen:
+            for ep in offered:
+                if (dist_name, ep.name) in seen:
                     continue
                 seen.add((dist_name, ep.name))
                 offers.setdefault(ep.name, []).append(Available(ep.name, dist_name, dist.version, ep.value))

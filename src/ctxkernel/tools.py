@@ -238,7 +238,7 @@ def describe_validation_error(tool: Tool, exc: ValidationError) -> str:
 
 def accepted_arguments(tool: Tool) -> str:
     """``Accepted arguments: {name: what, ...}`` from the tool's JSON schema (bounds included)."""
-    schema = tool.parameters.model_json_schema()
+    schema = _json_schema(tool.parameters)  # kept: a refused call must not rebuild it
     defs = schema.get("$defs", {})
     props = schema.get("properties", {})
     return "Accepted arguments: {" + ", ".join(f"{name}: {_accepts(spec, defs)}" for name, spec in props.items()) + "}"

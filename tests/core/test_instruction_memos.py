@@ -208,7 +208,7 @@ def texts(draw: Any, max_words: int = 8) -> str:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(texts(), min_size=1, max_size=8), st.lists(texts(4), min_size=1, max_size=8), st.data())
 def test_the_search_for_lost_instructions_is_the_plain_search(tmp_path_factory, messages, wanted, data):
-    kernel = build_kernel(tmp_path_factory.mktemp("search"), model=WINDOW)
+    kernel = build_kernel(tmp_path_factory.mktemp("search"), fsync=False, model=WINDOW)
     session = kernel.open_session()
     for text in messages:
         session.user(text)
@@ -230,7 +230,7 @@ def test_the_search_for_lost_instructions_is_the_plain_search(tmp_path_factory, 
 
 
 def test_an_instruction_no_kept_text_can_hold_is_not_searched_for(tmp_path, monkeypatch):
-    kernel = build_kernel(tmp_path, model=WINDOW)
+    kernel = build_kernel(tmp_path, fsync=False, model=WINDOW)
     session = kernel.open_session()
     session.user("keep the parser strict and the tests fast")
     session.user("something else entirely, said later")

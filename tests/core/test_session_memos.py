@@ -301,7 +301,7 @@ def test_the_log_is_byte_identical_to_the_paths_before(tmp_path_factory: Any, st
 
 
 def counted_session(tmp_path: Path) -> tuple[Any, CountingTokenizer]:
-    session = build_kernel(tmp_path).open_session()
+    session = build_kernel(tmp_path, fsync=False).open_session()
     counting = CountingTokenizer(session.meter.tokenizer)
     session.meter.tokenizer = counting
     return session, counting
@@ -440,7 +440,7 @@ def one_step(session: Any) -> None:
 
 
 def test_index_entries_are_synced_at_each_step_end_and_others_are_left_alone(tmp_path: Path) -> None:
-    session = build_kernel(tmp_path).open_session()
+    session = build_kernel(tmp_path, fsync=False).open_session()
     index, sync_only = Index(), SyncOnly()
     session.state.update(index=index, sync_only=sync_only, folded_only=FoldedOnly(), plain={"a": 1})
     session.state["odd"] = SyncNotCallable()

@@ -154,7 +154,7 @@ def apply(kernel: Any, session: Any, op: tuple[Any, ...], counter: list[int]) ->
 def test_random_sessions_replay_pair_and_meter_consistently(sequence: list[tuple[Any, ...]]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
-        kernel = build_kernel(home, model=WINDOW)
+        kernel = build_kernel(home, model=WINDOW, fsync=False)
         session = kernel.open_session()
         counter = [0]
         for op in sequence:
@@ -167,10 +167,10 @@ def test_random_sessions_replay_pair_and_meter_consistently(sequence: list[tuple
         event(f"pending calls at the end: {bool(session.surface.pending_calls)}")
         event(f"anchored: {live['pressure'].anchored}")
         # a different kernel and store object: nothing cached, the bytes alone
-        reopened = build_kernel(home, model=WINDOW).open_session(session.id, repair=False)
+        reopened = build_kernel(home, model=WINDOW, fsync=False).open_session(session.id, repair=False)
         assert snapshot(reopened) == live
         assert [e.to_dict() for e in reopened.events] == [e.to_dict() for e in session.events]
         # and a crash-repair reopen closes whatever was open without breaking the pairing
-        repaired = build_kernel(home, model=WINDOW).open_session(session.id)
+        repaired = build_kernel(home, model=WINDOW, fsync=False).open_session(session.id)
         check_pairing(repaired)
         assert not repaired.surface.pending_calls

@@ -11,6 +11,7 @@ then cut at random points (a fixed seed per case) and checked with
 
 from __future__ import annotations
 
+import functools
 import random
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import pytest
 
 from ctxkernel import Kernel
 from ctxkernel.profile import override_window
-from ctxkernel.simulate import Options, load_recording, run_profile
+from ctxkernel.simulate import Options, Recording, load_recording, run_profile
 from ctxkernel.store.jsonl import JsonlStore
 from ctxkernel.testing import check_snapshot_equivalence, make_profile
 
@@ -44,6 +45,13 @@ def transcript(folder: str) -> Path:
     return files[0]
 
 
+@functools.cache
+def recording_of(folder: str) -> Recording:
+    """One recording per folder for the file's tests: each profile replays the same one, so what a
+    replay derives from it (recall candidates, probes) is derived once."""
+    return load_recording(transcript(folder))
+
+
 def unwritten_chapters(event) -> bool:
     """A chapters in-place commit (its plan in the log, its files written after the commit)."""
     return event.type == "compaction/summary" and event.data.get("strategy") == "chapters" and "records" in event.data
@@ -63,7 +71,7 @@ def kernel_on(profile: str, home: Path, window: int, snapshots: bool) -> Kernel:
 @pytest.mark.parametrize("profile", PROFILES)
 @pytest.mark.parametrize(("folder", "window"), CASES, ids=[c[0] for c in CASES])
 def test_open_from_a_snapshot_at_random_cuts_of_a_real_session_equals_a_full_replay(tmp_path, profile, folder, window):
-    recording = load_recording(transcript(folder))
+    recording = recording_of(folder)
     home = tmp_path / "kept"
     home.mkdir()
     row = run_profile(profile, recording, Options(window=window, keep_sessions=home))

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pydantic import Field, create_model
+from pydantic import Field, ValidationError, create_model
 
 from ctxkernel import CompactTool, Tool, ToolArgs, compact_schema
+from ctxkernel.tools import describe_validation_error
 
 
 class Args(ToolArgs):
@@ -51,6 +53,29 @@ def test_a_models_schema_is_derived_once_per_process_and_each_tool_owns_its_copy
     assert len(calls) == 1
     parameters = second["function"]["parameters"]
     assert parameters["properties"]["path"]["description"] == "where" and "title" not in parameters
+
+
+def test_a_refusal_names_the_accepted_arguments_from_the_kept_schema(monkeypatch):
+    class Bounded(ToolArgs):
+        count: int = Field(ge=0, le=20)
+
+    calls = []
+    derive = Bounded.model_json_schema
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return derive(*args, **kwargs)
+
+    monkeypatch.setattr(Bounded, "model_json_schema", counted)
+    tool = Tool("t", "d", Bounded, lambda s, a: "")
+    refusals = []
+    for bad in ({"count": -1}, {"count": "many"}, {}):
+        with pytest.raises(ValidationError) as info:
+            Bounded.model_validate(bad)
+        refusals.append(describe_validation_error(tool, info.value))
+    # a hostile model can send bad arguments at every step: the schema is derived once, not per refusal
+    assert len(calls) == 1
+    assert all("Accepted arguments: {count: integer (0..20)}" in text for text in refusals)
 
 
 _FIELD_TYPES = {

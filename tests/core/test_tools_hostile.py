@@ -172,15 +172,28 @@ def _snapshot(home: Path) -> dict[str, bytes]:
     }
 
 
-def _check(session: Session, home: Path, name: str, arguments: Any) -> ToolOutcome:
-    before = _snapshot(home)
+class Home:
+    """The kernel home and its bytes as last read. Nothing but the checked calls runs between two
+    checks (the jsonl store has no writer thread), so what a refusal left is what the next call
+    starts from: read again only after a call that was allowed to write."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.known: dict[str, bytes] | None = None
+
+
+def _check(session: Session, home: Home, name: str, arguments: Any) -> ToolOutcome:
+    before = home.known if home.known is not None else _snapshot(home.path)
+    home.known = None
     outcome = session.run_tool(ToolCallBlock("hostile", name, arguments))
     assert isinstance(outcome, ToolOutcome)
     assert isinstance(outcome.content, str) and outcome.content
     orjson.dumps(storable_text(outcome.content))
     if outcome.is_error:
-        assert _snapshot(home) == before, f"{name} refused ({outcome.content[:200]!r}) but changed the store"
+        after = _snapshot(home.path)
+        assert after == before, f"{name} refused ({outcome.content[:200]!r}) but changed the store"
         assert len(outcome.content) <= 4_000, f"a refusal of {name} floods the context: {outcome.content[:300]!r}"
+        home.known = after
     return outcome
 
 
@@ -192,7 +205,7 @@ def _properties(session: Session, name: str) -> dict[str, Any]:
 def hostile_session(request, tmp_path):
     home = tmp_path / "home"
     home.mkdir()
-    return _session(home, request.param), home
+    return _session(home, request.param), Home(home)
 
 
 def test_every_killer_value_in_every_argument_of_every_tool_is_answered(hostile_session):

@@ -32,7 +32,7 @@ def benchmark_usage_for() -> Any:
 
 def kernel(home: Path) -> Any:
     profile = make_profile(model={"context_window": WINDOW, "reserved_output_tokens": RESERVED})
-    return build_kernel(home, strategies=["basic"], profile=profile)
+    return build_kernel(home, strategies=["basic"], profile=profile, fsync=False)
 
 
 def turn(session: Any, n: int, usage: Any) -> Any:
@@ -150,7 +150,7 @@ def test_the_band_is_bounded_by_a_small_window(tmp_path: Path) -> None:
     # tokens. With a fixed 2,048-token slack the band (counted / 2 - 2,048 .. 2 x counted + 2,048)
     # was wider than the window: the 60th request held 3,739 tokens while the kernel believed 99
     profile = make_profile(model={"context_window": 2_000, "reserved_output_tokens": 200})
-    session = build_kernel(tmp_path, strategies=["basic"], profile=profile).open_session()
+    session = build_kernel(tmp_path, strategies=["basic"], profile=profile, fsync=False).open_session()
     requests = 0
     for n in range(30):
         session.user(f"step {n}: " + " ".join(f"task{n}_{i}" for i in range(20)))

@@ -20,7 +20,7 @@ from ctxkernel.testing import build_kernel
 
 @pytest.fixture
 def kernel(tmp_path):
-    return build_kernel(tmp_path)
+    return build_kernel(tmp_path, fsync=False)
 
 
 def log_bytes(kernel, session) -> bytes:
@@ -146,7 +146,7 @@ def test_list_pages_and_search_bounds(kernel):
     )
 )
 def test_replay_equals_live_state(tmp_path_factory, ops):
-    kernel = build_kernel(tmp_path_factory.mktemp("notes"))
+    kernel = build_kernel(tmp_path_factory.mktemp("notes"), fsync=False)
     session = kernel.open_session()
     notes = Notes.for_session(session)
     model: dict[str, str] = {}
@@ -197,7 +197,7 @@ def _head(session):
 def test_writes_staged_with_a_compaction_fold_as_the_same_writes_made_directly(tmp_path_factory, batches):
     """Notes.staged(): what a batch's compaction commits folds to what the same writes, made one
     by one with Notes.write/append, give (contents, versions, trust, windows), live and replayed."""
-    kernel = build_kernel(tmp_path_factory.mktemp("staged"))
+    kernel = build_kernel(tmp_path_factory.mktemp("staged"), fsync=False)
     direct, committed = kernel.open_session(), kernel.open_session()
     for n, batch in enumerate(batches):
         for session in (direct, committed):
@@ -274,7 +274,7 @@ _TEXTS = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)  # AS
 def test_the_byte_limits_decide_as_on_the_encoded_whole_note(tmp_path_factory, writes):
     """A write is sized once (an append adds its text's bytes to the note's; an ASCII text is not
     encoded): every limit decision, direct or staged, is the one the encoded whole note gives."""
-    kernel = build_kernel(tmp_path_factory.mktemp("sized"))
+    kernel = build_kernel(tmp_path_factory.mktemp("sized"), fsync=False)
     session = kernel.open_session()
     limits = NotesLimits(max_files=8, max_note_bytes=24, max_session_bytes=40)
     notes = Notes.for_session(session, limits)

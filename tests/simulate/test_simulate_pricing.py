@@ -4,10 +4,11 @@ replay bills every request (summaries included) on the recording's own clock."""
 from __future__ import annotations
 
 import pytest
+from simulate_support import replayed
 
 from ctxkernel import Message
 from ctxkernel.pricing import PRICES, Bill, PromptCache, UnknownModelError, price_for
-from ctxkernel.simulate import AssistantItem, Options, Recording, UserItem, build_workload, run_profile
+from ctxkernel.simulate import AssistantItem, Options, Recording, UserItem, run_profile
 
 
 def blocks(*sizes: int, prefix: str = "m") -> list[tuple[str, int]]:
@@ -82,7 +83,7 @@ def test_the_recordings_own_times_decide_what_is_cached():
 
 
 def test_cost_is_the_bill_at_the_models_prices():
-    m = run_profile("basic", build_workload("coding-long"), Options(window=60_000, model="claude-sonnet-4-5"))
+    m = replayed("basic", "coding-long", window=60_000, model="claude-sonnet-4-5")
     price = price_for("claude-sonnet-4-5")
     uncached = m["billed_input_tokens"] - m["cache_read_tokens"] - m["cache_write_tokens"]
     expected = price.cost(Bill(uncached, m["cache_read_tokens"], m["cache_write_tokens"]), m["output_tokens"])
@@ -93,7 +94,7 @@ def test_cost_is_the_bill_at_the_models_prices():
 
 
 def test_an_overflowed_request_is_not_billed_and_the_cost_is_not_known():
-    m = run_profile("none", build_workload("coding-long"), Options(window=40_000, model="claude-sonnet-4-5"))
+    m = replayed("none", "coding-long", window=40_000, model="claude-sonnet-4-5")
     assert m["overflows"] > 0
     assert m["cost_usd"] is None
     # only the requests a provider served are billed: the refused ones are over the window

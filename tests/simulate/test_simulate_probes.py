@@ -77,9 +77,11 @@ def test_each_kind_follows_its_documented_rule():
     )
 )
 def test_extraction_is_deterministic_bounded_and_points_at_real_items(items):
-    recording = Recording(items)
-    first, again = extract(recording), extract(recording)
+    # two recordings of the same items: one recording keeps its probes once extracted
+    first, again = extract(Recording(items)), extract(Recording(list(items)))
     assert first == again
+    recording = Recording(items)
+    assert extract(recording) == first and recording.derived["probes"] == tuple(first)
     for probe in first:
         assert probe.kind in KINDS
         assert 0 < len(probe.text) <= TEXT_CHARS

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from simulate_support import replayed, workload
 
 from ctxkernel.recall.history import History
-from ctxkernel.simulate import Options, build_workload, compare, recall
+from ctxkernel.simulate import Options, compare, recall
 from ctxkernel.simulate.replay import run_profile
 
 PROFILES = ["none", "basic", "decay", "handoff", "rollover", "chapters"]
@@ -15,7 +16,7 @@ PROFILES = ["none", "basic", "decay", "handoff", "rollover", "chapters"]
 
 @pytest.fixture(scope="module")
 def long_report() -> dict[str, Any]:
-    return compare(PROFILES, build_workload("coding-long"), Options())
+    return compare(PROFILES, workload("coding-long"), Options())
 
 
 def _row(report: dict[str, Any], name: str) -> dict[str, Any]:
@@ -55,9 +56,7 @@ def test_chapters_gives_back_a_continued_parents_turn_in_progress(long_report):
 
 
 def test_only_content_that_comes_back_counts(monkeypatch):
-    recording = build_workload("coding-long")
-    options = Options(window=20_000)
-    intact = run_profile("handoff", recording, options)
+    intact = replayed("handoff", "coding-long", window=20_000)
     original = History.read_item
 
     def clipped(self: History, item_id: str, **kw: Any) -> dict[str, Any]:
@@ -67,7 +66,7 @@ def test_only_content_that_comes_back_counts(monkeypatch):
         return out
 
     monkeypatch.setattr(History, "read_item", clipped)
-    broken = run_profile("handoff", recording, options)
+    broken = run_profile("handoff", workload("coding-long"), Options(window=20_000))
     assert intact["history_reachable"] == 1.0
     assert broken["history_reachable_calls"] > 0
     assert broken["history_reachable"] < 0.5
@@ -76,11 +75,11 @@ def test_only_content_that_comes_back_counts(monkeypatch):
 
 def test_recall_work_is_capped_and_the_sample_scaled(monkeypatch):
     monkeypatch.setattr(recall, "MAX_TARGETS", 10)
-    row = run_profile("handoff", build_workload("coding-long"), Options(window=20_000))
+    row = run_profile("handoff", workload("coding-long"), Options(window=20_000))
     assert row["history_reachable_probed"] == 10
     assert row["history_reachable"] == 1.0
     monkeypatch.setattr(recall, "MAX_CALLS", 3)  # listings alone use them up: nothing is read
-    starved = run_profile("handoff", build_workload("coding-long"), Options(window=20_000))
+    starved = run_profile("handoff", workload("coding-long"), Options(window=20_000))
     assert starved["history_reachable"] < row["history_reachable"]
 
 
@@ -119,7 +118,7 @@ def test_folded_chapters_of_a_long_table_of_contents_are_read_too():
 def _slice(items: int = 160):
     from ctxkernel.simulate import Recording
 
-    recording = build_workload("coding-long")
+    recording = workload("coding-long")
     return Recording(recording.items[:items], recording.source, recording.system)
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel, ConfigDict
+from simulate_support import replayed, workload
 
 import ctxkernel
 from ctxkernel import Message, Source, ToolCallBlock, ToolOutcome
@@ -57,10 +58,9 @@ def test_every_profile_gets_the_same_metric_keys(tmp_path):
 
 @pytest.mark.slow
 def test_unmanaged_profile_overflows_and_managed_one_does_not(tmp_path):
-    recording = build_workload("coding-long")
-    unmanaged = run_profile("none", recording, Options(window=40_000))
+    unmanaged = replayed("none", "coding-long", window=40_000)
     assert unmanaged["strategies"] == [] and unmanaged["status"] == "ok"
-    basic = run_profile("basic", recording, Options(window=40_000))
+    basic = replayed("basic", "coding-long", window=40_000)
     assert unmanaged["overflows"] > 0
     assert unmanaged["peak_prompt_tokens"] > unmanaged["effective_window"]
     assert basic["overflows"] == 0
@@ -76,7 +76,7 @@ def test_unmanaged_profile_overflows_and_managed_one_does_not(tmp_path):
 def test_overflow_is_reported_to_the_session_and_retried(tmp_path):
     # with automatic compaction off, basic only acts on the overflow the simulator reports
     metrics = run_profile(
-        write_profile(tmp_path, "late", BASIC_OVERFLOW_ONLY), build_workload("coding-long"), Options(window=40_000)
+        write_profile(tmp_path, "late", BASIC_OVERFLOW_ONLY), workload("coding-long"), Options(window=40_000)
     )
     assert metrics["overflow_retries"] > 0
     assert metrics["overflows"] == 0
@@ -84,19 +84,18 @@ def test_overflow_is_reported_to_the_session_and_retried(tmp_path):
 
 
 def test_the_stand_in_summarizer_counts_summary_calls():
-    m = run_profile("basic", build_workload("coding-long"), Options(window=60_000, model="claude-sonnet-4-5"))
+    m = replayed("basic", "coding-long", window=60_000, model="claude-sonnet-4-5")
     assert m["summarizer"] == "stand-in"
     assert m["summary_calls"] == m["compactions"]["summary"] > 0
     assert m["summary_input_tokens"] > m["summary_output_tokens"] > 0
-    plain = run_profile("basic", build_workload("coding-long"), Options(window=60_000, summarizer="extractive"))
+    plain = replayed("basic", "coding-long", window=60_000, summarizer="extractive")
     assert plain["summary_calls"] == 0 and plain["summary_input_tokens"] == 0
     assert plain["summarizer"] == "extractive"
 
 
 def test_summaries_are_priced_as_model_calls_of_a_models_length():
-    recording = build_workload("coding-long")
-    priced = run_profile("basic", recording, Options(window=60_000, model="claude-sonnet-4-5"))
-    free = run_profile("basic", recording, Options(window=60_000, model="claude-sonnet-4-5", summarizer="extractive"))
+    priced = replayed("basic", "coding-long", window=60_000, model="claude-sonnet-4-5")
+    free = replayed("basic", "coding-long", window=60_000, model="claude-sonnet-4-5", summarizer="extractive")
     # the model calls a harness would pay: input on top of the requests, output on top of the replies
     assert priced["billed_input_tokens"] == sum(priced["prompt_tokens"]) + priced["summary_input_tokens"]
     assert free["billed_input_tokens"] == sum(free["prompt_tokens"])
@@ -105,7 +104,7 @@ def test_summaries_are_priced_as_model_calls_of_a_models_length():
     per_summary = priced["summary_output_tokens"] / priced["summary_calls"]
     assert per_summary > 6_000 / 4
     # a strategy that writes its own summaries runs no summarizer
-    assert run_profile("handoff", recording, Options(window=60_000))["summarizer"] is None
+    assert replayed("handoff", "coding-long", window=60_000)["summarizer"] is None
 
 
 def test_unavailable_strategy_is_reported_not_raised(tmp_path):
@@ -274,9 +273,7 @@ def test_openai_summarizer_calls_are_counted(monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-        m = run_profile(
-            "basic", build_workload("coding-long"), Options(window=60_000, summarizer=f"openai:tiny-model@{url}")
-        )
+        m = run_profile("basic", workload("coding-long"), Options(window=60_000, summarizer=f"openai:tiny-model@{url}"))
     finally:
         server.shutdown()
         server.server_close()

@@ -193,7 +193,15 @@ def _todo_entries(name: str, arguments: dict[str, Any]) -> list[str] | None:
 
 
 def extract(recording: Recording) -> list[Probe]:
-    """Every probe of ``recording``, by the rules of the module docstring, in kind order."""
+    """Every probe of ``recording``, by the rules of the module docstring, in kind order (kept
+    with the recording: every profile replays the same one)."""
+    cached: tuple[Probe, ...] | None = recording.derived.get("probes")
+    if cached is None:
+        cached = recording.derived["probes"] = tuple(_extract(recording))
+    return list(cached)
+
+
+def _extract(recording: Recording) -> list[Probe]:
     found: dict[tuple[str, str], list[int]] = {}
 
     def add(kind: str, text: str, index: int) -> None:
