@@ -41,7 +41,6 @@ import orjson
 
 from .errors import CorruptionError
 from .events import KERNEL_TYPES, Event
-from .jsonbytes import dumps_kept
 from .logging import get_logger
 from .messages import Message
 from .spec import StrategySnapshot  # a strategy's part of a snapshot: a value the hooks return
@@ -81,44 +80,22 @@ def _plain(value: Any, depth: int = 0) -> bool:
 
 
 class SnapshotWriter:
-    """Builds a session's snapshots. Each node's event is serialised once, once the meter has
-    counted it (its count is part of the record), and kept while the node is visible; the session
-    serialises a step's nodes at its end (:meth:`warm`), so a snapshot costs the nodes not
-    serialised yet (a compaction's replacement) plus one join."""
-
-    def __init__(self) -> None:
-        self._encoded: dict[int, bytes] = {}
+    """Builds a session's snapshots. Nothing is kept between them: each node is serialised when
+    the snapshot is written, in the one ``orjson.dumps`` of the body (a node kept serialised
+    between snapshots cost about as much memory as its message, for every visible node: see
+    docs/performance.md, "Memory per session")."""
 
     @staticmethod
-    def _node(node: Any) -> bytes:
-        # kept until the node leaves the surface: sized to its bytes (jsonbytes.py says why)
-        return dumps_kept([node.event.to_dict(), node.tokens, node.turn, node.step])
-
-    def warm(self, session: SessionPort) -> None:
-        """Serialise the counted nodes appended since the last call (newest first, up to the
-        first already serialised)."""
-        encoded = self._encoded
-        for node in reversed(session.surface.nodes):
-            if node.seq in encoded:
-                break
-            if node.tokens is not None:
-                encoded[node.seq] = self._node(node)
+    def _node(node: Any) -> Any:
+        # orjson's ``default`` for the surface's nodes: each record is made and dropped as it is
+        # written, so the body's nodes are never all held as objects next to their bytes
+        if type(node) is Node:
+            return (node.event.to_dict(), node.tokens, node.turn, node.step)
+        raise TypeError(f"{type(node).__name__} is not JSON")
 
     def encode(self, session: SessionPort, track: dict[str, Any]) -> bytes:
         """The snapshot of ``session`` as it is now; ``track`` is its tracked state
         (``Tracker.snapshot``)."""
-        nodes = session.surface.nodes
-        encoded, fresh, blobs = self._encoded, {}, []
-        for node in nodes:
-            blob = encoded.get(node.seq)
-            if blob is None:
-                blob = self._node(node)
-                if node.tokens is None:  # counted later: serialised again with its count
-                    blobs.append(blob)
-                    continue
-            fresh[node.seq] = blob
-            blobs.append(blob)
-        self._encoded = fresh  # drops the nodes a compaction took off the surface
         surface = session.surface
         strategies = set(session.kernel.strategies)
         parts = strategy_parts(session, strategies)
@@ -133,7 +110,7 @@ class SnapshotWriter:
                 "version": surface.version,
                 "turn": surface.turn,
                 "step": surface.step,
-                "nodes": orjson.Fragment(b"[" + b",".join(blobs) + b"]"),
+                "nodes": surface.nodes,
                 "pending_calls": surface.pending_calls,
                 "call_owner": surface.call_owner,
                 "result_of": surface.result_of,
@@ -142,7 +119,7 @@ class SnapshotWriter:
             "strategies": parts,
             "session_indexes": index_parts(session),
         }
-        data = orjson.dumps(body)
+        data = orjson.dumps(body, default=self._node)
         return b"%s %d %s\n" % (_MAGIC, SNAPSHOT_VERSION, hashlib.sha256(data).hexdigest().encode()) + data
 
 
