@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import itertools
 import os
 import threading
 import time
@@ -73,6 +74,30 @@ class _Index:
     @property
     def count(self) -> int:
         return self.base + len(self.offsets)
+
+
+#: a batch is written in pieces of about this many bytes: a long history arriving in one request
+#: (10,000 messages, 20,000 events) took 18 times its body as one buffer
+_PIECE_BYTES = 1 << 20
+
+
+def _batch_pieces(events: Sequence[Event]) -> Iterator[tuple[bytearray, array[int]]]:
+    """The batch's lines in buffers of about :data:`_PIECE_BYTES`, each with the offset of each
+    of its lines in it. Lines go one at a time into one buffer: orjson's result for each is at
+    least 4 KiB (ctxkernel/jsonbytes.py), so a batch held as a list of lines took 4 KiB per event."""
+    payload = bytearray()
+    starts = array("q")
+    last = len(events) - 1
+    for i, event in enumerate(events):
+        raw = event.to_dict()
+        if i < last:
+            raw[_MORE] = True  # every event of the batch but the last: see the module doc
+        starts.append(len(payload))
+        payload += orjson.dumps(raw, option=orjson.OPT_APPEND_NEWLINE)
+        if len(payload) >= _PIECE_BYTES and i < last:
+            yield payload, starts
+            payload, starts = bytearray(), array("q")
+    yield payload, starts
 
 
 #: session log paths a store keeps joined (``JsonlStore.path``)
@@ -413,17 +438,8 @@ class JsonlStore(SyncDeferral):
     # -- writing -------------------------------------------------------------------------------
     def append(self, session_id: str, events: Sequence[Event], expected_seq: int) -> None:
         check_batch(events, expected_seq)
-        # one line at a time into one buffer: orjson's result for each is at least 4 KiB
-        # (ctxkernel/jsonbytes.py), so a batch held as a list of lines took 4 KiB per event
-        payload = bytearray()
-        ends = []
-        last = len(events) - 1
-        for i, event in enumerate(events):
-            raw = event.to_dict()
-            if i < last:
-                raw[_MORE] = True  # every event of the batch but the last: see the module doc
-            payload += orjson.dumps(raw, option=orjson.OPT_APPEND_NEWLINE)
-            ends.append(len(payload))
+        pieces = _batch_pieces(events)
+        first = next(pieces)  # made before the lock: all of any batch but a long history's
         with self._locked(session_id) as f:
             index, _, _ = self._scan(session_id, locked=f)
             actual = index.count
@@ -431,21 +447,24 @@ class JsonlStore(SyncDeferral):
                 raise ConflictError(session_id, expected_seq, actual)
             # a torn tail left by a crashed writer is overwritten, never appended after
             f.seek(index.end)
+            written = 0
+            starts = array("q")  # each line's offset in the file
             try:
-                f.write(payload)
+                for payload, line_starts in itertools.chain((first,), pieces):
+                    at = index.end + written
+                    starts.extend([at + start for start in line_starts])
+                    f.write(payload)
+                    written += len(payload)
                 f.truncate()
                 f.flush()
                 if self.fsync and not self.sync_deferred():
                     os.fsync(f.fileno())
-            except OSError:
-                f.truncate(index.end)
+            except BaseException:
+                f.truncate(index.end)  # also when a later piece could not be made: nothing of the batch stays
                 raise
             with self._mutex:
-                # each line starts where the one before it ends, past its newline
-                start = index.end
-                index.offsets.append(start)
-                index.offsets.extend([start + end for end in ends[:-1]])
-                index.end += len(payload)
+                index.offsets.extend(starts)
+                index.end += written
 
     # -- snapshots -----------------------------------------------------------------------------
     # ``<id>.snapshot`` beside the log: a position line {"covers", "at", "end", "length"} (the
