@@ -81,15 +81,15 @@ def measured(profile: Path, upstream_url: str, bodies: list[dict[str, Any]]) -> 
 # -- issue 39 item 6: an accepted history of many tiny messages ---------------------------------------
 #: what serving it may allocate at its peak and keep afterwards, over the body's size. The
 #: issue's target is 20 for the peak. What is held per message (its two log events and their
-#: data as dicts beside the node's parsed message, the turn events, its node and wire form:
-#: docs/performance.md, "Memory per session, third round") keeps it at about 56 held and 74 at
-#: the peak (the commit, which writes the history and a snapshot of it). Before snapshots were
-#: serialised when written, batches and snapshots in pieces, the append operation and message
-#: sources shared and the client's parsed messages let go after their conversion, they were 80
-#: and 117; before the JSON the session keeps was sized to its bytes (ctxkernel/jsonbytes.py) and
-#: the store's batch was written into one buffer, 205 and 380.
-TINY_PEAK_BOUND = 85
-TINY_KEPT_BOUND = 65
+#: data as dicts, the turn events, its node and wire form: docs/performance.md, "Memory per
+#: session, third round") keeps it at about 51 held and 69 at the peak (the commit, which writes
+#: the history and a snapshot of it). Before snapshots were serialised when written, batches and
+#: snapshots in pieces, the append operation and message sources shared, the client's parsed
+#: messages let go after their conversion and a history's messages kept once, they were 80 and
+#: 117; before the JSON the session keeps was sized to its bytes (ctxkernel/jsonbytes.py) and the
+#: store's batch was written into one buffer, 205 and 380.
+TINY_PEAK_BOUND = 80
+TINY_KEPT_BOUND = 60
 
 
 def test_an_accepted_history_of_tiny_messages_is_held_within_a_bound(fake, tmp_path):
@@ -104,10 +104,10 @@ def test_an_accepted_history_of_tiny_messages_is_held_within_a_bound(fake, tmp_p
 
 # -- issue 40 item 3: what one session of a coding history holds ---------------------------------------
 #: held per session over its last body (issue 40's bench row, ``serve_rss_per_session_vs_body_100k``,
-#: targets 3 for the process's RSS): about 8.5 now; 10.7 while the snapshot writer kept every
-#: visible node serialised, and 22 before its records and the memo's were sized to their bytes and
-#: the memo stopped keeping each message's JSON
-SESSION_KEPT_BOUND = 10
+#: targets 3 for the process's RSS): about 8.1 now; 10.7 while the snapshot writer kept every
+#: visible node serialised and each node a parsed copy of its message, and 22 before its records
+#: and the memo's were sized to their bytes and the memo stopped keeping each message's JSON
+SESSION_KEPT_BOUND = 9.5
 
 
 def coding_history(turns: int) -> list[dict[str, Any]]:
