@@ -92,8 +92,8 @@ TINY_PEAK_BOUND = 80
 TINY_KEPT_BOUND = 60
 
 
-def test_an_accepted_history_of_tiny_messages_is_held_within_a_bound(fake, tmp_path):
-    _, server = fake
+def test_an_accepted_history_of_tiny_messages_is_held_within_a_bound(patient_fake, tmp_path):
+    _, server = patient_fake
     profile = write_profile(tmp_path, window=400_000, reserved=4_000)
     messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": "x"} for i in range(9_999)]
     got = measured(profile, server.url, [{"model": "fake-model", "messages": messages}])
@@ -126,8 +126,8 @@ def coding_history(turns: int) -> list[dict[str, Any]]:
     return out
 
 
-def test_a_session_holds_a_few_times_its_body(fake, tmp_path):
-    upstream, server = fake
+def test_a_session_holds_a_few_times_its_body(patient_fake, tmp_path):
+    upstream, server = patient_fake
     upstream.script = lambda api, body: Reply("done")
     profile = write_profile(tmp_path, window=400_000, reserved=4_000)
     history = coding_history(60)
