@@ -85,6 +85,8 @@ _NODES_MARK = b"\x00"
 #: nodes serialised per ``orjson.dumps``: each call's growing buffer is small, where one call for
 #: the whole surface peaked at three times the snapshot's size (``tracemalloc``)
 _NODES_PER_CHUNK = 256
+#: the first line's length: the magic, the version and a SHA-256 in hex
+_HEADER_BYTES = len(b"%s %d %s\n" % (_MAGIC, SNAPSHOT_VERSION, b"0" * 64))
 
 
 class SnapshotWriter:
@@ -97,9 +99,10 @@ class SnapshotWriter:
     def _node(node: Node) -> tuple[dict[str, Any], int | None, int, int]:
         return (node.event.to_dict(), node.tokens, node.turn, node.step)
 
-    def encode(self, session: SessionPort, track: dict[str, Any]) -> bytes:
+    def encode(self, session: SessionPort, track: dict[str, Any]) -> bytearray:
         """The snapshot of ``session`` as it is now; ``track`` is its tracked state
-        (``Tracker.snapshot``)."""
+        (``Tracker.snapshot``). A ``bytearray``, which the stores take as they take bytes: a
+        copy to ``bytes`` would hold it twice."""
         surface = session.surface
         strategies = set(session.kernel.strategies)
         parts = strategy_parts(session, strategies)
@@ -124,19 +127,22 @@ class SnapshotWriter:
             "session_indexes": index_parts(session),
         }
         before, after = orjson.dumps(body).split(_NODES_MARK)
-        pieces: list[bytes | memoryview] = [before, b"["]
+        # one buffer, grown as each chunk is made and let go, with room kept for the first line
+        # (written last, once the digest is known): pieces joined at the end were held twice
+        out = bytearray(_HEADER_BYTES)
+        out += before
+        out += b"["
         nodes, node = surface.nodes, self._node
         for at in range(0, len(nodes), _NODES_PER_CHUNK):
             if at:
-                pieces.append(b",")
-            chunk = orjson.dumps([node(n) for n in nodes[at : at + _NODES_PER_CHUNK]])
-            pieces.append(memoryview(chunk)[1:-1])  # the list's items, without its brackets
-        pieces += (b"]", after)
-        digest = hashlib.sha256()
-        for piece in pieces:
-            digest.update(piece)
-        header = b"%s %d %s\n" % (_MAGIC, SNAPSHOT_VERSION, digest.hexdigest().encode())
-        return b"".join([header, *pieces])
+                out += b","
+            out += memoryview(orjson.dumps([node(n) for n in nodes[at : at + _NODES_PER_CHUNK]]))[1:-1]
+        out += b"]"
+        out += after
+        with memoryview(out) as view:
+            digest = hashlib.sha256(view[_HEADER_BYTES:]).hexdigest().encode()
+        out[:_HEADER_BYTES] = b"%s %d %s\n" % (_MAGIC, SNAPSHOT_VERSION, digest)
+        return out
 
 
 @runtime_checkable

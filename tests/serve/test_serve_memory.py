@@ -82,13 +82,13 @@ def measured(profile: Path, upstream_url: str, bodies: list[dict[str, Any]]) -> 
 #: what serving it may allocate at its peak and keep afterwards, over the body's size. The
 #: issue's target is 20 for the peak. What is held per message (its two log events and their
 #: data as dicts, the turn events, its node and wire form: docs/performance.md, "Memory per
-#: session, third round") keeps it at about 51 held and 69 at the peak (the commit, which writes
+#: session, third round") keeps it at about 51 held and 63 at the peak (the commit, which writes
 #: the history and a snapshot of it). Before snapshots were serialised when written, batches and
 #: snapshots in pieces, the append operation and message sources shared, the client's parsed
 #: messages let go after their conversion and a history's messages kept once, they were 80 and
 #: 117; before the JSON the session keeps was sized to its bytes (ctxkernel/jsonbytes.py) and the
 #: store's batch was written into one buffer, 205 and 380.
-TINY_PEAK_BOUND = 80
+TINY_PEAK_BOUND = 75
 TINY_KEPT_BOUND = 60
 
 

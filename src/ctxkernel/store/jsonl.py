@@ -78,7 +78,7 @@ class _Index:
 
 #: a batch is written in pieces of about this many bytes: a long history arriving in one request
 #: (10,000 messages, 20,000 events) took 18 times its body as one buffer
-_PIECE_BYTES = 1 << 20
+_PIECE_BYTES = 1 << 18
 
 
 def _batch_pieces(events: Sequence[Event]) -> Iterator[tuple[bytearray, array[int]]]:
@@ -470,7 +470,7 @@ class JsonlStore(SyncDeferral):
     # ``<id>.snapshot`` beside the log: a position line {"covers", "at", "end", "length"} (the
     # byte range of the last event it covers, the body's length), then the kernel's snapshot body.
     # Written without fsync: it is a cache verified on load, so a lost or torn one costs a replay.
-    def snapshot_put(self, session_id: str, covers: int, body: bytes) -> None:
+    def snapshot_put(self, session_id: str, covers: int, body: bytes | bytearray) -> None:
         index, _, _ = self._scan(session_id)
         with self._mutex:
             if not index.base < covers <= index.count:
