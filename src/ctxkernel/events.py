@@ -217,7 +217,10 @@ class Event:
             raise EventError(msg)
         get: Any = raw.get  # validate_shape checks every field's type right after
         # positional: a frozen dataclass's keyword init is measurably slower, and replay makes one per event
-        event = cls(seq, get("type"), get("data"), get("time", ""), get("surface"), get("ignorable", False))
+        surface = get("surface")
+        if surface == _APPEND_OP:  # the one shared dict (append_op) for a read event too
+            surface = _APPEND_OP
+        event = cls(seq, get("type"), get("data"), get("time", ""), surface, get("ignorable", False))
         validate_shape(event)
         return event
 
@@ -328,8 +331,14 @@ def _validate_surface_op(event: Event) -> None:
         raise EventError(msg)
 
 
+#: every appended message's operation: one dict, shared by all their events (read-only, as all
+#: event data is), not one per event
+_APPEND_OP: dict[str, Any] = {"op": "append"}
+
+
 def append_op() -> dict[str, Any]:
-    return {"op": "append"}
+    """The ``append`` surface operation (one shared dict: never change it)."""
+    return _APPEND_OP
 
 
 def replace_op(cites: list[int]) -> dict[str, Any]:

@@ -57,13 +57,15 @@ INHERITED_EVENT = "instructions/inherited"
 PENDING_NAMESPACE = "ctxkernel.instructions"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Instruction:
     """One user message: the session whose log holds it, its seq there, and its text."""
 
     session: str
     seq: int
     text: str
+    #: :meth:`_search_keys`, once computed (a slot: the ledger holds one instruction per user message)
+    _keys: tuple[str, Sequence[str]] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def ref(self) -> str:
@@ -83,20 +85,20 @@ class Instruction:
         return self._search_keys()[0]
 
     @property
-    def inner_words(self) -> list[str]:
+    def inner_words(self) -> Sequence[str]:
         """The words of :attr:`normalized` but its first and last: a text that contains the
         instruction verbatim (whitespace aside) holds each of them as a whole word (the first and
         last may be the ends of longer words there)."""
         return self._search_keys()[1]
 
-    def _search_keys(self) -> tuple[str, list[str]]:
+    def _search_keys(self) -> tuple[str, Sequence[str]]:
         # kept on the instance by hand: functools.cached_property takes a lock per read in
         # Python 3.11, which cost more than computing the two keys
-        keys: tuple[str, list[str]] | None = self.__dict__.get("_keys")
+        keys = self._keys
         if keys is None:
             # as the block shows it: a block that carries the instruction is where it is found
             words = self.shown.split()  # normalized() joins these: one split gives both keys
-            keys = (" ".join(words), words[1:-1])
+            keys = (" ".join(words), words[1:-1] if len(words) > 2 else ())  # () is one shared object
             object.__setattr__(self, "_keys", keys)
         return keys
 

@@ -156,6 +156,21 @@ _SOURCE_FIELDS = ("kind", "provider", "model", "call_id", "plugin", "form")
 _SOURCE_KEYS = frozenset(_SOURCE_FIELDS)
 _SOURCE_CACHE: dict[tuple[Any, ...], Source] = {}
 USER = Source(kind="user")
+#: the dict form of each source that many messages share (every source but a tool result's, which
+#: names its call): one dict for all of them instead of one per message. Every message event's
+#: data holds one, and a session holds its events (read-only, as all event data is).
+_SOURCE_DICTS: dict[Source, dict[str, Any]] = {}
+
+
+def _source_dict(source: Source) -> dict[str, Any]:
+    if source.call_id is not None:
+        return source.to_dict()
+    shared = _SOURCE_DICTS.get(source)
+    if shared is None:
+        if len(_SOURCE_DICTS) >= 1024:  # bounded: plugin names and model names come from outside
+            _SOURCE_DICTS.clear()
+        shared = _SOURCE_DICTS[source] = source.to_dict()
+    return shared
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,7 +245,7 @@ class Message:
         out: dict[str, Any] = {
             "role": self.role,
             "content": [_block_to_dict(b) for b in self.content],
-            "source": self.source.to_dict(),
+            "source": _source_dict(self.source),
         }
         if self.name is not None:
             out["name"] = self.name

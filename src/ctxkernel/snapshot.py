@@ -41,7 +41,6 @@ import orjson
 
 from .errors import CorruptionError
 from .events import KERNEL_TYPES, Event
-from .jsonbytes import dumps_kept
 from .logging import get_logger
 from .messages import Message
 from .spec import StrategySnapshot  # a strategy's part of a snapshot: a value the hooks return
@@ -80,45 +79,30 @@ def _plain(value: Any, depth: int = 0) -> bool:
     return False
 
 
-class SnapshotWriter:
-    """Builds a session's snapshots. Each node's event is serialised once, once the meter has
-    counted it (its count is part of the record), and kept while the node is visible; the session
-    serialises a step's nodes at its end (:meth:`warm`), so a snapshot costs the nodes not
-    serialised yet (a compaction's replacement) plus one join."""
+#: where the nodes go in the body's JSON: a byte orjson never writes (it escapes control
+#: characters in strings), so it is found exactly once
+_NODES_MARK = b"\x00"
+#: nodes serialised per ``orjson.dumps``: each call's growing buffer is small, where one call for
+#: the whole surface peaked at three times the snapshot's size (``tracemalloc``)
+_NODES_PER_CHUNK = 256
+#: the first line's length: the magic, the version and a SHA-256 in hex
+_HEADER_BYTES = len(b"%s %d %s\n" % (_MAGIC, SNAPSHOT_VERSION, b"0" * 64))
 
-    def __init__(self) -> None:
-        self._encoded: dict[int, bytes] = {}
+
+class SnapshotWriter:
+    """Builds a session's snapshots. Nothing is kept between them: the nodes are serialised when
+    the snapshot is written, a chunk at a time (a node kept serialised between snapshots cost
+    about as much memory as its message, for every visible node: docs/performance.md, "Memory per
+    session")."""
 
     @staticmethod
-    def _node(node: Any) -> bytes:
-        # kept until the node leaves the surface: sized to its bytes (jsonbytes.py says why)
-        return dumps_kept([node.event.to_dict(), node.tokens, node.turn, node.step])
+    def _node(node: Node) -> tuple[dict[str, Any], int | None, int, int]:
+        return (node.event.to_dict(), node.tokens, node.turn, node.step)
 
-    def warm(self, session: SessionPort) -> None:
-        """Serialise the counted nodes appended since the last call (newest first, up to the
-        first already serialised)."""
-        encoded = self._encoded
-        for node in reversed(session.surface.nodes):
-            if node.seq in encoded:
-                break
-            if node.tokens is not None:
-                encoded[node.seq] = self._node(node)
-
-    def encode(self, session: SessionPort, track: dict[str, Any]) -> bytes:
+    def encode(self, session: SessionPort, track: dict[str, Any]) -> bytearray:
         """The snapshot of ``session`` as it is now; ``track`` is its tracked state
-        (``Tracker.snapshot``)."""
-        nodes = session.surface.nodes
-        encoded, fresh, blobs = self._encoded, {}, []
-        for node in nodes:
-            blob = encoded.get(node.seq)
-            if blob is None:
-                blob = self._node(node)
-                if node.tokens is None:  # counted later: serialised again with its count
-                    blobs.append(blob)
-                    continue
-            fresh[node.seq] = blob
-            blobs.append(blob)
-        self._encoded = fresh  # drops the nodes a compaction took off the surface
+        (``Tracker.snapshot``). A ``bytearray``, which the stores take as they take bytes: a
+        copy to ``bytes`` would hold it twice."""
         surface = session.surface
         strategies = set(session.kernel.strategies)
         parts = strategy_parts(session, strategies)
@@ -133,7 +117,7 @@ class SnapshotWriter:
                 "version": surface.version,
                 "turn": surface.turn,
                 "step": surface.step,
-                "nodes": orjson.Fragment(b"[" + b",".join(blobs) + b"]"),
+                "nodes": orjson.Fragment(_NODES_MARK),
                 "pending_calls": surface.pending_calls,
                 "call_owner": surface.call_owner,
                 "result_of": surface.result_of,
@@ -142,8 +126,23 @@ class SnapshotWriter:
             "strategies": parts,
             "session_indexes": index_parts(session),
         }
-        data = orjson.dumps(body)
-        return b"%s %d %s\n" % (_MAGIC, SNAPSHOT_VERSION, hashlib.sha256(data).hexdigest().encode()) + data
+        before, after = orjson.dumps(body).split(_NODES_MARK)
+        # one buffer, grown as each chunk is made and let go, with room kept for the first line
+        # (written last, once the digest is known): pieces joined at the end were held twice
+        out = bytearray(_HEADER_BYTES)
+        out += before
+        out += b"["
+        nodes, node = surface.nodes, self._node
+        for at in range(0, len(nodes), _NODES_PER_CHUNK):
+            if at:
+                out += b","
+            out += memoryview(orjson.dumps([node(n) for n in nodes[at : at + _NODES_PER_CHUNK]]))[1:-1]
+        out += b"]"
+        out += after
+        with memoryview(out) as view:
+            digest = hashlib.sha256(view[_HEADER_BYTES:]).hexdigest().encode()
+        out[:_HEADER_BYTES] = b"%s %d %s\n" % (_MAGIC, SNAPSHOT_VERSION, digest)
+        return out
 
 
 @runtime_checkable

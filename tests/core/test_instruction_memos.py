@@ -142,6 +142,10 @@ def _fresh_keys(item: Instruction) -> tuple[str, list[str]]:
     return normalized(item.text), item.text.split()[1:-1]
 
 
+def _keys_of(item: Instruction) -> tuple[str, list[str]]:
+    return item.normalized, list(item.inner_words)
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(LANDING_STEPS)
 def test_keys_computed_at_landing_are_a_fresh_computation(tmp_path_factory: Any, steps: list) -> None:
@@ -152,14 +156,14 @@ def test_keys_computed_at_landing_are_a_fresh_computation(tmp_path_factory: Any,
     for kind, value in steps:
         turn_open = drawn.drawn_chat_step(session, kind, value, turn_open)
         for item in session.instructions:
-            assert "_keys" in item.__dict__  # computed as it landed, before any search
-            assert (item.normalized, item.inner_words) == _fresh_keys(item)
+            assert item._keys is not None  # computed as it landed, before any search
+            assert _keys_of(item) == _fresh_keys(item)
     # a replay (another process opening the log) computes them on first use, to the same answers
     reopened = build_kernel(home, fsync=False, model=WINDOW).open_session(session.id)
     replayed = reopened.instructions
     assert [(i.seq, i.text) for i in replayed] == [(i.seq, i.text) for i in session.instructions]
     for item in replayed:
-        assert (item.normalized, item.inner_words) == _fresh_keys(item)
+        assert _keys_of(item) == _fresh_keys(item)
     cited = {n.seq for n in reopened.surface.nodes[:-1]}
     assert [i.seq for i in _search_kept(reopened, replayed, cited)] == [
         i.seq for i in _search_kept(session, session.instructions, cited)
@@ -181,8 +185,8 @@ def test_an_inherited_ledger_gets_its_keys_as_its_event_lands(tmp_path: Any) -> 
     inherited = [i for i in child.instructions if i.session == parent.id]
     assert [i.text for i in inherited] == ["use  the staging\tdatabase", "never deploy on a Friday"]
     for item in child.instructions:
-        assert "_keys" in item.__dict__
-        assert (item.normalized, item.inner_words) == _fresh_keys(item)
+        assert item._keys is not None
+        assert _keys_of(item) == _fresh_keys(item)
 
 
 # -- the search for lost instructions --------------------------------------------------------------

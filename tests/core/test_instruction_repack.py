@@ -43,8 +43,8 @@ def test_remade_instructions_are_the_logs_and_answer_as_a_reopened_session(tmp_p
     # the copies are the log's instructions, with the keys a fresh computation gives
     assert session.instructions == ledger_of(session.id, session.events)
     for item in session.instructions:
-        assert "_keys" in item.__dict__
-        assert (item.normalized, item.inner_words) == (normalized(item.text), item.text.split()[1:-1])
+        assert item._keys is not None
+        assert (item.normalized, list(item.inner_words)) == (normalized(item.text), item.text.split()[1:-1])
     fresh = within(session.instructions, budget_tokens(session), {}, session.meter.count_text)
     assert protected(session) == fresh
 

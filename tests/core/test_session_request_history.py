@@ -8,6 +8,7 @@ consistent and resumes."""
 from __future__ import annotations
 
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ctxkernel
-from ctxkernel import Message, StrategySpec, ToolCallBlock
+from ctxkernel import Message, StrategySpec, TextBlock, ToolCallBlock
 from ctxkernel import events as ev
 from ctxkernel.errors import EventError, StoreError
 from ctxkernel.meter import Meter, get_tokenizer
@@ -393,3 +394,28 @@ def test_a_writer_killed_anywhere_leaves_a_log_that_reopens_and_resumes(tmp_path
     reopened = build_kernel(tmp_path, strategies=["basic"]).open_session("s")
     assert surface_of(reopened) == surface_of(session)
     assert session.meter.surface_tokens() == recount(session)
+
+
+@dataclass(frozen=True, slots=True)
+class Marked(TextBlock):
+    """A text block of a harness's own class."""
+
+
+def test_a_history_message_is_held_once_and_a_replay_reads_it_back_equal(tmp_path):
+    """The node keeps the harness's own message object (not a second, parsed copy) when its
+    parse equals it; one that does not survive the round trip keeps its parse."""
+    home = tmp_path / "home"
+    session = kernel(home).open_session()
+    call = ToolCallBlock("c1", "read_file", {"path": "a.py"})
+    sent = [Message.user("read a.py"), Message.assistant("reading", [call]), Message.tool("c1", "print(1)")]
+    seqs = session.append_history(sent)
+    held = [session.surface.node(seq).message for seq in seqs]
+    assert all(h is m for h, m in zip(held, sent, strict=True))
+    # a block of a class of the harness's own is written as a text block and read back as one:
+    # not equal, so the node keeps what a replay reads
+    odd = Message("user", (Marked("grep a and b"),))
+    (seq,) = session.append_history([odd])
+    node = session.surface.node(seq).message
+    assert node is not odd and type(node.content[0]) is TextBlock and node.text == "grep a and b"
+    reopened = kernel(home).open_session(session.id)
+    assert [n.message for n in reopened.surface.nodes] == [n.message for n in session.surface.nodes]

@@ -1,8 +1,8 @@
 """The snapshot a compaction commit calls for is cheap (issue 21, item 2): at each step's end the
-session folds its snapshot indexes (the timeline, recall's history index once in use) and
-serialises the step's counted nodes, so the snapshot folds and serialises only what came since.
-The bytes are those a writer with nothing prepared builds, and a node serialised before the meter
-counted it is serialised again with its count."""
+session folds its snapshot indexes (the timeline, recall's history index once in use), so the
+snapshot folds only what came since. The bytes are those a writer with nothing prepared builds,
+and a node snapshotted before the meter counted it is snapshotted again with its count (nodes are
+serialised when a snapshot is written, never kept between snapshots)."""
 
 from __future__ import annotations
 

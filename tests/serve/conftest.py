@@ -38,12 +38,14 @@ _load("serve_clients", "serve_clients.py")
 class ServerThread:
     """A uvicorn server in a thread, on 127.0.0.1 and a port the OS picked."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, *, keep_alive: float = 5) -> None:
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.sock = sock
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
+        config = uvicorn.Config(
+            app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2, timeout_keep_alive=keep_alive
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
@@ -113,8 +115,20 @@ def write_profile(
 
 @pytest.fixture
 def fake() -> Iterator[tuple[FakeUpstream, ServerThread]]:
+    yield from _fake()
+
+
+@pytest.fixture
+def patient_fake() -> Iterator[tuple[FakeUpstream, ServerThread]]:
+    """The fake upstream keeping an idle connection open 10 minutes instead of uvicorn's 5 s: for
+    a test whose request takes longer than that before it calls the upstream (under
+    ``tracemalloc``), so that serve's pooled connection from the request before is still open."""
+    yield from _fake(keep_alive=600)
+
+
+def _fake(keep_alive: float = 5) -> Iterator[tuple[FakeUpstream, ServerThread]]:
     upstream = FakeUpstream()
-    server = ServerThread(upstream.app)
+    server = ServerThread(upstream.app, keep_alive=keep_alive)
     try:
         yield upstream, server
     finally:

@@ -84,9 +84,9 @@ class Composer:
             session.kernel.refresh_profile()  # edited settings apply from this step on
             self._check_header_room()  # before anything is held or written
             if history or trailer:
-                batch, _ = self.turns.history_batch(history, trailer)
+                batch, _, offered = self.turns.history_batch(history, trailer)
                 if batch:
-                    log.hold(batch)
+                    log.hold(batch, offered)
             routing = self.routing
             routing.preparing_request()
             try:

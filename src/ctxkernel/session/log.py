@@ -150,7 +150,12 @@ class SessionLog:
         self.tracker.fold(self.id, event, live=checked)
 
     def append(
-        self, batch: Sequence[EventSpec], *, durable: bool = True, parsed: dict[int, Message] | None = None
+        self,
+        batch: Sequence[EventSpec],
+        *,
+        durable: bool = True,
+        parsed: dict[int, Message] | None = None,
+        offered: dict[int, Message] | None = None,
     ) -> int:
         """Validate and durably append a batch (all or nothing); returns the first seq.
 
@@ -160,9 +165,11 @@ class SessionLog:
         nothing acknowledged, such as a compaction's lock, which the commit's sync makes durable.
         ``parsed`` is the kernel's own (compaction.py): by index in ``batch``, a message whose
         ``to_dict()`` that entry's ``data["message"]`` is, so the surface check need not parse it.
+        ``offered`` likewise, for messages from outside (a front door's history): parsed and
+        checked all the same, and kept in place of their parse when they are equal to it.
         """
         with self.lock:
-            built, messages = self.checked(batch, parsed)
+            built, messages = self.checked(batch, parsed, offered)
             held, start = self.held, (self.held[0].seq if self.held else len(self.events))
             try:
                 with contextlib.nullcontext() if durable else deferred_sync(self.store):
@@ -180,10 +187,16 @@ class SessionLog:
             return built[0].seq if built else len(self.events)
 
     def checked(
-        self, batch: Sequence[EventSpec], parsed: dict[int, Message] | None = None
+        self,
+        batch: Sequence[EventSpec],
+        parsed: dict[int, Message] | None = None,
+        offered: dict[int, Message] | None = None,
     ) -> tuple[list[Event], dict[int, Message | None]]:
         """The batch as events after the log's (held events included), each checked against the
-        surface; raises with nothing changed when one is refused."""
+        surface; raises with nothing changed when one is refused. A message of ``offered`` (by
+        index in ``batch``: the message whose ``to_dict()`` that entry's ``data["message"]`` is)
+        that equals its event's parse is the one the node keeps: the parse checked that a replay
+        reads the same message back, and the node does not hold a second copy of it."""
         if self.stale:
             msg = f"session {self.id}: a write failed after its events were folded; reopen the session"
             raise StoreError(msg)
@@ -211,6 +224,10 @@ class SessionLog:
             for i, message in (parsed or {}).items():
                 if built[i].data is batch[i].data:  # not cleaned by storable(): the dict is the message's
                     known[start + i] = message
+            same: dict[int, Message] = {}
+            for i, message in (offered or {}).items():
+                if built[i].data is batch[i].data:
+                    same[start + i] = message
             if len(surface_events) <= 1:
                 probe = self.surface
                 saved = probe.applied
@@ -220,26 +237,34 @@ class SessionLog:
                         # the surface_events test by type: `in` would compare events field by field
                         if event.type in ev.MESSAGE_TYPES or event.type == ev.SURFACE_DROP:
                             probe.applied = event.seq
-                            messages[event.seq] = probe.check(event, known.get(event.seq))
+                            messages[event.seq] = _kept(probe.check(event, known.get(event.seq)), same, event.seq)
                 finally:
                     probe.applied = saved
             else:
                 probe = self.surface.probe()
                 for event in built:
-                    messages[event.seq] = probe.check(event, known.get(event.seq))
+                    messages[event.seq] = _kept(probe.check(event, known.get(event.seq)), same, event.seq)
                     probe.apply(event, messages[event.seq], checked=True)
             return built, messages
 
-    def hold(self, batch: Sequence[EventSpec]) -> None:
+    def hold(self, batch: Sequence[EventSpec], offered: dict[int, Message] | None = None) -> None:
         """Check and fold ``batch`` without writing it: the next append writes it first, in the
         same store write (``prepare_request(history=...)``). Refused with nothing changed, as an
-        append is."""
-        built, messages = self.checked(batch)
+        append is. ``offered``: as for :meth:`checked`."""
+        built, messages = self.checked(batch, offered=offered)
         for event in built:
             self.fold(event, messages.get(event.seq), checked=True)
         if self.counts.pending:
             self.counts.take(built, self.surface)
         self.held.extend(built)
+
+
+def _kept(message: Message | None, offered: dict[int, Message], seq: int) -> Message | None:
+    """``message`` (an event's parse), or the offered message it equals."""
+    if message is None or not offered:
+        return message
+    mine = offered.get(seq)
+    return mine if mine is not None and mine == message else message
 
 
 def _nothing(built: Sequence[Event]) -> None:

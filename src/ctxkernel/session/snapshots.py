@@ -72,10 +72,8 @@ class Snapshots:
     def sync_indexes(self) -> None:
         """Fold the snapshot's indexes (the timeline, and recall's history index once in use) up
         to the end of a step, a few events each time, so that the snapshot a compaction commit
-        calls for folds only the events of its own step, not all since the last snapshot; and
-        serialise the step's nodes for it."""
+        calls for folds only the events of its own step, not all since the last snapshot."""
         session = self.session
-        self.writer.warm(session)
         Timeline.for_session(session)
         strategies = session.kernel.strategies
         for key, value in session.state.items():

@@ -76,20 +76,22 @@ class Turns:
 
     def append_history(self, messages: Sequence[Message], *, trailer: Sequence[EventSpec] = ()) -> list[int]:
         with self.log.lock:
-            batch, seqs = self.history_batch(messages, trailer)
+            batch, seqs, offered = self.history_batch(messages, trailer)
             if batch:
-                self.session.append(batch)
+                self.log.append(batch, offered=offered)
             return seqs
 
     def history_batch(
         self, messages: Sequence[Message], trailer: Sequence[EventSpec]
-    ) -> tuple[list[EventSpec], list[int]]:
+    ) -> tuple[list[EventSpec], list[int], dict[int, Message]]:
         """:meth:`append_history`'s batch (turn and step events around the messages, then
-        ``trailer``) and the seq each message will have, written after the log as it is now."""
+        ``trailer``), the seq each message will have, written after the log as it is now, and
+        each message by its index in the batch (``SessionLog.checked``'s ``offered``)."""
         with self.log.lock:
             tracker = self.tracker
             batch: list[EventSpec] = []
             seqs: list[int] = []
+            offered: dict[int, Message] = {}
             start = len(self.log.events)
             turn, turn_open, step_open = tracker.turn, tracker.turn_open, tracker.step_open
             waiting = set(self.surface.pending_calls)
@@ -106,6 +108,7 @@ class Turns:
                 if message.role == "tool":
                     call_id = message.content[0].call_id  # type: ignore[union-attr]
                     seqs.append(start + len(batch))
+                    offered[len(batch)] = message
                     batch.append(EventSpec(ev.TOOL_RESULT, {"message": message.to_dict()}, ev.append_op()))
                     waiting.discard(call_id)
                     if not waiting and step_open:
@@ -118,6 +121,7 @@ class Turns:
                     batch.append(EventSpec(ev.STEP_END, {"turn": turn, "step": tracker.step, "reason": "abandoned"}))
                     step_open = False
                 seqs.append(start + len(batch))
+                offered[len(batch)] = message
                 batch.append(EventSpec(event_type, {"message": message.to_dict()}, ev.append_op()))
                 if message.role == "assistant":
                     waiting = {c.id for c in message.tool_calls}
@@ -125,7 +129,7 @@ class Turns:
                 else:
                     replied = False
             batch.extend(trailer)
-            return batch, seqs
+            return batch, seqs, offered
 
     @property
     def pending_calls(self) -> list[ToolCallBlock]:

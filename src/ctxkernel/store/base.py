@@ -239,7 +239,7 @@ class EventStore(Protocol):
         """Cut a torn tail left by a crash (never anything acknowledged); raise
         :class:`CorruptionError` for any other defect, rewriting nothing."""
 
-    def snapshot_put(self, session_id: str, covers: int, body: bytes) -> None:
+    def snapshot_put(self, session_id: str, covers: int, body: bytes | bytearray) -> None:
         """Keep ``body`` as the session's snapshot of its first ``covers`` events, replacing an
         older one. Not durable by design: the kernel verifies a snapshot on load and replays the
         whole log when it is missing, stale or damaged."""

@@ -18,10 +18,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import itertools
 import os
 import threading
 import time
 import urllib.parse
+from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,13 +62,42 @@ class _Index:
     index at the last event the snapshot covers, so opening a session never reads what lies
     before it (a read further back scans the whole file then)."""
 
-    offsets: list[int] = field(default_factory=list)
+    #: 8 bytes an event (a list of ints took 36: one per event of every open session)
+    offsets: array[int] = field(default_factory=lambda: array("q"))
     end: int = 0  # byte just after the last complete batch
     base: int = 0  # seq of the event at offsets[0]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.offsets, array):
+            self.offsets = array("q", self.offsets)
 
     @property
     def count(self) -> int:
         return self.base + len(self.offsets)
+
+
+#: a batch is written in pieces of about this many bytes: a long history arriving in one request
+#: (10,000 messages, 20,000 events) took 18 times its body as one buffer
+_PIECE_BYTES = 1 << 18
+
+
+def _batch_pieces(events: Sequence[Event]) -> Iterator[tuple[bytearray, array[int]]]:
+    """The batch's lines in buffers of about :data:`_PIECE_BYTES`, each with the offset of each
+    of its lines in it. Lines go one at a time into one buffer: orjson's result for each is at
+    least 4 KiB (ctxkernel/jsonbytes.py), so a batch held as a list of lines took 4 KiB per event."""
+    payload = bytearray()
+    starts = array("q")
+    last = len(events) - 1
+    for i, event in enumerate(events):
+        raw = event.to_dict()
+        if i < last:
+            raw[_MORE] = True  # every event of the batch but the last: see the module doc
+        starts.append(len(payload))
+        payload += orjson.dumps(raw, option=orjson.OPT_APPEND_NEWLINE)
+        if len(payload) >= _PIECE_BYTES and i < last:
+            yield payload, starts
+            payload, starts = bytearray(), array("q")
+    yield payload, starts
 
 
 #: session log paths a store keeps joined (``JsonlStore.path``)
@@ -376,7 +407,7 @@ class JsonlStore(SyncDeferral):
             if type(first) is not dict or first.get("seq") != start:
                 msg = f"{path}:{start + 2}: the line there is not event seq {start}; the log is corrupt"
                 raise CorruptionError(msg)
-            index.offsets[:0] = starts
+            index.offsets[:0] = array("q", starts)
             index.base = start
 
     @staticmethod
@@ -407,17 +438,8 @@ class JsonlStore(SyncDeferral):
     # -- writing -------------------------------------------------------------------------------
     def append(self, session_id: str, events: Sequence[Event], expected_seq: int) -> None:
         check_batch(events, expected_seq)
-        # one line at a time into one buffer: orjson's result for each is at least 4 KiB
-        # (ctxkernel/jsonbytes.py), so a batch held as a list of lines took 4 KiB per event
-        payload = bytearray()
-        ends = []
-        last = len(events) - 1
-        for i, event in enumerate(events):
-            raw = event.to_dict()
-            if i < last:
-                raw[_MORE] = True  # every event of the batch but the last: see the module doc
-            payload += orjson.dumps(raw, option=orjson.OPT_APPEND_NEWLINE)
-            ends.append(len(payload))
+        pieces = _batch_pieces(events)
+        first = next(pieces)  # made before the lock: all of any batch but a long history's
         with self._locked(session_id) as f:
             index, _, _ = self._scan(session_id, locked=f)
             actual = index.count
@@ -425,27 +447,30 @@ class JsonlStore(SyncDeferral):
                 raise ConflictError(session_id, expected_seq, actual)
             # a torn tail left by a crashed writer is overwritten, never appended after
             f.seek(index.end)
+            written = 0
+            starts = array("q")  # each line's offset in the file
             try:
-                f.write(payload)
+                for payload, line_starts in itertools.chain((first,), pieces):
+                    at = index.end + written
+                    starts.extend([at + start for start in line_starts])
+                    f.write(payload)
+                    written += len(payload)
                 f.truncate()
                 f.flush()
                 if self.fsync and not self.sync_deferred():
                     os.fsync(f.fileno())
-            except OSError:
-                f.truncate(index.end)
+            except BaseException:
+                f.truncate(index.end)  # also when a later piece could not be made: nothing of the batch stays
                 raise
             with self._mutex:
-                # each line starts where the one before it ends, past its newline
-                start = index.end
-                index.offsets.append(start)
-                index.offsets.extend([start + end for end in ends[:-1]])
-                index.end += len(payload)
+                index.offsets.extend(starts)
+                index.end += written
 
     # -- snapshots -----------------------------------------------------------------------------
     # ``<id>.snapshot`` beside the log: a position line {"covers", "at", "end", "length"} (the
     # byte range of the last event it covers, the body's length), then the kernel's snapshot body.
     # Written without fsync: it is a cache verified on load, so a lost or torn one costs a replay.
-    def snapshot_put(self, session_id: str, covers: int, body: bytes) -> None:
+    def snapshot_put(self, session_id: str, covers: int, body: bytes | bytearray) -> None:
         index, _, _ = self._scan(session_id)
         with self._mutex:
             if not index.base < covers <= index.count:
@@ -456,8 +481,8 @@ class JsonlStore(SyncDeferral):
                 raise StoreError(msg)
             at = index.offsets[covers - 1 - index.base]
             end = index.end if covers == index.count else index.offsets[covers - index.base]
-        position = orjson.dumps({"covers": covers, "at": at, "end": end, "length": len(body)})
-        data = position + b"\n" + body
+        position = orjson.dumps({"covers": covers, "at": at, "end": end, "length": len(body)}) + b"\n"
+        size = len(position) + len(body)
         path = self.snapshot_path(session_id)
         # overwritten in place, not replaced: truncating or renaming a file of a few hundred KB
         # costs 5-6 ms on ext4 against 0.2 ms for a write over its blocks. A reader that meets a
@@ -466,11 +491,14 @@ class JsonlStore(SyncDeferral):
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # never through a planted link
             try:
-                written = 0
-                while written < len(data):
-                    written += os.pwrite(fd, data[written:], written)
-                if os.fstat(fd).st_size > 2 * len(data):  # bound what a shrunk surface leaves behind
-                    os.ftruncate(fd, len(data))
+                # the two parts written from where they are: the body is the largest thing a
+                # snapshot allocates, and joining them would copy it
+                for offset, part in ((0, memoryview(position)), (len(position), memoryview(body))):
+                    written = 0
+                    while written < len(part):
+                        written += os.pwrite(fd, part[written:], offset + written)
+                if os.fstat(fd).st_size > 2 * size:  # bound what a shrunk surface leaves behind
+                    os.ftruncate(fd, size)
             finally:
                 os.close(fd)
         except OSError as exc:
@@ -513,7 +541,7 @@ class JsonlStore(SyncDeferral):
         with self._mutex:
             if session_id not in self._index:
                 # later reads and the repair scan start at the snapshot, not at the first event
-                self._index[session_id] = _Index(offsets=[at], end=end, base=covers - 1)
+                self._index[session_id] = _Index(offsets=array("q", [at]), end=end, base=covers - 1)
                 self._primed.add(session_id)
         return covers, body
 

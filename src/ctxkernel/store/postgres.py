@@ -417,7 +417,7 @@ class PostgresStore(SyncDeferral):
         return [(seq, body) for seq, body in stored] == [(seq, body) for _, seq, _, body in rows]
 
     # -- snapshots -------------------------------------------------------------------------------
-    def snapshot_put(self, session_id: str, covers: int, body: bytes) -> None:
+    def snapshot_put(self, session_id: str, covers: int, body: bytes | bytearray) -> None:
         check_session_id(session_id)
 
         def put(conn: Any) -> None:  # replaces the newer-or-equal snapshot whole: a retry is harmless

@@ -330,7 +330,7 @@ class SqliteStore(SyncDeferral):
             db.execute("UPDATE sessions SET next_seq = ? WHERE id = ?", (expected_seq + len(events), session_id))
 
     # -- snapshots -----------------------------------------------------------------------------
-    def snapshot_put(self, session_id: str, covers: int, body: bytes) -> None:
+    def snapshot_put(self, session_id: str, covers: int, body: bytes | bytearray) -> None:
         check_session_id(session_id)
         with self._mutex:
             # not synchronous: a snapshot is a cache verified on load, and a lost one costs a full
