@@ -4,6 +4,7 @@ reads a stream's lines whatever their line ends and however the bytes are split.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import anyio
@@ -221,3 +222,83 @@ def test_a_body_sent_in_pieces_arrives_as_their_concatenation(on_loopback, piece
     assert answer.status == 200
     assert answer.body == expected
     assert answer.headers["x-length"] == str(len(expected))
+
+
+def dropping_provider(drop: Any) -> tuple[Any, list[int]]:
+    """A raw HTTP/1.1 provider on loopback that answers ``{"ok": true}`` with keep-alive, except
+    that it closes the connection without a reply when ``drop(connection, request)`` is true
+    (both counted from 1): what a pooled connection the upstream closed for idleness looks like
+    when the close crosses the next request. Returns the server's factory and the count of
+    requests each connection read."""
+    per_connection: list[int] = []
+
+    async def handle(reader: Any, writer: Any) -> None:
+        per_connection.append(0)
+        connection = len(per_connection)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    (
+                        int(line.split(b":", 1)[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
+                    0,
+                )
+                await reader.readexactly(length)
+                per_connection[connection - 1] += 1
+                if drop(connection, per_connection[connection - 1]):
+                    return
+                body = b'{"ok": true}'
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                    % (len(body), body)
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return
+        finally:
+            writer.close()
+
+    return handle, per_connection
+
+
+def calls_through(drop: Any, count: int) -> tuple[list[Any], list[int]]:
+    handle, per_connection = dropping_provider(drop)
+    outcomes: list[Any] = []
+
+    async def run() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        upstream = Upstream()
+        try:
+            for _ in range(count):
+                try:
+                    outcomes.append(
+                        (await upstream.request("POST", f"http://127.0.0.1:{port}/v1", {}, {"model": "m"})).status
+                    )
+                except UpstreamError as exc:
+                    outcomes.append(exc)
+        finally:
+            await upstream.aclose()
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(run())
+    return outcomes, per_connection
+
+
+def test_a_pooled_connection_the_upstream_dropped_is_sent_again_once():
+    # the second request goes out on the pooled connection, which the upstream closes unanswered:
+    # the client must not get a 502 for the upstream's idle close (uvicorn keeps a connection 5 s)
+    outcomes, per_connection = calls_through(lambda connection, request: connection == 1 and request == 2, 3)
+    assert outcomes == [200, 200, 200]
+    assert per_connection[:2] == [2, 2]  # the dropped request was sent once more, on a new connection
+
+
+def test_an_upstream_that_drops_every_request_is_a_502_after_one_retry():
+    outcomes, per_connection = calls_through(lambda connection, request: True, 1)
+    assert len(outcomes) == 1 and isinstance(outcomes[0], UpstreamError)
+    assert outcomes[0].status == 502 and "ServerDisconnectedError" in str(outcomes[0])
+    assert per_connection == [1, 1]  # sent twice in all, never more

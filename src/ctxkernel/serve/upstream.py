@@ -33,12 +33,15 @@ from typing import Any
 import aiohttp
 import orjson
 
+from ..logging import get_logger
 from .wire import loads
 
 #: what ends a line in a stream (as the WHATWG event-stream format reads them)
 NEWLINE = re.compile(r"\r\n|\r|\n")
 #: headers aiohttp would add of its own accord; the upstream gets only the proxy's
 SKIP_AUTO_HEADERS = frozenset({"User-Agent", "Accept", "Accept-Encoding"})
+
+log = get_logger("ctxkernel.serve")
 
 
 class UpstreamError(Exception):
@@ -212,14 +215,25 @@ class Upstream:
         content: bytes | Chunks | None,
         timeout: aiohttp.ClientTimeout | None = None,
     ) -> aiohttp.ClientResponse:
-        try:
-            return await self._client().request(
-                method, url, headers=dict(headers), data=payload(content), allow_redirects=False, timeout=timeout
-            )
-        except aiohttp.ClientConnectorError as exc:
-            raise UpstreamError(f"the upstream could not be reached: {type(exc).__name__}: {exc}") from None
-        except aiohttp.ClientError as exc:
-            raise upstream_error("the upstream call", exc) from None
+        client = self._client()
+        for retry in (False, True):
+            try:
+                return await client.request(
+                    method, url, headers=dict(headers), data=payload(content), allow_redirects=False, timeout=timeout
+                )
+            except aiohttp.ClientConnectorError as exc:
+                raise UpstreamError(f"the upstream could not be reached: {type(exc).__name__}: {exc}") from None
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientConnectionResetError) as exc:
+                # the connection dropped before any reply: most often a pooled connection the
+                # upstream closed for idleness as we wrote on it (uvicorn keeps one 5 s, the
+                # pool 15 s). Sent once more on a fresh connection, as the official SDKs retry
+                # a connection error; a second drop is the upstream's answer
+                if retry:
+                    raise upstream_error("the upstream call", exc) from None
+                log.info("upstream connection dropped before a reply; sending once more", error=type(exc).__name__)
+            except aiohttp.ClientError as exc:
+                raise upstream_error("the upstream call", exc) from None
+        raise AssertionError("unreachable: the loop returns or raises")  # pragma: no cover
 
     async def request(self, method: str, url: str, headers: Mapping[str, str], body: Any = None) -> UpstreamResponse:
         """One whole request, read to the end (bounded)."""
