@@ -28,6 +28,7 @@ import json
 import statistics
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -66,19 +67,28 @@ def sources(bench: Bench) -> list[tuple[str, Any]]:
     if not TRANSCRIPTS.is_dir():
         print(json.dumps({"name": "simulate_transcripts", "skipped": "../shared/transcripts is absent"}), flush=True)
         return found
-    for path in sorted(p for p in TRANSCRIPTS.glob("*/*") if p.is_file()):
+    paths = sorted(p for p in TRANSCRIPTS.glob("*/*") if p.is_file())
+    per_format = Counter(path.parent.name for path in paths)
+    seen: Counter[str] = Counter()
+    for path in paths:
+        seen[path.parent.name] += 1
+        # named by format, and by its place in the folder when the format has several files:
+        # transcript file names stay out of the record, and no two rows share a name
+        ordinal = f"_{seen[path.parent.name]}" if per_format[path.parent.name] > 1 else ""
         try:
             recording = load_recording(path)
         except Exception as exc:  # one unreadable file is reported, the rest still run
             print(
                 json.dumps(
-                    {"name": f"simulate_transcript_{path.parent.name}", "skipped": f"cannot load: {type(exc).__name__}"}
+                    {
+                        "name": f"simulate_transcript_{path.parent.name}{ordinal}",
+                        "skipped": f"cannot load: {type(exc).__name__}",
+                    }
                 ),
                 flush=True,
             )
             continue
-        # named by format only: transcript file names stay out of the record
-        found.append((f"transcript_{path.parent.name}".replace("-", "_"), recording))
+        found.append((f"transcript_{path.parent.name}{ordinal}".replace("-", "_"), recording))
     return found
 
 
