@@ -132,14 +132,15 @@ class Source:
             unknown = set(data) - _SOURCE_KEYS
             msg = f"message source has unknown keys {sorted(unknown)}; accepted: {list(_SOURCE_FIELDS)}"
             raise EventError(msg)
+        wrong = sorted(k for k, v in data.items() if not (isinstance(v, str) or (v is None and k != "kind")))
+        if wrong:
+            msg = f"message source fields {wrong} must be strings, got {[type(data[k]).__name__ for k in wrong]}"
+            raise EventError(msg)
         if "call_id" in data:
             return cls(**data)
         # replay builds one per message; user and model sources repeat, and a Source is immutable
         key = (data.get("kind"), data.get("provider"), data.get("model"), data.get("plugin"), data.get("form"))
-        try:
-            cached = _SOURCE_CACHE.get(key)
-        except TypeError:  # an unhashable value: build it uncached
-            return cls(**data)
+        cached = _SOURCE_CACHE.get(key)
         if cached is None:
             cached = cls(**data)
             if len(_SOURCE_CACHE) >= 1024:

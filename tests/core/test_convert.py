@@ -299,3 +299,26 @@ def test_property_round_trips(messages: list[Message]) -> None:
         Message.tool(m.content[0].call_id, m.content[0].content) if m.role == "tool" else m for m in messages
     ]  # type: ignore[union-attr]
     assert strip_sources(via_openai) == strip_sources(no_error_flags)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        {"kind": "model", "provider": [], "model": "gpt-4o"},
+        {"kind": "model", "model": {"name": "gpt-4o"}},
+        {"kind": "plugin", "plugin": "decay", "form": 3},
+        {"kind": "tool", "call_id": ["k1"]},
+    ],
+)
+def test_a_source_field_that_is_not_a_string_is_refused_by_name(source: dict[str, Any]) -> None:
+    # an imported line's source reaches the kernel's dicts and caches: a list there raised a
+    # TypeError (unhashable) out of the importer instead of refusing the line
+    raw = {"role": "assistant", "content": [{"type": "text", "text": "ok"}], "source": source}
+    with pytest.raises(EventError, match="must be strings"):
+        Message.from_dict(raw)
+
+
+def test_a_source_of_strings_round_trips() -> None:
+    source = {"kind": "model", "provider": "openai", "model": "gpt-4o"}
+    message = Message.from_dict({"role": "assistant", "content": [{"type": "text", "text": "ok"}], "source": source})
+    assert message.to_dict()["source"] == source
