@@ -50,18 +50,23 @@ def ratio(value: float | None) -> str:
 def workload_table(report: dict[str, Any]) -> str:
     rows = [
         "| profile | peak | overflows | compactions | billed input | cache read | cache write | cost $ | vs basic "
-        "| instructions visible (end / min) | recall cued (found / needs) | reachable |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| recall $ | vs basic, recall priced | instructions visible (end / min) | recall cued (found / needs) "
+        "| reachable |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    basic = next((p["cost_usd"] for p in report["profiles"] if p["profile"] == "basic"), None)
+    basic = next((p for p in report["profiles"] if p["profile"] == "basic"), {})
+
+    def vs_basic(p: dict[str, Any], key: str) -> float | None:
+        return p[key] / basic[key] if p[key] is not None and basic.get(key) else None
+
     for p in report["profiles"]:
         compactions = ", ".join(f"{k} {v}" for k, v in p["compactions"].items()) or "0"
-        vs = p["cost_usd"] / basic if p["cost_usd"] is not None and basic else None
         cued = f"{pct(p['recall_cued'])} ({p['recall_found']} / {p['recall_needs']})"
         rows.append(
             f"| `{p['profile']}` | {p['peak_prompt_tokens']:,} | {p['overflows']} | {compactions} "
             f"| {p['billed_input_tokens']:,} | {p['cache_read_tokens']:,} | {p['cache_write_tokens']:,} "
-            f"| {money(p['cost_usd'])} | {ratio(vs)} | {pct(p['instructions_visible'])} / "
+            f"| {money(p['cost_usd'])} | {ratio(vs_basic(p, 'cost_usd'))} | {money(p['recall_cost_usd'])} "
+            f"| {ratio(vs_basic(p, 'cost_with_recall_usd'))} | {pct(p['instructions_visible'])} / "
             f"{pct(p['instructions_visible_min'])} | {cued} | {pct(p['history_reachable'])} |"
         )
     return "\n".join(rows)
@@ -70,8 +75,9 @@ def workload_table(report: dict[str, Any]) -> str:
 def corpus_table(report: dict[str, Any]) -> str:
     rows = [
         "| profile | sessions ok | overflows | cost $ (sum) | vs basic (pooled) | vs basic median / p90 "
+        "| recall $ (sum) | vs basic, recall priced (pooled) "
         "| instructions min: median / p10 | recall cued: median / p10 | reachable median |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, agg in report["aggregate"].items():
         f = agg["figures"]
@@ -84,6 +90,7 @@ def corpus_table(report: dict[str, Any]) -> str:
             f"| `{name}` | {agg['ok']} | {agg['overflows']:,} | {stat('cost_usd', 'sum', money)} "
             f"| {ratio(agg.get('cost_vs_basic_pooled'))} "
             f"| {stat('cost_vs_basic', 'median', ratio)} / {stat('cost_vs_basic', 'p90', ratio)} "
+            f"| {stat('recall_cost_usd', 'sum', money)} | {ratio(agg.get('cost_with_recall_vs_basic_pooled'))} "
             f"| {stat('instructions_visible_min', 'median', pct)} / {stat('instructions_visible_min', 'p10', pct)} "
             f"| {stat('recall_cued', 'median', pct)} / {stat('recall_cued', 'p10', pct)} "
             f"| {stat('history_reachable', 'median', pct)} |"
@@ -96,11 +103,12 @@ def done_when_table(report: dict[str, Any]) -> str:
     retention probes pooled over every session the profile replayed, overflows, the lowest share
     of instructions visible, and files changed visible at the end (pooled and worst session)."""
     rows = [
-        "| profile | sessions ok / refused | overflows | vs basic (pooled) | recall cued: pooled (found / needs) "
+        "| profile | sessions ok / refused | overflows | vs basic (pooled) | vs basic, recall priced (pooled) "
+        "| recall cued: pooled (found / needs) "
         "| recall cued where basic replayed too "
         "| probes visible, pooled: files changed / errors seen / commands worked | instructions min: median / worst "
         "| files changed visible: worst session |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     basic_ok = {
         i
@@ -137,7 +145,8 @@ def done_when_table(report: dict[str, Any]) -> str:
         median = (f.get("instructions_visible_min") or {}).get("median")
         rows.append(
             f"| `{name}` | {agg['ok']} / {agg.get('refused', 0)} | {agg['overflows']:,} "
-            f"| {ratio(agg.get('cost_vs_basic_pooled'))} | {cued} | {both} | {shares} "
+            f"| {ratio(agg.get('cost_vs_basic_pooled'))} | {ratio(agg.get('cost_with_recall_vs_basic_pooled'))} "
+            f"| {cued} | {both} | {shares} "
             f"| {pct(median)} / {pct(min(mins) if mins else None)} | {pct(min(files) if files else None)} |"
         )
     return "\n".join(rows)

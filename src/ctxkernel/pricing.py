@@ -241,6 +241,12 @@ class PromptCache:
         del self._entries[: -self.capacity]
         return bill
 
+    def fork(self) -> PromptCache:
+        """An independent copy of the cache as it is now: requests priced on the copy (what-if
+        requests, such as the recall calls ``simulate`` assumes) leave this cache as it was."""
+        entries = [_Entry(e.keys, e.ends, e.expires) for e in self._entries]  # keys and ends are never mutated
+        return PromptCache(self.price, self.capacity, entries)
+
 
 def _shared_blocks(a: list[Hashable], b: list[Hashable]) -> int:
     """How many leading blocks ``a`` and ``b`` share (list comparisons run in C, identity first)."""

@@ -40,6 +40,8 @@ PINNED_METRIC_KEYS = [
     "cache_write_tokens",
     "output_tokens",
     "cost_usd",
+    "recall_cost_usd",
+    "cost_with_recall_usd",
     "invariant_violations",
     "invariant_details",
     "instructions_visible",

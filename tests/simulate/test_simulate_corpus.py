@@ -121,6 +121,27 @@ def test_aggregate_of_known_rows():
     assert agg["compactions"] == {"summary": 20}
     assert agg["probes"]["decisions"] == {"count": 20, "visible": 0.5, "recoverable": 1.0}
     assert agg["figures"]["cost_usd"] is None and agg["cost_vs_basic_pooled"] is None
+    assert agg["cost_with_recall_vs_basic_pooled"] is None
+
+
+def test_cost_with_recall_is_pooled_against_basics_own_with_recall():
+    def row(profile: str, cost: float, recall: float) -> dict:
+        out = dict.fromkeys(FIGURES)
+        out.update(profile=profile, status="ok", overflows=0, invariant_violations=0, compactions={}, probes={})
+        out.update(cost_usd=cost, recall_cost_usd=recall, cost_with_recall_usd=cost + recall)
+        return out
+
+    sessions = [
+        {"profiles": [row("basic", 10.0, 0.5), row("mask", 7.0, 1.5)]},
+        {"profiles": [row("basic", 30.0, 0.5), row("mask", 21.0, 2.5)]},
+    ]
+    agg = aggregate(sessions, ["basic", "mask"])
+    assert agg["mask"]["cost_vs_basic_pooled"] == 0.7
+    assert agg["mask"]["cost_with_recall_vs_basic_pooled"] == round((8.5 + 23.5) / (10.5 + 30.5), 4)
+    assert agg["basic"]["cost_with_recall_vs_basic_pooled"] == 1.0
+    assert agg["mask"]["figures"]["recall_cost_usd"]["sum"] == 4.0
+    ratios = agg["mask"]["figures"]["cost_with_recall_vs_basic"]
+    assert ratios["p10"] == pytest.approx(23.5 / 30.5) and ratios["p90"] == pytest.approx(8.5 / 10.5)
 
 
 def test_a_glob_selects_files_and_bad_specs_are_usage_errors(capsys, tmp_path):

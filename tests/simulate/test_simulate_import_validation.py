@@ -49,6 +49,15 @@ def test_a_kernel_tool_result_holding_a_user_message_is_an_import_error(tmp_path
         load_recording(path)
 
 
+def test_a_kernel_reply_whose_provider_is_not_a_string_is_an_import_error(tmp_path):
+    values = _lines("kernel-session.jsonl")
+    at = next(i for i, v in enumerate(values) if v.get("type") == "assistant/message")
+    values[at]["data"]["message"]["source"]["provider"] = []  # unhashable: it used to raise a TypeError
+    path = _write_lines(tmp_path / "k.jsonl", values)
+    with pytest.raises(RecordingError, match=rf"k\.jsonl:{at + 1}: .*provider and model must be strings, got \[\]"):
+        load_recording(path)
+
+
 def test_a_claude_code_text_block_holding_a_number_is_bad_input_not_a_failed_profile(tmp_path, capsys):
     values = _lines("claude-code.jsonl")
     at = next(i for i, v in enumerate(values) if v.get("type") == "user" and isinstance(v["message"]["content"], str))

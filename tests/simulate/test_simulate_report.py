@@ -159,6 +159,8 @@ def test_columns_keep_one_precision_each():
 
     assert [_cell("cost_usd", v) for v in (0.0132431, 12.5, None)] == ["0.0132", "12.5000", "n/a"]
     assert [_cell("cost_vs_basic", v) for v in (0.4452, 1.0)] == ["0.45x", "1.00x"]
+    assert [_cell("recall_cost_usd", v) for v in (0.0, 0.00731, None)] == ["0.0000", "0.0073", "n/a"]
+    assert _cell("cost_with_recall_vs_basic", 0.8049) == "0.80x"
     assert [_cell("instructions_visible_min", v) for v in (1.0, 0.75, 0.3333)] == ["100%", "75%", "33%"]
     assert [_cell("wall_seconds", v) for v in (0.361, 12.04)] == ["0.4", "12.0"]
     assert _cell("peak_prompt_tokens", 105950) == "105,950"
@@ -168,7 +170,14 @@ def test_corpus_dots_are_labelled_and_the_tails_drawn():
     from ctxkernel.simulate.report import render_distribution
 
     def row(profile: str, share: float, cost: float) -> dict:
-        return {"profile": profile, "status": "ok", "recall_cued": share, "cost_usd": cost}
+        recall = 0.5 if profile == "x" else 0.0
+        return {
+            "profile": profile,
+            "status": "ok",
+            "recall_cued": share,
+            "cost_usd": cost,
+            "cost_with_recall_usd": cost + recall,
+        }
 
     sessions = [
         {"file": f"s{i}.jsonl", "run": None, "profiles": [row("basic", 0.5 + i / 20, 1.0), row("x", i / 10, 2.0)]}
@@ -185,3 +194,5 @@ def test_corpus_dots_are_labelled_and_the_tails_drawn():
     assert 'width="100%"' in svg  # it scales to the page
     cost = render_distribution({"sessions": sessions, "aggregate": agg}, "cost_vs_basic", "cost")
     assert "<title>s0.jsonl · x: 2.00x</title>" in cost
+    priced = render_distribution({"sessions": sessions, "aggregate": agg}, "cost_with_recall_vs_basic", "recall")
+    assert "<title>s0.jsonl · x: 2.50x</title>" in priced  # (2.0 + 0.5) over basic's 1.0

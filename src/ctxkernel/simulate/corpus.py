@@ -28,6 +28,7 @@ from .importers import MULTI_RUN_FORMATS, load_recording, sniff
 from .probes import KINDS
 from .recording import RecordingError
 from .replay import Options
+from .report import COST_RATIOS
 
 #: file name endings a folder is searched for
 SUFFIXES = (".jsonl", ".json", ".traj")
@@ -51,6 +52,8 @@ FIGURES: tuple[str, ...] = (
     "cache_write_tokens",
     "output_tokens",
     "cost_usd",
+    "recall_cost_usd",
+    "cost_with_recall_usd",
     "invariant_violations",
     "instructions_visible",
     "instructions_visible_min",
@@ -185,32 +188,43 @@ def _round(value: float) -> float | int:
     return int(value) if float(value).is_integer() else round(value, 6)
 
 
+def _pooled(ratios: list[tuple[float, float]]) -> float | None:
+    """The costs summed over the basic costs summed (None without a basic cost)."""
+    basic = sum(b for _, b in ratios)
+    return round(sum(c for c, _ in ratios) / basic, 4) if basic else None
+
+
 def aggregate(sessions: list[dict[str, Any]], profiles: list[str]) -> dict[str, Any]:
     """Per profile: how many sessions it replayed (``ok``), failed or could not run, and for each
     figure its ``sum``, ``median``, ``p10`` and ``p90`` over the ``ok`` sessions (``cost_vs_basic``:
     each session's cost over its own ``basic`` row's); ``cost_vs_basic_pooled``, the profile's cost
-    over ``basic``'s summed over the sessions where both have one; ``overflows`` and
-    ``invariant_violations`` summed; ``compactions`` summed per kind; ``probes`` pooled per kind
-    (shares over all the probes of all sessions)."""
+    over ``basic``'s summed over the sessions where both have one; the same two for the cost with
+    the recall calls priced (``cost_with_recall_vs_basic``, over ``basic``'s with its own recall
+    calls priced); ``overflows`` and ``invariant_violations`` summed; ``compactions`` summed per
+    kind; ``probes`` pooled per kind (shares over all the probes of all sessions)."""
     out: dict[str, Any] = {}
-    basic_cost: dict[int, float] = {}
+    basic_cost: dict[str, dict[int, float]] = {key: {} for key in COST_RATIOS}
     for s in sessions:
-        cost = next((p.get("cost_usd") for p in s["profiles"] if p["profile"] == "basic"), None)
-        if cost:
-            basic_cost[id(s)] = cost
+        basic: dict[str, Any] = next((p for p in s["profiles"] if p["profile"] == "basic"), {})
+        for key in COST_RATIOS:
+            if basic.get(key):
+                basic_cost[key][id(s)] = basic[key]
     for name in profiles:
         pairs = [(s, p) for s in sessions for p in s["profiles"] if p["profile"] == name]
         rows = [p for _, p in pairs]
         ok = [r for r in rows if r["status"] == "ok"]
-        ratios = [
-            (float(p["cost_usd"]), basic_cost[id(s)])
-            for s, p in pairs
-            if p["status"] == "ok" and p.get("cost_usd") is not None and id(s) in basic_cost
-        ]
+        ratios = {
+            ratio: [
+                (float(p[key]), basic_cost[key][id(s)])
+                for s, p in pairs
+                if p["status"] == "ok" and p.get(key) is not None and id(s) in basic_cost[key]
+            ]
+            for key, ratio in COST_RATIOS.items()
+        }
         figures: dict[str, dict[str, float | int] | None] = {}
-        for key in (*FIGURES, "cost_vs_basic"):
-            if key == "cost_vs_basic":
-                values = [cost / basic for cost, basic in ratios]
+        for key in (*FIGURES, *ratios):
+            if key in ratios:
+                values = [cost / basic for cost, basic in ratios[key]]
             else:
                 values = [
                     r[key] for r in ok if isinstance(r.get(key), int | float) and not isinstance(r.get(key), bool)
@@ -225,7 +239,6 @@ def aggregate(sessions: list[dict[str, Any]], profiles: list[str]) -> dict[str, 
                 if values
                 else None
             )
-        pooled = sum(basic for _, basic in ratios)
         compactions: dict[str, int] = {}
         for r in ok:
             for kind, n in (r.get("compactions") or {}).items():
@@ -255,6 +268,6 @@ def aggregate(sessions: list[dict[str, Any]], profiles: list[str]) -> dict[str, 
             "compactions": dict(sorted(compactions.items())),
             "probes": probes,
             "figures": figures,
-            "cost_vs_basic_pooled": round(sum(c for c, _ in ratios) / pooled, 4) if pooled else None,
+            **{f"{ratio}_pooled": _pooled(pairs_of) for ratio, pairs_of in ratios.items()},
         }
     return out

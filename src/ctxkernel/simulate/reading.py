@@ -139,11 +139,11 @@ def check_item(item: Item) -> tuple[str, str] | None:
         if not isinstance(message, Message) or message.role != "assistant":
             return "an assistant message", repr(message)[:120]
         try:
-            Message.from_dict(message.to_dict())  # the kernel's own check of every block's fields
-            source = message.source
+            source = message.source  # checked first: serializing an unhashable provider would raise
             if not all(v is None or isinstance(v, str) for v in (source.provider, source.model)):
-                msg = f"the message's model must be a string, got {source.model!r:.60}"
+                msg = f"the message's provider and model must be strings, got {source.provider!r:.60}, {source.model!r:.60}"
                 raise EventError(msg)
+            Message.from_dict(message.to_dict())  # the kernel's own check of every block's fields
             check_usage(item.usage)
         except EventError as exc:
             return "a well-typed assistant message", str(exc)

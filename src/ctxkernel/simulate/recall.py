@@ -294,6 +294,9 @@ class CuedRecall:
     calls: int = 0
     tokens: int = 0
     family: str | None = None
+    #: the calls made since the replay last took them: (the call, the output the model read, an
+    #: error?), which the replay prices as the extra requests a model would have sent
+    exchanges: list[tuple[ToolCallBlock, str, bool]] = field(default_factory=list)
 
 
 def offered_names(tools: list[dict[str, Any]]) -> set[str]:
@@ -334,7 +337,8 @@ class _NeedProbe:
             return None
         self.calls += 1
         self.tally.calls += 1
-        outcome = self.session.run_tool(ToolCallBlock(f"cued_{self.tally.calls:06d}", name, arguments))
+        block = ToolCallBlock(f"cued_{self.tally.calls:06d}", name, arguments)
+        outcome = self.session.run_tool(block)
         text = outcome.content
         tokens = self.session.meter.count_text(text)
         if tokens > self.left:  # the model reads only what its budget holds
@@ -342,6 +346,7 @@ class _NeedProbe:
             tokens = self.left
         self.left -= tokens
         self.tally.tokens += tokens
+        self.tally.exchanges.append((block, text, outcome.is_error))
         shown, _ = decoded(text)
         self.seen.append(normalize(shown))
         return None if outcome.is_error else text

@@ -26,7 +26,7 @@ import contextlib
 import math
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,6 +78,8 @@ METRIC_KEYS: tuple[str, ...] = (
     "cache_write_tokens",
     "output_tokens",
     "cost_usd",
+    "recall_cost_usd",
+    "cost_with_recall_usd",
     "invariant_violations",
     "invariant_details",
     "instructions_visible",
@@ -137,6 +139,7 @@ UNMANAGED = "none"
 #: a strategy claiming one of these capabilities gives the model tools that read hidden history back
 RECALL_CAPABILITIES = frozenset({"recall", "history"})
 _STEWARD_SOURCE = Source(kind="model", provider="simulate", model="steward")
+_RECALL_SOURCE = Source(kind="model", provider="simulate", model="recall")
 _MAX_STEWARD_ROUNDS = 3
 _MAX_OVERFLOW_RETRIES = 3
 
@@ -323,6 +326,11 @@ class Replay:
         self.price = price or price_for(DEFAULT_MODELS["workload"])
         self.cache = PromptCache(self.price)
         self.bill = Bill()  # every request the provider served, and every summary call
+        # the extra requests the cued prober's recall calls stand for, and their output (the calls):
+        # priced apart from ``bill``, which holds only what the recording's requests cost
+        self.recall_bill = Bill()
+        self.recall_output = 0
+        self._sent_blocks: list[tuple[Hashable, int]] | None = None  # the last served request's blocks
         self._refused: Request | None = None  # the request being served although a provider refused it
         self._tools_key: tuple[Any, bytes] = (None, b"")
         self.session: Session = kernel.open_session(origin=origin_label(label, recording))
@@ -409,6 +417,7 @@ class Replay:
         self.counters.recorded_requests += 1
         self._probe_needs(request)
         self._commit(self.session, message, request)
+        self._bill_recall(request)
         self.originals.append((self.session.id, self.session.next_seq - (1 if message.tool_calls else 2)))
         self._last_was_final_reply = not message.tool_calls
 
@@ -429,6 +438,16 @@ class Replay:
             tally.needs += 1
             if recall.probe_need(self.session, offered, shown, candidate.cue, candidate.evidence, budget, tally):
                 tally.found += 1
+
+    def _bill_recall(self, request: Request) -> None:
+        """Price the recall calls the prober made at ``request`` (just sent) as the extra
+        requests a model would have sent to make them (:func:`recall_requests`)."""
+        exchanges, self.cued.exchanges = self.cued.exchanges, []
+        if not exchanges or request is self._refused or self._sent_blocks is None:
+            return  # a refused request was never served: no model read it or called anything
+        bill, output = recall_requests(self.cache, self.clock.now, self._sent_blocks, exchanges, self.session.meter)
+        self.recall_bill.add(bill)
+        self.recall_output += output
 
     def _prepare_with_steward(self) -> Request:
         """Prepare the next request; first let the steward take its context-management steps."""
@@ -569,9 +588,14 @@ class Replay:
         self.counters.prompt_tokens.append(tokens)
         self.instructions.check(request.system, request.messages)
         if request is self._refused:
+            self._sent_blocks = None
             return tokens, 0  # refused by the provider: nothing billed, nothing cached
-        blocks = [(self._header_key(request.system, request.tools), header), *zip(request.messages, per_message)]
+        blocks: list[tuple[Hashable, int]] = [
+            (self._header_key(request.system, request.tools), header),
+            *zip(request.messages, per_message),
+        ]
         bill = self.cache.request(self.clock.now, blocks)
+        self._sent_blocks = blocks
         self.bill.add(bill)
         return tokens, bill.cache_read
 
@@ -709,6 +733,7 @@ class Replay:
         # a provider refuses a request over the window: the session as recorded could not go on,
         # so it has no price
         price = None if c.overflows else round(self.price.cost(bill, output), 6)
+        recall_price = None if c.overflows else round(self.price.cost(self.recall_bill, self.recall_output), 6)
         return {
             "requests": len(tokens),
             "recorded_requests": c.recorded_requests,
@@ -729,6 +754,8 @@ class Replay:
             "cache_write_tokens": bill.cache_write,
             "output_tokens": output,
             "cost_usd": price,
+            "recall_cost_usd": recall_price,
+            "cost_with_recall_usd": None if price is None or recall_price is None else round(price + recall_price, 6),
             "invariant_violations": len(violations),
             "invariant_details": violations[:20],
             "instructions_visible": round(at_end, 4),
@@ -741,6 +768,34 @@ class Replay:
             "steward_errors": c.steward_errors,
             "prompt_tokens": tokens,
         }
+
+
+def recall_requests(
+    cache: PromptCache,
+    at: float,
+    sent: Sequence[tuple[Hashable, int]],
+    exchanges: Sequence[tuple[ToolCallBlock, str, bool]],
+    meter: Meter,
+) -> tuple[Bill, int]:
+    """(bill, output tokens) of the requests a model sends to make ``exchanges``, the recall
+    calls it needed at the request whose cache blocks are ``sent`` (just billed through
+    ``cache``): each call is written by the model (output) and sent back with its result in one
+    more request, the request's prompt plus every call and result so far. Each is billed with the
+    replay's cache rules at ``at``, on a fork of ``cache``: the prefix already sent is read from
+    the cache, the new call and result billed as the rule bills new input; ``cache`` itself, and
+    so every later request's bill, is left as it was (the calls and results are not carried into
+    later requests)."""
+    what_if = cache.fork()
+    blocks = list(sent)
+    bill, output = Bill(), 0
+    for block, text, is_error in exchanges:
+        call = Message("assistant", (block,), _RECALL_SOURCE)
+        result = Message.tool(block.id, text, is_error=is_error, name=block.name)
+        call_tokens = meter.count_message(call)
+        output += call_tokens
+        blocks += [(call, call_tokens), (result, meter.count_message(result))]
+        bill.add(what_if.request(at, blocks))
+    return bill, output
 
 
 def origin_label(profile: str, recording: Recording) -> str:

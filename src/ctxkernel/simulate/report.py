@@ -19,7 +19,15 @@ REPLAY_NOTE = (
     "context-management tool calls come from the steward policy."
 )
 
-#: (heading, metric key) of the table columns; ``cost_vs_basic`` is computed from the rows
+#: each cost figure and its ratio to the ``basic`` row's, computed from the rows (in corpus mode
+#: per session, and ``<ratio>_pooled`` over the sums)
+COST_RATIOS: dict[str, str] = {
+    "cost_usd": "cost_vs_basic",
+    "cost_with_recall_usd": "cost_with_recall_vs_basic",
+}
+#: figures in US dollars
+MONEY = frozenset({"cost_usd", "recall_cost_usd", "cost_with_recall_usd"})
+#: (heading, metric key) of the table columns; the cost ratios are computed from the rows
 _COLUMNS: tuple[tuple[str, str], ...] = (
     ("profile", "profile"),
     ("status", "status"),
@@ -35,6 +43,8 @@ _COLUMNS: tuple[tuple[str, str], ...] = (
     ("cache write", "cache_write_tokens"),
     ("cost $", "cost_usd"),
     ("vs basic", "cost_vs_basic"),
+    ("recall $", "recall_cost_usd"),
+    ("+recall vs basic", "cost_with_recall_vs_basic"),
     ("violations", "invariant_violations"),
     ("instr. visible", "instructions_visible"),
     ("instr. min", "instructions_visible_min"),
@@ -61,7 +71,7 @@ _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e
 def _cell(key: str, value: Any) -> str:
     """One figure as the tables show it: counts with thousands separators, shares as whole
     percentages, money to four decimals, ratios to two, seconds to one."""
-    if key == "cost_usd" and value is None:
+    if key in MONEY and value is None:
         return "n/a"
     if value is None:
         return "-"
@@ -69,9 +79,9 @@ def _cell(key: str, value: Any) -> str:
         return ",".join(f"{k}:{v}" for k, v in value.items()) or "0"
     if key in SHARES:
         return f"{value:.0%}"
-    if key == "cost_usd":
+    if key in MONEY:
         return f"{value:,.4f}"
-    if key == "cost_vs_basic":
+    if key in COST_RATIOS.values():
         return f"{value:.2f}x"
     if key == "wall_seconds":
         return f"{value:,.1f}"
@@ -83,14 +93,17 @@ def _cell(key: str, value: Any) -> str:
 
 
 def with_cost_ratio(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """The profile rows, each with ``cost_vs_basic``: its cost over the ``basic`` row's (None when
+    """The profile rows, each with ``cost_vs_basic``: its cost over the ``basic`` row's, and
+    ``cost_with_recall_vs_basic``: the same with the recall calls priced on both sides (None when
     either has no cost)."""
-    basic = next((p.get("cost_usd") for p in report["profiles"] if p["profile"] == "basic"), None)
+    basic: dict[str, Any] = next((p for p in report["profiles"] if p["profile"] == "basic"), {})
     rows = []
     for metrics in report["profiles"]:
-        cost = metrics.get("cost_usd")
-        ratio = round(cost / basic, 4) if cost is not None and basic else None
-        rows.append({**metrics, "cost_vs_basic": ratio})
+        row = dict(metrics)
+        for key, ratio in COST_RATIOS.items():
+            cost, of_basic = metrics.get(key), basic.get(key)
+            row[ratio] = round(cost / of_basic, 4) if cost is not None and of_basic else None
+        rows.append(row)
     return rows
 
 
@@ -332,6 +345,8 @@ _SESSION_COLUMNS: tuple[tuple[str, str], ...] = (
     ("billed in", "billed_input_tokens"),
     ("cost $", "cost_usd"),
     ("vs basic", "cost_vs_basic"),
+    ("recall $", "recall_cost_usd"),
+    ("+recall vs basic", "cost_with_recall_vs_basic"),
     ("violations", "invariant_violations"),
     ("instr. min", "instructions_visible_min"),
     ("recall cued", "recall_cued"),
@@ -344,6 +359,8 @@ _AGGREGATE_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("billed in sum", "billed_input_tokens", "sum"),
     ("cost $ sum", "cost_usd", "sum"),
     ("vs basic median", "cost_vs_basic", "median"),
+    ("recall $ sum", "recall_cost_usd", "sum"),
+    ("+recall vs basic median", "cost_with_recall_vs_basic", "median"),
     ("summaries sum", "summary_calls", "sum"),
     ("instr. min median", "instructions_visible_min", "median"),
     ("instr. min p10", "instructions_visible_min", "p10"),
@@ -356,6 +373,7 @@ _AGGREGATE_COLUMNS: tuple[tuple[str, str, str], ...] = (
 DISTRIBUTIONS: tuple[tuple[str, str], ...] = (
     ("peak_prompt_tokens", "Peak prompt tokens per session"),
     ("cost_vs_basic", "Cost against basic per session (with the prompt cache)"),
+    ("cost_with_recall_vs_basic", "Cost against basic per session, the recall calls priced on both sides"),
     ("instructions_visible_min", "Lowest share of instructions visible at any request"),
     ("recall_cued", "Share of recall needs found through the strategy's tools (cued)"),
     ("history_reachable", "Share of history reachable (exhaustive fetch)"),
@@ -432,7 +450,7 @@ def render_corpus_table(report: dict[str, Any]) -> str:
 
 def distribution_values(report: dict[str, Any], key: str) -> dict[str, list[tuple[str, float]]]:
     """Per profile, ``(session label, value)`` of every session it replayed with a value;
-    ``cost_vs_basic`` is each session's cost over its own ``basic`` row's."""
+    the cost ratios are each session's cost over its own ``basic`` row's."""
     out: dict[str, list[tuple[str, float]]] = {name: [] for name in report["aggregate"]}
     for session in report["sessions"]:
         rows = with_cost_ratio(session) if session["profiles"] else []
@@ -466,7 +484,7 @@ def render_distribution(report: dict[str, Any], key: str, title: str, *, width: 
     def label(v: float) -> str:
         if share:
             return f"{v:.0%}"
-        if key == "cost_vs_basic":
+        if key in COST_RATIOS.values():
             return f"{v:.2f}x"
         return f"{v:,.0f}" if step >= 1 else f"{v:,.2f}"
 
