@@ -132,7 +132,7 @@ class Source:
             unknown = set(data) - _SOURCE_KEYS
             msg = f"message source has unknown keys {sorted(unknown)}; accepted: {list(_SOURCE_FIELDS)}"
             raise EventError(msg)
-        wrong = sorted(k for k, v in data.items() if not (isinstance(v, str) or (v is None and k != "kind")))
+        wrong = sorted(k for k, v in data.items() if not (v is None or isinstance(v, str)))  # kind: checked above
         if wrong:
             msg = f"message source fields {wrong} must be strings, got {[type(data[k]).__name__ for k in wrong]}"
             raise EventError(msg)

@@ -35,18 +35,24 @@ def test_compact_tool_sends_the_compact_schema_and_keeps_name_and_description():
     )
 
 
-def test_a_models_schema_is_derived_once_per_process_and_each_tool_owns_its_copy(monkeypatch):
-    class Once(ToolArgs):
-        path: str = Field(description="where")
-
-    calls = []
-    derive = Once.model_json_schema
+def counted_schemas(monkeypatch, model: type[ToolArgs]) -> list[int]:
+    """A list that grows by one each time ``model``'s JSON schema is derived."""
+    calls: list[int] = []
+    derive = model.model_json_schema
 
     def counted(*args, **kwargs):
         calls.append(1)
         return derive(*args, **kwargs)
 
-    monkeypatch.setattr(Once, "model_json_schema", counted)
+    monkeypatch.setattr(model, "model_json_schema", counted)
+    return calls
+
+
+def test_a_models_schema_is_derived_once_per_process_and_each_tool_owns_its_copy(monkeypatch):
+    class Once(ToolArgs):
+        path: str = Field(description="where")
+
+    calls = counted_schemas(monkeypatch, Once)
     first = Tool("a", "d", Once, lambda s, a: "").schema()
     first["function"]["parameters"]["properties"]["path"]["description"] = "changed by its owner"
     second = Tool("b", "d", Once, lambda s, a: "").schema()  # as a second kernel registers it again
@@ -59,14 +65,7 @@ def test_a_refusal_names_the_accepted_arguments_from_the_kept_schema(monkeypatch
     class Bounded(ToolArgs):
         count: int = Field(ge=0, le=20)
 
-    calls = []
-    derive = Bounded.model_json_schema
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return derive(*args, **kwargs)
-
-    monkeypatch.setattr(Bounded, "model_json_schema", counted)
+    calls = counted_schemas(monkeypatch, Bounded)
     tool = Tool("t", "d", Bounded, lambda s, a: "")
     refusals = []
     for bad in ({"count": -1}, {"count": "many"}, {}):

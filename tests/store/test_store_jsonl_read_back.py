@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from array import array
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -26,7 +28,7 @@ def test_reading_back_from_a_snapshot_finds_the_offsets_a_full_scan_finds(tmp_pa
     reader = JsonlStore(root)
     # as snapshot_read primes it: the offset of the last event the snapshot covers, and its end
     end = whole.offsets[last + 1] if last + 1 < len(sizes) else whole.end
-    reader._index["s"] = _Index(offsets=[whole.offsets[last]], end=end, base=last)
+    reader._index["s"] = _Index(offsets=array("q", [whole.offsets[last]]), end=end, base=last)
     reader._primed.add("s")
     assert [e.seq for e in reader.read("s", start)] == list(range(start, len(sizes)))
     index = reader._index["s"]

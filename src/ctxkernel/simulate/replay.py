@@ -252,19 +252,27 @@ def summarizer_settings(spec: str) -> SummarizerSettings | None:
 
 
 # -- profiles ------------------------------------------------------------------------------------------
-def prepare_profile(name: str, recording: Recording, options: Options, home: Path) -> Profile:
+def base_profile(name: str) -> Profile:
+    """Profile ``name`` as loaded, before the simulation's changes (``none``: ``basic``'s model
+    settings and no strategy, what the session needs when nothing manages it)."""
+    if name != UNMANAGED:
+        return load_profile(name)
+    profile = load_profile("basic")
+    profile.profile.excerpt_oversized = False  # no kernel bound either: what the session sends
+    profile.profile.strategies = []
+    profile.strategies = {}
+    for policy in profile.model_policies:
+        policy.strategies = {}
+    return profile
+
+
+def prepare_profile(
+    name: str, recording: Recording, options: Options, home: Path, base: Profile | None = None
+) -> Profile:
     """The profile as the simulation runs it: window override, the recording's system prompt,
-    a private store, and the chosen summarizer (extractive unless asked: offline by default)."""
-    if name == UNMANAGED:
-        # basic's model settings and no strategy: what the session needs when nothing manages it
-        profile = load_profile("basic")
-        profile.profile.excerpt_oversized = False  # no kernel bound either: what the session sends
-        profile.profile.strategies = []
-        profile.strategies = {}
-        for policy in profile.model_policies:
-            policy.strategies = {}
-    else:
-        profile = load_profile(name)
+    a private store, and the chosen summarizer (extractive unless asked: offline by default).
+    ``base``: :func:`base_profile` of ``name`` when the caller has it (changed in place)."""
+    profile = base_profile(name) if base is None else base
     if options.window is not None:
         override_window(profile, options.window)
     if recording.system:
@@ -952,7 +960,9 @@ def run_profile(name: str, recording: Recording, options: Options) -> dict[str, 
     with home_of as tmp:
         home = Path(tmp)
         try:
-            profile = prepare_profile(name, recording, options, home)
+            base = base_profile(name)
+            configured = base.model  # before --window, which may shrink its output reservation
+            profile = prepare_profile(name, recording, options, home, base)
             kernel = Kernel(profile, store=JsonlStore(home, fsync=False), home=home)
             if options.summarizer in (STAND_IN, "scripted"):
                 kernel.summarizer = ExtractiveModel(_meter_of(kernel))
@@ -965,7 +975,6 @@ def run_profile(name: str, recording: Recording, options: Options) -> dict[str, 
         if options.window is not None:  # the comparison's own window: can it hold the recording?
             meter = _meter_of(kernel)
             tokens, what = largest_message(recording, meter, model.tokenizer)
-            configured = load_profile("basic" if name == UNMANAGED else name).model
             reason = message_refusal(tokens, what, model, configured) or instruction_refusal(
                 largest_instruction(recording, meter, model.tokenizer),
                 profile.instructions.budget_ratio,

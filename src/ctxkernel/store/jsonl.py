@@ -67,10 +67,6 @@ class _Index:
     end: int = 0  # byte just after the last complete batch
     base: int = 0  # seq of the event at offsets[0]
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.offsets, array):
-            self.offsets = array("q", self.offsets)
-
     @property
     def count(self) -> int:
         return self.base + len(self.offsets)
