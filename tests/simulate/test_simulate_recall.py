@@ -73,6 +73,28 @@ def test_only_content_that_comes_back_counts(monkeypatch):
     assert broken["history_reachable_declared"] == intact["history_reachable_declared"]
 
 
+def test_masked_results_are_read_back_by_the_ids_their_placeholders_show(monkeypatch):
+    # mask offers no listing: a model reads the item ids its placeholders print, and so does
+    # the prober (before: no family it knew, so every masked result counted as unreachable)
+    row = replayed("mask", "coding-long", window=40_000)
+    assert row["compactions"].get("mask", 0) > 0
+    assert row["history_reachable_method"] == "shown"
+    assert row["history_reachable"] == row["history_reachable_declared"] == 1.0
+    assert row["history_reachable_calls"] >= row["history_reachable_probed"] > 0
+    original = History.read_item
+
+    def clipped(self: History, item_id: str, **kw: Any) -> dict[str, Any]:
+        out = original(self, item_id, **kw)
+        out["content"] = out["content"][:8]
+        out.pop("next_offset_chars", None)
+        return out
+
+    monkeypatch.setattr(History, "read_item", clipped)
+    broken = run_profile("mask", workload("coding-long"), Options(window=40_000))
+    assert broken["history_reachable_method"] == "shown"
+    assert broken["history_reachable"] < 0.6  # what the surface still shows: the masked results are gone
+
+
 def test_recall_work_is_capped_and_the_sample_scaled(monkeypatch):
     monkeypatch.setattr(recall, "MAX_TARGETS", 10)
     row = run_profile("handoff", workload("coding-long"), Options(window=20_000))

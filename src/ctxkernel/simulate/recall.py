@@ -14,6 +14,8 @@ recoverable, and the report says which family was used in ``recall_method``):
               :mod:`ctxkernel.recall.history` with those names): list every item page by page
               (``next_cursor``), then read each target's ``item_<seq>`` in pages (``next_offset_chars``)
 ``lookup``    ``history_lookup`` + ``history_read`` (rollover): the same with its argument names
+``shown``     ``history_read_item`` without a listing (mask): read each ``item_<seq>`` id the final
+              surface prints (its placeholders name them), in pages
 ``chapters``  ``chapters_read`` + ``chapters_artifact``: read every chapter numbered in the table of
               contents on the surface, in pages, and every artifact a target's rendering points at
 
@@ -54,6 +56,7 @@ _PAGE_LINE = re.compile(r"^\d{1,9}: ", re.MULTILINE)
 _CHAPTER_TAIL = re.compile(r"\n\((?:lines \d+-\d+ of \d+; next page: offset=\d+|end of chapter: \d+ lines)\)$")
 _ARTIFACT_TAIL = re.compile(r"\n\((?:lines \d+-(\d+) of \d+; next page: offset=\d+|end: \d+ lines)\)$")
 _NEXT_OFFSET = re.compile(r"next page: offset=(\d+)\)$")
+_ITEM_ID = re.compile(r"\bitem_(\d{1,18})\b")
 
 
 def normalize(text: str) -> str:
@@ -137,9 +140,17 @@ def _paged_history(
         cursor = page.get("next_cursor") if isinstance(page.get("next_cursor"), str) else None
         if not cursor:
             break
+    return _read_items(prober, targets, listed, read_tool=read_tool, id_arg=id_arg)
+
+
+def _read_items(
+    prober: _Prober, targets: list[tuple[int, list[str]]], known: set[str], *, read_tool: str, id_arg: str
+) -> Iterable[int]:
+    """Seqs of ``targets`` whose content reading their ``item_<seq>`` in pages brings back, for
+    the ids in ``known`` (the ones the model saw: listed, or printed on its surface)."""
     for seq, needles in targets:
         ref = f"item_{seq}"
-        if ref not in listed:
+        if ref not in known:
             continue  # the model never saw this id
         body: list[str] = []
         offset = 0
@@ -267,6 +278,14 @@ def measure(
         result.method = "lookup"
         found = _paged_history(prober, own, list_tool="history_lookup", read_tool="history_read", id_arg="item")
         result.recovered.update((final.id, seq) for seq in found)
+    elif "history_read_item" in names:
+        # no listing to page through (mask): a model knows the ids the surface prints, its
+        # placeholders' ``item_<seq>``, and reads those
+        result.method = "shown"
+        surface = "\n".join(n.message.text for n in final.surface.nodes)
+        shown = {f"item_{seq}" for seq in _ITEM_ID.findall(surface)}
+        found = _read_items(prober, own, shown, read_tool="history_read_item", id_arg="id")
+        result.recovered.update((final.id, seq) for seq in found)
     elif "chapters_read" in names:
         result.method = "chapters"
         surface = "\n".join(n.message.text for n in final.surface.nodes)
@@ -281,7 +300,6 @@ NEED_CALLS = 3
 NEED_OUTPUT_SHARE = 1 / 8
 #: most needs probed per replay (the first ones; later ones are neither counted nor probed)
 MAX_NEEDS = 150
-_ITEM_ID = re.compile(r"\bitem_(\d{1,18})\b")
 _SEARCH_HIT = re.compile(r"^(\S+) (?:artifact (\S+) )?line (\d{1,9}): ", re.MULTILINE)
 
 

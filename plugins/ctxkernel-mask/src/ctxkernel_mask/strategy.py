@@ -11,6 +11,6 @@ NAME = "mask"
 STRATEGY = ctxkernel.Strategy(
     NAME,
     MaskSettings,
-    capabilities={"observation"},
+    capabilities={"observation", "recall"},  # recall: its placeholders name ids its history tools read back
     description="observation masking: old tool outputs become a one-line placeholder, in cache-friendly batches",
 )
