@@ -92,11 +92,13 @@ JSON = st.recursive(
 @settings(max_examples=300, deadline=None)
 @given(st.lists(JSON, min_size=1, max_size=5), st.lists(JSON, max_size=5), st.lists(JSON, max_size=6))
 def test_a_remembered_history_is_reused_only_when_its_items_start_the_new_one(start, more, other):
-    from ctxkernel.serve.wire import _continues
+    from ctxkernel.serve.wire import Digest, _continues
 
-    # what the memo compares: the JSON of the last history against the JSON of the new one
-    assert _continues(orjson.dumps(start + more), orjson.dumps(start))
-    if _continues(orjson.dumps(other), orjson.dumps(start)):
+    # what the memo compares: the JSON of the last history (what it keeps of it: a digest of
+    # its bytes up to the closing bracket) against the JSON of the new one
+    remembered = Digest.of(orjson.dumps(start)[:-1])
+    assert _continues(orjson.dumps(start + more), remembered)
+    if _continues(orjson.dumps(other), remembered):
         assert other[: len(start)] == start
 
 
@@ -112,6 +114,38 @@ def test_the_memo_keeps_no_parsed_item_alive():
         openai_wire.parse_request(body("openai", openai_history(texts)), memo)
     memo.convert_history(b"openai", items, lambda i, item: ((), (), None))
     assert [sys.getrefcount(item) for item in items] == before
+
+
+def _bytes_reachable(root: object) -> list[int]:
+    """The sizes of every bytes-like object reachable from ``root``."""
+    import gc
+
+    seen, todo, sizes = set(), [root], []
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or isinstance(obj, type):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, (bytes, bytearray, memoryview)):
+            sizes.append(len(obj))
+        else:
+            todo += gc.get_referents(obj)
+    return sizes
+
+
+def test_what_the_memo_remembers_of_a_body_is_not_the_body():
+    # issue 40 item 3 (memos that do not keep whole bodies): a body, and a history compared as
+    # JSON, are remembered as digests; only the body's other fields are kept as JSON
+    memo = MessageMemo()
+    history = [{"role": "user" if n % 2 == 0 else "assistant", "content": f"{n} " + "lorem " * 2_000} for n in range(9)]
+    for n in (7, 9):  # the second body continues the first: parsed from its appended bytes only
+        raw = orjson.dumps({"model": "m", "temperature": 0, "messages": history[:n]})
+        request = memo.parse(b"openai", raw)
+        memo.convert_history(b"openai", request, lambda i, item: ((), (), None))
+    assert request.previous is not None and request.items == history[7:9]
+    memo.convert_history(b"anthropic", orjson.loads(orjson.dumps(history)), lambda i, item: ((), (), None))
+    assert memo.held_chains == 1 and len(memo._histories) == 1
+    assert max(_bytes_reachable(memo)) < len(raw) / 100, "the memo keeps a body's bytes"
 
 
 # a surface as the session gives it: (seq, message) pairs; steps grow it, cut it, or replace

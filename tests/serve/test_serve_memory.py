@@ -104,10 +104,11 @@ def test_an_accepted_history_of_tiny_messages_is_held_within_a_bound(patient_fak
 
 # -- issue 40 item 3: what one session of a coding history holds ---------------------------------------
 #: held per session over its last body (issue 40's bench row, ``serve_rss_per_session_vs_body_100k``,
-#: targets 3 for the process's RSS): about 8.1 now; 10.7 while the snapshot writer kept every
-#: visible node serialised and each node a parsed copy of its message, and 22 before its records
-#: and the memo's were sized to their bytes and the memo stopped keeping each message's JSON
-SESSION_KEPT_BOUND = 9.5
+#: targets 3 for the process's RSS): about 7.0 now; 8.1 while the memo kept the client's last
+#: body, 10.7 while the snapshot writer kept every visible node serialised and each node a parsed
+#: copy of its message, and 22 before its records and the memo's were sized to their bytes and
+#: the memo stopped keeping each message's JSON
+SESSION_KEPT_BOUND = 7.6
 
 
 def coding_history(turns: int) -> list[dict[str, Any]]:

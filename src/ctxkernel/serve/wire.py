@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from ..jsonbytes import dumps_kept, kept
+from ..jsonbytes import dumps_kept
 from ..messages import Message
 from ..pairing import CallIds
 from ..text import storable
@@ -276,11 +276,12 @@ def check_tools(tools: list[Any], what: str = "tools") -> None:
 @dataclass
 class Converted:
     """A client history as converted by :meth:`MessageMemo.convert_history`: how many items it
-    had and their JSON (kept to compare the next request with), the kernel messages and their
-    hashes, the system texts found among the items."""
+    had and their JSON array without its closing bracket, as a :class:`Digest` (to compare the
+    next request with), the kernel messages and their hashes, the system texts found among the
+    items."""
 
     count: int
-    json: bytes
+    json: Digest | None
     messages: list[Message]
     hashes: list[str]
     system: list[str]
@@ -303,18 +304,60 @@ class ParsedBody:
     end: int = -1
     proven: bool = False
     fields: bytes = b""
+    #: the SHA-256 of ``raw`` up to ``end``, when :meth:`MessageMemo.parse` has hashed it
+    #: already (remembering the body then hashes no byte twice)
+    head_sha256: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Digest:
+    """Bytes remembered without keeping them: their length, their last bytes and their SHA-256.
+
+    The memo compares a client's next body with the last one through these (issue 40: memos
+    that do not keep whole bodies). The last bytes turn away a body that differs near the end
+    (another conversation behind the same system prompt) without hashing it; the digest proves
+    the rest, so equal means equal bytes, whoever chose them."""
+
+    size: int
+    last: bytes
+    sha256: bytes
+
+    #: how many of the last bytes are kept to compare before hashing
+    LAST = 64
+
+    @classmethod
+    def of(cls, data: bytes | memoryview) -> Digest:
+        return cls(len(data), bytes(data[len(data) - min(len(data), cls.LAST) :]), hashlib.sha256(data).digest())
+
+    def matches(self, data: bytes | memoryview) -> bool:
+        """Whether ``data`` are the remembered bytes."""
+        return self.hash_if_matches(data) is not None
+
+    def hash_if_matches(self, data: bytes | memoryview) -> Any:
+        """The SHA-256 object that hashed ``data`` (to hash what follows them with) when they
+        are the remembered bytes; else None."""
+        size = self.size
+        if len(data) != size or data[size - len(self.last) :] != self.last:
+            return None
+        sha = hashlib.sha256(data)
+        return sha if sha.digest() == self.sha256 else None
 
 
 @dataclass
 class _Chain:
-    """A client body remembered as bytes, so that the next body, which appends messages to
-    it, is parsed from the appended bytes only (:meth:`MessageMemo.parse`)."""
+    """A client body remembered as digests of its bytes before and after the end of its
+    messages array, so that the next body, which appends messages to it, is parsed from the
+    appended bytes only (:meth:`MessageMemo.parse`)."""
 
-    raw: bytes
-    end: int
+    head: Digest  # the body up to the messages array's closing bracket
+    tail: Digest  # from that bracket on
     proven: bool
     fields: bytes  # the body with ``"messages": null``, as JSON (fresh objects on every parse)
     history: Converted
+
+    @property
+    def end(self) -> int:
+        return self.head.size
 
 
 #: the size of a memo key's digest (:meth:`MessageMemo.convert`)
@@ -328,7 +371,8 @@ class MessageMemo:
 
     The key is the wire format's name and the SHA-256 digest of the message's JSON
     (``orjson.dumps`` of the parsed message; a JSON shorter than a digest is its own key, so the
-    two kinds never meet): the memo keeps no copy of the bodies it has seen. Only messages a
+    two kinds never meet): the memo keeps no copy of the bodies it has seen (a history or body
+    it compares the next one with is kept as a :class:`Digest`). Only messages a
     request is the first to send are looked up here (a body that continues a remembered one is
     converted from its new items: :meth:`parse`), so the digest is paid once per message, not
     once per request. Kernel messages are immutable, so sessions may share an entry. Bounded by
@@ -342,17 +386,16 @@ class MessageMemo:
         self._entries: OrderedDict[bytes, tuple[tuple[Message, ...], tuple[str, ...], int]] = OrderedDict()
         self.histories = histories
         self.held_items = 0  # items the remembered histories hold (bounded by ``limit`` too)
-        self.held_history_bytes = 0  # their JSON (bounded by ``max_bytes`` too)
         self._histories: OrderedDict[bytes, Converted] = OrderedDict()
-        self.held_chains = 0  # bodies remembered as bytes (:meth:`parse`; bounded by ``histories``)
-        self.held_chain_bytes = 0  # their bytes (bounded by ``max_bytes`` too)
+        self.held_chains = 0  # bodies remembered as digests (:meth:`parse`; bounded by ``histories``)
+        self.held_chain_bytes = 0  # their other fields' JSON (bounded by ``max_bytes`` too)
         self._chains: OrderedDict[bytes, list[_Chain]] = OrderedDict()
 
     #: a remembered body is found by the API and its first bytes (fewer than a body grows by,
     #: so that a short body finds the one it continues); bodies that share them (one system
     #: prompt, many conversations) are told apart by their bytes, at most this many each (a
-    #: body that is not continued is rejected by three byte compares and a ``memcmp`` that
-    #: stops at the first difference)
+    #: body that is not continued is rejected by three byte compares and two compares of 64
+    #: bytes, before any hash: :class:`Digest`)
     CHAIN_KEY_BYTES = 48
     CHAINS_PER_KEY = 64
 
@@ -377,25 +420,26 @@ class MessageMemo:
         plus the new items (items added to any other array, or inside a string, would not add
         to the messages)."""
         for chain in self._chains.get(api + b"\0" + raw[: self.CHAIN_KEY_BYTES], ()):
-            bounds = _appended(raw, chain)
-            if bounds is None:
+            found = _appended(raw, chain)
+            if found is None:
                 continue
-            start, stop = bounds
+            start, stop, sha = found
             try:
                 items = parse_json(b"[" + raw[start:stop] + b"]")
             except (ValueError, WireError):
                 break  # not a continuation after all: the whole parse reports what is wrong
             if not isinstance(items, list) or not items:
                 break
+            sha.update(memoryview(raw)[chain.end : stop])  # the body up to its new end
             if chain.proven:
                 body = orjson.loads(chain.fields)
                 body["messages"] = items
-                return ParsedBody(body, items, chain.history, raw, stop, True, chain.fields)
+                return ParsedBody(body, items, chain.history, raw, stop, True, chain.fields, sha)
             body = load_json_object(raw)
             messages = body.get("messages")
             count = chain.history.count
             if isinstance(messages, list) and len(messages) == count + len(items):
-                return ParsedBody(body, messages[count:], chain.history, raw, stop, True, chain.fields)
+                return ParsedBody(body, messages[count:], chain.history, raw, stop, True, chain.fields, sha)
             return _parsed_whole(body, raw)
         return _parsed_whole(load_json_object(raw), raw)
 
@@ -417,13 +461,13 @@ class MessageMemo:
             parsed = ParsedBody({}, parsed)
         previous = parsed.previous
         if previous is None:
-            # a body remembered as bytes (:meth:`_remember`) is continued from those: its
-            # history is not kept a second time as JSON
+            # a body remembered as digests (:meth:`_remember`) is compared through those: its
+            # history is not remembered a second time as JSON
             out = self._convert_items(api, parsed.items, one, marked, keep=parsed.end < 0 or not parsed.raw)
         else:
             out = Converted(
                 previous.count + len(parsed.items),
-                b"",
+                None,
                 list(previous.messages),
                 list(previous.hashes),
                 list(previous.system),
@@ -440,7 +484,8 @@ class MessageMemo:
         return out
 
     def _remember(self, api: bytes, parsed: ParsedBody, out: Converted, previous: Converted | None) -> None:
-        """Keep ``parsed``'s bytes for the next body; it replaces the one it continued."""
+        """Remember ``parsed``'s bytes, as digests, for the next body; it replaces the one it
+        continued."""
         if parsed.end < 0 or not parsed.raw:
             return
         key = api + b"\0" + parsed.raw[: self.CHAIN_KEY_BYTES]
@@ -448,17 +493,24 @@ class MessageMemo:
             fields = parsed.fields or dumps_kept({**parsed.body, "messages": None})
         except TypeError:  # not JSON-encodable as parsed (cannot happen for a parsed body)
             return
-        history = Converted(out.count, b"", out.messages, out.hashes, out.system, out.marked)
-        chain = _Chain(parsed.raw, parsed.end, parsed.proven, fields, history)
+        history = Converted(out.count, None, out.messages, out.hashes, out.system, out.marked)
+        view = memoryview(parsed.raw)
+        head = view[: parsed.end]
+        if parsed.head_sha256 is None:
+            head_digest = Digest.of(head)
+        else:
+            last = head[len(head) - min(len(head), Digest.LAST) :]
+            head_digest = Digest(len(head), bytes(last), parsed.head_sha256.digest())
+        chain = _Chain(head_digest, Digest.of(view[parsed.end :]), parsed.proven, fields, history)
         kept = [chain]
         for old in self._chains.pop(key, []):
-            if old.history is previous or old.raw == chain.raw:  # continued by this body, or this body
-                self._forget(old)
+            if old.history is previous or (old.head, old.tail) == (chain.head, chain.tail):
+                self._forget(old)  # continued by this body, or this body again
             else:
                 kept.append(old)
         self._chains[key] = kept
         self.held_chains += 1
-        self.held_chain_bytes += len(chain.raw)
+        self.held_chain_bytes += len(chain.fields)
         while len(kept) > self.CHAINS_PER_KEY:
             self._forget(kept.pop())
         while self._chains and (self.held_chains > self.histories or self.held_chain_bytes > self.max_bytes):
@@ -469,7 +521,7 @@ class MessageMemo:
 
     def _forget(self, chain: _Chain) -> None:
         self.held_chains -= 1
-        self.held_chain_bytes -= len(chain.raw)
+        self.held_chain_bytes -= len(chain.fields)
 
     def _convert_items(
         self,
@@ -481,28 +533,28 @@ class MessageMemo:
         keep: bool = True,
     ) -> Converted:
         """The whole array converted, reusing the conversion of the last history that began
-        with the same two items when its JSON starts this one's; remembered for the next one
-        when ``keep``.
+        with the same two items (found by their JSON's SHA-256) when its JSON starts this
+        one's; remembered for the next one when ``keep``.
 
-        That history's JSON is compared with this one's (one ``bytes.startswith``, a
-        ``memcmp``); when it is a prefix ending at an item boundary, its conversion is reused
-        and only the new items are converted. Equal JSON means equal items, so two clients
-        whose histories begin alike cannot get each other's messages.
+        That history's JSON is compared with this one's (its :class:`Digest`: one SHA-256 of
+        as many bytes of this one); when it is a prefix ending at an item boundary, its
+        conversion is reused and only the new items are converted. Equal JSON means equal items,
+        so two clients whose histories begin alike cannot get each other's messages.
 
-        The history is remembered as JSON bytes, not as the parsed items: bytes hold no
-        references, so the collector never walks them, while keeping thousands of parsed dicts
+        The history is remembered as a digest of its JSON, not as the parsed items: it holds no
+        references, so the collector never walks it, while keeping thousands of parsed dicts
         alive from one request to the next made them survive into the oldest generation and
         set off a full collection every few requests (``bench_serve.py``: about a third of a
         request's CPU at 100k tokens)."""
         try:
             dumped = orjson.dumps(items)
-            key = api + b"\0" + orjson.dumps(items[:2])
+            key = api + b"\0" + hashlib.sha256(orjson.dumps(items[:2])).digest()
         except TypeError:  # not JSON-encodable as parsed (cannot happen for a parsed body)
             dumped = key = b""
-        out = Converted(len(items), b"", [], [], [])
+        out = Converted(len(items), None, [], [], [])
         start = 0
         previous = self._histories.get(key) if key else None
-        if previous is not None and previous.count and _continues(dumped, previous.json):
+        if previous is not None and previous.count and previous.json and _continues(dumped, previous.json):
             start = previous.count
             out.messages += previous.messages
             out.hashes += previous.hashes
@@ -516,22 +568,15 @@ class MessageMemo:
                 out.system.append(system)
             out.marked = out.marked or (marked is not None and marked(items[i]))
         if key and keep:
-            out.json = kept(dumped)  # held until the next history: sized to its bytes (jsonbytes.py)
+            out.json = Digest.of(memoryview(dumped)[:-1])  # the array up to its closing bracket
             old = self._histories.pop(key, None)
             if old is not None:
                 self.held_items -= old.count
-                self.held_history_bytes -= len(old.json)
             self.held_items += out.count
-            self.held_history_bytes += len(out.json)
             self._histories[key] = out
-            while self._histories and (
-                len(self._histories) > self.histories
-                or self.held_items > self.limit
-                or self.held_history_bytes > self.max_bytes
-            ):
+            while self._histories and (len(self._histories) > self.histories or self.held_items > self.limit):
                 _, dropped = self._histories.popitem(last=False)
                 self.held_items -= dropped.count
-                self.held_history_bytes -= len(dropped.json)
         return out
 
     def convert(
@@ -585,25 +630,28 @@ def _parsed_whole(body: dict[str, Any], raw: bytes) -> ParsedBody:
     return ParsedBody(body, items, None, raw, end)
 
 
-def _appended(raw: bytes, chain: _Chain) -> tuple[int, int] | None:
+def _appended(raw: bytes, chain: _Chain) -> tuple[int, int, Any] | None:
     """Where the appended items are in ``raw`` (``start``, ``stop``: a slice) when ``raw`` is
-    ``chain.raw`` with ``,`` + items inserted before its messages' ``]``; else None."""
-    old, end = chain.raw, chain.end
-    stop = len(raw) - (len(old) - end)  # where raw's closing bracket would be
+    the remembered body with ``,`` + items inserted before its messages' ``]``, and the SHA-256
+    object that hashed ``raw`` up to ``start - 1``; else None."""
+    end = chain.end
+    stop = len(raw) - chain.tail.size  # where raw's closing bracket would be
     if end < 1 or stop <= end + 1 or raw[end] != ord(",") or raw[stop] != ord("]"):
         return None
-    view = memoryview(old)
-    if not raw.endswith(view[end:]) or not raw.startswith(view[:end]):
+    view = memoryview(raw)
+    if not chain.tail.matches(view[stop:]):
         return None
-    return end + 1, stop
+    sha = chain.head.hash_if_matches(view[:end])
+    return None if sha is None else (end + 1, stop, sha)
 
 
-def _continues(array: bytes, prefix: bytes) -> bool:
-    """Whether the JSON array ``array`` starts with every item of the JSON array ``prefix``
-    (both as ``orjson.dumps`` wrote them): ``[a,b`` is a prefix of it and the next byte ends an
-    item. A JSON value cannot be continued past its end, so the first items are then equal."""
-    end = len(prefix) - 1  # the position of prefix's closing bracket
-    return len(array) > end and array.startswith(prefix[:end]) and array[end] in b",]"
+def _continues(array: bytes, prefix: Digest) -> bool:
+    """Whether the JSON array ``array`` starts with every item of the JSON array whose bytes up
+    to its closing bracket ``prefix`` remembers (both as ``orjson.dumps`` wrote them): those
+    bytes start it and the next byte ends an item. A JSON value cannot be continued past its
+    end, so the first items are then equal."""
+    end = prefix.size  # the position of the remembered array's closing bracket
+    return len(array) > end and array[end] in b",]" and prefix.matches(memoryview(array)[:end])
 
 
 # -- usage -------------------------------------------------------------------------------------------
