@@ -71,6 +71,13 @@ def turn(session: Any, n: int) -> None:
     session.end_turn()
 
 
+def log_bytes(session: Any) -> int:
+    """The size of ``session``'s log file (the benchmark's kernels use the jsonl store)."""
+    store = session.store
+    assert isinstance(store, JsonlStore), type(store).__name__
+    return store.path(session.id).stat().st_size
+
+
 def built(bench: Any, profile: str) -> dict[int, Built]:
     """``{size: Built}`` for ``profile`` at every size of the preset (built on first use)."""
     key = (str(bench.scratch), profile, bench.quick)
@@ -90,12 +97,8 @@ def built(bench: Any, profile: str) -> dict[int, Built]:
         if size != wanted[-1]:
             copy = root / f"{size}"
             shutil.copytree(home, copy)
-            out[size] = Built(
-                profile, size, copy, session.id, len(session.events), session.store.path(session.id).stat().st_size
-            )
-    out[wanted[-1]] = Built(
-        profile, wanted[-1], home, session.id, len(session.events), session.store.path(session.id).stat().st_size
-    )
+            out[size] = Built(profile, size, copy, session.id, len(session.events), log_bytes(session))
+    out[wanted[-1]] = Built(profile, wanted[-1], home, session.id, len(session.events), log_bytes(session))
     close = getattr(kernel.store, "close", None)
     if close:
         close()
