@@ -313,10 +313,10 @@ class ParsedBody:
 class Digest:
     """Bytes remembered without keeping them: their length, their last bytes and their SHA-256.
 
-    The memo compares a client's next body with the last one through these (issue 40: memos
-    that do not keep whole bodies). The last bytes turn away a body that differs near the end
-    (another conversation behind the same system prompt) without hashing it; the digest proves
-    the rest, so equal means equal bytes, whoever chose them."""
+    The memo compares a client's next body with the last one through these, so that an open
+    session does not hold its client's whole body. The last bytes turn away a body that differs
+    near the end (another conversation behind the same system prompt) without hashing it; the
+    digest proves the rest, so equal means equal bytes, whoever chose them."""
 
     size: int
     last: bytes
