@@ -4,6 +4,8 @@ gives exactly what parsing without any memo gives; and the memo stays within its
 
 from __future__ import annotations
 
+import json
+
 import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -100,6 +102,29 @@ def test_a_remembered_history_is_reused_only_when_its_items_start_the_new_one(st
     assert _continues(orjson.dumps(start + more), remembered)
     if _continues(orjson.dumps(other), remembered):
         assert other[: len(start)] == start
+
+
+LEAN_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(st.characters(blacklist_categories=("Cs",)), max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(LEAN_VALUES)
+def test_the_lean_parse_reads_a_large_body_as_orjson_does(value):
+    # the proving parse of a session's second body takes the standard library's lower peak:
+    # it must read every body exactly as orjson does (a large one: the small ones go to orjson)
+    from ctxkernel.serve.wire import SMALL_BODY_BYTES, parse_json
+
+    # written by the standard library: orjson refuses to write an integer past 64 bits
+    raw = json.dumps({"pad": "p" * SMALL_BODY_BYTES, "value": value}, ensure_ascii=False).encode()
+    assert parse_json(raw, lean=True) == parse_json(raw) == orjson.loads(raw)
 
 
 def test_the_memo_keeps_no_parsed_item_alive():
