@@ -349,7 +349,9 @@ def _full(api: str, raw: bytes, memo: MessageMemo | None) -> tuple:
 
 EDITS = st.lists(
     st.tuples(
-        st.sampled_from(["grow", "grow", "grow", "field", "nested", "copy_last", "garbage", "style", "cut"]),
+        st.sampled_from(
+            ["grow", "grow", "grow", "mark", "mark", "field", "nested", "copy_last", "garbage", "style", "cut"]
+        ),
         st.integers(0, 3),
     ),
     min_size=1,
@@ -360,10 +362,11 @@ EDITS = st.lists(
 @settings(max_examples=200, deadline=None)
 @given(st.sampled_from(["openai", "anthropic"]), EDITS, st.integers(0, 3))
 def test_parsing_only_the_appended_bytes_is_parsing_the_whole_body(api, edits, style):
-    # any sequence of bodies a client (or an attacker) sends: growing, rewritten, other fields
-    # changed, items added to another array than the messages, the last message copied after
-    # them, bytes that only look appended, other formatting: parsed with the memo's remembered
-    # bodies, each gives exactly what parsing it alone gives
+    # any sequence of bodies a client (or an attacker) sends: growing, rewritten, its cache mark
+    # moved to the new last message (Claude Code), other fields changed, items added to another
+    # array than the messages, the last message copied after them, bytes that only look
+    # appended, other formatting: parsed with the memo's remembered bodies, each gives exactly
+    # what parsing it alone gives
     memo = MessageMemo()
     messages = anthropic_history(["hello", "done"])
     body: dict = {"model": "m", "messages": messages, "tools": [{"type": "function", "function": {"name": "t"}}]}
@@ -379,6 +382,20 @@ def test_parsing_only_the_appended_bytes_is_parsing_the_whole_body(api, edits, s
                 body["messages"].append({"role": role, "content": [{"type": "text", "text": f"m{n} ]}},"}]})
             if body["messages"][-1]["role"] != "user":
                 body["messages"].append({"role": "user", "content": "go"})
+        elif action == "mark":  # grow, and move the rolling cache mark onto the new last message
+            for _ in range(k % 2 + 1):
+                n += 1
+                role = "assistant" if body["messages"][-1]["role"] == "user" else "user"
+                body["messages"].append({"role": role, "content": [{"type": "text", "text": f"k{n}"}]})
+            if body["messages"][-1]["role"] != "user":
+                body["messages"].append({"role": "user", "content": [{"type": "text", "text": "go"}]})
+            for message in body["messages"]:
+                if isinstance(message["content"], list):
+                    message["content"] = [
+                        {k: v for k, v in b.items() if k != "cache_control"} for b in message["content"]
+                    ]
+            last = body["messages"][-1]
+            last["content"] = [*_blocks(last)[:-1], {**_blocks(last)[-1], "cache_control": {"type": "ephemeral"}}]
         elif action == "field":
             body["temperature"] = k / 4
         elif action == "nested":
@@ -419,6 +436,57 @@ def test_a_growing_history_is_parsed_from_its_appended_bytes_from_the_third_requ
         memo.convert_history(b"openai", parsed, lambda i, item: ((), (), None))
     assert seen == [(False, False, 6), (True, True, 2), (True, True, 2), (True, True, 2)]
     assert memo.parse(b"openai", raw).body is not memo.parse(b"openai", raw).body
+
+
+def test_a_history_whose_cache_mark_moves_is_parsed_from_its_last_message_on():
+    # Claude Code moves its rolling cache mark from the last message to the new last one, so
+    # every body rewrites its previous last message: parsed from where that message started
+    # (the rewritten message and the new ones), not whole, from the third body on. Before,
+    # every such body was parsed and its history compared whole (4.1 ms against 0.5 a request
+    # for a 617 KB history)
+    memo = MessageMemo()
+    messages = [{"role": "user", "content": [{"type": "text", "text": "a"}]}]
+
+    def marked(history: list[dict]) -> list[dict]:
+        last = history[-1]
+        return [*history[:-1], {**last, "content": [{**last["content"][0], "cache_control": {"type": "ephemeral"}}]}]
+
+    seen, converted = [], []
+    for step in range(4):
+        messages = [
+            *messages,
+            {"role": "assistant", "content": [{"type": "text", "text": f"r{step}"}]},
+            {"role": "user", "content": [{"type": "text", "text": f"u{step}"}]},
+        ]
+        raw = orjson.dumps({"model": "m", "max_tokens": 9, "messages": marked(messages)})
+        parsed = memo.parse(b"anthropic", raw)
+        seen.append((parsed.previous is not None, parsed.proven, len(parsed.items)))
+        out = memo.convert_history(b"anthropic", parsed, lambda i, item: ((item,), (str(i),), None))
+        converted.append((out.count, out.messages, out.hashes))
+    assert seen == [(False, False, 3), (True, True, 3), (True, True, 3), (True, True, 3)]
+    for count, items, hashes in converted:  # each history is its own items, the last one marked
+        assert count == len(items) == len(hashes) and hashes == [str(i) for i in range(count)]
+        assert [m["content"][0]["text"] for m in items] == [m["content"][0]["text"] for m in messages[:count]]
+        assert "cache_control" in items[-1]["content"][0] and not any(
+            "cache_control" in m["content"][0] for m in items[:-1]
+        )
+
+
+@given(st.lists(JSON, min_size=1, max_size=4), st.sampled_from(["orjson", "spaced", "short"]))
+def test_the_last_items_start_is_known_only_when_every_item_is_where_orjson_puts_it(items, style):
+    from ctxkernel.serve.wire import _last_start
+
+    encoded = [orjson.dumps(item) for item in items]
+    joined = b",".join(encoded) if style != "spaced" else b", ".join(encoded)
+    if style == "short":  # the items' bytes end before the slice does
+        joined += b",1"
+    raw = b'{"messages":[' + joined + b"]}"
+    cut, stop = len(b'{"messages":['), len(raw) - 2
+    start = _last_start(memoryview(raw), cut, stop, items)
+    if style == "orjson":
+        assert start == stop - len(encoded[-1])
+    elif len(items) > 1 or style == "short":
+        assert start == -1
 
 
 def test_an_item_added_to_an_array_after_the_messages_is_not_taken_for_a_message():

@@ -293,6 +293,43 @@ class Converted:
     system: list[str]
     #: whether an item was found ``marked`` (the caller's test: Anthropic's cache marks)
     marked: bool = False
+    #: what the last item gave: how many kernel messages, whether a system text, and
+    #: ``marked`` before it (None: not known), so that a body that rewrites its last item
+    #: drops just that item's conversion (:meth:`without_last`)
+    last_item: tuple[int, bool, bool] | None = None
+
+    def without_last(self) -> Converted | None:
+        """The conversion of every item but the last; None when what the last gave is not known."""
+        if self.last_item is None or not self.count:
+            return None
+        messages, system, marked = self.last_item
+        stop = len(self.messages) - messages
+        return Converted(
+            self.count - 1,
+            None,
+            self.messages[:stop],
+            self.hashes[:stop],
+            self.system[:-1] if system else list(self.system),
+            marked,
+        )
+
+    def extend(
+        self,
+        items: Sequence[Any],
+        first: int,
+        one: Callable[[int, Any], tuple[Sequence[Message], Sequence[str], str | None]],
+        marked: Callable[[Any], bool] | None,
+    ) -> None:
+        """Add the conversion of ``items``, the history's items from index ``first`` on."""
+        for i, item in enumerate(items, first):
+            before = self.marked
+            messages, hashes, system = one(i, item)
+            self.messages += messages
+            self.hashes += hashes
+            if system:
+                self.system.append(system)
+            self.marked = before or (marked is not None and marked(item))
+            self.last_item = (len(messages), bool(system), before)
 
 
 @dataclass
@@ -313,6 +350,12 @@ class ParsedBody:
     #: the SHA-256 of ``raw`` up to ``end``, when :meth:`MessageMemo.parse` has hashed it
     #: already (remembering the body then hashes no byte twice)
     head_sha256: Any = None
+    #: where the last message's JSON starts in ``raw`` (-1: not known; proven with ``end``),
+    #: and the SHA-256 of ``raw`` up to there when already hashed
+    last_start: int = -1
+    last_sha256: Any = None
+    #: the remembered history this body continues (its record is replaced by this body's)
+    continued: Converted | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,7 +376,12 @@ class Digest:
 
     @classmethod
     def of(cls, data: bytes | memoryview) -> Digest:
-        return cls(len(data), bytes(data[len(data) - min(len(data), cls.LAST) :]), hashlib.sha256(data).digest())
+        return cls.hashed(data, hashlib.sha256(data))
+
+    @classmethod
+    def hashed(cls, data: bytes | memoryview, sha: Any) -> Digest:
+        """The digest of ``data``, whose SHA-256 object ``sha`` has hashed them already."""
+        return cls(len(data), bytes(data[len(data) - min(len(data), cls.LAST) :]), sha.digest())
 
     def matches(self, data: bytes | memoryview) -> bool:
         """Whether ``data`` are the remembered bytes."""
@@ -357,7 +405,8 @@ class _Chain:
 
     head: Digest  # the body up to the messages array's closing bracket
     tail: Digest  # from that bracket on
-    proven: bool
+    last: Digest | None  # the body up to its last message's first byte (None: not known)
+    proven: bool  # that ``head`` and ``last`` end where they are said to
     fields: bytes  # the body with ``"messages": null``, as JSON (fresh objects on every parse)
     history: Converted
 
@@ -411,44 +460,67 @@ class MessageMemo:
 
         A client re-sends its last body with messages appended: the same bytes up to its
         messages array's closing bracket ``]`` (at ``end``), then ``,`` and the new items, then
-        the same bytes again. When the body has that shape against a remembered one whose
-        ``end`` is proven, only ``[`` + the new items' bytes + ``]`` is parsed; the other fields
-        come from the remembered body. That is exact: the bytes before ``end`` and after it are
-        the remembered body's, which was valid JSON with its messages array closing there, and
-        an array that parses on its own is a list of values, so the body parses as the
-        remembered one with these items appended (no parse of the whole 0.6 MB at 100k tokens,
-        no encoding of the history to compare it: ``bench_serve.py``). Anything else, or new
-        bytes that do not parse as an array, is parsed whole, with the usual errors.
+        the same bytes again. Claude Code also moves its rolling cache mark from the last
+        message to the new last one, so its body is the last one up to where that message
+        started, then the message rewritten and the new items, then the same bytes again. When
+        the body has either shape against a remembered one whose cut points are proven, only
+        ``[`` + the bytes between + ``]`` is parsed; the other fields come from the remembered
+        body. That is exact: the bytes before the cut and after the end are the remembered
+        body's, which was valid JSON with its messages array holding the items before the cut
+        and closing at the end, and an array that parses on its own is a list of values, so the
+        body parses as the remembered one with its items from the cut on replaced by these (no
+        parse of the whole 0.6 MB at 100k tokens, no encoding of the history to compare it:
+        ``bench_serve.py``). Anything else, or new bytes that do not parse as an array, is
+        parsed whole, with the usual errors.
 
         A whole parse guesses its ``end`` (where the last message's JSON, as orjson writes it,
-        is followed by ``]``); the next body that has the shape against the guess is parsed
-        whole too, and the guess is proven when its messages are exactly the remembered ones
-        plus the new items (items added to any other array, or inside a string, would not add
-        to the messages)."""
+        is followed by ``]``) and where that message starts; the next body that has either
+        shape against the guess is parsed whole too, and the guess is proven when its messages
+        are exactly the remembered ones before the cut plus the new items (items added to any
+        other array, or inside a string, would not add to the messages). A body parsed from its
+        new bytes knows its own cut points: its end, and its last message's start when those
+        bytes are the items as orjson writes them."""
         for chain in self._chains.get(api + b"\0" + raw[: self.CHAIN_KEY_BYTES], ()):
-            found = _appended(raw, chain)
+            found = _continued(raw, chain)
             if found is None:
                 continue
-            start, stop, sha = found
+            cut, stop, sha, previous = found
             try:
-                items = parse_json(b"[" + raw[start:stop] + b"]")
+                items = parse_json(b"[" + raw[cut:stop] + b"]")
             except (ValueError, WireError):
                 break  # not a continuation after all: the whole parse reports what is wrong
             if not isinstance(items, list) or not items:
                 break
-            sha.update(memoryview(raw)[chain.end : stop])  # the body up to its new end
             if chain.proven:
                 body = orjson.loads(chain.fields)
                 body["messages"] = items
-                return ParsedBody(body, items, chain.history, raw, stop, True, chain.fields, sha)
-            # the body that proves the remembered one's end is parsed whole once a session,
-            # while the session holds its history: with the lower peak
-            body = load_json_object(raw, lean=True)
-            messages = body.get("messages")
-            count = chain.history.count
-            if isinstance(messages, list) and len(messages) == count + len(items):
-                return ParsedBody(body, messages[count:], chain.history, raw, stop, True, chain.fields, sha)
-            return _parsed_whole(body, raw)
+            else:
+                # the body that proves the remembered one's cut points is parsed whole once a
+                # session, while the session holds its history: with the lower peak
+                body = load_json_object(raw, lean=True)
+                messages = body.get("messages")
+                kept = previous.count
+                if not (isinstance(messages, list) and len(messages) == kept + len(items) and messages[kept:] == items):
+                    return _parsed_whole(body, raw)
+            view = memoryview(raw)
+            last_start, last_sha = _last_start(view, cut, stop, items), None
+            if last_start > 0:
+                last_sha = sha.copy()
+                last_sha.update(view[cut:last_start])
+            sha.update(view[cut:stop])  # the body up to its new end
+            return ParsedBody(
+                body,
+                items,
+                previous,
+                raw,
+                stop,
+                True,
+                chain.fields,
+                head_sha256=sha,
+                last_start=last_start,
+                last_sha256=last_sha,
+                continued=chain.history,
+            )
         return _parsed_whole(load_json_object(raw), raw)
 
     def convert_history(
@@ -480,18 +552,13 @@ class MessageMemo:
                 list(previous.hashes),
                 list(previous.system),
                 previous.marked,
+                previous.last_item,
             )
-            for i, item in enumerate(parsed.items, previous.count):
-                messages, hashes, system = one(i, item)
-                out.messages += messages
-                out.hashes += hashes
-                if system:
-                    out.system.append(system)
-                out.marked = out.marked or (marked is not None and marked(item))
-        self._remember(api, parsed, out, previous)
+            out.extend(parsed.items, previous.count, one, marked)
+        self._remember(api, parsed, out)
         return out
 
-    def _remember(self, api: bytes, parsed: ParsedBody, out: Converted, previous: Converted | None) -> None:
+    def _remember(self, api: bytes, parsed: ParsedBody, out: Converted) -> None:
         """Remember ``parsed``'s bytes, as digests, for the next body; it replaces the one it
         continued."""
         if parsed.end < 0 or not parsed.raw:
@@ -501,18 +568,19 @@ class MessageMemo:
             fields = parsed.fields or dumps_kept({**parsed.body, "messages": None})
         except TypeError:  # not JSON-encodable as parsed (cannot happen for a parsed body)
             return
-        history = Converted(out.count, None, out.messages, out.hashes, out.system, out.marked)
+        history = Converted(out.count, None, out.messages, out.hashes, out.system, out.marked, out.last_item)
         view = memoryview(parsed.raw)
-        head = view[: parsed.end]
-        if parsed.head_sha256 is None:
-            head_digest = Digest.of(head)
-        else:
-            last = head[len(head) - min(len(head), Digest.LAST) :]
-            head_digest = Digest(len(head), bytes(last), parsed.head_sha256.digest())
-        chain = _Chain(head_digest, Digest.of(view[parsed.end :]), parsed.proven, fields, history)
+        last_start, head_sha, last_sha = parsed.last_start, parsed.head_sha256, parsed.last_sha256
+        if head_sha is None:  # one pass over the bytes for both digests
+            head_sha = hashlib.sha256(view[: max(last_start, 0)])
+            last_sha = head_sha.copy() if last_start > 0 else None
+            head_sha.update(view[max(last_start, 0) : parsed.end])
+        last = Digest.hashed(view[:last_start], last_sha) if last_start > 0 and last_sha is not None else None
+        head = Digest.hashed(view[: parsed.end], head_sha)
+        chain = _Chain(head, Digest.of(view[parsed.end :]), last, parsed.proven, fields, history)
         kept = [chain]
         for old in self._chains.pop(key, []):
-            if old.history is previous or (old.head, old.tail) == (chain.head, chain.tail):
+            if old.history is parsed.continued or (old.head, old.tail) == (chain.head, chain.tail):
                 self._forget(old)  # continued by this body, or this body again
             else:
                 kept.append(old)
@@ -568,13 +636,8 @@ class MessageMemo:
             out.hashes += previous.hashes
             out.system += previous.system
             out.marked = previous.marked
-        for i in range(start, len(items)):
-            messages, hashes, system = one(i, items[i])
-            out.messages += messages
-            out.hashes += hashes
-            if system:
-                out.system.append(system)
-            out.marked = out.marked or (marked is not None and marked(items[i]))
+            out.last_item = previous.last_item
+        out.extend(items[start:], start, one, marked)
         if key and keep:
             out.json = Digest.of(memoryview(dumped)[:-1])  # the array up to its closing bracket
             old = self._histories.pop(key, None)
@@ -619,8 +682,9 @@ class MessageMemo:
 
 
 def _parsed_whole(body: dict[str, Any], raw: bytes) -> ParsedBody:
-    """A body parsed whole, with a guess of where its messages array closes: after the last
-    message's JSON as orjson writes it (and any blanks), when that is where ``]`` is."""
+    """A body parsed whole, with a guess of where its messages array closes (after the last
+    message's JSON as orjson writes it, and any blanks, when that is where ``]`` is) and of
+    where that message starts (after a ``,`` or the ``[``)."""
     items = body.get("messages")
     if not isinstance(items, list) or not items:
         return ParsedBody(body, items if isinstance(items, list) else [], raw=raw)
@@ -628,29 +692,65 @@ def _parsed_whole(body: dict[str, Any], raw: bytes) -> ParsedBody:
         last = orjson.dumps(items[-1])
     except TypeError:  # not JSON-encodable as parsed (cannot happen for a parsed body)
         return ParsedBody(body, items, raw=raw)
-    end = raw.rfind(last)
-    if end >= 0:
-        end += len(last)
-        while end < len(raw) and raw[end] in b" \t\r\n":
-            end += 1
-        if end >= len(raw) or raw[end] != ord("]"):
-            end = -1
-    return ParsedBody(body, items, None, raw, end)
+    start = raw.rfind(last)
+    if start < 0:
+        return ParsedBody(body, items, None, raw, -1)
+    end = start + len(last)
+    while end < len(raw) and raw[end] in b" \t\r\n":
+        end += 1
+    if end >= len(raw) or raw[end] != ord("]"):
+        return ParsedBody(body, items, None, raw, -1)
+    before = raw[:start].rstrip(b" \t\r\n")
+    opens = before[-1:] == (b"," if len(items) > 1 else b"[")
+    return ParsedBody(body, items, None, raw, end, last_start=start if opens else -1)
 
 
-def _appended(raw: bytes, chain: _Chain) -> tuple[int, int, Any] | None:
-    """Where the appended items are in ``raw`` (``start``, ``stop``: a slice) when ``raw`` is
-    the remembered body with ``,`` + items inserted before its messages' ``]``, and the SHA-256
-    object that hashed ``raw`` up to ``start - 1``; else None."""
-    end = chain.end
+def _continued(raw: bytes, chain: _Chain) -> tuple[int, int, Any, Converted] | None:
+    """How ``raw`` continues the remembered body, if it does: (``cut``, ``stop``, the SHA-256
+    object that hashed ``raw[:cut]``, the conversion of the items before ``cut``), where the
+    bytes from ``cut`` to ``stop`` (the messages' new ``]``) are new items and the rest is the
+    remembered body's. Either items were appended after its last message (``cut`` after the
+    ``,`` that replaced its ``]``), or its last message was rewritten too (``cut`` where that
+    message started). None otherwise."""
     stop = len(raw) - chain.tail.size  # where raw's closing bracket would be
-    if end < 1 or stop <= end + 1 or raw[end] != ord(",") or raw[stop] != ord("]"):
+    if stop < 1 or raw[stop] != ord("]"):
         return None
     view = memoryview(raw)
     if not chain.tail.matches(view[stop:]):
         return None
-    sha = chain.head.hash_if_matches(view[:end])
-    return None if sha is None else (end + 1, stop, sha)
+    end = chain.end
+    if 0 < end < stop - 1 and raw[end] == ord(","):
+        sha = chain.head.hash_if_matches(view[:end])
+        if sha is not None:
+            sha.update(view[end : end + 1])
+            return end + 1, stop, sha, chain.history
+    last = chain.last
+    if last is None or not 0 < last.size < stop:
+        return None
+    sha = last.hash_if_matches(view[: last.size])
+    previous = chain.history.without_last() if sha is not None else None
+    return None if previous is None else (last.size, stop, sha, previous)
+
+
+def _last_start(raw: memoryview, cut: int, stop: int, items: list[Any]) -> int:
+    """Where the last of ``items`` starts in ``raw``, which holds them from ``cut`` to ``stop``,
+    when those bytes are the items as orjson writes them, joined by commas (so every item's
+    place is known); else -1. One item's JSON is held at a time: each ``orjson.dumps`` holds
+    a buffer of at least 4 KiB (``jsonbytes.py``), 40 MB for 10,000 short items."""
+    at, start = cut, -1
+    for item in items:
+        try:
+            encoded = orjson.dumps(item)
+        except TypeError:  # not JSON-encodable as parsed (cannot happen for a parsed body)
+            return -1
+        if at != cut:
+            if at >= stop or raw[at] != ord(","):
+                return -1
+            at += 1
+        if at + len(encoded) > stop or raw[at : at + len(encoded)] != encoded:
+            return -1
+        start, at = at, at + len(encoded)
+    return start if at == stop else -1
 
 
 def _continues(array: bytes, prefix: Digest) -> bool:
