@@ -44,6 +44,12 @@ Lines:
   the resident memory (``VmRSS``) each further session of 100k tokens adds (20 sessions of 10
   requests, read after each group of 5) / the bytes of one request's body, target <= 3 (issue 40).
 
+* ``serve_parse_moved_cache_mark_vs_append_100k``: in this process, ``anthropic_wire``'s parse
+  of an Anthropic history of 100k tokens, ten requests after three that warm the memo, when each
+  body moves its ``cache_control`` mark to the new last message (Claude Code's rolling
+  breakpoint) / when each body only appends, target <= 1.5: a client that rewrites its last
+  message is parsed from that message on, not whole.
+
 ``bench_serve_peer.py`` sets serve against LiteLLM's proxy in the same run.
 """
 
@@ -127,6 +133,78 @@ class Client:
         )
         response.raise_for_status()
         self.messages.append(response.json()["choices"][0]["message"])
+
+
+def anthropic_bodies(tokens: int, requests: int, *, marked: bool) -> list[bytes]:
+    """The bodies of an Anthropic client's next ``requests`` requests over a history of about
+    ``tokens`` tokens (``history``'s, in blocks), each adding a reply and an instruction; when
+    ``marked``, each puts the rolling ``cache_control`` mark on its last message only."""
+    messages: list[dict[str, Any]] = []
+    for m in history(tokens):
+        if m["role"] == "tool":
+            blocks: list[dict[str, Any]] = [
+                {"type": "tool_result", "tool_use_id": m["tool_call_id"], "content": m["content"]}
+            ]
+            role = "user"
+        else:
+            blocks = [{"type": "text", "text": m["content"]}]
+            for call in m.get("tool_calls", []):
+                arguments = orjson.loads(call["function"]["arguments"])
+                blocks.append(
+                    {"type": "tool_use", "id": call["id"], "name": call["function"]["name"], "input": arguments}
+                )
+            role = m["role"]
+        if messages and messages[-1]["role"] == role:
+            messages[-1]["content"] += blocks
+        else:
+            messages.append({"role": role, "content": blocks})
+    bodies = []
+    for n in range(requests):
+        if messages[-1]["role"] == "user":
+            messages.append({"role": "assistant", "content": [{"type": "text", "text": text(20, n)}]})
+        messages.append({"role": "user", "content": [{"type": "text", "text": f"next {n}: " + text(15, n)}]})
+        sent = messages
+        if marked:
+            last = messages[-1]
+            mark = {**last["content"][-1], "cache_control": {"type": "ephemeral"}}
+            sent = [*messages[:-1], {**last, "content": [*last["content"][:-1], mark]}]
+        bodies.append(
+            orjson.dumps(
+                {"model": "bench-model", "max_tokens": 100, "system": "You are the bench agent.", "messages": sent}
+            )
+        )
+    return bodies
+
+
+def parse_moved_mark(bench: Bench) -> None:
+    """``serve_parse_moved_cache_mark_vs_append_100k``: see the module's docstring."""
+    from ctxkernel.serve import anthropic_wire
+    from ctxkernel.serve.wire import MessageMemo
+
+    warm, steps = 3, 10
+    bodies = {marked: anthropic_bodies(100_000, warm + steps, marked=marked) for marked in (True, False)}
+    memos: dict[bool, MessageMemo] = {}
+
+    def setup() -> None:  # a fresh memo for each side, which has seen the first bodies
+        for marked, sent in bodies.items():
+            memos[marked] = MessageMemo()
+            for raw in sent[:warm]:
+                anthropic_wire.parse_request(raw, memos[marked])
+
+    def parse(marked: bool) -> None:
+        for raw in bodies[marked][warm:]:
+            anthropic_wire.parse_request(raw, memos[marked])
+
+    bench.compare(
+        "serve_parse_moved_cache_mark_vs_append_100k",
+        lambda: parse(True),
+        lambda: parse(False),
+        target=("<=", 1.5),
+        repeat=5 if bench.quick else 9,
+        unit="s of CPU for ten requests",
+        setup=setup,
+        body_bytes=len(bodies[True][-1]),
+    )
 
 
 def start(*args: str) -> tuple[subprocess.Popen[str], str]:
@@ -334,6 +412,7 @@ def run(bench: Bench) -> None:
         rss_after=memory["rss_after"],
         load_average=load,
     )
+    parse_moved_mark(bench)
 
 
 def rss_per_session(bench: Bench, upstream_url: str) -> dict[str, Any]:
