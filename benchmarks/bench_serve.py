@@ -49,6 +49,10 @@ Lines:
   body moves its ``cache_control`` mark to the new last message (Claude Code's rolling
   breakpoint) / when each body only appends, target <= 1.5: a client that rewrites its last
   message is parsed from that message on, not whole.
+* ``serve_parse_responses_input_vs_chat_100k``: the same for a Responses API client that sends
+  its whole ``input`` every time with items appended (Codex CLI, ``store: false``), parsed as
+  ``serve`` does (``responses_wire.load_body`` then ``parse_request``) / the same history
+  through ``openai_wire``, target <= 1.5: the new items only, as for Chat Completions.
 
 ``bench_serve_peer.py`` sets serve against LiteLLM's proxy in the same run.
 """
@@ -174,6 +178,76 @@ def anthropic_bodies(tokens: int, requests: int, *, marked: bool) -> list[bytes]
             )
         )
     return bodies
+
+
+def chat_messages(tokens: int, requests: int) -> list[list[dict[str, Any]]]:
+    """The histories of a Chat Completions client's next ``requests`` requests over ``history``'s
+    ``tokens``, each adding a reply and an instruction."""
+    messages = [{"role": "system", "content": "You are the bench agent."}, *history(tokens)]
+    out = []
+    for n in range(requests):
+        messages = [*messages, {"role": "assistant", "content": text(20, n)}]
+        messages.append({"role": "user", "content": f"next {n}: " + text(15, n)})
+        out.append(messages)
+    return out
+
+
+def responses_input(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A Chat Completions history as a Responses API ``input``."""
+    items: list[dict[str, Any]] = []
+    for m in messages:
+        if m["role"] == "tool":
+            items.append({"type": "function_call_output", "call_id": m["tool_call_id"], "output": m["content"]})
+            continue
+        kind = "output_text" if m["role"] == "assistant" else "input_text"
+        items.append({"type": "message", "role": m["role"], "content": [{"type": kind, "text": m["content"]}]})
+        for call in m.get("tool_calls", []):
+            function = call["function"]
+            items.append(
+                {
+                    "type": "function_call",
+                    "call_id": call["id"],
+                    "name": function["name"],
+                    "arguments": function["arguments"],
+                }
+            )
+    return items
+
+
+def parse_responses_input(bench: Bench) -> None:
+    """``serve_parse_responses_input_vs_chat_100k``: see the module's docstring."""
+    from ctxkernel.serve import openai_wire, responses_wire
+    from ctxkernel.serve.wire import MessageMemo
+
+    warm, steps = 3, 10
+    histories = chat_messages(100_000, warm + steps)
+    chat = [orjson.dumps({"model": "bench-model", "messages": m}) for m in histories]
+    responses = [orjson.dumps({"model": "bench-model", "input": responses_input(m), "store": False}) for m in histories]
+    memos: dict[str, MessageMemo] = {}
+
+    def one(kind: str, raw: bytes) -> None:
+        memo = memos[kind]
+        if kind == "chat":
+            openai_wire.parse_request(raw, memo)
+        else:
+            responses_wire.parse_request(responses_wire.load_body(raw, memo), memo)
+
+    def setup() -> None:  # a fresh memo for each side, which has seen the first bodies
+        for kind, bodies in (("chat", chat), ("responses", responses)):
+            memos[kind] = MessageMemo()
+            for raw in bodies[:warm]:
+                one(kind, raw)
+
+    bench.compare(
+        "serve_parse_responses_input_vs_chat_100k",
+        lambda: [one("responses", raw) for raw in responses[warm:]],
+        lambda: [one("chat", raw) for raw in chat[warm:]],
+        target=("<=", 1.5),
+        repeat=5 if bench.quick else 9,
+        unit="s of CPU for ten requests",
+        setup=setup,
+        body_bytes=len(responses[-1]),
+    )
 
 
 def parse_moved_mark(bench: Bench) -> None:
@@ -413,6 +487,7 @@ def run(bench: Bench) -> None:
         load_average=load,
     )
     parse_moved_mark(bench)
+    parse_responses_input(bench)
 
 
 def rss_per_session(bench: Bench, upstream_url: str) -> dict[str, Any]:

@@ -502,3 +502,82 @@ def test_an_item_added_to_an_array_after_the_messages_is_not_taken_for_a_message
         raw = orjson.dumps(body)
         assert _full("openai", raw, memo) == _full("openai", raw, None)
         assert len(openai_wire.parse_request(raw, memo).messages) == 2
+
+
+# -- the Responses API's input (responses_wire.load_body) ---------------------------------------------------
+def _responses_full(raw: bytes, memo: MessageMemo | None) -> tuple:
+    """Everything a Responses parse gives, with the memo's remembered bodies or without any."""
+    from ctxkernel.serve import responses_wire
+
+    try:
+        request = responses_wire.parse_request(responses_wire.load_body(raw, memo) if memo is not None else raw, memo)
+    except Exception as exc:  # the same error with and without the memo
+        return ("error", type(exc).__name__, str(exc))
+    fields = {k: v for k, v in request.body.items() if k != "input"}
+    return (request.system, [m.to_dict() for m in request.messages], request.hashes, fields, request.tools)
+
+
+RESPONSES_EDITS = st.lists(
+    st.tuples(st.sampled_from(["turn", "turn", "turn", "call", "store", "field", "cut", "garbage"]), st.integers(0, 3)),
+    min_size=1,
+    max_size=10,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(RESPONSES_EDITS, st.integers(0, 3))
+def test_a_responses_input_parsed_from_its_appended_bytes_is_the_whole_input(edits, style):
+    # Codex sends its whole input every time (store: false), items appended: parsed with the
+    # memo's remembered bodies (its new items only), each body gives what parsing it alone gives
+    memo = MessageMemo()
+    items: list[dict] = [
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "be brief"}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "start ]},"}]},
+    ]
+    body: dict = {"model": "m", "instructions": "You are Codex.", "input": items, "store": False, "tools": []}
+    for n, (action, k) in enumerate(edits):
+        raw = None
+        if action == "turn":  # the model's reply, then the next instruction
+            items.append(
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": f"r{n}"}]}
+            )
+            items.append({"type": "message", "role": "user", "content": [{"type": "input_text", "text": f"u{n}"}]})
+        elif action == "call":  # reasoning and a call, then its output
+            items.append({"type": "reasoning", "id": f"rs_{n}", "summary": [], "encrypted_content": f"enc{n}"})
+            items.append({"type": "function_call", "call_id": f"c{n}", "name": "shell", "arguments": '{"cmd": "ls"}'})
+            items.append({"type": "function_call_output", "call_id": f"c{n}", "output": f"file{n} ]"})
+        elif action == "store":
+            body["store"] = bool(k % 2)
+        elif action == "field":
+            body["temperature"] = k / 4
+        elif action == "cut":
+            del items[max(2, len(items) - 2 * k) :]
+            if items[-1]["role" if "role" in items[-1] else "type"] == "assistant":
+                items.append({"type": "message", "role": "user", "content": "again"})
+        else:  # bytes appended after the last item that are not input items
+            raw = _encode(body, style)
+            close = raw.rindex(b"]", 0, raw.index(b'"store"'))
+            raw = raw[:close] + [b",1]", b",{}],[", b',"x"', b"]"][k] + raw[close:]
+        raw = raw if raw is not None else _encode(body, style)
+        assert _responses_full(raw, memo) == _responses_full(raw, None)
+
+
+def test_a_growing_responses_input_is_parsed_from_its_appended_bytes_from_the_third_request_on():
+    # before, every body was parsed whole and every item looked up: 5 ms a request for a 787 KB
+    # input, against 0.5 ms for a Chat Completions history that appends
+    from ctxkernel.serve import responses_wire
+
+    memo = MessageMemo()
+    items = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go"}]}]
+    seen = []
+    for step in range(4):
+        items += [
+            {"type": "function_call", "call_id": f"c{step}", "name": "shell", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": f"c{step}", "output": f"out {step}"},
+        ]
+        raw = orjson.dumps({"model": "m", "input": items, "store": False})
+        parsed = responses_wire.load_body(raw, memo)
+        seen.append((parsed.previous is not None, len(parsed.items)))
+        request = responses_wire.parse_request(parsed, memo)
+        assert len(request.messages) == 1 + 2 * (step + 1)
+    assert seen == [(False, 3), (True, 2), (True, 2), (True, 2)]

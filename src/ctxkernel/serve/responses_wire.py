@@ -61,6 +61,7 @@ from . import openai_wire
 from .reconcile import message_hash
 from .wire import (
     ClientRequest,
+    Converted,
     MessageMemo,
     ParsedBody,
     WireError,
@@ -72,10 +73,13 @@ from .wire import (
     load_json_object,
     model_name,
     obj,
+    parsed_whole,
     sse,
 )
 
 API = "responses"
+#: the memo's name for this wire format (:class:`MessageMemo`)
+MEMO_API = API.encode()
 #: the upstream kinds a Responses client can be served by
 CHAT, RESPONSES = "chat", "responses"
 CHAT_PATH = "/chat/completions"
@@ -256,9 +260,10 @@ def _user_messages(item: Any, where: str) -> list[Message]:
     return user_side(item, where)[0]
 
 
-def convert_input(items: list[Any], memo: MessageMemo) -> tuple[list[Message], list[str], list[str]]:
+def convert_input(items: list[Any], memo: MessageMemo, first: int = 0) -> tuple[list[Message], list[str], list[str]]:
     """``input`` items as kernel messages, their hashes, and the system texts found among them.
-    Each user-side item and each run of output items is converted once (``memo``)."""
+    Each user-side item and each run of output items is converted once (``memo``). ``first``:
+    the index of ``items[0]`` in the whole input (what an error names)."""
     messages: list[Message] = []
     hashes: list[str] = []
     system: list[str] = []
@@ -268,7 +273,7 @@ def convert_input(items: list[Any], memo: MessageMemo) -> tuple[list[Message], l
             j = i
             while j < len(items) and is_assistant_item(items[j]):
                 j += 1
-            run, where = items[i:j], f"input[{i}]"
+            run, where = items[i:j], f"input[{first + i}]"
             found, digests = memo.convert(
                 run, functools.partial(_assistant_run, where=where), message_hash, api=b"responses"
             )
@@ -276,7 +281,7 @@ def convert_input(items: list[Any], memo: MessageMemo) -> tuple[list[Message], l
             hashes += digests
             i = j
             continue
-        where = f"input[{i}]"
+        where = f"input[{first + i}]"
         item = items[i]
         if (
             isinstance(item, dict)
@@ -295,25 +300,39 @@ def convert_input(items: list[Any], memo: MessageMemo) -> tuple[list[Message], l
 
 
 # -- the request ---------------------------------------------------------------------------------------
-def load_body(raw: bytes) -> dict[str, Any]:
-    return load_json_object(raw)
+def load_body(raw: bytes, memo: MessageMemo) -> ParsedBody:
+    """The body, parsed through ``memo``: a client that sends its whole input every time with
+    items appended (Codex CLI, ``store: false``) has only its new items parsed
+    (:meth:`MessageMemo.parse`, whose ``items`` are then those and ``previous`` the rest)."""
+    return memo.parse(MEMO_API, raw, "input")
 
 
 def parse_request(
-    raw: bytes | dict[str, Any],
+    raw: bytes | dict[str, Any] | ParsedBody,
     memo: MessageMemo | None = None,
     *,
     earlier: list[Any] | None = None,
     upstream: str = CHAT,
 ) -> ClientRequest:
     """A Responses body, checked; a 400 names the field that is wrong. ``earlier`` are the items
-    of the conversation up to ``previous_response_id`` (the caller found them)."""
+    of the conversation up to ``previous_response_id`` (the caller found them). A body from
+    :func:`load_body` that continues a remembered one converts only its new items."""
     memo = MessageMemo() if memo is None else memo
-    body = raw if isinstance(raw, dict) else load_json_object(raw)
+    if isinstance(raw, ParsedBody):
+        parsed = raw
+    else:
+        parsed = ParsedBody(raw if isinstance(raw, dict) else load_json_object(raw), [], array="input")
+    previous = parsed.previous
+    if previous is not None and (earlier is not None or parsed.body.get("store") is not False):
+        # every item is wanted: joined after the earlier ones, or kept for previous_response_id
+        parsed, previous = parsed_whole(parsed.raw, "input", parsed.continued), None
+    body = parsed.body
     model = check_model(body)
     value = body.get("input")
-    if isinstance(value, str):
-        items: list[Any] = [{"role": "user", "content": value}]
+    if previous is not None:
+        items: list[Any] = parsed.items  # the new ones: the body's ``input`` may hold them all
+    elif isinstance(value, str):
+        items = [{"role": "user", "content": value}]
     elif isinstance(value, list):
         items = value
     else:
@@ -331,7 +350,7 @@ def parse_request(
     stream = expect(body, "stream", bool, "a boolean") or False
     instructions = expect(body, "instructions", str, "a string") or ""
     every = [*(earlier or []), *items]
-    check_size(ParsedBody(body, every), "input")
+    check_size(ParsedBody(body, every, previous), "input")
     raw_tools = expect(body, "tools", list, "a list of tools") or []
     check_tools(raw_tools)
     tools: list[dict[str, Any]] = []
@@ -351,14 +370,20 @@ def parse_request(
         # any other tool (web_search, namespace, mcp ...) runs at the provider: a Responses upstream
         # gets it as sent; a Chat Completions upstream has nothing to run it with, and is not offered it
     try:
-        converted, hashes, system_parts = convert_input(every, memo)
+        converted, hashes, system_parts = convert_input(every, memo, previous.count if previous is not None else 0)
     except EventError as exc:
         raise WireError(400, str(exc), param="input") from None
+    if previous is not None:  # it ended with a user-side item (it was accepted): no run continues
+        converted, hashes = [*previous.messages, *converted], [*previous.hashes, *hashes]
+        system_parts = [*previous.system, *system_parts]
     system = "\n\n".join(part for part in (instructions, *system_parts) if part)
     if not converted or converted[-1].role == "assistant":
         raise WireError(
             400, "input: the last item must be a user message or a tool output (not the model's own)", param="input"
         )
+    if earlier is None:  # what a next body that appends to this one continues from
+        count = len(items) + (previous.count if previous is not None else 0)
+        memo.remember(MEMO_API, parsed, Converted(count, None, list(converted), list(hashes), list(system_parts)))
     client = ClientRequest(API, body, model, system, converted, tools, raw_tools, stream, hashes=hashes)
     client.extra.update({"upstream": upstream, "custom": custom, "new_items": items, "media": held_bytes})
     return client

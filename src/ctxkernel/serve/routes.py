@@ -202,8 +202,8 @@ class Handler:
         known_key = None
         tenant = proxy.tenant(request.headers)
         if wire is responses_wire:
-            body = responses_wire.load_body(raw)
-            previous = body.get("previous_response_id")
+            parsed = responses_wire.load_body(raw, proxy.memo)
+            previous = parsed.body.get("previous_response_id")
             kept = earlier = None
             if previous is not None:
                 if not isinstance(previous, str):
@@ -211,7 +211,7 @@ class Handler:
                 kept, earlier = await run_sync(proxy.earlier_items, previous, tenant)
                 known_key = kept.key
             client = responses_wire.parse_request(
-                body, proxy.memo, earlier=earlier, upstream=proxy.responses_upstream_kind
+                parsed, proxy.memo, earlier=earlier, upstream=proxy.responses_upstream_kind
             )
             client.extra.update(owner=tenant, kept=kept)
         else:

@@ -335,7 +335,8 @@ class Converted:
 @dataclass
 class ParsedBody:
     """A client body as :meth:`MessageMemo.parse` read it: ``body`` is the JSON object, whose
-    ``"messages"`` holds only ``items``, the messages still to convert; ``previous`` the
+    ``array`` (``"messages"``; ``"input"`` for the Responses API) holds only ``items``, the
+    messages still to convert; ``previous`` the
     conversion of the messages before them (None: ``items`` is the whole array)."""
 
     body: dict[str, Any]
@@ -356,6 +357,8 @@ class ParsedBody:
     last_sha256: Any = None
     #: the remembered history this body continues (its record is replaced by this body's)
     continued: Converted | None = None
+    #: the body's field that holds the history
+    array: str = "messages"
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,7 +410,7 @@ class _Chain:
     tail: Digest  # from that bracket on
     last: Digest | None  # the body up to its last message's first byte (None: not known)
     proven: bool  # that ``head`` and ``last`` end where they are said to
-    fields: bytes  # the body with ``"messages": null``, as JSON (fresh objects on every parse)
+    fields: bytes  # the body with its history's field null, as JSON (fresh objects on every parse)
     history: Converted
 
     @property
@@ -454,7 +457,7 @@ class MessageMemo:
     CHAIN_KEY_BYTES = 48
     CHAINS_PER_KEY = 64
 
-    def parse(self, api: bytes, raw: bytes) -> ParsedBody:
+    def parse(self, api: bytes, raw: bytes, array: str = "messages") -> ParsedBody:
         """The client's body as a JSON object (or a 400), parsed once, and as little of it as
         can be.
 
@@ -493,15 +496,15 @@ class MessageMemo:
                 break
             if chain.proven:
                 body = orjson.loads(chain.fields)
-                body["messages"] = items
+                body[array] = items
             else:
                 # the body that proves the remembered one's cut points is parsed whole once a
                 # session, while the session holds its history: with the lower peak
                 body = load_json_object(raw, lean=True)
-                messages = body.get("messages")
+                messages = body.get(array)
                 kept = previous.count
                 if not (isinstance(messages, list) and len(messages) == kept + len(items) and messages[kept:] == items):
-                    return _parsed_whole(body, raw)
+                    return _parsed_whole(body, raw, array)
             view = memoryview(raw)
             last_start, last_sha = _last_start(view, cut, stop, items), None
             if last_start > 0:
@@ -520,8 +523,9 @@ class MessageMemo:
                 last_start=last_start,
                 last_sha256=last_sha,
                 continued=chain.history,
+                array=array,
             )
-        return _parsed_whole(load_json_object(raw), raw)
+        return _parsed_whole(load_json_object(raw), raw, array)
 
     def convert_history(
         self,
@@ -541,7 +545,7 @@ class MessageMemo:
             parsed = ParsedBody({}, parsed)
         previous = parsed.previous
         if previous is None:
-            # a body remembered as digests (:meth:`_remember`) is compared through those: its
+            # a body remembered as digests (:meth:`remember`) is compared through those: its
             # history is not remembered a second time as JSON
             out = self._convert_items(api, parsed.items, one, marked, keep=parsed.end < 0 or not parsed.raw)
         else:
@@ -555,17 +559,17 @@ class MessageMemo:
                 previous.last_item,
             )
             out.extend(parsed.items, previous.count, one, marked)
-        self._remember(api, parsed, out)
+        self.remember(api, parsed, out)
         return out
 
-    def _remember(self, api: bytes, parsed: ParsedBody, out: Converted) -> None:
-        """Remember ``parsed``'s bytes, as digests, for the next body; it replaces the one it
-        continued."""
+    def remember(self, api: bytes, parsed: ParsedBody, out: Converted) -> None:
+        """Remember ``parsed``'s bytes, as digests, and ``out``, the conversion of its whole
+        history, for the next body; it replaces the one it continued."""
         if parsed.end < 0 or not parsed.raw:
             return
         key = api + b"\0" + parsed.raw[: self.CHAIN_KEY_BYTES]
         try:
-            fields = parsed.fields or dumps_kept({**parsed.body, "messages": None})
+            fields = parsed.fields or dumps_kept({**parsed.body, parsed.array: None})
         except TypeError:  # not JSON-encodable as parsed (cannot happen for a parsed body)
             return
         history = Converted(out.count, None, out.messages, out.hashes, out.system, out.marked, out.last_item)
@@ -681,28 +685,37 @@ class MessageMemo:
         return messages, hashes
 
 
-def _parsed_whole(body: dict[str, Any], raw: bytes) -> ParsedBody:
+def parsed_whole(raw: bytes, array: str = "messages", continued: Converted | None = None) -> ParsedBody:
+    """``raw`` parsed whole (a 400 when it is no JSON object), as :meth:`MessageMemo.parse` does
+    when the body continues no remembered one; ``continued``: the remembered history whose
+    record this body's replaces (:meth:`MessageMemo.remember`)."""
+    parsed = _parsed_whole(load_json_object(raw), raw, array)
+    parsed.continued = continued
+    return parsed
+
+
+def _parsed_whole(body: dict[str, Any], raw: bytes, array: str = "messages") -> ParsedBody:
     """A body parsed whole, with a guess of where its messages array closes (after the last
     message's JSON as orjson writes it, and any blanks, when that is where ``]`` is) and of
     where that message starts (after a ``,`` or the ``[``)."""
-    items = body.get("messages")
+    items = body.get(array)
     if not isinstance(items, list) or not items:
-        return ParsedBody(body, items if isinstance(items, list) else [], raw=raw)
+        return ParsedBody(body, items if isinstance(items, list) else [], raw=raw, array=array)
     try:
         last = orjson.dumps(items[-1])
     except TypeError:  # not JSON-encodable as parsed (cannot happen for a parsed body)
-        return ParsedBody(body, items, raw=raw)
+        return ParsedBody(body, items, raw=raw, array=array)
     start = raw.rfind(last)
     if start < 0:
-        return ParsedBody(body, items, None, raw, -1)
+        return ParsedBody(body, items, None, raw, -1, array=array)
     end = start + len(last)
     while end < len(raw) and raw[end] in b" \t\r\n":
         end += 1
     if end >= len(raw) or raw[end] != ord("]"):
-        return ParsedBody(body, items, None, raw, -1)
+        return ParsedBody(body, items, None, raw, -1, array=array)
     before = raw[:start].rstrip(b" \t\r\n")
     opens = before[-1:] == (b"," if len(items) > 1 else b"[")
-    return ParsedBody(body, items, None, raw, end, last_start=start if opens else -1)
+    return ParsedBody(body, items, None, raw, end, last_start=start if opens else -1, array=array)
 
 
 def _continued(raw: bytes, chain: _Chain) -> tuple[int, int, Any, Converted] | None:
