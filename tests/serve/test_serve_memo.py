@@ -445,7 +445,8 @@ def test_a_history_whose_cache_mark_moves_is_parsed_from_its_last_message_on():
     # every such body was parsed and its history compared whole (4.1 ms against 0.5 a request
     # for a 617 KB history)
     memo = MessageMemo()
-    messages = [{"role": "user", "content": [{"type": "text", "text": "a"}]}]
+    roles = ["user", "assistant"]  # a history long enough that its last message is a small part
+    messages = [{"role": roles[i % 2], "content": [{"type": "text", "text": f"earlier {i}"}]} for i in range(11)]
 
     def marked(history: list[dict]) -> list[dict]:
         last = history[-1]
@@ -463,7 +464,7 @@ def test_a_history_whose_cache_mark_moves_is_parsed_from_its_last_message_on():
         seen.append((parsed.previous is not None, parsed.proven, len(parsed.items)))
         out = memo.convert_history(b"anthropic", parsed, lambda i, item: ((item,), (str(i),), None))
         converted.append((out.count, out.messages, out.hashes))
-    assert seen == [(False, False, 3), (True, True, 3), (True, True, 3), (True, True, 3)]
+    assert seen == [(False, False, 13), (True, True, 3), (True, True, 3), (True, True, 3)]
     for count, items, hashes in converted:  # each history is its own items, the last one marked
         assert count == len(items) == len(hashes) and hashes == [str(i) for i in range(count)]
         assert [m["content"][0]["text"] for m in items] == [m["content"][0]["text"] for m in messages[:count]]

@@ -36,8 +36,9 @@ from ctxkernel.serve.config import ServeConfig
 
 configure_logging("warning")
 profile, upstream, bodies = sys.argv[1], sys.argv[2], orjson.loads(sys.stdin.buffer.read())
-app = create_app(ServeConfig(profile=profile, upstream=upstream))
-headers = {"content-type": "application/json", "authorization": "Bearer sk-test-client"}
+path = sys.argv[3] if len(sys.argv) > 3 else "/v1/chat/completions"
+app = create_app(ServeConfig(profile=profile, upstream=upstream, anthropic_upstream=upstream.removesuffix("/v1")))
+headers = {"content-type": "application/json", "authorization": "Bearer sk-test-client", "x-api-key": "sk-test-client"}
 
 async def main():
     async with app.router.lifespan_context(app):
@@ -52,7 +53,7 @@ async def main():
             base = tracemalloc.get_traced_memory()[0]
             tracemalloc.reset_peak()
             for raw in raws:
-                answer = await client.post("/v1/chat/completions", content=raw, headers={**headers, "X-Ctxkernel-Session": "measured"})
+                answer = await client.post(path, content=raw, headers={**headers, "X-Ctxkernel-Session": "measured"})
                 assert answer.status_code == 200, answer.text[:300]
                 del answer
             peak = tracemalloc.get_traced_memory()[1] - base
@@ -65,10 +66,13 @@ anyio.run(main)
 """
 
 
-def measured(profile: Path, upstream_url: str, bodies: list[dict[str, Any]]) -> dict[str, int]:
-    """What the child measured serving ``bodies`` one after the other in one session."""
+def measured(
+    profile: Path, upstream_url: str, bodies: list[dict[str, Any]], path: str = "/v1/chat/completions"
+) -> dict[str, int]:
+    """What the child measured serving ``bodies`` one after the other in one session (to
+    ``path``: Chat Completions, or ``/v1/messages``)."""
     done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(profile), f"{upstream_url}/v1"],
+        [sys.executable, "-c", CHILD, str(profile), f"{upstream_url}/v1", path],
         input=orjson.dumps(bodies),
         capture_output=True,
         timeout=600,
@@ -143,6 +147,42 @@ def test_a_session_holds_a_few_times_its_body(patient_fake, tmp_path):
         bodies.append({"model": "fake-model", "messages": history})
         history = [*history, {"role": "assistant", "content": "done"}]
     got = measured(profile, server.url, bodies)
+    kept, peak = got["kept"] / got["body"], got["peak"] / got["body"]
+    assert kept <= SESSION_KEPT_BOUND, f"a session keeps {kept:.1f}x its body of {got['body']} bytes"
+    assert peak <= SESSION_PEAK_BOUND, f"serving the session peaked at {peak:.1f}x its body of {got['body']} bytes"
+
+
+def test_a_claude_code_session_holds_and_peaks_as_an_appending_one(patient_fake, tmp_path):
+    # Claude Code moves its cache mark to the new last message each request: its bodies are
+    # parsed from the rewritten message on, as an appending client's are from its new items,
+    # not whole (orjson's document, near 14 times the body, on every request)
+    upstream, server = patient_fake
+    upstream.script = lambda api, body: Reply("done")
+    profile = write_profile(tmp_path, window=400_000, reserved=4_000)
+    history = []
+    for message in coding_history(40):
+        if message["role"] == "tool":
+            blocks = [{"type": "tool_result", "tool_use_id": message["tool_call_id"], "content": message["content"]}]
+            role = "user"
+        else:
+            blocks = [{"type": "text", "text": message["content"]}]
+            blocks += [
+                {"type": "tool_use", "id": c["id"], "name": c["function"]["name"], "input": {}}
+                for c in message.get("tool_calls", [])
+            ]
+            role = message["role"]
+        if history and history[-1]["role"] == role:
+            history[-1]["content"] += blocks
+        else:
+            history.append({"role": role, "content": blocks})
+    bodies = []
+    for n in range(6):
+        history = [*history, {"role": "user", "content": [{"type": "text", "text": f"next {n}"}]}]
+        last = history[-1]
+        marked = {**last, "content": [{**last["content"][-1], "cache_control": {"type": "ephemeral"}}]}
+        bodies.append({"model": "fake-model", "max_tokens": 100, "messages": [*history[:-1], marked]})
+        history = [*history, {"role": "assistant", "content": [{"type": "text", "text": "done"}]}]
+    got = measured(profile, server.url, bodies, "/v1/messages")
     kept, peak = got["kept"] / got["body"], got["peak"] / got["body"]
     assert kept <= SESSION_KEPT_BOUND, f"a session keeps {kept:.1f}x its body of {got['body']} bytes"
     assert peak <= SESSION_PEAK_BOUND, f"serving the session peaked at {peak:.1f}x its body of {got['body']} bytes"

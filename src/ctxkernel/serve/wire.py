@@ -713,8 +713,10 @@ def _parsed_whole(body: dict[str, Any], raw: bytes, array: str = "messages") -> 
         end += 1
     if end >= len(raw) or raw[end] != ord("]"):
         return ParsedBody(body, items, None, raw, -1, array=array)
-    before = raw[:start].rstrip(b" \t\r\n")
-    opens = before[-1:] == (b"," if len(items) > 1 else b"[")
+    before = start - 1
+    while before >= 0 and raw[before] in b" \t\r\n":  # not raw[:start].rstrip(): a copy of the body
+        before -= 1
+    opens = before >= 0 and raw[before] == (ord(",") if len(items) > 1 else ord("["))
     return ParsedBody(body, items, None, raw, end, last_start=start if opens else -1, array=array)
 
 
@@ -724,7 +726,7 @@ def _continued(raw: bytes, chain: _Chain) -> tuple[int, int, Any, Converted] | N
     bytes from ``cut`` to ``stop`` (the messages' new ``]``) are new items and the rest is the
     remembered body's. Either items were appended after its last message (``cut`` after the
     ``,`` that replaced its ``]``), or its last message was rewritten too (``cut`` where that
-    message started). None otherwise."""
+    message started, when that keeps at least half the body). None otherwise."""
     stop = len(raw) - chain.tail.size  # where raw's closing bracket would be
     if stop < 1 or raw[stop] != ord("]"):
         return None
@@ -738,7 +740,9 @@ def _continued(raw: bytes, chain: _Chain) -> tuple[int, int, Any, Converted] | N
             sha.update(view[end : end + 1])
             return end + 1, stop, sha, chain.history
     last = chain.last
-    if last is None or not 0 < last.size < stop:
+    # a rewritten last message must leave most of the body as it was: a cut near the start (the
+    # last body held one message, or another conversation shares its first ones) saves no parse
+    if last is None or not stop // 2 <= last.size < stop:
         return None
     sha = last.hash_if_matches(view[: last.size])
     previous = chain.history.without_last() if sha is not None else None
