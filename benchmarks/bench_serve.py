@@ -50,7 +50,8 @@ Lines:
   breakpoint) / when each body only appends, target <= 1.5: a client that rewrites its last
   message is parsed from that message on, not whole.
 * ``serve_parse_responses_input_vs_chat_100k``: the same for a Responses API client that sends
-  its whole ``input`` every time with items appended (Codex CLI, ``store: false``), parsed as
+  its whole ``input`` every time with items appended (Codex CLI, ``store: false``, and its
+  metadata after the input written in another key order each time), parsed as
   ``serve`` does (``responses_wire.load_body`` then ``parse_request``) / the same history
   through ``openai_wire``, target <= 1.5: the new items only, as for Chat Completions.
 
@@ -222,7 +223,18 @@ def parse_responses_input(bench: Bench) -> None:
     warm, steps = 3, 10
     histories = chat_messages(100_000, warm + steps)
     chat = [orjson.dumps({"model": "bench-model", "messages": m}) for m in histories]
-    responses = [orjson.dumps({"model": "bench-model", "input": responses_input(m), "store": False}) for m in histories]
+    keys = ["session_id", "turn_id", "window_id"]
+    responses = [  # Codex writes its metadata map in another key order every time, after the input
+        orjson.dumps(
+            {
+                "model": "bench-model",
+                "input": responses_input(m),
+                "store": False,
+                "client_metadata": {keys[(n + i) % 3]: f"{keys[(n + i) % 3]}-{n}" for i in range(3)},
+            }
+        )
+        for n, m in enumerate(histories)
+    ]
     memos: dict[str, MessageMemo] = {}
 
     def one(kind: str, raw: bytes) -> None:

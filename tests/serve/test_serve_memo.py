@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -350,7 +351,21 @@ def _full(api: str, raw: bytes, memo: MessageMemo | None) -> tuple:
 EDITS = st.lists(
     st.tuples(
         st.sampled_from(
-            ["grow", "grow", "grow", "mark", "mark", "field", "nested", "copy_last", "garbage", "style", "cut"]
+            [
+                "grow",
+                "grow",
+                "grow",
+                "mark",
+                "mark",
+                "grow_field",
+                "grow_field",
+                "field",
+                "nested",
+                "copy_last",
+                "garbage",
+                "style",
+                "cut",
+            ]
         ),
         st.integers(0, 3),
     ),
@@ -398,6 +413,13 @@ def test_parsing_only_the_appended_bytes_is_parsing_the_whole_body(api, edits, s
             last["content"] = [*_blocks(last)[:-1], {**_blocks(last)[-1], "cache_control": {"type": "ephemeral"}}]
         elif action == "field":
             body["temperature"] = k / 4
+        elif action == "grow_field":  # a message appended while a field after the messages changes
+            n += 1
+            role = "assistant" if body["messages"][-1]["role"] == "user" else "user"
+            body["messages"].append({"role": role, "content": [{"type": "text", "text": f"g{n}"}]})
+            if body["messages"][-1]["role"] != "user":
+                body["messages"].append({"role": "user", "content": "go"})
+            body["metadata"] = {f"k{(n + i) % 3}": i for i in range(3)}  # a map written in another order
         elif action == "nested":
             body["messages"][-1]["content"] = [*_blocks(body["messages"][-1]), {"type": "text", "text": f"n{k}"}]
         elif action == "copy_last":
@@ -422,19 +444,25 @@ def _blocks(message: dict) -> list:
     return content if isinstance(content, list) else [{"type": "text", "text": content}]
 
 
-def test_a_growing_history_is_parsed_from_its_appended_bytes_from_the_third_request_on():
-    # the first body is parsed whole and its end guessed; the second proves the guess (parsed
-    # whole once more); from the third on only the new items are parsed
+@pytest.mark.parametrize("compact", [True, False])
+def test_a_growing_history_is_parsed_from_its_appended_bytes(compact):
+    # a body written as orjson writes it (compact: Codex CLI, Claude Code) has its messages' end
+    # proven when it is parsed whole, and the next body is parsed from its new items; a body
+    # whose fields are written otherwise (here a blank after its opening brace) has it guessed,
+    # the second body proves the guess (parsed whole once more), and from the third on only the
+    # new items are parsed
     memo = MessageMemo()
     messages = openai_history(["a", "b", "c"])
     seen = []
     for step in range(4):
         messages = [*messages, {"role": "assistant", "content": f"r{step}"}, {"role": "user", "content": f"u{step}"}]
         raw = orjson.dumps({"model": "m", "messages": messages, "tools": []})
+        raw = raw if compact else b"{ " + raw[1:]
         parsed = memo.parse(b"openai", raw)
         seen.append((parsed.previous is not None, parsed.proven, len(parsed.items)))
         memo.convert_history(b"openai", parsed, lambda i, item: ((), (), None))
-    assert seen == [(False, False, 6), (True, True, 2), (True, True, 2), (True, True, 2)]
+    first = (False, compact, 6)
+    assert seen == [first, (True, True, 2), (True, True, 2), (True, True, 2)]
     assert memo.parse(b"openai", raw).body is not memo.parse(b"openai", raw).body
 
 
@@ -464,7 +492,7 @@ def test_a_history_whose_cache_mark_moves_is_parsed_from_its_last_message_on():
         seen.append((parsed.previous is not None, parsed.proven, len(parsed.items)))
         out = memo.convert_history(b"anthropic", parsed, lambda i, item: ((item,), (str(i),), None))
         converted.append((out.count, out.messages, out.hashes))
-    assert seen == [(False, False, 13), (True, True, 3), (True, True, 3), (True, True, 3)]
+    assert seen == [(False, True, 13), (True, True, 3), (True, True, 3), (True, True, 3)]
     for count, items, hashes in converted:  # each history is its own items, the last one marked
         assert count == len(items) == len(hashes) and hashes == [str(i) for i in range(count)]
         assert [m["content"][0]["text"] for m in items] == [m["content"][0]["text"] for m in messages[:count]]
@@ -519,7 +547,10 @@ def _responses_full(raw: bytes, memo: MessageMemo | None) -> tuple:
 
 
 RESPONSES_EDITS = st.lists(
-    st.tuples(st.sampled_from(["turn", "turn", "turn", "call", "store", "field", "cut", "garbage"]), st.integers(0, 3)),
+    st.tuples(
+        st.sampled_from(["turn", "turn", "turn", "call", "meta", "meta", "store", "field", "cut", "garbage"]),
+        st.integers(0, 3),
+    ),
     min_size=1,
     max_size=10,
 )
@@ -547,6 +578,13 @@ def test_a_responses_input_parsed_from_its_appended_bytes_is_the_whole_input(edi
             items.append({"type": "reasoning", "id": f"rs_{n}", "summary": [], "encrypted_content": f"enc{n}"})
             items.append({"type": "function_call", "call_id": f"c{n}", "name": "shell", "arguments": '{"cmd": "ls"}'})
             items.append({"type": "function_call_output", "call_id": f"c{n}", "output": f"file{n} ]"})
+        elif action == "meta":  # a turn while the metadata after the input is written in another order (Codex)
+            items.append(
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": f"m{n}"}]}
+            )
+            items.append({"type": "message", "role": "user", "content": [{"type": "input_text", "text": f"v{n}"}]})
+            keys = ["session_id", "turn_id", "window_id"]
+            body["client_metadata"] = {keys[(n + i) % 3]: f"{keys[(n + i) % 3]}-1" for i in range(3)}
         elif action == "store":
             body["store"] = bool(k % 2)
         elif action == "field":

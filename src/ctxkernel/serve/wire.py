@@ -477,16 +477,21 @@ class MessageMemo:
         parsed whole, with the usual errors.
 
         A whole parse guesses its ``end`` (where the last message's JSON, as orjson writes it,
-        is followed by ``]``) and where that message starts; the next body that has either
-        shape against the guess is parsed whole too, and the guess is proven when its messages
-        are exactly the remembered ones before the cut plus the new items (items added to any
-        other array, or inside a string, would not add to the messages). A body parsed from its
-        new bytes knows its own cut points: its end, and its last message's start when those
-        bytes are the items as orjson writes them."""
+        is followed by ``]``) and where that message starts, proven at once when the body up to
+        there is written as orjson writes it; otherwise the next body that has either shape
+        against the guess is parsed whole too, and the guess is proven when its messages are
+        exactly the remembered ones before the cut plus the new items (items added to any other
+        array, or inside a string, would not add to the messages). A body parsed from its new
+        bytes knows its own cut points: its end, and its last message's start when those bytes
+        are the items as orjson writes them. A body that appends to a proven history while the
+        bytes after it changed (Codex's metadata) is read by :func:`_parsed_after`."""
         for chain in self._chains.get(api + b"\0" + raw[: self.CHAIN_KEY_BYTES], ()):
             found = _continued(raw, chain)
             if found is None:
-                continue
+                sha = _head_continued(raw, chain)
+                if sha is None:
+                    continue
+                return _parsed_after(raw, chain, sha, array)
             cut, stop, sha, previous = found
             try:
                 items = parse_json(b"[" + raw[cut:stop] + b"]")
@@ -685,6 +690,106 @@ class MessageMemo:
         return messages, hashes
 
 
+def _parsed_after(raw: bytes, chain: _Chain, sha: Any, array: str) -> ParsedBody:
+    """A body that keeps the remembered one's bytes up to its proven end, then appends items,
+    while what follows them changed (Codex CLI writes a map of metadata in a new order every
+    time): parsed whole, and only the items after the remembered ones converted. Exact: up to
+    the end the bytes are the remembered body's, whose history's items all came before it, so
+    the whole parse's first items are those. The new end is known when the appended bytes are
+    the new items as orjson writes them (as :meth:`MessageMemo.parse` finds a last message's
+    start), and guessed otherwise."""
+    around = _parsed_around(raw, chain, sha, array)
+    if around is not None:
+        return around
+    body = load_json_object(raw)
+    every = body.get(array)
+    count = chain.history.count
+    if not isinstance(every, list) or len(every) <= count:
+        return _parsed_whole(body, raw, array)
+    items = every[count:]
+    body[array] = items  # as a body parsed from its new bytes holds them: the rest is converted
+    view = memoryview(raw)
+    cut = chain.end + 1
+    span = _items_span(view, cut, items, len(raw))
+    if span is None or raw[span[0] : span[0] + 1] != b"]":
+        guess = _parsed_whole({**body, array: every}, raw, array)
+        return ParsedBody(
+            body,
+            items,
+            chain.history,
+            raw,
+            guess.end,
+            False,
+            last_start=guess.last_start,
+            continued=chain.history,
+            array=array,
+        )
+    stop, last_start = span
+    sha.update(view[chain.end : last_start])
+    last_sha = sha.copy()
+    sha.update(view[last_start:stop])
+    return ParsedBody(
+        body,
+        items,
+        chain.history,
+        raw,
+        stop,
+        True,
+        head_sha256=sha,
+        last_start=last_start,
+        last_sha256=last_sha,
+        continued=chain.history,
+        array=array,
+    )
+
+
+def _parsed_around(raw: bytes, chain: _Chain, sha: Any, array: str) -> ParsedBody | None:
+    """:func:`_parsed_after` without the whole parse, when what follows the new items is as long
+    as what followed the remembered ones (a map written in another order): ``[`` + the bytes from
+    the remembered end to there + ``]`` parsed as the new items, and ``{`` + the rest as the
+    fields after them; None when either does not parse. Exact: the bytes up to the proven end
+    leave the parse inside the history between two items, and a ``]`` anywhere else would leave
+    one of the two pieces unbalanced, inside a value, or followed by more than one value."""
+    end = chain.end
+    stop = len(raw) - chain.tail.size
+    if not end + 1 < stop < len(raw) - 1 or raw[stop] != ord("]"):
+        return None
+    rest = raw[stop + 1 :]
+    try:
+        items = parse_json(b"[" + raw[end + 1 : stop] + b"]")
+        after = {} if rest == b"}" else parse_json(b"{" + rest[1:]) if rest[:1] == b"," else None
+    except (ValueError, WireError):
+        return None
+    if not isinstance(items, list) or not items or not isinstance(after, dict) or array in after:
+        return None  # (a second history field after the first: the whole parse reads it as JSON does)
+    before: dict[str, Any] = {}
+    for key, value in orjson.loads(chain.fields).items():  # the remembered fields, in their order
+        if key == array:
+            break
+        before[key] = value
+    view = memoryview(raw)
+    last_start, last_sha = _last_start(view, end + 1, stop, items), None
+    if last_start > 0:
+        sha.update(view[end:last_start])
+        last_sha = sha.copy()
+        sha.update(view[last_start:stop])
+    else:
+        sha.update(view[end:stop])
+    return ParsedBody(
+        {**before, array: items, **after},
+        items,
+        chain.history,
+        raw,
+        stop,
+        True,
+        head_sha256=sha,
+        last_start=last_start,
+        last_sha256=last_sha,
+        continued=chain.history,
+        array=array,
+    )
+
+
 def parsed_whole(raw: bytes, array: str = "messages", continued: Converted | None = None) -> ParsedBody:
     """``raw`` parsed whole (a 400 when it is no JSON object), as :meth:`MessageMemo.parse` does
     when the body continues no remembered one; ``continued``: the remembered history whose
@@ -709,6 +814,7 @@ def _parsed_whole(body: dict[str, Any], raw: bytes, array: str = "messages") -> 
     if start < 0:
         return ParsedBody(body, items, None, raw, -1, array=array)
     end = start + len(last)
+    del last  # orjson's buffer, at least 4 KiB and several times a large message: one at a time
     while end < len(raw) and raw[end] in b" \t\r\n":
         end += 1
     if end >= len(raw) or raw[end] != ord("]"):
@@ -717,7 +823,28 @@ def _parsed_whole(body: dict[str, Any], raw: bytes, array: str = "messages") -> 
     while before >= 0 and raw[before] in b" \t\r\n":  # not raw[:start].rstrip(): a copy of the body
         before -= 1
     opens = before >= 0 and raw[before] == (ord(",") if len(items) > 1 else ord("["))
-    return ParsedBody(body, items, None, raw, end, last_start=start if opens else -1, array=array)
+    proven = _written_as_orjson(body, raw, array, items, end)
+    return ParsedBody(body, items, None, raw, end, proven, last_start=start if opens else -1, array=array)
+
+
+def _written_as_orjson(body: dict[str, Any], raw: bytes, array: str, items: list[Any], end: int) -> bool:
+    """Whether ``raw`` up to ``end`` is the body's fields before its history, then the history's
+    items, as orjson writes them (Codex CLI and Claude Code write compact JSON): then ``end``,
+    and every item's place, are where the history's items are, proven without the next body.
+    A body parses to a dict in its keys' order, so those fields are the dict's first ones."""
+    before: dict[str, Any] = {}
+    for key, value in body.items():
+        if key == array:
+            break
+        before[key] = value
+    try:
+        opening = (orjson.dumps(before)[:-1] + b"," if before else b"{") + orjson.dumps(array) + b":["
+    except TypeError:  # not JSON-encodable as parsed (cannot happen for a parsed body)
+        return False
+    if not raw.startswith(opening):
+        return False
+    span = _items_span(memoryview(raw), len(opening), items, end)
+    return span is not None and span[0] == end
 
 
 def _continued(raw: bytes, chain: _Chain) -> tuple[int, int, Any, Converted] | None:
@@ -749,25 +876,42 @@ def _continued(raw: bytes, chain: _Chain) -> tuple[int, int, Any, Converted] | N
     return None if previous is None else (last.size, stop, sha, previous)
 
 
-def _last_start(raw: memoryview, cut: int, stop: int, items: list[Any]) -> int:
-    """Where the last of ``items`` starts in ``raw``, which holds them from ``cut`` to ``stop``,
-    when those bytes are the items as orjson writes them, joined by commas (so every item's
-    place is known); else -1. One item's JSON is held at a time: each ``orjson.dumps`` holds
-    a buffer of at least 4 KiB (``jsonbytes.py``), 40 MB for 10,000 short items."""
+def _items_span(raw: memoryview, cut: int, items: list[Any], limit: int) -> tuple[int, int] | None:
+    """Where ``items`` end in ``raw`` and where the last of them starts, when the bytes from
+    ``cut`` (at most to ``limit``) are the items as orjson writes them, joined by commas (so every
+    item's place is known); else None. One item's JSON is held at a time: each ``orjson.dumps``
+    holds a buffer of at least 4 KiB (``jsonbytes.py``), 40 MB for 10,000 short items."""
     at, start = cut, -1
     for item in items:
         try:
             encoded = orjson.dumps(item)
         except TypeError:  # not JSON-encodable as parsed (cannot happen for a parsed body)
-            return -1
+            return None
         if at != cut:
-            if at >= stop or raw[at] != ord(","):
-                return -1
+            if at >= limit or raw[at] != ord(","):
+                return None
             at += 1
-        if at + len(encoded) > stop or raw[at : at + len(encoded)] != encoded:
-            return -1
+        if at + len(encoded) > limit or raw[at : at + len(encoded)] != encoded:
+            return None
         start, at = at, at + len(encoded)
-    return start if at == stop else -1
+    return (at, start) if start >= 0 else None
+
+
+def _last_start(raw: memoryview, cut: int, stop: int, items: list[Any]) -> int:
+    """Where the last of ``items`` starts in ``raw``, which holds them from ``cut`` to ``stop``,
+    when those bytes are the items as orjson writes them, joined by commas; else -1."""
+    span = _items_span(raw, cut, items, stop)
+    return span[1] if span is not None and span[0] == stop else -1
+
+
+def _head_continued(raw: bytes, chain: _Chain) -> Any:
+    """The SHA-256 object that hashed ``raw`` up to the remembered body's proven end, when
+    ``raw`` is that body up to there and a ``,`` follows (items appended, whatever comes after
+    them: a client whose other fields change from one request to the next); else None."""
+    end = chain.end
+    if not chain.proven or not 0 < end < len(raw) - 1 or raw[end] != ord(","):
+        return None
+    return chain.head.hash_if_matches(memoryview(raw)[:end])
 
 
 def _continues(array: bytes, prefix: Digest) -> bool:
