@@ -510,26 +510,8 @@ class MessageMemo:
                 kept = previous.count
                 if not (isinstance(messages, list) and len(messages) == kept + len(items) and messages[kept:] == items):
                     return _parsed_whole(body, raw, array)
-            view = memoryview(raw)
-            last_start, last_sha = _last_start(view, cut, stop, items), None
-            if last_start > 0:
-                last_sha = sha.copy()
-                last_sha.update(view[cut:last_start])
-            sha.update(view[cut:stop])  # the body up to its new end
-            return ParsedBody(
-                body,
-                items,
-                previous,
-                raw,
-                stop,
-                True,
-                chain.fields,
-                head_sha256=sha,
-                last_start=last_start,
-                last_sha256=last_sha,
-                continued=chain.history,
-                array=array,
-            )
+            last_start = _last_start(memoryview(raw), cut, stop, items)
+            return _from_new_items(body, items, previous, raw, chain, (cut, sha), stop, last_start, array, chain.fields)
         return _parsed_whole(load_json_object(raw), raw, array)
 
     def convert_history(
@@ -725,22 +707,7 @@ def _parsed_after(raw: bytes, chain: _Chain, sha: Any, array: str) -> ParsedBody
             array=array,
         )
     stop, last_start = span
-    sha.update(view[chain.end : last_start])
-    last_sha = sha.copy()
-    sha.update(view[last_start:stop])
-    return ParsedBody(
-        body,
-        items,
-        chain.history,
-        raw,
-        stop,
-        True,
-        head_sha256=sha,
-        last_start=last_start,
-        last_sha256=last_sha,
-        continued=chain.history,
-        array=array,
-    )
+    return _from_new_items(body, items, chain.history, raw, chain, (chain.end, sha), stop, last_start, array)
 
 
 def _parsed_around(raw: bytes, chain: _Chain, sha: Any, array: str) -> ParsedBody | None:
@@ -762,26 +729,42 @@ def _parsed_around(raw: bytes, chain: _Chain, sha: Any, array: str) -> ParsedBod
         return None
     if not isinstance(items, list) or not items or not isinstance(after, dict) or array in after:
         return None  # (a second history field after the first: the whole parse reads it as JSON does)
-    before: dict[str, Any] = {}
-    for key, value in orjson.loads(chain.fields).items():  # the remembered fields, in their order
-        if key == array:
-            break
-        before[key] = value
-    view = memoryview(raw)
-    last_start, last_sha = _last_start(view, end + 1, stop, items), None
+    body = {**_fields_before(orjson.loads(chain.fields), array), array: items, **after}
+    last_start = _last_start(memoryview(raw), end + 1, stop, items)
+    return _from_new_items(body, items, chain.history, raw, chain, (end, sha), stop, last_start, array)
+
+
+def _from_new_items(
+    body: dict[str, Any],
+    items: list[Any],
+    previous: Converted,
+    raw: bytes,
+    chain: _Chain,
+    hashed: tuple[int, Any],
+    stop: int,
+    last_start: int,
+    array: str,
+    fields: bytes = b"",
+) -> ParsedBody:
+    """A body parsed from its new ``items``, which end its history at ``stop`` (proven), the
+    last of them starting at ``last_start`` (-1: not known): ``hashed`` is where the SHA-256
+    object beside it has hashed ``raw`` up to, and it goes on to both cut points (the digests
+    :meth:`MessageMemo.remember` keeps). ``fields``: the body's other fields as JSON when they
+    are the remembered body's."""
+    at, sha = hashed
+    view, last_sha = memoryview(raw), None
     if last_start > 0:
-        sha.update(view[end:last_start])
-        last_sha = sha.copy()
-        sha.update(view[last_start:stop])
-    else:
-        sha.update(view[end:stop])
+        sha.update(view[at:last_start])
+        at, last_sha = last_start, sha.copy()
+    sha.update(view[at:stop])
     return ParsedBody(
-        {**before, array: items, **after},
+        body,
         items,
-        chain.history,
+        previous,
         raw,
         stop,
         True,
+        fields,
         head_sha256=sha,
         last_start=last_start,
         last_sha256=last_sha,
@@ -827,16 +810,23 @@ def _parsed_whole(body: dict[str, Any], raw: bytes, array: str = "messages") -> 
     return ParsedBody(body, items, None, raw, end, proven, last_start=start if opens else -1, array=array)
 
 
-def _written_as_orjson(body: dict[str, Any], raw: bytes, array: str, items: list[Any], end: int) -> bool:
-    """Whether ``raw`` up to ``end`` is the body's fields before its history, then the history's
-    items, as orjson writes them (Codex CLI and Claude Code write compact JSON): then ``end``,
-    and every item's place, are where the history's items are, proven without the next body.
-    A body parses to a dict in its keys' order, so those fields are the dict's first ones."""
+def _fields_before(body: dict[str, Any], array: str) -> dict[str, Any]:
+    """The fields of ``body`` before its history field ``array`` (a parsed body keeps its keys in
+    their order in the JSON)."""
     before: dict[str, Any] = {}
     for key, value in body.items():
         if key == array:
             break
         before[key] = value
+    return before
+
+
+def _written_as_orjson(body: dict[str, Any], raw: bytes, array: str, items: list[Any], end: int) -> bool:
+    """Whether ``raw`` up to ``end`` is the body's fields before its history, then the history's
+    items, as orjson writes them (Codex CLI and Claude Code write compact JSON): then ``end``,
+    and every item's place, are where the history's items are, proven without the next body.
+    A body parses to a dict in its keys' order, so those fields are the dict's first ones."""
+    before = _fields_before(body, array)
     try:
         opening = (orjson.dumps(before)[:-1] + b"," if before else b"{") + orjson.dumps(array) + b":["
     except TypeError:  # not JSON-encodable as parsed (cannot happen for a parsed body)
