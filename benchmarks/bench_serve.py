@@ -66,6 +66,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -215,13 +216,45 @@ def responses_input(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return items
 
 
+#: a client's bodies, and how serve parses one of them with its memo
+ParseSide = tuple[list[bytes], Callable[[bytes, Any], Any]]
+
+
+def compare_parses(bench: Bench, name: str, subject: ParseSide, baseline: ParseSide, warm: int = 3) -> None:
+    """``bench.compare`` of the two sides' parses of their bodies after the first ``warm``, each
+    side with a fresh memo that has parsed those first (what a session has seen)."""
+    from ctxkernel.serve.wire import MessageMemo
+
+    memos: list[Any] = [None, None]
+
+    def setup() -> None:
+        for side, (bodies, parse) in enumerate((subject, baseline)):
+            memos[side] = MessageMemo()
+            for raw in bodies[:warm]:
+                parse(raw, memos[side])
+
+    def run(side: int) -> None:
+        bodies, parse = (subject, baseline)[side]
+        for raw in bodies[warm:]:
+            parse(raw, memos[side])
+
+    bench.compare(
+        name,
+        lambda: run(0),
+        lambda: run(1),
+        target=("<=", 1.5),
+        repeat=5 if bench.quick else 9,
+        unit=f"s of CPU for {len(subject[0]) - warm} requests",
+        setup=setup,
+        body_bytes=len(subject[0][-1]),
+    )
+
+
 def parse_responses_input(bench: Bench) -> None:
     """``serve_parse_responses_input_vs_chat_100k``: see the module's docstring."""
     from ctxkernel.serve import openai_wire, responses_wire
-    from ctxkernel.serve.wire import MessageMemo
 
-    warm, steps = 3, 10
-    histories = chat_messages(100_000, warm + steps)
+    histories = chat_messages(100_000, 13)
     chat = [orjson.dumps({"model": "bench-model", "messages": m}) for m in histories]
     keys = ["session_id", "turn_id", "window_id"]
     responses = [  # Codex writes its metadata map in another key order every time, after the input
@@ -235,61 +268,23 @@ def parse_responses_input(bench: Bench) -> None:
         )
         for n, m in enumerate(histories)
     ]
-    memos: dict[str, MessageMemo] = {}
-
-    def one(kind: str, raw: bytes) -> None:
-        memo = memos[kind]
-        if kind == "chat":
-            openai_wire.parse_request(raw, memo)
-        else:
-            responses_wire.parse_request(responses_wire.load_body(raw, memo), memo)
-
-    def setup() -> None:  # a fresh memo for each side, which has seen the first bodies
-        for kind, bodies in (("chat", chat), ("responses", responses)):
-            memos[kind] = MessageMemo()
-            for raw in bodies[:warm]:
-                one(kind, raw)
-
-    bench.compare(
+    compare_parses(
+        bench,
         "serve_parse_responses_input_vs_chat_100k",
-        lambda: [one("responses", raw) for raw in responses[warm:]],
-        lambda: [one("chat", raw) for raw in chat[warm:]],
-        target=("<=", 1.5),
-        repeat=5 if bench.quick else 9,
-        unit="s of CPU for ten requests",
-        setup=setup,
-        body_bytes=len(responses[-1]),
+        (responses, lambda raw, memo: responses_wire.parse_request(responses_wire.load_body(raw, memo), memo)),
+        (chat, openai_wire.parse_request),
     )
 
 
 def parse_moved_mark(bench: Bench) -> None:
     """``serve_parse_moved_cache_mark_vs_append_100k``: see the module's docstring."""
     from ctxkernel.serve import anthropic_wire
-    from ctxkernel.serve.wire import MessageMemo
 
-    warm, steps = 3, 10
-    bodies = {marked: anthropic_bodies(100_000, warm + steps, marked=marked) for marked in (True, False)}
-    memos: dict[bool, MessageMemo] = {}
-
-    def setup() -> None:  # a fresh memo for each side, which has seen the first bodies
-        for marked, sent in bodies.items():
-            memos[marked] = MessageMemo()
-            for raw in sent[:warm]:
-                anthropic_wire.parse_request(raw, memos[marked])
-
-    def parse(marked: bool) -> None:
-        for raw in bodies[marked][warm:]:
-            anthropic_wire.parse_request(raw, memos[marked])
-
-    bench.compare(
+    compare_parses(
+        bench,
         "serve_parse_moved_cache_mark_vs_append_100k",
-        lambda: parse(True),
-        lambda: parse(False),
-        target=("<=", 1.5),
-        repeat=5 if bench.quick else 9,
-        unit="s of CPU for ten requests",
-        setup=setup,
-        body_bytes=len(bodies[True][-1]),
+        (anthropic_bodies(100_000, 13, marked=True), anthropic_wire.parse_request),
+        (anthropic_bodies(100_000, 13, marked=False), anthropic_wire.parse_request),
     )
 
 

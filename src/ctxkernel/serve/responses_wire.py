@@ -275,7 +275,7 @@ def convert_input(items: list[Any], memo: MessageMemo, first: int = 0) -> tuple[
                 j += 1
             run, where = items[i:j], f"input[{first + i}]"
             found, digests = memo.convert(
-                run, functools.partial(_assistant_run, where=where), message_hash, api=b"responses"
+                run, functools.partial(_assistant_run, where=where), message_hash, api=MEMO_API
             )
             messages += found
             hashes += digests
@@ -291,7 +291,7 @@ def convert_input(items: list[Any], memo: MessageMemo, first: int = 0) -> tuple[
             system.append(_text_of(item.get("content"), where))
         else:
             found, digests = memo.convert(
-                item, functools.partial(_user_messages, where=where), message_hash, api=b"responses"
+                item, functools.partial(_user_messages, where=where), message_hash, api=MEMO_API
             )
             messages += found
             hashes += digests

@@ -693,18 +693,10 @@ def _parsed_after(raw: bytes, chain: _Chain, sha: Any, array: str) -> ParsedBody
     view = memoryview(raw)
     cut = chain.end + 1
     span = _items_span(view, cut, items, len(raw))
-    if span is None or raw[span[0] : span[0] + 1] != b"]":
-        guess = _parsed_whole({**body, array: every}, raw, array)
+    if span is None or raw[span[0] : span[0] + 1] != b"]":  # the new items not where orjson puts them
+        end, last_start = _guessed_end(raw, every)
         return ParsedBody(
-            body,
-            items,
-            chain.history,
-            raw,
-            guess.end,
-            False,
-            last_start=guess.last_start,
-            continued=chain.history,
-            array=array,
+            body, items, chain.history, raw, end, False, last_start=last_start, continued=chain.history, array=array
         )
     stop, last_start = span
     return _from_new_items(body, items, chain.history, raw, chain, (chain.end, sha), stop, last_start, array)
@@ -783,31 +775,38 @@ def parsed_whole(raw: bytes, array: str = "messages", continued: Converted | Non
 
 
 def _parsed_whole(body: dict[str, Any], raw: bytes, array: str = "messages") -> ParsedBody:
-    """A body parsed whole, with a guess of where its messages array closes (after the last
-    message's JSON as orjson writes it, and any blanks, when that is where ``]`` is) and of
-    where that message starts (after a ``,`` or the ``[``)."""
+    """A body parsed whole, with a guess of where its history closes and where its last item
+    starts (:func:`_guessed_end`), proven at once when the body is written as orjson writes it."""
     items = body.get(array)
     if not isinstance(items, list) or not items:
         return ParsedBody(body, items if isinstance(items, list) else [], raw=raw, array=array)
+    end, last_start = _guessed_end(raw, items)
+    proven = end >= 0 and _written_as_orjson(body, raw, array, items, end)
+    return ParsedBody(body, items, None, raw, end, proven, last_start=last_start, array=array)
+
+
+def _guessed_end(raw: bytes, items: list[Any]) -> tuple[int, int]:
+    """Where the history ``items`` closes in ``raw`` (after the last item's JSON as orjson writes
+    it, and any blanks, when that is where ``]`` is) and where that item starts (after a ``,`` or
+    the ``[``); -1 for what is not found."""
     try:
         last = orjson.dumps(items[-1])
     except TypeError:  # not JSON-encodable as parsed (cannot happen for a parsed body)
-        return ParsedBody(body, items, raw=raw, array=array)
+        return -1, -1
     start = raw.rfind(last)
     if start < 0:
-        return ParsedBody(body, items, None, raw, -1, array=array)
+        return -1, -1
     end = start + len(last)
     del last  # orjson's buffer, at least 4 KiB and several times a large message: one at a time
     while end < len(raw) and raw[end] in b" \t\r\n":
         end += 1
     if end >= len(raw) or raw[end] != ord("]"):
-        return ParsedBody(body, items, None, raw, -1, array=array)
+        return -1, -1
     before = start - 1
     while before >= 0 and raw[before] in b" \t\r\n":  # not raw[:start].rstrip(): a copy of the body
         before -= 1
     opens = before >= 0 and raw[before] == (ord(",") if len(items) > 1 else ord("["))
-    proven = _written_as_orjson(body, raw, array, items, end)
-    return ParsedBody(body, items, None, raw, end, proven, last_start=start if opens else -1, array=array)
+    return end, start if opens else -1
 
 
 def _fields_before(body: dict[str, Any], array: str) -> dict[str, Any]:
