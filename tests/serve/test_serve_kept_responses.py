@@ -1,14 +1,19 @@
-"""The parts behind kept responses: media taken out of an item and put back byte for byte."""
+"""Kept responses: media taken out of an item and put back byte for byte, and every kept response
+answering exactly the conversation of its request, however the requests repeat each other."""
 
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ctxkernel.serve.kept_responses import MIN_BASE64, attach_media, detach_media
+from ctxkernel.serve.kept_responses import MIN_BASE64, KeptResponses, attach_media, detach_media
+from ctxkernel.serve.wire import WireError
+from ctxkernel.store.jsonl import JsonlStore
 
 
 def data_url(data: bytes, media_type: str = "image/png") -> str:
@@ -59,3 +64,73 @@ def test_only_strings_that_come_back_the_same_are_taken_out():
     assert parts[1] == item["content"][1] and parts[3] == item["content"][3] and parts[4] == item["content"][4]
     assert sorted(blobs.values()) == sorted([b"png bytes", b"\x00" * MIN_BASE64])
     assert attach_media(wrapped, blobs.get) == item
+
+
+# -- a conversation kept is the conversation asked for -----------------------------------------------------
+def fresh(store: JsonlStore) -> KeptResponses:
+    """Kept responses read back from the store alone (what a restarted serve has)."""
+    return KeptResponses(store, lambda key: store.blob_get(key))
+
+
+def item(n: int) -> dict[str, Any]:
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": f"item {n}"}]}
+
+
+# each request: (how many items of the last conversation the client repeats, 0 for none; or -1 to
+# name the last response as previous_response_id; how many new items it adds; reply items)
+requests = st.lists(st.tuples(st.integers(-1, 12), st.integers(0, 3), st.integers(1, 2)), min_size=1, max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(requests, st.integers(0, 3))
+def test_a_kept_response_answers_exactly_its_requests_conversation(tmp_path_factory, steps, image_at):
+    store = JsonlStore(tmp_path_factory.mktemp("kept"), fsync=False)
+    kept = fresh(store)
+    counter = iter(range(10_000))
+    conversations: dict[str, list[Any]] = {}
+    last: str | None = None
+    for n, (repeat, new, replies) in enumerate(steps):
+        fresh_items = [item(next(counter)) for _ in range(new)]
+        if n == image_at and fresh_items:  # a medium goes to the blob table and comes back
+            fresh_items[0]["content"].append({"type": "input_image", "image_url": data_url(bytes([n]) * 40)})
+        output = [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": f"r{n}"}]}]
+        output *= replies
+        response_id = f"resp_{n:032d}"
+        if repeat == -1 and last is not None:
+            before = kept.conversation(last, "tenant-a")
+            kept.keep(response_id, "tenant-a", "s", before, last, [*fresh_items, *output])
+            conversations[response_id] = [*conversations[last], *fresh_items, *output]
+        else:
+            repeated = conversations[last][: max(repeat, 0)] if last is not None else []
+            # a client that re-sends an item of the reply in another form (fields it left out)
+            if repeated and repeat % 3 == 2:
+                repeated[-1] = {**repeated[-1], "id": None}
+            whole = [*repeated, *fresh_items]
+            kept.keep(response_id, "tenant-a", "s", None, None, [*whole, *output])
+            conversations[response_id] = [*whole, *output]
+        last = response_id
+    # every response answers its own conversation, from memory and from the store alone
+    for response_id, expected in conversations.items():
+        for reader in (kept, fresh(store)):
+            conversation = reader.conversation(response_id, "tenant-a")
+            assert reader.items(conversation, response_id) == expected
+    # and only to its tenant
+    with pytest.raises(WireError):
+        fresh(store).conversation(last, "tenant-b")
+
+
+def test_a_whole_input_sent_again_is_written_once(tmp_path):
+    """A client that sends its whole input with every request (``store`` true): the records hold
+    each item once, not once per request."""
+    store = JsonlStore(tmp_path, fsync=False)
+    kept = fresh(store)
+    items: list[Any] = []
+    for n in range(40):
+        items = [*items, item(n)]
+        output = [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": f"r{n}"}]}]
+        kept.keep(f"resp_{n:032d}", "tenant-a", "s", None, None, [*items, *output])
+        items += output
+    written = sum(len(orjson.dumps(store.kv_get("serve", key))) for key in store.kv_list("serve"))
+    assert written < 2 * len(orjson.dumps(items))
+    conversation = fresh(store).conversation(f"resp_{39:032d}", "tenant-a")
+    assert [w["item"] for w in conversation.items] == items

@@ -135,6 +135,38 @@ def test_plain_text_input_and_previous_response_id(fake, serve_factory):
         serve.openai().responses.create(model="fake-model", input="x", previous_response_id=unstored.id)
 
 
+def test_a_whole_input_with_store_is_kept_once_and_answered_exactly(fake, serve_factory, tmp_path):
+    """``responses.create`` in a loop with the whole input and ``store`` left at its default: each
+    response is kept for ``previous_response_id``, and the store writes each item once (it wrote
+    the whole input again with every response: 15 times the last body after 30 requests)."""
+    upstream, _ = fake
+    serve = serve_factory(write_profile(tmp_path, window=400_000, reserved=4_000))  # nothing compacted
+    upstream.script = lambda api, body: Reply(f"read {len(body['messages'])}", [("read_file", {"path": "a.py"})])
+    client = serve.openai(session="whole-input")
+    items: list = [{"role": "user", "content": "Read the sources."}]
+    responses = []
+    for step in range(24):
+        response = client.responses.create(model="fake-model", input=items, tools=TOOLS)
+        responses.append(response)
+        items += response.output  # the SDK's own models, as its docs loop does
+        call = next(o for o in response.output if o.type == "function_call")
+        items.append({"type": "function_call_output", "call_id": call.call_id, "output": big_result(step)})
+    sent = [i if isinstance(i, dict) else i.model_dump(exclude_unset=True) for i in items]
+    kernel = Kernel(load_profile(serve.profile))
+    written = sum(len(orjson.dumps(kernel.store.kv_get("serve", k))) for k in kernel.store.kv_list("serve"))
+    assert written < 2 * len(orjson.dumps(sent))
+    # a response of the middle is answered with the conversation up to it, also after a restart
+    middle = responses[11]
+    serve.restart()
+    answer = {"type": "function_call_output", "call_id": middle.output[-1].call_id, "output": "stopped"}
+    follow = serve.openai().responses.create(model="fake-model", input=[answer], previous_response_id=middle.id)
+    assert follow.status == "completed"
+    history = upstream.received[-1].body["messages"]
+    assert history[0] == {"role": "user", "content": "Read the sources."}
+    assert history[-1] == {"role": "tool", "tool_call_id": middle.output[-1].call_id, "content": "stopped"}
+    assert [m["content"] for m in history if m["role"] == "tool"][:-1] == [big_result(n) for n in range(11)]
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 def test_reasoning_items_pass_through_a_responses_upstream(fake, serve_factory, stream):
     upstream, server = fake

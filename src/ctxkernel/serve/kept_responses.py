@@ -3,8 +3,8 @@
 A response ``serve`` gave (unless its request said ``store: false``) is kept in the store's
 key-value table, namespace ``serve``, key ``response/<id>``, as a record::
 
-    {"owner": tag, "key": session key, "previous": id or null, "size": characters,
-     "items": [{"item": ..., "media": [[path, blob key, encoding, media type], ...]}, ...]}
+    {"owner": tag, "key": session key, "previous": id or null, "keep": count (optional),
+     "size": characters, "items": [{"item": ..., "media": [[path, blob key, encoding, media type], ...]}, ...]}
 
 - ``owner`` is the tenant's tag (the keyed hash of the request's credential, ``tenants.py``): a
   request naming the response with another credential is told there is no such response, as
@@ -13,7 +13,14 @@ key-value table, namespace ``serve``, key ``response/<id>``, as a record::
   inline media (``data:`` URLs, base64 ``data`` and ``result`` fields) taken out into the store's
   blob table under ``media/<sha256>`` (the same blob a medium of the session's log uses) and
   recorded by where it goes back, so that it is put back byte for byte.
-- ``size`` is the characters the conversation up to this response holds with its media put back:
+- ``previous`` and ``keep``: the conversation up to this response is ``previous``'s, its first
+  ``keep`` items (all of them without ``keep``), then ``items``. A request naming
+  ``previous_response_id`` continues that response. A request that sends its whole input (the
+  API's default, ``store`` true, as ``responses.create`` in a loop does) continues the session's
+  last kept response for as many items as its input repeats of that conversation, so only its new
+  items are written: a session's records grow with the conversation, not with its square.
+- ``size`` is the characters the conversation up to this response holds with its media put back
+  (an item a later request re-sent in another form is still counted once for the earlier one):
   a conversation is refused past :data:`~ctxkernel.serve.wire.MAX_BODY_BYTES`, what one request
   could have carried whole, and a response past it is kept as a marker that says so.
 
@@ -47,6 +54,8 @@ MAX_CONVERSATION_CHARS = MAX_BODY_BYTES
 #: conversations kept in memory, and the characters they may hold together (media out)
 CACHE_ENTRIES = 64
 CACHE_CHARS = 256 << 20
+#: sessions whose last kept response is remembered (a whole input continues it)
+LAST_ENTRIES = 4096
 #: fields that hold a medium's bytes as plain base64: an ``input_audio`` part's ``data``, an
 #: image generation call's ``result``; shorter ones than MIN_BASE64 stay in place
 BASE64_FIELDS = frozenset({"data", "result"})
@@ -157,6 +166,7 @@ class KeptResponses:
         self._cache: OrderedDict[str, Conversation] = OrderedDict()
         self._cache_chars = 0
         self._stored: OrderedDict[str, None] = OrderedDict()  # blob keys known to be stored
+        self._last: OrderedDict[tuple[str, str], str] = OrderedDict()  # (owner, session key): response id
 
     def conversation(self, response_id: str, owner: str) -> Conversation:
         """The conversation up to and including ``response_id`` for the credential tagged
@@ -184,7 +194,10 @@ class KeptResponses:
         if not records:
             assert base is not None
             return base
-        items = [*(base.items if base is not None else ()), *(w for r in reversed(records) for w in r["items"])]
+        items = list(base.items if base is not None else ())
+        for record in reversed(records):
+            del items[record.get("keep", len(items)) :]
+            items.extend(record["items"])
         newest = records[0]
         conversation = Conversation(owner, newest["key"], tuple(items), newest["size"])
         self._remember(response_id, conversation)
@@ -215,27 +228,61 @@ class KeptResponses:
         previous_id: str | None,
         items: list[Any],
     ) -> None:
-        """Keep a response: its request's new input items and its output ``items``, media out."""
-        wrapped: list[dict[str, Any]] = []
-        media: dict[str, bytes] = {}
-        media_chars = 0
-        for item in items:
-            one, blobs, chars = detach_media(item)
-            wrapped.append(one)
-            media.update(blobs)
-            media_chars += chars
-        size = (previous.size if previous is not None else 0) + len(orjson.dumps(wrapped)) + media_chars
+        """Keep a response: its request's new input items and its output ``items``, media out.
+        Without ``previous`` (no ``previous_response_id``), ``items`` are the request's whole
+        input: what it repeats of the session's last kept conversation is written as a reference
+        to that response (``keep``), not again."""
+        detached = [detach_media(item) for item in items]
+        wrapped = [one for one, _, _ in detached]
+        repeats = None
+        if previous is None:
+            found = self._continued(owner, key, wrapped)
+            if found is not None:
+                previous_id, previous, repeats = found
+                detached, wrapped = detached[repeats:], wrapped[repeats:]
+        base = () if previous is None else previous.items if repeats is None else previous.items[:repeats]
+        size = len(orjson.dumps(wrapped)) + sum(chars for _, _, chars in detached)
+        if previous is not None:
+            dropped = previous.items[len(base) :]
+            size += previous.size - (len(orjson.dumps(list(dropped))) if dropped else 0)
         record: dict[str, Any] = {"owner": owner, "key": key, "previous": previous_id, "size": size}
+        if repeats is not None:
+            record["keep"] = repeats
         if size > MAX_CONVERSATION_CHARS:
             # what a later request could not carry whole is not kept; the marker says why
             self.store.kv_put(NAMESPACE, _record_key(response_id), {**record, "items": [], "too_large": True})
             return
-        for blob_key, data in media.items():  # before the record that cites them
-            self._store_blob(blob_key, data)
+        for _, blobs, _ in detached:  # before the record that cites them
+            for blob_key, data in blobs.items():
+                self._store_blob(blob_key, data)
         record["items"] = wrapped
         self.store.kv_put(NAMESPACE, _record_key(response_id), record)
-        base = previous.items if previous is not None else ()
         self._remember(response_id, Conversation(owner, key, (*base, *wrapped), size))
+        with self._lock:
+            self._last[(owner, key)] = response_id
+            self._last.move_to_end((owner, key))
+            while len(self._last) > LAST_ENTRIES:
+                self._last.popitem(last=False)
+
+    def _continued(self, owner: str, key: str, wrapped: list[dict[str, Any]]) -> tuple[str, Conversation, int] | None:
+        """The session's last kept response, its conversation and how many of its first items
+        ``wrapped`` repeats, when it repeats any (a request that sent its whole input)."""
+        with self._lock:
+            last = self._last.get((owner, key))
+            conversation = None if last is None else self._cache.get(last)
+        if last is None:
+            return None
+        if conversation is None:
+            try:
+                conversation = self.conversation(last, owner)
+            except WireError:  # gone, damaged or too large: this response is kept whole
+                return None
+        same = 0
+        for old, new in zip(conversation.items, wrapped, strict=False):
+            if old != new:
+                break
+            same += 1
+        return (last, conversation, same) if same else None
 
     def _store_blob(self, key: str, data: bytes) -> None:
         with self._lock:
@@ -278,6 +325,10 @@ def _valid(record: Any) -> bool:
         and isinstance(record.get("owner"), str)
         and isinstance(record.get("key"), str)
         and (record.get("previous") is None or isinstance(record.get("previous"), str))
+        and (
+            "keep" not in record
+            or (isinstance(record["keep"], int) and record["keep"] >= 0 and record.get("previous") is not None)
+        )
         and isinstance(record.get("size"), int)
         and isinstance(record.get("items"), list)
         and all(isinstance(w, dict) and isinstance(w.get("item"), dict) for w in record["items"])
