@@ -48,6 +48,10 @@ BLOCK_INTRO = (
     "The user's own messages of this session, verbatim, oldest first. They were compacted out of "
     "the context above and still apply; any other earlier message can be found with the history tools."
 )
+#: inner words an instruction keeps to rule out texts without it (:attr:`Instruction.inner_words`):
+#: its longest, which are the rarest; one absent is enough, and every word kept per user message
+#: cost about four times its text in memory
+FILTER_WORDS = 8
 #: the ignorable event with which a continuation records the instructions it inherited
 #: (``{"instructions": [{"session", "seq", "text"}, ...]}``), written before its first request
 INHERITED_EVENT = "instructions/inherited"
@@ -86,9 +90,9 @@ class Instruction:
 
     @property
     def inner_words(self) -> Sequence[str]:
-        """The words of :attr:`normalized` but its first and last: a text that contains the
-        instruction verbatim (whitespace aside) holds each of them as a whole word (the first and
-        last may be the ends of longer words there)."""
+        """Some words of :attr:`normalized` but its first and last (the :data:`FILTER_WORDS`
+        longest): a text that contains the instruction verbatim (whitespace aside) holds each of
+        them as a whole word (the first and last may be the ends of longer words there)."""
         return self._search_keys()[1]
 
     def _search_keys(self) -> tuple[str, Sequence[str]]:
@@ -97,8 +101,13 @@ class Instruction:
         keys = self._keys
         if keys is None:
             # as the block shows it: a block that carries the instruction is where it is found
-            words = self.shown.split()  # normalized() joins these: one split gives both keys
-            keys = (" ".join(words), words[1:-1] if len(words) > 2 else ())  # () is one shared object
+            shown = self.shown
+            words = shown.split()  # normalized() joins these: one split gives both keys
+            joined = " ".join(words)
+            inner: Sequence[str] = words[1:-1] if len(words) > 2 else ()  # () is one shared object
+            if len(inner) > FILTER_WORDS:
+                inner = tuple(sorted(inner, key=len, reverse=True)[:FILTER_WORDS])
+            keys = (shown if joined == shown else joined, inner)  # the text itself, not a copy, when the same
             object.__setattr__(self, "_keys", keys)
         return keys
 

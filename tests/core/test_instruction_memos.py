@@ -17,6 +17,7 @@ from ctxkernel import Message, Source, Span, ToolCallBlock
 from ctxkernel import instructions as instructions_module
 from ctxkernel.compaction import checkpoint_message
 from ctxkernel.instructions import (
+    FILTER_WORDS,
     Instruction,
     _kept_as_sent,
     _kept_texts,
@@ -210,8 +211,9 @@ def texts(draw: Any, max_words: int = 8) -> str:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(texts(), min_size=1, max_size=8), st.lists(texts(4), min_size=1, max_size=8), st.data())
+@given(st.lists(texts(14), min_size=1, max_size=8), st.lists(texts(12), min_size=1, max_size=8), st.data())
 def test_the_search_for_lost_instructions_is_the_plain_search(tmp_path_factory, messages, wanted, data):
+    # instructions of up to 12 words: past FILTER_WORDS inner words, only the longest rule texts out
     kernel = build_kernel(tmp_path_factory.mktemp("search"), fsync=False, model=WINDOW)
     session = kernel.open_session()
     for text in messages:
@@ -231,6 +233,15 @@ def test_the_search_for_lost_instructions_is_the_plain_search(tmp_path_factory, 
     expected = _missing_in(items, _kept_texts(session, cited))
     assert _missing_from_kept(session, items, cited) == expected
     assert [i for i in items if i.normalized not in "\n".join(_kept_texts(session, cited))] == expected
+
+
+def test_an_instruction_keeps_a_few_words_and_no_copy_of_its_text():
+    text = "keep " + " ".join(f"w{'x' * n}" for n in range(30)) + " done"
+    item = Instruction("s", 1, text)
+    assert item.normalized is text  # already normalised: the text itself
+    assert list(item.inner_words) == [f"w{'x' * n}" for n in range(29, 29 - FILTER_WORDS, -1)]
+    spaced = Instruction("s", 2, "keep  the\nparser strict")
+    assert spaced.normalized == "keep the parser strict" and list(spaced.inner_words) == ["the", "parser"]
 
 
 def test_an_instruction_no_kept_text_can_hold_is_not_searched_for(tmp_path, monkeypatch):
