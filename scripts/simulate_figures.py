@@ -152,6 +152,24 @@ def done_when_table(report: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def format_table(report: dict[str, Any]) -> str:
+    """Cost against ``basic`` per recording format (the report's ``by_format``), pooled over
+    that format's sessions: without / with the recall calls priced, and the sessions replayed."""
+    formats = report.get("by_format") or {}
+    rows = [
+        "| profile | " + " | ".join(f"{name} ({group['sessions']})" for name, group in formats.items()) + " |",
+        "|---|" + "---|" * len(formats),
+    ]
+    for name in report["aggregate"]:
+        cells = []
+        for group in formats.values():
+            agg = group["aggregate"][name]
+            cost, with_recall = agg.get("cost_vs_basic_pooled"), agg.get("cost_with_recall_vs_basic_pooled")
+            cells.append(f"{ratio(cost)} / {ratio(with_recall)} ({agg['ok']})")
+        rows.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 #: the retention probes the yardstick table shows, in its column's order
 PROBE_KINDS = ("files_changed", "errors_seen", "commands_worked")
 
@@ -172,6 +190,8 @@ def main() -> int:
                 print(corpus_table(report))
                 print()
                 print(done_when_table(report))
+                print()
+                print(format_table(report))
         return 0
     keep = Path(args.keep) if args.keep else None
     if keep is not None:
@@ -200,6 +220,8 @@ def main() -> int:
         print(corpus_table(report))
         print()
         print(done_when_table(report))
+        print()
+        print(format_table(report))
     return 0
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from ctxkernel.cli import main
 from ctxkernel.simulate import REPORT_KEYS, load_recording
-from ctxkernel.simulate.corpus import FIGURES, aggregate, find_files
+from ctxkernel.simulate.corpus import FIGURES, aggregate, aggregate_by_format, find_files
 from ctxkernel.simulate.replay import MIN_WINDOW
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -53,7 +53,7 @@ def _sessions_expected() -> int:
 
 def test_every_session_of_every_file_is_replayed_and_unreadable_ones_are_listed(corpus_runs):
     report = corpus_runs[1]["report"]
-    assert sorted(report) == sorted(["corpus", "sessions", "aggregate", "settings", "note"])
+    assert sorted(report) == sorted(["corpus", "sessions", "aggregate", "by_format", "settings", "note"])
     assert set(REPORT_KEYS) - {"source", "profiles"} <= set(report)
     assert len(report["sessions"]) == report["corpus"]["sessions"] == _sessions_expected()
     unreadable = [s for s in report["sessions"] if s["error"]]
@@ -144,6 +144,50 @@ def test_cost_with_recall_is_pooled_against_basics_own_with_recall():
     assert ratios["p10"] == pytest.approx(23.5 / 30.5) and ratios["p90"] == pytest.approx(8.5 / 10.5)
 
 
+def test_each_recording_format_is_aggregated_on_its_own(corpus_runs):
+    report = corpus_runs[1]["report"]
+    readable = [s for s in report["sessions"] if not s["error"]]
+    by_format = report["by_format"]
+    assert list(by_format) == list(dict.fromkeys(s["source"]["format"] for s in readable))
+    assert sum(group["sessions"] for group in by_format.values()) == len(readable)
+    for name, group in by_format.items():
+        own = [s for s in readable if s["source"]["format"] == name]
+        assert group["aggregate"] == aggregate(own, PROFILES.split(","))
+
+
+def test_a_format_is_priced_against_its_own_basic():
+    def session(fmt: str, basic: float, mask: float) -> dict:
+        rows = []
+        for profile, cost in (("basic", basic), ("mask", mask)):
+            out = dict.fromkeys(FIGURES)
+            out.update(profile=profile, status="ok", overflows=0, invariant_violations=0, compactions={}, probes={})
+            out.update(cost_usd=cost, recall_cost_usd=0.0, cost_with_recall_usd=cost)
+            rows.append(out)
+        return {"error": None, "source": {"format": fmt}, "profiles": rows}
+
+    # the chat runs are most of the bill: pooled over all, mask looks like the chat runs alone
+    sessions = [session("openai-chat", 10.0, 8.0) for _ in range(9)] + [session("claude-code", 10.0, 5.0)]
+    sessions.append({"error": "unreadable", "source": None, "profiles": []})
+    by_format = aggregate_by_format(sessions, ["basic", "mask"])
+    assert {name: group["sessions"] for name, group in by_format.items()} == {"openai-chat": 9, "claude-code": 1}
+    assert by_format["openai-chat"]["aggregate"]["mask"]["cost_vs_basic_pooled"] == 0.8
+    assert by_format["claude-code"]["aggregate"]["mask"]["cost_vs_basic_pooled"] == 0.5
+    assert aggregate(sessions, ["basic", "mask"])["mask"]["cost_vs_basic_pooled"] == 0.77
+
+
+def test_the_table_shows_the_cost_per_format(capsys):
+    code = main(
+        ["simulate", "--transcripts", str(FIXTURES / "openai-runs.json"), "--profile", "basic,mask"]
+        + ["--window", "32000", "--no-progress"]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    heading = out.index("cost against basic by recording format")
+    table = out[heading:].splitlines()
+    assert table[1].split() == ["profile", "openai-chat", "(2)"]
+    assert table[3].split()[:2] == ["basic", "1.00x"] and table[3].split()[-1] == "(2)"
+
+
 def test_a_glob_selects_files_and_bad_specs_are_usage_errors(capsys, tmp_path):
     code, report = run(capsys, "--transcripts", str(FIXTURES / "*.traj"), "--profile", "basic")
     assert code == 0
@@ -186,6 +230,7 @@ def test_corpus_html_report_draws_distributions_offline(capsys, tmp_path):
     # a dot per session and profile with a value: 2 sessions x 2 profiles in the charts every row fills
     assert len(re.findall(r'<circle class="session"', text)) >= 2 * 2 * 4
     assert 'id="aggregate"' in text and 'id="sessions"' in text and 'id="probes"' in text
+    assert 'id="by-format"' in text
     assert "<script" not in text and "<link" not in text
     assert "http" not in text.replace('xmlns="http://www.w3.org/2000/svg"', "")
 

@@ -18,7 +18,7 @@ from ..pricing import UnknownModelError, price_for
 from ..profile import MAX_TOKENS, Prices, load_profile
 from ..redact import redact
 from . import compare, profile_names, settings_of
-from .corpus import aggregate, find_files, plan, run_corpus
+from .corpus import aggregate, aggregate_by_format, find_files, plan, run_corpus
 from .importers import load_recording
 from .recording import RecordingError
 from .replay import MIN_WINDOW, STAND_IN, UNMANAGED, Options
@@ -310,5 +310,6 @@ def corpus_report(args: argparse.Namespace, names: list[str], options: Options) 
         "settings": settings_of(options),
         "sessions": sessions,
         "aggregate": aggregate(sessions, names),
+        "by_format": aggregate_by_format(sessions, names),
         "note": REPLAY_NOTE,
     }

@@ -194,6 +194,18 @@ def _pooled(ratios: list[tuple[float, float]]) -> float | None:
     return round(sum(c for c, _ in ratios) / basic, 4) if basic else None
 
 
+def aggregate_by_format(sessions: list[dict[str, Any]], profiles: list[str]) -> dict[str, dict[str, Any]]:
+    """:func:`aggregate` over the readable sessions of each recording format (``source.format``),
+    formats in the order they first appear: what a profile does on each kind of agent, since a
+    corpus that mixes them is priced mostly by whichever runs the most requests."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for session in sessions:
+        source = session.get("source") or {}
+        if not session.get("error") and source.get("format"):
+            groups.setdefault(source["format"], []).append(session)
+    return {name: {"sessions": len(group), "aggregate": aggregate(group, profiles)} for name, group in groups.items()}
+
+
 def aggregate(sessions: list[dict[str, Any]], profiles: list[str]) -> dict[str, Any]:
     """Per profile: how many sessions it replayed (``ok``), failed or could not run, and for each
     figure its ``sum``, ``median``, ``p10`` and ``p90`` over the ``ok`` sessions (``cost_vs_basic``:

@@ -369,6 +369,11 @@ _AGGREGATE_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("reachable median", "history_reachable", "median"),
     ("recall calls sum", "recall_calls", "sum"),
 )
+#: what the per-format table shows (``format_rows``)
+FORMAT_HEADING = (
+    "cost against basic by recording format, pooled over its sessions: without / with the recall calls "
+    "priced (sessions the profile replayed)"
+)
 #: the figures drawn as distributions in the corpus HTML report
 DISTRIBUTIONS: tuple[tuple[str, str], ...] = (
     ("peak_prompt_tokens", "Peak prompt tokens per session"),
@@ -415,6 +420,22 @@ def aggregate_rows(report: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def format_rows(report: dict[str, Any]) -> list[list[str]]:
+    """Per profile and recording format: the cost against ``basic`` pooled over that format's
+    sessions, without and with the recall calls priced, and the sessions the profile replayed."""
+    formats = report.get("by_format") or {}
+    rows = [["profile", *(f"{name} ({group['sessions']:,})" for name, group in formats.items())]]
+    for profile in report["aggregate"]:
+        cells = [profile]
+        for group in formats.values():
+            agg = group["aggregate"][profile]
+            cost = _cell("cost_vs_basic", agg["cost_vs_basic_pooled"])
+            with_recall = _cell("cost_with_recall_vs_basic", agg["cost_with_recall_vs_basic_pooled"])
+            cells.append(f"{cost} / {with_recall} ({agg['ok']:,})")
+        rows.append(cells)
+    return rows
+
+
 def aggregate_probe_rows(report: dict[str, Any]) -> list[list[str]]:
     return probe_rows({"profiles": [{"profile": n, "probes": a["probes"]} for n, a in report["aggregate"].items()]})
 
@@ -435,6 +456,8 @@ def render_corpus_table(report: dict[str, Any]) -> str:
     lines = _aligned(session_rows(report))
     lines += ["", "aggregate over the sessions each profile replayed:"]
     lines += _aligned(aggregate_rows(report))
+    lines += ["", FORMAT_HEADING + ":"]
+    lines += _aligned(format_rows(report))
     lines.append("")
     lines += _aligned(aggregate_probe_rows(report))
     lines += ["", describe_corpus(report)]
@@ -560,6 +583,9 @@ svg {{ display: block; max-width: 900px; height: auto; }}
 {charts}
 <h2>Aggregate per profile</h2>
 {_html_table("aggregate", aggregate_rows(report))}
+<h2>Cost against basic by recording format</h2>
+<p class="note">{html.escape(FORMAT_HEADING)}.</p>
+{_html_table("by-format", format_rows(report))}
 <h2>Retention probes (pooled)</h2>
 {_html_table("probes", aggregate_probe_rows(report))}
 <h2>Sessions</h2>
