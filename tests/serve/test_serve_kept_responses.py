@@ -127,10 +127,13 @@ def test_a_whole_input_sent_again_is_written_once(tmp_path):
     items: list[Any] = []
     for n in range(40):
         items = [*items, item(n)]
+        if n == 0:  # a medium in what every later request repeats
+            items[0]["content"].append({"type": "input_image", "image_url": data_url(b"png" * 400)})
         output = [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": f"r{n}"}]}]
         kept.keep(f"resp_{n:032d}", "tenant-a", "s", None, None, [*items, *output])
         items += output
     written = sum(len(orjson.dumps(store.kv_get("serve", key))) for key in store.kv_list("serve"))
     assert written < 2 * len(orjson.dumps(items))
-    conversation = fresh(store).conversation(f"resp_{39:032d}", "tenant-a")
-    assert [w["item"] for w in conversation.items] == items
+    reader = fresh(store)
+    conversation = reader.conversation(f"resp_{39:032d}", "tenant-a")
+    assert reader.items(conversation, f"resp_{39:032d}") == items

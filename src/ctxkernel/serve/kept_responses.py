@@ -232,14 +232,14 @@ class KeptResponses:
         Without ``previous`` (no ``previous_response_id``), ``items`` are the request's whole
         input: what it repeats of the session's last kept conversation is written as a reference
         to that response (``keep``), not again."""
-        detached = [detach_media(item) for item in items]
-        wrapped = [one for one, _, _ in detached]
         repeats = None
         if previous is None:
-            found = self._continued(owner, key, wrapped)
+            found = self._continued(owner, key, items)
             if found is not None:
                 previous_id, previous, repeats = found
-                detached, wrapped = detached[repeats:], wrapped[repeats:]
+                items = items[repeats:]
+        detached = [detach_media(item) for item in items]
+        wrapped = [one for one, _, _ in detached]
         base = () if previous is None else previous.items if repeats is None else previous.items[:repeats]
         size = len(orjson.dumps(wrapped)) + sum(chars for _, _, chars in detached)
         if previous is not None:
@@ -264,9 +264,9 @@ class KeptResponses:
             while len(self._last) > LAST_ENTRIES:
                 self._last.popitem(last=False)
 
-    def _continued(self, owner: str, key: str, wrapped: list[dict[str, Any]]) -> tuple[str, Conversation, int] | None:
+    def _continued(self, owner: str, key: str, items: list[Any]) -> tuple[str, Conversation, int] | None:
         """The session's last kept response, its conversation and how many of its first items
-        ``wrapped`` repeats, when it repeats any (a request that sent its whole input)."""
+        ``items`` repeats, when it repeats any (a request that sent its whole input)."""
         with self._lock:
             last = self._last.get((owner, key))
             conversation = None if last is None else self._cache.get(last)
@@ -278,8 +278,9 @@ class KeptResponses:
             except WireError:  # gone, damaged or too large: this response is kept whole
                 return None
         same = 0
-        for old, new in zip(conversation.items, wrapped, strict=False):
-            if old != new:
+        for old, new in zip(conversation.items, items, strict=False):
+            # an item kept without media is kept as it came: compared as it is, not taken apart
+            if (old != detach_media(new)[0]) if old["media"] else (old["item"] != new):
                 break
             same += 1
         return (last, conversation, same) if same else None
