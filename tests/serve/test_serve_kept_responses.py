@@ -137,3 +137,17 @@ def test_a_whole_input_sent_again_is_written_once(tmp_path):
     reader = fresh(store)
     conversation = reader.conversation(f"resp_{39:032d}", "tenant-a")
     assert reader.items(conversation, f"resp_{39:032d}") == items
+
+
+def test_a_damaged_reference_is_no_conversation(tmp_path):
+    store = JsonlStore(tmp_path, fsync=False)
+    kept = fresh(store)
+    kept.keep(f"resp_{1:032d}", "tenant-a", "s", None, None, [item(1), item(2)])
+    kept.keep(f"resp_{2:032d}", "tenant-a", "s", None, None, [item(1), item(2), item(3)])
+    record = store.kv_get("serve", f"response/resp_{2:032d}")
+    assert record["previous"] == f"resp_{1:032d}" and record["keep"] == 2 and len(record["items"]) == 1
+    for keep in (3, -1, "2", True):  # past what it continues, negative, not a count
+        store.kv_put("serve", f"response/resp_{2:032d}", {**record, "keep": keep})
+        with pytest.raises(WireError) as refused:
+            fresh(store).conversation(f"resp_{2:032d}", "tenant-a")
+        assert refused.value.status == 400

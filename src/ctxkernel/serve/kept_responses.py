@@ -196,7 +196,11 @@ class KeptResponses:
             return base
         items = list(base.items if base is not None else ())
         for record in reversed(records):
-            del items[record.get("keep", len(items)) :]
+            keep = record.get("keep", len(items))
+            if keep > len(items):  # a damaged record: it cannot continue what it names
+                log.warning("serve: a kept response is damaged", response=response_id[:100])
+                raise responses_wire.unknown_response(response_id)
+            del items[keep:]
             items.extend(record["items"])
         newest = records[0]
         conversation = Conversation(owner, newest["key"], tuple(items), newest["size"])
@@ -328,7 +332,11 @@ def _valid(record: Any) -> bool:
         and (record.get("previous") is None or isinstance(record.get("previous"), str))
         and (
             "keep" not in record
-            or (isinstance(record["keep"], int) and record["keep"] >= 0 and record.get("previous") is not None)
+            or (
+                type(record["keep"]) is int  # not a bool
+                and record["keep"] >= 0
+                and record.get("previous") is not None
+            )
         )
         and isinstance(record.get("size"), int)
         and isinstance(record.get("items"), list)
