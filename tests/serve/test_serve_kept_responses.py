@@ -105,8 +105,17 @@ def test_a_kept_response_answers_exactly_its_requests_conversation(tmp_path_fact
             # a client that re-sends an item of the reply in another form (fields it left out)
             if repeated and repeat % 3 == 2:
                 repeated[-1] = {**repeated[-1], "id": None}
-            whole = [*repeated, *fresh_items]
-            kept.keep(response_id, "tenant-a", "s", None, None, [*whole, *output])
+                whole = [*repeated, *fresh_items]
+                assert kept.keep(response_id, "tenant-a", "s", None, None, [*whole, *output])
+            elif repeated and repeat % 3 == 1:
+                # the caller proved the input begins with that conversation's first items
+                whole = [*repeated, *fresh_items]
+                after = (last, len(repeated))
+                assert not kept.keep(response_id, "tenant-b", "s", None, None, [*fresh_items, *output], after=after)
+                assert kept.keep(response_id, "tenant-a", "s", None, None, [*fresh_items, *output], after=after)
+            else:
+                whole = [*repeated, *fresh_items]
+                assert kept.keep(response_id, "tenant-a", "s", None, None, [*whole, *output])
             conversations[response_id] = [*whole, *output]
         last = response_id
     # every response answers its own conversation, from memory and from the store alone

@@ -12,6 +12,7 @@ from serve_fake_upstream import Reply
 
 from ctxkernel import Kernel
 from ctxkernel.profile import load_profile
+from ctxkernel.serve.kept_responses import KeptResponses
 
 from .conftest import write_profile
 
@@ -135,12 +136,23 @@ def test_plain_text_input_and_previous_response_id(fake, serve_factory):
         serve.openai().responses.create(model="fake-model", input="x", previous_response_id=unstored.id)
 
 
-def test_a_whole_input_with_store_is_kept_once_and_answered_exactly(fake, serve_factory, tmp_path):
+def test_a_whole_input_with_store_is_kept_once_and_answered_exactly(fake, serve_factory, tmp_path, monkeypatch):
     """``responses.create`` in a loop with the whole input and ``store`` left at its default: each
     response is kept for ``previous_response_id``, and the store writes each item once (it wrote
-    the whole input again with every response: 15 times the last body after 30 requests)."""
+    the whole input again with every response: 15 times the last body after 30 requests). The
+    body is parsed from its new items, as with ``store: false``: what it repeats is proven by
+    the memo against the body before, whose response names the conversation it continues."""
     upstream, _ = fake
     serve = serve_factory(write_profile(tmp_path, window=400_000, reserved=4_000))  # nothing compacted
+    proven = []
+    keep = KeptResponses.keep
+
+    def spy(self, *args, **kwargs):
+        done = keep(self, *args, **kwargs)
+        proven.append(kwargs.get("after") is not None and done)
+        return done
+
+    monkeypatch.setattr(KeptResponses, "keep", spy)
     upstream.script = lambda api, body: Reply(f"read {len(body['messages'])}", [("read_file", {"path": "a.py"})])
     client = serve.openai(session="whole-input")
     items: list = [{"role": "user", "content": "Read the sources."}]
@@ -151,6 +163,7 @@ def test_a_whole_input_with_store_is_kept_once_and_answered_exactly(fake, serve_
         items += response.output  # the SDK's own models, as its docs loop does
         call = next(o for o in response.output if o.type == "function_call")
         items.append({"type": "function_call_output", "call_id": call.call_id, "output": big_result(step)})
+    assert proven[0] is False and all(proven[1:])  # the first body has nothing to continue
     sent = [i if isinstance(i, dict) else i.model_dump(exclude_unset=True) for i in items]
     kernel = Kernel(load_profile(serve.profile))
     written = sum(len(orjson.dumps(kernel.store.kv_get("serve", k))) for k in kernel.store.kv_list("serve"))
@@ -165,6 +178,50 @@ def test_a_whole_input_with_store_is_kept_once_and_answered_exactly(fake, serve_
     assert history[0] == {"role": "user", "content": "Read the sources."}
     assert history[-1] == {"role": "tool", "tool_call_id": middle.output[-1].call_id, "content": "stopped"}
     assert [m["content"] for m in history if m["role"] == "tool"][:-1] == [big_result(n) for n in range(11)]
+
+
+def test_identical_whole_inputs_of_two_tenants_keep_to_their_own(fake, serve_factory, tmp_path):
+    """Two credentials, and two sessions of one, send byte-identical bodies (the memo proves one's
+    prefix by another's body): each kept response refers only to its own session's, and reads
+    back only to its tenant; a body after a ``store: false`` one (nothing kept to continue) is
+    kept whole, and still exact."""
+    upstream, _ = fake
+    serve = serve_factory(write_profile(tmp_path, window=400_000, reserved=4_000))
+    upstream.script = lambda api, body: Reply(f"read {len(body['messages'])}", [("read_file", {"path": "a.py"})])
+    clients = {name: serve.openai(api_key=f"sk-{name}") for name in ("alice", "bob")}
+    clients["alice-2"] = serve.openai(session="second", api_key="sk-alice")  # the same tenant's other session
+    inputs: dict[str, list] = {name: [{"role": "user", "content": "Read the sources."}] for name in clients}
+    kept: dict[str, list] = {name: [] for name in clients}
+    for step in range(6):
+        for name, client in clients.items():
+            store = step != 2  # one request of each keeps nothing
+            response = client.responses.create(model="fake-model", input=inputs[name], tools=TOOLS, store=store)
+            kept[name].append((response.id, store))
+            inputs[name] += [o.model_dump(exclude_none=True) for o in response.output]
+            call = next(o for o in response.output if o.type == "function_call")
+            inputs[name].append({"type": "function_call_output", "call_id": call.call_id, "output": big_result(step)})
+    kernel = Kernel(load_profile(serve.profile))
+    whose = {}
+    for responses in kept.values():
+        for response_id, stored in responses:
+            record = kernel.store.kv_get("serve", f"response/{response_id}")
+            assert (record is not None) == stored
+            if record is not None:
+                whose[response_id] = (record["owner"], record["key"])
+                assert record["previous"] is None or whose[record["previous"]] == whose[response_id]
+    assert len({whose[response_id] for responses in kept.values() for response_id, _ in responses[3:]}) == 3
+    import openai
+
+    alice_last = kept["alice"][-1][0]
+    answer = {"type": "function_call_output", "call_id": "x", "output": "stopped"}
+    with pytest.raises(openai.BadRequestError):
+        clients["bob"].responses.create(model="fake-model", input=[answer], previous_response_id=alice_last)
+    call_id = inputs["alice"][-1]["call_id"]
+    answer["call_id"] = call_id
+    follow = clients["alice"].responses.create(model="fake-model", input=[answer], previous_response_id=alice_last)
+    assert follow.status == "completed"
+    tool_results = [m["content"] for m in upstream.received[-1].body["messages"] if m["role"] == "tool"]
+    assert tool_results == [big_result(n) for n in range(5)] + ["stopped"]
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])

@@ -231,17 +231,31 @@ class KeptResponses:
         previous: Conversation | None,
         previous_id: str | None,
         items: list[Any],
-    ) -> None:
+        after: tuple[str, int] | None = None,
+    ) -> bool:
         """Keep a response: its request's new input items and its output ``items``, media out.
         Without ``previous`` (no ``previous_response_id``), ``items`` are the request's whole
-        input: what it repeats of the session's last kept conversation is written as a reference
-        to that response (``keep``), not again."""
+        input and output: what it repeats of the session's last kept conversation is written as a
+        reference to that response (``keep``), not again. ``after`` (a response id and a count):
+        the caller proved that the input begins with that many items of that response's
+        conversation, and ``items`` are the rest; False, keeping nothing, when that conversation
+        is not this tenant's session's to continue (the caller then gives the whole input)."""
         repeats = None
-        if previous is None:
-            found = self._continued(owner, key, items)
-            if found is not None:
-                previous_id, previous, repeats = found
-                items = items[repeats:]
+        if previous is None and after is not None:
+            prior_id, count = after
+            prior = self._readable(prior_id, owner)
+            if prior is None or prior.key != key or len(prior.items) < count:
+                return False
+            previous_id, previous = prior_id, prior
+            same = _repeated(prior.items[count:], items)
+            repeats, items = count + same, items[same:]
+        elif previous is None:
+            last = self._last_of(owner, key)
+            if last is not None:
+                same = _repeated(last[1].items, items)
+                if same:
+                    previous_id, previous = last
+                    repeats, items = same, items[same:]
         detached = [detach_media(item) for item in items]
         wrapped = [one for one, _, _ in detached]
         base = () if previous is None else previous.items if repeats is None else previous.items[:repeats]
@@ -255,7 +269,7 @@ class KeptResponses:
         if size > MAX_CONVERSATION_CHARS:
             # what a later request could not carry whole is not kept; the marker says why
             self.store.kv_put(NAMESPACE, _record_key(response_id), {**record, "items": [], "too_large": True})
-            return
+            return True
         for _, blobs, _ in detached:  # before the record that cites them
             for blob_key, data in blobs.items():
                 self._store_blob(blob_key, data)
@@ -267,27 +281,29 @@ class KeptResponses:
             self._last.move_to_end((owner, key))
             while len(self._last) > LAST_ENTRIES:
                 self._last.popitem(last=False)
+        return True
 
-    def _continued(self, owner: str, key: str, items: list[Any]) -> tuple[str, Conversation, int] | None:
-        """The session's last kept response, its conversation and how many of its first items
-        ``items`` repeats, when it repeats any (a request that sent its whole input)."""
+    def _last_of(self, owner: str, key: str) -> tuple[str, Conversation] | None:
+        """The session's last kept response and its conversation (None: none kept, or no
+        longer readable)."""
         with self._lock:
             last = self._last.get((owner, key))
-            conversation = None if last is None else self._cache.get(last)
         if last is None:
             return None
-        if conversation is None:
-            try:
-                conversation = self.conversation(last, owner)
-            except WireError:  # gone, damaged or too large: this response is kept whole
-                return None
-        same = 0
-        for old, new in zip(conversation.items, items, strict=False):
-            # an item kept without media is kept as it came: compared as it is, not taken apart
-            if (old != detach_media(new)[0]) if old["media"] else (old["item"] != new):
-                break
-            same += 1
-        return (last, conversation, same) if same else None
+        conversation = self._readable(last, owner)
+        return None if conversation is None else (last, conversation)
+
+    def _readable(self, response_id: str, owner: str) -> Conversation | None:
+        """The conversation up to ``response_id`` for ``owner``, or None where
+        :meth:`conversation` refuses it (gone, damaged, too large, another tenant's)."""
+        with self._lock:
+            conversation = self._cache.get(response_id)
+        if conversation is not None and same_tenant(conversation.owner, owner):
+            return conversation
+        try:
+            return self.conversation(response_id, owner)
+        except WireError:
+            return None
 
     def _store_blob(self, key: str, data: bytes) -> None:
         with self._lock:
@@ -310,6 +326,17 @@ class KeptResponses:
             while self._cache and (len(self._cache) > CACHE_ENTRIES or self._cache_chars > CACHE_CHARS):
                 _, dropped = self._cache.popitem(last=False)
                 self._cache_chars -= dropped.size
+
+
+def _repeated(kept: tuple[dict[str, Any], ...], items: list[Any]) -> int:
+    """How many of the first ``items`` (as a request sent them) are the ``kept`` ones."""
+    same = 0
+    for old, new in zip(kept, items, strict=False):
+        # an item kept without media is kept as it came: compared as it is, not taken apart
+        if (old != detach_media(new)[0]) if old["media"] else (old["item"] != new):
+            break
+        same += 1
+    return same
 
 
 def too_large(response_id: str) -> WireError:

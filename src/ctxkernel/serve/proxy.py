@@ -67,7 +67,7 @@ from .reconcile import (
 )
 from .tenants import Scrubber, credential_of, same_tenant, tenant_of, tenant_secret
 from .upstream import Upstream, UpstreamError, join_url
-from .wire import ClientRequest, MessageMemo, WireError, add_usage
+from .wire import ClientRequest, MessageMemo, WireError, add_usage, load_json_object
 from .workers import run_sync
 
 log = get_logger("ctxkernel.serve")
@@ -587,15 +587,20 @@ class Proxy:
         client = turn.client
         if client.body.get("store") is False:
             return
+        extra, owner = client.extra, client.extra["owner"]
         previous = client.body.get("previous_response_id")
-        self.kept.keep(
-            turn.response_id,
-            client.extra["owner"],
-            turn.key,
-            client.extra.get("kept"),
-            previous if isinstance(previous, str) else None,
-            [*client.extra["new_items"], *output],
-        )
+        previous_id = previous if isinstance(previous, str) else None
+        items = [*extra["new_items"], *output]
+        kept = False
+        if extra["repeats"] and extra["after"] is not None:  # the memo proved what the input repeats
+            after = (extra["after"], extra["repeats"])
+            kept = self.kept.keep(turn.response_id, owner, turn.key, None, None, items, after=after)
+        if not kept:
+            if extra["repeats"]:  # parsed from its new items: the whole input is read for once
+                items = [*load_json_object(extra["raw"])["input"], *output]
+            self.kept.keep(turn.response_id, owner, turn.key, extra.get("kept"), previous_id, items)
+        if extra["remembered"] is not None:  # the next body that continues this one continues it
+            extra["remembered"].tag = turn.response_id
 
     def commit_sync(
         self, turn: Turn, message: Message, usage: dict[str, Any] | None, view: Any, last_round: bool

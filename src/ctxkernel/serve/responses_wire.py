@@ -302,8 +302,9 @@ def convert_input(items: list[Any], memo: MessageMemo, first: int = 0) -> tuple[
 # -- the request ---------------------------------------------------------------------------------------
 def load_body(raw: bytes, memo: MessageMemo) -> ParsedBody:
     """The body, parsed through ``memo``: a client that sends its whole input every time with
-    items appended (Codex CLI, ``store: false``) has only its new items parsed
-    (:meth:`MessageMemo.parse`, whose ``items`` are then those and ``previous`` the rest)."""
+    items appended (Codex CLI with ``store: false``; ``responses.create`` in a loop, ``store``
+    left true) has only its new items parsed (:meth:`MessageMemo.parse`, whose ``items`` are
+    then those and ``previous`` the rest)."""
     return memo.parse(MEMO_API, raw, "input")
 
 
@@ -323,8 +324,8 @@ def parse_request(
     else:
         parsed = ParsedBody(raw if isinstance(raw, dict) else load_json_object(raw), [], array="input")
     previous = parsed.previous
-    if previous is not None and (earlier is not None or parsed.body.get("store") is not False):
-        # every item is wanted: joined after the earlier ones, or kept for previous_response_id
+    if previous is not None and earlier is not None:
+        # every item is wanted, joined after the earlier ones
         parsed, previous = parsed_whole(parsed.raw, "input", parsed.continued), None
     body = parsed.body
     model = check_model(body)
@@ -381,11 +382,24 @@ def parse_request(
         raise WireError(
             400, "input: the last item must be a user message or a tool output (not the model's own)", param="input"
         )
+    remembered = None
     if earlier is None:  # what a next body that appends to this one continues from
         count = len(items) + (previous.count if previous is not None else 0)
-        memo.remember(MEMO_API, parsed, Converted(count, None, list(converted), list(hashes), list(system_parts)))
+        remembered = memo.remember(
+            MEMO_API, parsed, Converted(count, None, list(converted), list(hashes), list(system_parts))
+        )
     client = ClientRequest(API, body, model, system, converted, tools, raw_tools, stream, hashes=hashes)
     client.extra.update({"upstream": upstream, "custom": custom, "new_items": items, "media": held_bytes})
+    # what keeping the response needs (proxy.remember_response): ``new_items`` are the items after
+    # the ``repeats`` the remembered body's ``after`` proves (its input, byte for byte), the body
+    # is kept to read the whole input when that proof names no kept response, and the history
+    # this body leaves for the next is tied to the response kept for it
+    client.extra.update(
+        repeats=previous.count if previous is not None else 0,
+        after=previous.tag if previous is not None else None,
+        raw=parsed.raw,
+        remembered=remembered,
+    )
     return client
 
 

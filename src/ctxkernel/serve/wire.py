@@ -297,6 +297,9 @@ class Converted:
     #: ``marked`` before it (None: not known), so that a body that rewrites its last item
     #: drops just that item's conversion (:meth:`without_last`)
     last_item: tuple[int, bool, bool] | None = None
+    #: what the route that remembered this history tied to it (the Responses API: the response
+    #: kept for the request whose history it is), set once that is known
+    tag: str | None = None
 
     def without_last(self) -> Converted | None:
         """The conversion of every item but the last; None when what the last gave is not known."""
@@ -549,16 +552,17 @@ class MessageMemo:
         self.remember(api, parsed, out)
         return out
 
-    def remember(self, api: bytes, parsed: ParsedBody, out: Converted) -> None:
+    def remember(self, api: bytes, parsed: ParsedBody, out: Converted) -> Converted | None:
         """Remember ``parsed``'s bytes, as digests, and ``out``, the conversion of its whole
-        history, for the next body; it replaces the one it continued."""
+        history, for the next body; it replaces the one it continued. Returns the history kept
+        (the ``previous`` of a next body that continues this one), None when nothing is."""
         if parsed.end < 0 or not parsed.raw:
-            return
+            return None
         key = api + b"\0" + parsed.raw[: self.CHAIN_KEY_BYTES]
         try:
             fields = parsed.fields or dumps_kept({**parsed.body, parsed.array: None})
         except TypeError:  # not JSON-encodable as parsed (cannot happen for a parsed body)
-            return
+            return None
         history = Converted(out.count, None, out.messages, out.hashes, out.system, out.marked, out.last_item)
         view = memoryview(parsed.raw)
         last_start, head_sha, last_sha = parsed.last_start, parsed.head_sha256, parsed.last_sha256
@@ -585,6 +589,7 @@ class MessageMemo:
             self._forget(self._chains[oldest].pop())
             if not self._chains[oldest]:
                 del self._chains[oldest]
+        return history
 
     def _forget(self, chain: _Chain) -> None:
         self.held_chains -= 1
