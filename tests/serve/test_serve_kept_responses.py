@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ctxkernel.serve.kept_responses import MIN_BASE64, KeptResponses, attach_media, detach_media
+from ctxkernel.serve.kept_responses import MAX_LINKS, MIN_BASE64, KeptResponses, attach_media, detach_media
 from ctxkernel.serve.wire import WireError
 from ctxkernel.store.jsonl import JsonlStore
 
@@ -160,3 +160,45 @@ def test_a_damaged_reference_is_no_conversation(tmp_path):
         with pytest.raises(WireError) as refused:
             fresh(store).conversation(f"resp_{2:032d}", "tenant-a")
         assert refused.value.status == 400
+
+
+class CountingStore(JsonlStore):
+    reads = 0
+
+    def kv_get(self, namespace, key):
+        CountingStore.reads += 1
+        return super().kv_get(namespace, key)
+
+
+def test_a_read_walks_at_most_max_depth_records(tmp_path):
+    """A prompt sent again and again (sampling, retries) refers to the last response each time;
+    every MAX_LINKS records one holds its whole conversation, so no read walks further."""
+    store = CountingStore(tmp_path, fsync=False)
+    kept = fresh(store)
+    prompt = [item(0), item(1)]
+    for n in range(3 * MAX_LINKS + 5):
+        output = [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": f"r{n}"}]}]
+        assert kept.keep(f"resp_{n:032d}", "tenant-a", "s", None, None, [*prompt, *output])
+    depths = [store.kv_get("serve", f"response/resp_{n:032d}").get("depth", 0) for n in range(3 * MAX_LINKS + 5)]
+    assert max(depths) == MAX_LINKS - 1 and depths.count(0) == 4
+    for n in (MAX_LINKS - 1, 2 * MAX_LINKS + 3, 3 * MAX_LINKS + 4):
+        CountingStore.reads = 0
+        reader = fresh(store)
+        conversation = reader.conversation(f"resp_{n:032d}", "tenant-a")
+        assert CountingStore.reads <= MAX_LINKS
+        last = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": f"r{n}"}]}
+        assert reader.items(conversation, f"resp_{n:032d}") == [*prompt, last]
+
+
+def test_items_are_the_same_only_as_json(tmp_path):
+    """Python holds 1, 1.0 and true equal; a client that sends true where the kept item said 1
+    sent another item, and its conversation has what it sent."""
+    store = JsonlStore(tmp_path, fsync=False)
+    kept = fresh(store)
+    first = [{"type": "message", "role": "user", "content": "a", "x": 1}]
+    kept.keep(f"resp_{1:032d}", "tenant-a", "s", None, None, first)
+    again = [{"type": "message", "role": "user", "content": "a", "x": True}, item(2)]
+    kept.keep(f"resp_{2:032d}", "tenant-a", "s", None, None, again)
+    reader = fresh(store)
+    got = reader.items(reader.conversation(f"resp_{2:032d}", "tenant-a"), f"resp_{2:032d}")
+    assert orjson.dumps(got) == orjson.dumps(again)  # as JSON: == would hold them equal either way

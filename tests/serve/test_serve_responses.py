@@ -225,6 +225,34 @@ def test_identical_whole_inputs_of_two_tenants_keep_to_their_own(fake, serve_fac
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_a_body_too_dense_to_keep_is_answered_and_not_kept(fake, serve_factory, tmp_path, stream):
+    """A body parsed from its new items whose whole input has to be read to be kept (its proof
+    names another tenant's response), and cannot be (too dense to read whole): the client still
+    gets its answer, whole, and the response is not kept."""
+    import openai
+
+    upstream, _ = fake
+    serve = serve_factory(write_profile(tmp_path, window=400_000, reserved=4_000))
+    upstream.script = lambda api, body: Reply("fine")
+    first = [{"role": "user", "content": "[" * 60_000}]  # small enough to be read without the density check
+    reply = run_turn(serve.openai(api_key="sk-alice"), stream, model="fake-model", input=first)  # bodies alike
+    second = [
+        *first,
+        *(o.model_dump(exclude_none=True) for o in reply.output),
+        {"role": "user", "content": "x" * 20_000},
+    ]
+    before = len(upstream.received)
+    answer = run_turn(serve.openai(api_key="sk-bob"), stream, model="fake-model", input=second)
+    assert answer.status == "completed" and answer.output_text == "fine"
+    assert len(upstream.received) == before + 1
+    with pytest.raises(openai.BadRequestError) as refused:
+        serve.openai(api_key="sk-bob").responses.create(
+            model="fake-model", input="go on", previous_response_id=answer.id
+        )
+    assert refused.value.body["param"] == "previous_response_id"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 def test_reasoning_items_pass_through_a_responses_upstream(fake, serve_factory, stream):
     upstream, server = fake
     serve = serve_factory(responses_upstream=f"{server.url}/v1")

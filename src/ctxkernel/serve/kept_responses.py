@@ -4,7 +4,8 @@ A response ``serve`` gave (unless its request said ``store: false``) is kept in 
 key-value table, namespace ``serve``, key ``response/<id>``, as a record::
 
     {"owner": tag, "key": session key, "previous": id or null, "keep": count (optional),
-     "size": characters, "items": [{"item": ..., "media": [[path, blob key, encoding, media type], ...]}, ...]}
+     "depth": references walked (optional), "size": characters,
+     "items": [{"item": ..., "media": [[path, blob key, encoding, media type], ...]}, ...]}
 
 - ``owner`` is the tenant's tag (the keyed hash of the request's credential, ``tenants.py``): a
   request naming the response with another credential is told there is no such response, as
@@ -19,6 +20,10 @@ key-value table, namespace ``serve``, key ``response/<id>``, as a record::
   API's default, ``store`` true, as ``responses.create`` in a loop does) continues the session's
   last kept response for as many items as its input repeats of that conversation, so only its new
   items are written: a session's records grow with the conversation, not with its square.
+- ``depth``: how many records reading this one walks back before one that stands alone. At
+  :data:`MAX_LINKS` a record holds its whole conversation again instead of a reference, so a
+  read walks at most that many records however long the session (a prompt sampled a thousand
+  times is a thousand short references otherwise).
 - ``size`` is the characters the conversation up to this response holds with its media put back
   (an item a later request re-sent in another form is still counted once for the earlier one):
   a conversation is refused past :data:`~ctxkernel.serve.wire.MAX_BODY_BYTES`, what one request
@@ -56,6 +61,8 @@ CACHE_ENTRIES = 64
 CACHE_CHARS = 256 << 20
 #: sessions whose last kept response is remembered (a whole input continues it)
 LAST_ENTRIES = 4096
+#: records a read may walk back: a record that would be deeper holds its whole conversation
+MAX_LINKS = 64
 #: fields that hold a medium's bytes as plain base64: an ``input_audio`` part's ``data``, an
 #: image generation call's ``result``; shorter ones than MIN_BASE64 stay in place
 BASE64_FIELDS = frozenset({"data", "result"})
@@ -76,6 +83,8 @@ class Conversation:
     items: tuple[dict[str, Any], ...]
     #: characters with the media put back
     size: int
+    #: records reading it walks back before one that stands alone (its record's ``depth``)
+    depth: int = 0
 
 
 # -- media out and back in -------------------------------------------------------------------------------
@@ -203,7 +212,8 @@ class KeptResponses:
             del items[keep:]
             items.extend(record["items"])
         newest = records[0]
-        conversation = Conversation(owner, newest["key"], tuple(items), newest["size"])
+        depth = newest.get("depth", len(records) - 1 + (base.depth + 1 if base is not None else 0))
+        conversation = Conversation(owner, newest["key"], tuple(items), newest["size"], depth)
         self._remember(response_id, conversation)
         return conversation
 
@@ -263,9 +273,16 @@ class KeptResponses:
         if previous is not None:
             dropped = previous.items[len(base) :]
             size += previous.size - (len(orjson.dumps(list(dropped))) if dropped else 0)
+        if previous is not None and previous.depth + 1 >= MAX_LINKS:
+            # deep enough: this record stands alone, so no read walks further than MAX_LINKS
+            wrapped, base, previous, previous_id, repeats = [*base, *wrapped], (), None, None, None
+            detached = [({}, blobs, chars) for _, blobs, chars in detached]  # their blobs still go in
         record: dict[str, Any] = {"owner": owner, "key": key, "previous": previous_id, "size": size}
         if repeats is not None:
             record["keep"] = repeats
+        depth = 0 if previous is None else previous.depth + 1
+        if depth:
+            record["depth"] = depth
         if size > MAX_CONVERSATION_CHARS:
             # what a later request could not carry whole is not kept; the marker says why
             self.store.kv_put(NAMESPACE, _record_key(response_id), {**record, "items": [], "too_large": True})
@@ -275,7 +292,7 @@ class KeptResponses:
                 self._store_blob(blob_key, data)
         record["items"] = wrapped
         self.store.kv_put(NAMESPACE, _record_key(response_id), record)
-        self._remember(response_id, Conversation(owner, key, (*base, *wrapped), size))
+        self._remember(response_id, Conversation(owner, key, (*base, *wrapped), size, depth))
         with self._lock:
             self._last[(owner, key)] = response_id
             self._last.move_to_end((owner, key))
@@ -329,14 +346,25 @@ class KeptResponses:
 
 
 def _repeated(kept: tuple[dict[str, Any], ...], items: list[Any]) -> int:
-    """How many of the first ``items`` (as a request sent them) are the ``kept`` ones."""
+    """How many of the first ``items`` (as a request sent them) are the ``kept`` ones, as JSON:
+    Python's ``==`` holds ``1``, ``1.0`` and ``true`` equal, so equal items are also compared as
+    orjson writes them."""
     same = 0
     for old, new in zip(kept, items, strict=False):
         # an item kept without media is kept as it came: compared as it is, not taken apart
-        if (old != detach_media(new)[0]) if old["media"] else (old["item"] != new):
+        ours = detach_media(new)[0] if old["media"] else new
+        theirs = old if old["media"] else old["item"]
+        if theirs != ours or _json(theirs) != _json(ours):
             break
         same += 1
     return same
+
+
+def _json(value: Any) -> bytes:
+    try:
+        return orjson.dumps(value)
+    except TypeError:  # not JSON-encodable as parsed (cannot happen for a parsed body)
+        return b""
 
 
 def too_large(response_id: str) -> WireError:
@@ -365,6 +393,7 @@ def _valid(record: Any) -> bool:
                 and record.get("previous") is not None
             )
         )
+        and ("depth" not in record or (type(record["depth"]) is int and 0 < record["depth"] < MAX_CHAIN))
         and isinstance(record.get("size"), int)
         and isinstance(record.get("items"), list)
         and all(isinstance(w, dict) and isinstance(w.get("item"), dict) for w in record["items"])

@@ -597,7 +597,13 @@ class Proxy:
             kept = self.kept.keep(turn.response_id, owner, turn.key, None, None, items, after=after)
         if not kept:
             if extra["repeats"]:  # parsed from its new items: the whole input is read for once
-                items = [*load_json_object(extra["raw"])["input"], *output]
+                try:
+                    items = [*load_json_object(extra["raw"], lean=True)["input"], *output]
+                except WireError as exc:
+                    # the reply is the client's already: a body too dense to read whole is not
+                    # kept (a later previous_response_id naming it is told there is none)
+                    log.warning("serve: a response is not kept", response=turn.response_id, error=exc.message[:200])
+                    return
             self.kept.keep(turn.response_id, owner, turn.key, extra.get("kept"), previous_id, items)
         if extra["remembered"] is not None:  # the next body that continues this one continues it
             extra["remembered"].tag = turn.response_id
