@@ -548,7 +548,9 @@ def _responses_full(raw: bytes, memo: MessageMemo | None) -> tuple:
 
 RESPONSES_EDITS = st.lists(
     st.tuples(
-        st.sampled_from(["turn", "turn", "turn", "call", "meta", "meta", "store", "field", "cut", "garbage"]),
+        st.sampled_from(
+            ["turn", "turn", "turn", "call", "meta", "meta", "long", "store", "field", "cut", "garbage", "twice"]
+        ),
         st.integers(0, 3),
     ),
     min_size=1,
@@ -585,6 +587,9 @@ def test_a_responses_input_parsed_from_its_appended_bytes_is_the_whole_input(edi
             items.append({"type": "message", "role": "user", "content": [{"type": "input_text", "text": f"v{n}"}]})
             keys = ["session_id", "turn_id", "window_id"]
             body["client_metadata"] = {keys[(n + i) % 3]: f"{keys[(n + i) % 3]}-1" for i in range(3)}
+        elif action == "long":  # a turn while what follows the input changes its length
+            items.append({"type": "message", "role": "user", "content": [{"type": "input_text", "text": f"w{n}"}]})
+            body["client_metadata"] = {"turn_id": "t" * (k + n)}
         elif action == "store":
             body["store"] = bool(k % 2)
         elif action == "field":
@@ -593,12 +598,46 @@ def test_a_responses_input_parsed_from_its_appended_bytes_is_the_whole_input(edi
             del items[max(2, len(items) - 2 * k) :]
             if items[-1]["role" if "role" in items[-1] else "type"] == "assistant":
                 items.append({"type": "message", "role": "user", "content": "again"})
+        elif action == "twice":  # a turn, and the input field again after it: JSON reads the last one
+            items.append({"type": "message", "role": "user", "content": [{"type": "input_text", "text": f"z{n}"}]})
+            raw = _encode(body, style)
+            other = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "other"}]}]
+            raw = raw[: raw.rindex(b"}")] + b',"input":' + orjson.dumps(other[: k + 1] * (k + 1)) + b"}"
         else:  # bytes appended after the last item that are not input items
             raw = _encode(body, style)
             close = raw.rindex(b"]", 0, raw.index(b'"store"'))
             raw = raw[:close] + [b",1]", b",{}],[", b',"x"', b"]"][k] + raw[close:]
         raw = raw if raw is not None else _encode(body, style)
         assert _responses_full(raw, memo) == _responses_full(raw, None)
+
+
+def test_a_responses_input_whose_metadata_changes_length_is_parsed_from_its_new_items(monkeypatch):
+    # Codex's metadata after the input: a value one digit longer made the body be parsed whole
+    from ctxkernel.serve import responses_wire, wire
+
+    whole = []
+    load = wire.load_json_object
+    monkeypatch.setattr(wire, "load_json_object", lambda raw, **kw: whole.append(len(raw)) or load(raw, **kw))
+    memo = MessageMemo()
+    items = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go"}]}]
+    seen = []
+    for step in range(5):
+        items += [
+            {"type": "function_call", "call_id": f"c{step}", "name": "shell", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": f"c{step}", "output": f"out ] {step}"},
+        ]
+        meta = {"turn_id": "9" * (step + 1), "session_id": "s"}
+        raw = orjson.dumps(
+            {"model": "m", "input": items, "tools": [{"type": "function", "name": "shell"}], "client_metadata": meta}
+        )
+        parsed = responses_wire.load_body(raw, memo)
+        seen.append(parsed.previous is not None)
+        request = responses_wire.parse_request(parsed, memo)
+        assert [m.to_dict() for m in request.messages] == [
+            m.to_dict() for m in responses_wire.parse_request(raw).messages
+        ]
+    assert seen == [False, True, True, True, True]
+    assert len(whole) == 1  # the first body only
 
 
 def test_a_growing_responses_input_is_parsed_from_its_appended_bytes_from_the_third_request_on():

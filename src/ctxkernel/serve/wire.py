@@ -14,7 +14,7 @@ import json
 import operator
 import re
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -686,49 +686,82 @@ def _parsed_after(raw: bytes, chain: _Chain, sha: Any, array: str) -> ParsedBody
     the new items as orjson writes them (as :meth:`MessageMemo.parse` finds a last message's
     start), and guessed otherwise."""
     around = _parsed_around(raw, chain, sha, array)
-    if around is not None:
+    if isinstance(around, ParsedBody):
         return around
     body = load_json_object(raw)
     every = body.get(array)
     count = chain.history.count
-    if not isinstance(every, list) or len(every) <= count:
+    if around is _TWICE or not isinstance(every, list) or len(every) <= count:
         return _parsed_whole(body, raw, array)
     items = every[count:]
-    body[array] = items  # as a body parsed from its new bytes holds them: the rest is converted
     view = memoryview(raw)
     cut = chain.end + 1
     span = _items_span(view, cut, items, len(raw))
-    if span is None or raw[span[0] : span[0] + 1] != b"]":  # the new items not where orjson puts them
-        end, last_start = _guessed_end(raw, every)
-        return ParsedBody(
-            body, items, chain.history, raw, end, False, last_start=last_start, continued=chain.history, array=array
-        )
+    if span is None or raw[span[0] : span[0] + 1] != b"]":
+        # the new items are not where orjson puts them, so nothing shows that the array parsed
+        # is the one the remembered bytes open (a second history field after it would be the
+        # one JSON reads): converted whole, as a body that continues nothing
+        return _parsed_whole(body, raw, array)
+    body[array] = items  # as a body parsed from its new bytes holds them: the rest is converted
     stop, last_start = span
     return _from_new_items(body, items, chain.history, raw, chain, (chain.end, sha), stop, last_start, array)
 
 
-def _parsed_around(raw: bytes, chain: _Chain, sha: Any, array: str) -> ParsedBody | None:
-    """:func:`_parsed_after` without the whole parse, when what follows the new items is as long
-    as what followed the remembered ones (a map written in another order): ``[`` + the bytes from
-    the remembered end to there + ``]`` parsed as the new items, and ``{`` + the rest as the
-    fields after them; None when either does not parse. Exact: the bytes up to the proven end
-    leave the parse inside the history between two items, and a ``]`` anywhere else would leave
-    one of the two pieces unbalanced, inside a value, or followed by more than one value."""
+#: what :func:`_parsed_around` answers for a body whose history field comes twice
+_TWICE = object()
+#: where :func:`_parsed_around` looks for the end of the new items, at most
+_STOPS = 8
+
+
+def _stops(raw: bytes, chain: _Chain, after: str | None) -> Iterator[int]:
+    """Where the new items may end in ``raw``: where the remembered body's fields after its
+    history would begin if they kept their length, then (newest first) each ``]`` followed by
+    the first of those fields' names (``after``), as orjson writes a key."""
+    end, tried = chain.end, -1
+    same = len(raw) - chain.tail.size
+    if end + 1 < same < len(raw) - 1 and raw[same] == ord("]"):
+        tried = same
+        yield same
+    if after is None:
+        return
+    marker = b"]," + orjson.dumps(after) + b":"
+    at = len(raw)
+    for _ in range(_STOPS):
+        at = raw.rfind(marker, end + 1, at)
+        if at < 0:
+            return
+        if at != tried:
+            yield at
+
+
+def _parsed_around(raw: bytes, chain: _Chain, sha: Any, array: str) -> ParsedBody | object | None:
+    """:func:`_parsed_after` without the whole parse, when the new items' end is found
+    (:func:`_stops`: what follows them is as long as before, a map written in another order, or
+    begins with the same field as before): ``[`` + the bytes from the remembered end to there +
+    ``]`` parsed as the new items, and ``{`` + the rest as the fields after them; None when no
+    place gives two pieces that parse, :data:`_TWICE` when the fields after hold the history's
+    field again (JSON reads the last one). Exact: the bytes up to the proven end leave the parse
+    inside the history between two items, and a ``]`` anywhere else would leave one of the two
+    pieces unbalanced, inside a value, or followed by more than one value."""
     end = chain.end
-    stop = len(raw) - chain.tail.size
-    if not end + 1 < stop < len(raw) - 1 or raw[stop] != ord("]"):
-        return None
-    rest = raw[stop + 1 :]
-    try:
-        items = parse_json(b"[" + raw[end + 1 : stop] + b"]")
-        after = {} if rest == b"}" else parse_json(b"{" + rest[1:]) if rest[:1] == b"," else None
-    except (ValueError, WireError):
-        return None
-    if not isinstance(items, list) or not items or not isinstance(after, dict) or array in after:
-        return None  # (a second history field after the first: the whole parse reads it as JSON does)
-    body = {**_fields_before(orjson.loads(chain.fields), array), array: items, **after}
-    last_start = _last_start(memoryview(raw), end + 1, stop, items)
-    return _from_new_items(body, items, chain.history, raw, chain, (end, sha), stop, last_start, array)
+    fields = orjson.loads(chain.fields)
+    names = list(fields)
+    at = names.index(array) if array in names else len(names)
+    for stop in _stops(raw, chain, names[at + 1] if at + 1 < len(names) else None):
+        rest = raw[stop + 1 :]
+        try:
+            items = parse_json(b"[" + raw[end + 1 : stop] + b"]")
+            after = {} if rest == b"}" else parse_json(b"{" + rest[1:]) if rest[:1] == b"," else None
+        except (ValueError, WireError):
+            continue
+        if not isinstance(items, list) or not items or not isinstance(after, dict):
+            continue
+        if array in after:
+            return _TWICE
+        body = {**_fields_before(fields, array), array: items, **after}
+        last_start = _last_start(memoryview(raw), end + 1, stop, items)
+        return _from_new_items(body, items, chain.history, raw, chain, (end, sha), stop, last_start, array)
+    return None
 
 
 def _from_new_items(
