@@ -611,6 +611,65 @@ def test_a_responses_input_parsed_from_its_appended_bytes_is_the_whole_input(edi
         assert _responses_full(raw, memo) == _responses_full(raw, None)
 
 
+def _item(text: str) -> bytes:
+    return orjson.dumps({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
+
+
+A, B, C, N, Z = (_item(t) for t in "abcnz")
+DEEP = b'{"type":"message","role":"user","content":"x","z":' + b"[" * 1022 + b"]" * 1022 + b"}"
+HOSTILE = {
+    # the history field twice, no place found for the new items' end
+    "twice": [
+        b'{"model":"m","input":[' + A + b'],"store":false}',
+        b'{"model":"m","input":[' + A + b"," + N + b'],"input":[' + Z + b"," + N + b'],"x":1}',
+    ],
+    # a field before the history written again after it (the remembered body's parse holds the later value)
+    "field twice": [
+        b'{"model":"a","input":[' + A + b'],"model":"b","store":false}',
+        b'{"model":"a","input":[' + A + b"," + B + b'],"model":"b","store":false}',
+        b'{"model":"a","input":[' + A + b"," + B + b"," + C + b'],"store":true,"x":12}',
+        b'{"model":"a","input":[' + A + b"," + B + b"," + C + b"," + N + b'],"model":"b","store":true }',
+    ],
+    # the remembered body holds the history field twice, a field between the two
+    "history twice": [
+        b'{"input":[' + Z + b'],"instructions":"be brief","input":[' + A + b'],"store":false,"model":"m"}',
+        b'{"input":[' + Z + b'],"instructions":"be brief","input":[' + A + b"," + B + b'],"store":false,"model":"m"}',
+        b'{"input":['
+        + Z
+        + b'],"instructions":"be brief","input":['
+        + A
+        + b","
+        + B
+        + b","
+        + C
+        + b'],"store":true,"model":"n"}',
+    ],
+    # a trailing comma where the fields after the history were, as long as they were
+    "trailing comma": [
+        b'{"model":"m","input":[' + A + b'],"store":false}',
+        b'{"model":"m","input":[' + A + b"," + B + b'],"store":false}',
+        b'{"model":"m","input":[' + A + b"," + B + b"," + C + b"]," + b" " * 13 + b"}",
+    ],
+    # a new item nested as deep as a body may be, counted from the body
+    "deep": [
+        b'{"model":"m","input":[' + A + b'],"store":false}',
+        b'{"model":"m","input":[' + A + b"," + DEEP + b'],"store":false}',
+    ],
+    "deep, what follows changed": [
+        b'{"model":"m","input":[' + A + b'],"store":false}',
+        b'{"model":"m","input":[' + A + b"," + DEEP + b'],"store":true,"x":12}',
+    ],
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_a_hostile_responses_body_is_read_as_its_whole_parse_reads_it(case):
+    # duplicated fields, invalid JSON, deep nesting: the memo's pieces give what JSON gives
+    memo = MessageMemo()
+    for raw in HOSTILE[case]:
+        assert _responses_full(raw, memo) == _responses_full(raw, None)
+
+
 def test_a_responses_input_whose_metadata_changes_length_is_parsed_from_its_new_items(monkeypatch):
     # Codex's metadata after the input: a value one digit longer made the body be parsed whole
     from ctxkernel.serve import responses_wire, wire

@@ -415,6 +415,9 @@ class _Chain:
     proven: bool  # that ``head`` and ``last`` end where they are said to
     fields: bytes  # the body with its history's field null, as JSON (fresh objects on every parse)
     history: Converted
+    #: that ``fields`` are, in their order, the fields written before the history and then those
+    #: after it (no field written twice): what :func:`_parsed_around` rebuilds a body from
+    plain: bool = False
 
     @property
     def end(self) -> int:
@@ -497,7 +500,7 @@ class MessageMemo:
                 return _parsed_after(raw, chain, sha, array)
             cut, stop, sha, previous = found
             try:
-                items = parse_json(b"[" + raw[cut:stop] + b"]")
+                items = _new_items(raw[cut:stop])
             except (ValueError, WireError):
                 break  # not a continuation after all: the whole parse reports what is wrong
             if not isinstance(items, list) or not items:
@@ -572,7 +575,8 @@ class MessageMemo:
             head_sha.update(view[max(last_start, 0) : parsed.end])
         last = Digest.hashed(view[:last_start], last_sha) if last_start > 0 and last_sha is not None else None
         head = Digest.hashed(view[: parsed.end], head_sha)
-        chain = _Chain(head, Digest.of(view[parsed.end :]), last, parsed.proven, fields, history)
+        plain = parsed.array == "input" and _plain_fields(parsed)  # only the Responses route reads it
+        chain = _Chain(head, Digest.of(view[parsed.end :]), last, parsed.proven, fields, history, plain)
         kept = [chain]
         for old in self._chains.pop(key, []):
             if old.history is parsed.continued or (old.head, old.tail) == (chain.head, chain.tail):
@@ -702,9 +706,48 @@ def _parsed_after(raw: bytes, chain: _Chain, sha: Any, array: str) -> ParsedBody
         # is the one the remembered bytes open (a second history field after it would be the
         # one JSON reads): converted whole, as a body that continues nothing
         return _parsed_whole(body, raw, array)
-    body[array] = items  # as a body parsed from its new bytes holds them: the rest is converted
     stop, last_start = span
+    if _fields_after(raw, stop, array) is _TWICE:  # the array parsed is a second one after them
+        return _parsed_whole(body, raw, array)
+    body[array] = items  # as a body parsed from its new bytes holds them: the rest is converted
     return _from_new_items(body, items, chain.history, raw, chain, (chain.end, sha), stop, last_start, array)
+
+
+def _new_items(piece: bytes) -> Any:
+    """The new items, ``piece`` being their bytes between a history's items and its end: parsed
+    as deep as they sit in a body (an array in an object), so that a nesting the whole parse
+    refuses is refused here too; None when the piece closes the array early (``a],[b`` gives the
+    outer array two values)."""
+    parsed = parse_json(b"[[" + piece + b"]]")
+    return parsed[0] if isinstance(parsed, list) and len(parsed) == 1 else None
+
+
+def _plain_fields(parsed: ParsedBody) -> bool:
+    """Whether the body's fields after its history, parsed on their own, are the fields its
+    parse holds after the history, in order: no field of the body was written twice."""
+    after = _fields_after(parsed.raw, parsed.end, parsed.array)
+    if not isinstance(after, dict):
+        return False
+    names = list(parsed.body)
+    return names.index(parsed.array) == len(names) - len(after) - 1 and list(after) == names[len(names) - len(after) :]
+
+
+def _fields_after(raw: bytes, stop: int, array: str) -> dict[str, Any] | object | None:
+    """The fields after a history that ends at ``stop`` in ``raw``, parsed on their own; None
+    when they are no JSON object's rest (a trailing comma included), :data:`_TWICE` when they
+    hold the history's field again."""
+    rest = raw[stop + 1 :]
+    if rest == b"}":
+        return {}
+    if rest[:1] != b",":
+        return None
+    try:
+        after = parse_json(b"{" + rest[1:])
+    except (ValueError, WireError):
+        return None
+    if not isinstance(after, dict) or not after:  # ",}" is no JSON
+        return None
+    return _TWICE if array in after else after
 
 
 #: what :func:`_parsed_around` answers for a body whose history field comes twice
@@ -743,21 +786,25 @@ def _parsed_around(raw: bytes, chain: _Chain, sha: Any, array: str) -> ParsedBod
     field again (JSON reads the last one). Exact: the bytes up to the proven end leave the parse
     inside the history between two items, and a ``]`` anywhere else would leave one of the two
     pieces unbalanced, inside a value, or followed by more than one value."""
+    if not chain.plain:  # a field written twice: only the whole parse reads it as JSON does
+        return None
     end = chain.end
     fields = orjson.loads(chain.fields)
     names = list(fields)
     at = names.index(array) if array in names else len(names)
     for stop in _stops(raw, chain, names[at + 1] if at + 1 < len(names) else None):
-        rest = raw[stop + 1 :]
+        after = _fields_after(raw, stop, array)
+        if after is None:
+            continue
         try:
-            items = parse_json(b"[" + raw[end + 1 : stop] + b"]")
-            after = {} if rest == b"}" else parse_json(b"{" + rest[1:]) if rest[:1] == b"," else None
+            items = _new_items(raw[end + 1 : stop])
         except (ValueError, WireError):
             continue
-        if not isinstance(items, list) or not items or not isinstance(after, dict):
+        if not isinstance(items, list) or not items:
             continue
-        if array in after:
+        if after is _TWICE:
             return _TWICE
+        assert isinstance(after, dict)
         body = {**_fields_before(fields, array), array: items, **after}
         last_start = _last_start(memoryview(raw), end + 1, stop, items)
         return _from_new_items(body, items, chain.history, raw, chain, (end, sha), stop, last_start, array)
