@@ -642,6 +642,17 @@ HOSTILE = {
         + B
         + b","
         + C
+        + b'],"store":false,"model":"n"}',  # what follows as long as before
+        b'{"input":['
+        + Z
+        + b'],"instructions":"be brief","input":['
+        + A
+        + b","
+        + B
+        + b","
+        + C
+        + b","
+        + N
         + b'],"store":true,"model":"n"}',
     ],
     # a trailing comma where the fields after the history were, as long as they were
