@@ -616,6 +616,12 @@ def _item(text: str) -> bytes:
 
 
 A, B, C, N, Z = (_item(t) for t in "abcnz")
+
+
+def _history_twice(items: list[bytes], after: bytes) -> bytes:
+    return b'{"input":[' + Z + b'],"instructions":"be brief","input":[' + b",".join(items) + b"]," + after + b"}"
+
+
 DEEP = b'{"type":"message","role":"user","content":"x","z":' + b"[" * 1022 + b"]" * 1022 + b"}"
 HOSTILE = {
     # the history field twice, no place found for the new items' end
@@ -632,28 +638,10 @@ HOSTILE = {
     ],
     # the remembered body holds the history field twice, a field between the two
     "history twice": [
-        b'{"input":[' + Z + b'],"instructions":"be brief","input":[' + A + b'],"store":false,"model":"m"}',
-        b'{"input":[' + Z + b'],"instructions":"be brief","input":[' + A + b"," + B + b'],"store":false,"model":"m"}',
-        b'{"input":['
-        + Z
-        + b'],"instructions":"be brief","input":['
-        + A
-        + b","
-        + B
-        + b","
-        + C
-        + b'],"store":false,"model":"n"}',  # what follows as long as before
-        b'{"input":['
-        + Z
-        + b'],"instructions":"be brief","input":['
-        + A
-        + b","
-        + B
-        + b","
-        + C
-        + b","
-        + N
-        + b'],"store":true,"model":"n"}',
+        _history_twice([A], b'"store":false,"model":"m"'),
+        _history_twice([A, B], b'"store":false,"model":"m"'),
+        _history_twice([A, B, C], b'"store":false,"model":"n"'),  # what follows as long as before
+        _history_twice([A, B, C, N], b'"store":true,"model":"n"'),
     ],
     # a trailing comma where the fields after the history were, as long as they were
     "trailing comma": [
