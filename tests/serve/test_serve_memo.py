@@ -669,6 +669,13 @@ def test_a_hostile_responses_body_is_read_as_its_whole_parse_reads_it(case):
         assert _responses_full(raw, memo) == _responses_full(raw, None)
 
 
+def _call_and_output(step: int, output: str) -> list[dict]:
+    return [
+        {"type": "function_call", "call_id": f"c{step}", "name": "shell", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": f"c{step}", "output": output},
+    ]
+
+
 def test_a_responses_input_whose_metadata_changes_length_is_parsed_from_its_new_items(monkeypatch):
     # Codex's metadata after the input: a value one digit longer made the body be parsed whole
     from ctxkernel.serve import responses_wire, wire
@@ -680,10 +687,7 @@ def test_a_responses_input_whose_metadata_changes_length_is_parsed_from_its_new_
     items = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go"}]}]
     seen = []
     for step in range(5):
-        items += [
-            {"type": "function_call", "call_id": f"c{step}", "name": "shell", "arguments": "{}"},
-            {"type": "function_call_output", "call_id": f"c{step}", "output": f"out ] {step}"},
-        ]
+        items += _call_and_output(step, f"out ] {step}")
         meta = {"turn_id": "9" * (step + 1), "session_id": "s"}
         raw = orjson.dumps(
             {"model": "m", "input": items, "tools": [{"type": "function", "name": "shell"}], "client_metadata": meta}
@@ -707,10 +711,7 @@ def test_a_growing_responses_input_is_parsed_from_its_appended_bytes_from_the_th
     items = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go"}]}]
     seen = []
     for step in range(4):
-        items += [
-            {"type": "function_call", "call_id": f"c{step}", "name": "shell", "arguments": "{}"},
-            {"type": "function_call_output", "call_id": f"c{step}", "output": f"out {step}"},
-        ]
+        items += _call_and_output(step, f"out {step}")
         raw = orjson.dumps({"model": "m", "input": items, "store": False})
         parsed = responses_wire.load_body(raw, memo)
         seen.append((parsed.previous is not None, len(parsed.items)))
