@@ -389,12 +389,15 @@ def parse_request(
             MEMO_API, parsed, Converted(count, None, list(converted), list(hashes), list(system_parts))
         )
     client = ClientRequest(API, body, model, system, converted, tools, raw_tools, stream, hashes=hashes)
-    client.extra.update({"upstream": upstream, "custom": custom, "new_items": items, "media": held_bytes})
     # what keeping the response needs (proxy.remember_response): ``new_items`` are the items after
     # the ``repeats`` the remembered body's ``after`` proves (its input, byte for byte), the body
     # is kept to read the whole input when that proof names no kept response, and the history
     # this body leaves for the next is tied to the response kept for it
     client.extra.update(
+        upstream=upstream,
+        custom=custom,
+        new_items=items,
+        media=held_bytes,
         repeats=previous.count if previous is not None else 0,
         after=previous.tag if previous is not None else None,
         raw=parsed.raw,

@@ -362,6 +362,9 @@ class ParsedBody:
     continued: Converted | None = None
     #: the body's field that holds the history
     array: str = "messages"
+    #: that no field of the body is written twice around its history (:attr:`_Chain.plain`);
+    #: None when not known yet (the memo then reads its fields after the history to know)
+    plain: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -517,7 +520,9 @@ class MessageMemo:
                 if not (isinstance(messages, list) and len(messages) == kept + len(items) and messages[kept:] == items):
                     return _parsed_whole(body, raw, array)
             last_start = _last_start(memoryview(raw), cut, stop, items)
-            return _from_new_items(body, items, previous, raw, chain, (cut, sha), stop, last_start, array, chain.fields)
+            return _from_new_items(
+                body, items, previous, raw, chain, (cut, sha), stop, last_start, array, chain.fields, chain.plain
+            )
         return _parsed_whole(load_json_object(raw), raw, array)
 
     def convert_history(
@@ -575,7 +580,8 @@ class MessageMemo:
             head_sha.update(view[max(last_start, 0) : parsed.end])
         last = Digest.hashed(view[:last_start], last_sha) if last_start > 0 and last_sha is not None else None
         head = Digest.hashed(view[: parsed.end], head_sha)
-        plain = parsed.array == "input" and _plain_fields(parsed)  # only the Responses route reads it
+        # only the Responses route reads it; known already for a body parsed from its new items
+        plain = parsed.array == "input" and (parsed.plain if parsed.plain is not None else _plain_fields(parsed))
         chain = _Chain(head, Digest.of(view[parsed.end :]), last, parsed.proven, fields, history, plain)
         kept = [chain]
         for old in self._chains.pop(key, []):
@@ -805,9 +811,11 @@ def _parsed_around(raw: bytes, chain: _Chain, sha: Any, array: str) -> ParsedBod
         if after is _TWICE:
             return _TWICE
         assert isinstance(after, dict)
-        body = {**_fields_before(fields, array), array: items, **after}
+        before = _fields_before(fields, array)
+        body = {**before, array: items, **after}
         last_start = _last_start(memoryview(raw), end + 1, stop, items)
-        return _from_new_items(body, items, chain.history, raw, chain, (end, sha), stop, last_start, array)
+        plain = before.keys().isdisjoint(after)  # the remembered fields are plain (above)
+        return _from_new_items(body, items, chain.history, raw, chain, (end, sha), stop, last_start, array, plain=plain)
     return None
 
 
@@ -822,6 +830,7 @@ def _from_new_items(
     last_start: int,
     array: str,
     fields: bytes = b"",
+    plain: bool | None = None,
 ) -> ParsedBody:
     """A body parsed from its new ``items``, which end its history at ``stop`` (proven), the
     last of them starting at ``last_start`` (-1: not known): ``hashed`` is where the SHA-256
@@ -847,6 +856,7 @@ def _from_new_items(
         last_sha256=last_sha,
         continued=chain.history,
         array=array,
+        plain=plain,
     )
 
 
