@@ -54,6 +54,9 @@ Lines:
   metadata after the input written in another key order each time), parsed as
   ``serve`` does (``responses_wire.load_body`` then ``parse_request``) / the same history
   through ``openai_wire``, target <= 1.5: the new items only, as for Chat Completions.
+* ``serve_parse_responses_stored_input_vs_chat_100k``: the same for a client that sends its whole
+  ``input`` with ``store`` left true (``responses.create`` in a loop), whose every item is kept
+  for ``previous_response_id``, target <= 1.5: parsed from its new items all the same.
 
 ``bench_serve_peer.py`` sets serve against LiteLLM's proxy in the same run.
 """
@@ -268,10 +271,22 @@ def parse_responses_input(bench: Bench) -> None:
         )
         for n, m in enumerate(histories)
     ]
+
+    def served_as_serve(raw: bytes, memo: Any) -> Any:
+        return responses_wire.parse_request(responses_wire.load_body(raw, memo), memo)
+
     compare_parses(
         bench,
         "serve_parse_responses_input_vs_chat_100k",
-        (responses, lambda raw, memo: responses_wire.parse_request(responses_wire.load_body(raw, memo), memo)),
+        (responses, served_as_serve),
+        (chat, openai_wire.parse_request),
+    )
+    # responses.create in a loop: the whole input, store left at its default (true)
+    stored = [orjson.dumps({"model": "bench-model", "input": responses_input(m)}) for m in histories]
+    compare_parses(
+        bench,
+        "serve_parse_responses_stored_input_vs_chat_100k",
+        (stored, served_as_serve),
         (chat, openai_wire.parse_request),
     )
 
