@@ -268,6 +268,7 @@ class KeptResponses:
                     repeats, items = same, items[same:]
         detached = [detach_media(item) for item in items]
         wrapped = [one for one, _, _ in detached]
+        media = [blobs for _, blobs, _ in detached]
         base = () if previous is None else previous.items if repeats is None else previous.items[:repeats]
         size = len(orjson.dumps(wrapped)) + sum(chars for _, _, chars in detached)
         if previous is not None:
@@ -276,7 +277,6 @@ class KeptResponses:
         if previous is not None and previous.depth + 1 >= MAX_LINKS:
             # deep enough: this record stands alone, so no read walks further than MAX_LINKS
             wrapped, base, previous, previous_id, repeats = [*base, *wrapped], (), None, None, None
-            detached = [({}, blobs, chars) for _, blobs, chars in detached]  # their blobs still go in
         record: dict[str, Any] = {"owner": owner, "key": key, "previous": previous_id, "size": size}
         if repeats is not None:
             record["keep"] = repeats
@@ -287,7 +287,7 @@ class KeptResponses:
             # what a later request could not carry whole is not kept; the marker says why
             self.store.kv_put(NAMESPACE, _record_key(response_id), {**record, "items": [], "too_large": True})
             return True
-        for _, blobs, _ in detached:  # before the record that cites them
+        for blobs in media:  # before the record that cites them (the base's are in already)
             for blob_key, data in blobs.items():
                 self._store_blob(blob_key, data)
         record["items"] = wrapped
