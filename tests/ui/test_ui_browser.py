@@ -348,10 +348,10 @@ def test_strategy_panels_show_chapters_notes_and_windows_as_text(browser, hostil
         page, record = open_page(browser, base)
         page.goto(f"{base}/ui/")
         child_row = page.locator(f'tr[data-session="{child}"]')
-        child_row.wait_for()
-        # the chapters registry, not the session header, records ancestry (seed 003): the list has
-        # no header parent to link; the child's own chapters panel names its parent (below)
-        assert child_row.locator(f'a[href="/ui/sessions/{parent}"]').count() == 0
+        # the chapters registry, not the session header, records ancestry (seed 003): the row links
+        # its parent once its summary (which reads the registry's panel) has come
+        child_row.locator("td.pressure .gauge-text").wait_for()
+        assert child_row.locator(f'.continues a[href="/ui/sessions/{parent}"]').count() == 1
         page.locator(f'tr[data-session="{parent}"] td.pressure .gauge-text').wait_for()
         shots.take(page, "sessions")
         # sortable: by events, up then down
