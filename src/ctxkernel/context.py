@@ -80,6 +80,11 @@ class SurfaceView(Protocol):
         """The visible node with this seq, or None."""
         ...
 
+    def hides_anything(self) -> bool:
+        """True when a node stands for messages it took off the surface (a summary, a mask, an
+        excerpt): something the history tools can bring back."""
+        ...
+
     def position(self, seq: int) -> int | None:
         """The index in ``nodes`` of the node with this seq, or None when it is not visible."""
         ...
@@ -195,6 +200,8 @@ class _Session(Protocol):
     def model_settings(self) -> ModelSettings: ...
     def pressure(self) -> Pressure: ...
     def request_header(self) -> RequestHeader: ...
+    @property
+    def header_in_full(self) -> bool: ...
     def refresh(self) -> int: ...
 
 
@@ -281,6 +288,15 @@ class Context:
     def request_header(self) -> RequestHeader:
         """The system prompt and tool schemas every request carries, and their token count."""
         return self._session.request_header()
+
+    @property
+    def header_in_full(self) -> bool:
+        """True while the kernel composes the header at its fullest: a strategy that offers tools
+        (and their system prompt section) only once they have something to do, as ``history`` and
+        ``mask`` offer recall only once something is hidden, offers them then too. The header guard
+        weighs that header against the window, so a session that could not carry them later is
+        refused before its first request; ``validate`` lists and checks them."""
+        return self._session.header_in_full
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         """The tool schemas registered for the session so far: the strategies', then the harness's."""

@@ -207,7 +207,7 @@ def _spans(session: SessionPort, chosen: list[Node], budget: int, cap: int, wind
     """One span per chosen message (a reply with tool calls takes its results along), in surface
     order, never overlapping."""
     surface = session.surface
-    history = next((f"{name}({arg}=" for name, arg in RECALL_TOOLS.items() if session.owns_tool(name)), None)
+    history = next((f"{name}({arg}=" for name, arg in RECALL_TOOLS.items() if session.may_offer_tool(name)), None)
     covered: set[int] = set()
     spans: list[tuple[int, Span]] = []
     for node in sorted(chosen, key=lambda n: surface.position(n.seq) or 0):

@@ -245,6 +245,11 @@ class StrategyBlobs:
         return BlobInfo(info.key[len(self._prefix) :], info.size, info.sha256)
 
 
+#: the strategy's state keys behind offer_tools: offered with the last header, and in full
+_OFFERED = "ctxkernel.tools_offered"
+_OFFERED_IN_FULL = "ctxkernel.tools_offered_in_full"
+
+
 class StrategyHandle(Generic[S]):
     """What one strategy may do in one session. Get it with :meth:`Strategy.on`."""
 
@@ -524,6 +529,34 @@ class StrategyHandle(Generic[S]):
     def invalidate_header(self) -> None:
         """Call when the strategy's system prompt section or tools changed."""
         self._session.invalidate_header()
+
+    # -- tools offered only once they have something to do --------------------------------------------
+    def offer_tools(self, when: bool, *, ever: bool = True) -> bool:
+        """For tools a strategy offers only once they have something to do (the history tools once
+        the surface hides something): call it from ``register_tools`` and register them when it
+        returns True. ``when``: they have something to do now; ``ever``: they can come at all in
+        this session (``mask``: a window large enough to carry them). While the kernel composes
+        the header at its fullest (``ctx.header_in_full``) it is ``ever``, so the header guard
+        counts them before the first request. Their ``system_prompt`` section follows
+        :attr:`tools_offered`; ``pre_step`` and ``commit`` call :meth:`recheck_tools`."""
+        if self.ctx.header_in_full:
+            self.state[_OFFERED_IN_FULL] = ever
+            return ever
+        offered = self.state[_OFFERED] = ever and when
+        return offered
+
+    @property
+    def tools_offered(self) -> bool:
+        """Whether the header being composed carries the tools :meth:`offer_tools` last decided
+        on: their system prompt section goes with them, never without them."""
+        return bool(self.state.get(_OFFERED_IN_FULL if self.ctx.header_in_full else _OFFERED))
+
+    def recheck_tools(self, when: bool, *, ever: bool = True) -> None:
+        """Compose the header again at the next request when :meth:`offer_tools` would now decide
+        otherwise (call it from ``pre_step`` and ``commit``: a compaction may be the first thing
+        hidden, and a resumed session's surface may hide something already)."""
+        if _OFFERED in self.state and self.state[_OFFERED] != (ever and when):
+            self.invalidate_header()
 
     def __repr__(self) -> str:
         return f"StrategyHandle({self.name!r}, session={self.ctx.id!r})"

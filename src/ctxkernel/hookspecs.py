@@ -115,7 +115,9 @@ def register_tools(register: Callable[[Tool], None], ctx: Context) -> None:
     """Contribute model-callable tools to a session.
 
     Called when a session opens and again whenever the set of enabled strategies changes
-    (the registry is rebuilt, so a re-enabled strategy has exactly one of each tool).
+    (the registry is rebuilt, so a re-enabled strategy has exactly one of each tool). A strategy
+    that offers tools only once they have something to do registers them all while
+    ``ctx.header_in_full`` is True: the header guard weighs that header before the first request.
 
     :param register: call it with a :class:`ctxkernel.Tool` (``STRATEGY.tool(...)``); a name another
         strategy already registered raises :class:`ctxkernel.PluginConflictError` naming both. A

@@ -192,6 +192,15 @@ class Surface:
         pos = self.position(seq)
         return None if pos is None else self.nodes[pos]
 
+    def hides_anything(self) -> bool:
+        """True when a node stands for messages it took off the surface (a summary, a mask, an
+        excerpt): something the history tools can bring back."""
+        for node in self.nodes:  # Node.cites without its tuple: this runs before every request
+            op = node.event.surface
+            if op is not None and op.get("op") != "append" and op.get("cites"):
+                return True
+        return False
+
     def span(self, start: int, end: int) -> list[Node]:
         """Nodes from seq ``start`` through seq ``end`` in surface order (raises if invalid)."""
         a, b = self.position(start), self.position(end)

@@ -553,16 +553,14 @@ class _Validator:
     def check_header(self, session: Session) -> None:
         """The system prompt and tool schemas are sent with every request: they must leave room
         to manage the conversation (the same rule refuses the first request: guard.header_refusal)."""
-        header = session.request_header()
+        tokens, tools = session.full_header()  # with the tools strategies offer only later
         for label, model in self._model_variants():
             effective = model.effective_window
-            reason = header_refusal(
-                header.tokens, model.context_window, model.reserved_output_tokens, len(header.tools)
-            )
+            reason = header_refusal(tokens, model.context_window, model.reserved_output_tokens, tools)
             if reason is not None:
                 self.report.fail("budgets", None, f"{label}: {reason}")
             else:
-                self.report.ok("budgets", None, f"request header {header.tokens} tokens of {effective} ({label})")
+                self.report.ok("budgets", None, f"request header {tokens} tokens of {effective} ({label})")
 
     def check_strategy_hooks(self) -> None:
         # call each implementation on its own so a crash is attributed to its strategy and the
@@ -593,8 +591,11 @@ def throwaway_session(profile: Profile, manager: StrategyManager, home: Path) ->
 
 
 def tools_by_strategy(manager: StrategyManager, session: Session) -> dict[str, list[str]]:
-    """Tool names each loaded strategy registers for ``session`` (duplicates kept, not refused)."""
-    return {name: [tool.name for tool in tools] for name, tools in manager.hooks.register_tools_each(session).items()}
+    """Tool names each loaded strategy may register for ``session``, also those it offers only
+    once it has something to do (duplicates kept, not refused)."""
+    with session.offering_everything():
+        each = manager.hooks.register_tools_each(session)
+    return {name: [tool.name for tool in tools] for name, tools in each.items()}
 
 
 @contextlib.contextmanager

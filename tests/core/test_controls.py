@@ -256,7 +256,9 @@ def run_cli(capsys: Any, *argv: str) -> tuple[int, str, str]:
 
 
 def test_cli_compact_summarises_a_basic_session(capsys, cli_home):
-    session_id = basic_session(cli_home)
+    # past the verbatim tail (16% of the window), and long enough that the summary saves more than
+    # the history tools it brings along cost (~830 tokens)
+    session_id = basic_session(cli_home, turns=100)
     code, out, err = run_cli(capsys, "compact", session_id, "--json")
     assert code == 0, err
     view = json.loads(out)

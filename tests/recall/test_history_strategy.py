@@ -90,8 +90,70 @@ def test_the_shipped_basic_and_decay_profiles_carry_the_history_tools(tmp_path):
         kernel = Kernel(load_profile(name), store=JsonlStore(tmp_path / name), home=tmp_path / name)
         session = kernel.open_session()
         for tool in HISTORY_TOOL_NAMES:
-            assert session.owns_tool(tool), f"{name} lacks {tool}"
+            assert session.may_offer_tool(tool), f"{name} lacks {tool}"
+            assert tool in session.offerable_tools
         assert kernel.strategies["history"].capabilities >= {"history"}
+
+
+def history_in(request: Any) -> list[str]:
+    """The history tools a request (or a logged request header) carries."""
+    tools = request["tools"] if isinstance(request, dict) else request.tools
+    names = [t["function"]["name"] for t in tools]
+    return [n for n in names if n in HISTORY_TOOL_NAMES]
+
+
+def test_the_tools_come_once_something_is_hidden_and_stay_after_a_restart(tmp_path):
+    kernel = build_kernel(tmp_path, strategies=["basic", "history"], model=WINDOW)
+    session = kernel.open_session()
+    session.user("step 0: please look at module0.py")
+    first = session.prepare_request()
+    # nothing hidden, nothing to recall: neither the four schemas nor their section (~830 tokens)
+    assert history_in(first) == [] and "history_search_contents" not in first.system
+    assert not any(session.owns_tool(name) for name in HISTORY_TOOL_NAMES)
+    session.commit_reply(Message.assistant("looking"))
+    session.end_turn()
+    session = busy_session(kernel)  # a second session, summarised on the way
+    compacted = [e.seq for e in session.events if e.type == "compaction/summary"]
+    assert compacted
+    # the request composed right after the first summary carries them: the summary is what
+    # the tools read back, and the summary rewrote the cached prefix anyway
+    headers = [e for e in session.events if e.type == "request/header"]
+    assert [history_in(h.data) == [] for h in headers] == [True] + [False] * (len(headers) - 1)
+    assert headers[1].seq > compacted[0]
+    session.user("one more")
+    request = session.prepare_request()
+    assert history_in(request) == list(HISTORY_TOOL_NAMES) and "history_search_contents" in request.system
+    session.commit_reply(Message.assistant("done"))
+    session.end_turn()
+    # a restart composes the same header from the log alone
+    reopened = build_kernel(tmp_path, strategies=["basic", "history"], model=WINDOW).open_session(session.id)
+    reopened.user("and another")
+    again = reopened.prepare_request()
+    assert again.tools == request.tools and again.system == request.system
+
+
+def test_the_header_guard_counts_the_tools_before_they_come(tmp_path):
+    from ctxkernel.errors import HeaderTooLargeError
+
+    # a window where the header fits without the history tools and not with them
+    lean = build_kernel(
+        tmp_path / "lean", strategies=["basic"], model={"context_window": 1700, "reserved_output_tokens": 200}
+    )
+    session = lean.open_session()
+    session.user("hi")
+    assert session.prepare_request().tools == []
+    kernel = build_kernel(
+        tmp_path / "full",
+        strategies=["basic", "history"],
+        model={"context_window": 1700, "reserved_output_tokens": 200},
+    )
+    session = kernel.open_session()
+    session.user("hi")
+    logged = len(session.events)
+    with pytest.raises(HeaderTooLargeError, match="4 tool schemas") as info:
+        session.prepare_request()
+    assert info.value.header_tokens > 750 and info.value.smallest_window > 1700
+    assert len(session.events) == logged
 
 
 def test_history_next_to_handoff_is_a_conflict_naming_both(tmp_path):

@@ -149,7 +149,7 @@ def test_the_table_says_when_no_profile_reached_pressure(capsys):
     out = capsys.readouterr().out
     assert NO_PRESSURE in out and "--window 0.5x" in out
     assert (
-        main(["simulate", "--workload", "chat-short", "--profile", "basic", "--window", "2000", "--no-progress"]) == 0
+        main(["simulate", "--workload", "coding-long", "--profile", "basic", "--window", "0.5x", "--no-progress"]) == 0
     )
     assert NO_PRESSURE not in capsys.readouterr().out  # basic summarised: there was pressure
 

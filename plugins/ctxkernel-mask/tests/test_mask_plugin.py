@@ -352,3 +352,22 @@ def test_by_default_every_result_older_than_the_current_step_is_masked_without_p
     assert texts[-1].startswith("f.py:0:")  # the current step's result, verbatim
     assert all(t.startswith("[masked output of read(path=") for t in texts[:-1])
     assert all(b.data["reason"] == "batch" for b in _masks(session))
+
+
+def test_a_header_with_no_room_for_the_history_tools_is_refused_before_the_first_request(tmp_path):
+    from ctxkernel.errors import HeaderTooLargeError
+
+    # the system prompt alone leaves the header under half of the 8,000-token effective window;
+    # with the history tools that come at the first mask it would not: refused now, not then
+    kernel = mask_kernel(tmp_path, window=8_800, reserve=800)
+    session = kernel.open_session()
+    session.set_harness_system("rule " * 3_900)
+    alone = session.request_header().tokens
+    assert alone <= 4_000 and not HISTORY & {t["function"]["name"] for t in session.request_header().tools}
+    full, tools = session.full_header()
+    assert full > 4_000 and tools >= 2
+    session.user("work")
+    logged = len(session.events)
+    with pytest.raises(HeaderTooLargeError, match="smallest context_window") as info:
+        session.prepare_request()
+    assert info.value.header_tokens == full and len(session.events) == logged

@@ -6,6 +6,12 @@ whatever a compaction took off the surface (a ``basic`` summary's head, a ``deca
 stays reachable: by the ``item_<seq>`` ids the surface shows, by words the model saw, or by
 paging through the log in order. ``handoff`` offers the same four tools itself; a profile lists
 ``history`` next to a strategy that does not (the shipped ``basic`` and ``decay`` profiles do).
+
+The tools and their system prompt section come only once the surface hides something (their
+schemas go with every request, about 830 tokens, and a session that has hidden nothing has
+nothing to recall); they come with the compaction that first hides something, which rewrites the
+cached prefix anyway. The header guard counts them from the first request
+(``StrategyHandle.offer_tools``), so a window too small to carry them later is refused up front.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from ctxkernel import NoSettings
 from ctxkernel.recall.history_tools import SYSTEM_SECTION, history_tools
 
 if TYPE_CHECKING:
-    from ctxkernel import Context
+    from ctxkernel import Context, StepContext
 
 NAME = "history"
 
@@ -40,10 +46,22 @@ def session_opened(ctx: Context) -> None:
 
 @ctxkernel.hookimpl
 def register_tools(register: Any, ctx: Context) -> None:
-    for tool in history_tools(STRATEGY):
-        register(tool)
+    if STRATEGY.on(ctx).offer_tools(ctx.surface.hides_anything()):
+        for tool in history_tools(STRATEGY):
+            register(tool)
 
 
 @ctxkernel.hookimpl
 def system_prompt(ctx: Context) -> str | None:
-    return SYSTEM_SECTION
+    return SYSTEM_SECTION if STRATEGY.on(ctx).tools_offered else None
+
+
+@ctxkernel.hookimpl
+def commit(ctx: Context, result: Any) -> None:
+    STRATEGY.on(ctx).recheck_tools(ctx.surface.hides_anything())  # a compaction may hide the first thing
+
+
+@ctxkernel.hookimpl
+def pre_step(ctx: Context, step: StepContext) -> None:
+    # also what another process committed, or a resumed session's surface
+    STRATEGY.on(ctx).recheck_tools(ctx.surface.hides_anything())

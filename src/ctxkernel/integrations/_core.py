@@ -39,10 +39,11 @@ def open_kernel(profile: str | os.PathLike[str] | Kernel) -> Kernel:
 
 def strategy_tool_schemas(kernel: Kernel) -> list[dict[str, Any]]:
     """The profile's strategy tools (OpenAI function schemas), for frameworks that need the tool
-    list before any session exists. Asked of a session object that is never stored."""
+    list before any session exists: every tool a strategy may offer, also those it offers only
+    once it has something to do (a session's request carries what it offers then,
+    :meth:`ManagedSession.tool_schemas`). Asked of a session object that is never stored."""
     probe = Session(kernel, SessionHeader(id="integrations-probe", created=utc_now(), profile=kernel.profile.name))
-    probe.owns_tool("")  # registers the strategies' tools
-    return [dict(schema) for schema in probe.tools.schemas()]
+    return [dict(schema) for schema in probe.offerable_tools.schemas()]
 
 
 class ManagedSession:

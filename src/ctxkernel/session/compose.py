@@ -102,15 +102,18 @@ class Composer:
         """Refuse a request header that leaves no room to manage the conversation (guard.py's
         :func:`~ctxkernel.guard.header_refusal`), up front: never by clipping the newest result.
         A session with no strategy enabled manages nothing and is not refused."""
-        _, tools, digest, header_tokens = self.tooling.compose()
+        _, _, digest, _ = self.tooling.compose()
         model = self.routing.model_settings()
         key = (digest, model.context_window, model.reserved_output_tokens)
         if key == self._header_checked or not self.session.enabled_strategies():
             return
-        reason = header_refusal(header_tokens, model.context_window, model.reserved_output_tokens, len(tools))
+        # counted with the tools a strategy offers only later: a session is refused before its
+        # first request or not at all
+        full_tokens, full_tools = self.tooling.full_header()
+        reason = header_refusal(full_tokens, model.context_window, model.reserved_output_tokens, full_tools)
         if reason is not None:
-            smallest = smallest_window(header_tokens, model.reserved_output_tokens)
-            raise HeaderTooLargeError(reason, header_tokens=header_tokens, smallest_window=smallest)
+            smallest = smallest_window(full_tokens, model.reserved_output_tokens)
+            raise HeaderTooLargeError(reason, header_tokens=full_tokens, smallest_window=smallest)
         self._header_checked = key
 
     def _prepare_step(self, attempt: int, allow_overflow: bool, defer_write: bool = False) -> Request:

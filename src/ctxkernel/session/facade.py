@@ -25,6 +25,7 @@ receive its :attr:`context`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import uuid
@@ -365,6 +366,13 @@ class Session:
         return self._tooling.tools
 
     @property
+    def offerable_tools(self) -> ToolRegistry:
+        """Every tool the session's strategies may offer: ``tools``, and those a strategy offers
+        only once it has something to do."""
+        self._tooling.sync_tools()
+        return self._tooling.offerable
+
+    @property
     def harness_tools(self) -> list[dict[str, Any]]:
         """The harness's own tool schemas (:meth:`set_harness_tools`)."""
         return self._tooling.harness_tools
@@ -374,8 +382,28 @@ class Session:
         """The harness's own system prompt; None means the profile's ``system_prompt``."""
         return self._tooling.harness_system
 
+    @property
+    def header_in_full(self) -> bool:
+        """True while the kernel asks for the header at its fullest (``ctx.header_in_full``)."""
+        return self._tooling.in_full
+
+    def offering_everything(self) -> contextlib.AbstractContextManager[None]:
+        """Within the block the strategies register every tool they may offer, also those they
+        offer only once they have something to do (``validate`` lists and checks them all)."""
+        return self._tooling.offering_everything()
+
+    def full_header(self) -> tuple[int, int]:
+        """The request header's tokens and tool count with every tool and section the strategies
+        may offer later: what the header guard and ``validate`` weigh against the window."""
+        return self._tooling.full_header()
+
     def owns_tool(self, name: str) -> bool:
         return self._tooling.owns(name)
+
+    def may_offer_tool(self, name: str) -> bool:
+        """Whether a strategy offers this tool now, or once it has something to do (``history``'s
+        and ``mask``'s recall tools come once something is hidden)."""
+        return self._tooling.may_offer(name)
 
     def run_tool(self, call: ToolCallBlock | dict[str, Any]) -> ToolOutcome:
         """Run a kernel tool. Bad arguments give an error outcome; nothing is written for them."""

@@ -6,7 +6,9 @@ strategy set or the harness's part changes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -41,6 +43,10 @@ class Tooling:
         #: (key, system, tools, digest, tokens) of the composed header; the key is the strategy set,
         #: the harness's tool list (by identity and length) and its system prompt
         self._composed: tuple[int, str, list[dict[str, Any]], str, int] | None = None
+        #: True while :meth:`full_header` asks the strategies for everything they may offer
+        self.in_full = False
+        #: every tool the strategies may offer, also those they offer only later (:meth:`may_offer`)
+        self.offerable = ToolRegistry()
 
     @property
     def generation(self) -> int:
@@ -54,6 +60,14 @@ class Tooling:
         generation = self.generation
         if generation == self._tools_generation:
             return
+        with self.offering_everything():
+            # a tool two strategies may offer is refused now, not once both offer it
+            self.offerable = self._registered()
+        self.tools = self._registered()
+        self._tools_generation = generation
+        self._composed = None
+
+    def _registered(self) -> ToolRegistry:
         registry = ToolRegistry()
         kernel = self.session.kernel
         manager = kernel.plugins
@@ -68,13 +82,16 @@ class Tooling:
             registry.add(tool)
 
         kernel.hooks.register_tools(self.session, register)
-        self.tools = registry
-        self._tools_generation = generation
-        self._composed = None
+        return registry
 
     def owns(self, name: str) -> bool:
         self.sync_tools()
         return name in self.tools
+
+    def may_offer(self, name: str) -> bool:
+        """Whether a strategy offers this tool now or once it has something to do."""
+        self.sync_tools()
+        return name in self.offerable
 
     def run(self, call: ToolCallBlock | dict[str, Any]) -> ToolOutcome:
         """Run a kernel tool. Bad arguments give an error outcome; nothing is written for them."""
@@ -97,15 +114,40 @@ class Tooling:
         self.sync_tools()
         key = hash((self._tools_generation, len(self.harness_tools), id(self.harness_tools), self.harness_system))
         if self._composed is None or self._composed[0] != key:
-            kernel = self.session.kernel
-            own = kernel.profile.profile.system_prompt if self.harness_system is None else self.harness_system
-            sections = [own, *kernel.hooks.system_prompt(self.session)]
-            system = "\n\n".join(s.strip() for s in sections if s and s.strip())
-            tools = self.tools.schemas() + list(self.harness_tools)
+            system, tools = self._system(), self.tools.schemas() + list(self.harness_tools)
             digest = hashlib.sha256(orjson.dumps([system, tools], option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
             self._composed = (key, system, tools, digest, self.meter.count_header(system, tools))
         _, system, tools, digest, tokens = self._composed
         return system, tools, digest, tokens
+
+    def _system(self) -> str:
+        kernel = self.session.kernel
+        own = kernel.profile.profile.system_prompt if self.harness_system is None else self.harness_system
+        sections = [own, *kernel.hooks.system_prompt(self.session)]
+        return "\n\n".join(s.strip() for s in sections if s and s.strip())
+
+    def full_header(self) -> tuple[int, int]:
+        """The header's tokens and tool count at its fullest, for the header guard: with every tool
+        and system prompt section a strategy offers only once it has something to do (it reads
+        ``ctx.header_in_full``), so that a header that would outgrow the window's room once they
+        come is refused up front, not in the middle of the session."""
+        system, tools, _, tokens = self.compose()
+        with self.offering_everything():
+            full_tools = self._registered().schemas() + list(self.harness_tools)
+            full_system = self._system()
+        if full_system == system and full_tools == tools:
+            return tokens, len(tools)
+        return self.meter.count_header(full_system, full_tools), len(full_tools)
+
+    @contextlib.contextmanager
+    def offering_everything(self) -> Iterator[None]:
+        """Within the block, ``ctx.header_in_full`` is True: the strategies register every tool and
+        system prompt section they may offer (the header guard, ``validate``'s checks)."""
+        self.in_full = True
+        try:
+            yield
+        finally:
+            self.in_full = False
 
     def request_header(self) -> RequestHeader:
         system, tools, _, tokens = self.compose()

@@ -29,7 +29,7 @@ from ctxkernel import Context, Message, Node, ToolCallBlock, ToolResultBlock, ba
 from ctxkernel.events import TOOL_RESULT
 from ctxkernel.text import COMMAND_KEYS, PATH_KEYS, clip, failed, one_line, tag
 
-from .recall import TOOLS_KEY, header_tokens
+from .recall import header_tokens
 from .settings import MaskSettings
 from .strategy import STRATEGY
 
@@ -118,7 +118,7 @@ def _paying_batch(ctx: Context, settings: MaskSettings, chosen: list[Masking], w
     if not chosen:
         return []
     tools = 0
-    if not mask.state.get(TOOLS_KEY) and window >= settings.recall_min_window:
+    if not mask.tools_offered and window >= settings.recall_min_window:
         tools = header_tokens(ctx, settings)  # the first mask brings the tools: the header changes
     first = ctx.surface.nodes[0].seq
     best: list[Masking] = []

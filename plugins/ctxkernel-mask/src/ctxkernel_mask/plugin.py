@@ -25,7 +25,7 @@ from ctxkernel import CacheWaitError, CompactionError, Span
 from ctxkernel.events import COMPACTION_SUMMARY
 
 from .plan import READ_TOOL, WEIGHED_KEY, plan
-from .recall import TOOLS_KEY, offered_tools, system_section
+from .recall import offered_tools, system_section
 from .settings import MaskSettings
 from .strategy import NAME, STRATEGY
 
@@ -43,37 +43,27 @@ def register_strategy(register: Any) -> None:
     register(STRATEGY.spec)
 
 
-def hidden(ctx: Context) -> bool:
-    """True when the surface shows a replacement: something the history tools can bring back."""
-    return any(node.cites for node in ctx.surface.nodes)
-
-
-def recall_offered(ctx: Context) -> bool:
-    """Whether the history tools go with the requests now: something is hidden, and the window is
-    large enough to carry their schemas (``recall_min_window``)."""
-    settings = STRATEGY.on(ctx).settings
-    return ctx.model.effective_window >= settings.recall_min_window and hidden(ctx)
+def recall_can_come(ctx: Context) -> bool:
+    """Whether the window is large enough to carry the history tools' schemas (``recall_min_window``)."""
+    return ctx.model.effective_window >= STRATEGY.on(ctx).settings.recall_min_window
 
 
 @ctxkernel.hookimpl
 def register_tools(register: Any, ctx: Context) -> None:
-    offered = recall_offered(ctx)
-    STRATEGY.on(ctx).state[TOOLS_KEY] = offered
-    if offered:
-        for tool in offered_tools(STRATEGY.on(ctx).settings):
+    mask = STRATEGY.on(ctx)
+    if mask.offer_tools(ctx.surface.hides_anything(), ever=recall_can_come(ctx)):
+        for tool in offered_tools(mask.settings):
             register(tool)
 
 
 @ctxkernel.hookimpl
 def system_prompt(ctx: Context) -> str | None:
     mask = STRATEGY.on(ctx)
-    return system_section(mask.settings) if mask.state.get(TOOLS_KEY) else None
+    return system_section(mask.settings) if mask.tools_offered else None
 
 
 def _sync_tools(ctx: Context) -> None:
-    mask = STRATEGY.on(ctx)
-    if TOOLS_KEY in mask.state and mask.state[TOOLS_KEY] != recall_offered(ctx):
-        mask.invalidate_header()  # the next request registers the tools again
+    STRATEGY.on(ctx).recheck_tools(ctx.surface.hides_anything(), ever=recall_can_come(ctx))
 
 
 @ctxkernel.hookimpl

@@ -15,8 +15,6 @@ if TYPE_CHECKING:
 
     from .settings import MaskSettings
 
-#: the handle's state key: whether the tools were registered for this session's header
-TOOLS_KEY = "recall_tools"
 #: the handle's state key of the header tokens the tools add, by the settings' tool list
 HEADER_KEY = "recall_header"
 
