@@ -170,6 +170,36 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def managed_table(report: dict[str, Any]) -> str:
+    """Cost against ``basic`` pooled over the sessions ``basic`` compacted: those that needed
+    managing at this window (a session that never reaches a threshold costs the same managed or
+    not), without / with the recall calls priced."""
+    sums: dict[str, list[float]] = {}
+    managed = 0
+    for session in report["sessions"]:
+        by_name = {p["profile"]: p for p in session["profiles"]}
+        basic = by_name.get("basic")
+        if basic is None or basic["cost_usd"] is None or not basic["compactions"]:
+            continue
+        managed += 1
+        for name, profile in by_name.items():
+            if profile["cost_usd"] is not None:
+                pair = sums.setdefault(name, [0.0, 0.0, 0.0, 0.0])
+                pair[0] += profile["cost_usd"]
+                pair[1] += profile["cost_usd"] + (profile["recall_cost_usd"] or 0)
+                pair[2] += basic["cost_usd"]
+                pair[3] += basic["cost_usd"] + (basic["recall_cost_usd"] or 0)
+    rows = [
+        f"| profile | vs basic over the {managed} sessions `basic` compacted | same, recall priced |",
+        "|---|---|---|",
+    ]
+    for name in report["aggregate"]:
+        if name in sums and name != "none":
+            cost, with_recall, base, base_recall = sums[name]
+            rows.append(f"| `{name}` | {ratio(cost / base)} | {ratio(with_recall / base_recall)} |")
+    return "\n".join(rows)
+
+
 #: the retention probes the yardstick table shows, in its column's order
 PROBE_KINDS = ("files_changed", "errors_seen", "commands_worked")
 
@@ -192,6 +222,8 @@ def main() -> int:
                 print(done_when_table(report))
                 print()
                 print(format_table(report))
+                print()
+                print(managed_table(report))
         return 0
     keep = Path(args.keep) if args.keep else None
     if keep is not None:
@@ -222,6 +254,8 @@ def main() -> int:
         print(done_when_table(report))
         print()
         print(format_table(report))
+        print()
+        print(managed_table(report))
     return 0
 
 
