@@ -667,6 +667,9 @@ def test_a_hostile_responses_body_is_read_as_its_whole_parse_reads_it(case):
     memo = MessageMemo()
     for raw in HOSTILE[case]:
         assert _responses_full(raw, memo) == _responses_full(raw, None)
+        # each body starts with the one before: its record replaces that one's, whether it was
+        # parsed from its new items or whole
+        assert memo.held_chains == 1
 
 
 def _call_and_output(step: int, output: str) -> list[dict]:

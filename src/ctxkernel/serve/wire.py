@@ -518,7 +518,7 @@ class MessageMemo:
                 messages = body.get(array)
                 kept = previous.count
                 if not (isinstance(messages, list) and len(messages) == kept + len(items) and messages[kept:] == items):
-                    return _parsed_whole(body, raw, array)
+                    return _whole_continuing(body, raw, array, chain)
             last_start = _last_start(memoryview(raw), cut, stop, items)
             return _from_new_items(
                 body, items, previous, raw, chain, (cut, sha), stop, last_start, array, chain.fields, chain.plain
@@ -702,7 +702,7 @@ def _parsed_after(raw: bytes, chain: _Chain, sha: Any, array: str) -> ParsedBody
     every = body.get(array)
     count = chain.history.count
     if around is _TWICE or not isinstance(every, list) or len(every) <= count:
-        return _parsed_whole(body, raw, array)
+        return _whole_continuing(body, raw, array, chain)
     items = every[count:]
     view = memoryview(raw)
     cut = chain.end + 1
@@ -711,10 +711,10 @@ def _parsed_after(raw: bytes, chain: _Chain, sha: Any, array: str) -> ParsedBody
         # the new items are not where orjson puts them, so nothing shows that the array parsed
         # is the one the remembered bytes open (a second history field after it would be the
         # one JSON reads): converted whole, as a body that continues nothing
-        return _parsed_whole(body, raw, array)
+        return _whole_continuing(body, raw, array, chain)
     stop, last_start = span
     if _fields_after(raw, stop, array) is _TWICE:  # the array parsed is a second one after them
-        return _parsed_whole(body, raw, array)
+        return _whole_continuing(body, raw, array, chain)
     body[array] = items  # as a body parsed from its new bytes holds them: the rest is converted
     return _from_new_items(body, items, chain.history, raw, chain, (chain.end, sha), stop, last_start, array)
 
@@ -866,6 +866,15 @@ def parsed_whole(raw: bytes, array: str = "messages", continued: Converted | Non
     record this body's replaces (:meth:`MessageMemo.remember`)."""
     parsed = _parsed_whole(load_json_object(raw), raw, array)
     parsed.continued = continued
+    return parsed
+
+
+def _whole_continuing(body: dict[str, Any], raw: bytes, array: str, chain: _Chain) -> ParsedBody:
+    """A body that starts with a remembered one's bytes but is converted whole, as a body that
+    continues nothing: its record still replaces the remembered one's, as a continuation's does,
+    rather than staying until the memo's bounds evict it."""
+    parsed = _parsed_whole(body, raw, array)
+    parsed.continued = chain.history
     return parsed
 
 
