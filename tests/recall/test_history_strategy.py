@@ -164,3 +164,18 @@ def test_history_next_to_handoff_is_a_conflict_naming_both(tmp_path):
     with pytest.raises((ToolError, PluginConflictError), match="history") as info:
         session.owns_tool("history_read_item")
     assert "handoff" in str(info.value)
+
+
+def test_the_header_at_its_fullest_is_only_the_callers(tmp_path):
+    import threading
+
+    # validate or the guard asking for every tool must not change what another thread composes
+    session = build_kernel(tmp_path, strategies=["basic", "history"], model=WINDOW).open_session()
+    seen: list[Any] = []
+    with session.offering_everything():
+        other = threading.Thread(target=lambda: seen.append((session.header_in_full, session.request_header().tools)))
+        other.start()
+        other.join()
+        assert session.header_in_full
+    assert seen == [(False, [])]
+    assert not session.header_in_full and session.request_header().tools == []

@@ -7,6 +7,7 @@ strategy set or the harness's part changes.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,10 @@ if TYPE_CHECKING:
     from ..meter import Meter
     from ..ports import SessionPort
     from .track import Tracker
+
+
+#: the session whose header is being composed at its fullest (:meth:`Tooling.offering_everything`)
+_IN_FULL: contextvars.ContextVar[Tooling | None] = contextvars.ContextVar("ctxkernel_header_in_full", default=None)
 
 
 class Tooling:
@@ -43,8 +48,6 @@ class Tooling:
         #: (key, system, tools, digest, tokens) of the composed header; the key is the strategy set,
         #: the harness's tool list (by identity and length) and its system prompt
         self._composed: tuple[int, str, list[dict[str, Any]], str, int] | None = None
-        #: True while :meth:`full_header` asks the strategies for everything they may offer
-        self.in_full = False
         #: every tool the strategies may offer, also those they offer only later (:meth:`may_offer`)
         self.offerable = ToolRegistry()
 
@@ -139,15 +142,21 @@ class Tooling:
             return tokens, len(tools)
         return self.meter.count_header(full_system, full_tools), len(full_tools)
 
+    @property
+    def in_full(self) -> bool:
+        """True while :meth:`offering_everything` runs in this thread or task, for this session."""
+        return _IN_FULL.get() is self
+
     @contextlib.contextmanager
     def offering_everything(self) -> Iterator[None]:
         """Within the block, ``ctx.header_in_full`` is True: the strategies register every tool and
-        system prompt section they may offer (the header guard, ``validate``'s checks)."""
-        self.in_full = True
+        system prompt section they may offer (the header guard, ``validate``'s checks). Only for
+        the caller: another thread composing this session's header meanwhile sees it as it is."""
+        token = _IN_FULL.set(self)
         try:
             yield
         finally:
-            self.in_full = False
+            _IN_FULL.reset(token)
 
     def request_header(self) -> RequestHeader:
         system, tools, _, tokens = self.compose()
