@@ -171,32 +171,18 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def managed_table(report: dict[str, Any]) -> str:
-    """Cost against ``basic`` pooled over the sessions ``basic`` compacted: those that needed
-    managing at this window (a session that never reaches a threshold costs the same managed or
-    not), without / with the recall calls priced."""
-    sums: dict[str, list[float]] = {}
-    managed = 0
-    for session in report["sessions"]:
-        by_name = {p["profile"]: p for p in session["profiles"]}
-        basic = by_name.get("basic")
-        if basic is None or basic["cost_usd"] is None or not basic["compactions"]:
-            continue
-        managed += 1
-        for name, profile in by_name.items():
-            if profile["cost_usd"] is not None:
-                pair = sums.setdefault(name, [0.0, 0.0, 0.0, 0.0])
-                pair[0] += profile["cost_usd"]
-                pair[1] += profile["cost_usd"] + (profile["recall_cost_usd"] or 0)
-                pair[2] += basic["cost_usd"]
-                pair[3] += basic["cost_usd"] + (basic["recall_cost_usd"] or 0)
+    """Cost against ``basic`` pooled over the sessions ``basic`` compacted (the report's
+    ``managed``): those that needed managing at this window. Without / with the recall calls priced."""
+    managed = report.get("managed") or {"sessions": 0, "aggregate": {}}
     rows = [
-        f"| profile | vs basic over the {managed} sessions `basic` compacted | same, recall priced |",
+        f"| profile | vs basic over the {managed['sessions']} sessions `basic` compacted | same, recall priced |",
         "|---|---|---|",
     ]
-    for name in report["aggregate"]:
-        if name in sums and name != "none":
-            cost, with_recall, base, base_recall = sums[name]
-            rows.append(f"| `{name}` | {ratio(cost / base)} | {ratio(with_recall / base_recall)} |")
+    for name, agg in managed["aggregate"].items():
+        if name != "none":
+            rows.append(
+                f"| `{name}` | {ratio(agg['cost_vs_basic_pooled'])} | {ratio(agg['cost_with_recall_vs_basic_pooled'])} |"
+            )
     return "\n".join(rows)
 
 

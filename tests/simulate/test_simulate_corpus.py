@@ -11,7 +11,7 @@ import pytest
 
 from ctxkernel.cli import main
 from ctxkernel.simulate import REPORT_KEYS, load_recording
-from ctxkernel.simulate.corpus import FIGURES, aggregate, aggregate_by_format, find_files
+from ctxkernel.simulate.corpus import FIGURES, aggregate, aggregate_by_format, aggregate_managed, find_files
 from ctxkernel.simulate.replay import MIN_WINDOW
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -53,7 +53,7 @@ def _sessions_expected() -> int:
 
 def test_every_session_of_every_file_is_replayed_and_unreadable_ones_are_listed(corpus_runs):
     report = corpus_runs[1]["report"]
-    assert sorted(report) == sorted(["corpus", "sessions", "aggregate", "by_format", "settings", "note"])
+    assert sorted(report) == sorted(["corpus", "sessions", "aggregate", "by_format", "managed", "settings", "note"])
     assert set(REPORT_KEYS) - {"source", "profiles"} <= set(report)
     assert len(report["sessions"]) == report["corpus"]["sessions"] == _sessions_expected()
     unreadable = [s for s in report["sessions"] if s["error"]]
@@ -175,6 +175,28 @@ def test_a_format_is_priced_against_its_own_basic():
     assert aggregate(sessions, ["basic", "mask"])["mask"]["cost_vs_basic_pooled"] == 0.77
 
 
+def test_the_sessions_basic_compacted_are_aggregated_on_their_own():
+    def session(basic: float, mask: float, compacted: bool) -> dict:
+        rows = []
+        for profile, cost in (("basic", basic), ("mask", mask)):
+            out = dict.fromkeys(FIGURES)
+            out.update(profile=profile, status="ok", overflows=0, invariant_violations=0, probes={})
+            out.update(cost_usd=cost, recall_cost_usd=0.0, cost_with_recall_usd=cost)
+            out["compactions"] = {"summary": 1} if compacted and profile == "basic" else {}
+            rows.append(out)
+        return {"error": None, "source": {"format": "openai-chat"}, "profiles": rows}
+
+    # nine sessions no threshold reached (masking saves a little), one that needed managing
+    sessions = [session(10.0, 9.0, False) for _ in range(9)] + [session(10.0, 5.0, True)]
+    sessions.append({"error": "unreadable", "source": None, "profiles": []})
+    managed = aggregate_managed(sessions, ["basic", "mask"])
+    assert managed is not None and managed["sessions"] == 1
+    assert managed["aggregate"] == aggregate(sessions[9:10], ["basic", "mask"])
+    assert managed["aggregate"]["mask"]["cost_vs_basic_pooled"] == 0.5
+    assert aggregate(sessions, ["basic", "mask"])["mask"]["cost_vs_basic_pooled"] == 0.86
+    assert aggregate_managed(sessions, ["none", "mask"]) is None  # nothing says what needed managing
+
+
 def test_the_table_shows_the_cost_per_format(capsys):
     code = main(
         ["simulate", "--transcripts", str(FIXTURES / "openai-runs.json"), "--profile", "basic,mask"]
@@ -186,6 +208,9 @@ def test_the_table_shows_the_cost_per_format(capsys):
     table = out[heading:].splitlines()
     assert table[1].split() == ["profile", "openai-chat", "(2)"]
     assert table[3].split()[:2] == ["basic", "1.00x"] and table[3].split()[-1] == "(2)"
+    managed = out[out.index("cost against basic over the sessions basic compacted") :].splitlines()
+    assert managed[1].split()[:4] == ["profile", "sessions", "basic", "compacted"]
+    assert managed[3].split()[0] == "basic"
 
 
 def test_a_glob_selects_files_and_bad_specs_are_usage_errors(capsys, tmp_path):
@@ -230,7 +255,7 @@ def test_corpus_html_report_draws_distributions_offline(capsys, tmp_path):
     # a dot per session and profile with a value: 2 sessions x 2 profiles in the charts every row fills
     assert len(re.findall(r'<circle class="session"', text)) >= 2 * 2 * 4
     assert 'id="aggregate"' in text and 'id="sessions"' in text and 'id="probes"' in text
-    assert 'id="by-format"' in text
+    assert 'id="by-format"' in text and 'id="managed"' in text
     assert "<script" not in text and "<link" not in text
     assert "http" not in text.replace('xmlns="http://www.w3.org/2000/svg"', "")
 

@@ -18,7 +18,7 @@ from ..pricing import UnknownModelError, price_for
 from ..profile import MAX_TOKENS, Prices, load_profile
 from ..redact import redact
 from . import compare, profile_names, settings_of
-from .corpus import aggregate, aggregate_by_format, find_files, plan, run_corpus
+from .corpus import aggregate, aggregate_by_format, aggregate_managed, find_files, plan, run_corpus
 from .importers import load_recording
 from .recording import RecordingError
 from .replay import MIN_WINDOW, STAND_IN, UNMANAGED, Options
@@ -311,5 +311,6 @@ def corpus_report(args: argparse.Namespace, names: list[str], options: Options) 
         "sessions": sessions,
         "aggregate": aggregate(sessions, names),
         "by_format": aggregate_by_format(sessions, names),
+        "managed": aggregate_managed(sessions, names),
         "note": REPLAY_NOTE,
     }

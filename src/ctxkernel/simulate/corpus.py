@@ -206,6 +206,21 @@ def aggregate_by_format(sessions: list[dict[str, Any]], profiles: list[str]) -> 
     return {name: {"sessions": len(group), "aggregate": aggregate(group, profiles)} for name, group in groups.items()}
 
 
+def aggregate_managed(sessions: list[dict[str, Any]], profiles: list[str]) -> dict[str, Any] | None:
+    """:func:`aggregate` over the sessions ``basic`` compacted: those that needed managing at this
+    window. A session that never reaches a threshold costs the same managed or not, and a corpus
+    of many such sessions dilutes the pooled figures. None when ``basic`` is not replayed."""
+    if "basic" not in profiles:
+        return None
+    group = [s for s in sessions if not s.get("error") and _basic_compacted(s)]
+    return {"sessions": len(group), "aggregate": aggregate(group, profiles)}
+
+
+def _basic_compacted(session: dict[str, Any]) -> bool:
+    basic = next((p for p in session.get("profiles") or () if p.get("profile") == "basic"), None)
+    return basic is not None and basic.get("status") == "ok" and bool(basic.get("compactions"))
+
+
 def aggregate(sessions: list[dict[str, Any]], profiles: list[str]) -> dict[str, Any]:
     """Per profile: how many sessions it replayed (``ok``), failed or could not run, and for each
     figure its ``sum``, ``median``, ``p10`` and ``p90`` over the ``ok`` sessions (``cost_vs_basic``:

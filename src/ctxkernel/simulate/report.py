@@ -374,6 +374,11 @@ FORMAT_HEADING = (
     "cost against basic by recording format, pooled over its sessions: without / with the recall calls "
     "priced (sessions the profile replayed)"
 )
+#: what the table of the sessions basic compacted shows (``managed_rows``)
+MANAGED_HEADING = (
+    "cost against basic over the sessions basic compacted, those that needed managing at this window: "
+    "without / with the recall calls priced (sessions the profile replayed)"
+)
 #: the figures drawn as distributions in the corpus HTML report
 DISTRIBUTIONS: tuple[tuple[str, str], ...] = (
     ("peak_prompt_tokens", "Peak prompt tokens per session"),
@@ -436,6 +441,20 @@ def format_rows(report: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def managed_rows(report: dict[str, Any]) -> list[list[str]]:
+    """Per profile: the cost against ``basic`` pooled over the sessions ``basic`` compacted
+    (the report's ``managed``), without and with the recall calls priced; empty without it."""
+    managed = report.get("managed")
+    if not managed:
+        return []
+    rows = [["profile", f"sessions basic compacted ({managed['sessions']:,})"]]
+    for profile, agg in managed["aggregate"].items():
+        cost = _cell("cost_vs_basic", agg["cost_vs_basic_pooled"])
+        with_recall = _cell("cost_with_recall_vs_basic", agg["cost_with_recall_vs_basic_pooled"])
+        rows.append([profile, f"{cost} / {with_recall} ({agg['ok']:,})"])
+    return rows
+
+
 def aggregate_probe_rows(report: dict[str, Any]) -> list[list[str]]:
     return probe_rows({"profiles": [{"profile": n, "probes": a["probes"]} for n, a in report["aggregate"].items()]})
 
@@ -458,6 +477,9 @@ def render_corpus_table(report: dict[str, Any]) -> str:
     lines += _aligned(aggregate_rows(report))
     lines += ["", FORMAT_HEADING + ":"]
     lines += _aligned(format_rows(report))
+    if managed_rows(report):
+        lines += ["", MANAGED_HEADING + ":"]
+        lines += _aligned(managed_rows(report))
     lines.append("")
     lines += _aligned(aggregate_probe_rows(report))
     lines += ["", describe_corpus(report)]
@@ -564,6 +586,12 @@ def render_corpus_html(report: dict[str, Any]) -> str:
         for s in report["sessions"]
         if s["error"]
     )
+    managed = ""
+    if managed_rows(report):
+        managed = (
+            "<h2>Cost against basic where managing was needed</h2>\n"
+            f'<p class="note">{html.escape(MANAGED_HEADING)}.</p>\n{_html_table("managed", managed_rows(report))}'
+        )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1"><title>ctxkernel simulate: corpus</title>
 <style>
@@ -586,6 +614,7 @@ svg {{ display: block; max-width: 900px; height: auto; }}
 <h2>Cost against basic by recording format</h2>
 <p class="note">{html.escape(FORMAT_HEADING)}.</p>
 {_html_table("by-format", format_rows(report))}
+{managed}
 <h2>Retention probes (pooled)</h2>
 {_html_table("probes", aggregate_probe_rows(report))}
 <h2>Sessions</h2>
