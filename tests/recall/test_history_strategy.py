@@ -11,6 +11,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ctxkernel import Kernel, Message, ToolCallBlock
 from ctxkernel.errors import PluginConflictError, ToolError
@@ -179,3 +181,37 @@ def test_the_header_at_its_fullest_is_only_the_callers(tmp_path):
         assert session.header_in_full
     assert seen == [(False, [])]
     assert not session.header_in_full and session.request_header().tools == []
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(window=st.integers(1_800, 6_000), system_words=st.integers(0, 1_600))
+def test_a_session_the_header_guard_admits_is_never_refused_later(tmp_path_factory, window, system_words):
+    from ctxkernel.errors import HeaderTooLargeError
+
+    # whatever the window and the system prompt: refused before the first request, or never
+    home = tmp_path_factory.mktemp("guard")
+    model = {"context_window": window, "reserved_output_tokens": window // 8}
+    session = build_kernel(home, strategies=["basic", "history"], model=model).open_session()
+    session.set_harness_system("rule " * system_words or None)
+    session.user("step 0")
+    try:
+        session.prepare_request()
+    except HeaderTooLargeError:
+        return
+    session.commit_reply(Message.assistant("ok"))
+    session.end_turn()
+    for i in range(1, 20):
+        session.user(f"step {i}: please look at module{i}.py " + "and more " * 20)
+        session.prepare_request()
+        session.commit_reply(Message.assistant(f"reading {i}", [ToolCallBlock(f"c{i}", "read", {"path": f"m{i}"})]))
+        session.tool_result(f"c{i}", "x = 1\n" * 60)
+        request = session.prepare_request()
+        session.commit_reply(Message.assistant(f"done {i}"))
+        session.end_turn()
+    # once a summary hid something, the tools came with the requests after it
+    if session.surface.hides_anything():
+        assert history_in(request) == list(HISTORY_TOOL_NAMES)
