@@ -52,16 +52,20 @@ def smallest_window(header_tokens: int, reserved_output_tokens: int) -> int:
     return math.ceil(header_tokens / HEADER_MAX_SHARE) + reserved_output_tokens
 
 
-def header_refusal(header_tokens: int, context_window: int, reserved_output_tokens: int, tools: int) -> str | None:
-    """Why a request header of ``header_tokens`` (with ``tools`` tool schemas) leaves no room to
-    manage the conversation at this window, naming the smallest window that works; None when it
-    leaves room (:data:`HEADER_MAX_SHARE`)."""
+def header_refusal(
+    header_tokens: int, context_window: int, reserved_output_tokens: int, tools: int, later: int = 0
+) -> str | None:
+    """Why a request header of ``header_tokens`` (with ``tools`` tool schemas, ``later`` of them
+    offered only once a strategy has something for them to do) leaves no room to manage the
+    conversation at this window, naming the smallest window that works; None when it leaves room
+    (:data:`HEADER_MAX_SHARE`)."""
     effective = context_window - reserved_output_tokens
     if header_tokens <= HEADER_MAX_SHARE * effective:
         return None
     smallest = smallest_window(header_tokens, reserved_output_tokens)
+    schemas = f"{tools} tool schemas" + (f", {later} of them offered once something is hidden" if later else "")
     return (
-        f"the request header (system prompt and {tools} tool schemas) costs {header_tokens} tokens, more than "
+        f"the request header (system prompt and {schemas}) costs {header_tokens} tokens, more than "
         f"{HEADER_MAX_SHARE:.0%} of the effective window of {effective} (context_window {context_window} - "
         f"reserved_output_tokens {reserved_output_tokens}): it is sent with every request and no compaction can "
         f"free it, so nothing is left to manage. The smallest context_window that works is {smallest}. Fix: "

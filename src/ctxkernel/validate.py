@@ -554,9 +554,10 @@ class _Validator:
         """The system prompt and tool schemas are sent with every request: they must leave room
         to manage the conversation (the same rule refuses the first request: guard.header_refusal)."""
         tokens, tools = session.full_header()  # with the tools strategies offer only later
+        later = tools - len(session.request_header().tools)
         for label, model in self._model_variants():
             effective = model.effective_window
-            reason = header_refusal(tokens, model.context_window, model.reserved_output_tokens, tools)
+            reason = header_refusal(tokens, model.context_window, model.reserved_output_tokens, tools, later)
             if reason is not None:
                 self.report.fail("budgets", None, f"{label}: {reason}")
             else:

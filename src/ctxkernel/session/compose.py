@@ -102,7 +102,7 @@ class Composer:
         """Refuse a request header that leaves no room to manage the conversation (guard.py's
         :func:`~ctxkernel.guard.header_refusal`), up front: never by clipping the newest result.
         A session with no strategy enabled manages nothing and is not refused."""
-        _, _, digest, _ = self.tooling.compose()
+        _, tools, digest, _ = self.tooling.compose()
         model = self.routing.model_settings()
         key = (digest, model.context_window, model.reserved_output_tokens)
         if key == self._header_checked or not self.session.enabled_strategies():
@@ -110,7 +110,8 @@ class Composer:
         # counted with the tools a strategy offers only later: a session is refused before its
         # first request or not at all
         full_tokens, full_tools = self.tooling.full_header()
-        reason = header_refusal(full_tokens, model.context_window, model.reserved_output_tokens, full_tools)
+        later = full_tools - len(tools)
+        reason = header_refusal(full_tokens, model.context_window, model.reserved_output_tokens, full_tools, later)
         if reason is not None:
             smallest = smallest_window(full_tokens, model.reserved_output_tokens)
             raise HeaderTooLargeError(reason, header_tokens=full_tokens, smallest_window=smallest)
