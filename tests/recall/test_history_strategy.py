@@ -215,3 +215,15 @@ def test_a_session_the_header_guard_admits_is_never_refused_later(tmp_path_facto
     # once a summary hid something, the tools came with the requests after it
     if session.surface.hides_anything():
         assert history_in(request) == list(HISTORY_TOOL_NAMES)
+
+
+def test_the_frameworks_register_every_tool_a_strategy_may_offer(tmp_path):
+    from ctxkernel.integrations import strategy_tool_schemas
+
+    # a framework binds its tools before any session exists: the history tools must be among
+    # them, though a session's requests carry them only once something is hidden
+    kernel = build_kernel(tmp_path, strategies=["basic", "history"], model=WINDOW)
+    assert [s["function"]["name"] for s in strategy_tool_schemas(kernel)] == list(HISTORY_TOOL_NAMES)
+    session = kernel.open_session()
+    session.user("hi")
+    assert history_in(session.prepare_request()) == []
