@@ -81,8 +81,8 @@ class SurfaceView(Protocol):
         ...
 
     def hides_anything(self) -> bool:
-        """True when a node stands for messages it took off the surface (a summary, a mask, an
-        excerpt): something the history tools can bring back."""
+        """True once a message was replaced or removed (a summary, a mask, an excerpt, a drop):
+        something the history tools can bring back. It never turns False again."""
         ...
 
     def position(self, seq: int) -> int | None:

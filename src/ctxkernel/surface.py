@@ -193,13 +193,11 @@ class Surface:
         return None if pos is None else self.nodes[pos]
 
     def hides_anything(self) -> bool:
-        """True when a node stands for messages it took off the surface (a summary, a mask, an
-        excerpt): something the history tools can bring back."""
-        for node in self.nodes:  # Node.cites without its tuple: this runs before every request
-            op = node.event.surface
-            if op is not None and op.get("op") != "append" and op.get("cites"):
-                return True
-        return False
+        """True once a message was replaced or removed (a summary, a mask, an excerpt, a drop):
+        the log holds something the surface no longer shows as it was, which the history tools
+        can bring back. It never turns False again: the surface does not get back what it gave up,
+        and a drop that takes a summary off hides what that summary stood for too."""
+        return self.version > 0
 
     def span(self, start: int, end: int) -> list[Node]:
         """Nodes from seq ``start`` through seq ``end`` in surface order (raises if invalid)."""

@@ -553,10 +553,12 @@ class _Validator:
     def check_header(self, session: Session) -> None:
         """The system prompt and tool schemas are sent with every request: they must leave room
         to manage the conversation (the same rule refuses the first request: guard.header_refusal)."""
-        tokens, tools = session.full_header()  # with the tools strategies offer only later
-        later = tools - len(session.request_header().tools)
         for label, model in self._model_variants():
             effective = model.effective_window
+            # routed to each model: a strategy may offer its later tools on some windows only
+            session.set_route(model.provider, model.name)
+            tokens, tools = session.full_header()  # with the tools strategies offer only later
+            later = tools - len(session.request_header().tools)
             reason = header_refusal(tokens, model.context_window, model.reserved_output_tokens, tools, later)
             if reason is not None:
                 self.report.fail("budgets", None, f"{label}: {reason}")

@@ -215,3 +215,21 @@ def test_the_model_settings_carry_the_sessions_prompt_cache_key(home, profile_pa
     # a key of the caller's own is kept
     own = session.model_settings(ModelSettings(extra_args={"prompt_cache_key": "mine"}))
     assert own.extra_args == {"prompt_cache_key": "mine"}
+
+
+def test_the_session_offers_every_strategy_tool_the_agent_is_given(home):
+    from ctxkernel.recall.history_tools import HISTORY_TOOL_NAMES
+    from ctxkernel.testing import build_kernel
+
+    # the SDK sends the agent's tools with every call, so the kernel counts and runs them all
+    # from the first request, also the history tools basic offers once something is hidden
+    kernel = build_kernel(
+        home, strategies=["basic", "history"], model={"context_window": 8000, "reserved_output_tokens": 500}
+    )
+    session = ContextSession("oa-every-tool", profile=kernel)
+    assert [t.name for t in session.tools()] == list(HISTORY_TOOL_NAMES)
+    managed = session.managed.session
+    managed.user("hi")
+    request = managed.prepare_request()
+    assert [t["function"]["name"] for t in request.tools] == list(HISTORY_TOOL_NAMES)
+    assert all(managed.owns_tool(name) for name in HISTORY_TOOL_NAMES)

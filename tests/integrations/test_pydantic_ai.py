@@ -181,3 +181,35 @@ def test_the_model_settings_carry_the_sessions_prompt_cache_key(home, profile_pa
         assert settings["openai_prompt_cache_key"] == prompt_cache_key(processor.session_id)
     # Pydantic AI's own breakpoints (Anthropic, Bedrock), taken up by models that support them
     assert processor.model_settings()["cache"] is True
+
+
+def test_the_tools_the_framework_sends_are_the_ones_the_kernel_counts_and_runs(home):
+    from pydantic_ai.messages import TextPart, ToolCallPart
+
+    from ctxkernel.recall.history_tools import HISTORY_TOOL_NAMES
+    from ctxkernel.testing import build_kernel
+
+    # basic's history tools come once something is hidden, but Pydantic AI binds its toolset up
+    # front and sends it with every call: the session offers them all from the first request
+    kernel = build_kernel(
+        home, strategies=["basic", "history"], model={"context_window": 8000, "reserved_output_tokens": 500}
+    )
+    seen: list[AgentInfo] = []
+
+    def model(messages: list[Any], info: AgentInfo) -> ModelResponse:
+        seen.append(info)
+        if len(seen) == 1:
+            return ModelResponse(parts=[ToolCallPart("history_search_contents", {"query": "hello"}, tool_call_id="h1")])
+        return ModelResponse(parts=[TextPart("done")])
+
+    processor = ContextProcessor(profile=kernel, session_id="pai-every-tool")
+    agent = Agent(FunctionModel(model), capabilities=[ProcessHistory(processor)], toolsets=[processor.toolset])
+    agent.run_sync("hello")
+    sent = [t.name for t in seen[0].function_tools]
+    assert sent == list(HISTORY_TOOL_NAMES)
+    session = processor.managed.session
+    header = next(e for e in session.events if e.type == "request/header")
+    assert [t["function"]["name"] for t in header.data["tools"]] == sent  # the meter counted them
+    assert "history_search_contents" in header.data["system"]
+    result = next(e for e in session.events if e.type == "tool/result")
+    assert not result.data["message"]["content"][0].get("is_error")

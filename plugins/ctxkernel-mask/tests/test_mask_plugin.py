@@ -371,3 +371,23 @@ def test_a_header_with_no_room_for_the_history_tools_is_refused_before_the_first
     with pytest.raises(HeaderTooLargeError, match="smallest context_window") as info:
         session.prepare_request()
     assert info.value.header_tokens == full and len(session.events) == logged
+
+
+def test_validate_weighs_each_model_with_the_tools_it_would_get(tmp_path):
+    from ctxkernel.validate import validate_profile
+
+    # mask offers its recall tools from recall_min_window (8,000) on: the base model's window is
+    # just under it, a policy's model just over it, where the system prompt and the tools
+    # together are over half the window. validate fails the policy, as its first request would
+    text = (REPO / "profiles" / "mask.toml").read_text()
+    text = text.replace('system_prompt = "You are a helpful coding agent."', f'system_prompt = "{"rule " * 3_900}"')
+    text = text.replace("context_window = 128000", "context_window = 8999")
+    text = text.replace("reserved_output_tokens = 8192", "reserved_output_tokens = 1000")
+    text += '\n[[model_policies]]\nmatch = { name = "big-model" }\nmodel = { context_window = 9000, reserved_output_tokens = 1000 }\n'
+    path = tmp_path / "mask-policy.toml"
+    path.write_text(text)
+    report = validate_profile(path)
+    failures = [f.message for f in report.failures]
+    assert len(failures) == 1 and "model_policies[0] openai/big-model" in failures[0], failures
+    assert "2 of them offered once something is hidden" in failures[0]
+    assert any(c.level == "pass" and "([model] openai/gpt-4o)" in c.message for c in report.checks)

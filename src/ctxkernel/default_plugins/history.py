@@ -9,9 +9,11 @@ paging through the log in order. ``handoff`` offers the same four tools itself; 
 
 The tools and their system prompt section come only once the surface hides something (their
 schemas go with every request, about 830 tokens, and a session that has hidden nothing has
-nothing to recall); they come with the compaction that first hides something, which rewrites the
-cached prefix anyway. The header guard counts them from the first request
-(``StrategyHandle.offer_tools``), so a window too small to carry them later is refused up front.
+nothing to recall), and stay from then on. They come with the compaction (or the excerpt of an
+oversized result) that first hides something: the tools lead the cached prefix, so that request
+writes the header to the provider's cache again, once. The header guard counts them from the
+first request (``StrategyHandle.offer_tools``), so a window too small to carry them later is
+refused up front.
 """
 
 from __future__ import annotations

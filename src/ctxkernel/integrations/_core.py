@@ -54,10 +54,12 @@ class ManagedSession:
     so a framework that runs its history processor in a worker thread is safe.
     """
 
-    def __init__(self, kernel: Kernel, session_id: str | None = None, *, origin: str) -> None:
+    def __init__(self, kernel: Kernel, session_id: str | None = None, *, origin: str, every_tool: bool = False) -> None:
         self.kernel = kernel
         self._id = session_id
         self._origin = origin
+        #: the framework sends every strategy tool with every call (Session.offer_every_tool)
+        self._every_tool = every_tool
         self._session: Session | None = None
         self._lock = threading.RLock()
         self._index = LogIndex()
@@ -70,6 +72,8 @@ class ManagedSession:
         with self._lock:
             if self._session is None:
                 self._session = self._open()
+                if self._every_tool:
+                    self._session.offer_every_tool()
             return self._session
 
     def _open(self) -> Session:

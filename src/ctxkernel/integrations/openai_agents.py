@@ -209,7 +209,9 @@ class ContextSession:
     def __init__(self, session_id: str, profile: str | os.PathLike[str] | Kernel = "handoff") -> None:
         self.session_id = session_id
         self.kernel = open_kernel(profile)
-        self.managed = ManagedSession(self.kernel, session_id, origin=_ORIGIN)
+        # the framework sends the strategy tools it was given with every call: the session offers
+        # them all from the first, so the meter counts and the kernel runs what the model sees
+        self.managed = ManagedSession(self.kernel, session_id, origin=_ORIGIN, every_tool=True)
         self._schemas = strategy_tool_schemas(self.kernel)
         self._own = {s["function"]["name"] for s in self._schemas}
         self._served: list[bytes] = []  # fingerprints of the items get_items returned last

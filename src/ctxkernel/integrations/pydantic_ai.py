@@ -217,7 +217,9 @@ class ContextProcessor:
 
     def __init__(self, profile: str | os.PathLike[str] | Kernel = "handoff", session_id: str | None = None) -> None:
         self.kernel = open_kernel(profile)
-        self.managed = ManagedSession(self.kernel, session_id, origin=_ORIGIN)
+        # the framework sends the strategy tools it was given with every call: the session offers
+        # them all from the first, so the meter counts and the kernel runs what the model sees
+        self.managed = ManagedSession(self.kernel, session_id, origin=_ORIGIN, every_tool=True)
         self._own: set[str] = set()
         self.toolset: FunctionToolset[Any] = FunctionToolset(
             [self._tool(schema) for schema in strategy_tool_schemas(self.kernel)]

@@ -387,6 +387,16 @@ class Session:
         """True while the kernel asks for the header at its fullest (``ctx.header_in_full``)."""
         return self._tooling.in_full
 
+    def offer_every_tool(self) -> None:
+        """Offer every tool the strategies may offer from the next request on, also those they
+        offer only once they have something to do, with their prompt sections: for a framework
+        that binds its tools before any session exists and sends them all with every call
+        (Pydantic AI, the OpenAI Agents SDK), so the meter counts and the kernel runs what the
+        model is sent. Process state: call it whenever the session is opened."""
+        if not self._tooling.every_tool:
+            self._tooling.every_tool = True
+            self._tooling.invalidate()
+
     def offering_everything(self) -> contextlib.AbstractContextManager[None]:
         """Within the block the strategies register every tool they may offer, also those they
         offer only once they have something to do (``validate`` lists and checks them all)."""

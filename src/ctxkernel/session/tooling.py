@@ -50,6 +50,8 @@ class Tooling:
         self._composed: tuple[int, str, list[dict[str, Any]], str, int] | None = None
         #: every tool the strategies may offer, also those they offer only later (:meth:`may_offer`)
         self.offerable = ToolRegistry()
+        #: offer every tool from the first request (a framework that binds its tools up front)
+        self.every_tool = False
 
     @property
     def generation(self) -> int:
@@ -144,8 +146,9 @@ class Tooling:
 
     @property
     def in_full(self) -> bool:
-        """True while :meth:`offering_everything` runs in this thread or task, for this session."""
-        return _IN_FULL.get() is self
+        """True while :meth:`offering_everything` runs in this thread or task, for this session,
+        and always for a session that offers every tool from the first request (``every_tool``)."""
+        return self.every_tool or _IN_FULL.get() is self
 
     @contextlib.contextmanager
     def offering_everything(self) -> Iterator[None]:
