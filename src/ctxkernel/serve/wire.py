@@ -518,7 +518,7 @@ class MessageMemo:
                 messages = body.get(array)
                 kept = previous.count
                 if not (isinstance(messages, list) and len(messages) == kept + len(items) and messages[kept:] == items):
-                    return _whole_continuing(body, raw, array, chain)
+                    return _parsed_whole(body, raw, array, chain.history)
             last_start = _last_start(memoryview(raw), cut, stop, items)
             return _from_new_items(
                 body, items, previous, raw, chain, (cut, sha), stop, last_start, array, chain.fields, chain.plain
@@ -702,7 +702,7 @@ def _parsed_after(raw: bytes, chain: _Chain, sha: Any, array: str) -> ParsedBody
     every = body.get(array)
     count = chain.history.count
     if around is _TWICE or not isinstance(every, list) or len(every) <= count:
-        return _whole_continuing(body, raw, array, chain)
+        return _parsed_whole(body, raw, array, chain.history)
     items = every[count:]
     view = memoryview(raw)
     cut = chain.end + 1
@@ -711,10 +711,10 @@ def _parsed_after(raw: bytes, chain: _Chain, sha: Any, array: str) -> ParsedBody
         # the new items are not where orjson puts them, so nothing shows that the array parsed
         # is the one the remembered bytes open (a second history field after it would be the
         # one JSON reads): converted whole, as a body that continues nothing
-        return _whole_continuing(body, raw, array, chain)
+        return _parsed_whole(body, raw, array, chain.history)
     stop, last_start = span
     if _fields_after(raw, stop, array) is _TWICE:  # the array parsed is a second one after them
-        return _whole_continuing(body, raw, array, chain)
+        return _parsed_whole(body, raw, array, chain.history)
     body[array] = items  # as a body parsed from its new bytes holds them: the rest is converted
     return _from_new_items(body, items, chain.history, raw, chain, (chain.end, sha), stop, last_start, array)
 
@@ -864,29 +864,22 @@ def parsed_whole(raw: bytes, array: str = "messages", continued: Converted | Non
     """``raw`` parsed whole (a 400 when it is no JSON object), as :meth:`MessageMemo.parse` does
     when the body continues no remembered one; ``continued``: the remembered history whose
     record this body's replaces (:meth:`MessageMemo.remember`)."""
-    parsed = _parsed_whole(load_json_object(raw), raw, array)
-    parsed.continued = continued
-    return parsed
+    return _parsed_whole(load_json_object(raw), raw, array, continued)
 
 
-def _whole_continuing(body: dict[str, Any], raw: bytes, array: str, chain: _Chain) -> ParsedBody:
-    """A body that starts with a remembered one's bytes but is converted whole, as a body that
-    continues nothing: its record still replaces the remembered one's, as a continuation's does,
-    rather than staying until the memo's bounds evict it."""
-    parsed = _parsed_whole(body, raw, array)
-    parsed.continued = chain.history
-    return parsed
-
-
-def _parsed_whole(body: dict[str, Any], raw: bytes, array: str = "messages") -> ParsedBody:
+def _parsed_whole(
+    body: dict[str, Any], raw: bytes, array: str = "messages", continued: Converted | None = None
+) -> ParsedBody:
     """A body parsed whole, with a guess of where its history closes and where its last item
-    starts (:func:`_guessed_end`), proven at once when the body is written as orjson writes it."""
+    starts (:func:`_guessed_end`), proven at once when the body is written as orjson writes it.
+    ``continued``: the remembered history of a body that starts with its bytes but is converted
+    whole all the same; this body's record replaces it, as a continuation's does."""
     items = body.get(array)
     if not isinstance(items, list) or not items:
-        return ParsedBody(body, items if isinstance(items, list) else [], raw=raw, array=array)
+        return ParsedBody(body, items if isinstance(items, list) else [], raw=raw, array=array, continued=continued)
     end, last_start = _guessed_end(raw, items)
     proven = end >= 0 and _written_as_orjson(body, raw, array, items, end)
-    return ParsedBody(body, items, None, raw, end, proven, last_start=last_start, array=array)
+    return ParsedBody(body, items, None, raw, end, proven, last_start=last_start, continued=continued, array=array)
 
 
 def _guessed_end(raw: bytes, items: list[Any]) -> tuple[int, int]:

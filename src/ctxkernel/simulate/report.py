@@ -433,12 +433,17 @@ def format_rows(report: dict[str, Any]) -> list[list[str]]:
     for profile in report["aggregate"]:
         cells = [profile]
         for group in formats.values():
-            agg = group["aggregate"][profile]
-            cost = _cell("cost_vs_basic", agg["cost_vs_basic_pooled"])
-            with_recall = _cell("cost_with_recall_vs_basic", agg["cost_with_recall_vs_basic_pooled"])
-            cells.append(f"{cost} / {with_recall} ({agg['ok']:,})")
+            cells.append(_pooled_cell(group["aggregate"][profile]))
         rows.append(cells)
     return rows
+
+
+def _pooled_cell(agg: dict[str, Any]) -> str:
+    """A profile's cost against ``basic``, pooled, without / with the recall calls priced, and
+    the sessions it replayed."""
+    cost = _cell("cost_vs_basic", agg["cost_vs_basic_pooled"])
+    with_recall = _cell("cost_with_recall_vs_basic", agg["cost_with_recall_vs_basic_pooled"])
+    return f"{cost} / {with_recall} ({agg['ok']:,})"
 
 
 def managed_rows(report: dict[str, Any]) -> list[list[str]]:
@@ -448,10 +453,7 @@ def managed_rows(report: dict[str, Any]) -> list[list[str]]:
     if not managed:
         return []
     rows = [["profile", f"sessions basic compacted ({managed['sessions']:,})"]]
-    for profile, agg in managed["aggregate"].items():
-        cost = _cell("cost_vs_basic", agg["cost_vs_basic_pooled"])
-        with_recall = _cell("cost_with_recall_vs_basic", agg["cost_with_recall_vs_basic_pooled"])
-        rows.append([profile, f"{cost} / {with_recall} ({agg['ok']:,})"])
+    rows += [[profile, _pooled_cell(agg)] for profile, agg in managed["aggregate"].items()]
     return rows
 
 
