@@ -526,6 +526,14 @@ class StrategyHandle(Generic[S]):
         """The system prompt and tool schemas every request carries, and their token count."""
         return self._session.request_header()
 
+    def header_growth(self) -> int:
+        """How many tokens the request header still grows by when the tools strategies offer only
+        once something is hidden come (:meth:`offer_tools`), with their system prompt sections; 0
+        once they came. A compaction brings them, so one that plans the room its result leaves
+        (a window switch aiming below the threshold) counts them as part of the header."""
+        full, _ = self._session.full_header()
+        return max(0, full - self._session.request_header().tokens)
+
     def invalidate_header(self) -> None:
         """Call when the strategy's system prompt section or tools changed."""
         self._session.invalidate_header()
@@ -538,7 +546,11 @@ class StrategyHandle(Generic[S]):
         this session (``mask``: a window large enough to carry them). While the kernel composes
         the header at its fullest (``ctx.header_in_full``) it is ``ever``, so the header guard
         counts them before the first request. Their ``system_prompt`` section follows
-        :attr:`tools_offered`; ``pre_step`` and ``commit`` call :meth:`recheck_tools`."""
+        :attr:`tools_offered`. The kernel registers the tools again when the surface first hides
+        something (``ctx.surface.hides_anything()``), so an edit of any kind brings them with the
+        request right after it; when ``when`` or ``ever`` depends on anything else (``mask``: the
+        routed window), ``pre_step`` calls :meth:`recheck_tools`. The profile's
+        ``[tools] offer = "always"`` makes this ``ever`` at every request."""
         if self.ctx.header_in_full:
             self.state[_OFFERED_IN_FULL] = ever
             return ever
@@ -553,8 +565,8 @@ class StrategyHandle(Generic[S]):
 
     def recheck_tools(self, when: bool, *, ever: bool = True) -> None:
         """Compose the header again at the next request when :meth:`offer_tools` would now decide
-        otherwise (call it from ``pre_step`` and ``commit``: a compaction may be the first thing
-        hidden, and a resumed session's surface may hide something already)."""
+        otherwise: call it from ``pre_step`` when the decision depends on more than whether the
+        surface hides anything (which the kernel watches itself)."""
         if _OFFERED in self.state and self.state[_OFFERED] != (ever and when):
             self.invalidate_header()
 

@@ -201,6 +201,16 @@ class LedgerSettings(_Strict):
     budget_ratio: float = Field(default=0.05, ge=0, le=0.25)
 
 
+class ToolSettings(_Strict):
+    """When the strategies' tools enter the request header (see :meth:`StrategyHandle.offer_tools`)."""
+
+    #: ``when_useful``: the tools a strategy offers only once they have something to do (the
+    #: recall tools, once a compaction or window switch hides something) come then, and requests
+    #: stay smaller until then; ``always``: every tool from the first request, so the header
+    #: never changes (the seeds' behaviour)
+    offer: Literal["when_useful", "always"] = "when_useful"
+
+
 class Prices(_Strict):
     """Optional prices per million tokens, used by reports; none are built in."""
 
@@ -251,6 +261,7 @@ class Profile(BaseSettings):
     instructions: InstructionSettings = Field(default_factory=InstructionSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
     ledger: LedgerSettings = Field(default_factory=LedgerSettings)
+    tools: ToolSettings = Field(default_factory=ToolSettings)
     prices: Prices | None = None
     strategies: dict[str, dict[str, Any]] = Field(default_factory=dict)
     model_policies: list[ModelPolicy] = Field(default_factory=list)

@@ -24,7 +24,7 @@ ROUTED_WINDOW = 8_000
 ACTS_AT = {
     "basic": 0.8,  # [strategies.basic] threshold_ratio
     "decay": 0.70,  # the first of [strategies.decay] warn_ratios: a reminder
-    "handoff": 0.8,  # the host's threshold ([strategies.basic] threshold_ratio)
+    "handoff": 0.70,  # a reminder 0.1 below the host's threshold, then the switch at 0.8
     "rollover": 0.75,  # reminder_ratio: save notes, then a rollover at 0.90
     "chapters": 0.75,  # pressure_suggestion_ratio, then compact_at_ratio 0.90
 }

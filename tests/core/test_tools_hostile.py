@@ -140,18 +140,12 @@ def _history_script(tools: set[str]) -> list[Message]:
 
 
 #: settings under which a short session hides something (strategies offer recall only then)
-HIDE_SOON = {"basic": {"retain_ratio": 0.0}, "mask": {"tail_tokens": 0, "clear_at_least": 1}}
-
-
 def _session(home: Path, profile_name: str) -> Session:
     if profile_name in SHIPPED:
         profile = ctxkernel.load_profile(REPO / "profiles" / f"{profile_name}.toml")
-        # the history tools come once something is hidden: a tail short enough that this short
-        # session hides something, so their handlers get the hostile arguments too
-        for name, values in HIDE_SOON.items():
-            if name in profile.profile.strategies:
-                profile.strategies[name] = {**profile.strategies.get(name, {}), **values}
-        profile.cache.rule = "off"
+        # the recall tools come once something is hidden: offered from the start here, so their
+        # handlers get the hostile arguments too
+        profile.tools.offer = "always"
     else:
         profile = make_profile()
         profile.profile.strategies = [profile_name]
@@ -168,9 +162,6 @@ def _session(home: Path, profile_name: str) -> Session:
     )
     for turn in range(3):
         loop.run(f"task {turn}: fix the parser")
-    if set(session.offerable_tools.names()) != tools and not session.surface.hides_anything():
-        session.compact_now()  # basic summarises by hand what its threshold did not reach
-    session.owns_tool("")
     assert session.tools.names() == session.offerable_tools.names()  # every tool is offered now
     # a turn in progress: the model's reply with a call waiting for its result, as when a
     # harness runs a kernel tool
@@ -334,9 +325,9 @@ def test_issue_13_reproductions_get_an_error_outcome_in_the_agent_loop(tmp_path,
     """The reported crashes, through AgentLoop: the turn completes and the model reads an error."""
     home = tmp_path / "home"
     home.mkdir()
-    session = Kernel(
-        ctxkernel.load_profile(REPO / "profiles" / f"{profile_name}.toml"), store=JsonlStore(home), home=home
-    ).open_session()
+    profile = ctxkernel.load_profile(REPO / "profiles" / f"{profile_name}.toml")
+    profile.tools.offer = "always"  # the recall tools from the first request
+    session = Kernel(profile, store=JsonlStore(home), home=home).open_session()
     model = ScriptedModel([Message.assistant("", tool_calls=[ToolCallBlock("c1", tool, arguments)]), "ok"])
     result = AgentLoop(session, model).run("go")
     assert result.reason == "completed"

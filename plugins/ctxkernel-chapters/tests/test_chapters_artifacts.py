@@ -27,6 +27,9 @@ def test_a_large_result_becomes_a_handle_before_the_next_request(tmp_path):
     second = model.calls[1]["messages"]
     shown = second[-1].tool_result.content
     assert shown.startswith("[artifact ") and "chapters_artifact" in shown and len(shown) < 1200
+    # and the tool it names: the move is the first thing hidden, which brings the recall tools
+    assert [t["function"]["name"] for t in model.calls[0]["tools"]] == ["chapters_continue", "chapters_fork"]
+    assert "chapters_artifact" in [t["function"]["name"] for t in model.calls[1]["tools"]]
     prune = [e for e in session.events if e.type == "compaction/prune"]
     assert len(prune) == 1 and prune[0].data["strategy"] == "chapters" and prune[0].data["reason"] == "artifact"
     original = next(e for e in session.events if e.type == "tool/result" and e.surface == {"op": "append"})
@@ -164,14 +167,15 @@ def test_long_tool_call_arguments_become_an_artifact_the_chapter_names(tmp_path)
             chapters=[{"start_seq": 0, "end_seq": ceiling, "title": "handlers"}],
         )
     )
-    body = call_tool(session, "chapters_read", chapter=data["chapters"][0]["id"], limit=5000).content
+    child = kernel.open_session(data["session"])  # the continuation reads the chapters
+    body = call_tool(child, "chapters_read", chapter=data["chapters"][0]["id"], limit=5000).content
     full = orjson.dumps(arguments).decode()
     line = next(x for x in body.splitlines() if "→ `write`" in x and "handlers.py" in x)
     assert "[artifact `" in line and f"{len(full)} chars]" in line and len(line) < 600
     assert "→ `write` " + orjson.dumps(short).decode() in body  # short arguments stay inline
     assert "artifacts 1" in body.splitlines()[0]  # the frontmatter counts it
     handle = line.split("[artifact `", 1)[1].split("`", 1)[0]
-    page = call_tool(session, "chapters_artifact", op="read", artifact=handle, limit=5000).content
+    page = call_tool(child, "chapters_artifact", op="read", artifact=handle, limit=5000).content
     assert page.splitlines()[0] == "1: " + full  # verbatim: the arguments as the model sent them
 
 

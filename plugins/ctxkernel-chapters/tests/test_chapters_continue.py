@@ -112,7 +112,12 @@ def test_continue_writes_chapters_and_a_child_with_one_seed_event(parent, tmp_pa
         assert chapter["path"] in message.text
     assert child.header.parent is None and child.header.profile == parent.header.profile
     assert registry(parent).get(child.id)["parent"] == parent.id
-    assert child.tools.names() == parent.tools.names()
+    # the same tools, with the recall tools: the child opens from a table of contents of
+    # chapters it can only read with them, and the parent has chapters to read now
+    recall = ["chapters_read", "chapters_search", "chapters_artifact"]
+    assert all(name in child.request_header().system for name in recall)
+    parent.owns_tool("")  # brings the parent's registry up to date
+    assert child.tools.names() == parent.tools.names() == ["chapters_continue", "chapters_fork", *recall]
     state = registry(parent).get(child.id)
     assert state["parent"] == parent.id and state["root"] == parent.id
     assert [c["session"] for c in registry(parent).get(parent.id)["children"]] == [child.id]

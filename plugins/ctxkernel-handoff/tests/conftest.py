@@ -87,22 +87,30 @@ def handoff_kernel(tmp_path: Path) -> Callable[..., Any]:
         basic: dict[str, Any] | None = None,
         strategies: list[str] | None = None,
         home: Path | None = None,
+        tools: dict[str, Any] | None = None,
     ) -> Any:
         tables: dict[str, dict[str, Any]] = {}
         if handoff:
             tables["handoff"] = handoff
         if basic:
             tables["basic"] = basic
-        kernel = _kernel(home or tmp_path / "home", strategies or ["handoff", "basic"], window, reserve, tables)
+        kernel = _kernel(home or tmp_path / "home", strategies or ["handoff", "basic"], window, reserve, tables, tools)
         return kernel
 
     return factory
 
 
-def _kernel(home: Path, strategies: list[str], window: int, reserve: int, tables: dict[str, dict[str, Any]]) -> Any:
+def _kernel(
+    home: Path,
+    strategies: list[str],
+    window: int,
+    reserve: int,
+    tables: dict[str, dict[str, Any]],
+    tools: dict[str, Any] | None = None,
+) -> Any:
     from ctxkernel.testing import make_profile
 
-    profile = make_profile(model={"context_window": window, "reserved_output_tokens": reserve})
+    profile = make_profile(model={"context_window": window, "reserved_output_tokens": reserve}, tools=tools or {})
     profile.profile.strategies = strategies
     profile.profile.capability_order = [s for s in strategies if s in ("handoff", "basic")]
     profile.strategies = tables

@@ -13,7 +13,9 @@ from ctxkernel.session import EventSpec
 
 @pytest.fixture
 def kernel(handoff_kernel):
-    return handoff_kernel(window=200_000)
+    # the history tools from the first request (the seed's header): they come with the first
+    # switch otherwise (test_handoff_config)
+    return handoff_kernel(window=200_000, tools={"offer": "always"})
 
 
 def call(session, name, **arguments):

@@ -19,12 +19,14 @@ def rollover_kernel(
     reserve: int = 1_000,
     plugins: list[tuple[str, Any]] | None = None,
     strategies: list[str] | None = None,
+    tools: dict[str, Any] | None = None,
     **settings: Any,
 ) -> Kernel:
     profile = make_profile(
         PROFILE,
         model={"context_window": window, "reserved_output_tokens": reserve},
         strategies={"rollover": settings} if settings else {},
+        tools=tools or {},
     )
     profile.profile.strategies = strategies or ["rollover"]
     return Kernel(profile, store=JsonlStore(home), home=home, entry_points=True, plugins=plugins)

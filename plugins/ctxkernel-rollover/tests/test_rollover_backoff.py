@@ -17,6 +17,9 @@ from ctxkernel_rollover.state import state_of
 
 # effective window 5,000 tokens; the automatic switch is due at 4,500
 WINDOW, RESERVE = 6_000, 1_000
+#: the recall tools from the first request, so the header is the same bytes before and after a
+#: switch and the share of the window it takes is what fill_window set
+FIXED_HEADER = {"offer": "always"}
 
 
 def instruction(n: int) -> str:
@@ -101,7 +104,7 @@ def test_the_seed_budget_admits_the_minimal_seed(tmp_path):
 
 def test_a_failed_automatic_switch_backs_off_until_the_surface_grows(tmp_path):
     window, reserve = WINDOW, RESERVE
-    session = rollover_kernel(tmp_path, window=window, reserve=reserve).open_session()
+    session = rollover_kernel(tmp_path, window=window, reserve=reserve, tools=FIXED_HEADER).open_session()
     # the provider's framing fills the window while the surface is small: a new window could not
     # relieve it, so the automatic switch fails (loudly) ...
     small_turn(session, "hi")
@@ -123,7 +126,7 @@ def test_a_failed_automatic_switch_backs_off_until_the_surface_grows(tmp_path):
     assert requests >= 3
     assert len(failures(session)) == 1
     # a restarted process folds the failure from the log and backs off the same way
-    kernel = rollover_kernel(tmp_path, window=window, reserve=reserve)
+    kernel = rollover_kernel(tmp_path, window=window, reserve=reserve, tools=FIXED_HEADER)
     kernel.profile.profile.system_prompt = prompt
     reopened = kernel.open_session(session.id)
     assert state_of(reopened.context).last_failure is not None
@@ -140,7 +143,7 @@ def test_a_failed_automatic_switch_backs_off_until_the_surface_grows(tmp_path):
 
 
 def test_the_protective_overflow_switch_is_not_held_back_by_an_automatic_failure(tmp_path):
-    session = rollover_kernel(tmp_path).open_session()
+    session = rollover_kernel(tmp_path, tools=FIXED_HEADER).open_session()
     small_turn(session, "hi")
     fill_window(session, 0.93)
     session.user("go on")

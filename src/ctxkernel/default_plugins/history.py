@@ -25,7 +25,7 @@ from ctxkernel import NoSettings
 from ctxkernel.recall.history_tools import SYSTEM_SECTION, history_tools
 
 if TYPE_CHECKING:
-    from ctxkernel import Context, StepContext
+    from ctxkernel import Context
 
 NAME = "history"
 
@@ -56,14 +56,3 @@ def register_tools(register: Any, ctx: Context) -> None:
 @ctxkernel.hookimpl
 def system_prompt(ctx: Context) -> str | None:
     return SYSTEM_SECTION if STRATEGY.on(ctx).tools_offered else None
-
-
-@ctxkernel.hookimpl
-def commit(ctx: Context, result: Any) -> None:
-    STRATEGY.on(ctx).recheck_tools(ctx.surface.hides_anything())  # a compaction may hide the first thing
-
-
-@ctxkernel.hookimpl
-def pre_step(ctx: Context, step: StepContext) -> None:
-    # also what another process committed, or a resumed session's surface
-    STRATEGY.on(ctx).recheck_tools(ctx.surface.hides_anything())

@@ -45,6 +45,8 @@ class Tooling:
         self.harness_system: str | None = None
         #: the strategy set (``generation``) the registry was built for
         self._tools_generation = -1
+        #: whether the surface hid anything when the registry was built
+        self._hid = False
         #: (key, system, tools, digest, tokens) of the composed header; the key is the strategy set,
         #: the harness's tool list (by identity and length) and its system prompt
         self._composed: tuple[int, str, list[dict[str, Any]], str, int] | None = None
@@ -63,13 +65,18 @@ class Tooling:
     # -- tools ----------------------------------------------------------------------------------------
     def sync_tools(self) -> None:
         generation = self.generation
-        if generation == self._tools_generation:
+        # the recall tools come once the surface first hides something (StrategyHandle.offer_tools):
+        # any edit may be that first one (a summary, a window switch, a pruned result), and the
+        # request right after it must carry the tools its text names
+        hides = self.session.surface.hides_anything()
+        if generation == self._tools_generation and hides == self._hid:
             return
         with self.offering_everything():
             # a tool two strategies may offer is refused now, not once both offer it
             self.offerable = self._registered()
         self.tools = self._registered()
         self._tools_generation = generation
+        self._hid = hides
         self._composed = None
 
     def _registered(self) -> ToolRegistry:
@@ -147,8 +154,9 @@ class Tooling:
     @property
     def in_full(self) -> bool:
         """True while :meth:`offering_everything` runs in this thread or task, for this session,
-        and always for a session that offers every tool from the first request (``every_tool``)."""
-        return self.every_tool or _IN_FULL.get() is self
+        and always for a session that offers every tool from the first request (``every_tool``,
+        or the profile's ``[tools] offer = "always"``)."""
+        return self.every_tool or _IN_FULL.get() is self or self.session.kernel.profile.tools.offer == "always"
 
     @contextlib.contextmanager
     def offering_everything(self) -> Iterator[None]:

@@ -78,20 +78,35 @@ def snapshot_state(ctx: Context) -> ctxkernel.StrategySnapshot:
 
 @ctxkernel.hookimpl
 def register_tools(register: Any, ctx: Context) -> None:
-    from .tools import TOOLS
+    from .tools import RECALL_TOOLS, TOOLS
 
     for tool in TOOLS:
         register(tool())
+    if STRATEGY.on(ctx).offer_tools(has_archive(ctx)):
+        for tool in RECALL_TOOLS:
+            register(tool())
+
+
+def has_archive(ctx: Context) -> bool:
+    """Whether the recall tools have something to read: this session archived chapters in place
+    or moved a result to an artifact (either hides something), wrote chapters for a continuation
+    or a fork, or continues a parent's chapters. Asked only when the header is composed."""
+    if ctx.surface.hides_anything():
+        return True
+    registry = registry_of(ctx)
+    return registry.ensure(ctx.id)["parent"] is not None or archived_through(ctx, registry) >= 0
 
 
 @ctxkernel.hookimpl
 def system_prompt(ctx: Context) -> str | None:
-    return (
+    prompt = (
         "Context management (chapters): earlier parts of this conversation may be archived as Markdown "
-        "chapters listed in a table of contents. chapters_read and chapters_search read them; "
-        "chapters_artifact reads large tool outputs by handle. When told that a continuation is "
-        "available, you may call chapters_continue at a good stopping point to go on in a fresh session."
+        "chapters listed in a table of contents. When told that a continuation is available, you may call "
+        "chapters_continue at a good stopping point to go on in a fresh session."
     )
+    if STRATEGY.on(ctx).tools_offered:
+        prompt += " chapters_read and chapters_search read the chapters; chapters_artifact reads large tool outputs by handle."
+    return prompt
 
 
 # -- pre_step -----------------------------------------------------------------------------------

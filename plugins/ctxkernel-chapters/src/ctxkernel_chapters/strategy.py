@@ -41,7 +41,7 @@ def state(ctx: Context) -> dict[str, Any]:
     from a session snapshot holding it: from there, so an open folds only the tail)."""
     handle = STRATEGY.on(ctx)
     st = handle.state
-    if not st:
+    if "cursor" not in st:  # the handle keeps its own keys here too (offer_tools)
         st.update(
             {
                 "cursor": 0,

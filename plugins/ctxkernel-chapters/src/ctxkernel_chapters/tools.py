@@ -289,6 +289,7 @@ def _create_child(
     # the model selection goes with the work (seed 003): same model, same window (and the harness's tools)
     chapters.STRATEGY.on(ctx).open_continuation(child_id, origin=origin, seed=seed)
     chapters.state(ctx)["continued_in" if origin == "continue" else "forked"] = child_id
+    chapters.STRATEGY.on(ctx).invalidate_header()  # this session has chapters to read now
     ceiling = chapters.archive_ceiling(ctx)
     top = -1 if ceiling is None else ceiling  # chapters past it hold the turn in progress
     result = {
@@ -578,6 +579,10 @@ TOOLS = (
         ForkArgs,
         chapters_fork,
     ),
+)
+#: offered once there is something to read (``[tools] offer``): an archived chapter, an artifact,
+#: or a parent's chapters in a continuation or fork
+RECALL_TOOLS = (
     _tool("chapters_read", "Read an archived chapter, paged.", ReadArgs, chapters_read),
     _tool("chapters_search", "Search the archived chapters and their artifacts.", SearchArgs, chapters_search),
     _tool(

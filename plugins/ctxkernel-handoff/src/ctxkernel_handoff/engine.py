@@ -293,7 +293,7 @@ def no_room(ctx: Context) -> str | None:
     threshold, _, _ = host_settings(ctx)
     target = int((threshold - TARGET_MARGIN) * ctx.model.effective_window)
     pressure = ctx.pressure()
-    fixed = pressure.tokens - ctx.meter.surface_tokens()
+    fixed = pressure.tokens - ctx.meter.surface_tokens() + STRATEGY.on(ctx).header_growth()
     if fixed + int(MIN_HANDOFF_CHARS / CHARS_PER_FIT_TOKEN) <= target:
         return None
     return (
@@ -325,7 +325,7 @@ def switch(ctx: Context, *, reason: str, keep_tokens: int | None = None) -> Swit
         if blocked is not None:
             return _failed(state, reason, blocked)
         # the verbatim tail gives way to the aim (head_region still keeps the newest call whole)
-        fixed = ctx.pressure().tokens - ctx.meter.surface_tokens()
+        fixed = ctx.pressure().tokens - ctx.meter.surface_tokens() + STRATEGY.on(ctx).header_growth()
         keep_tokens = min(keep_tokens, max(0, aim - fixed - int(MIN_HANDOFF_CHARS / CHARS_PER_FIT_TOKEN)))
     for attempt in range(2):
         if keep_tokens is None:
@@ -336,8 +336,11 @@ def switch(ctx: Context, *, reason: str, keep_tokens: int | None = None) -> Swit
             return _failed(state, reason, "nothing to compact: no balanced cut leaves anything to replace")
         nodes = surface.span(*region)
         region_tokens = tokens_of_span(ctx, nodes)
-        # the user's instructions the kernel keeps through the switch stay in the new window too
-        rest = ctx.pressure().tokens - region_tokens + STRATEGY.on(ctx).pinned_instructions_tokens(*region)
+        # the user's instructions the kernel keeps through the switch stay in the new window too,
+        # and the tools offered once something is hidden (a shrunk result above has brought them)
+        handoff = STRATEGY.on(ctx)
+        rest = ctx.pressure().tokens - region_tokens + handoff.pinned_instructions_tokens(*region)
+        rest += handoff.header_growth()
         deficit = rest + int(MIN_HANDOFF_CHARS / CHARS_PER_FIT_TOKEN) - target
         if attempt or deficit <= 0 or not shrink_kept_results(ctx, after=nodes[-1].seq, tokens=deficit):
             break

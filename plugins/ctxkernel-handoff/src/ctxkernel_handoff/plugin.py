@@ -32,7 +32,7 @@ from .engine import (
     compact_now as manual_compaction,
 )
 from .strategy import NAME, STRATEGY
-from .tools import TOOL_NAMES, build_tools
+from .tools import TOOL_NAMES, build_recall_tools, build_tools
 
 if TYPE_CHECKING:
     from ctxkernel import (
@@ -52,11 +52,15 @@ log = get_logger("ctxkernel.handoff")
 PROMPT = (
     "Context windows: this session runs in numbered context windows. When a window fills up, or when you call "
     "new_context, older messages are replaced by a handoff (goal, open todos, your last user instructions verbatim, "
-    "recent notes and a summary) and a new window starts; the system prompt and tools stay the same. Nothing is "
-    "deleted: history_list_windows, history_list_items, history_search_contents and history_read_item recover any "
-    "earlier item exactly (item_<seq> ids). Keep durable facts, decisions and plans in your session-private notes "
-    "(notes_write_file, notes_append_to_file; paths under self/notes/); the most recent ones are carried into every "
-    "handoff. Call new_context at a natural stopping point when you are reminded that the window is filling up."
+    "recent notes and a summary) and a new window starts. Keep durable facts, "
+    "decisions and plans in your session-private notes (notes_write_file, notes_append_to_file; paths under "
+    "self/notes/); the most recent ones are carried into every handoff. Call new_context at a natural stopping "
+    "point when you are reminded that the window is filling up."
+)
+#: the prompt's part on the history tools, which come with the first switch (``[tools] offer``)
+RECALL_PROMPT = (
+    "Nothing is deleted: history_list_windows, history_list_items, history_search_contents and history_read_item "
+    "recover any earlier item exactly (item_<seq> ids)."
 )
 
 
@@ -113,11 +117,17 @@ def register_tools(register: Any, ctx: Context) -> None:
         return
     for tool in build_tools():
         register(tool)
+    # the history tools have nothing to recover before a switch (or a shrunk result) hides something
+    if handoff.offer_tools(ctx.surface.hides_anything()):
+        for tool in build_recall_tools():
+            register(tool)
 
 
 @ctxkernel.hookimpl
 def system_prompt(ctx: Context) -> str | None:
-    return PROMPT if mode_for(ctx).tools else None
+    if not mode_for(ctx).tools:
+        return None
+    return f"{PROMPT} {RECALL_PROMPT}" if STRATEGY.on(ctx).tools_offered else PROMPT
 
 
 @ctxkernel.hookimpl

@@ -209,6 +209,8 @@ def _notes_search(ctx: Context, args: NoteSearchArgs) -> str:
 
 
 def build_tools() -> list[Tool]:
+    """new_context and the notes tools: offered from the first request."""
+
     def tool(name: str, description: str, params: type[ToolArgs], handler: Any) -> Tool:
         return STRATEGY.tool(name, description, params, handler, cls=CompactTool)
 
@@ -232,5 +234,9 @@ def build_tools() -> list[Tool]:
         tool(
             "notes_search_contents", "Search notes for a substring (10 files x 5 lines).", NoteSearchArgs, _notes_search
         ),
-        *history_tools(STRATEGY),
     ]
+
+
+def build_recall_tools() -> list[Tool]:
+    """The four history tools: offered once the surface hides something (``[tools] offer``)."""
+    return history_tools(STRATEGY)

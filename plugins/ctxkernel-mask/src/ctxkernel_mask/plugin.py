@@ -62,19 +62,11 @@ def system_prompt(ctx: Context) -> str | None:
     return system_section(mask.settings) if mask.tools_offered else None
 
 
-def _sync_tools(ctx: Context) -> None:
-    STRATEGY.on(ctx).recheck_tools(ctx.surface.hides_anything(), ever=recall_can_come(ctx))
-
-
-@ctxkernel.hookimpl
-def commit(ctx: Context, result: Any) -> None:
-    _sync_tools(ctx)  # any strategy's compaction may be the first thing hidden
-
-
 @ctxkernel.hookimpl
 def pre_step(ctx: Context, step: StepContext) -> None:
     mask = STRATEGY.on(ctx)
-    _sync_tools(ctx)
+    # the kernel registers the tools again once something is hidden; the routed window is ours
+    mask.recheck_tools(ctx.surface.hides_anything(), ever=recall_can_come(ctx))
     if mask.route is None:
         return  # the first request of a fresh session: nothing old to mask yet
     pressure = ctx.pressure()

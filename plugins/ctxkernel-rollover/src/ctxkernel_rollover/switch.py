@@ -301,7 +301,8 @@ def _switch(
     notes = notes_of(ctx, settings, state)
     pressure = ctx.pressure()
     surface_tokens = ctx.meter.surface_tokens()
-    overhead = max(0, pressure.tokens - surface_tokens)  # system prompt, tools, anchor correction
+    # system prompt, tools, anchor correction; and the recall tools the first switch brings
+    overhead = max(0, pressure.tokens - surface_tokens) + rollover.header_growth()
     # the results the client has just sent stay, after the seed, with the call they answer: a
     # new window that left them out made the model start its task over
     kept = just_sent(ctx, settings, pressure.effective_window) if trigger != "manual" else []

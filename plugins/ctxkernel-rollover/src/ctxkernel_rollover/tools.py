@@ -285,6 +285,9 @@ TOOLS: tuple[tuple[str, str, type[ToolArgs], object], ...] = (
         new_context,
     ),
     ("context_remaining", "Tokens left in this context window.", NoArgs, context_remaining),
+)
+#: offered once a switch hides something (``[tools] offer``): before it the window holds it all
+RECALL_TOOLS: tuple[tuple[str, str, type[ToolArgs], object], ...] = (
     (
         "history_lookup",
         "List or search this session's raw history (all windows) by window id, seq range, role or text; bounded pages.",
@@ -295,8 +298,8 @@ TOOLS: tuple[tuple[str, str, type[ToolArgs], object], ...] = (
 )
 
 
-def build_tools() -> list[Tool]:
+def build_tools(tools: tuple[tuple[str, str, type[ToolArgs], object], ...] = TOOLS) -> list[Tool]:
     return [
         STRATEGY.tool(name, description, params, handler, cls=CompactTool)
-        for name, description, params, handler in TOOLS
+        for name, description, params, handler in tools
     ]
