@@ -142,7 +142,7 @@ def suggestion(ctx: Context, settings: ChaptersSettings, ratio: float) -> str:
     ceiling = archive_ceiling(ctx)
     floor = archived_through(ctx) + 1
     return (
-        f"{SUGGEST_MARK} The context is {ratio:.0%} full. You can continue this work in a fresh ctx: "
+        f"{SUGGEST_MARK} The context is {ratio:.0%} full. You can continue this work in a fresh session: "
         f"call chapters_continue with a title, a handoff note (what is in progress, decisions held, the next "
         f"step) and chapter ranges covering events {floor}..{ceiling} (ascending, no gaps or overlaps). "
         f"At {settings.compact_at_ratio:.0%} the oldest part is archived in place automatically."
@@ -555,7 +555,7 @@ def compact_now(ctx: Context, request: ManualCompaction) -> ctxkernel.ManualOutc
     if outcome.is_error:
         return ctxkernel.ManualOutcome(False, outcome.content)
     return ctxkernel.ManualOutcome(
-        True, f"continued in ctx {outcome.continue_in}; this ctx is left as it was", None, outcome.continue_in
+        True, f"continued in session {outcome.continue_in}; this session is left as it was", None, outcome.continue_in
     )
 
 

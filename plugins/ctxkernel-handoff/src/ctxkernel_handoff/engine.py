@@ -670,7 +670,10 @@ def request_new_context(ctx: Context, reason: str = "") -> str:
     """Record a switch request (what ``new_context`` does); it runs at the next step boundary."""
     mode = mode_for(ctx)
     if not mode.window:
-        msg = f"new_context is not available in this ctx: {mode.why}. The notes_* and history_* tools still work"
+        msg = (
+            f"new_context is not available in this session: {mode.why}. The notes_* tools still work, and the "
+            "history_* tools once a summary has hidden anything"
+        )
         from ctxkernel import ToolError
 
         raise ToolError(msg)
