@@ -553,6 +553,8 @@ class StrategyHandle(Generic[S]):
         ``[tools] offer = "always"`` makes this ``ever`` at every request."""
         if self.ctx.header_in_full:
             self.state[_OFFERED_IN_FULL] = ever
+            if not self._session.weighing_header:  # a session that sends every tool
+                self.state[_OFFERED] = ever
             return ever
         offered = self.state[_OFFERED] = ever and when
         return offered
@@ -567,7 +569,9 @@ class StrategyHandle(Generic[S]):
         """Compose the header again at the next request when :meth:`offer_tools` would now decide
         otherwise: call it from ``pre_step`` when the decision depends on more than whether the
         surface hides anything (which the kernel watches itself)."""
-        if _OFFERED in self.state and self.state[_OFFERED] != (ever and when):
+        # what the registry the requests go out with carries (a session sending every tool: ``ever``)
+        offering = ever if self.ctx.header_in_full else ever and when
+        if _OFFERED in self.state and self.state[_OFFERED] != offering:
             self.invalidate_header()
 
     def __repr__(self) -> str:

@@ -112,12 +112,13 @@ def test_continue_writes_chapters_and_a_child_with_one_seed_event(parent, tmp_pa
         assert chapter["path"] in message.text
     assert child.header.parent is None and child.header.profile == parent.header.profile
     assert registry(parent).get(child.id)["parent"] == parent.id
-    # the same tools, with the recall tools: the child opens from a table of contents of
-    # chapters it can only read with them, and the parent has chapters to read now
+    # the same tools, and the recall tools from the start: the child opens from a table of
+    # contents of chapters it can only read with them (the parent still shows all they hold,
+    # and its header stays as every process composes it from its log)
     recall = ["chapters_read", "chapters_search", "chapters_artifact"]
     assert all(name in child.request_header().system for name in recall)
     parent.owns_tool("")  # brings the parent's registry up to date
-    assert child.tools.names() == parent.tools.names() == ["chapters_continue", "chapters_fork", *recall]
+    assert child.tools.names() == parent.tools.names() + recall
     state = registry(parent).get(child.id)
     assert state["parent"] == parent.id and state["root"] == parent.id
     assert [c["session"] for c in registry(parent).get(parent.id)["children"]] == [child.id]
@@ -397,3 +398,46 @@ def test_the_turn_in_progress_is_the_parents_last_chapter_and_no_call_loses_its_
                 elif block.get("type") == "tool_result":
                     results.add(block["call_id"])
         assert calls == results, chapter
+
+
+def test_a_fork_by_another_process_leaves_the_parents_header_as_its_log_composes_it(tmp_path):
+    """Process B forks a session process A holds open: A's next request carries the tools a
+    reopened session composes from the log (a parent's header does not depend on the registry)."""
+    a = chapters_kernel(tmp_path).open_session()
+    run_turns(a, 3)
+    a.request_header()
+    b = chapters_kernel(tmp_path).open_session(a.id)
+    b.user("fork it")
+    b.prepare_request()
+    b.commit_reply(Message.assistant("", [ToolCallBlock("f1", "chapters_fork", {"title": "x"})]))
+    b.tool_result("f1", b.run_tool(b.pending_calls[0]))
+    b.prepare_request()
+    b.commit_reply(Message.assistant("forked"))
+    b.end_turn()
+    a.refresh()
+    a.user("go on")
+    live = a.prepare_request()
+    reopened = chapters_kernel(tmp_path).open_session(a.id).request_header()
+    assert [t["function"]["name"] for t in live.tools] == [t["function"]["name"] for t in reopened.tools]
+    assert live.system == reopened.system
+
+
+def test_the_continuation_budget_leaves_room_for_the_childs_header(tmp_path):
+    """The child's header carries the recall tools from its first request, which the parent's may
+    not yet: the table of contents' budget is what the child's window leaves."""
+    parent = chapters_kernel(tmp_path).open_session()
+    run_turns(parent, 3)
+    ends = [e.seq for e in parent.events if e.type == "turn/end"]
+    data = result_json(
+        call_tool(
+            parent,
+            "chapters_continue",
+            title="next",
+            handoff_note="go on",
+            chapters=[{"start_seq": 0, "end_seq": ends[-1], "title": "all"}],
+        )
+    )
+    child = parent.kernel.open_session(data["session"])
+    ratio = parent.kernel.strategy_settings("chapters").continuation_budget_ratio
+    effective = parent.context.model.effective_window
+    assert abs(data["budget"] - int(ratio * (effective - child.request_header().tokens))) <= 5, data["budget"]

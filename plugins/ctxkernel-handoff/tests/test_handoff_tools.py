@@ -162,3 +162,15 @@ def test_new_context_answers_requested(kernel):
     assert not outcome.is_error and outcome.content.startswith("requested")
     again = call(session, "new_context")
     assert "already pending" in again.content
+
+
+def test_new_context_names_the_history_tools_only_for_after_the_switch(handoff_kernel):
+    """The history tools come with the first switch: the answer to new_context in a session that
+    has hidden nothing does not tell the model they are there now."""
+    session = handoff_kernel(window=20_000).open_session()
+    session.user("start")
+    session.prepare_request()
+    session.commit_reply(Message.assistant("", [ToolCallBlock("n1", "new_context", {})]))
+    answer = session.run_tool(session.pending_calls[0]).content
+    assert answer.startswith("requested") and "from then on the history_* tools" in answer
+    assert not any(session.owns_tool(name) for name in ("history_read_item", "history_list_items"))

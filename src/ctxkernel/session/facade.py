@@ -387,6 +387,12 @@ class Session:
         """True while the kernel asks for the header at its fullest (``ctx.header_in_full``)."""
         return self._tooling.in_full
 
+    @property
+    def weighing_header(self) -> bool:
+        """True while the kernel composes the header at its fullest only to weigh or list it (the
+        header guard, ``validate``), not to send it."""
+        return self._tooling.weighing
+
     def offer_every_tool(self) -> None:
         """Offer every tool the strategies may offer from the next request on, also those they
         offer only once they have something to do, with their prompt sections: for a framework

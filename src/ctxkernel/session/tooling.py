@@ -45,8 +45,8 @@ class Tooling:
         self.harness_system: str | None = None
         #: the strategy set (``generation``) the registry was built for
         self._tools_generation = -1
-        #: whether the surface hid anything when the registry was built
-        self._hid = False
+        #: (the surface hid anything, [tools] offer = "always") when the registry was built
+        self._offers = (False, False)
         #: (key, system, tools, digest, tokens) of the composed header; the key is the strategy set,
         #: the harness's tool list (by identity and length) and its system prompt
         self._composed: tuple[int, str, list[dict[str, Any]], str, int] | None = None
@@ -67,16 +67,17 @@ class Tooling:
         generation = self.generation
         # the recall tools come once the surface first hides something (StrategyHandle.offer_tools):
         # any edit may be that first one (a summary, a window switch, a pruned result), and the
-        # request right after it must carry the tools its text names
-        hides = self.session.surface.hides_anything()
-        if generation == self._tools_generation and hides == self._hid:
+        # request right after it must carry the tools its text names; a reloaded profile may
+        # change [tools] offer
+        offers = (self.session.surface.hides_anything(), self.offers_always)
+        if generation == self._tools_generation and offers == self._offers:
             return
         with self.offering_everything():
             # a tool two strategies may offer is refused now, not once both offer it
             self.offerable = self._registered()
         self.tools = self._registered()
         self._tools_generation = generation
-        self._hid = hides
+        self._offers = offers
         self._composed = None
 
     def _registered(self) -> ToolRegistry:
@@ -156,7 +157,17 @@ class Tooling:
         """True while :meth:`offering_everything` runs in this thread or task, for this session,
         and always for a session that offers every tool from the first request (``every_tool``,
         or the profile's ``[tools] offer = "always"``)."""
-        return self.every_tool or _IN_FULL.get() is self or self.session.kernel.profile.tools.offer == "always"
+        return self.every_tool or self.weighing or self.offers_always
+
+    @property
+    def weighing(self) -> bool:
+        """True inside :meth:`offering_everything`, in this thread or task, for this session."""
+        return _IN_FULL.get() is self
+
+    @property
+    def offers_always(self) -> bool:
+        """The profile's ``[tools] offer = "always"`` (read live: a profile may be reloaded)."""
+        return bool(self.session.kernel.profile.tools.offer == "always")
 
     @contextlib.contextmanager
     def offering_everything(self) -> Iterator[None]:

@@ -241,7 +241,10 @@ def strategy_files(session: Any) -> dict[str, Any]:
     panel = session.kernel.hooks.project(session).get("chapters") or {}
     for row in panel.get("toc", []):
         call = ToolCallBlock(f"fleet_read_{row['id']}", "chapters_read", {"chapter": row["id"]})
-        outcome = session.run_tool(call)  # a read: nothing is appended to the log
+        # a read: nothing is appended to the log. Through every tool the session may offer: a
+        # parent that wrote chapters for a continuation still shows what they hold, and is
+        # offered no read tool for them
+        outcome = session.offerable_tools.run(session, call)
         reads[row["id"]] = (
             "error: " + outcome.content if outcome.is_error else hashlib.sha256(outcome.content.encode()).hexdigest()
         )

@@ -82,19 +82,23 @@ def register_tools(register: Any, ctx: Context) -> None:
 
     for tool in TOOLS:
         register(tool())
-    if STRATEGY.on(ctx).offer_tools(has_archive(ctx)):
+    # composed in full (the header guard, validate, a framework's up-front tool list) the answer
+    # does not depend on the archive, which is then not read
+    if STRATEGY.on(ctx).offer_tools(ctx.header_in_full or has_archive(ctx)):
         for tool in RECALL_TOOLS:
             register(tool())
 
 
 def has_archive(ctx: Context) -> bool:
     """Whether the recall tools have something to read: this session archived chapters in place
-    or moved a result to an artifact (either hides something), wrote chapters for a continuation
-    or a fork, or continues a parent's chapters. Asked only when the header is composed."""
+    or moved a result to an artifact (either hides something), or it continues a parent's
+    chapters (its registry record names the parent before its log exists, and never changes).
+    A parent that wrote chapters for a continuation or fork still shows all they hold: its
+    header stays as it was, so every process composes the same one from the log."""
     if ctx.surface.hides_anything():
         return True
-    registry = registry_of(ctx)
-    return registry.ensure(ctx.id)["parent"] is not None or archived_through(ctx, registry) >= 0
+    record = registry_of(ctx).state(ctx.id)  # a read: a probe session gets no record
+    return record is not None and record.get("parent") is not None
 
 
 @ctxkernel.hookimpl

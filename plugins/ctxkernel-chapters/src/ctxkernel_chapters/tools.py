@@ -219,7 +219,8 @@ def plan_child(ctx: Context, handoff_note: str, ranges: list[ChapterRange], *, o
     )
     # budget preflight: a share of the window left after the system prompt and tool schemas
     effective = ctx.model.effective_window
-    head = chapters.header_tokens(ctx)
+    # the child's header carries the recall tools from its first request
+    head = chapters.header_tokens(ctx) + chapters.STRATEGY.on(ctx).header_growth()
     budget = int(settings.continuation_budget_ratio * max(0, effective - head))
     toc_tokens = ctx.meter.count_message(seed)
     handoff_tokens = ctx.meter.count_text(handoff_note)
@@ -289,7 +290,6 @@ def _create_child(
     # the model selection goes with the work (seed 003): same model, same window (and the harness's tools)
     chapters.STRATEGY.on(ctx).open_continuation(child_id, origin=origin, seed=seed)
     chapters.state(ctx)["continued_in" if origin == "continue" else "forked"] = child_id
-    chapters.STRATEGY.on(ctx).invalidate_header()  # this session has chapters to read now
     ceiling = chapters.archive_ceiling(ctx)
     top = -1 if ceiling is None else ceiling  # chapters past it hold the turn in progress
     result = {

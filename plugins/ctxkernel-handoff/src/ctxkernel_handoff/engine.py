@@ -670,10 +670,7 @@ def request_new_context(ctx: Context, reason: str = "") -> str:
     """Record a switch request (what ``new_context`` does); it runs at the next step boundary."""
     mode = mode_for(ctx)
     if not mode.window:
-        msg = (
-            f"new_context is not available in this session: {mode.why}. The notes_* tools still work, and the "
-            "history_* tools once a summary has hidden anything"
-        )
+        msg = f"new_context is not available in this session: {mode.why}. The notes_* tools still work"
         from ctxkernel import ToolError
 
         raise ToolError(msg)
@@ -684,7 +681,7 @@ def request_new_context(ctx: Context, reason: str = "") -> str:
     return (
         "requested: a new context window starts at the next step boundary, after every result of this batch is "
         "committed. It opens with a handoff (goal, todos, your last instructions, recent notes and a summary); "
-        "exact details stay recoverable with history_* and notes_*. Save anything else you need in notes now."
+        "from then on the history_* tools recover exact details. Save anything else you need in notes now."
     )
 
 
