@@ -123,6 +123,15 @@ def result_json(outcome) -> dict[str, Any]:
     return json.loads(outcome.content)
 
 
+def continue_all(session, *, title: str = "next", handoff_note: str = "go on") -> dict[str, Any]:
+    """``chapters_continue`` with every completed turn in one chapter; its JSON answer."""
+    ends = [e.seq for e in session.events if e.type == "turn/end"]
+    chapters = [{"start_seq": 0, "end_seq": ends[-1], "title": "all"}]
+    return result_json(
+        call_tool(session, "chapters_continue", title=title, handoff_note=handoff_note, chapters=chapters)
+    )
+
+
 def registry(session):
     """The registry after the session's committed chapters are written (a read, like the tools')."""
     from ctxkernel_chapters.settle import settle

@@ -12,6 +12,7 @@ from helpers_chapters import (
     archive_files,
     call_tool,
     chapters_kernel,
+    continue_all,
     log_bytes,
     registry,
     result_json,
@@ -427,16 +428,7 @@ def test_the_continuation_budget_leaves_room_for_the_childs_header(tmp_path):
     not yet: the table of contents' budget is what the child's window leaves."""
     parent = chapters_kernel(tmp_path).open_session()
     run_turns(parent, 3)
-    ends = [e.seq for e in parent.events if e.type == "turn/end"]
-    data = result_json(
-        call_tool(
-            parent,
-            "chapters_continue",
-            title="next",
-            handoff_note="go on",
-            chapters=[{"start_seq": 0, "end_seq": ends[-1], "title": "all"}],
-        )
-    )
+    data = continue_all(parent)
     child = parent.kernel.open_session(data["session"])
     ratio = parent.kernel.strategy_settings("chapters").continuation_budget_ratio
     effective = parent.context.model.effective_window

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers_chapters import REPO, call_tool, chapters_kernel, result_json, run_turns
+from helpers_chapters import REPO, chapters_kernel, continue_all, run_turns
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -230,15 +230,7 @@ def test_a_short_result_of_many_tokens_is_itemised_as_an_artifact():
 def test_cli_manifest_and_segment(tmp_path):
     session = _session(tmp_path, turns=3)
     ends = [e.seq for e in session.events if e.type == "turn/end"]
-    data = result_json(
-        call_tool(
-            session,
-            "chapters_continue",
-            title="t",
-            handoff_note="n",
-            chapters=[{"start_seq": 0, "end_seq": ends[-1], "title": "all"}],
-        )
-    )
+    data = continue_all(session, title="t", handoff_note="n")
     profile = tmp_path / "p.toml"
     profile.write_text('[profile]\nstrategies = ["chapters"]\n')
     env = {**os.environ, "CTXKERNEL_HOME": str(tmp_path)}
