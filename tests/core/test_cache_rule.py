@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ctxkernel.cache_rule import Edit, cache_cost, choose, decide, saving
@@ -113,6 +113,8 @@ def _bills(price, head: int, region: int, replacement: int, tails: list[int], id
     tails=st.lists(st.integers(1, 40), min_size=1, max_size=30),
     idle=st.sampled_from([0.0, 60.0, 299.0, 301.0, 3_600.0]),
 )
+# a tie: editing saves exactly what it costs, and the bills differ in the last bit
+@example(model="gpt-4.1-mini", head_steps=74, region_steps=171, kept=0.671875, tails=[1, 1, 1, 2, 1, 1], idle=0.0)
 def test_the_rule_never_rewrites_the_prefix_for_less_than_its_cache_cost(
     model, head_steps, region_steps, kept, tails, idle
 ):
@@ -132,5 +134,5 @@ def test_the_rule_never_rewrites_the_prefix_for_less_than_its_cache_cost(
     if decision.edits:
         assert edited < waited
         assert saving(price, edit, remaining_steps=len(tails)) > cache_cost(price, edit, idle_seconds=idle)
-    else:
-        assert edited >= waited
+    else:  # a tie waits; the two bills then differ by float rounding at most
+        assert edited >= waited or math.isclose(edited, waited, rel_tol=1e-9)
