@@ -25,6 +25,7 @@ from ctxkernel import (
     CtxKernelError,
     Span,
     StrategyNotes,
+    ToolError,
     get_logger,
     head_region,
     whole_surface_but_last,
@@ -281,19 +282,22 @@ def notes_of(ctx: Context) -> StrategyNotes:
 
 
 # -- the switch --------------------------------------------------------------------------------------------
-def no_room(ctx: Context) -> str | None:
-    """Why no new window can open below the threshold, whatever it replaced; None when one can.
+def outside_surface(ctx: Context) -> int:
+    """What no switch can remove: the request header (with the tools the first switch brings),
+    decorations and the gap between the provider's last reported usage and our estimate."""
+    return ctx.pressure().tokens - ctx.meter.surface_tokens() + STRATEGY.on(ctx).header_growth()
 
-    What no switch can remove: the request header, decorations and the gap between the
-    provider's last reported usage and our estimate (the pressure anchor). When that alone leaves
-    no room for a handoff, a switch could only fail its fit, after shrinking kept results for
-    nothing (basic then compacts once and backs off; an overflow still tries a switch), and a
-    pressure reminder asking for ``new_context`` would only cost tokens in a window that has none
-    to spare (a 4,000-token window whose request header alone is over the target)."""
+
+def no_room(ctx: Context, fixed: int | None = None) -> str | None:
+    """Why no new window can open below the threshold, whatever it replaced; None when one can.
+    ``fixed``: :func:`outside_surface`, when the caller has it. When that alone leaves no room, a
+    switch could only fail its fit after shrinking kept results for nothing (basic then compacts
+    once and backs off; an overflow still tries a switch), and a reminder to call ``new_context``
+    would only cost tokens (a 4,000-token window whose request header is over the target)."""
     threshold, _, _ = host_settings(ctx)
     target = int((threshold - TARGET_MARGIN) * ctx.model.effective_window)
     pressure = ctx.pressure()
-    fixed = pressure.tokens - ctx.meter.surface_tokens() + STRATEGY.on(ctx).header_growth()
+    fixed = outside_surface(ctx) if fixed is None else fixed
     if fixed + int(MIN_HANDOFF_CHARS / CHARS_PER_FIT_TOKEN) <= target:
         return None
     return (
@@ -321,11 +325,11 @@ def switch(ctx: Context, *, reason: str, keep_tokens: int | None = None) -> Swit
     # switch is that much growth away (a switch that frees a few tokens switches again next step)
     aim = min(target, int(max(threshold - settings.switch_free_ratio, 0.0) * effective))
     if keep_tokens is not None:
-        blocked = no_room(ctx)
+        fixed = outside_surface(ctx)
+        blocked = no_room(ctx, fixed)
         if blocked is not None:
             return _failed(state, reason, blocked)
         # the verbatim tail gives way to the aim (head_region still keeps the newest call whole)
-        fixed = ctx.pressure().tokens - ctx.meter.surface_tokens() + STRATEGY.on(ctx).header_growth()
         keep_tokens = min(keep_tokens, max(0, aim - fixed - int(MIN_HANDOFF_CHARS / CHARS_PER_FIT_TOKEN)))
     for attempt in range(2):
         if keep_tokens is None:
@@ -336,11 +340,10 @@ def switch(ctx: Context, *, reason: str, keep_tokens: int | None = None) -> Swit
             return _failed(state, reason, "nothing to compact: no balanced cut leaves anything to replace")
         nodes = surface.span(*region)
         region_tokens = tokens_of_span(ctx, nodes)
-        # the user's instructions the kernel keeps through the switch stay in the new window too,
-        # and the tools offered once something is hidden (a shrunk result above has brought them)
-        handoff = STRATEGY.on(ctx)
-        rest = ctx.pressure().tokens - region_tokens + handoff.pinned_instructions_tokens(*region)
-        rest += handoff.header_growth()
+        # the user's instructions the kernel keeps through the switch stay in the new window too, and what
+        # stays outside the surface (counted again: a shrunk result above may have brought the tools)
+        pinned = STRATEGY.on(ctx).pinned_instructions_tokens(*region)
+        rest = outside_surface(ctx) + ctx.meter.surface_tokens() - region_tokens + pinned
         deficit = rest + int(MIN_HANDOFF_CHARS / CHARS_PER_FIT_TOKEN) - target
         if attempt or deficit <= 0 or not shrink_kept_results(ctx, after=nodes[-1].seq, tokens=deficit):
             break
@@ -671,8 +674,6 @@ def request_new_context(ctx: Context, reason: str = "") -> str:
     mode = mode_for(ctx)
     if not mode.window:
         msg = f"new_context is not available in this session: {mode.why}. The notes_* tools still work"
-        from ctxkernel import ToolError
-
         raise ToolError(msg)
     state = state_for(ctx)
     if state.requested is not None:
