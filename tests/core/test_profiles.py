@@ -29,6 +29,15 @@ def test_misspelt_key_is_refused_naming_file_key_and_accepted_keys(tmp_path):
     assert str(path) in message and "'store.bakend'" in message and "backend" in message
 
 
+def test_a_tools_offer_outside_its_choices_is_refused_naming_them(tmp_path):
+    path = write(tmp_path, "[tools]\noffer = 'sometimes'\n")
+    with pytest.raises(ProfileError) as info:
+        load_profile(path)
+    message = str(info.value)
+    assert "tools.offer" in message and "when_useful" in message and "always" in message
+    assert load_profile(write(tmp_path, "[tools]\noffer = 'always'\n", "ok.toml")).tools.offer == "always"
+
+
 def test_misspelt_table_is_refused(tmp_path):
     path = write(tmp_path, "[modle]\nname = 'x'\n")
     with pytest.raises(ProfileError, match="'modle'"):
