@@ -175,8 +175,8 @@ def test_long_tool_call_arguments_become_an_artifact_the_chapter_names(tmp_path)
     assert "→ `write` " + orjson.dumps(short).decode() in body  # short arguments stay inline
     assert "artifacts 1" in body.splitlines()[0]  # the frontmatter counts it
     handle = line.split("[artifact `", 1)[1].split("`", 1)[0]
-    page = call_tool(child, "chapters_artifact", op="read", artifact=handle, limit=5000).content
-    assert page.splitlines()[0] == "1: " + full  # verbatim: the arguments as the model sent them
+    # verbatim: the arguments as the model sent them (one JSON line, read as lines of 2,000 characters)
+    assert "".join(_read_pages(child, handle)) == full
 
 
 def test_search_finds_what_the_artifacts_of_archived_chapters_hold(tmp_path):
@@ -213,3 +213,41 @@ def test_no_result_is_pruned_without_pressure(tmp_path):
     do_turn(session, model, "dump the table", tool_output=lambda call: large)
     assert model.calls[1]["messages"][-1].tool_result.content == large
     assert not [e for e in session.events if e.type.startswith("compaction/")]
+
+
+def _read_pages(session, handle: str) -> list[str]:
+    """Every line of an artifact, read page after page with ``chapters_artifact``."""
+    lines: list[str] = []
+    offset = 0
+    while True:
+        page = call_tool(session, "chapters_artifact", op="read", artifact=handle, offset=offset, limit=5000)
+        assert not page.is_error and len(page.content) < 21_000, page.content[:200]
+        *body, tail = page.content.splitlines()
+        lines += [line.split(": ", 1)[1] for line in body]
+        if "next page: offset=" not in tail:
+            return lines
+        offset = int(tail.rsplit("offset=", 1)[1].rstrip(")"))
+
+
+def test_a_page_of_an_artifact_never_brings_it_back_whole(tmp_path):
+    """A one-line artifact (a JSON document) was read in one page, the whole result the artifact
+    moved out of the context; a page of many long lines likewise. Long lines are read as several
+    lines (2,000 characters each), and a page stops at a budget (20,000 characters)."""
+    document = '{"k": [' + ",".join(f'"value number {i}"' for i in range(12_000)) + "]}"
+    kernel = chapters_kernel(tmp_path, window=48_000)
+    session = kernel.open_session()
+    model = ScriptedModel(
+        [Message.assistant("run it", [ToolCallBlock("c1", "bash", {"command": "dump"})]), Message.assistant("seen")]
+    )
+    do_turn(session, model, "dump the document", tool_output=lambda call: document)
+    handle = _handle(session)
+    before = log_bytes(session)
+    first = call_tool(session, "chapters_artifact", op="read", artifact=handle)
+    assert len(first.content) < 21_000 and first.content.startswith('1: {"k": ["value number 0"')
+    lines = _read_pages(session, handle)  # every part of the line is reachable, page by page
+    assert "".join(lines) == document and len(lines) == -(-len(document) // 2_000)
+    overview = call_tool(session, "chapters_artifact", op="toc", artifact=handle)
+    assert overview.content.startswith(f"{len(lines)} lines")
+    found = call_tool(session, "chapters_artifact", op="search", artifact=handle, query='"value number 11999"')
+    assert found.content.startswith("1 matching line(s):\n" + str(len(lines)) + ": ")
+    assert log_bytes(session) == before

@@ -3,7 +3,9 @@
 An artifact is stored in the archive (the strategy's blobs) under its handle
 ``<root>/artifacts/<sha256>.txt``. Reading verifies that the content still hashes to its name.
 Queries go through ``chapters_artifact`` (toc | search | read), which is read-only and checks
-names with :func:`storage.check_name`.
+names with :func:`storage.check_name`. They number the artifact's :func:`lines`, in which a line
+longer than :data:`LINE_CHARS` counts as several, and a page holds at most :data:`PAGE_CHARS`
+characters: an artifact is a result too large for the context, so no answer brings it back whole.
 """
 
 from __future__ import annotations
@@ -16,6 +18,11 @@ from .storage import Archive, ArchiveError, IntegrityError, NotInArchiveError, V
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/artifacts/([0-9a-f]{64})\.txt")
 #: how a chapter's body names an artifact it itemises (render.py): ``[artifact `<handle>`, N chars]``
 HANDLE_IN_TEXT = re.compile(r"\[artifact `([A-Za-z0-9][A-Za-z0-9._-]*/artifacts/[0-9a-f]{64}\.txt)`")
+#: a longer line of an artifact (a JSON document on one line) is read as several lines of this many
+#: characters: every part of it is reachable by line number
+LINE_CHARS = 2_000
+#: the most characters of an artifact one ``read`` page shows (``history_read_item``'s largest page)
+PAGE_CHARS = 20_000
 
 
 def handle_for(root: str, digest: str) -> str:
@@ -81,20 +88,36 @@ def list_handles(archive: Archive, root: str) -> list[str]:
     return archive.list(f"{root}/artifacts", ".txt")
 
 
+def lines(text: str) -> list[str]:
+    """The artifact's lines as its queries number them: a line longer than :data:`LINE_CHARS`
+    is split into lines of that many characters."""
+    out: list[str] = []
+    for line in text.splitlines():
+        if len(line) <= LINE_CHARS:
+            out.append(line)
+        else:
+            out.extend(line[i : i + LINE_CHARS] for i in range(0, len(line), LINE_CHARS))
+    return out
+
+
 def toc(text: str, *, max_entries: int = 60) -> str:
     """An overview: size, then the lines that look like headings or section starts, with line numbers."""
-    lines = text.splitlines()
-    out = [f"{len(lines)} lines, {len(text)} characters"]
+    lines_ = lines(text)
+    split = len(lines_) - len(text.splitlines())
+    out = [
+        f"{len(lines_)} lines, {len(text)} characters"
+        + (f" ({split} more lines than the text has: lines over {LINE_CHARS} characters are split)" if split else "")
+    ]
     picks = []
-    for i, line in enumerate(lines, 1):
+    for i, line in enumerate(lines_, 1):
         stripped = line.strip()
         if re.match(
             r"^(#{1,6} |[A-Z][A-Za-z ]{2,40}:$|={3,}|-{3,}|diff --git|@@ |Traceback|[A-Za-z_./-]+\.\w+:\d+)", stripped
         ):
             picks.append(f"{i}: {stripped[:160]}")
     if not picks:  # no structure: every nth line
-        step = max(1, len(lines) // max_entries)
-        picks = [f"{i + 1}: {lines[i].strip()[:160]}" for i in range(0, len(lines), step)]
+        step = max(1, len(lines_) // max_entries)
+        picks = [f"{i + 1}: {lines_[i].strip()[:160]}" for i in range(0, len(lines_), step)]
     if len(picks) > max_entries:
         out.append(f"(showing {max_entries} of {len(picks)} entries)")
         picks = picks[:max_entries]
@@ -103,7 +126,7 @@ def toc(text: str, *, max_entries: int = 60) -> str:
 
 def search(text: str, query: str, *, limit: int = 50) -> str:
     needle = query.lower()
-    hits = [f"{i}: {line.strip()[:240]}" for i, line in enumerate(text.splitlines(), 1) if needle in line.lower()]
+    hits = [f"{i}: {line.strip()[:240]}" for i, line in enumerate(lines(text), 1) if needle in line.lower()]
     if not hits:
         return f"no line contains {query!r}"
     more = f"\n({len(hits) - limit} more matches; narrow the query)" if len(hits) > limit else ""
@@ -111,14 +134,21 @@ def search(text: str, query: str, *, limit: int = 50) -> str:
 
 
 def page(text: str, offset: int, limit: int) -> str:
-    """Lines ``offset+1`` .. ``offset+limit`` with line numbers, and where the next page starts."""
-    lines = text.splitlines()
-    chunk = lines[offset : offset + limit]
+    """Lines ``offset+1`` .. ``offset+limit`` with line numbers, fewer when they would hold more than
+    :data:`PAGE_CHARS` characters (one at least), and where the next page starts."""
+    lines_ = lines(text)
+    chunk: list[str] = []
+    size = 0
+    for line in lines_[offset : offset + limit]:
+        size += len(line)
+        if chunk and size > PAGE_CHARS:
+            break
+        chunk.append(line)
     body = "\n".join(f"{offset + i + 1}: {line}" for i, line in enumerate(chunk))
     nxt = offset + len(chunk)
     tail = (
-        f"\n(lines {offset + 1}-{nxt} of {len(lines)}; next page: offset={nxt})"
-        if nxt < len(lines)
-        else f"\n(end: {len(lines)} lines)"
+        f"\n(lines {offset + 1}-{nxt} of {len(lines_)}; next page: offset={nxt})"
+        if nxt < len(lines_)
+        else f"\n(end: {len(lines_)} lines)"
     )
     return body + tail

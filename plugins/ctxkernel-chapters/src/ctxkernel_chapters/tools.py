@@ -515,7 +515,7 @@ def chapters_search(ctx: Context, args: SearchArgs) -> ToolOutcome:
                 refused.append(f"{handle}: {exc}")
                 continue
             if needle in lowered:
-                for i, line in enumerate(text.splitlines(), 1):
+                for i, line in enumerate(artifacts.lines(text), 1):  # numbered as chapters_artifact reads them
                     if needle in line.lower():
                         hits.append(f"{record['id']} artifact {handle} line {i}: {' '.join(line.split())[:240]}")
     page = hits[args.offset : args.offset + args.limit]
