@@ -241,6 +241,42 @@ def test_fork_keeps_the_parent_going_and_registers_a_sibling(parent):
         assert chapter["path"] in seed
 
 
+def test_a_fork_reads_none_of_what_its_parent_archives_after_the_fork(tmp_path):
+    """The fork is a branch: the chapters its parent writes afterwards hold the other branch's
+    turns. Its lineage read them all (chapters_read by id or number, chapters_search)."""
+    kernel = chapters_kernel(tmp_path)
+    parent = kernel.open_session()
+    model = run_turns(parent, 4)
+    forked = result_json(call_tool(parent, "chapters_fork", title="the other way"))
+    run_turns(parent, 4, start=10, model=model)  # the parent goes on after the fork
+    floor = registry(parent).archived_through(parent.id) + 1
+    later = result_json(
+        call_tool(
+            parent,
+            "chapters_continue",
+            title="later",
+            handoff_note="n",
+            chapters=[{"start_seq": floor, "end_seq": _turn_ends(parent)[-1], "title": "after the fork"}],
+        )
+    )
+    fork = kernel.open_session(forked["session"])
+    before = log_bytes(fork)
+    for chapter in later["chapters"]:
+        for ref in (chapter["id"], chapter["path"], chapter["id"].rsplit("/", 1)[1]):
+            outcome = call_tool(fork, "chapters_read", chapter=ref)
+            assert outcome.is_error and "no chapter" in outcome.content, outcome.content[:200]
+    found = call_tool(fork, "chapters_search", query="task 12")
+    assert found.content.startswith("0 match(es)"), found.content[:300]
+    assert [r["id"] for r in registry(parent).lineage_records(fork.id)] == [c["id"] for c in forked["chapters"]]
+    # what the fork's table of contents cites stays readable; the parent's lineage keeps its own
+    for chapter in forked["chapters"]:
+        assert not call_tool(fork, "chapters_read", chapter=chapter["id"]).is_error
+    assert [r["id"] for r in registry(parent).lineage_records(later["session"])] == [
+        c["id"] for c in forked["chapters"] + later["chapters"]
+    ]
+    assert log_bytes(fork) == before
+
+
 def test_the_model_can_continue_inside_a_turn(tmp_path):
     """The call comes from the model mid-turn: the turn in progress goes to the handoff note."""
     kernel = chapters_kernel(tmp_path)

@@ -1,7 +1,8 @@
 """Chapter records and lineage in the kernel store's key-value table (namespace ``chapters``).
 
 Keys: ``sessions/<id>`` holds one session's small state (parent, root, origin, title, next
-chapter number, children, how far its final chapters reach); ``records/<id>/<nnnnnn>`` holds
+chapter number, children, how far its final chapters reach and, for a child, how far its parent's
+reached when it was created); ``records/<id>/<nnnnnn>`` holds
 one chapter record each (``<id>`` is the author session, ``<nnnnnn>`` the zero-padded chapter
 number, so a listing comes back in chapter order); ``roots/<root>`` holds the lineage's
 chapter-number allocator (chapter files of a whole lineage share one folder, so numbers are
@@ -93,13 +94,17 @@ class Registry:
 
     def lineage(self, session_id: str) -> list[str]:
         """Session ids from the root down to ``session_id`` (ancestors first)."""
+        return [sid for sid, _ in self._chain(session_id)]
+
+    def _chain(self, session_id: str) -> list[tuple[str, dict[str, Any] | None]]:
+        """Each session from the root down to ``session_id`` with its state."""
         chain = []
         seen = set()
         current: str | None = session_id
         while current is not None and current not in seen:
             seen.add(current)
-            chain.append(current)
             state = self.state(current)
+            chain.append((current, state))
             current = state.get("parent") if state else None
         return list(reversed(chain))
 
@@ -131,10 +136,18 @@ class Registry:
         return through
 
     def lineage_records(self, session_id: str) -> list[dict[str, Any]]:
-        """Final chapter records of every session in the lineage, ancestors first."""
+        """Final chapter records of every session in the lineage, ancestors first: of an ancestor,
+        those it had when the next session down was created (``parent_archived_through``); what
+        it archived later belongs to its own branch (a forked parent goes on)."""
         out: list[dict[str, Any]] = []
-        for sid in self.lineage(session_id):
-            out.extend(r for r in self.records(sid) if r.get("status") == "final")
+        chain = self._chain(session_id)
+        for (sid, _), (_, below) in zip(chain, [*chain[1:], (session_id, None)], strict=True):
+            through = (below or {}).get("parent_archived_through")  # absent: written before it was kept
+            out.extend(
+                r
+                for r in self.records(sid)
+                if r.get("status") == "final" and (through is None or r["end_seq"] <= through)
+            )
         return out
 
     def find(self, session_id: str, chapter: str) -> dict[str, Any] | None:
@@ -184,9 +197,18 @@ class Registry:
 
 
 def new_state(
-    session_id: str, *, parent: str | None, root: str, origin: str, next_chapter: int, title: str = ""
+    session_id: str,
+    *,
+    parent: str | None,
+    root: str,
+    origin: str,
+    next_chapter: int,
+    title: str = "",
+    parent_archived_through: int | None = None,
 ) -> dict[str, Any]:
-    return {
+    """A session's state; a child's ``parent_archived_through`` is how far its parent's final
+    chapters reached when it was created: the parent's chapters it may read."""
+    state: dict[str, Any] = {
         "session": session_id,
         "parent": parent,
         "root": root,
@@ -197,6 +219,9 @@ def new_state(
         "children": [],
         "archived_through": -1,
     }
+    if parent_archived_through is not None:
+        state["parent_archived_through"] = parent_archived_through
+    return state
 
 
 def manifest(kv: KeyValue, session_id: str) -> dict[str, Any]:

@@ -284,7 +284,15 @@ def _create_child(
     registry.put(ctx.id, sstate)
     registry.put(
         child_id,
-        new_state(child_id, parent=ctx.id, root=root, origin=origin, next_chapter=next_chapter, title=args.title),
+        new_state(
+            child_id,
+            parent=ctx.id,
+            root=root,
+            origin=origin,
+            next_chapter=next_chapter,
+            title=args.title,
+            parent_archived_through=sstate.get("archived_through", -1),
+        ),
     )
     # no ``parent`` in the child's header: the registry is the sole authority on ancestry (seed 003)
     # the model selection goes with the work (seed 003): same model, same window (and the harness's tools)
