@@ -300,6 +300,39 @@ def test_the_model_can_continue_inside_a_turn(tmp_path):
     assert "was fixing the lexer" in request.messages[0].text
 
 
+def test_a_second_continue_in_the_same_reply_is_refused(tmp_path):
+    """Two chapters_continue calls in one reply made two children, each answered with continue_in:
+    the harness followed the last, and the first, with its handoff note, was left behind."""
+    kernel = chapters_kernel(tmp_path)
+    session = kernel.open_session()
+    run_turns(session, 2)
+    ceiling = _turn_ends(session)[-1]
+    first = {"title": "t", "handoff_note": "was fixing the lexer", "chapters": _ranges((0, ceiling))}
+    second = {"title": "t2", "handoff_note": "something else", "chapters": []}
+    calls = [ToolCallBlock("k1", "chapters_continue", first), ToolCallBlock("k2", "chapters_continue", second)]
+    session.user("continue please")
+    session.prepare_request()
+    session.commit_reply(Message.assistant("continuing", calls))
+    outcome = session.run_tool(session.pending_calls[0])
+    session.tool_result("k1", outcome)
+    children = registry(session).get(session.id)["children"]
+    before = log_bytes(session)
+    again = session.run_tool(session.pending_calls[0])
+    assert again.is_error and again.continue_in is None
+    assert outcome.continue_in in again.content and "Nothing was written" in again.content
+    assert log_bytes(session) == before and registry(session).get(session.id)["children"] == children
+    session.tool_result("k2", again)
+    session.end_turn()
+    # the next turn of this session may continue again (a harness that did not follow the child)
+    session.user("continue now")
+    session.prepare_request()
+    rest = _ranges((registry(session).archived_through(session.id) + 1, _turn_ends(session)[-1]))
+    session.commit_reply(
+        Message.assistant("", [ToolCallBlock("k3", "chapters_continue", {**second, "chapters": rest})])
+    )
+    assert not session.run_tool(session.pending_calls[0]).is_error
+
+
 def test_a_tampered_ancestor_chapter_is_reported_not_cited(parent):
     ends = _turn_ends(parent)
     first = result_json(

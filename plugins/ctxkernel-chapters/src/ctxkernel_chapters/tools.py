@@ -237,6 +237,14 @@ def plan_child(ctx: Context, handoff_note: str, ranges: list[ChapterRange], *, o
 def _create_child(
     ctx: Context, args: ContinueArgs | ForkArgs, ranges: list[ChapterRange], *, origin: str
 ) -> ToolOutcome:
+    st = chapters.state(ctx)
+    if origin == "continue" and st["continued_in"] is not None and st.get("continued_at") == (ctx.turn, ctx.step):
+        # a second continuation in one reply would make a second child, and the harness follows one
+        return ToolOutcome(
+            f"chapters_continue refused: this step already continued in session {st['continued_in']}; the turn "
+            "ends after this batch and the work goes on there. Nothing was written.",
+            is_error=True,
+        )
     plan = plan_child(ctx, args.handoff_note, ranges, origin=origin)
     if isinstance(plan, str):
         return ToolOutcome(f"chapters_{origin} refused: {plan}. Nothing was written.", is_error=True)
@@ -297,7 +305,9 @@ def _create_child(
     # no ``parent`` in the child's header: the registry is the sole authority on ancestry (seed 003)
     # the model selection goes with the work (seed 003): same model, same window (and the harness's tools)
     chapters.STRATEGY.on(ctx).open_continuation(child_id, origin=origin, seed=seed)
-    chapters.state(ctx)["continued_in" if origin == "continue" else "forked"] = child_id
+    st["continued_in" if origin == "continue" else "forked"] = child_id
+    if origin == "continue":
+        st["continued_at"] = (ctx.turn, ctx.step)
     ceiling = chapters.archive_ceiling(ctx)
     top = -1 if ceiling is None else ceiling  # chapters past it hold the turn in progress
     result = {
