@@ -269,3 +269,19 @@ def test_a_recall_tool_whose_ids_are_never_shown_scores_zero(tmp_path):
     # the tool works: a prober that knew the replay's seqs (a model does not) would read them back
     outcome = replay.session.run_tool({"id": "x", "name": "history_read_item", "arguments": {"id": holder.secret(1)}})
     assert not outcome.is_error
+
+
+def test_an_artifact_read_in_pieces_comes_back_whole():
+    """``chapters_artifact`` reads a line over 2,000 characters in pieces (``N+`` continues the
+    line before, on the same page or the last): the prober joins them back, so a one-line JSON
+    result counts as recovered only when it comes back intact."""
+    from ctxkernel_chapters import artifacts
+
+    text = "first line\n" + "".join(f"{i:07d} " for i in range(6_000)) + "\n\nx" + "y" * 4_500 + "\nlast"
+
+    class Pages:
+        def call(self, name: str, arguments: dict[str, Any]) -> str:
+            assert name == "chapters_artifact" and arguments["op"] == "read"
+            return artifacts.page(text, arguments["offset"], arguments["limit"])
+
+    assert recall._artifact_text(Pages(), "root/artifacts/" + "0" * 64 + ".txt") == text  # type: ignore[arg-type]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from helpers_chapters import archive_file, call_tool, chapters_kernel, do_turn, log_bytes
 
@@ -176,7 +178,7 @@ def test_long_tool_call_arguments_become_an_artifact_the_chapter_names(tmp_path)
     assert "artifacts 1" in body.splitlines()[0]  # the frontmatter counts it
     handle = line.split("[artifact `", 1)[1].split("`", 1)[0]
     # verbatim: the arguments as the model sent them (one JSON line, read as lines of 2,000 characters)
-    assert "".join(_read_pages(child, handle)) == full
+    assert _read_pages(child, handle)[0] == full
 
 
 def test_search_finds_what_the_artifacts_of_archived_chapters_hold(tmp_path):
@@ -215,25 +217,30 @@ def test_no_result_is_pruned_without_pressure(tmp_path):
     assert not [e for e in session.events if e.type.startswith("compaction/")]
 
 
-def _read_pages(session, handle: str) -> list[str]:
-    """Every line of an artifact, read page after page with ``chapters_artifact``."""
-    lines: list[str] = []
-    offset = 0
+def _read_pages(session, handle: str) -> tuple[str, int]:
+    """An artifact read back page after page with ``chapters_artifact``, and how many numbered
+    lines it took: ``N:`` starts a line, ``N+`` continues the line before it."""
+    text, numbered, offset = "", 0, 0
     while True:
         page = call_tool(session, "chapters_artifact", op="read", artifact=handle, offset=offset, limit=5000)
         assert not page.is_error and len(page.content) < 21_000, page.content[:200]
         *body, tail = page.content.splitlines()
-        lines += [line.split(": ", 1)[1] for line in body]
+        for line in body:
+            number, mark, piece = re.fullmatch(r"(\d+)([:+]) (.*)", line).groups()  # type: ignore[union-attr]
+            numbered += 1
+            assert int(number) == numbered, line[:40]
+            text += ("\n" if mark == ":" and numbered > 1 else "") + piece
         if "next page: offset=" not in tail:
-            return lines
+            return text, numbered
         offset = int(tail.rsplit("offset=", 1)[1].rstrip(")"))
 
 
 def test_a_page_of_an_artifact_never_brings_it_back_whole(tmp_path):
     """A one-line artifact (a JSON document) was read in one page, the whole result the artifact
-    moved out of the context; a page of many long lines likewise. Long lines are read as several
-    lines (2,000 characters each), and a page stops at a budget (20,000 characters)."""
-    document = '{"k": [' + ",".join(f'"value number {i}"' for i in range(12_000)) + "]}"
+    moved out of the context; a page of many long lines likewise. Long lines are read in pieces
+    (2,000 characters each, numbered ``N+`` after the first), and a page stops at a budget (20,000
+    characters). A search finds a match across the cut between two pieces, numbered where it starts."""
+    document = '{"k": [' + ",".join(f'"value number {i}"' for i in range(12_000)) + "]}\nlast line"
     kernel = chapters_kernel(tmp_path, window=48_000)
     session = kernel.open_session()
     model = ScriptedModel(
@@ -244,10 +251,14 @@ def test_a_page_of_an_artifact_never_brings_it_back_whole(tmp_path):
     before = log_bytes(session)
     first = call_tool(session, "chapters_artifact", op="read", artifact=handle)
     assert len(first.content) < 21_000 and first.content.startswith('1: {"k": ["value number 0"')
-    lines = _read_pages(session, handle)  # every part of the line is reachable, page by page
-    assert "".join(lines) == document and len(lines) == -(-len(document) // 2_000)
+    assert first.content.splitlines()[1].startswith("2+ ")
+    text, numbered = _read_pages(session, handle)  # every part of the line is reachable, page by page
+    assert text == document and numbered == -(-(len(document) - 10) // 2_000) + 1
     overview = call_tool(session, "chapters_artifact", op="toc", artifact=handle)
-    assert overview.content.startswith(f"{len(lines)} lines")
+    assert overview.content.startswith(f"{numbered} lines")
     found = call_tool(session, "chapters_artifact", op="search", artifact=handle, query='"value number 11999"')
-    assert found.content.startswith("1 matching line(s):\n" + str(len(lines)) + ": ")
+    assert found.content.startswith(f"1 matching line(s):\n{numbered - 1}: ")
+    across = document[1_990:2_010]  # 10 characters on each side of the first cut
+    found = call_tool(session, "chapters_artifact", op="search", artifact=handle, query=across)
+    assert found.content.splitlines()[:2] == ["1 matching line(s):", f"1: {document[1_910:2_150]}"]
     assert log_bytes(session) == before

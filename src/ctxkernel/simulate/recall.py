@@ -53,6 +53,7 @@ _CHAPTER_FOLD = re.compile(r"^- \[fold:[^\]]+\] (\d{1,9})–(\d{1,9}): ", re.MUL
 _SEGMENT = re.compile(r"^\*\*(?:User|Assistant|Result|Notice|Table of contents)\*\* #(\d{1,18})\b", re.MULTILINE)
 _ARTIFACT = re.compile(r"\[artifact `([^`\s]{1,300})`")
 _PAGE_LINE = re.compile(r"^\d{1,9}: ", re.MULTILINE)
+_PIECE_BREAK = re.compile(r"\n\d{1,9}\+ ")
 _CHAPTER_TAIL = re.compile(r"\n\((?:lines \d+-\d+ of \d+; next page: offset=\d+|end of chapter: \d+ lines)\)$")
 _ARTIFACT_TAIL = re.compile(r"\n\((?:lines \d+-(\d+) of \d+; next page: offset=\d+|end: \d+ lines)\)$")
 _NEXT_OFFSET = re.compile(r"next page: offset=(\d+)\)$")
@@ -190,18 +191,21 @@ def _chapter_pages(prober: _Prober, number: str) -> tuple[str, str] | None:
 
 
 def _artifact_text(prober: _Prober, handle: str) -> str:
-    parts: list[str] = []
+    text = ""
     offset = 0
     for _ in range(MAX_PAGES):
         out = prober.call("chapters_artifact", {"op": "read", "artifact": handle, "offset": offset, "limit": 5000})
         if out is None:
             break
         tail = _ARTIFACT_TAIL.search(out)
-        parts.append(_PAGE_LINE.sub("", _ARTIFACT_TAIL.sub("", out)))
+        # a piece numbered ``N+`` continues the line before it (on this page or the last): joined
+        # back without a line break
+        body = _PAGE_LINE.sub("", _PIECE_BREAK.sub("", "\n" + _ARTIFACT_TAIL.sub("", out)))
+        text += body if text else body[1:]
         if not tail or not tail.group(1) or int(tail.group(1)) <= offset:
             break
         offset = int(tail.group(1))
-    return "\n".join(parts)
+    return text
 
 
 def chapter_numbers(surface_text: str) -> list[str]:

@@ -3,7 +3,7 @@
 An artifact is stored in the archive (the strategy's blobs) under its handle
 ``<root>/artifacts/<sha256>.txt``. Reading verifies that the content still hashes to its name.
 Queries go through ``chapters_artifact`` (toc | search | read), which is read-only and checks
-names with :func:`storage.check_name`. They number the artifact's :func:`lines`, in which a line
+names with :func:`storage.check_name`. They number the artifact's :func:`pieces`, in which a line
 longer than :data:`LINE_CHARS` counts as several, and a page holds at most :data:`PAGE_CHARS`
 characters: an artifact is a result too large for the context, so no answer brings it back whole.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterator
 
 from .storage import Archive, ArchiveError, IntegrityError, NotInArchiveError, VerifiedCache, check_name
 
@@ -23,6 +24,8 @@ HANDLE_IN_TEXT = re.compile(r"\[artifact `([A-Za-z0-9][A-Za-z0-9._-]*/artifacts/
 LINE_CHARS = 2_000
 #: the most characters of an artifact one ``read`` page shows (``history_read_item``'s largest page)
 PAGE_CHARS = 20_000
+#: characters of a line a search hit shows, from a little before the match
+PREVIEW_CHARS = 240
 
 
 def handle_for(root: str, digest: str) -> str:
@@ -88,36 +91,62 @@ def list_handles(archive: Archive, root: str) -> list[str]:
     return archive.list(f"{root}/artifacts", ".txt")
 
 
-def lines(text: str) -> list[str]:
-    """The artifact's lines as its queries number them: a line longer than :data:`LINE_CHARS`
-    is split into lines of that many characters."""
-    out: list[str] = []
+def pieces(text: str) -> list[tuple[str, bool]]:
+    """The artifact's lines as its queries number them, each with whether it continues the line
+    before: a line longer than :data:`LINE_CHARS` is read as several of that many characters."""
+    out: list[tuple[str, bool]] = []
     for line in text.splitlines():
-        if len(line) <= LINE_CHARS:
-            out.append(line)
-        else:
-            out.extend(line[i : i + LINE_CHARS] for i in range(0, len(line), LINE_CHARS))
+        out.append((line[:LINE_CHARS], False))
+        out.extend((line[i : i + LINE_CHARS], True) for i in range(LINE_CHARS, len(line), LINE_CHARS))
     return out
+
+
+def matches(text: str, needle: str) -> Iterator[tuple[int, str]]:
+    """Each line of ``text`` holding ``needle`` (lower case), as ``(number, preview)``: numbered as
+    :func:`pieces` numbers the piece where the match starts, and found in the whole line, so a
+    match across the cut of a split line is found too. The preview is the text around the match."""
+    number = 0
+    for line in text.splitlines():
+        lowered = line.lower()
+        # lower() may change a line's length (a few letters lower to two characters); then the
+        # match is named by the line's first piece
+        exact = len(lowered) == len(line)
+        start = lowered.find(needle)
+        while start != -1:
+            piece = start // LINE_CHARS if exact else 0
+            # from a little before the match, and the whole line when it is short
+            begin = min(max(0, start - 80), max(0, len(line) - PREVIEW_CHARS)) if exact else 0
+            around = line[begin : begin + PREVIEW_CHARS]
+            yield number + piece + 1, " ".join(around.split())
+            start = lowered.find(needle, (piece + 1) * LINE_CHARS) if exact else -1
+        number += max(1, -(-len(line) // LINE_CHARS))
 
 
 def toc(text: str, *, max_entries: int = 60) -> str:
     """An overview: size, then the lines that look like headings or section starts, with line numbers."""
-    lines_ = lines(text)
-    split = len(lines_) - len(text.splitlines())
+    lines_ = pieces(text)
+    split = sum(continued for _, continued in lines_)
     out = [
         f"{len(lines_)} lines, {len(text)} characters"
-        + (f" ({split} more lines than the text has: lines over {LINE_CHARS} characters are split)" if split else "")
+        + (
+            f" (lines over {LINE_CHARS} characters are read in pieces: {split} pieces numbered N+ continue "
+            "the line before)"
+            if split
+            else ""
+        )
     ]
     picks = []
-    for i, line in enumerate(lines_, 1):
+    for i, (line, continued) in enumerate(lines_, 1):
         stripped = line.strip()
         if re.match(
             r"^(#{1,6} |[A-Z][A-Za-z ]{2,40}:$|={3,}|-{3,}|diff --git|@@ |Traceback|[A-Za-z_./-]+\.\w+:\d+)", stripped
         ):
-            picks.append(f"{i}: {stripped[:160]}")
+            picks.append(f"{i}{'+' if continued else ':'} {stripped[:160]}")
     if not picks:  # no structure: every nth line
         step = max(1, len(lines_) // max_entries)
-        picks = [f"{i + 1}: {lines_[i].strip()[:160]}" for i in range(0, len(lines_), step)]
+        picks = [
+            f"{i + 1}{'+' if lines_[i][1] else ':'} {lines_[i][0].strip()[:160]}" for i in range(0, len(lines_), step)
+        ]
     if len(picks) > max_entries:
         out.append(f"(showing {max_entries} of {len(picks)} entries)")
         picks = picks[:max_entries]
@@ -126,7 +155,7 @@ def toc(text: str, *, max_entries: int = 60) -> str:
 
 def search(text: str, query: str, *, limit: int = 50) -> str:
     needle = query.lower()
-    hits = [f"{i}: {line.strip()[:240]}" for i, line in enumerate(lines(text), 1) if needle in line.lower()]
+    hits = [f"{i}: {preview}" for i, preview in matches(text, needle)]
     if not hits:
         return f"no line contains {query!r}"
     more = f"\n({len(hits) - limit} more matches; narrow the query)" if len(hits) > limit else ""
@@ -136,15 +165,16 @@ def search(text: str, query: str, *, limit: int = 50) -> str:
 def page(text: str, offset: int, limit: int) -> str:
     """Lines ``offset+1`` .. ``offset+limit`` with line numbers, fewer when they would hold more than
     :data:`PAGE_CHARS` characters (one at least), and where the next page starts."""
-    lines_ = lines(text)
-    chunk: list[str] = []
+    lines_ = pieces(text)
+    chunk: list[tuple[str, bool]] = []
     size = 0
-    for line in lines_[offset : offset + limit]:
+    for line, continued in lines_[offset : offset + limit]:
         size += len(line)
         if chunk and size > PAGE_CHARS:
             break
-        chunk.append(line)
-    body = "\n".join(f"{offset + i + 1}: {line}" for i, line in enumerate(chunk))
+        chunk.append((line, continued))
+    # a piece that continues the line before is numbered ``N+``: the line was cut, not broken
+    body = "\n".join(f"{offset + i + 1}{'+' if continued else ':'} {line}" for i, (line, continued) in enumerate(chunk))
     nxt = offset + len(chunk)
     tail = (
         f"\n(lines {offset + 1}-{nxt} of {len(lines_)}; next page: offset={nxt})"

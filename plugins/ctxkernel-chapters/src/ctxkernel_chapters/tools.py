@@ -532,10 +532,9 @@ def chapters_search(ctx: Context, args: SearchArgs) -> ToolOutcome:
             except ArchiveError as exc:
                 refused.append(f"{handle}: {exc}")
                 continue
-            if needle in lowered:
-                for i, line in enumerate(artifacts.lines(text), 1):  # numbered as chapters_artifact reads them
-                    if needle in line.lower():
-                        hits.append(f"{record['id']} artifact {handle} line {i}: {' '.join(line.split())[:240]}")
+            if needle in lowered:  # numbered as chapters_artifact reads them
+                for i, preview in artifacts.matches(text, needle):
+                    hits.append(f"{record['id']} artifact {handle} line {i}: {preview}")
     page = hits[args.offset : args.offset + args.limit]
     out = [
         f"{len(hits)} match(es) for {args.query!r}"
