@@ -71,6 +71,18 @@ def test_windows_by_switch_and_retained_tail_belongs_to_its_producer(session):
         history.window(3)
 
 
+def test_a_window_cursor_before_the_first_window_is_refused(session):
+    # c0 passes the fingerprint check but names no window: it read the last window as page one
+    users(session, ["a " * 50, "b " * 50, "c"])
+    window_switch(session)
+    history = History.for_session(session)
+    first = history.list_windows(limit=1)
+    assert first["next_cursor"].startswith("c2.")
+    made_up = "c0." + first["next_cursor"].split(".", 1)[1]
+    with pytest.raises(HistoryError, match="not one this history returned"):
+        history.list_windows(limit=1, cursor=made_up)
+
+
 def test_a_failed_switch_is_not_a_window(session):
     users(session, ["a", "b"])
     session.append_one("compaction/start", {"compaction_id": "x", "strategy": "t", "kind": "window"})

@@ -74,6 +74,9 @@ class History(HistoryIndex):
         self.sync()
         limit = _limit(limit)
         start = _decode_cursor(cursor, _fingerprint("windows")) if cursor else 1
+        if start < 1:  # no page answers a cursor before the first window (0 would read from the last)
+            msg = f"cursor {cursor!r} is not one this history returned: pass next_cursor exactly, or omit it to start over"
+            raise HistoryError(msg)
         page = self.windows[start - 1 : start - 1 + limit]
         nxt = start + len(page)
         has_more = nxt <= len(self.windows)
