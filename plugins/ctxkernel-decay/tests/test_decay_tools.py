@@ -6,6 +6,8 @@ import pytest
 
 from ctxkernel import Message, Span, ToolCallBlock
 from ctxkernel_decay import current_state
+from ctxkernel_decay.state import Block
+from ctxkernel_decay.tools import LISTED_BLOCKS, live_pairs
 
 
 def _history(driver, turns: int = 3) -> None:
@@ -297,6 +299,27 @@ def test_drop_needs_the_exact_live_pair(inflight, read_log, session):
     kept = session.surface.nodes[0].message
     assert kept.source.plugin == "kernel" and kept.text.startswith("<user-instructions>")
     assert session.surface.nodes[1].message.text == "task 1"
+
+
+def test_a_refused_drop_lists_the_newest_live_blocks_only():
+    # a long session may hold hundreds of blocks: the refusal stays short and names the newest
+    live = [
+        Block(
+            seq=1000 + i,
+            left=10 * i + 1,
+            right=10 * i + 6,
+            tier=1,
+            summary="s",
+            topic=None,
+            sources=[],
+            compaction_id="c",
+        )
+        for i in range(300)
+    ]
+    listed = live_pairs(live)
+    assert listed.startswith(f"({300 - LISTED_BLOCKS} older not listed) ⟦p{10 * (300 - LISTED_BLOCKS) + 1}⟧…")
+    assert listed.endswith("⟦p2991⟧…⟦p2996⟧") and len(listed) < 1_500
+    assert live_pairs(live[:2]) == "⟦p1⟧…⟦p6⟧ ⟦p11⟧…⟦p16⟧" and live_pairs([]) == "(none)"
 
 
 def test_bad_argument_shapes_are_refused_by_the_schema(inflight, read_log):

@@ -17,7 +17,7 @@ from ctxkernel import MAX_INT_ARG, Message, Span, Tool, ToolArgs, ToolOutcome
 from ctxkernel.events import TURN_START
 
 from .anchors import describe_visible, fmt, parse_anchor, strip_anchors
-from .state import BLOCK_FORM
+from .state import BLOCK_FORM, Block
 from .strategy import STRATEGY, current_state, settings_of
 
 if TYPE_CHECKING:
@@ -435,18 +435,28 @@ def run_compress(ctx: Context, args: CompressArgs) -> ToolOutcome:
     return ToolOutcome(f"compressed {len(lines)} span(s){clipped}: " + "; ".join(lines))
 
 
+#: live blocks a refused drop lists, the newest: a long session may hold hundreds
+LISTED_BLOCKS = 40
+
+
+def live_pairs(live: list[Block]) -> str:
+    """The left/right pairs of the newest :data:`LISTED_BLOCKS` live blocks, oldest first, and how
+    many older ones are not listed."""
+    newest = sorted(live, key=lambda b: b.left)[-LISTED_BLOCKS:]
+    pairs = " ".join(f"{fmt(b.left)}…{fmt(b.right if b.right is not None else b.left)}" for b in newest)
+    older = len(live) - len(newest)
+    return (f"({older} older not listed) " if older else "") + (pairs or "(none)")
+
+
 def run_drop(ctx: Context, args: DropArgs) -> ToolOutcome:
     state = current_state(ctx)
     left, right = parse_anchor(args.left), parse_anchor(args.right)
     live = [b for b in state.blocks.values() if ctx.surface.position(b.seq) is not None]
-    pairs = " ".join(
-        f"{fmt(b.left)}…{fmt(b.right)}" if b.right is not None else f"{fmt(b.left)}…{fmt(b.left)}" for b in live
-    )
     match = next((b for b in live if b.left == left and (b.right if b.right is not None else b.left) == right), None)
     if match is None:
         msg = (
             f"drop refused: {args.left!r}…{args.right!r} is not the exact left/right pair of a live block. "
-            f"Live blocks: {pairs or '(none)'}. Nothing was changed."
+            f"Live blocks: {live_pairs(live)}. Nothing was changed."
         )
         return ToolOutcome(msg, is_error=True)
     node = ctx.surface.node(match.seq)
