@@ -173,6 +173,19 @@ def test_a_call_without_result_in_the_file_is_the_only_synthetic_result(tmp_path
     assert run_profile("none", rec, Options())["synthetic_results"] == 1
 
 
+def test_a_server_tool_call_is_replayed_in_its_message_not_counted_as_a_call(tmp_path):
+    # web search runs on the provider: its call and result stay in the reply, no client result
+    search = {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {"query": "x"}}
+    found = {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []}
+    lines = [
+        user("u1", None, "Search for it."),
+        assistant("a1", "u1", "msg_1", [search, found, {"type": "text", "text": "Found it."}]),
+    ]
+    rec = load_recording(write_lines(tmp_path / "s.jsonl", lines))
+    check_invariant(rec.accounting)
+    assert rec.accounting["complete"] and rec.accounting["raw"]["tool_calls"] == 0
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.iterdir() if p.suffix in (".json", ".jsonl", ".traj")))
 def test_every_fixture_accounts_for_everything(name):
     rec = load_recording(FIXTURES / name, lenient="malformed" in name)

@@ -181,7 +181,8 @@ def _count(entries: list[tuple[int, dict[str, Any]]], selected: set[int], accoun
             mid = _message_id(raw) or str(raw.get("uuid") or lineno)
             messages[mid] = messages.get(mid, False) or kept
             for block in blocks:
-                if block.get("type") in _CALL_BLOCKS:
+                # a server tool's call (web search) is replayed as part of its reply, not as a call
+                if block.get("type") == "tool_use":
                     call_id = str(block.get("id"))
                     calls[call_id] = calls.get(call_id, False) or kept
         elif kind == "user":
