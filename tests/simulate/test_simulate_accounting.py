@@ -186,6 +186,22 @@ def test_a_server_tool_call_is_replayed_in_its_message_not_counted_as_a_call(tmp
     assert rec.accounting["complete"] and rec.accounting["raw"]["tool_calls"] == 0
 
 
+def test_a_call_id_reused_by_a_later_message_is_counted_as_two_calls(tmp_path):
+    # some Anthropic-compatible providers number their calls per reply: ids repeat across replies
+    lines = [
+        user("u1", None, "Read it twice."),
+        assistant("a1", "u1", "msg_1", [call("call_0")]),
+        user("r1", "a1", result("call_0", "first")),
+        assistant("a2", "r1", "msg_2", [call("call_0")]),
+        user("r2", "a2", result("call_0", "second")),
+        assistant("a3", "r2", "msg_3", [call("call_1"), call("call_1")]),  # twice in one message
+        user("r3", "a3", result("call_1", "third") + result("call_1", "fourth")),
+    ]
+    rec = load_recording(write_lines(tmp_path / "s.jsonl", lines))
+    check_invariant(rec.accounting)
+    assert rec.accounting["raw"]["tool_calls"] == rec.accounting["replayed"]["tool_calls"] == 4
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.iterdir() if p.suffix in (".json", ".jsonl", ".traj")))
 def test_every_fixture_accounts_for_everything(name):
     rec = load_recording(FIXTURES / name, lenient="malformed" in name)

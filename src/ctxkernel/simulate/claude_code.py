@@ -160,7 +160,10 @@ def _selection(entries: list[tuple[int, dict[str, Any]]], by_uuid: dict[str, tup
 def _count(entries: list[tuple[int, dict[str, Any]]], selected: set[int], accounting: Accounting) -> None:
     """``raw`` from every line of the file, and the reason of every line not replayed."""
     messages: dict[str, bool] = {}  # message id -> replayed
-    calls: dict[str, bool] = {}  # tool_use id -> replayed
+    # (message id, tool_use id, occurrence in its line) -> replayed: an id a later message reuses
+    # is another call (the import renames it), one repeated on a line of its own message is not
+    calls: dict[tuple[str, str, int], bool] = {}
+    earlier: dict[str, set[str]] = {}  # message id -> tool_use ids of its lines so far
     for lineno, raw in entries:
         kind = raw["type"]
         if kind not in TYPES:
@@ -180,11 +183,16 @@ def _count(entries: list[tuple[int, dict[str, Any]]], selected: set[int], accoun
         if kind == "assistant":
             mid = _message_id(raw) or str(raw.get("uuid") or lineno)
             messages[mid] = messages.get(mid, False) or kept
-            for block in blocks:
-                # a server tool's call (web search) is replayed as part of its reply, not as a call
-                if block.get("type") == "tool_use":
-                    call_id = str(block.get("id"))
-                    calls[call_id] = calls.get(call_id, False) or kept
+            # a server tool's call (web search) is replayed as part of its reply, not as a call
+            ids = [str(b.get("id")) for b in blocks if b.get("type") == "tool_use"]
+            known = earlier.setdefault(mid, set())
+            times: dict[str, int] = {}
+            for call_id in ids:
+                if call_id not in known:
+                    times[call_id] = times.get(call_id, 0) + 1
+                    key = (mid, call_id, times[call_id])
+                    calls[key] = calls.get(key, False) or kept
+            known.update(ids)
         elif kind == "user":
             if raw.get("isCompactSummary"):
                 accounting.skip("harness_summary", "lines")
