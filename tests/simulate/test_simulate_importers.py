@@ -89,6 +89,24 @@ def test_openai_runs_are_selected_and_reused_call_ids_renamed():
         load_recording(FIXTURES / "openai-runs.json", run=2)
 
 
+def test_a_call_id_repeated_within_one_reply_pairs_its_results_in_order(tmp_path):
+    def calls(*ids):
+        return [{"id": i, "type": "function", "function": {"name": "f", "arguments": "{}"}} for i in ids]
+
+    messages = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None, "tool_calls": calls("c1", "c1")},
+        {"role": "tool", "tool_call_id": "c1", "content": "first"},
+        {"role": "tool", "tool_call_id": "c1", "content": "second"},
+    ]
+    path = tmp_path / "chat.json"
+    path.write_bytes(orjson.dumps(messages))
+    rec = load_recording(path)
+    assert kinds(rec) == ["user", "assistant:c1,c1~2", "result:c1", "result:c1~2"]
+    assert [i.content for i in rec.items if isinstance(i, ToolResultItem)] == ["first", "second"]
+    assert rec.accounting["synthetic_results"] == 0 and rec.accounting["complete"]
+
+
 def test_claude_code_follows_the_main_chain():
     rec = load_recording(FIXTURES / "claude-code.jsonl")
     assert kinds(rec) == [

@@ -24,6 +24,7 @@ error, never an assertion or a replay that fails later.
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -154,15 +155,16 @@ def unique_call_ids(items: list[Item]) -> list[Item]:
     """Rename tool call ids a recording reuses (some providers repeat them across replies).
 
     The kernel refuses a call id already on the surface; a reused id is renamed ``<id>~<n>`` and
-    the results that follow it are pointed at the new name.
+    the results that follow it are pointed at the new name (in order, when one reply repeats it).
     """
     used: set[str] = set()
-    current: dict[str, str] = {}
+    current: dict[str, deque[str]] = {}  # id -> the names its latest reply gave it, not yet answered
     out: list[Item] = []
     for item in items:
         if isinstance(item, AssistantItem) and item.message.tool_calls:
             blocks = []
             changed = False
+            names: dict[str, deque[str]] = {}
             for block in item.message.content:
                 if isinstance(block, ToolCallBlock):
                     new_id, n = block.id, 1
@@ -170,14 +172,19 @@ def unique_call_ids(items: list[Item]) -> list[Item]:
                         n += 1
                         new_id = f"{block.id}~{n}"
                     used.add(new_id)
-                    current[block.id] = new_id
+                    names.setdefault(block.id, deque()).append(new_id)
                     if new_id != block.id:
                         block = ToolCallBlock(new_id, block.name, block.arguments)
                         changed = True
                 blocks.append(block)
+            current.update(names)
             out.append(AssistantItem(item.message.with_content(blocks), item.usage, item.time) if changed else item)
-        elif isinstance(item, ToolResultItem) and current.get(item.call_id, item.call_id) != item.call_id:
-            out.append(ToolResultItem(current[item.call_id], item.content, item.is_error, item.name))
+        elif isinstance(item, ToolResultItem) and item.call_id in current:
+            pending = current[item.call_id]
+            new_id = pending.popleft() if len(pending) > 1 else pending[0]
+            out.append(
+                item if new_id == item.call_id else ToolResultItem(new_id, item.content, item.is_error, item.name)
+            )
         else:
             out.append(item)
     return out
