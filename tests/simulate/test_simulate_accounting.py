@@ -202,6 +202,18 @@ def test_a_call_id_reused_by_a_later_message_is_counted_as_two_calls(tmp_path):
     assert rec.accounting["raw"]["tool_calls"] == rec.accounting["replayed"]["tool_calls"] == 4
 
 
+def test_a_main_line_whose_parent_is_a_sidechain_line_does_not_replay_the_sidechain(tmp_path):
+    lines = [
+        user("u1", None, "Find the bug."),
+        {**user("x1", "u1", "Subagent: look in parser.py."), "isSidechain": True},
+        assistant("a1", "x1", "msg_1", [{"type": "text", "text": "Found it."}]),
+    ]
+    rec = load_recording(write_lines(tmp_path / "s.jsonl", lines))
+    assert [i.text for i in rec.items if isinstance(i, UserItem)] == ["Find the bug."]
+    assert rec.accounting["reasons"]["sidechain"] == {"lines": 1}
+    check_invariant(rec.accounting)
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.iterdir() if p.suffix in (".json", ".jsonl", ".traj")))
 def test_every_fixture_accounts_for_everything(name):
     rec = load_recording(FIXTURES / name, lenient="malformed" in name)

@@ -5,8 +5,8 @@ What is replayed:
 
 * the **main chain**, walked from the last main-chain line back through ``parentUuid``; a
   ``compact_boundary`` continues through its ``logicalParentUuid``, and where a parent is not in
-  the file (a boundary whose logical parent was cut off) the walk continues from the main-chain
-  line written just before it instead of stopping;
+  the file (a boundary whose logical parent was cut off), or is a sidechain line, the walk
+  continues from the main-chain line written just before it instead of stopping;
 * **parallel calls**: when the model issues several calls in one API message, Claude Code writes
   one line per block and each result's ``parentUuid`` is its own ``tool_use`` line, while the chain
   goes on through ``progress`` lines. Lines of an API message on the chain (same ``message.id``)
@@ -126,11 +126,11 @@ def _selection(entries: list[tuple[int, dict[str, Any]]], by_uuid: dict[str, tup
         parent = raw.get("parentUuid") or raw.get("logicalParentUuid")
         if parent is None:
             break  # the session's first line
-        if parent in by_uuid:
+        if parent in by_uuid and not by_uuid[parent][1].get("isSidechain"):
             current = parent
             continue
-        # a parent the file does not hold (a compaction's logical parent cut off): the conversation
-        # goes on from the main-chain line written just before this one
+        # a parent the file does not hold (a compaction's logical parent cut off), or a subagent's
+        # line (never replayed): the conversation goes on from the main-chain line written just before
         here = position.get(current)
         before = next(
             (main[i][1]["uuid"] for i in range(here - 1, -1, -1) if main[i][1]["uuid"] not in seen)
