@@ -214,6 +214,20 @@ def test_a_main_line_whose_parent_is_a_sidechain_line_does_not_replay_the_sidech
     check_invariant(rec.accounting)
 
 
+def test_reply_lines_without_a_message_id_are_counted_by_their_request_id(tmp_path):
+    first, second = (
+        assistant("a1", "u1", None, [{"type": "text", "text": "Reading."}]),
+        assistant("a2", "a1", None, [call("toolu_1")]),
+    )
+    for line in (first, second):
+        del line["message"]["id"]
+        line["requestId"] = "req_1"
+    lines = [user("u1", None, "Read it."), first, second, user("r1", "a2", result("toolu_1", "ok"))]
+    rec = load_recording(write_lines(tmp_path / "s.jsonl", lines))
+    assert rec.accounting["raw"]["assistant_messages"] == rec.accounting["replayed"]["assistant_messages"] == 1
+    check_invariant(rec.accounting)
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.iterdir() if p.suffix in (".json", ".jsonl", ".traj")))
 def test_every_fixture_accounts_for_everything(name):
     rec = load_recording(FIXTURES / name, lenient="malformed" in name)

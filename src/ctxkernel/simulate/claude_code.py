@@ -181,7 +181,8 @@ def _count(entries: list[tuple[int, dict[str, Any]]], selected: set[int], accoun
             continue
         kept = lineno in selected
         if kind == "assistant":
-            mid = _message_id(raw) or str(raw.get("uuid") or lineno)
+            # the id the builder joins a reply's lines by: message.id, else requestId, else the line
+            mid = _message_id(raw) or str(raw.get("requestId") or raw.get("uuid") or lineno)
             messages[mid] = messages.get(mid, False) or kept
             # a server tool's call (web search) is replayed as part of its reply, not as a call
             ids = [str(b.get("id")) for b in blocks if b.get("type") == "tool_use"]
