@@ -79,6 +79,22 @@ def test_lenient_skips_the_bad_line_and_counts_it(tmp_path):
     assert [s["line"] for s in recording.skipped] == [at + 1]
 
 
+def test_a_claude_code_reply_line_with_no_id_at_all_is_refused_naming_the_ids(tmp_path):
+    values = [
+        {"type": "user", "uuid": "u1", "parentUuid": None, "message": {"role": "user", "content": "hi"}},
+        {
+            "type": "assistant",
+            "uuid": "a1",
+            "parentUuid": "u1",
+            "message": {"id": "", "role": "assistant", "content": []},
+        },
+        # an empty message.id like the line on the chain, no requestId and no uuid
+        {"type": "assistant", "parentUuid": "a1", "message": {"id": "", "role": "assistant", "content": []}},
+    ]
+    with pytest.raises(RecordingError, match=r"c\.jsonl:3: .*message\.id \(or requestId\)"):
+        load_recording(_write_lines(tmp_path / "c.jsonl", values))
+
+
 @pytest.mark.parametrize(
     ("usage", "field"),
     [

@@ -278,7 +278,7 @@ class _Builder:
 
     def _assistant(self, lineno: int, raw: dict[str, Any]) -> None:
         message = raw["message"]
-        mid = message.get("id") or raw.get("requestId") or raw["uuid"]
+        mid = message.get("id") or raw.get("requestId") or raw.get("uuid")
         model = message.get("model")
         if not isinstance(mid, str) or not (model is None or isinstance(model, str)):
             msg = f"message.id (or requestId) and message.model must be strings, got {mid!r:.60} and {model!r:.60}"
