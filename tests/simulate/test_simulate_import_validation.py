@@ -95,6 +95,19 @@ def test_a_claude_code_reply_line_with_no_id_at_all_is_refused_naming_the_ids(tm
         load_recording(_write_lines(tmp_path / "c.jsonl", values))
 
 
+def test_tool_arguments_nested_past_what_the_replay_can_serialize_are_an_import_error(tmp_path):
+    deep: Any = 1
+    for _ in range(300):  # orjson reads 1,024 levels but writes 254
+        deep = {"a": deep}
+    call = {"type": "tool_use", "id": "toolu_deep", "name": "Bash", "input": deep}
+    values = [
+        {"type": "user", "uuid": "u1", "parentUuid": None, "message": {"role": "user", "content": "hi"}},
+        {"type": "assistant", "uuid": "a1", "parentUuid": "u1", "message": {"id": "m1", "content": [call]}},
+    ]
+    with pytest.raises(RecordingError, match=r"c\.jsonl:2: .*nested at most 254 levels"):
+        load_recording(_write_lines(tmp_path / "c.jsonl", values))
+
+
 @pytest.mark.parametrize(
     ("usage", "field"),
     [

@@ -143,10 +143,14 @@ def check_item(item: Item) -> tuple[str, str] | None:
             if not all(v is None or isinstance(v, str) for v in (source.provider, source.model)):
                 msg = f"the message's provider and model must be strings, got {source.provider!r:.60}, {source.model!r:.60}"
                 raise EventError(msg)
-            Message.from_dict(message.to_dict())  # the kernel's own check of every block's fields
+            data = message.to_dict()
+            Message.from_dict(data)  # the kernel's own check of every block's fields
             check_usage(item.usage)
+            orjson.dumps(data)  # what the replay does with it: orjson reads deeper JSON than it writes
         except EventError as exc:
             return "a well-typed assistant message", str(exc)
+        except orjson.JSONEncodeError as exc:
+            return "an assistant message whose arguments are JSON nested at most 254 levels", str(exc)
         return None
     if isinstance(item, MarkerItem):
         if not isinstance(item.kind, str) or not isinstance(item.data, dict):
