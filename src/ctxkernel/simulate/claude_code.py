@@ -118,6 +118,19 @@ def _selection(entries: list[tuple[int, dict[str, Any]]], by_uuid: dict[str, tup
     position = {raw["uuid"]: i for i, (_, raw) in enumerate(main)}
     chain: set[int] = set()
     seen: set[str] = set()
+    jump: dict[int, int] = {}  # a position walked past -> where the search for an earlier line goes on
+
+    def unwalked_before(here: int) -> str | None:
+        """The nearest main-chain line before position ``here`` not walked yet (each search skips
+        what earlier ones passed over, so a file of such jumps costs linear time, not quadratic)."""
+        i, passed = here - 1, []
+        while i >= 0 and main[i][1]["uuid"] in seen:
+            passed.append(i)
+            i = jump.get(i, i - 1)
+        for j in passed:
+            jump[j] = i
+        return main[i][1]["uuid"] if i >= 0 else None
+
     current: str | None = main[-1][1]["uuid"]
     while current is not None and current not in seen:
         seen.add(current)
@@ -132,13 +145,7 @@ def _selection(entries: list[tuple[int, dict[str, Any]]], by_uuid: dict[str, tup
         # a parent the file does not hold (a compaction's logical parent cut off), or a subagent's
         # line (never replayed): the conversation goes on from the main-chain line written just before
         here = position.get(current)
-        before = next(
-            (main[i][1]["uuid"] for i in range(here - 1, -1, -1) if main[i][1]["uuid"] not in seen)
-            if here is not None
-            else iter(()),
-            None,
-        )
-        current = before
+        current = unwalked_before(here) if here is not None else None
     on_chain = {_message_id(raw) for lineno, raw in entries if lineno in chain and raw.get("type") == "assistant"}
     on_chain.discard(None)
     selected = set(chain)
