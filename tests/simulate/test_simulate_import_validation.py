@@ -4,6 +4,7 @@ error naming file:line and the field (exit 2), never an assertion or a profile t
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +149,38 @@ def test_a_first_line_past_the_bound_is_refused_naming_it(tmp_path, monkeypatch)
     path.write_text('{"type": "session_meta", "payload": {"x": "' + "a" * (2 * 1024 * 1024) + '"}}\n')
     with pytest.raises(RecordingError, match=r"huge\.jsonl:1: the first line is longer than 1 MiB"):
         sniff(path)
+
+
+# -- one reply of very many calls --------------------------------------------------------------------
+def _one_reply_of_calls(tmp_path: Path, fmt: str, n: int) -> Path:
+    if fmt == "claude-code":  # one line per call of one API message, as Claude Code writes them
+        lines: list[Any] = [{"type": "user", "uuid": "u", "message": {"role": "user", "content": "go"}}]
+        for i in range(n):
+            message = {"id": "m1", "role": "assistant", "content": [{"type": "tool_use", "id": f"t{i}", "name": "R"}]}
+            lines.append({"type": "assistant", "uuid": f"a{i}", "parentUuid": lines[-1]["uuid"], "message": message})
+        return _write_lines(tmp_path / "session.jsonl", lines)
+    events: list[Any] = [
+        {"kind": "MessageEvent", "id": "m", "source": "user", "llm_message": {"role": "user", "content": "go"}}
+    ]
+    for i in range(n):  # V1 SDK events: the calls of one model response, then their results
+        call = {"tool_call_id": f"t{i}", "tool_name": "terminal", "tool_call": {"arguments": "{}"}}
+        events.append({"kind": "ActionEvent", "id": f"a{i}", "source": "agent", "llm_response_id": "r1", **call})
+    for i in range(n):
+        result = {"tool_call_id": f"t{i}", "observation": {"content": "ok"}}
+        events.append({"kind": "ObservationEvent", "id": f"o{i}", "source": "environment", **result})
+    path = tmp_path / "events.json"
+    path.write_text(json.dumps(events))
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["claude-code", "openhands"])
+def test_a_reply_of_very_many_calls_is_read_in_linear_time(tmp_path, fmt):
+    n = 30_000  # 30 s and a minute when each line or result rebuilt the set of the reply's call ids
+    path = _one_reply_of_calls(tmp_path, fmt, n)
+    started = time.monotonic()
+    recording = load_recording(path)
+    assert time.monotonic() - started < 8
+    assert len(recording.items[1].message.tool_calls) == n
 
 
 def test_an_empty_file_is_refused(tmp_path):

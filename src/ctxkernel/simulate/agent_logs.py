@@ -363,7 +363,7 @@ def _import_openhands_events(events: list[tuple[str, Any]], lines: Lines, source
                 if result is None:
                     bookkeeping += 1  # recall, state changes, ...: nothing the replay called
                     continue
-                if group is not None and result.call_id in {c.id for c in group["calls"]}:
+                if group is not None and result.call_id in group["ids"]:
                     group["results"].append((where, result))  # answers come after the whole reply
                 else:
                     flush()
@@ -456,6 +456,7 @@ def _oh_action(
     block = ToolCallBlock(call_id, name, arguments)
     if group is not None and response_id is not None and group["response"] == response_id:
         group["calls"].append(block)
+        group["ids"].add(block.id)
         return group
     flush()
     return {
@@ -463,6 +464,7 @@ def _oh_action(
         "where": where,
         "text": text,
         "calls": [block],
+        "ids": {block.id},
         "usage": usage,
         "model": model,
         "results": [],
@@ -514,6 +516,7 @@ def _import_openhands_v1(events: list[tuple[str, Any]], lines: Lines, source: di
                 block = _oh1_call(event, where)
                 if group is not None and response is not None and group["response"] == response:
                     group["calls"].append(block)
+                    group["ids"].add(block.id)
                     continue
                 flush()
                 text = _text(event.get("thought"), f"{where}.thought")
@@ -523,12 +526,13 @@ def _import_openhands_v1(events: list[tuple[str, Any]], lines: Lines, source: di
                     "where": where,
                     "text": text,
                     "calls": [block],
+                    "ids": {block.id},
                     "results": [],
                     "time": when,
                 }
             elif kind in _OH1_RESULTS:
                 result = _oh1_result(event, where)
-                if group is not None and result.call_id in {c.id for c in group["calls"]}:
+                if group is not None and result.call_id in group["ids"]:
                     group["results"].append((where, result))  # answers come after the whole reply
                 else:
                     flush()

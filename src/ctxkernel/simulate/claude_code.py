@@ -298,8 +298,10 @@ class _Builder:
         if group is not None and group["id"] == mid:
             # one API message is written as one line per content block; results of its earlier
             # tool calls may sit between them, and are committed after the whole message
-            known = {b.id for b in group["blocks"] if b.type == "tool_call"}
-            group["blocks"].extend(b for b in converted[0].content if b.type != "tool_call" or b.id not in known)
+            known = group["calls"]  # the ids of its earlier lines' calls (kept, not rebuilt per line)
+            new = [b for b in converted[0].content if b.type != "tool_call" or b.id not in known]
+            group["blocks"].extend(new)
+            known.update(b.id for b in new if b.type == "tool_call")
             group["usage"] = usage or group["usage"]
             group["line"] = lineno
             return
@@ -307,6 +309,7 @@ class _Builder:
         self.group = {
             "id": mid,
             "blocks": list(converted[0].content),
+            "calls": {b.id for b in converted[0].content if b.type == "tool_call"},
             "usage": usage,
             "model": model,
             "line": lineno,
