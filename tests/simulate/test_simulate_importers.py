@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import orjson
@@ -105,6 +106,17 @@ def test_a_call_id_repeated_within_one_reply_pairs_its_results_in_order(tmp_path
     assert kinds(rec) == ["user", "assistant:c1,c1~2", "result:c1", "result:c1~2"]
     assert [i.content for i in rec.items if isinstance(i, ToolResultItem)] == ["first", "second"]
     assert rec.accounting["synthetic_results"] == 0 and rec.accounting["complete"]
+
+
+def test_an_id_every_reply_reuses_is_renamed_in_linear_time(tmp_path):
+    call = {"id": "call_0", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    reply = [{"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "tool", "tool_call_id": "call_0"}]
+    path = tmp_path / "chat.json"
+    path.write_bytes(orjson.dumps([{"role": "user", "content": "go"}, *reply * 20_000]))
+    started = time.monotonic()
+    rec = load_recording(path)
+    assert time.monotonic() - started < 10  # 50 s when each rename tried every earlier name again
+    assert kinds(rec)[-2:] == ["assistant:call_0~20000", "result:call_0~20000"]
 
 
 def test_claude_code_follows_the_main_chain():

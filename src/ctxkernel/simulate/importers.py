@@ -158,6 +158,7 @@ def unique_call_ids(items: list[Item]) -> list[Item]:
     the results that follow it are pointed at the new name (in order, when one reply repeats it).
     """
     used: set[str] = set()
+    tried: dict[str, int] = {}  # id -> n of its last name: every name below is taken
     current: dict[str, deque[str]] = {}  # id -> the names its latest reply gave it, not yet answered
     out: list[Item] = []
     for item in items:
@@ -167,10 +168,12 @@ def unique_call_ids(items: list[Item]) -> list[Item]:
             names: dict[str, deque[str]] = {}
             for block in item.message.content:
                 if isinstance(block, ToolCallBlock):
-                    new_id, n = block.id, 1
+                    n = tried.get(block.id, 1)  # not from 1 again: an id reused n times would cost n squared
+                    new_id = block.id if n == 1 else f"{block.id}~{n}"
                     while new_id in used:
                         n += 1
                         new_id = f"{block.id}~{n}"
+                    tried[block.id] = n
                     used.add(new_id)
                     names.setdefault(block.id, deque()).append(new_id)
                     if new_id != block.id:
