@@ -4,6 +4,7 @@ error naming file:line and the field (exit 2), never an assertion or a profile t
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ctxkernel.cli import main
-from ctxkernel.simulate import Options, RecordingError, compare, importers, load_recording, sniff
+from ctxkernel.simulate import Options, RecordingError, compare, load_recording, reading, sniff
 from ctxkernel.simulate.reading import check_item
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -143,11 +144,79 @@ def test_a_claude_code_file_whose_first_message_is_over_64_kib_is_sniffed(tmp_pa
 
 
 def test_a_first_line_past_the_bound_is_refused_naming_it(tmp_path, monkeypatch):
-    monkeypatch.setattr(importers, "SNIFF_LINE_LIMIT", 1024 * 1024)
+    monkeypatch.setattr(reading, "LINE_LIMIT", 1024 * 1024)
     path = tmp_path / "huge.jsonl"
     path.write_text('{"type": "session_meta", "payload": {"x": "' + "a" * (2 * 1024 * 1024) + '"}}\n')
-    with pytest.raises(RecordingError, match=r"huge\.jsonl:1: the first line is longer than 1 MiB"):
+    size = len(path.read_bytes()) - 1
+    with pytest.raises(
+        RecordingError,
+        match=rf"huge\.jsonl:1: the line is {size:,} bytes, longer than the 1 MiB \(1,048,576 bytes\) a recording line",
+    ):
         sniff(path)
+
+
+# -- size bounds and a byte order mark ------------------------------------------------------------
+@pytest.mark.parametrize("lenient", [False, True])
+def test_a_later_line_past_the_bound_is_refused_naming_it_even_when_lenient(tmp_path, monkeypatch, lenient):
+    values = _lines("claude-code.jsonl")
+    path = _write_lines(tmp_path / "c.jsonl", values)
+    longest = max(len(line) for line in path.read_bytes().splitlines())
+    monkeypatch.setattr(reading, "LINE_LIMIT", longest)
+    assert len(load_recording(path, lenient=lenient).items) > 0  # a line of exactly the limit is read
+    values[2]["padding"] = "x" * longest
+    path = _write_lines(tmp_path / "c.jsonl", values)
+    size = len(path.read_bytes().splitlines()[2])
+    with pytest.raises(RecordingError, match=rf"c\.jsonl:3: the line is {size:,} bytes, longer than the "):
+        load_recording(path, lenient=lenient)
+
+
+@pytest.mark.parametrize("name", JSONL_FIXTURES + JSON_FIXTURES)
+def test_a_file_past_the_bound_is_refused_before_it_is_read(tmp_path, monkeypatch, name):
+    path = tmp_path / name
+    path.write_bytes((FIXTURES / name).read_bytes())
+    monkeypatch.setattr(reading, "FILE_LIMIT", path.stat().st_size)
+    load_recording(path)  # a file of exactly the limit is read
+    monkeypatch.setattr(reading, "FILE_LIMIT", path.stat().st_size - 1)
+    size = path.stat().st_size
+    limit = f"{size - 1:,} bytes" if size - 1 < 1024 else rf"\S+ KiB \({size - 1:,} bytes\)"
+    with pytest.raises(
+        RecordingError, match=rf"{re.escape(name)}: the file is {size:,} bytes, larger than the {limit}"
+    ):
+        load_recording(path, lenient=True)
+
+
+def test_a_whole_json_document_past_the_bound_is_refused_by_its_importer_too(tmp_path, monkeypatch):
+    path = tmp_path / "chat.json"
+    path.write_bytes((FIXTURES / "openai-chat.json").read_bytes())
+    monkeypatch.setattr(reading, "FILE_LIMIT", 100)
+    with pytest.raises(RecordingError, match=r"chat\.json: the file is [\d,]+ bytes, larger than the 100 bytes"):
+        load_recording(path, format="openai-chat")  # not sniffed: the importer's own read is bounded
+
+
+def test_a_subagent_file_past_the_bounds_is_refused_naming_it(tmp_path, monkeypatch):
+    values = _lines("claude-code.jsonl")
+    session = _write_lines(tmp_path / "sess.jsonl", values)
+    subagents = tmp_path / "sess" / "subagents"
+    subagents.mkdir(parents=True)
+    line = {"type": "assistant", "uuid": "y1", "isSidechain": True, "message": {"id": "m", "content": []}}
+    agent = _write_lines(subagents / "agent-1.jsonl", [line, {**line, "padding": "x" * 5000}])
+    monkeypatch.setattr(reading, "LINE_LIMIT", 4096)
+    with pytest.raises(RecordingError, match=r"agent-1\.jsonl:2: the line is [\d,]+ bytes, longer than the 4 KiB"):
+        load_recording(session)
+    monkeypatch.setattr(reading, "LINE_LIMIT", 64 * 1024)
+    monkeypatch.setattr(reading, "FILE_LIMIT", agent.stat().st_size - 1)
+    assert session.stat().st_size < agent.stat().st_size
+    with pytest.raises(RecordingError, match=r"agent-1\.jsonl: the file is [\d,]+ bytes, larger than the "):
+        load_recording(session)
+
+
+@pytest.mark.parametrize("name", JSONL_FIXTURES + JSON_FIXTURES)
+def test_a_byte_order_mark_at_the_start_is_skipped(tmp_path, name):
+    original = FIXTURES / name
+    path = tmp_path / name
+    path.write_bytes(b"\xef\xbb\xbf" + original.read_bytes())
+    assert sniff(path) == sniff(original)
+    assert repr(load_recording(path).items) == repr(load_recording(original).items)
 
 
 # -- one reply of very many calls --------------------------------------------------------------------

@@ -42,7 +42,7 @@ import orjson
 
 from ..errors import EventError
 from ..messages import Message, Source, TextBlock, ToolCallBlock
-from .reading import SHAPE_ERRORS, Lines, check_usage, json_arguments, parse_time
+from .reading import SHAPE_ERRORS, Lines, check_usage, json_arguments, parse_time, read_document
 from .recording import AssistantItem, Item, MarkerItem, Recording, RecordingError, ToolResultItem, UserItem
 
 #: OpenHands actions that are conversation, not tool calls
@@ -637,7 +637,7 @@ def _oh1_message(event: dict[str, Any], where: str, items: list[Item], lines: Li
 
 def load_json(path: Path) -> Any:
     try:
-        return orjson.loads(path.read_bytes())
+        return orjson.loads(read_document(path))
     except orjson.JSONDecodeError as exc:
         msg = f"{path}: expected one JSON document, got invalid JSON ({exc})"
         raise RecordingError(msg) from None

@@ -33,7 +33,7 @@ from ..convert import from_anthropic_message
 from ..errors import EventError
 from ..messages import Message, Source
 from .accounting import Accounting
-from .reading import SHAPE_ERRORS, Lines, check_usage, parse_time
+from .reading import SHAPE_ERRORS, Lines, check_usage, parse_time, read_lines
 from .recording import AssistantItem, Item, MarkerItem, Recording, ToolResultItem, UserItem
 
 #: line types that are the harness's bookkeeping, never part of the conversation
@@ -232,15 +232,14 @@ def _count_subagents(path: Path, accounting: Accounting) -> None:
     """Subagents run in sessions of their own: their calls are counted, never replayed here."""
     for file in subagent_files(path):
         calls = 0
-        with open(file, "rb") as f:
-            for raw_line in f:
-                try:
-                    raw = orjson.loads(raw_line)
-                except orjson.JSONDecodeError:
-                    accounting.skip("subagent", "lines")
-                    continue
-                if isinstance(raw, dict) and raw.get("type") == "assistant":
-                    calls += sum(1 for b in _blocks(raw) if b.get("type") in _CALL_BLOCKS)
+        for _, raw_line in read_lines(file):  # bounded as the session's own lines are
+            try:
+                raw = orjson.loads(raw_line)
+            except orjson.JSONDecodeError:
+                accounting.skip("subagent", "lines")
+                continue
+            if isinstance(raw, dict) and raw.get("type") == "assistant":
+                calls += sum(1 for b in _blocks(raw) if b.get("type") in _CALL_BLOCKS)
         accounting.saw("sidechain_calls", calls)
         accounting.skip("subagent", "sidechain_calls", calls)
 

@@ -37,7 +37,7 @@ from ..events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, TOOL_RESULT, TURN_EN
 from ..messages import Message, ReasoningBlock, Source, TextBlock, ToolCallBlock
 from . import agent_logs, claude_code
 from .accounting import Accounting, saw_items, settle
-from .reading import SHAPE_ERRORS, Lines, check_usage, json_arguments, parse_time
+from .reading import SHAPE_ERRORS, Lines, check_usage, json_arguments, parse_time, read_document, read_lines
 from .recording import AssistantItem, Item, MarkerItem, Recording, RecordingError, ToolResultItem, UserItem
 
 FORMATS = ("kernel", "openai-chat", "claude-code", "codex", "swe-agent", "openhands")
@@ -58,7 +58,7 @@ def sniff(path: str | os.PathLike[str]) -> str:
     first = _first_line(path)
     if first.startswith(b"["):
         try:
-            whole = orjson.loads(path.read_bytes())
+            whole = orjson.loads(read_document(path))
         except orjson.JSONDecodeError:
             return "openai-chat"  # its importer names what is wrong
         head = whole[0] if isinstance(whole, list) and whole else None
@@ -67,7 +67,7 @@ def sniff(path: str | os.PathLike[str]) -> str:
         obj = orjson.loads(first)
     except orjson.JSONDecodeError:
         try:  # a pretty-printed single JSON object ({"messages": [...]})
-            obj = orjson.loads(path.read_bytes())
+            obj = orjson.loads(read_document(path))
         except orjson.JSONDecodeError:
             msg = f"{path}:1: expected a JSON list of chat messages or JSON lines, got {first[:80]!r}"
             raise RecordingError(msg) from None
@@ -105,23 +105,12 @@ def sniff(path: str | os.PathLike[str]) -> str:
     raise RecordingError(msg)
 
 
-#: the longest first line sniff reads: a Codex session_meta or a pasted first message can be far
-#: longer than a buffer, but a line past this is not a recording line
-SNIFF_LINE_LIMIT = 64 * 1024 * 1024
-
-
 def _first_line(path: Path) -> bytes:
-    """The first non-blank line, whole (without surrounding whitespace), read up to its newline."""
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(iter(lambda: f.readline(SNIFF_LINE_LIMIT + 1), b""), 1):
-            if len(raw) > SNIFF_LINE_LIMIT:
-                msg = (
-                    f"{path}:{lineno}: the first line is longer than {SNIFF_LINE_LIMIT // (1024 * 1024)} MiB; "
-                    "a recording line must be shorter than that"
-                )
-                raise RecordingError(msg)
-            if raw.strip():
-                return raw.strip()
+    """The first non-blank line, whole (without surrounding whitespace), read up to its newline
+    (within :data:`~.reading.LINE_LIMIT`)."""
+    for _, raw in read_lines(path):
+        if raw.strip():
+            return raw.strip()
     msg = (
         f"{path}: the file is empty; pass a recorded session (kernel log, OpenAI chat JSON, Claude Code or Codex JSONL)"
     )
@@ -266,7 +255,7 @@ def _kernel_item(event: Event) -> Item | None:
 # -- OpenAI chat completions ---------------------------------------------------------------------------
 def import_openai(path: Path, run: int | None, lenient: bool, accounting: Accounting) -> Recording:
     try:
-        data = orjson.loads(path.read_bytes())
+        data = orjson.loads(read_document(path))
     except orjson.JSONDecodeError:
         data = None
     source: dict[str, Any] = {}
@@ -544,7 +533,7 @@ def _import_openhands(path: Path, run: int | None, lenient: bool) -> Recording:
         return agent_logs.import_openhands(agent_logs.openhands_events(events, "event"), lines, {})
     index = 0 if run is None else run
     try:
-        whole = orjson.loads(path.read_bytes())  # one pretty-printed instance
+        whole = orjson.loads(read_document(path))  # one pretty-printed instance
     except orjson.JSONDecodeError:
         whole = None
     instances = [(1, whole)] if isinstance(whole, dict) else lines
