@@ -342,3 +342,30 @@ def test_a_clean_import_of_a_mutated_line_replays(tmp_path, name, data):
     report = compare(["basic"], recording, Options(workdir=tmp_path))
     profile = report["profiles"][0]
     assert profile["status"] == "ok", (where, profile["error"])
+
+
+# -- OpenHands fields of the wrong type ------------------------------------------------------------
+@pytest.mark.parametrize("cause", [4.0, "4", True])
+def test_an_openhands_observation_whose_cause_is_not_an_event_id_is_refused(tmp_path, cause):
+    events = json.loads((FIXTURES / "openhands-events.json").read_text())
+    assert events[5]["cause"] == 4 and events[4]["action"] == "run"
+    events[5]["cause"] = cause
+    path = tmp_path / "events.json"
+    path.write_text(json.dumps(events))
+    with pytest.raises(RecordingError, match=r"events\.json: event\[5\]: .*event\[5\]\.cause must be the integer id"):
+        load_recording(path)
+    recording = load_recording(path, lenient=True)  # skipped and counted, never bookkeeping
+    assert [s["line"] for s in recording.skipped] == ["event[5]"]
+    assert recording.accounting["reasons"]["malformed_line"]["lines"] == 1
+
+
+@pytest.mark.parametrize("instruction", [5, ["Fix the bug."], {"text": "Fix the bug."}])
+def test_an_openhands_instruction_that_is_not_a_string_is_refused(tmp_path, instruction):
+    values = _lines("openhands-run.jsonl")
+    values[0]["instruction"] = instruction
+    path = _write_lines(tmp_path / "run.jsonl", values)
+    with pytest.raises(RecordingError, match=r"run\.jsonl:1: expected an instance whose instruction is a string"):
+        load_recording(path)
+    recording = load_recording(path, lenient=True)  # the instance is replayed, the instruction counted
+    assert [s["line"] for s in recording.skipped] == [1]
+    assert recording.accounting["reasons"]["malformed_line"]["lines"] == 1

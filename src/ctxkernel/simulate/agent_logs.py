@@ -330,6 +330,16 @@ def import_openhands(
     return recording
 
 
+def check_instruction(raw: dict[str, Any], lineno: int, lines: Lines) -> Any:
+    """A benchmark instance's ``instruction``: a string, or absent; anything else is refused (or
+    skipped and counted with ``lenient``), never ignored without a word."""
+    instruction = raw.get("instruction")
+    if instruction is None or isinstance(instruction, str):
+        return instruction
+    lines.bad(lineno, "an instance whose instruction is a string", f"instruction {instruction!r:.60}")
+    return None
+
+
 def _import_openhands_events(events: list[tuple[str, Any]], lines: Lines, source: dict[str, Any]) -> Recording:
     items: list[Item] = []
     system: list[str] = []
@@ -475,7 +485,11 @@ def _oh_action(
 def _oh_observation(event: dict[str, Any], where: str, calls_of: dict[int, str]) -> ToolResultItem | None:
     kind = _string(event, "observation", where, required=True)
     cause = event.get("cause")
-    call_id = calls_of.get(cause) if isinstance(cause, int) and not isinstance(cause, bool) else None
+    if cause is not None and (not isinstance(cause, int) or isinstance(cause, bool)):
+        # an event id is an integer (as each action's own id): 2.0 or "2" names no action
+        msg = f"{where}.cause must be the integer id of the action it answers, got {cause!r:.60}"
+        raise EventError(msg)
+    call_id = calls_of.get(cause) if cause is not None else None
     if call_id is None:
         return None  # recall, state changes, ...: nothing the replay called
     content = _text(event.get("content"), where)

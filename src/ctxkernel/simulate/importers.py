@@ -551,7 +551,8 @@ def _import_openhands(path: Path, run: int | None, lenient: bool) -> Recording:
         raise RecordingError(msg)
     lineno, raw = chosen
     events = agent_logs.openhands_events(raw["history"], f"line {lineno} history")
-    return agent_logs.import_openhands(events, lines, {"run": index, "runs": total}, raw.get("instruction"))
+    instruction = agent_logs.check_instruction(raw, lineno, lines)
+    return agent_logs.import_openhands(events, lines, {"run": index, "runs": total}, instruction)
 
 
 _IMPORTERS: dict[str, Callable[[Path, int | None, bool, Accounting], Recording]] = {
