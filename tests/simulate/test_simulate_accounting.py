@@ -16,7 +16,16 @@ import orjson
 import pytest
 
 from ctxkernel.cli import main
-from ctxkernel.simulate import AssistantItem, Options, ToolResultItem, UserItem, load_recording, run_profile
+from ctxkernel.simulate import (
+    AssistantItem,
+    Options,
+    RecordingError,
+    ToolResultItem,
+    UserItem,
+    claude_code,
+    load_recording,
+    run_profile,
+)
 from ctxkernel.simulate.accounting import CONTENT_KEYS, REASONS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -230,7 +239,7 @@ def test_reply_lines_without_a_message_id_are_counted_by_their_request_id(tmp_pa
 
 def missing_parents_walk(m: int) -> list[dict]:
     """3m lines whose walk crosses a block of walked lines to find each missing parent's
-    predecessor (hostile; benchmarks/bench_import.py times it at 36,000 lines)."""
+    predecessor (hostile; benchmarks/bench_import.py times it at 12,000 and 24,000 lines)."""
     parent: dict[int, str | None] = {3 * m - 1: "u" + str(m)}
     parent.update({m + i: "u" + str(m + i + 1) for i in range(m)})  # the block, walked first
     for k in range(m - 1):
@@ -370,3 +379,16 @@ def test_strict_corpus_mode_exits_2_when_a_session_was_not_replayed_whole(tmp_pa
     assert main([*args, "--strict"]) == 2
     err = capsys.readouterr().err
     assert "partial.jsonl" in err and "1 sidechain call" in err and "whole.jsonl" not in err
+
+
+def test_more_subagent_files_than_the_bound_are_refused_not_counted_in_part(tmp_path, monkeypatch):
+    session = write_lines(tmp_path / "sess.jsonl", parallel_calls())
+    subagents = tmp_path / "sess" / "subagents"
+    subagents.mkdir(parents=True)
+    for n in range(3):
+        write_lines(subagents / f"agent-{n}.jsonl", [assistant(f"y{n}", None, f"msg_y{n}", [call(f"toolu_y{n}")])])
+    monkeypatch.setattr(claude_code, "MAX_SUBAGENT_FILES", 3)
+    assert load_recording(session).accounting["raw"]["sidechain_calls"] == 3
+    monkeypatch.setattr(claude_code, "MAX_SUBAGENT_FILES", 2)
+    with pytest.raises(RecordingError, match=r"subagents: 3 subagent files, more than the 2 read beside one session"):
+        load_recording(session)

@@ -34,7 +34,7 @@ from ..errors import EventError
 from ..messages import Message, Source
 from .accounting import Accounting
 from .reading import SHAPE_ERRORS, Lines, check_usage, parse_time, read_lines
-from .recording import AssistantItem, Item, MarkerItem, Recording, ToolResultItem, UserItem
+from .recording import AssistantItem, Item, MarkerItem, Recording, RecordingError, ToolResultItem, UserItem
 
 #: line types that are the harness's bookkeeping, never part of the conversation
 BOOKKEEPING = frozenset({"progress", "file-history-snapshot", "queue-operation", "summary"})
@@ -225,7 +225,14 @@ def subagent_files(path: Path) -> list[Path]:
     folder = path.with_suffix("") / "subagents"
     if not folder.is_dir():
         return []
-    return sorted(p for p in folder.glob("*.jsonl") if p.is_file())[:MAX_SUBAGENT_FILES]
+    files = sorted(p for p in folder.glob("*.jsonl") if p.is_file())
+    if len(files) > MAX_SUBAGENT_FILES:  # the rest would go uncounted: refused, not cut short
+        msg = (
+            f"{folder}: {len(files):,} subagent files, more than the {MAX_SUBAGENT_FILES:,} read beside "
+            "one session; move the session file and its folder somewhere with fewer subagents"
+        )
+        raise RecordingError(msg)
+    return files
 
 
 def _count_subagents(path: Path, accounting: Accounting) -> None:
