@@ -16,7 +16,16 @@ import orjson
 import pytest
 
 from ctxkernel.cli import main
-from ctxkernel.simulate import AssistantItem, Options, ToolResultItem, UserItem, load_recording, run_profile
+from ctxkernel.simulate import (
+    AssistantItem,
+    Options,
+    RecordingError,
+    ToolResultItem,
+    UserItem,
+    claude_code,
+    load_recording,
+    run_profile,
+)
 from ctxkernel.simulate.accounting import CONTENT_KEYS, REASONS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -173,6 +182,79 @@ def test_a_call_without_result_in_the_file_is_the_only_synthetic_result(tmp_path
     assert run_profile("none", rec, Options())["synthetic_results"] == 1
 
 
+def test_a_server_tool_call_is_replayed_in_its_message_not_counted_as_a_call(tmp_path):
+    # web search runs on the provider: its call and result stay in the reply, no client result
+    search = {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {"query": "x"}}
+    found = {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []}
+    lines = [
+        user("u1", None, "Search for it."),
+        assistant("a1", "u1", "msg_1", [search, found, {"type": "text", "text": "Found it."}]),
+    ]
+    rec = load_recording(write_lines(tmp_path / "s.jsonl", lines))
+    check_invariant(rec.accounting)
+    assert rec.accounting["complete"] and rec.accounting["raw"]["tool_calls"] == 0
+
+
+def test_a_call_id_reused_by_a_later_message_is_counted_as_two_calls(tmp_path):
+    # some Anthropic-compatible providers number their calls per reply: ids repeat across replies
+    lines = [
+        user("u1", None, "Read it twice."),
+        assistant("a1", "u1", "msg_1", [call("call_0")]),
+        user("r1", "a1", result("call_0", "first")),
+        assistant("a2", "r1", "msg_2", [call("call_0")]),
+        user("r2", "a2", result("call_0", "second")),
+        assistant("a3", "r2", "msg_3", [call("call_1"), call("call_1")]),  # twice in one message
+        user("r3", "a3", result("call_1", "third") + result("call_1", "fourth")),
+    ]
+    rec = load_recording(write_lines(tmp_path / "s.jsonl", lines))
+    check_invariant(rec.accounting)
+    assert rec.accounting["raw"]["tool_calls"] == rec.accounting["replayed"]["tool_calls"] == 4
+
+
+def test_a_main_line_whose_parent_is_a_sidechain_line_does_not_replay_the_sidechain(tmp_path):
+    lines = [
+        user("u1", None, "Find the bug."),
+        {**user("x1", "u1", "Subagent: look in parser.py."), "isSidechain": True},
+        assistant("a1", "x1", "msg_1", [{"type": "text", "text": "Found it."}]),
+    ]
+    rec = load_recording(write_lines(tmp_path / "s.jsonl", lines))
+    assert [i.text for i in rec.items if isinstance(i, UserItem)] == ["Find the bug."]
+    assert rec.accounting["reasons"]["sidechain"] == {"lines": 1}
+    check_invariant(rec.accounting)
+
+
+def test_reply_lines_without_a_message_id_are_counted_by_their_request_id(tmp_path):
+    first, second = (
+        assistant("a1", "u1", None, [{"type": "text", "text": "Reading."}]),
+        assistant("a2", "a1", None, [call("toolu_1")]),
+    )
+    for line in (first, second):
+        del line["message"]["id"]
+        line["requestId"] = "req_1"
+    lines = [user("u1", None, "Read it."), first, second, user("r1", "a2", result("toolu_1", "ok"))]
+    rec = load_recording(write_lines(tmp_path / "s.jsonl", lines))
+    assert rec.accounting["raw"]["assistant_messages"] == rec.accounting["replayed"]["assistant_messages"] == 1
+    check_invariant(rec.accounting)
+
+
+def missing_parents_walk(m: int) -> list[dict]:
+    """3m lines whose walk crosses a block of walked lines to find each missing parent's
+    predecessor (hostile; benchmarks/bench_import.py times it at 12,000 and 24,000 lines)."""
+    parent: dict[int, str | None] = {3 * m - 1: "u" + str(m)}
+    parent.update({m + i: "u" + str(m + i + 1) for i in range(m)})  # the block, walked first
+    for k in range(m - 1):
+        parent[2 * m + k] = "cut-off"  # a missing parent: back past the block ...
+        parent[m - 1 - k] = "u" + str(2 * m + k + 1)  # ... to a line that leads up again
+    return [user(f"u{i}", parent.get(i), "x") for i in range(3 * m)]
+
+
+def test_a_walk_of_many_missing_parents_replays_every_line_but_one(tmp_path):
+    m = 100
+    rec = load_recording(write_lines(tmp_path / "s.jsonl", missing_parents_walk(m)))
+    assert len(rec.items) == 3 * m - 1  # all but u0, which the last jump back does not reach
+    check_invariant(rec.accounting)
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.iterdir() if p.suffix in (".json", ".jsonl", ".traj")))
 def test_every_fixture_accounts_for_everything(name):
     rec = load_recording(FIXTURES / name, lenient="malformed" in name)
@@ -297,3 +379,16 @@ def test_strict_corpus_mode_exits_2_when_a_session_was_not_replayed_whole(tmp_pa
     assert main([*args, "--strict"]) == 2
     err = capsys.readouterr().err
     assert "partial.jsonl" in err and "1 sidechain call" in err and "whole.jsonl" not in err
+
+
+def test_more_subagent_files_than_the_bound_are_refused_not_counted_in_part(tmp_path, monkeypatch):
+    session = write_lines(tmp_path / "sess.jsonl", parallel_calls())
+    subagents = tmp_path / "sess" / "subagents"
+    subagents.mkdir(parents=True)
+    for n in range(3):
+        write_lines(subagents / f"agent-{n}.jsonl", [assistant(f"y{n}", None, f"msg_y{n}", [call(f"toolu_y{n}")])])
+    monkeypatch.setattr(claude_code, "MAX_SUBAGENT_FILES", 3)
+    assert load_recording(session).accounting["raw"]["sidechain_calls"] == 3
+    monkeypatch.setattr(claude_code, "MAX_SUBAGENT_FILES", 2)
+    with pytest.raises(RecordingError, match=r"subagents: 3 subagent files, more than the 2 read beside one session"):
+        load_recording(session)

@@ -4,6 +4,7 @@ error naming file:line and the field (exit 2), never an assertion or a profile t
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ctxkernel.cli import main
-from ctxkernel.simulate import Options, RecordingError, compare, importers, load_recording, sniff
+from ctxkernel.simulate import Options, RecordingError, compare, load_recording, reading, sniff
 from ctxkernel.simulate.reading import check_item
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -79,6 +80,35 @@ def test_lenient_skips_the_bad_line_and_counts_it(tmp_path):
     assert [s["line"] for s in recording.skipped] == [at + 1]
 
 
+def test_a_claude_code_reply_line_with_no_id_at_all_is_refused_naming_the_ids(tmp_path):
+    values = [
+        {"type": "user", "uuid": "u1", "parentUuid": None, "message": {"role": "user", "content": "hi"}},
+        {
+            "type": "assistant",
+            "uuid": "a1",
+            "parentUuid": "u1",
+            "message": {"id": "", "role": "assistant", "content": []},
+        },
+        # an empty message.id like the line on the chain, no requestId and no uuid
+        {"type": "assistant", "parentUuid": "a1", "message": {"id": "", "role": "assistant", "content": []}},
+    ]
+    with pytest.raises(RecordingError, match=r"c\.jsonl:3: .*message\.id \(or requestId\)"):
+        load_recording(_write_lines(tmp_path / "c.jsonl", values))
+
+
+def test_tool_arguments_nested_past_what_the_replay_can_serialize_are_an_import_error(tmp_path):
+    deep: Any = 1
+    for _ in range(300):  # orjson reads 1,024 levels but writes 254
+        deep = {"a": deep}
+    call = {"type": "tool_use", "id": "toolu_deep", "name": "Bash", "input": deep}
+    values = [
+        {"type": "user", "uuid": "u1", "parentUuid": None, "message": {"role": "user", "content": "hi"}},
+        {"type": "assistant", "uuid": "a1", "parentUuid": "u1", "message": {"id": "m1", "content": [call]}},
+    ]
+    with pytest.raises(RecordingError, match=r"c\.jsonl:2: .*nested at most 254 levels"):
+        load_recording(_write_lines(tmp_path / "c.jsonl", values))
+
+
 @pytest.mark.parametrize(
     ("usage", "field"),
     [
@@ -114,11 +144,109 @@ def test_a_claude_code_file_whose_first_message_is_over_64_kib_is_sniffed(tmp_pa
 
 
 def test_a_first_line_past_the_bound_is_refused_naming_it(tmp_path, monkeypatch):
-    monkeypatch.setattr(importers, "SNIFF_LINE_LIMIT", 1024 * 1024)
+    monkeypatch.setattr(reading, "LINE_LIMIT", 1024 * 1024)
     path = tmp_path / "huge.jsonl"
     path.write_text('{"type": "session_meta", "payload": {"x": "' + "a" * (2 * 1024 * 1024) + '"}}\n')
-    with pytest.raises(RecordingError, match=r"huge\.jsonl:1: the first line is longer than 1 MiB"):
+    size = len(path.read_bytes()) - 1
+    with pytest.raises(
+        RecordingError,
+        match=rf"huge\.jsonl:1: the line is {size:,} bytes, longer than the 1 MiB \(1,048,576 bytes\) a recording line",
+    ):
         sniff(path)
+
+
+# -- size bounds and a byte order mark ------------------------------------------------------------
+@pytest.mark.parametrize("lenient", [False, True])
+def test_a_later_line_past_the_bound_is_refused_naming_it_even_when_lenient(tmp_path, monkeypatch, lenient):
+    values = _lines("claude-code.jsonl")
+    path = _write_lines(tmp_path / "c.jsonl", values)
+    longest = max(len(line) for line in path.read_bytes().splitlines())
+    monkeypatch.setattr(reading, "LINE_LIMIT", longest)
+    assert len(load_recording(path, lenient=lenient).items) > 0  # a line of exactly the limit is read
+    values[2]["padding"] = "x" * longest
+    path = _write_lines(tmp_path / "c.jsonl", values)
+    size = len(path.read_bytes().splitlines()[2])
+    with pytest.raises(RecordingError, match=rf"c\.jsonl:3: the line is {size:,} bytes, longer than the "):
+        load_recording(path, lenient=lenient)
+
+
+@pytest.mark.parametrize("name", JSONL_FIXTURES + JSON_FIXTURES)
+def test_a_file_past_the_bound_is_refused_before_it_is_read(tmp_path, monkeypatch, name):
+    path = tmp_path / name
+    path.write_bytes((FIXTURES / name).read_bytes())
+    monkeypatch.setattr(reading, "FILE_LIMIT", path.stat().st_size)
+    load_recording(path)  # a file of exactly the limit is read
+    monkeypatch.setattr(reading, "FILE_LIMIT", path.stat().st_size - 1)
+    size = path.stat().st_size
+    limit = f"{size - 1:,} bytes" if size - 1 < 1024 else rf"\S+ KiB \({size - 1:,} bytes\)"
+    with pytest.raises(
+        RecordingError, match=rf"{re.escape(name)}: the file is {size:,} bytes, larger than the {limit}"
+    ):
+        load_recording(path, lenient=True)
+
+
+def test_a_whole_json_document_past_the_bound_is_refused_by_its_importer_too(tmp_path, monkeypatch):
+    path = tmp_path / "chat.json"
+    path.write_bytes((FIXTURES / "openai-chat.json").read_bytes())
+    monkeypatch.setattr(reading, "FILE_LIMIT", 100)
+    with pytest.raises(RecordingError, match=r"chat\.json: the file is [\d,]+ bytes, larger than the 100 bytes"):
+        load_recording(path, format="openai-chat")  # not sniffed: the importer's own read is bounded
+
+
+def test_a_subagent_file_past_the_bounds_is_refused_naming_it(tmp_path, monkeypatch):
+    values = _lines("claude-code.jsonl")
+    session = _write_lines(tmp_path / "sess.jsonl", values)
+    subagents = tmp_path / "sess" / "subagents"
+    subagents.mkdir(parents=True)
+    line = {"type": "assistant", "uuid": "y1", "isSidechain": True, "message": {"id": "m", "content": []}}
+    agent = _write_lines(subagents / "agent-1.jsonl", [line, {**line, "padding": "x" * 5000}])
+    monkeypatch.setattr(reading, "LINE_LIMIT", 4096)
+    with pytest.raises(RecordingError, match=r"agent-1\.jsonl:2: the line is [\d,]+ bytes, longer than the 4 KiB"):
+        load_recording(session)
+    monkeypatch.setattr(reading, "LINE_LIMIT", 64 * 1024)
+    monkeypatch.setattr(reading, "FILE_LIMIT", agent.stat().st_size - 1)
+    assert session.stat().st_size < agent.stat().st_size
+    with pytest.raises(RecordingError, match=r"agent-1\.jsonl: the file is [\d,]+ bytes, larger than the "):
+        load_recording(session)
+
+
+@pytest.mark.parametrize("name", JSONL_FIXTURES + JSON_FIXTURES)
+def test_a_byte_order_mark_at_the_start_is_skipped(tmp_path, name):
+    original = FIXTURES / name
+    path = tmp_path / name
+    path.write_bytes(b"\xef\xbb\xbf" + original.read_bytes())
+    assert sniff(path) == sniff(original)
+    assert repr(load_recording(path).items) == repr(load_recording(original).items)
+
+
+# -- one reply of very many calls --------------------------------------------------------------------
+def _one_reply_of_calls(tmp_path: Path, fmt: str, n: int) -> Path:
+    if fmt == "claude-code":  # one line per call of one API message, as Claude Code writes them
+        lines: list[Any] = [{"type": "user", "uuid": "u", "message": {"role": "user", "content": "go"}}]
+        for i in range(n):
+            message = {"id": "m1", "role": "assistant", "content": [{"type": "tool_use", "id": f"t{i}", "name": "R"}]}
+            lines.append({"type": "assistant", "uuid": f"a{i}", "parentUuid": lines[-1]["uuid"], "message": message})
+        return _write_lines(tmp_path / "session.jsonl", lines)
+    events: list[Any] = [
+        {"kind": "MessageEvent", "id": "m", "source": "user", "llm_message": {"role": "user", "content": "go"}}
+    ]
+    for i in range(n):  # V1 SDK events: the calls of one model response, then their results
+        call = {"tool_call_id": f"t{i}", "tool_name": "terminal", "tool_call": {"arguments": "{}"}}
+        events.append({"kind": "ActionEvent", "id": f"a{i}", "source": "agent", "llm_response_id": "r1", **call})
+    for i in range(n):
+        result = {"tool_call_id": f"t{i}", "observation": {"content": "ok"}}
+        events.append({"kind": "ObservationEvent", "id": f"o{i}", "source": "environment", **result})
+    path = tmp_path / "events.json"
+    path.write_text(json.dumps(events))
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["claude-code", "openhands"])
+def test_a_reply_of_very_many_calls_keeps_every_call(tmp_path, fmt):
+    n = 300  # benchmarks/bench_import.py times this shape at 15,000 and 30,000 calls
+    recording = load_recording(_one_reply_of_calls(tmp_path, fmt, n))
+    assert [c.id for c in recording.items[1].message.tool_calls] == [f"t{i}" for i in range(n)]
+    assert recording.accounting["replayed"]["tool_calls"] == recording.accounting["raw"]["tool_calls"] == n
 
 
 def test_an_empty_file_is_refused(tmp_path):
@@ -214,3 +342,30 @@ def test_a_clean_import_of_a_mutated_line_replays(tmp_path, name, data):
     report = compare(["basic"], recording, Options(workdir=tmp_path))
     profile = report["profiles"][0]
     assert profile["status"] == "ok", (where, profile["error"])
+
+
+# -- OpenHands fields of the wrong type ------------------------------------------------------------
+@pytest.mark.parametrize("cause", [4.0, "4", True])
+def test_an_openhands_observation_whose_cause_is_not_an_event_id_is_refused(tmp_path, cause):
+    events = json.loads((FIXTURES / "openhands-events.json").read_text())
+    assert events[5]["cause"] == 4 and events[4]["action"] == "run"
+    events[5]["cause"] = cause
+    path = tmp_path / "events.json"
+    path.write_text(json.dumps(events))
+    with pytest.raises(RecordingError, match=r"events\.json: event\[5\]: .*event\[5\]\.cause must be the integer id"):
+        load_recording(path)
+    recording = load_recording(path, lenient=True)  # skipped and counted, never bookkeeping
+    assert [s["line"] for s in recording.skipped] == ["event[5]"]
+    assert recording.accounting["reasons"]["malformed_line"]["lines"] == 1
+
+
+@pytest.mark.parametrize("instruction", [5, ["Fix the bug."], {"text": "Fix the bug."}])
+def test_an_openhands_instruction_that_is_not_a_string_is_refused(tmp_path, instruction):
+    values = _lines("openhands-run.jsonl")
+    values[0]["instruction"] = instruction
+    path = _write_lines(tmp_path / "run.jsonl", values)
+    with pytest.raises(RecordingError, match=r"run\.jsonl:1: expected an instance whose instruction is a string"):
+        load_recording(path)
+    recording = load_recording(path, lenient=True)  # the instance is replayed, the instruction counted
+    assert [s["line"] for s in recording.skipped] == [1]
+    assert recording.accounting["reasons"]["malformed_line"]["lines"] == 1

@@ -89,6 +89,35 @@ def test_openai_runs_are_selected_and_reused_call_ids_renamed():
         load_recording(FIXTURES / "openai-runs.json", run=2)
 
 
+def test_a_call_id_repeated_within_one_reply_pairs_its_results_in_order(tmp_path):
+    def calls(*ids):
+        return [{"id": i, "type": "function", "function": {"name": "f", "arguments": "{}"}} for i in ids]
+
+    messages = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None, "tool_calls": calls("c1", "c1")},
+        {"role": "tool", "tool_call_id": "c1", "content": "first"},
+        {"role": "tool", "tool_call_id": "c1", "content": "second"},
+    ]
+    path = tmp_path / "chat.json"
+    path.write_bytes(orjson.dumps(messages))
+    rec = load_recording(path)
+    assert kinds(rec) == ["user", "assistant:c1,c1~2", "result:c1", "result:c1~2"]
+    assert [i.content for i in rec.items if isinstance(i, ToolResultItem)] == ["first", "second"]
+    assert rec.accounting["synthetic_results"] == 0 and rec.accounting["complete"]
+
+
+def test_an_id_every_reply_reuses_gets_the_next_name_each_time(tmp_path):
+    call = {"id": "call_0", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    reply = [{"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "tool", "tool_call_id": "call_0"}]
+    path = tmp_path / "chat.json"
+    n = 300  # benchmarks/bench_import.py times this shape at 10,000 and 20,000 replies
+    path.write_bytes(orjson.dumps([{"role": "user", "content": "go"}, *reply * n]))
+    names = kinds(load_recording(path))[1:]
+    expected = ["call_0", *(f"call_0~{k}" for k in range(2, n + 1))]
+    assert names == [f"{kind}:{name}" for name in expected for kind in ("assistant", "result")]
+
+
 def test_claude_code_follows_the_main_chain():
     rec = load_recording(FIXTURES / "claude-code.jsonl")
     assert kinds(rec) == [

@@ -42,7 +42,7 @@ import orjson
 
 from ..errors import EventError
 from ..messages import Message, Source, TextBlock, ToolCallBlock
-from .reading import SHAPE_ERRORS, Lines, check_usage, json_arguments, parse_time
+from .reading import SHAPE_ERRORS, Lines, check_usage, json_arguments, parse_time, read_document
 from .recording import AssistantItem, Item, MarkerItem, Recording, RecordingError, ToolResultItem, UserItem
 
 #: OpenHands actions that are conversation, not tool calls
@@ -330,6 +330,16 @@ def import_openhands(
     return recording
 
 
+def check_instruction(raw: dict[str, Any], lineno: int, lines: Lines) -> Any:
+    """A benchmark instance's ``instruction``: a string, or absent; anything else is refused (or
+    skipped and counted with ``lenient``), never ignored without a word."""
+    instruction = raw.get("instruction")
+    if instruction is None or isinstance(instruction, str):
+        return instruction
+    lines.bad(lineno, "an instance whose instruction is a string", f"instruction {instruction!r:.60}")
+    return None
+
+
 def _import_openhands_events(events: list[tuple[str, Any]], lines: Lines, source: dict[str, Any]) -> Recording:
     items: list[Item] = []
     system: list[str] = []
@@ -363,7 +373,7 @@ def _import_openhands_events(events: list[tuple[str, Any]], lines: Lines, source
                 if result is None:
                     bookkeeping += 1  # recall, state changes, ...: nothing the replay called
                     continue
-                if group is not None and result.call_id in {c.id for c in group["calls"]}:
+                if group is not None and result.call_id in group["ids"]:
                     group["results"].append((where, result))  # answers come after the whole reply
                 else:
                     flush()
@@ -456,6 +466,7 @@ def _oh_action(
     block = ToolCallBlock(call_id, name, arguments)
     if group is not None and response_id is not None and group["response"] == response_id:
         group["calls"].append(block)
+        group["ids"].add(block.id)
         return group
     flush()
     return {
@@ -463,6 +474,7 @@ def _oh_action(
         "where": where,
         "text": text,
         "calls": [block],
+        "ids": {block.id},
         "usage": usage,
         "model": model,
         "results": [],
@@ -473,7 +485,11 @@ def _oh_action(
 def _oh_observation(event: dict[str, Any], where: str, calls_of: dict[int, str]) -> ToolResultItem | None:
     kind = _string(event, "observation", where, required=True)
     cause = event.get("cause")
-    call_id = calls_of.get(cause) if isinstance(cause, int) and not isinstance(cause, bool) else None
+    if cause is not None and (not isinstance(cause, int) or isinstance(cause, bool)):
+        # an event id is an integer (as each action's own id): 2.0 or "2" names no action
+        msg = f"{where}.cause must be the integer id of the action it answers, got {cause!r:.60}"
+        raise EventError(msg)
+    call_id = calls_of.get(cause) if cause is not None else None
     if call_id is None:
         return None  # recall, state changes, ...: nothing the replay called
     content = _text(event.get("content"), where)
@@ -514,6 +530,7 @@ def _import_openhands_v1(events: list[tuple[str, Any]], lines: Lines, source: di
                 block = _oh1_call(event, where)
                 if group is not None and response is not None and group["response"] == response:
                     group["calls"].append(block)
+                    group["ids"].add(block.id)
                     continue
                 flush()
                 text = _text(event.get("thought"), f"{where}.thought")
@@ -523,12 +540,13 @@ def _import_openhands_v1(events: list[tuple[str, Any]], lines: Lines, source: di
                     "where": where,
                     "text": text,
                     "calls": [block],
+                    "ids": {block.id},
                     "results": [],
                     "time": when,
                 }
             elif kind in _OH1_RESULTS:
                 result = _oh1_result(event, where)
-                if group is not None and result.call_id in {c.id for c in group["calls"]}:
+                if group is not None and result.call_id in group["ids"]:
                     group["results"].append((where, result))  # answers come after the whole reply
                 else:
                     flush()
@@ -633,7 +651,7 @@ def _oh1_message(event: dict[str, Any], where: str, items: list[Item], lines: Li
 
 def load_json(path: Path) -> Any:
     try:
-        return orjson.loads(path.read_bytes())
+        return orjson.loads(read_document(path))
     except orjson.JSONDecodeError as exc:
         msg = f"{path}: expected one JSON document, got invalid JSON ({exc})"
         raise RecordingError(msg) from None

@@ -5,8 +5,8 @@ What is replayed:
 
 * the **main chain**, walked from the last main-chain line back through ``parentUuid``; a
   ``compact_boundary`` continues through its ``logicalParentUuid``, and where a parent is not in
-  the file (a boundary whose logical parent was cut off) the walk continues from the main-chain
-  line written just before it instead of stopping;
+  the file (a boundary whose logical parent was cut off), or is a sidechain line, the walk
+  continues from the main-chain line written just before it instead of stopping;
 * **parallel calls**: when the model issues several calls in one API message, Claude Code writes
   one line per block and each result's ``parentUuid`` is its own ``tool_use`` line, while the chain
   goes on through ``progress`` lines. Lines of an API message on the chain (same ``message.id``)
@@ -33,8 +33,8 @@ from ..convert import from_anthropic_message
 from ..errors import EventError
 from ..messages import Message, Source
 from .accounting import Accounting
-from .reading import SHAPE_ERRORS, Lines, check_usage, parse_time
-from .recording import AssistantItem, Item, MarkerItem, Recording, ToolResultItem, UserItem
+from .reading import SHAPE_ERRORS, Lines, check_usage, parse_time, read_lines
+from .recording import AssistantItem, Item, MarkerItem, Recording, RecordingError, ToolResultItem, UserItem
 
 #: line types that are the harness's bookkeeping, never part of the conversation
 BOOKKEEPING = frozenset({"progress", "file-history-snapshot", "queue-operation", "summary"})
@@ -118,6 +118,19 @@ def _selection(entries: list[tuple[int, dict[str, Any]]], by_uuid: dict[str, tup
     position = {raw["uuid"]: i for i, (_, raw) in enumerate(main)}
     chain: set[int] = set()
     seen: set[str] = set()
+    jump: dict[int, int] = {}  # a position walked past -> where the search for an earlier line goes on
+
+    def unwalked_before(here: int) -> str | None:
+        """The nearest main-chain line before position ``here`` not walked yet (each search skips
+        what earlier ones passed over, so a file of such jumps costs linear time, not quadratic)."""
+        i, passed = here - 1, []
+        while i >= 0 and main[i][1]["uuid"] in seen:
+            passed.append(i)
+            i = jump.get(i, i - 1)
+        for j in passed:
+            jump[j] = i
+        return main[i][1]["uuid"] if i >= 0 else None
+
     current: str | None = main[-1][1]["uuid"]
     while current is not None and current not in seen:
         seen.add(current)
@@ -126,19 +139,13 @@ def _selection(entries: list[tuple[int, dict[str, Any]]], by_uuid: dict[str, tup
         parent = raw.get("parentUuid") or raw.get("logicalParentUuid")
         if parent is None:
             break  # the session's first line
-        if parent in by_uuid:
+        if parent in by_uuid and not by_uuid[parent][1].get("isSidechain"):
             current = parent
             continue
-        # a parent the file does not hold (a compaction's logical parent cut off): the conversation
-        # goes on from the main-chain line written just before this one
+        # a parent the file does not hold (a compaction's logical parent cut off), or a subagent's
+        # line (never replayed): the conversation goes on from the main-chain line written just before
         here = position.get(current)
-        before = next(
-            (main[i][1]["uuid"] for i in range(here - 1, -1, -1) if main[i][1]["uuid"] not in seen)
-            if here is not None
-            else iter(()),
-            None,
-        )
-        current = before
+        current = unwalked_before(here) if here is not None else None
     on_chain = {_message_id(raw) for lineno, raw in entries if lineno in chain and raw.get("type") == "assistant"}
     on_chain.discard(None)
     selected = set(chain)
@@ -160,7 +167,10 @@ def _selection(entries: list[tuple[int, dict[str, Any]]], by_uuid: dict[str, tup
 def _count(entries: list[tuple[int, dict[str, Any]]], selected: set[int], accounting: Accounting) -> None:
     """``raw`` from every line of the file, and the reason of every line not replayed."""
     messages: dict[str, bool] = {}  # message id -> replayed
-    calls: dict[str, bool] = {}  # tool_use id -> replayed
+    # (message id, tool_use id, occurrence in its line) -> replayed: an id a later message reuses
+    # is another call (the import renames it), one repeated on a line of its own message is not
+    calls: dict[tuple[str, str, int], bool] = {}
+    earlier: dict[str, set[str]] = {}  # message id -> tool_use ids of its lines so far
     for lineno, raw in entries:
         kind = raw["type"]
         if kind not in TYPES:
@@ -178,12 +188,19 @@ def _count(entries: list[tuple[int, dict[str, Any]]], selected: set[int], accoun
             continue
         kept = lineno in selected
         if kind == "assistant":
-            mid = _message_id(raw) or str(raw.get("uuid") or lineno)
+            # the id the builder joins a reply's lines by: message.id, else requestId, else the line
+            mid = _message_id(raw) or str(raw.get("requestId") or raw.get("uuid") or lineno)
             messages[mid] = messages.get(mid, False) or kept
-            for block in blocks:
-                if block.get("type") in _CALL_BLOCKS:
-                    call_id = str(block.get("id"))
-                    calls[call_id] = calls.get(call_id, False) or kept
+            # a server tool's call (web search) is replayed as part of its reply, not as a call
+            ids = [str(b.get("id")) for b in blocks if b.get("type") == "tool_use"]
+            known = earlier.setdefault(mid, set())
+            times: dict[str, int] = {}
+            for call_id in ids:
+                if call_id not in known:
+                    times[call_id] = times.get(call_id, 0) + 1
+                    key = (mid, call_id, times[call_id])
+                    calls[key] = calls.get(key, False) or kept
+            known.update(ids)
         elif kind == "user":
             if raw.get("isCompactSummary"):
                 accounting.skip("harness_summary", "lines")
@@ -208,22 +225,28 @@ def subagent_files(path: Path) -> list[Path]:
     folder = path.with_suffix("") / "subagents"
     if not folder.is_dir():
         return []
-    return sorted(p for p in folder.glob("*.jsonl") if p.is_file())[:MAX_SUBAGENT_FILES]
+    files = sorted(p for p in folder.glob("*.jsonl") if p.is_file())
+    if len(files) > MAX_SUBAGENT_FILES:  # the rest would go uncounted: refused, not cut short
+        msg = (
+            f"{folder}: {len(files):,} subagent files, more than the {MAX_SUBAGENT_FILES:,} read beside "
+            "one session; move the session file and its folder somewhere with fewer subagents"
+        )
+        raise RecordingError(msg)
+    return files
 
 
 def _count_subagents(path: Path, accounting: Accounting) -> None:
     """Subagents run in sessions of their own: their calls are counted, never replayed here."""
     for file in subagent_files(path):
         calls = 0
-        with open(file, "rb") as f:
-            for raw_line in f:
-                try:
-                    raw = orjson.loads(raw_line)
-                except orjson.JSONDecodeError:
-                    accounting.skip("subagent", "lines")
-                    continue
-                if isinstance(raw, dict) and raw.get("type") == "assistant":
-                    calls += sum(1 for b in _blocks(raw) if b.get("type") in _CALL_BLOCKS)
+        for _, raw_line in read_lines(file):  # bounded as the session's own lines are
+            try:
+                raw = orjson.loads(raw_line)
+            except orjson.JSONDecodeError:
+                accounting.skip("subagent", "lines")
+                continue
+            if isinstance(raw, dict) and raw.get("type") == "assistant":
+                calls += sum(1 for b in _blocks(raw) if b.get("type") in _CALL_BLOCKS)
         accounting.saw("sidechain_calls", calls)
         accounting.skip("subagent", "sidechain_calls", calls)
 
@@ -268,7 +291,7 @@ class _Builder:
 
     def _assistant(self, lineno: int, raw: dict[str, Any]) -> None:
         message = raw["message"]
-        mid = message.get("id") or raw.get("requestId") or raw["uuid"]
+        mid = message.get("id") or raw.get("requestId") or raw.get("uuid")
         model = message.get("model")
         if not isinstance(mid, str) or not (model is None or isinstance(model, str)):
             msg = f"message.id (or requestId) and message.model must be strings, got {mid!r:.60} and {model!r:.60}"
@@ -281,8 +304,10 @@ class _Builder:
         if group is not None and group["id"] == mid:
             # one API message is written as one line per content block; results of its earlier
             # tool calls may sit between them, and are committed after the whole message
-            known = {b.id for b in group["blocks"] if b.type == "tool_call"}
-            group["blocks"].extend(b for b in converted[0].content if b.type != "tool_call" or b.id not in known)
+            known = group["calls"]  # the ids of its earlier lines' calls (kept, not rebuilt per line)
+            new = [b for b in converted[0].content if b.type != "tool_call" or b.id not in known]
+            group["blocks"].extend(new)
+            known.update(b.id for b in new if b.type == "tool_call")
             group["usage"] = usage or group["usage"]
             group["line"] = lineno
             return
@@ -290,6 +315,7 @@ class _Builder:
         self.group = {
             "id": mid,
             "blocks": list(converted[0].content),
+            "calls": {b.id for b in converted[0].content if b.type == "tool_call"},
             "usage": usage,
             "model": model,
             "line": lineno,

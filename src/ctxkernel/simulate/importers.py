@@ -24,6 +24,7 @@ error, never an assertion or a replay that fails later.
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from ..events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, TOOL_RESULT, TURN_EN
 from ..messages import Message, ReasoningBlock, Source, TextBlock, ToolCallBlock
 from . import agent_logs, claude_code
 from .accounting import Accounting, saw_items, settle
-from .reading import SHAPE_ERRORS, Lines, check_usage, json_arguments, parse_time
+from .reading import SHAPE_ERRORS, Lines, check_usage, json_arguments, parse_time, read_document, read_lines
 from .recording import AssistantItem, Item, MarkerItem, Recording, RecordingError, ToolResultItem, UserItem
 
 FORMATS = ("kernel", "openai-chat", "claude-code", "codex", "swe-agent", "openhands")
@@ -57,7 +58,7 @@ def sniff(path: str | os.PathLike[str]) -> str:
     first = _first_line(path)
     if first.startswith(b"["):
         try:
-            whole = orjson.loads(path.read_bytes())
+            whole = orjson.loads(read_document(path))
         except orjson.JSONDecodeError:
             return "openai-chat"  # its importer names what is wrong
         head = whole[0] if isinstance(whole, list) and whole else None
@@ -66,7 +67,7 @@ def sniff(path: str | os.PathLike[str]) -> str:
         obj = orjson.loads(first)
     except orjson.JSONDecodeError:
         try:  # a pretty-printed single JSON object ({"messages": [...]})
-            obj = orjson.loads(path.read_bytes())
+            obj = orjson.loads(read_document(path))
         except orjson.JSONDecodeError:
             msg = f"{path}:1: expected a JSON list of chat messages or JSON lines, got {first[:80]!r}"
             raise RecordingError(msg) from None
@@ -104,23 +105,12 @@ def sniff(path: str | os.PathLike[str]) -> str:
     raise RecordingError(msg)
 
 
-#: the longest first line sniff reads: a Codex session_meta or a pasted first message can be far
-#: longer than a buffer, but a line past this is not a recording line
-SNIFF_LINE_LIMIT = 64 * 1024 * 1024
-
-
 def _first_line(path: Path) -> bytes:
-    """The first non-blank line, whole (without surrounding whitespace), read up to its newline."""
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(iter(lambda: f.readline(SNIFF_LINE_LIMIT + 1), b""), 1):
-            if len(raw) > SNIFF_LINE_LIMIT:
-                msg = (
-                    f"{path}:{lineno}: the first line is longer than {SNIFF_LINE_LIMIT // (1024 * 1024)} MiB; "
-                    "a recording line must be shorter than that"
-                )
-                raise RecordingError(msg)
-            if raw.strip():
-                return raw.strip()
+    """The first non-blank line, whole (without surrounding whitespace), read up to its newline
+    (within :data:`~.reading.LINE_LIMIT`)."""
+    for _, raw in read_lines(path):
+        if raw.strip():
+            return raw.strip()
     msg = (
         f"{path}: the file is empty; pass a recorded session (kernel log, OpenAI chat JSON, Claude Code or Codex JSONL)"
     )
@@ -154,30 +144,39 @@ def unique_call_ids(items: list[Item]) -> list[Item]:
     """Rename tool call ids a recording reuses (some providers repeat them across replies).
 
     The kernel refuses a call id already on the surface; a reused id is renamed ``<id>~<n>`` and
-    the results that follow it are pointed at the new name.
+    the results that follow it are pointed at the new name (in order, when one reply repeats it).
     """
     used: set[str] = set()
-    current: dict[str, str] = {}
+    tried: dict[str, int] = {}  # id -> n of its last name: every name below is taken
+    current: dict[str, deque[str]] = {}  # id -> the names its latest reply gave it, not yet answered
     out: list[Item] = []
     for item in items:
         if isinstance(item, AssistantItem) and item.message.tool_calls:
             blocks = []
             changed = False
+            names: dict[str, deque[str]] = {}
             for block in item.message.content:
                 if isinstance(block, ToolCallBlock):
-                    new_id, n = block.id, 1
+                    n = tried.get(block.id, 1)  # not from 1 again: an id reused n times would cost n squared
+                    new_id = block.id if n == 1 else f"{block.id}~{n}"
                     while new_id in used:
                         n += 1
                         new_id = f"{block.id}~{n}"
+                    tried[block.id] = n
                     used.add(new_id)
-                    current[block.id] = new_id
+                    names.setdefault(block.id, deque()).append(new_id)
                     if new_id != block.id:
                         block = ToolCallBlock(new_id, block.name, block.arguments)
                         changed = True
                 blocks.append(block)
+            current.update(names)
             out.append(AssistantItem(item.message.with_content(blocks), item.usage, item.time) if changed else item)
-        elif isinstance(item, ToolResultItem) and current.get(item.call_id, item.call_id) != item.call_id:
-            out.append(ToolResultItem(current[item.call_id], item.content, item.is_error, item.name))
+        elif isinstance(item, ToolResultItem) and item.call_id in current:
+            pending = current[item.call_id]
+            new_id = pending.popleft() if len(pending) > 1 else pending[0]
+            out.append(
+                item if new_id == item.call_id else ToolResultItem(new_id, item.content, item.is_error, item.name)
+            )
         else:
             out.append(item)
     return out
@@ -256,7 +255,7 @@ def _kernel_item(event: Event) -> Item | None:
 # -- OpenAI chat completions ---------------------------------------------------------------------------
 def import_openai(path: Path, run: int | None, lenient: bool, accounting: Accounting) -> Recording:
     try:
-        data = orjson.loads(path.read_bytes())
+        data = orjson.loads(read_document(path))
     except orjson.JSONDecodeError:
         data = None
     source: dict[str, Any] = {}
@@ -534,7 +533,7 @@ def _import_openhands(path: Path, run: int | None, lenient: bool) -> Recording:
         return agent_logs.import_openhands(agent_logs.openhands_events(events, "event"), lines, {})
     index = 0 if run is None else run
     try:
-        whole = orjson.loads(path.read_bytes())  # one pretty-printed instance
+        whole = orjson.loads(read_document(path))  # one pretty-printed instance
     except orjson.JSONDecodeError:
         whole = None
     instances = [(1, whole)] if isinstance(whole, dict) else lines
@@ -552,7 +551,8 @@ def _import_openhands(path: Path, run: int | None, lenient: bool) -> Recording:
         raise RecordingError(msg)
     lineno, raw = chosen
     events = agent_logs.openhands_events(raw["history"], f"line {lineno} history")
-    return agent_logs.import_openhands(events, lines, {"run": index, "runs": total}, raw.get("instruction"))
+    instruction = agent_logs.check_instruction(raw, lineno, lines)
+    return agent_logs.import_openhands(events, lines, {"run": index, "runs": total}, instruction)
 
 
 _IMPORTERS: dict[str, Callable[[Path, int | None, bool, Accounting], Recording]] = {

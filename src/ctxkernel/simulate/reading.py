@@ -1,8 +1,11 @@
-"""What every importer shares: JSON lines with their numbers (:class:`Lines`), and the checks of
-usage and of each item before it joins a recording (:func:`check_usage`, :func:`check_item`).
+"""What every importer shares: reading a file within its bounds (:func:`read_document`,
+:func:`read_lines`), JSON lines with their numbers (:class:`Lines`), and the checks of usage and of
+each item before it joins a recording (:func:`check_usage`, :func:`check_item`).
 
 A malformed value raises :class:`RecordingError` naming the file, the line (or position), what was
-expected and what was found; with ``lenient`` it is skipped and listed instead.
+expected and what was found; with ``lenient`` it is skipped and listed instead. A file or a line
+past its bound (:data:`FILE_LIMIT`, :data:`LINE_LIMIT`) is refused before it is read into memory,
+with or without ``lenient``. A UTF-8 byte order mark at the start of a file is skipped.
 """
 
 from __future__ import annotations
@@ -34,6 +37,81 @@ _USAGE_COUNTERS = (
 )
 _MAX_TOKENS = 2**53  # a token count past this is not a count
 _MAX_EPOCH = 4_102_444_800.0  # 2100-01-01: a recorded time past it is not a time
+#: the largest recording file read: a JSON document is read whole, and a JSONL file's lines are
+#: held until its importer has walked them (the largest recording seen is a few MB)
+FILE_LIMIT = 1024 * 1024 * 1024
+#: the longest line of a JSONL recording (a Codex session_meta or a pasted message can be long,
+#: the longest seen is under 1 MB); a line past this is not a recording line
+LINE_LIMIT = 64 * 1024 * 1024
+_BOM = b"\xef\xbb\xbf"  # the UTF-8 byte order mark some editors write first
+_CHUNK = 1024 * 1024
+
+
+def _size(n: int) -> str:
+    """A limit as people write it: ``64 MiB (67,108,864 bytes)``."""
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= scale:
+            return f"{n / scale:g} {unit} ({n:,} bytes)"
+    return f"{n:,} bytes"
+
+
+def check_file_size(path: Path, read: int = 0) -> int:
+    """The file's size; a file past :data:`FILE_LIMIT` is refused naming its size, before any of it
+    is read (or once ``read`` bytes of it are past the limit: it grew after its size was checked)."""
+    size = max(path.stat().st_size, read)
+    if size > FILE_LIMIT:
+        msg = (
+            f"{path}: the file is {size:,} bytes, larger than the {_size(FILE_LIMIT)} a recording "
+            "may hold; split the session or pass a smaller file"
+        )
+        raise RecordingError(msg)
+    return size
+
+
+def read_document(path: Path) -> bytes:
+    """The whole file (one JSON document), its byte order mark skipped; refused past :data:`FILE_LIMIT`."""
+    size = check_file_size(path)
+    with open(path, "rb") as f:
+        data = f.read(size)
+        more = f.read(_CHUNK)
+        if more:  # it grew after its size was checked: read on, within the limit
+            grown = bytearray(data)
+            while more:
+                grown += more
+                check_file_size(path, len(grown))
+                more = f.read(_CHUNK)
+            data = bytes(grown)
+    return data.removeprefix(_BOM)
+
+
+def read_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """``(line number, line)`` of a JSONL file, the byte order mark skipped; a line longer than
+    :data:`LINE_LIMIT` is refused naming it and its length, without holding more than the limit."""
+    check_file_size(path)
+    limit, total = LINE_LIMIT, 0
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(iter(lambda: f.readline(limit + 1), b""), 1):
+            if len(raw) > limit and not raw.endswith(b"\n"):
+                length = len(raw) + _rest_of_line(f)  # the newline not counted
+                msg = (
+                    f"{path}:{lineno}: the line is {length:,} bytes, longer than the {_size(limit)} a "
+                    "recording line may hold; this is not a recording line"
+                )
+                raise RecordingError(msg)
+            total += len(raw)
+            if total > FILE_LIMIT:
+                check_file_size(path, total)
+            yield lineno, raw.removeprefix(_BOM) if lineno == 1 else raw
+
+
+def _rest_of_line(f: Any) -> int:
+    """How many bytes are left of the current line before its newline, read in chunks and dropped."""
+    n = 0
+    while chunk := f.readline(_CHUNK):
+        if chunk.endswith(b"\n"):
+            return n + len(chunk) - 1
+        n += len(chunk)
+    return n
 
 
 class Lines:
@@ -61,19 +139,18 @@ class Lines:
             self.bad(where, problem[0], problem[1])
 
     def __iter__(self) -> Iterator[tuple[int, dict[str, Any]]]:
-        with open(self.path, "rb") as f:
-            for lineno, raw in enumerate(f, 1):
-                if not raw.strip():
-                    continue
-                try:
-                    value = orjson.loads(raw)
-                except orjson.JSONDecodeError as exc:
-                    self.bad(lineno, "one JSON object per line", f"invalid JSON ({exc})")
-                    continue
-                if not isinstance(value, dict):
-                    self.bad(lineno, "a JSON object", type(value).__name__)
-                    continue
-                yield lineno, value
+        for lineno, raw in read_lines(self.path):
+            if not raw.strip():
+                continue
+            try:
+                value = orjson.loads(raw)
+            except orjson.JSONDecodeError as exc:
+                self.bad(lineno, "one JSON object per line", f"invalid JSON ({exc})")
+                continue
+            if not isinstance(value, dict):
+                self.bad(lineno, "a JSON object", type(value).__name__)
+                continue
+            yield lineno, value
 
 
 def parse_time(value: Any) -> float | None:
@@ -143,10 +220,14 @@ def check_item(item: Item) -> tuple[str, str] | None:
             if not all(v is None or isinstance(v, str) for v in (source.provider, source.model)):
                 msg = f"the message's provider and model must be strings, got {source.provider!r:.60}, {source.model!r:.60}"
                 raise EventError(msg)
-            Message.from_dict(message.to_dict())  # the kernel's own check of every block's fields
+            data = message.to_dict()
+            Message.from_dict(data)  # the kernel's own check of every block's fields
             check_usage(item.usage)
+            orjson.dumps(data)  # what the replay does with it: orjson reads deeper JSON than it writes
         except EventError as exc:
             return "a well-typed assistant message", str(exc)
+        except orjson.JSONEncodeError as exc:
+            return "an assistant message whose arguments are JSON nested at most 254 levels", str(exc)
         return None
     if isinstance(item, MarkerItem):
         if not isinstance(item.kind, str) or not isinstance(item.data, dict):
