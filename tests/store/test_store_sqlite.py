@@ -92,6 +92,17 @@ def test_a_missing_row_is_corruption_not_a_short_log(tmp_path):
         store.repair("s")
 
 
+def test_a_header_row_naming_another_session_is_corruption(tmp_path):
+    # opening "a" through a header that names "b" worked on session b: read it, wrote to it
+    store = SqliteStore(tmp_path)
+    for session_id in ("a", "b"):
+        store.create(header(session_id))
+    with sqlite3.connect(tmp_path / DATABASE_NAME) as db:
+        db.execute("UPDATE sessions SET header = (SELECT header FROM sessions WHERE id = 'b') WHERE id = 'a'")
+    with pytest.raises(CorruptionError, match="header of session 'a' names session 'b'"):
+        store.header("a")
+
+
 @contextlib.contextmanager
 def held_init_lock(home):
     """Another opener's lock: an exclusive flock on the lock file beside the database."""

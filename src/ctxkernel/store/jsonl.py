@@ -227,7 +227,7 @@ class JsonlStore(SyncDeferral):
         except orjson.JSONDecodeError as exc:
             msg = f"{path}:1: session header is not valid JSON ({exc})"
             raise CorruptionError(msg) from None
-        return SessionHeader.from_dict(raw, where=f"{path}:1")
+        return SessionHeader.from_dict(raw, where=f"{path}:1", session_id=session_id)
 
     def list_sessions(self) -> list[str]:
         if not self.sessions_dir.exists():
@@ -279,7 +279,7 @@ class JsonlStore(SyncDeferral):
                     if not first.endswith(b"\n"):
                         msg = f"{path}:1: session header line is incomplete"
                         raise CorruptionError(msg)
-                    SessionHeader.from_dict(_loads(first, path, 1), where=f"{path}:1")
+                    SessionHeader.from_dict(_loads(first, path, 1), where=f"{path}:1", session_id=session_id)
                     index = _Index(end=len(first))
                 f.seek(index.end)
                 data = f.read()

@@ -53,13 +53,13 @@ def decode_value(body: str, where: str) -> Any:
         raise CorruptionError(msg) from None
 
 
-def decode_header(body: str, where: str) -> SessionHeader:
+def decode_header(body: str, where: str, session_id: str) -> SessionHeader:
     try:
         raw = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         msg = f"{where}: header is not valid JSON ({exc})"
         raise CorruptionError(msg) from None
-    return SessionHeader.from_dict(raw, where=where)
+    return SessionHeader.from_dict(raw, where=where, session_id=session_id)
 
 
 def read_events(fetch: FetchChunk, start: int, end: int, where: str) -> Iterator[Event]:

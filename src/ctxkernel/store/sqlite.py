@@ -271,7 +271,7 @@ class SqliteStore(SyncDeferral):
         rows = self._query("SELECT header FROM sessions WHERE id = ?", (check_session_id(session_id),))
         if not rows:
             raise self._not_found(session_id)
-        return decode_header(rows[0][0], f"{self.path}: session {session_id}")
+        return decode_header(rows[0][0], f"{self.path}: session {session_id}", session_id)
 
     def list_sessions(self) -> list[str]:
         return [row[0] for row in self._query("SELECT id FROM sessions ORDER BY id")]
