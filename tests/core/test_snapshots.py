@@ -129,6 +129,13 @@ DEFECTS: dict[str, tuple[Callable[[bytes], bytes], str]] = {
     "stale": (lambda p: _rewrite(p, lambda b: b.update(last_hash="0" * 64)), "stale"),
     "malformed": (lambda p: _rewrite(p, lambda b: b["surface"].update(nodes=[[{"seq": "x"}, 1]])), "malformed"),
     "other session": (lambda p: _rewrite(p, lambda b: b.update(session="someone-else")), "another session"),
+    # a body whose digest matches but whose tracked state lacks an entry or has another type: the
+    # open raised KeyError, TypeError or AttributeError instead of replaying
+    "track entry missing": (lambda p: _rewrite(p, lambda b: b["track"].pop("turn")), "do not fit"),
+    "track of other types": (
+        lambda p: _rewrite(p, lambda b: b["track"].update(route=5, compaction_summaries=[1], turn_open="yes")),
+        "do not fit",
+    ),
 }
 
 
