@@ -212,6 +212,38 @@ def test_jsonl_damaged_or_torn_snapshot_file_falls_back(tmp_path, caplog):
         assert any("snapshot set aside" in r.getMessage() for r in caplog.records)
 
 
+def test_an_unreadable_snapshot_record_falls_back(tmp_path, caplog):
+    """A position past the end of the log (OverflowError reading it), a folder at the snapshot's
+    name (IsADirectoryError), a sqlite row of other types (ValueError, TypeError) failed the open."""
+    import sqlite3
+
+    jsonl = lambda: JsonlStore(tmp_path / "home", fsync=False)  # noqa: E731
+    session, sid = built(jsonl, tmp_path, turns=20)
+    path = jsonl().snapshot_path(sid)
+    covers, body = jsonl().snapshot_get(sid)
+    damaged: list[Callable[[], None]] = [
+        lambda: path.write_bytes(b'{"covers": %d, "at": 1, "end": %d, "length": 1}\nx' % (covers, 2**63 - 1)),
+        lambda: (path.unlink(), path.mkdir()),
+    ]
+    for damage in damaged:
+        damage()
+        with caplog.at_level(logging.WARNING):
+            reopened = kernel(jsonl(), tmp_path).open_session(sid)
+        assert type(reopened.events) is list and state_of(reopened) == state_of(session)
+        assert any("snapshot set aside" in r.getMessage() for r in caplog.records)
+        caplog.clear()
+    sqlite = lambda: SqliteStore(tmp_path / "db", durable=False)  # noqa: E731
+    session, sid = built(sqlite, tmp_path, turns=20)
+    for change in ("covers = 'x'", "covers = 2.5", "body = CAST(body AS TEXT)"):
+        with sqlite3.connect(tmp_path / "db" / "ctxkernel.sqlite3") as db:
+            db.execute(f"UPDATE snapshots SET {change}")
+        with caplog.at_level(logging.WARNING):
+            reopened = kernel(sqlite(), tmp_path).open_session(sid)
+        assert type(reopened.events) is list and state_of(reopened) == state_of(session)
+        assert any("snapshot row" in r.getMessage() for r in caplog.records), change
+        caplog.clear()
+
+
 def test_snapshots_off_writes_none(tmp_path):
     factory = lambda: JsonlStore(tmp_path / "home", fsync=False)  # noqa: E731
     session = kernel(factory(), tmp_path, snapshot_every=0).open_session()

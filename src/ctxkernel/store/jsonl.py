@@ -508,6 +508,9 @@ class JsonlStore(SyncDeferral):
             data = path.read_bytes()
         except FileNotFoundError:
             return None
+        except OSError as exc:  # a folder or another unreadable thing at its name
+            msg = f"{path}: the snapshot cannot be read ({exc.strerror or exc})"
+            raise CorruptionError(msg) from None
         line, _, body = data.partition(b"\n")
         try:
             position = orjson.loads(line)
@@ -526,7 +529,8 @@ class JsonlStore(SyncDeferral):
         # compares its hash): a snapshot of a log rewritten since is stale, not a crash
         with open(log_path, "rb") as f:
             f.seek(at - 1)
-            last = f.read(end - at + 1)
+            # a range past the log's end is not read (a huge one could not be allocated)
+            last = f.read(end - at + 1) if end <= os.fstat(f.fileno()).st_size else b""
         try:
             raw = orjson.loads(last[1:]) if last[:1] == b"\n" and last.endswith(b"\n") else None
         except orjson.JSONDecodeError:

@@ -355,7 +355,13 @@ class SqliteStore(SyncDeferral):
         if not rows:
             return None
         covers, body = rows[0]
-        return int(covers), bytes(body)
+        if type(covers) is not int or type(body) is not bytes:  # a row changed outside ctxkernel
+            msg = (
+                f"{self.path}: the snapshot row of session {session_id} holds covers {covers!r:.40} and a body "
+                f"of type {type(body).__name__}; accepted: an integer and a BLOB"
+            )
+            raise CorruptionError(msg)
+        return covers, body
 
     def snapshot_delete(self, session_id: str) -> None:
         check_session_id(session_id)
