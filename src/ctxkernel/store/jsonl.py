@@ -673,9 +673,20 @@ class JsonlStore(SyncDeferral):
         """The file holding blob ``key`` (keys are checked, so it is always inside the home)."""
         return self.blobs_dir / check_blob_key(key)
 
+    def _check_blob_folder(self, key: str, path: Path) -> None:
+        """Refuse a key whose folder leads outside ``blobs/`` through a link planted under the
+        home: a put would write there, a delete remove a file there."""
+        folder, blobs = path.parent.resolve(), self.blobs_dir.resolve()
+        if folder != blobs and blobs not in folder.parents:
+            msg = (
+                f"blob {key}: the folder of {path} resolves outside the store's blobs folder (through a link); refused"
+            )
+            raise StoreError(msg)
+
     def blob_put(self, key: str, data: bytes) -> BlobInfo:
         path = self.blob_path(key)
         data = check_blob_data(key, data)
+        self._check_blob_folder(key, path)
         self._check_blob_nesting(key)
         tmp = None
         try:
@@ -769,6 +780,7 @@ class JsonlStore(SyncDeferral):
 
     def blob_delete(self, key: str) -> None:
         path = self.blob_path(key)
+        self._check_blob_folder(key, path)
         try:
             path.unlink()
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
