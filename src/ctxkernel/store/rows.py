@@ -104,6 +104,9 @@ def join_blob(info: BlobInfo, rows: Sequence[tuple[int, bytes]], where: str) -> 
     if [index for index, _ in rows] != list(range(len(rows))):
         msg = f"{where}: blob {info.key} has missing or misplaced chunks"
         raise CorruptionError(msg)
+    if not all(isinstance(chunk, (bytes, memoryview)) for _, chunk in rows):
+        msg = f"{where}: blob {info.key} has a chunk that is not bytes (text written outside ctxkernel)"
+        raise CorruptionError(msg)
     data = b"".join(bytes(chunk) for _, chunk in rows)
     if len(data) != info.size or BlobInfo.of(info.key, data).sha256 != info.sha256:
         msg = (
