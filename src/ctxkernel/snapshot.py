@@ -242,6 +242,37 @@ def decode(payload: bytes, session_id: str, covers: int, log_length: int) -> dic
     return body
 
 
+#: the types each entry of a snapshot's ``track`` (``Tracker.snapshot``) can have after a replay;
+#: ``last_decoration_delta`` is whatever the log's last reply recorded
+_NONE = type(None)
+_TRACK_TYPES: dict[str, tuple[type, ...]] = {
+    "turn": (int,),
+    "turn_open": (bool,),
+    "step": (int,),
+    "step_open": (bool,),
+    "open_compaction": (dict, _NONE),
+    "compaction_summaries": (list,),
+    "header_hash": (str, _NONE),
+    "header_tools": (list,),
+    "route": (dict, _NONE),
+    "anchor": (list, _NONE),
+    "last_decoration_delta": (object,),
+}
+
+
+def _track_fits(track: Any) -> bool:
+    """Whether a snapshot's ``track`` has every entry ``Tracker.restore`` takes, each of a type
+    a replay gives it (exact: a bool is not a turn)."""
+    return (
+        type(track) is dict
+        and all(
+            key in track and (types == (object,) or type(track[key]) in types) for key, types in _TRACK_TYPES.items()
+        )
+        and all(type(row) is dict for row in track["compaction_summaries"])
+        and (track["anchor"] is None or len(track["anchor"]) == 3)
+    )
+
+
 @dataclass(frozen=True)
 class Restored:
     """A checked snapshot, ready to install into a fresh session (:func:`restore` builds it; the
@@ -285,22 +316,21 @@ def restore(
         indexes = tuple(
             {str(k): int(v) for k, v in surface[name].items()} for name in ("pending_calls", "call_owner", "result_of")
         )
-        place = (int(surface["turn"]), int(surface["step"]))
+        place = (surface["turn"], surface["step"])
         track = body["track"]
-        anchor = track["anchor"]
         parts = body.get("strategies", {})  # absent from a snapshot written before strategies took part
         session_indexes = body.get("session_indexes", {})
         if (
             surface["applied"] != covers
             or type(surface["version"]) is not int
+            or not all(type(v) is int for v in place)
             or not isinstance(parts, dict)
             or not isinstance(session_indexes, dict)
             or not all(
                 isinstance(p, dict) and type(p.get("version")) is int and isinstance(p.get("data"), dict)
                 for p in parts.values()
             )
-            or not isinstance(track["compaction_summaries"], list)
-            or (anchor is not None and len(anchor) != 3)
+            or not _track_fits(track)
         ):
             msg = "the snapshot's fields do not fit together"
             raise SnapshotRejected(msg)

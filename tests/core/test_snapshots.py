@@ -129,6 +129,13 @@ DEFECTS: dict[str, tuple[Callable[[bytes], bytes], str]] = {
     "stale": (lambda p: _rewrite(p, lambda b: b.update(last_hash="0" * 64)), "stale"),
     "malformed": (lambda p: _rewrite(p, lambda b: b["surface"].update(nodes=[[{"seq": "x"}, 1]])), "malformed"),
     "other session": (lambda p: _rewrite(p, lambda b: b.update(session="someone-else")), "another session"),
+    # a body whose digest matches but whose tracked state lacks an entry or has another type: the
+    # open raised KeyError, TypeError or AttributeError instead of replaying
+    "track entry missing": (lambda p: _rewrite(p, lambda b: b["track"].pop("turn")), "do not fit"),
+    "track of other types": (
+        lambda p: _rewrite(p, lambda b: b["track"].update(route=5, compaction_summaries=[1], turn_open="yes")),
+        "do not fit",
+    ),
 }
 
 
@@ -203,6 +210,38 @@ def test_jsonl_damaged_or_torn_snapshot_file_falls_back(tmp_path, caplog):
             reopened = kernel(factory(), tmp_path).open_session(sid)
         assert type(reopened.events) is list and state_of(reopened) == state_of(session)
         assert any("snapshot set aside" in r.getMessage() for r in caplog.records)
+
+
+def test_an_unreadable_snapshot_record_falls_back(tmp_path, caplog):
+    """A position past the end of the log (OverflowError reading it), a folder at the snapshot's
+    name (IsADirectoryError), a sqlite row of other types (ValueError, TypeError) failed the open."""
+    import sqlite3
+
+    jsonl = lambda: JsonlStore(tmp_path / "home", fsync=False)  # noqa: E731
+    session, sid = built(jsonl, tmp_path, turns=20)
+    path = jsonl().snapshot_path(sid)
+    covers, body = jsonl().snapshot_get(sid)
+    damaged: list[Callable[[], None]] = [
+        lambda: path.write_bytes(b'{"covers": %d, "at": 1, "end": %d, "length": 1}\nx' % (covers, 2**63 - 1)),
+        lambda: (path.unlink(), path.mkdir()),
+    ]
+    for damage in damaged:
+        damage()
+        with caplog.at_level(logging.WARNING):
+            reopened = kernel(jsonl(), tmp_path).open_session(sid)
+        assert type(reopened.events) is list and state_of(reopened) == state_of(session)
+        assert any("snapshot set aside" in r.getMessage() for r in caplog.records)
+        caplog.clear()
+    sqlite = lambda: SqliteStore(tmp_path / "db", durable=False)  # noqa: E731
+    session, sid = built(sqlite, tmp_path, turns=20)
+    for change in ("covers = 'x'", "covers = 2.5", "body = CAST(body AS TEXT)"):
+        with sqlite3.connect(tmp_path / "db" / "ctxkernel.sqlite3") as db:
+            db.execute(f"UPDATE snapshots SET {change}")
+        with caplog.at_level(logging.WARNING):
+            reopened = kernel(sqlite(), tmp_path).open_session(sid)
+        assert type(reopened.events) is list and state_of(reopened) == state_of(session)
+        assert any("snapshot row" in r.getMessage() for r in caplog.records), change
+        caplog.clear()
 
 
 def test_snapshots_off_writes_none(tmp_path):

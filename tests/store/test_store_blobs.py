@@ -58,6 +58,24 @@ def test_jsonl_refuses_a_blob_key_nested_in_another_naming_both(tmp_path, first,
     assert [i.key for i in store.blob_list()] == [first]
 
 
+def test_jsonl_never_writes_or_deletes_through_a_linked_blob_folder(tmp_path):
+    # a get through a link planted under the home was refused, a put and a delete were not:
+    # they wrote and removed files wherever the link pointed
+    store = JsonlStore(tmp_path / "home")
+    store.blob_put("chapters/keep", b"mine")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "victim").write_bytes(b"keep me")
+    (tmp_path / "home" / "blobs" / "linked").symlink_to(elsewhere)
+    for call in (lambda: store.blob_put("linked/new", b"x"), lambda: store.blob_delete("linked/victim")):
+        with pytest.raises(StoreError, match="resolves outside the store's blobs folder"):
+            call()
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["victim"]
+    assert (elsewhere / "victim").read_bytes() == b"keep me"
+    store.blob_delete("chapters/keep")  # a folder inside the store still works
+    assert store.blob_get("chapters/keep") is None
+
+
 def test_jsonl_stat_sees_a_file_changed_behind_its_back(tmp_path):
     store = JsonlStore(tmp_path)
     store.blob_put("k", b"first")

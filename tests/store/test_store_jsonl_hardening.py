@@ -142,6 +142,29 @@ def test_an_unterminated_tail_is_still_a_torn_write(tmp_path):
     assert [e.seq for e in JsonlStore(tmp_path).read("s")] == [0, 1]
 
 
+def test_a_header_line_naming_another_session_is_corruption(tmp_path):
+    """Session a's log with b's header line opened, and appended to, session b."""
+    from ctxkernel import Kernel
+    from ctxkernel.testing import make_profile
+
+    store = JsonlStore(tmp_path / "home")
+    for session_id in ("a", "b"):
+        store.create(header(session_id))
+        store.append(session_id, [event(0)], 0)
+    path = store.path("a")
+    path.write_bytes(store.path("b").read_bytes().partition(b"\n")[0] + b"\n" + path.read_bytes().partition(b"\n")[2])
+    before = path.read_bytes(), store.path("b").read_bytes()
+    fresh = JsonlStore(tmp_path / "home")
+    with pytest.raises(CorruptionError, match=r"a\.jsonl:1: the header of session 'a' names session 'b'"):
+        fresh.header("a")
+    with pytest.raises(CorruptionError, match="names session 'b'"):
+        list(JsonlStore(tmp_path / "home").read("a"))
+    kernel = Kernel(make_profile(), store=JsonlStore(tmp_path / "home"), home=tmp_path, entry_points=False)
+    with pytest.raises(CorruptionError, match="names session 'b'"):
+        kernel.open_session("a")
+    assert (path.read_bytes(), store.path("b").read_bytes()) == before
+
+
 @pytest.mark.parametrize("what", ["create", "kv_put", "blob_put", "lease"])
 def test_a_link_planted_at_a_temporary_name_is_not_written_through(tmp_path, monkeypatch, what):
     # a temporary file's name was the process and thread id: a link planted there redirected

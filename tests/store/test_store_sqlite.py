@@ -92,6 +92,49 @@ def test_a_missing_row_is_corruption_not_a_short_log(tmp_path):
         store.repair("s")
 
 
+@pytest.mark.parametrize(
+    ("change", "calls"),
+    [
+        ("UPDATE sessions SET next_seq = 'x'", ("next_seq", "read", "repair", "append")),
+        ("UPDATE sessions SET next_seq = 2.5", ("next_seq", "read", "repair", "append")),
+        ("UPDATE blobs SET size = 'x'", ("blob_get", "blob_stat", "blob_list")),
+        ("UPDATE blob_chunks SET data = CAST(data AS TEXT)", ("blob_get",)),
+    ],
+)
+def test_a_row_of_another_type_is_corruption(tmp_path, change, calls):
+    # int() and bytes() of what the row held: a bare ValueError or TypeError, or a next seq of
+    # 2.5 read as 2 while every append met a conflict "at 2.5"
+    store = SqliteStore(tmp_path)
+    store.create(header("s"))
+    store.append("s", batch(0, 3), 0)
+    store.blob_put("b/k", b"bytes")
+    with sqlite3.connect(tmp_path / DATABASE_NAME) as db:
+        db.execute(change)
+    run = {
+        "next_seq": lambda: store.next_seq("s"),
+        "read": lambda: list(store.read("s")),
+        "repair": lambda: store.repair("s"),
+        "append": lambda: store.append("s", batch(3, 1), 3),
+        "blob_get": lambda: store.blob_get("b/k"),
+        "blob_stat": lambda: store.blob_stat("b/k"),
+        "blob_list": lambda: store.blob_list("b/"),
+    }
+    for call in calls:
+        with pytest.raises(CorruptionError, match="accepted: an integer|not bytes"):
+            run[call]()
+
+
+def test_a_header_row_naming_another_session_is_corruption(tmp_path):
+    # opening "a" through a header that names "b" worked on session b: read it, wrote to it
+    store = SqliteStore(tmp_path)
+    for session_id in ("a", "b"):
+        store.create(header(session_id))
+    with sqlite3.connect(tmp_path / DATABASE_NAME) as db:
+        db.execute("UPDATE sessions SET header = (SELECT header FROM sessions WHERE id = 'b') WHERE id = 'a'")
+    with pytest.raises(CorruptionError, match="header of session 'a' names session 'b'"):
+        store.header("a")
+
+
 @contextlib.contextmanager
 def held_init_lock(home):
     """Another opener's lock: an exclusive flock on the lock file beside the database."""

@@ -169,9 +169,16 @@ class SessionHeader:
         return out
 
     @classmethod
-    def from_dict(cls, raw: Any, where: str = "header") -> SessionHeader:
+    def from_dict(cls, raw: Any, where: str = "header", session_id: str | None = None) -> SessionHeader:
+        """The header read back from a store; ``session_id``: the session it was read for, which
+        it must name (a header of another session would open, and write to, that session)."""
         if not isinstance(raw, dict) or not isinstance(raw.get("id"), str):
             msg = f"{where}: session header must be an object with an 'id', got {raw!r:.120}"
+            raise CorruptionError(msg)
+        if session_id is not None and raw["id"] != session_id:
+            msg = (
+                f"{where}: the header of session {session_id!r} names session {raw['id']!r:.140}; the store is corrupt"
+            )
             raise CorruptionError(msg)
         version = raw.get("format_version")
         if version != FORMAT_VERSION:

@@ -227,7 +227,7 @@ class JsonlStore(SyncDeferral):
         except orjson.JSONDecodeError as exc:
             msg = f"{path}:1: session header is not valid JSON ({exc})"
             raise CorruptionError(msg) from None
-        return SessionHeader.from_dict(raw, where=f"{path}:1")
+        return SessionHeader.from_dict(raw, where=f"{path}:1", session_id=session_id)
 
     def list_sessions(self) -> list[str]:
         if not self.sessions_dir.exists():
@@ -279,7 +279,7 @@ class JsonlStore(SyncDeferral):
                     if not first.endswith(b"\n"):
                         msg = f"{path}:1: session header line is incomplete"
                         raise CorruptionError(msg)
-                    SessionHeader.from_dict(_loads(first, path, 1), where=f"{path}:1")
+                    SessionHeader.from_dict(_loads(first, path, 1), where=f"{path}:1", session_id=session_id)
                     index = _Index(end=len(first))
                 f.seek(index.end)
                 data = f.read()
@@ -508,6 +508,9 @@ class JsonlStore(SyncDeferral):
             data = path.read_bytes()
         except FileNotFoundError:
             return None
+        except OSError as exc:  # a folder or another unreadable thing at its name
+            msg = f"{path}: the snapshot cannot be read ({exc.strerror or exc})"
+            raise CorruptionError(msg) from None
         line, _, body = data.partition(b"\n")
         try:
             position = orjson.loads(line)
@@ -526,7 +529,8 @@ class JsonlStore(SyncDeferral):
         # compares its hash): a snapshot of a log rewritten since is stale, not a crash
         with open(log_path, "rb") as f:
             f.seek(at - 1)
-            last = f.read(end - at + 1)
+            # a range past the log's end is not read (a huge one could not be allocated)
+            last = f.read(end - at + 1) if end <= os.fstat(f.fileno()).st_size else b""
         try:
             raw = orjson.loads(last[1:]) if last[:1] == b"\n" and last.endswith(b"\n") else None
         except orjson.JSONDecodeError:
@@ -669,9 +673,20 @@ class JsonlStore(SyncDeferral):
         """The file holding blob ``key`` (keys are checked, so it is always inside the home)."""
         return self.blobs_dir / check_blob_key(key)
 
+    def _check_blob_folder(self, key: str, path: Path) -> None:
+        """Refuse a key whose folder leads outside ``blobs/`` through a link planted under the
+        home: a put would write there, a delete remove a file there."""
+        folder, blobs = path.parent.resolve(), self.blobs_dir.resolve()
+        if folder != blobs and blobs not in folder.parents:
+            msg = (
+                f"blob {key}: the folder of {path} resolves outside the store's blobs folder (through a link); refused"
+            )
+            raise StoreError(msg)
+
     def blob_put(self, key: str, data: bytes) -> BlobInfo:
         path = self.blob_path(key)
         data = check_blob_data(key, data)
+        self._check_blob_folder(key, path)
         self._check_blob_nesting(key)
         tmp = None
         try:
@@ -765,6 +780,7 @@ class JsonlStore(SyncDeferral):
 
     def blob_delete(self, key: str) -> None:
         path = self.blob_path(key)
+        self._check_blob_folder(key, path)
         try:
             path.unlink()
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):

@@ -333,7 +333,7 @@ class PostgresStore(SyncDeferral):
         rows = self._query("SELECT header FROM ctxkernel_sessions WHERE id = %s", (check_session_id(session_id),))
         if not rows:
             raise self._not_found(session_id)
-        return decode_header(rows[0][0], f"postgres store {self.where}: session {session_id}")
+        return decode_header(rows[0][0], f"postgres store {self.where}: session {session_id}", session_id)
 
     def list_sessions(self) -> list[str]:
         return [row[0] for row in self._query('SELECT id FROM ctxkernel_sessions ORDER BY id COLLATE "C"')]

@@ -53,13 +53,13 @@ def decode_value(body: str, where: str) -> Any:
         raise CorruptionError(msg) from None
 
 
-def decode_header(body: str, where: str) -> SessionHeader:
+def decode_header(body: str, where: str, session_id: str) -> SessionHeader:
     try:
         raw = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         msg = f"{where}: header is not valid JSON ({exc})"
         raise CorruptionError(msg) from None
-    return SessionHeader.from_dict(raw, where=where)
+    return SessionHeader.from_dict(raw, where=where, session_id=session_id)
 
 
 def read_events(fetch: FetchChunk, start: int, end: int, where: str) -> Iterator[Event]:
@@ -103,6 +103,9 @@ def join_blob(info: BlobInfo, rows: Sequence[tuple[int, bytes]], where: str) -> 
     whole still hashes to the digest recorded by ``blob_put``."""
     if [index for index, _ in rows] != list(range(len(rows))):
         msg = f"{where}: blob {info.key} has missing or misplaced chunks"
+        raise CorruptionError(msg)
+    if not all(isinstance(chunk, (bytes, memoryview)) for _, chunk in rows):
+        msg = f"{where}: blob {info.key} has a chunk that is not bytes (text written outside ctxkernel)"
         raise CorruptionError(msg)
     data = b"".join(bytes(chunk) for _, chunk in rows)
     if len(data) != info.size or BlobInfo.of(info.key, data).sha256 != info.sha256:

@@ -271,10 +271,17 @@ class SqliteStore(SyncDeferral):
         rows = self._query("SELECT header FROM sessions WHERE id = ?", (check_session_id(session_id),))
         if not rows:
             raise self._not_found(session_id)
-        return decode_header(rows[0][0], f"{self.path}: session {session_id}")
+        return decode_header(rows[0][0], f"{self.path}: session {session_id}", session_id)
 
     def list_sessions(self) -> list[str]:
         return [row[0] for row in self._query("SELECT id FROM sessions ORDER BY id")]
+
+    def _stored_int(self, value: Any, what: str) -> int:
+        """An INTEGER column's value; a row changed outside ctxkernel can hold text or a real."""
+        if type(value) is not int:
+            msg = f"{self.path}: {what} is {value!r:.40}; accepted: an integer. The database is corrupt"
+            raise CorruptionError(msg)
+        return value
 
     def _not_found(self, session_id: str) -> SessionNotFoundError:
         return SessionNotFoundError(f"no session {session_id!r} in {self.path}")
@@ -284,7 +291,7 @@ class SqliteStore(SyncDeferral):
         rows = self._query("SELECT next_seq FROM sessions WHERE id = ?", (check_session_id(session_id),))
         if not rows:
             raise self._not_found(session_id)
-        return int(rows[0][0])
+        return self._stored_int(rows[0][0], f"the next seq of session {session_id}")
 
     def read(self, session_id: str, start: int = 0, end: int | None = None) -> Iterator[Event]:
         # the end is fixed now: a reader sees the batches committed when it asked, never a part of one
@@ -315,7 +322,7 @@ class SqliteStore(SyncDeferral):
             found = db.execute("SELECT next_seq FROM sessions WHERE id = ?", (session_id,)).fetchone()
             if found is None:
                 raise self._not_found(session_id)
-            if found[0] != expected_seq:
+            if self._stored_int(found[0], f"the next seq of session {session_id}") != expected_seq:
                 raise ConflictError(session_id, expected_seq, found[0])
             try:
                 offset, count = 0, len(events)
@@ -355,7 +362,13 @@ class SqliteStore(SyncDeferral):
         if not rows:
             return None
         covers, body = rows[0]
-        return int(covers), bytes(body)
+        if type(covers) is not int or type(body) is not bytes:  # a row changed outside ctxkernel
+            msg = (
+                f"{self.path}: the snapshot row of session {session_id} holds covers {covers!r:.40} and a body "
+                f"of type {type(body).__name__}; accepted: an integer and a BLOB"
+            )
+            raise CorruptionError(msg)
+        return covers, body
 
     def snapshot_delete(self, session_id: str) -> None:
         check_session_id(session_id)
@@ -462,7 +475,7 @@ class SqliteStore(SyncDeferral):
 
     def blob_stat(self, key: str) -> BlobInfo | None:
         rows = self._query("SELECT size, sha256 FROM blobs WHERE key = ?", (check_blob_key(key),))
-        return BlobInfo(key, int(rows[0][0]), rows[0][1]) if rows else None
+        return BlobInfo(key, self._stored_int(rows[0][0], f"the size of blob {key}"), rows[0][1]) if rows else None
 
     def blob_get(self, key: str) -> bytes | None:
         check_blob_key(key)
@@ -481,14 +494,18 @@ class SqliteStore(SyncDeferral):
                 raise StoreError(msg) from None
         if row is None:
             return None
-        return join_blob(BlobInfo(key, int(row[0]), row[1]), chunks, f"sqlite store {self.path}")
+        return join_blob(
+            BlobInfo(key, self._stored_int(row[0], f"the size of blob {key}"), row[1]),
+            chunks,
+            f"sqlite store {self.path}",
+        )
 
     def blob_list(self, prefix: str = "") -> list[BlobInfo]:
         rows = self._query(
             "SELECT key, size, sha256 FROM blobs WHERE substr(key, 1, ?) = ? ORDER BY key",
             (len(check_blob_prefix(prefix)), prefix),
         )
-        return [BlobInfo(key, int(size), sha256) for key, size, sha256 in rows]
+        return [BlobInfo(key, self._stored_int(size, f"the size of blob {key}"), sha256) for key, size, sha256 in rows]
 
     def blob_delete(self, key: str) -> None:
         check_blob_key(key)
