@@ -418,7 +418,7 @@ class Handler:
                             continue
                         error = stream_error(wire, translator, data)
                         if error is not None:
-                            raise StreamedError(error)
+                            raise StreamedError(error, turn.scrubber)
                         for chunk in translator.feed_event(event.event, data):
                             yield chunk
                     if not translator.round_complete:  # a cut connection is not a reply
