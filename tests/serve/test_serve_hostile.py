@@ -369,6 +369,53 @@ def test_an_upstream_redirect_is_passed_back(fake, serve_factory, api, stream):
     assert answer.headers["location"] == "https://elsewhere.example/v1/chat"
 
 
+def raw_status_provider(status_line: bytes) -> tuple[str, socket.socket]:
+    """A provider on a raw socket answering every request with ``status_line`` and no body (a
+    server of ours cannot send a status HTTP has no room for); its base URL and socket."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve_forever() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, _, body = data.partition(b"\r\n\r\n")
+                lengths = [
+                    int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")
+                ]
+                length = lengths[0] if lengths else 0
+                while len(body) < length:
+                    body += conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 " + status_line + b"\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+
+    threading.Thread(target=serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}", listener
+
+
+@pytest.mark.parametrize("status_line", [b"304 Not Modified", b"600 Beyond", b"999 Nonsense"])
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_an_upstream_status_no_client_can_be_given_is_a_502(on_loopback, tmp_path, status_line, stream):
+    # such a status was passed back as it came: the server refused to send it (no body may follow
+    # a 304; HTTP has no status over 599) and dropped the connection with a traceback
+    provider, listener = raw_status_provider(status_line)
+    try:
+        serve = on_loopback(create_app(ServeConfig(profile=str(write_profile(tmp_path)), upstream=f"{provider}/v1")))
+        body = {"model": "fake-model", "stream": stream, "messages": [{"role": "user", "content": "hi"}]}
+        answer = httpx.post(f"{serve}/v1/chat/completions", json=body, timeout=30)
+        models = httpx.get(f"{serve}/v1/models", timeout=30)
+    finally:
+        listener.close()
+    status = status_line.split()[0].decode()
+    assert answer.status_code == 502, answer.text
+    assert f"HTTP {status}" in answer.json()["error"]["message"]
+    assert models.status_code == 502 and f"HTTP {status}" in models.text
+
+
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 def test_an_upstream_model_name_is_bounded(fake, serve_factory, api, stream):

@@ -86,10 +86,26 @@ def error_response(wire: Any, error: WireError) -> JSONBody:
 RETRY_HEADERS = ("retry-after", "retry-after-ms", "x-should-retry")
 
 
+def unsendable(status: int) -> bool:
+    """Whether an upstream status cannot be passed to the client as it came: no body may follow
+    it (204, 304), or HTTP has no such status (below 200 or over 599)."""
+    return status in (204, 304) or not 200 <= status <= 599
+
+
+def unsendable_error(wire: Any, status: int) -> JSONBody:
+    """The 502 for an upstream status :func:`unsendable` (passed on, the server would refuse to
+    send it and drop the connection)."""
+    msg = f"the upstream answered HTTP {status}, a status ctxkernel serve cannot pass on (200-599 but 204 and 304)"
+    return JSONBody(wire.error_body(msg, kind="api_error"), status_code=502)
+
+
 def passthrough_error(wire: Any, status: int, body: bytes, headers: Any = None) -> Response:
     """An upstream error or redirect for the client: its status, its body when that is JSON,
     else our shape; its retry headers (:data:`RETRY_HEADERS`) as they came, and a redirect's
-    ``location`` (the client decides whether its credentials follow it: serve never does)."""
+    ``location`` (the client decides whether its credentials follow it: serve never does).
+    A status the client cannot be given is a 502 naming it (:func:`unsendable`)."""
+    if unsendable(status):
+        return unsendable_error(wire, status)
     extra = {}
     for name in (*RETRY_HEADERS, "location") if headers is not None else ():
         if name in headers:
@@ -494,7 +510,10 @@ class Handler:
                 wire.error_body(scrub.text(str(exc)), kind="api_error"), status_code=exc.status
             )
         else:
-            response = Response(scrub.bytes(answer.body), status_code=answer.status, media_type="application/json")
+            if unsendable(answer.status):
+                response = unsendable_error(wire, answer.status)
+            else:
+                response = Response(scrub.bytes(answer.body), status_code=answer.status, media_type="application/json")
         proxy.metrics.child(proxy.metrics.requests, "/v1/models", str(response.status_code)).inc()
         return response
 
