@@ -59,6 +59,7 @@ from ..pairing import CallIds, claim_raw_calls
 from ..session import Request
 from . import openai_wire
 from .reconcile import message_hash
+from .upstream import UpstreamError
 from .wire import (
     ClientRequest,
     Converted,
@@ -1209,7 +1210,10 @@ class StreamTranslator:
             self._reasoning_closed = True
         else:
             items = [self.round_items[k] for k in sorted(self.round_items)]
-            message = assistant_message(items, "upstream output")
+            try:
+                message = assistant_message(items, "upstream output")
+            except EventError as exc:
+                raise UpstreamError(f"the upstream sent an unreadable reply: {exc}") from None
             names = [c.name for c in message.tool_calls]
         self.usage = add_usage(self.usage, self.round_usage)
         return out, message, self.round_usage, names
