@@ -418,6 +418,38 @@ def test_an_internal_error_keeps_the_credential_out_of_the_answer_and_the_log(
     assert ECHOED_KEY not in caplog.text
 
 
+@pytest.mark.parametrize("api", ["openai", "anthropic", "responses"])
+def test_an_internal_error_mid_stream_is_an_error_event_without_the_credential(
+    fake, serve_factory, caplog, monkeypatch, api
+):
+    # it escaped the stream: the client's stream was cut without an event and the server logged
+    # a traceback of its own, where the same failure unstreamed is a 500 in the API's shape
+    serve = serve_factory()
+
+    async def failing(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"the store refused {ECHOED_KEY}")
+
+    monkeypatch.setattr(serve.proxy, "commit", failing)
+    caplog.set_level(logging.DEBUG, logger="ctxkernel")
+    url = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages", "responses": "/v1/responses"}[api]
+    body: dict[str, Any] = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]}
+    if api == "anthropic":
+        body["max_tokens"] = 5
+    elif api == "responses":
+        body = {"model": "m", "stream": True, "input": "x"}
+    headers = {"x-api-key" if api == "anthropic" else "authorization": ECHOED_KEY, "X-Ctxkernel-Session": "broken"}
+    with (
+        httpx.Client(base_url=serve.url, timeout=30) as http,
+        http.stream("POST", url, json=body, headers=headers) as response,
+    ):
+        text = "".join(response.iter_text())
+    assert "internal error: RuntimeError: the store refused ***" in text
+    assert ECHOED_KEY not in text
+    assert "the store refused ***" in caplog.text and "Traceback" in caplog.text
+    assert ECHOED_KEY not in caplog.text
+    assert 'ctxkernel_serve_errors_total{kind="internal"} 1.0' in httpx.get(f"{serve.url}/metrics").text
+
+
 def test_count_tokens_reads_another_tenants_session_name_as_its_own(fake, serve_factory):
     upstream, _ = fake
     upstream.script = lambda api_name, body: Reply("noted")

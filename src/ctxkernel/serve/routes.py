@@ -182,16 +182,19 @@ class Handler:
         return response
 
     def _internal_error(self, wire: Any, route: str, request: HTTPRequest, exc: Exception) -> Response:
-        """A 500 for a failure of ours, logged with its traceback; the request's credentials are
-        taken out of both (an exception's text may hold anything the request carried)."""
+        """A 500 for a failure of ours (:meth:`_internal`)."""
+        return JSONBody(wire.error_body(self._internal(route, request, exc), kind="api_error"), status_code=500)
+
+    def _internal(self, route: str, request: HTTPRequest, exc: Exception) -> str:
+        """A failure of ours, logged with its traceback and counted; what the client is told. The
+        request's credentials are taken out of both (an exception's text may hold anything the
+        request carried)."""
         scrub = Scrubber(self._secrets(request))
         what = scrub.text(f"{type(exc).__name__}: {exc}")
         trace = scrub.text("".join(traceback.format_exception(exc)))
         log.error("serve: request failed", route=route, error=what[:500], exception=trace)
         self.proxy.metrics.child(self.proxy.metrics.errors, "internal").inc()
-        return JSONBody(
-            wire.error_body(f"ctxkernel serve: internal error: {what}"[:1000], kind="api_error"), status_code=500
-        )
+        return f"ctxkernel serve: internal error: {what}"[:1000]
 
     def _secrets(self, request: HTTPRequest) -> tuple[str | None, ...]:
         headers = request.headers
@@ -409,9 +412,10 @@ class Handler:
             translator = wire.StreamTranslator(turn.client.include_usage, turn.strategy_tools)
         translator.model = turn.client.model
 
-        async def pump() -> Any:
+        async def pump() -> Any:  # noqa: C901
             handle = opened
             committed = True
+            internal = False
             try:
                 while True:
                     translator.strategy_tools = turn.strategy_tools
@@ -477,12 +481,17 @@ class Handler:
                 )
                 for chunk in chunks:
                     yield chunk
+            except Exception as exc:  # a failure of ours: an error event (unstreamed, a 500), and logged
+                internal = True
+                for chunk in translator.error_event(self._internal(request.url.path, request, exc)):
+                    yield chunk
             finally:
-                # a client that went away mid-stream: the uncommitted reply is dropped and its
-                # step closed, so the log holds no half reply and no split pair
+                # a client that went away mid-stream (or a failure of ours): the uncommitted reply
+                # is dropped and its step closed, so the log holds no half reply and no split pair
                 with anyio.CancelScope(shield=True):
                     if not committed:
-                        proxy.metrics.child(proxy.metrics.errors, "client_disconnected").inc()
+                        if not internal:
+                            proxy.metrics.child(proxy.metrics.errors, "client_disconnected").inc()
                         await proxy.abandon(turn)
                     await stack.aclose()
                     await lease.release()
