@@ -512,3 +512,15 @@ def test_an_unreadable_output_item_of_a_responses_upstream_is_an_upstream_error(
         upstream.script = lambda api, body: Reply("fine")
         again = http.post("/v1/responses", json={**body, "stream": False}, headers=headers)
     assert again.status_code == 200 and again.json()["output"][0]["content"][0]["text"] == "fine"
+
+
+def test_a_tool_output_without_its_call_is_refused_naming_the_input(fake, serve_factory):
+    # the session's pairing refusal named "messages", a field the Responses API does not have
+    serve = serve_factory()
+    body = {"model": "fake-model", "input": [{"type": "function_call_output", "call_id": "nope", "output": "x"}]}
+    with httpx.Client(base_url=serve.url, timeout=30) as http:
+        answer = http.post("/v1/responses", json=body, headers={"X-Ctxkernel-Session": "orphan-output"})
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error["param"] == "input" and error["message"].startswith("input: ")
+    assert "'nope' answers no earlier tool call" in error["message"]

@@ -329,7 +329,8 @@ class Proxy:
                 continue
             except EventError as exc:
                 await lease.release()
-                raise WireError(400, f"messages: {exc}", param="messages") from None
+                field = "input" if wire is responses_wire else "messages"  # the history's field in the API
+                raise WireError(400, f"{field}: {exc}", param=field) from None
             except BaseException:
                 await lease.release()
                 raise
