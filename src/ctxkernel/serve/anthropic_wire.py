@@ -43,6 +43,7 @@ from .wire import (
     MessageMemo,
     WireError,
     add_usage,
+    check_depth,
     check_model,
     check_size,
     check_tools,
@@ -135,6 +136,7 @@ def parse_request(raw: bytes, memo: MessageMemo | None = None, *, count_only: bo
     if not messages:
         raise WireError(400, "messages: at least one message is required", param="messages")
     check_size(parsed)
+    check_depth(parsed)
     stream = expect(body, "stream", bool, "a boolean") or False
     system = _system_text(body.get("system"))
     raw_tools = expect(body, "tools", list, "a list of tools") or []
@@ -160,7 +162,11 @@ def parse_request(raw: bytes, memo: MessageMemo | None = None, *, count_only: bo
 
     def one(i: int, item: Any) -> tuple[Sequence[Message], Sequence[str], str | None]:
         found, digests = memo.convert(
-            item, lambda m: from_anthropic_message(m, where=f"messages.{i}"), message_hash, api=b"anthropic"
+            item,
+            lambda m: from_anthropic_message(m, where=f"messages.{i}"),
+            message_hash,
+            api=b"anthropic",
+            where=f"messages.{i}",
         )
         return found, digests, None
 

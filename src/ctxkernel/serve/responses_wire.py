@@ -67,10 +67,13 @@ from .wire import (
     ParsedBody,
     WireError,
     add_usage,
+    check_depth,
     check_model,
     check_size,
     check_tools,
+    depth_refusal,
     expect,
+    fits,
     load_json_object,
     model_name,
     obj,
@@ -276,7 +279,7 @@ def convert_input(items: list[Any], memo: MessageMemo, first: int = 0) -> tuple[
                 j += 1
             run, where = items[i:j], f"input[{first + i}]"
             found, digests = memo.convert(
-                run, functools.partial(_assistant_run, where=where), message_hash, api=MEMO_API
+                run, functools.partial(_assistant_run, where=where), message_hash, api=MEMO_API, where=where, level=2
             )
             messages += found
             hashes += digests
@@ -289,10 +292,12 @@ def convert_input(items: list[Any], memo: MessageMemo, first: int = 0) -> tuple[
             and item.get("type") in (None, "message")
             and item.get("role") in ("system", "developer")
         ):
+            if not fits(item, 3):  # a kept response holds the item as it came
+                raise EventError(depth_refusal(where))
             system.append(_text_of(item.get("content"), where))
         else:
             found, digests = memo.convert(
-                item, functools.partial(_user_messages, where=where), message_hash, api=MEMO_API
+                item, functools.partial(_user_messages, where=where), message_hash, api=MEMO_API, where=where
             )
             messages += found
             hashes += digests
@@ -353,6 +358,7 @@ def parse_request(
     instructions = expect(body, "instructions", str, "a string") or ""
     every = [*(earlier or []), *items]
     check_size(ParsedBody(body, every, previous), "input")
+    check_depth(parsed)
     raw_tools = expect(body, "tools", list, "a list of tools") or []
     check_tools(raw_tools)
     tools: list[dict[str, Any]] = []

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from ..errors import EventError
 from ..jsonbytes import dumps_kept
 from ..messages import Message
 from ..pairing import CallIds
@@ -41,6 +42,14 @@ MAX_TOOLS = 1_000
 #: the most JSON objects a dense body may hold (see :func:`parse_json`): room for a history at
 #: the bounds above, with its tool calls and schemas
 MAX_OBJECTS = 4 * (MAX_MESSAGES + MAX_PARTS)
+#: the deepest JSON orjson writes (it reads 1,024 levels): everything serve writes (the session
+#: log, a kept response, the upstream's body) nests at most this deep
+ENCODER_DEPTH = 254
+#: how deep a client's JSON may nest, counted from its body (the body itself is level 1); the
+#: rest of :data:`ENCODER_DEPTH` is room for what wraps a part in what serve writes (a message in
+#: a session log's record, a tool call's argument string read into an object, a tool result's
+#: part in its block)
+MAX_DEPTH = 240
 
 
 class WireError(Exception):
@@ -210,6 +219,54 @@ def parse_json(raw: bytes, *, lean: bool = False) -> Any:
         msg = "the request body is nested too deeply"
         raise WireError(400, msg) from None
     return storable(value) if _LONE_SURROGATE.search(raw) else value
+
+
+def nested(value: Any, level: int) -> Any:
+    """``value`` wrapped in as many one-item arrays as put it ``level`` levels deep in a body,
+    with the room :data:`MAX_DEPTH` keeps: orjson writes it only when ``value`` nests within
+    :data:`MAX_DEPTH` counted from the body (its encoder walks it, in C: a check that costs
+    nothing where the value is encoded anyway)."""
+    for _ in range(level - 1 + ENCODER_DEPTH - MAX_DEPTH):
+        value = [value]
+    return value
+
+
+def too_deep(exc: TypeError) -> bool:
+    """Whether orjson refused to write a value for its nesting (:func:`nested`)."""
+    return "Recursion limit" in str(exc)
+
+
+def fits(value: Any, level: int) -> bool:
+    """Whether ``value``, ``level`` levels deep in a client's body, nests within
+    :data:`MAX_DEPTH` (one encode: for a part no encode of serve's checks anyway)."""
+    try:
+        orjson.dumps(nested(value, level))
+    except TypeError as exc:
+        if too_deep(exc):
+            return False
+        raise
+    return True
+
+
+def depth_refusal(where: str) -> str:
+    """What a client is told of a part of its body nested too deeply."""
+    return (
+        f"{where}: nested too deeply; ctxkernel serve takes JSON nested at most {MAX_DEPTH} levels, counted "
+        f"from the request body, a tool call's argument string as the JSON it holds (what serve writes "
+        f"nests at most {ENCODER_DEPTH}, with room for what wraps it)"
+    )
+
+
+def check_depth(parsed: ParsedBody) -> None:
+    """Refuse with a 400 a field of the body, other than its history (whose items are checked
+    as they are converted: :meth:`MessageMemo.convert`), nested deeper than :data:`MAX_DEPTH`.
+    A body's fields that a remembered body had (``parsed.fields``) were checked with it: only
+    a body parsed whole pays the one encode of its fields."""
+    if parsed.fields:
+        return
+    for name, value in parsed.body.items():
+        if name != parsed.array and isinstance(value, (dict, list)) and not fits(value, 2):
+            raise WireError(400, depth_refusal(name), param=name)
 
 
 def load_json_object(raw: bytes, *, lean: bool = False) -> dict[str, Any]:
@@ -663,13 +720,22 @@ class MessageMemo:
         hasher: Callable[[Message], str],
         *,
         api: bytes = b"",
+        where: str = "",
+        level: int = 3,
     ) -> tuple[tuple[Message, ...], tuple[str, ...]]:
         """``convert(raw)`` and the hash of each result, from the memo when it has them.
 
-        ``api`` names the wire format: the same JSON may read differently in another one."""
+        ``api`` names the wire format: the same JSON may read differently in another one.
+        ``raw`` sits ``level`` levels deep in its body, ``where`` (what an error names): an
+        ``EventError`` refuses it, or a tool call's arguments it holds, nested deeper than
+        :data:`MAX_DEPTH`. Only JSON holding enough brackets to nest that deep is encoded
+        again to tell (the arguments are a string of JSON in some wire formats)."""
         try:
             dumped = orjson.dumps(raw)
-        except TypeError:  # not JSON-encodable as parsed (cannot happen for a parsed body): convert uncached
+        except TypeError as exc:
+            if too_deep(exc):
+                raise EventError(depth_refusal(where)) from None
+            # not JSON-encodable as parsed (cannot happen for a parsed body): convert uncached
             messages = tuple(convert(raw))
             return messages, tuple(hasher(m) for m in messages)
         key = api + b"\0" + (dumped if len(dumped) < _DIGEST_BYTES else hashlib.sha256(dumped).digest())
@@ -677,7 +743,16 @@ class MessageMemo:
         if entry is not None:
             self._entries.move_to_end(key)
             return entry[0], entry[1]
+        deep = dumped.count(b"[") + dumped.count(b"{") > MAX_DEPTH // 2
+        if deep and not fits(raw, level):
+            raise EventError(depth_refusal(where))
         messages = tuple(convert(raw))
+        for message in messages if deep else ():
+            # what a message holds of ``raw`` is no deeper in a log record than in the body but
+            # a tool call's arguments
+            for call in message.tool_calls:
+                if not fits(call.arguments, 6):  # record, data, message, content, block, arguments
+                    raise EventError(depth_refusal(where))
         hashes = tuple(hasher(m) for m in messages)
         self._entries[key] = (messages, hashes, len(dumped))
         self.held_bytes += len(dumped)
