@@ -464,3 +464,90 @@ def test_connections_trickling_a_body_are_answered_and_closed(fake, serve_factor
             sock.close()
     assert len(answers) == 40, f"{40 - len(answers)} connections still open after 15 s"
     assert all(a.startswith(b"HTTP/1.1 408") for a in answers.values()), set(answers.values())
+
+
+# -- JSON deeper than serve writes, from the model --------------------------------------------------------
+DEEP_ARGS = '{"a":' + "[" * 300 + "1" + "]" * 300 + "}"  # orjson reads it, and writes 254 levels at most
+
+
+def canned_provider(body: bytes, stream: bool) -> Any:
+    """A provider answering every request with ``body`` as it is (a stream's events, or JSON)."""
+
+    async def app(scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        more = True
+        while more:
+            more = (await receive()).get("more_body", False)
+        kind = b"text/event-stream" if stream else b"application/json"
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", kind)]})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+def anthropic_events(*events: dict[str, Any]) -> bytes:
+    """An Anthropic stream of ``events``, each named by its type."""
+    return b"".join(b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n" for e in events)
+
+
+ANTHROPIC_START = {
+    "type": "message_start",
+    "message": {"id": "m1", "type": "message", "role": "assistant", "model": "m", "content": [], "usage": {}},
+}
+ANTHROPIC_END = [
+    {"type": "content_block_stop", "index": 0},
+    {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 1}},
+    {"type": "message_stop"},
+]
+
+
+def deep_call_reply(api: str, stream: bool) -> bytes:
+    """A reply of ``api`` whose one tool call's arguments nest 300 levels."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": DEEP_ARGS}}
+    if api == "openai" and not stream:
+        message = {"role": "assistant", "content": None, "tool_calls": [call]}
+        choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
+        return orjson.dumps({"id": "x", "object": "chat.completion", "model": "m", "choices": [choice]})
+    if api == "openai":
+        chunk = {"id": "x", "object": "chat.completion.chunk", "model": "m"}
+        first = {"index": 0, "delta": {"role": "assistant", "tool_calls": [{"index": 0, **call}]}}
+        last = {"index": 0, "delta": {}, "finish_reason": "tool_calls"}
+        chunks = [{**chunk, "choices": [first]}, {**chunk, "choices": [last]}]
+        return b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+    if not stream:
+        use = {"type": "tool_use", "id": "t1", "name": "f", "input": "@"}
+        reply = {**ANTHROPIC_START["message"], "content": [use], "stop_reason": "tool_use"}
+        return orjson.dumps(reply).replace(b'"@"', DEEP_ARGS.encode())
+    use = {"type": "tool_use", "id": "t1", "name": "f", "input": {}}
+    return anthropic_events(
+        ANTHROPIC_START,
+        {"type": "content_block_start", "index": 0, "content_block": use},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": DEEP_ARGS}},
+        *ANTHROPIC_END,
+    )
+
+
+def ask(serve: str, api: str, stream: bool) -> httpx.Response:
+    """One request of ``api`` (``responses`` served by a Chat Completions upstream)."""
+    if api == "openai":
+        url, body = "/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    elif api == "anthropic":
+        url, body = "/v1/messages", {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
+    else:
+        url, body = "/v1/responses", {"model": "m", "input": "x"}
+    return httpx.post(f"{serve}{url}", json={**body, "stream": stream}, timeout=30)
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic", "responses"])
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_tool_call_arguments_nested_deeper_than_serve_writes_are_an_upstream_error(on_loopback, tmp_path, api, stream):
+    # the session log could not write the reply: a 500, or streamed an "internal error" event
+    provider = on_loopback(
+        canned_provider(deep_call_reply("anthropic" if api == "anthropic" else "openai", stream), stream)
+    )
+    config = ServeConfig(profile=str(write_profile(tmp_path)), upstream=f"{provider}/v1", anthropic_upstream=provider)
+    answer = ask(on_loopback(create_app(config)), api, stream)
+    assert answer.status_code == (200 if stream else 502), answer.text[-500:]
+    assert "the upstream sent an unreadable reply: a tool_call block nested too deeply" in answer.text
+    assert "internal error" not in answer.text

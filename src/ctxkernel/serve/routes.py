@@ -37,7 +37,7 @@ from .identity import SESSION_HEADER, Identity, identify
 from .proxy import Lease, Overflow, Proxy, StreamedError, Turn, stream_error
 from .tenants import Scrubber
 from .upstream import UpstreamError, join_url
-from .wire import MAX_BODY_BYTES, Translator, WireError, iter_sse, loads, model_name
+from .wire import MAX_BODY_BYTES, Translator, WireError, check_reply, iter_sse, loads, model_name
 from .workers import run_sync
 
 log = get_logger("ctxkernel.serve")
@@ -302,6 +302,7 @@ class Handler:
                     message, usage, raw = responses_wire.read_reply(payload, turn.client.extra["upstream"])
                 else:
                     message, usage, raw = wire.read_reply(payload)
+                check_reply(message)
             except ValueError as exc:
                 await proxy.failed(turn, f"unreadable upstream reply: {exc}")
                 proxy.metrics.child(proxy.metrics.errors, "upstream_unreadable").inc()
@@ -446,6 +447,10 @@ class Handler:
                     proxy.metrics.child(proxy.metrics.upstream_latency, wire.API).observe(handle.seconds)
                     await stack.aclose()
                     out, message, usage, _ = translator.end_round()
+                    try:
+                        check_reply(message)
+                    except ValueError as exc:
+                        raise UpstreamError(f"the upstream sent an unreadable reply: {exc}") from None
                     for chunk in out:
                         yield chunk
                     proxy.count_usage(turn, usage)

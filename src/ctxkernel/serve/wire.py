@@ -269,6 +269,26 @@ def check_depth(parsed: ParsedBody) -> None:
             raise WireError(400, depth_refusal(name), param=name)
 
 
+def check_reply(message: Message) -> None:
+    """A ``ValueError`` (an unreadable reply) for an upstream reply holding JSON nested deeper
+    than :data:`MAX_DEPTH`, counted from a log record (a tool call's arguments, a block kept as
+    it came): read 1,024 levels deep, it would fail where serve writes it. Only a reply's tool
+    calls and kept blocks are encoded to tell: a text reply costs nothing."""
+    for block in message.content:
+        value = getattr(block, _PROVIDER_JSON.get(block.type, ""), None)
+        # record, data, message, content, block, then the value
+        if value is not None and not fits(value, 6):
+            msg = (
+                f"a {block.type} block nested too deeply (ctxkernel serve takes JSON nested at most "
+                f"{MAX_DEPTH} levels, counted from the session log's record; what it writes nests at most {ENCODER_DEPTH})"
+            )
+            raise ValueError(msg)
+
+
+#: the field of a kernel block that holds a provider's JSON as it came
+_PROVIDER_JSON = {"tool_call": "arguments", "opaque": "data", "media": "wire"}
+
+
 def load_json_object(raw: bytes, *, lean: bool = False) -> dict[str, Any]:
     """The request body as a JSON object, or a 400 naming what is wrong with it (``lean``: see
     :func:`parse_json`)."""
