@@ -551,3 +551,19 @@ def test_tool_call_arguments_nested_deeper_than_serve_writes_are_an_upstream_err
     assert answer.status_code == (200 if stream else 502), answer.text[-500:]
     assert "the upstream sent an unreadable reply: a tool_call block nested too deeply" in answer.text
     assert "internal error" not in answer.text
+
+
+@pytest.mark.parametrize(("block", "delta"), [("text", "text_delta"), ("thinking", "thinking_delta")])
+def test_an_anthropic_block_started_with_no_string_is_an_upstream_error(on_loopback, tmp_path, block, delta):
+    # its delta was added to the start's number: a TypeError, reported as an internal error
+    stream = anthropic_events(
+        ANTHROPIC_START,
+        {"type": "content_block_start", "index": 0, "content_block": {"type": block, block: 5}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": delta, block: "hi"}},
+        *ANTHROPIC_END,
+    )
+    provider = on_loopback(canned_provider(stream, True))
+    config = ServeConfig(profile=str(write_profile(tmp_path)), anthropic_upstream=provider)
+    answer = ask(on_loopback(create_app(config)), "anthropic", True)
+    assert f"the upstream sent an unreadable reply: a '{block}' block started with {block} int" in answer.text
+    assert "internal error" not in answer.text

@@ -451,14 +451,27 @@ def _assemble(state: dict[str, Any]) -> dict[str, Any]:
     for delta in state["parts"]:
         kind = delta.get("type")
         if kind == "text_delta":
-            block["text"] = block.get("text", "") + str(delta.get("text", ""))
+            block["text"] = _started(block, "text") + str(delta.get("text", ""))
         elif kind == "thinking_delta":
-            block["thinking"] = block.get("thinking", "") + str(delta.get("thinking", ""))
+            block["thinking"] = _started(block, "thinking") + str(delta.get("thinking", ""))
         elif kind == "signature_delta":
             block["signature"] = str(delta.get("signature", ""))
         elif kind == "input_json_delta":
-            block["_json"] = block.get("_json", "") + str(delta.get("partial_json", ""))
+            block["_json"] = _started(block, "_json") + str(delta.get("partial_json", ""))
     if "_json" in block:
         raw = block.pop("_json")
         block["input"] = arguments_from_json(raw) if raw else {}
     return block
+
+
+def _started(block: dict[str, Any], key: str) -> str:
+    """What a block's ``content_block_start`` gave of the text its deltas add to (``""``: none);
+    an upstream error when that is no string."""
+    value = block.get(key, "")
+    if not isinstance(value, str):
+        msg = (
+            f"the upstream sent an unreadable reply: a {str(block.get('type'))[:50]!r} block started with "
+            f"{key} {type(value).__name__}, where its deltas add to a string"
+        )
+        raise UpstreamError(msg)
+    return value
