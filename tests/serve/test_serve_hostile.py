@@ -4,6 +4,7 @@ away frees its session at once, and one client cannot hold up the others."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -567,3 +568,33 @@ def test_an_anthropic_block_started_with_no_string_is_an_upstream_error(on_loopb
     answer = ask(on_loopback(create_app(config)), "anthropic", True)
     assert f"the upstream sent an unreadable reply: a '{block}' block started with {block} int" in answer.text
     assert "internal error" not in answer.text
+
+
+def deep_usage_reply(stream: bool) -> bytes:
+    """A Chat Completions reply "fine" whose usage nests 1,000 objects, a list 300 arrays deep
+    beside them."""
+    usage = b'{"prompt_tokens":3,"completion_tokens":1,"deep":' + b'{"x":' * 1000 + b"1" + b"}" * 1000
+    usage += b',"listed":' + b"[" * 300 + b"]" * 300 + b"}"
+    if not stream:
+        choice = {"index": 0, "message": {"role": "assistant", "content": "fine"}, "finish_reason": "stop"}
+        reply = orjson.dumps({"id": "x", "object": "chat.completion", "model": "m", "choices": [choice], "usage": "@"})
+        return reply.replace(b'"@"', usage)
+    chunk = {"id": "x", "object": "chat.completion.chunk", "model": "m"}
+    first = {**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": "fine"}}]}
+    last = {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": "@"}
+    events = [orjson.dumps(first), orjson.dumps(last).replace(b'"@"', usage)]
+    return b"".join(b"data: " + e + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("api", ["openai", "responses"])
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_an_upstream_usage_nested_deeply_is_left_out_not_a_failure(on_loopback, tmp_path, caplog, api, stream):
+    # add_usage walked it recursively: Python's recursion limit, a 500 (or an error event)
+    caplog.set_level(logging.WARNING, logger="ctxkernel")
+    provider = on_loopback(canned_provider(deep_usage_reply(stream), stream))
+    config = ServeConfig(profile=str(write_profile(tmp_path)), upstream=f"{provider}/v1")
+    answer = ask(on_loopback(create_app(config)), api, stream)
+    assert answer.status_code == 200, answer.text[-500:]
+    assert "fine" in answer.text and "internal error" not in answer.text and "event: error" not in answer.text
+    assert "upstream usage nested too deeply" in caplog.text
+    assert "usage.deep" in caplog.text and "usage.listed" in caplog.text

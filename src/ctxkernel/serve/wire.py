@@ -22,9 +22,12 @@ import orjson
 
 from ..errors import EventError
 from ..jsonbytes import dumps_kept
+from ..logging import get_logger
 from ..messages import Message
 from ..pairing import CallIds
 from ..text import storable
+
+log = get_logger("ctxkernel.serve")
 
 #: a client body larger than this is refused with 413 (a 100k-token history is about 0.5 MB)
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -1105,10 +1108,31 @@ def _continues(array: bytes, prefix: Digest) -> bool:
 
 
 # -- usage -------------------------------------------------------------------------------------------
+#: how deep a provider's usage object may nest (real ones nest two levels: ``usage`` and its
+#: ``prompt_tokens_details``); what nests deeper is left out of the sum, with a warning
+MAX_USAGE_DEPTH = 4
+
+
 def add_usage(total: dict[str, Any] | None, usage: Any) -> dict[str, Any] | None:
-    """The sum of two provider usage objects, key by key (nested counts too)."""
+    """The sum of two provider usage objects, key by key (nested counts too). What ``usage``
+    nests deeper than :data:`MAX_USAGE_DEPTH` is left out and logged (usage is a provider's:
+    read 1,024 levels deep, it would exhaust the recursion here and fail where it is written)."""
     if not isinstance(usage, dict):
         return total
+    dropped: list[str] = []
+    out = _add_usage(total, usage, 1, "usage", dropped)
+    if dropped:
+        log.warning(
+            "serve: upstream usage nested too deeply; left out",
+            fields=[f[:100] for f in dropped[:5]],
+            max_depth=MAX_USAGE_DEPTH,
+        )
+    return out
+
+
+def _add_usage(
+    total: dict[str, Any] | None, usage: dict[str, Any], depth: int, path: str, dropped: list[str]
+) -> dict[str, Any]:
     out: dict[str, Any] = dict(total or {})
     for key, value in usage.items():
         if isinstance(value, bool):
@@ -1116,12 +1140,25 @@ def add_usage(total: dict[str, Any] | None, usage: Any) -> dict[str, Any] | None
         if isinstance(value, int):
             previous = out.get(key)
             out[key] = (previous if isinstance(previous, int) and not isinstance(previous, bool) else 0) + value
+        elif isinstance(value, (dict, list)) and not _shallow(value, MAX_USAGE_DEPTH - depth):
+            dropped.append(f"{path}.{key}")
         elif isinstance(value, dict):
             previous = out.get(key)
-            out[key] = add_usage(previous if isinstance(previous, dict) else None, value)
+            out[key] = _add_usage(
+                previous if isinstance(previous, dict) else None, value, depth + 1, f"{path}.{key}", dropped
+            )
         elif key not in out:
             out[key] = value
     return out
+
+
+def _shallow(value: Any, levels: int) -> bool:
+    """Whether ``value`` nests at most ``levels`` objects or arrays (the walk stops there)."""
+    if not isinstance(value, (dict, list)):
+        return True
+    if levels <= 0:
+        return False
+    return all(_shallow(v, levels - 1) for v in (value.values() if isinstance(value, dict) else value))
 
 
 # -- server-sent events --------------------------------------------------------------------------------
