@@ -81,6 +81,12 @@ ANTHROPIC_BAD = [
         b'{"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "tool_result"}]}]}',
         "tool_use_id",
     ),
+    # was refused as "an assistant prefill": the message was empty, not the model's
+    (
+        b'{"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": []}]}',
+        "messages.0: the last message's content is an empty list; ctxkernel serve takes a last message with role 'user' "
+        "and a non-empty string or list of content blocks",
+    ),
 ]
 
 

@@ -176,6 +176,13 @@ def parse_request(raw: bytes, memo: MessageMemo | None = None, *, count_only: bo
         raise WireError(400, str(exc), param="messages") from None
     converted, hashes = list(history.messages), list(history.hashes)
     last = messages[-1].get("role") if isinstance(messages[-1], dict) else None
+    if last == "user" and messages[-1].get("content") == []:
+        raise WireError(
+            400,
+            f"messages.{history.count - 1}: the last message's content is an empty list; ctxkernel serve takes a "
+            "last message with role 'user' and a non-empty string or list of content blocks",
+            param="messages",
+        )
     if not converted or last not in ("user", "system"):
         raise WireError(
             400,
