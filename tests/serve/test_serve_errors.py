@@ -6,6 +6,7 @@ from __future__ import annotations
 import anthropic
 import httpx
 import openai
+import orjson
 import pytest
 from serve_fake_upstream import Reply
 
@@ -79,6 +80,12 @@ ANTHROPIC_BAD = [
     (
         b'{"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "tool_result"}]}]}',
         "tool_use_id",
+    ),
+    # was refused as "an assistant prefill": the message was empty, not the model's
+    (
+        b'{"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": []}]}',
+        "messages.0: the last message's content is an empty list; ctxkernel serve takes a last message with role 'user' "
+        "and a non-empty string or list of content blocks",
     ),
 ]
 
@@ -311,4 +318,101 @@ def test_a_header_that_leaves_no_room_is_a_400_naming_the_smallest_window(fake, 
     text = str(caught.value)
     assert "request header" in text and "smallest context_window that works is" in text
     assert len(upstream.received) == calls  # nothing reached the provider
+    assert stored_bytes(serve) == before
+
+
+DEEP = "@deep@"  # where a case's value nested `depth` levels goes (no encoder writes it that deep)
+CALL = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {}}]}
+DEEP_PARTS = {
+    "openai arguments": (
+        "openai",
+        {
+            "messages": [
+                CALL | {"tool_calls": [{**CALL["tool_calls"][0], "function": {"name": "f", "arguments": DEEP}}]}
+            ]
+        },
+        "messages[3]",
+    ),
+    "openai part": (
+        "openai",
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": DEEP}]}]},
+        "messages[3]",
+    ),
+    "openai field": ("openai", {"weird": DEEP}, "weird"),
+    "openai tool": (
+        "openai",
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": DEEP}}]},
+        "tools",
+    ),
+    "anthropic input": (
+        "anthropic",
+        {"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": DEEP}]}]},
+        "messages.3",
+    ),
+    "anthropic part": (
+        "anthropic",
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": DEEP}]}]},
+        "messages.3",
+    ),
+    "anthropic field": ("anthropic", {"metadata": DEEP}, "metadata"),
+    "anthropic tool": ("anthropic", {"tools": [{"name": "f", "input_schema": DEEP}]}, "tools"),
+    "responses arguments": (
+        "responses",
+        {"input": [{"type": "function_call", "call_id": "c1", "name": "f", "arguments": DEEP}]},
+        "input[3]",
+    ),
+    "responses part": (
+        "responses",
+        {"input": [{"role": "user", "content": [{"type": "input_text", "text": DEEP}]}]},
+        "input[3]",
+    ),
+    "responses tool": ("responses", {"tools": [{"type": "function", "name": "f", "parameters": DEEP}]}, "tools"),
+}
+
+
+def deep_body(api: str, extra: dict, depth: int) -> bytes:
+    """A request of ``api`` in session "kept" after its first turn, with ``extra``'s lists added to
+    the history and its other fields set, :data:`DEEP` standing for ``depth`` levels of arrays
+    (inside an argument string, the JSON such a string holds)."""
+    history = [{"role": "user", "content": "before"}]
+    field = "input" if api == "responses" else "messages"
+    body: dict = {"model": "fake-model", field: history}
+    if api == "anthropic":
+        body["max_tokens"] = 5
+    if depth:
+        body[field] = [*history, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "again"}]
+    for name, value in extra.items():
+        body[name] = [*body[name], *value] if name == field else value
+    if field in extra and extra[field][-1].get("role") in ("assistant", None):  # a call: its result ends it
+        result = {
+            "openai": {"role": "tool", "tool_call_id": "c1", "content": "r"},
+            "anthropic": {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "r"}]},
+            "responses": {"type": "function_call_output", "call_id": "c1", "output": "r"},
+        }[api]
+        body[field] = [*body[field], result]
+    nest = "[" * depth + "1" + "]" * depth
+    raw = orjson.dumps(body)
+    # in an argument string its JSON (escaped quotes: a string's JSON in the body's string)
+    raw = raw.replace(f'"arguments":"{DEEP}"'.encode(), f'"arguments":"{{\\"a\\":{nest}}}"'.encode())
+    return raw.replace(f'"{DEEP}"'.encode(), nest.encode())
+
+
+@pytest.mark.parametrize("depth", [300, 1000])
+@pytest.mark.parametrize("case", list(DEEP_PARTS))
+def test_a_part_nested_deeper_than_serve_writes_is_a_400_naming_it(fake, serve_factory, case, depth):
+    # orjson reads 1,024 levels and writes 254: such a part failed where serve first wrote it
+    # (the memo's key, a hash, the upstream's body, the meter, a kept response) with a 500
+    api, extra, where = DEEP_PARTS[case]
+    serve = serve_factory()
+    url = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages", "responses": "/v1/responses"}[api]
+    headers = {"X-Ctxkernel-Session": "kept", "content-type": "application/json"}
+    first = orjson.loads(deep_body(api, {}, 0))
+    assert httpx.post(f"{serve.url}{url}", json=first, headers=headers, timeout=30).status_code == 200
+    before = stored_bytes(serve)
+    r = httpx.post(f"{serve.url}{url}", content=deep_body(api, extra, depth), headers=headers, timeout=30)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["message"].startswith(f"{where}: nested too deeply")
+    assert "at most 240 levels" in error["message"] and "254" in error["message"]
     assert stored_bytes(serve) == before

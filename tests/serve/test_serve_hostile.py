@@ -4,6 +4,7 @@ away frees its session at once, and one client cannot hold up the others."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -369,6 +370,53 @@ def test_an_upstream_redirect_is_passed_back(fake, serve_factory, api, stream):
     assert answer.headers["location"] == "https://elsewhere.example/v1/chat"
 
 
+def raw_status_provider(status_line: bytes) -> tuple[str, socket.socket]:
+    """A provider on a raw socket answering every request with ``status_line`` and no body (a
+    server of ours cannot send a status HTTP has no room for); its base URL and socket."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve_forever() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, _, body = data.partition(b"\r\n\r\n")
+                lengths = [
+                    int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")
+                ]
+                length = lengths[0] if lengths else 0
+                while len(body) < length:
+                    body += conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 " + status_line + b"\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+
+    threading.Thread(target=serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}", listener
+
+
+@pytest.mark.parametrize("status_line", [b"304 Not Modified", b"600 Beyond", b"999 Nonsense"])
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_an_upstream_status_no_client_can_be_given_is_a_502(on_loopback, tmp_path, status_line, stream):
+    # such a status was passed back as it came: the server refused to send it (no body may follow
+    # a 304; HTTP has no status over 599) and dropped the connection with a traceback
+    provider, listener = raw_status_provider(status_line)
+    try:
+        serve = on_loopback(create_app(ServeConfig(profile=str(write_profile(tmp_path)), upstream=f"{provider}/v1")))
+        body = {"model": "fake-model", "stream": stream, "messages": [{"role": "user", "content": "hi"}]}
+        answer = httpx.post(f"{serve}/v1/chat/completions", json=body, timeout=30)
+        models = httpx.get(f"{serve}/v1/models", timeout=30)
+    finally:
+        listener.close()
+    status = status_line.split()[0].decode()
+    assert answer.status_code == 502, answer.text
+    assert f"HTTP {status}" in answer.json()["error"]["message"]
+    assert models.status_code == 502 and f"HTTP {status}" in models.text
+
+
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 def test_an_upstream_model_name_is_bounded(fake, serve_factory, api, stream):
@@ -417,3 +465,136 @@ def test_connections_trickling_a_body_are_answered_and_closed(fake, serve_factor
             sock.close()
     assert len(answers) == 40, f"{40 - len(answers)} connections still open after 15 s"
     assert all(a.startswith(b"HTTP/1.1 408") for a in answers.values()), set(answers.values())
+
+
+# -- JSON deeper than serve writes, from the model --------------------------------------------------------
+DEEP_ARGS = '{"a":' + "[" * 300 + "1" + "]" * 300 + "}"  # orjson reads it, and writes 254 levels at most
+
+
+def canned_provider(body: bytes, stream: bool) -> Any:
+    """A provider answering every request with ``body`` as it is (a stream's events, or JSON)."""
+
+    async def app(scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        more = True
+        while more:
+            more = (await receive()).get("more_body", False)
+        kind = b"text/event-stream" if stream else b"application/json"
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", kind)]})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+def anthropic_events(*events: dict[str, Any]) -> bytes:
+    """An Anthropic stream of ``events``, each named by its type."""
+    return b"".join(b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n" for e in events)
+
+
+ANTHROPIC_START = {
+    "type": "message_start",
+    "message": {"id": "m1", "type": "message", "role": "assistant", "model": "m", "content": [], "usage": {}},
+}
+ANTHROPIC_END = [
+    {"type": "content_block_stop", "index": 0},
+    {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 1}},
+    {"type": "message_stop"},
+]
+
+
+def deep_call_reply(api: str, stream: bool) -> bytes:
+    """A reply of ``api`` whose one tool call's arguments nest 300 levels."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": DEEP_ARGS}}
+    if api == "openai" and not stream:
+        message = {"role": "assistant", "content": None, "tool_calls": [call]}
+        choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
+        return orjson.dumps({"id": "x", "object": "chat.completion", "model": "m", "choices": [choice]})
+    if api == "openai":
+        chunk = {"id": "x", "object": "chat.completion.chunk", "model": "m"}
+        first = {"index": 0, "delta": {"role": "assistant", "tool_calls": [{"index": 0, **call}]}}
+        last = {"index": 0, "delta": {}, "finish_reason": "tool_calls"}
+        chunks = [{**chunk, "choices": [first]}, {**chunk, "choices": [last]}]
+        return b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+    if not stream:
+        use = {"type": "tool_use", "id": "t1", "name": "f", "input": "@"}
+        reply = {**ANTHROPIC_START["message"], "content": [use], "stop_reason": "tool_use"}
+        return orjson.dumps(reply).replace(b'"@"', DEEP_ARGS.encode())
+    use = {"type": "tool_use", "id": "t1", "name": "f", "input": {}}
+    return anthropic_events(
+        ANTHROPIC_START,
+        {"type": "content_block_start", "index": 0, "content_block": use},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": DEEP_ARGS}},
+        *ANTHROPIC_END,
+    )
+
+
+def ask(serve: str, api: str, stream: bool) -> httpx.Response:
+    """One request of ``api`` (``responses`` served by a Chat Completions upstream)."""
+    if api == "openai":
+        url, body = "/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    elif api == "anthropic":
+        url, body = "/v1/messages", {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
+    else:
+        url, body = "/v1/responses", {"model": "m", "input": "x"}
+    return httpx.post(f"{serve}{url}", json={**body, "stream": stream}, timeout=30)
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic", "responses"])
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_tool_call_arguments_nested_deeper_than_serve_writes_are_an_upstream_error(on_loopback, tmp_path, api, stream):
+    # the session log could not write the reply: a 500, or streamed an "internal error" event
+    provider = on_loopback(
+        canned_provider(deep_call_reply("anthropic" if api == "anthropic" else "openai", stream), stream)
+    )
+    config = ServeConfig(profile=str(write_profile(tmp_path)), upstream=f"{provider}/v1", anthropic_upstream=provider)
+    answer = ask(on_loopback(create_app(config)), api, stream)
+    assert answer.status_code == (200 if stream else 502), answer.text[-500:]
+    assert "the upstream sent an unreadable reply: a tool_call block nested too deeply" in answer.text
+    assert "internal error" not in answer.text
+
+
+@pytest.mark.parametrize(("block", "delta"), [("text", "text_delta"), ("thinking", "thinking_delta")])
+def test_an_anthropic_block_started_with_no_string_is_an_upstream_error(on_loopback, tmp_path, block, delta):
+    # its delta was added to the start's number: a TypeError, reported as an internal error
+    stream = anthropic_events(
+        ANTHROPIC_START,
+        {"type": "content_block_start", "index": 0, "content_block": {"type": block, block: 5}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": delta, block: "hi"}},
+        *ANTHROPIC_END,
+    )
+    provider = on_loopback(canned_provider(stream, True))
+    config = ServeConfig(profile=str(write_profile(tmp_path)), anthropic_upstream=provider)
+    answer = ask(on_loopback(create_app(config)), "anthropic", True)
+    assert f"the upstream sent an unreadable reply: a '{block}' block started with {block} int" in answer.text
+    assert "internal error" not in answer.text
+
+
+def deep_usage_reply(stream: bool) -> bytes:
+    """A Chat Completions reply "fine" whose usage nests 1,000 objects, a list 300 arrays deep
+    beside them."""
+    usage = b'{"prompt_tokens":3,"completion_tokens":1,"deep":' + b'{"x":' * 1000 + b"1" + b"}" * 1000
+    usage += b',"listed":' + b"[" * 300 + b"]" * 300 + b"}"
+    if not stream:
+        choice = {"index": 0, "message": {"role": "assistant", "content": "fine"}, "finish_reason": "stop"}
+        reply = orjson.dumps({"id": "x", "object": "chat.completion", "model": "m", "choices": [choice], "usage": "@"})
+        return reply.replace(b'"@"', usage)
+    chunk = {"id": "x", "object": "chat.completion.chunk", "model": "m"}
+    first = {**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": "fine"}}]}
+    last = {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": "@"}
+    events = [orjson.dumps(first), orjson.dumps(last).replace(b'"@"', usage)]
+    return b"".join(b"data: " + e + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("api", ["openai", "responses"])
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_an_upstream_usage_nested_deeply_is_left_out_not_a_failure(on_loopback, tmp_path, caplog, api, stream):
+    # add_usage walked it recursively: Python's recursion limit, a 500 (or an error event)
+    caplog.set_level(logging.WARNING, logger="ctxkernel")
+    provider = on_loopback(canned_provider(deep_usage_reply(stream), stream))
+    config = ServeConfig(profile=str(write_profile(tmp_path)), upstream=f"{provider}/v1")
+    answer = ask(on_loopback(create_app(config)), api, stream)
+    assert answer.status_code == 200, answer.text[-500:]
+    assert "fine" in answer.text and "internal error" not in answer.text and "event: error" not in answer.text
+    assert "upstream usage nested too deeply" in caplog.text
+    assert "usage.deep" in caplog.text and "usage.listed" in caplog.text

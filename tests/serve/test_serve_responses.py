@@ -5,6 +5,7 @@ full-input sessions longer than the window, and ``previous_response_id`` answere
 
 from __future__ import annotations
 
+import httpx
 import orjson
 import pytest
 from serve_clients import big_result
@@ -490,3 +491,36 @@ def test_a_reused_tool_call_id_is_renamed_on_the_responses_route(fake, serve_fac
     ]
     answered = [e.data["message"]["content"][0]["call_id"] for e in events if e.type == "tool/result"]
     assert logged == answered == seen
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_an_unreadable_output_item_of_a_responses_upstream_is_an_upstream_error(fake, serve_factory, stream):
+    # a streamed round whose items were no assistant message ended the stream without an event
+    # (an EventError out of the translator), where the same reply unstreamed was a 502
+    upstream, server = fake
+    serve = serve_factory(responses_upstream=f"{server.url}/v1")
+    broken = {"id": "ctc_1", "type": "custom_tool_call", "name": "edit"}  # no call_id, no input
+    upstream.script = lambda api, body: Reply("", items=[broken])
+    body = {"model": "fake-model", "input": "go", "stream": stream}
+    headers = {"X-Ctxkernel-Session": f"unreadable-{stream}"}
+    with httpx.Client(base_url=serve.url, timeout=30) as http:
+        answer = http.post("/v1/responses", json=body, headers=headers)
+        assert answer.status_code == (200 if stream else 502), answer.text
+        assert "custom_tool_call needs a string 'call_id'" in answer.text
+        if stream:
+            assert answer.text.rstrip().splitlines()[-2] == "event: error"
+        upstream.script = lambda api, body: Reply("fine")
+        again = http.post("/v1/responses", json={**body, "stream": False}, headers=headers)
+    assert again.status_code == 200 and again.json()["output"][0]["content"][0]["text"] == "fine"
+
+
+def test_a_tool_output_without_its_call_is_refused_naming_the_input(fake, serve_factory):
+    # the session's pairing refusal named "messages", a field the Responses API does not have
+    serve = serve_factory()
+    body = {"model": "fake-model", "input": [{"type": "function_call_output", "call_id": "nope", "output": "x"}]}
+    with httpx.Client(base_url=serve.url, timeout=30) as http:
+        answer = http.post("/v1/responses", json=body, headers={"X-Ctxkernel-Session": "orphan-output"})
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error["param"] == "input" and error["message"].startswith("input: ")
+    assert "'nope' answers no earlier tool call" in error["message"]

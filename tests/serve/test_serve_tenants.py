@@ -342,19 +342,18 @@ def test_a_credential_echoed_to_a_responses_request_is_neither_stored_nor_logged
     assert "Incorrect API key provided: ***" in events[-1].data["error"]
 
 
-@pytest.mark.parametrize("api", ["openai", "anthropic", "responses-chat", "responses"])
-def test_a_credential_a_provider_echoes_mid_stream_never_reaches_the_client(fake, serve_factory, caplog, api):
-    # an error the provider reports inside its stream keeps its type, not the key
+def stream_with_error(fake: Any, serve_factory: Any, api: str, message: str) -> tuple[Any, str]:
+    """A streamed request of ``api`` with ECHOED_KEY as its credential, to a provider that reports
+    an error with ``message`` inside its stream: serve, and the text the client got."""
     upstream, server = fake
     serve = serve_factory(**({"responses_upstream": f"{server.url}/v1"} if api == "responses" else {}))
     # a Responses stream's error event carries a code; the others an error object with a type
     error = (
-        {"code": "server_error", "message": ECHO}
+        {"code": "server_error", "message": message}
         if api == "responses"
-        else {"type": "overloaded_error", "message": ECHO}
+        else {"type": "overloaded_error", "message": message}
     )
     upstream.script = lambda api_name, body: Reply("partial", stream_error=error)
-    caplog.set_level(logging.DEBUG, logger="ctxkernel")
     headers = {"X-Ctxkernel-Session": f"mid-{api}"}
     if api == "anthropic":
         url = "/v1/messages"
@@ -371,11 +370,29 @@ def test_a_credential_a_provider_echoes_mid_stream_never_reaches_the_client(fake
         httpx.Client(base_url=serve.url, timeout=30) as http,
         http.stream("POST", url, json={**body, "stream": True}, headers=headers) as response,
     ):
-        text = "".join(response.iter_text())
+        return serve, "".join(response.iter_text())
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic", "responses-chat", "responses"])
+def test_a_credential_a_provider_echoes_mid_stream_never_reaches_the_client(fake, serve_factory, caplog, api):
+    # an error the provider reports inside its stream keeps its type, not the key
+    caplog.set_level(logging.DEBUG, logger="ctxkernel")
+    serve, text = stream_with_error(fake, serve_factory, api, ECHO)
     assert "Incorrect API key provided: ***" in text
     assert ECHOED_KEY not in text
     assert ECHOED_KEY.encode() not in stored_bytes(serve)
     assert ECHOED_KEY not in caplog.text
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic", "responses-chat", "responses"])
+def test_a_credential_where_a_stream_error_is_cut_leaves_no_part_of_it(fake, serve_factory, api):
+    # the error's message is cut to 2,000 characters for the client and to 500 in the log: the
+    # key is taken out before either cut, so neither leaves its first characters behind
+    message = "x" * 450 + ECHOED_KEY + "y" * (1990 - 450 - len(ECHOED_KEY)) + ECHOED_KEY
+    serve, text = stream_with_error(fake, serve_factory, api, message)
+    assert "x***y" in text
+    assert ECHOED_KEY[:10] not in text
+    assert ECHOED_KEY[:10].encode() not in stored_bytes(serve)
 
 
 @pytest.mark.parametrize("route", ["/v1/messages/count_tokens", "/v1/messages", "/v1/responses"])
@@ -399,6 +416,38 @@ def test_an_internal_error_keeps_the_credential_out_of_the_answer_and_the_log(
     assert "the store refused ***" in answer.text and ECHOED_KEY not in answer.text
     assert "the store refused ***" in caplog.text and "Traceback" in caplog.text
     assert ECHOED_KEY not in caplog.text
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic", "responses"])
+def test_an_internal_error_mid_stream_is_an_error_event_without_the_credential(
+    fake, serve_factory, caplog, monkeypatch, api
+):
+    # it escaped the stream: the client's stream was cut without an event and the server logged
+    # a traceback of its own, where the same failure unstreamed is a 500 in the API's shape
+    serve = serve_factory()
+
+    async def failing(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"the store refused {ECHOED_KEY}")
+
+    monkeypatch.setattr(serve.proxy, "commit", failing)
+    caplog.set_level(logging.DEBUG, logger="ctxkernel")
+    url = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages", "responses": "/v1/responses"}[api]
+    body: dict[str, Any] = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]}
+    if api == "anthropic":
+        body["max_tokens"] = 5
+    elif api == "responses":
+        body = {"model": "m", "stream": True, "input": "x"}
+    headers = {"x-api-key" if api == "anthropic" else "authorization": ECHOED_KEY, "X-Ctxkernel-Session": "broken"}
+    with (
+        httpx.Client(base_url=serve.url, timeout=30) as http,
+        http.stream("POST", url, json=body, headers=headers) as response,
+    ):
+        text = "".join(response.iter_text())
+    assert "internal error: RuntimeError: the store refused ***" in text
+    assert ECHOED_KEY not in text
+    assert "the store refused ***" in caplog.text and "Traceback" in caplog.text
+    assert ECHOED_KEY not in caplog.text
+    assert 'ctxkernel_serve_errors_total{kind="internal"} 1.0' in httpx.get(f"{serve.url}/metrics").text
 
 
 def test_count_tokens_reads_another_tenants_session_name_as_its_own(fake, serve_factory):

@@ -43,6 +43,7 @@ from .wire import (
     MessageMemo,
     WireError,
     add_usage,
+    check_depth,
     check_model,
     check_size,
     check_tools,
@@ -135,6 +136,7 @@ def parse_request(raw: bytes, memo: MessageMemo | None = None, *, count_only: bo
     if not messages:
         raise WireError(400, "messages: at least one message is required", param="messages")
     check_size(parsed)
+    check_depth(parsed)
     stream = expect(body, "stream", bool, "a boolean") or False
     system = _system_text(body.get("system"))
     raw_tools = expect(body, "tools", list, "a list of tools") or []
@@ -160,7 +162,11 @@ def parse_request(raw: bytes, memo: MessageMemo | None = None, *, count_only: bo
 
     def one(i: int, item: Any) -> tuple[Sequence[Message], Sequence[str], str | None]:
         found, digests = memo.convert(
-            item, lambda m: from_anthropic_message(m, where=f"messages.{i}"), message_hash, api=b"anthropic"
+            item,
+            lambda m: from_anthropic_message(m, where=f"messages.{i}"),
+            message_hash,
+            api=b"anthropic",
+            where=f"messages.{i}",
         )
         return found, digests, None
 
@@ -170,6 +176,13 @@ def parse_request(raw: bytes, memo: MessageMemo | None = None, *, count_only: bo
         raise WireError(400, str(exc), param="messages") from None
     converted, hashes = list(history.messages), list(history.hashes)
     last = messages[-1].get("role") if isinstance(messages[-1], dict) else None
+    if last == "user" and messages[-1].get("content") == []:
+        raise WireError(
+            400,
+            f"messages.{history.count - 1}: the last message's content is an empty list; ctxkernel serve takes a "
+            "last message with role 'user' and a non-empty string or list of content blocks",
+            param="messages",
+        )
     if not converted or last not in ("user", "system"):
         raise WireError(
             400,
@@ -445,14 +458,27 @@ def _assemble(state: dict[str, Any]) -> dict[str, Any]:
     for delta in state["parts"]:
         kind = delta.get("type")
         if kind == "text_delta":
-            block["text"] = block.get("text", "") + str(delta.get("text", ""))
+            block["text"] = _started(block, "text") + str(delta.get("text", ""))
         elif kind == "thinking_delta":
-            block["thinking"] = block.get("thinking", "") + str(delta.get("thinking", ""))
+            block["thinking"] = _started(block, "thinking") + str(delta.get("thinking", ""))
         elif kind == "signature_delta":
             block["signature"] = str(delta.get("signature", ""))
         elif kind == "input_json_delta":
-            block["_json"] = block.get("_json", "") + str(delta.get("partial_json", ""))
+            block["_json"] = _started(block, "_json") + str(delta.get("partial_json", ""))
     if "_json" in block:
         raw = block.pop("_json")
         block["input"] = arguments_from_json(raw) if raw else {}
     return block
+
+
+def _started(block: dict[str, Any], key: str) -> str:
+    """What a block's ``content_block_start`` gave of the text its deltas add to (``""``: none);
+    an upstream error when that is no string."""
+    value = block.get(key, "")
+    if not isinstance(value, str):
+        msg = (
+            f"the upstream sent an unreadable reply: a {str(block.get('type'))[:50]!r} block started with "
+            f"{key} {type(value).__name__}, where its deltas add to a string"
+        )
+        raise UpstreamError(msg)
+    return value

@@ -25,6 +25,7 @@ from .wire import (
     MessageMemo,
     WireError,
     add_usage,
+    check_depth,
     check_model,
     check_size,
     check_tools,
@@ -56,6 +57,7 @@ def parse_request(raw: bytes, memo: MessageMemo | None = None) -> ClientRequest:
     if not messages:
         raise WireError(400, "messages: at least one message is required", param="messages")
     check_size(parsed)
+    check_depth(parsed)
     n = expect(body, "n", int, "an integer")
     if n is not None and n != 1:
         raise WireError(
@@ -88,7 +90,9 @@ def parse_request(raw: bytes, memo: MessageMemo | None = None) -> ClientRequest:
         if isinstance(item, dict) and item.get("role") in ("system", "developer"):
             # the system prompt goes in the request header, not on the surface
             return (), (), _content_text(item.get("content"), f"messages[{i}]")
-        found, digests = memo.convert(item, lambda m: _convert(m, f"messages[{i}]"), message_hash, api=b"openai")
+        found, digests = memo.convert(
+            item, lambda m: _convert(m, f"messages[{i}]"), message_hash, api=b"openai", where=f"messages[{i}]"
+        )
         return found, digests, None
 
     try:

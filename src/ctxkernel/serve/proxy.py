@@ -329,7 +329,8 @@ class Proxy:
                 continue
             except EventError as exc:
                 await lease.release()
-                raise WireError(400, f"messages: {exc}", param="messages") from None
+                field = "input" if wire is responses_wire else "messages"  # the history's field in the API
+                raise WireError(400, f"{field}: {exc}", param=field) from None
             except BaseException:
                 await lease.release()
                 raise
@@ -886,21 +887,23 @@ class StreamedError(UpstreamError):
     """An error the upstream reported inside its stream; ``error`` is its error object (bounded),
     passed on to the client with its type."""
 
-    def __init__(self, error: dict[str, Any]) -> None:
-        self.error = bounded_error(error)
+    def __init__(self, error: dict[str, Any], scrubber: Scrubber | None = None) -> None:
+        self.error = bounded_error(error, scrubber)
         super().__init__(f"the upstream stream reported an error: {orjson.dumps(self.error).decode()[:500]}")
 
 
-def bounded_error(error: Any) -> dict[str, Any]:
-    """An upstream error object cut to the fields a client reads, each bounded."""
+def bounded_error(error: Any, scrubber: Scrubber | None = None) -> dict[str, Any]:
+    """An upstream error object cut to the fields a client reads, each bounded; ``scrubber``
+    takes the request's credentials out first (a key cut in two is no longer found whole)."""
     error = error if isinstance(error, dict) else {"message": str(error)}
+    scrub = scrubber.text if scrubber is not None else str
     out: dict[str, Any] = {}
     for key in ("type", "code", "param"):
         value = error.get(key)
         if isinstance(value, str) and value:
-            out[key] = value[:200]
+            out[key] = scrub(value)[:200]
     message = error.get("message")
-    out["message"] = message[:2000] if isinstance(message, str) else "upstream error"
+    out["message"] = scrub(message)[:2000] if isinstance(message, str) else "upstream error"
     out.setdefault("type", "api_error")
     return out
 

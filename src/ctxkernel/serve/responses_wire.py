@@ -59,6 +59,7 @@ from ..pairing import CallIds, claim_raw_calls
 from ..session import Request
 from . import openai_wire
 from .reconcile import message_hash
+from .upstream import UpstreamError
 from .wire import (
     ClientRequest,
     Converted,
@@ -66,10 +67,13 @@ from .wire import (
     ParsedBody,
     WireError,
     add_usage,
+    check_depth,
     check_model,
     check_size,
     check_tools,
+    depth_refusal,
     expect,
+    fits,
     load_json_object,
     model_name,
     obj,
@@ -275,7 +279,7 @@ def convert_input(items: list[Any], memo: MessageMemo, first: int = 0) -> tuple[
                 j += 1
             run, where = items[i:j], f"input[{first + i}]"
             found, digests = memo.convert(
-                run, functools.partial(_assistant_run, where=where), message_hash, api=MEMO_API
+                run, functools.partial(_assistant_run, where=where), message_hash, api=MEMO_API, where=where, level=2
             )
             messages += found
             hashes += digests
@@ -288,10 +292,12 @@ def convert_input(items: list[Any], memo: MessageMemo, first: int = 0) -> tuple[
             and item.get("type") in (None, "message")
             and item.get("role") in ("system", "developer")
         ):
+            if not fits(item, 3):  # a kept response holds the item as it came
+                raise EventError(depth_refusal(where))
             system.append(_text_of(item.get("content"), where))
         else:
             found, digests = memo.convert(
-                item, functools.partial(_user_messages, where=where), message_hash, api=MEMO_API
+                item, functools.partial(_user_messages, where=where), message_hash, api=MEMO_API, where=where
             )
             messages += found
             hashes += digests
@@ -352,6 +358,7 @@ def parse_request(
     instructions = expect(body, "instructions", str, "a string") or ""
     every = [*(earlier or []), *items]
     check_size(ParsedBody(body, every, previous), "input")
+    check_depth(parsed)
     raw_tools = expect(body, "tools", list, "a list of tools") or []
     check_tools(raw_tools)
     tools: list[dict[str, Any]] = []
@@ -1209,7 +1216,10 @@ class StreamTranslator:
             self._reasoning_closed = True
         else:
             items = [self.round_items[k] for k in sorted(self.round_items)]
-            message = assistant_message(items, "upstream output")
+            try:
+                message = assistant_message(items, "upstream output")
+            except EventError as exc:
+                raise UpstreamError(f"the upstream sent an unreadable reply: {exc}") from None
             names = [c.name for c in message.tool_calls]
         self.usage = add_usage(self.usage, self.round_usage)
         return out, message, self.round_usage, names

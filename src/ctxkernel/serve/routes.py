@@ -37,7 +37,7 @@ from .identity import SESSION_HEADER, Identity, identify
 from .proxy import Lease, Overflow, Proxy, StreamedError, Turn, stream_error
 from .tenants import Scrubber
 from .upstream import UpstreamError, join_url
-from .wire import MAX_BODY_BYTES, Translator, WireError, iter_sse, loads, model_name
+from .wire import MAX_BODY_BYTES, Translator, WireError, check_reply, iter_sse, loads, model_name
 from .workers import run_sync
 
 log = get_logger("ctxkernel.serve")
@@ -86,10 +86,26 @@ def error_response(wire: Any, error: WireError) -> JSONBody:
 RETRY_HEADERS = ("retry-after", "retry-after-ms", "x-should-retry")
 
 
+def unsendable(status: int) -> bool:
+    """Whether an upstream status cannot be passed to the client as it came: no body may follow
+    it (204, 304), or HTTP has no such status (below 200 or over 599)."""
+    return status in (204, 304) or not 200 <= status <= 599
+
+
+def unsendable_error(wire: Any, status: int) -> JSONBody:
+    """The 502 for an upstream status :func:`unsendable` (passed on, the server would refuse to
+    send it and drop the connection)."""
+    msg = f"the upstream answered HTTP {status}, a status ctxkernel serve cannot pass on (200-599 but 204 and 304)"
+    return JSONBody(wire.error_body(msg, kind="api_error"), status_code=502)
+
+
 def passthrough_error(wire: Any, status: int, body: bytes, headers: Any = None) -> Response:
     """An upstream error or redirect for the client: its status, its body when that is JSON,
     else our shape; its retry headers (:data:`RETRY_HEADERS`) as they came, and a redirect's
-    ``location`` (the client decides whether its credentials follow it: serve never does)."""
+    ``location`` (the client decides whether its credentials follow it: serve never does).
+    A status the client cannot be given is a 502 naming it (:func:`unsendable`)."""
+    if unsendable(status):
+        return unsendable_error(wire, status)
     extra = {}
     for name in (*RETRY_HEADERS, "location") if headers is not None else ():
         if name in headers:
@@ -166,16 +182,19 @@ class Handler:
         return response
 
     def _internal_error(self, wire: Any, route: str, request: HTTPRequest, exc: Exception) -> Response:
-        """A 500 for a failure of ours, logged with its traceback; the request's credentials are
-        taken out of both (an exception's text may hold anything the request carried)."""
+        """A 500 for a failure of ours (:meth:`_internal`)."""
+        return JSONBody(wire.error_body(self._internal(route, request, exc), kind="api_error"), status_code=500)
+
+    def _internal(self, route: str, request: HTTPRequest, exc: Exception) -> str:
+        """A failure of ours, logged with its traceback and counted; what the client is told. The
+        request's credentials are taken out of both (an exception's text may hold anything the
+        request carried)."""
         scrub = Scrubber(self._secrets(request))
         what = scrub.text(f"{type(exc).__name__}: {exc}")
         trace = scrub.text("".join(traceback.format_exception(exc)))
         log.error("serve: request failed", route=route, error=what[:500], exception=trace)
         self.proxy.metrics.child(self.proxy.metrics.errors, "internal").inc()
-        return JSONBody(
-            wire.error_body(f"ctxkernel serve: internal error: {what}"[:1000], kind="api_error"), status_code=500
-        )
+        return f"ctxkernel serve: internal error: {what}"[:1000]
 
     def _secrets(self, request: HTTPRequest) -> tuple[str | None, ...]:
         headers = request.headers
@@ -283,6 +302,7 @@ class Handler:
                     message, usage, raw = responses_wire.read_reply(payload, turn.client.extra["upstream"])
                 else:
                     message, usage, raw = wire.read_reply(payload)
+                check_reply(message)
             except ValueError as exc:
                 await proxy.failed(turn, f"unreadable upstream reply: {exc}")
                 proxy.metrics.child(proxy.metrics.errors, "upstream_unreadable").inc()
@@ -393,9 +413,10 @@ class Handler:
             translator = wire.StreamTranslator(turn.client.include_usage, turn.strategy_tools)
         translator.model = turn.client.model
 
-        async def pump() -> Any:
+        async def pump() -> Any:  # noqa: C901
             handle = opened
             committed = True
+            internal = False
             try:
                 while True:
                     translator.strategy_tools = turn.strategy_tools
@@ -418,7 +439,7 @@ class Handler:
                             continue
                         error = stream_error(wire, translator, data)
                         if error is not None:
-                            raise StreamedError(error)
+                            raise StreamedError(error, turn.scrubber)
                         for chunk in translator.feed_event(event.event, data):
                             yield chunk
                     if not translator.round_complete:  # a cut connection is not a reply
@@ -426,6 +447,10 @@ class Handler:
                     proxy.metrics.child(proxy.metrics.upstream_latency, wire.API).observe(handle.seconds)
                     await stack.aclose()
                     out, message, usage, _ = translator.end_round()
+                    try:
+                        check_reply(message)
+                    except ValueError as exc:
+                        raise UpstreamError(f"the upstream sent an unreadable reply: {exc}") from None
                     for chunk in out:
                         yield chunk
                     proxy.count_usage(turn, usage)
@@ -461,12 +486,17 @@ class Handler:
                 )
                 for chunk in chunks:
                     yield chunk
+            except Exception as exc:  # a failure of ours: an error event (unstreamed, a 500), and logged
+                internal = True
+                for chunk in translator.error_event(self._internal(request.url.path, request, exc)):
+                    yield chunk
             finally:
-                # a client that went away mid-stream: the uncommitted reply is dropped and its
-                # step closed, so the log holds no half reply and no split pair
+                # a client that went away mid-stream (or a failure of ours): the uncommitted reply
+                # is dropped and its step closed, so the log holds no half reply and no split pair
                 with anyio.CancelScope(shield=True):
                     if not committed:
-                        proxy.metrics.child(proxy.metrics.errors, "client_disconnected").inc()
+                        if not internal:
+                            proxy.metrics.child(proxy.metrics.errors, "client_disconnected").inc()
                         await proxy.abandon(turn)
                     await stack.aclose()
                     await lease.release()
@@ -494,7 +524,10 @@ class Handler:
                 wire.error_body(scrub.text(str(exc)), kind="api_error"), status_code=exc.status
             )
         else:
-            response = Response(scrub.bytes(answer.body), status_code=answer.status, media_type="application/json")
+            if unsendable(answer.status):
+                response = unsendable_error(wire, answer.status)
+            else:
+                response = Response(scrub.bytes(answer.body), status_code=answer.status, media_type="application/json")
         proxy.metrics.child(proxy.metrics.requests, "/v1/models", str(response.status_code)).inc()
         return response
 

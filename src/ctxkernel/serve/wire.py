@@ -20,10 +20,14 @@ from typing import Any, Protocol
 
 import orjson
 
+from ..errors import EventError
 from ..jsonbytes import dumps_kept
+from ..logging import get_logger
 from ..messages import Message
 from ..pairing import CallIds
 from ..text import storable
+
+log = get_logger("ctxkernel.serve")
 
 #: a client body larger than this is refused with 413 (a 100k-token history is about 0.5 MB)
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -41,6 +45,14 @@ MAX_TOOLS = 1_000
 #: the most JSON objects a dense body may hold (see :func:`parse_json`): room for a history at
 #: the bounds above, with its tool calls and schemas
 MAX_OBJECTS = 4 * (MAX_MESSAGES + MAX_PARTS)
+#: the deepest JSON orjson writes (it reads 1,024 levels): everything serve writes (the session
+#: log, a kept response, the upstream's body) nests at most this deep
+ENCODER_DEPTH = 254
+#: how deep a client's JSON may nest, counted from its body (the body itself is level 1); the
+#: rest of :data:`ENCODER_DEPTH` is room for what wraps a part in what serve writes (a message in
+#: a session log's record, a tool call's argument string read into an object, a tool result's
+#: part in its block)
+MAX_DEPTH = 240
 
 
 class WireError(Exception):
@@ -210,6 +222,74 @@ def parse_json(raw: bytes, *, lean: bool = False) -> Any:
         msg = "the request body is nested too deeply"
         raise WireError(400, msg) from None
     return storable(value) if _LONE_SURROGATE.search(raw) else value
+
+
+def nested(value: Any, level: int) -> Any:
+    """``value`` wrapped in as many one-item arrays as put it ``level`` levels deep in a body,
+    with the room :data:`MAX_DEPTH` keeps: orjson writes it only when ``value`` nests within
+    :data:`MAX_DEPTH` counted from the body (its encoder walks it, in C: a check that costs
+    nothing where the value is encoded anyway)."""
+    for _ in range(level - 1 + ENCODER_DEPTH - MAX_DEPTH):
+        value = [value]
+    return value
+
+
+def too_deep(exc: TypeError) -> bool:
+    """Whether orjson refused to write a value for its nesting (:func:`nested`)."""
+    return "Recursion limit" in str(exc)
+
+
+def fits(value: Any, level: int) -> bool:
+    """Whether ``value``, ``level`` levels deep in a client's body, nests within
+    :data:`MAX_DEPTH` (one encode: for a part no encode of serve's checks anyway)."""
+    try:
+        orjson.dumps(nested(value, level))
+    except TypeError as exc:
+        if too_deep(exc):
+            return False
+        raise
+    return True
+
+
+def depth_refusal(where: str) -> str:
+    """What a client is told of a part of its body nested too deeply."""
+    return (
+        f"{where}: nested too deeply; ctxkernel serve takes JSON nested at most {MAX_DEPTH} levels, counted "
+        f"from the request body, a tool call's argument string as the JSON it holds (what serve writes "
+        f"nests at most {ENCODER_DEPTH}, with room for what wraps it)"
+    )
+
+
+def check_depth(parsed: ParsedBody) -> None:
+    """Refuse with a 400 a field of the body, other than its history (whose items are checked
+    as they are converted: :meth:`MessageMemo.convert`), nested deeper than :data:`MAX_DEPTH`.
+    A body's fields that a remembered body had (``parsed.fields``) were checked with it: only
+    a body parsed whole pays the one encode of its fields."""
+    if parsed.fields:
+        return
+    for name, value in parsed.body.items():
+        if name != parsed.array and isinstance(value, (dict, list)) and not fits(value, 2):
+            raise WireError(400, depth_refusal(name), param=name)
+
+
+def check_reply(message: Message) -> None:
+    """A ``ValueError`` (an unreadable reply) for an upstream reply holding JSON nested deeper
+    than :data:`MAX_DEPTH`, counted from a log record (a tool call's arguments, a block kept as
+    it came): read 1,024 levels deep, it would fail where serve writes it. Only a reply's tool
+    calls and kept blocks are encoded to tell: a text reply costs nothing."""
+    for block in message.content:
+        value = getattr(block, _PROVIDER_JSON.get(block.type, ""), None)
+        # record, data, message, content, block, then the value
+        if value is not None and not fits(value, 6):
+            msg = (
+                f"a {block.type} block nested too deeply (ctxkernel serve takes JSON nested at most "
+                f"{MAX_DEPTH} levels, counted from the session log's record; what it writes nests at most {ENCODER_DEPTH})"
+            )
+            raise ValueError(msg)
+
+
+#: the field of a kernel block that holds a provider's JSON as it came
+_PROVIDER_JSON = {"tool_call": "arguments", "opaque": "data", "media": "wire"}
 
 
 def load_json_object(raw: bytes, *, lean: bool = False) -> dict[str, Any]:
@@ -663,13 +743,22 @@ class MessageMemo:
         hasher: Callable[[Message], str],
         *,
         api: bytes = b"",
+        where: str = "",
+        level: int = 3,
     ) -> tuple[tuple[Message, ...], tuple[str, ...]]:
         """``convert(raw)`` and the hash of each result, from the memo when it has them.
 
-        ``api`` names the wire format: the same JSON may read differently in another one."""
+        ``api`` names the wire format: the same JSON may read differently in another one.
+        ``raw`` sits ``level`` levels deep in its body, ``where`` (what an error names): an
+        ``EventError`` refuses it, or a tool call's arguments it holds, nested deeper than
+        :data:`MAX_DEPTH`. Only JSON holding enough brackets to nest that deep is encoded
+        again to tell (the arguments are a string of JSON in some wire formats)."""
         try:
             dumped = orjson.dumps(raw)
-        except TypeError:  # not JSON-encodable as parsed (cannot happen for a parsed body): convert uncached
+        except TypeError as exc:
+            if too_deep(exc):
+                raise EventError(depth_refusal(where)) from None
+            # not JSON-encodable as parsed (cannot happen for a parsed body): convert uncached
             messages = tuple(convert(raw))
             return messages, tuple(hasher(m) for m in messages)
         key = api + b"\0" + (dumped if len(dumped) < _DIGEST_BYTES else hashlib.sha256(dumped).digest())
@@ -677,7 +766,16 @@ class MessageMemo:
         if entry is not None:
             self._entries.move_to_end(key)
             return entry[0], entry[1]
+        deep = dumped.count(b"[") + dumped.count(b"{") > MAX_DEPTH // 2
+        if deep and not fits(raw, level):
+            raise EventError(depth_refusal(where))
         messages = tuple(convert(raw))
+        for message in messages if deep else ():
+            # what a message holds of ``raw`` is no deeper in a log record than in the body but
+            # a tool call's arguments
+            for call in message.tool_calls:
+                if not fits(call.arguments, 6):  # record, data, message, content, block, arguments
+                    raise EventError(depth_refusal(where))
         hashes = tuple(hasher(m) for m in messages)
         self._entries[key] = (messages, hashes, len(dumped))
         self.held_bytes += len(dumped)
@@ -1010,10 +1108,31 @@ def _continues(array: bytes, prefix: Digest) -> bool:
 
 
 # -- usage -------------------------------------------------------------------------------------------
+#: how deep a provider's usage object may nest (real ones nest two levels: ``usage`` and its
+#: ``prompt_tokens_details``); what nests deeper is left out of the sum, with a warning
+MAX_USAGE_DEPTH = 4
+
+
 def add_usage(total: dict[str, Any] | None, usage: Any) -> dict[str, Any] | None:
-    """The sum of two provider usage objects, key by key (nested counts too)."""
+    """The sum of two provider usage objects, key by key (nested counts too). What ``usage``
+    nests deeper than :data:`MAX_USAGE_DEPTH` is left out and logged (usage is a provider's:
+    read 1,024 levels deep, it would exhaust the recursion here and fail where it is written)."""
     if not isinstance(usage, dict):
         return total
+    dropped: list[str] = []
+    out = _add_usage(total, usage, 1, "usage", dropped)
+    if dropped:
+        log.warning(
+            "serve: upstream usage nested too deeply; left out",
+            fields=[f[:100] for f in dropped[:5]],
+            max_depth=MAX_USAGE_DEPTH,
+        )
+    return out
+
+
+def _add_usage(
+    total: dict[str, Any] | None, usage: dict[str, Any], depth: int, path: str, dropped: list[str]
+) -> dict[str, Any]:
     out: dict[str, Any] = dict(total or {})
     for key, value in usage.items():
         if isinstance(value, bool):
@@ -1021,12 +1140,25 @@ def add_usage(total: dict[str, Any] | None, usage: Any) -> dict[str, Any] | None
         if isinstance(value, int):
             previous = out.get(key)
             out[key] = (previous if isinstance(previous, int) and not isinstance(previous, bool) else 0) + value
+        elif isinstance(value, (dict, list)) and not _shallow(value, MAX_USAGE_DEPTH - depth):
+            dropped.append(f"{path}.{key}")
         elif isinstance(value, dict):
             previous = out.get(key)
-            out[key] = add_usage(previous if isinstance(previous, dict) else None, value)
+            out[key] = _add_usage(
+                previous if isinstance(previous, dict) else None, value, depth + 1, f"{path}.{key}", dropped
+            )
         elif key not in out:
             out[key] = value
     return out
+
+
+def _shallow(value: Any, levels: int) -> bool:
+    """Whether ``value`` nests at most ``levels`` objects or arrays (the walk stops there)."""
+    if not isinstance(value, (dict, list)):
+        return True
+    if levels <= 0:
+        return False
+    return all(_shallow(v, levels - 1) for v in (value.values() if isinstance(value, dict) else value))
 
 
 # -- server-sent events --------------------------------------------------------------------------------
