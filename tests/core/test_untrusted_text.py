@@ -128,3 +128,36 @@ def test_data_a_store_cannot_hold_is_still_refused_and_nothing_is_written(make_k
     with pytest.raises(EventError, match="JSON-serialisable"):
         session.emit("basic", "note", {"value": object()})
     assert path.read_bytes() == before
+
+
+def _reply_data(levels: int) -> dict[str, object]:
+    """A reply event's data whose one tool call's arguments nest ``levels`` objects deep."""
+    arguments: dict[str, object] = {}
+    for _ in range(levels):
+        arguments = {"a": arguments}
+    return {"message": Message.assistant("x", [ToolCallBlock("c1", "f", arguments)]).to_dict()}
+
+
+def _encodes(value: object) -> bool:
+    try:
+        orjson.dumps(value)
+    except TypeError:
+        return False
+    return True
+
+
+def test_data_nested_as_deep_as_the_store_writes_is_refused_before_the_write(make_kernel):
+    # orjson writes 254 levels; an event's data sits one level down in its stored record, so
+    # data that encoded alone at the edge failed in the store with a bare TypeError
+    levels = next(n for n in range(200, 260) if not _encodes([_reply_data(n)]))
+    assert _encodes(_reply_data(levels))  # the edge: the data alone still encodes
+    session = make_kernel().open_session()
+    session.user("go")
+    session.prepare_request()
+    path = session.store.path(session.id)
+    before = path.read_bytes()
+    data = _reply_data(levels)["message"]
+    with pytest.raises(EventError, match="not JSON-serialisable: Recursion limit"):
+        session.commit_reply(Message.from_dict(data))
+    assert path.read_bytes() == before
+    session.commit_reply(Message.assistant("done"))  # the session goes on

@@ -207,13 +207,15 @@ class SessionLog:
             for i, event in enumerate(built):
                 validate_shape(event)
                 try:
-                    orjson.dumps(event.data)
+                    # as deep as the store writes it: inside its event's record, one level down
+                    # (orjson writes 254 levels, so data of 254 would pass alone and fail there)
+                    orjson.dumps((event.data,))
                 except TypeError as exc:
                     # the one place every text enters the log: a lone surrogate (a non-UTF-8 file
                     # name, a "\ud800" escape from a server) becomes U+FFFD instead of failing the turn
                     cleaned = storable(event.data)
                     try:
-                        orjson.dumps(cleaned)
+                        orjson.dumps((cleaned,))
                     except TypeError:
                         msg = f"{event.type} event data is not JSON-serialisable: {exc}"
                         raise EventError(msg) from None

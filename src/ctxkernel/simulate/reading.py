@@ -223,11 +223,16 @@ def check_item(item: Item) -> tuple[str, str] | None:
             data = message.to_dict()
             Message.from_dict(data)  # the kernel's own check of every block's fields
             check_usage(item.usage)
-            orjson.dumps(data)  # what the replay does with it: orjson reads deeper JSON than it writes
+            # as deep as the replay's log writes it (the message in its event's data, in the event's
+            # record): orjson reads deeper JSON than it writes
+            orjson.dumps([[data]])
         except EventError as exc:
             return "a well-typed assistant message", str(exc)
         except orjson.JSONEncodeError as exc:
-            return "an assistant message whose arguments are JSON nested at most 254 levels", str(exc)
+            return (
+                "an assistant message whose arguments are JSON nested at most 254 levels, counted from its stored event",
+                str(exc),
+            )
         return None
     if isinstance(item, MarkerItem):
         if not isinstance(item.kind, str) or not isinstance(item.data, dict):
