@@ -13,6 +13,7 @@ from helpers_chapters import (
     call_tool,
     chapters_kernel,
     continue_all,
+    do_turn,
     log_bytes,
     registry,
     result_json,
@@ -502,3 +503,35 @@ def test_the_continuation_budget_leaves_room_for_the_childs_header(tmp_path):
     ratio = parent.kernel.strategy_settings("chapters").continuation_budget_ratio
     effective = parent.context.model.effective_window
     assert abs(data["budget"] - int(ratio * (effective - child.request_header().tokens))) <= 5, data["budget"]
+
+
+def test_a_long_line_of_a_chapter_is_read_in_pieces_and_found_across_a_cut(tmp_path):
+    """A chapter line holds a whole message: a pasted log of 42,000 characters came back whole in
+    one page. A line over 2,000 characters is read in pieces, cut at a space (the line break stands
+    for it), a page stops at 20,000 characters, and a search finds words across a cut, naming the
+    piece where they start."""
+    pasted = " ".join(f"w{i:05d}" for i in range(6_000))
+    session = chapters_kernel(tmp_path, window=64_000).open_session()
+    do_turn(session, ScriptedModel([Message.assistant("noted")]), pasted)
+    data = continue_all(session)
+    child = session.kernel.open_session(data["session"])
+    cid = data["chapters"][0]["id"]
+    lines, offset = [], 0
+    while True:
+        page = call_tool(child, "chapters_read", chapter=cid, offset=offset, limit=5000).content
+        assert len(page) < 21_000
+        head, *body, tail = page.splitlines()
+        lines += body
+        if "next page: offset=" not in tail:
+            break
+        offset = int(tail.rsplit("offset=", 1)[1].rstrip(")"))
+    start = next(i for i, line in enumerate(lines) if line.startswith("**User** #"))
+    pieces = [line for line in lines[start:] if line.startswith("w") or line.startswith("**User**")]
+    assert len(pieces) > 20 and max(map(len, pieces)) <= 2_000
+    assert " ".join(pieces).split(": ", 1)[1] == pasted  # nothing lost or doubled at the cuts
+    last_word, next_word = pieces[0].rsplit(" ", 1)[1], pieces[1].split(" ", 1)[0]
+    hits = call_tool(child, "chapters_search", query=f"{last_word} {next_word}").content
+    assert hits.startswith("1 match(es)"), hits
+    line = int(hits.splitlines()[1].split(" line ", 1)[1].split(":", 1)[0])
+    read = call_tool(child, "chapters_read", chapter=cid, offset=line, limit=1).content
+    assert read.splitlines()[1].endswith(last_word)

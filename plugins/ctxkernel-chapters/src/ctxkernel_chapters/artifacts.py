@@ -3,29 +3,23 @@
 An artifact is stored in the archive (the strategy's blobs) under its handle
 ``<root>/artifacts/<sha256>.txt``. Reading verifies that the content still hashes to its name.
 Queries go through ``chapters_artifact`` (toc | search | read), which is read-only and checks
-names with :func:`storage.check_name`. They number the artifact's :func:`pieces`, in which a line
-longer than :data:`LINE_CHARS` counts as several, and a page holds at most :data:`PAGE_CHARS`
-characters: an artifact is a result too large for the context, so no answer brings it back whole.
+names with :func:`storage.check_name`. They page it as :mod:`.paging` says: its long lines cut at
+the limit exactly and numbered ``N+`` where they continue a line, so no answer brings a result too
+large for the context back whole.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterator
 
+from .paging import LINE_CHARS, matches, pieces
+from .paging import page as page_of
 from .storage import Archive, ArchiveError, IntegrityError, NotInArchiveError, VerifiedCache, check_name
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/artifacts/([0-9a-f]{64})\.txt")
 #: how a chapter's body names an artifact it itemises (render.py): ``[artifact `<handle>`, N chars]``
 HANDLE_IN_TEXT = re.compile(r"\[artifact `([A-Za-z0-9][A-Za-z0-9._-]*/artifacts/[0-9a-f]{64}\.txt)`")
-#: a longer line of an artifact (a JSON document on one line) is read as several lines of this many
-#: characters: every part of it is reachable by line number
-LINE_CHARS = 2_000
-#: the most characters of an artifact one ``read`` page shows (``history_read_item``'s largest page)
-PAGE_CHARS = 20_000
-#: characters of a line a search hit shows, from a little before the match
-PREVIEW_CHARS = 240
 
 
 def handle_for(root: str, digest: str) -> str:
@@ -91,37 +85,6 @@ def list_handles(archive: Archive, root: str) -> list[str]:
     return archive.list(f"{root}/artifacts", ".txt")
 
 
-def pieces(text: str) -> list[tuple[str, bool]]:
-    """The artifact's lines as its queries number them, each with whether it continues the line
-    before: a line longer than :data:`LINE_CHARS` is read as several of that many characters."""
-    out: list[tuple[str, bool]] = []
-    for line in text.splitlines():
-        out.append((line[:LINE_CHARS], False))
-        out.extend((line[i : i + LINE_CHARS], True) for i in range(LINE_CHARS, len(line), LINE_CHARS))
-    return out
-
-
-def matches(text: str, needle: str) -> Iterator[tuple[int, str]]:
-    """Each line of ``text`` holding ``needle`` (lower case), as ``(number, preview)``: numbered as
-    :func:`pieces` numbers the piece where the match starts, and found in the whole line, so a
-    match across the cut of a split line is found too. The preview is the text around the match."""
-    number = 0
-    for line in text.splitlines():
-        lowered = line.lower()
-        # lower() may change a line's length (a few letters lower to two characters); then the
-        # match is named by the line's first piece
-        exact = len(lowered) == len(line)
-        start = lowered.find(needle)
-        while start != -1:
-            piece = start // LINE_CHARS if exact else 0
-            # from a little before the match, and the whole line when it is short
-            begin = min(max(0, start - 80), max(0, len(line) - PREVIEW_CHARS)) if exact else 0
-            around = line[begin : begin + PREVIEW_CHARS]
-            yield number + piece + 1, " ".join(around.split())
-            start = lowered.find(needle, (piece + 1) * LINE_CHARS) if exact else -1
-        number += max(1, -(-len(line) // LINE_CHARS))
-
-
 def toc(text: str, *, max_entries: int = 60) -> str:
     """An overview: size, then the lines that look like headings or section starts, with line numbers."""
     lines_ = pieces(text)
@@ -155,7 +118,7 @@ def toc(text: str, *, max_entries: int = 60) -> str:
 
 def search(text: str, query: str, *, limit: int = 50) -> str:
     needle = query.lower()
-    hits = [f"{i}: {preview}" for i, preview in matches(text, needle)]
+    hits = [f"{i + 1}: {preview}" for i, preview in matches(text, needle)]
     if not hits:
         return f"no line contains {query!r}"
     more = f"\n({len(hits) - limit} more matches; narrow the query)" if len(hits) > limit else ""
@@ -164,15 +127,9 @@ def search(text: str, query: str, *, limit: int = 50) -> str:
 
 def page(text: str, offset: int, limit: int) -> str:
     """Lines ``offset+1`` .. ``offset+limit`` with line numbers, fewer when they would hold more than
-    :data:`PAGE_CHARS` characters (one at least), and where the next page starts."""
+    :data:`~.paging.PAGE_CHARS` characters (one at least), and where the next page starts."""
     lines_ = pieces(text)
-    chunk: list[tuple[str, bool]] = []
-    size = 0
-    for line, continued in lines_[offset : offset + limit]:
-        size += len(line)
-        if chunk and size > PAGE_CHARS:
-            break
-        chunk.append((line, continued))
+    chunk = page_of(lines_, offset, limit)
     # a piece that continues the line before is numbered ``N+``: the line was cut, not broken
     body = "\n".join(f"{offset + i + 1}{'+' if continued else ':'} {line}" for i, (line, continued) in enumerate(chunk))
     nxt = offset + len(chunk)

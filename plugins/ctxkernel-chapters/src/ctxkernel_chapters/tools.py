@@ -19,7 +19,7 @@ from ctxkernel import MAX_INT_ARG, Message, ToolArgs, ToolOutcome
 from ctxkernel.events import random_hex
 from ctxkernel.text import attr
 
-from . import archive, artifacts, toc
+from . import archive, artifacts, paging, toc
 from . import strategy as chapters
 from .registry import Registry, new_state, record_key
 from .segment import ChapterPlan, describe, propose_for
@@ -490,9 +490,8 @@ def chapters_read(ctx: Context, args: ReadArgs) -> ToolOutcome:
         chapter = read_chapter(ctx, record)
     except ArchiveError as exc:
         return ToolOutcome(f"chapters_read refused: {exc}", is_error=True)
-    lines = chapter.body.splitlines()
-    limit = args.limit or settings.read_page_lines
-    chunk = lines[args.offset : args.offset + limit]
+    lines = paging.pieces(chapter.body, at_space=True)  # a long line in pieces, a page within its budget
+    chunk = [line for line, _ in paging.page(lines, args.offset, args.limit or settings.read_page_lines)]
     nxt = args.offset + len(chunk)
     head = (
         f'chapter {record["id"]} "{attr(" ".join(chapter.title.split()))}" · seqs {chapter.seq_range[0]}–{chapter.seq_range[1]} · '
@@ -519,9 +518,8 @@ def chapters_search(ctx: Context, args: SearchArgs) -> ToolOutcome:
             refused.append(f"{record['id']}: {exc}")
             continue
         if needle in archive.lowered_body(chapter):  # one scan of the whole chapter; lines split on a hit
-            for i, line in enumerate(chapter.body.splitlines()):
-                if needle in line.lower():
-                    hits.append(f"{record['id']} line {i}: {' '.join(line.split())[:240]}")
+            for i, preview in paging.matches(chapter.body, needle, at_space=True):  # numbered as chapters_read pages
+                hits.append(f"{record['id']} line {i}: {preview}")
         # the large tool results and arguments the chapter itemises are part of what it holds
         for handle in dict.fromkeys(artifacts.HANDLE_IN_TEXT.findall(chapter.body)):
             if handle in searched:
@@ -533,8 +531,8 @@ def chapters_search(ctx: Context, args: SearchArgs) -> ToolOutcome:
                 refused.append(f"{handle}: {exc}")
                 continue
             if needle in lowered:  # numbered as chapters_artifact reads them
-                for i, preview in artifacts.matches(text, needle):
-                    hits.append(f"{record['id']} artifact {handle} line {i}: {preview}")
+                for i, preview in paging.matches(text, needle):
+                    hits.append(f"{record['id']} artifact {handle} line {i + 1}: {preview}")
     page = hits[args.offset : args.offset + args.limit]
     out = [
         f"{len(hits)} match(es) for {args.query!r}"
