@@ -204,3 +204,31 @@ def test_a_link_planted_at_a_snapshot_is_not_written_through(tmp_path):
     with pytest.raises(StoreError, match="cannot write the snapshot"):
         store.snapshot_put("s", 2, b"snapshot bytes")
     assert victim.read_bytes() == b"keep me"
+
+
+@pytest.mark.parametrize("value", [b'"no"', b"false", b"0   "])
+def test_a_more_other_than_true_is_corruption_naming_the_line(tmp_path, value):
+    # "more": "no" was taken as true (the batch ran on), false or 0 ended a batch silently
+    store = JsonlStore(tmp_path)
+    store.create(header("s"))
+    store.append("s", [event(0), event(1)], 0)
+    store.append("s", [event(2)], 2)
+    path = store.path("s")
+    path.write_bytes(path.read_bytes().replace(b'"more":true', b'"more":' + value))
+    before = path.read_bytes()
+    for call in (lambda s: s.repair("s"), lambda s: list(s.read("s")), lambda s: s.next_seq("s")):
+        with pytest.raises(CorruptionError, match=r's\.jsonl:2: "more" is .*; accepted: true'):
+            call(JsonlStore(tmp_path))
+    assert path.read_bytes() == before
+
+
+def test_a_more_changed_under_a_reader_is_corruption(tmp_path):
+    # a store that scanned the log reads its lines again by offset: the same check applies there
+    store = JsonlStore(tmp_path)
+    store.create(header("s"))
+    store.append("s", [event(0), event(1)], 0)
+    assert store.next_seq("s") == 2
+    path = store.path("s")
+    path.write_bytes(path.read_bytes().replace(b'"more":true', b'"more":"no"'))
+    with pytest.raises(CorruptionError, match=r's\.jsonl:2: "more" is \'no\''):
+        list(store.read("s"))

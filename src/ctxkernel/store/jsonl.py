@@ -300,7 +300,7 @@ class JsonlStore(SyncDeferral):
             for i, raw_line in enumerate(lines):
                 try:
                     raw = loads(raw_line)
-                    more = raw.pop(_MORE, False) if type(raw) is dict else False
+                    more = raw.pop(_MORE, None) if type(raw) is dict else None
                     event = from_dict(raw)
                 except (orjson.JSONDecodeError, EventError) as exc:
                     msg = (
@@ -308,6 +308,8 @@ class JsonlStore(SyncDeferral):
                         "so the log is corrupt, not torn by a crash, and was not rewritten"
                     )
                     raise CorruptionError(msg) from None
+                if more is not None and more is not True:
+                    raise _bad_more(path, first_line_no + i, more)
                 expected = index.count + len(pending)
                 if event.seq != expected:
                     msg = f"{path}:{first_line_no + i}: event seq {event.seq} where {expected} was expected"
@@ -411,12 +413,13 @@ class JsonlStore(SyncDeferral):
         for seq, line in enumerate(data.splitlines(), first_seq):
             try:
                 raw = orjson.loads(line)
-                if type(raw) is dict:
-                    raw.pop(_MORE, None)
+                more = raw.pop(_MORE, None) if type(raw) is dict else None
                 event = Event.from_dict(raw)
             except (orjson.JSONDecodeError, EventError) as exc:
                 msg = f"{path}:{seq + 2}: {exc}; a complete (newline-terminated) line is damaged, so the log is corrupt"
                 raise CorruptionError(msg) from None
+            if more is not None and more is not True:
+                raise _bad_more(path, seq + 2, more)
             if event.seq != seq:  # offsets found by a backward read are only as good as the lines
                 msg = f"{path}:{seq + 2}: event seq {event.seq} where {seq} was expected"
                 raise CorruptionError(msg)
@@ -814,3 +817,14 @@ def _loads(line: bytes, path: Path, line_no: int) -> Any:
     except orjson.JSONDecodeError as exc:
         msg = f"{path}:{line_no}: not valid JSON ({exc})"
         raise CorruptionError(msg) from None
+
+
+def _bad_more(path: Path, line_no: int, more: Any) -> CorruptionError:
+    """A line whose ``"more"`` is not ``true``: a writer puts ``true`` on every event of a batch
+    but the last, and nothing on the last, so any other value (``false``, ``0``, ``"no"``) would
+    end or extend a batch where no writer did."""
+    msg = (
+        f'{path}:{line_no}: "more" is {more!r:.40}; accepted: true, or no "more" on a batch\'s last event. '
+        "The log is corrupt and was not rewritten"
+    )
+    return CorruptionError(msg)
