@@ -232,3 +232,29 @@ def test_a_more_changed_under_a_reader_is_corruption(tmp_path):
     path.write_bytes(path.read_bytes().replace(b'"more":true', b'"more":"no"'))
     with pytest.raises(CorruptionError, match=r's\.jsonl:2: "more" is \'no\''):
         list(store.read("s"))
+
+
+#: header fields of another type than a store writes, each taken as it was (true as version 1)
+BAD_HEADER_FIELDS = [
+    ("created", 5, "a string"),
+    ("extra", [1], "an object or null"),
+    ("parent", 7, "a session id string or null"),
+    ("origin", {"o": 1}, "a string or null"),
+    ("profile", 2.5, "a profile name string or null"),
+    ("format_version", True, "unsupported session format_version True"),
+]
+
+
+@pytest.mark.parametrize(("field", "value", "accepted"), BAD_HEADER_FIELDS)
+def test_a_header_field_of_another_type_is_corruption(tmp_path, field, value, accepted):
+    import orjson
+
+    store = JsonlStore(tmp_path)
+    store.create(header("s", parent="p", origin="o", profile="basic", extra={"k": 1}))
+    store.append("s", [event(0)], 0)
+    path = store.path("s")
+    first, _, rest = path.read_bytes().partition(b"\n")
+    path.write_bytes(orjson.dumps({**orjson.loads(first), field: value}) + b"\n" + rest)
+    for call in (lambda s: s.header("s"), lambda s: list(s.read("s"))):
+        with pytest.raises(CorruptionError, match=rf"s\.jsonl:1: .*{accepted}"):
+            call(JsonlStore(tmp_path))
