@@ -258,3 +258,45 @@ def test_a_header_field_of_another_type_is_corruption(tmp_path, field, value, ac
     for call in (lambda s: s.header("s"), lambda s: list(s.read("s"))):
         with pytest.raises(CorruptionError, match=rf"s\.jsonl:1: .*{accepted}"):
             call(JsonlStore(tmp_path))
+
+
+def test_a_folder_in_place_of_a_log_or_kv_entry_is_corruption_naming_it(tmp_path):
+    # each raised a bare IsADirectoryError
+    store = JsonlStore(tmp_path)
+    store.create(header("s"))
+    store.path("s").unlink()
+    store.path("s").mkdir()
+    calls = {
+        "header": lambda s: s.header("s"),
+        "read": lambda s: list(s.read("s")),
+        "next_seq": lambda s: s.next_seq("s"),
+        "append": lambda s: s.append("s", [event(0)], 0),
+        "repair": lambda s: s.repair("s"),
+    }
+    for name, call in calls.items():
+        with pytest.raises(CorruptionError, match=r"s\.jsonl: the log of session s is a folder.*accepted: a regular"):
+            call(JsonlStore(tmp_path))
+        assert store.path("s").is_dir(), name
+    store.kv_put("ns", "k", 1)
+    store.kv_put("ns", "a/" * 99 + "a", 2)  # kept under a digest: kv_list reads its file itself
+    for path in (tmp_path / "kv" / "ns").iterdir():
+        path.unlink()
+        path.mkdir()
+        key = "k" if path.name == "k.json" else "a/" * 99 + "a"
+        for call in (lambda s: s.kv_list("ns"), lambda s, key=key: s.kv_get("ns", key)):
+            with pytest.raises(CorruptionError, match=rf"{path.name}: a folder where a key-value entry should be"):
+                call(JsonlStore(tmp_path))
+        path.rmdir()
+
+
+def test_a_log_turned_into_a_folder_after_a_scan_is_corruption(tmp_path):
+    store = JsonlStore(tmp_path)
+    store.create(header("s"))
+    store.append("s", [event(0)], 0)
+    assert store.next_seq("s") == 1
+    path = store.path("s")
+    path.unlink()
+    path.mkdir()
+    (path / "filler").write_bytes(b"x" * 100)
+    with pytest.raises(CorruptionError, match="is a folder"):
+        list(store.read("s"))

@@ -20,6 +20,7 @@ import fcntl
 import hashlib
 import itertools
 import os
+import stat
 import threading
 import time
 import urllib.parse
@@ -235,10 +236,20 @@ class JsonlStore(SyncDeferral):
         return sorted(p.stem for p in self.sessions_dir.glob("*.jsonl") if not p.name.startswith("."))
 
     def _existing(self, session_id: str) -> Path:
+        """The session's log, checked before the store opens it: every open of a log (a header,
+        a scan that reads, a write, a snapshot's check) comes through here."""
         path = self.path(session_id)
-        if not path.exists():
+        try:
+            mode = os.stat(path).st_mode
+        except (FileNotFoundError, NotADirectoryError):
             msg = f"no session {session_id!r} in {self.sessions_dir}"
-            raise SessionNotFoundError(msg)
+            raise SessionNotFoundError(msg) from None
+        if not stat.S_ISREG(mode):
+            msg = (
+                f"{path}: the log of session {session_id} is a folder or another thing that is not a file; "
+                "accepted: a regular file. The store is corrupt"
+            )
+            raise CorruptionError(msg)
         return path
 
     # -- reading -------------------------------------------------------------------------------
@@ -268,7 +279,7 @@ class JsonlStore(SyncDeferral):
                     raise
                 if size <= index.end:
                     return index, [], _NOTHING_REPAIRED
-            elif locked is None:
+            if locked is None:  # a writer's log was checked as it was opened
                 self._existing(session_id)
             self._primed.discard(session_id)
             with open(path, "rb") if locked is None else contextlib.nullcontext(locked) as f:
@@ -562,18 +573,26 @@ class JsonlStore(SyncDeferral):
         check_kv_name("key", key)
         return self.kv_dir / _kv_file_name(namespace) / (_kv_file_name(key) + ".json")
 
-    def kv_get(self, namespace: str, key: str) -> Any | None:
-        path = self._kv_path(namespace, key)
+    def _kv_read(self, path: Path) -> tuple[bool, Any]:
+        """Whether the entry file ``path`` is there, and the JSON it holds: every read of a
+        key-value entry comes through here."""
         try:
             data = path.read_bytes()
         except (FileNotFoundError, NotADirectoryError):
-            return None
+            return False, None
+        except IsADirectoryError:
+            msg = f"{path}: a folder where a key-value entry should be; accepted: a file of JSON. The store is corrupt"
+            raise CorruptionError(msg) from None
         try:
-            value = orjson.loads(data)
+            return True, orjson.loads(data)
         except orjson.JSONDecodeError as exc:
             msg = f"{path}: key-value entry is not valid JSON ({exc})"
             raise CorruptionError(msg) from None
-        if _KV_DIGEST in path.name:
+
+    def kv_get(self, namespace: str, key: str) -> Any | None:
+        path = self._kv_path(namespace, key)
+        found, value = self._kv_read(path)
+        if found and _KV_DIGEST in path.name:
             return _unwrap(path, value)[1]
         return value
 
@@ -604,11 +623,10 @@ class JsonlStore(SyncDeferral):
             if path.name.startswith("."):
                 continue
             if _KV_DIGEST in path.name:  # a long name, kept in its entry
-                try:
-                    key, value = _unwrap(path, orjson.loads(path.read_bytes()))
-                except orjson.JSONDecodeError as exc:
-                    msg = f"{path}: key-value entry is not valid JSON ({exc})"
-                    raise CorruptionError(msg) from None
+                found, entry = self._kv_read(path)
+                if not found:  # deleted since the listing
+                    continue
+                key, value = _unwrap(path, entry)
                 if key.startswith(prefix):
                     out[key] = value
                 continue
