@@ -300,3 +300,41 @@ def test_a_log_turned_into_a_folder_after_a_scan_is_corruption(tmp_path):
     (path / "filler").write_bytes(b"x" * 100)
     with pytest.raises(CorruptionError, match="is a folder"):
         list(store.read("s"))
+
+
+def test_a_log_or_kv_entry_linked_outside_the_store_is_refused(tmp_path):
+    # a log linked to a file outside was read and appended to; kv_get read a linked file or
+    # namespace folder outside kv/ (and kv_put, kv_delete wrote and removed files there)
+    elsewhere = JsonlStore(tmp_path / "elsewhere")
+    elsewhere.create(header("s"))
+    elsewhere.append("s", [event(0)], 0)
+    elsewhere.kv_put("ns", "k", {"secret": 1})
+    outside = elsewhere.path("s").read_bytes(), (tmp_path / "elsewhere" / "kv" / "ns" / "k.json").read_bytes()
+    home = tmp_path / "home"
+    store = JsonlStore(home)
+    store.create(header("t"))
+    (home / "sessions" / "s.jsonl").symlink_to(elsewhere.path("s"))
+    for call in (
+        lambda s: s.header("s"),
+        lambda s: list(s.read("s")),
+        lambda s: s.append("s", [event(1)], 1),
+        lambda s: s.repair("s"),
+    ):
+        with pytest.raises(StoreError, match=r"session s: .*s\.jsonl resolves outside the store's sessions folder"):
+            call(JsonlStore(home))
+    (home / "kv" / "mine").mkdir(parents=True)
+    (home / "kv" / "mine" / "k.json").symlink_to(tmp_path / "elsewhere" / "kv" / "ns" / "k.json")
+    (home / "kv" / "ns").symlink_to(tmp_path / "elsewhere" / "kv" / "ns")
+    for call in (
+        lambda s: s.kv_get("mine", "k"),
+        lambda s: s.kv_list("mine"),
+        lambda s: s.kv_get("ns", "k"),
+        lambda s: s.kv_list("ns"),
+        lambda s: s.kv_put("ns", "new", 1),
+        lambda s: s.kv_delete("ns", "k"),
+    ):
+        with pytest.raises(StoreError, match="resolves outside the store's kv folder"):
+            call(JsonlStore(home))
+    assert (elsewhere.path("s").read_bytes(), (tmp_path / "elsewhere" / "kv" / "ns" / "k.json").read_bytes()) == outside
+    assert sorted(p.name for p in (tmp_path / "elsewhere" / "kv" / "ns").iterdir()) == ["k.json"]
+    assert [e.seq for e in store.read("t")] == []  # the store's own sessions still work

@@ -149,6 +149,15 @@ class JsonlStore(SyncDeferral):
         self._mutex = threading.RLock()  # guards _index and _fresh between this process's threads
 
     # -- paths ---------------------------------------------------------------------------------
+    @staticmethod
+    def _refuse_outside(path: Path, folder: Path, what: str) -> None:
+        """Refuse ``path`` when it resolves outside ``folder`` through a link planted under the
+        home: a read would serve a file from elsewhere, a write or a delete change one there."""
+        resolved, inside = path.resolve(), folder.resolve()
+        if resolved != inside and inside not in resolved.parents:
+            msg = f"{what}: {path} resolves outside the store's {folder.name} folder (through a link); refused"
+            raise StoreError(msg)
+
     def path(self, session_id: str) -> Path:
         # every read, refresh and append asks for it: the id checked and the path joined once
         try:
@@ -239,6 +248,7 @@ class JsonlStore(SyncDeferral):
         """The session's log, checked before the store opens it: every open of a log (a header,
         a scan that reads, a write, a snapshot's check) comes through here."""
         path = self.path(session_id)
+        self._refuse_outside(path, self.sessions_dir, f"session {session_id}")
         try:
             mode = os.stat(path).st_mode
         except (FileNotFoundError, NotADirectoryError):
@@ -571,7 +581,9 @@ class JsonlStore(SyncDeferral):
     def _kv_path(self, namespace: str, key: str) -> Path:
         check_kv_name("namespace", namespace)
         check_kv_name("key", key)
-        return self.kv_dir / _kv_file_name(namespace) / (_kv_file_name(key) + ".json")
+        path = self.kv_dir / _kv_file_name(namespace) / (_kv_file_name(key) + ".json")
+        self._refuse_outside(path, self.kv_dir, f"key-value {namespace}/{key}")
+        return path
 
     def _kv_read(self, path: Path) -> tuple[bool, Any]:
         """Whether the entry file ``path`` is there, and the JSON it holds: every read of a
@@ -616,6 +628,7 @@ class JsonlStore(SyncDeferral):
 
     def kv_list(self, namespace: str, prefix: str = "") -> dict[str, Any]:
         folder = self.kv_dir / _kv_file_name(check_kv_name("namespace", namespace))
+        self._refuse_outside(folder, self.kv_dir, f"key-value namespace {namespace}")
         if not folder.exists():
             return {}
         out = {}
@@ -623,6 +636,7 @@ class JsonlStore(SyncDeferral):
             if path.name.startswith("."):
                 continue
             if _KV_DIGEST in path.name:  # a long name, kept in its entry
+                self._refuse_outside(path, self.kv_dir, f"key-value namespace {namespace}")
                 found, entry = self._kv_read(path)
                 if not found:  # deleted since the listing
                     continue
@@ -694,20 +708,10 @@ class JsonlStore(SyncDeferral):
         """The file holding blob ``key`` (keys are checked, so it is always inside the home)."""
         return self.blobs_dir / check_blob_key(key)
 
-    def _check_blob_folder(self, key: str, path: Path) -> None:
-        """Refuse a key whose folder leads outside ``blobs/`` through a link planted under the
-        home: a put would write there, a delete remove a file there."""
-        folder, blobs = path.parent.resolve(), self.blobs_dir.resolve()
-        if folder != blobs and blobs not in folder.parents:
-            msg = (
-                f"blob {key}: the folder of {path} resolves outside the store's blobs folder (through a link); refused"
-            )
-            raise StoreError(msg)
-
     def blob_put(self, key: str, data: bytes) -> BlobInfo:
         path = self.blob_path(key)
         data = check_blob_data(key, data)
-        self._check_blob_folder(key, path)
+        self._refuse_outside(path.parent, self.blobs_dir, f"blob {key}")
         self._check_blob_nesting(key)
         tmp = None
         try:
@@ -748,10 +752,7 @@ class JsonlStore(SyncDeferral):
     def blob_get(self, key: str) -> bytes | None:
         path = self.blob_path(key)
         try:
-            # a link planted under the home must not serve a file from elsewhere
-            if self.blobs_dir.resolve() not in path.resolve().parents:
-                msg = f"blob {key}: {path} resolves outside the store's blobs folder (through a link); refused"
-                raise StoreError(msg)
+            self._refuse_outside(path, self.blobs_dir, f"blob {key}")
             return path.read_bytes()
         except (FileNotFoundError, NotADirectoryError):
             return None
@@ -801,7 +802,7 @@ class JsonlStore(SyncDeferral):
 
     def blob_delete(self, key: str) -> None:
         path = self.blob_path(key)
-        self._check_blob_folder(key, path)
+        self._refuse_outside(path.parent, self.blobs_dir, f"blob {key}")
         try:
             path.unlink()
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
