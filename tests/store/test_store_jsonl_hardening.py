@@ -204,3 +204,137 @@ def test_a_link_planted_at_a_snapshot_is_not_written_through(tmp_path):
     with pytest.raises(StoreError, match="cannot write the snapshot"):
         store.snapshot_put("s", 2, b"snapshot bytes")
     assert victim.read_bytes() == b"keep me"
+
+
+@pytest.mark.parametrize("value", [b'"no"', b"false", b"0   "])
+def test_a_more_other_than_true_is_corruption_naming_the_line(tmp_path, value):
+    # "more": "no" was taken as true (the batch ran on), false or 0 ended a batch silently
+    store = JsonlStore(tmp_path)
+    store.create(header("s"))
+    store.append("s", [event(0), event(1)], 0)
+    store.append("s", [event(2)], 2)
+    path = store.path("s")
+    path.write_bytes(path.read_bytes().replace(b'"more":true', b'"more":' + value))
+    before = path.read_bytes()
+    for call in (lambda s: s.repair("s"), lambda s: list(s.read("s")), lambda s: s.next_seq("s")):
+        with pytest.raises(CorruptionError, match=r's\.jsonl:2: "more" is .*; accepted: true'):
+            call(JsonlStore(tmp_path))
+    assert path.read_bytes() == before
+
+
+def test_a_more_changed_under_a_reader_is_corruption(tmp_path):
+    # a store that scanned the log reads its lines again by offset: the same check applies there
+    store = JsonlStore(tmp_path)
+    store.create(header("s"))
+    store.append("s", [event(0), event(1)], 0)
+    assert store.next_seq("s") == 2
+    path = store.path("s")
+    path.write_bytes(path.read_bytes().replace(b'"more":true', b'"more":"no"'))
+    with pytest.raises(CorruptionError, match=r's\.jsonl:2: "more" is \'no\''):
+        list(store.read("s"))
+
+
+#: header fields of another type than a store writes, each taken as it was (true as version 1)
+BAD_HEADER_FIELDS = [
+    ("created", 5, "a string"),
+    ("extra", [1], "an object or null"),
+    ("parent", 7, "a session id string or null"),
+    ("origin", {"o": 1}, "a string or null"),
+    ("profile", 2.5, "a profile name string or null"),
+    ("format_version", True, "unsupported session format_version True"),
+]
+
+
+@pytest.mark.parametrize(("field", "value", "accepted"), BAD_HEADER_FIELDS)
+def test_a_header_field_of_another_type_is_corruption(tmp_path, field, value, accepted):
+    import orjson
+
+    store = JsonlStore(tmp_path)
+    store.create(header("s", parent="p", origin="o", profile="basic", extra={"k": 1}))
+    store.append("s", [event(0)], 0)
+    path = store.path("s")
+    first, _, rest = path.read_bytes().partition(b"\n")
+    path.write_bytes(orjson.dumps({**orjson.loads(first), field: value}) + b"\n" + rest)
+    for call in (lambda s: s.header("s"), lambda s: list(s.read("s"))):
+        with pytest.raises(CorruptionError, match=rf"s\.jsonl:1: .*{accepted}"):
+            call(JsonlStore(tmp_path))
+
+
+def test_a_folder_in_place_of_a_log_or_kv_entry_is_corruption_naming_it(tmp_path):
+    # each raised a bare IsADirectoryError
+    store = JsonlStore(tmp_path)
+    store.create(header("s"))
+    store.path("s").unlink()
+    store.path("s").mkdir()
+    calls = {
+        "header": lambda s: s.header("s"),
+        "read": lambda s: list(s.read("s")),
+        "next_seq": lambda s: s.next_seq("s"),
+        "append": lambda s: s.append("s", [event(0)], 0),
+        "repair": lambda s: s.repair("s"),
+    }
+    for name, call in calls.items():
+        with pytest.raises(CorruptionError, match=r"s\.jsonl: the log of session s is a folder.*accepted: a regular"):
+            call(JsonlStore(tmp_path))
+        assert store.path("s").is_dir(), name
+    store.kv_put("ns", "k", 1)
+    store.kv_put("ns", "a/" * 99 + "a", 2)  # kept under a digest: kv_list reads its file itself
+    for path in (tmp_path / "kv" / "ns").iterdir():
+        path.unlink()
+        path.mkdir()
+        key = "k" if path.name == "k.json" else "a/" * 99 + "a"
+        for call in (lambda s: s.kv_list("ns"), lambda s, key=key: s.kv_get("ns", key)):
+            with pytest.raises(CorruptionError, match=rf"{path.name}: a folder where a key-value entry should be"):
+                call(JsonlStore(tmp_path))
+        path.rmdir()
+
+
+def test_a_log_turned_into_a_folder_after_a_scan_is_corruption(tmp_path):
+    store = JsonlStore(tmp_path)
+    store.create(header("s"))
+    store.append("s", [event(0)], 0)
+    assert store.next_seq("s") == 1
+    path = store.path("s")
+    path.unlink()
+    path.mkdir()
+    (path / "filler").write_bytes(b"x" * 100)
+    with pytest.raises(CorruptionError, match="is a folder"):
+        list(store.read("s"))
+
+
+def test_a_log_or_kv_entry_linked_outside_the_store_is_refused(tmp_path):
+    # a log linked to a file outside was read and appended to; kv_get read a linked file or
+    # namespace folder outside kv/ (and kv_put, kv_delete wrote and removed files there)
+    elsewhere = JsonlStore(tmp_path / "elsewhere")
+    elsewhere.create(header("s"))
+    elsewhere.append("s", [event(0)], 0)
+    elsewhere.kv_put("ns", "k", {"secret": 1})
+    outside = elsewhere.path("s").read_bytes(), (tmp_path / "elsewhere" / "kv" / "ns" / "k.json").read_bytes()
+    home = tmp_path / "home"
+    store = JsonlStore(home)
+    store.create(header("t"))
+    (home / "sessions" / "s.jsonl").symlink_to(elsewhere.path("s"))
+    for call in (
+        lambda s: s.header("s"),
+        lambda s: list(s.read("s")),
+        lambda s: s.append("s", [event(1)], 1),
+        lambda s: s.repair("s"),
+    ):
+        with pytest.raises(StoreError, match=r"session s: .*s\.jsonl resolves outside the store's sessions folder"):
+            call(JsonlStore(home))
+    (home / "kv" / "mine").mkdir(parents=True)
+    (home / "kv" / "mine" / "k.json").symlink_to(tmp_path / "elsewhere" / "kv" / "ns" / "k.json")
+    (home / "kv" / "ns").symlink_to(tmp_path / "elsewhere" / "kv" / "ns")
+    for call in (
+        lambda s: s.kv_get("mine", "k"),
+        lambda s: s.kv_list("mine"),
+        lambda s: s.kv_get("ns", "k"),
+        lambda s: s.kv_list("ns"),
+        lambda s: s.kv_put("ns", "new", 1),
+        lambda s: s.kv_delete("ns", "k"),
+    ):
+        with pytest.raises(StoreError, match="resolves outside the store's kv folder"):
+            call(JsonlStore(home))
+    assert (elsewhere.path("s").read_bytes(), (tmp_path / "elsewhere" / "kv" / "ns" / "k.json").read_bytes()) == outside
+    assert sorted(p.name for p in (tmp_path / "elsewhere" / "kv" / "ns").iterdir()) == ["k.json"]
+    assert [e.seq for e in store.read("t")] == []  # the store's own sessions still work

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import orjson
 import psycopg
 import pytest
 
@@ -145,6 +146,19 @@ def test_a_missing_row_is_corruption_not_a_short_log(dsn):
         list(store.read("s"))
     with pytest.raises(CorruptionError, match="holds 4 events"):
         store.repair("s")
+
+
+@pytest.mark.postgres
+def test_a_header_row_with_a_field_of_another_type_is_corruption(dsn):
+    # "parent": 7 or "format_version": true (taken as 1) were accepted
+    store = PostgresStore(dsn)
+    store.create(header("s"))
+    for field, value, accepted in (("parent", 7, "'parent' is 7"), ("format_version", True, "format_version True")):
+        body = orjson.dumps({**header("s").to_dict(), field: value}).decode()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("UPDATE ctxkernel_sessions SET header = %s WHERE id = 's'", (body,))
+        with pytest.raises(CorruptionError, match=accepted):
+            PostgresStore(dsn).header("s")
 
 
 @pytest.mark.postgres

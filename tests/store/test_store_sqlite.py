@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 
+import orjson
 import pytest
 
 from ctxkernel import Kernel
@@ -133,6 +134,23 @@ def test_a_header_row_naming_another_session_is_corruption(tmp_path):
         db.execute("UPDATE sessions SET header = (SELECT header FROM sessions WHERE id = 'b') WHERE id = 'a'")
     with pytest.raises(CorruptionError, match="header of session 'a' names session 'b'"):
         store.header("a")
+
+
+def test_a_header_row_with_a_field_of_another_type_is_corruption(tmp_path):
+    # "created": 5, "extra": [1], "format_version": true (taken as 1) were accepted
+    store = SqliteStore(tmp_path)
+    store.create(header("s"))
+    for change, accepted in (
+        ("'$.created', 5", "'created' is 5; accepted: a string"),
+        ("'$.extra', json('[1]')", "'extra' is \\[1\\]; accepted: an object or null"),
+        ("'$.format_version', json('true')", "unsupported session format_version True"),
+    ):
+        with sqlite3.connect(tmp_path / DATABASE_NAME) as db:
+            db.execute(f"UPDATE sessions SET header = json_set(header, {change})")
+        with pytest.raises(CorruptionError, match=accepted):
+            SqliteStore(tmp_path).header("s")
+        with sqlite3.connect(tmp_path / DATABASE_NAME) as db:
+            db.execute("UPDATE sessions SET header = ?", (orjson.dumps(header("s").to_dict()).decode(),))
 
 
 @contextlib.contextmanager

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 
-from helpers_chapters import chapters_kernel, registry, run_turns
+import pytest
+from helpers_chapters import call_tool, chapters_kernel, registry, run_turns
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ctxkernel.store.jsonl import JsonlStore
 from ctxkernel_chapters import plugin as chapters_plugin
 from ctxkernel_chapters.registry import NAMESPACE, Registry, record_key
+from ctxkernel_chapters.storage import ArchiveError
 from ctxkernel_chapters.strategy import own_records
 
 
@@ -120,14 +123,96 @@ def test_an_old_single_record_layout_is_split_on_first_read(tmp_path):
     assert "chapters" not in session.store.kv_get(NAMESPACE, f"sessions/{session.id}")
 
 
+def _record(session_id, number, end_seq):
+    return {
+        "id": f"{session_id}/{number}",
+        "number": number,
+        "path": f"{session_id}/chapters/{number:03d}.md",
+        "start_seq": end_seq,
+        "end_seq": end_seq,
+        "sha256": "0" * 64,
+        "tokens": 1,
+        "status": "final",
+    }
+
+
 @settings(max_examples=30, deadline=None)
 @given(st.lists(st.integers(min_value=1, max_value=2_000_000), min_size=1, max_size=12, unique=True))
 def test_records_list_in_chapter_order_and_archived_through_is_the_furthest_end(numbers):
     with tempfile.TemporaryDirectory() as home:
         reg = Registry(_StoreTable(JsonlStore(Path(home), fsync=False)))
         for n in numbers:  # written in any order, one compaction each
-            reg.add_final("s1", [{"id": f"s1/{n}", "number": n, "end_seq": n * 3, "status": "final"}])
-        reg.add_final("s10", [{"id": "s10/1", "number": 1, "end_seq": 10**9, "status": "final"}])  # a prefix sibling
+            reg.add_final("s1", [_record("s1", n, n * 3)])
+        reg.add_final("s10", [_record("s10", 1, 10**9)])  # a prefix sibling
         assert [r["number"] for r in reg.records("s1")] == sorted(numbers)
         assert reg.archived_through("s1") == max(numbers) * 3
         assert reg.state("s1")["next_chapter"] == max(numbers) + 1
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "problem"),
+    [
+        (
+            "sessions/s1",
+            {"root": "s1", "parent": None, "next_chapter": "2"},
+            "'next_chapter' = '2'; accepted: an integer",
+        ),
+        ("sessions/s1", {"parent": None}, "has no 'root'"),
+        ("sessions/s1", ["s1"], "is list, not an object"),
+        ("sessions/s1", {"root": "s1", "parent": 7}, "'parent' = 7; accepted: a string or null"),
+        ("records/s1/000001", {**_record("s1", 1, 3), "number": "1"}, "'number' = '1'; accepted: an integer"),
+        ("records/s1/000001", {k: v for k, v in _record("s1", 1, 3).items() if k != "end_seq"}, "has no 'end_seq'"),
+        ("records/s1/000001", {**_record("s1", 1, 3), "tokens": True}, "'tokens' = True"),
+        ("roots/s1", {"next_chapter": None}, "'next_chapter' = None; accepted: an integer"),
+        ("roots/s1", 5, "is int, not an object"),
+    ],
+)
+def test_a_registry_entry_of_another_shape_is_an_archive_error_naming_it(tmp_path, key, value, problem):
+    # state["next_chapter"], r["number"], record["end_seq"] were read as they were: a KeyError or
+    # TypeError inside a tool or a step, or a wrong number compared and written back
+    store = JsonlStore(tmp_path, fsync=False)
+    reg = Registry(_StoreTable(store))
+    reg.add_final("s1", [_record("s1", 1, 3)])
+    reg.allocate("s1", 1)
+    store.kv_put(NAMESPACE, key, value)
+    before = store.kv_list(NAMESPACE)
+    calls = {
+        "sessions/": (
+            lambda: reg.state("s1"),
+            lambda: reg.add_final("s1", [_record("s1", 2, 5)]),
+            lambda: reg.get("s1"),
+        ),
+        "records/": (lambda: reg.records("s1"), lambda: reg.find("s1", "s1/1"), lambda: reg.lineage_records("s1")),
+        "roots/": (lambda: reg.next_number("s1"), lambda: reg.allocate("s1", 2), lambda: reg.advance("s1", 9)),
+    }[key[: key.index("/") + 1]]
+    for call in calls:
+        with pytest.raises(ArchiveError, match=rf"{key!r} .*{re.escape(problem)}.*is not used"):
+            call()
+    assert store.kv_list(NAMESPACE) == before
+
+
+def test_a_chapters_tool_answers_a_damaged_registry_entry_with_a_tool_error(tmp_path):
+    session = _session(tmp_path)
+    run_turns(session, 6)
+    assert chapters_plugin.compact_in_place(session.context, 800, reason="test")
+    reg = registry(session)
+    record = reg.records(session.id)[0]
+    key = record_key(session.id, record["number"])
+    session.store.kv_put(NAMESPACE, key, {k: v for k, v in record.items() if k != "path"})
+    outcome = call_tool(session, "chapters_read", chapter=record["id"])
+    assert outcome.is_error and "chapters_read refused" in outcome.content and "has no 'path'" in outcome.content
+    session.store.kv_put(NAMESPACE, key, record)
+    state_key = f"sessions/{session.id}"
+    session.store.kv_put(NAMESPACE, state_key, {**reg.state(session.id), "next_chapter": "9"})
+    before = session.store.kv_list(NAMESPACE), session.store.list_sessions(), session.next_seq
+    ends = [e.seq for e in session.events if e.type == "turn/end"]
+    outcome = call_tool(
+        session,
+        "chapters_continue",
+        title="next",
+        handoff_note="go on",
+        chapters=[{"start_seq": 0, "end_seq": ends[-1], "title": "all"}],
+    )
+    assert outcome.is_error and "chapters_continue refused" in outcome.content, outcome.content
+    assert "'next_chapter' = '9'" in outcome.content
+    assert (session.store.kv_list(NAMESPACE), session.store.list_sessions(), session.next_seq) == before

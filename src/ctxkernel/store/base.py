@@ -149,6 +149,17 @@ def default_home() -> Path:
     return Path(base) / "ctxkernel"
 
 
+#: the type each optional field of a stored header may have (null for an optional one reads as
+#: absent), and how an error names it; ``id`` and ``format_version`` are checked on their own
+_HEADER_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
+    "created": ((str,), "a string (a UTC timestamp)"),
+    "parent": ((str, type(None)), "a session id string or null"),
+    "origin": ((str, type(None)), "a string or null"),
+    "profile": ((str, type(None)), "a profile name string or null"),
+    "extra": ((dict, type(None)), "an object or null"),
+}
+
+
 @dataclass(frozen=True, slots=True)
 class SessionHeader:
     id: str
@@ -181,13 +192,17 @@ class SessionHeader:
             )
             raise CorruptionError(msg)
         version = raw.get("format_version")
-        if version != FORMAT_VERSION:
+        if type(version) is not int or version != FORMAT_VERSION:  # exact: true equals 1
             msg = f"{where}: unsupported session format_version {version!r}; this ctxkernel reads {FORMAT_VERSION}"
             raise CorruptionError(msg)
         known = {"format_version", "id", "created", "parent", "origin", "profile", "extra"}
         if unknown := set(raw) - known:
             msg = f"{where}: session header has unknown keys {sorted(unknown)}; accepted: {sorted(known)}"
             raise CorruptionError(msg)
+        for name, (types, accepted) in _HEADER_FIELDS.items():
+            if name in raw and type(raw[name]) not in types:
+                msg = f"{where}: session header field {name!r} is {raw[name]!r:.60}; accepted: {accepted}"
+                raise CorruptionError(msg)
         return cls(
             id=raw["id"],
             created=raw.get("created", ""),

@@ -20,6 +20,7 @@ import fcntl
 import hashlib
 import itertools
 import os
+import stat
 import threading
 import time
 import urllib.parse
@@ -148,6 +149,15 @@ class JsonlStore(SyncDeferral):
         self._mutex = threading.RLock()  # guards _index and _fresh between this process's threads
 
     # -- paths ---------------------------------------------------------------------------------
+    @staticmethod
+    def _refuse_outside(path: Path, folder: Path, what: str) -> None:
+        """Refuse ``path`` when it resolves outside ``folder`` through a link planted under the
+        home: a read would serve a file from elsewhere, a write or a delete change one there."""
+        resolved, inside = path.resolve(), folder.resolve()
+        if resolved != inside and inside not in resolved.parents:
+            msg = f"{what}: {path} resolves outside the store's {folder.name} folder (through a link); refused"
+            raise StoreError(msg)
+
     def path(self, session_id: str) -> Path:
         # every read, refresh and append asks for it: the id checked and the path joined once
         try:
@@ -235,10 +245,21 @@ class JsonlStore(SyncDeferral):
         return sorted(p.stem for p in self.sessions_dir.glob("*.jsonl") if not p.name.startswith("."))
 
     def _existing(self, session_id: str) -> Path:
+        """The session's log, checked before the store opens it: every open of a log (a header,
+        a scan that reads, a write, a snapshot's check) comes through here."""
         path = self.path(session_id)
-        if not path.exists():
+        self._refuse_outside(path, self.sessions_dir, f"session {session_id}")
+        try:
+            mode = os.stat(path).st_mode
+        except (FileNotFoundError, NotADirectoryError):
             msg = f"no session {session_id!r} in {self.sessions_dir}"
-            raise SessionNotFoundError(msg)
+            raise SessionNotFoundError(msg) from None
+        if not stat.S_ISREG(mode):
+            msg = (
+                f"{path}: the log of session {session_id} is a folder or another thing that is not a file; "
+                "accepted: a regular file. The store is corrupt"
+            )
+            raise CorruptionError(msg)
         return path
 
     # -- reading -------------------------------------------------------------------------------
@@ -268,7 +289,7 @@ class JsonlStore(SyncDeferral):
                     raise
                 if size <= index.end:
                     return index, [], _NOTHING_REPAIRED
-            elif locked is None:
+            if locked is None:  # a writer's log was checked as it was opened
                 self._existing(session_id)
             self._primed.discard(session_id)
             with open(path, "rb") if locked is None else contextlib.nullcontext(locked) as f:
@@ -300,7 +321,7 @@ class JsonlStore(SyncDeferral):
             for i, raw_line in enumerate(lines):
                 try:
                     raw = loads(raw_line)
-                    more = raw.pop(_MORE, False) if type(raw) is dict else False
+                    more = raw.pop(_MORE, None) if type(raw) is dict else None
                     event = from_dict(raw)
                 except (orjson.JSONDecodeError, EventError) as exc:
                     msg = (
@@ -308,6 +329,8 @@ class JsonlStore(SyncDeferral):
                         "so the log is corrupt, not torn by a crash, and was not rewritten"
                     )
                     raise CorruptionError(msg) from None
+                if more is not None and more is not True:
+                    raise _bad_more(path, first_line_no + i, more)
                 expected = index.count + len(pending)
                 if event.seq != expected:
                     msg = f"{path}:{first_line_no + i}: event seq {event.seq} where {expected} was expected"
@@ -411,12 +434,13 @@ class JsonlStore(SyncDeferral):
         for seq, line in enumerate(data.splitlines(), first_seq):
             try:
                 raw = orjson.loads(line)
-                if type(raw) is dict:
-                    raw.pop(_MORE, None)
+                more = raw.pop(_MORE, None) if type(raw) is dict else None
                 event = Event.from_dict(raw)
             except (orjson.JSONDecodeError, EventError) as exc:
                 msg = f"{path}:{seq + 2}: {exc}; a complete (newline-terminated) line is damaged, so the log is corrupt"
                 raise CorruptionError(msg) from None
+            if more is not None and more is not True:
+                raise _bad_more(path, seq + 2, more)
             if event.seq != seq:  # offsets found by a backward read are only as good as the lines
                 msg = f"{path}:{seq + 2}: event seq {event.seq} where {seq} was expected"
                 raise CorruptionError(msg)
@@ -557,20 +581,30 @@ class JsonlStore(SyncDeferral):
     def _kv_path(self, namespace: str, key: str) -> Path:
         check_kv_name("namespace", namespace)
         check_kv_name("key", key)
-        return self.kv_dir / _kv_file_name(namespace) / (_kv_file_name(key) + ".json")
+        path = self.kv_dir / _kv_file_name(namespace) / (_kv_file_name(key) + ".json")
+        self._refuse_outside(path, self.kv_dir, f"key-value {namespace}/{key}")
+        return path
 
-    def kv_get(self, namespace: str, key: str) -> Any | None:
-        path = self._kv_path(namespace, key)
+    def _kv_read(self, path: Path) -> tuple[bool, Any]:
+        """Whether the entry file ``path`` is there, and the JSON it holds: every read of a
+        key-value entry comes through here."""
         try:
             data = path.read_bytes()
         except (FileNotFoundError, NotADirectoryError):
-            return None
+            return False, None
+        except IsADirectoryError:
+            msg = f"{path}: a folder where a key-value entry should be; accepted: a file of JSON. The store is corrupt"
+            raise CorruptionError(msg) from None
         try:
-            value = orjson.loads(data)
+            return True, orjson.loads(data)
         except orjson.JSONDecodeError as exc:
             msg = f"{path}: key-value entry is not valid JSON ({exc})"
             raise CorruptionError(msg) from None
-        if _KV_DIGEST in path.name:
+
+    def kv_get(self, namespace: str, key: str) -> Any | None:
+        path = self._kv_path(namespace, key)
+        found, value = self._kv_read(path)
+        if found and _KV_DIGEST in path.name:
             return _unwrap(path, value)[1]
         return value
 
@@ -594,6 +628,7 @@ class JsonlStore(SyncDeferral):
 
     def kv_list(self, namespace: str, prefix: str = "") -> dict[str, Any]:
         folder = self.kv_dir / _kv_file_name(check_kv_name("namespace", namespace))
+        self._refuse_outside(folder, self.kv_dir, f"key-value namespace {namespace}")
         if not folder.exists():
             return {}
         out = {}
@@ -601,11 +636,11 @@ class JsonlStore(SyncDeferral):
             if path.name.startswith("."):
                 continue
             if _KV_DIGEST in path.name:  # a long name, kept in its entry
-                try:
-                    key, value = _unwrap(path, orjson.loads(path.read_bytes()))
-                except orjson.JSONDecodeError as exc:
-                    msg = f"{path}: key-value entry is not valid JSON ({exc})"
-                    raise CorruptionError(msg) from None
+                self._refuse_outside(path, self.kv_dir, f"key-value namespace {namespace}")
+                found, entry = self._kv_read(path)
+                if not found:  # deleted since the listing
+                    continue
+                key, value = _unwrap(path, entry)
                 if key.startswith(prefix):
                     out[key] = value
                 continue
@@ -673,20 +708,10 @@ class JsonlStore(SyncDeferral):
         """The file holding blob ``key`` (keys are checked, so it is always inside the home)."""
         return self.blobs_dir / check_blob_key(key)
 
-    def _check_blob_folder(self, key: str, path: Path) -> None:
-        """Refuse a key whose folder leads outside ``blobs/`` through a link planted under the
-        home: a put would write there, a delete remove a file there."""
-        folder, blobs = path.parent.resolve(), self.blobs_dir.resolve()
-        if folder != blobs and blobs not in folder.parents:
-            msg = (
-                f"blob {key}: the folder of {path} resolves outside the store's blobs folder (through a link); refused"
-            )
-            raise StoreError(msg)
-
     def blob_put(self, key: str, data: bytes) -> BlobInfo:
         path = self.blob_path(key)
         data = check_blob_data(key, data)
-        self._check_blob_folder(key, path)
+        self._refuse_outside(path.parent, self.blobs_dir, f"blob {key}")
         self._check_blob_nesting(key)
         tmp = None
         try:
@@ -727,10 +752,7 @@ class JsonlStore(SyncDeferral):
     def blob_get(self, key: str) -> bytes | None:
         path = self.blob_path(key)
         try:
-            # a link planted under the home must not serve a file from elsewhere
-            if self.blobs_dir.resolve() not in path.resolve().parents:
-                msg = f"blob {key}: {path} resolves outside the store's blobs folder (through a link); refused"
-                raise StoreError(msg)
+            self._refuse_outside(path, self.blobs_dir, f"blob {key}")
             return path.read_bytes()
         except (FileNotFoundError, NotADirectoryError):
             return None
@@ -780,7 +802,7 @@ class JsonlStore(SyncDeferral):
 
     def blob_delete(self, key: str) -> None:
         path = self.blob_path(key)
-        self._check_blob_folder(key, path)
+        self._refuse_outside(path.parent, self.blobs_dir, f"blob {key}")
         try:
             path.unlink()
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
@@ -814,3 +836,14 @@ def _loads(line: bytes, path: Path, line_no: int) -> Any:
     except orjson.JSONDecodeError as exc:
         msg = f"{path}:{line_no}: not valid JSON ({exc})"
         raise CorruptionError(msg) from None
+
+
+def _bad_more(path: Path, line_no: int, more: Any) -> CorruptionError:
+    """A line whose ``"more"`` is not ``true``: a writer puts ``true`` on every event of a batch
+    but the last, and nothing on the last, so any other value (``false``, ``0``, ``"no"``) would
+    end or extend a batch where no writer did."""
+    msg = (
+        f'{path}:{line_no}: "more" is {more!r:.40}; accepted: true, or no "more" on a batch\'s last event. '
+        "The log is corrupt and was not rewritten"
+    )
+    return CorruptionError(msg)

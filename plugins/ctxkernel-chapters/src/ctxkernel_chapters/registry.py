@@ -15,6 +15,10 @@ A record: ``id`` (``<authorSession>/<n>``), ``number``, ``author_session``, ``pa
 the archive root), ``start_seq``, ``end_seq``, ``sha256``, ``tokens``, ``title``, ``summary``,
 ``artifacts``, ``created``, ``status`` (``final``: an in-place compaction's records are written
 only once it committed, so a record is never rewritten).
+
+Every entry is checked as it is read back (:func:`checked`): one of another shape (a field
+missing or of another type, changed outside the plugin) is :class:`ArchiveError` naming its key,
+so a tool answers an error and writes nothing, instead of a ``KeyError`` deep inside it.
 """
 
 from __future__ import annotations
@@ -23,8 +27,57 @@ from typing import Any, Protocol
 
 from ctxkernel.events import utc_now
 
+from .errors import ArchiveError
+
 #: the strategy's key-value namespace (the handle keys its table by the strategy name)
 NAMESPACE = "chapters"
+
+_STR, _INT, _LIST, _OPT_STR = (str,), (int,), (list,), (str, type(None))
+#: per kind of entry, the fields it must hold and those it may hold, with the types accepted
+#: (exact: a bool is not a number); a record's are those the plugin reads with ``record[...]``
+_FIELDS: dict[str, tuple[dict[str, tuple[type, ...]], dict[str, tuple[type, ...]]]] = {
+    "session state": (
+        {"root": _STR, "parent": _OPT_STR},
+        {"session": _STR, "origin": _STR, "title": _STR, "created": _OPT_STR, "next_chapter": _INT}
+        | {"archived_through": _INT, "children": _LIST, "chapters": _LIST},
+    ),
+    "chapter record": (
+        {"id": _STR, "number": _INT, "path": _STR, "start_seq": _INT, "end_seq": _INT, "sha256": _STR, "tokens": _INT},
+        {"title": _STR, "summary": _STR, "status": _STR, "author_session": _STR, "artifacts": _LIST},
+    ),
+    "chapter-number allocator": ({"next_chapter": _INT}, {}),
+}
+_NAMES = {str: "a string", int: "an integer", list: "a list", type(None): "null"}
+
+
+def checked(key: str, value: Any, kind: str | None = None) -> Any:
+    """``value`` as read back from the key-value table under ``key`` (None: absent), once its
+    shape is the one the plugin writes; :class:`ArchiveError` naming the key, the field and what
+    is accepted otherwise. An old layout's ``chapters`` are checked as records."""
+    if value is None:
+        return None
+    if kind is None:
+        kind = "chapter record" if key.startswith("records/") else "session state"
+        kind = "chapter-number allocator" if key.startswith("roots/") else kind
+    required, optional = _FIELDS[kind]
+    problem = None if type(value) is dict else f"is {type(value).__name__}, not an object"
+    for name, types in (*required.items(), *optional.items()):
+        if problem is not None:
+            break
+        if name not in value:
+            problem = f"has no {name!r}" if name in required else None
+        elif type(value[name]) not in types:
+            accepted = " or ".join(_NAMES[t] for t in types)
+            problem = f"holds {name!r} = {value[name]!r:.60}; accepted: {accepted}"
+    if problem is not None:
+        msg = (
+            f"the chapters registry's {kind} {key!r} {problem}. The entry was changed outside the plugin and "
+            "is not used (repair or delete it in the store's chapters namespace)"
+        )
+        raise ArchiveError(msg)
+    for i, record in enumerate(value.get("chapters", ()) if kind == "session state" else ()):
+        checked(f"{key} chapters[{i}]", record, "chapter record")
+    return value
 
 
 class KeyValue(Protocol):
@@ -54,11 +107,15 @@ class Registry:
         self.kv = kv
         self.reserved = reserved if reserved is not None else {}
 
+    def _get(self, key: str) -> Any | None:
+        """The entry under ``key``, its shape checked (:func:`checked`)."""
+        return checked(key, self.kv.kv_get(key))
+
     # -- sessions -------------------------------------------------------------------------------
     def state(self, session_id: str) -> dict[str, Any] | None:
         """The small per-session state (no chapter records); an old single-record layout is
         split into per-chapter keys the first time it is read."""
-        state = self.kv.kv_get(f"sessions/{session_id}")
+        state = self._get(f"sessions/{session_id}")
         if state is not None and "chapters" in state:
             legacy = state.pop("chapters")
             for record in legacy:
@@ -112,15 +169,17 @@ class Registry:
     def records(self, session_id: str) -> list[dict[str, Any]]:
         """The chapter records this session authored, in chapter order."""
         # sorted by number, not key: the padding orders keys only up to 999,999 chapters
-        return sorted(self.kv.kv_list(f"records/{session_id}/").values(), key=lambda r: r["number"])
+        listed = self.kv.kv_list(f"records/{session_id}/")
+        return sorted((checked(key, record) for key, record in listed.items()), key=lambda r: r["number"])
 
     def add_final(
         self, session_id: str, records: list[dict[str, Any]], *, next_chapter: int | None = None
     ) -> dict[str, Any]:
-        """Write final records (one write each), then the session state that counts them."""
+        """Write final records (one write each), then the session state that counts them (read
+        first: a damaged one refuses before anything is written)."""
+        state = self.ensure(session_id)
         for record in records:
             self.kv.kv_put(record_key(session_id, record["number"]), record)
-        state = self.ensure(session_id)
         if records:
             state["archived_through"] = max([state.get("archived_through", -1), *(r["end_seq"] for r in records)])
         state["next_chapter"] = max(
@@ -162,7 +221,7 @@ class Registry:
     # -- chapter numbers ------------------------------------------------------------------------
     def allocate(self, root: str, count: int) -> list[int]:
         key = f"roots/{root}"
-        state = self.kv.kv_get(key) or {"next_chapter": 1}
+        state = self._get(key) or {"next_chapter": 1}
         first = max(state["next_chapter"], self.reserved.get(root, 1))
         state["next_chapter"] = first + count
         self.kv.kv_put(key, state)
@@ -184,7 +243,7 @@ class Registry:
     def advance(self, root: str, next_chapter: int) -> None:
         """Move the stored allocator to at least ``next_chapter`` (one write, only when behind)."""
         key = f"roots/{root}"
-        state = self.kv.kv_get(key) or {"next_chapter": 1}
+        state = self._get(key) or {"next_chapter": 1}
         if state["next_chapter"] < next_chapter:
             state["next_chapter"] = next_chapter
             self.kv.kv_put(key, state)
@@ -192,7 +251,7 @@ class Registry:
 
     def next_number(self, root: str) -> int:
         """The next number the stored allocator gives out (this process may have reserved more)."""
-        number: int = (self.kv.kv_get(f"roots/{root}") or {"next_chapter": 1})["next_chapter"]
+        number: int = (self._get(f"roots/{root}") or {"next_chapter": 1})["next_chapter"]
         return number
 
 

@@ -19,28 +19,18 @@ from collections.abc import Callable, Hashable
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ctxkernel import CorruptionError, CtxKernelError, StoreError, check_blob_key
+from ctxkernel import CorruptionError, StoreError, check_blob_key
+
+# the errors live in their own module (see there) and are the archive's to name: re-exported
+from .errors import ArchiveError as ArchiveError
+from .errors import IntegrityError as IntegrityError
+from .errors import NotInArchiveError as NotInArchiveError
+from .errors import PathEscapeError as PathEscapeError
 
 if TYPE_CHECKING:
     from ctxkernel import BlobInfo, Context, StrategyBlobs
 
 T = TypeVar("T")
-
-
-class ArchiveError(CtxKernelError):
-    """A chapter file or artifact could not be written, found, or trusted."""
-
-
-class NotInArchiveError(ArchiveError):
-    """Nothing is stored under that name."""
-
-
-class PathEscapeError(ArchiveError):
-    """A name given to a read tool would leave the archive."""
-
-
-class IntegrityError(ArchiveError):
-    """A stored file's sha256 does not match the registry: it was changed after it was written."""
 
 
 def check_name(name: str) -> str:
