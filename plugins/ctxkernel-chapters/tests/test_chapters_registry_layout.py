@@ -160,6 +160,11 @@ def test_records_list_in_chapter_order_and_archived_through_is_the_furthest_end(
         ("sessions/s1", {"parent": None}, "has no 'root'"),
         ("sessions/s1", ["s1"], "is list, not an object"),
         ("sessions/s1", {"root": "s1", "parent": 7}, "'parent' = 7; accepted: a string or null"),
+        (
+            "sessions/s1",
+            {"root": "s1", "parent": "s0", "parent_archived_through": "9"},
+            "'parent_archived_through' = '9'; accepted: an integer",
+        ),
         ("records/s1/000001", {**_record("s1", 1, 3), "number": "1"}, "'number' = '1'; accepted: an integer"),
         ("records/s1/000001", {k: v for k, v in _record("s1", 1, 3).items() if k != "end_seq"}, "has no 'end_seq'"),
         ("records/s1/000001", {**_record("s1", 1, 3), "tokens": True}, "'tokens' = True"),

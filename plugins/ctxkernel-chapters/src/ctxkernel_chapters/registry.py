@@ -39,7 +39,7 @@ _FIELDS: dict[str, tuple[dict[str, tuple[type, ...]], dict[str, tuple[type, ...]
     "session state": (
         {"root": _STR, "parent": _OPT_STR},
         {"session": _STR, "origin": _STR, "title": _STR, "created": _OPT_STR, "next_chapter": _INT}
-        | {"archived_through": _INT, "children": _LIST, "chapters": _LIST},
+        | {"archived_through": _INT, "parent_archived_through": _INT, "children": _LIST, "chapters": _LIST},
     ),
     "chapter record": (
         {"id": _STR, "number": _INT, "path": _STR, "start_seq": _INT, "end_seq": _INT, "sha256": _STR, "tokens": _INT},
