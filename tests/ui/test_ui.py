@@ -714,3 +714,24 @@ def test_page_templates_are_compiled_once_for_every_app(handoff):
     with mock.patch.object(Environment, "compile", side_effect=AssertionError("compiled again")), client(kernel) as c:
         page = c.get(f"/sessions/{session.id}")
     assert page.status_code == 200 and session.id in page.text
+
+
+def test_a_csrf_token_of_any_characters_is_refused_not_a_server_error(handoff):
+    # hmac.compare_digest raises TypeError on non-ASCII text: a header or cookie decoded from
+    # latin-1 bytes answered 500 instead of the refusal
+    _, kernel, session = handoff
+    events = kernel.store.next_seq(session.id)
+    with client(kernel, allow_actions=True) as c:
+        c.get("/")
+        token = c.app.state.csrf_token
+        url = f"/api/sessions/{session.id}/actions/compact"
+        odd = "jeton-\xe9".encode("latin-1")
+        answers = [
+            c.post(url, headers={"X-CSRF-Token": odd}),
+            c.post(url, headers={"X-CSRF-Token": token, "Cookie": b"ctxkernel_csrf=" + odd}),
+            c.post("/simulate", data={"workload": "chat-short", "csrf": "jeton-\u00e9\u4e2d"}),
+        ]
+    for r in answers:
+        assert r.status_code == 403, r.text
+        assert "CSRF token" in r.json()["error"]
+    assert kernel.store.next_seq(session.id) == events
