@@ -735,3 +735,21 @@ def test_a_csrf_token_of_any_characters_is_refused_not_a_server_error(handoff):
         assert r.status_code == 403, r.text
         assert "CSRF token" in r.json()["error"]
     assert kernel.store.next_seq(session.id) == events
+
+
+def test_compare_paths_the_system_cannot_look_up_are_refused_not_a_server_error(tmp_path):
+    # a name past the file system's limit made is_file() raise (ENAMETOOLONG is not one of the
+    # errors pathlib ignores): the report, the transcript and a profile path each answered 500
+    from ctxkernel import Kernel
+
+    long = "a" * 300
+    kernel = Kernel.from_profile(None)
+    with TestClient(create_app(kernel), base_url=LOCAL) as c:
+        c.get("/simulate")
+        token = c.app.state.csrf_token
+        report = c.get("/simulate", params={"report": long})
+        transcript = c.post("/simulate", data={"transcript": long, "csrf": token})
+        profile = c.post("/simulate", data={"workload": "chat-short", "profiles": f"basic,{long}.toml", "csrf": token})
+    assert report.status_code == 200 and "cannot be read" in report.text
+    for r in (transcript, profile):
+        assert r.status_code == 400 and "cannot be read" in r.text, r.text[-500:]

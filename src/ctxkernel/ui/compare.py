@@ -45,7 +45,11 @@ def confine(path_text: str, roots: list[Path]) -> Path:
         raise CompareError(
             f"{path_text!r} is outside the directories this server reads: {[str(r) for r in roots]} (start it with --read-root)"
         )
-    if not resolved.is_file():
+    try:
+        is_file = resolved.is_file()
+    except OSError as exc:  # a name too long, a folder it may not enter: not ignored by is_file
+        raise CompareError(f"{path_text!r} cannot be read ({exc.strerror or type(exc).__name__})") from None
+    if not is_file:
         raise CompareError(f"{path_text!r} is not a file")
     return resolved
 
@@ -95,10 +99,12 @@ def check_report(report: Any, where: str) -> dict[str, Any]:
 
 def load_report(path_text: str, roots: list[Path]) -> dict[str, Any]:
     path = confine(path_text, roots)
-    if path.stat().st_size > MAX_REPORT_BYTES:
-        raise CompareError(f"{path_text!r} is larger than {MAX_REPORT_BYTES // (1024 * 1024)} MB")
     try:
+        if path.stat().st_size > MAX_REPORT_BYTES:
+            raise CompareError(f"{path_text!r} is larger than {MAX_REPORT_BYTES // (1024 * 1024)} MB")
         report = orjson.loads(path.read_bytes())
+    except OSError as exc:
+        raise CompareError(f"{path_text!r} cannot be read ({exc.strerror or type(exc).__name__})") from None
     except orjson.JSONDecodeError as exc:
         raise CompareError(
             f"{path_text!r} is not JSON ({exc}); save a report with `ctxkernel simulate --format json > report.json`"
