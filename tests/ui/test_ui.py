@@ -753,3 +753,24 @@ def test_compare_paths_the_system_cannot_look_up_are_refused_not_a_server_error(
     assert report.status_code == 200 and "cannot be read" in report.text
     for r in (transcript, profile):
         assert r.status_code == 400 and "cannot be read" in r.text, r.text[-500:]
+
+
+def test_a_report_with_a_figure_too_large_to_draw_is_refused(tmp_path):
+    # 1.7e308 passed the report check; the chart's scale (5% above the peak) overflowed to
+    # infinity and the page answered 500
+    from ctxkernel import Kernel
+
+    answers = {}
+    kernel = Kernel.from_profile(None)
+    with TestClient(create_app(kernel, read_roots=[tmp_path]), base_url=LOCAL) as c:
+        for name, profile in {
+            "peak": {"profile": "basic", "prompt_tokens": [100, 1.7e308]},
+            "window": {"profile": "basic", "prompt_tokens": [100], "effective_window": 1.7e308},
+            "negative": {"profile": "basic", "prompt_tokens": [-5]},
+        }.items():
+            (tmp_path / f"{name}.json").write_text(json.dumps({"source": {}, "profiles": [profile]}))
+            answers[name] = c.get("/simulate", params={"report": f"{name}.json"})
+    for name, r in answers.items():
+        assert r.status_code == 200, (name, r.text[-300:])
+        assert "must be a list of numbers from 0 to" in r.text or "must be a number from 0 to" in r.text, name
+        assert 'id="chart"' not in r.text

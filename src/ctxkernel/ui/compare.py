@@ -73,6 +73,15 @@ def confine_profiles(spec: str, roots: list[Path]) -> str:
     return ",".join(out)
 
 
+#: the largest token figure a report may hold (a larger one, up to 1e308, overflowed the chart)
+MAX_TOKENS = 10**15
+
+
+def _token_count(value: Any) -> bool:
+    """Whether ``value`` is a token figure the chart can draw: a number from 0 to MAX_TOKENS."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= MAX_TOKENS
+
+
 def check_report(report: Any, where: str) -> dict[str, Any]:
     """A ``simulate --format json`` report: its profiles and source, each of the right shape."""
     if (
@@ -87,13 +96,13 @@ def check_report(report: Any, where: str) -> dict[str, Any]:
         if not isinstance(p, dict) or not isinstance(p.get("profile"), str):
             raise CompareError(f"{where}: profiles[{i}] must be an object with a 'profile' name")
         tokens = p.get("prompt_tokens", [])
-        if not isinstance(tokens, list) or not all(
-            isinstance(t, (int, float)) and not isinstance(t, bool) for t in tokens
-        ):
-            raise CompareError(f"{where}: profiles[{i}].prompt_tokens must be a list of numbers")
+        if not isinstance(tokens, list) or not all(_token_count(t) for t in tokens):
+            raise CompareError(
+                f"{where}: profiles[{i}].prompt_tokens must be a list of numbers from 0 to {MAX_TOKENS:,}"
+            )
         window = p.get("effective_window")
-        if window is not None and (not isinstance(window, (int, float)) or isinstance(window, bool)):
-            raise CompareError(f"{where}: profiles[{i}].effective_window must be a number")
+        if window is not None and not _token_count(window):
+            raise CompareError(f"{where}: profiles[{i}].effective_window must be a number from 0 to {MAX_TOKENS:,}")
     return report
 
 
