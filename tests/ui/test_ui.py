@@ -714,3 +714,63 @@ def test_page_templates_are_compiled_once_for_every_app(handoff):
     with mock.patch.object(Environment, "compile", side_effect=AssertionError("compiled again")), client(kernel) as c:
         page = c.get(f"/sessions/{session.id}")
     assert page.status_code == 200 and session.id in page.text
+
+
+def test_a_csrf_token_of_any_characters_is_refused_not_a_server_error(handoff):
+    # hmac.compare_digest raises TypeError on non-ASCII text: a header or cookie decoded from
+    # latin-1 bytes answered 500 instead of the refusal
+    _, kernel, session = handoff
+    events = kernel.store.next_seq(session.id)
+    with client(kernel, allow_actions=True) as c:
+        c.get("/")
+        token = c.app.state.csrf_token
+        url = f"/api/sessions/{session.id}/actions/compact"
+        odd = "jeton-\xe9".encode("latin-1")
+        answers = [
+            c.post(url, headers={"X-CSRF-Token": odd}),
+            c.post(url, headers={"X-CSRF-Token": token, "Cookie": b"ctxkernel_csrf=" + odd}),
+            c.post("/simulate", data={"workload": "chat-short", "csrf": "jeton-\u00e9\u4e2d"}),
+        ]
+    for r in answers:
+        assert r.status_code == 403, r.text
+        assert "CSRF token" in r.json()["error"]
+    assert kernel.store.next_seq(session.id) == events
+
+
+def test_compare_paths_the_system_cannot_look_up_are_refused_not_a_server_error(tmp_path):
+    # a name past the file system's limit made is_file() raise (ENAMETOOLONG is not one of the
+    # errors pathlib ignores): the report, the transcript and a profile path each answered 500
+    from ctxkernel import Kernel
+
+    long = "a" * 300
+    kernel = Kernel.from_profile(None)
+    with TestClient(create_app(kernel), base_url=LOCAL) as c:
+        c.get("/simulate")
+        token = c.app.state.csrf_token
+        report = c.get("/simulate", params={"report": long})
+        transcript = c.post("/simulate", data={"transcript": long, "csrf": token})
+        profile = c.post("/simulate", data={"workload": "chat-short", "profiles": f"basic,{long}.toml", "csrf": token})
+    assert report.status_code == 200 and "cannot be read" in report.text
+    for r in (transcript, profile):
+        assert r.status_code == 400 and "cannot be read" in r.text, r.text[-500:]
+
+
+def test_a_report_with_a_figure_too_large_to_draw_is_refused(tmp_path):
+    # 1.7e308 passed the report check; the chart's scale (5% above the peak) overflowed to
+    # infinity and the page answered 500
+    from ctxkernel import Kernel
+
+    answers = {}
+    kernel = Kernel.from_profile(None)
+    with TestClient(create_app(kernel, read_roots=[tmp_path]), base_url=LOCAL) as c:
+        for name, profile in {
+            "peak": {"profile": "basic", "prompt_tokens": [100, 1.7e308]},
+            "window": {"profile": "basic", "prompt_tokens": [100], "effective_window": 1.7e308},
+            "negative": {"profile": "basic", "prompt_tokens": [-5]},
+        }.items():
+            (tmp_path / f"{name}.json").write_text(json.dumps({"source": {}, "profiles": [profile]}))
+            answers[name] = c.get("/simulate", params={"report": f"{name}.json"})
+    for name, r in answers.items():
+        assert r.status_code == 200, (name, r.text[-300:])
+        assert "must be a list of numbers from 0 to" in r.text or "must be a number from 0 to" in r.text, name
+        assert 'id="chart"' not in r.text

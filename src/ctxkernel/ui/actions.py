@@ -63,7 +63,12 @@ def check_post(request: Request, token: str, form: dict[str, Any] | None = None)
         raise ActionRefused(403, f"cross-site request refused (Origin {request.headers.get('origin')!r})")
     cookie = request.cookies.get(CSRF_COOKIE, "")
     sent = request.headers.get(CSRF_HEADER) or (str(form.get(CSRF_FIELD, "")) if form else "")
-    if not (hmac.compare_digest(cookie, token) and hmac.compare_digest(sent, token)):
+    # compared as bytes: compare_digest refuses str with non-ASCII characters (TypeError, a 500)
+    expected = token.encode()
+    if not (
+        hmac.compare_digest(cookie.encode("utf-8", "surrogatepass"), expected)
+        and hmac.compare_digest(sent.encode("utf-8", "surrogatepass"), expected)
+    ):
         raise ActionRefused(403, "missing or wrong CSRF token: reload the page and try again")
 
 

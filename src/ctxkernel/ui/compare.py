@@ -45,7 +45,11 @@ def confine(path_text: str, roots: list[Path]) -> Path:
         raise CompareError(
             f"{path_text!r} is outside the directories this server reads: {[str(r) for r in roots]} (start it with --read-root)"
         )
-    if not resolved.is_file():
+    try:
+        is_file = resolved.is_file()
+    except OSError as exc:  # a name too long, a folder it may not enter: not ignored by is_file
+        raise CompareError(f"{path_text!r} cannot be read ({exc.strerror or type(exc).__name__})") from None
+    if not is_file:
         raise CompareError(f"{path_text!r} is not a file")
     return resolved
 
@@ -69,6 +73,15 @@ def confine_profiles(spec: str, roots: list[Path]) -> str:
     return ",".join(out)
 
 
+#: the largest token figure a report may hold (a larger one, up to 1e308, overflowed the chart)
+MAX_TOKENS = 10**15
+
+
+def _token_count(value: Any) -> bool:
+    """Whether ``value`` is a token figure the chart can draw: a number from 0 to MAX_TOKENS."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= MAX_TOKENS
+
+
 def check_report(report: Any, where: str) -> dict[str, Any]:
     """A ``simulate --format json`` report: its profiles and source, each of the right shape."""
     if (
@@ -83,22 +96,24 @@ def check_report(report: Any, where: str) -> dict[str, Any]:
         if not isinstance(p, dict) or not isinstance(p.get("profile"), str):
             raise CompareError(f"{where}: profiles[{i}] must be an object with a 'profile' name")
         tokens = p.get("prompt_tokens", [])
-        if not isinstance(tokens, list) or not all(
-            isinstance(t, (int, float)) and not isinstance(t, bool) for t in tokens
-        ):
-            raise CompareError(f"{where}: profiles[{i}].prompt_tokens must be a list of numbers")
+        if not isinstance(tokens, list) or not all(_token_count(t) for t in tokens):
+            raise CompareError(
+                f"{where}: profiles[{i}].prompt_tokens must be a list of numbers from 0 to {MAX_TOKENS:,}"
+            )
         window = p.get("effective_window")
-        if window is not None and (not isinstance(window, (int, float)) or isinstance(window, bool)):
-            raise CompareError(f"{where}: profiles[{i}].effective_window must be a number")
+        if window is not None and not _token_count(window):
+            raise CompareError(f"{where}: profiles[{i}].effective_window must be a number from 0 to {MAX_TOKENS:,}")
     return report
 
 
 def load_report(path_text: str, roots: list[Path]) -> dict[str, Any]:
     path = confine(path_text, roots)
-    if path.stat().st_size > MAX_REPORT_BYTES:
-        raise CompareError(f"{path_text!r} is larger than {MAX_REPORT_BYTES // (1024 * 1024)} MB")
     try:
+        if path.stat().st_size > MAX_REPORT_BYTES:
+            raise CompareError(f"{path_text!r} is larger than {MAX_REPORT_BYTES // (1024 * 1024)} MB")
         report = orjson.loads(path.read_bytes())
+    except OSError as exc:
+        raise CompareError(f"{path_text!r} cannot be read ({exc.strerror or type(exc).__name__})") from None
     except orjson.JSONDecodeError as exc:
         raise CompareError(
             f"{path_text!r} is not JSON ({exc}); save a report with `ctxkernel simulate --format json > report.json`"
