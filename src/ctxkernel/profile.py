@@ -502,6 +502,9 @@ def profile_search_path() -> list[Path]:
 def find_profile(name_or_path: str | os.PathLike[str]) -> Path | None:
     candidate = Path(name_or_path)
     if candidate.suffix == ".toml" or candidate.exists():
+        if candidate.is_dir():
+            msg = f"profile file {candidate} is a folder; accepted: a profile name or the path of a .toml file"
+            raise ProfileError(msg)
         if not candidate.is_file():
             msg = f"profile file {candidate} does not exist"
             raise ProfileError(msg)

@@ -160,6 +160,14 @@ def test_validate_usage_errors_exit_2(capsys, argv):
     assert err.strip() and not out
 
 
+def test_validate_of_a_folder_says_it_is_a_folder(capsys, tmp_path):
+    (tmp_path / "profiles.toml").mkdir()
+    for folder in (tmp_path, tmp_path / "profiles.toml"):
+        code, out, err = run_cli(capsys, "validate", str(folder))
+        assert code == 2 and not out
+        assert "is a folder" in err and "does not exist" not in err and ".toml file" in err
+
+
 def test_validate_with_no_profiles_anywhere_is_a_usage_error(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("ctxkernel.profile.installed_profile_dirs", lambda: [])

@@ -20,7 +20,7 @@ CASES: list[tuple[list[str], str]] = [
     (["inspect", "s1", "--profile", "{tmp}/latin1.toml"], "not UTF-8"),
     (["run", "--profile", "{tmp}/latin1.toml", "--model", "scripted:{tmp}/replies.json", "hi"], "not UTF-8"),
     (["validate", "{tmp}/no-such.toml"], "does not exist"),
-    (["validate", "{tmp}"], "does not exist"),
+    (["validate", "{tmp}"], "is a folder"),
     # simulate
     (["simulate", "--workload", "chat-short", "--window", "1e20"], "--window"),
     (["simulate", "--workload", "chat-short", "--window", "100000000000000000000"], "--window"),

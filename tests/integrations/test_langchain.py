@@ -3,6 +3,7 @@ within the profile's window, on LangChain's own fake chat model."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -115,6 +116,45 @@ def test_a_long_agent_stays_within_the_window(home, profile_path, probe):
         "assistant/message",
     ]
     assert any("done: every module read" in text for text in child["seen"])
+
+
+class _FailingOnce(ToolCallingFakeModel):
+    """Raises on its ``fail_at``-th call (from 1), as a provider that is down."""
+
+    fail_at: int = 0
+
+    def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+        if len(self.calls) + 1 == self.fail_at:
+            self.calls.append((list(messages), []))
+            raise RuntimeError("provider down")
+        return super()._generate(messages, stop, run_manager, **kwargs)
+
+
+@pytest.mark.parametrize("run", ["sync", "async"])
+def test_a_model_call_that_raises_leaves_no_half_step(home, profile_path, run):
+    model = _FailingOnce(messages=iter([AIMessage("first"), AIMessage("third")]), fail_at=2)
+    middleware = ContextMiddleware(profile=profile_path)
+    agent = create_agent(model, [], middleware=[middleware], checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": f"lc-fail-{run}"}}
+
+    def invoke(text: str) -> Any:
+        state = {"messages": [HumanMessage(text)]}
+        return agent.invoke(state, config) if run == "sync" else asyncio.run(agent.ainvoke(state, config))
+
+    invoke("one")
+    with pytest.raises(RuntimeError, match="provider down"):
+        invoke("two")
+    events = event_types(home, f"lc-fail-{run}")
+    # the failed call's step is closed at once, not left open for the next call to find
+    assert events[-1]["type"] == "step/end" and events[-1]["data"].get("reason") == "error"
+    assert invoke("three")["messages"][-1].content == "third"
+    events = event_types(home, f"lc-fail-{run}")
+    assert [e["data"]["message"]["content"][0]["text"] for e in events if e["type"] == "user/message"] == [
+        "one",
+        "two",
+        "three",
+    ]
+    assert not any(e["data"].get("reason") == "abandoned" for e in events if e["type"] == "step/end")
 
 
 def test_a_message_the_kernel_cannot_hold_is_refused_by_name():

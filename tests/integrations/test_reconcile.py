@@ -56,6 +56,32 @@ def test_a_result_for_a_call_the_session_never_made_is_refused_and_nothing_is_wr
     assert managed.session.events == before
 
 
+def test_a_history_refused_part_way_writes_none_of_it(tmp_path):
+    # the result for c1 and the new user message came before the stray result: none is written
+    managed = ManagedSession(build_kernel(tmp_path / "home"), origin="test")
+    managed.prepare([Message.user("go")])
+    managed.commit(Message.assistant("", [ToolCallBlock("c1", "grep", {"q": "x"})]))
+    before = list(managed.session.events)
+    shown = [
+        Message.user("go"),
+        Message.assistant("", [ToolCallBlock("c1", "grep", {"q": "x"})]),
+        Message.tool("c1", "hit"),
+    ]
+    for tail in (
+        [Message.user("more"), Message.tool("c9", "?")],
+        [Message.assistant("", [ToolCallBlock("c2", "ls", {})]), Message.user("x")],
+    ):
+        try:
+            managed.sync([*shown, *tail])
+        except IntegrationError as exc:
+            assert "history[" in str(exc)
+        else:
+            raise AssertionError(f"a history ending {tail} was accepted")
+        assert managed.session.events == before
+    managed.sync(shown)  # the session still continues
+    assert managed.session.events[-2].type == "tool/result"
+
+
 def test_a_strategy_tool_result_is_committed_as_the_tools_own_outcome(tmp_path):
     managed = ManagedSession(build_kernel(tmp_path / "home"), origin="test")
     managed.prepare([Message.user("go")])

@@ -107,6 +107,26 @@ def test_bad_targets_and_sessions_are_clear_errors(tmp_path, capsys):
     assert code == 1 and "export" in err and str(blocker) in err
 
 
+def test_a_target_inside_the_stores_folder_is_refused(tmp_path, env, capsys):
+    from ctxkernel_handoff import compact_now
+
+    session = Kernel.from_profile("handoff").open_session()
+    _turns(session, 4)
+    assert compact_now(session.context).committed
+
+    def files() -> dict[Path, bytes]:
+        return {p: p.read_bytes() for p in sorted(env.rglob("*")) if p.is_file()}
+
+    before = files()
+    (tmp_path / "link").symlink_to(env / "blobs")
+    for target in (env, env / "blobs", env / "sessions" / "new", tmp_path / "link"):
+        code, out, err = _export(capsys, session.id, "--to", str(target))
+        assert code == 2 and "inside the store's folder" in err and "Traceback" not in err, (target, err)
+        assert files() == before and not out
+    code, _, err = _export(capsys, session.id, "--to", str(tmp_path / "out"))
+    assert code == 0, err
+
+
 def test_paths_that_leave_the_folder_are_refused_and_nothing_is_written(tmp_path):
     for bad in ("../x", "/etc/passwd", "a/../../x", ".hidden", "a//b", "a\\..\\b", ""):
         with pytest.raises(StoreError, match="accepted: a relative path"):

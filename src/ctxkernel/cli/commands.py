@@ -85,7 +85,8 @@ def register(sub: Any) -> None:
         description=(
             "Strategies keep their files in the store. Export writes one session's files under DIR as the "
             "seeds lay them out (chapters/<root>/chapters/*.md and artifacts/, handoff/handoff.md and "
-            "handoff-log.md, decay/audit.jsonl), each read back and checked by sha256, and prints what it wrote."
+            "handoff-log.md, decay/audit.jsonl), each read back and checked by sha256, and prints what it wrote. "
+            "DIR must be outside the store's folder."
         ),
     )
     p.add_argument("session", metavar="SESSION")
@@ -320,16 +321,25 @@ def cmd_export(args: argparse.Namespace) -> int:
     if isinstance(opened, int):
         return opened
     session, _ = opened
+    target = Path(args.to).expanduser()
+    home = getattr(session.kernel.store, "home", None)
+    if home is not None:
+        # the store's own folder (sessions, blobs, key-value entries): an export there adds files to the store
+        inside, root = target.resolve(), Path(home).expanduser().resolve()
+        if inside == root or root in inside.parents:
+            return usage_error(
+                "export", f"--to {args.to} is inside the store's folder {root}; accepted: a folder outside it"
+            )
     try:
         files = session.kernel.hooks.export_files(session)
-        written = write_export(Path(args.to).expanduser(), files)
+        written = write_export(target, files)
     except CtxKernelError as exc:
         return failure("export", f"error: {exc}")
     rows: list[dict[str, Any]] = [
         {"path": f.path, "strategy": f.strategy, "bytes": f.size, "sha256": f.sha256} for f in written
     ]
     if args.json:
-        dump_json({"session": session.id, "to": str(Path(args.to).expanduser()), "files": rows})
+        dump_json({"session": session.id, "to": str(target), "files": rows})
         return EXIT_OK
     out = sys.stdout
     out.write(f"exported {len(rows)} file(s) of session {session.id} to {args.to} (each verified by sha256)\n")

@@ -146,6 +146,14 @@ class ManagedSession:
             self._index.alias(reply, self._index.replies[-1])
             return committed
 
+    def abandon(self, reason: str = "error") -> None:
+        """Close the step :meth:`prepare` opened when its model call raised (no reply to commit),
+        so the log holds no half step; the next :meth:`prepare` starts a new one."""
+        with self._lock:
+            session = self.session
+            if session.step_open and not session.surface.pending_calls:
+                session.abandon_step(reason)
+
     def call_ids(self) -> CallIds:
         """The ids a reply's tool calls may take: none the session holds already, none twice in
         one reply (:class:`ctxkernel.pairing.CallIds`). An adapter renames a reused one before

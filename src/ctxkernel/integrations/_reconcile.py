@@ -155,20 +155,15 @@ def reconcile(
     if anchor_at < 0 and index.replies:
         anchor_seq = index.replies[-1]
     expected_users = [text for seq, text, _ in index.users if seq > anchor_seq]
+    # refuse a history that breaks off part-way before writing any of it: nothing is written then
+    _check_pairing(session, history, anchor_at, index, list(expected_users))
     appended = 0
     for offset, message in enumerate(history[anchor_at + 1 :], start=anchor_at + 1):
-        where = f"history[{offset}]"
         if message.role == "tool":
             result = message.tool_result
             assert result is not None
             if result.call_id in index.resolved:
                 continue
-            if result.call_id not in session.surface.pending_calls:
-                msg = (
-                    f"{where}: a tool result for call {result.call_id!r}, which no assistant message in session "
-                    f"{session.id!r} made; waiting calls: {list(session.surface.pending_calls)}"
-                )
-                raise IntegrationError(msg)
             outcome = outcomes.get(result.call_id) or ToolOutcome(result.content, is_error=result.is_error)
             session.tool_result(result.call_id, outcome)
         elif message.role == "user":
@@ -177,12 +172,10 @@ def reconcile(
                 del expected_users[: expected_users.index(text) + 1]
                 continue
             expected_users = []
-            _refuse_waiting(session, where, "a user message")
             if session.turn_open and _last_is_final_reply(session):
                 session.end_turn()
             session.user(message)
         else:
-            _refuse_waiting(session, where, "an assistant message")
             if not (session.turn_open and session.step_open):
                 # a reply no request of ours asked for: record it as a step of its own
                 if not session.turn_open:
@@ -196,10 +189,41 @@ def reconcile(
     return appended
 
 
-def _refuse_waiting(session: Session, where: str, what: str) -> None:
-    if session.surface.pending_calls:
+def _check_pairing(
+    session: Session, history: Sequence[Message], anchor_at: int, index: LogIndex, expected_users: list[str]
+) -> None:
+    """Walk what :func:`reconcile` would append, as it would, without writing: raise the
+    :class:`IntegrationError` it would raise part-way."""
+    waiting = list(session.surface.pending_calls)
+    resolved = set(index.resolved)
+    for offset, message in enumerate(history[anchor_at + 1 :], start=anchor_at + 1):
+        where = f"history[{offset}]"
+        if message.role == "tool":
+            result = message.tool_result
+            assert result is not None
+            if result.call_id in resolved:
+                continue
+            if result.call_id not in waiting:
+                msg = (
+                    f"{where}: a tool result for call {result.call_id!r}, which no assistant message in session "
+                    f"{session.id!r} made; waiting calls: {waiting}"
+                )
+                raise IntegrationError(msg)
+            waiting.remove(result.call_id)
+            resolved.add(result.call_id)
+        elif message.role == "user" and message.text in expected_users:
+            del expected_users[: expected_users.index(message.text) + 1]
+        else:
+            if message.role == "user":
+                expected_users.clear()
+            _refuse_waiting(waiting, where, "an assistant message" if message.role == "assistant" else "a user message")
+            waiting = [c.id for c in message.tool_calls]
+
+
+def _refuse_waiting(waiting: Sequence[str], where: str, what: str) -> None:
+    if waiting:
         msg = (
-            f"{where}: {what} while tool calls {list(session.surface.pending_calls)} wait for results; "
+            f"{where}: {what} while tool calls {list(waiting)} wait for results; "
             "the framework's history must give every tool call its result before the next message"
         )
         raise IntegrationError(msg)

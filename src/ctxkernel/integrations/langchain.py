@@ -341,8 +341,13 @@ class ContextMiddleware(AgentMiddleware):
 
     def wrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]) -> Any:
         managed = self.managed(self._config())
-        response = handler(self._managed_request(request, managed))
-        self._commit(managed, response)
+        managed_request = self._managed_request(request, managed)
+        try:
+            response = handler(managed_request)
+            self._commit(managed, response)
+        except BaseException:
+            managed.abandon()  # the model call raised, or its reply was refused: no half step
+            raise
         return response
 
     async def awrap_model_call(
@@ -351,8 +356,12 @@ class ContextMiddleware(AgentMiddleware):
         managed = self.managed(self._config())
         # the session fsyncs and tokenises: keep that off the event loop
         managed_request = await asyncio.to_thread(self._managed_request, request, managed)
-        response = await handler(managed_request)
-        await asyncio.to_thread(self._commit, managed, response)
+        try:
+            response = await handler(managed_request)
+            await asyncio.to_thread(self._commit, managed, response)
+        except BaseException:
+            managed.abandon()  # in this thread, once: a cancelled task closes its step too
+            raise
         return response
 
     def _run_own(self, request: Any) -> ToolMessage:
