@@ -120,9 +120,31 @@ class CallIds:
         if call_id and call_id not in self.claimed and not any(call_id in t for t in self.taken):
             self.claimed.add(call_id)
             return call_id
-        base = _CALL_ID_CHARS.sub("", call_id)[:64] or "call"
+        base = claim_base(call_id)
         n = 1
         while (fresh := f"{base}_{n}") in self.claimed or any(fresh in t for t in self.taken):
             n += 1
         self.claimed.add(fresh)
         return fresh
+
+
+#: an id :meth:`CallIds.claim` gave in place of a reused one: ``<base>_<n>``
+_CLAIMED = re.compile(r"^(.*)_([1-9][0-9]*)$")
+
+
+def claim_base(call_id: str) -> str:
+    """The stem of the fresh ids :meth:`CallIds.claim` gives in place of ``call_id``."""
+    return _CALL_ID_CHARS.sub("", call_id)[:64] or "call"
+
+
+def claimed_from(call_id: str) -> str | None:
+    """The stem ``call_id`` would have been claimed from, when it has the form of a fresh id
+    (``<base>_<n>``); None otherwise."""
+    found = _CLAIMED.match(call_id)
+    return found.group(1) if found else None
+
+
+def may_be_claim_of(logged: str, call_id: str) -> bool:
+    """Whether ``logged`` is ``call_id`` or an id :meth:`CallIds.claim` may have given a call
+    that reused ``call_id``."""
+    return logged == call_id or claimed_from(logged) == claim_base(call_id)

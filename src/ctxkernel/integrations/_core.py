@@ -156,10 +156,14 @@ class ManagedSession:
 
     def call_ids(self) -> CallIds:
         """The ids a reply's tool calls may take: none the session holds already, none twice in
-        one reply (:class:`ctxkernel.pairing.CallIds`). An adapter renames a reused one before
-        it commits the reply and hands it back to the framework, so the framework's tool results
-        answer the new id."""
-        return CallIds(self.session.surface.call_owner)
+        one reply (:class:`ctxkernel.pairing.CallIds`), nor one the log holds (a call the
+        surface no longer shows). An adapter that commits the reply itself renames a reused one
+        before it hands the reply back to the framework, so the framework's tool results answer
+        the new id; a reply committed from the framework's history is renamed by
+        :func:`reconcile` in the same way."""
+        with self._lock:
+            session = self.session
+            return CallIds(session.surface.call_owner, self._index.update(session).call_owner)
 
     # -- strategy tools -------------------------------------------------------------------------------
     def owns_tool(self, name: str) -> bool:
@@ -172,6 +176,10 @@ class ManagedSession:
             session = self.session
             if not isinstance(arguments, dict):
                 arguments = {"_value": arguments}
+            # a reused id the log renamed when it took the reply from the framework's history
+            logged = self._index.framework_ids.get(call_id)
+            if logged is not None and logged in session.surface.pending_calls:
+                call_id = logged
             outcome = session.run_tool(ToolCallBlock(call_id, name, arguments))
             if outcome.continue_in:
                 # a child session (chapters_continue) is not followed through a framework's history

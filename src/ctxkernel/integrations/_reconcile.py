@@ -7,10 +7,17 @@ stays the one full record and the model is given the managed surface.
 
 The rule, in the framework's order:
 
-* the **anchor** is the last assistant message of the history that the log already holds
-  (matched by its tool-call ids, or by its text for a reply without calls); everything after it
-  is a candidate, everything before it is old (the framework may show a managed surface there,
-  which is the log's own projection);
+* the **anchor** is the last assistant message of the history that the log already holds;
+  everything after it is a candidate, everything before it is old (the framework may show a
+  managed surface there, which is the log's own projection). The history's assistant messages
+  are matched to the log's replies in order (a later message never to an earlier reply), each
+  by its tool calls (names, and ids: the same, or the id the log gave a reused one) or, without
+  calls, by its text, and only to a reply whose later user messages the history still shows. So
+  a model that reuses an earlier call id (some providers number calls per reply) gets a reply
+  of its own, not the earlier one's;
+* a reused **call id** of a new reply is renamed as :class:`~ctxkernel.pairing.CallIds` renames
+  it (``<id>_<n>``, none the log holds), and the framework's results for it answer the new id:
+  the same history gives the same ids on every reconcile, also in a new process;
 * a **tool result** is committed when its call waits for one, skipped when the log already has
   a result for that call, and refused when the log never saw the call;
 * a **user message** is skipped when it is the next user message the log holds after the anchor
@@ -27,6 +34,7 @@ so that both doors can share one reconcile.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -34,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from .. import events as ev
 from ..errors import CtxKernelError
 from ..messages import Message, Source
+from ..pairing import CallIds, claim_base, claimed_from, may_be_claim_of, renamed_calls
 from ..tools import ToolOutcome
 
 if TYPE_CHECKING:
@@ -56,9 +65,14 @@ class LogIndex:
     scanned: int = 0
     call_owner: dict[str, int] = field(default_factory=dict)  # tool-call id -> seq of its assistant message
     resolved: set[str] = field(default_factory=set)  # call ids with a result in the log
-    reply_texts: dict[str, int] = field(default_factory=dict)  # text of a reply without calls -> last seq
     replies: list[int] = field(default_factory=list)  # seqs of assistant messages
     users: list[tuple[int, str, bool]] = field(default_factory=list)  # (seq, text, from the user) of user messages
+    reply_calls: dict[int, tuple[tuple[str, str], ...]] = field(default_factory=dict)  # seq -> (id, name) of calls
+    #: a call id, and the stem of a fresh id (``<stem>_<n>``) -> seqs of the replies holding it
+    by_call: dict[str, list[int]] = field(default_factory=dict)
+    by_text: dict[str, list[int]] = field(default_factory=dict)  # text of a reply without calls -> seqs
+    #: the framework's id of each call of the last reconciled history's newest replies -> the log's id
+    framework_ids: dict[str, str] = field(default_factory=dict)
 
     def update(self, session: Session) -> LogIndex:
         events = session.events
@@ -69,11 +83,14 @@ class LogIndex:
             blocks = message.get("content") or []
             if event.type == ev.ASSISTANT_MESSAGE:
                 self.replies.append(event.seq)
-                calls = [b["id"] for b in blocks if b.get("type") == "tool_call"]
-                for call_id in calls:
+                calls = tuple((b["id"], b.get("name", "")) for b in blocks if b.get("type") == "tool_call")
+                self.reply_calls[event.seq] = calls
+                for call_id, _ in calls:
                     self.call_owner[call_id] = event.seq
+                    for key in {call_id, claimed_from(call_id)} - {None}:
+                        _add_seq(self.by_call.setdefault(str(key), []), event.seq)
                 if not calls:
-                    self.reply_texts[_text_of(blocks)] = event.seq
+                    _add_seq(self.by_text.setdefault(_text_of(blocks), []), event.seq)
             elif event.type == ev.TOOL_RESULT:
                 for b in blocks:
                     if b.get("type") == "tool_result":
@@ -88,16 +105,30 @@ class LogIndex:
         """Remember ``message`` as the log's reply ``seq``: a ``sanitize_reply`` hook may have
         committed other text than the framework keeps (kept in memory only)."""
         if not message.tool_calls:
-            self.reply_texts[_text_of_message(message)] = seq
+            _add_seq(self.by_text.setdefault(_text_of_message(message), []), seq)
 
-    def known_reply(self, message: Message) -> int | None:
-        """The seq of the log's assistant message that ``message`` is, or None."""
+    def candidates(self, message: Message) -> list[int]:
+        """The seqs of the log's replies that ``message`` may be, in the log's order."""
         calls = message.tool_calls
-        if calls:
-            seqs = {self.call_owner.get(c.id) for c in calls}
-            seqs.discard(None)
-            return max(seqs) if seqs else None  # type: ignore[type-var]
-        return self.reply_texts.get(_text_of_message(message))
+        if not calls:
+            return self.by_text.get(_text_of_message(message), [])
+        first = calls[0].id
+        return sorted({*self.by_call.get(first, []), *self.by_call.get(claim_base(first), [])})
+
+    def match(self, message: Message, seq: int) -> list[tuple[str, str]] | None:
+        """``(message's call id, the log's id)`` of each call when the log's reply ``seq`` may be
+        ``message`` (its calls have the same names and the same ids, or ids the log gave reused
+        ones; a reply without calls is matched by its text in :meth:`candidates`), else None."""
+        logged = self.reply_calls.get(seq)
+        calls = message.tool_calls
+        if logged is None or len(logged) != len(calls):
+            return None
+        pairs = []
+        for call, (log_id, name) in zip(calls, logged, strict=True):
+            if call.name != name or not may_be_claim_of(log_id, call.id):
+                return None
+            pairs.append((call.id, log_id))
+        return pairs
 
     def consistent(self, seq: int, tail: Sequence[Message]) -> bool:
         """Can a history whose messages after a reply are ``tail`` have that reply at ``seq``?
@@ -108,6 +139,12 @@ class LogIndex:
         later = [text for s, text, from_user in self.users if s > seq and from_user]
         shown = iter(m.text for m in tail if m.role == "user")
         return all(any(text == s for s in shown) for text in later)
+
+
+def _add_seq(seqs: list[int], seq: int) -> None:
+    if seq not in seqs:
+        seqs.append(seq)
+        seqs.sort()
 
 
 def _text_of(blocks: list[dict[str, Any]]) -> str:
@@ -137,13 +174,7 @@ def reconcile(
     """
     index.update(session)
     outcomes = outcomes or {}
-    anchor_at, anchor_seq = -1, -1
-    for i in range(len(history) - 1, -1, -1):
-        if history[i].role == "assistant":
-            seq = index.known_reply(history[i])
-            if seq is not None and (history[i].tool_calls or index.consistent(seq, history[i + 1 :])):
-                anchor_at, anchor_seq = i, seq
-                break
+    anchor_at, anchor_seq, anchor_ids = _anchor(history, index)
     if anchor_at < 0 and index.replies and not partial and any(m.role == "assistant" for m in history):
         unknown = next(m for m in history if m.role == "assistant")
         msg = (
@@ -155,6 +186,7 @@ def reconcile(
     if anchor_at < 0 and index.replies:
         anchor_seq = index.replies[-1]
     expected_users = [text for seq, text, _ in index.users if seq > anchor_seq]
+    history, shown_ids = _log_ids(session, history, anchor_at, anchor_ids, index)
     # refuse a history that breaks off part-way before writing any of it: nothing is written then
     _check_pairing(session, history, anchor_at, index, list(expected_users))
     appended = 0
@@ -164,7 +196,11 @@ def reconcile(
             assert result is not None
             if result.call_id in index.resolved:
                 continue
-            outcome = outcomes.get(result.call_id) or ToolOutcome(result.content, is_error=result.is_error)
+            outcome = outcomes.get(result.call_id)
+            if outcome is None and offset in shown_ids:  # a strategy tool run under the framework's id
+                outcome = outcomes.get(shown_ids[offset])
+            if outcome is None:
+                outcome = ToolOutcome(result.content, is_error=result.is_error)
             session.tool_result(result.call_id, outcome)
         elif message.role == "user":
             text = message.text
@@ -187,6 +223,69 @@ def reconcile(
         appended += 1
         index.update(session)
     return appended
+
+
+def _anchor(history: Sequence[Message], index: LogIndex) -> tuple[int, int, list[tuple[str, str]]]:
+    """The history's last assistant message that the log holds: ``(its index, its seq, (its call
+    ids, the log's ids))``, ``(-1, -1, [])`` when there is none. The history's assistant messages
+    are matched in order, each to the log's first reply after the last match that it may be."""
+    anchor_at, anchor_seq, anchor_ids = -1, -1, []
+    for i, message in enumerate(history):
+        if message.role != "assistant":
+            continue
+        for seq in index.candidates(message):
+            if seq <= anchor_seq:
+                continue
+            ids = index.match(message, seq)
+            if ids is not None and index.consistent(seq, history[i + 1 :]):
+                anchor_at, anchor_seq, anchor_ids = i, seq, ids
+                break
+    return anchor_at, anchor_seq, anchor_ids
+
+
+def _log_ids(
+    session: Session, history: Sequence[Message], anchor_at: int, anchor_ids: list[tuple[str, str]], index: LogIndex
+) -> tuple[list[Message], dict[int, str]]:
+    """``history`` with the log's call ids after the anchor: a new reply's reused id is renamed
+    as :class:`CallIds` renames it (the same ids on every reconcile of the same log), and a tool
+    result takes the id of its call in the reply before it. Also the framework's id of each
+    result renamed so (by position), and ``index.framework_ids``."""
+    out = list(history)
+    shown: dict[int, str] = {}
+    ids = CallIds(session.surface.call_owner, index.call_owner)
+    current = _by_framework_id(anchor_ids)
+    framework_ids = dict(anchor_ids)
+    for offset in range(anchor_at + 1, len(history)):
+        message = history[offset]
+        if message.role == "assistant":
+            renames = [(call.id, ids.claim(call.id)) for call in message.tool_calls]
+            if any(old != new for old, new in renames):
+                out[offset] = message.with_content(renamed_calls(message, renames).content)
+            current = _by_framework_id(renames)
+            framework_ids.update(renames)
+        elif message.role == "tool":
+            result = message.tool_result
+            assert result is not None
+            logged = current.get(result.call_id)
+            if logged:
+                # two calls of one reply with one id answer in the order of the calls
+                new = logged.pop(0) if len(logged) > 1 else logged[0]
+                if new != result.call_id:
+                    source = message.source
+                    if source.call_id == result.call_id:
+                        source = dataclasses.replace(source, call_id=new)
+                    block = dataclasses.replace(result, call_id=new)
+                    out[offset] = dataclasses.replace(message, content=(block,), source=source)
+                    shown[offset] = result.call_id
+    index.framework_ids = framework_ids
+    return out, shown
+
+
+def _by_framework_id(pairs: list[tuple[str, str]]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for framework_id, log_id in pairs:
+        out.setdefault(framework_id, []).append(log_id)
+    return out
 
 
 def _check_pairing(
