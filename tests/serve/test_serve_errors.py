@@ -87,6 +87,14 @@ ANTHROPIC_BAD = [
         "messages.0: the last message's content is an empty list; ctxkernel serve takes a last message with role 'user' "
         "and a non-empty string or list of content blocks",
     ),
+    # an empty list between other messages was dropped without a word (an empty string is kept)
+    (
+        b'{"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "a"}, '
+        b'{"role": "assistant", "content": "b"}, {"role": "user", "content": []}, '
+        b'{"role": "assistant", "content": "c"}, {"role": "user", "content": "d"}]}',
+        "messages.2: a user message's content is an empty list; ctxkernel serve takes a user message's content "
+        "as a string or a non-empty list of content blocks",
+    ),
 ]
 
 

@@ -160,7 +160,23 @@ def parse_request(raw: bytes, memo: MessageMemo | None = None, *, count_only: bo
                 }
             )
 
+    total = (parsed.previous.count if parsed.previous is not None else 0) + len(messages)
+
     def one(i: int, item: Any) -> tuple[Sequence[Message], Sequence[str], str | None]:
+        if isinstance(item, dict) and item.get("role") == "user" and item.get("content") == []:
+            # refused here, before the memo remembers the body: a user message with no block
+            # would otherwise leave no message at all (an empty string is kept: one empty text)
+            if i == total - 1:
+                msg = (
+                    f"messages.{i}: the last message's content is an empty list; ctxkernel serve takes a "
+                    "last message with role 'user' and a non-empty string or list of content blocks"
+                )
+            else:
+                msg = (
+                    f"messages.{i}: a user message's content is an empty list; ctxkernel serve takes a user "
+                    "message's content as a string or a non-empty list of content blocks"
+                )
+            raise EventError(msg)
         found, digests = memo.convert(
             item,
             lambda m: from_anthropic_message(m, where=f"messages.{i}"),
@@ -176,13 +192,6 @@ def parse_request(raw: bytes, memo: MessageMemo | None = None, *, count_only: bo
         raise WireError(400, str(exc), param="messages") from None
     converted, hashes = list(history.messages), list(history.hashes)
     last = messages[-1].get("role") if isinstance(messages[-1], dict) else None
-    if last == "user" and messages[-1].get("content") == []:
-        raise WireError(
-            400,
-            f"messages.{history.count - 1}: the last message's content is an empty list; ctxkernel serve takes a "
-            "last message with role 'user' and a non-empty string or list of content blocks",
-            param="messages",
-        )
     if not converted or last not in ("user", "system"):
         raise WireError(
             400,
