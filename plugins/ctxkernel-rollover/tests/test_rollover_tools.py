@@ -163,3 +163,27 @@ def test_the_steward_writes_only_from_the_request_and_within_its_cap(tmp_path):
     unseen = dataclasses.replace(request, messages=[m for m in request.messages if m.source.kind != "user"])
     calls = steward_actions(session.context, unseen)
     assert [c["name"] for c in calls] == ["new_context"] and calls[0]["arguments"]["next_goal"] is None
+
+
+def test_a_refused_note_call_before_the_first_window_leaves_the_log_as_it_was(tmp_path):
+    # the note tools recorded the first window before their checks: a refusal still wrote it
+    session = rollover_kernel(tmp_path, max_note_bytes=100).open_session()
+    path = session.store.path(session.id)
+    before = path.read_bytes() if path.exists() else b""
+    refused = [
+        ("note_create", {"path": "../outside", "content": "x"}),
+        ("note_create", {"path": "big", "content": "x" * 101}),
+        ("note_append", {"path": "", "text": "x"}),
+        ("note_append", {"path": "big", "text": "x" * 101}),
+        ("note_update", {"note": "n_0123456789abcdef", "content": "x"}),
+        ("note_update", {"note": "nowhere", "content": "x"}),
+        ("note_delete", {"note": "nowhere"}),
+    ]
+    for name, arguments in refused:
+        outcome = run(session, name, **arguments)
+        assert outcome.is_error, (name, outcome.content)
+        assert (path.read_bytes() if path.exists() else b"") == before, (name, outcome.content)
+    assert state_of(session.context).current is None
+    # a call that passes its checks records the first window, then writes
+    assert not run(session, "note_create", path="goal", content="x").is_error
+    assert state_of(session.context).current is not None

@@ -59,9 +59,22 @@ class NoteCreateArgs(ToolArgs):
     from_tool_output: bool = Field(default=False, description="true if copied from tool output")
 
 
-def note_create(ctx: Context, args: NoteCreateArgs) -> ToolOutcome:
+def _checked_then_window(ctx: Context, path: str, text: str, trust: str, *, append: bool = False) -> None:
+    """Record the first window (the stamp of the write to come) only once the write of ``text``
+    at ``path`` passes every check of the notes (path, trust mark, limits): staged, not written,
+    so a refused write leaves the log as it was, the window event included."""
+    if state_of(ctx).current is None:
+        staged = notes_of(ctx).staged()
+        (staged.append if append else staged.write)(path, text, trust=trust)
     ensure_window(ctx)
-    note = notes_of(ctx).create(args.path, args.content, trust=_trust(args.from_tool_output))
+
+
+def note_create(ctx: Context, args: NoteCreateArgs) -> ToolOutcome:
+    notes, trust = notes_of(ctx), _trust(args.from_tool_output)
+    if notes.exists(args.path):  # refused by create itself, before it writes anything
+        notes.create(args.path, args.content, trust=trust)
+    _checked_then_window(ctx, args.path, args.content, trust)
+    note = notes_of(ctx).create(args.path, args.content, trust=trust)
     remember_note(ctx, note)
     return ToolOutcome(f"created note {_brief(note)}")
 
@@ -73,14 +86,14 @@ class NoteUpdateArgs(ToolArgs):
 
 
 def note_update(ctx: Context, args: NoteUpdateArgs) -> ToolOutcome:
-    ensure_window(ctx)
-    notes = notes_of(ctx)
     note = _resolve(ctx, args.note)
     if note.archived:
         return ToolOutcome(
             f"note_update refused: note {note.id} ({note.path!r}) is archived; create a new note", is_error=True
         )
-    note = notes.update(note.id, args.content, trust=_trust(args.from_tool_output))
+    trust = _trust(args.from_tool_output)
+    _checked_then_window(ctx, note.path, args.content, trust)
+    note = notes_of(ctx).update(note.id, args.content, trust=trust)
     remember_note(ctx, note)
     return ToolOutcome(f"updated note {_brief(note)}; earlier versions stay retrievable with note_get(version=...)")
 
@@ -92,8 +105,9 @@ class NoteAppendArgs(ToolArgs):
 
 
 def note_append(ctx: Context, args: NoteAppendArgs) -> ToolOutcome:
-    ensure_window(ctx)
-    note = notes_of(ctx).append(args.path, args.text, trust=_trust(args.from_tool_output))
+    trust = _trust(args.from_tool_output)
+    _checked_then_window(ctx, args.path, args.text, trust, append=True)
+    note = notes_of(ctx).append(args.path, args.text, trust=trust)
     remember_note(ctx, note)
     return ToolOutcome(f"appended to note {_brief(note)}")
 
@@ -129,8 +143,10 @@ class NoteDeleteArgs(ToolArgs):
 
 
 def note_delete(ctx: Context, args: NoteDeleteArgs) -> ToolOutcome:
+    note = _resolve(ctx, args.note)  # refused (not found) before the first window is recorded
+    if note.archived:  # refused by delete itself, before it writes anything
+        notes_of(ctx).delete(note.id)
     ensure_window(ctx)
-    note = _resolve(ctx, args.note)
     archived = notes_of(ctx).delete(note.id)
     return ToolOutcome(f"archived note {_brief(archived)}; its versions stay readable with note_get('{archived.id}')")
 
@@ -181,7 +197,6 @@ class NewContextArgs(ToolArgs):
 
 def new_context(ctx: Context, args: NewContextArgs) -> ToolOutcome:
     """Record the intent only (§3.5): the switch happens at the next pre-step, after the batch."""
-    current = ensure_window(ctx)
     state = state_of(ctx)
     if state.pending is not None:
         return ToolOutcome(
@@ -189,6 +204,7 @@ def new_context(ctx: Context, args: NewContextArgs) -> ToolOutcome:
             "it starts after this batch. Nothing was changed.",
             is_error=True,
         )
+    current = ensure_window(ctx)  # after the check: a refusal leaves the log as it was
     STRATEGY.on(ctx).emit("intent", {"intent_id": random_hex(32), "next_goal": args.next_goal, "window_id": current})
     return ToolOutcome(NEW_CONTEXT_ANSWER, conclude_turn=True)
 
