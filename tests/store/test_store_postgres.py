@@ -172,3 +172,21 @@ def test_a_dropped_connection_is_replaced_and_the_call_retried(dsn):
     assert store.next_seq("s") == 0  # the call that finds its connection dead retries on a new one
     assert store.dropped_connections == 1
     store.close()
+
+
+def test_a_lock_connection_error_hides_the_password(monkeypatch):
+    # hold_lock quoted the driver's error as it came; libpq quotes a malformed string whole
+    store = PostgresStore.__new__(PostgresStore)
+    store._psycopg = psycopg
+    store.dsn = "postgresql://app:s3cret-pw@db.invalid/ctx"
+    store.where = "postgresql://app:***@db.invalid/ctx"
+    store.connect_timeout = 1
+
+    def refuse(dsn, **kwargs):
+        raise psycopg.OperationalError(f'missing "=" after "{dsn}" in connection info string')
+
+    monkeypatch.setattr(psycopg, "connect", refuse)
+    with pytest.raises(StoreError) as info:
+        store.hold_lock("session a", 1)
+    assert "s3cret-pw" not in str(info.value)
+    assert "cannot connect to the postgres store" in str(info.value)

@@ -614,11 +614,7 @@ class PostgresStore(SyncDeferral):
         Front doors use it to order the requests of one session across processes and hosts
         (``ctxkernel serve`` with several workers). The lock is the server's: it is released by
         :meth:`AdvisoryLock.release`, when its connection closes, and when its holder dies."""
-        try:
-            conn = self._psycopg.connect(self.dsn, autocommit=True, connect_timeout=self.connect_timeout)
-        except self._psycopg.Error as exc:
-            msg = f"cannot connect to the postgres store {self.where}: {str(exc).strip()}"
-            raise StoreError(msg) from None
+        conn = self._connect()  # its error is redacted: libpq may quote the connection string
         try:
             conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{max(1, int(timeout * 1000))}ms",))
             conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (f"ctxkernel lock {name}",))
