@@ -118,6 +118,18 @@ def test_an_existing_folder_is_never_touched(capsys, tmp_path):
     assert [p.name for p in existing.iterdir()] == ["mine.txt"] and (existing / "mine.txt").read_text() == "keep me"
 
 
+def test_a_file_as_the_target_folder_is_a_usage_error_naming_it(capsys, tmp_path):
+    # was the OS's raw "[Errno 20] Not a directory"
+    blocker = tmp_path / "a-file"
+    blocker.write_text("keep me")
+    for to in (blocker, blocker / "sub"):
+        code, out, err = run(capsys, "new-strategy", "pin-and-trim", "--to", str(to))
+        assert code == 2 and not out, err
+        assert f"--to {to}: {blocker} is a file, not a folder; accepted: a folder" in err
+        assert "Errno" not in err
+    assert blocker.read_text() == "keep me"
+
+
 def test_a_description_cannot_break_out_of_its_strings(capsys, tmp_path):
     code, _, err = run(
         capsys,

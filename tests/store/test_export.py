@@ -104,7 +104,9 @@ def test_bad_targets_and_sessions_are_clear_errors(tmp_path, capsys):
     # give the basic session a file to write, through decay's audit (a strategy's blobs)
     audit(session.context, {"kind": "test"})
     code, _, err = _export(capsys, session.id, "--to", str(blocker / "sub"))
-    assert code == 1 and "export" in err and str(blocker) in err
+    # a bad --to is a usage error (exit 2, as the docs say), naming the file and what is accepted
+    assert code == 2 and "export: error" in err and f"{blocker} is a file, not a folder" in err, err
+    assert "accepted: a folder" in err
 
 
 def test_a_target_inside_the_stores_folder_is_refused(tmp_path, env, capsys):

@@ -21,7 +21,7 @@ from ..lineage import lineage
 from ..plugins import StrategyManager
 from ..profile import Profile, find_profile, list_profiles, load_profile, profile_search_path
 from ..redact import redact
-from .main import EXIT_INVALID, EXIT_OK, EXIT_USAGE, bounded_int, dump_json, one_line
+from .main import EXIT_INVALID, EXIT_OK, EXIT_USAGE, bounded_int, dump_json, file_in_the_way, one_line
 
 
 def register(sub: Any) -> None:
@@ -330,6 +330,13 @@ def cmd_export(args: argparse.Namespace) -> int:
             return usage_error(
                 "export", f"--to {args.to} is inside the store's folder {root}; accepted: a folder outside it"
             )
+    blocker = file_in_the_way(target)
+    if blocker is not None:
+        return usage_error(
+            "export",
+            f"--to {args.to}: {blocker} is a file, not a folder; accepted: a folder, or a path where one can be "
+            "created (under folders only)",
+        )
     try:
         files = session.kernel.hooks.export_files(session)
         written = write_export(target, files)

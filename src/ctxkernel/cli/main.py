@@ -15,6 +15,7 @@ import importlib.metadata
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from ..errors import CtxKernelError, ProfileError
@@ -40,6 +41,20 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def file_in_the_way(folder: Path) -> Path | None:
+    """The file (anything but a folder) at ``folder`` or at its nearest existing ancestor: what
+    stops ``folder`` being made or used as a folder; None when nothing does."""
+    for path in (folder, *folder.parents):
+        try:
+            if path.is_dir():
+                return None
+            if path.exists():  # a dangling link is no file: making the folder reports it
+                return path
+        except OSError:  # unreadable: making the folder reports it
+            return None
+    return None
 
 
 def bounded_int(low: int, high: int) -> Callable[[str], int]:

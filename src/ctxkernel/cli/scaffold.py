@@ -25,6 +25,7 @@ from ..errors import ConfigError
 from ..events import KERNEL_TYPES
 from ..exits import EXIT_OK, EXIT_USAGE, one_line
 from ..plugins import _kernel_version, discover
+from .main import file_in_the_way
 
 #: lower-case words joined by single hyphens: an entry-point name, a ``<name>/<kind>`` event
 #: namespace and, with underscores, a Python package and an environment-variable segment
@@ -89,6 +90,13 @@ def new_strategy(name: str, parent: Path, description: str = "") -> Path:
     check_name(name)
     check_description(description)
     target = parent / f"ctxkernel-{name}"
+    blocker = file_in_the_way(parent)
+    if blocker is not None:
+        msg = (
+            f"--to {parent}: {blocker} is a file, not a folder; accepted: a folder, or a path where one can be "
+            "created (under folders only)"
+        )
+        raise ConfigError(msg)
     if target.exists() or target.is_symlink():
         msg = f"{target} already exists; new-strategy never writes into an existing folder. Fix: pass another --to"
         raise ConfigError(msg)
