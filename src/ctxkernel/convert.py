@@ -714,6 +714,10 @@ def reply_to_message(reply: Any) -> Message:
     raise EventError(msg)
 
 
+#: a token count past this is not a count (the imports of ``ctxkernel simulate`` refuse it too)
+MAX_USAGE_TOKENS = 2**53
+
+
 def normalize_usage(usage: Any) -> dict[str, int] | None:
     """Provider usage as ``{input_tokens, output_tokens, cached_input_tokens}``.
 
@@ -728,20 +732,22 @@ def normalize_usage(usage: Any) -> dict[str, int] | None:
         msg = f"usage must be a mapping of token counts, got {type(usage).__name__}"
         raise EventError(msg)
 
-    def num(*keys: str) -> int:
+    def num(*keys: str, source: dict[str, Any] = usage, where: str = "usage") -> int:
         for key in keys:
-            value = usage.get(key)
+            value = source.get(key)
             if isinstance(value, int) and not isinstance(value, bool):
-                if value < 0:
-                    msg = f"usage.{key} must be >= 0, got {value}"
+                if not 0 <= value < MAX_USAGE_TOKENS:
+                    got = value if abs(value) < 10**18 else f"an integer of {value.bit_length()} bits"
+                    msg = f"{where}.{key} must be an integer from 0 to 2**53 - 1, got {got}"
                     raise EventError(msg)
                 return value
         return 0
 
     cached = num("cached_input_tokens", "cache_read_input_tokens")
     details = usage.get("prompt_tokens_details")
-    if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
-        cached = details["cached_tokens"]
+    if isinstance(details, dict) and "cached_tokens" in details:
+        # the same checks as every other counter: a negative, boolean or huge figure is no count
+        cached = num("cached_tokens", source=details, where="usage.prompt_tokens_details")
     if "prompt_tokens" in usage:
         input_tokens = num("prompt_tokens")
     else:  # Anthropic counts cache reads and writes apart from input_tokens

@@ -39,6 +39,7 @@ from .errors import ConfigError, ModelError
 from .logging import get_logger
 from .messages import Message, ToolCallBlock
 from .models.base import ModelAdapter, Reply
+from .pairing import CallIds, renamed_calls
 from .session import Session
 from .tools import ToolOutcome
 
@@ -125,7 +126,7 @@ class _Turn:
                     break
                 attempt = 0
                 result.steps += 1
-                message = session.commit_reply(reply.message, usage=reply.usage)
+                message = session.commit_reply(_own_call_ids(session, reply.message), usage=reply.usage)
                 result.replies.append(message)
                 for call in session.pending_calls:
                     if session.owns_tool(call.name):
@@ -155,6 +156,17 @@ class _Turn:
             raise
         session.end_turn(result.reason)
         return result
+
+
+def _own_call_ids(session: Session, message: Message) -> Message:
+    """``message`` with each tool call that reuses an id (one the session holds, one an earlier call
+    of the reply took) or has none renamed to a fresh one, as the framework adapters rename it:
+    the session would refuse the reply, and a provider an empty id sent back."""
+    if not isinstance(message, Message) or not message.tool_calls:
+        return message  # commit_reply reads (or refuses) any other form
+    ids = CallIds(session.surface.call_owner)
+    renames = [(c.id, ids.claim(c.id)) for c in message.tool_calls]
+    return renamed_calls(message, renames) if any(old != new for old, new in renames) else message
 
 
 class _LoopBase:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .errors import CompactionError, SurfaceError, UnbalancedCutError
+from .frames import guard
 from .messages import Message, Source
 
 if TYPE_CHECKING:
@@ -121,7 +122,15 @@ class CommitResult:
 def checkpoint_message(summary: Summary | str, strategy: str, form: str = "checkpoint") -> Message:
     """The default replacement: the summary in a marked block, written as a plugin message."""
     text = summary.text if isinstance(summary, Summary) else summary
-    return Message.user(f"{CHECKPOINT_OPEN}\n{text.strip()}\n{CHECKPOINT_CLOSE}", Source.plugin_form(strategy, form))
+    # a summarizer model's text is untrusted: it must not end the block, nor forge the kernel's
+    # frames that share its message (the user's pinned instructions, the work ledger)
+    text = guard(text.strip(), *_CHECKPOINT_GUARDED)
+    return Message.user(f"{CHECKPOINT_OPEN}\n{text}\n{CHECKPOINT_CLOSE}", Source.plugin_form(strategy, form))
+
+
+#: the frames a checkpoint's summary may not open or close (``instructions.BLOCK_FRAME``,
+#: ``ledger.BLOCK_FRAME``; named here, as those modules sit above this one)
+_CHECKPOINT_GUARDED = (CHECKPOINT_OPEN[1:-1], "user-instructions", "work-ledger")
 
 
 Render = Callable[[Summary, "Region"], Message]

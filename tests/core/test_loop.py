@@ -106,6 +106,27 @@ def test_unknown_tool_without_a_harness_runner_gets_an_error_result(tmp_path: An
     assert result["is_error"] and "unknown tool 'shell'" in result["content"]
 
 
+def test_a_reply_reusing_or_lacking_a_call_id_gets_fresh_ids(tmp_path: Any) -> None:
+    """A model that numbers calls per reply (``call_0`` every turn), repeats an id within a reply
+    or sends none: the loop renames the call as the framework adapters do, rather than raising the
+    session's refusal out of ``run`` (or sending an empty id back to the provider)."""
+    session = build_kernel(tmp_path).open_session()
+    seen: list[str] = []
+    model = ScriptedModel(
+        [
+            Message.assistant("", [call("call_0", "read")]),
+            Message.assistant("", [call("call_0", "read"), call("call_0", "read"), call("", "read")]),
+            Message.assistant("done"),
+        ]
+    )
+    result = AgentLoop(session, model, run_tool=lambda c: seen.append(c.id) or "ok").run("go")
+    assert result.reason == "completed" and result.steps == 3
+    ids = [c.id for m in result.replies for c in m.tool_calls]
+    assert len(set(ids)) == 4 and "" not in ids and ids[0] == "call_0"
+    assert seen == ids  # each result answers the id the log holds
+    assert not session.surface.pending_calls
+
+
 def test_conclude_turn_stops_after_the_batch(tmp_path: Any) -> None:
     kernel, _ = kernel_with_notes(tmp_path)
     session = kernel.open_session()

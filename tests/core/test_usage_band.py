@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from ctxkernel import Message, ToolCallBlock
+from ctxkernel.errors import EventError
 from ctxkernel.meter import USAGE_SLACK_TOKENS, USAGE_TOLERANCE_FACTOR, usage_in_band, usage_slack
+from ctxkernel.simulate.reading import check_usage
 from ctxkernel.testing import build_kernel, make_profile
 
 WORKLOAD = Path(__file__).resolve().parents[2] / "benchmarks" / "_workload.py"
@@ -170,3 +172,37 @@ def test_the_band_is_bounded_by_a_small_window(tmp_path: Path) -> None:
     assert requests == 60
     assert compactions(session), "the session never compacted"
     assert usage_slack(2_000) == 250 and usage_slack(128_000) == USAGE_SLACK_TOKENS and usage_slack(None) == 2_048
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": -5}},
+        {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 10**25}},
+        {"prompt_tokens": 10**30},
+        {"input_tokens": 2**63},
+    ],
+)
+def test_a_usage_counter_out_of_range_is_refused_by_name(tmp_path: Path, usage: dict[str, Any]) -> None:
+    """Every counter, the OpenAI cached-token detail included, is 0..2**53-1: a negative or huge
+    figure is refused naming the field, before the log (which `ctxkernel simulate` imports) sees it."""
+    session = kernel(tmp_path).open_session()
+    session.user("hi")
+    session.prepare_request()
+    before = [e.seq for e in session.events]
+    with pytest.raises(EventError, match=r"usage\.(prompt_tokens_details\.cached_tokens|prompt_tokens|input_tokens)"):
+        session.commit_reply(Message.assistant("ok"), usage=usage)
+    assert [e.seq for e in session.events] == before
+    reply = session.commit_reply(Message.assistant("ok"), usage=None)
+    assert reply.text == "ok"
+
+
+def test_a_boolean_cached_token_detail_is_no_count(tmp_path: Path) -> None:
+    session = kernel(tmp_path).open_session()
+    session.user("hi")
+    session.prepare_request()
+    session.commit_reply(
+        Message.assistant("ok"), usage={"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": True}}
+    )
+    assert session.events[-2].data["usage"]["cached_input_tokens"] == 0
+    assert check_usage(session.events[-2].data["usage"]) is not None
