@@ -39,7 +39,7 @@ from .errors import ConfigError, ModelError
 from .logging import get_logger
 from .messages import Message, ToolCallBlock
 from .models.base import ModelAdapter, Reply
-from .pairing import CallIds, renamed_calls
+from .pairing import CallIds, claim_calls
 from .session import Session
 from .tools import ToolOutcome
 
@@ -164,9 +164,7 @@ def _own_call_ids(session: Session, message: Message) -> Message:
     the session would refuse the reply, and a provider an empty id sent back."""
     if not isinstance(message, Message) or not message.tool_calls:
         return message  # commit_reply reads (or refuses) any other form
-    ids = CallIds(session.surface.call_owner)
-    renames = [(c.id, ids.claim(c.id)) for c in message.tool_calls]
-    return renamed_calls(message, renames) if any(old != new for old, new in renames) else message
+    return claim_calls(message, CallIds(session.surface.call_owner))[0]
 
 
 class _LoopBase:

@@ -84,7 +84,15 @@ def renamed_calls(message: Message, renames: list[tuple[str, str]]) -> Message:
                     del pending[i]
                     break
         content.append(block)
-    return Message(message.role, tuple(content), message.source)
+    return message.with_content(content)  # its source and name kept
+
+
+def claim_calls(message: Message, ids: CallIds) -> tuple[Message, list[tuple[str, str]]]:
+    """``message`` with each tool call's id claimed from ``ids`` (a reused or empty one renamed,
+    :class:`CallIds`), and the ``(old, new)`` pair of every call."""
+    renames = [(call.id, ids.claim(call.id)) for call in message.tool_calls]
+    changed = any(old != new for old, new in renames)
+    return (renamed_calls(message, renames) if changed else message), renames
 
 
 def claim_raw_calls(raw_calls: list[dict[str, Any]], ids: CallIds) -> list[tuple[str, str]] | None:

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from .. import events as ev
 from ..errors import CtxKernelError
 from ..messages import Message, Source
-from ..pairing import CallIds, claim_base, claimed_from, may_be_claim_of, renamed_calls
+from ..pairing import CallIds, claim_base, claim_calls, claimed_from, may_be_claim_of
 from ..tools import ToolOutcome
 
 if TYPE_CHECKING:
@@ -258,9 +258,7 @@ def _log_ids(
     for offset in range(anchor_at + 1, len(history)):
         message = history[offset]
         if message.role == "assistant":
-            renames = [(call.id, ids.claim(call.id)) for call in message.tool_calls]
-            if any(old != new for old, new in renames):
-                out[offset] = message.with_content(renamed_calls(message, renames).content)
+            out[offset], renames = claim_calls(message, ids)
             current = _by_framework_id(renames)
             framework_ids.update(renames)
         elif message.role == "tool":
