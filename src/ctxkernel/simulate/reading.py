@@ -70,17 +70,10 @@ def check_file_size(path: Path, read: int = 0) -> int:
 
 def read_document(path: Path) -> bytes:
     """The whole file (one JSON document), its byte order mark skipped; refused past :data:`FILE_LIMIT`."""
-    size = check_file_size(path)
+    check_file_size(path)
     with open(path, "rb") as f:
-        data = f.read(size)
-        more = f.read(_CHUNK)
-        if more:  # it grew after its size was checked: read on, within the limit
-            grown = bytearray(data)
-            while more:
-                grown += more
-                check_file_size(path, len(grown))
-                more = f.read(_CHUNK)
-            data = bytes(grown)
+        data = f.read(FILE_LIMIT + 1)  # one byte past the limit tells a file that grew past it since
+    check_file_size(path, len(data))
     return data.removeprefix(_BOM)
 
 
