@@ -37,10 +37,12 @@ from typing import TYPE_CHECKING, Any
 
 from . import instructions, ledger
 from .cache_rule import Decision, Edit, decide
+from .convert import normalize_usage
 from .errors import (
     CacheWaitError,
     CompactionError,
     ConflictError,
+    EventError,
     ShrinkCheckError,
     SurfaceChangedError,
     SurfaceError,
@@ -59,7 +61,7 @@ from .events import (
 )
 from .lease import CompactionLease
 from .logging import get_logger
-from .messages import Message
+from .messages import MAX_NAME_CHARS, Message
 from .pricing import ModelPrice, UnknownModelError, price_for, price_in_force
 from .redact import redact
 
@@ -372,9 +374,7 @@ def _run_steps(  # noqa: C901
                             "tokens_before": b,
                             "tokens_after": a,
                             "remove": sp.remove,
-                            **(
-                                {"provider": s.provider, "model": s.model, "usage": s.usage} if s and s.provider else {}
-                            ),
+                            **(_model_record(s, strategy) if s and s.provider else {}),
                             **sp.data,
                         }
                         for sp, seqs, b, a, (_, s) in zip(spans, cites, before, after, replacements, strict=True)
@@ -500,6 +500,21 @@ def _gate_spans(session: SessionPort, spans: Sequence[Span], resolved: list[list
             saved -= meter.count_message(span.message)
     clears = all(span.remove or span.message is not None for span in spans)
     cache_gate(session, first, saved, strategy=strategy, clears=clears)
+
+
+def _model_record(summary: Summary, strategy: str) -> dict[str, Any]:
+    """Who wrote a summary and at what cost, checked as a reply's are: a summarize hook is a plugin's code."""
+    where = f"the summary for strategy {strategy!r}"
+    for key in ("provider", "model"):
+        value = getattr(summary, key)
+        if not (value is None and key == "model") and not (isinstance(value, str) and 0 < len(value) <= MAX_NAME_CHARS):
+            msg = f"{where}: {key} must be a string of 1-{MAX_NAME_CHARS} characters, got {value!r:.80}"
+            raise CompactionError(msg)
+    try:
+        usage = normalize_usage(summary.usage)
+    except EventError as exc:
+        raise CompactionError(f"{where}: {exc}") from None
+    return {"provider": summary.provider, "model": summary.model, "usage": usage}
 
 
 def _span_tokens(meter: Meter, surface: Surface, nodes: list[Node]) -> int:

@@ -201,3 +201,57 @@ def test_overlapping_spans_are_refused_naming_the_first_shared_node(
     with pytest.raises(ctxkernel.CompactionError, match=message.format(*seqs)):
         session.compact(spans, strategy="basic")
     assert path.read_bytes() == before
+
+
+class CostedSummarizer:
+    """A summarize hook that reports a model and its usage, as a plugin's own model call would."""
+
+    def __init__(self, usage: Any, provider: Any = "p", model: Any = "m") -> None:
+        self.usage, self.provider, self.model = usage, provider, model
+
+    @ctxkernel.hookimpl
+    def register_strategy(self, register: Any) -> None:
+        register(StrategySpec("costed"))
+
+    @ctxkernel.hookimpl(tryfirst=True)
+    def summarize(self, ctx: Any, region: Any) -> Summary:
+        return Summary("short", provider=self.provider, model=self.model, usage=self.usage)
+
+
+def test_a_summarizers_usage_is_recorded_in_the_kernels_form(session: Any) -> None:
+    seqs = [n.seq for n in session.surface]
+    usage = {"prompt_tokens": 900, "completion_tokens": 40, "prompt_tokens_details": {"cached_tokens": 800}}
+    with throwaway_plugin(session.kernel, CostedSummarizer(usage), "costed"):
+        session.compact(Span(seqs[0], seqs[6]), strategy="basic")
+    span = next(e for e in session.events if e.type == "compaction/summary").data["spans"][0]
+    assert (span["provider"], span["model"]) == ("p", "m")
+    assert span["usage"] == {"input_tokens": 900, "output_tokens": 40, "cached_input_tokens": 800}
+
+
+@pytest.mark.parametrize(
+    ("usage", "provider", "model", "named"),
+    [
+        ({"input_tokens": -5}, "p", "m", "usage.input_tokens"),
+        ({"input_tokens": 2**60}, "p", "m", "usage.input_tokens"),
+        ("many", "p", "m", "usage must be a mapping"),
+        ({"input_tokens": 1}, 7, "m", "provider"),
+        ({"input_tokens": 1}, "p", ["m"], "model"),
+        ({"input_tokens": 1}, "p" * 10_000, "m", "provider"),
+    ],
+)
+def test_a_summarizers_bad_usage_fails_the_compaction_naming_it(
+    session: Any, usage: Any, provider: Any, model: Any, named: str
+) -> None:
+    seqs = [n.seq for n in session.surface]
+    surface = snapshot(session)
+    since = len(session.events)
+    summarizer = CostedSummarizer(usage, provider, model)
+    with (
+        throwaway_plugin(session.kernel, summarizer, "costed"),
+        pytest.raises(ctxkernel.CompactionError, match=named) as caught,
+    ):
+        session.compact(Span(seqs[0], seqs[6]), strategy="basic")
+    assert "summary for strategy 'basic'" in str(caught.value)
+    events = compaction_events(session, since)
+    assert [e.type for e in events] == ["compaction/start", "compaction/end"]
+    assert snapshot(session) == surface
