@@ -369,3 +369,42 @@ def test_an_openhands_instruction_that_is_not_a_string_is_refused(tmp_path, inst
     recording = load_recording(path, lenient=True)  # the instance is replayed, the instruction counted
     assert [s["line"] for s in recording.skipped] == [1]
     assert recording.accounting["reasons"]["malformed_line"]["lines"] == 1
+
+
+# -- a lone surrogate escape ---------------------------------------------------------------------------
+def _cut_inside_an_emoji(value: Any, wanted: set[str]) -> Any:
+    """``value`` with each string of ``wanted`` ending in a lone high surrogate, as a JavaScript
+    string cut inside an emoji ends."""
+    if isinstance(value, str):
+        return value + "\ud83d" if value in wanted else value
+    if isinstance(value, dict):
+        return {k: _cut_inside_an_emoji(v, wanted) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cut_inside_an_emoji(v, wanted) for v in value]
+    return value
+
+
+@pytest.mark.parametrize("name", JSONL_FIXTURES + JSON_FIXTURES)
+def test_a_lone_surrogate_escape_becomes_a_replacement_character(tmp_path, name):
+    """``"\\ud83d"`` with no low half is what a JavaScript string cut inside an emoji writes; the
+    line is read, the lone half becoming U+FFFD, instead of being refused whole."""
+    original = FIXTURES / name
+    path = tmp_path / name
+    wanted = {item.text for item in load_recording(original).items if type(item).__name__ == "UserItem"}
+    if name in JSONL_FIXTURES:
+        _write_lines(path, [_cut_inside_an_emoji(line, wanted) for line in _lines(name)])
+    else:
+        document = _cut_inside_an_emoji(json.loads(original.read_text()), wanted)
+        path.write_text(json.dumps(document, indent=1))
+    assert b"\\ud83d" in path.read_bytes()
+    assert sniff(path) == sniff(original)
+    items = repr(load_recording(path).items)
+    assert "\ufffd" in items
+    assert items.replace("\ufffd", "") == repr(load_recording(original).items)
+
+
+def test_an_unreadable_first_line_is_refused_saying_why_it_is_not_json(tmp_path):
+    path = tmp_path / "session.jsonl"
+    path.write_bytes(b'{"type": "user", "message": {"content": "a\x01b"}}\n{"type": "user"}\n')
+    with pytest.raises(RecordingError, match=r"session\.jsonl:1: .*\(invalid JSON: .*control character"):
+        sniff(path)

@@ -41,6 +41,7 @@ from typing import Any
 import orjson
 
 from ..errors import EventError
+from ..jsonbytes import loads
 from ..messages import Message, Source, TextBlock, ToolCallBlock
 from .reading import SHAPE_ERRORS, Lines, check_usage, json_arguments, parse_time, read_document
 from .recording import AssistantItem, Item, MarkerItem, Recording, RecordingError, ToolResultItem, UserItem
@@ -651,7 +652,7 @@ def _oh1_message(event: dict[str, Any], where: str, items: list[Item], lines: Li
 
 def load_json(path: Path) -> Any:
     try:
-        return orjson.loads(read_document(path))
+        return loads(read_document(path))
     except orjson.JSONDecodeError as exc:
         msg = f"{path}: expected one JSON document, got invalid JSON ({exc})"
         raise RecordingError(msg) from None

@@ -31,6 +31,7 @@ import orjson
 
 from ..convert import from_anthropic_message
 from ..errors import EventError
+from ..jsonbytes import loads
 from ..messages import Message, Source
 from .accounting import Accounting
 from .reading import SHAPE_ERRORS, Lines, check_usage, parse_time, read_lines
@@ -241,7 +242,7 @@ def _count_subagents(path: Path, accounting: Accounting) -> None:
         calls = 0
         for _, raw_line in read_lines(file):  # bounded as the session's own lines are
             try:
-                raw = orjson.loads(raw_line)
+                raw = loads(raw_line)
             except orjson.JSONDecodeError:
                 accounting.skip("subagent", "lines")
                 continue

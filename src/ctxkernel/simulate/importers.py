@@ -34,6 +34,7 @@ import orjson
 from ..convert import _content_text, from_openai_message
 from ..errors import EventError
 from ..events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, TOOL_RESULT, TURN_END, USER_MESSAGE, Event
+from ..jsonbytes import loads
 from ..messages import Message, ReasoningBlock, Source, TextBlock, ToolCallBlock
 from . import agent_logs, claude_code
 from .accounting import Accounting, saw_items, settle
@@ -58,18 +59,21 @@ def sniff(path: str | os.PathLike[str]) -> str:
     first = _first_line(path)
     if first.startswith(b"["):
         try:
-            whole = orjson.loads(read_document(path))
+            whole = loads(read_document(path))
         except orjson.JSONDecodeError:
             return "openai-chat"  # its importer names what is wrong
         head = whole[0] if isinstance(whole, list) and whole else None
         return "openhands" if agent_logs.is_openhands_event(head) else "openai-chat"
     try:
-        obj = orjson.loads(first)
-    except orjson.JSONDecodeError:
+        obj = loads(first)
+    except orjson.JSONDecodeError as exc:
         try:  # a pretty-printed single JSON object ({"messages": [...]})
-            obj = orjson.loads(read_document(path))
+            obj = loads(read_document(path))
         except orjson.JSONDecodeError:
-            msg = f"{path}:1: expected a JSON list of chat messages or JSON lines, got {first[:80]!r}"
+            msg = (
+                f"{path}:1: expected a JSON list of chat messages or JSON lines, got {first[:80]!r} "
+                f"(invalid JSON: {exc})"
+            )
             raise RecordingError(msg) from None
         if agent_logs.is_swe_agent(obj):
             return "swe-agent"
@@ -255,7 +259,7 @@ def _kernel_item(event: Event) -> Item | None:
 # -- OpenAI chat completions ---------------------------------------------------------------------------
 def import_openai(path: Path, run: int | None, lenient: bool, accounting: Accounting) -> Recording:
     try:
-        data = orjson.loads(read_document(path))
+        data = loads(read_document(path))
     except orjson.JSONDecodeError:
         data = None
     source: dict[str, Any] = {}
@@ -533,7 +537,7 @@ def _import_openhands(path: Path, run: int | None, lenient: bool) -> Recording:
         return agent_logs.import_openhands(agent_logs.openhands_events(events, "event"), lines, {})
     index = 0 if run is None else run
     try:
-        whole = orjson.loads(read_document(path))  # one pretty-printed instance
+        whole = loads(read_document(path))  # one pretty-printed instance
     except orjson.JSONDecodeError:
         whole = None
     instances = [(1, whole)] if isinstance(whole, dict) else lines

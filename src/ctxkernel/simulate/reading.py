@@ -19,6 +19,7 @@ import orjson
 
 from ..convert import arguments_from_json
 from ..errors import EventError
+from ..jsonbytes import loads
 from ..messages import Message
 from ..session import normalize_usage
 from .recording import AssistantItem, Item, MarkerItem, RecordingError, ToolResultItem, UserItem
@@ -136,7 +137,7 @@ class Lines:
             if not raw.strip():
                 continue
             try:
-                value = orjson.loads(raw)
+                value = loads(raw)
             except orjson.JSONDecodeError as exc:
                 self.bad(lineno, "one JSON object per line", f"invalid JSON ({exc})")
                 continue
