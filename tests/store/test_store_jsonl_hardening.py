@@ -338,3 +338,20 @@ def test_a_log_or_kv_entry_linked_outside_the_store_is_refused(tmp_path):
     assert (elsewhere.path("s").read_bytes(), (tmp_path / "elsewhere" / "kv" / "ns" / "k.json").read_bytes()) == outside
     assert sorted(p.name for p in (tmp_path / "elsewhere" / "kv" / "ns").iterdir()) == ["k.json"]
     assert [e.seq for e in store.read("t")] == []  # the store's own sessions still work
+
+
+def test_a_long_name_entry_holding_another_name_is_corruption(tmp_path):
+    # a long name is kept under its digest with the name inside; an entry whose name is another
+    # (copied over, or edited) answered kv_get with the other name's value
+    store = JsonlStore(tmp_path)
+    mine, other = "a/" * 99 + "a", "b/" * 99 + "b"
+    store.kv_put("ns", mine, 1)
+    store.kv_put("ns", other, 2)
+    (entry,) = [p for p in (tmp_path / "kv" / "ns").glob("a*.json")]
+    (theirs,) = [p for p in (tmp_path / "kv" / "ns").glob("b*.json")]
+    entry.write_bytes(theirs.read_bytes())
+    with pytest.raises(CorruptionError, match=r"holds the entry of another name"):
+        store.kv_get("ns", mine)
+    with pytest.raises(CorruptionError, match=r"holds the entry of another name"):
+        store.kv_list("ns")
+    assert store.kv_get("ns", other) == 2

@@ -605,7 +605,10 @@ class JsonlStore(SyncDeferral):
         path = self._kv_path(namespace, key)
         found, value = self._kv_read(path)
         if found and _KV_DIGEST in path.name:
-            return _unwrap(path, value)[1]
+            stored, value = _unwrap(path, value)
+            if stored != key:  # a digest names one name; the entry must be that name's
+                msg = f"{path}: holds the entry of another name ({stored[:80]!r}), not of {key[:80]!r}; the store is corrupt"
+                raise CorruptionError(msg)
         return value
 
     def kv_put(self, namespace: str, key: str, value: Any) -> None:
@@ -641,6 +644,9 @@ class JsonlStore(SyncDeferral):
                 if not found:  # deleted since the listing
                     continue
                 key, value = _unwrap(path, entry)
+                if _kv_file_name(key) + ".json" != path.name:
+                    msg = f"{path}: holds the entry of another name ({key[:80]!r}); the store is corrupt"
+                    raise CorruptionError(msg)
                 if key.startswith(prefix):
                     out[key] = value
                 continue
