@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from helpers_chapters import archive_file, call_tool, chapters_kernel, do_turn, log_bytes
+from helpers_chapters import archive_file, call_tool, chapters_kernel, do_turn, log_bytes, result_json
 
 from ctxkernel import Message, ScriptedModel, ToolCallBlock
 
@@ -262,3 +262,25 @@ def test_a_page_of_an_artifact_never_brings_it_back_whole(tmp_path):
     found = call_tool(session, "chapters_artifact", op="search", artifact=handle, query=across)
     assert found.content.splitlines()[:2] == ["1 matching line(s):", f"1: {document[1_910:2_150]}"]
     assert log_bytes(session) == before
+
+
+def test_the_artifact_listing_holds_only_what_this_branch_has_seen(tmp_path):
+    """Artifacts of a lineage share one folder; a fork's own artifacts are the other branch's
+    work, and the parent's listing named them (and a sibling fork's listing too)."""
+    parent, _ = _one_big_result(tmp_path)
+    mine = _handle(parent)
+    fork = parent.kernel.open_session(result_json(call_tool(parent, "chapters_fork", title="the other way"))["session"])
+    model = ScriptedModel(
+        [Message.assistant("run", [ToolCallBlock("f1", "bash", {"command": "dump"})]), Message.assistant("seen")]
+    )
+    do_turn(fork, model, "dump the other table", tool_output=lambda call: BIG.replace("value", "other"))
+    theirs = _handle(fork)
+    assert theirs != mine
+    assert theirs.split("/", 1)[0] == mine.split("/", 1)[0]  # one lineage root, one folder
+    before = log_bytes(parent)
+    listing = call_tool(parent, "chapters_artifact", op="toc").content
+    assert mine in listing and theirs not in listing, listing
+    assert listing.startswith("1 artifact(s)")
+    assert log_bytes(parent) == before
+    in_fork = call_tool(fork, "chapters_artifact", op="toc").content
+    assert theirs in in_fork and mine in in_fork  # the parent's, archived into the fork's chapters

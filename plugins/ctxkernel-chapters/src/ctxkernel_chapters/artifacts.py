@@ -20,6 +20,8 @@ from .storage import Archive, ArchiveError, IntegrityError, NotInArchiveError, V
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/artifacts/([0-9a-f]{64})\.txt")
 #: how a chapter's body names an artifact it itemises (render.py): ``[artifact `<handle>`, N chars]``
 HANDLE_IN_TEXT = re.compile(r"\[artifact `([A-Za-z0-9][A-Za-z0-9._-]*/artifacts/[0-9a-f]{64}\.txt)`")
+#: a handle wherever it stands (the live window's ``[artifact <handle>: ...]``, a model's own text)
+HANDLE_ANYWHERE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/artifacts/[0-9a-f]{64}\.txt")
 
 
 def handle_for(root: str, digest: str) -> str:

@@ -549,13 +549,18 @@ def chapters_search(ctx: Context, args: SearchArgs) -> ToolOutcome:
 def chapters_artifact(ctx: Context, args: ArtifactArgs) -> ToolOutcome:
     settings: ChaptersSettings = chapters.settings_of(ctx)
     where = Archive.of(ctx)
-    root = settle(ctx).root_of(ctx.id)
+    registry = settle(ctx)
+    root = registry.root_of(ctx.id)
     if args.artifact is None:
         if args.op != "toc":
             return ToolOutcome(f"chapters_artifact: op {args.op!r} needs an artifact handle", is_error=True)
-        handles = artifacts.list_handles(where, root)
+        # a lineage's artifacts share one folder: list those this branch has seen, not a fork's
+        seen = {h for r in registry.lineage_records(ctx.id) for h in r.get("artifacts", ()) if isinstance(h, str)}
+        for node in ctx.surface:  # made on arrival, not archived yet
+            seen.update(artifacts.HANDLE_ANYWHERE.findall(node.message.text))
+        handles = [h for h in artifacts.list_handles(where, root) if h in seen]
         page = handles[args.offset : args.offset + (args.limit or 100)]
-        return ToolOutcome(f"{len(handles)} artifact(s) in this lineage:\n" + "\n".join(page))
+        return ToolOutcome(f"{len(handles)} artifact(s) in this session's lineage:\n" + "\n".join(page))
     handle = args.artifact.strip()
     try:
         check_name(handle)  # '..' and absolute paths are refused before anything else
