@@ -287,8 +287,28 @@ class Message:
         return cls(role, blocks, USER if source is None else Source.from_dict(source), name)
 
 
-#: the longest participant name a message keeps (OpenAI allows 64; bounded, it is written to the log)
+#: the longest participant name a message keeps (OpenAI allows 64; bounded, it is written to the log),
+#: and the longest tool name a new reply may call
 MAX_NAME_CHARS = 256
+#: the longest tool-call id a new reply may carry (providers' are 20-40 characters; each is written
+#: to the log and sent back with every later request); the agent loop, serve and the framework
+#: adapters rename a longer one (:class:`ctxkernel.pairing.CallIds`)
+MAX_CALL_ID_CHARS = 256
+
+
+def check_new_calls(message: Message, *, ids: bool = True) -> None:
+    """An :class:`EventError` naming the first tool call of a new reply whose id (unless not
+    ``ids``: a caller that renames them) or name is not a string of 1-256 characters. Checked
+    where a reply is committed, not where a log is read: a log written before the bound opens."""
+    for i, call in enumerate(message.tool_calls):
+        checks = (("id", call.id, MAX_CALL_ID_CHARS),) if ids else ()
+        for what, value, bound in (*checks, ("name", call.name, MAX_NAME_CHARS)):
+            if not (isinstance(value, str) and 0 < len(value) <= bound):
+                got = f"{len(value)} characters" if isinstance(value, str) else type(value).__name__
+                msg = f"tool call {i}: {what} must be a string of 1-{bound} characters, got {got}"
+                raise EventError(msg)
+
+
 #: media kinds a :class:`MediaBlock` names
 MEDIA_KINDS = frozenset({"image", "document", "file", "audio"})
 #: the wire formats a media or opaque block may come from

@@ -12,7 +12,7 @@ from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
-from .messages import Message, ToolCallBlock
+from .messages import MAX_CALL_ID_CHARS, Message, ToolCallBlock
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def renamed_calls(message: Message, renames: list[tuple[str, str]]) -> Message:
 
 
 def claim_calls(message: Message, ids: CallIds) -> tuple[Message, list[tuple[str, str]]]:
-    """``message`` with each tool call's id claimed from ``ids`` (a reused or empty one renamed,
+    """``message`` with each tool call's id claimed from ``ids`` (a reused, empty or overlong one renamed,
     :class:`CallIds`), and the ``(old, new)`` pair of every call."""
     renames = [(call.id, ids.claim(call.id)) for call in message.tool_calls]
     changed = any(old != new for old, new in renames)
@@ -124,8 +124,14 @@ class CallIds:
         self.claimed: set[str] = set()
 
     def claim(self, call_id: str) -> str:
-        """``call_id`` when it is free, else a fresh id like it; either way taken from now on."""
-        if call_id and call_id not in self.claimed and not any(call_id in t for t in self.taken):
+        """``call_id`` when it is free (and not longer than :data:`MAX_CALL_ID_CHARS`), else a fresh
+        id like it; either way taken from now on."""
+        if (
+            call_id
+            and len(call_id) <= MAX_CALL_ID_CHARS
+            and call_id not in self.claimed
+            and not any(call_id in t for t in self.taken)
+        ):
             self.claimed.add(call_id)
             return call_id
         base = claim_base(call_id)

@@ -313,3 +313,37 @@ def test_async_cancellation_closes_the_turn_interrupted(tmp_path: Any) -> None:
 
     asyncio.run(main())
     assert session.events[-1].type == "turn/end" and session.events[-1].data["reason"] == "interrupted"
+
+
+def test_a_call_id_longer_than_the_bound_is_renamed(tmp_path: Any) -> None:
+    """A provider's id is written to the log and sent back with every later request: one of
+    100,000 characters is renamed like a reused one, not kept."""
+    session = build_kernel(tmp_path).open_session()
+    long_id = "call_" + "x" * 100_000
+    model = ScriptedModel([Message.assistant("", [call(long_id, "read")]), Message.assistant("done")])
+    result = AgentLoop(session, model, run_tool=lambda c: "ok").run("go")
+    assert result.reason == "completed"
+    (renamed,) = [c.id for m in result.replies for c in m.tool_calls]
+    assert renamed.startswith("call_xxx") and len(renamed) <= ctxkernel.messages.MAX_CALL_ID_CHARS
+    assert not session.surface.pending_calls
+
+
+@pytest.mark.parametrize(
+    ("call_id", "name", "named"),
+    [
+        ("c" * 257, "read", "id"),
+        ("", "read", "id"),
+        ("c1", "", "name"),
+        ("c1", "r" * 257, "name"),
+    ],
+)
+def test_a_reply_whose_call_id_or_name_is_out_of_bounds_is_refused(
+    tmp_path: Any, call_id: str, name: str, named: str
+) -> None:
+    session = build_kernel(tmp_path).open_session()
+    session.user("go")
+    session.prepare_request()
+    before = [e.seq for e in session.events]
+    with pytest.raises(ctxkernel.EventError, match=rf"tool call 0: {named} must be a string of 1-256 characters"):
+        session.commit_reply(Message.assistant("", [call(call_id, name)]))
+    assert [e.seq for e in session.events] == before

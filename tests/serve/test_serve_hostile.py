@@ -128,6 +128,47 @@ def test_a_reused_tool_call_id_is_remapped_not_a_500(fake, serve_factory, api, s
     assert logged == answered == seen
 
 
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_an_overlong_tool_call_id_is_renamed_for_the_client_and_the_log(fake, serve_factory, api, stream):
+    # the id is written to the log and sent back with every later request: one of 100,000
+    # characters was kept; it is renamed like a reused one
+    upstream, _ = fake
+    serve = serve_factory()
+    replies = iter([Reply("", [("read_file", {"path": "a.py"})], ids=["call_" + "x" * 100_000]), Reply("done")])
+    upstream.script = lambda api_name, body: next(replies)
+    sid = f"long-id-{api}-{stream}"
+    agent = Agent(api, serve.openai(session=sid) if api == "openai" else serve.anthropic(session=sid), stream=stream)
+    agent.user("read the file")
+    _, calls = agent.step()
+    ((call_id, _, _),) = calls
+    assert call_id.startswith("call_xxx") and len(call_id) <= 256
+    agent.results([(call_id, "contents")])
+    text, calls = agent.step()
+    assert text == "done" and not calls
+    events = Kernel(load_profile(serve.profile)).open_session(sid, repair=False).events
+    blocks = [b for e in events if e.type == "assistant/message" for b in e.data["message"]["content"]]
+    assert [b["id"] for b in blocks if b["type"] == "tool_call"] == [call_id]
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+@pytest.mark.parametrize("name", ["", "t" * 257], ids=["empty", "overlong"])
+def test_a_tool_call_name_out_of_bounds_is_an_upstream_error(fake, serve_factory, api, name):
+    upstream, _ = fake
+    serve = serve_factory()
+    upstream.script = lambda api_name, body: Reply("", [(name, {"path": "a.py"})], ids=["call_1"])
+    sid = f"bad-name-{api}-{len(name)}"
+    agent = Agent(api, serve.openai(session=sid) if api == "openai" else serve.anthropic(session=sid))
+    agent.user("read the file")
+    with pytest.raises(
+        Exception, match=r"unreadable reply: tool call 0: name must be a string of 1-256 char"
+    ) as caught:
+        agent.step()
+    assert getattr(caught.value, "status_code", None) == 502
+    events = Kernel(load_profile(serve.profile)).open_session(sid, repair=False).events
+    assert not [e for e in events if e.type == "assistant/message"]
+
+
 # -- item 7: lone surrogates ----------------------------------------------------------------------------
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
 def test_a_lone_surrogate_in_a_tool_result_becomes_a_replacement_character(fake, serve_factory, api):

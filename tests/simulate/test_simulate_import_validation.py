@@ -408,3 +408,38 @@ def test_an_unreadable_first_line_is_refused_saying_why_it_is_not_json(tmp_path)
     path.write_bytes(b'{"type": "user", "message": {"content": "a\x01b"}}\n{"type": "user"}\n')
     with pytest.raises(RecordingError, match=r"session\.jsonl:1: .*\(invalid JSON: .*control character"):
         sniff(path)
+
+
+# -- tool-call ids and names past the kernel's bounds ----------------------------------------------------
+def _openai_chat_with(tmp_path: Path, *, call_id: str | None = None, name: str | None = None) -> Path:
+    messages = json.loads((FIXTURES / "openai-chat.json").read_text())
+    first = next(c for m in messages for c in m.get("tool_calls") or [])
+    old = first["id"]
+    if call_id is not None:
+        first["id"] = call_id
+        for m in messages:
+            if m.get("tool_call_id") == old:
+                m["tool_call_id"] = call_id
+    if name is not None:
+        first["function"]["name"] = name
+    path = tmp_path / "chat.json"
+    path.write_text(json.dumps(messages))
+    return path
+
+
+@pytest.mark.parametrize("call_id", ["", "call_" + "a" * 300], ids=["empty", "overlong"])
+def test_an_empty_or_overlong_call_id_is_renamed_and_its_result_follows(tmp_path, call_id):
+    recording = load_recording(_openai_chat_with(tmp_path, call_id=call_id))
+    calls = [c for item in recording.items if hasattr(item, "message") for c in item.message.tool_calls]
+    renamed = calls[0].id
+    assert renamed != call_id and 0 < len(renamed) <= 256 and renamed.endswith("~1")
+    results = [item.call_id for item in recording.items if type(item).__name__ == "ToolResultItem"]
+    assert renamed in results
+    profile = compare(["basic"], recording, Options(workdir=tmp_path))["profiles"][0]
+    assert profile["status"] == "ok", profile["error"]
+
+
+@pytest.mark.parametrize("name", ["", "n" * 257], ids=["empty", "overlong"])
+def test_a_tool_name_out_of_bounds_is_an_import_error_naming_it(tmp_path, name):
+    with pytest.raises(RecordingError, match=r"message 2: .*tool call 0: name must be a string of 1-256 characters"):
+        load_recording(_openai_chat_with(tmp_path, name=name))

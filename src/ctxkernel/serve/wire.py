@@ -23,7 +23,7 @@ import orjson
 from ..errors import EventError
 from ..jsonbytes import dumps_kept, int_or_float, loads, no_constant
 from ..logging import get_logger
-from ..messages import Message
+from ..messages import Message, check_new_calls
 from ..pairing import CallIds
 from ..text import storable
 
@@ -248,7 +248,12 @@ def check_reply(message: Message) -> None:
     """A ``ValueError`` (an unreadable reply) for an upstream reply holding JSON nested deeper
     than :data:`MAX_DEPTH`, counted from a log record (a tool call's arguments, a block kept as
     it came): read 1,024 levels deep, it would fail where serve writes it. Only a reply's tool
-    calls and kept blocks are encoded to tell: a text reply costs nothing."""
+    calls and kept blocks are encoded to tell: a text reply costs nothing. A tool name the log
+    would refuse is unreadable too (an id past the bound is renamed instead, as a reused one is)."""
+    try:
+        check_new_calls(message, ids=False)
+    except EventError as exc:
+        raise ValueError(str(exc)) from None
     for block in message.content:
         value = getattr(block, _PROVIDER_JSON.get(block.type, ""), None)
         # record, data, message, content, block, then the value

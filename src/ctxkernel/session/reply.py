@@ -15,7 +15,7 @@ from ..convert import normalize_usage, reply_to_message
 from ..errors import ContextOverflowError, EventError, ModelError
 from ..events import EventSpec
 from ..guard import shrink_to_fit
-from ..messages import Message
+from ..messages import Message, check_new_calls
 from ..redact import redact
 from ..text import storable
 from ..tools import ToolOutcome
@@ -69,6 +69,7 @@ class Replies:
             if message.role != "assistant":
                 msg = f"commit_reply takes an assistant message, got role {message.role!r}"
                 raise EventError(msg)
+            check_new_calls(message)
             if not tracker.step_open:
                 msg = "no open step: call prepare_request() before commit_reply()"
                 raise EventError(msg)

@@ -35,7 +35,7 @@ from ..convert import _content_text, from_openai_message
 from ..errors import EventError
 from ..events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, TOOL_RESULT, TURN_END, USER_MESSAGE, Event
 from ..jsonbytes import loads
-from ..messages import Message, ReasoningBlock, Source, TextBlock, ToolCallBlock
+from ..messages import MAX_CALL_ID_CHARS, Message, ReasoningBlock, Source, TextBlock, ToolCallBlock
 from . import agent_logs, claude_code
 from .accounting import Accounting, saw_items, settle
 from .reading import SHAPE_ERRORS, Lines, check_usage, json_arguments, parse_time, read_document, read_lines
@@ -149,6 +149,7 @@ def unique_call_ids(items: list[Item]) -> list[Item]:
 
     The kernel refuses a call id already on the surface; a reused id is renamed ``<id>~<n>`` and
     the results that follow it are pointed at the new name (in order, when one reply repeats it).
+    An empty id, or one longer than the kernel takes, is renamed the same way from its stem.
     """
     used: set[str] = set()
     tried: dict[str, int] = {}  # id -> n of its last name: every name below is taken
@@ -161,11 +162,14 @@ def unique_call_ids(items: list[Item]) -> list[Item]:
             names: dict[str, deque[str]] = {}
             for block in item.message.content:
                 if isinstance(block, ToolCallBlock):
+                    # an empty or overlong id is renamed from its stem, as the kernel's CallIds does
+                    fits = 0 < len(block.id) <= MAX_CALL_ID_CHARS
+                    stem = block.id if fits else block.id[:64] or "call"
                     n = tried.get(block.id, 1)  # not from 1 again: an id reused n times would cost n squared
-                    new_id = block.id if n == 1 else f"{block.id}~{n}"
+                    new_id = block.id if n == 1 and fits else f"{stem}~{n}"
                     while new_id in used:
                         n += 1
-                        new_id = f"{block.id}~{n}"
+                        new_id = f"{stem}~{n}"
                     tried[block.id] = n
                     used.add(new_id)
                     names.setdefault(block.id, deque()).append(new_id)

@@ -20,7 +20,7 @@ import orjson
 from ..convert import arguments_from_json
 from ..errors import EventError
 from ..jsonbytes import loads
-from ..messages import Message
+from ..messages import Message, check_new_calls
 from ..session import normalize_usage
 from .recording import AssistantItem, Item, MarkerItem, RecordingError, ToolResultItem, UserItem
 
@@ -216,6 +216,7 @@ def check_item(item: Item) -> tuple[str, str] | None:
                 raise EventError(msg)
             data = message.to_dict()
             Message.from_dict(data)  # the kernel's own check of every block's fields
+            check_new_calls(message, ids=False)  # an id past the bound is renamed (unique_call_ids)
             check_usage(item.usage)
             # as deep as the replay's log writes it (the message in its event's data, in the event's
             # record): orjson reads deeper JSON than it writes
