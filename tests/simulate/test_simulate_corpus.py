@@ -279,3 +279,24 @@ def test_kept_sessions_of_a_corpus_have_one_store_per_session(capsys, tmp_path):
         assert folder.parent == kept
         (ids,) = [p["session_ids"] for p in session["profiles"]]
         assert sorted(f.stem for f in (folder / "sessions").iterdir()) == sorted(ids)
+
+
+def test_a_window_share_whose_unmanaged_replay_failed_says_so_in_every_row():
+    # --window 0.5x is measured from the unmanaged replay's peak: when that replay fails, there is
+    # no window to replay at, and every row says why (not a 256-token window that refuses them all)
+    from ctxkernel import Message, ToolCallBlock
+    from ctxkernel.simulate import AssistantItem, Options, Recording, ToolResultItem, UserItem, compare, run_profile
+
+    items: list = [UserItem("run the listing")]
+    for i in range(2):  # a recording built by hand that reuses a call id: the kernel refuses it
+        items += [
+            AssistantItem(Message.assistant("", [ToolCallBlock("dup", "bash", {"command": f"ls {i}"})])),
+            ToolResultItem("dup", "out " * 400),
+        ]
+    recording = Recording(items, {"kind": "transcript", "format": "claude-code"})
+    assert run_profile("none", recording, Options())["status"] == "failed"
+    report = compare(["none", "basic"], recording, Options(window_share=0.5))
+    assert report["settings"]["window"] is None and report["settings"]["window_share"] == 0.5
+    for row in report["profiles"]:
+        assert row["status"] == "failed", row
+        assert "--window 0.5x" in row["error"] and "SurfaceError" in row["error"]
