@@ -100,3 +100,15 @@ def test_an_overflowed_request_is_not_billed_and_the_cost_is_not_known():
     # only the requests a provider served are billed: the refused ones are over the window
     served = [t for t in m["prompt_tokens"] if t <= m["effective_window"]]
     assert m["billed_input_tokens"] == sum(served)
+
+
+def test_run_profile_prices_a_recording_as_its_formats_model():
+    # without --model a recording is priced as its format's default (docs/simulate.md, --model),
+    # through run_profile as through compare: a Codex rollout as gpt-5-codex, not as a workload
+    from ctxkernel.simulate import compare
+
+    recording = _chat(30)
+    recording.source["format"] = "codex"
+    alone = run_profile("none", recording, Options())
+    assert alone["cost_usd"] == run_profile("none", recording, Options(model="gpt-5-codex"))["cost_usd"]
+    assert alone["cost_usd"] == compare(["none"], recording)["profiles"][0]["cost_usd"]
