@@ -60,6 +60,9 @@ def workload_table(report: dict[str, Any]) -> str:
         return p[key] / basic[key] if p[key] is not None and basic.get(key) else None
 
     for p in report["profiles"]:
+        if p["status"] != "ok":  # no figures: the row says why (failures() lists it again)
+            rows.append(f"| `{p['profile']}` | {p['status']}: {p['error']} |" + " |" * 12)
+            continue
         compactions = ", ".join(f"{k} {v}" for k, v in p["compactions"].items()) or "0"
         cued = f"{pct(p['recall_cued'])} ({p['recall_found']} / {p['recall_needs']})"
         rows.append(
@@ -186,6 +189,43 @@ def managed_table(report: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def failures(report: dict[str, Any]) -> str:
+    """What the tables leave out, by name: each profile that failed or was unavailable (on which
+    sessions, with the error), and each session that could not be read; '' when nothing was. The
+    tables pool over the sessions a profile replayed, so a failure is never dropped silently."""
+    lines: list[str] = []
+    if "sessions" not in report:  # one recording
+        for p in report["profiles"]:
+            if p["status"] in ("failed", "unavailable"):
+                lines.append(f"- `{p['profile']}` {p['status']}: {p['error']}")
+        return "\n".join(lines)
+    for name in report["aggregate"]:
+        for status in ("failed", "unavailable"):
+            where = [
+                (session, row)
+                for session in report["sessions"]
+                for row in session["profiles"]
+                if row["profile"] == name and row["status"] == status
+            ]
+            if where:
+                lines.append(f"- `{name}` {status} on {len(where)} session{'s' if len(where) > 1 else ''}:")
+                lines += [f"  - {label(session)}: {row['error']}" for session, row in where]
+    lines += [f"- {label(s)}: unreadable: {s['error']}" for s in report["sessions"] if s["error"]]
+    return "\n".join(lines)
+
+
+def label(session: dict[str, Any]) -> str:
+    run = session.get("run")
+    return str(session["file"]) + (f" #{run}" if run is not None else "")
+
+
+def print_failures(report: dict[str, Any]) -> None:
+    notes = failures(report)
+    if notes:
+        print("\nNot in the tables above (failed, unavailable or unreadable):\n")
+        print(notes)
+
+
 #: the retention probes the yardstick table shows, in its column's order
 PROBE_KINDS = ("files_changed", "errors_seen", "commands_worked")
 
@@ -210,6 +250,7 @@ def main() -> int:
                 print(format_table(report))
                 print()
                 print(managed_table(report))
+                print_failures(report)
         return 0
     keep = Path(args.keep) if args.keep else None
     if keep is not None:
@@ -218,6 +259,7 @@ def main() -> int:
     print("`ctxkernel simulate --workload coding-long --profile none,all` (priced as", demo["settings"]["model"] + "):")
     print()
     print(workload_table(demo))
+    print_failures(demo)
     folder = Path(args.transcripts)
     if not folder.is_dir():
         print(f"\n(no transcripts at {folder}: the corpus tables need them)")
@@ -242,6 +284,7 @@ def main() -> int:
         print(format_table(report))
         print()
         print(managed_table(report))
+        print_failures(report)
     return 0
 
 

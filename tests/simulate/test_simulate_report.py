@@ -196,3 +196,36 @@ def test_corpus_dots_are_labelled_and_the_tails_drawn():
     assert "<title>s0.jsonl · x: 2.00x</title>" in cost
     priced = render_distribution({"sessions": sessions, "aggregate": agg}, "cost_with_recall_vs_basic", "recall")
     assert "<title>s0.jsonl · x: 2.50x</title>" in priced  # (2.0 + 0.5) over basic's 1.0
+
+
+def _figures_script():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "simulate_figures.py"
+    spec = importlib.util.spec_from_file_location("simulate_figures", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_figures_script_says_which_replays_failed():
+    # the docs' tables pool over the sessions a profile replayed: a replay that failed (or a file
+    # that could not be read) must be named beside them, not dropped from the pools silently
+    from ctxkernel.simulate.corpus import aggregate
+    from ctxkernel.simulate.replay import empty_metrics
+
+    figures = _figures_script()
+    broken = empty_metrics("decay", "failed", "RuntimeError: boom", ["decay"])
+    session = {"file": "s1.jsonl", "path": "s1.jsonl", "run": 3, "error": None, "profiles": [broken]}
+    unreadable = {"file": "s2.jsonl", "path": "s2.jsonl", "run": None, "error": "bad line 4", "profiles": []}
+    sessions = [session, unreadable]
+    report = {"sessions": sessions, "aggregate": aggregate(sessions, ["decay"])}
+    notes = figures.failures(report)
+    assert "`decay` failed on 1 session" in notes and "s1.jsonl #3: RuntimeError: boom" in notes
+    assert "s2.jsonl: unreadable: bad line 4" in notes
+    assert figures.failures({"sessions": [], "aggregate": {}}) == ""
+    # one recording: a failed row is a row saying so, not a crash of the table
+    table = figures.workload_table({"profiles": [broken]})
+    assert "| `decay` | failed: RuntimeError: boom |" in table
+    assert "`decay` failed: RuntimeError: boom" in figures.failures({"profiles": [broken]})
