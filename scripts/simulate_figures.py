@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ctxkernel.simulate.report import share_text
+
 REPO = Path(__file__).resolve().parents[1]
 _MAIN = "import sys; from ctxkernel.cli import main; sys.exit(main(sys.argv[1:]))"
 
@@ -36,7 +38,7 @@ def simulate(args: list[str], keep: Path | None, name: str) -> dict[str, Any]:
 
 
 def pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0%}"
+    return "-" if value is None else share_text(value)  # short of all never reads 100%
 
 
 def money(value: float | None) -> str:
@@ -123,7 +125,7 @@ def done_when_table(report: dict[str, Any]) -> str:
         f = agg["figures"]
         found = (f.get("recall_found") or {}).get("sum")
         needs = (f.get("recall_needs") or {}).get("sum")
-        cued = "-" if not needs else f"{found / needs:.0%} ({found:,} / {needs:,})"
+        cued = "-" if not needs else f"{pct(found / needs)} ({found:,} / {needs:,})"
         probes = agg.get("probes") or {}
         shares = " / ".join(pct((probes.get(kind) or {}).get("visible")) for kind in PROBE_KINDS)
         rows_of = [
@@ -144,7 +146,7 @@ def done_when_table(report: dict[str, Any]) -> str:
         ]
         shared_needs = sum(r["recall_needs"] or 0 for r in shared)
         shared_found = sum(r["recall_found"] or 0 for r in shared)
-        both = "-" if not shared_needs else f"{shared_found / shared_needs:.0%} ({shared_found:,} / {shared_needs:,})"
+        both = "-" if not shared_needs else f"{pct(shared_found / shared_needs)} ({shared_found:,} / {shared_needs:,})"
         median = (f.get("instructions_visible_min") or {}).get("median")
         rows.append(
             f"| `{name}` | {agg['ok']} / {agg.get('refused', 0)} | {agg['overflows']:,} "

@@ -229,3 +229,23 @@ def test_the_figures_script_says_which_replays_failed():
     table = figures.workload_table({"profiles": [broken]})
     assert "| `decay` | failed: RuntimeError: boom |" in table
     assert "`decay` failed: RuntimeError: boom" in figures.failures({"profiles": [broken]})
+
+
+def test_a_share_short_of_all_or_above_none_never_reads_100_or_0_percent():
+    # 997 of 1,000 messages reachable is not "100%": a rounded share must not hide the difference
+    from ctxkernel.simulate.report import _cell, probe_rows, share_text
+
+    assert [_cell("history_reachable", v) for v in (0.9966, 0.995, 1.0, 0.0, 0.004, 0.5)] == [
+        ">99%",
+        ">99%",
+        "100%",
+        "0%",
+        "<1%",
+        "50%",
+    ]
+    assert share_text(0.9949) == "99%" and share_text(0.006) == "1%"
+    kinds = {"errors_seen": {"count": 300, "visible": 0.9967, "recoverable": 1.0}}
+    rows = probe_rows({"profiles": [{"profile": "p", "probes": kinds}]})
+    assert ">99% / 100%" in rows[1]
+    figures = _figures_script()
+    assert (figures.pct(0.998), figures.pct(1.0), figures.pct(None)) == (">99%", "100%", "-")
