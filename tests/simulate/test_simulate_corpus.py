@@ -300,3 +300,23 @@ def test_a_window_share_whose_unmanaged_replay_failed_says_so_in_every_row():
     for row in report["profiles"]:
         assert row["status"] == "failed", row
         assert "--window 0.5x" in row["error"] and "SurfaceError" in row["error"]
+
+
+def test_the_corpus_html_report_says_why_a_replay_failed():
+    # the terminal table names each failed replay's error; the HTML page must too, not only its status
+    from ctxkernel.simulate.corpus import aggregate_by_format
+    from ctxkernel.simulate.replay import empty_metrics
+    from ctxkernel.simulate.report import render_corpus_html
+
+    broken = empty_metrics("decay", "failed", "RuntimeError: the strategy broke", ["decay"])
+    sessions = [{"file": "s1.jsonl", "path": "s1.jsonl", "run": 2, "error": None, "source": None, "profiles": [broken]}]
+    report = {
+        "corpus": {"transcripts": "x", "files": 1, "sessions": 1, "unreadable": 0, "jobs": 1},
+        "settings": {"window_share": None},
+        "sessions": sessions,
+        "aggregate": aggregate(sessions, ["decay"]),
+        "by_format": aggregate_by_format(sessions, ["decay"]),
+        "managed": None,
+    }
+    page = render_corpus_html(report)
+    assert "s1.jsonl #2: decay: failed: RuntimeError: the strategy broke" in page

@@ -594,10 +594,17 @@ def render_distribution(report: dict[str, Any], key: str, title: str, *, width: 
 
 def render_corpus_html(report: dict[str, Any]) -> str:
     charts = "\n".join(render_distribution(report, key, title) for key, title in DISTRIBUTIONS)
+    # as the terminal table: each unreadable session, and each replay that did not run, with why
     errors = "".join(
         f"<li>{html.escape(session_label(s))}: unreadable: {html.escape(str(s['error']))}</li>"
-        for s in report["sessions"]
         if s["error"]
+        else "".join(
+            f"<li>{html.escape(session_label(s))}: {html.escape(str(m['profile']))}: "
+            f"{html.escape(str(m['status']))}: {html.escape(str(m['error']))}</li>"
+            for m in s["profiles"]
+            if m.get("error")
+        )
+        for s in report["sessions"]
     )
     managed = ""
     if managed_rows(report):
