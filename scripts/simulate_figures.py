@@ -87,9 +87,12 @@ def corpus_table(report: dict[str, Any]) -> str:
     for name, agg in report["aggregate"].items():
         f = agg["figures"]
 
-        def stat(key: str, which: str, fmt: Any, figures: dict[str, Any] = f) -> str:
+        def stat(key: str, which: str, fmt: Any, figures: dict[str, Any] = f, ok: int = agg["ok"]) -> str:
             figure = figures.get(key)
-            return "-" if figure is None else fmt(figure[which])
+            if figure is None:
+                return "-"
+            fewer = which == "sum" and figure.get("sessions", ok) < ok  # a sum over fewer sessions says so
+            return fmt(figure[which]) + (f" ({figure['sessions']:,} of {ok:,})" if fewer else "")
 
         rows.append(
             f"| `{name}` | {agg['ok']} | {agg['overflows']:,} | {stat('cost_usd', 'sum', money)} "

@@ -117,7 +117,7 @@ def test_aggregate_of_known_rows():
     sessions.append({"profiles": [row("a", 999, status="failed")]})
     agg = aggregate(sessions, ["a"])["a"]
     assert (agg["ok"], agg["failed"], agg["overflows"]) == (10, 1, 10)
-    assert agg["figures"]["peak_prompt_tokens"] == {"sum": 550, "median": 55, "p10": 10, "p90": 90}
+    assert agg["figures"]["peak_prompt_tokens"] == {"sum": 550, "median": 55, "p10": 10, "p90": 90, "sessions": 10}
     assert agg["compactions"] == {"summary": 20}
     assert agg["probes"]["decisions"] == {"count": 20, "visible": 0.5, "recoverable": 1.0}
     assert agg["figures"]["cost_usd"] is None and agg["cost_vs_basic_pooled"] is None
@@ -320,3 +320,32 @@ def test_the_corpus_html_report_says_why_a_replay_failed():
     }
     page = render_corpus_html(report)
     assert "s1.jsonl #2: decay: failed: RuntimeError: the strategy broke" in page
+
+
+def test_a_figure_says_how_many_sessions_it_is_over():
+    # a cost is null where a request overflowed: the sum of `none`'s costs is over fewer sessions
+    # than it replayed, and must say so beside basic's (not read as the cheaper of the two)
+    from ctxkernel.simulate.report import aggregate_rows
+
+    def row(profile: str, cost: float | None, overflows: int = 0) -> dict:
+        out = dict.fromkeys(FIGURES)
+        out.update(profile=profile, status="ok", overflows=overflows, invariant_violations=0, compactions={})
+        out.update(probes={}, cost_usd=cost, cost_with_recall_usd=cost)
+        return out
+
+    sessions = [
+        {"profiles": [row("basic", 4.0), row("none", 4.0)]},
+        {"profiles": [row("basic", 6.0), row("none", None, overflows=3)]},
+    ]
+    agg = aggregate(sessions, ["basic", "none"])
+    assert agg["none"]["ok"] == 2 and agg["none"]["figures"]["cost_usd"] == {
+        "sum": 4,
+        "median": 4,
+        "p10": 4,
+        "p90": 4,
+        "sessions": 1,
+    }
+    assert agg["basic"]["figures"]["cost_usd"]["sessions"] == 2
+    rows = aggregate_rows({"aggregate": agg})
+    column = rows[0].index("cost $ sum")
+    assert rows[1][column] == "10.0000" and rows[2][column] == "4.0000 (1 of 2)"

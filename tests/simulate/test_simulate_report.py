@@ -249,3 +249,21 @@ def test_a_share_short_of_all_or_above_none_never_reads_100_or_0_percent():
     assert ">99% / 100%" in rows[1]
     figures = _figures_script()
     assert (figures.pct(0.998), figures.pct(1.0), figures.pct(None)) == (">99%", "100%", "-")
+
+
+def test_the_figures_script_says_a_cost_sum_is_over_fewer_sessions():
+    from ctxkernel.simulate.corpus import FIGURES, aggregate
+
+    def row(profile: str, cost: float | None) -> dict:
+        out = dict.fromkeys(FIGURES)
+        out.update(profile=profile, status="ok", overflows=0 if cost else 2, invariant_violations=0)
+        out.update(compactions={}, probes={}, cost_usd=cost, cost_with_recall_usd=cost, recall_cost_usd=cost and 0.0)
+        return out
+
+    sessions = [
+        {"profiles": [row("basic", 4.0), row("none", 4.0)]},
+        {"profiles": [row("basic", 6.0), row("none", None)]},
+    ]
+    table = _figures_script().corpus_table({"aggregate": aggregate(sessions, ["basic", "none"])})
+    assert "| `basic` | 2 | 0 | 10.0000 | 1.00x |" in table
+    assert "| `none` | 2 | 2 | 4.0000 (1 of 2) | 1.00x |" in table

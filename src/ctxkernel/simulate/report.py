@@ -431,7 +431,10 @@ def aggregate_rows(report: dict[str, Any]) -> list[list[str]]:
         ]
         for _, key, stat in _AGGREGATE_COLUMNS:
             figure = agg["figures"].get(key)
-            cells.append("-" if figure is None else _cell(key, figure[stat]))
+            cell = "-" if figure is None else _cell(key, figure[stat])
+            if figure is not None and figure.get("sessions", agg["ok"]) < agg["ok"]:
+                cell += f" ({figure['sessions']:,} of {agg['ok']:,})"  # the others have no value
+            cells.append(cell)
         rows.append(cells)
     return rows
 
