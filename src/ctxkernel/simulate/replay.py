@@ -825,7 +825,7 @@ def model_for(recording: Recording, options: Options) -> str:
     (:data:`DEFAULT_MODELS`); refused when the price table does not hold it."""
     name = options.model or DEFAULT_MODELS.get(recording.source.get("format") or "workload", DEFAULT_MODELS["workload"])
     try:
-        return price_for(name).model
+        return price_for(name, releases_only=True).model
     except UnknownModelError as exc:
         msg = f"--model: {exc}"
         raise RecordingError(msg) from None
