@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ctxkernel.simulate.report import share_text
+
 REPO = Path(__file__).resolve().parents[1]
 _MAIN = "import sys; from ctxkernel.cli import main; sys.exit(main(sys.argv[1:]))"
 
@@ -36,7 +38,7 @@ def simulate(args: list[str], keep: Path | None, name: str) -> dict[str, Any]:
 
 
 def pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0%}"
+    return "-" if value is None else share_text(value)  # short of all never reads 100%
 
 
 def money(value: float | None) -> str:
@@ -60,6 +62,9 @@ def workload_table(report: dict[str, Any]) -> str:
         return p[key] / basic[key] if p[key] is not None and basic.get(key) else None
 
     for p in report["profiles"]:
+        if p["status"] != "ok":  # no figures: the row says why (failures() lists it again)
+            rows.append(f"| `{p['profile']}` | {p['status']}: {p['error']} |" + " |" * 12)
+            continue
         compactions = ", ".join(f"{k} {v}" for k, v in p["compactions"].items()) or "0"
         cued = f"{pct(p['recall_cued'])} ({p['recall_found']} / {p['recall_needs']})"
         rows.append(
@@ -82,9 +87,12 @@ def corpus_table(report: dict[str, Any]) -> str:
     for name, agg in report["aggregate"].items():
         f = agg["figures"]
 
-        def stat(key: str, which: str, fmt: Any, figures: dict[str, Any] = f) -> str:
+        def stat(key: str, which: str, fmt: Any, figures: dict[str, Any] = f, ok: int = agg["ok"]) -> str:
             figure = figures.get(key)
-            return "-" if figure is None else fmt(figure[which])
+            if figure is None:
+                return "-"
+            fewer = which == "sum" and figure.get("sessions", ok) < ok  # a sum over fewer sessions says so
+            return fmt(figure[which]) + (f" ({figure['sessions']:,} of {ok:,})" if fewer else "")
 
         rows.append(
             f"| `{name}` | {agg['ok']} | {agg['overflows']:,} | {stat('cost_usd', 'sum', money)} "
@@ -120,7 +128,7 @@ def done_when_table(report: dict[str, Any]) -> str:
         f = agg["figures"]
         found = (f.get("recall_found") or {}).get("sum")
         needs = (f.get("recall_needs") or {}).get("sum")
-        cued = "-" if not needs else f"{found / needs:.0%} ({found:,} / {needs:,})"
+        cued = "-" if not needs else f"{pct(found / needs)} ({found:,} / {needs:,})"
         probes = agg.get("probes") or {}
         shares = " / ".join(pct((probes.get(kind) or {}).get("visible")) for kind in PROBE_KINDS)
         rows_of = [
@@ -141,7 +149,7 @@ def done_when_table(report: dict[str, Any]) -> str:
         ]
         shared_needs = sum(r["recall_needs"] or 0 for r in shared)
         shared_found = sum(r["recall_found"] or 0 for r in shared)
-        both = "-" if not shared_needs else f"{shared_found / shared_needs:.0%} ({shared_found:,} / {shared_needs:,})"
+        both = "-" if not shared_needs else f"{pct(shared_found / shared_needs)} ({shared_found:,} / {shared_needs:,})"
         median = (f.get("instructions_visible_min") or {}).get("median")
         rows.append(
             f"| `{name}` | {agg['ok']} / {agg.get('refused', 0)} | {agg['overflows']:,} "
@@ -186,6 +194,43 @@ def managed_table(report: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def failures(report: dict[str, Any]) -> str:
+    """What the tables leave out, by name: each profile that failed or was unavailable (on which
+    sessions, with the error), and each session that could not be read; '' when nothing was. The
+    tables pool over the sessions a profile replayed, so a failure is never dropped silently."""
+    lines: list[str] = []
+    if "sessions" not in report:  # one recording
+        for p in report["profiles"]:
+            if p["status"] in ("failed", "unavailable"):
+                lines.append(f"- `{p['profile']}` {p['status']}: {p['error']}")
+        return "\n".join(lines)
+    for name in report["aggregate"]:
+        for status in ("failed", "unavailable"):
+            where = [
+                (session, row)
+                for session in report["sessions"]
+                for row in session["profiles"]
+                if row["profile"] == name and row["status"] == status
+            ]
+            if where:
+                lines.append(f"- `{name}` {status} on {len(where)} session{'s' if len(where) > 1 else ''}:")
+                lines += [f"  - {label(session)}: {row['error']}" for session, row in where]
+    lines += [f"- {label(s)}: unreadable: {s['error']}" for s in report["sessions"] if s["error"]]
+    return "\n".join(lines)
+
+
+def label(session: dict[str, Any]) -> str:
+    run = session.get("run")
+    return str(session["file"]) + (f" #{run}" if run is not None else "")
+
+
+def print_failures(report: dict[str, Any]) -> None:
+    notes = failures(report)
+    if notes:
+        print("\nNot in the tables above (failed, unavailable or unreadable):\n")
+        print(notes)
+
+
 #: the retention probes the yardstick table shows, in its column's order
 PROBE_KINDS = ("files_changed", "errors_seen", "commands_worked")
 
@@ -210,6 +255,7 @@ def main() -> int:
                 print(format_table(report))
                 print()
                 print(managed_table(report))
+                print_failures(report)
         return 0
     keep = Path(args.keep) if args.keep else None
     if keep is not None:
@@ -218,6 +264,7 @@ def main() -> int:
     print("`ctxkernel simulate --workload coding-long --profile none,all` (priced as", demo["settings"]["model"] + "):")
     print()
     print(workload_table(demo))
+    print_failures(demo)
     folder = Path(args.transcripts)
     if not folder.is_dir():
         print(f"\n(no transcripts at {folder}: the corpus tables need them)")
@@ -242,6 +289,7 @@ def main() -> int:
         print(format_table(report))
         print()
         print(managed_table(report))
+        print_failures(report)
     return 0
 
 

@@ -26,6 +26,7 @@ minutes of inactivity, and the table takes the lower bound.
 from __future__ import annotations
 
 import bisect
+import re
 from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -137,13 +138,22 @@ class UnknownModelError(ValueError):
     """A model name the price table does not hold."""
 
 
-def price_for(model: str) -> ModelPrice:
+#: what follows a model's name in a dated release of it: ``-20241022``, ``-2024-08-06``, ``-latest``
+_RELEASE = re.compile(r"\d{8}|\d{4}-\d{2}-\d{2}|latest")
+
+
+def price_for(model: str, *, releases_only: bool = False) -> ModelPrice:
     """The table's entry for ``model``: its exact name, else the longest name it extends with a
-    ``-`` (a dated or suffixed release: ``claude-3-5-sonnet-20241022``)."""
+    ``-`` (a dated or suffixed release: ``claude-3-5-sonnet-20241022``). With ``releases_only``
+    (``ctxkernel simulate --model``, whose bill it is), only a dated release (``-20241022``,
+    ``-2024-08-06``, ``-latest``) finds the model it extends: ``gpt-5-nano`` is another model
+    than ``gpt-5``, at another price, and is refused as one the table does not hold."""
     name = model.strip().lower()
     if name in PRICES:
         return PRICES[name]
-    known = [k for k in PRICES if name.startswith(k + "-")]
+    known = [
+        k for k in PRICES if name.startswith(k + "-") and (not releases_only or _RELEASE.fullmatch(name[len(k) + 1 :]))
+    ]
     if known:
         return replace(PRICES[max(known, key=len)], model=name)
     msg = f"no price for model {model!r} (price table {PRICE_TABLE_VERSION}); known: {', '.join(sorted(PRICES))}"

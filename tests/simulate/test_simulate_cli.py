@@ -164,6 +164,8 @@ def test_window_and_prices_flags(capsys):
         (["--workload", "chat-short", "--steward", "nomodule"], "expected 'default', 'none' or 'module:function'"),
         (["--workload", "chat-short", "--summarizer", "gpt"], "expected 'stand-in', 'extractive'"),
         (["--workload", "chat-short", "--model", "gpt-99"], "no price for model 'gpt-99'"),
+        # another model of the family is not a dated release of the one it starts with
+        (["--workload", "chat-short", "--model", "gpt-5-nano"], "no price for model 'gpt-5-nano'"),
         (["--workload", "chat-short", "--run", "1"], "does not apply to --workload"),
     ],
 )

@@ -117,7 +117,7 @@ def test_aggregate_of_known_rows():
     sessions.append({"profiles": [row("a", 999, status="failed")]})
     agg = aggregate(sessions, ["a"])["a"]
     assert (agg["ok"], agg["failed"], agg["overflows"]) == (10, 1, 10)
-    assert agg["figures"]["peak_prompt_tokens"] == {"sum": 550, "median": 55, "p10": 10, "p90": 90}
+    assert agg["figures"]["peak_prompt_tokens"] == {"sum": 550, "median": 55, "p10": 10, "p90": 90, "sessions": 10}
     assert agg["compactions"] == {"summary": 20}
     assert agg["probes"]["decisions"] == {"count": 20, "visible": 0.5, "recoverable": 1.0}
     assert agg["figures"]["cost_usd"] is None and agg["cost_vs_basic_pooled"] is None
@@ -279,3 +279,73 @@ def test_kept_sessions_of_a_corpus_have_one_store_per_session(capsys, tmp_path):
         assert folder.parent == kept
         (ids,) = [p["session_ids"] for p in session["profiles"]]
         assert sorted(f.stem for f in (folder / "sessions").iterdir()) == sorted(ids)
+
+
+def test_a_window_share_whose_unmanaged_replay_failed_says_so_in_every_row():
+    # --window 0.5x is measured from the unmanaged replay's peak: when that replay fails, there is
+    # no window to replay at, and every row says why (not a 256-token window that refuses them all)
+    from ctxkernel import Message, ToolCallBlock
+    from ctxkernel.simulate import AssistantItem, Options, Recording, ToolResultItem, UserItem, compare, run_profile
+
+    items: list = [UserItem("run the listing")]
+    for i in range(2):  # a recording built by hand that reuses a call id: the kernel refuses it
+        items += [
+            AssistantItem(Message.assistant("", [ToolCallBlock("dup", "bash", {"command": f"ls {i}"})])),
+            ToolResultItem("dup", "out " * 400),
+        ]
+    recording = Recording(items, {"kind": "transcript", "format": "claude-code"})
+    assert run_profile("none", recording, Options())["status"] == "failed"
+    report = compare(["none", "basic"], recording, Options(window_share=0.5))
+    assert report["settings"]["window"] is None and report["settings"]["window_share"] == 0.5
+    for row in report["profiles"]:
+        assert row["status"] == "failed", row
+        assert "--window 0.5x" in row["error"] and "SurfaceError" in row["error"]
+
+
+def test_the_corpus_html_report_says_why_a_replay_failed():
+    # the terminal table names each failed replay's error; the HTML page must too, not only its status
+    from ctxkernel.simulate.corpus import aggregate_by_format
+    from ctxkernel.simulate.replay import empty_metrics
+    from ctxkernel.simulate.report import render_corpus_html
+
+    broken = empty_metrics("decay", "failed", "RuntimeError: the strategy broke", ["decay"])
+    sessions = [{"file": "s1.jsonl", "path": "s1.jsonl", "run": 2, "error": None, "source": None, "profiles": [broken]}]
+    report = {
+        "corpus": {"transcripts": "x", "files": 1, "sessions": 1, "unreadable": 0, "jobs": 1},
+        "settings": {"window_share": None},
+        "sessions": sessions,
+        "aggregate": aggregate(sessions, ["decay"]),
+        "by_format": aggregate_by_format(sessions, ["decay"]),
+        "managed": None,
+    }
+    page = render_corpus_html(report)
+    assert "s1.jsonl #2: decay: failed: RuntimeError: the strategy broke" in page
+
+
+def test_a_figure_says_how_many_sessions_it_is_over():
+    # a cost is null where a request overflowed: the sum of `none`'s costs is over fewer sessions
+    # than it replayed, and must say so beside basic's (not read as the cheaper of the two)
+    from ctxkernel.simulate.report import aggregate_rows
+
+    def row(profile: str, cost: float | None, overflows: int = 0) -> dict:
+        out = dict.fromkeys(FIGURES)
+        out.update(profile=profile, status="ok", overflows=overflows, invariant_violations=0, compactions={})
+        out.update(probes={}, cost_usd=cost, cost_with_recall_usd=cost)
+        return out
+
+    sessions = [
+        {"profiles": [row("basic", 4.0), row("none", 4.0)]},
+        {"profiles": [row("basic", 6.0), row("none", None, overflows=3)]},
+    ]
+    agg = aggregate(sessions, ["basic", "none"])
+    assert agg["none"]["ok"] == 2 and agg["none"]["figures"]["cost_usd"] == {
+        "sum": 4,
+        "median": 4,
+        "p10": 4,
+        "p90": 4,
+        "sessions": 1,
+    }
+    assert agg["basic"]["figures"]["cost_usd"]["sessions"] == 2
+    rows = aggregate_rows({"aggregate": agg})
+    column = rows[0].index("cost $ sum")
+    assert rows[1][column] == "10.0000" and rows[2][column] == "4.0000 (1 of 2)"

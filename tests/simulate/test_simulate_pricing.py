@@ -8,7 +8,8 @@ from simulate_support import replayed
 
 from ctxkernel import Message
 from ctxkernel.pricing import PRICES, Bill, PromptCache, UnknownModelError, price_for
-from ctxkernel.simulate import AssistantItem, Options, Recording, UserItem, run_profile
+from ctxkernel.simulate import AssistantItem, Options, Recording, RecordingError, UserItem, run_profile
+from ctxkernel.simulate.replay import model_for
 
 
 def blocks(*sizes: int, prefix: str = "m") -> list[tuple[str, int]]:
@@ -100,3 +101,29 @@ def test_an_overflowed_request_is_not_billed_and_the_cost_is_not_known():
     # only the requests a provider served are billed: the refused ones are over the window
     served = [t for t in m["prompt_tokens"] if t <= m["effective_window"]]
     assert m["billed_input_tokens"] == sum(served)
+
+
+def test_run_profile_prices_a_recording_as_its_formats_model():
+    # without --model a recording is priced as its format's default (docs/simulate.md, --model),
+    # through run_profile as through compare: a Codex rollout as gpt-5-codex, not as a workload
+    from ctxkernel.simulate import compare
+
+    recording = _chat(30)
+    recording.source["format"] = "codex"
+    alone = run_profile("none", recording, Options())
+    assert alone["cost_usd"] == run_profile("none", recording, Options(model="gpt-5-codex"))["cost_usd"]
+    assert alone["cost_usd"] == compare(["none"], recording)["profiles"][0]["cost_usd"]
+
+
+def test_only_a_dated_release_finds_the_model_it_extends():
+    # --model refuses a name the table does not hold: `gpt-5-nano` is no release of `gpt-5`
+    # (25x cheaper), `gpt-4.1-nano` none of `gpt-4.1`; a dated release or `-latest` finds its model
+    for name in ("gpt-5-nano", "gpt-4.1-nano", "o4-mini-deep-research", "claude-opus-4-7"):
+        with pytest.raises(UnknownModelError, match=f"no price for model '{name}'"):
+            price_for(name, releases_only=True)
+    assert price_for("gpt-4.1-mini-2025-04-14", releases_only=True).input == 0.4
+    assert price_for("claude-sonnet-4-5-20250929", releases_only=True).input == 3.0
+    assert price_for("claude-3-7-sonnet-latest", releases_only=True).output == 15.0
+    assert price_for("gpt-5-2025-08-07", releases_only=True).input == 1.25
+    with pytest.raises(RecordingError, match="--model: no price for model 'gpt-5-nano'"):
+        model_for(Recording([], {"kind": "workload"}), Options(model="gpt-5-nano"))

@@ -250,3 +250,24 @@ def test_an_instruction_with_its_own_list_is_shown_flattened_into_a_summary():
     summary = "## Primary Request and Intent\n- User: # Context ## Open tabs: - plan.md: docs/plan.md ## My request: Migrate to prisma.\n"
     assert shown_whole(canonical(instruction), canonical(summary))
     assert shown_whole(canonical(instruction), canonical("> " + instruction.replace("\n", "\n> ")))
+
+
+def test_a_probe_is_visible_only_as_a_whole_not_inside_a_longer_word():
+    # a command `ls` is not on a surface that says "tools", a changed file `a.py` not on one that
+    # shows only `data.py`; the same names standing on their own (or under a folder) are
+    from ctxkernel.simulate.probes import Probe, score, visible_text
+
+    found = [
+        Probe("commands_worked", "ls", (1,)),
+        Probe("files_changed", "a.py", (0,)),
+        Probe("files_changed", "src/b.py", (2,)),
+        Probe("errors_seen", "KeyError: 'x'", (3,)),
+    ]
+    hidden = score(found, visible_text(["the tools it lists", "edited data.py and src/b.pyc"]), set())
+    assert hidden["commands_worked"]["visible"] == 0.0
+    assert hidden["files_changed"]["visible"] == 0.0
+    shown = score(found, visible_text(["ran `ls` then edited a.py and /repo/src/b.py: KeyError: 'x'."]), set())
+    assert [shown[k]["visible"] for k in ("commands_worked", "files_changed", "errors_seen")] == [1.0, 1.0, 1.0]
+    # a text clipped at TEXT_CHARS is visible where its whole line is
+    clipped = Probe("decisions", ("never touch the public apis " * 10)[:TEXT_CHARS], (4,))
+    assert score([clipped], visible_text(["never touch the public apis " * 10]), set())["decisions"]["visible"] == 1.0

@@ -196,3 +196,74 @@ def test_corpus_dots_are_labelled_and_the_tails_drawn():
     assert "<title>s0.jsonl · x: 2.00x</title>" in cost
     priced = render_distribution({"sessions": sessions, "aggregate": agg}, "cost_with_recall_vs_basic", "recall")
     assert "<title>s0.jsonl · x: 2.50x</title>" in priced  # (2.0 + 0.5) over basic's 1.0
+
+
+def _figures_script():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "simulate_figures.py"
+    spec = importlib.util.spec_from_file_location("simulate_figures", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_figures_script_says_which_replays_failed():
+    # the docs' tables pool over the sessions a profile replayed: a replay that failed (or a file
+    # that could not be read) must be named beside them, not dropped from the pools silently
+    from ctxkernel.simulate.corpus import aggregate
+    from ctxkernel.simulate.replay import empty_metrics
+
+    figures = _figures_script()
+    broken = empty_metrics("decay", "failed", "RuntimeError: boom", ["decay"])
+    session = {"file": "s1.jsonl", "path": "s1.jsonl", "run": 3, "error": None, "profiles": [broken]}
+    unreadable = {"file": "s2.jsonl", "path": "s2.jsonl", "run": None, "error": "bad line 4", "profiles": []}
+    sessions = [session, unreadable]
+    report = {"sessions": sessions, "aggregate": aggregate(sessions, ["decay"])}
+    notes = figures.failures(report)
+    assert "`decay` failed on 1 session" in notes and "s1.jsonl #3: RuntimeError: boom" in notes
+    assert "s2.jsonl: unreadable: bad line 4" in notes
+    assert figures.failures({"sessions": [], "aggregate": {}}) == ""
+    # one recording: a failed row is a row saying so, not a crash of the table
+    table = figures.workload_table({"profiles": [broken]})
+    assert "| `decay` | failed: RuntimeError: boom |" in table
+    assert "`decay` failed: RuntimeError: boom" in figures.failures({"profiles": [broken]})
+
+
+def test_a_share_short_of_all_or_above_none_never_reads_100_or_0_percent():
+    # 997 of 1,000 messages reachable is not "100%": a rounded share must not hide the difference
+    from ctxkernel.simulate.report import _cell, probe_rows, share_text
+
+    assert [_cell("history_reachable", v) for v in (0.9966, 0.995, 1.0, 0.0, 0.004, 0.5)] == [
+        ">99%",
+        ">99%",
+        "100%",
+        "0%",
+        "<1%",
+        "50%",
+    ]
+    assert share_text(0.9949) == "99%" and share_text(0.006) == "1%"
+    kinds = {"errors_seen": {"count": 300, "visible": 0.9967, "recoverable": 1.0}}
+    rows = probe_rows({"profiles": [{"profile": "p", "probes": kinds}]})
+    assert ">99% / 100%" in rows[1]
+    figures = _figures_script()
+    assert (figures.pct(0.998), figures.pct(1.0), figures.pct(None)) == (">99%", "100%", "-")
+
+
+def test_the_figures_script_says_a_cost_sum_is_over_fewer_sessions():
+    from ctxkernel.simulate.corpus import FIGURES, aggregate
+
+    def row(profile: str, cost: float | None) -> dict:
+        out = dict.fromkeys(FIGURES)
+        out.update(profile=profile, status="ok", overflows=0 if cost else 2, invariant_violations=0)
+        out.update(compactions={}, probes={}, cost_usd=cost, cost_with_recall_usd=cost, recall_cost_usd=cost and 0.0)
+        return out
+
+    sessions = [
+        {"profiles": [row("basic", 4.0), row("none", 4.0)]},
+        {"profiles": [row("basic", 6.0), row("none", None)]},
+    ]
+    table = _figures_script().corpus_table({"aggregate": aggregate(sessions, ["basic", "none"])})
+    assert "| `basic` | 2 | 0 | 10.0000 | 1.00x |" in table
+    assert "| `none` | 2 | 2 | 4.0000 (1 of 2) | 1.00x |" in table

@@ -26,7 +26,7 @@ from ..pricing import PRICE_TABLE_VERSION
 from ..profile import MAX_TOKENS, list_profiles
 from .importers import FORMATS, load_recording, sniff
 from .recording import AssistantItem, MarkerItem, Recording, RecordingError, ToolResultItem, UserItem
-from .replay import METRIC_KEYS, MIN_WINDOW, UNMANAGED, Options, model_for, price_of, run_profile
+from .replay import METRIC_KEYS, MIN_WINDOW, UNMANAGED, Options, empty_metrics, model_for, price_of, run_profile
 from .report import REPLAY_NOTE, render_html, render_table
 from .steward import default_steward, load_steward, no_steward
 from .workloads import WORKLOADS, build_workload
@@ -51,12 +51,28 @@ def profile_names(spec: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+class WindowShareError(Exception):
+    """``--window <share>x`` has no window: the unmanaged replay it is measured from did not run."""
+
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 def window_for(recording: Recording, options: Options) -> int | None:
     """The window to replay with: ``--window`` as given, or for ``--window <share>x`` that share of
-    the recording's own unmanaged peak (one extra replay through ``none``), at least ``MIN_WINDOW``."""
+    the recording's own unmanaged peak (one extra replay through ``none``), at least ``MIN_WINDOW``.
+    Raises :class:`WindowShareError` when that replay did not run: its peak is unknown, and a
+    window made up for it would report every profile as refused for a window nobody chose."""
     if options.window_share is None:
         return options.window
     baseline = run_profile(UNMANAGED, recording, replace(options, window=None, window_share=None, keep_sessions=None))
+    if baseline["status"] != "ok":
+        msg = (
+            f"--window {options.window_share:g}x: the window is that share of the unmanaged replay's peak, and "
+            f"that replay {baseline['status']}: {baseline['error']}"
+        )
+        raise WindowShareError(baseline["status"], msg)
     peak = baseline["peak_prompt_tokens"] or 0
     return min(MAX_TOKENS, max(MIN_WINDOW, math.ceil(peak * options.window_share)))
 
@@ -80,8 +96,12 @@ def compare(profiles: Sequence[str], recording: Recording, options: Options | No
     """Replay ``recording`` through every profile; the JSON report as a dict."""
     options = options or Options()
     options = replace(options, model=model_for(recording, options))
-    options = replace(options, window=window_for(recording, options))
-    results = [run_profile(name, recording, options) for name in profiles]
+    try:
+        options = replace(options, window=window_for(recording, options))
+    except WindowShareError as exc:  # no window to replay at: every row says why
+        results = [empty_metrics(name, exc.status, str(exc)) for name in profiles]
+    else:
+        results = [run_profile(name, recording, options) for name in profiles]
     return {
         "source": recording.describe(),
         "settings": settings_of(options),

@@ -150,7 +150,7 @@ def parse_prices(text: str) -> Prices:
 
 def check_model(name: str) -> str:
     try:
-        return price_for(name).model
+        return price_for(name, releases_only=True).model
     except UnknownModelError as exc:
         msg = f"--model: {exc}"
         raise RecordingError(msg) from None

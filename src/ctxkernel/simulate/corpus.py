@@ -223,7 +223,8 @@ def _basic_compacted(session: dict[str, Any]) -> bool:
 
 def aggregate(sessions: list[dict[str, Any]], profiles: list[str]) -> dict[str, Any]:
     """Per profile: how many sessions it replayed (``ok``), failed or could not run, and for each
-    figure its ``sum``, ``median``, ``p10`` and ``p90`` over the ``ok`` sessions (``cost_vs_basic``:
+    figure its ``sum``, ``median``, ``p10`` and ``p90`` over the ``ok`` sessions that have a value, and
+    how many those are (``sessions``; ``cost_vs_basic``:
     each session's cost over its own ``basic`` row's); ``cost_vs_basic_pooled``, the profile's cost
     over ``basic``'s summed over the sessions where both have one; the same two for the cost with
     the recall calls priced (``cost_with_recall_vs_basic``, over ``basic``'s with its own recall
@@ -262,6 +263,9 @@ def aggregate(sessions: list[dict[str, Any]], profiles: list[str]) -> dict[str, 
                     "median": _round(statistics.median(values)),
                     "p10": _round(_rank(values, 0.1)),
                     "p90": _round(_rank(values, 0.9)),
+                    # the sessions with a value: fewer than ``ok`` where it is null (a cost where
+                    # a request overflowed, cued recall with no need)
+                    "sessions": len(values),
                 }
                 if values
                 else None

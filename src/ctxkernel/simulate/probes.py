@@ -281,13 +281,33 @@ def strings_of(value: Any) -> Iterable[str]:
             yield from strings_of(v)
 
 
+def shown_as_a_whole(text: str, visible: str) -> bool:
+    """``text`` appears in ``visible`` not inside a longer word: a command ``ls`` is not shown by
+    ``tools``, a path ``a.py`` not by ``data.py`` or ``a.pyc``. A text clipped to
+    :data:`TEXT_CHARS` may end inside a word of what it was clipped from."""
+    start = visible.find(text)
+    clipped = len(text) >= TEXT_CHARS
+    while start != -1:
+        end = start + len(text)
+        before_ok = start == 0 or not (_word(text[0]) and _word(visible[start - 1]))
+        after_ok = clipped or end == len(visible) or not (_word(text[-1]) and _word(visible[end]))
+        if before_ok and after_ok:
+            return True
+        start = visible.find(text, start + 1)
+    return False
+
+
+def _word(char: str) -> bool:
+    return char.isalnum() or char == "_"
+
+
 def score(probes: list[Probe], visible: str, reachable: set[int]) -> dict[str, dict[str, float | int | None]]:
     """Per kind: ``count``, the share ``visible`` at the end and the share ``recoverable`` (visible,
     or one of its items was fetched back through the recall tools); shares are null with no probe."""
     out: dict[str, dict[str, float | int | None]] = {}
     for kind in KINDS:
         of_kind = [p for p in probes if p.kind == kind]
-        shown = [p for p in of_kind if p.text in visible]
+        shown = [p for p in of_kind if shown_as_a_whole(p.text, visible)]
         back = [p for p in of_kind if p in shown or reachable.intersection(p.items)]
         n = len(of_kind)
         out[kind] = {

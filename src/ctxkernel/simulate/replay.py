@@ -27,7 +27,7 @@ import math
 import tempfile
 import time
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -825,7 +825,7 @@ def model_for(recording: Recording, options: Options) -> str:
     (:data:`DEFAULT_MODELS`); refused when the price table does not hold it."""
     name = options.model or DEFAULT_MODELS.get(recording.source.get("format") or "workload", DEFAULT_MODELS["workload"])
     try:
-        return price_for(name).model
+        return price_for(name, releases_only=True).model
     except UnknownModelError as exc:
         msg = f"--model: {exc}"
         raise RecordingError(msg) from None
@@ -995,7 +995,9 @@ def run_profile(name: str, recording: Recording, options: Options) -> dict[str, 
             origin = origin_label(name, recording)
             earlier = sum(1 for sid in kernel.store.list_sessions() if kernel.store.header(sid).origin == origin)
             seed = f"ctxkernel-simulate:{name}:{earlier}"
-            price = price_of(options, profile.prices)
+            # --model, else the recording format's model (as compare() prices it), never the
+            # workloads' default for a recording of another format
+            price = price_of(replace(options, model=model_for(recording, options)), profile.prices)
             # the break-even rule of the replayed sessions weighs edits with the bill's prices
             with replay_clock(clock, seed), priced_as(price):
                 replay = Replay(kernel, recording, options, label=name, clock=clock, price=price)

@@ -68,9 +68,20 @@ SHARES = frozenset(
 _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 
 
+def share_text(value: float) -> str:
+    """A share as a whole percentage; one short of all (or above none) never reads ``100%`` (or
+    ``0%``): 997 of 1,000 reads ``>99%``, 3 of 1,000 ``<1%``."""
+    text = f"{value:.0%}"
+    if text == "100%" and value < 1:
+        return ">99%"
+    if text == "0%" and value > 0:
+        return "<1%"
+    return text
+
+
 def _cell(key: str, value: Any) -> str:
     """One figure as the tables show it: counts with thousands separators, shares as whole
-    percentages, money to four decimals, ratios to two, seconds to one."""
+    percentages (:func:`share_text`), money to four decimals, ratios to two, seconds to one."""
     if key in MONEY and value is None:
         return "n/a"
     if value is None:
@@ -78,7 +89,7 @@ def _cell(key: str, value: Any) -> str:
     if key == "compactions":
         return ",".join(f"{k}:{v}" for k, v in value.items()) or "0"
     if key in SHARES:
-        return f"{value:.0%}"
+        return share_text(value)
     if key in MONEY:
         return f"{value:,.4f}"
     if key in COST_RATIOS.values():
@@ -125,7 +136,7 @@ def probe_rows(report: dict[str, Any]) -> list[list[str]]:
             if figures.get("visible") is None:
                 cells.append("-")
             else:
-                cells.append(f"{figures['visible']:.0%} / {figures['recoverable']:.0%}")
+                cells.append(f"{share_text(figures['visible'])} / {share_text(figures['recoverable'])}")
         rows.append([str(metrics["profile"]), *cells])
     return rows
 
@@ -420,7 +431,10 @@ def aggregate_rows(report: dict[str, Any]) -> list[list[str]]:
         ]
         for _, key, stat in _AGGREGATE_COLUMNS:
             figure = agg["figures"].get(key)
-            cells.append("-" if figure is None else _cell(key, figure[stat]))
+            cell = "-" if figure is None else _cell(key, figure[stat])
+            if figure is not None and figure.get("sessions", agg["ok"]) < agg["ok"]:
+                cell += f" ({figure['sessions']:,} of {agg['ok']:,})"  # the others have no value
+            cells.append(cell)
         rows.append(cells)
     return rows
 
@@ -530,7 +544,7 @@ def render_distribution(report: dict[str, Any], key: str, title: str, *, width: 
 
     def label(v: float) -> str:
         if share:
-            return f"{v:.0%}"
+            return share_text(v)
         if key in COST_RATIOS.values():
             return f"{v:.2f}x"
         return f"{v:,.0f}" if step >= 1 else f"{v:,.2f}"
@@ -583,10 +597,17 @@ def render_distribution(report: dict[str, Any], key: str, title: str, *, width: 
 
 def render_corpus_html(report: dict[str, Any]) -> str:
     charts = "\n".join(render_distribution(report, key, title) for key, title in DISTRIBUTIONS)
+    # as the terminal table: each unreadable session, and each replay that did not run, with why
     errors = "".join(
         f"<li>{html.escape(session_label(s))}: unreadable: {html.escape(str(s['error']))}</li>"
-        for s in report["sessions"]
         if s["error"]
+        else "".join(
+            f"<li>{html.escape(session_label(s))}: {html.escape(str(m['profile']))}: "
+            f"{html.escape(str(m['status']))}: {html.escape(str(m['error']))}</li>"
+            for m in s["profiles"]
+            if m.get("error")
+        )
+        for s in report["sessions"]
     )
     managed = ""
     if managed_rows(report):
