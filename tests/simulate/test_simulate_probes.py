@@ -271,3 +271,35 @@ def test_a_probe_is_visible_only_as_a_whole_not_inside_a_longer_word():
     # a text clipped at TEXT_CHARS is visible where its whole line is
     clipped = Probe("decisions", ("never touch the public apis " * 10)[:TEXT_CHARS], (4,))
     assert score([clipped], visible_text(["never touch the public apis " * 10]), set())["decisions"]["visible"] == 1.0
+
+
+def test_an_error_line_is_matched_as_documented_not_in_any_case():
+    """docs/simulate.md lists the error lines: ``...Error``/``...Exception`` names, compiler codes,
+    and lines starting ``FAILED``, ``ERROR``, ``error:``, ``fatal:``. Matched in any case, source
+    code a command printed (``failed: 0,``, ``linkError``) counted as an error seen, and the
+    command as one that did not work."""
+    from ctxkernel.simulate.probes import error_line
+
+    for line in (
+        "ValueError: bad token",
+        "FAILED tests/test_a.py::test_x - assert 1 == 2",
+        "ERROR collecting tests/test_b.py",
+        "error: could not compile `demo`",
+        "Error: ENOENT: no such file or directory",
+        "fatal: not a git repository",
+        "error[E0308]: mismatched types",
+        "src/a.ts(3,5): error TS2345: Argument of type",
+        "Program.cs(4,1): CS1002: ; expected",
+        "bash: line 1: foo: command not found",
+        "  File \"x.py\", line 2\nSyntaxError: invalid syntax",
+    ):
+        assert error_line(line, False), line
+    for line in (
+        "  failed: 0,",
+        "  if (err instanceof Error) {",
+        "const linkError = () => null;",
+        "errors: []",
+        "Passed: 12, failed: 0",
+        "def on_error(self): ...",
+    ):
+        assert error_line(line, False) == "", line

@@ -15,9 +15,9 @@ items it came from:
 ``errors_seen``     per tool result (a JSON-encoded result read as the text its strings hold), the
                     last line naming an error: an ``...Error``/``...Exception`` name, a compiler
                     error code (``error TS2345``, ``error[E0308]``, ``TS2345:``), ``syntax error``,
-                    ``command not found``, or a line starting ``FAILED``, ``ERROR``, ``error:``,
-                    ``fatal:``; for an error result, or one reporting a non-zero exit code, with no
-                    such line, its first non-empty line
+                    ``command not found``, or a line starting ``FAILED``, ``ERROR``, ``error:`` /
+                    ``Error:``, ``fatal:``, each in that case; for an error result, or one
+                    reporting a non-zero exit code, with no such line, its first non-empty line
 ``commands_worked`` the command of every shell call (``bash``, ``shell``, ``run``, ``exec_command``,
                     ``execute_bash``, ``run_command``, ``run_terminal_cmd``, ``local_shell``) whose
                     result is not an error, names no error line, and reports no non-zero exit code
@@ -64,10 +64,11 @@ _PATCH_FILE = re.compile(r"^\*\*\* (?:Add|Update|Delete) File: (.+)$", re.MULTIL
 _HEREDOC_LINE = re.compile(r"^.*<<-?\s*['\"]?\w+['\"]?.*$", re.MULTILINE)
 _REDIRECT = re.compile(r"(?<![<>&\d])>>?\s*([^\s;&|<>'\"]+)")
 _TEE = re.compile(r"\btee\s+(?:-a\s+)?([^\s;&|<>'\"]+)")
+# matched in the case docs/simulate.md gives: in any case, source code a command printed
+# (`failed: 0,`, `linkError`, `instanceof Error`) read as an error seen
 _ERROR_LINE = re.compile(
-    r"\b[A-Z][A-Za-z]*(?:Error|Exception)\b|^\s*(?:FAILED|ERROR)\b|^\s*(?:error|fatal)(?:\[[\w-]+\])?:"
-    r"|\berror\s*\[?[A-Z]{1,4}\d{3,5}\]?|\b[A-Z]{2,4}\d{4}:|\bsyntax error\b|\bcommand not found\b",
-    re.IGNORECASE,
+    r"\b[A-Z][A-Za-z]*(?:Error|Exception)\b|^\s*(?:FAILED|ERROR)\b|^\s*(?:[Ee]rror|[Ff]atal)(?:\[[\w-]+\])?:"
+    r"|\berror\s*\[?[A-Z]{1,4}\d{3,5}\]?|\b[A-Z]{2,4}\d{4}:|\b[Ss]yntax error\b|\bcommand not found\b"
 )
 #: the keys of a JSON-encoded result that carry its exit status
 _EXIT_KEYS = ("exit_code", "exitCode", "returncode", "return_code", "status_code")
