@@ -109,7 +109,9 @@ TODO_TOOLS: dict[str, tuple[str, ...]] = {
     "write_todos": ("todos",),
 }
 _TODO_DONE = frozenset({"completed", "complete", "done", "cancelled", "canceled"})
-_PATCH_LINE = re.compile(r"^\*\*\* (Add|Update|Delete) File: (.+?)\s*$|^\*\*\* Move to: (.+?)\s*$", re.MULTILINE)
+#: the rest of the line is taken whole and stripped after: a lazy path before ``\s*$`` backtracked
+#: over every blank of a padded line at each character, quadratic in a model's argument
+_PATCH_LINE = re.compile(r"^\*\*\* (Add|Update|Delete) File: ([^\n]*)|^\*\*\* Move to: ([^\n]*)", re.MULTILINE)
 _PATCH_OPS = {"Add": "added", "Update": "updated", "Delete": "deleted"}
 _HEREDOC_LINE = re.compile(r"^.*<<-?\s*['\"]?\w+['\"]?.*$", re.MULTILINE)
 _REDIRECT = re.compile(r"(?<![<>&\d])>>?\s*([^\s;&|<>'\"]+)")
@@ -351,10 +353,12 @@ def patch_edits(patch: str) -> list[tuple[str, str]]:
     """The files an ``apply_patch`` input changes, with their operations."""
     out: list[tuple[str, str]] = []
     for op, path, moved in _PATCH_LINE.findall(patch):
-        if moved:
-            out.append((moved, "moved here"))
-        else:
-            out.append((path, _PATCH_OPS[op]))
+        if op:
+            path = path.rstrip()
+            if path:
+                out.append((path, _PATCH_OPS[op]))
+        elif moved.rstrip():
+            out.append((moved.rstrip(), "moved here"))
     return out
 
 

@@ -351,3 +351,21 @@ def test_the_ledger_is_byte_identical_while_nothing_in_it_changes(plan):
     adopted = WorkLedger()
     adopted.adopt(whole.to_dict())
     assert render(adopted.entries()) == before
+
+
+# -- hostile input: the fold reads a model's arguments in linear time ------------------------------------
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("spaces", [" ", "\t", " \t"])
+def test_a_patch_line_padded_with_blanks_is_read_in_linear_time(spaces):
+    """A ``*** Add File:`` line with 200,000 blanks before its last character took the patch
+    pattern quadratic time (about 5 minutes; an apply_patch argument of a few MB, hours), and the
+    ledger is folded at every compaction and after every reopen."""
+    line = "*** Add File: x" + spaces * (200_000 // len(spaces)) + "y"
+    assert edits_of("apply_patch", {"input": f"{line}\n*** Delete File: old.txt  \n"}) == [
+        ("x" + spaces * (200_000 // len(spaces)) + "y", "added"),
+        ("old.txt", "deleted"),
+    ]
+    assert edits_of("bash", {"command": line[:60_000] + "y"})[0][1] == "added"
+    ledger = fold(call_event(0, "apply_patch", {"input": line + "\n*** Move to: new.txt\t\n"}))
+    assert list(ledger.files.items())[-1] == ("new.txt", "moved here")
+    assert all(len(p) <= 240 for p in ledger.files)
