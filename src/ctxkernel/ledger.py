@@ -48,6 +48,7 @@ import orjson
 from .events import ASSISTANT_MESSAGE, SESSION_TASK, TOOL_RESULT, USER_MESSAGE, Event, EventSpec, append_op
 from .frames import guard
 from .messages import Message, Source, TextBlock
+from .spans import KERNEL_FRAMES
 from .text import clip
 
 if TYPE_CHECKING:
@@ -321,14 +322,16 @@ class Entry:
 
 def render(entries: Sequence[Entry]) -> str:
     """The block: its frame, then each section's entries in ledger order (the same entries always
-    give the same bytes). The text of every entry is guarded so it cannot close the block."""
+    give the same bytes). The text of every entry is guarded so it cannot close the block, nor open
+    or close the checkpoint or the user's instructions that share its message (tool output is
+    hostile: a failing ``curl``'s first lines are kept verbatim)."""
     lines = [BLOCK_OPEN, BLOCK_INTRO]
     section = None
     for entry in entries:
         if entry.section != section:
             section = entry.section
             lines.append(section)
-        lines.append(guard(entry.text, BLOCK_FRAME))
+        lines.append(guard(entry.text, *KERNEL_FRAMES))
     lines.append(BLOCK_CLOSE)
     return "\n".join(lines)
 
