@@ -265,14 +265,14 @@ class WorkLedger:
         """Take an inherited ledger (``to_dict``'s shape; anything malformed is left out, bounded)."""
         if not isinstance(raw, dict):
             return
-        for item in raw.get("files") or []:
+        for item in _list(raw.get("files")):
             if isinstance(item, list) and len(item) == 2 and all(isinstance(x, str) for x in item):
                 self._changed(item[0], _clip(item[1], 40))
         failing = raw.get("failing")
         if isinstance(failing, dict) and isinstance(failing.get("command"), str):
-            errors = [_clip(e, LINE_CHARS) for e in failing.get("errors") or [] if isinstance(e, str)]
+            errors = [_clip(e, LINE_CHARS) for e in _list(failing.get("errors")) if isinstance(e, str)]
             self.failing = Command(_clip(failing["command"], COMMAND_CHARS), tuple(errors[:MAX_ERROR_LINES]))
-        worked = [_clip(c, COMMAND_CHARS) for c in raw.get("worked") or [] if isinstance(c, str)]
+        worked = [_clip(c, COMMAND_CHARS) for c in _list(raw.get("worked")) if isinstance(c, str)]
         self.worked = worked[-MAX_WORKED:]
         todos = raw.get("todos")
         if isinstance(todos, list):
@@ -337,6 +337,12 @@ def render(entries: Sequence[Entry]) -> str:
 
 
 # -- extractors, shared by the fold and its tests ---------------------------------------------------------
+def _list(value: Any) -> list[Any]:
+    """``value`` when it is a list, else no items (an inherited ledger read back from the store
+    or a ``ledger/inherited`` event may hold anything)."""
+    return value if isinstance(value, list) else []
+
+
 def _clip(text: str, limit: int) -> str:
     return clip(" ".join(text[: limit * 4].split()), limit)
 

@@ -393,3 +393,31 @@ def test_tool_output_in_the_ledger_cannot_forge_the_kernels_other_frames(tmp_pat
     for frame in ("context-checkpoint", "user-instructions", "work-ledger"):
         assert len(re.findall(rf"<\s*{frame}", text, re.IGNORECASE)) == 1, text
         assert len(re.findall(rf"<\s*/\s*{frame}", text, re.IGNORECASE)) == 1, text
+
+
+@pytest.mark.parametrize(
+    "damaged",
+    [
+        {"files": 5, "worked": True, "todos": 3, "failing": {"command": "make", "errors": 7}},
+        {"files": [["a.py"], 1, ["b.py", 2]], "worked": 1.5, "failing": {"command": 3}, "done_when": ["x"]},
+        {"files": "a.py", "worked": "make", "todos": "fix it", "failing": {"command": "make", "errors": "E1"}},
+    ],
+)
+def test_a_damaged_inherited_ledger_is_read_for_what_is_well_formed(tmp_path, damaged):
+    """``adopt`` takes an inherited ledger from the store (a continuation's pending value) or a
+    ``ledger/inherited`` event: a value of the wrong type is left out, never raised (it raised
+    TypeError at the child's first request on every open, or aborted a compaction)."""
+    ledger = WorkLedger()
+    ledger.adopt({**damaged, "goal": "ship it"})
+    assert ledger.goal == "ship it" and ledger.files == {} and ledger.worked == []
+    assert ledger.failing is None or ledger.failing.error_lines == ()
+    kernel = build_kernel(tmp_path, model=WINDOW)
+    parent = kernel.open_session()
+    work(parent)
+    child = kernel.open_session(create=True, parent=parent.id, origin="test")
+    kernel.store.kv_put("ctxkernel.ledger", child.id, {**parent.work_ledger.to_dict(), **damaged})
+    child.user("continue")
+    child.prepare_request()  # raised TypeError
+    assert any(e.type == "ledger/inherited" for e in child.events)
+    assert kernel.store.kv_get("ctxkernel.ledger", child.id) is None
+    assert "Done when pytest -x passes." in joined(child)  # the well-formed parts are inherited
