@@ -8,13 +8,19 @@ reservation of several times its size (its final resize is a no-op), while ``len
 what ``serve`` kept per session: 12 times the client's body for a snapshot writer's nodes at
 100k tokens, and 4 KiB for a one-character message (``tracemalloc``, ``bench_serve.py``). A
 transient result (parsed, written, compared, then dropped) needs none of this.
+
+And JSON bytes that come from a server: :func:`loads` reads a body orjson refuses only for a lone
+surrogate escape, as the standard library writes it.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import orjson
+
+from .text import storable
 
 
 def kept(data: bytes) -> bytes:
@@ -27,3 +33,34 @@ def dumps_kept(value: Any, option: int | None = None) -> bytes:
     """``orjson.dumps(value, option=option)`` in an allocation of its own size, for bytes that are
     kept (:func:`kept`)."""
     return kept(orjson.dumps(value, option=option))
+
+
+def no_constant(name: str) -> Any:
+    """``parse_constant`` for :func:`json.loads`: ``NaN`` and ``Infinity`` are not JSON (orjson
+    refuses them too)."""
+    msg = f"{name} is not JSON"
+    raise ValueError(msg)
+
+
+def int_or_float(text: str) -> int | float:
+    """``parse_int`` for :func:`json.loads`: an integer as orjson reads it (past 64 bits, a float)."""
+    value = int(text)
+    return value if -(2**63) <= value < 2**64 else float(value)
+
+
+def loads(raw: bytes | str) -> Any:
+    """JSON as orjson reads it, except that a string holding a lone surrogate escape
+    (``"\\udce9"``: what ``json.dumps`` writes for a file name ``os.listdir`` could not decode)
+    is read too, each lone surrogate becoming U+FFFD (``ctxkernel.text.storable``), instead of
+    refusing the whole body. Anything else orjson refuses is refused (``JSONDecodeError``).
+    Used for what a server sends: ``serve``'s clients and upstream, the HTTP model adapter."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        if "surrogate" not in str(exc):
+            raise
+        try:
+            value = json.loads(raw, parse_constant=no_constant, parse_int=int_or_float)
+        except (ValueError, RecursionError):
+            raise exc from None
+        return storable(value)

@@ -230,6 +230,25 @@ def test_unreadable_response_is_a_model_error(provider: FakeProvider) -> None:
         model_for(provider).complete([Message.user("hi")])
 
 
+def test_a_reply_with_a_lone_surrogate_escape_is_read_with_a_replacement_character(
+    provider: FakeProvider, tmp_path: Any
+) -> None:
+    """``json.dumps`` writes a string holding a lone surrogate (a file name ``os.listdir`` could
+    not decode) as ``"\\udce9"``: valid JSON, which orjson refuses. The reply was refused as
+    "not JSON" and the turn ended with an error; serve's upstream read it. It is read the same
+    way: each lone surrogate becomes U+FFFD (docs/security.md, "Tool output")."""
+    import json
+
+    body = completion("saved caf\udce9.txt", usage={"prompt_tokens": 12, "completion_tokens": 3})
+    provider.responses += [(200, json.dumps(body).encode()), (200, b'{"choices": [\\ud800')]
+    session = build_kernel(tmp_path).open_session()
+    result = AgentLoop(session, model_for(provider)).run("hi")
+    assert result.reason == "completed" and result.text == "saved caf\ufffd.txt"
+    assert next(e for e in session.events if e.type == "assistant/message").data["usage"]["input_tokens"] == 12
+    with pytest.raises(HTTPModelError, match="not JSON"):  # anything else orjson refuses still is
+        model_for(provider).complete([Message.user("hi")])
+
+
 def test_connection_refused_is_a_model_error() -> None:
     import socket
 

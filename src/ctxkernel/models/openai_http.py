@@ -51,6 +51,7 @@ import orjson
 
 from ..convert import from_openai_message, to_openai_messages
 from ..errors import ConfigError, ContextOverflowError, ModelError
+from ..jsonbytes import loads
 from ..logging import get_logger
 from ..messages import Message, Source
 from ..redact import Scrubber, redact, redact_url, secret_header_values, url_origin
@@ -500,7 +501,7 @@ class OpenAIChatModel:
 
     def _json_object(self, status: int, body: bytes) -> dict[str, Any]:
         try:
-            raw = orjson.loads(body)
+            raw = loads(body)  # a lone surrogate escape is read, as U+FFFD
         except orjson.JSONDecodeError:
             head = self._scrub.bytes(body[:ERROR_BODY_BYTES])
             excerpt = redact(head[: _BODY_EXCERPT * 2].decode("utf-8", "replace"))[:_BODY_EXCERPT]

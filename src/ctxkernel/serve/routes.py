@@ -30,6 +30,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response, StreamingResponse
 
 from ..errors import HeaderTooLargeError
+from ..jsonbytes import loads
 from ..logging import get_logger
 from ..pairing import claim_raw_calls, renamed_calls
 from ..redact import Scrubber
@@ -37,7 +38,7 @@ from . import anthropic_wire, openai_wire, responses_wire
 from .identity import SESSION_HEADER, Identity, identify
 from .proxy import Lease, Overflow, Proxy, StreamedError, Turn, stream_error
 from .upstream import UpstreamError, join_url
-from .wire import MAX_BODY_BYTES, Translator, WireError, check_reply, iter_sse, loads, model_name
+from .wire import MAX_BODY_BYTES, Translator, WireError, check_reply, iter_sse, model_name
 from .workers import run_sync
 
 log = get_logger("ctxkernel.serve")

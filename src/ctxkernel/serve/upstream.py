@@ -33,8 +33,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from ..jsonbytes import loads
 from ..logging import get_logger
-from .wire import loads
 
 #: what ends a line in a stream (as the WHATWG event-stream format reads them)
 NEWLINE = re.compile(r"\r\n|\r|\n")

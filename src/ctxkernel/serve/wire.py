@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import orjson
 
 from ..errors import EventError
-from ..jsonbytes import dumps_kept
+from ..jsonbytes import dumps_kept, int_or_float, loads, no_constant
 from ..logging import get_logger
 from ..messages import Message
 from ..pairing import CallIds
@@ -147,34 +147,6 @@ def obj(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _no_constant(name: str) -> Any:
-    msg = f"{name} is not JSON"
-    raise ValueError(msg)
-
-
-def _int_or_float(text: str) -> int | float:
-    # as orjson reads it: an integer past 64 bits becomes a float
-    value = int(text)
-    return value if -(2**63) <= value < 2**64 else float(value)
-
-
-def loads(raw: bytes | str) -> Any:
-    """JSON as orjson reads it, except that a string holding a lone surrogate escape
-    (``"\\udce9"``: what ``json.dumps`` writes for a file name ``os.listdir`` could not decode)
-    is read too, each lone surrogate becoming U+FFFD (``ctxkernel.text.storable``), instead of
-    refusing the whole body. Anything else orjson refuses is refused (``JSONDecodeError``)."""
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        if "surrogate" not in str(exc):
-            raise
-        try:
-            value = json.loads(raw, parse_constant=_no_constant, parse_int=_int_or_float)
-        except (ValueError, RecursionError):
-            raise exc from None
-        return storable(value)
-
-
 #: a body at most this large is parsed by orjson whatever its shape (its cost is small anyway)
 SMALL_BODY_BYTES = 64 * 1024
 _LONE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
@@ -190,7 +162,7 @@ def parse_json(raw: bytes, *, lean: bool = False) -> Any:
     text) is parsed by the standard library instead, which builds the objects directly and here
     counts them as it goes (at most :data:`MAX_OBJECTS`); a body that is mostly brackets (one
     per 8 bytes) is no request at all and is refused before any parsing. Each refusal is a 400
-    naming the bound; a lone surrogate becomes U+FFFD either way (:func:`loads`).
+    naming the bound; a lone surrogate becomes U+FFFD either way (:func:`ctxkernel.jsonbytes.loads`).
 
     ``lean``: a large body is parsed by the standard library whatever its shape. orjson's
     document peaks near 14 times a text body (a 436 KB history: 13.7 times, against 2.7 for the
@@ -217,7 +189,7 @@ def parse_json(raw: bytes, *, lean: bool = False) -> Any:
         return value
 
     try:
-        value = json.loads(raw, object_hook=counted, parse_constant=_no_constant, parse_int=_int_or_float)
+        value = json.loads(raw, object_hook=counted, parse_constant=no_constant, parse_int=int_or_float)
     except RecursionError:
         msg = "the request body is nested too deeply"
         raise WireError(400, msg) from None
