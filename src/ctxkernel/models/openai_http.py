@@ -568,7 +568,13 @@ class OpenAIChatModel:
         message = Message(parsed.role, parsed.content, Source(kind="model", provider=self.provider, model=model))
         try:
             usage = normalize_usage(raw.get("usage"))
-        except Exception:  # a provider's malformed usage must not lose the reply
+        except Exception as exc:  # a provider's malformed usage must not lose the reply
+            log.warning(
+                "provider usage unreadable; the reply is kept without it",
+                provider=self.provider,
+                url=self.where,
+                error=self._scrub.text(str(exc)[:_BODY_EXCERPT]),
+            )
             usage = None
         finish = choice.get("finish_reason")
         return Reply(message, usage, self.provider, model, raw={"finish_reason": finish, "id": raw.get("id")})
