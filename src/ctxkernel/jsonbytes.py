@@ -3,7 +3,7 @@
 **Read.** :func:`loads` reads JSON as orjson does, except that a lone surrogate escape (what a
 JavaScript string cut inside an emoji, or ``json.dumps`` of an undecodable file name, writes)
 becomes U+FFFD instead of refusing the whole document: ``serve`` reads client bodies and
-provider replies with it, ``simulate`` recordings.
+provider replies with it, the HTTP model adapter its replies, ``simulate`` recordings.
 
 **Kept.** Bytes serialised once and held (a snapshot's nodes between snapshots, a client history
 remembered for the next request) are sized to what they hold.
@@ -40,13 +40,14 @@ def dumps_kept(value: Any, option: int | None = None) -> bytes:
 
 
 def no_constant(name: str) -> Any:
-    # NaN and Infinity: the standard library reads them, orjson (and JSON) does not
+    """``parse_constant`` for :func:`json.loads`: ``NaN`` and ``Infinity`` are not JSON (orjson
+    refuses them too)."""
     msg = f"{name} is not JSON"
     raise ValueError(msg)
 
 
 def int_or_float(text: str) -> int | float:
-    # as orjson reads it: an integer past 64 bits becomes a float
+    """``parse_int`` for :func:`json.loads`: an integer as orjson reads it (past 64 bits, a float)."""
     value = int(text)
     return value if -(2**63) <= value < 2**64 else float(value)
 
@@ -55,7 +56,9 @@ def loads(raw: bytes | str) -> Any:
     """JSON as orjson reads it, except that a string holding a lone surrogate escape
     (``"\\udce9"``: what ``json.dumps`` writes for a file name ``os.listdir`` could not decode)
     is read too, each lone surrogate becoming U+FFFD (``ctxkernel.text.storable``), instead of
-    refusing the whole body. Anything else orjson refuses is refused (``JSONDecodeError``)."""
+    refusing the whole body. Anything else orjson refuses is refused (``JSONDecodeError``).
+    Used for what comes from outside: ``serve``'s clients and upstream, the HTTP model adapter,
+    ``simulate``'s recordings."""
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:

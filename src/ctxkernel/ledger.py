@@ -48,6 +48,7 @@ import orjson
 from .events import ASSISTANT_MESSAGE, SESSION_TASK, TOOL_RESULT, USER_MESSAGE, Event, EventSpec, append_op
 from .frames import guard
 from .messages import Message, Source, TextBlock
+from .spans import KERNEL_FRAMES
 from .text import clip
 
 if TYPE_CHECKING:
@@ -109,7 +110,9 @@ TODO_TOOLS: dict[str, tuple[str, ...]] = {
     "write_todos": ("todos",),
 }
 _TODO_DONE = frozenset({"completed", "complete", "done", "cancelled", "canceled"})
-_PATCH_LINE = re.compile(r"^\*\*\* (Add|Update|Delete) File: (.+?)\s*$|^\*\*\* Move to: (.+?)\s*$", re.MULTILINE)
+#: the rest of the line is taken whole and stripped after: a lazy path before ``\s*$`` backtracked
+#: over every blank of a padded line at each character, quadratic in a model's argument
+_PATCH_LINE = re.compile(r"^\*\*\* (Add|Update|Delete) File: ([^\n]*)|^\*\*\* Move to: ([^\n]*)", re.MULTILINE)
 _PATCH_OPS = {"Add": "added", "Update": "updated", "Delete": "deleted"}
 _HEREDOC_LINE = re.compile(r"^.*<<-?\s*['\"]?\w+['\"]?.*$", re.MULTILINE)
 _REDIRECT = re.compile(r"(?<![<>&\d])>>?\s*([^\s;&|<>'\"]+)")
@@ -262,14 +265,14 @@ class WorkLedger:
         """Take an inherited ledger (``to_dict``'s shape; anything malformed is left out, bounded)."""
         if not isinstance(raw, dict):
             return
-        for item in raw.get("files") or []:
+        for item in _list(raw.get("files")):
             if isinstance(item, list) and len(item) == 2 and all(isinstance(x, str) for x in item):
                 self._changed(item[0], _clip(item[1], 40))
         failing = raw.get("failing")
         if isinstance(failing, dict) and isinstance(failing.get("command"), str):
-            errors = [_clip(e, LINE_CHARS) for e in failing.get("errors") or [] if isinstance(e, str)]
+            errors = [_clip(e, LINE_CHARS) for e in _list(failing.get("errors")) if isinstance(e, str)]
             self.failing = Command(_clip(failing["command"], COMMAND_CHARS), tuple(errors[:MAX_ERROR_LINES]))
-        worked = [_clip(c, COMMAND_CHARS) for c in raw.get("worked") or [] if isinstance(c, str)]
+        worked = [_clip(c, COMMAND_CHARS) for c in _list(raw.get("worked")) if isinstance(c, str)]
         self.worked = worked[-MAX_WORKED:]
         todos = raw.get("todos")
         if isinstance(todos, list):
@@ -319,19 +322,27 @@ class Entry:
 
 def render(entries: Sequence[Entry]) -> str:
     """The block: its frame, then each section's entries in ledger order (the same entries always
-    give the same bytes). The text of every entry is guarded so it cannot close the block."""
+    give the same bytes). The text of every entry is guarded so it cannot close the block, nor open
+    or close the checkpoint or the user's instructions that share its message (tool output is
+    hostile: a failing ``curl``'s first lines are kept verbatim)."""
     lines = [BLOCK_OPEN, BLOCK_INTRO]
     section = None
     for entry in entries:
         if entry.section != section:
             section = entry.section
             lines.append(section)
-        lines.append(guard(entry.text, BLOCK_FRAME))
+        lines.append(guard(entry.text, *KERNEL_FRAMES))
     lines.append(BLOCK_CLOSE)
     return "\n".join(lines)
 
 
 # -- extractors, shared by the fold and its tests ---------------------------------------------------------
+def _list(value: Any) -> list[Any]:
+    """``value`` when it is a list, else no items (an inherited ledger read back from the store
+    or a ``ledger/inherited`` event may hold anything)."""
+    return value if isinstance(value, list) else []
+
+
 def _clip(text: str, limit: int) -> str:
     return clip(" ".join(text[: limit * 4].split()), limit)
 
@@ -351,10 +362,12 @@ def patch_edits(patch: str) -> list[tuple[str, str]]:
     """The files an ``apply_patch`` input changes, with their operations."""
     out: list[tuple[str, str]] = []
     for op, path, moved in _PATCH_LINE.findall(patch):
-        if moved:
-            out.append((moved, "moved here"))
-        else:
-            out.append((path, _PATCH_OPS[op]))
+        if op:
+            path = path.rstrip()
+            if path:
+                out.append((path, _PATCH_OPS[op]))
+        elif moved.rstrip():
+            out.append((moved.rstrip(), "moved here"))
     return out
 
 

@@ -25,14 +25,21 @@ unbounded stream. :func:`redact` is idempotent: redacting twice gives the same t
 Use :func:`redact` for free text, :func:`redact_url` for a URL shown as a location (it also drops
 the query), :func:`redact_headers` for a header mapping, and :func:`structlog_processor` (installed
 by :func:`ctxkernel.logging.configure_logging`) for log lines.
+
+A caller that knows the exact credentials it sent (the HTTP model adapter its key, ``serve`` the
+request's and its own) also takes them out with a :class:`Scrubber`: a provider that echoes a key
+in its error (``Incorrect API key provided: ...``) would otherwise put a key of a shape
+:func:`redact` does not know (a Mistral key, a local server's token) in a message, a log line or
+the session log.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any
 
+import orjson
 import structlog
 
 MASK = "***"
@@ -113,10 +120,66 @@ def url_origin(url: str) -> str:
     return f"{match.group(1).lower()}://{authority.lower()}"
 
 
+_SECRET_HEADER = re.compile(rf"^(?:{_SECRET_HEADERS})$", re.IGNORECASE)
+
+
 def redact_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """A copy of ``headers`` with the values of credential headers masked."""
-    secret = re.compile(rf"^(?:{_SECRET_HEADERS})$", re.IGNORECASE)
-    return {name: (MASK if secret.match(name) else redact(value)) for name, value in headers.items()}
+    return {name: (MASK if _SECRET_HEADER.match(name) else redact(value)) for name, value in headers.items()}
+
+
+def secret_header_values(headers: Mapping[str, str]) -> list[str]:
+    """The values of the credential headers among ``headers`` (``Authorization``, ``X-Api-Key``...)."""
+    return [value for name, value in headers.items() if _SECRET_HEADER.match(name)]
+
+
+#: a credential shorter than this is not scrubbed (see :class:`Scrubber`)
+MIN_SCRUB = 4
+
+
+class Scrubber:
+    """Replaces each of some exact secrets with ``***`` in text and bytes.
+
+    The secrets are credential values (a header's, a key), their token part (after ``Bearer``),
+    and the same in JSON-escaped form (how a provider's JSON error body spells a key holding a
+    quote or a control character, or ``/`` written ``\\/``). Secrets of fewer than
+    :data:`MIN_SCRUB` characters are left: replacing ``ab`` everywhere would garble the text
+    without protecting anything."""
+
+    MASK = MASK
+
+    def __init__(self, values: Iterable[str | None]) -> None:
+        found: set[str] = set()
+        for value in values:
+            if not value:
+                continue
+            value = value.strip()
+            for part in (value, value.partition(" ")[2].strip()):
+                if len(part) >= MIN_SCRUB:
+                    escaped = orjson.dumps(part).decode()[1:-1]
+                    found.update((part, escaped, escaped.replace("/", "\\/")))
+        # the longest first: a token inside its own "Bearer <token>" is replaced with it
+        self.texts = sorted(found, key=len, reverse=True)
+        self.raw = [t.encode("utf-8", "surrogatepass") for t in self.texts]
+
+    def __bool__(self) -> bool:
+        return bool(self.texts)
+
+    def text(self, text: str) -> str:
+        for secret in self.texts:
+            if secret in text:
+                text = text.replace(secret, self.MASK)
+        return text
+
+    def error(self, error: dict[str, Any]) -> dict[str, Any]:
+        """An error object with each of its text fields scrubbed."""
+        return {k: self.text(v) if isinstance(v, str) else v for k, v in error.items()}
+
+    def bytes(self, data: bytes) -> bytes:
+        for secret in self.raw:
+            if secret in data:
+                data = data.replace(secret, self.MASK.encode())
+        return data
 
 
 def redact_value(value: Any) -> Any:

@@ -124,13 +124,14 @@ def checkpoint_message(summary: Summary | str, strategy: str, form: str = "check
     text = summary.text if isinstance(summary, Summary) else summary
     # a summarizer model's text is untrusted: it must not end the block, nor forge the kernel's
     # frames that share its message (the user's pinned instructions, the work ledger)
-    text = guard(text.strip(), *_CHECKPOINT_GUARDED)
+    text = guard(text.strip(), *KERNEL_FRAMES)
     return Message.user(f"{CHECKPOINT_OPEN}\n{text}\n{CHECKPOINT_CLOSE}", Source.plugin_form(strategy, form))
 
 
-#: the frames a checkpoint's summary may not open or close (``instructions.BLOCK_FRAME``,
-#: ``ledger.BLOCK_FRAME``; named here, as those modules sit above this one)
-_CHECKPOINT_GUARDED = (CHECKPOINT_OPEN[1:-1], "user-instructions", "work-ledger")
+#: the kernel's frames that share a compaction's replacement message (the checkpoint,
+#: ``instructions.BLOCK_FRAME``, ``ledger.BLOCK_FRAME``; named here, as those modules sit above
+#: this one): a checkpoint's summary and a ledger entry may open or close none of them
+KERNEL_FRAMES = (CHECKPOINT_OPEN[1:-1], "user-instructions", "work-ledger")
 
 
 Render = Callable[[Summary, "Region"], Message]

@@ -347,3 +347,24 @@ def test_a_reply_whose_call_id_or_name_is_out_of_bounds_is_refused(
     with pytest.raises(ctxkernel.EventError, match=rf"tool call 0: {named} must be a string of 1-256 characters"):
         session.commit_reply(Message.assistant("", [call(call_id, name)]))
     assert [e.seq for e in session.events] == before
+
+
+def test_the_results_of_a_reply_with_many_calls_cost_linear_work(tmp_path: Any, monkeypatch: Any) -> None:
+    """A provider's reply may hold thousands of tool calls (50,000 fit in 4 MB): each result used
+    to list the reply's calls again to find its name, so committing them was quadratic (6,000
+    calls: 32 s; 50,000: about 40 minutes). The calls are read a bounded number of times."""
+    session = build_kernel(tmp_path, fsync=False).open_session()
+    calls = [call(f"c{i}", "missing_tool") for i in range(1500)]
+    model = ScriptedModel([Message.assistant("", calls), "done"])
+    reads = {"blocks": 0}
+    plain = Message.tool_calls.fget  # type: ignore[attr-defined]
+
+    def counted(message: Message) -> list[ToolCallBlock]:
+        reads["blocks"] += len(message.content)
+        return plain(message)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(Message, "tool_calls", property(counted))
+    result = AgentLoop(session, model).run("go")
+    assert result.reason == "completed" and result.steps == 2
+    assert sum(e.type == "tool/result" for e in session.events) == 1500
+    assert reads["blocks"] < 20 * 1500  # was about 1500 * 1500 / 2 * 2

@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 import pytest
+from structlog.testing import capture_logs
 
 import ctxkernel
 from ctxkernel import AgentLoop, ContextOverflowError, Message, ModelError, ToolCallBlock
@@ -228,6 +229,37 @@ def test_unreadable_response_is_a_model_error(provider: FakeProvider) -> None:
         model_for(provider).complete([Message.user("hi")])
     with pytest.raises(HTTPModelError, match="no choices"):
         model_for(provider).complete([Message.user("hi")])
+
+
+def test_a_reply_with_a_lone_surrogate_escape_is_read_with_a_replacement_character(
+    provider: FakeProvider, tmp_path: Any
+) -> None:
+    """``json.dumps`` writes a string holding a lone surrogate (a file name ``os.listdir`` could
+    not decode) as ``"\\udce9"``: valid JSON, which orjson refuses. The reply was refused as
+    "not JSON" and the turn ended with an error; serve's upstream read it. It is read the same
+    way: each lone surrogate becomes U+FFFD (docs/security.md, "Tool output")."""
+    import json
+
+    body = completion("saved caf\udce9.txt", usage={"prompt_tokens": 12, "completion_tokens": 3})
+    provider.responses += [(200, json.dumps(body).encode()), (200, b'{"choices": [\\ud800')]
+    session = build_kernel(tmp_path).open_session()
+    result = AgentLoop(session, model_for(provider)).run("hi")
+    assert result.reason == "completed" and result.text == "saved caf\ufffd.txt"
+    assert next(e for e in session.events if e.type == "assistant/message").data["usage"]["input_tokens"] == 12
+    with pytest.raises(HTTPModelError, match="not JSON"):  # anything else orjson refuses still is
+        model_for(provider).complete([Message.user("hi")])
+
+
+@pytest.mark.parametrize("usage", ["lots", {"prompt_tokens": -5}, {"prompt_tokens": 2**60}, [1, 2]])
+def test_a_malformed_usage_keeps_the_reply_and_says_why(provider: FakeProvider, usage: Any) -> None:
+    """The reply is kept without usage (pressure falls back to the meter's count), and the
+    dropped figures are logged, not swallowed."""
+    provider.responses.append((200, {**completion("fine"), "usage": usage}))
+    with capture_logs() as logs:
+        reply = model_for(provider).complete([Message.user("hi")])
+    assert reply.message.text == "fine" and reply.usage is None
+    warned = [e for e in logs if e["log_level"] == "warning" and "usage" in e["event"]]
+    assert len(warned) == 1 and warned[0]["provider"] == "fake" and "usage" in warned[0]["error"]
 
 
 def test_connection_refused_is_a_model_error() -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 import pytest
+from structlog.testing import capture_logs
 
 from ctxkernel import AgentLoop, ContextOverflowError, Message, ModelError
 from ctxkernel.errors import ConfigError
@@ -376,6 +377,44 @@ def test_a_200_with_an_error_object_echoing_the_key_is_redacted(serve) -> None:
     with pytest.raises(HTTPModelError) as info:
         model(server).complete([Message.user("hi")])
     assert KEY not in str(info.value)
+
+
+#: keys of no shape redact() knows (Mistral's 32 characters, a local server's token, a key with "/")
+PLAIN_KEYS = ["Q3mV8xLk2PzR7tYw9NbC4dFhJ6sGaE1u", "local-token-77", "ab/cd+ef=="]
+
+
+@pytest.mark.parametrize("key", PLAIN_KEYS)
+def test_a_key_of_any_shape_echoed_by_the_provider_is_scrubbed(serve, tmp_path: Path, key: str) -> None:
+    """The adapter knows its own credentials: their exact values leave every error it raises,
+    logs or the loop stores, whatever their shape (redact() only finds keys of known shapes)."""
+    escaped = orjson.dumps(key).decode()[1:-1].replace("/", "\\/")  # PHP-style JSON escapes "/"
+    echoes = {
+        "401": ("401 Unauthorized", orjson.dumps({"error": {"message": f"bad key {key}", "code": key}})),
+        "escaped": ("401 Unauthorized", b'{"error": {"message": "bad key ' + escaped.encode() + b'"}}'),
+        "200 error": ("200 OK", orjson.dumps({"error": {"message": f"bad key {key}"}})),
+        "not json": ("200 OK", f"<html>key {key} refused</html>".encode()),
+        "no choices": ("200 OK", orjson.dumps({"detail": f"key {key}"})),
+        "header key": ("403 Forbidden", orjson.dumps({"error": f"x-api-key {key}-x2 refused"})),
+    }
+    for name, (status, body) in echoes.items():
+        server = serve(lambda conn, n, s, status=status, body=body: answer(conn, status, body))
+        with pytest.raises(ModelError) as info:
+            model(server, api_key=key, headers={"X-Api-Key": f"{key}-x2", "X-Title": "ctxkernel"}).complete(
+                [Message.user("hi")]
+            )
+        error = info.value
+        shown = " ".join([str(error), getattr(error, "body", ""), str(getattr(error, "code", ""))])
+        assert key not in shown and "\\/" not in shown, (name, shown)
+        assert "***" in shown, (name, shown)
+    # retried (logged) and stored by the agent loop
+    body = orjson.dumps({"error": {"message": f"overloaded, key {key}"}})
+    server = serve(lambda conn, n, s: answer(conn, "503 Service Unavailable", body))
+    session = build_kernel(tmp_path).open_session()
+    with capture_logs() as logs, pytest.raises(HTTPModelError):
+        AgentLoop(session, model(server, api_key=key, max_retries=1)).run("hello")
+    assert logs and key not in repr(logs)
+    stored = b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
+    assert b"HTTP 503" in stored and key.encode() not in stored
 
 
 # -- the adapter's own settings -------------------------------------------------------------------------

@@ -291,7 +291,7 @@ def test_an_error_line_is_matched_as_documented_not_in_any_case():
         "src/a.ts(3,5): error TS2345: Argument of type",
         "Program.cs(4,1): CS1002: ; expected",
         "bash: line 1: foo: command not found",
-        "  File \"x.py\", line 2\nSyntaxError: invalid syntax",
+        '  File "x.py", line 2\nSyntaxError: invalid syntax',
     ):
         assert error_line(line, False), line
     for line in (

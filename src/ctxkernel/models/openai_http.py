@@ -17,7 +17,9 @@ Everything the provider sends is treated as hostile (see docs/security.md, "Prov
 - **Bounded parsing.** Error text is parsed from its first 4,096 characters with patterns whose
   numbers are bounded, so no error body can make the classification slow.
 - **No secrets in errors.** Messages, ``body`` excerpts and the URL shown are redacted
-  (:mod:`ctxkernel.redact`).
+  (:mod:`ctxkernel.redact`), and the exact credentials the model sends (its key, credential
+  headers, a password in ``base_url``) are taken out of every error it raises or logs, whatever
+  their shape.
 
 Errors are classified so that strategies can react (docs/design/host-model.md §3, overflow retry):
 
@@ -49,9 +51,10 @@ import orjson
 
 from ..convert import from_openai_message, to_openai_messages
 from ..errors import ConfigError, ContextOverflowError, ModelError
+from ..jsonbytes import loads
 from ..logging import get_logger
 from ..messages import Message, Source
-from ..redact import redact, redact_url, url_origin
+from ..redact import Scrubber, redact, redact_url, secret_header_values, url_origin
 from .base import Reply
 
 if TYPE_CHECKING:
@@ -258,6 +261,7 @@ class OpenAIChatModel:
             msg = f"max_response_bytes must be at least 1, got {max_response_bytes!r}"
             raise ConfigError(msg)
         self.api_key = api_key
+        self._password = parsed.password or None
         self.timeout = float(timeout)
         self.max_tokens = max_tokens
         self.send_reasoning = send_reasoning
@@ -330,6 +334,13 @@ class OpenAIChatModel:
         self.__dict__.update(state)
         self._client_lock = threading.Lock()
 
+    @property
+    def _scrub(self) -> Scrubber:
+        """What a provider may echo of the credentials this model sends (its key, its credential
+        headers, a password in ``base_url``), to take out of every error; read at each use, so a
+        key changed on the model is scrubbed too."""
+        return Scrubber([self.api_key, *secret_header_values(self.headers), self._password])
+
     # -- the call -----------------------------------------------------------------------------
     def request_body(
         self, messages: list[Message], *, system: str = "", tools: list[dict[str, Any]] | None = None
@@ -368,7 +379,7 @@ class OpenAIChatModel:
             try:
                 status, body = self._attempt(payload, headers)
             except _Refused as refused:
-                error = refused.error
+                error = self._scrubbed(refused.error)
                 if getattr(error, "retryable", False) and attempt < self.max_retries:
                     attempt += 1
                     log.warning(
@@ -387,7 +398,10 @@ class OpenAIChatModel:
                         retryable=error.retryable,
                     )
                 raise error from None
-            return self._json_object(status, body)
+            try:
+                return self._json_object(status, body)
+            except ModelError as error:
+                raise self._scrubbed(error) from None
 
     def _attempt(self, payload: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
         """One POST under the whole-request deadline: ``(status, body)`` of a 2xx answer, or
@@ -405,7 +419,7 @@ class OpenAIChatModel:
                     if 300 <= status < 400:
                         raise _Refused(self._redirect_error(response))
                     if status >= 400:
-                        body = self._read(response, ERROR_BODY_BYTES, at, truncate=True)
+                        body = self._scrub.bytes(self._read(response, ERROR_BODY_BYTES, at, truncate=True))
                         raise _Refused(
                             classify_http_error(status, body, url=self.url), response.headers.get("Retry-After")
                         )
@@ -487,9 +501,10 @@ class OpenAIChatModel:
 
     def _json_object(self, status: int, body: bytes) -> dict[str, Any]:
         try:
-            raw = orjson.loads(body)
+            raw = loads(body)  # a lone surrogate escape is read, as U+FFFD
         except orjson.JSONDecodeError:
-            excerpt = redact(body[: _BODY_EXCERPT * 2].decode("utf-8", "replace"))[:_BODY_EXCERPT]
+            head = self._scrub.bytes(body[:ERROR_BODY_BYTES])
+            excerpt = redact(head[: _BODY_EXCERPT * 2].decode("utf-8", "replace"))[:_BODY_EXCERPT]
             msg = f"{self.where}: HTTP {status} but the body is not JSON: {excerpt!r}"
             raise HTTPModelError(msg, status=status, body=excerpt) from None
         if not isinstance(raw, dict):
@@ -505,17 +520,34 @@ class OpenAIChatModel:
         if delay > 0:
             time.sleep(delay)
 
+    def _scrubbed(self, error: ModelError) -> ModelError:
+        """``error`` with this model's exact credentials taken out of its message, body and code."""
+        if self._scrub:
+            error.args = tuple(self._scrub.text(a) if isinstance(a, str) else a for a in error.args)
+            for name in ("body", "code"):
+                value = getattr(error, name, None)
+                if isinstance(value, str):
+                    setattr(error, name, self._scrub.text(value))
+        return error
+
     def parse_response(self, raw: dict[str, Any]) -> Reply:
         """A chat-completions response as a :class:`Reply` (message, normalised usage)."""
+        try:
+            return self._parse_response(raw)
+        except ModelError as error:
+            raise self._scrubbed(error) from None
+
+    def _parse_response(self, raw: dict[str, Any]) -> Reply:
         from ..convert import normalize_usage
 
         if isinstance(raw.get("error"), (dict, str)):
             # some servers answer 200 with an error object
-            error = classify_http_error(400, orjson.dumps(raw), url=self.url)
+            error = classify_http_error(400, self._scrub.bytes(orjson.dumps(raw)), url=self.url)
             raise error
         choices = raw.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            excerpt = redact(orjson.dumps(raw)[: _BODY_EXCERPT * 2].decode("utf-8", "replace"))[:_BODY_EXCERPT]
+            head = self._scrub.bytes(orjson.dumps(raw)[:ERROR_BODY_BYTES])
+            excerpt = redact(head[: _BODY_EXCERPT * 2].decode("utf-8", "replace"))[:_BODY_EXCERPT]
             msg = f"{self.where}: response has no choices: {excerpt}"
             raise HTTPModelError(msg)
         choice = choices[0]
@@ -536,7 +568,13 @@ class OpenAIChatModel:
         message = Message(parsed.role, parsed.content, Source(kind="model", provider=self.provider, model=model))
         try:
             usage = normalize_usage(raw.get("usage"))
-        except Exception:  # a provider's malformed usage must not lose the reply
+        except Exception as exc:  # a provider's malformed usage must not lose the reply
+            log.warning(
+                "provider usage unreadable; the reply is kept without it",
+                provider=self.provider,
+                url=self.where,
+                error=self._scrub.text(str(exc)[:_BODY_EXCERPT]),
+            )
             usage = None
         finish = choice.get("finish_reason")
         return Reply(message, usage, self.provider, model, raw={"finish_reason": finish, "id": raw.get("id")})

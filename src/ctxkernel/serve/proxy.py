@@ -48,6 +48,7 @@ from ..messages import MediaBlock, Message, Source
 from ..meter import Meter
 from ..models.openai_http import classify_http_error
 from ..pairing import CallIds
+from ..redact import Scrubber
 from ..session import Request, Session
 from . import anthropic_wire, openai_wire, responses_wire
 from .config import DEFAULT_ANTHROPIC_VERSION, ServeConfig, upstream_bases
@@ -65,7 +66,7 @@ from .reconcile import (
     record_follow,
     reply_record,
 )
-from .tenants import Scrubber, credential_of, same_tenant, tenant_of, tenant_secret
+from .tenants import credential_of, same_tenant, tenant_of, tenant_secret
 from .upstream import Upstream, UpstreamError, join_url
 from .wire import ClientRequest, MessageMemo, WireError, add_usage, load_json_object
 from .workers import run_sync

@@ -33,10 +33,10 @@ from ..errors import HeaderTooLargeError
 from ..jsonbytes import loads
 from ..logging import get_logger
 from ..pairing import claim_raw_calls, renamed_calls
+from ..redact import Scrubber
 from . import anthropic_wire, openai_wire, responses_wire
 from .identity import SESSION_HEADER, Identity, identify
 from .proxy import Lease, Overflow, Proxy, StreamedError, Turn, stream_error
-from .tenants import Scrubber
 from .upstream import UpstreamError, join_url
 from .wire import MAX_BODY_BYTES, Translator, WireError, check_reply, iter_sse, model_name
 from .workers import run_sync

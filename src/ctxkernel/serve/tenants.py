@@ -12,7 +12,7 @@ The secret is the operator's (``--tenant-secret-env NAME``: the same for every h
 one store, never written anywhere), else 32 random bytes made once per store and kept in its
 key-value table (namespace ``serve``, key ``tenant-secret``).
 
-:class:`Scrubber` removes a request's exact credentials (the client's and the server's
+:class:`ctxkernel.redact.Scrubber` removes a request's exact credentials (the client's and the server's
 ``--api-key-env`` key) from any text ``serve`` stores, logs or passes back: a provider that
 echoes a key in its error (``Incorrect API key provided: ...``) would otherwise put it in the
 session log, where :func:`ctxkernel.redact.redact` only finds keys of known shapes.
@@ -26,10 +26,8 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
-
-import orjson
 
 from ..errors import CtxKernelError, StoreError
 from ..store.base import EventStore
@@ -41,8 +39,6 @@ SECRET_KEY = "tenant-secret"
 MIN_SECRET_CHARS = 32
 #: how long a process waits for another that is making the store's secret
 MAKE_SECRET_SECONDS = 30.0
-#: a credential shorter than this is scrubbed too, but only where it stands alone (see Scrubber)
-MIN_SCRUB = 4
 
 
 def credential_of(headers: Mapping[str, str]) -> str:
@@ -123,47 +119,3 @@ def _stored_secret(store: EventStore) -> bytes | None:
         "one (every named session and kept response then starts afresh)"
     )
     raise StoreError(msg)
-
-
-class Scrubber:
-    """Replaces each of a request's exact secrets with ``***`` in text and bytes.
-
-    The secrets are the credential headers' values, their token part (after ``Bearer``), and
-    the same in JSON-escaped form (how a provider's JSON error body spells a key holding ``/``).
-    Secrets of fewer than :data:`MIN_SCRUB` characters are left: replacing ``ab`` everywhere
-    would garble the text without protecting anything."""
-
-    MASK = "***"
-
-    def __init__(self, values: Iterable[str | None]) -> None:
-        found: set[str] = set()
-        for value in values:
-            if not value:
-                continue
-            value = value.strip()
-            for part in (value, value.partition(" ")[2].strip()):
-                if len(part) >= MIN_SCRUB:
-                    found.add(part)
-                    found.add(orjson.dumps(part).decode()[1:-1])
-        # the longest first: a token inside its own "Bearer <token>" is replaced with it
-        self.texts = sorted(found, key=len, reverse=True)
-        self.raw = [t.encode("utf-8", "surrogatepass") for t in self.texts]
-
-    def __bool__(self) -> bool:
-        return bool(self.texts)
-
-    def text(self, text: str) -> str:
-        for secret in self.texts:
-            if secret in text:
-                text = text.replace(secret, self.MASK)
-        return text
-
-    def error(self, error: dict[str, Any]) -> dict[str, Any]:
-        """An error object with each of its text fields scrubbed."""
-        return {k: self.text(v) if isinstance(v, str) else v for k, v in error.items()}
-
-    def bytes(self, data: bytes) -> bytes:
-        for secret in self.raw:
-            if secret in data:
-                data = data.replace(secret, self.MASK.encode())
-        return data

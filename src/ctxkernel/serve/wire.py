@@ -162,7 +162,7 @@ def parse_json(raw: bytes, *, lean: bool = False) -> Any:
     text) is parsed by the standard library instead, which builds the objects directly and here
     counts them as it goes (at most :data:`MAX_OBJECTS`); a body that is mostly brackets (one
     per 8 bytes) is no request at all and is refused before any parsing. Each refusal is a 400
-    naming the bound; a lone surrogate becomes U+FFFD either way (:func:`loads`).
+    naming the bound; a lone surrogate becomes U+FFFD either way (:func:`ctxkernel.jsonbytes.loads`).
 
     ``lean``: a large body is parsed by the standard library whatever its shape. orjson's
     document peaks near 14 times a text body (a 436 KB history: 13.7 times, against 2.7 for the

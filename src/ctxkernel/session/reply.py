@@ -58,6 +58,9 @@ class Replies:
         self.composer = composer
         self.turns = turns
         self.snapshots = snapshots
+        #: the seq of the reply whose results are being committed, and its calls' names by id
+        self._names_of: int | None = None
+        self._names: dict[str, str] = {}
 
     def commit_reply(self, reply: Message | dict[str, Any] | Any, usage: Any, trailer: Sequence[EventSpec]) -> Message:
         session, tracker = self.session, self.tracker
@@ -123,7 +126,7 @@ class Replies:
         if call_id not in pending:
             msg = f"no pending tool call {call_id!r}; pending: {list(pending)}"
             raise EventError(msg)
-        name = next((c.name for c in self.turns.pending_calls if c.id == call_id), None)
+        name = self._call_names(pending[call_id]).get(call_id)
         message = Message.tool(call_id, outcome.content, is_error=outcome.is_error, name=name)
         batch = [EventSpec(ev.TOOL_RESULT, {"message": message.to_dict()}, ev.append_op())]
         if len(pending) == 1 and self.tracker.step_open:
@@ -135,6 +138,16 @@ class Replies:
             owner = self.tooling.tools.get(name or "")
             self.composer.deferred.append((owner.strategy if owner else "kernel", outcome.defer_message))
         return seq
+
+    def _call_names(self, seq: int) -> dict[str, str]:
+        """The names of the tool calls of the reply at ``seq``, by id: read once per reply, so
+        committing the results of a reply with n calls costs O(n), not O(n^2) (a provider's reply
+        of 6,000 calls took 32 s of lookups, 50,000 about 40 minutes)."""
+        if self._names_of != seq:
+            node = self.surface.node(seq)
+            self._names = {c.id: c.name for c in node.message.tool_calls} if node is not None else {}
+            self._names_of = seq
+        return self._names
 
 
 def _storable_message(message: Message) -> tuple[Message, dict[str, Any]]:
