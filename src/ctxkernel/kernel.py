@@ -15,8 +15,9 @@ from .events import random_hex, utc_now
 from .logging import get_logger
 from .meter import Tokenizer, get_tokenizer
 from .plugins import StrategyManager, StrategySpec
-from .profile import Profile, load_profile, profile_stamp, strategy_settings_from
+from .profile import Profile, load_profile, profile_stamp
 from .session import Session
+from .settings_check import strategy_settings_from
 from .store import EventStore, SessionHeader, default_home, store_from_settings
 
 log = get_logger("ctxkernel.kernel")

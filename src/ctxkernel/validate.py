@@ -34,17 +34,10 @@ from . import hookspecs
 from .errors import ConfigError, CtxKernelError, ProfileError
 from .guard import header_refusal
 from .plugins import EXCLUSIVE_CAPABILITIES, StrategyManager, StrategySpec
-from .profile import (
-    ModelSettings,
-    Profile,
-    deep_merge,
-    find_profile,
-    format_validation_error,
-    load_profile,
-    strategy_settings_from,
-)
+from .profile import ModelSettings, Profile, deep_merge, find_profile, load_profile
 from .redact import redact
 from .report import CHECKS, Check, ValidationReport
+from .settings_check import format_validation_error, strategy_settings_from
 
 if TYPE_CHECKING:
     from .session import Session
