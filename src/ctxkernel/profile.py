@@ -374,6 +374,18 @@ class _ProfileEnvSource(EnvSettingsSource):
             self.env_vars.pop(key, None)  # type: ignore[attr-defined]
 
     def __call__(self) -> dict[str, Any]:
+        # a variable with a nested key (``__``) is meant for a table: one under no table of the
+        # profile (CTXKERNEL_MODLE__CONTEXT_WINDOW) is a typo, which pydantic-settings ignores
+        prefix = ENV_PREFIX.lower()
+        accepted = sorted(Profile.model_fields)
+        for variable in sorted(self.env_vars):
+            table, nested, _ = variable[len(prefix) :].partition("__")
+            if variable.startswith(prefix) and nested and table not in Profile.model_fields:
+                msg = (
+                    f"environment variable {variable.upper()}: {table!r} is no table of a profile; accepted: "
+                    f"{ENV_PREFIX}<TABLE>__<KEY> with TABLE one of {accepted} (case-insensitive)"
+                )
+                raise ProfileError(msg)
         data = super().__call__()
         tables = data.get("strategies")
         if isinstance(tables, dict) and tables:

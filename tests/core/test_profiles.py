@@ -77,6 +77,28 @@ def test_env_override_with_an_unknown_key_is_refused(tmp_path, monkeypatch):
         load_profile(path)
 
 
+@pytest.mark.parametrize(
+    "variable", ["CTXKERNEL_MODLE__CONTEXT_WINDOW", "CTXKERNEL_STRATEGY__BASIC__AUTO", "ctxkernel_stor__backend"]
+)
+def test_env_override_of_a_misspelt_table_is_refused(tmp_path, monkeypatch, variable):
+    """A variable with a nested key under no table of the profile used to be ignored in silence:
+    CI set CTXKERNEL_MODLE__CONTEXT_WINDOW=64000 and ran on the file's window."""
+    path = write(tmp_path, "[model]\nname = 'x'\n")
+    monkeypatch.setenv(variable, "64000")
+    with pytest.raises(ProfileError) as info:
+        load_profile(path)
+    message = str(info.value)
+    assert variable.upper() in message and "'model'" in message and "'strategies'" in message
+
+
+def test_variables_of_the_prefix_that_are_no_profile_keys_stay_allowed(tmp_path, monkeypatch):
+    path = write(tmp_path, "[model]\nname = 'x'\n")
+    for variable in ("CTXKERNEL_SERVE_CONFIG", "CTXKERNEL_TEST_PG_DSN", "CTXKERNEL_PROFILE_PATH"):
+        monkeypatch.setenv(variable, str(tmp_path))
+    monkeypatch.setenv("CTXKERNEL_STORE__HOST_ID", "worker-1")
+    assert load_profile(path).store.host_id == "worker-1"
+
+
 class PinAndTrimSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     keep_turns: int = 4
