@@ -157,15 +157,24 @@ class StrategyManager:
         try:
             self.pm.check_pending()
             impl = self.pm.hook.register_strategy.get_hookimpls()
+            origin = f"plugin {name!r} ({distribution or 'unknown distribution'})"
             for hookimpl in impl:
                 if hookimpl.plugin is plugin:
-                    hookimpl.function(register=declared.append)
+                    try:
+                        hookimpl.function(register=declared.append)
+                    except Exception as exc:  # the plugin's own failure, told with its name
+                        msg = f"{origin}: register_strategy raised {type(exc).__name__}: {exc}"
+                        raise ConfigError(msg) from exc
+            wrong = [s for s in declared if not isinstance(s, StrategySpec)]
+            if wrong:
+                msg = (
+                    f"{origin}: register_strategy must register a ctxkernel.StrategySpec (or STRATEGY.spec); "
+                    f"it registered {type(wrong[0]).__name__} {wrong[0]!r:.80}"
+                )
+                raise ConfigError(msg)
             if len(declared) != 1 or declared[0].name != name:
                 got = [s.name for s in declared]
-                msg = (
-                    f"plugin {name!r} ({distribution or 'unknown distribution'}) must register exactly one "
-                    f"strategy named {name!r} in register_strategy; it registered {got}"
-                )
+                msg = f"{origin} must register exactly one strategy named {name!r} in register_strategy; it registered {got}"
                 raise ConfigError(msg)
         except Exception:
             self.pm.unregister(plugin)
