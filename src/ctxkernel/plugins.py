@@ -248,6 +248,19 @@ def _args(impl: Any, **kwargs: Any) -> list[Any]:
     return [kwargs[name] for name in impl.argnames]
 
 
+def _answer(owner: str, hook: str, result: Any, accepted: type | tuple[type, ...]) -> Any:
+    """``result`` when it is None or of an ``accepted`` type; otherwise a :class:`ConfigError`
+    naming the strategy and its hook (a wrong type used to fail later as a bare AttributeError)."""
+    if result is None or isinstance(result, accepted):
+        return result
+    names = " or ".join(t.__name__ for t in (accepted if isinstance(accepted, tuple) else (accepted,)))
+    msg = (
+        f"strategy {owner!r}: its {hook} hook returned {type(result).__name__} {result!r:.80}; "
+        f"accepted: a {names} or None (see docs/hooks.md)"
+    )
+    raise ConfigError(msg)
+
+
 class HookFacade:
     """One typed method per hook; the only caller of ``pm.hook``.
 
@@ -296,7 +309,12 @@ class HookFacade:
         self._caller("register_tools", session)(register=register, ctx=session.context)
 
     def system_prompt(self, session: HookTarget) -> list[str]:
-        return [s for s in self._caller("system_prompt", session)(ctx=session.context) if s]
+        sections = []
+        for owner, impl in self._impls("system_prompt", session):
+            section = _answer(owner, "system_prompt", impl.function(*_args(impl, ctx=session.context)), str)
+            if section:
+                sections.append(section)
+        return sections
 
     def pre_step(self, session: HookTarget, step: StepContext) -> None:
         """Each strategy's ``pre_step`` in turn. An edit the prompt cache's break-even rule
@@ -317,9 +335,16 @@ class HookFacade:
     def decorate_request(self, session: HookTarget, request: Request) -> None:
         self._call_if_implemented("decorate_request", session, request=request)
 
-    def summarize(self, session: HookTarget, region: Region) -> Summary | None:
-        summary: Summary | None = self._caller("summarize", session)(ctx=session.context, region=region)
-        return summary
+    def summarize(self, session: HookTarget, region: Region) -> Summary | str | None:
+        """The first summary a strategy writes for ``region``, in call order (``trylast`` last)."""
+        from .spans import Summary
+
+        for owner, impl in self._impls("summarize", session):
+            result = impl.function(*_args(impl, ctx=session.context, region=region))
+            if result is not None:
+                summary: Summary | str = _answer(owner, "summarize", result, (Summary, str))
+                return summary
+        return None
 
     def sanitize_reply(self, session: HookTarget, reply: ReplyDraft) -> None:
         self._call_if_implemented("sanitize_reply", session, reply=reply)
@@ -348,7 +373,7 @@ class HookFacade:
         out: dict[str, dict[str, Any]] = {}
         # walk the implementations in call order so each contribution keeps its owner's name
         for owner, impl in self._impls("project", session):
-            result: Any = impl.function(*_args(impl, ctx=session.context))
+            result = _answer(owner, "project", impl.function(*_args(impl, ctx=session.context)), dict)
             if result:
                 out[owner] = result
         return out
@@ -397,11 +422,20 @@ class HookFacade:
     def register_tools_each(self, session: HookTarget) -> dict[str, list[Tool]]:
         """The tools each strategy registers for ``session``, by strategy, duplicates kept (for
         ``ctxkernel validate``, which reports collisions instead of refusing them)."""
+        from .tools import Tool
+
         owners: dict[str, list[Tool]] = {}
         for impl in reversed(self._hook.register_tools.get_hookimpls()):
             name = self._pm.get_name(impl.plugin) or impl.plugin_name
             found = owners.setdefault(name, [])
-            impl.function(*_args(impl, register=found.append, ctx=session.context))
+
+            def register(tool: Any, name: str = name, found: list[Tool] = found) -> None:
+                if not isinstance(tool, Tool):
+                    msg = f"strategy {name!r}: register_tools must register ctxkernel.Tool objects, got {type(tool).__name__}"
+                    raise ConfigError(msg)
+                found.append(tool)
+
+            impl.function(*_args(impl, register=register, ctx=session.context))
         return owners
 
 

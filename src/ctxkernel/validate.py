@@ -88,6 +88,12 @@ def _strategy_in(line: str) -> str | None:
     return None
 
 
+def _strategy_named(message: str) -> str | None:
+    """The strategy a kernel error about a hook names (``strategy 'x': ...``), if any."""
+    marker = "strategy '"
+    return message.split(marker, 1)[1].split("'", 1)[0] if message.startswith(marker) else None
+
+
 def _fix_for(line: str) -> str:
     if "unknown key" in line:
         return "rename the key to one of the accepted keys, or remove it"
@@ -515,6 +521,13 @@ class _Validator:
             try:
                 if self.check_tools(session):
                     self.check_header(session)
+            except CtxKernelError as exc:  # a strategy's hook answered with what the kernel refuses
+                self.report.fail(
+                    "tools",
+                    _strategy_named(str(exc)),
+                    f"{exc}. Fix: correct the strategy named in the error, or remove it from [profile] strategies",
+                )
+            try:
                 self.check_strategy_hooks()
             finally:
                 session.store.close()

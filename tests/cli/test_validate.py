@@ -186,6 +186,24 @@ def test_a_broken_register_strategy_fails_naming_the_strategy(tmp_path, site, ca
     assert_names(message, path, "broken")
 
 
+@pytest.mark.parametrize(
+    ("hook", "expected"),
+    [
+        ("def system_prompt(ctx):\n    return 42\n", "its system_prompt hook returned int"),
+        ("def register_tools(register, ctx):\n    register('a tool')\n", "must register ctxkernel.Tool objects"),
+    ],
+)
+def test_a_hook_answering_with_the_wrong_type_fails_naming_the_strategy(tmp_path, site, hook, expected):
+    """Used to end `ctxkernel validate` with a bare AttributeError from the throwaway session."""
+    source = support.TEMPLATE.format(name="wrongly", capabilities=set(), tools=[])
+    source = source.split("@ctxkernel.hookimpl\ndef register_tools")[0] + "\n@ctxkernel.hookimpl\n" + hook
+    site.install("wrongly", source=source)
+    path = write(tmp_path, '[profile]\nstrategies = ["wrongly", "basic"]\n')
+    (message,) = failures(validate_profile(path), "tools")
+    assert expected in message
+    assert_names(message, path, "wrongly")
+
+
 # -- settings and policies --------------------------------------------------------------------------
 def test_unknown_strategy_key_names_file_table_key_and_accepted_keys(tmp_path):
     path = write(tmp_path, "[strategies.basic]\nthreshold = 0.7\n")
