@@ -60,8 +60,9 @@ class Available:
             obj = importlib.import_module(module_name)
             for part in attr.split(".") if attr else ():
                 obj = getattr(obj, part)
-        except Exception as exc:
-            msg = f"strategy {self.name!r} from {self.distribution} {self.version} failed to load {self.target}: {exc}"
+        except (Exception, SystemExit) as exc:  # a module that exits at import must not end the command
+            what = f"{type(exc).__name__}: {exc}" if isinstance(exc, SystemExit) else str(exc)
+            msg = f"strategy {self.name!r} from {self.distribution} {self.version} failed to load {self.target}: {what}"
             raise ConfigError(msg) from exc
         return obj
 

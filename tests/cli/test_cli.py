@@ -461,6 +461,30 @@ def test_console_script_runs_plugins_and_validate(tmp_path, env):
 
 
 # -- strategies' commands (the register_commands hook) -----------------------------------------------
+def test_a_strategy_that_exits_at_import_is_named_and_every_command_still_runs(capsys, monkeypatch, tmp_path):
+    """A plugin module calling sys.exit() on import (argparse or click at module level) used to
+    end every ctxkernel command, `profiles` and `validate` included, with its status and no word."""
+    import ctxkernel.plugins as plugins_module
+    from ctxkernel.plugins import Available
+
+    (tmp_path / "exits_at_import.py").write_text("import sys\nsys.exit(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    real = plugins_module.discover
+
+    def with_exiting(*, entry_points: bool = True):
+        available, conflicts = real(entry_points=entry_points)
+        return available | {"exits": Available("exits", "ctxkernel-exits", "0.0.1", "exits_at_import")}, conflicts
+
+    monkeypatch.setattr(plugins_module, "discover", with_exiting)
+    code, out, err = run_cli(capsys, "profiles", "--json")
+    assert code == 0 and "basic" in out
+    assert "strategy 'exits' (ctxkernel-exits) failed to load" in err and "SystemExit" in err
+    path = tmp_path / "p.toml"
+    path.write_text('[profile]\nstrategies = ["exits"]\n')
+    code, out, err = run_cli(capsys, "validate", str(path))
+    assert code == 1 and "exits_at_import" in out and "SystemExit: 3" in out
+
+
 def test_strategies_add_commands_through_the_hook_and_a_broken_one_is_named(capsys, monkeypatch):
     import ctxkernel.plugins as plugins_module
     from ctxkernel.plugins import Available
