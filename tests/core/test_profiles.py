@@ -200,6 +200,32 @@ strategies.basic = { threshold_ratio = 0.5 }
 """
 
 
+@pytest.mark.parametrize(
+    ("policy", "named"),
+    [
+        ("model = { context_windw = 1000 }", "unknown key 'model_policies[0].model.context_windw'"),
+        ("model = { reserved_output_tokens = 200000 }", "model_policies[0].model: Value error"),
+        ("strategies.basic = { threshold = 0.5 }", "unknown key 'model_policies[0].strategies.basic.threshold'"),
+        ("strategies.basic = { threshold_ratio = 2 }", "model_policies[0].strategies.basic.threshold_ratio"),
+    ],
+)
+def test_a_broken_policy_is_refused_when_the_kernel_loads(tmp_path, policy, named):
+    """A policy for another model used to load and serve until a session was first routed to
+    that model (a serve client choosing it), then fail there."""
+    path = write(tmp_path, f'[[model_policies]]\nmatch = {{ name = "small" }}\n{policy}\n')
+    with pytest.raises(ProfileError) as info:
+        Kernel.from_profile(path, store=JsonlStore(tmp_path / "home"), home=tmp_path / "home")
+    assert str(path) in str(info.value) and named in str(info.value)
+
+
+def test_a_profile_edit_with_a_broken_policy_is_not_applied(tmp_path):
+    path = write(tmp_path, '[[model_policies]]\nmatch = { name = "small" }\nmodel = { context_window = 64000 }\n')
+    kernel = Kernel.from_profile(path, store=JsonlStore(tmp_path / "home"), home=tmp_path / "home")
+    path.write_text('[[model_policies]]\nmatch = { name = "small" }\nmodel = { context_windw = 32000 }\n# edited\n')
+    assert kernel.refresh_profile() is False
+    assert kernel.profile.model_for("openai", "small").context_window == 64000
+
+
 def test_per_model_policy_first_match_wins(tmp_path):
     profile = load_profile(write(tmp_path, POLICIES))
     # the exact policy comes first for the reasoner
