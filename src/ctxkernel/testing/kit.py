@@ -9,8 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ValidationError
+
+from ..errors import ProfileError
 from ..kernel import Kernel
 from ..profile import Profile, builtin_profile, load_profile
+from ..settings_check import format_validation_error
 from ..store.jsonl import JsonlStore
 
 
@@ -19,8 +23,13 @@ def make_profile(path: Path | None = None, **overrides: Any) -> Profile:
     profile = load_profile(path) if path else builtin_profile()
     for key, value in overrides.items():
         current = getattr(profile, key)
-        if hasattr(current, "model_copy") and isinstance(value, dict):
-            value = current.model_copy(update=value)
+        if isinstance(current, BaseModel) and isinstance(value, dict):
+            # validated like the file's table (model_copy(update=...) would take a window of 0)
+            table = type(current)
+            try:
+                value = table.model_validate({**current.model_dump(), **value})
+            except ValidationError as exc:
+                raise ProfileError(format_validation_error(exc, "make_profile", table, key)) from None
         setattr(profile, key, value)
     return profile
 
