@@ -394,9 +394,22 @@ class HookFacade:
         return out
 
     def steward_actions(self, session: HookTarget, request: Request) -> list[dict[str, Any]]:
+        """Every strategy's steward calls, in profile order; each ``{"name": tool, "arguments": {...}}``."""
         calls: list[dict[str, Any]] = []
-        for result in self._caller("steward_actions", session)(ctx=session.context, request=request):
-            calls.extend(result or [])
+        for owner, impl in self._impls("steward_actions", session):
+            result = impl.function(*_args(impl, ctx=session.context, request=request))
+            for call in _answer(owner, "steward_actions", result, list) or []:
+                if not (
+                    isinstance(call, dict)
+                    and isinstance(call.get("name"), str)
+                    and isinstance(call.get("arguments", {}), dict)
+                ):
+                    msg = (
+                        f"strategy {owner!r}: its steward_actions hook returned the call {call!r:.80}; accepted: "
+                        '{"name": <tool name>, "arguments": {...}} in a list (see docs/hooks.md)'
+                    )
+                    raise ConfigError(msg)
+                calls.append(call)
         return calls
 
     def register_commands(self, subparsers: Any) -> None:

@@ -154,8 +154,8 @@ def test_header_is_written_only_when_it_changes(setup: Any) -> None:
 class WrongTypes:
     """A strategy whose hooks answer with the wrong type (set per test)."""
 
-    def __init__(self, section: Any = None, summary: Any = None, panel: Any = None) -> None:
-        self.section, self.summary, self.panel = section, summary, panel
+    def __init__(self, section: Any = None, summary: Any = None, panel: Any = None, steward: Any = None) -> None:
+        self.section, self.summary, self.panel, self.steward = section, summary, panel, steward
 
     @ctxkernel.hookimpl
     def register_strategy(self, register: Any) -> None:
@@ -172,6 +172,10 @@ class WrongTypes:
     @ctxkernel.hookimpl
     def project(self, ctx: Any) -> Any:
         return self.panel
+
+    @ctxkernel.hookimpl
+    def steward_actions(self, ctx: Any, request: Any) -> Any:
+        return self.steward
 
 
 def _wrong_kernel(tmp_path: Path, plugin: WrongTypes) -> Any:
@@ -210,3 +214,31 @@ def test_a_status_panel_of_the_wrong_type_names_the_strategy(tmp_path: Path) -> 
     session = _wrong_kernel(tmp_path, WrongTypes(panel="not a dict")).open_session()
     with pytest.raises(ctxkernel.ConfigError, match=r"strategy 'wrong': its project hook returned str"):
         session.project()
+
+
+@pytest.mark.parametrize(
+    "steward",
+    [
+        {"name": "compress", "arguments": {}},  # one call, not a list: its keys became "calls"
+        ["compress"],
+        [{"arguments": {}}],
+        [{"name": "compress", "arguments": ["not", "a", "table"]}],
+    ],
+)
+def test_steward_calls_of_the_wrong_shape_name_the_strategy(tmp_path: Path, steward: Any) -> None:
+    """A dict returned instead of a list was taken apart into its keys, which the simulator then
+    dropped in silence (the strategy's steward never acted); other shapes failed as bare errors."""
+    kernel = _wrong_kernel(tmp_path, WrongTypes(steward=steward))
+    session = kernel.open_session()
+    session.user("hello")
+    request = session.prepare_request()
+    with pytest.raises(ctxkernel.ConfigError, match=r"strategy 'wrong': its steward_actions hook returned"):
+        kernel.hooks.steward_actions(session, request)
+
+
+def test_well_formed_steward_calls_pass_in_profile_order(tmp_path: Path) -> None:
+    calls = [{"name": "compress", "arguments": {"ids": [1]}}, {"name": "drop"}]
+    kernel = _wrong_kernel(tmp_path, WrongTypes(steward=calls))
+    session = kernel.open_session()
+    session.user("hello")
+    assert kernel.hooks.steward_actions(session, session.prepare_request()) == calls
