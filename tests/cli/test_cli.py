@@ -106,6 +106,28 @@ def test_profiles_marks_an_invalid_profile(capsys, tmp_path, monkeypatch):
     assert "INVALID" in line and "model.window" in line
 
 
+def test_profiles_prints_a_description_s_control_characters_escaped(capsys, tmp_path, monkeypatch):
+    """A profile's description went to the terminal as it was: a file from an untrusted branch
+    could retitle the window, clear the screen or hide lines of a CI log."""
+    folder = tmp_path / "extra"
+    folder.mkdir()
+    (folder / "evil.toml").write_text('[profile]\ndescription = "fine\\u001b]0;owned\\u0007\\u001b[2J text"\n')
+    monkeypatch.setenv("CTXKERNEL_PROFILE_PATH", str(folder))
+    code, out, _ = run_cli(capsys, "profiles")
+    assert code == 0
+    line = next(line for line in out.splitlines() if line.startswith("evil"))
+    assert "\x1b" not in out and "\x07" not in out
+    assert "fine\\x1b]0;owned\\x07\\x1b[2J text" in line
+
+
+def test_validate_prints_control_characters_of_the_profile_escaped(capsys, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[profile]\nstrategies = ["x\\u001b[31m"]\n')
+    code, out, _ = run_cli(capsys, "validate", str(bad))
+    assert code == 1 and "\x1b" not in out
+    assert any("FAIL" in line and "x\\x1b[31m" in line for line in out.splitlines())
+
+
 # -- validate -----------------------------------------------------------------------------------------
 def test_validate_shipped_profile_by_name_exits_0(capsys):
     code, out, _ = run_cli(capsys, "validate", "basic")
