@@ -17,6 +17,7 @@ import os
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -157,6 +158,28 @@ class SummarizerSettings(_Strict):
     model: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
     timeout_seconds: float = Field(default=120.0, gt=0, le=86_400)
+
+    # what the summarizer model's constructor would refuse at the first compaction, refused when
+    # the profile loads (and so by `ctxkernel validate`)
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        try:
+            parts = urlsplit(value) if value is not None else None
+            host = parts.hostname if parts is not None else ""
+        except ValueError:
+            parts, host = None, None
+        if value is not None and (parts is None or parts.scheme not in ("http", "https") or not host):
+            msg = "must be an http:// or https:// URL with a host, e.g. https://api.openai.com/v1"
+            raise ValueError(msg)
+        return value
+
+    @model_validator(mode="after")
+    def _model_for_openai(self) -> SummarizerSettings:
+        if self.kind == "openai" and not self.model:
+            msg = "kind = 'openai' needs 'model' (the name of the model that writes summaries); set summarizer.model"
+            raise ValueError(msg)
+        return self
 
 
 class ServeSettings(_Strict):

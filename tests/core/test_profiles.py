@@ -226,6 +226,35 @@ def test_a_profile_edit_with_a_broken_policy_is_not_applied(tmp_path):
     assert kernel.profile.model_for("openai", "small").context_window == 64000
 
 
+@pytest.mark.parametrize(
+    ("table", "named"),
+    [
+        ('kind = "openai"', "summarizer: Value error, kind = 'openai' needs 'model'"),
+        ('kind = "openai"\nmodel = ""', "summarizer: Value error, kind = 'openai' needs 'model'"),
+        ('kind = "openai"\nmodel = "m"\nbase_url = "not a url"', "summarizer.base_url: Value error"),
+        ('kind = "openai"\nmodel = "m"\nbase_url = "file:///etc/passwd"', "summarizer.base_url: Value error"),
+        ('base_url = "ftp://user:secret@host/v1"', "summarizer.base_url: Value error"),
+    ],
+)
+def test_a_summarizer_that_cannot_work_is_refused_when_the_profile_loads(tmp_path, table, named):
+    """kind = "openai" without a model passed `ctxkernel validate` and Kernel.from_profile, and
+    failed at the session's first compaction, turns into the work."""
+    path = write(tmp_path, f"[summarizer]\n{table}\n")
+    with pytest.raises(ProfileError) as info:
+        load_profile(path)
+    message = str(info.value)
+    assert str(path) in message and named in message and "secret" not in message
+
+
+def test_simulate_names_a_summarizer_spec_the_settings_refuse():
+    from ctxkernel.simulate.recording import RecordingError
+    from ctxkernel.simulate.replay import summarizer_settings
+
+    assert summarizer_settings("openai:m@http://127.0.0.1:9/v1").model == "m"
+    with pytest.raises(RecordingError, match=r"--summarizer 'openai:m@ftp://x': .*base_url"):
+        summarizer_settings("openai:m@ftp://x")
+
+
 def test_per_model_policy_first_match_wins(tmp_path):
     profile = load_profile(write(tmp_path, POLICIES))
     # the exact policy comes first for the reasoner
