@@ -64,6 +64,12 @@ class Available:
             what = f"{type(exc).__name__}: {exc}" if isinstance(exc, SystemExit) else str(exc)
             msg = f"strategy {self.name!r} from {self.distribution} {self.version} failed to load {self.target}: {what}"
             raise ConfigError(msg) from exc
+        if obj is None:  # pluggy would stop at an assertion
+            msg = (
+                f"strategy {self.name!r} from {self.distribution} {self.version}: its entry point {self.target} "
+                "names None; accepted: a module or an object with hook implementations"
+            )
+            raise ConfigError(msg)
         return obj
 
 

@@ -171,6 +171,17 @@ BROKEN_REGISTRATIONS = {
 }
 
 
+def test_an_entry_point_naming_none_fails_naming_the_strategy(tmp_path, site):
+    """`broken = module:PLUGIN` with PLUGIN = None ended validate with pluggy's AssertionError."""
+    module = site.install("nothing", source="PLUGIN = None\n")
+    entry_points = next(site.root.glob("ctxkernel_nothing-*.dist-info")) / "entry_points.txt"
+    entry_points.write_text(f"[ctxkernel.strategies]\nnothing = {module}:PLUGIN\n")
+    path = write(tmp_path, '[profile]\nstrategies = ["nothing", "basic"]\n')
+    (message,) = failures(validate_profile(path), "hooks")
+    assert "PLUGIN" in message and "None" in message
+    assert_names(message, path, "nothing")
+
+
 @pytest.mark.parametrize("case", sorted(BROKEN_REGISTRATIONS))
 def test_a_broken_register_strategy_fails_naming_the_strategy(tmp_path, site, case):
     """register_strategy raising, or handing over something that is not a valid StrategySpec,
