@@ -177,3 +177,11 @@ def test_build_kernel_validates_the_tables_it_overrides(tmp_path, tables, named)
     """The overrides were copied in unvalidated: a kernel with a window of 0 (or True) was built."""
     with pytest.raises(ctxkernel.ProfileError, match=named):
         build_kernel(tmp_path, **tables)
+
+
+@pytest.mark.parametrize("strategies", ["basic", {"basic": {"threshold_ratio": 0.5}}, [1], ["basic", None]])
+def test_check_conformance_refuses_strategies_that_are_not_a_list_of_names(tmp_path, strategies):
+    """A string ran strategies 'b', 'a', 's'...; a table of settings ran its keys with the settings
+    dropped in silence; a non-string name ended in a pydantic traceback."""
+    with pytest.raises(TypeError, match=r"check_conformance\(strategies=\.\.\.\) takes the list of strategy names"):
+        check_conformance(tmp_path, strategies, entry_points=False, turns=1)

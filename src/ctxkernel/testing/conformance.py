@@ -36,6 +36,7 @@ from ..settings_check import format_validation_error
 from ..snapshot import LazyEvents, strategy_parts
 from ..store.base import EventStore
 from ..store.jsonl import JsonlStore
+from .kit import check_strategy_names
 
 
 class ConformanceError(AssertionError):
@@ -257,6 +258,7 @@ def check_conformance(  # noqa: C901
     jsonl store in ``home``); ``snapshot_every`` is the session's ``[store] snapshot_every``
     (small, so that restarts open from a snapshot with a tail to replay)."""
     home = Path(home)
+    check_strategy_names(strategies, "check_conformance")
     base = profile if profile is not None else builtin_profile()
     model, store_settings = _checked_arguments(
         base,

@@ -34,6 +34,17 @@ def make_profile(path: Path | None = None, **overrides: Any) -> Profile:
     return profile
 
 
+def check_strategy_names(strategies: Any, caller: str) -> None:
+    """Refuse ``strategies`` unless it is a list of names (TypeError): a string would be taken
+    letter by letter, a table of settings for its keys with the settings dropped."""
+    if isinstance(strategies, (str, bytes, dict)) or not all(isinstance(s, str) for s in strategies):
+        msg = (
+            f"{caller}(strategies=...) takes the list of strategy names, got {strategies!r:.120}; "
+            'give their [strategies.<name>] tables as settings={"<name>": {...}}'
+        )
+        raise TypeError(msg)
+
+
 def build_kernel(
     home: Path,
     *,
@@ -49,14 +60,8 @@ def build_kernel(
     ``settings`` holds their ``[strategies.<name>]`` tables (as in :func:`check_conformance`).
     With ``entry_points=False`` only built-ins and the ``plugins`` given here are available.
     ``fsync=False`` skips the store's fsyncs (tests whose subject is not durability run faster)."""
-    if strategies is not None and (
-        isinstance(strategies, (str, dict)) or not all(isinstance(s, str) for s in strategies)
-    ):
-        msg = (
-            f"build_kernel(strategies=...) takes the list of strategy names, got {strategies!r:.120}; "
-            'give their [strategies.<name>] tables as settings={"<name>": {...}}'
-        )
-        raise TypeError(msg)
+    if strategies is not None:
+        check_strategy_names(strategies, "build_kernel")
     profile = profile or make_profile(**profile_tables)
     if strategies is not None:
         profile.profile.strategies = list(strategies)
