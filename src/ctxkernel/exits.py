@@ -5,6 +5,7 @@ importing the ``ctxkernel`` command itself (which would put ``store`` in an impo
 from __future__ import annotations
 
 import sys
+import unicodedata
 
 import orjson
 
@@ -20,4 +21,11 @@ def one_line(text: object) -> str:
     return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
 
 
-__all__ = ["EXIT_INVALID", "EXIT_OK", "EXIT_USAGE", "dump_json", "one_line"]
+def printable(text: object) -> str:
+    """``text`` safe to write to a terminal: control characters (an escape sequence from a profile
+    file retitles the window or clears the screen) and lone surrogates written as ``\\x1b``,
+    ``\\n``, ``\\udcff``, the way ``repr`` writes them."""
+    return "".join(repr(char)[1:-1] if unicodedata.category(char) in ("Cc", "Cs") else char for char in str(text))
+
+
+__all__ = ["EXIT_INVALID", "EXIT_OK", "EXIT_USAGE", "dump_json", "one_line", "printable"]

@@ -32,10 +32,10 @@ from .guard import excerpt_oversized
 from .instructions import pin_cost, protected
 from .logging import get_logger
 from .messages import Message, Source
-from .profile import strategy_settings_from
 from .recall.history import History
 from .recall.notes import STATE_KEY as NOTES_STATE_KEY
 from .recall.notes import Note, Notes, NotesLimits, StagedNotes
+from .settings_check import strategy_settings_from
 from .spans import CommitResult, Span
 from .spec import NoSettings, StrategySnapshot, StrategySpec
 from .store.base import BlobInfo, EventStore

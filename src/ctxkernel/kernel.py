@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from . import instructions
 from . import ledger as work_ledger
@@ -15,8 +15,9 @@ from .events import random_hex, utc_now
 from .logging import get_logger
 from .meter import Tokenizer, get_tokenizer
 from .plugins import StrategyManager, StrategySpec
-from .profile import Profile, load_profile, profile_stamp, strategy_settings_from
+from .profile import ModelSettings, Profile, deep_merge, load_profile, profile_stamp
 from .session import Session
+from .settings_check import format_validation_error, strategy_settings_from
 from .store import EventStore, SessionHeader, default_home, store_from_settings
 
 log = get_logger("ctxkernel.kernel")
@@ -57,6 +58,7 @@ class Kernel:
             for name in self.profile.profile.strategies:
                 self.strategy_settings(name)  # fail fast on bad settings
             self._check_unknown_strategy_tables()
+            self._check_policies(self.profile)
 
     @classmethod
     def from_profile(cls, name_or_path: str | os.PathLike[str] | None = None, **kwargs: Any) -> Kernel:
@@ -112,6 +114,24 @@ class Kernel:
             )
             raise ProfileError(msg)
 
+    def _check_policies(self, profile: Profile) -> None:
+        """Every model policy's ``model`` and strategy tables validate now, not when a session is
+        first routed to its model (a serve client choosing it): ProfileError naming the key."""
+        for index, policy in enumerate(profile.model_policies):
+            label = f"model_policies[{index}]"
+            if policy.model:
+                try:
+                    ModelSettings(**(profile.model.model_dump() | policy.model))
+                except ValidationError as exc:
+                    raise ProfileError(
+                        format_validation_error(exc, profile.where, ModelSettings, f"{label}.model")
+                    ) from None
+            for name, table in policy.strategies.items():
+                spec = self.plugins.specs.get(name)
+                if spec is not None:
+                    raw = deep_merge(profile.strategies.get(name, {}), table)
+                    strategy_settings_from(spec.settings, raw, profile.where, f"{label}.strategies.{name}")
+
     def refresh_profile(self) -> bool:
         """Reload the profile file when it changed on disk, so edited settings (thresholds, model
         policies, every strategy's table) apply from the next step without a new Kernel. Called
@@ -136,6 +156,7 @@ class Kernel:
                     strategy_settings_from(
                         spec.settings, fresh.strategy_settings(name), fresh.where, f"strategies.{name}"
                     )
+            self._check_policies(fresh)
         except CtxKernelError as exc:
             log.error("profile edit not applied; the running settings stay", profile=str(path), error=str(exc))
             return False

@@ -60,9 +60,16 @@ class Available:
             obj = importlib.import_module(module_name)
             for part in attr.split(".") if attr else ():
                 obj = getattr(obj, part)
-        except Exception as exc:
-            msg = f"strategy {self.name!r} from {self.distribution} {self.version} failed to load {self.target}: {exc}"
+        except (Exception, SystemExit) as exc:  # a module that exits at import must not end the command
+            what = f"{type(exc).__name__}: {exc}" if isinstance(exc, SystemExit) else str(exc)
+            msg = f"strategy {self.name!r} from {self.distribution} {self.version} failed to load {self.target}: {what}"
             raise ConfigError(msg) from exc
+        if obj is None:  # pluggy would stop at an assertion
+            msg = (
+                f"strategy {self.name!r} from {self.distribution} {self.version}: its entry point {self.target} "
+                "names None; accepted: a module or an object with hook implementations"
+            )
+            raise ConfigError(msg)
         return obj
 
 
@@ -157,15 +164,24 @@ class StrategyManager:
         try:
             self.pm.check_pending()
             impl = self.pm.hook.register_strategy.get_hookimpls()
+            origin = f"plugin {name!r} ({distribution or 'unknown distribution'})"
             for hookimpl in impl:
                 if hookimpl.plugin is plugin:
-                    hookimpl.function(register=declared.append)
+                    try:
+                        hookimpl.function(register=declared.append)
+                    except Exception as exc:  # the plugin's own failure, told with its name
+                        msg = f"{origin}: register_strategy raised {type(exc).__name__}: {exc}"
+                        raise ConfigError(msg) from exc
+            wrong = [s for s in declared if not isinstance(s, StrategySpec)]
+            if wrong:
+                msg = (
+                    f"{origin}: register_strategy must register a ctxkernel.StrategySpec (or STRATEGY.spec); "
+                    f"it registered {type(wrong[0]).__name__} {wrong[0]!r:.80}"
+                )
+                raise ConfigError(msg)
             if len(declared) != 1 or declared[0].name != name:
                 got = [s.name for s in declared]
-                msg = (
-                    f"plugin {name!r} ({distribution or 'unknown distribution'}) must register exactly one "
-                    f"strategy named {name!r} in register_strategy; it registered {got}"
-                )
+                msg = f"{origin} must register exactly one strategy named {name!r} in register_strategy; it registered {got}"
                 raise ConfigError(msg)
         except Exception:
             self.pm.unregister(plugin)
@@ -239,6 +255,19 @@ def _args(impl: Any, **kwargs: Any) -> list[Any]:
     return [kwargs[name] for name in impl.argnames]
 
 
+def _answer(owner: str, hook: str, result: Any, accepted: type | tuple[type, ...]) -> Any:
+    """``result`` when it is None or of an ``accepted`` type; otherwise a :class:`ConfigError`
+    naming the strategy and its hook (a wrong type used to fail later as a bare AttributeError)."""
+    if result is None or isinstance(result, accepted):
+        return result
+    names = " or ".join(t.__name__ for t in (accepted if isinstance(accepted, tuple) else (accepted,)))
+    msg = (
+        f"strategy {owner!r}: its {hook} hook returned {type(result).__name__} {result!r:.80}; "
+        f"accepted: a {names} or None (see docs/hooks.md)"
+    )
+    raise ConfigError(msg)
+
+
 class HookFacade:
     """One typed method per hook; the only caller of ``pm.hook``.
 
@@ -287,7 +316,12 @@ class HookFacade:
         self._caller("register_tools", session)(register=register, ctx=session.context)
 
     def system_prompt(self, session: HookTarget) -> list[str]:
-        return [s for s in self._caller("system_prompt", session)(ctx=session.context) if s]
+        sections = []
+        for owner, impl in self._impls("system_prompt", session):
+            section = _answer(owner, "system_prompt", impl.function(*_args(impl, ctx=session.context)), str)
+            if section:
+                sections.append(section)
+        return sections
 
     def pre_step(self, session: HookTarget, step: StepContext) -> None:
         """Each strategy's ``pre_step`` in turn. An edit the prompt cache's break-even rule
@@ -308,9 +342,16 @@ class HookFacade:
     def decorate_request(self, session: HookTarget, request: Request) -> None:
         self._call_if_implemented("decorate_request", session, request=request)
 
-    def summarize(self, session: HookTarget, region: Region) -> Summary | None:
-        summary: Summary | None = self._caller("summarize", session)(ctx=session.context, region=region)
-        return summary
+    def summarize(self, session: HookTarget, region: Region) -> Summary | str | None:
+        """The first summary a strategy writes for ``region``, in call order (``trylast`` last)."""
+        from .spans import Summary
+
+        for owner, impl in self._impls("summarize", session):
+            result = impl.function(*_args(impl, ctx=session.context, region=region))
+            if result is not None:
+                summary: Summary | str = _answer(owner, "summarize", result, (Summary, str))
+                return summary
+        return None
 
     def sanitize_reply(self, session: HookTarget, reply: ReplyDraft) -> None:
         self._call_if_implemented("sanitize_reply", session, reply=reply)
@@ -339,7 +380,7 @@ class HookFacade:
         out: dict[str, dict[str, Any]] = {}
         # walk the implementations in call order so each contribution keeps its owner's name
         for owner, impl in self._impls("project", session):
-            result: Any = impl.function(*_args(impl, ctx=session.context))
+            result = _answer(owner, "project", impl.function(*_args(impl, ctx=session.context)), dict)
             if result:
                 out[owner] = result
         return out
@@ -359,9 +400,22 @@ class HookFacade:
         return out
 
     def steward_actions(self, session: HookTarget, request: Request) -> list[dict[str, Any]]:
+        """Every strategy's steward calls, in profile order; each ``{"name": tool, "arguments": {...}}``."""
         calls: list[dict[str, Any]] = []
-        for result in self._caller("steward_actions", session)(ctx=session.context, request=request):
-            calls.extend(result or [])
+        for owner, impl in self._impls("steward_actions", session):
+            result = impl.function(*_args(impl, ctx=session.context, request=request))
+            for call in _answer(owner, "steward_actions", result, list) or []:
+                if not (
+                    isinstance(call, dict)
+                    and isinstance(call.get("name"), str)
+                    and isinstance(call.get("arguments", {}), dict)
+                ):
+                    msg = (
+                        f"strategy {owner!r}: its steward_actions hook returned the call {call!r:.80}; accepted: "
+                        '{"name": <tool name>, "arguments": {...}} in a list (see docs/hooks.md)'
+                    )
+                    raise ConfigError(msg)
+                calls.append(call)
         return calls
 
     def register_commands(self, subparsers: Any) -> None:
@@ -388,11 +442,20 @@ class HookFacade:
     def register_tools_each(self, session: HookTarget) -> dict[str, list[Tool]]:
         """The tools each strategy registers for ``session``, by strategy, duplicates kept (for
         ``ctxkernel validate``, which reports collisions instead of refusing them)."""
+        from .tools import Tool
+
         owners: dict[str, list[Tool]] = {}
         for impl in reversed(self._hook.register_tools.get_hookimpls()):
             name = self._pm.get_name(impl.plugin) or impl.plugin_name
             found = owners.setdefault(name, [])
-            impl.function(*_args(impl, register=found.append, ctx=session.context))
+
+            def register(tool: Any, name: str = name, found: list[Tool] = found) -> None:
+                if not isinstance(tool, Tool):
+                    msg = f"strategy {name!r}: register_tools must register ctxkernel.Tool objects, got {type(tool).__name__}"
+                    raise ConfigError(msg)
+                found.append(tool)
+
+            impl.function(*_args(impl, register=register, ctx=session.context))
         return owners
 
 

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import math
 import os
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -30,7 +31,7 @@ from pydantic_settings import (
 )
 
 from .errors import ConfigError, ProfileError
-from .redact import redact
+from .settings_check import BOOL_NOT_NUMBER, format_validation_error, numeric
 
 ENV_PREFIX = "CTXKERNEL_"
 #: the largest token count a setting may hold (no model window comes near it)
@@ -49,6 +50,15 @@ class _Strict(BaseModel):
     # inf and nan are refused everywhere (a TOML file may write them): a bound that holds any
     # finite number still fails open on inf, e.g. a timeout that overflows the clock it is added to
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # Python counts a bool as an int and pydantic's lax mode takes it: `pool_size = true`
+        # would be 1 and `snapshot_every = true` a snapshot at every event
+        if isinstance(value, bool) and info.field_name and numeric(cls.model_fields[info.field_name].annotation):
+            raise PydanticCustomError("bool_not_number", BOOL_NOT_NUMBER)
+        return value
 
 
 class ProfileInfo(_Strict):
@@ -148,6 +158,28 @@ class SummarizerSettings(_Strict):
     model: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
     timeout_seconds: float = Field(default=120.0, gt=0, le=86_400)
+
+    # what the summarizer model's constructor would refuse at the first compaction, refused when
+    # the profile loads (and so by `ctxkernel validate`)
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        try:
+            parts = urlsplit(value) if value is not None else None
+            host = parts.hostname if parts is not None else ""
+        except ValueError:
+            parts, host = None, None
+        if value is not None and (parts is None or parts.scheme not in ("http", "https") or not host):
+            msg = "must be an http:// or https:// URL with a host, e.g. https://api.openai.com/v1"
+            raise ValueError(msg)
+        return value
+
+    @model_validator(mode="after")
+    def _model_for_openai(self) -> SummarizerSettings:
+        if self.kind == "openai" and not self.model:
+            msg = "kind = 'openai' needs 'model' (the name of the model that writes summaries); set summarizer.model"
+            raise ValueError(msg)
+        return self
 
 
 class ServeSettings(_Strict):
@@ -365,6 +397,18 @@ class _ProfileEnvSource(EnvSettingsSource):
             self.env_vars.pop(key, None)  # type: ignore[attr-defined]
 
     def __call__(self) -> dict[str, Any]:
+        # a variable with a nested key (``__``) is meant for a table: one under no table of the
+        # profile (CTXKERNEL_MODLE__CONTEXT_WINDOW) is a typo, which pydantic-settings ignores
+        prefix = ENV_PREFIX.lower()
+        accepted = sorted(Profile.model_fields)
+        for variable in sorted(self.env_vars):
+            table, nested, _ = variable[len(prefix) :].partition("__")
+            if variable.startswith(prefix) and nested and table not in Profile.model_fields:
+                msg = (
+                    f"environment variable {variable.upper()}: {table!r} is no table of a profile; accepted: "
+                    f"{ENV_PREFIX}<TABLE>__<KEY> with TABLE one of {accepted} (case-insensitive)"
+                )
+                raise ProfileError(msg)
         data = super().__call__()
         tables = data.get("strategies")
         if isinstance(tables, dict) and tables:
@@ -609,80 +653,3 @@ def _build(path: Path | None, where: str) -> Profile:
         raise ProfileError(msg) from None
     finally:
         _LOADING.clear()
-
-
-def accepted_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None:
-    """Field names accepted at ``loc`` inside ``model`` (None when not a model there)."""
-    current: Any = model
-    for part in loc:
-        if not (isinstance(current, type) and issubclass(current, BaseModel)):
-            return None
-        field = current.model_fields.get(str(part))
-        if field is None:
-            break
-        annotation = field.annotation
-        current = _model_in(annotation)
-        if current is None:
-            return None
-    if isinstance(current, type) and issubclass(current, BaseModel):
-        return sorted(current.model_fields)
-    return None
-
-
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in getattr(annotation, "__args__", ()) or ():
-        found = _model_in(arg)
-        if found is not None:
-            return found
-    return None
-
-
-def strategy_settings_from(model: type[BaseModel], raw: dict[str, Any], where: str, table: str) -> BaseModel:
-    """A strategy's settings validated by its own model, then checked for non-finite numbers
-    (inf, nan), which a third-party model may let through; :class:`ProfileError` names the key."""
-    try:
-        settings = model.model_validate(raw)
-    except ValidationError as exc:
-        raise ProfileError(format_validation_error(exc, where, model, table)) from None
-    bad = _non_finite(settings)
-    if bad:
-        msg = "\n".join(f"{where}: {table}.{key}: must be a finite number (got {value!r})" for key, value in bad)
-        raise ProfileError(msg)
-    return settings
-
-
-def _non_finite(value: Any, key: str = "") -> list[tuple[str, float]]:
-    if isinstance(value, float):
-        return [] if math.isfinite(value) else [(key, value)]
-    if isinstance(value, BaseModel):
-        items: Any = ((name, getattr(value, name)) for name in type(value).model_fields)
-    elif isinstance(value, dict):
-        items = value.items()
-    elif isinstance(value, (list, tuple)):
-        items = ((f"[{i}]", v) for i, v in enumerate(value))
-    else:
-        return []
-    out = []
-    for name, inner in items:
-        sub = f"{key}{name}" if str(name).startswith("[") else (f"{key}.{name}" if key else str(name))
-        out += _non_finite(inner, sub)
-    return out
-
-
-def format_validation_error(exc: ValidationError, where: str, model: type[BaseModel], table: str = "") -> str:
-    """One line per problem: file, table and key, what was wrong, and what is accepted."""
-    lines = []
-    for err in exc.errors():
-        loc = tuple(p for p in err["loc"] if not isinstance(p, int))
-        key = ".".join(str(p) for p in loc)
-        full = f"{table}.{key}" if table and key else (table or key)
-        if err["type"] == "extra_forbidden":
-            accepted = accepted_keys(model, loc[:-1])
-            lines.append(f"{where}: unknown key {full!r}; accepted keys: {accepted}")
-        else:
-            # the value is echoed to help: a misplaced DSN or URL must not bring its password along
-            got = redact(repr(err.get("input"))[:400])[:80]
-            lines.append(f"{where}: {full or '(top level)'}: {err['msg']} (got {got})")
-    return "\n".join(lines)

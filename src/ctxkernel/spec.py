@@ -32,7 +32,25 @@ class StrategySpec:
     version: str = ""
 
     def __post_init__(self) -> None:
-        self.capabilities = frozenset(self.capabilities)
+        # a strategy's own declaration: a wrong type is told here, naming what is accepted, and
+        # never taken apart (frozenset("pressure") would claim the letters p, r, e, s, u)
+        capabilities: Any = self.capabilities
+        if isinstance(capabilities, (str, bytes)) or not isinstance(capabilities, (set, frozenset, list, tuple)):
+            msg = (
+                f"strategy {self.name!r}: capabilities must be a set of names such as {{'pressure'}}, "
+                f"got {type(capabilities).__name__} {capabilities!r:.80}"
+            )
+            raise ConfigError(msg)
+        if not all(isinstance(c, str) for c in capabilities):
+            msg = f"strategy {self.name!r}: every capability must be a name (a string), got {capabilities!r:.80}"
+            raise ConfigError(msg)
+        self.capabilities = frozenset(capabilities)
+        if not (isinstance(self.settings, type) and issubclass(self.settings, BaseModel)):
+            msg = (
+                f"strategy {self.name!r}: settings must be a pydantic model class (a BaseModel subclass with "
+                f"model_config = ConfigDict(extra='forbid')), got {self.settings!r:.80}"
+            )
+            raise ConfigError(msg)
         extra = self.settings.model_config.get("extra")
         if extra != "forbid":
             msg = (

@@ -34,17 +34,10 @@ from . import hookspecs
 from .errors import ConfigError, CtxKernelError, ProfileError
 from .guard import header_refusal
 from .plugins import EXCLUSIVE_CAPABILITIES, StrategyManager, StrategySpec
-from .profile import (
-    ModelSettings,
-    Profile,
-    deep_merge,
-    find_profile,
-    format_validation_error,
-    load_profile,
-    strategy_settings_from,
-)
+from .profile import ModelSettings, Profile, deep_merge, find_profile, load_profile
 from .redact import redact
 from .report import CHECKS, Check, ValidationReport
+from .settings_check import format_validation_error, strategy_settings_from
 
 if TYPE_CHECKING:
     from .session import Session
@@ -93,6 +86,12 @@ def _strategy_in(line: str) -> str | None:
     if marker in line:
         return line.split(marker, 1)[1].split(".", 1)[0].split("'", 1)[0]
     return None
+
+
+def _strategy_named(message: str) -> str | None:
+    """The strategy a kernel error about a hook names (``strategy 'x': ...``), if any."""
+    marker = "strategy '"
+    return message.split(marker, 1)[1].split("'", 1)[0] if message.startswith(marker) else None
 
 
 def _fix_for(line: str) -> str:
@@ -522,6 +521,13 @@ class _Validator:
             try:
                 if self.check_tools(session):
                     self.check_header(session)
+            except CtxKernelError as exc:  # a strategy's hook answered with what the kernel refuses
+                self.report.fail(
+                    "tools",
+                    _strategy_named(str(exc)),
+                    f"{exc}. Fix: correct the strategy named in the error, or remove it from [profile] strategies",
+                )
+            try:
                 self.check_strategy_hooks()
             finally:
                 session.store.close()

@@ -106,6 +106,28 @@ def test_profiles_marks_an_invalid_profile(capsys, tmp_path, monkeypatch):
     assert "INVALID" in line and "model.window" in line
 
 
+def test_profiles_prints_a_description_s_control_characters_escaped(capsys, tmp_path, monkeypatch):
+    """A profile's description went to the terminal as it was: a file from an untrusted branch
+    could retitle the window, clear the screen or hide lines of a CI log."""
+    folder = tmp_path / "extra"
+    folder.mkdir()
+    (folder / "evil.toml").write_text('[profile]\ndescription = "fine\\u001b]0;owned\\u0007\\u001b[2J text"\n')
+    monkeypatch.setenv("CTXKERNEL_PROFILE_PATH", str(folder))
+    code, out, _ = run_cli(capsys, "profiles")
+    assert code == 0
+    line = next(line for line in out.splitlines() if line.startswith("evil"))
+    assert "\x1b" not in out and "\x07" not in out
+    assert "fine\\x1b]0;owned\\x07\\x1b[2J text" in line
+
+
+def test_validate_prints_control_characters_of_the_profile_escaped(capsys, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[profile]\nstrategies = ["x\\u001b[31m"]\n')
+    code, out, _ = run_cli(capsys, "validate", str(bad))
+    assert code == 1 and "\x1b" not in out
+    assert any("FAIL" in line and "x\\x1b[31m" in line for line in out.splitlines())
+
+
 # -- validate -----------------------------------------------------------------------------------------
 def test_validate_shipped_profile_by_name_exits_0(capsys):
     code, out, _ = run_cli(capsys, "validate", "basic")
@@ -461,6 +483,30 @@ def test_console_script_runs_plugins_and_validate(tmp_path, env):
 
 
 # -- strategies' commands (the register_commands hook) -----------------------------------------------
+def test_a_strategy_that_exits_at_import_is_named_and_every_command_still_runs(capsys, monkeypatch, tmp_path):
+    """A plugin module calling sys.exit() on import (argparse or click at module level) used to
+    end every ctxkernel command, `profiles` and `validate` included, with its status and no word."""
+    import ctxkernel.plugins as plugins_module
+    from ctxkernel.plugins import Available
+
+    (tmp_path / "exits_at_import.py").write_text("import sys\nsys.exit(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    real = plugins_module.discover
+
+    def with_exiting(*, entry_points: bool = True):
+        available, conflicts = real(entry_points=entry_points)
+        return available | {"exits": Available("exits", "ctxkernel-exits", "0.0.1", "exits_at_import")}, conflicts
+
+    monkeypatch.setattr(plugins_module, "discover", with_exiting)
+    code, out, err = run_cli(capsys, "profiles", "--json")
+    assert code == 0 and "basic" in out
+    assert "strategy 'exits' (ctxkernel-exits) failed to load" in err and "SystemExit" in err
+    path = tmp_path / "p.toml"
+    path.write_text('[profile]\nstrategies = ["exits"]\n')
+    code, out, err = run_cli(capsys, "validate", str(path))
+    assert code == 1 and "exits_at_import" in out and "SystemExit: 3" in out
+
+
 def test_strategies_add_commands_through_the_hook_and_a_broken_one_is_named(capsys, monkeypatch):
     import ctxkernel.plugins as plugins_module
     from ctxkernel.plugins import Available

@@ -218,3 +218,13 @@ def test_a_description_with_a_control_character_is_refused(capsys, tmp_path, con
     assert code == 2 and not out
     assert "--description" in err and "control character" in err and f"U+{ord(control[0]):04X}" in err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("lone", ["\udcff", "\ud800"])
+def test_a_description_that_is_not_text_is_refused_before_anything_is_written(capsys, tmp_path, lone):
+    # an argument holding a byte that is not UTF-8 reaches Python as a lone surrogate: writing it
+    # failed with a UnicodeEncodeError traceback after the folder and README.md were made
+    code, out, err = run(capsys, "new-strategy", "lone", "--to", str(tmp_path), "--description", f"bad{lone}byte")
+    assert code == 2 and not out
+    assert "--description" in err and f"U+{ord(lone):04X}" in err and "UTF-8" in err
+    assert list(tmp_path.iterdir()) == []

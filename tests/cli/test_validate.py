@@ -160,6 +160,61 @@ def test_settings_model_that_accepts_unknown_keys_fails(tmp_path, site):
     assert_names(message, path, "loose")
 
 
+BROKEN_REGISTRATIONS = {
+    "raises": ("raise ValueError('no settings today')", "ValueError: no settings today"),
+    "not-a-spec": ("register({'name': 'broken'})", "dict"),
+    "settings-not-a-model": ("register(ctxkernel.StrategySpec('broken', settings=dict))", "pydantic model"),
+    "capabilities-a-string": (
+        "register(ctxkernel.StrategySpec('broken', capabilities='pressure'))",
+        "'pressure'",
+    ),
+}
+
+
+def test_an_entry_point_naming_none_fails_naming_the_strategy(tmp_path, site):
+    """`broken = module:PLUGIN` with PLUGIN = None ended validate with pluggy's AssertionError."""
+    module = site.install("nothing", source="PLUGIN = None\n")
+    entry_points = next(site.root.glob("ctxkernel_nothing-*.dist-info")) / "entry_points.txt"
+    entry_points.write_text(f"[ctxkernel.strategies]\nnothing = {module}:PLUGIN\n")
+    path = write(tmp_path, '[profile]\nstrategies = ["nothing", "basic"]\n')
+    (message,) = failures(validate_profile(path), "hooks")
+    assert "PLUGIN" in message and "None" in message
+    assert_names(message, path, "nothing")
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_REGISTRATIONS))
+def test_a_broken_register_strategy_fails_naming_the_strategy(tmp_path, site, case):
+    """register_strategy raising, or handing over something that is not a valid StrategySpec,
+    used to end `ctxkernel validate` with a traceback (or, for capabilities given as one string,
+    to claim the letters 'p', 'r', 'e'... instead of 'pressure')."""
+    body, expected = BROKEN_REGISTRATIONS[case]
+    source = f"import ctxkernel\n\n\n@ctxkernel.hookimpl\ndef register_strategy(register):\n    {body}\n"
+    site.install("broken", source=source)
+    path = write(tmp_path, '[profile]\nstrategies = ["broken", "basic"]\n')
+    report = validate_profile(path)
+    (message,) = failures(report, "hooks")
+    assert expected in message and "register_strategy" in message and "ctxkernel-broken" in message
+    assert_names(message, path, "broken")
+
+
+@pytest.mark.parametrize(
+    ("hook", "expected"),
+    [
+        ("def system_prompt(ctx):\n    return 42\n", "its system_prompt hook returned int"),
+        ("def register_tools(register, ctx):\n    register('a tool')\n", "must register ctxkernel.Tool objects"),
+    ],
+)
+def test_a_hook_answering_with_the_wrong_type_fails_naming_the_strategy(tmp_path, site, hook, expected):
+    """Used to end `ctxkernel validate` with a bare AttributeError from the throwaway session."""
+    source = support.TEMPLATE.format(name="wrongly", capabilities=set(), tools=[])
+    source = source.split("@ctxkernel.hookimpl\ndef register_tools")[0] + "\n@ctxkernel.hookimpl\n" + hook
+    site.install("wrongly", source=source)
+    path = write(tmp_path, '[profile]\nstrategies = ["wrongly", "basic"]\n')
+    (message,) = failures(validate_profile(path), "tools")
+    assert expected in message
+    assert_names(message, path, "wrongly")
+
+
 # -- settings and policies --------------------------------------------------------------------------
 def test_unknown_strategy_key_names_file_table_key_and_accepted_keys(tmp_path):
     path = write(tmp_path, "[strategies.basic]\nthreshold = 0.7\n")

@@ -149,3 +149,96 @@ def test_header_is_written_only_when_it_changes(setup: Any) -> None:
     session.prepare_request()
     headers = [e for e in session.events if e.type == "request/header"]
     assert len(headers) == 2 and SECTION not in headers[-1].data["system"]
+
+
+class WrongTypes:
+    """A strategy whose hooks answer with the wrong type (set per test)."""
+
+    def __init__(self, section: Any = None, summary: Any = None, panel: Any = None, steward: Any = None) -> None:
+        self.section, self.summary, self.panel, self.steward = section, summary, panel, steward
+
+    @ctxkernel.hookimpl
+    def register_strategy(self, register: Any) -> None:
+        register(StrategySpec("wrong"))
+
+    @ctxkernel.hookimpl
+    def system_prompt(self, ctx: Any) -> Any:
+        return self.section
+
+    @ctxkernel.hookimpl
+    def summarize(self, ctx: Any, region: Any) -> Any:
+        return self.summary
+
+    @ctxkernel.hookimpl
+    def project(self, ctx: Any) -> Any:
+        return self.panel
+
+    @ctxkernel.hookimpl
+    def steward_actions(self, ctx: Any, request: Any) -> Any:
+        return self.steward
+
+
+def _wrong_kernel(tmp_path: Path, plugin: WrongTypes) -> Any:
+    # basic compacts only when asked: the summary is asked for by compact_now, not by a request
+    settings = {"basic": {"auto": False}}
+    return build_kernel(tmp_path, strategies=["wrong", "basic"], plugins=[("wrong", plugin)], settings=settings)
+
+
+@pytest.mark.parametrize("section", [42, b"bytes", ["a list"]])
+def test_a_system_prompt_section_of_the_wrong_type_names_the_strategy(tmp_path: Path, section: Any) -> None:
+    """A section that is not a str used to end prepare_request with a raw AttributeError or
+    TypeError from the join; the log is left as it was."""
+    session = _wrong_kernel(tmp_path, WrongTypes(section=section)).open_session()
+    session.user("hello")
+    before = len(session.events)
+    with pytest.raises(ctxkernel.ConfigError, match=r"strategy 'wrong': its system_prompt hook returned") as info:
+        session.prepare_request()
+    assert type(section).__name__ in str(info.value) and "a str or None" in str(info.value)
+    assert len(session.events) == before
+
+
+def test_a_summary_of_the_wrong_type_names_the_strategy(tmp_path: Path) -> None:
+    session = _wrong_kernel(tmp_path, WrongTypes(summary=42)).open_session()
+    for i in range(30):
+        session.user(f"message {i} " + "word " * 1500)
+        session.prepare_request()
+        session.commit_reply(ctxkernel.Message.assistant(f"reply {i}"))
+        session.end_turn()
+    before = len(session.events)
+    with pytest.raises(ctxkernel.ConfigError, match=r"strategy 'wrong': its summarize hook returned int"):
+        session.compact_now()
+    assert len(session.events) == before
+
+
+def test_a_status_panel_of_the_wrong_type_names_the_strategy(tmp_path: Path) -> None:
+    session = _wrong_kernel(tmp_path, WrongTypes(panel="not a dict")).open_session()
+    with pytest.raises(ctxkernel.ConfigError, match=r"strategy 'wrong': its project hook returned str"):
+        session.project()
+
+
+@pytest.mark.parametrize(
+    "steward",
+    [
+        {"name": "compress", "arguments": {}},  # one call, not a list: its keys became "calls"
+        ["compress"],
+        [{"arguments": {}}],
+        [{"name": "compress", "arguments": ["not", "a", "table"]}],
+    ],
+)
+def test_steward_calls_of_the_wrong_shape_name_the_strategy(tmp_path: Path, steward: Any) -> None:
+    """A dict returned instead of a list was taken apart into its keys, which the simulator then
+    dropped in silence (the strategy's steward never acted); other shapes failed as bare errors."""
+    kernel = _wrong_kernel(tmp_path, WrongTypes(steward=steward))
+    session = kernel.open_session()
+    session.user("hello")
+    request = session.prepare_request()
+    with pytest.raises(ctxkernel.ConfigError, match=r"strategy 'wrong': its steward_actions hook returned"):
+        kernel.hooks.steward_actions(session, request)
+
+
+def test_well_formed_steward_calls_pass_in_profile_order(tmp_path: Path) -> None:
+    calls = [{"name": "compress", "arguments": {"ids": [1]}}, {"name": "drop"}]
+    kernel = _wrong_kernel(tmp_path, WrongTypes(steward=calls))
+    session = kernel.open_session()
+    session.user("hello")
+    assert kernel.hooks.steward_actions(session, session.prepare_request()) == calls

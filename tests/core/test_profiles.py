@@ -77,6 +77,28 @@ def test_env_override_with_an_unknown_key_is_refused(tmp_path, monkeypatch):
         load_profile(path)
 
 
+@pytest.mark.parametrize(
+    "variable", ["CTXKERNEL_MODLE__CONTEXT_WINDOW", "CTXKERNEL_STRATEGY__BASIC__AUTO", "ctxkernel_stor__backend"]
+)
+def test_env_override_of_a_misspelt_table_is_refused(tmp_path, monkeypatch, variable):
+    """A variable with a nested key under no table of the profile used to be ignored in silence:
+    CI set CTXKERNEL_MODLE__CONTEXT_WINDOW=64000 and ran on the file's window."""
+    path = write(tmp_path, "[model]\nname = 'x'\n")
+    monkeypatch.setenv(variable, "64000")
+    with pytest.raises(ProfileError) as info:
+        load_profile(path)
+    message = str(info.value)
+    assert variable.upper() in message and "'model'" in message and "'strategies'" in message
+
+
+def test_variables_of_the_prefix_that_are_no_profile_keys_stay_allowed(tmp_path, monkeypatch):
+    path = write(tmp_path, "[model]\nname = 'x'\n")
+    for variable in ("CTXKERNEL_SERVE_CONFIG", "CTXKERNEL_TEST_PG_DSN", "CTXKERNEL_PROFILE_PATH"):
+        monkeypatch.setenv(variable, str(tmp_path))
+    monkeypatch.setenv("CTXKERNEL_STORE__HOST_ID", "worker-1")
+    assert load_profile(path).store.host_id == "worker-1"
+
+
 class PinAndTrimSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     keep_turns: int = 4
@@ -176,6 +198,61 @@ strategies.basic = { threshold_ratio = 0.7 }
 match = { provider = "deepseek", name = "deepseek-chat" }
 strategies.basic = { threshold_ratio = 0.5 }
 """
+
+
+@pytest.mark.parametrize(
+    ("policy", "named"),
+    [
+        ("model = { context_windw = 1000 }", "unknown key 'model_policies[0].model.context_windw'"),
+        ("model = { reserved_output_tokens = 200000 }", "model_policies[0].model: Value error"),
+        ("strategies.basic = { threshold = 0.5 }", "unknown key 'model_policies[0].strategies.basic.threshold'"),
+        ("strategies.basic = { threshold_ratio = 2 }", "model_policies[0].strategies.basic.threshold_ratio"),
+    ],
+)
+def test_a_broken_policy_is_refused_when_the_kernel_loads(tmp_path, policy, named):
+    """A policy for another model used to load and serve until a session was first routed to
+    that model (a serve client choosing it), then fail there."""
+    path = write(tmp_path, f'[[model_policies]]\nmatch = {{ name = "small" }}\n{policy}\n')
+    with pytest.raises(ProfileError) as info:
+        Kernel.from_profile(path, store=JsonlStore(tmp_path / "home"), home=tmp_path / "home")
+    assert str(path) in str(info.value) and named in str(info.value)
+
+
+def test_a_profile_edit_with_a_broken_policy_is_not_applied(tmp_path):
+    path = write(tmp_path, '[[model_policies]]\nmatch = { name = "small" }\nmodel = { context_window = 64000 }\n')
+    kernel = Kernel.from_profile(path, store=JsonlStore(tmp_path / "home"), home=tmp_path / "home")
+    path.write_text('[[model_policies]]\nmatch = { name = "small" }\nmodel = { context_windw = 32000 }\n# edited\n')
+    assert kernel.refresh_profile() is False
+    assert kernel.profile.model_for("openai", "small").context_window == 64000
+
+
+@pytest.mark.parametrize(
+    ("table", "named"),
+    [
+        ('kind = "openai"', "summarizer: Value error, kind = 'openai' needs 'model'"),
+        ('kind = "openai"\nmodel = ""', "summarizer: Value error, kind = 'openai' needs 'model'"),
+        ('kind = "openai"\nmodel = "m"\nbase_url = "not a url"', "summarizer.base_url: Value error"),
+        ('kind = "openai"\nmodel = "m"\nbase_url = "file:///etc/passwd"', "summarizer.base_url: Value error"),
+        ('base_url = "ftp://user:secret@host/v1"', "summarizer.base_url: Value error"),
+    ],
+)
+def test_a_summarizer_that_cannot_work_is_refused_when_the_profile_loads(tmp_path, table, named):
+    """kind = "openai" without a model passed `ctxkernel validate` and Kernel.from_profile, and
+    failed at the session's first compaction, turns into the work."""
+    path = write(tmp_path, f"[summarizer]\n{table}\n")
+    with pytest.raises(ProfileError) as info:
+        load_profile(path)
+    message = str(info.value)
+    assert str(path) in message and named in message and "secret" not in message
+
+
+def test_simulate_names_a_summarizer_spec_the_settings_refuse():
+    from ctxkernel.simulate.recording import RecordingError
+    from ctxkernel.simulate.replay import summarizer_settings
+
+    assert summarizer_settings("openai:m@http://127.0.0.1:9/v1").model == "m"
+    with pytest.raises(RecordingError, match=r"--summarizer 'openai:m@ftp://x': .*base_url"):
+        summarizer_settings("openai:m@ftp://x")
 
 
 def test_per_model_policy_first_match_wins(tmp_path):

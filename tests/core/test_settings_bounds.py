@@ -1,6 +1,6 @@
 """Every number a profile can set is bounded and finite: ``ctxkernel validate`` refuses inf, nan,
-a negative and an absurd value for every int and float field of every settings model (the
-kernel's and each installed strategy's), naming the key."""
+a negative and an absurd value, and a boolean (which Python counts as 1 or 0), for every int and
+float field of every settings model (the kernel's and each installed strategy's), naming the key."""
 
 from __future__ import annotations
 
@@ -12,15 +12,23 @@ import pytest
 from pydantic import BaseModel
 
 from ctxkernel.plugins import StrategyManager
-from ctxkernel.profile import ModelSettings, Prices, SummarizerSettings
+from ctxkernel.profile import (
+    CacheSettings,
+    InstructionSettings,
+    LedgerSettings,
+    ModelSettings,
+    Prices,
+    StoreSettings,
+    SummarizerSettings,
+)
 from ctxkernel.validate import validate_profile
 
 #: every strategy shipped in this repository (the plugins and the example are installed by make install)
 SHIPPED = {"basic", "decay", "handoff", "rollover", "chapters", "mask", "observation-mask"}
-#: TOML literals refused for every numeric field: non-finite, negative, absurdly large
+#: TOML literals refused for every numeric field: non-finite, negative, absurdly large, a boolean
 BAD = {
-    float: ["inf", "-inf", "nan", "-1.0", "1e15"],
-    int: ["inf", "nan", "-1", "1000000000000000"],
+    float: ["inf", "-inf", "nan", "-1.0", "1e15", "true", "false"],
+    int: ["inf", "nan", "-1", "1000000000000000", "true", "false"],
 }
 
 
@@ -61,6 +69,10 @@ KERNEL_TABLES: dict[str, tuple[type[BaseModel], str]] = {
     "model": (ModelSettings, ""),
     "summarizer": (SummarizerSettings, ""),
     "prices": (Prices, "input = 1.0\ncached_input = 0.5\noutput = 2.0\n"),
+    "store": (StoreSettings, ""),
+    "cache": (CacheSettings, ""),
+    "instructions": (InstructionSettings, ""),
+    "ledger": (LedgerSettings, ""),
 }
 
 
@@ -106,7 +118,7 @@ def test_validate_refuses_the_value_naming_the_key(tmp_path, monkeypatch, strate
 def test_a_third_party_model_that_allows_inf_is_still_refused(tmp_path):
     """The kernel checks finiteness itself, whatever the strategy's model allows."""
     from ctxkernel.errors import ProfileError
-    from ctxkernel.profile import strategy_settings_from
+    from ctxkernel.settings_check import strategy_settings_from
 
     class Loose(BaseModel):
         ratio: float = 0.5
@@ -117,6 +129,35 @@ def test_a_third_party_model_that_allows_inf_is_still_refused(tmp_path):
         strategy_settings_from(Loose, {"ratio": float("inf")}, "p.toml", "strategies.x")
     with pytest.raises(ProfileError, match=r"strategies\.x\.nested\[0\]: must be a finite number"):
         strategy_settings_from(Loose, {"nested": [float("nan")]}, "p.toml", "strategies.x")
+
+
+def test_a_boolean_is_not_taken_for_a_number(tmp_path):
+    """``pool_size = true`` used to load as 1 and ``snapshot_every = true`` as a snapshot at
+    every event: Python counts a bool as an int, and pydantic let it through."""
+    from ctxkernel.errors import ProfileError
+    from ctxkernel.profile import load_profile
+    from ctxkernel.settings_check import strategy_settings_from
+
+    path = tmp_path / "p.toml"
+    path.write_text("[store]\nsnapshot_every = true\n")
+    with pytest.raises(ProfileError, match=r"store\.snapshot_every: .*not a boolean"):
+        load_profile(path)
+    path.write_text("[[model_policies]]\nmatch = { name = 'm' }\nmodel = { context_window = false }\n")
+    with pytest.raises(ProfileError, match=r"context_window: .*not a boolean"):
+        load_profile(path).model_for("openai", "m")
+
+    class Loose(BaseModel):
+        retries: int = 1
+        ratios: list[float] = [0.5]
+        flag: bool = False
+        either: int | bool = 0
+
+    kept = strategy_settings_from(Loose, {"flag": True, "either": True}, "p.toml", "strategies.x")
+    assert kept.flag is True and kept.either is True  # a field that takes a bool keeps it
+    with pytest.raises(ProfileError, match=r"p\.toml: strategies\.x\.retries: must be a number, not a boolean"):
+        strategy_settings_from(Loose, {"retries": True}, "p.toml", "strategies.x")
+    with pytest.raises(ProfileError, match=r"strategies\.x\.ratios\[1\]: must be a number, not a boolean"):
+        strategy_settings_from(Loose, {"ratios": [0.5, False]}, "p.toml", "strategies.x")
 
 
 def test_timeout_inf_is_refused_before_it_reaches_a_request(tmp_path, monkeypatch):

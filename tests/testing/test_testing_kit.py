@@ -142,3 +142,46 @@ def test_a_conformance_step_hands_the_strategys_context(tmp_path):
 
     report = conformance(tmp_path, recall_when_configured, turns=3)
     assert report.tool_calls_checked == 2 and seen
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"turns": 0}, "turns=0"),
+        ({"turns": -3}, "turns=-3"),
+        ({"turns": True}, "turns=True"),
+        ({"context_window": 0}, "context_window"),
+        ({"context_window": 1_000, "reserved_output_tokens": 2_000}, "reserved_output_tokens (2000)"),
+        ({"snapshot_every": -1}, "snapshot_every"),
+    ],
+)
+def test_check_conformance_refuses_arguments_that_would_check_nothing(tmp_path, kwargs, named):
+    """turns=0 used to pass with no request made while reporting 'pairing in every request' and
+    'restart equivalence'; a bad window was blamed on 'model_policies.model'; snapshot_every=-1 ran."""
+    with pytest.raises(ValueError, match=r"check_conformance") as info:
+        check_conformance(tmp_path, ["basic"], entry_points=False, **kwargs)
+    assert named in str(info.value) and "model_policies" not in str(info.value)
+    assert not list(tmp_path.iterdir())  # nothing was run
+
+
+@pytest.mark.parametrize(
+    ("tables", "named"),
+    [
+        ({"model": {"context_window": 0}}, "model.context_window"),
+        ({"model": {"context_window": True}}, "model.context_window"),
+        ({"store": {"snapshot_every": -4}}, "store.snapshot_every"),
+        ({"model": {"context_windw": 8000}}, "unknown key 'model.context_windw'"),
+    ],
+)
+def test_build_kernel_validates_the_tables_it_overrides(tmp_path, tables, named):
+    """The overrides were copied in unvalidated: a kernel with a window of 0 (or True) was built."""
+    with pytest.raises(ctxkernel.ProfileError, match=named):
+        build_kernel(tmp_path, **tables)
+
+
+@pytest.mark.parametrize("strategies", ["basic", {"basic": {"threshold_ratio": 0.5}}, [1], ["basic", None]])
+def test_check_conformance_refuses_strategies_that_are_not_a_list_of_names(tmp_path, strategies):
+    """A string ran strategies 'b', 'a', 's'...; a table of settings ran its keys with the settings
+    dropped in silence; a non-string name ended in a pydantic traceback."""
+    with pytest.raises(TypeError, match=r"check_conformance\(strategies=\.\.\.\) takes the list of strategy names"):
+        check_conformance(tmp_path, strategies, entry_points=False, turns=1)

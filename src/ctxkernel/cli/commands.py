@@ -17,6 +17,7 @@ import orjson
 
 from ..controls import MANUAL_ACTIONS
 from ..errors import ControlError, CtxKernelError, ProfileError, SessionBusyError, SessionNotFoundError
+from ..exits import printable
 from ..lineage import lineage
 from ..plugins import StrategyManager
 from ..profile import Profile, find_profile, list_profiles, load_profile, profile_search_path
@@ -192,11 +193,13 @@ def cmd_profiles(args: argparse.Namespace) -> int:
         searched = ", ".join(str(p) for p in profile_search_path())
         sys.stdout.write(f"no profiles found (searched {searched})\n")
         return EXIT_OK
-    width = max(len(r["name"]) for r in rows)
-    pwidth = max(len(r["path"]) for r in rows)
-    for r in rows:
-        text = r["description"] if "error" not in r else f"INVALID: {r['error']}"
-        sys.stdout.write(f"{r['name']:<{width}}  {r['path']:<{pwidth}}  {text}\n")
+    # a profile's own text (its file name and description) reaches the terminal escaped
+    shown = [(printable(r["name"]), printable(r["path"]), r) for r in rows]
+    width = max(len(stem) for stem, _, _ in shown)
+    pwidth = max(len(where) for _, where, _ in shown)
+    for stem, where, r in shown:
+        text = printable(r["description"] if "error" not in r else f"INVALID: {r['error']}")
+        sys.stdout.write(f"{stem:<{width}}  {where:<{pwidth}}  {text}\n")
     return EXIT_OK
 
 
@@ -236,9 +239,10 @@ def _print_report(report: Any) -> None:
     fails, warns = len(report.failures), len(report.warnings)
     verdict = "valid" if report.valid else "INVALID"
     out = sys.stdout
-    out.write(f"{report.where}: {verdict} ({fails} failed, {warns} warnings, {len(report.checks)} checks)\n")
+    out.write(f"{printable(report.where)}: {verdict} ({fails} failed, {warns} warnings, {len(report.checks)} checks)\n")
     rows = [
-        (c.check, c.level.upper() if c.level != "pass" else "pass", c.strategy or "-", c.message) for c in report.checks
+        (c.check, c.level.upper() if c.level != "pass" else "pass", printable(c.strategy or "-"), printable(c.message))
+        for c in report.checks
     ]
     widths = [max(len(r[i]) for r in [("check", "level", "strategy", ""), *rows]) for i in range(3)]
     out.write(f"  {'check':<{widths[0]}}  {'level':<{widths[1]}}  {'strategy':<{widths[2]}}  message\n")

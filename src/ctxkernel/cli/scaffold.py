@@ -73,8 +73,15 @@ def kernel_pin() -> str:
 
 def check_description(description: str) -> None:
     """Refuse a description holding a control character (ConfigError naming it): TOML's strings
-    cannot hold one, and a terminal would act on it."""
+    cannot hold one, and a terminal would act on it. A lone surrogate (what a byte that is not
+    UTF-8 in the argument becomes) is no text at all: no file could be written with it."""
     for char in description:
+        if unicodedata.category(char) == "Cs":
+            msg = (
+                f"--description: {description[:60]!r} holds U+{ord(char):04X}, which is not a character "
+                "(a byte that is not UTF-8?); accepted: UTF-8 text"
+            )
+            raise ConfigError(msg)
         if unicodedata.category(char) == "Cc" and char not in " \t\n\r":
             msg = (
                 f"--description: {description[:60]!r} holds the control character U+{ord(char):04X}; "

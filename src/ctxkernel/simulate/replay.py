@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from pydantic import ValidationError
 
 from ..errors import ConfigError, ContextOverflowError, HeaderTooLargeError, ProfileError, RequestTooLargeError
 from ..events import COMPACTION_END, COMPACTION_PRUNE, COMPACTION_SUMMARY, replay_clock
@@ -248,7 +249,12 @@ def summarizer_settings(spec: str) -> SummarizerSettings | None:
         msg = f"--summarizer {spec!r}: expected 'stand-in', 'extractive' or 'openai:<model>[@<base_url>]'"
         raise RecordingError(msg)
     model, _, base_url = rest.partition("@")
-    return SummarizerSettings(kind="openai", model=model, base_url=base_url or None)
+    try:
+        return SummarizerSettings(kind="openai", model=model, base_url=base_url or None)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'summarizer'}: {e['msg']}" for e in exc.errors())
+        msg = f"--summarizer {spec!r}: {problems}; expected 'openai:<model>[@<base_url>]'"
+        raise RecordingError(msg) from None
 
 
 # -- profiles ------------------------------------------------------------------------------------------

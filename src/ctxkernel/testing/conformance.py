@@ -26,14 +26,17 @@ import orjson
 from pydantic import ValidationError
 
 from ..context import Context
+from ..exits import one_line
 from ..kernel import Kernel
 from ..messages import Message, ToolCallBlock
 from ..pairing import pairing_problems
-from ..profile import Profile, builtin_profile
+from ..profile import ModelSettings, Profile, StoreSettings, builtin_profile
 from ..session import Request, Session
+from ..settings_check import format_validation_error
 from ..snapshot import LazyEvents, strategy_parts
 from ..store.base import EventStore
 from ..store.jsonl import JsonlStore
+from .kit import check_strategy_names
 
 
 class ConformanceError(AssertionError):
@@ -206,6 +209,26 @@ def check_snapshot_equivalence(
     return checked
 
 
+def _checked_arguments(base: Profile, turns: int, **model_and_store: int) -> tuple[ModelSettings, StoreSettings]:
+    """The suite's own arguments, refused (ValueError) when they would check nothing or build a
+    kernel no profile could: ``turns`` at least 1, the window and ``snapshot_every`` validated as
+    in a profile file."""
+    if isinstance(turns, bool) or not isinstance(turns, int) or turns < 1:
+        msg = f"check_conformance(turns={turns!r}): accepted: a whole number of turns, at least 1"
+        raise ValueError(msg)
+    snapshot_every = model_and_store.pop("snapshot_every")
+    where = f"check_conformance({', '.join(f'{k}={v!r}' for k, v in model_and_store.items())}, snapshot_every={snapshot_every!r})"
+    try:
+        model = ModelSettings.model_validate(base.model.model_dump() | model_and_store)
+    except ValidationError as exc:
+        raise ValueError(one_line(format_validation_error(exc, where, ModelSettings, "model"))) from None
+    try:
+        store = StoreSettings.model_validate(base.store.model_dump() | {"snapshot_every": snapshot_every})
+    except ValidationError as exc:
+        raise ValueError(one_line(format_validation_error(exc, where, StoreSettings, "store"))) from None
+    return model, store
+
+
 # over the complexity cap: the suite's invariants checked in the order a session meets them,
 # each with its own clear error
 def check_conformance(  # noqa: C901
@@ -235,15 +258,22 @@ def check_conformance(  # noqa: C901
     jsonl store in ``home``); ``snapshot_every`` is the session's ``[store] snapshot_every``
     (small, so that restarts open from a snapshot with a tail to replay)."""
     home = Path(home)
+    check_strategy_names(strategies, "check_conformance")
+    base = profile if profile is not None else builtin_profile()
+    model, store_settings = _checked_arguments(
+        base,
+        turns,
+        context_window=context_window,
+        reserved_output_tokens=reserved_output_tokens,
+        snapshot_every=snapshot_every,
+    )
 
     def new_kernel(snapshots: int = snapshot_every) -> Kernel:
-        prof = profile.model_copy(deep=True) if profile is not None else builtin_profile()
+        prof = base.model_copy(deep=True)
         prof.profile.strategies = list(strategies)
         prof.strategies = dict(settings or {})
-        prof.model = prof.model.model_copy(
-            update={"context_window": context_window, "reserved_output_tokens": reserved_output_tokens}
-        )
-        prof.store = prof.store.model_copy(update={"snapshot_every": snapshots})
+        prof.model = model.model_copy()
+        prof.store = store_settings.model_copy(update={"snapshot_every": snapshots})  # 0 or the checked value
         store = store_factory() if store_factory is not None else JsonlStore(home)
         return Kernel(prof, store=store, home=home, entry_points=entry_points, plugins=plugins)
 

@@ -9,8 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ValidationError
+
+from ..errors import ProfileError
 from ..kernel import Kernel
 from ..profile import Profile, builtin_profile, load_profile
+from ..settings_check import format_validation_error
 from ..store.jsonl import JsonlStore
 
 
@@ -19,10 +23,26 @@ def make_profile(path: Path | None = None, **overrides: Any) -> Profile:
     profile = load_profile(path) if path else builtin_profile()
     for key, value in overrides.items():
         current = getattr(profile, key)
-        if hasattr(current, "model_copy") and isinstance(value, dict):
-            value = current.model_copy(update=value)
+        if isinstance(current, BaseModel) and isinstance(value, dict):
+            # validated like the file's table (model_copy(update=...) would take a window of 0)
+            table = type(current)
+            try:
+                value = table.model_validate({**current.model_dump(), **value})
+            except ValidationError as exc:
+                raise ProfileError(format_validation_error(exc, "make_profile", table, key)) from None
         setattr(profile, key, value)
     return profile
+
+
+def check_strategy_names(strategies: Any, caller: str) -> None:
+    """Refuse ``strategies`` unless it is a list of names (TypeError): a string would be taken
+    letter by letter, a table of settings for its keys with the settings dropped."""
+    if isinstance(strategies, (str, bytes, dict)) or not all(isinstance(s, str) for s in strategies):
+        msg = (
+            f"{caller}(strategies=...) takes the list of strategy names, got {strategies!r:.120}; "
+            'give their [strategies.<name>] tables as settings={"<name>": {...}}'
+        )
+        raise TypeError(msg)
 
 
 def build_kernel(
@@ -40,14 +60,8 @@ def build_kernel(
     ``settings`` holds their ``[strategies.<name>]`` tables (as in :func:`check_conformance`).
     With ``entry_points=False`` only built-ins and the ``plugins`` given here are available.
     ``fsync=False`` skips the store's fsyncs (tests whose subject is not durability run faster)."""
-    if strategies is not None and (
-        isinstance(strategies, (str, dict)) or not all(isinstance(s, str) for s in strategies)
-    ):
-        msg = (
-            f"build_kernel(strategies=...) takes the list of strategy names, got {strategies!r:.120}; "
-            'give their [strategies.<name>] tables as settings={"<name>": {...}}'
-        )
-        raise TypeError(msg)
+    if strategies is not None:
+        check_strategy_names(strategies, "build_kernel")
     profile = profile or make_profile(**profile_tables)
     if strategies is not None:
         profile.profile.strategies = list(strategies)
