@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .errors import CompactionError, SurfaceError, UnbalancedCutError
-from .frames import guard
+from .frames import KERNEL_FRAMES, guard
 from .messages import Message, Source
 
 if TYPE_CHECKING:
@@ -128,9 +128,9 @@ def checkpoint_message(summary: Summary | str, strategy: str, form: str = "check
     return Message.user(f"{CHECKPOINT_OPEN}\n{text}\n{CHECKPOINT_CLOSE}", Source.plugin_form(strategy, form))
 
 
-#: the frames a checkpoint's summary may not open or close (``instructions.BLOCK_FRAME``,
-#: ``ledger.BLOCK_FRAME``; named here, as those modules sit above this one)
-_CHECKPOINT_GUARDED = (CHECKPOINT_OPEN[1:-1], "user-instructions", "work-ledger")
+#: the frames a checkpoint's summary may not open or close: its own and the kernel's blocks that
+#: share its message (``frames.KERNEL_FRAMES``, the checkpoint's among them)
+_CHECKPOINT_GUARDED = KERNEL_FRAMES
 
 
 Render = Callable[[Summary, "Region"], Message]
