@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from ctxkernel import Context, Message, Node, ToolCallBlock, ToolResultBlock, balanced_cut_at_or_before
 from ctxkernel.events import TOOL_RESULT
-from ctxkernel.text import COMMAND_KEYS, PATH_KEYS, clip, failed, one_line, tag
+from ctxkernel.text import COMMAND_KEYS, KERNEL_FRAMES, PATH_KEYS, clip, failed, guard, one_line, tag
 
 from .recall import header_tokens
 from .settings import MaskSettings
@@ -35,6 +35,8 @@ from .strategy import STRATEGY
 
 #: the history tool a placeholder names (the `history` strategy or `handoff` offers it)
 READ_TOOL = "history_read_item"
+#: the frame of the notice a reply with large arguments becomes, with its results
+REPLY_FRAME = "masked-reply"
 #: the file lines of a patch (apply_patch), shown in a digest so the files a patch changed stay visible
 PATCH_FILE = re.compile(r"^\*\*\* (?:Add|Update|Delete) File: .+$", re.MULTILINE)
 #: the handle's state keys of the planned masks and the settings they were planned with
@@ -243,13 +245,14 @@ def _reply_mask(
     if any((n.message.tool_result.name or "") in excluded for n in results if n.message.tool_result):
         return None  # a kept result cannot move into a notice (it stays a result of its call)
     reply_item = original_seq(ctx, reply.seq)
-    lines = [
-        f"{tag('masked-reply', item=f'item_{reply_item}')}An earlier reply of yours; its tool-call arguments "
+    head = (
+        f"{tag(REPLY_FRAME, item=f'item_{reply_item}')}An earlier reply of yours; its tool-call arguments "
         f"({arguments} tokens) and results are masked. {READ_TOOL}(id=...) reads any item in full."
-    ]
+    )
+    lines = []
     text = reply.message.text.strip()
     if text:
-        lines.append(text.replace("</masked-reply", "<\\/masked-reply"))
+        lines.append(text)
     by_call = {n.message.tool_result.call_id: n for n in results if n.message.tool_result}
     for call in calls:
         node = by_call[call.id]
@@ -257,16 +260,16 @@ def _reply_mask(
         assert result is not None
         tokens = meter.node_tokens(node)
         if tokens < settings.min_tokens:
-            shown = one_line(result.content)
-            body = shown.replace("</masked-reply", "<\\/masked-reply")
-            lines.append(f"- called {digest(call, settings.digest_chars)} -> {body}")
+            lines.append(f"- called {digest(call, settings.digest_chars)} -> {one_line(result.content)}")
         else:
             lines.append(
                 f"- called {digest(call, settings.digest_chars)} -> "
                 + placeholder(ctx, settings, node, result, None, tokens)
             )
-    lines.append("</masked-reply>")
-    message = Message.user("\n".join(lines), STRATEGY.source("reply"))
+    # the model's text, its arguments and its results' text (tool output) in a user message: none
+    # may end the notice or open the kernel's blocks the compaction may append to it
+    body = guard("\n".join(lines), REPLY_FRAME, *KERNEL_FRAMES)
+    message = Message.user(f"{head}\n{body}\n</{REPLY_FRAME}>", STRATEGY.source("reply"))
     before = sum(meter.node_tokens(n) for n in (reply, *results))
     after = meter.count_message(message)
     if before - after < settings.min_tokens:
