@@ -3,6 +3,7 @@ arguments, recall through the history tools, the lazily offered tools, and its p
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import subprocess
@@ -114,6 +115,38 @@ def test_error_excerpt_reads_json_encoded_outputs():
     assert "error[E0308]: mismatched types" in kept
     assert error_excerpt(ToolResultBlock("c", json.dumps({"output": "ok", "metadata": {"exit_code": 0}})), 2, 800) == ""
     assert error_excerpt(ToolResultBlock("c", "all fine\n" * 10), 5, 800) == ""
+
+
+def test_error_excerpt_reads_a_bounded_part_of_a_huge_output(monkeypatch):
+    """A masked result may be a 50 MB build log: its excerpt reads the output's start and end
+    (where the first lines and a traceback's last line are), never all of it."""
+    from ctxkernel import ToolResultBlock
+
+    mask_plan = importlib.import_module("ctxkernel_mask.plan")  # the package's `plan` is the function
+    scanned: list[int] = []
+
+    class Recording:
+        def __init__(self, pattern):
+            self.pattern = pattern
+
+        def finditer(self, text):
+            scanned.append(len(text))
+            return self.pattern.finditer(text)
+
+        def search(self, text, *args):
+            scanned.append(len(text))
+            return self.pattern.search(text, *args)
+
+    monkeypatch.setattr(mask_plan, "ERROR_LINE", Recording(mask_plan.ERROR_LINE))
+    log = "make[1]: compiling module\n" + "build line ok\n" * 400_000 + "Traceback\nKeyError: 'gone'\ndone\n"
+    kept = error_excerpt(ToolResultBlock("c", log, is_error=True), 2, 800)
+    assert kept.startswith("error, first lines:\nmake[1]: compiling module\nbuild line ok")
+    assert kept.endswith("KeyError: 'gone'")
+    assert scanned and max(scanned) <= 2 * mask_plan.ERROR_SCAN_CHARS + 1 < len(log) // 10
+    # a result that is no error is read no further either
+    scanned.clear()
+    assert error_excerpt(ToolResultBlock("c", "build line ok\n" * 400_000), 2, 800) == ""
+    assert max(scanned) <= 2 * mask_plan.ERROR_SCAN_CHARS + 1
 
 
 def test_a_reply_with_large_arguments_is_masked_with_its_results(tmp_path):

@@ -58,6 +58,9 @@ ERROR_LINE = re.compile(
 EXIT_STATUS = re.compile(r"(?:exit(?:ed with)?[ _]code|exit status)[\"': ]*(-?\d+)", re.IGNORECASE)
 #: the keys of a JSON-encoded output that carry its exit status
 EXIT_KEYS = frozenset({"exit_code", "exitCode", "returncode", "return_code"})
+#: an error excerpt reads an output's first and last this many characters (its first lines, and
+#: the last line naming an error: a traceback ends with it), so a 50 MB log costs what 64 KB do
+ERROR_SCAN_CHARS = 32_768
 #: JSON-encoded outputs are decoded up to this size, and this many strings of them
 DECODE_MAX_CHARS = 2_000_000
 DECODE_MAX_STRINGS = 10_000
@@ -292,6 +295,7 @@ def placeholder(
 def error_excerpt(result: ToolResultBlock, lines: int, chars: int) -> str:
     """What a masked error keeps: its first ``lines`` lines and the last line naming an error
     (a traceback ends with it), at most ``chars`` characters; '' for a result that is no error.
+    Only the output's first and last :data:`ERROR_SCAN_CHARS` characters are read.
     A JSON-encoded output (``{"output": ..., "metadata": {"exit_code": 1}}``) is read as the text
     its strings hold."""
     if not lines or not chars:
@@ -300,6 +304,7 @@ def error_excerpt(result: ToolResultBlock, lines: int, chars: int) -> str:
     if code is None:
         status = EXIT_STATUS.search(text[-2_000:])
         code = int(status.group(1)) if status else None
+    text = _scanned(text)
     last = None
     for match in ERROR_LINE.finditer(text):
         last = match  # the last line naming an error (a traceback ends with it)
@@ -323,6 +328,16 @@ def error_excerpt(result: ToolResultBlock, lines: int, chars: int) -> str:
     room = max(0, chars - len(head) - len(named) - 1)
     first = clip("\n".join(shown), room) if room else ""
     return head + "\n".join(part for part in (first, named) if part)
+
+
+def _scanned(text: str) -> str:
+    """What an error excerpt reads of ``text``: all of it up to twice :data:`ERROR_SCAN_CHARS`,
+    else its first and its last ERROR_SCAN_CHARS characters (the tail from its first whole line),
+    one line break between them."""
+    if len(text) <= 2 * ERROR_SCAN_CHARS:
+        return text
+    tail = text[-ERROR_SCAN_CHARS:]
+    return text[:ERROR_SCAN_CHARS] + "\n" + tail[tail.find("\n") + 1 :]
 
 
 def _decoded(content: str) -> tuple[str, int | None]:
