@@ -149,6 +149,23 @@ def test_error_excerpt_reads_a_bounded_part_of_a_huge_output(monkeypatch):
     assert max(scanned) <= 2 * mask_plan.ERROR_SCAN_CHARS + 1
 
 
+def test_the_error_line_pattern_never_spans_a_line_break():
+    """A line that starts with FAILED or error: is matched on that line alone: a pattern whose
+    leading blanks crossed line breaks re-read every run of blank lines from each of its line
+    starts, so 65,000 blank lines of tool output took minutes to mask."""
+    from ctxkernel import ToolResultBlock
+
+    mask_plan = importlib.import_module("ctxkernel_mask.plan")
+    text = "build\n" + "\n  \n" * 50 + "  FAILED tests/test_a.py\n" + "\n" * 50 + "error: linker failed\n"
+    matches = list(mask_plan.ERROR_LINE.finditer(text))
+    assert [m.group(0).strip() for m in matches] == ["FAILED", "error"]
+    assert all("\n" not in m.group(0) for m in matches)
+    kept = error_excerpt(
+        ToolResultBlock("c", "\n" * 2_000 + "ok\n" + "\n" * 2_000 + "fatal: no repo", is_error=True), 5, 800
+    )
+    assert kept.endswith("fatal: no repo")
+
+
 def test_a_reply_with_large_arguments_is_masked_with_its_results(tmp_path):
     session = mask_kernel(tmp_path).open_session()
     driver = Driver(session)

@@ -48,10 +48,12 @@ WEIGHED_KEY = "weighed"
 #: characters of one argument value other than paths and commands in a digest
 OTHER_VALUE_CHARS = 60
 #: a line naming an error: an ...Error/...Exception name, a compiler error code, or a line that
-#: starts with FAILED, ERROR, error: or fatal:
+#: starts with FAILED, ERROR, error: or fatal:. Blanks are matched as spaces and tabs, never
+#: ``\s``: a match stays on its line (``^\s*`` re-read a run of blank lines from each of its
+#: line starts, so 65,000 blank lines took minutes)
 ERROR_LINE = re.compile(
-    r"\b[A-Z]\w*(?:Error|Exception)\b|^\s*(?:FAILED|ERROR)\b|^\s*(?:error|fatal)(?:\[[\w-]+\])?:"
-    r"|\berror\s*\[?[A-Z]{1,4}\d{3,5}\]?|\bsyntax error\b|\bcommand not found\b",
+    r"\b[A-Z]\w*(?:Error|Exception)\b|^[ \t]*(?:FAILED|ERROR)\b|^[ \t]*(?:error|fatal)(?:\[[\w-]+\])?:"
+    r"|\berror[ \t]*\[?[A-Z]{1,4}\d{3,5}\]?|\bsyntax error\b|\bcommand not found\b",
     re.MULTILINE | re.IGNORECASE,
 )
 #: an exit status a shell output reports in its text ("exit code 2", "exited with code 1")
