@@ -90,7 +90,8 @@ def excerpt(history: History, node: Node) -> Excerpt:
         paths: list[str] = []
         for call in message.tool_calls:
             args = call.arguments if isinstance(call.arguments, dict) else {}
-            paths.extend(string_arguments(call, PATH_KEYS))
+            # the model's text: one line each (a line break would write lines into the body)
+            paths.extend(path for p in string_arguments(call, PATH_KEYS) if (path := _one_line(p, 120)))
             rendered = orjson.dumps(args).decode() if args else ""
             lines.append(f"- {item} call {call.name} {_one_line(rendered, 160)}")
         return Excerpt(tuple(guard(line, *FRAMES) for line in lines), tuple(paths))
