@@ -39,6 +39,8 @@ def _one_line(text: str, limit: int) -> str:
 
 
 _FILES = "Files touched: "
+#: characters of a tool's name in an activity line
+NAME_CHARS = 100
 _CARRIED = "Carried from an earlier generated handoff"
 _PREVIOUS = re.compile(r"<(generated|extractive)_handoff>\n?(.*?)\n?</\1_handoff>", re.DOTALL)
 
@@ -93,11 +95,12 @@ def excerpt(history: History, node: Node) -> Excerpt:
             # the model's text: one line each (a line break would write lines into the body)
             paths.extend(path for p in string_arguments(call, PATH_KEYS) if (path := _one_line(p, 120)))
             rendered = orjson.dumps(args).decode() if args else ""
-            lines.append(f"- {item} call {call.name} {_one_line(rendered, 160)}")
+            lines.append(f"- {item} call {_one_line(call.name, NAME_CHARS)} {_one_line(rendered, 160)}")
         return Excerpt(tuple(guard(line, *FRAMES) for line in lines), tuple(paths))
     result = message.tool_result
     assert result is not None
-    name = history.tool_name(result.call_id) or result.name or "tool"
+    # a name is the model's text (or a server's): one line, or it would write lines of its own
+    name = _one_line(history.tool_name(result.call_id) or result.name or "tool", NAME_CHARS)
     head = result.content[:2_000]  # the first line is all that is shown (the whole text if it is one line)
     first = first_line(head if "\n" in head.strip() else result.content, "(empty)")
     flag = " ERROR" if result.is_error else ""
