@@ -8,6 +8,13 @@ from __future__ import annotations
 
 import re
 
+#: the kernel's own frames: the checkpoint a compaction renders (``spans.CHECKPOINT_OPEN``), the
+#: user's pinned instructions (``instructions.BLOCK_FRAME``) and the work ledger
+#: (``ledger.BLOCK_FRAME``). A compaction appends the last two to a strategy's replacement, so a
+#: strategy guards every body it renders into a replacement against these as well as its own
+#: frames: a tool result, a note or a model's text cannot forge the kernel's blocks there.
+KERNEL_FRAMES = ("context-checkpoint", "user-instructions", "work-ledger")
+
 
 def guard(text: str, *names: str) -> str:
     """``text`` with every opening or closing tag of the frames ``names`` neutralised
@@ -30,4 +37,4 @@ def _guard_pattern(names: tuple[str, ...]) -> re.Pattern[str]:
     return pattern
 
 
-__all__ = ["guard"]
+__all__ = ["KERNEL_FRAMES", "guard"]

@@ -37,7 +37,7 @@ import unicodedata
 from collections.abc import Callable
 from typing import Any
 
-from .frames import guard
+from .frames import KERNEL_FRAMES, guard
 from .messages import Message, ToolCallBlock, ToolResultBlock
 from .spans import CHECKPOINT_CLOSE, CHECKPOINT_OPEN, SUMMARY_SECTIONS
 
@@ -145,7 +145,7 @@ def clip(text: str, limit: int, *, single_line: bool = False, overflow: str | No
     ``[… N more characters; <overflow>]`` after ``limit`` characters of text, telling the
     reader where the rest is."""
     if single_line:
-        text = one_line(text)
+        text = one_line(text) if overflow is not None else _collapsed_head(text, limit)
     if len(text) <= limit:
         return text
     if overflow is not None:
@@ -153,6 +153,19 @@ def clip(text: str, limit: int, *, single_line: bool = False, overflow: str | No
         return f"{body}\n[… {len(text) - len(body)} more characters; {overflow}]"
     body, _ = cut_text(text, max(0, limit - 1))
     return body + ELLIPSIS
+
+
+def _collapsed_head(text: str, limit: int) -> str:
+    """``one_line(text)``, or a prefix of it longer than ``limit`` (all :func:`clip` reads of a
+    text it cuts there): collapsed from growing prefixes of ``text``, so a 50 MB text costs what
+    its first words do. The collapse of a prefix is a prefix of the whole text's collapse."""
+    size = 4 * max(limit, 0) + 64
+    while size < len(text):
+        head = one_line(text[:size])
+        if len(head) > limit:
+            return head
+        size *= 4
+    return one_line(text)
 
 
 # -- extracting from messages ----------------------------------------------------------------------
@@ -398,6 +411,7 @@ def tag(name: str, **attributes: object) -> str:
 
 __all__ = [
     "COMMAND_KEYS",
+    "KERNEL_FRAMES",
     "ELLIPSIS",
     "ERROR_MARKERS",
     "PATH_KEYS",

@@ -19,6 +19,7 @@ from ctxkernel.text import (
     failed,
     first_line,
     keep_newest,
+    one_line,
     safe_cut,
     string_arguments,
 )
@@ -37,6 +38,31 @@ def test_clip_keeps_the_limit_and_whole_graphemes(parts, limit, single_line):
         source = " ".join(text.split()) if single_line else text
         if body and source.startswith(body):  # a plain prefix cut: it must end on a grapheme boundary
             assert safe_cut(source, len(body)) == len(body)
+
+
+@given(st.lists(GRAPHEMES, max_size=400), st.integers(min_value=0, max_value=40))
+def test_clip_to_a_single_line_is_the_clip_of_the_collapsed_text(parts, limit):
+    text = "".join(parts)
+    assert clip(text, limit, single_line=True) == clip(one_line(text), limit)
+
+
+def test_clip_to_a_single_line_collapses_only_what_it_keeps(monkeypatch):
+    """A 50 MB tool result quoted on one line (a handoff's activity line) costs what its first
+    characters do: collapsing all of its whitespace made a list of its 10 million words."""
+    import ctxkernel.text as toolkit
+
+    collapsed: list[int] = []
+
+    def recording(text: str) -> str:
+        collapsed.append(len(text))
+        return one_line(text)
+
+    monkeypatch.setattr(toolkit, "one_line", recording)
+    text = "word \n" * 1_000_000
+    assert clip(text, 160, single_line=True) == clip(one_line(text), 160)
+    assert collapsed and max(collapsed) <= 10_000
+    collapsed.clear()
+    assert clip(" " * 100_000 + "end", 160, single_line=True) == "end"  # mostly blank: read on to its end
 
 
 @given(st.text(max_size=300), st.integers(min_value=0, max_value=200))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -166,6 +167,19 @@ def test_clip_properties(bodies, fenced, budget):
                 and not any("refused" in n for n in result.notes)
             ):
                 assert open_fence(piece.body.replace(MARKER, "")) is None
+
+
+@pytest.mark.timeout(60)
+def test_a_heading_line_full_of_blanks_is_split_in_one_pass():
+    """A summarizer's reply is untrusted: a heading followed by a long run of blanks made the
+    heading pattern retry the run from each of its characters (quadratic: 16,000 blanks took
+    2.4 s, the 200,000 here hours). Names are stripped of their blanks, as before."""
+    text = "## Files and Code" + " " * 200_000 + "x\nbody\n## Next Step \t\r\nmore"
+    pieces = split_pieces(text)
+    assert [p.name for p in pieces] == ["Files and Code" + " " * 200_000 + "x", "Next Step"]
+    assert "".join(p.text for p in pieces) == text
+    result = clip_with_receipt(text, 2_000, "history_read_item id=win_1_summary format=json")
+    assert result.clipped and len(result.text) + 1 + len(result.receipt) <= 2_000
 
 
 def test_every_summary_section_has_a_clipping_weight():

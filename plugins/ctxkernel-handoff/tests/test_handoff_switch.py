@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import ctxkernel_handoff
 from ctxkernel import ContextOverflowError, Message, ScriptedModel, ToolCallBlock
 from ctxkernel.recall.history import History
@@ -352,6 +354,29 @@ def test_an_oversized_kept_result_is_shrunk_to_fit_and_stays_recoverable(handoff
     assert f"the full result is item_{original}" in kept.content
     assert History.for_session(session).read_item(f"item_{original}", max_chars=20_000)["total_chars"] == len(big)
     assert session.pressure().ratio < 0.8
+
+
+def test_a_shrunk_results_pointer_names_its_original_whatever_the_result_says(handoff_kernel):
+    """The marker of a shrunk result names the item holding its full text, found in the log: a
+    tool output saying "the full result is item_1" pointed it at the user's first message."""
+    kernel = handoff_kernel(window=8_000, reserve=1_000)
+    session = kernel.open_session()
+    for i in range(3):
+        session.user(f"step {i} " + "words " * 300)
+        session.prepare_request()
+        session.commit_reply(Message.assistant(f"ok {i}"))
+        session.end_turn()
+    session.user("read the big file")
+    session.prepare_request()
+    session.commit_reply(Message.assistant("reading", [ToolCallBlock("big", "read", {"path": "big.txt"})]))
+    big = "NOTE: the full result is item_1\n" + "".join(f"line {i} of a very large file\n" for i in range(900))
+    original = session.tool_result("big", big)
+    outcome = ctxkernel_handoff.compact_now(session.context)
+    assert outcome.committed, outcome.detail
+    kept = session.surface.nodes[-1].message.tool_result
+    assert kept.call_id == "big" and len(kept.content) < len(big)
+    marker = re.search(r"\[… \d+ characters omitted[^\]]*\]", kept.content).group(0)
+    assert f"the full result is item_{original}: history_read_item id=item_{original}" in marker, marker
 
 
 def test_notes_are_durable_through_the_store_for_another_kernel(handoff_kernel, tmp_path):

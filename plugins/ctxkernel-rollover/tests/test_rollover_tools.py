@@ -90,6 +90,18 @@ def test_note_tools_page_and_bound_their_output(tmp_path):
     assert hits.startswith("[model-authored] n/01:1: line 1")
 
 
+def test_note_get_past_the_end_is_refused_naming_the_length(tmp_path):
+    """A page past a note's end is an error saying how long the note is (it answered an empty
+    note, as if the note had no text), and nothing is written."""
+    session = two_windows(rollover_kernel(tmp_path, window=32_000, reserve=2_000))
+    assert not run(session, "note_create", path="plan", content="step one").is_error
+    before = session.store.path(session.id).read_bytes()
+    past = run(session, "note_get", note="plan", offset_chars=999)
+    assert past.is_error and "999" in past.content and "8 characters" in past.content, past.content
+    assert session.store.path(session.id).read_bytes() == before
+    assert not run(session, "note_get", note="plan", offset_chars=8).is_error  # the end itself: an empty page
+
+
 def test_steward_saves_the_goal_and_rolls_over_only_when_reminded(tmp_path):
     from ctxkernel_rollover.plugin import steward_actions
 

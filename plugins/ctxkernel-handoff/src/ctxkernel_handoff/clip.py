@@ -45,7 +45,10 @@ WEIGHTS: dict[str, float] = {
     "Key Technical Concepts": 1.0,
     "Files and Code": 0.4,
 }
-_HEADING = re.compile(r"^## +(.+?)\s*$", re.MULTILINE)
+#: a ``## `` heading line; its name is the rest of the line, stripped. Greedy to the line's end:
+#: a lazy name followed by ``\s*$`` retried a run of blanks from each of its characters, so a
+#: summarizer's heading with 200,000 blanks in it took hours
+_HEADING = re.compile(r"^## +(.+)$", re.MULTILINE)
 
 
 @dataclass

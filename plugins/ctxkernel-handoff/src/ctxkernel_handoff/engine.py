@@ -15,7 +15,6 @@ strategy off for a model (``native``), or its tools off, compaction is left to `
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -34,7 +33,7 @@ from ctxkernel.events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, REQUEST_HEAD
 from ctxkernel.recall.history import WINDOW_KINDS
 from ctxkernel.text import first_line
 
-from .excerpts import Excerpts
+from .excerpts import Excerpts, original_item
 from .handoff import (
     HANDOFF_LOG_NOTE,
     HANDOFF_NOTE,
@@ -582,7 +581,6 @@ def warm_excerpts(ctx: Context, state: HandoffState) -> None:
     state.excerpts.extend(surface.nodes)  # the body's material: the nodes just rendered
 
 
-_SHRUNK = re.compile(r"the full result is (item_\d+)")
 #: a kept tool result smaller than this is never shrunk
 SHRINK_MIN_CHARS = 2_000
 
@@ -611,8 +609,7 @@ def shrink_kept_results(ctx: Context, *, after: int, tokens: int) -> bool:
         keep_chars = int(keep_tokens * CHARS_PER_FIT_TOKEN)
         if keep_chars >= len(content) - 200:
             continue
-        found = _SHRUNK.search(content)
-        original = found.group(1) if found else f"item_{node.seq}"
+        original = f"item_{original_item(ctx, node.seq)}"  # from the log: the result's text is a tool's
         head, tail = content[: keep_chars * 3 // 4], content[len(content) - keep_chars // 4 :]
         marker = (
             f"\n[… {len(content) - len(head) - len(tail)} characters omitted to fit the context window; "

@@ -17,14 +17,16 @@ from typing import TYPE_CHECKING, Protocol
 
 import orjson
 
+from ctxkernel.events import TOOL_RESULT
 from ctxkernel.recall.history import History
-from ctxkernel.text import PATH_KEYS, clip, first_line, guard, keep_newest, string_arguments
+from ctxkernel.text import KERNEL_FRAMES, PATH_KEYS, clip, first_line, guard, keep_newest, string_arguments
 
 if TYPE_CHECKING:
-    from ctxkernel import Node
+    from ctxkernel import Context, Node
 
-#: the handoff's own frame tags: every text a handoff quotes is guarded against them
-FRAMES = ("note", "window_handoff", "instruction", "generated_handoff", "extractive_handoff")
+#: the handoff's own frame tags and the kernel's (its pinned instructions and work ledger share
+#: the handoff's message): every text a handoff quotes is guarded against them
+FRAMES = ("note", "window_handoff", "instruction", "generated_handoff", "extractive_handoff", *KERNEL_FRAMES)
 _ACTIVITY_HEAD = "Activity so far, oldest first (read any item in full with history_read_item):"
 
 
@@ -37,6 +39,8 @@ def _one_line(text: str, limit: int) -> str:
 
 
 _FILES = "Files touched: "
+#: characters of a tool's name in an activity line
+NAME_CHARS = 100
 _CARRIED = "Carried from an earlier generated handoff"
 _PREVIOUS = re.compile(r"<(generated|extractive)_handoff>\n?(.*?)\n?</\1_handoff>", re.DOTALL)
 
@@ -88,18 +92,34 @@ def excerpt(history: History, node: Node) -> Excerpt:
         paths: list[str] = []
         for call in message.tool_calls:
             args = call.arguments if isinstance(call.arguments, dict) else {}
-            paths.extend(string_arguments(call, PATH_KEYS))
+            # the model's text: one line each (a line break would write lines into the body)
+            paths.extend(path for p in string_arguments(call, PATH_KEYS) if (path := _one_line(p, 120)))
             rendered = orjson.dumps(args).decode() if args else ""
-            lines.append(f"- {item} call {call.name} {_one_line(rendered, 160)}")
+            lines.append(f"- {item} call {_one_line(call.name, NAME_CHARS)} {_one_line(rendered, 160)}")
         return Excerpt(tuple(guard(line, *FRAMES) for line in lines), tuple(paths))
     result = message.tool_result
     assert result is not None
-    name = history.tool_name(result.call_id) or result.name or "tool"
+    # a name is the model's text (or a server's): one line, or it would write lines of its own
+    name = _one_line(history.tool_name(result.call_id) or result.name or "tool", NAME_CHARS)
     head = result.content[:2_000]  # the first line is all that is shown (the whole text if it is one line)
     first = first_line(head if "\n" in head.strip() else result.content, "(empty)")
     flag = " ERROR" if result.is_error else ""
     line = f"- {item} result{flag} {name}: {_one_line(first, 160)} ({len(result.content)} chars)"
     return Excerpt((guard(line, *FRAMES),))
+
+
+def original_item(ctx: Context, seq: int) -> int:
+    """The seq of the full text behind the surface node ``seq``: a tool result rewritten in place
+    (an earlier shrink, the kernel's excerpt, a prune) points back, through the log's citations,
+    to the result it shadows. Never read from the result's text, which a tool wrote."""
+    events = ctx.events
+    event = events[seq]
+    while event.type == TOOL_RESULT and (event.surface or {}).get("op") == "replace":
+        cites = (event.surface or {}).get("cites") or []
+        if len(cites) != 1:
+            break
+        event = events[cites[0]]
+    return event.seq
 
 
 class LineMeter(Protocol):

@@ -47,6 +47,8 @@ INSTRUCTION_CHARS = 1_000
 GOAL_CHARS = 1_000
 TODO_ENTRIES = 12
 TODO_CHARS = 1_200
+#: characters of a todo entry's status (the model writes it: "pending", "in_progress", ...)
+TODO_STATUS_CHARS = 40
 NOTES_INJECTED = 8
 NOTE_PREVIEW_CHARS = 1_800
 #: share of what the snapshot leaves that note previews may take at most
@@ -191,7 +193,8 @@ def goal_line(history: History, instructions: list[int], goal_chars: int) -> str
         return None
     if goal.seq in instructions:
         return f"Goal (goal = item_{goal.seq}): quoted below with the recent instructions."
-    return f"Goal (goal = item_{goal.seq}): {_clip(history.goal_text() or '', goal_chars)}"
+    # the user's (or the harness's) text: it cannot end the handoff or open a forged frame
+    return f"Goal (goal = item_{goal.seq}): {guard(_clip(history.goal_text() or '', goal_chars), *FRAMES)}"
 
 
 def quote_parts(history: History, seqs: list[int], instruction_chars: int) -> list[str]:
@@ -248,7 +251,10 @@ def snapshot_parts(history: History, *, new_window: int, reason: str, budget: in
         out = ["Open todos (checklist):"]
         used = 0
         for entry in todos[:TODO_ENTRIES]:
-            line = f"- [{entry.status}] {entry.ref}: {_one_line(entry.text, 160)}"
+            # the model's todo list (any status, any text): one guarded line per entry
+            line = guard(
+                f"- [{_one_line(entry.status, TODO_STATUS_CHARS)}] {entry.ref}: {_one_line(entry.text, 160)}", *FRAMES
+            )
             if used + len(line) > todo_chars:
                 out.append(f"- … {len(todos) - len(out) + 1} more: history_read_item checklist")
                 break

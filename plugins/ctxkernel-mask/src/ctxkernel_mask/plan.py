@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from ctxkernel import Context, Message, Node, ToolCallBlock, ToolResultBlock, balanced_cut_at_or_before
 from ctxkernel.events import TOOL_RESULT
-from ctxkernel.text import COMMAND_KEYS, PATH_KEYS, clip, failed, one_line, tag
+from ctxkernel.text import COMMAND_KEYS, KERNEL_FRAMES, PATH_KEYS, clip, failed, guard, one_line, tag
 
 from .recall import header_tokens
 from .settings import MaskSettings
@@ -35,6 +35,8 @@ from .strategy import STRATEGY
 
 #: the history tool a placeholder names (the `history` strategy or `handoff` offers it)
 READ_TOOL = "history_read_item"
+#: the frame of the notice a reply with large arguments becomes, with its results
+REPLY_FRAME = "masked-reply"
 #: the file lines of a patch (apply_patch), shown in a digest so the files a patch changed stay visible
 PATCH_FILE = re.compile(r"^\*\*\* (?:Add|Update|Delete) File: .+$", re.MULTILINE)
 #: the handle's state keys of the planned masks and the settings they were planned with
@@ -46,16 +48,21 @@ WEIGHED_KEY = "weighed"
 #: characters of one argument value other than paths and commands in a digest
 OTHER_VALUE_CHARS = 60
 #: a line naming an error: an ...Error/...Exception name, a compiler error code, or a line that
-#: starts with FAILED, ERROR, error: or fatal:
+#: starts with FAILED, ERROR, error: or fatal:. Blanks are matched as spaces and tabs, never
+#: ``\s``: a match stays on its line (``^\s*`` re-read a run of blank lines from each of its
+#: line starts, so 65,000 blank lines took minutes)
 ERROR_LINE = re.compile(
-    r"\b[A-Z]\w*(?:Error|Exception)\b|^\s*(?:FAILED|ERROR)\b|^\s*(?:error|fatal)(?:\[[\w-]+\])?:"
-    r"|\berror\s*\[?[A-Z]{1,4}\d{3,5}\]?|\bsyntax error\b|\bcommand not found\b",
+    r"\b[A-Z]\w*(?:Error|Exception)\b|^[ \t]*(?:FAILED|ERROR)\b|^[ \t]*(?:error|fatal)(?:\[[\w-]+\])?:"
+    r"|\berror[ \t]*\[?[A-Z]{1,4}\d{3,5}\]?|\bsyntax error\b|\bcommand not found\b",
     re.MULTILINE | re.IGNORECASE,
 )
 #: an exit status a shell output reports in its text ("exit code 2", "exited with code 1")
 EXIT_STATUS = re.compile(r"(?:exit(?:ed with)?[ _]code|exit status)[\"': ]*(-?\d+)", re.IGNORECASE)
 #: the keys of a JSON-encoded output that carry its exit status
 EXIT_KEYS = frozenset({"exit_code", "exitCode", "returncode", "return_code"})
+#: an error excerpt reads an output's first and last this many characters (its first lines, and
+#: the last line naming an error: a traceback ends with it), so a 50 MB log costs what 64 KB do
+ERROR_SCAN_CHARS = 32_768
 #: JSON-encoded outputs are decoded up to this size, and this many strings of them
 DECODE_MAX_CHARS = 2_000_000
 DECODE_MAX_STRINGS = 10_000
@@ -243,13 +250,14 @@ def _reply_mask(
     if any((n.message.tool_result.name or "") in excluded for n in results if n.message.tool_result):
         return None  # a kept result cannot move into a notice (it stays a result of its call)
     reply_item = original_seq(ctx, reply.seq)
-    lines = [
-        f"{tag('masked-reply', item=f'item_{reply_item}')}An earlier reply of yours; its tool-call arguments "
+    head = (
+        f"{tag(REPLY_FRAME, item=f'item_{reply_item}')}An earlier reply of yours; its tool-call arguments "
         f"({arguments} tokens) and results are masked. {READ_TOOL}(id=...) reads any item in full."
-    ]
+    )
+    lines = []
     text = reply.message.text.strip()
     if text:
-        lines.append(text.replace("</masked-reply", "<\\/masked-reply"))
+        lines.append(text)
     by_call = {n.message.tool_result.call_id: n for n in results if n.message.tool_result}
     for call in calls:
         node = by_call[call.id]
@@ -257,16 +265,16 @@ def _reply_mask(
         assert result is not None
         tokens = meter.node_tokens(node)
         if tokens < settings.min_tokens:
-            shown = one_line(result.content)
-            body = shown.replace("</masked-reply", "<\\/masked-reply")
-            lines.append(f"- called {digest(call, settings.digest_chars)} -> {body}")
+            lines.append(f"- called {digest(call, settings.digest_chars)} -> {one_line(result.content)}")
         else:
             lines.append(
                 f"- called {digest(call, settings.digest_chars)} -> "
                 + placeholder(ctx, settings, node, result, None, tokens)
             )
-    lines.append("</masked-reply>")
-    message = Message.user("\n".join(lines), STRATEGY.source("reply"))
+    # the model's text, its arguments and its results' text (tool output) in a user message: none
+    # may end the notice or open the kernel's blocks the compaction may append to it
+    body = guard("\n".join(lines), REPLY_FRAME, *KERNEL_FRAMES)
+    message = Message.user(f"{head}\n{body}\n</{REPLY_FRAME}>", STRATEGY.source("reply"))
     before = sum(meter.node_tokens(n) for n in (reply, *results))
     after = meter.count_message(message)
     if before - after < settings.min_tokens:
@@ -289,6 +297,7 @@ def placeholder(
 def error_excerpt(result: ToolResultBlock, lines: int, chars: int) -> str:
     """What a masked error keeps: its first ``lines`` lines and the last line naming an error
     (a traceback ends with it), at most ``chars`` characters; '' for a result that is no error.
+    Only the output's first and last :data:`ERROR_SCAN_CHARS` characters are read.
     A JSON-encoded output (``{"output": ..., "metadata": {"exit_code": 1}}``) is read as the text
     its strings hold."""
     if not lines or not chars:
@@ -297,6 +306,7 @@ def error_excerpt(result: ToolResultBlock, lines: int, chars: int) -> str:
     if code is None:
         status = EXIT_STATUS.search(text[-2_000:])
         code = int(status.group(1)) if status else None
+    text = _scanned(text)
     last = None
     for match in ERROR_LINE.finditer(text):
         last = match  # the last line naming an error (a traceback ends with it)
@@ -320,6 +330,16 @@ def error_excerpt(result: ToolResultBlock, lines: int, chars: int) -> str:
     room = max(0, chars - len(head) - len(named) - 1)
     first = clip("\n".join(shown), room) if room else ""
     return head + "\n".join(part for part in (first, named) if part)
+
+
+def _scanned(text: str) -> str:
+    """What an error excerpt reads of ``text``: all of it up to twice :data:`ERROR_SCAN_CHARS`,
+    else its first and its last ERROR_SCAN_CHARS characters (the tail from its first whole line),
+    one line break between them."""
+    if len(text) <= 2 * ERROR_SCAN_CHARS:
+        return text
+    tail = text[-ERROR_SCAN_CHARS:]
+    return text[:ERROR_SCAN_CHARS] + "\n" + tail[tail.find("\n") + 1 :]
 
 
 def _decoded(content: str) -> tuple[str, int | None]:

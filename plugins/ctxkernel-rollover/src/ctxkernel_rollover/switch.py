@@ -139,7 +139,9 @@ def _goal(
         return next_goal, "from new_context"
     goal_note = next((n for n in active if n.path == "goal"), None)
     if goal_note is not None:
-        return goal_note.content, "note 'goal'"
+        # text copied from a tool keeps its mark as the goal too: data to check, never instructions
+        trust = "" if goal_note.trust == "model-authored" else f", trust {goal_note.trust}"
+        return goal_note.content, f"note 'goal'{trust}"
     # the harness's task state, else the first substantive instruction (History.goal)
     history = rollover.history()
     goal = history.goal()

@@ -126,6 +126,12 @@ def note_get(ctx: Context, args: NoteGetArgs) -> ToolOutcome:
         if args.version > len(versions):
             return ToolOutcome(f"note_get refused: note {note.id} has versions 1..{len(versions)}", is_error=True)
         note = versions[args.version - 1]
+    if args.offset_chars > len(note.content):
+        return ToolOutcome(
+            f"note_get refused: offset_chars {args.offset_chars} is past the end of note {note.id} "
+            f"({len(note.content)} characters). Nothing was changed.",
+            is_error=True,
+        )
     body = note.content[args.offset_chars : args.offset_chars + args.max_chars]
     end = args.offset_chars + len(body)
     shown = Note(**{**note.__dict__, "content": body})
