@@ -368,3 +368,22 @@ def test_the_results_of_a_reply_with_many_calls_cost_linear_work(tmp_path: Any, 
     assert result.reason == "completed" and result.steps == 2
     assert sum(e.type == "tool/result" for e in session.events) == 1500
     assert reads["blocks"] < 20 * 1500  # was about 1500 * 1500 / 2 * 2
+
+
+@pytest.mark.parametrize("text", ["", "caf\udce9"], ids=["plain", "lone-surrogate"])
+@pytest.mark.parametrize("depth", [300, 5_000])
+def test_a_reply_with_arguments_nested_past_what_the_log_writes_is_an_event_error(
+    tmp_path: Any, depth: int, text: str
+) -> None:
+    """At 5,000 levels the lone-surrogate scan walked the arguments in Python and raised a raw
+    ``RecursionError`` out of ``commit_reply``; at 300 the log's depth check answered already."""
+    session = build_kernel(tmp_path).open_session()
+    session.user("go")
+    session.prepare_request()
+    nested: Any = "leaf"
+    for _ in range(depth):
+        nested = {"a": nested}
+    before = [e.seq for e in session.events]
+    with pytest.raises(ctxkernel.EventError, match="not JSON-serialisable: Recursion limit reached"):
+        session.commit_reply(Message.assistant(text, [ToolCallBlock("c1", "read", {"x": nested})]))
+    assert [e.seq for e in session.events] == before

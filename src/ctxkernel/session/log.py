@@ -212,12 +212,16 @@ class SessionLog:
                     orjson.dumps((event.data,))
                 except TypeError as exc:
                     # the one place every text enters the log: a lone surrogate (a non-UTF-8 file
-                    # name, a "\ud800" escape from a server) becomes U+FFFD instead of failing the turn
-                    cleaned = storable(event.data)
+                    # name, a "\ud800" escape from a server) becomes U+FFFD instead of failing the turn;
+                    # anything else (data nested too deep for the walk, too) is refused as it is
                     try:
+                        if "surrogates" not in str(exc):
+                            raise exc
+                        cleaned = storable(event.data)
                         orjson.dumps((cleaned,))
-                    except TypeError:
-                        msg = f"{event.type} event data is not JSON-serialisable: {exc}"
+                    except (TypeError, RecursionError) as why:
+                        reason = "Recursion limit reached" if isinstance(why, RecursionError) else why
+                        msg = f"{event.type} event data is not JSON-serialisable: {reason}"
                         raise EventError(msg) from None
                     built[i] = event = Event(event.seq, event.type, cleaned, event.time, event.surface, event.ignorable)
             surface_events = [e for e in built if e.type in ev.MESSAGE_TYPES or e.type == ev.SURFACE_DROP]

@@ -158,8 +158,13 @@ def _storable_message(message: Message) -> tuple[Message, dict[str, Any]]:
         # orjson refuses a lone surrogate in any string, keys included: when it encodes the
         # dict, storable() would return it unchanged (one C pass instead of walking it in Python)
         orjson.dumps(data)
-    except TypeError:
-        cleaned = storable(data)
+    except TypeError as exc:
+        if "surrogates" not in str(exc):  # too deep, say: the log's own check refuses it, naming it
+            return message, data
+        try:
+            cleaned = storable(data)
+        except RecursionError:  # a surrogate and data nested past Python's stack: the same refusal
+            return message, data
         if cleaned is not data:
             message = Message.from_dict(cleaned)
             return message, message.to_dict()
