@@ -23,7 +23,7 @@ import datetime as _dt
 import random as _random
 import secrets
 import time as _time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
@@ -349,6 +349,19 @@ def remove_op(cites: list[int]) -> dict[str, Any]:
     return {"op": "remove", "start": cites[0], "end": cites[-1], "cites": list(cites)}
 
 
+def original_seq(events: Sequence[Event], seq: int) -> int:
+    """The seq of the full text behind the tool result at ``seq``: a result rewritten in place (a
+    strategy's prune or shrink, the kernel's excerpt) points back, through the log's citations, to
+    the result it shadows. Never read from the result's text, which a tool wrote."""
+    event = events[seq]
+    while event.type == TOOL_RESULT and (event.surface or {}).get("op") == "replace":
+        cites = (event.surface or {}).get("cites") or []
+        if len(cites) != 1:
+            break
+        event = events[cites[0]]
+    return event.seq
+
+
 # -- typed views ----------------------------------------------------------------------------------
 # The required keys of each type are checked by validate_shape before an event joins a log; the
 # optional ones are read defensively (older logs lack them), so a view never raises.
@@ -637,6 +650,7 @@ __all__ = [
     "TurnStart",
     "append_op",
     "now_seconds",
+    "original_seq",
     "random_bits",
     "random_hex",
     "replay_clock",

@@ -30,7 +30,7 @@ import math
 from typing import TYPE_CHECKING
 
 from .errors import CompactionError, ContextOverflowError
-from .events import TOOL_RESULT
+from .events import original_seq
 from .logging import get_logger
 from .messages import Message, Source
 from .meter import LARGE_NODE_TOKENS, message_text_for_count
@@ -240,15 +240,6 @@ def _spans(session: SessionPort, chosen: list[Node], budget: int, cap: int, wind
     return [span for _, span in sorted(spans, key=lambda pair: pair[0])]
 
 
-def original_seq(session: SessionPort, seq: int) -> int:
-    """The seq of the full text behind a tool result: a result rewritten in place (a strategy's
-    prune, an earlier excerpt) points back to the result it shadows."""
-    event = session.events[seq]
-    while event.type == TOOL_RESULT and (event.surface or {}).get("op") == "replace":
-        event = session.events[event.surface["cites"][0]]  # type: ignore[index]
-    return event.seq
-
-
 def excerpt_message(
     session: SessionPort, nodes: list[Node], tokens: int, budget: int, cap: int, window: int, *, history: str | None
 ) -> Message:
@@ -262,7 +253,7 @@ def excerpt_message(
         what = "This tool result"
     else:
         what = "This reply and its tool results" if len(nodes) > 1 else f"This {first.role} message"
-    originals = [original_seq(session, n.seq) for n in nodes]
+    originals = [original_seq(session.events, n.seq) for n in nodes]
     items = ", ".join(f"item_{seq}" for seq in originals)
     where = f"event seq {originals[0]}" if len(nodes) == 1 else f"event seqs {originals[0]}..{originals[-1]}"
     if history:

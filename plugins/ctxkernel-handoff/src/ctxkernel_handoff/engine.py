@@ -30,10 +30,11 @@ from ctxkernel import (
     whole_surface_but_last,
 )
 from ctxkernel.events import ASSISTANT_MESSAGE, COMPACTION_SUMMARY, REQUEST_HEADER, STEP_START, USER_MESSAGE, utc_now
+from ctxkernel.events import original_seq as original_item
 from ctxkernel.recall.history import WINDOW_KINDS
 from ctxkernel.text import first_line
 
-from .excerpts import Excerpts, original_item
+from .excerpts import Excerpts
 from .handoff import (
     HANDOFF_LOG_NOTE,
     HANDOFF_NOTE,
@@ -609,7 +610,7 @@ def shrink_kept_results(ctx: Context, *, after: int, tokens: int) -> bool:
         keep_chars = int(keep_tokens * CHARS_PER_FIT_TOKEN)
         if keep_chars >= len(content) - 200:
             continue
-        original = f"item_{original_item(ctx, node.seq)}"  # from the log: the result's text is a tool's
+        original = f"item_{original_item(ctx.events, node.seq)}"  # from the log: the result's text is a tool's
         head, tail = content[: keep_chars * 3 // 4], content[len(content) - keep_chars // 4 :]
         marker = (
             f"\n[… {len(content) - len(head) - len(tail)} characters omitted to fit the context window; "

@@ -17,12 +17,11 @@ from typing import TYPE_CHECKING, Protocol
 
 import orjson
 
-from ctxkernel.events import TOOL_RESULT
 from ctxkernel.recall.history import History
 from ctxkernel.text import KERNEL_FRAMES, PATH_KEYS, clip, first_line, guard, keep_newest, string_arguments
 
 if TYPE_CHECKING:
-    from ctxkernel import Context, Node
+    from ctxkernel import Node
 
 #: the handoff's own frame tags and the kernel's (its pinned instructions and work ledger share
 #: the handoff's message): every text a handoff quotes is guarded against them
@@ -106,20 +105,6 @@ def excerpt(history: History, node: Node) -> Excerpt:
     flag = " ERROR" if result.is_error else ""
     line = f"- {item} result{flag} {name}: {_one_line(first, 160)} ({len(result.content)} chars)"
     return Excerpt((guard(line, *FRAMES),))
-
-
-def original_item(ctx: Context, seq: int) -> int:
-    """The seq of the full text behind the surface node ``seq``: a tool result rewritten in place
-    (an earlier shrink, the kernel's excerpt, a prune) points back, through the log's citations,
-    to the result it shadows. Never read from the result's text, which a tool wrote."""
-    events = ctx.events
-    event = events[seq]
-    while event.type == TOOL_RESULT and (event.surface or {}).get("op") == "replace":
-        cites = (event.surface or {}).get("cites") or []
-        if len(cites) != 1:
-            break
-        event = events[cites[0]]
-    return event.seq
 
 
 class LineMeter(Protocol):

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ctxkernel import Context, Message, Node, ToolCallBlock, ToolResultBlock, balanced_cut_at_or_before
-from ctxkernel.events import TOOL_RESULT
+from ctxkernel.events import original_seq
 from ctxkernel.text import COMMAND_KEYS, KERNEL_FRAMES, PATH_KEYS, clip, failed, guard, one_line, tag
 
 from .recall import header_tokens
@@ -249,7 +249,7 @@ def _reply_mask(
         return None
     if any((n.message.tool_result.name or "") in excluded for n in results if n.message.tool_result):
         return None  # a kept result cannot move into a notice (it stays a result of its call)
-    reply_item = original_seq(ctx, reply.seq)
+    reply_item = original_seq(ctx.events, reply.seq)
     head = (
         f"{tag(REPLY_FRAME, item=f'item_{reply_item}')}An earlier reply of yours; its tool-call arguments "
         f"({arguments} tokens) and results are masked. {READ_TOOL}(id=...) reads any item in full."
@@ -287,7 +287,7 @@ def placeholder(
 ) -> str:
     """The one line that stands for a masked result (an error keeps its first lines)."""
     original = _original_result(ctx, node) or result
-    item = original_seq(ctx, node.seq)
+    item = original_seq(ctx.events, node.seq)
     what = f"{result.name or 'tool'} output" if call is None else f"output of {digest(call, settings.digest_chars)}"
     line = f"[masked {what}: {tokens} tokens; {READ_TOOL}(id='item_{item}') reads it in full]"
     kept = error_excerpt(original, settings.error_lines, settings.error_chars)
@@ -388,21 +388,8 @@ def digest(call: ToolCallBlock, limit: int) -> str:
     return clip(f"{call.name}({', '.join(parts)})", limit, single_line=True)
 
 
-def original_seq(ctx: Context, seq: int) -> int:
-    """The seq of the text behind a surface node: a result rewritten in place (an excerpt, a prune)
-    points back to the result it stands for, which the history tools read in full."""
-    events = ctx.events
-    event = events[seq]
-    while event.type == TOOL_RESULT and (event.surface or {}).get("op") == "replace":
-        cites = (event.surface or {}).get("cites") or []
-        if len(cites) != 1:
-            break
-        event = events[cites[0]]
-    return event.seq
-
-
 def _original_result(ctx: Context, node: Node) -> ToolResultBlock | None:
-    seq = original_seq(ctx, node.seq)
+    seq = original_seq(ctx.events, node.seq)
     if seq == node.seq:
         return node.message.tool_result
     return Message.from_dict(ctx.events[seq].data["message"]).tool_result
