@@ -363,9 +363,8 @@ class Profile(BaseSettings):
         try:
             settings = ModelSettings(**base)
         except ValidationError as exc:
-            raise ProfileError(
-                format_validation_error(exc, self.where, ModelSettings, "model_policies.model")
-            ) from None
+            table = f"model_policies[{self.model_policies.index(policy)}].model" if policy else "model"
+            raise ProfileError(format_validation_error(exc, self.where, ModelSettings, table)) from None
         if key is not None:
             if len(_MODELS) >= MODEL_CACHE_SIZE:
                 _MODELS.clear()  # bounded: a client may name any number of models

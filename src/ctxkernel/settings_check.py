@@ -108,12 +108,23 @@ def _non_finite(value: Any, key: str = "") -> list[tuple[str, float]]:
     return out
 
 
+def key_path(loc: tuple[Any, ...]) -> str:
+    """A pydantic error location as a profile key: list indices kept, ``model_policies[2].match``."""
+    key = ""
+    for part in loc:
+        if isinstance(part, int):
+            key += f"[{part}]"
+        else:
+            key = f"{key}.{part}" if key else str(part)
+    return key
+
+
 def format_validation_error(exc: ValidationError, where: str, model: type[BaseModel], table: str = "") -> str:
     """One line per problem: file, table and key, what was wrong, and what is accepted."""
     lines = []
     for err in exc.errors():
-        loc = tuple(p for p in err["loc"] if not isinstance(p, int))
-        key = ".".join(str(p) for p in loc)
+        loc = tuple(p for p in err["loc"] if not isinstance(p, int))  # the fields, for accepted_keys
+        key = key_path(err["loc"])
         full = f"{table}.{key}" if table and key else (table or key)
         if err["type"] == "extra_forbidden":
             accepted = accepted_keys(model, loc[:-1])
@@ -125,4 +136,11 @@ def format_validation_error(exc: ValidationError, where: str, model: type[BaseMo
     return "\n".join(lines)
 
 
-__all__ = ["BOOL_NOT_NUMBER", "accepted_keys", "format_validation_error", "numeric", "strategy_settings_from"]
+__all__ = [
+    "BOOL_NOT_NUMBER",
+    "accepted_keys",
+    "format_validation_error",
+    "key_path",
+    "numeric",
+    "strategy_settings_from",
+]

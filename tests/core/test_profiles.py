@@ -218,6 +218,45 @@ def test_a_broken_policy_is_refused_when_the_kernel_loads(tmp_path, policy, name
     assert str(path) in str(info.value) and named in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        (
+            '[[model_policies]]\nmatch = { name = "a" }\n[[model_policies]]\nmodel = { context_window = 1000 }\n',
+            "model_policies[1].match: Field required",
+        ),
+        (
+            '[[model_policies]]\nmatch = { name = "a" }\n[[model_policies]]\nmatch = { name = "b" }\nmdoel = {}\n',
+            "unknown key 'model_policies[1].mdoel'; accepted keys: ['match', 'model', 'strategies']",
+        ),
+        ('[profile]\nstrategies = ["basic", 3]\n', "profile.strategies[1]: Input should be a valid string"),
+    ],
+)
+def test_an_error_in_a_list_names_the_item_by_its_index(tmp_path, text, named):
+    """pydantic's error locations hold list indices; they were dropped, so "model_policies.match:
+    Field required" did not say which of the profile's policies lacked one."""
+    path = write(tmp_path, text)
+    with pytest.raises(ProfileError) as info:
+        load_profile(path)
+    assert named in str(info.value)
+
+
+def test_a_routed_model_a_policy_breaks_names_that_policy(tmp_path):
+    from ctxkernel.profile import ModelSettings
+
+    profile = load_profile(
+        write(
+            tmp_path,
+            '[[model_policies]]\nmatch = { name = "a" }\n'
+            '[[model_policies]]\nmatch = { name = "small" }\nmodel = { context_window = 4096 }\n',
+        )
+    )
+    profile.model_policies[1].model = {"context_window": "many"}  # as an edit the kernel did not check yet
+    with pytest.raises(ProfileError, match=r"model_policies\[1\]\.model\.context_window"):
+        profile.model_for("openai", "small")
+    assert isinstance(profile.model_for("openai", "a"), ModelSettings)
+
+
 def test_a_profile_edit_with_a_broken_policy_is_not_applied(tmp_path):
     path = write(tmp_path, '[[model_policies]]\nmatch = { name = "small" }\nmodel = { context_window = 64000 }\n')
     kernel = Kernel.from_profile(path, store=JsonlStore(tmp_path / "home"), home=tmp_path / "home")
