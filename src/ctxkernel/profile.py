@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -42,6 +43,8 @@ MIN_WINDOW = 256
 MODEL_CACHE_SIZE = 64
 #: the largest price per million tokens a profile may state
 MAX_PRICE = 1_000_000.0
+#: what ``[store] host_id`` accepts: a host name, an address, or a worker's name
+_HOST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,254}")
 #: Variables that share the prefix but are not profile keys.
 _NOT_PROFILE_KEYS = ("ctxkernel_profile", "ctxkernel_home", "ctxkernel_profile_path")
 
@@ -148,6 +151,19 @@ class StoreSettings(_Strict):
     #: write a snapshot of the folded session state every this many events (and at the step boundary
     #: after a compaction commit), so opening a session replays only what follows it; 0 turns snapshots off
     snapshot_every: int = Field(default=1000, ge=0, le=10_000_000)
+
+    # written into every lease holder and compaction start, and printed where a holder is named:
+    # a newline or a control character there would forge log lines
+    @field_validator("host_id")
+    @classmethod
+    def _host_name(cls, value: str | None) -> str | None:
+        if value is not None and not _HOST_ID.fullmatch(value):
+            msg = (
+                "must be a host name: ASCII letters, digits and . _ - : (1 to 255 characters, "
+                "starting with a letter or digit), e.g. worker-1"
+            )
+            raise ValueError(msg)
+        return value
 
 
 class SummarizerSettings(_Strict):

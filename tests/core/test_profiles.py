@@ -99,6 +99,26 @@ def test_variables_of_the_prefix_that_are_no_profile_keys_stay_allowed(tmp_path,
     assert load_profile(path).store.host_id == "worker-1"
 
 
+@pytest.mark.parametrize(
+    "value",
+    ["evil\\nhost", "tab\\there", "bell\\u0007", "esc\\u001b[2J", "two words", "-leading", "h/../x", "\\u00e9t\\u00e9"],
+)
+def test_a_host_id_that_is_no_host_name_is_refused_naming_the_key_and_what_is_accepted(tmp_path, value):
+    """host_id is written into every lease holder and compaction start, and printed in the
+    messages that name a holder: a newline or a control character there forged log lines."""
+    path = write(tmp_path, f'[store]\nhost_id = "{value}"\n')
+    with pytest.raises(ProfileError) as info:
+        load_profile(path)
+    message = str(info.value)
+    assert str(path) in message and "store.host_id" in message and "letters, digits" in message
+    assert "\n" not in message.split("host_id", 1)[1]  # the value is echoed escaped, on one line
+
+
+@pytest.mark.parametrize("value", ["worker-1", "host_a", "db01.example.com", "10.0.0.7", "fe80::1", "A" * 255])
+def test_host_names_are_accepted_as_host_ids(tmp_path, value):
+    assert load_profile(write(tmp_path, f'[store]\nhost_id = "{value}"\n')).store.host_id == value
+
+
 class PinAndTrimSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     keep_turns: int = 4
