@@ -180,15 +180,7 @@ class SummarizerSettings(_Strict):
     @field_validator("base_url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
-        try:
-            parts = urlsplit(value) if value is not None else None
-            host = parts.hostname if parts is not None else ""
-        except ValueError:
-            parts, host = None, None
-        if value is not None and (parts is None or parts.scheme not in ("http", "https") or not host):
-            msg = "must be an http:// or https:// URL with a host, e.g. https://api.openai.com/v1"
-            raise ValueError(msg)
-        return value
+        return check_http_url(value)
 
     @model_validator(mode="after")
     def _model_for_openai(self) -> SummarizerSettings:
@@ -196,6 +188,27 @@ class SummarizerSettings(_Strict):
             msg = "kind = 'openai' needs 'model' (the name of the model that writes summaries); set summarizer.model"
             raise ValueError(msg)
         return self
+
+
+def http_url_problem(value: str) -> str | None:
+    """Why ``value`` is no base URL of an HTTP API (an ``http://`` or ``https://`` URL with a
+    host, a valid port and no whitespace or control character), or None when it is one."""
+    try:
+        parts = urlsplit(value)
+        usable = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+    except ValueError:  # a malformed IPv6 address, a port that is no number or out of range
+        usable = False
+    if not usable or any(ord(c) <= 0x20 or ord(c) == 0x7F for c in value):
+        return "must be an http:// or https:// URL with a host, e.g. https://api.openai.com/v1"
+    return None
+
+
+def check_http_url(value: str | None) -> str | None:
+    """``value`` when it is None or a base URL (:func:`http_url_problem`); ValueError otherwise."""
+    problem = http_url_problem(value) if value is not None else None
+    if problem:
+        raise ValueError(problem)
+    return value
 
 
 class ServeSettings(_Strict):
@@ -213,6 +226,12 @@ class ServeSettings(_Strict):
     inject_tools: Literal["when_client_has_tools", "always"] = "when_client_has_tools"
     #: variable holding a server-side key that replaces the clients' credentials
     api_key_env: str | None = None
+
+    # serve started with any string here and failed every client request on it
+    @field_validator("upstream", "anthropic_upstream", "responses_upstream")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        return check_http_url(value)
 
 
 class InstructionSettings(_Strict):
