@@ -152,6 +152,15 @@ class StoreSettings(_Strict):
     #: after a compaction commit), so opening a session replays only what follows it; 0 turns snapshots off
     snapshot_every: int = Field(default=1000, ge=0, le=10_000_000)
 
+    # no operating system's path holds U+0000: the store raised a bare ValueError on it
+    @field_validator("path")
+    @classmethod
+    def _no_nul(cls, value: str | None) -> str | None:
+        if value is not None and "\0" in value:
+            msg = "holds U+0000, which no file path can; accepted: the path of a folder"
+            raise ValueError(msg)
+        return value
+
     # written into every lease holder and compaction start, and printed where a holder is named:
     # a newline or a control character there would forge log lines
     @field_validator("host_id")

@@ -114,6 +114,16 @@ def test_a_host_id_that_is_no_host_name_is_refused_naming_the_key_and_what_is_ac
     assert "\n" not in message.split("host_id", 1)[1]  # the value is echoed escaped, on one line
 
 
+@pytest.mark.parametrize("backend", ["jsonl", "sqlite"])
+def test_a_store_path_holding_a_nul_character_is_refused_naming_the_key(tmp_path, backend):
+    """No operating system's path holds U+0000: the store raised a bare ValueError ("embedded null
+    byte") when it first touched the folder, a traceback out of `ctxkernel serve`."""
+    path = write(tmp_path, f'[store]\nbackend = "{backend}"\npath = "{tmp_path}/a\\u0000b"\n')
+    with pytest.raises(ProfileError) as info:
+        load_profile(path)
+    assert str(path) in str(info.value) and "store.path" in str(info.value) and "U+0000" in str(info.value)
+
+
 @pytest.mark.parametrize("value", ["worker-1", "host_a", "db01.example.com", "10.0.0.7", "fe80::1", "A" * 255])
 def test_host_names_are_accepted_as_host_ids(tmp_path, value):
     assert load_profile(write(tmp_path, f'[store]\nhost_id = "{value}"\n')).store.host_id == value
