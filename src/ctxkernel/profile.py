@@ -18,7 +18,6 @@ import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -32,7 +31,7 @@ from pydantic_settings import (
 )
 
 from .errors import ConfigError, ProfileError
-from .settings_check import BOOL_NOT_NUMBER, format_validation_error, numeric
+from .settings_check import BOOL_NOT_NUMBER, check_http_url, format_validation_error, numeric
 
 ENV_PREFIX = "CTXKERNEL_"
 #: the largest token count a setting may hold (no model window comes near it)
@@ -197,27 +196,6 @@ class SummarizerSettings(_Strict):
             msg = "kind = 'openai' needs 'model' (the name of the model that writes summaries); set summarizer.model"
             raise ValueError(msg)
         return self
-
-
-def http_url_problem(value: str) -> str | None:
-    """Why ``value`` is no base URL of an HTTP API (an ``http://`` or ``https://`` URL with a
-    host, a valid port and no whitespace or control character), or None when it is one."""
-    try:
-        parts = urlsplit(value)
-        usable = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
-    except ValueError:  # a malformed IPv6 address, a port that is no number or out of range
-        usable = False
-    if not usable or any(ord(c) <= 0x20 or ord(c) == 0x7F for c in value):
-        return "must be an http:// or https:// URL with a host, e.g. https://api.openai.com/v1"
-    return None
-
-
-def check_http_url(value: str | None) -> str | None:
-    """``value`` when it is None or a base URL (:func:`http_url_problem`); ValueError otherwise."""
-    problem = http_url_problem(value) if value is not None else None
-    if problem:
-        raise ValueError(problem)
-    return value
 
 
 class ServeSettings(_Strict):

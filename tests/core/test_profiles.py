@@ -305,6 +305,7 @@ def test_a_profile_edit_with_a_broken_policy_is_not_applied(tmp_path):
         ('base_url = "ftp://user:secret@host/v1"', "summarizer.base_url: Value error"),
         ('base_url = "http://host:99999/v1"', "summarizer.base_url: Value error"),
         ('base_url = "http://exa mple/v1"', "summarizer.base_url: Value error"),
+        ('base_url = "https://h.example/v1?api-version=1"', "summarizer.base_url: Value error"),
     ],
 )
 def test_a_summarizer_that_cannot_work_is_refused_when_the_profile_loads(tmp_path, table, named):

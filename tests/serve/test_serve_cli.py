@@ -166,7 +166,16 @@ def test_a_short_ui_token_is_a_usage_error(tmp_path, monkeypatch, capsys):
     assert "--ui-token-env SHORT_TOKEN" in capsys.readouterr().err
 
 
-BAD_URLS = ["ftp://x", "http://", "https://[::1", "file:///etc/passwd", "http://user:secret@/v1", "models.example/v1"]
+BAD_URLS = [
+    "ftp://x",
+    "http://",
+    "https://[::1",
+    "file:///etc/passwd",
+    "http://user:secret@/v1",
+    "models.example/v1",
+    "http://models.example/v1?api_key=secret",
+    "http://models.example/v1#chat",
+]
 
 
 @pytest.mark.parametrize("option", ["--upstream", "--anthropic-upstream", "--responses-upstream"])

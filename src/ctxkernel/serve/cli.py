@@ -9,8 +9,9 @@ import sys
 from typing import Any
 
 from ..cli import bounded_int
-from ..profile import MAX_TOKENS, http_url_problem
+from ..profile import MAX_TOKENS
 from ..redact import redact_url
+from ..settings_check import http_url_problem
 from . import DEFAULT_MAX_SESSIONS
 
 MISSING_EXTRA = "ctxkernel serve needs the serve extra: pip install 'ctxkernel[serve]'"
@@ -35,7 +36,7 @@ def bounded_float(low: float, high: float) -> Any:
 
 
 def http_url(text: str) -> str:
-    """An argparse type: an upstream's base URL (:func:`ctxkernel.profile.http_url_problem`)."""
+    """An argparse type: an upstream's base URL (:func:`ctxkernel.settings_check.http_url_problem`)."""
     problem = http_url_problem(text)
     if problem:
         msg = f"{redact_url(text)!r} {problem}"
