@@ -14,10 +14,10 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -31,7 +31,7 @@ from pydantic_settings import (
 )
 
 from .errors import ConfigError, ProfileError
-from .settings_check import BOOL_NOT_NUMBER, format_validation_error, numeric
+from .settings_check import BOOL_NOT_NUMBER, check_http_url, format_validation_error, numeric
 
 ENV_PREFIX = "CTXKERNEL_"
 #: the largest token count a setting may hold (no model window comes near it)
@@ -42,6 +42,8 @@ MIN_WINDOW = 256
 MODEL_CACHE_SIZE = 64
 #: the largest price per million tokens a profile may state
 MAX_PRICE = 1_000_000.0
+#: what ``[store] host_id`` accepts: a host name, an address, or a worker's name
+_HOST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,254}")
 #: Variables that share the prefix but are not profile keys.
 _NOT_PROFILE_KEYS = ("ctxkernel_profile", "ctxkernel_home", "ctxkernel_profile_path")
 
@@ -149,6 +151,28 @@ class StoreSettings(_Strict):
     #: after a compaction commit), so opening a session replays only what follows it; 0 turns snapshots off
     snapshot_every: int = Field(default=1000, ge=0, le=10_000_000)
 
+    # no operating system's path holds U+0000: the store raised a bare ValueError on it
+    @field_validator("path")
+    @classmethod
+    def _no_nul(cls, value: str | None) -> str | None:
+        if value is not None and "\0" in value:
+            msg = "holds U+0000, which no file path can; accepted: the path of a folder"
+            raise ValueError(msg)
+        return value
+
+    # written into every lease holder and compaction start, and printed where a holder is named:
+    # a newline or a control character there would forge log lines
+    @field_validator("host_id")
+    @classmethod
+    def _host_name(cls, value: str | None) -> str | None:
+        if value is not None and not _HOST_ID.fullmatch(value):
+            msg = (
+                "must be a host name: ASCII letters, digits and . _ - : (1 to 255 characters, "
+                "starting with a letter or digit), e.g. worker-1"
+            )
+            raise ValueError(msg)
+        return value
+
 
 class SummarizerSettings(_Strict):
     """The model that writes summaries; ``extractive`` means no model at all."""
@@ -164,15 +188,7 @@ class SummarizerSettings(_Strict):
     @field_validator("base_url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
-        try:
-            parts = urlsplit(value) if value is not None else None
-            host = parts.hostname if parts is not None else ""
-        except ValueError:
-            parts, host = None, None
-        if value is not None and (parts is None or parts.scheme not in ("http", "https") or not host):
-            msg = "must be an http:// or https:// URL with a host, e.g. https://api.openai.com/v1"
-            raise ValueError(msg)
-        return value
+        return check_http_url(value)
 
     @model_validator(mode="after")
     def _model_for_openai(self) -> SummarizerSettings:
@@ -197,6 +213,12 @@ class ServeSettings(_Strict):
     inject_tools: Literal["when_client_has_tools", "always"] = "when_client_has_tools"
     #: variable holding a server-side key that replaces the clients' credentials
     api_key_env: str | None = None
+
+    # serve started with any string here and failed every client request on it
+    @field_validator("upstream", "anthropic_upstream", "responses_upstream")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        return check_http_url(value)
 
 
 class InstructionSettings(_Strict):
@@ -363,9 +385,8 @@ class Profile(BaseSettings):
         try:
             settings = ModelSettings(**base)
         except ValidationError as exc:
-            raise ProfileError(
-                format_validation_error(exc, self.where, ModelSettings, "model_policies.model")
-            ) from None
+            table = f"model_policies[{self.model_policies.index(policy)}].model" if policy else "model"
+            raise ProfileError(format_validation_error(exc, self.where, ModelSettings, table)) from None
         if key is not None:
             if len(_MODELS) >= MODEL_CACHE_SIZE:
                 _MODELS.clear()  # bounded: a client may name any number of models

@@ -1,11 +1,13 @@
 """Settings errors a person can act on: validation of a strategy's settings (a boolean taken for
 a number and inf or nan refused whatever its model allows) and pydantic's errors told as one line
-per problem, naming the file, the table, the key and what is accepted."""
+per problem, naming the file, the table, the key and what is accepted; the check of a base URL
+that settings and flags share."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ValidationError
 
@@ -108,12 +110,48 @@ def _non_finite(value: Any, key: str = "") -> list[tuple[str, float]]:
     return out
 
 
+def http_url_problem(value: str) -> str | None:
+    """Why ``value`` is no base URL of an HTTP API (an ``http://`` or ``https://`` URL with a
+    host, a valid port, no whitespace or control character, and no query or fragment, which the
+    paths appended to it would follow), or None when it is one."""
+    try:
+        parts = urlsplit(value)
+        usable = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+    except ValueError:  # a malformed IPv6 address, a port that is no number or out of range
+        usable = False
+    if not usable or any(ord(c) <= 0x20 or ord(c) == 0x7F or c in "?#" for c in value):
+        return (
+            "must be an http:// or https:// URL with a host and no query or fragment (paths such as "
+            "/chat/completions are appended to it), e.g. https://api.openai.com/v1"
+        )
+    return None
+
+
+def check_http_url(value: str | None) -> str | None:
+    """``value`` when it is None or a base URL (:func:`http_url_problem`); ValueError otherwise."""
+    problem = http_url_problem(value) if value is not None else None
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+def key_path(loc: tuple[Any, ...]) -> str:
+    """A pydantic error location as a profile key: list indices kept, ``model_policies[2].match``."""
+    key = ""
+    for part in loc:
+        if isinstance(part, int):
+            key += f"[{part}]"
+        else:
+            key = f"{key}.{part}" if key else str(part)
+    return key
+
+
 def format_validation_error(exc: ValidationError, where: str, model: type[BaseModel], table: str = "") -> str:
     """One line per problem: file, table and key, what was wrong, and what is accepted."""
     lines = []
     for err in exc.errors():
-        loc = tuple(p for p in err["loc"] if not isinstance(p, int))
-        key = ".".join(str(p) for p in loc)
+        loc = tuple(p for p in err["loc"] if not isinstance(p, int))  # the fields, for accepted_keys
+        key = key_path(err["loc"])
         full = f"{table}.{key}" if table and key else (table or key)
         if err["type"] == "extra_forbidden":
             accepted = accepted_keys(model, loc[:-1])
@@ -125,4 +163,13 @@ def format_validation_error(exc: ValidationError, where: str, model: type[BaseMo
     return "\n".join(lines)
 
 
-__all__ = ["BOOL_NOT_NUMBER", "accepted_keys", "format_validation_error", "numeric", "strategy_settings_from"]
+__all__ = [
+    "BOOL_NOT_NUMBER",
+    "accepted_keys",
+    "check_http_url",
+    "format_validation_error",
+    "http_url_problem",
+    "key_path",
+    "numeric",
+    "strategy_settings_from",
+]

@@ -372,6 +372,14 @@ def test_a_password_in_base_url_never_shows_in_messages(serve) -> None:
     assert "url-pass-4242" not in str(bad.value) and "http://" in str(bad.value)
 
 
+@pytest.mark.parametrize("base_url", ["http://example.invalid/v1?api-version=1", "http://example.invalid/v1#x"])
+def test_a_base_url_with_a_query_or_fragment_is_refused(base_url) -> None:
+    """/chat/completions was appended after the query (``/v1?api-version=1/chat/completions``):
+    every request went to the base path itself."""
+    with pytest.raises(ConfigError, match="no query or fragment"):
+        OpenAIChatModel("m", base_url=base_url)
+
+
 def test_a_200_with_an_error_object_echoing_the_key_is_redacted(serve) -> None:
     server = serve(lambda conn, n, s: answer(conn, body=ECHO))
     with pytest.raises(HTTPModelError) as info:

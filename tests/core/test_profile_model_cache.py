@@ -40,7 +40,8 @@ def validated(profile: Profile, provider: str | None, name: str | None) -> Model
     try:
         return ModelSettings(**base)
     except ValidationError as exc:
-        return format_validation_error(exc, profile.where, ModelSettings, "model_policies.model")
+        table = f"model_policies[{profile.model_policies.index(policy)}].model" if policy else "model"
+        return format_validation_error(exc, profile.where, ModelSettings, table)
 
 
 def answer(profile: Profile, provider: str | None, name: str | None) -> ModelSettings | str:

@@ -99,6 +99,36 @@ def test_variables_of_the_prefix_that_are_no_profile_keys_stay_allowed(tmp_path,
     assert load_profile(path).store.host_id == "worker-1"
 
 
+@pytest.mark.parametrize(
+    "value",
+    ["evil\\nhost", "tab\\there", "bell\\u0007", "esc\\u001b[2J", "two words", "-leading", "h/../x", "\\u00e9t\\u00e9"],
+)
+def test_a_host_id_that_is_no_host_name_is_refused_naming_the_key_and_what_is_accepted(tmp_path, value):
+    """host_id is written into every lease holder and compaction start, and printed in the
+    messages that name a holder: a newline or a control character there forged log lines."""
+    path = write(tmp_path, f'[store]\nhost_id = "{value}"\n')
+    with pytest.raises(ProfileError) as info:
+        load_profile(path)
+    message = str(info.value)
+    assert str(path) in message and "store.host_id" in message and "letters, digits" in message
+    assert "\n" not in message.split("host_id", 1)[1]  # the value is echoed escaped, on one line
+
+
+@pytest.mark.parametrize("backend", ["jsonl", "sqlite"])
+def test_a_store_path_holding_a_nul_character_is_refused_naming_the_key(tmp_path, backend):
+    """No operating system's path holds U+0000: the store raised a bare ValueError ("embedded null
+    byte") when it first touched the folder, a traceback out of `ctxkernel serve`."""
+    path = write(tmp_path, f'[store]\nbackend = "{backend}"\npath = "{tmp_path}/a\\u0000b"\n')
+    with pytest.raises(ProfileError) as info:
+        load_profile(path)
+    assert str(path) in str(info.value) and "store.path" in str(info.value) and "U+0000" in str(info.value)
+
+
+@pytest.mark.parametrize("value", ["worker-1", "host_a", "db01.example.com", "10.0.0.7", "fe80::1", "A" * 255])
+def test_host_names_are_accepted_as_host_ids(tmp_path, value):
+    assert load_profile(write(tmp_path, f'[store]\nhost_id = "{value}"\n')).store.host_id == value
+
+
 class PinAndTrimSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     keep_turns: int = 4
@@ -218,6 +248,45 @@ def test_a_broken_policy_is_refused_when_the_kernel_loads(tmp_path, policy, name
     assert str(path) in str(info.value) and named in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        (
+            '[[model_policies]]\nmatch = { name = "a" }\n[[model_policies]]\nmodel = { context_window = 1000 }\n',
+            "model_policies[1].match: Field required",
+        ),
+        (
+            '[[model_policies]]\nmatch = { name = "a" }\n[[model_policies]]\nmatch = { name = "b" }\nmdoel = {}\n',
+            "unknown key 'model_policies[1].mdoel'; accepted keys: ['match', 'model', 'strategies']",
+        ),
+        ('[profile]\nstrategies = ["basic", 3]\n', "profile.strategies[1]: Input should be a valid string"),
+    ],
+)
+def test_an_error_in_a_list_names_the_item_by_its_index(tmp_path, text, named):
+    """pydantic's error locations hold list indices; they were dropped, so "model_policies.match:
+    Field required" did not say which of the profile's policies lacked one."""
+    path = write(tmp_path, text)
+    with pytest.raises(ProfileError) as info:
+        load_profile(path)
+    assert named in str(info.value)
+
+
+def test_a_routed_model_a_policy_breaks_names_that_policy(tmp_path):
+    from ctxkernel.profile import ModelSettings
+
+    profile = load_profile(
+        write(
+            tmp_path,
+            '[[model_policies]]\nmatch = { name = "a" }\n'
+            '[[model_policies]]\nmatch = { name = "small" }\nmodel = { context_window = 4096 }\n',
+        )
+    )
+    profile.model_policies[1].model = {"context_window": "many"}  # as an edit the kernel did not check yet
+    with pytest.raises(ProfileError, match=r"model_policies\[1\]\.model\.context_window"):
+        profile.model_for("openai", "small")
+    assert isinstance(profile.model_for("openai", "a"), ModelSettings)
+
+
 def test_a_profile_edit_with_a_broken_policy_is_not_applied(tmp_path):
     path = write(tmp_path, '[[model_policies]]\nmatch = { name = "small" }\nmodel = { context_window = 64000 }\n')
     kernel = Kernel.from_profile(path, store=JsonlStore(tmp_path / "home"), home=tmp_path / "home")
@@ -234,6 +303,9 @@ def test_a_profile_edit_with_a_broken_policy_is_not_applied(tmp_path):
         ('kind = "openai"\nmodel = "m"\nbase_url = "not a url"', "summarizer.base_url: Value error"),
         ('kind = "openai"\nmodel = "m"\nbase_url = "file:///etc/passwd"', "summarizer.base_url: Value error"),
         ('base_url = "ftp://user:secret@host/v1"', "summarizer.base_url: Value error"),
+        ('base_url = "http://host:99999/v1"', "summarizer.base_url: Value error"),
+        ('base_url = "http://exa mple/v1"', "summarizer.base_url: Value error"),
+        ('base_url = "https://h.example/v1?api-version=1"', "summarizer.base_url: Value error"),
     ],
 )
 def test_a_summarizer_that_cannot_work_is_refused_when_the_profile_loads(tmp_path, table, named):

@@ -164,3 +164,50 @@ def test_a_short_ui_token_is_a_usage_error(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SHORT_TOKEN", "abc")
     assert main(["serve", "--profile", "basic", "--ui", "--ui-token-env", "SHORT_TOKEN"]) == 2
     assert "--ui-token-env SHORT_TOKEN" in capsys.readouterr().err
+
+
+BAD_URLS = [
+    "ftp://x",
+    "http://",
+    "https://[::1",
+    "file:///etc/passwd",
+    "http://user:secret@/v1",
+    "models.example/v1",
+    "http://models.example/v1?api_key=secret",
+    "http://models.example/v1#chat",
+]
+
+
+@pytest.mark.parametrize("option", ["--upstream", "--anthropic-upstream", "--responses-upstream"])
+@pytest.mark.parametrize("url", BAD_URLS)
+def test_an_upstream_flag_that_is_no_http_url_is_a_usage_error(tmp_path, monkeypatch, capsys, option, url):
+    """serve started with any string as its upstream and failed each client request on it."""
+    import uvicorn
+
+    monkeypatch.setenv("CTXKERNEL_HOME", str(tmp_path))
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: pytest.fail("serve started"))
+    assert main(["serve", "--profile", "basic", option, url]) == 2
+    err = capsys.readouterr().err
+    assert option in err and "http:// or https:// URL with a host" in err and "secret" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("key", ["upstream", "anthropic_upstream", "responses_upstream"])
+@pytest.mark.parametrize("url", BAD_URLS)
+def test_a_serve_upstream_in_the_profile_that_is_no_http_url_is_refused_when_it_loads(
+    tmp_path, monkeypatch, capsys, key, url
+):
+    import uvicorn
+
+    from ctxkernel import ProfileError, load_profile
+
+    monkeypatch.setenv("CTXKERNEL_HOME", str(tmp_path))
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: pytest.fail("serve started"))
+    path = tmp_path / "p.toml"
+    path.write_text(f'[serve]\n{key} = "{url}"\n')
+    with pytest.raises(ProfileError) as info:
+        load_profile(path)
+    message = str(info.value)
+    assert f"serve.{key}" in message and "http:// or https:// URL with a host" in message and "secret" not in message
+    assert main(["serve", "--profile", str(path)]) == 2
+    assert f"serve.{key}" in capsys.readouterr().err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import sqlite3
 import subprocess
 import sys
@@ -179,3 +180,45 @@ def test_opening_waits_for_another_opener_holding_the_init_lock(tmp_path):
 def test_an_init_lock_held_past_the_busy_timeout_is_a_store_error(tmp_path):
     with held_init_lock(tmp_path), pytest.raises(StoreError, match="init.lock"):
         SqliteStore(tmp_path, busy_timeout=0.2)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_a_home_no_file_can_be_created_in_is_refused_naming_it_not_another_process():
+    """/proc/self is a folder in which no file can be created: filelock took the lock file's
+    ENOENT for a lock being replaced and polled for the whole busy timeout (60 s under
+    `ctxkernel validate`), then blamed another process for holding the init lock."""
+    with pytest.raises(StoreError) as info:
+        SqliteStore("/proc/self", busy_timeout=5)
+    message = str(info.value)
+    assert "/proc/self" in message and "No such file or directory" in message
+    assert "another process" not in message and "held" not in message
+
+
+@pytest.mark.parametrize("make", ["file", "fifo", "folder", "device"])
+def test_a_home_or_database_that_is_no_file_of_its_kind_is_refused_naming_what_it_is(tmp_path, make):
+    if make == "file":  # the home is a file, not a folder
+        home, named = tmp_path / "home", "is not a folder"
+        home.write_text("x")
+    else:  # the database is a fifo, a folder or a link to a device, not a regular file
+        home, named = tmp_path, "not a regular file"
+        database = tmp_path / DATABASE_NAME
+        {
+            "fifo": lambda: os.mkfifo(database),
+            "folder": database.mkdir,
+            "device": lambda: database.symlink_to("/dev/null"),
+        }[make]()
+    with pytest.raises(StoreError) as info:
+        SqliteStore(home, busy_timeout=5)
+    message = str(info.value)
+    assert str(home) in message and named in message and "another process" not in message
+
+
+def test_validate_names_a_sqlite_home_that_is_no_folder(tmp_path):
+    from ctxkernel.validate import validate_profile
+
+    path = tmp_path / "p.toml"
+    path.write_text(f'[store]\nbackend = "sqlite"\npath = "{tmp_path / "home"}"\n')
+    (tmp_path / "home").write_text("not a folder")
+    report = validate_profile(path)
+    store = [c for c in report.checks if c.check == "store"]
+    assert store and store[0].level == "fail" and "is not a folder" in store[0].message

@@ -254,6 +254,12 @@ class OpenAIChatModel:
         if parsed.scheme not in ("http", "https") or not parsed.host:
             msg = f"base_url {redact_url(base_url)!r} must be an http:// or https:// URL with a host, e.g. https://api.openai.com/v1"
             raise ConfigError(msg)
+        if "?" in base_url or "#" in base_url:  # /chat/completions would be appended to the query
+            msg = (
+                f"base_url {redact_url(base_url)!r} must have no query or fragment (/chat/completions is "
+                "appended to it), e.g. https://api.openai.com/v1"
+            )
+            raise ConfigError(msg)
         if not timeout > 0:  # also refuses NaN
             msg = f"timeout must be a positive number of seconds, got {timeout!r}"
             raise ConfigError(msg)

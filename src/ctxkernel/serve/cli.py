@@ -10,6 +10,8 @@ from typing import Any
 
 from ..cli import bounded_int
 from ..profile import MAX_TOKENS
+from ..redact import redact_url
+from ..settings_check import http_url_problem
 from . import DEFAULT_MAX_SESSIONS
 
 MISSING_EXTRA = "ctxkernel serve needs the serve extra: pip install 'ctxkernel[serve]'"
@@ -33,6 +35,15 @@ def bounded_float(low: float, high: float) -> Any:
     return parse
 
 
+def http_url(text: str) -> str:
+    """An argparse type: an upstream's base URL (:func:`ctxkernel.settings_check.http_url_problem`)."""
+    problem = http_url_problem(text)
+    if problem:
+        msg = f"{redact_url(text)!r} {problem}"
+        raise argparse.ArgumentTypeError(msg)
+    return text
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "serve",
@@ -48,16 +59,19 @@ def register(sub: Any) -> None:
     p.add_argument("--port", type=bounded_int(0, 65535), default=8787)
     p.add_argument(
         "--upstream",
+        type=http_url,
         metavar="URL",
         help="OpenAI-compatible base URL (default: profile [serve], else https://api.openai.com/v1)",
     )
     p.add_argument(
         "--anthropic-upstream",
+        type=http_url,
         metavar="URL",
         help="Anthropic base URL (default: profile [serve], else https://api.anthropic.com)",
     )
     p.add_argument(
         "--responses-upstream",
+        type=http_url,
         metavar="URL",
         help="OpenAI Responses base URL behind /v1/responses (default: profile [serve]; without one, "
         "Responses clients are translated to Chat Completions at --upstream)",

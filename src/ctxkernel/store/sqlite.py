@@ -27,6 +27,7 @@ import contextlib
 import functools
 import os
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -140,8 +141,10 @@ class SqliteStore(SyncDeferral):
         try:
             self.home.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            msg = f"cannot create the sqlite store's folder {self.home}: {exc.strerror or exc}"
+            why = "it is not a folder" if isinstance(exc, FileExistsError) else exc.strerror or exc
+            msg = f"cannot create the sqlite store's folder {self.home}: {why}"
             raise StoreError(msg) from None
+        self._check_place()
         # Opening is serialised across processes by a lock file beside the database. Two processes
         # switching a fresh database to WAL at once both hold a SHARED lock and both ask for the
         # EXCLUSIVE one; SQLite breaks that deadlock by failing one of them at once with "database
@@ -149,6 +152,35 @@ class SqliteStore(SyncDeferral):
         # the two-worker test's broken pipes: a worker died while opening its store).
         with self._opening_lock():
             self._open(durable)
+
+    def _check_place(self) -> None:
+        """Refuse at once, naming the path, a home that is no folder, a database that is no regular
+        file (a folder, a fifo, a device) and a home in which the lock file cannot be created.
+
+        filelock takes a lock file it cannot create in an existing folder (every file under
+        ``/proc/self``) for one being deleted by its holder and polls: opening waited out the busy
+        timeout (60 s), then blamed another process for holding the lock."""
+        where = f"[store] path must name a folder on a local file system (the database is {DATABASE_NAME} in it)"
+        if not self.home.is_dir():
+            msg = f"cannot open the sqlite store in {self.home}: it is not a folder; {where}"
+            raise StoreError(msg)
+        try:
+            mode = self.path.stat().st_mode
+        except FileNotFoundError:
+            mode = stat.S_IFREG  # created by the first opening
+        except OSError as exc:
+            msg = f"cannot open the sqlite store {self.path}: {exc.strerror or exc}"
+            raise StoreError(msg) from None
+        if not stat.S_ISREG(mode):
+            kind = "a folder" if stat.S_ISDIR(mode) else "a fifo" if stat.S_ISFIFO(mode) else "a special file"
+            msg = f"cannot open the sqlite store {self.path}: it is {kind}, not a regular file; {where}"
+            raise StoreError(msg)
+        lock = Path(str(self.path) + INIT_LOCK_SUFFIX)
+        try:
+            os.close(os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o644))
+        except OSError as exc:
+            msg = f"cannot open the sqlite store in {self.home}: its lock file {lock} cannot be created ({exc.strerror or exc}); {where}"
+            raise StoreError(msg) from None
 
     @contextlib.contextmanager
     def _opening_lock(self) -> Iterator[None]:
