@@ -8,6 +8,12 @@ from __future__ import annotations
 
 import re
 
+#: the kernel's own frames, which share a compaction's replacement message: the checkpoint
+#: (``spans.CHECKPOINT_OPEN``), the user's pinned instructions (``instructions.BLOCK_FRAME``) and the
+#: work ledger (``ledger.BLOCK_FRAME``). No text the kernel or a strategy quotes into that message (a
+#: summary, a ledger entry, an instruction, a strategy's seed) may open or close one of them
+KERNEL_FRAMES = ("context-checkpoint", "user-instructions", "work-ledger")
+
 
 def guard(text: str, *names: str) -> str:
     """``text`` with every opening or closing tag of the frames ``names`` neutralised
@@ -30,4 +36,4 @@ def _guard_pattern(names: tuple[str, ...]) -> re.Pattern[str]:
     return pattern
 
 
-__all__ = ["guard"]
+__all__ = ["KERNEL_FRAMES", "guard"]

@@ -31,10 +31,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .events import USER_MESSAGE, Event, EventSpec, append_op
-from .frames import guard
+from .frames import KERNEL_FRAMES, guard
 from .messages import Message, Source, TextBlock
 from .meter import EXACT_COUNT_CHARS, MESSAGE_OVERHEAD, message_text_for_count
-from .spans import KERNEL_FRAMES
 
 if TYPE_CHECKING:
     from .ports import SessionPort
@@ -78,7 +77,7 @@ class Instruction:
 
     @property
     def shown(self) -> str:
-        """The text as the block shows it, every kernel frame's tag (``spans.KERNEL_FRAMES``) neutralised
+        """The text as the block shows it, every kernel frame's tag (``frames.KERNEL_FRAMES``) neutralised
         so it cannot end the block or forge one in its message; what matching looks for (:attr:`normalized`)."""
         return guard(self.text, *KERNEL_FRAMES)
 

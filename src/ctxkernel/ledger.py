@@ -46,9 +46,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from .events import ASSISTANT_MESSAGE, SESSION_TASK, TOOL_RESULT, USER_MESSAGE, Event, EventSpec, append_op
-from .frames import guard
+from .frames import KERNEL_FRAMES, guard
 from .messages import Message, Source, TextBlock
-from .spans import KERNEL_FRAMES
 from .text import clip
 
 if TYPE_CHECKING:

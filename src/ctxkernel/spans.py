@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .errors import CompactionError, SurfaceError, UnbalancedCutError
-from .frames import guard
+from .frames import KERNEL_FRAMES, guard
 from .messages import Message, Source
 
 if TYPE_CHECKING:
@@ -126,12 +126,6 @@ def checkpoint_message(summary: Summary | str, strategy: str, form: str = "check
     # frames that share its message (the user's pinned instructions, the work ledger)
     text = guard(text.strip(), *KERNEL_FRAMES)
     return Message.user(f"{CHECKPOINT_OPEN}\n{text}\n{CHECKPOINT_CLOSE}", Source.plugin_form(strategy, form))
-
-
-#: the kernel's frames that share a compaction's replacement message (the checkpoint,
-#: ``instructions.BLOCK_FRAME``, ``ledger.BLOCK_FRAME``; named here, as those modules sit above
-#: this one): a checkpoint's summary and a ledger entry may open or close none of them
-KERNEL_FRAMES = (CHECKPOINT_OPEN[1:-1], "user-instructions", "work-ledger")
 
 
 Render = Callable[[Summary, "Region"], Message]

@@ -37,7 +37,7 @@ import unicodedata
 from collections.abc import Callable
 from typing import Any
 
-from .frames import guard
+from .frames import KERNEL_FRAMES, guard
 from .messages import Message, ToolCallBlock, ToolResultBlock
 from .spans import CHECKPOINT_CLOSE, CHECKPOINT_OPEN, SUMMARY_SECTIONS
 
@@ -398,6 +398,7 @@ def tag(name: str, **attributes: object) -> str:
 
 __all__ = [
     "COMMAND_KEYS",
+    "KERNEL_FRAMES",
     "ELLIPSIS",
     "ERROR_MARKERS",
     "PATH_KEYS",

@@ -18,13 +18,14 @@ from typing import TYPE_CHECKING, Protocol
 import orjson
 
 from ctxkernel.recall.history import History
-from ctxkernel.text import PATH_KEYS, clip, first_line, guard, keep_newest, string_arguments
+from ctxkernel.text import KERNEL_FRAMES, PATH_KEYS, clip, first_line, guard, keep_newest, string_arguments
 
 if TYPE_CHECKING:
     from ctxkernel import Node
 
-#: the handoff's own frame tags: every text a handoff quotes is guarded against them
-FRAMES = ("note", "window_handoff", "instruction", "generated_handoff", "extractive_handoff")
+#: the handoff's own frame tags, and the kernel's that share its message (the user's pinned
+#: instructions, the work ledger): every text a handoff quotes is guarded against them
+FRAMES = ("note", "window_handoff", "instruction", "generated_handoff", "extractive_handoff", *KERNEL_FRAMES)
 _ACTIVITY_HEAD = "Activity so far, oldest first (read any item in full with history_read_item):"
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ctxkernel.recall.notes import Note, render_note
-from ctxkernel.text import clip, guard, tag
+from ctxkernel.text import KERNEL_FRAMES, clip, guard, tag
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -72,8 +72,11 @@ def _clip(text: str, limit: int, where: str) -> str:
     return clip(text.strip(), limit, overflow=f"the full text is {where}")
 
 
-#: the frames the seed draws; no text inside it may open or close one
-FRAMES = ("context-window", "user-input", "note")
+#: the frames the seed draws, and the kernel's that share its message (the user's pinned
+#: instructions, the work ledger); no text inside it may open or close one
+FRAMES = ("context-window", "user-input", "note", *KERNEL_FRAMES)
+#: the frames guarded in a note's block (``render_note`` guards the note's own)
+NOTE_FRAMES = ("context-window", "user-input", *KERNEL_FRAMES)
 
 
 def _escape(text: str) -> str:
@@ -207,7 +210,7 @@ def _note_block(note: Note, chars: int) -> str:
     if "<" in note.content:
         # render_note guards its own frame; the seed's frames are guarded here. Only the
         # content can hold one: the attributes are escaped and the frame is the note's own
-        block = guard(block, "context-window", "user-input")
+        block = guard(block, *NOTE_FRAMES)
     return block
 
 
