@@ -126,6 +126,33 @@ def test_a_harness_tool_with_a_strategy_tools_name_wins_in_the_session_api(tmp_p
     assert request.tools[0]["function"]["description"] == "remember a line"
 
 
+def test_a_reopened_session_keeps_the_harness_tool_that_won_the_name(tmp_path: Any) -> None:
+    # restore_harness_tools took every header tool with a strategy tool's name for the strategy's,
+    # so a reopened session offered the strategy's again (a new header) and owned the harness's call
+    kernel, _ = kernel_with_notes(tmp_path)
+    session = kernel.open_session()
+    shell = {"type": "function", "function": {"name": "shell", "parameters": {}}}
+    session.set_harness_tools([HARNESS_NOTE, shell])
+    session.user("go")
+    session.prepare_request()
+    session.commit_reply(Message.assistant("ok"))
+    session.end_turn()
+    again = kernel.open_session(session.id)
+    assert again.harness_tools == [HARNESS_NOTE, shell] and not again.owns_tool("note")
+    again.user("more")
+    again.prepare_request()
+    assert [e.type for e in again.events].count("request/header") == 1  # the same header as before
+    # a session whose harness shares no name keeps the strategy's tool, as before
+    other = kernel.open_session()
+    other.set_harness_tools([shell])
+    other.user("go")
+    other.prepare_request()
+    other.commit_reply(Message.assistant("ok"))
+    other.end_turn()
+    reopened = kernel.open_session(other.id)
+    assert reopened.harness_tools == [shell] and reopened.owns_tool("note")
+
+
 def test_the_agent_loop_sends_a_clashing_call_to_the_harness(tmp_path: Any) -> None:
     kernel, plugin = kernel_with_notes(tmp_path)
     session = kernel.open_session()

@@ -444,7 +444,8 @@ class Session:
 
     def restore_harness_tools(self) -> None:
         """On resume, the harness's tools are those of the last recorded header that no
-        strategy owns, so a reopened session composes the same request as before."""
+        strategy owns (one that took a strategy tool's name included), so a reopened session
+        composes the same request as before."""
         self._tooling.restore_harness_tools()
 
     def set_harness_tools(self, schemas: list[dict[str, Any]]) -> None:

@@ -220,10 +220,16 @@ class Tooling:
 
     def restore_harness_tools(self) -> None:
         """On resume, the harness's tools are those of the last recorded header that no strategy
-        owns, so a reopened session composes the same request as before."""
+        owns, so a reopened session composes the same request as before: also a harness tool
+        that took a strategy tool's name (:meth:`_offered`), found as the header's tail after the
+        strategies' schemas it left (:func:`_harness_tail`)."""
         self.sync_tools()
-        own = set(self.tools.names())
-        self.harness_tools = [t for t in self.tracker.header_tools if t.get("function", {}).get("name") not in own]
+        header = self.tracker.header_tools
+        tail = _harness_tail(header, self.registered.schemas())
+        if tail is None:  # the strategies offer other schemas now: every name they own is theirs
+            own = set(self.registered.names())
+            tail = [t for t in header if _schema_name(t) not in own]
+        self.harness_tools = tail
         self._set_harness_names()
         self._composed = None
 
@@ -242,6 +248,20 @@ class Tooling:
         if system != self.harness_system:
             self.harness_system = system
             self._composed = None
+
+
+def _harness_tail(header: list[dict[str, Any]], strategy: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The harness's part of a composed tool list ``header`` (the strategies' schemas but those a
+    harness tool's name shadows, then the harness's, :meth:`Tooling.compose`), given the
+    strategies' schemas now; None when no split gives it (the strategies changed). The longest
+    strategy part wins: a harness tool identical to the strategy's is taken for the strategy's."""
+    for cut in range(min(len(header), len(strategy)), -1, -1):  # the strategy part holds their schemas only
+        tail = header[cut:]
+        names = {_schema_name(t) for t in tail}
+        kept = [s for s in strategy if _schema_name(s) not in names]
+        if len(kept) == cut and header[:cut] == kept:
+            return list(tail)
+    return None
 
 
 def _schema_name(schema: Any) -> str | None:
