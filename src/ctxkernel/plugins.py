@@ -308,6 +308,25 @@ class HookFacade:
         if caller.get_hookimpls():
             caller(ctx=session.context, **kwargs)
 
+    def _call_each(self, name: str, session: HookTarget, /, **kwargs: Any) -> None:
+        """Call each strategy's implementation of a hook whose results are not read, in call
+        order; one that raises is named with its strategy (:func:`_raised`). A hook wrapper
+        needs pluggy's own call, which is made then."""
+        impls = list(self._impls(name, session))
+        if not impls:
+            return
+        if any(impl.hookwrapper or getattr(impl, "wrapper", False) for _, impl in impls):
+            self._call_if_implemented(name, session, **kwargs)
+            return
+        ctx = session.context
+        for owner, impl in impls:
+            try:
+                impl.function(*_args(impl, ctx=ctx, **kwargs))
+            except CtxKernelError:
+                raise
+            except Exception as exc:
+                raise _raised(owner, name, exc) from exc
+
     def _impls(self, name: str, session: HookTarget | None = None) -> Iterator[tuple[str, Any]]:
         """(strategy name, implementation) in call order, without those ``session`` disabled."""
         off = session.disabled_strategies if session is not None else frozenset()
@@ -326,17 +345,7 @@ class HookFacade:
 
     def register_tools(self, session: HookTarget, register: Any) -> None:
         """Each strategy's ``register_tools`` in turn; one that raises is named (:func:`_raised`)."""
-        impls = list(self._impls("register_tools", session))
-        if any(impl.hookwrapper or getattr(impl, "wrapper", False) for _, impl in impls):
-            self._caller("register_tools", session)(register=register, ctx=session.context)
-            return
-        for owner, impl in impls:
-            try:
-                impl.function(*_args(impl, register=register, ctx=session.context))
-            except CtxKernelError:
-                raise
-            except Exception as exc:
-                raise _raised(owner, "register_tools", exc) from exc
+        self._call_each("register_tools", session, register=register)
 
     def system_prompt(self, session: HookTarget) -> list[str]:
         sections = []
@@ -374,7 +383,7 @@ class HookFacade:
                 raise _raised(owner, "pre_step", exc) from exc
 
     def decorate_request(self, session: HookTarget, request: Request) -> None:
-        self._call_if_implemented("decorate_request", session, request=request)
+        self._call_each("decorate_request", session, request=request)
 
     def summarize(self, session: HookTarget, region: Region) -> Summary | str | None:
         """The first summary a strategy writes for ``region``, in call order (``trylast`` last)."""
@@ -388,7 +397,7 @@ class HookFacade:
         return None
 
     def sanitize_reply(self, session: HookTarget, reply: ReplyDraft) -> None:
-        self._call_if_implemented("sanitize_reply", session, reply=reply)
+        self._call_each("sanitize_reply", session, reply=reply)
 
     def request_error(self, session: HookTarget, error: ModelError) -> bool | None:
         handled: bool | None = self._caller("request_error", session)(ctx=session.context, error=error)
@@ -414,7 +423,13 @@ class HookFacade:
         out: dict[str, dict[str, Any]] = {}
         # walk the implementations in call order so each contribution keeps its owner's name
         for owner, impl in self._impls("project", session):
-            result = _answer(owner, "project", impl.function(*_args(impl, ctx=session.context)), dict)
+            try:
+                raw = impl.function(*_args(impl, ctx=session.context))
+            except CtxKernelError:
+                raise
+            except Exception as exc:
+                raise _raised(owner, "project", exc) from exc
+            result = _answer(owner, "project", raw, dict)
             if result:
                 out[owner] = result
         return out

@@ -270,18 +270,40 @@ class Raising:
     def system_prompt(self, ctx: Any) -> None:
         self._maybe_raise("system_prompt")
 
+    @ctxkernel.hookimpl
+    def decorate_request(self, ctx: Any, request: Any) -> None:
+        self._maybe_raise("decorate_request")
 
-@pytest.mark.parametrize("hook", ["pre_step", "register_tools", "system_prompt"])
+    @ctxkernel.hookimpl
+    def sanitize_reply(self, ctx: Any, reply: Any) -> None:
+        self._maybe_raise("sanitize_reply")
+
+    @ctxkernel.hookimpl
+    def project(self, ctx: Any) -> None:
+        self._maybe_raise("project")
+
+
+@pytest.mark.parametrize(
+    "hook", ["pre_step", "register_tools", "system_prompt", "decorate_request", "sanitize_reply", "project"]
+)
 def test_a_hook_that_raises_is_named_with_its_strategy_and_the_log_is_unchanged(tmp_path: Path, hook: str) -> None:
-    """A strategy's pre_step, register_tools or system_prompt that raised reached the harness as
-    the bare exception (a KeyError out of prepare_request), naming neither strategy nor hook."""
+    """A strategy's pre_step, register_tools, system_prompt (or decorate_request, sanitize_reply,
+    project) that raised reached the harness as the bare exception (a KeyError out of
+    prepare_request), naming neither strategy nor hook."""
     kernel = build_kernel(tmp_path, strategies=["basic", "raising"], plugins=[("raising", Raising(hook))])
     session = kernel.open_session()
     session.user("hello")
+    if hook in ("sanitize_reply", "project"):
+        session.prepare_request()
     logs = sorted(tmp_path.rglob("*.jsonl"))
     before = [p.read_bytes() for p in logs]
     with pytest.raises(ctxkernel.ConfigError, match=rf"strategy 'raising': its {hook} hook raised KeyError") as info:
-        session.prepare_request()
+        if hook == "sanitize_reply":
+            session.commit_reply(Message.assistant("ok"))
+        elif hook == "project":
+            session.project()
+        else:
+            session.prepare_request()
     assert f"bug in {hook}" in str(info.value)
     assert isinstance(info.value.__cause__, KeyError)  # the plugin's own error, with its traceback
     assert [p.read_bytes() for p in logs] == before
