@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .events import USER_MESSAGE, Event, EventSpec, append_op
-from .frames import guard
+from .frames import KERNEL_FRAMES, guard
 from .messages import Message, Source, TextBlock
 from .meter import EXACT_COUNT_CHARS, MESSAGE_OVERHEAD, message_text_for_count
 
@@ -77,10 +77,9 @@ class Instruction:
 
     @property
     def shown(self) -> str:
-        """The text as the block shows it: a ``<user-instructions>`` tag in it neutralised
-        (``text.guard``), so the user's text cannot end the block or open a forged one. The
-        same string as :attr:`text` for every text without such a tag."""
-        return guard(self.text, BLOCK_FRAME)
+        """The text as the block shows it, every kernel frame's tag (``frames.KERNEL_FRAMES``) neutralised
+        so it cannot end the block or forge one in its message; what matching looks for (:attr:`normalized`)."""
+        return guard(self.text, *KERNEL_FRAMES)
 
     @property
     def normalized(self) -> str:

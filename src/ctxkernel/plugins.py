@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import pluggy
 
 from . import hookspecs
-from .errors import CacheWaitError, ConfigError, PluginConflictError
+from .errors import CacheWaitError, ConfigError, CtxKernelError, PluginConflictError
 from .logging import get_logger
 from .spec import NoSettings, StrategySpec
+from .text import clip
 
 if TYPE_CHECKING:
     from .context import Context, ReplyDraft, Request, StepContext
@@ -268,6 +269,17 @@ def _answer(owner: str, hook: str, result: Any, accepted: type | tuple[type, ...
     raise ConfigError(msg)
 
 
+def _raised(owner: str, hook: str, exc: Exception) -> ConfigError:
+    """The error a strategy's hook that raised becomes: a :class:`ConfigError` naming the
+    strategy and its hook, the hook's own exception chained as its cause (raise it ``from
+    exc``). A kernel refusal (a :class:`CtxKernelError`) is not renamed: it passes as raised."""
+    msg = (
+        f"strategy {owner!r}: its {hook} hook raised {type(exc).__name__}: {clip(str(exc), 300)} "
+        "(a bug in the strategy; fix or remove it from [profile] strategies)"
+    )
+    return ConfigError(msg)
+
+
 class HookFacade:
     """One typed method per hook; the only caller of ``pm.hook``.
 
@@ -296,6 +308,25 @@ class HookFacade:
         if caller.get_hookimpls():
             caller(ctx=session.context, **kwargs)
 
+    def _call_each(self, name: str, session: HookTarget, /, **kwargs: Any) -> None:
+        """Call each strategy's implementation of a hook whose results are not read, in call
+        order; one that raises is named with its strategy (:func:`_raised`). A hook wrapper
+        needs pluggy's own call, which is made then."""
+        impls = list(self._impls(name, session))
+        if not impls:
+            return
+        if any(impl.hookwrapper or getattr(impl, "wrapper", False) for _, impl in impls):
+            self._call_if_implemented(name, session, **kwargs)
+            return
+        ctx = session.context
+        for owner, impl in impls:
+            try:
+                impl.function(*_args(impl, ctx=ctx, **kwargs))
+            except CtxKernelError:
+                raise
+            except Exception as exc:
+                raise _raised(owner, name, exc) from exc
+
     def _impls(self, name: str, session: HookTarget | None = None) -> Iterator[tuple[str, Any]]:
         """(strategy name, implementation) in call order, without those ``session`` disabled."""
         off = session.disabled_strategies if session is not None else frozenset()
@@ -313,12 +344,19 @@ class HookFacade:
         return [part for part in self._hook.snapshot_state(ctx=session.context) if part is not None]
 
     def register_tools(self, session: HookTarget, register: Any) -> None:
-        self._caller("register_tools", session)(register=register, ctx=session.context)
+        """Each strategy's ``register_tools`` in turn; one that raises is named (:func:`_raised`)."""
+        self._call_each("register_tools", session, register=register)
 
     def system_prompt(self, session: HookTarget) -> list[str]:
         sections = []
         for owner, impl in self._impls("system_prompt", session):
-            section = _answer(owner, "system_prompt", impl.function(*_args(impl, ctx=session.context)), str)
+            try:
+                section = impl.function(*_args(impl, ctx=session.context))
+            except CtxKernelError:
+                raise
+            except Exception as exc:
+                raise _raised(owner, "system_prompt", exc) from exc
+            section = _answer(owner, "system_prompt", section, str)
             if section:
                 sections.append(section)
         return sections
@@ -326,7 +364,8 @@ class HookFacade:
     def pre_step(self, session: HookTarget, step: StepContext) -> None:
         """Each strategy's ``pre_step`` in turn. An edit the prompt cache's break-even rule
         refused (:class:`~ctxkernel.errors.CacheWaitError`, nothing written) and the strategy did
-        not catch ends that strategy's step, not the request: the next strategy still runs."""
+        not catch ends that strategy's step, not the request: the next strategy still runs. Any
+        other exception but a kernel error is named with its strategy (:func:`_raised`)."""
         impls = list(self._impls("pre_step", session))
         if any(impl.hookwrapper or getattr(impl, "wrapper", False) for _, impl in impls):
             self._call_if_implemented("pre_step", session, step=step)  # wrappers need pluggy's call
@@ -338,9 +377,13 @@ class HookFacade:
                 log.info(
                     "an edit waits for the prompt cache", strategy=owner, session=session.context.id, reason=str(exc)
                 )
+            except CtxKernelError:
+                raise
+            except Exception as exc:
+                raise _raised(owner, "pre_step", exc) from exc
 
     def decorate_request(self, session: HookTarget, request: Request) -> None:
-        self._call_if_implemented("decorate_request", session, request=request)
+        self._call_each("decorate_request", session, request=request)
 
     def summarize(self, session: HookTarget, region: Region) -> Summary | str | None:
         """The first summary a strategy writes for ``region``, in call order (``trylast`` last)."""
@@ -354,7 +397,7 @@ class HookFacade:
         return None
 
     def sanitize_reply(self, session: HookTarget, reply: ReplyDraft) -> None:
-        self._call_if_implemented("sanitize_reply", session, reply=reply)
+        self._call_each("sanitize_reply", session, reply=reply)
 
     def request_error(self, session: HookTarget, error: ModelError) -> bool | None:
         handled: bool | None = self._caller("request_error", session)(ctx=session.context, error=error)
@@ -380,7 +423,13 @@ class HookFacade:
         out: dict[str, dict[str, Any]] = {}
         # walk the implementations in call order so each contribution keeps its owner's name
         for owner, impl in self._impls("project", session):
-            result = _answer(owner, "project", impl.function(*_args(impl, ctx=session.context)), dict)
+            try:
+                raw = impl.function(*_args(impl, ctx=session.context))
+            except CtxKernelError:
+                raise
+            except Exception as exc:
+                raise _raised(owner, "project", exc) from exc
+            result = _answer(owner, "project", raw, dict)
             if result:
                 out[owner] = result
         return out
@@ -455,7 +504,12 @@ class HookFacade:
                     raise ConfigError(msg)
                 found.append(tool)
 
-            impl.function(*_args(impl, register=register, ctx=session.context))
+            try:
+                impl.function(*_args(impl, register=register, ctx=session.context))
+            except CtxKernelError:
+                raise
+            except Exception as exc:
+                raise _raised(name, "register_tools", exc) from exc
         return owners
 
 

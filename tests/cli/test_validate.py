@@ -202,6 +202,9 @@ def test_a_broken_register_strategy_fails_naming_the_strategy(tmp_path, site, ca
     [
         ("def system_prompt(ctx):\n    return 42\n", "its system_prompt hook returned int"),
         ("def register_tools(register, ctx):\n    register('a tool')\n", "must register ctxkernel.Tool objects"),
+        # a hook that raises is named too (it ended validate with the bare exception)
+        ("def register_tools(register, ctx):\n    raise KeyError('oops')\n", "its register_tools hook raised KeyError"),
+        ("def system_prompt(ctx):\n    raise ValueError('oops')\n", "its system_prompt hook raised ValueError"),
     ],
 )
 def test_a_hook_answering_with_the_wrong_type_fails_naming_the_strategy(tmp_path, site, hook, expected):

@@ -98,6 +98,78 @@ def test_kernel_and_harness_tools_in_one_batch(tmp_path: Any) -> None:
     assert session.events[-1].type == "turn/end" and session.events[-1].data["reason"] == "completed"
 
 
+HARNESS_NOTE = {"type": "function", "function": {"name": "note", "description": "the harness's", "parameters": {}}}
+
+
+def test_a_harness_tool_with_a_strategy_tools_name_wins_in_the_session_api(tmp_path: Any) -> None:
+    # the request carried both schemas (a provider refuses a name twice) and owns_tool sent the
+    # harness's own call to the strategy; now the harness's tool wins, as in serve
+    kernel, plugin = kernel_with_notes(tmp_path)
+    session = kernel.open_session()
+    session.set_harness_tools([HARNESS_NOTE])
+    session.user("go")
+    request = session.prepare_request()
+    assert [t["function"]["name"] for t in request.tools] == ["note"]
+    assert request.tools[0]["function"]["description"] == "the harness's"
+    assert session.request_header().tokens == session.meter.count_header(request.system, [HARNESS_NOTE])
+    assert not session.owns_tool("note") and "note" not in session.tools.names()
+    # a call of it given to run_tool anyway is refused by name, nothing written, the strategy not run
+    before = len(session.events)
+    outcome = session.run_tool(call("x", "note", text="a"))
+    assert outcome.is_error and "harness" in outcome.content and "set_harness_tools" in outcome.content
+    assert plugin.notes == [] and len(session.events) == before
+    # without the harness's tool of that name the strategy's is offered again
+    session.commit_reply(Message.assistant("ok"))
+    session.set_harness_tools([])
+    request = session.prepare_request()
+    assert [t["function"]["name"] for t in request.tools] == ["note"] and session.owns_tool("note")
+    assert request.tools[0]["function"]["description"] == "remember a line"
+
+
+def test_a_reopened_session_keeps_the_harness_tool_that_won_the_name(tmp_path: Any) -> None:
+    # restore_harness_tools took every header tool with a strategy tool's name for the strategy's,
+    # so a reopened session offered the strategy's again (a new header) and owned the harness's call
+    kernel, _ = kernel_with_notes(tmp_path)
+    session = kernel.open_session()
+    shell = {"type": "function", "function": {"name": "shell", "parameters": {}}}
+    session.set_harness_tools([HARNESS_NOTE, shell])
+    session.user("go")
+    session.prepare_request()
+    session.commit_reply(Message.assistant("ok"))
+    session.end_turn()
+    again = kernel.open_session(session.id)
+    assert again.harness_tools == [HARNESS_NOTE, shell] and not again.owns_tool("note")
+    again.user("more")
+    again.prepare_request()
+    assert [e.type for e in again.events].count("request/header") == 1  # the same header as before
+    # a session whose harness shares no name keeps the strategy's tool, as before
+    other = kernel.open_session()
+    other.set_harness_tools([shell])
+    other.user("go")
+    other.prepare_request()
+    other.commit_reply(Message.assistant("ok"))
+    other.end_turn()
+    reopened = kernel.open_session(other.id)
+    assert reopened.harness_tools == [shell] and reopened.owns_tool("note")
+
+
+def test_the_agent_loop_sends_a_clashing_call_to_the_harness(tmp_path: Any) -> None:
+    kernel, plugin = kernel_with_notes(tmp_path)
+    session = kernel.open_session()
+    model = ScriptedModel([Message.assistant("", [call("c1", "note", text="mine")]), Message.assistant("done")])
+    harness_calls: list[str] = []
+
+    def run_tool(c: ToolCallBlock) -> str:
+        harness_calls.append(c.name)
+        return "the harness noted it"
+
+    AgentLoop(session, model, run_tool, tools=[HARNESS_NOTE]).run("go")
+    assert harness_calls == ["note"] and plugin.notes == []
+    assert [t["function"]["name"] for t in model.calls[0]["tools"]] == ["note"]
+    header = next(e for e in session.events if e.type == "request/header")
+    assert header.data["tools"] == [HARNESS_NOTE]
+
+
 def test_unknown_tool_without_a_harness_runner_gets_an_error_result(tmp_path: Any) -> None:
     session = build_kernel(tmp_path).open_session()
     model = ScriptedModel([Message.assistant("", [call("c1", "shell")]), Message.assistant("ok")])

@@ -242,3 +242,81 @@ def test_well_formed_steward_calls_pass_in_profile_order(tmp_path: Path) -> None
     session = kernel.open_session()
     session.user("hello")
     assert kernel.hooks.steward_actions(session, session.prepare_request()) == calls
+
+
+class Raising:
+    """A strategy one of whose hooks raises (a third-party plugin's bug)."""
+
+    def __init__(self, hook: str) -> None:
+        self.hook = hook
+
+    def _maybe_raise(self, hook: str) -> None:
+        if hook == self.hook:
+            raise KeyError(f"bug in {hook}")
+
+    @ctxkernel.hookimpl
+    def register_strategy(self, register: Any) -> None:
+        register(StrategySpec("raising"))
+
+    @ctxkernel.hookimpl
+    def pre_step(self, ctx: Any, step: Any) -> None:
+        self._maybe_raise("pre_step")
+
+    @ctxkernel.hookimpl
+    def register_tools(self, register: Any, ctx: Any) -> None:
+        self._maybe_raise("register_tools")
+
+    @ctxkernel.hookimpl
+    def system_prompt(self, ctx: Any) -> None:
+        self._maybe_raise("system_prompt")
+
+    @ctxkernel.hookimpl
+    def decorate_request(self, ctx: Any, request: Any) -> None:
+        self._maybe_raise("decorate_request")
+
+    @ctxkernel.hookimpl
+    def sanitize_reply(self, ctx: Any, reply: Any) -> None:
+        self._maybe_raise("sanitize_reply")
+
+    @ctxkernel.hookimpl
+    def project(self, ctx: Any) -> None:
+        self._maybe_raise("project")
+
+
+@pytest.mark.parametrize(
+    "hook", ["pre_step", "register_tools", "system_prompt", "decorate_request", "sanitize_reply", "project"]
+)
+def test_a_hook_that_raises_is_named_with_its_strategy_and_the_log_is_unchanged(tmp_path: Path, hook: str) -> None:
+    """A strategy's pre_step, register_tools, system_prompt (or decorate_request, sanitize_reply,
+    project) that raised reached the harness as the bare exception (a KeyError out of
+    prepare_request), naming neither strategy nor hook."""
+    kernel = build_kernel(tmp_path, strategies=["basic", "raising"], plugins=[("raising", Raising(hook))])
+    session = kernel.open_session()
+    session.user("hello")
+    if hook in ("sanitize_reply", "project"):
+        session.prepare_request()
+    logs = sorted(tmp_path.rglob("*.jsonl"))
+    before = [p.read_bytes() for p in logs]
+    with pytest.raises(ctxkernel.ConfigError, match=rf"strategy 'raising': its {hook} hook raised KeyError") as info:
+        if hook == "sanitize_reply":
+            session.commit_reply(Message.assistant("ok"))
+        elif hook == "project":
+            session.project()
+        else:
+            session.prepare_request()
+    assert f"bug in {hook}" in str(info.value)
+    assert isinstance(info.value.__cause__, KeyError)  # the plugin's own error, with its traceback
+    assert [p.read_bytes() for p in logs] == before
+
+
+def test_a_kernel_refusal_from_a_hook_is_not_renamed(tmp_path: Path) -> None:
+    class Conflicting(Raising):
+        @ctxkernel.hookimpl
+        def register_tools(self, register: Any, ctx: Any) -> None:
+            register("not a tool")
+
+    kernel = build_kernel(tmp_path, strategies=["basic", "raising"], plugins=[("raising", Conflicting("none"))])
+    session = kernel.open_session()
+    session.user("hello")
+    with pytest.raises(ctxkernel.ToolError, match="register_tools must register ctxkernel.Tool objects"):
+        session.prepare_request()

@@ -202,6 +202,48 @@ def test_the_middleware_keeps_a_bounded_number_of_thread_sessions_open(home, pro
     assert [n.message.text for n in again.session.surface.nodes] == ["hello"]  # reopened from the store
 
 
+@pytest.mark.parametrize("run", ["sync", "async"])
+def test_an_agent_tool_with_a_strategy_tools_name_wins(home, profile_path, run):
+    # the request carried the agent's notes_write_file and the strategy's (a provider refuses a
+    # name twice), and wrap_tool_call ran the strategy's for the agent's own call
+    import asyncio
+
+    written: list[str] = []
+
+    @tool
+    def notes_write_file(path: str, content: str) -> str:
+        """The agent's own notes tool."""
+        written.append(path)
+        return "saved by the agent"
+
+    calls: list[Any] = []
+    replies = iter(
+        [
+            AIMessage(
+                "", tool_calls=[{"id": "w1", "name": "notes_write_file", "args": {"path": "mine.md", "content": "x"}}]
+            ),
+            AIMessage("saved"),
+        ]
+    )
+    model = ToolCallingFakeModel(messages=replies)
+    model.calls = calls
+    middleware = ContextMiddleware(profile=profile_path, session_id=f"lc-clash-{run}")
+    agent = create_agent(model, [notes_write_file], middleware=[middleware])
+    invoke = {"messages": [HumanMessage("save the plan")]}
+    out = agent.invoke(invoke) if run == "sync" else asyncio.run(agent.ainvoke(invoke))
+    names = [t["function"]["name"] for t in calls[0][1]]
+    assert names.count("notes_write_file") == 1 and "notes_read_file" in names  # the other strategy tools stay
+    schema = next(t for t in calls[0][1] if t["function"]["name"] == "notes_write_file")
+    assert schema["function"]["description"] == "The agent's own notes tool."
+    result = next(m for m in out["messages"] if isinstance(m, ToolMessage))
+    assert written == ["mine.md"] and result.content == "saved by the agent"
+    session = middleware.managed(None).session
+    assert not session.owns_tool("notes_write_file")
+    header = next(e for e in session.events if e.type == "request/header")
+    assert [t["function"]["name"] for t in header.data["tools"]].count("notes_write_file") == 1
+    assert "notes/write" not in [e.type for e in session.events]
+
+
 def test_the_async_agent_takes_the_same_path(home, profile_path):
     import asyncio
 

@@ -233,3 +233,40 @@ def test_the_session_offers_every_strategy_tool_the_agent_is_given(home):
     request = managed.prepare_request()
     assert [t["function"]["name"] for t in request.tools] == list(HISTORY_TOOL_NAMES)
     assert all(managed.owns_tool(name) for name in HISTORY_TOOL_NAMES)
+
+
+def test_an_agent_tool_with_a_strategy_tools_name_wins(home, profile_path):
+    # the SDK sent the agent's notes_write_file and the strategy's (a provider refuses a name
+    # twice), and the session counted the agent's as the strategy's
+    written: list[str] = []
+
+    @function_tool
+    def notes_write_file(path: str, content: str) -> str:
+        """The agent's own notes tool."""
+        written.append(path)
+        return "saved by the agent"
+
+    calls: list[ModelCall] = []
+
+    def respond(call: ModelCall) -> Any:
+        calls.append(call)
+        if len(calls) == 1:
+            return [function_call("notes_write_file", {"path": "mine.md", "content": "x"}, call_id="w1")]
+        return [assistant_message("saved")]
+
+    session = ContextSession("oa-clash", profile=profile_path)
+    model = ScriptedModel([ModelStep.respond(respond) for _ in range(2)])
+    agent = Agent(name="coder", model=model, tools=[notes_write_file, *session.tools()])
+    run_config = RunConfig(call_model_input_filter=session.input_filter)
+    result = asyncio.run(Runner.run(agent, "save the plan", session=session, run_config=run_config))
+
+    assert result.final_output == "saved"
+    names = [t.name for t in calls[0].tools]
+    assert names.count("notes_write_file") == 1 and "notes_read_file" in names
+    assert next(t for t in calls[0].tools if t.name == "notes_write_file").description == "The agent's own notes tool."
+    assert written == ["mine.md"] and _output(calls[1], "w1") == "saved by the agent"
+    managed = session.managed.session
+    assert not managed.owns_tool("notes_write_file")
+    header = next(e for e in managed.events if e.type == "request/header")
+    assert [t["function"]["name"] for t in header.data["tools"]].count("notes_write_file") == 1
+    assert "notes/write" not in [e.type for e in managed.events]

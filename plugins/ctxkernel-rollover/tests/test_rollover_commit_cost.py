@@ -228,7 +228,17 @@ FRAME_TEXT = st.lists(
     st.one_of(
         st.text(max_size=40),
         st.sampled_from(
-            ["<context-window", "</Context-Window >", "< / USER-INPUT", "<user-input item='x'>", "<note", "</note>"]
+            [
+                "<context-window",
+                "</Context-Window >",
+                "< / USER-INPUT",
+                "<user-input item='x'>",
+                "<note",
+                "</note>",
+                "</user-instructions>",
+                "<Work-Ledger>",
+                "< /context-checkpoint",
+            ]
         ),
         st.sampled_from(["<", ">", "\u017f", "\u212a", "\u0130", "\n"]),  # long s, Kelvin sign, dotted I
     ),
@@ -243,7 +253,7 @@ def test_a_note_block_skips_the_frame_guard_only_when_the_guard_would_change_not
     # attributes are escaped and the note's own frame opens no seed frame, so the block is the same
     note = Note("n_1", path, content, "tool-output", "w1", "t0", "t1", 3, 1, 2)
     _, block = seed_module.NoteCache().block(note, chars)
-    assert block == guard(render_note(note, max_chars=chars), "context-window", "user-input")
+    assert block == guard(render_note(note, max_chars=chars), *seed_module.NOTE_FRAMES)
 
 
 def test_the_goal_note_is_the_seed_goal_even_when_a_protective_switch_does_not_show_it(tmp_path):

@@ -311,10 +311,16 @@ class ContextMiddleware(AgentMiddleware):
         own_system = request.system_prompt or ""
         if system:
             own_system = f"{own_system}\n\n{system}" if own_system else system
-        theirs = [t for t in request.tools if _tool_name(t) not in self._own]
+        # the agent's own tools are every tool but the middleware's: one with a strategy tool's
+        # name wins (the session leaves the strategy's out of the request, as serve does)
+        theirs = [t for t in request.tools if not self._is_own(t)]
         harness = [t if isinstance(t, dict) else convert_to_openai_tool(t) for t in theirs]
         prepared = managed.prepare(history, system=own_system or None, harness_tools=harness)
-        offered = [self._own[name] for name in (_tool_name(s) for s in prepared.tools) if name in self._own]
+        offered = [
+            self._own[name]
+            for name in (_tool_name(s) for s in prepared.tools)
+            if name in self._own and managed.owns_tool(name)
+        ]
         return request.override(
             messages=[to_langchain(m) for m in prepared.messages],
             system_message=SystemMessage(prepared.system) if prepared.system else None,
@@ -375,13 +381,24 @@ class ContextMiddleware(AgentMiddleware):
             status="error" if outcome.is_error else "success",
         )
 
+    def _is_own(self, tool: Any) -> bool:
+        """Whether ``tool`` is one of this middleware's strategy tools (not merely of that name)."""
+        return isinstance(tool, StrategyTool) and self._own.get(tool.name) is tool
+
+    def _answers(self, request: Any) -> bool:
+        """Whether a tool call is a strategy tool's: its name is, and the tool node did not
+        resolve it to an agent tool of that name (the agent's tool wins, :meth:`_managed_request`)."""
+        if request.tool_call["name"] not in self._own:
+            return False
+        return request.tool is None or self._is_own(request.tool)
+
     def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
-        if request.tool_call["name"] in self._own:
+        if self._answers(request):
             return self._run_own(request)
         return handler(request)
 
     async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
-        if request.tool_call["name"] in self._own:
+        if self._answers(request):
             return await asyncio.to_thread(self._run_own, request)
         return await handler(request)
 

@@ -214,6 +214,9 @@ class ContextSession:
         self.managed = ManagedSession(self.kernel, session_id, origin=_ORIGIN, every_tool=True)
         self._schemas = strategy_tool_schemas(self.kernel)
         self._own = {s["function"]["name"] for s in self._schemas}
+        #: the FunctionTools :meth:`tools` made, by id (each kept, so no id is reused): the agent's
+        #: own tools are all the others, those of a strategy tool's name included
+        self._made: dict[int, FunctionTool] = {}
         self._served: list[bytes] = []  # fingerprints of the items get_items returned last
         self._instructions = ""  # the agent's instructions, as the last input_filter call saw them
 
@@ -318,7 +321,7 @@ class ContextSession:
         harness = [
             _tool_schema(t)
             for t in getattr(data.agent, "tools", [])
-            if isinstance(t, FunctionTool) and t.name not in self._own
+            if isinstance(t, FunctionTool) and self._made.get(id(t)) is not t
         ]
         request = self.managed.prepare(history, system=own, harness_tools=harness)
         # to_items writes the Responses API's JSON items; the SDK's TypedDicts require fields (an
@@ -342,8 +345,21 @@ class ContextSession:
         return dataclasses.replace(base, extra_args=extras)
 
     def tools(self) -> list[FunctionTool]:
-        """The strategies' tools as the SDK's function tools (add them to the agent's tools)."""
-        return [self._tool(schema) for schema in self._schemas]
+        """The strategies' tools as the SDK's function tools (add them to the agent's tools). One
+        whose name a tool of the agent's own has is disabled for that agent (``is_enabled``):
+        the agent's tool wins, as the session leaves the strategy's out of its requests."""
+        made = [self._tool(schema) for schema in self._schemas]
+        for tool in made:
+            self._made[id(tool)] = tool
+        return made
+
+    def _yields_to(self, tool: FunctionTool, agent: Any) -> bool:
+        """Whether ``agent`` has a function tool of its own (not one :meth:`tools` made) of
+        ``tool``'s name."""
+        return any(
+            isinstance(t, FunctionTool) and t.name == tool.name and self._made.get(id(t)) is not t
+            for t in getattr(agent, "tools", ())
+        )
 
     def _tool(self, schema: dict[str, Any]) -> FunctionTool:
         function = schema["function"]
@@ -358,13 +374,15 @@ class ContextSession:
             outcome = await asyncio.to_thread(self.managed.run_tool, call_id, name, parsed)
             return outcome.content
 
-        return FunctionTool(
+        made = FunctionTool(
             name=name,
             description=function.get("description", ""),
             params_json_schema=function.get("parameters") or {"type": "object", "properties": {}},
             on_invoke_tool=invoke,
             strict_json_schema=False,
         )
+        made.is_enabled = lambda _ctx, agent: not self._yields_to(made, agent)
+        return made
 
 
 def _without_prefix(system: str, prefix: str) -> str:

@@ -362,7 +362,8 @@ class Session:
     # -- tools ----------------------------------------------------------------------------------------
     @property
     def tools(self) -> ToolRegistry:
-        """The tools the session's strategies registered."""
+        """The tools the session's strategies offer: those they registered, but one whose name
+        a harness tool has (:meth:`set_harness_tools`)."""
         return self._tooling.tools
 
     @property
@@ -414,6 +415,8 @@ class Session:
         return self._tooling.full_header()
 
     def owns_tool(self, name: str) -> bool:
+        """Whether a call of ``name`` is a strategy's to run (:meth:`run_tool`); False for the
+        harness's tools, also one with a strategy tool's name (the harness's tool wins)."""
         return self._tooling.owns(name)
 
     def may_offer_tool(self, name: str) -> bool:
@@ -441,11 +444,15 @@ class Session:
 
     def restore_harness_tools(self) -> None:
         """On resume, the harness's tools are those of the last recorded header that no
-        strategy owns, so a reopened session composes the same request as before."""
+        strategy owns (one that took a strategy tool's name included), so a reopened session
+        composes the same request as before."""
         self._tooling.restore_harness_tools()
 
     def set_harness_tools(self, schemas: list[dict[str, Any]]) -> None:
-        """The harness's own tool schemas: sent with every request and counted by the meter."""
+        """The harness's own tool schemas: sent with every request and counted by the meter. A
+        harness tool with a strategy tool's name wins: the strategy's is left out of the
+        requests (a provider refuses a name twice), :meth:`owns_tool` is False for it and
+        :meth:`run_tool` refuses it, so its calls go to the harness (as in ``serve``)."""
         self._tooling.set_harness_tools(schemas)
 
     def set_harness_system(self, system: str | None) -> None:

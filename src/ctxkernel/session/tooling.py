@@ -37,10 +37,15 @@ class Tooling:
         self.session = session
         self.meter = meter
         self.tracker = tracker
-        #: the tools the session's strategies registered, rebuilt when the strategy set changes
+        #: the tools the session's strategies offer: those they registered (rebuilt when the
+        #: strategy set changes) but any whose name a harness tool has (:meth:`_offered`)
         self.tools = ToolRegistry()
+        #: every tool the strategies registered, those the harness's tools shadow included
+        self.registered = ToolRegistry()
         #: the harness's own tool schemas: sent with every request and counted by the meter
         self.harness_tools: list[dict[str, Any]] = []
+        #: the names of the harness's tools: a strategy tool of one of these names is left out
+        self.harness_names: frozenset[str] = frozenset()
         #: the harness's own system prompt; None means the profile's ``system_prompt``
         self.harness_system: str | None = None
         #: the strategy set (``generation``) the registry was built for
@@ -75,7 +80,8 @@ class Tooling:
         with self.offering_everything():
             # a tool two strategies may offer is refused now, not once both offer it
             self.offerable = self._registered()
-        self.tools = self._registered()
+        self.registered = self._registered()
+        self.tools = self._offered(self.registered)
         self._tools_generation = generation
         self._offers = offers
         self._composed = None
@@ -97,14 +103,29 @@ class Tooling:
         kernel.hooks.register_tools(self.session, register)
         return registry
 
+    def _offered(self, registry: ToolRegistry) -> ToolRegistry:
+        """``registry`` without the tools whose name one of the harness's tools has: the
+        harness's tool wins (a provider refuses a request naming a tool twice), its schema is
+        the one sent and its calls are the harness's to run, as in ``serve``. The registry
+        itself when nothing clashes."""
+        names = self.harness_names
+        if not names or names.isdisjoint(registry.names()):
+            return registry
+        offered = ToolRegistry()
+        for tool in registry:
+            if tool.name not in names:
+                offered.add(tool)
+        return offered
+
     def owns(self, name: str) -> bool:
         self.sync_tools()
         return name in self.tools
 
     def may_offer(self, name: str) -> bool:
-        """Whether a strategy offers this tool now or once it has something to do."""
+        """Whether a strategy offers this tool now or once it has something to do (not one
+        whose name a harness tool has)."""
         self.sync_tools()
-        return name in self.offerable
+        return name in self.offerable and name not in self.harness_names
 
     def run(self, call: ToolCallBlock | dict[str, Any]) -> ToolOutcome:
         """Run a kernel tool. Bad arguments give an error outcome; nothing is written for them."""
@@ -117,6 +138,13 @@ class Tooling:
                     is_error=True,
                 )
             call = ToolCallBlock(call_id, name, call.get("arguments") or {})
+        if call.name in self.harness_names and call.name in self.registered:
+            return ToolOutcome(
+                f"{preview(call.name)} is the harness's own tool in this session (set_harness_tools): the "
+                "strategy tool of that name is left out of its requests, so its calls are the harness's to "
+                "run. Nothing was changed.",
+                is_error=True,
+            )
         # a tool that compacted (decay's compress) leaves its snapshot to the step's end, which the
         # call's result closes: as for every commit, the snapshot is not the compaction's cost
         return self.tools.run(self.session, call)
@@ -146,7 +174,7 @@ class Tooling:
         come is refused up front, not in the middle of the session."""
         system, tools, _, tokens = self.compose()
         with self.offering_everything():
-            full_tools = self._registered().schemas() + list(self.harness_tools)
+            full_tools = self._offered(self._registered()).schemas() + list(self.harness_tools)
             full_system = self._system()
         if full_system == system and full_tools == tools:
             return tokens, len(tools)
@@ -192,20 +220,58 @@ class Tooling:
 
     def restore_harness_tools(self) -> None:
         """On resume, the harness's tools are those of the last recorded header that no strategy
-        owns, so a reopened session composes the same request as before."""
+        owns, so a reopened session composes the same request as before: also a harness tool
+        that took a strategy tool's name (:meth:`_offered`), found as the header's tail after the
+        strategies' schemas it left (:func:`_harness_tail`)."""
         self.sync_tools()
-        own = set(self.tools.names())
-        self.harness_tools = [t for t in self.tracker.header_tools if t.get("function", {}).get("name") not in own]
+        header = self.tracker.header_tools
+        tail = _harness_tail(header, self.registered.schemas())
+        if tail is None:  # the strategies offer other schemas now: every name they own is theirs
+            own = set(self.registered.names())
+            tail = [t for t in header if _schema_name(t) not in own]
+        self.harness_tools = tail
+        self._set_harness_names()
         self._composed = None
 
     def set_harness_tools(self, schemas: list[dict[str, Any]]) -> None:
         self.harness_tools = storable(list(schemas))
+        self._set_harness_names()
         self._composed = None
+
+    def _set_harness_names(self) -> None:
+        names = frozenset(n for n in map(_schema_name, self.harness_tools) if n is not None)
+        if names != self.harness_names:
+            self.harness_names = names
+            self.tools = self._offered(self.registered)
 
     def set_harness_system(self, system: str | None) -> None:
         if system != self.harness_system:
             self.harness_system = system
             self._composed = None
+
+
+def _harness_tail(header: list[dict[str, Any]], strategy: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The harness's part of a composed tool list ``header`` (the strategies' schemas but those a
+    harness tool's name shadows, then the harness's, :meth:`Tooling.compose`), given the
+    strategies' schemas now; None when no split gives it (the strategies changed). The longest
+    strategy part wins: a harness tool identical to the strategy's is taken for the strategy's."""
+    for cut in range(min(len(header), len(strategy)), -1, -1):  # the strategy part holds their schemas only
+        tail = header[cut:]
+        names = {_schema_name(t) for t in tail}
+        kept = [s for s in strategy if _schema_name(s) not in names]
+        if len(kept) == cut and header[:cut] == kept:
+            return list(tail)
+    return None
+
+
+def _schema_name(schema: Any) -> str | None:
+    """A tool schema's name: OpenAI's function format (``{"function": {"name"}}``), or a flat
+    ``{"name"}`` (Anthropic's, a Responses API function tool)."""
+    if not isinstance(schema, dict):
+        return None
+    function = schema.get("function")
+    name = function.get("name") if isinstance(function, dict) else schema.get("name")
+    return name if isinstance(name, str) else None
 
 
 __all__ = ["Tooling"]
