@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import ctxkernel
 from ctxkernel import Message, StrategySpec, TextBlock, ToolCallBlock
 from ctxkernel import events as ev
-from ctxkernel.errors import EventError, StoreError
+from ctxkernel.errors import ConfigError, EventError, StoreError
 from ctxkernel.meter import Meter, get_tokenizer
 from ctxkernel.session import EventSpec
 from ctxkernel.testing import build_kernel
@@ -173,8 +173,9 @@ def test_an_error_after_the_messages_still_writes_them_as_append_history_would(t
         s.prepare_request(history=[Message.user("first")])
         s.commit_reply(Message.assistant("done"))
     seer.fail = True
-    with pytest.raises(RuntimeError, match="the seer failed"):
+    with pytest.raises(ConfigError, match="its pre_step hook raised RuntimeError: the seer failed") as caught:
         session.prepare_request(history=[Message.user("second")])
+    assert isinstance(caught.value.__cause__, RuntimeError)  # the plugin's own error, chained
     other.append_history([Message.user("second")])
     assert shape_of(session) == shape_of(other)
     reopened = kernel(tmp_path / "a", Seer()).open_session("s")

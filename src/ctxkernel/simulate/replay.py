@@ -1043,7 +1043,12 @@ def run_profile(name: str, recording: Recording, options: Options) -> dict[str, 
 
 
 def _origin(exc: BaseException) -> str:
-    """`` (at file:line)`` of the innermost frame, so a failed profile's report points at the bug."""
+    """`` (at file:line)`` of the innermost frame, so a failed profile's report points at the bug
+    (for a strategy's error the kernel wraps, naming the strategy: of the error it chained)."""
+    for _ in range(20):  # bounded: a plugin may chain its errors in a loop
+        if exc.__cause__ is None:
+            break
+        exc = exc.__cause__
     tb = exc.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next

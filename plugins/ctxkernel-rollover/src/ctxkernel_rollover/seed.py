@@ -75,8 +75,8 @@ def _clip(text: str, limit: int, where: str) -> str:
 #: the frames the seed draws and the kernel's (its pinned instructions and work ledger share the
 #: seed's message); no text inside it may open or close one
 FRAMES = ("context-window", "user-input", "note", *KERNEL_FRAMES)
-#: what a note's block is guarded against besides its own frame (render_note guards that)
-_NOTE_BLOCK_GUARDED = tuple(frame for frame in FRAMES if frame != "note")
+#: the frames guarded in a note's block (``render_note`` guards the note's own)
+NOTE_FRAMES = tuple(frame for frame in FRAMES if frame != "note")
 
 
 def _escape(text: str) -> str:
@@ -210,7 +210,7 @@ def _note_block(note: Note, chars: int) -> str:
     if "<" in note.content:
         # render_note guards its own frame; the seed's frames are guarded here. Only the
         # content can hold one: the attributes are escaped and the frame is the note's own
-        block = guard(block, *_NOTE_BLOCK_GUARDED)
+        block = guard(block, *NOTE_FRAMES)
     return block
 
 
