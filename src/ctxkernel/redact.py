@@ -6,7 +6,7 @@ One place knows what a secret looks like. :func:`redact` replaces, in any text:
 - secret query parameters and ``key=value`` / ``"key": "value"`` pairs (``password``, ``passwd``,
   ``api_key``/``api-key``/``apikey``, ``access_token``, ``refresh_token``,
   ``auth_token``, ``secret``, ``client_secret``, ``secret_key``, ``sig``/``signature``, ``token``
-  in a query string), including libpq's quoted ``password='a b'``;
+  and ``key`` in a query string), including libpq's quoted ``password='a b'``;
 - header values: ``Authorization``, ``Proxy-Authorization``, ``X-Api-Key``, ``Api-Key``,
   ``X-Goog-Api-Key``, ``Cookie``, ``Set-Cookie`` (``Authorization: ***``);
 - ``Bearer <token>`` and ``Basic <base64>`` credentials;
@@ -57,9 +57,11 @@ _PATTERNS: list[tuple[re.Pattern[str], Any]] = [
         re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]{0,30}://[^\s/:@?#]*:)(?P<secret>[^\s/?#]*)(?=@)"),
         r"\g<head>" + MASK,
     ),
-    # secret query parameters: ?password=..., &api_key=..., &token=..., &sig=...
+    # secret query parameters: ?password=..., &api_key=..., &token=..., &sig=..., Google's ?key=...
     (
-        re.compile(rf"(?P<head>[?&;](?:{_SECRET_NAMES}|token|sig|signature)=)(?P<secret>[^&#\s\"']*)", re.IGNORECASE),
+        re.compile(
+            rf"(?P<head>[?&;](?:{_SECRET_NAMES}|token|sig|signature|key)=)(?P<secret>[^&#\s\"']*)", re.IGNORECASE
+        ),
         r"\g<head>" + MASK,
     ),
     # header lines and JSON/dict header entries: Authorization: Bearer x, "x-api-key": "y"

@@ -62,6 +62,8 @@ SECRET_FORMS = [
     '"api_key": "{s}"',
     "https://api.example/v1?key=1&api_key={s}&x=2",
     "?token={s}",
+    "https://generativelanguage.example/v1beta/models/m:generateContent?key={s}",
+    "https://h/v1?alt=sse&key={s}",
 ]
 PASSWORD_FORMS = [
     "postgresql://app:{s}@db.internal:5432/app",
