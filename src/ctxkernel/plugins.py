@@ -280,6 +280,17 @@ def _raised(owner: str, hook: str, exc: Exception) -> ConfigError:
     return ConfigError(msg)
 
 
+def _call_named(owner: str, hook: str, impl: Any, **kwargs: Any) -> Any:
+    """What ``owner``'s implementation ``impl`` of ``hook`` answers; an exception but a kernel
+    error is named with its strategy (:func:`_raised`)."""
+    try:
+        return impl.function(*_args(impl, **kwargs))
+    except CtxKernelError:
+        raise
+    except Exception as exc:
+        raise _raised(owner, hook, exc) from exc
+
+
 class HookFacade:
     """One typed method per hook; the only caller of ``pm.hook``.
 
@@ -320,12 +331,7 @@ class HookFacade:
             return
         ctx = session.context
         for owner, impl in impls:
-            try:
-                impl.function(*_args(impl, ctx=ctx, **kwargs))
-            except CtxKernelError:
-                raise
-            except Exception as exc:
-                raise _raised(owner, name, exc) from exc
+            _call_named(owner, name, impl, ctx=ctx, **kwargs)
 
     def _impls(self, name: str, session: HookTarget | None = None) -> Iterator[tuple[str, Any]]:
         """(strategy name, implementation) in call order, without those ``session`` disabled."""
@@ -350,13 +356,9 @@ class HookFacade:
     def system_prompt(self, session: HookTarget) -> list[str]:
         sections = []
         for owner, impl in self._impls("system_prompt", session):
-            try:
-                section = impl.function(*_args(impl, ctx=session.context))
-            except CtxKernelError:
-                raise
-            except Exception as exc:
-                raise _raised(owner, "system_prompt", exc) from exc
-            section = _answer(owner, "system_prompt", section, str)
+            section = _answer(
+                owner, "system_prompt", _call_named(owner, "system_prompt", impl, ctx=session.context), str
+            )
             if section:
                 sections.append(section)
         return sections
@@ -372,15 +374,11 @@ class HookFacade:
             return
         for owner, impl in impls:
             try:
-                impl.function(*_args(impl, ctx=session.context, step=step))
+                _call_named(owner, "pre_step", impl, ctx=session.context, step=step)
             except CacheWaitError as exc:
                 log.info(
                     "an edit waits for the prompt cache", strategy=owner, session=session.context.id, reason=str(exc)
                 )
-            except CtxKernelError:
-                raise
-            except Exception as exc:
-                raise _raised(owner, "pre_step", exc) from exc
 
     def decorate_request(self, session: HookTarget, request: Request) -> None:
         self._call_each("decorate_request", session, request=request)
@@ -423,13 +421,7 @@ class HookFacade:
         out: dict[str, dict[str, Any]] = {}
         # walk the implementations in call order so each contribution keeps its owner's name
         for owner, impl in self._impls("project", session):
-            try:
-                raw = impl.function(*_args(impl, ctx=session.context))
-            except CtxKernelError:
-                raise
-            except Exception as exc:
-                raise _raised(owner, "project", exc) from exc
-            result = _answer(owner, "project", raw, dict)
+            result = _answer(owner, "project", _call_named(owner, "project", impl, ctx=session.context), dict)
             if result:
                 out[owner] = result
         return out
