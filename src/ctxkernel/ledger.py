@@ -552,7 +552,8 @@ def within(session: SessionPort, entries: Sequence[Entry], budget: int) -> list[
     sections: set[str] = set()
     for index in sorted(range(len(entries)), key=lambda i: entries[i].priority):
         entry = entries[index]
-        need = cost(entry.text) + (0 if entry.section in sections else cost(entry.section))
+        # the line as the block shows it: the guard lengthens a text holding the kernel's tags
+        need = cost(guard(entry.text, *KERNEL_FRAMES)) + (0 if entry.section in sections else cost(entry.section))
         if need <= left:
             chosen.add(index)
             sections.add(entry.section)

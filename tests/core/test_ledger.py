@@ -421,3 +421,29 @@ def test_a_damaged_inherited_ledger_is_read_for_what_is_well_formed(tmp_path, da
     assert any(e.type == "ledger/inherited" for e in child.events)
     assert kernel.store.kv_get("ctxkernel.ledger", child.id) is None
     assert "Done when pytest -x passes." in joined(child)  # the well-formed parts are inherited
+
+
+def test_the_budget_counts_each_line_as_the_block_shows_it(tmp_path, monkeypatch):
+    """Each entry's cost was its text before the frame guard: a path full of ``<work-ledger>``
+    tags costs more once guarded (``&lt;work-ledger``), so the chosen lines overran the budget and
+    the whole block was counted again for each entry taken back out (here 6 counts; about 65 in
+    a review's probe, 0.3 s a compaction). Counted as shown, the choice fits: the block is counted
+    once, besides its frame's own count."""
+    from ctxkernel import ledger
+
+    session = build_kernel(tmp_path, model=WINDOW).open_session()
+    tagged = "<work-ledger>" * 3
+    entries = [ledger.Entry("Files changed:", f"- edit src/m{i}{tagged}.py", (), None, float(i)) for i in range(200)]
+    counted: list[int] = []
+    count_text = session.meter.count_text
+
+    def count(text: str) -> int:
+        if text.startswith(ledger.BLOCK_OPEN):
+            counted.append(1)
+        return count_text(text)
+
+    monkeypatch.setattr(session.meter, "count_text", count)
+    budget = 375
+    picked = ledger.within(session, entries, budget)
+    assert picked and count_text(render(picked)) <= budget
+    assert len(counted) <= 2, len(counted)  # the block itself, not once per entry dropped again
