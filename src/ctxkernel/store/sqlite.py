@@ -130,6 +130,24 @@ def _insert_events_sql(rows: int) -> str:
     return f"INSERT INTO events (session, seq, type, body) VALUES {values}"
 
 
+#: SQLite's primary result codes for a lock another connection holds, and for a damaged file
+_BUSY_CODES = frozenset({5, 6})  # SQLITE_BUSY, SQLITE_LOCKED
+_CORRUPT_CODES = frozenset({11, 26})  # SQLITE_CORRUPT, SQLITE_NOTADB
+
+
+def _begin_error(path: Path, exc: sqlite3.Error) -> StoreError:
+    """The error of a write transaction that could not start: only SQLite's busy and locked
+    results blame another process; a damaged file is :class:`CorruptionError`; anything else
+    (an I/O error, a read-only database) is :class:`StoreError` with SQLite's own reason."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    primary = code & 0xFF if isinstance(code, int) else None
+    if primary in _BUSY_CODES:
+        return StoreError(f"sqlite store {path}: cannot start a write ({exc}); another process holds the lock")
+    if primary in _CORRUPT_CODES:
+        return CorruptionError(f"sqlite store {path}: cannot start a write: {exc}")
+    return StoreError(f"sqlite store {path}: cannot start a write: {exc}")
+
+
 class SqliteStore(SyncDeferral):
     backend = "sqlite"
 
@@ -257,8 +275,7 @@ class SqliteStore(SyncDeferral):
                 self.store._db.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
                 self.store._mutex.release()
-                msg = f"sqlite store {self.store.path}: cannot start a write ({exc}); another process holds the lock"
-                raise StoreError(msg) from None
+                raise _begin_error(self.store.path, exc) from None
             except BaseException:
                 self.store._mutex.release()
                 raise
