@@ -127,6 +127,43 @@ def test_an_error_starting_a_write_is_told_as_sqlite_gave_it(tmp_path, error, ki
     assert store.next_seq("s") == 0
 
 
+class _FailingStatement(_FailingBegin):
+    """A connection whose statements starting with ``prefix`` fail with ``error``."""
+
+    def __init__(self, db: sqlite3.Connection, error: sqlite3.Error, prefix: str) -> None:
+        super().__init__(db, error)
+        self.prefix = prefix
+
+    def execute(self, sql, *args):
+        if sql.startswith(self.prefix):
+            raise self.error
+        return self.db.execute(sql, *args)
+
+
+@pytest.mark.parametrize(
+    ("prefix", "error", "kind"),
+    [
+        ("INSERT INTO events", _error(sqlite3.OperationalError, "disk I/O error", 10), StoreError),
+        ("COMMIT", _error(sqlite3.OperationalError, "database or disk is full", 13), StoreError),
+        ("COMMIT", _error(sqlite3.DatabaseError, "database disk image is malformed", 11), CorruptionError),
+    ],
+)
+def test_an_error_inside_a_write_is_a_store_error_and_the_write_is_rolled_back(tmp_path, prefix, error, kind):
+    """A failing INSERT or COMMIT escaped as a raw sqlite3 error, and a failed COMMIT left the
+    transaction open, so every later write failed to begin."""
+    store = SqliteStore(tmp_path)
+    store.create(header("s"))
+    real = store._db
+    store._db = _FailingStatement(real, error, prefix)
+    with pytest.raises(kind, match=str(error)) as info:
+        store.append("s", batch(0, 1), 0)
+    assert str(tmp_path / DATABASE_NAME) in str(info.value)
+    store._db = real
+    assert not real.in_transaction and store.next_seq("s") == 0
+    store.append("s", batch(0, 2), 0)
+    assert store.next_seq("s") == 2
+
+
 def test_a_busy_error_starting_a_write_names_the_lock(tmp_path):
     store = SqliteStore(tmp_path)
     store.create(header("s"))
