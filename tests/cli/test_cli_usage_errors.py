@@ -55,6 +55,9 @@ CASES: list[tuple[list[str], str]] = [
     (["run", "--model", "scripted:{tmp}", "hi"], "scripted model file"),
     (["run", "--model", "scripted:{tmp}/latin1.toml", "hi"], "scripted model file"),
     (["run", "--model", "openai:ftp://x#m", "hi"], "--model"),
+    (["run", "--model", "openai:http://127.0.0.1:99999/v1#m", "hi"], "--model"),
+    (["run", "--model", "openai:http://models.example/v1?api-version=1#m", "hi"], "--model"),
+    (["run", "--model", "openai:http://[::1/v1#m", "hi"], "--model"),
     (["run", "--model", "scripted:{tmp}/replies.json", "--session", "abc\n", "hi"], "--session"),
     (["run", "--model", "scripted:{tmp}/replies.json", "--session", "../x", "hi"], "--session"),
     (["run", "hi"], "--model"),
@@ -161,3 +164,12 @@ def test_the_installed_command_gives_the_same_one_line_error(where, argv):
         assert done.returncode == 1 and "not UTF-8" in done.stdout
     else:
         assert done.returncode == 2 and len(lines) == 1, done.stderr
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:99999/v1", "http://127.0.0.1:0/v1", "http://models.example/v1?x=1"])
+def test_a_bad_model_url_leaves_the_store_untouched(where, capsys, url):
+    """A port out of range passed the adapter's check and failed only when connecting, after
+    ``run`` had created a session in the store."""
+    _assert_usage_error(*_run(["run", "--model", f"openai:{url}#m", "hi"], where, capsys), "--model")
+    home = Path(where["tmp"]) / "home"
+    assert not home.exists() or not [p for p in home.rglob("*") if p.is_file()]

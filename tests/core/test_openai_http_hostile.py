@@ -380,6 +380,15 @@ def test_a_base_url_with_a_query_or_fragment_is_refused(base_url) -> None:
         OpenAIChatModel("m", base_url=base_url)
 
 
+@pytest.mark.parametrize(
+    "base_url", ["http://127.0.0.1:99999/v1", "http://127.0.0.1:0/v1", "http://127.0.0.1:x/v1", "http://a b/v1"]
+)
+def test_a_base_url_with_no_valid_port_or_host_is_refused_when_built(base_url) -> None:
+    """Port 99999 was taken and failed only when connecting (after a session was created)."""
+    with pytest.raises(ConfigError, match="http:// or https:// URL with a host"):
+        OpenAIChatModel("m", base_url=base_url)
+
+
 def test_a_200_with_an_error_object_echoing_the_key_is_redacted(serve) -> None:
     server = serve(lambda conn, n, s: answer(conn, body=ECHO))
     with pytest.raises(HTTPModelError) as info:

@@ -211,3 +211,34 @@ def test_a_serve_upstream_in_the_profile_that_is_no_http_url_is_refused_when_it_
     assert f"serve.{key}" in message and "http:// or https:// URL with a host" in message and "secret" not in message
     assert main(["serve", "--profile", str(path)]) == 2
     assert f"serve.{key}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("key", ["upstream", "anthropic_upstream", "responses_upstream"])
+@pytest.mark.parametrize("url", [*BAD_URLS, 42])
+def test_a_serve_config_built_in_code_refuses_an_upstream_that_is_no_http_url(tmp_path, monkeypatch, key, url):
+    """The flags and the profile checked an upstream; ServeConfig(...) and create_app took any."""
+    from ctxkernel.errors import ConfigError
+    from ctxkernel.serve.app import create_app
+    from ctxkernel.serve.config import ServeConfig
+
+    monkeypatch.setenv("CTXKERNEL_HOME", str(tmp_path))
+    with pytest.raises(ConfigError) as info:
+        ServeConfig(**{key: url})
+    message = str(info.value)
+    assert f"ServeConfig.{key}" in message and "http:// or https:// URL with a host" in message
+    assert "secret" not in message
+    config = ServeConfig()
+    setattr(config, key, url)  # changed after it was built: create_app checks again
+    with pytest.raises(ConfigError, match=f"ServeConfig.{key}"):
+        create_app(config)
+
+
+def test_a_serve_config_takes_loopback_and_https_upstreams():
+    from ctxkernel.serve.config import ServeConfig
+
+    config = ServeConfig(
+        upstream="http://127.0.0.1:8081/v1",
+        anthropic_upstream="http://localhost:9000",
+        responses_upstream="https://api.openai.com/v1",
+    )
+    assert ServeConfig.from_json(config.to_json()) == config

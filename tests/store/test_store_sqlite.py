@@ -74,6 +74,104 @@ def test_lock_held_past_the_busy_timeout_is_a_store_error(tmp_path):
     assert store.next_seq("s") == 1
 
 
+class _FailingBegin:
+    """A connection whose BEGIN IMMEDIATE fails with ``error``; everything else passes through."""
+
+    def __init__(self, db: sqlite3.Connection, error: sqlite3.Error) -> None:
+        self.db, self.error = db, error
+
+    def execute(self, sql, *args):
+        if sql.startswith("BEGIN IMMEDIATE"):
+            raise self.error
+        return self.db.execute(sql, *args)
+
+    def __getattr__(self, name):
+        return getattr(self.db, name)
+
+
+def _error(cls, message, code=None):
+    exc = cls(message)
+    if code is not None:
+        exc.sqlite_errorcode = code
+    return exc
+
+
+def test_a_write_refused_by_sqlite_for_another_reason_names_it_not_a_lock(tmp_path):
+    store = SqliteStore(tmp_path)
+    store.create(header("s"))
+    deny = sqlite3.SQLITE_DENY
+    store._db.set_authorizer(lambda action, *_: deny if action == sqlite3.SQLITE_TRANSACTION else sqlite3.SQLITE_OK)
+    with pytest.raises(StoreError, match="not authorized") as info:
+        store.append("s", batch(0, 1), 0)
+    assert "lock" not in str(info.value) and str(tmp_path / DATABASE_NAME) in str(info.value)
+    store._db.set_authorizer(None)
+    assert store.next_seq("s") == 0
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        (_error(sqlite3.OperationalError, "disk I/O error"), StoreError),
+        (_error(sqlite3.OperationalError, "attempt to write a readonly database", 8), StoreError),
+        (_error(sqlite3.DatabaseError, "database disk image is malformed", 11), CorruptionError),
+        (_error(sqlite3.DatabaseError, "file is not a database", 26), CorruptionError),
+    ],
+)
+def test_an_error_starting_a_write_is_told_as_sqlite_gave_it(tmp_path, error, kind):
+    store = SqliteStore(tmp_path)
+    store.create(header("s"))
+    store._db = _FailingBegin(store._db, error)
+    with pytest.raises(kind, match=str(error)) as info:
+        store.append("s", batch(0, 1), 0)
+    assert "another process" not in str(info.value) and str(tmp_path / DATABASE_NAME) in str(info.value)
+    assert store.next_seq("s") == 0
+
+
+class _FailingStatement(_FailingBegin):
+    """A connection whose statements starting with ``prefix`` fail with ``error``."""
+
+    def __init__(self, db: sqlite3.Connection, error: sqlite3.Error, prefix: str) -> None:
+        super().__init__(db, error)
+        self.prefix = prefix
+
+    def execute(self, sql, *args):
+        if sql.startswith(self.prefix):
+            raise self.error
+        return self.db.execute(sql, *args)
+
+
+@pytest.mark.parametrize(
+    ("prefix", "error", "kind"),
+    [
+        ("INSERT INTO events", _error(sqlite3.OperationalError, "disk I/O error", 10), StoreError),
+        ("COMMIT", _error(sqlite3.OperationalError, "database or disk is full", 13), StoreError),
+        ("COMMIT", _error(sqlite3.DatabaseError, "database disk image is malformed", 11), CorruptionError),
+    ],
+)
+def test_an_error_inside_a_write_is_a_store_error_and_the_write_is_rolled_back(tmp_path, prefix, error, kind):
+    """A failing INSERT or COMMIT escaped as a raw sqlite3 error, and a failed COMMIT left the
+    transaction open, so every later write failed to begin."""
+    store = SqliteStore(tmp_path)
+    store.create(header("s"))
+    real = store._db
+    store._db = _FailingStatement(real, error, prefix)
+    with pytest.raises(kind, match=str(error)) as info:
+        store.append("s", batch(0, 1), 0)
+    assert str(tmp_path / DATABASE_NAME) in str(info.value)
+    store._db = real
+    assert not real.in_transaction and store.next_seq("s") == 0
+    store.append("s", batch(0, 2), 0)
+    assert store.next_seq("s") == 2
+
+
+def test_a_busy_error_starting_a_write_names_the_lock(tmp_path):
+    store = SqliteStore(tmp_path)
+    store.create(header("s"))
+    store._db = _FailingBegin(store._db, _error(sqlite3.OperationalError, "database is locked", 5))
+    with pytest.raises(StoreError, match="another process holds the lock"):
+        store.append("s", batch(0, 1), 0)
+
+
 def test_newer_schema_is_refused(tmp_path):
     SqliteStore(tmp_path).close()
     with sqlite3.connect(tmp_path / DATABASE_NAME) as db:

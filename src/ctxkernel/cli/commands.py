@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from ..controls import MANUAL_ACTIONS
-from ..errors import ControlError, CtxKernelError, ProfileError, SessionBusyError, SessionNotFoundError
+from ..errors import ConfigError, ControlError, CtxKernelError, ProfileError, SessionBusyError, SessionNotFoundError
 from ..exits import printable
 from ..lineage import lineage
 from ..plugins import StrategyManager
@@ -468,9 +468,12 @@ def model_from_spec(spec: str, *, api_key_env: str = "OPENAI_API_KEY") -> Any:
     if not hashmark or not model or not base_url.startswith(("http://", "https://")):
         msg = f"--model {spec!r}: write openai:<base_url>#<model>, e.g. openai:http://127.0.0.1:8000/v1#qwen2.5"
         raise ValueError(msg)
-    return OpenAIChatModel(
-        model, base_url=base_url, api_key=os.environ.get(api_key_env) or None, provider=_provider_from_url(base_url)
-    )
+    try:  # built here, before a session exists: a bad URL leaves the store untouched
+        return OpenAIChatModel(
+            model, base_url=base_url, api_key=os.environ.get(api_key_env) or None, provider=_provider_from_url(base_url)
+        )
+    except ConfigError as exc:  # the URL, already redacted in the message
+        raise ValueError(f"--model: {exc}") from None
 
 
 def _scripted_model(path: Path) -> Any:

@@ -55,6 +55,7 @@ from ..jsonbytes import loads
 from ..logging import get_logger
 from ..messages import Message, Source
 from ..redact import Scrubber, redact, redact_url, secret_header_values, url_origin
+from ..settings_check import http_url_problem
 from .base import Reply
 
 if TYPE_CHECKING:
@@ -239,6 +240,12 @@ class OpenAIChatModel:
         if not model:
             msg = "OpenAIChatModel needs a model name (e.g. model='gpt-4o-mini')"
             raise ConfigError(msg)
+        # the check that the flags and the profile share: a scheme, a host, a port in range, no
+        # whitespace, no query or fragment (a port of 99999 failed only when connecting)
+        problem = http_url_problem(base_url) if isinstance(base_url, str) else http_url_problem("")
+        if problem:
+            shown = repr(redact_url(base_url)) if isinstance(base_url, str) else f"a {type(base_url).__name__}"
+            raise ConfigError(f"base_url {shown} {problem}")
         http = _httpx()  # not named httpx: the annotations below name the module's types
         self.model = model
         self.provider = provider
@@ -251,15 +258,6 @@ class OpenAIChatModel:
         except http.InvalidURL as exc:
             msg = f"base_url {redact_url(base_url)!r} is not a URL ({redact(str(exc))}); write e.g. https://api.openai.com/v1"
             raise ConfigError(msg) from None
-        if parsed.scheme not in ("http", "https") or not parsed.host:
-            msg = f"base_url {redact_url(base_url)!r} must be an http:// or https:// URL with a host, e.g. https://api.openai.com/v1"
-            raise ConfigError(msg)
-        if "?" in base_url or "#" in base_url:  # /chat/completions would be appended to the query
-            msg = (
-                f"base_url {redact_url(base_url)!r} must have no query or fragment (/chat/completions is "
-                "appended to it), e.g. https://api.openai.com/v1"
-            )
-            raise ConfigError(msg)
         if not timeout > 0:  # also refuses NaN
             msg = f"timeout must be a positive number of seconds, got {timeout!r}"
             raise ConfigError(msg)

@@ -102,6 +102,7 @@ def ui_mount(kernel: Kernel, token: str, hosts: list[str]) -> Mount:
 def create_app(config: ServeConfig | None = None, *, kernel: Kernel | None = None) -> Starlette:
     """The Starlette app of ``ctxkernel serve``."""
     config = config or ServeConfig()
+    config.check()  # again: a field may have been changed since the config was made
     kernel = kernel or build_kernel(config)
     upstream = Upstream(config.limits)
     proxy = Proxy(config, kernel, upstream)

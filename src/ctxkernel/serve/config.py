@@ -6,14 +6,19 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from ..errors import ConfigError
 from ..kernel import Kernel
 from ..profile import load_profile, override_window
+from ..redact import redact_url
+from ..settings_check import http_url_problem
 from . import DEFAULT_MAX_SESSIONS
 from .upstream import Limits
 
 DEFAULT_OPENAI_UPSTREAM = "https://api.openai.com/v1"
 DEFAULT_ANTHROPIC_UPSTREAM = "https://api.anthropic.com"
 DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
+#: the fields holding an upstream's base URL (``--upstream``, ``--anthropic-upstream``, ...)
+UPSTREAM_FIELDS = ("upstream", "anthropic_upstream", "responses_upstream")
 
 
 @dataclass
@@ -44,6 +49,23 @@ class ServeConfig:
     ui: bool = False
     ui_token_env: str | None = None
     limits: Limits = field(default_factory=Limits)
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Refuse an upstream that is no base URL of an HTTP API, as the flags and the profile's
+        ``[serve]`` keys do (:func:`ctxkernel.settings_check.http_url_problem`): a config built in
+        code is checked when it is made, and again by ``create_app``; :class:`ConfigError`."""
+        for name in UPSTREAM_FIELDS:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            text = value if isinstance(value, str) else ""  # a number or a list is no URL either
+            problem = http_url_problem(text)
+            if problem:
+                shown = repr(redact_url(value)) if isinstance(value, str) else f"a {type(value).__name__}"
+                raise ConfigError(f"ServeConfig.{name}: {shown} {problem}")
 
     def to_json(self) -> str:
         data = {

@@ -130,6 +130,25 @@ def _insert_events_sql(rows: int) -> str:
     return f"INSERT INTO events (session, seq, type, body) VALUES {values}"
 
 
+#: SQLite's primary result codes for a lock another connection holds, and for a damaged file
+_BUSY_CODES = frozenset({5, 6})  # SQLITE_BUSY, SQLITE_LOCKED
+_CORRUPT_CODES = frozenset({11, 26})  # SQLITE_CORRUPT, SQLITE_NOTADB
+
+
+def _write_error(path: Path, exc: sqlite3.Error, doing: str, more: str = "") -> StoreError:
+    """The error of a write transaction that could not start, run or commit (``doing``): only
+    SQLite's busy and locked results blame another process; a damaged file is
+    :class:`CorruptionError`; anything else (an I/O error, a read-only or full database) is
+    :class:`StoreError` with SQLite's own reason."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    primary = code & 0xFF if isinstance(code, int) else None
+    if primary in _BUSY_CODES:
+        return StoreError(f"sqlite store {path}: cannot {doing} ({exc}); another process holds the lock{more}")
+    if primary in _CORRUPT_CODES:
+        return CorruptionError(f"sqlite store {path}: cannot {doing}: {exc}{more}")
+    return StoreError(f"sqlite store {path}: cannot {doing}: {exc}{more}")
+
+
 class SqliteStore(SyncDeferral):
     backend = "sqlite"
 
@@ -257,21 +276,43 @@ class SqliteStore(SyncDeferral):
                 self.store._db.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
                 self.store._mutex.release()
-                msg = f"sqlite store {self.store.path}: cannot start a write ({exc}); another process holds the lock"
-                raise StoreError(msg) from None
+                raise _write_error(self.store.path, exc, "start a write") from None
             except BaseException:
                 self.store._mutex.release()
                 raise
             return self.store._db
 
         def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+            # a failed statement or COMMIT is a StoreError, never a raw sqlite3 error, and the
+            # transaction is rolled back: a COMMIT that fails leaves it open, and every later
+            # write of this connection would fail to begin
+            path = self.store.path
             try:
                 if exc_type is None:
-                    self.store._db.execute("COMMIT")
-                else:
-                    self.store._db.execute("ROLLBACK")
+                    try:
+                        self.store._db.execute("COMMIT")
+                    except sqlite3.Error as error:
+                        raise _write_error(path, error, "commit a write", self._roll_back()) from None
+                    return
+                more = self._roll_back()
+                # a constraint's IntegrityError is left to the caller, which tells what it means
+                # (a taken session id, seqs already held)
+                if isinstance(exc, sqlite3.Error) and not (isinstance(exc, sqlite3.IntegrityError) and not more):
+                    raise _write_error(path, exc, "write", more) from None
+                if more:  # the transaction is still open: say so, keeping the error that ended it
+                    msg = f"sqlite store {path}: a write ended by {exc_type.__name__} ({exc}){more}"
+                    raise StoreError(msg) from exc
             finally:
                 self.store._mutex.release()
+
+        def _roll_back(self) -> str:
+            """Roll back an open transaction; what went wrong doing so ("" when nothing did)."""
+            try:
+                if self.store._db.in_transaction:
+                    self.store._db.execute("ROLLBACK")
+            except sqlite3.Error as exc:
+                return f"; rolling the write back failed too ({exc})"
+            return ""
 
     def _write(self) -> SqliteStore._Txn:
         return SqliteStore._Txn(self)
