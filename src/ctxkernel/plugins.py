@@ -323,15 +323,38 @@ class HookFacade:
         """Call each strategy's implementation of a hook whose results are not read, in call
         order; one that raises is named with its strategy (:func:`_raised`). A hook wrapper
         needs pluggy's own call, which is made then."""
-        impls = list(self._impls(name, session))
+        self._each_named(name, session, **kwargs)
+
+    def _each_named(self, name: str, session: HookTarget, /, *, every: bool = False, **kwargs: Any) -> list[Any]:
+        """Each strategy's answer to ``name`` (None included), in call order; ``every`` also asks
+        the strategies ``session`` disabled. One that raises is named with its strategy
+        (:func:`_raised`). A hook wrapper needs pluggy's own call, which is made then."""
+        impls = list(self._impls(name, None if every else session))
         if not impls:
-            return
+            return []
         if any(impl.hookwrapper or getattr(impl, "wrapper", False) for _, impl in impls):
-            self._call_if_implemented(name, session, **kwargs)
-            return
+            caller = getattr(self._hook, name) if every else self._caller(name, session)
+            answer: Any = caller(ctx=session.context, **kwargs)
+            return answer if isinstance(answer, list) else [answer]
         ctx = session.context
+        return [_call_named(owner, name, impl, ctx=ctx, **kwargs) for owner, impl in impls]
+
+    def _first_named(
+        self, name: str, session: HookTarget, /, *, wrapped: bool = False, **kwargs: Any
+    ) -> tuple[str, Any] | None:
+        """The first strategy whose ``name`` (a first-result hook) answers other than None, and its
+        answer, in call order; one that raises is named with its strategy (:func:`_raised`).
+        ``wrapped``: a hook wrapper, if any, needs pluggy's own call, made then (its answer's
+        strategy is not known: "")."""
+        impls = list(self._impls(name, session))
+        if wrapped and any(impl.hookwrapper or getattr(impl, "wrapper", False) for _, impl in impls):
+            answer: Any = self._caller(name, session)(ctx=session.context, **kwargs)
+            return None if answer is None else ("", answer)
         for owner, impl in impls:
-            _call_named(owner, name, impl, ctx=ctx, **kwargs)
+            answer = _call_named(owner, name, impl, ctx=session.context, **kwargs)
+            if answer is not None:
+                return owner, answer
+        return None
 
     def _impls(self, name: str, session: HookTarget | None = None) -> Iterator[tuple[str, Any]]:
         """(strategy name, implementation) in call order, without those ``session`` disabled."""
@@ -343,11 +366,11 @@ class HookFacade:
 
     def session_opened(self, session: HookTarget) -> None:
         # every loaded strategy builds its state, so enabling it later finds it ready
-        self._hook.session_opened(ctx=session.context)
+        self._each_named("session_opened", session, every=True)
 
     def snapshot_state(self, session: HookTarget) -> list[Any]:
         # every loaded strategy, as for session_opened: a strategy enabled later opens from it too
-        return [part for part in self._hook.snapshot_state(ctx=session.context) if part is not None]
+        return [part for part in self._each_named("snapshot_state", session, every=True) if part is not None]
 
     def register_tools(self, session: HookTarget, register: Any) -> None:
         """Each strategy's ``register_tools`` in turn; one that raises is named (:func:`_raised`)."""
@@ -387,30 +410,52 @@ class HookFacade:
         """The first summary a strategy writes for ``region``, in call order (``trylast`` last)."""
         from .spans import Summary
 
-        for owner, impl in self._impls("summarize", session):
-            result = impl.function(*_args(impl, ctx=session.context, region=region))
-            if result is not None:
-                summary: Summary | str = _answer(owner, "summarize", result, (Summary, str))
-                return summary
-        return None
+        answered = self._first_named("summarize", session, region=region)
+        if answered is None:
+            return None
+        summary: Summary | str = _answer(answered[0], "summarize", answered[1], (Summary, str))
+        return summary
 
     def sanitize_reply(self, session: HookTarget, reply: ReplyDraft) -> None:
         self._call_each("sanitize_reply", session, reply=reply)
 
     def request_error(self, session: HookTarget, error: ModelError) -> bool | None:
-        handled: bool | None = self._caller("request_error", session)(ctx=session.context, error=error)
+        answered = self._first_named("request_error", session, wrapped=True, error=error)
+        handled: bool | None = None if answered is None else answered[1]
         return handled
 
     def commit(self, session: HookTarget, result: CommitResult) -> None:
-        self._caller("commit", session)(ctx=session.context, result=result)
+        """Each strategy's ``commit`` in turn. The transaction is durable when they run: one that
+        raises neither undoes it nor makes it look failed, nor keeps the others from being told;
+        it is logged as an error naming the strategy (:func:`_raised`), with its traceback."""
+        impls = list(self._impls("commit", session))
+        if any(impl.hookwrapper or getattr(impl, "wrapper", False) for _, impl in impls):
+            try:  # wrappers need pluggy's call, which does not say whose hook raised
+                self._caller("commit", session)(ctx=session.context, result=result)
+            except Exception as exc:
+                self._commit_failed("a strategy", exc, result, session)
+            return
+        for owner, impl in impls:
+            try:
+                _call_named(owner, "commit", impl, ctx=session.context, result=result)
+            except Exception as exc:
+                self._commit_failed(owner, exc, result, session)
+
+    @staticmethod
+    def _commit_failed(owner: str, exc: Exception, result: CommitResult, session: HookTarget) -> None:
+        log.error(
+            "a commit hook raised; the compaction stays committed",
+            strategy=owner,
+            session=session.context.id,
+            compaction_id=result.compaction_id,
+            error=f"{type(exc).__name__}: {exc}",
+            exc_info=exc,
+        )
 
     def compact_now(self, session: HookTarget, request: ManualCompaction) -> tuple[str, ManualOutcome] | None:
         """The first strategy that handles ``request`` and its outcome, in profile order."""
-        for owner, impl in self._impls("compact_now", session):
-            outcome: Any = impl.function(*_args(impl, ctx=session.context, request=request))
-            if outcome is not None:
-                return owner, outcome
-        return None
+        answered: tuple[str, ManualOutcome] | None = self._first_named("compact_now", session, request=request)
+        return answered
 
     def compact_now_strategies(self, session: HookTarget) -> list[str]:
         """The strategies that may answer ``compact_now`` for ``session``, in the order asked."""
@@ -444,7 +489,7 @@ class HookFacade:
         """Every strategy's steward calls, in profile order; each ``{"name": tool, "arguments": {...}}``."""
         calls: list[dict[str, Any]] = []
         for owner, impl in self._impls("steward_actions", session):
-            result = impl.function(*_args(impl, ctx=session.context, request=request))
+            result = _call_named(owner, "steward_actions", impl, ctx=session.context, request=request)
             for call in _answer(owner, "steward_actions", result, list) or []:
                 if not (
                     isinstance(call, dict)

@@ -9,8 +9,8 @@ import pytest
 from pydantic import Field
 
 import ctxkernel
-from ctxkernel import Message, StrategySpec, Tool, ToolArgs, ToolCallBlock, ToolOutcome
-from ctxkernel.testing import build_kernel
+from ctxkernel import Message, Span, StrategySpec, Tool, ToolArgs, ToolCallBlock, ToolOutcome
+from ctxkernel.testing import build_kernel, throwaway_plugin
 
 SECTION = "## Notes strategy\nUse the `note` tool to keep facts that must survive compaction."
 
@@ -282,6 +282,34 @@ class Raising:
     def project(self, ctx: Any) -> None:
         self._maybe_raise("project")
 
+    @ctxkernel.hookimpl
+    def summarize(self, ctx: Any, region: Any) -> None:
+        self._maybe_raise("summarize")
+
+    @ctxkernel.hookimpl
+    def steward_actions(self, ctx: Any, request: Any) -> None:
+        self._maybe_raise("steward_actions")
+
+    @ctxkernel.hookimpl
+    def compact_now(self, ctx: Any, request: Any) -> None:
+        self._maybe_raise("compact_now")
+
+    @ctxkernel.hookimpl
+    def commit(self, ctx: Any, result: Any) -> None:
+        self._maybe_raise("commit")
+
+    @ctxkernel.hookimpl
+    def request_error(self, ctx: Any, error: Any) -> None:
+        self._maybe_raise("request_error")
+
+    @ctxkernel.hookimpl
+    def session_opened(self, ctx: Any) -> None:
+        self._maybe_raise("session_opened")
+
+    @ctxkernel.hookimpl
+    def snapshot_state(self, ctx: Any) -> None:
+        self._maybe_raise("snapshot_state")
+
 
 @pytest.mark.parametrize(
     "hook", ["pre_step", "register_tools", "system_prompt", "decorate_request", "sanitize_reply", "project"]
@@ -320,3 +348,101 @@ def test_a_kernel_refusal_from_a_hook_is_not_renamed(tmp_path: Path) -> None:
     session.user("hello")
     with pytest.raises(ctxkernel.ToolError, match="register_tools must register ctxkernel.Tool objects"):
         session.prepare_request()
+
+
+def _long_session(tmp_path: Path) -> Any:
+    """A session of ``basic`` (compacting only when asked) long enough to compact."""
+    kernel = build_kernel(tmp_path, strategies=["basic"], settings={"basic": {"auto": False}})
+    session = kernel.open_session()
+    for i in range(30):
+        session.user(f"message {i} " + "word " * 1500)
+        session.prepare_request()
+        session.commit_reply(Message.assistant(f"reply {i}"))
+        session.end_turn()
+    return session
+
+
+@pytest.mark.parametrize(
+    "hook",
+    [
+        "summarize",  # before the lock (basic without a summarizer model): nothing written
+        "summarize_locked",  # inside the transaction: its start and an error end are written
+        "steward_actions",
+        "compact_now",
+        "request_error",
+        "session_opened",
+        "snapshot_state",
+    ],
+)
+def test_every_other_hook_that_raises_is_named_with_its_strategy(tmp_path: Path, hook: str) -> None:
+    """summarize, steward_actions, compact_now, request_error, session_opened and snapshot_state
+    let a strategy's bare exception (a KeyError) reach the harness, naming neither strategy nor
+    hook. A failed compaction writes only its start and an end that records the named error."""
+    session = _long_session(tmp_path)
+    kernel = session.kernel
+    locked = hook == "summarize_locked"
+    hook = "summarize" if locked else hook
+    if hook == "steward_actions":
+        session.user("one more")
+    request = session.prepare_request() if hook == "steward_actions" else None
+    logs = sorted(tmp_path.rglob("*.jsonl"))
+    before = [p.read_bytes() for p in logs]
+    count = len(session.events)
+    with (
+        throwaway_plugin(kernel, Raising(hook), "raising"),
+        pytest.raises(ctxkernel.ConfigError, match=rf"strategy 'raising': its {hook} hook raised KeyError") as info,
+    ):
+        if locked:
+            seqs = [n.seq for n in session.surface]
+            session.compact(Span(seqs[0], seqs[3]), strategy="basic")
+        elif hook in ("summarize", "compact_now"):
+            session.compact_now()
+        elif hook == "steward_actions":
+            kernel.hooks.steward_actions(session, request)
+        elif hook == "request_error":
+            session.request_failed(ctxkernel.ContextOverflowError("too long", prompt_tokens=10, limit=5))
+        elif hook == "session_opened":
+            kernel.open_session(session.id)
+        else:
+            kernel.hooks.snapshot_state(session)
+    assert f"bug in {hook}" in str(info.value)
+    assert isinstance(info.value.__cause__, KeyError)  # the plugin's own error, with its traceback
+    session.refresh()
+    written = session.events[count:]
+    if locked:  # the compaction transaction's record of its failure, naming the strategy
+        assert [e.type for e in written] == ["compaction/start", "compaction/end"]
+        assert "strategy 'raising': its summarize hook raised KeyError" in written[-1].data["error"]
+    else:
+        assert [p.read_bytes() for p in logs] == before
+
+
+def test_a_commit_hook_that_raises_leaves_the_compaction_committed_and_is_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A commit hook runs after the transaction is durable: its KeyError used to come out of
+    compact_now as if the compaction had failed. Now the compaction's outcome is returned, the
+    other strategies' commit hooks still run, and the error is logged naming the strategy."""
+    session = _long_session(tmp_path)
+    told: list[str] = []
+
+    class Told:
+        @ctxkernel.hookimpl
+        def register_strategy(self, register: Any) -> None:
+            register(StrategySpec("told"))
+
+        @ctxkernel.hookimpl
+        def commit(self, ctx: Any, result: Any) -> None:
+            told.append(result.compaction_id)
+
+    with (
+        throwaway_plugin(session.kernel, Told(), "told"),
+        throwaway_plugin(session.kernel, Raising("commit"), "raising"),
+        caplog.at_level("ERROR", logger="ctxkernel"),
+    ):
+        outcome = session.compact_now()
+    assert outcome.committed
+    ends = [e for e in session.events if e.type == "compaction/end"]
+    assert ends and "error" not in ends[-1].data
+    assert told == [ends[-1].data["compaction_id"]]
+    [record] = [r for r in caplog.records if "commit hook raised" in r.getMessage()]
+    assert "'raising'" in record.getMessage() and "bug in commit" in record.getMessage()

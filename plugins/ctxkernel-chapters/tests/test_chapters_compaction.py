@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 from helpers_chapters import archive_files, call_tool, chapters_kernel, registry, result_json, run_turns
 
 import ctxkernel
@@ -164,13 +163,16 @@ class Exploding:
         raise RuntimeError("commit hook failed after the commit")
 
 
-def test_records_are_final_when_a_hook_raises_after_the_commit(tmp_path):
+def test_records_are_final_when_a_hook_raises_after_the_commit(tmp_path, caplog):
+    """Another strategy's commit hook that raises does not make the archive look failed: it
+    committed, so compact_in_place says so, and the hook's error is logged naming it."""
     kernel = chapters_kernel(tmp_path, window=6_000, reserve=1_000, auto=False)
     with ctxkernel.testing.throwaway_plugin(kernel, Exploding(), "exploding"):
         session = kernel.open_session()
         run_turns(session, 6)
-        with pytest.raises(RuntimeError, match="after the commit"):
-            chapters_plugin.compact_in_place(session.context, 800, reason="test")
+        with caplog.at_level("ERROR", logger="ctxkernel"):
+            assert chapters_plugin.compact_in_place(session.context, 800, reason="test")
+    assert any("'exploding'" in r.getMessage() and "after the commit" in r.getMessage() for r in caplog.records)
     assert len(_summaries(session)) == 1
     records = registry(session).get(session.id)["chapters"]
     assert records and all(r["status"] == "final" for r in records)
