@@ -291,6 +291,12 @@ def _call_named(owner: str, hook: str, impl: Any, **kwargs: Any) -> Any:
         raise _raised(owner, hook, exc) from exc
 
 
+def _wrapped(impls: list[tuple[str, Any]]) -> bool:
+    """Whether a plugin wraps the hook: a wrapper needs pluggy's own call, which does not say
+    whose implementation raised."""
+    return any(impl.hookwrapper or getattr(impl, "wrapper", False) for _, impl in impls)
+
+
 class HookFacade:
     """One typed method per hook; the only caller of ``pm.hook``.
 
@@ -319,12 +325,6 @@ class HookFacade:
         if caller.get_hookimpls():
             caller(ctx=session.context, **kwargs)
 
-    def _call_each(self, name: str, session: HookTarget, /, **kwargs: Any) -> None:
-        """Call each strategy's implementation of a hook whose results are not read, in call
-        order; one that raises is named with its strategy (:func:`_raised`). A hook wrapper
-        needs pluggy's own call, which is made then."""
-        self._each_named(name, session, **kwargs)
-
     def _each_named(self, name: str, session: HookTarget, /, *, every: bool = False, **kwargs: Any) -> list[Any]:
         """Each strategy's answer to ``name`` (None included), in call order; ``every`` also asks
         the strategies ``session`` disabled. One that raises is named with its strategy
@@ -332,7 +332,7 @@ class HookFacade:
         impls = list(self._impls(name, None if every else session))
         if not impls:
             return []
-        if any(impl.hookwrapper or getattr(impl, "wrapper", False) for _, impl in impls):
+        if _wrapped(impls):
             caller = getattr(self._hook, name) if every else self._caller(name, session)
             answer: Any = caller(ctx=session.context, **kwargs)
             return answer if isinstance(answer, list) else [answer]
@@ -347,7 +347,7 @@ class HookFacade:
         ``wrapped``: a hook wrapper, if any, needs pluggy's own call, made then (its answer's
         strategy is not known: "")."""
         impls = list(self._impls(name, session))
-        if wrapped and any(impl.hookwrapper or getattr(impl, "wrapper", False) for _, impl in impls):
+        if wrapped and _wrapped(impls):
             answer: Any = self._caller(name, session)(ctx=session.context, **kwargs)
             return None if answer is None else ("", answer)
         for owner, impl in impls:
@@ -374,7 +374,7 @@ class HookFacade:
 
     def register_tools(self, session: HookTarget, register: Any) -> None:
         """Each strategy's ``register_tools`` in turn; one that raises is named (:func:`_raised`)."""
-        self._call_each("register_tools", session, register=register)
+        self._each_named("register_tools", session, register=register)
 
     def system_prompt(self, session: HookTarget) -> list[str]:
         sections = []
@@ -392,7 +392,7 @@ class HookFacade:
         not catch ends that strategy's step, not the request: the next strategy still runs. Any
         other exception but a kernel error is named with its strategy (:func:`_raised`)."""
         impls = list(self._impls("pre_step", session))
-        if any(impl.hookwrapper or getattr(impl, "wrapper", False) for _, impl in impls):
+        if _wrapped(impls):
             self._call_if_implemented("pre_step", session, step=step)  # wrappers need pluggy's call
             return
         for owner, impl in impls:
@@ -404,7 +404,7 @@ class HookFacade:
                 )
 
     def decorate_request(self, session: HookTarget, request: Request) -> None:
-        self._call_each("decorate_request", session, request=request)
+        self._each_named("decorate_request", session, request=request)
 
     def summarize(self, session: HookTarget, region: Region) -> Summary | str | None:
         """The first summary a strategy writes for ``region``, in call order (``trylast`` last)."""
@@ -417,7 +417,7 @@ class HookFacade:
         return summary
 
     def sanitize_reply(self, session: HookTarget, reply: ReplyDraft) -> None:
-        self._call_each("sanitize_reply", session, reply=reply)
+        self._each_named("sanitize_reply", session, reply=reply)
 
     def request_error(self, session: HookTarget, error: ModelError) -> bool | None:
         answered = self._first_named("request_error", session, wrapped=True, error=error)
@@ -429,7 +429,7 @@ class HookFacade:
         raises neither undoes it nor makes it look failed, nor keeps the others from being told;
         it is logged as an error naming the strategy (:func:`_raised`), with its traceback."""
         impls = list(self._impls("commit", session))
-        if any(impl.hookwrapper or getattr(impl, "wrapper", False) for _, impl in impls):
+        if _wrapped(impls):
             try:  # wrappers need pluggy's call, which does not say whose hook raised
                 self._caller("commit", session)(ctx=session.context, result=result)
             except Exception as exc:
